@@ -1,0 +1,160 @@
+"""Latency of the conversion cache: put, get (database hit, in-process hit, miss) on a ~300-node graph.
+
+Usage::
+
+    python benchmarks/bench_cache.py [--url SQLALCHEMY_URL] [--blocks 75] [--repeats 200]
+
+Without ``--url`` a SQLite file in a fresh temporary directory is used. Every figure is a median of
+``--repeats`` timed calls after ``--warmup`` untimed ones, measured with ``time.perf_counter``. The
+"decode breakdown" times the steps of a database hit one by one, to show where the time goes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+
+import sqlalchemy as sa
+
+from dippm_nas.cache import ConversionCache
+from dippm_nas.cache import _store
+from dippm_nas.graph._graph import OperatorGraph, OpNode
+from dippm_nas.spec import InputSpec
+
+
+def synthetic_graph(num_blocks: int, channels: int = 64, batch: int = 8) -> OperatorGraph:
+    """A ResNet-like chain of ``num_blocks`` x (conv2d, batch_norm, relu, residual add) = 4 nodes per block."""
+    nodes: list[OpNode] = []
+    edges: list[tuple[int, int]] = []
+    shape = (batch, channels, 56, 56)
+    act = 4 * batch * channels * 56 * 56
+    w = (channels, channels, 3, 3)
+    c = (channels,)
+    macs = batch * channels * 56 * 56 * channels * 9
+    prev = -1
+    for _ in range(num_blocks):
+        i = len(nodes)
+        nodes += [
+            OpNode(i, "nn.conv2d", "conv", (shape,), "float32", (shape, w), (False, True),
+                   {"strides": [1, 1], "padding": [1, 1, 1, 1], "dilation": [1, 1], "groups": 1,
+                    "kernel": [3, 3], "data_layout": "NCHW"},
+                   2 * macs, macs, act + 4 * channels * channels * 9, act, 4 * channels * channels * 9),
+            OpNode(i + 1, "nn.batch_norm", "normalization", (shape, c, c), "float32", (shape, c, c, c, c),
+                   (False, True, True, True, True), {"axis": 1, "epsilon": 1e-5}, act, 0, act + 16 * channels,
+                   act, 16 * channels),
+            OpNode(i + 2, "nn.relu", "activation", (shape,), "float32", (shape,), (False,), {}, act // 4, 0,
+                   act, act, 0),
+            OpNode(i + 3, "add", "elementwise", (shape,), "float32", (shape, shape), (False, False), {},
+                   act // 4, 0, 2 * act, act, 0),
+        ]
+        edges += [(i, i + 1), (i + 1, i + 2), (i + 2, i + 3)]
+        if prev >= 0:
+            edges += [(prev, i), (prev, i + 3)]
+        prev = i + 3
+    params = num_blocks * (channels * channels * 9 + 4 * channels)
+    return OperatorGraph(
+        nodes=nodes, edges=sorted(edges), input_consumers={"x": [0, 3]}, outputs=[len(nodes) - 1],
+        spec=InputSpec(shape=(channels, 56, 56), batch_size=batch), param_count=params, param_bytes=4 * params,
+        mode="export", source="bench", convert_seconds=1.0, model_key="bench",
+    ).validate()
+
+
+def median_ms(fn: Callable[[int], object], warmup: int, repeats: int) -> float:
+    for i in range(warmup):
+        fn(i)
+    times = []
+    for i in range(repeats):
+        t0 = time.perf_counter()
+        fn(warmup + i)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return (
+        f"{cpu}, {os.cpu_count()} logical CPUs, {platform.system()} {platform.release()}, "
+        f"Python {platform.python_version()}, SQLAlchemy {sa.__version__}, SQLite {sqlite3.sqlite_version}"
+    )
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--url", default=None, help="SQLAlchemy URL (default: SQLite file in a temp dir)")
+    ap.add_argument("--blocks", type=int, default=75, help="4 nodes per block; 75 -> 300 nodes")
+    ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--repeats", type=int, default=200)
+    args = ap.parse_args()
+
+    tmp = tempfile.TemporaryDirectory(prefix="dippm-bench-cache-")
+    url = args.url or f"sqlite:///{Path(tmp.name) / 'bench.sqlite'}"
+    g = synthetic_graph(args.blocks)
+    text = g.to_json().encode()
+    payload = zlib.compress(text, 6)
+    run = os.urandom(4).hex()
+    w, r = args.warmup, args.repeats
+
+    print(f"machine: {machine()}")
+    print(f"backend: {url.split('://')[0]}; graph: {g.num_nodes} nodes, {g.num_edges} edges, "
+          f"JSON {len(text) / 1024:.1f} KiB, stored {len(payload) / 1024:.1f} KiB (zlib)")
+    print(f"each figure: median of {r} calls after {w} warm-up calls")
+
+    with ConversionCache(url, memory_bytes=0) as db_only, ConversionCache(url) as cache:
+        put_new = median_ms(lambda i: db_only.put(f"bench-{run}-new-{i}", g), w, r // 4 or 1)
+        put_same = median_ms(lambda i: db_only.put(f"bench-{run}-same", g), w, r // 4 or 1)
+        key = f"bench-{run}-same"
+        get_db = median_ms(lambda i: db_only.get(key), w, r)
+        cache.get(key)
+        get_mem = median_ms(lambda i: cache.get(key), w, r)
+        miss = median_ms(lambda i: db_only.get(f"bench-{run}-absent-{i}"), w, r)
+        rows = db_only.stats()["rows"]
+
+        tbl = _store._table
+        sel = sa.select(tbl.c.payload, tbl.c.format_version, tbl.c.created_at).where(tbl.c.key == key)
+        with db_only._engine.connect() as conn:
+            t_select = median_ms(lambda i: conn.execute(sel).first(), w, r)
+        d = json.loads(text)
+        parts = {
+            "SELECT row": t_select,
+            "zlib.decompress": median_ms(lambda i: zlib.decompress(payload), w, r),
+            "json.loads": median_ms(lambda i: json.loads(text), w, r),
+            "OperatorGraph.from_dict": median_ms(lambda i: OperatorGraph.from_dict(d), w, r),
+            "OperatorGraph.validate": median_ms(lambda i: g.validate(), w, r),
+            "fresh copy (memory hit)": median_ms(lambda i: _store._fresh_copy(g), w, r),
+        }
+        # leave a shared database as we found it
+        with db_only._engine.begin() as conn:
+            conn.execute(sa.delete(tbl).where(tbl.c.key.like(f"bench-{run}-%")))
+
+    print(f"rows in the table during the gets: {rows}")
+    print(f"put (new key)                 {put_new:8.3f} ms")
+    print(f"put (same key, upsert)        {put_same:8.3f} ms")
+    print(f"get, database hit             {get_db:8.3f} ms")
+    print(f"get, in-process hit           {get_mem:8.3f} ms  (database hit / in-process hit: {get_db / get_mem:.0f}x)")
+    print(f"get, miss                     {miss:8.3f} ms")
+    print("decode breakdown of a database hit:")
+    for name, ms in parts.items():
+        print(f"  {name:28s}{ms:8.3f} ms")
+    tmp.cleanup()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,44 @@
+"""dippm-nas: a hardware-aware cost model for neural architecture search.
+
+Give it a model and an :class:`InputSpec`; get its operator graph (:func:`capture`) and predicted
+latency, energy and memory on a GPU.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from dippm_nas._version import __version__  # noqa: E402
+
+from dippm_nas.capture import CaptureResult, capture, capture_many  # noqa: E402
+from dippm_nas.errors import (  # noqa: E402
+    CacheError,
+    CheckpointError,
+    DeviceError,
+    DippmNasError,
+    GraphCaptureError,
+    GraphValidationError,
+    InputShapeError,
+    InputSpecError,
+    MeasurementError,
+    MissingDependencyError,
+    ModelSpecError,
+    OutOfMemoryError,
+    SearchSpaceError,
+    UnsupportedDtypeError,
+    UnsupportedOpError,
+)
+from dippm_nas.graph import OperatorGraph, OpNode  # noqa: E402
+from dippm_nas.prediction import Prediction  # noqa: E402
+from dippm_nas.spec import InputSpec, TensorSpec  # noqa: E402
+
+logging.getLogger(__name__).addHandler(logging.NullHandler())
+
+__all__ = [
+    "__version__",
+    "InputSpec", "TensorSpec", "capture", "capture_many", "CaptureResult",
+    "OperatorGraph", "OpNode", "Prediction",
+    "DippmNasError", "InputSpecError", "InputShapeError", "UnsupportedDtypeError", "ModelSpecError",
+    "GraphCaptureError", "GraphValidationError", "UnsupportedOpError", "CacheError", "DeviceError",
+    "MeasurementError", "OutOfMemoryError", "CheckpointError", "SearchSpaceError", "MissingDependencyError",
+]

@@ -1,0 +1,5 @@
+import sys
+
+from dippm_nas.cli import main
+
+sys.exit(main())

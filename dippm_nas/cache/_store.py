@@ -1,0 +1,735 @@
+"""The conversion cache: captured :class:`OperatorGraph` objects stored in SQL, keyed by the caller's key.
+
+One table, ``dippm_conversion_cache``, one row per key. A row holds the graph as zlib-compressed JSON
+(:meth:`OperatorGraph.to_json`; never pickle) plus ``structural_hash``, ``size_bytes`` (of the compressed
+payload), ``created_at`` / ``last_used_at`` (Unix seconds), ``format_version`` (the graph JSON layout)
+and ``dippm_nas_version`` (the writer).
+
+Backends: a SQLite file by default (WAL journal, 30 s busy timeout, so several processes on one
+machine share it), or any SQLAlchemy URL, e.g. ``postgresql+psycopg2://user@host/db`` when many
+machines share one cache. Writes are idempotent upserts (``INSERT ... ON CONFLICT DO UPDATE`` on SQLite
+and PostgreSQL, ``ON DUPLICATE KEY UPDATE`` on MySQL, insert-then-update on anything else), so
+processes racing on one key all succeed and leave one valid row.
+
+Reads that hit are fast: a decoded graph is kept in an in-process LRU (bounded by an estimate of its
+memory), and each hit returns a fresh :class:`OperatorGraph` whose lists and dicts are new but whose
+:class:`OpNode` records are shared between the graphs returned for one key. ``OpNode`` is a frozen
+dataclass and its ``attrs`` is typed ``Mapping`` (read-only): do not mutate ``node.attrs`` in place,
+replace the node instead. The ``last_used_at`` stamps that drive eviction are written in batches (at
+most once per ``touch_interval_s``), never on every hit.
+
+A row that cannot be read back (bad zlib stream, bad JSON, another graph format version, a graph that
+fails :meth:`OperatorGraph.validate`) is logged once per key, deleted, and reported as a miss so the
+caller recomputes it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import sqlite3
+import threading
+import time
+import weakref
+import zlib
+from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import event, exc
+from sqlalchemy.dialects import mysql as _mysql
+from sqlalchemy.engine import URL, Connection, Engine, make_url
+from sqlalchemy.pool import StaticPool
+
+from dippm_nas._paths import CACHE_DIR_ENV, CACHE_URL_ENV, SQLITE_FILE_NAME, cache_dir, default_cache_url
+from dippm_nas.errors import CacheError, GraphValidationError, MissingDependencyError
+from dippm_nas.graph._graph import GRAPH_FORMAT_VERSION, OperatorGraph
+
+__all__ = ["ConversionCache", "default_cache", "set_default_cache", "TABLE_NAME"]
+
+logger = logging.getLogger(__name__)
+
+#: Name of the SQL table (shared databases may hold other dippm-nas tables).
+TABLE_NAME = "dippm_conversion_cache"
+
+_MAX_KEY_CHARS = 255
+_ZLIB_LEVEL = 6
+#: Eviction deletes least-recently-used rows until the total is at most this fraction of ``max_bytes``.
+_EVICT_TO_FRACTION = 0.9
+#: SQLite busy timeout: how long a writer waits for another process's write lock.
+_SQLITE_BUSY_TIMEOUT_S = 30.0
+#: In-process memory of a decoded graph per byte of its JSON text. Measured with tracemalloc on a
+#: 300-node conv/batch_norm/relu chain: ~400 KB of Python objects for 81 KB of JSON.
+_MEMORY_PER_JSON_BYTE = 5
+#: Rows deleted per DELETE ... WHERE key IN (...) statement (keeps under bound-parameter limits).
+_DELETE_CHUNK = 500
+
+_metadata = sa.MetaData()
+_table = sa.Table(
+    TABLE_NAME,
+    _metadata,
+    sa.Column("key", sa.String(_MAX_KEY_CHARS), primary_key=True),
+    sa.Column("payload", sa.LargeBinary().with_variant(_mysql.LONGBLOB(), "mysql"), nullable=False),
+    sa.Column("structural_hash", sa.String(64), nullable=False),
+    sa.Column("size_bytes", sa.BigInteger, nullable=False),
+    sa.Column("created_at", sa.Double, nullable=False),
+    sa.Column("last_used_at", sa.Double, nullable=False),
+    sa.Column("format_version", sa.Integer, nullable=False),
+    sa.Column("dippm_nas_version", sa.String(64), nullable=False),
+    # Covers both the eviction order and SUM(size_bytes), so neither reads the payloads.
+    sa.Index(f"ix_{TABLE_NAME}_lru", "last_used_at", "size_bytes"),
+)
+_UPDATABLE = tuple(c.name for c in _table.columns if c.name != "key")
+
+_warned: set[str] = set()
+_warned_lock = threading.Lock()
+
+
+def _warn_once(tag: str, msg: str, *args: Any) -> None:
+    """``logger.warning`` at most once per ``tag`` in this process."""
+    with _warned_lock:
+        if tag in _warned:
+            return
+        _warned.add(tag)
+    logger.warning(msg, *args)
+
+
+def _now() -> float:
+    """Unix time in seconds (a function so tests can step the clock)."""
+    return time.time()
+
+
+_version: str | None = None
+
+
+def _dippm_nas_version() -> str:
+    global _version
+    if _version is None:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            _version = version("dippm-nas")
+        except PackageNotFoundError:
+            _version = "unknown"
+    return _version
+
+
+class _CorruptRow(Exception):
+    """A stored row that cannot be turned back into a valid graph; the message says why."""
+
+
+def _decode(payload: bytes, format_version: int) -> tuple[OperatorGraph, int]:
+    """Payload bytes -> validated graph and the length of its JSON text.
+
+    Raises:
+        _CorruptRow: for any reason the row cannot be trusted.
+    """
+    if format_version != GRAPH_FORMAT_VERSION:
+        raise _CorruptRow(
+            f"it was written with graph format version {format_version!r}, this dippm-nas reads "
+            f"version {GRAPH_FORMAT_VERSION}"
+        )
+    try:
+        text = zlib.decompress(payload)
+    except (zlib.error, TypeError) as e:
+        raise _CorruptRow(f"its payload is not a zlib stream ({e})") from e
+    try:
+        graph = OperatorGraph.from_json(text)
+    except GraphValidationError as e:
+        raise _CorruptRow(f"its graph JSON is invalid ({e})") from e
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
+        raise _CorruptRow(f"its payload is not a graph JSON document ({type(e).__name__}: {e})") from e
+    try:
+        graph.validate()
+    except GraphValidationError as e:
+        raise _CorruptRow(f"its graph fails validation ({e})") from e
+    return graph, len(text)
+
+
+def _fresh_copy(template: OperatorGraph) -> OperatorGraph:
+    """A new graph equal to ``template``: new containers, shared frozen :class:`OpNode` records."""
+    return OperatorGraph(
+        nodes=list(template.nodes),
+        edges=list(template.edges),
+        input_consumers={k: list(v) for k, v in template.input_consumers.items()},
+        outputs=list(template.outputs),
+        spec=template.spec,
+        param_count=template.param_count,
+        param_bytes=template.param_bytes,
+        mode=template.mode,
+        source=template.source,
+        convert_seconds=template.convert_seconds,
+        model_key=template.model_key,
+    )
+
+
+def _sqlite_on_connect(dbapi_conn: Any, _record: Any) -> None:
+    """Per SQLite connection: busy timeout first (so the WAL switch waits for other processes), WAL, NORMAL sync."""
+    cur = dbapi_conn.cursor()
+    try:
+        cur.execute(f"PRAGMA busy_timeout = {int(_SQLITE_BUSY_TIMEOUT_S * 1000)}")
+        mode = str(cur.execute("PRAGMA journal_mode").fetchone()[0]).lower()
+        if mode != "wal":
+            mode = _switch_to_wal(cur)
+        if mode not in ("wal", "memory"):
+            _warn_once(
+                "sqlite-journal",
+                "conversion cache: SQLite refused WAL journal mode (got %r; a network file system?); "
+                "concurrent processes will wait on each other more. Set %s to a local directory.",
+                mode, CACHE_DIR_ENV,
+            )
+        # In WAL mode NORMAL cannot corrupt the database; a power cut may lose the last commits.
+        cur.execute("PRAGMA synchronous = NORMAL")
+    finally:
+        cur.close()
+
+
+def _switch_to_wal(cur: Any) -> str:
+    """``PRAGMA journal_mode = WAL``, retried while another process holds the database.
+
+    The switch needs an exclusive lock, and SQLite answers "database is locked" at once, without its
+    busy handler, when two fresh connections deadlock on it (both read, both want to write); so
+    back off and retry here, up to the busy timeout.
+    """
+    deadline = time.monotonic() + _SQLITE_BUSY_TIMEOUT_S
+    delay = 0.001
+    while True:
+        try:
+            return str(cur.execute("PRAGMA journal_mode = WAL").fetchone()[0]).lower()
+        except sqlite3.OperationalError as e:
+            locked = "locked" in str(e) or "busy" in str(e)
+            if not locked or time.monotonic() + delay > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.1)
+
+
+def _redact(url: URL) -> str:
+    return url.render_as_string(hide_password=True)
+
+
+def _make_engine(url: URL) -> Engine:
+    backend = url.get_backend_name()
+    try:
+        if backend == "sqlite":
+            database = url.database or ""
+            in_memory = database in ("", ":memory:") or "mode=memory" in database
+            if not in_memory and not database.startswith("file:"):
+                parent = Path(database).expanduser().absolute().parent
+                try:
+                    parent.mkdir(parents=True, exist_ok=True)
+                except OSError as e:
+                    raise CacheError(
+                        f"cannot create the directory {str(parent)!r} of the conversion cache ({e}); "
+                        f"set {CACHE_DIR_ENV} to a writable directory"
+                    ) from e
+            kwargs: dict[str, Any] = {
+                "connect_args": {"check_same_thread": False, "timeout": _SQLITE_BUSY_TIMEOUT_S},
+            }
+            if in_memory:  # one shared connection, else every connection sees its own empty database
+                kwargs["poolclass"] = StaticPool
+            engine = sa.create_engine(url, **kwargs)
+            event.listen(engine, "connect", _sqlite_on_connect)
+            return engine
+        return sa.create_engine(url, pool_pre_ping=True)
+    except ImportError as e:
+        raise MissingDependencyError(
+            f"the conversion cache URL {_redact(url)!r} needs a database driver that is not installed ({e}); "
+            "for PostgreSQL install it with: pip install 'dippm-nas[postgres]'"
+        ) from e
+    except exc.ArgumentError as e:
+        raise CacheError(f"invalid conversion cache URL {_redact(url)!r}: {e}") from e
+
+
+_live_caches: "weakref.WeakSet[ConversionCache]" = weakref.WeakSet()
+
+
+@atexit.register
+def _flush_all_at_exit() -> None:
+    for cache in list(_live_caches):
+        try:
+            cache._flush_touches()
+        except Exception as e:  # noqa: BLE001 -- interpreter shutdown: report, never raise
+            logger.debug("conversion cache: could not write last-used stamps at exit: %s", e)
+
+
+class ConversionCache:
+    """A SQL store of captured operator graphs, shared by processes (and machines, with a server URL).
+
+    Args:
+        url: a SQLAlchemy URL. ``None`` (default) uses ``$DIPPM_NAS_CACHE_URL`` when set, else the SQLite
+            file ``<cache_dir>/conversion.sqlite`` (see :func:`dippm_nas.cache.cache_dir`).
+        max_bytes: bound on the summed compressed payloads, in bytes; after a :meth:`put` that
+            exceeds it, least-recently-used rows are deleted until the total is at most 90 % of it.
+            Default 2 GiB.
+        memory_bytes: bound on the in-process LRU of decoded graphs, in (estimated) bytes of Python
+            objects; ``0`` turns it off so every :meth:`get` reads the database. Default 64 MiB.
+        touch_interval_s: ``last_used_at`` stamps of hits are written in one batch at most this often,
+            in seconds (and at :meth:`put`, :meth:`close` and interpreter exit). Default 60.
+
+    Raises:
+        CacheError: an invalid URL or bound, or a database that cannot be opened.
+        MissingDependencyError: the URL's database driver is not installed.
+
+    Example::
+
+        with ConversionCache() as cache:
+            graph = cache.get(key)
+            if graph is None:
+                graph = convert(model)
+                cache.put(key, graph)
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        max_bytes: int = 2 * 1024**3,
+        memory_bytes: int = 64 * 1024**2,
+        touch_interval_s: float = 60.0,
+    ) -> None:
+        for name, value, least in (("max_bytes", max_bytes, 1), ("memory_bytes", memory_bytes, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise CacheError(f"{name} must be an int >= {least}, got {value!r}")
+        t = touch_interval_s
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not t >= 0:
+            raise CacheError(f"touch_interval_s must be a number >= 0, got {t!r}")
+        self.max_bytes = max_bytes
+        self.memory_bytes = memory_bytes
+        self.touch_interval_s = float(touch_interval_s)
+
+        if url is None:
+            url = os.environ.get(CACHE_URL_ENV, "") or None
+        if url is None:
+            # Built from parts: a directory name with '?' or '#' must not be parsed as a URL query.
+            self._url = URL.create("sqlite", database=str(cache_dir() / SQLITE_FILE_NAME))
+        else:
+            if not isinstance(url, (str, URL)) or not str(url):
+                raise CacheError(f"url must be a SQLAlchemy URL string or None, got {url!r}")
+            try:
+                self._url = make_url(url)
+            except exc.ArgumentError as e:
+                raise CacheError(
+                    f"invalid conversion cache URL {url!r} ({e}); expected e.g. 'sqlite:////path/cache.sqlite' "
+                    "or 'postgresql+psycopg2://user@host/dbname'"
+                ) from e
+        self.url = _redact(self._url)
+
+        self._engine = _make_engine(self._url)
+        self._dialect = self._engine.dialect.name
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._memory: OrderedDict[str, tuple[OperatorGraph, int]] = OrderedDict()
+        self._memory_used = 0
+        self._pending_touch: dict[str, float] = {}
+        self._last_flush = _now()
+        self._counts = {"hits": 0, "memory_hits": 0, "misses": 0, "puts": 0, "corrupt": 0, "evicted": 0}
+        try:
+            self._create_table()
+        except BaseException:
+            self._engine.dispose()
+            raise
+        _live_caches.add(self)
+
+    #: The URL with any password masked (``***``), safe for logs; see :meth:`url_with_credentials`.
+    url: str
+
+    # ------------------------------------------------------------------ plumbing
+    def __repr__(self) -> str:
+        return f"ConversionCache(url={self.url!r}, max_bytes={self.max_bytes})"
+
+    def _ensure_process(self) -> None:
+        """After a fork, drop the parent's connections (without closing them) and start fresh counters."""
+        pid = os.getpid()
+        if pid != self._pid:
+            self._engine.dispose(close=False)
+            self._lock = threading.Lock()
+            self._pid = pid
+            self._pending_touch = {}
+            self._counts = dict.fromkeys(self._counts, 0)
+
+    @contextmanager
+    def _db(self, what: str, write: bool) -> Iterator[Connection]:
+        """A connection (in a transaction when ``write``); SQLAlchemy errors become :class:`CacheError`."""
+        if self._closed:
+            raise CacheError(f"the conversion cache {self.url!r} is closed; open a new ConversionCache")
+        self._ensure_process()
+        try:
+            if write:
+                with self._engine.begin() as conn:
+                    yield conn
+            else:
+                with self._engine.connect() as conn:
+                    yield conn
+        except exc.SQLAlchemyError as e:
+            raise CacheError(f"conversion cache {self.url!r}: {what} failed: {e}") from e
+
+    def _create_table(self) -> None:
+        try:
+            with self._engine.begin() as conn:
+                _metadata.create_all(conn, checkfirst=True)
+        except exc.DBAPIError as e:
+            # Two processes creating the table at once: the loser's CREATE fails with "already
+            # exists" (or a unique violation on PostgreSQL's catalogue). Fine if the table is there now.
+            try:
+                exists = sa.inspect(self._engine).has_table(TABLE_NAME)
+            except exc.SQLAlchemyError:
+                exists = False
+            if not exists:
+                raise CacheError(f"cannot open the conversion cache {self.url!r}: {e}") from e
+            logger.debug("conversion cache: table created concurrently by another process (%s)", e)
+        except exc.SQLAlchemyError as e:
+            raise CacheError(f"cannot open the conversion cache {self.url!r}: {e}") from e
+
+    @staticmethod
+    def _check_key(key: str) -> None:
+        if not isinstance(key, str) or not key or len(key) > _MAX_KEY_CHARS:
+            raise CacheError(f"key must be a non-empty str of at most {_MAX_KEY_CHARS} characters, got {key!r}")
+
+    def _remember(self, key: str, graph: OperatorGraph, json_chars: int) -> None:
+        """Put a decoded graph in the in-process LRU (caller holds the lock)."""
+        cost = json_chars * _MEMORY_PER_JSON_BYTE
+        if cost > self.memory_bytes:
+            return
+        old = self._memory.pop(key, None)
+        if old is not None:
+            self._memory_used -= old[1]
+        self._memory[key] = (graph, cost)
+        self._memory_used += cost
+        while self._memory_used > self.memory_bytes:
+            _, (_, c) = self._memory.popitem(last=False)
+            self._memory_used -= c
+
+    def _forget(self, key: str) -> None:
+        old = self._memory.pop(key, None)
+        if old is not None:
+            self._memory_used -= old[1]
+
+    def _flush_touches(self) -> None:
+        """Write the pending ``last_used_at`` stamps in one transaction."""
+        if self._closed or not self._pending_touch:
+            return
+        self._ensure_process()
+        with self._lock:
+            pending, self._pending_touch = self._pending_touch, {}
+            self._last_flush = _now()
+        if not pending:
+            return
+        stmt = (
+            sa.update(_table)
+            .where(_table.c.key == sa.bindparam("k"), _table.c.last_used_at < sa.bindparam("t"))
+            .values(last_used_at=sa.bindparam("t"))
+        )
+        with self._db("writing last-used stamps", write=True) as conn:
+            conn.execute(stmt, [{"k": k, "t": t} for k, t in pending.items()])
+
+    def _touch(self, key: str, now: float) -> None:
+        with self._lock:
+            self._pending_touch[key] = now
+            due = now - self._last_flush >= self.touch_interval_s
+        if due:
+            try:
+                self._flush_touches()
+            except CacheError as e:  # a stamp is advisory; the hit itself is good
+                _warn_once("touch", "conversion cache: could not write last-used stamps (%s); LRU order may lag", e)
+
+    # ------------------------------------------------------------------ public
+    def get(self, key: str) -> OperatorGraph | None:
+        """The graph stored under ``key``, or ``None`` on a miss.
+
+        Each hit returns a new :class:`OperatorGraph` equal to the one stored (same ``to_dict()``);
+        changing its lists does not change the cache. A row that cannot be read back is logged once,
+        deleted, and reported as ``None`` so the caller recomputes it.
+
+        Args:
+            key: the caller's key (at most 255 characters).
+
+        Raises:
+            CacheError: an invalid key, a closed cache, or a database error.
+        """
+        self._check_key(key)
+        if self._closed:
+            raise CacheError(f"the conversion cache {self.url!r} is closed; open a new ConversionCache")
+        self._ensure_process()
+        now = _now()
+        with self._lock:
+            entry = self._memory.get(key)
+            if entry is not None:
+                self._memory.move_to_end(key)
+                self._counts["hits"] += 1
+                self._counts["memory_hits"] += 1
+        if entry is not None:
+            self._touch(key, now)
+            return _fresh_copy(entry[0])
+
+        stmt = sa.select(_table.c.payload, _table.c.format_version, _table.c.created_at).where(_table.c.key == key)
+        with self._db("reading a graph", write=False) as conn:
+            row = conn.execute(stmt).first()
+        if row is None:
+            with self._lock:
+                self._counts["misses"] += 1
+            return None
+        try:
+            graph, json_chars = _decode(bytes(row.payload), row.format_version)
+        except _CorruptRow as e:
+            _warn_once(
+                f"corrupt:{key}",
+                "conversion cache %s: the row for key %r is unusable because %s; deleting it so the graph "
+                "is captured again",
+                self.url, key, e,
+            )
+            with self._db("deleting a corrupt row", write=True) as conn:
+                conn.execute(sa.delete(_table).where(_table.c.key == key, _table.c.created_at == row.created_at))
+            with self._lock:
+                self._counts["misses"] += 1
+                self._counts["corrupt"] += 1
+            return None
+        with self._lock:
+            self._remember(key, graph, json_chars)
+            self._counts["hits"] += 1
+        self._touch(key, now)
+        return _fresh_copy(graph)
+
+    def put(self, key: str, graph: OperatorGraph) -> None:
+        """Store ``graph`` under ``key`` (an idempotent upsert), then evict if over ``max_bytes``.
+
+        Several processes may put the same key at once; all succeed and one valid row remains.
+        The graph is validated first; later changes to ``graph`` do not reach the cache.
+
+        Args:
+            key: the caller's key (at most 255 characters).
+            graph: the graph to store.
+
+        Raises:
+            CacheError: an invalid key or graph type, a closed cache, or a database error.
+            GraphValidationError: ``graph`` breaks an :class:`OperatorGraph` invariant.
+        """
+        self._check_key(key)
+        if self._closed:
+            raise CacheError(f"the conversion cache {self.url!r} is closed; open a new ConversionCache")
+        self._ensure_process()
+        if not isinstance(graph, OperatorGraph):
+            raise CacheError(f"put() stores an OperatorGraph, got {type(graph).__name__}")
+        graph.validate()
+        text = graph.to_json().encode()
+        payload = zlib.compress(text, _ZLIB_LEVEL)
+        # What get() would return: the JSON round trip (tuples in attrs become lists, and so on).
+        template = OperatorGraph.from_json(text)
+        with self._lock:
+            self._remember(key, template, len(text))
+        if len(payload) > self.max_bytes:
+            _warn_once(
+                f"too-big:{key}",
+                "conversion cache %s: graph %r is %d bytes compressed, more than max_bytes=%d; kept in "
+                "this process only, not stored",
+                self.url, key, len(payload), self.max_bytes,
+            )
+            return
+        now = _now()
+        values = {
+            "key": key,
+            "payload": payload,
+            # From the private copy: caching the hash on the caller's graph would go stale if they mutate it.
+            "structural_hash": template.structural_hash(),
+            "size_bytes": len(payload),
+            "created_at": now,
+            "last_used_at": now,
+            "format_version": GRAPH_FORMAT_VERSION,
+            "dippm_nas_version": _dippm_nas_version(),
+        }
+        self._upsert(values)
+        with self._lock:
+            self._pending_touch.pop(key, None)
+            self._counts["puts"] += 1
+        self._flush_touches()  # so eviction sees this process's recent hits
+        self._evict(keep=key)
+
+    def _upsert(self, values: dict[str, Any]) -> None:
+        dialect = self._dialect
+        if dialect in ("sqlite", "postgresql"):
+            if dialect == "sqlite":
+                from sqlalchemy.dialects.sqlite import insert
+            else:
+                from sqlalchemy.dialects.postgresql import insert
+            stmt = insert(_table).values(values)
+            stmt = stmt.on_conflict_do_update(
+                index_elements=[_table.c.key], set_={c: stmt.excluded[c] for c in _UPDATABLE}
+            )
+            with self._db("writing a graph", write=True) as conn:
+                conn.execute(stmt)
+            return
+        if dialect in ("mysql", "mariadb"):
+            stmt = _mysql.insert(_table).values(values)
+            stmt = stmt.on_duplicate_key_update({c: stmt.inserted[c] for c in _UPDATABLE})
+            with self._db("writing a graph", write=True) as conn:
+                conn.execute(stmt)
+            return
+        self._upsert_generic(values)
+
+    def _upsert_generic(self, values: dict[str, Any]) -> None:
+        """Insert, or update when the key exists; retried when a racing process deletes the row in between."""
+        insert = sa.insert(_table).values(values)
+        update = sa.update(_table).where(_table.c.key == values["key"]).values({c: values[c] for c in _UPDATABLE})
+        for _ in range(3):
+            try:
+                with self._db("inserting a graph", write=True) as conn:
+                    conn.execute(insert)
+                return
+            except CacheError as e:
+                if not isinstance(e.__cause__, exc.IntegrityError):
+                    raise
+            # The key exists: another writer (or an earlier put) was first.
+            with self._db("updating a graph", write=True) as conn:
+                if conn.execute(update).rowcount:
+                    return
+        raise CacheError(
+            f"conversion cache {self.url!r}: could not write key {values['key']!r}: the row kept "
+            "disappearing between insert and update (3 attempts)"
+        )
+
+    def _evict(self, keep: str) -> None:
+        """Delete least-recently-used rows (never ``keep``) until the total is <= 90 % of ``max_bytes``."""
+        total_stmt = sa.select(sa.func.coalesce(sa.func.sum(_table.c.size_bytes), 0))
+        with self._db("measuring the cache size", write=False) as conn:
+            total = int(conn.execute(total_stmt).scalar_one())
+        if total <= self.max_bytes:
+            return
+        target = int(self.max_bytes * _EVICT_TO_FRACTION)
+        order = sa.select(_table.c.key, _table.c.size_bytes).order_by(_table.c.last_used_at, _table.c.key)
+        victims: list[str] = []
+        with self._db("choosing rows to evict", write=False) as conn:
+            for k, size in conn.execution_options(yield_per=1000).execute(order):
+                if total <= target:
+                    break
+                if k == keep:
+                    continue
+                victims.append(k)
+                total -= int(size)
+        with self._db("evicting rows", write=True) as conn:
+            for i in range(0, len(victims), _DELETE_CHUNK):
+                conn.execute(sa.delete(_table).where(_table.c.key.in_(victims[i : i + _DELETE_CHUNK])))
+        with self._lock:
+            for k in victims:
+                self._forget(k)
+                self._pending_touch.pop(k, None)
+            self._counts["evicted"] += len(victims)
+        logger.debug("conversion cache %s: evicted %d least-recently-used rows", self.url, len(victims))
+
+    def stats(self) -> dict[str, Any]:
+        """Rows and bytes in the database, and this process's counters.
+
+        Returns:
+            ``{"url", "rows", "bytes", "max_bytes", "hits", "memory_hits", "misses", "puts",
+            "corrupt", "evicted"}``; ``bytes`` sums the compressed payloads, ``hits`` includes
+            ``memory_hits`` (served from the in-process LRU); the counters start at zero in each process.
+        """
+        stmt = sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(_table.c.size_bytes), 0)).select_from(_table)
+        with self._db("counting rows", write=False) as conn:
+            rows, size = conn.execute(stmt).one()
+        with self._lock:
+            counts = dict(self._counts)
+        return {"url": self.url, "rows": int(rows), "bytes": int(size), "max_bytes": self.max_bytes, **counts}
+
+    def clear(self) -> None:
+        """Delete every row (for every process sharing the database) and this process's memory."""
+        with self._db("clearing", write=True) as conn:
+            conn.execute(sa.delete(_table))
+        with self._lock:
+            self._memory.clear()
+            self._memory_used = 0
+            self._pending_touch.clear()
+
+    def close(self) -> None:
+        """Write pending last-used stamps and release the connections; idempotent."""
+        if self._closed:
+            return
+        try:
+            self._flush_touches()
+        except CacheError as e:  # stamps are advisory; closing must still release the connections
+            _warn_once("close", "conversion cache: could not write last-used stamps on close (%s)", e)
+        finally:
+            self._closed = True
+            _live_caches.discard(self)
+            if os.getpid() == self._pid:
+                self._engine.dispose()
+            else:
+                self._engine.dispose(close=False)
+            self._memory.clear()
+            self._memory_used = 0
+
+    def url_with_credentials(self) -> str:
+        """The full URL, password included, for handing to worker processes; never log it (:attr:`url` is safe)."""
+        return self._url.render_as_string(hide_password=False)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> "ConversionCache":
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc_val: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+# ---------------------------------------------------------------------- default
+_default_lock = threading.Lock()
+_default: ConversionCache | None = None
+_default_explicit = False
+_default_url = ""
+
+
+def default_cache() -> ConversionCache:
+    """The process-wide cache ``capture()`` uses.
+
+    The one set with :func:`set_default_cache`, else a :class:`ConversionCache` at
+    :func:`dippm_nas.cache.default_cache_url` (``$DIPPM_NAS_CACHE_URL`` or the SQLite file in
+    :func:`dippm_nas.cache.cache_dir`). It is reopened when those environment variables change; a
+    forked worker gets fresh connections of its own (the cache drops inherited ones on first use).
+
+    Raises:
+        CacheError: the database cannot be opened.
+    """
+    global _default, _default_url
+    cache = _default
+    if cache is not None and _default_explicit:
+        return cache
+    url = default_cache_url()
+    if cache is not None and url == _default_url and not cache.closed:
+        return cache
+    with _default_lock:
+        if _default is not None and _default_explicit:
+            return _default
+        if _default is None or url != _default_url or _default.closed:
+            old = _default
+            _default = ConversionCache(None)
+            _default_url = url
+            if old is not None and not old.closed:
+                try:  # others may still hold ``old``: write its stamps, do not close it under them
+                    old._flush_touches()
+                except CacheError as e:
+                    logger.debug("conversion cache: could not flush the previous default cache: %s", e)
+        return _default
+
+
+def set_default_cache(cache: ConversionCache | None) -> None:
+    """Make ``cache`` the one :func:`default_cache` returns; ``None`` goes back to the environment's.
+
+    Raises:
+        CacheError: ``cache`` is neither a :class:`ConversionCache` nor ``None``.
+    """
+    global _default, _default_explicit, _default_url
+    if cache is not None and not isinstance(cache, ConversionCache):
+        raise CacheError(f"set_default_cache() takes a ConversionCache or None, got {type(cache).__name__}")
+    with _default_lock:
+        _default = cache
+        _default_explicit = cache is not None
+        _default_url = ""

@@ -1,0 +1,136 @@
+"""The public ``capture`` entry point: any model form -> cached :class:`OperatorGraph`."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Union
+
+from dippm_nas.capture._key import file_key, model_key
+from dippm_nas.capture._onnx import capture_onnx, read_onnx_bytes
+from dippm_nas.capture._torch import capture_module
+from dippm_nas.errors import CacheError, InputSpecError, ModelSpecError
+from dippm_nas.graph._graph import OperatorGraph
+from dippm_nas.spec import InputSpec, load_model
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from dippm_nas.cache import ConversionCache
+
+__all__ = ["capture", "ModelLike", "CacheArg"]
+
+logger = logging.getLogger(__name__)
+
+#: What :func:`capture` accepts as a model.
+ModelLike = Union["torch.nn.Module", str, os.PathLike]
+#: ``True``: the process-wide default cache; ``False``/``None``: no cache; or a ConversionCache.
+CacheArg = Union[bool, None, "ConversionCache"]
+
+
+_warned_cache: set[str] = set()
+
+
+def _warn_cache_down(e: Exception) -> None:
+    """A broken cache must not stop a search: warn once per message and carry on without it."""
+    text = str(e)
+    if text not in _warned_cache:
+        _warned_cache.add(text)
+        msg = f"conversion cache unavailable, capturing without it: {text}"
+        logger.warning(msg)
+        warnings.warn(msg, RuntimeWarning, stacklevel=3)
+
+
+def _resolve_cache(cache: CacheArg) -> "ConversionCache | None":
+    if cache is None or cache is False:
+        return None
+    if cache is True:
+        from dippm_nas.cache import default_cache
+
+        return default_cache()
+    return cache
+
+
+def capture(model: ModelLike, spec: InputSpec, *, cache: CacheArg = True,
+            decompose: bool | str = "auto") -> OperatorGraph:
+    """Capture a model as an :class:`OperatorGraph` (one node per Relax operator call).
+
+    PyTorch modules go through ``torch.export`` and Relax's ``from_exported_program`` without
+    decomposition, falling back to the decomposing mode when that fails (``graph.mode`` says which).
+    ONNX files go through Relax's ONNX frontend. A cheap pre-export key of the model definition
+    is looked up in the conversion cache first, so a hit skips export entirely.
+
+    Args:
+        model: an ``nn.Module``, a path to an ``.onnx`` file, or a model SPEC string
+            (``torchvision:NAME``, ``timm:NAME``, ``package.module:callable``).
+        spec: the example input (shape without batch, batch size, dtype; or named inputs).
+        cache: ``True`` for the default cache (see :mod:`dippm_nas.cache`), ``False`` for none, or a
+            ``ConversionCache``.
+        decompose: ``"auto"``, or force ``False``/``True`` for ``run_ep_decomposition``.
+
+    Returns:
+        The validated graph; ``graph.cache_hit`` tells whether it came from the cache.
+
+    Raises:
+        ModelSpecError: ``model`` is none of the accepted forms, or an unknown SPEC / missing file.
+        InputSpecError: ``spec`` is not an InputSpec; InputShapeError when the shape does not fit.
+        GraphCaptureError: export or conversion failed (data-dependent control flow, unsupported op...).
+    """
+    import torch
+
+    if not isinstance(spec, InputSpec):
+        raise InputSpecError(
+            f"spec must be a dippm_nas.InputSpec, e.g. InputSpec(shape=(3, 224, 224), batch_size=8), got {spec!r}"
+        )
+    if decompose not in ("auto", True, False):
+        raise ValueError(f"decompose must be 'auto', True or False, got {decompose!r}")
+    store = _resolve_cache(cache)
+    t0 = time.perf_counter()
+
+    onnx_path: Path | None = None
+    if isinstance(model, os.PathLike) or (isinstance(model, str) and model.lower().endswith(".onnx")):
+        onnx_path = Path(model)
+        source = onnx_path.name
+        key = file_key(read_onnx_bytes(onnx_path), spec)
+    elif isinstance(model, str):
+        source = model
+        model = load_model(model)
+        key = model_key(model, spec)
+    elif isinstance(model, torch.nn.Module):
+        source = type(model).__name__
+        key = model_key(model, spec)
+    else:
+        raise ModelSpecError(
+            "model must be a torch.nn.Module, a path to an .onnx file, or a model SPEC string "
+            f"(torchvision:NAME, timm:NAME, package.module:callable); got {type(model).__name__}"
+        )
+    if decompose != "auto":
+        key = f"{key}:decompose={int(bool(decompose))}"
+
+    if store is not None:
+        try:
+            hit = store.get(key)
+        except CacheError as e:
+            _warn_cache_down(e)
+            hit, store = None, None
+        if hit is not None:
+            hit.cache_hit = True
+            hit.timings = {"lookup_s": time.perf_counter() - t0}
+            return hit
+
+    if onnx_path is not None:
+        graph = capture_onnx(onnx_path, spec, source=source, model_key=key)
+    else:
+        graph = capture_module(model, spec, decompose=decompose, model_key=key)  # type: ignore[arg-type]
+        if isinstance(source, str) and ":" in source:
+            graph.source = source
+    if store is not None:
+        try:
+            store.put(key, graph)
+        except CacheError as e:
+            _warn_cache_down(e)
+    graph.cache_hit = False
+    return graph

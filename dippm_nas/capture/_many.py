@@ -1,0 +1,174 @@
+"""Batched conversion: ``capture_many(items, workers=N)`` with a process pool, the cache and a progress bar."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from typing import Any
+
+from dippm_nas.capture._capture import CacheArg, ModelLike, _resolve_cache, capture
+from dippm_nas.errors import DippmNasError
+from dippm_nas.graph._graph import OperatorGraph
+from dippm_nas.spec import InputSpec
+
+__all__ = ["CaptureResult", "capture_many"]
+
+logger = logging.getLogger(__name__)
+
+#: An item is ``(model, spec)``; ``model`` is anything :func:`capture` takes, or a zero-argument
+#: callable returning an ``nn.Module`` (e.g. ``functools.partial(search_spaces.build_model, name, config)``),
+#: which lets workers build the model themselves instead of receiving it.
+Item = tuple["ModelLike | Callable[[], Any]", InputSpec]
+
+
+@dataclass
+class CaptureResult:
+    """The outcome of one item of :func:`capture_many`.
+
+    Attributes:
+        index: position of the item in the input.
+        graph: the graph, or ``None`` when the item failed.
+        error: ``"ErrorType: message"`` when it failed, else ``None``.
+        error_type: the exception class name (``"GraphCaptureError"``, ``"InputShapeError"``...).
+        cache_hit: whether the graph came from the conversion cache.
+        seconds: wall time spent on this item (in its worker).
+    """
+
+    index: int
+    graph: OperatorGraph | None
+    error: str | None = None
+    error_type: str | None = None
+    cache_hit: bool = False
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.graph is not None
+
+
+def _materialise(model: Any) -> Any:
+    import torch
+
+    if callable(model) and not isinstance(model, torch.nn.Module):
+        return model()
+    return model
+
+
+def _one(index: int, model: Any, spec: InputSpec, decompose: bool | str, use_cache: bool) -> tuple:
+    """Worker body: returns plain data (graph JSON or the error), never raises."""
+    t0 = time.perf_counter()
+    try:
+        g = capture(_materialise(model), spec, cache=use_cache, decompose=decompose)
+        return index, g.to_json(), g.cache_hit, None, None, time.perf_counter() - t0, g.timings
+    except Exception as e:  # noqa: BLE001 - a failing candidate must never kill the batch
+        if not isinstance(e, DippmNasError):
+            logger.debug("item %d failed with an unexpected %s", index, type(e).__name__, exc_info=True)
+        return index, None, False, type(e).__name__, f"{type(e).__name__}: {e}", time.perf_counter() - t0, {}
+
+
+def _result(raw: tuple) -> CaptureResult:
+    index, text, hit, etype, err, seconds, timings = raw
+    graph = None
+    if text is not None:
+        graph = OperatorGraph.from_json(text)
+        graph.cache_hit = hit
+        graph.timings = dict(timings)
+    return CaptureResult(index=index, graph=graph, error=err, error_type=etype, cache_hit=hit, seconds=seconds)
+
+
+def capture_many(items: Iterable[Item], *, workers: int = 1, cache: CacheArg = True,
+                 decompose: bool | str = "auto", progress: bool = True,
+                 start_method: str = "spawn") -> list[CaptureResult]:
+    """Capture many models, in parallel processes, sharing the conversion cache.
+
+    Per-item failures come back as results with ``error`` set; a failing candidate (or a worker
+    process that crashes on it) never stops the batch. Results are in input order.
+
+    Args:
+        items: ``(model, spec)`` pairs; see :data:`Item`.
+        workers: processes to convert in; ``1`` converts in this process.
+        cache: as in :func:`capture`; workers open the same cache (SQLite in WAL mode or any RDB), so
+            a ``ConversionCache`` object is passed to workers as its URL.
+        decompose: as in :func:`capture`.
+        progress: show a progress bar.
+        start_method: multiprocessing start method for the pool (``"spawn"`` is safe with torch/TVM threads).
+
+    Returns:
+        One :class:`CaptureResult` per item.
+    """
+    from tqdm.auto import tqdm
+
+    items = list(items)
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers must be an int >= 1, got {workers!r}")
+    store = _resolve_cache(cache)
+    results: list[CaptureResult | None] = [None] * len(items)
+    bar = tqdm(total=len(items), desc="capturing", unit="model", disable=not progress, leave=False)
+
+    if workers == 1 or len(items) <= 1:
+        for i, (model, spec) in enumerate(items):
+            t0 = time.perf_counter()
+            try:
+                g = capture(_materialise(model), spec, cache=store if store is not None else False,
+                            decompose=decompose)
+                results[i] = CaptureResult(i, g, cache_hit=g.cache_hit, seconds=time.perf_counter() - t0)
+            except Exception as e:  # noqa: BLE001 - per-item errors are results
+                results[i] = CaptureResult(i, None, f"{type(e).__name__}: {e}", type(e).__name__,
+                                           seconds=time.perf_counter() - t0)
+            bar.update(1)
+        bar.close()
+        return [r for r in results if r is not None]
+
+    # Workers share the store through its URL (engines do not cross processes).
+    env_url = store.url_with_credentials() if store is not None else None
+    pending = list(range(len(items)))
+    ctx = mp.get_context(start_method)
+    crashed: list[int] = []
+    with ProcessPoolExecutor(max_workers=min(workers, len(items)), mp_context=ctx,
+                             initializer=_init_worker, initargs=(env_url, store is not None)) as pool:
+        futures: dict[Future, int] = {
+            pool.submit(_one, i, items[i][0], items[i][1], decompose, store is not None): i for i in pending
+        }
+        for fut in _as_completed(futures):
+            i = futures[fut]
+            try:
+                results[i] = _result(fut.result())
+            except BrokenProcessPool:
+                crashed.append(i)
+                continue
+            except Exception as e:  # noqa: BLE001 - e.g. the model could not be sent to the worker
+                results[i] = CaptureResult(i, None, f"{type(e).__name__}: {e}", type(e).__name__)
+            bar.update(1)
+    # A crashed worker breaks the pool for every item in flight: retry each alone so only the
+    # culprit fails.
+    for i in crashed:
+        with ProcessPoolExecutor(max_workers=1, mp_context=ctx, initializer=_init_worker,
+                                 initargs=(env_url, store is not None)) as solo:
+            try:
+                results[i] = _result(solo.submit(_one, i, items[i][0], items[i][1], decompose,
+                                                 store is not None).result())
+            except BrokenProcessPool:
+                results[i] = CaptureResult(i, None, "WorkerCrashed: the conversion process died on this model",
+                                           "WorkerCrashed")
+        bar.update(1)
+    bar.close()
+    return [r for r in results if r is not None]
+
+
+def _as_completed(futures: dict[Future, int]) -> Iterable[Future]:
+    from concurrent.futures import as_completed
+
+    return as_completed(futures)
+
+
+def _init_worker(url: str | None, use_cache: bool) -> None:
+    """Point the worker's default cache at the parent's store."""
+    if use_cache and url is not None:
+        from dippm_nas.cache import ConversionCache, set_default_cache
+
+        set_default_cache(ConversionCache(url))

@@ -1,0 +1,86 @@
+"""The exception hierarchy of dippm-nas.
+
+Every error the library raises on purpose derives from :class:`DippmNasError`, so a search loop can
+catch one class. Messages state the rule that was broken, the offending value and the valid choices
+or a hint. Third-party errors are wrapped ``from e`` so their traceback is kept.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "DippmNasError",
+    "InputSpecError",
+    "InputShapeError",
+    "ModelSpecError",
+    "GraphCaptureError",
+    "GraphValidationError",
+    "UnsupportedOpError",
+    "CacheError",
+    "DeviceError",
+    "UnsupportedDtypeError",
+    "MeasurementError",
+    "OutOfMemoryError",
+    "CheckpointError",
+    "SearchSpaceError",
+    "MissingDependencyError",
+]
+
+
+class DippmNasError(Exception):
+    """Root of every error raised by dippm-nas."""
+
+
+class InputSpecError(DippmNasError, ValueError):
+    """An :class:`~dippm_nas.InputSpec` is malformed (shape, batch size, dtype, names)."""
+
+
+class UnsupportedDtypeError(InputSpecError):
+    """A dtype that dippm-nas (or the chosen device) cannot handle."""
+
+
+class ModelSpecError(DippmNasError, ValueError):
+    """A model SPEC string (``torchvision:NAME``, ``timm:NAME``, ``path.onnx``, ``pkg.mod:callable``) is invalid."""
+
+
+class GraphCaptureError(DippmNasError):
+    """The model could not be exported or converted to a Relax operator graph."""
+
+
+class GraphValidationError(DippmNasError, ValueError):
+    """An :class:`~dippm_nas.graph.OperatorGraph` breaks one of its invariants."""
+
+
+class UnsupportedOpError(DippmNasError):
+    """An operator has no encoder or formula where one is strictly required."""
+
+
+class CacheError(DippmNasError):
+    """The conversion cache could not be opened or used."""
+
+
+class DeviceError(DippmNasError, ValueError):
+    """An unknown device id or an invalid device description."""
+
+
+class MeasurementError(DippmNasError):
+    """A measurement could not be taken."""
+
+
+class OutOfMemoryError(MeasurementError):
+    """The model did not fit on the device during a measurement."""
+
+
+class CheckpointError(DippmNasError):
+    """A predictor checkpoint is missing, malformed or has an incompatible feature schema."""
+
+
+class SearchSpaceError(DippmNasError, ValueError):
+    """A search-space builder name is unknown or a config lies outside its space."""
+
+
+class MissingDependencyError(DippmNasError, ImportError):
+    """An optional dependency is needed for this feature; the message names the extra to install."""
+
+
+class InputShapeError(InputSpecError):
+    """The input shape of an :class:`~dippm_nas.InputSpec` does not fit the model."""

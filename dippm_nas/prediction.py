@@ -1,0 +1,86 @@
+"""The result type every predictor returns: :class:`Prediction` (units in the field names)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from dippm_nas.errors import DippmNasError
+
+__all__ = ["Prediction", "Source", "SOURCES"]
+
+#: Where a figure came from. ``"predicted"``: a trained model; ``"analytic"``: the physics-based prior;
+#: ``"calibrated"``: a trained or analytic figure corrected with real measurements of the device;
+#: ``"unavailable"``: the device gives no way to know it (energy of a CPU without power figures) and the
+#: figure is ``None``.
+Source = Literal["predicted", "analytic", "calibrated", "unavailable"]
+SOURCES: tuple[str, ...] = ("predicted", "analytic", "calibrated", "unavailable")
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Predicted cost of one model at one input spec on one device.
+
+    Attributes:
+        latency_ms: time of one forward pass of a batch, milliseconds.
+        energy_j: energy of one forward pass of a batch, joules; ``None`` (source ``"unavailable"``) only
+            for devices without power figures, such as a host CPU without a RAPL counter.
+        memory_mib: peak device memory while running it, MiB (2**20 bytes).
+        latency_ms_std, energy_j_std, memory_mib_std: one standard deviation of each figure
+            (``None`` when the source gives no uncertainty).
+        latency_source, energy_source, memory_source: one of :data:`SOURCES`.
+        device: device id of the catalogue, e.g. ``"a100-sxm4-40gb"``.
+        batch_size: batch size the figures are for.
+        dtype: compute dtype.
+        mig: the MIG advisor's answer (``None`` for devices without MIG or when not asked).
+        unknown_ops: ``{op: count}`` of operators without a formula/encoder (the answer is flagged).
+        details: extra named figures (memory parts, host/GPU time split...), units in the keys.
+    """
+
+    latency_ms: float
+    energy_j: float | None
+    memory_mib: float
+    latency_source: Source
+    energy_source: Source
+    memory_source: Source
+    device: str
+    batch_size: int
+    dtype: str
+    latency_ms_std: float | None = None
+    energy_j_std: float | None = None
+    memory_mib_std: float | None = None
+    mig: Any = None
+    unknown_ops: dict[str, int] = field(default_factory=dict)
+    details: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("latency_ms", "energy_j", "memory_mib"):
+            v = getattr(self, name)
+            if v is None and name == "energy_j" and self.energy_source == "unavailable":
+                continue
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise DippmNasError(f"Prediction.{name} must be a finite number >= 0, got {v!r}")
+            std = getattr(self, name + "_std")
+            if std is not None and (not math.isfinite(std) or std < 0):
+                raise DippmNasError(f"Prediction.{name}_std must be finite and >= 0 or None, got {std!r}")
+        for name in ("latency_source", "energy_source", "memory_source"):
+            if getattr(self, name) not in SOURCES:
+                raise DippmNasError(f"Prediction.{name} must be one of {SOURCES}, got {getattr(self, name)!r}")
+        if (self.energy_j is None) != (self.energy_source == "unavailable"):
+            raise DippmNasError(
+                f"Prediction.energy_j is None exactly when energy_source is 'unavailable', got "
+                f"energy_j={self.energy_j!r}, energy_source={self.energy_source!r}"
+            )
+
+    @property
+    def flagged(self) -> bool:
+        """True when some operators had no formula, so the figures rest on generic estimates."""
+        return bool(self.unknown_ops)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able dict with the same keys as the dataclass fields."""
+        d = asdict(self)
+        mig = self.mig
+        d["mig"] = mig.to_dict() if hasattr(mig, "to_dict") else mig
+        return d

@@ -1,0 +1,36 @@
+"""Shared test fixtures: an isolated cache directory for every test session, tiny models on the path."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+SHARED_DATA = Path(os.environ.get("DIPPM_NAS_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _isolated_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Never touch the user's ~/.cache from tests."""
+    d = tmp_path_factory.mktemp("dippm-cache")
+    old = {k: os.environ.get(k) for k in ("DIPPM_NAS_CACHE_DIR", "DIPPM_NAS_CACHE_URL")}
+    os.environ["DIPPM_NAS_CACHE_DIR"] = str(d)
+    os.environ.pop("DIPPM_NAS_CACHE_URL", None)
+    yield
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+def shared_data_or_skip(name: str) -> Path:
+    """Path of a file of ../shared/data, or skip the test with the reason."""
+    p = SHARED_DATA / name
+    if not p.is_file():
+        pytest.skip(f"needs the public measurement file {p} (../shared/data is not part of the repository)")
+    return p

@@ -1,0 +1,234 @@
+"""capture(): PyTorch and ONNX paths, conversion modes, the cache, and every bad input."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from _models import DataDependent, TinyResNet, TinyVGG
+from torch import nn
+
+from dippm_nas import (
+    GraphCaptureError,
+    InputShapeError,
+    InputSpec,
+    InputSpecError,
+    ModelSpecError,
+    UnsupportedDtypeError,
+    capture,
+)
+from dippm_nas.capture import MODES, model_key
+from dippm_nas.graph import _formulas
+
+SPEC = InputSpec(shape=(3, 16, 16), batch_size=2)
+
+
+# ----------------------------------------------------------------------------- PyTorch path
+def test_capture_restores_training_mode_and_records_mode() -> None:
+    m = TinyResNet().train()
+    g = capture(m, SPEC, cache=False)
+    assert m.training and all(sub.training for sub in m.modules())
+    assert g.mode == "export"
+    assert g.mode in MODES
+    assert set(g.timings) == {"export_s", "convert_s", "build_s"}
+    assert g.convert_seconds > 0
+
+
+def test_decomposing_fallback_is_used_and_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
+    import tvm.relax.frontend.torch as tfront
+
+    real = tfront.from_exported_program
+    calls = []
+
+    def flaky(ep, *, run_ep_decomposition=True, **kw):
+        calls.append(run_ep_decomposition)
+        if not run_ep_decomposition:
+            raise NotImplementedError("pretend this op needs decomposition")
+        return real(ep, run_ep_decomposition=True, **kw)
+
+    monkeypatch.setattr(tfront, "from_exported_program", flaky)
+    g = capture(TinyVGG().eval(), SPEC, cache=False)
+    assert calls == [False, True]
+    assert g.mode == "export+decompose"
+    g2 = capture(TinyVGG().eval(), SPEC, cache=False, decompose=True)
+    assert g2.mode == "export+decompose"
+
+
+def test_model_key_shared_by_instances_and_sensitive_to_definition() -> None:
+    assert model_key(TinyResNet(), SPEC) == model_key(TinyResNet(), SPEC)
+    assert model_key(TinyResNet(width=8), SPEC) != model_key(TinyResNet(width=16), SPEC)
+    assert model_key(TinyResNet(), SPEC) != model_key(TinyResNet(), SPEC.with_batch_size(4))
+    a, b = TinyResNet(), TinyResNet()
+    b.layer1.extra_flag = True  # a scalar attribute that forward could read
+    assert model_key(a, SPEC) != model_key(b, SPEC)
+
+
+# --------------------------------------------------------------------------------- ONNX path
+def _export_onnx(model: nn.Module, path: Path, spec: InputSpec) -> Path:
+    pytest.importorskip("onnx")
+    pytest.importorskip("onnxscript")
+    args, _ = spec.example_inputs()
+    torch.onnx.export(model, args, str(path), dynamo=True, input_names=["x"])
+    return path
+
+
+def test_onnx_round_trip_equals_pytorch_path(tmp_path: Path) -> None:
+    model = TinyVGG().eval()
+    path = _export_onnx(model, tmp_path / "vgg.onnx", SPEC)
+    g_pt = capture(model, SPEC, cache=False)
+    g_onnx = capture(path, SPEC, cache=False)
+    assert g_onnx.mode == "onnx"
+    assert g_onnx.total_macs == g_pt.total_macs
+    assert g_onnx.param_count == g_pt.param_count
+
+    def contraction(g):
+        return [(n.op, n.input_shapes, n.output_shapes, n.attrs.get("strides"), n.attrs.get("groups"))
+                for n in g.nodes if n.op_class in ("conv", "matmul")]
+
+    assert contraction(g_onnx) == contraction(g_pt)
+    assert g_onnx.nodes[g_onnx.outputs[0]].output_shape == g_pt.nodes[g_pt.outputs[0]].output_shape
+    # the string form of the path works too
+    assert capture(str(path), SPEC, cache=False).total_macs == g_pt.total_macs
+
+
+def test_onnx_bad_files(tmp_path: Path) -> None:
+    with pytest.raises(ModelSpecError, match="does not exist"):
+        capture(tmp_path / "missing.onnx", SPEC, cache=False)
+    junk = tmp_path / "junk.onnx"
+    junk.write_bytes(b"this is not protobuf")
+    with pytest.raises(GraphCaptureError, match="not a valid ONNX"):
+        capture(junk, SPEC, cache=False)
+
+
+def test_onnx_shape_that_does_not_fit(tmp_path: Path) -> None:
+    path = _export_onnx(TinyVGG().eval(), tmp_path / "vgg.onnx", SPEC)
+    with pytest.raises(InputShapeError, match="does not fit"):
+        capture(path, InputSpec(shape=(3, 20, 20), batch_size=2), cache=False)
+
+
+# ------------------------------------------------------------------------------------ cache
+def test_cache_hit_returns_identical_graph_and_skips_export(tmp_path: Path, monkeypatch) -> None:
+    from dippm_nas.cache import ConversionCache
+
+    cache = ConversionCache(f"sqlite:///{tmp_path / 'c.sqlite'}")
+    first = capture(TinyResNet(), SPEC, cache=cache)
+    assert not first.cache_hit
+
+    def boom(*a, **k):
+        raise AssertionError("export must not run on a cache hit")
+
+    monkeypatch.setattr(torch.export, "export", boom)
+    second = capture(TinyResNet(), SPEC, cache=cache)  # another instance, same architecture
+    assert second.cache_hit
+    assert second.to_dict() == first.to_dict()
+    assert second.structural_hash() == first.structural_hash()
+    cache.close()
+
+
+# ------------------------------------------------------------------------------- bad input
+def test_data_dependent_control_flow_is_a_clear_error() -> None:
+    with pytest.raises(GraphCaptureError, match="data-dependent control flow"):
+        capture(DataDependent(), InputSpec(shape=(4,), batch_size=2), cache=False)
+
+
+@pytest.mark.parametrize("shape", [(5, 16, 16), (3, 2, 2)], ids=["channels", "too-small"])
+def test_input_shape_that_does_not_fit(shape) -> None:
+    with pytest.raises(InputShapeError, match="does not fit") as e:
+        capture(TinyVGG(), InputSpec(shape=shape, batch_size=2), cache=False)
+    assert "without the batch dimension" in str(e.value)
+
+
+def test_linear_input_mismatch() -> None:
+    with pytest.raises(InputShapeError):
+        capture(nn.Linear(10, 5), InputSpec(shape=(7,), batch_size=2), cache=False)
+
+
+def test_named_inputs_that_forward_does_not_take() -> None:
+    with pytest.raises(InputShapeError, match="does not accept"):
+        capture(nn.Linear(4, 4), InputSpec(inputs={"a": (4,), "b": (4,)}), cache=False)
+
+
+@pytest.mark.parametrize("obj", [object(), 42, None, [nn.Linear(2, 2)]])
+def test_non_module_is_rejected(obj) -> None:
+    with pytest.raises(ModelSpecError, match="must be a torch.nn.Module"):
+        capture(obj, SPEC, cache=False)
+
+
+def test_bad_spec_arguments() -> None:
+    with pytest.raises(UnsupportedDtypeError, match="dtype must be one of"):
+        InputSpec(shape=(3, 8, 8), dtype="float64")
+    with pytest.raises(UnsupportedDtypeError):
+        InputSpec(shape=(3, 8, 8), dtype="int8")
+    with pytest.raises(InputSpecError, match="batch_size must be an int >= 1, got 0"):
+        InputSpec(shape=(3, 8, 8), batch_size=0)
+    with pytest.raises(InputSpecError, match="parse_shape"):
+        InputSpec(shape="3,224,224")
+    with pytest.raises(InputSpecError, match="exactly one"):
+        InputSpec()
+    with pytest.raises(InputSpecError, match="must be a dippm_nas.InputSpec"):
+        capture(TinyVGG(), (3, 16, 16))  # type: ignore[arg-type]
+
+
+def test_unknown_model_spec_strings() -> None:
+    with pytest.raises(ModelSpecError, match="must be one of"):
+        capture("resnet50", SPEC, cache=False)
+    with pytest.raises(ModelSpecError, match="cannot import module"):
+        capture("no_such_package_xyz:build", SPEC, cache=False)
+    with pytest.raises(ModelSpecError, match="has no attribute"):
+        capture("torch.nn:NoSuchLayer", SPEC, cache=False)
+
+
+def test_package_callable_spec_string() -> None:
+    g = capture("_models:TinyVGG", SPEC, cache=False)
+    assert g.source == "_models:TinyVGG"
+    assert g.static_features().num_conv == 3
+
+
+class Bucketize(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("edges", torch.tensor([0.1, 0.5]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.bucketize(x, self.edges).float() * x
+
+
+def test_unknown_op_stays_as_generic_node_counted_and_warned_once(monkeypatch) -> None:
+    monkeypatch.setattr(_formulas, "_warned_unknown", set())
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        g = capture(Bucketize(), InputSpec(shape=(3, 8, 8), batch_size=2), cache=False)
+        capture(Bucketize(), InputSpec(shape=(3, 8, 8), batch_size=4), cache=False)
+    assert g.unknown_ops == {"bucketize": 1}
+    (node,) = [n for n in g.nodes if n.op == "bucketize"]
+    assert not node.known and node.op_class == "unknown"
+    assert node.output_shape == (2, 3, 8, 8) and node.flops == 2 * 3 * 8 * 8
+    msgs = [str(x.message) for x in w if "bucketize" in str(x.message)]
+    assert len(msgs) == 1
+
+
+def test_model_key_is_stable_across_processes_and_hash_seeds() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.path.insert(0, %r); from _models import TinyResNet; from dippm_nas import InputSpec; "
+            "from dippm_nas.capture import model_key; "
+            "print(model_key(TinyResNet(), InputSpec(shape=(3, 16, 16), batch_size=2)))") % str(Path(__file__).parent)
+    keys = set()
+    for seed in ("1", "2"):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                             env={**__import__("os").environ, "PYTHONHASHSEED": seed})
+        keys.add(out.stdout.strip())
+    assert keys == {model_key(TinyResNet(), SPEC)}
+
+
+def test_broken_cache_warns_and_captures_anyway(tmp_path: Path) -> None:
+    from dippm_nas.cache import ConversionCache
+
+    cache = ConversionCache(f"sqlite:///{tmp_path / 'c.sqlite'}")
+    cache.close()  # every later use raises CacheError
+    with pytest.warns(RuntimeWarning, match="conversion cache unavailable"):
+        g = capture(TinyVGG(), SPEC, cache=cache)
+    assert g.num_nodes > 0 and not g.cache_hit
