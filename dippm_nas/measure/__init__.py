@@ -1,0 +1,51 @@
+"""Measuring a model's latency, energy and memory on the host CPU or a CUDA GPU.
+
+``measure(model, spec, device, settings) -> Measurement``. See :mod:`dippm_nas.measure._measurement`
+for what failed rows look like, :mod:`dippm_nas.measure._cuda` and :mod:`dippm_nas.measure._cpu` for
+how each figure is taken, and :mod:`dippm_nas.measure._stopping` for the stopping rule. This package
+knows nothing of the predictor.
+"""
+
+from __future__ import annotations
+
+from dippm_nas.measure._api import measure
+from dippm_nas.measure._cpu import CpuMeasurer
+from dippm_nas.measure._cuda import MIG_ENERGY_REASON, CudaMeasurer, CudaOps
+from dippm_nas.measure._isolate import measure_isolated
+from dippm_nas.measure._measurement import (
+    AUTOCAST_DTYPES,
+    ENERGY_SOURCES,
+    MEMORY_SOURCES,
+    STATUSES,
+    STOP_REASONS,
+    Measurement,
+    MeasureSettings,
+)
+from dippm_nas.measure._nvml import NvmlAdapter
+from dippm_nas.measure._power import PowerSampler, trapezoid_energy_j
+from dippm_nas.measure._rapl import RaplCounter
+from dippm_nas.measure._stopping import StoppingRule, run_until_stopped, summarize, t_quantile_975
+
+__all__ = [
+    "measure",
+    "measure_isolated",
+    "Measurement",
+    "MeasureSettings",
+    "CpuMeasurer",
+    "CudaMeasurer",
+    "CudaOps",
+    "NvmlAdapter",
+    "PowerSampler",
+    "RaplCounter",
+    "StoppingRule",
+    "run_until_stopped",
+    "summarize",
+    "t_quantile_975",
+    "trapezoid_energy_j",
+    "MIG_ENERGY_REASON",
+    "STATUSES",
+    "STOP_REASONS",
+    "ENERGY_SOURCES",
+    "MEMORY_SOURCES",
+    "AUTOCAST_DTYPES",
+]

@@ -1,0 +1,184 @@
+"""CPU measurement: ``time.perf_counter`` around each forward, the shared stopping rule, a fixed
+thread count, host peak-RSS delta, and RAPL package energy where a readable counter exists."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from dippm_nas.errors import MeasurementError
+from dippm_nas.measure._common import (
+    MS_PER_S,
+    ModelFault,
+    base_environment,
+    build_row,
+    check_call,
+    classify_fault,
+    fixed_threads,
+    forward_context,
+    guarded,
+    latency_fields,
+    prepare_inputs,
+    prepare_model,
+    timeout_reason,
+    to_mib,
+    window_forwards,
+)
+from dippm_nas.measure._measurement import Measurement, MeasureSettings
+from dippm_nas.measure._rapl import RAPL_DIR, RaplCounter, probe_rapl
+from dippm_nas.measure._rss import PeakRss
+from dippm_nas.measure._stopping import Clock, StoppingRule, run_until_stopped
+from dippm_nas.spec import InputSpec
+
+__all__ = ["CpuMeasurer"]
+
+logger = logging.getLogger(__name__)
+
+
+class CpuMeasurer:
+    """Measures a model's forward pass on the host CPU.
+
+    Args:
+        settings: the run settings; ``threads`` is fixed with ``torch.set_num_threads`` for the
+            run and restored afterwards. CUDA-only settings (``tf32``, ``cudnn_benchmark``) are
+            recorded but have no effect.
+        clock: seconds clock for timing and the time cap (``time.perf_counter``; tests pass a fake).
+        rapl: a RAPL counter to use instead of probing ``/sys/class/powercap/intel-rapl:0``.
+
+    Memory (``memory_source="rss_delta"``): peak process RSS while the model is copied (and cast),
+    the inputs made, warm-up and timed forwards run, minus the RSS just before; so weights plus
+    activations plus allocator/thread-pool growth. See :mod:`dippm_nas.measure._rss` for its limits:
+    process-wide, and allocator reuse of memory freed earlier can make it understate (even 0) in a
+    long-lived process; measure in a fresh process when an exact figure matters.
+
+    Energy (``energy_source="rapl_package"``): the package counter over a separate window of
+    back-to-back forwards of about ``settings.energy_window_s``, divided by the forwards; whole
+    package, all processes, idle power included. ``None`` with the reason when no readable counter.
+    """
+
+    def __init__(
+        self,
+        settings: MeasureSettings | None = None,
+        *,
+        clock: Clock = time.perf_counter,
+        rapl: RaplCounter | None = None,
+        rapl_dir: Path = RAPL_DIR,
+    ) -> None:
+        self.settings = settings if settings is not None else MeasureSettings()
+        self._clock = clock
+        self._rapl = rapl
+        self._rapl_dir = rapl_dir
+
+    def measure(self, model: Any, spec: InputSpec) -> Measurement:
+        """Measure ``model`` on ``spec``'s example inputs.
+
+        Returns:
+            A :class:`Measurement` with ``device="cpu"``; model faults (out of memory, time cap,
+            an exception in the forward) are rows with ``status != "ok"``, never raised.
+
+        Raises:
+            MeasurementError: for usage errors (not an ``nn.Module``, autocast/dtype conflict).
+        """
+        import torch
+
+        s = self.settings
+        check_call(model, spec, s)
+        rule = StoppingRule.from_settings(s, self._clock)
+        if self._rapl is not None:
+            rapl, rapl_reason = self._rapl, None
+        else:
+            rapl, rapl_reason = probe_rapl(self._rapl_dir)
+        status, reason = "ok", None
+        samples: tuple[float, ...] = ()
+        stop_reason: str | None = None
+        energy_j: float | None = None
+        energy_reason: str | None = rapl_reason
+        details: dict[str, float] = {}
+        cpu = torch.device("cpu")
+        with fixed_threads(s.threads) as threads:
+            env = base_environment(s, threads)
+            env.update({"device_kind": "cpu", "mig": False, "rapl": rapl is not None})
+            gc.collect()
+            rss: PeakRss | None = PeakRss()
+            try:
+                rss.start()
+                env["rss_method"] = rss.method
+            except MeasurementError as e:  # no /proc and no psutil: latency still measured, memory flagged
+                env["rss_method"] = f"unavailable: {e}"
+                rss = None
+            try:
+                m = guarded("model preparation", prepare_model, model, spec, cpu, s)
+                args, kwargs = guarded("input creation", prepare_inputs, spec, cpu, s)
+
+                def forward() -> None:
+                    guarded("forward", m, *args, **kwargs)
+
+                def step_ms() -> float:
+                    t0 = self._clock()
+                    forward()
+                    return (self._clock() - t0) * MS_PER_S
+
+                with forward_context("cpu", s):
+                    loop = run_until_stopped(step_ms, rule, s.warmup)
+                    samples, stop_reason = loop.samples_ms, loop.stop_reason
+                    details.update({"elapsed_s": loop.elapsed_s, "warmup_done": float(loop.warmup_done)})
+                    if not loop.complete:
+                        status, reason = "timeout", timeout_reason(rule, loop.warmup_done, s.warmup)
+                        energy_reason = "not measured: the run timed out"
+                    elif rapl is not None:
+                        energy_j, energy_reason = self._rapl_energy(rapl, forward, samples, details)
+            except ModelFault as fault:
+                status, reason = classify_fault(fault)
+                samples = rule.samples
+                energy_j, energy_reason = None, f"not measured: {status}"
+                logger.debug("CPU measurement fault: %s", reason, exc_info=fault.original)
+            finally:
+                rss_bytes = rss.stop() if rss is not None else None
+        parts: dict[str, float] = {}
+        memory_mib: float | None = None
+        if rss_bytes is not None:
+            before, peak = rss_bytes
+            delta = max(0, peak - before)
+            parts = {"rss_before_mib": to_mib(before), "rss_peak_mib": to_mib(peak), "rss_delta_mib": to_mib(delta)}
+            if status in ("ok", "timeout"):
+                memory_mib = to_mib(delta)
+        return build_row(
+            **latency_fields(samples),
+            energy_j=energy_j,
+            energy_source="rapl_package" if energy_j is not None else None,
+            energy_reason=energy_reason if energy_j is None else None,
+            memory_mib=memory_mib,
+            memory_source="rss_delta" if memory_mib is not None else None,
+            memory_parts_mib=parts,
+            device="cpu",
+            environment=env,
+            status=status,
+            reason=reason,
+            stop_reason=stop_reason,
+            details=details,
+            batch_size=spec.batch_size,
+            dtype=spec.dtype,
+        )
+
+    def _rapl_energy(self, rapl: RaplCounter, forward: Any, samples: tuple[float, ...],
+                     details: dict[str, float]) -> tuple[float | None, str | None]:
+        k = window_forwards(sum(samples) / len(samples), self.settings.energy_window_s)
+        try:
+            e0 = rapl.read_uj()
+            t0 = self._clock()
+            for _ in range(k):
+                forward()
+            t1 = self._clock()
+            e1 = rapl.read_uj()
+            energy = rapl.delta_j(e0, e1)
+        except MeasurementError as e:  # a counter that fails mid-run: flagged, not fatal
+            return None, f"RAPL read failed: {e}"
+        details.update({"energy_window_s": t1 - t0, "energy_window_forwards": float(k)})
+        if energy <= 0:
+            return None, f"RAPL counter did not advance over a {t1 - t0:.3g} s window"
+        if t1 > t0:
+            details["mean_power_w"] = energy / (t1 - t0)
+        return energy / k, None
