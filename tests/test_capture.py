@@ -63,6 +63,10 @@ def test_model_key_shared_by_instances_and_sensitive_to_definition() -> None:
     a, b = TinyResNet(), TinyResNet()
     b.layer1.extra_flag = True  # a scalar attribute that forward could read
     assert model_key(a, SPEC) != model_key(b, SPEC)
+    # layer hyper-parameters that do not change any parameter shape still change the key
+    assert model_key(nn.Conv2d(3, 4, 3, stride=1), SPEC) != model_key(nn.Conv2d(3, 4, 3, stride=2), SPEC)
+    assert model_key(nn.Conv2d(3, 4, 3, padding=1), SPEC) != model_key(nn.Conv2d(3, 4, 3, padding=0), SPEC)
+    assert model_key(nn.BatchNorm2d(4, eps=1e-5), SPEC) != model_key(nn.BatchNorm2d(4, eps=1e-3), SPEC)
 
 
 # --------------------------------------------------------------------------------- ONNX path

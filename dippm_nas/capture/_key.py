@@ -1,9 +1,9 @@
 """The pre-export key: a cheap fingerprint of a model *definition* computed without exporting it.
 
 The key hashes, for every submodule in registration order: its name, its class (module and qualified
-name), ``extra_repr()`` (the hyper-parameters PyTorch layers print: channels, kernel size, stride,
-groups...), its public scalar attributes (ints, floats, bools, strings, and tuples/lists of them, e.g. a
-``use_residual`` flag), and the bytecode and constants of every method its class defines (``forward``,
+name), its public scalar attributes (ints, floats, bools, strings, and tuples/lists of them: this is
+where PyTorch layers keep their hyper-parameters — channels, kernel size, stride, groups, eps — and where
+custom blocks keep flags like ``use_residual``), and the bytecode and constants of every method its class defines (``forward``,
 ``_forward_impl``...) up to ``nn.Module``; plus the name, shape and dtype of every parameter and buffer,
 the :class:`~dippm_nas.InputSpec`, and the versions of dippm-nas, torch and TVM and the graph format.
 Weights' values are not hashed, so two instances of one architecture share the key.
@@ -93,9 +93,9 @@ _SCALAR_TYPES = frozenset({bool, int, float, str, type(None)})
 def _scalar_attrs(module: "torch.nn.Module") -> str:
     parts = []
     for k, v in module.__dict__.items():
+        t = type(v)
         if k[0] == "_" or k == "training":
             continue
-        t = type(v)
         if t in _SCALAR_TYPES:
             parts.append(f"{k}={v!r}")
         elif (t is tuple or t is list) and all(type(x) in _SCALAR_TYPES for x in v):
@@ -113,7 +113,7 @@ def model_key(model: "torch.nn.Module", spec: InputSpec) -> str:
     stack = [("", model)]
     while stack:  # depth-first in registration order, like named_modules()
         name, m = stack.pop()
-        parts.append(f"|{name}:{_class_code(type(m))}:{m.extra_repr()}:{_scalar_attrs(m)}")
+        parts.append(f"|{name}:{_class_code(type(m))}:{_scalar_attrs(m)}")
         for pname, p in m._parameters.items():
             if p is not None:
                 parts.append(f"p{pname}{tuple(p.shape)}{p.dtype}")
