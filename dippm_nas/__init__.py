@@ -28,15 +28,19 @@ from dippm_nas.errors import (  # noqa: E402
     UnsupportedDtypeError,
     UnsupportedOpError,
 )
+from dippm_nas import mig, prior  # noqa: E402
+from dippm_nas.devices import Device, get_device, list_devices, register_device  # noqa: E402
 from dippm_nas.graph import OperatorGraph, OpNode  # noqa: E402
 from dippm_nas.prediction import Prediction  # noqa: E402
+from dippm_nas.predictor import get_predictor, predict, predict_many  # noqa: E402
 from dippm_nas.spec import InputSpec, TensorSpec  # noqa: E402
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 __all__ = [
     "__version__",
-    "InputSpec", "TensorSpec", "capture", "capture_many", "CaptureResult",
+    "InputSpec", "TensorSpec", "capture", "capture_many", "CaptureResult", "predict", "predict_many",
+    "get_predictor", "Device", "get_device", "list_devices", "register_device", "mig", "prior",
     "OperatorGraph", "OpNode", "Prediction",
     "DippmNasError", "InputSpecError", "InputShapeError", "UnsupportedDtypeError", "ModelSpecError",
     "GraphCaptureError", "GraphValidationError", "UnsupportedOpError", "CacheError", "DeviceError",

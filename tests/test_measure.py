@@ -591,10 +591,15 @@ def test_rapl_probe_and_wraparound(tmp_path: Any) -> None:
 
 
 def test_peak_rss_sees_an_allocation() -> None:
+    import mmap
+
     rss = PeakRss()
     rss.start()
-    blob = b"\x01" * (64 * MIB)  # written, so resident
-    del blob
+    # fresh anonymous pages, written so they become resident: malloc could instead reuse pages a
+    # long test session already holds, and the resident size would not grow
+    blob = mmap.mmap(-1, 64 * MIB)
+    blob.write(b"\x01" * (64 * MIB))
+    blob.close()
     before, peak = rss.stop()
     assert peak - before >= 60 * MIB, rss.method
 

@@ -14,6 +14,7 @@ from dippm_nas.errors import DippmNasError
 # Modules under dippm_nas.cli that define ``register(subparsers)``; each adds one verb.
 _VERBS: tuple[str, ...] = (
     "_inspect",
+    "_devices",
 )
 
 

@@ -1,0 +1,30 @@
+"""Device catalogue: GPUs from spec sheets (one TOML file each) and the measured host CPU.
+
+>>> from dippm_nas.devices import get_device, list_devices
+>>> get_device("a100-sxm4-40gb").fp16_tensor_tflops
+312.0
+
+User devices: drop ``<id>.toml`` files (same keys as the built-in files) into a directory named by
+``$DIPPM_NAS_DEVICE_DIR``, or call :func:`register_device`.
+
+Calibrating a device's observed constants (``idle_power_w``, ``runtime_baseline_mib``) from your own
+measurements: register a copy under a new id, e.g.
+``register_device(dataclasses.replace(get_device("a100-sxm4-40gb"), id="lab-a100", runtime_baseline_mib=512.0))``.
+"""
+
+from dippm_nas.devices._device import DEVICE_KINDS, Device, MigProfile, device_from_dict
+from dippm_nas.devices._host import CACHE_DIR_ENV, host_facts
+from dippm_nas.devices._registry import (
+    DEVICE_DIR_ENV,
+    get_device,
+    list_devices,
+    register_device,
+    resolve_device,
+    unregister_device,
+)
+
+__all__ = [
+    "Device", "MigProfile", "DEVICE_KINDS", "device_from_dict",
+    "get_device", "list_devices", "register_device", "unregister_device", "resolve_device",
+    "DEVICE_DIR_ENV", "CACHE_DIR_ENV", "host_facts",
+]

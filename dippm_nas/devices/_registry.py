@@ -1,0 +1,220 @@
+"""The device registry: built-in data files, user data files, and devices registered in code.
+
+Lookup order and rules:
+
+- built-in files ``dippm_nas/devices/data/*.toml`` (one device per file);
+- user files ``*.toml`` in every directory listed in ``$DIPPM_NAS_DEVICE_DIR`` (``os.pathsep``-separated),
+  read again whenever the variable changes;
+- devices passed to :func:`register_device`.
+
+An id defined twice (a user file shadowing a built-in one, two files, or a second registration)
+is an error that names both origins: a silently replaced device would change every prediction.
+A file whose ``measured`` key lists fields (``host-cpu``) is completed by the host microbenchmark at
+its first :func:`get_device`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import tomllib
+from collections.abc import Mapping
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from dippm_nas.devices._device import Device, device_from_dict
+from dippm_nas.errors import DeviceError
+
+__all__ = ["DEVICE_DIR_ENV", "get_device", "list_devices", "register_device", "unregister_device", "resolve_device"]
+
+logger = logging.getLogger(__name__)
+
+#: Environment variable naming directories of user device files.
+DEVICE_DIR_ENV = "DIPPM_NAS_DEVICE_DIR"
+
+_lock = threading.RLock()
+_builtin: dict[str, tuple[dict[str, Any], str]] | None = None
+_user: dict[str, tuple[dict[str, Any], str]] = {}
+_user_env: str | None = None
+_registered: dict[str, Device] = {}
+_built: dict[str, Device] = {}
+
+
+def _read_toml(text: str, origin: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise DeviceError(f"{origin}: not valid TOML: {e}") from e
+
+
+def _check_id(d: Mapping[str, Any], origin: str) -> str:
+    dev_id = d.get("id")
+    if not isinstance(dev_id, str) or not dev_id:
+        raise DeviceError(f"{origin}: a device file must set id = \"...\" (a string), got {dev_id!r}")
+    return dev_id
+
+
+def _load_builtin() -> dict[str, tuple[dict[str, Any], str]]:
+    global _builtin
+    if _builtin is None:
+        found: dict[str, tuple[dict[str, Any], str]] = {}
+        data = resources.files("dippm_nas.devices") / "data"
+        for entry in sorted(data.iterdir(), key=lambda p: p.name):
+            if not entry.name.endswith(".toml"):
+                continue
+            origin = f"built-in {entry.name}"
+            d = _read_toml(entry.read_text(encoding="utf-8"), origin)
+            dev_id = _check_id(d, origin)
+            if dev_id in found:
+                raise DeviceError(f"device id {dev_id!r} is defined twice: {found[dev_id][1]} and {origin}")
+            found[dev_id] = (d, origin)
+        _builtin = found
+    return _builtin
+
+
+def _load_user() -> dict[str, tuple[dict[str, Any], str]]:
+    global _user, _user_env
+    env = os.environ.get(DEVICE_DIR_ENV, "")
+    if env == _user_env:
+        return _user
+    found: dict[str, tuple[dict[str, Any], str]] = {}
+    for part in [p for p in env.split(os.pathsep) if p.strip()]:
+        directory = Path(part).expanduser()
+        if not directory.is_dir():
+            raise DeviceError(f"${DEVICE_DIR_ENV} names {str(directory)!r}, which is not a directory")
+        for path in sorted(directory.glob("*.toml")):
+            origin = f"user file {path}"
+            try:
+                text = path.read_text(encoding="utf-8")
+            except OSError as e:
+                raise DeviceError(f"{origin}: cannot be read: {e}") from e
+            d = _read_toml(text, origin)
+            dev_id = _check_id(d, origin)
+            if dev_id in found:
+                raise DeviceError(f"device id {dev_id!r} is defined twice: {found[dev_id][1]} and {origin}")
+            found[dev_id] = (d, origin)
+    # drop built devices that came from the previous user directory
+    for dev_id in set(_user) | set(found):
+        _built.pop(dev_id, None)
+    _user, _user_env = found, env
+    return _user
+
+
+def _sources() -> dict[str, tuple[dict[str, Any], str]]:
+    builtin = _load_builtin()
+    user = _load_user()
+    out = dict(builtin)
+    for dev_id, (d, origin) in user.items():
+        if dev_id in out:
+            raise DeviceError(
+                f"device id {dev_id!r} is defined twice: {out[dev_id][1]} and {origin}; "
+                "give the user device another id"
+            )
+        out[dev_id] = (d, origin)
+    for dev_id in _registered:
+        if dev_id in out:
+            raise DeviceError(
+                f"device id {dev_id!r} is defined twice: {out[dev_id][1]} and register_device(); "
+                "give the registered device another id"
+            )
+    return out
+
+
+def _build(d: dict[str, Any], origin: str) -> Device:
+    measured = d.get("measured") or []
+    if not measured:
+        return device_from_dict(d, origin=origin)
+    if not isinstance(measured, list) or not all(isinstance(m, str) for m in measured):
+        raise DeviceError(f"{origin}: measured must be a list of field names, got {measured!r}")
+    if d.get("kind") != "cpu":
+        raise DeviceError(f"{origin}: only kind = \"cpu\" devices can be measured on this host, got {d.get('kind')!r}")
+    from dippm_nas.devices._host import host_facts
+
+    facts = host_facts()
+    filled = dict(d)
+    notes = [str(d.get("notes", ""))] if d.get("notes") else []
+    for name in measured:
+        if name not in facts:
+            raise DeviceError(
+                f"{origin}: measured field {name!r} is not produced by the host benchmark; "
+                f"choices: {sorted(k for k in facts if k not in ('key', 'measured_at'))}"
+            )
+        value = facts[name]
+        if value is None and name == "l2_mib":
+            value = 1.0
+            notes.append("l2_mib unknown (sysfs lists no cache sizes): 1.0 is a placeholder")
+        filled[name] = value
+    sources = dict(filled.get("sources", {}))
+    sources.setdefault("measured", f"host benchmark {facts.get('key')} at {facts.get('measured_at')}")
+    filled["sources"] = sources
+    filled["notes"] = " ".join(notes)
+    return device_from_dict(filled, origin=origin)
+
+
+def list_devices() -> list[str]:
+    """Ids of every known device (built-in, user files, registered), sorted."""
+    with _lock:
+        return sorted(set(_sources()) | set(_registered))
+
+
+def get_device(device_id: str) -> Device:
+    """The :class:`Device` with this id.
+
+    Args:
+        device_id: a catalogue id, e.g. ``"a100-sxm4-40gb"``; case-insensitive.
+
+    Raises:
+        DeviceError: unknown id (the valid ids are listed), or an invalid data file.
+    """
+    if not isinstance(device_id, str):
+        raise DeviceError(f"device must be a device id string or a Device, got {type(device_id).__name__}")
+    key = device_id.strip().lower()
+    with _lock:
+        if key in _registered:
+            return _registered[key]
+        sources = _sources()
+        if key not in sources:
+            raise DeviceError(f"unknown device {device_id!r}; choices: {sorted(set(sources) | set(_registered))}")
+        if key not in _built:
+            d, origin = sources[key]
+            _built[key] = _build(d, origin)
+        return _built[key]
+
+
+def resolve_device(device: "Device | str") -> Device:
+    """Accept a :class:`Device` or an id; return the device."""
+    if isinstance(device, Device):
+        return device
+    return get_device(device)
+
+
+def register_device(device: Device | Mapping[str, Any]) -> Device:
+    """Add a device defined in code (a :class:`Device` or the mapping a data file would hold).
+
+    Raises:
+        DeviceError: the id already exists (built-in, user file or registered), or the mapping is invalid.
+    """
+    with _lock:
+        dev = device if isinstance(device, Device) else device_from_dict(device, origin="register_device()")
+        sources = _sources()
+        if dev.id in sources or dev.id in _registered:
+            where = sources[dev.id][1] if dev.id in sources else "an earlier register_device()"
+            raise DeviceError(f"device id {dev.id!r} already exists ({where}); choose another id")
+        _registered[dev.id] = dev
+        return dev
+
+
+def unregister_device(device_id: str) -> None:
+    """Remove a device added with :func:`register_device` (tests, notebooks).
+
+    Raises:
+        DeviceError: the id was not registered in code (catalogue files cannot be removed).
+    """
+    with _lock:
+        if device_id not in _registered:
+            raise DeviceError(
+                f"device {device_id!r} was not added with register_device(); registered: {sorted(_registered)}"
+            )
+        del _registered[device_id]

@@ -1,0 +1,146 @@
+"""``predict`` / ``predict_many``: model or graph in, :class:`Prediction` out, on a catalogue device."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import warnings
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from dippm_nas.capture import capture, capture_many
+from dippm_nas.capture._capture import CacheArg
+from dippm_nas.errors import DippmNasError, InputSpecError
+from dippm_nas.graph._graph import OperatorGraph
+from dippm_nas.prediction import Prediction
+from dippm_nas.predictor._base import AnalyticPredictor, BasePredictor
+from dippm_nas.spec import InputSpec
+
+__all__ = ["predict", "predict_many", "get_predictor", "set_predictor", "DEFAULT_DEVICE"]
+
+logger = logging.getLogger(__name__)
+
+#: The device :func:`predict` answers for when none is named.
+DEFAULT_DEVICE = "a100-sxm4-40gb"
+
+_PREDICTORS: dict[str, BasePredictor] = {}
+_LOCK = threading.Lock()
+
+
+def _load_trained(device: str) -> BasePredictor | None:
+    """The shipped (or user-registered) trained predictor of ``device``, or ``None`` when there is none."""
+    from dippm_nas.predictor import _checkpoint
+
+    return _checkpoint.load_for_device(device)
+
+
+def get_predictor(device: str = DEFAULT_DEVICE) -> BasePredictor:
+    """The predictor answering for ``device``, loaded once per process and cached.
+
+    A trained checkpoint for the device is used when one exists; otherwise the analytic prior answers,
+    with a warning (once per device) and every source ``"analytic"``.
+
+    Raises:
+        DeviceError: unknown device id (the message lists the catalogue).
+    """
+    from dippm_nas.devices import resolve_device
+
+    dev_id = resolve_device(device).id
+    with _LOCK:
+        p = _PREDICTORS.get(dev_id)
+        if p is None:
+            p = _load_trained(dev_id)
+            if p is None:
+                msg = (f"no trained predictor checkpoint for device {dev_id!r}: answering with the analytic "
+                       "prior (sources 'analytic')")
+                logger.warning(msg)
+                warnings.warn(msg, RuntimeWarning, stacklevel=3)
+                p = AnalyticPredictor(dev_id)
+            _PREDICTORS[dev_id] = p
+    return p
+
+
+def set_predictor(device: str, predictor: BasePredictor | None) -> None:
+    """Use ``predictor`` for ``device`` from now on (``None`` forgets it, so the next call reloads)."""
+    from dippm_nas.devices import resolve_device
+
+    dev_id = resolve_device(device).id
+    with _LOCK:
+        if predictor is None:
+            _PREDICTORS.pop(dev_id, None)
+        else:
+            if not isinstance(predictor, BasePredictor):
+                raise TypeError(f"predictor must be a BasePredictor, got {type(predictor).__name__}")
+            _PREDICTORS[dev_id] = predictor
+
+
+def _graph_of(model_or_graph: Any, spec: InputSpec | None, cache: CacheArg) -> OperatorGraph:
+    if isinstance(model_or_graph, OperatorGraph):
+        if spec is not None and spec != model_or_graph.spec:
+            raise InputSpecError(
+                f"the graph was captured with {model_or_graph.spec}, which differs from spec={spec}; "
+                "pass spec=None with a graph, or capture the model again with the new spec"
+            )
+        return model_or_graph
+    if spec is None:
+        raise InputSpecError("spec is required with a model (InputSpec(shape=(3, 224, 224), batch_size=8)); "
+                             "only an OperatorGraph carries its own")
+    return capture(model_or_graph, spec, cache=cache)
+
+
+def predict(model_or_graph: Any, spec: InputSpec | None = None, device: str = DEFAULT_DEVICE, *,
+            cache: CacheArg = True, mig: bool = True, k_sigma: float = 2.0) -> Prediction:
+    """Predicted latency, energy and memory of one model on ``device``.
+
+    Args:
+        model_or_graph: an ``nn.Module``, ONNX path, model SPEC string, or an :class:`OperatorGraph`.
+        spec: the input spec (required unless a graph is given).
+        device: catalogue id (``dippm-nas devices`` lists them); default ``"a100-sxm4-40gb"``.
+        cache: conversion cache, as in :func:`dippm_nas.capture`.
+        mig: attach the MIG advisor's answer.
+        k_sigma: standard deviations of memory added before choosing the smallest fitting MIG profile.
+
+    Returns:
+        A :class:`Prediction`; each figure says its source (``"predicted"``, ``"analytic"``, ``"calibrated"``).
+    """
+    graph = _graph_of(model_or_graph, spec, cache)
+    (pred,) = get_predictor(device).predict_graphs([graph], mig=mig, k_sigma=k_sigma)
+    return pred
+
+
+def predict_many(items: Iterable[Any], device: str = DEFAULT_DEVICE, *, workers: int = 1,
+                 cache: CacheArg = True, mig: bool = True, k_sigma: float = 2.0,
+                 progress: bool = False) -> list[Prediction | DippmNasError]:
+    """Predictions for many candidates: batched conversion, then one batched predictor pass.
+
+    Args:
+        items: :class:`OperatorGraph` objects or ``(model, spec)`` pairs (as for :func:`dippm_nas.capture_many`).
+        device, cache, mig, k_sigma: as for :func:`predict`.
+        workers: conversion processes for the items that are not graphs yet.
+        progress: show a progress bar while converting.
+
+    Returns:
+        One entry per item, in order: a :class:`Prediction`, or the :class:`DippmNasError` that stopped
+        that item (a failing candidate never fails the batch).
+    """
+    items = list(items)
+    out: list[Prediction | DippmNasError | None] = [None] * len(items)
+    graphs: list[OperatorGraph | None] = [None] * len(items)
+    todo = [(i, it) for i, it in enumerate(items) if not isinstance(it, OperatorGraph)]
+    for i, it in enumerate(items):
+        if isinstance(it, OperatorGraph):
+            graphs[i] = it
+    if todo:
+        results = capture_many([it for _, it in todo], workers=workers, cache=cache, progress=progress)
+        for (i, _), r in zip(todo, results):
+            if r.graph is not None:
+                graphs[i] = r.graph
+            else:
+                out[i] = DippmNasError(r.error or "capture failed")
+    ok = [i for i, g in enumerate(graphs) if g is not None]
+    preds = get_predictor(device).predict_graphs([graphs[i] for i in ok], mig=mig, k_sigma=k_sigma) if ok else []
+    for i, p in zip(ok, preds):
+        out[i] = p
+    return [o for o in out]  # type: ignore[misc]
+
+

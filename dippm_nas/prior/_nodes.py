@@ -1,0 +1,347 @@
+"""Per-node time on a device: roofline with efficiencies, wave quantisation and fixed kernel costs.
+
+For every node of an :class:`~dippm_nas.graph.OperatorGraph` this module decides
+
+- which peak applies: tensor cores for convolutions/matmuls/attention in FP16/BF16 (and in FP32 when
+  TF32 is allowed: PyTorch allows it for cuDNN convolutions by default, not for matmuls), CUDA cores
+  otherwise and for depthwise convolutions;
+- the GPU time: ``kernels * kernel_us + max(compute, memory)`` with
+  ``compute = flops / (peak * eta * wave_eff ** wave_exponent * tile_eff ** tile_exponent)`` and
+  ``memory = bytes / (bandwidth * eta_memory)`` (part of the bytes at L2 speed when they fit in L2);
+- the host time: the framework dispatch per op plus one launch per kernel (views: a small dispatch only;
+  constant-folded nodes: nothing).
+
+:func:`kernel_time_us` is the vectorised core the calibration script fits.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from dippm_nas.devices import Device
+from dippm_nas.graph._graph import OperatorGraph, OpNode
+from dippm_nas.prior._params import CONTRACTION_CLASSES, PARAM_CLASSES, PriorParams
+
+__all__ = ["NodeCosts", "node_costs", "kernel_time_us", "wave_efficiency", "contraction_tiles", "param_class",
+           "GraphFacts", "graph_facts"]
+
+
+def wave_efficiency(tiles: "np.ndarray | float", sms: int) -> "np.ndarray | float":
+    """Fraction of SM-time doing useful work when ``tiles`` thread blocks run in waves over ``sms`` SMs.
+
+    ``tiles / (ceil(tiles / sms) * sms)``: 1 when the tiles fill whole waves, ``tiles / sms`` for a
+    single partial wave.
+    """
+    t = np.maximum(np.asarray(tiles, dtype=np.float64), 1.0)
+    return t / (np.ceil(t / sms) * sms)
+
+
+def kernel_time_us(
+    flops: Any, bytes_: Any, *, peak_tflops: Any, bandwidth_gbps: float, eta_compute: Any, eta_memory: Any,
+    kernel_us: Any, kernels: Any, wave_eff: Any = 1.0, wave_exponent: Any = 0.0, tile_eff: Any = 1.0,
+    tile_exponent: Any = 0.0, reduction_k: Any = 1.0, k_half: Any = 0.0, l2_fraction: Any = 0.0,
+    l2_speedup: float = 1.0,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """GPU time of kernels from their work, vectorised over nodes.
+
+    Args:
+        flops: floating-point operations per node.
+        bytes_: bytes moved per node.
+        peak_tflops: the peak that applies per node, TFLOP/s.
+        bandwidth_gbps: DRAM bandwidth, GB/s.
+        eta_compute, eta_memory: achieved fractions of peak and bandwidth.
+        kernel_us: fixed time per kernel, µs; ``kernels``: kernels per node.
+        wave_eff: wave efficiency per node (see :func:`wave_efficiency`); ``wave_exponent`` its weight.
+        tile_eff: share of the padded output tiles holding real outputs; ``tile_exponent`` its weight.
+        reduction_k: GEMM reduction length per node; efficiency is scaled by ``k / (k + k_half)``.
+        l2_fraction: share of the bytes served from L2, at ``l2_speedup`` times the DRAM bandwidth.
+
+    Returns:
+        ``(time_us, compute_us, memory_us)`` arrays.
+
+    Shapes:
+        every array argument broadcasts to ``[num_nodes]``; the results are ``[num_nodes]``.
+    """
+    f = np.asarray(flops, dtype=np.float64)
+    b = np.asarray(bytes_, dtype=np.float64)
+    eff = (np.asarray(eta_compute, dtype=np.float64)
+           * np.power(np.asarray(wave_eff, dtype=np.float64), np.asarray(wave_exponent, dtype=np.float64))
+           * np.power(np.asarray(tile_eff, dtype=np.float64), np.asarray(tile_exponent, dtype=np.float64)))
+    k = np.maximum(np.asarray(reduction_k, dtype=np.float64), 1.0)
+    eff = eff * k / (k + np.asarray(k_half, dtype=np.float64))
+    compute_us = f / (np.asarray(peak_tflops, dtype=np.float64) * 1e12 * eff) * 1e6
+    l2 = np.clip(np.asarray(l2_fraction, dtype=np.float64), 0.0, 1.0)
+    per_byte = (1.0 - l2) + l2 / l2_speedup
+    memory_us = b * per_byte / (bandwidth_gbps * 1e9 * np.asarray(eta_memory, dtype=np.float64)) * 1e6
+    fixed = np.asarray(kernels, dtype=np.float64) * np.asarray(kernel_us, dtype=np.float64)
+    return fixed + np.maximum(compute_us, memory_us), compute_us, memory_us
+
+
+def contraction_tiles(node: OpNode, tile_m: int, tile_n: int) -> tuple[int, float]:
+    """Thread blocks of the implicit GEMM of a conv/matmul/attention node (tile ``tile_m x tile_n``)
+    and the share of the padded tiles that holds real outputs.
+
+    Conv: ``M = output elements / out_channels`` (batch x output pixels), ``N = out_channels / groups``,
+    one GEMM per group. Matmul: ``m x n`` per batch. Attention: output elements over a tile.
+    """
+    out_elems = max(1, node.output_elements if len(node.output_shapes) == 1 else math.prod(node.output_shape))
+    a = node.attrs
+    if node.op_class == "conv":
+        groups = int(a.get("groups", 1) or 1)
+        cout = int(a.get("out_channels") or _channels(node.output_shape, str(a.get("out_layout") or a.get("data_layout") or "NCHW")))
+        m = max(out_elems // max(cout, 1), 1)
+        n = max(cout // max(groups, 1), 1)
+        return _gemm_tiles(m, n, groups, tile_m, tile_n)
+    if node.op_class == "matmul" and "m" in a and "n" in a:
+        batch = int(a.get("batch", 1) or 1)
+        return _gemm_tiles(max(int(a["m"]), 1), max(int(a["n"]), 1), batch, tile_m, tile_n)
+    tiles = math.ceil(out_elems / (tile_m * tile_n))
+    return tiles, out_elems / (tiles * tile_m * tile_n)
+
+
+def _gemm_tiles(m: int, n: int, batch: int, tile_m: int, tile_n: int) -> tuple[int, float]:
+    tm, tn = math.ceil(m / tile_m), math.ceil(n / tile_n)
+    return tm * tn * batch, (m / (tm * tile_m)) * (n / (tn * tile_n))
+
+
+def _channels(shape: tuple[int, ...], layout: str) -> int:
+    if not shape:
+        return 1
+    if "C" in layout and len(layout) == len(shape):
+        return shape[layout.index("C")]
+    return shape[1] if len(shape) > 1 else shape[0]
+
+
+def param_class(node: OpNode) -> str:
+    """The constants class of a node: its op class, or ``conv_depthwise`` for grouped convolutions
+    with at most 4 input channels per group (CUDA-core kernels, memory-bound)."""
+    if node.op_class == "conv":
+        groups = int(node.attrs.get("groups", 1) or 1)
+        per_group = node.attrs.get("in_channels_per_group")
+        if node.attrs.get("depthwise") or (groups > 1 and per_group is not None and int(per_group) <= 4):
+            return "conv_depthwise"
+    return node.op_class if node.op_class in _KNOWN_CLASSES else "unknown"
+
+
+_KNOWN_CLASSES = frozenset({
+    "conv", "matmul", "attention", "elementwise", "activation", "normalization", "pool", "reduction",
+    "softmax", "memory", "gather", "cast", "unknown",
+})
+
+
+@dataclass(frozen=True)
+class NodeCosts:
+    """Per-node figures of one graph on one device.
+
+    Shapes:
+        every array is ``[num_nodes]`` (float64 unless said otherwise).
+
+    Attributes:
+        gpu_us: device time of the node's kernels, µs (0 for views and constant-folded nodes).
+        host_us: host time to dispatch the node and launch its kernels, µs.
+        compute_us, memory_us: the two roofline terms, µs.
+        kernels: kernels launched.
+        utilisation: share of the limiting resource's peak in use while the node runs, ``[0, 1]``.
+        tensor_core: bool, the node ran on tensor cores.
+        classes: constants class of each node.
+    """
+
+    gpu_us: np.ndarray
+    host_us: np.ndarray
+    compute_us: np.ndarray
+    memory_us: np.ndarray
+    kernels: np.ndarray
+    utilisation: np.ndarray
+    tensor_core: np.ndarray
+    classes: tuple[str, ...]
+
+
+_DT_CODE = {"float32": 0, "float16": 1, "bfloat16": 2}
+_CLASS_INDEX = {c: i for i, c in enumerate(PARAM_CLASSES)}
+_CONTRACTION_IDX = np.array([c in CONTRACTION_CLASSES for c in PARAM_CLASSES])
+
+
+@dataclass
+class GraphFacts:
+    """Device-independent facts of a graph the prior needs, computed once per graph (see :func:`graph_facts`).
+
+    Shapes:
+        arrays are ``[num_nodes]``.
+    """
+
+    classes: tuple[str, ...]
+    cls_idx: np.ndarray          # index into PARAM_CLASSES
+    active: np.ndarray           # bool: launches kernels (not constant, not a view)
+    view: np.ndarray             # bool: a view (host dispatch only)
+    fused: np.ndarray            # bool: bias add run inside the preceding conv/matmul call
+    conv: np.ndarray             # bool: op_class conv (not depthwise)
+    contraction: np.ndarray      # bool: conv/matmul/attention constants class
+    dtype: np.ndarray            # 0 fp32, 1 fp16, 2 bf16, -1 other
+    flops: np.ndarray
+    bytes: np.ndarray            # read + written
+    act_bytes: np.ndarray        # activation bytes read + written (no weights)
+    reduction_k: np.ndarray      # GEMM reduction length of contraction nodes (MACs per output element)
+    dtypes: frozenset[str]
+    uses_cublas: bool
+    _tiles: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]]
+    _nodes: list[OpNode]
+    memory: Any = None           # MemoryBreakdown of the liveness pass, filled by the estimator
+
+    def tiles(self, tile_m: int, tile_n: int) -> tuple[np.ndarray, np.ndarray]:
+        """(thread blocks, tile efficiency) of every contraction node for a tile size (1 elsewhere)."""
+        key = (tile_m, tile_n)
+        if key not in self._tiles:
+            n = len(self._nodes)
+            t, e = np.ones(n), np.ones(n)
+            for i in np.flatnonzero(self.contraction & self.active):
+                t[i], e[i] = contraction_tiles(self._nodes[i], tile_m, tile_n)
+            self._tiles[key] = (t, e)
+        return self._tiles[key]
+
+
+_FACTS: "dict[str, GraphFacts]" = {}
+_FACTS_MAX = 512
+_FACTS_LOCK = threading.Lock()
+
+
+def graph_facts(graph: OperatorGraph) -> GraphFacts:
+    """The :class:`GraphFacts` of ``graph``; validated and computed on first sight, then cached by the
+    graph's structural hash (a bounded cache: a search calls the prior thousands of times)."""
+    key = f"{graph.structural_hash()}:{graph.param_bytes}"
+    with _FACTS_LOCK:
+        hit = _FACTS.get(key)
+    if hit is not None:
+        return hit
+    graph.validate()
+    nodes = graph.nodes
+    n = len(nodes)
+    preds = graph.predecessors()
+    succ = graph.successors()
+    classes = tuple(param_class(nd) for nd in nodes)
+    cls_idx = np.array([_CLASS_INDEX[c] for c in classes], dtype=np.int64)
+    const = np.array([nd.is_constant for nd in nodes], dtype=bool)
+    view = np.array([nd.op_class == "view" for nd in nodes], dtype=bool) & ~const
+    active = ~const & ~view
+    fused = np.zeros(n, dtype=bool)
+    for nd in nodes:
+        if nd.op != "add" or nd.is_constant or not any(nd.input_is_param):
+            continue
+        p = [q for q in preds[nd.index] if not nodes[q].is_constant]
+        if len(p) == 1 and nodes[p[0]].op_class in CONTRACTION_CLASSES and succ[p[0]] == [nd.index]:
+            fused[nd.index] = True
+    facts = GraphFacts(
+        classes=classes, cls_idx=cls_idx, active=active, view=view, fused=fused,
+        conv=np.array([c == "conv" for c in classes], dtype=bool),
+        contraction=_CONTRACTION_IDX[cls_idx],
+        dtype=np.array([_DT_CODE.get(nd.output_dtype, -1) for nd in nodes], dtype=np.int64),
+        flops=np.array([nd.flops for nd in nodes], dtype=np.float64),
+        bytes=np.array([nd.bytes_read + nd.bytes_written for nd in nodes], dtype=np.float64),
+        act_bytes=np.array([nd.bytes_read - nd.param_bytes + nd.bytes_written for nd in nodes], dtype=np.float64),
+        reduction_k=np.array([nd.macs / max(1, math.prod(nd.output_shape)) if nd.macs else 1.0 for nd in nodes],
+                             dtype=np.float64),
+        dtypes=frozenset(nd.output_dtype for nd in nodes if not nd.is_constant and nd.output_dtype in _DT_CODE),
+        uses_cublas=any(nd.op_class in ("matmul", "attention") and not nd.is_constant for nd in nodes),
+        _tiles={}, _nodes=nodes,
+    )
+    with _FACTS_LOCK:
+        while len(_FACTS) >= _FACTS_MAX:
+            _FACTS.pop(next(iter(_FACTS)))
+        _FACTS[key] = facts
+    return facts
+
+
+def node_costs(
+    graph: OperatorGraph, device: Device, params: PriorParams, *, tf32_conv: bool = True,
+    tf32_matmul: bool = False, channels_last: bool = False,
+) -> NodeCosts:
+    """Time every node of ``graph`` on ``device`` with the constants ``params``.
+
+    Args:
+        graph: the captured model.
+        device: where it runs (a MIG slice view works too).
+        params: the prior's constants.
+        tf32_conv: FP32 convolutions may use TF32 tensor cores (PyTorch default: True,
+            ``torch.backends.cudnn.allow_tf32``).
+        tf32_matmul: FP32 matmuls may use TF32 (PyTorch default: False, ``torch.backends.cuda.matmul.allow_tf32``).
+        channels_last: activations are NHWC in memory; when False, half-precision tensor-core
+            convolutions pay ``params.nchw_transpose_passes`` extra passes over their activations
+            (and two transposition kernels).
+    """
+    f = graph_facts(graph)
+    n = len(f.classes)
+    gpu = device.kind == "gpu"
+    pc = [params.op_classes[c] for c in PARAM_CLASSES]
+    per = lambda name: np.array([getattr(p, name) for p in pc], dtype=np.float64)[f.cls_idx]  # noqa: E731
+
+    # peaks: CUDA cores by default; tensor cores for contractions in half precision, or FP32 with TF32 allowed
+    half = (f.dtype == 1) | (f.dtype == 2)
+    cuda = np.where(half & (device.fp16_tflops is not None), device.fp16_tflops or 0.0, device.fp32_tflops)
+    tensor = np.zeros(n, dtype=bool)
+    peak = cuda.astype(np.float64)
+    if gpu:
+        for code, tflops in ((1, device.fp16_tensor_tflops), (2, device.bf16_tensor_tflops)):
+            if tflops is not None:
+                m = f.contraction & (f.dtype == code)
+                peak[m], tensor[m] = tflops, True
+        if device.tf32_tensor_tflops is not None:
+            allow = np.where(f.conv, tf32_conv, tf32_matmul) & f.contraction & (f.dtype == 0)
+            peak[allow], tensor[allow] = device.tf32_tensor_tflops, True
+
+    bytes_ = f.bytes.copy()
+    kernels = per("kernels")
+    if gpu and not channels_last and params.nchw_transpose_passes > 0:
+        nchw = tensor & f.conv & half
+        bytes_[nchw] += params.nchw_transpose_passes * f.act_bytes[nchw]
+        kernels[nchw] += 2.0
+
+    wave = np.ones(n)
+    tile = np.ones(n)
+    wave_exp = np.zeros(n)
+    tile_exp = np.zeros(n)
+    k_half = np.where(f.contraction, per("k_half"), 0.0)
+    if gpu and f.contraction.any():
+        for ci, p in enumerate(pc):
+            m = f.contraction & (f.cls_idx == ci)
+            if not m.any():
+                continue
+            t, e = f.tiles(p.tile_m, p.tile_n)
+            wave[m] = wave_efficiency(t[m], device.sms)
+            tile[m] = e[m]
+            wave_exp[m], tile_exp[m] = p.wave_exponent, p.tile_exponent
+
+    ws = f.bytes
+    with np.errstate(divide="ignore", invalid="ignore"):
+        l2_frac = np.where(ws > 0, np.minimum(1.0, device.l2_mib * 2**20 / ws), 0.0)
+    scale = params.scale_for(device.id, device.kind)
+    eta_c = np.where(tensor, per("eta_compute_tensor"), per("eta_compute")) * scale.compute
+    eta_m = np.minimum(per("eta_memory") * scale.memory, 1.0)
+    # on a CPU the per-op cost is the measured dispatch; the fitted per-kernel GPU cost does not apply
+    kernel_us = per("kernel_us") if gpu else np.zeros(n)
+    t, comp, mem = kernel_time_us(
+        f.flops, bytes_, peak_tflops=peak, bandwidth_gbps=device.bandwidth_gbps, eta_compute=eta_c,
+        eta_memory=eta_m, kernel_us=kernel_us, kernels=kernels, wave_eff=wave, wave_exponent=wave_exp,
+        tile_eff=tile, tile_exponent=tile_exp, reduction_k=f.reduction_k, k_half=k_half, l2_fraction=l2_frac,
+        l2_speedup=params.l2_speedup,
+    )
+    act = f.active
+    gpu_us = np.where(act, t, 0.0)
+    comp = np.where(act, comp, 0.0)
+    mem = np.where(act, mem, 0.0)
+    kernels = np.where(act, kernels, 0.0)
+
+    dispatch = device.host_dispatch_us if device.host_dispatch_us is not None else params.host_dispatch_us
+    launch = params.host_launch_us if gpu else 0.0
+    view_us = params.host_view_us if gpu else min(params.host_view_us, dispatch)
+    host = np.where(act, np.where(f.fused, 0.0, dispatch) + kernels * launch, 0.0) + np.where(f.view, view_us, 0.0)
+
+    with np.errstate(divide="ignore", invalid="ignore"):
+        util_c = np.where(gpu_us > 0, f.flops / (peak * 1e12) * 1e6 / gpu_us, 0.0)
+        util_m = np.where(gpu_us > 0, bytes_ / (device.bandwidth_gbps * 1e9) * 1e6 / gpu_us, 0.0)
+    util = np.clip(np.maximum(util_c, util_m), 0.0, 1.0)
+    return NodeCosts(gpu_us=gpu_us, host_us=host, compute_us=comp, memory_us=mem, kernels=kernels,
+                     utilisation=util, tensor_core=tensor & act, classes=f.classes)

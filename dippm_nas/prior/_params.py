@@ -1,0 +1,296 @@
+"""Constants of the analytic prior: per-op-class efficiencies and host/GPU overheads.
+
+Two sets exist:
+
+- :meth:`PriorParams.uncalibrated` — the physically motivated starting point: every op class reaches its
+  roofline (efficiency 1), kernels cost a small fixed time, overheads are mid-range public figures.
+  This is the "before calibration" prior.
+- the shipped fitted file ``calibration/fitted.json`` (written by ``benchmarks/calibrate_prior.py``),
+  which names the public data it was fitted on and the command that produced it. :func:`default_params`
+  loads it once per process; it falls back to the uncalibrated set, with a one-time warning, when the
+  file is missing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from dippm_nas.errors import DippmNasError
+
+__all__ = ["OpClassParams", "DeviceScale", "PriorParams", "default_params", "PARAM_CLASSES", "CALIBRATION_FORMAT"]
+
+logger = logging.getLogger(__name__)
+
+#: Version of the calibration JSON layout.
+CALIBRATION_FORMAT = 1
+
+#: Op classes with their own constants. ``conv_depthwise`` is a pseudo-class for grouped convolutions
+#: with few input channels per group, which run on CUDA cores and are memory-bound.
+PARAM_CLASSES: tuple[str, ...] = (
+    "conv", "conv_depthwise", "matmul", "attention", "elementwise", "activation", "normalization", "pool",
+    "reduction", "softmax", "memory", "gather", "cast", "unknown",
+)
+
+CONTRACTION_CLASSES = frozenset({"conv", "matmul", "attention"})
+
+
+@dataclass(frozen=True)
+class OpClassParams:
+    """How one op class turns FLOPs and bytes into time.
+
+    GPU time of a node: ``kernels * kernel_us + max(flops / (peak * eta * wave_eff**wave_exponent *
+    tile_eff**tile_exponent * k / (k + k_half)), bytes / (bandwidth * eta_memory))``, where ``wave_eff``
+    is the share of SM-time the thread blocks fill over their waves, ``tile_eff`` the share of the
+    padded output tiles that holds real outputs, and ``k`` the reduction length of the GEMM (a short
+    reduction cannot keep the math pipelines busy); the last three apply to contraction ops only.
+
+    Attributes:
+        eta_compute: achieved fraction of the CUDA-core peak at full waves (may exceed 1 where a
+            fast algorithm such as Winograd does fewer multiplies than the direct FLOP count).
+        eta_compute_tensor: the same on the tensor-core path (half precision, TF32).
+        eta_memory: achieved fraction of DRAM bandwidth.
+        kernel_us: fixed GPU time per kernel (start-up, tail, tiny-kernel inefficiency), µs.
+        wave_exponent: weight of wave quantisation over SMs (0 ignores it, 1 applies it fully).
+        tile_exponent: weight of tile quantisation (output padded to whole tiles).
+        k_half: reduction length at which a contraction reaches half its efficiency (0: no such effect).
+        kernels: kernels launched per op.
+        tile_m, tile_n: output tile one thread block computes, for wave quantisation.
+    """
+
+    eta_compute: float = 1.0
+    eta_compute_tensor: float = 1.0
+    eta_memory: float = 1.0
+    kernel_us: float = 2.0
+    wave_exponent: float = 1.0
+    tile_exponent: float = 1.0
+    k_half: float = 0.0
+    kernels: float = 1.0
+    tile_m: int = 128
+    tile_n: int = 128
+
+    def __post_init__(self) -> None:
+        for name in ("eta_compute", "eta_compute_tensor", "eta_memory"):
+            v = getattr(self, name)
+            if not _finite(v) or not 0 < v <= 4:
+                raise DippmNasError(f"OpClassParams.{name} must be in (0, 4], got {v!r}")
+        for name in ("kernel_us", "kernels", "k_half"):
+            v = getattr(self, name)
+            if not _finite(v) or v < 0:
+                raise DippmNasError(f"OpClassParams.{name} must be a finite number >= 0, got {v!r}")
+        for name in ("wave_exponent", "tile_exponent"):
+            v = getattr(self, name)
+            if not _finite(v) or not 0 <= v <= 1:
+                raise DippmNasError(f"OpClassParams.{name} must be in [0, 1], got {v!r}")
+        for name in ("tile_m", "tile_n"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise DippmNasError(f"OpClassParams.{name} must be an int >= 1, got {v!r}")
+
+
+@dataclass(frozen=True)
+class DeviceScale:
+    """Multipliers of one device's achieved efficiencies, fitted on whole-model measurements of it.
+
+    Attributes:
+        compute: multiplies every op class's ``eta_compute`` / ``eta_compute_tensor`` on the device.
+        memory: multiplies every op class's ``eta_memory`` on the device.
+        source: the measurements they come from.
+    """
+
+    compute: float = 1.0
+    memory: float = 1.0
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("compute", "memory"):
+            v = getattr(self, name)
+            if not _finite(v) or not 0.05 <= v <= 20:
+                raise DippmNasError(f"DeviceScale.{name} must be in [0.05, 20], got {v!r}")
+
+
+#: Key of :attr:`PriorParams.device_scales` used for devices without their own entry.
+DEFAULT_SCALE_KEY = "*"
+
+
+@dataclass(frozen=True)
+class PriorParams:
+    """All constants of the prior.
+
+    Attributes:
+        op_classes: :class:`OpClassParams` per class of :data:`PARAM_CLASSES`.
+        host_dispatch_us: framework (PyTorch eager) dispatch per operator on the host, µs. A device's
+            own ``host_dispatch_us`` (measured for host-cpu) takes precedence.
+        host_launch_us: host time of one kernel launch (``cudaLaunchKernel``), µs.
+        host_view_us: host time of a view op (no kernel), µs.
+        l2_speedup: bandwidth multiplier for the part of a node's traffic that fits in L2 (1 = no L2 model).
+        nchw_transpose_passes: extra passes over a conv's activations when a half-precision
+            tensor-core convolution runs on NCHW (contiguous) tensors, which cuDNN transposes to NHWC.
+        device_scales: per-device efficiency multipliers ``{device id: DeviceScale}``; the entry
+            ``"*"`` applies to devices without one (MIG slice views use their parent's entry).
+        source: what the constants were fitted on (or ``"uncalibrated"``).
+        command: the command that produced them.
+        metrics: the fit's reported figures (MAPE, Kendall tau...), for the record.
+    """
+
+    op_classes: Mapping[str, OpClassParams]
+    host_dispatch_us: float = 10.0
+    host_launch_us: float = 3.0
+    host_view_us: float = 2.0
+    l2_speedup: float = 1.0
+    nchw_transpose_passes: float = 2.0
+    device_scales: Mapping[str, DeviceScale] = field(default_factory=dict)
+    source: str = "uncalibrated"
+    command: str = ""
+    metrics: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        missing = [c for c in PARAM_CLASSES if c not in self.op_classes]
+        extra = [c for c in self.op_classes if c not in PARAM_CLASSES]
+        if missing or extra:
+            raise DippmNasError(
+                f"PriorParams.op_classes must have exactly the classes {list(PARAM_CLASSES)}; "
+                f"missing {missing}, unknown {extra}"
+            )
+        for name in ("host_dispatch_us", "host_launch_us", "host_view_us", "nchw_transpose_passes"):
+            v = getattr(self, name)
+            if not _finite(v) or v < 0:
+                raise DippmNasError(f"PriorParams.{name} must be a finite number >= 0, got {v!r}")
+        if not _finite(self.l2_speedup) or self.l2_speedup < 1:
+            raise DippmNasError(f"PriorParams.l2_speedup must be >= 1, got {self.l2_speedup!r}")
+        object.__setattr__(self, "op_classes", dict(self.op_classes))
+        object.__setattr__(self, "device_scales", dict(self.device_scales))
+        bad = [k for k, v in self.device_scales.items() if not isinstance(v, DeviceScale)]
+        if bad:
+            raise DippmNasError(f"PriorParams.device_scales values must be DeviceScale, wrong for {bad}")
+
+    def scale_for(self, device_id: str, kind: str = "gpu") -> DeviceScale:
+        """The efficiency multipliers of a device (a MIG slice view ``<id>.mig-<profile>`` uses ``<id>``).
+
+        The default entry ``"*"`` is fitted on GPUs and applies to GPUs only; other kinds without an
+        entry of their own get no scaling.
+        """
+        base = device_id.split(".mig-")[0]
+        if base in self.device_scales:
+            return self.device_scales[base]
+        if kind == "gpu" and DEFAULT_SCALE_KEY in self.device_scales:
+            return self.device_scales[DEFAULT_SCALE_KEY]
+        return DeviceScale()
+
+    @classmethod
+    def uncalibrated(cls) -> "PriorParams":
+        """The starting point before any fit: rooflines at efficiency 1, public mid-range overheads.
+
+        Overheads: PyTorch eager spends ~5-25 µs of CPU time per op before its kernel runs (Python,
+        pybind, dispatcher, backend), ``cudaLaunchKernel`` ~1-3 µs on CUDA 12 drivers; 10 µs and 3 µs
+        are used. A GPU kernel costs a few µs of start-up and tail even when tiny: 2 µs is used.
+        """
+        classes = {c: OpClassParams() for c in PARAM_CLASSES}
+        for c in PARAM_CLASSES:
+            if c not in CONTRACTION_CLASSES:
+                classes[c] = dataclasses.replace(classes[c], wave_exponent=0.0, tile_exponent=0.0)
+        return cls(op_classes=classes)
+
+    def with_class(self, op_class: str, **changes: Any) -> "PriorParams":
+        """A copy with some constants of one class changed."""
+        if op_class not in self.op_classes:
+            raise DippmNasError(f"unknown op class {op_class!r}; choices: {list(PARAM_CLASSES)}")
+        classes = dict(self.op_classes)
+        classes[op_class] = dataclasses.replace(classes[op_class], **changes)
+        return dataclasses.replace(self, op_classes=classes)
+
+    # ------------------------------------------------------------ serialise
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": CALIBRATION_FORMAT,
+            "source": self.source,
+            "command": self.command,
+            "global": {k: getattr(self, k) for k in
+                       ("host_dispatch_us", "host_launch_us", "host_view_us", "l2_speedup", "nchw_transpose_passes")},
+            "op_classes": {c: dataclasses.asdict(p) for c, p in self.op_classes.items()},
+            "devices": {k: dataclasses.asdict(v) for k, v in self.device_scales.items()},
+            "metrics": dict(self.metrics),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], *, origin: str = "<dict>") -> "PriorParams":
+        """Inverse of :meth:`to_dict`; classes missing from ``d`` keep their uncalibrated constants.
+
+        Raises:
+            DippmNasError: wrong format version, unknown classes or keys, or values breaking a rule.
+        """
+        if d.get("format") != CALIBRATION_FORMAT:
+            raise DippmNasError(f"{origin}: calibration format must be {CALIBRATION_FORMAT}, got {d.get('format')!r}")
+        base = cls.uncalibrated()
+        classes = dict(base.op_classes)
+        for name, values in (d.get("op_classes") or {}).items():
+            if name not in classes:
+                raise DippmNasError(f"{origin}: unknown op class {name!r}; choices: {list(PARAM_CLASSES)}")
+            allowed = set(OpClassParams.__dataclass_fields__)
+            bad = sorted(set(values) - allowed)
+            if bad:
+                raise DippmNasError(f"{origin}: op class {name!r} has unknown keys {bad}; choices: {sorted(allowed)}")
+            classes[name] = dataclasses.replace(classes[name], **values)
+        glob = dict(d.get("global") or {})
+        allowed_g = {"host_dispatch_us", "host_launch_us", "host_view_us", "l2_speedup", "nchw_transpose_passes"}
+        bad_g = sorted(set(glob) - allowed_g)
+        if bad_g:
+            raise DippmNasError(f"{origin}: unknown global keys {bad_g}; choices: {sorted(allowed_g)}")
+        scales = {}
+        for dev_id, v in (d.get("devices") or {}).items():
+            bad_s = sorted(set(v) - set(DeviceScale.__dataclass_fields__))
+            if bad_s:
+                raise DippmNasError(f"{origin}: devices[{dev_id!r}] has unknown keys {bad_s}; "
+                                    f"choices: {sorted(DeviceScale.__dataclass_fields__)}")
+            scales[dev_id] = DeviceScale(**v)
+        return cls(op_classes=classes, source=str(d.get("source", "")), command=str(d.get("command", "")),
+                   metrics=dict(d.get("metrics") or {}), device_scales=scales, **glob)
+
+    def save(self, path: str | Path) -> None:
+        """Write as JSON (the format :func:`load` reads)."""
+        Path(path).write_text(json.dumps(self.to_dict(), indent=1, sort_keys=False) + "\n", encoding="utf-8")
+
+    @classmethod
+    def load(cls, path: str | Path) -> "PriorParams":
+        """Read a calibration JSON file."""
+        p = Path(path)
+        try:
+            d = json.loads(p.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise DippmNasError(f"cannot read calibration file {p}: {e}") from e
+        return cls.from_dict(d, origin=str(p))
+
+
+def _finite(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+FITTED_FILE = "fitted.json"
+
+
+@lru_cache(maxsize=1)
+def default_params() -> PriorParams:
+    """The shipped fitted constants (loaded once per process), else the uncalibrated set with a warning."""
+    res = resources.files("dippm_nas.prior") / "calibration" / FITTED_FILE
+    try:
+        text = res.read_text(encoding="utf-8")
+    except (FileNotFoundError, OSError):
+        msg = (f"the analytic prior's fitted constants (dippm_nas/prior/calibration/{FITTED_FILE}) are missing; "
+               "using the uncalibrated constants (run benchmarks/calibrate_prior.py to fit them)")
+        logger.warning(msg)
+        warnings.warn(msg, RuntimeWarning, stacklevel=2)
+        return PriorParams.uncalibrated()
+    try:
+        d = json.loads(text)
+    except ValueError as e:
+        raise DippmNasError(f"shipped calibration file {FITTED_FILE} is not valid JSON: {e}") from e
+    return PriorParams.from_dict(d, origin=f"dippm_nas/prior/calibration/{FITTED_FILE}")
