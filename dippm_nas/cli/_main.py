@@ -15,6 +15,9 @@ from dippm_nas.errors import DippmNasError
 _VERBS: tuple[str, ...] = (
     "_inspect",
     "_devices",
+    "_train",
+    "_evaluate",
+    "_predict",
 )
 
 

@@ -1,0 +1,45 @@
+"""``dippm-nas evaluate --checkpoint CKPT --data DB``: held-out metrics, markdown report and PNG."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from dippm_nas.cli._train import add_split_args, parse_devices
+
+__all__ = ["register"]
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("evaluate", help="evaluate a predictor checkpoint on the test split of a dataset",
+                       description="Recompute the split (same --split/--holdout/--seed as training) and report "
+                                   "MAPE, median APE, Kendall tau and ±2σ coverage per target, with a "
+                                   "predicted-vs-measured PNG.")
+    add_split_args(p)
+    p.add_argument("--checkpoint", required=True, help="checkpoint .pt")
+    p.add_argument("--out", default="predictor_report.md", help="markdown report path (default predictor_report.md)")
+    p.add_argument("--png", default=None, help="predicted-vs-measured PNG path (default: next to --out)")
+    p.add_argument("--calibrate", default="", help="comma-separated k values: also report error after few-shot "
+                   "calibration with k measurements of the test set (evaluated on the rest)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from dippm_nas.predictor._evaluate import scatter_png, write_report
+    from dippm_nas.predictor._evaluate import evaluate_checkpoint
+
+    ks = [int(k) for k in args.calibrate.split(",") if k]
+    holdout = [h for h in args.holdout.split(",") if h]
+    res = evaluate_checkpoint(args.checkpoint, args.data, device=args.device, split=args.split,
+                              heldout_families=holdout, devices=parse_devices(args.train_devices), seed=args.seed,
+                              calibrate_ks=ks)
+    png = Path(args.png) if args.png else Path(args.out).with_suffix(".png")
+    scatter_png(res["rows"], "latency_ms", png, title=f"{res['device']} test split ({args.split})")
+    sections = [(f"{res['device']}, {args.split} split, test ({res['n_test']} rows)", res["metrics"])]
+    for k, tab in res.get("calibration", {}).items():
+        sections.append((f"after few-shot calibration, {k}", tab))
+    write_report(sections, args.out, intro=f"# Predictor evaluation\n\ncheckpoint `{args.checkpoint}`, data {args.data}\n\n![scatter]({png.name})")
+    print(json.dumps({"metrics": res["metrics"], "calibration": res.get("calibration", {})}, indent=1))
+    print(f"wrote {args.out} and {png}")
+    return 0

@@ -1,0 +1,54 @@
+"""``dippm-nas predict SPEC --device D --batch N --shape C,H,W --dtype T [--json]``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from dippm_nas.spec import InputSpec, parse_shape
+
+__all__ = ["register"]
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "predict",
+        help="predicted latency, energy, memory (with std and source) and MIG fit of a model on a device",
+        description="Capture SPEC (torchvision:NAME, timm:NAME, a .onnx file, or package.module:callable) and "
+                    "predict its cost on DEVICE. --json prints the Prediction's fields as one JSON object.",
+    )
+    p.add_argument("spec", metavar="SPEC", help="torchvision:NAME | timm:NAME | path.onnx | package.module:callable")
+    p.add_argument("--device", default="a100-sxm4-40gb", help="catalogue device id (default a100-sxm4-40gb; "
+                   "`dippm-nas devices` lists them)")
+    p.add_argument("--batch", type=int, default=1, help="batch size (default 1)")
+    p.add_argument("--shape", default="3,224,224", help="per-sample input shape C,H,W (default 3,224,224)")
+    p.add_argument("--dtype", default="float32", help="float32 | float16 | bfloat16 (default float32)")
+    p.add_argument("--no-cache", action="store_true", help="do not read or write the conversion cache")
+    p.add_argument("--json", action="store_true", help="print one JSON object with the Prediction's fields")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from dippm_nas.predictor import predict
+
+    spec = InputSpec(shape=parse_shape(args.shape), batch_size=args.batch, dtype=args.dtype)
+    pred = predict(args.spec, spec, device=args.device, cache=not args.no_cache)
+    if args.json:
+        print(json.dumps(pred.to_dict()))
+        return 0
+
+    def pm(v: float | None, s: float | None, unit: str, src: str) -> str:
+        if v is None:
+            return f"unavailable ({src})"
+        return f"{v:.4g} {unit}" + (f" ± {s:.2g}" if s is not None else "") + f"   [{src}]"
+
+    print(f"model     {args.spec}   batch {spec.batch_size}, shape {spec.shape}, {spec.dtype}, device {pred.device}")
+    print(f"latency   {pm(pred.latency_ms, pred.latency_ms_std, 'ms', pred.latency_source)}")
+    print(f"energy    {pm(pred.energy_j, pred.energy_j_std, 'J', pred.energy_source)}")
+    print(f"memory    {pm(pred.memory_mib, pred.memory_mib_std, 'MiB', pred.memory_source)}")
+    if pred.mig is not None:
+        d = pred.mig.to_dict() if hasattr(pred.mig, "to_dict") else pred.mig
+        print(f"MIG       smallest fit: {d.get('smallest_fit')}" + (f" ({d.get('reason')})" if d.get("reason") else ""))
+    if pred.unknown_ops:
+        print(f"flagged   ops without a formula/encoder: {pred.unknown_ops}")
+    return 0

@@ -1,0 +1,75 @@
+"""``dippm-nas train --data DB --device D --out CKPT.pt``: train the GraphSAGE ensemble."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+
+__all__ = ["register", "add_split_args", "parse_devices"]
+
+
+def add_split_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data", action="append", required=True, metavar="PATH",
+                   help="dataset file (SQLite or .jsonl[.gz|.xz] export); repeat for several")
+    p.add_argument("--device", default="a100-sxm4-40gb", help="device the checkpoint answers for (catalogue id)")
+    p.add_argument("--train-devices", default=None,
+                   help="comma-separated catalogue ids whose rows train the model (default: all in the data)")
+    p.add_argument("--split", choices=("random", "family"), default="random",
+                   help="random 70/15/15 by architecture, or held-out families (default random)")
+    p.add_argument("--holdout", default="", help="comma-separated families held out with --split family")
+    p.add_argument("--seed", type=int, default=0, help="split and training seed (default 0)")
+
+
+def parse_devices(text: str | None) -> list[str] | None:
+    return [d.strip() for d in text.split(",") if d.strip()] if text else None
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="train the GraphSAGE predictor on a dataset and write a checkpoint",
+                       description="Train a K-member GraphSAGE ensemble; the test split is only used to "
+                                   "report held-out metrics, which go into the checkpoint's metadata.")
+    add_split_args(p)
+    p.add_argument("--out", required=True, help="checkpoint path (.pt); a .json metadata sidecar is written next to it")
+    p.add_argument("--hidden", type=int, default=64, help="hidden width (default 64)")
+    p.add_argument("--layers", type=int, default=3, help="GraphSAGE blocks (default 3)")
+    p.add_argument("--members", type=int, default=5, help="ensemble members K (default 5)")
+    p.add_argument("--epochs", type=int, default=200, help="maximum epochs (default 200)")
+    p.add_argument("--patience", type=int, default=30, help="early-stopping patience in epochs (default 30)")
+    p.add_argument("--batch-size", type=int, default=64, help="graphs per step (default 64)")
+    p.add_argument("--lr", type=float, default=3e-3, help="learning rate (default 3e-3)")
+    p.add_argument("--style", choices=("ours", "dippm"), default="ours", help="feature style (dippm = ablation)")
+    p.add_argument("--no-prior-residual", action="store_true", help="predict log targets directly, not prior corrections")
+    p.add_argument("--time-budget", type=float, default=840.0, help="training wall-clock budget, seconds (default 840)")
+    p.add_argument("--targets", default=None,
+                   help="comma-separated targets to learn (latency_ms,energy_j,memory_mib; default: all with labels)")
+    p.add_argument("--threads", type=int, default=2, help="torch intra-op threads while training (default 2)")
+    p.add_argument("--source-note", action="append", default=[], help="data-source description for the metadata")
+    p.add_argument("--report", default=None, help="write the held-out metrics and test rows as JSON here")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from dippm_nas.predictor._train import TrainConfig, train_predictor
+
+    cfg = TrainConfig(hidden=args.hidden, layers=args.layers, members=args.members, epochs=args.epochs,
+                      patience=args.patience, batch_size=args.batch_size, lr=args.lr, style=args.style,
+                      residual_on_prior=not args.no_prior_residual, time_budget_s=args.time_budget, seed=args.seed,
+                      threads=args.threads)
+    holdout = [h for h in args.holdout.split(",") if h]
+    command = "dippm-nas " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    pred, report = train_predictor(args.data, args.device, split=args.split, heldout_families=holdout,
+                                   devices=parse_devices(args.train_devices), cfg=cfg,
+                                   data_sources=args.source_note or args.data, command=command,
+                                   targets=parse_devices(args.targets))
+    pred.save(args.out)
+    print(f"wrote {args.out} ({Path(args.out).stat().st_size / 1e6:.2f} MB) and {Path(args.out).with_suffix('.json')}")
+    print(f"split sizes {report['sizes']}; featurise {report['featurize_s']:.0f} s, train {report['train_s']:.0f} s")
+    for t, m in report.get("metrics", {}).items():
+        print(f"  {t:18s} " + "  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in m.items()))
+    if args.report:
+        report["history"] = cfg.history
+        Path(args.report).write_text(json.dumps(report, indent=1, default=str))
+    return 0

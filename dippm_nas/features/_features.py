@@ -1,0 +1,255 @@
+"""Node, static and device feature tensors of one graph on one device.
+
+Two styles:
+
+- ``"ours"`` (default): the kernel graph of :func:`~dippm_nas.features.coarsen` with dataflow edges;
+  per kernel the token one-hot (:data:`TOKENS`), ATTR_WIDTH attributes, shapes, summed FLOPs / MACs /
+  bytes / weight bytes, the analytic prior's per-node device and host time on the target device,
+  member counts per op class, dtype; graph-level static features (DIPPM's five and ours, prior
+  totals); device features from the catalogue.
+- ``"dippm"`` (the ablation): one node per operator (views and constants kept), **chain edges**
+  ``i -> i+1`` as DIPPM built them, a 32-wide hashed op one-hot, 32 attribute and 32 shape slots, and
+  DIPPM's five static features; no prior, no device features beyond the shared block.
+
+Everything numeric is log-scaled (``log1p``) here; the model standardises with training statistics.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from dippm_nas.devices import Device, resolve_device
+from dippm_nas.features._coarsen import coarsen
+from dippm_nas.features._registry import ATTR_WIDTH, TOKENS, encode_op
+from dippm_nas.graph._formulas import OP_CLASSES
+from dippm_nas.graph._graph import OperatorGraph, OpNode
+
+if TYPE_CHECKING:  # pragma: no cover
+    from dippm_nas.prior import PriorEstimate, PriorParams
+
+__all__ = [
+    "FEATURE_SCHEMA_VERSION", "STYLES", "GraphFeatures", "featurize", "node_dim", "static_dim", "device_dim",
+    "device_features",
+]
+
+#: Bumped whenever the meaning or width of any feature changes; checkpoints record it.
+FEATURE_SCHEMA_VERSION = 1
+#: Feature styles: ours and the DIPPM-style ablation.
+STYLES: tuple[str, ...] = ("ours", "dippm")
+
+_DTYPES = ("float32", "float16", "bfloat16")
+_SHAPE_W = 6
+_COST_W = 6
+_PRIOR_W = 3
+_DIPPM_W = 32
+
+
+def node_dim(style: str = "ours") -> int:
+    """Width of a node feature row."""
+    if style == "dippm":
+        return 3 * _DIPPM_W
+    return len(TOKENS) + ATTR_WIDTH + _SHAPE_W + _COST_W + _PRIOR_W + 2 + len(OP_CLASSES) + len(_DTYPES) + 1
+
+
+_STATIC_NAMES = (
+    "total_macs", "total_flops", "batch_size", "num_conv", "num_dense", "num_relu", "param_count", "param_bytes",
+    "activation_bytes", "depth", "num_nodes", "num_kernels", "input_elements",
+    "prior_latency_ms", "prior_host_ms", "prior_gpu_busy_ms", "prior_memory_mib", "prior_energy_j", "has_energy",
+)
+
+
+def static_dim(style: str = "ours") -> int:
+    """Width of the static (graph-level) feature vector."""
+    return 5 if style == "dippm" else len(_STATIC_NAMES) + len(_DTYPES)
+
+
+_DEVICE_NAMES = ("is_gpu", "fp32_tflops", "half_tensor_tflops", "tf32_tflops", "bandwidth_gbps", "l2_mib", "sms",
+                 "memory_gib", "host_dispatch_us", "board_power_w", "has_power")
+
+
+def device_dim() -> int:
+    """Width of the device feature vector."""
+    return len(_DEVICE_NAMES)
+
+
+def _lg(x: float | int | None) -> float:
+    return math.log1p(max(float(x or 0.0), 0.0))
+
+
+def device_features(device: Device) -> np.ndarray:
+    """Log-scaled spec-sheet facts of ``device``. Shapes: ``[device_dim()]`` float32."""
+    half = device.fp16_tensor_tflops or device.fp16_tflops or device.fp32_tflops
+    return np.asarray([
+        float(device.kind == "gpu"), _lg(device.fp32_tflops), _lg(half), _lg(device.tf32_tensor_tflops or device.fp32_tflops),
+        _lg(device.bandwidth_gbps), _lg(device.l2_mib), _lg(device.sms), _lg(device.memory_gib),
+        _lg(device.host_dispatch_us), _lg(device.board_power_w), float(device.board_power_w is not None),
+    ], dtype=np.float32)
+
+
+@dataclass
+class GraphFeatures:
+    """Feature tensors of one graph on one device.
+
+    Shapes:
+        - ``x``: ``[num_kernels, node_dim(style)]`` float32
+        - ``edge_index``: ``[2, num_edges]`` int64 (dataflow direction; the model adds reverse edges)
+        - ``static``: ``[static_dim(style)]`` float32
+        - ``device``: ``[device_dim()]`` float32
+
+    Attributes:
+        prior_latency_ms, prior_memory_mib: the analytic prior's totals on the device.
+        prior_energy_j: the prior's energy, ``None`` for devices without power figures.
+        unknown_ops: ``{op: count}`` of nodes encoded without an encoder.
+        style: ``"ours"`` or ``"dippm"``.
+    """
+
+    x: np.ndarray
+    edge_index: np.ndarray
+    static: np.ndarray
+    device: np.ndarray
+    prior_latency_ms: float
+    prior_memory_mib: float
+    prior_energy_j: float | None
+    style: str = "ours"
+    unknown_ops: dict[str, int] = field(default_factory=dict)
+    estimate: Any = field(default=None, repr=False)
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.x.shape[0])
+
+
+def featurize(graph: OperatorGraph, device: Device | str, *, style: str = "ours", fuse: bool = True,
+              prior_params: "PriorParams | None" = None,
+              estimate: "PriorEstimate | None" = None) -> GraphFeatures:
+    """Feature tensors of ``graph`` on ``device``.
+
+    Args:
+        graph: a captured graph (validated by the prior).
+        device: a catalogue id or :class:`Device`.
+        style: ``"ours"`` or ``"dippm"`` (the ablation); see the module docstring.
+        fuse: coarsen element-wise chains into kernels (``"ours"`` only).
+        prior_params: constants of the analytic prior (a checkpoint pins the ones it was trained with).
+        estimate: a prior estimate already computed for this graph and device (skips recomputing it).
+
+    Raises:
+        DippmNasError: unknown style; errors of the prior (unknown device, bad dtype, malformed graph).
+    """
+    from dippm_nas.errors import DippmNasError
+    from dippm_nas.prior import estimate as prior_estimate
+
+    if style not in STYLES:
+        raise DippmNasError(f"style must be one of {STYLES}, got {style!r}")
+    dev = resolve_device(device)
+    est = estimate if estimate is not None else prior_estimate(graph, dev, params=prior_params)
+    unknown: dict[str, int] = {}
+    if style == "dippm":
+        x, ei, st = _dippm(graph, unknown)
+    else:
+        x, ei, st = _ours(graph, est, fuse, unknown)
+    return GraphFeatures(
+        x=x, edge_index=ei, static=st, device=device_features(dev),
+        prior_latency_ms=float(est.latency_ms), prior_memory_mib=float(est.memory_mib),
+        prior_energy_j=None if est.energy_j is None else float(est.energy_j), style=style,
+        unknown_ops=unknown, estimate=est,
+    )
+
+
+def _shape_feats(node: OpNode) -> list[float]:
+    out = node.output_shape
+    first_in = node.input_shapes[0] if node.input_shapes else ()
+    return [
+        _lg(node.output_elements), _lg(out[0] if len(out) > 0 else 1), _lg(out[1] if len(out) > 1 else 1),
+        _lg(math.prod(out[2:]) if len(out) > 2 else 1), float(len(out)), _lg(math.prod(first_in) if first_in else 1),
+    ]
+
+
+def _ours(graph: OperatorGraph, est: "PriorEstimate", fuse: bool, unknown: dict[str, int]
+          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    kg = coarsen(graph, fuse=fuse)
+    nodes = graph.nodes
+    t_ms = np.asarray(est.node_time_ms, dtype=np.float64)
+    h_ms = np.asarray(est.node_host_ms, dtype=np.float64)
+    util = np.asarray(est.node_utilisation, dtype=np.float64)
+    ntok, ncls = len(TOKENS), len(OP_CLASSES)
+    rows = np.zeros((kg.num_kernels, node_dim("ours")), dtype=np.float32)
+    for k, members in enumerate(kg.groups):
+        head = nodes[members[0]]
+        token, attrs, known = encode_op(head)
+        if not known:
+            unknown[head.op] = unknown.get(head.op, 0) + 1
+        r = [0.0] * ntok
+        r[TOKENS.index(token)] = 1.0
+        flops = macs = br = bw = pb = 0
+        tt = ht = 0.0
+        ut = 0.0
+        cls_counts = [0.0] * ncls
+        any_unknown = not known
+        for m in members:
+            nd = nodes[m]
+            flops += nd.flops
+            macs += nd.macs
+            br += nd.bytes_read
+            bw += nd.bytes_written
+            pb += nd.param_bytes
+            tt += t_ms[m]
+            ht += h_ms[m]
+            ut = max(ut, util[m])
+            if nd.op_class in OP_CLASSES:
+                cls_counts[OP_CLASSES.index(nd.op_class)] += 1.0
+            if m != members[0] and not nd.known:
+                any_unknown = True
+                unknown[nd.op] = unknown.get(nd.op, 0) + 1
+        dt = [float(head.output_dtype == d) for d in _DTYPES]
+        feats = (r + list(attrs) + _shape_feats(head)
+                 + [_lg(flops), _lg(macs), _lg(br), _lg(bw), _lg(pb), _lg(flops / (br + bw + 1.0))]
+                 + [_lg(tt * 1e3), _lg(ht * 1e3), float(ut)]
+                 + [float(any_unknown), _lg(len(members))] + [_lg(c) for c in cls_counts] + dt + [1.0])
+        rows[k] = feats
+    sf = graph.static_features()
+    input_elems = sum(math.prod(s) for s in graph.spec.batched_shapes().values())
+    st = [
+        _lg(sf.total_macs), _lg(sf.total_flops), _lg(sf.batch_size), _lg(sf.num_conv), _lg(sf.num_dense),
+        _lg(sf.num_relu), _lg(sf.param_count), _lg(sf.param_bytes), _lg(sf.activation_bytes), _lg(sf.depth),
+        _lg(graph.num_nodes), _lg(kg.num_kernels), _lg(input_elems),
+        _lg(est.latency_ms * 1e3), _lg(est.host_ms * 1e3), _lg(est.gpu_busy_ms * 1e3), _lg(est.memory_mib),
+        _lg(est.energy_j * 1e3 if est.energy_j is not None else 0.0), float(est.energy_j is not None),
+    ] + [float(graph.spec.dtype == d) for d in _DTYPES]
+    return rows, kg.edge_index(), np.asarray(st, dtype=np.float32)
+
+
+def _slot(op: str) -> int:
+    return int(hashlib.md5(op.encode()).hexdigest(), 16) % _DIPPM_W
+
+
+def _dippm(graph: OperatorGraph, unknown: dict[str, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """DIPPM-style: 32 op one-hot + 32 attributes + 32 shape values per operator; chain edges."""
+    n = graph.num_nodes
+    rows = np.zeros((n, 3 * _DIPPM_W), dtype=np.float32)
+    for node in graph.nodes:
+        i = node.index
+        rows[i, _slot(node.op)] = 1.0
+        if not node.known:
+            unknown[node.op] = unknown.get(node.op, 0) + 1
+        vals: list[float] = []
+        for v in node.attrs.values():
+            if isinstance(v, bool):
+                vals.append(float(v))
+            elif isinstance(v, (int, float)):
+                vals.append(_lg(v))
+            elif isinstance(v, (list, tuple)):
+                vals.extend(_lg(a) for a in v if isinstance(a, (int, float)))
+        vals = vals[:_DIPPM_W]
+        rows[i, _DIPPM_W:_DIPPM_W + len(vals)] = vals
+        shp = [_lg(d) for s in (*node.input_shapes, *node.output_shapes) for d in s][:_DIPPM_W]
+        rows[i, 2 * _DIPPM_W:2 * _DIPPM_W + len(shp)] = shp
+    ei = np.asarray([list(range(n - 1)), list(range(1, n))], dtype=np.int64).reshape(2, -1)
+    sf = graph.static_features()
+    st = np.asarray([_lg(sf.total_macs), _lg(sf.batch_size), _lg(sf.num_conv), _lg(sf.num_dense), _lg(sf.num_relu)],
+                    dtype=np.float32)
+    return rows, ei, st

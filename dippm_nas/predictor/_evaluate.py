@@ -1,0 +1,209 @@
+"""Evaluation: MAPE, median APE, Kendall τ and ±2σ coverage per target; markdown report and PNG.
+
+``coverage_2sigma`` is the share of measurements within ±2 standard deviations of the prediction
+(log-space σ, as the predictor computes it): ≈ 0.95 means the std is honest, far below means
+over-confident.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from dippm_nas.predictor._gnn import TARGETS
+
+if TYPE_CHECKING:  # pragma: no cover
+    from dippm_nas.features import GraphFeatures
+    from dippm_nas.predictor._gnn import GnnPredictor
+    from dippm_nas.predictor._train import Example
+
+__all__ = ["regression_metrics", "metrics_table", "evaluate_examples", "write_report", "scatter_png"]
+
+
+def regression_metrics(y: np.ndarray, yhat: np.ndarray, std: np.ndarray | None = None) -> dict[str, float]:
+    """``{"n", "mape_pct", "median_ape_pct", "kendall_tau", "coverage_2sigma"}`` (values in units, std in units)."""
+    from scipy.stats import kendalltau
+
+    y, yhat = np.asarray(y, float), np.asarray(yhat, float)
+    ape = np.abs(yhat - y) / np.abs(y) * 100.0
+    out = {"n": int(len(y)), "mape_pct": float(ape.mean()) if len(y) else math.nan,
+           "median_ape_pct": float(np.median(ape)) if len(y) else math.nan,
+           "kendall_tau": float(kendalltau(y, yhat).statistic) if len(y) > 1 else math.nan}
+    if std is not None:
+        std = np.asarray(std, float)
+        # log-space interval, as the predictor's std is a log-space std turned into units
+        s_log = std / np.maximum(yhat, 1e-12)
+        out["coverage_2sigma"] = float(np.mean(np.abs(np.log(y) - np.log(yhat)) <= 2 * s_log)) if len(y) else math.nan
+    return out
+
+
+def evaluate_examples(pred: "GnnPredictor", feats: Sequence["GraphFeatures"], examples: Sequence["Example"]
+                      ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Metrics per target of ``pred`` on ``examples`` (features precomputed), plus the analytic prior's.
+
+    Returns:
+        ``(table, rows)``: ``table[target]`` = metrics of the predictor and ``table[target + "_prior"]`` of
+        the analytic prior alone; ``rows`` one dict per example (label, prediction, std, prior, family).
+    """
+    mean, std = pred.predict_log(feats)
+    table: dict[str, Any] = {}
+    rows: list[dict[str, Any]] = []
+    for i, (f, e) in enumerate(zip(feats, examples)):
+        r: dict[str, Any] = {"family": e.family, "device": e.device, "key": e.key[:12]}
+        for j, t in enumerate(TARGETS):
+            if t not in e.y or t not in pred.meta.targets:
+                continue
+            m = float(mean[i, j])
+            s = math.hypot(float(std[i, j]), pred.meta.std_floor_log.get(t, 0.0))
+            if pred.calibration is not None and pred.calibration.has(t):
+                m, s = pred.calibration.apply(t, m, s)
+            v = math.exp(m)
+            prior = {"latency_ms": f.prior_latency_ms, "energy_j": f.prior_energy_j, "memory_mib": f.prior_memory_mib}[t]
+            r.update({t: e.y[t], f"{t}_pred": v, f"{t}_std": v * s, f"{t}_prior": prior})
+        rows.append(r)
+    for t in TARGETS:
+        rs = [r for r in rows if t in r]
+        if not rs:
+            continue
+        y = np.array([r[t] for r in rs])
+        table[t] = regression_metrics(y, np.array([r[f"{t}_pred"] for r in rs]), np.array([r[f"{t}_std"] for r in rs]))
+        pr = [r for r in rs if r[f"{t}_prior"] is not None]
+        if pr:
+            table[t + "_prior"] = regression_metrics(np.array([r[t] for r in pr]), np.array([r[f"{t}_prior"] for r in pr]))
+    return table, rows
+
+
+def metrics_table(pred: "GnnPredictor", feats: Sequence["GraphFeatures"], examples: Sequence["Example"]
+                  ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Alias of :func:`evaluate_examples` (kept for the training loop)."""
+    return evaluate_examples(pred, feats, examples)
+
+
+def scatter_png(rows: Sequence[Mapping[str, Any]], target: str, path: str | Path, title: str = "") -> Path:
+    """Predicted-vs-measured log-log scatter (with the analytic prior in grey) written to ``path``."""
+    from dippm_nas._optional import require
+
+    require("matplotlib", "plot", "the predicted-vs-measured PNG")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rs = [r for r in rows if target in r]
+    y = np.array([r[target] for r in rs])
+    yh = np.array([r[f"{target}_pred"] for r in rs])
+    fig, ax = plt.subplots(figsize=(4.5, 4.5), dpi=110)
+    pr = [r for r in rs if r.get(f"{target}_prior") is not None]
+    if pr:
+        ax.scatter([r[target] for r in pr], [r[f"{target}_prior"] for r in pr], s=6, c="0.7", label="analytic prior")
+    fams = sorted({r.get("family", "") for r in rs})
+    for fam in fams:
+        idx = [i for i, r in enumerate(rs) if r.get("family", "") == fam]
+        ax.scatter(y[idx], yh[idx], s=6, label=f"GNN ({fam})" if len(fams) > 1 else "GNN")
+    lo, hi = float(min(y.min(), yh.min())), float(max(y.max(), yh.max()))
+    ax.plot([lo, hi], [lo, hi], "k--", lw=0.8)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel(f"measured {target}")
+    ax.set_ylabel(f"predicted {target}")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return "n/a" if math.isnan(v) else f"{v:.3f}"
+    return str(v)
+
+
+def write_report(sections: Sequence[tuple[str, Mapping[str, Any]]], path: str | Path, *, intro: str = "") -> Path:
+    """A markdown report: one table per ``(title, metrics table)`` section."""
+    lines = [intro.rstrip(), ""] if intro else []
+    cols = ("n", "mape_pct", "median_ape_pct", "kendall_tau", "coverage_2sigma")
+    for title, tab in sections:
+        lines += [f"### {title}", "", "| target | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+        for t, m in tab.items():
+            lines.append(f"| {t} | " + " | ".join(_fmt(m.get(c, "")) for c in cols) + " |")
+        lines.append("")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def few_shot_curve(pred: "GnnPredictor", feats: Sequence["GraphFeatures"], examples: Sequence["Example"],
+                   ks: Sequence[int], *, repeats: int = 5, seed: int = 0) -> dict[str, Any]:
+    """Error before and after calibrating on ``k`` of ``examples`` (evaluated on the others).
+
+    Draws are made within one family at a time (calibrate on ``k`` rows of a held-out family, evaluate on
+    the other rows of that family); for each ``k``, ``repeats`` draws per family, metrics averaged over
+    all draws. The predictor's own calibration is restored afterwards; nothing is persisted.
+
+    Returns:
+        ``{"before": table, "k=5": table, ...}`` (tables as :func:`evaluate_examples`, means over draws).
+    """
+    import random
+
+    from dippm_nas.predictor._calibrate import fit_calibration
+
+    saved = pred.calibration
+    pred.calibration = None
+    out: dict[str, Any] = {"before": evaluate_examples(pred, feats, examples)[0]}
+    mean_all, _ = pred.predict_log(feats)
+    rng = random.Random(seed)
+    fams: dict[str, list[int]] = {}
+    for i, e in enumerate(examples):
+        fams.setdefault(e.family, []).append(i)
+    try:
+        for k in ks:
+            draws = [(idx, rep) for idx in fams.values() if len(idx) > k for rep in range(repeats)]
+            if not draws:
+                continue
+            acc: dict[str, dict[str, list[float]]] = {}
+            for idx, _ in draws:
+                pick = rng.sample(idx, k)
+                rest = [i for i in idx if i not in set(pick)]
+                pred.calibration = fit_calibration(pred.device, pred.meta, mean_all[pick],
+                                                   [examples[i].y for i in pick], targets=list(pred.meta.targets))
+                tab, _ = evaluate_examples(pred, [feats[i] for i in rest], [examples[i] for i in rest])
+                for t, m in tab.items():
+                    if t.endswith("_prior"):
+                        continue
+                    for name, v in m.items():
+                        acc.setdefault(t, {}).setdefault(name, []).append(float(v))
+                pred.calibration = None
+            out[f"k={k}"] = {t: {name: float(np.mean(v)) for name, v in ms.items()} for t, ms in acc.items()}
+    finally:
+        pred.calibration = saved
+    return out
+
+
+def evaluate_checkpoint(checkpoint: str | Path, data: Sequence[str | Path], *, device: str, split: str = "random",
+                        heldout_families: Sequence[str] = (), devices: Sequence[str] | None = None, seed: int = 0,
+                        calibrate_ks: Sequence[int] = ()) -> dict[str, Any]:
+    """Load a checkpoint (without any persisted calibration), rebuild the split and evaluate on its test rows."""
+    from dippm_nas.devices import resolve_device
+    from dippm_nas.predictor._gnn import GnnPredictor
+    from dippm_nas.predictor._train import featurize_examples, load_examples, split_examples
+
+    dev = resolve_device(device).id
+    pred = GnnPredictor.load(checkpoint, device=dev, load_calibration=False)
+    ex = load_examples(data, devices=devices)
+    _, _, te = split_examples(ex, mode=split, heldout_families=heldout_families, seed=seed)
+    te = [e for e in te if e.device == dev]
+    feats = featurize_examples(te, style=pred.meta.feature_style, prior_params=pred._prior_params)
+    tab, rows = evaluate_examples(pred, feats, te)
+    res: dict[str, Any] = {"device": dev, "n_test": len(te), "metrics": tab, "rows": rows}
+    if calibrate_ks:
+        res["calibration"] = few_shot_curve(pred, feats, te, calibrate_ks, seed=seed)
+    return res

@@ -1,0 +1,558 @@
+"""The GraphSAGE predictor: model, K-member ensemble, checkpoint format and :class:`GnnPredictor`.
+
+Model (DIPPM's shape, our features): node features -> linear embedding -> 3 GraphSAGE blocks (mean
+aggregation over dataflow neighbours in both directions, residual) -> graph readout (mean and max) ->
+concat with the static and device features -> 3 fully connected layers -> one value per target
+(latency, energy, memory) in log space. With ``residual_on_prior`` (our default) each output is a
+correction added to the log of the analytic prior's figure, so an unfamiliar graph falls back towards
+the physics instead of towards the training mean. Trained with a Huber loss on log values.
+
+Ensemble: K members trained from different seeds; the prediction is the mean of the members in log
+space and its standard deviation ``sqrt(std_members**2 + floor**2)`` (``floor`` fitted on the
+validation split so that about 95% of validation labels fall within ±2σ), turned into units with
+the delta method (``std_ms = latency_ms * std_log``). A graph whose graph-level features (size, batch,
+dtype, prior totals, device) fall outside the training range gets ``0.5 * delta_max`` added in
+quadrature (the correction is then only known to lie within its bound) and
+``details["outside_training_range"] = 1``.
+
+Checkpoint: a ``.pt`` file holding ``{"meta": JSON text, "state": {name: tensor}}`` read with
+``torch.load(weights_only=True)`` (no pickle), plus a human-readable ``.json`` sidecar with the
+same metadata. The metadata (:class:`CheckpointMeta`) is checked on load: a different feature schema
+or feature widths raise :class:`~dippm_nas.errors.CheckpointError`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from dippm_nas.errors import CheckpointError, DippmNasError
+from dippm_nas.features import FEATURE_SCHEMA_VERSION, GraphFeatures, device_dim, featurize, node_dim, static_dim
+from dippm_nas.graph._graph import OperatorGraph
+from dippm_nas.prediction import Prediction
+from dippm_nas.predictor._base import BasePredictor
+
+if TYPE_CHECKING:  # pragma: no cover
+    from dippm_nas.predictor._calibrate import Calibration
+
+__all__ = ["TARGETS", "TARGET_UNITS", "CheckpointMeta", "SageEnsemble", "GnnPredictor", "collate",
+           "CHECKPOINT_FORMAT"]
+
+logger = logging.getLogger(__name__)
+
+#: The three targets, in output order.
+TARGETS: tuple[str, ...] = ("latency_ms", "energy_j", "memory_mib")
+#: Units of the targets.
+TARGET_UNITS: dict[str, str] = {"latency_ms": "ms", "energy_j": "J", "memory_mib": "MiB"}
+#: Version of the checkpoint layout.
+CHECKPOINT_FORMAT = 1
+_EPS = 1e-9
+#: Standardised inputs are clipped to ±_Z_CLIP (robustness to graphs unlike the training data).
+_Z_CLIP = 5.0
+#: A training feature with a smaller std is constant; it is divided by _NEUTRAL_STD (neutralised).
+_CONSTANT_STD = 1e-4
+_NEUTRAL_STD = 1e6
+#: Margin on the largest |log(label / prior)| of the training data that bounds the correction.
+DELTA_MARGIN = 1.5
+
+
+@dataclass(frozen=True)
+class CheckpointMeta:
+    """What a checkpoint is, where it came from and how good it was on held-out data.
+
+    Attributes:
+        device: catalogue id the checkpoint answers for.
+        targets: ``{target: unit}`` of the targets trained on real labels; other targets come from the
+            analytic prior (source ``"analytic"``).
+        feature_schema_version: :data:`~dippm_nas.features.FEATURE_SCHEMA_VERSION` at training.
+        feature_style: ``"ours"`` or ``"dippm"``.
+        data_sources: the datasets (with conditions) the labels came from.
+        heldout_metrics: ``{split: {target: {metric: value}}}`` on test data never used for selection.
+        date: ISO date of training.
+        trained_on: device ids whose measurements were in the training set.
+        hidden: hidden width; ``layers``: SAGE blocks; ``members``: ensemble size.
+        residual_on_prior: outputs are log-corrections of the prior's figures.
+        std_floor_log: per-target floor of the log-space standard deviation (validation fit).
+        prior_params: the analytic prior's constants the features were computed with (pinned).
+        node_dim, static_dim, device_dim: feature widths (checked against this code on load).
+        command: the command that trained it.
+        format: :data:`CHECKPOINT_FORMAT`.
+    """
+
+    device: str
+    targets: dict[str, str]
+    feature_schema_version: int
+    feature_style: str
+    data_sources: list[str]
+    heldout_metrics: dict[str, Any]
+    date: str
+    trained_on: list[str]
+    hidden: int
+    layers: int
+    members: int
+    residual_on_prior: bool
+    std_floor_log: dict[str, float]
+    prior_params: dict[str, Any] | None
+    node_dim: int
+    static_dim: int
+    device_dim: int
+    command: str = ""
+    format: int = CHECKPOINT_FORMAT
+    notes: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=1, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "CheckpointMeta":
+        try:
+            d = json.loads(text)
+        except ValueError as e:
+            raise CheckpointError(f"checkpoint metadata is not valid JSON: {e}") from e
+        names = {f.name for f in dataclasses.fields(cls)}
+        missing = sorted(n for n in names if n not in d and cls.__dataclass_fields__[n].default is dataclasses.MISSING)
+        unknown = sorted(set(d) - names)
+        if missing or unknown:
+            raise CheckpointError(f"checkpoint metadata: missing keys {missing}, unknown keys {unknown}")
+        return cls(**d)
+
+    def check(self) -> None:
+        """Raise :class:`CheckpointError` when this code cannot read the checkpoint's features."""
+        if self.format != CHECKPOINT_FORMAT:
+            raise CheckpointError(f"checkpoint format must be {CHECKPOINT_FORMAT}, got {self.format}")
+        if self.feature_schema_version != FEATURE_SCHEMA_VERSION:
+            raise CheckpointError(
+                f"checkpoint feature_schema_version is {self.feature_schema_version}, this dippm-nas computes "
+                f"version {FEATURE_SCHEMA_VERSION}: retrain it (dippm-nas train) or install the matching version"
+            )
+        want = (node_dim(self.feature_style), static_dim(self.feature_style), device_dim())
+        got = (self.node_dim, self.static_dim, self.device_dim)
+        if want != got:
+            raise CheckpointError(f"checkpoint feature widths (node, static, device) are {got}, this code gives {want}")
+        bad = [t for t in self.targets if t not in TARGETS]
+        if bad:
+            raise CheckpointError(f"checkpoint targets {bad} unknown; valid: {list(TARGETS)}")
+
+
+# ----------------------------------------------------------------------------- model
+class _KLinear(nn.Module):
+    """K independent linear layers applied at once: ``[K, N, d_in] -> [K, N, d_out]``."""
+
+    def __init__(self, k: int, d_in: int, d_out: int, bias: bool = True) -> None:
+        super().__init__()
+        bound = 1.0 / math.sqrt(d_in)
+        self.weight = nn.Parameter(torch.empty(k, d_in, d_out).uniform_(-bound, bound))
+        self.bias = nn.Parameter(torch.empty(k, 1, d_out).uniform_(-bound, bound)) if bias else None
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        if self.bias is None:
+            return torch.bmm(h, self.weight)
+        return torch.baddbmm(self.bias, h, self.weight)
+
+
+class _KSage(nn.Module):
+    """One GraphSAGE block for K members: ``h' = h + relu(LN(W_self h + W_nbr mean_{j in N(i)} h_j))``."""
+
+    def __init__(self, k: int, hidden: int) -> None:
+        super().__init__()
+        self.self_lin = _KLinear(k, hidden, hidden)
+        self.nbr_lin = _KLinear(k, hidden, hidden, bias=False)
+        self.gamma = nn.Parameter(torch.ones(k, 1, hidden))
+        self.beta = nn.Parameter(torch.zeros(k, 1, hidden))
+
+    def forward(self, h: torch.Tensor, adj: torch.Tensor) -> torch.Tensor:
+        k, n, d = h.shape
+        agg = torch.sparse.mm(adj, h.transpose(0, 1).reshape(n, k * d)).reshape(n, k, d).transpose(0, 1)
+        z = self.self_lin(h) + self.nbr_lin(agg)
+        z = nn.functional.layer_norm(z, (d,)) * self.gamma + self.beta
+        return h + torch.relu(z)
+
+
+class SageEnsemble(nn.Module):
+    """K GraphSAGE members evaluated together (batched weights), plus the feature standardisation.
+
+    Each member: linear embedding, ``layers`` SAGE blocks, mean+max readout, concat static and device
+    features, 3 fully connected layers -> 3 log targets. The members share nothing but the input.
+
+    Shapes:
+        ``forward(batch)`` -> ``[members, num_graphs, 3]`` log-space predictions (the log prior added
+        when ``residual_on_prior``, else the training mean).
+    """
+
+    def __init__(self, node_in: int, static_in: int, device_in: int, hidden: int = 64, layers: int = 3,
+                 members: int = 5, residual_on_prior: bool = True) -> None:
+        super().__init__()
+        k = members
+        self.k = k
+        self.residual_on_prior = residual_on_prior
+        self.embed = _KLinear(k, node_in, hidden)
+        self.blocks = nn.ModuleList([_KSage(k, hidden) for _ in range(layers)])
+        self.fc1 = _KLinear(k, 2 * hidden + static_in + device_in, hidden)
+        self.fc2 = _KLinear(k, hidden, hidden)
+        self.fc3 = _KLinear(k, hidden, len(TARGETS))
+        with torch.no_grad():
+            self.fc3.weight.mul_(0.1)
+            self.fc3.bias.zero_()
+        for name, dim in (("x", node_in), ("static", static_in), ("dev", device_in)):
+            self.register_buffer(f"{name}_mean", torch.zeros(dim))
+            self.register_buffer(f"{name}_std", torch.ones(dim))
+        self.register_buffer("y_mean", torch.zeros(len(TARGETS)))
+        self.register_buffer("delta_max", torch.full((len(TARGETS),), 10.0))
+        # range of the raw graph-level (static + device) features seen in training
+        self.register_buffer("global_lo", torch.full((static_in + device_in,), -math.inf))
+        self.register_buffer("global_hi", torch.full((static_in + device_in,), math.inf))
+
+    def set_stats(self, x: torch.Tensor, static: torch.Tensor, dev: torch.Tensor, y_mean: torch.Tensor,
+                  delta_max: torch.Tensor | None = None) -> None:
+        """Standardisation statistics from training tensors (``[N, dim]`` each), mean log target ``[3]`` and
+        the bound of the log-correction ``[3]``.
+
+        A feature that is constant in the training data (e.g. the batch size when every row has batch 256)
+        carries no information the model could have learnt from; it is neutralised (its std set to
+        :data:`_NEUTRAL_STD`) so an unseen value cannot drive the network outside its training range.
+        """
+        for name, t in (("x", x), ("static", static), ("dev", dev)):
+            std = t.std(0) if t.shape[0] > 1 else torch.zeros(t.shape[1])
+            std = torch.where(std < _CONSTANT_STD, torch.full_like(std, _NEUTRAL_STD), std)
+            getattr(self, f"{name}_mean").copy_(t.mean(0))
+            getattr(self, f"{name}_std").copy_(std)
+        self.y_mean.copy_(y_mean)
+        if delta_max is not None:
+            self.delta_max.copy_(delta_max)
+        glob = torch.cat([static, dev], 1)
+        self.global_lo.copy_(glob.amin(0))
+        self.global_hi.copy_(glob.amax(0))
+
+    def outside_training_range(self, b: dict[str, Any]) -> torch.Tensor:
+        """Per graph: does any graph-level feature (size, batch, dtype, prior totals, device) lie outside
+        the range seen in training (with a 5% margin of that range)?
+
+        Shapes:
+            returns ``[num_graphs]`` bool.
+        """
+        glob = torch.cat([b["static"], b["dev"]], 1)
+        tol = 0.05 * (self.global_hi - self.global_lo).nan_to_num(0.0, 0.0, 0.0) + 1e-4
+        return ((glob < self.global_lo - tol) | (glob > self.global_hi + tol)).any(1)
+
+    def forward(self, b: dict[str, Any]) -> torch.Tensor:
+        k, g = self.k, b["num_graphs"]
+        x = ((b["x"] - self.x_mean) / self.x_std).clamp(-_Z_CLIP, _Z_CLIP).unsqueeze(0).expand(k, -1, -1)
+        gl = torch.cat([(b["static"] - self.static_mean) / self.static_std,
+                        (b["dev"] - self.dev_mean) / self.dev_std], 1).clamp(-_Z_CLIP, _Z_CLIP)
+        h = torch.relu(self.embed(x))
+        for blk in self.blocks:
+            h = blk(h, b["adj"])
+        n, d = h.shape[1], h.shape[2]
+        flat = h.transpose(0, 1).reshape(n, k * d)
+        mean = torch.sparse.mm(b["pool"], flat)
+        mx = torch.full((g, k * d), -1e4, dtype=h.dtype).scatter_reduce(
+            0, b["batch"].unsqueeze(1).expand(n, k * d), flat, reduce="amax", include_self=True)
+        read = torch.cat([mean.reshape(g, k, d), mx.reshape(g, k, d)], 2).transpose(0, 1)
+        z = torch.cat([read, gl.unsqueeze(0).expand(k, -1, -1)], 2)
+        out = self.fc3(torch.relu(self.fc2(torch.relu(self.fc1(z)))))
+        if self.residual_on_prior:
+            # the correction of the prior stays within the range seen in training (times a margin)
+            out = self.delta_max * torch.tanh(out / self.delta_max)
+            return b["log_prior"].unsqueeze(0) + out
+        return self.y_mean.expand(g, -1).unsqueeze(0) + out
+
+
+def collate(feats: Sequence[GraphFeatures]) -> dict[str, Any]:
+    """Batch feature sets into one disjoint graph.
+
+    Shapes:
+        - ``x``: ``[sum nodes, node_dim]``; ``batch``: ``[sum nodes]`` graph of each node;
+        - ``adj``: sparse ``[sum nodes, sum nodes]``, row-normalised neighbours (dataflow edges both ways);
+        - ``pool``: sparse ``[num_graphs, sum nodes]``, mean over each graph's nodes;
+        - ``static``: ``[num_graphs, static_dim]``; ``dev``: ``[num_graphs, device_dim]``;
+        - ``log_prior``: ``[num_graphs, 3]`` log of the prior's latency, energy (0 when unknown), memory.
+    """
+    xs, srcs, dsts, batch = [], [], [], []
+    off = 0
+    for gi, f in enumerate(feats):
+        n = f.x.shape[0]
+        xs.append(f.x)
+        ei = f.edge_index
+        srcs.append(np.concatenate([ei[0], ei[1]]) + off)
+        dsts.append(np.concatenate([ei[1], ei[0]]) + off)
+        batch.append(np.full(n, gi, dtype=np.int64))
+        off += n
+    src = torch.from_numpy(np.concatenate(srcs).astype(np.int64))
+    dst = torch.from_numpy(np.concatenate(dsts).astype(np.int64))
+    deg = torch.bincount(dst, minlength=off).clamp_min(1).to(torch.float32)
+    bt = torch.from_numpy(np.concatenate(batch))
+    cnt = torch.bincount(bt, minlength=len(feats)).clamp_min(1).to(torch.float32)
+    adj = torch.sparse_coo_tensor(torch.stack([dst, src]), (1.0 / deg)[dst], (off, off),
+                                  check_invariants=False).coalesce()
+    pool = torch.sparse_coo_tensor(torch.stack([bt, torch.arange(off)]), (1.0 / cnt)[bt], (len(feats), off),
+                                   check_invariants=False).coalesce()
+    lp = [[math.log(max(f.prior_latency_ms, _EPS)), math.log(max(f.prior_energy_j or 1.0, _EPS)),
+           math.log(max(f.prior_memory_mib, _EPS))] for f in feats]
+    return {
+        "x": torch.from_numpy(np.concatenate(xs).astype(np.float32)), "adj": adj, "pool": pool, "batch": bt,
+        "num_graphs": len(feats),
+        "static": torch.from_numpy(np.stack([f.static for f in feats]).astype(np.float32)),
+        "dev": torch.from_numpy(np.stack([f.device for f in feats]).astype(np.float32)),
+        "log_prior": torch.tensor(lp, dtype=torch.float32),
+    }
+
+
+# ----------------------------------------------------------------------------- predictor
+class GnnPredictor(BasePredictor):
+    """A trained GraphSAGE ensemble answering for one device.
+
+    Figures of targets in ``meta.targets`` have source ``"predicted"`` (``"calibrated"`` once
+    :meth:`calibrate` has run for the device); the other targets come from the analytic prior
+    (``"analytic"``), or ``"unavailable"`` for energy on a device without power figures.
+
+    Features of a graph are cached per (structure, device), and finished predictions per (structure,
+    MIG options, calibration), each in an LRU of ``feature_cache_size`` entries, so a search that
+    revisits an architecture pays a dictionary lookup.
+    """
+
+    def __init__(self, model: SageEnsemble, meta: CheckpointMeta, device: str | None = None, *,
+                 feature_cache_size: int = 4096, load_calibration: bool = True) -> None:
+        from dippm_nas.devices import resolve_device
+
+        self.model = model.eval()
+        self.meta = meta
+        self.device = resolve_device(device or meta.device).id
+        self._cache: OrderedDict[tuple[str, str], GraphFeatures] = OrderedDict()  # (graph key, device)
+        self._pred_cache: OrderedDict[tuple[Any, ...], Prediction] = OrderedDict()
+        self._cache_size = feature_cache_size
+        self._lock = threading.Lock()
+        self._prior_params = None
+        if meta.prior_params is not None:
+            from dippm_nas.prior import PriorParams
+
+            self._prior_params = PriorParams.from_dict(meta.prior_params, origin="checkpoint")
+        self.calibration: Calibration | None = None
+        if load_calibration:
+            from dippm_nas.predictor._calibrate import load_calibration as _load
+
+            self.calibration = _load(self.device, self.meta)
+
+    # ------------------------------------------------------------------ io
+    @classmethod
+    def load(cls, path: str | Path, device: str | None = None, **kwargs: Any) -> "GnnPredictor":
+        """Load a checkpoint written by :meth:`save` (``torch.load(weights_only=True)``).
+
+        Args:
+            path: the ``.pt`` file.
+            device: the device it must answer for (checked against the metadata); default: the metadata's.
+
+        Raises:
+            CheckpointError: unreadable file, bad metadata, schema/width mismatch, other device.
+        """
+        path = Path(path)
+        try:
+            blob = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001 - any unreadable file is a checkpoint error
+            raise CheckpointError(f"cannot read predictor checkpoint {path}: {type(e).__name__}: {e}") from e
+        if not isinstance(blob, dict) or "meta" not in blob or "state" not in blob:
+            raise CheckpointError(f"checkpoint {path} must hold a dict with 'meta' and 'state', got {type(blob).__name__}")
+        meta = CheckpointMeta.from_json(blob["meta"])
+        meta.check()
+        if device is not None:
+            from dippm_nas.devices import resolve_device
+
+            if resolve_device(device).id != meta.device:
+                raise CheckpointError(f"checkpoint {path.name} is for device {meta.device!r}, asked for {device!r}")
+        model = SageEnsemble(meta.node_dim, meta.static_dim, meta.device_dim, meta.hidden, meta.layers,
+                             meta.members, meta.residual_on_prior)
+        try:
+            model.load_state_dict(blob["state"])
+        except RuntimeError as e:
+            raise CheckpointError(f"checkpoint {path} weights do not match its metadata: {e}") from e
+        logger.info("loaded predictor checkpoint %s (device %s, targets %s)", path, meta.device, list(meta.targets))
+        return cls(model, meta, device, **kwargs)
+
+    def save(self, path: str | Path) -> None:
+        """Write ``path`` (``.pt``) and its ``.json`` metadata sidecar."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        torch.save({"meta": self.meta.to_json(), "state": state}, path)
+        path.with_suffix(".json").write_text(self.meta.to_json() + "\n")
+
+    # ------------------------------------------------------------- features
+    def features(self, graph: OperatorGraph, device: str | None = None) -> GraphFeatures:
+        """Cached feature tensors of ``graph`` on ``device`` (default: this predictor's)."""
+        dev = device or self.device
+        key = (_graph_key(graph), dev)
+        with self._lock:
+            f = self._cache.get(key)
+            if f is not None:
+                self._cache.move_to_end(key)
+                return f
+        f = featurize(graph, dev, style=self.meta.feature_style, prior_params=self._prior_params)
+        with self._lock:
+            self._cache[key] = f
+            while len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        return f
+
+    @torch.no_grad()
+    def predict_log(self, feats: Sequence[GraphFeatures]) -> tuple[np.ndarray, np.ndarray]:
+        """Ensemble mean and std of the log targets.
+
+        Shapes:
+            returns ``mean [num_graphs, 3]`` and ``std [num_graphs, 3]`` (members' std, no floor).
+        """
+        mean, std, _ = self.predict_log_ood(feats)
+        return mean, std
+
+    @torch.no_grad()
+    def predict_log_ood(self, feats: Sequence[GraphFeatures]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`predict_log` plus, per graph, whether it lies outside the training range (``[num_graphs]`` bool)."""
+        b = collate(feats)
+        out = self.model(b)  # [K, B, 3]
+        mean = out.mean(0)
+        std = out.std(0, unbiased=False) if out.shape[0] > 1 else torch.zeros_like(mean)
+        ood = self.model.outside_training_range(b)
+        return mean.numpy().astype(np.float64), std.numpy().astype(np.float64), ood.numpy()
+
+    def predict_graphs(self, graphs: Sequence[OperatorGraph], *, mig: bool = True,
+                       k_sigma: float = 2.0) -> list[Prediction]:
+        if not graphs:
+            return []
+        cal = None if self.calibration is None else id(self.calibration)
+        keys = [(_graph_key(g), bool(mig), float(k_sigma), cal) for g in graphs]
+        out: list[Prediction | None] = [self._pred_cache.get(k) for k in keys]
+        todo = [i for i, p in enumerate(out) if p is None]
+        if todo:
+            feats = [self.features(graphs[i]) for i in todo]
+            mean, std, ood = self.predict_log_ood(feats)
+            for j, i in enumerate(todo):
+                out[i] = self._prediction(graphs[i], feats[j], mean[j], std[j], mig=mig, k_sigma=k_sigma,
+                                          ood=bool(ood[j]))
+            with self._lock:
+                for i in todo:
+                    self._pred_cache[keys[i]] = out[i]  # type: ignore[assignment]
+                while len(self._pred_cache) > self._cache_size:
+                    self._pred_cache.popitem(last=False)
+        return out  # type: ignore[return-value]
+
+    def _prediction(self, graph: OperatorGraph, f: GraphFeatures, mean: np.ndarray, std: np.ndarray, *,
+                    mig: bool, k_sigma: float, ood: bool = False) -> Prediction:
+        from dippm_nas.devices import resolve_device
+
+        est = f.estimate
+        values: dict[str, float | None] = {}
+        stds: dict[str, float | None] = {}
+        sources: dict[str, str] = {}
+        prior_vals = {"latency_ms": f.prior_latency_ms, "energy_j": f.prior_energy_j, "memory_mib": f.prior_memory_mib}
+        for t_i, t in enumerate(TARGETS):
+            if t not in self.meta.targets:
+                values[t], stds[t] = prior_vals[t], None
+                sources[t] = "analytic" if prior_vals[t] is not None else "unavailable"
+                continue
+            m = float(mean[t_i])
+            s = math.hypot(float(std[t_i]), self.meta.std_floor_log.get(t, 0.0))
+            if ood and self.model.residual_on_prior:
+                # outside the training range the correction is only known to lie within its bound
+                s = math.hypot(s, 0.5 * float(self.model.delta_max[t_i]))
+            src = "predicted"
+            if self.calibration is not None and self.calibration.has(t):
+                m, s = self.calibration.apply(t, m, s)
+                src = "calibrated"
+            m = min(max(m, -30.0), 30.0)  # exp stays finite and > 0 whatever the network says
+            v = math.exp(m)
+            values[t], stds[t], sources[t] = v, v * s, src
+        unknown = dict(graph.unknown_ops)
+        for op, c in f.unknown_ops.items():
+            unknown.setdefault(op, c)
+        details = est.details() if est is not None else {}
+        details["prior_latency_ms"] = f.prior_latency_ms
+        details["prior_memory_mib"] = f.prior_memory_mib
+        details["outside_training_range"] = float(ood)
+        pred = Prediction(
+            latency_ms=values["latency_ms"], energy_j=values["energy_j"], memory_mib=values["memory_mib"],
+            latency_source=sources["latency_ms"], energy_source=sources["energy_j"],
+            memory_source=sources["memory_mib"], device=self.device, batch_size=graph.spec.batch_size,
+            dtype=graph.spec.dtype, latency_ms_std=stds["latency_ms"], energy_j_std=stds["energy_j"],
+            memory_mib_std=stds["memory_mib"], unknown_ops=unknown, details=details,
+        )
+        dev = resolve_device(self.device)
+        if mig and dev.has_mig:
+            from dippm_nas.mig import advise
+
+            pred = dataclasses.replace(pred, mig=advise(pred, dev, graph=graph, k_sigma=k_sigma,
+                                                        params=self._prior_params))
+        return pred
+
+    # ------------------------------------------------------------ calibration
+    def calibrate(self, measurements: Sequence[Any], *, persist: bool = True) -> "Calibration":
+        """Adapt to real measurements of this device (few-shot); see :mod:`dippm_nas.predictor._calibrate`.
+
+        Args:
+            measurements: ``(graph, Measurement)`` pairs, or ``(graph, {"latency_ms": ..., ...})`` pairs.
+            persist: write the correction to the cache directory so later loads re-apply it.
+
+        Returns:
+            The fitted :class:`~dippm_nas.predictor._calibrate.Calibration` (now active).
+        """
+        from dippm_nas.predictor._calibrate import fit_calibration, save_calibration
+
+        pairs = _pairs(measurements)
+        feats = [self.features(g) for g, _ in pairs]
+        mean, _ = self.predict_log(feats)
+        cal = fit_calibration(self.device, self.meta, mean, [y for _, y in pairs], targets=list(self.meta.targets))
+        self.calibration = cal
+        self._pred_cache.clear()
+        if persist:
+            save_calibration(cal)
+        return cal
+
+    def reset_calibration(self, *, persist: bool = True) -> None:
+        """Drop the active calibration (and its file when ``persist``)."""
+        from dippm_nas.predictor._calibrate import delete_calibration
+
+        self.calibration = None
+        self._pred_cache.clear()
+        if persist:
+            delete_calibration(self.device)
+
+    def __repr__(self) -> str:
+        return (f"GnnPredictor(device={self.device!r}, targets={list(self.meta.targets)}, "
+                f"members={self.meta.members}, calibrated={self.calibration is not None})")
+
+
+def _graph_key(graph: OperatorGraph) -> str:
+    """Cache key of a graph: its structure plus its InputSpec (the static features read the spec)."""
+    return graph.structural_hash() + json.dumps(graph.spec.to_dict(), sort_keys=True)
+
+
+def _pairs(measurements: Sequence[Any]) -> list[tuple[OperatorGraph, dict[str, float]]]:
+    out = []
+    for i, item in enumerate(measurements):
+        try:
+            g, m = item
+        except (TypeError, ValueError):
+            raise DippmNasError(f"measurements[{i}] must be a (graph, Measurement) pair, got {type(item).__name__}") from None
+        if not isinstance(g, OperatorGraph):
+            raise DippmNasError(f"measurements[{i}][0] must be an OperatorGraph, got {type(g).__name__}")
+        if isinstance(m, dict):
+            y = {k: float(v) for k, v in m.items() if k in TARGETS and v is not None}
+        else:
+            if getattr(m, "status", "ok") != "ok":
+                continue
+            y = {t: float(getattr(m, t)) for t in TARGETS if getattr(m, t, None) is not None}
+        y = {k: v for k, v in y.items() if math.isfinite(v) and v > 0}
+        if y:
+            out.append((g, y))
+    if not out:
+        raise DippmNasError("calibrate needs at least one (graph, measurement) pair with a finite figure > 0")
+    return out

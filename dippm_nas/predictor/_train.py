@@ -1,0 +1,386 @@
+"""Training the GraphSAGE ensemble on the dataset format (:func:`dippm_nas.dataset.load_measurements`).
+
+Data: every ``ok`` measurement row with a graph becomes an :class:`Example` (graph, catalogue device,
+labels, family). Rows of several devices train one model (device features tell them apart); the
+checkpoint answers for one target device and its held-out metrics are computed on that device's rows.
+
+Splits are decided per *architecture* (graph structure), never per row, so one network measured on
+two GPUs is never in train and test at once:
+
+- ``"random"``: a hash of the structure and the seed puts it in train/val/test (70/15/15 by default),
+  independent of row order (DIPPM's protocol);
+- ``"family"``: whole families (``space``) are held out as the test set; the validation set is a random
+  15% of the remaining architectures.
+
+The validation split selects the epoch of each member and fits the std floor; the test split is only
+ever used to report.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from dippm_nas.errors import DippmNasError
+from dippm_nas.features import FEATURE_SCHEMA_VERSION, GraphFeatures, device_dim, featurize, node_dim, static_dim
+from dippm_nas.graph._graph import OperatorGraph
+from dippm_nas.predictor._gnn import DELTA_MARGIN, TARGET_UNITS, TARGETS, CheckpointMeta, GnnPredictor, SageEnsemble, collate
+
+__all__ = ["Example", "TrainConfig", "DEVICE_ALIASES", "load_examples", "split_examples", "featurize_examples",
+           "train_ensemble", "fit_std_floor", "train_predictor"]
+
+logger = logging.getLogger(__name__)
+
+#: Device names used by the dataset rows -> catalogue ids. Accel-NASBench says "A100 40GB" without the
+#: form factor; both 40 GB forms have the same SMs, clocks and bandwidth, so rows go to the SXM4 entry.
+DEVICE_ALIASES: dict[str, str] = {"a100-40gb": "a100-sxm4-40gb", "cpu": "host-cpu", "rtx-3090": "rtx-3090",
+                                  "rtx-4090": "rtx-4090", "rtx-5090": "rtx-5090"}
+
+
+@dataclass
+class Example:
+    """One training example.
+
+    Attributes:
+        graph: the captured graph.
+        device: catalogue id of the device measured.
+        y: labels, ``{target: value}`` in the targets' units (only the measured ones).
+        family: model family (search space name).
+        key: the architecture key splits are decided on (structural hash).
+        source: dataset source of the row.
+    """
+
+    graph: OperatorGraph
+    device: str
+    y: dict[str, float]
+    family: str
+    key: str
+    source: str = ""
+
+
+def load_examples(paths: Sequence[str | Path], *, devices: Sequence[str] | None = None,
+                  source: str | None = None) -> list[Example]:
+    """Examples from one or more dataset files (SQLite or JSONL export).
+
+    Args:
+        paths: dataset files.
+        devices: keep only rows of these catalogue ids (``None``: all).
+        source: keep only rows of this source.
+
+    Raises:
+        DippmNasError: a row's device is neither a catalogue id nor a known alias.
+    """
+    from dippm_nas.dataset import load_measurements
+    from dippm_nas.devices import list_devices
+
+    catalogue = {d if isinstance(d, str) else d.id for d in list_devices()}
+    out: list[Example] = []
+    for p in paths:
+        for mg in load_measurements(p, source=source):
+            m = mg.measurement
+            dev = DEVICE_ALIASES.get(m.get("device"), m.get("device"))
+            if dev not in catalogue:
+                raise DippmNasError(f"dataset {p}: device {m.get('device')!r} is neither a catalogue id "
+                                    f"({sorted(catalogue)}) nor an alias ({sorted(DEVICE_ALIASES)})")
+            if devices is not None and dev not in devices:
+                continue
+            y = {}
+            for t in TARGETS:
+                v = m.get(t)
+                if v is not None and math.isfinite(float(v)) and float(v) > 0:
+                    y[t] = float(v)
+            if not y:
+                continue
+            out.append(Example(mg.graph, dev, y, str(m.get("space") or "unknown"), mg.graph.structural_hash(),
+                               str(m.get("source") or "")))
+    logger.info("loaded %d examples from %s", len(out), [str(p) for p in paths])
+    return out
+
+
+def _frac(key: str, seed: int) -> float:
+    h = hashlib.sha256(f"{seed}:{key}".encode()).digest()
+    return int.from_bytes(h[:8], "big") / 2**64
+
+
+def split_examples(examples: Sequence[Example], *, mode: str = "random", fractions: tuple[float, float, float] = (0.7, 0.15, 0.15),
+                   heldout_families: Sequence[str] = (), seed: int = 0) -> tuple[list[Example], list[Example], list[Example]]:
+    """``(train, val, test)`` by architecture (see the module docstring).
+
+    Raises:
+        DippmNasError: unknown mode, bad fractions, or held-out families absent from the data.
+    """
+    if mode not in ("random", "family"):
+        raise DippmNasError(f"split mode must be 'random' or 'family', got {mode!r}")
+    if abs(sum(fractions) - 1.0) > 1e-6 or min(fractions) < 0:
+        raise DippmNasError(f"split fractions must be >= 0 and sum to 1, got {fractions}")
+    tr, va, te = [], [], []
+    if mode == "family":
+        fams = {e.family for e in examples}
+        missing = [f for f in heldout_families if f not in fams]
+        if not heldout_families or missing:
+            raise DippmNasError(f"family split needs held-out families present in the data ({sorted(fams)}), "
+                                f"got {list(heldout_families)}")
+        for e in examples:
+            if e.family in heldout_families:
+                te.append(e)
+            elif _frac(e.key, seed) < fractions[1] / (fractions[0] + fractions[1]):
+                va.append(e)
+            else:
+                tr.append(e)
+        return tr, va, te
+    for e in examples:
+        u = _frac(e.key, seed)
+        (tr if u < fractions[0] else va if u < fractions[0] + fractions[1] else te).append(e)
+    return tr, va, te
+
+
+def featurize_examples(examples: Sequence[Example], *, style: str = "ours", fuse: bool = True,
+                       prior_params: Any = None, progress: bool = True) -> list[GraphFeatures]:
+    """Feature tensors of every example on its own device (cached per structure and device)."""
+    from tqdm.auto import tqdm
+
+    cache: dict[tuple[str, str], GraphFeatures] = {}
+    out = []
+    for e in tqdm(examples, desc="features", unit="graph", disable=not progress, leave=False):
+        k = (e.key, e.device)
+        if k not in cache:
+            cache[k] = featurize(e.graph, e.device, style=style, fuse=fuse, prior_params=prior_params)
+        out.append(cache[k])
+    return out
+
+
+def _y_log(examples: Sequence[Example]) -> torch.Tensor:
+    y = torch.full((len(examples), len(TARGETS)), float("nan"))
+    for i, e in enumerate(examples):
+        for j, t in enumerate(TARGETS):
+            if t in e.y:
+                y[i, j] = math.log(e.y[t])
+    return y
+
+
+@dataclass
+class TrainConfig:
+    """Hyper-parameters (defaults sized for a 2-core CPU).
+
+    Attributes:
+        hidden: hidden width; layers: SAGE blocks; members: ensemble size K.
+        epochs: maximum epochs per member; patience: stop a member after this many epochs without a
+            better validation loss.
+        batch_size: graphs per step; lr, weight_decay: AdamW.
+        huber_beta: Huber (smooth L1) transition, in log units (0.02 ≈ 2%).
+        style: feature style; fuse: coarsen; residual_on_prior: learn corrections of the prior.
+        time_budget_s: wall-clock budget of all members together (split evenly).
+        seed: base seed (member ``k`` uses ``seed + k``).
+    """
+
+    hidden: int = 64
+    layers: int = 3
+    members: int = 5
+    epochs: int = 200
+    patience: int = 30
+    batch_size: int = 64
+    lr: float = 3e-3
+    weight_decay: float = 1e-5
+    huber_beta: float = 0.02
+    style: str = "ours"
+    fuse: bool = True
+    residual_on_prior: bool = True
+    time_budget_s: float = 840.0
+    seed: int = 0
+    threads: int = 2
+    history: list[dict[str, float]] = field(default_factory=list, repr=False)
+
+
+def _loss(pred: torch.Tensor, y: torch.Tensor, beta: float) -> torch.Tensor:
+    mask = ~torch.isnan(y)
+    if not mask.any():
+        return pred.sum() * 0.0
+    return torch.nn.functional.smooth_l1_loss(pred[mask], y[mask], beta=beta)
+
+
+def train_ensemble(train_f: Sequence[GraphFeatures], train_y: torch.Tensor, val_f: Sequence[GraphFeatures],
+                   val_y: torch.Tensor, cfg: TrainConfig, *, progress: bool = True) -> SageEnsemble:
+    """Train ``cfg.members`` members; each keeps its best-validation-epoch weights.
+
+    Shapes:
+        ``train_y``, ``val_y``: ``[N, 3]`` log labels, NaN where a target is not measured.
+    """
+    from tqdm.auto import tqdm
+
+    torch.set_num_threads(cfg.threads)
+    nd, sd = train_f[0].x.shape[1], train_f[0].static.shape[0]
+    model = SageEnsemble(nd, sd, device_dim(), cfg.hidden, cfg.layers, cfg.members, cfg.residual_on_prior)
+    allb = collate(train_f)
+    ym = torch.nanmean(train_y, 0)
+    gap = (train_y - allb["log_prior"]).abs()
+    gap = torch.where(torch.isnan(gap), torch.zeros_like(gap), gap).amax(0)
+    delta_max = (DELTA_MARGIN * gap).clamp_min(0.1)
+    model.set_stats(allb["x"], allb["static"], allb["dev"], torch.nan_to_num(ym, nan=0.0), delta_max)
+    logger.info("correction bound delta_max (log units) per target: %s", [round(float(v), 3) for v in delta_max])
+    vb = collate(val_f) if val_f else None
+    # all members step together on the same batches (one Python loop, K independent parameter sets);
+    # each keeps the weights of its own best validation epoch
+    n = len(train_f)
+    K = cfg.members
+    torch.manual_seed(cfg.seed)
+    rng = random.Random(cfg.seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=cfg.epochs)
+    best = [float("inf")] * K
+    best_state: list[dict[str, torch.Tensor] | None] = [None] * K
+    bad = [0] * K
+    t0 = time.perf_counter()
+    bar = tqdm(range(cfg.epochs), desc=f"training {K} members", disable=not progress, leave=False)
+    for ep in bar:
+        model.train()
+        idx = list(range(n))
+        rng.shuffle(idx)
+        tot = 0.0
+        for s in range(0, n, cfg.batch_size):
+            bi = idx[s:s + cfg.batch_size]
+            b = collate([train_f[i] for i in bi])
+            out = model(b)  # [K, B, 3]
+            loss = sum(_loss(out[k], train_y[bi], cfg.huber_beta) for k in range(K))
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0 * K)
+            opt.step()
+            tot += float(loss) / K * len(bi)
+        sched.step()
+        model.eval()
+        with torch.no_grad():
+            vout = model(vb) if vb is not None else None
+        for k in range(K):
+            vl = float(_loss(vout[k], val_y, cfg.huber_beta)) if vout is not None else tot / n
+            if vl < best[k] - 1e-7:
+                best[k], bad[k] = vl, 0
+                best_state[k] = {name: p[k].detach().clone() for name, p in model.named_parameters()}
+            else:
+                bad[k] += 1
+        cfg.history.append({"epoch": ep, "train_loss": tot / n, "val_loss_best": min(best),
+                            "seconds": time.perf_counter() - t0})
+        bar.set_postfix(train=f"{tot / n:.5f}", val=f"{min(best):.5f}")
+        logger.info("epoch %d: train loss %.5f, best val loss %.5f (%.0f s)", ep, tot / n, min(best), time.perf_counter() - t0)
+        if min(bad) >= cfg.patience or time.perf_counter() - t0 > cfg.time_budget_s:
+            break
+    with torch.no_grad():
+        params = dict(model.named_parameters())
+        for k in range(K):
+            for name, v in (best_state[k] or {}).items():
+                params[name][k].copy_(v)
+    return model.eval()
+
+
+def fit_std_floor(mean_log: np.ndarray, std_log: np.ndarray, y_log: np.ndarray, coverage: float = 0.95) -> float:
+    """Smallest floor ``f`` with ``coverage`` of ``|y - mean| <= 2 sqrt(std² + f²)`` (validation data)."""
+    ok = ~np.isnan(y_log)
+    if not ok.any():
+        return 0.0
+    err, s = np.abs(y_log[ok] - mean_log[ok]), std_log[ok]
+
+    def cov(f: float) -> float:
+        return float(np.mean(err <= 2.0 * np.sqrt(s ** 2 + f ** 2)))
+
+    if cov(0.0) >= coverage:
+        return 0.0
+    lo, hi = 0.0, max(float(err.max()), 1e-3)
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if cov(mid) >= coverage else (mid, hi)
+    return hi
+
+
+def train_predictor(paths: Sequence[str | Path], device: str, *, split: str = "random", heldout_families: Sequence[str] = (),
+                    devices: Sequence[str] | None = None, cfg: TrainConfig | None = None, data_sources: Sequence[str] = (),
+                    command: str = "", progress: bool = True, examples: Sequence[Example] | None = None,
+                    targets: Sequence[str] | None = None) -> tuple[GnnPredictor, dict[str, Any]]:
+    """Load, split, featurise, train, fit the std floor and evaluate on the test split.
+
+    Args:
+        paths: dataset files.
+        device: the catalogue id the checkpoint answers for (its rows give the held-out metrics).
+        split: ``"random"`` or ``"family"``; heldout_families: for ``"family"``.
+        devices: devices whose rows train the model (``None``: all in the data).
+        cfg: hyper-parameters.
+        data_sources: free-text description of the data for the metadata.
+        examples: already loaded examples (skips ``paths``).
+        targets: train only these targets (default: every target with labels); the others are answered
+            by the analytic prior.
+
+    Returns:
+        ``(predictor, report)``; ``report`` holds the split sizes, metrics and predictions on test.
+    """
+    from dippm_nas.devices import resolve_device
+    from dippm_nas.prior import default_params
+    from dippm_nas.predictor._evaluate import metrics_table
+
+    cfg = cfg or TrainConfig()
+    device = resolve_device(device).id
+    ex = list(examples) if examples is not None else load_examples(paths, devices=devices)
+    if devices is not None:
+        ex = [e for e in ex if e.device in devices]
+    if targets is not None:
+        bad = [t for t in targets if t not in TARGETS]
+        if bad:
+            raise DippmNasError(f"targets must be among {list(TARGETS)}, got {bad}")
+        ex = [Example(e.graph, e.device, {t: v for t, v in e.y.items() if t in targets}, e.family, e.key, e.source)
+              for e in ex]
+        ex = [e for e in ex if e.y]
+    if not any(e.device == device for e in ex):
+        raise DippmNasError(f"no examples of device {device!r} in the data; devices present: {sorted({e.device for e in ex})}")
+    tr, va, te = split_examples(ex, mode=split, heldout_families=heldout_families, seed=cfg.seed)
+    logger.info("split %s: train %d, val %d, test %d", split, len(tr), len(va), len(te))
+    params = default_params()
+    t0 = time.perf_counter()
+    ftr, fva, fte = (featurize_examples(s, style=cfg.style, fuse=cfg.fuse, prior_params=params, progress=progress)
+                     for s in (tr, va, te))
+    feat_s = time.perf_counter() - t0
+    ytr, yva = _y_log(tr), _y_log(va)
+    t0 = time.perf_counter()
+    model = train_ensemble(ftr, ytr, fva, yva, cfg, progress=progress)
+    train_s = time.perf_counter() - t0
+    targets = {t: TARGET_UNITS[t] for t in TARGETS if any(t in e.y for e in ex if e.device == device)}
+    meta = CheckpointMeta(
+        device=device, targets=targets, feature_schema_version=FEATURE_SCHEMA_VERSION, feature_style=cfg.style,
+        data_sources=list(data_sources) or [str(p) for p in paths], heldout_metrics={}, date=date.today().isoformat(),
+        trained_on=sorted({e.device for e in tr}), hidden=cfg.hidden, layers=cfg.layers, members=cfg.members,
+        residual_on_prior=cfg.residual_on_prior, std_floor_log={}, prior_params=params.to_dict(),
+        node_dim=node_dim(cfg.style), static_dim=static_dim(cfg.style), device_dim=device_dim(), command=command,
+    )
+    pred = GnnPredictor(model, meta, device, load_calibration=False)
+    floors = {}
+    va_dev = [i for i, e in enumerate(va) if e.device == device]
+    if va_dev:
+        m, s = pred.predict_log([fva[i] for i in va_dev])
+        y = _y_log([va[i] for i in va_dev]).numpy()
+        for j, t in enumerate(TARGETS):
+            if t in targets:
+                floors[t] = fit_std_floor(m[:, j], s[:, j], y[:, j])
+    pred.meta = _replace(meta, std_floor_log=floors)
+    te_dev = [i for i, e in enumerate(te) if e.device == device]
+    report: dict[str, Any] = {"split": split, "heldout_families": list(heldout_families),
+                              "sizes": {"train": len(tr), "val": len(va), "test": len(te), "test_on_device": len(te_dev)},
+                              "featurize_s": feat_s, "train_s": train_s, "config": {k: v for k, v in vars(cfg).items() if k != "history"}}
+    if te_dev:
+        tab, rows = metrics_table(pred, [fte[i] for i in te_dev], [te[i] for i in te_dev])
+        report["metrics"] = tab
+        report["rows"] = rows
+        pred.meta = _replace(pred.meta, heldout_metrics={f"{split}" + (f":{','.join(heldout_families)}" if heldout_families else ""): tab})
+    return pred, report
+
+
+def _replace(meta: CheckpointMeta, **kw: Any) -> CheckpointMeta:
+    import dataclasses
+
+    return dataclasses.replace(meta, **kw)

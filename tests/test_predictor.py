@@ -1,0 +1,222 @@
+"""The GraphSAGE predictor: model shapes, ensemble std, checkpoints, fallback, calibration, CLI keys."""
+
+from __future__ import annotations
+
+import dataclasses
+import fractions
+import json
+import math
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from dippm_nas.errors import CheckpointError
+from dippm_nas.features import FEATURE_SCHEMA_VERSION, device_dim, featurize, node_dim, static_dim
+from dippm_nas.prediction import Prediction
+from dippm_nas.predictor import get_predictor, predict, predict_many, set_predictor
+from dippm_nas.predictor._gnn import TARGETS, CheckpointMeta, GnnPredictor, SageEnsemble, collate
+from test_features import tiny_graph
+
+DEV = "a100-sxm4-40gb"
+
+
+def _meta(**kw) -> CheckpointMeta:
+    base = dict(device=DEV, targets={"latency_ms": "ms"}, feature_schema_version=FEATURE_SCHEMA_VERSION,
+                feature_style="ours", data_sources=["synthetic test data"], heldout_metrics={}, date="2026-01-01",
+                trained_on=[DEV], hidden=16, layers=3, members=3, residual_on_prior=True,
+                std_floor_log={"latency_ms": 0.01}, prior_params=None, node_dim=node_dim(), static_dim=static_dim(),
+                device_dim=device_dim())
+    base.update(kw)
+    return CheckpointMeta(**base)
+
+
+def _predictor(scale: float = 0.1, **kw) -> GnnPredictor:
+    torch.manual_seed(0)
+    meta = _meta(**kw)
+    model = SageEnsemble(meta.node_dim, meta.static_dim, meta.device_dim, meta.hidden, meta.layers, meta.members)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(scale)
+    return GnnPredictor(model, meta, DEV, load_calibration=False)
+
+
+def _graphs(n: int = 4):
+    from dippm_nas.graph import OperatorGraph
+
+    out = []
+    for b in range(1, n + 1):
+        d = tiny_graph().to_dict()
+        d["spec"]["batch_size"] = b  # a different spec -> a different graph and prior
+        out.append(OperatorGraph.from_dict(d))
+    return out
+
+
+def test_forward_shapes_and_ensemble_std() -> None:
+    p = _predictor()
+    feats = [featurize(g, DEV) for g in _graphs(3)]
+    b = collate(feats)
+    assert b["x"].shape == (sum(f.num_nodes for f in feats), node_dim())
+    out = p.model(b)
+    assert out.shape == (3, 3, len(TARGETS))  # [members, graphs, targets]
+    mean, std = p.predict_log(feats)
+    assert mean.shape == (3, 3) and std.shape == (3, 3)
+    assert (std >= 0).all() and (std[:, 0] > 0).all()
+
+
+def test_predictions_are_finite_positive_and_sourced() -> None:
+    for scale in (0.1, 50.0):  # wild weights still give finite, positive numbers
+        p = _predictor(scale=scale)
+        for pr in p.predict_graphs(_graphs(3), mig=False):
+            for name in ("latency_ms", "energy_j", "memory_mib"):
+                v = getattr(pr, name)
+                assert v is not None and math.isfinite(v) and v >= 0
+            assert pr.latency_source == "predicted"
+            assert pr.energy_source == "analytic" and pr.memory_source == "analytic"  # no label: the prior answers
+            assert pr.latency_ms_std is not None and pr.latency_ms_std >= 0
+
+
+def test_graph_outside_training_range_gets_wider_std() -> None:
+    p = _predictor()
+    feats = [featurize(g, DEV) for g in _graphs(3)]
+    b = collate(feats[:2])
+    p.model.set_stats(b["x"], b["static"], b["dev"], torch.zeros(3), torch.full((3,), 0.4))
+    (inside, outside) = p.predict_graphs([_graphs(3)[0], _graphs(3)[2]], mig=False)
+    assert inside.details["outside_training_range"] == 0.0 and outside.details["outside_training_range"] == 1.0
+    assert outside.latency_ms_std / outside.latency_ms >= 0.2 > inside.latency_ms_std / inside.latency_ms
+
+
+def test_unknown_op_still_predicts_and_is_flagged() -> None:
+    p = _predictor()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        (pr,) = p.predict_graphs([tiny_graph(extra_op="my.other_op")], mig=False)
+    assert pr.flagged and "my.other_op" in pr.unknown_ops
+    assert math.isfinite(pr.latency_ms) and pr.latency_ms > 0
+
+
+def test_checkpoint_round_trip(tmp_path: Path) -> None:
+    p = _predictor()
+    path = tmp_path / f"{DEV}.pt"
+    p.save(path)
+    assert path.with_suffix(".json").is_file()
+    assert json.loads(path.with_suffix(".json").read_text())["device"] == DEV
+    q = GnnPredictor.load(path, device=DEV, load_calibration=False)
+    assert q.meta == p.meta
+    g = _graphs(2)
+    a = [x.latency_ms for x in p.predict_graphs(g, mig=False)]
+    b = [x.latency_ms for x in q.predict_graphs(g, mig=False)]
+    assert np.allclose(a, b)
+
+
+def test_schema_mismatch_and_bad_files_raise_checkpoint_error(tmp_path: Path) -> None:
+    p = _predictor()
+    path = tmp_path / "x.pt"
+    p.save(path)
+    blob = torch.load(path, weights_only=True)
+    meta = json.loads(blob["meta"])
+    meta["feature_schema_version"] = FEATURE_SCHEMA_VERSION + 1
+    torch.save({"meta": json.dumps(meta), "state": blob["state"]}, tmp_path / "old.pt")
+    with pytest.raises(CheckpointError, match="feature_schema_version"):
+        GnnPredictor.load(tmp_path / "old.pt")
+    meta["feature_schema_version"] = FEATURE_SCHEMA_VERSION
+    meta["node_dim"] += 1
+    torch.save({"meta": json.dumps(meta), "state": blob["state"]}, tmp_path / "wide.pt")
+    with pytest.raises(CheckpointError, match="widths"):
+        GnnPredictor.load(tmp_path / "wide.pt")
+    with pytest.raises(CheckpointError, match="is for device"):
+        GnnPredictor.load(path, device="rtx-3090")
+    # a pickled object is refused by weights_only=True
+    torch.save({"meta": blob["meta"], "state": blob["state"], "evil": fractions.Fraction(1, 3)},
+               tmp_path / "pickle.pt")
+    with pytest.raises(CheckpointError, match="cannot read"):
+        GnnPredictor.load(tmp_path / "pickle.pt")
+
+
+def test_device_without_checkpoint_falls_back_to_analytic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DIPPM_NAS_CHECKPOINT_DIR", str(tmp_path))
+    dev = "h100-sxm5-80gb"
+    set_predictor(dev, None)
+    try:
+        with pytest.warns(RuntimeWarning, match="no trained predictor checkpoint"):
+            pr = predict(tiny_graph(), device=dev)
+        assert (pr.latency_source, pr.energy_source, pr.memory_source) == ("analytic",) * 3
+        assert math.isfinite(pr.latency_ms) and pr.latency_ms > 0
+    finally:
+        set_predictor(dev, None)
+
+
+def test_checkpoint_dir_is_used_and_loaded_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DIPPM_NAS_CHECKPOINT_DIR", str(tmp_path))
+    _predictor().save(tmp_path / f"{DEV}.pt")
+    set_predictor(DEV, None)
+    try:
+        p1 = get_predictor(DEV)
+        assert isinstance(p1, GnnPredictor)
+        assert get_predictor(DEV) is p1
+        pr = predict(tiny_graph(), device=DEV)
+        assert pr.latency_source == "predicted"
+    finally:
+        set_predictor(DEV, None)
+
+
+def test_predict_many_is_one_batched_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    p = _predictor()
+    calls = []
+    orig = p.predict_log_ood
+    monkeypatch.setattr(p, "predict_log_ood", lambda feats: (calls.append(len(feats)), orig(feats))[1])
+    set_predictor(DEV, p)
+    try:
+        out = predict_many(_graphs(4), device=DEV, mig=False)
+    finally:
+        set_predictor(DEV, None)
+    assert calls == [4]
+    assert all(isinstance(o, Prediction) for o in out)
+
+
+def test_calibration_reduces_error_and_persists(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DIPPM_NAS_CACHE_DIR", str(tmp_path))
+    p = _predictor()
+    gs = _graphs(6)
+    raw = [x.latency_ms for x in p.predict_graphs(gs, mig=False)]
+    truth = [1.7 * v for v in raw]  # a device that is 70% slower than the model thinks
+    cal = p.calibrate([(g, {"latency_ms": y}) for g, y in zip(gs[:3], truth[:3])])
+    assert cal.n["latency_ms"] == 3
+    after = p.predict_graphs(gs[3:], mig=False)
+    err_before = np.mean([abs(r - t) / t for r, t in zip(raw[3:], truth[3:])])
+    err_after = np.mean([abs(a.latency_ms - t) / t for a, t in zip(after, truth[3:])])
+    assert err_after < 0.5 * err_before
+    assert all(a.latency_source == "calibrated" for a in after)
+    # persisted per device and re-applied when the same checkpoint is loaded
+    ck = tmp_path / "ck.pt"
+    p.save(ck)
+    q = GnnPredictor.load(ck)
+    assert q.calibration is not None and q.predict_graphs(gs[3:4], mig=False)[0].latency_source == "calibrated"
+    # a calibration fitted for another checkpoint is ignored
+    other = GnnPredictor.load(ck)
+    other.meta = dataclasses.replace(other.meta, date="1999-01-01")
+    other.save(tmp_path / "other.pt")
+    assert GnnPredictor.load(tmp_path / "other.pt").calibration is None
+    q.reset_calibration()
+    assert GnnPredictor.load(ck).calibration is None
+
+
+def test_cli_predict_json_keys_equal_prediction_fields(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    from dippm_nas.cli import main
+
+    monkeypatch.setenv("DIPPM_NAS_CHECKPOINT_DIR", str(tmp_path))
+    _predictor().save(tmp_path / f"{DEV}.pt")
+    set_predictor(DEV, None)
+    try:
+        rc = main(["predict", "_models:TinyMobileNet", "--device", DEV, "--batch", "2", "--shape", "3,32,32",
+                   "--dtype", "float32", "--json"])
+    finally:
+        set_predictor(DEV, None)
+    assert rc == 0
+    d = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert set(d) == {f.name for f in dataclasses.fields(Prediction)}
+    assert d["latency_source"] == "predicted" and d["memory_source"] == "analytic"
+    assert d["mig"] is not None
