@@ -1,0 +1,58 @@
+"""NNI integration: hardware-aware HPO and NAS without a GPU in the loop.
+
+- Trial side: :func:`report` sends ``{'default', 'accuracy', 'latency_ms', 'energy_j', 'memory_mib', 'mig',
+  ...}`` with ``nni.report_final_result``; ``default`` is accuracy with a constraint penalty
+  (:func:`scalarize`, MnasNet's reward) because NNI tuners optimise only ``metric['default']``.
+- Tuner side: :class:`HardwareAwareTuner`, a multi-objective tuner over Optuna's samplers that predicts each
+  candidate's cost and skips predicted-infeasible ones before they cost a trial (``CustomAlgorithmConfig(
+  class_name="dippm_nas.nni.HardwareAwareTuner", ...)``); trials rebuild the model with
+  :func:`model_from_parameters`.
+- NAS: :class:`DippmProfiler`, an ``nni.nas.profiler.Profiler`` for ``Chain(strategy, Filter(...))``, and
+  the example space :class:`TinyConvSpace`.
+- Network: NNI's manager listens on every interface with no option to change it; :func:`loopback_only`
+  keeps it on 127.0.0.1 for the local training service (see ``examples/nni/README.md``).
+
+NNI is optional: ``pip install 'dippm-nas[nni]'`` (HPO) or ``'dippm-nas[nas]'`` (NAS, adds the lightning
+packages NNI's NAS imports). The names that need NNI import it on first use and say what to install when
+it is missing; :func:`final_metrics`, :func:`scalarize`, :class:`Constraints` and the network helpers do
+not need it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from dippm_nas.nni._network import LOOPBACK_PRELOAD_JS, free_port, loopback_only, write_loopback_preload
+from dippm_nas.nni._report import METRIC_KEYS, final_metrics, mig_label, report
+from dippm_nas.nni._scalarize import Constraints, scalarize
+from dippm_nas.nni._space import PARAMETERS_KEY, model_from_parameters, parse_search_space
+
+__all__ = [
+    "report", "final_metrics", "METRIC_KEYS", "mig_label", "Constraints", "scalarize",
+    "HardwareAwareTuner", "TunerStats", "model_from_parameters", "parse_search_space", "PARAMETERS_KEY",
+    "DippmProfiler", "TinyConvSpace",
+    "loopback_only", "write_loopback_preload", "LOOPBACK_PRELOAD_JS", "free_port",
+]
+
+# Names whose modules import NNI (and, for NAS, the lightning packages): loaded on first access, so that
+# `import dippm_nas.nni` works without NNI and NNI's dispatcher can still import the tuner by class path.
+_LAZY = {
+    "HardwareAwareTuner": "dippm_nas.nni._tuner",
+    "TunerStats": "dippm_nas.nni._tuner",
+    "DippmProfiler": "dippm_nas.nni._profiler",
+    "TinyConvSpace": "dippm_nas.nni._example_space",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
