@@ -178,7 +178,8 @@ def test_every_preset_validates() -> None:
 
 # --------------------------------------------------------------------------- registry
 def test_registry_lists_every_family() -> None:
-    assert tuple(ss.list_spaces()) == FAMILIES
+    # the registry is open: other modules (the demo, tests) register spaces of their own beside these
+    assert set(FAMILIES) <= set(ss.list_spaces())
     for name in FAMILIES:
         assert ss.get_space(name).name == name
 

@@ -15,6 +15,7 @@ from dippm_nas.errors import DippmNasError
 _VERBS: tuple[str, ...] = (
     "_inspect",
     "_devices",
+    "_dataset",
     "_train",
     "_evaluate",
     "_predict",

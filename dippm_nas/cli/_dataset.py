@@ -1,0 +1,226 @@
+"""``dippm-nas dataset build|import|info|export``: build, import into, summarise and export dataset files."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from dippm_nas.errors import DippmNasError
+
+__all__ = ["register"]
+
+logger = logging.getLogger(__name__)
+
+_IMPORTERS = ("accel-nasbench", "timm", "neusight", "vidur")
+_FAMILIES = ("mbconv", "resnet", "mobilenetv3", "densenet", "convnext", "vit", "bert", "mlp")
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        out = [int(p) for p in text.split(",") if p.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated ints like 1,8,32, got {text!r}") from None
+    if not out or any(b < 1 for b in out):
+        raise argparse.ArgumentTypeError(f"expected ints >= 1 like 1,8,32, got {text!r}")
+    return out
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "dataset",
+        help="build a measured dataset, import public measurements, summarise or export a dataset file",
+        description="Dataset files are SQLite: graphs by structural hash plus measurement rows "
+                    "(see dippm_nas.dataset).",
+    )
+    verbs = p.add_subparsers(dest="dataset_verb", metavar="SUBCOMMAND")
+    verbs.required = True
+
+    b = verbs.add_parser(
+        "build", help="sample, convert and measure models of search spaces (resumable)",
+        description="Plan N candidates from the seed, convert them in parallel (conversion cache), measure "
+                    "them one at a time. Rerun the same command to resume a killed build.",
+    )
+    b.add_argument("--space", required=True,
+                   help="search space name, a comma-separated list, or 'all' (the families "
+                        f"{','.join(_FAMILIES)})")
+    b.add_argument("--n", type=int, required=True, help="candidates to plan (split evenly over the spaces)")
+    b.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N (default cpu)")
+    b.add_argument("--batch", type=_int_list, default=[1, 8, 32],
+                   help="batch sizes to draw from, comma-separated (default 1,8,32)")
+    b.add_argument("--dtype", default="float32", help="float32 | float16 | bfloat16 (default float32)")
+    b.add_argument("--out", required=True, type=Path, help="dataset SQLite file (created or resumed)")
+    b.add_argument("--seed", type=int, default=0, help="plan seed (default 0)")
+    b.add_argument("--mac-budget", type=float, default=300.0,
+                   help="largest MMACs per batch (MACs per sample x batch) planned; 0 = no limit (default 300)")
+    b.add_argument("--workers", type=int, default=2, help="conversion processes (default 2)")
+    b.add_argument("--chunk", type=int, default=256, help="jobs converted per round (default 256)")
+    b.add_argument("--no-overlap", action="store_true", help="do not convert the next round while measuring")
+    b.add_argument("--pin-cpu", type=int, default=None,
+                   help="pin measurement to this CPU and conversion to the others (default: no pinning)")
+    b.add_argument("--threads", type=int, default=1, help="torch threads while measuring (default 1)")
+    b.add_argument("--warmup", type=int, default=2, help="untimed forwards (default 2)")
+    b.add_argument("--min-repeats", type=int, default=5, help="timed forwards at least (default 5)")
+    b.add_argument("--max-repeats", type=int, default=30, help="timed forwards at most (default 30)")
+    b.add_argument("--rel-ci", type=float, default=0.05,
+                   help="stop when the 95%% CI half-width is within this fraction of the mean (default 0.05)")
+    b.add_argument("--time-cap", type=float, default=2.0,
+                   help="seconds of warm-up + timing per measurement (default 2)")
+    b.add_argument("--isolate", action="store_true",
+                   help="measure each model in a fresh subprocess (hard time limit, crash isolation; slower)")
+    b.add_argument("--retry-failed", default="",
+                   help="comma-separated statuses (timeout,oom,error) whose failed jobs are measured again")
+    b.add_argument("--no-cache", action="store_true", help="do not use the conversion cache")
+    b.add_argument("--no-progress", action="store_true", help="no progress bar")
+    b.set_defaults(func=run_build)
+
+    i = verbs.add_parser(
+        "import", help="import public measurements (../shared/data CSVs) into a dataset file",
+        description="accel-nasbench: graph (MBConv space, 256x256) + A100/RTX 3090 latency per batch; "
+                    "timm: benchmark rows (graphs only when timm is installed); neusight, vidur: "
+                    "operator-level rows.",
+    )
+    i.add_argument("kind", choices=_IMPORTERS, help="which public dataset the CSV is")
+    i.add_argument("csv", type=Path, help="the CSV file")
+    i.add_argument("--out", required=True, type=Path, help="dataset SQLite file (created or extended)")
+    i.add_argument("--workers", type=int, default=2, help="conversion processes (default 2)")
+    i.add_argument("--limit", type=int, default=None, help="import only the first N rows")
+    i.add_argument("--no-graphs", action="store_true", help="accel-nasbench/timm: store rows without capturing graphs")
+    i.add_argument("--no-cache", action="store_true", help="do not use the conversion cache")
+    i.add_argument("--no-progress", action="store_true", help="no progress bar")
+    i.set_defaults(func=run_import)
+
+    for name in ("info", "stats"):
+        s = verbs.add_parser(name, help="summarise a dataset file (counts by source, device, space, batch)")
+        s.add_argument("path", type=Path, help="dataset SQLite file")
+        s.add_argument("--json", action="store_true", help="print one JSON object")
+        s.add_argument("--markdown", action="store_true",
+                       help="print Markdown tables of ok rows (space x batch size) per source and device")
+        s.set_defaults(func=run_info)
+
+    e = verbs.add_parser("export", help="export graphs + measurement rows to compressed JSON Lines")
+    e.add_argument("path", type=Path, help="dataset SQLite file")
+    e.add_argument("--out", required=True, type=Path, help="*.jsonl, *.jsonl.gz or *.jsonl.xz")
+    e.add_argument("--source", default=None, help="only rows of this source (e.g. measured-here)")
+    e.set_defaults(func=run_export)
+
+
+def _spaces(text: str) -> list[str]:
+    if text == "all":
+        return list(_FAMILIES)
+    return [s.strip() for s in text.split(",") if s.strip()]
+
+
+def run_build(args: argparse.Namespace) -> int:
+    from dippm_nas.dataset import build_dataset
+    from dippm_nas.errors import MeasurementError
+    from dippm_nas.measure import MeasureSettings
+
+    try:
+        settings = MeasureSettings(warmup=args.warmup, min_repeats=args.min_repeats, max_repeats=args.max_repeats,
+                                   rel_ci_target=args.rel_ci, time_cap_s=args.time_cap, threads=args.threads)
+    except MeasurementError as e:
+        raise DippmNasError(str(e)) from e
+    budget = None if args.mac_budget <= 0 else int(round(args.mac_budget * 1e6))
+    report = build_dataset(
+        args.out, spaces=_spaces(args.space), n=args.n, device=args.device, batch_sizes=args.batch,
+        dtype=args.dtype, seed=args.seed, settings=settings, mac_budget=budget, workers=args.workers,
+        chunk_size=args.chunk, overlap=not args.no_overlap, pin_cpu=args.pin_cpu,
+        cache=not args.no_cache, progress=not args.no_progress,
+        retry_failed=[s.strip() for s in args.retry_failed.split(",") if s.strip()], isolate=args.isolate,
+    )
+    print(f"{report.path}: plan {report.plan_key[:12]} ({'resumed' if report.resumed else 'new'}), "
+          f"{report.planned} planned: {report.done} done, {report.failed} failed, {report.open} open; "
+          f"this run measured {report.measured_now}, failed {report.failed_now} in {report.seconds:.0f} s")
+    return 0 if report.open == 0 else 1
+
+
+def run_import(args: argparse.Namespace) -> int:
+    from dippm_nas.dataset import _importers as imp
+
+    common: dict[str, Any] = {"limit": args.limit, "progress": not args.no_progress}
+    if args.kind == "accel-nasbench":
+        report = imp.import_accel_nasbench(args.csv, args.out, workers=args.workers, cache=not args.no_cache,
+                                           capture_graphs=not args.no_graphs, **common)
+    elif args.kind == "timm":
+        report = imp.import_timm(args.csv, args.out, workers=args.workers, cache=not args.no_cache,
+                                 capture_graphs=None if not args.no_graphs else False, **common)
+    elif args.kind == "neusight":
+        report = imp.import_neusight(args.csv, args.out, **common)
+    else:
+        report = imp.import_vidur(args.csv, args.out, **common)
+    print(json.dumps(report.as_dict(), indent=2))
+    return 0
+
+
+def run_info(args: argparse.Namespace) -> int:
+    from dippm_nas.dataset import DatasetStore
+
+    with DatasetStore(args.path, create=False) as store:
+        st = store.stats()
+    if args.json:
+        print(json.dumps(st))
+        return 0
+    if args.markdown:
+        print(_markdown(st))
+        return 0
+    print(f"dataset      {st['path']} (schema {st['schema_version']})")
+    print(f"graphs       {st['graphs']}")
+    if st["jobs"]:
+        print("jobs         " + ", ".join(f"{k} {v}" for k, v in st["jobs"].items()))
+    print("measurements (source / device / status: rows)")
+    for r in st["measurements"]:
+        print(f"  {r['source']:16s} {r['device']:20s} {r['status']:8s} {r['count']}")
+    print(f"ok rows with a graph: {st['ok_with_graph']}")
+    if st["ok_by_space"]:
+        print("ok rows by space")
+        for r in st["ok_by_space"]:
+            print(f"  {r['source']:16s} {r['device']:20s} {str(r['space']):14s} {r['count']}")
+    if st["ok_by_batch"]:
+        print("ok rows by batch size")
+        for r in st["ok_by_batch"]:
+            print(f"  {r['source']:16s} {r['device']:20s} {str(r['batch_size']):>6s} {r['count']}")
+    if st["op_measurements"]:
+        print("operator rows (source / device: rows)")
+        for r in st["op_measurements"]:
+            print(f"  {r['source']:16s} {r['device']:28s} {r['count']}")
+    return 0
+
+
+def _markdown(st: dict[str, Any]) -> str:
+    """``ok`` rows as one ``space x batch size`` table per (source, device), with totals."""
+    groups: dict[tuple[str, str], dict[tuple[str, int], int]] = {}
+    for r in st["ok_by_space_batch"]:
+        groups.setdefault((r["source"], r["device"]), {})[(str(r["space"]), r["batch_size"])] = r["count"]
+    out = []
+    for (source, device), cells in groups.items():
+        spaces = sorted({s for s, _ in cells})
+        batches = sorted({b for _, b in cells if b is not None})
+        out.append(f"**{source}** on **{device}**: ok rows by family and batch size\n")
+        out.append("| family | " + " | ".join(f"bs {b}" for b in batches) + " | total |")
+        out.append("|---|" + "---:|" * (len(batches) + 1))
+        for s in spaces:
+            row = [cells.get((s, b), 0) for b in batches]
+            out.append(f"| {s} | " + " | ".join(str(v) for v in row) + f" | {sum(row)} |")
+        col = [sum(cells.get((s, b), 0) for s in spaces) for b in batches]
+        out.append("| **total** | " + " | ".join(str(v) for v in col) + f" | **{sum(col)}** |")
+        out.append("")
+    failed = [r for r in st["failed_by_reason"]]
+    if failed:
+        out.append("| failed rows: source | status | family | rows |")
+        out.append("|---|---|---|---:|")
+        out += [f"| {r['source']} | {r['status']} | {r['space']} | {r['count']} |" for r in failed]
+    return "\n".join(out)
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from dippm_nas.dataset import export_jsonl
+
+    counts = export_jsonl(args.path, args.out, source=args.source)
+    size = args.out.stat().st_size
+    print(f"{args.out}: {counts['graphs']} graphs, {counts['measurements']} measurement rows, "
+          f"{counts['op_measurements']} operator rows, {size / 2**20:.2f} MiB", file=sys.stdout)
+    return 0

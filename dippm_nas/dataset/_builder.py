@@ -1,0 +1,439 @@
+"""``build_dataset``: plan candidates, convert them in parallel, measure them one at a time, resumably.
+
+Order of work (each step is stored before the next starts):
+
+1. **Plan**: :func:`~dippm_nas.dataset._plan.plan_candidates` draws the candidates from the seed (or
+   takes an explicit list) and the plan is written to the dataset file in one transaction, every
+   candidate a ``pending`` job. A rerun with the same arguments finds the stored plan and reuses it.
+2. **Convert** (chunk by chunk): :func:`~dippm_nas.capture.capture_many` with ``workers`` processes and the
+   conversion cache; a job's graph and its ``converted`` status are written together. A candidate whose
+   builder raises or whose capture fails becomes ``failed`` with the reason (and a failed measurement row).
+3. **Measure** (serially, one model at a time): build the model, ``measure(model, spec, device,
+   settings)``, write the row and the job's ``done``/``failed`` status in one transaction. Faults of the
+   model (out of memory, the time cap, an exception) come back from the measurer as rows with
+   ``status != "ok"`` and are stored as failed with their reason.
+
+With ``workers >= 2`` and ``overlap=True`` the next chunk is converted (in processes) while the
+current one is measured. ``pin_cpu`` pins the measuring thread to one core and the conversion
+processes to the others (``os.sched_setaffinity``); both are recorded in each row's environment, with
+the load average before and after the measurement.
+
+Killing the process at any moment loses at most the work in flight: a rerun skips ``done`` and
+``failed`` jobs, converts ``pending`` ones and measures ``converted`` ones. A job found ``running`` (the
+process died while measuring it) is measured again, unless it already had ``max_attempts`` attempts:
+then it is stored as failed with that reason, so a model that kills the process cannot stall the build.
+Measurement rows are unique per job, so nothing is ever duplicated.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dippm_nas._version import __version__
+from dippm_nas.capture import capture_many
+from dippm_nas.dataset._errors import DatasetError
+from dippm_nas.dataset._plan import Candidate, Plan, plan_candidates, plan_key
+from dippm_nas.dataset._store import DatasetStore, Job, canonical_json
+from dippm_nas.errors import DeviceError, MeasurementError, SearchSpaceError
+from dippm_nas.measure import Measurement, MeasureSettings, measure
+from dippm_nas.spec import COMPUTE_DTYPES, InputSpec
+
+__all__ = ["build_dataset", "BuildReport", "DEFAULT_BUILD_SETTINGS", "MeasureFn", "measurement_row"]
+
+logger = logging.getLogger(__name__)
+
+#: ``measure_fn(model, spec, device, settings) -> Measurement``; the default calls :func:`dippm_nas.measure.measure`.
+MeasureFn = Callable[[Any, InputSpec, str, MeasureSettings], Measurement]
+
+#: Settings for thousands of small models on a shared CPU: 1 thread, few repeats, 5 % CI, 2 s cap.
+DEFAULT_BUILD_SETTINGS = MeasureSettings(warmup=2, min_repeats=5, max_repeats=30, rel_ci_target=0.05,
+                                         time_cap_s=2.0, threads=1)
+
+_OPEN = ("pending", "converted", "running")
+
+
+@dataclass
+class BuildReport:
+    """What :func:`build_dataset` did.
+
+    Attributes:
+        path: the dataset file.
+        plan_key: the plan's identity.
+        planned: candidates in the plan.
+        done / failed: jobs of the plan in each final state after this run (all runs together).
+        measured_now / failed_now: jobs finished by this run.
+        open: jobs of the plan still unfinished (0 unless the run was stopped).
+        resumed: whether the plan was found stored (a rerun).
+        seconds: wall time of this run.
+        plan_stats: rejected-over-budget, duplicate and shortfall counts of the planning.
+    """
+
+    path: str
+    plan_key: str
+    planned: int
+    done: int = 0
+    failed: int = 0
+    measured_now: int = 0
+    failed_now: int = 0
+    open: int = 0
+    resumed: bool = False
+    seconds: float = 0.0
+    plan_stats: dict[str, Any] = field(default_factory=dict)
+
+
+def _default_measure(model: Any, spec: InputSpec, device: str, settings: MeasureSettings) -> Measurement:
+    return measure(model, spec, device=device, settings=settings)
+
+
+def measurement_row(m: Measurement, environment: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``measurements`` columns of a :class:`~dippm_nas.measure.Measurement` (figures as measured)."""
+    return {
+        "latency_ms": m.latency_ms, "latency_ms_std": m.latency_ms_std, "latency_ms_median": m.latency_ms_median,
+        "latency_ms_ci95": m.latency_ms_ci95, "energy_j": m.energy_j, "energy_source": m.energy_source,
+        "energy_reason": m.energy_reason, "memory_mib": m.memory_mib, "memory_source": m.memory_source,
+        "n_repeats": m.n_repeats, "stop_reason": m.stop_reason, "status": m.status, "reason": m.reason,
+        "environment": dict(environment), "measured_at": m.timestamp,
+        "extra": {"memory_parts_mib": m.memory_parts_mib, "details": m.details, "measured_device": m.device},
+    }
+
+
+def _failed_row(reason: str, environment: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    return {"status": "error", "reason": reason, "environment": dict(environment or {})}
+
+
+def _affinity() -> list[int] | None:
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return None
+
+
+def _set_affinity(cpus: set[int]) -> None:
+    try:
+        os.sched_setaffinity(0, cpus)  # pid 0: the calling thread on Linux
+    except (AttributeError, OSError) as e:
+        raise DatasetError(f"cannot pin to CPUs {sorted(cpus)}: {e}") from e
+
+
+def _normalise_explicit(candidates: Sequence[Mapping[str, Any]], batch_sizes: Sequence[int]) -> list[Candidate]:
+    """Explicit candidates -> :class:`Candidate`; a config outside its space is kept as ``failed``."""
+    import search_spaces as ss
+
+    out: list[Candidate] = []
+    for i, c in enumerate(candidates):
+        if not isinstance(c, Mapping) or "space" not in c or "config" not in c:
+            raise DatasetError(f"candidate {i} must be a mapping with 'space' and 'config' (and 'batch_size'), got {c!r}")
+        try:
+            canonical_json(c["config"])
+        except (TypeError, ValueError) as e:
+            raise DatasetError(f"candidate {i}: config must be JSON-able, got {c['config']!r}: {e}") from e
+        sizes = [c["batch_size"]] if "batch_size" in c else list(batch_sizes)
+        for b in sizes:
+            if isinstance(b, bool) or not isinstance(b, int) or b < 1:
+                raise DatasetError(f"candidate {i}: batch_size must be an int >= 1, got {b!r}")
+            try:
+                cfg = ss.get_space(c["space"]).validate(c["config"])
+                out.append(Candidate(space=c["space"], config=cfg, batch_size=b))
+            except SearchSpaceError as e:
+                out.append(Candidate(space=str(c["space"]), config=dict(c["config"]), batch_size=b,
+                                     status="failed", reason=f"config rejected at planning: {e}"))
+    return out
+
+
+def _chunked(seq: Sequence[Job], size: int) -> Iterator[list[Job]]:
+    """Chunks of ``size`` jobs; the first one smaller (an eighth, at least 8) so measuring starts early."""
+    first = min(size, max(8, size // 8))
+    yield list(seq[:first])
+    for i in range(first, len(seq), size):
+        yield list(seq[i:i + size])
+
+
+def build_dataset(
+    out: str | Path,
+    *,
+    spaces: Sequence[str] = (),
+    n: int = 0,
+    device: str = "cpu",
+    batch_sizes: Sequence[int] = (1, 8, 32),
+    dtype: str = "float32",
+    seed: int = 0,
+    settings: MeasureSettings | None = None,
+    mac_budget: int | None = 300_000_000,
+    candidates: Sequence[Mapping[str, Any]] | None = None,
+    workers: int = 2,
+    chunk_size: int = 256,
+    overlap: bool = True,
+    pin_cpu: int | None = None,
+    max_attempts: int = 2,
+    cache: Any = True,
+    measure_fn: MeasureFn | None = None,
+    progress: bool = True,
+    stop_after: int | None = None,
+    retry_failed: Sequence[str] = (),
+    isolate: bool = False,
+) -> BuildReport:
+    """Build (or resume building) a measured dataset in the SQLite file ``out``.
+
+    Args:
+        out: the dataset file (created when missing; see :class:`~dippm_nas.dataset.DatasetStore`).
+        spaces: search spaces to sample from (``search_spaces.list_spaces()``); ignored with ``candidates``.
+        n: candidates to sample (split evenly over ``spaces``).
+        device: ``"cpu"``, ``"cuda"`` or ``"cuda:N"``, passed to the measurer.
+        batch_sizes: batch sizes to draw from (each candidate gets one; see the planning rule in
+            :mod:`dippm_nas.dataset._plan`).
+        dtype: compute dtype of the input spec, one of ``float32``, ``float16``, ``bfloat16``.
+        seed: the plan's seed.
+        settings: measurement settings; ``None`` means :data:`DEFAULT_BUILD_SETTINGS` (1 thread).
+        mac_budget: largest MACs per batch (``macs_per_sample * batch_size``) planned; ``None``: no limit.
+        candidates: explicit ``{"space", "config", "batch_size"?}`` mappings instead of sampling (without
+            ``batch_size`` every size of ``batch_sizes`` is planned). A config outside its space is stored
+            as a failed job with the reason.
+        workers: conversion processes (``capture_many``); 1 converts in this process.
+        chunk_size: jobs converted per ``capture_many`` call (and measured per round); the first round
+            takes an eighth of it (at least 8) so measuring starts early.
+        overlap: convert the next chunk while measuring this one (needs ``workers >= 2``).
+        pin_cpu: pin the measuring thread to this CPU (conversion processes to the others); ``None``: no pinning.
+        max_attempts: measurement attempts of a job before a process that keeps dying on it marks it failed.
+        cache: conversion cache for ``capture_many`` (``True``: the default cache).
+        measure_fn: the measurer (tests pass a fake); default :func:`dippm_nas.measure.measure`.
+        progress: show a progress bar.
+        stop_after: stop after measuring this many jobs in this run (``None``: all); the rest stays open.
+        isolate: measure each job in a fresh subprocess (:func:`dippm_nas.measure.measure_isolated`: a
+            hard time limit, crash isolation, an exact RSS delta; costs a Python + torch start-up per job).
+            The worker builds ``search_spaces.build_model(space, config)`` itself; ``measure_fn`` is not used.
+        retry_failed: measurement statuses (``"timeout"``, ``"oom"``, ``"error"``) whose failed jobs are
+            reopened and measured again (e.g. after raising the time cap); their old rows are replaced.
+
+    Returns:
+        A :class:`BuildReport`.
+
+    Raises:
+        DatasetError: invalid arguments; SearchSpaceError: unknown space; MeasurementError /
+            DeviceError: the measurer refused the device or settings (the job is left open).
+    """
+    import search_spaces as ss
+    from tqdm.auto import tqdm
+
+    t_start = time.perf_counter()
+    if dtype not in COMPUTE_DTYPES:
+        raise DatasetError(f"dtype must be one of {COMPUTE_DTYPES}, got {dtype!r}")
+    if not isinstance(device, str) or not (device == "cpu" or device.startswith("cuda")):
+        raise DatasetError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+    for name, v, lo in (("workers", workers, 1), ("chunk_size", chunk_size, 1), ("max_attempts", max_attempts, 1)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+            raise DatasetError(f"{name} must be an int >= {lo}, got {v!r}")
+    if pin_cpu is not None:
+        allowed = _affinity() or []
+        if pin_cpu not in allowed:
+            raise DatasetError(f"pin_cpu must be one of the CPUs this process may use {allowed}, got {pin_cpu!r}")
+    bad = sorted(set(retry_failed) - {"timeout", "oom", "error"})
+    if bad:
+        raise DatasetError(f"retry_failed takes the statuses 'timeout', 'oom', 'error', got {bad}")
+    settings = settings if settings is not None else DEFAULT_BUILD_SETTINGS
+    measure_fn = measure_fn if measure_fn is not None else _default_measure
+    if candidates is None and (not spaces or n < 1):
+        raise DatasetError(f"give spaces and n >= 1 (or explicit candidates); got spaces={list(spaces)!r}, n={n!r}")
+
+    store = DatasetStore(out)
+    try:
+        # ---------------------------------------------------------------- 1. plan
+        if candidates is not None:
+            explicit = _normalise_explicit(candidates, batch_sizes)
+            params: dict[str, Any] = {
+                "kind": "explicit", "dtype": dtype, "device": device,
+                "candidates": [[c.space, c.config, c.batch_size] for c in explicit],
+            }
+            plan: Plan | None = Plan(candidates=explicit, params=params)
+        else:
+            params = {"kind": "sampled", "spaces": list(spaces), "n": n, "batch_sizes": list(batch_sizes),
+                      "seed": seed, "mac_budget": mac_budget, "dtype": dtype, "device": device}
+            plan = None
+        key = plan_key(params)
+        job_ids = store.plan_job_ids(key)
+        resumed = job_ids is not None
+        plan_stats: dict[str, Any] = {}
+        if job_ids is None:
+            if plan is None:
+                logger.info("planning %d candidates over %s (seed %d, MAC budget %s)", n, list(spaces), seed,
+                            mac_budget)
+                t0 = time.perf_counter()
+                plan = plan_candidates(spaces, n, batch_sizes=batch_sizes, seed=seed, mac_budget=mac_budget,
+                                       workers=workers, extra={"dtype": dtype, "device": device},
+                                       progress=progress)
+                plan_stats = {"rejected_over_budget": plan.rejected_over_budget, "duplicates": plan.duplicates,
+                              "shortfall": plan.shortfall, "planning_s": time.perf_counter() - t0}
+            stored_params = {**plan.params, **({"stats": plan_stats} if plan_stats else {})}
+            job_ids = store.save_plan(key, stored_params, [
+                {"space": c.space, "config": c.config, "batch_size": c.batch_size, "dtype": dtype,
+                 "device": device, "status": c.status, "reason": c.reason, "macs_per_sample": c.macs_per_sample}
+                for c in plan.candidates
+            ])
+            logger.info("plan %s stored: %d jobs", key[:12], len(job_ids))
+        else:
+            logger.info("resuming plan %s: %d jobs", key[:12], len(job_ids))
+        report = BuildReport(path=str(store.path), plan_key=key, planned=len(job_ids), resumed=resumed,
+                             plan_stats=plan_stats)
+
+        reopened = store.reopen_failed(job_ids, list(retry_failed))
+        if reopened:
+            logger.info("reopened %d failed jobs (%s) to measure again", reopened, ", ".join(retry_failed))
+
+        # ------------------------------------------------- jobs a dead process left running
+        open_jobs = store.jobs(job_ids, status=_OPEN)
+        for job in [j for j in open_jobs if j.status == "running" and j.attempts >= max_attempts]:
+            store.finish_job(job, _failed_row(
+                f"the build process died while measuring this job in each of its {job.attempts} attempts "
+                "(a crash, the kernel's OOM killer, or a kill); not retried"))
+            report.failed_now += 1
+        open_jobs = store.jobs(job_ids, status=_OPEN)
+
+        # ------------------------------------------------- 2 + 3. convert and measure, chunk by chunk
+        base_affinity = _affinity()
+        measure_cpus = {pin_cpu} if pin_cpu is not None else None
+        convert_cpus = (set(base_affinity or []) - {pin_cpu}) or None if pin_cpu is not None else None
+        use_overlap = overlap and workers >= 2
+        static_env = {
+            "builder": f"dippm_nas.dataset.build_dataset (dippm-nas {__version__})",
+            "plan_key": key, "pinned_cpu": pin_cpu, "cpu_count": os.cpu_count(),
+            "conversion_overlapped": use_overlap, "conversion_workers": workers, "isolated_worker": isolate,
+        }
+
+        def convert(chunk: list[Job]) -> tuple[int, int]:
+            todo = [j for j in chunk if j.status == "pending"]
+            if not todo:
+                return 0, 0
+            if convert_cpus:
+                _set_affinity(convert_cpus)  # this thread; the spawned workers inherit it
+            items, ready = [], []
+            failed = 0
+            for j in todo:
+                try:
+                    spec = ss.get_space(j.space).input_spec(j.config, batch_size=j.batch_size, dtype=j.dtype)
+                except SearchSpaceError as e:
+                    store.finish_job(j, _failed_row(f"config rejected: {e}"))
+                    failed += 1
+                    continue
+                items.append((functools.partial(ss.build_model, j.space, j.config), spec))
+                ready.append(j)
+            results = capture_many(items, workers=workers, cache=cache, progress=progress and not use_overlap)
+            converted = []
+            for j, r in zip(ready, results):
+                if r.graph is not None:
+                    converted.append((j, r.graph))
+                else:
+                    store.finish_job(j, _failed_row(f"capture failed: {r.error}"))
+                    failed += 1
+            store.mark_converted(converted)
+            return len(converted), failed
+
+        to_measure = len(open_jobs) if stop_after is None else min(stop_after, len(open_jobs))
+        bar = tqdm(total=to_measure, desc="measuring", unit="model", disable=not progress, mininterval=2.0)
+        chunks = list(_chunked(open_jobs, chunk_size)) if open_jobs else []
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dippm-convert") if use_overlap else None
+        measured_here = 0
+        try:
+            if measure_cpus:
+                _set_affinity(measure_cpus)
+            pending_conv: Future | None = None
+            if chunks and pool is not None:
+                pending_conv = pool.submit(convert, chunks[0])
+            for ci, chunk in enumerate(chunks):
+                if stop_after is not None and measured_here >= stop_after and ci > 0:
+                    break
+                if pool is not None:
+                    assert pending_conv is not None
+                    conv_ok, conv_failed = pending_conv.result()
+                    pending_conv = pool.submit(convert, chunks[ci + 1]) if ci + 1 < len(chunks) else None
+                else:
+                    conv_ok, conv_failed = convert(chunk)
+                report.failed_now += conv_failed
+                for job in store.jobs([j.id for j in chunk], status=("converted", "running")):
+                    if stop_after is not None and measured_here >= stop_after:
+                        break
+                    ok = _measure_job(store, job, device, settings, measure_fn, static_env, isolate)
+                    measured_here += 1
+                    if ok:
+                        report.measured_now += 1
+                    else:
+                        report.failed_now += 1
+                    bar.update(1)
+                    bar.set_postfix(ok=report.measured_now, failed=report.failed_now, refresh=False)
+                gc.collect()
+            if pending_conv is not None:
+                pending_conv.result()
+        finally:
+            bar.close()
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
+            if measure_cpus and base_affinity:
+                _set_affinity(set(base_affinity))
+        final = store.jobs(job_ids)
+        report.done = sum(j.status == "done" for j in final)
+        report.failed = sum(j.status == "failed" for j in final)
+        report.open = sum(j.status in _OPEN for j in final)
+        report.seconds = time.perf_counter() - t_start
+        logger.info("build %s: %d done, %d failed, %d open (this run: %d measured, %d failed, %.0f s)",
+                    key[:12], report.done, report.failed, report.open, report.measured_now, report.failed_now,
+                    report.seconds)
+        store.set_meta(f"build:{key}", {"params": params, "last_run": {
+            "done": report.done, "failed": report.failed, "open": report.open, "seconds": report.seconds,
+            "settings": settings.to_dict()}})
+        return report
+    finally:
+        store.close()
+
+
+#: The builder an isolated measurement worker calls with ``{"name": space, "config": config}``.
+ISOLATED_BUILDER = "search_spaces:build_model"
+
+
+def _measure_job(store: DatasetStore, job: Job, device: str, settings: MeasureSettings, measure_fn: MeasureFn,
+                 static_env: Mapping[str, Any], isolate: bool = False) -> bool:
+    """Build, measure and store one job; returns whether it ended ``done``."""
+    import search_spaces as ss
+
+    attempt = store.start_attempt(job)
+    env: dict[str, Any] = {**static_env, "attempt": attempt}
+    model: Any = None
+    try:
+        spec = ss.get_space(job.space).input_spec(job.config, batch_size=job.batch_size, dtype=job.dtype)
+        if not isolate:
+            model = ss.build_model(job.space, job.config)
+    except Exception as e:  # noqa: BLE001 - the candidate's builder failing is a row, not a crash
+        store.finish_job(job, _failed_row(f"build failed: {type(e).__name__}: {e}", env))
+        return False
+    env["loadavg_before"] = list(os.getloadavg())
+    env["cpu_affinity"] = _affinity()
+    try:
+        if isolate:
+            from dippm_nas.measure import measure_isolated
+
+            try:
+                m = measure_isolated(ISOLATED_BUILDER, spec, device, settings,
+                                     model_kwargs={"name": job.space, "config": job.config})
+            except SearchSpaceError as e:  # the worker's build_model failed: the candidate's fault
+                store.finish_job(job, _failed_row(f"build failed (in the isolated worker): {e}", env))
+                return False
+        else:
+            m = measure_fn(model, spec, device, settings)
+    except (MeasurementError, DeviceError):
+        store.undo_attempt(job)  # a usage error (device, settings): the job is not at fault
+        raise
+    env["loadavg_after"] = list(os.getloadavg())
+    del model
+    if not isinstance(m, Measurement):
+        raise DatasetError(f"measure_fn must return a Measurement, got {type(m).__name__}")
+    environment = {**m.environment, **env}
+    json.dumps(environment)  # fail here, not in the store, if a measurer put something odd in it
+    store.finish_job(job, measurement_row(m, environment))
+    return m.ok
