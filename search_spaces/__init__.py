@@ -74,6 +74,7 @@ from __future__ import annotations
 
 # Importing the family modules registers them.
 from search_spaces import _bert, _convnext, _densenet, _mbconv, _mlp, _mobilenetv3, _resnet, _vit  # noqa: F401
+from search_spaces import _demo_cnn  # noqa: F401
 from search_spaces._mbconv import (
     ACCEL_NASBENCH_COLUMNS,
     MBCONV_STAGES,

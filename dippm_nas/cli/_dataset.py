@@ -208,7 +208,7 @@ def _markdown(st: dict[str, Any]) -> str:
         col = [sum(cells.get((s, b), 0) for s in spaces) for b in batches]
         out.append("| **total** | " + " | ".join(str(v) for v in col) + f" | **{sum(col)}** |")
         out.append("")
-    failed = [r for r in st["failed_by_reason"]]
+    failed = st["failed_by_reason"]
     if failed:
         out.append("| failed rows: source | status | family | rows |")
         out.append("|---|---|---|---:|")

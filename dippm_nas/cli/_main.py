@@ -19,6 +19,8 @@ _VERBS: tuple[str, ...] = (
     "_train",
     "_evaluate",
     "_predict",
+    "_demo",
+    "_validate_worker",
 )
 
 

@@ -41,10 +41,6 @@ __all__ = ["Candidate", "Plan", "plan_candidates", "macs_per_sample", "plan_key"
 
 logger = logging.getLogger(__name__)
 
-#: Attempts evaluated per block (per space) before checking whether the target is reached.
-_BLOCK = 32
-
-
 @dataclass(frozen=True)
 class Candidate:
     """One planned measurement: a config of ``space`` at ``batch_size``.
@@ -210,7 +206,7 @@ def plan_candidates(
                 missing = want[s] - len(chosen[s])
                 # size the block by the acceptance seen so far (80 % assumed before any attempt)
                 acc = len(chosen[s]) / next_j[s] if next_j[s] else 0.8
-                block = max(_BLOCK, math.ceil(missing / max(acc, 0.05) * 1.05))
+                block = max(2 * workers, math.ceil(missing / max(acc, 0.05) * 1.05))
                 limit = max_attempts_per_candidate * want[s]
                 tasks += [(seed, s, j, tuple(batch_sizes), mac_budget)
                           for j in range(next_j[s], min(next_j[s] + block, limit))]

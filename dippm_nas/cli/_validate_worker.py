@@ -1,0 +1,87 @@
+"""``dippm-nas validate-worker``: drain the validation queue of one device on the machine that has it."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import threading
+from typing import Any
+
+__all__ = ["register"]
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "validate-worker",
+        help="measure queued Pareto candidates of a device (run it on the machine that has the device)",
+        description="Claim validation jobs of DEVICE from the SQL job table in STORAGE (the Optuna storage URL "
+                    "the study uses), rebuild each model from its search-space name and JSON config, measure it "
+                    "and record predicted vs measured. A job whose worker dies is re-queued when its lease "
+                    "expires; out-of-memory is recorded as 'does not fit'. Ctrl-C stops after the current job.",
+    )
+    p.add_argument("--storage", required=True, metavar="URL",
+                   help="SQLAlchemy URL of the queue, e.g. sqlite:///study.db or postgresql+psycopg2://user:pw@host/db")
+    p.add_argument("--device", required=True, metavar="D",
+                   help="catalogue id to measure (dippm-nas devices), e.g. host-cpu or a100-sxm4-40gb")
+    p.add_argument("--cuda-device", default=None, metavar="cuda:N",
+                   help="measure on this CUDA device instead of the first one whose name matches D")
+    p.add_argument("--study", default=None, help="only jobs of this study")
+    p.add_argument("--max-jobs", type=int, default=None, help="stop after this many jobs")
+    p.add_argument("--idle-exit", type=float, default=None, metavar="S",
+                   help="stop when the queue stayed empty this many seconds (default: wait forever)")
+    p.add_argument("--poll", type=float, default=5.0, metavar="S", help="seconds between polls of an empty queue")
+    p.add_argument("--lease", type=float, default=600.0, metavar="S",
+                   help="lease of a claimed job, seconds (extended while measuring); default 600")
+    p.add_argument("--max-attempts", type=int, default=3, help="claims of a job before it is marked failed")
+    p.add_argument("--isolate", action="store_true",
+                   help="measure each job in a fresh subprocess (hard time limit, crash isolation)")
+    p.add_argument("--warmup", type=int, default=10, help="untimed forwards before timing (default 10)")
+    p.add_argument("--min-repeats", type=int, default=10, help="timed forwards at least (default 10)")
+    p.add_argument("--max-repeats", type=int, default=1000, help="timed forwards at most (default 1000)")
+    p.add_argument("--time-cap", type=float, default=30.0, metavar="S",
+                   help="time budget of one measurement, seconds (default 30)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads during measurement (default: torch's)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from dippm_nas.measure import MeasureSettings
+    from dippm_nas.validation import JobQueue, ValidationWorker
+
+    settings = MeasureSettings(warmup=args.warmup, min_repeats=args.min_repeats, max_repeats=args.max_repeats,
+                               time_cap_s=args.time_cap, threads=args.threads)
+    queue = JobQueue(args.storage, lease_s=args.lease, max_attempts=args.max_attempts)
+    worker = ValidationWorker(queue, args.device, settings=settings, cuda_device=args.cuda_device,
+                              isolate=args.isolate)
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        print(f"validate-worker: signal {signum}: stopping after the current job", flush=True)
+        stop.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    print(f"validate-worker {worker.owner}: device {worker.device} on {worker.torch_device}, queue {queue.url}",
+          flush=True)
+
+    def on_job(job: Any, outcome: str) -> None:
+        row = queue.get(job.id)
+        detail = ""
+        if row.result is not None:
+            m = row.result
+            lat = m.get("latency_ms")
+            pred = job.predicted.get("latency_ms")
+            detail = (f" status={m.get('status')} measured={lat if lat is None else f'{lat:.3f}'} ms "
+                      f"predicted={pred if pred is None else f'{pred:.3f}'} ms")
+            if m.get("status") == "oom":
+                detail += " (does not fit)"
+        elif row.error:
+            detail = f" error: {row.error}"
+        print(f"job {job.id} study={job.study} trial={job.trial_number} attempt={job.attempts}: {outcome}{detail}",
+              flush=True)
+
+    n = worker.run(max_jobs=args.max_jobs, idle_timeout_s=args.idle_exit, poll_s=args.poll, study=args.study,
+                   stop=stop, on_job=on_job)
+    print(f"validate-worker: {n} job(s) handled", flush=True)
+    queue.close()
+    return 0

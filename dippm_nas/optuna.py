@@ -1,0 +1,773 @@
+"""Optuna integration: predicted hardware objectives and constraints inside an objective function.
+
+>>> import optuna
+>>> from dippm_nas.optuna import Budgets, HardwareCostModel
+>>> cost = HardwareCostModel(device="a100-sxm4-40gb", budgets=Budgets(latency_ms=5.0, mig_profile="1g.5gb"))
+>>> study = cost.create_study(leading={"accuracy": "maximize"})        # doctest: +SKIP
+>>> def objective(trial):                                               # doctest: +SKIP
+...     model = build(trial)                       # any nn.Module (or an OperatorGraph)
+...     latency_ms, energy_j = cost.evaluate(trial, model, spec)
+...     return train(model), latency_ms, energy_j
+>>> study.optimize(objective, n_trials=100)                             # doctest: +SKIP
+
+To keep the cost model off the search's critical path, let it work while the model trains
+(``background_workers`` conversion processes; see :meth:`HardwareCostModel.submit`)::
+
+    cost = HardwareCostModel(budgets=..., background_workers=1)
+    def objective(trial):
+        model = build(trial)
+        pending = cost.submit(trial, model, spec)
+        return (train(model), *pending.result())
+
+For batches of asked trials, :meth:`HardwareCostModel.evaluate_many` converts and predicts ``k`` at once.
+
+Objective values
+    :meth:`HardwareCostModel.evaluate` returns the predicted figures named by ``objectives``, in that
+    order (default ``("latency_ms", "energy_j")``: milliseconds per batch, joules per batch), all to be
+    minimised. Put them after your own objectives: the study's directions are then
+    ``[*your_directions, *cost.directions]`` and its metric names ``[*your_names, *cost.objectives]``;
+    :meth:`HardwareCostModel.create_study` sets both (with ``study.set_metric_names``).
+
+Constraints (Optuna's convention: a value ``<= 0`` is feasible)
+    - ``latency_ms``: predicted latency minus ``budgets.latency_ms``;
+    - ``energy_j``: predicted energy minus ``budgets.energy_j``;
+    - ``memory_mib``: predicted memory plus ``k_sigma`` standard deviations (when the prediction has
+      one) minus the usable memory of the MIG profile ``budgets.mig_profile`` (the MIG advisor's rule,
+      :mod:`dippm_nas.mig`).
+
+    Only the budgets you set become constraints, always in that order (:attr:`constraint_names`). On
+    Optuna >= 5 :meth:`~HardwareCostModel.evaluate` registers them with ``trial.set_constraint``; on
+    Optuna 4.x pass ``constraints_func=cost.constraints_func`` to the sampler (TPE, NSGA-II, NSGA-III,
+    GP). An infeasible candidate is reported as a violation and never pruned: pruning it would hide it
+    from the sampler, which then drifts toward small networks.
+
+User attributes set on every evaluated trial (units in the keys)
+    ``predicted_latency_ms``, ``predicted_latency_ms_std``, ``latency_source``, ``predicted_energy_j``,
+    ``predicted_energy_j_std``, ``energy_source``, ``predicted_memory_mib``, ``predicted_memory_mib_std``,
+    ``memory_source`` (sources: ``"predicted"``, ``"analytic"``, ``"calibrated"``, ``"unavailable"``;
+    a std is ``None`` when the source gives none), ``predicted_device``, ``mig_smallest_fit`` (``None``
+    when nothing fits or the device has no MIG), ``constraint_latency_ms`` / ``constraint_energy_j`` /
+    ``constraint_memory_mib`` (only for the budgets set), ``feasible``, ``cost_model_s`` (seconds of
+    conversion and prediction for this trial, before these attributes are written; with
+    :meth:`~HardwareCostModel.submit` and background workers that work overlaps the objective, and
+    :attr:`~HardwareCostModel.seconds` counts only the caller's waits), ``input_spec`` (:meth:`InputSpec.to_dict`), and, for models built
+    by :func:`search_spaces.build_model`, ``search_space`` and ``search_space_config`` (what
+    :class:`~dippm_nas.validation.ParetoValidator` rebuilds a model from; no code or pickle is stored).
+    ``unknown_ops`` is added when operators had no formula.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+import time
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import optuna
+
+from dippm_nas.errors import DippmNasError
+from dippm_nas.graph._graph import OperatorGraph
+from dippm_nas.prediction import Prediction
+from dippm_nas.predictor import DEFAULT_DEVICE, predict, predict_many
+from dippm_nas.spec import InputSpec
+
+__all__ = [
+    "Budgets",
+    "HardwareCostModel",
+    "PendingEvaluation",
+    "OBJECTIVES",
+    "CONSTRAINT_API",
+    "optuna_has_set_constraint",
+    "rdb_storage",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Figures :class:`HardwareCostModel` can return as objectives (all minimised), with their units.
+OBJECTIVES: dict[str, str] = {"latency_ms": "ms per batch", "energy_j": "J per batch", "memory_mib": "MiB"}
+#: How constraints reach the sampler: ``"auto"`` (``trial.set_constraint`` when the trial has it),
+#: ``"set_constraint"`` (Optuna >= 5), ``"constraints_func"`` (Optuna 4.x: the sampler's argument).
+CONSTRAINT_API: tuple[str, ...] = ("auto", "set_constraint", "constraints_func")
+
+_warned: set[str] = set()
+_warned_lock = threading.Lock()
+
+
+def _warn_once(tag: str, msg: str, *args: Any) -> None:
+    with _warned_lock:
+        if tag in _warned:
+            return
+        _warned.add(tag)
+    logger.warning(msg, *args)
+    warnings.warn(msg % args if args else msg, RuntimeWarning, stacklevel=3)
+
+
+def optuna_has_set_constraint() -> bool:
+    """Whether the installed Optuna has ``Trial.set_constraint`` (Optuna >= 5)."""
+    return hasattr(optuna.trial.Trial, "set_constraint")
+
+
+def rdb_storage(url: str, **engine_kwargs: Any) -> optuna.storages.RDBStorage:
+    """An Optuna RDB storage; for SQLite, set up for many writes from several processes.
+
+    Every user attribute and constraint the cost model records is a database write. Optuna's default
+    SQLite set-up (rollback journal, a sync to disk per commit, 5 s lock timeout) makes each one cost
+    5-30 ms and lets concurrent processes fail with "database is locked". For a SQLite URL each
+    connection here gets the conversion cache's settings instead: a 30 s busy timeout, the WAL journal
+    (readers never block the writer) and ``synchronous=NORMAL`` (no sync per commit; a power cut may
+    lose the last commits, never corrupt the file). Measured on a loaded 2-core machine: 17.7 ms per
+    user attribute with Optuna's default, 1.7 ms with these. WAL needs a local file system. Other URLs
+    (PostgreSQL...) get ``pool_pre_ping``.
+
+    Args:
+        url: a SQLAlchemy URL, e.g. ``sqlite:///study.db`` or ``postgresql+psycopg2://user:pw@host/db``.
+        **engine_kwargs: passed to ``sqlalchemy.create_engine`` through ``RDBStorage(engine_kwargs=...)``.
+
+    Returns:
+        An ``optuna.storages.RDBStorage`` to pass as ``storage=``.
+    """
+    from sqlalchemy import event
+    from sqlalchemy.engine import make_url
+
+    is_sqlite = make_url(url).get_backend_name() == "sqlite"
+    if not is_sqlite:
+        engine_kwargs.setdefault("pool_pre_ping", True)
+    storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs or None)
+    if is_sqlite:
+        from dippm_nas.cache._store import _sqlite_on_connect
+
+        event.listen(storage.engine, "connect", _sqlite_on_connect)
+        storage.engine.dispose()  # connections opened while Optuna created its tables get the settings too
+    return storage
+
+
+def _finite_budget(name: str, value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise DippmNasError(f"budget {name} must be a finite number > 0 or None, got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class Budgets:
+    """Hardware budgets a candidate must meet; ``None`` means no constraint on that figure.
+
+    Attributes:
+        latency_ms: most predicted latency of one batch, ms.
+        energy_j: most predicted energy of one batch, J.
+        mig_profile: a MIG profile of the device, e.g. ``"1g.5gb"``; the candidate's predicted memory
+            (plus ``k_sigma`` standard deviations) must fit its usable memory.
+    """
+
+    latency_ms: float | None = None
+    energy_j: float | None = None
+    mig_profile: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "latency_ms", _finite_budget("latency_ms", self.latency_ms))
+        object.__setattr__(self, "energy_j", _finite_budget("energy_j", self.energy_j))
+        if self.mig_profile is not None and (not isinstance(self.mig_profile, str) or not self.mig_profile):
+            raise DippmNasError(f"budget mig_profile must be a profile name like '1g.5gb' or None, "
+                                f"got {self.mig_profile!r}")
+
+    @classmethod
+    def from_mapping(cls, d: Mapping[str, Any]) -> "Budgets":
+        """``Budgets(**d)`` with a clear error for unknown keys."""
+        valid = ("latency_ms", "energy_j", "mig_profile")
+        unknown = sorted(set(d) - set(valid))
+        if unknown:
+            raise DippmNasError(f"unknown budget keys {unknown}; valid keys are {list(valid)}")
+        return cls(**dict(d))
+
+
+def _jsonable(value: Any, what: str) -> Any:
+    """``json.loads(json.dumps(value))``; a value that is not plain JSON data is an error."""
+    try:
+        return json.loads(json.dumps(value, allow_nan=False))
+    except (TypeError, ValueError) as e:
+        raise DippmNasError(f"{what} must be plain JSON data (dicts, lists, str, numbers, bools), got {value!r}: "
+                            f"{e}") from e
+
+
+class HardwareCostModel:
+    """Predicted latency, energy and memory of each candidate, as Optuna objectives and constraints.
+
+    Args:
+        device: catalogue id of the target device (``dippm-nas devices`` lists them); default
+            ``"a100-sxm4-40gb"``.
+        budgets: a :class:`Budgets` (or a mapping with its keys); each budget set becomes a constraint.
+        objectives: predicted figures returned by :meth:`evaluate`, in order; any of :data:`OBJECTIVES`.
+            Default ``("latency_ms", "energy_j")``. ``()`` returns nothing (constraints only).
+        k_sigma: memory standard deviations added before checking the MIG profile (as in
+            :func:`dippm_nas.mig.advise`); used only when a prediction has a memory std. Default 2.
+        cache: the conversion cache, as in :func:`dippm_nas.capture` (``True``: the default cache,
+            shared by every process on the same cache URL).
+        constraint_api: one of :data:`CONSTRAINT_API`; default ``"auto"``.
+        background_workers: processes that convert candidates submitted with :meth:`submit` while the
+            objective trains them (``0``: :meth:`submit` converts at once, in this process). Models of
+            :mod:`search_spaces` travel as their space name and JSON config and are rebuilt in the
+            worker; other models are pickled to it (a local child process, never stored).
+
+    Raises:
+        DeviceError: unknown device (the catalogue is listed).
+        DippmNasError: an unknown objective, a MIG budget on a device without MIG or with an unknown
+            profile (the profiles are listed), or energy asked of a device without power figures.
+    """
+
+    def __init__(
+        self,
+        device: str = DEFAULT_DEVICE,
+        budgets: Budgets | Mapping[str, Any] | None = None,
+        *,
+        objectives: Sequence[str] = ("latency_ms", "energy_j"),
+        k_sigma: float = 2.0,
+        cache: Any = True,
+        constraint_api: Literal["auto", "set_constraint", "constraints_func"] = "auto",
+        background_workers: int = 0,
+    ) -> None:
+        from dippm_nas.devices import resolve_device
+
+        dev = resolve_device(device)
+        self.device: str = dev.id
+        if budgets is None:
+            budgets = Budgets()
+        elif isinstance(budgets, Mapping):
+            budgets = Budgets.from_mapping(budgets)
+        elif not isinstance(budgets, Budgets):
+            raise DippmNasError(f"budgets must be a Budgets, a mapping or None, got {type(budgets).__name__}")
+        self.budgets: Budgets = budgets
+        if isinstance(objectives, str):
+            raise DippmNasError(f"objectives must be a sequence of names, got the string {objectives!r}")
+        objectives = tuple(objectives)
+        bad = [o for o in objectives if o not in OBJECTIVES]
+        if bad or len(set(objectives)) != len(objectives):
+            raise DippmNasError(f"objectives must be distinct names from {list(OBJECTIVES)}, got {list(objectives)}")
+        self.objectives: tuple[str, ...] = objectives
+        if isinstance(k_sigma, bool) or not isinstance(k_sigma, (int, float)) or not math.isfinite(k_sigma) \
+                or k_sigma < 0:
+            raise DippmNasError(f"k_sigma must be a finite number >= 0, got {k_sigma!r}")
+        self.k_sigma = float(k_sigma)
+        if constraint_api not in CONSTRAINT_API:
+            raise DippmNasError(f"constraint_api must be one of {CONSTRAINT_API}, got {constraint_api!r}")
+        if constraint_api == "set_constraint" and not optuna_has_set_constraint():
+            raise DippmNasError(
+                f"constraint_api='set_constraint' needs Optuna >= 5 (installed: {optuna.__version__}); use "
+                "'constraints_func' and pass constraints_func=cost.constraints_func to the sampler"
+            )
+        self.constraint_api = constraint_api
+        self.cache = cache
+        if isinstance(background_workers, bool) or not isinstance(background_workers, int) or background_workers < 0:
+            raise DippmNasError(f"background_workers must be an int >= 0, got {background_workers!r}")
+        self.background_workers = background_workers
+        self._pool: Any = None
+        self._finisher: Any = None
+
+        wants_energy = "energy_j" in objectives or budgets.energy_j is not None
+        if wants_energy and dev.board_power_w is None:
+            raise DippmNasError(
+                f"device {dev.id!r} has no power figures, so its energy cannot be predicted; drop 'energy_j' "
+                "from objectives and budgets, or choose a device with board_power_w (dippm-nas devices)"
+            )
+        self._mig_limit_mib: float | None = None
+        if budgets.mig_profile is not None:
+            if not dev.has_mig:
+                raise DippmNasError(f"budget mig_profile={budgets.mig_profile!r} needs a device with MIG; "
+                                    f"{dev.id!r} has none")
+            names = [p.name for p in dev.mig_profiles]
+            if budgets.mig_profile not in names:
+                raise DippmNasError(f"unknown MIG profile {budgets.mig_profile!r} of {dev.id!r}; choices: {names}")
+            self._mig_limit_mib = next(p for p in dev.mig_profiles if p.name == budgets.mig_profile).usable_memory_mib
+
+        names = []
+        if budgets.latency_ms is not None:
+            names.append("latency_ms")
+        if budgets.energy_j is not None:
+            names.append("energy_j")
+        if budgets.mig_profile is not None:
+            names.append("memory_mib")
+        #: Names of the constraints, in the order :meth:`constraints_func` returns them.
+        self.constraint_names: tuple[str, ...] = tuple(names)
+        self._lock = threading.Lock()
+        self._seconds = 0.0
+        self._evaluations = 0
+
+    # ------------------------------------------------------------------ study set-up
+    @property
+    def directions(self) -> list[str]:
+        """Optuna directions of :attr:`objectives` (all ``"minimize"``)."""
+        return ["minimize"] * len(self.objectives)
+
+    @property
+    def mig_limit_mib(self) -> float | None:
+        """Usable memory of the budget's MIG profile, MiB (``None`` without a MIG budget)."""
+        return self._mig_limit_mib
+
+    def metric_names(self, leading: Sequence[str] = ("accuracy",)) -> list[str]:
+        """``[*leading, *objectives]``: the names of a study's objectives, yours first."""
+        return [*leading, *self.objectives]
+
+    def set_metric_names(self, study: optuna.Study, leading: Sequence[str] = ("accuracy",)) -> None:
+        """Name the study's objectives ``[*leading, *objectives]`` with ``study.set_metric_names``.
+
+        Raises:
+            DippmNasError: the study does not have ``len(leading) + len(objectives)`` objectives.
+        """
+        names = self.metric_names(leading)
+        if len(study.directions) != len(names):
+            raise DippmNasError(
+                f"the study has {len(study.directions)} objectives but the names are {names} "
+                f"({len(leading)} leading + {len(self.objectives)} from the cost model)"
+            )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names(names)
+
+    def create_study(self, leading: Mapping[str, str] | None = None, **kwargs: Any) -> optuna.Study:
+        """``optuna.create_study`` with directions ``[*leading.values(), *directions]`` and metric names set.
+
+        Args:
+            leading: your objectives before the cost model's, ``{name: "maximize" | "minimize"}``;
+                default ``{"accuracy": "maximize"}``. ``{}`` makes a study of the hardware objectives only.
+            **kwargs: passed to ``optuna.create_study`` (``storage``, ``sampler``, ``study_name``,
+                ``load_if_exists``...); not ``direction``/``directions``.
+        """
+        if "direction" in kwargs or "directions" in kwargs:
+            raise DippmNasError("create_study() sets the directions itself; pass leading={name: direction} instead")
+        leading = {"accuracy": "maximize"} if leading is None else dict(leading)
+        bad = {k: v for k, v in leading.items() if v not in ("maximize", "minimize")}
+        if bad:
+            raise DippmNasError(f"leading directions must be 'maximize' or 'minimize', got {bad}")
+        directions = [*leading.values(), *self.directions]
+        if not directions:
+            raise DippmNasError("a study needs at least one objective: give leading objectives or cost objectives")
+        study = optuna.create_study(directions=directions, **kwargs)
+        self.set_metric_names(study, list(leading))
+        return study
+
+    # ------------------------------------------------------------------ constraints
+    def constraints(self, prediction: Prediction) -> dict[str, float]:
+        """Constraint values of one prediction, ``{name: value}`` in :attr:`constraint_names` order (<= 0 feasible).
+
+        Raises:
+            DippmNasError: the prediction is for another device, or a budgeted figure is missing.
+        """
+        if prediction.device != self.device:
+            raise DippmNasError(f"the prediction is for {prediction.device!r}, this cost model for {self.device!r}")
+        out: dict[str, float] = {}
+        b = self.budgets
+        if b.latency_ms is not None:
+            out["latency_ms"] = float(prediction.latency_ms) - b.latency_ms
+        if b.energy_j is not None:
+            if prediction.energy_j is None:
+                raise DippmNasError(f"an energy budget needs an energy prediction; {self.device!r} gave none "
+                                    f"(energy_source={prediction.energy_source!r})")
+            out["energy_j"] = float(prediction.energy_j) - b.energy_j
+        if self._mig_limit_mib is not None:
+            std = prediction.memory_mib_std
+            need = float(prediction.memory_mib) + (self.k_sigma * std if std is not None else 0.0)
+            out["memory_mib"] = need - self._mig_limit_mib
+        return out
+
+    def constraints_func(self, trial: optuna.trial.FrozenTrial) -> list[float]:
+        """For Optuna 4.x samplers (``TPESampler(constraints_func=cost.constraints_func)``).
+
+        Reads the ``constraint_*`` user attributes :meth:`evaluate` wrote. A trial that finished
+        without them (its objective never called :meth:`evaluate`) is reported infeasible
+        (``+inf`` for every constraint), with a warning once: its hardware cost is unknown.
+        """
+        attrs = trial.user_attrs
+        keys = [f"constraint_{n}" for n in self.constraint_names]
+        if not all(k in attrs for k in keys):
+            _warn_once(
+                "constraints-missing",
+                "trial %d finished without the cost model's constraint attributes (did the objective call "
+                "HardwareCostModel.evaluate?); reporting it infeasible (+inf) to the sampler", trial.number,
+            )
+            return [math.inf] * len(keys)
+        return [float(attrs[k]) for k in keys]
+
+    def _use_set_constraint(self, trial: Any) -> bool:
+        if self.constraint_api == "constraints_func":
+            return False
+        if self.constraint_api == "set_constraint":
+            return True
+        return hasattr(trial, "set_constraint")
+
+    def _check_4x_sampler(self, trial: Any) -> None:
+        """On the constraints_func path, warn once when the study's sampler was not given it."""
+        if not self.constraint_names:
+            return
+        study = getattr(trial, "study", None)
+        sampler = getattr(study, "sampler", None)
+        if sampler is None:
+            return
+        func = getattr(sampler, "_constraints_func", None)
+        if func is None and hasattr(sampler, "_constraints_func"):
+            _warn_once(
+                "no-constraints-func",
+                "the cost model's constraints (%s) reach %s only through constraints_func on Optuna %s: create "
+                "it with constraints_func=cost.constraints_func", ", ".join(self.constraint_names),
+                type(sampler).__name__, optuna.__version__,
+            )
+
+    # ------------------------------------------------------------------ evaluation
+    def _record(self, trial: Any, pred: Prediction, spec: InputSpec, space: str | None, config: Any,
+                seconds: float) -> tuple[float, ...]:
+        cons = self.constraints(pred)
+        values = []
+        for o in self.objectives:
+            v = getattr(pred, o)
+            if v is None:
+                raise DippmNasError(f"objective {o!r} has no prediction on {self.device!r} "
+                                    f"(source {getattr(pred, o.split('_')[0] + '_source')!r})")
+            values.append(float(v))
+        attrs: dict[str, Any] = {
+            "predicted_latency_ms": float(pred.latency_ms),
+            "predicted_latency_ms_std": pred.latency_ms_std,
+            "latency_source": pred.latency_source,
+            "predicted_energy_j": pred.energy_j,
+            "predicted_energy_j_std": pred.energy_j_std,
+            "energy_source": pred.energy_source,
+            "predicted_memory_mib": float(pred.memory_mib),
+            "predicted_memory_mib_std": pred.memory_mib_std,
+            "memory_source": pred.memory_source,
+            "predicted_device": pred.device,
+            "mig_smallest_fit": getattr(pred.mig, "smallest_fit", None),
+            "feasible": all(v <= 0 for v in cons.values()),
+            "cost_model_s": seconds,
+            "input_spec": spec.to_dict(),
+        }
+        for name, v in cons.items():
+            attrs[f"constraint_{name}"] = v
+        if pred.unknown_ops:
+            attrs["unknown_ops"] = dict(pred.unknown_ops)
+        if space is not None:
+            attrs["search_space"] = space
+            attrs["search_space_config"] = config
+        for k, v in attrs.items():
+            trial.set_user_attr(k, v)
+        if cons:
+            if self._use_set_constraint(trial):
+                for name, v in cons.items():
+                    trial.set_constraint(name, v)
+            else:
+                self._check_4x_sampler(trial)
+        return tuple(values)
+
+    @staticmethod
+    def _space_of(model: Any, space: str | None, config: Mapping[str, Any] | None) -> tuple[str | None, Any]:
+        if space is None and config is None:
+            space = getattr(model, "search_space", None)
+            config = getattr(model, "search_space_config", None)
+            if not isinstance(space, str) or config is None:
+                return None, None
+        if (space is None) != (config is None):
+            raise DippmNasError(f"give both space= and config= (a registered search space and its config), "
+                                f"got space={space!r}, config={config!r}")
+        return space, _jsonable(config, "config")
+
+    def _spec_of(self, model: Any, spec: InputSpec | None) -> InputSpec:
+        if isinstance(model, OperatorGraph):
+            return model.spec if spec is None else spec
+        if not isinstance(spec, InputSpec):
+            raise DippmNasError(f"spec must be a dippm_nas.InputSpec (required with a model), got {spec!r}")
+        return spec
+
+    def evaluate(self, trial: Any, model: Any, spec: InputSpec | None = None, *, space: str | None = None,
+                 config: Mapping[str, Any] | None = None) -> tuple[float, ...]:
+        """Predict one candidate, record it on the trial, register its constraints; return the objectives.
+
+        Args:
+            trial: the ``optuna.Trial`` being evaluated (also a ``FixedTrial`` or ``FrozenTrial``).
+            model: an ``nn.Module``, ONNX path, model SPEC string, or an :class:`OperatorGraph`.
+            spec: the input spec the figures are for (its batch size is the batch of "per batch").
+            space, config: the registered search space and JSON config the model was built from, recorded
+                so a validator can rebuild it; read from ``model.search_space`` /
+                ``model.search_space_config`` (set by :func:`search_spaces.build_model`) when omitted.
+
+        Returns:
+            The predicted figures named by :attr:`objectives`, in that order (floats).
+
+        Raises:
+            DippmNasError: the model could not be captured (the trial then fails; nothing is pruned),
+                or a figure asked for has no prediction. The error text is also recorded as the
+                ``cost_model_error`` user attribute.
+        """
+        t0 = time.perf_counter()
+        the_spec = self._spec_of(model, spec)
+        space_name, cfg = self._space_of(model, space, config)
+        try:
+            pred = predict(model, None if isinstance(model, OperatorGraph) else the_spec, self.device,
+                           cache=self.cache, mig=True, k_sigma=self.k_sigma)
+        except DippmNasError as e:
+            trial.set_user_attr("cost_model_error", f"{type(e).__name__}: {e}")
+            raise
+        values = self._record(trial, pred, the_spec, space_name, cfg, time.perf_counter() - t0)
+        seconds = time.perf_counter() - t0
+        with self._lock:
+            self._seconds += seconds
+            self._evaluations += 1
+        return values
+
+    def evaluate_many(
+        self,
+        trials: Sequence[Any],
+        candidates: Sequence[tuple[Any, InputSpec]],
+        *,
+        workers: int = 1,
+        progress: bool = False,
+    ) -> list[tuple[float, ...] | DippmNasError]:
+        """The ask/tell batch path: convert and predict ``k`` candidates in one go.
+
+        Conversion runs through :func:`dippm_nas.predict_many` (``workers`` processes, shared cache),
+        then one batched predictor pass. Each trial is recorded as :meth:`evaluate` would.
+
+        Example::
+
+            trials = [study.ask() for _ in range(k)]
+            models = [build(t) for t in trials]
+            results = cost.evaluate_many(trials, [(m, spec) for m in models])
+            for t, m, r in zip(trials, models, results):
+                if isinstance(r, Exception):
+                    study.tell(t, state=optuna.trial.TrialState.FAIL)
+                else:
+                    study.tell(t, (train(m), *r))
+
+        Args:
+            trials: the asked trials, one per candidate.
+            candidates: ``(model, spec)`` pairs (or ``(graph, None)``), in the order of ``trials``.
+            workers: conversion processes (``1`` converts here; more pay a process start-up per call).
+            progress: show a progress bar while converting.
+
+        Returns:
+            One entry per trial: the objective tuple, or the :class:`DippmNasError` that stopped that
+            candidate (recorded as ``cost_model_error``; the batch goes on).
+        """
+        if len(trials) != len(candidates):
+            raise DippmNasError(f"trials and candidates must pair up, got {len(trials)} trials and "
+                                f"{len(candidates)} candidates")
+        t0 = time.perf_counter()
+        items: list[Any] = []
+        specs: list[InputSpec] = []
+        spaces: list[tuple[str | None, Any]] = []
+        for model, spec in candidates:
+            s = self._spec_of(model, spec)
+            specs.append(s)
+            spaces.append(self._space_of(model, None, None))
+            items.append(model if isinstance(model, OperatorGraph) else (model, s))
+        preds = predict_many(items, self.device, workers=workers, cache=self.cache, mig=True,
+                             k_sigma=self.k_sigma, progress=progress)
+        share = (time.perf_counter() - t0) / max(len(trials), 1)
+        out: list[tuple[float, ...] | DippmNasError] = []
+        for trial, pred, spec, (space_name, cfg) in zip(trials, preds, specs, spaces):
+            if not isinstance(pred, Prediction):
+                trial.set_user_attr("cost_model_error", f"{type(pred).__name__}: {pred}")
+                out.append(pred)
+                continue
+            try:
+                out.append(self._record(trial, pred, spec, space_name, cfg, share))
+            except DippmNasError as e:
+                trial.set_user_attr("cost_model_error", f"{type(e).__name__}: {e}")
+                out.append(e)
+        with self._lock:
+            self._seconds += time.perf_counter() - t0
+            self._evaluations += len(trials)
+        return out
+
+    # ------------------------------------------------------------------ background conversion
+    def _worker_cache_url(self) -> str | None:
+        if self.cache is True:
+            from dippm_nas.cache import default_cache
+
+            return default_cache().url_with_credentials()
+        if self.cache is False or self.cache is None:
+            return None
+        return self.cache.url_with_credentials()
+
+    def _executors(self) -> tuple[Any, Any]:
+        """(conversion processes, finisher thread), started on first use."""
+        with self._lock:
+            if self._pool is None:
+                import multiprocessing as mp
+                from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+
+                self._pool = ProcessPoolExecutor(
+                    max_workers=self.background_workers, mp_context=mp.get_context("spawn"),
+                    initializer=_init_conversion_worker, initargs=(self._worker_cache_url(),))
+                self._finisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dippm-cost-model")
+            return self._pool, self._finisher
+
+    def submit(self, trial: Any, model: Any, spec: InputSpec | None = None, *, space: str | None = None,
+               config: Mapping[str, Any] | None = None) -> "PendingEvaluation":
+        """Start evaluating a candidate; :meth:`PendingEvaluation.result` finishes it (same effect as :meth:`evaluate`).
+
+        With ``background_workers > 0`` the whole evaluation overlaps the objective's own work: the
+        conversion (``torch.export`` + Relax, the bulk of the cost) runs in a worker process, then a
+        thread of this process predicts and writes the user attributes and constraints to the storage
+        (each write is a database round trip). :meth:`PendingEvaluation.result` waits for both::
+
+            pending = cost.submit(trial, model, spec)
+            accuracy = train(model)                      # meanwhile: conversion, prediction, records
+            return (accuracy, *pending.result())
+
+        Call ``result()`` before the objective returns, also when it fails (``try``/``finally``): Optuna
+        refuses attribute writes to a finished trial.
+        With ``background_workers=0`` the candidate is evaluated at once, in the caller's thread.
+
+        Args:
+            trial, model, spec, space, config: as for :meth:`evaluate`.
+        """
+        t0 = time.perf_counter()
+        if self.background_workers == 0 or isinstance(model, OperatorGraph):
+            try:
+                values = self.evaluate(trial, model, spec, space=space, config=config)
+                return PendingEvaluation(self, None, values, None)
+            except DippmNasError as e:
+                return PendingEvaluation(self, None, None, e)
+        the_spec = self._spec_of(model, spec)
+        space_name, cfg = self._space_of(model, space, config)
+        payload = ("space", space_name, cfg) if space_name is not None else ("module", model, None)
+        pool, finisher = self._executors()
+        conversion = pool.submit(_convert_in_worker, payload, the_spec.to_dict(), self.cache not in (False, None))
+        done = finisher.submit(self._finish_background, trial, model, the_spec, space_name, cfg, conversion)
+        with self._lock:
+            self._seconds += time.perf_counter() - t0
+        return PendingEvaluation(self, done, None, None)
+
+    def _finish_background(self, trial: Any, model: Any, spec: InputSpec, space: str | None, config: Any,
+                           conversion: Any) -> tuple[float, ...]:
+        """Finisher thread: wait for the conversion, predict, record on the trial."""
+        from concurrent.futures.process import BrokenProcessPool
+
+        t0 = time.perf_counter()
+        try:
+            text, etype, message, convert_s = conversion.result()
+        except BrokenProcessPool as e:
+            with self._lock:
+                self._pool = None  # the next submit starts new processes
+            err = DippmNasError(f"the background conversion process died while converting this model ({e})")
+            trial.set_user_attr("cost_model_error", f"{type(err).__name__}: {err}")
+            raise err from e
+        except Exception as e:  # noqa: BLE001 - e.g. an unpicklable model: convert here instead, same result
+            _warn_once("background-fallback", "background conversion failed (%s: %s); converting in this process "
+                       "instead", type(e).__name__, e)
+            return self.evaluate(trial, model, spec, space=space, config=config)
+        if text is None:
+            from dippm_nas import errors
+
+            cls = getattr(errors, etype or "", None)
+            cls = cls if isinstance(cls, type) and issubclass(cls, DippmNasError) else DippmNasError
+            err = cls(f"(in the background conversion process) {message}")
+            trial.set_user_attr("cost_model_error", f"{type(err).__name__}: {err}")
+            raise err
+        pred = predict(OperatorGraph.from_json(text), None, self.device, cache=False, mig=True, k_sigma=self.k_sigma)
+        values = self._record(trial, pred, spec, space, config, convert_s + (time.perf_counter() - t0))
+        with self._lock:
+            self._evaluations += 1
+        return values
+
+    def close(self) -> None:
+        """Stop the background conversion processes and thread (if any); idempotent."""
+        with self._lock:
+            pool, finisher = self._pool, getattr(self, "_finisher", None)
+            self._pool = self._finisher = None
+        if finisher is not None:
+            finisher.shutdown(wait=True)
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def __enter__(self) -> "HardwareCostModel":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ accounting
+    @property
+    def seconds(self) -> float:
+        """Seconds the caller spent waiting on this object: in :meth:`evaluate`, :meth:`evaluate_many`,
+        :meth:`submit` and :meth:`PendingEvaluation.result` (background work that overlaps the caller is not counted)."""
+        return self._seconds
+
+    @property
+    def evaluations(self) -> int:
+        """Candidates evaluated by this object."""
+        return self._evaluations
+
+    def __repr__(self) -> str:
+        return (f"HardwareCostModel(device={self.device!r}, objectives={self.objectives}, budgets={self.budgets}, "
+                f"k_sigma={self.k_sigma:g})")
+
+
+class PendingEvaluation:
+    """A candidate submitted with :meth:`HardwareCostModel.submit`; :meth:`result` finishes its evaluation."""
+
+    def __init__(self, cost: HardwareCostModel, future: Any, values: tuple[float, ...] | None,
+                 error: DippmNasError | None) -> None:
+        self._cost, self._future, self._values, self._error = cost, future, values, error
+
+    def done(self) -> bool:
+        """Whether :meth:`result` would return without waiting."""
+        return self._future is None or self._future.done()
+
+    def result(self, timeout: float | None = None) -> tuple[float, ...]:
+        """The objective values, once the prediction is recorded on the trial and its constraints registered.
+
+        Args:
+            timeout: seconds to wait (``None``: as long as it takes).
+
+        Raises:
+            DippmNasError: as :meth:`HardwareCostModel.evaluate` (the conversion failed or its process died).
+            TimeoutError: not finished within ``timeout``.
+        """
+        if self._future is not None:
+            t0 = time.perf_counter()
+            try:
+                self._values = self._future.result(timeout=timeout)
+            except DippmNasError as e:
+                self._error = e
+            finally:
+                with self._cost._lock:
+                    self._cost._seconds += time.perf_counter() - t0
+            self._future = None
+        if self._error is not None:
+            raise self._error
+        assert self._values is not None
+        return self._values
+
+
+def _init_conversion_worker(cache_url: str | None) -> None:
+    """Background conversion process: one torch thread (the objective trains next door), the parent's cache."""
+    import torch
+
+    torch.set_num_threads(1)
+    if cache_url is not None:
+        from dippm_nas.cache import ConversionCache, set_default_cache
+
+        set_default_cache(ConversionCache(cache_url))
+
+
+def _convert_in_worker(payload: tuple[str, Any, Any], spec_dict: dict[str, Any],
+                       use_cache: bool) -> tuple[str | None, str | None, str | None, float]:
+    """Background conversion: ``(graph JSON, None, None, seconds)`` or ``(None, error type, message, seconds)``."""
+    from dippm_nas.capture import capture
+
+    t0 = time.perf_counter()
+    kind, obj, config = payload
+    try:
+        if kind == "space":
+            import search_spaces
+
+            model = search_spaces.build_model(obj, config)
+        else:
+            model = obj
+        graph = capture(model, InputSpec.from_dict(spec_dict), cache=use_cache)
+        return graph.to_json(), None, None, time.perf_counter() - t0
+    except DippmNasError as e:
+        return None, type(e).__name__, str(e), time.perf_counter() - t0

@@ -1,0 +1,43 @@
+"""Validation: measure the Pareto front of a search and compare it with the predictions.
+
+:class:`ParetoValidator` is an Optuna study callback; it enqueues Pareto trials in a SQL job table
+(:class:`JobQueue`) and measures them here or leaves them to ``dippm-nas validate-worker`` on the
+machine that has the device (:class:`ValidationWorker`). Results land in a SQL results table
+(:class:`ValidationRecord`) and a :class:`ValidationSummary` in the study's user attributes;
+:class:`Calibration` corrects the measured device's latency predictions.
+"""
+
+from dippm_nas.validation._calibrate import (
+    CalibratedPredictor,
+    Calibration,
+    apply_calibration,
+    fit_calibration,
+)
+from dippm_nas.validation._queue import (
+    DEFAULT_LEASE_S,
+    DEFAULT_MAX_ATTEMPTS,
+    Job,
+    JobQueue,
+    ValidationRecord,
+    worker_id,
+)
+from dippm_nas.validation._summary import ValidationSummary, summarize
+from dippm_nas.validation._tables import JOB_STATUSES, JOBS_TABLE, RESULTS_TABLE
+from dippm_nas.validation._validator import (
+    MODES,
+    SUMMARY_ATTR,
+    UNKNOWN_UNCERTAINTY,
+    ParetoValidator,
+    RoundReport,
+    uncertainty_of,
+)
+from dippm_nas.validation._worker import ValidationWorker, device_is_here, torch_device_for
+
+__all__ = [
+    "ParetoValidator", "RoundReport", "MODES", "SUMMARY_ATTR", "UNKNOWN_UNCERTAINTY", "uncertainty_of",
+    "JobQueue", "Job", "ValidationRecord", "worker_id", "DEFAULT_LEASE_S", "DEFAULT_MAX_ATTEMPTS",
+    "JOB_STATUSES", "JOBS_TABLE", "RESULTS_TABLE",
+    "ValidationWorker", "device_is_here", "torch_device_for",
+    "ValidationSummary", "summarize",
+    "Calibration", "CalibratedPredictor", "fit_calibration", "apply_calibration",
+]

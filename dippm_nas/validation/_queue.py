@@ -1,0 +1,547 @@
+"""The SQL job queue of validation: enqueue, claim with a lease, heartbeat, complete or fail.
+
+Claiming is safe with many workers on one database:
+
+- PostgreSQL: ``SELECT id ... FOR UPDATE SKIP LOCKED LIMIT 1`` then ``UPDATE`` in one transaction, so
+  concurrent workers never wait on, or take, the same row;
+- SQLite: one atomic statement ``UPDATE ... SET status='leased' ... WHERE id = (SELECT id ... LIMIT 1)
+  AND status='queued' RETURNING id`` (SQLite runs one writer at a time; WAL and a 30 s busy timeout
+  let processes take turns);
+- other databases: the candidate is read, then ``UPDATE ... WHERE id = :id AND status = 'queued'``;
+  a row count of 0 means another worker was first and the next candidate is tried.
+
+A lease lasts ``lease_s`` seconds and the worker extends it while it measures. A worker that dies
+leaves its lease to expire; any queue user then puts the job back (``queued``) — or marks it
+``failed`` after ``max_attempts`` claims. Completing needs the lease: a worker whose lease was
+taken over cannot write a second result, and the results table's unique ``job_id`` backs that up.
+Lease times are Unix seconds from each client's clock: machines sharing a queue need synchronised
+clocks (NTP), well within ``lease_s``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import socket
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import exc
+from sqlalchemy.engine import URL, Connection, make_url
+
+from dippm_nas.errors import DippmNasError
+from dippm_nas.validation._tables import JOB_STATUSES, jobs, metadata, results
+
+__all__ = ["Job", "JobQueue", "ValidationRecord", "worker_id", "DEFAULT_LEASE_S", "DEFAULT_MAX_ATTEMPTS"]
+
+logger = logging.getLogger(__name__)
+
+#: Default lease of a claimed job, seconds (a worker extends it every ``lease_s / 3`` while it measures).
+DEFAULT_LEASE_S = 600.0
+#: Claims of one job before it is marked ``failed``.
+DEFAULT_MAX_ATTEMPTS = 3
+_MAX_NAME_CHARS = 512
+_MAX_ERROR_CHARS = 2000
+#: Attempts of the read-then-conditional-update claim on databases without SKIP LOCKED or RETURNING.
+_GENERIC_CLAIM_TRIES = 8
+
+
+def _now() -> float:
+    """Unix time, seconds (a function so tests can step the clock)."""
+    return time.time()
+
+
+def worker_id() -> str:
+    """A lease owner name unique to this process: ``host:pid:random``."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def _dumps(value: Any, what: str) -> str:
+    try:
+        return json.dumps(value, sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise DippmNasError(f"{what} must be plain JSON data (dicts, lists, str, finite numbers, bools, None); "
+                            f"got {value!r}: {e}") from e
+
+
+def _loads(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+@dataclass(frozen=True)
+class Job:
+    """One row of the job table (see :mod:`dippm_nas.validation._tables` for the columns).
+
+    Attributes:
+        config: the model's JSON config in ``space``.
+        spec: the input spec as :meth:`InputSpec.to_dict` gives it.
+        predicted: the prediction for ``device`` the measurement is compared with
+            (``latency_ms``, ``energy_j``, ``memory_mib``, their ``*_std`` and ``*_source``).
+        result: :meth:`Measurement.to_dict` once done, else ``None``.
+    """
+
+    id: int
+    study: str
+    trial_number: int
+    space: str
+    config: dict[str, Any]
+    spec: dict[str, Any]
+    device: str
+    priority: float
+    predicted: dict[str, Any]
+    status: str
+    lease_owner: str | None
+    lease_expires_at: float | None
+    attempts: int
+    result: dict[str, Any] | None
+    error: str | None
+    created_at: float
+    updated_at: float
+
+    @classmethod
+    def _from_row(cls, r: Any) -> "Job":
+        return cls(
+            id=int(r.id), study=r.study, trial_number=int(r.trial_number), space=r.space,
+            config=json.loads(r.config_json), spec=json.loads(r.spec_json), device=r.device,
+            priority=float(r.priority), predicted=json.loads(r.predicted_json), status=r.status,
+            lease_owner=r.lease_owner, lease_expires_at=r.lease_expires_at, attempts=int(r.attempts),
+            result=_loads(r.result_json), error=r.error, created_at=float(r.created_at),
+            updated_at=float(r.updated_at),
+        )
+
+
+@dataclass(frozen=True)
+class ValidationRecord:
+    """One measured Pareto candidate: predicted vs measured on one device.
+
+    Attributes:
+        job_id, study, trial_number, device, worker: where it comes from.
+        status: the measurement's status, ``"ok"``, ``"oom"`` (does not fit the device), ``"timeout"``
+            or ``"error"``.
+        fits: ``False`` on ``"oom"``, ``True`` on ``"ok"``, ``None`` otherwise.
+        predicted_latency_ms, measured_latency_ms, latency_error_pct: ms, ms and
+            ``100 * (predicted - measured) / measured`` (``None`` when a side is missing).
+        predicted_energy_j, measured_energy_j, energy_error_pct: J, J, percent.
+        predicted_memory_mib, measured_memory_mib, memory_error_pct: MiB, MiB, percent.
+        latency_source: source of the predicted latency (``"analytic"``, ``"predicted"``, ``"calibrated"``).
+        measured_at: Unix seconds.
+        measurement: the full :meth:`Measurement.to_dict`.
+    """
+
+    job_id: int
+    study: str
+    trial_number: int
+    device: str
+    worker: str
+    status: str
+    fits: bool | None
+    predicted_latency_ms: float | None
+    measured_latency_ms: float | None
+    latency_error_pct: float | None
+    predicted_energy_j: float | None
+    measured_energy_j: float | None
+    energy_error_pct: float | None
+    predicted_memory_mib: float | None
+    measured_memory_mib: float | None
+    memory_error_pct: float | None
+    latency_source: str | None
+    measured_at: float
+    measurement: dict[str, Any]
+
+    @classmethod
+    def _from_row(cls, r: Any) -> "ValidationRecord":
+        return cls(
+            job_id=int(r.job_id), study=r.study, trial_number=int(r.trial_number), device=r.device,
+            worker=r.worker, status=r.status, fits=None if r.fits is None else bool(r.fits),
+            predicted_latency_ms=r.predicted_latency_ms, measured_latency_ms=r.measured_latency_ms,
+            latency_error_pct=r.latency_error_pct, predicted_energy_j=r.predicted_energy_j,
+            measured_energy_j=r.measured_energy_j, energy_error_pct=r.energy_error_pct,
+            predicted_memory_mib=r.predicted_memory_mib, measured_memory_mib=r.measured_memory_mib,
+            memory_error_pct=r.memory_error_pct, latency_source=r.latency_source,
+            measured_at=float(r.measured_at), measurement=json.loads(r.measurement_json),
+        )
+
+
+def _error_pct(predicted: Any, measured: Any) -> float | None:
+    if predicted is None or measured is None:
+        return None
+    p, m = float(predicted), float(measured)
+    if not (math.isfinite(p) and math.isfinite(m)) or m <= 0:
+        return None
+    return 100.0 * (p - m) / m
+
+
+def _redact(url: URL) -> str:
+    return url.render_as_string(hide_password=True)
+
+
+class JobQueue:
+    """The validation job queue and results tables in one SQL database.
+
+    Args:
+        url: a SQLAlchemy URL, usually the Optuna storage's (``sqlite:///study.db``,
+            ``postgresql+psycopg2://user:pw@host/db``). The tables are created when missing.
+        lease_s: how long a claim lasts without a heartbeat, seconds. Default 600.
+        max_attempts: claims of one job before it is marked ``failed``. Default 3.
+
+    Raises:
+        DippmNasError: an invalid URL, lease or attempt count, or a database that cannot be opened.
+        MissingDependencyError: the URL's driver is not installed.
+
+    One object per process (its connection pool does not survive ``fork``).
+    """
+
+    def __init__(self, url: str, *, lease_s: float = DEFAULT_LEASE_S,
+                 max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> None:
+        if isinstance(lease_s, bool) or not isinstance(lease_s, (int, float)) or not math.isfinite(lease_s) \
+                or lease_s <= 0:
+            raise DippmNasError(f"lease_s must be a finite number > 0, got {lease_s!r}")
+        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
+            raise DippmNasError(f"max_attempts must be an int >= 1, got {max_attempts!r}")
+        if not isinstance(url, (str, URL)) or not str(url):
+            raise DippmNasError(f"url must be a SQLAlchemy URL string, got {url!r}")
+        try:
+            self._url = make_url(url)
+        except exc.ArgumentError as e:
+            raise DippmNasError(f"invalid validation queue URL {url!r} ({e}); expected e.g. "
+                                "'sqlite:////path/study.db' or 'postgresql+psycopg2://user@host/db'") from e
+        self.url = _redact(self._url)
+        self.lease_s = float(lease_s)
+        self.max_attempts = max_attempts
+        # The conversion cache's engine set-up: SQLite in WAL mode with a busy timeout, pre-ping elsewhere.
+        from dippm_nas.cache._store import _make_engine
+        from dippm_nas.errors import CacheError
+
+        try:
+            self._engine = _make_engine(self._url)
+        except CacheError as e:  # MissingDependencyError (no driver) passes through with its install hint
+            raise DippmNasError(f"cannot open the validation queue {self.url!r}: {e}") from e
+        self.dialect = self._engine.dialect.name
+        self._create_tables()
+
+    def __repr__(self) -> str:
+        return f"JobQueue(url={self.url!r}, lease_s={self.lease_s:g}, max_attempts={self.max_attempts})"
+
+    def url_with_credentials(self) -> str:
+        """The full URL, password included, for handing to worker processes; never log it."""
+        return self._url.render_as_string(hide_password=False)
+
+    # ------------------------------------------------------------------ plumbing
+    @contextmanager
+    def _tx(self, what: str) -> Iterator[Connection]:
+        try:
+            with self._engine.begin() as conn:
+                yield conn
+        except exc.SQLAlchemyError as e:
+            raise DippmNasError(f"validation queue {self.url!r}: {what} failed: {e}") from e
+
+    def _create_tables(self) -> None:
+        try:
+            with self._engine.begin() as conn:
+                metadata.create_all(conn, checkfirst=True)
+        except exc.DBAPIError as e:
+            # Two processes creating the tables at once: the loser's CREATE fails; fine if they exist now.
+            try:
+                insp = sa.inspect(self._engine)
+                ok = insp.has_table(jobs.name) and insp.has_table(results.name)
+            except exc.SQLAlchemyError:
+                ok = False
+            if not ok:
+                raise DippmNasError(f"cannot create the validation tables in {self.url!r}: {e}") from e
+            logger.debug("validation tables created concurrently by another process (%s)", e)
+        except exc.SQLAlchemyError as e:
+            raise DippmNasError(f"cannot open the validation queue {self.url!r}: {e}") from e
+
+    def close(self) -> None:
+        """Release the connections."""
+        self._engine.dispose()
+
+    def __enter__(self) -> "JobQueue":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ producer side
+    def enqueue(
+        self,
+        *,
+        study: str,
+        trial_number: int,
+        space: str,
+        config: Mapping[str, Any],
+        spec: Mapping[str, Any],
+        device: str,
+        predicted: Mapping[str, Any],
+        priority: float = 0.0,
+    ) -> int | None:
+        """Add a job unless one exists for ``(study, trial_number, device)``.
+
+        The row is checked first: ``space`` must be registered and ``config`` valid in it (the stored
+        config is the space's complete, normalised one), ``spec`` must rebuild an
+        :class:`~dippm_nas.InputSpec`, ``device`` must be a catalogue id, and everything must be plain
+        JSON data.
+
+        Returns:
+            The new job id, or ``None`` when the job already existed (another process was first).
+
+        Raises:
+            SearchSpaceError: unknown space or invalid config.
+            InputSpecError: ``spec`` does not describe an input.
+            DeviceError: unknown device.
+            DippmNasError: a value that is not plain JSON data, or a database error.
+        """
+        import search_spaces
+
+        from dippm_nas.devices import resolve_device
+        from dippm_nas.spec import InputSpec
+
+        if not isinstance(study, str) or not study or len(study) > _MAX_NAME_CHARS:
+            raise DippmNasError(f"study must be a non-empty str of at most {_MAX_NAME_CHARS} characters, got {study!r}")
+        if isinstance(trial_number, bool) or not isinstance(trial_number, int) or trial_number < 0:
+            raise DippmNasError(f"trial_number must be an int >= 0, got {trial_number!r}")
+        if isinstance(priority, bool) or not isinstance(priority, (int, float)) or math.isnan(priority):
+            raise DippmNasError(f"priority must be a number, got {priority!r}")
+        config_json = _dumps(dict(config) if isinstance(config, Mapping) else config, "config")
+        cfg = search_spaces.get_space(space).validate(json.loads(config_json))
+        spec_json = _dumps(dict(spec) if isinstance(spec, Mapping) else spec, "spec")
+        InputSpec.from_dict(json.loads(spec_json))
+        dev = resolve_device(device).id
+        predicted_json = _dumps(dict(predicted), "predicted")
+        now = _now()
+        values = {
+            "study": study, "trial_number": trial_number, "space": space, "config_json": _dumps(cfg, "config"),
+            "spec_json": spec_json, "device": dev, "priority": float(min(max(priority, -1e300), 1e300)),
+            "predicted_json": predicted_json, "status": "queued", "lease_owner": None, "lease_expires_at": None,
+            "attempts": 0, "result_json": None, "error": None, "created_at": now, "updated_at": now,
+        }
+        if self.dialect in ("sqlite", "postgresql"):
+            if self.dialect == "sqlite":
+                from sqlalchemy.dialects.sqlite import insert
+            else:
+                from sqlalchemy.dialects.postgresql import insert
+            stmt = insert(jobs).values(values).on_conflict_do_nothing(
+                index_elements=[jobs.c.study, jobs.c.trial_number, jobs.c.device]
+            ).returning(jobs.c.id)
+            with self._tx("enqueueing a job") as conn:
+                row = conn.execute(stmt).first()
+            return None if row is None else int(row[0])
+        try:
+            with self._engine.begin() as conn:
+                res = conn.execute(sa.insert(jobs).values(values))
+                return int(res.inserted_primary_key[0])
+        except exc.IntegrityError:
+            return None
+        except exc.SQLAlchemyError as e:
+            raise DippmNasError(f"validation queue {self.url!r}: enqueueing a job failed: {e}") from e
+
+    # ------------------------------------------------------------------ worker side
+    def requeue_expired(self) -> int:
+        """Put jobs whose lease expired back in the queue (``failed`` after ``max_attempts`` claims).
+
+        Returns:
+            How many jobs were re-queued or failed.
+        """
+        now = _now()
+        expired = sa.and_(jobs.c.status == "leased", jobs.c.lease_expires_at < now)
+        back = (
+            sa.update(jobs)
+            .where(expired, jobs.c.attempts < self.max_attempts)
+            .values(status="queued", lease_owner=None, lease_expires_at=None, updated_at=now,
+                    error=f"lease expired (the worker died or hung); re-queued at Unix time {now:.3f}")
+        )
+        dead = (
+            sa.update(jobs)
+            .where(expired, jobs.c.attempts >= self.max_attempts)
+            .values(status="failed", updated_at=now,
+                    error=f"lease expired on each of {self.max_attempts} attempts (the worker died or hung "
+                          f"every time); not retried")
+        )
+        with self._tx("re-queueing expired leases") as conn:
+            n = conn.execute(back).rowcount + conn.execute(dead).rowcount
+        if n:
+            logger.info("validation queue: %d expired lease(s) re-queued or failed", n)
+        return n
+
+    def claim(self, device: str, owner: str, *, study: str | None = None) -> Job | None:
+        """Lease the queued job of ``device`` with the highest priority (oldest first among equals).
+
+        Expired leases are put back first.
+
+        Args:
+            device: catalogue id of the device this worker measures.
+            owner: the lease owner name (:func:`worker_id`).
+            study: only jobs of this study (``None``: any study).
+
+        Returns:
+            The leased :class:`Job` (``status="leased"``, ``attempts`` counted), or ``None`` when the
+            queue has nothing for this device.
+        """
+        if not isinstance(owner, str) or not owner:
+            raise DippmNasError(f"owner must be a non-empty str, got {owner!r}")
+        self.requeue_expired()
+        now = _now()
+        cond = [jobs.c.status == "queued", jobs.c.device == device]
+        if study is not None:
+            cond.append(jobs.c.study == study)
+        pick = sa.select(jobs.c.id).where(*cond).order_by(jobs.c.priority.desc(), jobs.c.id).limit(1)
+        lease = {"status": "leased", "lease_owner": owner, "lease_expires_at": now + self.lease_s,
+                 "attempts": jobs.c.attempts + 1, "updated_at": now}
+        job_id: int | None = None
+        if self.dialect == "postgresql":
+            with self._tx("claiming a job") as conn:
+                row = conn.execute(pick.with_for_update(skip_locked=True)).first()
+                if row is not None:
+                    conn.execute(sa.update(jobs).where(jobs.c.id == row.id).values(**lease))
+                    job_id = int(row.id)
+        elif self.dialect == "sqlite":
+            stmt = (sa.update(jobs).where(jobs.c.id == pick.scalar_subquery(), jobs.c.status == "queued")
+                    .values(**lease).returning(jobs.c.id))
+            with self._tx("claiming a job") as conn:
+                row = conn.execute(stmt).first()
+            job_id = None if row is None else int(row[0])
+        else:
+            for _ in range(_GENERIC_CLAIM_TRIES):
+                with self._tx("claiming a job") as conn:
+                    row = conn.execute(pick).first()
+                if row is None:
+                    break
+                with self._tx("claiming a job") as conn:
+                    won = conn.execute(sa.update(jobs).where(jobs.c.id == row.id, jobs.c.status == "queued")
+                                       .values(**lease)).rowcount
+                if won == 1:
+                    job_id = int(row.id)
+                    break
+        if job_id is None:
+            return None
+        job = self.get(job_id)
+        logger.debug("validation queue: %s claimed job %d (study %s, trial %d, attempt %d)", owner, job.id,
+                     job.study, job.trial_number, job.attempts)
+        return job
+
+    def heartbeat(self, job_id: int, owner: str) -> bool:
+        """Extend the lease of a job this owner holds; ``False`` when the lease was lost."""
+        now = _now()
+        stmt = (sa.update(jobs).where(jobs.c.id == job_id, jobs.c.lease_owner == owner, jobs.c.status == "leased")
+                .values(lease_expires_at=now + self.lease_s, updated_at=now))
+        with self._tx("extending a lease") as conn:
+            return conn.execute(stmt).rowcount == 1
+
+    def complete(self, job: Job, owner: str, measurement: Any) -> bool:
+        """Record a measurement of a leased job: job ``done`` and one results row, in one transaction.
+
+        Args:
+            job: the claimed job.
+            owner: the lease owner that claimed it.
+            measurement: a :class:`~dippm_nas.measure.Measurement` (any status: ``"oom"`` means the model
+                does not fit the device, which is a result).
+
+        Returns:
+            ``True`` when recorded; ``False`` when this owner no longer holds the lease (the job was
+            re-queued and may be measured by someone else), in which case nothing is written.
+        """
+        from dippm_nas.measure import Measurement
+
+        if not isinstance(measurement, Measurement):
+            raise DippmNasError(f"measurement must be a dippm_nas.measure.Measurement, got {type(measurement).__name__}")
+        m = measurement.to_dict()
+        m_json = _dumps(m, "measurement")
+        now = _now()
+        p = job.predicted
+        row = {
+            "job_id": job.id, "study": job.study, "trial_number": job.trial_number, "device": job.device,
+            "worker": owner, "status": measurement.status,
+            "fits": True if measurement.status == "ok" else (False if measurement.status == "oom" else None),
+            "predicted_latency_ms": p.get("latency_ms"), "measured_latency_ms": measurement.latency_ms,
+            "latency_error_pct": _error_pct(p.get("latency_ms"), measurement.latency_ms),
+            "predicted_energy_j": p.get("energy_j"), "measured_energy_j": measurement.energy_j,
+            "energy_error_pct": _error_pct(p.get("energy_j"), measurement.energy_j),
+            "predicted_memory_mib": p.get("memory_mib"), "measured_memory_mib": measurement.memory_mib,
+            "memory_error_pct": _error_pct(p.get("memory_mib"), measurement.memory_mib),
+            "latency_source": p.get("latency_source"), "measured_at": now, "measurement_json": m_json,
+        }
+        done = (sa.update(jobs).where(jobs.c.id == job.id, jobs.c.lease_owner == owner, jobs.c.status == "leased")
+                .values(status="done", result_json=m_json, lease_expires_at=None, updated_at=now))
+        with self._tx("recording a measurement") as conn:
+            if conn.execute(done).rowcount != 1:
+                logger.warning("validation queue: %s lost the lease of job %d (study %s, trial %d) before "
+                               "finishing; its measurement is dropped, the job's current holder records one",
+                               owner, job.id, job.study, job.trial_number)
+                return False
+            conn.execute(sa.insert(results).values(row))
+        return True
+
+    def fail(self, job: Job, owner: str, reason: str) -> bool:
+        """Mark a leased job ``failed`` (it could not be run: unknown space, bad config...); not retried.
+
+        Returns:
+            ``False`` when this owner no longer holds the lease (nothing written).
+        """
+        now = _now()
+        stmt = (sa.update(jobs).where(jobs.c.id == job.id, jobs.c.lease_owner == owner, jobs.c.status == "leased")
+                .values(status="failed", error=str(reason)[:_MAX_ERROR_CHARS], lease_expires_at=None, updated_at=now))
+        with self._tx("failing a job") as conn:
+            return conn.execute(stmt).rowcount == 1
+
+    # ------------------------------------------------------------------ reading
+    def get(self, job_id: int) -> Job:
+        """The job with this id.
+
+        Raises:
+            DippmNasError: no such job.
+        """
+        with self._tx("reading a job") as conn:
+            row = conn.execute(sa.select(jobs).where(jobs.c.id == job_id)).first()
+        if row is None:
+            raise DippmNasError(f"validation queue {self.url!r} has no job {job_id}")
+        return Job._from_row(row)
+
+    def jobs(self, *, study: str | None = None, device: str | None = None, status: str | None = None) -> list[Job]:
+        """Jobs, oldest first, optionally of one study, device and status."""
+        if status is not None and status not in JOB_STATUSES:
+            raise DippmNasError(f"status must be one of {JOB_STATUSES} or None, got {status!r}")
+        q = sa.select(jobs).order_by(jobs.c.id)
+        if study is not None:
+            q = q.where(jobs.c.study == study)
+        if device is not None:
+            q = q.where(jobs.c.device == device)
+        if status is not None:
+            q = q.where(jobs.c.status == status)
+        with self._tx("listing jobs") as conn:
+            return [Job._from_row(r) for r in conn.execute(q)]
+
+    def trial_numbers(self, study: str, device: str) -> set[int]:
+        """Trial numbers of ``study`` that have a job for ``device`` (any status)."""
+        q = sa.select(jobs.c.trial_number).where(jobs.c.study == study, jobs.c.device == device)
+        with self._tx("listing jobs") as conn:
+            return {int(r[0]) for r in conn.execute(q)}
+
+    def counts(self, *, study: str | None = None, device: str | None = None) -> dict[str, int]:
+        """``{status: number of jobs}`` for every status of :data:`JOB_STATUSES`."""
+        q = sa.select(jobs.c.status, sa.func.count()).group_by(jobs.c.status)
+        if study is not None:
+            q = q.where(jobs.c.study == study)
+        if device is not None:
+            q = q.where(jobs.c.device == device)
+        out = dict.fromkeys(JOB_STATUSES, 0)
+        with self._tx("counting jobs") as conn:
+            for status, n in conn.execute(q):
+                out[status] = int(n)
+        return out
+
+    def results(self, *, study: str | None = None, device: str | None = None) -> list[ValidationRecord]:
+        """Validation results, oldest first, optionally of one study and device."""
+        q = sa.select(results).order_by(results.c.id)
+        if study is not None:
+            q = q.where(results.c.study == study)
+        if device is not None:
+            q = q.where(results.c.device == device)
+        with self._tx("reading results") as conn:
+            return [ValidationRecord._from_row(r) for r in conn.execute(q)]

@@ -1,0 +1,388 @@
+"""``ParetoValidator``: an Optuna study callback that measures the Pareto front as the search runs.
+
+Every ``every_n_trials`` finished trials or ``every_seconds`` seconds (whichever comes first), a round:
+
+1. takes ``study.best_trials`` (the feasible Pareto front when the study has constraints) that have no
+   validation job on the device yet and can be rebuilt (the trial has the ``search_space``,
+   ``search_space_config`` and ``input_spec`` user attributes :class:`~dippm_nas.optuna.HardwareCostModel`
+   records for models of :mod:`search_spaces`);
+2. orders them by uncertainty, highest first: the largest relative standard deviation
+   (``std / value``) of the trial's predicted latency, energy and memory; a trial whose predictions carry
+   no standard deviation (the analytic prior) has unknown uncertainty and ranks before every known one,
+   oldest trial first among equals;
+3. enqueues at most ``max_per_round`` of them in the SQL job table with the prediction for the
+   validation device they will be compared with;
+4. measures them here when the device is here (``mode="auto"`` or ``"local"``: it drains the queued
+   jobs of this study and device in-process, through the same claim and lease as a remote worker), or
+   leaves them to ``dippm-nas validate-worker`` on the machine that has the device (``mode="queue"``);
+5. writes a :class:`~dippm_nas.validation.ValidationSummary` to the study's user attribute
+   ``"dippm_validation"`` and, with ``auto_calibrate``, fits and applies a latency calibration of the
+   validation device once ``min_calibration_rows`` measurements are in.
+
+Several processes optimising one study may each run a validator: the queue's unique
+``(study, trial, device)`` row and its leases make every trial measured once.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from dippm_nas.errors import DippmNasError
+from dippm_nas.validation._calibrate import Calibration, apply_calibration, fit_calibration
+from dippm_nas.validation._queue import DEFAULT_LEASE_S, DEFAULT_MAX_ATTEMPTS, JobQueue, ValidationRecord
+from dippm_nas.validation._summary import ValidationSummary, summarize
+from dippm_nas.validation._worker import MeasureFn, ValidationWorker, device_is_here
+
+__all__ = ["ParetoValidator", "RoundReport", "MODES", "SUMMARY_ATTR", "UNKNOWN_UNCERTAINTY", "uncertainty_of"]
+
+logger = logging.getLogger(__name__)
+
+#: Where validation runs: ``"auto"`` (here when the device is here, else the queue), ``"local"``, ``"queue"``.
+MODES: tuple[str, ...] = ("auto", "local", "queue")
+#: The study user attribute holding the summary.
+SUMMARY_ATTR = "dippm_validation"
+#: Priority of a trial whose predictions have no standard deviation (ranks before any known one).
+UNKNOWN_UNCERTAINTY = 1e9
+_REQUIRED_ATTRS = ("search_space", "search_space_config", "input_spec")
+
+_warned: set[str] = set()
+_warned_lock = threading.Lock()
+
+
+def _warn_once(tag: str, msg: str, *args: Any) -> None:
+    with _warned_lock:
+        if tag in _warned:
+            return
+        _warned.add(tag)
+    logger.warning(msg, *args)
+
+
+def _monotonic() -> float:
+    """Seconds of a monotonic clock (a function so tests can step it)."""
+    return time.monotonic()
+
+
+def uncertainty_of(user_attrs: dict[str, Any]) -> float:
+    """Largest relative std of a trial's predicted figures; :data:`UNKNOWN_UNCERTAINTY` when none is known."""
+    rels = []
+    for name in ("latency_ms", "energy_j", "memory_mib"):
+        v = user_attrs.get(f"predicted_{name}")
+        s = user_attrs.get(f"predicted_{name}_std")
+        if v is not None and s is not None and v > 0 and math.isfinite(s):
+            rels.append(float(s) / float(v))
+    return max(rels) if rels else UNKNOWN_UNCERTAINTY
+
+
+@dataclass
+class RoundReport:
+    """What one validation round did.
+
+    Attributes:
+        enqueued: trial numbers enqueued this round (in priority order).
+        skipped: trial numbers of the front that cannot be rebuilt (no search-space attributes).
+        measured: jobs measured here this round (local mode).
+        seconds: wall time of the round, seconds.
+    """
+
+    enqueued: list[int] = field(default_factory=list)
+    skipped: list[int] = field(default_factory=list)
+    measured: int = 0
+    seconds: float = 0.0
+
+
+def _storage_url(study: Any) -> str | None:
+    """The SQLAlchemy URL of an Optuna RDB storage, or ``None`` for other storages."""
+    storage = getattr(study, "_storage", None)
+    for obj in (storage, getattr(storage, "_backend", None)):
+        url = getattr(obj, "url", None)
+        if isinstance(url, str) and url:
+            return url
+    return None
+
+
+class ParetoValidator:
+    """Measure the Pareto front of an Optuna study while it runs (a study callback).
+
+    Args:
+        device: catalogue id of the device to measure on and compare predictions for (``"host-cpu"``,
+            ``"a100-sxm4-40gb"``...). Predictions for this device are made when the job is enqueued,
+            whatever device the search optimises for.
+        storage: SQLAlchemy URL of the job and results tables; default the study's RDB storage URL
+            (a private in-memory SQLite database for in-memory studies, which only ``mode="local"``
+            can use).
+        every_n_trials: run a round after this many trials finished in this process (``None``: never by count).
+        every_seconds: run a round when this many seconds passed since the last (``None``: never by time).
+        max_per_round: most trials enqueued per round.
+        mode: one of :data:`MODES`.
+        batch_size: measure (and predict) with this batch size instead of the trial's (e.g. a serving
+            batch too large to time on a CPU); ``None`` keeps the trial's.
+        settings: :class:`~dippm_nas.measure.MeasureSettings` of local measurements.
+        lease_s, max_attempts: of the :class:`JobQueue`.
+        auto_calibrate: fit and apply :meth:`calibrate` after each round once ``min_calibration_rows``
+            ``"ok"`` measurements exist.
+        min_calibration_rows: see ``auto_calibrate``.
+        isolate: measure local jobs in a fresh subprocess each.
+        measure_fn: replaces the harness for local jobs (tests).
+
+    Raises:
+        DippmNasError: invalid schedule, mode or counts; ``mode="local"`` for a device not on this machine.
+    """
+
+    def __init__(
+        self,
+        device: str = "host-cpu",
+        *,
+        storage: str | None = None,
+        every_n_trials: int | None = 10,
+        every_seconds: float | None = None,
+        max_per_round: int = 3,
+        mode: Literal["auto", "local", "queue"] = "auto",
+        batch_size: int | None = None,
+        settings: Any = None,
+        lease_s: float = DEFAULT_LEASE_S,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        auto_calibrate: bool = False,
+        min_calibration_rows: int = 5,
+        isolate: bool = False,
+        measure_fn: MeasureFn | None = None,
+    ) -> None:
+        from dippm_nas.devices import resolve_device
+
+        self.device = resolve_device(device).id
+        if every_n_trials is None and every_seconds is None:
+            raise DippmNasError("give every_n_trials or every_seconds (or both): otherwise no round would ever run")
+        if every_n_trials is not None and (isinstance(every_n_trials, bool) or not isinstance(every_n_trials, int)
+                                           or every_n_trials < 1):
+            raise DippmNasError(f"every_n_trials must be an int >= 1 or None, got {every_n_trials!r}")
+        if every_seconds is not None and (isinstance(every_seconds, bool) or not isinstance(every_seconds, (int, float))
+                                          or not every_seconds > 0):
+            raise DippmNasError(f"every_seconds must be a number > 0 or None, got {every_seconds!r}")
+        if isinstance(max_per_round, bool) or not isinstance(max_per_round, int) or max_per_round < 1:
+            raise DippmNasError(f"max_per_round must be an int >= 1, got {max_per_round!r}")
+        if mode not in MODES:
+            raise DippmNasError(f"mode must be one of {MODES}, got {mode!r}")
+        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
+                                       or batch_size < 1):
+            raise DippmNasError(f"batch_size must be an int >= 1 or None, got {batch_size!r}")
+        if isinstance(min_calibration_rows, bool) or not isinstance(min_calibration_rows, int) \
+                or min_calibration_rows < 1:
+            raise DippmNasError(f"min_calibration_rows must be an int >= 1, got {min_calibration_rows!r}")
+        here = measure_fn is not None or device_is_here(self.device)
+        if mode == "local" and not here:
+            raise DippmNasError(f"mode='local' needs device {self.device!r} on this machine; use mode='queue' and run "
+                                f"`dippm-nas validate-worker --device {self.device}` where it is")
+        self.local = mode == "local" or (mode == "auto" and here)
+        self.mode = mode
+        self.storage = storage
+        self.every_n_trials = every_n_trials
+        self.every_seconds = None if every_seconds is None else float(every_seconds)
+        self.max_per_round = max_per_round
+        self.batch_size = batch_size
+        self.settings = settings
+        self.lease_s = lease_s
+        self.max_attempts = max_attempts
+        self.auto_calibrate = bool(auto_calibrate)
+        self.min_calibration_rows = min_calibration_rows
+        self.isolate = bool(isolate)
+        self._measure_fn = measure_fn
+        self._queue: JobQueue | None = None
+        self._queue_url: str | None = None
+        self._worker: ValidationWorker | None = None
+        self._since = 0
+        self._last_round = _monotonic()
+        self._lock = threading.Lock()
+        self.calibration: Calibration | None = None
+        self.rounds: list[RoundReport] = []
+        self.seconds = 0.0
+
+    def __repr__(self) -> str:
+        return (f"ParetoValidator(device={self.device!r}, {'local' if self.local else 'queue'}, every_n_trials="
+                f"{self.every_n_trials}, every_seconds={self.every_seconds}, max_per_round={self.max_per_round})")
+
+    # ------------------------------------------------------------------ plumbing
+    def queue_for(self, study: Any) -> JobQueue:
+        """The :class:`JobQueue` of this validator (opened on first use)."""
+        url = self.storage or _storage_url(study)
+        if url is None:
+            if not self.local:
+                raise DippmNasError(
+                    "the study's storage is not an RDB (in-memory?), so a remote worker could not see its queue; "
+                    "pass storage='sqlite:///file.db' or a PostgreSQL URL to ParetoValidator"
+                )
+            url = "sqlite://"  # private in-memory database: this process measures its own jobs
+        if self._queue is None or url != self._queue_url:
+            self._queue = JobQueue(url, lease_s=self.lease_s, max_attempts=self.max_attempts)
+            self._queue_url = url
+            self._worker = None
+        return self._queue
+
+    def _local_worker(self, queue: JobQueue) -> ValidationWorker:
+        if self._worker is None:
+            self._worker = ValidationWorker(queue, self.device, settings=self.settings, isolate=self.isolate,
+                                            measure_fn=self._measure_fn)
+        return self._worker
+
+    # ------------------------------------------------------------------ callback
+    def __call__(self, study: Any, trial: Any) -> None:
+        """Optuna callback: count the finished trial and run a round when one is due."""
+        import optuna
+
+        if trial.state == optuna.trial.TrialState.COMPLETE:
+            self._since += 1
+        if self.due():
+            self.run_round(study)
+
+    def due(self) -> bool:
+        """Whether the schedule asks for a round now."""
+        if self.every_n_trials is not None and self._since >= self.every_n_trials:
+            return True
+        if self.every_seconds is not None and self._since > 0 \
+                and _monotonic() - self._last_round >= self.every_seconds:
+            return True
+        return False
+
+    def select(self, study: Any) -> tuple[list[Any], list[int]]:
+        """The trials the next round would enqueue (priority order, at most ``max_per_round``) and the
+        Pareto trials skipped because they cannot be rebuilt."""
+        queue = self.queue_for(study)
+        known = queue.trial_numbers(study.study_name, self.device)
+        front = list(study.best_trials)  # feasible trials only when the study has constraints
+        cands, skipped = [], []
+        for t in front:
+            if t.number in known:
+                continue
+            if not all(k in t.user_attrs for k in _REQUIRED_ATTRS):
+                skipped.append(t.number)
+                _warn_once(
+                    f"norebuild:{study.study_name}:{t.number}",
+                    "Pareto trial %d of study %s cannot be validated: it lacks the user attributes %s (evaluate "
+                    "models built with search_spaces.build_model, or pass space= and config= to "
+                    "HardwareCostModel.evaluate)", t.number, study.study_name, list(_REQUIRED_ATTRS),
+                )
+                continue
+            cands.append(t)
+        cands.sort(key=lambda t: (-uncertainty_of(t.user_attrs), t.number))
+        return cands[: self.max_per_round], skipped
+
+    def _predicted_for(self, space: str, config: dict[str, Any], spec_dict: dict[str, Any]) -> dict[str, Any]:
+        """The prediction for the validation device the measurement is compared with."""
+        import search_spaces
+
+        from dippm_nas.predictor import predict
+        from dippm_nas.spec import InputSpec
+
+        spec = InputSpec.from_dict(spec_dict)
+        p = predict(search_spaces.build_model(space, config), spec, self.device, mig=False)
+        out = {
+            "device": p.device, "batch_size": p.batch_size,
+            "latency_ms": p.latency_ms, "latency_ms_std": p.latency_ms_std, "latency_source": p.latency_source,
+            "energy_j": p.energy_j, "energy_j_std": p.energy_j_std, "energy_source": p.energy_source,
+            "memory_mib": p.memory_mib, "memory_mib_std": p.memory_mib_std, "memory_source": p.memory_source,
+        }
+        raw = p.details.get("uncalibrated_latency_ms")
+        out["latency_ms_uncalibrated"] = float(raw) if raw is not None else p.latency_ms
+        return out
+
+    def run_round(self, study: Any) -> RoundReport:
+        """One validation round now, whatever the schedule (see the module docstring)."""
+        t0 = time.perf_counter()
+        with self._lock:
+            self._since = 0
+            self._last_round = _monotonic()
+            report = RoundReport()
+            queue = self.queue_for(study)
+            chosen, report.skipped = self.select(study)
+            for t in chosen:
+                spec = dict(t.user_attrs["input_spec"])
+                if self.batch_size is not None:
+                    spec["batch_size"] = self.batch_size
+                space, config = t.user_attrs["search_space"], t.user_attrs["search_space_config"]
+                try:
+                    predicted = self._predicted_for(space, config, spec)
+                except DippmNasError as e:
+                    _warn_once(f"predict:{study.study_name}:{t.number}",
+                               "cannot predict trial %d of study %s on %s for validation (%s); not enqueued",
+                               t.number, study.study_name, self.device, e)
+                    report.skipped.append(t.number)
+                    continue
+                job_id = queue.enqueue(study=study.study_name, trial_number=t.number, space=space, config=config,
+                                       spec=spec, device=self.device, predicted=predicted,
+                                       priority=uncertainty_of(t.user_attrs))
+                if job_id is not None:
+                    report.enqueued.append(t.number)
+            if self.local:
+                report.measured = self._local_worker(queue).run(study=study.study_name, idle_timeout_s=0, poll_s=0)
+            self._update_summary(study, queue)
+            report.seconds = time.perf_counter() - t0
+            self.rounds.append(report)
+            self.seconds += report.seconds
+        logger.info("validation round on %s: enqueued trials %s, measured %d here, %.2f s", self.device,
+                    report.enqueued, report.measured, report.seconds)
+        return report
+
+    def _update_summary(self, study: Any, queue: JobQueue) -> ValidationSummary:
+        if self.auto_calibrate:
+            try:
+                self.calibrate(study, apply=True)
+            except DippmNasError as e:
+                logger.debug("no calibration yet: %s", e)
+        s = summarize(queue, study.study_name, self.device,
+                      calibration=None if self.calibration is None else self.calibration.to_dict())
+        study.set_user_attr(SUMMARY_ATTR, s.to_dict())
+        return s
+
+    # ------------------------------------------------------------------ results
+    def finish(self, study: Any, *, timeout_s: float | None = None, poll_s: float = 2.0) -> ValidationSummary:
+        """A last round (whatever the schedule), then the summary.
+
+        Args:
+            study: the study.
+            timeout_s: queue mode only: wait up to this long for remote workers to finish this study's
+                jobs (``None``: do not wait).
+            poll_s: queue mode: seconds between checks while waiting.
+        """
+        self.run_round(study)
+        queue = self.queue_for(study)
+        if not self.local and timeout_s is not None:
+            deadline = _monotonic() + timeout_s
+            while _monotonic() < deadline:
+                c = queue.counts(study=study.study_name, device=self.device)
+                if c["queued"] == 0 and c["leased"] == 0:
+                    break
+                time.sleep(poll_s)
+        return self._update_summary(study, queue)
+
+    def records(self, study: Any) -> list[ValidationRecord]:
+        """Validation results of ``study`` on the device, oldest first."""
+        return self.queue_for(study).results(study=study.study_name, device=self.device)
+
+    def summary(self, study: Any) -> ValidationSummary:
+        """The current :class:`ValidationSummary` of ``study`` (not written to the study)."""
+        return summarize(self.queue_for(study), study.study_name, self.device,
+                         calibration=None if self.calibration is None else self.calibration.to_dict())
+
+    def calibrate(self, study: Any, *, apply: bool = True) -> Calibration:
+        """Fit the validation device's latency factor from every finished job of the device in the queue.
+
+        Args:
+            study: any study of the queue (used to find the queue).
+            apply: make :func:`dippm_nas.predict` use it for the device from now on (this process).
+
+        Raises:
+            DippmNasError: fewer than ``min_calibration_rows`` ``"ok"`` measurements.
+        """
+        queue = self.queue_for(study)
+        cal = fit_calibration(queue.jobs(device=self.device, status="done"), self.device,
+                              min_rows=self.min_calibration_rows)
+        if apply:
+            apply_calibration(cal)
+            logger.info("calibrated %s latency by x%.4g on %d measurements (MAPE %.1f%% -> %.1f%%, in-sample)",
+                        cal.device, cal.latency_scale, cal.n_rows, cal.latency_mape_before_pct,
+                        cal.latency_mape_after_pct)
+        self.calibration = cal
+        return cal

@@ -1,0 +1,257 @@
+"""The validation worker: claim a job, rebuild the model from its JSON config, measure it, record it.
+
+``dippm-nas validate-worker --storage URL --device D`` runs :meth:`ValidationWorker.run` on the machine
+that has device ``D``. A job carries a search-space name, a JSON config and an input spec; the model is
+rebuilt with the registered builder (:func:`search_spaces.build_model`), so no code or pickle crosses
+the queue. While measuring, a heartbeat thread extends the lease every ``lease_s / 3`` seconds.
+
+Outcomes:
+
+- the harness returns a :class:`~dippm_nas.measure.Measurement` of any status (``"ok"``; ``"oom"``:
+  the model does not fit the device, a result, not a failure; ``"timeout"``; ``"error"``: the model's
+  forward raised) -> the job is ``done`` and one results row is written;
+- the job cannot be run (unknown space, config outside the space, bad spec, a usage error of the
+  harness) -> the job is ``failed`` with the reason, not retried;
+- the worker dies -> its lease expires and the job is claimed again (up to ``max_attempts``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from dippm_nas.errors import DeviceError, DippmNasError
+from dippm_nas.validation._queue import Job, JobQueue, worker_id
+
+__all__ = ["ValidationWorker", "device_is_here", "torch_device_for", "MeasureFn"]
+
+logger = logging.getLogger(__name__)
+
+#: ``measure_fn(model, spec, torch_device, settings) -> Measurement``; the default is
+#: :func:`dippm_nas.measure.measure`. Tests pass fakes.
+MeasureFn = Callable[[Any, Any, str, Any], Any]
+
+
+def _local_gpu_names() -> list[str]:
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a dependency
+        return []
+    if not torch.cuda.is_available():
+        return []
+    return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+
+
+def _norm(name: str) -> str:
+    return "".join(ch for ch in name.lower() if ch.isalnum())
+
+
+def _matching_gpu(device: str) -> int | None:
+    from dippm_nas.devices import resolve_device
+
+    dev = resolve_device(device)
+    want = _norm(dev.name)
+    for i, name in enumerate(_local_gpu_names()):
+        if _norm(name) == want:
+            return i
+    return None
+
+
+def device_is_here(device: str) -> bool:
+    """Whether this machine can measure catalogue device ``device``.
+
+    ``host-cpu`` (and any ``kind="cpu"`` device) always is; a GPU is when a local CUDA device reports
+    the catalogue's name (``torch.cuda.get_device_name``, compared ignoring case and punctuation).
+    """
+    from dippm_nas.devices import resolve_device
+
+    dev = resolve_device(device)
+    if dev.kind == "cpu":
+        return True
+    return _matching_gpu(dev.id) is not None
+
+
+def torch_device_for(device: str, cuda_device: str | None = None) -> str:
+    """The torch device string that measures catalogue device ``device`` here.
+
+    Args:
+        device: catalogue id.
+        cuda_device: force a CUDA device (``"cuda:1"``) instead of the first one matching the name.
+
+    Raises:
+        DeviceError: a GPU that is not on this machine (the local GPUs are listed).
+    """
+    from dippm_nas.devices import resolve_device
+
+    dev = resolve_device(device)
+    if dev.kind == "cpu":
+        return "cpu"
+    if cuda_device is not None:
+        return cuda_device
+    idx = _matching_gpu(dev.id)
+    if idx is None:
+        raise DeviceError(
+            f"device {dev.id!r} ({dev.name}) is not on this machine; local CUDA devices: {_local_gpu_names() or 'none'}. "
+            "Run the worker where it is, or pass --cuda-device to measure another GPU under this id."
+        )
+    return f"cuda:{idx}"
+
+
+class _Heartbeat:
+    """Extends a lease every ``period_s`` seconds in a daemon thread until stopped."""
+
+    def __init__(self, queue: JobQueue, job: Job, owner: str, period_s: float) -> None:
+        self._queue, self._job, self._owner, self._period = queue, job, owner, period_s
+        self._stop = threading.Event()
+        self.lost = False
+        self._thread = threading.Thread(target=self._run, name=f"dippm-lease-{job.id}", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._period):
+            try:
+                if not self._queue.heartbeat(self._job.id, self._owner):
+                    self.lost = True
+                    logger.warning("validation worker %s lost the lease of job %d", self._owner, self._job.id)
+                    return
+            except DippmNasError as e:  # a database hiccup: try again next period
+                logger.warning("validation worker %s could not extend the lease of job %d: %s", self._owner,
+                               self._job.id, e)
+
+    def __enter__(self) -> "_Heartbeat":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+class ValidationWorker:
+    """Drains the validation queue of one device.
+
+    Args:
+        queue: the :class:`JobQueue`.
+        device: catalogue id this worker measures (``"host-cpu"``, ``"a100-sxm4-40gb"``...).
+        settings: :class:`~dippm_nas.measure.MeasureSettings` of every measurement (``None``: defaults).
+        cuda_device: measure on this CUDA device instead of the first one whose name matches ``device``.
+        owner: lease owner name (default :func:`worker_id`).
+        isolate: measure each job in a fresh subprocess (``measure(..., isolate=True)``: hard time limit,
+            exact host-memory delta, a crash becomes an ``"error"`` row); the model is rebuilt there
+            from ``search_spaces:build_model`` and the job's JSON config.
+        heartbeat_s: lease extension period, seconds (default ``queue.lease_s / 3``).
+        measure_fn: replaces :func:`dippm_nas.measure.measure` (tests); called as
+            ``measure_fn(model, spec, torch_device, settings)``.
+
+    Raises:
+        DeviceError: ``device`` is a GPU this machine does not have (and no ``cuda_device`` given).
+    """
+
+    def __init__(self, queue: JobQueue, device: str, *, settings: Any = None, cuda_device: str | None = None,
+                 owner: str | None = None, isolate: bool = False, heartbeat_s: float | None = None,
+                 measure_fn: MeasureFn | None = None) -> None:
+        from dippm_nas.devices import resolve_device
+        from dippm_nas.measure import MeasureSettings
+
+        dev = resolve_device(device)
+        self.queue = queue
+        self.device = dev.id
+        self.settings = settings if settings is not None else MeasureSettings()
+        if not isinstance(self.settings, MeasureSettings):
+            raise DippmNasError(f"settings must be a MeasureSettings, got {type(self.settings).__name__}")
+        if measure_fn is None:
+            self.torch_device = torch_device_for(self.device, cuda_device)
+        else:  # a fake harness: no hardware check
+            self.torch_device = cuda_device or ("cpu" if dev.kind == "cpu" else "cuda")
+        self.owner = owner or worker_id()
+        self.isolate = bool(isolate)
+        self.heartbeat_s = float(heartbeat_s) if heartbeat_s is not None else queue.lease_s / 3.0
+        if self.heartbeat_s <= 0:
+            raise DippmNasError(f"heartbeat_s must be > 0, got {heartbeat_s!r}")
+        self._measure_fn = measure_fn
+        self.processed = 0
+
+    def __repr__(self) -> str:
+        return f"ValidationWorker(device={self.device!r}, owner={self.owner!r}, torch_device={self.torch_device!r})"
+
+    def _measure(self, job: Job) -> Any:
+        """The measurement of a job, or raise DippmNasError when the job cannot be run."""
+        from dippm_nas.spec import InputSpec
+
+        spec = InputSpec.from_dict(job.spec)
+        if self.isolate and self._measure_fn is None:
+            from dippm_nas.measure import measure
+
+            return measure("search_spaces:build_model", spec, self.torch_device, self.settings, isolate=True,
+                           model_kwargs={"name": job.space, "config": job.config})
+        import search_spaces
+
+        model = search_spaces.build_model(job.space, job.config)
+        if self._measure_fn is not None:
+            return self._measure_fn(model, spec, self.torch_device, self.settings)
+        from dippm_nas.measure import measure
+
+        return measure(model, spec, self.torch_device, self.settings)
+
+    def process(self, job: Job) -> str:
+        """Measure a claimed job and record the outcome; returns ``"done"``, ``"failed"`` or ``"lost"``."""
+        with _Heartbeat(self.queue, job, self.owner, self.heartbeat_s):
+            try:
+                measurement = self._measure(job)
+            except DippmNasError as e:
+                reason = f"{type(e).__name__}: {e}"
+                logger.warning("validation job %d (study %s, trial %d) cannot be run: %s", job.id, job.study,
+                               job.trial_number, reason)
+                return "failed" if self.queue.fail(job, self.owner, reason) else "lost"
+            except Exception as e:  # noqa: BLE001 - an unexpected fault is recorded on the job, never dropped
+                reason = f"unexpected {type(e).__name__} in the worker: {e}"
+                logger.exception("validation job %d failed unexpectedly", job.id)
+                return "failed" if self.queue.fail(job, self.owner, reason) else "lost"
+        self.processed += 1
+        return "done" if self.queue.complete(job, self.owner, measurement) else "lost"
+
+    def run_one(self, *, study: str | None = None) -> tuple[Job, str] | None:
+        """Claim and process one job; ``None`` when the queue has nothing for this device (and study)."""
+        job = self.queue.claim(self.device, self.owner, study=study)
+        if job is None:
+            return None
+        return job, self.process(job)
+
+    def run(self, *, max_jobs: int | None = None, idle_timeout_s: float | None = None, poll_s: float = 2.0,
+            study: str | None = None, stop: threading.Event | None = None,
+            on_job: Callable[[Job, str], None] | None = None) -> int:
+        """Process jobs until ``max_jobs`` were handled, the queue stayed empty ``idle_timeout_s``, or ``stop`` is set.
+
+        Args:
+            max_jobs: stop after this many claimed jobs (``None``: no limit).
+            idle_timeout_s: stop when nothing was claimable for this long, seconds (``None``: wait
+                forever; ``0``: stop as soon as the queue is empty).
+            poll_s: wait between polls of an empty queue, seconds.
+            study: only jobs of this study.
+            stop: an event that ends the loop between jobs.
+            on_job: called with each job and its outcome (``"done"``, ``"failed"``, ``"lost"``).
+
+        Returns:
+            The number of jobs claimed.
+        """
+        handled = 0
+        idle_since = time.monotonic()
+        while not (stop is not None and stop.is_set()):
+            if max_jobs is not None and handled >= max_jobs:
+                break
+            got = self.run_one(study=study)
+            if got is None:
+                if idle_timeout_s is not None and time.monotonic() - idle_since >= idle_timeout_s:
+                    break
+                if stop is not None:
+                    stop.wait(poll_s)
+                else:
+                    time.sleep(poll_s)
+                continue
+            handled += 1
+            idle_since = time.monotonic()
+            if on_job is not None:
+                on_job(*got)
+        return handled
