@@ -19,8 +19,9 @@ Reported, all measured with ``time.perf_counter`` on this machine:
 - validation time (measurements of Pareto candidates; optional, reported apart);
 - the cost model's work (the ``cost_model_s`` user attributes: conversion and prediction; the attribute
   writes that follow are not in it),
-  which with ``--background`` runs beside training instead of before it, and the number of distinct
-  architectures converted (a search meets some twice: the conversion cache answers those).
+  which with ``--background`` runs beside training instead of before it, and the rows of the conversion
+  cache (one per distinct architecture at the serving batch, plus the validator's host-CPU specs; a search
+  meets some architectures twice and the cache answers those).
 
 Caveat: on a machine without a free core, background work still competes with training for the CPU; the
 wait share then understates the cost, and the wall time is the figure to compare across modes.
@@ -187,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         "cost_model_work_s": work,
         "validation_s": val_s, "validation_share_pct": 100 * val_s / wall,
         "validated_trials": sum(len(r.enqueued) for r in validator.rounds) if validator is not None else 0,
-        "distinct_architectures_converted": rows,
+        "conversion_cache_rows": rows,
     }
     assert abs(sum(waits) - cost.seconds) < 0.05 * max(cost.seconds, 1.0), (sum(waits), cost.seconds)
     print(f"machine: {fig['machine']}; load average (1, 5, 15 min) before {load_before}, after {load_after}")
@@ -198,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{fig['cost_model_wait_median_s']:.3f} s; share without the warm-up "
           f"{fig['cost_model_wait_share_after_warmup_pct']:.2f} %")
     print(f"cost-model work (conversion and prediction, without attribute writes; beside training with --background): "
-          f"{work:.1f} s; {rows} distinct architectures converted")
+          f"{work:.1f} s; {rows} graphs in the conversion cache (one per distinct architecture, plus the validation "
+          "specs)")
     print(f"validation (apart): {val_s:.1f} s = {fig['validation_share_pct']:.2f} % ({fig['validated_trials']} trials "
           "measured on this CPU)")
     if args.json:

@@ -255,7 +255,7 @@ def _plots(out: Path, rows: list[dict[str, Any]], records: list[Any], device: st
         cb = fig.colorbar(sc, ax=axes, label="predicted memory (MiB)", shrink=0.9)
         if mig_limit_mib:
             cb.ax.axhline(mig_limit_mib, color="tab:red", lw=2)
-            cb.ax.text(0.5, mig_limit_mib, f" {profile}", color="tab:red", fontsize=8, va="bottom",
+            cb.ax.text(-0.15, mig_limit_mib, profile, color="tab:red", fontsize=8, ha="right", va="center",
                        transform=cb.ax.get_yaxis_transform())
     limit = f" ({mig_limit_mib:.0f} MiB usable)" if mig_limit_mib else ""
     fig.suptitle(f"dippm-nas demo: accuracy vs PREDICTED {device} cost, memory constraint {profile}{limit}",
@@ -327,7 +327,7 @@ def _run(args: argparse.Namespace) -> int:
     from dippm_nas._optional import require
     from dippm_nas.errors import DippmNasError
     from dippm_nas.measure import MeasureSettings
-    from dippm_nas.optuna import Budgets, HardwareCostModel, rdb_storage
+    from dippm_nas.optuna import Budgets, HardwareCostModel, optuna_has_set_constraint, rdb_storage
     from dippm_nas.validation import ParetoValidator
 
     for name, v, least in (("--trials", args.trials, 1), ("--epochs", args.epochs, 1), ("--batch", args.batch, 1),
@@ -365,10 +365,14 @@ def _run(args: argparse.Namespace) -> int:
     cost = HardwareCostModel(device=args.device, budgets=Budgets(mig_profile=args.mig_profile,
                                                                  latency_ms=args.latency_budget_ms),
                              background_workers=args.background)
+    # Optuna >= 5 takes the constraints from trial.set_constraint; 4.x samplers need constraints_func.
+    extra: dict[str, Any] = {} if optuna_has_set_constraint() else {"constraints_func": cost.constraints_func}
     if args.sampler == "tpe":
-        sampler: Any = optuna.samplers.TPESampler(seed=args.seed, n_startup_trials=max(3, min(10, args.trials // 3)))
+        sampler: Any = optuna.samplers.TPESampler(seed=args.seed, n_startup_trials=max(3, min(10, args.trials // 3)),
+                                                  **extra)
     else:
-        sampler = optuna.samplers.NSGAIISampler(seed=args.seed, population_size=max(4, min(20, args.trials // 3)))
+        sampler = optuna.samplers.NSGAIISampler(seed=args.seed, population_size=max(4, min(20, args.trials // 3)),
+                                                **extra)
     study = cost.create_study(leading={"accuracy": "maximize"}, storage=rdb_storage(storage), study_name=study_name,
                               sampler=sampler, load_if_exists=True)
     validator = None
