@@ -27,6 +27,7 @@ from dippm_nas.errors import (  # noqa: E402
     SearchSpaceError,
     UnsupportedDtypeError,
     UnsupportedOpError,
+    ValidationError,
 )
 from dippm_nas import mig, prior  # noqa: E402
 from dippm_nas.devices import Device, get_device, list_devices, register_device  # noqa: E402
@@ -45,4 +46,5 @@ __all__ = [
     "DippmNasError", "InputSpecError", "InputShapeError", "UnsupportedDtypeError", "ModelSpecError",
     "GraphCaptureError", "GraphValidationError", "UnsupportedOpError", "CacheError", "DeviceError",
     "MeasurementError", "OutOfMemoryError", "CheckpointError", "SearchSpaceError", "MissingDependencyError",
+    "ValidationError",
 ]

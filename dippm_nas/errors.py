@@ -16,6 +16,7 @@ __all__ = [
     "GraphValidationError",
     "UnsupportedOpError",
     "CacheError",
+    "ValidationError",
     "DeviceError",
     "UnsupportedDtypeError",
     "MeasurementError",
@@ -56,6 +57,11 @@ class UnsupportedOpError(DippmNasError):
 
 class CacheError(DippmNasError):
     """The conversion cache could not be opened or used."""
+
+
+class ValidationError(DippmNasError):
+    """Measuring predictions against the hardware (:mod:`dippm_nas.validation`) was given an invalid
+    argument, or its job queue could not be opened or used. (Not :class:`GraphValidationError`.)"""
 
 
 class DeviceError(DippmNasError, ValueError):

@@ -118,11 +118,12 @@ def rdb_storage(url: str, **engine_kwargs: Any) -> optuna.storages.RDBStorage:
     Every user attribute and constraint the cost model records is a database write. Optuna's default
     SQLite set-up (rollback journal, a sync to disk per commit, 5 s lock timeout) makes each one cost
     5-30 ms and lets concurrent processes fail with "database is locked". For a SQLite URL each
-    connection here gets the conversion cache's settings instead: a 30 s busy timeout, the WAL journal
-    (readers never block the writer) and ``synchronous=NORMAL`` (no sync per commit; a power cut may
-    lose the last commits, never corrupt the file). Measured on a loaded 2-core machine: 17.7 ms per
-    user attribute with Optuna's default, 1.7 ms with these. WAL needs a local file system. Other URLs
-    (PostgreSQL...) get ``pool_pre_ping``.
+    connection here gets the settings of the conversion cache and the validation queue instead
+    (:mod:`dippm_nas._sql`): a 30 s busy timeout, the WAL journal (readers never block the writer)
+    and ``synchronous=NORMAL`` (no sync per commit; a power cut may lose the last commits, never
+    corrupt the file). Measured on a loaded 2-core machine: 17.7 ms per user attribute with Optuna's
+    default, 1.7 ms with these. WAL needs a local file system. Other URLs (PostgreSQL...) get
+    ``pool_pre_ping``.
 
     Args:
         url: a SQLAlchemy URL, e.g. ``sqlite:///study.db`` or ``postgresql+psycopg2://user:pw@host/db``.
@@ -139,9 +140,12 @@ def rdb_storage(url: str, **engine_kwargs: Any) -> optuna.storages.RDBStorage:
         engine_kwargs.setdefault("pool_pre_ping", True)
     storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs or None)
     if is_sqlite:
-        from dippm_nas.cache._store import _sqlite_on_connect
+        from dippm_nas._sql import sqlite_connect_listener
 
-        event.listen(storage.engine, "connect", _sqlite_on_connect)
+        listener = sqlite_connect_listener(
+            what="Optuna storage", local_hint="Keep the study's SQLite file on a local disk."
+        )
+        event.listen(storage.engine, "connect", listener)
         storage.engine.dispose()  # connections opened while Optuna created its tables get the settings too
     return storage
 

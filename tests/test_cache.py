@@ -438,8 +438,10 @@ def test_default_cache_singleton(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 def test_url_is_redacted_but_recoverable(tmp_path: Path) -> None:
     from sqlalchemy.engine import make_url
 
+    from dippm_nas._sql import redact
+
     url = "postgresql+psycopg2://user:s3cret@db.example:5432/cache"
-    assert _store._redact(make_url(url)) == "postgresql+psycopg2://user:***@db.example:5432/cache"
+    assert redact(make_url(url)) == "postgresql+psycopg2://user:***@db.example:5432/cache"
     with ConversionCache(f"sqlite:///{tmp_path / 'c.sqlite'}") as cache:
         assert cache.url_with_credentials() == cache.url == f"sqlite:///{tmp_path / 'c.sqlite'}"
 

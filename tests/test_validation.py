@@ -23,7 +23,7 @@ import sqlalchemy as sa
 
 import dippm_nas.validation._queue as queue_mod
 import dippm_nas.validation._validator as validator_mod
-from dippm_nas.errors import DippmNasError, InputSpecError, SearchSpaceError
+from dippm_nas.errors import DippmNasError, InputSpecError, SearchSpaceError, ValidationError
 from dippm_nas.measure import Measurement, MeasureSettings
 from dippm_nas.prediction import Prediction
 from dippm_nas.predictor import BasePredictor, get_predictor, set_predictor
@@ -192,6 +192,28 @@ def test_enqueue_checks_rows_before_they_enter(queue: JobQueue) -> None:
         queue.enqueue(study="s", trial_number=-1, space="mlp", config=_cfg(), spec=SPEC.to_dict(),
                       device="host-cpu", predicted=PRED)
     assert queue.jobs() == []
+
+
+def test_bad_queue_arguments_raise_validation_error_with_the_rule(tmp_path: Path, queue: JobQueue) -> None:
+    url = f"sqlite:///{tmp_path / 'q.db'}"
+    with pytest.raises(ValidationError, match=r"lease_s must be a finite number > 0, got -1\.0"):
+        JobQueue(url, lease_s=-1.0)
+    with pytest.raises(ValidationError, match=r"max_attempts must be an int >= 1, got 0"):
+        JobQueue(url, max_attempts=0)
+    with pytest.raises(ValidationError, match=r"invalid validation queue URL 'not a url'.*expected e\.g\."):
+        JobQueue("not a url")
+    with pytest.raises(ValidationError, match=r"invalid validation queue URL 'nosuchdb://host/db'"):
+        JobQueue("nosuchdb://host/db")  # parses, but no such dialect: the engine set-up names the queue
+    with pytest.raises(ValidationError, match=r"status must be one of .* got 'lost'"):
+        queue.jobs(status="lost")
+    with pytest.raises(ValidationError, match=r"trial_number must be an int >= 0, got -1"):
+        queue.enqueue(study="s", trial_number=-1, space="mlp", config=_cfg(), spec=SPEC.to_dict(),
+                      device="host-cpu", predicted=PRED)
+    assert issubclass(ValidationError, DippmNasError)  # callers catching the root still catch it
+    import dippm_nas
+    import dippm_nas.validation
+
+    assert dippm_nas.ValidationError is dippm_nas.validation.ValidationError is ValidationError
 
 
 # ------------------------------------------------------------------------------------------- worker

@@ -28,7 +28,6 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import sqlite3
 import threading
 import time
 import weakref
@@ -36,18 +35,17 @@ import zlib
 from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy import event, exc
+from sqlalchemy import exc
 from sqlalchemy.dialects import mysql as _mysql
-from sqlalchemy.engine import URL, Connection, Engine, make_url
-from sqlalchemy.pool import StaticPool
+from sqlalchemy.engine import URL, Connection, make_url
 
 from dippm_nas._paths import CACHE_DIR_ENV, CACHE_URL_ENV, SQLITE_FILE_NAME, cache_dir, default_cache_url
-from dippm_nas.errors import CacheError, GraphValidationError, MissingDependencyError
+from dippm_nas._sql import make_engine, redact
+from dippm_nas.errors import CacheError, GraphValidationError
 from dippm_nas.graph._graph import GRAPH_FORMAT_VERSION, OperatorGraph
 
 __all__ = ["ConversionCache", "default_cache", "set_default_cache", "TABLE_NAME"]
@@ -61,8 +59,6 @@ _MAX_KEY_CHARS = 255
 _ZLIB_LEVEL = 6
 #: Eviction deletes least-recently-used rows until the total is at most this fraction of ``max_bytes``.
 _EVICT_TO_FRACTION = 0.9
-#: SQLite busy timeout: how long a writer waits for another process's write lock.
-_SQLITE_BUSY_TIMEOUT_S = 30.0
 #: In-process memory of a decoded graph per byte of its JSON text. Measured with tracemalloc on a
 #: 300-node conv/batch_norm/relu chain: ~400 KB of Python objects for 81 KB of JSON.
 _MEMORY_PER_JSON_BYTE = 5
@@ -168,84 +164,6 @@ def _fresh_copy(template: OperatorGraph) -> OperatorGraph:
     )
 
 
-def _sqlite_on_connect(dbapi_conn: Any, _record: Any) -> None:
-    """Per SQLite connection: busy timeout first (so the WAL switch waits for other processes), WAL, NORMAL sync."""
-    cur = dbapi_conn.cursor()
-    try:
-        cur.execute(f"PRAGMA busy_timeout = {int(_SQLITE_BUSY_TIMEOUT_S * 1000)}")
-        mode = str(cur.execute("PRAGMA journal_mode").fetchone()[0]).lower()
-        if mode != "wal":
-            mode = _switch_to_wal(cur)
-        if mode not in ("wal", "memory"):
-            _warn_once(
-                "sqlite-journal",
-                "conversion cache: SQLite refused WAL journal mode (got %r; a network file system?); "
-                "concurrent processes will wait on each other more. Set %s to a local directory.",
-                mode, CACHE_DIR_ENV,
-            )
-        # In WAL mode NORMAL cannot corrupt the database; a power cut may lose the last commits.
-        cur.execute("PRAGMA synchronous = NORMAL")
-    finally:
-        cur.close()
-
-
-def _switch_to_wal(cur: Any) -> str:
-    """``PRAGMA journal_mode = WAL``, retried while another process holds the database.
-
-    The switch needs an exclusive lock, and SQLite answers "database is locked" at once, without its
-    busy handler, when two fresh connections deadlock on it (both read, both want to write); so
-    back off and retry here, up to the busy timeout.
-    """
-    deadline = time.monotonic() + _SQLITE_BUSY_TIMEOUT_S
-    delay = 0.001
-    while True:
-        try:
-            return str(cur.execute("PRAGMA journal_mode = WAL").fetchone()[0]).lower()
-        except sqlite3.OperationalError as e:
-            locked = "locked" in str(e) or "busy" in str(e)
-            if not locked or time.monotonic() + delay > deadline:
-                raise
-            time.sleep(delay)
-            delay = min(delay * 2, 0.1)
-
-
-def _redact(url: URL) -> str:
-    return url.render_as_string(hide_password=True)
-
-
-def _make_engine(url: URL) -> Engine:
-    backend = url.get_backend_name()
-    try:
-        if backend == "sqlite":
-            database = url.database or ""
-            in_memory = database in ("", ":memory:") or "mode=memory" in database
-            if not in_memory and not database.startswith("file:"):
-                parent = Path(database).expanduser().absolute().parent
-                try:
-                    parent.mkdir(parents=True, exist_ok=True)
-                except OSError as e:
-                    raise CacheError(
-                        f"cannot create the directory {str(parent)!r} of the conversion cache ({e}); "
-                        f"set {CACHE_DIR_ENV} to a writable directory"
-                    ) from e
-            kwargs: dict[str, Any] = {
-                "connect_args": {"check_same_thread": False, "timeout": _SQLITE_BUSY_TIMEOUT_S},
-            }
-            if in_memory:  # one shared connection, else every connection sees its own empty database
-                kwargs["poolclass"] = StaticPool
-            engine = sa.create_engine(url, **kwargs)
-            event.listen(engine, "connect", _sqlite_on_connect)
-            return engine
-        return sa.create_engine(url, pool_pre_ping=True)
-    except ImportError as e:
-        raise MissingDependencyError(
-            f"the conversion cache URL {_redact(url)!r} needs a database driver that is not installed ({e}); "
-            "for PostgreSQL install it with: pip install 'dippm-nas[postgres]'"
-        ) from e
-    except exc.ArgumentError as e:
-        raise CacheError(f"invalid conversion cache URL {_redact(url)!r}: {e}") from e
-
-
 _live_caches: "weakref.WeakSet[ConversionCache]" = weakref.WeakSet()
 
 
@@ -318,9 +236,15 @@ class ConversionCache:
                     f"invalid conversion cache URL {url!r} ({e}); expected e.g. 'sqlite:////path/cache.sqlite' "
                     "or 'postgresql+psycopg2://user@host/dbname'"
                 ) from e
-        self.url = _redact(self._url)
+        self.url = redact(self._url)
 
-        self._engine = _make_engine(self._url)
+        self._engine = make_engine(
+            self._url,
+            what="conversion cache",
+            error=CacheError,
+            dir_hint=f"set {CACHE_DIR_ENV} to a writable directory",
+            local_hint=f"Set {CACHE_DIR_ENV} to a local directory.",
+        )
         self._dialect = self._engine.dialect.name
         self._pid = os.getpid()
         self._lock = threading.Lock()

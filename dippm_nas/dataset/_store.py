@@ -49,10 +49,11 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy import event, exc
+from sqlalchemy import exc
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection, Engine
 
+from dippm_nas._sql import make_engine
 from dippm_nas._version import __version__
 from dippm_nas.dataset._errors import DatasetError
 from dippm_nas.graph._graph import GRAPH_FORMAT_VERSION, OperatorGraph
@@ -232,17 +233,6 @@ def _job(row: Any) -> Job:
                macs_per_sample=row.macs_per_sample)
 
 
-def _on_connect(dbapi_conn: Any, _record: Any) -> None:
-    cur = dbapi_conn.cursor()
-    try:
-        cur.execute(f"PRAGMA busy_timeout = {int(_SQLITE_BUSY_TIMEOUT_S * 1000)}")
-        cur.execute("PRAGMA journal_mode = WAL")
-        cur.execute("PRAGMA synchronous = NORMAL")
-        cur.execute("PRAGMA foreign_keys = ON")
-    finally:
-        cur.close()
-
-
 def _chunks(seq: Sequence[Any], n: int = _IN_CHUNK) -> Iterator[Sequence[Any]]:
     for i in range(0, len(seq), n):
         yield seq[i:i + n]
@@ -270,11 +260,16 @@ class DatasetStore:
             if not create:
                 raise DatasetError(f"dataset file {str(self.path)!r} does not exist")
             self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._engine: Engine = sa.create_engine(
+        # WAL journal, busy timeout, synchronous=NORMAL and enforced foreign keys on every connection.
+        self._engine: Engine = make_engine(
             sa.engine.URL.create("sqlite", database=str(self.path)),
-            connect_args={"check_same_thread": False, "timeout": _SQLITE_BUSY_TIMEOUT_S},
+            what="dataset file",
+            error=DatasetError,
+            dir_hint="pass a path in a writable directory",
+            local_hint="Keep the dataset file on a local disk.",
+            busy_timeout_s=_SQLITE_BUSY_TIMEOUT_S,
+            foreign_keys=True,
         )
-        event.listen(self._engine, "connect", _on_connect)
         try:
             with self._engine.begin() as conn:
                 _md.create_all(conn, checkfirst=True)

@@ -7,6 +7,7 @@ machine that has the device (:class:`ValidationWorker`). Results land in a SQL r
 :class:`Calibration` corrects the measured device's latency predictions.
 """
 
+from dippm_nas.errors import ValidationError
 from dippm_nas.validation._calibrate import (
     CalibratedPredictor,
     Calibration,
@@ -40,4 +41,5 @@ __all__ = [
     "ValidationWorker", "device_is_here", "torch_device_for",
     "ValidationSummary", "summarize",
     "Calibration", "CalibratedPredictor", "fit_calibration", "apply_calibration",
+    "ValidationError",
 ]

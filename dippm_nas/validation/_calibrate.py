@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from dippm_nas.errors import DippmNasError
+from dippm_nas.errors import ValidationError
 from dippm_nas.graph._graph import OperatorGraph
 from dippm_nas.prediction import Prediction
 from dippm_nas.predictor import BasePredictor, get_predictor, set_predictor
@@ -58,7 +58,7 @@ class Calibration:
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.latency_scale) or self.latency_scale <= 0:
-            raise DippmNasError(f"latency_scale must be a finite number > 0, got {self.latency_scale!r}")
+            raise ValidationError(f"latency_scale must be a finite number > 0, got {self.latency_scale!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -85,11 +85,11 @@ def fit_calibration(jobs: Sequence[Job], device: str, *, min_rows: int = 3) -> C
         min_rows: fewest usable measurements; fewer is an error.
 
     Raises:
-        DippmNasError: fewer than ``min_rows`` usable measurements.
+        ValidationError: fewer than ``min_rows`` usable measurements.
     """
     pairs = _pairs(jobs, device)
     if len(pairs) < min_rows:
-        raise DippmNasError(f"calibrating {device!r} needs at least {min_rows} 'ok' measurements, got {len(pairs)}")
+        raise ValidationError(f"calibrating {device!r} needs at least {min_rows} 'ok' measurements, got {len(pairs)}")
     logs = [math.log(m / p) for p, m in pairs]
     scale = math.exp(statistics.fmean(logs))
     before = statistics.fmean(abs(p - m) / m for p, m in pairs) * 100.0
@@ -110,8 +110,8 @@ class CalibratedPredictor(BasePredictor):
         if isinstance(base, CalibratedPredictor):
             base = base.base
         if calibration.device != base.device:
-            raise DippmNasError(f"a calibration of {calibration.device!r} cannot correct the predictor of "
-                                f"{base.device!r}")
+            raise ValidationError(f"a calibration of {calibration.device!r} cannot correct the predictor of "
+                                  f"{base.device!r}")
         self.base = base
         self.calibration = calibration
         self.device = base.device

@@ -36,7 +36,8 @@ import sqlalchemy as sa
 from sqlalchemy import exc
 from sqlalchemy.engine import URL, Connection, make_url
 
-from dippm_nas.errors import DippmNasError
+from dippm_nas._sql import make_engine, redact
+from dippm_nas.errors import ValidationError
 from dippm_nas.validation._tables import JOB_STATUSES, jobs, metadata, results
 
 __all__ = ["Job", "JobQueue", "ValidationRecord", "worker_id", "DEFAULT_LEASE_S", "DEFAULT_MAX_ATTEMPTS"]
@@ -67,8 +68,8 @@ def _dumps(value: Any, what: str) -> str:
     try:
         return json.dumps(value, sort_keys=True, allow_nan=False)
     except (TypeError, ValueError) as e:
-        raise DippmNasError(f"{what} must be plain JSON data (dicts, lists, str, finite numbers, bools, None); "
-                            f"got {value!r}: {e}") from e
+        raise ValidationError(f"{what} must be plain JSON data (dicts, lists, str, finite numbers, bools, None); "
+                              f"got {value!r}: {e}") from e
 
 
 def _loads(text: str | None) -> Any:
@@ -178,10 +179,6 @@ def _error_pct(predicted: Any, measured: Any) -> float | None:
     return 100.0 * (p - m) / m
 
 
-def _redact(url: URL) -> str:
-    return url.render_as_string(hide_password=True)
-
-
 class JobQueue:
     """The validation job queue and results tables in one SQL database.
 
@@ -192,7 +189,7 @@ class JobQueue:
         max_attempts: claims of one job before it is marked ``failed``. Default 3.
 
     Raises:
-        DippmNasError: an invalid URL, lease or attempt count, or a database that cannot be opened.
+        ValidationError: an invalid URL, lease or attempt count, or a database that cannot be opened.
         MissingDependencyError: the URL's driver is not installed.
 
     One object per process (its connection pool does not survive ``fork``).
@@ -202,27 +199,28 @@ class JobQueue:
                  max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> None:
         if isinstance(lease_s, bool) or not isinstance(lease_s, (int, float)) or not math.isfinite(lease_s) \
                 or lease_s <= 0:
-            raise DippmNasError(f"lease_s must be a finite number > 0, got {lease_s!r}")
+            raise ValidationError(f"lease_s must be a finite number > 0, got {lease_s!r}")
         if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
-            raise DippmNasError(f"max_attempts must be an int >= 1, got {max_attempts!r}")
+            raise ValidationError(f"max_attempts must be an int >= 1, got {max_attempts!r}")
         if not isinstance(url, (str, URL)) or not str(url):
-            raise DippmNasError(f"url must be a SQLAlchemy URL string, got {url!r}")
+            raise ValidationError(f"url must be a SQLAlchemy URL string, got {url!r}")
         try:
             self._url = make_url(url)
         except exc.ArgumentError as e:
-            raise DippmNasError(f"invalid validation queue URL {url!r} ({e}); expected e.g. "
-                                "'sqlite:////path/study.db' or 'postgresql+psycopg2://user@host/db'") from e
-        self.url = _redact(self._url)
+            raise ValidationError(f"invalid validation queue URL {url!r} ({e}); expected e.g. "
+                                  "'sqlite:////path/study.db' or 'postgresql+psycopg2://user@host/db'") from e
+        self.url = redact(self._url)
         self.lease_s = float(lease_s)
         self.max_attempts = max_attempts
-        # The conversion cache's engine set-up: SQLite in WAL mode with a busy timeout, pre-ping elsewhere.
-        from dippm_nas.cache._store import _make_engine
-        from dippm_nas.errors import CacheError
-
-        try:
-            self._engine = _make_engine(self._url)
-        except CacheError as e:  # MissingDependencyError (no driver) passes through with its install hint
-            raise DippmNasError(f"cannot open the validation queue {self.url!r}: {e}") from e
+        # SQLite in WAL mode with a busy timeout, pre-ping elsewhere; a missing driver raises
+        # MissingDependencyError with its install hint.
+        self._engine = make_engine(
+            self._url,
+            what="validation queue",
+            error=ValidationError,
+            dir_hint="pass a URL whose directory is writable",
+            local_hint="Keep the queue's SQLite file on a local disk.",
+        )
         self.dialect = self._engine.dialect.name
         self._create_tables()
 
@@ -240,7 +238,7 @@ class JobQueue:
             with self._engine.begin() as conn:
                 yield conn
         except exc.SQLAlchemyError as e:
-            raise DippmNasError(f"validation queue {self.url!r}: {what} failed: {e}") from e
+            raise ValidationError(f"validation queue {self.url!r}: {what} failed: {e}") from e
 
     def _create_tables(self) -> None:
         try:
@@ -254,10 +252,10 @@ class JobQueue:
             except exc.SQLAlchemyError:
                 ok = False
             if not ok:
-                raise DippmNasError(f"cannot create the validation tables in {self.url!r}: {e}") from e
+                raise ValidationError(f"cannot create the validation tables in {self.url!r}: {e}") from e
             logger.debug("validation tables created concurrently by another process (%s)", e)
         except exc.SQLAlchemyError as e:
-            raise DippmNasError(f"cannot open the validation queue {self.url!r}: {e}") from e
+            raise ValidationError(f"cannot open the validation queue {self.url!r}: {e}") from e
 
     def close(self) -> None:
         """Release the connections."""
@@ -296,7 +294,7 @@ class JobQueue:
             SearchSpaceError: unknown space or invalid config.
             InputSpecError: ``spec`` does not describe an input.
             DeviceError: unknown device.
-            DippmNasError: a value that is not plain JSON data, or a database error.
+            ValidationError: a value that is not plain JSON data, or a database error.
         """
         import search_spaces
 
@@ -304,11 +302,13 @@ class JobQueue:
         from dippm_nas.spec import InputSpec
 
         if not isinstance(study, str) or not study or len(study) > _MAX_NAME_CHARS:
-            raise DippmNasError(f"study must be a non-empty str of at most {_MAX_NAME_CHARS} characters, got {study!r}")
+            raise ValidationError(
+                f"study must be a non-empty str of at most {_MAX_NAME_CHARS} characters, got {study!r}"
+            )
         if isinstance(trial_number, bool) or not isinstance(trial_number, int) or trial_number < 0:
-            raise DippmNasError(f"trial_number must be an int >= 0, got {trial_number!r}")
+            raise ValidationError(f"trial_number must be an int >= 0, got {trial_number!r}")
         if isinstance(priority, bool) or not isinstance(priority, (int, float)) or math.isnan(priority):
-            raise DippmNasError(f"priority must be a number, got {priority!r}")
+            raise ValidationError(f"priority must be a number, got {priority!r}")
         config_json = _dumps(dict(config) if isinstance(config, Mapping) else config, "config")
         cfg = search_spaces.get_space(space).validate(json.loads(config_json))
         spec_json = _dumps(dict(spec) if isinstance(spec, Mapping) else spec, "spec")
@@ -340,7 +340,7 @@ class JobQueue:
         except exc.IntegrityError:
             return None
         except exc.SQLAlchemyError as e:
-            raise DippmNasError(f"validation queue {self.url!r}: enqueueing a job failed: {e}") from e
+            raise ValidationError(f"validation queue {self.url!r}: enqueueing a job failed: {e}") from e
 
     # ------------------------------------------------------------------ worker side
     def requeue_expired(self) -> int:
@@ -385,7 +385,7 @@ class JobQueue:
             queue has nothing for this device.
         """
         if not isinstance(owner, str) or not owner:
-            raise DippmNasError(f"owner must be a non-empty str, got {owner!r}")
+            raise ValidationError(f"owner must be a non-empty str, got {owner!r}")
         self.requeue_expired()
         now = _now()
         cond = [jobs.c.status == "queued", jobs.c.device == device]
@@ -450,7 +450,9 @@ class JobQueue:
         from dippm_nas.measure import Measurement
 
         if not isinstance(measurement, Measurement):
-            raise DippmNasError(f"measurement must be a dippm_nas.measure.Measurement, got {type(measurement).__name__}")
+            raise ValidationError(
+                f"measurement must be a dippm_nas.measure.Measurement, got {type(measurement).__name__}"
+            )
         m = measurement.to_dict()
         m_json = _dumps(m, "measurement")
         now = _now()
@@ -495,18 +497,18 @@ class JobQueue:
         """The job with this id.
 
         Raises:
-            DippmNasError: no such job.
+            ValidationError: no such job.
         """
         with self._tx("reading a job") as conn:
             row = conn.execute(sa.select(jobs).where(jobs.c.id == job_id)).first()
         if row is None:
-            raise DippmNasError(f"validation queue {self.url!r} has no job {job_id}")
+            raise ValidationError(f"validation queue {self.url!r} has no job {job_id}")
         return Job._from_row(row)
 
     def jobs(self, *, study: str | None = None, device: str | None = None, status: str | None = None) -> list[Job]:
         """Jobs, oldest first, optionally of one study, device and status."""
         if status is not None and status not in JOB_STATUSES:
-            raise DippmNasError(f"status must be one of {JOB_STATUSES} or None, got {status!r}")
+            raise ValidationError(f"status must be one of {JOB_STATUSES} or None, got {status!r}")
         q = sa.select(jobs).order_by(jobs.c.id)
         if study is not None:
             q = q.where(jobs.c.study == study)

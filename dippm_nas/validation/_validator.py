@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from dippm_nas.errors import DippmNasError
+from dippm_nas.errors import DippmNasError, ValidationError
 from dippm_nas.validation._calibrate import Calibration, apply_calibration, fit_calibration
 from dippm_nas.validation._queue import DEFAULT_LEASE_S, DEFAULT_MAX_ATTEMPTS, JobQueue, ValidationRecord
 from dippm_nas.validation._summary import ValidationSummary, summarize
@@ -130,7 +130,7 @@ class ParetoValidator:
         measure_fn: replaces the harness for local jobs (tests).
 
     Raises:
-        DippmNasError: invalid schedule, mode or counts; ``mode="local"`` for a device not on this machine.
+        ValidationError: invalid schedule, mode or counts; ``mode="local"`` for a device not on this machine.
     """
 
     def __init__(
@@ -155,27 +155,27 @@ class ParetoValidator:
 
         self.device = resolve_device(device).id
         if every_n_trials is None and every_seconds is None:
-            raise DippmNasError("give every_n_trials or every_seconds (or both): otherwise no round would ever run")
+            raise ValidationError("give every_n_trials or every_seconds (or both): otherwise no round would ever run")
         if every_n_trials is not None and (isinstance(every_n_trials, bool) or not isinstance(every_n_trials, int)
                                            or every_n_trials < 1):
-            raise DippmNasError(f"every_n_trials must be an int >= 1 or None, got {every_n_trials!r}")
+            raise ValidationError(f"every_n_trials must be an int >= 1 or None, got {every_n_trials!r}")
         if every_seconds is not None and (isinstance(every_seconds, bool) or not isinstance(every_seconds, (int, float))
                                           or not every_seconds > 0):
-            raise DippmNasError(f"every_seconds must be a number > 0 or None, got {every_seconds!r}")
+            raise ValidationError(f"every_seconds must be a number > 0 or None, got {every_seconds!r}")
         if isinstance(max_per_round, bool) or not isinstance(max_per_round, int) or max_per_round < 1:
-            raise DippmNasError(f"max_per_round must be an int >= 1, got {max_per_round!r}")
+            raise ValidationError(f"max_per_round must be an int >= 1, got {max_per_round!r}")
         if mode not in MODES:
-            raise DippmNasError(f"mode must be one of {MODES}, got {mode!r}")
+            raise ValidationError(f"mode must be one of {MODES}, got {mode!r}")
         if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
                                        or batch_size < 1):
-            raise DippmNasError(f"batch_size must be an int >= 1 or None, got {batch_size!r}")
+            raise ValidationError(f"batch_size must be an int >= 1 or None, got {batch_size!r}")
         if isinstance(min_calibration_rows, bool) or not isinstance(min_calibration_rows, int) \
                 or min_calibration_rows < 1:
-            raise DippmNasError(f"min_calibration_rows must be an int >= 1, got {min_calibration_rows!r}")
+            raise ValidationError(f"min_calibration_rows must be an int >= 1, got {min_calibration_rows!r}")
         here = measure_fn is not None or device_is_here(self.device)
         if mode == "local" and not here:
-            raise DippmNasError(f"mode='local' needs device {self.device!r} on this machine; use mode='queue' and run "
-                                f"`dippm-nas validate-worker --device {self.device}` where it is")
+            raise ValidationError(f"mode='local' needs device {self.device!r} on this machine; use mode='queue' "
+                                  f"and run `dippm-nas validate-worker --device {self.device}` where it is")
         self.local = mode == "local" or (mode == "auto" and here)
         self.mode = mode
         self.storage = storage
@@ -210,7 +210,7 @@ class ParetoValidator:
         url = self.storage or _storage_url(study)
         if url is None:
             if not self.local:
-                raise DippmNasError(
+                raise ValidationError(
                     "the study's storage is not an RDB (in-memory?), so a remote worker could not see its queue; "
                     "pass storage='sqlite:///file.db' or a PostgreSQL URL to ParetoValidator"
                 )
@@ -374,7 +374,7 @@ class ParetoValidator:
             apply: make :func:`dippm_nas.predict` use it for the device from now on (this process).
 
         Raises:
-            DippmNasError: fewer than ``min_calibration_rows`` ``"ok"`` measurements.
+            ValidationError: fewer than ``min_calibration_rows`` ``"ok"`` measurements.
         """
         queue = self.queue_for(study)
         cal = fit_calibration(queue.jobs(device=self.device, status="done"), self.device,

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from dippm_nas.errors import DeviceError, DippmNasError
+from dippm_nas.errors import DeviceError, DippmNasError, ValidationError
 from dippm_nas.validation._queue import Job, JobQueue, worker_id
 
 __all__ = ["ValidationWorker", "device_is_here", "torch_device_for", "MeasureFn"]
@@ -160,7 +160,7 @@ class ValidationWorker:
         self.device = dev.id
         self.settings = settings if settings is not None else MeasureSettings()
         if not isinstance(self.settings, MeasureSettings):
-            raise DippmNasError(f"settings must be a MeasureSettings, got {type(self.settings).__name__}")
+            raise ValidationError(f"settings must be a MeasureSettings, got {type(self.settings).__name__}")
         if measure_fn is None:
             self.torch_device = torch_device_for(self.device, cuda_device)
         else:  # a fake harness: no hardware check
@@ -169,7 +169,7 @@ class ValidationWorker:
         self.isolate = bool(isolate)
         self.heartbeat_s = float(heartbeat_s) if heartbeat_s is not None else queue.lease_s / 3.0
         if self.heartbeat_s <= 0:
-            raise DippmNasError(f"heartbeat_s must be > 0, got {heartbeat_s!r}")
+            raise ValidationError(f"heartbeat_s must be > 0, got {heartbeat_s!r}")
         self._measure_fn = measure_fn
         self.processed = 0
 

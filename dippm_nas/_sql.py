@@ -1,0 +1,183 @@
+"""SQLAlchemy engine set-up shared by every dippm-nas SQL store.
+
+The conversion cache, the validation queue, the dataset store and the Optuna storage of
+:func:`dippm_nas.optuna.rdb_storage` open their databases the same way:
+
+- SQLite: a busy timeout (so a writer waits for another process's lock instead of failing with
+  "database is locked"), the WAL journal (readers never block the writer), ``synchronous=NORMAL``
+  (no sync per commit; a power cut may lose the last commits, never corrupt the file) and, where a
+  store asks for it, ``foreign_keys=ON``; an in-memory database shares one connection;
+- anything else (PostgreSQL, MySQL...): ``pool_pre_ping``, so a connection the server dropped is
+  replaced instead of failing the next statement.
+
+Errors name the store (``what``) and are raised as the caller's :class:`~dippm_nas.errors.DippmNasError`
+subclass, so each store keeps its own exception type and its messages.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import event, exc
+from sqlalchemy.engine import URL, Engine
+from sqlalchemy.pool import StaticPool
+
+from dippm_nas.errors import DippmNasError, MissingDependencyError
+
+__all__ = ["SQLITE_BUSY_TIMEOUT_S", "make_engine", "redact", "sqlite_connect_listener"]
+
+logger = logging.getLogger(__name__)
+
+#: Default SQLite busy timeout: how long a writer waits for another process's write lock, seconds.
+SQLITE_BUSY_TIMEOUT_S = 30.0
+
+#: A pool "connect" event listener: ``(dbapi_connection, connection_record) -> None``.
+ConnectListener = Callable[[Any, Any], None]
+
+#: The stores (``what``) already warned in this process that SQLite refused WAL.
+_refused_wal: set[str] = set()
+_refused_wal_lock = threading.Lock()
+
+
+def redact(url: URL) -> str:
+    """``url`` as a string with any password masked (``***``), safe for logs and error messages."""
+    return url.render_as_string(hide_password=True)
+
+
+def _switch_to_wal(cur: Any, busy_timeout_s: float) -> str:
+    """``PRAGMA journal_mode = WAL``, retried while another process holds the database.
+
+    The switch needs an exclusive lock, and SQLite answers "database is locked" at once, without its
+    busy handler, when two fresh connections deadlock on it (both read, both want to write); so
+    back off and retry here, up to the busy timeout.
+    """
+    deadline = time.monotonic() + busy_timeout_s
+    delay = 0.001
+    while True:
+        try:
+            return str(cur.execute("PRAGMA journal_mode = WAL").fetchone()[0]).lower()
+        except sqlite3.OperationalError as e:
+            locked = "locked" in str(e) or "busy" in str(e)
+            if not locked or time.monotonic() + delay > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.1)
+
+
+def sqlite_connect_listener(
+    *,
+    what: str,
+    local_hint: str,
+    busy_timeout_s: float = SQLITE_BUSY_TIMEOUT_S,
+    foreign_keys: bool = False,
+) -> ConnectListener:
+    """The pool ``"connect"`` listener that sets up each new SQLite connection of one store.
+
+    Per connection: the busy timeout first (so the WAL switch waits for other processes), the WAL
+    journal, ``synchronous=NORMAL``, then ``foreign_keys=ON`` when asked. When SQLite refuses WAL (a
+    network file system?) a warning naming ``what`` and ``local_hint`` is logged once per store.
+
+    Args:
+        what: the store, for the warning (``"conversion cache"``, ``"validation queue"``...).
+        local_hint: a sentence telling the user how to move the file to a local disk.
+        busy_timeout_s: the SQLite busy timeout, seconds.
+        foreign_keys: also run ``PRAGMA foreign_keys = ON``.
+
+    Returns:
+        A function to pass to ``sqlalchemy.event.listen(engine, "connect", ...)``.
+    """
+    busy_ms = int(busy_timeout_s * 1000)
+
+    def on_connect(dbapi_conn: Any, _record: Any) -> None:
+        cur = dbapi_conn.cursor()
+        try:
+            cur.execute(f"PRAGMA busy_timeout = {busy_ms}")
+            mode = str(cur.execute("PRAGMA journal_mode").fetchone()[0]).lower()
+            if mode != "wal":
+                mode = _switch_to_wal(cur, busy_timeout_s)
+            if mode not in ("wal", "memory"):
+                with _refused_wal_lock:
+                    first = what not in _refused_wal
+                    _refused_wal.add(what)
+                if first:
+                    logger.warning(
+                        "%s: SQLite refused WAL journal mode (got %r; a network file system?); "
+                        "concurrent processes will wait on each other more. %s",
+                        what, mode, local_hint,
+                    )
+            # In WAL mode NORMAL cannot corrupt the database; a power cut may lose the last commits.
+            cur.execute("PRAGMA synchronous = NORMAL")
+            if foreign_keys:
+                cur.execute("PRAGMA foreign_keys = ON")
+        finally:
+            cur.close()
+
+    return on_connect
+
+
+def make_engine(
+    url: URL,
+    *,
+    what: str,
+    error: type[DippmNasError],
+    dir_hint: str,
+    local_hint: str,
+    busy_timeout_s: float = SQLITE_BUSY_TIMEOUT_S,
+    foreign_keys: bool = False,
+) -> Engine:
+    """A SQLAlchemy engine for one dippm-nas store, set up as the module docstring describes.
+
+    For a SQLite file the parent directory is created when missing.
+
+    Args:
+        url: the database URL.
+        what: the store, named in every message (``"conversion cache"``, ``"validation queue"``...).
+        error: the exception class for an invalid URL or a directory that cannot be created.
+        dir_hint: what to do when the SQLite file's directory cannot be created (``"set X to a
+            writable directory"``).
+        local_hint: a sentence for the warning when SQLite refuses WAL (see :func:`sqlite_connect_listener`).
+        busy_timeout_s: the SQLite busy timeout, seconds.
+        foreign_keys: SQLite only: enforce foreign keys on every connection.
+
+    Raises:
+        error: an invalid URL, or a SQLite directory that cannot be created.
+        MissingDependencyError: the URL's database driver is not installed.
+    """
+    backend = url.get_backend_name()
+    try:
+        if backend == "sqlite":
+            database = url.database or ""
+            in_memory = database in ("", ":memory:") or "mode=memory" in database
+            if not in_memory and not database.startswith("file:"):
+                parent = Path(database).expanduser().absolute().parent
+                try:
+                    parent.mkdir(parents=True, exist_ok=True)
+                except OSError as e:
+                    raise error(
+                        f"cannot create the directory {str(parent)!r} of the {what} ({e}); {dir_hint}"
+                    ) from e
+            kwargs: dict[str, Any] = {
+                "connect_args": {"check_same_thread": False, "timeout": busy_timeout_s},
+            }
+            if in_memory:  # one shared connection, else every connection sees its own empty database
+                kwargs["poolclass"] = StaticPool
+            engine = sa.create_engine(url, **kwargs)
+            event.listen(engine, "connect", sqlite_connect_listener(
+                what=what, local_hint=local_hint, busy_timeout_s=busy_timeout_s, foreign_keys=foreign_keys,
+            ))
+            return engine
+        return sa.create_engine(url, pool_pre_ping=True)
+    except ImportError as e:
+        raise MissingDependencyError(
+            f"the {what} URL {redact(url)!r} needs a database driver that is not installed ({e}); "
+            "for PostgreSQL install it with: pip install 'dippm-nas[postgres]'"
+        ) from e
+    except exc.ArgumentError as e:
+        raise error(f"invalid {what} URL {redact(url)!r}: {e}") from e

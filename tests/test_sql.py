@@ -1,0 +1,108 @@
+"""Tests of ``dippm_nas._sql``: the engine set-up shared by the conversion cache, the validation queue,
+the dataset store and the Optuna storage, and the messages each store keeps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import make_url
+
+from dippm_nas._paths import CACHE_DIR_ENV
+from dippm_nas._sql import SQLITE_BUSY_TIMEOUT_S, make_engine, redact
+from dippm_nas.cache import ConversionCache
+from dippm_nas.dataset import DatasetError, DatasetStore
+from dippm_nas.errors import CacheError, DippmNasError, ValidationError
+from dippm_nas.validation import JobQueue
+
+
+def _pragmas(engine: sa.Engine) -> tuple[str, int, int, int]:
+    with engine.connect() as conn:
+        return tuple(conn.exec_driver_sql(f"PRAGMA {p}").scalar() for p in  # type: ignore[return-value]
+                     ("journal_mode", "busy_timeout", "synchronous", "foreign_keys"))
+
+
+def test_sqlite_engine_gets_wal_busy_timeout_and_normal_sync(tmp_path: Path) -> None:
+    url = make_url(f"sqlite:///{tmp_path / 'new' / 'dir' / 'x.sqlite'}")
+    engine = make_engine(url, what="test store", error=DippmNasError, dir_hint="-", local_hint="-")
+    try:
+        assert _pragmas(engine) == ("wal", int(SQLITE_BUSY_TIMEOUT_S * 1000), 1, 0)  # 1 = NORMAL
+    finally:
+        engine.dispose()
+    assert (tmp_path / "new" / "dir" / "x.sqlite").exists()  # the directory was created
+
+
+def test_dataset_store_keeps_its_longer_timeout_and_foreign_keys(tmp_path: Path) -> None:
+    store = DatasetStore(tmp_path / "d.sqlite")
+    try:
+        assert _pragmas(store._engine) == ("wal", 60000, 1, 1)
+    finally:
+        store.close()
+
+
+def test_each_store_names_itself_in_engine_errors(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    with pytest.raises(CacheError, match=rf"directory .* of the conversion cache .*set {CACHE_DIR_ENV} to a writable"):
+        ConversionCache(f"sqlite:///{blocker / 'sub' / 'c.sqlite'}")
+    with pytest.raises(ValidationError, match=r"directory .* of the validation queue .*writable"):
+        JobQueue(f"sqlite:///{blocker / 'sub' / 'q.db'}")
+    with pytest.raises(CacheError, match=r"invalid conversion cache URL 'nosuchdb://u:\*\*\*@host/db'"):
+        ConversionCache("nosuchdb://u:secret@host/db")
+    with pytest.raises(DatasetError, match="dataset file"):
+        make_engine(make_url("nosuchdb://host/db"), what="dataset file", error=DatasetError, dir_hint="-",
+                    local_hint="-")
+
+
+def test_redact_masks_only_the_password() -> None:
+    assert redact(make_url("postgresql+psycopg2://u:pw@h:5432/db")) == "postgresql+psycopg2://u:***@h:5432/db"
+    assert redact(make_url("sqlite:////tmp/x.db")) == "sqlite:////tmp/x.db"
+
+
+class _NoWalCursor:
+    """A DB-API cursor of a SQLite file on a file system without WAL: every journal_mode answer is 'delete'."""
+
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+
+    def execute(self, sql: str) -> "_NoWalCursor":
+        self.log.append(sql)
+        return self
+
+    def fetchone(self) -> tuple[str]:
+        return ("delete",)
+
+    def close(self) -> None:
+        pass
+
+
+class _NoWalConnection:
+    def __init__(self) -> None:
+        self.log: list[str] = []
+
+    def cursor(self) -> _NoWalCursor:
+        return _NoWalCursor(self.log)
+
+
+def test_refused_wal_is_warned_once_per_store_naming_it(monkeypatch: pytest.MonkeyPatch,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    from dippm_nas import _sql
+
+    monkeypatch.setattr(_sql, "_refused_wal", set())
+    cache = _sql.sqlite_connect_listener(what="conversion cache", local_hint="Move it.", busy_timeout_s=1.0,
+                                         foreign_keys=True)
+    conn = _NoWalConnection()
+    with caplog.at_level("WARNING", logger="dippm_nas._sql"):
+        cache(conn, None)
+        cache(_NoWalConnection(), None)
+        _sql.sqlite_connect_listener(what="validation queue", local_hint="Elsewhere.")(_NoWalConnection(), None)
+    assert conn.log == ["PRAGMA busy_timeout = 1000", "PRAGMA journal_mode", "PRAGMA journal_mode = WAL",
+                        "PRAGMA synchronous = NORMAL", "PRAGMA foreign_keys = ON"]
+    warnings = [r.getMessage() for r in caplog.records]
+    assert warnings == [
+        "conversion cache: SQLite refused WAL journal mode (got 'delete'; a network file system?); concurrent "
+        "processes will wait on each other more. Move it.",
+        "validation queue: SQLite refused WAL journal mode (got 'delete'; a network file system?); concurrent "
+        "processes will wait on each other more. Elsewhere.",
+    ]
