@@ -103,7 +103,8 @@ def measurement_row(m: Measurement, environment: Mapping[str, Any]) -> dict[str,
         "energy_reason": m.energy_reason, "memory_mib": m.memory_mib, "memory_source": m.memory_source,
         "n_repeats": m.n_repeats, "stop_reason": m.stop_reason, "status": m.status, "reason": m.reason,
         "environment": dict(environment), "measured_at": m.timestamp,
-        "extra": {"memory_parts_mib": m.memory_parts_mib, "details": m.details, "measured_device": m.device},
+        "extra": {"memory_parts_mib": m.memory_parts_mib, "memory_reason": m.memory_reason, "details": m.details,
+                  "measured_device": m.device},
     }
 
 

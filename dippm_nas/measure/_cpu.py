@@ -38,6 +38,29 @@ __all__ = ["CpuMeasurer"]
 logger = logging.getLogger(__name__)
 
 
+def _tensor_bytes(model: Any) -> int:
+    """Bytes of ``model``'s parameters and buffers (0 for a callable that is not an ``nn.Module``)."""
+    tensors = [*model.parameters(), *model.buffers()] if hasattr(model, "parameters") else []
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _checked_delta_mib(delta_bytes: int, model: Any) -> tuple[float | None, str | None]:
+    """The RSS delta in MiB, or ``None`` with the reason when it is below the model's own weights.
+
+    The measurer copies the model, so a true peak delta holds at least its parameters and buffers; a
+    smaller delta means the allocator reused memory freed earlier in this process (a long-lived
+    process measuring many models) and the figure would understate, often as 0.
+    """
+    weights = _tensor_bytes(model)
+    if delta_bytes < weights:
+        return None, (
+            f"in-process RSS delta {to_mib(delta_bytes):.1f} MiB is below the model's own weights "
+            f"{to_mib(weights):.1f} MiB (the allocator reused memory freed earlier in this process); "
+            "measure with isolate=True for a host-memory figure"
+        )
+    return to_mib(delta_bytes), None
+
+
 class CpuMeasurer:
     """Measures a model's forward pass on the host CPU.
 
@@ -139,12 +162,16 @@ class CpuMeasurer:
                 rss_bytes = rss.stop() if rss is not None else None
         parts: dict[str, float] = {}
         memory_mib: float | None = None
-        if rss_bytes is not None:
+        memory_reason: str | None = None
+        if rss_bytes is None:
+            memory_reason = f"no RSS reading: {env['rss_method']}"
+        else:
             before, peak = rss_bytes
             delta = max(0, peak - before)
             parts = {"rss_before_mib": to_mib(before), "rss_peak_mib": to_mib(peak), "rss_delta_mib": to_mib(delta)}
             if status in ("ok", "timeout"):
-                memory_mib = to_mib(delta)
+                memory_mib, memory_reason = _checked_delta_mib(delta, model)
+                parts["weights_mib"] = to_mib(_tensor_bytes(model))
         return build_row(
             **latency_fields(samples),
             energy_j=energy_j,
@@ -152,6 +179,7 @@ class CpuMeasurer:
             energy_reason=energy_reason if energy_j is None else None,
             memory_mib=memory_mib,
             memory_source="rss_delta" if memory_mib is not None else None,
+            memory_reason=memory_reason,
             memory_parts_mib=parts,
             device="cpu",
             environment=env,

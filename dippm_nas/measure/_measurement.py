@@ -188,6 +188,8 @@ class Measurement:
         stop_reason: one of :data:`STOP_REASONS`; ``None`` when the timed loop never ran.
         energy_source: one of :data:`ENERGY_SOURCES`; ``None`` exactly when ``energy_j`` is ``None``.
         energy_reason: why ``energy_j`` is ``None`` (``None`` when energy was measured).
+        memory_reason: why ``memory_mib`` is ``None`` on a row that tried to measure it (e.g. an
+            in-process RSS delta below the model's own weights: the allocator reused freed memory).
         memory_parts_mib: every memory figure taken, MiB, e.g. ``{"nvml_used_mib": ...,
             "nvml_used_before_mib": ..., "torch_max_reserved_mib": ..., "torch_max_allocated_mib": ...}``
             or ``{"rss_before_mib": ..., "rss_peak_mib": ..., "rss_delta_mib": ...}``.
@@ -213,6 +215,7 @@ class Measurement:
     stop_reason: str | None = None
     energy_source: str | None = None
     energy_reason: str | None = None
+    memory_reason: str | None = None
     memory_parts_mib: dict[str, float] = field(default_factory=dict)
     details: dict[str, float] = field(default_factory=dict)
     batch_size: int | None = None
