@@ -194,3 +194,23 @@ def test_device_features_differ_between_devices() -> None:
 def test_unknown_style_is_rejected() -> None:
     with pytest.raises(DippmNasError, match="style must be one of"):
         featurize(tiny_graph(), "a100-sxm4-40gb", style="nope")
+
+
+def test_attention_with_an_additive_mask_is_encoded_as_attention() -> None:
+    """A float attention mask makes Relax emit ``nn.attention_bias``: same work as ``nn.attention``."""
+    import torch
+
+    from dippm_nas import InputSpec, capture
+
+    class MaskedAttention(torch.nn.Module):
+        def forward(self, q: torch.Tensor) -> torch.Tensor:
+            bias = torch.zeros(q.shape[0], 2, q.shape[2], q.shape[2])
+            return torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=bias)
+
+    g = capture(MaskedAttention(), InputSpec(shape=(2, 16, 8), batch_size=1), cache=False)
+    nodes = [n for n in g.nodes if n.op == "nn.attention_bias"]
+    assert len(nodes) == 1, [n.op for n in g.nodes]
+    token, attrs, known = encode_op(nodes[0])
+    assert known and token == "attention"
+    # batch, seq_q, seq_k, heads, head_dim on the registry's log2(1 + x) scale
+    assert attrs[:5] == pytest.approx([math.log2(1 + v) for v in (1, 16, 16, 2, 8)])

@@ -230,6 +230,30 @@ def test_device_scales_apply_per_device_and_default_to_gpus_only() -> None:
     assert estimate(g, cpu, params=scaled).latency_ms == pytest.approx(estimate(g, cpu, params=base).latency_ms)
 
 
+def test_a_device_scale_can_scale_op_classes_and_replace_the_dispatch_time() -> None:
+    from dippm_nas.errors import DippmNasError
+    from dippm_nas.prior import DeviceScale
+
+    cpu = toy_gpu(id="toy-cpu", kind="cpu", fp16_tflops=None, tf32_tensor_tflops=None, fp16_tensor_tflops=None,
+                  bf16_tensor_tflops=None, host_dispatch_us=10.0)
+    mm, adds = matmul_graph(512, 512, 512, dtype="float32"), _two_adds(1_200_000)
+    base = ideal_params()
+    scaled = dataclasses.replace(base, device_scales={"toy-cpu": DeviceScale(classes={"matmul": 0.5}, dispatch_us=3.0)})
+    b, s = estimate(mm, cpu, params=base), estimate(mm, cpu, params=scaled)
+    assert s.latency_ms - 3e-3 == pytest.approx(2 * (b.latency_ms - 10e-3))  # half the efficiency, new dispatch
+    # classes not named keep their efficiency: the adds only see the new dispatch time
+    assert estimate(adds, cpu, params=scaled).latency_ms == pytest.approx((3 + 1.2 + 3 + 1.2) / 1e3)
+    # round trip through the calibration JSON, and the rules
+    again = PriorParams.from_dict(json.loads(json.dumps(scaled.to_dict())))
+    assert again.device_scales["toy-cpu"] == scaled.device_scales["toy-cpu"]
+    with pytest.raises(DippmNasError, match="unknown op classes"):
+        DeviceScale(classes={"gemm": 2.0})
+    with pytest.raises(DippmNasError, match=r"classes\['conv'\] must be in \[0.05, 20\]"):
+        DeviceScale(classes={"conv": 0.0})
+    with pytest.raises(DippmNasError, match="dispatch_us must be None or in"):
+        DeviceScale(dispatch_us=-1.0)
+
+
 # ------------------------------------------------------------------------------------ energy
 
 def test_energy_is_power_integrated_over_the_pass() -> None:

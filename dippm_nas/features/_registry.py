@@ -235,6 +235,7 @@ def _register_builtins() -> None:
     for op in ("matmul", "nn.dense", "nn.linear", "einsum"):
         register_op_encoder(op, _matmul)
     register_op_encoder("nn.attention", _attention)
+    register_op_encoder("nn.attention_bias", _attention)  # same work; the additive mask is an extra input
     for op in ("nn.max_pool1d", "nn.max_pool2d", "nn.max_pool3d"):
         register_op_encoder(op, _pool("pool_max"))
     for op in ("nn.avg_pool1d", "nn.avg_pool2d", "nn.avg_pool3d"):

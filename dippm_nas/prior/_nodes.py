@@ -318,7 +318,8 @@ def node_costs(
     with np.errstate(divide="ignore", invalid="ignore"):
         l2_frac = np.where(ws > 0, np.minimum(1.0, device.l2_mib * 2**20 / ws), 0.0)
     scale = params.scale_for(device.id, device.kind)
-    eta_c = np.where(tensor, per("eta_compute_tensor"), per("eta_compute")) * scale.compute
+    class_mult = np.array([scale.class_multiplier(c) for c in PARAM_CLASSES], dtype=np.float64)[f.cls_idx]
+    eta_c = np.where(tensor, per("eta_compute_tensor"), per("eta_compute")) * scale.compute * class_mult
     eta_m = np.minimum(per("eta_memory") * scale.memory, 1.0)
     # on a CPU the per-op cost is the measured dispatch; the fitted per-kernel GPU cost does not apply
     kernel_us = per("kernel_us") if gpu else np.zeros(n)
@@ -334,7 +335,10 @@ def node_costs(
     mem = np.where(act, mem, 0.0)
     kernels = np.where(act, kernels, 0.0)
 
-    dispatch = device.host_dispatch_us if device.host_dispatch_us is not None else params.host_dispatch_us
+    if scale.dispatch_us is not None:
+        dispatch = scale.dispatch_us
+    else:
+        dispatch = device.host_dispatch_us if device.host_dispatch_us is not None else params.host_dispatch_us
     launch = params.host_launch_us if gpu else 0.0
     view_us = params.host_view_us if gpu else min(params.host_view_us, dispatch)
     host = np.where(act, np.where(f.fused, 0.0, dispatch) + kernels * launch, 0.0) + np.where(f.view, view_us, 0.0)

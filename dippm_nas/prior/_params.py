@@ -105,17 +105,37 @@ class DeviceScale:
         compute: multiplies every op class's ``eta_compute`` / ``eta_compute_tensor`` on the device.
         memory: multiplies every op class's ``eta_memory`` on the device.
         source: the measurements they come from.
+        classes: further compute multipliers of some op classes on this device (a CPU's convolution
+            and GEMM libraries reach very different shares of its peak); classes not named keep 1.
+        dispatch_us: framework time per dispatched op on this device, µs, replacing the device's own
+            figure (on the host CPU the microbenchmark times a tiny op; a real layer's dispatch costs
+            more); ``None`` keeps the device's figure.
     """
 
     compute: float = 1.0
     memory: float = 1.0
     source: str = ""
+    classes: Mapping[str, float] = field(default_factory=dict)
+    dispatch_us: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("compute", "memory"):
             v = getattr(self, name)
             if not _finite(v) or not 0.05 <= v <= 20:
                 raise DippmNasError(f"DeviceScale.{name} must be in [0.05, 20], got {v!r}")
+        unknown = sorted(set(self.classes) - set(PARAM_CLASSES))
+        if unknown:
+            raise DippmNasError(f"DeviceScale.classes has unknown op classes {unknown}; choices: {list(PARAM_CLASSES)}")
+        for c, v in self.classes.items():
+            if not _finite(v) or not 0.05 <= v <= 20:
+                raise DippmNasError(f"DeviceScale.classes[{c!r}] must be in [0.05, 20], got {v!r}")
+        if self.dispatch_us is not None and (not _finite(self.dispatch_us) or not 0 <= self.dispatch_us <= 10_000):
+            raise DippmNasError(f"DeviceScale.dispatch_us must be None or in [0, 10000] µs, got {self.dispatch_us!r}")
+        object.__setattr__(self, "classes", {str(c): float(v) for c, v in self.classes.items()})
+
+    def class_multiplier(self, op_class: str) -> float:
+        """The compute multiplier of ``op_class`` on this device beyond :attr:`compute` (1 when not fitted)."""
+        return self.classes.get(op_class, 1.0)
 
 
 #: Key of :attr:`PriorParams.device_scales` used for devices without their own entry.
