@@ -57,7 +57,7 @@ DISPATCH_BOUNDS_US = (0.1, 1000.0)
 class Decomposed:
     """Per-node work of many graphs under the base constants, so a knob vector re-prices them in O(nodes).
 
-    Shapes: node arrays ``[total nodes]``; ``fixed_us`` ``[graphs]``.
+    Shapes: node arrays ``[total nodes]``; ``views`` ``[graphs]``.
     """
 
     compute_us: torch.Tensor   # compute time with every host multiplier at 1
@@ -65,7 +65,8 @@ class Decomposed:
     class_idx: torch.Tensor    # index into PARAM_CLASSES
     dispatched: torch.Tensor   # 1 for an op paying a dispatch, else 0
     graph_idx: torch.Tensor    # which graph each node belongs to
-    fixed_us: torch.Tensor     # per graph: host time that does not scale (views)
+    views: torch.Tensor        # per graph: view ops (each costs min(host_view_us, dispatch time) on a CPU)
+    view_us: float             # the constants' host_view_us
 
 
 def decompose(graphs: Sequence[Any], base: Any) -> Decomposed:
@@ -76,7 +77,7 @@ def decompose(graphs: Sequence[Any], base: Any) -> Decomposed:
     dev = resolve_device(DEVICE)
     neutral = dataclasses.replace(base, device_scales={**base.device_scales, DEVICE: DeviceScale(dispatch_us=0.0)})
     parts: dict[str, list[np.ndarray]] = defaultdict(list)
-    fixed = []
+    views = []
     for gi, g in enumerate(tqdm(graphs, desc="decompose", unit="graph", leave=False)):
         c = node_costs(g, dev, neutral)
         f = graph_facts(g)
@@ -85,10 +86,10 @@ def decompose(graphs: Sequence[Any], base: Any) -> Decomposed:
         parts["cls"].append(f.cls_idx)
         parts["disp"].append((f.active & ~f.fused).astype(np.float64))
         parts["graph"].append(np.full(len(f.cls_idx), gi))
-        fixed.append(float(c.host_us.sum()))  # views only: the dispatch was set to 0
+        views.append(float(np.sum(f.view)))
     cat = {k: torch.from_numpy(np.concatenate(v)) for k, v in parts.items()}
     return Decomposed(cat["compute"].double(), cat["memory"].double(), cat["cls"].long(), cat["disp"].double(),
-                      cat["graph"].long(), torch.tensor(fixed, dtype=torch.float64))
+                      cat["graph"].long(), torch.tensor(views, dtype=torch.float64), float(base.host_view_us))
 
 
 class HostKnobs(torch.nn.Module):
@@ -116,8 +117,8 @@ class HostKnobs(torch.nn.Module):
                                                            self._mult(self.classes))
         node = torch.maximum(d.compute_us / (self._mult(self.compute) * mult[d.class_idx]),
                              d.memory_us / self._mult(self.memory)) + d.dispatched * self._us(self.dispatch)
-        total = torch.zeros(len(d.fixed_us), dtype=torch.float64).index_add(0, d.graph_idx, node)
-        return (total + d.fixed_us) / 1000.0
+        total = torch.zeros(len(d.views), dtype=torch.float64).index_add(0, d.graph_idx, node)
+        return (total + d.views * torch.clamp(self._us(self.dispatch), max=d.view_us)) / 1000.0
 
     def scale(self, source: str) -> Any:
         from dippm_nas.prior import DeviceScale

@@ -146,6 +146,25 @@ def test_wave_and_tile_quantisation() -> None:
     assert u1 / u0 == pytest.approx(256 / 129)
 
 
+def test_a_batched_activation_times_a_weight_matrix_is_one_gemm() -> None:
+    """(197, 8, 768) @ (768, 2304) -- a linear layer on a (tokens, batch, features) activation -- is one
+    1576 x 2304 GEMM for cuBLAS, not 197 GEMMs of 8 rows each padded to 128-row tiles; a true batched
+    matmul (both operands 3-D) keeps its batch."""
+    from dippm_nas.prior._nodes import contraction_tiles
+
+    def mm(a: tuple[int, ...], b: tuple[int, ...]) -> OpNode:
+        out = (*a[:-1], b[-1])
+        m, n, k = a[-2], b[-1], a[-1]
+        batch = math.prod(out) // (m * n)
+        return op(0, "matmul", "matmul", [out], [a, b], flops=2 * math.prod(out) * k, macs=math.prod(out) * k,
+                  attrs={"m": m, "n": n, "k": k, "batch": batch})
+
+    tiles, eff = contraction_tiles(mm((197, 8, 768), (768, 2304)), 128, 128)
+    assert tiles == math.ceil(1576 / 128) * 18 and eff == pytest.approx(1576 / (13 * 128))
+    tiles, eff = contraction_tiles(mm((197, 8, 768), (197, 768, 2304)), 128, 128)
+    assert tiles == 197 * 18 and eff == pytest.approx(8 / 128)
+
+
 def test_short_reductions_lose_efficiency() -> None:
     base = ideal_params()
     g = matmul_graph(4096, 4096, 16)  # K = 16

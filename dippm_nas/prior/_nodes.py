@@ -87,7 +87,10 @@ def contraction_tiles(node: OpNode, tile_m: int, tile_n: int) -> tuple[int, floa
     and the share of the padded tiles that holds real outputs.
 
     Conv: ``M = output elements / out_channels`` (batch x output pixels), ``N = out_channels / groups``,
-    one GEMM per group. Matmul: ``m x n`` per batch. Attention: output elements over a tile.
+    one GEMM per group. Matmul: ``m x n`` per batch, except that a batched left operand times a 2-D
+    right operand (``(..., M, K) @ (K, N)``, e.g. a linear layer on a (tokens, batch, features)
+    activation) is one ``(... x M) x N`` GEMM, as ``torch.matmul`` and cuBLAS run it, not ``batch``
+    small ones. Attention: output elements over a tile.
     """
     out_elems = max(1, node.output_elements if len(node.output_shapes) == 1 else math.prod(node.output_shape))
     a = node.attrs
@@ -98,8 +101,10 @@ def contraction_tiles(node: OpNode, tile_m: int, tile_n: int) -> tuple[int, floa
         n = max(cout // max(groups, 1), 1)
         return _gemm_tiles(m, n, groups, tile_m, tile_n)
     if node.op_class == "matmul" and "m" in a and "n" in a:
-        batch = int(a.get("batch", 1) or 1)
-        return _gemm_tiles(max(int(a["m"]), 1), max(int(a["n"]), 1), batch, tile_m, tile_n)
+        batch, m = int(a.get("batch", 1) or 1), max(int(a["m"]), 1)
+        if len(node.input_shapes) >= 2 and len(node.input_shapes[1]) == 2:  # folded into one GEMM
+            batch, m = 1, m * batch
+        return _gemm_tiles(m, max(int(a["n"]), 1), batch, tile_m, tile_n)
     tiles = math.ceil(out_elems / (tile_m * tile_n))
     return tiles, out_elems / (tiles * tile_m * tile_n)
 
@@ -320,7 +325,9 @@ def node_costs(
     scale = params.scale_for(device.id, device.kind)
     class_mult = np.array([scale.class_multiplier(c) for c in PARAM_CLASSES], dtype=np.float64)[f.cls_idx]
     eta_c = np.where(tensor, per("eta_compute_tensor"), per("eta_compute")) * scale.compute * class_mult
-    eta_m = np.minimum(per("eta_memory") * scale.memory, 1.0)
+    # a GPU cannot beat its DRAM bandwidth; a CPU's bandwidth figure is a DRAM triad while most layers'
+    # working sets sit in its caches, so a fitted CPU scale may exceed it
+    eta_m = np.minimum(per("eta_memory") * scale.memory, 1.0) if gpu else per("eta_memory") * scale.memory
     # on a CPU the per-op cost is the measured dispatch; the fitted per-kernel GPU cost does not apply
     kernel_us = per("kernel_us") if gpu else np.zeros(n)
     t, comp, mem = kernel_time_us(
