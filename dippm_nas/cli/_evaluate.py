@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from dippm_nas.cli._train import add_split_args, parse_devices
@@ -20,6 +21,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--checkpoint", required=True, help="checkpoint .pt")
     p.add_argument("--out", default="predictor_report.md", help="markdown report path (default predictor_report.md)")
     p.add_argument("--png", default=None, help="predicted-vs-measured PNG path (default: next to --out)")
+    p.add_argument("--eval-device", default=None,
+                   help="report on the test rows of this device (default: --device), e.g. an A100 checkpoint "
+                        "on RTX 3090 rows through the device features")
+    p.add_argument("--json", default=None, help="also write the metrics and test rows as JSON here")
     p.add_argument("--calibrate", default="", help="comma-separated k values: also report error after few-shot "
                    "calibration with k measurements of the test set (evaluated on the rest)")
     p.set_defaults(func=run)
@@ -33,7 +38,10 @@ def run(args: argparse.Namespace) -> int:
     holdout = [h for h in args.holdout.split(",") if h]
     res = evaluate_checkpoint(args.checkpoint, args.data, device=args.device, split=args.split,
                               heldout_families=holdout, devices=parse_devices(args.train_devices), seed=args.seed,
-                              calibrate_ks=ks)
+                              calibrate_ks=ks, eval_device=args.eval_device, holdout_frac=args.holdout_frac)
+    if not res["n_test"]:
+        print(f"no test rows of device {res['device']!r} in this split", file=sys.stderr)
+        return 1
     png = Path(args.png) if args.png else Path(args.out).with_suffix(".png")
     scatter_png(res["rows"], "latency_ms", png, title=f"{res['device']} test split ({args.split})")
     sections = [(f"{res['device']}, {args.split} split, test ({res['n_test']} rows)", res["metrics"])]
@@ -41,5 +49,7 @@ def run(args: argparse.Namespace) -> int:
         sections.append((f"after few-shot calibration, {k}", tab))
     write_report(sections, args.out, intro=f"# Predictor evaluation\n\ncheckpoint `{args.checkpoint}`, data {args.data}\n\n![scatter]({png.name})")
     print(json.dumps({"metrics": res["metrics"], "calibration": res.get("calibration", {})}, indent=1))
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=1, default=str))
     print(f"wrote {args.out} and {png}")
     return 0

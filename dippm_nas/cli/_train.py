@@ -17,9 +17,13 @@ def add_split_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="a100-sxm4-40gb", help="device the checkpoint answers for (catalogue id)")
     p.add_argument("--train-devices", default=None,
                    help="comma-separated catalogue ids whose rows train the model (default: all in the data)")
-    p.add_argument("--split", choices=("random", "family"), default="random",
-                   help="random 70/15/15 by architecture, or held-out families (default random)")
+    p.add_argument("--split", choices=("random", "family", "timm-family"), default="random",
+                   help="random 70/15/15 by architecture, held-out families (--holdout), or timm-family: "
+                        "timm model families (name prefix) held out by a hash (--holdout-frac), other rows "
+                        "random (default random)")
     p.add_argument("--holdout", default="", help="comma-separated families held out with --split family")
+    p.add_argument("--holdout-frac", type=float, default=0.25,
+                   help="share of timm families held out with --split timm-family (default 0.25)")
     p.add_argument("--seed", type=int, default=0, help="split and training seed (default 0)")
 
 
@@ -48,11 +52,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads while training (default 2)")
     p.add_argument("--source-note", action="append", default=[], help="data-source description for the metadata")
     p.add_argument("--report", default=None, help="write the held-out metrics and test rows as JSON here")
+    p.add_argument("--prior-params", default=None, metavar="JSON",
+                   help="analytic-prior constants to train on and pin in the checkpoint (a calibration file written "
+                        "by benchmarks/calibrate_prior.py or calibrate_host_prior.py; default: the shipped ones)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from dippm_nas.predictor._train import TrainConfig, train_predictor
+    from dippm_nas.prior import PriorParams
 
     cfg = TrainConfig(hidden=args.hidden, layers=args.layers, members=args.members, epochs=args.epochs,
                       patience=args.patience, batch_size=args.batch_size, lr=args.lr, style=args.style,
@@ -63,12 +71,17 @@ def run(args: argparse.Namespace) -> int:
     pred, report = train_predictor(args.data, args.device, split=args.split, heldout_families=holdout,
                                    devices=parse_devices(args.train_devices), cfg=cfg,
                                    data_sources=args.source_note or args.data, command=command,
-                                   targets=parse_devices(args.targets))
+                                   targets=parse_devices(args.targets), holdout_frac=args.holdout_frac,
+                                   prior_params=PriorParams.load(args.prior_params) if args.prior_params else None)
     pred.save(args.out)
     print(f"wrote {args.out} ({Path(args.out).stat().st_size / 1e6:.2f} MB) and {Path(args.out).with_suffix('.json')}")
     print(f"split sizes {report['sizes']}; featurise {report['featurize_s']:.0f} s, train {report['train_s']:.0f} s")
     for t, m in report.get("metrics", {}).items():
         print(f"  {t:18s} " + "  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in m.items()))
+    for dev, tab in report.get("timm_heldout_metrics", {}).items():
+        print(f"held-out timm families on {dev}:")
+        for t, m in tab.items():
+            print(f"  {t:18s} " + "  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in m.items()))
     if args.report:
         report["history"] = cfg.history
         Path(args.report).write_text(json.dumps(report, indent=1, default=str))

@@ -49,16 +49,23 @@ def evaluate_examples(pred: "GnnPredictor", feats: Sequence["GraphFeatures"], ex
         ``(table, rows)``: ``table[target]`` = metrics of the predictor and ``table[target + "_prior"]`` of
         the analytic prior alone; ``rows`` one dict per example (label, prediction, std, prior, family).
     """
-    mean, std = pred.predict_log(feats)
+    mean, std, ood = pred.predict_log_ood(feats)
     table: dict[str, Any] = {}
     rows: list[dict[str, Any]] = []
     for i, (f, e) in enumerate(zip(feats, examples)):
         r: dict[str, Any] = {"family": e.family, "device": e.device, "key": e.key[:12]}
+        if getattr(e, "name", ""):
+            r["name"] = e.name
+        r["outside_training_range"] = bool(ood[i])
         for j, t in enumerate(TARGETS):
             if t not in e.y or t not in pred.meta.targets:
                 continue
             m = float(mean[i, j])
             s = math.hypot(float(std[i, j]), pred.meta.std_floor_log.get(t, 0.0))
+            if ood[i] and pred.model.residual_on_prior:
+                # the σ the predictor returns (GnnPredictor._prediction): outside the training range the
+                # correction is only known to lie within its bound
+                s = math.hypot(s, 0.5 * float(pred.model.delta_max[j]))
             if pred.calibration is not None and pred.calibration.has(t):
                 m, s = pred.calibration.apply(t, m, s)
             v = math.exp(m)
@@ -190,16 +197,26 @@ def few_shot_curve(pred: "GnnPredictor", feats: Sequence["GraphFeatures"], examp
 
 def evaluate_checkpoint(checkpoint: str | Path, data: Sequence[str | Path], *, device: str, split: str = "random",
                         heldout_families: Sequence[str] = (), devices: Sequence[str] | None = None, seed: int = 0,
-                        calibrate_ks: Sequence[int] = ()) -> dict[str, Any]:
-    """Load a checkpoint (without any persisted calibration), rebuild the split and evaluate on its test rows."""
+                        calibrate_ks: Sequence[int] = (), eval_device: str | None = None,
+                        holdout_frac: float = 0.25) -> dict[str, Any]:
+    """Load a checkpoint (without any persisted calibration), rebuild the split and evaluate on its test rows.
+
+    Args:
+        device: the device the checkpoint answers for (checked against its metadata).
+        eval_device: evaluate on the test rows of this device instead (default ``device``), e.g. an A100
+            checkpoint on RTX 3090 rows through the device features.
+        holdout_frac: for ``split="timm-family"`` (see :func:`~dippm_nas.predictor._train.split_examples`).
+    """
     from dippm_nas.devices import resolve_device
     from dippm_nas.predictor._gnn import GnnPredictor
     from dippm_nas.predictor._train import featurize_examples, load_examples, split_examples
 
     dev = resolve_device(device).id
     pred = GnnPredictor.load(checkpoint, device=dev, load_calibration=False)
+    if eval_device is not None:
+        dev = resolve_device(eval_device).id
     ex = load_examples(data, devices=devices)
-    _, _, te = split_examples(ex, mode=split, heldout_families=heldout_families, seed=seed)
+    _, _, te = split_examples(ex, mode=split, heldout_families=heldout_families, seed=seed, holdout_frac=holdout_frac)
     te = [e for e in te if e.device == dev]
     feats = featurize_examples(te, style=pred.meta.feature_style, prior_params=pred._prior_params)
     tab, rows = evaluate_examples(pred, feats, te)

@@ -10,7 +10,12 @@ two GPUs is never in train and test at once:
 - ``"random"``: a hash of the structure and the seed puts it in train/val/test (70/15/15 by default),
   independent of row order (DIPPM's protocol);
 - ``"family"``: whole families (``space``) are held out as the test set; the validation set is a random
-  15% of the remaining architectures.
+  15% of the remaining architectures;
+- ``"timm-family"``: timm rows are split by model *family* (:func:`timm_family` of the model name, e.g.
+  ``resnet``, ``vit``, ``convnext``): a hash of the family and the seed holds out ``holdout_frac`` of the
+  families (default 25%) as test, the other families' architectures go to train/val (85/15); every other
+  row is split as in ``"random"`` (so Accel-NASBench keeps exactly its random split). An architecture
+  shared by a held-out and a training family (e.g. ``deit_*`` and ``vit_*`` with equal graphs) is test.
 
 The validation split selects the epoch of each member and fits the std floor; the test split is only
 ever used to report.
@@ -22,6 +27,7 @@ import hashlib
 import logging
 import math
 import random
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -37,8 +43,8 @@ from dippm_nas.features import FEATURE_SCHEMA_VERSION, GraphFeatures, device_dim
 from dippm_nas.graph._graph import OperatorGraph
 from dippm_nas.predictor._gnn import DELTA_MARGIN, TARGET_UNITS, TARGETS, CheckpointMeta, GnnPredictor, SageEnsemble, collate
 
-__all__ = ["Example", "TrainConfig", "DEVICE_ALIASES", "load_examples", "split_examples", "featurize_examples",
-           "train_ensemble", "fit_std_floor", "train_predictor"]
+__all__ = ["Example", "TrainConfig", "DEVICE_ALIASES", "SPLIT_MODES", "load_examples", "timm_family", "split_examples",
+           "featurize_examples", "train_ensemble", "fit_std_floor", "train_predictor"]
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +52,11 @@ logger = logging.getLogger(__name__)
 #: form factor; both 40 GB forms have the same SMs, clocks and bandwidth, so rows go to the SXM4 entry.
 DEVICE_ALIASES: dict[str, str] = {"a100-40gb": "a100-sxm4-40gb", "cpu": "host-cpu", "rtx-3090": "rtx-3090",
                                   "rtx-4090": "rtx-4090", "rtx-5090": "rtx-5090"}
+
+#: Split modes of :func:`split_examples`.
+SPLIT_MODES = ("random", "family", "timm-family")
+#: Name prefixes that say where timm ported the weights from, not which architecture it is.
+_TIMM_WEIGHT_PREFIXES = re.compile(r"^(?:tf|gluon|legacy)_")
 
 
 @dataclass
@@ -59,6 +70,7 @@ class Example:
         family: model family (search space name).
         key: the architecture key splits are decided on (structural hash).
         source: dataset source of the row.
+        name: the row's model name where the source names one (timm: ``config["model"]``), else ``""``.
     """
 
     graph: OperatorGraph
@@ -67,6 +79,7 @@ class Example:
     family: str
     key: str
     source: str = ""
+    name: str = ""
 
 
 def load_examples(paths: Sequence[str | Path], *, devices: Sequence[str] | None = None,
@@ -102,8 +115,10 @@ def load_examples(paths: Sequence[str | Path], *, devices: Sequence[str] | None 
                     y[t] = float(v)
             if not y:
                 continue
+            cfg = m.get("config")
+            name = str(cfg.get("model") or "") if isinstance(cfg, dict) else ""
             out.append(Example(mg.graph, dev, y, str(m.get("space") or "unknown"), mg.graph.structural_hash(),
-                               str(m.get("source") or "")))
+                               str(m.get("source") or ""), name))
     logger.info("loaded %d examples from %s", len(out), [str(p) for p in paths])
     return out
 
@@ -113,18 +128,61 @@ def _frac(key: str, seed: int) -> float:
     return int.from_bytes(h[:8], "big") / 2**64
 
 
+def timm_family(model: str) -> str:
+    """The family of a timm model name: the name without a weight-origin prefix (``tf_``, ``gluon_``,
+    ``legacy_``), up to its first ``_`` or digit (``resnet50d`` -> ``resnet``, ``vit_base_patch16_224`` ->
+    ``vit``, ``tf_efficientnet_b0`` -> ``efficientnet``, ``convnextv2_tiny`` -> ``convnextv``)."""
+    name = _TIMM_WEIGHT_PREFIXES.sub("", model.strip().lower())
+    m = re.match(r"[a-z]+", name)
+    return m.group(0) if m else name
+
+
+def _is_timm(e: Example) -> bool:
+    return e.source == "timm" and bool(e.name)
+
+
+def heldout_timm_families(examples: Sequence[Example], *, holdout_frac: float = 0.25, seed: int = 0) -> list[str]:
+    """The timm families ``"timm-family"`` holds out (sorted)."""
+    fams = {timm_family(e.name) for e in examples if _is_timm(e)}
+    return sorted(f for f in fams if _frac(f"timm-family:{f}", seed) < holdout_frac)
+
+
 def split_examples(examples: Sequence[Example], *, mode: str = "random", fractions: tuple[float, float, float] = (0.7, 0.15, 0.15),
-                   heldout_families: Sequence[str] = (), seed: int = 0) -> tuple[list[Example], list[Example], list[Example]]:
+                   heldout_families: Sequence[str] = (), seed: int = 0,
+                   holdout_frac: float = 0.25) -> tuple[list[Example], list[Example], list[Example]]:
     """``(train, val, test)`` by architecture (see the module docstring).
 
+    Args:
+        holdout_frac: ``"timm-family"`` only: the share of timm families held out (by a hash of the name).
+
     Raises:
-        DippmNasError: unknown mode, bad fractions, or held-out families absent from the data.
+        DippmNasError: unknown mode, bad fractions, held-out families absent from the data, or a
+            ``"timm-family"`` split without timm rows or with ``holdout_frac`` outside (0, 1).
     """
-    if mode not in ("random", "family"):
-        raise DippmNasError(f"split mode must be 'random' or 'family', got {mode!r}")
+    if mode not in SPLIT_MODES:
+        raise DippmNasError(f"split mode must be one of {list(SPLIT_MODES)}, got {mode!r}")
     if abs(sum(fractions) - 1.0) > 1e-6 or min(fractions) < 0:
         raise DippmNasError(f"split fractions must be >= 0 and sum to 1, got {fractions}")
     tr, va, te = [], [], []
+    if mode == "timm-family":
+        if not 0.0 < holdout_frac < 1.0:
+            raise DippmNasError(f"holdout_frac must lie in (0, 1), got {holdout_frac!r}")
+        if not any(_is_timm(e) for e in examples):
+            raise DippmNasError("the timm-family split needs timm rows (source 'timm' with a model name) in the data")
+        held = set(heldout_timm_families(examples, holdout_frac=holdout_frac, seed=seed))
+        test_keys = {e.key for e in examples if _is_timm(e) and timm_family(e.name) in held}
+        val_share = fractions[1] / (fractions[0] + fractions[1])
+        for e in examples:
+            if not _is_timm(e):
+                u = _frac(e.key, seed)
+                (tr if u < fractions[0] else va if u < fractions[0] + fractions[1] else te).append(e)
+            elif e.key in test_keys:
+                te.append(e)
+            elif _frac(e.key, seed) < val_share:
+                va.append(e)
+            else:
+                tr.append(e)
+        return tr, va, te
     if mode == "family":
         fams = {e.family for e in examples}
         missing = [f for f in heldout_families if f not in fams]
@@ -304,19 +362,23 @@ def fit_std_floor(mean_log: np.ndarray, std_log: np.ndarray, y_log: np.ndarray, 
 def train_predictor(paths: Sequence[str | Path], device: str, *, split: str = "random", heldout_families: Sequence[str] = (),
                     devices: Sequence[str] | None = None, cfg: TrainConfig | None = None, data_sources: Sequence[str] = (),
                     command: str = "", progress: bool = True, examples: Sequence[Example] | None = None,
-                    targets: Sequence[str] | None = None) -> tuple[GnnPredictor, dict[str, Any]]:
+                    targets: Sequence[str] | None = None, holdout_frac: float = 0.25,
+                    prior_params: Any = None) -> tuple[GnnPredictor, dict[str, Any]]:
     """Load, split, featurise, train, fit the std floor and evaluate on the test split.
 
     Args:
         paths: dataset files.
         device: the catalogue id the checkpoint answers for (its rows give the held-out metrics).
-        split: ``"random"`` or ``"family"``; heldout_families: for ``"family"``.
+        split: ``"random"``, ``"family"`` or ``"timm-family"``; heldout_families: for ``"family"``;
+            holdout_frac: for ``"timm-family"``.
         devices: devices whose rows train the model (``None``: all in the data).
         cfg: hyper-parameters.
         data_sources: free-text description of the data for the metadata.
         examples: already loaded examples (skips ``paths``).
         targets: train only these targets (default: every target with labels); the others are answered
             by the analytic prior.
+        prior_params: the analytic prior's constants (:class:`~dippm_nas.prior.PriorParams`) the features
+            and the residual are computed with and the checkpoint pins (default: the shipped fitted ones).
 
     Returns:
         ``(predictor, report)``; ``report`` holds the split sizes, metrics and predictions on test.
@@ -334,14 +396,18 @@ def train_predictor(paths: Sequence[str | Path], device: str, *, split: str = "r
         bad = [t for t in targets if t not in TARGETS]
         if bad:
             raise DippmNasError(f"targets must be among {list(TARGETS)}, got {bad}")
-        ex = [Example(e.graph, e.device, {t: v for t, v in e.y.items() if t in targets}, e.family, e.key, e.source)
-              for e in ex]
+        ex = [Example(e.graph, e.device, {t: v for t, v in e.y.items() if t in targets}, e.family, e.key, e.source,
+                      e.name) for e in ex]
         ex = [e for e in ex if e.y]
     if not any(e.device == device for e in ex):
         raise DippmNasError(f"no examples of device {device!r} in the data; devices present: {sorted({e.device for e in ex})}")
-    tr, va, te = split_examples(ex, mode=split, heldout_families=heldout_families, seed=cfg.seed)
+    tr, va, te = split_examples(ex, mode=split, heldout_families=heldout_families, seed=cfg.seed,
+                                holdout_frac=holdout_frac)
+    if split == "timm-family":
+        heldout_families = heldout_timm_families(ex, holdout_frac=holdout_frac, seed=cfg.seed)
+        logger.info("timm-family split holds out %d timm families: %s", len(heldout_families), heldout_families)
     logger.info("split %s: train %d, val %d, test %d", split, len(tr), len(va), len(te))
-    params = default_params()
+    params = prior_params if prior_params is not None else default_params()
     t0 = time.perf_counter()
     ftr, fva, fte = (featurize_examples(s, style=cfg.style, fuse=cfg.fuse, prior_params=params, progress=progress)
                      for s in (tr, va, te))
@@ -376,7 +442,21 @@ def train_predictor(paths: Sequence[str | Path], device: str, *, split: str = "r
         tab, rows = metrics_table(pred, [fte[i] for i in te_dev], [te[i] for i in te_dev])
         report["metrics"] = tab
         report["rows"] = rows
-        pred.meta = _replace(pred.meta, heldout_metrics={f"{split}" + (f":{','.join(heldout_families)}" if heldout_families else ""): tab})
+        if split == "timm-family":
+            heldout = {f"timm-family:{device} non-timm rows, random 70/15/15 test": tab}
+        else:
+            heldout = {f"{split}" + (f":{','.join(heldout_families)}" if heldout_families else ""): tab}
+        pred.meta = _replace(pred.meta, heldout_metrics=heldout)
+    if split == "timm-family":
+        # the held-out timm families, per GPU, through the device features
+        by_dev: dict[str, Any] = {}
+        for dev in sorted({e.device for e in te if _is_timm(e)}):
+            idx = [i for i, e in enumerate(te) if e.device == dev and _is_timm(e)]
+            by_dev[dev], _ = metrics_table(pred, [fte[i] for i in idx], [te[i] for i in idx])
+        report["timm_heldout_metrics"] = by_dev
+        pred.meta = _replace(pred.meta, heldout_metrics={
+            **pred.meta.heldout_metrics,
+            **{f"timm-family:{dev} held-out timm families ({len(heldout_families)})": tab for dev, tab in by_dev.items()}})
     return pred, report
 
 
