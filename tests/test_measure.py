@@ -558,11 +558,15 @@ def test_cuda_requested_without_cuda_is_a_clear_error() -> None:
 def test_cpu_rss_delta_below_the_weights_is_withheld_with_the_reason() -> None:
     from dippm_nas.measure._cpu import _checked_delta_mib
 
-    model = torch.nn.Linear(1024, 1024)  # 4 MiB of float32 weights (+ 4 KiB bias)
-    mib, reason = _checked_delta_mib(0, model)
+    from dippm_nas.measure._cpu import _tensor_bytes
+
+    weights = _tensor_bytes(torch.nn.Linear(1024, 1024))  # 4 MiB of float32 weights (+ 4 KiB bias)
+    assert weights == (1024 * 1024 + 1024) * 4
+    mib, reason = _checked_delta_mib(0, weights)
     assert mib is None and "0.0 MiB is below the model's own weights 4.0 MiB" in reason and "isolate=True" in reason
-    mib, reason = _checked_delta_mib(8 * 2**20, model)
+    mib, reason = _checked_delta_mib(8 * 2**20, weights)
     assert mib == 8.0 and reason is None
+    assert _tensor_bytes(torch.nn.Linear(1024, 1024).half()) == weights // 2  # the measured copy's dtype counts
 
 
 def test_cpu_measures_a_tiny_model_for_real() -> None:

@@ -44,14 +44,13 @@ def _tensor_bytes(model: Any) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def _checked_delta_mib(delta_bytes: int, model: Any) -> tuple[float | None, str | None]:
-    """The RSS delta in MiB, or ``None`` with the reason when it is below the model's own weights.
+def _checked_delta_mib(delta_bytes: int, weights: int) -> tuple[float | None, str | None]:
+    """The RSS delta in MiB, or ``None`` with the reason when it is below ``weights`` bytes.
 
-    The measurer copies the model, so a true peak delta holds at least its parameters and buffers; a
-    smaller delta means the allocator reused memory freed earlier in this process (a long-lived
-    process measuring many models) and the figure would understate, often as 0.
+    The measurer copies (and casts) the model, so a true peak delta holds at least the copy's parameters
+    and buffers (``weights``); a smaller delta means the allocator reused memory freed earlier in this
+    process (a long-lived process measuring many models) and the figure would understate, often as 0.
     """
-    weights = _tensor_bytes(model)
     if delta_bytes < weights:
         return None, (
             f"in-process RSS delta {to_mib(delta_bytes):.1f} MiB is below the model's own weights "
@@ -132,8 +131,10 @@ class CpuMeasurer:
             except MeasurementError as e:  # no /proc and no psutil: latency still measured, memory flagged
                 env["rss_method"] = f"unavailable: {e}"
                 rss = None
+            weights_bytes = 0
             try:
                 m = guarded("model preparation", prepare_model, model, spec, cpu, s)
+                weights_bytes = _tensor_bytes(m)
                 args, kwargs = guarded("input creation", prepare_inputs, spec, cpu, s)
 
                 def forward() -> None:
@@ -170,8 +171,8 @@ class CpuMeasurer:
             delta = max(0, peak - before)
             parts = {"rss_before_mib": to_mib(before), "rss_peak_mib": to_mib(peak), "rss_delta_mib": to_mib(delta)}
             if status in ("ok", "timeout"):
-                memory_mib, memory_reason = _checked_delta_mib(delta, model)
-                parts["weights_mib"] = to_mib(_tensor_bytes(model))
+                memory_mib, memory_reason = _checked_delta_mib(delta, weights_bytes)
+                parts["weights_mib"] = to_mib(weights_bytes)
         return build_row(
             **latency_fields(samples),
             energy_j=energy_j,
