@@ -70,6 +70,7 @@ from typing import Any, Literal
 
 import optuna
 
+from dippm_nas._logging import WarnOnce
 from dippm_nas.errors import DippmNasError
 from dippm_nas.graph._graph import OperatorGraph
 from dippm_nas.prediction import Prediction
@@ -94,17 +95,7 @@ OBJECTIVES: dict[str, str] = {"latency_ms": "ms per batch", "energy_j": "J per b
 #: ``"set_constraint"`` (Optuna >= 5), ``"constraints_func"`` (Optuna 4.x: the sampler's argument).
 CONSTRAINT_API: tuple[str, ...] = ("auto", "set_constraint", "constraints_func")
 
-_warned: set[str] = set()
-_warned_lock = threading.Lock()
-
-
-def _warn_once(tag: str, msg: str, *args: Any) -> None:
-    with _warned_lock:
-        if tag in _warned:
-            return
-        _warned.add(tag)
-    logger.warning(msg, *args)
-    warnings.warn(msg % args if args else msg, RuntimeWarning, stacklevel=3)
+_warn_once = WarnOnce(logger, python_warning=True)
 
 
 def optuna_has_set_constraint() -> bool:

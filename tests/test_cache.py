@@ -85,7 +85,7 @@ def _isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path / "default-cache"))
     monkeypatch.delenv(CACHE_URL_ENV, raising=False)
     set_default_cache(None)
-    _store._warned.clear()
+    _store._warn_once.reset()
     yield
     set_default_cache(None)
 

@@ -280,7 +280,7 @@ def test_auto_api_falls_back_to_constraints_func_without_set_constraint(
     cost = HardwareCostModel(budgets=Budgets(mig_profile="1g.5gb"))
     study = cost.create_study(sampler=optuna.samplers.TPESampler(seed=0))  # no constraints_func given
     trial = _TrialWithoutSetConstraint(study)
-    dop._warned.discard("no-constraints-func")
+    dop._warn_once.reset()
     with pytest.warns(RuntimeWarning, match="constraints_func=cost.constraints_func"):
         cost.evaluate(trial, _mlp(120), SPEC)
     assert trial.user_attrs["constraint_memory_mib"] == pytest.approx(120 * MIB_PER_WIDTH - LIMIT_1G5GB)
@@ -290,7 +290,7 @@ def test_auto_api_falls_back_to_constraints_func_without_set_constraint(
 
 def test_constraints_func_reports_missing_attrs_as_infeasible() -> None:
     cost = HardwareCostModel(budgets=Budgets(latency_ms=2.0, mig_profile="1g.5gb"))
-    dop._warned.discard("constraints-missing")
+    dop._warn_once.reset()
     with pytest.warns(RuntimeWarning, match="reporting it infeasible"):
         assert cost.constraints_func(optuna.trial.create_trial(values=[1.0, 1.0, 1.0])) == [math.inf, math.inf]
 

@@ -43,6 +43,7 @@ from sqlalchemy import exc
 from sqlalchemy.dialects import mysql as _mysql
 from sqlalchemy.engine import URL, Connection, make_url
 
+from dippm_nas._logging import WarnOnce
 from dippm_nas._paths import CACHE_DIR_ENV, CACHE_URL_ENV, SQLITE_FILE_NAME, cache_dir, default_cache_url
 from dippm_nas._sql import make_engine, redact
 from dippm_nas.errors import CacheError, GraphValidationError
@@ -82,17 +83,7 @@ _table = sa.Table(
 )
 _UPDATABLE = tuple(c.name for c in _table.columns if c.name != "key")
 
-_warned: set[str] = set()
-_warned_lock = threading.Lock()
-
-
-def _warn_once(tag: str, msg: str, *args: Any) -> None:
-    """``logger.warning`` at most once per ``tag`` in this process."""
-    with _warned_lock:
-        if tag in _warned:
-            return
-        _warned.add(tag)
-    logger.warning(msg, *args)
+_warn_once = WarnOnce(logger)
 
 
 def _now() -> float:

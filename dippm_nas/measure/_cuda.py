@@ -38,6 +38,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from dippm_nas._logging import WarnOnce
 from dippm_nas.errors import DeviceError, MeasurementError
 from dippm_nas.measure._common import (
     ModelFault,
@@ -65,14 +66,7 @@ from dippm_nas.spec import InputSpec
 __all__ = ["CudaOps", "CudaMeasurer", "MIG_ENERGY_REASON", "parse_device"]
 
 logger = logging.getLogger(__name__)
-_warned: set[str] = set()
-
-
-def _warn_once(key: str, msg: str, *args: Any) -> None:
-    """A search measures thousands of models: say each thing once per process."""
-    if key not in _warned:
-        _warned.add(key)
-        logger.warning(msg, *args)
+_warn_once = WarnOnce(logger)  # a search measures thousands of models: say each thing once per process
 
 #: Why a MIG instance's energy is not measured.
 MIG_ENERGY_REASON = (

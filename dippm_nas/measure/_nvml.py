@@ -15,18 +15,13 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from dippm_nas._logging import WarnOnce
 from dippm_nas.errors import MeasurementError
 
 __all__ = ["NvmlAdapter", "NvmlDevice", "locate_device"]
 
 logger = logging.getLogger(__name__)
-_warned: set[str] = set()
-
-
-def _warn_once(key: str, msg: str, *args: Any) -> None:
-    if key not in _warned:
-        _warned.add(key)
-        logger.warning(msg, *args)
+_warn_once = WarnOnce(logger)
 
 
 class NvmlAdapter:

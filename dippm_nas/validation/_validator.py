@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from dippm_nas._logging import WarnOnce
 from dippm_nas.errors import DippmNasError, ValidationError
 from dippm_nas.validation._calibrate import Calibration, apply_calibration, fit_calibration
 from dippm_nas.validation._queue import DEFAULT_LEASE_S, DEFAULT_MAX_ATTEMPTS, JobQueue, ValidationRecord
@@ -50,16 +51,7 @@ SUMMARY_ATTR = "dippm_validation"
 UNKNOWN_UNCERTAINTY = 1e9
 _REQUIRED_ATTRS = ("search_space", "search_space_config", "input_spec")
 
-_warned: set[str] = set()
-_warned_lock = threading.Lock()
-
-
-def _warn_once(tag: str, msg: str, *args: Any) -> None:
-    with _warned_lock:
-        if tag in _warned:
-            return
-        _warned.add(tag)
-    logger.warning(msg, *args)
+_warn_once = WarnOnce(logger)
 
 
 def _monotonic() -> float:
