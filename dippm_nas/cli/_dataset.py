@@ -62,6 +62,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--pin-cpu", type=int, default=None,
                    help="pin measurement to this CPU and conversion to the others (default: no pinning)")
     b.add_argument("--threads", type=int, default=1, help="torch threads while measuring (default 1)")
+    b.add_argument("--cpu-allocator", choices=("steady", "as-is"), default="steady",
+                   help="CPU timing: 'steady' (default) fixes glibc malloc's thresholds so freed activations are "
+                        "reused, not faulted in again; 'as-is' leaves the allocator alone (MeasureSettings.cpu_allocator)")
     b.add_argument("--warmup", type=int, default=2, help="untimed forwards (default 2)")
     b.add_argument("--min-repeats", type=int, default=5, help="timed forwards at least (default 5)")
     b.add_argument("--max-repeats", type=int, default=30, help="timed forwards at most (default 30)")
@@ -121,7 +124,8 @@ def run_build(args: argparse.Namespace) -> int:
 
     try:
         settings = MeasureSettings(warmup=args.warmup, min_repeats=args.min_repeats, max_repeats=args.max_repeats,
-                                   rel_ci_target=args.rel_ci, time_cap_s=args.time_cap, threads=args.threads)
+                                   rel_ci_target=args.rel_ci, time_cap_s=args.time_cap, threads=args.threads,
+                                   cpu_allocator=args.cpu_allocator)
     except MeasurementError as e:
         raise DippmNasError(str(e)) from e
     budget = None if args.mac_budget <= 0 else int(round(args.mac_budget * 1e6))

@@ -27,6 +27,7 @@ from dippm_nas.measure._common import (
     to_mib,
     window_forwards,
 )
+from dippm_nas.measure._malloc import release_free_memory, steady_allocator
 from dippm_nas.measure._measurement import Measurement, MeasureSettings
 from dippm_nas.measure._rapl import RAPL_DIR, RaplCounter, probe_rapl
 from dippm_nas.measure._rss import PeakRss
@@ -122,8 +123,10 @@ class CpuMeasurer:
         cpu = torch.device("cpu")
         with fixed_threads(s.threads) as threads:
             env = base_environment(s, threads)
-            env.update({"device_kind": "cpu", "mig": False, "rapl": rapl is not None})
+            env.update({"device_kind": "cpu", "mig": False, "rapl": rapl is not None,
+                        "allocator": steady_allocator() if s.cpu_allocator == "steady" else "as-is: requested"})
             gc.collect()
+            env["heap_trimmed"] = release_free_memory()  # free pages of earlier models do not hide this one's
             rss: PeakRss | None = PeakRss()
             try:
                 rss.start()

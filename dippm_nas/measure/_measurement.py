@@ -55,6 +55,8 @@ ENERGY_SOURCES: tuple[str, ...] = ("nvml_energy_counter", "nvml_power_sampling",
 MEMORY_SOURCES: tuple[str, ...] = ("nvml_used", "torch_max_reserved", "rss_delta")
 #: Dtypes ``MeasureSettings.autocast`` accepts.
 AUTOCAST_DTYPES: tuple[str, ...] = ("float16", "bfloat16")
+#: values of ``MeasureSettings.cpu_allocator``
+CPU_ALLOCATORS: tuple[str, ...] = ("steady", "as-is")
 
 
 def _is_int(v: Any) -> bool:
@@ -96,6 +98,12 @@ class MeasureSettings:
         autocast: ``None`` (default) or ``"float16"``/``"bfloat16"``: keep the model in float32 and run
             it under ``torch.autocast`` with this dtype. Without it, an :class:`~dippm_nas.InputSpec`
             dtype of float16/bfloat16 casts the model (``model.half()``-style), as capture does.
+        cpu_allocator: CPU only. ``"steady"`` (default) fixes glibc malloc's mmap and trim thresholds in
+            the measuring process before timing, so freed activation memory is reused rather than
+            returned to the OS and faulted in again: without it a timing depends on which models the
+            process ran before (one MBConv net: 29-31 ms vs 20 ms steady; see
+            :mod:`dippm_nas.measure._malloc`). The process keeps its peak heap afterwards. ``"as-is"``
+            leaves the allocator alone. What was in force is recorded in ``environment["allocator"]``.
     """
 
     warmup: int = 10
@@ -110,6 +118,7 @@ class MeasureSettings:
     cudnn_benchmark: bool = False
     channels_last: bool = False
     autocast: str | None = None
+    cpu_allocator: str = "steady"
 
     def __post_init__(self) -> None:
         if not _is_int(self.warmup) or self.warmup < 0:
@@ -133,6 +142,8 @@ class MeasureSettings:
         for name in ("cudnn_benchmark", "channels_last"):
             if not isinstance(getattr(self, name), bool):
                 raise MeasurementError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if self.cpu_allocator not in CPU_ALLOCATORS:
+            raise MeasurementError(f"cpu_allocator must be one of {CPU_ALLOCATORS}, got {self.cpu_allocator!r}")
         if self.autocast is not None and self.autocast not in AUTOCAST_DTYPES:
             raise MeasurementError(f"autocast must be None or one of {AUTOCAST_DTYPES}, got {self.autocast!r}")
 
