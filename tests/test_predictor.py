@@ -165,8 +165,8 @@ def test_checkpoint_dir_is_used_and_loaded_once(tmp_path: Path, monkeypatch: pyt
 def test_predict_many_is_one_batched_pass(monkeypatch: pytest.MonkeyPatch) -> None:
     p = _predictor()
     calls = []
-    orig = p.predict_log_ood
-    monkeypatch.setattr(p, "predict_log_ood", lambda feats: (calls.append(len(feats)), orig(feats))[1])
+    orig = p.predict_log_full
+    monkeypatch.setattr(p, "predict_log_full", lambda feats: (calls.append(len(feats)), orig(feats))[1])
     set_predictor(DEV, p)
     try:
         out = predict_many(_graphs(4), device=DEV, mig=False)
@@ -220,3 +220,56 @@ def test_cli_predict_json_keys_equal_prediction_fields(tmp_path: Path, monkeypat
     assert set(d) == {f.name for f in dataclasses.fields(Prediction)}
     assert d["latency_source"] == "predicted" and d["memory_source"] == "analytic"
     assert d["mig"] is not None
+
+
+# ----------------------------------------------------------------------------- novelty floor
+def test_novelty_scores_are_nearest_reference_distances() -> None:
+    from dippm_nas.predictor._novelty import novelty_scores, reference_set
+
+    ref = reference_set(torch.tensor([[0.0, 0.0], [3.0, 4.0]]))
+    d = novelty_scores(torch.tensor([[0.0, 0.0], [3.0, 4.0], [6.0, 8.0], [1.0, 0.0]]), ref, block=2)
+    assert np.allclose(d, np.array([0.0, 0.0, 5.0, 1.0]) / math.sqrt(2))
+    rows = torch.randn(5000, 3)
+    sub = reference_set(rows, max_rows=100, seed=1)
+    assert sub.shape == (100, 3) and torch.equal(sub, reference_set(rows, max_rows=100, seed=1))  # seeded
+    assert novelty_scores(sub, rows).max() == 0.0  # a subset of the training rows
+
+
+def test_fit_novel_floor_covers_the_requested_share() -> None:
+    from dippm_nas.predictor._novelty import fit_novel_floor
+
+    rng = np.random.default_rng(0)
+    err = np.abs(rng.normal(0.0, 0.15, 2000))
+    sigma = np.full(2000, 0.01)
+    f = fit_novel_floor(err, sigma, coverage=0.95)
+    cov = np.mean(err <= 2 * np.sqrt(sigma ** 2 + f ** 2))
+    assert 0.95 <= cov <= 0.951 and 0.13 < f < 0.17  # 1.96 sigma of N(0, 0.15) is 0.294 = 2 x 0.147
+    assert fit_novel_floor(np.array([0.01]), np.array([0.1])) == 0.0  # already covered: no floor
+    with pytest.raises(ValueError, match="at least one finite"):
+        fit_novel_floor(np.array([np.nan]), np.array([0.1]))
+
+
+def test_novel_graph_gets_the_novel_floor_and_round_trips(tmp_path: Path) -> None:
+    from dippm_nas.predictor._train import attach_novelty_reference
+
+    p = _predictor()
+    graphs = _graphs(4)
+    feats = [featurize(g, DEV) for g in graphs]
+    b = collate(feats[:2])
+    p.model.set_stats(b["x"], b["static"], b["dev"], torch.zeros(3), torch.full((3,), 0.4))
+    # reference = graphs 0 and 1, "validation" = the same two: d0 = 0, every other graph is novel
+    attach_novelty_reference(p, feats[:2], feats[:2], floor_log={"latency_ms": 0.3}, calibrated_on="synthetic")
+    assert p.meta.novelty["d0"] == pytest.approx(0.0, abs=1e-3) and p.novelty_ref.shape == (2, static_dim())
+    near, far = p.predict_graphs([graphs[0], graphs[3]], mig=False)
+    assert near.details["novel"] == 0.0 and far.details["novel"] == 1.0 and far.details["novelty"] > 0
+    assert far.latency_ms_std / far.latency_ms >= 0.3 > near.latency_ms_std / near.latency_ms
+    path = tmp_path / f"{DEV}.pt"
+    p.save(path)
+    q = GnnPredictor.load(path, device=DEV, load_calibration=False)
+    assert q.meta.novelty == p.meta.novelty and torch.equal(q.novelty_ref, p.novelty_ref)
+    assert [x.latency_ms_std for x in q.predict_graphs([graphs[0], graphs[3]], mig=False)] == pytest.approx(
+        [near.latency_ms_std, far.latency_ms_std])
+    blob = torch.load(path, weights_only=True)
+    torch.save({**blob, "novelty_ref": torch.zeros(2, 3)}, tmp_path / "bad.pt")
+    with pytest.raises(CheckpointError, match=r"novelty_ref must be a \[R, \d+\] tensor"):
+        GnnPredictor.load(tmp_path / "bad.pt")

@@ -49,7 +49,7 @@ def evaluate_examples(pred: "GnnPredictor", feats: Sequence["GraphFeatures"], ex
         ``(table, rows)``: ``table[target]`` = metrics of the predictor and ``table[target + "_prior"]`` of
         the analytic prior alone; ``rows`` one dict per example (label, prediction, std, prior, family).
     """
-    mean, std, ood = pred.predict_log_ood(feats)
+    mean, std, ood, nov = pred.predict_log_full(feats)
     table: dict[str, Any] = {}
     rows: list[dict[str, Any]] = []
     for i, (f, e) in enumerate(zip(feats, examples)):
@@ -57,15 +57,13 @@ def evaluate_examples(pred: "GnnPredictor", feats: Sequence["GraphFeatures"], ex
         if getattr(e, "name", ""):
             r["name"] = e.name
         r["outside_training_range"] = bool(ood[i])
+        if math.isfinite(nov[i]):
+            r["novelty"] = float(nov[i])
         for j, t in enumerate(TARGETS):
             if t not in e.y or t not in pred.meta.targets:
                 continue
             m = float(mean[i, j])
-            s = math.hypot(float(std[i, j]), pred.meta.std_floor_log.get(t, 0.0))
-            if ood[i] and pred.model.residual_on_prior:
-                # the σ the predictor returns (GnnPredictor._prediction): outside the training range the
-                # correction is only known to lie within its bound
-                s = math.hypot(s, 0.5 * float(pred.model.delta_max[j]))
+            s = pred.sigma_log(t, float(std[i, j]), ood=bool(ood[i]), novelty=float(nov[i]))  # the σ predict() returns
             if pred.calibration is not None and pred.calibration.has(t):
                 m, s = pred.calibration.apply(t, m, s)
             v = math.exp(m)

@@ -47,6 +47,7 @@ from dippm_nas.features import FEATURE_SCHEMA_VERSION, GraphFeatures, device_dim
 from dippm_nas.graph._graph import OperatorGraph
 from dippm_nas.prediction import Prediction
 from dippm_nas.predictor._base import BasePredictor
+from dippm_nas.predictor._novelty import novelty_scores
 
 if TYPE_CHECKING:  # pragma: no cover
     from dippm_nas.predictor._calibrate import Calibration
@@ -99,6 +100,10 @@ class CheckpointMeta:
         node_dim, static_dim, device_dim: feature widths (checked against this code on load).
         command: the command that trained it.
         format: :data:`CHECKPOINT_FORMAT`.
+        notes: free text.
+        novelty: the novel-graph std floor (:class:`~dippm_nas.predictor._novelty.NoveltyFloor` as a dict:
+            ``d0``, ``floor_log``, ``calibrated_on``), or ``None``; its reference set is stored beside the
+            weights (``novelty_ref``).
     """
 
     device: str
@@ -121,6 +126,7 @@ class CheckpointMeta:
     command: str = ""
     format: int = CHECKPOINT_FORMAT
     notes: str = ""
+    novelty: dict[str, Any] | None = None
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=1, sort_keys=True)
@@ -244,6 +250,10 @@ class SageEnsemble(nn.Module):
         glob = torch.cat([static, dev], 1)
         self.global_lo.copy_(glob.amin(0))
         self.global_hi.copy_(glob.amax(0))
+
+    def static_z(self, b: dict[str, Any]) -> torch.Tensor:
+        """Standardised, clipped static (graph-level) features, as the network sees them; ``[num_graphs, static_in]``."""
+        return ((b["static"] - self.static_mean) / self.static_std).clamp(-_Z_CLIP, _Z_CLIP)
 
     def outside_training_range(self, b: dict[str, Any]) -> torch.Tensor:
         """Per graph: does any graph-level feature (size, batch, dtype, prior totals, device) lie outside
@@ -452,11 +462,14 @@ class GnnPredictor(BasePredictor):
     """
 
     def __init__(self, model: SageEnsemble, meta: CheckpointMeta, device: str | None = None, *,
-                 feature_cache_size: int = 4096, load_calibration: bool = True) -> None:
+                 feature_cache_size: int = 4096, load_calibration: bool = True,
+                 novelty_ref: torch.Tensor | None = None) -> None:
         from dippm_nas.devices import resolve_device
 
         self.model = model.eval()
         self.meta = meta
+        #: standardised static features of training graphs ``[R, static_dim]`` (novelty scores), or None
+        self.novelty_ref = novelty_ref
         self.device = resolve_device(device or meta.device).id
         self._cache: OrderedDict[tuple[str, str], GraphFeatures] = OrderedDict()  # (graph key, device)
         self._pred_cache: OrderedDict[tuple[Any, ...], Prediction] = OrderedDict()
@@ -505,15 +518,22 @@ class GnnPredictor(BasePredictor):
             model.load_state_dict(blob["state"])
         except RuntimeError as e:
             raise CheckpointError(f"checkpoint {path} weights do not match its metadata: {e}") from e
+        ref = blob.get("novelty_ref")
+        if ref is not None and (not isinstance(ref, torch.Tensor) or ref.dim() != 2 or ref.shape[1] != meta.static_dim):
+            raise CheckpointError(f"checkpoint {path} novelty_ref must be a [R, {meta.static_dim}] tensor, "
+                                  f"got {getattr(ref, 'shape', type(ref).__name__)}")
         logger.info("loaded predictor checkpoint %s (device %s, targets %s)", path, meta.device, list(meta.targets))
-        return cls(model, meta, device, **kwargs)
+        return cls(model, meta, device, novelty_ref=ref, **kwargs)
 
     def save(self, path: str | Path) -> None:
         """Write ``path`` (``.pt``) and its ``.json`` metadata sidecar."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-        torch.save({"meta": self.meta.to_json(), "state": state}, path)
+        blob: dict[str, Any] = {"meta": self.meta.to_json(), "state": state}
+        if self.novelty_ref is not None:
+            blob["novelty_ref"] = self.novelty_ref.detach().to(torch.float32).clone()
+        torch.save(blob, path)
         path.with_suffix(".json").write_text(self.meta.to_json() + "\n")
 
     # ------------------------------------------------------------- features
@@ -553,13 +573,38 @@ class GnnPredictor(BasePredictor):
     def predict_log_ood(self, feats: Sequence[GraphFeatures], *,
                         chunk_nodes: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """:meth:`predict_log` plus, per graph, whether it lies outside the training range (``[num_graphs]`` bool)."""
+        mean, std, ood, _ = self.predict_log_full(feats, chunk_nodes=chunk_nodes)
+        return mean, std, ood
+
+    @torch.no_grad()
+    def predict_log_full(self, feats: Sequence[GraphFeatures], *, chunk_nodes: int | None = None
+                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`predict_log_ood` plus each graph's novelty score (``[num_graphs]`` float; ``nan`` without a
+        reference set), see :mod:`dippm_nas.predictor._novelty`."""
         b = collate_globals(feats)
         # [K, B, 3]: self.model(collate(feats)) computed chunk by chunk
         out = self.model.infer(feats, chunk_nodes=chunk_nodes or INFER_CHUNK_NODES, glob=b)
         mean = out.mean(0)
         std = out.std(0, unbiased=False) if out.shape[0] > 1 else torch.zeros_like(mean)
         ood = self.model.outside_training_range(b)
-        return mean.numpy().astype(np.float64), std.numpy().astype(np.float64), ood.numpy()
+        if self.novelty_ref is not None:
+            nov = novelty_scores(self.model.static_z(b), self.novelty_ref)
+        else:
+            nov = np.full(len(feats), np.nan)
+        return mean.numpy().astype(np.float64), std.numpy().astype(np.float64), ood.numpy(), nov
+
+    def sigma_log(self, target: str, std_members: float, *, ood: bool = False, novelty: float = math.nan) -> float:
+        """The log-space σ of one prediction: the members' spread, the validation floor (the novel-graph
+        floor instead when ``novelty`` exceeds the checkpoint's ``d0`` and that floor is larger) and, outside
+        the training range, half the correction bound (the correction is only known to lie within it)."""
+        floor = self.meta.std_floor_log.get(target, 0.0)
+        nf = self.meta.novelty
+        if nf is not None and target in nf.get("floor_log", {}) and math.isfinite(novelty) and novelty > nf["d0"]:
+            floor = max(floor, float(nf["floor_log"][target]))
+        s = math.hypot(std_members, floor)
+        if ood and self.model.residual_on_prior:
+            s = math.hypot(s, 0.5 * float(self.model.delta_max[TARGETS.index(target)]))
+        return s
 
     def predict_graphs(self, graphs: Sequence[OperatorGraph], *, mig: bool = True,
                        k_sigma: float = 2.0) -> list[Prediction]:
@@ -571,10 +616,10 @@ class GnnPredictor(BasePredictor):
         todo = [i for i, p in enumerate(out) if p is None]
         if todo:
             feats = [self.features(graphs[i]) for i in todo]
-            mean, std, ood = self.predict_log_ood(feats)
+            mean, std, ood, nov = self.predict_log_full(feats)
             for j, i in enumerate(todo):
                 out[i] = self._prediction(graphs[i], feats[j], mean[j], std[j], mig=mig, k_sigma=k_sigma,
-                                          ood=bool(ood[j]))
+                                          ood=bool(ood[j]), novelty=float(nov[j]))
             with self._lock:
                 for i in todo:
                     self._pred_cache[keys[i]] = out[i]  # type: ignore[assignment]
@@ -583,7 +628,7 @@ class GnnPredictor(BasePredictor):
         return out  # type: ignore[return-value]
 
     def _prediction(self, graph: OperatorGraph, f: GraphFeatures, mean: np.ndarray, std: np.ndarray, *,
-                    mig: bool, k_sigma: float, ood: bool = False) -> Prediction:
+                    mig: bool, k_sigma: float, ood: bool = False, novelty: float = math.nan) -> Prediction:
         from dippm_nas.devices import resolve_device
 
         est = f.estimate
@@ -597,10 +642,7 @@ class GnnPredictor(BasePredictor):
                 sources[t] = "analytic" if prior_vals[t] is not None else "unavailable"
                 continue
             m = float(mean[t_i])
-            s = math.hypot(float(std[t_i]), self.meta.std_floor_log.get(t, 0.0))
-            if ood and self.model.residual_on_prior:
-                # outside the training range the correction is only known to lie within its bound
-                s = math.hypot(s, 0.5 * float(self.model.delta_max[t_i]))
+            s = self.sigma_log(t, float(std[t_i]), ood=ood, novelty=novelty)
             src = "predicted"
             if self.calibration is not None and self.calibration.has(t):
                 m, s = self.calibration.apply(t, m, s)
@@ -615,6 +657,10 @@ class GnnPredictor(BasePredictor):
         details["prior_latency_ms"] = f.prior_latency_ms
         details["prior_memory_mib"] = f.prior_memory_mib
         details["outside_training_range"] = float(ood)
+        if math.isfinite(novelty):
+            details["novelty"] = novelty
+            if self.meta.novelty is not None:
+                details["novel"] = float(novelty > self.meta.novelty["d0"])
         pred = Prediction(
             latency_ms=values["latency_ms"], energy_j=values["energy_j"], memory_mib=values["memory_mib"],
             latency_source=sources["latency_ms"], energy_source=sources["energy_j"],

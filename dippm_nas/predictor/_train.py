@@ -41,10 +41,12 @@ import torch
 from dippm_nas.errors import DippmNasError
 from dippm_nas.features import FEATURE_SCHEMA_VERSION, GraphFeatures, device_dim, featurize, node_dim, static_dim
 from dippm_nas.graph._graph import OperatorGraph
-from dippm_nas.predictor._gnn import DELTA_MARGIN, TARGET_UNITS, TARGETS, CheckpointMeta, GnnPredictor, SageEnsemble, collate
+from dippm_nas.predictor._gnn import (DELTA_MARGIN, TARGET_UNITS, TARGETS, CheckpointMeta, GnnPredictor, SageEnsemble,
+                                      collate, collate_globals)
+from dippm_nas.predictor._novelty import NoveltyFloor, novelty_scores, reference_set, split_d0
 
 __all__ = ["Example", "TrainConfig", "DEVICE_ALIASES", "SPLIT_MODES", "load_examples", "timm_family", "split_examples",
-           "featurize_examples", "train_ensemble", "fit_std_floor", "train_predictor"]
+           "featurize_examples", "train_ensemble", "fit_std_floor", "attach_novelty_reference", "train_predictor"]
 
 logger = logging.getLogger(__name__)
 
@@ -359,6 +361,21 @@ def fit_std_floor(mean_log: np.ndarray, std_log: np.ndarray, y_log: np.ndarray, 
     return hi
 
 
+def attach_novelty_reference(pred: GnnPredictor, train_feats: Sequence[GraphFeatures],
+                             val_feats: Sequence[GraphFeatures], *, floor_log: dict[str, float] | None = None,
+                             calibrated_on: str = "not calibrated: no rows of an unseen family") -> None:
+    """Store the novelty reference set (training graphs) in ``pred`` and its threshold ``d0`` (validation
+    quantile) in ``pred.meta.novelty``, with the novel-graph floors ``floor_log`` when given (see
+    :mod:`dippm_nas.predictor._novelty`; ``scripts/fit_novelty_floor.py`` fits them on unseen families)."""
+    if not train_feats or not val_feats:
+        return
+    with torch.no_grad():
+        pred.novelty_ref = reference_set(pred.model.static_z(collate_globals(train_feats)))
+        d_val = novelty_scores(pred.model.static_z(collate_globals(val_feats)), pred.novelty_ref)
+    pred.meta = _replace(pred.meta, novelty=NoveltyFloor(
+        d0=split_d0(d_val), floor_log=dict(floor_log or {}), calibrated_on=calibrated_on).to_dict())
+
+
 def train_predictor(paths: Sequence[str | Path], device: str, *, split: str = "random", heldout_families: Sequence[str] = (),
                     devices: Sequence[str] | None = None, cfg: TrainConfig | None = None, data_sources: Sequence[str] = (),
                     command: str = "", progress: bool = True, examples: Sequence[Example] | None = None,
@@ -434,6 +451,7 @@ def train_predictor(paths: Sequence[str | Path], device: str, *, split: str = "r
             if t in targets:
                 floors[t] = fit_std_floor(m[:, j], s[:, j], y[:, j])
     pred.meta = _replace(meta, std_floor_log=floors)
+    attach_novelty_reference(pred, ftr, [fva[i] for i in va_dev])
     te_dev = [i for i, e in enumerate(te) if e.device == device]
     report: dict[str, Any] = {"split": split, "heldout_families": list(heldout_families),
                               "sizes": {"train": len(tr), "val": len(va), "test": len(te), "test_on_device": len(te_dev)},

@@ -1,0 +1,115 @@
+"""How far a graph lies from the training graphs, and the std floor that goes with being far.
+
+The ensemble's spread says little about a family it never saw: on held-out families its members agree
+with each other while all being off by a family-wide offset (host CPU, resnet + vit held out: ±2σ held
+only 74-84 % of the rows with the in-family floor). A novelty score and a second floor fix that:
+
+- the **reference set** is up to :data:`MAX_REFERENCE` training graphs' graph-level features (static
+  features, standardised and clipped as the network sees them), stored in the checkpoint;
+- a graph's **novelty** is its distance to the nearest reference graph, divided by ``sqrt(dim)`` (an RMS
+  of per-feature z-score differences);
+- ``d0`` is the :data:`NOVELTY_QUANTILE` quantile of the validation graphs' novelty (in-family graphs the
+  network was selected on), and a graph with novelty above ``d0`` is **novel**;
+- the **novel floor** is fitted on calibration rows of families the checkpoint never saw (never its test
+  rows) so that ±2σ covers :data:`COVERAGE` of them; a novel graph's σ is
+  ``sqrt(σ_members² + max(floor, novel_floor)²)``.
+
+The checkpoint's ``meta.novelty`` says where the calibration rows came from. Without one (no unseen
+family available when it was trained) graphs are still scored, and σ is the in-family one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["MAX_REFERENCE", "NOVELTY_QUANTILE", "COVERAGE", "NoveltyFloor", "reference_set", "novelty_scores",
+           "fit_novel_floor"]
+
+#: training graphs kept as the reference set (a seeded subsample when there are more)
+MAX_REFERENCE = 2048
+#: validation novelty quantile that separates in-family from novel graphs
+NOVELTY_QUANTILE = 0.95
+#: share of calibration rows within ±2σ the novel floor is fitted for
+COVERAGE = 0.95
+
+
+@dataclass(frozen=True)
+class NoveltyFloor:
+    """The novel-graph std floor of a checkpoint (``CheckpointMeta.novelty`` as a dict).
+
+    Attributes:
+        d0: novelty above which a graph is novel (validation quantile).
+        floor_log: per target, the log-space std floor of novel graphs.
+        calibrated_on: the rows the floor was fitted on (families, count, where from).
+    """
+
+    d0: float
+    floor_log: dict[str, float]
+    calibrated_on: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"d0": self.d0, "floor_log": dict(self.floor_log), "calibrated_on": self.calibrated_on}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "NoveltyFloor":
+        return cls(d0=float(d["d0"]), floor_log={k: float(v) for k, v in d["floor_log"].items()},
+                   calibrated_on=str(d["calibrated_on"]))
+
+
+def reference_set(static_z: torch.Tensor, *, max_rows: int = MAX_REFERENCE, seed: int = 0) -> torch.Tensor:
+    """Up to ``max_rows`` rows of ``static_z`` (``[N, dim]``, standardised training features), a seeded
+    subsample when there are more, as float32 ``[R, dim]``."""
+    n = static_z.shape[0]
+    if n > max_rows:
+        idx = torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:max_rows].sort().values
+        static_z = static_z[idx]
+    return static_z.detach().to(torch.float32).contiguous()
+
+
+def novelty_scores(static_z: torch.Tensor, ref: torch.Tensor, *, block: int = 1024) -> np.ndarray:
+    """Distance of each row of ``static_z`` (``[B, dim]``) to its nearest row of ``ref`` (``[R, dim]``),
+    divided by ``sqrt(dim)``; ``[B]`` float64. Blocks of ``block`` rows bound the memory."""
+    if ref.numel() == 0:
+        return np.full(static_z.shape[0], math.inf)
+    dim = static_z.shape[1]
+    out = np.empty(static_z.shape[0], dtype=np.float64)
+    # |q|² - 2 q·r + |r|² in float64: one GEMM per block; float32 would cancel to ~1e-3 for a graph in the set
+    r = ref.to(torch.float64)
+    r2 = (r * r).sum(1)
+    for a in range(0, static_z.shape[0], block):
+        q = static_z[a:a + block].to(torch.float64)
+        d2 = (q * q).sum(1, keepdim=True) - 2.0 * (q @ r.T) + r2
+        out[a:a + block] = d2.amin(1).clamp_min_(0.0).sqrt_().numpy()
+    return out / math.sqrt(dim)
+
+
+def fit_novel_floor(err_log: np.ndarray, sigma_log: np.ndarray, *, coverage: float = COVERAGE) -> float:
+    """Smallest floor ``f`` with ``coverage`` of ``err <= 2 sqrt(sigma² + f²)``.
+
+    Args:
+        err_log: ``|log label - log prediction|`` of the calibration rows, ``[N]``.
+        sigma_log: the σ the checkpoint already gives them (in-family floor and range widening
+            included), ``[N]``.
+    """
+    ok = np.isfinite(err_log) & np.isfinite(sigma_log)
+    err, s = np.asarray(err_log)[ok], np.asarray(sigma_log)[ok]
+    if err.size == 0:
+        raise ValueError("fit_novel_floor needs at least one finite calibration row")
+    # err <= 2 sqrt(s² + f²)  <=>  f >= sqrt(max(0, (err/2)² - s²)): the coverage quantile of that bound
+    need = np.sqrt(np.clip((err / 2.0) ** 2 - s ** 2, 0.0, None))
+    return float(np.quantile(need, coverage, method="higher"))
+
+
+def split_d0(val_novelty: Sequence[float], *, quantile: float = NOVELTY_QUANTILE) -> float:
+    """The novelty threshold: the ``quantile`` of the validation graphs' novelty."""
+    v = np.asarray(val_novelty, dtype=np.float64)
+    v = v[np.isfinite(v)]
+    if v.size == 0:
+        raise ValueError("split_d0 needs at least one finite validation novelty")
+    return float(np.quantile(v, quantile))
