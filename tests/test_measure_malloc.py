@@ -74,7 +74,7 @@ def test_setting_is_validated_and_recorded() -> None:
     model = nn.Linear(4, 3)
     steady = measure(model, spec, device="cpu", settings=MeasureSettings(**fast))
     as_is = measure(model, spec, device="cpu", settings=MeasureSettings(cpu_allocator="as-is", **fast))
-    assert as_is.environment["allocator"] == "as-is: requested"
+    assert as_is.environment["allocator"] == "as-is: requested" and as_is.environment["heap_trimmed"] is False
     assert steady.environment["settings"]["cpu_allocator"] == "steady"
     assert steady.environment["allocator"] == _malloc.steady_allocator()
     assert steady.environment["heap_trimmed"] is _GLIBC

@@ -126,7 +126,8 @@ class CpuMeasurer:
             env.update({"device_kind": "cpu", "mig": False, "rapl": rapl is not None,
                         "allocator": steady_allocator() if s.cpu_allocator == "steady" else "as-is: requested"})
             gc.collect()
-            env["heap_trimmed"] = release_free_memory()  # free pages of earlier models do not hide this one's
+            # free pages of earlier models would hide this one's from the RSS delta (steady mode keeps them)
+            env["heap_trimmed"] = release_free_memory() if s.cpu_allocator == "steady" else False
             rss: PeakRss | None = PeakRss()
             try:
                 rss.start()
