@@ -573,21 +573,21 @@ class GnnPredictor(BasePredictor):
     def predict_log_ood(self, feats: Sequence[GraphFeatures], *,
                         chunk_nodes: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """:meth:`predict_log` plus, per graph, whether it lies outside the training range (``[num_graphs]`` bool)."""
-        mean, std, ood, _ = self.predict_log_full(feats, chunk_nodes=chunk_nodes)
+        mean, std, ood, _ = self.predict_log_full(feats, chunk_nodes=chunk_nodes, novelty=False)
         return mean, std, ood
 
     @torch.no_grad()
-    def predict_log_full(self, feats: Sequence[GraphFeatures], *, chunk_nodes: int | None = None
-                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def predict_log_full(self, feats: Sequence[GraphFeatures], *, chunk_nodes: int | None = None,
+                         novelty: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """:meth:`predict_log_ood` plus each graph's novelty score (``[num_graphs]`` float; ``nan`` without a
-        reference set), see :mod:`dippm_nas.predictor._novelty`."""
+        reference set or with ``novelty=False``), see :mod:`dippm_nas.predictor._novelty`."""
         b = collate_globals(feats)
         # [K, B, 3]: self.model(collate(feats)) computed chunk by chunk
         out = self.model.infer(feats, chunk_nodes=chunk_nodes or INFER_CHUNK_NODES, glob=b)
         mean = out.mean(0)
         std = out.std(0, unbiased=False) if out.shape[0] > 1 else torch.zeros_like(mean)
         ood = self.model.outside_training_range(b)
-        if self.novelty_ref is not None:
+        if novelty and self.novelty_ref is not None:
             nov = novelty_scores(self.model.static_z(b), self.novelty_ref)
         else:
             nov = np.full(len(feats), np.nan)
