@@ -273,3 +273,30 @@ def test_novel_graph_gets_the_novel_floor_and_round_trips(tmp_path: Path) -> Non
     torch.save({**blob, "novelty_ref": torch.zeros(2, 3)}, tmp_path / "bad.pt")
     with pytest.raises(CheckpointError, match=r"novelty_ref must be a \[R, \d+\] tensor"):
         GnnPredictor.load(tmp_path / "bad.pt")
+
+
+def test_train_predictor_end_to_end_stores_floors_and_novelty_reference(tmp_path: Path) -> None:
+    """A tiny training run: the checkpoint it returns has its validation floor, the novelty reference set and
+    threshold, test metrics, and survives a save/load round trip; its predictions track a labelled 2x slowdown."""
+    from dippm_nas.graph import OperatorGraph
+    from dippm_nas.predictor._train import Example, TrainConfig, train_predictor
+
+    examples = []
+    for b in range(1, 61):
+        d = tiny_graph().to_dict()
+        d["spec"]["batch_size"] = b
+        g = OperatorGraph.from_dict(d)
+        prior_ms = featurize(g, DEV).prior_latency_ms
+        examples.append(Example(g, DEV, {"latency_ms": 2.0 * prior_ms}, "tiny", f"tiny-bs{b}"))
+    cfg = TrainConfig(hidden=8, members=2, epochs=40, patience=40, batch_size=16, time_budget_s=60.0, threads=1)
+    pred, report = train_predictor([], DEV, split="random", cfg=cfg, examples=examples, progress=False,
+                                   targets=["latency_ms"])
+    assert report["sizes"]["test"] > 0 and "latency_ms" in report["metrics"]
+    assert report["metrics"]["latency_ms"]["mape_pct"] < report["metrics"]["latency_ms_prior"]["mape_pct"]
+    assert set(pred.meta.std_floor_log) == {"latency_ms"} and pred.meta.targets == {"latency_ms": "ms"}
+    nov = pred.meta.novelty
+    assert nov is not None and math.isfinite(nov["d0"]) and nov["floor_log"] == {}
+    assert pred.novelty_ref is not None and pred.novelty_ref.shape[1] == static_dim()
+    pred.save(tmp_path / "t.pt")
+    back = GnnPredictor.load(tmp_path / "t.pt", load_calibration=False)
+    assert back.meta.novelty == nov and torch.equal(back.novelty_ref, pred.novelty_ref)
