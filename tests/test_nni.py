@@ -219,9 +219,11 @@ def make_tuner(**kw):
 def test_tuner_skips_infeasible_config_and_never_proposes_anything_twice() -> None:
     nni = needs_nni()
     big = [4096, 4096, 4096]
-    _, spec = mlp(big)
-    assert dippm_nas.predict(mlp(big)[0], spec).latency_ms > 1.0  # the premise: predicted over the bound
-    t = make_tuner()
+    lat = {str(h): dippm_nas.predict(*mlp(h)).latency_ms for h in ([64], big, [256, 256])}
+    # the bound sits between the feasible configs and the big one, whatever the shipped checkpoint predicts
+    bound = math.sqrt(lat[str(big)] * max(lat["[64]"], lat["[256, 256]"]))
+    assert lat[str(big)] > bound > max(lat["[64]"], lat["[256, 256]"])  # the premise
+    t = make_tuner(max_latency_ms=bound)
     t.update_search_space({"hidden": {"_type": "choice", "_value": [[64], big, [256, 256]]},
                            "lr": {"_type": "choice", "_value": [0.1]}})
     proposed = []
