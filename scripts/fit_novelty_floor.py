@@ -15,7 +15,8 @@ the floor is fitted on the **test rows of the calibration families only** (all d
 only widens σ), their ±2σ coverage is printed before and after. Calibration rows never come from the
 families reported on. See :mod:`dippm_nas.predictor._novelty`.
 
-``--floor-log X --calibrated-on TEXT`` sets the floor instead of fitting it, e.g. to give a checkpoint
+Every target the checkpoint was trained on gets its own floor. ``--floor-log [TARGET=]X --calibrated-on TEXT``
+(repeatable; a bare number is ``latency_ms``) sets the floors instead of fitting them, e.g. to give a checkpoint
 trained on every family (no unseen family left to calibrate on) the floor fitted with its family-split
 twin; ``d0`` is still computed from its own validation rows.
 """
@@ -44,7 +45,16 @@ from dippm_nas.predictor._train import (  # noqa: E402
     timm_family,
 )
 
-TARGET = "latency_ms"
+DEFAULT_TARGET = "latency_ms"
+
+
+def parse_floors(items: Sequence[str]) -> dict[str, float]:
+    """``["0.11", "memory_mib=0.05"]`` -> ``{"latency_ms": 0.11, "memory_mib": 0.05}``."""
+    out = {}
+    for it in items:
+        t, _, v = it.rpartition("=")
+        out[t or DEFAULT_TARGET] = float(v)
+    return out
 
 
 def row_family(e: Example) -> str:
@@ -57,18 +67,18 @@ def _half(family: str, frac: float, seed: int) -> bool:
     return h / 2**64 < frac
 
 
-def _summary(rows: Sequence[dict], label: str) -> dict:
-    rs = [r for r in rows if TARGET in r]
+def _summary(rows: Sequence[dict], label: str, target: str) -> dict:
+    rs = [r for r in rows if target in r]
     if not rs:
         return {"n": 0}
-    y = np.array([r[TARGET] for r in rs])
-    p = np.array([r[f"{TARGET}_pred"] for r in rs])
-    s = np.array([r[f"{TARGET}_std"] for r in rs])
+    y = np.array([r[target] for r in rs])
+    p = np.array([r[f"{target}_pred"] for r in rs])
+    s = np.array([r[f"{target}_std"] for r in rs])
     err = np.abs(np.log(y) - np.log(p))
     nov = np.array([r.get("novel", 0.0) for r in rs])
     out = {"n": len(rs), "mape_pct": float(100 * np.mean(np.abs(p / y - 1))),
            "coverage_2sigma": float(np.mean(err <= 2 * s / p)), "novel_share": float(np.mean(nov))}
-    print(f"  {label:52s} n {out['n']:5d}  MAPE {out['mape_pct']:6.2f} %  within ±2σ {out['coverage_2sigma']:.3f}"
+    print(f"  {label + ', ' + target:64s} n {out['n']:5d}  MAPE {out['mape_pct']:6.2f} %  within ±2σ {out['coverage_2sigma']:.3f}"
           f"  novel {out['novel_share']:.2f}")
     return out
 
@@ -82,7 +92,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--calibrate-frac", type=float, default=None,
                     help="instead: this share of the held-out families (by a seeded hash) calibrates")
     ap.add_argument("--calibrate-devices", default=None, help="comma-separated devices of calibration rows (default all)")
-    ap.add_argument("--floor-log", type=float, default=None, help="set this floor instead of fitting one")
+    ap.add_argument("--floor-log", action="append", default=[], metavar="[TARGET=]X",
+                    help="set this floor instead of fitting one (repeatable; bare number: latency_ms)")
     ap.add_argument("--calibrated-on", default=None, help="with --floor-log: where the floor came from")
     ap.add_argument("--json", default=None, help="write the figures here")
     args = ap.parse_args(argv)
@@ -106,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     # families that can calibrate: held-out ones (the timm split's test also holds random in-family rows)
     test_fams = sorted({row_family(e) for e in te if args.split != "timm-family" or _is_timm(e)})
-    if args.floor_log is not None:
+    if args.floor_log:
         cal_fams: list[str] = []
     elif args.calibrate_frac is not None:
         cal_fams = [f for f in test_fams if _half(f, args.calibrate_frac, args.seed)]
@@ -123,36 +134,45 @@ def main(argv: Sequence[str] | None = None) -> int:
     res: dict = {"d0": d0, "calibration_families": cal_fams, "before": {}, "after": {}}
     fcal = featurize_examples(cal, style=style, prior_params=pp) if cal else []
     frep = featurize_examples(rep, style=style, prior_params=pp)
-    if args.floor_log is not None:
-        floor = float(args.floor_log)
+    targets = list(pred.meta.targets)
+    if args.floor_log:
+        floors = parse_floors(args.floor_log)
+        bad = sorted(set(floors) - set(targets))
+        if bad:
+            raise SystemExit(f"--floor-log targets {bad} are not trained by this checkpoint: {targets}")
         note = args.calibrated_on or "set by hand (--floor-log)"
     else:
         if not cal:
             raise SystemExit("no calibration rows: give --calibrate-families or --calibrate-frac (or --floor-log)")
         _, rows = evaluate_examples(pred, fcal, cal)  # σ with the in-family floor (novel floor still empty)
-        rs = [r for r in rows if TARGET in r]
-        err = np.array([abs(math.log(r[TARGET] / r[f"{TARGET}_pred"])) for r in rs])
-        sig = np.array([r[f"{TARGET}_std"] / r[f"{TARGET}_pred"] for r in rs])
-        novel = np.array([r.get("novelty", 0.0) > d0 for r in rs])
-        use = novel if novel.sum() >= 20 else np.ones_like(novel)
-        floor = fit_novel_floor(err[use], sig[use])
-        note = (f"{int(use.sum())} test rows ({'novel ones' if use is novel else 'all'}) of held-out families "
-                f"{','.join(cal_fams)} ({args.split} split, seed {args.seed}); fitted for 95 % within ±2σ")
-        res["calibration_rows"] = int(use.sum())
-        res["novel_share_calibration"] = float(novel.mean())
-    print(f"novel floor (log) = {floor:.4f}: {note}")
+        floors, used = {}, {}
+        for t in targets:
+            rs = [r for r in rows if t in r]
+            err = np.array([abs(math.log(r[t] / r[f"{t}_pred"])) for r in rs])
+            sig = np.array([r[f"{t}_std"] / r[f"{t}_pred"] for r in rs])
+            novel = np.array([r.get("novelty", 0.0) > d0 for r in rs])
+            use = novel if novel.sum() >= 20 else np.ones_like(novel)
+            floors[t] = fit_novel_floor(err[use], sig[use])
+            used[t] = (int(use.sum()), "novel ones" if use is novel else "all")
+            res.setdefault("calibration_rows", {})[t] = int(use.sum())
+            res.setdefault("novel_share_calibration", {})[t] = float(novel.mean())
+        note = (", ".join(f"{t}: {n} test rows ({kind})" for t, (n, kind) in used.items())
+                + f" of held-out families {','.join(cal_fams)} ({args.split} split, seed {args.seed});"
+                " fitted for 95 % within ±2σ")
+    res["floor_log"] = floors
+    print("novel floors (log): " + ", ".join(f"{t} {f:.4f}" for t, f in floors.items()) + f": {note}")
     by_dev_rep: dict[str, list[int]] = defaultdict(list)
     for i, e in enumerate(rep):  # per device, held-out timm rows apart from the in-family test rows
         by_dev_rep[f"{e.device}, " + ("held-out timm families" if _is_timm(e) else f"{e.family} test rows")].append(i)
     for stage in ("before", "after"):
         if stage == "after":
-            pred.meta = _replace(pred.meta, novelty=NoveltyFloor(d0, {TARGET: floor}, note).to_dict())
+            pred.meta = _replace(pred.meta, novelty=NoveltyFloor(d0, floors, note).to_dict())
         print(stage)
         for d, idx in sorted(by_dev_rep.items()):
             _, rows = evaluate_examples(pred, [frep[i] for i in idx], [rep[i] for i in idx])
             for r in rows:
                 r["novel"] = float(r.get("novelty", 0.0) > d0)
-            res[stage][d] = _summary(rows, d)
+            res[stage][d] = {t: _summary(rows, d, t) for t in targets}
     pred.save(args.out)
     print(f"wrote {args.out}")
     if args.json:
