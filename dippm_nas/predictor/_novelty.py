@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 __all__ = ["MAX_REFERENCE", "NOVELTY_QUANTILE", "COVERAGE", "NoveltyFloor", "reference_set", "novelty_scores",
-           "fit_novel_floor"]
+           "fit_novel_floor", "split_d0"]
 
 #: training graphs kept as the reference set (a seeded subsample when there are more)
 MAX_REFERENCE = 2048
