@@ -12,7 +12,8 @@ Rule (the second session's choice, kept so the shipped checkpoint can be rebuilt
 three, with at most 120 M parameters and images of at most 384 px; families are the model name without a
 ``tf_``/``gluon_``/``legacy_`` prefix up to the first non-letter; up to ``--per-family`` models per family
 (seeded shuffle), written in a seeded mixed-family order so that an import stopped early still covers
-many families. The shipped checkpoint holds 180 of the 429 models picked (the import was stopped; see
+many families. The shipped checkpoint holds 180 of the 429 models picked (the import was stopped after 200,
+20 of which failed capture; see
 ``docs/predictor_report.md``). Needs timm for the graphs (``.venv-vision``).
 """
 
