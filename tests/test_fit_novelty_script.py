@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
+from _scripts import load_script
 
 
 def _script() -> Any:
-    spec = importlib.util.spec_from_file_location("fit_novelty_floor", ROOT / "scripts" / "fit_novelty_floor.py")
-    mod = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("fit_novelty_floor")
 
 
 def test_floor_arguments_name_their_target_or_mean_latency() -> None:

@@ -2,27 +2,21 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sqlite3
 from pathlib import Path
 from typing import Any
 
 import pytest
+from _scripts import load_script
 
 from dippm_nas.dataset import build_dataset
 from dippm_nas.measure import Measurement, MeasureSettings
 from dippm_nas.spec import InputSpec
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 def _script() -> Any:
-    spec = importlib.util.spec_from_file_location("merge_passes", ROOT / "scripts" / "merge_measurement_passes.py")
-    mod = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("merge_measurement_passes")
 
 
 class PassMeasurer:
