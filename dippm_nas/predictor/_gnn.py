@@ -255,6 +255,21 @@ class SageEnsemble(nn.Module):
         """Standardised, clipped static (graph-level) features, as the network sees them; ``[num_graphs, static_in]``."""
         return ((b["static"] - self.static_mean) / self.static_std).clamp(-_Z_CLIP, _Z_CLIP)
 
+    def _global_z(self, b: dict[str, Any]) -> torch.Tensor:
+        """:meth:`static_z` and the standardised, clipped device features side by side; ``[num_graphs, static_in + device_in]``."""
+        return torch.cat([self.static_z(b), ((b["dev"] - self.dev_mean) / self.dev_std).clamp(-_Z_CLIP, _Z_CLIP)], 1)
+
+    def _head(self, read: torch.Tensor, gl: torch.Tensor, log_prior: torch.Tensor) -> torch.Tensor:
+        """The fully connected head on the readout ``[K, G, 2*hidden]`` and global features ``gl`` ``[G, ...]``:
+        ``[K, G, 3]`` log-space predictions (the bounded correction of the log prior, or around the training mean)."""
+        z = torch.cat([read, gl.unsqueeze(0).expand(self.k, -1, -1)], 2)
+        out = self.fc3(torch.relu(self.fc2(torch.relu(self.fc1(z)))))
+        if self.residual_on_prior:
+            # the correction of the prior stays within the range seen in training (times a margin)
+            out = self.delta_max * torch.tanh(out / self.delta_max)
+            return log_prior.unsqueeze(0) + out
+        return self.y_mean.expand(read.shape[1], -1).unsqueeze(0) + out
+
     def outside_training_range(self, b: dict[str, Any]) -> torch.Tensor:
         """Per graph: does any graph-level feature (size, batch, dtype, prior totals, device) lie outside
         the range seen in training (with a 5% margin of that range)?
@@ -269,8 +284,6 @@ class SageEnsemble(nn.Module):
     def forward(self, b: dict[str, Any]) -> torch.Tensor:
         k, g = self.k, b["num_graphs"]
         x = ((b["x"] - self.x_mean) / self.x_std).clamp(-_Z_CLIP, _Z_CLIP).unsqueeze(0).expand(k, -1, -1)
-        gl = torch.cat([(b["static"] - self.static_mean) / self.static_std,
-                        (b["dev"] - self.dev_mean) / self.dev_std], 1).clamp(-_Z_CLIP, _Z_CLIP)
         h = torch.relu(self.embed(x))
         for blk in self.blocks:
             h = blk(h, b["adj"])
@@ -280,13 +293,7 @@ class SageEnsemble(nn.Module):
         mx = torch.full((g, k * d), -1e4, dtype=h.dtype).scatter_reduce(
             0, b["batch"].unsqueeze(1).expand(n, k * d), flat, reduce="amax", include_self=True)
         read = torch.cat([mean.reshape(g, k, d), mx.reshape(g, k, d)], 2).transpose(0, 1)
-        z = torch.cat([read, gl.unsqueeze(0).expand(k, -1, -1)], 2)
-        out = self.fc3(torch.relu(self.fc2(torch.relu(self.fc1(z)))))
-        if self.residual_on_prior:
-            # the correction of the prior stays within the range seen in training (times a margin)
-            out = self.delta_max * torch.tanh(out / self.delta_max)
-            return b["log_prior"].unsqueeze(0) + out
-        return self.y_mean.expand(g, -1).unsqueeze(0) + out
+        return self._head(read, self._global_z(b), b["log_prior"])
 
     def infer(self, feats: Sequence[GraphFeatures], *, chunk_nodes: int = INFER_CHUNK_NODES,
               glob: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
@@ -314,18 +321,11 @@ class SageEnsemble(nn.Module):
         with torch.inference_mode():
             glob = glob if glob is not None else collate_globals(feats)
             k, g = self.k, len(feats)
-            gl = torch.cat([(glob["static"] - self.static_mean) / self.static_std,
-                            (glob["dev"] - self.dev_mean) / self.dev_std], 1).clamp_(-_Z_CLIP, _Z_CLIP)
             n = np.fromiter((f.x.shape[0] for f in feats), dtype=np.int64, count=g)
             read = torch.empty(k, g, 2 * self.embed.weight.shape[2])
             for a, b in _chunks(n, chunk_nodes):
                 read[:, a:b] = self._infer_readout(feats[a:b], n[a:b])
-            z = torch.cat([read, gl.unsqueeze(0).expand(k, -1, -1)], 2)
-            out = self.fc3(torch.relu(self.fc2(torch.relu(self.fc1(z)))))
-            if self.residual_on_prior:
-                out = self.delta_max * torch.tanh(out / self.delta_max)
-                return glob["log_prior"].unsqueeze(0) + out
-            return self.y_mean.expand(g, -1).unsqueeze(0) + out
+            return self._head(read, self._global_z(glob), glob["log_prior"])
 
     def _infer_readout(self, feats: Sequence[GraphFeatures], n: np.ndarray) -> torch.Tensor:
         """Embedding, SAGE blocks and mean+max readout of one chunk: ``[members, len(feats), 2 * hidden]``.
