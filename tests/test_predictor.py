@@ -273,6 +273,12 @@ def test_novel_graph_gets_the_novel_floor_and_round_trips(tmp_path: Path) -> Non
     torch.save({**blob, "novelty_ref": torch.zeros(2, 3)}, tmp_path / "bad.pt")
     with pytest.raises(CheckpointError, match=r"novelty_ref must be a \[R, \d+\] tensor"):
         GnnPredictor.load(tmp_path / "bad.pt")
+    meta = json.loads(blob["meta"])
+    for novelty, match in (({"d0": 0.1}, "must hold d0, floor_log and calibrated_on"),
+                           ({"d0": 0.1, "floor_log": {"energy_j": 0.2}, "calibrated_on": "x"}, "trained targets")):
+        torch.save({**blob, "meta": json.dumps({**meta, "novelty": novelty})}, tmp_path / "bad_meta.pt")
+        with pytest.raises(CheckpointError, match=match):
+            GnnPredictor.load(tmp_path / "bad_meta.pt")
 
 
 def test_train_predictor_end_to_end_stores_floors_and_novelty_reference(tmp_path: Path) -> None:

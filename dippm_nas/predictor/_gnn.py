@@ -47,7 +47,7 @@ from dippm_nas.features import FEATURE_SCHEMA_VERSION, GraphFeatures, device_dim
 from dippm_nas.graph._graph import OperatorGraph
 from dippm_nas.prediction import Prediction
 from dippm_nas.predictor._base import BasePredictor
-from dippm_nas.predictor._novelty import novelty_scores
+from dippm_nas.predictor._novelty import NoveltyFloor, novelty_scores
 
 if TYPE_CHECKING:  # pragma: no cover
     from dippm_nas.predictor._calibrate import Calibration
@@ -160,6 +160,16 @@ class CheckpointMeta:
         bad = [t for t in self.targets if t not in TARGETS]
         if bad:
             raise CheckpointError(f"checkpoint targets {bad} unknown; valid: {list(TARGETS)}")
+        if self.novelty is not None:
+            try:
+                nf = NoveltyFloor.from_dict(self.novelty)
+            except (KeyError, TypeError, ValueError, AttributeError) as e:
+                raise CheckpointError(f"checkpoint novelty must hold d0, floor_log and calibrated_on, got "
+                                      f"{self.novelty!r} ({type(e).__name__}: {e})") from e
+            bad = [t for t in nf.floor_log if t not in self.targets]
+            if bad or not math.isfinite(nf.d0):
+                raise CheckpointError(f"checkpoint novelty floors must be for trained targets {list(self.targets)} "
+                                      f"with a finite d0; got floors for {list(nf.floor_log)}, d0 {nf.d0}")
 
 
 # ----------------------------------------------------------------------------- model

@@ -90,7 +90,8 @@ def novelty_scores(static_z: torch.Tensor, ref: torch.Tensor, *, block: int = 10
 
 
 def fit_novel_floor(err_log: np.ndarray, sigma_log: np.ndarray, *, coverage: float = COVERAGE) -> float:
-    """Smallest floor ``f`` with ``coverage`` of ``err <= 2 sqrt(sigma² + f²)``.
+    """Smallest floor ``f`` with ``coverage`` of ``err <= 2 sqrt(sigma² + f²)`` (also the in-family floor of
+    :func:`~dippm_nas.predictor._train.fit_std_floor`).
 
     Args:
         err_log: ``|log label - log prediction|`` of the calibration rows, ``[N]``.
@@ -101,9 +102,11 @@ def fit_novel_floor(err_log: np.ndarray, sigma_log: np.ndarray, *, coverage: flo
     err, s = np.asarray(err_log)[ok], np.asarray(sigma_log)[ok]
     if err.size == 0:
         raise ValueError("fit_novel_floor needs at least one finite calibration row")
-    # err <= 2 sqrt(s² + f²)  <=>  f >= sqrt(max(0, (err/2)² - s²)): the coverage quantile of that bound
-    need = np.sqrt(np.clip((err / 2.0) ** 2 - s ** 2, 0.0, None))
-    return float(np.quantile(need, coverage, method="higher"))
+    # err <= 2 sqrt(s² + f²)  <=>  f >= need = sqrt(max(0, (err/2)² - s²)); the smallest f that covers
+    # ceil(coverage * n) rows is that order statistic of need
+    need = np.sort(np.sqrt(np.clip((err / 2.0) ** 2 - s ** 2, 0.0, None)))
+    k = min(max(math.ceil(coverage * need.size) - 1, 0), need.size - 1)
+    return float(need[k]) * (1.0 + 1e-9)  # so that row still counts as covered after float rounding
 
 
 def split_d0(val_novelty: Sequence[float], *, quantile: float = NOVELTY_QUANTILE) -> float:

@@ -43,7 +43,7 @@ from dippm_nas.features import FEATURE_SCHEMA_VERSION, GraphFeatures, device_dim
 from dippm_nas.graph._graph import OperatorGraph
 from dippm_nas.predictor._gnn import (DELTA_MARGIN, TARGET_UNITS, TARGETS, CheckpointMeta, GnnPredictor, SageEnsemble,
                                       collate, collate_globals)
-from dippm_nas.predictor._novelty import NoveltyFloor, novelty_scores, reference_set, split_d0
+from dippm_nas.predictor._novelty import NoveltyFloor, fit_novel_floor, novelty_scores, reference_set, split_d0
 
 __all__ = ["Example", "TrainConfig", "DEVICE_ALIASES", "SPLIT_MODES", "load_examples", "timm_family", "split_examples",
            "featurize_examples", "train_ensemble", "fit_std_floor", "attach_novelty_reference", "train_predictor"]
@@ -343,22 +343,12 @@ def train_ensemble(train_f: Sequence[GraphFeatures], train_y: torch.Tensor, val_
 
 
 def fit_std_floor(mean_log: np.ndarray, std_log: np.ndarray, y_log: np.ndarray, coverage: float = 0.95) -> float:
-    """Smallest floor ``f`` with ``coverage`` of ``|y - mean| <= 2 sqrt(std² + f²)`` (validation data)."""
+    """Smallest floor ``f`` with ``coverage`` of ``|y - mean| <= 2 sqrt(std² + f²)`` (validation data; rows
+    without a label are ignored, no row at all gives 0)."""
     ok = ~np.isnan(y_log)
     if not ok.any():
         return 0.0
-    err, s = np.abs(y_log[ok] - mean_log[ok]), std_log[ok]
-
-    def cov(f: float) -> float:
-        return float(np.mean(err <= 2.0 * np.sqrt(s ** 2 + f ** 2)))
-
-    if cov(0.0) >= coverage:
-        return 0.0
-    lo, hi = 0.0, max(float(err.max()), 1e-3)
-    for _ in range(50):
-        mid = (lo + hi) / 2
-        lo, hi = (lo, mid) if cov(mid) >= coverage else (mid, hi)
-    return hi
+    return fit_novel_floor(np.abs(y_log[ok] - mean_log[ok]), std_log[ok], coverage=coverage)
 
 
 def attach_novelty_reference(pred: GnnPredictor, train_feats: Sequence[GraphFeatures],
