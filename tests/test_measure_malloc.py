@@ -62,8 +62,13 @@ def test_steady_allocator_says_what_it_set_and_is_idempotent() -> None:
 
 def test_non_glibc_is_flagged_not_faked(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_malloc.platform, "libc_ver", lambda: ("", ""))
-    assert _malloc._apply().startswith("as-is: mallopt thresholds need Linux glibc")
-    assert _malloc.release_free_memory() is False
+    _malloc._glibc.cache_clear()
+    try:
+        assert _malloc._apply().startswith("as-is: mallopt thresholds need Linux glibc")
+        assert _malloc.release_free_memory() is False
+    finally:
+        monkeypatch.undo()
+        _malloc._glibc.cache_clear()
 
 
 def test_setting_is_validated_and_recorded() -> None:

@@ -23,9 +23,11 @@ needs (that is the peak RSS reading), the timed loop then reuses it.
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import platform
 import threading
+from typing import Any
 
 __all__ = ["steady_allocator", "release_free_memory", "MMAP_THRESHOLD_BYTES", "TRIM_THRESHOLD_BYTES"]
 
@@ -60,22 +62,31 @@ def steady_allocator() -> str:
         return _STATE
 
 
-def _apply() -> str:
+@functools.lru_cache(maxsize=1)
+def _glibc() -> tuple[Any, str]:
+    """``(the C library, "")`` on Linux glibc, else ``(None, why not)``; looked up once per process."""
     lib, _ = platform.libc_ver()
     if platform.system() != "Linux" or lib != "glibc":
-        return f"as-is: mallopt thresholds need Linux glibc (this is {platform.system()} {lib or 'unknown libc'})"
+        return None, f"mallopt thresholds need Linux glibc (this is {platform.system()} {lib or 'unknown libc'})"
     try:
         libc = ctypes.CDLL(None)
-        mallopt = libc.mallopt
+        libc.mallopt.argtypes, libc.mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+        libc.malloc_trim.argtypes, libc.malloc_trim.restype = [ctypes.c_size_t], ctypes.c_int
     except (OSError, AttributeError) as e:
-        return f"as-is: mallopt not found ({e})"
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+        return None, f"mallopt/malloc_trim not found ({e})"
+    return libc, ""
+
+
+def _apply() -> str:
+    libc, why = _glibc()
+    if libc is None:
+        return f"as-is: {why}"
     mmap_bytes = MMAP_THRESHOLD_BYTES
-    ok_mmap = mallopt(_M_MMAP_THRESHOLD, mmap_bytes)
+    ok_mmap = libc.mallopt(_M_MMAP_THRESHOLD, mmap_bytes)
     if ok_mmap != 1:
         mmap_bytes = _MMAP_THRESHOLD_FALLBACK_BYTES
-        ok_mmap = mallopt(_M_MMAP_THRESHOLD, mmap_bytes)
-    ok_trim = mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES)
+        ok_mmap = libc.mallopt(_M_MMAP_THRESHOLD, mmap_bytes)
+    ok_trim = libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES)
     if ok_mmap != 1 or ok_trim != 1:
         return f"as-is: mallopt refused (mmap_threshold -> {ok_mmap}, trim_threshold -> {ok_trim})"
     return f"glibc steady (mmap_threshold={mmap_bytes}, trim_threshold={TRIM_THRESHOLD_BYTES})"
@@ -83,14 +94,10 @@ def _apply() -> str:
 
 def release_free_memory() -> bool:
     """Return the heap's free pages to the OS (glibc ``malloc_trim(0)``); ``False`` where that is not
-    available (then an RSS delta may under-read a model's memory, and the caller says so)."""
-    lib, _ = platform.libc_ver()
-    if platform.system() != "Linux" or lib != "glibc":
+    available (the CPU measurer records it as ``environment["heap_trimmed"]``: an RSS delta may then
+    under-read a model's memory)."""
+    libc, _ = _glibc()
+    if libc is None:
         return False
-    try:
-        trim = ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):
-        return False
-    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
-    trim(0)
+    libc.malloc_trim(0)
     return True
