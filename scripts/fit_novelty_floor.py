@@ -24,7 +24,6 @@ twin; ``d0`` is still computed from its own validation rows.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import sys
@@ -41,7 +40,7 @@ from dippm_nas.predictor._gnn import GnnPredictor  # noqa: E402
 from dippm_nas.predictor._evaluate import evaluate_examples  # noqa: E402
 from dippm_nas.predictor._novelty import NoveltyFloor, fit_novel_floor  # noqa: E402
 from dippm_nas.predictor._train import (  # noqa: E402
-    Example, _is_timm, _replace, attach_novelty_reference, featurize_examples, load_examples, split_examples,
+    Example, _frac, _is_timm, _replace, attach_novelty_reference, featurize_examples, load_examples, split_examples,
     timm_family,
 )
 
@@ -62,24 +61,13 @@ def row_family(e: Example) -> str:
     return timm_family(e.name) if _is_timm(e) and e.name else e.family
 
 
-def _half(family: str, frac: float, seed: int) -> bool:
-    h = int(hashlib.sha256(f"{seed}:novelty-calibration:{family}".encode()).hexdigest()[:16], 16)
-    return h / 2**64 < frac
-
-
-def _summary(rows: Sequence[dict], label: str, target: str) -> dict:
-    rs = [r for r in rows if target in r]
-    if not rs:
+def _summary(table: dict, rows: Sequence[dict], label: str, target: str) -> dict:
+    """The evaluation metrics of ``target`` (``evaluate_examples``' table) plus the share of novel graphs."""
+    if target not in table:
         return {"n": 0}
-    y = np.array([r[target] for r in rs])
-    p = np.array([r[f"{target}_pred"] for r in rs])
-    s = np.array([r[f"{target}_std"] for r in rs])
-    err = np.abs(np.log(y) - np.log(p))
-    nov = np.array([r.get("novel", 0.0) for r in rs])
-    out = {"n": len(rs), "mape_pct": float(100 * np.mean(np.abs(p / y - 1))),
-           "coverage_2sigma": float(np.mean(err <= 2 * s / p)), "novel_share": float(np.mean(nov))}
-    print(f"  {label + ', ' + target:64s} n {out['n']:5d}  MAPE {out['mape_pct']:6.2f} %  within ±2σ {out['coverage_2sigma']:.3f}"
-          f"  novel {out['novel_share']:.2f}")
+    out = {**table[target], "novel_share": float(np.mean([r["novel"] for r in rows if target in r]))}
+    print(f"  {label + ', ' + target:64s} n {out['n']:5d}  MAPE {out['mape_pct']:6.2f} %  tau {out['kendall_tau']:.3f}"
+          f"  within ±2σ {out['coverage_2sigma']:.3f}  novel {out['novel_share']:.2f}")
     return out
 
 
@@ -120,7 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.floor_log:
         cal_fams: list[str] = []
     elif args.calibrate_frac is not None:
-        cal_fams = [f for f in test_fams if _half(f, args.calibrate_frac, args.seed)]
+        cal_fams = [f for f in test_fams if _frac(f"novelty-calibration:{f}", args.seed) < args.calibrate_frac]
     else:
         cal_fams = [f for f in args.calibrate_families.split(",") if f]
     unknown = sorted(set(cal_fams) - set(test_fams))
@@ -169,10 +157,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             pred.meta = _replace(pred.meta, novelty=NoveltyFloor(d0, floors, note).to_dict())
         print(stage)
         for d, idx in sorted(by_dev_rep.items()):
-            _, rows = evaluate_examples(pred, [frep[i] for i in idx], [rep[i] for i in idx])
+            table, rows = evaluate_examples(pred, [frep[i] for i in idx], [rep[i] for i in idx])
             for r in rows:
                 r["novel"] = float(r.get("novelty", 0.0) > d0)
-            res[stage][d] = {t: _summary(rows, d, t) for t in targets}
+            res[stage][d] = {t: _summary(table, rows, d, t) for t in targets}
     pred.save(args.out)
     print(f"wrote {args.out}")
     if args.json:
