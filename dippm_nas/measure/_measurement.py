@@ -101,7 +101,7 @@ class MeasureSettings:
         cpu_allocator: CPU only. ``"steady"`` (default) fixes glibc malloc's mmap and trim thresholds in
             the measuring process before timing, so freed activation memory is reused rather than
             returned to the OS and faulted in again: without it a timing depends on which models the
-            process ran before (one MBConv net: 29-31 ms vs 20 ms steady; see
+            process ran before (one MBConv net in a fresh process: 22.9 ms vs 17.0 ms steady; see
             :mod:`dippm_nas.measure._malloc`). The process keeps its peak heap afterwards. ``"as-is"``
             leaves the allocator alone. What was in force is recorded in ``environment["allocator"]``.
     """
