@@ -1,0 +1,62 @@
+#!/usr/bin/env python
+"""Test-retest of two measurement passes of one dataset plan: how well one pass predicts the other.
+
+Usage (from the repository root)::
+
+    python scripts/compare_passes.py PASS_A.sqlite PASS_B.sqlite [--column latency_ms_median]
+
+Prints, over the rows both passes measured (``status='ok'``, matched by space, config and batch size): the
+median B/A ratio with its 5th-95th percentiles, the share of rows differing by more than 10 %, and the MAPE
+of B as a "prediction" of A after removing the global factor between the passes (a predictor could learn
+that factor), overall and per family. This is the error a perfect predictor would show against one pass.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sqlite3
+from collections import defaultdict
+from collections.abc import Sequence
+
+import numpy as np
+
+
+def _rows(path: str, column: str) -> dict[tuple, float]:
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    out = {}
+    for space, config, bs, v in con.execute(
+            f"SELECT space, config, batch_size, {column} FROM measurements WHERE status = 'ok'"):
+        if v is not None and v > 0:
+            cfg = config if isinstance(config, str) else json.dumps(config)
+            out[(space, cfg, bs)] = float(v)
+    con.close()
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("a")
+    ap.add_argument("b")
+    ap.add_argument("--column", default="latency_ms_median", choices=("latency_ms_median", "latency_ms", "memory_mib"))
+    args = ap.parse_args(argv)
+    a, b = _rows(args.a, args.column), _rows(args.b, args.column)
+    keys = sorted(set(a) & set(b))
+    if not keys:
+        raise SystemExit("the two files have no measured row in common (same plan?)")
+    r = np.array([b[k] / a[k] for k in keys])
+    g = float(np.exp(np.median(np.log(r))))
+    ape = np.abs(r / g - 1)
+    print(f"{len(keys)} rows in common; {args.column} B/A: median {np.median(r):.3f} "
+          f"(5-95 % {np.percentile(r, 5):.3f}-{np.percentile(r, 95):.3f}); differ by > 10 %: {np.mean(np.abs(r - 1) > 0.1):.1%}")
+    print(f"test-retest MAPE (global factor {g:.3f} removed): {100 * ape.mean():.2f} %, median APE {100 * np.median(ape):.2f} %")
+    fam: dict[str, list[float]] = defaultdict(list)
+    for k, x in zip(keys, ape):
+        fam[k[0]].append(x)
+    for f, v in sorted(fam.items()):
+        print(f"  {f:12s} MAPE {100 * np.mean(v):.2f} %  ({len(v)} rows)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
