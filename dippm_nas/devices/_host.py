@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from dippm_nas._paths import CACHE_DIR_ENV, cache_dir
+from dippm_nas._platform import cpu_model_name
 from dippm_nas.errors import DeviceError
 
 __all__ = ["CACHE_DIR_ENV", "cache_dir", "host_key", "measure_host", "host_facts"]
@@ -40,22 +41,11 @@ _TRIAD_REPEATS = 5
 _DISPATCH_REPEATS = 200
 
 
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.lower().startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown-cpu"
-
-
 def host_key() -> str:
     """Cache key of this host's measurement: CPU model, torch threads and torch version."""
     import torch
 
-    return f"{_cpu_model()}|threads={torch.get_num_threads()}|torch={torch.__version__}"
+    return f"{cpu_model_name()}|threads={torch.get_num_threads()}|torch={torch.__version__}"
 
 
 def _memory_gib() -> float:
@@ -126,7 +116,7 @@ def measure_host() -> dict[str, Any]:
         "sms": int(threads),
         "memory_gib": _memory_gib(),
         "l2_mib": _llc_mib(),
-        "name": f"{_cpu_model()} ({threads} threads)",
+        "name": f"{cpu_model_name()} ({threads} threads)",
         "architecture": platform.machine() or "unknown",
         "key": host_key(),
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),

@@ -11,9 +11,9 @@ import platform
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dippm_nas._platform import cpu_model_name
 from dippm_nas.errors import MeasurementError
 from dippm_nas.measure._measurement import Measurement, MeasureSettings
 from dippm_nas.measure._stopping import StoppingRule, summarize
@@ -178,17 +178,6 @@ def fixed_threads(threads: int | None) -> Iterator[int]:
         yield torch.get_num_threads()
     finally:
         torch.set_num_threads(before)
-
-
-def cpu_model_name() -> str:
-    """The CPU model from /proc/cpuinfo, else :func:`platform.processor`, else ``"unknown"``."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def base_environment(settings: MeasureSettings, threads: int) -> dict[str, Any]:
