@@ -51,4 +51,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"MIG       smallest fit: {d.get('smallest_fit')}" + (f" ({d.get('reason')})" if d.get("reason") else ""))
     if pred.unknown_ops:
         print(f"flagged   ops without a formula/encoder: {pred.unknown_ops}")
+    for key, text in _FLAGS.items():
+        if pred.details.get(key):
+            print(f"flagged   {text} (details[{key!r}] = 1)")
     return 0
+
+
+#: details keys that widen σ, and what they mean to a reader of the text output
+_FLAGS = {
+    "outside_training_range": "graph-level features outside the checkpoint's training range: σ widened",
+    "novel": "graph unlike the checkpoint's training graphs: σ widened to the novel-graph floor",
+    "other_host": "host checkpoint measured on another CPU model: σ widened until calibrated on this machine",
+}

@@ -8,9 +8,9 @@ with labels,
 with ``b`` shrunk towards 1 (ridge weight :data:`SLOPE_PRIOR`), so five measurements mostly fix the
 offset and twenty can also fix the slope. The residual spread of the fit widens the prediction's
 standard deviation. The correction is written as JSON to ``<cache_dir>/calibration/<device>.json``
-together with the checkpoint's identity (device, date, schema) and re-applied whenever that same
-checkpoint is loaded again; a file for another checkpoint is ignored with a warning. Calibrated
-figures have source ``"calibrated"``.
+together with the checkpoint's identity (device, date, schema, and the CPU model of a host
+checkpoint) and re-applied whenever that same checkpoint is loaded again; a file for another
+checkpoint is ignored with a warning. Calibrated figures have source ``"calibrated"``.
 """
 
 from __future__ import annotations
@@ -69,7 +69,10 @@ class Calibration:
 
 
 def checkpoint_identity(meta: "CheckpointMeta") -> str:
-    return f"{meta.device}@{meta.date}/schema{meta.feature_schema_version}/{meta.feature_style}"
+    ident = f"{meta.device}@{meta.date}/schema{meta.feature_schema_version}/{meta.feature_style}"
+    if meta.host is not None:  # host-cpu checkpoints of two CPU models can share a date
+        ident += f"/cpu={meta.host['cpu_model']}"
+    return ident
 
 
 def fit_calibration(device: str, meta: "CheckpointMeta", pred_log: np.ndarray,

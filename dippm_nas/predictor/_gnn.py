@@ -13,7 +13,9 @@ validation split so that about 95% of validation labels fall within ±2σ), turn
 the delta method (``std_ms = latency_ms * std_log``). A graph whose graph-level features (size, batch,
 dtype, prior totals, device) fall outside the training range gets ``0.5 * delta_max`` added in
 quadrature (the correction is then only known to lie within its bound) and
-``details["outside_training_range"] = 1``.
+``details["outside_training_range"] = 1``. A host-cpu checkpoint measured on another CPU model checks the
+graph's own features only (its single training device is never this one) and adds the measured
+cross-host floor instead, flagged ``details["other_host"] = 1`` (see :mod:`~dippm_nas.predictor._checkpoint`).
 
 Inference: :meth:`SageEnsemble.infer` evaluates the same function as :meth:`SageEnsemble.forward` (the
 training path, one disjoint graph of the whole batch) chunk by chunk, several times faster on a CPU.
@@ -42,6 +44,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from dippm_nas._logging import WarnOnce
+from dippm_nas._platform import cpu_model_name
 from dippm_nas.errors import CheckpointError, DippmNasError
 from dippm_nas.features import FEATURE_SCHEMA_VERSION, GraphFeatures, device_dim, featurize, node_dim, static_dim
 from dippm_nas.graph._graph import OperatorGraph
@@ -56,6 +60,7 @@ __all__ = ["TARGETS", "TARGET_UNITS", "CheckpointMeta", "SageEnsemble", "GnnPred
            "collate_globals", "CHECKPOINT_FORMAT"]
 
 logger = logging.getLogger(__name__)
+_warn_once = WarnOnce(logger, python_warning=True)
 # the inference pass aggregates with a CSR tensor; torch warns once per process that CSR is "beta"
 warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state", category=UserWarning)
 
@@ -104,6 +109,11 @@ class CheckpointMeta:
         novelty: the novel-graph std floor (:class:`~dippm_nas.predictor._novelty.NoveltyFloor` as a dict:
             ``d0``, ``floor_log``, ``calibrated_on``), or ``None``; its reference set is stored beside the
             weights (``novelty_ref``).
+        host: for a ``host-cpu`` checkpoint, the machine its labels were measured on: ``{"cpu_model": the
+            CPU model string of the rows' environment, "features_from": the host microbenchmark the device
+            features were computed with}``; ``None`` for other devices (and for checkpoints made before
+            this was recorded). A host-cpu checkpoint answers on another CPU model only flagged
+            (``details["other_host"] = 1``, see :mod:`dippm_nas.predictor._checkpoint`).
     """
 
     device: str
@@ -127,6 +137,7 @@ class CheckpointMeta:
     format: int = CHECKPOINT_FORMAT
     notes: str = ""
     novelty: dict[str, Any] | None = None
+    host: dict[str, Any] | None = None
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=1, sort_keys=True)
@@ -170,6 +181,9 @@ class CheckpointMeta:
             if bad or not math.isfinite(nf.d0):
                 raise CheckpointError(f"checkpoint novelty floors must be for trained targets {list(self.targets)} "
                                       f"with a finite d0; got floors for {list(nf.floor_log)}, d0 {nf.d0}")
+        if self.host is not None and not (isinstance(self.host, dict) and isinstance(self.host.get("cpu_model"), str)
+                                          and self.host["cpu_model"]):
+            raise CheckpointError(f"checkpoint host must be a dict with a non-empty 'cpu_model' string, got {self.host!r}")
 
 
 # ----------------------------------------------------------------------------- model
@@ -280,16 +294,25 @@ class SageEnsemble(nn.Module):
             return log_prior.unsqueeze(0) + out
         return self.y_mean.expand(read.shape[1], -1).unsqueeze(0) + out
 
-    def outside_training_range(self, b: dict[str, Any]) -> torch.Tensor:
+    def outside_training_range(self, b: dict[str, Any], *, device_features: bool = True) -> torch.Tensor:
         """Per graph: does any graph-level feature (size, batch, dtype, prior totals, device) lie outside
         the range seen in training (with a 5% margin of that range)?
+
+        Args:
+            b: :func:`collate_globals` of the graphs.
+            device_features: also check the device features (``False`` checks the graph's own features
+                only: a host checkpoint on another CPU, whose single training device is necessarily not
+                this one, has its own measured floor instead).
 
         Shapes:
             returns ``[num_graphs]`` bool.
         """
         glob = torch.cat([b["static"], b["dev"]], 1)
         tol = 0.05 * (self.global_hi - self.global_lo).nan_to_num(0.0, 0.0, 0.0) + 1e-4
-        return ((glob < self.global_lo - tol) | (glob > self.global_hi + tol)).any(1)
+        out = (glob < self.global_lo - tol) | (glob > self.global_hi + tol)
+        if not device_features:
+            out = out[:, : b["static"].shape[1]]
+        return out.any(1)
 
     def forward(self, b: dict[str, Any]) -> torch.Tensor:
         k, g = self.k, b["num_graphs"]
@@ -495,6 +518,24 @@ class GnnPredictor(BasePredictor):
             from dippm_nas.predictor._calibrate import load_calibration as _load
 
             self.calibration = _load(self.device, self.meta)
+        #: the CPU model a host-cpu checkpoint was measured on when this machine's differs, else ``None``
+        self.other_host: str | None = None
+        #: the cross-host σ floor per target this predictor adds while ``other_host`` is set (a copy of
+        #: :data:`~dippm_nas.predictor._checkpoint.OTHER_HOST_FLOOR_LOG`; ``benchmarks/accuracy_other_host.py``
+        #: empties it to measure the σ without it)
+        self.other_host_floor_log: dict[str, float] = {}
+        if meta.host is not None and cpu_model_name() != meta.host["cpu_model"]:
+            from dippm_nas.predictor._checkpoint import OTHER_HOST_FLOOR_LOG
+
+            self.other_host = meta.host["cpu_model"]
+            self.other_host_floor_log = dict(OTHER_HOST_FLOOR_LOG)
+            _warn_once(f"other-host:{self.other_host}",
+                       "the %s checkpoint was measured on %r, this machine is %r: its predictions are flagged "
+                       "details['other_host'] = 1 with a wider σ; calibrate it with a few measurements made here "
+                       "(predictor.calibrate, or the validator's auto-calibration), or measure a dataset here and "
+                       "train a checkpoint (dippm-nas dataset build --device cpu ..., dippm-nas train --device "
+                       "host-cpu ...; data/host_cpu/README.md has the commands)",
+                       self.device, self.other_host, cpu_model_name())
 
     # ------------------------------------------------------------------ io
     @classmethod
@@ -596,7 +637,7 @@ class GnnPredictor(BasePredictor):
         out = self.model.infer(feats, chunk_nodes=chunk_nodes or INFER_CHUNK_NODES, glob=b)
         mean = out.mean(0)
         std = out.std(0, unbiased=False) if out.shape[0] > 1 else torch.zeros_like(mean)
-        ood = self.model.outside_training_range(b)
+        ood = self.model.outside_training_range(b, device_features=self.other_host is None)
         if novelty and self.novelty_ref is not None:
             nov = novelty_scores(self.model.static_z(b), self.novelty_ref)
         else:
@@ -605,13 +646,19 @@ class GnnPredictor(BasePredictor):
 
     def sigma_log(self, target: str, std_members: float, *, ood: bool = False, novelty: float = math.nan) -> float:
         """The log-space σ of one prediction: the members' spread, the validation floor (the novel-graph
-        floor instead when ``novelty`` exceeds the checkpoint's ``d0`` and that floor is larger) and, outside
-        the training range, half the correction bound (the correction is only known to lie within it)."""
+        floor instead when ``novelty`` exceeds the checkpoint's ``d0`` and that floor is larger), for a
+        host checkpoint measured on another CPU model and not calibrated here the cross-host floor
+        (:data:`~dippm_nas.predictor._checkpoint.OTHER_HOST_FLOOR_LOG`) and, outside the training range,
+        half the correction bound (the correction is only known to lie within it)."""
         floor = self.meta.std_floor_log.get(target, 0.0)
         nf = self.meta.novelty
         if nf is not None and target in nf.get("floor_log", {}) and math.isfinite(novelty) and novelty > nf["d0"]:
             floor = max(floor, float(nf["floor_log"][target]))
         s = math.hypot(std_members, floor)
+        if self.other_host is not None and not (self.calibration is not None and self.calibration.has(target)):
+            fl = self.other_host_floor_log
+            # a target not measured across hosts takes the widest measured floor
+            s = math.hypot(s, fl.get(target, max(fl.values(), default=0.0)))
         if ood and self.model.residual_on_prior:
             s = math.hypot(s, 0.5 * float(self.model.delta_max[TARGETS.index(target)]))
         return s
@@ -667,6 +714,8 @@ class GnnPredictor(BasePredictor):
         details["prior_latency_ms"] = f.prior_latency_ms
         details["prior_memory_mib"] = f.prior_memory_mib
         details["outside_training_range"] = float(ood)
+        if self.meta.host is not None:
+            details["other_host"] = float(self.other_host is not None)
         if math.isfinite(novelty):
             details["novelty"] = novelty
             if self.meta.novelty is not None:

@@ -23,6 +23,7 @@ ever used to report.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import math
@@ -73,6 +74,8 @@ class Example:
         key: the architecture key splits are decided on (structural hash).
         source: dataset source of the row.
         name: the row's model name where the source names one (timm: ``config["model"]``), else ``""``.
+        cpu_model: the CPU model of the row's environment (``environment.cpu_model``), ``""`` when the row
+            does not record one.
     """
 
     graph: OperatorGraph
@@ -82,6 +85,7 @@ class Example:
     key: str
     source: str = ""
     name: str = ""
+    cpu_model: str = ""
 
 
 def load_examples(paths: Sequence[str | Path], *, devices: Sequence[str] | None = None,
@@ -119,8 +123,10 @@ def load_examples(paths: Sequence[str | Path], *, devices: Sequence[str] | None 
                 continue
             cfg = m.get("config")
             name = str(cfg.get("model") or "") if isinstance(cfg, dict) else ""
+            env = m.get("environment")
+            cpu = str(env.get("cpu_model") or "") if isinstance(env, dict) else ""
             out.append(Example(mg.graph, dev, y, str(m.get("space") or "unknown"), mg.graph.structural_hash(),
-                               str(m.get("source") or ""), name))
+                               str(m.get("source") or ""), name, cpu))
     logger.info("loaded %d examples from %s", len(out), [str(p) for p in paths])
     return out
 
@@ -316,7 +322,7 @@ def train_ensemble(train_f: Sequence[GraphFeatures], train_y: torch.Tensor, val_
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0 * K)
             opt.step()
-            tot += float(loss) / K * len(bi)
+            tot += float(loss.detach()) / K * len(bi)
         sched.step()
         model.eval()
         with torch.no_grad():
@@ -366,6 +372,35 @@ def attach_novelty_reference(pred: GnnPredictor, train_feats: Sequence[GraphFeat
         d0=split_d0(d_val), floor_log=dict(floor_log or {}), calibrated_on=calibrated_on).to_dict())
 
 
+def _host_of(ex: Sequence[Example], device: str) -> dict[str, Any] | None:
+    """``CheckpointMeta.host`` of a host-cpu checkpoint: the CPU model its rows were measured on and the
+    host microbenchmark its device features come from (this machine's); ``None`` for other devices.
+
+    Raises:
+        DippmNasError: host rows of several CPU models (one checkpoint per CPU model), or none recording it.
+    """
+    from dippm_nas.predictor._checkpoint import HOST_DEVICE
+
+    if device != HOST_DEVICE:
+        return None
+    models = sorted({e.cpu_model for e in ex if e.device == device})
+    if len(models) != 1 or not models[0]:
+        raise DippmNasError(f"a {device} checkpoint learns one CPU model: its rows must all record the same "
+                            f"environment.cpu_model, got {models} (train one checkpoint per CPU model, "
+                            "e.g. with one dataset file each)")
+    from dippm_nas._platform import cpu_model_name
+    from dippm_nas.devices._host import host_facts
+
+    facts = host_facts()
+    here = cpu_model_name()
+    if here != models[0]:
+        logger.warning("the %s rows were measured on %r but this machine is %r: the device features come from "
+                       "this machine's microbenchmark; train on the machine the data was measured on", device,
+                       models[0], here)
+    keep = ("name", "fp32_tflops", "bandwidth_gbps", "host_dispatch_us", "sms", "l2_mib", "key", "measured_at")
+    return {"cpu_model": models[0], "features_from": {k: facts.get(k) for k in keep}}
+
+
 def train_predictor(paths: Sequence[str | Path], device: str, *, split: str = "random", heldout_families: Sequence[str] = (),
                     devices: Sequence[str] | None = None, cfg: TrainConfig | None = None, data_sources: Sequence[str] = (),
                     command: str = "", progress: bool = True, examples: Sequence[Example] | None = None,
@@ -403,8 +438,7 @@ def train_predictor(paths: Sequence[str | Path], device: str, *, split: str = "r
         bad = [t for t in targets if t not in TARGETS]
         if bad:
             raise DippmNasError(f"targets must be among {list(TARGETS)}, got {bad}")
-        ex = [Example(e.graph, e.device, {t: v for t, v in e.y.items() if t in targets}, e.family, e.key, e.source,
-                      e.name) for e in ex]
+        ex = [dataclasses.replace(e, y={t: v for t, v in e.y.items() if t in targets}) for e in ex]
         ex = [e for e in ex if e.y]
     if not any(e.device == device for e in ex):
         raise DippmNasError(f"no examples of device {device!r} in the data; devices present: {sorted({e.device for e in ex})}")
@@ -430,6 +464,7 @@ def train_predictor(paths: Sequence[str | Path], device: str, *, split: str = "r
         trained_on=sorted({e.device for e in tr}), hidden=cfg.hidden, layers=cfg.layers, members=cfg.members,
         residual_on_prior=cfg.residual_on_prior, std_floor_log={}, prior_params=params.to_dict(),
         node_dim=node_dim(cfg.style), static_dim=static_dim(cfg.style), device_dim=device_dim(), command=command,
+        host=_host_of(ex, device),
     )
     pred = GnnPredictor(model, meta, device, load_calibration=False)
     floors = {}
@@ -469,6 +504,4 @@ def train_predictor(paths: Sequence[str | Path], device: str, *, split: str = "r
 
 
 def _replace(meta: CheckpointMeta, **kw: Any) -> CheckpointMeta:
-    import dataclasses
-
     return dataclasses.replace(meta, **kw)

@@ -1,0 +1,164 @@
+"""Host-cpu checkpoints are chosen by this machine's CPU model; another CPU's checkpoint answers flagged, wider."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from dippm_nas.errors import CheckpointError, DippmNasError
+from dippm_nas.predictor import _checkpoint, _gnn
+from dippm_nas.predictor._gnn import CheckpointMeta, GnnPredictor, SageEnsemble
+from dippm_nas.predictor._train import Example, _host_of
+from test_features import tiny_graph
+from test_predictor import _graphs, _meta
+
+HOST = "host-cpu"
+
+
+def _host_predictor(cpu: str | None) -> GnnPredictor:
+    torch.manual_seed(0)
+    meta = _meta(device=HOST, trained_on=[HOST], targets={"latency_ms": "ms", "memory_mib": "MiB"},
+                 std_floor_log={"latency_ms": 0.05, "memory_mib": 0.05},
+                 host=None if cpu is None else {"cpu_model": cpu, "features_from": None})
+    model = SageEnsemble(meta.node_dim, meta.static_dim, meta.device_dim, meta.hidden, meta.layers, meta.members)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(0.1)
+    return GnnPredictor(model, meta, HOST, load_calibration=False)
+
+
+def _write(path: Path, cpu: str | None) -> Path:
+    _host_predictor(cpu).save(path)
+    return path
+
+
+def test_the_checkpoint_of_this_cpu_model_is_chosen(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(_checkpoint.CHECKPOINT_DIR_ENV, str(tmp_path))
+    a = _write(tmp_path / "host-cpu--cpu-a.pt", "CPU A")
+    b = _write(tmp_path / "host-cpu--cpu-b.pt", "CPU B")
+    (tmp_path / "host-cpu-notes.pt").write_bytes(b"not a host checkpoint name")  # neither host-cpu.pt nor host-cpu--*
+    found = dict(_checkpoint.host_checkpoints())
+    assert found[a] == "CPU A" and found[b] == "CPU B" and tmp_path / "host-cpu-notes.pt" not in found
+    assert _checkpoint.find_checkpoint(HOST, cpu_model="CPU B") == b
+    assert _checkpoint.find_checkpoint(HOST, cpu_model="CPU A") == a
+    # no checkpoint of this CPU model: the default host-cpu.pt (the user's before the package's)
+    shipped = Path(_checkpoint.__file__).parent / "checkpoints" / "host-cpu.pt"
+    assert _checkpoint.find_checkpoint(HOST, cpu_model="CPU C") == shipped
+    mine = _write(tmp_path / "host-cpu.pt", "CPU D")
+    assert _checkpoint.find_checkpoint(HOST, cpu_model="CPU C") == mine
+    # other devices are looked up by name only
+    assert _checkpoint.find_checkpoint("a100-sxm4-40gb", cpu_model="CPU A").name == "a100-sxm4-40gb.pt"
+
+
+def test_the_shipped_host_checkpoints_say_their_cpu_model() -> None:
+    shipped = [(p, m) for p, m in _checkpoint.host_checkpoints() if p.parent.name == "checkpoints"]
+    assert shipped and all(m for _, m in shipped), shipped
+    assert len({m for _, m in shipped}) == len(shipped)  # one checkpoint per CPU model
+
+
+def test_another_cpus_checkpoint_is_flagged_and_wider_until_calibrated(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_gnn, "cpu_model_name", lambda: "CPU A")
+    _gnn._warn_once.reset()
+    same = _host_predictor("CPU A")
+    with pytest.warns(RuntimeWarning, match="measured on 'CPU B', this machine is 'CPU A'"):
+        other = _host_predictor("CPU B")
+    assert same.other_host is None and other.other_host == "CPU B"
+    gs = _graphs(6)
+    p_same = same.predict_graphs(gs, mig=False)
+    p_other = other.predict_graphs(gs, mig=False)
+    for s, o in zip(p_same, p_other):
+        assert s.details["other_host"] == 0.0 and o.details["other_host"] == 1.0
+        assert o.latency_ms == pytest.approx(s.latency_ms)  # same weights: only σ differs
+        s_log, o_log = s.latency_ms_std / s.latency_ms, o.latency_ms_std / o.latency_ms
+        assert o_log == pytest.approx(math.hypot(s_log, _checkpoint.OTHER_HOST_FLOOR_LOG["latency_ms"]), rel=1e-6)
+        assert o.memory_mib_std / o.memory_mib > s.memory_mib_std / s.memory_mib
+    # measurements of this machine calibrate the latency: its σ is the calibration's, not the cross-host floor
+    truth = [1.3 * p.latency_ms for p in p_other]
+    other.calibrate([(g, {"latency_ms": y}) for g, y in zip(gs[:4], truth[:4])], persist=False)
+    after = other.predict_graphs(gs[4:], mig=False)
+    for a in after:
+        assert a.latency_source == "calibrated" and a.details["other_host"] == 1.0
+        assert a.latency_ms_std / a.latency_ms < _checkpoint.OTHER_HOST_FLOOR_LOG["latency_ms"]
+        assert a.memory_source == "predicted"  # memory was not calibrated: still the wide σ
+    # a checkpoint that records no host (a GPU's) has no such flag
+    assert "other_host" not in _host_predictor(None).predict_graphs(gs[:1], mig=False)[0].details
+
+
+def test_another_cpu_is_not_outside_the_training_range_by_its_device_features(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # a single-host checkpoint has seen one device: on another CPU the device-feature range check would flag
+    # every graph (and add half the correction bound); there the cross-host floor stands in for it
+    monkeypatch.setattr(_gnn, "cpu_model_name", lambda: "CPU A")
+    _gnn._warn_once.reset()
+    same = _host_predictor("CPU A")
+    with pytest.warns(RuntimeWarning):
+        other = _host_predictor("CPU B")
+    feats = [_gnn.featurize(g, HOST) for g in _graphs(4)]
+    b = _gnn.collate_globals(feats)
+    n_static = b["static"].shape[1]
+    glob = torch.cat([b["static"], b["dev"]], 1)
+    lo, hi = glob.amin(0).clone(), glob.amax(0).clone()
+    lo[n_static:] += 100.0  # a training device unlike this one
+    hi[n_static:] += 100.0
+    for p in (same, other):
+        p.model.global_lo.copy_(lo)
+        p.model.global_hi.copy_(hi)
+    assert same.predict_log_ood(feats)[2].all()
+    assert not other.predict_log_ood(feats)[2].any()
+    # the graph's own features still count on another CPU
+    lo[0] = glob[:, 0].max() + 100.0
+    hi[0] = lo[0] + 1.0
+    other.model.global_lo.copy_(lo)
+    other.model.global_hi.copy_(hi)
+    assert other.predict_log_ood(feats)[2].all()
+
+
+def test_host_in_metadata_is_checked_and_round_trips(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="cpu_model"):
+        _meta(host={"features_from": None}).check()
+    with pytest.raises(CheckpointError, match="cpu_model"):
+        _meta(host={"cpu_model": ""}).check()
+    p = _write(tmp_path / "h.pt", "CPU Z")
+    assert GnnPredictor.load(p).meta.host == {"cpu_model": "CPU Z", "features_from": None}
+    assert json.loads(p.with_suffix(".json").read_text())["host"]["cpu_model"] == "CPU Z"
+    assert CheckpointMeta.from_json(_meta().to_json()).host is None  # older metadata without the key still loads
+
+
+def test_training_records_the_rows_cpu_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    g = tiny_graph()
+    ex = [Example(g, HOST, {"latency_ms": 1.0}, "tiny", "k1", cpu_model="CPU A"),
+          Example(g, "a100-sxm4-40gb", {"latency_ms": 1.0}, "tiny", "k2")]
+    host = _host_of(ex, HOST)
+    assert host is not None and host["cpu_model"] == "CPU A"
+    assert host["features_from"]["fp32_tflops"] > 0  # this machine's microbenchmark, as featurize used it
+    assert _host_of(ex, "a100-sxm4-40gb") is None
+    ex.append(Example(g, HOST, {"latency_ms": 2.0}, "tiny", "k3", cpu_model="CPU B"))
+    with pytest.raises(DippmNasError, match="one CPU model"):
+        _host_of(ex, HOST)
+    with pytest.raises(DippmNasError, match="one CPU model"):
+        _host_of([Example(g, HOST, {"latency_ms": 1.0}, "tiny", "k1")], HOST)
+
+
+def test_predict_cli_says_the_checkpoint_is_from_another_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    from dippm_nas.cli import main
+    from dippm_nas.predictor import set_predictor
+
+    monkeypatch.setenv(_checkpoint.CHECKPOINT_DIR_ENV, str(tmp_path))
+    monkeypatch.setattr(_gnn, "cpu_model_name", lambda: "CPU A")
+    monkeypatch.setattr(_checkpoint, "cpu_model_name", lambda: "CPU A")
+    _write(tmp_path / "host-cpu.pt", "CPU B")  # no checkpoint of CPU A anywhere: the user's default answers
+    _gnn._warn_once.reset()
+    set_predictor(HOST, None)
+    try:
+        with pytest.warns(RuntimeWarning, match="measured on 'CPU B'"):
+            rc = main(["predict", "_models:TinyMobileNet", "--device", HOST, "--batch", "2", "--shape", "3,32,32"])
+    finally:
+        set_predictor(HOST, None)
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "another CPU model" in out and "details['other_host'] = 1" in out
