@@ -101,7 +101,7 @@ def _feats(pred: GnnPredictor) -> list[GraphFeatures]:
     return feats
 
 
-@pytest.mark.parametrize("ckpt", ["host-cpu", "a100-sxm4-40gb"])
+@pytest.mark.parametrize("ckpt", ["host-cpu", "host-cpu--amd-epyc", "a100-sxm4-40gb"])
 def test_fast_inference_matches_reference_on_shipped_checkpoints(ckpt: str) -> None:
     path = CKPTS / f"{ckpt}.pt"
     if not path.is_file():
