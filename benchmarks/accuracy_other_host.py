@@ -55,7 +55,8 @@ def main() -> int:
               f"{trained_on!r}, rows {dict(rows_cpu)}, this machine {here!r}", file=sys.stderr)
         return 2
     pred.other_host_floor_log = {}  # the σ without the cross-host floor: the floor is what this script measures
-    feats = featurize_examples(ex, style=pred.meta.feature_style, prior_params=pred._prior_params)
+    feats = featurize_examples(ex, style=pred.meta.feature_style, prior_params=pred._prior_params,
+                               host_threads=pred.host_threads)
     tab, rows = evaluate_examples(pred, feats, ex)
     fams = sorted({e.family for e in ex})
     fit_fams, check_fams = set(fams[0::2]), set(fams[1::2])

@@ -96,9 +96,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 holdout_frac=args.holdout_frac)
     pp, style = pred._prior_params, pred.meta.feature_style
     print(f"split {args.split}: train {len(tr)}, val {len(va)}, test {len(te)}; featurising ...", flush=True)
-    ftr = featurize_examples(tr, style=style, prior_params=pp)
+    ftr = featurize_examples(tr, style=style, prior_params=pp, host_threads=pred.host_threads)
     va_dev = [e for e in va if e.device == dev]
-    fva = featurize_examples(va_dev, style=style, prior_params=pp)
+    fva = featurize_examples(va_dev, style=style, prior_params=pp, host_threads=pred.host_threads)
     attach_novelty_reference(pred, ftr, fva)  # reference set and d0; no floor yet
     d0 = pred.meta.novelty["d0"]
     print(f"reference set {tuple(pred.novelty_ref.shape)}, d0 = {d0:.4f} (validation quantile)")
@@ -120,8 +120,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"calibration: {len(cal)} rows of {len(cal_fams)} families; report: {len(rep)} rows")
 
     res: dict = {"d0": d0, "calibration_families": cal_fams, "before": {}, "after": {}}
-    fcal = featurize_examples(cal, style=style, prior_params=pp) if cal else []
-    frep = featurize_examples(rep, style=style, prior_params=pp)
+    fcal = featurize_examples(cal, style=style, prior_params=pp, host_threads=pred.host_threads) if cal else []
+    frep = featurize_examples(rep, style=style, prior_params=pp, host_threads=pred.host_threads)
     targets = list(pred.meta.targets)
     if args.floor_log:
         floors = parse_floors(args.floor_log)

@@ -31,19 +31,24 @@ def fake_host(monkeypatch: pytest.MonkeyPatch, tmp_path):
     """host-cpu measured by a fake, counted, benchmark in a private cache dir."""
     calls = {"n": 0}
 
-    def fake_measure() -> dict:
+    def fake_measure(threads: int | None = None) -> dict:
         calls["n"] += 1
-        return {"fp32_tflops": 0.05, "bandwidth_gbps": 10.0, "host_dispatch_us": 5.0, "sms": 2, "memory_gib": 8.0,
-                "l2_mib": 32.0, "name": "Fake CPU (2 threads)", "architecture": "x86_64", "key": _host.host_key(),
-                "measured_at": "now"}
+        n = 2 if threads is None else threads
+        return {"fp32_tflops": 0.05 * n / 2, "bandwidth_gbps": 10.0, "host_dispatch_us": 5.0, "sms": n,
+                "memory_gib": 8.0, "l2_mib": 32.0, "name": f"Fake CPU ({n} threads)", "architecture": "x86_64",
+                "key": _host.host_key(threads), "measured_at": "now"}
 
     monkeypatch.setenv(_host.CACHE_DIR_ENV, str(tmp_path / "cache"))
     monkeypatch.setattr(_host, "measure_host", fake_measure)
     from dippm_nas.devices import _registry
 
-    _registry._built.pop("host-cpu", None)
+    def clear() -> None:
+        for k in [k for k in _registry._built if k.startswith("host-cpu")]:
+            del _registry._built[k]
+
+    clear()
     yield calls
-    _registry._built.pop("host-cpu", None)
+    clear()
 
 
 def test_every_builtin_device_loads_and_validates() -> None:
@@ -207,11 +212,38 @@ def test_host_cpu_is_measured_once_and_cached(fake_host, monkeypatch: pytest.Mon
     _registry._built.pop("host-cpu", None)
     assert get_device("host-cpu").fp32_tflops == 0.05 and fake_host["n"] == 1
     # another key (thread count, torch version, CPU) measures again
-    monkeypatch.setattr(_host, "host_key", lambda: "Other CPU|threads=64|torch=x")
+    monkeypatch.setattr(_host, "host_key", lambda threads=None: "Other CPU|threads=64|torch=x")
     _host.host_facts()
     assert fake_host["n"] == 2
     with pytest.raises(UnsupportedDtypeError, match="host-cpu"):
         get_device("host-cpu").check_dtype("float16")
+
+
+def test_host_cpu_at_a_given_thread_count(fake_host) -> None:
+    import torch
+
+    before = torch.get_num_threads()
+    one, three = get_device("host-cpu", threads=1), get_device("host-cpu", threads=3)
+    assert (one.sms, three.sms) == (1, 3) and one.fp32_tflops != three.fp32_tflops
+    assert get_device("host-cpu", threads=1) is one and fake_host["n"] == 2  # built once per count
+    blob = json.loads((_host.cache_dir() / "host_cpu_benchmark.json").read_text())
+    assert {_host.host_key(1), _host.host_key(3)} <= set(blob["entries"])
+    assert "|threads=3|" in _host.host_key(3) and torch.get_num_threads() == before
+    for bad in (0, -2, True, 1.5):
+        with pytest.raises(DeviceError, match="threads must be a positive integer"):
+            _host.host_key(bad)
+    with pytest.raises(DeviceError, match="a spec sheet"):
+        get_device("a100-sxm4-40gb", threads=1)
+
+
+def test_real_host_microbenchmark_at_a_thread_count_restores_the_process_count() -> None:
+    import torch
+
+    before = torch.get_num_threads()
+    other = 1 if before != 1 else 2
+    facts = _host.measure_host(other)
+    assert facts["sms"] == other and f"|threads={other}|" in facts["key"]
+    assert torch.get_num_threads() == before
 
 
 def test_real_host_microbenchmark_is_short_and_positive() -> None:

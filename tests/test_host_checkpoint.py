@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from dippm_nas.devices import _registry
 from dippm_nas.errors import CheckpointError, DippmNasError
 from dippm_nas.predictor import _checkpoint, _gnn
 from dippm_nas.predictor._gnn import CheckpointMeta, GnnPredictor, SageEnsemble
@@ -19,11 +21,13 @@ from test_predictor import _graphs, _meta
 HOST = "host-cpu"
 
 
-def _host_predictor(cpu: str | None) -> GnnPredictor:
+def _host_predictor(cpu: str | None, threads: int | None = None) -> GnnPredictor:
     torch.manual_seed(0)
+    host = None if cpu is None else {"cpu_model": cpu, "features_from": None}
+    if host is not None and threads is not None:
+        host["threads"] = threads
     meta = _meta(device=HOST, trained_on=[HOST], targets={"latency_ms": "ms", "memory_mib": "MiB"},
-                 std_floor_log={"latency_ms": 0.05, "memory_mib": 0.05},
-                 host=None if cpu is None else {"cpu_model": cpu, "features_from": None})
+                 std_floor_log={"latency_ms": 0.05, "memory_mib": 0.05}, host=host)
     model = SageEnsemble(meta.node_dim, meta.static_dim, meta.device_dim, meta.hidden, meta.layers, meta.members)
     with torch.no_grad():
         for p in model.parameters():
@@ -122,10 +126,38 @@ def test_host_in_metadata_is_checked_and_round_trips(tmp_path: Path) -> None:
         _meta(host={"features_from": None}).check()
     with pytest.raises(CheckpointError, match="cpu_model"):
         _meta(host={"cpu_model": ""}).check()
+    for bad in (0, True, "1"):
+        with pytest.raises(CheckpointError, match="threads must be a positive integer"):
+            _meta(host={"cpu_model": "CPU Z", "threads": bad}).check()
     p = _write(tmp_path / "h.pt", "CPU Z")
     assert GnnPredictor.load(p).meta.host == {"cpu_model": "CPU Z", "features_from": None}
     assert json.loads(p.with_suffix(".json").read_text())["host"]["cpu_model"] == "CPU Z"
     assert CheckpointMeta.from_json(_meta().to_json()).host is None  # older metadata without the key still loads
+
+
+def test_a_host_checkpoint_answers_for_its_labels_thread_count_whatever_the_callers(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # the labels were measured with 1 torch thread: the host is featurised at 1 thread in a 2-thread
+    # process too (before, a 2-thread caller got other device features: a flagged answer, σ ×9 relative)
+    monkeypatch.setattr(_gnn, "cpu_model_name", lambda: "CPU A")
+    gs = _graphs(3)
+    before = torch.get_num_threads()
+    answers = []
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            for k in [k for k in _registry._built if k.startswith(HOST)]:
+                del _registry._built[k]  # as in a fresh process of this thread count
+            pred = _host_predictor("CPU A", threads=1)
+            out = pred.predict_graphs(gs, mig=False)
+            assert all(p.details["host_threads"] == 1.0 for p in out)
+            answers.append([(p.latency_ms, p.latency_ms_std, p.details["prior_latency_ms"]) for p in out])
+    finally:
+        torch.set_num_threads(before)
+    for a, b in zip(answers[0], answers[1]):
+        assert a[2] == b[2]  # the analytic prior: the same device features
+        assert a[:2] == pytest.approx(b[:2], rel=1e-5)  # the network: the same inputs (float sums may differ)
+    assert "host_threads" not in _host_predictor("CPU A").predict_graphs(gs[:1], mig=False)[0].details
 
 
 def test_training_records_the_rows_cpu_model(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -134,6 +166,8 @@ def test_training_records_the_rows_cpu_model(monkeypatch: pytest.MonkeyPatch) ->
           Example(g, "a100-sxm4-40gb", {"latency_ms": 1.0}, "tiny", "k2")]
     host = _host_of(ex, HOST)
     assert host is not None and host["cpu_model"] == "CPU A"
+    assert host["threads"] == torch.get_num_threads()  # the rows record none: this process's count
+    assert _host_of([dataclasses.replace(e, threads=1) for e in ex], HOST)["threads"] == 1  # the rows' own
     assert host["features_from"]["fp32_tflops"] > 0  # this machine's microbenchmark, as featurize used it
     assert _host_of(ex, "a100-sxm4-40gb") is None
     ex.append(Example(g, HOST, {"latency_ms": 2.0}, "tiny", "k3", cpu_model="CPU B"))

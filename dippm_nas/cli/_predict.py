@@ -44,6 +44,9 @@ def run(args: argparse.Namespace) -> int:
 
     print(f"model     {args.spec}   batch {spec.batch_size}, shape {spec.shape}, {spec.dtype}, device {pred.device}")
     print(f"latency   {pm(pred.latency_ms, pred.latency_ms_std, 'ms', pred.latency_source)}")
+    threads = pred.details.get("host_threads")
+    if threads:
+        print(f"          with {int(threads)} torch thread(s), as the checkpoint's measurements were made")
     print(f"energy    {pm(pred.energy_j, pred.energy_j_std, 'J', pred.energy_source)}")
     print(f"memory    {pm(pred.memory_mib, pred.memory_mib_std, 'MiB', pred.memory_source)}")
     if pred.mig is not None:

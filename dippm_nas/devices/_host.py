@@ -41,11 +41,19 @@ _TRIAD_REPEATS = 5
 _DISPATCH_REPEATS = 200
 
 
-def host_key() -> str:
-    """Cache key of this host's measurement: CPU model, torch threads and torch version."""
+def host_key(threads: int | None = None) -> str:
+    """Cache key of this host's measurement: CPU model, torch threads (default: this process's current
+    count) and torch version."""
     import torch
 
-    return f"{cpu_model_name()}|threads={torch.get_num_threads()}|torch={torch.__version__}"
+    n = torch.get_num_threads() if threads is None else _check_threads(threads)
+    return f"{cpu_model_name()}|threads={n}|torch={torch.__version__}"
+
+
+def _check_threads(threads: int) -> int:
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise DeviceError(f"host-cpu threads must be a positive integer (torch intra-op threads), got {threads!r}")
+    return threads
 
 
 def _memory_gib() -> float:
@@ -77,8 +85,12 @@ def _llc_mib() -> float | None:
     return best
 
 
-def measure_host() -> dict[str, Any]:
+def measure_host(threads: int | None = None) -> dict[str, Any]:
     """Run the microbenchmark now (no cache) and return the measured facts.
+
+    Args:
+        threads: torch intra-op threads to measure with (set for the measurement and restored after);
+            default: this process's current count.
 
     Returns:
         ``{"fp32_tflops", "bandwidth_gbps", "host_dispatch_us", "sms", "memory_gib", "l2_mib",
@@ -87,7 +99,14 @@ def measure_host() -> dict[str, Any]:
     """
     import torch
 
-    threads = torch.get_num_threads()
+    before = torch.get_num_threads()
+    if threads is not None and _check_threads(threads) != before:
+        torch.set_num_threads(threads)
+        try:
+            return measure_host()
+        finally:
+            torch.set_num_threads(before)
+    threads = before
     with torch.inference_mode():
         a = torch.randn(_MM_N, _MM_N)
         b = torch.randn(_MM_N, _MM_N)
@@ -129,16 +148,18 @@ def _timed(fn: Any) -> float:
     return max(time.perf_counter() - t0, 1e-9)
 
 
-def host_facts(*, refresh: bool = False) -> dict[str, Any]:
+def host_facts(*, refresh: bool = False, threads: int | None = None) -> dict[str, Any]:
     """This host's measured facts, from the cache when its key matches, else measured and cached.
 
     Args:
         refresh: measure again even when a cached entry exists.
+        threads: the torch thread count the facts are for (default: this process's current count); a
+            host-cpu checkpoint asks for the count its labels were measured with.
 
     A cache file that cannot be read is reported and replaced; one that cannot be written is
     reported once and the measurement is still returned.
     """
-    key = host_key()
+    key = host_key(threads)
     path = cache_dir() / _CACHE_FILE
     entries: dict[str, Any] = {}
     if path.is_file():
@@ -153,7 +174,7 @@ def host_facts(*, refresh: bool = False) -> dict[str, Any]:
     if not refresh and key in entries:
         return dict(entries[key])
     logger.info("measuring host-cpu peaks (first use on this host; cached in %s)", path)
-    facts = measure_host()
+    facts = measure_host(threads)
     entries[key] = facts
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -97,7 +97,8 @@ def _load_user() -> dict[str, tuple[dict[str, Any], str]]:
             found[dev_id] = (d, origin)
     # drop built devices that came from the previous user directory
     for dev_id in set(_user) | set(found):
-        _built.pop(dev_id, None)
+        for k in [k for k in _built if k == dev_id or k.startswith(f"{dev_id}|threads=")]:
+            del _built[k]
     _user, _user_env = found, env
     return _user
 
@@ -122,9 +123,12 @@ def _sources() -> dict[str, tuple[dict[str, Any], str]]:
     return out
 
 
-def _build(d: dict[str, Any], origin: str) -> Device:
+def _build(d: dict[str, Any], origin: str, threads: int | None = None) -> Device:
     measured = d.get("measured") or []
     if not measured:
+        if threads is not None:
+            raise DeviceError(f"{origin}: threads={threads!r} applies to a device measured on this host "
+                              f"(kind = \"cpu\" with a measured list, e.g. host-cpu); {d.get('id')!r} is a spec sheet")
         return device_from_dict(d, origin=origin)
     if not isinstance(measured, list) or not all(isinstance(m, str) for m in measured):
         raise DeviceError(f"{origin}: measured must be a list of field names, got {measured!r}")
@@ -132,7 +136,7 @@ def _build(d: dict[str, Any], origin: str) -> Device:
         raise DeviceError(f"{origin}: only kind = \"cpu\" devices can be measured on this host, got {d.get('kind')!r}")
     from dippm_nas.devices._host import host_facts
 
-    facts = host_facts()
+    facts = host_facts(threads=threads)
     filled = dict(d)
     notes = [str(d.get("notes", ""))] if d.get("notes") else []
     for name in measured:
@@ -159,11 +163,14 @@ def list_devices() -> list[str]:
         return sorted(set(_sources()) | set(_registered))
 
 
-def get_device(device_id: str) -> Device:
+def get_device(device_id: str, *, threads: int | None = None) -> Device:
     """The :class:`Device` with this id.
 
     Args:
         device_id: a catalogue id, e.g. ``"a100-sxm4-40gb"``; case-insensitive.
+        threads: for a device measured on this host (``host-cpu``), the torch thread count its peaks are
+            measured with (default: this process's count at first use). A host-cpu checkpoint asks for
+            the count its labels were measured with, so its features do not depend on the caller's.
 
     Raises:
         DeviceError: unknown id (the valid ids are listed), or an invalid data file.
@@ -173,14 +180,18 @@ def get_device(device_id: str) -> Device:
     key = device_id.strip().lower()
     with _lock:
         if key in _registered:
+            if threads is not None:
+                raise DeviceError(f"threads={threads!r} applies to a device measured on this host (host-cpu); "
+                                  f"{key!r} was registered in code")
             return _registered[key]
         sources = _sources()
         if key not in sources:
             raise DeviceError(f"unknown device {device_id!r}; choices: {sorted(set(sources) | set(_registered))}")
-        if key not in _built:
+        slot = key if threads is None else f"{key}|threads={threads}"
+        if slot not in _built:
             d, origin = sources[key]
-            _built[key] = _build(d, origin)
-        return _built[key]
+            _built[slot] = _build(d, origin, threads)
+        return _built[slot]
 
 
 def resolve_device(device: "Device | str") -> Device:

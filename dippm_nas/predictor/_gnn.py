@@ -110,9 +110,11 @@ class CheckpointMeta:
             ``d0``, ``floor_log``, ``calibrated_on``), or ``None``; its reference set is stored beside the
             weights (``novelty_ref``).
         host: for a ``host-cpu`` checkpoint, the machine its labels were measured on: ``{"cpu_model": the
-            CPU model string of the rows' environment, "features_from": the host microbenchmark the device
-            features were computed with}``; ``None`` for other devices (and for checkpoints made before
-            this was recorded). A host-cpu checkpoint answers on another CPU model only flagged
+            CPU model string of the rows' environment, "threads": the torch thread count of the labels and
+            of the device features (the predictor measures the host at this count, so its answer does not
+            depend on the caller's thread setting; absent in older metadata: the caller's count),
+            "features_from": the host microbenchmark the device features were computed with}``; ``None``
+            for other devices (and for checkpoints made before this was recorded). A host-cpu checkpoint answers on another CPU model only flagged
             (``details["other_host"] = 1``, see :mod:`dippm_nas.predictor._checkpoint`).
     """
 
@@ -184,6 +186,11 @@ class CheckpointMeta:
         if self.host is not None and not (isinstance(self.host, dict) and isinstance(self.host.get("cpu_model"), str)
                                           and self.host["cpu_model"]):
             raise CheckpointError(f"checkpoint host must be a dict with a non-empty 'cpu_model' string, got {self.host!r}")
+        if self.host is not None and "threads" in self.host:
+            n = self.host["threads"]
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise CheckpointError(f"checkpoint host threads must be a positive integer (torch threads of the "
+                                      f"labels), got {n!r}")
 
 
 # ----------------------------------------------------------------------------- model
@@ -524,6 +531,8 @@ class GnnPredictor(BasePredictor):
         #: :data:`~dippm_nas.predictor._checkpoint.OTHER_HOST_FLOOR_LOG`; ``benchmarks/accuracy_other_host.py``
         #: empties it to measure the σ without it)
         self.other_host_floor_log: dict[str, float] = {}
+        #: torch thread count the host is featurised at (the labels'), or ``None`` (the caller's count)
+        self.host_threads: int | None = None if meta.host is None else meta.host.get("threads")
         if meta.host is not None and cpu_model_name() != meta.host["cpu_model"]:
             from dippm_nas.predictor._checkpoint import OTHER_HOST_FLOOR_LOG
 
@@ -597,7 +606,12 @@ class GnnPredictor(BasePredictor):
             if f is not None:
                 self._cache.move_to_end(key)
                 return f
-        f = featurize(graph, dev, style=self.meta.feature_style, prior_params=self._prior_params)
+        target: Any = dev
+        if self.host_threads is not None and dev == self.device:
+            from dippm_nas.devices import get_device
+
+            target = get_device(dev, threads=self.host_threads)
+        f = featurize(graph, target, style=self.meta.feature_style, prior_params=self._prior_params)
         with self._lock:
             self._cache[key] = f
             while len(self._cache) > self._cache_size:
@@ -716,6 +730,8 @@ class GnnPredictor(BasePredictor):
         details["outside_training_range"] = float(ood)
         if self.meta.host is not None:
             details["other_host"] = float(self.other_host is not None)
+        if self.host_threads is not None:
+            details["host_threads"] = float(self.host_threads)  # the latency is for this many torch threads
         if math.isfinite(novelty):
             details["novelty"] = novelty
             if self.meta.novelty is not None:

@@ -76,6 +76,8 @@ class Example:
         name: the row's model name where the source names one (timm: ``config["model"]``), else ``""``.
         cpu_model: the CPU model of the row's environment (``environment.cpu_model``), ``""`` when the row
             does not record one.
+        threads: the torch thread count of the row's environment (``environment.threads``), ``None`` when
+            the row does not record one.
     """
 
     graph: OperatorGraph
@@ -86,6 +88,7 @@ class Example:
     source: str = ""
     name: str = ""
     cpu_model: str = ""
+    threads: int | None = None
 
 
 def load_examples(paths: Sequence[str | Path], *, devices: Sequence[str] | None = None,
@@ -125,8 +128,10 @@ def load_examples(paths: Sequence[str | Path], *, devices: Sequence[str] | None 
             name = str(cfg.get("model") or "") if isinstance(cfg, dict) else ""
             env = m.get("environment")
             cpu = str(env.get("cpu_model") or "") if isinstance(env, dict) else ""
+            thr = env.get("threads") if isinstance(env, dict) else None
             out.append(Example(mg.graph, dev, y, str(m.get("space") or "unknown"), mg.graph.structural_hash(),
-                               str(m.get("source") or ""), name, cpu))
+                               str(m.get("source") or ""), name, cpu,
+                               thr if isinstance(thr, int) and not isinstance(thr, bool) else None))
     logger.info("loaded %d examples from %s", len(out), [str(p) for p in paths])
     return out
 
@@ -212,16 +217,25 @@ def split_examples(examples: Sequence[Example], *, mode: str = "random", fractio
 
 
 def featurize_examples(examples: Sequence[Example], *, style: str = "ours", fuse: bool = True,
-                       prior_params: Any = None, progress: bool = True) -> list[GraphFeatures]:
-    """Feature tensors of every example on its own device (cached per structure and device)."""
+                       prior_params: Any = None, host_threads: int | None = None,
+                       progress: bool = True) -> list[GraphFeatures]:
+    """Feature tensors of every example on its own device (cached per structure and device).
+
+    ``host_threads``: the torch thread count host-cpu features are measured at (a checkpoint's
+    ``GnnPredictor.host_threads``); default: this process's.
+    """
     from tqdm.auto import tqdm
+
+    from dippm_nas.devices import get_device
+    from dippm_nas.predictor._checkpoint import HOST_DEVICE
 
     cache: dict[tuple[str, str], GraphFeatures] = {}
     out = []
     for e in tqdm(examples, desc="features", unit="graph", disable=not progress, leave=False):
         k = (e.key, e.device)
         if k not in cache:
-            cache[k] = featurize(e.graph, e.device, style=style, fuse=fuse, prior_params=prior_params)
+            dev = get_device(e.device, threads=host_threads) if host_threads and e.device == HOST_DEVICE else e.device
+            cache[k] = featurize(e.graph, dev, style=style, fuse=fuse, prior_params=prior_params)
         out.append(cache[k])
     return out
 
@@ -372,9 +386,26 @@ def attach_novelty_reference(pred: GnnPredictor, train_feats: Sequence[GraphFeat
         d0=split_d0(d_val), floor_log=dict(floor_log or {}), calibrated_on=calibrated_on).to_dict())
 
 
-def _host_of(ex: Sequence[Example], device: str) -> dict[str, Any] | None:
-    """``CheckpointMeta.host`` of a host-cpu checkpoint: the CPU model its rows were measured on and the
-    host microbenchmark its device features come from (this machine's); ``None`` for other devices.
+def _label_threads(ex: Sequence[Example], device: str) -> int:
+    """The torch thread count host-cpu features are computed at: the one every host row was measured
+    with (``environment.threads``), else (rows of several counts, or none recorded) this process's, with
+    a warning."""
+    counts = sorted({e.threads for e in ex if e.device == device and e.threads is not None})
+    if len(counts) == 1:
+        return counts[0]
+    n = torch.get_num_threads()
+    if counts:
+        logger.warning("the %s rows were measured with several torch thread counts %s: their device features use "
+                       "this process's %d; train one checkpoint per thread count", device, counts, n)
+    return n
+
+
+def _host_of(ex: Sequence[Example], device: str, threads: int | None = None) -> dict[str, Any] | None:
+    """``CheckpointMeta.host`` of a host-cpu checkpoint: the CPU model its rows were measured on, the
+    torch thread count its device features were measured at (``threads``, default
+    :func:`_label_threads`: the rows' own; the predictor measures the host at that count whatever the
+    caller's, so it answers for the measurements' thread count) and the host microbenchmark they come
+    from (this machine's); ``None`` for other devices.
 
     Raises:
         DippmNasError: host rows of several CPU models (one checkpoint per CPU model), or none recording it.
@@ -391,14 +422,15 @@ def _host_of(ex: Sequence[Example], device: str) -> dict[str, Any] | None:
     from dippm_nas._platform import cpu_model_name
     from dippm_nas.devices._host import host_facts
 
-    facts = host_facts()
+    threads = _label_threads(ex, device) if threads is None else threads
+    facts = host_facts(threads=threads)
     here = cpu_model_name()
     if here != models[0]:
         logger.warning("the %s rows were measured on %r but this machine is %r: the device features come from "
                        "this machine's microbenchmark; train on the machine the data was measured on", device,
                        models[0], here)
     keep = ("name", "fp32_tflops", "bandwidth_gbps", "host_dispatch_us", "sms", "l2_mib", "key", "measured_at")
-    return {"cpu_model": models[0], "features_from": {k: facts.get(k) for k in keep}}
+    return {"cpu_model": models[0], "threads": threads, "features_from": {k: facts.get(k) for k in keep}}
 
 
 def train_predictor(paths: Sequence[str | Path], device: str, *, split: str = "random", heldout_families: Sequence[str] = (),
@@ -449,8 +481,12 @@ def train_predictor(paths: Sequence[str | Path], device: str, *, split: str = "r
         logger.info("timm-family split holds out %d timm families: %s", len(heldout_families), heldout_families)
     logger.info("split %s: train %d, val %d, test %d", split, len(tr), len(va), len(te))
     params = prior_params if prior_params is not None else default_params()
+    from dippm_nas.predictor._checkpoint import HOST_DEVICE
+
+    host_threads = _label_threads(ex, HOST_DEVICE) if any(e.device == HOST_DEVICE for e in ex) else None
     t0 = time.perf_counter()
-    ftr, fva, fte = (featurize_examples(s, style=cfg.style, fuse=cfg.fuse, prior_params=params, progress=progress)
+    ftr, fva, fte = (featurize_examples(s, style=cfg.style, fuse=cfg.fuse, prior_params=params,
+                                        host_threads=host_threads, progress=progress)
                      for s in (tr, va, te))
     feat_s = time.perf_counter() - t0
     ytr, yva = _y_log(tr), _y_log(va)
@@ -464,7 +500,7 @@ def train_predictor(paths: Sequence[str | Path], device: str, *, split: str = "r
         trained_on=sorted({e.device for e in tr}), hidden=cfg.hidden, layers=cfg.layers, members=cfg.members,
         residual_on_prior=cfg.residual_on_prior, std_floor_log={}, prior_params=params.to_dict(),
         node_dim=node_dim(cfg.style), static_dim=static_dim(cfg.style), device_dim=device_dim(), command=command,
-        host=_host_of(ex, device),
+        host=_host_of(ex, device, host_threads),
     )
     pred = GnnPredictor(model, meta, device, load_calibration=False)
     floors = {}
