@@ -249,6 +249,27 @@ def test_device_scales_apply_per_device_and_default_to_gpus_only() -> None:
     assert estimate(g, cpu, params=scaled).latency_ms == pytest.approx(estimate(g, cpu, params=base).latency_ms)
 
 
+def test_a_gpu_compute_scale_fitted_on_half_precision_leaves_fp32_cuda_core_kernels_alone() -> None:
+    # GPU scales are fitted on fp16 whole models; FP32 CUDA-core kernels keep the op-level constants
+    # (fitted on FP32 A100 operators): before, the A100's 0.42 made a large FP32 SGEMM 2.4x too slow
+    from dippm_nas.prior import DeviceScale
+
+    base = ideal_params()
+    scaled = dataclasses.replace(base, device_scales={"a100-sxm4-40gb": DeviceScale(compute=0.5)})
+    a100 = get_device("a100-sxm4-40gb")
+    mm32, mm16 = matmul_graph(4096, 4096, 4096, dtype="float32"), matmul_graph(4096, 4096, 4096)
+    t = lambda g, p, **kw: estimate(g, a100, params=p, **kw).gpu_busy_ms  # noqa: E731
+    assert t(mm32, scaled) == pytest.approx(t(mm32, base))  # CUDA cores, fp32: op-level constants only
+    assert t(mm16, scaled) == pytest.approx(2 * t(mm16, base))  # tensor cores, fp16: the fitted scale
+    assert t(mm32, scaled, tf32_matmul=True) == pytest.approx(2 * t(mm32, base, tf32_matmul=True))  # TF32
+    # a CPU's scale was fitted on its own fp32 models: it applies
+    cpu = toy_gpu(id="toy-cpu", kind="cpu", fp16_tflops=None, tf32_tensor_tflops=None, fp16_tensor_tflops=None,
+                  bf16_tensor_tflops=None, host_dispatch_us=1.0)
+    on_cpu = dataclasses.replace(base, device_scales={"toy-cpu": DeviceScale(compute=0.5)})
+    assert estimate(mm32, cpu, params=on_cpu).gpu_busy_ms == pytest.approx(2 * estimate(mm32, cpu, params=base).gpu_busy_ms,
+                                                                          rel=1e-4)  # + one 1 µs dispatch
+
+
 def test_a_device_scale_can_scale_op_classes_and_replace_the_dispatch_time() -> None:
     from dippm_nas.errors import DippmNasError
     from dippm_nas.prior import DeviceScale

@@ -102,7 +102,9 @@ class DeviceScale:
     """Multipliers of one device's achieved efficiencies, fitted on whole-model measurements of it.
 
     Attributes:
-        compute: multiplies every op class's ``eta_compute`` / ``eta_compute_tensor`` on the device.
+        compute: multiplies every op class's ``eta_compute`` / ``eta_compute_tensor`` on the device; on a
+            GPU only for tensor-core and half-precision kernels, the regime GPU scales are fitted in
+            (FP32 CUDA-core kernels keep the op-level constants, fitted on FP32 A100 operators).
         memory: multiplies every op class's ``eta_memory`` on the device.
         source: the measurements they come from.
         classes: further compute multipliers of some op classes on this device (a CPU's convolution
