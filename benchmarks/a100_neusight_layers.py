@@ -136,7 +136,8 @@ def main() -> int:
                      "within_2sigma": abs(math.log(yh) - math.log(y)) <= 2 * s / yh,
                      "gflop": g.total_flops / 1e9,
                      "outside_training_range": p.details.get("outside_training_range"),
-                     "novel": p.details.get("novel"), "capture_s": cap_s})
+                     "dtype_unseen": p.details.get("dtype_unseen"), "novel": p.details.get("novel"),
+                     "capture_s": cap_s})
     ape = np.array([r["ape_pct"] for r in rows])
     prior_ape = np.array([100 * abs(r["prior_ms"] - r["label_ms"]) / r["label_ms"] for r in rows if r["prior_ms"]])
     lab, pr = np.array([r["label_ms"] for r in rows]), np.array([r["pred_ms"] for r in rows])
@@ -151,12 +152,13 @@ def main() -> int:
         print(json.dumps({"device": args.device, "measured_on": _DEVICE, "rows": rows, "summary": summary}))
         return 0
     print(f"{args.device} predictions vs NeuSight {_DEVICE} sums of per-node latency (fp32, one layer)")
-    print(f"{'trace':26s} {'label ms':>9s} {'GNN ms ± σ':>18s} {'prior ms':>9s} {'APE %':>7s}  ±2σ  flags")
+    print(f"{'trace':26s} {'label ms':>9s} {'predicted ms ± σ':>18s} {'source':>10s} {'prior ms':>9s} {'APE %':>7s}  "
+          f"±2σ  flags")
     for r in rows:
-        flags = ",".join(k for k in ("outside_training_range", "novel") if r.get(k))
-        print(f"{r['trace']:26s} {r['label_ms']:9.2f} {r['pred_ms']:9.2f} ± {r['std_ms']:6.2f} "
+        flags = ",".join(k for k in ("outside_training_range", "dtype_unseen", "novel") if r.get(k))
+        print(f"{r['trace']:26s} {r['label_ms']:9.2f} {r['pred_ms']:9.2f} ± {r['std_ms']:6.2f} {r['source']:>10s} "
               f"{r['prior_ms']:9.2f} {r['ape_pct']:7.1f}  {'yes' if r['within_2sigma'] else 'no ':3s}  {flags}")
-    print(f"MAPE {summary['mape_pct']:.1f} % (median APE {summary['median_ape_pct']:.1f} %), analytic prior "
+    print(f"predicted: MAPE {summary['mape_pct']:.1f} % (median APE {summary['median_ape_pct']:.1f} %), analytic prior "
           f"{summary['prior_mape_pct']:.1f} %, Kendall tau {summary['kendall_tau']:.3f}, within ±2σ "
           f"{summary['within_2sigma']:.2f}, median predicted/label {summary['median_ratio_pred_over_label']:.3f}")
     return 0

@@ -306,3 +306,44 @@ def test_train_predictor_end_to_end_stores_floors_and_novelty_reference(tmp_path
     pred.save(tmp_path / "t.pt")
     back = GnnPredictor.load(tmp_path / "t.pt", load_calibration=False)
     assert back.meta.novelty == nov and torch.equal(back.novelty_ref, pred.novelty_ref)
+
+
+def test_a_dtype_never_trained_on_gets_the_prior_flagged() -> None:
+    from dippm_nas.features import static_dtype_columns
+    from dippm_nas.predictor._gnn import collate_globals
+
+    p = _predictor(scale=1.0)  # a network whose correction is far from zero
+    gs = _graphs(3)
+    feats = [p.features(g) for g in gs]
+    prior = np.array([f.prior_latency_ms for f in feats])
+    b = collate_globals(feats)
+    glob = torch.cat([b["static"], b["dev"]], 1)
+    sl, names = static_dtype_columns()
+    f32, f16 = sl.start + names.index("float32"), sl.start + names.index("float16")
+
+    def trained_on(dtype_col: int) -> None:
+        lo, hi = glob.amin(0).clone(), glob.amax(0).clone()  # these graphs' own ranges ...
+        lo[sl], hi[sl] = 0.0, 0.0
+        lo[dtype_col] = hi[dtype_col] = 1.0  # ... but one training dtype
+        p.model.global_lo.copy_(lo)
+        p.model.global_hi.copy_(hi)
+        p._pred_cache.clear()
+
+    trained_on(f16)  # these graphs are float32: never seen
+    out = p.predict_graphs(gs, mig=False)
+    for q, y0 in zip(out, prior):
+        assert q.latency_source == "analytic" and q.details["dtype_unseen"] == 1.0
+        assert q.details["outside_training_range"] == 1.0 and q.latency_ms_std > 0.3 * q.latency_ms
+        assert q.latency_ms == pytest.approx(y0, rel=1e-5)
+    mean, _ = p.predict_log(feats)  # evaluation and calibration see the same figure
+    np.testing.assert_allclose(np.exp(mean[:, 0]), prior, rtol=1e-5)
+    # calibrating on measurements of such graphs corrects the prior's figure
+    p.calibrate([(g, {"latency_ms": 1.5 * y0}) for g, y0 in zip(gs, prior)], persist=False)
+    for q, y0 in zip(p.predict_graphs(gs, mig=False), prior):
+        assert q.latency_source == "calibrated" and q.latency_ms == pytest.approx(1.5 * y0, rel=0.05)
+    p.reset_calibration(persist=False)
+
+    trained_on(f32)  # the same network with float32 in its training range: its own figure
+    seen = p.predict_graphs(gs, mig=False)
+    assert all(q.latency_source == "predicted" and q.details["dtype_unseen"] == 0.0 for q in seen)
+    assert max(abs(math.log(q.latency_ms / y0)) for q, y0 in zip(seen, prior)) > 1e-3  # not the prior

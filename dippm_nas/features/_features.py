@@ -68,6 +68,14 @@ def static_dim(style: str = "ours") -> int:
     return 5 if style == "dippm" else len(_STATIC_NAMES) + len(_DTYPES)
 
 
+def static_dtype_columns(style: str = "ours") -> tuple[slice, tuple[str, ...]] | None:
+    """Where the compute dtype's one-hot sits in the static vector, and the dtypes in column order;
+    ``None`` for a style without it (``"dippm"``)."""
+    if style == "dippm":
+        return None
+    return slice(len(_STATIC_NAMES), len(_STATIC_NAMES) + len(_DTYPES)), _DTYPES
+
+
 _DEVICE_NAMES = ("is_gpu", "fp32_tflops", "half_tensor_tflops", "tf32_tflops", "bandwidth_gbps", "l2_mib", "sms",
                  "memory_gib", "host_dispatch_us", "board_power_w", "has_power")
 

@@ -16,6 +16,9 @@ quadrature (the correction is then only known to lie within its bound) and
 ``details["outside_training_range"] = 1``. A host-cpu checkpoint measured on another CPU model checks the
 graph's own features only (its single training device is never this one) and adds the measured
 cross-host floor instead, flagged ``details["other_host"] = 1`` (see :mod:`~dippm_nas.predictor._checkpoint`).
+A graph whose compute dtype no training graph had (FP32 for the half-precision A100 checkpoint) gets the
+prior itself, the centre of the correction's bound, with that σ: the network's correction is not
+identified for a one-hot input that never varied (source ``"analytic"``, ``details["dtype_unseen"] = 1``).
 
 Inference: :meth:`SageEnsemble.infer` evaluates the same function as :meth:`SageEnsemble.forward` (the
 training path, one disjoint graph of the whole batch) chunk by chunk, several times faster on a CPU.
@@ -47,7 +50,15 @@ from torch import nn
 from dippm_nas._logging import WarnOnce
 from dippm_nas._platform import cpu_model_name
 from dippm_nas.errors import CheckpointError, DippmNasError
-from dippm_nas.features import FEATURE_SCHEMA_VERSION, GraphFeatures, device_dim, featurize, node_dim, static_dim
+from dippm_nas.features import (
+    FEATURE_SCHEMA_VERSION,
+    GraphFeatures,
+    device_dim,
+    featurize,
+    node_dim,
+    static_dim,
+    static_dtype_columns,
+)
 from dippm_nas.graph._graph import OperatorGraph
 from dippm_nas.prediction import Prediction
 from dippm_nas.predictor._base import BasePredictor
@@ -651,12 +662,36 @@ class GnnPredictor(BasePredictor):
         out = self.model.infer(feats, chunk_nodes=chunk_nodes or INFER_CHUNK_NODES, glob=b)
         mean = out.mean(0)
         std = out.std(0, unbiased=False) if out.shape[0] > 1 else torch.zeros_like(mean)
+        unseen = self.dtype_unseen(b)
+        if unseen.any():
+            # the network's correction is not identified for a dtype it never trained on (its one-hot input
+            # never varied): the answer is the prior, the centre of the correction's bound (σ keeps the bound)
+            mean[torch.from_numpy(unseen)] = b["log_prior"][torch.from_numpy(unseen)]
         ood = self.model.outside_training_range(b, device_features=self.other_host is None)
         if novelty and self.novelty_ref is not None:
             nov = novelty_scores(self.model.static_z(b), self.novelty_ref)
         else:
             nov = np.full(len(feats), np.nan)
         return mean.numpy().astype(np.float64), std.numpy().astype(np.float64), ood.numpy(), nov
+
+    def dtype_unseen(self, b: dict[str, torch.Tensor]) -> np.ndarray:
+        """Per graph of :func:`collate_globals` ``b``: is its compute dtype one no training graph had?
+
+        Such a graph gets the analytic prior as its figure (source ``"analytic"``, or ``"calibrated"``
+        after a calibration) and ``details["dtype_unseen"] = 1``: the A100 checkpoint, trained on
+        half-precision graphs only, has no basis for an FP32 correction. Needs ``residual_on_prior``
+        and a feature style with the dtype one-hot.
+
+        Shapes:
+            returns ``[num_graphs]`` bool.
+        """
+        cols = static_dtype_columns(self.meta.feature_style)
+        g = b["static"].shape[0]
+        if cols is None or not self.model.residual_on_prior:
+            return np.zeros(g, dtype=bool)
+        sl = cols[0]
+        seen = self.model.global_hi[sl] > 0.5  # the static block comes first in the range buffers
+        return ((b["static"][:, sl] > 0.5) & ~seen).any(1).numpy()
 
     def sigma_log(self, target: str, std_members: float, *, ood: bool = False, novelty: float = math.nan) -> float:
         """The log-space σ of one prediction: the members' spread, the validation floor (the novel-graph
@@ -688,9 +723,10 @@ class GnnPredictor(BasePredictor):
         if todo:
             feats = [self.features(graphs[i]) for i in todo]
             mean, std, ood, nov = self.predict_log_full(feats)
+            unseen = self.dtype_unseen(collate_globals(feats))
             for j, i in enumerate(todo):
                 out[i] = self._prediction(graphs[i], feats[j], mean[j], std[j], mig=mig, k_sigma=k_sigma,
-                                          ood=bool(ood[j]), novelty=float(nov[j]))
+                                          ood=bool(ood[j]), novelty=float(nov[j]), dtype_unseen=bool(unseen[j]))
             with self._lock:
                 for i in todo:
                     self._pred_cache[keys[i]] = out[i]  # type: ignore[assignment]
@@ -699,7 +735,8 @@ class GnnPredictor(BasePredictor):
         return out  # type: ignore[return-value]
 
     def _prediction(self, graph: OperatorGraph, f: GraphFeatures, mean: np.ndarray, std: np.ndarray, *,
-                    mig: bool, k_sigma: float, ood: bool = False, novelty: float = math.nan) -> Prediction:
+                    mig: bool, k_sigma: float, ood: bool = False, novelty: float = math.nan,
+                    dtype_unseen: bool = False) -> Prediction:
         from dippm_nas.devices import resolve_device
 
         est = f.estimate
@@ -714,7 +751,7 @@ class GnnPredictor(BasePredictor):
                 continue
             m = float(mean[t_i])
             s = self.sigma_log(t, float(std[t_i]), ood=ood, novelty=novelty)
-            src = "predicted"
+            src = "analytic" if dtype_unseen else "predicted"  # dtype_unseen: ``m`` is the prior's
             if self.calibration is not None and self.calibration.has(t):
                 m, s = self.calibration.apply(t, m, s)
                 src = "calibrated"
@@ -728,6 +765,8 @@ class GnnPredictor(BasePredictor):
         details["prior_latency_ms"] = f.prior_latency_ms
         details["prior_memory_mib"] = f.prior_memory_mib
         details["outside_training_range"] = float(ood)
+        if static_dtype_columns(self.meta.feature_style) is not None and self.model.residual_on_prior:
+            details["dtype_unseen"] = float(dtype_unseen)
         if self.meta.host is not None:
             details["other_host"] = float(self.other_host is not None)
         if self.host_threads is not None:
