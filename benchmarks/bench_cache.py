@@ -28,7 +28,7 @@ import sqlalchemy as sa
 
 from dippm_nas.cache import ConversionCache
 from dippm_nas.cache import _store
-from dippm_nas.graph._graph import OperatorGraph, OpNode
+from dippm_nas.graph import OperatorGraph, OpNode
 from dippm_nas.spec import InputSpec
 
 

@@ -39,7 +39,7 @@ from dippm_nas.errors import DippmNasError
 from dippm_nas.prediction import Prediction
 
 if TYPE_CHECKING:  # pragma: no cover
-    from dippm_nas.graph._graph import OperatorGraph
+    from dippm_nas.graph import OperatorGraph
     from dippm_nas.prior._params import PriorParams
 
 __all__ = ["advise", "MigAdvice", "ProfileAdvice", "RULES", "DIPPM_LADDER"]

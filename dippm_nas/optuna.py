@@ -72,7 +72,7 @@ import optuna
 
 from dippm_nas._logging import WarnOnce
 from dippm_nas.errors import DippmNasError
-from dippm_nas.graph._graph import OperatorGraph
+from dippm_nas.graph import OperatorGraph
 from dippm_nas.prediction import Prediction
 from dippm_nas.predictor import DEFAULT_DEVICE, predict, predict_many
 from dippm_nas.spec import InputSpec

@@ -28,7 +28,7 @@ from dippm_nas.cache import (
 )
 from dippm_nas.cache import _store
 from dippm_nas.errors import CacheError, GraphValidationError
-from dippm_nas.graph._graph import GRAPH_FORMAT_VERSION, OperatorGraph, OpNode
+from dippm_nas.graph import GRAPH_FORMAT_VERSION, OperatorGraph, OpNode
 from dippm_nas.spec import InputSpec
 
 PG_URL = os.environ.get("DIPPM_NAS_TEST_PG_URL", "")
@@ -311,7 +311,7 @@ _WRITER = textwrap.dedent(
     import sys, time
     from pathlib import Path
     from dippm_nas.cache import ConversionCache
-    from dippm_nas.graph._graph import OperatorGraph
+    from dippm_nas.graph import OperatorGraph
     url, graph_file, go_file = sys.argv[1:4]
     graph = OperatorGraph.from_json(Path(graph_file).read_text())
     deadline = time.time() + 60

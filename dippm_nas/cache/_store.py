@@ -47,7 +47,7 @@ from dippm_nas._logging import WarnOnce
 from dippm_nas._paths import CACHE_DIR_ENV, CACHE_URL_ENV, SQLITE_FILE_NAME, cache_dir, default_cache_url
 from dippm_nas._sql import make_engine, redact
 from dippm_nas.errors import CacheError, GraphValidationError
-from dippm_nas.graph._graph import GRAPH_FORMAT_VERSION, OperatorGraph
+from dippm_nas.graph import GRAPH_FORMAT_VERSION, OperatorGraph
 
 __all__ = ["ConversionCache", "default_cache", "set_default_cache", "TABLE_NAME"]
 

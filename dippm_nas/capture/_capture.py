@@ -13,7 +13,7 @@ from dippm_nas.capture._key import file_key, model_key
 from dippm_nas.capture._onnx import capture_onnx, read_onnx_bytes
 from dippm_nas.capture._torch import capture_module
 from dippm_nas.errors import CacheError, InputSpecError, ModelSpecError
-from dippm_nas.graph._graph import OperatorGraph
+from dippm_nas.graph import OperatorGraph
 from dippm_nas.spec import InputSpec, load_model
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -23,7 +23,7 @@ import hashlib
 import types
 from typing import TYPE_CHECKING, Any
 
-from dippm_nas.graph._graph import GRAPH_FORMAT_VERSION
+from dippm_nas.graph import GRAPH_FORMAT_VERSION
 from dippm_nas.spec import InputSpec
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -13,7 +13,7 @@ from typing import Any
 
 from dippm_nas.capture._capture import CacheArg, ModelLike, _resolve_cache, capture
 from dippm_nas.errors import DippmNasError
-from dippm_nas.graph._graph import OperatorGraph
+from dippm_nas.graph import OperatorGraph
 from dippm_nas.spec import InputSpec
 
 __all__ = ["CaptureResult", "capture_many"]

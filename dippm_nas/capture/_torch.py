@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from dippm_nas.errors import GraphCaptureError, InputShapeError
-from dippm_nas.graph._graph import OperatorGraph
+from dippm_nas.graph import OperatorGraph
 from dippm_nas.graph._relax import graph_from_relax
 from dippm_nas.spec import InputSpec
 

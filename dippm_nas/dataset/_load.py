@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 from dippm_nas.dataset._errors import DatasetError
 from dippm_nas.dataset._export import iter_jsonl
 from dippm_nas.dataset._store import DatasetStore, decode_graph
-from dippm_nas.graph._graph import OperatorGraph
+from dippm_nas.graph import OperatorGraph
 from dippm_nas.spec import InputSpec
 
 __all__ = ["MeasuredGraph", "load_measurements"]

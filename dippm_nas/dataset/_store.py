@@ -56,7 +56,7 @@ from sqlalchemy.engine import Connection, Engine
 from dippm_nas._sql import make_engine
 from dippm_nas._version import __version__
 from dippm_nas.dataset._errors import DatasetError
-from dippm_nas.graph._graph import GRAPH_FORMAT_VERSION, OperatorGraph
+from dippm_nas.graph import GRAPH_FORMAT_VERSION, OperatorGraph
 
 __all__ = [
     "SCHEMA_VERSION",

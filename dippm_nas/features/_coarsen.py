@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dippm_nas.graph._graph import OperatorGraph
+from dippm_nas.graph import OperatorGraph
 
 __all__ = ["KernelGraph", "coarsen", "FUSABLE_CLASSES"]
 

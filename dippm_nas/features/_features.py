@@ -27,7 +27,7 @@ from dippm_nas.devices import Device, resolve_device
 from dippm_nas.features._coarsen import coarsen
 from dippm_nas.features._registry import ATTR_WIDTH, TOKENS, encode_op
 from dippm_nas.graph._formulas import OP_CLASSES
-from dippm_nas.graph._graph import OperatorGraph, OpNode
+from dippm_nas.graph import OperatorGraph, OpNode
 
 if TYPE_CHECKING:  # pragma: no cover
     from dippm_nas.prior import PriorEstimate, PriorParams

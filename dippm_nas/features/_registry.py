@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from dippm_nas.errors import DippmNasError, UnsupportedOpError
 from dippm_nas.graph._formulas import OP_CLASSES
-from dippm_nas.graph._graph import OpNode
+from dippm_nas.graph import OpNode
 
 __all__ = [
     "TOKENS", "ATTR_WIDTH", "OpEncoder", "EncoderFn", "register_op_encoder", "unregister_op_encoder",

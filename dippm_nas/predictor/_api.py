@@ -11,7 +11,7 @@ from typing import Any
 from dippm_nas.capture import capture, capture_many
 from dippm_nas.capture._capture import CacheArg
 from dippm_nas.errors import DippmNasError, InputSpecError
-from dippm_nas.graph._graph import OperatorGraph
+from dippm_nas.graph import OperatorGraph
 from dippm_nas.prediction import Prediction
 from dippm_nas.predictor._base import AnalyticPredictor, BasePredictor
 from dippm_nas.spec import InputSpec

@@ -6,7 +6,7 @@ import abc
 import logging
 from collections.abc import Sequence
 
-from dippm_nas.graph._graph import OperatorGraph
+from dippm_nas.graph import OperatorGraph
 from dippm_nas.prediction import Prediction
 
 __all__ = ["BasePredictor", "AnalyticPredictor"]

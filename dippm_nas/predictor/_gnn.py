@@ -59,7 +59,7 @@ from dippm_nas.features import (
     static_dim,
     static_dtype_columns,
 )
-from dippm_nas.graph._graph import OperatorGraph
+from dippm_nas.graph import OperatorGraph
 from dippm_nas.prediction import Prediction
 from dippm_nas.predictor._base import BasePredictor
 from dippm_nas.predictor._novelty import NoveltyFloor, novelty_scores

@@ -41,7 +41,7 @@ import torch
 
 from dippm_nas.errors import DippmNasError
 from dippm_nas.features import FEATURE_SCHEMA_VERSION, GraphFeatures, device_dim, featurize, node_dim, static_dim
-from dippm_nas.graph._graph import OperatorGraph
+from dippm_nas.graph import OperatorGraph
 from dippm_nas.predictor._gnn import (DELTA_MARGIN, TARGET_UNITS, TARGETS, CheckpointMeta, GnnPredictor, SageEnsemble,
                                       collate, collate_globals)
 from dippm_nas.predictor._novelty import NoveltyFloor, fit_novel_floor, novelty_scores, reference_set, split_d0

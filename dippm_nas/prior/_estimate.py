@@ -32,7 +32,7 @@ import numpy as np
 
 from dippm_nas.devices import Device, resolve_device
 from dippm_nas.errors import DeviceError, GraphValidationError
-from dippm_nas.graph._graph import OperatorGraph
+from dippm_nas.graph import OperatorGraph
 from dippm_nas.prediction import Prediction
 from dippm_nas.prior._memory import K_LARGE_BUFFER, K_MIN_LARGE_ALLOC, K_ROUND_LARGE, MIB, activation_liveness
 from dippm_nas.prior._nodes import graph_facts, node_costs

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dippm_nas.graph._graph import OperatorGraph
+from dippm_nas.graph import OperatorGraph
 from dippm_nas.spec import dtype_bytes
 
 __all__ = ["MemoryBreakdown", "activation_liveness", "round_block", "KIB", "MIB"]

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from dippm_nas.devices import Device
-from dippm_nas.graph._graph import OperatorGraph, OpNode
+from dippm_nas.graph import OperatorGraph, OpNode
 from dippm_nas.prior._params import CONTRACTION_CLASSES, PARAM_CLASSES, PriorParams
 
 __all__ = ["NodeCosts", "node_costs", "kernel_time_us", "wave_efficiency", "contraction_tiles", "param_class",

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from dippm_nas.errors import ValidationError
-from dippm_nas.graph._graph import OperatorGraph
+from dippm_nas.graph import OperatorGraph
 from dippm_nas.prediction import Prediction
 from dippm_nas.predictor import BasePredictor, get_predictor, set_predictor
 from dippm_nas.validation._queue import Job
