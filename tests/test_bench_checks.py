@@ -1,0 +1,75 @@
+"""The real-measurement check scripts in benchmarks/: their parsing and model/GEMM rebuilding (the checks
+themselves need ../shared/data and run as scripts)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+_BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, _BENCH / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    return mod
+
+
+def test_traces_are_summed_per_a100_inference_trace(tmp_path: Path) -> None:
+    b = _load("a100_neusight_layers")
+    head = "source_repo,device,trace,node_index,latency\n"
+    rows = ["x,NVIDIA_A100-PCIE-40GB,bert_large-inf-512-16,0,1.5",
+            "x,NVIDIA_A100-PCIE-40GB,bert_large-inf-512-16,1,2.25",
+            "x,NVIDIA_A100-PCIE-40GB,bert_large-train-512-16,0,9.0",   # training: not an inference label
+            "x,NVIDIA_L4,gpt2_large-inf-1024-4,0,7.0",                 # another GPU
+            "x,NVIDIA_A100-PCIE-40GB,t5_small-inf-512-4,0,3.0",        # a model the script does not rebuild
+            "x,NVIDIA_A100-PCIE-40GB,opt_13-inf-2048-2,0,"]            # an empty latency counts 0
+    (tmp_path / b._FILE).write_text(head + "\n".join(rows) + "\n")
+    got = b.load_traces(tmp_path)
+    assert [(t["trace"], t["seq"], t["batch"], t["nodes"]) for t in got] == [
+        ("bert_large-inf-512-16", 512, 16, 2), ("opt_13-inf-2048-2", 2048, 2, 1)]
+    assert got[0]["label_ms"] == pytest.approx(3.75) and got[1]["label_ms"] == 0.0
+
+
+@pytest.mark.parametrize("name,out_last", [("bert_large", 2), ("gpt2_large", 50257)])
+def test_models_are_rebuilt_with_the_traces_widths(name: str, out_last: int) -> None:
+    b = _load("a100_neusight_layers")
+    model, inputs = b.build(name, 8)
+    ids = torch.zeros(1, 8, dtype=torch.int64)
+    kwargs = {k: (ids if k == "input_ids" else torch.ones_like(ids)) for k in inputs}
+    with torch.inference_mode():
+        out = model.eval()(**kwargs)
+    assert out.shape[-1] == out_last and out.shape[0] == 1
+    assert set(inputs) <= {"input_ids", "attention_mask"} and all(v == ((8,), "int64") for v in inputs.values())
+
+
+# Llama-2-70B: 64 heads of 128, 8 KV heads, gated MLP 28,672 wide
+_ROW = {"n_embd": "8192", "n_expanded_embd": "28672", "n_head": "64", "n_kv_head": "8", "use_gated_mlp": "True",
+        "num_tensor_parallel_workers": "4"}
+
+
+def test_projection_shapes_of_a_tensor_parallel_shard() -> None:
+    b = _load("prior_vidur_gemms")
+    assert b.gemm_shape(_ROW, "attn_pre_proj") == (8192, (64 + 16) * 128 // 4)  # Q plus K, V of 8 KV heads
+    assert b.gemm_shape(_ROW, "attn_post_proj") == (64 * 128 // 4, 8192)
+    assert b.gemm_shape(_ROW, "mlp_up_proj") == (8192, 2 * 28672 // 4)  # gate and up
+    assert b.gemm_shape(_ROW, "mlp_down_proj") == (28672 // 4, 8192)
+    assert b.gemm_shape({**_ROW, "use_gated_mlp": "False"}, "mlp_up_proj") == (8192, 28672 // 4)
+    with pytest.raises(ValueError, match="op must be one of"):
+        b.gemm_shape(_ROW, "attn_rope")
+
+
+def test_cases_average_the_medians_of_a_key_at_the_chosen_token_counts(tmp_path: Path) -> None:
+    b = _load("prior_vidur_gemms")
+    cols = ["gpu", "model", "num_tokens", *_ROW] + [f"time_stats.{op}.median" for op in b._OPS]
+    row = lambda gpu, n, t: [gpu, "m", str(n), *_ROW.values()] + [str(t)] * 4  # noqa: E731
+    lines = [cols, row("a100", 16, 1.0), row("a100", 16, 3.0), row("a100", 17, 9.0), row("h100", 16, 0.5)]
+    (tmp_path / b._FILE).write_text("\n".join(",".join(x) for x in lines) + "\n")
+    cases = b.load_cases(tmp_path, {16})
+    assert len(cases) == 8 and {c["tokens"] for c in cases} == {16}
+    a100 = [c for c in cases if c["gpu"] == "a100"]
+    assert all(c["label_ms"] == pytest.approx(2.0) and c["tp"] == 4 for c in a100)
