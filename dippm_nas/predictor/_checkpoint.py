@@ -33,7 +33,7 @@ HOST_DEVICE = "host-cpu"
 #: Log-space σ floor of a host-cpu prediction made with a checkpoint measured on another CPU model and not
 #: calibrated here (added in quadrature; such predictions skip the device-feature range check, since a
 #: single-host checkpoint has seen one device). Measured once, on one pair of machines: the shipped Intel
-#: Xeon checkpoint predicting 3,300 latencies and 3,236 peak-RSS figures measured on an AMD EPYC VM
+#: Xeon checkpoint predicting 3,300 latencies and 3,243 peak-RSS figures measured on an AMD EPYC VM
 #: (latency 23.6 % MAPE, τ 0.874; memory 9.5 %, τ 0.933); the floor that puts 95 % of them within ±2σ is
 #: 0.297 (latency) and 0.103 (memory); fitted on four families it covers 99.8 % / 91.4 % of the other four
 #: (``python benchmarks/accuracy_other_host.py --data AMD_DATASET --checkpoint host-cpu.pt`` on the AMD

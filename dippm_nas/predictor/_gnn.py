@@ -125,8 +125,9 @@ class CheckpointMeta:
             of the device features (the predictor measures the host at this count, so its answer does not
             depend on the caller's thread setting; absent in older metadata: the caller's count),
             "features_from": the host microbenchmark the device features were computed with}``; ``None``
-            for other devices (and for checkpoints made before this was recorded). A host-cpu checkpoint answers on another CPU model only flagged
-            (``details["other_host"] = 1``, see :mod:`dippm_nas.predictor._checkpoint`).
+            for other devices (and for checkpoints made before this was recorded). A host-cpu checkpoint
+            answers on another CPU model only flagged (``details["other_host"] = 1``, see
+            :mod:`dippm_nas.predictor._checkpoint`).
     """
 
     device: str
@@ -196,7 +197,8 @@ class CheckpointMeta:
                                       f"with a finite d0; got floors for {list(nf.floor_log)}, d0 {nf.d0}")
         if self.host is not None and not (isinstance(self.host, dict) and isinstance(self.host.get("cpu_model"), str)
                                           and self.host["cpu_model"]):
-            raise CheckpointError(f"checkpoint host must be a dict with a non-empty 'cpu_model' string, got {self.host!r}")
+            raise CheckpointError(f"checkpoint host must be a dict with a non-empty 'cpu_model' string, "
+                                  f"got {self.host!r}")
         if self.host is not None and "threads" in self.host:
             n = self.host["threads"]
             if isinstance(n, bool) or not isinstance(n, int) or n < 1:

@@ -388,8 +388,8 @@ def attach_novelty_reference(pred: GnnPredictor, train_feats: Sequence[GraphFeat
 
 def _label_threads(ex: Sequence[Example], device: str) -> int:
     """The torch thread count host-cpu features are computed at: the one every host row was measured
-    with (``environment.threads``), else (rows of several counts, or none recorded) this process's, with
-    a warning."""
+    with (``environment.threads``), else this process's (rows recording none, or several counts: then
+    with a warning)."""
     counts = sorted({e.threads for e in ex if e.device == device and e.threads is not None})
     if len(counts) == 1:
         return counts[0]
