@@ -118,7 +118,10 @@ def _check(study: optuna.Study, storage: str, cache_url: str) -> None:
         cache.close()
 
     # validation queue: one job per (trial, device), each done once, one result per job
-    ParetoValidator("host-cpu", storage=storage, measure_fn=_fake_measure).finish(study)
+    # the last round may meet more unvalidated front trials than the default max_per_round (3): how many the
+    # workers' own rounds left depends on their interleaving, so let this round take the whole front
+    ParetoValidator("host-cpu", storage=storage, measure_fn=_fake_measure,
+                    max_per_round=WORKERS * TRIALS_PER_WORKER).finish(study)
     q = JobQueue(storage)
     try:
         jobs = q.jobs(study=study.study_name)
