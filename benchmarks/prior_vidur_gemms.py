@@ -15,8 +15,13 @@ prior's figure (what ``dippm_nas.predict`` answers for a device without a checkp
 
 Vidur does not record the board variant. The A100 rows are compared with ``a100-sxm4-80gb`` and the H100
 rows with both ``h100-sxm5-80gb`` and ``h100-pcie-80gb`` (114 vs 132 SMs, 2.0 vs 3.35 TB/s): the variant
-whose error is lower is a hint, not a fact. Nothing here trains or fits anything: the H100 constants are the
-geometric mean of the fitted GPUs (``fitted.json``, ``"*"``), and the A100-80GB ones the A100-40GB fit.
+whose error is lower is a hint, not a fact. The A100 rows are also compared with ``a100-sxm4-40gb``, the
+product's A100: its constants were fitted on Accel-NASBench (MnasNet nets) and the shipped checkpoint pins
+them, so ``predict`` is shown too. The H100 and A100-80GB constants are the geometric mean of the fitted GPUs
+(``fitted.json``, ``"*"``).
+
+``--fit-class matmul`` fits the matmul compute multiplier of ``--fit-device`` on the rows of its GPU (the
+other constants as shipped), checks it on held-out LLMs, and with ``--write`` stores it in a constants file.
 """
 
 from __future__ import annotations
@@ -74,11 +79,104 @@ def load_cases(data: Path, tokens: set[int]) -> list[dict]:
              "out": shapes[k][1], "label_ms": float(np.mean(v))} for k, v in sorted(acc.items())]
 
 
+_GPU_OF = {"a100-sxm4-40gb": "a100", "a100-pcie-40gb": "a100", "a100-sxm4-80gb": "a100", "a100-pcie-80gb": "a100",
+           "h100-sxm5-80gb": "h100", "h100-pcie-80gb": "h100"}
+
+
+def fit_class_multiplier(cases: list[dict], graphs: dict, op_class: str, device: str) -> dict:
+    """The compute multiplier of ``op_class`` on ``device`` that minimises the mean absolute log error of
+    the prior on that GPU's rows (every other constant as shipped): fitted on every other model in sorted
+    order and checked on the rest, then fitted on all models."""
+    import dataclasses
+
+    from scipy.optimize import minimize_scalar
+
+    from dippm_nas.devices import get_device
+    from dippm_nas.prior import default_params, estimate
+
+    dev = get_device(device)
+    rows = [c for c in cases if c["gpu"] == _GPU_OF.get(dev.id)]
+    if not rows:
+        raise SystemExit(f"no Vidur rows for {device} (known boards: {sorted(_GPU_OF)})")
+    base = default_params()
+    scale = base.scale_for(dev.id, dev.kind)
+
+    def params(x: float):
+        classes = {**scale.classes, op_class: x}
+        scales = {**base.device_scales, dev.id: dataclasses.replace(scale, classes=classes)}
+        return dataclasses.replace(base, device_scales=scales)
+
+    def err(sel: list[dict], x: float) -> np.ndarray:
+        p = params(x)
+        return np.array([math.log(estimate(graphs[(c["in"], c["out"], c["tokens"])], dev, params=p).latency_ms
+                                  / c["label_ms"]) for c in sel])
+
+    def best(sel: list[dict]) -> float:
+        r = minimize_scalar(lambda lx: float(np.mean(np.abs(err(sel, math.exp(lx))))), bounds=(-3.0, 3.0),
+                            method="bounded", options={"xatol": 1e-3})
+        return math.exp(r.x)
+
+    mape = lambda e: float(np.mean(np.abs(np.exp(e) - 1.0)) * 100)  # noqa: E731
+    models = sorted({c["model"] for c in rows})
+    fit_m, check_m = models[0::2], models[1::2]
+    x_half = best([c for c in rows if c["model"] in fit_m])
+    check = [c for c in rows if c["model"] in check_m]
+    x0 = scale.class_multiplier(op_class)
+    x_all = best(rows)
+    return {"op_class": op_class, "device": dev.id, "gpu": _GPU_OF[dev.id], "fit_models": fit_m,
+            "check_models": check_m, "start_multiplier": x0,
+            "half": {"multiplier": x_half, "check_before_pct": mape(err(check, x0)),
+                     "check_after_pct": mape(err(check, x_half))},
+            "all": {"multiplier": x_all, "before_pct": mape(err(rows, x0)), "after_pct": mape(err(rows, x_all))}}
+
+
+def write_class_multiplier(path: Path, fit: dict, devices: list[str], command: str) -> None:
+    """Set ``fit``'s multiplier (fitted on all models) in a constants file for ``devices`` and say where it
+    came from in each device's ``source``; the file must load afterwards."""
+    from dippm_nas.prior import PriorParams
+
+    blob = json.loads(Path(path).read_text())
+    for dev in devices:
+        entry = blob["devices"].get(dev)
+        if entry is None:
+            raise SystemExit(f"{path} has no device entry {dev!r} to add a class multiplier to")
+        entry.setdefault("classes", {})[fit["op_class"]] = fit["all"]["multiplier"]
+        note = (f"; {fit['op_class']} compute x{fit['all']['multiplier']:.3f} from Vidur {fit['gpu']} fp16 GEMMs "
+                f"(microsoft/vidur, 1-32768 tokens; checked on held-out models: {fit['half']['check_before_pct']:.1f} "
+                f"-> {fit['half']['check_after_pct']:.1f} % MAPE): {command}")
+        entry["source"] = entry.get("source", "").split("; " + fit["op_class"] + " compute x")[0] + note
+    PriorParams.from_dict(blob, origin=str(path))  # still a valid constants file
+    Path(path).write_text(json.dumps(blob, indent=1) + "\n")  # key order kept, as PriorParams.save writes
+
+
+def _score(rows: list[dict], lab: np.ndarray, pred: np.ndarray) -> dict:
+    """MAPE, median APE, median ratio, Kendall τ, and MAPE / median ratio per token count."""
+    from scipy.stats import kendalltau
+
+    ape = 100 * np.abs(pred - lab) / lab
+    logr = np.log(pred / lab)
+    by_tok = {}
+    for t in sorted({c["tokens"] for c in rows}):
+        m = np.array([c["tokens"] == t for c in rows])
+        by_tok[t] = {"n": int(m.sum()), "mape_pct": float(ape[m].mean()),
+                     "median_ratio": float(math.exp(np.median(logr[m])))}
+    return {"n": len(rows), "mape_pct": float(ape.mean()), "median_ape_pct": float(np.median(ape)),
+            "median_ratio": float(math.exp(np.median(logr))), "kendall_tau": float(kendalltau(lab, pred).statistic),
+            "by_tokens": by_tok}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", required=True, type=Path, help=f"folder holding {_FILE} (or the file)")
     ap.add_argument("--tokens", default="1,16,128,512,2048,8192,32768", help="token counts to compare")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--fit-class", choices=("matmul",), help="fit this op class's compute multiplier of "
+                    "--fit-device on the rows of its GPU: fitted on half of the models, checked on the others, "
+                    "then fitted on all")
+    ap.add_argument("--fit-device", default="a100-sxm4-40gb", help="device whose multiplier is fitted")
+    ap.add_argument("--write", type=Path, help="with --fit-class: write the multiplier fitted on every model into "
+                    "this constants file (fitted.json format), for --fit-device and the devices in --also")
+    ap.add_argument("--also", default="", help="comma-separated devices that take the same multiplier")
     args = ap.parse_args()
 
     from torch import nn
@@ -101,36 +199,45 @@ def main() -> int:
             lin = nn.Linear(c["in"], c["out"], bias=False, device="meta").to_empty(device="cpu")
             graphs[k] = capture(lin, spec, cache=False)
             del lin
-    res: dict[str, dict] = {}
-    for gpu, devs in _DEVICES.items():
-        for dev in devs:
-            rows = [c for c in cases if c["gpu"] == gpu]
-            if not rows:
-                continue
-            lab = np.array([c["label_ms"] for c in rows])
-            pred = np.array([estimate(graphs[(c["in"], c["out"], c["tokens"])], dev).latency_ms for c in rows])
-            ape = 100 * np.abs(pred - lab) / lab
-            logr = np.log(pred / lab)
-            by_tok = {}
-            for t in sorted({c["tokens"] for c in rows}):
-                m = np.array([c["tokens"] == t for c in rows])
-                by_tok[t] = {"n": int(m.sum()), "mape_pct": float(ape[m].mean()),
-                             "median_ratio": float(math.exp(np.median(logr[m])))}
-            from scipy.stats import kendalltau
+    from dippm_nas import predict
 
-            res[dev] = {"gpu": gpu, "n": len(rows), "mape_pct": float(ape.mean()),
-                        "median_ape_pct": float(np.median(ape)), "median_ratio": float(math.exp(np.median(logr))),
-                        "kendall_tau": float(kendalltau(lab, pred).statistic), "by_tokens": by_tok}
+    def prior_on(dev: str):
+        return lambda g: estimate(g, dev).latency_ms
+
+    answerers = [(gpu, f"prior {dev}", prior_on(dev)) for gpu, devs in _DEVICES.items() for dev in devs]
+    # the product's A100: the shipped checkpoint (and the Accel-fitted constants it pins) on the 40 GB board
+    answerers.insert(1, ("a100", "prior a100-sxm4-40gb", prior_on("a100-sxm4-40gb")))
+    answerers.insert(2, ("a100", "predict a100-sxm4-40gb", lambda g: predict(g, device="a100-sxm4-40gb").latency_ms))
+    res: dict[str, dict] = {}
+    for gpu, name, answer in answerers:
+        rows = [c for c in cases if c["gpu"] == gpu]
+        if not rows:
+            continue
+        lab = np.array([c["label_ms"] for c in rows])
+        pred = np.array([answer(graphs[(c["in"], c["out"], c["tokens"])]) for c in rows])
+        res[name] = {"gpu": gpu, **_score(rows, lab, pred)}
+    fit = None
+    if args.fit_class:
+        fit = fit_class_multiplier(cases, graphs, args.fit_class, args.fit_device)
+        if args.write:
+            write_class_multiplier(args.write, fit, [args.fit_device, *[d for d in args.also.split(",") if d]],
+                                   " ".join(["python benchmarks/prior_vidur_gemms.py", *sys.argv[1:]]))
     if args.json:
-        print(json.dumps({"cases": len(cases), "graphs": len(graphs), "devices": res}))
+        print(json.dumps({"cases": len(cases), "graphs": len(graphs), "devices": res, "fit": fit}))
         return 0
     print(f"{len(cases)} (gpu, model, tp, tokens, projection) medians; {len(graphs)} distinct GEMMs captured")
-    for dev, r in res.items():
-        print(f"{r['gpu']} rows vs {dev:16s} n={r['n']:4d}  prior MAPE {r['mape_pct']:6.1f} %  median APE "
+    for name, r in res.items():
+        print(f"{r['gpu']} rows vs {name:24s} n={r['n']:4d}  MAPE {r['mape_pct']:6.1f} %  median APE "
               f"{r['median_ape_pct']:5.1f} %  median pred/label {r['median_ratio']:.3f}  Kendall tau "
               f"{r['kendall_tau']:.3f}")
         print("    by tokens: " + ", ".join(f"{t}: {v['mape_pct']:.0f} % (x{v['median_ratio']:.2f})"
                                            for t, v in r["by_tokens"].items()))
+    if fit is not None:
+        print(f"{fit['op_class']} compute multiplier of {fit['device']} on the {fit['gpu']} rows: fitted on "
+              f"{fit['fit_models']} -> x{fit['half']['multiplier']:.3f}; on {fit['check_models']} MAPE "
+              f"{fit['half']['check_before_pct']:.1f} % -> {fit['half']['check_after_pct']:.1f} %; fitted on all "
+              f"models x{fit['all']['multiplier']:.3f} (MAPE {fit['all']['before_pct']:.1f} % -> "
+              f"{fit['all']['after_pct']:.1f} %)" + (f"; written to {args.write}" if args.write else ""))
     return 0
 
 

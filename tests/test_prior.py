@@ -262,6 +262,10 @@ def test_a_gpu_compute_scale_fitted_on_half_precision_leaves_fp32_cuda_core_kern
     assert t(mm32, scaled) == pytest.approx(t(mm32, base))  # CUDA cores, fp32: op-level constants only
     assert t(mm16, scaled) == pytest.approx(2 * t(mm16, base))  # tensor cores, fp16: the fitted scale
     assert t(mm32, scaled, tf32_matmul=True) == pytest.approx(2 * t(mm32, base, tf32_matmul=True))  # TF32
+    # a per-class multiplier (fitted on fp16 GEMMs) follows the same rule
+    cls = dataclasses.replace(base, device_scales={"a100-sxm4-40gb": DeviceScale(compute=0.5, classes={"matmul": 4.0})})
+    assert t(mm32, cls) == pytest.approx(t(mm32, base))
+    assert t(mm16, cls) == pytest.approx(0.5 * t(mm16, base))
     # a CPU's scale was fitted on its own fp32 models: it applies
     cpu = toy_gpu(id="toy-cpu", kind="cpu", fp16_tflops=None, tf32_tensor_tflops=None, fp16_tensor_tflops=None,
                   bf16_tensor_tflops=None, host_dispatch_us=1.0)

@@ -324,12 +324,13 @@ def node_costs(
         l2_frac = np.where(ws > 0, np.minimum(1.0, device.l2_mib * 2**20 / ws), 0.0)
     scale = params.scale_for(device.id, device.kind)
     class_mult = np.array([scale.class_multiplier(c) for c in PARAM_CLASSES], dtype=np.float64)[f.cls_idx]
-    # A GPU's compute scale was fitted on half-precision whole models (Accel-NASBench autocast, timm amp):
-    # it holds for tensor-core and half-precision kernels. FP32 CUDA-core kernels keep the op-level
-    # constants, which were fitted on NeuSight's FP32 A100 operators (applying a tensor-core fit to them
-    # made FP32 SGEMMs 2.4x too slow on the A100). A CPU's scale was fitted on its own FP32 models.
-    dev_c = np.where(gpu & ~tensor & ~half, 1.0, scale.compute)
-    eta_c = np.where(tensor, per("eta_compute_tensor"), per("eta_compute")) * dev_c * class_mult
+    # A GPU's compute scales (device and per class) are fitted on half-precision data (Accel-NASBench
+    # autocast, timm amp, Vidur fp16 GEMMs): they hold for tensor-core and half-precision kernels. FP32
+    # CUDA-core kernels keep the op-level constants, which were fitted on NeuSight's FP32 A100 operators
+    # (applying a tensor-core fit to them made FP32 SGEMMs 2.4x too slow on the A100). A CPU's scales were
+    # fitted on its own FP32 models.
+    dev_c = np.where(gpu & ~tensor & ~half, 1.0, scale.compute * class_mult)
+    eta_c = np.where(tensor, per("eta_compute_tensor"), per("eta_compute")) * dev_c
     # a GPU cannot beat its DRAM bandwidth; a CPU's bandwidth figure is a DRAM triad while most layers'
     # working sets sit in its caches, so a fitted CPU scale may exceed it
     eta_m = np.minimum(per("eta_memory") * scale.memory, 1.0) if gpu else per("eta_memory") * scale.memory
