@@ -232,6 +232,26 @@ def test_worker_rebuilds_from_json_and_records_oom_as_does_not_fit(queue: JobQue
     assert queue.counts() == {"queued": 0, "leased": 0, "done": 2, "failed": 0}
 
 
+def test_a_host_cpu_job_is_measured_at_the_thread_count_it_was_predicted_for(queue: JobQueue) -> None:
+    # the host checkpoints predict 1-thread latency (host_threads): measuring at the process's count would
+    # compare another quantity, and auto-calibration would learn the thread count as an error
+    seen: list[int | None] = []
+
+    def fake(model: Any, spec: InputSpec, device: str, settings: Any) -> Measurement:
+        seen.append(settings.threads)
+        return _ok(2.0)
+
+    for trial, pred in ((0, {**PRED, "host_threads": 1}), (1, PRED)):
+        queue.enqueue(study="s", trial_number=trial, space="mlp", config=_cfg(8), spec=SPEC.to_dict(),
+                      device="host-cpu", predicted=pred, priority=-trial)
+    assert ValidationWorker(queue, "host-cpu", measure_fn=fake).run(idle_timeout_s=0, poll_s=0) == 2
+    assert seen == [1, None]  # no thread count recorded: the worker's settings as they are
+    queue.enqueue(study="s", trial_number=2, space="mlp", config=_cfg(8), spec=SPEC.to_dict(), device="host-cpu",
+                  predicted={**PRED, "host_threads": 1})
+    mine = ValidationWorker(queue, "host-cpu", measure_fn=fake, settings=MeasureSettings(threads=2))
+    assert mine.run(idle_timeout_s=0, poll_s=0) == 1 and seen[-1] == 2  # an explicit setting wins
+
+
 def test_job_that_cannot_be_built_fails_without_retry(queue: JobQueue) -> None:
     _enqueue(queue, 0)
     engine = sa.create_engine(queue.url_with_credentials())

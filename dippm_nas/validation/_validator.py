@@ -278,6 +278,8 @@ class ParetoValidator:
         }
         raw = p.details.get("uncalibrated_latency_ms")
         out["latency_ms_uncalibrated"] = float(raw) if raw is not None else p.latency_ms
+        if p.details.get("host_threads"):  # a host-cpu figure is for this many torch threads: measure at it
+            out["host_threads"] = int(p.details["host_threads"])
         return out
 
     def run_round(self, study: Any) -> RoundReport:

@@ -17,6 +17,7 @@ Outcomes:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -176,24 +177,34 @@ class ValidationWorker:
     def __repr__(self) -> str:
         return f"ValidationWorker(device={self.device!r}, owner={self.owner!r}, torch_device={self.torch_device!r})"
 
+    def settings_for(self, job: Job) -> Any:
+        """The measurement settings of a job: the worker's, with the torch thread count of a host-cpu
+        prediction (``predicted["host_threads"]``: the count its checkpoint's labels were measured with)
+        when the worker's settings leave it unset, so measured and predicted are the same quantity."""
+        n = job.predicted.get("host_threads")
+        if self.settings.threads is None and isinstance(n, int) and not isinstance(n, bool) and n >= 1:
+            return dataclasses.replace(self.settings, threads=n)
+        return self.settings
+
     def _measure(self, job: Job) -> Any:
         """The measurement of a job, or raise DippmNasError when the job cannot be run."""
         from dippm_nas.spec import InputSpec
 
         spec = InputSpec.from_dict(job.spec)
+        settings = self.settings_for(job)
         if self.isolate and self._measure_fn is None:
             from dippm_nas.measure import measure
 
-            return measure("search_spaces:build_model", spec, self.torch_device, self.settings, isolate=True,
+            return measure("search_spaces:build_model", spec, self.torch_device, settings, isolate=True,
                            model_kwargs={"name": job.space, "config": job.config})
         import search_spaces
 
         model = search_spaces.build_model(job.space, job.config)
         if self._measure_fn is not None:
-            return self._measure_fn(model, spec, self.torch_device, self.settings)
+            return self._measure_fn(model, spec, self.torch_device, settings)
         from dippm_nas.measure import measure
 
-        return measure(model, spec, self.torch_device, self.settings)
+        return measure(model, spec, self.torch_device, settings)
 
     def process(self, job: Job) -> str:
         """Measure a claimed job and record the outcome; returns ``"done"``, ``"failed"`` or ``"lost"``."""
