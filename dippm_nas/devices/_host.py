@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from dippm_nas._paths import CACHE_DIR_ENV, cache_dir
-from dippm_nas._platform import cpu_model_name
+from dippm_nas._platform import cpu_model_name, fixed_threads
 from dippm_nas.errors import DeviceError
 
 __all__ = ["CACHE_DIR_ENV", "cache_dir", "host_key", "measure_host", "host_facts"]
@@ -99,14 +99,10 @@ def measure_host(threads: int | None = None) -> dict[str, Any]:
     """
     import torch
 
-    before = torch.get_num_threads()
-    if threads is not None and _check_threads(threads) != before:
-        torch.set_num_threads(threads)
-        try:
+    if threads is not None and _check_threads(threads) != torch.get_num_threads():
+        with fixed_threads(threads):
             return measure_host()
-        finally:
-            torch.set_num_threads(before)
-    threads = before
+    threads = torch.get_num_threads()
     with torch.inference_mode():
         a = torch.randn(_MM_N, _MM_N)
         b = torch.randn(_MM_N, _MM_N)

@@ -166,20 +166,6 @@ def cuda_backend_flags(settings: MeasureSettings) -> Iterator[dict[str, Any]]:
         cudnn.allow_tf32, matmul.allow_tf32, cudnn.benchmark = saved
 
 
-@contextlib.contextmanager
-def fixed_threads(threads: int | None) -> Iterator[int]:
-    """``torch.set_num_threads`` for the block (``None``: keep the current count); yields the count."""
-    import torch
-
-    before = torch.get_num_threads()
-    n = before if threads is None else threads
-    torch.set_num_threads(n)
-    try:
-        yield torch.get_num_threads()
-    finally:
-        torch.set_num_threads(before)
-
-
 def base_environment(settings: MeasureSettings, threads: int) -> dict[str, Any]:
     """JSON-able facts every measurement records."""
     import torch

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dippm_nas._platform import fixed_threads
 from dippm_nas.errors import MeasurementError
 from dippm_nas.measure._common import (
     MS_PER_S,
@@ -17,7 +18,6 @@ from dippm_nas.measure._common import (
     build_row,
     check_call,
     classify_fault,
-    fixed_threads,
     forward_context,
     guarded,
     latency_fields,

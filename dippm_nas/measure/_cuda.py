@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from dippm_nas._logging import WarnOnce
+from dippm_nas._platform import fixed_threads
 from dippm_nas.errors import DeviceError, MeasurementError
 from dippm_nas.measure._common import (
     ModelFault,
@@ -47,7 +48,6 @@ from dippm_nas.measure._common import (
     check_call,
     classify_fault,
     cuda_backend_flags,
-    fixed_threads,
     forward_context,
     guarded,
     latency_fields,
