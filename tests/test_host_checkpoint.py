@@ -196,3 +196,22 @@ def test_predict_cli_says_the_checkpoint_is_from_another_cpu(tmp_path: Path, mon
     assert rc == 0
     out = capsys.readouterr().out
     assert "another CPU model" in out and "details['other_host'] = 1" in out
+
+
+def test_a_dtype_the_checkpoint_never_saw_makes_up_no_figure_the_prior_lacks() -> None:
+    # a host checkpoint that learnt energy (e.g. from RAPL rows) on a dtype it never saw: the prior answers,
+    # and the prior has no host energy, so there is no energy figure rather than exp(0) = 1 J
+    from dippm_nas.features import static_dtype_columns
+
+    torch.manual_seed(0)
+    meta = _meta(device=HOST, trained_on=[HOST], targets={"latency_ms": "ms", "energy_j": "J"},
+                 std_floor_log={"latency_ms": 0.05, "energy_j": 0.05})
+    p = GnnPredictor(SageEnsemble(meta.node_dim, meta.static_dim, meta.device_dim, meta.hidden, meta.layers,
+                                  meta.members), meta, HOST, load_calibration=False)
+    sl, names = static_dtype_columns()
+    p.model.global_hi[sl] = 0.0
+    p.model.global_hi[sl.start + names.index("float16")] = 1.0  # trained on float16 only; the graphs are float32
+    for q in p.predict_graphs(_graphs(2), mig=False):
+        assert q.details["dtype_unseen"] == 1.0 and q.latency_source == "analytic"
+        assert q.latency_ms == pytest.approx(q.details["prior_latency_ms"], rel=1e-5)
+        assert q.energy_j is None and q.energy_j_std is None and q.energy_source == "unavailable"

@@ -751,6 +751,9 @@ class GnnPredictor(BasePredictor):
                 values[t], stds[t] = prior_vals[t], None
                 sources[t] = "analytic" if prior_vals[t] is not None else "unavailable"
                 continue
+            if dtype_unseen and prior_vals[t] is None:  # the prior answers and has no figure: none is made up
+                values[t], stds[t], sources[t] = None, None, "unavailable"
+                continue
             m = float(mean[t_i])
             s = self.sigma_log(t, float(std[t_i]), ood=ood, novelty=novelty)
             src = "analytic" if dtype_unseen else "predicted"  # dtype_unseen: ``m`` is the prior's
