@@ -9,6 +9,10 @@ Prints, over the rows both passes measured (``status='ok'``, matched by space, c
 median B/A ratio with its 5th-95th percentiles, the share of rows differing by more than 10 %, and the MAPE
 of B as a "prediction" of A after removing the global factor between the passes (a predictor could learn
 that factor), overall and per family. This is the error a perfect predictor would show against one pass.
+
+Columns: ``latency_ms`` (mean), ``latency_ms_median``, ``memory_mib``; for passes built with ``--rounds``
+also ``latency_ms_min`` (the rounds' fastest forward) and ``own_block.latency_ms`` /
+``own_block.latency_ms_median`` (the model's own one-by-one block, measured in the same run).
 """
 
 from __future__ import annotations
@@ -22,11 +26,22 @@ from collections.abc import Sequence
 import numpy as np
 
 
+#: --column -> the SQL expression reading it (figures kept in ``extra`` are read with SQLite's json_extract)
+_COLUMNS = {
+    "latency_ms": "latency_ms",
+    "latency_ms_median": "latency_ms_median",
+    "memory_mib": "memory_mib",
+    "latency_ms_min": "json_extract(extra, '$.latency_ms_min')",
+    "own_block.latency_ms": "json_extract(extra, '$.own_block.latency_ms')",
+    "own_block.latency_ms_median": "json_extract(extra, '$.own_block.latency_ms_median')",
+}
+
+
 def _rows(path: str, column: str) -> dict[tuple, float]:
     con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     out = {}
     for space, config, bs, v in con.execute(
-            f"SELECT space, config, batch_size, {column} FROM measurements WHERE status = 'ok'"):
+            f"SELECT space, config, batch_size, {_COLUMNS[column]} FROM measurements WHERE status = 'ok'"):
         if v is not None and v > 0:
             cfg = config if isinstance(config, str) else json.dumps(config)
             out[(space, cfg, bs)] = float(v)
@@ -38,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("a")
     ap.add_argument("b")
-    ap.add_argument("--column", default="latency_ms_median", choices=("latency_ms_median", "latency_ms", "memory_mib"))
+    ap.add_argument("--column", default="latency_ms_median", choices=tuple(_COLUMNS))
     args = ap.parse_args(argv)
     a, b = _rows(args.a, args.column), _rows(args.b, args.column)
     keys = sorted(set(a) & set(b))

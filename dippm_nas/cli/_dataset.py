@@ -74,6 +74,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="seconds of warm-up + timing per measurement (default 2)")
     b.add_argument("--isolate", action="store_true",
                    help="measure each model in a fresh subprocess (hard time limit, crash isolation; slower)")
+    b.add_argument("--rounds", type=int, default=0,
+                   help="CPU: time each chunk's latencies again in this many interleaved rounds (one untimed and "
+                        "--min-repeats timed forwards per model per round) after measuring the models one by one; "
+                        "far steadier on a shared machine than one block per model (default 0: off)")
     b.add_argument("--retry-failed", default="",
                    help="comma-separated statuses (timeout,oom,error) whose failed jobs are measured again")
     b.add_argument("--no-cache", action="store_true", help="do not use the conversion cache")
@@ -135,6 +139,7 @@ def run_build(args: argparse.Namespace) -> int:
         chunk_size=args.chunk, overlap=not args.no_overlap, pin_cpu=args.pin_cpu,
         cache=not args.no_cache, progress=not args.no_progress,
         retry_failed=[s.strip() for s in args.retry_failed.split(",") if s.strip()], isolate=args.isolate,
+        rounds=args.rounds,
     )
     print(f"{report.path}: plan {report.plan_key[:12]} ({'resumed' if report.resumed else 'new'}), "
           f"{report.planned} planned: {report.done} done, {report.failed} failed, {report.open} open; "

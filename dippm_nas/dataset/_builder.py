@@ -13,6 +13,13 @@ Order of work (each step is stored before the next starts):
    model (out of memory, the time cap, an exception) come back from the measurer as rows with
    ``status != "ok"`` and are stored as failed with their reason.
 
+With ``rounds >= 1`` (CPU only) step 3 keeps the chunk's models and, once they are all measured and the
+next chunk's conversion has finished, times their latency again in ``rounds`` interleaved rounds
+(:func:`dippm_nas.measure.time_interleaved`); the row's latency fields are then those of the rounds
+(``stop_reason="rounds"``; the model's own block is kept in ``extra.own_block``) and memory is the
+one-by-one measurement's. Rows of a chunk are written after its rounds, so a kill loses that chunk's
+measurements (its jobs are measured again on resume, as a new attempt).
+
 With ``workers >= 2`` and ``overlap=True`` the next chunk is converted (in processes) while the
 current one is measured. ``pin_cpu`` pins the measuring thread to one core and the conversion
 processes to the others (``os.sched_setaffinity``); both are recorded in each row's environment, with
@@ -45,7 +52,7 @@ from dippm_nas.dataset._errors import DatasetError
 from dippm_nas.dataset._plan import Candidate, Plan, plan_candidates, plan_key
 from dippm_nas.dataset._store import DatasetStore, Job, canonical_json
 from dippm_nas.errors import DeviceError, MeasurementError, SearchSpaceError
-from dippm_nas.measure import Measurement, MeasureSettings, measure
+from dippm_nas.measure import Measurement, MeasureSettings, RoundTiming, measure, time_interleaved
 from dippm_nas.spec import COMPUTE_DTYPES, InputSpec
 
 __all__ = ["build_dataset", "BuildReport", "DEFAULT_BUILD_SETTINGS", "MeasureFn", "measurement_row"]
@@ -182,6 +189,7 @@ def build_dataset(
     stop_after: int | None = None,
     retry_failed: Sequence[str] = (),
     isolate: bool = False,
+    rounds: int = 0,
 ) -> BuildReport:
     """Build (or resume building) a measured dataset in the SQLite file ``out``.
 
@@ -212,6 +220,10 @@ def build_dataset(
         isolate: measure each job in a fresh subprocess (:func:`dippm_nas.measure.measure_isolated`: a
             hard time limit, crash isolation, an exact RSS delta; costs a Python + torch start-up per job).
             The worker builds ``search_spaces.build_model(space, config)`` itself; ``measure_fn`` is not used.
+        rounds: 0 (default): each model's latency is its own block of timed forwards. ``>= 1`` (``device="cpu"``,
+            not ``isolate``): the chunk's latencies are timed again in this many interleaved rounds of one
+            untimed and ``settings.min_repeats`` timed forwards per model (see above); far less sensitive to
+            the machine's slow spells than one block per model.
         retry_failed: measurement statuses (``"timeout"``, ``"oom"``, ``"error"``) whose failed jobs are
             reopened and measured again (e.g. after raising the time cap); their old rows are replaced.
 
@@ -237,6 +249,11 @@ def build_dataset(
         allowed = _affinity() or []
         if pin_cpu not in allowed:
             raise DatasetError(f"pin_cpu must be one of the CPUs this process may use {allowed}, got {pin_cpu!r}")
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
+        raise DatasetError(f"rounds must be an int >= 0, got {rounds!r}")
+    if rounds and (device != "cpu" or isolate):
+        raise DatasetError(f"rounds (interleaved latency timing) needs device='cpu' and isolate=False, got "
+                           f"device={device!r}, isolate={isolate!r}")
     bad = sorted(set(retry_failed) - {"timeout", "oom", "error"})
     if bad:
         raise DatasetError(f"retry_failed takes the statuses 'timeout', 'oom', 'error', got {bad}")
@@ -308,6 +325,9 @@ def build_dataset(
             "plan_key": key, "pinned_cpu": pin_cpu, "cpu_count": os.cpu_count(),
             "conversion_overlapped": use_overlap, "conversion_workers": workers, "isolated_worker": isolate,
         }
+        if rounds:
+            static_env["latency_schedule"] = {"kind": "interleaved", "rounds": rounds,
+                                              "per_round": settings.min_repeats, "untimed_per_round": 1}
 
         def convert(chunk: list[Job]) -> tuple[int, int]:
             todo = [j for j in chunk if j.status == "pending"]
@@ -358,17 +378,31 @@ def build_dataset(
                 else:
                     conv_ok, conv_failed = convert(chunk)
                 report.failed_now += conv_failed
+                held: list[_Held] = []
                 for job in store.jobs([j.id for j in chunk], status=("converted", "running")):
                     if stop_after is not None and measured_here >= stop_after:
                         break
-                    ok = _measure_job(store, job, device, settings, measure_fn, static_env, isolate)
+                    result = _measure_job(store, job, device, settings, measure_fn, static_env, isolate,
+                                          hold=rounds > 0)
                     measured_here += 1
-                    if ok:
+                    if isinstance(result, _Held):
+                        held.append(result)
+                    elif result:
                         report.measured_now += 1
                     else:
                         report.failed_now += 1
                     bar.update(1)
                     bar.set_postfix(ok=report.measured_now, failed=report.failed_now, refresh=False)
+                if held:
+                    if pending_conv is not None:
+                        pending_conv.result()  # the rounds run with no conversion beside them
+                    bar.set_description(f"interleaved rounds ({len(held)} models)")
+                    ok_n = _finish_rounds(store, held, settings, rounds)
+                    report.measured_now += ok_n
+                    report.failed_now += len(held) - ok_n
+                    bar.set_description("measuring")
+                    bar.set_postfix(ok=report.measured_now, failed=report.failed_now, refresh=False)
+                del held
                 gc.collect()
             if pending_conv is not None:
                 pending_conv.result()
@@ -398,9 +432,46 @@ def build_dataset(
 ISOLATED_BUILDER = "search_spaces:build_model"
 
 
+@dataclass
+class _Held:
+    """A measured ``ok`` job whose row waits for the chunk's interleaved rounds."""
+
+    job: Job
+    model: Any
+    spec: InputSpec
+    row: dict[str, Any]
+
+
+def _finish_rounds(store: DatasetStore, held: list[_Held], settings: MeasureSettings, rounds: int) -> int:
+    """Time ``held`` in interleaved rounds, put the rounds' latency in each row, store; returns the ok count."""
+    timings: list[RoundTiming] = time_interleaved([(h.model, h.spec) for h in held], settings, rounds=rounds,
+                                                  per_round=settings.min_repeats)
+    ok_n = 0
+    for h, t in zip(held, timings):
+        row = h.row
+        own = {k: row[k] for k in ("latency_ms", "latency_ms_std", "latency_ms_median", "latency_ms_ci95",
+                                   "n_repeats", "stop_reason")}
+        row["extra"] = {**row["extra"], "own_block": own}
+        row["environment"] = {**row["environment"], "chunk_models_in_rounds": len(held)}
+        row.update(t.latency_fields())
+        if t.ok:
+            row["stop_reason"] = "rounds"
+            row["extra"]["latency_ms_min"] = min(t.samples_ms)
+            ok_n += 1
+        else:  # the model failed in a later forward: a failed row, its one-by-one figures kept in extra
+            row.update({"status": t.status, "reason": f"in interleaved round {t.rounds + 1}: {t.reason}",
+                        "stop_reason": None, "memory_mib": None, "memory_source": None})
+        store.finish_job(h.job, row)
+    return ok_n
+
+
 def _measure_job(store: DatasetStore, job: Job, device: str, settings: MeasureSettings, measure_fn: MeasureFn,
-                 static_env: Mapping[str, Any], isolate: bool = False) -> bool:
-    """Build, measure and store one job; returns whether it ended ``done``."""
+                 static_env: Mapping[str, Any], isolate: bool = False, hold: bool = False) -> bool | _Held:
+    """Build, measure and store one job; returns whether it ended ``done``.
+
+    With ``hold``, an ``ok`` job is not stored: its model and row come back as a :class:`_Held` for the
+    interleaved rounds.
+    """
     import search_spaces as ss
 
     attempt = store.start_attempt(job)
@@ -431,10 +502,12 @@ def _measure_job(store: DatasetStore, job: Job, device: str, settings: MeasureSe
         store.undo_attempt(job)  # a usage error (device, settings): the job is not at fault
         raise
     env["loadavg_after"] = list(os.getloadavg())
-    del model
     if not isinstance(m, Measurement):
         raise DatasetError(f"measure_fn must return a Measurement, got {type(m).__name__}")
     environment = {**m.environment, **env}
     json.dumps(environment)  # fail here, not in the store, if a measurer put something odd in it
+    if hold and m.ok:
+        return _Held(job=job, model=model, spec=spec, row=measurement_row(m, environment))
+    del model
     store.finish_job(job, measurement_row(m, environment))
     return m.ok

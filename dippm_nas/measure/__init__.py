@@ -11,6 +11,7 @@ from __future__ import annotations
 from dippm_nas.measure._api import measure
 from dippm_nas.measure._cpu import CpuMeasurer
 from dippm_nas.measure._cuda import MIG_ENERGY_REASON, CudaMeasurer, CudaOps
+from dippm_nas.measure._interleave import RoundTiming, time_interleaved
 from dippm_nas.measure._isolate import measure_isolated
 from dippm_nas.measure._measurement import (
     AUTOCAST_DTYPES,
@@ -29,6 +30,8 @@ from dippm_nas.measure._stopping import StoppingRule, run_until_stopped, summari
 __all__ = [
     "measure",
     "measure_isolated",
+    "time_interleaved",
+    "RoundTiming",
     "Measurement",
     "MeasureSettings",
     "CpuMeasurer",

@@ -44,7 +44,9 @@ Status = Literal["ok", "oom", "timeout", "error"]
 #: Outcome of a measurement; see the module docstring.
 STATUSES: tuple[str, ...] = ("ok", "oom", "timeout", "error")
 #: Why the timed loop ended: the 95% CI reached the target, the repeat limit, or the time cap.
-STOP_REASONS: tuple[str, ...] = ("converged", "max_repeats", "time_cap")
+#: ``"rounds"``: the latency was timed in a fixed number of interleaved rounds over a group of models
+#: (:func:`dippm_nas.measure.time_interleaved`, ``build_dataset(rounds=...)``), not by the stopping rule.
+STOP_REASONS: tuple[str, ...] = ("converged", "max_repeats", "time_cap", "rounds")
 #: ``"nvml_energy_counter"``: NVML's total-energy counter (Volta and newer), whole board;
 #: ``"nvml_power_sampling"``: trapezoid integral of NVML board power sampled in a thread;
 #: ``"rapl_package"``: Intel RAPL package counter (whole CPU package, every process on it).
