@@ -5,7 +5,7 @@ covers it, and the few-shot calibration curve.
 Usage::
 
     python benchmarks/accuracy_other_host.py --data HOST_CPU_DATASET_OF_THIS_MACHINE --checkpoint CKPT.pt \
-        [--calibrate 5,10,20] [--seed 0] [--json]
+        [--calibrate 5,10,20] [--seed 0] [--same-cpu-model] [--json]
 
 Run it on the machine the dataset was measured on (the device features and the prior come from this
 machine's microbenchmark, as they do for a user), with a checkpoint whose ``host.cpu_model`` is another
@@ -16,6 +16,12 @@ fitted on half of the families and the coverage it gives on the other half (fami
 sorted order), and the floor fitted on all rows (the figure ``OTHER_HOST_FLOOR_LOG`` holds). The
 calibration curve fits the per-device correction on k random rows of one family and reports the error
 on the rest of that family (mean over 5 draws per family), as ``benchmarks/accuracy_host_cpu.py`` does.
+Also printed: the median measured/predicted factor and the MAPE left once that one factor is removed (how
+much of the error a single scale would fix).
+
+``--same-cpu-model`` accepts a checkpoint whose CPU model string is the data's and this machine's: for
+data from *another machine of the same model* (another VM, another day), which you vouch for, since the
+string cannot tell the two apart.
 """
 
 from __future__ import annotations
@@ -35,6 +41,8 @@ def main() -> int:
     ap.add_argument("--checkpoint", required=True, help="a host-cpu checkpoint measured on another CPU model")
     ap.add_argument("--calibrate", default="5,10,20", help="calibration sizes k (default 5,10,20)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--same-cpu-model", action="store_true",
+                    help="the data is from another machine with the checkpoint's CPU model string (another VM)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args()
 
@@ -50,8 +58,13 @@ def main() -> int:
     ex = load_examples(args.data, devices=[HOST_DEVICE])
     rows_cpu = Counter(e.cpu_model for e in ex)
     here = cpu_model_name()
-    if trained_on is None or trained_on in rows_cpu or trained_on == here:
-        print(f"the checkpoint must be measured on another CPU model than the data and this machine: checkpoint "
+    if trained_on is None:
+        print(f"the checkpoint must record the CPU model it was measured on (host.cpu_model); "
+              f"{args.checkpoint} has none", file=sys.stderr)
+        return 2
+    if not args.same_cpu_model and (trained_on in rows_cpu or trained_on == here):
+        print(f"the checkpoint must be measured on another CPU model than the data and this machine "
+              f"(or pass --same-cpu-model for another machine of the same model): checkpoint "
               f"{trained_on!r}, rows {dict(rows_cpu)}, this machine {here!r}", file=sys.stderr)
         return 2
     pred.other_host_floor_log = {}  # the σ without the cross-host floor: the floor is what this script measures
@@ -73,10 +86,16 @@ def main() -> int:
         check_cov = float(np.mean(err[~fit] <= 2 * np.hypot(sig[~fit], f_half)))
         floors[t] = {"floor_fit_half": f_half, "coverage_other_half": check_cov,
                      "floor_all": fit_novel_floor(err, sig)}
+    scale: dict[str, dict[str, float]] = {}
+    for t in pred.meta.targets:
+        lr = np.array([math.log(r[t]) - math.log(r[f"{t}_pred"]) for r in rows if t in r])
+        if lr.size:
+            g = float(np.median(lr))
+            scale[t] = {"factor": math.exp(g), "mape_pct_after": float(np.mean(np.abs(np.exp(lr - g) - 1)) * 100)}
     ks = [int(k) for k in args.calibrate.split(",") if k]
     curve = few_shot_curve(pred, feats, ex, ks, seed=args.seed) if ks else {}
     res = {"checkpoint": args.checkpoint, "checkpoint_cpu": trained_on, "rows_cpu": dict(rows_cpu),
-           "this_machine": here, "n": len(ex), "metrics": tab, "floors": floors,
+           "this_machine": here, "n": len(ex), "metrics": tab, "floors": floors, "scale": scale,
            "fit_families": sorted(fit_fams), "check_families": sorted(check_fams), "calibration": curve}
     if args.json:
         print(json.dumps(res))
@@ -87,6 +106,9 @@ def main() -> int:
         cov = f", within ±2σ {m['coverage_2sigma']:.3f} (no cross-host floor)" if "coverage_2sigma" in m else ""
         print(f"{t:20s} MAPE {m['mape_pct']:.2f} %, median APE {m['median_ape_pct']:.2f} %, "
               f"Kendall tau {m['kendall_tau']:.3f}{cov}")
+    for t, sc in scale.items():
+        print(f"{t:20s} measured/predicted median factor {sc['factor']:.3f}; MAPE {sc['mape_pct_after']:.2f} % "
+              f"once it is removed")
     for t, f in floors.items():
         print(f"{t:20s} cross-host floor {f['floor_fit_half']:.4f} fitted on {sorted(fit_fams)} -> within ±2σ "
               f"{f['coverage_other_half']:.3f} on {sorted(check_fams)}; fitted on all rows {f['floor_all']:.4f}")

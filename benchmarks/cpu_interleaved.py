@@ -3,7 +3,7 @@
 
 Usage (from the repository root; run it on a machine with nothing else to do)::
 
-    python benchmarks/cpu_interleaved.py [--data data/host_cpu/host_cpu_amd_epyc.jsonl.xz] [--per-family 8]
+    python benchmarks/cpu_interleaved.py [--data data/host_cpu/host_cpu_amd_epyc_rounds.jsonl.xz] [--per-family 8]
         [--processes 3] [--rounds 5] [--per-round 5] [--cpu 0]
 
 Draws ``--per-family`` models of every family of a host-CPU dataset (``random.Random(--seed)``), then starts
@@ -85,7 +85,7 @@ def retest_mape(a: list[float], b: list[float]) -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", default=str(ROOT / "data" / "host_cpu" / "host_cpu_amd_epyc.jsonl.xz"))
+    ap.add_argument("--data", default=str(ROOT / "data" / "host_cpu" / "host_cpu_amd_epyc_rounds.jsonl.xz"))
     ap.add_argument("--per-family", type=int, default=8)
     ap.add_argument("--processes", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=5)
