@@ -13,7 +13,8 @@ CPU. Every row of the dataset is a test row: the checkpoint never saw this machi
 MAPE, median APE, Kendall τ and the share within ±2σ of the σ the checkpoint gives without the
 cross-host floor; then the floor (:func:`~dippm_nas.predictor._novelty.fit_novel_floor`, 95 % within ±2σ)
 fitted on half of the families and the coverage it gives on the other half (families alternate in
-sorted order), and the floor fitted on all rows (the figure ``OTHER_HOST_FLOOR_LOG`` holds). The
+sorted order), and the floor fitted on all rows (the figure ``OTHER_HOST_FLOOR_LOG`` holds, or
+``OTHER_MACHINE_FLOOR_LOG`` with ``--same-cpu-model``). The
 calibration curve fits the per-device correction on k random rows of one family and reports the error
 on the rest of that family (mean over 5 draws per family), as ``benchmarks/accuracy_host_cpu.py`` does.
 Also printed: the median measured/predicted factor and the MAPE left once that one factor is removed (how
@@ -21,7 +22,8 @@ much of the error a single scale would fix).
 
 ``--same-cpu-model`` accepts a checkpoint whose CPU model string is the data's and this machine's: for
 data from *another machine of the same model* (another VM, another day), which you vouch for, since the
-string cannot tell the two apart.
+string cannot tell the two apart. The σ is then the checkpoint's without the other-machine floor
+(:data:`~dippm_nas.predictor._checkpoint.OTHER_MACHINE_FLOOR_LOG`, the figure this measures).
 """
 
 from __future__ import annotations
@@ -67,7 +69,8 @@ def main() -> int:
               f"(or pass --same-cpu-model for another machine of the same model): checkpoint "
               f"{trained_on!r}, rows {dict(rows_cpu)}, this machine {here!r}", file=sys.stderr)
         return 2
-    pred.other_host_floor_log = {}  # the σ without the cross-host floor: the floor is what this script measures
+    # the σ without the cross-host (other-machine) floor: the floor is what this script measures
+    pred.other_host_floor_log, pred.other_machine_floor_log = {}, {}
     feats = featurize_examples(ex, style=pred.meta.feature_style, prior_params=pred._prior_params,
                                host_threads=pred.host_threads)
     tab, rows = evaluate_examples(pred, feats, ex)

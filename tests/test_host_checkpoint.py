@@ -94,8 +94,8 @@ def test_another_cpus_checkpoint_is_flagged_and_wider_until_calibrated(monkeypat
 
 def test_another_cpu_is_not_outside_the_training_range_by_its_device_features(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    # a single-host checkpoint has seen one device: on another CPU the device-feature range check would flag
-    # every graph (and add half the correction bound); there the cross-host floor stands in for it
+    # a single-host checkpoint has seen one device: the device-feature range check would flag every graph
+    # of another machine (and add half the correction bound); a measured floor stands in for it
     monkeypatch.setattr(_gnn, "cpu_model_name", lambda: "CPU A")
     _gnn._warn_once.reset()
     same = _host_predictor("CPU A")
@@ -111,8 +111,10 @@ def test_another_cpu_is_not_outside_the_training_range_by_its_device_features(
     for p in (same, other):
         p.model.global_lo.copy_(lo)
         p.model.global_hi.copy_(hi)
-    assert same.predict_log_ood(feats)[2].all()
-    assert not other.predict_log_ood(feats)[2].any()
+    # neither is outside the range by its device features: another machine of the same CPU model is
+    # flagged other_machine (its own floor), another CPU model other_host
+    assert not same.predict_log_ood(feats)[2].any() and same.predict_log_full(feats)[4].all()
+    assert not other.predict_log_ood(feats)[2].any() and not other.predict_log_full(feats)[4].any()
     # the graph's own features still count on another CPU
     lo[0] = glob[:, 0].max() + 100.0
     hi[0] = lo[0] + 1.0
@@ -215,3 +217,48 @@ def test_a_dtype_the_checkpoint_never_saw_makes_up_no_figure_the_prior_lacks() -
         assert q.details["dtype_unseen"] == 1.0 and q.latency_source == "analytic"
         assert q.latency_ms == pytest.approx(q.details["prior_latency_ms"], rel=1e-5)
         assert q.energy_j is None and q.energy_j_std is None and q.energy_source == "unavailable"
+
+
+def test_another_machine_of_the_same_cpu_model_gets_the_measured_floor_not_half_the_bound(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # a checkpoint of this CPU model on a VM whose microbenchmark differs from the one it was trained at:
+    # flagged other_machine with the measured floor, not outside_training_range with half the bound
+    monkeypatch.setattr(_gnn, "cpu_model_name", lambda: "CPU A")
+    p = _host_predictor("CPU A")
+    assert p.other_host is None and p.other_machine_floor_log == _checkpoint.OTHER_MACHINE_FLOOR_LOG
+    gs = _graphs(6)
+    feats = [_gnn.featurize(g, HOST) for g in gs]
+    b = _gnn.collate_globals(feats)
+    n_static = b["static"].shape[1]
+    glob = torch.cat([b["static"], b["dev"]], 1)
+    lo, hi = glob.amin(0).clone(), glob.amax(0).clone()
+    p.model.global_lo.copy_(lo)
+    p.model.global_hi.copy_(hi)
+    inside = p.predict_graphs(gs, mig=False)
+    assert all(q.details["other_machine"] == 0.0 and q.details["outside_training_range"] == 0.0 for q in inside)
+    lo[n_static:] += 100.0  # trained on a machine whose device features are unlike this one's
+    hi[n_static:] += 100.0
+    p.model.global_lo.copy_(lo)
+    p.model.global_hi.copy_(hi)
+    p._pred_cache.clear()
+    mean, std, ood, _, other = p.predict_log_full(feats)
+    assert not ood.any() and other.all()
+    moved = p.predict_graphs(gs, mig=False)
+    for a, q in zip(inside, moved):
+        assert q.details["other_machine"] == 1.0 and q.details["outside_training_range"] == 0.0
+        assert q.latency_ms == pytest.approx(a.latency_ms)  # same weights and inputs: only σ differs
+        for t in ("latency_ms", "memory_mib"):
+            s_in = getattr(a, f"{t}_std") / getattr(a, t)
+            s_out = getattr(q, f"{t}_std") / getattr(q, t)
+            assert s_out == pytest.approx(math.hypot(s_in, _checkpoint.OTHER_MACHINE_FLOOR_LOG[t]), rel=1e-6)
+    # measurements of this machine calibrate the latency: its σ is then the calibration's
+    p.calibrate([(g, {"latency_ms": 1.2 * q.latency_ms}) for g, q in zip(gs[:4], moved[:4])], persist=False)
+    for a in p.predict_graphs(gs[4:], mig=False):
+        assert a.latency_source == "calibrated" and a.details["other_machine"] == 1.0
+        assert a.latency_ms_std / a.latency_ms < _checkpoint.OTHER_MACHINE_FLOOR_LOG["latency_ms"]
+    # the graph's own features still count: a graph unlike the training graphs is outside the range
+    lo[0] = glob[:, 0].max() + 100.0
+    hi[0] = lo[0] + 1.0
+    p.model.global_lo.copy_(lo)
+    p.model.global_hi.copy_(hi)
+    assert p.predict_log_full(feats)[2].all()

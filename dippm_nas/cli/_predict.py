@@ -65,5 +65,7 @@ _FLAGS = {
     "outside_training_range": "graph-level features outside the checkpoint's training range: σ widened",
     "novel": "graph unlike the checkpoint's training graphs: σ widened to the novel-graph floor",
     "other_host": "host checkpoint measured on another CPU model: σ widened until calibrated on this machine",
+    "other_machine": ("host checkpoint measured on another machine of this CPU model (its microbenchmark differs): "
+                      "σ widened until calibrated on this machine"),
     "dtype_unseen": "a dtype the checkpoint never trained on: the analytic prior answers (σ as outside the range)",
 }

@@ -49,7 +49,7 @@ def evaluate_examples(pred: "GnnPredictor", feats: Sequence["GraphFeatures"], ex
         ``(table, rows)``: ``table[target]`` = metrics of the predictor and ``table[target + "_prior"]`` of
         the analytic prior alone; ``rows`` one dict per example (label, prediction, std, prior, family).
     """
-    mean, std, ood, nov = pred.predict_log_full(feats)
+    mean, std, ood, nov, other_machine = pred.predict_log_full(feats)
     table: dict[str, Any] = {}
     rows: list[dict[str, Any]] = []
     for i, (f, e) in enumerate(zip(feats, examples)):
@@ -57,13 +57,16 @@ def evaluate_examples(pred: "GnnPredictor", feats: Sequence["GraphFeatures"], ex
         if getattr(e, "name", ""):
             r["name"] = e.name
         r["outside_training_range"] = bool(ood[i])
+        if other_machine[i]:
+            r["other_machine"] = True
         if math.isfinite(nov[i]):
             r["novelty"] = float(nov[i])
         for j, t in enumerate(TARGETS):
             if t not in e.y or t not in pred.meta.targets:
                 continue
             m = float(mean[i, j])
-            s = pred.sigma_log(t, float(std[i, j]), ood=bool(ood[i]), novelty=float(nov[i]))  # the σ predict() returns
+            s = pred.sigma_log(t, float(std[i, j]), ood=bool(ood[i]), novelty=float(nov[i]),
+                               other_machine=bool(other_machine[i]))  # the σ predict() returns
             if pred.calibration is not None and pred.calibration.has(t):
                 m, s = pred.calibration.apply(t, m, s)
             v = math.exp(m)

@@ -13,9 +13,11 @@ validation split so that about 95% of validation labels fall within ±2σ), turn
 the delta method (``std_ms = latency_ms * std_log``). A graph whose graph-level features (size, batch,
 dtype, prior totals, device) fall outside the training range gets ``0.5 * delta_max`` added in
 quadrature (the correction is then only known to lie within its bound) and
-``details["outside_training_range"] = 1``. A host-cpu checkpoint measured on another CPU model checks the
-graph's own features only (its single training device is never this one) and adds the measured
-cross-host floor instead, flagged ``details["other_host"] = 1`` (see :mod:`~dippm_nas.predictor._checkpoint`).
+``details["outside_training_range"] = 1``. A host-cpu checkpoint has seen one machine, so its range check
+covers the graph's own features only: on another CPU model it adds the measured cross-host floor,
+flagged ``details["other_host"] = 1``; on a machine of its CPU model whose host microbenchmark lies outside
+the device features it was trained at (another VM of the same model) the measured other-machine floor,
+flagged ``details["other_machine"] = 1`` (see :mod:`~dippm_nas.predictor._checkpoint`).
 A graph whose compute dtype no training graph had (FP32 for the half-precision A100 checkpoint) gets the
 prior itself, the centre of the correction's bound, with that σ: the network's correction is not
 identified for a one-hot input that never varied (source ``"analytic"``, ``details["dtype_unseen"] = 1``).
@@ -327,12 +329,24 @@ class SageEnsemble(nn.Module):
         Shapes:
             returns ``[num_graphs]`` bool.
         """
-        glob = torch.cat([b["static"], b["dev"]], 1)
-        tol = 0.05 * (self.global_hi - self.global_lo).nan_to_num(0.0, 0.0, 0.0) + 1e-4
-        out = (glob < self.global_lo - tol) | (glob > self.global_hi + tol)
+        out = self._outside_columns(b)
         if not device_features:
             out = out[:, : b["static"].shape[1]]
         return out.any(1)
+
+    def device_outside_training_range(self, b: dict[str, Any]) -> torch.Tensor:
+        """Per graph: does any device feature lie outside the range seen in training (5% margin)?
+
+        Shapes:
+            returns ``[num_graphs]`` bool.
+        """
+        return self._outside_columns(b)[:, b["static"].shape[1]:].any(1)
+
+    def _outside_columns(self, b: dict[str, Any]) -> torch.Tensor:
+        """``[num_graphs, static_in + device_in]`` bool: each global feature outside its training range."""
+        glob = torch.cat([b["static"], b["dev"]], 1)
+        tol = 0.05 * (self.global_hi - self.global_lo).nan_to_num(0.0, 0.0, 0.0) + 1e-4
+        return (glob < self.global_lo - tol) | (glob > self.global_hi + tol)
 
     def forward(self, b: dict[str, Any]) -> torch.Tensor:
         k, g = self.k, b["num_graphs"]
@@ -544,6 +558,11 @@ class GnnPredictor(BasePredictor):
         #: :data:`~dippm_nas.predictor._checkpoint.OTHER_HOST_FLOOR_LOG`; ``benchmarks/accuracy_other_host.py``
         #: empties it to measure the σ without it)
         self.other_host_floor_log: dict[str, float] = {}
+        #: the σ floor per target a host checkpoint adds on a machine of its CPU model whose device features
+        #: lie outside its training range (a copy of
+        #: :data:`~dippm_nas.predictor._checkpoint.OTHER_MACHINE_FLOOR_LOG`; ``benchmarks/accuracy_other_host.py
+        #: --same-cpu-model`` empties it to measure the σ without it)
+        self.other_machine_floor_log: dict[str, float] = {}
         #: torch thread count the host is featurised at (the labels'), or ``None`` (the caller's count)
         self.host_threads: int | None = None if meta.host is None else meta.host.get("threads")
         if meta.host is not None and cpu_model_name() != meta.host["cpu_model"]:
@@ -558,6 +577,10 @@ class GnnPredictor(BasePredictor):
                        "train a checkpoint (dippm-nas dataset build --device cpu ..., dippm-nas train --device "
                        "host-cpu ...; data/host_cpu/README.md has the commands)",
                        self.device, self.other_host, cpu_model_name())
+        elif meta.host is not None:
+            from dippm_nas.predictor._checkpoint import OTHER_MACHINE_FLOOR_LOG
+
+            self.other_machine_floor_log = dict(OTHER_MACHINE_FLOOR_LOG)
 
     # ------------------------------------------------------------------ io
     @classmethod
@@ -651,14 +674,21 @@ class GnnPredictor(BasePredictor):
     def predict_log_ood(self, feats: Sequence[GraphFeatures], *,
                         chunk_nodes: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """:meth:`predict_log` plus, per graph, whether it lies outside the training range (``[num_graphs]`` bool)."""
-        mean, std, ood, _ = self.predict_log_full(feats, chunk_nodes=chunk_nodes, novelty=False)
+        mean, std, ood, _, _ = self.predict_log_full(feats, chunk_nodes=chunk_nodes, novelty=False)
         return mean, std, ood
 
     @torch.no_grad()
     def predict_log_full(self, feats: Sequence[GraphFeatures], *, chunk_nodes: int | None = None,
-                         novelty: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+                         novelty: bool = True
+                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """:meth:`predict_log_ood` plus each graph's novelty score (``[num_graphs]`` float; ``nan`` without a
-        reference set or with ``novelty=False``), see :mod:`dippm_nas.predictor._novelty`."""
+        reference set or with ``novelty=False``, see :mod:`dippm_nas.predictor._novelty`) and whether a host
+        checkpoint runs on another machine of its CPU model (``[num_graphs]`` bool: its device features lie
+        outside the training range; always ``False`` for other checkpoints and on another CPU model).
+
+        A host checkpoint's ``ood`` covers the graph's own features only: it has seen one machine, so
+        another machine's device features are its own case (``other_host`` or the last array), with a
+        measured floor, not half the correction bound."""
         b = collate_globals(feats)
         # [K, B, 3]: self.model(collate(feats)) computed chunk by chunk
         out = self.model.infer(feats, chunk_nodes=chunk_nodes or INFER_CHUNK_NODES, glob=b)
@@ -669,12 +699,17 @@ class GnnPredictor(BasePredictor):
             # the network's correction is not identified for a dtype it never trained on (its one-hot input
             # never varied): the answer is the prior, the centre of the correction's bound (σ keeps the bound)
             mean[torch.from_numpy(unseen)] = b["log_prior"][torch.from_numpy(unseen)]
-        ood = self.model.outside_training_range(b, device_features=self.other_host is None)
+        host = self.meta.host is not None
+        ood = self.model.outside_training_range(b, device_features=not host)
+        if host and self.other_host is None:
+            other_machine = self.model.device_outside_training_range(b).numpy()
+        else:
+            other_machine = np.zeros(len(feats), dtype=bool)
         if novelty and self.novelty_ref is not None:
             nov = novelty_scores(self.model.static_z(b), self.novelty_ref)
         else:
             nov = np.full(len(feats), np.nan)
-        return mean.numpy().astype(np.float64), std.numpy().astype(np.float64), ood.numpy(), nov
+        return mean.numpy().astype(np.float64), std.numpy().astype(np.float64), ood.numpy(), nov, other_machine
 
     def dtype_unseen(self, b: dict[str, torch.Tensor]) -> np.ndarray:
         """Per graph of :func:`collate_globals` ``b``: is its compute dtype one no training graph had?
@@ -695,20 +730,25 @@ class GnnPredictor(BasePredictor):
         seen = self.model.global_hi[sl] > 0.5  # the static block comes first in the range buffers
         return ((b["static"][:, sl] > 0.5) & ~seen).any(1).numpy()
 
-    def sigma_log(self, target: str, std_members: float, *, ood: bool = False, novelty: float = math.nan) -> float:
+    def sigma_log(self, target: str, std_members: float, *, ood: bool = False, novelty: float = math.nan,
+                  other_machine: bool = False) -> float:
         """The log-space σ of one prediction: the members' spread, the validation floor (the novel-graph
         floor instead when ``novelty`` exceeds the checkpoint's ``d0`` and that floor is larger), for a
-        host checkpoint measured on another CPU model and not calibrated here the cross-host floor
-        (:data:`~dippm_nas.predictor._checkpoint.OTHER_HOST_FLOOR_LOG`) and, outside the training range,
+        host checkpoint not calibrated here the cross-host floor on another CPU model
+        (:data:`~dippm_nas.predictor._checkpoint.OTHER_HOST_FLOOR_LOG`) or, with ``other_machine`` (another
+        machine of its CPU model), the other-machine floor
+        (:data:`~dippm_nas.predictor._checkpoint.OTHER_MACHINE_FLOOR_LOG`), and, outside the training range,
         half the correction bound (the correction is only known to lie within it)."""
         floor = self.meta.std_floor_log.get(target, 0.0)
         nf = self.meta.novelty
         if nf is not None and target in nf.get("floor_log", {}) and math.isfinite(novelty) and novelty > nf["d0"]:
             floor = max(floor, float(nf["floor_log"][target]))
         s = math.hypot(std_members, floor)
-        if self.other_host is not None and not (self.calibration is not None and self.calibration.has(target)):
-            fl = self.other_host_floor_log
-            # a target not measured across hosts takes the widest measured floor
+        calibrated = self.calibration is not None and self.calibration.has(target)
+        fl = (self.other_host_floor_log if self.other_host is not None
+              else self.other_machine_floor_log if other_machine else None)
+        if fl is not None and not calibrated:
+            # a target not measured across machines takes the widest measured floor
             s = math.hypot(s, fl.get(target, max(fl.values(), default=0.0)))
         if ood and self.model.residual_on_prior:
             s = math.hypot(s, 0.5 * float(self.model.delta_max[TARGETS.index(target)]))
@@ -724,11 +764,12 @@ class GnnPredictor(BasePredictor):
         todo = [i for i, p in enumerate(out) if p is None]
         if todo:
             feats = [self.features(graphs[i]) for i in todo]
-            mean, std, ood, nov = self.predict_log_full(feats)
+            mean, std, ood, nov, other_machine = self.predict_log_full(feats)
             unseen = self.dtype_unseen(collate_globals(feats))
             for j, i in enumerate(todo):
                 out[i] = self._prediction(graphs[i], feats[j], mean[j], std[j], mig=mig, k_sigma=k_sigma,
-                                          ood=bool(ood[j]), novelty=float(nov[j]), dtype_unseen=bool(unseen[j]))
+                                          ood=bool(ood[j]), novelty=float(nov[j]), dtype_unseen=bool(unseen[j]),
+                                          other_machine=bool(other_machine[j]))
             with self._lock:
                 for i in todo:
                     self._pred_cache[keys[i]] = out[i]  # type: ignore[assignment]
@@ -738,7 +779,7 @@ class GnnPredictor(BasePredictor):
 
     def _prediction(self, graph: OperatorGraph, f: GraphFeatures, mean: np.ndarray, std: np.ndarray, *,
                     mig: bool, k_sigma: float, ood: bool = False, novelty: float = math.nan,
-                    dtype_unseen: bool = False) -> Prediction:
+                    dtype_unseen: bool = False, other_machine: bool = False) -> Prediction:
         from dippm_nas.devices import resolve_device
 
         est = f.estimate
@@ -755,7 +796,7 @@ class GnnPredictor(BasePredictor):
                 values[t], stds[t], sources[t] = None, None, "unavailable"
                 continue
             m = float(mean[t_i])
-            s = self.sigma_log(t, float(std[t_i]), ood=ood, novelty=novelty)
+            s = self.sigma_log(t, float(std[t_i]), ood=ood, novelty=novelty, other_machine=other_machine)
             src = "analytic" if dtype_unseen else "predicted"  # dtype_unseen: ``m`` is the prior's
             if self.calibration is not None and self.calibration.has(t):
                 m, s = self.calibration.apply(t, m, s)
@@ -774,6 +815,7 @@ class GnnPredictor(BasePredictor):
             details["dtype_unseen"] = float(dtype_unseen)
         if self.meta.host is not None:
             details["other_host"] = float(self.other_host is not None)
+            details["other_machine"] = float(other_machine)
         if self.host_threads is not None:
             details["host_threads"] = float(self.host_threads)  # the latency is for this many torch threads
         if math.isfinite(novelty):
