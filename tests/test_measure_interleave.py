@@ -154,6 +154,54 @@ def test_build_with_rounds_takes_latency_from_the_rounds_and_keeps_the_own_block
     assert bad["extra"]["own_block"]["latency_ms"] == 1.5  # what the one-by-one measurement said is kept
 
 
+def test_rounds_keep_no_model_alive_while_the_next_ones_memory_is_measured(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a peak-RSS delta measured while earlier models are held reads low (their freed heap blocks are reused):
+    # each one-by-one measurement must see no earlier model alive; the rounds build the models again
+    import gc
+    import weakref
+
+    seen: list[weakref.ref[Any]] = []
+
+    def alone(model: Any, spec: InputSpec, device: str, settings: MeasureSettings) -> Measurement:
+        gc.collect()
+        assert all(r() is None for r in seen), "an earlier model is still alive during this measurement"
+        seen.append(weakref.ref(model))
+        return _fake(model, spec, device, settings)
+
+    db = tmp_path / "d.sqlite"
+    mlp = [{"space": "mlp", "config": {"in_features": 8, "hidden": [16 * (i + 1)]}, "batch_size": 2} for i in range(3)]
+    r = build_dataset(db, candidates=mlp, workers=1, progress=False, measure_fn=alone, settings=SETTINGS, rounds=2,
+                      chunk_size=16)
+    assert (r.done, r.failed) == (3, 0) and len(seen) == 3
+    assert all(row["stop_reason"] == "rounds" for row in DatasetStore(db).iter_measurements())
+
+    # a model that no longer builds for the rounds is a failed row that says so; the others are timed
+    real_build = ss.build_model
+    measured: list[int] = []
+
+    def flaky(space: str, config: dict[str, Any]) -> Any:
+        if len(measured) == len(mlp) and config["hidden"] == [32]:  # every model measured: the rounds' build
+            raise RuntimeError("build for the rounds refused on purpose")
+        return real_build(space, config)
+
+    def counting(model: Any, spec: InputSpec, device: str, settings: MeasureSettings) -> Measurement:
+        measured.append(1)
+        return _fake(model, spec, device, settings)
+
+    monkeypatch.setattr(ss, "build_model", flaky)
+    db2 = tmp_path / "d2.sqlite"
+    r2 = build_dataset(db2, candidates=mlp, workers=1, progress=False, measure_fn=counting, settings=SETTINGS,
+                       rounds=2, chunk_size=16)
+    assert (r2.done, r2.failed, r2.measured_now, r2.failed_now) == (2, 1, 2, 1)
+    rows = list(DatasetStore(db2).iter_measurements())
+    (bad,) = [x for x in rows if x["status"] != "ok"]
+    assert "building it again for the interleaved rounds failed" in bad["reason"] and "on purpose" in bad["reason"]
+    assert bad["latency_ms"] is None and bad["memory_mib"] is None and bad["n_repeats"] == 0
+    assert bad["extra"]["own_block"]["latency_ms"] == 1.5
+    assert all(x["environment"]["chunk_models_in_rounds"] == 2 for x in rows)
+
+
 @pytest.mark.parametrize("kw, match", [({"device": "cuda"}, "device='cpu'"), ({"isolate": True}, "isolate=False"),
                                        ({"rounds": -1}, "rounds must be an int >= 0")])
 def test_rounds_refuse_what_they_cannot_do(tmp_path: Path, kw: dict[str, Any], match: str) -> None:
