@@ -9,7 +9,9 @@ each model's samples over the whole run. On an AMD EPYC VM, three fresh processe
 models (``python benchmarks/cpu_interleaved.py --per-family 16 --processes 3``, 2026-11-24) agreed to
 6.1-8.1 % MAPE on the mean of the samples in rounds against 10.3-13.0 % in one block per model; on the
 median 4.0-5.5 % against 10.7-13.2 %, on the minimum 2.3-2.9 % against 6.5-8.6 % (one run; the VM's noise
-changes from day to day).
+changes from day to day). Two whole passes of ``dippm-nas dataset build --rounds 5`` over the 3,300 models
+agreed to 6.4 % on the rounds' mean and to 15.8 % on each model's own one-by-one block of the same runs
+(``scripts/compare_passes.py``; data/host_cpu/README.md).
 
 :func:`time_interleaved` only times; memory and energy stay with :class:`~dippm_nas.measure.CpuMeasurer`
 (one model at a time), which is how :func:`dippm_nas.dataset.build_dataset` uses the two together.
