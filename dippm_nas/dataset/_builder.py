@@ -451,37 +451,33 @@ def _finish_rounds(store: DatasetStore, held: list[_Held], settings: MeasureSett
     import search_spaces as ss
 
     built: list[tuple[_Held, Any]] = []
-    rebuild_failed: dict[int, str] = {}
+    rebuild_failed: dict[int, RoundTiming] = {}
     for i, h in enumerate(held):
         try:
             built.append((h, ss.build_model(h.job.space, h.job.config)))
         except Exception as e:  # noqa: BLE001 - it built a moment ago; if it no longer does, that is its row
-            rebuild_failed[i] = f"building it again for the interleaved rounds failed: {type(e).__name__}: {e}"
+            rebuild_failed[i] = RoundTiming(samples_ms=(), status="error", reason=(
+                f"building it again for the interleaved rounds failed: {type(e).__name__}: {e}"))
     timed = iter(time_interleaved([(m, h.spec) for h, m in built], settings, rounds=rounds,
                                   per_round=settings.min_repeats))
     del built
     ok_n = 0
     for i, h in enumerate(held):
+        t = rebuild_failed[i] if i in rebuild_failed else next(timed)
         row = h.row
         own = {k: row[k] for k in ("latency_ms", "latency_ms_std", "latency_ms_median", "latency_ms_ci95",
                                    "n_repeats", "stop_reason")}
         row["extra"] = {**row["extra"], "own_block": own}
         row["environment"] = {**row["environment"], "chunk_models_in_rounds": len(held) - len(rebuild_failed)}
-        if i in rebuild_failed:
-            row.update(RoundTiming(samples_ms=(), status="error", reason=rebuild_failed[i], rounds=0).latency_fields())
-            row.update({"status": "error", "reason": rebuild_failed[i], "stop_reason": None, "memory_mib": None,
-                        "memory_source": None})
-            store.finish_job(h.job, row)
-            continue
-        t: RoundTiming = next(timed)
         row.update(t.latency_fields())
         if t.ok:
             row["stop_reason"] = "rounds"
             row["extra"]["latency_ms_min"] = min(t.samples_ms)
             ok_n += 1
-        else:  # the model failed in a later forward: a failed row, its one-by-one figures kept in extra
-            row.update({"status": t.status, "reason": f"in interleaved round {t.rounds + 1}: {t.reason}",
-                        "stop_reason": None, "memory_mib": None, "memory_source": None})
+        else:  # no rounds for it (it failed in one, or to build again): a failed row, its one-by-one figures in extra
+            reason = t.reason if i in rebuild_failed else f"in interleaved round {t.rounds + 1}: {t.reason}"
+            row.update({"status": t.status, "reason": reason, "stop_reason": None, "memory_mib": None,
+                        "memory_source": None})
         store.finish_job(h.job, row)
     return ok_n
 

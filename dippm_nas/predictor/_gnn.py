@@ -329,24 +329,21 @@ class SageEnsemble(nn.Module):
         Shapes:
             returns ``[num_graphs]`` bool.
         """
-        out = self._outside_columns(b)
-        if not device_features:
-            out = out[:, : b["static"].shape[1]]
-        return out.any(1)
+        graph, device = self.outside_parts(b)
+        return graph | device if device_features else graph
 
-    def device_outside_training_range(self, b: dict[str, Any]) -> torch.Tensor:
-        """Per graph: does any device feature lie outside the range seen in training (5% margin)?
+    def outside_parts(self, b: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per graph, separately: does any of its own graph-level features, and does any device feature, lie
+        outside the range seen in training (with a 5% margin of that range)?
 
         Shapes:
-            returns ``[num_graphs]`` bool.
+            returns two ``[num_graphs]`` bool tensors.
         """
-        return self._outside_columns(b)[:, b["static"].shape[1]:].any(1)
-
-    def _outside_columns(self, b: dict[str, Any]) -> torch.Tensor:
-        """``[num_graphs, static_in + device_in]`` bool: each global feature outside its training range."""
         glob = torch.cat([b["static"], b["dev"]], 1)
         tol = 0.05 * (self.global_hi - self.global_lo).nan_to_num(0.0, 0.0, 0.0) + 1e-4
-        return (glob < self.global_lo - tol) | (glob > self.global_hi + tol)
+        out = (glob < self.global_lo - tol) | (glob > self.global_hi + tol)
+        n_static = b["static"].shape[1]
+        return out[:, :n_static].any(1), out[:, n_static:].any(1)
 
     def forward(self, b: dict[str, Any]) -> torch.Tensor:
         k, g = self.k, b["num_graphs"]
@@ -699,12 +696,11 @@ class GnnPredictor(BasePredictor):
             # the network's correction is not identified for a dtype it never trained on (its one-hot input
             # never varied): the answer is the prior, the centre of the correction's bound (σ keeps the bound)
             mean[torch.from_numpy(unseen)] = b["log_prior"][torch.from_numpy(unseen)]
-        host = self.meta.host is not None
-        ood = self.model.outside_training_range(b, device_features=not host)
-        if host and self.other_host is None:
-            other_machine = self.model.device_outside_training_range(b).numpy()
-        else:
-            other_machine = np.zeros(len(feats), dtype=bool)
+        graph_ood, device_ood = self.model.outside_parts(b)
+        if self.meta.host is None:  # a checkpoint of several devices: their range is a training range too
+            ood, other_machine = graph_ood | device_ood, np.zeros(len(feats), dtype=bool)
+        else:  # one machine seen: another one is other_host (by CPU model) or other_machine
+            ood, other_machine = graph_ood, (device_ood & (self.other_host is None)).numpy()
         if novelty and self.novelty_ref is not None:
             nov = novelty_scores(self.model.static_z(b), self.novelty_ref)
         else:
