@@ -17,26 +17,38 @@ Usage::
 
 Families (``list_spaces()``) and their config keys (keys left out take the family's default):
 
-============  ==============================================================================  ====================
-name          config keys                                                                     input
-============  ==============================================================================  ====================
-mbconv        e, k, l, se (7 per-stage lists; Accel-NASBench MnasNet space, **exact**),        image, resolution
-              resolution, num_classes
-resnet        block (basic|bottleneck), depths, widths, stem (imagenet|cifar), stem_width,     image, resolution
-              groups, width_per_group, resolution, num_classes
-mobilenetv3   stem_width, blocks ([{k, exp, out, se, act, s}, ...]), head_width,              image, resolution
-              classifier_width, resolution, num_classes
-densenet      growth_rate, block_layers, init_width, bn_size, compression, stem, resolution,   image, resolution
-              num_classes
-convnext      depths, widths, kernel_size, mlp_ratio, patch_size, layer_scale, resolution,     image, resolution
-              num_classes
-vit           patch_size, embed_dim, depth, num_heads, mlp_ratio, qkv_bias, pool (cls|mean),   image, resolution
-              attention (sdpa|explicit), resolution, num_classes
-bert          vocab_size, seq_len, max_position, type_vocab_size, hidden, depth, num_heads,    named int64
-              intermediate, attention (sdpa|explicit), num_classes                            input_ids +
-                                                                                              attention_mask
-mlp           in_features, hidden (list of widths), activation, norm, out_features             (in_features,)
-============  ==============================================================================  ====================
+==============  ==============================================================================  ====================
+name            config keys                                                                     input
+==============  ==============================================================================  ====================
+mbconv          e, k, l, se (7 per-stage lists; Accel-NASBench MnasNet space, **exact**),        image, resolution
+                resolution, num_classes
+resnet          block (basic|bottleneck), depths, widths, stem (imagenet|cifar), stem_width,     image, resolution
+                groups, width_per_group, resolution, num_classes
+mobilenetv3     stem_width, blocks ([{k, exp, out, se, act, s}, ...]), head_width,               image, resolution
+                classifier_width, resolution, num_classes
+densenet        growth_rate, block_layers, init_width, bn_size, compression, stem, resolution,   image, resolution
+                num_classes
+convnext        depths, widths, kernel_size, mlp_ratio, patch_size, layer_scale, resolution,     image, resolution
+                num_classes
+vit             patch_size, embed_dim, depth, num_heads, mlp_ratio, qkv_bias, pool (cls|mean),   image, resolution
+                attention (sdpa|explicit), resolution, num_classes
+bert            vocab_size, seq_len, max_position, type_vocab_size, hidden, depth, num_heads,    named int64
+                intermediate, attention (sdpa|explicit), num_classes                            input_ids +
+                                                                                                attention_mask
+mlp             in_features, hidden (list of widths), activation, norm, out_features             (in_features,)
+regnet          depths, widths, group_width, bottleneck_ratio, se (RegNetY), stem_width,         image, resolution
+                resolution, num_classes
+vgg             stage_depths, widths, batch_norm, pool_size, classifier_widths, resolution,      image, resolution
+                num_classes
+efficientnetv2  stem_width, stages ([{type (fused|mbconv), expand, kernel, stride, out,          image, resolution
+                layers, se}, ...]), head_width, resolution, num_classes
+convmixer       dim, depth, kernel_size, patch_size, activation (relu|gelu), resolution,         image, resolution
+                num_classes
+mixer           patch_size, hidden, depth, tokens_mlp_dim, channels_mlp_dim, resolution,         image, resolution
+                num_classes
+vitc            patch_size, stem_widths (conv stem), embed_dim, depth, num_heads, mlp_ratio,     image, resolution
+                qkv_bias, pool, attention, resolution, num_classes
+==============  ==============================================================================  ====================
 
 Image families take one float tensor ``(batch, 3, resolution, resolution)``. ``bert`` (transformer
 encoder over tokens) takes the named inputs ``input_ids`` and ``attention_mask``, both int64
@@ -47,7 +59,10 @@ Each space's ``presets`` hold reference configs. The ImageNet-scale ones (``resn
 ``resnext50_32x4d``, ``wide_resnet50_2``, ``mobilenet_v3_large/small``, ``densenet121/169``,
 ``convnext_tiny/small``, ``vit_b_16``, and ``bert_base`` = HF ``BertModel``) have exactly the parameter
 counts of the torchvision / Hugging Face models of those names (the main ones are tested);
-``efficientnet_b0_relu`` is torchvision's ``efficientnet_b0`` with ReLU/Hardsigmoid (same count). The
+``efficientnet_b0_relu`` is torchvision's ``efficientnet_b0`` with ReLU/Hardsigmoid (same count). So do
+``regnet_{x,y}_{400mf,800mf,1_6gf}``, ``vgg11/11_bn/13/16/16_bn/19``, ``efficientnet_v2_s`` (torchvision),
+``convmixer_768_32/1536_20`` and ``mixer_s16_224/b16_224`` (timm); ``vitc_1gf/4gf`` follow the ViT_C
+paper's stems and carry no count claim. The
 CIFAR presets use 1x1-conv projection shortcuts, not the papers' zero-padding ones. The samplers mostly draw
 small-to-medium nets (resolutions 32..256, scaled widths) so thousands can be measured on a CPU;
 :func:`sample_batch_size` draws a batch size.
@@ -75,6 +90,7 @@ from __future__ import annotations
 # Importing the family modules registers them.
 from search_spaces import _bert, _convnext, _densenet, _mbconv, _mlp, _mobilenetv3, _resnet, _vit  # noqa: F401
 from search_spaces import _demo_cnn  # noqa: F401
+from search_spaces import _convmixer, _efficientnetv2, _mixer, _regnet, _vgg, _vitc  # noqa: F401
 from search_spaces._mbconv import (
     ACCEL_NASBENCH_COLUMNS,
     MBCONV_STAGES,

@@ -27,7 +27,10 @@ def _one_thread():
     torch.set_num_threads(n)
 
 
-FAMILIES = ("bert", "convnext", "densenet", "mbconv", "mlp", "mobilenetv3", "resnet", "vit")
+FAMILIES = (
+    "bert", "convmixer", "convnext", "densenet", "efficientnetv2", "mbconv", "mixer", "mlp", "mobilenetv3",
+    "regnet", "resnet", "vgg", "vit", "vitc",
+)
 
 
 # --------------------------------------------------------------------------- thop counting rules
@@ -158,6 +161,18 @@ PRESET_PARAMS = [
     ("convnext", "convnext_tiny", 28_589_128),
     ("vit", "vit_b_16", 86_567_656),
     ("bert", "bert_base", 109_482_240),
+    # counted on torchvision 0.29.1 / timm models built without weights
+    ("regnet", "regnet_x_400mf", 5_495_976),
+    ("regnet", "regnet_y_400mf", 4_344_144),
+    ("regnet", "regnet_y_1_6gf", 11_202_430),
+    ("vgg", "vgg11", 132_863_336),
+    ("vgg", "vgg11_bn", 132_868_840),
+    ("vgg", "vgg16", 138_357_544),
+    ("efficientnetv2", "efficientnet_v2_s", 21_458_488),
+    ("convmixer", "convmixer_768_32", 21_110_248),
+    ("convmixer", "convmixer_1536_20", 51_625_960),
+    ("mixer", "mixer_s16_224", 18_528_264),
+    ("mixer", "mixer_b16_224", 59_880_472),
 ]
 
 
@@ -268,6 +283,24 @@ BAD_CONFIGS = [
     ("bert", {"seq_len": 600}, r"'seq_len' must be <= 'max_position' \(512\), got 600"),
     ("mlp", {"activation": "swish"}, r"one of \['relu', 'gelu', 'silu', 'tanh'\], got 'swish'"),
     ("mlp", {"hidden": "64,64"}, r"'hidden' must be a list"),
+    ("regnet", {"depths": [1, 2, 7], "widths": [32, 64, 160, 400]}, "same length"),
+    ("regnet", {"widths": [32, 64, 160, 400], "group_width": 24},
+     r"'widths'\[0\] = 32: its bottleneck width .* multiple of 'group_width' \(24\)"),
+    ("regnet", {"bottleneck_ratio": 0.3}, r"'bottleneck_ratio' must be one of \[0.25, 0.5, 1.0\], got 0.3"),
+    ("regnet", {"resolution": 16}, r"'resolution' must be >= 2\^\(stages\+1\) = 32"),
+    ("vgg", {"stage_depths": [1, 1, 2]}, "same length"),
+    ("vgg", {"resolution": 16}, r"'resolution' must be >= 2\^stages = 32"),
+    ("vgg", {"classifier_widths": 4096}, r"'classifier_widths' must be a list"),
+    ("efficientnetv2", {"stages": [{"type": "fused", "expand": 4, "kernel": 3, "stride": 2, "out": 32, "layers": 1,
+                                    "se": True}]},
+     r"'stages'\[0\]\['se'\] must be False for a 'fused' stage"),
+    ("efficientnetv2", {"stem_width": 20}, r"'stem_width' must be an int in \[8, 256\] and a multiple of 8, got 20"),
+    ("convmixer", {"kernel_size": 8}, r"'kernel_size' must be one of \[3, 5, 7, 9, 11, 13, 15\], got 8"),
+    ("convmixer", {"patch_size": 32, "resolution": 16}, r"'resolution' must be >= 'patch_size' \(32\), got 16"),
+    ("mixer", {"resolution": 200}, r"multiple of 'patch_size' \(16\), got 200"),
+    ("mixer", {"hidden": 4}, r"'hidden' must be an int in \[8, 4096\], got 4"),
+    ("vitc", {"patch_size": 8}, r"'stem_widths' must have log2\('patch_size'\) = 3 items for patch_size 8, got 4"),
+    ("vitc", {"embed_dim": 100}, r"'embed_dim' must be a multiple of 'num_heads' \(6\), got 100"),
 ]
 
 
@@ -375,6 +408,49 @@ SIZES: dict[str, tuple[dict, dict]] = {
         {"in_features": 8, "hidden": [], "out_features": 2},
         {"in_features": 64, "hidden": [128, 64], "activation": "gelu", "norm": "layernorm", "out_features": 10},
     ),
+    "regnet": (
+        {"depths": [1, 1], "widths": [16, 32], "group_width": 8, "bottleneck_ratio": 0.25, "se": False,
+         "stem_width": 8, "resolution": 16, "num_classes": 10},
+        {"depths": [1, 2, 2, 1], "widths": [32, 64, 128, 256], "group_width": 16, "bottleneck_ratio": 0.5,
+         "se": True, "stem_width": 16, "resolution": 64, "num_classes": 100},
+    ),
+    "vgg": (
+        {"stage_depths": [1, 1], "widths": [8, 16], "batch_norm": False, "pool_size": 1, "classifier_widths": [],
+         "resolution": 16, "num_classes": 10},
+        {"stage_depths": [1, 2, 2], "widths": [16, 32, 64], "batch_norm": True, "pool_size": 2,
+         "classifier_widths": [128, 128], "resolution": 64, "num_classes": 100},
+    ),
+    "efficientnetv2": (
+        {"stem_width": 8, "stages": [
+            {"type": "fused", "expand": 1, "kernel": 3, "stride": 1, "out": 8, "layers": 1, "se": False},
+            {"type": "mbconv", "expand": 2, "kernel": 3, "stride": 2, "out": 16, "layers": 1, "se": True},
+        ], "head_width": 32, "resolution": 32, "num_classes": 10},
+        {"stem_width": 16, "stages": [
+            {"type": "fused", "expand": 1, "kernel": 3, "stride": 1, "out": 16, "layers": 2, "se": False},
+            {"type": "fused", "expand": 4, "kernel": 5, "stride": 2, "out": 24, "layers": 2, "se": False},
+            {"type": "mbconv", "expand": 1, "kernel": 7, "stride": 2, "out": 32, "layers": 1, "se": False},
+            {"type": "mbconv", "expand": 6, "kernel": 3, "stride": 1, "out": 32, "layers": 2, "se": True},
+            {"type": "mbconv", "expand": 3, "kernel": 5, "stride": 2, "out": 64, "layers": 2, "se": True},
+        ], "head_width": 256, "resolution": 64, "num_classes": 100},
+    ),
+    "convmixer": (
+        {"dim": 16, "depth": 1, "kernel_size": 3, "patch_size": 4, "activation": "relu", "resolution": 32,
+         "num_classes": 10},
+        {"dim": 64, "depth": 4, "kernel_size": 9, "patch_size": 2, "activation": "gelu", "resolution": 32,
+         "num_classes": 100},
+    ),
+    "mixer": (
+        {"patch_size": 8, "hidden": 16, "depth": 1, "tokens_mlp_dim": 8, "channels_mlp_dim": 32, "resolution": 16,
+         "num_classes": 10},
+        {"patch_size": 8, "hidden": 64, "depth": 2, "tokens_mlp_dim": 32, "channels_mlp_dim": 256, "resolution": 64,
+         "num_classes": 100},
+    ),
+    "vitc": (
+        {"patch_size": 4, "stem_widths": [8, 16], "embed_dim": 16, "depth": 1, "num_heads": 1, "mlp_ratio": 1,
+         "qkv_bias": False, "pool": "mean", "attention": "explicit", "resolution": 16, "num_classes": 10},
+        {"patch_size": 16, "stem_widths": [16, 32, 64, 128], "embed_dim": 64, "depth": 2, "num_heads": 4,
+         "mlp_ratio": 4, "qkv_bias": True, "pool": "cls", "attention": "sdpa", "resolution": 64, "num_classes": 100},
+    ),
 }
 CASES = [(name, i) for name in FAMILIES for i in (0, 1)]
 
@@ -448,7 +524,7 @@ def test_bert_attention_mask_is_applied() -> None:
 
 
 def test_attention_implementations_agree() -> None:
-    for space in ("vit", "bert"):
+    for space in ("vit", "vitc", "bert"):
         cfg = SIZES[space][1]
         s = ss.get_space(space)
         args, kwargs = s.input_spec(cfg, 2).example_inputs()
