@@ -3,7 +3,7 @@
 
 Usage::
 
-    python benchmarks/calibrate_host_prior.py --data data/host_cpu/host_cpu.jsonl.xz \
+    python benchmarks/calibrate_host_prior.py --data data/host_cpu/host_cpu.jsonl.xz [--data MORE] \
         [--holdout resnet,vit] [--base dippm_nas/prior/calibration/fitted.json] [--out FILE]
 
 What is fitted (a :class:`dippm_nas.prior.DeviceScale` under the key ``host-cpu``; every GPU constant of
@@ -157,7 +157,8 @@ def table(title: str, fams: Sequence[str], y: np.ndarray, fam: np.ndarray, befor
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", required=True, help="host-CPU dataset (SQLite or JSONL export) with graphs")
+    ap.add_argument("--data", required=True, action="append",
+                    help="host-CPU dataset (SQLite or JSONL export) with graphs; repeat for several")
     ap.add_argument("--holdout", default="", help="comma-separated families kept out of the fit")
     ap.add_argument("--base", type=Path, default=None, help="constants to start from (default: the shipped fitted ones)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads of the measurements (default 1)")
@@ -172,7 +173,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     base = PriorParams.load(args.base) if args.base else default_params()
     base = dataclasses.replace(base, device_scales={k: v for k, v in base.device_scales.items() if k != DEVICE})
     hold = {h for h in args.holdout.split(",") if h}
-    rows = [mg for mg in load_measurements(args.data, device="cpu") if mg.measurement.get("latency_ms")]
+    rows = [mg for path in args.data for mg in load_measurements(path, device="cpu")
+            if mg.measurement.get("latency_ms")]
     fam = np.array([str(mg.measurement.get("space")) for mg in rows])
     missing = sorted(hold - set(fam))
     if missing:
@@ -185,7 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     dispatch0 = resolve_device(DEVICE).host_dispatch_us or base.host_dispatch_us
     knobs = fit(d, y, w, dispatch0)
     fams = sorted(set(fam))
-    source = (f"host-CPU latencies measured here ({Path(args.data).name}; families "
+    source = (f"host-CPU latencies measured here ({', '.join(Path(p).name for p in args.data)}; families "
               f"{', '.join(f for f in fams if f not in hold)}; threads {args.threads}); fitted by: python "
               + " ".join([Path(sys.argv[0]).as_posix(), *(argv if argv is not None else sys.argv[1:])]))
     fitted = knobs.scale(source)
