@@ -6,7 +6,7 @@ Used to compare "more families" with "more rows" at an equal number of training 
 
 Usage::
 
-    python scripts/subset_dataset.py data/host_cpu/host_cpu_amd_epyc_families.jsonl.xz \\
+    python scripts/subset_dataset.py data/host_cpu/host_cpu_amd_epyc_vm3.jsonl.xz \\
         --per-family 85 --seed 0 --out /tmp/half.jsonl.xz [--spaces resnet,vit,regnet]
 """
 
