@@ -26,12 +26,14 @@ class VisionTransformer(nn.Module):
         ``T = (R / patch_size)^2 (+ 1 class token)``.
     """
 
-    def __init__(self, cfg: dict[str, Any]) -> None:
+    def __init__(self, cfg: dict[str, Any], patch_embed: nn.Module | None = None) -> None:
+        """``patch_embed``: a module mapping ``(N, 3, R, R)`` to ``(N, embed_dim, R / p, R / p)`` (default:
+        ViT's patchify conv; ``vitc`` passes its conv stem)."""
         super().__init__()
         d, p = cfg["embed_dim"], cfg["patch_size"]
         n_patches = (cfg["resolution"] // p) ** 2
         self.use_cls = cfg["pool"] == "cls"
-        self.patch_embed = nn.Conv2d(3, d, p, stride=p)
+        self.patch_embed = patch_embed if patch_embed is not None else nn.Conv2d(3, d, p, stride=p)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, d)) if self.use_cls else None
         self.pos_embed = nn.Parameter(torch.randn(1, n_patches + int(self.use_cls), d) * 0.02)
         self.blocks = nn.Sequential(*[

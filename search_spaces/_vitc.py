@@ -18,56 +18,34 @@ from __future__ import annotations
 import random
 from typing import Any
 
-import torch
 from torch import nn
 
 from dippm_nas.errors import SearchSpaceError
-from search_spaces._layers import ConvBNAct, TransformerBlock
+from search_spaces._layers import ConvBNAct
+from search_spaces._vit import VisionTransformer
 from search_spaces._params import Choice, IntRange, ListOf
 from search_spaces._registry import SearchSpace, log_uniform_int, register_space, weighted_choice
 
 __all__ = ["ViTCSpace", "ConvStemViT"]
 
-_EPS = 1e-6
 #: effective patch size -> number of stride-2 stem convs
 _STEM_LAYERS = {4: 2, 8: 3, 16: 4, 32: 5}
 
 
-class ConvStemViT(nn.Module):
-    """A ViT with a convolutional stem, from a validated ``vitc`` config.
+def ConvStemViT(cfg: dict[str, Any]) -> VisionTransformer:  # noqa: N802 (a model constructor)
+    """A ViT with a convolutional stem, from a validated ``vitc`` config: ``vit``'s encoder with the stem as
+    its patch embedding.
 
     Shapes:
         ``(N, 3, R, R) -> (N, num_classes)``; the stem gives ``(N, embed_dim, R / p, R / p)``; the encoder
         runs on ``(N, T, embed_dim)`` with ``T = (R / p)^2 (+ 1 class token)``.
     """
-
-    def __init__(self, cfg: dict[str, Any]) -> None:
-        super().__init__()
-        d = cfg["embed_dim"]
-        n_patches = (cfg["resolution"] // cfg["patch_size"]) ** 2
-        widths = [3, *cfg["stem_widths"]]
-        self.stem = nn.Sequential(
-            *[ConvBNAct(cin, cout, 3, stride=2, act="relu") for cin, cout in zip(widths[:-1], widths[1:])],
-            nn.Conv2d(widths[-1], d, 1),
-        )
-        self.use_cls = cfg["pool"] == "cls"
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, d)) if self.use_cls else None
-        self.pos_embed = nn.Parameter(torch.randn(1, n_patches + int(self.use_cls), d) * 0.02)
-        self.blocks = nn.Sequential(*[
-            TransformerBlock(d, cfg["num_heads"], cfg["mlp_ratio"] * d, qkv_bias=cfg["qkv_bias"],
-                             impl=cfg["attention"], norm_first=True, eps=_EPS)
-            for _ in range(cfg["depth"])
-        ])
-        self.norm = nn.LayerNorm(d, eps=_EPS)
-        self.head = nn.Linear(d, cfg["num_classes"])
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.stem(x).flatten(2).transpose(1, 2)
-        if self.cls_token is not None:
-            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
-        x = self.norm(self.blocks(x + self.pos_embed))
-        x = x[:, 0] if self.use_cls else x.mean(dim=1)
-        return self.head(x)
+    widths = [3, *cfg["stem_widths"]]
+    stem = nn.Sequential(
+        *[ConvBNAct(cin, cout, 3, stride=2, act="relu") for cin, cout in zip(widths[:-1], widths[1:])],
+        nn.Conv2d(widths[-1], cfg["embed_dim"], 1),
+    )
+    return VisionTransformer(cfg, patch_embed=stem)
 
 
 @register_space("vitc")
