@@ -4,7 +4,8 @@
 Usage::
 
     python benchmarks/calibrate_host_prior.py --data data/host_cpu/host_cpu.jsonl.xz [--data MORE] \
-        [--holdout resnet,vit] [--base dippm_nas/prior/calibration/fitted.json] [--out FILE]
+        [--holdout resnet,vit] [--base dippm_nas/prior/calibration/fitted.json] [--out FILE] \
+        [--op-profiles PROFILES.jsonl.xz]
 
 What is fitted (a :class:`dippm_nas.prior.DeviceScale` under the key ``host-cpu``; every GPU constant of
 ``--base`` is kept as it is): the device's compute and memory efficiency multipliers, a compute
@@ -19,6 +20,12 @@ weighted equally, Adam in log space on the node costs decomposed once under the 
 ``dippm-nas train --split family --holdout``, and train that checkpoint with ``--prior-params`` of the
 file written here, so nothing of the held-out families reaches either stage). Without ``--holdout``
 every family is fitted and the figures printed are in-sample.
+
+``--op-profiles`` (profiles of operators timed in place, written by ``benchmarks/host_op_table.py
+--profiles``) also fits an operator table (:func:`dippm_nas.prior.fit_op_table`, without the ``--holdout``
+families) and stores it in the written constants under ``op_tables["host-cpu"]``: the prior's host-cpu
+per-node times then come from it, and a checkpoint trained with ``--prior-params`` of that file carries it.
+The before/after table is then printed for it as well ("after" = the table).
 
 Machine facts matter: the host device's peaks are measured on the machine that runs this (cached per
 CPU model, thread count and torch version); run it on the machine the dataset was measured on, with
@@ -163,6 +170,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--base", type=Path, default=None, help="constants to start from (default: the shipped fitted ones)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads of the measurements (default 1)")
     ap.add_argument("--out", type=Path, default=None, help="write the constants with the fitted host-cpu scale here")
+    ap.add_argument("--op-profiles", action="append", default=[], metavar="PATH",
+                    help="in-place operator profiles (JSONL[.xz]) to fit a host-cpu op table on; repeatable")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     from dippm_nas.dataset import load_measurements
@@ -206,9 +215,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         table("fitted families (in-sample)", [f for f in fams if f not in hold], y[m], fam[m], before[m], after[m])
     else:
         table("all families (in-sample: no --holdout)", fams, y, fam, before, after)
+    params = dataclasses.replace(base, device_scales={**base.device_scales, DEVICE: fitted})
+    if args.op_profiles:
+        import json
+
+        from dippm_nas.dataset import open_text
+        from dippm_nas.prior import estimate, fit_op_table
+
+        profiles = [json.loads(line) for path in args.op_profiles for line in open_text(path) if line.strip()]
+        op_table = fit_op_table(profiles, exclude_families=sorted(hold), source=(
+            f"operators timed in place ({', '.join(Path(p).name for p in args.op_profiles)}; "
+            f"{len(profiles)} profiled models, held out {sorted(hold) or 'none'}); " + source))
+        params = dataclasses.replace(params, op_tables={**params.op_tables, DEVICE: op_table})
+        with_table = np.array([estimate(mg.graph, DEVICE, params=params).latency_ms for mg in rows])
+        print(f"  op table: {op_table.metrics['trees']} trees, scale {op_table.scale:.3f}, "
+              f"{op_table.per_op_us:.2f} µs per op; cross-fitted MAPE on its profiled models "
+              f"{op_table.metrics['cross_fitted_mape_pct']:.1f} %")
+        if hold:
+            table("held-out families, fitted constants -> op table", sorted(hold), y, fam, after, with_table)
+            m = train
+            table("fitted families, fitted constants -> op table (in-sample)", [f for f in fams if f not in hold],
+                  y[m], fam[m], after[m], with_table[m])
+        else:
+            table("all families, fitted constants -> op table (in-sample)", fams, y, fam, after, with_table)
     print(f"done in {time.time() - t0:.0f} s")
     if args.out:
-        params = dataclasses.replace(base, device_scales={**base.device_scales, DEVICE: fitted})
         params.save(args.out)
         print(f"wrote {args.out}")
     return 0

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from dippm_nas.errors import DippmNasError
+from dippm_nas.prior._op_table import OpTable
 
 __all__ = ["OpClassParams", "DeviceScale", "PriorParams", "default_params", "PARAM_CLASSES", "CALIBRATION_FORMAT"]
 
@@ -162,6 +163,9 @@ class PriorParams:
         source: what the constants were fitted on (or ``"uncalibrated"``).
         command: the command that produced them.
         metrics: the fit's reported figures (MAPE, Kendall tau...), for the record.
+        op_tables: per CPU device id, an :class:`~dippm_nas.prior._op_table.OpTable` learnt from operators
+            timed in place on that machine; where present it gives the device's per-node times instead of
+            the roofline (the constants still give memory).
     """
 
     op_classes: Mapping[str, OpClassParams]
@@ -174,6 +178,7 @@ class PriorParams:
     source: str = "uncalibrated"
     command: str = ""
     metrics: Mapping[str, Any] = field(default_factory=dict)
+    op_tables: Mapping[str, OpTable] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         missing = [c for c in PARAM_CLASSES if c not in self.op_classes]
@@ -194,6 +199,10 @@ class PriorParams:
         bad = [k for k, v in self.device_scales.items() if not isinstance(v, DeviceScale)]
         if bad:
             raise DippmNasError(f"PriorParams.device_scales values must be DeviceScale, wrong for {bad}")
+        object.__setattr__(self, "op_tables", dict(self.op_tables))
+        bad = [k for k, v in self.op_tables.items() if not isinstance(v, OpTable)]
+        if bad:
+            raise DippmNasError(f"PriorParams.op_tables values must be OpTable, wrong for {bad}")
 
     def scale_for(self, device_id: str, kind: str = "gpu") -> DeviceScale:
         """The efficiency multipliers of a device (a MIG slice view ``<id>.mig-<profile>`` uses ``<id>``).
@@ -241,6 +250,7 @@ class PriorParams:
             "op_classes": {c: dataclasses.asdict(p) for c, p in self.op_classes.items()},
             "devices": {k: dataclasses.asdict(v) for k, v in self.device_scales.items()},
             "metrics": dict(self.metrics),
+            **({"op_tables": {k: t.to_dict() for k, t in self.op_tables.items()}} if self.op_tables else {}),
         }
 
     @classmethod
@@ -274,8 +284,10 @@ class PriorParams:
                 raise DippmNasError(f"{origin}: devices[{dev_id!r}] has unknown keys {bad_s}; "
                                     f"choices: {sorted(DeviceScale.__dataclass_fields__)}")
             scales[dev_id] = DeviceScale(**v)
+        tables = {dev_id: OpTable.from_dict(t, origin=f"{origin}: op_tables[{dev_id!r}]")
+                  for dev_id, t in (d.get("op_tables") or {}).items()}
         return cls(op_classes=classes, source=str(d.get("source", "")), command=str(d.get("command", "")),
-                   metrics=dict(d.get("metrics") or {}), device_scales=scales, **glob)
+                   metrics=dict(d.get("metrics") or {}), device_scales=scales, op_tables=tables, **glob)
 
     def save(self, path: str | Path) -> None:
         """Write as JSON (the format :func:`load` reads)."""

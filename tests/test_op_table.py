@@ -1,0 +1,153 @@
+"""The host-CPU operator table: records from profiled calls and from graphs agree, the forest evaluated from
+its arrays equals scikit-learn's, it survives JSON, and the prior uses it for the host's per-node times."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import search_spaces as ss
+from dippm_nas.errors import DippmNasError
+from dippm_nas.prior import OpTable, PriorParams, aten_op_record, estimate, fit_op_table, graph_op_records
+from dippm_nas.prior._op_table import N_FEATURES, _from_sklearn, record_features
+
+
+def _profile(space: str, seed: int, batch: int = 2) -> tuple[list, dict]:
+    """Top-level aten calls of one forward (name, shapes, concrete inputs, µs, calls) and the model."""
+    from torch.profiler import ProfilerActivity, profile
+
+    s = ss.get_space(space)
+    cfg = s.sample(seed)
+    spec = s.input_spec(cfg, batch_size=batch)
+    model = ss.build_model(space, cfg)
+    args, kw = spec.example_inputs()
+    with torch.inference_mode():
+        model(*args, **kw)
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+            model(*args, **kw)
+    ops = []
+    for e in prof.events():
+        if e.cpu_parent is None:
+            ci = [c if c is None or isinstance(c, (bool, int, float, str, list)) else str(c)
+                  for c in (getattr(e, "concrete_inputs", None) or [])]
+            ops.append([e.name, e.input_shapes, ci, float(e.cpu_time_total), 1.0])
+    return ops, {"model": model, "spec": spec}
+
+
+@pytest.mark.parametrize("space", ["resnet", "vit", "mobilenetv3", "bert", "densenet", "convnext"])
+def test_records_of_the_profiled_calls_match_those_of_the_graph(space: str) -> None:
+    from dippm_nas.capture import capture
+
+    ops, m = _profile(space, 3)
+    calls = collections.Counter(repr(r) for op in ops if (r := aten_op_record(op[0], op[1], op[2])) is not None)
+    graph = capture(m["model"], m["spec"], cache=False)
+    nodes = collections.Counter(repr(r) for _, r in graph_op_records(graph))
+    assert sum(calls.values()) > 3
+    assert nodes == calls
+
+
+def test_calls_that_are_not_records() -> None:
+    assert aten_op_record("aten::view", [[2, 3], []], [None, [6]]) is None
+    assert aten_op_record("aten::mul", [[2, 3], []], [None, 0.5]) is None  # scalar arithmetic
+    assert aten_op_record("aten::mul", [[2, 3, 4, 4], [2, 3, 1, 1]], [None, None])[0] == "mul"
+
+
+def test_forest_arrays_predict_what_sklearn_predicts() -> None:
+    pytest.importorskip("sklearn")
+    from sklearn.ensemble import HistGradientBoostingRegressor
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(600, N_FEATURES))
+    y = np.sin(x[:, 0]) + 0.5 * x[:, 3] * (x[:, 5] > 0) + 0.1 * rng.normal(size=600)
+    reg = HistGradientBoostingRegressor(max_iter=40, max_leaf_nodes=15, random_state=0).fit(x, y)
+    table = _from_sklearn(reg)
+    xt = rng.normal(size=(50, N_FEATURES))
+    np.testing.assert_allclose(table.predict_log_ratio(xt), reg.predict(xt), rtol=1e-9, atol=1e-9)
+    back = OpTable.from_dict(json.loads(json.dumps(table.to_dict())))
+    np.testing.assert_allclose(back.predict_log_ratio(xt), reg.predict(xt), rtol=1e-5, atol=1e-6)
+
+
+def _synthetic_profiles() -> list[dict]:
+    """Profiles whose op times follow a known law: 0.5 µs per MFLOP plus 3 µs, per call."""
+    out = []
+    for fam, seeds in (("resnet", range(6)), ("vgg", range(6)), ("vit", range(4))):
+        for seed in seeds:
+            ops, _ = _profile(fam, seed, batch=1)
+            recs = []
+            for op in ops:
+                r = aten_op_record(op[0], op[1], op[2])
+                if r is not None:
+                    flops = math.exp(record_features(r)[-1]) - 1
+                    recs.append([op[0], op[1], op[2], 3.0 + 0.5 * flops / 1e6, 1.0])
+            total_us = sum(o[3] for o in recs) + 10.0 * len(recs)
+            out.append({"family": fam, "latency_ms": total_us / 1e3, "ops": recs})
+    return out
+
+
+def test_fitted_table_in_the_prior_gives_the_host_node_times() -> None:
+    pytest.importorskip("sklearn")
+    from dippm_nas.capture import capture
+
+    table = fit_op_table(_synthetic_profiles(), exclude_families=["vit"], max_iter=60, source="synthetic")
+    assert table.metrics["excluded_families"] == ["vit"] and table.per_op_us >= 0 and table.scale > 0
+    params = dataclasses.replace(PriorParams.uncalibrated(), op_tables={"host-cpu": table})
+    back = PriorParams.from_dict(json.loads(json.dumps(params.to_dict())))
+    assert set(back.op_tables) == {"host-cpu"}
+    s = ss.get_space("vit")
+    cfg = s.sample(7)
+    graph = capture(ss.build_model("vit", cfg), s.input_spec(cfg, batch_size=1), cache=False)
+    est = estimate(graph, "host-cpu", params=back)
+    recs = graph_op_records(graph)
+    want_us = table.scale * table.record_us([r for _, r in recs]).sum() + table.per_op_us * len(recs)
+    assert est.latency_ms == pytest.approx(want_us / 1e3, rel=1e-6)
+    assert est.node_time_ms[[i for i, _ in recs]].min() > 0
+    others = np.setdiff1d(np.arange(len(graph.nodes)), [i for i, _ in recs])
+    assert np.all(est.node_time_ms[others] == 0) and np.all(est.node_host_ms[others] == 0)
+    # GPUs and tables of other devices are untouched
+    assert estimate(graph, "a100-sxm4-40gb", params=back).latency_ms == pytest.approx(
+        estimate(graph, "a100-sxm4-40gb", params=PriorParams.uncalibrated()).latency_ms)
+
+
+def test_a_table_of_another_record_schema_is_refused() -> None:
+    pytest.importorskip("sklearn")
+    from sklearn.ensemble import HistGradientBoostingRegressor
+
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(100, N_FEATURES))
+    d = _from_sklearn(HistGradientBoostingRegressor(max_iter=3).fit(x, x[:, 0])).to_dict()
+    with pytest.raises(DippmNasError, match="record schema"):
+        OpTable.from_dict({**d, "kinds": d["kinds"][:-1]})
+    with pytest.raises(DippmNasError, match="format"):
+        OpTable.from_dict({**d, "format": 99})
+    with pytest.raises(DippmNasError, match="out of range"):
+        OpTable.from_dict({**d, "left": [len(d["left"]) + 5] * len(d["left"])})
+    with pytest.raises(DippmNasError, match="two families"):
+        fit_op_table([{"family": "a", "latency_ms": 1.0, "ops": []}])
+
+
+def test_an_operator_larger_than_any_profiled_one_scales_with_its_work() -> None:
+    """Trees do not extrapolate: the table learns the ratio to a reference time that grows with FLOPs and
+    elements, so a conv 16x larger than the largest profiled one is predicted about 16x slower, not capped."""
+    pytest.importorskip("sklearn")
+    profiles = _synthetic_profiles()
+    table = fit_op_table(profiles, max_iter=60)
+    convs = [r for p in profiles for op in p["ops"] if (r := aten_op_record(op[0], op[1], op[2])) and r[0] == "conv"]
+    big = max(convs, key=lambda r: math.exp(record_features(r)[-1]))
+    kind, x, w, p = big
+    bigger = (kind, [x[0] * 16, *x[1:]], w, p)  # 16x the batch: 16x the FLOPs and activations
+    t_big, t_bigger = table.record_us([big, bigger])
+    assert 8 < t_bigger / t_big < 24
+
+
+def test_reference_time_of_an_embedding_counts_the_rows_looked_up() -> None:
+    from dippm_nas.prior._op_table import reference_us
+
+    small, large = ("embedding", [1000, 64], [128], [0.0] * 8), ("embedding", [100_000, 64], [128], [0.0] * 8)
+    assert reference_us(small) == reference_us(large)  # the table's size is not read
+    assert reference_us(("embedding", [1000, 64], [256], [0.0] * 8)) > reference_us(small)
