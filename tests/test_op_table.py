@@ -109,6 +109,23 @@ def test_fitted_table_in_the_prior_gives_the_host_node_times() -> None:
     assert est.node_time_ms[[i for i, _ in recs]].min() > 0
     others = np.setdiff1d(np.arange(len(graph.nodes)), [i for i, _ in recs])
     assert np.all(est.node_time_ms[others] == 0) and np.all(est.node_host_ms[others] == 0)
+    # an op the table has no kind for keeps the analytic prior's time, never zero
+    class Padded(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 8, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.conv(torch.nn.functional.pad(x, (2, 2, 2, 2), mode="reflect"))
+
+    from dippm_nas.spec import InputSpec
+
+    padded = capture(Padded().eval(), InputSpec(batch_size=1, shape=(3, 16, 16)), cache=False)
+    pad = [n.index for n in padded.nodes if "pad" in n.op]
+    assert pad and not any(i in pad for i, _ in graph_op_records(padded))
+    with_table = estimate(padded, "host-cpu", params=back)
+    analytic = estimate(padded, "host-cpu", params=PriorParams.uncalibrated())
+    assert with_table.node_time_ms[pad[0]] == analytic.node_time_ms[pad[0]] > 0
     # GPUs and tables of other devices are untouched
     assert estimate(graph, "a100-sxm4-40gb", params=back).latency_ms == pytest.approx(
         estimate(graph, "a100-sxm4-40gb", params=PriorParams.uncalibrated()).latency_ms)

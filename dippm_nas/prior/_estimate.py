@@ -171,8 +171,9 @@ def estimate(
     costs = node_costs(graph, dev, p, tf32_conv=tf32_conv, tf32_matmul=tf32_matmul, channels_last=channels_last)
     table = p.op_tables.get(dev.id) if dev.kind != "gpu" else None
     if table is not None:  # operators timed in place on this machine, instead of the roofline
-        comp_us, over_us = table.node_us(graph)
-        costs = dataclasses.replace(costs, gpu_us=comp_us, host_us=over_us)
+        comp_us, over_us, uncovered = table.node_us(graph)
+        costs = dataclasses.replace(costs, gpu_us=np.where(uncovered, costs.gpu_us, comp_us),
+                                    host_us=np.where(uncovered, costs.host_us, over_us))
     latency_us, host_total_us = _timelines(costs.gpu_us, costs.host_us, dev.kind)
     busy_us = float(costs.gpu_us.sum())
     if dev.kind != "gpu":

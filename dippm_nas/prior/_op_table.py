@@ -118,12 +118,25 @@ def aten_op_record(name: str, input_shapes: Sequence[Any], concrete_inputs: Sequ
     return kind, x, [], _p8()
 
 
+#: Relax ops without a record whose eager counterpart the table leaves out on purpose: views and casts
+#: (``aten::view``, ``aten::expand``, ``aten::slice``, ``aten::to``...), whose time the fitted map absorbs.
+_ABSORBED_RELAX_OPS = frozenset({"astype", "zeros_like", "ones_like", "broadcast_to", "strided_slice"})
+
+
 def graph_op_records(graph: Any) -> list[tuple[int, OpRecord]]:
     """``(node index, record)`` for the nodes of an :class:`~dippm_nas.graph.OperatorGraph` that run as an
     operator of their own in eager PyTorch (the same records :func:`aten_op_record` gives for its calls)."""
+    return _walk(graph)[0]
+
+
+def _walk(graph: Any) -> tuple[list[tuple[int, OpRecord]], list[int]]:
+    """The records of a graph, and the indices of the nodes the table does not cover: ops with no record
+    kind that are not views, constants or absorbed casts (e.g. a padding, a resize, a transposed conv).
+    Those keep the analytic prior's time; they are never counted as free."""
     preds = graph.predecessors()
     nodes = graph.nodes
     out: list[tuple[int, OpRecord]] = []
+    uncovered: list[int] = []
     for n in nodes:
         ins = [list(s) for s in n.input_shapes]
         if n.op == "take":
@@ -141,6 +154,8 @@ def graph_op_records(graph: Any) -> list[tuple[int, OpRecord]]:
             continue
         kind = _RELAX_KIND.get(n.op)
         if kind is None:
+            if n.op_class != "view" and n.op not in _ABSORBED_RELAX_OPS:
+                uncovered.append(n.index)
             continue
         a = n.attrs
         if kind in ("add", "mul"):
@@ -181,7 +196,7 @@ def graph_op_records(graph: Any) -> list[tuple[int, OpRecord]]:
         else:
             act = [s for s, par in zip(ins, n.input_is_param) if not par]
             out.append((n.index, (kind, act[0] if act else x, [], _p8())))
-    return out
+    return out, uncovered
 
 
 def _flops(kind: str, x: list[int], w: list[int], p: list[float]) -> float:
@@ -307,17 +322,21 @@ class OpTable:
             raise DippmNasError("OpTable: a tree's child links form a cycle; refit the table")
         return self.baseline_log + self.value[idx].reshape(len(self.roots), n_rec).sum(axis=0)
 
-    def node_us(self, graph: Any) -> tuple[np.ndarray, np.ndarray]:
-        """``(compute µs, overhead µs)`` per node of a graph: scaled table time and :attr:`per_op_us` at
-        the nodes that are records, 0 at the others (views, bias adds, constants...)."""
-        recs = graph_op_records(graph)
+    def node_us(self, graph: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(compute µs, overhead µs, uncovered)`` per node of a graph: scaled table time and
+        :attr:`per_op_us` at the nodes that are records, 0 at the nodes that run inside another call or
+        not at all (views, bias adds, constants, casts), and ``uncovered`` (bool) at the nodes the table
+        has no kind for, whose time the caller must take from elsewhere (the analytic prior does)."""
+        recs, uncovered = _walk(graph)
         comp = np.zeros(len(graph.nodes))
         over = np.zeros(len(graph.nodes))
         if recs:
             idx = np.array([i for i, _ in recs])
             comp[idx] = self.scale * self.record_us([r for _, r in recs])
             over[idx] = self.per_op_us
-        return comp, over
+        mask = np.zeros(len(graph.nodes), dtype=bool)
+        mask[uncovered] = True
+        return comp, over, mask
 
     # ------------------------------------------------------------ serialise
     def to_dict(self) -> dict[str, Any]:
@@ -439,15 +458,15 @@ def fit_op_table(profiles: Iterable[Mapping[str, Any]], *, exclude_families: Seq
     if len(fams) < 2:
         raise DippmNasError(f"fitting an op table needs profiles of at least two families, got {fams}")
     kw = dict(max_iter=max_iter, max_leaf_nodes=max_leaf_nodes, learning_rate=learning_rate, seed=seed)
+    recs = [_profile_records(p) for p in prof]
     sums = np.zeros(len(prof))
     for k in range(min(folds, len(fams))):
         fold = set(fams[k::min(folds, len(fams))])
         part = _forest([p for p in prof if p["family"] not in fold], **kw)
         for i, p in enumerate(prof):
             if p["family"] in fold:
-                sums[i] = float(part.record_us([r for r, _, _ in _profile_records(p)]).dot(
-                    [c for _, _, c in _profile_records(p)]))
-    counts = np.array([sum(c for _, _, c in _profile_records(p)) for p in prof])
+                sums[i] = float(part.record_us([r for r, _, _ in recs[i]]).dot([c for _, _, c in recs[i]]))
+    counts = np.array([sum(c for _, _, c in rs) for rs in recs])
     labels = np.array([float(p["latency_ms"]) * 1e3 for p in prof])
     scale, per_op = _fit_map(sums, counts, labels)
     pred = scale * sums + per_op * counts
