@@ -112,6 +112,8 @@ def test_round_trip_identical(db_url: str, memory_bytes: int) -> None:
             assert h is not None and h is not g
             assert h.to_dict() == g.to_dict()
             assert h.structural_hash() == g.structural_hash()
+            # the carried hash is the stored graph's: recomputing it from the hit's content agrees
+            assert OperatorGraph.from_dict(h.to_dict()).structural_hash() == h.structural_hash()
             assert h == g
         st = cache.stats()
         assert (st["rows"], st["hits"], st["misses"], st["puts"]) == (1, 2, 1, 1)

@@ -67,6 +67,19 @@ def test_model_key_shared_by_instances_and_sensitive_to_definition() -> None:
     assert model_key(nn.Conv2d(3, 4, 3, stride=1), SPEC) != model_key(nn.Conv2d(3, 4, 3, stride=2), SPEC)
     assert model_key(nn.Conv2d(3, 4, 3, padding=1), SPEC) != model_key(nn.Conv2d(3, 4, 3, padding=0), SPEC)
     assert model_key(nn.BatchNorm2d(4, eps=1e-5), SPEC) != model_key(nn.BatchNorm2d(4, eps=1e-3), SPEC)
+    # a function held as an attribute enters by its code (digests are memoised per code object)
+    c, d, e = TinyResNet(), TinyResNet(), TinyResNet()
+    c.act = torch.nn.functional.relu
+    d.act = torch.nn.functional.hardtanh
+    e.act = torch.nn.functional.relu
+    assert model_key(c, SPEC) != model_key(d, SPEC)
+    assert model_key(c, SPEC) == model_key(e, SPEC)
+    # a tuple attribute with a non-scalar element is left out, one with scalars only is in
+    f, h = TinyResNet(), TinyResNet()
+    f.sizes, h.sizes = (1, 2), (1, 3)
+    assert model_key(f, SPEC) != model_key(h, SPEC)
+    f.sizes, h.sizes = (1, object()), (1, object())
+    assert model_key(f, SPEC) == model_key(h, SPEC)
 
 
 # --------------------------------------------------------------------------------- ONNX path

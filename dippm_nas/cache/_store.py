@@ -139,8 +139,10 @@ def _decode(payload: bytes, format_version: int) -> tuple[OperatorGraph, int]:
 
 
 def _fresh_copy(template: OperatorGraph) -> OperatorGraph:
-    """A new graph equal to ``template``: new containers, shared frozen :class:`OpNode` records."""
-    return OperatorGraph(
+    """A new graph equal to ``template``: new containers, shared frozen :class:`OpNode` records, and the
+    template's structural hash (the template is never handed out, so its hash stays true; a hit is
+    otherwise re-hashed on every ``predict``)."""
+    g = OperatorGraph(
         nodes=list(template.nodes),
         edges=list(template.edges),
         input_consumers={k: list(v) for k, v in template.input_consumers.items()},
@@ -153,6 +155,8 @@ def _fresh_copy(template: OperatorGraph) -> OperatorGraph:
         convert_seconds=template.convert_seconds,
         model_key=template.model_key,
     )
+    g._hash = template.structural_hash()
+    return g
 
 
 _live_caches: "weakref.WeakSet[ConversionCache]" = weakref.WeakSet()
@@ -359,7 +363,9 @@ class ConversionCache:
         """The graph stored under ``key``, or ``None`` on a miss.
 
         Each hit returns a new :class:`OperatorGraph` equal to the one stored (same ``to_dict()``);
-        changing its lists does not change the cache. A row that cannot be read back is logged once,
+        changing its lists does not change the cache. The hit carries the stored graph's
+        :meth:`~OperatorGraph.structural_hash` (computed once per stored graph, not per hit), so, as with any
+        graph whose hash was read, edit a ``from_dict(to_dict())`` copy rather than the hit itself. A row that cannot be read back is logged once,
         deleted, and reported as ``None`` so the caller recomputes it.
 
         Args:

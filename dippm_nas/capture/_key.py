@@ -32,7 +32,8 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["model_key", "file_key", "converter_version"]
 
 _CLASS_CODE: dict[type, str] = {}
-_SCALARS = (bool, int, float, str, type(None))
+#: code object -> digest of a function held as a module attribute (code objects are immutable)
+_FUNCTION_DIGEST: dict[types.CodeType, str] = {}
 
 
 @functools.lru_cache(maxsize=1)
@@ -90,20 +91,32 @@ def _class_code(cls: type) -> str:
 _SCALAR_TYPES = frozenset({bool, int, float, str, type(None)})
 
 
+def _function_digest(code: types.CodeType) -> str:
+    got = _FUNCTION_DIGEST.get(code)
+    if got is None:
+        h = hashlib.sha256()
+        _code_digest(code, h)
+        got = _FUNCTION_DIGEST[code] = h.hexdigest()[:16]
+    return got
+
+
 def _scalar_attrs(module: "torch.nn.Module") -> str:
+    # the key is computed on every predict(model, spec): this loop is its hot path (~300 modules per model)
     parts = []
     for k, v in module.__dict__.items():
-        t = type(v)
         if k[0] == "_" or k == "training":
             continue
+        t = type(v)
         if t in _SCALAR_TYPES:
             parts.append(f"{k}={v!r}")
-        elif (t is tuple or t is list) and all(type(x) in _SCALAR_TYPES for x in v):
-            parts.append(f"{k}={tuple(v)!r}")
+        elif t is tuple or t is list:
+            for x in v:
+                if type(x) not in _SCALAR_TYPES:
+                    break
+            else:
+                parts.append(f"{k}={tuple(v)!r}")
         elif t is types.FunctionType:
-            h = hashlib.sha256()
-            _code_digest(v.__code__, h)
-            parts.append(f"{k}=fn:{h.hexdigest()[:16]}")
+            parts.append(f"{k}=fn:{_function_digest(v.__code__)}")
     return ";".join(parts)
 
 
