@@ -281,6 +281,63 @@ def test_novel_graph_gets_the_novel_floor_and_round_trips(tmp_path: Path) -> Non
             GnnPredictor.load(tmp_path / "bad_meta.pt")
 
 
+def test_correction_weight_ramp() -> None:
+    from dippm_nas.predictor._novelty import correction_weight, fit_shrink_width
+
+    nov = np.array([0.05, 0.1, 0.15, 0.2, 0.4, np.nan])
+    np.testing.assert_allclose(correction_weight(nov, 0.1, 1.0), [1, 1, 0.5, 0, 0, 1])
+    np.testing.assert_allclose(correction_weight(nov, 0.1, 0.0), [1, 1, 0, 0, 0, 1])
+    np.testing.assert_allclose(correction_weight(nov, 0.1, math.inf), 1.0)
+    assert fit_shrink_width(lambda c: abs(c - 0.5) if math.isfinite(c) else 9.0) == 0.5
+    assert fit_shrink_width(lambda c: 1.0) == math.inf  # a tie keeps the whole correction
+
+
+def test_novel_graph_correction_shrinks_towards_the_prior(tmp_path: Path) -> None:
+    """With a shrink, a graph past d0 answers between the network and the prior (all the way at width 0),
+    graphs at or below d0 are untouched, and predict_log (calibration's view) agrees with predict."""
+    from dippm_nas.predictor._novelty import correction_weight
+    from dippm_nas.predictor._train import attach_novelty_reference
+
+    p = _predictor()
+    graphs = _graphs(4)
+    feats = [featurize(g, DEV) for g in graphs]
+    b = collate(feats[:2])
+    p.model.set_stats(b["x"], b["static"], b["dev"], torch.zeros(3), torch.full((3,), 0.4))
+    with torch.no_grad():
+        p.model.fc3.bias.fill_(0.3)  # a visible correction of the prior (log 1.3)
+    attach_novelty_reference(p, feats[:2], feats[2:3], calibrated_on="synthetic")
+    d0 = p.meta.novelty["d0"]
+    assert d0 > 0
+    full = p.predict_graphs(graphs, mig=False)
+    nov = np.array([x.details["novelty"] for x in full])
+    assert (nov[:2] <= d0).all() and (nov[3] > d0)
+    prior = np.array([f.prior_latency_ms for f in feats])
+    assert not np.allclose([x.latency_ms for x in full], prior, rtol=1e-3)  # the network does correct
+    for width in (0.0, 0.5):
+        p.meta = dataclasses.replace(p.meta, novelty={**p.meta.novelty, "shrink": {"latency_ms": width}})
+        p._pred_cache.clear()
+        got = p.predict_graphs(graphs, mig=False)
+        w = correction_weight(nov, d0, width)
+        want = np.exp(np.log(prior) + w * (np.log([x.latency_ms for x in full]) - np.log(prior)))
+        np.testing.assert_allclose([x.latency_ms for x in got], want, rtol=1e-5)
+        assert [x.details["correction_weight_latency_ms"] for x in got] == pytest.approx(w)
+        assert [x.memory_mib for x in got] == pytest.approx([x.memory_mib for x in full])  # not shrunk
+        mean, _ = p.predict_log(feats)
+        np.testing.assert_allclose(np.exp(mean[:, 0]), [x.latency_ms for x in got], rtol=1e-5)
+    assert got[0].latency_ms == pytest.approx(full[0].latency_ms)
+    path = tmp_path / f"{DEV}.pt"
+    p.save(path)
+    q = GnnPredictor.load(path, device=DEV, load_calibration=False)
+    assert q.meta.novelty["shrink"] == {"latency_ms": 0.5}
+    blob = torch.load(path, weights_only=True)
+    meta = json.loads(blob["meta"])
+    for shrink, match in (({"energy_j": 0.5}, "trained targets"), ({"latency_ms": -1.0}, "must hold")):
+        torch.save({**blob, "meta": json.dumps({**meta, "novelty": {**meta["novelty"], "shrink": shrink}})},
+                   tmp_path / "bad_shrink.pt")
+        with pytest.raises(CheckpointError, match=match):
+            GnnPredictor.load(tmp_path / "bad_shrink.pt")
+
+
 def test_train_predictor_end_to_end_stores_floors_and_novelty_reference(tmp_path: Path) -> None:
     """A tiny training run: the checkpoint it returns has its validation floor, the novelty reference set and
     threshold, test metrics, and survives a save/load round trip; its predictions track a labelled 2x slowdown."""

@@ -64,7 +64,7 @@ from dippm_nas.features import (
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.prediction import Prediction
 from dippm_nas.predictor._base import BasePredictor
-from dippm_nas.predictor._novelty import NoveltyFloor, novelty_scores
+from dippm_nas.predictor._novelty import NoveltyFloor, correction_weight, novelty_scores
 
 if TYPE_CHECKING:  # pragma: no cover
     from dippm_nas.predictor._calibrate import Calibration
@@ -120,7 +120,8 @@ class CheckpointMeta:
         format: :data:`CHECKPOINT_FORMAT`.
         notes: free text.
         novelty: the novel-graph std floor (:class:`~dippm_nas.predictor._novelty.NoveltyFloor` as a dict:
-            ``d0``, ``floor_log``, ``calibrated_on``), or ``None``; its reference set is stored beside the
+            ``d0``, ``floor_log``, ``calibrated_on`` and optionally ``shrink``, the per-target width of
+            the correction shrink of novel graphs), or ``None``; its reference set is stored beside the
             weights (``novelty_ref``).
         host: for a ``host-cpu`` checkpoint, the machine its labels were measured on: ``{"cpu_model": the
             CPU model string of the rows' environment, "threads": the torch thread count of the labels and
@@ -193,10 +194,11 @@ class CheckpointMeta:
             except (KeyError, TypeError, ValueError, AttributeError) as e:
                 raise CheckpointError(f"checkpoint novelty must hold d0, floor_log and calibrated_on, got "
                                       f"{self.novelty!r} ({type(e).__name__}: {e})") from e
-            bad = [t for t in nf.floor_log if t not in self.targets]
-            if bad or not math.isfinite(nf.d0):
-                raise CheckpointError(f"checkpoint novelty floors must be for trained targets {list(self.targets)} "
-                                      f"with a finite d0; got floors for {list(nf.floor_log)}, d0 {nf.d0}")
+            bad = [t for t in (*nf.floor_log, *nf.shrink) if t not in self.targets]
+            if bad or not math.isfinite(nf.d0) or (nf.shrink and nf.d0 <= 0.0):
+                raise CheckpointError(f"checkpoint novelty floors and shrinks must be for trained targets "
+                                      f"{list(self.targets)} with a finite d0 (> 0 with a shrink); got floors for "
+                                      f"{list(nf.floor_log)}, shrinks for {list(nf.shrink)}, d0 {nf.d0}")
         if self.host is not None and not (isinstance(self.host, dict) and isinstance(self.host.get("cpu_model"), str)
                                           and self.host["cpu_model"]):
             raise CheckpointError(f"checkpoint host must be a dict with a non-empty 'cpu_model' string, "
@@ -679,7 +681,9 @@ class GnnPredictor(BasePredictor):
                          novelty: bool = True
                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """:meth:`predict_log_ood` plus each graph's novelty score (``[num_graphs]`` float; ``nan`` without a
-        reference set or with ``novelty=False``, see :mod:`dippm_nas.predictor._novelty`) and whether a host
+        reference set, or with ``novelty=False`` unless the checkpoint shrinks novel graphs' corrections:
+        then the scores are computed anyway and every ``predict_log*`` method returns the shrunk mean, see
+        :mod:`dippm_nas.predictor._novelty`) and whether a host
         checkpoint runs on another machine of its CPU model (``[num_graphs]`` bool: its device features lie
         outside the training range; always ``False`` for other checkpoints and on another CPU model).
 
@@ -696,16 +700,35 @@ class GnnPredictor(BasePredictor):
             # the network's correction is not identified for a dtype it never trained on (its one-hot input
             # never varied): the answer is the prior, the centre of the correction's bound (σ keeps the bound)
             mean[torch.from_numpy(unseen)] = b["log_prior"][torch.from_numpy(unseen)]
+        shrink = self._shrink_widths()
+        nov = (novelty_scores(self.model.static_z(b), self.novelty_ref)
+               if (novelty or shrink) and self.novelty_ref is not None else np.full(len(feats), np.nan))
+        if shrink and self.model.residual_on_prior:
+            # far from the training graphs keep only part of the correction (see _novelty): the prior answers more
+            for t, w in self.correction_weights(nov).items():
+                j = TARGETS.index(t)
+                wt = torch.from_numpy(w).to(mean.dtype)
+                mean[:, j] = b["log_prior"][:, j] + wt * (mean[:, j] - b["log_prior"][:, j])
         graph_ood, device_ood = self.model.outside_parts(b)
         if self.meta.host is None:  # a checkpoint of several devices: their range is a training range too
             ood, other_machine = graph_ood | device_ood, np.zeros(len(feats), dtype=bool)
         else:  # one machine seen: another one is other_host (by CPU model) or other_machine
             ood, other_machine = graph_ood, (device_ood & (self.other_host is None)).numpy()
-        if novelty and self.novelty_ref is not None:
-            nov = novelty_scores(self.model.static_z(b), self.novelty_ref)
-        else:
-            nov = np.full(len(feats), np.nan)
         return mean.numpy().astype(np.float64), std.numpy().astype(np.float64), ood.numpy(), nov, other_machine
+
+    def _shrink_widths(self) -> dict[str, float]:
+        nf = self.meta.novelty
+        return {} if nf is None else {t: float(c) for t, c in nf.get("shrink", {}).items()}
+
+    def correction_weights(self, novelty: np.ndarray) -> dict[str, np.ndarray]:
+        """Per shrunk target, the share of the network's correction each graph keeps (``[num_graphs]``
+        in [0, 1]; see :func:`~dippm_nas.predictor._novelty.correction_weight`); ``{}`` for a checkpoint
+        without a shrink."""
+        shrink = self._shrink_widths()
+        if not shrink:
+            return {}
+        d0 = float(self.meta.novelty["d0"])  # type: ignore[index]
+        return {t: correction_weight(novelty, d0, c) for t, c in shrink.items()}
 
     def dtype_unseen(self, b: dict[str, torch.Tensor]) -> np.ndarray:
         """Per graph of :func:`collate_globals` ``b``: is its compute dtype one no training graph had?
@@ -818,6 +841,8 @@ class GnnPredictor(BasePredictor):
             details["novelty"] = novelty
             if self.meta.novelty is not None:
                 details["novel"] = float(novelty > self.meta.novelty["d0"])
+            for t, w in self.correction_weights(np.array([novelty])).items():
+                details[f"correction_weight_{t}"] = float(w[0])  # 1: the network's whole correction; 0: the prior
         pred = Prediction(
             latency_ms=values["latency_ms"], energy_j=values["energy_j"], memory_mib=values["memory_mib"],
             latency_source=sources["latency_ms"], energy_source=sources["energy_j"],

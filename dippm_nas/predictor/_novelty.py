@@ -16,20 +16,28 @@ only 74-84 % of the rows with the in-family floor). A novelty score and a second
 
 The checkpoint's ``meta.novelty`` says where the calibration rows came from. Without one (no unseen
 family available when it was trained) graphs are still scored, and σ is the in-family one.
+
+Far from its training graphs the network's correction of the prior is itself a guess: on a held-out
+modality (host CPU, bert never seen) the operator-table prior alone read 9.6 % and the corrected figure
+15.8-20.6 %. So a checkpoint may also carry a **correction shrink** per target: with the relative excess
+``u = (novelty - d0) / d0``, a novel graph keeps the share ``w = clip(1 - u / c, 0, 1)`` of the correction
+(``log prediction = log prior + w * correction``); ``c`` is fitted on rows of families unseen by
+family-split twins (``scripts/fit_novelty_twins.py``), ``c = 0`` answers with the prior as soon as a graph is
+novel, a target without a ``c`` is not shrunk. Graphs at or below ``d0`` are never shrunk.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
 __all__ = ["MAX_REFERENCE", "NOVELTY_QUANTILE", "COVERAGE", "NoveltyFloor", "reference_set", "novelty_scores",
-           "fit_novel_floor", "split_d0"]
+           "fit_novel_floor", "split_d0", "correction_weight", "fit_shrink_width", "SHRINK_GRID"]
 
 #: training graphs kept as the reference set (a seeded subsample when there are more)
 MAX_REFERENCE = 2048
@@ -46,20 +54,32 @@ class NoveltyFloor:
     Attributes:
         d0: novelty above which a graph is novel (validation quantile).
         floor_log: per target, the log-space std floor of novel graphs.
-        calibrated_on: the rows the floor was fitted on (families, count, where from).
+        calibrated_on: the rows the floor (and the shrink) were fitted on (families, count, where from).
+        shrink: per target, the width ``c`` of the correction shrink (see the module docstring); a
+            target absent here keeps its whole correction. Absent from older metadata.
     """
 
     d0: float
     floor_log: dict[str, float]
     calibrated_on: str
+    shrink: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        bad = {t: c for t, c in self.shrink.items() if not (math.isfinite(c) and c >= 0.0)}
+        if bad:
+            raise ValueError(f"shrink widths must be finite and >= 0 (0: the prior answers for novel graphs), got {bad}")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"d0": self.d0, "floor_log": dict(self.floor_log), "calibrated_on": self.calibrated_on}
+        d = {"d0": self.d0, "floor_log": dict(self.floor_log), "calibrated_on": self.calibrated_on}
+        if self.shrink:
+            d["shrink"] = dict(self.shrink)
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "NoveltyFloor":
         return cls(d0=float(d["d0"]), floor_log={k: float(v) for k, v in d["floor_log"].items()},
-                   calibrated_on=str(d["calibrated_on"]))
+                   calibrated_on=str(d["calibrated_on"]),
+                   shrink={k: float(v) for k, v in d.get("shrink", {}).items()})
 
 
 def reference_set(static_z: torch.Tensor, *, max_rows: int = MAX_REFERENCE, seed: int = 0) -> torch.Tensor:
@@ -116,3 +136,34 @@ def split_d0(val_novelty: Sequence[float], *, quantile: float = NOVELTY_QUANTILE
     if v.size == 0:
         raise ValueError("split_d0 needs at least one finite validation novelty")
     return float(np.quantile(v, quantile))
+
+
+#: shrink widths :func:`fit_shrink_width` tries (``inf``: no shrink)
+SHRINK_GRID = (0.0, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, math.inf)
+
+
+def correction_weight(novelty: np.ndarray, d0: float | np.ndarray, width: float) -> np.ndarray:
+    """Share of the network's correction a graph keeps: 1 up to ``d0``, then ``1 - u / width`` with
+    ``u = (novelty - d0) / d0``, clipped to [0, 1] (``width = 0``: 0 past ``d0``; ``inf``: always 1). A
+    graph whose novelty is unknown (``nan``) keeps its correction. ``d0`` is one threshold or one per
+    graph (rows of several checkpoints). ``[B]`` float64."""
+    nov = np.asarray(novelty, dtype=np.float64)
+    w = np.ones_like(nov)
+    if not math.isfinite(width):
+        return w
+    u = (nov - d0) / np.asarray(d0, dtype=np.float64)
+    past = np.isfinite(u) & (u > 0)
+    w[past] = 0.0 if width <= 0.0 else np.clip(1.0 - u[past] / width, 0.0, 1.0)
+    return w
+
+
+def fit_shrink_width(err_of: Any, grid: Sequence[float] = SHRINK_GRID) -> float:
+    """The width of ``grid`` whose shrunk predictions have the smallest mean absolute log error.
+
+    Args:
+        err_of: ``width -> mean |log label - log prediction|`` over the calibration rows (the caller
+            rebuilds the predictions with :func:`correction_weight`); ties go to the wider width (less
+            shrink).
+    """
+    errs = [(float(err_of(c)), -c if math.isfinite(c) else -math.inf, c) for c in grid]
+    return min(errs)[2]
