@@ -125,6 +125,9 @@ def fit_from_rows(twins: Mapping[str, tuple[Sequence[Mapping[str, Any]], float]]
         res["floor_log"] = fit_novel_floor(err[use], every["sig"][use])
         res["floor_rows"] = int(use.sum())
         res["floor_on"] = "novel rows" if use is novel else "all rows (too few novel ones)"
+        # σ as predict() gives it with that floor (novel rows only); in-sample for the rows it was fitted on
+        sig = np.where(novel, np.hypot(every["sig"], res["floor_log"]), every["sig"])
+        res["coverage_2sigma"] = float(np.mean(err <= 2.0 * sig))
         out[t] = res
     return out
 
@@ -144,7 +147,7 @@ def _print(fit: Mapping[str, Any]) -> None:
                     print(f"    {fam:26s} {f['n']:5d} {f['novel_share']:6.2f} {f['mape_network_pct']:10.2f} "
                           f"{f['mape_shrunk_pct']:9.2f} {f['mape_prior_pct']:8.2f}")
         print(f"  {'all':28s} {r['rows']:5d} {'':6s} {r['mape_network_pct']:10.2f} {r['mape_shrunk_pct']:9.2f} "
-              f"{r['mape_prior_pct']:8.2f}")
+              f"{r['mape_prior_pct']:8.2f}   within ±2σ (width and floor fitted on all): {r['coverage_2sigma']:.3f}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -196,7 +199,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             + "; ".join(twins) + ". Shrink width: smallest mean |log error| over all their rows; floor: 95 % of "
             "their novel rows within ±2σ after the shrink (scripts/fit_novelty_twins.py)")
     nf = ship.meta.novelty
-    ship.meta = dataclasses.replace(ship.meta, novelty=NoveltyFloor(
+    held = dict(ship.meta.heldout_metrics)
+    held[f"family twins, leave one twin out: {', '.join(twins)} (scripts/fit_novelty_twins.py)"] = {
+        t: {"n": r["rows"], "mape_pct": r["mape_shrunk_pct"], "mape_pct_without_shrink": r["mape_network_pct"],
+            "mape_pct_prior": r["mape_prior_pct"], "coverage_2sigma": r["coverage_2sigma"],
+            "per_family_mape_pct": {f: v["mape_shrunk_pct"] for f, v in sorted(r["families"].items())}}
+        for t, r in fit.items()}
+    ship.meta = dataclasses.replace(ship.meta, heldout_metrics=held, novelty=NoveltyFloor(
         d0=float(nf["d0"]), floor_log={t: r["floor_log"] for t, r in fit.items()}, calibrated_on=note,
         shrink={t: r["width"] for t, r in fit.items() if math.isfinite(r["width"])}).to_dict())
     ship.save(args.out)

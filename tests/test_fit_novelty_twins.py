@@ -17,7 +17,7 @@ def _script() -> Any:
 
 
 def _rows(rng: np.random.Generator, n: int, family: str, novelty: float, net_err: float, prior_err: float,
-          noise: float = 0.02) -> list[dict[str, Any]]:
+          noise: float = 0.02, sigma: float = 0.01) -> list[dict[str, Any]]:
     """Rows whose network figure is off by ``net_err`` (log) and prior by ``prior_err``, plus noise."""
     out = []
     for _ in range(n):
@@ -25,15 +25,15 @@ def _rows(rng: np.random.Generator, n: int, family: str, novelty: float, net_err
         out.append({"family": family, "novelty": novelty, "latency_ms": y,
                     "latency_ms_pred": y * math.exp(net_err + rng.normal(0, noise)),
                     "latency_ms_prior": y * math.exp(prior_err + rng.normal(0, noise)),
-                    "latency_ms_std": 0.01 * y})
+                    "latency_ms_std": sigma * y})
     return out
 
 
 def test_network_far_off_on_novel_graphs_is_shrunk_to_the_prior() -> None:
     rng = np.random.default_rng(0)
     # d0 0.2: the "novel" families sit at novelty 0.4 (u = 1), where the network is 40 % off and the prior right
-    twins = {f"t{i}": (_rows(rng, 40, f"near{i}", 0.1, 0.0, 0.3) + _rows(rng, 40, f"far{i}", 0.4, 0.4, 0.0), 0.2)
-             for i in range(3)}
+    twins = {f"t{i}": (_rows(rng, 40, f"near{i}", 0.1, 0.0, 0.3, sigma=0.04) + _rows(rng, 40, f"far{i}", 0.4, 0.4, 0.0),
+                       0.2) for i in range(3)}
     fit = _script().fit_from_rows(twins, ["latency_ms"])["latency_ms"]
     assert fit["width"] <= 1.0  # at u = 1 the correction is gone (ties go to the widest such width)
     assert fit["mape_shrunk_pct"] < 0.6 * fit["mape_network_pct"]
@@ -44,6 +44,7 @@ def test_network_far_off_on_novel_graphs_is_shrunk_to_the_prior() -> None:
         assert far["novel_share"] == 1.0 and near["novel_share"] == 0.0
     # after the shrink the novel rows are within a few % of the label: a small floor covers them
     assert 0.0 < fit["floor_log"] < 0.1 and fit["floor_on"] == "novel rows" and fit["floor_rows"] == 120
+    assert fit["coverage_2sigma"] >= 0.95 - 1e-9  # the floor is fitted for it on the novel rows
 
 
 def test_network_right_on_novel_graphs_keeps_its_correction() -> None:
