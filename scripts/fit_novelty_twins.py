@@ -71,6 +71,13 @@ def _mape(y_log: np.ndarray, p_log: np.ndarray) -> float:
     return float(100.0 * np.mean(np.abs(np.exp(p_log - y_log) - 1.0))) if y_log.size else math.nan
 
 
+def _figures(a: Mapping[str, np.ndarray], shrunk: np.ndarray, m: np.ndarray) -> dict[str, Any]:
+    """MAPE % of the network, the shrunk figure and the prior, and the share of novel rows, on rows ``m``."""
+    return {"n": int(m.sum()), "mape_network_pct": _mape(a["y"][m], a["p"][m]),
+            "mape_shrunk_pct": _mape(a["y"][m], shrunk[m]), "mape_prior_pct": _mape(a["y"][m], a["q"][m]),
+            "novel_share": float(np.mean(a["nov"][m] > a["d0"][m]))}
+
+
 def _cat(parts: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
@@ -107,15 +114,9 @@ def fit_from_rows(twins: Mapping[str, tuple[Sequence[Mapping[str, Any]], float]]
             else:
                 w_out = math.inf
             s = _shrunk(a, w_out)
-            res["twins"][name] = {"width_without": w_out, "n": int(a["y"].size), "mape_network_pct": _mape(a["y"], a["p"]),
-                                  "mape_shrunk_pct": _mape(a["y"], s), "mape_prior_pct": _mape(a["y"], a["q"]),
-                                  "novel_share": float(np.mean(a["nov"] > a["d0"]))}
+            res["twins"][name] = {"width_without": w_out, **_figures(a, s, np.ones(a["y"].size, dtype=bool))}
             for fam in np.unique(a["fam"]):
-                m = a["fam"] == fam
-                res["families"][str(fam)] = {"twin": name, "n": int(m.sum()), "mape_network_pct": _mape(a["y"][m], a["p"][m]),
-                                             "mape_shrunk_pct": _mape(a["y"][m], s[m]),
-                                             "mape_prior_pct": _mape(a["y"][m], a["q"][m]),
-                                             "novel_share": float(np.mean(a["nov"][m] > a["d0"][m]))}
+                res["families"][str(fam)] = {"twin": name, **_figures(a, s, a["fam"] == fam)}
         n = every["y"].size
         for k in ("network", "shrunk", "prior"):
             res[f"mape_{k}_pct"] = sum(v[f"mape_{k}_pct"] * v["n"] for v in res["twins"].values()) / n

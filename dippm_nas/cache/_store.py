@@ -364,9 +364,10 @@ class ConversionCache:
 
         Each hit returns a new :class:`OperatorGraph` equal to the one stored (same ``to_dict()``);
         changing its lists does not change the cache. The hit carries the stored graph's
-        :meth:`~OperatorGraph.structural_hash` (computed once per stored graph, not per hit), so, as with any
-        graph whose hash was read, edit a ``from_dict(to_dict())`` copy rather than the hit itself. A row that cannot be read back is logged once,
-        deleted, and reported as ``None`` so the caller recomputes it.
+        :meth:`~OperatorGraph.structural_hash` (computed once per stored graph, not per hit), so, as with
+        any graph whose hash was read, edit a ``from_dict(to_dict())`` copy rather than the hit itself.
+        A row that cannot be read back is logged once, deleted, and reported as ``None`` so the caller
+        recomputes it.
 
         Args:
             key: the caller's key (at most 255 characters).

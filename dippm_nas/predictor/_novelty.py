@@ -29,7 +29,7 @@ novel, a target without a ``c`` is not shrunk. Graphs at or below ``d0`` are nev
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,7 +67,8 @@ class NoveltyFloor:
     def __post_init__(self) -> None:
         bad = {t: c for t, c in self.shrink.items() if not (math.isfinite(c) and c >= 0.0)}
         if bad:
-            raise ValueError(f"shrink widths must be finite and >= 0 (0: the prior answers for novel graphs), got {bad}")
+            raise ValueError(f"shrink widths must be finite and >= 0 (0: the prior answers for novel graphs), "
+                             f"got {bad}")
 
     def to_dict(self) -> dict[str, Any]:
         d = {"d0": self.d0, "floor_log": dict(self.floor_log), "calibrated_on": self.calibrated_on}
@@ -157,7 +158,7 @@ def correction_weight(novelty: np.ndarray, d0: float | np.ndarray, width: float)
     return w
 
 
-def fit_shrink_width(err_of: Any, grid: Sequence[float] = SHRINK_GRID) -> float:
+def fit_shrink_width(err_of: Callable[[float], float], grid: Sequence[float] = SHRINK_GRID) -> float:
     """The width of ``grid`` whose shrunk predictions have the smallest mean absolute log error.
 
     Args:
