@@ -21,8 +21,8 @@ weighted equally, Adam in log space on the node costs decomposed once under the 
 file written here, so nothing of the held-out families reaches either stage). Without ``--holdout``
 every family is fitted and the figures printed are in-sample.
 
-``--op-profiles`` (profiles of operators timed in place, written by ``benchmarks/host_op_table.py
---profiles``) also fits an operator table (:func:`dippm_nas.prior.fit_op_table`, without the ``--holdout``
+``--op-profiles`` (profiles of operators timed in place, written by ``dippm-nas dataset build --op-profiles``
+or ``benchmarks/host_op_table.py --profiles``) also fits an operator table (:func:`dippm_nas.prior.fit_op_table`, without the ``--holdout``
 families) and stores it in the written constants under ``op_tables["host-cpu"]``: the prior's host-cpu
 per-node times then come from it, and a checkpoint trained with ``--prior-params`` of that file carries it.
 The before/after table is then printed for it as well ("after" = the table).

@@ -77,24 +77,19 @@ def _pick(rows: list[dict[str, Any]], per_family: int, seed: int) -> list[dict[s
     return out
 
 
-def _scalar(c: Any) -> Any:
-    return c if c is None or isinstance(c, (bool, int, float, str, list)) else str(c)
-
-
 def _profile(picked: list[dict[str, Any]], out: Path) -> None:
     import torch
-    from torch.profiler import ProfilerActivity, profile
     from tqdm import tqdm
 
     import search_spaces as ss
+    from dippm_nas.measure import OpProfileWriter, profile_ops
     from dippm_nas.measure._malloc import release_free_memory, steady_allocator
 
     steady_allocator()
     torch.set_num_threads(1)
-    import lzma
-
-    tmp = out.with_suffix(out.suffix + ".part")
-    with (lzma.open(tmp, "wt") if out.suffix == ".xz" else open(tmp, "w")) as fo:
+    tmp = out.with_name(out.name + ".part" + (".xz" if out.suffix == ".xz" else ""))
+    tmp.unlink(missing_ok=True)
+    with OpProfileWriter(tmp) as fo:
         for r in tqdm(picked, desc="profile", unit="model"):
             model = ss.build_model(r["space"], r["config"])
             spec = ss.get_space(r["space"]).input_spec(r["config"], batch_size=r["batch_size"])
@@ -106,21 +101,10 @@ def _profile(picked: list[dict[str, Any]], out: Path) -> None:
                 for _ in range(_PASSES):
                     model(*args, **kw)
                 quick_ms = (time.perf_counter() - t0) / _PASSES * 1e3
-                with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
-                    for _ in range(_PASSES):
-                        model(*args, **kw)
-            agg: dict[str, list[float]] = {}
-            for e in prof.events():
-                if e.cpu_parent is not None:
-                    continue
-                ci = [_scalar(c) for c in (getattr(e, "concrete_inputs", None) or [])]
-                a = agg.setdefault(json.dumps([e.name, e.input_shapes, ci]), [0.0, 0.0])
-                a[0] += e.cpu_time_total / _PASSES
-                a[1] += 1 / _PASSES
-            fo.write(json.dumps({"row_key": r["row_key"], "graph_hash": r["graph_hash"], "family": r["space"],
-                                 "latency_ms": r["latency_ms"], "quick_ms": quick_ms,
-                                 "ops": [json.loads(k) + v for k, v in agg.items()]}) + "\n")
-            del model, prof
+            ops = profile_ops(model, spec, passes=_PASSES, warmup=0)
+            fo.write(family=r["space"], latency_ms=r["latency_ms"], ops=ops, row_key=r["row_key"],
+                     graph_hash=r["graph_hash"], quick_ms=quick_ms)
+            del model
             release_free_memory()
     tmp.replace(out)
 

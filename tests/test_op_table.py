@@ -20,24 +20,13 @@ from dippm_nas.prior._op_table import N_FEATURES, _from_sklearn, record_features
 
 def _profile(space: str, seed: int, batch: int = 2) -> tuple[list, dict]:
     """Top-level aten calls of one forward (name, shapes, concrete inputs, µs, calls) and the model."""
-    from torch.profiler import ProfilerActivity, profile
+    from dippm_nas.measure import profile_ops
 
     s = ss.get_space(space)
     cfg = s.sample(seed)
     spec = s.input_spec(cfg, batch_size=batch)
     model = ss.build_model(space, cfg)
-    args, kw = spec.example_inputs()
-    with torch.inference_mode():
-        model(*args, **kw)
-        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
-            model(*args, **kw)
-    ops = []
-    for e in prof.events():
-        if e.cpu_parent is None:
-            ci = [c if c is None or isinstance(c, (bool, int, float, str, list)) else str(c)
-                  for c in (getattr(e, "concrete_inputs", None) or [])]
-            ops.append([e.name, e.input_shapes, ci, float(e.cpu_time_total), 1.0])
-    return ops, {"model": model, "spec": spec}
+    return profile_ops(model, spec, passes=1, warmup=1), {"model": model, "spec": spec}
 
 
 @pytest.mark.parametrize("space", ["resnet", "vit", "mobilenetv3", "bert", "densenet", "convnext"])
@@ -45,7 +34,10 @@ def test_records_of_the_profiled_calls_match_those_of_the_graph(space: str) -> N
     from dippm_nas.capture import capture
 
     ops, m = _profile(space, 3)
-    calls = collections.Counter(repr(r) for op in ops if (r := aten_op_record(op[0], op[1], op[2])) is not None)
+    calls: collections.Counter[str] = collections.Counter()
+    for op in ops:  # identical calls come summed, with their count per forward
+        if (r := aten_op_record(op[0], op[1], op[2])) is not None:
+            calls[repr(r)] += round(op[4])
     graph = capture(m["model"], m["spec"], cache=False)
     nodes = collections.Counter(repr(r) for _, r in graph_op_records(graph))
     assert sum(calls.values()) > 3

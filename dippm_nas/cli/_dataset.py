@@ -78,6 +78,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="CPU: time each chunk's latencies again in this many interleaved rounds (one untimed and "
                         "--min-repeats timed forwards per model per round) after measuring the models one by one; "
                         "far steadier on a shared machine than one block per model (default 0: off)")
+    b.add_argument("--op-profiles", type=Path, default=None, metavar="PATH",
+                   help="CPU: also run each ok model under torch.profiler and append its operators' in-place times "
+                        "to PATH (.jsonl or .jsonl.xz), with the row's latency: what the host prior's operator "
+                        "table is fitted on (benchmarks/calibrate_host_prior.py --op-profiles); about 6 extra "
+                        "forwards per model")
     b.add_argument("--retry-failed", default="",
                    help="comma-separated statuses (timeout,oom,error) whose failed jobs are measured again")
     b.add_argument("--no-cache", action="store_true", help="do not use the conversion cache")
@@ -139,11 +144,12 @@ def run_build(args: argparse.Namespace) -> int:
         chunk_size=args.chunk, overlap=not args.no_overlap, pin_cpu=args.pin_cpu,
         cache=not args.no_cache, progress=not args.no_progress,
         retry_failed=[s.strip() for s in args.retry_failed.split(",") if s.strip()], isolate=args.isolate,
-        rounds=args.rounds,
+        rounds=args.rounds, op_profiles=args.op_profiles,
     )
     print(f"{report.path}: plan {report.plan_key[:12]} ({'resumed' if report.resumed else 'new'}), "
           f"{report.planned} planned: {report.done} done, {report.failed} failed, {report.open} open; "
-          f"this run measured {report.measured_now}, failed {report.failed_now} in {report.seconds:.0f} s")
+          f"this run measured {report.measured_now}, failed {report.failed_now} in {report.seconds:.0f} s"
+          + (f"; {report.profiled_now} operator profiles appended to {args.op_profiles}" if args.op_profiles else ""))
     return 0 if report.open == 0 else 1
 
 

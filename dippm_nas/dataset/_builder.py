@@ -23,6 +23,13 @@ reused; a scratch check read a median 0.87× the figure with nothing held). Rows
 after its rounds, so a kill loses that chunk's measurements (its jobs are measured again on resume, as a
 new attempt).
 
+With ``op_profiles`` (CPU, not ``isolate``) each ``ok`` model is also run under ``torch.profiler`` once
+its latency is final (after its one-by-one measurement, or after the chunk's rounds), and one line per
+model (:func:`dippm_nas.measure.profile_ops`: every top-level ``aten::`` call with its in-place time) is
+appended to that file with the row's latency: what the host prior's operator table is fitted on
+(``benchmarks/calibrate_host_prior.py --op-profiles``). The profile is an extra 2 × 3 forwards per model,
+taken with the measurement's thread count; a model whose profiling fails keeps its row and is logged.
+
 With ``workers >= 2`` and ``overlap=True`` the next chunk is converted (in processes) while the
 current one is measured. ``pin_cpu`` pins the measuring thread to one core and the conversion
 processes to the others (``os.sched_setaffinity``); both are recorded in each row's environment, with
@@ -55,7 +62,9 @@ from dippm_nas.dataset._errors import DatasetError
 from dippm_nas.dataset._plan import Candidate, Plan, plan_candidates, plan_key
 from dippm_nas.dataset._store import DatasetStore, Job, canonical_json
 from dippm_nas.errors import DeviceError, MeasurementError, SearchSpaceError
-from dippm_nas.measure import Measurement, MeasureSettings, RoundTiming, measure, time_interleaved
+from dippm_nas.measure import (
+    Measurement, MeasureSettings, OpProfileWriter, RoundTiming, measure, profile_ops, time_interleaved,
+)
 from dippm_nas.spec import COMPUTE_DTYPES, InputSpec
 
 __all__ = ["build_dataset", "BuildReport", "DEFAULT_BUILD_SETTINGS", "MeasureFn", "measurement_row"]
@@ -82,6 +91,7 @@ class BuildReport:
         planned: candidates in the plan.
         done / failed: jobs of the plan in each final state after this run (all runs together).
         measured_now / failed_now: jobs finished by this run.
+        profiled_now: ``ok`` jobs of this run whose operator profile was written (with ``op_profiles``).
         open: jobs of the plan still unfinished (0 unless the run was stopped).
         resumed: whether the plan was found stored (a rerun).
         seconds: wall time of this run.
@@ -95,6 +105,7 @@ class BuildReport:
     failed: int = 0
     measured_now: int = 0
     failed_now: int = 0
+    profiled_now: int = 0
     open: int = 0
     resumed: bool = False
     seconds: float = 0.0
@@ -193,6 +204,7 @@ def build_dataset(
     retry_failed: Sequence[str] = (),
     isolate: bool = False,
     rounds: int = 0,
+    op_profiles: str | Path | None = None,
 ) -> BuildReport:
     """Build (or resume building) a measured dataset in the SQLite file ``out``.
 
@@ -227,6 +239,8 @@ def build_dataset(
             not ``isolate``): the chunk's latencies are timed again in this many interleaved rounds of one
             untimed and ``settings.min_repeats`` timed forwards per model (see above); far less sensitive to
             the machine's slow spells than one block per model.
+        op_profiles: a ``.jsonl`` / ``.jsonl.xz`` file to append each ``ok`` model's operator profile to
+            (``device="cpu"``, not ``isolate``; see above); ``None`` (default): no profiling.
         retry_failed: measurement statuses (``"timeout"``, ``"oom"``, ``"error"``) whose failed jobs are
             reopened and measured again (e.g. after raising the time cap); their old rows are replaced.
 
@@ -257,6 +271,9 @@ def build_dataset(
     if rounds and (device != "cpu" or isolate):
         raise DatasetError(f"rounds (interleaved latency timing) needs device='cpu' and isolate=False, got "
                            f"device={device!r}, isolate={isolate!r}")
+    if op_profiles is not None and (device != "cpu" or isolate):
+        raise DatasetError(f"op_profiles (in-place operator times) needs device='cpu' and isolate=False, got "
+                           f"device={device!r}, isolate={isolate!r}")
     bad = sorted(set(retry_failed) - {"timeout", "oom", "error"})
     if bad:
         raise DatasetError(f"retry_failed takes the statuses 'timeout', 'oom', 'error', got {bad}")
@@ -266,6 +283,7 @@ def build_dataset(
         raise DatasetError(f"give spaces and n >= 1 (or explicit candidates); got spaces={list(spaces)!r}, n={n!r}")
 
     store = DatasetStore(out)
+    profiler = _Profiler(OpProfileWriter(op_profiles), settings) if op_profiles is not None else None
     try:
         # ---------------------------------------------------------------- 1. plan
         if candidates is not None:
@@ -386,7 +404,7 @@ def build_dataset(
                     if stop_after is not None and measured_here >= stop_after:
                         break
                     result = _measure_job(store, job, device, settings, measure_fn, static_env, isolate,
-                                          hold=rounds > 0)
+                                          hold=rounds > 0, profiler=profiler)
                     measured_here += 1
                     if isinstance(result, _Held):
                         held.append(result)
@@ -400,7 +418,7 @@ def build_dataset(
                     if pending_conv is not None:
                         pending_conv.result()  # the rounds run with no conversion beside them
                     bar.set_description(f"interleaved rounds ({len(held)} models)")
-                    ok_n = _finish_rounds(store, held, settings, rounds)
+                    ok_n = _finish_rounds(store, held, settings, rounds, profiler)
                     report.measured_now += ok_n
                     report.failed_now += len(held) - ok_n
                     bar.set_description("measuring")
@@ -415,6 +433,8 @@ def build_dataset(
                 pool.shutdown(wait=True, cancel_futures=True)
             if measure_cpus and base_affinity:
                 _set_affinity(set(base_affinity))
+        if profiler is not None:
+            report.profiled_now = profiler.written
         final = store.jobs(job_ids)
         report.done = sum(j.status == "done" for j in final)
         report.failed = sum(j.status == "failed" for j in final)
@@ -429,6 +449,33 @@ def build_dataset(
         return report
     finally:
         store.close()
+        if profiler is not None:
+            profiler.writer.close()
+
+
+class _Profiler:
+    """Writes an ``ok`` model's operator profile with its row's final latency (see the module docstring)."""
+
+    def __init__(self, writer: OpProfileWriter, settings: MeasureSettings) -> None:
+        self.writer = writer
+        self.settings = settings
+        self.written = 0
+
+    def __call__(self, job: Job, model: Any, spec: InputSpec, row: Mapping[str, Any]) -> None:
+        from dippm_nas.measure._malloc import release_free_memory
+
+        try:
+            ops = profile_ops(model, spec, threads=self.settings.threads)
+        except Exception as e:  # noqa: BLE001 - the row is measured and kept; only its profile is missing
+            logger.warning("job %d (%s): profiling its operators failed, no profile line: %s: %s", job.id,
+                           job.space, type(e).__name__, e)
+            return
+        finally:
+            release_free_memory()
+        self.writer.write(family=job.space, latency_ms=float(row["latency_ms"]), ops=ops, graph_hash=job.graph_hash,
+                          config=job.config, batch_size=job.batch_size, dtype=job.dtype, job_id=job.id,
+                          latency_schedule="rounds" if row.get("stop_reason") == "rounds" else "own block")
+        self.written += 1
 
 
 #: The builder an isolated measurement worker calls with ``{"name": space, "config": config}``.
@@ -445,9 +492,10 @@ class _Held:
     row: dict[str, Any]
 
 
-def _finish_rounds(store: DatasetStore, held: list[_Held], settings: MeasureSettings, rounds: int) -> int:
+def _finish_rounds(store: DatasetStore, held: list[_Held], settings: MeasureSettings, rounds: int,
+                   profiler: _Profiler | None = None) -> int:
     """Build ``held``'s models again, time them in interleaved rounds, put the rounds' latency in each row,
-    store; returns the ok count."""
+    (with ``profiler``) profile the ones timed ``ok``, store; returns the ok count."""
     import search_spaces as ss
 
     built: list[tuple[_Held, Any]] = []
@@ -458,9 +506,11 @@ def _finish_rounds(store: DatasetStore, held: list[_Held], settings: MeasureSett
         except Exception as e:  # noqa: BLE001 - it built a moment ago; if it no longer does, that is its row
             rebuild_failed[i] = RoundTiming(samples_ms=(), status="error", reason=(
                 f"building it again for the interleaved rounds failed: {type(e).__name__}: {e}"))
-    timed = iter(time_interleaved([(m, h.spec) for h, m in built], settings, rounds=rounds,
-                                  per_round=settings.min_repeats))
+    timings = time_interleaved([(m, h.spec) for h, m in built], settings, rounds=rounds,
+                               per_round=settings.min_repeats)
+    models = {id(h): m for h, m in built} if profiler is not None else {}  # kept only to be profiled
     del built
+    timed = iter(timings)
     ok_n = 0
     for i, h in enumerate(held):
         t = rebuild_failed[i] if i in rebuild_failed else next(timed)
@@ -474,17 +524,22 @@ def _finish_rounds(store: DatasetStore, held: list[_Held], settings: MeasureSett
             row["stop_reason"] = "rounds"
             row["extra"]["latency_ms_min"] = min(t.samples_ms)
             ok_n += 1
+            if profiler is not None:
+                profiler(h.job, models[id(h)], h.spec, row)
         else:  # no rounds for it (it failed in one, or to build again): a failed row, its one-by-one figures in extra
             reason = t.reason if i in rebuild_failed else f"in interleaved round {t.rounds + 1}: {t.reason}"
             row.update({"status": t.status, "reason": reason, "stop_reason": None, "memory_mib": None,
                         "memory_source": None})
         store.finish_job(h.job, row)
+        models.pop(id(h), None)
     return ok_n
 
 
 def _measure_job(store: DatasetStore, job: Job, device: str, settings: MeasureSettings, measure_fn: MeasureFn,
-                 static_env: Mapping[str, Any], isolate: bool = False, hold: bool = False) -> bool | _Held:
-    """Build, measure and store one job; returns whether it ended ``done``.
+                 static_env: Mapping[str, Any], isolate: bool = False, hold: bool = False,
+                 profiler: _Profiler | None = None) -> bool | _Held:
+    """Build, measure and store one job; returns whether it ended ``done``. With ``profiler`` (and no
+    ``hold``) an ``ok`` model's operator profile is written after its row is stored.
 
     With ``hold``, an ``ok`` job is not stored: its row comes back as a :class:`_Held` for the interleaved
     rounds (the model is dropped here, so the next model's memory is measured with nothing held).
@@ -523,8 +578,12 @@ def _measure_job(store: DatasetStore, job: Job, device: str, settings: MeasureSe
         raise DatasetError(f"measure_fn must return a Measurement, got {type(m).__name__}")
     environment = {**m.environment, **env}
     json.dumps(environment)  # fail here, not in the store, if a measurer put something odd in it
-    del model
     if hold and m.ok:
+        del model
         return _Held(job=job, spec=spec, row=measurement_row(m, environment))
-    store.finish_job(job, measurement_row(m, environment))
+    row = measurement_row(m, environment)
+    store.finish_job(job, row)
+    if profiler is not None and m.ok and model is not None:
+        profiler(job, model, spec, row)
+    del model
     return m.ok

@@ -24,6 +24,7 @@ from dippm_nas.measure._measurement import (
 )
 from dippm_nas.measure._nvml import NvmlAdapter
 from dippm_nas.measure._power import PowerSampler, trapezoid_energy_j
+from dippm_nas.measure._profile import OP_PROFILE_PASSES, OpProfileWriter, profile_ops
 from dippm_nas.measure._rapl import RaplCounter
 from dippm_nas.measure._stopping import StoppingRule, run_until_stopped, summarize, t_quantile_975
 
@@ -31,6 +32,9 @@ __all__ = [
     "measure",
     "measure_isolated",
     "time_interleaved",
+    "profile_ops",
+    "OpProfileWriter",
+    "OP_PROFILE_PASSES",
     "RoundTiming",
     "Measurement",
     "MeasureSettings",
