@@ -613,3 +613,35 @@ def test_cli_build_info_export(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert cli_main(["dataset", "export", str(db), "--out", str(tmp_path / "x.jsonl.gz")]) == 0
     assert "2 measurement rows" in capsys.readouterr().out
     assert cli_main(["dataset", "build", "--space", "mlp", "--n", "2", "--out", str(db), "--dtype", "int8"]) == 2
+
+
+def test_cli_build_measures_the_candidates_of_an_export_again(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    fast = ["--workers", "1", "--no-progress", "--warmup", "1", "--min-repeats", "2", "--max-repeats", "2",
+            "--no-cache"]
+    db = tmp_path / "a.sqlite"
+    assert cli_main(["dataset", "build", "--space", "mlp", "--n", "3", "--batch", "1,2", "--out", str(db), *fast]) == 0
+    exp = tmp_path / "a.jsonl.xz"
+    assert cli_main(["dataset", "export", str(db), "--out", str(exp)]) == 0
+    capsys.readouterr()
+    # the same models, measured again into another file (twice the same export: each model once)
+    db2 = tmp_path / "b.sqlite"
+    assert cli_main(["dataset", "build", "--candidates", str(exp), "--candidates", str(exp), "--out", str(db2),
+                     *fast]) == 0
+    assert "3 done, 0 failed, 0 open" in capsys.readouterr().out
+    key = lambda r: (r["space"], json.dumps(r["config"], sort_keys=True), r["batch_size"])  # noqa: E731
+    first = sorted(key(r) for r in DatasetStore(db).iter_measurements())
+    assert sorted(key(r) for r in DatasetStore(db2).iter_measurements()) == first
+    # a JSON list works too; rows of a space that cannot be built here are left out with a note
+    lst = tmp_path / "c.json"
+    lst.write_text(json.dumps([{"space": "mlp", "config": json.loads(first[0][1]), "batch_size": 1},
+                               {"space": "timm", "config": {"model": "x"}, "batch_size": 1}]))
+    assert cli_main(["dataset", "build", "--candidates", str(lst), "--out", str(tmp_path / "c.sqlite"), *fast]) == 0
+    out = capsys.readouterr()
+    assert "1 done" in out.out and "'timm': 1" in out.err
+    # --candidates excludes --space/--n, which go together
+    assert cli_main(["dataset", "build", "--candidates", str(exp), "--n", "2", "--out", str(db2)]) == 2
+    assert cli_main(["dataset", "build", "--space", "mlp", "--out", str(db2)]) == 2
+    assert "--space and --n go together" in capsys.readouterr().err
+    assert cli_main(["dataset", "build", "--candidates", str(exp), "--dtype", "float16", "--out", str(db2)]) == 2
+    assert "rows of dtype ['float32']" in capsys.readouterr().err

@@ -96,7 +96,9 @@ def capture_many(items: Iterable[Item], *, workers: int = 1, cache: CacheArg = T
             a ``ConversionCache`` object is passed to workers as its URL.
         decompose: as in :func:`capture`.
         progress: show a progress bar.
-        start_method: multiprocessing start method for the pool (``"spawn"`` is safe with torch/TVM threads).
+        start_method: multiprocessing start method for the pool (``"spawn"`` is safe with torch/TVM threads;
+            it re-imports the calling script in each worker, so a script calls this from under
+            ``if __name__ == "__main__":``).
 
     Returns:
         One :class:`CaptureResult` per item.

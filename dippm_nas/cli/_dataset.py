@@ -44,10 +44,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Plan N candidates from the seed, convert them in parallel (conversion cache), measure "
                     "them one at a time. Rerun the same command to resume a killed build.",
     )
-    b.add_argument("--space", required=True,
+    b.add_argument("--space", default=None,
                    help="search space name, a comma-separated list, or 'all' (the families "
                         f"{','.join(_FAMILIES)})")
-    b.add_argument("--n", type=int, required=True, help="candidates to plan (split evenly over the spaces)")
+    b.add_argument("--n", type=int, default=None, help="candidates to plan (split evenly over the spaces)")
+    b.add_argument("--candidates", type=Path, action="append", default=[], metavar="PATH",
+                   help="instead of --space/--n: measure these models (repeatable): a dataset export "
+                        "(.jsonl[.gz|.xz]; each measurement row's space, config and batch size, once) or a JSON "
+                        "list of {space, config, batch_size}; e.g. the same models again, or on another machine")
     b.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N (default cpu)")
     b.add_argument("--batch", type=_int_list, default=[1, 8, 32],
                    help="batch sizes to draw from, comma-separated (default 1,8,32)")
@@ -126,6 +130,47 @@ def _spaces(text: str) -> list[str]:
     return [s.strip() for s in text.split(",") if s.strip()]
 
 
+def _read_candidates(paths: list[Path], dtype: str) -> list[dict[str, Any]]:
+    """``{space, config, batch_size}`` of each distinct model in ``paths`` (exports or JSON lists), in order;
+    rows of a space this installation cannot build (imported public rows: ``timm``...) are left out, with
+    a note on stderr."""
+    import search_spaces as ss
+
+    from dippm_nas.dataset import iter_jsonl
+    from dippm_nas.dataset._store import canonical_json
+
+    known = set(ss.list_spaces())
+    out: list[dict[str, Any]] = []
+    seen: set[tuple[str, str, int]] = set()
+    skipped: dict[str, int] = {}
+    for path in paths:
+        if path.suffix == ".json":
+            items = json.loads(path.read_text())
+            if not isinstance(items, list):
+                raise DippmNasError(f"{path}: a JSON candidates file holds a list of {{space, config, batch_size}}")
+        else:
+            items = [r for r in iter_jsonl(path) if r.get("type") == "measurement"]
+            bad = sorted({str(r.get("dtype")) for r in items} - {dtype})
+            if bad:
+                raise DippmNasError(f"{path} has rows of dtype {bad}; this build measures --dtype {dtype}: pass the "
+                                    "rows' dtype (one build per dtype)")
+        for it in items:
+            if not isinstance(it, dict) or "space" not in it or "config" not in it:
+                raise DippmNasError(f"{path}: each candidate needs 'space' and 'config', got {it!r:.200}")
+            if it["space"] not in known:
+                skipped[it["space"]] = skipped.get(it["space"], 0) + 1
+                continue
+            key = (it["space"], canonical_json(it["config"]), int(it.get("batch_size") or 0))
+            if key not in seen:
+                seen.add(key)
+                out.append({k: it[k] for k in ("space", "config", "batch_size") if k in it})
+    if skipped:
+        print(f"left out rows of spaces that cannot be built here: {skipped}", file=sys.stderr)
+    if not out:
+        raise DippmNasError(f"no buildable candidates in {[str(p) for p in paths]}")
+    return out
+
+
 def run_build(args: argparse.Namespace) -> int:
     from dippm_nas.dataset import build_dataset
     from dippm_nas.errors import MeasurementError
@@ -138,8 +183,15 @@ def run_build(args: argparse.Namespace) -> int:
     except MeasurementError as e:
         raise DippmNasError(str(e)) from e
     budget = None if args.mac_budget <= 0 else int(round(args.mac_budget * 1e6))
+    if bool(args.candidates) == (args.space is not None or args.n is not None):
+        raise DippmNasError("give either --space and --n (sample candidates) or --candidates PATH (measure those), "
+                            f"got --space {args.space!r}, --n {args.n!r}, --candidates {[str(c) for c in args.candidates]}")
+    if not args.candidates and (args.space is None or args.n is None):
+        raise DippmNasError(f"--space and --n go together, got --space {args.space!r}, --n {args.n!r}")
+    candidates = _read_candidates(args.candidates, args.dtype) if args.candidates else None
     report = build_dataset(
-        args.out, spaces=_spaces(args.space), n=args.n, device=args.device, batch_sizes=args.batch,
+        args.out, spaces=_spaces(args.space or ""), n=args.n or 0, candidates=candidates, device=args.device,
+        batch_sizes=args.batch,
         dtype=args.dtype, seed=args.seed, settings=settings, mac_budget=budget, workers=args.workers,
         chunk_size=args.chunk, overlap=not args.no_overlap, pin_cpu=args.pin_cpu,
         cache=not args.no_cache, progress=not args.no_progress,
