@@ -94,7 +94,8 @@ def main() -> int:
         lr = np.array([math.log(r[t]) - math.log(r[f"{t}_pred"]) for r in rows if t in r])
         if lr.size:
             g = float(np.median(lr))
-            scale[t] = {"factor": math.exp(g), "mape_pct_after": float(np.mean(np.abs(np.exp(lr - g) - 1)) * 100)}
+            # |prediction x factor - measured| / measured, as regression_metrics' MAPE (not relative to the prediction)
+            scale[t] = {"factor": math.exp(g), "mape_pct_after": float(np.mean(np.abs(np.exp(g - lr) - 1)) * 100)}
     ks = [int(k) for k in args.calibrate.split(",") if k]
     curve = few_shot_curve(pred, feats, ex, ks, seed=args.seed) if ks else {}
     res = {"checkpoint": args.checkpoint, "checkpoint_cpu": trained_on, "rows_cpu": dict(rows_cpu),
