@@ -109,24 +109,26 @@ def profile_ops(model: Any, spec: InputSpec, *, passes: int = OP_PROFILE_PASSES,
 
 
 class OpProfileWriter:
-    """Appends profile lines to ``path`` (``.xz``: compressed; each open adds an xz stream, which readers
-    of concatenated streams, such as :func:`dippm_nas.dataset.open_text`, read as one file). Thread-safe;
-    each line is flushed when written. Use as a context manager or call :meth:`close`."""
+    """Appends profile lines to ``path``, each flushed as it is written. With ``.xz`` each line is its own
+    xz stream (readers of concatenated streams, such as :func:`dippm_nas.dataset.open_text`, read the
+    file as one), so a build killed between lines leaves a readable file that a resumed build extends.
+    Thread-safe. Use as a context manager or call :meth:`close`."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fh: IO[str] = (lzma.open(self.path, "at") if self.path.suffix == ".xz"
-                             else open(self.path, "a", encoding="utf-8"))
+        self._xz = self.path.suffix == ".xz"
+        self._fh: IO[bytes] = open(self.path, "ab")
         self._lock = threading.Lock()
         self.lines = 0
 
     def write(self, *, family: str, latency_ms: float, ops: list[list[Any]], **where: Any) -> None:
         """One model's line: its family (search space), labelled latency, ``ops`` (:func:`profile_ops`) and
         any JSON-able fields saying where it came from (``graph_hash``, ``config``, ``batch_size``...)."""
-        line = json.dumps({**where, "family": family, "latency_ms": float(latency_ms), "ops": ops})
+        line = (json.dumps({**where, "family": family, "latency_ms": float(latency_ms), "ops": ops}) + "\n").encode()
+        blob = lzma.compress(line) if self._xz else line
         with self._lock:
-            self._fh.write(line + "\n")
+            self._fh.write(blob)
             self._fh.flush()
             self.lines += 1
 
