@@ -15,7 +15,7 @@ import torch
 import search_spaces as ss
 from dippm_nas.errors import DippmNasError
 from dippm_nas.prior import OpTable, PriorParams, aten_op_record, estimate, fit_op_table, graph_op_records
-from dippm_nas.prior._op_table import N_FEATURES, _from_sklearn, record_features
+from dippm_nas.prior._op_table import N_FEATURES, _from_sklearn, record_features, reference_us
 
 
 def _profile(space: str, seed: int, batch: int = 2) -> tuple[list, dict]:
@@ -96,6 +96,11 @@ def test_fitted_table_in_the_prior_gives_the_host_node_times() -> None:
     graph = capture(ss.build_model("vit", cfg), s.input_spec(cfg, batch_size=1), cache=False)
     est = estimate(graph, "host-cpu", params=back)
     recs = graph_op_records(graph)
+    # the memoised record times are the forest's own (a vit repeats its blocks: fewer unique records)
+    direct = np.array([reference_us(r) for _, r in recs]) * np.exp(
+        back.op_tables["host-cpu"].predict_log_ratio(np.array([record_features(r) for _, r in recs])))
+    assert len({repr(r) for _, r in recs}) < len(recs)
+    np.testing.assert_allclose(back.op_tables["host-cpu"].record_us([r for _, r in recs]), direct, rtol=1e-12)
     want_us = table.scale * table.record_us([r for _, r in recs]).sum() + table.per_op_us * len(recs)
     assert est.latency_ms == pytest.approx(want_us / 1e3, rel=1e-6)
     assert est.node_time_ms[[i for i, _ in recs]].min() > 0

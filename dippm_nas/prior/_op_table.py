@@ -35,6 +35,9 @@ from dippm_nas.errors import DippmNasError
 __all__ = ["KINDS", "OpRecord", "OpTable", "aten_op_record", "graph_op_records", "record_features", "reference_us",
            "fit_op_table", "OP_TABLE_FORMAT"]
 
+#: records whose table time :meth:`OpTable.record_us` keeps (cleared when full)
+_MEMO_RECORDS = 200_000
+
 #: Version of the serialised table layout.
 OP_TABLE_FORMAT = 1
 
@@ -276,6 +279,7 @@ class OpTable:
     per_op_us: float = 0.0
     source: str = ""
     metrics: Mapping[str, Any] = field(default_factory=dict)
+    _memo: dict[tuple[Any, ...], float] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         n = len(self.feature)
@@ -296,11 +300,29 @@ class OpTable:
             raise DippmNasError(f"OpTable.scale must be > 0 and per_op_us >= 0, got {self.scale!r}, {self.per_op_us!r}")
 
     def record_us(self, records: Sequence[OpRecord]) -> np.ndarray:
-        """Table time of each record, µs (before :attr:`scale`)."""
+        """Table time of each record, µs (before :attr:`scale`). Records are memoised: a model repeats its
+        blocks and the candidates of a search share most operators, so the forest runs on new ones only."""
         if not records:
             return np.zeros(0)
-        ref = np.array([reference_us(r) for r in records])
-        return ref * np.exp(self.predict_log_ratio(np.asarray([record_features(r) for r in records], dtype=np.float64)))
+        keys = [(k, tuple(x), tuple(w), tuple(p)) for k, x, w, p in records]
+        memo = self._memo
+        vals: dict[tuple[Any, ...], float] = {}
+        new = []
+        for k in dict.fromkeys(keys):
+            v = memo.get(k)
+            if v is None:
+                new.append(k)
+            else:
+                vals[k] = v
+        if new:
+            recs = [(k, list(x), list(w), list(p)) for k, x, w, p in new]
+            ref = np.array([reference_us(r) for r in recs])
+            us = ref * np.exp(self.predict_log_ratio(np.asarray([record_features(r) for r in recs], dtype=np.float64)))
+            vals.update(zip(new, us.tolist()))
+            if len(memo) + len(new) > _MEMO_RECORDS:
+                memo.clear()
+            memo.update(zip(new, us.tolist()))
+        return np.array([vals[k] for k in keys])
 
     def predict_log_ratio(self, x: np.ndarray) -> np.ndarray:
         """The forest on a feature matrix ``[records, N_FEATURES]``: log of time over reference time."""
