@@ -365,6 +365,29 @@ def test_train_predictor_end_to_end_stores_floors_and_novelty_reference(tmp_path
     assert back.meta.novelty == nov and torch.equal(back.novelty_ref, pred.novelty_ref)
 
 
+def test_correction_penalty_keeps_the_network_nearer_the_prior() -> None:
+    """The same tiny training with a large correction penalty learns a smaller correction of the prior."""
+    from dippm_nas.graph import OperatorGraph
+    from dippm_nas.predictor._train import Example, TrainConfig, train_predictor
+
+    examples = []
+    for b in range(1, 41):
+        d = tiny_graph().to_dict()
+        d["spec"]["batch_size"] = b
+        g = OperatorGraph.from_dict(d)
+        examples.append(Example(g, DEV, {"latency_ms": 2.0 * featurize(g, DEV).prior_latency_ms}, "tiny", f"t{b}"))
+    gaps = []
+    for penalty in (0.0, 30.0):
+        cfg = TrainConfig(hidden=8, members=2, epochs=30, patience=30, batch_size=16, time_budget_s=60.0, threads=1,
+                          correction_penalty=penalty)
+        pred, _ = train_predictor([], DEV, split="random", cfg=cfg, examples=examples, progress=False,
+                                  targets=["latency_ms"])
+        out = pred.predict_graphs([e.graph for e in examples], mig=False)
+        gaps.append(float(np.mean([abs(math.log(o.latency_ms / o.details["prior_latency_ms"])) for o in out])))
+    assert gaps[0] > 0.3  # without a penalty it learns most of the 2x (log 0.69)
+    assert gaps[1] < 0.5 * gaps[0]
+
+
 def test_a_dtype_never_trained_on_gets_the_prior_flagged() -> None:
     from dippm_nas.features import static_dtype_columns
     from dippm_nas.predictor._gnn import collate_globals

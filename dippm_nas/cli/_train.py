@@ -44,6 +44,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--patience", type=int, default=30, help="early-stopping patience in epochs (default 30)")
     p.add_argument("--batch-size", type=int, default=64, help="graphs per step (default 64)")
     p.add_argument("--lr", type=float, default=3e-3, help="learning rate (default 3e-3)")
+    p.add_argument("--correction-penalty", type=float, default=0.0,
+                   help="add this x the mean squared log-correction of the prior to the loss (default 0: off)")
     p.add_argument("--style", choices=("ours", "dippm"), default="ours", help="feature style (dippm = ablation)")
     p.add_argument("--no-prior-residual", action="store_true", help="predict log targets directly, not prior corrections")
     p.add_argument("--time-budget", type=float, default=840.0, help="training wall-clock budget, seconds (default 840)")
@@ -65,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = TrainConfig(hidden=args.hidden, layers=args.layers, members=args.members, epochs=args.epochs,
                       patience=args.patience, batch_size=args.batch_size, lr=args.lr, style=args.style,
                       residual_on_prior=not args.no_prior_residual, time_budget_s=args.time_budget, seed=args.seed,
-                      threads=args.threads)
+                      threads=args.threads, correction_penalty=args.correction_penalty)
     holdout = [h for h in args.holdout.split(",") if h]
     command = "dippm-nas " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     pred, report = train_predictor(args.data, args.device, split=args.split, heldout_families=holdout,

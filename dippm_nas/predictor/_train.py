@@ -259,6 +259,9 @@ class TrainConfig:
             better validation loss.
         batch_size: graphs per step; lr, weight_decay: AdamW.
         huber_beta: Huber (smooth L1) transition, in log units (0.02 ≈ 2%).
+        correction_penalty: with ``residual_on_prior``, adds this times the mean squared correction of
+            the prior (log units, labelled targets only) to the training loss: the network then corrects
+            the prior only where the data keep asking for it (0: off, the default).
         style: feature style; fuse: coarsen; residual_on_prior: learn corrections of the prior.
         time_budget_s: wall-clock budget of all members together (split evenly).
         seed: base seed (member ``k`` uses ``seed + k``).
@@ -273,6 +276,7 @@ class TrainConfig:
     lr: float = 3e-3
     weight_decay: float = 1e-5
     huber_beta: float = 0.02
+    correction_penalty: float = 0.0
     style: str = "ours"
     fuse: bool = True
     residual_on_prior: bool = True
@@ -332,6 +336,10 @@ def train_ensemble(train_f: Sequence[GraphFeatures], train_y: torch.Tensor, val_
             b = collate([train_f[i] for i in bi])
             out = model(b)  # [K, B, 3]
             loss = sum(_loss(out[k], train_y[bi], cfg.huber_beta) for k in range(K))
+            if cfg.correction_penalty > 0 and cfg.residual_on_prior:
+                seen = ~torch.isnan(train_y[bi])
+                corr = out - b["log_prior"].unsqueeze(0)  # [K, B, 3]
+                loss = loss + cfg.correction_penalty * K * (corr[:, seen] ** 2).mean()
             opt.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0 * K)
