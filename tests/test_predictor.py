@@ -386,6 +386,20 @@ def test_correction_penalty_keeps_the_network_nearer_the_prior() -> None:
         gaps.append(float(np.mean([abs(math.log(o.latency_ms / o.details["prior_latency_ms"])) for o in out])))
     assert gaps[0] > 0.3  # without a penalty it learns most of the 2x (log 0.69)
     assert gaps[1] < 0.5 * gaps[0]
+    # per target: a weight on another target leaves latency's correction alone; bad weights are refused
+    from dippm_nas.cli._train import _penalty
+    from dippm_nas.errors import DippmNasError
+    from dippm_nas.predictor._train import _penalty_weights
+
+    assert _penalty("latency_ms=1,memory_mib=0.1") == {"latency_ms": 1.0, "memory_mib": 0.1} and _penalty("2") == 2.0
+    w = _penalty_weights(TrainConfig(correction_penalty={"memory_mib": 30.0}))
+    assert w is not None and w.tolist() == [0.0, 0.0, 30.0]
+    assert _penalty_weights(TrainConfig(correction_penalty=0.0)) is None
+    for bad in ({"latency": 1.0}, {"latency_ms": -1.0}):
+        with pytest.raises(DippmNasError, match="correction_penalty"):
+            _penalty_weights(TrainConfig(correction_penalty=bad))
+    with pytest.raises(DippmNasError, match="--correction-penalty"):
+        _penalty("latency_ms=high")
 
 
 def test_a_dtype_never_trained_on_gets_the_prior_flagged() -> None:

@@ -8,6 +8,8 @@ import shlex
 import sys
 from pathlib import Path
 
+from dippm_nas.errors import DippmNasError
+
 __all__ = ["register", "add_split_args", "parse_devices"]
 
 
@@ -44,8 +46,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--patience", type=int, default=30, help="early-stopping patience in epochs (default 30)")
     p.add_argument("--batch-size", type=int, default=64, help="graphs per step (default 64)")
     p.add_argument("--lr", type=float, default=3e-3, help="learning rate (default 3e-3)")
-    p.add_argument("--correction-penalty", type=float, default=0.0,
-                   help="add this x the mean squared log-correction of the prior to the loss (default 0: off)")
+    p.add_argument("--correction-penalty", default="0", metavar="[TARGET=]W[,...]",
+                   help="add W x the mean squared log-correction of the prior to the loss: one W for every target, "
+                        "or per target, e.g. latency_ms=1 (default 0: off)")
     p.add_argument("--style", choices=("ours", "dippm"), default="ours", help="feature style (dippm = ablation)")
     p.add_argument("--no-prior-residual", action="store_true", help="predict log targets directly, not prior corrections")
     p.add_argument("--time-budget", type=float, default=840.0, help="training wall-clock budget, seconds (default 840)")
@@ -60,6 +63,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _penalty(text: str) -> float | dict[str, float]:
+    """``"1"`` -> 1.0; ``"latency_ms=1,memory_mib=0.1"`` -> ``{"latency_ms": 1.0, "memory_mib": 0.1}``."""
+    try:
+        if "=" not in text:
+            return float(text)
+        return {t.strip(): float(v) for t, _, v in (item.partition("=") for item in text.split(",") if item.strip())}
+    except ValueError as e:
+        raise DippmNasError(f"--correction-penalty takes W or TARGET=W[,TARGET=W], got {text!r}") from e
+
+
 def run(args: argparse.Namespace) -> int:
     from dippm_nas.predictor._train import TrainConfig, train_predictor
     from dippm_nas.prior import PriorParams
@@ -67,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = TrainConfig(hidden=args.hidden, layers=args.layers, members=args.members, epochs=args.epochs,
                       patience=args.patience, batch_size=args.batch_size, lr=args.lr, style=args.style,
                       residual_on_prior=not args.no_prior_residual, time_budget_s=args.time_budget, seed=args.seed,
-                      threads=args.threads, correction_penalty=args.correction_penalty)
+                      threads=args.threads, correction_penalty=_penalty(args.correction_penalty))
     holdout = [h for h in args.holdout.split(",") if h]
     command = "dippm-nas " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     pred, report = train_predictor(args.data, args.device, split=args.split, heldout_families=holdout,

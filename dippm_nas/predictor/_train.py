@@ -261,7 +261,9 @@ class TrainConfig:
         huber_beta: Huber (smooth L1) transition, in log units (0.02 ≈ 2%).
         correction_penalty: with ``residual_on_prior``, adds this times the mean squared correction of
             the prior (log units, labelled targets only) to the training loss: the network then corrects
-            the prior only where the data keep asking for it (0: off, the default).
+            the prior only where the data keep asking for it (0: off, the default). A float applies to
+            every target; a ``{target: weight}`` mapping to the targets it names (a poor prior, such as
+            the host's memory prior, needs its correction).
         style: feature style; fuse: coarsen; residual_on_prior: learn corrections of the prior.
         time_budget_s: wall-clock budget of all members together (split evenly).
         seed: base seed (member ``k`` uses ``seed + k``).
@@ -276,7 +278,7 @@ class TrainConfig:
     lr: float = 3e-3
     weight_decay: float = 1e-5
     huber_beta: float = 0.02
-    correction_penalty: float = 0.0
+    correction_penalty: float | dict[str, float] = 0.0
     style: str = "ours"
     fuse: bool = True
     residual_on_prior: bool = True
@@ -284,6 +286,22 @@ class TrainConfig:
     seed: int = 0
     threads: int = 2
     history: list[dict[str, float]] = field(default_factory=list, repr=False)
+
+
+def _penalty_weights(cfg: TrainConfig) -> torch.Tensor | None:
+    """``[3]`` per-target weights of the correction penalty, or ``None`` when it is off.
+
+    Raises:
+        DippmNasError: a negative weight or an unknown target.
+    """
+    p = cfg.correction_penalty
+    w = dict(p) if isinstance(p, dict) else {t: float(p) for t in TARGETS}
+    bad = {t: v for t, v in w.items() if t not in TARGETS or not (float(v) >= 0.0)}
+    if bad:
+        raise DippmNasError(f"correction_penalty takes weights >= 0 for targets {list(TARGETS)}, got {bad}")
+    if not cfg.residual_on_prior or not any(float(v) > 0 for v in w.values()):
+        return None
+    return torch.tensor([float(w.get(t, 0.0)) for t in TARGETS])
 
 
 def _loss(pred: torch.Tensor, y: torch.Tensor, beta: float) -> torch.Tensor:
@@ -319,6 +337,7 @@ def train_ensemble(train_f: Sequence[GraphFeatures], train_y: torch.Tensor, val_
     K = cfg.members
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
+    penalty = _penalty_weights(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=cfg.epochs)
     best = [float("inf")] * K
@@ -336,10 +355,10 @@ def train_ensemble(train_f: Sequence[GraphFeatures], train_y: torch.Tensor, val_
             b = collate([train_f[i] for i in bi])
             out = model(b)  # [K, B, 3]
             loss = sum(_loss(out[k], train_y[bi], cfg.huber_beta) for k in range(K))
-            if cfg.correction_penalty > 0 and cfg.residual_on_prior:
+            if penalty is not None:
                 seen = ~torch.isnan(train_y[bi])
-                corr = out - b["log_prior"].unsqueeze(0)  # [K, B, 3]
-                loss = loss + cfg.correction_penalty * K * (corr[:, seen] ** 2).mean()
+                corr2 = (out - b["log_prior"].unsqueeze(0)) ** 2 * penalty  # [K, B, 3], weighted per target
+                loss = loss + K * corr2[:, seen].mean()
             opt.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0 * K)
