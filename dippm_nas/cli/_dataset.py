@@ -150,7 +150,7 @@ def _read_candidates(paths: list[Path], dtype: str) -> list[dict[str, Any]]:
                 raise DippmNasError(f"{path}: a JSON candidates file holds a list of {{space, config, batch_size}}")
         else:
             items = [r for r in iter_jsonl(path) if r.get("type") == "measurement"]
-            bad = sorted({str(r.get("dtype")) for r in items} - {dtype})
+            bad = sorted({str(r.get("dtype")) for r in items if r.get("space") in known} - {dtype})
             if bad:
                 raise DippmNasError(f"{path} has rows of dtype {bad}; this build measures --dtype {dtype}: pass the "
                                     "rows' dtype (one build per dtype)")
