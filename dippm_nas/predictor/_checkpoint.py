@@ -61,7 +61,8 @@ OTHER_HOST_FLOOR_LOG: dict[str, float] = {"latency_ms": 0.30, "memory_mib": 0.10
 #:    needs 0.326 / 0.118 (0.322 fitted on four families covers 94.6 % of the other four);
 #: 3. the checkpoint shipped since (trained on the third VM, 14 families, with its operator-table prior)
 #:    on the first VM's 3,300 rows (data/host_cpu/host_cpu_amd_epyc.jsonl.xz): 1.79x too slow, latency
-#:    87.7 %, 13.5 % once that one factor is removed, τ 0.907; memory 7.9 %; needs 0.470 / 0.016 (0.465
+#:    87.7 %, 14.9 % once that one factor is removed (13.5 % by the script's former formula, which divided
+#:    by the prediction), τ 0.907; memory 7.9 %; needs 0.470 / 0.016 (0.465
 #:    fitted on four families covers 94.1 % of the other four); on the rounds VM's rows it needs 0.250 /
 #:    0.116. (Without the operator table, the same training gave 0.471 / 0 and 0.247 / 0.104.)
 #:
