@@ -226,6 +226,62 @@ def test_unknown_op_stays_as_generic_node_counted_and_warned_once(monkeypatch) -
     assert len(msgs) == 1
 
 
+class _UnfoldAmaxPool(nn.Module):
+    """unfold and adaptive_max_pool2d have no Relax converter in either mode; amax has ours."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.fc = nn.Linear(8 * 4 * 16 * 4, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)
+        u = y.unfold(2, 4, 4)                                # (B, 8, 4, 16, 4)
+        p = nn.functional.adaptive_max_pool2d(y, 2)           # (values, indices) inside the export
+        return self.fc(u.flatten(1)) + torch.amax(y, dim=(2, 3)).sum(1, keepdim=True) + p.sum((1, 2, 3))[:, None]
+
+
+def test_ops_no_mode_converts_become_opaque_unknown_nodes_with_their_shapes() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        g = capture(_UnfoldAmaxPool(), SPEC, cache=False)
+    assert g.mode == "export+opaque" and g.mode in MODES
+    assert g.unknown_ops == {"unfold": 1, "adaptive_max_pool2d": 1}  # amax is converted exactly (to max)
+    by_op = {n.op: n for n in g.nodes}
+    assert by_op["unfold"].output_shapes == ((2, 8, 4, 16, 4),) and not by_op["unfold"].known
+    assert by_op["adaptive_max_pool2d"].output_shapes == ((2, 8, 2, 2), (2, 8, 2, 2))
+    assert by_op["adaptive_max_pool2d"].output_dtype == "float32"
+    assert by_op["max"].output_shapes == ((2, 8),)
+    conv = next(n.index for n in g.nodes if n.op_class == "conv")
+    # dataflow kept through the opaque node: conv -> ... -> unfold -> ... -> the linear layer
+    reach, frontier = {conv}, [conv]
+    while frontier:
+        i = frontier.pop()
+        for a, b in g.edges:
+            if a == i and b not in reach:
+                reach.add(b)
+                frontier.append(b)
+    assert by_op["unfold"].index in reach
+    assert any(g.nodes[b].op_class == "matmul" for a, b in g.edges if a in reach)
+    # the prediction still comes, flagged
+    from dippm_nas import predict
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        p = predict(g, SPEC, device="a100-sxm4-40gb")
+    assert p.unknown_ops == {"unfold": 1, "adaptive_max_pool2d": 1} and p.latency_ms > 0
+
+
+def test_opaque_fallback_only_in_auto_mode_and_the_error_lists_every_attempt() -> None:
+    with pytest.raises(GraphCaptureError, match="Unsupported function types"):
+        capture(_UnfoldAmaxPool(), SPEC, cache=False, decompose=False)
+    from dippm_nas.capture._converters import unsupported_ops
+
+    assert unsupported_ops("AssertionError: Unsupported function types ['unfold.default', 'im2col.default']") == [
+        "unfold.default", "im2col.default"]
+    assert unsupported_ops("TypeError: something else") == []
+
+
 def test_model_key_is_stable_across_processes_and_hash_seeds() -> None:
     import subprocess
     import sys

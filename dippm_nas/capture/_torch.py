@@ -24,7 +24,7 @@ __all__ = ["capture_module", "MODES"]
 logger = logging.getLogger(__name__)
 
 #: Conversion modes recorded in :attr:`OperatorGraph.mode`.
-MODES = ("export", "export+decompose", "onnx")
+MODES = ("export", "export+decompose", "export+opaque", "onnx")
 
 # Messages of PyTorch shape checks (meta kernels, nn layers) that mean "the input does not fit".
 _SHAPE_ERR = re.compile(
@@ -119,11 +119,18 @@ def _export(model: "torch.nn.Module", spec: InputSpec) -> Any:
 
 
 def _convert(ep: Any, decompose: bool | str) -> tuple[Any, str]:
+    """Relax module of ``ep`` and the mode that made it.
+
+    ``"auto"`` tries the fast mode, then the decomposing one; if both fail and the fast mode named ops it
+    has no converter for, it converts once more with those ops as opaque calls (mode ``"export+opaque"``:
+    the ops are kept by name, shapes and inputs, and counted as unknown ops of the graph).
+    """
     from tvm.relax.frontend.torch import from_exported_program
 
-    from dippm_nas.capture._converters import custom_convert_map
+    from dippm_nas.capture._converters import custom_convert_map, opaque_convert_map, unsupported_ops
 
     errors = []
+    missing: list[str] = []
     tries = [False, True] if decompose == "auto" else [bool(decompose)]
     for dec in tries:
         try:
@@ -133,9 +140,21 @@ def _convert(ep: Any, decompose: bool | str) -> tuple[Any, str]:
             return mod, ("export+decompose" if dec else "export")
         except Exception as e:  # noqa: BLE001 - the Relax frontend raises assorted errors for unsupported ops
             errors.append(f"run_ep_decomposition={dec}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            if dec is False:
+                missing = unsupported_ops(str(e))
             if dec is False and decompose == "auto":
                 logger.info("Relax conversion without decomposition failed (%s); retrying with decomposition",
                             errors[-1])
+    if missing and decompose == "auto":
+        try:
+            with _quiet_torch():
+                mod = from_exported_program(ep, run_ep_decomposition=False,
+                                            custom_convert_map=opaque_convert_map(missing))
+            logger.warning("Relax has no converter for %s: converted as opaque ops (counted as unknown ops; "
+                           "their cost is a generic estimate)", ", ".join(missing))
+            return mod, "export+opaque"
+        except Exception as e:  # noqa: BLE001 - as above
+            errors.append(f"opaque {missing}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
     raise GraphCaptureError("TVM Relax could not convert the exported program: " + " | ".join(errors))
 
 
@@ -146,7 +165,8 @@ def capture_module(model: "torch.nn.Module", spec: InputSpec, *, decompose: bool
     Args:
         model: the module; left in the training mode it had.
         spec: example input description.
-        decompose: ``"auto"`` (no decomposition, falling back to it), ``False`` or ``True``.
+        decompose: ``"auto"`` (no decomposition, falling back to it, then to opaque ops for what neither
+            mode converts), ``False`` or ``True``.
         model_key: pre-export key to record in the graph.
     """
     t0 = time.perf_counter()

@@ -133,7 +133,8 @@ class OperatorGraph:
         param_count: elements of all weight tensors (parameters and buffers), each counted once.
         param_bytes: bytes of those tensors.
         mode: how the graph was made: ``"export"`` (``run_ep_decomposition=False``), ``"export+decompose"``
-            (the decomposing fallback) or ``"onnx"``.
+            (the decomposing fallback), ``"export+opaque"`` (ops neither mode converts kept as opaque,
+            unknown nodes) or ``"onnx"``.
         source: a short description of the model (class name, SPEC string or file name).
         convert_seconds: wall time of export + conversion + graph build when it was captured.
         model_key: the pre-export key of the model definition (or of the ONNX file's bytes).

@@ -17,6 +17,10 @@ from dippm_nas.graph._formulas import cost_of
 from dippm_nas.graph._graph import OperatorGraph, OpNode
 from dippm_nas.spec import InputSpec, dtype_bytes
 
+#: ``global_symbol`` prefix of the extern function an opaque op calls (``dippm_nas.opaque.unfold``, made by
+#: :func:`dippm_nas.capture._converters.opaque_convert_map`); the graph node is named after what follows it.
+OPAQUE_PREFIX = "dippm_nas.opaque."
+
 __all__ = ["graph_from_relax"]
 
 Shape = tuple[int, ...]
@@ -115,7 +119,7 @@ def graph_from_relax(mod: Any, spec: InputSpec, *, mode: str, input_names: list[
     Args:
         mod: ``tvm.IRModule`` from ``from_exported_program`` or ``from_onnx``.
         spec: the input spec the module was made with.
-        mode: ``"export"``, ``"export+decompose"`` or ``"onnx"``.
+        mode: ``"export"``, ``"export+decompose"``, ``"export+opaque"`` or ``"onnx"``.
         input_names: names to give the function parameters, in order (default: the Relax names).
         source: description of the model.
         model_key: the pre-export key, if any.
@@ -196,6 +200,10 @@ def graph_from_relax(mod: Any, spec: InputSpec, *, mode: str, input_names: list[
         if isinstance(value, relax.Call) and isinstance(value.op, Op):
             op = str(value.op.name)
             op = op[6:] if op.startswith("relax.") else op
+            if op == "call_dps_packed" and isinstance(value.args[0], relax.ExternFunc):
+                symbol = str(value.args[0].global_symbol)
+                if symbol.startswith(OPAQUE_PREFIX):  # an op the frontend could not convert, kept by name
+                    op = symbol[len(OPAQUE_PREFIX):]
             args: list[_Val] = []
             for a in value.args:
                 args.extend(resolve(a))
