@@ -272,6 +272,41 @@ def test_ops_no_mode_converts_become_opaque_unknown_nodes_with_their_shapes() ->
     assert p.unknown_ops == {"unfold": 1, "adaptive_max_pool2d": 1} and p.latency_ms > 0
 
 
+class _FrontendGaps(nn.Module):
+    """Ops the stock frontend mis-converts in its fast mode (seen in timm's xcit, edgenext, hiera, poolformerv2)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(16, 48)
+        self.ln = nn.LayerNorm(16, bias=False)
+        self.gn_weight = nn.Parameter(torch.ones(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, 4, 10, 16)
+        half = torch.div(torch.arange(16, dtype=torch.float32), 2, rounding_mode="floor")  # float // int
+        y = self.ln(x + half)
+        q, k, v = self.qkv(y).reshape(x.shape[0], 4, 10, 3, 2, 8).permute(3, 0, 1, 4, 2, 5).unbind(0)
+        a = nn.functional.scaled_dot_product_attention(q, k, v)      # 5-D: (B, 4, 2, 10, 8)
+        g = nn.functional.group_norm(x, 2, self.gn_weight, None)     # weight, no bias
+        return a.flatten(2).sum(-1) + torch.amax(g, dim=(2, 3))
+
+
+def test_converters_for_frontend_gaps_keep_the_fast_mode_and_the_shapes() -> None:
+    spec = InputSpec(shape=(4, 10, 16), batch_size=2)
+    g = capture(_FrontendGaps().eval(), spec, cache=False)
+    assert g.mode == "export" and not g.unknown_ops
+    ops = [n.op for n in g.nodes]
+    assert "floor_divide" in ops and "nn.layer_norm" in ops and "nn.group_norm" in ops and "max" in ops
+    (att,) = [n for n in g.nodes if n.op == "nn.attention"]
+    # the five-dimensional attention runs as (B*4, 2 heads, 10, 8): B*H*Sq*Sk*(D+Dv) MACs
+    assert att.macs == 8 * 2 * 10 * 10 * (8 + 8)
+    assert any(n.output_shapes == ((2, 4, 2, 10, 8),) for n in g.nodes if n.index > att.index)  # split again
+    # a float tensor floor-divided by a Python int stays float (PyTorch's promotion)
+    (fd,) = [n for n in g.nodes if n.op == "floor_divide"]
+    assert fd.output_dtype == "float32"
+    out = _FrontendGaps().eval()(torch.randn(2, 4, 10, 16))
+    assert out.shape == (2, 4)
+
+
 def test_opaque_fallback_only_in_auto_mode_and_the_error_lists_every_attempt() -> None:
     with pytest.raises(GraphCaptureError, match="Unsupported function types"):
         capture(_UnfoldAmaxPool(), SPEC, cache=False, decompose=False)

@@ -8,7 +8,16 @@ Each converter reproduces what PyTorch computes, expressed with existing Relax o
   SDPA; we emit the same ``where(mask, 0, -large)`` and hand over to the stock converter.
 - ``fill_.Tensor`` (in-place fill with a 0-d tensor, used by swin's shifted-window masks): the frontend
   has only ``fill_.Scalar``; we emit ``full(shape, value)`` and rebind the filled tensor.
+- ``scaled_dot_product_attention`` on 5-D tensors (hiera's mask units): the frontend takes 2-D or 4-D;
+  the leading dimensions are merged into one batch dimension and split again on the output.
+- ``layer_norm.default`` / ``group_norm.default`` with a weight but ``bias=None`` (poolformerv2): the
+  frontend looks the ``None`` up as a tensor. Layer norm gets no bias, as a norm without either does;
+  group norm, whose Relax op needs both, gets a zero bias (a constant of C elements, so the graph's
+  ``param_count`` holds C more elements than the model).
 - ``amax.default`` (hiera's mask-unit pooling): ``max`` over the same axes.
+- ``div.Tensor_mode`` with a Python number (``x // 2`` on a float tensor, in xcit's and edgenext's position
+  encodings): the frontend makes the number an ``int32`` constant, which Relax will not divide a float
+  tensor by; we give the constant the tensor's dtype, as PyTorch's type promotion does.
 - ``feature_dropout.default`` and ``to.device`` (channel dropout, a device move): the identity at inference
   on one device.
 
@@ -19,12 +28,13 @@ exported node), so the rest of the model is converted exactly and the op is coun
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
 from dippm_nas.graph._relax import OPAQUE_PREFIX
 
-__all__ = ["custom_convert_map", "opaque_convert_map", "OPAQUE_PREFIX", "unsupported_ops"]
+__all__ = ["custom_convert_map", "opaque_convert_map", "unsupported_ops"]
 
 _UNSUPPORTED = re.compile(r"Unsupported function types \[([^\]]*)\]")
 
@@ -80,16 +90,109 @@ def _amax(node: Any, importer: Any) -> Any:
     return importer.block_builder.emit(relax.op.max(x, axis=axis, keepdims=keep))
 
 
+def _div_mode(node: Any, importer: Any) -> Any:
+    from tvm import relax
+
+    def value(arg: Any) -> Any:
+        return importer.env[arg] if hasattr(arg, "op") and arg in importer.env else arg
+
+    a, b = value(node.args[0]), value(node.args[1])
+
+    def const_like(num: Any, tensor: Any) -> Any:
+        dt = str(tensor.ty.dtype)
+        if isinstance(num, bool) or not isinstance(num, (int, float)):
+            return num
+        if isinstance(num, float) and not dt.startswith(("float", "bfloat")):
+            return relax.const(num, "float32")  # PyTorch promotes int / float to float; so does Relax's check
+        return relax.const(num, dt)
+
+    if isinstance(getattr(a, "ty", None), relax.TensorType):
+        b = const_like(b, a)
+    if isinstance(getattr(b, "ty", None), relax.TensorType):
+        a = const_like(a, b)
+    mode = node.args[2] if len(node.args) > 2 else node.kwargs.get("rounding_mode")
+    bb = importer.block_builder
+    if mode is None:
+        return bb.emit(relax.op.divide(a, b))
+    if mode == "floor":
+        return bb.emit(relax.op.floor_divide(a, b))
+    if mode == "trunc":
+        return bb.emit(relax.op.trunc(bb.emit(relax.op.divide(a, b))))
+    raise ValueError(f"div: rounding_mode must be None, 'floor' or 'trunc', got {mode!r}")
+
+
+def _layer_norm(node: Any, importer: Any) -> Any:
+    args = node.args
+
+    def optional(i: int) -> Any:
+        return importer.env[args[i]] if len(args) > i and args[i] is not None else None
+
+    eps = args[4] if len(args) > 4 else 1e-05
+    return importer._layer_norm_impl(importer.env[args[0]], optional(2), optional(3), eps, args[1])
+
+
+def _group_norm(node: Any, importer: Any) -> Any:
+    import numpy as np
+    from tvm import relax
+
+    args = node.args
+    x = importer.env[args[0]]
+    shape = [int(d) for d in x.ty.shape]
+    dt = str(x.ty.dtype)
+
+    def optional(i: int, fill: float) -> Any:
+        if len(args) > i and args[i] is not None:
+            return importer.env[args[i]]
+        return relax.const(np.full((shape[1],), fill, dtype=dt), dt)
+
+    eps = args[4] if len(args) > 4 else 1e-05
+    return importer.block_builder.emit(relax.op.nn.group_norm(
+        x, optional(2, 1.0), optional(3, 0.0), num_groups=args[1], channel_axis=1,
+        axes=list(range(2, len(shape))), epsilon=eps))
+
+
 def _identity(node: Any, importer: Any) -> Any:
     return importer.env[node.args[0]]
+
+
+def _sdpa(node: Any, importer: Any) -> Any:
+    from tvm import relax
+
+    def dims(expr: Any) -> list[int]:
+        return [int(d) for d in expr.ty.shape]
+
+    q_shape = dims(importer.env[node.args[0]])
+    if len(q_shape) <= 4:
+        return _sdpa_bool_mask(node, importer)
+    bb = importer.block_builder
+    mask_node = node.args[3] if len(node.args) > 3 else node.kwargs.get("attn_mask")
+    saved = {}
+    for n in dict.fromkeys([*node.args[:3], mask_node]):  # distinct nodes, in order
+        if n is None or n not in importer.env:
+            continue
+        v = importer.env[n]
+        if not isinstance(getattr(v, "ty", None), relax.TensorType) or len(dims(v)) != len(q_shape):
+            continue  # a lower-rank mask broadcasts as before
+        shape = dims(v)
+        saved[n] = v
+        importer.env[n] = bb.emit(relax.op.reshape(v, [math.prod(shape[:-3]), *shape[-3:]]))
+    v_dim = dims(importer.env[node.args[2]])[-1]
+    try:
+        out = _sdpa_bool_mask(node, importer)
+    finally:
+        importer.env.update(saved)
+    return bb.emit(relax.op.reshape(out, [*q_shape[:-1], v_dim]))
 
 
 def custom_convert_map() -> dict[str, Any]:
     """The converters, keyed as the frontend's ``convert_map`` (``"<aten op>.<overload>"``)."""
     return {
-        "scaled_dot_product_attention.default": _sdpa_bool_mask,
+        "scaled_dot_product_attention.default": _sdpa,
         "fill_.Tensor": _fill_tensor,
         "amax.default": _amax,
+        "div.Tensor_mode": _div_mode,
+        "layer_norm.default": _layer_norm,
+        "group_norm.default": _group_norm,
         "feature_dropout.default": _identity,
         "to.device": _identity,
     }
