@@ -283,6 +283,7 @@ class _FrontendGaps(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, 4, 10, 16)
         half = torch.div(torch.arange(16, dtype=torch.float32), 2, rounding_mode="floor")  # float // int
+        half = half + torch.div(torch.arange(16), 2.5, rounding_mode="floor")               # int // float
         y = self.ln(x + half)
         q, k, v = self.qkv(y).reshape(x.shape[0], 4, 10, 3, 2, 8).permute(3, 0, 1, 4, 2, 5).unbind(0)
         a = nn.functional.scaled_dot_product_attention(q, k, v)      # 5-D: (B, 4, 2, 10, 8)
@@ -300,9 +301,8 @@ def test_converters_for_frontend_gaps_keep_the_fast_mode_and_the_shapes() -> Non
     # the five-dimensional attention runs as (B*4, 2 heads, 10, 8): B*H*Sq*Sk*(D+Dv) MACs
     assert att.macs == 8 * 2 * 10 * 10 * (8 + 8)
     assert any(n.output_shapes == ((2, 4, 2, 10, 8),) for n in g.nodes if n.index > att.index)  # split again
-    # a float tensor floor-divided by a Python int stays float (PyTorch's promotion)
-    (fd,) = [n for n in g.nodes if n.op == "floor_divide"]
-    assert fd.output_dtype == "float32"
+    # float tensor // int and int tensor // float are both float (PyTorch's promotion)
+    assert [n.output_dtype for n in g.nodes if n.op == "floor_divide"] == ["float32", "float32"]
     out = _FrontendGaps().eval()(torch.randn(2, 4, 10, 16))
     assert out.shape == (2, 4)
 

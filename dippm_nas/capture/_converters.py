@@ -98,18 +98,24 @@ def _div_mode(node: Any, importer: Any) -> Any:
 
     a, b = value(node.args[0]), value(node.args[1])
 
-    def const_like(num: Any, tensor: Any) -> Any:
-        dt = str(tensor.ty.dtype)
-        if isinstance(num, bool) or not isinstance(num, (int, float)):
-            return num
-        if isinstance(num, float) and not dt.startswith(("float", "bfloat")):
-            return relax.const(num, "float32")  # PyTorch promotes int / float to float; so does Relax's check
-        return relax.const(num, dt)
+    def is_tensor(v: Any) -> bool:
+        return isinstance(getattr(v, "ty", None), relax.TensorType)
 
-    if isinstance(getattr(a, "ty", None), relax.TensorType):
-        b = const_like(b, a)
-    if isinstance(getattr(b, "ty", None), relax.TensorType):
-        a = const_like(a, b)
+    def is_number(v: Any) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+    def promote(tensor: Any, num: Any) -> tuple[Any, Any]:
+        """PyTorch's promotion of ``tensor op number``: the tensor's dtype, or float32 for an int tensor
+        and a float number."""
+        dt = str(tensor.ty.dtype)
+        if isinstance(num, float) and not dt.startswith(("float", "bfloat")):
+            return importer.block_builder.emit(relax.op.astype(tensor, "float32")), relax.const(num, "float32")
+        return tensor, relax.const(num, dt)
+
+    if is_tensor(a) and is_number(b):
+        a, b = promote(a, b)
+    elif is_number(a) and is_tensor(b):
+        b, a = promote(b, a)
     mode = node.args[2] if len(node.args) > 2 else node.kwargs.get("rounding_mode")
     bb = importer.block_builder
     if mode is None:
