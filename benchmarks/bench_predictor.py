@@ -145,7 +145,7 @@ def main() -> int:
             if clear and not tables:
                 break
             for tb in tables if clear else ():
-                tb._memo.clear()
+                tb.clear_memo()
             t0 = time.perf_counter()
             pred.predict_graphs(part, mig=False)
             dt = time.perf_counter() - t0

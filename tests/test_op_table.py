@@ -101,6 +101,9 @@ def test_fitted_table_in_the_prior_gives_the_host_node_times() -> None:
         back.op_tables["host-cpu"].predict_log_ratio(np.array([record_features(r) for _, r in recs])))
     assert len({repr(r) for _, r in recs}) < len(recs)
     np.testing.assert_allclose(back.op_tables["host-cpu"].record_us([r for _, r in recs]), direct, rtol=1e-12)
+    back.op_tables["host-cpu"].clear_memo()  # a cold start computes the same times
+    assert not back.op_tables["host-cpu"]._memo
+    np.testing.assert_allclose(back.op_tables["host-cpu"].record_us([r for _, r in recs]), direct, rtol=1e-12)
     want_us = table.scale * table.record_us([r for _, r in recs]).sum() + table.per_op_us * len(recs)
     assert est.latency_ms == pytest.approx(want_us / 1e3, rel=1e-6)
     assert est.node_time_ms[[i for i, _ in recs]].min() > 0

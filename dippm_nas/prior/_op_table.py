@@ -299,6 +299,11 @@ class OpTable:
         if self.scale <= 0 or self.per_op_us < 0:
             raise DippmNasError(f"OpTable.scale must be > 0 and per_op_us >= 0, got {self.scale!r}, {self.per_op_us!r}")
 
+    def clear_memo(self) -> None:
+        """Forget the memoised record times (:meth:`record_us` then runs the forest on every record again:
+        a cold start, e.g. for a speed figure)."""
+        self._memo.clear()
+
     def record_us(self, records: Sequence[OpRecord]) -> np.ndarray:
         """Table time of each record, µs (before :attr:`scale`). Records are memoised: a model repeats its
         blocks and the candidates of a search share most operators, so the forest runs on new ones only."""
