@@ -45,6 +45,11 @@ def unsupported_ops(message: str) -> list[str]:
     return re.findall(r"'([^']+)'", m.group(1)) if m else []
 
 
+def _dims(expr: Any) -> list[int]:
+    """The static shape of a Relax tensor expression."""
+    return [int(d) for d in expr.ty.shape]
+
+
 def _sdpa_bool_mask(node: Any, importer: Any) -> Any:
     from tvm import relax
 
@@ -143,7 +148,7 @@ def _group_norm(node: Any, importer: Any) -> Any:
 
     args = node.args
     x = importer.env[args[0]]
-    shape = [int(d) for d in x.ty.shape]
+    shape = _dims(x)
     dt = str(x.ty.dtype)
 
     def optional(i: int, fill: float) -> Any:
@@ -164,10 +169,7 @@ def _identity(node: Any, importer: Any) -> Any:
 def _sdpa(node: Any, importer: Any) -> Any:
     from tvm import relax
 
-    def dims(expr: Any) -> list[int]:
-        return [int(d) for d in expr.ty.shape]
-
-    q_shape = dims(importer.env[node.args[0]])
+    q_shape = _dims(importer.env[node.args[0]])
     if len(q_shape) <= 4:
         return _sdpa_bool_mask(node, importer)
     bb = importer.block_builder
@@ -177,12 +179,12 @@ def _sdpa(node: Any, importer: Any) -> Any:
         if n is None or n not in importer.env:
             continue
         v = importer.env[n]
-        if not isinstance(getattr(v, "ty", None), relax.TensorType) or len(dims(v)) != len(q_shape):
+        if not isinstance(getattr(v, "ty", None), relax.TensorType) or len(_dims(v)) != len(q_shape):
             continue  # a lower-rank mask broadcasts as before
-        shape = dims(v)
+        shape = _dims(v)
         saved[n] = v
         importer.env[n] = bb.emit(relax.op.reshape(v, [math.prod(shape[:-3]), *shape[-3:]]))
-    v_dim = dims(importer.env[node.args[2]])[-1]
+    v_dim = _dims(importer.env[node.args[2]])[-1]
     try:
         out = _sdpa_bool_mask(node, importer)
     finally:
