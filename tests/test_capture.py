@@ -307,6 +307,47 @@ def test_converters_for_frontend_gaps_keep_the_fast_mode_and_the_shapes() -> Non
     assert out.shape == (2, 4)
 
 
+class _MaskedAttention(nn.Module):
+    """q/k/v of the input's rank (4-D: B, H, L, D; 5-D: B, U, H, L, D) and a fixed mask of any broadcastable shape."""
+
+    def __init__(self, mask: torch.Tensor) -> None:
+        super().__init__()
+        self.register_buffer("mask", mask)
+
+    def forward(self, q: torch.Tensor) -> torch.Tensor:
+        return nn.functional.scaled_dot_product_attention(q, q * 0.5, q + 1.0, attn_mask=self.mask)
+
+
+@pytest.mark.parametrize(("shape", "mask_shape", "boolean"), [
+    ((3, 2, 5, 8), (3, 2, 5, 5), False),    # 5-D, a 4-D mask: broadcasts over B, not over B*U
+    ((3, 2, 5, 8), (5, 5), False),
+    ((3, 2, 5, 8), (2, 1, 1, 1, 5), False),  # full rank with axes of 1
+    ((3, 2, 5, 8), (1, 2, 5, 5), True),
+    ((2, 5, 8), (2, 5, 5), False),           # 4-D, a lower-rank mask (the frontend takes only 4-D ones)
+    ((2, 5, 8), (5, 5), True),
+])
+def test_attention_masks_of_any_broadcastable_shape_convert_exactly(shape, mask_shape, boolean) -> None:
+    import numpy as np
+    import tvm
+    from tvm import relax
+
+    from dippm_nas.capture._torch import _convert, _export
+
+    gen = torch.Generator().manual_seed(0)
+    mask = torch.rand(mask_shape, generator=gen) > 0.3 if boolean else torch.randn(mask_shape, generator=gen)
+    if boolean:
+        mask[..., 0] = True  # no fully masked row (PyTorch gives NaN there)
+    model = _MaskedAttention(mask).eval()
+    spec = InputSpec(shape=shape, batch_size=2)
+    mod, mode = _convert(_export(model, spec), "auto")
+    assert mode == "export"  # no fallback to the slow decomposing mode
+    x = torch.randn(2, *shape, generator=gen)
+    vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
+    out = vm["main"](tvm.runtime.tensor(x.numpy()))
+    got = (out[0] if not hasattr(out, "numpy") else out).numpy()
+    np.testing.assert_allclose(got, model(x).numpy(), rtol=1e-4, atol=1e-5)
+
+
 def test_opaque_fallback_only_in_auto_mode_and_the_error_lists_every_attempt() -> None:
     with pytest.raises(GraphCaptureError, match="Unsupported function types"):
         capture(_UnfoldAmaxPool(), SPEC, cache=False, decompose=False)

@@ -9,7 +9,9 @@ Each converter reproduces what PyTorch computes, expressed with existing Relax o
 - ``fill_.Tensor`` (in-place fill with a 0-d tensor, used by swin's shifted-window masks): the frontend
   has only ``fill_.Scalar``; we emit ``full(shape, value)`` and rebind the filled tensor.
 - ``scaled_dot_product_attention`` on 5-D tensors (hiera's mask units): the frontend takes 2-D or 4-D;
-  the leading dimensions are merged into one batch dimension and split again on the output.
+  the leading dimensions are merged into one batch dimension and split again on the output (a mask is
+  first broadcast to the full score shape, so its leading axes merge as q's do). A 4-D attention with a
+  mask of lower rank, which the frontend rejects, gets the mask with leading axes of 1.
 - ``layer_norm.default`` / ``group_norm.default`` with a weight but ``bias=None`` (poolformerv2): the
   frontend looks the ``None`` up as a tensor. Layer norm gets no bias, as a norm without either does;
   group norm, whose Relax op needs both, gets a zero bias (a constant of C elements, so the graph's
@@ -170,22 +172,35 @@ def _sdpa(node: Any, importer: Any) -> Any:
     from tvm import relax
 
     q_shape = _dims(importer.env[node.args[0]])
-    if len(q_shape) <= 4:
+    mask_node = node.args[3] if len(node.args) > 3 else node.kwargs.get("attn_mask")
+    mask = importer.env.get(mask_node) if mask_node is not None else None
+    if not isinstance(getattr(mask, "ty", None), relax.TensorType) or mask_node in node.args[:3]:
+        mask_node = None
+    if len(q_shape) < 4:
         return _sdpa_bool_mask(node, importer)
     bb = importer.block_builder
-    mask_node = node.args[3] if len(node.args) > 3 else node.kwargs.get("attn_mask")
     saved = {}
-    for n in dict.fromkeys([*node.args[:3], mask_node]):  # distinct nodes, in order
-        if n is None or n not in importer.env:
-            continue
-        v = importer.env[n]
-        if not isinstance(getattr(v, "ty", None), relax.TensorType) or len(_dims(v)) != len(q_shape):
-            continue  # a lower-rank mask broadcasts as before
-        shape = _dims(v)
-        saved[n] = v
-        importer.env[n] = bb.emit(relax.op.reshape(v, [math.prod(shape[:-3]), *shape[-3:]]))
-    v_dim = _dims(importer.env[node.args[2]])[-1]
     try:
+        if len(q_shape) == 4:
+            # the frontend wants a 4-D mask: a lower-rank one gets leading axes of 1 (how it broadcasts)
+            if mask_node is not None and len(_dims(mask)) < 4:
+                saved[mask_node] = mask
+                importer.env[mask_node] = bb.emit(relax.op.reshape(mask, [1] * (4 - len(_dims(mask))) + _dims(mask)))
+            return _sdpa_bool_mask(node, importer)
+        # 5-D and more: leading axes merged into one batch axis. The mask broadcasts against
+        # (*q_shape[:-1], Sk), so it is broadcast to that full shape first; merging its leading axes then
+        # matches q's
+        scores = [*q_shape[:-1], _dims(importer.env[node.args[1]])[-2]]
+        for n in dict.fromkeys([*node.args[:3], mask_node]):  # distinct nodes, in order
+            if n is None:
+                continue
+            v = importer.env[n]
+            saved[n] = v
+            if n is mask_node and _dims(v) != scores:
+                v = bb.emit(relax.op.broadcast_to(v, scores))
+            shape = _dims(v)
+            importer.env[n] = bb.emit(relax.op.reshape(v, [math.prod(shape[:-3]), *shape[-3:]]))
+        v_dim = _dims(saved[node.args[2]])[-1]
         out = _sdpa_bool_mask(node, importer)
     finally:
         importer.env.update(saved)
