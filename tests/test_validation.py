@@ -267,6 +267,86 @@ def test_job_that_cannot_be_built_fails_without_retry(queue: JobQueue) -> None:
     assert queue.results() == []
 
 
+def test_worker_in_rounds_times_a_claimed_batch_together(queue: JobQueue) -> None:
+    # one-by-one measurements are faked (2 ms, memory 1.5 MiB), the rounds time the real tiny MLPs
+    for trial, width in enumerate((8, 99, 16, 32)):
+        _enqueue(queue, trial, width=width, priority=-trial)
+    fake = FakeMeasure()
+    worker = ValidationWorker(queue, "host-cpu", measure_fn=fake, rounds=3, rounds_batch=8,
+                              settings=MeasureSettings(warmup=1, min_repeats=2, max_repeats=3))
+    outcomes: list[tuple[int, str]] = []
+    assert worker.run(max_jobs=3, idle_timeout_s=0, poll_s=0,
+                      on_job=lambda job, outcome: outcomes.append((job.trial_number, outcome))) == 3
+    assert outcomes == [(0, "done"), (1, "done"), (2, "done")]  # max_jobs caps the batch it claims
+    assert queue.counts()["queued"] == 1
+    by_trial = {job.trial_number: job for job in queue.jobs()}
+    oom = by_trial[1].result
+    assert oom["status"] == "oom" and oom["stop_reason"] is None  # not ok: recorded as measured, no rounds
+    for t in (0, 2):
+        r = by_trial[t].result
+        assert r["status"] == "ok" and r["stop_reason"] == "rounds" and r["n_repeats"] == 3 * 2
+        assert r["details"]["own_block_latency_ms"] == 2.0 and 0 < r["details"]["latency_ms_min"] <= r["latency_ms"]
+        assert r["environment"]["latency_schedule"] == {"kind": "interleaved", "rounds": 3, "per_round": 2,
+                                                        "models_in_rounds": 2}
+        assert r["memory_mib"] == 1.5  # memory stays the one-by-one figure
+    assert worker.run(idle_timeout_s=0, poll_s=0) == 1 and queue.counts()["done"] == 4
+
+
+def test_rounds_keep_leases_and_a_job_whose_rounds_fail_keeps_its_own_block(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    q = JobQueue(f"sqlite:///{tmp_path / 'q.db'}", lease_s=1.0)
+    for trial, width in enumerate((8, 16, 32)):
+        _enqueue(q, trial, width=width, priority=-trial)
+
+    def slow(model: Any, spec: InputSpec, device: str, settings: Any) -> Measurement:
+        time.sleep(0.6)          # three of them outlast the 1 s lease: only the heartbeat keeps the batch
+        q.requeue_expired()      # what any other queue user does
+        return _ok(2.0)
+
+    import search_spaces
+
+    built: dict[int, int] = {}
+    real_build = search_spaces.build_model
+
+    def build(space: str, config: dict[str, Any]) -> Any:
+        w = config["hidden"][0]
+        built[w] = built.get(w, 0) + 1
+        if w == 16 and built[w] > 1:
+            raise RuntimeError("no longer builds")
+        return real_build(space, config)
+
+    monkeypatch.setattr(search_spaces, "build_model", build)
+    worker = ValidationWorker(q, "host-cpu", measure_fn=slow, rounds=2, heartbeat_s=0.2,
+                              settings=MeasureSettings(warmup=1, min_repeats=2, max_repeats=3))
+    batch = worker.run_batch()
+    assert [outcome for _job, outcome in batch] == ["done"] * 3
+    assert all(job.attempts == 1 for job in q.jobs())  # never re-queued
+    by_trial = {job.trial_number: job.result for job in q.jobs()}
+    assert by_trial[0]["stop_reason"] == by_trial[2]["stop_reason"] == "rounds"
+    assert by_trial[0]["environment"]["latency_schedule"]["models_in_rounds"] == 2
+    kept = by_trial[1]
+    assert kept["stop_reason"] is None and kept["latency_ms"] == 2.0
+    assert "no longer builds" in kept["environment"]["latency_schedule"]["rounds_failed"]
+    q.close()
+
+
+def test_rounds_arguments_are_checked() -> None:
+    q = JobQueue("sqlite://")
+    for kwargs in ({"rounds": -1}, {"rounds": 1.5}, {"rounds": True}, {"rounds": 2, "rounds_batch": 0}):
+        with pytest.raises(ValidationError, match="must be an int"):
+            ValidationWorker(q, "host-cpu", measure_fn=FakeMeasure(), **kwargs)
+    with pytest.raises(ValidationError, match="CPU devices only"):
+        ValidationWorker(q, "a100-sxm4-40gb", measure_fn=FakeMeasure(), rounds=3)
+    with pytest.raises(ValidationError, match="CPU devices only"):
+        ParetoValidator("a100-sxm4-40gb", mode="queue", interleave_rounds=3)
+    with pytest.raises(ValidationError, match="interleave_batch must be an int"):
+        ParetoValidator("host-cpu", measure_fn=FakeMeasure(), interleave_rounds=3, interleave_batch=0)
+    v = ParetoValidator("host-cpu", measure_fn=FakeMeasure(), interleave_rounds=3, interleave_batch=4)
+    w = v._local_worker(v.queue_for(optuna.create_study()))
+    assert (w.rounds, w.rounds_batch) == (3, 4)
+    q.close()
+
+
 _DOOMED_WORKER = textwrap.dedent("""
     import sys, time
     from dippm_nas.validation import JobQueue, ValidationWorker
@@ -536,7 +616,9 @@ def test_real_round_and_validate_worker_cli(tmp_path: Path, capsys: pytest.Captu
     q.enqueue(study=study.study_name, trial_number=5, space="mlp", config=_cfg(16), spec=SPEC.to_dict(),
               device="host-cpu", predicted=PRED)
     code = main(["validate-worker", "--storage", url, "--device", "host-cpu", "--idle-exit", "0", "--poll", "0",
-                 "--warmup", "1", "--min-repeats", "2", "--max-repeats", "3", "--time-cap", "2"])
+                 "--warmup", "1", "--min-repeats", "2", "--max-repeats", "3", "--time-cap", "2", "--rounds", "2"])
     out = capsys.readouterr().out
     assert code == 0 and "trial=5 attempt=1: done status=ok" in out and "1 job(s) handled" in out
+    (job5,) = [j for j in q.jobs() if j.trial_number == 5]
+    assert job5.result["stop_reason"] == "rounds" and job5.result["n_repeats"] == 4
     assert {r.trial_number for r in q.results(study=study.study_name)} == {0, 5}

@@ -41,6 +41,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--time-cap", type=float, default=30.0, metavar="S",
                    help="time budget of one measurement, seconds (default 30)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads during measurement (default: torch's)")
+    p.add_argument("--rounds", type=int, default=0, metavar="N",
+                   help="CPU devices: time each batch of claimed jobs again in N interleaved rounds of --min-repeats "
+                        "forwards (steadier on a shared machine; the host-CPU checkpoints' labels are timed so); "
+                        "default 0: one block of timed forwards per job")
+    p.add_argument("--rounds-batch", type=int, default=8, metavar="K",
+                   help="with --rounds, jobs claimed and timed together (default 8)")
     p.set_defaults(func=run)
 
 
@@ -52,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
                                time_cap_s=args.time_cap, threads=args.threads)
     queue = JobQueue(args.storage, lease_s=args.lease, max_attempts=args.max_attempts)
     worker = ValidationWorker(queue, args.device, settings=settings, cuda_device=args.cuda_device,
-                              isolate=args.isolate)
+                              isolate=args.isolate, rounds=args.rounds, rounds_batch=args.rounds_batch)
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: Any) -> None:

@@ -120,6 +120,11 @@ class ParetoValidator:
         min_calibration_rows: see ``auto_calibrate``.
         isolate: measure local jobs in a fresh subprocess each.
         measure_fn: replaces the harness for local jobs (tests).
+        interleave_rounds, interleave_batch: local jobs on a CPU device are timed again in
+            ``interleave_rounds`` interleaved rounds, ``interleave_batch`` jobs at a time (a
+            :class:`~dippm_nas.validation.ValidationWorker`'s ``rounds`` and ``rounds_batch``; ``0``, the
+            default: one block of timed forwards per job). A remote worker takes them as
+            ``dippm-nas validate-worker --rounds N --rounds-batch K``.
 
     Raises:
         ValidationError: invalid schedule, mode or counts; ``mode="local"`` for a device not on this machine.
@@ -142,6 +147,8 @@ class ParetoValidator:
         min_calibration_rows: int = 5,
         isolate: bool = False,
         measure_fn: MeasureFn | None = None,
+        interleave_rounds: int = 0,
+        interleave_batch: int = 8,
     ) -> None:
         from dippm_nas.devices import resolve_device
 
@@ -164,6 +171,12 @@ class ParetoValidator:
         if isinstance(min_calibration_rows, bool) or not isinstance(min_calibration_rows, int) \
                 or min_calibration_rows < 1:
             raise ValidationError(f"min_calibration_rows must be an int >= 1, got {min_calibration_rows!r}")
+        for name, v, low in (("interleave_rounds", interleave_rounds, 0), ("interleave_batch", interleave_batch, 1)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise ValidationError(f"{name} must be an int >= {low}, got {v!r}")
+        if interleave_rounds and resolve_device(self.device).kind != "cpu":
+            raise ValidationError(f"interleave_rounds={interleave_rounds}: interleaved rounds time CPU devices only, "
+                                  f"and {self.device!r} is not one; use 0")
         here = measure_fn is not None or device_is_here(self.device)
         if mode == "local" and not here:
             raise ValidationError(f"mode='local' needs device {self.device!r} on this machine; use mode='queue' "
@@ -181,6 +194,8 @@ class ParetoValidator:
         self.auto_calibrate = bool(auto_calibrate)
         self.min_calibration_rows = min_calibration_rows
         self.isolate = bool(isolate)
+        self.interleave_rounds = interleave_rounds
+        self.interleave_batch = interleave_batch
         self._measure_fn = measure_fn
         self._queue: JobQueue | None = None
         self._queue_url: str | None = None
@@ -216,7 +231,8 @@ class ParetoValidator:
     def _local_worker(self, queue: JobQueue) -> ValidationWorker:
         if self._worker is None:
             self._worker = ValidationWorker(queue, self.device, settings=self.settings, isolate=self.isolate,
-                                            measure_fn=self._measure_fn)
+                                            measure_fn=self._measure_fn, rounds=self.interleave_rounds,
+                                            rounds_batch=self.interleave_batch)
         return self._worker
 
     # ------------------------------------------------------------------ callback
