@@ -71,7 +71,7 @@ def main() -> int:
         return 2
     # the σ without the cross-host (other-machine) floor: the floor is what this script measures
     pred.other_host_floor_log, pred.other_machine_floor_log = {}, {}
-    feats = featurize_examples(ex, style=pred.meta.feature_style, prior_params=pred._prior_params,
+    feats = featurize_examples(ex, style=pred.meta.feature_style, prior_params=pred.prior_params,
                                host_threads=pred.host_threads)
     tab, rows = evaluate_examples(pred, feats, ex)
     fams = sorted({e.family for e in ex})

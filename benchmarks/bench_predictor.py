@@ -139,7 +139,7 @@ def main() -> int:
     if args.gnn_only:
         return 0
     if len(cold) >= 16:
-        tables = list(getattr(pred._prior_params, "op_tables", {}).values())
+        tables = list(getattr(pred.prior_params, "op_tables", {}).values())
         half = len(cold) // 2
         for label, part, clear in (("", cold[:half], False), (" (op-table memo cleared first)", cold[half:], True)):
             if clear and not tables:

@@ -94,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     holdout = [h for h in args.holdout.split(",") if h]
     tr, va, te = split_examples(ex, mode=args.split, heldout_families=holdout, seed=args.seed,
                                 holdout_frac=args.holdout_frac)
-    pp, style = pred._prior_params, pred.meta.feature_style
+    pp, style = pred.prior_params, pred.meta.feature_style
     print(f"split {args.split}: train {len(tr)}, val {len(va)}, test {len(te)}; featurising ...", flush=True)
     ftr = featurize_examples(tr, style=style, prior_params=pp, host_threads=pred.host_threads)
     va_dev = [e for e in va if e.device == dev]

@@ -194,7 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         te = [e for e in te if e.device == tw.device]
         if not te:
             raise SystemExit(f"twin {path}: no {tw.device} test rows of families {holdout}")
-        feats = featurize_examples(te, style=tw.meta.feature_style, prior_params=tw._prior_params,
+        feats = featurize_examples(te, style=tw.meta.feature_style, prior_params=tw.prior_params,
                                    host_threads=tw.host_threads)
         _, rows = evaluate_examples(tw, feats, te)
         twins[f"{Path(path).stem} ({','.join(holdout)})"] = (rows, d0)

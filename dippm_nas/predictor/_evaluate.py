@@ -219,7 +219,7 @@ def evaluate_checkpoint(checkpoint: str | Path, data: Sequence[str | Path], *, d
     ex = load_examples(data, devices=devices)
     _, _, te = split_examples(ex, mode=split, heldout_families=heldout_families, seed=seed, holdout_frac=holdout_frac)
     te = [e for e in te if e.device == dev]
-    feats = featurize_examples(te, style=pred.meta.feature_style, prior_params=pred._prior_params,
+    feats = featurize_examples(te, style=pred.meta.feature_style, prior_params=pred.prior_params,
                                host_threads=pred.host_threads)
     tab, rows = evaluate_examples(pred, feats, te)
     res: dict[str, Any] = {"device": dev, "n_test": len(te), "metrics": tab, "rows": rows}

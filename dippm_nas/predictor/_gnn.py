@@ -541,11 +541,13 @@ class GnnPredictor(BasePredictor):
         self._pred_cache: OrderedDict[tuple[Any, ...], Prediction] = OrderedDict()
         self._cache_size = feature_cache_size
         self._lock = threading.Lock()
-        self._prior_params = None
+        #: the analytic prior's constants pinned in the checkpoint (``None``: the package's), which its
+        #: features and prior were computed with; featurise evaluation data with them
+        self.prior_params: Any = None
         if meta.prior_params is not None:
             from dippm_nas.prior import PriorParams
 
-            self._prior_params = PriorParams.from_dict(meta.prior_params, origin="checkpoint")
+            self.prior_params = PriorParams.from_dict(meta.prior_params, origin="checkpoint")
         self.calibration: Calibration | None = None
         if load_calibration:
             from dippm_nas.predictor._calibrate import load_calibration as _load
@@ -646,7 +648,7 @@ class GnnPredictor(BasePredictor):
             from dippm_nas.devices import get_device
 
             target = get_device(dev, threads=self.host_threads)
-        f = featurize(graph, target, style=self.meta.feature_style, prior_params=self._prior_params)
+        f = featurize(graph, target, style=self.meta.feature_style, prior_params=self.prior_params)
         with self._lock:
             self._cache[key] = f
             while len(self._cache) > self._cache_size:
@@ -855,7 +857,7 @@ class GnnPredictor(BasePredictor):
             from dippm_nas.mig import advise
 
             pred = dataclasses.replace(pred, mig=advise(pred, dev, graph=graph, k_sigma=k_sigma,
-                                                        params=self._prior_params))
+                                                        params=self.prior_params))
         return pred
 
     # ------------------------------------------------------------ calibration
