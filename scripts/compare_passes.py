@@ -5,10 +5,14 @@ Usage (from the repository root)::
 
     python scripts/compare_passes.py PASS_A.sqlite PASS_B.sqlite [--column latency_ms_median]
 
+Either file may also be a dataset export (``.jsonl`` or ``.jsonl.xz``, e.g. the ``data/host_cpu`` files).
+
 Prints, over the rows both passes measured (``status='ok'``, matched by space, config and batch size): the
 median B/A ratio with its 5th-95th percentiles, the share of rows differing by more than 10 %, and the MAPE
 of B as a "prediction" of A after removing the global factor between the passes (a predictor could learn
 that factor), overall and per family. This is the error a perfect predictor would show against one pass.
+Per family it also prints the family's own factor relative to the global one and the MAPE after it: a
+family-wide shift between passes is label noise that no predictor of an unseen family can learn.
 
 Columns: ``latency_ms`` (mean), ``latency_ms_median``, ``memory_mib``; for passes built with ``--rounds``
 also ``latency_ms_min`` (the rounds' fastest forward) and ``own_block.latency_ms`` /
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import lzma
 import sqlite3
 from collections import defaultdict
 from collections.abc import Sequence
@@ -37,13 +42,32 @@ _COLUMNS = {
 }
 
 
+def _export_value(row: dict, column: str) -> float | None:
+    if column in ("latency_ms", "latency_ms_median", "memory_mib"):
+        return row.get(column)
+    v: object = row.get("extra") or {}
+    for part in (["latency_ms_min"] if column == "latency_ms_min" else ["own_block", column.split(".", 1)[1]]):
+        v = v.get(part) if isinstance(v, dict) else None
+    return v  # type: ignore[return-value]
+
+
 def _rows(path: str, column: str) -> dict[tuple, float]:
-    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     out = {}
+    if path.endswith((".jsonl", ".jsonl.xz")):
+        with (lzma.open(path, "rt") if path.endswith(".xz") else open(path)) as f:
+            for line in f:
+                row = json.loads(line)
+                if row.get("type") != "measurement" or row.get("status") != "ok":
+                    continue
+                v = _export_value(row, column)
+                if v is not None and v > 0:
+                    out[(row["space"], json.dumps(row["config"], sort_keys=True), row["batch_size"])] = float(v)
+        return out
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     for space, config, bs, v in con.execute(
             f"SELECT space, config, batch_size, {_COLUMNS[column]} FROM measurements WHERE status = 'ok'"):
         if v is not None and v > 0:
-            cfg = config if isinstance(config, str) else json.dumps(config)
+            cfg = json.dumps(json.loads(config) if isinstance(config, str) else config, sort_keys=True)
             out[(space, cfg, bs)] = float(v)
     con.close()
     return out
@@ -65,11 +89,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{len(keys)} rows in common; {args.column} B/A: median {np.median(r):.3f} "
           f"(5-95 % {np.percentile(r, 5):.3f}-{np.percentile(r, 95):.3f}); differ by > 10 %: {np.mean(np.abs(r - 1) > 0.1):.1%}")
     print(f"test-retest MAPE (global factor {g:.3f} removed): {100 * ape.mean():.2f} %, median APE {100 * np.median(ape):.2f} %")
-    fam: dict[str, list[float]] = defaultdict(list)
-    for k, x in zip(keys, ape):
-        fam[k[0]].append(x)
-    for f, v in sorted(fam.items()):
-        print(f"  {f:12s} MAPE {100 * np.mean(v):.2f} %  ({len(v)} rows)")
+    fam: dict[str, list[int]] = defaultdict(list)
+    for i, k in enumerate(keys):
+        fam[k[0]].append(i)
+    within = np.empty(len(keys))
+    for f, idx in sorted(fam.items()):
+        rf = r[idx] / g
+        gf = float(np.exp(np.median(np.log(rf))))
+        within[idx] = np.abs(rf / gf - 1)
+        print(f"  {f:14s} MAPE {100 * ape[idx].mean():6.2f} %  family factor {gf:.3f}, "
+              f"MAPE after it {100 * within[idx].mean():6.2f} %  ({len(idx)} rows)")
+    print(f"after each family's own factor: MAPE {100 * within.mean():.2f} %, median APE {100 * np.median(within):.2f} %")
     return 0
 
 
