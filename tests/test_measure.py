@@ -7,6 +7,7 @@ import contextlib
 import json
 import math
 import time
+from pathlib import Path
 from typing import Any
 from unittest import mock
 
@@ -585,6 +586,9 @@ def test_cpu_measures_a_tiny_model_for_real() -> None:
     assert set(row.memory_parts_mib) == {"rss_before_mib", "rss_peak_mib", "rss_delta_mib", "weights_mib"}
     assert row.energy_j is None and "RAPL" in row.energy_reason  # this host has no RAPL counter
     assert row.environment["threads"] == 1 and row.environment["settings"]["threads"] == 1
+    sig = row.environment["cpu_signature"]  # tells VMs sold under one CPU name apart afterwards
+    if Path("/proc/cpuinfo").exists():
+        assert {"vendor", "family", "model", "flags_sha1"} <= set(sig) and len(sig["flags_sha1"]) == 12
     assert row.batch_size == 2 and row.dtype == "float32"
     assert torch.get_num_threads() == threads_before
     assert model.training  # the caller's model was not touched (the measurer ran an eval copy)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from dippm_nas._platform import cpu_model_name
+from dippm_nas._platform import cpu_model_name, cpu_signature
 from dippm_nas.errors import MeasurementError
 from dippm_nas.measure._measurement import Measurement, MeasureSettings
 from dippm_nas.measure._stopping import StoppingRule, summarize
@@ -175,6 +175,7 @@ def base_environment(settings: MeasureSettings, threads: int) -> dict[str, Any]:
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "cpu_model": cpu_model_name(),
+        "cpu_signature": cpu_signature(),
         "threads": threads,
         "settings": settings.to_dict(),
     }
