@@ -348,6 +348,57 @@ def test_attention_masks_of_any_broadcastable_shape_convert_exactly(shape, mask_
     np.testing.assert_allclose(got, model(x).numpy(), rtol=1e-4, atol=1e-5)
 
 
+class _OpsWithoutFastConverter(nn.Module):
+    """One op the stock fast mode has no converter for (timm's convnextv2, convmixer, convit, gcvit, vit_xp,
+    resnetv2 EvoNorm); ``which`` picks it."""
+
+    def __init__(self, which: str) -> None:
+        super().__init__()
+        self.which = which
+        self.conv_same = nn.Conv2d(3, 4, (4, 3), padding="same", dilation=(1, 2))  # even kernel: uneven padding
+        self.conv_valid = nn.Conv2d(3, 4, 3, padding="valid", stride=2, bias=False)
+        self.w = nn.Parameter(torch.randn(8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, 3, 6, 8)
+        if self.which == "addcmul":
+            return torch.addcmul(x, x.mean(1, keepdim=True), x, value=0.5) + torch.addcmul(x, x, x)
+        if self.which == "conv2d_padding":
+            return self.conv_same(x).sum() + self.conv_valid(x).flatten(1)
+        if self.which == "repeat_interleave":
+            return torch.repeat_interleave(x, 2, dim=2).sum(1) + torch.repeat_interleave(x[:, 0], 3)[None, :8]
+        if self.which == "div_":
+            y = x * 2.0
+            z = y + 1.0
+            y.div_(z)                      # in place on an intermediate
+            return y + z                   # the later read sees the divided tensor
+        if self.which == "rms_norm":
+            return nn.functional.rms_norm(x, (8,), self.w, 1e-5) + nn.functional.rms_norm(x, (6, 8))
+        if self.which == "var":
+            return x.var(dim=(2, 3), keepdim=True) + x.var(dim=1, unbiased=False)[:, None]
+        raise ValueError(self.which)
+
+
+@pytest.mark.parametrize("which", ["addcmul", "conv2d_padding", "repeat_interleave", "div_", "rms_norm", "var"])
+def test_ops_without_a_stock_fast_converter_convert_exactly(which: str) -> None:
+    import numpy as np
+    import tvm
+    from tvm import relax
+
+    from dippm_nas.capture._torch import _convert, _export
+
+    torch.manual_seed(0)
+    model = _OpsWithoutFastConverter(which).eval()
+    spec = InputSpec(shape=(3, 6, 8), batch_size=2)
+    mod, mode = _convert(_export(model, spec), "auto")
+    assert mode == "export"  # no fallback to the slow decomposing mode
+    x = torch.randn(2, 3, 6, 8)
+    vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
+    out = vm["main"](tvm.runtime.tensor(x.numpy()))
+    got = (out[0] if not hasattr(out, "numpy") else out).numpy()
+    with torch.no_grad():
+        np.testing.assert_allclose(got, model(x).numpy(), rtol=1e-4, atol=1e-5)
+
+
 def test_opaque_fallback_only_in_auto_mode_and_the_error_lists_every_attempt() -> None:
     with pytest.raises(GraphCaptureError, match="Unsupported function types"):
         capture(_UnfoldAmaxPool(), SPEC, cache=False, decompose=False)
