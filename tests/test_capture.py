@@ -350,7 +350,7 @@ def test_attention_masks_of_any_broadcastable_shape_convert_exactly(shape, mask_
 
 class _OpsWithoutFastConverter(nn.Module):
     """One op the stock fast mode has no converter for (timm's convnextv2, convmixer, convit, gcvit, vit_xp,
-    resnetv2 EvoNorm); ``which`` picks it."""
+    resnetv2 EvoNorm; torchvision's maxvit_t); ``which`` picks it."""
 
     def __init__(self, which: str) -> None:
         super().__init__()
@@ -375,10 +375,13 @@ class _OpsWithoutFastConverter(nn.Module):
             return nn.functional.rms_norm(x, (8,), self.w, 1e-5) + nn.functional.rms_norm(x, (6, 8))
         if self.which == "var":
             return x.var(dim=(2, 3), keepdim=True) + x.var(dim=1, unbiased=False)[:, None]
+        if self.which == "swapaxes":
+            return torch.swapaxes(x, 1, -1) * x.swapaxes(3, 1) + x.swapaxes(-2, -1).sum((2, 3))[:, None, None, :]
         raise ValueError(self.which)
 
 
-@pytest.mark.parametrize("which", ["addcmul", "conv2d_padding", "repeat_interleave", "div_", "rms_norm", "var"])
+@pytest.mark.parametrize("which", ["addcmul", "conv2d_padding", "repeat_interleave", "div_", "rms_norm", "var",
+                                   "swapaxes"])
 def test_ops_without_a_stock_fast_converter_convert_exactly(which: str) -> None:
     import numpy as np
     import tvm

@@ -25,8 +25,9 @@ Each converter reproduces what PyTorch computes, expressed with existing Relax o
 - ops the frontend has no fast-mode converter for, which sent whole timm families through the decomposing
   mode (0.2-2.5 s instead of 10-180 ms per model): ``addcmul`` (convnextv2's GRN), ``conv2d.padding``
   (``padding="same"/"valid"``, convmixer), ``repeat_interleave.self_int`` (convit, gcvit), ``div_.Tensor``
-  (in place, convit), ``rms_norm`` (vit ``_xp``), ``var.dim`` (resnetv2 EvoNorm). Each is the Relax op
-  PyTorch's definition names; ``div_`` also rebinds the divided tensor, as ``fill_`` does.
+  (in place, convit), ``rms_norm`` (vit ``_xp``), ``var.dim`` (resnetv2 EvoNorm), ``swapaxes`` (torchvision's
+  maxvit_t). Each is the Relax op PyTorch's definition names; ``div_`` also rebinds the divided tensor, as
+  ``fill_`` does.
 
 :func:`opaque_convert_map` is the last resort for an op no converter knows (``unfold``, ``im2col``...): an
 *opaque* call that keeps the op's name, its tensor inputs and its output shapes and dtypes (from the
@@ -257,6 +258,17 @@ def _var_dim(node: Any, importer: Any) -> Any:
     return bb.emit(relax.op.multiply(var, relax.const(scale, str(x.ty.dtype))))
 
 
+def _swapaxes(node: Any, importer: Any) -> Any:
+    from tvm import relax
+
+    x = importer.env[node.args[0]]
+    n = len(_dims(x))
+    a, b = int(node.args[1]) % n, int(node.args[2]) % n
+    perm = list(range(n))
+    perm[a], perm[b] = perm[b], perm[a]
+    return importer.block_builder.emit(relax.op.permute_dims(x, perm))
+
+
 def _sdpa(node: Any, importer: Any) -> Any:
     from tvm import relax
 
@@ -313,6 +325,7 @@ def custom_convert_map() -> dict[str, Any]:
         "div_.Tensor": _div_inplace,
         "rms_norm.default": _rms_norm,
         "var.dim": _var_dim,
+        "swapaxes.default": _swapaxes,
     }
 
 
