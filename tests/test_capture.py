@@ -308,7 +308,8 @@ def test_converters_for_frontend_gaps_keep_the_fast_mode_and_the_shapes() -> Non
 
 
 class _MaskedAttention(nn.Module):
-    """q/k/v of the input's rank (4-D: B, H, L, D; 5-D: B, U, H, L, D) and a fixed mask of any broadcastable shape."""
+    """q/k/v of the input's rank (3-D: N, L, D; 4-D: B, H, L, D; 5-D: B, U, H, L, D) and a fixed mask of any
+    broadcastable shape."""
 
     def __init__(self, mask: torch.Tensor) -> None:
         super().__init__()
@@ -325,6 +326,8 @@ class _MaskedAttention(nn.Module):
     ((3, 2, 5, 8), (1, 2, 5, 5), True),
     ((2, 5, 8), (2, 5, 5), False),           # 4-D, a lower-rank mask (the frontend takes only 4-D ones)
     ((2, 5, 8), (5, 5), True),
+    ((5, 8), (2, 5, 5), False),              # 3-D (N, L, E): heads folded into the batch (samvit)
+    ((5, 8), (5, 5), True),
 ])
 def test_attention_masks_of_any_broadcastable_shape_convert_exactly(shape, mask_shape, boolean) -> None:
     import numpy as np

@@ -11,7 +11,8 @@ Each converter reproduces what PyTorch computes, expressed with existing Relax o
 - ``scaled_dot_product_attention`` on 5-D tensors (hiera's mask units): the frontend takes 2-D or 4-D;
   the leading dimensions are merged into one batch dimension and split again on the output (a mask is
   first broadcast to the full score shape, so its leading axes merge as q's do). A 4-D attention with a
-  mask of lower rank, which the frontend rejects, gets the mask with leading axes of 1.
+  mask of lower rank, which the frontend rejects, gets the mask with leading axes of 1; a 3-D one (samvit:
+  heads folded into the batch) runs as one batch of that many heads.
 - ``layer_norm.default`` / ``group_norm.default`` with a weight but ``bias=None`` (poolformerv2): the
   frontend looks the ``None`` up as a tensor. Layer norm gets no bias, as a norm without either does;
   group norm, whose Relax op needs both, gets a zero bias (a constant of C elements, so the graph's
@@ -277,11 +278,23 @@ def _sdpa(node: Any, importer: Any) -> Any:
     mask = importer.env.get(mask_node) if mask_node is not None else None
     if not isinstance(getattr(mask, "ty", None), relax.TensorType) or mask_node in node.args[:3]:
         mask_node = None
-    if len(q_shape) < 4:
+    if len(q_shape) < 3:
         return _sdpa_bool_mask(node, importer)
     bb = importer.block_builder
     saved = {}
     try:
+        if len(q_shape) == 3:
+            # (N, L, E) (samvit's heads folded into N): the frontend takes 2-D or 4-D, so it runs as one
+            # batch of N heads, (1, N, L, E), with the mask given leading axes of 1
+            for n in dict.fromkeys([*node.args[:3], mask_node]):
+                if n is None:
+                    continue
+                v = importer.env[n]
+                saved[n] = v
+                importer.env[n] = bb.emit(relax.op.reshape(v, [1] * (4 - len(_dims(v))) + _dims(v)))
+            v_dim = _dims(saved[node.args[2]])[-1]
+            out = _sdpa_bool_mask(node, importer)
+            return bb.emit(relax.op.reshape(out, [*q_shape[:-1], v_dim]))
         if len(q_shape) == 4:
             # the frontend wants a 4-D mask: a lower-rank one gets leading axes of 1 (how it broadcasts)
             if mask_node is not None and len(_dims(mask)) < 4:
