@@ -415,6 +415,24 @@ def test_opaque_fallback_only_in_auto_mode_and_the_error_lists_every_attempt() -
     assert unsupported_ops("TypeError: something else") == []
 
 
+def test_a_change_of_the_conversion_code_changes_every_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a cache filled before a converter was added or fixed must not answer for it: the package version does
+    # not move with such changes, the digest of the conversion code does
+    from dippm_nas.capture import _key
+
+    model = TinyVGG()
+    before, key_before = _key.converter_version(), model_key(model, SPEC)
+    assert "conversion=" in before
+    monkeypatch.setattr(_key, "_CONVERSION_SOURCES", (*_key._CONVERSION_SOURCES, "capture/_key.py"))
+    _key.converter_version.cache_clear()
+    try:
+        assert _key.converter_version() != before and model_key(model, SPEC) != key_before
+    finally:
+        monkeypatch.undo()
+        _key.converter_version.cache_clear()
+    assert _key.converter_version() == before and model_key(model, SPEC) == key_before
+
+
 def test_model_key_is_stable_across_processes_and_hash_seeds() -> None:
     import subprocess
     import sys

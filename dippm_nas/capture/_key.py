@@ -5,7 +5,8 @@ name), its public scalar attributes (ints, floats, bools, strings, and tuples/li
 where PyTorch layers keep their hyper-parameters — channels, kernel size, stride, groups, eps — and where
 custom blocks keep flags like ``use_residual``), and the bytecode and constants of every method its class defines (``forward``,
 ``_forward_impl``...) up to ``nn.Module``; plus the name, shape and dtype of every parameter and buffer,
-the :class:`~dippm_nas.InputSpec`, and the versions of dippm-nas, torch and TVM and the graph format.
+the :class:`~dippm_nas.InputSpec`, and the versions of dippm-nas, torch and TVM, the graph format and a
+digest of our conversion code (:func:`converter_version`).
 Weights' values are not hashed, so two instances of one architecture share the key.
 
 What the key does **not** see, and so what would fool it (return a cached graph of another
@@ -36,15 +37,29 @@ _CLASS_CODE: dict[type, str] = {}
 _FUNCTION_DIGEST: dict[types.CodeType, str] = {}
 
 
+#: the modules whose code decides the graph a model converts to (the frontend's converters we add or
+#: replace, the export and conversion modes, the Relax-to-graph builder), relative to the package
+_CONVERSION_SOURCES = ("capture/_converters.py", "capture/_torch.py", "graph/_relax.py")
+
+
 @functools.lru_cache(maxsize=1)
 def converter_version() -> str:
-    """Versions that change the graph a model converts to."""
+    """Versions that change the graph a model converts to: dippm-nas, torch, TVM, the graph format, and a
+    digest of the conversion code itself, so that a new or fixed converter is never answered from a
+    cache filled before it (the package version does not move with every such change)."""
+    from pathlib import Path
+
     import torch
     import tvm
 
     from dippm_nas._version import __version__
 
-    return f"dippm_nas={__version__};torch={torch.__version__};tvm={tvm.__version__};graph={GRAPH_FORMAT_VERSION}"
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha1()
+    for rel in _CONVERSION_SOURCES:
+        h.update((root / rel).read_bytes())
+    return (f"dippm_nas={__version__};torch={torch.__version__};tvm={tvm.__version__};graph={GRAPH_FORMAT_VERSION};"
+            f"conversion={h.hexdigest()[:12]}")
 
 
 def _const_repr(c: Any) -> str:
