@@ -1,7 +1,8 @@
 """Which well-known models capture, and how: fast mode, decomposing fallback, or with opaque (unknown) ops.
 
-Prints one line per model (mode, nodes, unknown ops, seconds, or the error) and the totals. Random
-weights, nothing is downloaded; needs torchvision and/or timm (``.venv-vision``).
+Prints one line per model (mode, nodes, unknown ops, seconds in all with the export and the Relax conversion
+apart, or the error) and the totals. Random weights, nothing is downloaded; needs torchvision and/or timm
+(``.venv-vision``).
 
     .venv-vision/bin/python benchmarks/capture_coverage.py --torchvision            # every classification + segmentation model
     .venv-vision/bin/python benchmarks/capture_coverage.py --timm halonet26t,xcit_nano_12_p16_384 [--batch 8]
@@ -73,7 +74,8 @@ def main() -> int:
             continue
         modes[g.mode] += 1
         print(f"ok   {name:36s} {g.mode:16s} nodes {g.num_nodes:5d}  unknown {g.unknown_ops or '-'}  "
-              f"{time.perf_counter() - t0:.1f} s", flush=True)
+              f"{time.perf_counter() - t0:.1f} s (export {g.timings['export_s']:.2f} s, convert "
+              f"{g.timings['convert_s']:.2f} s)", flush=True)
     total = sum(modes.values()) + len(failed)
     print(f"captured {sum(modes.values())} of {total}: " + ", ".join(f"{m} {c}" for m, c in modes.most_common())
           + (f"; failed: {', '.join(failed)}" if failed else ""))
