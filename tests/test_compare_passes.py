@@ -55,3 +55,24 @@ def test_rounds_passes_compare_on_the_own_block_and_the_min(tmp_path: Path, caps
     assert "4 rows in common" in out and "global factor 3.000" in out and "MAPE 0.00 %" in out
     assert cp.main([str(a), str(b), "--column", "latency_ms_min"]) == 0  # timed for real: some figure
     assert "4 rows in common" in capsys.readouterr().out
+
+
+def test_exports_read_like_their_databases_and_each_family_gets_its_factor(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from dippm_nas.dataset import export_jsonl
+
+    a, b = tmp_path / "a.sqlite", tmp_path / "b.sqlite"
+    _build(a, [1.0, 2.0, 3.0, 4.0])
+    _build(b, [2.0, 4.0, 6.0, 8.8])
+    xa, xb = tmp_path / "a.jsonl.xz", tmp_path / "b.jsonl"
+    export_jsonl(a, xa)
+    export_jsonl(b, xb)
+    cp = load_script("compare_passes")
+    outs = []
+    for pair in ((a, b), (xa, xb), (a, xb)):  # compressed or not, and mixed with a database
+        assert cp.main([str(pair[0]), str(pair[1]), "--column", "latency_ms"]) == 0
+        outs.append(capsys.readouterr().out)
+    assert outs[0] == outs[1] == outs[2]
+    # one family: its factor relative to the global one is 1, and the rows keep their 10 % outlier
+    assert "mlp" in outs[0] and "family factor 1.000, MAPE after it   2.50 %" in outs[0]
+    assert "after each family's own factor: MAPE 2.50 %" in outs[0]
