@@ -377,7 +377,7 @@ class _OpsWithoutFastConverter(nn.Module):
         if self.which == "rms_norm":
             return nn.functional.rms_norm(x, (8,), self.w, 1e-5) + nn.functional.rms_norm(x, (6, 8))
         if self.which == "var":
-            return x.var(dim=(2, 3), keepdim=True) + x.var(dim=1, unbiased=False)[:, None]
+            return x.var(dim=(2, 3), keepdim=True) + x.var(dim=1, unbiased=False)[:, None] + x.var(-1)[..., None]
         if self.which == "swapaxes":
             return torch.swapaxes(x, 1, -1) * x.swapaxes(3, 1) + x.swapaxes(-2, -1).sum((2, 3))[:, None, None, :]
         raise ValueError(self.which)

@@ -249,6 +249,7 @@ def _var_dim(node: Any, importer: Any) -> Any:
     dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
     unbiased = node.args[2] if len(node.args) > 2 else node.kwargs.get("unbiased", True)
     keepdim = node.args[3] if len(node.args) > 3 else node.kwargs.get("keepdim", False)
+    dim = [dim] if isinstance(dim, int) else dim
     axes = list(range(len(dims))) if dim is None else [int(d) % len(dims) for d in dim]
     bb = importer.block_builder
     var = bb.emit(relax.op.variance(x, axes, keepdims=bool(keepdim)))
