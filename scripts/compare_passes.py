@@ -23,12 +23,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import lzma
 import sqlite3
+import sys
 from collections import defaultdict
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 #: --column -> the SQL expression reading it (figures kept in ``extra`` are read with SQLite's json_extract)
@@ -54,14 +57,14 @@ def _export_value(row: dict, column: str) -> float | None:
 def _rows(path: str, column: str) -> dict[tuple, float]:
     out = {}
     if path.endswith((".jsonl", ".jsonl.xz")):
-        with (lzma.open(path, "rt") if path.endswith(".xz") else open(path)) as f:
-            for line in f:
-                row = json.loads(line)
-                if row.get("type") != "measurement" or row.get("status") != "ok":
-                    continue
-                v = _export_value(row, column)
-                if v is not None and v > 0:
-                    out[(row["space"], json.dumps(row["config"], sort_keys=True), row["batch_size"])] = float(v)
+        from dippm_nas.dataset import iter_jsonl
+
+        for row in iter_jsonl(path):  # checks the export's header and schema version
+            if row.get("type") != "measurement" or row.get("status") != "ok":
+                continue
+            v = _export_value(row, column)
+            if v is not None and v > 0:
+                out[(row["space"], json.dumps(row["config"], sort_keys=True), row["batch_size"])] = float(v)
         return out
     con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     for space, config, bs, v in con.execute(

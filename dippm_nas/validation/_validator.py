@@ -37,7 +37,7 @@ from dippm_nas.errors import DippmNasError, ValidationError
 from dippm_nas.validation._calibrate import Calibration, apply_calibration, fit_calibration
 from dippm_nas.validation._queue import DEFAULT_LEASE_S, DEFAULT_MAX_ATTEMPTS, JobQueue, ValidationRecord
 from dippm_nas.validation._summary import ValidationSummary, summarize
-from dippm_nas.validation._worker import MeasureFn, ValidationWorker, device_is_here
+from dippm_nas.validation._worker import MeasureFn, ValidationWorker, check_rounds, device_is_here
 
 __all__ = ["ParetoValidator", "RoundReport", "MODES", "SUMMARY_ATTR", "UNKNOWN_UNCERTAINTY", "uncertainty_of"]
 
@@ -171,12 +171,8 @@ class ParetoValidator:
         if isinstance(min_calibration_rows, bool) or not isinstance(min_calibration_rows, int) \
                 or min_calibration_rows < 1:
             raise ValidationError(f"min_calibration_rows must be an int >= 1, got {min_calibration_rows!r}")
-        for name, v, low in (("interleave_rounds", interleave_rounds, 0), ("interleave_batch", interleave_batch, 1)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < low:
-                raise ValidationError(f"{name} must be an int >= {low}, got {v!r}")
-        if interleave_rounds and resolve_device(self.device).kind != "cpu":
-            raise ValidationError(f"interleave_rounds={interleave_rounds}: interleaved rounds time CPU devices only, "
-                                  f"and {self.device!r} is not one; use 0")
+        check_rounds(resolve_device(self.device), interleave_rounds, interleave_batch,
+                     names=("interleave_rounds", "interleave_batch"))
         here = measure_fn is not None or device_is_here(self.device)
         if mode == "local" and not here:
             raise ValidationError(f"mode='local' needs device {self.device!r} on this machine; use mode='queue' "

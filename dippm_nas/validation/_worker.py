@@ -109,6 +109,18 @@ def torch_device_for(device: str, cuda_device: str | None = None) -> str:
     return f"cuda:{idx}"
 
 
+def check_rounds(device: Any, rounds: Any, batch: Any, names: tuple[str, str] = ("rounds", "rounds_batch")) -> None:
+    """Raise :class:`ValidationError` unless ``rounds`` is an int >= 0 and ``batch`` an int >= 1, and
+    ``rounds`` is 0 for a device (a catalogue :class:`~dippm_nas.devices.Device`) that is not a CPU."""
+    for name, v, low in ((names[0], rounds, 0), (names[1], batch, 1)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < low:
+            raise ValidationError(f"{name} must be an int >= {low}, got {v!r}")
+    if rounds and device.kind != "cpu":
+        raise ValidationError(
+            f"{names[0]}={rounds}: interleaved rounds time CPU devices only, and {device.id!r} is a {device.kind}; "
+            f"use {names[0]}=0 (a GPU is timed with CUDA events, one model at a time)")
+
+
 class _Heartbeat:
     """Extends the leases of ``jobs`` every ``period_s`` seconds in a daemon thread until stopped; a job
     handed to :meth:`drop` (completed or failed) is no longer extended."""
@@ -194,13 +206,7 @@ class ValidationWorker:
         self.heartbeat_s = float(heartbeat_s) if heartbeat_s is not None else queue.lease_s / 3.0
         if self.heartbeat_s <= 0:
             raise ValidationError(f"heartbeat_s must be > 0, got {heartbeat_s!r}")
-        for name, v, low in (("rounds", rounds, 0), ("rounds_batch", rounds_batch, 1)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < low:
-                raise ValidationError(f"{name} must be an int >= {low}, got {v!r}")
-        if rounds and dev.kind != "cpu":
-            raise ValidationError(
-                f"rounds={rounds}: interleaved rounds time CPU devices only, and {dev.id!r} is a {dev.kind}; "
-                "use rounds=0 (a GPU is timed with CUDA events, one model at a time)")
+        check_rounds(dev, rounds, rounds_batch)
         self.rounds = rounds
         self.rounds_batch = rounds_batch
         self._measure_fn = measure_fn
