@@ -269,6 +269,7 @@ def parse_shape(text: str) -> tuple[int, ...]:
 _SPEC_FORMS = (
     "torchvision:NAME (e.g. torchvision:resnet50)",
     "timm:NAME (e.g. timm:resnet18)",
+    "timm-reparam:NAME (the timm model after timm's reparameterize_model, e.g. timm-reparam:mobileone_s0)",
     "a path to an .onnx file",
     "package.module:callable (a function or class returning an nn.Module)",
 )
@@ -281,7 +282,11 @@ def load_model(spec: str) -> "Any":
     and nothing is downloaded.
 
     Args:
-        spec: ``torchvision:NAME``, ``timm:NAME``, ``path/to/model.onnx`` or ``package.module:callable``.
+        spec: ``torchvision:NAME``, ``timm:NAME``, ``timm-reparam:NAME``, ``path/to/model.onnx`` or
+            ``package.module:callable``. ``timm-reparam:NAME`` is the inference form timm deploys and
+            benchmarks with ``--reparam``: ``timm.utils.model.reparameterize_model`` fuses RepVGG/MobileOne
+            branches and conv+BN pairs (RepVGG, MobileOne, FastViT, RepViT, RepGhost, LeViT...); for a
+            model without such modules it is the same model as ``timm:NAME``.
 
     Returns:
         An ``nn.Module`` in eval mode, or a :class:`pathlib.Path` for an ONNX file.
@@ -311,11 +316,16 @@ def load_model(spec: str) -> "Any":
                 f"torchvision has no model {name!r}; choices include {', '.join(sorted(available)[:20])}, ..."
             )
         return tv_models.get_model(name, weights=None).eval()
-    if prefix == "timm":
+    if prefix in ("timm", "timm-reparam"):
         timm = require("timm", "vision", f"building {spec}")
         if not timm.is_model(name):
             raise ModelSpecError(f"timm has no model {name!r}; see timm.list_models() for the choices")
-        return timm.create_model(name, pretrained=False).eval()
+        model = timm.create_model(name, pretrained=False).eval()
+        if prefix == "timm-reparam":
+            from timm.utils.model import reparameterize_model
+
+            model = reparameterize_model(model, inplace=True).eval()
+        return model
     try:
         module = importlib.import_module(prefix)
     except ImportError as e:

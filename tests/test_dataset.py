@@ -503,6 +503,57 @@ def test_timm_importer_captures_graphs_when_timm_is_importable(tmp_path: Path,
     assert specs == [(256, "bfloat16"), (1024, "float16")]
 
 
+class _RepBlock(nn.Module):
+    """Two conv branches summed; ``reparameterize()`` fuses them into one conv (RepVGG's trick)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(3, 4, 1)
+        self.fused: nn.Module | None = None
+
+    def reparameterize(self) -> None:
+        self.fused = nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x: Any) -> Any:
+        return self.fused(x) if self.fused is not None else self.a(x) + self.b(x)
+
+
+def test_timm_importer_captures_the_reparameterised_form_the_pt291_runs_timed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = types.ModuleType("timm")
+    fake.__spec__ = importlib.machinery.ModuleSpec("timm", None)
+    fake.is_model = lambda name: name.startswith("tiny_")
+    fake.create_model = lambda name, pretrained=False: nn.Sequential(_RepBlock(), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                                                                     nn.Flatten())
+    utils, utils_model = types.ModuleType("timm.utils"), types.ModuleType("timm.utils.model")
+
+    def reparameterize_model(model: nn.Module, inplace: bool = False) -> nn.Module:
+        for m in model.modules():
+            if hasattr(m, "reparameterize"):
+                m.reparameterize()
+        return model
+
+    utils_model.reparameterize_model = reparameterize_model
+    fake.utils, utils.model = utils, utils_model
+    for name, mod in (("timm", fake), ("timm.utils", utils), ("timm.utils.model", utils_model)):
+        monkeypatch.setitem(sys.modules, name, mod)
+    rows = _timm_rows()[:1]
+    rows.append({**rows[0], "source_file": "results/benchmark-infer-amp-nchw-pt291-cu128-4090.csv",
+                 "gpu": "NVIDIA GeForce RTX 4090", "torch_version_tag": "pt291", "infer_step_time": "5.0"})
+    db = tmp_path / "t.sqlite"
+    rep = import_timm(_write_csv(tmp_path / "timm.csv", _TIMM_HEADER, rows), db, workers=1, progress=False,
+                      cache=False)
+    assert rep.inserted == 2 and rep.graphs_captured == 2
+    got = {r["device"]: r for r in DatasetStore(db).iter_measurements(source="timm")}
+    old, new = got["rtx-3090"], got["rtx-4090"]
+    assert old["conditions"]["model_form"] == "as built" and old["conditions"]["model_spec"] == "timm:tiny_a"
+    assert new["conditions"]["model_form"] == "reparameterized"
+    assert new["conditions"]["model_spec"] == "timm-reparam:tiny_a"
+    graphs = {d.measurement["device"]: d.graph for d in load_measurements(db, source="timm")}
+    convs = {dev: sum(n.op == "nn.conv2d" for n in g.nodes) for dev, g in graphs.items()}
+    assert convs == {"rtx-3090": 2, "rtx-4090": 1}
+
+
 def test_neusight_and_vidur_importers_write_operator_tables(tmp_path: Path) -> None:
     micro_header = ["source_repo", "commit", "source_file", "OPName", "Latency", "Device", "Torch Version",
                     "CUDNN Version", "Kernel Name", "Warps per SM", "Blocks per SM", "Grid x", "Grid y", "Grid z",

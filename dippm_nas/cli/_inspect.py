@@ -16,10 +16,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "inspect",
         help="capture a model and print its operator graph (nodes, edges, ops, GFLOPs, params)",
-        description="Capture SPEC (torchvision:NAME, timm:NAME, a .onnx file, or package.module:callable) "
-                    "to a Relax operator graph and summarise it.",
+        description="Capture SPEC (torchvision:NAME, timm:NAME, timm-reparam:NAME, a .onnx file, or "
+                    "package.module:callable) to a Relax operator graph and summarise it.",
     )
-    p.add_argument("spec", metavar="SPEC", help="torchvision:NAME | timm:NAME | path.onnx | package.module:callable")
+    p.add_argument("spec", metavar="SPEC",
+                   help="torchvision:NAME | timm:NAME | timm-reparam:NAME | path.onnx | package.module:callable")
     p.add_argument("--batch", type=int, default=1, help="batch size (default 1)")
     p.add_argument("--shape", default="3,224,224", help="per-sample input shape C,H,W (default 3,224,224)")
     p.add_argument("--dtype", default="float32", help="float32 | float16 | bfloat16 (default float32)")

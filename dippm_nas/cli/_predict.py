@@ -14,10 +14,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "predict",
         help="predicted latency, energy, memory (with std and source) and MIG fit of a model on a device",
-        description="Capture SPEC (torchvision:NAME, timm:NAME, a .onnx file, or package.module:callable) and "
+        description="Capture SPEC (torchvision:NAME, timm:NAME, timm-reparam:NAME, a .onnx file, or "
+                    "package.module:callable) and "
                     "predict its cost on DEVICE. --json prints the Prediction's fields as one JSON object.",
     )
-    p.add_argument("spec", metavar="SPEC", help="torchvision:NAME | timm:NAME | path.onnx | package.module:callable")
+    p.add_argument("spec", metavar="SPEC",
+                   help="torchvision:NAME | timm:NAME | timm-reparam:NAME | path.onnx | package.module:callable")
     p.add_argument("--device", default="a100-sxm4-40gb", help="catalogue device id (default a100-sxm4-40gb; "
                    "`dippm-nas devices` lists them)")
     p.add_argument("--batch", type=int, default=1, help="batch size (default 1)")

@@ -88,6 +88,13 @@ _TIMM_PRECISION: dict[str, tuple[str, bool]] = {
     "fp16": ("float16", False), "float16": ("float16", False), "fp32": ("float32", False),
     "float32": ("float32", False), "tf32": ("float32", False),
 }
+#: ``torch_version_tag`` values of the timm runs that timed the reparameterised (fused) form of each model,
+#: i.e. ran ``benchmark.py --reparam``. Evidence: on the same RTX 4090 the pt291 run is 1.4-5.3x faster
+#: than the pt240 run for the MobileOne, RepVGG, RepViT, RepGhost, FastViT and EfficientViT-M models and
+#: 0.97-1.07x for the others (median 1.015 over 1,442 models), and the pt291 labels lie near the analytic
+#: prior of the fused graph (``benchmarks/timm_reparam_labels.py``). Runs with other tags timed the model
+#: as ``timm.create_model`` builds it.
+_TIMM_REPARAM_TAGS = frozenset({"pt291"})
 _NEUSIGHT_REQUIRED = ("OPName", "Latency", "Device")
 #: NeuSight microbenchmark dimension columns -> our names (``Kernel_Szie`` is the source's spelling).
 _NEUSIGHT_DIMS = {"B": "B", "H": "H", "M": "M", "N": "N", "K": "K", "Input_Channel": "in_channels",
@@ -393,7 +400,10 @@ def import_timm(
 
     ``latency_ms`` is the published ``infer_step_time`` (ms per batch); ``conditions`` keep the
     samples/s, precision (``amp`` = float16 autocast, ``amp_bf16`` = bfloat16 autocast, ``bf16`` =
-    bfloat16 weights), memory layout, ``torch.compile`` flag, torch/CUDA tags, GMACs and params. A row
+    bfloat16 weights), memory layout, ``torch.compile`` flag, torch/CUDA tags, GMACs and params, and
+    the form of the model that was timed (``model_form``, ``model_spec``): runs tagged ``pt291`` timed
+    timm's reparameterised model (``benchmark.py --reparam``), so their graphs are captured from
+    ``timm-reparam:NAME``; the other runs timed ``timm:NAME`` as built. A row
     without a published result (the model did not run at that setting) is stored with
     ``status="error"`` and the reason.
 
@@ -437,10 +447,10 @@ def import_timm(
                 want = []
                 for row in built:
                     if row["status"] == "ok":
-                        gk = (row["config"]["model"], row["config"]["img_size"], row["batch_size"], row["dtype"])
+                        gk = _timm_graph_key(row)
                         if gk not in captured and gk not in want:
                             want.append(gk)
-                items = [(f"timm:{m}", InputSpec(shape=(3, img, img), batch_size=b, dtype=dt)) for m, img, b, dt in want]
+                items = [(spec, InputSpec(shape=(3, img, img), batch_size=b, dtype=dt)) for spec, img, b, dt in want]
                 for gk, res in zip(want, _capture(items, workers, cache, progress=False)):
                     captured[gk] = res
                     if res.graph is not None:
@@ -455,7 +465,7 @@ def import_timm(
                 if not do_capture:
                     report.graphs_skipped += 1
                     continue
-                res = captured[(row["config"]["model"], row["config"]["img_size"], row["batch_size"], row["dtype"])]
+                res = captured[_timm_graph_key(row)]
                 if res.graph is not None:
                     row["graph_hash"] = res.graph.structural_hash()
                     graphs.append((res.graph, "timm", row["config"]))
@@ -477,7 +487,13 @@ def import_timm(
     return report
 
 
+def _timm_graph_key(row: dict[str, Any]) -> tuple[str, int, int, str]:
+    """(model SPEC, image size, batch, dtype) of the graph a timm row's label belongs to."""
+    return (row["conditions"]["model_spec"], row["config"]["img_size"], row["batch_size"], row["dtype"])
+
+
 def _timm_row(key: str, r: dict[str, str]) -> dict[str, Any]:
+    reparam = r["torch_version_tag"].strip() in _TIMM_REPARAM_TAGS
     precision = r["precision"].strip()
     dtype, autocast = _TIMM_PRECISION.get(precision, (None, None))
     img = _int_or_none(r["infer_img_size"])
@@ -492,6 +508,11 @@ def _timm_row(key: str, r: dict[str, str]) -> dict[str, Any]:
         "param_count_m": _num(r.get("param_count")),
         "latency_formula": "latency_ms = infer_step_time (ms per batch, as published)",
         "batch_size_note": "timm benchmarks each model at the largest batch that fits (mostly 1024)",
+        "model_form": "reparameterized" if reparam else "as built",
+        "model_spec": f"timm-reparam:{r['model']}" if reparam else f"timm:{r['model']}",
+        "model_form_note": ("this run timed the model after timm's reparameterize_model (benchmark.py --reparam; "
+                            "judged from the run's speed-ups on fusable models); the graph is captured the same way"
+                            if reparam else "this run timed the model as timm.create_model builds it"),
     }
     row: dict[str, Any] = {
         "source": "timm", "row_key": key, "space": "timm", "config": {"model": r["model"], "img_size": img},
