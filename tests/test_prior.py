@@ -429,3 +429,65 @@ def test_mig_slice_is_slower_than_the_full_gpu() -> None:
     full = estimate(g, get_device("a100-sxm4-40gb")).latency_ms
     small = estimate(g, get_device("a100-sxm4-40gb").mig_slice("1g.5gb")).latency_ms
     assert small > full
+
+
+# ------------------------------------------------------------------------------------ hard activations
+
+def _hard_graph(n: int, *, swish: bool, scalar: bool = True) -> OperatorGraph:
+    """The Relax frontend's hardsigmoid(x) = clip(x + 3, 0, 6) / 6 (and hardswish = x * that) on a graph
+    input of n float32 elements; ``scalar=False`` divides by a full tensor instead (not the pattern)."""
+    k = () if scalar else (n,)
+    nodes = [op(0, "add", "elementwise", [(n,)], [(n,), ()], [False, True]),
+             op(1, "clip", "elementwise", [(n,)], [(n,)]),
+             op(2, "divide", "elementwise", [(n,)], [(n,), k], [False, True])]
+    edges = [(0, 1), (1, 2)]
+    inputs = {"x": [0]}
+    if swish:
+        nodes.append(op(3, "multiply", "elementwise", [(n,)], [(n,), (n,)]))
+        edges.append((2, 3))
+        inputs = {"x": [0, 3]}
+    return graph(nodes, edges, inputs=inputs, outputs=[len(nodes) - 1], shape=(n,))
+
+
+@pytest.mark.parametrize("swish", [True, False])
+def test_a_decomposed_hard_activation_is_one_kernel_when_the_option_is_on(swish: bool) -> None:
+    n = 1 << 20
+    g = _hard_graph(n, swish=swish)
+    one_pass = estimate(relu_chain([n, n]), "a100-sxm4-40gb", params=ideal_params(host_dispatch_us=10.0))
+    on = estimate(g, "a100-sxm4-40gb", params=ideal_params(host_dispatch_us=10.0, fuse_hard_activations=True))
+    off = estimate(g, "a100-sxm4-40gb", params=ideal_params(host_dispatch_us=10.0))
+    # PyTorch runs F.hardswish / F.hardsigmoid as one kernel: read x once, write once, one dispatch
+    assert on.latency_ms == pytest.approx(one_pass.latency_ms, rel=1e-6)   # (+ the 4-byte scalar)
+    assert on.host_ms == pytest.approx(0.010)
+    inner = [0, 1, 2] if swish else [0, 1]
+    assert all(on.node_time_ms[i] == 0.0 and on.node_host_ms[i] == 0.0 for i in inner)
+    # the old pricing: four / three dispatches and passes over the tensor (the multiply reads two)
+    assert off.host_ms == pytest.approx(0.010 * len(g.nodes))
+    assert sum(off.node_time_ms) > (4.4 if swish else 2.9) * sum(one_pass.node_time_ms)
+
+
+def test_the_hard_activation_pattern_needs_scalar_constants() -> None:
+    n = 1 << 16
+    g = _hard_graph(n, swish=True, scalar=False)
+    on = estimate(g, "a100-sxm4-40gb", params=ideal_params(fuse_hard_activations=True))
+    off = estimate(g, "a100-sxm4-40gb", params=ideal_params())
+    assert on.latency_ms == off.latency_ms and min(on.node_time_ms) > 0
+
+
+def test_fuse_hard_activations_round_trips_and_defaults_off_for_older_files() -> None:
+    p = dataclasses.replace(default_params(), fuse_hard_activations=True)
+    d = p.to_dict()
+    assert d["global"]["fuse_hard_activations"] is True and PriorParams.from_dict(d) == p
+    del d["global"]["fuse_hard_activations"]       # a file written before the option existed
+    assert PriorParams.from_dict(d).fuse_hard_activations is False
+    d["global"]["fuse_hard_activations"] = "yes"
+    with pytest.raises(Exception, match="fuse_hard_activations must be true or false"):
+        PriorParams.from_dict(d)
+
+
+def test_host_checkpoints_keep_the_prior_they_were_trained_with() -> None:
+    from importlib import resources
+
+    for name in ("host-cpu.json", "host-cpu--amd-epyc.json"):
+        meta = json.loads((resources.files("dippm_nas.predictor") / "checkpoints" / name).read_text())
+        assert PriorParams.from_dict(meta["prior_params"]).fuse_hard_activations is False

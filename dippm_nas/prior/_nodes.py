@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -184,6 +185,8 @@ class GraphFacts:
     active: np.ndarray           # bool: launches kernels (not constant, not a view)
     view: np.ndarray             # bool: a view (host dispatch only)
     fused: np.ndarray            # bool: bias add run inside the preceding conv/matmul call
+    hard_inner: np.ndarray       # bool: add/clip/divide of a decomposed hardswish/hardsigmoid (one kernel)
+    hard_extra_bytes: np.ndarray  # bytes the last node of such a kernel reads beyond the one input it needs
     conv: np.ndarray             # bool: op_class conv (not depthwise)
     contraction: np.ndarray      # bool: conv/matmul/attention constants class
     dtype: np.ndarray            # 0 fp32, 1 fp16, 2 bf16, -1 other
@@ -207,6 +210,50 @@ class GraphFacts:
                 t[i], e[i] = contraction_tiles(self._nodes[i], tile_m, tile_n)
             self._tiles[key] = (t, e)
         return self._tiles[key]
+
+
+def _scalar_param_input(nd: OpNode) -> bool:
+    """``nd`` has two inputs: one tensor and one scalar weight (``x + 3``, ``x / 6``)."""
+    par, shapes = nd.input_is_param, nd.input_shapes
+    return (len(par) == 2 and len(shapes) == 2 and sum(par) == 1
+            and any(p and len(s) == 0 for p, s in zip(par, shapes)))
+
+
+def _hard_activations(nodes: Sequence[OpNode], preds: list[list[int]],
+                      succ: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Find the frontend's decomposition of ``hardsigmoid(x) = clip(x + 3, 0, 6) / 6`` and
+    ``hardswish(x) = x * hardsigmoid(x)``: an ``add`` of a scalar, a ``clip``, a ``divide`` by a scalar,
+    each the only consumer of the one before, and for hardswish a ``multiply`` of the divide and ``x``.
+
+    Returns ``(inner, extra)``: ``inner`` marks the nodes run inside the last one's kernel (add and clip,
+    plus divide for hardswish); ``extra`` is, on the last node, the bytes it reads beyond ``x`` (the
+    divide's output, which the fused kernel never writes).
+    """
+    n = len(nodes)
+    inner = np.zeros(n, dtype=bool)
+    extra = np.zeros(n, dtype=np.float64)
+    for a in nodes:
+        if a.op != "add" or a.is_constant or not _scalar_param_input(a):
+            continue
+        if len(succ[a.index]) != 1 or nodes[succ[a.index][0]].op != "clip":
+            continue
+        c = nodes[succ[a.index][0]]
+        if len(succ[c.index]) != 1 or nodes[succ[c.index][0]].op != "divide":
+            continue
+        d = nodes[succ[c.index][0]]
+        if not _scalar_param_input(d):
+            continue
+        x_shape = next(s for p, s in zip(a.input_is_param, a.input_shapes) if not p)
+        x_from = set(preds[a.index])                 # empty when x is a graph input
+        users = succ[d.index]
+        m = nodes[users[0]] if len(users) == 1 else None
+        if (m is not None and m.op == "multiply" and not any(m.input_is_param)
+                and tuple(m.input_shapes) == (x_shape, x_shape) and set(preds[m.index]) == x_from | {d.index}):
+            inner[[a.index, c.index, d.index]] = True          # hardswish: one kernel, the multiply
+            extra[m.index] = float(d.bytes_written)
+        else:
+            inner[[a.index, c.index]] = True                    # hardsigmoid: one kernel, the divide
+    return inner, extra
 
 
 _FACTS: "dict[str, GraphFacts]" = {}
@@ -239,8 +286,10 @@ def graph_facts(graph: OperatorGraph) -> GraphFacts:
         p = [q for q in preds[nd.index] if not nodes[q].is_constant]
         if len(p) == 1 and nodes[p[0]].op_class in CONTRACTION_CLASSES and succ[p[0]] == [nd.index]:
             fused[nd.index] = True
+    hard_inner, hard_extra = _hard_activations(nodes, preds, succ)
     facts = GraphFacts(
         classes=classes, cls_idx=cls_idx, active=active, view=view, fused=fused,
+        hard_inner=hard_inner, hard_extra_bytes=hard_extra,
         conv=np.array([c == "conv" for c in classes], dtype=bool),
         contraction=_CONTRACTION_IDX[cls_idx],
         dtype=np.array([_DT_CODE.get(nd.output_dtype, -1) for nd in nodes], dtype=np.int64),
@@ -298,6 +347,10 @@ def node_costs(
             peak[allow], tensor[allow] = device.tf32_tensor_tflops, True
 
     bytes_ = f.bytes.copy()
+    act = f.active
+    if params.fuse_hard_activations:
+        act = act & ~f.hard_inner
+        bytes_ = bytes_ - f.hard_extra_bytes
     kernels = per("kernels")
     if gpu and not channels_last and params.nchw_transpose_passes > 0:
         nchw = tensor & f.conv & half
@@ -342,7 +395,6 @@ def node_costs(
         tile_eff=tile, tile_exponent=tile_exp, reduction_k=f.reduction_k, k_half=k_half, l2_fraction=l2_frac,
         l2_speedup=params.l2_speedup,
     )
-    act = f.active
     gpu_us = np.where(act, t, 0.0)
     comp = np.where(act, comp, 0.0)
     mem = np.where(act, mem, 0.0)

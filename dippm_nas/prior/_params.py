@@ -158,6 +158,10 @@ class PriorParams:
         l2_speedup: bandwidth multiplier for the part of a node's traffic that fits in L2 (1 = no L2 model).
         nchw_transpose_passes: extra passes over a conv's activations when a half-precision
             tensor-core convolution runs on NCHW (contiguous) tensors, which cuDNN transposes to NHWC.
+        fuse_hard_activations: price ``hardswish`` / ``hardsigmoid`` as the one element-wise kernel
+            PyTorch runs, not as the four / three element-wise nodes (``add 3``, ``clip 0..6``,
+            ``divide 6``, ``multiply``) the Relax frontend decomposes them into. ``False`` (the default)
+            keeps the behaviour checkpoints trained before this option saw.
         device_scales: per-device efficiency multipliers ``{device id: DeviceScale}``; the entry
             ``"*"`` applies to devices without one (MIG slice views use their parent's entry).
         source: what the constants were fitted on (or ``"uncalibrated"``).
@@ -174,6 +178,7 @@ class PriorParams:
     host_view_us: float = 2.0
     l2_speedup: float = 1.0
     nchw_transpose_passes: float = 2.0
+    fuse_hard_activations: bool = False
     device_scales: Mapping[str, DeviceScale] = field(default_factory=dict)
     source: str = "uncalibrated"
     command: str = ""
@@ -192,6 +197,9 @@ class PriorParams:
             v = getattr(self, name)
             if not _finite(v) or v < 0:
                 raise DippmNasError(f"PriorParams.{name} must be a finite number >= 0, got {v!r}")
+        if not isinstance(self.fuse_hard_activations, bool):
+            raise DippmNasError(f"PriorParams.fuse_hard_activations must be true or false, got "
+                                f"{self.fuse_hard_activations!r}")
         if not _finite(self.l2_speedup) or self.l2_speedup < 1:
             raise DippmNasError(f"PriorParams.l2_speedup must be >= 1, got {self.l2_speedup!r}")
         object.__setattr__(self, "op_classes", dict(self.op_classes))
@@ -245,8 +253,7 @@ class PriorParams:
             "format": CALIBRATION_FORMAT,
             "source": self.source,
             "command": self.command,
-            "global": {k: getattr(self, k) for k in
-                       ("host_dispatch_us", "host_launch_us", "host_view_us", "l2_speedup", "nchw_transpose_passes")},
+            "global": {k: getattr(self, k) for k in _GLOBAL_KEYS},
             "op_classes": {c: dataclasses.asdict(p) for c, p in self.op_classes.items()},
             "devices": {k: dataclasses.asdict(v) for k, v in self.device_scales.items()},
             "metrics": dict(self.metrics),
@@ -273,7 +280,7 @@ class PriorParams:
                 raise DippmNasError(f"{origin}: op class {name!r} has unknown keys {bad}; choices: {sorted(allowed)}")
             classes[name] = dataclasses.replace(classes[name], **values)
         glob = dict(d.get("global") or {})
-        allowed_g = {"host_dispatch_us", "host_launch_us", "host_view_us", "l2_speedup", "nchw_transpose_passes"}
+        allowed_g = set(_GLOBAL_KEYS)
         bad_g = sorted(set(glob) - allowed_g)
         if bad_g:
             raise DippmNasError(f"{origin}: unknown global keys {bad_g}; choices: {sorted(allowed_g)}")
@@ -302,6 +309,11 @@ class PriorParams:
         except (OSError, ValueError) as e:
             raise DippmNasError(f"cannot read calibration file {p}: {e}") from e
         return cls.from_dict(d, origin=str(p))
+
+
+#: The scalar settings :meth:`PriorParams.to_dict` writes under ``"global"``.
+_GLOBAL_KEYS = ("host_dispatch_us", "host_launch_us", "host_view_us", "l2_speedup", "nchw_transpose_passes",
+                "fuse_hard_activations")
 
 
 def _finite(v: Any) -> bool:
