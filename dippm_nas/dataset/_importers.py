@@ -89,11 +89,11 @@ _TIMM_PRECISION: dict[str, tuple[str, bool]] = {
     "float32": ("float32", False), "tf32": ("float32", False),
 }
 #: ``torch_version_tag`` values of the timm runs that timed the reparameterised (fused) form of each model,
-#: i.e. ran ``benchmark.py --reparam``. Evidence: on the same RTX 4090 the pt291 run is 1.4-5.3x faster
-#: than the pt240 run for the MobileOne, RepVGG, RepViT, RepGhost, FastViT and EfficientViT-M models and
-#: 0.97-1.07x for the others (median 1.015 over 1,442 models), and the pt291 labels lie near the analytic
-#: prior of the fused graph (``benchmarks/timm_reparam_labels.py``). Runs with other tags timed the model
-#: as ``timm.create_model`` builds it.
+#: i.e. ran ``benchmark.py --reparam``. Evidence: on the same RTX 4090 the pt291 run is faster than the
+#: pt240 run by a family median of 1.4-2.3x for MobileOne, FastViT, RepVGG, RepGhost and RepViT, while the
+#: median over all 1,442 models is 1.015 and most families lie within 0.95-1.07x; and the pt291 labels lie
+#: near the analytic prior of the fused graph (``benchmarks/timm_reparam_labels.py``). Runs with other
+#: tags timed the model as ``timm.create_model`` builds it.
 _TIMM_REPARAM_TAGS = frozenset({"pt291"})
 _NEUSIGHT_REQUIRED = ("OPName", "Latency", "Device")
 #: NeuSight microbenchmark dimension columns -> our names (``Kernel_Szie`` is the source's spelling).

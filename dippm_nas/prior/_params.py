@@ -161,7 +161,9 @@ class PriorParams:
         fuse_hard_activations: price ``hardswish`` / ``hardsigmoid`` as the one element-wise kernel
             PyTorch runs, not as the four / three element-wise nodes (``add 3``, ``clip 0..6``,
             ``divide 6``, ``multiply``) the Relax frontend decomposes them into. ``False`` (the default)
-            keeps the behaviour checkpoints trained before this option saw.
+            keeps the behaviour checkpoints trained before this option saw. The graph cannot tell
+            ``F.hardswish`` from the same formula written by hand (``x * F.relu6(x + 3) / 6``, three
+            eager kernels); both are priced as one.
         device_scales: per-device efficiency multipliers ``{device id: DeviceScale}``; the entry
             ``"*"`` applies to devices without one (MIG slice views use their parent's entry).
         source: what the constants were fitted on (or ``"uncalibrated"``).
