@@ -272,6 +272,36 @@ def test_ops_no_mode_converts_become_opaque_unknown_nodes_with_their_shapes() ->
     assert p.unknown_ops == {"unfold": 1, "adaptive_max_pool2d": 1} and p.latency_ms > 0
 
 
+def test_an_opaque_op_fed_a_tuple_keeps_the_dataflow_edges_of_its_fields() -> None:
+    import types
+
+    import torch.fx
+    from tvm import relax
+
+    from dippm_nas.capture._converters import _opaque
+    from dippm_nas.graph._relax import graph_from_relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([2, 3], "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            a = bb.emit(relax.op.add(x, x))
+            b = bb.emit(relax.op.multiply(x, x))
+            pair = bb.emit(relax.Tuple([a, b]))                 # one fx value holding two tensors
+            fx = torch.fx.Graph()
+            arg_pair, arg_x = fx.placeholder("pair"), fx.placeholder("x")
+            node = fx.call_function(torch.ops.aten.unfold.default, (arg_pair, arg_x))
+            node.meta["val"] = torch.zeros(4, 3)
+            importer = types.SimpleNamespace(env={arg_pair: pair, arg_x: x}, block_builder=bb)
+            gv = bb.emit_output(_opaque("unfold")(node, importer))
+        bb.emit_func_output(gv)
+    g = graph_from_relax(bb.get(), InputSpec(shape=(3,), batch_size=2), mode="export+opaque")
+    ops = [n.op for n in g.nodes]
+    assert ops == ["add", "multiply", "unfold"]
+    assert g.edges == [(0, 2), (1, 2)]                          # before the fix the tuple was dropped: no edge
+    assert g.nodes[2].output_shapes == ((4, 3),) and not g.nodes[2].known
+
+
 class _FrontendGaps(nn.Module):
     """Ops the stock frontend mis-converts in its fast mode (seen in timm's xcit, edgenext, hiera, poolformerv2)."""
 

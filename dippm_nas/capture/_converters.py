@@ -361,7 +361,9 @@ def _opaque(name: str) -> Any:
             raise TypeError(f"opaque op {name}: the exported node has no tensor output metadata ({val!r})")
         inputs: list[Any] = []
         torch.fx.node.map_arg((node.args, node.kwargs), lambda n: inputs.append(importer.env.get(n)) or n)
-        tensors = [e for e in inputs if isinstance(getattr(e, "ty", None), relax.TensorType)]
+        # tensors, and tuples of them (an op fed a whole multi-output value): the graph reads a tuple's
+        # fields as inputs, so its producers keep their dataflow edges into the opaque node
+        tensors = [e for e in inputs if isinstance(getattr(e, "ty", None), (relax.TensorType, relax.TupleType))]
         types = [_tensor_type(v) for v in vals]
         call = relax.call_dps_packed(relax.ExternFunc(OPAQUE_PREFIX + name), relax.Tuple(tensors),
                                      types if isinstance(val, (list, tuple)) else types[0])
