@@ -455,7 +455,7 @@ def test_a_decomposed_hard_activation_is_one_kernel_when_the_option_is_on(swish:
     g = _hard_graph(n, swish=swish)
     one_pass = estimate(relu_chain([n, n]), "a100-sxm4-40gb", params=ideal_params(host_dispatch_us=10.0))
     on = estimate(g, "a100-sxm4-40gb", params=ideal_params(host_dispatch_us=10.0, fuse_hard_activations=True))
-    off = estimate(g, "a100-sxm4-40gb", params=ideal_params(host_dispatch_us=10.0))
+    off = estimate(g, "a100-sxm4-40gb", params=ideal_params(host_dispatch_us=10.0, fuse_hard_activations=False))
     # PyTorch runs F.hardswish / F.hardsigmoid as one kernel: read x once, write once, one dispatch
     assert on.latency_ms == pytest.approx(one_pass.latency_ms, rel=1e-6)   # (+ the 4-byte scalar)
     assert on.host_ms == pytest.approx(0.010)
@@ -470,11 +470,12 @@ def test_the_hard_activation_pattern_needs_scalar_constants() -> None:
     n = 1 << 16
     g = _hard_graph(n, swish=True, scalar=False)
     on = estimate(g, "a100-sxm4-40gb", params=ideal_params(fuse_hard_activations=True))
-    off = estimate(g, "a100-sxm4-40gb", params=ideal_params())
+    off = estimate(g, "a100-sxm4-40gb", params=ideal_params(fuse_hard_activations=False))
     assert on.latency_ms == off.latency_ms and min(on.node_time_ms) > 0
 
 
 def test_fuse_hard_activations_round_trips_and_defaults_off_for_older_files() -> None:
+    assert PriorParams.uncalibrated().fuse_hard_activations is True     # new fits start from it
     p = dataclasses.replace(default_params(), fuse_hard_activations=True)
     d = p.to_dict()
     assert d["global"]["fuse_hard_activations"] is True and PriorParams.from_dict(d) == p

@@ -160,8 +160,10 @@ class PriorParams:
             tensor-core convolution runs on NCHW (contiguous) tensors, which cuDNN transposes to NHWC.
         fuse_hard_activations: price ``hardswish`` / ``hardsigmoid`` as the one element-wise kernel
             PyTorch runs, not as the four / three element-wise nodes (``add 3``, ``clip 0..6``,
-            ``divide 6``, ``multiply``) the Relax frontend decomposes them into. ``False`` (the default)
-            keeps the behaviour checkpoints trained before this option saw. The graph cannot tell
+            ``divide 6``, ``multiply``) the Relax frontend decomposes them into. A calibration file
+            written before this option existed has no such key and reads as ``False``, the pricing the
+            checkpoints trained on it saw; everything else (``uncalibrated()``, new fits) starts from
+            ``True``. The graph cannot tell
             ``F.hardswish`` from the same formula written by hand (``x * F.relu6(x + 3) / 6``, three
             eager kernels); both are priced as one.
         device_scales: per-device efficiency multipliers ``{device id: DeviceScale}``; the entry
@@ -180,7 +182,7 @@ class PriorParams:
     host_view_us: float = 2.0
     l2_speedup: float = 1.0
     nchw_transpose_passes: float = 2.0
-    fuse_hard_activations: bool = False
+    fuse_hard_activations: bool = True
     device_scales: Mapping[str, DeviceScale] = field(default_factory=dict)
     source: str = "uncalibrated"
     command: str = ""
@@ -282,6 +284,8 @@ class PriorParams:
                 raise DippmNasError(f"{origin}: op class {name!r} has unknown keys {bad}; choices: {sorted(allowed)}")
             classes[name] = dataclasses.replace(classes[name], **values)
         glob = dict(d.get("global") or {})
+        # files written before the option priced every node of a decomposed hard activation: keep that
+        glob.setdefault("fuse_hard_activations", False)
         allowed_g = set(_GLOBAL_KEYS)
         bad_g = sorted(set(glob) - allowed_g)
         if bad_g:
