@@ -25,7 +25,10 @@ every family is fitted and the figures printed are in-sample.
 or ``benchmarks/host_op_table.py --profiles``) also fits an operator table (:func:`dippm_nas.prior.fit_op_table`, without the ``--holdout``
 families) and stores it in the written constants under ``op_tables["host-cpu"]``: the prior's host-cpu
 per-node times then come from it, and a checkpoint trained with ``--prior-params`` of that file carries it.
-The before/after table is then printed for it as well ("after" = the table).
+The before/after table is then printed for it as well ("after" = the table). ``--cache-residency``
+adds the table's cache-residency model (a model whose working set fits in the cache reads its weights
+faster: :attr:`dippm_nas.prior.OpTable.cache_bytes`), with the capacity and speed-up measured now by
+:func:`dippm_nas.devices.measure_weight_cache` or given as ``MIB,SPEEDUP`` from an earlier measurement.
 
 Machine facts matter: the host device's peaks are measured on the machine that runs this (cached per
 CPU model, thread count and torch version); run it on the machine the dataset was measured on, with
@@ -172,7 +175,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="write the constants with the fitted host-cpu scale here")
     ap.add_argument("--op-profiles", action="append", default=[], metavar="PATH",
                     help="in-place operator profiles (JSONL[.xz]) to fit a host-cpu op table on; repeatable")
+    ap.add_argument("--cache-residency", nargs="?", const="measure", default=None, metavar="MIB,SPEEDUP",
+                    help="with --op-profiles: a model's weights are read from cache when its working set fits "
+                         "(see OpTable.cache_bytes). Alone: measure the capacity and speed-up now "
+                         "(devices.measure_weight_cache; on the machine the profiles were measured on, idle); "
+                         "or give the figures of an earlier measurement, e.g. 10,2.05")
     args = ap.parse_args(argv)
+    if args.cache_residency and not args.op_profiles:
+        ap.error("--cache-residency models the operator table's weights: it needs --op-profiles")
     torch.set_num_threads(args.threads)
     from dippm_nas.dataset import load_measurements
     from dippm_nas.devices import resolve_device
@@ -223,9 +233,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         from dippm_nas.prior import estimate, fit_op_table
 
         profiles = [json.loads(line) for path in args.op_profiles for line in open_text(path) if line.strip()]
-        op_table = fit_op_table(profiles, exclude_families=sorted(hold), source=(
+        cache = {}
+        if args.cache_residency == "measure":
+            from dippm_nas.devices import measure_weight_cache
+
+            cache_bytes, speedup = measure_weight_cache(args.threads)
+            cache = {"cache_bytes": cache_bytes, "weight_cache_speedup": speedup}
+            how = "measured now"
+        elif args.cache_residency:
+            try:
+                mib, speedup = (float(v) for v in args.cache_residency.split(","))
+            except ValueError:
+                ap.error(f"--cache-residency takes MIB,SPEEDUP (e.g. 10,2.05) or nothing, got {args.cache_residency!r}")
+            cache = {"cache_bytes": mib * 2**20, "weight_cache_speedup": speedup}
+            how = "given"
+        if cache:
+            print(f"  cache residency ({how}): weights re-read from cache up to {cache['cache_bytes'] / 2**20:.0f} MiB "
+                  f"per pass, a weight-bound GEMM {cache['weight_cache_speedup']:.2f}x faster there than from DRAM")
+        op_table = fit_op_table(profiles, exclude_families=sorted(hold), **cache, source=(
             f"operators timed in place ({', '.join(Path(p).name for p in args.op_profiles)}; "
-            f"{len(profiles)} profiled models, held out {sorted(hold) or 'none'}); " + source))
+            f"{len(profiles)} profiled models, held out {sorted(hold) or 'none'}"
+            + (f"; cache residency: {cache['cache_bytes'] / 2**20:.0f} MiB, weight speed-up "
+               f"{cache['weight_cache_speedup']:.2f}, {how}" if cache else "") + "); " + source))
         params = dataclasses.replace(params, op_tables={**params.op_tables, DEVICE: op_table})
         with_table = np.array([estimate(mg.graph, DEVICE, params=params).latency_ms for mg in rows])
         print(f"  op table: {op_table.metrics['trees']} trees, scale {op_table.scale:.3f}, "

@@ -256,6 +256,29 @@ def test_real_host_microbenchmark_is_short_and_positive() -> None:
     assert facts["sms"] >= 1 and facts["memory_gib"] > 0 and math.isfinite(facts["fp32_tflops"])
 
 
+def test_weight_cache_knee_is_where_the_sweep_turns_cold() -> None:
+    mib = (2, 4, 8, 12, 16, 24, 48, 64, 96)
+    step = [100, 101, 99, 105, 190, 200, 200, 201, 199]  # cached up to 12 MiB, 2x slower from DRAM
+    cache, speedup = _host._cache_knee(mib, step)
+    assert cache == 12 * 2**20 and speedup == pytest.approx(2.0)
+    assert _host._cache_knee(mib, [100, 102, 101, 103, 100, 104, 105, 103, 104]) == (0.0, 1.0)  # no cache effect
+    assert _host._cache_knee(mib, [100] + [300] * 8)[0] == 2 * 2**20  # only the smallest cycle stays cached
+
+
+def test_real_weight_cache_sweep_restores_threads_and_is_consistent() -> None:
+    import torch
+
+    from dippm_nas.devices import measure_weight_cache
+
+    before = torch.get_num_threads()
+    cache, speedup = measure_weight_cache(1, repeats=1)
+    assert torch.get_num_threads() == before
+    assert math.isfinite(speedup) and speedup >= 1.0 and cache >= 0
+    assert (cache == 0.0) == (speedup == 1.0)  # a cache effect has a capacity of at least the smallest cycle
+    with pytest.raises(DeviceError, match="repeats must be an int >= 1, got 0"):
+        measure_weight_cache(1, repeats=0)
+
+
 def test_cli_devices_lists_the_catalogue(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli_main(["devices", "--no-host"]) == 0
     out = capsys.readouterr().out

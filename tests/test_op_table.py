@@ -168,3 +168,75 @@ def test_reference_time_of_an_embedding_counts_the_rows_looked_up() -> None:
     small, large = ("embedding", [1000, 64], [128], [0.0] * 8), ("embedding", [100_000, 64], [128], [0.0] * 8)
     assert reference_us(small) == reference_us(large)  # the table's size is not read
     assert reference_us(("embedding", [1000, 64], [256], [0.0] * 8)) > reference_us(small)
+
+
+def _law_profiles(families: dict[str, range], cache_bytes: float, speedup: float) -> list[dict]:
+    """Profiles whose every call takes exactly its reference time, with the weights of models whose working
+    set fits in ``cache_bytes`` read ``speedup`` times faster (the law the residency model assumes)."""
+    from dippm_nas.prior import working_set_bytes
+
+    out = []
+    for fam, seeds in families.items():
+        for seed in seeds:
+            ops, _ = _profile(fam, seed, batch=2)
+            recs = [(op, r) for op in ops if (r := aten_op_record(op[0], op[1], op[2])) is not None]
+            s = speedup if working_set_bytes((r, op[4]) for op, r in recs) <= cache_bytes else 1.0
+            calls = [[op[0], op[1], op[2], op[4] * reference_us(r, weight_speedup=s), op[4]] for op, r in recs]
+            out.append({"family": fam, "latency_ms": sum(c[3] for c in calls) / 1e3, "ops": calls, "hot": s > 1})
+    return out
+
+
+def test_cache_residency_carries_to_an_unseen_family_of_cached_models() -> None:
+    """Tables fitted on CNNs too large for the cache predict small MLPs (whose weights stay cached between
+    passes) at the DRAM rate unless the residency model is on; with it, at the cached rate."""
+    pytest.importorskip("sklearn")
+    from dippm_nas.prior import working_set_bytes
+
+    train = _law_profiles({"resnet": range(5), "vgg": range(5)}, cache_bytes=0, speedup=1.0)
+    sizes = [working_set_bytes((r, op[4]) for op in p["ops"] if (r := aten_op_record(op[0], op[1], op[2])))
+             for p in train]
+    cache = 0.9 * min(sizes)  # every CNN is larger than the cache
+    mlps = [p for p in _law_profiles({"mlp": range(30)}, cache_bytes=cache, speedup=2.0) if p["hot"]]
+    assert len(mlps) >= 4
+    off = fit_op_table(train, max_iter=60)
+    on = fit_op_table(train, max_iter=60, cache_bytes=cache, weight_cache_speedup=2.0)
+    assert on.metrics["cache_resident_models"] == 0 and on.cache_bytes == cache
+
+    def err(table: OpTable) -> float:
+        e = []
+        for p in mlps:
+            recs = [(r, op[4]) for op in p["ops"] if (r := aten_op_record(op[0], op[1], op[2]))]
+            s = table.weight_speedup(working_set_bytes(recs))
+            pred = table.scale * float(table.record_us([r for r, _ in recs], weight_speedup=s)
+                                       .dot([c for _, c in recs])) + table.per_op_us * sum(c for _, c in recs)
+            e.append(abs(pred / (p["latency_ms"] * 1e3) - 1))
+        return float(np.mean(e))
+
+    print(f"mean abs error on {len(mlps)} cached MLPs: {err(off):.3f} without the residency model, {err(on):.3f} with")
+    assert err(on) < 0.5 * err(off) and err(off) > 0.2
+
+
+def test_reference_time_reads_cached_weights_faster_and_the_table_keeps_the_setting() -> None:
+    pytest.importorskip("sklearn")
+    from sklearn.ensemble import HistGradientBoostingRegressor
+
+    from dippm_nas.prior import working_set_bytes
+
+    lin = ("linear", [4, 1024], [2048, 1024], [0.0] * 8)
+    mm = ("matmul", [4, 1024], [1024, 2048], [0.0] * 8)
+    assert reference_us(lin, weight_speedup=2.0) < reference_us(lin)
+    assert reference_us(mm, weight_speedup=2.0) == reference_us(mm)  # a second activation, not a weight
+    assert working_set_bytes([(lin, 2.0), (mm, 1.0)]) == 4 * (2 * (4 * 1024 + 2048 * 1024) + 4 * 1024)
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(100, N_FEATURES))
+    t = _from_sklearn(HistGradientBoostingRegressor(max_iter=3).fit(x, x[:, 0]))
+    assert t.cache_bytes == 0 and t.weight_speedup(1.0) == 1.0  # off unless fitted with it
+    on = dataclasses.replace(t, cache_bytes=1e6, weight_cache_speedup=1.8)
+    assert on.weight_speedup(1e6) == 1.8 and on.weight_speedup(1e6 + 1) == 1.0
+    assert on.record_us([lin], weight_speedup=1.8)[0] < on.record_us([lin])[0]  # memo keyed by the speed-up
+    back = OpTable.from_dict(json.loads(json.dumps(on.to_dict())))
+    assert (back.cache_bytes, back.weight_cache_speedup) == (1e6, 1.8)
+    old = {k: v for k, v in t.to_dict().items() if k not in ("cache_bytes", "weight_cache_speedup")}
+    assert OpTable.from_dict(old).cache_bytes == 0  # tables fitted before the setting read as off
+    with pytest.raises(DippmNasError, match="weight_cache_speedup >= 1"):
+        dataclasses.replace(t, weight_cache_speedup=0.5)

@@ -13,7 +13,7 @@ measurements: register a copy under a new id, e.g.
 """
 
 from dippm_nas.devices._device import DEVICE_KINDS, Device, MigProfile, device_from_dict
-from dippm_nas.devices._host import CACHE_DIR_ENV, host_facts
+from dippm_nas.devices._host import CACHE_DIR_ENV, host_facts, measure_weight_cache
 from dippm_nas.devices._registry import (
     DEVICE_DIR_ENV,
     get_device,
@@ -26,5 +26,5 @@ from dippm_nas.devices._registry import (
 __all__ = [
     "Device", "MigProfile", "DEVICE_KINDS", "device_from_dict",
     "get_device", "list_devices", "register_device", "unregister_device", "resolve_device",
-    "DEVICE_DIR_ENV", "CACHE_DIR_ENV", "host_facts",
+    "DEVICE_DIR_ENV", "CACHE_DIR_ENV", "host_facts", "measure_weight_cache",
 ]

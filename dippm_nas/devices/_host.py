@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import platform
 import statistics
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +26,7 @@ from dippm_nas._paths import CACHE_DIR_ENV, cache_dir
 from dippm_nas._platform import cpu_model_name, fixed_threads
 from dippm_nas.errors import DeviceError
 
-__all__ = ["CACHE_DIR_ENV", "cache_dir", "host_key", "measure_host", "host_facts"]
+__all__ = ["CACHE_DIR_ENV", "cache_dir", "host_key", "measure_host", "host_facts", "measure_weight_cache"]
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +85,72 @@ def _llc_mib() -> float | None:
     except (OSError, ValueError):
         return None
     return best
+
+
+#: Weight-bound GEMM of :func:`measure_weight_cache`: 8 rows times a 2 MiB fp32 weight (1024 x 512), the
+#: shape of a small MLP's layer at small batch; cycled over this many MiB of distinct weights.
+_WC_ROWS, _WC_OUT, _WC_IN = 8, 1024, 512
+_WC_TOTALS_MIB = (2, 4, 6, 8, 10, 12, 14, 16, 20, 24, 32, 48, 64, 96)
+_WC_CALLS = 240
+
+
+def measure_weight_cache(threads: int | None = None, *, repeats: int = 3) -> tuple[float, float]:
+    """How much weight a forward pass can re-read from cache, and how much faster that is than DRAM.
+
+    A weight-bound linear (``_WC_ROWS`` rows, 2 MiB of fp32 weights) is called over a cycle of distinct
+    weight tensors totalling 2 to 96 MiB. Small cycles stay in the cache, large ones stream from DRAM;
+    this is what a timing loop over a model does to its weights. Each cycle's time per call is the
+    median over ``repeats`` sweeps; ``hot`` is that of the smallest cycle, ``cold`` the median of those
+    of 48 MiB and more. Another process using the cache at the same time shrinks both figures: run it
+    on an otherwise idle machine.
+
+    Returns:
+        ``(cache_bytes, speedup)``: the largest cycle whose time per call is still below the geometric
+        mean of hot and cold (the cache a model's working set must fit in, which on a shared or virtual
+        machine is less than the last-level cache sysfs reports), and ``cold / hot`` (>= 1). When the two
+        do not differ by 10 %, ``(0.0, 1.0)``: no cache effect to model.
+
+    Takes about three seconds per sweep. Used when fitting a host operator table
+    (:attr:`dippm_nas.prior.OpTable.cache_bytes`).
+    """
+    import torch
+
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise DeviceError(f"measure_weight_cache: repeats must be an int >= 1, got {repeats!r}")
+    runs: list[list[float]] = []
+    with fixed_threads(threads), torch.inference_mode():
+        x = torch.randn(_WC_ROWS, _WC_IN)
+        for _ in range(repeats):  # whole sweeps, so a busy spell of the machine spoils one sweep, not a size
+            per_total = []
+            for total in _WC_TOTALS_MIB:
+                ws = [torch.randn(_WC_OUT, _WC_IN) for _ in range(max(1, total // 2))]
+                for w in ws * 2:  # warm: the cycle's steady state
+                    torch.nn.functional.linear(x, w)
+                samples = []
+                for _ in range(max(3, _WC_CALLS // len(ws))):
+                    t0 = time.perf_counter()
+                    for w in ws:
+                        torch.nn.functional.linear(x, w)
+                    samples.append((time.perf_counter() - t0) / len(ws))
+                per_total.append(statistics.median(samples))
+            runs.append(per_total)
+    return _cache_knee(_WC_TOTALS_MIB, [statistics.median(ts) for ts in zip(*runs)])
+
+
+def _cache_knee(totals_mib: Sequence[float], per_call: Sequence[float]) -> tuple[float, float]:
+    """``(cache_bytes, speedup)`` of :func:`measure_weight_cache` from its sweep: time per call against
+    the MiB cycled (ascending; the cold figure is the median of the cycles of 48 MiB and more)."""
+    hot = per_call[0]
+    cold = statistics.median([t for m, t in zip(totals_mib, per_call) if m >= 48])
+    if cold < 1.1 * hot:
+        return 0.0, 1.0
+    mid = math.sqrt(hot * cold)
+    fits = 0.0
+    for m, t in zip(totals_mib, per_call):
+        if t > mid:
+            break
+        fits = float(m)
+    return fits * 2**20, cold / hot
 
 
 def measure_host(threads: int | None = None) -> dict[str, Any]:

@@ -15,6 +15,13 @@ dilation, groups; pool window; attention mask flag). The same records come from 
 arithmetic and bias adds (inside ``aten::conv2d`` / ``aten::linear``) are not records. A graph's latency
 is ``scale · Σ table(record) + per_op_us · (number of records)``.
 
+A table may also model **cache residency** (:attr:`OpTable.cache_bytes`): a timing loop runs the forward
+pass again and again, and when everything one pass touches fits in the cache, the weights are still
+cached at the next pass. A weight-bound GEMM (a small MLP at small batch) then runs about twice as fast
+as the same shapes read from DRAM, which no other family teaches the forest. The table cannot learn it
+either, so it is modelled: the capacity and the speed-up are measured on the machine
+(:func:`dippm_nas.devices.measure_weight_cache`) and enter each record's reference time.
+
 The table is a gradient-boosted forest (scikit-learn's ``HistGradientBoostingRegressor`` at fit time, an
 optional dependency) stored as plain arrays in JSON and evaluated here with numpy: nothing is pickled.
 It is carried by :class:`~dippm_nas.prior.PriorParams` (``op_tables``, per device id) and so pinned in a
@@ -33,7 +40,7 @@ import numpy as np
 from dippm_nas.errors import DippmNasError
 
 __all__ = ["KINDS", "OpRecord", "OpTable", "aten_op_record", "graph_op_records", "record_features", "reference_us",
-           "fit_op_table", "OP_TABLE_FORMAT"]
+           "working_set_bytes", "fit_op_table", "OP_TABLE_FORMAT"]
 
 #: records whose table time :meth:`OpTable.record_us` keeps (cleared when full)
 _MEMO_RECORDS = 200_000
@@ -230,14 +237,39 @@ _BASE_FLOPS_PER_US = 5e4
 _BASE_ELEMS_PER_US = 2e3
 
 
-def reference_us(r: OpRecord) -> float:
-    """The record's reference time, µs (see ``_BASE_US``)."""
+#: Kinds whose second shape is a weight (read from memory once per call).
+_WEIGHT_KINDS = frozenset({"conv", "linear"})
+#: Bytes per element the working set is counted in (the host tables are fitted on fp32 models).
+_WORKING_SET_ELEM_BYTES = 4
+
+
+def reference_us(r: OpRecord, *, weight_speedup: float = 1.0) -> float:
+    """The record's reference time, µs (see ``_BASE_US``). ``weight_speedup`` > 1 divides the weight
+    elements' share of the memory term: the weights of a conv or linear are read from the last-level
+    cache, not from DRAM (see :attr:`OpTable.cache_bytes`)."""
     kind, x, w, p = r
     if kind == "embedding":  # rows looked up, not the whole table
         elems = (math.prod(w) if w else 0) * ((x[-1] if x else 0) + 1)
     else:
-        elems = (math.prod(x) if x else 0) + (math.prod(w) if w else 0)
+        wel = math.prod(w) if w else 0
+        elems = (math.prod(x) if x else 0) + (wel / weight_speedup if kind in _WEIGHT_KINDS else wel)
     return _BASE_US + _flops(kind, list(x), list(w), list(p)) / _BASE_FLOPS_PER_US + elems / _BASE_ELEMS_PER_US
+
+
+def working_set_bytes(records: Iterable[tuple[OpRecord, float]]) -> float:
+    """Bytes one forward pass touches, as the table counts them: the weights of every conv and linear
+    plus the main input of every record, each ``calls`` times, at 4 bytes per element (fp32).
+
+    Args:
+        records: ``(record, calls per forward)`` pairs (a graph's records each with 1).
+
+    A timing loop runs the forward pass again and again; when this many bytes fit in the last-level
+    cache, the weights are still there at the next pass. Activations are not told apart: a record's
+    input was just written by the record before it, so it is read from cache either way."""
+    elems = 0.0
+    for (kind, x, w, _), calls in records:
+        elems += calls * ((math.prod(x) if x else 0) + (math.prod(w) if kind in _WEIGHT_KINDS and w else 0))
+    return elems * _WORKING_SET_ELEM_BYTES
 
 
 def record_features(r: OpRecord) -> list[float]:
@@ -266,6 +298,14 @@ class OpTable:
         per_op_us: time added per record (framework work between calls), µs.
         source: what the table was fitted on (profiles, labels, held-out families).
         metrics: the fit's figures, for the record.
+        cache_bytes: how many bytes a forward pass may touch on the machine the table describes and
+            still find its weights in cache at the next pass; 0 turns the residency model off (tables
+            fitted before it existed). When a model's :func:`working_set_bytes` fit, every conv and linear
+            record of the model reads its weights ``weight_cache_speedup`` times faster (its
+            :func:`reference_us` says so), at fit time and at prediction time alike. Small MLPs at small
+            batch are the case: their GEMMs read little but weights, which stay cached between passes.
+        weight_cache_speedup: cold over hot time of a weight-bound GEMM on that machine (>= 1). Both are
+            measured by :func:`dippm_nas.devices.measure_weight_cache` when the table is fitted.
     """
 
     feature: np.ndarray
@@ -279,6 +319,8 @@ class OpTable:
     per_op_us: float = 0.0
     source: str = ""
     metrics: Mapping[str, Any] = field(default_factory=dict)
+    cache_bytes: float = 0.0
+    weight_cache_speedup: float = 1.0
     _memo: dict[tuple[Any, ...], float] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -298,18 +340,34 @@ class OpTable:
                 raise DippmNasError(f"OpTable.{name} must be a finite number, got {v!r}")
         if self.scale <= 0 or self.per_op_us < 0:
             raise DippmNasError(f"OpTable.scale must be > 0 and per_op_us >= 0, got {self.scale!r}, {self.per_op_us!r}")
+        for name in ("cache_bytes", "weight_cache_speedup"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise DippmNasError(f"OpTable.{name} must be a finite number, got {v!r}")
+        if self.cache_bytes < 0 or self.weight_cache_speedup < 1:
+            raise DippmNasError(f"OpTable.cache_bytes must be >= 0 (0 = no residency model) and "
+                                f"weight_cache_speedup >= 1, got {self.cache_bytes!r}, {self.weight_cache_speedup!r}")
 
     def clear_memo(self) -> None:
         """Forget the memoised record times (:meth:`record_us` then runs the forest on every record again:
         a cold start, e.g. for a speed figure)."""
         self._memo.clear()
 
-    def record_us(self, records: Sequence[OpRecord]) -> np.ndarray:
-        """Table time of each record, µs (before :attr:`scale`). Records are memoised: a model repeats its
-        blocks and the candidates of a search share most operators, so the forest runs on new ones only."""
+    def weight_speedup(self, working_set: float) -> float:
+        """The :func:`reference_us` weight speed-up of a model touching ``working_set`` bytes per pass:
+        :attr:`weight_cache_speedup` when they fit in :attr:`cache_bytes`, else 1."""
+        if self.cache_bytes > 0 and working_set <= self.cache_bytes:
+            return float(self.weight_cache_speedup)
+        return 1.0
+
+    def record_us(self, records: Sequence[OpRecord], *, weight_speedup: float = 1.0) -> np.ndarray:
+        """Table time of each record, µs (before :attr:`scale`); ``weight_speedup`` as in
+        :func:`reference_us` (one model's records share it: :meth:`weight_speedup`). Records are memoised:
+        a model repeats its blocks and the candidates of a search share most operators, so the forest
+        runs on new ones only."""
         if not records:
             return np.zeros(0)
-        keys = [(k, tuple(x), tuple(w), tuple(p)) for k, x, w, p in records]
+        keys = [(k, tuple(x), tuple(w), tuple(p), weight_speedup) for k, x, w, p in records]
         memo = self._memo
         vals: dict[tuple[Any, ...], float] = {}
         new = []
@@ -320,8 +378,8 @@ class OpTable:
             else:
                 vals[k] = v
         if new:
-            recs = [(k, list(x), list(w), list(p)) for k, x, w, p in new]
-            ref = np.array([reference_us(r) for r in recs])
+            recs = [(k, list(x), list(w), list(p)) for k, x, w, p, _ in new]
+            ref = np.array([reference_us(r, weight_speedup=weight_speedup) for r in recs])
             us = ref * np.exp(self.predict_log_ratio(np.asarray([record_features(r) for r in recs], dtype=np.float64)))
             vals.update(zip(new, us.tolist()))
             if len(memo) + len(new) > _MEMO_RECORDS:
@@ -359,7 +417,8 @@ class OpTable:
         over = np.zeros(len(graph.nodes))
         if recs:
             idx = np.array([i for i, _ in recs])
-            comp[idx] = self.scale * self.record_us([r for _, r in recs])
+            speedup = self.weight_speedup(working_set_bytes((r, 1.0) for _, r in recs))
+            comp[idx] = self.scale * self.record_us([r for _, r in recs], weight_speedup=speedup)
             over[idx] = self.per_op_us
         mask = np.zeros(len(graph.nodes), dtype=bool)
         mask[uncovered] = True
@@ -371,6 +430,7 @@ class OpTable:
             "format": OP_TABLE_FORMAT, "kinds": list(KINDS), "n_features": N_FEATURES,
             "source": self.source, "metrics": dict(self.metrics),
             "baseline_log": self.baseline_log, "scale": self.scale, "per_op_us": self.per_op_us,
+            "cache_bytes": self.cache_bytes, "weight_cache_speedup": self.weight_cache_speedup,
             "roots": self.roots.tolist(), "feature": self.feature.tolist(),
             "threshold": [float(f"{v:.9g}") for v in self.threshold.tolist()],
             "left": self.left.tolist(), "right": self.right.tolist(),
@@ -400,6 +460,8 @@ class OpTable:
                    value=np.asarray(d["value"], dtype=np.float64), roots=np.asarray(d["roots"], dtype=np.int64),
                    baseline_log=float(d["baseline_log"]), scale=float(d.get("scale", 1.0)),
                    per_op_us=float(d.get("per_op_us", 0.0)), source=str(d.get("source", "")),
+                   cache_bytes=float(d.get("cache_bytes", 0.0)),
+                   weight_cache_speedup=float(d.get("weight_cache_speedup", 1.0)),
                    metrics=dict(d.get("metrics") or {}))
 
 
@@ -415,19 +477,28 @@ def _profile_records(profile: Mapping[str, Any]) -> list[tuple[OpRecord, float, 
     return out
 
 
-def _forest(profiles: Sequence[Mapping[str, Any]], *, max_iter: int, max_leaf_nodes: int,
-            learning_rate: float, seed: int) -> OpTable:
+def _profile_speedups(recs: Sequence[Sequence[tuple[OpRecord, float, float]]], cache_bytes: float,
+                      weight_cache_speedup: float) -> list[float]:
+    """The :func:`reference_us` weight speed-up of each profiled model (see :attr:`OpTable.cache_bytes`)."""
+    if cache_bytes <= 0:
+        return [1.0] * len(recs)
+    return [weight_cache_speedup if working_set_bytes((r, c) for r, _, c in rs) <= cache_bytes else 1.0
+            for rs in recs]
+
+
+def _forest(profiles: Sequence[Mapping[str, Any]], speedups: Sequence[float], *, max_iter: int,
+            max_leaf_nodes: int, learning_rate: float, seed: int) -> OpTable:
     try:
         from sklearn.ensemble import HistGradientBoostingRegressor
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise DippmNasError("fitting an op table needs scikit-learn: pip install 'dippm-nas[dev]' "
                             "(or pip install scikit-learn)") from e
     x, y, w = [], [], []
-    for p in profiles:
+    for p, speedup in zip(profiles, speedups, strict=True):
         for r, us, calls in _profile_records(p):
             if calls > 0:
                 x.append(record_features(r))
-                y.append(math.log(max(us / calls, 0.05) / reference_us(r)))
+                y.append(math.log(max(us / calls, 0.05) / reference_us(r, weight_speedup=speedup)))
                 w.append(calls)
     if len(x) < 50:
         raise DippmNasError(f"fitting an op table needs at least 50 profiled calls, got {len(x)}")
@@ -467,7 +538,8 @@ def _fit_map(sums_us: np.ndarray, counts: np.ndarray, labels_us: np.ndarray) -> 
 
 def fit_op_table(profiles: Iterable[Mapping[str, Any]], *, exclude_families: Sequence[str] = (),
                  folds: int = 4, max_iter: int = 400, max_leaf_nodes: int = 31, learning_rate: float = 0.08,
-                 seed: int = 0, source: str = "") -> OpTable:
+                 seed: int = 0, source: str = "", cache_bytes: float = 0.0,
+                 weight_cache_speedup: float = 1.0) -> OpTable:
     """Fit a table on profiled models (lines written by ``benchmarks/host_op_table.py``: ``family``,
     ``latency_ms`` label, ``ops``), leaving out ``exclude_families``.
 
@@ -475,6 +547,9 @@ def fit_op_table(profiles: Iterable[Mapping[str, Any]], *, exclude_families: Seq
     labelled latency (:attr:`OpTable.scale`, :attr:`OpTable.per_op_us`) is fitted on sums *cross-fitted*
     by family (each family's sums come from a forest fitted without it, ``folds`` folds), so it is the map
     an unseen family gets.
+
+    ``cache_bytes`` and ``weight_cache_speedup`` (the machine's last-level cache and its measured weight
+    speed-up, :attr:`OpTable.cache_bytes`) turn the cache-residency model on; the defaults leave it off.
 
     Raises:
         DippmNasError: scikit-learn is missing, or fewer than two families / 50 calls remain.
@@ -486,22 +561,27 @@ def fit_op_table(profiles: Iterable[Mapping[str, Any]], *, exclude_families: Seq
         raise DippmNasError(f"fitting an op table needs profiles of at least two families, got {fams}")
     kw = dict(max_iter=max_iter, max_leaf_nodes=max_leaf_nodes, learning_rate=learning_rate, seed=seed)
     recs = [_profile_records(p) for p in prof]
+    speed = _profile_speedups(recs, cache_bytes, weight_cache_speedup)
     sums = np.zeros(len(prof))
     for k in range(min(folds, len(fams))):
         fold = set(fams[k::min(folds, len(fams))])
-        part = _forest([p for p in prof if p["family"] not in fold], **kw)
+        keep = [i for i, p in enumerate(prof) if p["family"] not in fold]
+        part = _forest([prof[i] for i in keep], [speed[i] for i in keep], **kw)
         for i, p in enumerate(prof):
             if p["family"] in fold:
-                sums[i] = float(part.record_us([r for r, _, _ in recs[i]]).dot([c for _, _, c in recs[i]]))
+                sums[i] = float(part.record_us([r for r, _, _ in recs[i]], weight_speedup=speed[i])
+                                .dot([c for _, _, c in recs[i]]))
     counts = np.array([sum(c for _, _, c in rs) for rs in recs])
     labels = np.array([float(p["latency_ms"]) * 1e3 for p in prof])
     scale, per_op = _fit_map(sums, counts, labels)
     pred = scale * sums + per_op * counts
     mape = float(100 * np.mean(np.abs(pred / labels - 1)))
-    table = _forest(prof, **kw)
+    table = _forest(prof, speed, **kw)
     return OpTable(feature=table.feature, threshold=table.threshold, left=table.left, right=table.right,
                    value=table.value, roots=table.roots, baseline_log=table.baseline_log, scale=scale,
-                   per_op_us=per_op, source=source,
+                   per_op_us=per_op, source=source, cache_bytes=float(cache_bytes),
+                   weight_cache_speedup=float(weight_cache_speedup),
                    metrics={"models": len(prof), "families": fams, "excluded_families": sorted(ex),
                             "cross_fitted_mape_pct": mape, "trees": int(len(table.roots)),
-                            "nodes": int(len(table.feature))})
+                            "nodes": int(len(table.feature)),
+                            "cache_resident_models": int(sum(v > 1 for v in speed))})
