@@ -245,8 +245,8 @@ _WORKING_SET_ELEM_BYTES = 4
 
 def reference_us(r: OpRecord, *, weight_speedup: float = 1.0) -> float:
     """The record's reference time, µs (see ``_BASE_US``). ``weight_speedup`` > 1 divides the weight
-    elements' share of the memory term: the weights of a conv or linear are read from the last-level
-    cache, not from DRAM (see :attr:`OpTable.cache_bytes`)."""
+    elements' share of the memory term: the weights of a conv or linear are read from cache, not from
+    DRAM (see :attr:`OpTable.cache_bytes`)."""
     kind, x, w, p = r
     if kind == "embedding":  # rows looked up, not the whole table
         elems = (math.prod(w) if w else 0) * ((x[-1] if x else 0) + 1)
@@ -256,6 +256,10 @@ def reference_us(r: OpRecord, *, weight_speedup: float = 1.0) -> float:
     return _BASE_US + _flops(kind, list(x), list(w), list(p)) / _BASE_FLOPS_PER_US + elems / _BASE_ELEMS_PER_US
 
 
+def _weight_speedup(working_set: float, cache_bytes: float, speedup: float) -> float:
+    return float(speedup) if 0 < cache_bytes and working_set <= cache_bytes else 1.0
+
+
 def working_set_bytes(records: Iterable[tuple[OpRecord, float]]) -> float:
     """Bytes one forward pass touches, as the table counts them: the weights of every conv and linear
     plus the main input of every record, each ``calls`` times, at 4 bytes per element (fp32).
@@ -263,9 +267,10 @@ def working_set_bytes(records: Iterable[tuple[OpRecord, float]]) -> float:
     Args:
         records: ``(record, calls per forward)`` pairs (a graph's records each with 1).
 
-    A timing loop runs the forward pass again and again; when this many bytes fit in the last-level
-    cache, the weights are still there at the next pass. Activations are not told apart: a record's
-    input was just written by the record before it, so it is read from cache either way."""
+    A timing loop runs the forward pass again and again; when this many bytes fit in the cache
+    (:attr:`OpTable.cache_bytes`, measured: on a shared machine less than the last-level cache), the
+    weights are still there at the next pass. Activations are not told apart: a record's input was just
+    written by the record before it, so it is read from cache either way."""
     elems = 0.0
     for (kind, x, w, _), calls in records:
         elems += calls * ((math.prod(x) if x else 0) + (math.prod(w) if kind in _WEIGHT_KINDS and w else 0))
@@ -356,9 +361,7 @@ class OpTable:
     def weight_speedup(self, working_set: float) -> float:
         """The :func:`reference_us` weight speed-up of a model touching ``working_set`` bytes per pass:
         :attr:`weight_cache_speedup` when they fit in :attr:`cache_bytes`, else 1."""
-        if self.cache_bytes > 0 and working_set <= self.cache_bytes:
-            return float(self.weight_cache_speedup)
-        return 1.0
+        return _weight_speedup(working_set, self.cache_bytes, self.weight_cache_speedup)
 
     def record_us(self, records: Sequence[OpRecord], *, weight_speedup: float = 1.0) -> np.ndarray:
         """Table time of each record, µs (before :attr:`scale`); ``weight_speedup`` as in
@@ -480,9 +483,7 @@ def _profile_records(profile: Mapping[str, Any]) -> list[tuple[OpRecord, float, 
 def _profile_speedups(recs: Sequence[Sequence[tuple[OpRecord, float, float]]], cache_bytes: float,
                       weight_cache_speedup: float) -> list[float]:
     """The :func:`reference_us` weight speed-up of each profiled model (see :attr:`OpTable.cache_bytes`)."""
-    if cache_bytes <= 0:
-        return [1.0] * len(recs)
-    return [weight_cache_speedup if working_set_bytes((r, c) for r, _, c in rs) <= cache_bytes else 1.0
+    return [_weight_speedup(working_set_bytes((r, c) for r, _, c in rs), cache_bytes, weight_cache_speedup)
             for rs in recs]
 
 
