@@ -240,3 +240,5 @@ def test_reference_time_reads_cached_weights_faster_and_the_table_keeps_the_sett
     assert OpTable.from_dict(old).cache_bytes == 0  # tables fitted before the setting read as off
     with pytest.raises(DippmNasError, match="weight_cache_speedup >= 1"):
         dataclasses.replace(t, weight_cache_speedup=0.5)
+    with pytest.raises(DippmNasError, match="non-numeric"):
+        OpTable.from_dict({**on.to_dict(), "cache_bytes": "16 MiB"})

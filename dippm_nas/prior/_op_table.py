@@ -457,15 +457,15 @@ class OpTable:
         missing = [k for k in need if k not in d]
         if missing:
             raise DippmNasError(f"{origin}: op table lacks {missing}")
-        return cls(feature=np.asarray(d["feature"], dtype=np.int64),
-                   threshold=np.asarray(d["threshold"], dtype=np.float64),
-                   left=np.asarray(d["left"], dtype=np.int64), right=np.asarray(d["right"], dtype=np.int64),
-                   value=np.asarray(d["value"], dtype=np.float64), roots=np.asarray(d["roots"], dtype=np.int64),
-                   baseline_log=float(d["baseline_log"]), scale=float(d.get("scale", 1.0)),
-                   per_op_us=float(d.get("per_op_us", 0.0)), source=str(d.get("source", "")),
-                   cache_bytes=float(d.get("cache_bytes", 0.0)),
-                   weight_cache_speedup=float(d.get("weight_cache_speedup", 1.0)),
-                   metrics=dict(d.get("metrics") or {}))
+        try:
+            arrays = {k: np.asarray(d[k], dtype=np.float64 if k in ("threshold", "value") else np.int64)
+                      for k in ("feature", "threshold", "left", "right", "value", "roots")}
+            numbers = {k: float(d.get(k, default)) for k, default in (
+                ("baseline_log", None), ("scale", 1.0), ("per_op_us", 0.0), ("cache_bytes", 0.0),
+                ("weight_cache_speedup", 1.0))}
+        except (TypeError, ValueError) as e:
+            raise DippmNasError(f"{origin}: op table has a non-numeric array or number: {e}") from e
+        return cls(**arrays, **numbers, source=str(d.get("source", "")), metrics=dict(d.get("metrics") or {}))
 
 
 # ---------------------------------------------------------------- fitting (scikit-learn, optional)
