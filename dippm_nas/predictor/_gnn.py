@@ -808,6 +808,7 @@ class GnnPredictor(BasePredictor):
         stds: dict[str, float | None] = {}
         sources: dict[str, str] = {}
         prior_vals = {"latency_ms": f.prior_latency_ms, "energy_j": f.prior_energy_j, "memory_mib": f.prior_memory_mib}
+        kept: dict[str, float] = {}
         for t_i, t in enumerate(TARGETS):
             if t not in self.meta.targets:
                 values[t], stds[t] = prior_vals[t], None
@@ -822,6 +823,8 @@ class GnnPredictor(BasePredictor):
             if self.calibration is not None and self.calibration.has(t):
                 m, s = self.calibration.apply(t, m, s)
                 src = "calibrated"
+                if t in self.calibration.kept:  # 1: the fitted correction whole; 0: the measurements' scatter hid it
+                    kept[f"calibration_kept_{t}"] = float(self.calibration.kept[t])
             m = min(max(m, -30.0), 30.0)  # exp stays finite and > 0 whatever the network says
             v = math.exp(m)
             values[t], stds[t], sources[t] = v, v * s, src
@@ -832,6 +835,7 @@ class GnnPredictor(BasePredictor):
         details["prior_latency_ms"] = f.prior_latency_ms
         details["prior_memory_mib"] = f.prior_memory_mib
         details["outside_training_range"] = float(ood)
+        details.update(kept)
         if static_dtype_columns(self.meta.feature_style) is not None and self.model.residual_on_prior:
             details["dtype_unseen"] = float(dtype_unseen)
         if self.meta.host is not None:
