@@ -189,6 +189,10 @@ def test_calibration_reduces_error_and_persists(tmp_path: Path, monkeypatch: pyt
     err_after = np.mean([abs(a.latency_ms - t) / t for a, t in zip(after, truth[3:])])
     assert err_after < 0.5 * err_before
     assert all(a.latency_source == "calibrated" for a in after)
+    # an exact 1.7x with no scatter: the whole correction is kept, and the prediction says so
+    assert cal.kept["latency_ms"] == pytest.approx(1.0)
+    assert all(a.details["calibration_kept_latency_ms"] == pytest.approx(1.0) for a in after)
+    assert "calibration_kept_memory_mib" not in after[0].details  # no memory label: memory is not calibrated
     # persisted per device and re-applied when the same checkpoint is loaded
     ck = tmp_path / "ck.pt"
     p.save(ck)
