@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 from pathlib import Path
 
@@ -162,7 +163,8 @@ def test_a_host_checkpoint_answers_for_its_labels_thread_count_whatever_the_call
     assert "host_threads" not in _host_predictor("CPU A").predict_graphs(gs[:1], mig=False)[0].details
 
 
-def test_training_records_the_rows_cpu_model(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_training_records_the_rows_cpu_model(monkeypatch: pytest.MonkeyPatch,
+                                              caplog: pytest.LogCaptureFixture) -> None:
     g = tiny_graph()
     ex = [Example(g, HOST, {"latency_ms": 1.0}, "tiny", "k1", cpu_model="CPU A"),
           Example(g, "a100-sxm4-40gb", {"latency_ms": 1.0}, "tiny", "k2")]
@@ -172,6 +174,26 @@ def test_training_records_the_rows_cpu_model(monkeypatch: pytest.MonkeyPatch) ->
     assert _host_of([dataclasses.replace(e, threads=1) for e in ex], HOST)["threads"] == 1  # the rows' own
     assert host["features_from"]["fp32_tflops"] > 0  # this machine's microbenchmark, as featurize used it
     assert _host_of(ex, "a100-sxm4-40gb") is None
+    assert host["label_processors"] == [] and host["label_rows_without_processor"] == 1
+
+    # the rows record their processor: training on another processor of the same model string is warned about
+    from dippm_nas._platform import cpu_signature
+
+    here = cpu_signature()
+    other = {**here, "model": "999", "microcode": "0x1"}
+    with caplog.at_level(logging.WARNING, logger="dippm_nas.predictor._train"):
+        caplog.clear()
+        host = _host_of([dataclasses.replace(ex[0], cpu_signature=other)], HOST)
+        assert host["label_processors"] == [{k: other[k] for k in ("vendor", "family", "model", "stepping",
+                                                                   "flags_sha1") if k in other}]
+        assert "label_rows_without_processor" not in host
+        if here:  # /proc/cpuinfo readable: this machine's processor is recorded, and the mismatch is said
+            assert host["features_processor"]["model"] == here["model"]
+            assert any("can name several processors" in r.getMessage() for r in caplog.records)
+            caplog.clear()  # the same processor with other microcode: no warning
+            _host_of([dataclasses.replace(ex[0], cpu_signature={**here, "microcode": "0x2"})], HOST)
+            assert not any("several processors" in r.getMessage() for r in caplog.records)
+
     ex.append(Example(g, HOST, {"latency_ms": 2.0}, "tiny", "k3", cpu_model="CPU B"))
     with pytest.raises(DippmNasError, match="one CPU model"):
         _host_of(ex, HOST)

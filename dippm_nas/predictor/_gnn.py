@@ -127,7 +127,9 @@ class CheckpointMeta:
             CPU model string of the rows' environment, "threads": the torch thread count of the labels and
             of the device features (the predictor measures the host at this count, so its answer does not
             depend on the caller's thread setting; absent in older metadata: the caller's count),
-            "features_from": the host microbenchmark the device features were computed with}``; ``None``
+            "features_from": the host microbenchmark the device features were computed with,
+            "features_processor" / "label_processors": the processor of the machine that computed them and
+            those the rows record (family, model, ...; see ``_train._host_of``; absent in older metadata)}``; ``None``
             for other devices (and for checkpoints made before this was recorded). A host-cpu checkpoint
             answers on another CPU model only flagged (``details["other_host"] = 1``, see
             :mod:`dippm_nas.predictor._checkpoint`).

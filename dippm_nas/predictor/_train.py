@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import logging
 import math
 import random
@@ -78,6 +79,9 @@ class Example:
             does not record one.
         threads: the torch thread count of the row's environment (``environment.threads``), ``None`` when
             the row does not record one.
+        cpu_signature: the processor of the row's environment (``environment.cpu_signature``: vendor,
+            family, model, stepping, ...; :func:`dippm_nas._platform.cpu_signature`), ``None`` when the row
+            does not record one (rows measured before it was recorded).
     """
 
     graph: OperatorGraph
@@ -89,6 +93,7 @@ class Example:
     name: str = ""
     cpu_model: str = ""
     threads: int | None = None
+    cpu_signature: dict[str, str] | None = None
 
 
 def load_examples(paths: Sequence[str | Path], *, devices: Sequence[str] | None = None,
@@ -129,9 +134,11 @@ def load_examples(paths: Sequence[str | Path], *, devices: Sequence[str] | None 
             env = m.get("environment")
             cpu = str(env.get("cpu_model") or "") if isinstance(env, dict) else ""
             thr = env.get("threads") if isinstance(env, dict) else None
+            sig = env.get("cpu_signature") if isinstance(env, dict) else None
             out.append(Example(mg.graph, dev, y, str(m.get("space") or "unknown"), mg.graph.structural_hash(),
                                str(m.get("source") or ""), name, cpu,
-                               thr if isinstance(thr, int) and not isinstance(thr, bool) else None))
+                               thr if isinstance(thr, int) and not isinstance(thr, bool) else None,
+                               {str(k): str(v) for k, v in sig.items()} if isinstance(sig, dict) and sig else None))
     logger.info("loaded %d examples from %s", len(out), [str(p) for p in paths])
     return out
 
@@ -427,12 +434,24 @@ def _label_threads(ex: Sequence[Example], device: str) -> int:
     return n
 
 
+#: The fields of :func:`~dippm_nas._platform.cpu_signature` that name a processor (microcode and the
+#: reported cache size can change under a VM with the same processor).
+_PROCESSOR_FIELDS = ("vendor", "family", "model", "stepping", "flags_sha1")
+
+
+def _processor(sig: dict[str, str]) -> dict[str, str]:
+    return {k: sig[k] for k in _PROCESSOR_FIELDS if k in sig}
+
+
 def _host_of(ex: Sequence[Example], device: str, threads: int | None = None) -> dict[str, Any] | None:
     """``CheckpointMeta.host`` of a host-cpu checkpoint: the CPU model its rows were measured on, the
     torch thread count its device features were measured at (``threads``, default
-    :func:`_label_threads`: the rows' own; the predictor measures the host at that count whatever the
-    caller's, so it answers for the measurements' thread count) and the host microbenchmark they come
-    from (this machine's); ``None`` for other devices.
+    :func:`_label_threads`: the rows' own; the predictor measures the host at this count whatever the
+    caller's, so it answers for the measurements' thread count), the host microbenchmark they come
+    from (this machine's) and the processors: ``label_processors``, those the rows record (distinct,
+    where recorded), and ``features_processor``, this machine's. VMs sold under one CPU model string can
+    be different processors, so a training run on another one than the rows' is warned about; ``None``
+    for other devices.
 
     Raises:
         DippmNasError: host rows of several CPU models (one checkpoint per CPU model), or none recording it.
@@ -441,12 +460,13 @@ def _host_of(ex: Sequence[Example], device: str, threads: int | None = None) -> 
 
     if device != HOST_DEVICE:
         return None
-    models = sorted({e.cpu_model for e in ex if e.device == device})
+    rows = [e for e in ex if e.device == device]
+    models = sorted({e.cpu_model for e in rows})
     if len(models) != 1 or not models[0]:
         raise DippmNasError(f"a {device} checkpoint learns one CPU model: its rows must all record the same "
                             f"environment.cpu_model, got {models} (train one checkpoint per CPU model, "
                             "e.g. with one dataset file each)")
-    from dippm_nas._platform import cpu_model_name
+    from dippm_nas._platform import cpu_model_name, cpu_signature
     from dippm_nas.devices._host import host_facts
 
     threads = _label_threads(ex, device) if threads is None else threads
@@ -456,8 +476,22 @@ def _host_of(ex: Sequence[Example], device: str, threads: int | None = None) -> 
         logger.warning("the %s rows were measured on %r but this machine is %r: the device features come from "
                        "this machine's microbenchmark; train on the machine the data was measured on", device,
                        models[0], here)
+    labels = sorted({json.dumps(_processor(e.cpu_signature), sort_keys=True) for e in rows if e.cpu_signature})
+    label_processors = [json.loads(x) for x in labels]
+    this_processor = _processor(cpu_signature())
+    unrecorded = sum(e.cpu_signature is None for e in rows)
+    if label_processors and this_processor and this_processor not in label_processors:
+        logger.warning("the %s rows were measured on the processor(s) %s but this machine's is %s (one CPU model "
+                       "string %r can name several processors): the device features come from this machine's "
+                       "microbenchmark; train on the machine the data was measured on", device, label_processors,
+                       this_processor, models[0])
     keep = ("name", "fp32_tflops", "bandwidth_gbps", "host_dispatch_us", "sms", "l2_mib", "key", "measured_at")
-    return {"cpu_model": models[0], "threads": threads, "features_from": {k: facts.get(k) for k in keep}}
+    out: dict[str, Any] = {"cpu_model": models[0], "threads": threads,
+                           "features_from": {k: facts.get(k) for k in keep},
+                           "features_processor": this_processor, "label_processors": label_processors}
+    if unrecorded:
+        out["label_rows_without_processor"] = unrecorded
+    return out
 
 
 def train_predictor(paths: Sequence[str | Path], device: str, *, split: str = "random", heldout_families: Sequence[str] = (),
