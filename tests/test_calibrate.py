@@ -93,3 +93,15 @@ def test_kept_round_trips_and_old_files_still_load(tmp_path: Path, monkeypatch: 
     calibration_path("host-cpu").write_text(json.dumps(blob))
     old = load_calibration("host-cpu", META)
     assert old is not None and old.kept == {} and old.coef == cal.coef
+
+
+def test_a_file_with_a_bad_kept_share_is_ignored_with_a_warning(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setenv("DIPPM_NAS_CACHE_DIR", str(tmp_path))
+    save_calibration(_fit(np.array([1.0, 2.0, 4.0]), lat=np.array([1.5, 3.1, 5.9])))
+    blob = json.loads(calibration_path("host-cpu").read_text())
+    for bad in ({"latency_ms": "x"}, {"latency_ms": 1.5}, ["latency_ms"]):
+        calibration_path("host-cpu").write_text(json.dumps({**blob, "kept": bad}))
+        caplog.clear()
+        assert load_calibration("host-cpu", META) is None
+        assert any("ignoring unreadable calibration file" in r.getMessage() for r in caplog.records)

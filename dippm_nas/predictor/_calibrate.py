@@ -205,7 +205,11 @@ def load_calibration(device: str, meta: "CheckpointMeta") -> Calibration | None:
     try:
         d: dict[str, Any] = json.loads(p.read_text())
         cal = Calibration(**d)
-    except (ValueError, TypeError) as e:
+        bad = {t: w for t, w in cal.kept.items()
+               if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0.0 <= w <= 1.0}
+        if bad:
+            raise ValueError(f"kept must hold shares in [0, 1] per target, got {bad}")
+    except (ValueError, TypeError, AttributeError) as e:
         logger.warning("ignoring unreadable calibration file %s: %s", p, e)
         return None
     if cal.checkpoint != checkpoint_identity(meta):

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import logging
 import math
 import random
@@ -476,8 +475,8 @@ def _host_of(ex: Sequence[Example], device: str, threads: int | None = None) -> 
         logger.warning("the %s rows were measured on %r but this machine is %r: the device features come from "
                        "this machine's microbenchmark; train on the machine the data was measured on", device,
                        models[0], here)
-    labels = sorted({json.dumps(_processor(e.cpu_signature), sort_keys=True) for e in rows if e.cpu_signature})
-    label_processors = [json.loads(x) for x in labels]
+    label_processors = [dict(t) for t in sorted({tuple(sorted(_processor(e.cpu_signature).items()))
+                                                 for e in rows if e.cpu_signature})]
     this_processor = _processor(cpu_signature())
     unrecorded = sum(e.cpu_signature is None for e in rows)
     if label_processors and this_processor and this_processor not in label_processors:

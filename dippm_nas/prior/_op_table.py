@@ -339,16 +339,12 @@ class OpTable:
                 or np.any(self.roots < 0) or np.any(self.roots >= n)):
             raise DippmNasError(f"OpTable: a node index or feature index is out of range (nodes {n}, "
                                 f"features {N_FEATURES})")
-        for name in ("scale", "per_op_us", "baseline_log"):
+        for name in ("scale", "per_op_us", "baseline_log", "cache_bytes", "weight_cache_speedup"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or not math.isfinite(v):
                 raise DippmNasError(f"OpTable.{name} must be a finite number, got {v!r}")
         if self.scale <= 0 or self.per_op_us < 0:
             raise DippmNasError(f"OpTable.scale must be > 0 and per_op_us >= 0, got {self.scale!r}, {self.per_op_us!r}")
-        for name in ("cache_bytes", "weight_cache_speedup"):
-            v = getattr(self, name)
-            if not isinstance(v, (int, float)) or not math.isfinite(v):
-                raise DippmNasError(f"OpTable.{name} must be a finite number, got {v!r}")
         if self.cache_bytes < 0 or self.weight_cache_speedup < 1:
             raise DippmNasError(f"OpTable.cache_bytes must be >= 0 (0 = no residency model) and "
                                 f"weight_cache_speedup >= 1, got {self.cache_bytes!r}, {self.weight_cache_speedup!r}")
@@ -420,7 +416,8 @@ class OpTable:
         over = np.zeros(len(graph.nodes))
         if recs:
             idx = np.array([i for i, _ in recs])
-            speedup = self.weight_speedup(working_set_bytes((r, 1.0) for _, r in recs))
+            speedup = (self.weight_speedup(working_set_bytes((r, 1.0) for _, r in recs))
+                       if self.cache_bytes > 0 else 1.0)  # no residency model: no working set to count
             comp[idx] = self.scale * self.record_us([r for _, r in recs], weight_speedup=speedup)
             over[idx] = self.per_op_us
         mask = np.zeros(len(graph.nodes), dtype=bool)
@@ -549,8 +546,9 @@ def fit_op_table(profiles: Iterable[Mapping[str, Any]], *, exclude_families: Seq
     by family (each family's sums come from a forest fitted without it, ``folds`` folds), so it is the map
     an unseen family gets.
 
-    ``cache_bytes`` and ``weight_cache_speedup`` (the machine's last-level cache and its measured weight
-    speed-up, :attr:`OpTable.cache_bytes`) turn the cache-residency model on; the defaults leave it off.
+    ``cache_bytes`` and ``weight_cache_speedup`` (the capacity and weight speed-up measured by
+    :func:`dippm_nas.devices.measure_weight_cache`, not the last-level cache sysfs reports;
+    :attr:`OpTable.cache_bytes`) turn the cache-residency model on; the defaults leave it off.
 
     Raises:
         DippmNasError: scikit-learn is missing, or fewer than two families / 50 calls remain.
