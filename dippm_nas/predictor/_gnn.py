@@ -63,7 +63,9 @@ from dippm_nas.features import (
 )
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.prediction import Prediction
-from dippm_nas.predictor._base import BasePredictor
+from dippm_nas.devices import HostProfile, default_host_profile, resolve_device
+from dippm_nas.predictor._base import BasePredictor, execution_args, execution_details
+from dippm_nas.prior import estimate as prior_estimate, latency_us
 from dippm_nas.predictor._novelty import NoveltyFloor, correction_weight, novelty_scores
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -532,8 +534,6 @@ class GnnPredictor(BasePredictor):
     def __init__(self, model: SageEnsemble, meta: CheckpointMeta, device: str | None = None, *,
                  feature_cache_size: int = 4096, load_calibration: bool = True,
                  novelty_ref: torch.Tensor | None = None) -> None:
-        from dippm_nas.devices import resolve_device
-
         self.model = model.eval()
         self.meta = meta
         #: standardised static features of training graphs ``[R, static_dim]`` (novelty scores), or None
@@ -607,8 +607,6 @@ class GnnPredictor(BasePredictor):
         meta = CheckpointMeta.from_json(blob["meta"])
         meta.check()
         if device is not None:
-            from dippm_nas.devices import resolve_device
-
             if resolve_device(device).id != meta.device:
                 raise CheckpointError(f"checkpoint {path.name} is for device {meta.device!r}, asked for {device!r}")
         model = SageEnsemble(meta.node_dim, meta.static_dim, meta.device_dim, meta.hidden, meta.layers,
@@ -777,12 +775,14 @@ class GnnPredictor(BasePredictor):
             s = math.hypot(s, 0.5 * float(self.model.delta_max[TARGETS.index(target)]))
         return s
 
-    def predict_graphs(self, graphs: Sequence[OperatorGraph], *, mig: bool = True,
-                       k_sigma: float = 2.0) -> list[Prediction]:
+    def predict_graphs(self, graphs: Sequence[OperatorGraph], *, mig: bool = True, k_sigma: float = 2.0,
+                       runtime: str = "eager", host: HostProfile | str | None = None) -> list[Prediction]:
         if not graphs:
             return []
+        rt, prof = execution_args(self.device, runtime, host)
         cal = None if self.calibration is None else id(self.calibration)
-        keys = [(_graph_key(g), bool(mig), float(k_sigma), cal) for g in graphs]
+        ex_key = f"{rt}|{prof.name}|{prof.speed:.6g}|{prof.framework}"
+        keys = [(_graph_key(g), bool(mig), float(k_sigma), cal, ex_key) for g in graphs]
         out: list[Prediction | None] = [self._pred_cache.get(k) for k in keys]
         todo = [i for i, p in enumerate(out) if p is None]
         if todo:
@@ -792,7 +792,7 @@ class GnnPredictor(BasePredictor):
             for j, i in enumerate(todo):
                 out[i] = self._prediction(graphs[i], feats[j], mean[j], std[j], mig=mig, k_sigma=k_sigma,
                                           ood=bool(ood[j]), novelty=float(nov[j]), dtype_unseen=bool(unseen[j]),
-                                          other_machine=bool(other_machine[j]))
+                                          other_machine=bool(other_machine[j]), runtime=rt, host=prof)
             with self._lock:
                 for i in todo:
                     self._pred_cache[keys[i]] = out[i]  # type: ignore[assignment]
@@ -800,12 +800,77 @@ class GnnPredictor(BasePredictor):
                     self._pred_cache.popitem(last=False)
         return out  # type: ignore[return-value]
 
+    def _pinned_params(self) -> Any:
+        """The prior constants the features are computed with (the checkpoint's, else the package's)."""
+        from dippm_nas.prior import default_params
+
+        return self.prior_params if self.prior_params is not None else default_params()
+
+    def _execution_params(self) -> Any:
+        """The prior constants of a runtime-specific estimate: the pinned ones, with the package's fitted host
+        model where the pinned constants carry none (the GNN corrects kernel time; the host side is the
+        host model's)."""
+        from dippm_nas.prior import default_params
+
+        pinned = self._pinned_params()
+        if pinned.host_model is None and default_params().host_model is not None:
+            return dataclasses.replace(pinned, host_model=default_params().host_model)
+        return pinned
+
+    def _compose_latency(self, graph: OperatorGraph, est: Any, m: float, s: float, runtime: str,
+                         host: HostProfile) -> tuple[float, float, dict[str, float], tuple[float, float]]:
+        """Latency of ``runtime`` on ``host`` from the network's eager answer ``exp(m)`` (log σ ``s``).
+
+        The network's answer is read as a correction of the kernel times: its log correction of the features'
+        estimate (eager, default host), ``delta = m - log(prior)``, applies to the kernels in the share ``w`` of
+        that estimate the GPU is busy, ``c = exp(w * delta)`` (a GPU-bound graph's whole correction, none of a
+        host-bound one's, whose answer says little of its kernels). The kernels of the requested runtime,
+        times ``c``, then run behind the host timeline of that runtime and host profile. σ combines the network's σ on the kernel
+        part and the host model's held-out σ on the host part, each weighted by how much the critical path
+        moves with it.
+
+        Returns:
+            ``(log latency, log σ, details, (host_ms, gpu_ms))``.
+        """
+        params = self._execution_params()
+        prior_ms = max(float(est.latency_ms), 1e-9)
+        w = min(1.0, max(0.0, float(est.gpu_busy_ms) / prior_ms))
+        bound = float(self.model.delta_max[TARGETS.index("latency_ms")]) if self.model.residual_on_prior else 30.0
+        delta = min(max(m - math.log(prior_ms), -bound), bound)
+        c = math.exp(w * delta)
+        d: dict[str, float] = {"gpu_share_of_prior": w}
+        d["gpu_correction"] = c
+        d["host_model_fitted"] = float(params.host_model is not None)
+        if runtime == "eager" and host == default_host_profile() and params is self._pinned_params():
+            # the features were computed for this very execution: the network's answer is the latency
+            d["host_ms"], d["gpu_busy_ms"] = float(est.host_ms), c * float(est.gpu_busy_ms)
+            d["host_bound"] = float(d["host_ms"] > d["gpu_busy_ms"])
+            return m, s, d, (d["host_ms"], d["gpu_busy_ms"])
+        rt_est = prior_estimate(graph, self.device, params=params, runtime=runtime, host=host)
+        g = rt_est.node_time_ms * 1e3
+        h = rt_est.node_host_ms * 1e3
+        pre = rt_est.pass_host_ms * 1e3
+        lat = latency_us(c * g, h, pre)
+        s_host = params.host_model.sigma_log() if params.host_model is not None else 0.0
+        s_g = math.log(latency_us(c * math.exp(s) * g, h, pre) / lat)
+        s_h = math.log(latency_us(c * g, h * math.exp(s_host), pre * math.exp(s_host)) / lat) if s_host > 0 else 0.0
+        d["host_ms"] = rt_est.host_ms
+        d["gpu_busy_ms"] = c * rt_est.gpu_busy_ms
+        d["gpu_idle_ms"] = max(0.0, lat / 1e3 - c * rt_est.gpu_busy_ms)
+        d["host_bound"] = float(rt_est.host_ms > c * rt_est.gpu_busy_ms)
+        d["pass_host_ms"] = rt_est.pass_host_ms
+        return math.log(lat / 1e3), math.hypot(s_g, s_h), d, (rt_est.host_ms, c * rt_est.gpu_busy_ms)
+
     def _prediction(self, graph: OperatorGraph, f: GraphFeatures, mean: np.ndarray, std: np.ndarray, *,
                     mig: bool, k_sigma: float, ood: bool = False, novelty: float = math.nan,
-                    dtype_unseen: bool = False, other_machine: bool = False) -> Prediction:
-        from dippm_nas.devices import resolve_device
-
+                    dtype_unseen: bool = False, other_machine: bool = False, runtime: str = "eager",
+                    host: HostProfile | None = None) -> Prediction:
         est = f.estimate
+        dev = resolve_device(self.device)
+        timeline: dict[str, Any] = {"host_ms": None, "gpu_ms": None}
+        composed: dict[str, float] = {}
+        if dev.kind == "gpu" and est is not None:
+            timeline = {"host_ms": est.host_ms, "gpu_ms": est.gpu_busy_ms}
         values: dict[str, float | None] = {}
         stds: dict[str, float | None] = {}
         sources: dict[str, str] = {}
@@ -822,6 +887,9 @@ class GnnPredictor(BasePredictor):
             m = float(mean[t_i])
             s = self.sigma_log(t, float(std[t_i]), ood=ood, novelty=novelty, other_machine=other_machine)
             src = "analytic" if dtype_unseen else "predicted"  # dtype_unseen: ``m`` is the prior's
+            if t == "latency_ms" and dev.kind == "gpu" and est is not None and host is not None:
+                m, s, composed, (h_ms, g_ms) = self._compose_latency(graph, est, m, s, runtime, host)
+                timeline = {"host_ms": h_ms, "gpu_ms": g_ms}
             if self.calibration is not None and self.calibration.has(t):
                 m, s = self.calibration.apply(t, m, s)
                 src = "calibrated"
@@ -834,6 +902,8 @@ class GnnPredictor(BasePredictor):
         for op, c in f.unknown_ops.items():
             unknown.setdefault(op, c)
         details = est.details() if est is not None else {}
+        details.update(composed)
+        details.update(execution_details(runtime, host if host is not None else default_host_profile()))
         details["prior_latency_ms"] = f.prior_latency_ms
         details["prior_memory_mib"] = f.prior_memory_mib
         details["outside_training_range"] = float(ood)
@@ -856,14 +926,14 @@ class GnnPredictor(BasePredictor):
             latency_source=sources["latency_ms"], energy_source=sources["energy_j"],
             memory_source=sources["memory_mib"], device=self.device, batch_size=graph.spec.batch_size,
             dtype=graph.spec.dtype, latency_ms_std=stds["latency_ms"], energy_j_std=stds["energy_j"],
-            memory_mib_std=stds["memory_mib"], unknown_ops=unknown, details=details,
+            memory_mib_std=stds["memory_mib"], unknown_ops=unknown, details=details, **timeline,
         )
-        dev = resolve_device(self.device)
         if mig and dev.has_mig:
             from dippm_nas.mig import advise
 
             pred = dataclasses.replace(pred, mig=advise(pred, dev, graph=graph, k_sigma=k_sigma,
-                                                        params=self.prior_params))
+                                                        params=self._execution_params(), runtime=runtime,
+                                                        host=host))
         return pred
 
     # ------------------------------------------------------------ calibration
