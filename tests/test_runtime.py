@@ -194,3 +194,41 @@ def test_ryujaehun_import_without_graphs(tmp_path: Path) -> None:
     rows = list(DatasetStore(out).iter_measurements())
     assert {r["device"] for r in rows} == {"rtx-2080-ti", "titan-rtx", "titan-xp"}
     assert all(r["conditions"]["input_copy"] and r["conditions"]["runtime"] == "eager" for r in rows)
+
+
+def _parts(g: OperatorGraph) -> tuple:
+    e = estimate(g, "a100-sxm4-40gb")
+    return e.node_time_ms * 1e3, e.node_host_ms * 1e3, e.pass_host_ms * 1e3
+
+
+def test_calibration_separates_a_host_factor_from_a_gpu_factor() -> None:
+    from dippm_nas.predictor import fit_timeline_factors
+    from dippm_nas.prior import latency_us
+
+    graphs = HOST_BOUND + GPU_BOUND + [conv_chain(8, 64, 32), conv_chain(32, 64, 32, layers=20)]
+    parts = [_parts(g) for g in graphs]
+    truth = [latency_us(gu * 0.8, hu * 1.6, pre * 1.6) / 1e3 for gu, hu, pre in parts]
+    tf = fit_timeline_factors(parts, truth)
+    assert math.exp(tf.host_log) == pytest.approx(1.6, rel=0.05)
+    assert math.exp(tf.gpu_log) == pytest.approx(0.8, rel=0.05)
+    assert tf.kept == pytest.approx(1.0, abs=0.02) and tf.n == len(graphs)
+    # only GPU-bound measurements: the host factor is not identified and stays near 1
+    gpu_only = fit_timeline_factors(parts[3:5], truth[3:5])
+    assert abs(gpu_only.host_log) < 0.1 and math.exp(gpu_only.gpu_log) == pytest.approx(0.8, rel=0.1)
+    with pytest.raises(DippmNasError, match="at least 2"):
+        fit_timeline_factors(parts[:1], truth[:1])
+    with pytest.raises(DippmNasError, match="> 0"):
+        fit_timeline_factors(parts[:2], [1.0, -2.0])
+
+
+def test_calibrate_with_one_measurement_keeps_predictions_and_says_so(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DIPPM_NAS_CACHE_DIR", str(tmp_path))
+    p = get_predictor("a100-sxm4-40gb")
+    g = HOST_BOUND[0]
+    before = p.predict_graphs([g], mig=False)[0]
+    with pytest.warns(RuntimeWarning, match="at least 2 measurements"):
+        assert p.calibrate([(g, {"latency_ms": 1.0})], persist=False) is None
+    assert p.predict_graphs([g], mig=False)[0] == before
+    with pytest.raises(DippmNasError, match="not finite numbers > 0"):
+        p.calibrate([(g, {"latency_ms": 0.0}), (HOST_BOUND[1], {"latency_ms": 1.0})], persist=False)

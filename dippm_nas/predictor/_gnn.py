@@ -817,20 +817,20 @@ class GnnPredictor(BasePredictor):
             return dataclasses.replace(pinned, host_model=default_params().host_model)
         return pinned
 
-    def _compose_latency(self, graph: OperatorGraph, est: Any, m: float, s: float, runtime: str,
-                         host: HostProfile) -> tuple[float, float, dict[str, float], tuple[float, float]]:
-        """Latency of ``runtime`` on ``host`` from the network's eager answer ``exp(m)`` (log σ ``s``).
+    def _timeline_parts(self, graph: OperatorGraph, est: Any, m: float, runtime: str, host: HostProfile
+                        ) -> tuple[float, np.ndarray, np.ndarray, float, dict[str, float]]:
+        """The network's eager answer ``exp(m)`` as timelines of ``runtime`` on ``host``.
 
         The network's answer is read as a correction of the kernel times: its log correction of the features'
         estimate (eager, default host), ``delta = m - log(prior)``, applies to the kernels in the share ``w`` of
         that estimate the GPU is busy, ``c = exp(w * delta)`` (a GPU-bound graph's whole correction, none of a
-        host-bound one's, whose answer says little of its kernels). The kernels of the requested runtime,
-        times ``c``, then run behind the host timeline of that runtime and host profile. σ combines the network's σ on the kernel
-        part and the host model's held-out σ on the host part, each weighted by how much the critical path
-        moves with it.
+        host-bound one's, whose answer says little of its kernels). The kernels of the requested runtime, times
+        ``c``, then run behind the host timeline of that runtime and host profile. Where the features were
+        computed for the requested execution itself, the latency is the network's answer.
 
         Returns:
-            ``(log latency, log σ, details, (host_ms, gpu_ms))``.
+            ``(latency ms, gpu_us, host_us, prefix_us, details)``: the per-node kernel times (corrected), host
+            times and the host time before the first operator.
         """
         params = self._execution_params()
         prior_ms = max(float(est.latency_ms), 1e-9)
@@ -838,28 +838,49 @@ class GnnPredictor(BasePredictor):
         bound = float(self.model.delta_max[TARGETS.index("latency_ms")]) if self.model.residual_on_prior else 30.0
         delta = min(max(m - math.log(prior_ms), -bound), bound)
         c = math.exp(w * delta)
-        d: dict[str, float] = {"gpu_share_of_prior": w}
-        d["gpu_correction"] = c
-        d["host_model_fitted"] = float(params.host_model is not None)
+        d: dict[str, float] = {"gpu_share_of_prior": w, "gpu_correction": c,
+                               "host_model_fitted": float(params.host_model is not None)}
         if runtime == "eager" and host == default_host_profile() and params is self._pinned_params():
-            # the features were computed for this very execution: the network's answer is the latency
-            d["host_ms"], d["gpu_busy_ms"] = float(est.host_ms), c * float(est.gpu_busy_ms)
-            d["host_bound"] = float(d["host_ms"] > d["gpu_busy_ms"])
-            return m, s, d, (d["host_ms"], d["gpu_busy_ms"])
-        rt_est = prior_estimate(graph, self.device, params=params, runtime=runtime, host=host)
-        g = rt_est.node_time_ms * 1e3
-        h = rt_est.node_host_ms * 1e3
-        pre = rt_est.pass_host_ms * 1e3
-        lat = latency_us(c * g, h, pre)
-        s_host = params.host_model.sigma_log() if params.host_model is not None else 0.0
-        s_g = math.log(latency_us(c * math.exp(s) * g, h, pre) / lat)
-        s_h = math.log(latency_us(c * g, h * math.exp(s_host), pre * math.exp(s_host)) / lat) if s_host > 0 else 0.0
-        d["host_ms"] = rt_est.host_ms
-        d["gpu_busy_ms"] = c * rt_est.gpu_busy_ms
-        d["gpu_idle_ms"] = max(0.0, lat / 1e3 - c * rt_est.gpu_busy_ms)
-        d["host_bound"] = float(rt_est.host_ms > c * rt_est.gpu_busy_ms)
-        d["pass_host_ms"] = rt_est.pass_host_ms
-        return math.log(lat / 1e3), math.hypot(s_g, s_h), d, (rt_est.host_ms, c * rt_est.gpu_busy_ms)
+            d["direct"] = 1.0
+            return (math.exp(min(max(m, -30.0), 30.0)), c * est.node_time_ms * 1e3, est.node_host_ms * 1e3,
+                    est.pass_host_ms * 1e3, d)
+        rt = prior_estimate(graph, self.device, params=params, runtime=runtime, host=host)
+        g, h, pre = c * rt.node_time_ms * 1e3, rt.node_host_ms * 1e3, rt.pass_host_ms * 1e3
+        return latency_us(g, h, pre) / 1e3, g, h, pre, d
+
+    def _compose_latency(self, graph: OperatorGraph, est: Any, m: float, s: float, runtime: str,
+                         host: HostProfile) -> tuple[float, float, dict[str, float], tuple[float, float], bool]:
+        """Latency of ``runtime`` on ``host`` (:meth:`_timeline_parts`), with the calibration's host and GPU
+        factors when it has them. σ combines the network's σ on the kernel part and the host model's held-out
+        σ on the host part (and the calibration's residual scatter), each weighted by how much the critical
+        path moves with it.
+
+        Returns:
+            ``(log latency, log σ, details, (host_ms, gpu_ms), calibrated)``.
+        """
+        lat_ms, g, h, pre, d = self._timeline_parts(graph, est, m, runtime, host)
+        base_us = latency_us(g, h, pre)
+        tf = self.calibration.timeline_factors if self.calibration is not None else None
+        extra_s = 0.0
+        if tf is not None:
+            g, h, pre = tf.apply(g, h, pre)
+            lat_ms *= latency_us(g, h, pre) / base_us
+            base_us = latency_us(g, h, pre)
+            extra_s = tf.residual_std_log
+            d.update(calibration_host_factor=math.exp(tf.host_log), calibration_gpu_factor=math.exp(tf.gpu_log),
+                     calibration_kept_latency_ms=tf.kept)
+        direct = bool(d.pop("direct", 0.0))
+        params = self._execution_params()
+        if direct:  # the network's σ is the latency's
+            s_g, s_h = s, 0.0
+        else:
+            s_host = params.host_model.sigma_log() if params.host_model is not None and tf is None else 0.0
+            s_g = math.log(latency_us(math.exp(s) * g, h, pre) / base_us)
+            s_h = math.log(latency_us(g, h * math.exp(s_host), pre * math.exp(s_host)) / base_us) if s_host > 0 else 0.0
+        host_ms, gpu_ms = float(h.sum() + pre) / 1e3, float(g.sum()) / 1e3
+        d.update(host_ms=host_ms, gpu_busy_ms=gpu_ms, gpu_idle_ms=max(0.0, lat_ms - gpu_ms),
+                 host_bound=float(host_ms > gpu_ms), pass_host_ms=pre / 1e3)
+        return math.log(lat_ms), math.hypot(s_g, s_h, extra_s), d, (host_ms, gpu_ms), tf is not None
 
     def _prediction(self, graph: OperatorGraph, f: GraphFeatures, mean: np.ndarray, std: np.ndarray, *,
                     mig: bool, k_sigma: float, ood: bool = False, novelty: float = math.nan,
@@ -887,10 +908,13 @@ class GnnPredictor(BasePredictor):
             m = float(mean[t_i])
             s = self.sigma_log(t, float(std[t_i]), ood=ood, novelty=novelty, other_machine=other_machine)
             src = "analytic" if dtype_unseen else "predicted"  # dtype_unseen: ``m`` is the prior's
+            calibrated = False
             if t == "latency_ms" and dev.kind == "gpu" and est is not None and host is not None:
-                m, s, composed, (h_ms, g_ms) = self._compose_latency(graph, est, m, s, runtime, host)
+                m, s, composed, (h_ms, g_ms), calibrated = self._compose_latency(graph, est, m, s, runtime, host)
                 timeline = {"host_ms": h_ms, "gpu_ms": g_ms}
-            if self.calibration is not None and self.calibration.has(t):
+            if calibrated:
+                src = "calibrated"
+            elif self.calibration is not None and t in self.calibration.coef:
                 m, s = self.calibration.apply(t, m, s)
                 src = "calibrated"
                 if t in self.calibration.kept:  # 1: the fitted correction whole; 0: the measurements' scatter hid it
@@ -937,22 +961,54 @@ class GnnPredictor(BasePredictor):
         return pred
 
     # ------------------------------------------------------------ calibration
-    def calibrate(self, measurements: Sequence[Any], *, persist: bool = True) -> "Calibration":
+    def calibrate(self, measurements: Sequence[Any], *, persist: bool = True, runtime: str = "eager",
+                  host: HostProfile | str | None = None) -> "Calibration | None":
         """Adapt to real measurements of this device (few-shot); see :mod:`dippm_nas.predictor._calibrate`.
+
+        On a GPU, latency gets a host factor and a GPU factor (the measured models' own timelines tell a slower
+        host from slower kernels); energy and memory, and every target of a CPU device, a line in log space.
 
         Args:
             measurements: ``(graph, Measurement)`` pairs, or ``(graph, {"latency_ms": ..., ...})`` pairs.
             persist: write the correction to the cache directory so later loads re-apply it.
+            runtime, host: how the measured passes ran (as for :func:`dippm_nas.predict`).
 
         Returns:
-            The fitted :class:`~dippm_nas.predictor._calibrate.Calibration` (now active).
+            The fitted :class:`~dippm_nas.predictor._calibrate.Calibration` (now active), or ``None`` with a
+            warning when fewer than two measurements hold a label: the predictions stay unchanged.
         """
-        from dippm_nas.predictor._calibrate import fit_calibration, save_calibration
+        from dippm_nas.predictor._calibrate import (Calibration, checkpoint_identity, fit_calibration,
+                                                    fit_timeline_factors, save_calibration)
 
         pairs = _pairs(measurements)
+        if len(pairs) < 2:
+            _warn_once(f"calibrate-few:{self.device}", "calibrate() needs at least 2 measurements with a figure "
+                       "> 0, got %d: the %s predictions are left unchanged", len(pairs), self.device)
+            return None
+        rt, prof = execution_args(self.device, runtime, host)
         feats = [self.features(g) for g, _ in pairs]
         mean, _ = self.predict_log(feats)
-        cal = fit_calibration(self.device, self.meta, mean, [y for _, y in pairs], targets=list(self.meta.targets))
+        targets = list(self.meta.targets)
+        timeline = None
+        if resolve_device(self.device).kind == "gpu" and "latency_ms" in targets:
+            idx = [i for i, (_, y) in enumerate(pairs) if "latency_ms" in y and feats[i].estimate is not None]
+            if len(idx) >= 2:
+                parts = []
+                for i in idx:
+                    _, g, h, pre, _ = self._timeline_parts(pairs[i][0], feats[i].estimate, float(mean[i, 0]), rt, prof)
+                    parts.append((g, h, pre))
+                tf = fit_timeline_factors(parts, [pairs[i][1]["latency_ms"] for i in idx])
+                timeline = dataclasses.asdict(tf)
+                targets.remove("latency_ms")
+        labels = [{k: v for k, v in y.items() if k in targets} for _, y in pairs]
+        if any(labels):
+            cal = fit_calibration(self.device, self.meta, mean, labels, targets=targets)
+            cal = dataclasses.replace(cal, timeline=timeline)
+        elif timeline is not None:
+            cal = Calibration(device=self.device, checkpoint=checkpoint_identity(self.meta), coef={}, n={},
+                              timeline=timeline)
+        else:
+            raise DippmNasError(f"no measurement holds a label for the targets {list(self.meta.targets)}")
         self.calibration = cal
         self._pred_cache.clear()
         if persist:
@@ -993,7 +1049,9 @@ def _pairs(measurements: Sequence[Any]) -> list[tuple[OperatorGraph, dict[str, f
             if getattr(m, "status", "ok") != "ok":
                 continue
             y = {t: float(getattr(m, t)) for t in TARGETS if getattr(m, t, None) is not None}
-        y = {k: v for k, v in y.items() if math.isfinite(v) and v > 0}
+        bad = {k: v for k, v in y.items() if not (math.isfinite(v) and v > 0)}
+        if bad:
+            raise DippmNasError(f"measurements[{i}] has figures that are not finite numbers > 0: {bad}")
         if y:
             out.append((g, y))
     if not out:

@@ -100,13 +100,14 @@ class Example:
 
 
 def load_examples(paths: Sequence[str | Path], *, devices: Sequence[str] | None = None,
-                  source: str | None = None) -> list[Example]:
+                  source: str | None = None, dtypes: Sequence[str] | None = None) -> list[Example]:
     """Examples from one or more dataset files (SQLite or JSONL export).
 
     Args:
         paths: dataset files.
         devices: keep only rows of these catalogue ids (``None``: all).
         source: keep only rows of this source.
+        dtypes: keep only graphs of these compute dtypes (``None``: all).
 
     Raises:
         DippmNasError: a row's device is neither a catalogue id nor a known alias.
@@ -124,6 +125,8 @@ def load_examples(paths: Sequence[str | Path], *, devices: Sequence[str] | None 
                 raise DippmNasError(f"dataset {p}: device {m.get('device')!r} is neither a catalogue id "
                                     f"({sorted(catalogue)}) nor an alias ({sorted(DEVICE_ALIASES)})")
             if devices is not None and dev not in devices:
+                continue
+            if dtypes is not None and mg.spec.dtype not in dtypes:
                 continue
             y = {}
             for t in TARGETS:
@@ -503,7 +506,7 @@ def train_predictor(paths: Sequence[str | Path], device: str, *, split: str = "r
                     devices: Sequence[str] | None = None, cfg: TrainConfig | None = None, data_sources: Sequence[str] = (),
                     command: str = "", progress: bool = True, examples: Sequence[Example] | None = None,
                     targets: Sequence[str] | None = None, holdout_frac: float = 0.25,
-                    prior_params: Any = None) -> tuple[GnnPredictor, dict[str, Any]]:
+                    prior_params: Any = None, dtypes: Sequence[str] | None = None) -> tuple[GnnPredictor, dict[str, Any]]:
     """Load, split, featurise, train, fit the std floor and evaluate on the test split.
 
     Args:
@@ -512,6 +515,7 @@ def train_predictor(paths: Sequence[str | Path], device: str, *, split: str = "r
         split: ``"random"``, ``"family"`` or ``"timm-family"``; heldout_families: for ``"family"``;
             holdout_frac: for ``"timm-family"``.
         devices: devices whose rows train the model (``None``: all in the data).
+        dtypes: compute dtypes whose rows train the model (``None``: all in the data).
         cfg: hyper-parameters.
         data_sources: free-text description of the data for the metadata.
         examples: already loaded examples (skips ``paths``).
@@ -529,7 +533,7 @@ def train_predictor(paths: Sequence[str | Path], device: str, *, split: str = "r
 
     cfg = cfg or TrainConfig()
     device = resolve_device(device).id
-    ex = list(examples) if examples is not None else load_examples(paths, devices=devices)
+    ex = list(examples) if examples is not None else load_examples(paths, devices=devices, dtypes=dtypes)
     if devices is not None:
         ex = [e for e in ex if e.device in devices]
     if targets is not None:
