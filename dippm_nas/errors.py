@@ -18,6 +18,7 @@ __all__ = [
     "CacheError",
     "ValidationError",
     "DeviceError",
+    "ExecutionRuntimeError",
     "UnsupportedDtypeError",
     "MeasurementError",
     "OutOfMemoryError",
@@ -66,6 +67,10 @@ class ValidationError(DippmNasError):
 
 class DeviceError(DippmNasError, ValueError):
     """An unknown device id or an invalid device description."""
+
+
+class ExecutionRuntimeError(DippmNasError, ValueError):
+    """An unknown execution runtime (``"eager"``, ``"cuda-graphs"``, ``"compiled"``)."""
 
 
 class MeasurementError(DippmNasError):

@@ -156,7 +156,8 @@ def _slice_latency(
 def advise(
     prediction: Prediction, device: Device | str, *, k_sigma: float = 2.0, rule: Rule = "dippm-nas",
     graph: "OperatorGraph | None" = None, tf32_conv: bool = True, tf32_matmul: bool = False,
-    channels_last: bool = False, params: "PriorParams | None" = None,
+    channels_last: bool = False, params: "PriorParams | None" = None, runtime: str = "eager",
+    host: Any = None,
 ) -> MigAdvice:
     """For every MIG profile of ``device``: fits or not, headroom, latency and throughput on the slice.
 
@@ -168,7 +169,7 @@ def advise(
         rule: ``"dippm-nas"`` (usable memory, uncertainty, every profile) or ``"dippm"`` (DIPPM's
             memory-only ladder with inclusive bounds); see the module docstring.
         graph: the captured graph; when given, slice latencies come from the prior re-run on each slice.
-        tf32_conv, tf32_matmul, channels_last, params: passed to the prior for slice latencies.
+        tf32_conv, tf32_matmul, channels_last, params, runtime, host: passed to the prior for slice latencies.
 
     Returns:
         A :class:`MigAdvice`; ``smallest_fit`` is ``None`` with a ``reason`` when nothing fits, so a
@@ -195,7 +196,8 @@ def advise(
                          memory_std_mib=std, profiles=(), smallest_fit=None,
                          reason=f"device {dev.id!r} does not support MIG")
 
-    options = {"tf32_conv": tf32_conv, "tf32_matmul": tf32_matmul, "channels_last": channels_last, "params": params}
+    options = {"tf32_conv": tf32_conv, "tf32_matmul": tf32_matmul, "channels_last": channels_last, "params": params,
+               "runtime": runtime, "host": host}
     out: list[ProfileAdvice] = []
     for p in dev.mig_profiles:
         if rule == "dippm":

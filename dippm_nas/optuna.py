@@ -208,9 +208,14 @@ class HardwareCostModel:
             objective trains them (``0``: :meth:`submit` converts at once, in this process). Models of
             :mod:`search_spaces` travel as their space name and JSON config and are rebuilt in the
             worker; other models are pickled to it (a local child process, never stored).
+        runtime: how candidates will run on the GPU: ``"eager"`` (default), ``"cuda-graphs"`` or
+            ``"compiled"`` (see :func:`dippm_nas.predict`).
+        host: the CPU that drives the GPU: a :class:`~dippm_nas.devices.HostProfile`, a profile JSON file, or
+            ``None`` for the default datacenter host.
 
     Raises:
-        DeviceError: unknown device (the catalogue is listed).
+        DeviceError: unknown device (the catalogue is listed), or an unreadable host profile.
+        ExecutionRuntimeError: an unknown runtime (the choices are listed).
         DippmNasError: an unknown objective, a MIG budget on a device without MIG or with an unknown
             profile (the profiles are listed), or energy asked of a device without power figures.
     """
@@ -225,11 +230,16 @@ class HardwareCostModel:
         cache: Any = True,
         constraint_api: Literal["auto", "set_constraint", "constraints_func"] = "auto",
         background_workers: int = 0,
+        runtime: str = "eager",
+        host: Any = None,
     ) -> None:
-        from dippm_nas.devices import resolve_device
+        from dippm_nas.devices import resolve_device, resolve_host_profile
+        from dippm_nas.prior import check_runtime
 
         dev = resolve_device(device)
         self.device: str = dev.id
+        self.runtime: str = check_runtime(runtime)
+        self.host = resolve_host_profile(host)
         if budgets is None:
             budgets = Budgets()
         elif isinstance(budgets, Mapping):
@@ -433,6 +443,9 @@ class HardwareCostModel:
             "predicted_memory_mib_std": pred.memory_mib_std,
             "memory_source": pred.memory_source,
             "predicted_device": pred.device,
+            "runtime": self.runtime,
+            "predicted_host_ms": pred.host_ms,
+            "predicted_gpu_ms": pred.gpu_ms,
             "mig_smallest_fit": getattr(pred.mig, "smallest_fit", None),
             "feasible": all(v <= 0 for v in cons.values()),
             "cost_model_s": seconds,
@@ -499,6 +512,7 @@ class HardwareCostModel:
         space_name, cfg = self._space_of(model, space, config)
         try:
             pred = predict(model, None if isinstance(model, OperatorGraph) else the_spec, self.device,
+                           runtime=self.runtime, host=self.host,
                            cache=self.cache, mig=True, k_sigma=self.k_sigma)
         except DippmNasError as e:
             trial.set_user_attr("cost_model_error", f"{type(e).__name__}: {e}")
@@ -557,6 +571,7 @@ class HardwareCostModel:
             spaces.append(self._space_of(model, None, None))
             items.append(model if isinstance(model, OperatorGraph) else (model, s))
         preds = predict_many(items, self.device, workers=workers, cache=self.cache, mig=True,
+                             runtime=self.runtime, host=self.host,
                              k_sigma=self.k_sigma, progress=progress)
         share = (time.perf_counter() - t0) / max(len(trials), 1)
         out: list[tuple[float, ...] | DippmNasError] = []
@@ -661,7 +676,8 @@ class HardwareCostModel:
             err = cls(f"(in the background conversion process) {message}")
             trial.set_user_attr("cost_model_error", f"{type(err).__name__}: {err}")
             raise err
-        pred = predict(OperatorGraph.from_json(text), None, self.device, cache=False, mig=True, k_sigma=self.k_sigma)
+        pred = predict(OperatorGraph.from_json(text), None, self.device, cache=False, mig=True, k_sigma=self.k_sigma,
+                       runtime=self.runtime, host=self.host)
         values = self._record(trial, pred, spec, space, config, convert_s + (time.perf_counter() - t0))
         with self._lock:
             self._evaluations += 1

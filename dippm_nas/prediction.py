@@ -36,6 +36,10 @@ class Prediction:
         mig: the MIG advisor's answer (``None`` for devices without MIG or when not asked).
         unknown_ops: ``{op: count}`` of operators without a formula/encoder (the answer is flagged).
         details: extra named figures (memory parts, host/GPU time split...), units in the keys.
+        host_ms: the host timeline of one pass on a GPU (host time issuing the operators for the
+            prediction's execution runtime, ``details["runtime"]``), ms; ``None`` for a CPU device.
+        gpu_ms: the GPU timeline: the kernels' busy time, ms; ``latency_ms`` is the critical path through
+            both (``details["host_bound"] = 1`` when the host sets the pace); ``None`` for a CPU device.
     """
 
     latency_ms: float
@@ -53,6 +57,8 @@ class Prediction:
     mig: Any = None
     unknown_ops: dict[str, int] = field(default_factory=dict)
     details: dict[str, float] = field(default_factory=dict)
+    host_ms: float | None = None
+    gpu_ms: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("latency_ms", "energy_j", "memory_mib"):
@@ -64,6 +70,10 @@ class Prediction:
             std = getattr(self, name + "_std")
             if std is not None and (not math.isfinite(std) or std < 0):
                 raise DippmNasError(f"Prediction.{name}_std must be finite and >= 0 or None, got {std!r}")
+        for name in ("host_ms", "gpu_ms"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0):
+                raise DippmNasError(f"Prediction.{name} must be a finite number >= 0 or None, got {v!r}")
         for name in ("latency_source", "energy_source", "memory_source"):
             if getattr(self, name) not in SOURCES:
                 raise DippmNasError(f"Prediction.{name} must be one of {SOURCES}, got {getattr(self, name)!r}")

@@ -39,7 +39,7 @@ __all__ = [
 ]
 
 #: Dtypes a model can be captured (and predicted) in.
-COMPUTE_DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16")
+COMPUTE_DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16", "float64")
 #: Dtypes an individual input tensor may have (integer inputs carry ids, masks, indices).
 TENSOR_DTYPES: tuple[str, ...] = COMPUTE_DTYPES + ("int64", "int32", "bool")
 

@@ -175,7 +175,7 @@ def test_non_module_is_rejected(obj) -> None:
 
 def test_bad_spec_arguments() -> None:
     with pytest.raises(UnsupportedDtypeError, match="dtype must be one of"):
-        InputSpec(shape=(3, 8, 8), dtype="float64")
+        InputSpec(shape=(3, 8, 8), dtype="float8_e4m3fn")
     with pytest.raises(UnsupportedDtypeError):
         InputSpec(shape=(3, 8, 8), dtype="int8")
     with pytest.raises(InputSpecError, match="batch_size must be an int >= 1, got 0"):

@@ -15,7 +15,7 @@ __all__ = ["register"]
 
 logger = logging.getLogger(__name__)
 
-_IMPORTERS = ("accel-nasbench", "timm", "neusight", "vidur")
+_IMPORTERS = ("accel-nasbench", "timm", "ryujaehun", "neusight", "vidur")
 _FAMILIES = ("mbconv", "resnet", "mobilenetv3", "densenet", "convnext", "vit", "bert", "mlp")
 
 
@@ -96,7 +96,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     i = verbs.add_parser(
         "import", help="import public measurements (../shared/data CSVs) into a dataset file",
         description="accel-nasbench: graph (MBConv space, 256x256) + A100/RTX 3090 latency per batch; "
-                    "timm: benchmark rows (graphs only when timm is installed); neusight, vidur: "
+                    "timm: benchmark rows (graphs only when timm is installed); ryujaehun: eager torchvision "
+                    "timings at batch 12 (graphs only when torchvision is installed); neusight, vidur: "
                     "operator-level rows.",
     )
     i.add_argument("kind", choices=_IMPORTERS, help="which public dataset the CSV is")
@@ -104,7 +105,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     i.add_argument("--out", required=True, type=Path, help="dataset SQLite file (created or extended)")
     i.add_argument("--workers", type=int, default=2, help="conversion processes (default 2)")
     i.add_argument("--limit", type=int, default=None, help="import only the first N rows")
-    i.add_argument("--no-graphs", action="store_true", help="accel-nasbench/timm: store rows without capturing graphs")
+    i.add_argument("--no-graphs", action="store_true", help="accel-nasbench/timm/ryujaehun: store rows without capturing graphs")
     i.add_argument("--no-cache", action="store_true", help="do not use the conversion cache")
     i.add_argument("--no-progress", action="store_true", help="no progress bar")
     i.set_defaults(func=run_import)
@@ -215,6 +216,9 @@ def run_import(args: argparse.Namespace) -> int:
     elif args.kind == "timm":
         report = imp.import_timm(args.csv, args.out, workers=args.workers, cache=not args.no_cache,
                                  capture_graphs=None if not args.no_graphs else False, **common)
+    elif args.kind == "ryujaehun":
+        report = imp.import_ryujaehun(args.csv, args.out, workers=args.workers, cache=not args.no_cache,
+                                      capture_graphs=None if not args.no_graphs else False, **common)
     elif args.kind == "neusight":
         report = imp.import_neusight(args.csv, args.out, **common)
     else:

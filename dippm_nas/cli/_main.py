@@ -19,6 +19,7 @@ _VERBS: tuple[str, ...] = (
     "_train",
     "_evaluate",
     "_predict",
+    "_host_profile",
     "_demo",
     "_validate_worker",
 )

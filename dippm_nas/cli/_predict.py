@@ -1,10 +1,11 @@
-"""``dippm-nas predict SPEC --device D --batch N --shape C,H,W --dtype T [--json]``."""
+"""``dippm-nas predict SPEC --device D --batch N --shape C,H,W --dtype T [--runtime R] [--host FILE] [--json]``."""
 
 from __future__ import annotations
 
 import argparse
 import json
 
+from dippm_nas.prior import RUNTIMES
 from dippm_nas.spec import InputSpec, parse_shape
 
 __all__ = ["register"]
@@ -25,6 +26,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch", type=int, default=1, help="batch size (default 1)")
     p.add_argument("--shape", default="3,224,224", help="per-sample input shape C,H,W (default 3,224,224)")
     p.add_argument("--dtype", default="float32", help="float32 | float16 | bfloat16 (default float32)")
+    p.add_argument("--runtime", default="eager", choices=RUNTIMES,
+                   help="how the model runs on the GPU: eager (default; per-operator host dispatch), cuda-graphs "
+                        "(one graph replay), compiled (torch.compile default mode)")
+    p.add_argument("--host", default=None, metavar="FILE",
+                   help="host profile JSON of the CPU that drives the GPU (`dippm-nas host-profile --out FILE`); "
+                        "default: a typical datacenter GPU server")
     p.add_argument("--no-cache", action="store_true", help="do not read or write the conversion cache")
     p.add_argument("--json", action="store_true", help="print one JSON object with the Prediction's fields")
     p.set_defaults(func=run)
@@ -34,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     from dippm_nas.predictor import predict
 
     spec = InputSpec(shape=parse_shape(args.shape), batch_size=args.batch, dtype=args.dtype)
-    pred = predict(args.spec, spec, device=args.device, cache=not args.no_cache)
+    pred = predict(args.spec, spec, device=args.device, cache=not args.no_cache, runtime=args.runtime, host=args.host)
     if args.json:
         print(json.dumps(pred.to_dict()))
         return 0
@@ -49,6 +56,9 @@ def run(args: argparse.Namespace) -> int:
     threads = pred.details.get("host_threads")
     if threads:
         print(f"          with {int(threads)} torch thread(s), as the checkpoint's measurements were made")
+    if pred.host_ms is not None and pred.gpu_ms is not None:
+        bound = "host-bound" if pred.details.get("host_bound") else "GPU-bound"
+        print(f"          {args.runtime}: host {pred.host_ms:.4g} ms, GPU {pred.gpu_ms:.4g} ms ({bound})")
     print(f"energy    {pm(pred.energy_j, pred.energy_j_std, 'J', pred.energy_source)}")
     print(f"memory    {pm(pred.memory_mib, pred.memory_mib_std, 'MiB', pred.memory_source)}")
     if pred.mig is not None:

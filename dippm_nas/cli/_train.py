@@ -57,6 +57,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads while training (default 2)")
     p.add_argument("--source-note", action="append", default=[], help="data-source description for the metadata")
     p.add_argument("--report", default=None, help="write the held-out metrics and test rows as JSON here")
+    p.add_argument("--dtypes", default=None,
+                   help="comma-separated compute dtypes whose rows train the model (default: all in the data)")
     p.add_argument("--prior-params", default=None, metavar="JSON",
                    help="analytic-prior constants to train on and pin in the checkpoint (a calibration file written "
                         "by benchmarks/calibrate_prior.py or calibrate_host_prior.py; default: the shipped ones)")
@@ -87,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
                                    devices=parse_devices(args.train_devices), cfg=cfg,
                                    data_sources=args.source_note or args.data, command=command,
                                    targets=parse_devices(args.targets), holdout_frac=args.holdout_frac,
+                                   dtypes=parse_devices(args.dtypes),
                                    prior_params=PriorParams.load(args.prior_params) if args.prior_params else None)
     pred.save(args.out)
     print(f"wrote {args.out} ({Path(args.out).stat().st_size / 1e6:.2f} MB) and {Path(args.out).with_suffix('.json')}")

@@ -15,6 +15,7 @@ from dippm_nas.dataset._importers import (
     device_id,
     import_accel_nasbench,
     import_neusight,
+    import_ryujaehun,
     import_timm,
     import_vidur,
 )
@@ -43,6 +44,7 @@ __all__ = [
     "iter_jsonl",
     "open_text",
     "import_accel_nasbench",
+    "import_ryujaehun",
     "import_timm",
     "import_neusight",
     "import_vidur",

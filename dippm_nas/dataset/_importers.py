@@ -14,6 +14,9 @@ dropped; operator-level cells that were never profiled are counted in the report
 - :func:`import_neusight`: NeuSight operator microbenchmarks, or its per-FX-node latencies, as
   ``op_measurements`` rows.
 - :func:`import_vidur`: Vidur per-operator LLM-layer time stats as ``op_measurements`` rows.
+- :func:`import_ryujaehun`: per-iteration eager PyTorch timings of torchvision CNNs at batch 12
+  (RTX 2080 Ti, TITAN RTX, TITAN Xp; half / float / double) -> one row per (GPU, precision, model)
+  with the median iteration as ``latency_ms`` and the execution conditions the host model needs.
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ __all__ = [
     "import_timm",
     "import_neusight",
     "import_vidur",
+    "import_ryujaehun",
+    "RYUJAEHUN_HOSTS",
     "device_id",
     "ACCEL_NASBENCH_BATCH_SIZE",
     "ACCEL_NASBENCH_DEVICES",
@@ -109,6 +114,16 @@ _VIDUR_REQUIRED = ("gpu", "model", "num_tokens")
 _VIDUR_DIMS = ("n_head", "n_kv_head", "n_embd", "n_expanded_embd", "vocab_size", "use_gated_mlp", "num_tokens",
                "num_tensor_parallel_workers")
 #: Device names that a simple slug does not turn into the registry's id.
+_RYUJAEHUN_REQUIRED = ("gpu", "precision", "mode", "model", "batch_size", "input_shape", "iteration", "latency_ms")
+_RYUJAEHUN_PRECISION = {"half": "float16", "float": "float32", "double": "float64"}
+#: The host of each GPU of the ryujaehun/pytorch-gpu-benchmark runs, from the upstream
+#: ``results/*/system_info.txt`` files (as PROVENANCE.md of the shared data quotes them): logical CPUs,
+#: maximum CPU clock, CUDA and cuDNN versions. The CPU models are not recorded upstream.
+RYUJAEHUN_HOSTS: dict[str, dict[str, Any]] = {
+    "GeForce RTX 2080 Ti": {"logical_cpus": 24, "clock_ghz": 3.7, "cuda": "10.0", "cudnn": "7.6.0", "date": "2020-01"},
+    "TITAN Xp": {"logical_cpus": 20, "clock_ghz": 2.2, "cuda": "10.2", "cudnn": "7.6.5", "date": "2021-01"},
+    "TITAN RTX": {"logical_cpus": 96, "clock_ghz": 2.2, "cuda": "10.2", "cudnn": "7.6.5", "date": "2021-01"},
+}
 _DEVICE_ALIASES = {"a100-80gb-pcie": "a100-pcie-80gb", "a100-40gb-pcie": "a100-pcie-40gb"}
 
 
@@ -684,4 +699,138 @@ def import_vidur(csv_path: str | Path, out: str | Path, *, limit: int | None = N
         report.notes.append(f"{report.cells_missing} (row, op) cells were not profiled by Vidur and not stored")
     report.seconds = time.perf_counter() - t0
     logger.info("vidur import: %s", report.as_dict())
+    return report
+
+
+# ---------------------------------------------------------------------------- ryujaehun eager timings
+def import_ryujaehun(
+    csv_path: str | Path,
+    out: str | Path,
+    *,
+    capture_graphs: bool | None = None,
+    workers: int = 2,
+    cache: Any = True,
+    limit: int | None = None,
+    progress: bool = True,
+) -> ImportReport:
+    """Import per-iteration eager PyTorch timings of torchvision CNNs (ryujaehun/pytorch-gpu-benchmark).
+
+    One measurement row per (GPU, precision, model): ``latency_ms`` is the median of the timed
+    iterations (each ``synchronize; model(img.to('cuda')); synchronize``, so it includes the input's
+    host-to-device copy); the conditions keep the iteration count, the 10th/90th percentiles and
+    coefficient of variation, the execution runtime (``"eager"``), ``input_copy`` (True), the
+    framework generation (``"torch-1"``: PyTorch 1.x with CUDA 10) and the host facts of
+    :data:`RYUJAEHUN_HOSTS`. Graphs are captured as ``torchvision:NAME`` at the row's batch and dtype
+    (``half`` -> float16, ``float`` -> float32, ``double`` -> float64) when torchvision is importable.
+
+    Args:
+        csv_path: ``ryujaehun_torchvision_eager_bs12_turing_pascal.csv`` (or a file with its columns).
+        out: dataset SQLite file.
+        capture_graphs: ``None``: capture when torchvision is importable; ``True``: capture (raises
+            without torchvision); ``False``: never.
+        workers, cache, limit, progress: as in :func:`import_accel_nasbench` (``limit`` counts CSV rows).
+
+    Raises:
+        DatasetError: missing file or columns. MissingDependencyError: ``capture_graphs=True`` without torchvision.
+    """
+    import statistics
+
+    t0 = time.perf_counter()
+    rows = _read_csv(csv_path, _RYUJAEHUN_REQUIRED, "ryujaehun benchmark", limit)
+    source = "ryujaehun"
+    report = ImportReport(source=source, csv=str(csv_path), out=str(out), rows_read=len(rows))
+    if capture_graphs is True:
+        from dippm_nas._optional import require
+
+        require("torchvision", "vision", "capturing the graphs of the ryujaehun benchmark rows")
+    do_capture = (importlib.util.find_spec("torchvision") is not None) if capture_graphs is None else bool(capture_graphs)
+    groups: dict[tuple[str, str, str, str, str, str], list[float]] = {}
+    provenance: dict[tuple[str, ...], dict[str, str]] = {}
+    bad: dict[tuple[str, ...], str] = {}
+    for r in rows:
+        k = (r["gpu"].strip(), r["precision"].strip(), r["mode"].strip(), r["model"].strip(),
+             r["batch_size"].strip(), r["input_shape"].strip())
+        provenance.setdefault(k, _provenance(r))
+        v = _num(r["latency_ms"])
+        if v is None or v <= 0:
+            bad[k] = f"latency_ms={r['latency_ms']!r} is not a positive number"
+            continue
+        groups.setdefault(k, []).append(v)
+    built: list[dict[str, Any]] = []
+    store = DatasetStore(out)
+    try:
+        present = store.row_keys(source)
+        for k in sorted(set(groups) | set(bad)):
+            gpu, precision, mode, model, batch, shape = k
+            key = "#".join(k)
+            if key in present:
+                report.already_present += 1
+                continue
+            host = RYUJAEHUN_HOSTS.get(gpu, {})
+            dtype = _RYUJAEHUN_PRECISION.get(precision)
+            b = _int_or_none(batch)
+            dims = tuple(int(x) for x in shape.split("x")) if re.fullmatch(r"\d+(x\d+)*", shape) else None
+            conditions: dict[str, Any] = {
+                "precision": precision, "mode": mode, "runtime": "eager", "input_copy": True,
+                "framework": "torch-1", "cudnn_benchmark": True, "host": dict(host),
+                "latency_formula": "latency_ms = median over the timed iterations of one forward pass "
+                                   "(synchronize; model(img.to('cuda')); synchronize), warm-up dropped upstream",
+                "model_spec": f"torchvision:{model}",
+            }
+            row: dict[str, Any] = {
+                "source": source, "row_key": key, "space": "torchvision",
+                "config": {"model": model, "input_shape": list(dims) if dims else shape},
+                "batch_size": b, "dtype": dtype, "device": device_id(gpu),
+                "environment": {"device_name": gpu, "provenance": provenance[k],
+                                "host_clock_ghz": host.get("clock_ghz"), "host_logical_cpus": host.get("logical_cpus"),
+                                "cuda": host.get("cuda"), "cudnn": host.get("cudnn")},
+                "conditions": conditions, "extra": {},
+            }
+            times = groups.get(k, [])
+            if mode != "inference":
+                row.update(status="error", reason=f"mode {mode!r} is not inference")
+            elif dtype is None:
+                row.update(status="error", reason=f"unknown precision {precision!r}; known: {sorted(_RYUJAEHUN_PRECISION)}")
+            elif not times or b is None or dims is None:
+                row.update(status="error", reason=bad.get(k) or f"no timed iteration, batch {batch!r} or shape {shape!r}")
+            else:
+                qs = statistics.quantiles(times, n=10) if len(times) >= 2 else [times[0]] * 9
+                mean = statistics.fmean(times)
+                conditions.update(iterations=len(times), latency_ms_p10=qs[0], latency_ms_p90=qs[-1],
+                                  latency_cv=(statistics.pstdev(times) / mean) if mean > 0 else None)
+                row.update(status="ok", latency_ms=statistics.median(times))
+            built.append(row)
+        want = sorted({(r["conditions"]["model_spec"], tuple(r["config"]["input_shape"]), r["batch_size"], r["dtype"])
+                       for r in built if r["status"] == "ok"}) if do_capture else []
+        results = _capture([(spec, InputSpec(shape=shp, batch_size=b, dtype=dt)) for spec, shp, b, dt in want],
+                           workers, cache, progress)
+        captured = dict(zip(want, results))
+        graphs = []
+        for row in built:
+            if row["status"] != "ok":
+                report.failed_rows += 1
+                continue
+            if not do_capture:
+                report.graphs_skipped += 1
+                continue
+            res = captured[(row["conditions"]["model_spec"], tuple(row["config"]["input_shape"]), row["batch_size"],
+                            row["dtype"])]
+            if res.graph is not None:
+                row["graph_hash"] = res.graph.structural_hash()
+                graphs.append((res.graph, "torchvision", row["config"]))
+            else:
+                row["extra"]["graph_error"] = res.error
+        report.graphs_captured = sum(1 for r in results if r.graph is not None)
+        report.graphs_failed = sum(1 for r in results if r.graph is None)
+        report.inserted += store.add_measurements(built, graphs=graphs)
+    finally:
+        store.close()
+    if not do_capture and report.graphs_skipped:
+        msg = (f"{report.graphs_skipped} ryujaehun rows stored without graphs: "
+               + ("torchvision is not installed (pip install 'dippm-nas[vision]')" if capture_graphs is None
+                  else "graph capture was turned off"))
+        logger.warning(msg)
+        report.notes.append(msg)
+    report.seconds = time.perf_counter() - t0
+    logger.info("ryujaehun import: %s", report.as_dict())
     return report

@@ -14,6 +14,16 @@ measurements: register a copy under a new id, e.g.
 
 from dippm_nas.devices._device import DEVICE_KINDS, Device, MigProfile, device_from_dict
 from dippm_nas.devices._host import CACHE_DIR_ENV, host_facts, measure_weight_cache
+from dippm_nas.devices._host_profile import (
+    DEFAULT_HOST_PROFILE,
+    FRAMEWORKS,
+    HostProfile,
+    default_host_profile,
+    framework_of_version,
+    load_host_profile,
+    measure_host_profile,
+    resolve_host_profile,
+)
 from dippm_nas.devices._registry import (
     DEVICE_DIR_ENV,
     get_device,
@@ -27,4 +37,6 @@ __all__ = [
     "Device", "MigProfile", "DEVICE_KINDS", "device_from_dict",
     "get_device", "list_devices", "register_device", "unregister_device", "resolve_device",
     "DEVICE_DIR_ENV", "CACHE_DIR_ENV", "host_facts", "measure_weight_cache",
+    "HostProfile", "FRAMEWORKS", "DEFAULT_HOST_PROFILE", "default_host_profile", "load_host_profile",
+    "resolve_host_profile", "measure_host_profile", "framework_of_version",
 ]

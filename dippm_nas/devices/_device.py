@@ -113,6 +113,8 @@ class Device:
         fp16_tensor_tflops: dense FP16 tensor-core peak with FP32 accumulation (what PyTorch uses),
             TFLOP/s; ``None`` without tensor cores.
         bf16_tensor_tflops: dense BF16 tensor-core peak with FP32 accumulation, TFLOP/s.
+        fp64_tflops: dense FP64 peak on CUDA cores, TFLOP/s; ``None`` when not catalogued (the device
+            then has no ``float64`` dtype).
         memory_gib: device memory as named on the datasheet, GiB.
         usable_memory_mib: memory a process can use (``nvidia-smi`` total), MiB; defaults to
             ``memory_gib`` when no listing is known.
@@ -148,6 +150,7 @@ class Device:
     tf32_tensor_tflops: float | None = None
     fp16_tensor_tflops: float | None = None
     bf16_tensor_tflops: float | None = None
+    fp64_tflops: float | None = None
     usable_memory_mib: float | None = None
     runtime_baseline_mib: float = 0.0
     cublas_workspace_mib: float = 0.0
@@ -170,7 +173,7 @@ class Device:
         for name in ("fp32_tflops", "memory_gib", "bandwidth_gbps", "l2_mib"):
             _positive(getattr(self, name), f"device {self.id!r}: {name}")
         for name in ("fp16_tflops", "tf32_tensor_tflops", "fp16_tensor_tflops", "bf16_tensor_tflops",
-                     "board_power_w", "idle_power_w", "usable_memory_mib", "host_dispatch_us"):
+                     "fp64_tflops", "board_power_w", "idle_power_w", "usable_memory_mib", "host_dispatch_us"):
             v = getattr(self, name)
             if v is not None:
                 _positive(v, f"device {self.id!r}: {name}")
@@ -248,6 +251,8 @@ class Device:
             out.append("float16")
         if self.bf16_tensor_tflops is not None:
             out.append("bfloat16")
+        if self.fp64_tflops is not None:
+            out.append("float64")
         return tuple(out)
 
     def check_dtype(self, dtype: str) -> None:
@@ -305,6 +310,7 @@ class Device:
             tf32_tensor_tflops=scale(self.tf32_tensor_tflops),
             fp16_tensor_tflops=scale(self.fp16_tensor_tflops),
             bf16_tensor_tflops=scale(self.bf16_tensor_tflops),
+            fp64_tflops=scale(self.fp64_tflops),
             memory_gib=p.memory_gib,
             usable_memory_mib=p.usable_memory_mib,
             bandwidth_gbps=self.bandwidth_gbps * m,

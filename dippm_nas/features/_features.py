@@ -30,7 +30,7 @@ from dippm_nas.graph._formulas import OP_CLASSES
 from dippm_nas.graph import OperatorGraph, OpNode
 
 if TYPE_CHECKING:  # pragma: no cover
-    from dippm_nas.prior import PriorEstimate, PriorParams
+    from dippm_nas.prior import Execution, PriorEstimate, PriorParams
 
 __all__ = [
     "FEATURE_SCHEMA_VERSION", "STYLES", "GraphFeatures", "featurize", "node_dim", "static_dim", "device_dim",
@@ -134,7 +134,7 @@ class GraphFeatures:
 
 def featurize(graph: OperatorGraph, device: Device | str, *, style: str = "ours", fuse: bool = True,
               prior_params: "PriorParams | None" = None,
-              estimate: "PriorEstimate | None" = None) -> GraphFeatures:
+              estimate: "PriorEstimate | None" = None, execution: "Execution | None" = None) -> GraphFeatures:
     """Feature tensors of ``graph`` on ``device``.
 
     Args:
@@ -144,6 +144,8 @@ def featurize(graph: OperatorGraph, device: Device | str, *, style: str = "ours"
         fuse: coarsen element-wise chains into kernels (``"ours"`` only).
         prior_params: constants of the analytic prior (a checkpoint pins the ones it was trained with).
         estimate: a prior estimate already computed for this graph and device (skips recomputing it).
+        execution: how the pass is executed and timed (runtime, host profile, input copy); default: eager on
+            the default host profile, no input copy.
 
     Raises:
         DippmNasError: unknown style; errors of the prior (unknown device, bad dtype, malformed graph).
@@ -154,7 +156,7 @@ def featurize(graph: OperatorGraph, device: Device | str, *, style: str = "ours"
     if style not in STYLES:
         raise DippmNasError(f"style must be one of {STYLES}, got {style!r}")
     dev = resolve_device(device)
-    est = estimate if estimate is not None else prior_estimate(graph, dev, params=prior_params)
+    est = estimate if estimate is not None else prior_estimate(graph, dev, params=prior_params, execution=execution)
     unknown: dict[str, int] = {}
     if style == "dippm":
         x, ei, st = _dippm(graph, unknown)

@@ -51,6 +51,7 @@ from dippm_nas.nni._scalarize import Constraints
 from dippm_nas.nni._space import PARAMETERS_KEY, Dimension, canonical_json, parse_search_space
 from dippm_nas.prediction import Prediction
 from dippm_nas.predictor import DEFAULT_DEVICE, predict
+from dippm_nas.prior import check_runtime
 
 _nni = require("nni", "nni", "dippm_nas.nni.HardwareAwareTuner")
 from nni.tuner import Tuner  # noqa: E402
@@ -158,8 +159,11 @@ class HardwareAwareTuner(Tuner):
         stats_file: where to write :attr:`stats` as JSON after every change (default: ``<NNI log
             dir>/dippm_tuner_stats.json`` when NNI's dispatcher runs the tuner, else nowhere).
         cache: conversion cache, as in :func:`dippm_nas.predict`.
+        runtime: how the models will run on the GPU: ``"eager"`` (default), ``"cuda-graphs"`` or ``"compiled"``
+            (as in :func:`dippm_nas.predict`).
 
     Raises:
+        ExecutionRuntimeError: an unknown runtime (the choices are listed).
         SearchSpaceError: unknown builder (the registered ones are listed) or a bad ``base_config``.
         InputSpecError: a dtype the builder's input spec rejects.
         DippmNasError: mismatched or unknown objectives / directions, bad sampler, bounds or batch size.
@@ -171,7 +175,8 @@ class HardwareAwareTuner(Tuner):
                  max_latency_ms: float | None = None, max_energy_j: float | None = None,
                  max_memory_mib: float | None = None, mig_profile: str | None = None, k_sigma: float = 2.0,
                  sampler: str = "nsga2", seed: int | None = None, population_size: int | None = None,
-                 max_skips: int = 100, stats_file: str | None = None, cache: bool = True) -> None:
+                 max_skips: int = 100, stats_file: str | None = None, cache: bool = True,
+                 runtime: str = "eager") -> None:
         super().__init__()
         import optuna
         import search_spaces
@@ -201,6 +206,7 @@ class HardwareAwareTuner(Tuner):
             raise DippmNasError(f"max_skips must be an int >= 0, got {max_skips!r}")
         self.batch_size, self.dtype, self.k_sigma, self.max_skips, self.cache = \
             batch_size, dtype, float(k_sigma), max_skips, cache
+        self.runtime = check_runtime(runtime)
         self.space.input_spec(self.space.validate(self.base_config), batch_size=batch_size, dtype=dtype)  # bad dtype
         self.device = resolve_device(device).id
         self.constraints = Constraints(max_latency_ms=max_latency_ms, max_energy_j=max_energy_j,
@@ -395,7 +401,7 @@ class HardwareAwareTuner(Tuner):
             model = self.space.build(config)
             spec = self.space.input_spec(config, batch_size=self.batch_size, dtype=self.dtype)
             ev.prediction = predict(model, spec, self.device, cache=self.cache, k_sigma=self.k_sigma,
-                                    mig=self.constraints.mig_profile is not None)
+                                    mig=self.constraints.mig_profile is not None, runtime=self.runtime)
             self.stats.predictions += 1
         except DippmNasError as e:  # a builder or capture failure is this config's problem, not the search's
             ev.error = f"{type(e).__name__}: {e}"

@@ -13,7 +13,8 @@ from dippm_nas.capture._capture import CacheArg
 from dippm_nas.errors import DippmNasError, InputSpecError
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.prediction import Prediction
-from dippm_nas.predictor._base import AnalyticPredictor, BasePredictor
+from dippm_nas.devices import HostProfile
+from dippm_nas.predictor._base import AnalyticPredictor, BasePredictor, execution_args
 from dippm_nas.spec import InputSpec
 
 __all__ = ["predict", "predict_many", "get_predictor", "set_predictor", "DEFAULT_DEVICE"]
@@ -89,7 +90,8 @@ def _graph_of(model_or_graph: Any, spec: InputSpec | None, cache: CacheArg) -> O
 
 
 def predict(model_or_graph: Any, spec: InputSpec | None = None, device: str = DEFAULT_DEVICE, *,
-            cache: CacheArg = True, mig: bool = True, k_sigma: float = 2.0) -> Prediction:
+            cache: CacheArg = True, mig: bool = True, k_sigma: float = 2.0, runtime: str = "eager",
+            host: HostProfile | str | None = None) -> Prediction:
     """Predicted latency, energy and memory of one model on ``device``.
 
     Args:
@@ -99,23 +101,34 @@ def predict(model_or_graph: Any, spec: InputSpec | None = None, device: str = DE
         cache: conversion cache, as in :func:`dippm_nas.capture`.
         mig: attach the MIG advisor's answer.
         k_sigma: standard deviations of memory added before choosing the smallest fitting MIG profile.
+        runtime: how the model is executed on a GPU: ``"eager"`` (default: PyTorch eager, per-operator host
+            dispatch on the critical path), ``"cuda-graphs"`` (the same kernels replayed from one CUDA graph)
+            or ``"compiled"`` (``torch.compile`` default mode: element-wise chains fused).
+        host: the CPU that drives the GPU: a :class:`~dippm_nas.devices.HostProfile`, a profile JSON file
+            (``dippm-nas host-profile --out FILE``), or ``None`` for the default datacenter host.
 
     Returns:
-        A :class:`Prediction`; each figure says its source (``"predicted"``, ``"analytic"``, ``"calibrated"``).
+        A :class:`Prediction`; each figure says its source (``"predicted"``, ``"analytic"``, ``"calibrated"``);
+        ``host_ms`` and ``gpu_ms`` are the two timelines and ``details["runtime"]`` the runtime.
+
+    Raises:
+        ExecutionRuntimeError: an unknown runtime (the choices are listed).
+        DeviceError: an unknown device or an unreadable host profile.
     """
     graph = _graph_of(model_or_graph, spec, cache)
-    (pred,) = get_predictor(device).predict_graphs([graph], mig=mig, k_sigma=k_sigma)
+    (pred,) = get_predictor(device).predict_graphs([graph], mig=mig, k_sigma=k_sigma, runtime=runtime, host=host)
     return pred
 
 
 def predict_many(items: Iterable[Any], device: str = DEFAULT_DEVICE, *, workers: int = 1,
                  cache: CacheArg = True, mig: bool = True, k_sigma: float = 2.0,
-                 progress: bool = False) -> list[Prediction | DippmNasError]:
+                 progress: bool = False, runtime: str = "eager",
+                 host: HostProfile | str | None = None) -> list[Prediction | DippmNasError]:
     """Predictions for many candidates: batched conversion, then one batched predictor pass.
 
     Args:
         items: :class:`OperatorGraph` objects or ``(model, spec)`` pairs (as for :func:`dippm_nas.capture_many`).
-        device, cache, mig, k_sigma: as for :func:`predict`.
+        device, cache, mig, k_sigma, runtime, host: as for :func:`predict`.
         workers: conversion processes for the items that are not graphs yet.
         progress: show a progress bar while converting.
 
@@ -124,6 +137,8 @@ def predict_many(items: Iterable[Any], device: str = DEFAULT_DEVICE, *, workers:
         that item (a failing candidate never fails the batch).
     """
     items = list(items)
+    predictor = get_predictor(device)
+    execution_args(predictor.device, runtime, host)  # a bad runtime or host fails before any conversion
     out: list[Prediction | DippmNasError | None] = [None] * len(items)
     graphs: list[OperatorGraph | None] = [None] * len(items)
     todo = [(i, it) for i, it in enumerate(items) if not isinstance(it, OperatorGraph)]
@@ -138,7 +153,8 @@ def predict_many(items: Iterable[Any], device: str = DEFAULT_DEVICE, *, workers:
             else:
                 out[i] = DippmNasError(r.error or "capture failed")
     ok = [i for i, g in enumerate(graphs) if g is not None]
-    preds = get_predictor(device).predict_graphs([graphs[i] for i in ok], mig=mig, k_sigma=k_sigma) if ok else []
+    preds = (predictor.predict_graphs([graphs[i] for i in ok], mig=mig, k_sigma=k_sigma, runtime=runtime, host=host)
+             if ok else [])
     for i, p in zip(ok, preds):
         out[i] = p
     return [o for o in out]  # type: ignore[misc]

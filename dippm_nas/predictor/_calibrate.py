@@ -21,6 +21,14 @@ machine measured (e.g. 10.4 -> 13.1 % MAPE on a Zen 4 VM; docs/predictor_report.
 calibration that knows its noise"). :attr:`Calibration.kept` records ``w`` per target. The residual
 spread of the (shrunk) fit widens the prediction's standard deviation.
 
+On a GPU, latency is corrected on its two timelines instead of by one line: a **host factor** ``h`` and a
+**GPU factor** ``g`` (:func:`fit_timeline_factors`) multiply the host times and the kernel times of each
+prediction before its critical path is taken, so a host-bound model and a GPU-bound one get the correction
+each needs (one factor cannot: a slower host moves only host-bound models). ``log h`` and ``log g`` are
+fitted robustly (soft-L1) with a weak ridge towards 0 (a factor the measurements cannot see, such as the
+host factor when every measured model is GPU-bound, stays near 1), then shrunk by the same evidence rule
+with two parameters. Fewer than two measurements leave the prediction unchanged (and say so).
+
 The correction is written as JSON to ``<cache_dir>/calibration/<device>.json`` together with the
 checkpoint's identity (device, date, schema, and the CPU model of a host
 checkpoint) and re-applied whenever that same checkpoint is loaded again; a file for another
@@ -45,13 +53,85 @@ from dippm_nas.errors import DippmNasError
 if TYPE_CHECKING:  # pragma: no cover
     from dippm_nas.predictor._gnn import CheckpointMeta
 
-__all__ = ["Calibration", "fit_calibration", "save_calibration", "load_calibration", "delete_calibration",
-           "calibration_path", "SLOPE_PRIOR"]
+__all__ = ["Calibration", "TimelineFactors", "fit_calibration", "fit_timeline_factors", "save_calibration",
+           "load_calibration", "delete_calibration", "calibration_path", "SLOPE_PRIOR", "FACTOR_PRIOR"]
 
 logger = logging.getLogger(__name__)
 
 #: Ridge weight pulling the slope towards 1 (in squared log units, like the spread of the predictions).
 SLOPE_PRIOR = 0.5
+#: Ridge weight pulling log host and GPU factors towards 0 (per measurement-equivalent, squared log units).
+FACTOR_PRIOR = 0.05
+
+
+@dataclass(frozen=True)
+class TimelineFactors:
+    """Host and GPU factors of a GPU's latency (see the module docstring).
+
+    Attributes:
+        host_log, gpu_log: log of the factors on host times and on kernel times (after the shrink).
+        residual_std_log: scatter left by the fit, log space (widens σ).
+        kept: share of the fitted factors kept (0..1).
+        n: measurements used.
+    """
+
+    host_log: float
+    gpu_log: float
+    residual_std_log: float
+    kept: float
+    n: int
+
+    def apply(self, gpu_us: np.ndarray, host_us: np.ndarray, prefix_us: float) -> tuple[np.ndarray, np.ndarray, float]:
+        """The corrected ``(gpu_us, host_us, prefix_us)`` of one pass."""
+        h, g = math.exp(self.host_log), math.exp(self.gpu_log)
+        return gpu_us * g, host_us * h, prefix_us * h
+
+
+def fit_timeline_factors(parts: Sequence[tuple[np.ndarray, np.ndarray, float]],
+                         measured_ms: Sequence[float]) -> TimelineFactors:
+    """Fit host and GPU factors from predicted timelines and measured latencies.
+
+    Args:
+        parts: per measurement, the predicted ``(gpu_us [num_nodes], host_us [num_nodes], prefix_us)`` of the
+            pass (kernel times already corrected by the network, the host times of the runtime and host).
+        measured_ms: the measured latency of each, ms (> 0).
+
+    Raises:
+        DippmNasError: fewer than two measurements, lengths that differ, or a latency that is not > 0.
+    """
+    from scipy.optimize import least_squares
+
+    from dippm_nas.prior import latency_us
+
+    k = len(parts)
+    if k != len(measured_ms):
+        raise DippmNasError(f"parts and measured_ms must pair up, got {k} and {len(measured_ms)}")
+    if k < 2:
+        raise DippmNasError(f"timeline factors need at least 2 measurements, got {k}")
+    y = np.array([float(v) for v in measured_ms])
+    if not np.all(np.isfinite(y)) or np.any(y <= 0):
+        raise DippmNasError(f"measured latencies must be finite and > 0, got {list(measured_ms)}")
+    ly = np.log(y)
+
+    def resid(theta: np.ndarray) -> np.ndarray:
+        h, g = math.exp(theta[0]), math.exp(theta[1])
+        return np.array([math.log(latency_us(gu * g, hu * h, pre * h) / 1e3) for gu, hu, pre in parts]) - ly
+
+    def objective(theta: np.ndarray) -> np.ndarray:
+        return np.concatenate([resid(theta), math.sqrt(FACTOR_PRIOR * k) * theta])
+
+    fit = least_squares(objective, np.zeros(2), loss="soft_l1", f_scale=0.1, bounds=(-3.0, 3.0))
+    r0, r1 = resid(np.zeros(2)), resid(fit.x)
+    ssr_identity, ssr = float(r0 @ r0), float(r1 @ r1)
+    w = 1.0
+    if k > 2:
+        gain = ssr_identity - ssr
+        s2 = ssr / (k - 2)
+        w = 0.0 if gain <= 0 else (1.0 if s2 <= 1e-24 else max(0.0, 1.0 - 2.0 * s2 / gain))
+    theta = w * fit.x
+    rw = resid(theta)
+    s = float(np.sqrt((rw @ rw) / max(k - 1, 1)))
+    return TimelineFactors(host_log=float(theta[0]), gpu_log=float(theta[1]), residual_std_log=s, kept=w, n=k)
 _TARGETS = ("latency_ms", "energy_j", "memory_mib")
 
 
@@ -67,6 +147,8 @@ class Calibration:
         date: ISO time of the fit.
         kept: ``{target: w}``, the share of the fitted correction kept (0..1; see the module docstring);
             empty in files written before it was recorded (their correction was kept whole).
+        timeline: a GPU's latency factors (the fields of :class:`TimelineFactors`); where present they, not
+            ``coef["latency_ms"]``, correct latency. ``None`` in files written before them and for CPUs.
     """
 
     device: str
@@ -75,9 +157,19 @@ class Calibration:
     n: dict[str, int]
     date: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
     kept: dict[str, float] = field(default_factory=dict)
+    timeline: dict[str, float] | None = None
 
     def has(self, target: str) -> bool:
-        return target in self.coef
+        return target in self.coef or (target == "latency_ms" and self.timeline is not None)
+
+    @property
+    def timeline_factors(self) -> TimelineFactors | None:
+        """The GPU latency factors, or ``None``."""
+        if self.timeline is None:
+            return None
+        t = self.timeline
+        return TimelineFactors(host_log=float(t["host_log"]), gpu_log=float(t["gpu_log"]),
+                               residual_std_log=float(t["residual_std_log"]), kept=float(t["kept"]), n=int(t["n"]))
 
     def apply(self, target: str, mean_log: float, std_log: float) -> tuple[float, float]:
         """Corrected ``(mean_log, std_log)`` of one target."""

@@ -63,7 +63,9 @@ from dippm_nas.features import (
 )
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.prediction import Prediction
-from dippm_nas.predictor._base import BasePredictor
+from dippm_nas.devices import HostProfile, default_host_profile, resolve_device
+from dippm_nas.predictor._base import BasePredictor, execution_args, execution_details
+from dippm_nas.prior import estimate as prior_estimate, latency_us
 from dippm_nas.predictor._novelty import NoveltyFloor, correction_weight, novelty_scores
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -532,8 +534,6 @@ class GnnPredictor(BasePredictor):
     def __init__(self, model: SageEnsemble, meta: CheckpointMeta, device: str | None = None, *,
                  feature_cache_size: int = 4096, load_calibration: bool = True,
                  novelty_ref: torch.Tensor | None = None) -> None:
-        from dippm_nas.devices import resolve_device
-
         self.model = model.eval()
         self.meta = meta
         #: standardised static features of training graphs ``[R, static_dim]`` (novelty scores), or None
@@ -607,8 +607,6 @@ class GnnPredictor(BasePredictor):
         meta = CheckpointMeta.from_json(blob["meta"])
         meta.check()
         if device is not None:
-            from dippm_nas.devices import resolve_device
-
             if resolve_device(device).id != meta.device:
                 raise CheckpointError(f"checkpoint {path.name} is for device {meta.device!r}, asked for {device!r}")
         model = SageEnsemble(meta.node_dim, meta.static_dim, meta.device_dim, meta.hidden, meta.layers,
@@ -777,12 +775,14 @@ class GnnPredictor(BasePredictor):
             s = math.hypot(s, 0.5 * float(self.model.delta_max[TARGETS.index(target)]))
         return s
 
-    def predict_graphs(self, graphs: Sequence[OperatorGraph], *, mig: bool = True,
-                       k_sigma: float = 2.0) -> list[Prediction]:
+    def predict_graphs(self, graphs: Sequence[OperatorGraph], *, mig: bool = True, k_sigma: float = 2.0,
+                       runtime: str = "eager", host: HostProfile | str | None = None) -> list[Prediction]:
         if not graphs:
             return []
+        rt, prof = execution_args(self.device, runtime, host)
         cal = None if self.calibration is None else id(self.calibration)
-        keys = [(_graph_key(g), bool(mig), float(k_sigma), cal) for g in graphs]
+        ex_key = f"{rt}|{prof.name}|{prof.speed:.6g}|{prof.framework}"
+        keys = [(_graph_key(g), bool(mig), float(k_sigma), cal, ex_key) for g in graphs]
         out: list[Prediction | None] = [self._pred_cache.get(k) for k in keys]
         todo = [i for i, p in enumerate(out) if p is None]
         if todo:
@@ -792,7 +792,7 @@ class GnnPredictor(BasePredictor):
             for j, i in enumerate(todo):
                 out[i] = self._prediction(graphs[i], feats[j], mean[j], std[j], mig=mig, k_sigma=k_sigma,
                                           ood=bool(ood[j]), novelty=float(nov[j]), dtype_unseen=bool(unseen[j]),
-                                          other_machine=bool(other_machine[j]))
+                                          other_machine=bool(other_machine[j]), runtime=rt, host=prof)
             with self._lock:
                 for i in todo:
                     self._pred_cache[keys[i]] = out[i]  # type: ignore[assignment]
@@ -800,12 +800,98 @@ class GnnPredictor(BasePredictor):
                     self._pred_cache.popitem(last=False)
         return out  # type: ignore[return-value]
 
+    def _pinned_params(self) -> Any:
+        """The prior constants the features are computed with (the checkpoint's, else the package's)."""
+        from dippm_nas.prior import default_params
+
+        return self.prior_params if self.prior_params is not None else default_params()
+
+    def _execution_params(self) -> Any:
+        """The prior constants of a runtime-specific estimate: the pinned ones, with the package's fitted host
+        model where the pinned constants carry none (the GNN corrects kernel time; the host side is the
+        host model's)."""
+        from dippm_nas.prior import default_params
+
+        pinned = self._pinned_params()
+        if pinned.host_model is None and default_params().host_model is not None:
+            return dataclasses.replace(pinned, host_model=default_params().host_model)
+        return pinned
+
+    def _timeline_parts(self, graph: OperatorGraph, est: Any, m: float, runtime: str, host: HostProfile
+                        ) -> tuple[float, np.ndarray, np.ndarray, float, dict[str, float]]:
+        """The network's eager answer ``exp(m)`` as timelines of ``runtime`` on ``host``.
+
+        The network's answer is read as a correction of the kernel times: its log correction of the features'
+        estimate (eager, default host), ``delta = m - log(prior)``, applies to the kernels in the share ``w`` of
+        that estimate the GPU is busy, ``c = exp(w * delta)`` (a GPU-bound graph's whole correction, none of a
+        host-bound one's, whose answer says little of its kernels). The kernels of the requested runtime, times
+        ``c``, then run behind the host timeline of that runtime and host profile. Where the features were
+        computed for the requested execution itself, the latency is the network's answer.
+
+        Returns:
+            ``(latency ms, gpu_us, host_us, prefix_us, details)``: the per-node kernel times (corrected), host
+            times and the host time before the first operator.
+        """
+        params = self._execution_params()
+        prior_ms = max(float(est.latency_ms), 1e-9)
+        w = min(1.0, max(0.0, float(est.gpu_busy_ms) / prior_ms))
+        bound = float(self.model.delta_max[TARGETS.index("latency_ms")]) if self.model.residual_on_prior else 30.0
+        delta = min(max(m - math.log(prior_ms), -bound), bound)
+        c = math.exp(w * delta)
+        d: dict[str, float] = {"gpu_share_of_prior": w, "gpu_correction": c,
+                               "host_model_fitted": float(params.host_model is not None)}
+        if runtime == "eager" and host == default_host_profile() and params is self._pinned_params():
+            d["direct"] = 1.0
+            return (math.exp(min(max(m, -30.0), 30.0)), c * est.node_time_ms * 1e3, est.node_host_ms * 1e3,
+                    est.pass_host_ms * 1e3, d)
+        rt = prior_estimate(graph, self.device, params=params, runtime=runtime, host=host)
+        g, h, pre = c * rt.node_time_ms * 1e3, rt.node_host_ms * 1e3, rt.pass_host_ms * 1e3
+        return latency_us(g, h, pre) / 1e3, g, h, pre, d
+
+    def _compose_latency(self, graph: OperatorGraph, est: Any, m: float, s: float, runtime: str,
+                         host: HostProfile) -> tuple[float, float, dict[str, float], tuple[float, float], bool]:
+        """Latency of ``runtime`` on ``host`` (:meth:`_timeline_parts`), with the calibration's host and GPU
+        factors when it has them. σ combines the network's σ on the kernel part and the host model's held-out
+        σ on the host part (and the calibration's residual scatter), each weighted by how much the critical
+        path moves with it.
+
+        Returns:
+            ``(log latency, log σ, details, (host_ms, gpu_ms), calibrated)``.
+        """
+        lat_ms, g, h, pre, d = self._timeline_parts(graph, est, m, runtime, host)
+        base_us = latency_us(g, h, pre)
+        tf = self.calibration.timeline_factors if self.calibration is not None else None
+        extra_s = 0.0
+        if tf is not None:
+            g, h, pre = tf.apply(g, h, pre)
+            lat_ms *= latency_us(g, h, pre) / base_us
+            base_us = latency_us(g, h, pre)
+            extra_s = tf.residual_std_log
+            d.update(calibration_host_factor=math.exp(tf.host_log), calibration_gpu_factor=math.exp(tf.gpu_log),
+                     calibration_kept_latency_ms=tf.kept)
+        direct = bool(d.pop("direct", 0.0))
+        params = self._execution_params()
+        if direct:  # the network's σ is the latency's
+            s_g, s_h = s, 0.0
+        else:
+            s_host = params.host_model.sigma_log() if params.host_model is not None and tf is None else 0.0
+            s_g = math.log(latency_us(math.exp(s) * g, h, pre) / base_us)
+            s_h = math.log(latency_us(g, h * math.exp(s_host), pre * math.exp(s_host)) / base_us) if s_host > 0 else 0.0
+        host_ms, gpu_ms = float(h.sum() + pre) / 1e3, float(g.sum()) / 1e3
+        d.update(host_ms=host_ms, gpu_busy_ms=gpu_ms, gpu_idle_ms=max(0.0, lat_ms - gpu_ms),
+                 host_bound=float(host_ms > gpu_ms), pass_host_ms=pre / 1e3)
+        return math.log(lat_ms), math.hypot(s_g, s_h, extra_s), d, (host_ms, gpu_ms), tf is not None
+
     def _prediction(self, graph: OperatorGraph, f: GraphFeatures, mean: np.ndarray, std: np.ndarray, *,
                     mig: bool, k_sigma: float, ood: bool = False, novelty: float = math.nan,
-                    dtype_unseen: bool = False, other_machine: bool = False) -> Prediction:
-        from dippm_nas.devices import resolve_device
-
+                    dtype_unseen: bool = False, other_machine: bool = False, runtime: str = "eager",
+                    host: HostProfile | None = None) -> Prediction:
         est = f.estimate
+        dev = resolve_device(self.device)
+        timeline: dict[str, Any] = {"host_ms": None, "gpu_ms": None}
+        composed: dict[str, float] = {}
+        if dev.kind == "gpu" and est is not None:
+            timeline = {"host_ms": est.host_ms, "gpu_ms": est.gpu_busy_ms}
         values: dict[str, float | None] = {}
         stds: dict[str, float | None] = {}
         sources: dict[str, str] = {}
@@ -822,7 +908,13 @@ class GnnPredictor(BasePredictor):
             m = float(mean[t_i])
             s = self.sigma_log(t, float(std[t_i]), ood=ood, novelty=novelty, other_machine=other_machine)
             src = "analytic" if dtype_unseen else "predicted"  # dtype_unseen: ``m`` is the prior's
-            if self.calibration is not None and self.calibration.has(t):
+            calibrated = False
+            if t == "latency_ms" and dev.kind == "gpu" and est is not None and host is not None:
+                m, s, composed, (h_ms, g_ms), calibrated = self._compose_latency(graph, est, m, s, runtime, host)
+                timeline = {"host_ms": h_ms, "gpu_ms": g_ms}
+            if calibrated:
+                src = "calibrated"
+            elif self.calibration is not None and t in self.calibration.coef:
                 m, s = self.calibration.apply(t, m, s)
                 src = "calibrated"
                 if t in self.calibration.kept:  # 1: the fitted correction whole; 0: the measurements' scatter hid it
@@ -834,6 +926,8 @@ class GnnPredictor(BasePredictor):
         for op, c in f.unknown_ops.items():
             unknown.setdefault(op, c)
         details = est.details() if est is not None else {}
+        details.update(composed)
+        details.update(execution_details(runtime, host if host is not None else default_host_profile()))
         details["prior_latency_ms"] = f.prior_latency_ms
         details["prior_memory_mib"] = f.prior_memory_mib
         details["outside_training_range"] = float(ood)
@@ -856,33 +950,65 @@ class GnnPredictor(BasePredictor):
             latency_source=sources["latency_ms"], energy_source=sources["energy_j"],
             memory_source=sources["memory_mib"], device=self.device, batch_size=graph.spec.batch_size,
             dtype=graph.spec.dtype, latency_ms_std=stds["latency_ms"], energy_j_std=stds["energy_j"],
-            memory_mib_std=stds["memory_mib"], unknown_ops=unknown, details=details,
+            memory_mib_std=stds["memory_mib"], unknown_ops=unknown, details=details, **timeline,
         )
-        dev = resolve_device(self.device)
         if mig and dev.has_mig:
             from dippm_nas.mig import advise
 
             pred = dataclasses.replace(pred, mig=advise(pred, dev, graph=graph, k_sigma=k_sigma,
-                                                        params=self.prior_params))
+                                                        params=self._execution_params(), runtime=runtime,
+                                                        host=host))
         return pred
 
     # ------------------------------------------------------------ calibration
-    def calibrate(self, measurements: Sequence[Any], *, persist: bool = True) -> "Calibration":
+    def calibrate(self, measurements: Sequence[Any], *, persist: bool = True, runtime: str = "eager",
+                  host: HostProfile | str | None = None) -> "Calibration | None":
         """Adapt to real measurements of this device (few-shot); see :mod:`dippm_nas.predictor._calibrate`.
+
+        On a GPU, latency gets a host factor and a GPU factor (the measured models' own timelines tell a slower
+        host from slower kernels); energy and memory, and every target of a CPU device, a line in log space.
 
         Args:
             measurements: ``(graph, Measurement)`` pairs, or ``(graph, {"latency_ms": ..., ...})`` pairs.
             persist: write the correction to the cache directory so later loads re-apply it.
+            runtime, host: how the measured passes ran (as for :func:`dippm_nas.predict`).
 
         Returns:
-            The fitted :class:`~dippm_nas.predictor._calibrate.Calibration` (now active).
+            The fitted :class:`~dippm_nas.predictor._calibrate.Calibration` (now active), or ``None`` with a
+            warning when fewer than two measurements hold a label: the predictions stay unchanged.
         """
-        from dippm_nas.predictor._calibrate import fit_calibration, save_calibration
+        from dippm_nas.predictor._calibrate import (Calibration, checkpoint_identity, fit_calibration,
+                                                    fit_timeline_factors, save_calibration)
 
         pairs = _pairs(measurements)
+        if len(pairs) < 2:
+            _warn_once(f"calibrate-few:{self.device}", "calibrate() needs at least 2 measurements with a figure "
+                       "> 0, got %d: the %s predictions are left unchanged", len(pairs), self.device)
+            return None
+        rt, prof = execution_args(self.device, runtime, host)
         feats = [self.features(g) for g, _ in pairs]
         mean, _ = self.predict_log(feats)
-        cal = fit_calibration(self.device, self.meta, mean, [y for _, y in pairs], targets=list(self.meta.targets))
+        targets = list(self.meta.targets)
+        timeline = None
+        if resolve_device(self.device).kind == "gpu" and "latency_ms" in targets:
+            idx = [i for i, (_, y) in enumerate(pairs) if "latency_ms" in y and feats[i].estimate is not None]
+            if len(idx) >= 2:
+                parts = []
+                for i in idx:
+                    _, g, h, pre, _ = self._timeline_parts(pairs[i][0], feats[i].estimate, float(mean[i, 0]), rt, prof)
+                    parts.append((g, h, pre))
+                tf = fit_timeline_factors(parts, [pairs[i][1]["latency_ms"] for i in idx])
+                timeline = dataclasses.asdict(tf)
+                targets.remove("latency_ms")
+        labels = [{k: v for k, v in y.items() if k in targets} for _, y in pairs]
+        if any(labels):
+            cal = fit_calibration(self.device, self.meta, mean, labels, targets=targets)
+            cal = dataclasses.replace(cal, timeline=timeline)
+        elif timeline is not None:
+            cal = Calibration(device=self.device, checkpoint=checkpoint_identity(self.meta), coef={}, n={},
+                              timeline=timeline)
+        else:
+            raise DippmNasError(f"no measurement holds a label for the targets {list(self.meta.targets)}")
         self.calibration = cal
         self._pred_cache.clear()
         if persist:
@@ -923,7 +1049,9 @@ def _pairs(measurements: Sequence[Any]) -> list[tuple[OperatorGraph, dict[str, f
             if getattr(m, "status", "ok") != "ok":
                 continue
             y = {t: float(getattr(m, t)) for t in TARGETS if getattr(m, t, None) is not None}
-        y = {k: v for k, v in y.items() if math.isfinite(v) and v > 0}
+        bad = {k: v for k, v in y.items() if not (math.isfinite(v) and v > 0)}
+        if bad:
+            raise DippmNasError(f"measurements[{i}] has figures that are not finite numbers > 0: {bad}")
         if y:
             out.append((g, y))
     if not out:

@@ -42,6 +42,7 @@ import torch
 from dippm_nas.errors import DippmNasError
 from dippm_nas.features import FEATURE_SCHEMA_VERSION, GraphFeatures, device_dim, featurize, node_dim, static_dim
 from dippm_nas.graph import OperatorGraph
+from dippm_nas.prior import Execution
 from dippm_nas.predictor._gnn import (DELTA_MARGIN, TARGET_UNITS, TARGETS, CheckpointMeta, GnnPredictor, SageEnsemble,
                                       collate, collate_globals)
 from dippm_nas.predictor._novelty import NoveltyFloor, fit_novel_floor, novelty_scores, reference_set, split_d0
@@ -81,6 +82,8 @@ class Example:
         cpu_signature: the processor of the row's environment (``environment.cpu_signature``: vendor,
             family, model, stepping, ...; :func:`dippm_nas._platform.cpu_signature`), ``None`` when the row
             does not record one (rows measured before it was recorded).
+        execution: how the row's pass was executed and timed (runtime, host, input copy), from its
+            conditions (:meth:`dippm_nas.prior.Execution.from_conditions`); the prior features use it.
     """
 
     graph: OperatorGraph
@@ -93,16 +96,18 @@ class Example:
     cpu_model: str = ""
     threads: int | None = None
     cpu_signature: dict[str, str] | None = None
+    execution: Execution = field(default_factory=Execution)
 
 
 def load_examples(paths: Sequence[str | Path], *, devices: Sequence[str] | None = None,
-                  source: str | None = None) -> list[Example]:
+                  source: str | None = None, dtypes: Sequence[str] | None = None) -> list[Example]:
     """Examples from one or more dataset files (SQLite or JSONL export).
 
     Args:
         paths: dataset files.
         devices: keep only rows of these catalogue ids (``None``: all).
         source: keep only rows of this source.
+        dtypes: keep only graphs of these compute dtypes (``None``: all).
 
     Raises:
         DippmNasError: a row's device is neither a catalogue id nor a known alias.
@@ -121,6 +126,8 @@ def load_examples(paths: Sequence[str | Path], *, devices: Sequence[str] | None 
                                     f"({sorted(catalogue)}) nor an alias ({sorted(DEVICE_ALIASES)})")
             if devices is not None and dev not in devices:
                 continue
+            if dtypes is not None and mg.spec.dtype not in dtypes:
+                continue
             y = {}
             for t in TARGETS:
                 v = m.get(t)
@@ -137,7 +144,8 @@ def load_examples(paths: Sequence[str | Path], *, devices: Sequence[str] | None 
             out.append(Example(mg.graph, dev, y, str(m.get("space") or "unknown"), mg.graph.structural_hash(),
                                str(m.get("source") or ""), name, cpu,
                                thr if isinstance(thr, int) and not isinstance(thr, bool) else None,
-                               {str(k): str(v) for k, v in sig.items()} if isinstance(sig, dict) and sig else None))
+                               {str(k): str(v) for k, v in sig.items()} if isinstance(sig, dict) and sig else None,
+                               Execution.from_conditions(m.get("conditions"), env if isinstance(env, dict) else None)))
     logger.info("loaded %d examples from %s", len(out), [str(p) for p in paths])
     return out
 
@@ -235,13 +243,14 @@ def featurize_examples(examples: Sequence[Example], *, style: str = "ours", fuse
     from dippm_nas.devices import get_device
     from dippm_nas.predictor._checkpoint import HOST_DEVICE
 
-    cache: dict[tuple[str, str], GraphFeatures] = {}
+    cache: dict[tuple[str, str, str], GraphFeatures] = {}
     out = []
     for e in tqdm(examples, desc="features", unit="graph", disable=not progress, leave=False):
-        k = (e.key, e.device)
+        k = (e.key, e.device, e.execution.key)
         if k not in cache:
             dev = get_device(e.device, threads=host_threads) if host_threads and e.device == HOST_DEVICE else e.device
-            cache[k] = featurize(e.graph, dev, style=style, fuse=fuse, prior_params=prior_params)
+            cache[k] = featurize(e.graph, dev, style=style, fuse=fuse, prior_params=prior_params,
+                                 execution=e.execution)
         out.append(cache[k])
     return out
 
@@ -497,7 +506,7 @@ def train_predictor(paths: Sequence[str | Path], device: str, *, split: str = "r
                     devices: Sequence[str] | None = None, cfg: TrainConfig | None = None, data_sources: Sequence[str] = (),
                     command: str = "", progress: bool = True, examples: Sequence[Example] | None = None,
                     targets: Sequence[str] | None = None, holdout_frac: float = 0.25,
-                    prior_params: Any = None) -> tuple[GnnPredictor, dict[str, Any]]:
+                    prior_params: Any = None, dtypes: Sequence[str] | None = None) -> tuple[GnnPredictor, dict[str, Any]]:
     """Load, split, featurise, train, fit the std floor and evaluate on the test split.
 
     Args:
@@ -506,6 +515,7 @@ def train_predictor(paths: Sequence[str | Path], device: str, *, split: str = "r
         split: ``"random"``, ``"family"`` or ``"timm-family"``; heldout_families: for ``"family"``;
             holdout_frac: for ``"timm-family"``.
         devices: devices whose rows train the model (``None``: all in the data).
+        dtypes: compute dtypes whose rows train the model (``None``: all in the data).
         cfg: hyper-parameters.
         data_sources: free-text description of the data for the metadata.
         examples: already loaded examples (skips ``paths``).
@@ -523,7 +533,7 @@ def train_predictor(paths: Sequence[str | Path], device: str, *, split: str = "r
 
     cfg = cfg or TrainConfig()
     device = resolve_device(device).id
-    ex = list(examples) if examples is not None else load_examples(paths, devices=devices)
+    ex = list(examples) if examples is not None else load_examples(paths, devices=devices, dtypes=dtypes)
     if devices is not None:
         ex = [e for e in ex if e.device in devices]
     if targets is not None:

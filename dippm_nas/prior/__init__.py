@@ -4,17 +4,23 @@
 memory parts); on a CPU whose :class:`PriorParams` carry an :class:`OpTable` (operators timed in place on
 that machine, :func:`fit_op_table`) the per-node times come from the table instead of the roofline;
 :func:`predict` wraps it as a :class:`~dippm_nas.prediction.Prediction` with sources
-``"analytic"`` and the MIG advice.
+``"analytic"`` and the MIG advice. On a GPU the latency is the critical path through the host and GPU
+timelines of an execution runtime (:data:`RUNTIMES`: eager, CUDA graphs, ``torch.compile``), with host
+times from a fitted :class:`HostModel` scaled to a :class:`~dippm_nas.devices.HostProfile`.
 """
 
-from dippm_nas.prior._estimate import PriorEstimate, estimate, predict
+from dippm_nas.prior._estimate import PriorEstimate, estimate, latency_us, predict, timeline_fields
+from dippm_nas.prior._host import HOST_KINDS, RUNTIMES, Execution, HostModel, check_runtime
+from dippm_nas.prior._host_fit import FIT_PARAMETERS, HostRow, fit_host_model, host_model_latency_ms
 from dippm_nas.prior._memory import MemoryBreakdown, activation_liveness, round_block
 from dippm_nas.prior._op_table import OpTable, aten_op_record, fit_op_table, graph_op_records, working_set_bytes
 from dippm_nas.prior._nodes import NodeCosts, kernel_time_us, node_costs, wave_efficiency
 from dippm_nas.prior._params import PARAM_CLASSES, DeviceScale, OpClassParams, PriorParams, default_params
 
 __all__ = [
-    "estimate", "predict", "PriorEstimate",
+    "estimate", "predict", "PriorEstimate", "latency_us", "timeline_fields",
+    "RUNTIMES", "HOST_KINDS", "Execution", "HostModel", "check_runtime",
+    "HostRow", "fit_host_model", "host_model_latency_ms", "FIT_PARAMETERS",
     "PriorParams", "OpClassParams", "DeviceScale", "PARAM_CLASSES", "default_params",
     "node_costs", "NodeCosts", "kernel_time_us", "wave_efficiency",
     "activation_liveness", "MemoryBreakdown", "round_block",

@@ -1,15 +1,17 @@
 """The analytic prior: latency along two timelines, energy from utilisation, memory from liveness.
 
-Latency. PyTorch eager issues the operators one by one from the host; each costs a dispatch (and a
-launch per kernel) on the host timeline, and its kernels run in order on one GPU stream:
+Latency. The host issues the operators one by one; each costs host time (per execution runtime and host
+profile, :mod:`dippm_nas.prior._host`) on the host timeline, and its kernels run in order on one GPU stream:
 
     host_end[i]  = host_end[i-1] + host_us[i]
     gpu_start[i] = max(gpu_end[i-1], host_end[i])
     gpu_end[i]   = gpu_start[i] + gpu_us[i]
 
 The forward pass ends with the last kernel: ``latency = gpu_end[-1]`` (the critical path through both
-timelines). It equals the device's busy time plus the idle time the host causes: small batches are
-launch-bound (``host_ms > gpu_busy_ms``). On a CPU device the host runs the kernels itself, so the times add.
+timelines). It equals the device's busy time plus the idle time the host causes: small batches in eager
+mode are host-bound (``host_ms > gpu_busy_ms``). A fixed host time per pass (the call, a CUDA graph's
+replay, the input's host-to-device copy when the timed region includes it) comes before the first
+operator. On a CPU device the host runs the kernels itself, so the times add.
 
 Energy. While node ``i`` runs the board draws ``idle + (board - idle) * u_i`` (``u_i``: share of the
 limiting resource's peak in use, capped at board power); while the GPU waits for the host it draws
@@ -30,10 +32,11 @@ from typing import Any
 
 import numpy as np
 
-from dippm_nas.devices import Device, resolve_device
+from dippm_nas.devices import Device, HostProfile, resolve_device, resolve_host_profile
 from dippm_nas.errors import DeviceError, GraphValidationError
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.prediction import Prediction
+from dippm_nas.prior._host import HOST_KINDS, Execution, HostModel, check_runtime, compiled_groups
 from dippm_nas.prior._memory import K_LARGE_BUFFER, K_MIN_LARGE_ALLOC, K_ROUND_LARGE, MIB, activation_liveness
 from dippm_nas.prior._nodes import graph_facts, node_costs
 from dippm_nas.prior._params import PriorParams, default_params
@@ -66,6 +69,11 @@ class PriorEstimate:
         tensor_core_fraction: share of kernel time on tensor cores.
         params_source: where the prior's constants come from.
         unknown_ops: ``{op: count}`` of nodes without a formula (generic estimates).
+        runtime: the execution runtime the latency is for (``"eager"``, ``"cuda-graphs"``, ``"compiled"``).
+        host_profile: name of the host profile that scaled the host times.
+        pass_host_ms: host time once per pass before the first operator (call, graph replay, input copy), ms.
+        input_copy_ms: the input's host-to-device copy inside it, ms (0 when not in the timed region).
+        host_model_fitted: the host times come from a fitted host model (False: the legacy constants).
     """
 
     device: str
@@ -88,6 +96,11 @@ class PriorEstimate:
     tensor_core_fraction: float
     params_source: str
     unknown_ops: dict[str, int] = field(default_factory=dict)
+    runtime: str = "eager"
+    host_profile: str = ""
+    pass_host_ms: float = 0.0
+    input_copy_ms: float = 0.0
+    host_model_fitted: bool = False
 
     @property
     def gpu_idle_ms(self) -> float:
@@ -103,6 +116,8 @@ class PriorEstimate:
         """Named scalar figures (units in the keys) for :attr:`Prediction.details`."""
         return {
             "host_ms": self.host_ms, "gpu_busy_ms": self.gpu_busy_ms, "gpu_idle_ms": self.gpu_idle_ms,
+            "host_bound": float(self.launch_bound), "pass_host_ms": self.pass_host_ms,
+            "input_copy_ms": self.input_copy_ms, "host_model_fitted": float(self.host_model_fitted),
             "baseline_mib": self.baseline_mib, "weights_mib": self.weights_mib,
             "activations_peak_mib": self.activations_peak_mib, "workspace_mib": self.workspace_mib,
             "allocator_overhead_mib": self.allocator_overhead_mib,
@@ -115,19 +130,21 @@ class PriorEstimate:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__}
         for k in ("node_time_ms", "node_host_ms", "node_utilisation"):
             d[k] = [float(x) for x in d[k]]
+        d["unknown_ops"] = dict(self.unknown_ops)
         d["gpu_idle_ms"] = self.gpu_idle_ms
         d["launch_bound"] = self.launch_bound
         return d
 
 
-def _timelines(gpu_us: np.ndarray, host_us: np.ndarray, kind: str) -> tuple[float, float]:
-    """(latency µs, host µs) along the host and GPU-stream timelines."""
+def _timelines(gpu_us: np.ndarray, host_us: np.ndarray, kind: str, prefix_us: float = 0.0) -> tuple[float, float]:
+    """(latency µs, host µs) along the host and GPU-stream timelines; ``prefix_us`` of host time comes
+    before the first operator."""
     if kind != "gpu":
         total = float(gpu_us.sum() + host_us.sum())
         return total, float(host_us.sum())
     if len(host_us) == 0:
-        return 0.0, 0.0
-    host_end = np.cumsum(host_us)
+        return prefix_us, prefix_us
+    host_end = np.cumsum(host_us) + prefix_us
     idx = np.flatnonzero(gpu_us > 0)
     if len(idx) == 0:
         return float(host_end[-1]), float(host_end[-1])
@@ -139,9 +156,59 @@ def _timelines(gpu_us: np.ndarray, host_us: np.ndarray, kind: str) -> tuple[floa
     return max(gpu_end, float(host_end[-1])), float(host_end[-1])
 
 
+def latency_us(gpu_us: np.ndarray, host_us: np.ndarray, prefix_us: float = 0.0) -> float:
+    """Critical path through the host and GPU-stream timelines of a GPU device, µs.
+
+    Shapes:
+        ``gpu_us``, ``host_us``: ``[num_nodes]``.
+    """
+    return _timelines(np.asarray(gpu_us, dtype=np.float64), np.asarray(host_us, dtype=np.float64), "gpu",
+                      prefix_us)[0]
+
+
+def _pass_host_us(graph: OperatorGraph, dev: Device, p: PriorParams, runtime: str, prof: HostProfile,
+                  input_copy: bool) -> tuple[float, float]:
+    """(host time once per pass before the first operator, the input copy within it), µs."""
+    if dev.kind != "gpu":
+        return 0.0, 0.0
+    hm = p.host_model if p.host_model is not None else _LEGACY_HOST
+    k = hm.scale(prof)
+    copy = (hm.h2d_fixed_us * k + graph.spec.input_bytes / (hm.h2d_gbps * 1e3)) if input_copy else 0.0
+    fixed = hm.graph_launch_us * k if runtime == "cuda-graphs" else hm.iteration_us * k
+    return fixed + copy, copy
+
+
+def _runtime_costs(graph: OperatorGraph, dev: Device, p: PriorParams, facts: Any, gpu_us: np.ndarray,
+                   host_us: np.ndarray, runtime: str, prof: HostProfile) -> tuple[np.ndarray, np.ndarray]:
+    """Per-node (GPU µs, host µs) of ``runtime`` from the eager ones."""
+    if runtime == "eager" or dev.kind != "gpu":
+        return gpu_us, host_us
+    if runtime == "cuda-graphs":
+        return gpu_us, np.zeros_like(host_us)
+    # compiled: one generated kernel per fused chain (its slowest member's time: one read, one write), one
+    # library call per convolution/GEMM; each kernel costs the compiled launch on the host, views nothing
+    hm = p.host_model if p.host_model is not None else _LEGACY_HOST
+    active = facts.active & (gpu_us > 0)
+    groups = compiled_groups(facts.classes, graph.predecessors(), active)
+    g = np.zeros_like(gpu_us)
+    h = np.zeros_like(host_us)
+    first: dict[int, int] = {}
+    for i in np.flatnonzero(groups >= 0):
+        j = first.setdefault(int(groups[i]), int(i))
+        g[j] = max(g[j], gpu_us[i])
+    for j in first.values():
+        h[j] = hm.compiled_kernel_us * hm.scale(prof)
+    return g, h
+
+
+#: Host constants used when the prior's parameters carry no fitted host model (files written before it).
+_LEGACY_HOST = HostModel(op_us={k: 10.0 for k in HOST_KINDS}, iteration_us=0.0, source="uncalibrated defaults")
+
+
 def estimate(
     graph: OperatorGraph, device: Device | str, *, tf32_conv: bool = True, tf32_matmul: bool = False,
-    channels_last: bool = False, params: PriorParams | None = None,
+    channels_last: bool = False, params: PriorParams | None = None, runtime: str = "eager",
+    host: HostProfile | str | None = None, input_copy: bool = False, execution: Execution | None = None,
 ) -> PriorEstimate:
     """Analytic latency, energy and memory of one forward pass of ``graph`` on ``device``.
 
@@ -153,12 +220,22 @@ def estimate(
         channels_last: activations are NHWC in memory (``model.to(memory_format=torch.channels_last)``);
             PyTorch's default is NCHW (False).
         params: the prior's constants; default: the shipped fitted ones.
+        runtime: ``"eager"`` (default), ``"cuda-graphs"`` or ``"compiled"`` (see :mod:`dippm_nas.prior._host`).
+        host: the host that drives a GPU: a :class:`~dippm_nas.devices.HostProfile`, a profile JSON file,
+            or ``None`` for :data:`~dippm_nas.devices.DEFAULT_HOST_PROFILE`.
+        input_copy: the timed region includes the input's host-to-device copy.
+        execution: the three above in one :class:`~dippm_nas.prior._host.Execution` (overrides them).
 
     Raises:
-        DeviceError: unknown device id (the choices are listed).
+        DeviceError: unknown device id (the choices are listed), or an unreadable host profile.
+        ExecutionRuntimeError: unknown runtime (the choices are listed).
         UnsupportedDtypeError: the device has no peak for the graph's dtype.
         GraphValidationError: a malformed graph.
     """
+    if execution is not None:
+        runtime, host, input_copy = execution.runtime, execution.host, execution.input_copy
+    runtime = check_runtime(runtime)
+    prof = resolve_host_profile(host)
     dev = resolve_device(device)
     if not isinstance(graph, OperatorGraph):
         raise GraphValidationError(f"graph must be an OperatorGraph (see dippm_nas.capture), got {type(graph).__name__}")
@@ -168,13 +245,18 @@ def estimate(
         dev.check_dtype(dt)
     p = params if params is not None else default_params()
 
-    costs = node_costs(graph, dev, p, tf32_conv=tf32_conv, tf32_matmul=tf32_matmul, channels_last=channels_last)
+    costs = node_costs(graph, dev, p, tf32_conv=tf32_conv, tf32_matmul=tf32_matmul, channels_last=channels_last,
+                       host=prof)
     table = p.op_tables.get(dev.id) if dev.kind != "gpu" else None
     if table is not None:  # operators timed in place on this machine, instead of the roofline
         comp_us, over_us, uncovered = table.node_us(graph)
         costs = dataclasses.replace(costs, gpu_us=np.where(uncovered, costs.gpu_us, comp_us),
                                     host_us=np.where(uncovered, costs.host_us, over_us))
-    latency_us, host_total_us = _timelines(costs.gpu_us, costs.host_us, dev.kind)
+    gpu_rt, host_rt = _runtime_costs(graph, dev, p, facts, costs.gpu_us, costs.host_us, runtime, prof)
+    if gpu_rt is not costs.gpu_us or host_rt is not costs.host_us:
+        costs = dataclasses.replace(costs, gpu_us=gpu_rt, host_us=host_rt)
+    prefix_us, copy_us = _pass_host_us(graph, dev, p, runtime, prof, input_copy)
+    latency_us, host_total_us = _timelines(costs.gpu_us, costs.host_us, dev.kind, prefix_us)
     busy_us = float(costs.gpu_us.sum())
     if dev.kind != "gpu":
         busy_us = latency_us
@@ -213,8 +295,17 @@ def estimate(
         baseline_mib=baseline, weights_mib=weights_b / MIB, activations_peak_mib=mem.peak_allocated_bytes / MIB,
         workspace_mib=workspace_b / MIB, allocator_overhead_mib=overhead_b / MIB, memory_mib=total_mib,
         peak_node=mem.peak_node, tensor_core_fraction=tc / busy_us if busy_us > 0 else 0.0,
-        params_source=p.source, unknown_ops=graph.unknown_ops,
+        params_source=p.source, unknown_ops=graph.unknown_ops, runtime=runtime, host_profile=prof.name,
+        pass_host_ms=prefix_us / 1e3, input_copy_ms=copy_us / 1e3,
+        host_model_fitted=dev.kind == "gpu" and p.host_model is not None,
     )
+
+
+def timeline_fields(est: PriorEstimate) -> dict[str, Any]:
+    """``host_ms`` and ``gpu_ms`` of a :class:`~dippm_nas.prediction.Prediction` from an estimate (``None``
+    on a CPU device, where the host runs the kernels)."""
+    gpu = resolve_device(est.device).kind == "gpu"
+    return {"host_ms": est.host_ms if gpu else None, "gpu_ms": est.gpu_busy_ms if gpu else None}
 
 
 def _ceil(x: float, unit: int) -> float:
@@ -224,12 +315,14 @@ def _ceil(x: float, unit: int) -> float:
 def predict(
     graph: OperatorGraph, device: Device | str, *, mig: bool = True, k_sigma: float = 2.0,
     tf32_conv: bool = True, tf32_matmul: bool = False, channels_last: bool = False,
-    params: PriorParams | None = None,
+    params: PriorParams | None = None, runtime: str = "eager", host: HostProfile | str | None = None,
+    input_copy: bool = False,
 ) -> Prediction:
     """The analytic prior as a :class:`~dippm_nas.prediction.Prediction` (sources ``"analytic"``).
 
     Args:
-        graph, device, tf32_conv, tf32_matmul, channels_last, params: as for :func:`estimate`.
+        graph, device, tf32_conv, tf32_matmul, channels_last, params, runtime, host, input_copy: as for
+            :func:`estimate`.
         mig: attach the MIG advisor's answer (devices with MIG only; see :func:`dippm_nas.mig.advise`).
         k_sigma: passed to the advisor.
 
@@ -239,7 +332,8 @@ def predict(
         UnsupportedDtypeError, GraphValidationError: as for :func:`estimate`.
     """
     dev = resolve_device(device)
-    est = estimate(graph, dev, tf32_conv=tf32_conv, tf32_matmul=tf32_matmul, channels_last=channels_last, params=params)
+    est = estimate(graph, dev, tf32_conv=tf32_conv, tf32_matmul=tf32_matmul, channels_last=channels_last, params=params,
+                   runtime=runtime, host=host, input_copy=input_copy)
     if est.energy_j is None:
         raise DeviceError(
             f"device {dev.id!r} has no power figures (board_power_w, idle_power_w), so the prior gives no "
@@ -252,12 +346,12 @@ def predict(
         latency_ms=est.latency_ms, energy_j=est.energy_j, memory_mib=est.memory_mib,
         latency_source="analytic", energy_source="analytic", memory_source="analytic",
         device=dev.id, batch_size=est.batch_size, dtype=est.dtype, unknown_ops=dict(est.unknown_ops),
-        details=details,
+        details=details, **timeline_fields(est),
     )
     if mig and dev.has_mig:
         from dippm_nas.mig import advise
 
         advice = advise(pred, dev, graph=graph, k_sigma=k_sigma, tf32_conv=tf32_conv, tf32_matmul=tf32_matmul,
-                        channels_last=channels_last, params=params)
+                        channels_last=channels_last, params=params, runtime=runtime, host=host)
         pred = dataclasses.replace(pred, mig=advice)
     return pred

@@ -8,8 +8,10 @@ For every node of an :class:`~dippm_nas.graph.OperatorGraph` this module decides
 - the GPU time: ``kernels * kernel_us + max(compute, memory)`` with
   ``compute = flops / (peak * eta * wave_eff ** wave_exponent * tile_eff ** tile_exponent)`` and
   ``memory = bytes / (bandwidth * eta_memory)`` (part of the bytes at L2 speed when they fit in L2);
-- the host time: the framework dispatch per op plus one launch per kernel (views: a small dispatch only;
-  constant-folded nodes: nothing).
+- the eager host time: with a fitted host model (:mod:`dippm_nas.prior._host`) the per-operator host time
+  of the operator's kind plus a launch per further kernel, scaled to the host profile; without one the
+  framework dispatch per op plus one launch per kernel (views: a small dispatch only; constant-folded
+  nodes: nothing).
 
 :func:`kernel_time_us` is the vectorised core the calibration script fits.
 """
@@ -24,8 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from dippm_nas.devices import Device
+from dippm_nas.devices import Device, HostProfile, default_host_profile
 from dippm_nas.graph import OperatorGraph, OpNode
+from dippm_nas.prior._host import HOST_KINDS, host_kind
 from dippm_nas.prior._params import CONTRACTION_CLASSES, PARAM_CLASSES, PriorParams
 
 __all__ = ["NodeCosts", "node_costs", "kernel_time_us", "wave_efficiency", "contraction_tiles", "param_class",
@@ -167,8 +170,9 @@ class NodeCosts:
     classes: tuple[str, ...]
 
 
-_DT_CODE = {"float32": 0, "float16": 1, "bfloat16": 2}
+_DT_CODE = {"float32": 0, "float16": 1, "bfloat16": 2, "float64": 3}
 _CLASS_INDEX = {c: i for i, c in enumerate(PARAM_CLASSES)}
+_HOST_KIND_INDEX = {k: i for i, k in enumerate(HOST_KINDS)}
 _CONTRACTION_IDX = np.array([c in CONTRACTION_CLASSES for c in PARAM_CLASSES])
 
 
@@ -187,9 +191,10 @@ class GraphFacts:
     fused: np.ndarray            # bool: bias add run inside the preceding conv/matmul call
     hard_inner: np.ndarray       # bool: add/clip/divide of a decomposed hardswish/hardsigmoid (one kernel)
     hard_extra_bytes: np.ndarray  # bytes the last node of such a kernel reads beyond the one input it needs
+    host_kind: np.ndarray        # index into HOST_KINDS of each node's op class
     conv: np.ndarray             # bool: op_class conv (not depthwise)
     contraction: np.ndarray      # bool: conv/matmul/attention constants class
-    dtype: np.ndarray            # 0 fp32, 1 fp16, 2 bf16, -1 other
+    dtype: np.ndarray            # 0 fp32, 1 fp16, 2 bf16, 3 fp64, -1 other
     flops: np.ndarray
     bytes: np.ndarray            # read + written
     act_bytes: np.ndarray        # activation bytes read + written (no weights)
@@ -288,7 +293,9 @@ def graph_facts(graph: OperatorGraph) -> GraphFacts:
             fused[nd.index] = True
     hard_inner, hard_extra = _hard_activations(nodes, preds, succ)
     facts = GraphFacts(
-        classes=classes, cls_idx=cls_idx, active=active, view=view, fused=fused,
+        classes=classes, cls_idx=cls_idx, host_kind=np.array([_HOST_KIND_INDEX[host_kind(nd.op_class)] for nd in nodes],
+                                                             dtype=np.int64),
+        active=active, view=view, fused=fused,
         hard_inner=hard_inner, hard_extra_bytes=hard_extra,
         conv=np.array([c == "conv" for c in classes], dtype=bool),
         contraction=_CONTRACTION_IDX[cls_idx],
@@ -311,7 +318,7 @@ def graph_facts(graph: OperatorGraph) -> GraphFacts:
 
 def node_costs(
     graph: OperatorGraph, device: Device, params: PriorParams, *, tf32_conv: bool = True,
-    tf32_matmul: bool = False, channels_last: bool = False,
+    tf32_matmul: bool = False, channels_last: bool = False, host: HostProfile | None = None,
 ) -> NodeCosts:
     """Time every node of ``graph`` on ``device`` with the constants ``params``.
 
@@ -325,6 +332,8 @@ def node_costs(
         channels_last: activations are NHWC in memory; when False, half-precision tensor-core
             convolutions pay ``params.nchw_transpose_passes`` extra passes over their activations
             (and two transposition kernels).
+        host: the host that drives a GPU (default :func:`~dippm_nas.devices.default_host_profile`); scales
+            the eager host times of a fitted host model.
     """
     f = graph_facts(graph)
     n = len(f.classes)
@@ -332,9 +341,15 @@ def node_costs(
     pc = [params.op_classes[c] for c in PARAM_CLASSES]
     per = lambda name: np.array([getattr(p, name) for p in pc], dtype=np.float64)[f.cls_idx]  # noqa: E731
 
-    # peaks: CUDA cores by default; tensor cores for contractions in half precision, or FP32 with TF32 allowed
+    # peaks: CUDA cores by default; tensor cores for contractions in half precision, or FP32 with TF32 allowed.
+    # PyTorch computes half-precision element-wise ops in FP32 (opmath) and cuDNN/cuBLAS half convolutions and
+    # GEMMs without tensor cores with FP32 math, so a GPU whose native FP16 rate is below its FP32 rate (Pascal
+    # GP102: 1/64) runs them at the FP32 rate.
     half = (f.dtype == 1) | (f.dtype == 2)
-    cuda = np.where(half & (device.fp16_tflops is not None), device.fp16_tflops or 0.0, device.fp32_tflops)
+    half_peak = max(device.fp16_tflops or 0.0, device.fp32_tflops)
+    cuda = np.where(half & (device.fp16_tflops is not None), half_peak, device.fp32_tflops)
+    if device.fp64_tflops is not None:
+        cuda = np.where(f.dtype == 3, device.fp64_tflops, cuda)
     tensor = np.zeros(n, dtype=bool)
     peak = cuda.astype(np.float64)
     if gpu:
@@ -400,17 +415,24 @@ def node_costs(
     mem = np.where(act, mem, 0.0)
     kernels = np.where(act, kernels, 0.0)
 
-    if scale.dispatch_us is not None:
-        dispatch = scale.dispatch_us
+    if gpu and params.host_model is not None:
+        hm = params.host_model
+        k = hm.scale(host if host is not None else default_host_profile())
+        op_us = np.array([hm.op_us[kind] for kind in HOST_KINDS], dtype=np.float64)[f.host_kind] * k
+        host_t = (np.where(act, np.where(f.fused, 0.0, op_us) + np.maximum(kernels - 1.0, 0.0) * hm.launch_us * k, 0.0)
+                  + np.where(f.view, op_us, 0.0))
     else:
-        dispatch = device.host_dispatch_us if device.host_dispatch_us is not None else params.host_dispatch_us
-    launch = params.host_launch_us if gpu else 0.0
-    view_us = params.host_view_us if gpu else min(params.host_view_us, dispatch)
-    host = np.where(act, np.where(f.fused, 0.0, dispatch) + kernels * launch, 0.0) + np.where(f.view, view_us, 0.0)
+        if scale.dispatch_us is not None:
+            dispatch = scale.dispatch_us
+        else:
+            dispatch = device.host_dispatch_us if device.host_dispatch_us is not None else params.host_dispatch_us
+        launch = params.host_launch_us if gpu else 0.0
+        view_us = params.host_view_us if gpu else min(params.host_view_us, dispatch)
+        host_t = np.where(act, np.where(f.fused, 0.0, dispatch) + kernels * launch, 0.0) + np.where(f.view, view_us, 0.0)
 
     with np.errstate(divide="ignore", invalid="ignore"):
         util_c = np.where(gpu_us > 0, f.flops / (peak * 1e12) * 1e6 / gpu_us, 0.0)
         util_m = np.where(gpu_us > 0, bytes_ / (device.bandwidth_gbps * 1e9) * 1e6 / gpu_us, 0.0)
     util = np.clip(np.maximum(util_c, util_m), 0.0, 1.0)
-    return NodeCosts(gpu_us=gpu_us, host_us=host, compute_us=comp, memory_us=mem, kernels=kernels,
+    return NodeCosts(gpu_us=gpu_us, host_us=host_t, compute_us=comp, memory_us=mem, kernels=kernels,
                      utilisation=util, tensor_core=tensor & act, classes=f.classes)

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from dippm_nas.errors import DippmNasError
+from dippm_nas.prior._host import HostModel
 from dippm_nas.prior._op_table import OpTable
 
 __all__ = ["OpClassParams", "DeviceScale", "PriorParams", "default_params", "PARAM_CLASSES", "CALIBRATION_FORMAT"]
@@ -174,6 +175,10 @@ class PriorParams:
         op_tables: per CPU device id, an :class:`~dippm_nas.prior._op_table.OpTable` learnt from operators
             timed in place on that machine; where present it gives the device's per-node times instead of
             the roofline (the constants still give memory).
+        host_model: per-operator host times of a GPU's driving host by kind and execution runtime, fitted
+            on measured eager timings (:class:`~dippm_nas.prior._host.HostModel`); ``None`` (calibration files
+            written before it, and the checkpoints that pin them) prices every GPU operator at
+            ``host_dispatch_us`` + ``host_launch_us`` per kernel in eager mode.
     """
 
     op_classes: Mapping[str, OpClassParams]
@@ -188,6 +193,7 @@ class PriorParams:
     command: str = ""
     metrics: Mapping[str, Any] = field(default_factory=dict)
     op_tables: Mapping[str, OpTable] = field(default_factory=dict)
+    host_model: HostModel | None = None
 
     def __post_init__(self) -> None:
         missing = [c for c in PARAM_CLASSES if c not in self.op_classes]
@@ -215,6 +221,8 @@ class PriorParams:
         bad = [k for k, v in self.op_tables.items() if not isinstance(v, OpTable)]
         if bad:
             raise DippmNasError(f"PriorParams.op_tables values must be OpTable, wrong for {bad}")
+        if self.host_model is not None and not isinstance(self.host_model, HostModel):
+            raise DippmNasError(f"PriorParams.host_model must be a HostModel or None, got {type(self.host_model).__name__}")
 
     def scale_for(self, device_id: str, kind: str = "gpu") -> DeviceScale:
         """The efficiency multipliers of a device (a MIG slice view ``<id>.mig-<profile>`` uses ``<id>``).
@@ -262,6 +270,7 @@ class PriorParams:
             "devices": {k: dataclasses.asdict(v) for k, v in self.device_scales.items()},
             "metrics": dict(self.metrics),
             **({"op_tables": {k: t.to_dict() for k, t in self.op_tables.items()}} if self.op_tables else {}),
+            **({"host_model": self.host_model.to_dict()} if self.host_model is not None else {}),
         }
 
     @classmethod
@@ -299,8 +308,11 @@ class PriorParams:
             scales[dev_id] = DeviceScale(**v)
         tables = {dev_id: OpTable.from_dict(t, origin=f"{origin}: op_tables[{dev_id!r}]")
                   for dev_id, t in (d.get("op_tables") or {}).items()}
+        host = d.get("host_model")
+        host_model = None if host is None else HostModel.from_dict(host, origin=origin)
         return cls(op_classes=classes, source=str(d.get("source", "")), command=str(d.get("command", "")),
-                   metrics=dict(d.get("metrics") or {}), device_scales=scales, op_tables=tables, **glob)
+                   metrics=dict(d.get("metrics") or {}), device_scales=scales, op_tables=tables,
+                   host_model=host_model, **glob)
 
     def save(self, path: str | Path) -> None:
         """Write as JSON (the format :func:`load` reads)."""

@@ -1,0 +1,245 @@
+"""The host side of a forward pass: per-operator host time by kind, per execution runtime.
+
+A GPU runs a model's kernels only as fast as the host issues them. How the host issues them depends on
+the **execution runtime** (:data:`RUNTIMES`):
+
+- ``"eager"``: PyTorch eager mode. Every operator costs host time before its kernels can start (Python,
+  module call, dispatcher, cuDNN/cuBLAS set-up, ``cudaLaunchKernel``): ``op_us[kind]`` per operator, plus
+  ``launch_us`` per extra kernel of an operator, plus ``iteration_us`` once per pass; when the timed region
+  includes it, the input's host-to-device copy (``h2d_fixed_us`` + bytes / ``h2d_gbps``, the host blocked
+  while a pageable copy runs).
+- ``"cuda-graphs"``: the same kernels replayed from one captured CUDA graph: one ``graph_launch_us`` per
+  pass, no per-operator host time.
+- ``"compiled"``: ``torch.compile`` (default mode): chains of element-wise, activation, normalisation and
+  cast operators after a kernel become one generated kernel (convolutions and GEMMs stay library calls);
+  each kernel costs ``compiled_kernel_us`` of host time, views none.
+
+Host times are for the reference host (a 3.0 GHz server core running PyTorch 2.x) and are scaled by a
+:class:`~dippm_nas.devices.HostProfile`: multiplied by ``generations[profile.framework]`` and divided by
+``profile.speed``. The constants are fitted on measured eager timings (``benchmarks/calibrate_host_model.py``;
+the fit, its data and its error are recorded in the calibration file).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from dippm_nas.devices import FRAMEWORKS, HostProfile, default_host_profile
+from dippm_nas.errors import DippmNasError, ExecutionRuntimeError
+
+__all__ = ["RUNTIMES", "HOST_KINDS", "HostModel", "Execution", "host_kind", "check_runtime", "compiled_groups"]
+
+#: Execution runtimes a prediction can be made for.
+RUNTIMES: tuple[str, ...] = ("eager", "cuda-graphs", "compiled")
+
+#: Kinds of operator with their own host time in eager mode.
+HOST_KINDS: tuple[str, ...] = (
+    "conv", "matmul", "attention", "elementwise", "normalization", "pool", "reduction", "memory", "view", "other",
+)
+
+#: Graph op class -> host kind.
+_KIND_OF_CLASS: dict[str, str] = {
+    "conv": "conv", "matmul": "matmul", "attention": "attention", "elementwise": "elementwise",
+    "activation": "elementwise", "cast": "elementwise", "gather": "elementwise", "normalization": "normalization",
+    "pool": "pool", "reduction": "reduction", "softmax": "reduction", "memory": "memory", "view": "view",
+    "unknown": "other",
+}
+
+
+def check_runtime(runtime: Any) -> str:
+    """``runtime`` if it is one of :data:`RUNTIMES`, else :class:`~dippm_nas.errors.ExecutionRuntimeError`
+    listing them."""
+    if runtime not in RUNTIMES:
+        raise ExecutionRuntimeError(f"runtime must be one of {RUNTIMES}, got {runtime!r}")
+    return str(runtime)
+
+
+def host_kind(op_class: str) -> str:
+    """The host kind of a graph op class (``"other"`` for classes without their own)."""
+    return _KIND_OF_CLASS.get(op_class, "other")
+
+
+@dataclass(frozen=True)
+class HostModel:
+    """Fitted host costs of PyTorch on the reference host (3.0 GHz server core, PyTorch 2.x), µs.
+
+    Attributes:
+        op_us: eager host time per operator, by :data:`HOST_KINDS` (module call, dispatch, library set-up
+            and the first kernel's launch).
+        launch_us: host time of each further kernel an operator launches.
+        iteration_us: fixed host time per forward pass (the Python call and the synchronisation).
+        h2d_gbps: pageable host-to-device copy bandwidth for an input copied inside the timed region, GB/s.
+        h2d_fixed_us: fixed time of that copy.
+        graph_launch_us: host time to replay a captured CUDA graph (``"cuda-graphs"``).
+        compiled_kernel_us: host time per kernel of a ``torch.compile`` graph (``"compiled"``).
+        generations: multiplier of every host time per framework generation (``"torch-2"`` is 1).
+        source: the measurements the constants were fitted on.
+        command: the command that fitted them.
+        metrics: the fit's figures (MAPE, the log-space σ of host-bound rows...).
+    """
+
+    op_us: Mapping[str, float]
+    launch_us: float = 3.0
+    iteration_us: float = 10.0
+    h2d_gbps: float = 10.0
+    h2d_fixed_us: float = 10.0
+    graph_launch_us: float = 10.0
+    compiled_kernel_us: float = 5.0
+    generations: Mapping[str, float] = field(default_factory=lambda: {"torch-2": 1.0, "torch-1": 1.0})
+    source: str = ""
+    command: str = ""
+    metrics: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        missing = [k for k in HOST_KINDS if k not in self.op_us]
+        extra = [k for k in self.op_us if k not in HOST_KINDS]
+        if missing or extra:
+            raise DippmNasError(f"HostModel.op_us must have exactly the kinds {list(HOST_KINDS)}; "
+                                f"missing {missing}, unknown {extra}")
+        for k, v in self.op_us.items():
+            if not _finite(v) or not 0 <= v <= 10_000:
+                raise DippmNasError(f"HostModel.op_us[{k!r}] must be in [0, 10000] µs, got {v!r}")
+        for name in ("launch_us", "iteration_us", "h2d_fixed_us", "graph_launch_us", "compiled_kernel_us"):
+            v = getattr(self, name)
+            if not _finite(v) or not 0 <= v <= 100_000:
+                raise DippmNasError(f"HostModel.{name} must be in [0, 100000] µs, got {v!r}")
+        if not _finite(self.h2d_gbps) or self.h2d_gbps <= 0:
+            raise DippmNasError(f"HostModel.h2d_gbps must be a positive number, got {self.h2d_gbps!r}")
+        bad = sorted(set(self.generations) - set(FRAMEWORKS))
+        if bad or "torch-2" not in self.generations:
+            raise DippmNasError(f"HostModel.generations must map {list(FRAMEWORKS)} (torch-2 required) to factors, "
+                                f"got {dict(self.generations)!r}")
+        for k, v in self.generations.items():
+            if not _finite(v) or not 0.05 <= v <= 20:
+                raise DippmNasError(f"HostModel.generations[{k!r}] must be in [0.05, 20], got {v!r}")
+        object.__setattr__(self, "op_us", {k: float(self.op_us[k]) for k in HOST_KINDS})
+        object.__setattr__(self, "generations", {k: float(v) for k, v in self.generations.items()})
+        object.__setattr__(self, "metrics", dict(self.metrics))
+
+    def scale(self, profile: HostProfile) -> float:
+        """The factor every reference host time is multiplied by on ``profile``'s host."""
+        gen = self.generations.get(profile.framework)
+        if gen is None:
+            raise DippmNasError(f"the host model has no factor for framework {profile.framework!r}; "
+                                f"it knows {sorted(self.generations)}")
+        return gen / profile.speed
+
+    def sigma_log(self) -> float:
+        """Log-space σ of a host-bound latency from the fit's held-out error (0 when not recorded)."""
+        v = self.metrics.get("sigma_log_host")
+        return float(v) if _finite(v) and v > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in dataclasses.asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], *, origin: str = "<dict>") -> "HostModel":
+        """Inverse of :meth:`to_dict`.
+
+        Raises:
+            DippmNasError: unknown keys or values breaking a rule.
+        """
+        if not isinstance(d, Mapping):
+            raise DippmNasError(f"{origin}: host_model must be an object, got {type(d).__name__}")
+        bad = sorted(set(d) - set(cls.__dataclass_fields__))
+        if bad:
+            raise DippmNasError(f"{origin}: host_model has unknown keys {bad}; choices: {sorted(cls.__dataclass_fields__)}")
+        if "op_us" not in d:
+            raise DippmNasError(f"{origin}: host_model needs 'op_us'")
+        return cls(**dict(d))
+
+
+def _finite(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def compiled_groups(classes: "list[str] | tuple[str, ...]", preds: list[list[int]], active: np.ndarray) -> np.ndarray:
+    """Kernel group of each active node under ``torch.compile``: an element-wise, activation,
+    normalisation or cast node whose latest active producer is such a node of a group joins that group;
+    every other active node starts one. ``-1`` for inactive nodes.
+
+    Shapes:
+        ``active``: ``[num_nodes]`` bool; returns ``[num_nodes]`` int64.
+    """
+    fusable = {"elementwise", "activation", "normalization", "cast"}
+    n = len(classes)
+    group = np.full(n, -1, dtype=np.int64)
+    fusable_group = np.zeros(n, dtype=bool)  # a group of fusable nodes (a generated pointwise kernel)
+    last_active = np.full(n, -1, dtype=np.int64)  # for inactive nodes: the active node their value comes from
+    g = 0
+    for i in range(n):
+        src = [last_active[p] if not active[p] else p for p in preds[i]]
+        src = [s for s in src if s >= 0]
+        if not active[i]:
+            last_active[i] = max(src) if src else -1
+            continue
+        producer = max(src) if src else -1
+        if classes[i] in fusable and producer >= 0 and fusable_group[group[producer]]:
+            group[i] = group[producer]
+        else:
+            group[i] = g
+            fusable_group[g] = classes[i] in fusable
+            g += 1
+    return group
+
+
+@dataclass(frozen=True)
+class Execution:
+    """How a forward pass is executed and timed: the runtime, the host that drives the GPU, and whether
+    the timed region includes the input's host-to-device copy.
+
+    Attributes:
+        runtime: one of :data:`RUNTIMES`.
+        host: the host profile.
+        input_copy: the timed region includes the input's host-to-device copy.
+    """
+
+    runtime: str = "eager"
+    host: HostProfile = field(default_factory=default_host_profile)
+    input_copy: bool = False
+
+    def __post_init__(self) -> None:
+        check_runtime(self.runtime)
+        if not isinstance(self.host, HostProfile):
+            raise DippmNasError(f"Execution.host must be a HostProfile, got {type(self.host).__name__}")
+        if not isinstance(self.input_copy, bool):
+            raise DippmNasError(f"Execution.input_copy must be true or false, got {self.input_copy!r}")
+
+    @property
+    def key(self) -> str:
+        """A short string naming this execution (cache keys)."""
+        h = self.host
+        return f"{self.runtime}|{h.name}|{h.speed:.6g}|{h.framework}|{int(self.input_copy)}"
+
+    @classmethod
+    def from_conditions(cls, conditions: Mapping[str, Any] | None,
+                        environment: Mapping[str, Any] | None = None) -> "Execution":
+        """The execution a dataset row's measurement was made under.
+
+        Reads ``conditions["runtime"]`` (or timm's ``torch_compile``: ``"dynamo"`` -> ``"compiled"``),
+        ``conditions["input_copy"]``, the framework (``conditions["framework"]``, or timm's
+        ``torch_version_tag`` ``ptXYZ``) and the host clock (``environment["host_clock_ghz"]``); what a row
+        does not record takes the default (eager, the default host profile's speed, no input copy).
+        """
+        c = dict(conditions or {})
+        env = dict(environment or {})
+        runtime = c.get("runtime")
+        if runtime is None:
+            runtime = "compiled" if str(c.get("torch_compile", "")).lower() in ("dynamo", "inductor", "true") else "eager"
+        framework = c.get("framework")
+        tag = str(c.get("torch_version_tag") or "")
+        if framework is None and tag.startswith("pt") and tag[2:3].isdigit():
+            framework = "torch-1" if tag[2] == "1" else "torch-2"
+        base = default_host_profile()
+        clock = env.get("host_clock_ghz")
+        if _finite(clock) and clock > 0:
+            host = HostProfile.from_clock(float(clock), framework=framework or base.framework)
+        else:
+            host = dataclasses.replace(base, framework=framework or base.framework)
+        return cls(runtime=str(runtime), host=host, input_copy=bool(c.get("input_copy", False)))

@@ -1,0 +1,181 @@
+"""Fitting the host model on measured eager timings: :func:`fit_host_model`.
+
+The GPU timeline of every row comes from the prior's roofline (its fitted GPU constants); the host timeline
+is the unknown. The fit minimises a robust (soft-L1) loss of ``log(predicted / measured)`` over the rows with
+five free constants on the reference host:
+
+- ``base``: host time of an operator (every kind but views), µs;
+- ``library``: extra host time of a library call (cuDNN convolution and batch norm, cuBLAS GEMM, attention), µs;
+- ``view``: host time of a view, µs;
+- ``h2d_fixed_us`` and ``h2d_gbps``: fixed time and pageable bandwidth of the host-to-device copy of an
+  input copied inside the timed region (bandwidth bounded by PCIe 3.0 x16, 16 GB/s).
+
+A pass's fixed host time outside such a copy (``iteration_us``) is not identifiable from timings whose
+timed region always holds a copy; it keeps the base model's value.
+
+Each row's host times are scaled by its execution's host profile (speed, framework generation), so rows
+from hosts of different clocks inform one set of constants.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from dippm_nas.devices import resolve_device
+from dippm_nas.errors import DippmNasError
+from dippm_nas.graph import OperatorGraph
+from dippm_nas.prior._estimate import _timelines, estimate
+from dippm_nas.prior._host import HOST_KINDS, Execution, HostModel
+from dippm_nas.prior._nodes import graph_facts, node_costs
+from dippm_nas.prior._params import PriorParams, default_params
+
+__all__ = ["HostRow", "fit_host_model", "host_model_latency_ms", "FIT_PARAMETERS"]
+
+#: The constants :func:`fit_host_model` fits, in order.
+FIT_PARAMETERS: tuple[str, ...] = ("base_us", "library_us", "view_us", "h2d_fixed_us", "h2d_gbps")
+_LIBRARY_KINDS = ("conv", "normalization", "matmul", "attention")
+
+
+@dataclass(frozen=True)
+class HostRow:
+    """One measured eager pass: the graph, the device, how it was run and timed, and its latency.
+
+    Attributes:
+        graph: the captured graph.
+        device: catalogue id of the GPU.
+        execution: runtime (must be ``"eager"``), host profile, input copy.
+        latency_ms: the measured latency of one pass, ms (> 0).
+    """
+
+    graph: OperatorGraph
+    device: str
+    execution: Execution
+    latency_ms: float
+
+    def __post_init__(self) -> None:
+        if self.execution.runtime != "eager":
+            raise DippmNasError(f"host rows must be eager timings, got runtime {self.execution.runtime!r}")
+        if not (isinstance(self.latency_ms, (int, float)) and math.isfinite(self.latency_ms) and self.latency_ms > 0):
+            raise DippmNasError(f"HostRow.latency_ms must be a finite number > 0, got {self.latency_ms!r}")
+
+
+@dataclass
+class _Prepared:
+    gpu_us: np.ndarray
+    kind: np.ndarray       # host kind index per node, -1 for nodes without host time
+    extra_kernels: np.ndarray  # kernels beyond an operator's first (each costs a launch)
+    input_bytes: float
+    copy: bool
+    scale_no_gen: float    # 1 / speed of the row's host
+    framework: str
+    y_ms: float
+
+
+def _prepare(rows: Sequence[HostRow], params: PriorParams) -> list[_Prepared]:
+    out = []
+    for r in rows:
+        dev = resolve_device(r.device)
+        if dev.kind != "gpu":
+            raise DippmNasError(f"host rows must be measured on a GPU, got device {dev.id!r} ({dev.kind})")
+        f = graph_facts(r.graph)
+        c = node_costs(r.graph, dev, params)
+        issued = (f.active & ~f.fused) | f.view
+        out.append(_Prepared(gpu_us=c.gpu_us, kind=np.where(issued, f.host_kind, -1),
+                             extra_kernels=np.where(f.active, np.maximum(c.kernels - 1.0, 0.0), 0.0),
+                             input_bytes=float(r.graph.spec.input_bytes), copy=r.execution.input_copy,
+                             scale_no_gen=1.0 / r.execution.host.speed, framework=r.execution.host.framework,
+                             y_ms=float(r.latency_ms)))
+    return out
+
+
+def _op_us(base: float, library: float, view: float) -> np.ndarray:
+    v = np.full(len(HOST_KINDS), base)
+    for k in _LIBRARY_KINDS:
+        v[HOST_KINDS.index(k)] += library
+    v[HOST_KINDS.index("view")] = view
+    return v
+
+
+def _latency_ms(x: np.ndarray, p: _Prepared, generations: Mapping[str, float], launch_us: float,
+                iteration_us: float) -> float:
+    base, library, view, h2d_fixed, h2d = x
+    k = p.scale_no_gen * generations[p.framework]
+    v = _op_us(base, library, view)
+    host = (np.where(p.kind >= 0, v[np.maximum(p.kind, 0)], 0.0) + p.extra_kernels * launch_us) * k
+    prefix = iteration_us * k + ((h2d_fixed * k + p.input_bytes / (h2d * 1e3)) if p.copy else 0.0)
+    return _timelines(p.gpu_us, host, "gpu", prefix)[0] / 1e3
+
+
+def host_model_latency_ms(model: HostModel, rows: Sequence[HostRow], params: PriorParams | None = None) -> np.ndarray:
+    """Predicted eager latency of each row with ``model`` (and the prior's GPU constants), ms.
+
+    Shapes:
+        returns ``[len(rows)]`` float64.
+    """
+    p = params if params is not None else default_params()
+    p = dataclasses.replace(p, host_model=model)
+    out = []
+    for r in rows:
+        out.append(estimate(r.graph, r.device, params=p, execution=r.execution).latency_ms)
+    return np.asarray(out, dtype=np.float64)
+
+
+def fit_host_model(rows: Sequence[HostRow], *, params: PriorParams | None = None,
+                   generations: Mapping[str, float] | None = None, base: HostModel | None = None,
+                   source: str = "", command: str = "") -> HostModel:
+    """Fit the eager host constants (:data:`FIT_PARAMETERS`) on measured rows.
+
+    Args:
+        rows: measured eager passes (at least as many as there are constants).
+        params: the prior whose GPU constants give the kernel times (default: the shipped ones).
+        generations: factor per framework generation (``{"torch-2": 1.0, "torch-1": f}``); the fitted
+            constants are for ``"torch-2"``. Default: ``base``'s, else 1 for both.
+        base: the model whose other constants (launch, CUDA-graph and compiled host times) are kept.
+        source, command: recorded in the result.
+
+    Returns:
+        A :class:`HostModel` whose ``metrics`` hold the in-sample MAPE, the log-space residual σ and the
+        fitted constants.
+
+    Raises:
+        DippmNasError: too few rows, a non-eager or non-GPU row, or a framework without a factor.
+    """
+    from scipy.optimize import least_squares
+
+    if len(rows) < len(FIT_PARAMETERS):
+        raise DippmNasError(f"fit_host_model needs at least {len(FIT_PARAMETERS)} rows, got {len(rows)}")
+    p = params if params is not None else default_params()
+    b = base if base is not None else (p.host_model or HostModel(op_us={k: 10.0 for k in HOST_KINDS}))
+    gens = dict(generations if generations is not None else b.generations)
+    prepared = _prepare(rows, p)
+    missing = sorted({q.framework for q in prepared} - set(gens))
+    if missing:
+        raise DippmNasError(f"no generation factor for frameworks {missing}; given {sorted(gens)}")
+
+    def resid(theta: np.ndarray) -> np.ndarray:
+        x = np.exp(theta)
+        return np.array([math.log(_latency_ms(x, q, gens, b.launch_us, b.iteration_us)) - math.log(q.y_ms)
+                         for q in prepared])
+
+    theta0 = np.log([15.0, 5.0, 3.0, 200.0, 5.0])
+    lo = np.log([0.1, 0.01, 0.01, 0.1, 0.5])
+    hi = np.log([1000.0, 1000.0, 200.0, 20_000.0, 16.0])
+    fit = least_squares(resid, theta0, bounds=(lo, hi), loss="soft_l1", f_scale=0.1)
+    x = np.exp(fit.x)
+    r = resid(fit.x)
+    ape = np.abs(np.exp(r) - 1.0) * 100
+    base_us, library_us, view_us, h2d_fixed_us, h2d = (float(v) for v in x)
+    op_us = dict(zip(HOST_KINDS, (float(v) for v in _op_us(base_us, library_us, view_us))))
+    metrics: dict[str, Any] = {
+        "rows": len(rows), "mape_pct_in_sample": float(ape.mean()), "median_ape_pct_in_sample": float(np.median(ape)),
+        "sigma_log_in_sample": float(np.std(r)), "fitted": dict(zip(FIT_PARAMETERS, (float(v) for v in x))),
+    }
+    return dataclasses.replace(b, op_us=op_us, h2d_fixed_us=h2d_fixed_us, h2d_gbps=h2d, generations=gens,
+                               source=source or b.source, command=command or b.command,
+                               metrics={**dict(b.metrics), **metrics})
