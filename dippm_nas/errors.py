@@ -24,6 +24,7 @@ __all__ = [
     "CheckpointError",
     "SearchSpaceError",
     "MissingDependencyError",
+    "BudgetError",
 ]
 
 
@@ -90,3 +91,7 @@ class MissingDependencyError(DippmNasError, ImportError):
 
 class InputShapeError(InputSpecError):
     """The input shape of an :class:`~dippm_nas.InputSpec` does not fit the model."""
+
+
+class BudgetError(DippmNasError, ValueError):
+    """A hardware budget or its ``k_sigma`` is invalid (:class:`~dippm_nas.budgets.Budgets`)."""
