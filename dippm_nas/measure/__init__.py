@@ -13,6 +13,7 @@ from dippm_nas.measure._cpu import CpuMeasurer
 from dippm_nas.measure._cuda import MIG_ENERGY_REASON, CudaMeasurer, CudaOps
 from dippm_nas.measure._interleave import RoundTiming, time_interleaved
 from dippm_nas.measure._isolate import measure_isolated
+from dippm_nas.measure._liveness import ActivationReference, reference_activation_peak
 from dippm_nas.measure._measurement import (
     AUTOCAST_DTYPES,
     ENERGY_SOURCES,
@@ -31,6 +32,8 @@ from dippm_nas.measure._stopping import StoppingRule, run_until_stopped, summari
 __all__ = [
     "measure",
     "measure_isolated",
+    "reference_activation_peak",
+    "ActivationReference",
     "time_interleaved",
     "profile_ops",
     "OpProfileWriter",
