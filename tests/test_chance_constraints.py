@@ -54,6 +54,9 @@ def test_default_k_sigma_is_one_and_overridable_per_budget() -> None:
 
 
 def test_missing_sigma_counts_as_zero_and_is_flagged(caplog: pytest.LogCaptureFixture) -> None:
+    import dippm_nas.budgets
+
+    dippm_nas.budgets._warn_once.reset()  # said once per process: another test may have said it already
     p = pred(energy_j=2.0, energy_j_std=None)
     with caplog.at_level(logging.WARNING, logger="dippm_nas.budgets"):
         (c,) = Budgets(energy_j=2.0, k_sigma=3).check(p).values()
