@@ -21,6 +21,7 @@ _VERBS: tuple[str, ...] = (
     "_predict",
     "_demo",
     "_validate_worker",
+    "_gpu_campaign",
 )
 
 
