@@ -73,7 +73,6 @@ import threading
 import time
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import optuna
