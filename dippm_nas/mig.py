@@ -35,12 +35,11 @@ worse resource ratio (an upper bound, ``latency_basis="scaled"``). Throughput is
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from dippm_nas._logging import WarnOnce
-from dippm_nas.budgets import DEFAULT_K_SIGMA
+from dippm_nas.budgets import DEFAULT_K_SIGMA, check_k_sigma
 from dippm_nas.devices import Device, MigProfile, resolve_device
 from dippm_nas.errors import DippmNasError
 from dippm_nas.prediction import Prediction
@@ -188,13 +187,13 @@ def advise(
         search loop can read it without a try/except.
 
     Raises:
-        DippmNasError: ``prediction`` is not a Prediction, ``k_sigma`` < 0, or an unknown ``rule``.
+        DippmNasError: ``prediction`` is not a Prediction, or an unknown ``rule``.
+        BudgetError: ``k_sigma`` negative or not finite.
         DeviceError: unknown device id (the choices are listed).
     """
     if not isinstance(prediction, Prediction):
         raise DippmNasError(f"prediction must be a dippm_nas.Prediction, got {type(prediction).__name__}")
-    if not isinstance(k_sigma, (int, float)) or isinstance(k_sigma, bool) or not math.isfinite(k_sigma) or k_sigma < 0:
-        raise DippmNasError(f"k_sigma must be a finite number >= 0, got {k_sigma!r}")
+    k_sigma = check_k_sigma(k_sigma)  # BudgetError (a DippmNasError and a ValueError) naming a bad value
     if rule not in RULES:
         raise DippmNasError(f"rule must be one of {RULES}, got {rule!r}")
     dev = resolve_device(device)
