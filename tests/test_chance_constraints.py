@@ -126,3 +126,16 @@ def test_nni_report_and_tuner_share_the_budgets(monkeypatch: pytest.MonkeyPatch)
     assert d2["feasible"] is False and d2["default"] == pytest.approx(0.9 * budget / (12.3 + 16.0))
     assert d0["feasible"] is True and d0["default"] == 0.9
     assert d2["margins"]["latency_ms"] == pytest.approx(budget - 12.3 - 16.0) and d2["latency_ms_std"] == 8.0
+
+
+@pytest.mark.parametrize("k", [-0.5, math.nan, math.inf])
+def test_every_k_sigma_entry_point_names_a_bad_value(k: float) -> None:
+    from dippm_nas.mig import advise
+
+    with pytest.raises(BudgetError, match=f"got {k!r}"):
+        advise(pred(), DEVICE, k_sigma=k)
+    optuna = pytest.importorskip("optuna")  # noqa: F841 - HardwareCostModel needs it
+    from dippm_nas.optuna import HardwareCostModel
+
+    with pytest.raises(BudgetError, match=f"got {k!r}"):
+        HardwareCostModel(DEVICE, k_sigma=k)
