@@ -25,6 +25,7 @@ __all__ = [
     "CheckpointError",
     "SearchSpaceError",
     "MissingDependencyError",
+    "BudgetError",
 ]
 
 
@@ -95,3 +96,7 @@ class MissingDependencyError(DippmNasError, ImportError):
 
 class InputShapeError(InputSpecError):
     """The input shape of an :class:`~dippm_nas.InputSpec` does not fit the model."""
+
+
+class BudgetError(DippmNasError, ValueError):
+    """A hardware budget or its ``k_sigma`` is invalid (:class:`~dippm_nas.budgets.Budgets`)."""

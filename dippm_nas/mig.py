@@ -5,8 +5,13 @@ Fit rule (``rule="dippm-nas"``, the default). A profile fits when
     memory_mib + k_sigma * memory_mib_std  <=  usable memory of the profile (MiB)
 
 where the usable memory is what ``nvidia-smi mig -lgip`` lists (a little below the name: 4.75 GiB on
-A100-40GB's ``1g.5gb``), falling back to the nominal memory for profiles without a listing, and the
-``k_sigma`` term applies only when the prediction carries a memory uncertainty. The bound is
+A100-40GB's ``1g.5gb``), falling back to the nominal memory for profiles without a listing.
+``memory_mib`` is the whole process as the GPU sees it (CUDA context, weights, the caller's input, the
+activation peak, cuBLAS / cuDNN workspaces and the caching allocator's rounding: see
+:mod:`dippm_nas.prior._memory`), and ``memory_mib_std`` its standard deviation; ``k_sigma`` defaults to
+:data:`dippm_nas.budgets.DEFAULT_K_SIGMA` (1.0), the same margin budgets use. A prediction without a
+memory std cannot have a margin: it is checked on its mean, the advice says so
+(``memory_std_missing``, and a ``note`` on each fitting profile) and a warning is logged once. The bound is
 inclusive. So on A100-40GB a model needing exactly 5 GiB (5120 MiB) does **not** fit ``1g.5gb``
 (4864 MiB usable) and its smallest fit is ``1g.10gb``; exactly 4864 MiB fits; exactly 40 GiB fits no
 profile (``7g.40gb`` offers 39.38 GiB), and the answer is "none fits" with the reason, never an error.
@@ -30,10 +35,11 @@ worse resource ratio (an upper bound, ``latency_basis="scaled"``). Throughput is
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from dippm_nas._logging import WarnOnce
+from dippm_nas.budgets import DEFAULT_K_SIGMA, check_k_sigma
 from dippm_nas.devices import Device, MigProfile, resolve_device
 from dippm_nas.errors import DippmNasError
 from dippm_nas.prediction import Prediction
@@ -45,6 +51,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["advise", "MigAdvice", "ProfileAdvice", "RULES", "DIPPM_LADDER"]
 
 logger = logging.getLogger(__name__)
+_warn_once = WarnOnce(logger)
 
 Rule = Literal["dippm-nas", "dippm"]
 #: Fit rules :func:`advise` knows.
@@ -72,6 +79,8 @@ class ProfileAdvice:
         throughput_samples_per_s: aggregate samples/s of ``instances_per_gpu`` instances (``None`` when
             the latency is unknown).
         reason: why it does not fit or is not eligible ("" otherwise).
+        note: what a fit rests on when it has no margin for the prediction's error (no memory std);
+            "" otherwise.
     """
 
     profile: str
@@ -86,6 +95,7 @@ class ProfileAdvice:
     latency_basis: str
     throughput_samples_per_s: float | None
     reason: str = ""
+    note: str = ""
 
 
 @dataclass(frozen=True)
@@ -99,6 +109,7 @@ class MigAdvice:
         k_sigma: the uncertainty multiplier (``dippm-nas`` rule only).
         memory_needed_mib: memory the fit is checked with (prediction plus ``k_sigma`` std when known), MiB.
         memory_std_mib: the prediction's memory std, MiB (``None`` when it has none).
+        memory_std_missing: the prediction has no memory std, so fits were checked without a margin.
         profiles: one :class:`ProfileAdvice` per profile, in the device's order.
         smallest_fit: name of the smallest fitting profile, ``None`` when none fits.
         reason: why there is no fit (or no MIG); "" when there is one.
@@ -113,6 +124,7 @@ class MigAdvice:
     profiles: tuple[ProfileAdvice, ...]
     smallest_fit: str | None
     reason: str = ""
+    memory_std_missing: bool = False
 
     @property
     def fitting(self) -> list[str]:
@@ -154,7 +166,7 @@ def _slice_latency(
 
 
 def advise(
-    prediction: Prediction, device: Device | str, *, k_sigma: float = 2.0, rule: Rule = "dippm-nas",
+    prediction: Prediction, device: Device | str, *, k_sigma: float = DEFAULT_K_SIGMA, rule: Rule = "dippm-nas",
     graph: "OperatorGraph | None" = None, tf32_conv: bool = True, tf32_matmul: bool = False,
     channels_last: bool = False, params: "PriorParams | None" = None, runtime: str = "eager",
     host: Any = None,
@@ -164,8 +176,8 @@ def advise(
     Args:
         prediction: a :class:`~dippm_nas.prediction.Prediction` of the model on the full GPU.
         device: a MIG-capable device or its id (other devices get ``supported=False`` with a reason).
-        k_sigma: memory safety margin in standard deviations, used when the prediction has
-            ``memory_mib_std`` (``dippm-nas`` rule). Must be >= 0.
+        k_sigma: memory safety margin in standard deviations of ``memory_mib_std`` (``dippm-nas`` rule);
+            default 1.0. Must be >= 0.
         rule: ``"dippm-nas"`` (usable memory, uncertainty, every profile) or ``"dippm"`` (DIPPM's
             memory-only ladder with inclusive bounds); see the module docstring.
         graph: the captured graph; when given, slice latencies come from the prior re-run on each slice.
@@ -176,17 +188,22 @@ def advise(
         search loop can read it without a try/except.
 
     Raises:
-        DippmNasError: ``prediction`` is not a Prediction, ``k_sigma`` < 0, or an unknown ``rule``.
+        DippmNasError: ``prediction`` is not a Prediction, or an unknown ``rule``.
+        BudgetError: ``k_sigma`` negative or not finite.
         DeviceError: unknown device id (the choices are listed).
     """
     if not isinstance(prediction, Prediction):
         raise DippmNasError(f"prediction must be a dippm_nas.Prediction, got {type(prediction).__name__}")
-    if not isinstance(k_sigma, (int, float)) or isinstance(k_sigma, bool) or not math.isfinite(k_sigma) or k_sigma < 0:
-        raise DippmNasError(f"k_sigma must be a finite number >= 0, got {k_sigma!r}")
+    k_sigma = check_k_sigma(k_sigma)  # BudgetError (a DippmNasError and a ValueError) naming a bad value
     if rule not in RULES:
         raise DippmNasError(f"rule must be one of {RULES}, got {rule!r}")
     dev = resolve_device(device)
     std = prediction.memory_mib_std
+    std_missing = rule == "dippm-nas" and std is None
+    if std_missing and dev.has_mig:
+        _warn_once(f"no-memory-std:{prediction.memory_source}",
+                   "the memory prediction (source %r) has no standard deviation: MIG fits are checked on the "
+                   "mean, with no margin for its error (MigAdvice.memory_std_missing)", prediction.memory_source)
     if rule == "dippm":
         need = float(prediction.memory_mib)
     else:
@@ -217,20 +234,24 @@ def advise(
             reason = "fits, but not on DIPPM's profile ladder (1g/1, 2g/2, 3g/4, 7g/8 slices)"
         else:
             reason = ""
+        note = (f"fits with {limit - need:.0f} MiB headroom and no margin for the prediction's error (the "
+                f"{prediction.memory_source} memory figure has no std)") if fits and std_missing else ""
         out.append(ProfileAdvice(
             profile=p.name, compute_slices=p.compute_slices, memory_slices=p.memory_slices,
             sms=dev.profile_sms(p), memory_limit_mib=limit, fits=fits, memory_headroom_mib=limit - need,
             instances_per_gpu=p.max_instances, latency_ms=latency, latency_basis=basis,
-            throughput_samples_per_s=thr, reason=reason,
+            throughput_samples_per_s=thr, reason=reason, note=note,
         ))
 
     eligible = [(a, p) for a, p in zip(out, dev.mig_profiles) if a.fits and a.reason == ""]
     if eligible:
         best = min(eligible, key=lambda ap: (ap[0].memory_limit_mib, ap[1].compute_slices, ap[1].media_extensions))
         return MigAdvice(device=dev.id, supported=True, rule=rule, k_sigma=float(k_sigma), memory_needed_mib=need,
-                         memory_std_mib=std, profiles=tuple(out), smallest_fit=best[0].profile)
+                         memory_std_mib=std, profiles=tuple(out), smallest_fit=best[0].profile,
+                         memory_std_missing=std_missing)
     largest = max(out, key=lambda a: a.memory_limit_mib)
     reason = (f"none fits: the model needs {need:.0f} MiB but the largest profile {largest.profile} offers "
               f"{largest.memory_limit_mib:.0f} MiB ({'usable' if rule == 'dippm-nas' else 'nominal'})")
     return MigAdvice(device=dev.id, supported=True, rule=rule, k_sigma=float(k_sigma), memory_needed_mib=need,
-                     memory_std_mib=std, profiles=tuple(out), smallest_fit=None, reason=reason)
+                     memory_std_mib=std, profiles=tuple(out), smallest_fit=None, reason=reason,
+                     memory_std_missing=std_missing)

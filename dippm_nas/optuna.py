@@ -28,18 +28,23 @@ Objective values
     ``[*your_directions, *cost.directions]`` and its metric names ``[*your_names, *cost.objectives]``;
     :meth:`HardwareCostModel.create_study` sets both (with ``study.set_metric_names``).
 
-Constraints (Optuna's convention: a value ``<= 0`` is feasible)
-    - ``latency_ms``: predicted latency minus ``budgets.latency_ms``;
-    - ``energy_j``: predicted energy minus ``budgets.energy_j``;
-    - ``memory_mib``: predicted memory plus ``k_sigma`` standard deviations (when the prediction has
-      one) minus the usable memory of the MIG profile ``budgets.mig_profile`` (the MIG advisor's rule,
+Constraints (chance constraints, :mod:`dippm_nas.budgets`; Optuna's convention: a value ``<= 0`` is feasible)
+    Each budget set is met when the predicted figure plus ``k`` standard deviations is within it, and the
+    constraint value is ``mean + k * std - budget`` in the figure's unit:
+
+    - ``latency_ms``: ``latency_ms + k * latency_ms_std - budgets.latency_ms`` (ms);
+    - ``energy_j``: ``energy_j + k * energy_j_std - budgets.energy_j`` (J);
+    - ``memory_mib``: ``memory_mib + k * memory_mib_std`` minus the smaller of ``budgets.memory_mib`` and
+      the usable memory of the MIG profile ``budgets.mig_profile`` (MiB; the MIG advisor's rule,
       :mod:`dippm_nas.mig`).
 
-    Only the budgets you set become constraints, always in that order (:attr:`constraint_names`). On
-    Optuna >= 5 :meth:`~HardwareCostModel.evaluate` registers them with ``trial.set_constraint``; on
-    Optuna 4.x pass ``constraints_func=cost.constraints_func`` to the sampler (TPE, NSGA-II, NSGA-III,
-    GP). An infeasible candidate is reported as a violation and never pruned: pruning it would hide it
-    from the sampler, which then drifts toward small networks.
+    ``k`` is ``budgets.k_sigma`` (default 1.0) or the figure's entry of ``budgets.k_sigmas``. A prediction
+    without a std for a budgeted figure is checked with std 0, recorded as ``std_missing_<figure>`` and
+    warned about once. Only the budgets you set become constraints, always in that order
+    (:attr:`constraint_names`). On Optuna >= 5 :meth:`~HardwareCostModel.evaluate` registers them with
+    ``trial.set_constraint``; on Optuna 4.x pass ``constraints_func=cost.constraints_func`` to the sampler
+    (TPE, NSGA-II, NSGA-III, GP). An infeasible candidate is reported as a violation and never pruned:
+    pruning it would hide it from the sampler, which then drifts toward small networks.
 
 User attributes set on every evaluated trial (units in the keys)
     ``predicted_latency_ms``, ``predicted_latency_ms_std``, ``latency_source``, ``predicted_energy_j``,
@@ -47,7 +52,9 @@ User attributes set on every evaluated trial (units in the keys)
     ``memory_source`` (sources: ``"predicted"``, ``"analytic"``, ``"calibrated"``, ``"unavailable"``;
     a std is ``None`` when the source gives none), ``predicted_device``, ``mig_smallest_fit`` (``None``
     when nothing fits or the device has no MIG), ``constraint_latency_ms`` / ``constraint_energy_j`` /
-    ``constraint_memory_mib`` (only for the budgets set), ``feasible``, ``cost_model_s`` (seconds of
+    ``constraint_memory_mib`` and, per budget set, ``budget_<figure>`` (the limit), ``k_sigma_<figure>``,
+    ``margin_<figure>`` (``budget - mean - k * std``, ``>= 0`` feasible) and ``std_missing_<figure>``;
+    ``feasible``, ``cost_model_s`` (seconds of
     conversion and prediction for this trial, before these attributes are written; with
     :meth:`~HardwareCostModel.submit` and background workers that work overlaps the objective, and
     :attr:`~HardwareCostModel.seconds` counts only the caller's waits), ``input_spec`` (:meth:`InputSpec.to_dict`), and, for models built
@@ -58,6 +65,7 @@ User attributes set on every evaluated trial (units in the keys)
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -65,12 +73,12 @@ import threading
 import time
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import optuna
 
 from dippm_nas._logging import WarnOnce
+from dippm_nas.budgets import Budgets, check_k_sigma, trial_attrs
 from dippm_nas.errors import DippmNasError
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.prediction import Prediction
@@ -141,46 +149,6 @@ def rdb_storage(url: str, **engine_kwargs: Any) -> optuna.storages.RDBStorage:
     return storage
 
 
-def _finite_budget(name: str, value: Any) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise DippmNasError(f"budget {name} must be a finite number > 0 or None, got {value!r}")
-    return float(value)
-
-
-@dataclass(frozen=True)
-class Budgets:
-    """Hardware budgets a candidate must meet; ``None`` means no constraint on that figure.
-
-    Attributes:
-        latency_ms: most predicted latency of one batch, ms.
-        energy_j: most predicted energy of one batch, J.
-        mig_profile: a MIG profile of the device, e.g. ``"1g.5gb"``; the candidate's predicted memory
-            (plus ``k_sigma`` standard deviations) must fit its usable memory.
-    """
-
-    latency_ms: float | None = None
-    energy_j: float | None = None
-    mig_profile: str | None = None
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "latency_ms", _finite_budget("latency_ms", self.latency_ms))
-        object.__setattr__(self, "energy_j", _finite_budget("energy_j", self.energy_j))
-        if self.mig_profile is not None and (not isinstance(self.mig_profile, str) or not self.mig_profile):
-            raise DippmNasError(f"budget mig_profile must be a profile name like '1g.5gb' or None, "
-                                f"got {self.mig_profile!r}")
-
-    @classmethod
-    def from_mapping(cls, d: Mapping[str, Any]) -> "Budgets":
-        """``Budgets(**d)`` with a clear error for unknown keys."""
-        valid = ("latency_ms", "energy_j", "mig_profile")
-        unknown = sorted(set(d) - set(valid))
-        if unknown:
-            raise DippmNasError(f"unknown budget keys {unknown}; valid keys are {list(valid)}")
-        return cls(**dict(d))
-
-
 def _jsonable(value: Any, what: str) -> Any:
     """``json.loads(json.dumps(value))``; a value that is not plain JSON data is an error."""
     try:
@@ -196,11 +164,13 @@ class HardwareCostModel:
     Args:
         device: catalogue id of the target device (``dippm-nas devices`` lists them); default
             ``"a100-sxm4-40gb"``.
-        budgets: a :class:`Budgets` (or a mapping with its keys); each budget set becomes a constraint.
+        budgets: a :class:`~dippm_nas.budgets.Budgets` (or a mapping with its keys); each budget set
+            becomes a chance constraint (see the module docstring).
         objectives: predicted figures returned by :meth:`evaluate`, in order; any of :data:`OBJECTIVES`.
             Default ``("latency_ms", "energy_j")``. ``()`` returns nothing (constraints only).
-        k_sigma: memory standard deviations added before checking the MIG profile (as in
-            :func:`dippm_nas.mig.advise`); used only when a prediction has a memory std. Default 2.
+        k_sigma: when given, replaces ``budgets.k_sigma`` (standard deviations added to every budgeted
+            figure; the per-figure ``budgets.k_sigmas`` still win). ``None`` (default) keeps the budgets'
+            own, 1.0 unless set. The MIG advice of each prediction uses the memory figure's ``k``.
         cache: the conversion cache, as in :func:`dippm_nas.capture` (``True``: the default cache,
             shared by every process on the same cache URL).
         constraint_api: one of :data:`CONSTRAINT_API`; default ``"auto"``.
@@ -226,7 +196,7 @@ class HardwareCostModel:
         budgets: Budgets | Mapping[str, Any] | None = None,
         *,
         objectives: Sequence[str] = ("latency_ms", "energy_j"),
-        k_sigma: float = 2.0,
+        k_sigma: float | None = None,
         cache: Any = True,
         constraint_api: Literal["auto", "set_constraint", "constraints_func"] = "auto",
         background_workers: int = 0,
@@ -240,12 +210,9 @@ class HardwareCostModel:
         self.device: str = dev.id
         self.runtime: str = check_runtime(runtime)
         self.host = resolve_host_profile(host)
-        if budgets is None:
-            budgets = Budgets()
-        elif isinstance(budgets, Mapping):
-            budgets = Budgets.from_mapping(budgets)
-        elif not isinstance(budgets, Budgets):
-            raise DippmNasError(f"budgets must be a Budgets, a mapping or None, got {type(budgets).__name__}")
+        budgets = Budgets.coerce(budgets)
+        if k_sigma is not None:
+            budgets = dataclasses.replace(budgets, k_sigma=check_k_sigma(k_sigma))
         self.budgets: Budgets = budgets
         if isinstance(objectives, str):
             raise DippmNasError(f"objectives must be a sequence of names, got the string {objectives!r}")
@@ -254,10 +221,8 @@ class HardwareCostModel:
         if bad or len(set(objectives)) != len(objectives):
             raise DippmNasError(f"objectives must be distinct names from {list(OBJECTIVES)}, got {list(objectives)}")
         self.objectives: tuple[str, ...] = objectives
-        if isinstance(k_sigma, bool) or not isinstance(k_sigma, (int, float)) or not math.isfinite(k_sigma) \
-                or k_sigma < 0:
-            raise DippmNasError(f"k_sigma must be a finite number >= 0, got {k_sigma!r}")
-        self.k_sigma = float(k_sigma)
+        #: standard deviations of memory the MIG advice of each prediction adds (the memory budget's ``k``)
+        self.k_sigma = budgets.k_for("memory_mib")
         if constraint_api not in CONSTRAINT_API:
             raise DippmNasError(f"constraint_api must be one of {CONSTRAINT_API}, got {constraint_api!r}")
         if constraint_api == "set_constraint" and not optuna_has_set_constraint():
@@ -281,21 +246,9 @@ class HardwareCostModel:
             )
         self._mig_limit_mib: float | None = None
         if budgets.mig_profile is not None:
-            if not dev.has_mig:
-                raise DippmNasError(f"budget mig_profile={budgets.mig_profile!r} needs a device with MIG; "
-                                    f"{dev.id!r} has none")
-            names = [p.name for p in dev.mig_profiles]
-            if budgets.mig_profile not in names:
-                raise DippmNasError(f"unknown MIG profile {budgets.mig_profile!r} of {dev.id!r}; choices: {names}")
+            budgets.memory_limit(dev)  # a profile the device lacks fails here, with the choices
             self._mig_limit_mib = next(p for p in dev.mig_profiles if p.name == budgets.mig_profile).usable_memory_mib
-
-        names = []
-        if budgets.latency_ms is not None:
-            names.append("latency_ms")
-        if budgets.energy_j is not None:
-            names.append("energy_j")
-        if budgets.mig_profile is not None:
-            names.append("memory_mib")
+        names = list(budgets.names)
         #: Names of the constraints, in the order :meth:`constraints_func` returns them.
         self.constraint_names: tuple[str, ...] = tuple(names)
         self._lock = threading.Lock()
@@ -357,27 +310,21 @@ class HardwareCostModel:
 
     # ------------------------------------------------------------------ constraints
     def constraints(self, prediction: Prediction) -> dict[str, float]:
-        """Constraint values of one prediction, ``{name: value}`` in :attr:`constraint_names` order (<= 0 feasible).
+        """Constraint values of one prediction, ``{name: mean + k * std - budget}`` in :attr:`constraint_names`
+        order (<= 0 feasible; ms, J, MiB).
 
         Raises:
             DippmNasError: the prediction is for another device, or a budgeted figure is missing.
         """
+        return {n: c.value for n, c in self._checks(prediction).items()}
+
+    def _checks(self, prediction: Prediction) -> dict[str, Any]:
         if prediction.device != self.device:
             raise DippmNasError(f"the prediction is for {prediction.device!r}, this cost model for {self.device!r}")
-        out: dict[str, float] = {}
-        b = self.budgets
-        if b.latency_ms is not None:
-            out["latency_ms"] = float(prediction.latency_ms) - b.latency_ms
-        if b.energy_j is not None:
-            if prediction.energy_j is None:
-                raise DippmNasError(f"an energy budget needs an energy prediction; {self.device!r} gave none "
-                                    f"(energy_source={prediction.energy_source!r})")
-            out["energy_j"] = float(prediction.energy_j) - b.energy_j
-        if self._mig_limit_mib is not None:
-            std = prediction.memory_mib_std
-            need = float(prediction.memory_mib) + (self.k_sigma * std if std is not None else 0.0)
-            out["memory_mib"] = need - self._mig_limit_mib
-        return out
+        if self.budgets.energy_j is not None and prediction.energy_j is None:
+            raise DippmNasError(f"an energy budget needs an energy prediction; {self.device!r} gave none "
+                                f"(energy_source={prediction.energy_source!r})")
+        return self.budgets.check(prediction)
 
     def constraints_func(self, trial: optuna.trial.FrozenTrial) -> list[float]:
         """For Optuna 4.x samplers (``TPESampler(constraints_func=cost.constraints_func)``).
@@ -424,7 +371,8 @@ class HardwareCostModel:
     # ------------------------------------------------------------------ evaluation
     def _record(self, trial: Any, pred: Prediction, spec: InputSpec, space: str | None, config: Any,
                 seconds: float) -> tuple[float, ...]:
-        cons = self.constraints(pred)
+        checks = self._checks(pred)
+        cons = {n: c.value for n, c in checks.items()}
         values = []
         for o in self.objectives:
             v = getattr(pred, o)
@@ -453,6 +401,7 @@ class HardwareCostModel:
         }
         for name, v in cons.items():
             attrs[f"constraint_{name}"] = v
+        attrs.update(trial_attrs(checks))
         if pred.unknown_ops:
             attrs["unknown_ops"] = dict(pred.unknown_ops)
         if space is not None:
@@ -713,7 +662,7 @@ class HardwareCostModel:
 
     def __repr__(self) -> str:
         return (f"HardwareCostModel(device={self.device!r}, objectives={self.objectives}, budgets={self.budgets}, "
-                f"k_sigma={self.k_sigma:g})")
+                f"k_sigma={self.budgets.k_sigma:g})")
 
 
 class PendingEvaluation:

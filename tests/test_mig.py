@@ -82,10 +82,10 @@ def test_larger_than_the_device_is_an_answer_not_an_error() -> None:
 
 def test_uncertainty_moves_the_choice_up() -> None:
     p = pred(4000.0, std=500.0)  # 4000 + 2 * 500 = 5000 > 4864
-    assert advise(p, "a100-sxm4-40gb").smallest_fit == "1g.10gb"
+    assert advise(p, "a100-sxm4-40gb", k_sigma=2.0).smallest_fit == "1g.10gb"
     assert advise(p, "a100-sxm4-40gb", k_sigma=0.0).smallest_fit == "1g.5gb"
-    a = advise(p, "a100-sxm4-40gb", k_sigma=1.0)
-    assert a.memory_needed_mib == 4500.0 and a.smallest_fit == "1g.5gb"
+    a = advise(p, "a100-sxm4-40gb")  # the default k_sigma is the budgets' 1.0
+    assert a.k_sigma == 1.0 and a.memory_needed_mib == 4500.0 and a.smallest_fit == "1g.5gb"
 
 
 def test_smallest_fit_prefers_fewer_compute_slices_and_no_media_engines() -> None:

@@ -25,7 +25,7 @@ import dippm_nas
 from dippm_nas.errors import DippmNasError, InputSpecError, MissingDependencyError, SearchSpaceError
 from dippm_nas.mig import advise
 from dippm_nas.nni import (
-    LOOPBACK_PRELOAD_JS, METRIC_KEYS, PARAMETERS_KEY, Constraints, final_metrics, free_port, loopback_only,
+    LOOPBACK_PRELOAD_JS, METRIC_KEYS, PARAMETERS_KEY, Budgets, Constraints, final_metrics, free_port, loopback_only,
     mig_label, model_from_parameters, parse_search_space, scalarize, write_loopback_preload,
 )
 from dippm_nas.prediction import Prediction
@@ -71,32 +71,50 @@ def mlp(hidden: list[int], batch_size: int = 32):
 def test_scalarize_is_accuracy_without_constraints_or_within_them() -> None:
     p = pred(latency_ms=2.0)
     assert scalarize(0.8, p) == 0.8
-    assert scalarize(0.8, p, Constraints()) == 0.8
-    assert scalarize(0.8, p, Constraints(max_latency_ms=2.0, max_memory_mib=5000)) == 0.8  # bound inclusive
+    assert scalarize(0.8, p, Budgets()) == 0.8
+    assert scalarize(0.8, p, Budgets(latency_ms=2.0, memory_mib=5000)) == 0.8  # bound inclusive
 
 
 def test_scalarize_penalises_each_violation_by_limit_over_value() -> None:
     p = pred(latency_ms=4.0, energy_j=1.5, memory_mib=1000.0)
     # latency 2x over -> x 1/2; energy 3x over -> x 1/3; memory within -> x 1
-    c = Constraints(max_latency_ms=2.0, max_energy_j=0.5, max_memory_mib=2000.0)
+    c = Budgets(latency_ms=2.0, energy_j=0.5, memory_mib=2000.0)
     assert scalarize(0.9, p, c) == pytest.approx(0.9 / 2 / 3)
     # MnasNet's soft setting: the same exponent on both sides rewards slack
-    assert scalarize(0.9, p, Constraints(max_memory_mib=2000.0), reward_exponent=-0.07,
+    assert scalarize(0.9, p, Budgets(memory_mib=2000.0), reward_exponent=-0.07,
                      penalty_exponent=-0.07) == pytest.approx(0.9 * 0.5 ** -0.07)
-    assert scalarize(0.9, p, Constraints(max_latency_ms=2.0), penalty_exponent=-0.07) == pytest.approx(
+    assert scalarize(0.9, p, Budgets(latency_ms=2.0), penalty_exponent=-0.07) == pytest.approx(
         0.9 * 2 ** -0.07)
 
 
-def test_scalarize_mig_constraint_uses_the_advisor_fit() -> None:
+def test_scalarize_adds_k_sigma_std_to_the_mean() -> None:
+    p = Prediction(**{**pred(latency_ms=2.0).__dict__, "latency_ms_std": 1.0})
+    assert scalarize(0.9, p, Budgets(latency_ms=2.5, k_sigma=0)) == 0.9
+    assert scalarize(0.9, p, Budgets(latency_ms=2.5, k_sigma=2)) == pytest.approx(0.9 * 2.5 / 4.0)
+
+
+def test_scalarize_mig_budget_uses_the_profiles_usable_memory() -> None:
     small, big = pred(memory_mib=3000.0), pred(memory_mib=9728.0)  # 9.5 GiB
-    c = Constraints(mig_profile="1g.5gb")
+    c = Budgets(mig_profile="1g.5gb")
     assert c.feasible(small) and scalarize(0.7, small, c) == 0.7
     usable = big.mig.profile("1g.5gb").memory_limit_mib
     assert not c.feasible(big)
     assert scalarize(0.7, big, c) == pytest.approx(0.7 * usable / 9728.0)
-    assert c.violations(big)["mig:1g.5gb"] == pytest.approx(9728.0 / usable - 1)
+    (chk,) = c.check(big).values()
+    assert chk.limit_source == "mig:1g.5gb" and chk.value == pytest.approx(9728.0 - usable)
     with pytest.raises(DippmNasError, match="1g.10gb"):  # unknown profile lists the device's
-        Constraints(mig_profile="9g.99gb").ratios(big)
+        Budgets(mig_profile="9g.99gb").ratios(big)
+
+
+def test_constraints_is_a_deprecated_alias_of_budgets() -> None:
+    with pytest.warns(DeprecationWarning, match="Budgets"):
+        c = Constraints(max_latency_ms=2.0, max_memory_mib=100.0)
+    assert c == Budgets(latency_ms=2.0, memory_mib=100.0)
+    with pytest.warns(DeprecationWarning, match=r"budgets=Budgets\(latency_ms=1.0\)"):
+        d = final_metrics(0.5, *mlp([64]), max_latency_ms=1.0)
+    assert set(d) == set(METRIC_KEYS)
+    with pytest.raises(DippmNasError, match="give the budgets once"):
+        final_metrics(0.5, *mlp([64]), budgets=Budgets(latency_ms=1.0), max_latency_ms=1.0)
 
 
 @pytest.mark.parametrize("bad", [
@@ -107,17 +125,16 @@ def test_scalarize_rejects_bad_input(bad: dict) -> None:
     kw = {"accuracy": 0.5, **bad}
     acc = kw.pop("accuracy")
     with pytest.raises(DippmNasError, match="accuracy|exponent"):
-        scalarize(acc, pred(), Constraints(max_latency_ms=1.0), **kw)
+        scalarize(acc, pred(), Budgets(latency_ms=1.0), **kw)
 
 
-def test_constraints_reject_bad_bounds_and_uncheckable_ones() -> None:
-    with pytest.raises(DippmNasError, match="max_latency_ms must be"):
-        Constraints(max_latency_ms=0)
-    with pytest.raises(DippmNasError, match="max_energy_j"):
-        Constraints(max_energy_j=1.0).ratios(pred(energy_j=None, device="host-cpu"))
-    with pytest.raises(DippmNasError, match="does not support MIG"):
-        p = pred(device="rtx-4090")
-        Constraints(mig_profile="1g.5gb").ratios(Prediction(**{**p.__dict__, "mig": advise(p, "rtx-4090")}))
+def test_budgets_reject_bad_bounds_and_uncheckable_ones() -> None:
+    with pytest.raises(DippmNasError, match="latency_ms must be"):
+        Budgets(latency_ms=0)
+    with pytest.raises(DippmNasError, match="energy_j"):
+        Budgets(energy_j=1.0).ratios(pred(energy_j=None, device="host-cpu"))
+    with pytest.raises(DippmNasError, match="needs a device with MIG"):
+        Budgets(mig_profile="1g.5gb").ratios(pred(device="rtx-4090"))
 
 
 # ------------------------------------------------------------------------------ report dict
@@ -125,7 +142,7 @@ def test_constraints_reject_bad_bounds_and_uncheckable_ones() -> None:
 def test_final_metrics_holds_every_figure_of_predict() -> None:
     model, spec = mlp([256, 256])
     p = dippm_nas.predict(model, spec)
-    d = final_metrics(0.75, model, spec, max_latency_ms=p.latency_ms / 2)
+    d = final_metrics(0.75, model, spec, budgets=Budgets(latency_ms=p.latency_ms / 2, k_sigma=0))
     assert tuple(d) == METRIC_KEYS
     assert d["accuracy"] == 0.75
     assert (d["latency_ms"], d["energy_j"], d["memory_mib"]) == (p.latency_ms, p.energy_j, p.memory_mib)
@@ -138,7 +155,9 @@ def test_final_metrics_holds_every_figure_of_predict() -> None:
     assert d["feasible"] is False
     assert d["default"] == pytest.approx(0.75 / 2)  # latency twice the bound halves the score
     json.dumps(d)  # NNI sends it as JSON
-    ok = final_metrics(0.75, model, spec, max_latency_ms=p.latency_ms * 2)
+    assert d["margins"] == {"latency_ms": pytest.approx(-p.latency_ms / 2)}
+    assert d["latency_ms_std"] == p.latency_ms_std
+    ok = final_metrics(0.75, model, spec, budgets={"latency_ms": p.latency_ms * 2, "k_sigma": 0})
     assert ok["default"] == 0.75 and ok["feasible"] is True
 
 
@@ -153,7 +172,7 @@ def test_report_sends_the_dict_to_nni(monkeypatch: pytest.MonkeyPatch) -> None:
     sent: list = []
     monkeypatch.setattr(nni, "report_final_result", sent.append)
     model, spec = mlp([64])
-    d = dippm_nas.nni.report(0.5, model, spec, max_memory_mib=100_000)
+    d = dippm_nas.nni.report(0.5, model, spec, budgets=Budgets(memory_mib=100_000))
     assert sent == [d] and set(d) == set(METRIC_KEYS) and d["default"] == 0.5
 
 
@@ -211,7 +230,8 @@ def make_tuner(**kw):
     needs_nni()
     from dippm_nas.nni import HardwareAwareTuner
 
-    args = dict(builder="mlp", base_config=BASE, batch_size=32, max_latency_ms=1.0, seed=0, population_size=4)
+    args = dict(builder="mlp", base_config=BASE, batch_size=32, budgets={"latency_ms": 1.0}, seed=0,
+                population_size=4)
     args.update(kw)
     return HardwareAwareTuner(**args)
 
@@ -223,7 +243,7 @@ def test_tuner_skips_infeasible_config_and_never_proposes_anything_twice() -> No
     # the bound sits between the feasible configs and the big one, whatever the shipped checkpoint predicts
     bound = math.sqrt(lat[str(big)] * max(lat["[64]"], lat["[256, 256]"]))
     assert lat[str(big)] > bound > max(lat["[64]"], lat["[256, 256]"])  # the premise
-    t = make_tuner(max_latency_ms=bound)
+    t = make_tuner(budgets={"latency_ms": bound, "k_sigma": 0})
     t.update_search_space({"hidden": {"_type": "choice", "_value": [[64], big, [256, 256]]},
                            "lr": {"_type": "choice", "_value": [0.1]}})
     proposed = []
@@ -242,11 +262,12 @@ def test_tuner_skips_infeasible_config_and_never_proposes_anything_twice() -> No
     assert len(s.infeasible_configs) == 1 and json.loads(s.infeasible_configs[0])["hidden"] == big
     told = [tr for tr in t.study.trials if tr.user_attrs.get("dippm_status") == "skipped_infeasible"]
     assert len(told) == 1 and told[0].values[0] == -math.inf and told[0].constraints["latency_ms"] > 0
+    assert told[0].user_attrs["margin_latency_ms"] == pytest.approx(-told[0].constraints["latency_ms"])
 
 
 def test_tuner_tells_optuna_trial_and_predicted_objectives() -> None:
     t = make_tuner(objectives=["accuracy", "latency_ms", "memory_mib"],
-                   directions=["maximize", "minimize", "minimize"], max_latency_ms=None)
+                   directions=["maximize", "minimize", "minimize"], budgets=None)
     t.update_search_space({"hidden": {"_type": "choice", "_value": [[64]]}})
     p = t.generate_parameters(0)
     pr = p[PARAMETERS_KEY]["predicted"]
@@ -257,7 +278,7 @@ def test_tuner_tells_optuna_trial_and_predicted_objectives() -> None:
 
 
 def test_tuner_failures_and_missing_objective_are_counted_not_dropped() -> None:
-    t = make_tuner(max_latency_ms=None, sampler="random", population_size=None)
+    t = make_tuner(budgets=None, sampler="random", population_size=None)
     t.update_search_space({"hidden": {"_type": "choice", "_value": [[64], [128], [256]]}})
     a, b = t.generate_parameters(0), t.generate_parameters(1)
     t.trial_end(0, success=False)
@@ -297,10 +318,10 @@ def test_tuner_loads_by_class_path_like_nnis_dispatcher(tmp_path: Path) -> None:
     stats = tmp_path / "stats.json"
     t = create_customized_class_instance({
         "codeDirectory": str(tmp_path), "className": "dippm_nas.nni.HardwareAwareTuner",
-        "classArgs": {"builder": "mlp", "base_config": BASE, "max_latency_ms": 1.0, "seed": 1,
-                      "stats_file": str(stats)},
+        "classArgs": {"builder": "mlp", "base_config": BASE, "budgets": {"latency_ms": 1.0, "k_sigma": 2},
+                      "seed": 1, "stats_file": str(stats)},
     })
-    assert isinstance(t, HardwareAwareTuner) and t.constraints.max_latency_ms == 1.0
+    assert isinstance(t, HardwareAwareTuner) and t.budgets == Budgets(latency_ms=1.0, k_sigma=2)
     t.update_search_space({"hidden": {"_type": "choice", "_value": [[64]]}})
     t.generate_parameters(0)
     assert json.loads(stats.read_text())["proposed"] == 1
@@ -405,7 +426,7 @@ def test_yaml_config_is_the_python_examples_experiment() -> None:
     spec = importlib.util.spec_from_file_location("nni_example_trial", EXAMPLES / "trial.py")
     trial = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(trial)
-    assert trial.MAX_LATENCY_MS == run_hpo.TUNER_ARGS["max_latency_ms"]
+    assert trial.BUDGETS == run_hpo.TUNER_ARGS["budgets"]
 
 
 def _listeners(port: int) -> list:

@@ -150,7 +150,10 @@ def test_evaluate_records_attrs_and_constraints(fake_predict: list[Any]) -> None
     assert t.constraints == pytest.approx({"latency_ms": 0.0, "energy_j": 0.05, "memory_mib": 5000.0 - LIMIT_1G5GB})
     assert cost.constraint_names == ("latency_ms", "energy_j", "memory_mib")
     assert cost.evaluations == 1 and cost.seconds > 0
-    assert fake_predict[0][3]["k_sigma"] == 2.0 and fake_predict[0][3]["mig"] is True
+    assert fake_predict[0][3]["k_sigma"] == 1.0 and fake_predict[0][3]["mig"] is True  # DEFAULT_K_SIGMA
+    # the chance-constraint record: no std here, so it is taken as 0 and said so
+    assert a["budget_latency_ms"] == 1.0 and a["k_sigma_latency_ms"] == 1.0 and a["std_missing_latency_ms"] is True
+    assert a["margin_memory_mib"] == pytest.approx(LIMIT_1G5GB - 5000.0)
 
 
 def test_memory_constraint_adds_k_sigma_std_like_the_mig_advisor() -> None:

@@ -15,7 +15,7 @@ __all__ = ["register"]
 
 logger = logging.getLogger(__name__)
 
-_IMPORTERS = ("accel-nasbench", "timm", "ryujaehun", "neusight", "vidur")
+_IMPORTERS = ("accel-nasbench", "timm", "ryujaehun", "neusight", "vidur", "campaign")
 _FAMILIES = ("mbconv", "resnet", "mobilenetv3", "densenet", "convnext", "vit", "bert", "mlp")
 
 
@@ -98,10 +98,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="accel-nasbench: graph (MBConv space, 256x256) + A100/RTX 3090 latency per batch; "
                     "timm: benchmark rows (graphs only when timm is installed); ryujaehun: eager torchvision "
                     "timings at batch 12 (graphs only when torchvision is installed); neusight, vidur: "
-                    "operator-level rows.",
+                    "operator-level rows; campaign: a 'dippm-nas gpu-campaign' directory (its graphs are "
+                    "captured here from the recorded model SPECs).",
     )
     i.add_argument("kind", choices=_IMPORTERS, help="which public dataset the CSV is")
-    i.add_argument("csv", type=Path, help="the CSV file")
+    i.add_argument("csv", type=Path, help="the CSV file (campaign: the campaign directory)")
     i.add_argument("--out", required=True, type=Path, help="dataset SQLite file (created or extended)")
     i.add_argument("--workers", type=int, default=2, help="conversion processes (default 2)")
     i.add_argument("--limit", type=int, default=None, help="import only the first N rows")
@@ -219,6 +220,9 @@ def run_import(args: argparse.Namespace) -> int:
     elif args.kind == "ryujaehun":
         report = imp.import_ryujaehun(args.csv, args.out, workers=args.workers, cache=not args.no_cache,
                                       capture_graphs=None if not args.no_graphs else False, **common)
+    elif args.kind == "campaign":
+        report = imp.import_campaign(args.csv, args.out, workers=args.workers, cache=not args.no_cache,
+                                     capture_graphs=not args.no_graphs, **common)
     elif args.kind == "neusight":
         report = imp.import_neusight(args.csv, args.out, **common)
     else:

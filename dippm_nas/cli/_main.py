@@ -22,6 +22,7 @@ _VERBS: tuple[str, ...] = (
     "_host_profile",
     "_demo",
     "_validate_worker",
+    "_gpu_campaign",
 )
 
 

@@ -14,6 +14,7 @@ from dippm_nas.dataset._importers import (
     ImportReport,
     device_id,
     import_accel_nasbench,
+    import_campaign,
     import_neusight,
     import_ryujaehun,
     import_timm,
@@ -48,6 +49,7 @@ __all__ = [
     "import_timm",
     "import_neusight",
     "import_vidur",
+    "import_campaign",
     "ImportReport",
     "device_id",
 ]

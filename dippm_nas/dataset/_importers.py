@@ -17,6 +17,8 @@ dropped; operator-level cells that were never profiled are counted in the report
 - :func:`import_ryujaehun`: per-iteration eager PyTorch timings of torchvision CNNs at batch 12
   (RTX 2080 Ti, TITAN RTX, TITAN Xp; half / float / double) -> one row per (GPU, precision, model)
   with the median iteration as ``latency_ms`` and the execution conditions the host model needs.
+- :func:`import_campaign`: the rows of a ``dippm-nas gpu-campaign`` directory (measured on a GPU machine
+  without TVM), their graphs captured here from the SPEC string and input spec each row records.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import ast
 import csv
 import functools
 import importlib.util
+import json
 import logging
 import math
 import re
@@ -47,6 +50,7 @@ __all__ = [
     "import_vidur",
     "import_ryujaehun",
     "RYUJAEHUN_HOSTS",
+    "import_campaign",
     "device_id",
     "ACCEL_NASBENCH_BATCH_SIZE",
     "ACCEL_NASBENCH_DEVICES",
@@ -833,4 +837,71 @@ def import_ryujaehun(
         report.notes.append(msg)
     report.seconds = time.perf_counter() - t0
     logger.info("ryujaehun import: %s", report.as_dict())
+    return report
+
+
+# ---------------------------------------------------------------------------- GPU campaign
+def import_campaign(path: str | Path, out: str | Path, *, capture_graphs: bool = True, workers: int = 2,
+                    cache: Any = True, limit: int | None = None, progress: bool = True) -> ImportReport:
+    """Import the rows of a ``dippm-nas gpu-campaign`` directory (or one of its ``measurements-*.jsonl``
+    files) and capture their graphs here (source ``gpu-campaign``).
+
+    Each row's ``config`` names the model SPEC string (``spec``) and the input spec (``input_spec``); one
+    graph is captured per distinct pair (every runtime of a model shares it). A graph that cannot be captured
+    leaves its rows without a graph and the error in ``extra["graph_error"]``. Rows already in ``out`` (by
+    ``row_key``) are skipped, so importing a resumed campaign again adds only its new rows.
+
+    Args:
+        path: the campaign directory or a measurement file of it.
+        out: dataset SQLite file.
+        capture_graphs: capture the graphs (``False``: store the rows without).
+        workers, cache, limit, progress: as in :func:`import_accel_nasbench`.
+
+    Raises:
+        DatasetError: ``path`` does not exist. MeasurementError: a file not in the campaign's format.
+    """
+    from dippm_nas.measure import CAMPAIGN_SOURCE, read_campaign_rows
+
+    t0 = time.perf_counter()
+    p = Path(path)
+    if not p.exists():
+        raise DatasetError(f"campaign path {str(p)!r} does not exist")
+    rows = [{k: v for k, v in r.items() if k not in ("type", "created_at")} for r in read_campaign_rows(p)]
+    if limit is not None:
+        rows = rows[:limit]
+    report = ImportReport(source=CAMPAIGN_SOURCE, csv=str(p), out=str(out), rows_read=len(rows))
+    store = DatasetStore(out)
+    try:
+        present = store.row_keys(CAMPAIGN_SOURCE)
+        todo = [r for r in rows if r["row_key"] not in present]
+        report.already_present = len(rows) - len(todo)
+        graphs = []
+        if capture_graphs and todo:
+            keys: list[tuple[str, str]] = []
+            for r in todo:
+                k = (r["config"]["spec"], json.dumps(r["config"]["input_spec"], sort_keys=True))
+                if k not in keys:
+                    keys.append(k)
+            items = [(spec, InputSpec.from_dict(json.loads(s))) for spec, s in keys]
+            results = dict(zip(keys, _capture(items, workers, cache, progress)))
+            for res in results.values():
+                if res.graph is not None:
+                    report.graphs_captured += 1
+                else:
+                    report.graphs_failed += 1
+            for r in todo:
+                res = results[(r["config"]["spec"], json.dumps(r["config"]["input_spec"], sort_keys=True))]
+                if res.graph is not None:
+                    r["graph_hash"] = res.graph.structural_hash()
+                    graphs.append((res.graph, r["space"], r["config"]))
+                else:
+                    r["extra"] = {**(r.get("extra") or {}), "graph_error": res.error}
+        elif todo:
+            report.graphs_skipped = len(todo)
+        report.failed_rows = sum(r["status"] != "ok" for r in todo)
+        report.inserted = store.add_measurements(todo, graphs=graphs)
+    finally:
+        store.close()
+    report.seconds = time.perf_counter() - t0
+    logger.info("campaign import: %s", report.as_dict())
     return report

@@ -9,10 +9,24 @@ knows nothing of the predictor.
 from __future__ import annotations
 
 from dippm_nas.measure._api import measure
+from dippm_nas.measure._campaign import (
+    CAMPAIGN_SOURCE,
+    DEFAULT_SET,
+    RUNTIMES,
+    VALIDATION_SETS,
+    CampaignItem,
+    CampaignModel,
+    CampaignReport,
+    campaign_settings,
+    plan_campaign,
+    read_campaign_rows,
+    run_campaign,
+)
 from dippm_nas.measure._cpu import CpuMeasurer
 from dippm_nas.measure._cuda import MIG_ENERGY_REASON, CudaMeasurer, CudaOps
 from dippm_nas.measure._interleave import RoundTiming, time_interleaved
 from dippm_nas.measure._isolate import measure_isolated
+from dippm_nas.measure._liveness import ActivationReference, reference_activation_peak
 from dippm_nas.measure._measurement import (
     AUTOCAST_DTYPES,
     ENERGY_SOURCES,
@@ -31,6 +45,19 @@ from dippm_nas.measure._stopping import StoppingRule, run_until_stopped, summari
 __all__ = [
     "measure",
     "measure_isolated",
+    "run_campaign",
+    "plan_campaign",
+    "campaign_settings",
+    "read_campaign_rows",
+    "CampaignModel",
+    "CampaignItem",
+    "CampaignReport",
+    "VALIDATION_SETS",
+    "DEFAULT_SET",
+    "RUNTIMES",
+    "CAMPAIGN_SOURCE",
+    "reference_activation_peak",
+    "ActivationReference",
     "time_interleaved",
     "profile_ops",
     "OpProfileWriter",

@@ -1,7 +1,10 @@
 """NNI integration: hardware-aware HPO and NAS without a GPU in the loop.
 
+- Budgets: :class:`Budgets` (the same type as :mod:`dippm_nas.optuna`'s, from :mod:`dippm_nas.budgets`),
+  chance constraints ``mean + k_sigma * std <= budget`` with ``k_sigma`` 1.0 by default.
+  :class:`Constraints` (``max_latency_ms``...) is its deprecated former name.
 - Trial side: :func:`report` sends ``{'default', 'accuracy', 'latency_ms', 'energy_j', 'memory_mib', 'mig',
-  ...}`` with ``nni.report_final_result``; ``default`` is accuracy with a constraint penalty
+  ...}`` with ``nni.report_final_result``; ``default`` is accuracy with a budget penalty
   (:func:`scalarize`, MnasNet's reward) because NNI tuners optimise only ``metric['default']``.
 - Tuner side: :class:`HardwareAwareTuner`, a multi-objective tuner over Optuna's samplers that predicts each
   candidate's cost and skips predicted-infeasible ones before they cost a trial (``CustomAlgorithmConfig(
@@ -14,7 +17,7 @@
 
 NNI is optional: ``pip install 'dippm-nas[nni]'`` (HPO) or ``'dippm-nas[nas]'`` (NAS, adds the lightning
 packages NNI's NAS imports). The names that need NNI import it on first use and say what to install when
-it is missing; :func:`final_metrics`, :func:`scalarize`, :class:`Constraints` and the network helpers do
+it is missing; :func:`final_metrics`, :func:`scalarize`, :class:`Budgets` and the network helpers do
 not need it.
 """
 
@@ -23,13 +26,14 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from dippm_nas.budgets import Budgets
 from dippm_nas.nni._network import LOOPBACK_PRELOAD_JS, free_port, loopback_only, write_loopback_preload
 from dippm_nas.nni._report import METRIC_KEYS, final_metrics, mig_label, report
 from dippm_nas.nni._scalarize import Constraints, scalarize
 from dippm_nas.nni._space import PARAMETERS_KEY, model_from_parameters, parse_search_space
 
 __all__ = [
-    "report", "final_metrics", "METRIC_KEYS", "mig_label", "Constraints", "scalarize",
+    "report", "final_metrics", "METRIC_KEYS", "mig_label", "Budgets", "Constraints", "scalarize",
     "HardwareAwareTuner", "TunerStats", "model_from_parameters", "parse_search_space", "PARAMETERS_KEY",
     "DippmProfiler", "TinyConvSpace",
     "loopback_only", "write_loopback_preload", "LOOPBACK_PRELOAD_JS", "free_port",

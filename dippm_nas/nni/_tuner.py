@@ -12,8 +12,11 @@ How a trial's parameters are made (``generate_parameters``, called by NNI's disp
    :mod:`search_spaces`) overlay ``base_config``; the other keys are hyper-parameters passed to the
    trial untouched. The model is built and predicted on ``device`` at ``batch_size`` (once per distinct
    config: predictions are cached for the tuner's life).
-3. The constraint violations ``value / limit - 1`` are set on the Optuna trial (``set_constraint``), so
-   the constrained samplers learn where the feasible region is.
+3. The chance constraints of the budgets (:class:`~dippm_nas.budgets.Budgets`:
+   ``mean + k_sigma * std - budget`` in ms, J or MiB, the convention of
+   :class:`dippm_nas.optuna.HardwareCostModel`) are set on the Optuna trial (``set_constraint``), so the
+   constrained samplers learn where the feasible region is; the trial also records ``margin_<figure>``,
+   ``k_sigma_<figure>``, ``budget_<figure>`` and ``std_missing_<figure>``.
 4. A configuration over a bound is **skipped**: the first time, it is told to Optuna as complete and
    infeasible, with its predicted objectives and the worst value (``-inf`` for maximise, ``+inf`` for
    minimise) for the objectives only a trial can measure (it was never trained); a later sample of the same
@@ -45,9 +48,10 @@ from pathlib import Path
 from typing import Any
 
 from dippm_nas._optional import require
+from dippm_nas.budgets import Budgets, ChanceCheck, trial_attrs
 from dippm_nas.errors import DippmNasError, SearchSpaceError
 from dippm_nas.nni._report import mig_label
-from dippm_nas.nni._scalarize import Constraints
+from dippm_nas.nni._scalarize import budgets_from_limits
 from dippm_nas.nni._space import PARAMETERS_KEY, Dimension, canonical_json, parse_search_space
 from dippm_nas.prediction import Prediction
 from dippm_nas.predictor import DEFAULT_DEVICE, predict
@@ -107,8 +111,13 @@ class _Evaluation:
 
     config: dict[str, Any]
     prediction: Prediction | None = None
-    violations: dict[str, float] = field(default_factory=dict)
+    checks: dict[str, ChanceCheck] = field(default_factory=dict)
     error: str | None = None
+
+    @property
+    def violations(self) -> dict[str, float]:
+        """``{figure: mean + k_sigma * std - budget}`` (``<= 0`` feasible)."""
+        return {n: c.value for n, c in self.checks.items()}
 
     @property
     def feasible(self) -> bool:
@@ -149,9 +158,12 @@ class HardwareAwareTuner(Tuner):
         batch_size: batch size the cost is predicted at (``>= 1``).
         dtype: compute dtype the cost is predicted in.
         device: catalogue device id; default ``"a100-sxm4-40gb"``.
-        max_latency_ms, max_energy_j, max_memory_mib, mig_profile: the bounds (see
-            :class:`~dippm_nas.nni.Constraints`); a config over one is skipped.
-        k_sigma: memory standard deviations added for the MIG fit.
+        budgets: the chance constraints, a :class:`~dippm_nas.budgets.Budgets` or (class args) a mapping of
+            its keys, e.g. ``{"latency_ms": 1.0, "k_sigma": 1.0}``; a config whose ``mean + k_sigma * std``
+            breaks one is skipped.
+        k_sigma: when given, replaces ``budgets.k_sigma`` (default of the budgets: 1.0).
+        max_latency_ms, max_energy_j, max_memory_mib, mig_profile: deprecated (``DeprecationWarning``):
+            the same as ``budgets={"latency_ms": ..., "energy_j": ..., "memory_mib": ..., "mig_profile": ...}``.
         sampler: one of :data:`SAMPLERS` (``"nsga2"`` default).
         seed: sampler seed (``None``: random).
         population_size: generation size of ``nsga2`` / ``nsga3`` (default 50).
@@ -172,10 +184,11 @@ class HardwareAwareTuner(Tuner):
     def __init__(self, builder: str, objectives: Sequence[str] = ("accuracy", "latency_ms"),
                  directions: Sequence[str] = ("maximize", "minimize"), base_config: Mapping[str, Any] | None = None,
                  batch_size: int = 1, dtype: str = "float32", device: str = DEFAULT_DEVICE,
-                 max_latency_ms: float | None = None, max_energy_j: float | None = None,
-                 max_memory_mib: float | None = None, mig_profile: str | None = None, k_sigma: float = 2.0,
+                 budgets: Budgets | Mapping[str, Any] | None = None, k_sigma: float | None = None,
                  sampler: str = "nsga2", seed: int | None = None, population_size: int | None = None,
                  max_skips: int = 100, stats_file: str | None = None, cache: bool = True,
+                 max_latency_ms: float | None = None, max_energy_j: float | None = None,
+                 max_memory_mib: float | None = None, mig_profile: str | None = None,
                  runtime: str = "eager") -> None:
         super().__init__()
         import optuna
@@ -204,13 +217,16 @@ class HardwareAwareTuner(Tuner):
             raise DippmNasError(f"batch_size must be an int >= 1, got {batch_size!r}")
         if isinstance(max_skips, bool) or not isinstance(max_skips, int) or max_skips < 0:
             raise DippmNasError(f"max_skips must be an int >= 0, got {max_skips!r}")
-        self.batch_size, self.dtype, self.k_sigma, self.max_skips, self.cache = \
-            batch_size, dtype, float(k_sigma), max_skips, cache
+        self.budgets: Budgets = budgets_from_limits(
+            budgets, max_latency_ms=max_latency_ms, max_energy_j=max_energy_j, max_memory_mib=max_memory_mib,
+            mig_profile=mig_profile, k_sigma=k_sigma, where="HardwareAwareTuner")
+        self.batch_size, self.dtype, self.max_skips, self.cache = batch_size, dtype, max_skips, cache
+        #: standard deviations of memory the MIG advice of each prediction adds (the memory budget's ``k``)
+        self.k_sigma = self.budgets.k_for("memory_mib")
         self.runtime = check_runtime(runtime)
         self.space.input_spec(self.space.validate(self.base_config), batch_size=batch_size, dtype=dtype)  # bad dtype
         self.device = resolve_device(device).id
-        self.constraints = Constraints(max_latency_ms=max_latency_ms, max_energy_j=max_energy_j,
-                                       max_memory_mib=max_memory_mib, mig_profile=mig_profile)
+        self.budgets.memory_limit(self.device)  # a MIG profile the device lacks fails now
         self.sampler_name = sampler
         self.study = optuna.create_study(directions=directions,
                                          sampler=_make_sampler(sampler, seed, population_size))
@@ -227,8 +243,8 @@ class HardwareAwareTuner(Tuner):
         self._failed_ids: set[int] = set()
         self._warned: set[str] = set()
         logger.info("HardwareAwareTuner: builder=%s objectives=%s directions=%s device=%s batch_size=%d "
-                    "constraints=%s sampler=%s", builder, objectives, directions, self.device, batch_size,
-                    self.constraints.to_dict(), sampler)
+                    "budgets=%s sampler=%s", builder, objectives, directions, self.device, batch_size,
+                    self.budgets.to_dict(), sampler)
 
     # ------------------------------------------------------------------ NNI Tuner interface
     def update_search_space(self, search_space: dict[str, Any]) -> None:
@@ -276,6 +292,8 @@ class HardwareAwareTuner(Tuner):
                 continue
             for name, v in ev.violations.items():
                 trial.set_constraint(name, v)
+            for k, v in trial_attrs(ev.checks).items():
+                trial.set_user_attr(k, v)
             if ev.error is not None:
                 trial.set_user_attr("dippm_status", "skipped_invalid")
                 trial.set_user_attr("dippm_error", ev.error)
@@ -288,7 +306,8 @@ class HardwareAwareTuner(Tuner):
                 self.study.tell(trial, self._objective_values(ev, None))
                 self.stats.skipped_infeasible += 1
                 over = {k: round(v, 4) for k, v in ev.violations.items() if v > 0}
-                logger.info("skipped infeasible config %s (relative violations %s); skipped so far: %d",
+                logger.info("skipped infeasible config %s (mean + k_sigma * std over budget by %s); skipped so "
+                            "far: %d",
                             canonical_json(ev.config), over, self.stats.skipped_infeasible)
                 self._write_stats()
                 continue
@@ -401,16 +420,16 @@ class HardwareAwareTuner(Tuner):
             model = self.space.build(config)
             spec = self.space.input_spec(config, batch_size=self.batch_size, dtype=self.dtype)
             ev.prediction = predict(model, spec, self.device, cache=self.cache, k_sigma=self.k_sigma,
-                                    mig=self.constraints.mig_profile is not None, runtime=self.runtime)
+                                    mig=self.budgets.mig_profile is not None, runtime=self.runtime)
             self.stats.predictions += 1
         except DippmNasError as e:  # a builder or capture failure is this config's problem, not the search's
             ev.error = f"{type(e).__name__}: {e}"
         if ev.prediction is not None:
-            needs_energy = "energy_j" in self.objectives or self.constraints.max_energy_j is not None
+            needs_energy = "energy_j" in self.objectives or self.budgets.energy_j is not None
             if needs_energy and ev.prediction.energy_j is None:
                 raise DippmNasError(f"device {self.device!r} gives no energy figure (energy_source "
-                                    f"'unavailable'); remove 'energy_j' from objectives and max_energy_j")
-            ev.violations = self.constraints.violations(ev.prediction)
+                                    f"'unavailable'); remove 'energy_j' from objectives and budgets")
+            ev.checks = self.budgets.check(ev.prediction)
             if not ev.feasible:
                 self.stats.infeasible_configs.append(ckey)
         self._evaluations[ckey] = ev

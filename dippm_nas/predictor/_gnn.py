@@ -900,6 +900,8 @@ class GnnPredictor(BasePredictor):
         for t_i, t in enumerate(TARGETS):
             if t not in self.meta.targets:
                 values[t], stds[t] = prior_vals[t], None
+                if t == "memory_mib" and est is not None:
+                    stds[t] = est.memory_mib_std  # the analytic memory's own (GPU parts; None on a CPU)
                 sources[t] = "analytic" if prior_vals[t] is not None else "unavailable"
                 continue
             if dtype_unseen and prior_vals[t] is None:  # the prior answers and has no figure: none is made up

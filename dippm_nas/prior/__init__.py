@@ -12,7 +12,7 @@ times from a fitted :class:`HostModel` scaled to a :class:`~dippm_nas.devices.Ho
 from dippm_nas.prior._estimate import PriorEstimate, estimate, latency_sigma_log, latency_us, predict, timeline_fields
 from dippm_nas.prior._host import HOST_KINDS, RUNTIMES, Execution, HostModel, check_runtime
 from dippm_nas.prior._host_fit import FIT_PARAMETERS, HostRow, fit_host_model, host_model_latency_ms
-from dippm_nas.prior._memory import MemoryBreakdown, activation_liveness, round_block
+from dippm_nas.prior._memory import MemoryBreakdown, MemoryParts, activation_liveness, gpu_memory_parts, round_block
 from dippm_nas.prior._op_table import OpTable, aten_op_record, fit_op_table, graph_op_records, working_set_bytes
 from dippm_nas.prior._nodes import NodeCosts, kernel_time_us, node_costs, wave_efficiency
 from dippm_nas.prior._params import PARAM_CLASSES, DeviceScale, OpClassParams, PriorParams, default_params
@@ -23,6 +23,6 @@ __all__ = [
     "HostRow", "fit_host_model", "host_model_latency_ms", "FIT_PARAMETERS",
     "PriorParams", "OpClassParams", "DeviceScale", "PARAM_CLASSES", "default_params",
     "node_costs", "NodeCosts", "kernel_time_us", "wave_efficiency",
-    "activation_liveness", "MemoryBreakdown", "round_block",
+    "activation_liveness", "MemoryBreakdown", "round_block", "gpu_memory_parts", "MemoryParts",
     "OpTable", "fit_op_table", "aten_op_record", "graph_op_records", "working_set_bytes",
 ]

@@ -18,15 +18,16 @@ limiting resource's peak in use, capped at board power); while the GPU waits for
 idle power. ``energy = sum_i P_i * gpu_i + idle * gpu_idle``. Uncalibrated: no public energy data is
 available to fit it.
 
-Memory. ``runtime baseline + weights + activation peak (liveness) + workspace``, with the caching
-allocator's rounding reported apart (``allocator_overhead_mib``: reserved minus allocated).
+Memory. On a GPU, the parts of :func:`~dippm_nas.prior._memory.gpu_memory_parts`: ``CUDA context + weights
++ input held by the caller + activation peak (eager liveness) + cuBLAS and cuDNN workspaces + the caching
+allocator's rounding`` (reserved minus allocated), with a standard deviation. On a CPU, ``weights +
+activation peak (liveness, inputs included) + workspace``, no rounding and no standard deviation.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,7 +38,7 @@ from dippm_nas.errors import DeviceError, GraphValidationError
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.prediction import Prediction
 from dippm_nas.prior._host import HOST_KINDS, Execution, HostModel, check_runtime, compiled_groups
-from dippm_nas.prior._memory import K_LARGE_BUFFER, K_MIN_LARGE_ALLOC, K_ROUND_LARGE, MIB, activation_liveness
+from dippm_nas.prior._memory import MIB, MemoryBreakdown, activation_liveness, gpu_memory_parts
 from dippm_nas.prior._nodes import graph_facts, node_costs
 from dippm_nas.prior._params import PriorParams, default_params
 
@@ -63,8 +64,12 @@ class PriorEstimate:
         host_ms: host dispatch time of the whole pass, ms.
         gpu_busy_ms: sum of kernel times, ms; ``gpu_idle_ms = latency_ms - gpu_busy_ms``.
         energy_j: energy of one pass, J; ``None`` when the device has no power figures.
-        baseline_mib, weights_mib, activations_peak_mib, workspace_mib, allocator_overhead_mib: memory
-            parts, MiB; ``memory_mib`` is their sum.
+        baseline_mib, weights_mib, activations_peak_mib, workspace_mib, allocator_overhead_mib, input_mib:
+            memory parts, MiB (``baseline_mib``: the CUDA context; ``workspace_mib``: cuBLAS plus cuDNN;
+            ``input_mib``: the input the caller holds, GPU only: on a CPU the input is in the activations);
+            ``memory_mib`` is their sum.
+        memory_mib_std: standard deviation of ``memory_mib`` (GPU; ``None`` on a CPU).
+        memory_details: the GPU memory parts and their deviations for :attr:`Prediction.details`.
         peak_node: node index where activations peak.
         tensor_core_fraction: share of kernel time on tensor cores.
         params_source: where the prior's constants come from.
@@ -101,6 +106,9 @@ class PriorEstimate:
     pass_host_ms: float = 0.0
     input_copy_ms: float = 0.0
     host_model_fitted: bool = False
+    input_mib: float = 0.0
+    memory_mib_std: float | None = None
+    memory_details: dict[str, float] = field(default_factory=dict)
 
     @property
     def gpu_idle_ms(self) -> float:
@@ -121,6 +129,7 @@ class PriorEstimate:
             "baseline_mib": self.baseline_mib, "weights_mib": self.weights_mib,
             "activations_peak_mib": self.activations_peak_mib, "workspace_mib": self.workspace_mib,
             "allocator_overhead_mib": self.allocator_overhead_mib,
+            **self.memory_details,
             "tensor_core_fraction": self.tensor_core_fraction,
             "launch_bound": float(self.launch_bound),
         }
@@ -128,6 +137,7 @@ class PriorEstimate:
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict (arrays as lists)."""
         d = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        d["memory_details"] = dict(self.memory_details)
         for k in ("node_time_ms", "node_host_ms", "node_utilisation"):
             d[k] = [float(x) for x in d[k]]
         d["unknown_ops"] = dict(self.unknown_ops)
@@ -269,21 +279,23 @@ def estimate(
         energy = (float((power * costs.gpu_us).sum()) + dev.idle_power_w * idle_us) * 1e-6
 
     if facts.memory is None:
-        facts.memory = activation_liveness(graph)
-    mem = facts.memory
-    weights_b = float(graph.param_bytes)
-    uses_cublas = dev.kind == "gpu" and facts.uses_cublas
-    workspace_b = dev.cublas_workspace_mib * MIB if uses_cublas else 0.0
-    allocated = weights_b + mem.peak_allocated_bytes + workspace_b
+        facts.memory = {}
+    memory_std: float | None = None
+    memory_details: dict[str, float] = {}
     if dev.kind == "gpu":
-        reserved = (_ceil(weights_b, K_ROUND_LARGE) + mem.peak_reserved_bytes
-                    + (_ceil(workspace_b, K_LARGE_BUFFER) if 0 < workspace_b < K_MIN_LARGE_ALLOC
-                       else _ceil(workspace_b, K_ROUND_LARGE)))
-    else:
-        reserved = allocated
-    overhead_b = max(0.0, reserved - allocated)
-    baseline = dev.runtime_baseline_mib
-    total_mib = baseline + (allocated + overhead_b) / MIB
+        mem = _liveness(graph, facts.memory, "eager")
+        parts = gpu_memory_parts(graph, mem, context_mib=dev.runtime_baseline_mib,
+                                 cublas_workspace_mib=dev.cublas_workspace_mib, uses_cublas=facts.uses_cublas,
+                                 uses_cudnn=any(nd.op_class == "conv" and not nd.is_constant for nd in graph.nodes))
+        baseline, weights_mib, input_mib = parts.context_mib, parts.weights_mib, parts.input_mib
+        act_mib, workspace_mib = parts.activations_peak_mib, parts.cublas_workspace_mib + parts.cudnn_workspace_mib
+        overhead_mib, total_mib = parts.allocator_overhead_mib, parts.total_mib
+        memory_std, memory_details = parts.std_mib, parts.details()
+    else:  # a CPU: the input among the activations, no caching allocator, no context
+        mem = _liveness(graph, facts.memory, "dataflow")
+        baseline, weights_mib, input_mib = dev.runtime_baseline_mib, float(graph.param_bytes) / MIB, 0.0
+        act_mib, workspace_mib, overhead_mib = mem.peak_allocated_bytes / MIB, 0.0, 0.0
+        total_mib = baseline + weights_mib + act_mib
 
     tc = float(costs.gpu_us[costs.tensor_core].sum())
     return PriorEstimate(
@@ -292,12 +304,13 @@ def estimate(
         node_utilisation=costs.utilisation,
         latency_ms=latency_us / 1e3, host_ms=host_total_us / 1e3, gpu_busy_ms=busy_us / 1e3,
         energy_j=energy,
-        baseline_mib=baseline, weights_mib=weights_b / MIB, activations_peak_mib=mem.peak_allocated_bytes / MIB,
-        workspace_mib=workspace_b / MIB, allocator_overhead_mib=overhead_b / MIB, memory_mib=total_mib,
+        baseline_mib=baseline, weights_mib=weights_mib, activations_peak_mib=act_mib,
+        workspace_mib=workspace_mib, allocator_overhead_mib=overhead_mib, memory_mib=total_mib,
         peak_node=mem.peak_node, tensor_core_fraction=tc / busy_us if busy_us > 0 else 0.0,
         params_source=p.source, unknown_ops=graph.unknown_ops, runtime=runtime, host_profile=prof.name,
         pass_host_ms=prefix_us / 1e3, input_copy_ms=copy_us / 1e3,
         host_model_fitted=dev.kind == "gpu" and p.host_model is not None,
+        input_mib=input_mib, memory_mib_std=memory_std, memory_details=memory_details,
     )
 
 
@@ -326,8 +339,13 @@ def timeline_fields(est: PriorEstimate) -> dict[str, Any]:
     return {"host_ms": est.host_ms if gpu else None, "gpu_ms": est.gpu_busy_ms if gpu else None}
 
 
-def _ceil(x: float, unit: int) -> float:
-    return unit * math.ceil(x / unit) if x > 0 else 0.0
+def _liveness(graph: OperatorGraph, cache: dict[str, MemoryBreakdown], kind: str) -> MemoryBreakdown:
+    """The graph's liveness pass, once per graph and kind: ``"eager"`` (GPU: eager retention, the input
+    apart) or ``"dataflow"`` (CPU: freed at last use, the input included)."""
+    if kind not in cache:
+        cache[kind] = (activation_liveness(graph, retention=True, include_inputs=False) if kind == "eager"
+                       else activation_liveness(graph))
+    return cache[kind]
 
 
 def predict(
@@ -365,7 +383,8 @@ def predict(
         latency_ms=est.latency_ms, energy_j=est.energy_j, memory_mib=est.memory_mib,
         latency_source="analytic", energy_source="analytic", memory_source="analytic",
         device=dev.id, batch_size=est.batch_size, dtype=est.dtype, unknown_ops=dict(est.unknown_ops),
-        details=details, latency_ms_std=None if s_lat is None else est.latency_ms * s_lat, **timeline_fields(est),
+        details=details, latency_ms_std=None if s_lat is None else est.latency_ms * s_lat,
+        memory_mib_std=est.memory_mib_std, **timeline_fields(est),
     )
     if mig and dev.has_mig:
         from dippm_nas.mig import advise

@@ -3,7 +3,8 @@
     python examples/nni/run_hpo.py --max-trials 5            # prints the trials and the tuner's counts
 
 The experiment uses NNI's local training service and the search space of ``search_space.json``; the tuner
-predicts each candidate's A100 latency and skips those over ``max_latency_ms`` before they cost a trial.
+predicts each candidate's A100 latency and skips those whose latency plus one σ is over the budget before they
+cost a trial.
 NNI's manager listens on 127.0.0.1 only (dippm_nas.nni.loopback_only; NNI itself would bind every
 interface, see README.md) on a free port, and is stopped in a ``finally`` block whatever happens.
 ``config.yml`` is the same experiment for ``nnictl``.
@@ -33,7 +34,7 @@ TUNER_ARGS: dict[str, Any] = {
     "directions": ["maximize", "minimize"],
     "batch_size": 32,
     "device": "a100-sxm4-40gb",
-    "max_latency_ms": 1.0,
+    "budgets": {"latency_ms": 1.0},
     "sampler": "nsga2",
     "population_size": 4,
     "seed": 0,

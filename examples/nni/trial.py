@@ -16,8 +16,9 @@ from torch import nn
 
 from dippm_nas.nni import model_from_parameters, report
 
-#: Constraints of the trial's score; keep them equal to the tuner's bounds (config.yml / run_hpo.py).
-MAX_LATENCY_MS = 1.0
+#: Budgets of the trial's score (dippm_nas.budgets.Budgets keys); keep them equal to the tuner's (config.yml /
+#: run_hpo.py).
+BUDGETS = {"latency_ms": 1.0}
 N_FEATURES, N_CLASSES = 32, 4
 
 
@@ -57,7 +58,7 @@ def main() -> None:
     params = nni.get_next_parameter()
     model, spec = model_from_parameters(params)
     accuracy = train_and_evaluate(model, lr=float(params.get("lr", 0.1)))
-    report(accuracy, model.eval(), spec, device=params["dippm"]["device"], max_latency_ms=MAX_LATENCY_MS)
+    report(accuracy, model.eval(), spec, device=params["dippm"]["device"], budgets=BUDGETS)
 
 
 if __name__ == "__main__":

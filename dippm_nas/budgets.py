@@ -1,0 +1,305 @@
+"""Hardware budgets as chance constraints: ``mean + k_sigma * std <= budget``.
+
+One type, :class:`Budgets`, carries the budgets of every integration (:class:`dippm_nas.optuna.HardwareCostModel`,
+:func:`dippm_nas.nni.report`, :class:`dippm_nas.nni.HardwareAwareTuner`). A candidate meets a budget when its
+predicted figure plus ``k_sigma`` of its standard deviations is within it:
+
+    latency_ms + k * latency_ms_std  <=  budgets.latency_ms
+    energy_j   + k * energy_j_std    <=  budgets.energy_j
+    memory_mib + k * memory_mib_std  <=  min(budgets.memory_mib, usable memory of budgets.mig_profile)
+
+``k`` is :attr:`Budgets.k_sigma` (default :data:`DEFAULT_K_SIGMA` = 1.0), or the figure's entry of
+:attr:`Budgets.k_sigmas`. ``k = 0`` compares the mean alone; with a Gaussian error of the predicted σ,
+``k = 1`` admits a model over budget with probability at most about 16 %, ``k = 2`` about 2.3 % (the σ is
+only as good as its calibration: see ``benchmarks/search_view.py`` for what a search sees on measured data).
+
+A figure whose prediction has no σ (``None``: the source gives none) is checked with σ = 0, and this is
+never silent: the :class:`ChanceCheck` says ``std_missing=True``, the integrations record it on the trial
+(``std_missing_<figure>``) and a warning is logged once per figure and source.
+
+The constraint value handed to a sampler keeps Optuna's convention: ``mean + k * std - budget`` in the
+figure's own unit (ms, J, MiB), ``<= 0`` feasible.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from dippm_nas._logging import WarnOnce
+from dippm_nas.errors import BudgetError
+from dippm_nas.prediction import Prediction
+
+__all__ = ["Budgets", "ChanceCheck", "DEFAULT_K_SIGMA", "BUDGET_FIGURES", "BUDGET_KEYS", "check_k_sigma",
+           "trial_attrs"]
+
+logger = logging.getLogger(__name__)
+_warn_once = WarnOnce(logger)
+
+#: ``k_sigma`` of every budget unless set: a budget holds for ``mean + 1 * std``.
+DEFAULT_K_SIGMA: float = 1.0
+#: Predicted figures a budget can bound, with their units, in constraint order.
+BUDGET_FIGURES: dict[str, str] = {"latency_ms": "ms per batch", "energy_j": "J per batch", "memory_mib": "MiB"}
+#: Keys :meth:`Budgets.from_mapping` accepts.
+BUDGET_KEYS: tuple[str, ...] = (*BUDGET_FIGURES, "mig_profile", "k_sigma", "k_sigmas")
+
+
+def check_k_sigma(value: Any, what: str = "k_sigma") -> float:
+    """``float(value)`` when it is a finite number ``>= 0``.
+
+    Raises:
+        BudgetError: anything else (a ``DippmNasError`` and a ``ValueError``), naming the value.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise BudgetError(f"{what} must be a finite number >= 0 (standard deviations added to the mean), "
+                          f"got {value!r}")
+    return float(value)
+
+
+def _finite_budget(name: str, value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise BudgetError(f"budget {name} must be a finite number > 0 or None, got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class ChanceCheck:
+    """One budget checked against one prediction.
+
+    Attributes:
+        name: the figure, one of :data:`BUDGET_FIGURES`.
+        mean: the predicted figure (ms, J or MiB).
+        std: its standard deviation, same unit; ``None`` when the prediction gives none.
+        std_missing: ``std`` is ``None`` and was taken as 0.
+        k_sigma: standard deviations added.
+        bound: ``mean + k_sigma * std`` (``mean`` when ``std_missing``).
+        budget: the limit the bound is compared with (for memory: the smaller of ``memory_mib`` and the
+            MIG profile's usable memory).
+        limit_source: where ``budget`` comes from: the figure's name, or ``"mig:<profile>"``.
+        value: ``bound - budget``, Optuna's constraint value (``<= 0`` feasible).
+        margin: ``budget - bound`` (``>= 0`` feasible): room left under the budget.
+        feasible: ``value <= 0``.
+    """
+
+    name: str
+    mean: float
+    std: float | None
+    std_missing: bool
+    k_sigma: float
+    bound: float
+    budget: float
+    limit_source: str
+    value: float
+    margin: float
+    feasible: bool
+
+    @property
+    def ratio(self) -> float:
+        """``bound / budget`` (``<= 1`` within it); the ratio MnasNet's reward scales by."""
+        return self.bound / self.budget
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able dict of the fields."""
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+@dataclass(frozen=True)
+class Budgets:
+    """Hardware budgets a candidate must meet, as chance constraints; ``None`` leaves a figure free.
+
+    Attributes:
+        latency_ms: most latency of one batch, ms.
+        energy_j: most energy of one batch, J (the device must have power figures).
+        memory_mib: most peak device memory, MiB.
+        mig_profile: a MIG profile of the device, e.g. ``"1g.5gb"``: the memory must also fit its usable
+            memory (``nvidia-smi mig -lgip``; see :mod:`dippm_nas.mig`).
+        k_sigma: standard deviations added to every predicted figure before it is compared with its
+            budget (default :data:`DEFAULT_K_SIGMA`, 1.0; 0 compares the mean alone).
+        k_sigmas: per-figure overrides of ``k_sigma``, e.g. ``{"memory_mib": 2.0}`` (keys from
+            :data:`BUDGET_FIGURES`).
+
+    Raises:
+        BudgetError: a budget that is not a finite number > 0, a ``k_sigma`` that is negative or not
+            finite, an unknown key of ``k_sigmas``, or a bad ``mig_profile`` (a ``DippmNasError`` and a
+            ``ValueError``; the message names the value).
+
+    Example::
+
+        Budgets(latency_ms=15.0, memory_mib=4000, k_sigma=1.0, k_sigmas={"memory_mib": 2.0})
+    """
+
+    latency_ms: float | None = None
+    energy_j: float | None = None
+    memory_mib: float | None = None
+    mig_profile: str | None = None
+    k_sigma: float = DEFAULT_K_SIGMA
+    k_sigmas: Mapping[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in BUDGET_FIGURES:
+            object.__setattr__(self, name, _finite_budget(name, getattr(self, name)))
+        if self.mig_profile is not None and (not isinstance(self.mig_profile, str) or not self.mig_profile):
+            raise BudgetError(f"budget mig_profile must be a profile name like '1g.5gb' or None, "
+                              f"got {self.mig_profile!r}")
+        object.__setattr__(self, "k_sigma", check_k_sigma(self.k_sigma))
+        if not isinstance(self.k_sigmas, Mapping):
+            raise BudgetError(f"k_sigmas must be a mapping {{figure: k}}, got {type(self.k_sigmas).__name__}")
+        unknown = sorted(str(k) for k in self.k_sigmas if k not in BUDGET_FIGURES)
+        if unknown:
+            raise BudgetError(f"unknown budget keys {unknown} in k_sigmas; valid keys are {list(BUDGET_FIGURES)}")
+        ks = {k: check_k_sigma(v, f"k_sigmas[{k!r}]") for k, v in self.k_sigmas.items()}
+        object.__setattr__(self, "k_sigmas", ks)
+
+    def __hash__(self) -> int:
+        return hash((self.latency_ms, self.energy_j, self.memory_mib, self.mig_profile, self.k_sigma,
+                     tuple(sorted(self.k_sigmas.items()))))
+
+    @classmethod
+    def from_mapping(cls, d: Mapping[str, Any]) -> "Budgets":
+        """``Budgets(**d)`` with a clear error for unknown keys (JSON / YAML class args use this).
+
+        Raises:
+            BudgetError: an unknown key (the valid ones are listed) or a bad value.
+        """
+        if not isinstance(d, Mapping):
+            raise BudgetError(f"budgets must be a mapping with keys from {list(BUDGET_KEYS)}, got {d!r}")
+        unknown = sorted(str(k) for k in d if k not in BUDGET_KEYS)
+        if unknown:
+            raise BudgetError(f"unknown budget keys {unknown}; valid keys are {list(BUDGET_KEYS)}")
+        return cls(**dict(d))
+
+    @classmethod
+    def coerce(cls, budgets: "Budgets | Mapping[str, Any] | None") -> "Budgets":
+        """A :class:`Budgets` from a Budgets, a mapping of its keys, or ``None`` (no budget)."""
+        if budgets is None:
+            return cls()
+        if isinstance(budgets, Budgets):
+            return budgets
+        if isinstance(budgets, Mapping):
+            return cls.from_mapping(budgets)
+        raise BudgetError(f"budgets must be a Budgets, a mapping or None, got {type(budgets).__name__}")
+
+    # ------------------------------------------------------------------ reading
+    def k_for(self, name: str) -> float:
+        """The ``k_sigma`` of figure ``name`` (its override, else :attr:`k_sigma`)."""
+        if name not in BUDGET_FIGURES:
+            raise BudgetError(f"unknown budget figure {name!r}; valid figures are {list(BUDGET_FIGURES)}")
+        return float(self.k_sigmas.get(name, self.k_sigma))
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The figures with a budget (memory when ``memory_mib`` or ``mig_profile`` is set), in the order
+        of :data:`BUDGET_FIGURES`: the constraint names."""
+        out = [n for n in ("latency_ms", "energy_j") if getattr(self, n) is not None]
+        if self.memory_mib is not None or self.mig_profile is not None:
+            out.append("memory_mib")
+        return tuple(out)
+
+    @property
+    def active(self) -> bool:
+        """True when at least one budget is set."""
+        return bool(self.names)
+
+    def to_dict(self, *, all_keys: bool = False) -> dict[str, Any]:
+        """JSON-able dict: the budgets set, ``k_sigma`` and the overrides (``all_keys``: every key)."""
+        d: dict[str, Any] = {n: getattr(self, n) for n in (*BUDGET_FIGURES, "mig_profile")}
+        if not all_keys:
+            d = {k: v for k, v in d.items() if v is not None}
+        d["k_sigma"] = self.k_sigma
+        if self.k_sigmas or all_keys:
+            d["k_sigmas"] = dict(self.k_sigmas)
+        return d
+
+    def memory_limit(self, device: Any) -> tuple[float, str] | None:
+        """``(limit MiB, source)`` of the memory budget on ``device`` (``None`` without one).
+
+        Raises:
+            BudgetError: ``mig_profile`` on a device without MIG, or a profile the device lacks (its
+                profiles are listed).
+            DeviceError: an unknown device id.
+        """
+        limits: list[tuple[float, str]] = []
+        if self.memory_mib is not None:
+            limits.append((self.memory_mib, "memory_mib"))
+        if self.mig_profile is not None:
+            from dippm_nas.devices import resolve_device
+
+            dev = resolve_device(device)
+            if not dev.has_mig:
+                raise BudgetError(f"budget mig_profile={self.mig_profile!r} needs a device with MIG; "
+                                  f"{dev.id!r} has none")
+            names = [p.name for p in dev.mig_profiles]
+            if self.mig_profile not in names:
+                raise BudgetError(f"unknown MIG profile {self.mig_profile!r} of {dev.id!r}; choices: {names}")
+            usable = next(p for p in dev.mig_profiles if p.name == self.mig_profile).usable_memory_mib
+            limits.append((float(usable), f"mig:{self.mig_profile}"))
+        return min(limits) if limits else None
+
+    # ------------------------------------------------------------------ checking
+    def check(self, prediction: Prediction) -> dict[str, ChanceCheck]:
+        """Every budget set, checked against ``prediction``: ``{figure: ChanceCheck}`` in :attr:`names` order.
+
+        Raises:
+            BudgetError: ``prediction`` is not a Prediction; an energy budget on a prediction without an
+                energy figure; a MIG budget the device cannot take (see :meth:`memory_limit`).
+        """
+        if not isinstance(prediction, Prediction):
+            raise BudgetError(f"prediction must be a dippm_nas.Prediction, got {type(prediction).__name__}")
+        out: dict[str, ChanceCheck] = {}
+        for name in self.names:
+            if name == "memory_mib":
+                lim = self.memory_limit(prediction.device)
+                assert lim is not None
+                budget, limit_source = lim
+            else:
+                budget, limit_source = float(getattr(self, name)), name
+            mean = getattr(prediction, name)
+            source = getattr(prediction, name.split("_")[0] + "_source")
+            if mean is None:
+                raise BudgetError(
+                    f"the {name} budget ({budget:g}) cannot be checked: the prediction for device "
+                    f"{prediction.device!r} has no {name} (source {source!r}); drop that budget or choose a "
+                    "device with power figures"
+                )
+            std = getattr(prediction, name + "_std")
+            k = self.k_for(name)
+            missing = std is None
+            if missing and k > 0:
+                _warn_once(f"std-missing:{name}:{source}",
+                           "the %s prediction (source %r) has no standard deviation; its budget is checked as "
+                           "mean + k_sigma * 0 (std_missing_%s is recorded)", name, source, name)
+            bound = float(mean) + (k * float(std) if std is not None else 0.0)
+            value = bound - budget
+            out[name] = ChanceCheck(name=name, mean=float(mean), std=None if std is None else float(std),
+                                    std_missing=missing, k_sigma=k, bound=bound, budget=budget,
+                                    limit_source=limit_source, value=value, margin=-value, feasible=value <= 0)
+        return out
+
+    def constraint_values(self, prediction: Prediction) -> dict[str, float]:
+        """``{figure: mean + k * std - budget}`` (Optuna's convention: ``<= 0`` feasible; ms, J, MiB)."""
+        return {n: c.value for n, c in self.check(prediction).items()}
+
+    def ratios(self, prediction: Prediction) -> dict[str, float]:
+        """``{figure: (mean + k * std) / budget}`` (``<= 1`` within budget), for :func:`dippm_nas.nni.scalarize`."""
+        return {n: c.ratio for n, c in self.check(prediction).items()}
+
+    def feasible(self, prediction: Prediction) -> bool:
+        """True when the prediction meets every budget set."""
+        return all(c.feasible for c in self.check(prediction).values())
+
+
+def trial_attrs(checks: Mapping[str, ChanceCheck]) -> dict[str, Any]:
+    """User attributes recording each chance check (units in the keys): ``budget_<f>``, ``k_sigma_<f>``,
+    ``margin_<f>`` (``budget - mean - k * std``), ``std_missing_<f>``."""
+    out: dict[str, Any] = {}
+    for n, c in checks.items():
+        out[f"budget_{n}"] = c.budget
+        out[f"k_sigma_{n}"] = c.k_sigma
+        out[f"margin_{n}"] = c.margin
+        out[f"std_missing_{n}"] = c.std_missing
+    return out

@@ -1,0 +1,96 @@
+"""``dippm-nas gpu-campaign``: measure the fixed validation set on this machine's GPU, resumably, in a time budget.
+
+Runs from a source checkout with only torch (plus torchvision, timm, transformers for the set's models):
+``PYTHONPATH=. python3 -m dippm_nas gpu-campaign --out DIR``. See :mod:`dippm_nas.measure._campaign` and
+``docs/gpu_campaign.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from dippm_nas.measure import (
+    DEFAULT_SET,
+    RUNTIMES,
+    VALIDATION_SETS,
+    CampaignItem,
+    Measurement,
+    campaign_settings,
+    run_campaign,
+)
+
+__all__ = ["register"]
+
+
+def _csv(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(t) for t in _csv(text)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated ints like 1,8,32, got {text!r}") from None
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "gpu-campaign",
+        help="measure the fixed validation set on this GPU (latency, energy, memory), resumable, time-bounded",
+        description="Measure a fixed, versioned validation set (torchvision and timm CNNs, ViT, Swin, a BERT-base "
+                    "encoder, a GPT-2-size decoder; batch 1-256; float16, bfloat16, float32; eager, CUDA graphs, "
+                    "torch.compile) with CUDA events, the NVML energy counter and PyTorch's peak memory, most "
+                    "informative rows first, for at most --minutes. Writes dataset JSON Lines files (<= 16 MiB "
+                    "each) and campaign.json to --out; capture the graphs later with "
+                    "'dippm-nas dataset import campaign DIR --out FILE' on a machine with TVM.",
+    )
+    p.add_argument("--out", required=True, help="campaign directory (created)")
+    p.add_argument("--minutes", type=float, default=25.0, help="wall-time budget, minutes (default 25)")
+    p.add_argument("--resume", action="store_true", help="continue the campaign in --out, skipping measured rows")
+    p.add_argument("--device", default="cuda", help="cuda | cuda:N | cpu (a dry run on the CPU measurer)")
+    p.add_argument("--set", dest="set_name", default=DEFAULT_SET, choices=sorted(VALIDATION_SETS),
+                   help=f"validation set (default {DEFAULT_SET}; 'smoke': two tiny models)")
+    p.add_argument("--runtimes", type=_csv, default=list(RUNTIMES),
+                   help=f"comma-separated, of {','.join(RUNTIMES)} (default all)")
+    p.add_argument("--dtypes", type=_csv, default=None, help="comma-separated (default float16,bfloat16,float32)")
+    p.add_argument("--batches", type=_ints, default=None, help="comma-separated batch sizes (default 1,8,32,64,128,256)")
+    p.add_argument("--time-cap", type=float, default=20.0, help="seconds per row, warm-up included (default 20)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads while measuring (default: as is on a GPU, 1 with --device cpu)")
+    p.add_argument("--max-file-mib", type=float, default=16.0, help="size limit of each output file (default 16)")
+    p.add_argument("--json", action="store_true", help="print the report as one JSON object at the end")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    kw: dict[str, Any] = {}
+    if args.dtypes is not None:
+        kw["dtypes"] = args.dtypes
+    if args.batches is not None:
+        kw["batches"] = args.batches
+
+    def progress(done: int, todo: int, item: CampaignItem, m: Measurement) -> None:
+        lat = f"{m.latency_ms:.3f} ms" if m.latency_ms is not None else "-"
+        mem = f"{m.memory_mib:.0f} MiB" if m.memory_mib is not None else "-"
+        energy = f"{m.energy_j:.4g} J" if m.energy_j is not None else "-"
+        why = f" ({m.reason[:120]})" if m.reason else ""
+        print(f"[{done}/{todo}] {item.model.name} bs{item.batch_size} {item.dtype} {item.runtime}: {m.status} "
+              f"{lat} {energy} {mem}{why}", flush=True)
+
+    threads = args.threads if args.threads is not None else (1 if args.device == "cpu" else None)
+    report = run_campaign(args.out, minutes=args.minutes, resume=args.resume, device=args.device,
+                          set_name=args.set_name, runtimes=args.runtimes,
+                          settings=campaign_settings(time_cap_s=args.time_cap, threads=threads),
+                          max_file_mib=args.max_file_mib,
+                          progress=None if args.json else progress, **kw)
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=1))
+    else:
+        print(f"{report.measured} rows measured ({report.by_status}), {report.already} already there, "
+              f"{report.left} left for a later --resume; {report.planned} planned; {report.seconds:.0f} s; "
+              f"files: {', '.join(report.files)}")
+        for rt, why in report.skipped.items():
+            print(f"runtime {rt} left out: {why}")
+    return 0

@@ -1,0 +1,220 @@
+"""Memory as PyTorch holds it: the GPU parts add up, the eager reference liveness, memory σ, the MIG margin."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from dippm_nas.devices import get_device
+from dippm_nas.graph import OperatorGraph, OpNode
+from dippm_nas.measure import reference_activation_peak
+from dippm_nas.mig import advise
+from dippm_nas.prediction import Prediction
+from dippm_nas.prior import activation_liveness, estimate, predict
+from dippm_nas.prior._memory import ACTIVATION_REL_SIGMA, CONTEXT_REL_SIGMA, CUDNN_WORKSPACE_SIGMA_MIB
+from dippm_nas.spec import InputSpec, dtype_bytes
+
+MIB = 2**20
+PARTS = ("baseline_mib", "weights_mib", "input_mib", "activations_peak_mib", "cublas_workspace_mib",
+         "cudnn_workspace_mib", "allocator_overhead_mib")
+
+
+def op(i: int, name: str, cls: str, out: list[tuple[int, ...]], ins: list[tuple[int, ...]],
+       par: list[bool] | None = None, dtype: str = "float32") -> OpNode:
+    par_t = tuple(par) if par is not None else (False,) * len(ins)
+    eb = dtype_bytes(dtype)
+    return OpNode(index=i, op=name, op_class=cls, output_shapes=tuple(out), output_dtype=dtype,
+                  input_shapes=tuple(ins), input_is_param=par_t, attrs={}, flops=sum(math.prod(s) for s in out),
+                  macs=0, bytes_read=sum(math.prod(s) for s in ins) * eb,
+                  bytes_written=0 if cls == "view" else sum(math.prod(s) for s in out) * eb,
+                  param_bytes=sum(math.prod(s) for s, p in zip(ins, par_t) if p) * eb)
+
+
+def residual_graph(n: int = 1 << 18, blocks: int = 3, batch: int = 1) -> OperatorGraph:
+    """x -> stem -> [a = relu(h); b = linear(a); h = h + b] * blocks -> out, all tensors of ``n`` floats:
+    a stage of residual blocks behind a stem (the stem's output is the stage input)."""
+    shape = (n,)
+    nodes = [op(0, "matmul", "matmul", [shape], [shape, (64, 64)], [False, True])]
+    edges = []
+    prev = 0
+    for _ in range(blocks):
+        i = len(nodes)
+        nodes.append(op(i, "nn.relu", "activation", [shape], [shape]))
+        nodes.append(op(i + 1, "matmul", "matmul", [shape], [shape, (64, 64)], [False, True]))
+        nodes.append(op(i + 2, "add", "elementwise", [shape], [shape, shape]))
+        edges += [(prev, i), (i, i + 1), (i + 1, i + 2), (prev, i + 2)]
+        prev = i + 2
+    last = len(nodes)
+    nodes.append(op(last, "nn.relu", "activation", [shape], [shape]))
+    edges.append((prev, last))
+    pb = sum(nd.param_bytes for nd in nodes)
+    return OperatorGraph(nodes=nodes, edges=sorted(edges), input_consumers={"x": [0]}, outputs=[last],
+                         spec=InputSpec(shape=shape, batch_size=batch, dtype="float32"),
+                         param_count=pb // 4, param_bytes=pb, mode="export").validate()
+
+
+# ----------------------------------------------------------------------------- the parts
+@pytest.mark.parametrize("device", ["a100-sxm4-40gb", "h100-sxm5-80gb", "rtx-4090"])
+def test_gpu_parts_sum_to_the_total_and_are_in_the_details(device: str) -> None:
+    g = residual_graph()
+    e = estimate(g, device)
+    p = predict(g, device, mig=False)
+    parts = [p.details[k] for k in PARTS]
+    assert all(v >= 0 for v in parts)
+    assert sum(parts) == pytest.approx(p.memory_mib) == pytest.approx(e.memory_mib)
+    assert p.details["reserved_mib"] == pytest.approx(p.memory_mib - p.details["baseline_mib"])
+    assert p.details["allocated_mib"] == pytest.approx(p.details["reserved_mib"] - p.details["allocator_overhead_mib"])
+    dev = get_device(device)
+    assert p.details["baseline_mib"] == dev.runtime_baseline_mib
+    assert p.details["input_mib"] == pytest.approx((1 << 18) * 4 / MIB)      # n floats
+    assert p.details["cublas_workspace_mib"] == pytest.approx(dev.cublas_workspace_mib)  # matmuls run
+    assert p.details["weights_mib"] == pytest.approx(g.param_bytes / MIB)
+
+
+def test_the_caller_held_input_is_a_part_not_an_activation() -> None:
+    g = residual_graph()
+    t = (1 << 18) * 4
+    with_input = activation_liveness(g).live_bytes
+    without = activation_liveness(g, include_inputs=False).live_bytes
+    assert with_input[0] - without[0] == t and list(with_input[1:]) == list(without[1:])  # read by the stem only
+    e = estimate(g, "a100-sxm4-40gb")
+    assert e.input_mib == pytest.approx(t / MIB)  # held by the caller for the whole pass: a part of its own
+
+
+class _Block(nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.lin = nn.Linear(d, d)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        a = torch.relu(h)
+        return h + self.lin(a)
+
+
+class _PreNorm(nn.Module):
+    """A pre-norm transformer block's two residual branches (the block input is held through both)."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.n1, self.f1 = nn.LayerNorm(d), nn.Linear(d, d)
+        self.n2, self.f2, self.f3 = nn.LayerNorm(d), nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.f1(self.n1(x))
+        return x + self.f3(torch.relu(self.f2(self.n2(x))))
+
+
+class _Stage(nn.Module):
+    def __init__(self, block: type, d: int = 256, blocks: int = 3) -> None:
+        super().__init__()
+        self.stem = nn.Linear(64, d)
+        self.blocks = nn.Sequential(*[block(d) for _ in range(blocks)])
+        self.head = nn.Linear(d, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)         # x holds the stem's output while the blocks run
+        x = self.blocks(x)
+        return self.head(x)
+
+
+@pytest.mark.parametrize("block", [_Block, _PreNorm])
+def test_eager_retention_agrees_with_the_eager_reference(block: type) -> None:
+    import dippm_nas
+
+    spec = InputSpec(shape=(64,), batch_size=512)
+    g = dippm_nas.capture(_Stage(block), spec, cache=False)
+    ref = reference_activation_peak(_Stage(block), spec)
+    flow = activation_liveness(g, include_inputs=False).peak_allocated_bytes
+    eager = activation_liveness(g, retention=True, include_inputs=False).peak_allocated_bytes
+    assert flow == ref.dataflow_peak_bytes < ref.peak_block_bytes   # the graph is the eager trace's dataflow
+    assert eager == ref.peak_block_bytes                            # and the retention rules close the gap
+
+
+def test_cpu_memory_keeps_the_dataflow_liveness_with_the_input_and_no_sigma() -> None:
+    g = residual_graph()
+    e = estimate(g, "host-cpu")
+    flow = activation_liveness(g).peak_allocated_bytes / MIB
+    assert e.activations_peak_mib == pytest.approx(flow) and e.input_mib == 0.0
+    assert e.memory_mib == pytest.approx(e.baseline_mib + g.param_bytes / MIB + flow)
+    assert e.memory_mib_std is None and e.allocator_overhead_mib == 0.0
+
+
+# ----------------------------------------------------------------------------- sigma
+def test_analytic_gpu_memory_has_a_sigma_from_its_parts() -> None:
+    g = residual_graph()
+    p = predict(g, "a100-sxm4-40gb", mig=False)
+    d = p.details
+    expected = math.sqrt((ACTIVATION_REL_SIGMA * d["activations_peak_mib"]) ** 2
+                         + (CONTEXT_REL_SIGMA * d["baseline_mib"]) ** 2 + (0.5 * d["allocator_overhead_mib"]) ** 2)
+    assert p.memory_mib_std == pytest.approx(expected) and d["memory_std_mib"] == p.memory_mib_std
+    assert d["memory_std_cudnn_workspace_mib"] == 0.0  # no convolution here
+
+
+def test_gnn_predictor_passes_the_analytic_memory_sigma_through() -> None:
+    import dippm_nas
+
+    p = dippm_nas.predict(residual_graph(), None, "a100-sxm4-40gb")
+    assert p.memory_source == "analytic" and p.memory_mib_std is not None and p.memory_mib_std > 0
+
+
+def test_convolutions_add_the_cudnn_allowance() -> None:
+    n, c = 4, 8
+    node = OpNode(index=0, op="nn.conv2d", op_class="conv", output_shapes=((n, c, 16, 16),), output_dtype="float32",
+                  input_shapes=((n, c, 16, 16), (c, c, 3, 3)), input_is_param=(False, True), attrs={"groups": 1},
+                  flops=1, macs=1, bytes_read=1, bytes_written=n * c * 256 * 4, param_bytes=c * c * 9 * 4)
+    g = OperatorGraph(nodes=[node], edges=[], input_consumers={"x": [0]}, outputs=[0],
+                      spec=InputSpec(shape=(c, 16, 16), batch_size=n), param_count=c * c * 9,
+                      param_bytes=c * c * 9 * 4, mode="export").validate()
+    d = predict(g, "a100-sxm4-40gb", mig=False).details
+    assert d["memory_std_cudnn_workspace_mib"] == CUDNN_WORKSPACE_SIGMA_MIB and d["cudnn_workspace_mib"] == 0.0
+
+
+# ----------------------------------------------------------------------------- MIG margin
+def _pred(memory_mib: float, std: float | None) -> Prediction:
+    return Prediction(latency_ms=1.0, energy_j=0.1, memory_mib=memory_mib, latency_source="analytic",
+                      energy_source="analytic", memory_source="analytic", device="a100-sxm4-40gb", batch_size=1,
+                      dtype="float16", memory_mib_std=std)
+
+
+def test_mig_fit_with_little_headroom_is_never_silent() -> None:
+    usable = next(p for p in get_device("a100-sxm4-40gb").mig_profiles if p.name == "1g.5gb").usable_memory_mib
+    no_std = advise(_pred(usable - 190.0, None), "a100-sxm4-40gb")
+    a = no_std.profile("1g.5gb")
+    assert a.fits and no_std.memory_std_missing and "no margin" in a.note and "190 MiB headroom" in a.note
+    with_std = advise(_pred(usable - 190.0, 200.0), "a100-sxm4-40gb")  # k_sigma 1: 190 MiB < 1 sigma
+    assert not with_std.profile("1g.5gb").fits and with_std.smallest_fit == "1g.10gb"
+    assert not with_std.memory_std_missing and with_std.profile("1g.10gb").note == ""
+
+
+# ----------------------------------------------------------------------------- the eager reference
+class _HoldsLocals(nn.Module):
+    """``a`` stays bound to a local after its last use: eager keeps it, a dataflow liveness frees it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = x * 2
+        b = a + 1
+        v = b.view(-1)           # a view: no new storage
+        v.relu_()                # in place: no new storage
+        c = b * 3
+        return c.sum()
+
+
+def test_reference_tracks_python_frames_views_and_in_place_ops() -> None:
+    n = 1024
+    r = reference_activation_peak(_HoldsLocals(), InputSpec(shape=(n,), batch_size=1))
+    t = n * 4
+    assert r.peak_bytes == 3 * t + 4            # a, b, c and the sum's 4 bytes (x is the caller's)
+    assert r.peak_block_bytes == 3 * t + 512    # each storage rounded to 512 B
+    assert r.dataflow_peak_bytes == 2 * t       # at c: b and c; a freed after b
+    assert r.input_bytes == t and r.output_bytes == 4 and r.device == "cpu"
+
+
+def test_reference_needs_no_real_weights_and_casts_like_half() -> None:
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 10))
+    r = reference_activation_peak(model, InputSpec(shape=(256,), batch_size=8, dtype="float16"))
+    # at the ReLU: its input (held by nn.Sequential until the ReLU returns) and its output, 8x512 fp16 each
+    assert r.peak_bytes == 2 * 8 * 512 * 2 and r.input_bytes == 8 * 256 * 2 and r.output_bytes == 8 * 10 * 2
