@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"held-out log σ (RMS log error): host-bound rows {sigma_host:.3f}, GPU-bound rows {sigma_gpu:.3f}, "
           f"all rows {sigma_all:.3f}")
 
-    cmd = "python " + " ".join([Path(sys.argv[0]).as_posix(), *(argv if argv is not None else sys.argv[1:])])
+    cmd = "python " + shlex.join([Path(sys.argv[0]).as_posix(), *(argv if argv is not None else sys.argv[1:])])
     model = fit_host_model(
         rows, params=params, base=base, command=cmd,
         source=("ryujaehun/pytorch-gpu-benchmark@3f47a9e2 (MIT): eager PyTorch 1.x timings of 32 torchvision CNNs at "
