@@ -87,6 +87,9 @@ def main(argv: list[str] | None = None) -> int:
         params = dataclasses.replace(base, host_model=hm)
         sigma = float(hm.metrics["sigma_log_in_sample"])
         ests = [estimate(r.graph, r.device, params=params, execution=r.execution) for r, _ in test]
+        legacy_params = dataclasses.replace(base, host_model=None)
+        legacy = np.array([estimate(r.graph, r.device, params=legacy_params, execution=r.execution).latency_ms
+                           for r, _ in test])
         prior = np.array([e.latency_ms for e in ests])
         bound = np.array([e.launch_bound for e in ests])
         y = np.array([r.latency_ms for r, _ in test])
@@ -102,6 +105,11 @@ def main(argv: list[str] | None = None) -> int:
                 mp = _metrics(prior[sel], y[sel], np.full(sel.sum(), sigma))
                 report[key] = {"prior": mp}
                 line = f"  {dtype:8s} {part:10s} prior       {_fmt(mp)}"
+                if part == "all":
+                    ml = _metrics(legacy[sel], y[sel], np.full(sel.sum(), sigma))
+                    report[key]["legacy_host_constants"] = ml
+                    line += (f"\n  {'':8s} {'':10s} legacy      {_fmt(ml)}  (10 µs + 3 µs per operator; "
+                             f"median pred/meas {np.median(legacy[sel] / y[sel]):.2f})")
                 if gnn is not None and dtype != "float64":
                     mg_ = _metrics(gnn[0][sel], y[sel], gnn[1][sel])
                     report[key]["prior+gnn"] = mg_

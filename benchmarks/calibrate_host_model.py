@@ -9,8 +9,9 @@ Usage (from the repository root; the data path is an argument, nothing is downlo
 
 It fits :data:`dippm_nas.prior.FIT_PARAMETERS` on the fp16 and fp32 rows (fp64 rows are GPU-bound and
 left out), scores the fit leave-one-GPU-out (the constants refitted without that GPU's rows) and records
-the held-out log-space σ of host-bound rows as ``metrics["sigma_log_host"]``: the σ a host-bound
-prediction carries. Only the ``host_model`` key of the output file is replaced.
+the held-out log-space σ (RMS log error) of host-bound rows as ``metrics["sigma_log_host"]`` (the σ of
+the host part of a prediction) and of GPU-bound rows as ``metrics["sigma_log_gpu_bound"]`` (the σ of the
+kernel part where no checkpoint corrects it: the prior on GPUs it was not fitted on). Only the ``host_model`` key of the output file is replaced.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -60,10 +62,12 @@ def main(argv: list[str] | None = None) -> int:
     r = np.array(held_r)
     b = np.array(held_bound)
     sigma_host = float(np.sqrt(np.mean(r[b] ** 2))) if b.any() else float(np.sqrt(np.mean(r ** 2)))
+    sigma_gpu = float(np.sqrt(np.mean(r[~b] ** 2))) if (~b).any() else float(np.sqrt(np.mean(r ** 2)))
     sigma_all = float(np.sqrt(np.mean(r ** 2)))
-    print(f"held-out log σ: host-bound rows {sigma_host:.3f}, all rows {sigma_all:.3f}")
+    print(f"held-out log σ (RMS log error): host-bound rows {sigma_host:.3f}, GPU-bound rows {sigma_gpu:.3f}, "
+          f"all rows {sigma_all:.3f}")
 
-    cmd = "python " + " ".join([Path(sys.argv[0]).as_posix(), *(argv if argv is not None else sys.argv[1:])])
+    cmd = "python " + shlex.join([Path(sys.argv[0]).as_posix(), *(argv if argv is not None else sys.argv[1:])])
     model = fit_host_model(
         rows, params=params, base=base, command=cmd,
         source=("ryujaehun/pytorch-gpu-benchmark@3f47a9e2 (MIT): eager PyTorch 1.x timings of 32 torchvision CNNs at "
@@ -74,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
                   "figures (cudaLaunchKernel 2-4 µs, cudaGraphLaunch ~10 µs, a Python call ~10 µs), not fitted"),
     )
     model = dataclasses.replace(model, metrics={**model.metrics, "sigma_log_host": sigma_host,
+                                                "sigma_log_gpu_bound": sigma_gpu,
                                                 "sigma_log_heldout_all": sigma_all,
                                                 "heldout": "leave-one-GPU-out over " + ", ".join(devices)})
     print(json.dumps(model.to_dict(), indent=1))

@@ -232,3 +232,12 @@ def test_calibrate_with_one_measurement_keeps_predictions_and_says_so(tmp_path: 
     assert p.predict_graphs([g], mig=False)[0] == before
     with pytest.raises(DippmNasError, match="not finite numbers > 0"):
         p.calibrate([(g, {"latency_ms": 0.0}), (HOST_BOUND[1], {"latency_ms": 1.0})], persist=False)
+
+
+def test_analytic_gpu_latency_has_a_sigma_from_the_host_models_heldout_error() -> None:
+    for g in (HOST_BOUND[1], GPU_BOUND[0]):
+        p = AnalyticPredictor("h100-sxm5-80gb").predict_graphs([g], mig=False)[0]
+        assert p.latency_source == "analytic" and p.latency_ms_std is not None
+        hm = default_params().host_model
+        s = p.latency_ms_std / p.latency_ms
+        assert 0.5 * min(hm.sigma_log(), hm.sigma_log_gpu()) < s <= math.hypot(hm.sigma_log(), hm.sigma_log_gpu()) + 1e-9

@@ -41,11 +41,11 @@ logger = logging.getLogger(__name__)
 FRAMEWORKS: tuple[str, ...] = ("torch-2", "torch-1")
 #: Clock of the reference host core, GHz: ``speed = clock_ghz / REFERENCE_CLOCK_GHZ``.
 REFERENCE_CLOCK_GHZ = 3.0
-#: Per-operator time of :func:`measure_host_profile`'s microbenchmark on a reference 3.0 GHz core
-#: running PyTorch 2.x, µs. Anchored on the development machine: 4.47 µs measured there (AMD EPYC,
-#: family 26 model 2, ``cpu MHz`` 2596, torch 2.13.0, one thread, ``dippm-nas host-profile``), scaled to
-#: 3.0 GHz by the clock ratio (host time taken as inversely proportional to the clock).
-REFERENCE_MICROBENCH_US = 3.87
+#: Per-operator time of :func:`measure_host_profile`'s microbenchmark on a reference 3.0 GHz core running
+#: PyTorch 2.x, µs. Anchored on the development machine: 4.84-4.87 µs in three runs there (AMD EPYC, family 26
+#: model 2, ``cpu MHz`` 2596, torch 2.13.0+cpu, Python 3.11; ``measure_host_profile()``), scaled to 3.0 GHz by
+#: the clock ratio (host time taken as inversely proportional to the clock): 4.85 x 2.596 / 3.0.
+REFERENCE_MICROBENCH_US = 4.20
 _FORMAT = 1
 
 
@@ -188,7 +188,7 @@ def resolve_host_profile(host: "HostProfile | str | Path | None") -> HostProfile
     raise DeviceError(f"host must be a HostProfile, a JSON file path, 'default' or None, got {type(host).__name__}")
 
 
-def measure_host_profile(*, repeats: int = 15, iterations: int = 50, name: str | None = None) -> HostProfile:
+def measure_host_profile(*, repeats: int = 60, iterations: int = 20, name: str | None = None) -> HostProfile:
     """Measure this machine's host profile with a CPU-only eager microbenchmark (about a second).
 
     The microbenchmark runs a small ``Conv2d -> BatchNorm2d -> ReLU`` stack eagerly on a tiny CPU tensor

@@ -9,7 +9,7 @@ timelines of an execution runtime (:data:`RUNTIMES`: eager, CUDA graphs, ``torch
 times from a fitted :class:`HostModel` scaled to a :class:`~dippm_nas.devices.HostProfile`.
 """
 
-from dippm_nas.prior._estimate import PriorEstimate, estimate, latency_us, predict, timeline_fields
+from dippm_nas.prior._estimate import PriorEstimate, estimate, latency_sigma_log, latency_us, predict, timeline_fields
 from dippm_nas.prior._host import HOST_KINDS, RUNTIMES, Execution, HostModel, check_runtime
 from dippm_nas.prior._host_fit import FIT_PARAMETERS, HostRow, fit_host_model, host_model_latency_ms
 from dippm_nas.prior._memory import MemoryBreakdown, MemoryParts, activation_liveness, gpu_memory_parts, round_block
@@ -18,7 +18,7 @@ from dippm_nas.prior._nodes import NodeCosts, kernel_time_us, node_costs, wave_e
 from dippm_nas.prior._params import PARAM_CLASSES, DeviceScale, OpClassParams, PriorParams, default_params
 
 __all__ = [
-    "estimate", "predict", "PriorEstimate", "latency_us", "timeline_fields",
+    "estimate", "predict", "PriorEstimate", "latency_us", "latency_sigma_log", "timeline_fields",
     "RUNTIMES", "HOST_KINDS", "Execution", "HostModel", "check_runtime",
     "HostRow", "fit_host_model", "host_model_latency_ms", "FIT_PARAMETERS",
     "PriorParams", "OpClassParams", "DeviceScale", "PARAM_CLASSES", "default_params",

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -314,6 +315,24 @@ def estimate(
     )
 
 
+def latency_sigma_log(est: PriorEstimate, params: PriorParams | None = None) -> float | None:
+    """Log-space σ of the prior's GPU latency: the host model's held-out σ on the host part and its
+    GPU-bound σ on the kernel part, each weighted by how much the critical path moves with it; ``None`` on a
+    CPU device or without a fitted host model (no measured error to give)."""
+    p = params if params is not None else default_params()
+    hm = p.host_model
+    if hm is None or resolve_device(est.device).kind != "gpu" or est.latency_ms <= 0:
+        return None
+    g, h, pre = est.node_time_ms * 1e3, est.node_host_ms * 1e3, est.pass_host_ms * 1e3
+    base = _timelines(g, h, "gpu", pre)[0]
+    if base <= 0:
+        return None
+    sh, sg = hm.sigma_log(), hm.sigma_log_gpu()
+    d_h = math.log(_timelines(g, h * math.exp(sh), "gpu", pre * math.exp(sh))[0] / base)
+    d_g = math.log(_timelines(g * math.exp(sg), h, "gpu", pre)[0] / base)
+    return math.hypot(d_h, d_g)
+
+
 def timeline_fields(est: PriorEstimate) -> dict[str, Any]:
     """``host_ms`` and ``gpu_ms`` of a :class:`~dippm_nas.prediction.Prediction` from an estimate (``None``
     on a CPU device, where the host runs the kernels)."""
@@ -360,11 +379,13 @@ def predict(
         )
     details = est.details()
     details["params_fitted"] = float(est.params_source != "uncalibrated")
+    s_lat = latency_sigma_log(est, params)
     pred = Prediction(
         latency_ms=est.latency_ms, energy_j=est.energy_j, memory_mib=est.memory_mib,
         latency_source="analytic", energy_source="analytic", memory_source="analytic",
         device=dev.id, batch_size=est.batch_size, dtype=est.dtype, unknown_ops=dict(est.unknown_ops),
-        details=details, memory_mib_std=est.memory_mib_std, **timeline_fields(est),
+        details=details, latency_ms_std=None if s_lat is None else est.latency_ms * s_lat,
+        memory_mib_std=est.memory_mib_std, **timeline_fields(est),
     )
     if mig and dev.has_mig:
         from dippm_nas.mig import advise

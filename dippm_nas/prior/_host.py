@@ -135,6 +135,12 @@ class HostModel:
         v = self.metrics.get("sigma_log_host")
         return float(v) if _finite(v) and v > 0 else 0.0
 
+    def sigma_log_gpu(self) -> float:
+        """Log-space σ of the prior's kernel times on a GPU it was not fitted on, from the fit's held-out
+        GPU-bound rows (0 when not recorded)."""
+        v = self.metrics.get("sigma_log_gpu_bound")
+        return float(v) if _finite(v) and v > 0 else 0.0
+
     def to_dict(self) -> dict[str, Any]:
         return {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in dataclasses.asdict(self).items()}
 
