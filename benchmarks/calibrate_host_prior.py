@@ -12,7 +12,7 @@ What is fitted (a :class:`dippm_nas.prior.DeviceScale` under the key ``host-cpu`
 multiplier for each contraction class (``conv``, ``conv_depthwise``, ``matmul``, ``attention``: oneDNN's
 convolutions and GEMMs reach very different shares of the CPU's measured matmul peak), and the framework
 time per dispatched op (the host microbenchmark times a tiny op; a real layer costs more). A per-class
-call time was tried too (2026-11-22): it fitted the six training families better but moved the held-out
+call time was tried too: it fitted the six training families better but moved the held-out
 resnet family from 23.6 % to 32.2 % MAPE, so it is not fitted. Loss: mean absolute log error of whole-model latency, each family
 weighted equally, Adam in log space on the node costs decomposed once under the base constants.
 

@@ -10,7 +10,7 @@ kernel, squeeze-excite) MBConv layer at its input shape, and the head. This scri
 once (``capture_many``, conversion cache) and stitches each network's graph from its pieces in execution
 order: node ids offset, each piece's input consumers fed by the previous piece's output, parameter counts
 summed. ``--verify N`` also captures the first N networks whole and checks that each stitched graph has
-the same ``structural_hash`` (the previous build: 100 of 100).
+the same ``structural_hash`` (100 of 100 checked).
 
 The output is the dataset JSONL format read by ``dippm-nas train/evaluate`` and
 :func:`dippm_nas.dataset.load_measurements`: one ``graph`` record per distinct network and one

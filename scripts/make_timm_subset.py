@@ -1,20 +1,20 @@
 #!/usr/bin/env python
-"""Pick the timm benchmark subset the A100 checkpoint trains on (a few models per timm family, three GPUs).
+"""Pick the timm benchmark rows the A100 checkpoint trains on (up to N models per timm family, three GPUs).
 
 Usage (from the repository root)::
 
-    python scripts/make_timm_subset.py --data ../shared/data --out timm_subset.csv
-    PYTHONPATH=. .venv-vision/bin/dippm-nas dataset import timm timm_subset.csv --out timm.sqlite --workers 2
+    python scripts/make_timm_subset.py --data ../shared/data --out timm_all.csv --per-family 1000
+    PYTHONPATH=. .venv-vision/bin/dippm-nas dataset import timm timm_all.csv --out timm.sqlite --workers 2
 
-Rule (the second session's choice, kept so the shipped checkpoint can be rebuilt): rows of
+Rule: rows of
 ``timm_benchmark_infer_gpu.csv`` from the amp / NCHW / eager runs on RTX 3090 (pt240-cu124), RTX 4090
 (pt291-cu128) and RTX 5090 (pt291-cu130) with a positive ``infer_step_time``; only models measured on all
 three, with at most 120 M parameters and images of at most 384 px; families are the model name without a
 ``tf_``/``gluon_``/``legacy_`` prefix up to the first non-letter; up to ``--per-family`` models per family
 (seeded shuffle), written in a seeded mixed-family order so that an import stopped early still covers
-many families. The shipped checkpoint holds 180 of the 429 models picked (the import was stopped after 200,
-20 of which failed capture; see
-``docs/predictor_report.md``). Needs timm for the graphs (``.venv-vision``).
+many families. The shipped checkpoint trains on every model this picks with ``--per-family 1000``: 901
+models of 140 families (``docs/predictor_report.md``, "A100 training data"). Needs timm for the graphs
+(``.venv-vision``).
 """
 
 from __future__ import annotations

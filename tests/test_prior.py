@@ -464,7 +464,7 @@ def test_a_decomposed_hard_activation_is_one_kernel_when_the_option_is_on(swish:
     assert on.host_ms == pytest.approx(0.010)
     inner = [0, 1, 2] if swish else [0, 1]
     assert all(on.node_time_ms[i] == 0.0 and on.node_host_ms[i] == 0.0 for i in inner)
-    # the old pricing: four / three dispatches and passes over the tensor (the multiply reads two)
+    # with the option off: four / three dispatches and passes over the tensor (the multiply reads two)
     assert off.host_ms == pytest.approx(0.010 * len(g.nodes))
     assert sum(off.node_time_ms) > (4.4 if swish else 2.9) * sum(one_pass.node_time_ms)
 
@@ -490,9 +490,9 @@ def test_fuse_hard_activations_round_trips_and_defaults_off_for_older_files() ->
 
 
 def test_host_checkpoints_keep_the_prior_they_were_trained_with() -> None:
-    """The Xeon checkpoint was trained before the option (its file lacks the key: off); the AMD one was
-    retrained in the thirteenth session on a prior fitted from the package constants, which have it on
-    (its operator table prices the chain as one ``hard`` record either way)."""
+    """The Xeon checkpoint's constants file lacks the option's key (off); the AMD one's prior was fitted
+    from the package constants, which have it on (its operator table prices the chain as one ``hard``
+    record either way)."""
     from importlib import resources
 
     for name, fused in (("host-cpu.json", False), ("host-cpu--amd-epyc.json", True)):

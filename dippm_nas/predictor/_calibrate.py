@@ -18,7 +18,7 @@ there is no scatter to judge by and ``w = 1``). A device 1.4x off is corrected i
 of a figure the predictor already gets right on average change it little. Without the shrink, five
 peak-RSS measurements of one family made host-cpu memory worse on the rest of that family on every other
 machine measured (e.g. 10.4 -> 13.1 % MAPE on a Zen 4 VM; docs/predictor_report.md, "Few-shot
-calibration that knows its noise"). :attr:`Calibration.kept` records ``w`` per target. The residual
+calibration results"). :attr:`Calibration.kept` records ``w`` per target. The residual
 spread of the (shrunk) fit widens the prediction's standard deviation.
 
 On a GPU, latency is corrected on its two timelines instead of by one line: a **host factor** ``h`` and a

@@ -35,44 +35,35 @@ HOST_DEVICE = "host-cpu"
 
 #: Log-space σ floor of a host-cpu prediction made with a checkpoint measured on another CPU model and not
 #: calibrated here (added in quadrature; such predictions skip the device-feature range check, since a
-#: single-host checkpoint has seen one device). Measured once, on one pair of machines: the shipped Intel
-#: Xeon checkpoint predicting 3,300 latencies and 3,243 peak-RSS figures measured on an AMD EPYC VM
-#: (latency 23.6 % MAPE, τ 0.874; memory 9.5 %, τ 0.933); the floor that puts 95 % of them within ±2σ is
-#: 0.297 (latency) and 0.103 (memory); fitted on four families it covers 99.8 % / 91.4 % of the other four
+#: single-host checkpoint has seen one device). Measured on one pair of machines: the Intel Xeon checkpoint
+#: predicting 3,300 latencies and 3,243 peak-RSS figures measured on an AMD EPYC VM (latency 23.6 % MAPE,
+#: τ 0.874; memory 9.5 %, τ 0.933); the floor that puts 95 % of them within ±2σ is 0.297 (latency) and
+#: 0.103 (memory); fitted on four families it covers 99.8 % / 91.4 % of the other four
 #: (``python benchmarks/accuracy_other_host.py --data AMD_DATASET --checkpoint host-cpu.pt`` on the AMD
-#: machine; docs/predictor_report.md, "Another CPU"). Another pair of CPUs may differ by more.
+#: machine; docs/predictor_report.md, "Host CPU: another machine or another CPU"). Another pair of CPUs may
+#: differ by more.
 OTHER_HOST_FLOOR_LOG: dict[str, float] = {"latency_ms": 0.30, "memory_mib": 0.10}
 
 #: Log-space σ floor of a host-cpu prediction on a machine of the checkpoint's CPU model whose host
 #: microbenchmark lies outside the device features the checkpoint was trained at (another VM of the same
 #: model; added in quadrature, until calibrated here, with ``details["other_machine"] = 1``). A checkpoint
-#: trained on one machine has seen one value of each device feature, so this case used to count as
-#: outside the training range, adding half the correction bound (σ ≈ 1.3× the figure). Measured on three
-#: pairs of machines (``python benchmarks/accuracy_other_host.py --data DATA_OF_THE_OTHER_VM --checkpoint
-#: host-cpu--amd-epyc.pt --same-cpu-model``; docs/predictor_report.md, "Interleaved labels" and "The AMD
-#: checkpoint on 14 families"):
+#: trained on one machine has seen one value of each device feature, so without this case such a machine
+#: would count as outside the training range, adding half the correction bound (σ ≈ 1.3× the figure).
+#: Measured with ``python benchmarks/accuracy_other_host.py --data DATA_OF_THE_OTHER_VM --checkpoint
+#: host-cpu--amd-epyc.pt --same-cpu-model`` (docs/predictor_report.md, "Host CPU: another machine or
+#: another CPU"); the AMD EPYC checkpoint (trained on a third AMD VM) needs, for 95 % within ±2σ:
 #:
-#: 1. the AMD EPYC checkpoint then shipped (trained on the first AMD VM) on 3,300 latencies and 3,250
-#:    peak-RSS figures of another AMD EPYC VM a day later (data/host_cpu/host_cpu_amd_epyc_rounds.jsonl.xz):
-#:    latency 18.7 % MAPE, measured/predicted 1.21, τ 0.920; memory 11.7 %; needs 0.210 / 0.147
-#:    (latency / memory; fitted on four families, 0.210 / 0.182 cover 95.0 % / 97.3 % of the other four);
-#: 2. the same checkpoint on a third AMD EPYC VM, 1,360 rows (data/host_cpu/host_cpu_amd_epyc_vm3.jsonl.xz):
-#:    latency 22.3 %, measured/predicted 1.06 but 24.1 % left after that factor, τ 0.851; memory 13.1 %;
-#:    needs 0.326 / 0.118 (0.322 fitted on four families covers 94.6 % of the other four);
-#: 3. the checkpoint shipped since (trained on the third VM, 14 families, with its operator-table prior)
-#:    on the first VM's 3,300 rows (data/host_cpu/host_cpu_amd_epyc.jsonl.xz): 1.79x too slow, latency
-#:    87.7 %, 14.9 % once that one factor is removed (13.5 % by the script's former formula, which divided
-#:    by the prediction), τ 0.907; memory 7.9 %; needs 0.470 / 0.016 (0.465
-#:    fitted on four families covers 94.1 % of the other four); on the rounds VM's rows it needs 0.250 /
-#:    0.116. (Without the operator table, the same training gave 0.471 / 0 and 0.247 / 0.104.)
-#: 4. that checkpoint (as retrained in the thirteenth session) on a VM of a newer processor generation
-#:    under the same model string (family 25 model 17, Zen 4), 280 rows measured twice
-#:    (data/host_cpu/host_cpu_amd_epyc_f25m17*.jsonl.xz): 1.37x / 1.27x too slow, 9.0 / 9.7 % once that
-#:    factor is removed, τ 0.93 / 0.91; memory 10.4 / 10.8 %; needs 0.235 / 0.083 and 0.191 / 0.058.
+#: - on the first AMD VM (3,300 rows, data/host_cpu/host_cpu_amd_epyc.jsonl.xz; 1.8x too slow, 15.2 %
+#:   latency MAPE once that factor is removed): latency 0.472;
+#: - on a second AMD VM (3,300 rows, data/host_cpu/host_cpu_amd_epyc_rounds.jsonl.xz; 1.36x too slow,
+#:   9.7 % after the factor): latency 0.250;
+#: - on a VM of a newer processor generation under the same model string (family 25 model 17, 280 rows
+#:   measured twice, data/host_cpu/host_cpu_amd_epyc_f25m17*.jsonl.xz; 1.37x / 1.27x too slow, 9.0 / 9.7 %
+#:   after the factor): 0.235 / 0.083 and 0.191 / 0.058 (latency / memory).
 #:
-#: The floor is the largest figure of the first three pairs, per target, rounded up (the fourth needs
-#: less): VMs sold as the same CPU model ran the same models up to 1.85x apart. Other VMs may differ by
-#: more.
+#: Latency takes the largest need, rounded up; memory the largest measured over the AMD VM pairs, 0.147 (a
+#: checkpoint trained on the first VM, on the second VM's rows). VMs sold as the same CPU model ran the same
+#: models up to 1.85x apart; other VMs may differ by more.
 OTHER_MACHINE_FLOOR_LOG: dict[str, float] = {"latency_ms": 0.48, "memory_mib": 0.15}
 
 

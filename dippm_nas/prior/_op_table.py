@@ -6,7 +6,7 @@ follow, and a GNN trained on whole-model latencies learns that only for families
 :class:`OpTable` is learnt from ``torch.profiler`` timings of every top-level ``aten::`` call inside real
 forward passes (``benchmarks/host_op_table.py`` records them), so it sees tens of thousands of operator
 timings instead of one label per model, and predicts unseen families much better
-(docs/predictor_report.md, "In-place operator times").
+(docs/predictor_report.md, "Operators timed in place").
 
 Calls and graph nodes meet as *canonical op records* ``(kind, x, w, p)``: the main input's shape, a second
 shape (weight, other operand, keys; ``[]`` when none) and 8 numeric parameters (conv strides, padding,

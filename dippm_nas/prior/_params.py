@@ -293,7 +293,7 @@ class PriorParams:
                 raise DippmNasError(f"{origin}: op class {name!r} has unknown keys {bad}; choices: {sorted(allowed)}")
             classes[name] = dataclasses.replace(classes[name], **values)
         glob = dict(d.get("global") or {})
-        # files written before the option priced every node of a decomposed hard activation: keep that
+        # a file without the key prices every node of a decomposed hard activation (the host checkpoints' prior)
         glob.setdefault("fuse_hard_activations", False)
         allowed_g = set(_GLOBAL_KEYS)
         bad_g = sorted(set(glob) - allowed_g)
