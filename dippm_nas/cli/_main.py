@@ -9,6 +9,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from dippm_nas._version import __version__
 from dippm_nas.errors import DippmNasError
 
 # Modules under dippm_nas.cli that define ``register(subparsers)``; each adds one verb.
@@ -32,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Hardware-aware cost model for NAS: predicted latency, energy, memory and MIG fit.",
     )
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
+    parser.add_argument("--version", action="version", version=f"dippm-nas {__version__}")
     sub = parser.add_subparsers(dest="verb", metavar="VERB")
     sub.required = True
     for name in _VERBS:

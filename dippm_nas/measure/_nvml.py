@@ -58,9 +58,10 @@ class NvmlAdapter:
         """
         try:
             import pynvml
-        except ImportError as e:  # pragma: no cover - nvidia-ml-py is a core dependency
+        except ImportError as e:  # pragma: no cover - depends on the environment
             raise MeasurementError(
-                f"NVML needs the package nvidia-ml-py ({e}); install it with: pip install nvidia-ml-py"
+                f"NVML needs the package nvidia-ml-py ({e}); install it with: pip install 'dippm-nas[gpu]' "
+                "(or pip install nvidia-ml-py)"
             ) from e
         try:
             pynvml.nvmlInit()

@@ -489,7 +489,7 @@ def _forest(profiles: Sequence[Mapping[str, Any]], speedups: Sequence[float], *,
     try:
         from sklearn.ensemble import HistGradientBoostingRegressor
     except ImportError as e:  # pragma: no cover - depends on the environment
-        raise DippmNasError("fitting an op table needs scikit-learn: pip install 'dippm-nas[dev]' "
+        raise DippmNasError("fitting an op table needs scikit-learn: pip install 'dippm-nas[fit]' "
                             "(or pip install scikit-learn)") from e
     x, y, w = [], [], []
     for p, speedup in zip(profiles, speedups, strict=True):
