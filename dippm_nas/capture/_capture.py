@@ -45,12 +45,17 @@ def _warn_cache_down(e: Exception) -> None:
 
 
 def _resolve_cache(cache: CacheArg) -> "ConversionCache | None":
+    """The store of ``cache``; ``None`` (with one warning) when the default cache cannot be opened."""
     if cache is None or cache is False:
         return None
     if cache is True:
         from dippm_nas.cache import default_cache
 
-        return default_cache()
+        try:
+            return default_cache()
+        except CacheError as e:
+            _warn_cache_down(e)
+            return None
     return cache
 
 
