@@ -34,6 +34,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 __all__ = [
+    "MAX_INPUT_ELEMENTS",
     "COMPUTE_DTYPES",
     "TENSOR_DTYPES",
     "TensorSpec",
@@ -46,6 +47,12 @@ __all__ = [
 COMPUTE_DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16")
 #: Dtypes an individual input tensor may have (integer inputs carry ids, masks, indices).
 TENSOR_DTYPES: tuple[str, ...] = COMPUTE_DTYPES + ("int64", "int32", "bool")
+
+#: Most elements one input tensor may have, batch included: 2**40 (about 1.1e12; 4 TiB in float32, 8x the
+#: memory of the largest GPU in the catalogue even at one byte per element). Capture never allocates the
+#: inputs, so this bounds what a graph can describe, not this machine's memory; a larger spec is an
+#: :class:`InputSpecError`.
+MAX_INPUT_ELEMENTS = 2**40
 
 _BYTES_PER_ELEMENT: dict[str, int] = {
     "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2,
@@ -150,6 +157,14 @@ class InputSpec:
             object.__setattr__(self, "shape", _check_shape(self.shape, "shape"))
         else:
             object.__setattr__(self, "inputs", self._normalise_inputs(self.inputs))
+        for t in self.tensors:
+            n = math.prod((self.batch_size, *t.shape))
+            if n > MAX_INPUT_ELEMENTS:
+                raise InputSpecError(
+                    f"input {t.name!r} of shape {(self.batch_size, *t.shape)} has {n:,} elements; an input may have "
+                    f"at most MAX_INPUT_ELEMENTS = 2**40 ({MAX_INPUT_ELEMENTS:,}), batch included, more than any "
+                    "device in the catalogue holds. Lower batch_size or the shape"
+                )
 
     @staticmethod
     def _normalise_inputs(inputs: Any) -> tuple[TensorSpec, ...]:
