@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Union
 from dippm_nas.capture._key import file_key, model_key
 from dippm_nas.capture._onnx import capture_onnx, read_onnx_bytes
 from dippm_nas.capture._torch import capture_module
-from dippm_nas.errors import CacheError, InputSpecError, ModelSpecError
+from dippm_nas.errors import CacheError, DippmNasError, GraphCaptureError, InputSpecError, ModelSpecError
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.spec import InputSpec, load_model
 
@@ -127,7 +127,12 @@ def capture(model: ModelLike, spec: InputSpec, *, cache: CacheArg = True,
             return hit
 
     if onnx_path is not None:
-        graph = capture_onnx(onnx_path, spec, source=source, model_key=key)
+        try:
+            graph = capture_onnx(onnx_path, spec, source=source, model_key=key)
+        except DippmNasError:
+            raise
+        except Exception as e:  # noqa: BLE001 - every capture failure reaches the caller as a DippmNasError
+            raise GraphCaptureError(f"capturing {source} failed: {type(e).__name__}: {e}") from e
     else:
         graph = capture_module(model, spec, decompose=decompose, model_key=key)  # type: ignore[arg-type]
         if isinstance(source, str) and ":" in source:
