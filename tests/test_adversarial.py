@@ -524,6 +524,32 @@ def test_case5_fake_and_meta_models_give_the_real_graph_in_every_mode() -> None:
     assert capture(meta, IMG, cache=False, decompose=True).structural_hash() == decomposed.structural_hash()
 
 
+class TiedLM(nn.Module):
+    """Token embedding and output head share one weight."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(64, 16)
+        self.head = nn.Linear(16, 64, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.emb(input_ids)))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_case5_tied_weights_count_once_real_or_meta(dtype: str) -> None:
+    spec = InputSpec(inputs={"input_ids": ((8,), "int64")}, batch_size=2, dtype=dtype)
+    real = TiedLM()
+    with torch.device("meta"):
+        meta = TiedLM()
+    if dtype == "float16":
+        real, meta = real.half(), meta.half()
+    g_real, g_meta = capture(real, spec, cache=False), capture(meta, spec, cache=False)
+    assert g_real.param_count == g_meta.param_count == 64 * 16
+    assert g_real.structural_hash() == g_meta.structural_hash()
+
+
 def test_case5_meta_model_hits_the_conversion_cache(tmp_path: Path) -> None:
     cache = ConversionCache(f"sqlite:///{tmp_path / 'c.sqlite'}")
     with torch.device("meta"):

@@ -173,6 +173,9 @@ _stderr_lock = threading.Lock()
 def _stderr_kept(into: io.StringIO) -> Iterator[None]:
     """Route this thread's ``sys.stderr`` writes into ``into`` (``torch.export`` prints a failing trace's
     partial FX graph there, while the failure reaches the caller as our exception)."""
+    if sys.stderr is None:  # no stream (pythonw): nothing is printed anyway
+        yield
+        return
     tid = threading.get_ident()
     with _stderr_lock:
         proxy = sys.stderr if isinstance(sys.stderr, _ThreadStderr) else _ThreadStderr(sys.stderr)
@@ -241,7 +244,9 @@ def _placeholder(tensor: "torch.Tensor") -> Any:
     import numpy as np
     import tvm
 
-    memo: dict[int, Any] = getattr(_binding, "memo", None) or {}
+    memo: dict[int, Any] | None = getattr(_binding, "memo", None)
+    if memo is None:  # outside capture_module: no tensor to share the constant with
+        memo = {}
     got = memo.get(id(tensor))
     if got is None:
         dtype = str(tensor.dtype).replace("torch.", "")
