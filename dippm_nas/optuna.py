@@ -46,6 +46,17 @@ Constraints (chance constraints, :mod:`dippm_nas.budgets`; Optuna's convention: 
     (TPE, NSGA-II, NSGA-III, GP). An infeasible candidate is reported as a violation and never pruned:
     pruning it would hide it from the sampler, which then drifts toward small networks.
 
+A candidate the cost model cannot evaluate (``on_error``; default ``"fail"``)
+    A model that cannot be captured or predicted (data-dependent control flow, an input that does not fit,
+    an unsupported op...) never stops the study: with ``on_error="fail"`` :meth:`HardwareCostModel.evaluate`
+    returns NaN for every objective, so Optuna marks the trial ``FAIL`` and goes on to the next one;
+    ``on_error="infeasible"`` returns ``+inf`` for every objective and registers every constraint as
+    ``+inf`` (``feasible=False``), so the trial completes as a violation the sampler steers away from;
+    ``on_error="raise"`` raises the :class:`~dippm_nas.errors.DippmNasError` (the study stops unless
+    ``study.optimize(catch=...)`` names it). In every case the reason is the ``cost_model_error`` user
+    attribute. With no cost objectives (``objectives=()``) a trial cannot be failed through its values, so
+    ``"fail"`` records it as ``"infeasible"`` does.
+
 User attributes set on every evaluated trial (units in the keys)
     ``predicted_latency_ms``, ``predicted_latency_ms_std``, ``latency_source``, ``predicted_energy_j``,
     ``predicted_energy_j_std``, ``energy_source``, ``predicted_memory_mib``, ``predicted_memory_mib_std``,
@@ -91,6 +102,7 @@ __all__ = [
     "PendingEvaluation",
     "OBJECTIVES",
     "CONSTRAINT_API",
+    "ON_ERROR",
     "optuna_has_set_constraint",
     "rdb_storage",
 ]
@@ -102,6 +114,10 @@ OBJECTIVES: dict[str, str] = {"latency_ms": "ms per batch", "energy_j": "J per b
 #: How constraints reach the sampler: ``"auto"`` (``trial.set_constraint`` when the trial has it),
 #: ``"set_constraint"`` (Optuna >= 5), ``"constraints_func"`` (Optuna 4.x: the sampler's argument).
 CONSTRAINT_API: tuple[str, ...] = ("auto", "set_constraint", "constraints_func")
+#: What :meth:`HardwareCostModel.evaluate` does when a candidate cannot be evaluated: ``"fail"`` the trial
+#: (NaN objectives; the study goes on), ``"raise"`` the error, or complete it ``"infeasible"`` (+inf
+#: objectives and constraints).
+ON_ERROR: tuple[str, ...] = ("fail", "raise", "infeasible")
 
 _warn_once = WarnOnce(logger, python_warning=True)
 
@@ -182,6 +198,9 @@ class HardwareCostModel:
             ``"compiled"`` (see :func:`dippm_nas.predict`).
         host: the CPU that drives the GPU: a :class:`~dippm_nas.devices.HostProfile`, a profile JSON file, or
             ``None`` for the default datacenter host.
+        on_error: one of :data:`ON_ERROR`, for a candidate that cannot be captured or predicted (see the
+            module docstring): ``"fail"`` (default) fails the trial and the study goes on, ``"infeasible"``
+            completes it with its constraints violated, ``"raise"`` raises.
 
     Raises:
         DeviceError: unknown device (the catalogue is listed), or an unreadable host profile.
@@ -202,6 +221,7 @@ class HardwareCostModel:
         background_workers: int = 0,
         runtime: str = "eager",
         host: Any = None,
+        on_error: Literal["fail", "raise", "infeasible"] = "fail",
     ) -> None:
         from dippm_nas.devices import resolve_device, resolve_host_profile
         from dippm_nas.prior import check_runtime
@@ -235,6 +255,9 @@ class HardwareCostModel:
         if isinstance(background_workers, bool) or not isinstance(background_workers, int) or background_workers < 0:
             raise DippmNasError(f"background_workers must be an int >= 0, got {background_workers!r}")
         self.background_workers = background_workers
+        if on_error not in ON_ERROR:
+            raise DippmNasError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
+        self.on_error = on_error
         self._pool: Any = None
         self._finisher: Any = None
 
@@ -368,6 +391,29 @@ class HardwareCostModel:
                 type(sampler).__name__, optuna.__version__,
             )
 
+    def _unevaluated(self, trial: Any, error: DippmNasError) -> tuple[float, ...]:
+        """Record that a candidate could not be evaluated; raise (``on_error="raise"``) or return the
+        objective values that fail the trial (NaN) or make it infeasible (+inf)."""
+        trial.set_user_attr("cost_model_error", f"{type(error).__name__}: {error}")
+        if self.on_error == "raise":
+            raise error
+        if self.on_error == "fail" and self.objectives:
+            logger.info("trial %s: the cost model could not evaluate the candidate (%s); the trial fails",
+                        getattr(trial, "number", "?"), error)
+            return tuple(math.nan for _ in self.objectives)
+        logger.info("trial %s: the cost model could not evaluate the candidate (%s); recorded as infeasible",
+                    getattr(trial, "number", "?"), error)
+        trial.set_user_attr("feasible", False)
+        for name in self.constraint_names:
+            trial.set_user_attr(f"constraint_{name}", math.inf)
+        if self.constraint_names:
+            if self._use_set_constraint(trial):
+                for name in self.constraint_names:
+                    trial.set_constraint(name, math.inf)
+            else:
+                self._check_4x_sampler(trial)
+        return tuple(math.inf for _ in self.objectives)
+
     # ------------------------------------------------------------------ evaluation
     def _record(self, trial: Any, pred: Prediction, spec: InputSpec, space: str | None, config: Any,
                 seconds: float) -> tuple[float, ...]:
@@ -449,12 +495,14 @@ class HardwareCostModel:
                 ``model.search_space_config`` (set by :func:`search_spaces.build_model`) when omitted.
 
         Returns:
-            The predicted figures named by :attr:`objectives`, in that order (floats).
+            The predicted figures named by :attr:`objectives`, in that order (floats); when the candidate
+            cannot be captured or predicted, NaN (``on_error="fail"``) or ``+inf`` (``"infeasible"``) for
+            each, with the reason in the ``cost_model_error`` user attribute.
 
         Raises:
-            DippmNasError: the model could not be captured (the trial then fails; nothing is pruned),
-                or a figure asked for has no prediction. The error text is also recorded as the
-                ``cost_model_error`` user attribute.
+            DippmNasError: ``on_error="raise"`` and the model could not be captured or a figure asked for
+                has no prediction (the text is also the ``cost_model_error`` user attribute); or ``spec``,
+                ``space`` or ``config`` are not valid arguments (whatever ``on_error`` says).
         """
         t0 = time.perf_counter()
         the_spec = self._spec_of(model, spec)
@@ -463,10 +511,9 @@ class HardwareCostModel:
             pred = predict(model, None if isinstance(model, OperatorGraph) else the_spec, self.device,
                            runtime=self.runtime, host=self.host,
                            cache=self.cache, mig=True, k_sigma=self.k_sigma)
+            values = self._record(trial, pred, the_spec, space_name, cfg, time.perf_counter() - t0)
         except DippmNasError as e:
-            trial.set_user_attr("cost_model_error", f"{type(e).__name__}: {e}")
-            raise
-        values = self._record(trial, pred, the_spec, space_name, cfg, time.perf_counter() - t0)
+            values = self._unevaluated(trial, e)
         seconds = time.perf_counter() - t0
         with self._lock:
             self._seconds += seconds
@@ -505,7 +552,9 @@ class HardwareCostModel:
 
         Returns:
             One entry per trial: the objective tuple, or the :class:`DippmNasError` that stopped that
-            candidate (recorded as ``cost_model_error``; the batch goes on).
+            candidate (recorded as ``cost_model_error``; the batch goes on; tell the trial ``FAIL``). With
+            ``on_error="infeasible"`` such a candidate's entry is the ``+inf`` tuple instead, its
+            constraints registered as violated.
         """
         if len(trials) != len(candidates):
             raise DippmNasError(f"trials and candidates must pair up, got {len(trials)} trials and "
@@ -525,15 +574,16 @@ class HardwareCostModel:
         share = (time.perf_counter() - t0) / max(len(trials), 1)
         out: list[tuple[float, ...] | DippmNasError] = []
         for trial, pred, spec, (space_name, cfg) in zip(trials, preds, specs, spaces):
-            if not isinstance(pred, Prediction):
-                trial.set_user_attr("cost_model_error", f"{type(pred).__name__}: {pred}")
-                out.append(pred)
-                continue
             try:
+                if not isinstance(pred, Prediction):
+                    raise pred
                 out.append(self._record(trial, pred, spec, space_name, cfg, share))
             except DippmNasError as e:
-                trial.set_user_attr("cost_model_error", f"{type(e).__name__}: {e}")
-                out.append(e)
+                if self.on_error == "infeasible":
+                    out.append(self._unevaluated(trial, e))
+                else:
+                    trial.set_user_attr("cost_model_error", f"{type(e).__name__}: {e}")
+                    out.append(e)
         with self._lock:
             self._seconds += time.perf_counter() - t0
             self._evaluations += len(trials)
@@ -597,7 +647,7 @@ class HardwareCostModel:
         done = finisher.submit(self._finish_background, trial, model, the_spec, space_name, cfg, conversion)
         with self._lock:
             self._seconds += time.perf_counter() - t0
-        return PendingEvaluation(self, done, None, None)
+        return PendingEvaluation(self, done, None, None, trial)
 
     def _finish_background(self, trial: Any, model: Any, spec: InputSpec, space: str | None, config: Any,
                            conversion: Any) -> tuple[float, ...]:
@@ -669,8 +719,9 @@ class PendingEvaluation:
     """A candidate submitted with :meth:`HardwareCostModel.submit`; :meth:`result` finishes its evaluation."""
 
     def __init__(self, cost: HardwareCostModel, future: Any, values: tuple[float, ...] | None,
-                 error: DippmNasError | None) -> None:
+                 error: DippmNasError | None, trial: Any = None) -> None:
         self._cost, self._future, self._values, self._error = cost, future, values, error
+        self._trial = trial
 
     def done(self) -> bool:
         """Whether :meth:`result` would return without waiting."""
@@ -683,7 +734,8 @@ class PendingEvaluation:
             timeout: seconds to wait (``None``: as long as it takes).
 
         Raises:
-            DippmNasError: as :meth:`HardwareCostModel.evaluate` (the conversion failed or its process died).
+            DippmNasError: as :meth:`HardwareCostModel.evaluate` (the conversion failed or its process died,
+                and ``on_error="raise"``; otherwise the values say so, as there).
             TimeoutError: not finished within ``timeout``.
         """
         if self._future is not None:
@@ -696,6 +748,8 @@ class PendingEvaluation:
                 with self._cost._lock:
                     self._cost._seconds += time.perf_counter() - t0
             self._future = None
+            if self._error is not None and self._cost.on_error != "raise" and self._trial is not None:
+                self._values, self._error = self._cost._unevaluated(self._trial, self._error), None
         if self._error is not None:
             raise self._error
         assert self._values is not None

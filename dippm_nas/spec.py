@@ -17,8 +17,12 @@ keep the dtype their :class:`TensorSpec` gives.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import math
+import os
+import sys
+import types
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +34,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 __all__ = [
+    "MAX_INPUT_ELEMENTS",
     "COMPUTE_DTYPES",
     "TENSOR_DTYPES",
     "TensorSpec",
@@ -42,6 +47,12 @@ __all__ = [
 COMPUTE_DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16", "float64")
 #: Dtypes an individual input tensor may have (integer inputs carry ids, masks, indices).
 TENSOR_DTYPES: tuple[str, ...] = COMPUTE_DTYPES + ("int64", "int32", "bool")
+
+#: Most elements one input tensor may have, batch included: 2**40 (about 1.1e12; 4 TiB in float32, 8x the
+#: memory of the largest GPU in the catalogue even at one byte per element). Capture never allocates the
+#: inputs, so this bounds what a graph can describe, not this machine's memory; a larger spec is an
+#: :class:`InputSpecError`.
+MAX_INPUT_ELEMENTS = 2**40
 
 _BYTES_PER_ELEMENT: dict[str, int] = {
     "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2,
@@ -146,6 +157,14 @@ class InputSpec:
             object.__setattr__(self, "shape", _check_shape(self.shape, "shape"))
         else:
             object.__setattr__(self, "inputs", self._normalise_inputs(self.inputs))
+        for t in self.tensors:
+            n = math.prod((self.batch_size, *t.shape))
+            if n > MAX_INPUT_ELEMENTS:
+                raise InputSpecError(
+                    f"input {t.name!r} of shape {(self.batch_size, *t.shape)} has {n:,} elements; an input may have "
+                    f"at most MAX_INPUT_ELEMENTS = 2**40 ({MAX_INPUT_ELEMENTS:,}), batch included, more than any "
+                    "device in the catalogue holds. Lower batch_size or the shape"
+                )
 
     @staticmethod
     def _normalise_inputs(inputs: Any) -> tuple[TensorSpec, ...]:
@@ -291,8 +310,14 @@ def load_model(spec: str) -> "Any":
     Returns:
         An ``nn.Module`` in eval mode, or a :class:`pathlib.Path` for an ONNX file.
 
+    Only ``package.module:callable`` imports and runs code you name: the module is imported with the
+    working directory appended to ``sys.path`` (so a file there never shadows an installed package), the
+    callable must be a function or class outside the standard library, and it is called with no
+    arguments. A SPEC string is code: resolve only SPEC strings you would run as Python.
+
     Raises:
-        ModelSpecError: malformed spec, unknown model name, missing file or callable.
+        ModelSpecError: malformed spec, unknown model name, missing file or callable, a standard-library
+            or builtin callable, or anything the callable raises or returns other than an ``nn.Module``.
         MissingDependencyError: torchvision/timm not installed.
     """
     from dippm_nas._optional import require
@@ -326,10 +351,45 @@ def load_model(spec: str) -> "Any":
 
             model = reparameterize_model(model, inplace=True).eval()
         return model
+    return _call_user_callable(spec, prefix, name)
+
+
+def _defining_module(obj: Any) -> str:
+    """The module that defines callable ``obj`` (its class's for an instance with ``__call__``)."""
+    if isinstance(obj, functools.partial):
+        return _defining_module(obj.func)
+    if isinstance(obj, (types.FunctionType, type)):
+        return str(getattr(obj, "__module__", "") or "")
+    if isinstance(obj, (types.BuiltinFunctionType, types.BuiltinMethodType, types.MethodWrapperType,
+                        types.WrapperDescriptorType, types.MethodDescriptorType)):
+        return str(getattr(obj, "__module__", None) or "builtins")
+    return str(getattr(type(obj), "__module__", "") or "")
+
+
+def _is_standard_library(module: str) -> bool:
+    top = module.split(".")[0]
+    return top in sys.stdlib_module_names or top in ("builtins", "__main__", "")
+
+
+def _call_user_callable(spec: str, prefix: str, name: str) -> Any:
+    """``package.module:callable``: import the module (the working directory appended to ``sys.path``),
+    check that the callable is user code, call it; anything it raises or returns other than an
+    ``nn.Module`` is a :class:`ModelSpecError`."""
+    if _is_standard_library(prefix):
+        raise ModelSpecError(
+            f"model SPEC {spec!r} names the Python standard library ({prefix.split('.')[0]!r}); "
+            "package.module:callable must name your own code, a function or class returning an nn.Module"
+        )
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)  # after every installed package: a file here never shadows one
     try:
         module = importlib.import_module(prefix)
     except ImportError as e:
         raise ModelSpecError(f"cannot import module {prefix!r} of model SPEC {spec!r}: {e}") from e
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - the module's own code failed while importing
+        raise ModelSpecError(f"importing module {prefix!r} of model SPEC {spec!r} raised "
+                             f"{type(e).__name__}: {e}") from e
     obj: Any = module
     for part in name.split("."):
         if not hasattr(obj, part):
@@ -337,7 +397,17 @@ def load_model(spec: str) -> "Any":
         obj = getattr(obj, part)
     if not callable(obj):
         raise ModelSpecError(f"{spec!r} must name a callable returning an nn.Module, got {type(obj).__name__}")
-    model = obj()
+    where = _defining_module(obj)
+    if _is_standard_library(where) or isinstance(obj, types.BuiltinFunctionType):
+        raise ModelSpecError(
+            f"{spec!r} is {type(obj).__name__} {getattr(obj, '__name__', obj)!r} defined in {where or 'no module'!r} "
+            "(the Python standard library or a builtin); package.module:callable must name a function or class "
+            "of your code that returns an nn.Module"
+        )
+    try:
+        model = obj()
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - whatever user code raises is the SPEC's error
+        raise ModelSpecError(f"calling {spec!r} raised {type(e).__name__}: {e}") from e
     import torch
 
     if not isinstance(model, torch.nn.Module):

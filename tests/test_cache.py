@@ -166,8 +166,11 @@ def test_columns_and_no_pickle(db_url: str) -> None:
     (row,) = _raw(db_url, f"SELECT payload, structural_hash, size_bytes, created_at, last_used_at, format_version, "
                           f"dippm_nas_version FROM {_store.TABLE_NAME}")
     payload, shash, size, created, used, fmt, version = row
-    assert payload[:1] == b"\x78"  # zlib header, not a pickle protocol marker (b"\x80")
-    assert json.loads(zlib.decompress(payload)) == g.to_dict()
+    # the key envelope (magic, version 1, unsigned, key length, key), then a zlib stream: no pickle anywhere
+    head = b"DPMC\x01\x00\x00\x01k"
+    assert payload[:len(head)] == head
+    assert payload[len(head):len(head) + 1] == b"\x78"  # zlib header, not a pickle protocol marker (b"\x80")
+    assert json.loads(zlib.decompress(payload[len(head):])) == g.to_dict()
     assert (shash, size, fmt) == (g.structural_hash(), len(payload), GRAPH_FORMAT_VERSION)
     assert abs(created - time.time()) < 60 and used >= created
     assert version and version != "unknown"
@@ -200,6 +203,8 @@ def test_corrupt_row_is_deleted_with_one_warning(
     with ConversionCache(db_url) as cache:
         cache.put("bad", make_graph(2))
         cache.put("good", make_graph(3))
+    if column == "payload":  # bound to its key, so only the stream inside is bad
+        value = _store._envelope("bad", make_graph(2).structural_hash(), GRAPH_FORMAT_VERSION, value, None)
     _raw(db_url, f"UPDATE {_store.TABLE_NAME} SET {column} = :v WHERE key = 'bad'", v=value)
     with ConversionCache(db_url) as cache, caplog.at_level(logging.WARNING, logger="dippm_nas.cache"):
         assert cache.get("bad") is None
@@ -475,7 +480,7 @@ def test_postgres_round_trip_corrupt_and_concurrency(tmp_path: Path, caplog: pyt
         _raw(PG_URL, f"UPDATE {_store.TABLE_NAME} SET payload = :v WHERE key = :k", v=b"junk", k=key)
         with caplog.at_level(logging.WARNING):
             assert cache.get(key) is None
-        assert "not a zlib stream" in caplog.text
+        assert "has no key envelope" in caplog.text
         assert _raw(PG_URL, f"SELECT count(*) FROM {_store.TABLE_NAME} WHERE key = :k", k=key) == [(0,)]
     _raw(PG_URL, f"DELETE FROM {_store.TABLE_NAME} WHERE key = 'same-key'")
     try:

@@ -373,7 +373,10 @@ def test_submit_without_workers_is_evaluate(fake_predict: list[Any], monkeypatch
         raise GraphCaptureError("no export")
 
     monkeypatch.setattr(dop, "predict", broken)
-    failing = cost.submit(study.ask(), _mlp(30), SPEC)  # the error waits for result()
+    failed = cost.submit(study.ask(), _mlp(30), SPEC)  # default on_error="fail": NaN objectives
+    assert all(math.isnan(v) for v in failed.result())
+    raising = HardwareCostModel(budgets=Budgets(mig_profile="1g.5gb"), on_error="raise")
+    failing = raising.submit(study.ask(), _mlp(30), SPEC)  # the error waits for result()
     with pytest.raises(GraphCaptureError, match="no export"):
         failing.result()
 
@@ -384,7 +387,7 @@ def test_background_conversion_matches_evaluate() -> None:
 
     import dippm_nas
 
-    with HardwareCostModel(budgets=Budgets(mig_profile="1g.5gb"), background_workers=1) as cost:
+    with HardwareCostModel(budgets=Budgets(mig_profile="1g.5gb"), background_workers=1, on_error="raise") as cost:
         study = cost.create_study()
         trials = [study.ask() for _ in range(3)]
         plain = torch.nn.Sequential(torch.nn.Linear(4, 12), torch.nn.ReLU(), torch.nn.Linear(12, 2))

@@ -1,11 +1,12 @@
 """The conversion cache: captured operator graphs kept in SQL so a model is converted once.
 
 A SQLite file in :func:`cache_dir` by default (``$DIPPM_NAS_CACHE_DIR`` moves it); any SQLAlchemy URL
-(``$DIPPM_NAS_CACHE_URL``, e.g. PostgreSQL) when many machines share one cache.
+(``$DIPPM_NAS_CACHE_URL``, e.g. PostgreSQL) when many machines share one cache; ``$DIPPM_NAS_CACHE_SECRET``
+signs its rows so that only writers who know the secret are trusted.
 """
 
 from dippm_nas._paths import CACHE_DIR_ENV, CACHE_URL_ENV, cache_dir, default_cache_url
-from dippm_nas.cache._store import ConversionCache, default_cache, set_default_cache
+from dippm_nas.cache._store import CACHE_SECRET_ENV, ConversionCache, default_cache, set_default_cache
 
 __all__ = [
     "ConversionCache",
@@ -15,4 +16,5 @@ __all__ = [
     "default_cache_url",
     "CACHE_DIR_ENV",
     "CACHE_URL_ENV",
+    "CACHE_SECRET_ENV",
 ]

@@ -18,16 +18,37 @@ dataclass and its ``attrs`` is typed ``Mapping`` (read-only): do not mutate ``no
 replace the node instead. The ``last_used_at`` stamps that drive eviction are written in batches (at
 most once per ``touch_interval_s``), never on every hit.
 
-A row that cannot be read back (bad zlib stream, bad JSON, another graph format version, a graph that
-fails :meth:`OperatorGraph.validate`) is logged once per key, deleted, and reported as a miss so the
+Every payload is bound to its key. It starts with a small envelope, ``DPMC`` + envelope version + flags +
+the key it was written under (+ an HMAC-SHA256 signature when a secret is set), then the zlib stream. On
+read the envelope's key must be the row's key and the graph's structural hash the row's
+``structural_hash``, so a row holding another model's graph (copied by hand, by a bug, or by another
+writer of a shared database) is never served as this model's.
+
+For shared databases, ``$DIPPM_NAS_CACHE_SECRET`` (or ``ConversionCache(secret=...)``) signs every row
+written and rejects, on read, rows without a signature and rows signed with another secret: only writers
+that know the secret can put a graph another process will trust. Without a secret, rows are not signed
+and signatures are not checked (the key binding still is).
+
+A row that cannot be read back (no envelope or another key in it, a bad or missing signature, bad zlib
+stream, bad JSON, another graph format version, a graph that fails :meth:`OperatorGraph.validate` or
+whose structural hash is not the row's) is logged once per key, deleted, and reported as a miss so the
 caller recomputes it.
+
+A SQLite file that is not a database (truncated, overwritten) is moved aside to
+``<file>.corrupt-<unix time>-<pid>`` with a warning, and a new one is started; a cache that cannot be
+opened at all (a read-only or missing directory, a server that does not answer) raises
+:class:`CacheError`, which :func:`dippm_nas.capture` turns into one warning and an uncached capture.
 """
 
 from __future__ import annotations
 
 import atexit
+import hashlib
+import hmac
 import logging
 import os
+import sqlite3
+import struct
 import threading
 import time
 import weakref
@@ -35,6 +56,7 @@ import zlib
 from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -49,12 +71,14 @@ from dippm_nas._sql import make_engine, redact
 from dippm_nas.errors import CacheError, GraphValidationError
 from dippm_nas.graph import GRAPH_FORMAT_VERSION, OperatorGraph
 
-__all__ = ["ConversionCache", "default_cache", "set_default_cache", "TABLE_NAME"]
+__all__ = ["ConversionCache", "default_cache", "set_default_cache", "TABLE_NAME", "CACHE_SECRET_ENV"]
 
 logger = logging.getLogger(__name__)
 
 #: Name of the SQL table (shared databases may hold other dippm-nas tables).
 TABLE_NAME = "dippm_conversion_cache"
+#: Environment variable holding the secret that signs rows (HMAC-SHA256) and rejects unsigned or foreign ones.
+CACHE_SECRET_ENV = "DIPPM_NAS_CACHE_SECRET"
 
 _MAX_KEY_CHARS = 255
 _ZLIB_LEVEL = 6
@@ -84,6 +108,18 @@ _table = sa.Table(
 _UPDATABLE = tuple(c.name for c in _table.columns if c.name != "key")
 
 _warn_once = WarnOnce(logger)
+#: for what a notebook user must see too (a cache file moved aside)
+_warn_user_once = WarnOnce(logger, python_warning=True)
+
+#: Envelope of a payload: magic, envelope version, flags, key length; then the key, the signature when
+#: signed, then the zlib stream.
+_MAGIC = b"DPMC"
+_ENVELOPE_VERSION = 1
+_HEADER = struct.Struct(">4sBBH")
+_SIGNED = 1
+_MAC_BYTES = 32
+#: Seconds :func:`default_cache` waits before trying again to open a default cache that failed to open.
+_REOPEN_AFTER_S = 60.0
 
 
 def _now() -> float:
@@ -110,8 +146,54 @@ class _CorruptRow(Exception):
     """A stored row that cannot be turned back into a valid graph; the message says why."""
 
 
-def _decode(payload: bytes, format_version: int) -> tuple[OperatorGraph, int]:
-    """Payload bytes -> validated graph and the length of its JSON text.
+def _mac(secret: bytes, key: str, structural_hash: str, format_version: int, body: bytes) -> bytes:
+    msg = b"\x00".join((b"dippm-nas conversion cache", key.encode(), structural_hash.encode(),
+                        str(format_version).encode(), body))
+    return hmac.new(secret, msg, hashlib.sha256).digest()
+
+
+def _envelope(key: str, structural_hash: str, format_version: int, body: bytes, secret: bytes | None) -> bytes:
+    """The stored payload of zlib stream ``body``: the envelope binding it to ``key`` (signed with ``secret``)."""
+    k = key.encode()
+    head = _HEADER.pack(_MAGIC, _ENVELOPE_VERSION, _SIGNED if secret else 0, len(k)) + k
+    if secret:
+        head += _mac(secret, key, structural_hash, format_version, body)
+    return head + body
+
+
+def _open_envelope(payload: bytes, key: str, structural_hash: str, format_version: int,
+                   secret: bytes | None) -> bytes:
+    """The zlib stream of a stored payload, after checking its key and (with a secret) its signature.
+
+    Raises:
+        _CorruptRow: no envelope, another key, an unsigned row while a secret is set, a bad signature.
+    """
+    if len(payload) < _HEADER.size or payload[:4] != _MAGIC:
+        raise _CorruptRow("its payload has no key envelope (written by another program or an older dippm-nas)")
+    magic, version, flags, n = _HEADER.unpack_from(payload)
+    if version != _ENVELOPE_VERSION:
+        raise _CorruptRow(f"its payload envelope has version {version}, this dippm-nas reads {_ENVELOPE_VERSION}")
+    at = _HEADER.size + n
+    stored_key = payload[_HEADER.size:at].decode("utf-8", "replace")
+    if stored_key != key:
+        raise _CorruptRow(f"its payload was written under another key ({stored_key!r}): the row holds another "
+                          "model's graph")
+    mac = None
+    if flags & _SIGNED:
+        mac, at = payload[at:at + _MAC_BYTES], at + _MAC_BYTES
+    body = payload[at:]
+    if secret:
+        if mac is None:
+            raise _CorruptRow(f"it is not signed and {CACHE_SECRET_ENV} is set (only signed rows are trusted)")
+        if not hmac.compare_digest(mac, _mac(secret, key, structural_hash, format_version, body)):
+            raise _CorruptRow(f"its signature does not match this process's {CACHE_SECRET_ENV} (signed with "
+                              "another secret, or changed after signing)")
+    return body
+
+
+def _decode(key: str, payload: bytes, structural_hash: str, format_version: int,
+            secret: bytes | None) -> tuple[OperatorGraph, int]:
+    """A stored row -> validated graph and the length of its JSON text.
 
     Raises:
         _CorruptRow: for any reason the row cannot be trusted.
@@ -121,8 +203,9 @@ def _decode(payload: bytes, format_version: int) -> tuple[OperatorGraph, int]:
             f"it was written with graph format version {format_version!r}, this dippm-nas reads "
             f"version {GRAPH_FORMAT_VERSION}"
         )
+    body = _open_envelope(payload, key, structural_hash, format_version, secret)
     try:
-        text = zlib.decompress(payload)
+        text = zlib.decompress(body)
     except (zlib.error, TypeError) as e:
         raise _CorruptRow(f"its payload is not a zlib stream ({e})") from e
     try:
@@ -135,7 +218,46 @@ def _decode(payload: bytes, format_version: int) -> tuple[OperatorGraph, int]:
         graph.validate()
     except GraphValidationError as e:
         raise _CorruptRow(f"its graph fails validation ({e})") from e
+    if graph.structural_hash() != structural_hash:
+        raise _CorruptRow(f"its graph's structural hash {graph.structural_hash()[:12]}... is not the row's "
+                          f"{str(structural_hash)[:12]}...")
     return graph, len(text)
+
+
+def _secret_bytes(secret: str | bytes | None) -> bytes | None:
+    """The signing secret: ``secret``, else ``$DIPPM_NAS_CACHE_SECRET``; ``None`` when empty."""
+    if secret is None:
+        secret = os.environ.get(CACHE_SECRET_ENV, "")
+    if isinstance(secret, str):
+        secret = secret.encode("utf-8")
+    if not isinstance(secret, bytes):
+        raise CacheError(f"secret must be a str, bytes or None, got {type(secret).__name__}")
+    return secret or None
+
+
+def _not_a_database(e: BaseException) -> bool:
+    """Whether an error raised while opening a SQLite file says the file is not a (sound) database."""
+    cause: BaseException | None = e
+    while cause is not None:
+        if type(cause) is sqlite3.DatabaseError:  # the subclasses are locks, constraints, misuse
+            return True
+        text = str(cause)
+        if "file is not a database" in text or "database disk image is malformed" in text:
+            return True
+        cause = cause.__cause__ or cause.__context__
+    return False
+
+
+def _is_sound_sqlite(path: str) -> bool:
+    """Whether ``path`` opens as a SQLite database and passes a quick check (read only)."""
+    try:
+        conn = sqlite3.connect(f"{Path(path).absolute().as_uri()}?mode=ro", uri=True, timeout=1.0)
+        try:
+            return conn.execute("PRAGMA quick_check(1)").fetchone()[0] == "ok"
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return False
 
 
 def _fresh_copy(template: OperatorGraph) -> OperatorGraph:
@@ -184,9 +306,13 @@ class ConversionCache:
             objects; ``0`` turns it off so every :meth:`get` reads the database. Default 64 MiB.
         touch_interval_s: ``last_used_at`` stamps of hits are written in one batch at most this often,
             in seconds (and at :meth:`put`, :meth:`close` and interpreter exit). Default 60.
+        secret: signs every row written (HMAC-SHA256) and rejects, on read, rows that are unsigned or
+            signed with another secret (see the module docstring). ``None`` (default) reads
+            ``$DIPPM_NAS_CACHE_SECRET``; ``""`` turns signing off.
 
     Raises:
-        CacheError: an invalid URL or bound, or a database that cannot be opened.
+        CacheError: an invalid URL or bound, or a database that cannot be opened (a SQLite file that is
+            not a database is moved aside and replaced, with a warning, instead).
         MissingDependencyError: the URL's database driver is not installed.
 
     Example::
@@ -205,6 +331,7 @@ class ConversionCache:
         max_bytes: int = 2 * 1024**3,
         memory_bytes: int = 64 * 1024**2,
         touch_interval_s: float = 60.0,
+        secret: str | bytes | None = None,
     ) -> None:
         for name, value, least in (("max_bytes", max_bytes, 1), ("memory_bytes", memory_bytes, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
@@ -215,6 +342,7 @@ class ConversionCache:
         self.max_bytes = max_bytes
         self.memory_bytes = memory_bytes
         self.touch_interval_s = float(touch_interval_s)
+        self._secret = _secret_bytes(secret)
 
         if url is None:
             url = os.environ.get(CACHE_URL_ENV, "") or None
@@ -233,13 +361,7 @@ class ConversionCache:
                 ) from e
         self.url = redact(self._url)
 
-        self._engine = make_engine(
-            self._url,
-            what="conversion cache",
-            error=CacheError,
-            dir_hint=f"set {CACHE_DIR_ENV} to a writable directory",
-            local_hint=f"Set {CACHE_DIR_ENV} to a local directory.",
-        )
+        self._engine = self._make_engine()
         self._dialect = self._engine.dialect.name
         self._pid = os.getpid()
         self._lock = threading.Lock()
@@ -250,7 +372,14 @@ class ConversionCache:
         self._last_flush = _now()
         self._counts = {"hits": 0, "memory_hits": 0, "misses": 0, "puts": 0, "corrupt": 0, "evicted": 0}
         try:
-            self._create_table()
+            try:
+                self._create_table()
+            except CacheError as e:
+                if not self._move_aside_if_not_a_database(e):
+                    raise
+                self._engine.dispose()
+                self._engine = self._make_engine()
+                self._create_table()
         except BaseException:
             self._engine.dispose()
             raise
@@ -260,6 +389,50 @@ class ConversionCache:
     url: str
 
     # ------------------------------------------------------------------ plumbing
+    def _make_engine(self) -> Any:
+        return make_engine(
+            self._url,
+            what="conversion cache",
+            error=CacheError,
+            dir_hint=f"set {CACHE_DIR_ENV} to a writable directory",
+            local_hint=f"Set {CACHE_DIR_ENV} to a local directory.",
+        )
+
+    def _sqlite_file(self) -> str | None:
+        """The path of this cache's SQLite file, or ``None`` (another database, in memory, a URI)."""
+        if self._url.get_backend_name() != "sqlite":
+            return None
+        database = self._url.database or ""
+        if database in ("", ":memory:") or database.startswith("file:") or "mode=memory" in database:
+            return None
+        return str(Path(database).expanduser().absolute())
+
+    def _move_aside_if_not_a_database(self, e: CacheError) -> bool:
+        """When opening failed because the SQLite file is not a database: rename it (and its WAL and
+        shared-memory files) to ``<file>.corrupt-<unix time>-<pid>``, warn once, and return ``True``."""
+        path = self._sqlite_file()
+        if path is None or not _not_a_database(e) or not os.path.isfile(path) or _is_sound_sqlite(path):
+            return False
+        aside = f"{path}.corrupt-{int(_now())}-{os.getpid()}"
+        try:
+            os.replace(path, aside)
+        except FileNotFoundError:  # another process moved it first
+            return True
+        except OSError as err:
+            logger.debug("conversion cache: cannot move %s aside: %s", path, err)
+            return False
+        for suffix in ("-wal", "-shm"):
+            try:
+                os.replace(path + suffix, aside + suffix)
+            except OSError:
+                pass
+        _warn_user_once(
+            f"moved:{path}",
+            "conversion cache: %s is not a SQLite database (%s); moved aside to %s and started a new cache",
+            path, e.__cause__ or e, aside,
+        )
+        return True
+
     def __repr__(self) -> str:
         return f"ConversionCache(url={self.url!r}, max_bytes={self.max_bytes})"
 
@@ -366,8 +539,9 @@ class ConversionCache:
         changing its lists does not change the cache. The hit carries the stored graph's
         :meth:`~OperatorGraph.structural_hash` (computed once per stored graph, not per hit), so, as with
         any graph whose hash was read, edit a ``from_dict(to_dict())`` copy rather than the hit itself.
-        A row that cannot be read back is logged once, deleted, and reported as ``None`` so the caller
-        recomputes it.
+        A row that cannot be read back, or that is not bound to ``key`` (another key in its envelope, a
+        structural hash that is not the row's, a missing or foreign signature when a secret is set), is
+        logged once, deleted, and reported as ``None`` so the caller recomputes it.
 
         Args:
             key: the caller's key (at most 255 characters).
@@ -390,7 +564,8 @@ class ConversionCache:
             self._touch(key, now)
             return _fresh_copy(entry[0])
 
-        stmt = sa.select(_table.c.payload, _table.c.format_version, _table.c.created_at).where(_table.c.key == key)
+        stmt = (sa.select(_table.c.payload, _table.c.structural_hash, _table.c.format_version, _table.c.created_at)
+                .where(_table.c.key == key))
         with self._db("reading a graph", write=False) as conn:
             row = conn.execute(stmt).first()
         if row is None:
@@ -398,7 +573,8 @@ class ConversionCache:
                 self._counts["misses"] += 1
             return None
         try:
-            graph, json_chars = _decode(bytes(row.payload), row.format_version)
+            graph, json_chars = _decode(key, bytes(row.payload), row.structural_hash, row.format_version,
+                                        self._secret)
         except _CorruptRow as e:
             _warn_once(
                 f"corrupt:{key}",
@@ -422,7 +598,8 @@ class ConversionCache:
         """Store ``graph`` under ``key`` (an idempotent upsert), then evict if over ``max_bytes``.
 
         Several processes may put the same key at once; all succeed and one valid row remains.
-        The graph is validated first; later changes to ``graph`` do not reach the cache.
+        The graph is validated first; later changes to ``graph`` do not reach the cache. The row is
+        bound to ``key`` (and signed, with a secret).
 
         Args:
             key: the caller's key (at most 255 characters).
@@ -440,9 +617,12 @@ class ConversionCache:
             raise CacheError(f"put() stores an OperatorGraph, got {type(graph).__name__}")
         graph.validate()
         text = graph.to_json().encode()
-        payload = zlib.compress(text, _ZLIB_LEVEL)
+        body = zlib.compress(text, _ZLIB_LEVEL)
         # What get() would return: the JSON round trip (tuples in attrs become lists, and so on).
         template = OperatorGraph.from_json(text)
+        # From the private copy: caching the hash on the caller's graph would go stale if they mutate it.
+        shash = template.structural_hash()
+        payload = _envelope(key, shash, GRAPH_FORMAT_VERSION, body, self._secret)
         with self._lock:
             self._remember(key, template, len(text))
         if len(payload) > self.max_bytes:
@@ -457,8 +637,7 @@ class ConversionCache:
         values = {
             "key": key,
             "payload": payload,
-            # From the private copy: caching the hash on the caller's graph would go stale if they mutate it.
-            "structural_hash": template.structural_hash(),
+            "structural_hash": shash,
             "size_bytes": len(payload),
             "created_at": now,
             "last_used_at": now,
@@ -607,6 +786,8 @@ _default_lock = threading.Lock()
 _default: ConversionCache | None = None
 _default_explicit = False
 _default_url = ""
+#: (url, time.monotonic() of the failure, the error) of the last default cache that could not be opened
+_default_failed: tuple[str, float, CacheError] | None = None
 
 
 def default_cache() -> ConversionCache:
@@ -618,9 +799,10 @@ def default_cache() -> ConversionCache:
     forked worker gets fresh connections of its own (the cache drops inherited ones on first use).
 
     Raises:
-        CacheError: the database cannot be opened.
+        CacheError: the database cannot be opened (the same error again, without a new attempt, for
+            60 s after a failure, so a search does not wait on a dead server at every trial).
     """
-    global _default, _default_url
+    global _default, _default_url, _default_failed
     cache = _default
     if cache is not None and _default_explicit:
         return cache
@@ -631,8 +813,17 @@ def default_cache() -> ConversionCache:
         if _default is not None and _default_explicit:
             return _default
         if _default is None or url != _default_url or _default.closed:
+            failed = _default_failed
+            if failed is not None and failed[0] == url and time.monotonic() - failed[1] < _REOPEN_AFTER_S:
+                raise failed[2]
             old = _default
-            _default = ConversionCache(None)
+            try:
+                _default = ConversionCache(None)
+            except CacheError as e:
+                _default_failed = (url, time.monotonic(), e)
+                _default = None
+                raise
+            _default_failed = None
             _default_url = url
             if old is not None and not old.closed:
                 try:  # others may still hold ``old``: write its stamps, do not close it under them
@@ -648,10 +839,11 @@ def set_default_cache(cache: ConversionCache | None) -> None:
     Raises:
         CacheError: ``cache`` is neither a :class:`ConversionCache` nor ``None``.
     """
-    global _default, _default_explicit, _default_url
+    global _default, _default_explicit, _default_url, _default_failed
     if cache is not None and not isinstance(cache, ConversionCache):
         raise CacheError(f"set_default_cache() takes a ConversionCache or None, got {type(cache).__name__}")
     with _default_lock:
+        _default_failed = None
         _default = cache
         _default_explicit = cache is not None
         _default_url = ""

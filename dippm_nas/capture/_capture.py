@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Union
 from dippm_nas.capture._key import file_key, model_key
 from dippm_nas.capture._onnx import capture_onnx, read_onnx_bytes
 from dippm_nas.capture._torch import capture_module
-from dippm_nas.errors import CacheError, InputSpecError, ModelSpecError
+from dippm_nas.errors import CacheError, DippmNasError, GraphCaptureError, InputSpecError, ModelSpecError
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.spec import InputSpec, load_model
 
@@ -45,12 +45,17 @@ def _warn_cache_down(e: Exception) -> None:
 
 
 def _resolve_cache(cache: CacheArg) -> "ConversionCache | None":
+    """The store of ``cache``; ``None`` (with one warning) when the default cache cannot be opened."""
     if cache is None or cache is False:
         return None
     if cache is True:
         from dippm_nas.cache import default_cache
 
-        return default_cache()
+        try:
+            return default_cache()
+        except CacheError as e:
+            _warn_cache_down(e)
+            return None
     return cache
 
 
@@ -122,7 +127,12 @@ def capture(model: ModelLike, spec: InputSpec, *, cache: CacheArg = True,
             return hit
 
     if onnx_path is not None:
-        graph = capture_onnx(onnx_path, spec, source=source, model_key=key)
+        try:
+            graph = capture_onnx(onnx_path, spec, source=source, model_key=key)
+        except DippmNasError:
+            raise
+        except Exception as e:  # noqa: BLE001 - every capture failure reaches the caller as a DippmNasError
+            raise GraphCaptureError(f"capturing {source} failed: {type(e).__name__}: {e}") from e
     else:
         graph = capture_module(model, spec, decompose=decompose, model_key=key)  # type: ignore[arg-type]
         if isinstance(source, str) and ":" in source:

@@ -1,24 +1,31 @@
 """The pre-export key: a cheap fingerprint of a model *definition* computed without exporting it.
 
 The key hashes, for every submodule in registration order: its name, its class (module and qualified
-name), its public scalar attributes (ints, floats, bools, strings, and tuples/lists of them: this is
-where PyTorch layers keep their hyper-parameters — channels, kernel size, stride, groups, eps — and where
-custom blocks keep flags like ``use_residual``), and the bytecode and constants of every method its class defines (``forward``,
-``_forward_impl``...) up to ``nn.Module``; plus the name, shape and dtype of every parameter and buffer,
-the :class:`~dippm_nas.InputSpec`, and the versions of dippm-nas, torch and TVM, the graph format and a
-digest of our conversion code (:func:`converter_version`).
-Weights' values are not hashed, so two instances of one architecture share the key.
+name), every attribute of the instance that holds plain data — public or private (``self._reps = 4``),
+ints, floats, bools, strings, ``None``, enums, dtypes, and tuples, lists, sets and dicts of them, nested
+up to three levels: this is where PyTorch layers keep their hyper-parameters (channels, kernel size,
+stride, groups, eps) and where custom blocks keep flags like ``use_residual`` or a config dict —, a digest
+of a plain function held as an attribute, and, for its class and every base up to ``nn.Module``, the
+bytecode and constants of every method (``forward``, ``_forward_impl``...) and its class attributes
+that hold plain data; plus the name, shape and dtype of every parameter and buffer, the
+:class:`~dippm_nas.InputSpec`, and the versions of dippm-nas, torch and TVM, the graph format and a
+digest of our conversion code (:func:`converter_version`). ``nn.Module``'s own bookkeeping (hook dicts,
+``training``) is left out. Weights' values are not hashed, so two instances of one architecture share
+the key (an attribute that differs per instance, a counter or an id, makes every instance a miss).
 
 What the key does **not** see, and so what would fool it (return a cached graph of another
 architecture): control flow that reads global variables, closures or module-level constants; helper
 functions outside the module's class (a free function called from ``forward`` whose code changed);
-attributes held in dicts or custom objects; forward hooks and ``torch.nn.utils`` parametrizations;
-an instance attribute ``forward`` patched onto one object (included only if it is a plain function).
-When in doubt, pass ``cache=False`` to :func:`~dippm_nas.capture`.
+attributes held in custom objects (not plain data) or nested deeper than three levels; the values of
+tensors held as plain attributes; class attributes changed after the class's first key in this process;
+forward hooks and ``torch.nn.utils`` parametrizations; an instance attribute ``forward`` patched onto one
+object (included only if it is a plain function). When in doubt, pass ``cache=False`` to
+:func:`~dippm_nas.capture`.
 """
 
 from __future__ import annotations
 
+import enum
 import functools
 import hashlib
 import types
@@ -98,12 +105,56 @@ def _class_code(cls: type) -> str:
             if isinstance(code, types.CodeType):
                 h.update(name.encode())
                 _code_digest(code, h)
+            elif not name.startswith("__"):
+                plain = _plain(obj)
+                if plain is not None:
+                    h.update(f"{name}={plain}".encode())
     got = h.hexdigest()
     _CLASS_CODE[cls] = got
     return got
 
 
 _SCALAR_TYPES = frozenset({bool, int, float, str, type(None)})
+#: nesting depth of containers :func:`_plain` follows
+_MAX_DEPTH = 3
+
+
+def _plain(v: Any, depth: int = 0) -> str | None:
+    """A deterministic text of ``v`` when it is plain data (scalars, enums, dtypes, and tuples, lists, sets and
+    dicts of them up to :data:`_MAX_DEPTH` levels), else ``None``."""
+    t = type(v)
+    if t in _SCALAR_TYPES:
+        return repr(v)
+    if depth >= _MAX_DEPTH:
+        return None
+    if t is tuple or t is list or (isinstance(v, tuple) and not hasattr(v, "_fields")):
+        out = []
+        for x in v:
+            r = repr(x) if type(x) in _SCALAR_TYPES else _plain(x, depth + 1)
+            if r is None:
+                return None
+            out.append(r)
+        return ("[" if t is list else "(") + ",".join(out) + ("]" if t is list else ")")
+    if isinstance(v, dict):
+        items = []
+        for k, x in v.items():
+            rk, rx = _plain(k, depth + 1), _plain(x, depth + 1)
+            if rk is None or rx is None:
+                return None
+            items.append(f"{rk}:{rx}")
+        return "{" + ",".join(items) + "}"  # insertion order: forward may iterate it
+    if isinstance(v, (set, frozenset)):
+        members = [_plain(x, depth + 1) for x in v]
+        if any(r is None for r in members):
+            return None
+        return "set{" + ",".join(sorted(members)) + "}"  # type: ignore[arg-type]
+    if isinstance(v, enum.Enum):
+        return f"{type(v).__qualname__}.{v.name}"
+    if isinstance(v, tuple):  # a named tuple: its fields
+        return _plain(tuple(v), depth)
+    if type(v).__module__ == "torch" and type(v).__name__ in ("dtype", "device", "Size", "layout", "memory_format"):
+        return str(v)
+    return None
 
 
 def _function_digest(code: types.CodeType) -> str:
@@ -115,23 +166,30 @@ def _function_digest(code: types.CodeType) -> str:
     return got
 
 
+@functools.lru_cache(maxsize=1)
+def _module_bookkeeping() -> frozenset[str]:
+    """The instance attributes every ``nn.Module`` has (hook dicts, ``_parameters``, ``training``...)."""
+    import torch
+
+    return frozenset(vars(torch.nn.Module()))
+
+
 def _scalar_attrs(module: "torch.nn.Module") -> str:
     # the key is computed on every predict(model, spec): this loop is its hot path (~300 modules per model)
+    skip = _module_bookkeeping()
     parts = []
     for k, v in module.__dict__.items():
-        if k[0] == "_" or k == "training":
+        if k in skip:
             continue
         t = type(v)
         if t in _SCALAR_TYPES:
             parts.append(f"{k}={v!r}")
-        elif t is tuple or t is list:
-            for x in v:
-                if type(x) not in _SCALAR_TYPES:
-                    break
-            else:
-                parts.append(f"{k}={tuple(v)!r}")
         elif t is types.FunctionType:
             parts.append(f"{k}=fn:{_function_digest(v.__code__)}")
+        else:
+            plain = _plain(v)
+            if plain is not None:
+                parts.append(f"{k}={plain}")
     return ";".join(parts)
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dippm_nas.capture._capture import CacheArg, ModelLike, _resolve_cache, capture
-from dippm_nas.errors import DippmNasError
+from dippm_nas.errors import DippmNasError, InputSpecError, ModelSpecError
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.spec import InputSpec
 
@@ -52,11 +52,34 @@ class CaptureResult:
 
 
 def _materialise(model: Any) -> Any:
+    """The model of an item: ``model()`` for a builder (whatever it raises is a :class:`ModelSpecError`)."""
     import torch
 
     if callable(model) and not isinstance(model, torch.nn.Module):
-        return model()
+        try:
+            return model()
+        except DippmNasError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the builder is user code
+            name = getattr(model, "__qualname__", None) or type(model).__name__
+            raise ModelSpecError(f"the item's model builder {name} raised {type(e).__name__}: {e}") from e
     return model
+
+
+def _unpack(index: int, item: Any) -> tuple[Any, InputSpec]:
+    """``(model, spec)`` of an item, or :class:`InputSpecError` when it is not such a pair."""
+    if not isinstance(item, (tuple, list)) or len(item) != 2:
+        raise InputSpecError(f"item {index} must be a (model, InputSpec) pair, got {type(item).__name__} "
+                             f"{repr(item)[:80]}")
+    model, spec = item
+    if not isinstance(spec, InputSpec):
+        raise InputSpecError(f"item {index}: the spec must be a dippm_nas.InputSpec, got {type(spec).__name__} "
+                             f"{repr(spec)[:80]}")
+    return model, spec
+
+
+def _failed(index: int, e: BaseException, seconds: float = 0.0) -> "CaptureResult":
+    return CaptureResult(index, None, f"{type(e).__name__}: {e}", type(e).__name__, seconds=seconds)
 
 
 def _one(index: int, model: Any, spec: InputSpec, decompose: bool | str, use_cache: bool) -> tuple:
@@ -75,7 +98,10 @@ def _result(raw: tuple) -> CaptureResult:
     index, text, hit, etype, err, seconds, timings = raw
     graph = None
     if text is not None:
-        graph = OperatorGraph.from_json(text)
+        try:
+            graph = OperatorGraph.from_json(text)
+        except Exception as e:  # noqa: BLE001 - a graph that does not come back intact is this item's failure
+            return _failed(index, e, seconds)
         graph.cache_hit = hit
         graph.timings = dict(timings)
     return CaptureResult(index=index, graph=graph, error=err, error_type=etype, cache_hit=hit, seconds=seconds)
@@ -86,8 +112,10 @@ def capture_many(items: Iterable[Item], *, workers: int = 1, cache: CacheArg = T
                  start_method: str = "spawn") -> list[CaptureResult]:
     """Capture many models, in parallel processes, sharing the conversion cache.
 
-    Per-item failures come back as results with ``error`` set; a failing candidate (or a worker
-    process that crashes on it) never stops the batch. Results are in input order.
+    Per-item failures come back as results with ``error`` set; a failing candidate (an item that is not
+    a ``(model, InputSpec)`` pair, a builder that raises, a worker process that crashes on it) never stops
+    the batch, and neither does a conversion cache that cannot be opened (one warning, then uncached).
+    Results are in input order, one per item.
 
     Args:
         items: ``(model, spec)`` pairs; see :data:`Item`.
@@ -112,30 +140,42 @@ def capture_many(items: Iterable[Item], *, workers: int = 1, cache: CacheArg = T
     results: list[CaptureResult | None] = [None] * len(items)
     bar = tqdm(total=len(items), desc="capturing", unit="model", disable=not progress, leave=False)
 
-    if workers == 1 or len(items) <= 1:
-        for i, (model, spec) in enumerate(items):
+    pairs: list[tuple[Any, InputSpec] | None] = [None] * len(items)
+    for i, item in enumerate(items):
+        try:
+            pairs[i] = _unpack(i, item)
+        except InputSpecError as e:
+            results[i] = _failed(i, e)
+            bar.update(1)
+    pending = [i for i, p in enumerate(pairs) if p is not None]
+
+    if workers == 1 or len(pending) <= 1:
+        for i in pending:
+            model, spec = pairs[i]  # type: ignore[misc]
             t0 = time.perf_counter()
             try:
                 g = capture(_materialise(model), spec, cache=store if store is not None else False,
                             decompose=decompose)
                 results[i] = CaptureResult(i, g, cache_hit=g.cache_hit, seconds=time.perf_counter() - t0)
             except Exception as e:  # noqa: BLE001 - per-item errors are results
-                results[i] = CaptureResult(i, None, f"{type(e).__name__}: {e}", type(e).__name__,
-                                           seconds=time.perf_counter() - t0)
+                results[i] = _failed(i, e, time.perf_counter() - t0)
             bar.update(1)
         bar.close()
         return [r for r in results if r is not None]
 
     # Workers share the store through its URL (engines do not cross processes).
     env_url = store.url_with_credentials() if store is not None else None
-    pending = list(range(len(items)))
     ctx = mp.get_context(start_method)
     crashed: list[int] = []
-    with ProcessPoolExecutor(max_workers=min(workers, len(items)), mp_context=ctx,
+    with ProcessPoolExecutor(max_workers=min(workers, len(pending)), mp_context=ctx,
                              initializer=_init_worker, initargs=(env_url, store is not None)) as pool:
-        futures: dict[Future, int] = {
-            pool.submit(_one, i, items[i][0], items[i][1], decompose, store is not None): i for i in pending
-        }
+        futures: dict[Future, int] = {}
+        for i in pending:
+            try:
+                futures[pool.submit(_one, i, pairs[i][0], pairs[i][1], decompose, store is not None)] = i  # type: ignore[index]
+            except Exception as e:  # noqa: BLE001 - e.g. a pool that broke on an earlier item
+                results[i] = _failed(i, e)
+                bar.update(1)
         for fut in _as_completed(futures):
             i = futures[fut]
             try:
@@ -144,7 +184,7 @@ def capture_many(items: Iterable[Item], *, workers: int = 1, cache: CacheArg = T
                 crashed.append(i)
                 continue
             except Exception as e:  # noqa: BLE001 - e.g. the model could not be sent to the worker
-                results[i] = CaptureResult(i, None, f"{type(e).__name__}: {e}", type(e).__name__)
+                results[i] = _failed(i, e)
             bar.update(1)
     # A crashed worker breaks the pool for every item in flight: retry each alone so only the
     # culprit fails.
@@ -152,11 +192,13 @@ def capture_many(items: Iterable[Item], *, workers: int = 1, cache: CacheArg = T
         with ProcessPoolExecutor(max_workers=1, mp_context=ctx, initializer=_init_worker,
                                  initargs=(env_url, store is not None)) as solo:
             try:
-                results[i] = _result(solo.submit(_one, i, items[i][0], items[i][1], decompose,
+                results[i] = _result(solo.submit(_one, i, pairs[i][0], pairs[i][1], decompose,  # type: ignore[index]
                                                  store is not None).result())
             except BrokenProcessPool:
                 results[i] = CaptureResult(i, None, "WorkerCrashed: the conversion process died on this model",
                                            "WorkerCrashed")
+            except Exception as e:  # noqa: BLE001 - per-item errors are results
+                results[i] = _failed(i, e)
         bar.update(1)
     bar.close()
     return [r for r in results if r is not None]

@@ -1,17 +1,28 @@
-"""PyTorch ``nn.Module`` -> ``torch.export`` -> Relax -> :class:`OperatorGraph`."""
+"""PyTorch ``nn.Module`` -> ``torch.export`` -> Relax -> :class:`OperatorGraph`.
+
+Nothing is computed, so nothing is allocated that capture does not need: the example inputs are fake
+tensors (``FakeTensorMode``: shapes and dtypes, no storage), ``torch.export`` traces with fake copies of the
+weights, and weights that are not real CPU float32 tensors (a half-precision model, a model built under
+``torch.device("meta")`` or a ``FakeTensorMode``, a model on a GPU) are replaced, in a structural copy of
+the model, by fake float32 CPU tensors of their shapes. Relax binds such weights as constants that carry
+their shape and dtype but no data. A 7-billion-parameter decoder built on ``meta`` captures in a few GiB
+of host memory, and the graph of a model is the same whether its weights are real or not.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
+import io
 import logging
 import re
+import sys
+import threading
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from dippm_nas.errors import GraphCaptureError, InputShapeError
+from dippm_nas.errors import DippmNasError, GraphCaptureError, InputShapeError
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.graph._relax import graph_from_relax
 from dippm_nas.spec import InputSpec
@@ -67,8 +78,22 @@ def _eval_mode(model: "torch.nn.Module") -> Iterator[None]:
             m.training = t
 
 
-def _prepare(model: "torch.nn.Module") -> "torch.nn.Module":
-    """The model to export: itself when its floating-point weights are float32, else a float32 copy.
+def _fake_mode() -> Any:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    return FakeTensorMode()
+
+
+def _is_real_cpu(t: "torch.Tensor") -> bool:
+    """Whether ``t`` is a tensor with data in host memory (not fake, not on ``meta`` or another device)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return not isinstance(t, FakeTensor) and t.device.type == "cpu"
+
+
+def _prepare(model: "torch.nn.Module", fake_mode: Any) -> "torch.nn.Module":
+    """The model to export: itself when its weights are real CPU tensors, floating ones in float32; else a
+    structural copy whose weights are fake float32 CPU tensors of the same shapes (no data is copied).
 
     Export always runs in float32 (TVM's PyTorch frontend fixes convolution and matmul outputs to
     float32, so a half-precision export does not convert); the graph is re-typed to the compute
@@ -76,10 +101,28 @@ def _prepare(model: "torch.nn.Module") -> "torch.nn.Module":
     """
     import torch
 
-    floats = [t for t in (*model.parameters(), *model.buffers()) if t.is_floating_point()]
-    if all(t.dtype == torch.float32 for t in floats):
+    weights = [*model.parameters(), *model.buffers()]
+    loose = [v for m in model.modules() for v in vars(m).values()
+             if isinstance(v, torch.Tensor) and not _is_real_cpu(v)]  # plain tensor attributes not on the CPU
+    if not loose and all(_is_real_cpu(t) and (not t.is_floating_point() or t.dtype == torch.float32)
+                         for t in weights):
         return model
-    return copy.deepcopy(model).float()
+    memo: dict[int, Any] = {}
+    with fake_mode:
+        for t in [*weights, *loose]:
+            if id(t) in memo:
+                continue
+            f = torch.empty(tuple(t.shape), dtype=torch.float32 if t.is_floating_point() else t.dtype, device="cpu")
+            memo[id(t)] = torch.nn.Parameter(f, requires_grad=t.requires_grad) \
+                if isinstance(t, torch.nn.Parameter) else f
+    try:
+        return copy.deepcopy(model, memo)
+    except Exception as e:  # noqa: BLE001 - any attribute deepcopy cannot copy
+        raise GraphCaptureError(
+            f"cannot make the fake-weight copy of {type(model).__name__} that capture exports (its weights are "
+            f"half precision, on 'meta' or on another device): deepcopy failed with {type(e).__name__}: {e}. "
+            "Hint: capture a float32 model on the CPU, or build it under torch.device('meta')"
+        ) from e
 
 
 def _shape_hint(spec: InputSpec) -> str:
@@ -88,15 +131,85 @@ def _shape_hint(spec: InputSpec) -> str:
             "InputSpec.shape is the per-sample shape without the batch dimension, e.g. (3, 224, 224)")
 
 
-def _export(model: "torch.nn.Module", spec: InputSpec) -> Any:
+def _fake_inputs(spec: InputSpec, fake_mode: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Example inputs as fake tensors (no storage): floating ones in float32, the others in their dtype."""
     import torch
 
-    args, kwargs = dataclasses.replace(spec, dtype="float32").example_inputs()
+    made: dict[str, Any] = {}
+    with fake_mode:
+        for t in spec.tensors:
+            dt = getattr(torch, spec.tensor_dtype(t))
+            made[t.name] = torch.empty((spec.batch_size, *t.shape), dtype=torch.float32 if dt.is_floating_point
+                                       else dt)
+    if spec.inputs is None:
+        return (made["x"],), {}
+    return (), made
+
+
+class _ThreadStderr:
+    """``sys.stderr`` while captures run: writes of a capturing thread go to its buffer, others' to the
+    stream it replaced."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.buffers: dict[int, io.StringIO] = {}
+
+    def write(self, text: str) -> int:
+        buf = self.buffers.get(threading.get_ident())
+        return (buf if buf is not None else self.stream).write(text)
+
+    def flush(self) -> None:
+        if threading.get_ident() not in self.buffers:
+            self.stream.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
+_stderr_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _stderr_kept(into: io.StringIO) -> Iterator[None]:
+    """Route this thread's ``sys.stderr`` writes into ``into`` (``torch.export`` prints a failing trace's
+    partial FX graph there, while the failure reaches the caller as our exception)."""
+    if sys.stderr is None:  # no stream (pythonw): nothing is printed anyway
+        yield
+        return
+    tid = threading.get_ident()
+    with _stderr_lock:
+        proxy = sys.stderr if isinstance(sys.stderr, _ThreadStderr) else _ThreadStderr(sys.stderr)
+        proxy.buffers[tid] = into
+        sys.stderr = proxy
     try:
-        with _quiet_torch(), torch.no_grad():
+        yield
+    finally:
+        with _stderr_lock:
+            proxy.buffers.pop(tid, None)
+            if not proxy.buffers and sys.stderr is proxy:
+                sys.stderr = proxy.stream
+
+
+def _export(model: "torch.nn.Module", spec: InputSpec, fake_mode: Any = None) -> Any:
+    """``torch.export`` of ``model`` on fake inputs of ``spec`` (in ``fake_mode``, default a new one); a real
+    model's program keeps its real weights."""
+    import torch
+
+    args, kwargs = _fake_inputs(spec, fake_mode if fake_mode is not None else _fake_mode())
+    printed = io.StringIO()
+    try:
+        with _quiet_torch(), torch.no_grad(), _stderr_kept(printed):
             return torch.export.export(model, args, kwargs)
     except Exception as e:  # noqa: BLE001 - torch.export raises many types; each is classified below
         text = str(e)
+        graph = str(getattr(e, "partial_fx_graph", "") or "")
+        if graph:
+            logger.debug("torch.export's partial graph of %s:\n%s", type(model).__name__, graph)
+        rest = printed.getvalue().replace(graph, "").strip() if graph else printed.getvalue()
+        printed.seek(0)
+        printed.truncate()
+        if rest:  # anything else torch printed (warnings) goes where it was meant to
+            sys.stderr.write(rest + "\n")
         if "data-dependent" in text or type(e).__name__ in ("GuardOnDataDependentSymNode",
                                                               "DataDependentOutputException"):
             raise GraphCaptureError(
@@ -116,6 +229,70 @@ def _export(model: "torch.nn.Module", spec: InputSpec) -> Any:
         raise GraphCaptureError(
             f"torch.export failed on {type(model).__name__}: {type(e).__name__}: {text.splitlines()[0] if text else ''}"
         ) from e
+    finally:
+        if printed.getvalue():
+            sys.stderr.write(printed.getvalue())
+
+
+# ---------------------------------------------------------------- weights without data, in Relax
+_binding = threading.local()
+
+
+def _placeholder(tensor: "torch.Tensor") -> Any:
+    """A Relax constant with ``tensor``'s shape and dtype and no data (one per tensor, so tied weights stay
+    one constant), for a fake or meta tensor the frontend would otherwise copy."""
+    import numpy as np
+    import tvm
+
+    memo: dict[int, Any] | None = getattr(_binding, "memo", None)
+    if memo is None:  # outside capture_module: no tensor to share the constant with
+        memo = {}
+    got = memo.get(id(tensor))
+    if got is None:
+        dtype = str(tensor.dtype).replace("torch.", "")
+        small = tvm.runtime.tensor(np.zeros((1,), dtype="float32" if dtype in ("bfloat16", "float8_e4m3fn",
+                                                                                "float8_e5m2") else dtype))
+        got = tvm.ir.GenericConst(small, tvm.relax.TensorType([int(d) for d in tensor.shape], dtype))
+        memo[id(tensor)] = got
+    return got
+
+
+def _install_placeholder_binding() -> None:
+    """Teach the Relax frontend to bind a fake or meta tensor as a data-less constant (real tensors are
+    bound as before, sharing their memory through DLPack)."""
+    from tvm.relax.frontend.torch import exported_program_translator as ept
+
+    importer = getattr(ept, "ExportedProgramImporter", None)
+    original = getattr(importer, "_convert_pytorch_tensor_to_tvm", None)
+    if original is None or getattr(original, "_dippm_placeholders", False):
+        return
+    import tvm
+
+    if not hasattr(tvm.ir, "GenericConst"):  # an older TVM: fake weights become uninitialised real ones
+        def convert(tensor_value: Any) -> Any:
+            return original(_materialise_empty(tensor_value))
+    else:
+        def convert(tensor_value: Any) -> Any:
+            if _is_real_cpu(tensor_value) or tensor_value.layout != _strided():
+                return original(tensor_value)
+            return _placeholder(tensor_value)
+
+    convert._dippm_placeholders = True  # type: ignore[attr-defined]
+    importer._convert_pytorch_tensor_to_tvm = staticmethod(convert)
+
+
+def _strided() -> Any:
+    import torch
+
+    return torch.strided
+
+
+def _materialise_empty(t: "torch.Tensor") -> "torch.Tensor":
+    import torch
+
+    if _is_real_cpu(t):
+        return t
+    return torch.empty(tuple(t.shape), dtype=t.dtype, device="cpu")
 
 
 def _convert(ep: Any, decompose: bool | str) -> tuple[Any, str]:
@@ -129,6 +306,7 @@ def _convert(ep: Any, decompose: bool | str) -> tuple[Any, str]:
 
     from dippm_nas.capture._converters import custom_convert_map, opaque_convert_map, unsupported_ops
 
+    _install_placeholder_binding()
     errors = []
     missing: list[str] = []
     tries = [False, True] if decompose == "auto" else [bool(decompose)]
@@ -170,17 +348,27 @@ def capture_module(model: "torch.nn.Module", spec: InputSpec, *, decompose: bool
         model_key: pre-export key to record in the graph.
     """
     t0 = time.perf_counter()
-    with _eval_mode(model):
-        target = _prepare(model)
-        with _eval_mode(target):
-            ep = _export(target, spec)
-    t1 = time.perf_counter()
-    mod, mode = _convert(ep, decompose)
-    t2 = time.perf_counter()
-    names = [t.name for t in spec.tensors]
-    graph = graph_from_relax(mod, spec, mode=mode, input_names=names, source=type(model).__name__,
-                             model_key=model_key, float_dtype=None if spec.dtype == "float32" else spec.dtype)
-    graph.validate()
+    try:
+        fake_mode = _fake_mode()
+        with _eval_mode(model):
+            target = _prepare(model, fake_mode)
+            with _eval_mode(target):
+                ep = _export(target, spec, fake_mode)
+        t1 = time.perf_counter()
+        _binding.memo = {}
+        try:
+            mod, mode = _convert(ep, decompose)
+        finally:
+            _binding.memo = None
+        t2 = time.perf_counter()
+        names = [t.name for t in spec.tensors]
+        graph = graph_from_relax(mod, spec, mode=mode, input_names=names, source=type(model).__name__,
+                                 model_key=model_key, float_dtype=None if spec.dtype == "float32" else spec.dtype)
+        graph.validate()
+    except DippmNasError:
+        raise
+    except Exception as e:  # noqa: BLE001 - every capture failure reaches the caller as a DippmNasError
+        raise GraphCaptureError(f"capturing {type(model).__name__} failed: {type(e).__name__}: {e}") from e
     t3 = time.perf_counter()
     graph.convert_seconds = t3 - t0
     graph.timings = {"export_s": t1 - t0, "convert_s": t2 - t1, "build_s": t3 - t2}

@@ -45,9 +45,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``dippm-nas`` console script; returns the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    # like `python -m`, let `package.module:callable` SPECs name modules of the working directory
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
+    # `python -m` puts the working directory first on sys.path, where a torchvision.py there would shadow
+    # the real package: take it out; load_model() appends it for `package.module:callable` SPECs only
+    if sys.path and sys.path[0] in ("", os.getcwd()):
+        del sys.path[0]
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     try:

@@ -16,8 +16,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="measure queued Pareto candidates of a device (run it on the machine that has the device)",
         description="Claim validation jobs of DEVICE from the SQL job table in STORAGE (the Optuna storage URL "
                     "the study uses), rebuild each model from its search-space name and JSON config, measure it "
-                    "and record predicted vs measured. A job whose worker dies is re-queued when its lease "
-                    "expires; out-of-memory is recorded as 'does not fit'. Ctrl-C stops after the current job.",
+                    "and record predicted vs measured. A heartbeat extends the lease while a job is measured; a job "
+                    "whose worker dies is re-queued when its lease expires (--lease seconds after the last "
+                    "heartbeat); out-of-memory is recorded as 'does not fit'. Ctrl-C or SIGTERM stops after the "
+                    "current job and releases the jobs claimed but not yet measured.",
     )
     p.add_argument("--storage", required=True, metavar="URL",
                    help="SQLAlchemy URL of the queue, e.g. sqlite:///study.db or postgresql+psycopg2://user:pw@host/db")
@@ -30,8 +32,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--idle-exit", type=float, default=None, metavar="S",
                    help="stop when the queue stayed empty this many seconds (default: wait forever)")
     p.add_argument("--poll", type=float, default=5.0, metavar="S", help="seconds between polls of an empty queue")
-    p.add_argument("--lease", type=float, default=600.0, metavar="S",
-                   help="lease of a claimed job, seconds (extended while measuring); default 600")
+    p.add_argument("--lease", type=float, default=None, metavar="S",
+                   help="lease of a claimed job, seconds: a heartbeat extends it every S/3 while measuring, and a "
+                        "killed worker's job is claimable again S after its last heartbeat; default "
+                        "dippm_nas.validation.DEFAULT_LEASE_S (60)")
     p.add_argument("--max-attempts", type=int, default=3, help="claims of a job before it is marked failed")
     p.add_argument("--isolate", action="store_true",
                    help="measure each job in a fresh subprocess (hard time limit, crash isolation)")
@@ -52,17 +56,19 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from dippm_nas.measure import MeasureSettings
-    from dippm_nas.validation import JobQueue, ValidationWorker
+    from dippm_nas.validation import DEFAULT_LEASE_S, JobQueue, ValidationWorker
 
     settings = MeasureSettings(warmup=args.warmup, min_repeats=args.min_repeats, max_repeats=args.max_repeats,
                                time_cap_s=args.time_cap, threads=args.threads)
-    queue = JobQueue(args.storage, lease_s=args.lease, max_attempts=args.max_attempts)
+    queue = JobQueue(args.storage, lease_s=DEFAULT_LEASE_S if args.lease is None else args.lease,
+                     max_attempts=args.max_attempts)
     worker = ValidationWorker(queue, args.device, settings=settings, cuda_device=args.cuda_device,
                               isolate=args.isolate, rounds=args.rounds, rounds_batch=args.rounds_batch)
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: Any) -> None:
-        print(f"validate-worker: signal {signum}: stopping after the current job", flush=True)
+        print(f"validate-worker: signal {signum}: stopping after the current job (claimed jobs not yet measured "
+              "are released)", flush=True)
         stop.set()
 
     signal.signal(signal.SIGINT, on_signal)

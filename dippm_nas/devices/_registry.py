@@ -7,8 +7,12 @@ Lookup order and rules:
   read again whenever the variable changes;
 - devices passed to :func:`register_device`.
 
-An id defined twice (a user file shadowing a built-in one, two files, or a second registration)
-is an error that names both origins: a silently replaced device would change every prediction.
+Ids are case-insensitive: every id is stored in lower case (a user file's ``id = "MyGPU"`` is the device
+``mygpu``, found as ``MyGPU`` too). A user file that cannot be used (unreadable, not valid TOML, no
+``id``) is skipped with a warning (once) and named in the error of an unknown id; it affects no other
+device. An id defined twice (a user file shadowing a built-in one, two files, or a second registration)
+is an error, raised when that id is asked for, that names both origins: a silently replaced device
+would change every prediction.
 A file whose ``measured`` key lists fields (``host-cpu``) is completed by the host microbenchmark at
 its first :func:`get_device`.
 """
@@ -24,6 +28,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from dippm_nas._logging import WarnOnce
 from dippm_nas.devices._device import Device, device_from_dict
 from dippm_nas.errors import DeviceError
 
@@ -40,6 +45,11 @@ _user: dict[str, tuple[dict[str, Any], str]] = {}
 _user_env: str | None = None
 _registered: dict[str, Device] = {}
 _built: dict[str, Device] = {}
+#: user files skipped on the last read: ``{origin: why}``
+_skipped: dict[str, str] = {}
+#: ids defined twice among the user files of the last read: ``{id: the message naming both origins}``
+_user_conflicts: dict[str, str] = {}
+_warn_once = WarnOnce(logger)
 
 
 def _read_toml(text: str, origin: str) -> dict[str, Any]:
@@ -50,10 +60,11 @@ def _read_toml(text: str, origin: str) -> dict[str, Any]:
 
 
 def _check_id(d: Mapping[str, Any], origin: str) -> str:
+    """The file's id in lower case (ids are case-insensitive)."""
     dev_id = d.get("id")
-    if not isinstance(dev_id, str) or not dev_id:
+    if not isinstance(dev_id, str) or not dev_id.strip():
         raise DeviceError(f"{origin}: a device file must set id = \"...\" (a string), got {dev_id!r}")
-    return dev_id
+    return dev_id.strip().lower()
 
 
 def _load_builtin() -> dict[str, tuple[dict[str, Any], str]]:
@@ -74,27 +85,43 @@ def _load_builtin() -> dict[str, tuple[dict[str, Any], str]]:
     return _builtin
 
 
+def _skip(origin: str, why: str) -> None:
+    _skipped[origin] = why
+    _warn_once(f"{origin}:{why}", "%s: %s; skipped (the other devices are not affected)", origin, why)
+
+
 def _load_user() -> dict[str, tuple[dict[str, Any], str]]:
     global _user, _user_env
     env = os.environ.get(DEVICE_DIR_ENV, "")
     if env == _user_env:
         return _user
     found: dict[str, tuple[dict[str, Any], str]] = {}
+    _skipped.clear()
+    _user_conflicts.clear()
     for part in [p for p in env.split(os.pathsep) if p.strip()]:
         directory = Path(part).expanduser()
         if not directory.is_dir():
-            raise DeviceError(f"${DEVICE_DIR_ENV} names {str(directory)!r}, which is not a directory")
+            _skip(f"${DEVICE_DIR_ENV} entry {str(directory)!r}", "not a directory")
+            continue
         for path in sorted(directory.glob("*.toml")):
             origin = f"user file {path}"
             try:
                 text = path.read_text(encoding="utf-8")
-            except OSError as e:
-                raise DeviceError(f"{origin}: cannot be read: {e}") from e
-            d = _read_toml(text, origin)
-            dev_id = _check_id(d, origin)
-            if dev_id in found:
-                raise DeviceError(f"device id {dev_id!r} is defined twice: {found[dev_id][1]} and {origin}")
-            found[dev_id] = (d, origin)
+            except (OSError, UnicodeDecodeError) as e:
+                _skip(origin, f"cannot be read ({e})")
+                continue
+            try:
+                d = _read_toml(text, origin)
+                dev_id = _check_id(d, origin)
+            except DeviceError as e:
+                _skip(origin, str(e).removeprefix(f"{origin}: "))
+                continue
+            if dev_id in found or dev_id in _user_conflicts:
+                first = found.pop(dev_id, None)
+                _user_conflicts[dev_id] = _user_conflicts.get(dev_id) or \
+                    f"device id {dev_id!r} is defined twice: {first[1] if first else '?'} and {origin}"
+                continue
+            found[dev_id] = ({**d, "id": dev_id}, origin)
     # drop built devices that came from the previous user directory
     for dev_id in set(_user) | set(found):
         for k in [k for k in _built if k == dev_id or k.startswith(f"{dev_id}|threads=")]:
@@ -103,24 +130,27 @@ def _load_user() -> dict[str, tuple[dict[str, Any], str]]:
     return _user
 
 
-def _sources() -> dict[str, tuple[dict[str, Any], str]]:
+def _sources() -> tuple[dict[str, tuple[dict[str, Any], str]], dict[str, str]]:
+    """Every usable device id's data and origin, and the ids defined twice (``{id: message}``), which are
+    left out: asking for one is an error naming both origins, the other devices are not affected."""
     builtin = _load_builtin()
     user = _load_user()
+    conflicts = dict(_user_conflicts)
     out = dict(builtin)
     for dev_id, (d, origin) in user.items():
         if dev_id in out:
-            raise DeviceError(
-                f"device id {dev_id!r} is defined twice: {out[dev_id][1]} and {origin}; "
-                "give the user device another id"
-            )
+            conflicts[dev_id] = (f"device id {dev_id!r} is defined twice: {out[dev_id][1]} and {origin}; "
+                                 "give the user device another id")
+            continue
         out[dev_id] = (d, origin)
     for dev_id in _registered:
         if dev_id in out:
-            raise DeviceError(
-                f"device id {dev_id!r} is defined twice: {out[dev_id][1]} and register_device(); "
-                "give the registered device another id"
-            )
-    return out
+            conflicts[dev_id] = (f"device id {dev_id!r} is defined twice: {out[dev_id][1]} and register_device(); "
+                                 "give the registered device another id")
+    for message in conflicts.values():
+        _warn_once(f"conflict:{message}", "%s (asking for it is an error; the other devices are not affected)",
+                   message)
+    return out, conflicts
 
 
 def _build(d: dict[str, Any], origin: str, threads: int | None = None) -> Device:
@@ -160,7 +190,8 @@ def _build(d: dict[str, Any], origin: str, threads: int | None = None) -> Device
 def list_devices() -> list[str]:
     """Ids of every known device (built-in, user files, registered), sorted."""
     with _lock:
-        return sorted(set(_sources()) | set(_registered))
+        sources, conflicts = _sources()
+        return sorted(set(sources) | set(_registered) | set(conflicts))
 
 
 def get_device(device_id: str, *, threads: int | None = None) -> Device:
@@ -173,20 +204,25 @@ def get_device(device_id: str, *, threads: int | None = None) -> Device:
             the count its labels were measured with, so its features do not depend on the caller's.
 
     Raises:
-        DeviceError: unknown id (the valid ids are listed), or an invalid data file.
+        DeviceError: unknown id (the valid ids are listed, and the user files skipped), an id defined twice
+            (both origins named), or an invalid data file of this id.
     """
     if not isinstance(device_id, str):
         raise DeviceError(f"device must be a device id string or a Device, got {type(device_id).__name__}")
     key = device_id.strip().lower()
     with _lock:
+        sources, conflicts = _sources()
+        if key in conflicts:
+            raise DeviceError(conflicts[key])
         if key in _registered:
             if threads is not None:
                 raise DeviceError(f"threads={threads!r} applies to a device measured on this host (host-cpu); "
                                   f"{key!r} was registered in code")
             return _registered[key]
-        sources = _sources()
         if key not in sources:
-            raise DeviceError(f"unknown device {device_id!r}; choices: {sorted(set(sources) | set(_registered))}")
+            skipped = "; ".join(f"{origin} ({why})" for origin, why in _skipped.items())
+            raise DeviceError(f"unknown device {device_id!r}; choices: {sorted(set(sources) | set(_registered))}"
+                              + (f"; skipped, so not among them: {skipped}" if skipped else ""))
         slot = key if threads is None else f"{key}|threads={threads}"
         if slot not in _built:
             d, origin = sources[key]
@@ -208,8 +244,10 @@ def register_device(device: Device | Mapping[str, Any]) -> Device:
         DeviceError: the id already exists (built-in, user file or registered), or the mapping is invalid.
     """
     with _lock:
+        if isinstance(device, Mapping) and isinstance(device.get("id"), str):
+            device = {**device, "id": device["id"].strip().lower()}
         dev = device if isinstance(device, Device) else device_from_dict(device, origin="register_device()")
-        sources = _sources()
+        sources, _conflicts = _sources()
         if dev.id in sources or dev.id in _registered:
             where = sources[dev.id][1] if dev.id in sources else "an earlier register_device()"
             raise DeviceError(f"device id {dev.id!r} already exists ({where}); choose another id")
@@ -223,6 +261,8 @@ def unregister_device(device_id: str) -> None:
     Raises:
         DeviceError: the id was not registered in code (catalogue files cannot be removed).
     """
+    if isinstance(device_id, str):
+        device_id = device_id.strip().lower()
     with _lock:
         if device_id not in _registered:
             raise DeviceError(

@@ -10,12 +10,20 @@ Claiming is safe with many workers on one database:
 - other databases: the candidate is read, then ``UPDATE ... WHERE id = :id AND status = 'queued'``;
   a row count of 0 means another worker was first and the next candidate is tried.
 
-A lease lasts ``lease_s`` seconds and the worker extends it while it measures. A worker that dies
-leaves its lease to expire; any queue user then puts the job back (``queued``) — or marks it
-``failed`` after ``max_attempts`` claims. Completing needs the lease: a worker whose lease was
-taken over cannot write a second result, and the results table's unique ``job_id`` backs that up.
-Lease times are Unix seconds from each client's clock: machines sharing a queue need synchronised
-clocks (NTP), well within ``lease_s``.
+A lease lasts ``lease_s`` seconds (default 60) and the worker's heartbeat extends it every
+``lease_s / 3`` while it measures, however long the measurement takes. A worker that dies (SIGKILL, a
+crash, a lost machine) stops its heartbeat: its job is claimable again ``lease_s`` after the last
+heartbeat, by the next claim of any queue user, which puts it back (``queued``) — or marks it
+``failed`` after ``max_attempts`` claims. A worker that stops cleanly (SIGTERM, Ctrl-C, an error) hands
+back the jobs it claimed but has not recorded with :meth:`JobQueue.release`, which does not count the
+attempt. Completing needs the lease: a worker whose lease was taken over cannot write a second result,
+and the results table's unique ``job_id`` backs that up. Lease times are Unix seconds from each client's
+clock: machines sharing a queue need synchronised clocks (NTP), well within ``lease_s``.
+
+A row that cannot be decoded (a ``*_json`` column that is not JSON, written by hand or by another
+program) is never handed to a worker: :meth:`JobQueue.claim` marks it ``failed`` with the reason and
+claims the next one; :meth:`JobQueue.jobs` and :meth:`JobQueue.results` leave such rows out with a
+warning (once per row), so one bad row never stops a worker or a listing.
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ import sqlalchemy as sa
 from sqlalchemy import exc
 from sqlalchemy.engine import URL, Connection, make_url
 
+from dippm_nas._logging import WarnOnce
 from dippm_nas._sql import make_engine, redact
 from dippm_nas.errors import ValidationError
 from dippm_nas.validation._tables import JOB_STATUSES, jobs, metadata, results
@@ -44,8 +53,9 @@ __all__ = ["Job", "JobQueue", "ValidationRecord", "worker_id", "DEFAULT_LEASE_S"
 
 logger = logging.getLogger(__name__)
 
-#: Default lease of a claimed job, seconds (a worker extends it every ``lease_s / 3`` while it measures).
-DEFAULT_LEASE_S = 600.0
+#: Default lease of a claimed job, seconds: a worker's heartbeat extends it every ``lease_s / 3`` while it
+#: measures, so this is also the bound on how long a killed worker's job waits before it can be claimed again.
+DEFAULT_LEASE_S = 60.0
 #: Claims of one job before it is marked ``failed``.
 DEFAULT_MAX_ATTEMPTS = 3
 _MAX_NAME_CHARS = 512
@@ -72,8 +82,25 @@ def _dumps(value: Any, what: str) -> str:
                               f"got {value!r}: {e}") from e
 
 
-def _loads(text: str | None) -> Any:
-    return None if text is None else json.loads(text)
+_warn_once = WarnOnce(logger)
+
+
+class _CorruptRow(Exception):
+    """A row whose columns cannot be decoded; the message names the column and why."""
+
+
+def _json_column(r: Any, column: str, *, nullable: bool = False) -> Any:
+    """The decoded JSON object of ``column`` (a dict; ``None`` when ``nullable`` and NULL)."""
+    text = getattr(r, column)
+    if text is None and nullable:
+        return None
+    try:
+        value = json.loads(text)
+    except (TypeError, ValueError) as e:
+        raise _CorruptRow(f"{column} is not JSON ({type(e).__name__}: {e})") from e
+    if not isinstance(value, dict):
+        raise _CorruptRow(f"{column} must hold a JSON object, got {type(value).__name__}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -108,14 +135,22 @@ class Job:
 
     @classmethod
     def _from_row(cls, r: Any) -> "Job":
-        return cls(
-            id=int(r.id), study=r.study, trial_number=int(r.trial_number), space=r.space,
-            config=json.loads(r.config_json), spec=json.loads(r.spec_json), device=r.device,
-            priority=float(r.priority), predicted=json.loads(r.predicted_json), status=r.status,
-            lease_owner=r.lease_owner, lease_expires_at=r.lease_expires_at, attempts=int(r.attempts),
-            result=_loads(r.result_json), error=r.error, created_at=float(r.created_at),
-            updated_at=float(r.updated_at),
-        )
+        """The job of a row; raises :class:`_CorruptRow` when a column cannot be decoded."""
+        config = _json_column(r, "config_json")
+        spec = _json_column(r, "spec_json")
+        predicted = _json_column(r, "predicted_json")
+        result = _json_column(r, "result_json", nullable=True)
+        try:
+            return cls(
+                id=int(r.id), study=str(r.study), trial_number=int(r.trial_number), space=str(r.space),
+                config=config, spec=spec, device=str(r.device), priority=float(r.priority), predicted=predicted,
+                status=str(r.status), lease_owner=r.lease_owner,
+                lease_expires_at=None if r.lease_expires_at is None else float(r.lease_expires_at),
+                attempts=int(r.attempts), result=result, error=r.error, created_at=float(r.created_at),
+                updated_at=float(r.updated_at),
+            )
+        except (TypeError, ValueError) as e:
+            raise _CorruptRow(f"a column has a value of the wrong type ({type(e).__name__}: {e})") from e
 
 
 @dataclass(frozen=True)
@@ -158,6 +193,15 @@ class ValidationRecord:
 
     @classmethod
     def _from_row(cls, r: Any) -> "ValidationRecord":
+        """The record of a row; raises :class:`_CorruptRow` when a column cannot be decoded."""
+        measurement = _json_column(r, "measurement_json")
+        try:
+            return cls._build(r, measurement)
+        except (TypeError, ValueError) as e:
+            raise _CorruptRow(f"a column has a value of the wrong type ({type(e).__name__}: {e})") from e
+
+    @classmethod
+    def _build(cls, r: Any, measurement: dict[str, Any]) -> "ValidationRecord":
         return cls(
             job_id=int(r.job_id), study=r.study, trial_number=int(r.trial_number), device=r.device,
             worker=r.worker, status=r.status, fits=None if r.fits is None else bool(r.fits),
@@ -166,7 +210,7 @@ class ValidationRecord:
             measured_energy_j=r.measured_energy_j, energy_error_pct=r.energy_error_pct,
             predicted_memory_mib=r.predicted_memory_mib, measured_memory_mib=r.measured_memory_mib,
             memory_error_pct=r.memory_error_pct, latency_source=r.latency_source,
-            measured_at=float(r.measured_at), measurement=json.loads(r.measurement_json),
+            measured_at=float(r.measured_at), measurement=measurement,
         )
 
 
@@ -185,7 +229,9 @@ class JobQueue:
     Args:
         url: a SQLAlchemy URL, usually the Optuna storage's (``sqlite:///study.db``,
             ``postgresql+psycopg2://user:pw@host/db``). The tables are created when missing.
-        lease_s: how long a claim lasts without a heartbeat, seconds. Default 600.
+        lease_s: how long a claim lasts without a heartbeat, seconds; a worker extends it every
+            ``lease_s / 3`` while it measures, so a killed worker's job is claimable again this long after
+            its last heartbeat. Default 60.
         max_attempts: claims of one job before it is marked ``failed``. Default 3.
 
     Raises:
@@ -373,7 +419,8 @@ class JobQueue:
     def claim(self, device: str, owner: str, *, study: str | None = None) -> Job | None:
         """Lease the queued job of ``device`` with the highest priority (oldest first among equals).
 
-        Expired leases are put back first.
+        Expired leases are put back first. A row that cannot be decoded is marked ``failed`` with the
+        reason (not retried) and the next job is claimed instead, so this never raises for a bad row.
 
         Args:
             device: catalogue id of the device this worker measures.
@@ -383,10 +430,32 @@ class JobQueue:
         Returns:
             The leased :class:`Job` (``status="leased"``, ``attempts`` counted), or ``None`` when the
             queue has nothing for this device.
+
+        Raises:
+            ValidationError: a bad ``owner`` or a database error.
         """
         if not isinstance(owner, str) or not owner:
             raise ValidationError(f"owner must be a non-empty str, got {owner!r}")
         self.requeue_expired()
+        while True:  # each pass leases one row; a bad row is failed, so the loop ends
+            job_id = self._lease_one(device, owner, study)
+            if job_id is None:
+                return None
+            with self._tx("reading a job") as conn:
+                row = conn.execute(sa.select(jobs).where(jobs.c.id == job_id)).first()
+            if row is None:  # deleted by someone else in between
+                continue
+            try:
+                job = Job._from_row(row)
+            except _CorruptRow as e:
+                self._fail_corrupt(job_id, owner, str(e))
+                continue
+            logger.debug("validation queue: %s claimed job %d (study %s, trial %d, attempt %d)", owner, job.id,
+                         job.study, job.trial_number, job.attempts)
+            return job
+
+    def _lease_one(self, device: str, owner: str, study: str | None) -> int | None:
+        """Lease one queued row of ``device`` (and ``study``); its id, or ``None`` when none is queued."""
         now = _now()
         cond = [jobs.c.status == "queued", jobs.c.device == device]
         if study is not None:
@@ -394,37 +463,42 @@ class JobQueue:
         pick = sa.select(jobs.c.id).where(*cond).order_by(jobs.c.priority.desc(), jobs.c.id).limit(1)
         lease = {"status": "leased", "lease_owner": owner, "lease_expires_at": now + self.lease_s,
                  "attempts": jobs.c.attempts + 1, "updated_at": now}
-        job_id: int | None = None
         if self.dialect == "postgresql":
             with self._tx("claiming a job") as conn:
                 row = conn.execute(pick.with_for_update(skip_locked=True)).first()
-                if row is not None:
-                    conn.execute(sa.update(jobs).where(jobs.c.id == row.id).values(**lease))
-                    job_id = int(row.id)
-        elif self.dialect == "sqlite":
+                if row is None:
+                    return None
+                conn.execute(sa.update(jobs).where(jobs.c.id == row.id).values(**lease))
+                return int(row.id)
+        if self.dialect == "sqlite":
             stmt = (sa.update(jobs).where(jobs.c.id == pick.scalar_subquery(), jobs.c.status == "queued")
                     .values(**lease).returning(jobs.c.id))
             with self._tx("claiming a job") as conn:
                 row = conn.execute(stmt).first()
-            job_id = None if row is None else int(row[0])
-        else:
-            for _ in range(_GENERIC_CLAIM_TRIES):
-                with self._tx("claiming a job") as conn:
-                    row = conn.execute(pick).first()
-                if row is None:
-                    break
-                with self._tx("claiming a job") as conn:
-                    won = conn.execute(sa.update(jobs).where(jobs.c.id == row.id, jobs.c.status == "queued")
-                                       .values(**lease)).rowcount
-                if won == 1:
-                    job_id = int(row.id)
-                    break
-        if job_id is None:
-            return None
-        job = self.get(job_id)
-        logger.debug("validation queue: %s claimed job %d (study %s, trial %d, attempt %d)", owner, job.id,
-                     job.study, job.trial_number, job.attempts)
-        return job
+            return None if row is None else int(row[0])
+        for _ in range(_GENERIC_CLAIM_TRIES):
+            with self._tx("claiming a job") as conn:
+                row = conn.execute(pick).first()
+            if row is None:
+                return None
+            with self._tx("claiming a job") as conn:
+                won = conn.execute(sa.update(jobs).where(jobs.c.id == row.id, jobs.c.status == "queued")
+                                   .values(**lease)).rowcount
+            if won == 1:
+                return int(row.id)
+        return None
+
+    def _fail_corrupt(self, job_id: int, owner: str, reason: str) -> None:
+        """Mark a leased row that cannot be decoded ``failed`` with the reason (never retried)."""
+        now = _now()
+        error = (f"the job row cannot be decoded: {reason}; marked failed by {owner} at Unix time {now:.3f}, "
+                 "not retried (enqueue the trial again to measure it)")
+        stmt = (sa.update(jobs).where(jobs.c.id == job_id, jobs.c.lease_owner == owner, jobs.c.status == "leased")
+                .values(status="failed", error=error[:_MAX_ERROR_CHARS], lease_owner=None, lease_expires_at=None,
+                        updated_at=now))
+        with self._tx("failing a corrupt job") as conn:
+            conn.execute(stmt)
+        logger.warning("validation queue %s: job %d cannot be decoded (%s); marked failed", self.url, job_id, reason)
 
     def heartbeat(self, job_id: int, owner: str) -> bool:
         """Extend the lease of a job this owner holds; ``False`` when the lease was lost."""
@@ -492,6 +566,24 @@ class JobQueue:
         with self._tx("failing a job") as conn:
             return conn.execute(stmt).rowcount == 1
 
+    def release(self, job: Job, owner: str) -> bool:
+        """Hand a leased job back to the queue without counting the attempt (the worker is stopping).
+
+        The job goes back to ``queued`` with ``attempts`` one lower, so a worker stopped by SIGTERM, Ctrl-C
+        or an error between claiming and recording never uses up a job's ``max_attempts``.
+
+        Returns:
+            ``False`` when this owner no longer holds the lease (nothing written).
+        """
+        now = _now()
+        stmt = (sa.update(jobs).where(jobs.c.id == job.id, jobs.c.lease_owner == owner, jobs.c.status == "leased")
+                .values(status="queued", lease_owner=None, lease_expires_at=None, updated_at=now,
+                        attempts=sa.case((jobs.c.attempts > 0, jobs.c.attempts - 1), else_=0),
+                        error=f"released unmeasured by {owner} at Unix time {now:.3f} (the worker stopped); "
+                              "the attempt is not counted"))
+        with self._tx("releasing a job") as conn:
+            return conn.execute(stmt).rowcount == 1
+
     # ------------------------------------------------------------------ reading
     def get(self, job_id: int) -> Job:
         """The job with this id.
@@ -503,10 +595,26 @@ class JobQueue:
             row = conn.execute(sa.select(jobs).where(jobs.c.id == job_id)).first()
         if row is None:
             raise ValidationError(f"validation queue {self.url!r} has no job {job_id}")
-        return Job._from_row(row)
+        try:
+            return Job._from_row(row)
+        except _CorruptRow as e:
+            raise ValidationError(f"validation queue {self.url!r}: job {job_id} cannot be decoded: {e} "
+                                  f"(status {row.status!r}, error {row.error!r})") from e
+
+    def _decoded(self, rows: Any, kind: type, what: str) -> list[Any]:
+        """``kind._from_row`` of each row; a row that cannot be decoded is left out with a warning (once)."""
+        out = []
+        for r in rows:
+            try:
+                out.append(kind._from_row(r))
+            except _CorruptRow as e:
+                _warn_once(f"{self.url}:{what}:{r.id}", "validation queue %s: %s row %d cannot be decoded (%s); "
+                           "left out", self.url, what, r.id, e)
+        return out
 
     def jobs(self, *, study: str | None = None, device: str | None = None, status: str | None = None) -> list[Job]:
-        """Jobs, oldest first, optionally of one study, device and status."""
+        """Jobs, oldest first, optionally of one study, device and status (rows that cannot be decoded are
+        left out, with a warning once per row)."""
         if status is not None and status not in JOB_STATUSES:
             raise ValidationError(f"status must be one of {JOB_STATUSES} or None, got {status!r}")
         q = sa.select(jobs).order_by(jobs.c.id)
@@ -517,7 +625,8 @@ class JobQueue:
         if status is not None:
             q = q.where(jobs.c.status == status)
         with self._tx("listing jobs") as conn:
-            return [Job._from_row(r) for r in conn.execute(q)]
+            rows = conn.execute(q).all()
+        return self._decoded(rows, Job, "job")
 
     def trial_numbers(self, study: str, device: str) -> set[int]:
         """Trial numbers of ``study`` that have a job for ``device`` (any status)."""
@@ -539,11 +648,13 @@ class JobQueue:
         return out
 
     def results(self, *, study: str | None = None, device: str | None = None) -> list[ValidationRecord]:
-        """Validation results, oldest first, optionally of one study and device."""
+        """Validation results, oldest first, optionally of one study and device (rows that cannot be
+        decoded are left out, with a warning once per row)."""
         q = sa.select(results).order_by(results.c.id)
         if study is not None:
             q = q.where(results.c.study == study)
         if device is not None:
             q = q.where(results.c.device == device)
         with self._tx("reading results") as conn:
-            return [ValidationRecord._from_row(r) for r in conn.execute(q)]
+            rows = conn.execute(q).all()
+        return self._decoded(rows, ValidationRecord, "result")

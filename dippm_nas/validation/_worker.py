@@ -3,7 +3,9 @@
 ``dippm-nas validate-worker --storage URL --device D`` runs :meth:`ValidationWorker.run` on the machine
 that has device ``D``. A job carries a search-space name, a JSON config and an input spec; the model is
 rebuilt with the registered builder (:func:`search_spaces.build_model`), so no code or pickle crosses
-the queue. While measuring, a heartbeat thread extends the lease every ``lease_s / 3`` seconds.
+the queue. While measuring, a heartbeat thread extends the lease every ``lease_s / 3`` seconds, so a
+measurement may take as long as it needs, and a worker that is killed gives its job back ``lease_s``
+(default 60 s) after its last heartbeat.
 
 Outcomes:
 
@@ -12,7 +14,11 @@ Outcomes:
   forward raised) -> the job is ``done`` and one results row is written;
 - the job cannot be run (unknown space, config outside the space, bad spec, a usage error of the
   harness) -> the job is ``failed`` with the reason, not retried;
-- the worker dies -> its lease expires and the job is claimed again (up to ``max_attempts``).
+- the worker dies -> its heartbeat stops, its lease expires and the job is claimed again (up to
+  ``max_attempts``);
+- the worker stops (``stop`` set by SIGTERM or Ctrl-C in ``validate-worker``, ``KeyboardInterrupt``, an
+  error) -> every job it claimed and has not recorded is released (:meth:`JobQueue.release`: back to
+  ``queued``, the attempt not counted); the outcome is ``"released"``.
 
 **Interleaved rounds** (``rounds > 0``, CPU devices): the worker claims up to ``rounds_batch`` jobs, measures
 each one by one as above (memory, energy, its own block of timed forwards), then times the ``ok`` ones again
@@ -262,13 +268,34 @@ class ValidationWorker:
         self.processed += 1
         return "done" if self.queue.complete(job, self.owner, measurement) else "lost"
 
+    def _release(self, jobs: Sequence[Job]) -> None:
+        """Hand back claimed jobs that have no recorded outcome (never raises: the leases expire anyway)."""
+        for job in jobs:
+            try:
+                if self.queue.release(job, self.owner):
+                    logger.info("validation worker %s released job %d unmeasured", self.owner, job.id)
+            except DippmNasError as e:
+                logger.warning("validation worker %s could not release job %d (%s); it goes back to the queue "
+                               "when its lease expires", self.owner, job.id, e)
+
     def process(self, job: Job) -> str:
-        """Measure a claimed job and record the outcome; returns ``"done"``, ``"failed"`` or ``"lost"``."""
-        with _Heartbeat(self.queue, [job], self.owner, self.heartbeat_s):
-            measurement = self._measure_or_fail(job)
-        if isinstance(measurement, str):
-            return measurement
-        return self._complete(job, measurement)
+        """Measure a claimed job and record the outcome; returns ``"done"``, ``"failed"`` or ``"lost"``.
+
+        An exception that stops the worker (``KeyboardInterrupt``, ...) releases the job first.
+        """
+        recorded = False
+        try:
+            with _Heartbeat(self.queue, [job], self.owner, self.heartbeat_s):
+                measurement = self._measure_or_fail(job)
+            if isinstance(measurement, str):
+                recorded = True
+                return measurement
+            outcome = self._complete(job, measurement)
+            recorded = True
+            return outcome
+        finally:
+            if not recorded:
+                self._release([job])
 
     def run_one(self, *, study: str | None = None) -> tuple[Job, str] | None:
         """Claim and process one job; ``None`` when the queue has nothing for this device (and study)."""
@@ -277,30 +304,44 @@ class ValidationWorker:
             return None
         return job, self.process(job)
 
-    def run_batch(self, *, study: str | None = None, limit: int | None = None) -> list[tuple[Job, str]]:
+    def run_batch(self, *, study: str | None = None, limit: int | None = None,
+                  stop: threading.Event | None = None) -> list[tuple[Job, str]]:
         """Claim up to ``rounds_batch`` (and ``limit``) jobs, measure each, time the ``ok`` ones again in
         interleaved rounds (with ``rounds``), record them; returns each job with its outcome, in claim order
-        (empty when the queue has nothing for this device and study)."""
+        (empty when the queue has nothing for this device and study).
+
+        When ``stop`` is set during the batch, or an exception (``KeyboardInterrupt``...) ends it, every
+        claimed job not yet recorded is released unmeasured (outcome ``"released"``; the exception is
+        re-raised).
+        """
         want = self.rounds_batch if limit is None else max(0, min(self.rounds_batch, limit))
         claimed: list[Job] = []
-        while len(claimed) < want:
-            job = self.queue.claim(self.device, self.owner, study=study)
-            if job is None:
-                break
-            claimed.append(job)
         outcomes: dict[int, str] = {}
-        with _Heartbeat(self.queue, claimed, self.owner, self.heartbeat_s) as beat:
-            held: list[tuple[Job, Any]] = []
-            for job in claimed:
-                m = self._measure_or_fail(job)
-                if isinstance(m, str) or not self.rounds or not m.ok:
-                    outcomes[job.id] = m if isinstance(m, str) else self._complete(job, m)
-                    beat.drop(job)
-                else:
-                    held.append((job, m))
-            if held:
-                for (job, m), final in zip(held, self._rounds(held)):
-                    outcomes[job.id] = self._complete(job, final)
+        try:
+            while len(claimed) < want and not (stop is not None and stop.is_set()):
+                job = self.queue.claim(self.device, self.owner, study=study)
+                if job is None:
+                    break
+                claimed.append(job)
+            with _Heartbeat(self.queue, claimed, self.owner, self.heartbeat_s) as beat:
+                held: list[tuple[Job, Any]] = []
+                for job in claimed:
+                    if stop is not None and stop.is_set():
+                        break
+                    m = self._measure_or_fail(job)
+                    if isinstance(m, str) or not self.rounds or not m.ok:
+                        outcomes[job.id] = m if isinstance(m, str) else self._complete(job, m)
+                        beat.drop(job)
+                    else:
+                        held.append((job, m))
+                if held and not (stop is not None and stop.is_set()):
+                    for (job, m), final in zip(held, self._rounds(held)):
+                        outcomes[job.id] = self._complete(job, final)
+        finally:
+            unrecorded = [job for job in claimed if job.id not in outcomes]
+            self._release(unrecorded)
+            for job in unrecorded:
+                outcomes[job.id] = "released"
         return [(job, outcomes[job.id]) for job in claimed]
 
     def _rounds(self, held: list[tuple[Job, Any]]) -> list[Any]:
@@ -349,11 +390,13 @@ class ValidationWorker:
                 forever; ``0``: stop as soon as the queue is empty).
             poll_s: wait between polls of an empty queue, seconds.
             study: only jobs of this study.
-            stop: an event that ends the loop between jobs.
-            on_job: called with each job and its outcome (``"done"``, ``"failed"``, ``"lost"``).
+            stop: an event that ends the loop between jobs (with ``rounds``, also between the jobs of a
+                batch: the claimed jobs not yet recorded are released).
+            on_job: called with each job and its outcome (``"done"``, ``"failed"``, ``"lost"``,
+                ``"released"``).
 
         Returns:
-            The number of jobs claimed.
+            The number of jobs claimed and not released.
         """
         handled = 0
         idle_since = time.monotonic()
@@ -362,7 +405,7 @@ class ValidationWorker:
                 break
             if self.rounds:
                 left = None if max_jobs is None else max_jobs - handled
-                batch = self.run_batch(study=study, limit=left)
+                batch = self.run_batch(study=study, limit=left, stop=stop)
             else:
                 one = self.run_one(study=study)
                 batch = [] if one is None else [one]
@@ -374,7 +417,7 @@ class ValidationWorker:
                 else:
                     time.sleep(poll_s)
                 continue
-            handled += len(batch)
+            handled += sum(outcome != "released" for _job, outcome in batch)
             idle_since = time.monotonic()
             if on_job is not None:
                 for job, outcome in batch:
