@@ -372,7 +372,15 @@ class HardwareCostModel:
             return False
         if self.constraint_api == "set_constraint":
             return True
+        if self._sampler_has_our_constraints_func(trial):
+            return False  # the sampler records them through constraints_func: set_constraint would record them twice
         return hasattr(trial, "set_constraint")
+
+    def _sampler_has_our_constraints_func(self, trial: Any) -> bool:
+        """The study's sampler was created with ``constraints_func=cost.constraints_func`` (Optuna's samplers
+        keep it as ``_constraints_func``)."""
+        sampler = getattr(getattr(trial, "study", None), "sampler", None)
+        return getattr(sampler, "_constraints_func", None) == self.constraints_func
 
     def _check_4x_sampler(self, trial: Any) -> None:
         """On the constraints_func path, warn once when the study's sampler was not given it."""

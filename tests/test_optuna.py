@@ -423,3 +423,20 @@ def test_rdb_storage_sets_sqlite_up_for_many_writers(tmp_path: Any) -> None:
     study.tell(t, (1.0, 1.0, 1.0))
     assert optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path / 'study.db'}").trials[0].user_attrs == {"x": 1}
 
+
+
+@needs_set_constraint
+def test_constraints_func_given_on_optuna5_records_each_constraint_once(fake_predict: list[Any]) -> None:
+    cost = HardwareCostModel(budgets=Budgets(mig_profile="1g.5gb"), objectives=("latency_ms", "energy_j"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # constraints_func is deprecated on Optuna 5
+        sampler = optuna.samplers.TPESampler(seed=0, constraints_func=cost.constraints_func)
+    study = cost.create_study(sampler=sampler)
+
+    def objective(trial: optuna.Trial) -> tuple[float, ...]:
+        return (1.0, *cost.evaluate(trial, _mlp(trial.suggest_int("w", 1, 128)), SPEC))
+
+    study.optimize(objective, n_trials=4)
+    for t in study.trials:
+        assert list(t.system_attrs["constraints"]) == [t.user_attrs["constraint_memory_mib"]]
+        assert not any(k.startswith("constraints:") for k in t.system_attrs)  # not also through set_constraint
