@@ -309,25 +309,46 @@ class HardwareCostModel:
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             study.set_metric_names(names)
 
-    def create_study(self, leading: Mapping[str, str] | None = None, **kwargs: Any) -> optuna.Study:
+    def create_study(self, leading: Mapping[str, str] | None = None, *, directions: Sequence[str] | None = None,
+                     **kwargs: Any) -> optuna.Study:
         """``optuna.create_study`` with directions ``[*leading.values(), *directions]`` and metric names set.
 
         Args:
             leading: your objectives before the cost model's, ``{name: "maximize" | "minimize"}``;
                 default ``{"accuracy": "maximize"}``. ``{}`` makes a study of the hardware objectives only.
+            directions: Optuna's own argument instead of ``leading``: every objective's direction, yours first,
+                then the cost model's (:attr:`directions`, which must end the list); your objectives are named
+                ``objective_0``, ``objective_1``... (or by ``leading``'s keys when both are given and agree).
             **kwargs: passed to ``optuna.create_study`` (``storage``, ``sampler``, ``study_name``,
-                ``load_if_exists``...); not ``direction``/``directions``.
+                ``load_if_exists``...).
+
+        Raises:
+            DippmNasError: a direction that is not ``"maximize"``/``"minimize"``, ``directions`` that do not end
+                with the cost model's, ``leading`` and ``directions`` that disagree, or ``direction`` given.
         """
-        if "direction" in kwargs or "directions" in kwargs:
-            raise DippmNasError("create_study() sets the directions itself; pass leading={name: direction} instead")
+        if "direction" in kwargs:
+            raise DippmNasError("create_study() takes directions=[...] (every objective) or leading={name: direction}, "
+                                "not direction=")
+        if directions is not None:
+            directions = [str(d) for d in directions]
+            bad_d = [d for d in directions if d not in ("maximize", "minimize")]
+            n_lead = len(directions) - len(self.directions)
+            if bad_d or n_lead < 0 or directions[n_lead:] != self.directions:
+                raise DippmNasError(
+                    f"directions must be yours followed by the cost model's {self.directions} (objectives "
+                    f"{list(self.objectives)}), each 'maximize' or 'minimize'; got {directions}")
+            if leading is not None and list(dict(leading).values()) != directions[:n_lead]:
+                raise DippmNasError(f"leading={dict(leading)} disagrees with directions={directions}")
+            leading = dict(leading) if leading is not None else {f"objective_{i}": d
+                                                                  for i, d in enumerate(directions[:n_lead])}
         leading = {"accuracy": "maximize"} if leading is None else dict(leading)
         bad = {k: v for k, v in leading.items() if v not in ("maximize", "minimize")}
         if bad:
             raise DippmNasError(f"leading directions must be 'maximize' or 'minimize', got {bad}")
-        directions = [*leading.values(), *self.directions]
-        if not directions:
+        all_directions = [*leading.values(), *self.directions]
+        if not all_directions:
             raise DippmNasError("a study needs at least one objective: give leading objectives or cost objectives")
-        study = optuna.create_study(directions=directions, **kwargs)
+        study = optuna.create_study(directions=all_directions, **kwargs)
         self.set_metric_names(study, list(leading))
         return study
 

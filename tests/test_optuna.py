@@ -90,8 +90,18 @@ def test_study_directions_and_metric_names() -> None:
     assert s2.metric_names == ["top1_error", "params_m", "latency_ms", "energy_j"]
     with pytest.raises(DippmNasError, match="3 objectives but the names are"):
         cost.set_metric_names(study, leading=())
-    with pytest.raises(DippmNasError, match="sets the directions itself"):
+    # Optuna's own directions=: yours first, then the cost model's
+    s3 = cost.create_study(directions=["maximize", "minimize", "minimize"])
+    assert [d.name for d in s3.directions] == ["MAXIMIZE", "MINIMIZE", "MINIMIZE"]
+    assert s3.metric_names == ["objective_0", "latency_ms", "energy_j"]
+    s4 = cost.create_study(leading={"acc": "maximize"}, directions=["maximize", "minimize", "minimize"])
+    assert s4.metric_names == ["acc", "latency_ms", "energy_j"]
+    with pytest.raises(DippmNasError, match="followed by the cost model's"):
         cost.create_study(directions=["minimize"])
+    with pytest.raises(DippmNasError, match="disagrees"):
+        cost.create_study(leading={"acc": "minimize"}, directions=["maximize", "minimize", "minimize"])
+    with pytest.raises(DippmNasError, match="not direction="):
+        cost.create_study(direction="minimize")
     with pytest.raises(DippmNasError, match="'maximize' or 'minimize'"):
         cost.create_study(leading={"accuracy": "up"})
 
