@@ -522,7 +522,9 @@ class GnnPredictor(BasePredictor):
 
     Figures of targets in ``meta.targets`` have source ``"predicted"`` (``"calibrated"`` once
     :meth:`calibrate` has run for the device); the other targets come from the analytic prior
-    (``"analytic"``), or ``"unavailable"`` for energy on a device without power figures.
+    (``"analytic"``), or ``"unavailable"`` for energy on a device without power figures. Energy from the
+    prior carries the power model's source and σ: ``"predicted"`` where the power model is fitted on
+    measurements of the device's architecture.
 
     Features of a graph are cached per (structure, device), and finished predictions per (structure,
     MIG options, calibration), each in an LRU of ``feature_cache_size`` entries, so a search that
@@ -815,6 +817,9 @@ class GnnPredictor(BasePredictor):
             if t not in self.meta.targets:
                 values[t], stds[t] = prior_vals[t], None
                 sources[t] = "analytic" if prior_vals[t] is not None else "unavailable"
+                if t == "energy_j" and prior_vals[t] is not None and est is not None:
+                    # the power model's fit for the device's architecture says how far to trust the prior's energy
+                    stds[t], sources[t] = est.energy_j_std, est.energy_source
                 continue
             if dtype_unseen and prior_vals[t] is None:  # the prior answers and has no figure: none is made up
                 values[t], stds[t], sources[t] = None, None, "unavailable"

@@ -11,10 +11,10 @@ The forward pass ends with the last kernel: ``latency = gpu_end[-1]`` (the criti
 timelines). It equals the device's busy time plus the idle time the host causes: small batches are
 launch-bound (``host_ms > gpu_busy_ms``). On a CPU device the host runs the kernels itself, so the times add.
 
-Energy. While node ``i`` runs the board draws ``idle + (board - idle) * u_i`` (``u_i``: share of the
-limiting resource's peak in use, capped at board power); while the GPU waits for the host it draws
-idle power. ``energy = sum_i P_i * gpu_i + idle * gpu_idle``. Uncalibrated: no public energy data is
-available to fit it.
+Energy. Power integrated over the same timeline (:mod:`dippm_nas.prior._power`): while node ``i`` runs,
+idle power plus shares of the board's range for the busy SMs, the tensor-core and CUDA-core FLOP rates and
+the DRAM traffic of the node, capped at board power; while the GPU waits for the host, a waiting share.
+The shares are fitted per architecture on measured whole-GPU energy (``calibration/power.json``).
 
 Memory. ``runtime baseline + weights + activation peak (liveness) + workspace``, with the caching
 allocator's rounding reported apart (``allocator_overhead_mib``: reserved minus allocated).
@@ -37,6 +37,7 @@ from dippm_nas.prediction import Prediction
 from dippm_nas.prior._memory import K_LARGE_BUFFER, K_MIN_LARGE_ALLOC, K_ROUND_LARGE, MIB, activation_liveness
 from dippm_nas.prior._nodes import graph_facts, node_costs
 from dippm_nas.prior._params import PriorParams, default_params
+from dippm_nas.prior._power import PowerTable, node_activity, pass_energy_j, power_params_for
 
 __all__ = ["PriorEstimate", "estimate", "predict"]
 
@@ -60,6 +61,10 @@ class PriorEstimate:
         host_ms: host dispatch time of the whole pass, ms.
         gpu_busy_ms: sum of kernel times, ms; ``gpu_idle_ms = latency_ms - gpu_busy_ms``.
         energy_j: energy of one pass, J; ``None`` when the device has no power figures.
+        energy_j_std: one σ of ``energy_j`` (the power fit's held-out error, wider for an architecture
+            without a fit), J; ``None`` without power figures.
+        energy_source: ``"predicted"`` where the power model is fitted on measurements of the device's
+            architecture, ``"analytic"`` otherwise, ``"unavailable"`` without power figures.
         baseline_mib, weights_mib, activations_peak_mib, workspace_mib, allocator_overhead_mib: memory
             parts, MiB; ``memory_mib`` is their sum.
         peak_node: node index where activations peak.
@@ -88,6 +93,8 @@ class PriorEstimate:
     tensor_core_fraction: float
     params_source: str
     unknown_ops: dict[str, int] = field(default_factory=dict)
+    energy_j_std: float | None = None
+    energy_source: str = "unavailable"
 
     @property
     def gpu_idle_ms(self) -> float:
@@ -141,7 +148,7 @@ def _timelines(gpu_us: np.ndarray, host_us: np.ndarray, kind: str) -> tuple[floa
 
 def estimate(
     graph: OperatorGraph, device: Device | str, *, tf32_conv: bool = True, tf32_matmul: bool = False,
-    channels_last: bool = False, params: PriorParams | None = None,
+    channels_last: bool = False, params: PriorParams | None = None, power: PowerTable | None = None,
 ) -> PriorEstimate:
     """Analytic latency, energy and memory of one forward pass of ``graph`` on ``device``.
 
@@ -153,6 +160,7 @@ def estimate(
         channels_last: activations are NHWC in memory (``model.to(memory_format=torch.channels_last)``);
             PyTorch's default is NCHW (False).
         params: the prior's constants; default: the shipped fitted ones.
+        power: the power model's constants per architecture; default: the shipped ones (``power.json``).
 
     Raises:
         DeviceError: unknown device id (the choices are listed).
@@ -180,11 +188,14 @@ def estimate(
         busy_us = latency_us
 
     energy: float | None = None
+    energy_std: float | None = None
+    energy_source = "unavailable"
     if dev.has_power:
-        assert dev.board_power_w is not None and dev.idle_power_w is not None
-        power = np.minimum(dev.board_power_w, dev.idle_power_w + (dev.board_power_w - dev.idle_power_w) * costs.utilisation)
-        idle_us = max(0.0, latency_us - float(costs.gpu_us.sum()))
-        energy = (float((power * costs.gpu_us).sum()) + dev.idle_power_w * idle_us) * 1e-6
+        pw = power_params_for(dev, power)
+        activity = node_activity(facts.flops, facts.bytes, costs.gpu_us, costs.tensor_core,
+                                 (facts.dtype == 1) | (facts.dtype == 2), dev)
+        energy = pass_energy_j(pw, dev, costs.gpu_us, activity, latency_us)
+        energy_std, energy_source = energy * pw.sigma_log, ("predicted" if pw.fitted else "analytic")
 
     if facts.memory is None:
         facts.memory = activation_liveness(graph)
@@ -213,7 +224,7 @@ def estimate(
         baseline_mib=baseline, weights_mib=weights_b / MIB, activations_peak_mib=mem.peak_allocated_bytes / MIB,
         workspace_mib=workspace_b / MIB, allocator_overhead_mib=overhead_b / MIB, memory_mib=total_mib,
         peak_node=mem.peak_node, tensor_core_fraction=tc / busy_us if busy_us > 0 else 0.0,
-        params_source=p.source, unknown_ops=graph.unknown_ops,
+        params_source=p.source, unknown_ops=graph.unknown_ops, energy_j_std=energy_std, energy_source=energy_source,
     )
 
 
@@ -224,12 +235,13 @@ def _ceil(x: float, unit: int) -> float:
 def predict(
     graph: OperatorGraph, device: Device | str, *, mig: bool = True, k_sigma: float = 2.0,
     tf32_conv: bool = True, tf32_matmul: bool = False, channels_last: bool = False,
-    params: PriorParams | None = None,
+    params: PriorParams | None = None, power: PowerTable | None = None,
 ) -> Prediction:
-    """The analytic prior as a :class:`~dippm_nas.prediction.Prediction` (sources ``"analytic"``).
+    """The analytic prior as a :class:`~dippm_nas.prediction.Prediction` (sources ``"analytic"``; energy
+    ``"predicted"`` where the power model is fitted for the device's architecture).
 
     Args:
-        graph, device, tf32_conv, tf32_matmul, channels_last, params: as for :func:`estimate`.
+        graph, device, tf32_conv, tf32_matmul, channels_last, params, power: as for :func:`estimate`.
         mig: attach the MIG advisor's answer (devices with MIG only; see :func:`dippm_nas.mig.advise`).
         k_sigma: passed to the advisor.
 
@@ -239,7 +251,8 @@ def predict(
         UnsupportedDtypeError, GraphValidationError: as for :func:`estimate`.
     """
     dev = resolve_device(device)
-    est = estimate(graph, dev, tf32_conv=tf32_conv, tf32_matmul=tf32_matmul, channels_last=channels_last, params=params)
+    est = estimate(graph, dev, tf32_conv=tf32_conv, tf32_matmul=tf32_matmul, channels_last=channels_last, params=params,
+                   power=power)
     if est.energy_j is None:
         raise DeviceError(
             f"device {dev.id!r} has no power figures (board_power_w, idle_power_w), so the prior gives no "
@@ -250,7 +263,8 @@ def predict(
     details["params_fitted"] = float(est.params_source != "uncalibrated")
     pred = Prediction(
         latency_ms=est.latency_ms, energy_j=est.energy_j, memory_mib=est.memory_mib,
-        latency_source="analytic", energy_source="analytic", memory_source="analytic",
+        latency_source="analytic", energy_source=est.energy_source, memory_source="analytic",  # type: ignore[arg-type]
+        energy_j_std=est.energy_j_std,
         device=dev.id, batch_size=est.batch_size, dtype=est.dtype, unknown_ops=dict(est.unknown_ops),
         details=details,
     )
