@@ -75,8 +75,8 @@ class PowerParams:
     def __post_init__(self) -> None:
         for name in _SHARES:
             v = getattr(self, name)
-            if not _finite(v) or not 0.0 <= v <= 2.0:
-                raise DippmNasError(f"PowerParams.{name} must be a share in [0, 2] of the board's range above idle, "
+            if not _finite(v) or not 0.0 <= v <= 4.0:
+                raise DippmNasError(f"PowerParams.{name} must be a share in [0, 4] of the board's range above idle, "
                                     f"got {v!r}")
         if not _finite(self.sigma_log) or not 0.0 <= self.sigma_log <= 5.0:
             raise DippmNasError(f"PowerParams.sigma_log must be in [0, 5], got {self.sigma_log!r}")
