@@ -11,11 +11,15 @@ Needs ``diffusers`` and ``transformers`` (``pip install diffusers transformers``
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from dippm_nas import InputSpec, capture
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs" / "mlenergy_t2i"
 #: The ML.ENERGY ``Model`` column of each config file's pipeline.
@@ -29,7 +33,8 @@ class Component:
     """One module of a pipeline and how often it runs per batch of ``b`` images.
 
     Attributes:
-        name: ``"text_encoder"``, ``"text_encoder_2"``, ``"unet"`` or ``"vae_decode"``.
+        name: ``"text_encoder"``, ``"text_encoder_2"``, ... , ``"unet"`` (the denoiser: a UNet or, for SD 3, a
+            transformer) or ``"vae_decode"``.
         calls: calls per batch.
         batch_factor: the module's batch is ``batch_factor * b`` (2 for a guided UNet).
     """
@@ -67,19 +72,17 @@ def _empty(build: Any) -> Any:
 
 def build_module(cfg: dict[str, Any], name: str) -> tuple[Any, Any]:
     """``(module, InputSpec)`` of one component at batch 1 (the caller replaces the batch size)."""
+    import diffusers
     import torch
+    import transformers
     from torch import nn
-
-    from dippm_nas import InputSpec
 
     dtype = cfg.get("dtype", "float16")
     if name.startswith("text_encoder"):
-        import transformers
-
         i = 0 if name == "text_encoder" else int(name.rsplit("_", 1)[1]) - 1
         te = cfg["text_encoders"][i]
         cls = getattr(transformers, te["class"])
-        conf = transformers.CLIPTextConfig(**te["config"])
+        conf = getattr(transformers, te.get("config_class", "CLIPTextConfig"))(**te["config"])
         enc = _empty(lambda: cls(conf))
 
         class TextEncoder(nn.Module):
@@ -90,11 +93,29 @@ def build_module(cfg: dict[str, Any], name: str) -> tuple[Any, Any]:
             def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
                 return self.m(input_ids, return_dict=False)[0]
 
-        seq = int(te["config"].get("max_position_embeddings", 77))
+        seq = int(te.get("seq_len", te["config"].get("max_position_embeddings", 77)))
         return TextEncoder(enc), InputSpec(inputs={"input_ids": ((seq,), "int64")}, dtype=dtype)
-    if name == "unet":
-        import diffusers
+    if name == "unet" and cfg["unet"]["class"] == "SD3Transformer2DModel":
+        u = cfg["unet"]
+        dit = _empty(lambda: diffusers.SD3Transformer2DModel(**u["config"]))
 
+        class Transformer(nn.Module):
+            def __init__(self, m: nn.Module) -> None:
+                super().__init__()
+                self.m = m
+
+            def forward(self, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor,
+                        pooled_projections: torch.Tensor, timestep: torch.Tensor) -> torch.Tensor:
+                return self.m(hidden_states, encoder_hidden_states, pooled_projections, timestep.reshape(-1),
+                              return_dict=False)[0]
+
+        c = u["config"]
+        lat = (int(c["in_channels"]), cfg["height"] // 8, cfg["width"] // 8)
+        inputs = {"hidden_states": (lat, None),
+                  "encoder_hidden_states": ((int(u["text_tokens"]), int(c["joint_attention_dim"])), None),
+                  "pooled_projections": ((int(c["pooled_projection_dim"]),), None), "timestep": ((1,), None)}
+        return Transformer(dit), InputSpec(inputs=inputs, dtype=dtype)
+    if name == "unet":
         u = cfg["unet"]
         unet = _empty(lambda: getattr(diffusers, u["class"])(**u["config"]))
         lat = (int(u["config"].get("in_channels", 4)), cfg["height"] // 8, cfg["width"] // 8)
@@ -119,8 +140,6 @@ def build_module(cfg: dict[str, Any], name: str) -> tuple[Any, Any]:
             inputs.update({"text_embeds": ((pooled,), None), "time_ids": ((6,), None)})
         return UNet(unet), InputSpec(inputs=inputs, dtype=dtype)
     if name == "vae_decode":
-        import diffusers
-
         v = cfg["vae"]
         vae = _empty(lambda: getattr(diffusers, v["class"])(**v["config"]))
 
@@ -140,11 +159,6 @@ def build_module(cfg: dict[str, Any], name: str) -> tuple[Any, Any]:
 def capture_component(cfg: dict[str, Any], comp: Component, batch: int, *, cache: Any = True) -> Any:
     """The :class:`~dippm_nas.OperatorGraph` of one component at ``batch`` images (its own batch is
     ``comp.batch_factor * batch``), through the conversion cache: captured once per (model, batch)."""
-    import dataclasses
-    import warnings
-
-    from dippm_nas import capture
-
     module, spec = build_module(cfg, comp.name)
     spec = dataclasses.replace(spec, batch_size=comp.batch_factor * batch)
     with warnings.catch_warnings():
