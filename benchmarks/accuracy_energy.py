@@ -103,8 +103,13 @@ def hopper_params(base: Any, compute: float, memory: float, matmul_abs: float | 
     scales = dict(base.device_scales)
     for d in (DEVICE, *HOPPER_SIBLINGS):
         scales[d] = sc
-    return dataclasses.replace(base, device_scales=scales, host_dispatch_us=base.host_dispatch_us * host,
-                               host_launch_us=base.host_launch_us * host, host_view_us=base.host_view_us * host)
+    changes: dict[str, Any] = {"host_dispatch_us": base.host_dispatch_us * host,
+                               "host_launch_us": base.host_launch_us * host, "host_view_us": base.host_view_us * host}
+    hm = getattr(base, "host_model", None)
+    if hm is not None:  # constants with a fitted host model (per-operator-kind times): scaled the same way
+        changes["host_model"] = dataclasses.replace(hm, op_us={k: v * host for k, v in hm.op_us.items()},
+                                                    launch_us=hm.launch_us * host, iteration_us=hm.iteration_us * host)
+    return dataclasses.replace(base, device_scales=scales, **changes)
 
 
 def row_latency_s(row: Row, params: Any) -> float:
