@@ -35,6 +35,7 @@ from dippm_nas.graph import OperatorGraph, OpNode  # noqa: E402
 from dippm_nas.prediction import Prediction  # noqa: E402
 from dippm_nas.predictor import get_predictor, predict, predict_many  # noqa: E402
 from dippm_nas.spec import InputSpec, TensorSpec  # noqa: E402
+from dippm_nas.stages import Stage, StagesPrediction, predict_stages, sum_stages  # noqa: E402
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 
@@ -42,7 +43,7 @@ __all__ = [
     "__version__",
     "InputSpec", "TensorSpec", "capture", "capture_many", "CaptureResult", "predict", "predict_many",
     "get_predictor", "Device", "get_device", "list_devices", "register_device", "mig", "prior",
-    "OperatorGraph", "OpNode", "Prediction",
+    "OperatorGraph", "OpNode", "Prediction", "Stage", "StagesPrediction", "predict_stages", "sum_stages",
     "DippmNasError", "InputSpecError", "InputShapeError", "UnsupportedDtypeError", "ModelSpecError",
     "GraphCaptureError", "GraphValidationError", "UnsupportedOpError", "CacheError", "DeviceError",
     "MeasurementError", "OutOfMemoryError", "CheckpointError", "SearchSpaceError", "MissingDependencyError",

@@ -14,7 +14,8 @@ from dippm_nas.devices import Device, get_device
 from dippm_nas.errors import DeviceError, GraphValidationError, UnsupportedDtypeError
 from dippm_nas.graph import OperatorGraph, OpNode
 from dippm_nas.prediction import Prediction
-from dippm_nas.prior import PARAM_CLASSES, PriorParams, activation_liveness, default_params, estimate, predict, round_block
+from dippm_nas.prior import (PARAM_CLASSES, PowerParams, PowerTable, PriorParams, activation_liveness, default_params,
+                             estimate, predict, round_block)
 from dippm_nas.spec import InputSpec, dtype_bytes
 
 MIB = 2**20
@@ -302,13 +303,15 @@ def test_a_device_scale_can_scale_op_classes_and_replace_the_dispatch_time() -> 
 
 def test_energy_is_power_integrated_over_the_pass() -> None:
     dev = toy_gpu(bandwidth_gbps=1000.0, idle_power_w=50.0, board_power_w=250.0)
-    # memory-bound at full bandwidth: utilisation 1 -> board power while kernels run, idle while waiting
-    e = estimate(_two_adds(1_200_000), dev, params=ideal_params(host_dispatch_us=10.0))
+    # power from DRAM traffic only (the full range at full bandwidth), idle power while waiting
+    dram_only = PowerTable(default=PowerParams(busy=0.0, tensor=1.0, fp=0.0, dram=1.0, wait=0.0))
+    # memory-bound at full bandwidth: board power while kernels run, idle while waiting
+    e = estimate(_two_adds(1_200_000), dev, params=ideal_params(host_dispatch_us=10.0), power=dram_only)
     busy_s, idle_s = 2.4e-6, 18.8e-6
     assert e.energy_j == pytest.approx(250 * busy_s + 50 * idle_s)
     # half the bandwidth used: half the dynamic power
     half = ideal_params(host_dispatch_us=10.0).with_class("elementwise", eta_memory=0.5)
-    e2 = estimate(_two_adds(120_000_000), dev, params=half)
+    e2 = estimate(_two_adds(120_000_000), dev, params=half, power=dram_only)
     t_kernel = 240e-6
     assert e2.energy_j == pytest.approx(150 * 2 * t_kernel + 50 * 10e-6)
     assert estimate(_two_adds(1_200_000), toy_gpu(board_power_w=None, idle_power_w=None)).energy_j is None

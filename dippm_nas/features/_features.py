@@ -28,6 +28,7 @@ from dippm_nas.features._coarsen import coarsen
 from dippm_nas.features._registry import ATTR_WIDTH, TOKENS, encode_op
 from dippm_nas.graph._formulas import OP_CLASSES
 from dippm_nas.graph import OperatorGraph, OpNode
+from dippm_nas.prior import utilisation_energy_j
 
 if TYPE_CHECKING:  # pragma: no cover
     from dippm_nas.prior import Execution, PriorEstimate, PriorParams
@@ -223,12 +224,14 @@ def _ours(graph: OperatorGraph, est: "PriorEstimate", fuse: bool, unknown: dict[
         rows[k] = feats
     sf = graph.static_features()
     input_elems = sum(math.prod(s) for s in graph.spec.batched_shapes().values())
+    # the energy feature keeps the single-share formula the checkpoints were trained with (FEATURE_SCHEMA_VERSION 1)
+    e_feat = utilisation_energy_j(est.node_time_ms, est.node_utilisation, est.latency_ms, resolve_device(est.device))
     st = [
         _lg(sf.total_macs), _lg(sf.total_flops), _lg(sf.batch_size), _lg(sf.num_conv), _lg(sf.num_dense),
         _lg(sf.num_relu), _lg(sf.param_count), _lg(sf.param_bytes), _lg(sf.activation_bytes), _lg(sf.depth),
         _lg(graph.num_nodes), _lg(kg.num_kernels), _lg(input_elems),
         _lg(est.latency_ms * 1e3), _lg(est.host_ms * 1e3), _lg(est.gpu_busy_ms * 1e3), _lg(est.memory_mib),
-        _lg(est.energy_j * 1e3 if est.energy_j is not None else 0.0), float(est.energy_j is not None),
+        _lg(e_feat * 1e3 if e_feat is not None else 0.0), float(e_feat is not None),
     ] + [float(graph.spec.dtype == d) for d in _DTYPES]
     return rows, kg.edge_index(), np.asarray(st, dtype=np.float32)
 

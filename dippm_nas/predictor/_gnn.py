@@ -524,7 +524,9 @@ class GnnPredictor(BasePredictor):
 
     Figures of targets in ``meta.targets`` have source ``"predicted"`` (``"calibrated"`` once
     :meth:`calibrate` has run for the device); the other targets come from the analytic prior
-    (``"analytic"``), or ``"unavailable"`` for energy on a device without power figures.
+    (``"analytic"``), or ``"unavailable"`` for energy on a device without power figures. Energy from the
+    prior carries the power model's source and σ: ``"predicted"`` where the power model is fitted on
+    measurements of the device's architecture.
 
     Features of a graph are cached per (structure, device), and finished predictions per (structure,
     MIG options, calibration), each in an LRU of ``feature_cache_size`` entries, so a search that
@@ -818,7 +820,7 @@ class GnnPredictor(BasePredictor):
         return pinned
 
     def _timeline_parts(self, graph: OperatorGraph, est: Any, m: float, runtime: str, host: HostProfile
-                        ) -> tuple[float, np.ndarray, np.ndarray, float, dict[str, float]]:
+                        ) -> tuple[float, np.ndarray, np.ndarray, float, dict[str, float], Any]:
         """The network's eager answer ``exp(m)`` as timelines of ``runtime`` on ``host``.
 
         The network's answer is read as a correction of the kernel times: its log correction of the features'
@@ -829,8 +831,9 @@ class GnnPredictor(BasePredictor):
         computed for the requested execution itself, the latency is the network's answer.
 
         Returns:
-            ``(latency ms, gpu_us, host_us, prefix_us, details)``: the per-node kernel times (corrected), host
-            times and the host time before the first operator.
+            ``(latency ms, gpu_us, host_us, prefix_us, details, estimate)``: the per-node kernel times
+            (corrected), host times, the host time before the first operator, and the prior's estimate of the
+            requested execution (``None`` where it is the features' own).
         """
         params = self._execution_params()
         prior_ms = max(float(est.latency_ms), 1e-9)
@@ -843,22 +846,23 @@ class GnnPredictor(BasePredictor):
         if runtime == "eager" and host == default_host_profile() and params is self._pinned_params():
             d["direct"] = 1.0
             return (math.exp(min(max(m, -30.0), 30.0)), c * est.node_time_ms * 1e3, est.node_host_ms * 1e3,
-                    est.pass_host_ms * 1e3, d)
+                    est.pass_host_ms * 1e3, d, None)
         rt = prior_estimate(graph, self.device, params=params, runtime=runtime, host=host)
         g, h, pre = c * rt.node_time_ms * 1e3, rt.node_host_ms * 1e3, rt.pass_host_ms * 1e3
-        return latency_us(g, h, pre) / 1e3, g, h, pre, d
+        return latency_us(g, h, pre) / 1e3, g, h, pre, d, rt
 
     def _compose_latency(self, graph: OperatorGraph, est: Any, m: float, s: float, runtime: str,
-                         host: HostProfile) -> tuple[float, float, dict[str, float], tuple[float, float], bool]:
+                         host: HostProfile) -> tuple[float, float, dict[str, float], tuple[float, float], bool, Any]:
         """Latency of ``runtime`` on ``host`` (:meth:`_timeline_parts`), with the calibration's host and GPU
         factors when it has them. σ combines the network's σ on the kernel part and the host model's held-out
         σ on the host part (and the calibration's residual scatter), each weighted by how much the critical
         path moves with it.
 
         Returns:
-            ``(log latency, log σ, details, (host_ms, gpu_ms), calibrated)``.
+            ``(log latency, log σ, details, (host_ms, gpu_ms), calibrated, estimate)``, ``estimate`` as for
+            :meth:`_timeline_parts`.
         """
-        lat_ms, g, h, pre, d = self._timeline_parts(graph, est, m, runtime, host)
+        lat_ms, g, h, pre, d, rt = self._timeline_parts(graph, est, m, runtime, host)
         base_us = latency_us(g, h, pre)
         tf = self.calibration.timeline_factors if self.calibration is not None else None
         extra_s = 0.0
@@ -880,7 +884,7 @@ class GnnPredictor(BasePredictor):
         host_ms, gpu_ms = float(h.sum() + pre) / 1e3, float(g.sum()) / 1e3
         d.update(host_ms=host_ms, gpu_busy_ms=gpu_ms, gpu_idle_ms=max(0.0, lat_ms - gpu_ms),
                  host_bound=float(host_ms > gpu_ms), pass_host_ms=pre / 1e3)
-        return math.log(lat_ms), math.hypot(s_g, s_h, extra_s), d, (host_ms, gpu_ms), tf is not None
+        return math.log(lat_ms), math.hypot(s_g, s_h, extra_s), d, (host_ms, gpu_ms), tf is not None, rt
 
     def _prediction(self, graph: OperatorGraph, f: GraphFeatures, mean: np.ndarray, std: np.ndarray, *,
                     mig: bool, k_sigma: float, ood: bool = False, novelty: float = math.nan,
@@ -897,12 +901,18 @@ class GnnPredictor(BasePredictor):
         sources: dict[str, str] = {}
         prior_vals = {"latency_ms": f.prior_latency_ms, "energy_j": f.prior_energy_j, "memory_mib": f.prior_memory_mib}
         kept: dict[str, float] = {}
+        rt_est: Any = None  # the prior's estimate of the requested execution, where it is not the features'
         for t_i, t in enumerate(TARGETS):
             if t not in self.meta.targets:
                 values[t], stds[t] = prior_vals[t], None
                 if t == "memory_mib" and est is not None:
                     stds[t] = est.memory_mib_std  # the analytic memory's own (GPU parts; None on a CPU)
                 sources[t] = "analytic" if prior_vals[t] is not None else "unavailable"
+                if t == "energy_j" and prior_vals[t] is not None and est is not None:
+                    # power over the requested execution's timeline (its host gaps); the power model's fit for
+                    # the device's architecture says how far to trust it
+                    e = rt_est if rt_est is not None and rt_est.energy_j is not None else est
+                    values[t], stds[t], sources[t] = e.energy_j, e.energy_j_std, e.energy_source
                 continue
             if dtype_unseen and prior_vals[t] is None:  # the prior answers and has no figure: none is made up
                 values[t], stds[t], sources[t] = None, None, "unavailable"
@@ -912,7 +922,8 @@ class GnnPredictor(BasePredictor):
             src = "analytic" if dtype_unseen else "predicted"  # dtype_unseen: ``m`` is the prior's
             calibrated = False
             if t == "latency_ms" and dev.kind == "gpu" and est is not None and host is not None:
-                m, s, composed, (h_ms, g_ms), calibrated = self._compose_latency(graph, est, m, s, runtime, host)
+                m, s, composed, (h_ms, g_ms), calibrated, rt_est = self._compose_latency(graph, est, m, s, runtime,
+                                                                                        host)
                 timeline = {"host_ms": h_ms, "gpu_ms": g_ms}
             if calibrated:
                 src = "calibrated"
@@ -997,7 +1008,8 @@ class GnnPredictor(BasePredictor):
             if len(idx) >= 2:
                 parts = []
                 for i in idx:
-                    _, g, h, pre, _ = self._timeline_parts(pairs[i][0], feats[i].estimate, float(mean[i, 0]), rt, prof)
+                    _, g, h, pre, _, _ = self._timeline_parts(pairs[i][0], feats[i].estimate, float(mean[i, 0]), rt,
+                                                              prof)
                     parts.append((g, h, pre))
                 tf = fit_timeline_factors(parts, [pairs[i][1]["latency_ms"] for i in idx])
                 timeline = dataclasses.asdict(tf)

@@ -6,7 +6,9 @@ that machine, :func:`fit_op_table`) the per-node times come from the table inste
 :func:`predict` wraps it as a :class:`~dippm_nas.prediction.Prediction` with sources
 ``"analytic"`` and the MIG advice. On a GPU the latency is the critical path through the host and GPU
 timelines of an execution runtime (:data:`RUNTIMES`: eager, CUDA graphs, ``torch.compile``), with host
-times from a fitted :class:`HostModel` scaled to a :class:`~dippm_nas.devices.HostProfile`.
+times from a fitted :class:`HostModel` scaled to a :class:`~dippm_nas.devices.HostProfile`. Energy is power integrated over the predicted timeline
+(:class:`PowerParams` per architecture, fitted on measured GPU energy where an architecture has data:
+:func:`power_table`), so its source is ``"predicted"`` for such an architecture.
 """
 
 from dippm_nas.prior._estimate import PriorEstimate, estimate, latency_sigma_log, latency_us, predict, timeline_fields
@@ -16,6 +18,18 @@ from dippm_nas.prior._memory import MemoryBreakdown, MemoryParts, activation_liv
 from dippm_nas.prior._op_table import OpTable, aten_op_record, fit_op_table, graph_op_records, working_set_bytes
 from dippm_nas.prior._nodes import NodeCosts, kernel_time_us, node_costs, wave_efficiency
 from dippm_nas.prior._params import PARAM_CLASSES, DeviceScale, OpClassParams, PriorParams, default_params
+from dippm_nas.prior._power import (
+    NodeActivity,
+    PowerParams,
+    PowerTable,
+    node_activity,
+    node_power_w,
+    pass_energy_j,
+    power_params_for,
+    power_table,
+    utilisation_energy_j,
+    wait_power_w,
+)
 
 __all__ = [
     "estimate", "predict", "PriorEstimate", "latency_us", "latency_sigma_log", "timeline_fields",
@@ -25,4 +39,6 @@ __all__ = [
     "node_costs", "NodeCosts", "kernel_time_us", "wave_efficiency",
     "activation_liveness", "MemoryBreakdown", "round_block", "gpu_memory_parts", "MemoryParts",
     "OpTable", "fit_op_table", "aten_op_record", "graph_op_records", "working_set_bytes",
+    "PowerParams", "PowerTable", "NodeActivity", "power_table", "power_params_for", "node_activity", "node_power_w",
+    "wait_power_w", "pass_energy_j", "utilisation_energy_j",
 ]

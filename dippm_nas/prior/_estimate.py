@@ -13,10 +13,10 @@ mode are host-bound (``host_ms > gpu_busy_ms``). A fixed host time per pass (the
 replay, the input's host-to-device copy when the timed region includes it) comes before the first
 operator. On a CPU device the host runs the kernels itself, so the times add.
 
-Energy. While node ``i`` runs the board draws ``idle + (board - idle) * u_i`` (``u_i``: share of the
-limiting resource's peak in use, capped at board power); while the GPU waits for the host it draws
-idle power. ``energy = sum_i P_i * gpu_i + idle * gpu_idle``. Uncalibrated: no public energy data is
-available to fit it.
+Energy. Power integrated over the same timeline (:mod:`dippm_nas.prior._power`): while node ``i`` runs,
+idle power plus shares of the board's range for the busy SMs, the tensor-core and CUDA-core FLOP rates and
+the DRAM traffic of the node, capped at board power; while the GPU waits for the host, a waiting share.
+The shares are fitted per architecture on measured whole-GPU energy (``calibration/power.json``).
 
 Memory. On a GPU, the parts of :func:`~dippm_nas.prior._memory.gpu_memory_parts`: ``CUDA context + weights
 + input held by the caller + activation peak (eager liveness) + cuBLAS and cuDNN workspaces + the caching
@@ -42,6 +42,7 @@ from dippm_nas.prior._host import HOST_KINDS, Execution, HostModel, check_runtim
 from dippm_nas.prior._memory import MIB, MemoryBreakdown, activation_liveness, gpu_memory_parts
 from dippm_nas.prior._nodes import graph_facts, node_costs
 from dippm_nas.prior._params import PriorParams, default_params
+from dippm_nas.prior._power import PowerTable, node_activity, pass_energy_j, power_params_for
 
 __all__ = ["PriorEstimate", "estimate", "predict"]
 
@@ -65,6 +66,10 @@ class PriorEstimate:
         host_ms: host dispatch time of the whole pass, ms.
         gpu_busy_ms: sum of kernel times, ms; ``gpu_idle_ms = latency_ms - gpu_busy_ms``.
         energy_j: energy of one pass, J; ``None`` when the device has no power figures.
+        energy_j_std: one σ of ``energy_j`` (the power fit's held-out error, wider for an architecture
+            without a fit), J; ``None`` without power figures.
+        energy_source: ``"predicted"`` where the power model is fitted on measurements of the device's
+            architecture, ``"analytic"`` otherwise, ``"unavailable"`` without power figures.
         baseline_mib, weights_mib, activations_peak_mib, workspace_mib, allocator_overhead_mib, input_mib:
             memory parts, MiB (``baseline_mib``: the CUDA context; ``workspace_mib``: cuBLAS plus cuDNN;
             ``input_mib``: the input the caller holds, GPU only: on a CPU the input is in the activations);
@@ -110,6 +115,8 @@ class PriorEstimate:
     input_mib: float = 0.0
     memory_mib_std: float | None = None
     memory_details: dict[str, float] = field(default_factory=dict)
+    energy_j_std: float | None = None
+    energy_source: str = "unavailable"
 
     @property
     def gpu_idle_ms(self) -> float:
@@ -220,6 +227,7 @@ def estimate(
     graph: OperatorGraph, device: Device | str, *, tf32_conv: bool = True, tf32_matmul: bool = False,
     channels_last: bool = False, params: PriorParams | None = None, runtime: str = "eager",
     host: HostProfile | str | None = None, input_copy: bool = False, execution: Execution | None = None,
+    power: PowerTable | None = None,
 ) -> PriorEstimate:
     """Analytic latency, energy and memory of one forward pass of ``graph`` on ``device``.
 
@@ -236,6 +244,7 @@ def estimate(
             or ``None`` for :data:`~dippm_nas.devices.DEFAULT_HOST_PROFILE`.
         input_copy: the timed region includes the input's host-to-device copy.
         execution: the three above in one :class:`~dippm_nas.prior._host.Execution` (overrides them).
+        power: the power model's constants per architecture; default: the shipped ones (``power.json``).
 
     Raises:
         DeviceError: unknown device id (the choices are listed), or an unreadable host profile.
@@ -273,11 +282,14 @@ def estimate(
         busy_us = latency_us
 
     energy: float | None = None
+    energy_std: float | None = None
+    energy_source = "unavailable"
     if dev.has_power:
-        assert dev.board_power_w is not None and dev.idle_power_w is not None
-        power = np.minimum(dev.board_power_w, dev.idle_power_w + (dev.board_power_w - dev.idle_power_w) * costs.utilisation)
-        idle_us = max(0.0, latency_us - float(costs.gpu_us.sum()))
-        energy = (float((power * costs.gpu_us).sum()) + dev.idle_power_w * idle_us) * 1e-6
+        pw = power_params_for(dev, power)
+        activity = node_activity(facts.flops, facts.bytes, costs.gpu_us, costs.tensor_core,
+                                 (facts.dtype == 1) | (facts.dtype == 2), dev)
+        energy = pass_energy_j(pw, dev, costs.gpu_us, activity, latency_us)
+        energy_std, energy_source = energy * pw.sigma_log, ("predicted" if pw.fitted else "analytic")
 
     if facts.memory is None:
         facts.memory = {}
@@ -312,6 +324,7 @@ def estimate(
         pass_host_ms=prefix_us / 1e3, input_copy_ms=copy_us / 1e3,
         host_model_fitted=dev.kind == "gpu" and p.host_model is not None,
         input_mib=input_mib, memory_mib_std=memory_std, memory_details=memory_details,
+        energy_j_std=energy_std, energy_source=energy_source,
     )
 
 
@@ -353,12 +366,13 @@ def predict(
     graph: OperatorGraph, device: Device | str, *, mig: bool = True, k_sigma: float = 2.0,
     tf32_conv: bool = True, tf32_matmul: bool = False, channels_last: bool = False,
     params: PriorParams | None = None, runtime: str = "eager", host: HostProfile | str | None = None,
-    input_copy: bool = False,
+    input_copy: bool = False, power: PowerTable | None = None,
 ) -> Prediction:
-    """The analytic prior as a :class:`~dippm_nas.prediction.Prediction` (sources ``"analytic"``).
+    """The analytic prior as a :class:`~dippm_nas.prediction.Prediction` (sources ``"analytic"``; energy
+    ``"predicted"`` where the power model is fitted for the device's architecture).
 
     Args:
-        graph, device, tf32_conv, tf32_matmul, channels_last, params, runtime, host, input_copy: as for
+        graph, device, tf32_conv, tf32_matmul, channels_last, params, runtime, host, input_copy, power: as for
             :func:`estimate`.
         mig: attach the MIG advisor's answer (devices with MIG only; see :func:`dippm_nas.mig.advise`).
         k_sigma: passed to the advisor.
@@ -370,7 +384,7 @@ def predict(
     """
     dev = resolve_device(device)
     est = estimate(graph, dev, tf32_conv=tf32_conv, tf32_matmul=tf32_matmul, channels_last=channels_last, params=params,
-                   runtime=runtime, host=host, input_copy=input_copy)
+                   runtime=runtime, host=host, input_copy=input_copy, power=power)
     if est.energy_j is None:
         raise DeviceError(
             f"device {dev.id!r} has no power figures (board_power_w, idle_power_w), so the prior gives no "
@@ -382,7 +396,8 @@ def predict(
     s_lat = latency_sigma_log(est, params)
     pred = Prediction(
         latency_ms=est.latency_ms, energy_j=est.energy_j, memory_mib=est.memory_mib,
-        latency_source="analytic", energy_source="analytic", memory_source="analytic",
+        latency_source="analytic", energy_source=est.energy_source, memory_source="analytic",  # type: ignore[arg-type]
+        energy_j_std=est.energy_j_std,
         device=dev.id, batch_size=est.batch_size, dtype=est.dtype, unknown_ops=dict(est.unknown_ops),
         details=details, latency_ms_std=None if s_lat is None else est.latency_ms * s_lat,
         memory_mib_std=est.memory_mib_std, **timeline_fields(est),
