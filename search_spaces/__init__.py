@@ -97,6 +97,7 @@ from search_spaces._mbconv import (
     accel_nasbench_row_from_config,
     config_from_accel_nasbench_row,
 )
+from search_spaces._blocks import Block, BlockInput, BlockPlan, BlockSearchSpace, Source
 from search_spaces._params import Choice, IntRange, ListOf, Param, Struct
 from search_spaces._registry import (
     BATCH_SIZES,
@@ -104,12 +105,19 @@ from search_spaces._registry import (
     build_model,
     get_space,
     list_spaces,
+    module_signature,
     register_space,
     sample_batch_size,
 )
 
 __all__ = [
     "SearchSpace",
+    "BlockSearchSpace",
+    "Block",
+    "BlockInput",
+    "BlockPlan",
+    "Source",
+    "module_signature",
     "register_space",
     "get_space",
     "list_spaces",
