@@ -83,6 +83,11 @@ Add a family with::
         def default_config(self): ...
         def _build(self, config): ...
         def _sample(self, rng): ...
+
+Every registered family is a :class:`BlockSearchSpace`: ``space.blocks(config)`` splits a config into blocks
+(:class:`BlockPlan`), and dippm-nas assembles a candidate's operator graph from blocks captured once
+(:func:`dippm_nas.capture.assemble`) instead of exporting the model. Subclass :class:`BlockSearchSpace` and
+implement ``_blocks`` and ``_build_block`` to opt a family of your own in (``docs/search_space_assembly.md``).
 """
 
 from __future__ import annotations
