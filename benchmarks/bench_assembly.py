@@ -16,9 +16,9 @@ process with a fresh conversion cache, all measured with ``time.perf_counter`` o
   calls: each call validates the config, plans, looks up every block and stitches the graph, as for a
   candidate never seen; ``sql_ms`` is the same with the process's decoded blocks dropped first, so each
   candidate's blocks are read back from the conversion cache (a new search process on a warm cache);
-- ``whole_s``: per candidate, ``capture(model, spec, cache=False)`` (``torch.export`` + Relax + graph build; the
-  model is built beforehand and not timed), in ``--workers`` processes (each candidate's own time, one
-  ``capture_many`` call for all spaces);
+- ``whole_s``: per candidate, ``capture(model, spec, cache=False)``: its ``convert_seconds`` (``torch.export`` +
+  Relax + graph build; building the model is not counted), in ``--workers`` processes (one ``capture_many``
+  call for all spaces);
 - ``ratio``: median ``whole_s`` / median ``assembled_ms``; ``identical``: candidates whose assembled graph has the
   whole capture's ``structural_hash`` (recomputed from the graph's JSON, not taken from the assembly shortcut),
   nodes and parameter count.
@@ -119,18 +119,19 @@ def bench_spaces(names: list[str], args: argparse.Namespace, store: Any) -> list
                         "sql_ms": sql_ms, "load": load}
 
     print(f"capturing the {sum(len(t['ok']) for t in timing.values())} candidates whole | {_load()}", flush=True)
-    models = [(ss.build_model(name, c), s) for name in names for c, s in timing[name]["ok"]]
+    # builders, not modules: the workers build each model (sending hundreds of modules to a pool exhausts
+    # file descriptors); the capture's own time (export + convert + graph build) excludes the build
+    builders = [(functools.partial(ss.build_model, name, c), s) for name in names for c, s in timing[name]["ok"]]
     t0 = time.perf_counter()
-    whole = iter(capture_many(models, workers=args.workers, cache=False, progress=False))
+    whole = iter(capture_many(builders, workers=args.workers, cache=False, progress=False))
     whole_total_s = time.perf_counter() - t0
-    del models
     print(f"  {whole_total_s:.1f} s | {_load()}", flush=True)
 
     rows = []
     for name in names:
         t = timing[name]
         rs = [next(whole) for _ in t["ok"]]
-        whole_s = [r.seconds for r in rs if r.ok]
+        whole_s = [r.graph.convert_seconds for r in rs if r.ok]
         identical = 0
         for g, r in zip(t["graphs"], rs):
             if not r.ok:

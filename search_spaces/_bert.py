@@ -170,7 +170,8 @@ class BertSpace(BlockSearchSpace):
                  "attention": config["attention"]}
         blocks = [embed]
         for i in range(config["depth"]):
-            blocks.append(Block("layer", layer, (BlockInput((i, 0), (n, h), "x"), BlockInput((0, 1), (1, 1, n), "mask"))))
+            blocks.append(Block("layer", layer, (BlockInput((i, 0), (n, h), "x"),
+                                                 BlockInput((0, 1), (1, 1, n), "mask"))))
         blocks.append(Block("head", {"hidden": h, "num_classes": config["num_classes"]},
                             (BlockInput((len(blocks) - 1, 0), (n, h)),)))
         return BlockPlan(tuple(blocks), ((len(blocks) - 1, 0),))

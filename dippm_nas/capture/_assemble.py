@@ -25,14 +25,16 @@ in ``"export+decompose"``. A mix of the fast mode and the decomposing one is not
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import gc
 import hashlib
 import json
 import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from dippm_nas._logging import WarnOnce
@@ -309,6 +311,19 @@ def _stitch(space_name: str, plan: Any, preps: Sequence[_Prepared], spec: InputS
     return g
 
 
+@contextlib.contextmanager
+def _no_cyclic_gc() -> Iterator[None]:
+    """Planning and stitching make many small acyclic objects (nodes, dicts, tuples); the cyclic collector
+    would rescan every live one of them over and over (it halves a bulk assembly's time), so it is paused."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def _candidate_key(space: Any, cfg: Mapping[str, Any], spec: InputSpec) -> str:
     text = "|".join(("candidate", _space_digest(space), json.dumps(cfg, sort_keys=True, separators=(",", ":")),
                      json.dumps(spec.to_dict(), sort_keys=True)))
@@ -401,46 +416,49 @@ def _assemble_items(items: list[Any], workers: int, cache: CacheArg, progress: b
     run = _Run(cache)
     plans: dict[int, tuple[Any, Any, Any, list[str], InputSpec]] = {}
     whole: list[tuple[int, Any, dict[str, Any], InputSpec]] = []
-    for i, item in enumerate(items):
-        try:
-            plan_entry = run.plan(item, fallback)
-        except DippmNasError as e:
-            out[i] = e
-            continue
-        if plan_entry[0] == "whole":
-            whole.append((i, plan_entry[1], plan_entry[2], plan_entry[3]))
-        else:
-            plans[i] = plan_entry[1:]
+    with _no_cyclic_gc():
+        for i, item in enumerate(items):
+            try:
+                plan_entry = run.plan(item, fallback)
+            except DippmNasError as e:
+                out[i] = e
+                continue
+            if plan_entry[0] == "whole":
+                whole.append((i, plan_entry[1], plan_entry[2], plan_entry[3]))
+            else:
+                plans[i] = plan_entry[1:]
     run.fetch(workers, progress)
-    for i, (space, cfg, plan, keys, spec) in plans.items():
-        failed = [(j, run.failed[k]) for j, k in enumerate(keys) if k in run.failed]
-        if failed:
-            j, err = failed[0]
-            more = f" (and {len(failed) - 1} more of its blocks)" if len(failed) > 1 else ""
-            e = GraphCaptureError(f"{space.name} candidate: block {j} ({_describe(plan.blocks[j])}) could not be "
-                                  f"captured{more}: {type(err).__name__}: {err}")
-            e.__cause__ = err
-            out[i] = e
-            continue
-        preps = [run.prepared[k] for k in keys]
-        modes = {p.mode for p in preps}
-        if modes <= _FAST_MODES:
-            mode = "export+opaque" if "export+opaque" in modes else "export"
-        elif modes == {"export+decompose"}:
-            mode = "export+decompose"
-        elif fallback:
-            logger.info("%s candidate: its blocks converted in modes %s; capturing it whole", space.name,
-                        sorted(modes))
-            whole.append((i, space, cfg, spec))
-            continue
-        else:
-            out[i] = GraphCaptureError(f"{space.name} candidate: its blocks converted in modes {sorted(modes)}, which "
-                                       "a whole capture would not mix; pass fallback=True to capture it whole")
-            continue
-        g = _stitch(space.name, plan, preps, spec, mode)
-        g.model_key = _candidate_key(space, cfg, spec)
-        g.cache_hit = all(k in run.from_cache for k in keys)
-        out[i] = g
+    with _no_cyclic_gc():
+        for i, (space, cfg, plan, keys, spec) in plans.items():
+            failed = [(j, run.failed[k]) for j, k in enumerate(keys) if k in run.failed]
+            if failed:
+                j, err = failed[0]
+                more = f" (and {len(failed) - 1} more of its blocks)" if len(failed) > 1 else ""
+                e = GraphCaptureError(f"{space.name} candidate: block {j} ({_describe(plan.blocks[j])}) could not "
+                                      f"be captured{more}: {type(err).__name__}: {err}")
+                e.__cause__ = err
+                out[i] = e
+                continue
+            preps = [run.prepared[k] for k in keys]
+            modes = {p.mode for p in preps}
+            if modes <= _FAST_MODES:
+                mode = "export+opaque" if "export+opaque" in modes else "export"
+            elif modes == {"export+decompose"}:
+                mode = "export+decompose"
+            elif fallback:
+                logger.info("%s candidate: its blocks converted in modes %s; capturing it whole", space.name,
+                            sorted(modes))
+                whole.append((i, space, cfg, spec))
+                continue
+            else:
+                out[i] = GraphCaptureError(
+                    f"{space.name} candidate: its blocks converted in modes {sorted(modes)}, which a whole capture "
+                    "would not mix; pass fallback=True to capture it whole")
+                continue
+            g = _stitch(space.name, plan, preps, spec, mode)
+            g.model_key = _candidate_key(space, cfg, spec)
+            g.cache_hit = all(k in run.from_cache for k in keys)
+            out[i] = g
     if whole:
         graphs = _capture_items([(functools.partial(_build_whole, s, c), spec) for _, s, c, spec in whole],
                                 workers, run.cache_arg, progress)
