@@ -369,3 +369,24 @@ def test_predict_many_and_evaluate_assemble_space_models(cache: ConversionCache,
     with pytest.raises(SearchSpaceError, match=r"'norm' must be one of"):
         cost.evaluate(bad, space="mlp", config={**cfg, "norm": "groupnorm"}, spec=spec)
     assert "SearchSpaceError" in bad.user_attrs["cost_model_error"]
+
+
+def test_blocks_in_mixed_conversion_modes_are_not_stitched(cache: ConversionCache) -> None:
+    space = ConvStackSpace()
+    cfg = space.validate({"widths": [8, 8]})
+    spec = space.input_spec(cfg, batch_size=2)
+    g = assemble(space, cfg, spec, cache=cache)
+    preps = [_assemble._MEMO.get(block_key(space, b, spec)) for b in space.blocks(cfg).blocks]
+    assert all(p is not None and p.mode == "export" for p in preps)
+    preps[-1].mode = "export+decompose"  # as if the head alone had needed the decomposing fallback
+    with pytest.raises(GraphCaptureError, match=r"modes \['export', 'export\+decompose'\]"):
+        assemble(space, cfg, spec, cache=cache, fallback=False)
+    whole = assemble(space, cfg, spec, cache=cache)  # a whole capture decomposes everything or nothing
+    assert "assembled" not in whole.source and whole.structural_hash() == g.structural_hash()
+    for p in preps:
+        p.mode = "export+decompose"
+    assert assemble(space, cfg, spec, cache=cache, fallback=False).mode == "export+decompose"
+    preps[0].mode = "export+opaque"
+    for p in preps[1:]:
+        p.mode = "export"
+    assert assemble(space, cfg, spec, cache=cache, fallback=False).mode == "export+opaque"
