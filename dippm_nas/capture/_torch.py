@@ -88,10 +88,28 @@ def _shape_hint(spec: InputSpec) -> str:
             "InputSpec.shape is the per-sample shape without the batch dimension, e.g. (3, 224, 224)")
 
 
+def _fake_example_inputs(spec: InputSpec) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Example inputs as fake tensors (shape and dtype, no data), laid out as :meth:`InputSpec.example_inputs`.
+
+    ``torch.export`` reads only their shapes and dtypes (it turns real inputs into fake ones itself), so no
+    batch of real data is allocated: the input of a block deep in a model at batch 16384 would be gigabytes.
+    """
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    made: dict[str, Any] = {}
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        for t in spec.tensors:
+            made[t.name] = torch.empty((spec.batch_size, *t.shape), dtype=getattr(torch, spec.tensor_dtype(t)))
+    if spec.inputs is None:
+        return (made["x"],), {}
+    return (), made
+
+
 def _export(model: "torch.nn.Module", spec: InputSpec) -> Any:
     import torch
 
-    args, kwargs = dataclasses.replace(spec, dtype="float32").example_inputs()
+    args, kwargs = _fake_example_inputs(dataclasses.replace(spec, dtype="float32"))
     try:
         with _quiet_torch(), torch.no_grad():
             return torch.export.export(model, args, kwargs)
