@@ -15,6 +15,9 @@ functions outside the module's class (a free function called from ``forward`` wh
 attributes held in dicts or custom objects; forward hooks and ``torch.nn.utils`` parametrizations;
 an instance attribute ``forward`` patched onto one object (included only if it is a plain function).
 When in doubt, pass ``cache=False`` to :func:`~dippm_nas.capture`.
+
+The blocks a search-space candidate is assembled from are cached under their own key, made from the
+space's block description instead of a module (:func:`dippm_nas.capture.block_key`, in ``_assemble.py``).
 """
 
 from __future__ import annotations
