@@ -77,6 +77,7 @@ User attributes set on every evaluated trial (units in the keys)
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import math
@@ -90,7 +91,8 @@ import optuna
 
 from dippm_nas._logging import WarnOnce
 from dippm_nas.budgets import Budgets, check_k_sigma, trial_attrs
-from dippm_nas.errors import DippmNasError
+from dippm_nas.capture import assemble, space_config_of
+from dippm_nas.errors import DippmNasError, SearchSpaceError
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.prediction import Prediction
 from dippm_nas.predictor import DEFAULT_DEVICE, predict, predict_many
@@ -494,6 +496,10 @@ class HardwareCostModel:
 
     @staticmethod
     def _space_of(model: Any, space: str | None, config: Mapping[str, Any] | None) -> tuple[str | None, Any]:
+        if space is None and config is None and isinstance(model, functools.partial):
+            space, config = space_config_of(model) or (None, None)
+            if space is None:
+                return None, None
         if space is None and config is None:
             space = getattr(model, "search_space", None)
             config = getattr(model, "search_space_config", None)
@@ -511,14 +517,35 @@ class HardwareCostModel:
             raise DippmNasError(f"spec must be a dippm_nas.InputSpec (required with a model), got {spec!r}")
         return spec
 
-    def evaluate(self, trial: Any, model: Any, spec: InputSpec | None = None, *, space: str | None = None,
+    def _source(self, model: Any, spec: InputSpec, space: str | None, config: Any) -> Any:
+        """What to predict: a search-space candidate's graph assembled from cached blocks (no export), else
+        the model itself."""
+        if isinstance(model, OperatorGraph):
+            return model
+        if space is not None:
+            if model is None:
+                return assemble(space, config, spec, cache=self.cache)
+            own = space_config_of(model)
+            if own is not None and own[0] == space:
+                return assemble(own[0], own[1], spec, cache=self.cache)
+        if model is None:
+            raise DippmNasError("evaluate() needs a model, or space= and config= of a registered search space")
+        return model
+
+    def evaluate(self, trial: Any, model: Any = None, spec: InputSpec | None = None, *, space: str | None = None,
                  config: Mapping[str, Any] | None = None) -> tuple[float, ...]:
         """Predict one candidate, record it on the trial, register its constraints; return the objectives.
 
+        A candidate of a registered search space -- ``space=`` and ``config=`` with no model, or a model built
+        by :func:`search_spaces.build_model` -- is not exported: its graph is assembled from cached blocks
+        (:func:`dippm_nas.capture.assemble`; the same graph, in milliseconds once its blocks are cached).
+
         Args:
             trial: the ``optuna.Trial`` being evaluated (also a ``FixedTrial`` or ``FrozenTrial``).
-            model: an ``nn.Module``, ONNX path, model SPEC string, or an :class:`OperatorGraph`.
-            spec: the input spec the figures are for (its batch size is the batch of "per batch").
+            model: an ``nn.Module``, ONNX path, model SPEC string, or an :class:`OperatorGraph`; ``None``
+                with ``space`` and ``config``.
+            spec: the input spec the figures are for (its batch size is the batch of "per batch"), e.g.
+                ``search_spaces.get_space(space).input_spec(config, batch_size=8)``.
             space, config: the registered search space and JSON config the model was built from, recorded
                 so a validator can rebuild it; read from ``model.search_space`` /
                 ``model.search_space_config`` (set by :func:`search_spaces.build_model`) when omitted.
@@ -531,16 +558,21 @@ class HardwareCostModel:
         Raises:
             DippmNasError: ``on_error="raise"`` and the model could not be captured or a figure asked for
                 has no prediction (the text is also the ``cost_model_error`` user attribute); or ``spec``,
-                ``space`` or ``config`` are not valid arguments (whatever ``on_error`` says).
+                ``space`` or ``config`` are not valid arguments (whatever ``on_error`` says). A config outside
+                its space is a ``SearchSpaceError`` naming the key and its allowed values.
         """
         t0 = time.perf_counter()
         the_spec = self._spec_of(model, spec)
         space_name, cfg = self._space_of(model, space, config)
         try:
-            pred = predict(model, None if isinstance(model, OperatorGraph) else the_spec, self.device,
+            source = self._source(model, the_spec, space_name, cfg)
+            pred = predict(source, None if isinstance(source, OperatorGraph) else the_spec, self.device,
                            runtime=self.runtime, host=self.host,
                            cache=self.cache, mig=True, k_sigma=self.k_sigma)
             values = self._record(trial, pred, the_spec, space_name, cfg, time.perf_counter() - t0)
+        except SearchSpaceError as e:  # a config outside its space is a bad argument, whatever on_error says
+            trial.set_user_attr("cost_model_error", f"{type(e).__name__}: {e}")
+            raise
         except DippmNasError as e:
             values = self._unevaluated(trial, e)
         seconds = time.perf_counter() - t0
@@ -575,7 +607,10 @@ class HardwareCostModel:
 
         Args:
             trials: the asked trials, one per candidate.
-            candidates: ``(model, spec)`` pairs (or ``(graph, None)``), in the order of ``trials``.
+            candidates: ``(model, spec)`` pairs (or ``(graph, None)``), in the order of ``trials``. A model of
+                a registered search space -- built by :func:`search_spaces.build_model`, or the lazy
+                ``functools.partial(search_spaces.build_model, name, config)`` -- is assembled from cached
+                blocks instead of exported (see :func:`dippm_nas.predict_many`).
             workers: conversion processes (``1`` converts here; more pay a process start-up per call).
             progress: show a progress bar while converting.
 
@@ -804,13 +839,10 @@ def _convert_in_worker(payload: tuple[str, Any, Any], spec_dict: dict[str, Any],
     t0 = time.perf_counter()
     kind, obj, config = payload
     try:
-        if kind == "space":
-            import search_spaces
-
-            model = search_spaces.build_model(obj, config)
+        if kind == "space":  # assembled from cached blocks (a space that does not opt in is captured whole)
+            graph = assemble(obj, config, InputSpec.from_dict(spec_dict), cache=use_cache)
         else:
-            model = obj
-        graph = capture(model, InputSpec.from_dict(spec_dict), cache=use_cache)
+            graph = capture(obj, InputSpec.from_dict(spec_dict), cache=use_cache)
         return graph.to_json(), None, None, time.perf_counter() - t0
     except DippmNasError as e:
         return None, type(e).__name__, str(e), time.perf_counter() - t0

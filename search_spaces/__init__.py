@@ -83,6 +83,11 @@ Add a family with::
         def default_config(self): ...
         def _build(self, config): ...
         def _sample(self, rng): ...
+
+Every registered family is a :class:`BlockSearchSpace`: ``space.blocks(config)`` splits a config into blocks
+(:class:`BlockPlan`), and dippm-nas assembles a candidate's operator graph from blocks captured once
+(:func:`dippm_nas.capture.assemble`) instead of exporting the model. Subclass :class:`BlockSearchSpace` and
+implement ``_blocks`` and ``_build_block`` to opt a family of your own in (``docs/search_space_assembly.md``).
 """
 
 from __future__ import annotations
@@ -97,6 +102,7 @@ from search_spaces._mbconv import (
     accel_nasbench_row_from_config,
     config_from_accel_nasbench_row,
 )
+from search_spaces._blocks import Block, BlockInput, BlockPlan, BlockSearchSpace, Source
 from search_spaces._params import Choice, IntRange, ListOf, Param, Struct
 from search_spaces._registry import (
     BATCH_SIZES,
@@ -104,12 +110,19 @@ from search_spaces._registry import (
     build_model,
     get_space,
     list_spaces,
+    module_signature,
     register_space,
     sample_batch_size,
 )
 
 __all__ = [
     "SearchSpace",
+    "BlockSearchSpace",
+    "Block",
+    "BlockInput",
+    "BlockPlan",
+    "Source",
+    "module_signature",
     "register_space",
     "get_space",
     "list_spaces",

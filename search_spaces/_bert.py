@@ -10,11 +10,12 @@ from torch import nn
 
 from dippm_nas.errors import SearchSpaceError
 from dippm_nas.spec import InputSpec, TensorSpec
+from search_spaces._blocks import Block, BlockInput, BlockPlan, BlockSearchSpace
 from search_spaces._layers import TransformerBlock
 from search_spaces._params import Choice, IntRange
-from search_spaces._registry import SearchSpace, register_space, weighted_choice
+from search_spaces._registry import register_space, weighted_choice
 
-__all__ = ["BertSpace", "BertEncoder"]
+__all__ = ["BertSpace", "BertEncoder", "BertEmbeddings", "BertHead"]
 
 _EPS = 1e-12  # BERT's LayerNorm eps
 _MASK_VALUE = -10000.0  # additive mask of dropped keys (finite: no NaN for an all-masked row; fits float16)
@@ -60,8 +61,51 @@ class BertEncoder(nn.Module):
         return pooled if self.classifier is None else self.classifier(pooled)
 
 
+class BertEmbeddings(nn.Module):
+    """Embeddings and the additive attention mask alone (a block of the plan), as in :class:`BertEncoder`.
+
+    Shapes:
+        - input_ids, attention_mask: ``(N, L)``
+        - outputs: hidden ``(N, L, hidden)`` and mask ``(N, 1, 1, L)``
+    """
+
+    def __init__(self, vocab_size: int, max_position: int, type_vocab_size: int, hidden: int) -> None:
+        super().__init__()
+        self.word_embeddings = nn.Embedding(vocab_size, hidden)
+        self.position_embeddings = nn.Embedding(max_position, hidden)
+        self.token_type_embeddings = nn.Embedding(type_vocab_size, hidden)
+        self.emb_norm = nn.LayerNorm(hidden, eps=_EPS)
+        self.register_buffer("position_ids", torch.arange(max_position).unsqueeze(0), persistent=False)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        seq_len = input_ids.shape[1]
+        x = self.word_embeddings(input_ids) + self.position_embeddings(self.position_ids[:, :seq_len]) \
+            + self.token_type_embeddings(torch.zeros_like(input_ids))
+        x = self.emb_norm(x)
+        mask = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * _MASK_VALUE
+        return x, mask
+
+
+class BertHead(nn.Module):
+    """Pooler (first token, Linear, Tanh) and the optional classifier alone (a block of the plan).
+
+    Shapes:
+        ``(N, L, hidden) -> (N, num_classes)``, or ``(N, hidden)`` when ``num_classes == 0``
+    """
+
+    def __init__(self, hidden: int, num_classes: int) -> None:
+        super().__init__()
+        self.pooler = nn.Linear(hidden, hidden)
+        self.pooler_act = nn.Tanh()
+        self.classifier = nn.Linear(hidden, num_classes) if num_classes > 0 else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pooled = self.pooler_act(self.pooler(x[:, 0]))
+        return pooled if self.classifier is None else self.classifier(pooled)
+
+
 @register_space("bert")
-class BertSpace(SearchSpace):
+class BertSpace(BlockSearchSpace):
     """BERT-like token-encoder family. Config keys:
 
     - ``vocab_size``: token vocabulary, 2..262144
@@ -113,6 +157,35 @@ class BertSpace(SearchSpace):
 
     def _build(self, config: dict[str, Any]) -> nn.Module:
         return BertEncoder(config)
+
+    def _blocks(self, config: dict[str, Any]) -> BlockPlan:
+        """Embeddings (which also make the attention mask), ``depth`` identical layers reading the hidden
+        state and that mask, head."""
+        n, h = config["seq_len"], config["hidden"]
+        embed = Block("embed", {"vocab_size": config["vocab_size"], "max_position": config["max_position"],
+                                "type_vocab_size": config["type_vocab_size"], "hidden": h},
+                      (BlockInput("input_ids", (n,), "input_ids", "int64"),
+                       BlockInput("attention_mask", (n,), "attention_mask", "int64")), num_outputs=2)
+        layer = {"hidden": h, "num_heads": config["num_heads"], "intermediate": config["intermediate"],
+                 "attention": config["attention"]}
+        blocks = [embed]
+        for i in range(config["depth"]):
+            blocks.append(Block("layer", layer, (BlockInput((i, 0), (n, h), "x"),
+                                                 BlockInput((0, 1), (1, 1, n), "mask"))))
+        blocks.append(Block("head", {"hidden": h, "num_classes": config["num_classes"]},
+                            (BlockInput((len(blocks) - 1, 0), (n, h)),)))
+        return BlockPlan(tuple(blocks), ((len(blocks) - 1, 0),))
+
+    def _build_block(self, kind: str, params: dict[str, Any]) -> nn.Module:
+        p = params
+        if kind == "embed":
+            return BertEmbeddings(p["vocab_size"], p["max_position"], p["type_vocab_size"], p["hidden"])
+        if kind == "layer":
+            return TransformerBlock(p["hidden"], p["num_heads"], p["intermediate"], qkv_bias=True, impl=p["attention"],
+                                    norm_first=False, eps=_EPS)
+        if kind == "head":
+            return BertHead(p["hidden"], p["num_classes"])
+        raise SearchSpaceError(f"bert has no block kind {kind!r}; kinds: ['embed', 'layer', 'head']")
 
     def input_spec(self, config: dict[str, Any], batch_size: int = 1, dtype: str = "float32") -> InputSpec:
         """Named int64 inputs ``input_ids`` (values < vocab_size) and ``attention_mask`` (0/1).

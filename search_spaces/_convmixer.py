@@ -22,9 +22,10 @@ import torch
 from torch import nn
 
 from dippm_nas.errors import SearchSpaceError
-from search_spaces._layers import make_activation
+from search_spaces._blocks import BlockPlan, BlockSearchSpace
+from search_spaces._layers import PoolLinear, make_activation
 from search_spaces._params import Choice, IntRange
-from search_spaces._registry import SearchSpace, log_uniform_int, register_space, weighted_choice
+from search_spaces._registry import log_uniform_int, register_space, weighted_choice
 
 __all__ = ["ConvMixerSpace", "ConvMixer"]
 
@@ -52,6 +53,11 @@ class ConvMixerBlock(nn.Module):
         return self.bn2(self.act2(self.pwconv(x)))
 
 
+def _stem(dim: int, patch_size: int, activation: str) -> nn.Module:
+    return nn.Sequential(nn.Conv2d(3, dim, patch_size, stride=patch_size, bias=True), make_activation(activation),
+                         nn.BatchNorm2d(dim))
+
+
 class ConvMixer(nn.Module):
     """A ConvMixer from a validated ``convmixer`` config.
 
@@ -62,8 +68,7 @@ class ConvMixer(nn.Module):
     def __init__(self, cfg: dict[str, Any]) -> None:
         super().__init__()
         dim, p, act = cfg["dim"], cfg["patch_size"], cfg["activation"]
-        self.stem = nn.Sequential(nn.Conv2d(3, dim, p, stride=p, bias=True), make_activation(act),
-                                  nn.BatchNorm2d(dim))
+        self.stem = _stem(dim, p, act)
         self.blocks = nn.Sequential(*[ConvMixerBlock(dim, cfg["kernel_size"], act) for _ in range(cfg["depth"])])
         self.pool = nn.AdaptiveAvgPool2d(1)
         self.fc = nn.Linear(dim, cfg["num_classes"])
@@ -74,7 +79,7 @@ class ConvMixer(nn.Module):
 
 
 @register_space("convmixer")
-class ConvMixerSpace(SearchSpace):
+class ConvMixerSpace(BlockSearchSpace):
     """ConvMixer family. Config keys:
 
     - ``dim``: channels of every layer, 8..4096
@@ -117,6 +122,26 @@ class ConvMixerSpace(SearchSpace):
 
     def _build(self, config: dict[str, Any]) -> nn.Module:
         return ConvMixer(config)
+
+    def _blocks(self, config: dict[str, Any]) -> BlockPlan:
+        """Patch embedding, ``depth`` identical blocks, pool + classifier."""
+        dim, p, side = config["dim"], config["patch_size"], config["resolution"]
+        inner = side // p
+        parts: list[tuple[str, dict[str, Any], tuple[int, ...]]] = [
+            ("stem", {"dim": dim, "patch_size": p, "activation": config["activation"]}, (3, side, side))]
+        parts += [("block", {"dim": dim, "kernel_size": config["kernel_size"], "activation": config["activation"]},
+                   (dim, inner, inner))] * config["depth"]
+        parts.append(("head", {"cin": dim, "num_classes": config["num_classes"]}, (dim, inner, inner)))
+        return BlockPlan.chain(parts)
+
+    def _build_block(self, kind: str, params: dict[str, Any]) -> nn.Module:
+        if kind == "stem":
+            return _stem(params["dim"], params["patch_size"], params["activation"])
+        if kind == "block":
+            return ConvMixerBlock(params["dim"], params["kernel_size"], params["activation"])
+        if kind == "head":
+            return PoolLinear(params["cin"], params["num_classes"])
+        raise SearchSpaceError(f"convmixer has no block kind {kind!r}; kinds: ['stem', 'block', 'head']")
 
     def _sample(self, rng: random.Random) -> dict[str, Any]:
         resolution = weighted_choice(rng, (32, 64, 96, 128, 160, 192, 224), (2, 2, 2, 2, 1, 1, 1))

@@ -9,9 +9,10 @@ import torch
 from torch import nn
 
 from dippm_nas.errors import SearchSpaceError
+from search_spaces._blocks import BlockPlan, BlockSearchSpace
 from search_spaces._layers import LayerNorm2d
 from search_spaces._params import Choice, IntRange, ListOf
-from search_spaces._registry import SearchSpace, register_space, weighted_choice
+from search_spaces._registry import register_space, weighted_choice
 
 __all__ = ["ConvNeXtSpace", "ConvNeXt"]
 
@@ -43,6 +44,31 @@ class ConvNeXtBlock(nn.Module):
         return x + y.permute(0, 3, 1, 2)
 
 
+def _stem(width: int, patch_size: int) -> nn.Module:
+    return nn.Sequential(nn.Conv2d(3, width, patch_size, stride=patch_size), LayerNorm2d(width, eps=_EPS))
+
+
+def _downsample(cin: int, cout: int) -> nn.Module:
+    return nn.Sequential(LayerNorm2d(cin, eps=_EPS), nn.Conv2d(cin, cout, 2, stride=2))
+
+
+class ConvNeXtHead(nn.Module):
+    """The head alone (a block of the plan): pool, LayerNorm, classifier, as in :class:`ConvNeXt`.
+
+    Shapes:
+        ``(N, cin, H, W) -> (N, num_classes)``
+    """
+
+    def __init__(self, cin: int, num_classes: int) -> None:
+        super().__init__()
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.norm = LayerNorm2d(cin, eps=_EPS)
+        self.fc = nn.Linear(cin, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.flatten(self.norm(self.pool(x)), 1))
+
+
 class ConvNeXt(nn.Module):
     """A ConvNeXt from a validated ``convnext`` config.
 
@@ -53,12 +79,11 @@ class ConvNeXt(nn.Module):
     def __init__(self, cfg: dict[str, Any]) -> None:
         super().__init__()
         widths, p = cfg["widths"], cfg["patch_size"]
-        self.stem = nn.Sequential(nn.Conv2d(3, widths[0], p, stride=p), LayerNorm2d(widths[0], eps=_EPS))
+        self.stem = _stem(widths[0], p)
         stages: list[nn.Module] = []
         for i, (depth, dim) in enumerate(zip(cfg["depths"], widths)):
             if i > 0:
-                stages.append(nn.Sequential(LayerNorm2d(widths[i - 1], eps=_EPS),
-                                            nn.Conv2d(widths[i - 1], dim, 2, stride=2)))
+                stages.append(_downsample(widths[i - 1], dim))
             stages.append(nn.Sequential(*[
                 ConvNeXtBlock(dim, cfg["kernel_size"], cfg["mlp_ratio"], cfg["layer_scale"]) for _ in range(depth)
             ]))
@@ -73,7 +98,7 @@ class ConvNeXt(nn.Module):
 
 
 @register_space("convnext")
-class ConvNeXtSpace(SearchSpace):
+class ConvNeXtSpace(BlockSearchSpace):
     """ConvNeXt-like family. Config keys:
 
     - ``depths``: blocks per stage, 1..5 stages of 1..64 blocks
@@ -119,6 +144,33 @@ class ConvNeXtSpace(SearchSpace):
 
     def _build(self, config: dict[str, Any]) -> nn.Module:
         return ConvNeXt(config)
+
+    def _blocks(self, config: dict[str, Any]) -> BlockPlan:
+        """Stem, each stage's downsampling layer and blocks, head."""
+        widths, p, side = config["widths"], config["patch_size"], config["resolution"]
+        parts: list[tuple[str, dict[str, Any], tuple[int, ...]]] = [
+            ("stem", {"width": widths[0], "patch_size": p}, (3, side, side))]
+        side //= p
+        for i, (depth, dim) in enumerate(zip(config["depths"], widths)):
+            if i > 0:
+                parts.append(("downsample", {"cin": widths[i - 1], "cout": dim}, (widths[i - 1], side, side)))
+                side //= 2
+            parts += [("block", {"dim": dim, "kernel": config["kernel_size"], "mlp_ratio": config["mlp_ratio"],
+                                 "layer_scale": config["layer_scale"]}, (dim, side, side))] * depth
+        parts.append(("head", {"cin": widths[-1], "num_classes": config["num_classes"]}, (widths[-1], side, side)))
+        return BlockPlan.chain(parts)
+
+    def _build_block(self, kind: str, params: dict[str, Any]) -> nn.Module:
+        p = params
+        if kind == "stem":
+            return _stem(p["width"], p["patch_size"])
+        if kind == "downsample":
+            return _downsample(p["cin"], p["cout"])
+        if kind == "block":
+            return ConvNeXtBlock(p["dim"], p["kernel"], p["mlp_ratio"], p["layer_scale"])
+        if kind == "head":
+            return ConvNeXtHead(p["cin"], p["num_classes"])
+        raise SearchSpaceError(f"convnext has no block kind {kind!r}; kinds: ['stem', 'downsample', 'block', 'head']")
 
     def _sample(self, rng: random.Random) -> dict[str, Any]:
         resolution = weighted_choice(rng, (32, 64, 96, 128, 160, 192, 224), (2, 2, 2, 2, 1, 1, 1))

@@ -14,11 +14,23 @@ from torch import nn
 
 from dippm_nas.errors import SearchSpaceError
 from dippm_nas.spec import InputSpec
-from search_spaces._layers import make_activation
+from search_spaces._blocks import BlockPlan, BlockSearchSpace
+from search_spaces._layers import PoolLinear, make_activation
 from search_spaces._params import Choice, IntRange, ListOf
-from search_spaces._registry import SearchSpace, log_uniform_int, register_space
+from search_spaces._registry import log_uniform_int, register_space
 
 __all__ = ["DemoCNNSpace", "DemoCNN"]
+
+
+def _conv_layer(cin: int, cout: int, kernel: int, batchnorm: bool, activation: str, pool: bool) -> list[nn.Module]:
+    """One conv -> (BatchNorm) -> activation layer, with the stage's 2x2 max-pool after it when ``pool``."""
+    layers: list[nn.Module] = [nn.Conv2d(cin, cout, kernel, padding=(kernel - 1) // 2, bias=not batchnorm)]
+    if batchnorm:
+        layers.append(nn.BatchNorm2d(cout))
+    layers.append(make_activation(activation))
+    if pool:
+        layers.append(nn.MaxPool2d(2))
+    return layers
 
 
 class DemoCNN(nn.Module):
@@ -36,14 +48,10 @@ class DemoCNN(nn.Module):
         k = cfg["kernel_size"]
         n_stages = len(cfg["widths"])
         for i, (w, b) in enumerate(zip(cfg["widths"], cfg["blocks"])):
-            for _ in range(b):
-                layers.append(nn.Conv2d(c, w, k, padding=(k - 1) // 2, bias=not cfg["batchnorm"]))
-                if cfg["batchnorm"]:
-                    layers.append(nn.BatchNorm2d(w))
-                layers.append(make_activation(cfg["activation"]))
+            for j in range(b):
+                layers += _conv_layer(c, w, k, cfg["batchnorm"], cfg["activation"],
+                                      pool=j == b - 1 and i < n_stages - 1)
                 c = w
-            if i < n_stages - 1:
-                layers.append(nn.MaxPool2d(2))
         self.features = nn.Sequential(*layers)
         self.pool = nn.AdaptiveAvgPool2d(1)
         self.classifier = nn.Linear(c, cfg["num_classes"])
@@ -53,7 +61,7 @@ class DemoCNN(nn.Module):
 
 
 @register_space("demo_cnn")
-class DemoCNNSpace(SearchSpace):
+class DemoCNNSpace(BlockSearchSpace):
     """Plain-CNN family of the demo. Config keys:
 
     - ``resolution``: input side, ``8``, ``16`` or ``32`` (digits are 8x8; larger sides are up-sampled)
@@ -96,6 +104,29 @@ class DemoCNNSpace(SearchSpace):
 
     def _build(self, config: dict[str, Any]) -> nn.Module:
         return DemoCNN(config)
+
+    def _blocks(self, config: dict[str, Any]) -> BlockPlan:
+        """Every conv layer (with the stage's max-pool after its last one), pool + classifier."""
+        side, c, k = config["resolution"], config["in_channels"], config["kernel_size"]
+        n_stages = len(config["widths"])
+        parts: list[tuple[str, dict[str, Any], tuple[int, ...]]] = []
+        for i, (w, b) in enumerate(zip(config["widths"], config["blocks"])):
+            for j in range(b):
+                pool = j == b - 1 and i < n_stages - 1
+                parts.append(("conv", {"cin": c, "cout": w, "kernel": k, "batchnorm": config["batchnorm"],
+                                       "activation": config["activation"], "pool": pool}, (c, side, side)))
+                c = w
+                side = side // 2 if pool else side
+        parts.append(("head", {"cin": c, "num_classes": config["num_classes"]}, (c, side, side)))
+        return BlockPlan.chain(parts)
+
+    def _build_block(self, kind: str, params: dict[str, Any]) -> nn.Module:
+        if kind == "conv":
+            return nn.Sequential(*_conv_layer(params["cin"], params["cout"], params["kernel"], params["batchnorm"],
+                                              params["activation"], params["pool"]))
+        if kind == "head":
+            return PoolLinear(params["cin"], params["num_classes"])
+        raise SearchSpaceError(f"demo_cnn has no block kind {kind!r}; kinds: ['conv', 'head']")
 
     def input_spec(self, config: dict[str, Any], batch_size: int = 1, dtype: str = "float32") -> InputSpec:
         """A grey-scale (or few-channel) square image.

@@ -9,10 +9,12 @@ import torch
 from torch import nn
 
 from dippm_nas.errors import SearchSpaceError
+from search_spaces._blocks import Block, BlockInput, BlockPlan, BlockSearchSpace
+from search_spaces._layers import conv_out
 from search_spaces._params import Choice, IntRange, ListOf
-from search_spaces._registry import SearchSpace, register_space, weighted_choice
+from search_spaces._registry import register_space, weighted_choice
 
-__all__ = ["DenseNetSpace", "DenseNet"]
+__all__ = ["DenseNetSpace", "DenseNet", "DenseNetHead"]
 
 
 class DenseLayer(nn.Module):
@@ -67,6 +69,48 @@ class Transition(nn.Sequential):
         super().__init__(nn.BatchNorm2d(cin), nn.ReLU(), nn.Conv2d(cin, cout, 1, bias=False), nn.AvgPool2d(2, 2))
 
 
+class _DenseLayerBlock(DenseLayer):
+    """A dense layer as a block of the plan: its feature maps come as separate inputs (one positional when
+    there is only one, keywords ``f0, f1, ...`` otherwise) instead of one list."""
+
+    def forward(self, *features: torch.Tensor, **named: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return super().forward([*features, *named.values()])
+
+
+class _Concat(nn.Module):
+    """The end of a dense block as a block of the plan: its input and every layer's output, concatenated."""
+
+    def forward(self, *features: torch.Tensor, **named: torch.Tensor) -> torch.Tensor:
+        return torch.cat([*features, *named.values()], 1)
+
+
+def _stem(kind: str, width: int) -> nn.Module:
+    if kind == "imagenet":
+        return nn.Sequential(
+            nn.Conv2d(3, width, 7, stride=2, padding=3, bias=False), nn.BatchNorm2d(width), nn.ReLU(),
+            nn.MaxPool2d(3, stride=2, padding=1),
+        )
+    return nn.Conv2d(3, width, 3, padding=1, bias=False)
+
+
+class DenseNetHead(nn.Module):
+    """The head alone (a block of the plan): BN, ReLU, pool, classifier, as in :class:`DenseNet`.
+
+    Shapes:
+        ``(N, cin, H, W) -> (N, num_classes)``
+    """
+
+    def __init__(self, cin: int, num_classes: int) -> None:
+        super().__init__()
+        self.norm = nn.BatchNorm2d(cin)
+        self.relu = nn.ReLU()
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(cin, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.flatten(self.pool(self.relu(self.norm(x))), 1))
+
+
 class DenseNet(nn.Module):
     """A DenseNet from a validated ``densenet`` config.
 
@@ -77,13 +121,7 @@ class DenseNet(nn.Module):
     def __init__(self, cfg: dict[str, Any]) -> None:
         super().__init__()
         c = cfg["init_width"]
-        if cfg["stem"] == "imagenet":
-            self.stem = nn.Sequential(
-                nn.Conv2d(3, c, 7, stride=2, padding=3, bias=False), nn.BatchNorm2d(c), nn.ReLU(),
-                nn.MaxPool2d(3, stride=2, padding=1),
-            )
-        else:
-            self.stem = nn.Conv2d(3, c, 3, padding=1, bias=False)
+        self.stem = _stem(cfg["stem"], c)
         parts: list[nn.Module] = []
         n_blocks = len(cfg["block_layers"])
         for i, n in enumerate(cfg["block_layers"]):
@@ -105,7 +143,7 @@ class DenseNet(nn.Module):
 
 
 @register_space("densenet")
-class DenseNetSpace(SearchSpace):
+class DenseNetSpace(BlockSearchSpace):
     """DenseNet-like family. Config keys:
 
     - ``growth_rate``: channels each dense layer adds, 4..64
@@ -157,6 +195,50 @@ class DenseNetSpace(SearchSpace):
 
     def _build(self, config: dict[str, Any]) -> nn.Module:
         return DenseNet(config)
+
+    def _blocks(self, config: dict[str, Any]) -> BlockPlan:
+        """Stem; for each dense block every dense layer (reading the block's input and each earlier layer's
+        output) and their concatenation; transitions; head."""
+        side, c, growth = config["resolution"], config["init_width"], config["growth_rate"]
+        blocks = [Block("stem", {"stem": config["stem"], "width": c}, (BlockInput("x", (3, side, side)),))]
+        if config["stem"] == "imagenet":
+            side = conv_out(conv_out(side, 7, 2, 3), 3, 2, 1)
+        n_blocks = len(config["block_layers"])
+        for i, n in enumerate(config["block_layers"]):
+            feats: list[tuple[Any, int]] = [((len(blocks) - 1, 0), c)]
+
+            def inputs() -> tuple[BlockInput, ...]:
+                return tuple(BlockInput(src, (ch, side, side), f"f{k}") for k, (src, ch) in enumerate(feats))
+
+            for j in range(n):
+                blocks.append(Block("dense_layer", {"cin": c + j * growth, "growth": growth,
+                                                    "bn_size": config["bn_size"]}, inputs()))
+                feats.append(((len(blocks) - 1, 0), growth))
+            blocks.append(Block("concat", {}, inputs()))
+            c += n * growth
+            if i != n_blocks - 1:
+                cout = int(c * config["compression"])
+                blocks.append(Block("transition", {"cin": c, "cout": cout},
+                                    (BlockInput((len(blocks) - 1, 0), (c, side, side)),)))
+                c, side = cout, side // 2
+        blocks.append(Block("head", {"cin": c, "num_classes": config["num_classes"]},
+                            (BlockInput((len(blocks) - 1, 0), (c, side, side)),)))
+        return BlockPlan(tuple(blocks), ((len(blocks) - 1, 0),))
+
+    def _build_block(self, kind: str, params: dict[str, Any]) -> nn.Module:
+        p = params
+        if kind == "stem":
+            return _stem(p["stem"], p["width"])
+        if kind == "dense_layer":
+            return _DenseLayerBlock(p["cin"], p["growth"], p["bn_size"])
+        if kind == "concat":
+            return _Concat()
+        if kind == "transition":
+            return Transition(p["cin"], p["cout"])
+        if kind == "head":
+            return DenseNetHead(p["cin"], p["num_classes"])
+        raise SearchSpaceError(f"densenet has no block kind {kind!r}; kinds: ['stem', 'dense_layer', 'concat', "
+                               "'transition', 'head']")
 
     def _sample(self, rng: random.Random) -> dict[str, Any]:
         resolution = weighted_choice(rng, (32, 64, 96, 128, 160, 192, 224), (3, 2, 2, 2, 1, 1, 1))

@@ -34,9 +34,10 @@ import torch
 from torch import nn
 
 from dippm_nas.errors import SearchSpaceError
-from search_spaces._layers import ConvBNAct, SqueezeExcite
+from search_spaces._blocks import BlockPlan, BlockSearchSpace
+from search_spaces._layers import ConvBNAct, SqueezeExcite, conv_out
 from search_spaces._params import Choice, IntRange, ListOf, Struct
-from search_spaces._registry import SearchSpace, make_divisible, register_space, weighted_choice
+from search_spaces._registry import make_divisible, register_space, weighted_choice
 
 __all__ = ["EfficientNetV2Space", "EfficientNetV2"]
 
@@ -91,6 +92,23 @@ class MBConv(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.block(x)
         return x + y if self.use_residual else y
+
+
+class EfficientNetV2Head(nn.Module):
+    """The head alone (a block of the plan): 1x1 conv (SiLU), pool, classifier, as in :class:`EfficientNetV2`.
+
+    Shapes:
+        ``(N, cin, H, W) -> (N, num_classes)``
+    """
+
+    def __init__(self, cin: int, head_width: int, num_classes: int) -> None:
+        super().__init__()
+        self.head = ConvBNAct(cin, head_width, 1, act=_ACT, bn_eps=_BN_EPS)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(head_width, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.flatten(self.pool(self.head(x)), 1))
 
 
 class EfficientNetV2(nn.Module):
@@ -155,7 +173,7 @@ _P_FUSED = (0.9, 0.8, 0.6, 0.25, 0.15, 0.1, 0.1)
 
 
 @register_space("efficientnetv2")
-class EfficientNetV2Space(SearchSpace):
+class EfficientNetV2Space(BlockSearchSpace):
     """EfficientNetV2-like family. Config keys:
 
     - ``stem_width``: channels of the 3x3/2 stem, a multiple of 8 in 8..256
@@ -196,6 +214,37 @@ class EfficientNetV2Space(SearchSpace):
 
     def _build(self, config: dict[str, Any]) -> nn.Module:
         return EfficientNetV2(config)
+
+    def _blocks(self, config: dict[str, Any]) -> BlockPlan:
+        """Stem, every FusedMBConv / MBConv block ``(cin, cout, expand, kernel, stride[, se])``, head."""
+        side, cin = config["resolution"], config["stem_width"]
+        parts: list[tuple[str, dict[str, Any], tuple[int, ...]]] = [("stem", {"width": cin}, (3, side, side))]
+        side = conv_out(side, 3, 2, 1)
+        for st in config["stages"]:
+            for j in range(st["layers"]):
+                c, s = (cin, st["stride"]) if j == 0 else (st["out"], 1)
+                p: dict[str, Any] = {"cin": c, "cout": st["out"], "expand": st["expand"], "kernel": st["kernel"],
+                                     "stride": s}
+                if st["type"] != "fused":
+                    p["se"] = st["se"]
+                parts.append((st["type"], p, (c, side, side)))
+                side = conv_out(side, st["kernel"], s, (st["kernel"] - 1) // 2)
+            cin = st["out"]
+        parts.append(("head", {"cin": cin, "head_width": config["head_width"], "num_classes": config["num_classes"]},
+                      (cin, side, side)))
+        return BlockPlan.chain(parts)
+
+    def _build_block(self, kind: str, params: dict[str, Any]) -> nn.Module:
+        p = params
+        if kind == "stem":
+            return ConvBNAct(3, p["width"], 3, stride=2, act=_ACT, bn_eps=_BN_EPS)
+        if kind == "fused":
+            return FusedMBConv(p["cin"], p["cout"], p["expand"], p["kernel"], p["stride"])
+        if kind == "mbconv":
+            return MBConv(p["cin"], p["cout"], p["expand"], p["kernel"], p["stride"], p["se"])
+        if kind == "head":
+            return EfficientNetV2Head(p["cin"], p["head_width"], p["num_classes"])
+        raise SearchSpaceError(f"efficientnetv2 has no block kind {kind!r}; kinds: ['stem', 'fused', 'mbconv', 'head']")
 
     def _sample(self, rng: random.Random) -> dict[str, Any]:
         mult = weighted_choice(rng, (0.25, 0.35, 0.5, 0.75, 1.0), (2, 2, 2, 1, 1))

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 __all__ = ["ACTIVATIONS", "make_activation", "ConvBNAct", "SqueezeExcite", "LayerNorm2d", "SelfAttention",
-           "TransformerBlock"]
+           "TransformerBlock", "PoolLinear", "conv_out"]
 
 #: Activation names a config may use, and their modules.
 ACTIVATIONS: dict[str, type[nn.Module]] = {
@@ -165,3 +165,24 @@ class TransformerBlock(nn.Module):
             return x + self.mlp(self.ln2(x))
         x = self.ln1(x + self.attn(x, mask))
         return self.ln2(x + self.mlp(x))
+
+
+class PoolLinear(nn.Module):
+    """Global average pool -> flatten -> Linear: the head of several families (a block of their plans).
+
+    Shapes:
+        ``(N, cin, H, W) -> (N, num_classes)``
+    """
+
+    def __init__(self, cin: int, num_classes: int) -> None:
+        super().__init__()
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(cin, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.flatten(self.pool(x), 1))
+
+
+def conv_out(side: int, kernel: int, stride: int = 1, padding: int = 0) -> int:
+    """Output side of a conv or pool: ``floor((side + 2 * padding - kernel) / stride) + 1``."""
+    return (side + 2 * padding - kernel) // stride + 1

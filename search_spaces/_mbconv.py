@@ -44,15 +44,17 @@ import torch
 from torch import nn
 
 from dippm_nas.errors import SearchSpaceError
+from search_spaces._blocks import BlockPlan, BlockSearchSpace
 from search_spaces._layers import ConvBNAct, SqueezeExcite
 from search_spaces._params import Choice, IntRange, ListOf
-from search_spaces._registry import SearchSpace, get_space, make_divisible, register_space, weighted_choice
+from search_spaces._registry import get_space, make_divisible, register_space, weighted_choice
 
 __all__ = [
     "MBCONV_STAGES",
     "ACCEL_NASBENCH_COLUMNS",
     "MBConvSpace",
     "MBConvNet",
+    "MBConvHead",
     "config_from_accel_nasbench_row",
     "accel_nasbench_row_from_config",
 ]
@@ -95,6 +97,25 @@ class MBConv(nn.Module):
         return x + y if self.use_residual else y
 
 
+class MBConvHead(nn.Module):
+    """The network's head alone (a block of the plan): 1x1 conv, pool, dropout, classifier, as in
+    :class:`MBConvNet`.
+
+    Shapes:
+        ``(N, 320, H, W) -> (N, num_classes)``
+    """
+
+    def __init__(self, num_classes: int = 1000) -> None:
+        super().__init__()
+        self.head = ConvBNAct(MBCONV_STAGES[-1][1], _HEAD_CH, 1, act="relu")
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.dropout = nn.Dropout(_DROPOUT)
+        self.fc = nn.Linear(_HEAD_CH, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.dropout(torch.flatten(self.pool(self.head(x)), 1)))
+
+
 class MBConvNet(nn.Module):
     """The Accel-NASBench network for per-stage lists ``e``, ``k``, ``l``, ``se``.
 
@@ -121,8 +142,13 @@ class MBConvNet(nn.Module):
         return self.fc(self.dropout(torch.flatten(self.pool(x), 1)))
 
 
+def _down(side: int, stride: int) -> int:
+    """Side after a conv of odd kernel, padding ``(k - 1) // 2`` and ``stride``."""
+    return (side + stride - 1) // stride
+
+
 @register_space("mbconv")
-class MBConvSpace(SearchSpace):
+class MBConvSpace(BlockSearchSpace):
     """Accel-NASBench MBConv space (exact). Config keys:
 
     - ``e``: 7 ints, expansion per stage, each in {1, 4, 6}
@@ -157,6 +183,30 @@ class MBConvSpace(SearchSpace):
 
     def _build(self, config: dict[str, Any]) -> nn.Module:
         return MBConvNet(config["e"], config["k"], config["l"], config["se"], config["num_classes"])
+
+    def _blocks(self, config: dict[str, Any]) -> BlockPlan:
+        """Stem, every MBConv layer ``(cin, cout, e, k, stride, se)`` at its input side, head."""
+        side = config["resolution"]
+        parts: list[tuple[str, dict[str, Any], tuple[int, ...]]] = [("stem", {}, (3, side, side))]
+        side = _down(side, 2)
+        for (c_in, c_out, stride), e, k, n, se in zip(MBCONV_STAGES, config["e"], config["k"], config["l"],
+                                                      config["se"]):
+            for j in range(n):
+                ci, st = (c_in, stride) if j == 0 else (c_out, 1)
+                parts.append(("layer", {"cin": ci, "cout": c_out, "e": e, "k": k, "stride": st, "se": se},
+                              (ci, side, side)))
+                side = _down(side, st)
+        parts.append(("head", {"num_classes": config["num_classes"]}, (MBCONV_STAGES[-1][1], side, side)))
+        return BlockPlan.chain(parts)
+
+    def _build_block(self, kind: str, params: dict[str, Any]) -> nn.Module:
+        if kind == "stem":
+            return ConvBNAct(3, _STEM_CH, 3, stride=2, act="relu")
+        if kind == "layer":
+            return MBConv(params["cin"], params["cout"], params["e"], params["k"], params["stride"], params["se"])
+        if kind == "head":
+            return MBConvHead(params["num_classes"])
+        raise SearchSpaceError(f"mbconv has no block kind {kind!r}; kinds: ['stem', 'layer', 'head']")
 
     def _sample(self, rng: random.Random) -> dict[str, Any]:
         return {

@@ -26,8 +26,9 @@ import torch
 from torch import nn
 
 from dippm_nas.errors import SearchSpaceError
+from search_spaces._blocks import BlockPlan, BlockSearchSpace
 from search_spaces._params import IntRange
-from search_spaces._registry import SearchSpace, log_uniform_int, register_space, weighted_choice
+from search_spaces._registry import log_uniform_int, register_space, weighted_choice
 
 __all__ = ["MixerSpace", "MlpMixer"]
 
@@ -70,6 +71,37 @@ class MixerBlock(nn.Module):
         return x + self.mlp_channels(self.norm2(x))
 
 
+class MixerStem(nn.Module):
+    """Patch embedding alone (a block of the plan): conv (kernel = stride = patch), flattened to tokens.
+
+    Shapes:
+        ``(N, 3, R, R) -> (N, T, hidden)``
+    """
+
+    def __init__(self, hidden: int, patch_size: int) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, hidden, patch_size, stride=patch_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.stem(x).flatten(2).transpose(1, 2)
+
+
+class MixerHead(nn.Module):
+    """The head alone (a block of the plan): final LayerNorm, mean over the tokens, classifier.
+
+    Shapes:
+        ``(N, T, hidden) -> (N, num_classes)``
+    """
+
+    def __init__(self, hidden: int, num_classes: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(hidden, eps=_EPS)
+        self.head = nn.Linear(hidden, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.norm(x).mean(dim=1))
+
+
 class MlpMixer(nn.Module):
     """An MLP-Mixer from a validated ``mixer`` config.
 
@@ -95,7 +127,7 @@ class MlpMixer(nn.Module):
 
 
 @register_space("mixer")
-class MixerSpace(SearchSpace):
+class MixerSpace(BlockSearchSpace):
     """MLP-Mixer family. Config keys:
 
     - ``patch_size``: patch-embedding kernel and stride, 1..64
@@ -140,6 +172,27 @@ class MixerSpace(SearchSpace):
 
     def _build(self, config: dict[str, Any]) -> nn.Module:
         return MlpMixer(config)
+
+    def _blocks(self, config: dict[str, Any]) -> BlockPlan:
+        """Patch embedding, ``depth`` identical Mixer blocks, head."""
+        c, p, side = config["hidden"], config["patch_size"], config["resolution"]
+        tokens = (side // p) ** 2
+        return BlockPlan.chain([
+            ("stem", {"hidden": c, "patch_size": p}, (3, side, side)),
+            *[("block", {"tokens": tokens, "hidden": c, "tokens_mlp_dim": config["tokens_mlp_dim"],
+                         "channels_mlp_dim": config["channels_mlp_dim"]}, (tokens, c))] * config["depth"],
+            ("head", {"hidden": c, "num_classes": config["num_classes"]}, (tokens, c)),
+        ])
+
+    def _build_block(self, kind: str, params: dict[str, Any]) -> nn.Module:
+        p = params
+        if kind == "stem":
+            return MixerStem(p["hidden"], p["patch_size"])
+        if kind == "block":
+            return MixerBlock(p["tokens"], p["hidden"], p["tokens_mlp_dim"], p["channels_mlp_dim"])
+        if kind == "head":
+            return MixerHead(p["hidden"], p["num_classes"])
+        raise SearchSpaceError(f"mixer has no block kind {kind!r}; kinds: ['stem', 'block', 'head']")
 
     def _sample(self, rng: random.Random) -> dict[str, Any]:
         resolution = weighted_choice(rng, (32, 64, 96, 128, 160, 224), (3, 2, 2, 2, 1, 1))

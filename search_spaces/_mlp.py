@@ -8,12 +8,25 @@ from typing import Any
 import torch
 from torch import nn
 
+from dippm_nas.errors import SearchSpaceError
 from dippm_nas.spec import InputSpec
+from search_spaces._blocks import BlockPlan, BlockSearchSpace
 from search_spaces._layers import make_activation
 from search_spaces._params import Choice, IntRange, ListOf
-from search_spaces._registry import SearchSpace, log_uniform_int, register_space
+from search_spaces._registry import log_uniform_int, register_space
 
 __all__ = ["MLPSpace", "MLP"]
+
+
+def _hidden_layer(cin: int, cout: int, norm: str, activation: str) -> list[nn.Module]:
+    """Linear -> (LayerNorm | BatchNorm1d) -> activation."""
+    layers: list[nn.Module] = [nn.Linear(cin, cout)]
+    if norm == "layernorm":
+        layers.append(nn.LayerNorm(cout))
+    elif norm == "batchnorm":
+        layers.append(nn.BatchNorm1d(cout))
+    layers.append(make_activation(activation))
+    return layers
 
 
 class MLP(nn.Module):
@@ -28,12 +41,7 @@ class MLP(nn.Module):
         layers: list[nn.Module] = []
         c = cfg["in_features"]
         for w in cfg["hidden"]:
-            layers.append(nn.Linear(c, w))
-            if cfg["norm"] == "layernorm":
-                layers.append(nn.LayerNorm(w))
-            elif cfg["norm"] == "batchnorm":
-                layers.append(nn.BatchNorm1d(w))
-            layers.append(make_activation(cfg["activation"]))
+            layers += _hidden_layer(c, w, cfg["norm"], cfg["activation"])
             c = w
         layers.append(nn.Linear(c, cfg["out_features"]))
         self.net = nn.Sequential(*layers)
@@ -43,7 +51,7 @@ class MLP(nn.Module):
 
 
 @register_space("mlp")
-class MLPSpace(SearchSpace):
+class MLPSpace(BlockSearchSpace):
     """MLP family. Config keys:
 
     - ``in_features``: input width, 1..65536
@@ -71,6 +79,25 @@ class MLPSpace(SearchSpace):
 
     def _build(self, config: dict[str, Any]) -> nn.Module:
         return MLP(config)
+
+    def _blocks(self, config: dict[str, Any]) -> BlockPlan:
+        """Every hidden layer (Linear, norm, activation), then the output Linear."""
+        c = config["in_features"]
+        parts: list[tuple[str, dict[str, Any], tuple[int, ...]]] = []
+        for w in config["hidden"]:
+            parts.append(("hidden", {"cin": c, "cout": w, "norm": config["norm"], "activation": config["activation"]},
+                          (c,)))
+            c = w
+        parts.append(("out", {"cin": c, "cout": config["out_features"]}, (c,)))
+        return BlockPlan.chain(parts)
+
+    def _build_block(self, kind: str, params: dict[str, Any]) -> nn.Module:
+        p = params
+        if kind == "hidden":
+            return nn.Sequential(*_hidden_layer(p["cin"], p["cout"], p["norm"], p["activation"]))
+        if kind == "out":
+            return nn.Linear(p["cin"], p["cout"])
+        raise SearchSpaceError(f"mlp has no block kind {kind!r}; kinds: ['hidden', 'out']")
 
     def input_spec(self, config: dict[str, Any], batch_size: int = 1, dtype: str = "float32") -> InputSpec:
         """A flat float vector.

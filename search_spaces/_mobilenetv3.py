@@ -9,9 +9,10 @@ import torch
 from torch import nn
 
 from dippm_nas.errors import SearchSpaceError
-from search_spaces._layers import ConvBNAct, SqueezeExcite, make_activation
+from search_spaces._blocks import BlockPlan, BlockSearchSpace
+from search_spaces._layers import ConvBNAct, SqueezeExcite, conv_out, make_activation
 from search_spaces._params import Choice, IntRange, ListOf, Struct
-from search_spaces._registry import SearchSpace, make_divisible, register_space, weighted_choice
+from search_spaces._registry import make_divisible, register_space, weighted_choice
 
 __all__ = ["MobileNetV3Space", "MobileNetV3"]
 
@@ -73,6 +74,26 @@ class MobileNetV3(nn.Module):
         return self.classifier(torch.flatten(self.pool(x), 1))
 
 
+class MobileNetV3Head(nn.Module):
+    """The head alone (a block of the plan): 1x1 conv (Hardswish), pool, classifier, as in :class:`MobileNetV3`.
+
+    Shapes:
+        ``(N, cin, H, W) -> (N, num_classes)``
+    """
+
+    def __init__(self, cin: int, head_width: int, classifier_width: int, num_classes: int) -> None:
+        super().__init__()
+        self.head = ConvBNAct(cin, head_width, 1, act="hardswish", bn_eps=_BN_EPS)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.classifier = nn.Sequential(
+            nn.Linear(head_width, classifier_width), make_activation("hardswish"),
+            nn.Dropout(_DROPOUT), nn.Linear(classifier_width, num_classes),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(torch.flatten(self.pool(self.head(x)), 1))
+
+
 _BLOCK = Struct({
     "k": Choice(3, 5, 7),
     "exp": IntRange(8, 4096),
@@ -109,7 +130,7 @@ _SKELETON = ((16, 1, "relu"), (24, 2, "relu"), (40, 2, "relu"), (80, 2, "hardswi
 
 
 @register_space("mobilenetv3")
-class MobileNetV3Space(SearchSpace):
+class MobileNetV3Space(BlockSearchSpace):
     """MobileNetV3-like family. Config keys:
 
     - ``stem_width``: channels of the 3x3/2 stem (Hardswish), 8..256
@@ -151,6 +172,31 @@ class MobileNetV3Space(SearchSpace):
 
     def _build(self, config: dict[str, Any]) -> nn.Module:
         return MobileNetV3(config)
+
+    def _blocks(self, config: dict[str, Any]) -> BlockPlan:
+        """Stem, every inverted-residual block (its row of ``blocks`` and input width), head."""
+        side, cin = config["resolution"], config["stem_width"]
+        parts: list[tuple[str, dict[str, Any], tuple[int, ...]]] = [("stem", {"width": cin}, (3, side, side))]
+        side = conv_out(side, 3, 2, 1)
+        for b in config["blocks"]:
+            parts.append(("block", {"cin": cin, **b}, (cin, side, side)))
+            side = conv_out(side, b["k"], b["s"], (b["k"] - 1) // 2)
+            cin = b["out"]
+        parts.append(("head", {"cin": cin, "head_width": config["head_width"],
+                               "classifier_width": config["classifier_width"],
+                               "num_classes": config["num_classes"]}, (cin, side, side)))
+        return BlockPlan.chain(parts)
+
+    def _build_block(self, kind: str, params: dict[str, Any]) -> nn.Module:
+        if kind == "stem":
+            return ConvBNAct(3, params["width"], 3, stride=2, act="hardswish", bn_eps=_BN_EPS)
+        if kind == "block":
+            p = params
+            return InvertedResidual(p["cin"], p["k"], p["exp"], p["out"], p["se"], p["act"], p["s"])
+        if kind == "head":
+            return MobileNetV3Head(params["cin"], params["head_width"], params["classifier_width"],
+                                   params["num_classes"])
+        raise SearchSpaceError(f"mobilenetv3 has no block kind {kind!r}; kinds: ['stem', 'block', 'head']")
 
     def _sample(self, rng: random.Random) -> dict[str, Any]:
         mult = rng.choice((0.35, 0.5, 0.75, 1.0, 1.25))

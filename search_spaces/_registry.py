@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import copy
+import hashlib
 import logging
 import math
 import random
@@ -31,6 +32,7 @@ __all__ = [
     "list_spaces",
     "build_model",
     "sample_batch_size",
+    "module_signature",
     "as_rng",
     "make_divisible",
     "weighted_choice",
@@ -121,7 +123,8 @@ class SearchSpace(abc.ABC):
 
         Returns:
             An ``nn.Module`` in eval mode. Its ``search_space`` and ``search_space_config`` attributes
-            record the space name and the complete config.
+            record the space name and the complete config, ``search_space_signature`` its
+            :func:`module_signature` (so a model changed after building is told apart from its config).
 
         Raises:
             SearchSpaceError: the config is outside the space, or the builder itself failed (the
@@ -142,6 +145,7 @@ class SearchSpace(abc.ABC):
         model.eval()
         model.search_space = self.name
         model.search_space_config = copy.deepcopy(cfg)
+        model.search_space_signature = module_signature(model)
         return model
 
     def sample(self, rng: "random.Random | int") -> dict[str, Any]:
@@ -183,6 +187,26 @@ class SearchSpace(abc.ABC):
 
     def __repr__(self) -> str:
         return f"<SearchSpace {self.name!r}: keys {list(self.params)}>"
+
+
+def module_signature(model: nn.Module) -> str:
+    """A short digest of a module's structure: its submodules' classes and its parameters' and buffers' names
+    and shapes, in registration order (not their values or dtypes: a model cast to half precision keeps it).
+
+    :meth:`SearchSpace.build` records it as ``model.search_space_signature``; a model whose signature no
+    longer matches was changed after building (a layer replaced, pruned or fused), so its config no longer
+    describes it.
+    """
+    h = hashlib.sha256()
+    for name, m in model.named_modules():
+        h.update(f"|{name}:{type(m).__module__}.{type(m).__qualname__}".encode())
+        for pname, p in m._parameters.items():
+            if p is not None:
+                h.update(f"p{pname}{tuple(p.shape)}".encode())
+        for bname, b in m._buffers.items():
+            if b is not None:
+                h.update(f"b{bname}{tuple(b.shape)}".encode())
+    return h.hexdigest()[:32]
 
 
 _S = TypeVar("_S")

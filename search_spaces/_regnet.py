@@ -28,9 +28,10 @@ import torch
 from torch import nn
 
 from dippm_nas.errors import SearchSpaceError
-from search_spaces._layers import ConvBNAct, SqueezeExcite
+from search_spaces._blocks import BlockPlan, BlockSearchSpace
+from search_spaces._layers import ConvBNAct, PoolLinear, SqueezeExcite, conv_out
 from search_spaces._params import Choice, IntRange, ListOf
-from search_spaces._registry import SearchSpace, log_uniform_int, register_space, weighted_choice
+from search_spaces._registry import log_uniform_int, register_space, weighted_choice
 
 __all__ = ["RegNetSpace", "RegNet", "XBlock", "regnet_macs"]
 
@@ -137,7 +138,7 @@ def regnet_macs(cfg: dict[str, Any]) -> int:
 
 
 @register_space("regnet")
-class RegNetSpace(SearchSpace):
+class RegNetSpace(BlockSearchSpace):
     """RegNetX / RegNetY family. Config keys:
 
     - ``depths``: X blocks per stage, 1..4 stages of 1..64 blocks
@@ -201,6 +202,35 @@ class RegNetSpace(SearchSpace):
 
     def _build(self, config: dict[str, Any]) -> nn.Module:
         return RegNet(config)
+
+    def _blocks(self, config: dict[str, Any]) -> BlockPlan:
+        """Stem, every X block ``(cin, cout, stride, group_width, bottleneck_ratio, se)``, pool + classifier."""
+        side = config["resolution"]
+        parts: list[tuple[str, dict[str, Any], tuple[int, ...]]] = [
+            ("stem", {"width": config["stem_width"]}, (3, side, side))]
+        side = conv_out(side, 3, 2, 1)
+        cin = config["stem_width"]
+        for depth, width in zip(config["depths"], config["widths"]):
+            for j in range(depth):
+                stride = 2 if j == 0 else 1
+                parts.append(("xblock", {"cin": cin, "cout": width, "stride": stride,
+                                         "group_width": config["group_width"],
+                                         "bottleneck_ratio": config["bottleneck_ratio"], "se": config["se"]},
+                              (cin, side, side)))
+                side = conv_out(side, 3, stride, 1)
+                cin = width
+        parts.append(("head", {"cin": cin, "num_classes": config["num_classes"]}, (cin, side, side)))
+        return BlockPlan.chain(parts)
+
+    def _build_block(self, kind: str, params: dict[str, Any]) -> nn.Module:
+        if kind == "stem":
+            return ConvBNAct(3, params["width"], 3, stride=2, act="relu")
+        if kind == "xblock":
+            return XBlock(params["cin"], params["cout"], params["stride"], params["group_width"],
+                          params["bottleneck_ratio"], params["se"])
+        if kind == "head":
+            return PoolLinear(params["cin"], params["num_classes"])
+        raise SearchSpaceError(f"regnet has no block kind {kind!r}; kinds: ['stem', 'xblock', 'head']")
 
     def _sample(self, rng: random.Random) -> dict[str, Any]:
         resolution = weighted_choice(rng, (32, 64, 96, 128, 160, 192, 224), (2, 2, 2, 2, 1, 1, 1))

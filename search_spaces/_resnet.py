@@ -9,8 +9,10 @@ import torch
 from torch import nn
 
 from dippm_nas.errors import SearchSpaceError
+from search_spaces._blocks import BlockPlan, BlockSearchSpace
+from search_spaces._layers import PoolLinear, conv_out
 from search_spaces._params import Choice, IntRange, ListOf
-from search_spaces._registry import SearchSpace, register_space, weighted_choice
+from search_spaces._registry import register_space, weighted_choice
 
 __all__ = ["ResNetSpace", "ResNet"]
 
@@ -78,6 +80,16 @@ def _downsample(cin: int, cout: int, stride: int) -> nn.Module | None:
     return nn.Sequential(nn.Conv2d(cin, cout, 1, stride=stride, bias=False), nn.BatchNorm2d(cout))
 
 
+def _stem(kind: str, width: int) -> nn.Module:
+    if kind == "imagenet":  # 7x7/2 conv + 3x3/2 max-pool
+        return nn.Sequential(
+            nn.Conv2d(3, width, 7, stride=2, padding=3, bias=False), nn.BatchNorm2d(width), nn.ReLU(),
+            nn.MaxPool2d(3, stride=2, padding=1),
+        )
+    # "cifar": 3x3/1 conv
+    return nn.Sequential(nn.Conv2d(3, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU())
+
+
 class ResNet(nn.Module):
     """A ResNet from a validated ``resnet`` config.
 
@@ -89,13 +101,7 @@ class ResNet(nn.Module):
         super().__init__()
         block = BasicBlock if cfg["block"] == "basic" else Bottleneck
         stem_w = cfg["stem_width"]
-        if cfg["stem"] == "imagenet":  # 7x7/2 conv + 3x3/2 max-pool
-            self.stem = nn.Sequential(
-                nn.Conv2d(3, stem_w, 7, stride=2, padding=3, bias=False), nn.BatchNorm2d(stem_w), nn.ReLU(),
-                nn.MaxPool2d(3, stride=2, padding=1),
-            )
-        else:  # "cifar": 3x3/1 conv
-            self.stem = nn.Sequential(nn.Conv2d(3, stem_w, 3, padding=1, bias=False), nn.BatchNorm2d(stem_w), nn.ReLU())
+        self.stem = _stem(cfg["stem"], stem_w)
         stages, cin = [], stem_w
         for i, (depth, planes) in enumerate(zip(cfg["depths"], cfg["widths"])):
             blocks = []
@@ -113,7 +119,7 @@ class ResNet(nn.Module):
 
 
 @register_space("resnet")
-class ResNetSpace(SearchSpace):
+class ResNetSpace(BlockSearchSpace):
     """ResNet-like family. Config keys:
 
     - ``block``: ``"basic"`` (two 3x3) or ``"bottleneck"`` (1x1-3x3-1x1, output 4x planes)
@@ -182,6 +188,37 @@ class ResNetSpace(SearchSpace):
 
     def _build(self, config: dict[str, Any]) -> nn.Module:
         return ResNet(config)
+
+    def _blocks(self, config: dict[str, Any]) -> BlockPlan:
+        """Stem, every residual block ``(cin, planes, stride, groups, width_per_group)``, pool + classifier."""
+        side = config["resolution"]
+        parts: list[tuple[str, dict[str, Any], tuple[int, ...]]] = [
+            ("stem", {"stem": config["stem"], "width": config["stem_width"]}, (3, side, side))]
+        if config["stem"] == "imagenet":
+            side = conv_out(conv_out(side, 7, 2, 3), 3, 2, 1)
+        kind = config["block"]
+        expansion = 1 if kind == "basic" else 4
+        cin = config["stem_width"]
+        for i, (depth, planes) in enumerate(zip(config["depths"], config["widths"])):
+            for j in range(depth):
+                stride = 2 if (i > 0 and j == 0) else 1
+                parts.append((kind, {"cin": cin, "planes": planes, "stride": stride, "groups": config["groups"],
+                                     "width_per_group": config["width_per_group"]}, (cin, side, side)))
+                side = conv_out(side, 3, stride, 1)
+                cin = planes * expansion
+        parts.append(("head", {"cin": cin, "num_classes": config["num_classes"]}, (cin, side, side)))
+        return BlockPlan.chain(parts)
+
+    def _build_block(self, kind: str, params: dict[str, Any]) -> nn.Module:
+        if kind == "stem":
+            return _stem(params["stem"], params["width"])
+        if kind in ("basic", "bottleneck"):
+            block = BasicBlock if kind == "basic" else Bottleneck
+            return block(params["cin"], params["planes"], params["stride"], params["groups"],
+                         params["width_per_group"])
+        if kind == "head":
+            return PoolLinear(params["cin"], params["num_classes"])
+        raise SearchSpaceError(f"resnet has no block kind {kind!r}; kinds: ['stem', 'basic', 'bottleneck', 'head']")
 
     def _sample(self, rng: random.Random) -> dict[str, Any]:
         resolution = weighted_choice(rng, (32, 64, 96, 128, 160, 192, 224), (3, 2, 2, 2, 1, 1, 1))

@@ -23,8 +23,9 @@ import torch
 from torch import nn
 
 from dippm_nas.errors import SearchSpaceError
+from search_spaces._blocks import BlockPlan, BlockSearchSpace
 from search_spaces._params import Choice, IntRange, ListOf
-from search_spaces._registry import SearchSpace, log_uniform_int, register_space, weighted_choice
+from search_spaces._registry import log_uniform_int, register_space, weighted_choice
 
 __all__ = ["VGGSpace", "VGG", "vgg_macs"]
 
@@ -32,6 +33,42 @@ _DROPOUT = 0.5
 _SAMPLE_MACS = 250e6  # the sampler's cap on batch-1 multiply-accumulates
 _VGG_WIDTHS = [64, 128, 256, 512, 512]
 _TV_CLASSIFIER = [4096, 4096]
+
+
+def _conv_layer(cin: int, cout: int, batch_norm: bool, pool: bool) -> list[nn.Module]:
+    """One 3x3 conv (bias) -> (BN) -> ReLU, with the stage's 2x2/2 max-pool after it when ``pool``."""
+    layers: list[nn.Module] = [nn.Conv2d(cin, cout, 3, padding=1)]
+    if batch_norm:
+        layers.append(nn.BatchNorm2d(cout))
+    layers.append(nn.ReLU())
+    if pool:
+        layers.append(nn.MaxPool2d(2, stride=2))
+    return layers
+
+
+def _classifier(fin: int, widths: list[int], num_classes: int) -> nn.Sequential:
+    head: list[nn.Module] = []
+    for hidden in widths:
+        head += [nn.Linear(fin, hidden), nn.ReLU(), nn.Dropout(_DROPOUT)]
+        fin = hidden
+    head.append(nn.Linear(fin, num_classes))
+    return nn.Sequential(*head)
+
+
+class VGGHead(nn.Module):
+    """The head alone (a block of the plan): adaptive average pool, flatten, classifier, as in :class:`VGG`.
+
+    Shapes:
+        ``(N, cin, H, W) -> (N, num_classes)``
+    """
+
+    def __init__(self, cin: int, pool_size: int, classifier_widths: list[int], num_classes: int) -> None:
+        super().__init__()
+        self.avgpool = nn.AdaptiveAvgPool2d((pool_size, pool_size))
+        self.classifier = _classifier(cin * pool_size * pool_size, classifier_widths, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(torch.flatten(self.avgpool(x), 1))
 
 
 class VGG(nn.Module):
@@ -47,23 +84,13 @@ class VGG(nn.Module):
         layers: list[nn.Module] = []
         cin = 3
         for depth, width in zip(cfg["stage_depths"], cfg["widths"]):
-            for _ in range(depth):
-                layers.append(nn.Conv2d(cin, width, 3, padding=1))
-                if cfg["batch_norm"]:
-                    layers.append(nn.BatchNorm2d(width))
-                layers.append(nn.ReLU())
+            for j in range(depth):
+                layers += _conv_layer(cin, width, cfg["batch_norm"], pool=j == depth - 1)
                 cin = width
-            layers.append(nn.MaxPool2d(2, stride=2))
         self.features = nn.Sequential(*layers)
         p = cfg["pool_size"]
         self.avgpool = nn.AdaptiveAvgPool2d((p, p))
-        head: list[nn.Module] = []
-        fin = cin * p * p
-        for hidden in cfg["classifier_widths"]:
-            head += [nn.Linear(fin, hidden), nn.ReLU(), nn.Dropout(_DROPOUT)]
-            fin = hidden
-        head.append(nn.Linear(fin, cfg["num_classes"]))
-        self.classifier = nn.Sequential(*head)
+        self.classifier = _classifier(cin * p * p, cfg["classifier_widths"], cfg["num_classes"])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.classifier(torch.flatten(self.avgpool(self.features(x)), 1))
@@ -89,7 +116,7 @@ def vgg_macs(cfg: dict[str, Any]) -> int:
 
 
 @register_space("vgg")
-class VGGSpace(SearchSpace):
+class VGGSpace(BlockSearchSpace):
     """VGG family. Config keys:
 
     - ``stage_depths``: 3x3 convs per stage, 1..6 stages of 1..8 convs (VGG-11: ``[1, 1, 2, 2, 2]``,
@@ -144,6 +171,30 @@ class VGGSpace(SearchSpace):
 
     def _build(self, config: dict[str, Any]) -> nn.Module:
         return VGG(config)
+
+    def _blocks(self, config: dict[str, Any]) -> BlockPlan:
+        """Every conv layer (the stage's max-pool with its last one), head."""
+        side, cin = config["resolution"], 3
+        parts: list[tuple[str, dict[str, Any], tuple[int, ...]]] = []
+        for depth, width in zip(config["stage_depths"], config["widths"]):
+            for j in range(depth):
+                pool = j == depth - 1
+                parts.append(("conv", {"cin": cin, "cout": width, "batch_norm": config["batch_norm"], "pool": pool},
+                              (cin, side, side)))
+                cin = width
+                side = side // 2 if pool else side
+        parts.append(("head", {"cin": cin, "pool_size": config["pool_size"],
+                               "classifier_widths": config["classifier_widths"],
+                               "num_classes": config["num_classes"]}, (cin, side, side)))
+        return BlockPlan.chain(parts)
+
+    def _build_block(self, kind: str, params: dict[str, Any]) -> nn.Module:
+        p = params
+        if kind == "conv":
+            return nn.Sequential(*_conv_layer(p["cin"], p["cout"], p["batch_norm"], p["pool"]))
+        if kind == "head":
+            return VGGHead(p["cin"], p["pool_size"], p["classifier_widths"], p["num_classes"])
+        raise SearchSpaceError(f"vgg has no block kind {kind!r}; kinds: ['conv', 'head']")
 
     def _sample(self, rng: random.Random) -> dict[str, Any]:
         resolution = weighted_choice(rng, (32, 64, 96, 128, 160, 192, 224), (3, 3, 2, 2, 1, 1, 1))

@@ -9,11 +9,12 @@ import torch
 from torch import nn
 
 from dippm_nas.errors import SearchSpaceError
+from search_spaces._blocks import BlockPlan, BlockSearchSpace
 from search_spaces._layers import TransformerBlock
 from search_spaces._params import Choice, IntRange
-from search_spaces._registry import SearchSpace, register_space, weighted_choice
+from search_spaces._registry import register_space, weighted_choice
 
-__all__ = ["ViTSpace", "VisionTransformer"]
+__all__ = ["ViTSpace", "VisionTransformer", "ViTEmbed", "ViTHead", "vit_encoder_parts", "build_vit_block"]
 
 _EPS = 1e-6
 
@@ -53,8 +54,76 @@ class VisionTransformer(nn.Module):
         return self.head(x)
 
 
+class ViTEmbed(nn.Module):
+    """Token embedding alone (a block of the plan): the last patch-embedding conv (kernel = stride), tokens,
+    class token, position embeddings, as in :class:`VisionTransformer`.
+
+    Shapes:
+        ``(N, cin, H, W) -> (N, T, embed_dim)`` with ``T = (H / kernel) * (W / kernel) (+ 1 class token)``
+    """
+
+    def __init__(self, cin: int, embed_dim: int, kernel: int, n_patches: int, use_cls: bool) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(cin, embed_dim, kernel, stride=kernel)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if use_cls else None
+        self.pos_embed = nn.Parameter(torch.randn(1, n_patches + int(use_cls), embed_dim) * 0.02)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.conv(x).flatten(2).transpose(1, 2)
+        if self.cls_token is not None:
+            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
+        return x + self.pos_embed
+
+
+class ViTHead(nn.Module):
+    """The head alone (a block of the plan): final LayerNorm, class-token or mean pooling, classifier.
+
+    Shapes:
+        ``(N, T, dim) -> (N, num_classes)``
+    """
+
+    def __init__(self, dim: int, use_cls: bool, num_classes: int) -> None:
+        super().__init__()
+        self.use_cls = use_cls
+        self.norm = nn.LayerNorm(dim, eps=_EPS)
+        self.head = nn.Linear(dim, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.norm(x)
+        x = x[:, 0] if self.use_cls else x.mean(dim=1)
+        return self.head(x)
+
+
+def vit_encoder_parts(config: dict[str, Any], cin: int, kernel: int,
+                      side: int) -> list[tuple[str, dict[str, Any], tuple[int, ...]]]:
+    """Blocks of a ViT-style config after its conv stem: embedding (the conv of ``kernel`` over a
+    ``(cin, side, side)`` map), the encoder layers, the head (shared by ``vit`` and ``vitc``)."""
+    d, use_cls = config["embed_dim"], config["pool"] == "cls"
+    n_patches = (side // kernel) ** 2
+    tokens = (n_patches + int(use_cls), d)
+    layer = {"dim": d, "num_heads": config["num_heads"], "mlp_dim": config["mlp_ratio"] * d,
+             "qkv_bias": config["qkv_bias"], "attention": config["attention"]}
+    return [("embed", {"cin": cin, "embed_dim": d, "kernel": kernel, "n_patches": n_patches, "cls": use_cls},
+             (cin, side, side)),
+            *[("layer", layer, tokens)] * config["depth"],
+            ("head", {"dim": d, "cls": use_cls, "num_classes": config["num_classes"]}, tokens)]
+
+
+def build_vit_block(kind: str, params: dict[str, Any]) -> nn.Module | None:
+    """The module of a block made by :func:`vit_encoder_parts` (``None`` for another kind)."""
+    p = params
+    if kind == "embed":
+        return ViTEmbed(p["cin"], p["embed_dim"], p["kernel"], p["n_patches"], p["cls"])
+    if kind == "layer":
+        return TransformerBlock(p["dim"], p["num_heads"], p["mlp_dim"], qkv_bias=p["qkv_bias"], impl=p["attention"],
+                                norm_first=True, eps=_EPS)
+    if kind == "head":
+        return ViTHead(p["dim"], p["cls"], p["num_classes"])
+    return None
+
+
 @register_space("vit")
-class ViTSpace(SearchSpace):
+class ViTSpace(BlockSearchSpace):
     """Vision-Transformer family (a transformer encoder over image patches). Config keys:
 
     - ``patch_size``: patch side, one of 2, 4, 8, 14, 16, 32
@@ -106,6 +175,16 @@ class ViTSpace(SearchSpace):
 
     def _build(self, config: dict[str, Any]) -> nn.Module:
         return VisionTransformer(config)
+
+    def _blocks(self, config: dict[str, Any]) -> BlockPlan:
+        """Patch embedding (with class token and position embeddings), ``depth`` identical layers, head."""
+        return BlockPlan.chain(vit_encoder_parts(config, 3, config["patch_size"], config["resolution"]))
+
+    def _build_block(self, kind: str, params: dict[str, Any]) -> nn.Module:
+        block = build_vit_block(kind, params)
+        if block is None:
+            raise SearchSpaceError(f"vit has no block kind {kind!r}; kinds: ['embed', 'layer', 'head']")
+        return block
 
     def _sample(self, rng: random.Random) -> dict[str, Any]:
         resolution = weighted_choice(rng, (32, 64, 96, 128, 160, 224), (3, 2, 2, 2, 1, 1))

@@ -21,10 +21,11 @@ from typing import Any
 from torch import nn
 
 from dippm_nas.errors import SearchSpaceError
-from search_spaces._layers import ConvBNAct
-from search_spaces._vit import VisionTransformer
+from search_spaces._blocks import BlockPlan, BlockSearchSpace
+from search_spaces._layers import ConvBNAct, conv_out
+from search_spaces._vit import VisionTransformer, build_vit_block, vit_encoder_parts
 from search_spaces._params import Choice, IntRange, ListOf
-from search_spaces._registry import SearchSpace, log_uniform_int, register_space, weighted_choice
+from search_spaces._registry import log_uniform_int, register_space, weighted_choice
 
 __all__ = ["ViTCSpace", "ConvStemViT"]
 
@@ -49,7 +50,7 @@ def ConvStemViT(cfg: dict[str, Any]) -> VisionTransformer:  # noqa: N802 (a mode
 
 
 @register_space("vitc")
-class ViTCSpace(SearchSpace):
+class ViTCSpace(BlockSearchSpace):
     """ViT with a convolutional stem (ViT_C). Config keys:
 
     - ``patch_size``: effective patch side (the stem's total stride), one of 4, 8, 16, 32
@@ -114,6 +115,23 @@ class ViTCSpace(SearchSpace):
 
     def _build(self, config: dict[str, Any]) -> nn.Module:
         return ConvStemViT(config)
+
+    def _blocks(self, config: dict[str, Any]) -> BlockPlan:
+        """Every stride-2 stem conv, the token embedding (the stem's 1x1 conv), the encoder layers, head."""
+        side, cin = config["resolution"], 3
+        parts: list[tuple[str, dict[str, Any], tuple[int, ...]]] = []
+        for w in config["stem_widths"]:
+            parts.append(("stem_conv", {"cin": cin, "cout": w}, (cin, side, side)))
+            cin, side = w, conv_out(side, 3, 2, 1)
+        return BlockPlan.chain(parts + vit_encoder_parts(config, cin, 1, side))
+
+    def _build_block(self, kind: str, params: dict[str, Any]) -> nn.Module:
+        if kind == "stem_conv":
+            return ConvBNAct(params["cin"], params["cout"], 3, stride=2, act="relu")
+        block = build_vit_block(kind, params)
+        if block is None:
+            raise SearchSpaceError(f"vitc has no block kind {kind!r}; kinds: ['stem_conv', 'embed', 'layer', 'head']")
+        return block
 
     def _sample(self, rng: random.Random) -> dict[str, Any]:
         resolution = weighted_choice(rng, (32, 64, 96, 128, 160, 224), (3, 2, 2, 2, 1, 1))

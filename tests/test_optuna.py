@@ -66,6 +66,8 @@ def fake_predict(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
 
     monkeypatch.setattr(dop, "predict", predict)
     monkeypatch.setattr(dop, "predict_many", predict_many)
+    # the fake reads the built model's config: hand it the model, not the graph assembled from its blocks
+    monkeypatch.setattr(dop, "space_config_of", lambda model: None)
     return calls
 
 

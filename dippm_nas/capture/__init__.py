@@ -1,8 +1,23 @@
-"""Capture: a model (``nn.Module``, ONNX file, SPEC string) -> :class:`~dippm_nas.graph.OperatorGraph`."""
+"""Capture: a model (``nn.Module``, ONNX file, SPEC string) -> :class:`~dippm_nas.graph.OperatorGraph`.
 
+Search-space candidates are assembled from cached blocks instead (:func:`assemble`, :func:`assemble_many`).
+"""
+
+from dippm_nas.capture._assemble import (
+    BLOCK_MEMO_NODES,
+    SpaceItem,
+    assemble,
+    assemble_many,
+    block_key,
+    clear_block_memo,
+    space_config_of,
+    supports_assembly,
+)
 from dippm_nas.capture._capture import capture
 from dippm_nas.capture._key import converter_version, file_key, model_key
 from dippm_nas.capture._many import CaptureResult, capture_many
 from dippm_nas.capture._torch import MODES
 
-__all__ = ["capture", "capture_many", "CaptureResult", "model_key", "file_key", "converter_version", "MODES"]
+__all__ = ["capture", "capture_many", "CaptureResult", "model_key", "file_key", "converter_version", "MODES",
+           "assemble", "assemble_many", "block_key", "supports_assembly", "space_config_of", "clear_block_memo",
+           "SpaceItem", "BLOCK_MEMO_NODES"]

@@ -21,6 +21,9 @@ tensors held as plain attributes; class attributes changed after the class's fir
 forward hooks and ``torch.nn.utils`` parametrizations; an instance attribute ``forward`` patched onto one
 object (included only if it is a plain function). When in doubt, pass ``cache=False`` to
 :func:`~dippm_nas.capture`.
+
+The blocks a search-space candidate is assembled from are cached under their own key, made from the
+space's block description instead of a module (:func:`dippm_nas.capture.block_key`, in ``_assemble.py``).
 """
 
 from __future__ import annotations

@@ -5,9 +5,11 @@ Order of work (each step is stored before the next starts):
 1. **Plan**: :func:`~dippm_nas.dataset._plan.plan_candidates` draws the candidates from the seed (or
    takes an explicit list) and the plan is written to the dataset file in one transaction, every
    candidate a ``pending`` job. A rerun with the same arguments finds the stored plan and reuses it.
-2. **Convert** (chunk by chunk): :func:`~dippm_nas.capture.capture_many` with ``workers`` processes and the
-   conversion cache; a job's graph and its ``converted`` status are written together. A candidate whose
-   builder raises or whose capture fails becomes ``failed`` with the reason (and a failed measurement row).
+2. **Convert** (chunk by chunk): :func:`~dippm_nas.capture.assemble_many` with ``workers`` processes and the
+   conversion cache: each distinct block of the chunk's candidates is captured once and every candidate's
+   graph assembled from its blocks (a space that does not opt in is captured whole); a job's graph and its
+   ``converted`` status are written together. A candidate whose builder raises or whose capture (or a
+   block's) fails becomes ``failed`` with the reason (and a failed measurement row).
 3. **Measure** (serially, one model at a time): build the model, ``measure(model, spec, device,
    settings)``, write the row and the job's ``done``/``failed`` status in one transaction. Faults of the
    model (out of memory, the time cap, an exception) come back from the measurer as rows with
@@ -46,7 +48,6 @@ Measurement rows are unique per job, so nothing is ever duplicated.
 
 from __future__ import annotations
 
-import functools
 import gc
 import json
 import logging
@@ -59,7 +60,7 @@ from pathlib import Path
 from typing import Any
 
 from dippm_nas._version import __version__
-from dippm_nas.capture import capture_many
+from dippm_nas.capture import assemble_many
 from dippm_nas.dataset._errors import DatasetError
 from dippm_nas.dataset._plan import Candidate, Plan, plan_candidates, plan_key
 from dippm_nas.dataset._store import DatasetStore, Job, canonical_json
@@ -224,13 +225,14 @@ def build_dataset(
         candidates: explicit ``{"space", "config", "batch_size"?}`` mappings instead of sampling (without
             ``batch_size`` every size of ``batch_sizes`` is planned). A config outside its space is stored
             as a failed job with the reason.
-        workers: conversion processes (``capture_many``); 1 converts in this process.
-        chunk_size: jobs converted per ``capture_many`` call (and measured per round); the first round
+        workers: conversion processes (``assemble_many``: blocks, or whole models of spaces that do not opt in);
+            1 converts in this process.
+        chunk_size: jobs converted per ``assemble_many`` call (and measured per round); the first round
             takes an eighth of it (at least 8) so measuring starts early.
         overlap: convert the next chunk while measuring this one (needs ``workers >= 2``).
         pin_cpu: pin the measuring thread to this CPU (conversion processes to the others); ``None``: no pinning.
         max_attempts: measurement attempts of a job before a process that keeps dying on it marks it failed.
-        cache: conversion cache for ``capture_many`` (``True``: the default cache).
+        cache: conversion cache for ``assemble_many`` (``True``: the default cache).
         measure_fn: the measurer (tests pass a fake); default :func:`dippm_nas.measure.measure`.
         progress: show a progress bar.
         stop_after: stop after measuring this many jobs in this run (``None``: all); the rest stays open.
@@ -367,9 +369,9 @@ def build_dataset(
                     store.finish_job(j, _failed_row(f"config rejected: {e}"))
                     failed += 1
                     continue
-                items.append((functools.partial(ss.build_model, j.space, j.config), spec))
+                items.append((j.space, j.config, spec))
                 ready.append(j)
-            results = capture_many(items, workers=workers, cache=cache, progress=progress and not use_overlap)
+            results = assemble_many(items, workers=workers, cache=cache, progress=progress and not use_overlap)
             converted = []
             for j, r in zip(ready, results):
                 if r.graph is not None:

@@ -10,8 +10,9 @@ How a trial's parameters are made (``generate_parameters``, called by NNI's disp
 1. ``study.ask()`` samples the NNI search space (converted by :mod:`dippm_nas.nni._space`).
 2. The keys that belong to the config of the registered search space ``builder`` (see
    :mod:`search_spaces`) overlay ``base_config``; the other keys are hyper-parameters passed to the
-   trial untouched. The model is built and predicted on ``device`` at ``batch_size`` (once per distinct
-   config: predictions are cached for the tuner's life).
+   trial untouched. The config's graph is assembled from cached blocks (:func:`dippm_nas.capture.assemble`;
+   a space that does not opt in is built and captured whole) and predicted on ``device`` at ``batch_size``
+   (once per distinct config: predictions are cached for the tuner's life).
 3. The chance constraints of the budgets (:class:`~dippm_nas.budgets.Budgets`:
    ``mean + k_sigma * std - budget`` in ms, J or MiB, the convention of
    :class:`dippm_nas.optuna.HardwareCostModel`) are set on the Optuna trial (``set_constraint``), so the
@@ -49,6 +50,7 @@ from typing import Any
 
 from dippm_nas._optional import require
 from dippm_nas.budgets import Budgets, ChanceCheck, trial_attrs
+from dippm_nas.capture import assemble
 from dippm_nas.errors import DippmNasError, SearchSpaceError
 from dippm_nas.nni._report import mig_label
 from dippm_nas.nni._scalarize import budgets_from_limits
@@ -417,9 +419,9 @@ class HardwareAwareTuner(Tuner):
             return ev, False
         ev = _Evaluation(config=config)
         try:
-            model = self.space.build(config)
             spec = self.space.input_spec(config, batch_size=self.batch_size, dtype=self.dtype)
-            ev.prediction = predict(model, spec, self.device, cache=self.cache, k_sigma=self.k_sigma,
+            graph = assemble(self.space, config, spec, cache=self.cache)  # from cached blocks, no export
+            ev.prediction = predict(graph, None, self.device, k_sigma=self.k_sigma,
                                     mig=self.budgets.mig_profile is not None, runtime=self.runtime)
             self.stats.predictions += 1
         except DippmNasError as e:  # a builder or capture failure is this config's problem, not the search's

@@ -8,7 +8,7 @@ import warnings
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from dippm_nas.capture import capture, capture_many
+from dippm_nas.capture import assemble_many, capture, capture_many, space_config_of
 from dippm_nas.capture._capture import CacheArg
 from dippm_nas.errors import DippmNasError, InputSpecError
 from dippm_nas.graph import OperatorGraph
@@ -126,6 +126,11 @@ def predict_many(items: Iterable[Any], device: str = DEFAULT_DEVICE, *, workers:
                  host: HostProfile | str | None = None) -> list[Prediction | DippmNasError]:
     """Predictions for many candidates: batched conversion, then one batched predictor pass.
 
+    A model that comes from a registered search space (built by ``search_spaces.build_model``, or the lazy
+    ``functools.partial(search_spaces.build_model, name, config)``; see
+    :func:`dippm_nas.capture.space_config_of`) is not exported: its graph is assembled from cached blocks
+    (:func:`dippm_nas.capture.assemble_many`), the same graph in milliseconds.
+
     Args:
         items: :class:`OperatorGraph` objects or ``(model, spec)`` pairs (as for :func:`dippm_nas.capture_many`).
         device, cache, mig, k_sigma, runtime, host: as for :func:`predict`.
@@ -145,9 +150,19 @@ def predict_many(items: Iterable[Any], device: str = DEFAULT_DEVICE, *, workers:
     for i, it in enumerate(items):
         if isinstance(it, OperatorGraph):
             graphs[i] = it
-    if todo:
-        results = capture_many([it for _, it in todo], workers=workers, cache=cache, progress=progress)
-        for (i, _), r in zip(todo, results):
+    spaced: list[tuple[int, Any]] = []
+    whole: list[tuple[int, Any]] = []
+    for i, it in todo:
+        sc = space_config_of(it[0]) if isinstance(it, tuple) and len(it) == 2 else None
+        if sc is not None:
+            spaced.append((i, (sc[0], sc[1], it[1])))
+        else:
+            whole.append((i, it))
+    for part, convert in ((spaced, assemble_many), (whole, capture_many)):
+        if not part:
+            continue
+        results = convert([it for _, it in part], workers=workers, cache=cache, progress=progress)
+        for (i, _), r in zip(part, results):
             if r.graph is not None:
                 graphs[i] = r.graph
             else:

@@ -1,0 +1,597 @@
+"""Assemble a search-space candidate's :class:`OperatorGraph` from cached block graphs, without exporting it.
+
+A space that subclasses :class:`search_spaces.BlockSearchSpace` says how a config splits into blocks
+(:class:`search_spaces.BlockPlan`). Each distinct block -- its kind and hyper-parameters, its input shapes
+and dtypes, the candidate's batch size and compute dtype -- is captured once (``torch.export`` -> Relax, as
+:func:`~dippm_nas.capture` does for a whole model) and stored in the conversion cache under its own key
+(:func:`block_key`); a candidate's graph is then stitched from its blocks' graphs: node ids offset in
+execution order, each block input's consumers fed by the node that produced it, parameter counts summed.
+The result is the whole capture's graph (same :meth:`~OperatorGraph.structural_hash`, same nodes, same
+parameter count), which ``tests/test_assembly.py`` checks on random configs of every space that opts in.
+
+What a block key covers: ``"block"``, the converter versions (:func:`~dippm_nas.capture.converter_version`),
+the space's name and :meth:`~search_spaces.BlockSearchSpace.code_digest` (for the built-in families, the
+source of every module of ``search_spaces``), the block's kind, its params as canonical JSON, the name,
+shape, dtype and value bound of each input, the number of outputs, the batch size and the compute dtype.
+What would fool it: a block whose graph depends on something else (a global, a file the digest does not
+read) -- the contract of :mod:`search_spaces._blocks` rules that out; pass ``cache=False`` when in doubt.
+
+Conversion modes: a candidate whose blocks all convert in the fast mode is assembled in that mode
+(``"export"``, or ``"export+opaque"`` when some blocks keep ops the frontend cannot convert as opaque nodes,
+as the whole capture then does); if all blocks needed the decomposing fallback, the candidate is assembled
+in ``"export+decompose"``. A mix of the fast mode and the decomposing one is not what a whole capture gives
+(it decomposes the whole model once one op needs it), so such a candidate is captured whole instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import gc
+import hashlib
+import json
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from dippm_nas._logging import WarnOnce
+from dippm_nas.capture._capture import CacheArg, _resolve_cache, _warn_cache_down, capture
+from dippm_nas.capture._key import converter_version
+from dippm_nas.capture._many import CaptureResult, capture_many
+from dippm_nas.errors import CacheError, DippmNasError, GraphCaptureError, InputSpecError, SearchSpaceError
+from dippm_nas.graph import GRAPH_FORMAT_VERSION, OperatorGraph, OpNode
+from dippm_nas.spec import InputSpec, TensorSpec
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from dippm_nas.cache import ConversionCache
+
+__all__ = ["assemble", "assemble_many", "block_key", "supports_assembly", "space_config_of", "clear_block_memo",
+           "SpaceItem", "BLOCK_MEMO_NODES"]
+
+logger = logging.getLogger(__name__)
+_warn_once = WarnOnce(logger)
+
+#: An item of :func:`assemble_many`: ``(space, config, spec)``; ``space`` is a registered name or a
+#: :class:`search_spaces.SearchSpace`, ``config`` a JSON config of it, ``spec`` the candidate's input.
+SpaceItem = tuple[Any, Mapping[str, Any], InputSpec]
+
+#: Bound on the nodes of the block graphs this process keeps decoded (least recently used dropped first).
+BLOCK_MEMO_NODES = 400_000
+
+_FAST_MODES = frozenset({"export", "export+opaque"})
+
+
+# ---------------------------------------------------------------------- spaces
+def _search_spaces() -> Any:
+    # search_spaces imports dippm_nas (errors, spec), so it is imported when first needed, not at module
+    # import (dippm_nas/__init__ imports this package).
+    import search_spaces
+
+    return search_spaces
+
+
+def _resolve_space(space: Any) -> Any:
+    ss = _search_spaces()
+    if isinstance(space, str):
+        return ss.get_space(space)
+    if isinstance(space, ss.SearchSpace):
+        return space
+    raise SearchSpaceError(f"space must be a registered search-space name (one of {ss.list_spaces()}) or a "
+                           f"search_spaces.SearchSpace, got {type(space).__name__}: {space!r}")
+
+
+def supports_assembly(space: Any) -> bool:
+    """Whether candidates of ``space`` (a name or a :class:`~search_spaces.SearchSpace`) are assembled from blocks.
+
+    Raises:
+        SearchSpaceError: an unknown space name (the registered ones are listed).
+    """
+    return isinstance(_resolve_space(space), _search_spaces().BlockSearchSpace)
+
+
+def space_config_of(model: Any) -> tuple[str, dict[str, Any]] | None:
+    """``(space name, config)`` of a model that comes from a registered search space, else ``None``.
+
+    Recognised: an ``nn.Module`` made by :meth:`search_spaces.SearchSpace.build` whose module classes and
+    parameter shapes are still those it was built with (its ``search_space_signature``), and the lazy form
+    ``functools.partial(search_spaces.build_model, name, config)``. A module edited in place in some other
+    way (an attribute such as a stride changed) is not detected: delete its ``search_space`` attribute to
+    have it captured whole.
+    """
+    ss = _search_spaces()
+    if isinstance(model, functools.partial):
+        if model.func is ss.build_model and len(model.args) == 2 and not model.keywords \
+                and isinstance(model.args[0], str) and isinstance(model.args[1], Mapping):
+            return model.args[0], dict(model.args[1])
+        return None
+    name = getattr(model, "search_space", None)
+    config = getattr(model, "search_space_config", None)
+    signature = getattr(model, "search_space_signature", None)
+    if not isinstance(name, str) or not isinstance(config, Mapping) or not isinstance(signature, str):
+        return None
+    if ss.module_signature(model) != signature:
+        _warn_once("changed:" + name, "a %s model was changed after search_spaces built it (its modules or parameter "
+                   "shapes differ): capturing it whole instead of assembling its config's blocks", name)
+        return None
+    return name, dict(config)
+
+
+def _shapes_of(spec: InputSpec) -> list[tuple[str, tuple[int, ...], str]]:
+    return [(t.name, t.shape, spec.tensor_dtype(t)) for t in spec.tensors]
+
+
+# ---------------------------------------------------------------------- keys
+@functools.lru_cache(maxsize=64)
+def _space_digest(space: Any) -> str:
+    return f"{space.name}|{space.code_digest()}|{converter_version()}"
+
+
+def _block_spec(block: Any, spec: InputSpec) -> InputSpec:
+    """The :class:`InputSpec` a block is captured with (inputs named as the plan names them)."""
+    model_inputs = {t.name: t for t in spec.tensors}
+    tensors = []
+    for inp in block.inputs:
+        src = model_inputs.get(inp.source) if isinstance(inp.source, str) else None
+        dtype = inp.dtype if inp.dtype is not None else (src.dtype if src is not None else None)
+        high = src.high if src is not None else 2
+        tensors.append(TensorSpec(name=inp.name, shape=tuple(inp.shape), dtype=dtype, high=high))
+    if len(tensors) == 1 and tensors[0].dtype is None:  # one float input: positional (nn.Sequential blocks)
+        return InputSpec(shape=tensors[0].shape, batch_size=spec.batch_size, dtype=spec.dtype)
+    return InputSpec(inputs=tuple(tensors), batch_size=spec.batch_size, dtype=spec.dtype)
+
+
+def _key_of(space: Any, block: Any, bspec: InputSpec) -> str:
+    parts = [
+        "block", _space_digest(space), block.kind, json.dumps(block.params, sort_keys=True, separators=(",", ":")),
+        str(block.num_outputs), str(bspec.batch_size), bspec.dtype,
+        *(f"{t.name}{t.shape}{bspec.tensor_dtype(t)}<{t.high}" for t in bspec.tensors),
+        "pos" if bspec.inputs is None else "kw",
+    ]
+    return "block:" + hashlib.sha256("|".join(parts).encode()).hexdigest()
+
+
+def block_key(space: Any, block: Any, spec: InputSpec) -> str:
+    """The conversion-cache key of one block of a candidate (see the module docstring for what it covers).
+
+    Args:
+        space: a :class:`search_spaces.BlockSearchSpace` or its registered name.
+        block: a :class:`search_spaces.Block` of one of its plans.
+        spec: the candidate's input spec (its batch size and compute dtype apply to the block).
+    """
+    s = _resolve_space(space)
+    return _key_of(s, block, _block_spec(block, spec))
+
+
+# ---------------------------------------------------------------------- prepared blocks
+class _Prepared:
+    """A block graph made ready for stitching (shared, read-only)."""
+
+    __slots__ = ("nodes", "edges", "consumers", "outputs", "n", "param_count", "param_bytes", "mode", "frag")
+
+    def __init__(self, g: OperatorGraph, input_names: Sequence[str], num_outputs: int) -> None:
+        if len(g.outputs) != num_outputs:
+            raise GraphCaptureError(
+                f"the block's graph has {len(g.outputs)} output node(s) where its plan says {num_outputs}: a block "
+                "must return distinct tensors it computes (not an input passed through)")
+        self.nodes = [n.__dict__ for n in g.nodes]
+        self.edges = list(g.edges)
+        self.consumers = [list(g.input_consumers.get(name, ())) for name in input_names]
+        self.outputs = list(g.outputs)
+        self.n = g.num_nodes
+        self.param_count = g.param_count
+        self.param_bytes = g.param_bytes
+        self.mode = g.mode
+        # The nodes' part of OperatorGraph.structural_hash's payload (it holds no node index).
+        self.frag = ",".join(
+            json.dumps([n.op, [list(s) for s in n.output_shapes], n.output_dtype, [list(s) for s in n.input_shapes],
+                        [int(b) for b in n.input_is_param], dict(n.attrs)], sort_keys=True, separators=(",", ":"))
+            for n in g.nodes)
+
+
+class _Memo:
+    """Process-wide LRU of prepared blocks, bounded by their node count."""
+
+    def __init__(self, max_nodes: int) -> None:
+        self.max_nodes = max_nodes
+        self._d: OrderedDict[str, _Prepared] = OrderedDict()
+        self._nodes = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> _Prepared | None:
+        with self._lock:
+            p = self._d.get(key)
+            if p is not None:
+                self._d.move_to_end(key)
+            return p
+
+    def put(self, key: str, p: _Prepared) -> None:
+        with self._lock:
+            old = self._d.pop(key, None)
+            if old is not None:
+                self._nodes -= old.n
+            self._d[key] = p
+            self._nodes += p.n
+            while self._nodes > self.max_nodes and len(self._d) > 1:
+                _, q = self._d.popitem(last=False)
+                self._nodes -= q.n
+
+    def clear(self) -> None:
+        with self._lock:
+            self._d.clear()
+            self._nodes = 0
+
+
+_MEMO = _Memo(BLOCK_MEMO_NODES)
+
+
+def clear_block_memo() -> None:
+    """Forget the block graphs this process holds decoded (the conversion cache keeps them)."""
+    _MEMO.clear()
+
+
+# ---------------------------------------------------------------------- stitching
+_hash_checked = False
+_hash_fast = True
+_hash_lock = threading.Lock()
+
+
+def _payload_hash(edges: list[tuple[int, int]], inputs: dict[str, list[int]], outputs: list[int],
+                  preps: Sequence[_Prepared]) -> str:
+    """:meth:`OperatorGraph.structural_hash` from the blocks' node fragments (no per-node JSON work)."""
+    frags = ",".join(p.frag for p in preps if p.frag)
+    text = ('{"edges":[' + ",".join(f"[{s},{t}]" for s, t in edges) + '],"inputs":'
+            + json.dumps(inputs, sort_keys=True, separators=(",", ":")) + ',"nodes":[' + frags + '],"outputs":'
+            + json.dumps(outputs, separators=(",", ":")) + ',"v":' + json.dumps(GRAPH_FORMAT_VERSION) + "}")
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _stitch(space_name: str, plan: Any, preps: Sequence[_Prepared], spec: InputSpec, mode: str) -> OperatorGraph:
+    global _hash_checked, _hash_fast
+    t0 = time.perf_counter()
+    names = [t.name for t in spec.tensors]
+    nodes: list[OpNode] = []
+    edges: list[tuple[int, int]] = []
+    consumers: dict[str, list[int]] = {name: [] for name in names}
+    out_nodes: list[list[int]] = []
+    off = 0
+    new = object.__new__
+    for block, p in zip(plan.blocks, preps):
+        i = off
+        for d in p.nodes:
+            node = new(OpNode)
+            nd = node.__dict__
+            nd.update(d)
+            nd["index"] = i
+            nodes.append(node)
+            i += 1
+        if off:
+            edges.extend([(s + off, t + off) for s, t in p.edges])
+        else:
+            edges.extend(p.edges)
+        for inp, cons in zip(block.inputs, p.consumers):
+            src = inp.source
+            if isinstance(src, str):
+                consumers[src].extend([c + off for c in cons])
+            else:
+                producer = out_nodes[src[0]][src[1]]
+                edges.extend([(producer, c + off) for c in cons])
+        out_nodes.append([o + off for o in p.outputs])
+        off += p.n
+    edges = sorted(set(edges))
+    inputs = {k: sorted(set(v)) for k, v in consumers.items()}
+    outputs: list[int] = []
+    for b, o in plan.outputs:
+        node_id = out_nodes[b][o]
+        if node_id not in outputs:
+            outputs.append(node_id)
+    g = OperatorGraph(
+        nodes=nodes, edges=edges, input_consumers=inputs, outputs=outputs, spec=spec,
+        param_count=sum(p.param_count for p in preps), param_bytes=sum(p.param_bytes for p in preps),
+        mode=mode, source=f"{space_name} (assembled from {len(preps)} blocks)",
+    )
+    if _hash_fast:
+        fast = _payload_hash(edges, inputs, outputs, preps)
+        if not _hash_checked:
+            with _hash_lock:  # once per process: the fast hash must be OperatorGraph's own
+                slow = OperatorGraph.from_dict(g.to_dict()).structural_hash()
+                _hash_checked = True
+                if slow != fast:
+                    _hash_fast = False
+                    logger.warning("assembled graphs: the structural-hash shortcut disagrees with "
+                                   "OperatorGraph.structural_hash; hashing each graph in full instead")
+        if _hash_fast:
+            g._hash = fast
+    g.convert_seconds = time.perf_counter() - t0
+    g.timings = {"assemble_s": g.convert_seconds}
+    return g
+
+
+@contextlib.contextmanager
+def _no_cyclic_gc() -> Iterator[None]:
+    """Planning and stitching make many small acyclic objects (nodes, dicts, tuples); the cyclic collector
+    would rescan every live one of them over and over (it halves a bulk assembly's time), so it is paused."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _candidate_key(space: Any, cfg: Mapping[str, Any], spec: InputSpec) -> str:
+    text = "|".join(("candidate", _space_digest(space), json.dumps(cfg, sort_keys=True, separators=(",", ":")),
+                     json.dumps(spec.to_dict(), sort_keys=True)))
+    return "assembled:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+# ---------------------------------------------------------------------- capture of missing pieces
+def _build_block(space: Any, block: Any) -> "torch.nn.Module":
+    """Zero-argument builder target for :func:`capture_many` (picklable: the space travels by its class)."""
+    return space.build_block(block)
+
+
+def _build_whole(space: Any, config: Mapping[str, Any]) -> "torch.nn.Module":
+    return space.build(config)
+
+
+def _capture_items(items: list[tuple[Any, InputSpec]], workers: int, cache: Any,
+                   progress: bool) -> list[OperatorGraph | DippmNasError]:
+    """Capture zero-argument builders; each entry is the graph or the error that stopped it."""
+    if not items:
+        return []
+    if workers == 1 or len(items) == 1:
+        out: list[OperatorGraph | DippmNasError] = []
+        for build, spec in items:
+            try:
+                out.append(capture(build(), spec, cache=cache))
+            except DippmNasError as e:
+                out.append(e)
+            except Exception as e:  # noqa: BLE001 - a failing builder is that item's error, not the batch's
+                err = GraphCaptureError(f"{type(e).__name__}: {e}")
+                err.__cause__ = e
+                out.append(err)
+        return out
+    results = capture_many(items, workers=workers, cache=cache, progress=progress)
+    return [r.graph if r.graph is not None else GraphCaptureError(r.error or "capture failed") for r in results]
+
+
+def _describe(block: Any) -> str:
+    shapes = ", ".join(f"{inp.name}{tuple(inp.shape)}" for inp in block.inputs)
+    return f"{block.kind} {json.dumps(block.params, sort_keys=True)} on {shapes}"
+
+
+# ---------------------------------------------------------------------- public
+def assemble_many(items: Iterable[SpaceItem], *, workers: int = 1, cache: CacheArg = True,
+                  progress: bool = False, fallback: bool = True) -> list[CaptureResult]:
+    """Graphs of many search-space candidates, assembled from blocks (each distinct block captured once).
+
+    Blocks missing from this process and from the conversion cache are captured first (``workers``
+    processes, as :func:`~dippm_nas.capture_many`) and stored under :func:`block_key`; then each candidate's
+    graph is stitched from its blocks in milliseconds. A block whose capture fails fails only the
+    candidates that use it, with the block and the reason in their error; a config outside its space
+    fails only itself (a :class:`SearchSpaceError` naming the key and its allowed values).
+
+    Args:
+        items: ``(space, config, spec)`` triples (:data:`SpaceItem`); ``spec`` is the candidate's input, as
+            ``space.input_spec(config, batch_size, dtype)`` gives it.
+        workers: processes that capture missing blocks (``1``: in this process).
+        cache: as in :func:`~dippm_nas.capture`; ``False`` also bypasses this process's decoded blocks, so
+            every block of the call is captured afresh.
+        progress: show a progress bar while capturing.
+        fallback: capture a candidate whole when its space does not opt in to assembly
+            (:func:`supports_assembly`), when ``spec`` is not the space's input for the config, or when its
+            blocks convert in mixed modes; ``False`` makes those candidates errors instead.
+
+    Returns:
+        One :class:`~dippm_nas.capture.CaptureResult` per item, in order (``error`` set when it failed);
+        an assembled graph's ``source`` says ``"<space> (assembled from N blocks)"`` and ``cache_hit`` is
+        true when every block came from a cache.
+    """
+    items = list(items)
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers must be an int >= 1, got {workers!r}")
+    t0 = time.perf_counter()
+    out = _assemble_items(items, workers, cache, progress, fallback)
+    seconds = time.perf_counter() - t0
+    results = []
+    for i, o in enumerate(out):
+        if isinstance(o, OperatorGraph):
+            results.append(CaptureResult(i, o, cache_hit=o.cache_hit, seconds=o.convert_seconds))
+        else:
+            results.append(CaptureResult(i, None, f"{type(o).__name__}: {o}", type(o).__name__,
+                                         seconds=seconds / max(len(items), 1)))
+    return results
+
+
+def _assemble_items(items: list[Any], workers: int, cache: CacheArg, progress: bool,
+                    fallback: bool) -> list[OperatorGraph | DippmNasError]:
+    """The work of :func:`assemble_many`: each item's graph, or the error that stopped it."""
+    out: list[OperatorGraph | DippmNasError | None] = [None] * len(items)
+    run = _Run(cache)
+    plans: dict[int, tuple[Any, Any, Any, list[str], InputSpec]] = {}
+    whole: list[tuple[int, Any, dict[str, Any], InputSpec]] = []
+    with _no_cyclic_gc():
+        for i, item in enumerate(items):
+            try:
+                plan_entry = run.plan(item, fallback)
+            except DippmNasError as e:
+                out[i] = e
+                continue
+            if plan_entry[0] == "whole":
+                whole.append((i, plan_entry[1], plan_entry[2], plan_entry[3]))
+            else:
+                plans[i] = plan_entry[1:]
+    run.fetch(workers, progress)
+    with _no_cyclic_gc():
+        for i, (space, cfg, plan, keys, spec) in plans.items():
+            failed = [(j, run.failed[k]) for j, k in enumerate(keys) if k in run.failed]
+            if failed:
+                j, err = failed[0]
+                more = f" (and {len(failed) - 1} more of its blocks)" if len(failed) > 1 else ""
+                e = GraphCaptureError(f"{space.name} candidate: block {j} ({_describe(plan.blocks[j])}) could not "
+                                      f"be captured{more}: {type(err).__name__}: {err}")
+                e.__cause__ = err
+                out[i] = e
+                continue
+            preps = [run.prepared[k] for k in keys]
+            modes = {p.mode for p in preps}
+            if modes <= _FAST_MODES:
+                mode = "export+opaque" if "export+opaque" in modes else "export"
+            elif modes == {"export+decompose"}:
+                mode = "export+decompose"
+            elif fallback:
+                logger.info("%s candidate: its blocks converted in modes %s; capturing it whole", space.name,
+                            sorted(modes))
+                whole.append((i, space, cfg, spec))
+                continue
+            else:
+                out[i] = GraphCaptureError(
+                    f"{space.name} candidate: its blocks converted in modes {sorted(modes)}, which a whole capture "
+                    "would not mix; pass fallback=True to capture it whole")
+                continue
+            g = _stitch(space.name, plan, preps, spec, mode)
+            g.model_key = _candidate_key(space, cfg, spec)
+            g.cache_hit = all(k in run.from_cache for k in keys)
+            out[i] = g
+    if whole:
+        graphs = _capture_items([(functools.partial(_build_whole, s, c), spec) for _, s, c, spec in whole],
+                                workers, run.cache_arg, progress)
+        for (i, *_), g in zip(whole, graphs):
+            out[i] = g
+    return out  # type: ignore[return-value]
+
+
+def assemble(space: Any, config: Mapping[str, Any], spec: InputSpec, *, cache: CacheArg = True,
+             fallback: bool = True) -> OperatorGraph:
+    """The graph of one search-space candidate, assembled from its blocks (see :func:`assemble_many`).
+
+    Args:
+        space: a registered search-space name or a :class:`search_spaces.SearchSpace`.
+        config: a config of that space (left-out keys take its defaults).
+        spec: the candidate's input, e.g. ``space.input_spec(config, batch_size=8, dtype="float16")``.
+        cache: as in :func:`~dippm_nas.capture`.
+        fallback: capture the model whole when the space does not opt in, the spec is not the space's, or
+            the blocks convert in mixed modes; ``False`` raises instead.
+
+    Returns:
+        The candidate's graph: the same :meth:`~OperatorGraph.structural_hash`, nodes and parameter count as
+        ``capture(search_spaces.build_model(space, config), spec)``.
+
+    Raises:
+        SearchSpaceError: an unknown space, or a config outside it (the key and its allowed values named).
+        InputSpecError: ``spec`` is not an :class:`InputSpec` (or, with ``fallback=False``, not the space's input).
+        GraphCaptureError: a block (named, with its reason) or the whole model could not be captured.
+    """
+    (r,) = _assemble_items([(space, config, spec)], 1, cache, False, fallback)
+    if isinstance(r, DippmNasError):
+        raise r
+    return r
+
+
+class _Run:
+    """One :func:`assemble_many` call: plans, the blocks they need, and where each came from."""
+
+    def __init__(self, cache: CacheArg) -> None:
+        self.cache_arg = cache
+        self.use_memo = cache is not False and cache is not None
+        self.store: ConversionCache | None = _resolve_cache(cache)
+        self.prepared: dict[str, _Prepared] = {}
+        self.from_cache: set[str] = set()
+        self.failed: dict[str, DippmNasError] = {}
+        self.needed: dict[str, tuple[Any, Any, InputSpec]] = {}
+
+    def plan(self, item: Any, fallback: bool) -> tuple:
+        """``("whole", space, cfg, spec)`` or ``("blocks", space, cfg, plan, keys, spec)``; raises for bad input."""
+        if not isinstance(item, (tuple, list)) or len(item) != 3:
+            raise DippmNasError(f"an item must be (space, config, spec), got {item!r}")
+        space_arg, config, spec = item
+        if not isinstance(spec, InputSpec):
+            raise InputSpecError(f"spec must be a dippm_nas.InputSpec, e.g. space.input_spec(config, batch_size=8), "
+                                 f"got {spec!r}")
+        space = _resolve_space(space_arg)
+        cfg = space.validate(config)
+        ss = _search_spaces()
+        if not isinstance(space, ss.BlockSearchSpace):
+            if not fallback:
+                opted = [n for n in ss.list_spaces() if isinstance(ss.get_space(n), ss.BlockSearchSpace)]
+                raise SearchSpaceError(f"search space {space.name!r} does not assemble candidates from blocks (it is "
+                                       f"not a search_spaces.BlockSearchSpace); the ones that do: {opted}")
+            return ("whole", space, cfg, spec)
+        expected = space.input_spec(cfg, batch_size=spec.batch_size, dtype=spec.dtype)
+        if _shapes_of(expected) != _shapes_of(spec):
+            if not fallback:
+                raise InputSpecError(f"{space.name} config takes inputs {_shapes_of(expected)}, the spec gives "
+                                     f"{_shapes_of(spec)}; assembly needs the space's own input")
+            return ("whole", space, cfg, spec)
+        plan = space.blocks(cfg)
+        keys = []
+        for block in plan.blocks:
+            bspec = _block_spec(block, spec)
+            key = _key_of(space, block, bspec)
+            keys.append(key)
+            if key not in self.prepared and key not in self.needed:
+                p = _MEMO.get(key) if self.use_memo else None
+                if p is not None:
+                    self.prepared[key] = p
+                    self.from_cache.add(key)
+                else:
+                    self.needed[key] = (space, block, bspec)
+        return ("blocks", space, cfg, plan, keys, spec)
+
+    def _store_get(self, key: str) -> OperatorGraph | None:
+        if self.store is None:
+            return None
+        try:
+            return self.store.get(key)
+        except CacheError as e:
+            _warn_cache_down(e)
+            self.store = None
+            return None
+
+    def _store_put(self, key: str, g: OperatorGraph) -> None:
+        if self.store is None:
+            return
+        try:
+            self.store.put(key, g)
+        except CacheError as e:
+            _warn_cache_down(e)
+            self.store = None
+
+    def _accept(self, key: str, g: OperatorGraph, space: Any, block: Any, bspec: InputSpec) -> bool:
+        try:
+            p = _Prepared(g, [t.name for t in bspec.tensors], block.num_outputs)
+        except GraphCaptureError as e:
+            self.failed[key] = e
+            return False
+        self.prepared[key] = p
+        if self.use_memo:
+            _MEMO.put(key, p)
+        return True
+
+    def fetch(self, workers: int, progress: bool) -> None:
+        """Every needed block: from the conversion cache, else captured (and stored)."""
+        todo = []
+        for key, (space, block, bspec) in self.needed.items():
+            g = self._store_get(key)
+            if g is not None and self._accept(key, g, space, block, bspec):
+                self.from_cache.add(key)
+            elif key not in self.failed:
+                todo.append(key)
+        if todo:
+            logger.info("capturing %d blocks", len(todo))
+            items = [(functools.partial(_build_block, self.needed[k][0], self.needed[k][1]), self.needed[k][2])
+                     for k in todo]
+            for key, g in zip(todo, _capture_items(items, workers, False, progress)):
+                space, block, bspec = self.needed[key]
+                if isinstance(g, OperatorGraph):
+                    if self._accept(key, g, space, block, bspec):
+                        self._store_put(key, g)
+                else:
+                    self.failed[key] = g
+        self.needed.clear()
