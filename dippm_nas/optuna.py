@@ -533,7 +533,7 @@ class HardwareCostModel:
         return model
 
     def evaluate(self, trial: Any, model: Any = None, spec: InputSpec | None = None, *, space: str | None = None,
-                 config: Mapping[str, Any] | None = None) -> tuple[float, ...]:
+                 config: Mapping[str, Any] | None = None) -> float | tuple[float, ...]:
         """Predict one candidate, record it on the trial, register its constraints; return the objectives.
 
         A candidate of a registered search space -- ``space=`` and ``config=`` with no model, or a model built
@@ -551,7 +551,8 @@ class HardwareCostModel:
                 ``model.search_space_config`` (set by :func:`search_spaces.build_model`) when omitted.
 
         Returns:
-            The predicted figures named by :attr:`objectives`, in that order (floats); when the candidate
+            The predicted figures named by :attr:`objectives`: a float for one objective, a tuple of floats in
+            that order for several (``()`` for none), as Optuna objectives return them; when the candidate
             cannot be captured or predicted, NaN (``on_error="fail"``) or ``+inf`` (``"infeasible"``) for
             each, with the reason in the ``cost_model_error`` user attribute.
 
@@ -579,7 +580,7 @@ class HardwareCostModel:
         with self._lock:
             self._seconds += seconds
             self._evaluations += 1
-        return values
+        return self._shape(values)
 
     def evaluate_many(
         self,
@@ -615,7 +616,8 @@ class HardwareCostModel:
             progress: show a progress bar while converting.
 
         Returns:
-            One entry per trial: the objective tuple, or the :class:`DippmNasError` that stopped that
+            One entry per trial: the objectives (a float for one, a tuple for several), or the
+            :class:`DippmNasError` that stopped that
             candidate (recorded as ``cost_model_error``; the batch goes on; tell the trial ``FAIL``). With
             ``on_error="infeasible"`` such a candidate's entry is the ``+inf`` tuple instead, its
             constraints registered as violated.
@@ -651,7 +653,14 @@ class HardwareCostModel:
         with self._lock:
             self._seconds += time.perf_counter() - t0
             self._evaluations += len(trials)
-        return out
+        return [o if isinstance(o, DippmNasError) else self._shape(o) for o in out]
+
+    def _shape(self, values: float | tuple[float, ...]) -> float | tuple[float, ...]:
+        """What an Optuna objective returns: the float of a single objective, else the tuple (values already
+        shaped pass through)."""
+        if not isinstance(values, tuple):
+            return values
+        return values[0] if len(self.objectives) == 1 else values
 
     # ------------------------------------------------------------------ background conversion
     def _worker_cache_url(self) -> str | None:
@@ -791,8 +800,9 @@ class PendingEvaluation:
         """Whether :meth:`result` would return without waiting."""
         return self._future is None or self._future.done()
 
-    def result(self, timeout: float | None = None) -> tuple[float, ...]:
-        """The objective values, once the prediction is recorded on the trial and its constraints registered.
+    def result(self, timeout: float | None = None) -> float | tuple[float, ...]:
+        """The objective values (a float for one objective, a tuple for several), once the prediction is
+        recorded on the trial and its constraints registered.
 
         Args:
             timeout: seconds to wait (``None``: as long as it takes).
@@ -817,7 +827,7 @@ class PendingEvaluation:
         if self._error is not None:
             raise self._error
         assert self._values is not None
-        return self._values
+        return self._cost._shape(self._values)
 
 
 def _init_conversion_worker(cache_url: str | None) -> None:

@@ -230,7 +230,7 @@ def _search(sampler_name: str, constrained: bool, api: str = "auto", n: int = 60
 
     def objective(trial: optuna.Trial) -> tuple[float, ...]:
         hidden = [trial.suggest_int("w1", 1, 128), trial.suggest_int("w2", 1, 128)]
-        (latency,) = cost.evaluate(trial, _mlp(*hidden), SPEC)
+        latency = cost.evaluate(trial, _mlp(*hidden), SPEC)  # one objective: a float, as Optuna expects
         return 1.0 - 1.0 / sum(hidden) + 0.001 * hidden[0], latency
 
     study.optimize(objective, n_trials=n)
@@ -452,3 +452,17 @@ def test_constraints_func_given_on_optuna5_records_each_constraint_once(fake_pre
     for t in study.trials:
         assert list(t.system_attrs["constraints"]) == [t.user_attrs["constraint_memory_mib"]]
         assert not any(k.startswith("constraints:") for k in t.system_attrs)  # not also through set_constraint
+
+
+def test_evaluate_returns_a_float_for_one_objective_and_a_tuple_for_several(fake_predict: list[Any]) -> None:
+    one = HardwareCostModel(objectives=("latency_ms",))
+    study = one.create_study(leading={})
+    value = one.evaluate(study.ask(), _mlp(8), SPEC)
+    assert isinstance(value, float)
+    study.optimize(lambda t: one.evaluate(t, _mlp(t.suggest_int("w", 1, 64)), SPEC), n_trials=2)
+    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials[1:])
+    two = HardwareCostModel(objectives=("latency_ms", "energy_j"))
+    values = two.evaluate(two.create_study().ask(), _mlp(8), SPEC)
+    assert isinstance(values, tuple) and len(values) == 2
+    pending = one.submit(study.ask(), _mlp(8), SPEC)
+    assert isinstance(pending.result(), float)
