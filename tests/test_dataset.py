@@ -466,7 +466,7 @@ def test_timm_importer_without_timm_stores_rows_without_graphs(tmp_path: Path, c
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     from dippm_nas.dataset import _importers
 
-    monkeypatch.setattr(_importers, "_timm_available", lambda: False)
+    monkeypatch.setattr(_importers, "_module_available", lambda module: False)
     path = _write_csv(tmp_path / "timm.csv", _TIMM_HEADER, _timm_rows())
     db = tmp_path / "t.sqlite"
     with caplog.at_level("WARNING", logger="dippm_nas.dataset._importers"):

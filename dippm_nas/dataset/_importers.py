@@ -246,6 +246,32 @@ def _chunks(seq: Sequence[Any], n: int) -> Iterator[Sequence[Any]]:
         yield seq[i:i + n]
 
 
+def _should_capture(capture_graphs: bool | None, module: str, what: str) -> bool:
+    """Whether an importer captures graphs: ``None`` when ``module`` is importable, ``True`` always (raising
+    without it), ``False`` never."""
+    if capture_graphs is True:
+        from dippm_nas._optional import require
+
+        require(module, "vision", what)
+        return True
+    return _module_available(module) if capture_graphs is None else False
+
+
+def _module_available(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def _note_rows_without_graphs(report: ImportReport, capture_graphs: bool | None, module: str) -> None:
+    """Warn about, and record in the report, rows stored without graphs."""
+    if not report.graphs_skipped:
+        return
+    msg = (f"{report.graphs_skipped} {report.source} rows stored without graphs: "
+           + (f"{module} is not installed (pip install 'dippm-nas[vision]')" if capture_graphs is None
+              else "graph capture was turned off"))
+    logger.warning(msg)
+    report.notes.append(msg)
+
+
 def _capture(items: list[tuple[Any, InputSpec]], workers: int, cache: Any, progress: bool) -> list[Any]:
     from dippm_nas.capture import capture_many
 
@@ -399,8 +425,6 @@ def _accel_row(r: dict[str, str], prefix: str, dev: str, dev_name: str, batch_si
 
 
 # ---------------------------------------------------------------------------- timm
-def _timm_available() -> bool:
-    return importlib.util.find_spec("timm") is not None
 
 
 def import_timm(
@@ -442,11 +466,7 @@ def import_timm(
     rows = _read_csv(csv_path, _TIMM_REQUIRED, "timm benchmark", limit)
     source = "timm"
     report = ImportReport(source=source, csv=str(csv_path), out=str(out), rows_read=len(rows))
-    if capture_graphs is True:
-        from dippm_nas._optional import require
-
-        require("timm", "vision", "capturing the graphs of timm benchmark rows")
-    do_capture = _timm_available() if capture_graphs is None else bool(capture_graphs)
+    do_capture = _should_capture(capture_graphs, "timm", "capturing the graphs of timm benchmark rows")
     store = DatasetStore(out)
     try:
         present = store.row_keys(source)
@@ -495,12 +515,7 @@ def import_timm(
         bar.close()
     finally:
         store.close()
-    if not do_capture and report.graphs_skipped:
-        msg = (f"{report.graphs_skipped} timm rows stored without graphs: "
-               + ("timm is not installed (pip install 'dippm-nas[vision]')" if capture_graphs is None
-                  else "graph capture was turned off"))
-        logger.warning(msg)
-        report.notes.append(msg)
+    _note_rows_without_graphs(report, capture_graphs, "timm")
     report.seconds = time.perf_counter() - t0
     logger.info("timm import: %s", report.as_dict())
     return report
@@ -743,11 +758,7 @@ def import_ryujaehun(
     rows = _read_csv(csv_path, _RYUJAEHUN_REQUIRED, "ryujaehun benchmark", limit)
     source = "ryujaehun"
     report = ImportReport(source=source, csv=str(csv_path), out=str(out), rows_read=len(rows))
-    if capture_graphs is True:
-        from dippm_nas._optional import require
-
-        require("torchvision", "vision", "capturing the graphs of the ryujaehun benchmark rows")
-    do_capture = (importlib.util.find_spec("torchvision") is not None) if capture_graphs is None else bool(capture_graphs)
+    do_capture = _should_capture(capture_graphs, "torchvision", "capturing the graphs of the ryujaehun benchmark rows")
     groups: dict[tuple[str, str, str, str, str, str], list[float]] = {}
     provenance: dict[tuple[str, ...], dict[str, str]] = {}
     bad: dict[tuple[str, ...], str] = {}
@@ -829,12 +840,7 @@ def import_ryujaehun(
         report.inserted += store.add_measurements(built, graphs=graphs)
     finally:
         store.close()
-    if not do_capture and report.graphs_skipped:
-        msg = (f"{report.graphs_skipped} ryujaehun rows stored without graphs: "
-               + ("torchvision is not installed (pip install 'dippm-nas[vision]')" if capture_graphs is None
-                  else "graph capture was turned off"))
-        logger.warning(msg)
-        report.notes.append(msg)
+    _note_rows_without_graphs(report, capture_graphs, "torchvision")
     report.seconds = time.perf_counter() - t0
     logger.info("ryujaehun import: %s", report.as_dict())
     return report
