@@ -31,6 +31,7 @@ import json
 import logging
 import math
 import re
+import statistics
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -752,8 +753,6 @@ def import_ryujaehun(
     Raises:
         DatasetError: missing file or columns. MissingDependencyError: ``capture_graphs=True`` without torchvision.
     """
-    import statistics
-
     t0 = time.perf_counter()
     rows = _read_csv(csv_path, _RYUJAEHUN_REQUIRED, "ryujaehun benchmark", limit)
     source = "ryujaehun"

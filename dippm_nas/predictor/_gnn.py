@@ -65,7 +65,7 @@ from dippm_nas.graph import OperatorGraph
 from dippm_nas.prediction import Prediction
 from dippm_nas.devices import HostProfile, default_host_profile, resolve_device
 from dippm_nas.predictor._base import BasePredictor, execution_args, execution_details
-from dippm_nas.prior import estimate as prior_estimate, latency_us
+from dippm_nas.prior import Execution, estimate as prior_estimate, latency_us
 from dippm_nas.predictor._novelty import NoveltyFloor, correction_weight, novelty_scores
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -783,7 +783,7 @@ class GnnPredictor(BasePredictor):
             return []
         rt, prof = execution_args(self.device, runtime, host)
         cal = None if self.calibration is None else id(self.calibration)
-        ex_key = f"{rt}|{prof.name}|{prof.speed:.6g}|{prof.framework}"
+        ex_key = Execution(runtime=rt, host=prof).key
         keys = [(_graph_key(g), bool(mig), float(k_sigma), cal, ex_key) for g in graphs]
         out: list[Prediction | None] = [self._pred_cache.get(k) for k in keys]
         todo = [i for i, p in enumerate(out) if p is None]
