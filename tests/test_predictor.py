@@ -240,6 +240,15 @@ def test_novelty_scores_are_nearest_reference_distances() -> None:
     assert novelty_scores(sub, rows).max() == 0.0  # a subset of the training rows
 
 
+def test_novelty_reference_keeps_repeated_graphs_once() -> None:
+    from dippm_nas.predictor._novelty import reference_set
+
+    big = torch.zeros(3000, 2)  # one graph measured 3000 times
+    small = torch.tensor([[float(i), 1.0] for i in range(1, 51)])  # 50 distinct graphs of a small source
+    ref = reference_set(torch.cat([big, small]), max_rows=100)
+    assert ref.shape == (51, 2)  # every distinct row fits: the repetitions do not crowd the small source out
+
+
 def test_fit_novel_floor_covers_the_requested_share() -> None:
     from dippm_nas.predictor._novelty import fit_novel_floor
 

@@ -84,8 +84,12 @@ class NoveltyFloor:
 
 
 def reference_set(static_z: torch.Tensor, *, max_rows: int = MAX_REFERENCE, seed: int = 0) -> torch.Tensor:
-    """Up to ``max_rows`` rows of ``static_z`` (``[N, dim]``, standardised training features), a seeded
-    subsample when there are more, as float32 ``[R, dim]``."""
+    """Up to ``max_rows`` distinct rows of ``static_z`` (``[N, dim]``, standardised training features), a
+    seeded subsample when there are more, as float32 ``[R, dim]``.
+
+    Repeated rows (one graph measured on several devices or runs) are kept once before subsampling, so a
+    small source of distinct graphs is not crowded out of the set by a large source's repetitions."""
+    static_z = torch.unique(static_z.detach().to(torch.float32), dim=0)
     n = static_z.shape[0]
     if n > max_rows:
         idx = torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:max_rows].sort().values
