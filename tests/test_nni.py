@@ -398,7 +398,7 @@ def test_yaml_config_is_the_python_examples_experiment() -> None:
     spec = importlib.util.spec_from_file_location("nni_example_trial", EXAMPLES / "trial.py")
     trial = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(trial)
-    assert trial.BUDGETS == run_hpo.TUNER_ARGS["budgets"]
+    assert "budgets=" not in Path(trial.__file__).read_text()  # report() takes the tuner's from the parameters
 
 
 def _listeners(port: int) -> list:
@@ -460,10 +460,19 @@ def test_hpo_example_runs_end_to_end_on_loopback(tmp_path: Path) -> None:
         assert p["hidden"] != [4096, 4096, 4096]  # predicted over 1 ms: the tuner never sends it
         assert v["feasible"] is True and v["default"] == v["accuracy"] and v["latency_ms"] <= 1.0
         assert v["latency_ms"] == pytest.approx(p[PARAMETERS_KEY]["predicted"]["latency_ms"])
+        # the trial scored with the tuner's budgets, passed down in its parameters
+        assert v["constraints"]["latency_ms"]["budget"] == 1.0 and p[PARAMETERS_KEY]["dtype"] == "float16"
     st = out["tuner_stats"]
     # NNI may ask for one parameter set more than it runs (concurrency 2): proposed counts what was handed over
     assert st["proposed"] >= 2 and st["results"] == 2 and st["failed"] == 0
     assert st["skipped"] == st["skipped_infeasible"] + st["skipped_duplicate"] + st["skipped_invalid"]
+    # the tuner kept its study in the experiment's checkpoint directory (what `nnictl resume` reloads)
+    import optuna
+
+    db = Path(out["log_dir"]).parent / "checkpoint" / "dippm_tuner_study.db"
+    study = optuna.load_study(study_name=f"dippm-nni-{out['experiment_id']}", storage=f"sqlite:///{db}")
+    trained = [t for t in study.trials if t.user_attrs.get("dippm_status") == "trained"]
+    assert len(trained) == 2 and study.metric_names == ["accuracy", "latency_ms"]
 
 
 @pytest.mark.slow

@@ -33,6 +33,7 @@ TUNER_ARGS: dict[str, Any] = {
     "objectives": ["accuracy", "latency_ms"],
     "directions": ["maximize", "minimize"],
     "batch_size": 32,
+    "dtype": "float16",
     "device": "a100-sxm4-40gb",
     "budgets": {"latency_ms": 1.0},
     "sampler": "nsga2",
