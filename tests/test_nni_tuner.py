@@ -248,8 +248,8 @@ def test_a_restarted_tuner_resumes_its_study_and_import_data_tells_the_running_t
     del first
 
     again = _builder_tuner(tmp_path)  # what `nnictl resume` starts: a new process, the same class args
+    again.update_search_space(MLP_SPACE)  # NNI's first call opens the study and reloads its trials
     assert again.stats.loaded == 2 and again.stats.proposed == 2 and again.stats.results == 1
-    again.update_search_space(MLP_SPACE)
     # on resume NNI sends every finished trial, then the result of the one that was running
     again.import_data([{"parameter": p0, "value": {"default": 0.5, "accuracy": 0.5}}])
     again.import_data([{"parameter": p1, "value": {"default": 0.6, "accuracy": 0.6}}])
@@ -266,11 +266,13 @@ def test_a_restarted_tuner_resumes_its_study_and_import_data_tells_the_running_t
 
 
 def test_a_stored_study_with_other_objectives_is_refused(tmp_path: Path) -> None:
-    _builder_tuner(tmp_path)
+    _builder_tuner(tmp_path).update_search_space(MLP_SPACE)
     with pytest.raises(DippmNasError, match="has objectives \\['accuracy', 'latency_ms'\\]"):
-        _builder_tuner(tmp_path, objectives=["accuracy", "memory_mib"])
+        _builder_tuner(tmp_path, objectives=["accuracy", "memory_mib"]).update_search_space(MLP_SPACE)
     with pytest.raises(DippmNasError, match="has directions \\['maximize', 'minimize'\\]"):
-        _builder_tuner(tmp_path, directions=["minimize", "minimize"])
+        _builder_tuner(tmp_path, directions=["minimize", "minimize"]).study
+    with pytest.raises(DippmNasError, match="storage must be an Optuna storage URL"):
+        make_tuner(builder="mlp", base_config={"in_features": 32, "out_features": 4}, storage="")
 
 
 def test_import_data_adds_foreign_results_as_completed_trials(caplog: pytest.LogCaptureFixture) -> None:

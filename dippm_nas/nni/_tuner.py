@@ -249,7 +249,9 @@ class HardwareAwareTuner(Tuner):
             rule, the value and the module's callables are stated).
         InputSpecError: a dtype or input shape the spec rejects.
         DippmNasError: both or neither of ``builder`` and ``model_factory``; mismatched or unknown objectives
-            / directions (also against a stored study's), bad sampler, bounds or batch size.
+            / directions, bad sampler, storage, bounds or batch size. A stored study whose objectives or
+            directions differ is refused when the study opens: at the first NNI call
+            (``update_search_space``) or the first access of :attr:`study`.
     """
 
     def __init__(self, builder: str | None = None, objectives: Sequence[str] = ("accuracy", "latency_ms"),
@@ -309,8 +311,14 @@ class HardwareAwareTuner(Tuner):
             def constraints_func(ft: optuna.trial.FrozenTrial) -> list[float]:
                 v = ft.user_attrs.get("dippm_constraints")
                 return [float(x) for x in v] if v is not None else [math.inf] * len(names)
-        self.study = self._open_study(storage, study_name,
-                                      _make_sampler(sampler, seed, population_size, constraints_func))
+        self._sampler = _make_sampler(sampler, seed, population_size, constraints_func)
+        if storage is not None and not (isinstance(storage, str) and storage) and not hasattr(storage,
+                                                                                              "get_all_studies"):
+            raise DippmNasError(f"storage must be an Optuna storage URL like 'sqlite:///study.db', a storage object "
+                                f"or None, got {storage!r}")
+        self._storage_arg, self._study_name_arg = storage, study_name
+        self._study: Any = None  # opened on first use: NNI gives the dispatcher 10 s to connect after it starts
+        self.storage_url: str | None = None
         self.stats = TunerStats()
         if stats_file is None:
             log_dir = os.environ.get("NNI_LOG_DIRECTORY") if _under_dispatcher() else None
@@ -325,11 +333,23 @@ class HardwareAwareTuner(Tuner):
         self._running: dict[int, tuple[Any, dict[str, Any]]] = {}  # parameter id -> (optuna trial, predicted)
         self._failed_ids: set[int] = set()
         self._warned: set[str] = set()
-        self._load_trials()
         logger.info("HardwareAwareTuner: model=%s objectives=%s directions=%s device=%s batch_size=%d dtype=%s "
-                    "(%s) budgets=%s sampler=%s study=%r (%d trials loaded)", self.model_source, objectives,
-                    directions, self.device, batch_size, dtype, how, self.budgets.to_dict(), sampler,
-                    self.study.study_name, self.stats.loaded)
+                    "(%s) budgets=%s sampler=%s", self.model_source, objectives, directions, self.device, batch_size,
+                    dtype, how, self.budgets.to_dict(), sampler)
+
+    @property
+    def study(self) -> Any:
+        """The Optuna study, opened (or loaded from ``storage`` and its trials reloaded) on first use.
+
+        Raises:
+            DippmNasError: a stored study with other objectives or directions.
+        """
+        if self._study is None:
+            self._study = self._open_study(self._storage_arg, self._study_name_arg, self._sampler)
+            self._load_trials()
+            logger.info("study %r in %s: %d trials loaded", self._study.study_name, self.storage_url or "memory",
+                        self.stats.loaded)
+        return self._study
 
     # ------------------------------------------------------------------ set-up
     def _init_model_source(self, builder: str | None, model_factory: str | None, model_keys: Sequence[str] | None,
@@ -388,8 +408,6 @@ class HardwareAwareTuner(Tuner):
         if study_name is None:
             study_name = f"dippm-nni-{exp_dir.name}" if exp_dir is not None else "dippm-nni"
         if isinstance(storage, str):
-            if not storage:
-                raise DippmNasError("storage must be an Optuna storage URL like 'sqlite:///study.db' or None")
             storage = rdb_storage(storage) if "://" in storage else storage
         self.storage_url = str(getattr(getattr(storage, "engine", None), "url", storage)) if storage else None
         study = optuna.create_study(storage=storage, study_name=study_name, directions=self.directions,
@@ -462,8 +480,9 @@ class HardwareAwareTuner(Tuner):
 
     # ------------------------------------------------------------------ NNI Tuner interface
     def update_search_space(self, search_space: dict[str, Any]) -> None:
-        """Called by NNI with the experiment's search space (at start and on every update)."""
+        """Called by NNI with the experiment's search space (at start and on every update); opens the study."""
         dims = parse_search_space(search_space)
+        self.study  # noqa: B018 - open (or reload) the study now, before NNI asks for parameters
         if self.space is not None:
             model_keys = [k for k in dims if k in self.space.params]
             if not model_keys:

@@ -35,7 +35,7 @@ TUNER_ARGS: dict[str, Any] = {
     "batch_size": 32,
     "dtype": "float16",
     "device": "a100-sxm4-40gb",
-    "budgets": {"latency_ms": 1.0},
+    "budgets": {"latency_ms": 0.25},
     "sampler": "nsga2",
     "population_size": 4,
     "seed": 0,
