@@ -1,7 +1,9 @@
-"""NNI integration: the report dict and its scalarisation, the NNI search-space conversion, the
-hardware-aware tuner (skips infeasible configs, never proposes one twice, loads by class path), the NAS
-profiler (equals predict()), the loopback preload, and the HPO example run end to end with NNI's local
-training service (3 trials, NNI manager on 127.0.0.1, stopped cleanly).
+"""NNI integration: the report dict and its scalarisation, the hardware-aware tuner (skips infeasible
+configs, never proposes one twice, loads by class path), the NAS profiler (equals predict()), the loopback
+preload, and the HPO example run end to end with NNI's local training service (2 trials, NNI manager on
+127.0.0.1, stopped cleanly); marked slow: the nnictl run of config.yml, ``nnictl resume`` of it, and the NAS
+example. Search spaces: ``test_nni_space.py``; model factories, storage and import_data:
+``test_nni_tuner.py``.
 
 The parts that need NNI skip with the reason when it is missing (``pip install -e '.[dev]'`` installs it;
 the NAS parts also need the ``nas`` extra's lightning packages).
@@ -26,7 +28,7 @@ from dippm_nas.errors import DippmNasError, InputSpecError, MissingDependencyErr
 from dippm_nas.mig import advise
 from dippm_nas.nni import (
     LOOPBACK_PRELOAD_JS, METRIC_KEYS, PARAMETERS_KEY, Budgets, Constraints, final_metrics, free_port, loopback_only,
-    mig_label, model_from_parameters, parse_search_space, scalarize, write_loopback_preload,
+    mig_label, model_from_parameters, scalarize, write_loopback_preload,
 )
 from dippm_nas.prediction import Prediction
 from dippm_nas.spec import InputSpec

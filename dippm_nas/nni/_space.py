@@ -5,24 +5,18 @@ with Optuna (define-by-run: ``trial.suggest_*``, so a nested choice's inner keys
 option is chosen). Every type of NNI 3.0's search-space specification is accepted, with NNI's meaning
 (``nni.common.hpo_utils.formatting``, ``validation``):
 
-==============  ====================  =====================================================  ===============================
-NNI ``_type``   ``_value``            the value NNI defines                                  sampled by Optuna as
-==============  ====================  =====================================================  ===============================
-choice          ``[v0, v1, ...]``     one of the values (any JSON; lists and dicts too)      ``CategoricalDistribution``
-choice, nested  ``[{"_name": n, k:    ``{"_name": n, k: value of k, ...}``: the option        the option's ``_name``, then its
-                spec, ...}, ...]``    ``n`` with its own keys sampled                        keys (``key/n/k``)
-randint         ``[lower, upper]``    an int in ``[ceil(lower), ceil(upper))``               ``IntDistribution``
-uniform         ``[low, high]``       ``uniform(low, high)``                                 ``FloatDistribution``
-quniform        ``[low, high, q]``    ``clip(round(uniform(low, high) / q) * q, low, high)`` ``FloatDistribution``, rounded
-loguniform      ``[low, high]``       ``exp(uniform(log low, log high))``                    ``FloatDistribution(log=True)``
-qloguniform     ``[low, high, q]``    ``clip(round(loguniform(low, high) / q) * q, low,      ``FloatDistribution(log=True)``,
-                                      high)``                                                rounded
-normal          ``[mu, sigma]``       ``normal(mu, sigma)``                                  a probability ``p`` mapped by
-                                                                                             the inverse normal CDF
-qnormal         ``[mu, sigma, q]``    ``round(normal(mu, sigma) / q) * q``                   same, rounded
-lognormal       ``[mu, sigma]``       ``exp(normal(mu, sigma))``                             same, exponentiated
-qlognormal      ``[mu, sigma, q]``    ``round(exp(normal(mu, sigma)) / q) * q``              same, rounded
-==============  ====================  =====================================================  ===============================
+- ``choice`` ``[v0, v1, ...]``: one of the values (any JSON, lists and dicts too); Optuna: categorical (of
+  the index when a value is not None/bool/int/float/str).
+- nested ``choice`` ``[{"_name": n, k: spec, ...}, ...]``: ``{"_name": n, k: value of k, ...}``, the option
+  ``n`` with its own keys sampled; Optuna: categorical of the names, then the option's keys (``key/n/k``).
+- ``randint`` ``[lower, upper]``: an int in ``[ceil(lower), ceil(upper))``; Optuna: int.
+- ``uniform`` ``[low, high]``: ``uniform(low, high)``; ``loguniform``: ``exp(uniform(log low, log high))``;
+  Optuna: float (log scale for ``loguniform``).
+- ``quniform`` / ``qloguniform`` ``[low, high, q]``: ``clip(round(x / q) * q, low, high)`` of the uniform /
+  log-uniform ``x``; Optuna: the float ``x``, rounded after sampling.
+- ``normal`` ``[mu, sigma]``: ``normal(mu, sigma)``; ``lognormal``: ``exp(normal(mu, sigma))``; ``qnormal`` /
+  ``qlognormal`` ``[mu, sigma, q]``: ``round(x / q) * q`` of those (not clipped); Optuna: a probability
+  ``p``, mapped by the inverse normal CDF.
 
 ``round`` is Python's (half to even) and the ``q`` types give floats, as in NNI. A choice is nested when
 every option is a dict with ``_name`` (NNI's rule); the option names must then be distinct. Optuna samples

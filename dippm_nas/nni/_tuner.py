@@ -306,11 +306,12 @@ class HardwareAwareTuner(Tuner):
         self.sampler_name = sampler
         self._set_constraint = optuna_has_set_constraint()
         names = self.budgets.names
-        constraints_func = None
-        if names and not self._set_constraint:  # Optuna 4: the sampler reads them through constraints_func
-            def constraints_func(ft: optuna.trial.FrozenTrial) -> list[float]:
-                v = ft.user_attrs.get("dippm_constraints")
-                return [float(x) for x in v] if v is not None else [math.inf] * len(names)
+        def constraints_from_attrs(ft: optuna.trial.FrozenTrial) -> list[float]:
+            v = ft.user_attrs.get("dippm_constraints")
+            return [float(x) for x in v] if v is not None else [math.inf] * len(names)
+
+        # Optuna 4: the sampler reads the constraints through constraints_func
+        constraints_func = constraints_from_attrs if names and not self._set_constraint else None
         self._sampler = _make_sampler(sampler, seed, population_size, constraints_func)
         if storage is not None and not (isinstance(storage, str) and storage) and not hasattr(storage,
                                                                                               "get_all_studies"):
@@ -390,8 +391,8 @@ class HardwareAwareTuner(Tuner):
                      for k, v in inputs.items()}
             self.input_spec = InputSpec(inputs=named, batch_size=self.batch_size, dtype=self.dtype)
         else:
-            shape = tuple(input_shape) if isinstance(input_shape, (list, tuple)) else input_shape
-            self.input_spec = InputSpec(shape=shape, batch_size=self.batch_size, dtype=self.dtype)  # type: ignore[arg-type]
+            shape: Any = tuple(input_shape) if isinstance(input_shape, (list, tuple)) else input_shape
+            self.input_spec = InputSpec(shape=shape, batch_size=self.batch_size, dtype=self.dtype)
         if model_keys is not None and (isinstance(model_keys, str) or not all(
                 isinstance(k, str) and k for k in model_keys)):
             raise DippmNasError(f"model_keys must be a list of search-space keys, got {model_keys!r}")
