@@ -380,6 +380,11 @@ class HardwareAwareTuner(Tuner):
             return
         self._factory = load_factory(model_factory)  # type: ignore[arg-type]
         self.model_source = f"model_factory:{model_factory}"
+        try:
+            json.dumps(self.base_config, allow_nan=False)
+        except (TypeError, ValueError) as e:
+            raise DippmNasError(f"base_config must be plain JSON data (it goes to the trial), got "
+                                f"{self.base_config!r}: {e}") from e
         if (input_shape is None) == (inputs is None):
             raise DippmNasError("model_factory needs exactly one of input_shape= (per-sample shape, e.g. [3, 32, 32]) "
                                 f"and inputs= ({{name: [shape, dtype]}}); got input_shape={input_shape!r}, "
