@@ -23,7 +23,7 @@ import math
 import os
 import sys
 import types
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -41,6 +41,7 @@ __all__ = [
     "InputSpec",
     "parse_shape",
     "load_model",
+    "load_callable",
 ]
 
 #: Dtypes a model can be captured (and predicted) in.
@@ -371,14 +372,38 @@ def _is_standard_library(module: str) -> bool:
     return top in sys.stdlib_module_names or top in ("builtins", "__main__", "")
 
 
-def _call_user_callable(spec: str, prefix: str, name: str) -> Any:
-    """``package.module:callable``: import the module (the working directory appended to ``sys.path``),
-    check that the callable is user code, call it; anything it raises or returns other than an
-    ``nn.Module`` is a :class:`ModelSpecError`."""
+def load_callable(spec: str, *, what: str = "model SPEC",
+                  returns: str = "an nn.Module") -> Callable[..., Any]:
+    """Resolve ``package.module:callable`` to the callable it names, without calling it.
+
+    The module is imported with the working directory appended to ``sys.path`` (a file there never
+    shadows an installed package); the callable must be a function or class outside the standard
+    library. A SPEC string is code: resolve only SPEC strings you would run as Python.
+
+    Args:
+        spec: ``package.module:callable`` (``callable`` may be dotted: ``module:Class.factory``).
+        what: what the string is, for the messages (``"model SPEC"``, ``"model_factory"``...).
+        returns: what the callable should return, for the messages.
+
+    Returns:
+        The callable.
+
+    Raises:
+        ModelSpecError: not of the form ``package.module:callable``, a module that cannot be imported (or
+            raises while importing), a missing attribute (the module's public callables are listed), not a
+            callable, or a standard-library or builtin callable.
+    """
+    form = f"'package.module:callable' (a function or class returning {returns})"
+    if not isinstance(spec, str):
+        raise ModelSpecError(f"{what} must be {form}, got {type(spec).__name__} {spec!r}")
+    prefix, sep, name = spec.partition(":")
+    if not sep or not prefix or not name or any(not p.isidentifier() for p in (*prefix.split("."),
+                                                                                 *name.split("."))):
+        raise ModelSpecError(f"{what} must be {form}, got {spec!r}")
     if _is_standard_library(prefix):
         raise ModelSpecError(
-            f"model SPEC {spec!r} names the Python standard library ({prefix.split('.')[0]!r}); "
-            "package.module:callable must name your own code, a function or class returning an nn.Module"
+            f"{what} {spec!r} names the Python standard library ({prefix.split('.')[0]!r}); "
+            f"package.module:callable must name your own code, a function or class returning {returns}"
         )
     cwd = os.getcwd()
     if cwd not in sys.path and "" not in sys.path:
@@ -386,24 +411,34 @@ def _call_user_callable(spec: str, prefix: str, name: str) -> Any:
     try:
         module = importlib.import_module(prefix)
     except ImportError as e:
-        raise ModelSpecError(f"cannot import module {prefix!r} of model SPEC {spec!r}: {e}") from e
+        raise ModelSpecError(f"cannot import module {prefix!r} of {what} {spec!r}: {e}") from e
     except (Exception, SystemExit) as e:  # noqa: BLE001 - the module's own code failed while importing
-        raise ModelSpecError(f"importing module {prefix!r} of model SPEC {spec!r} raised "
+        raise ModelSpecError(f"importing module {prefix!r} of {what} {spec!r} raised "
                              f"{type(e).__name__}: {e}") from e
     obj: Any = module
     for part in name.split("."):
         if not hasattr(obj, part):
-            raise ModelSpecError(f"module {prefix!r} has no attribute {name!r} (model SPEC {spec!r})")
+            choices = sorted(k for k, v in vars(module).items() if not k.startswith("_") and callable(v)
+                             and _defining_module(v) == module.__name__)
+            raise ModelSpecError(f"module {prefix!r} has no attribute {name!r} ({what} {spec!r}); "
+                                 f"callables defined there: {choices}")
         obj = getattr(obj, part)
     if not callable(obj):
-        raise ModelSpecError(f"{spec!r} must name a callable returning an nn.Module, got {type(obj).__name__}")
+        raise ModelSpecError(f"{spec!r} must name a callable returning {returns}, got {type(obj).__name__}")
     where = _defining_module(obj)
     if _is_standard_library(where) or isinstance(obj, types.BuiltinFunctionType):
         raise ModelSpecError(
             f"{spec!r} is {type(obj).__name__} {getattr(obj, '__name__', obj)!r} defined in {where or 'no module'!r} "
             "(the Python standard library or a builtin); package.module:callable must name a function or class "
-            "of your code that returns an nn.Module"
+            f"of your code that returns {returns}"
         )
+    return obj
+
+
+def _call_user_callable(spec: str, prefix: str, name: str) -> Any:
+    """``package.module:callable``: resolve it (:func:`load_callable`), call it with no arguments;
+    anything it raises or returns other than an ``nn.Module`` is a :class:`ModelSpecError`."""
+    obj = load_callable(spec)
     try:
         model = obj()
     except (Exception, SystemExit) as e:  # noqa: BLE001 - whatever user code raises is the SPEC's error

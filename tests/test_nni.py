@@ -1,7 +1,9 @@
-"""NNI integration: the report dict and its scalarisation, the NNI search-space conversion, the
-hardware-aware tuner (skips infeasible configs, never proposes one twice, loads by class path), the NAS
-profiler (equals predict()), the loopback preload, and the HPO example run end to end with NNI's local
-training service (3 trials, NNI manager on 127.0.0.1, stopped cleanly).
+"""NNI integration: the report dict and its scalarisation, the hardware-aware tuner (skips infeasible
+configs, never proposes one twice, loads by class path), the NAS profiler (equals predict()), the loopback
+preload, and the HPO example run end to end with NNI's local training service (2 trials, NNI manager on
+127.0.0.1, stopped cleanly); marked slow: the nnictl run of config.yml, ``nnictl resume`` of it, and the NAS
+example. Search spaces: ``test_nni_space.py``; model factories, storage and import_data:
+``test_nni_tuner.py``.
 
 The parts that need NNI skip with the reason when it is missing (``pip install -e '.[dev]'`` installs it;
 the NAS parts also need the ``nas`` extra's lightning packages).
@@ -26,7 +28,7 @@ from dippm_nas.errors import DippmNasError, InputSpecError, MissingDependencyErr
 from dippm_nas.mig import advise
 from dippm_nas.nni import (
     LOOPBACK_PRELOAD_JS, METRIC_KEYS, PARAMETERS_KEY, Budgets, Constraints, final_metrics, free_port, loopback_only,
-    mig_label, model_from_parameters, parse_search_space, scalarize, write_loopback_preload,
+    mig_label, model_from_parameters, scalarize, write_loopback_preload,
 )
 from dippm_nas.prediction import Prediction
 from dippm_nas.spec import InputSpec
@@ -59,11 +61,19 @@ def pred(latency_ms: float = 2.0, energy_j: float | None = 0.5, memory_mib: floa
     return p
 
 
-def mlp(hidden: list[int], batch_size: int = 32):
+def latency_constraint(ft) -> float:
+    """The latency constraint the sampler sees: ``ft.constraints`` on Optuna >= 5; on Optuna 4 what the sampler's
+    constraints_func recorded (``system_attrs["constraints"]``), else the tuner's ``dippm_constraints``."""
+    if hasattr(ft, "constraints"):
+        return ft.constraints["latency_ms"]
+    return (ft.system_attrs.get("constraints") or ft.user_attrs["dippm_constraints"])[0]
+
+
+def mlp(hidden: list[int], batch_size: int = 32, dtype: str = "float32"):
     import search_spaces as ss
 
     cfg = ss.get_space("mlp").validate({**BASE, "hidden": hidden})
-    return ss.build_model("mlp", cfg), ss.get_space("mlp").input_spec(cfg, batch_size=batch_size)
+    return ss.build_model("mlp", cfg), ss.get_space("mlp").input_spec(cfg, batch_size=batch_size, dtype=dtype)
 
 
 # ------------------------------------------------------------------------------ scalarisation
@@ -183,36 +193,7 @@ def test_report_without_nni_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> 
         dippm_nas.nni.report(0.5, model, spec)
 
 
-# ------------------------------------------------------------------------------ search space
-
-def test_parse_search_space_maps_nni_types_to_optuna() -> None:
-    dims = parse_search_space({
-        "hidden": {"_type": "choice", "_value": [[64], [128, 128]]},
-        "act": {"_type": "choice", "_value": ["relu", "gelu"]},
-        "n": {"_type": "randint", "_value": [2, 5]},
-        "lr": {"_type": "loguniform", "_value": [1e-3, 1e-1]},
-        "drop": {"_type": "quniform", "_value": [0.0, 0.5, 0.1]},
-    })
-    assert dims["hidden"].choices == ([64], [128, 128]) and dims["hidden"].decode(1) == [128, 128]
-    assert dims["act"].choices is None and dims["act"].distribution.choices == ("relu", "gelu")
-    assert (dims["n"].distribution.low, dims["n"].distribution.high) == (2, 4)  # randint upper is exclusive
-    assert dims["lr"].distribution.log and dims["drop"].distribution.step == 0.1
-
-
-@pytest.mark.parametrize("space, match", [
-    ({"x": {"_type": "normal", "_value": [0, 1]}}, "not supported; supported types"),
-    ({"x": {"_type": "qloguniform", "_value": [1, 10, 1]}}, "not supported"),
-    ({"x": {"_type": "choice", "_value": []}}, "non-empty"),
-    ({"x": {"_type": "choice", "_value": [{"_name": "a"}]}}, "nested"),
-    ({"x": {"_type": "uniform", "_value": [1, 0]}}, "low < high"),
-    ({"x": {"_type": "quniform", "_value": [0, 1, 0.3]}}, "multiple of q"),
-    ({"dippm": {"_type": "choice", "_value": [1]}}, "reserved"),
-    ({}, "non-empty"),
-])
-def test_parse_search_space_rejects_what_optuna_cannot_sample(space: dict, match: str) -> None:
-    with pytest.raises(SearchSpaceError, match=match):
-        parse_search_space(space)
-
+# ------------------------------------------------------------------------------ trial parameters
 
 def test_model_from_parameters_rebuilds_the_described_model() -> None:
     params = {"lr": 0.1, PARAMETERS_KEY: {"search_space": "mlp", "config": {**BASE, "hidden": [64]},
@@ -239,7 +220,8 @@ def make_tuner(**kw):
 def test_tuner_skips_infeasible_config_and_never_proposes_anything_twice() -> None:
     nni = needs_nni()
     big = [4096, 4096, 4096]
-    lat = {str(h): dippm_nas.predict(*mlp(h)).latency_ms for h in ([64], big, [256, 256])}
+    # the tuner predicts in float16 on the A100 by default (the dtype its checkpoint was trained on)
+    lat = {str(h): dippm_nas.predict(*mlp(h, dtype="float16")).latency_ms for h in ([64], big, [256, 256])}
     # the bound sits between the feasible configs and the big one, whatever the shipped checkpoint predicts
     bound = math.sqrt(lat[str(big)] * max(lat["[64]"], lat["[256, 256]"]))
     assert lat[str(big)] > bound > max(lat["[64]"], lat["[256, 256]"])  # the premise
@@ -261,8 +243,8 @@ def test_tuner_skips_infeasible_config_and_never_proposes_anything_twice() -> No
     assert s.predictions == 3  # every distinct config predicted once, however often it was sampled
     assert len(s.infeasible_configs) == 1 and json.loads(s.infeasible_configs[0])["hidden"] == big
     told = [tr for tr in t.study.trials if tr.user_attrs.get("dippm_status") == "skipped_infeasible"]
-    assert len(told) == 1 and told[0].values[0] == -math.inf and told[0].constraints["latency_ms"] > 0
-    assert told[0].user_attrs["margin_latency_ms"] == pytest.approx(-told[0].constraints["latency_ms"])
+    assert len(told) == 1 and told[0].values[0] == -math.inf and latency_constraint(told[0]) > 0
+    assert told[0].user_attrs["margin_latency_ms"] == pytest.approx(-latency_constraint(told[0]))
 
 
 def test_tuner_tells_optuna_trial_and_predicted_objectives() -> None:
@@ -426,7 +408,7 @@ def test_yaml_config_is_the_python_examples_experiment() -> None:
     spec = importlib.util.spec_from_file_location("nni_example_trial", EXAMPLES / "trial.py")
     trial = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(trial)
-    assert trial.BUDGETS == run_hpo.TUNER_ARGS["budgets"]
+    assert "budgets=" not in Path(trial.__file__).read_text()  # report() takes the tuner's from the parameters
 
 
 def _listeners(port: int) -> list:
@@ -485,13 +467,23 @@ def test_hpo_example_runs_end_to_end_on_loopback(tmp_path: Path) -> None:
         # A100 latency from the shipped GNN checkpoint ("predicted"), energy and memory from the prior
         assert 0.0 <= v["accuracy"] <= 1.0 and v["source"] in (
             "analytic", "latency=predicted,energy=analytic,memory=analytic")
-        assert p["hidden"] != [4096, 4096, 4096]  # predicted over 1 ms: the tuner never sends it
-        assert v["feasible"] is True and v["default"] == v["accuracy"] and v["latency_ms"] <= 1.0
+        # mean + 1 sigma of the 4096x3 MLP is over the 0.25 ms budget in float16: the tuner never sends it
+        assert p["hidden"] != [4096, 4096, 4096]
+        assert v["feasible"] is True and v["default"] == v["accuracy"] and v["latency_ms"] <= 0.25
         assert v["latency_ms"] == pytest.approx(p[PARAMETERS_KEY]["predicted"]["latency_ms"])
+        # the trial scored with the tuner's budgets, passed down in its parameters
+        assert v["constraints"]["latency_ms"]["budget"] == 0.25 and p[PARAMETERS_KEY]["dtype"] == "float16"
     st = out["tuner_stats"]
     # NNI may ask for one parameter set more than it runs (concurrency 2): proposed counts what was handed over
     assert st["proposed"] >= 2 and st["results"] == 2 and st["failed"] == 0
     assert st["skipped"] == st["skipped_infeasible"] + st["skipped_duplicate"] + st["skipped_invalid"]
+    # the tuner kept its study in the experiment's checkpoint directory (what `nnictl resume` reloads)
+    import optuna
+
+    db = Path(out["log_dir"]).parent / "checkpoint" / "dippm_tuner_study.db"
+    study = optuna.load_study(study_name=f"dippm-nni-{out['experiment_id']}", storage=f"sqlite:///{db}")
+    trained = [t for t in study.trials if t.user_attrs.get("dippm_status") == "trained"]
+    assert len(trained) == 2 and study.metric_names == ["accuracy", "latency_ms"]
 
 
 @pytest.mark.slow
@@ -535,6 +527,79 @@ def test_yaml_example_runs_with_nnictl(tmp_path: Path) -> None:
             subprocess.run(nnictl + ["stop", exp_id], cwd=work, env=env, capture_output=True, timeout=120)
         _kill_listeners(port)
     assert not _listeners(port)
+
+
+def _wait_status(url: str, timeout_s: float = 480) -> str | None:
+    import urllib.request
+
+    deadline, status = time.monotonic() + timeout_s, None
+    while time.monotonic() < deadline:
+        try:
+            status = json.loads(urllib.request.urlopen(f"{url}/check-status", timeout=10).read())["status"]
+        except OSError:
+            status = None  # the manager is still starting
+        if status in ("DONE", "ERROR"):
+            return status
+        time.sleep(1)
+    return status
+
+
+@pytest.mark.slow
+def test_nnictl_resume_continues_the_tuners_study(tmp_path: Path) -> None:
+    """create (2 trials) -> stop -> resume -> one more trial: the tuner reloads its study from the experiment's
+    checkpoint directory, NNI's import_data finds both earlier trials known, the third trial is a new set."""
+    needs_nni()
+    import shutil
+    import urllib.request
+
+    import optuna
+
+    work = tmp_path / "nni"
+    shutil.copytree(EXAMPLES, work, ignore=shutil.ignore_patterns("__pycache__"))
+    cfg = work / "config.yml"
+    cfg.write_text(cfg.read_text().replace("maxTrialNumber: 5", "maxTrialNumber: 2"))
+    home = tmp_path / "home"
+    home.mkdir()
+    bindir = str(Path(sys.executable).parent)
+    preload = write_loopback_preload(tmp_path / "preload")
+    env = {**os.environ, "HOME": str(home), "PATH": bindir + os.pathsep + os.environ.get("PATH", ""),
+           "NODE_OPTIONS": f'--require "{preload}"'}
+    nnictl = [sys.executable, "-m", "nni.tools.nnictl.nnictl"]
+    ports = [free_port()]
+    exp_id = None
+
+    def run(*args: str) -> None:
+        out = subprocess.run(nnictl + list(args), cwd=work, env=env, capture_output=True, text=True, timeout=180)
+        assert out.returncode == 0, out.stdout + out.stderr
+
+    try:
+        run("create", "--config", str(cfg), "--port", str(ports[0]))
+        url = f"http://127.0.0.1:{ports[0]}/api/v1/nni"
+        exp_id = json.loads(urllib.request.urlopen(f"{url}/experiment", timeout=10).read())["id"]
+        assert _wait_status(url) == "DONE"
+        run("stop", exp_id)
+        ports.append(free_port())
+        run("resume", exp_id, "--port", str(ports[1]))
+        url = f"http://127.0.0.1:{ports[1]}/api/v1/nni"
+        time.sleep(5)  # the dispatcher loads the study and receives import_data before more trials are asked for
+        run("update", "trialnum", exp_id, "--value", "3")
+        assert _wait_status(url) == "DONE"
+        jobs = json.loads(urllib.request.urlopen(f"{url}/trial-jobs", timeout=10).read())
+        assert sorted(j["status"] for j in jobs) == ["SUCCEEDED"] * 3
+    finally:
+        if exp_id is not None:
+            subprocess.run(nnictl + ["stop", exp_id], cwd=work, env=env, capture_output=True, timeout=120)
+        for port in ports:
+            _kill_listeners(port)
+    exp_dir = home / "nni-experiments" / exp_id
+    study = optuna.load_study(study_name=f"dippm-nni-{exp_id}",
+                              storage=f"sqlite:///{exp_dir / 'checkpoint' / 'dippm_tuner_study.db'}")
+    trained = [t for t in study.trials if t.user_attrs.get("dippm_status") == "trained"]
+    assert len(trained) == 3 and len({t.user_attrs["dippm_parameters"] for t in trained}) == 3
+    stats = json.loads((exp_dir / "log" / "dippm_tuner_stats.json").read_text())
+    assert stats["loaded"] >= 2 and stats["results"] == 3 and stats["imported"] == 0 and stats["failed"] == 0
+    log = (exp_dir / "log" / "dispatcher.log").read_text()
+    assert "import_data: 2 records: 0 results of running trials told, 2 already in the study" in log
 
 
 @pytest.mark.slow

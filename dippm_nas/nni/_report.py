@@ -2,7 +2,11 @@
 
 NNI's tuners read ``metric['default']`` only; its web portal shows every key of the dict. So the dict
 carries the scalarised score (see :mod:`dippm_nas.nni._scalarize`) as ``default`` and the raw figures
-beside it.
+beside it, with each budget's chance check in the convention of every integration (absolute units,
+``value = mean + k_sigma * std - budget``, ``<= 0`` feasible; ``margin = -value``).
+
+In a trial of :class:`~dippm_nas.nni.HardwareAwareTuner` the parameters carry the tuner's budgets, device,
+runtime and input spec (``params["dippm"]``); :func:`report` reads them, so the trial repeats none of them.
 """
 
 from __future__ import annotations
@@ -15,18 +19,19 @@ from dippm_nas._optional import require
 from dippm_nas.budgets import Budgets
 from dippm_nas.errors import DippmNasError
 from dippm_nas.nni._scalarize import budgets_from_limits, scalarize
+from dippm_nas.nni._space import PARAMETERS_KEY, spec_from_parameters
 from dippm_nas.prediction import Prediction
 from dippm_nas.predictor import DEFAULT_DEVICE, predict
 from dippm_nas.spec import InputSpec
 
-__all__ = ["report", "final_metrics", "METRIC_KEYS", "mig_label"]
+__all__ = ["report", "final_metrics", "METRIC_KEYS", "mig_label", "tuner_settings"]
 
 logger = logging.getLogger(__name__)
 
 #: Keys of the dict :func:`report` sends, in order.
 METRIC_KEYS: tuple[str, ...] = (
     "default", "accuracy", "latency_ms", "energy_j", "memory_mib", "latency_ms_std", "energy_j_std",
-    "memory_mib_std", "margins", "mig", "feasible", "source",
+    "memory_mib_std", "margins", "constraints", "mig", "feasible", "source",
 )
 
 
@@ -48,23 +53,60 @@ def _source_label(p: Prediction) -> str:
     return ",".join(f"{k}={v}" for k, v in srcs.items())
 
 
+def tuner_settings(parameters: Mapping[str, Any] | None) -> dict[str, Any]:
+    """What a :class:`~dippm_nas.nni.HardwareAwareTuner` told its trial about scoring: ``{"budgets",
+    "device", "runtime", "spec"}`` from ``parameters["dippm"]`` (a key is absent when the tuner did not
+    send it; ``{}`` for parameters that did not come from the tuner).
+
+    Raises:
+        DippmNasError: a ``"dippm"`` entry whose budgets or input spec are malformed.
+    """
+    if not isinstance(parameters, Mapping) or not isinstance(parameters.get(PARAMETERS_KEY), Mapping):
+        return {}
+    d = parameters[PARAMETERS_KEY]
+    out: dict[str, Any] = {}
+    if "budgets" in d:
+        out["budgets"] = Budgets.coerce(d["budgets"])
+    for k in ("device", "runtime"):
+        if d.get(k) is not None:
+            out[k] = d[k]
+    spec = spec_from_parameters(parameters)
+    if spec is not None:
+        out["spec"] = spec
+    return out
+
+
 def final_metrics(accuracy: float, model: Any, spec: InputSpec | None = None, *,
-                  device: str = DEFAULT_DEVICE, budgets: Budgets | Mapping[str, Any] | None = None,
+                  device: str | None = None, budgets: Budgets | Mapping[str, Any] | None = None,
+                  parameters: Mapping[str, Any] | None = None, runtime: str | None = None,
                   reward_exponent: float = 0.0, penalty_exponent: float = -1.0, k_sigma: float | None = None,
                   cache: Any = True, max_latency_ms: float | None = None, max_energy_j: float | None = None,
                   max_memory_mib: float | None = None, mig_profile: str | None = None) -> dict[str, Any]:
     """The dict :func:`report` sends, without sending it (no NNI needed).
 
-    Args: as for :func:`report`.
+    Args: as for :func:`report`; ``parameters`` is not looked up from NNI here.
 
     Returns:
         ``{'default', 'accuracy', 'latency_ms', 'energy_j', 'memory_mib', 'latency_ms_std', 'energy_j_std',
-        'memory_mib_std', 'margins', 'mig', 'feasible', 'source'}`` (see :func:`report`).
+        'memory_mib_std', 'margins', 'constraints', 'mig', 'feasible', 'source'}`` (see :func:`report`).
     """
-    b = budgets_from_limits(budgets, max_latency_ms=max_latency_ms, max_energy_j=max_energy_j,
-                            max_memory_mib=max_memory_mib, mig_profile=mig_profile, k_sigma=k_sigma,
-                            where="dippm_nas.nni.report")
-    pred = predict(model, spec, device, cache=cache, k_sigma=b.k_for("memory_mib"))
+    given = budgets is not None or any(v is not None for v in (max_latency_ms, max_energy_j, max_memory_mib,
+                                                                mig_profile))
+    settings = tuner_settings(parameters)
+    if given or "budgets" not in settings:
+        b = budgets_from_limits(budgets, max_latency_ms=max_latency_ms, max_energy_j=max_energy_j,
+                                max_memory_mib=max_memory_mib, mig_profile=mig_profile, k_sigma=k_sigma,
+                                where="dippm_nas.nni.report")
+        if given and "budgets" in settings and settings["budgets"] != b:
+            logger.info("scoring with the budgets given (%s), not the tuner's (%s)", b.to_dict(),
+                        settings["budgets"].to_dict())
+    else:
+        b = budgets_from_limits(settings["budgets"], k_sigma=k_sigma)
+    device = device or settings.get("device") or DEFAULT_DEVICE
+    runtime = runtime or settings.get("runtime") or "eager"
+    if spec is None:
+        spec = settings.get("spec")
+    pred = predict(model, spec, device, cache=cache, k_sigma=b.k_for("memory_mib"), runtime=runtime)
     score = scalarize(accuracy, pred, b, reward_exponent=reward_exponent, penalty_exponent=penalty_exponent)
     checks = b.check(pred)
     return {
@@ -77,28 +119,37 @@ def final_metrics(accuracy: float, model: Any, spec: InputSpec | None = None, *,
         "energy_j_std": pred.energy_j_std,
         "memory_mib_std": pred.memory_mib_std,
         "margins": {n: c.margin for n, c in checks.items()},
+        "constraints": {n: {k: v for k, v in c.to_dict().items() if k != "name"} for n, c in checks.items()},
         "mig": mig_label(pred),
         "feasible": all(c.feasible for c in checks.values()),
         "source": _source_label(pred),
     }
 
 
-def report(accuracy: float, model: Any, spec: InputSpec | None = None, *, device: str = DEFAULT_DEVICE,
-           budgets: Budgets | Mapping[str, Any] | None = None, reward_exponent: float = 0.0,
+def report(accuracy: float, model: Any, spec: InputSpec | None = None, *, device: str | None = None,
+           budgets: Budgets | Mapping[str, Any] | None = None, parameters: Mapping[str, Any] | None = None,
+           runtime: str | None = None, reward_exponent: float = 0.0,
            penalty_exponent: float = -1.0, k_sigma: float | None = None, cache: Any = True,
            max_latency_ms: float | None = None, max_energy_j: float | None = None,
            max_memory_mib: float | None = None, mig_profile: str | None = None) -> dict[str, Any]:
     """Report a trial's accuracy and its model's predicted cost to NNI (``nni.report_final_result``).
 
-    Call it once at the end of an NNI trial, instead of ``nni.report_final_result(accuracy)``.
+    Call it once at the end of an NNI trial, instead of ``nni.report_final_result(accuracy)``. In a trial
+    of :class:`~dippm_nas.nni.HardwareAwareTuner`, ``report(accuracy, model)`` is enough: the budgets,
+    device, runtime and input spec come from the trial's parameters (``params["dippm"]``).
 
     Args:
         accuracy: the trial's measured accuracy (or any quality score), ``>= 0``, higher is better.
         model: the trained model (``nn.Module``, ONNX path, SPEC string or :class:`OperatorGraph`).
-        spec: the input the cost is predicted for (batch size included); not needed with a graph.
-        device: catalogue device id the cost is predicted for; default ``"a100-sxm4-40gb"``.
+        spec: the input the cost is predicted for (batch size included); not needed with a graph or in a
+            trial of the tuner (its parameters describe it).
+        device: catalogue device id the cost is predicted for; default: the tuner's, else
+            ``"a100-sxm4-40gb"``.
         budgets: a :class:`~dippm_nas.budgets.Budgets` (or a mapping of its keys): chance constraints
-            ``mean + k_sigma * std <= budget``; each one broken lowers ``default``.
+            ``mean + k_sigma * std <= budget``; each one broken lowers ``default``. Default: the tuner's
+            (``params["dippm"]["budgets"]``), else none. Given ones win over the tuner's.
+        parameters: the trial's parameters; default ``nni.get_current_parameter()``.
+        runtime: as in :func:`dippm_nas.predict`; default: the tuner's, else ``"eager"``.
         reward_exponent, penalty_exponent: the scalarisation's exponents (see :func:`scalarize`).
         k_sigma: when given, replaces ``budgets.k_sigma`` (default of the budgets: 1.0).
         max_latency_ms, max_energy_j, max_memory_mib, mig_profile: deprecated (``DeprecationWarning``):
@@ -115,6 +166,10 @@ def report(accuracy: float, model: Any, spec: InputSpec | None = None, *, device
         - ``latency_ms_std``, ``energy_j_std``, ``memory_mib_std``: their standard deviations (``None`` where
           the source gives none; a budget then counts that std as 0)
         - ``margins``: ``{figure: budget - mean - k_sigma * std}`` of each budget set (``>= 0`` within it)
+        - ``constraints``: ``{figure: {"value", "mean", "std", "k_sigma", "bound", "budget", "margin",
+          "limit_source", "std_missing", "feasible"}}``, each budget's chance check
+          (:class:`~dippm_nas.budgets.ChanceCheck`): ``value = bound - budget = mean + k_sigma * std -
+          budget`` in the figure's unit, ``<= 0`` feasible, as Optuna's constraints
         - ``mig``: smallest fitting MIG profile (see :func:`mig_label`)
         - ``feasible``: whether every budget holds (every margin ``>= 0``)
         - ``source``: where the figures come from (``"predicted"``, ``"analytic"``...; one per figure when
@@ -125,11 +180,15 @@ def report(accuracy: float, model: Any, spec: InputSpec | None = None, *, device
         DippmNasError: bad accuracy, exponent or bound, or the model cannot be predicted.
     """
     nni = require("nni", "nni", "dippm_nas.nni.report")
-    b = budgets_from_limits(budgets, max_latency_ms=max_latency_ms, max_energy_j=max_energy_j,
-                            max_memory_mib=max_memory_mib, mig_profile=mig_profile, k_sigma=k_sigma,
-                            where="dippm_nas.nni.report")
-    metrics = final_metrics(accuracy, model, spec, device=device, budgets=b, reward_exponent=reward_exponent,
-                            penalty_exponent=penalty_exponent, cache=cache)
+    if parameters is None:
+        parameters = nni.get_current_parameter()
+    if any(v is not None for v in (max_latency_ms, max_energy_j, max_memory_mib, mig_profile)):
+        budgets = budgets_from_limits(budgets, max_latency_ms=max_latency_ms, max_energy_j=max_energy_j,
+                                      max_memory_mib=max_memory_mib, mig_profile=mig_profile,
+                                      where="dippm_nas.nni.report")  # warns at the caller's line
+    metrics = final_metrics(accuracy, model, spec, device=device, budgets=budgets, parameters=parameters,
+                            runtime=runtime, reward_exponent=reward_exponent, penalty_exponent=penalty_exponent,
+                            k_sigma=k_sigma, cache=cache)
     try:
         nni.report_final_result(metrics)
     except Exception as e:  # NNI's own failure (no trial environment, closed channel): keep its traceback

@@ -7,42 +7,57 @@ a bound.
 
 How a trial's parameters are made (``generate_parameters``, called by NNI's dispatcher once per trial):
 
-1. ``study.ask()`` samples the NNI search space (converted by :mod:`dippm_nas.nni._space`).
-2. The keys that belong to the config of the registered search space ``builder`` (see
-   :mod:`search_spaces`) overlay ``base_config``; the other keys are hyper-parameters passed to the
-   trial untouched. The config's graph is assembled from cached blocks (:func:`dippm_nas.capture.assemble`;
-   a space that does not opt in is built and captured whole) and predicted on ``device`` at ``batch_size``
-   (once per distinct config: predictions are cached for the tuner's life).
-3. The chance constraints of the budgets (:class:`~dippm_nas.budgets.Budgets`:
-   ``mean + k_sigma * std - budget`` in ms, J or MiB, the convention of
-   :class:`dippm_nas.optuna.HardwareCostModel`) are set on the Optuna trial (``set_constraint``), so the
-   constrained samplers learn where the feasible region is; the trial also records ``margin_<figure>``,
+1. ``study.ask()`` and ``trial.suggest_*`` sample the NNI search space (every NNI type, nested choices
+   included: :mod:`dippm_nas.nni._space`).
+2. The model keys of the sample overlay ``base_config`` and describe the model: with ``builder`` (a
+   registered search space of :mod:`search_spaces`) the keys that are config keys of it, its graph
+   assembled from cached blocks (:func:`dippm_nas.capture.assemble`); with ``model_factory``
+   (``package.module:callable``) the keys named by ``model_keys`` (default: all), the factory called with
+   them and the ``nn.Module`` it returns captured. The other keys are hyper-parameters passed to the trial
+   untouched. The model is predicted on ``device`` at ``batch_size`` in ``dtype`` once per distinct
+   config (predictions are cached for the tuner's life).
+3. The chance constraints of the budgets (:class:`~dippm_nas.budgets.Budgets`, the convention of
+   :class:`dippm_nas.optuna.HardwareCostModel`: ``mean + k_sigma * std - budget`` in ms, J or MiB, ``<= 0``
+   feasible) are set on the Optuna trial (``set_constraint`` on Optuna >= 5, the sampler's
+   ``constraints_func`` on Optuna 4), so the constrained samplers learn where the feasible region is; the
+   trial also records ``predicted_<figure>``, ``predicted_<figure>_std``, ``margin_<figure>``,
    ``k_sigma_<figure>``, ``budget_<figure>`` and ``std_missing_<figure>``.
 4. A configuration over a bound is **skipped**: the first time, it is told to Optuna as complete and
    infeasible, with its predicted objectives and the worst value (``-inf`` for maximise, ``+inf`` for
    minimise) for the objectives only a trial can measure (it was never trained); a later sample of the same
-   config is told as failed (no second copy in the sampler's population); the tuner then asks again. A parameter set already
-   sent to NNI is never sent again (a repeat is told as failed and skipped); a config the builder rejects
-   is skipped the same way. After ``max_skips`` skips in a row the tuner raises ``NoMoreTrialError`` (NNI
-   then stops asking).
-5. The parameters sent to the trial are the sampled keys plus ``"dippm"``: ``{"search_space", "config",
-   "batch_size", "dtype", "device", "predicted"}``, from which :func:`dippm_nas.nni.model_from_parameters`
-   builds the same model in the trial.
+   config is told as failed (no second copy in the sampler's population); the tuner then asks again. A
+   parameter set already sent to NNI is never sent again (a repeat is told as failed and skipped); a config
+   the model source rejects is skipped the same way. After ``max_skips`` skips in a row the tuner raises
+   ``NoMoreTrialError`` (NNI then stops asking).
+5. The parameters sent to the trial are the sampled keys plus ``"dippm"``: how to build the model
+   (``{"search_space", "config"}`` or ``{"model_factory", "model_params", "input"}``), ``"batch_size"``,
+   ``"dtype"``, ``"device"``, ``"runtime"``, ``"budgets"`` (:meth:`Budgets.to_dict`) and ``"predicted"``;
+   :func:`dippm_nas.nni.model_from_parameters` builds the same model in the trial and
+   :func:`dippm_nas.nni.report` scores it with the same budgets, device and runtime.
 
 When a trial reports (``receive_trial_result``), its objectives are read from the final-result dict (what
 :func:`dippm_nas.nni.report` sends; a plain number counts for the single trial-side objective) and the
-predicted ones from step 2, and Optuna is told. The counts (proposed, skipped for each reason,
-predictions, results, failures) are logged, available as :attr:`HardwareAwareTuner.stats`, and written as
-JSON to ``stats_file`` (default: ``dippm_tuner_stats.json`` in the experiment's log directory when NNI runs
-the tuner).
+predicted ones from step 2, and Optuna is told.
+
+The study lives in ``storage`` (an Optuna storage URL; by default, when NNI's dispatcher runs the tuner, a
+SQLite file in the experiment's checkpoint directory), so ``nnictl resume`` continues it: the restarted
+tuner loads its trials (never re-sending a parameter set, never re-telling an infeasible config) and NNI's
+``import_data`` (finished trials, and the results of trials that were running) tells Optuna what it does
+not know yet. :meth:`HardwareAwareTuner.import_data` also adds results from elsewhere (``nnictl experiment
+import``) as completed Optuna trials. The counts (proposed, skipped for each reason, predictions, results,
+failures, imported, loaded) are logged, available as :attr:`HardwareAwareTuner.stats`, and written as JSON
+to ``stats_file`` (default: ``dippm_tuner_stats.json`` in the experiment's log directory when NNI runs the
+tuner).
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import math
 import os
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -54,15 +69,21 @@ from dippm_nas.capture import assemble
 from dippm_nas.errors import DippmNasError, SearchSpaceError
 from dippm_nas.nni._report import mig_label
 from dippm_nas.nni._scalarize import budgets_from_limits
-from dippm_nas.nni._space import PARAMETERS_KEY, Dimension, canonical_json, parse_search_space
+from dippm_nas.nni._space import (
+    PARAMETERS_KEY, Dimension, build_from_factory, canonical_json, load_factory, parse_search_space,
+)
+from dippm_nas.optuna import optuna_has_set_constraint, rdb_storage
 from dippm_nas.prediction import Prediction
 from dippm_nas.predictor import DEFAULT_DEVICE, predict
 from dippm_nas.prior import check_runtime
+from dippm_nas.spec import InputSpec
 
 _nni = require("nni", "nni", "dippm_nas.nni.HardwareAwareTuner")
+import optuna  # noqa: E402
 from nni.tuner import Tuner  # noqa: E402
 
-__all__ = ["HardwareAwareTuner", "TunerStats", "PREDICTED_OBJECTIVES", "SAMPLERS", "STATS_FILE_NAME"]
+__all__ = ["HardwareAwareTuner", "TunerStats", "PREDICTED_OBJECTIVES", "SAMPLERS", "STATS_FILE_NAME",
+           "STUDY_FILE_NAME", "DEFAULT_GPU_DTYPE"]
 
 logger = logging.getLogger(__name__)
 
@@ -72,23 +93,34 @@ PREDICTED_OBJECTIVES: tuple[str, ...] = ("latency_ms", "energy_j", "memory_mib")
 SAMPLERS: tuple[str, ...] = ("nsga2", "nsga3", "tpe", "random")
 #: Name of the counts file written to the experiment's log directory.
 STATS_FILE_NAME = "dippm_tuner_stats.json"
+#: Name of the SQLite study the tuner keeps in the experiment's checkpoint directory when NNI runs it and
+#: no ``storage`` is given.
+STUDY_FILE_NAME = "dippm_tuner_study.db"
+#: The default compute dtype on a GPU device: half precision, the dtype the A100 checkpoint was trained on
+#: (on a CPU device the default is ``float32``).
+DEFAULT_GPU_DTYPE = "float16"
 _DIRECTIONS = ("maximize", "minimize")
+_SENT = ("sent", "trained", "failed")  # statuses of the trials whose parameters went to NNI
 
 
 @dataclass
 class TunerStats:
-    """What the tuner did so far.
+    """What the tuner did so far (for a resumed study: what its trials record, plus this process's work).
 
     Attributes:
         proposed: parameter sets handed to NNI (NNI runs one trial for each, up to its trial budget; it
             may ask for a set more than it then runs).
         skipped_infeasible: sampled configs predicted to break a bound, not sent.
         skipped_duplicate: sampled parameter sets identical to one already sent, not sent again.
-        skipped_invalid: sampled configs the search-space builder rejected or the cost model could not
-            predict, not sent.
-        predictions: distinct model configs predicted (each once).
+        skipped_invalid: sampled configs the model source rejected or the cost model could not predict,
+            not sent.
+        predictions: distinct model configs predicted by this process (each once).
         results: trial results told to Optuna.
         failed: trials that ended without a usable result.
+        imported: results added by :meth:`HardwareAwareTuner.import_data` as new Optuna trials.
+        import_rejected: import records that could not be added (outside the search space, no usable value,
+            a model the cost model cannot evaluate); each is logged with its reason.
+        loaded: trials found in the storage when the tuner started (a resumed study).
         infeasible_configs: canonical JSON of each distinct config skipped as infeasible.
     """
 
@@ -99,6 +131,9 @@ class TunerStats:
     predictions: int = 0
     results: int = 0
     failed: int = 0
+    imported: int = 0
+    import_rejected: int = 0
+    loaded: int = 0
     infeasible_configs: list[str] = field(default_factory=list)
 
     @property
@@ -112,6 +147,7 @@ class _Evaluation:
     """The cost model's verdict on one config (cached per config)."""
 
     config: dict[str, Any]
+    spec: InputSpec | None = None
     prediction: Prediction | None = None
     checks: dict[str, ChanceCheck] = field(default_factory=dict)
     error: str | None = None
@@ -125,21 +161,32 @@ class _Evaluation:
     def feasible(self) -> bool:
         return self.error is None and all(v <= 0 for v in self.violations.values())
 
+    def predicted(self) -> dict[str, Any]:
+        """The predicted figures sent to the trial and stored on the Optuna trial."""
+        p = self.prediction
+        assert p is not None
+        return {"latency_ms": p.latency_ms, "energy_j": p.energy_j, "memory_mib": p.memory_mib,
+                "latency_ms_std": p.latency_ms_std, "energy_j_std": p.energy_j_std,
+                "memory_mib_std": p.memory_mib_std, "mig": mig_label(p), "source": p.latency_source}
 
-def _make_sampler(name: str, seed: int | None, population_size: int | None) -> Any:
-    import optuna
 
+def _make_sampler(name: str, seed: int | None, population_size: int | None, constraints_func: Any) -> Any:
     if name not in SAMPLERS:
         raise DippmNasError(f"sampler must be one of {SAMPLERS}, got {name!r}")
     if population_size is not None and name not in ("nsga2", "nsga3"):
         raise DippmNasError(f"population_size applies to the nsga2/nsga3 samplers only, got sampler={name!r}")
+    kw = {"constraints_func": constraints_func} if constraints_func is not None else {}
     if name == "nsga2":
-        return optuna.samplers.NSGAIISampler(population_size=population_size or 50, seed=seed)
+        return optuna.samplers.NSGAIISampler(population_size=population_size or 50, seed=seed, **kw)
     if name == "nsga3":
-        return optuna.samplers.NSGAIIISampler(population_size=population_size or 50, seed=seed)
+        return optuna.samplers.NSGAIIISampler(population_size=population_size or 50, seed=seed, **kw)
     if name == "tpe":
-        return optuna.samplers.TPESampler(seed=seed)
+        return optuna.samplers.TPESampler(seed=seed, **kw)
     return optuna.samplers.RandomSampler(seed=seed)
+
+
+def _under_dispatcher() -> bool:
+    return os.environ.get("SDK_PROCESS") == "dispatcher"
 
 
 class HardwareAwareTuner(Tuner):
@@ -151,18 +198,30 @@ class HardwareAwareTuner(Tuner):
 
     Args:
         builder: name of a registered search space of :mod:`search_spaces` (``search_spaces.list_spaces()``);
-            search-space keys that are config keys of it build the model.
+            search-space keys that are config keys of it build the model. Give this or ``model_factory``.
+        model_factory: ``"package.module:callable"``: a function (or class) taking the dict of model keys
+            (``base_config`` overlaid with the sampled ``model_keys``) and returning an ``nn.Module``; the
+            module is imported from the tuner's ``codeDirectory`` (or the working directory) and again in
+            the trial. Needs ``input_shape`` or ``inputs``.
+        model_keys: with ``model_factory``: the search-space keys that change the model (default: all of
+            them); the others go to the trial only and do not trigger a new prediction.
+        input_shape: with ``model_factory``: per-sample input shape without the batch dimension, e.g.
+            ``[3, 32, 32]``.
+        inputs: with ``model_factory``: named inputs instead, ``{name: [shape, dtype]}`` as in
+            :class:`~dippm_nas.InputSpec`.
         objectives: objective names; ``"latency_ms"``, ``"energy_j"``, ``"memory_mib"`` are predicted, any
             other (e.g. ``"accuracy"``) is read from the trial's final result dict.
         directions: ``"maximize"`` or ``"minimize"`` per objective.
-        base_config: config keys fixed for every model (keys neither here nor in the search space take the
-            builder's defaults).
+        base_config: model keys fixed for every model (with ``builder``, keys neither here nor in the search
+            space take the builder's defaults; with ``model_factory``, they are passed to the factory too).
         batch_size: batch size the cost is predicted at (``>= 1``).
-        dtype: compute dtype the cost is predicted in.
+        dtype: compute dtype the cost is predicted in. Default ``None``: ``"float16"`` on a GPU device (half
+            precision, the dtype the A100 checkpoint was trained on; other dtypes fall back to the analytic
+            prior there, with a warning), ``"float32"`` on a CPU device. The dtype used is logged.
         device: catalogue device id; default ``"a100-sxm4-40gb"``.
         budgets: the chance constraints, a :class:`~dippm_nas.budgets.Budgets` or (class args) a mapping of
             its keys, e.g. ``{"latency_ms": 1.0, "k_sigma": 1.0}``; a config whose ``mean + k_sigma * std``
-            breaks one is skipped.
+            breaks one is skipped. They are passed to the trial, so :func:`~dippm_nas.nni.report` uses them.
         k_sigma: when given, replaces ``budgets.k_sigma`` (default of the budgets: 1.0).
         max_latency_ms, max_energy_j, max_memory_mib, mig_profile: deprecated (``DeprecationWarning``):
             the same as ``budgets={"latency_ms": ..., "energy_j": ..., "memory_mib": ..., "mig_profile": ...}``.
@@ -170,6 +229,13 @@ class HardwareAwareTuner(Tuner):
         seed: sampler seed (``None``: random).
         population_size: generation size of ``nsga2`` / ``nsga3`` (default 50).
         max_skips: skips in a row after which the tuner gives up with ``NoMoreTrialError``.
+        storage: Optuna storage URL of the study, e.g. ``"sqlite:///nni_study.db"`` or a PostgreSQL URL
+            (SQLite gets :func:`dippm_nas.optuna.rdb_storage`'s settings). An existing study of that name
+            is loaded and continued. Default ``None``: when NNI's dispatcher runs the tuner,
+            ``sqlite:///<experiment dir>/checkpoint/dippm_tuner_study.db`` (so ``nnictl resume`` continues
+            it); otherwise in memory.
+        study_name: name of the study in ``storage``. Default ``None``: ``"dippm-nni-<experiment id>"``
+            when NNI runs the tuner, else ``"dippm-nni"``.
         stats_file: where to write :attr:`stats` as JSON after every change (default: ``<NNI log
             dir>/dippm_tuner_stats.json`` when NNI's dispatcher runs the tuner, else nowhere).
         cache: conversion cache, as in :func:`dippm_nas.predict`.
@@ -179,27 +245,30 @@ class HardwareAwareTuner(Tuner):
     Raises:
         ExecutionRuntimeError: an unknown runtime (the choices are listed).
         SearchSpaceError: unknown builder (the registered ones are listed) or a bad ``base_config``.
-        InputSpecError: a dtype the builder's input spec rejects.
-        DippmNasError: mismatched or unknown objectives / directions, bad sampler, bounds or batch size.
+        ModelSpecError: a ``model_factory`` that is not ``package.module:callable`` or cannot be loaded (the
+            rule, the value and the module's callables are stated).
+        InputSpecError: a dtype or input shape the spec rejects.
+        DippmNasError: both or neither of ``builder`` and ``model_factory``; mismatched or unknown objectives
+            / directions, bad sampler, storage, bounds or batch size. A stored study whose objectives or
+            directions differ is refused when the study opens: at the first NNI call
+            (``update_search_space``) or the first access of :attr:`study`.
     """
 
-    def __init__(self, builder: str, objectives: Sequence[str] = ("accuracy", "latency_ms"),
+    def __init__(self, builder: str | None = None, objectives: Sequence[str] = ("accuracy", "latency_ms"),
                  directions: Sequence[str] = ("maximize", "minimize"), base_config: Mapping[str, Any] | None = None,
-                 batch_size: int = 1, dtype: str = "float32", device: str = DEFAULT_DEVICE,
+                 batch_size: int = 1, dtype: str | None = None, device: str = DEFAULT_DEVICE,
                  budgets: Budgets | Mapping[str, Any] | None = None, k_sigma: float | None = None,
                  sampler: str = "nsga2", seed: int | None = None, population_size: int | None = None,
                  max_skips: int = 100, stats_file: str | None = None, cache: bool = True,
                  max_latency_ms: float | None = None, max_energy_j: float | None = None,
                  max_memory_mib: float | None = None, mig_profile: str | None = None,
-                 runtime: str = "eager") -> None:
+                 runtime: str = "eager", model_factory: str | None = None,
+                 model_keys: Sequence[str] | None = None, input_shape: Sequence[int] | None = None,
+                 inputs: Mapping[str, Any] | None = None, storage: str | None = None,
+                 study_name: str | None = None) -> None:
         super().__init__()
-        import optuna
-        import search_spaces
-
         from dippm_nas.devices import resolve_device
 
-        self.space = search_spaces.get_space(builder)
-        self.builder = builder
         objectives, directions = list(objectives), list(directions)
         if not objectives or len(objectives) != len(directions):
             raise DippmNasError(f"objectives and directions must be non-empty and of equal length, got "
@@ -213,12 +282,17 @@ class HardwareAwareTuner(Tuner):
             logger.warning("objective 'default' is the scalarised score, which already folds in the cost; "
                            "a multi-objective search usually wants 'accuracy' and the cost figures instead")
         self.objectives, self.directions = objectives, directions
-        self.base_config = dict(base_config or {})
-        self.space.validate(self.base_config)  # a bad fixed key fails now, not at the first trial
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise DippmNasError(f"batch_size must be an int >= 1, got {batch_size!r}")
         if isinstance(max_skips, bool) or not isinstance(max_skips, int) or max_skips < 0:
             raise DippmNasError(f"max_skips must be an int >= 0, got {max_skips!r}")
+        self.device = resolve_device(device).id
+        if dtype is None:
+            dtype = DEFAULT_GPU_DTYPE if resolve_device(device).kind == "gpu" else "float32"
+            how = "default for a GPU device: the dtype the A100 checkpoint was trained on" \
+                if dtype == DEFAULT_GPU_DTYPE else "default for a CPU device"
+        else:
+            how = "given"
         self.budgets: Budgets = budgets_from_limits(
             budgets, max_latency_ms=max_latency_ms, max_energy_j=max_energy_j, max_memory_mib=max_memory_mib,
             mig_profile=mig_profile, k_sigma=k_sigma, where="HardwareAwareTuner")
@@ -226,42 +300,213 @@ class HardwareAwareTuner(Tuner):
         #: standard deviations of memory the MIG advice of each prediction adds (the memory budget's ``k``)
         self.k_sigma = self.budgets.k_for("memory_mib")
         self.runtime = check_runtime(runtime)
-        self.space.input_spec(self.space.validate(self.base_config), batch_size=batch_size, dtype=dtype)  # bad dtype
-        self.device = resolve_device(device).id
+        self.base_config = dict(base_config or {})
+        self._init_model_source(builder, model_factory, model_keys, input_shape, inputs)
         self.budgets.memory_limit(self.device)  # a MIG profile the device lacks fails now
         self.sampler_name = sampler
-        self.study = optuna.create_study(directions=directions,
-                                         sampler=_make_sampler(sampler, seed, population_size))
+        self._set_constraint = optuna_has_set_constraint()
+        names = self.budgets.names
+        def constraints_from_attrs(ft: optuna.trial.FrozenTrial) -> list[float]:
+            v = ft.user_attrs.get("dippm_constraints")
+            return [float(x) for x in v] if v is not None else [math.inf] * len(names)
+
+        # Optuna 4: the sampler reads the constraints through constraints_func
+        constraints_func = constraints_from_attrs if names and not self._set_constraint else None
+        self._sampler = _make_sampler(sampler, seed, population_size, constraints_func)
+        if storage is not None and not (isinstance(storage, str) and storage) and not hasattr(storage,
+                                                                                              "get_all_studies"):
+            raise DippmNasError(f"storage must be an Optuna storage URL like 'sqlite:///study.db', a storage object "
+                                f"or None, got {storage!r}")
+        self._storage_arg, self._study_name_arg = storage, study_name
+        self._study: Any = None  # opened on first use: NNI gives the dispatcher 10 s to connect after it starts
+        self.storage_url: str | None = None
         self.stats = TunerStats()
         if stats_file is None:
-            log_dir = os.environ.get("NNI_LOG_DIRECTORY") if os.environ.get("SDK_PROCESS") == "dispatcher" else None
+            log_dir = os.environ.get("NNI_LOG_DIRECTORY") if _under_dispatcher() else None
             stats_file = str(Path(log_dir) / STATS_FILE_NAME) if log_dir else None
         self.stats_file = Path(stats_file) if stats_file else None
         self._dims: dict[str, Dimension] | None = None
         self._model_keys: list[str] = []
-        self._proposed: dict[str, int] = {}              # canonical parameters -> parameter id
+        self._proposed: dict[str, int] = {}              # canonical parameters -> Optuna trial number
+        self._resumed: dict[str, int] = {}               # ... of trials sent by an earlier run, still running
+        self._infeasible_told: set[str] = set()          # canonical configs told to Optuna as infeasible
         self._evaluations: dict[str, _Evaluation] = {}   # canonical config -> verdict
-        self._running: dict[int, tuple[Any, _Evaluation]] = {}  # parameter id -> (optuna trial, verdict)
+        self._running: dict[int, tuple[Any, dict[str, Any]]] = {}  # parameter id -> (optuna trial, predicted)
         self._failed_ids: set[int] = set()
         self._warned: set[str] = set()
-        logger.info("HardwareAwareTuner: builder=%s objectives=%s directions=%s device=%s batch_size=%d "
-                    "budgets=%s sampler=%s", builder, objectives, directions, self.device, batch_size,
-                    self.budgets.to_dict(), sampler)
+        logger.info("HardwareAwareTuner: model=%s objectives=%s directions=%s device=%s batch_size=%d dtype=%s "
+                    "(%s) budgets=%s sampler=%s", self.model_source, objectives, directions, self.device, batch_size,
+                    dtype, how, self.budgets.to_dict(), sampler)
+
+    @property
+    def study(self) -> Any:
+        """The Optuna study, opened (or loaded from ``storage`` and its trials reloaded) on first use.
+
+        Raises:
+            DippmNasError: a stored study with other objectives or directions.
+        """
+        if self._study is None:
+            self._study = self._open_study(self._storage_arg, self._study_name_arg, self._sampler)
+            self._load_trials()
+            logger.info("study %r in %s: %d trials loaded", self._study.study_name, self.storage_url or "memory",
+                        self.stats.loaded)
+        return self._study
+
+    # ------------------------------------------------------------------ set-up
+    def _init_model_source(self, builder: str | None, model_factory: str | None, model_keys: Sequence[str] | None,
+                           input_shape: Sequence[int] | None, inputs: Mapping[str, Any] | None) -> None:
+        import search_spaces
+
+        if (builder is None) == (model_factory is None):
+            raise DippmNasError(
+                "give exactly one of builder= (a registered search space, one of "
+                f"{sorted(search_spaces.list_spaces())}) and model_factory= ('package.module:callable', a "
+                f"function returning an nn.Module from the NNI parameter dict); got builder={builder!r}, "
+                f"model_factory={model_factory!r}")
+        self.builder, self.model_factory = builder, model_factory
+        self.space: Any = None
+        self._factory: Any = None
+        self.input_spec: InputSpec | None = None
+        if builder is not None:
+            for name, v in (("model_keys", model_keys), ("input_shape", input_shape), ("inputs", inputs)):
+                if v is not None:
+                    raise DippmNasError(f"{name} applies to model_factory only; with builder={builder!r} the "
+                                        "search space's config keys build the model and its builder gives the input")
+            self.space = search_spaces.get_space(builder)
+            self.model_source = f"builder:{builder}"
+            config = self.space.validate(self.base_config)  # a bad fixed key fails now, not at the first trial
+            self.space.input_spec(config, batch_size=self.batch_size, dtype=self.dtype)  # a bad dtype too
+            self.model_keys_arg: list[str] | None = None
+            return
+        self._factory = load_factory(model_factory)  # type: ignore[arg-type]
+        self.model_source = f"model_factory:{model_factory}"
+        try:
+            json.dumps(self.base_config, allow_nan=False)
+        except (TypeError, ValueError) as e:
+            raise DippmNasError(f"base_config must be plain JSON data (it goes to the trial), got "
+                                f"{self.base_config!r}: {e}") from e
+        if (input_shape is None) == (inputs is None):
+            raise DippmNasError("model_factory needs exactly one of input_shape= (per-sample shape, e.g. [3, 32, 32]) "
+                                f"and inputs= ({{name: [shape, dtype]}}); got input_shape={input_shape!r}, "
+                                f"inputs={inputs!r}")
+        if inputs is not None:
+            if not isinstance(inputs, Mapping):
+                raise DippmNasError(f"inputs must be a mapping {{name: [shape, dtype]}}, got {inputs!r}")
+            named = {k: (tuple(v[0]), v[1]) if isinstance(v, (list, tuple)) and len(v) == 2 else v
+                     for k, v in inputs.items()}
+            self.input_spec = InputSpec(inputs=named, batch_size=self.batch_size, dtype=self.dtype)
+        else:
+            shape: Any = tuple(input_shape) if isinstance(input_shape, (list, tuple)) else input_shape
+            self.input_spec = InputSpec(shape=shape, batch_size=self.batch_size, dtype=self.dtype)
+        if model_keys is not None and (isinstance(model_keys, str) or not all(
+                isinstance(k, str) and k for k in model_keys)):
+            raise DippmNasError(f"model_keys must be a list of search-space keys, got {model_keys!r}")
+        self.model_keys_arg = None if model_keys is None else list(model_keys)
+
+    def _open_study(self, storage: Any, study_name: str | None, sampler: Any) -> Any:
+        exp_dir = None
+        if _under_dispatcher() and os.environ.get("NNI_LOG_DIRECTORY"):
+            exp_dir = Path(os.environ["NNI_LOG_DIRECTORY"]).parent
+        if storage is None and _under_dispatcher() and os.environ.get("NNI_CHECKPOINT_DIRECTORY"):
+            ckpt = Path(os.environ["NNI_CHECKPOINT_DIRECTORY"])
+            ckpt.mkdir(parents=True, exist_ok=True)
+            storage = f"sqlite:///{ckpt / STUDY_FILE_NAME}"
+        if study_name is None:
+            study_name = f"dippm-nni-{exp_dir.name}" if exp_dir is not None else "dippm-nni"
+        if isinstance(storage, str):
+            storage = rdb_storage(storage) if "://" in storage else storage
+        self.storage_url = str(getattr(getattr(storage, "engine", None), "url", storage)) if storage else None
+        study = optuna.create_study(storage=storage, study_name=study_name, directions=self.directions,
+                                    sampler=sampler, load_if_exists=True)
+        wanted = [optuna.study.StudyDirection.MAXIMIZE if d == "maximize" else optuna.study.StudyDirection.MINIMIZE
+                  for d in self.directions]
+        have = list(study.directions)
+        if have != wanted:
+            raise DippmNasError(f"study {study_name!r} in {self.storage_url} has directions "
+                                f"{[d.name.lower() for d in have]}, the tuner's are {self.directions}; use "
+                                "another study_name or the study's directions")
+        if study.metric_names is None:
+            with warnings.catch_warnings():  # experimental since Optuna 3.2, stable in use
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                study.set_metric_names(self.objectives)
+        elif list(study.metric_names) != self.objectives:
+            raise DippmNasError(f"study {study_name!r} in {self.storage_url} has objectives "
+                                f"{list(study.metric_names)}, the tuner's are {self.objectives}; use another "
+                                "study_name or the study's objectives")
+        setup = {"model": self.model_source, "base_config": self.base_config, "batch_size": self.batch_size,
+                 "dtype": self.dtype, "device": self.device, "runtime": self.runtime,
+                 "input": self.input_spec.to_dict() if self.input_spec is not None else None,
+                 "budgets": self.budgets.to_dict()}
+        old = study.user_attrs.get("dippm_tuner")
+        if old is not None and old != json.loads(json.dumps(setup)):
+            changed = sorted(k for k in setup if json.dumps(old.get(k), sort_keys=True) !=
+                             json.dumps(setup[k], sort_keys=True))
+            logger.warning("study %r was run with other settings %s (%s then, %s now); its trials' predicted "
+                           "objectives and constraints stay as recorded", study_name, changed,
+                           {k: old.get(k) for k in changed}, {k: setup[k] for k in changed})
+        study.set_user_attr("dippm_tuner", setup)
+        return study
+
+    def _load_trials(self) -> None:
+        """Rebuild the tuner's memory from a stored study's trials (a resumed experiment)."""
+        trials = self.study.get_trials(deepcopy=False)
+        s = self.stats
+        s.loaded = len(trials)
+        for ft in trials:
+            st = ft.user_attrs.get("dippm_status")
+            key = ft.user_attrs.get("dippm_parameters")
+            if key is not None:
+                self._proposed[key] = ft.number
+                if ft.state == optuna.trial.TrialState.RUNNING:
+                    self._resumed[key] = ft.number
+            if st in _SENT:
+                s.proposed += 1
+            if st == "trained":
+                s.results += 1
+            elif st == "failed":
+                s.failed += 1
+            elif st == "imported":
+                s.imported += 1
+            elif st == "skipped_infeasible":
+                s.skipped_infeasible += 1
+                cfg = ft.user_attrs.get("dippm_config")
+                if cfg is not None and cfg not in self._infeasible_told:
+                    self._infeasible_told.add(cfg)
+                    s.infeasible_configs.append(cfg)
+            elif st == "skipped_infeasible_repeat":
+                s.skipped_infeasible += 1
+            elif st == "skipped_duplicate":
+                s.skipped_duplicate += 1
+            elif st == "skipped_invalid":
+                s.skipped_invalid += 1
+        if trials:
+            logger.info("loaded %d trials of study %r: %d parameter sets sent, %d still running (their results "
+                        "arrive through import_data on nnictl resume)", len(trials), self.study.study_name,
+                        len(self._proposed), len(self._resumed))
 
     # ------------------------------------------------------------------ NNI Tuner interface
     def update_search_space(self, search_space: dict[str, Any]) -> None:
-        """Called by NNI with the experiment's search space (at start and on every update)."""
+        """Called by NNI with the experiment's search space (at start and on every update); opens the study."""
         dims = parse_search_space(search_space)
-        model_keys = [k for k in dims if k in self.space.params]
-        other = [k for k in dims if k not in self.space.params]
-        if not model_keys:
-            raise SearchSpaceError(
-                f"no key of the NNI search space {sorted(dims)} is a config key of search space "
-                f"{self.builder!r} ({sorted(self.space.params)}), so every trial would build the same model"
-            )
+        self.study  # noqa: B018 - open (or reload) the study now, before NNI asks for parameters
+        if self.space is not None:
+            model_keys = [k for k in dims if k in self.space.params]
+            if not model_keys:
+                raise SearchSpaceError(
+                    f"no key of the NNI search space {sorted(dims)} is a config key of search space "
+                    f"{self.builder!r} ({sorted(self.space.params)}), so every trial would build the same model"
+                )
+        elif self.model_keys_arg is not None:
+            missing = [k for k in self.model_keys_arg if k not in dims]
+            if missing:
+                raise SearchSpaceError(f"model_keys {missing} are not keys of the NNI search space; its keys: "
+                                       f"{sorted(dims)}")
+            model_keys = list(self.model_keys_arg)
+        else:
+            model_keys = list(dims)
         self._dims, self._model_keys = dims, model_keys
-        logger.info("search space: keys %s build the %s model; keys %s go to the trial only",
-                    model_keys, self.builder, other)
+        logger.info("search space: keys %s build the model (%s); keys %s go to the trial only",
+                    model_keys, self.model_source, [k for k in dims if k not in model_keys])
 
     def generate_parameters(self, parameter_id: int, **kwargs: Any) -> dict[str, Any]:
         """Called by NNI once per new trial: the next feasible, never-sent parameter set.
@@ -269,33 +514,26 @@ class HardwareAwareTuner(Tuner):
         Raises:
             nni.NoMoreTrialError: ``max_skips`` skips in a row (the feasible space looks exhausted).
         """
-        import optuna
-
-        if self._dims is None:
-            raise DippmNasError("generate_parameters was called before update_search_space")
-        distributions = {k: d.distribution for k, d in self._dims.items()}
+        dims = self._require_space("generate_parameters")
         for _ in range(self.max_skips + 1):
-            trial = self.study.ask(distributions)
-            flat = {k: d.decode(trial.params[k]) for k, d in self._dims.items()}
+            trial = self.study.ask()
+            flat = {k: d.sample(trial) for k, d in dims.items()}
             key = canonical_json(flat)
             if key in self._proposed:
                 trial.set_user_attr("dippm_status", "skipped_duplicate")
                 self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
                 self.stats.skipped_duplicate += 1
-                logger.debug("skipped a repeat of parameter set %d: %s", self._proposed[key], key)
+                logger.debug("skipped a repeat of the parameter set of trial %d: %s", self._proposed[key], key)
                 continue
-            ev, fresh = self._evaluate({k: flat[k] for k in self._model_keys})
-            if ev.error is None and not ev.feasible and not fresh:
+            ev = self._evaluate(self._model_part(flat))
+            ckey = canonical_json(ev.config)
+            if ev.error is None and not ev.feasible and ckey in self._infeasible_told:
                 # told once as infeasible already: a second copy would only crowd the sampler's population
                 trial.set_user_attr("dippm_status", "skipped_infeasible_repeat")
                 self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
                 self.stats.skipped_infeasible += 1
-                logger.debug("skipped a repeat of infeasible config %s", canonical_json(ev.config))
+                logger.debug("skipped a repeat of infeasible config %s", ckey)
                 continue
-            for name, v in ev.violations.items():
-                trial.set_constraint(name, v)
-            for k, v in trial_attrs(ev.checks).items():
-                trial.set_user_attr(k, v)
             if ev.error is not None:
                 trial.set_user_attr("dippm_status", "skipped_invalid")
                 trial.set_user_attr("dippm_error", ev.error)
@@ -303,31 +541,34 @@ class HardwareAwareTuner(Tuner):
                 self.stats.skipped_invalid += 1
                 logger.info("skipped %s: %s", key, ev.error)
                 continue
+            self._record_cost(trial, ev)
             if not ev.feasible:
                 trial.set_user_attr("dippm_status", "skipped_infeasible")
-                self.study.tell(trial, self._objective_values(ev, None))
+                trial.set_user_attr("dippm_config", ckey)
+                self.study.tell(trial, self._objective_values(ev.predicted(), None))
+                self._infeasible_told.add(ckey)
+                self.stats.infeasible_configs.append(ckey)
                 self.stats.skipped_infeasible += 1
                 over = {k: round(v, 4) for k, v in ev.violations.items() if v > 0}
                 logger.info("skipped infeasible config %s (mean + k_sigma * std over budget by %s); skipped so "
-                            "far: %d",
-                            canonical_json(ev.config), over, self.stats.skipped_infeasible)
+                            "far: %d", ckey, over, self.stats.skipped_infeasible)
                 self._write_stats()
                 continue
-            self._proposed[key] = parameter_id
-            self._running[parameter_id] = (trial, ev)
+            predicted = ev.predicted()
+            trial.set_user_attr("dippm_status", "sent")
+            trial.set_user_attr("dippm_parameters", key)
+            trial.set_user_attr("dippm_predicted", predicted)
+            trial.set_user_attr("nni_parameter_id", parameter_id)
+            self._proposed[key] = trial.number
+            self._running[parameter_id] = (trial, predicted)
             self.stats.proposed += 1
             self._write_stats()
-            assert ev.prediction is not None
-            p = ev.prediction
             params = dict(flat)
-            params[PARAMETERS_KEY] = {
-                "search_space": self.builder, "config": ev.config, "batch_size": self.batch_size,
-                "dtype": self.dtype, "device": self.device,
-                "predicted": {"latency_ms": p.latency_ms, "energy_j": p.energy_j, "memory_mib": p.memory_mib,
-                              "mig": mig_label(p), "source": p.latency_source},
-            }
+            params[PARAMETERS_KEY] = {**self._describe(ev), "batch_size": self.batch_size, "dtype": self.dtype,
+                                      "device": self.device, "runtime": self.runtime,
+                                      "budgets": self.budgets.to_dict(), "predicted": predicted}
             logger.info("parameter set %d: %s (predicted %.4g ms, %.4g MiB); stats %s", parameter_id, key,
-                        p.latency_ms, p.memory_mib, self._counts())
+                        predicted["latency_ms"], predicted["memory_mib"], self._counts())
             return params
         self._write_stats()
         logger.warning("giving up after %d skips in a row (the feasible, unexplored part of the space looks "
@@ -339,34 +580,19 @@ class HardwareAwareTuner(Tuner):
 
     def receive_trial_result(self, parameter_id: int, parameters: Any, value: Any, **kwargs: Any) -> None:
         """Called by NNI with a trial's final result: tell Optuna the trial's objective values."""
-        import optuna
-
         entry = self._running.pop(parameter_id, None)
         if entry is None:
             why = ("a customized trial" if kwargs.get("customized") else
                    "an earlier failed trial" if parameter_id in self._failed_ids else "an unknown parameter id")
             logger.warning("ignored the result of parameter set %s (%s)", parameter_id, why)
             return
-        trial, ev = entry
-        try:
-            values = self._objective_values(ev, value)
-        except DippmNasError as e:
-            logger.error("trial of parameter set %d: %s; told Optuna it failed", parameter_id, e)
-            trial.set_user_attr("dippm_status", "failed")
-            trial.set_user_attr("dippm_error", str(e))
-            self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
-            self.stats.failed += 1
+        trial, predicted = entry
+        if self._tell_result(trial, predicted, value, f"parameter set {parameter_id}") is False:
             self._failed_ids.add(parameter_id)
-        else:
-            trial.set_user_attr("dippm_status", "trained")
-            self.study.tell(trial, values)
-            self.stats.results += 1
         self._write_stats()
 
     def trial_end(self, parameter_id: int, success: bool, **kwargs: Any) -> None:
         """Called by NNI when a trial ends; a failed trial without a result is told to Optuna as failed."""
-        import optuna
-
         if success or parameter_id not in self._running:
             return  # a successful trial's result may still be on its way
         trial, _ = self._running.pop(parameter_id)
@@ -379,10 +605,152 @@ class HardwareAwareTuner(Tuner):
         self._write_stats()
 
     def import_data(self, data: list[Any]) -> None:
-        """Not supported: imported results are ignored, with a warning that says how many."""
-        logger.warning("HardwareAwareTuner does not import earlier results; %d records ignored", len(data))
+        """Called by NNI with finished trials' results: ``[{"parameter": {...}, "value": ...}, ...]``.
+
+        NNI sends them on ``nnictl resume`` (every finished trial of the experiment, then the result of each
+        trial that was running when it stopped) and on ``nnictl experiment import``. For each record:
+
+        - a parameter set this study sent and still waits for (a trial that was running): its Optuna trial
+          is told the result, as :meth:`receive_trial_result` would;
+        - a parameter set the study already has: nothing to do;
+        - any other: a new completed Optuna trial with the record's trial-side objectives and the predicted
+          ones (its model is predicted like a sampled one, and its constraints set), and its parameter set is
+          never proposed again.
+
+        A record outside the search space, without the trial-side objectives, or whose model cannot be
+        predicted is rejected with a warning that says why (counted as ``import_rejected``).
+
+        Raises:
+            DippmNasError: called before :meth:`update_search_space`, or ``data`` is not a list.
+        """
+        self._require_space("import_data")
+        if isinstance(data, (str, bytes)) or not isinstance(data, Sequence):
+            raise DippmNasError(f"import_data needs a list of {{'parameter': ..., 'value': ...}}, got "
+                                f"{type(data).__name__}")
+        outcome = {"told": 0, "known": 0, "added": 0, "rejected": 0}
+        for i, rec in enumerate(data):
+            try:
+                outcome[self._import_one(rec)] += 1
+            except DippmNasError as e:
+                outcome["rejected"] += 1
+                self.stats.import_rejected += 1
+                logger.warning("import_data: record %d rejected: %s", i, e)
+        logger.info("import_data: %d records: %d results of running trials told, %d already in the study, %d "
+                    "added, %d rejected", len(data), outcome["told"], outcome["known"], outcome["added"],
+                    outcome["rejected"])
+        self._write_stats()
 
     # ------------------------------------------------------------------ internals
+    def _require_space(self, what: str) -> dict[str, Dimension]:
+        if self._dims is None:
+            raise DippmNasError(f"{what} was called before update_search_space")
+        return self._dims
+
+    def _import_one(self, rec: Any) -> str:
+        dims = self._require_space("import_data")
+        if not isinstance(rec, Mapping) or "parameter" not in rec or "value" not in rec:
+            raise DippmNasError(f"a record must be {{'parameter': {{...}}, 'value': ...}}, got {rec!r}")
+        params, value = rec["parameter"], rec["value"]
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError as e:
+                raise DippmNasError(f"value {value!r} is not a number, a dict or their JSON") from e
+        if not isinstance(params, Mapping):
+            raise DippmNasError(f"parameter must be a dict of the search space's keys, got {params!r}")
+        missing = [k for k in dims if k not in params]
+        if missing:
+            raise DippmNasError(f"parameter {canonical_json(params)} lacks search-space keys {missing}")
+        flat = {k: params[k] for k in dims}
+        key = canonical_json(flat)
+        if key in self._resumed:
+            number = self._resumed.pop(key)
+            ft = self.study.get_trials(deepcopy=False)[number]
+            trial = optuna.trial.Trial(self.study, ft._trial_id)
+            told = self._tell_result(trial, ft.user_attrs.get("dippm_predicted", {}), value, f"trial {number}")
+            if told is False:
+                raise DippmNasError(f"the result of trial {number} ({key}) was not usable; told Optuna it failed")
+            return "told"
+        if key in self._proposed:
+            return "known"
+        encoded: dict[str, tuple[Any, Any]] = {}
+        try:
+            for k, d in dims.items():
+                encoded.update(d.encode(flat[k]))
+        except SearchSpaceError as e:
+            raise DippmNasError(f"parameter {key} is outside the search space: {e}") from e
+        ev = self._evaluate(self._model_part(flat))
+        if ev.error is not None:
+            raise DippmNasError(f"the cost of parameter {key} cannot be predicted: {ev.error}")
+        predicted = ev.predicted()
+        values = self._objective_values(predicted, value)
+        attrs = {"dippm_status": "imported", "dippm_parameters": key, "dippm_predicted": predicted,
+                 **self._cost_attrs(ev)}
+        kw: dict[str, Any] = {}
+        violations = [float(v) for v in ev.violations.values()]
+        if violations:
+            if "constraints" in inspect.signature(optuna.trial.create_trial).parameters:
+                kw["constraints"] = dict(ev.violations)
+            else:  # Optuna 4: where its samplers keep constraints_func's answer
+                kw["system_attrs"] = {"constraints": violations}
+            attrs["dippm_constraints"] = violations
+        ft = optuna.trial.create_trial(params={n: v for n, (_, v) in encoded.items()},
+                                       distributions={n: d for n, (d, _) in encoded.items()},
+                                       values=values, user_attrs=attrs, **kw)
+        self.study.add_trial(ft)
+        self._proposed[key] = -1
+        self.stats.imported += 1
+        return "added"
+
+    def _tell_result(self, trial: Any, predicted: Mapping[str, Any], value: Any, what: str) -> bool:
+        """Tell Optuna a trial's result; ``False`` when it was unusable (the trial is then told failed)."""
+        try:
+            values = self._objective_values(predicted, value)
+        except DippmNasError as e:
+            logger.error("%s: %s; told Optuna it failed", what, e)
+            trial.set_user_attr("dippm_status", "failed")
+            trial.set_user_attr("dippm_error", str(e))
+            self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            self.stats.failed += 1
+            return False
+        trial.set_user_attr("dippm_status", "trained")
+        self.study.tell(trial, values)
+        self.stats.results += 1
+        return True
+
+    def _model_part(self, flat: Mapping[str, Any]) -> dict[str, Any]:
+        return {k: flat[k] for k in self._model_keys}
+
+    def _describe(self, ev: _Evaluation) -> dict[str, Any]:
+        """How the trial builds the model (see :func:`dippm_nas.nni.model_from_parameters`)."""
+        if self.space is not None:
+            return {"search_space": self.builder, "config": ev.config}
+        assert self.input_spec is not None
+        return {"model_factory": self.model_factory, "model_params": ev.config, "input": self.input_spec.to_dict()}
+
+    def _cost_attrs(self, ev: _Evaluation) -> dict[str, Any]:
+        """User attributes of the prediction and its chance checks (units in the keys)."""
+        p = ev.prediction
+        assert p is not None
+        out: dict[str, Any] = {}
+        for f in PREDICTED_OBJECTIVES:
+            out[f"predicted_{f}"] = getattr(p, f)
+            out[f"predicted_{f}_std"] = getattr(p, f + "_std")
+        out.update(trial_attrs(ev.checks))
+        return out
+
+    def _record_cost(self, trial: Any, ev: _Evaluation) -> None:
+        """Set the constraints and the cost attributes on a sampled trial."""
+        for k, v in self._cost_attrs(ev).items():
+            trial.set_user_attr(k, v)
+        if not ev.checks:
+            return
+        if self._set_constraint:
+            for name, v in ev.violations.items():
+                trial.set_constraint(name, v)
+        else:
+            trial.set_user_attr("dippm_constraints", [float(v) for v in ev.violations.values()])
+
     def _counts(self) -> dict[str, int]:
         d = asdict(self.stats)
         d.pop("infeasible_configs")
@@ -392,7 +760,7 @@ class HardwareAwareTuner(Tuner):
     def _write_stats(self) -> None:
         if self.stats_file is None:
             return
-        d = self._counts()
+        d: dict[str, Any] = dict(self._counts())
         d["infeasible_configs"] = [json.loads(c) for c in self.stats.infeasible_configs]
         tmp = self.stats_file.with_suffix(".tmp")
         try:
@@ -403,48 +771,61 @@ class HardwareAwareTuner(Tuner):
                 self._warned.add("stats")
                 logger.warning("could not write tuner stats to %s: %s", self.stats_file, e)
 
-    def _evaluate(self, model_part: dict[str, Any]) -> tuple[_Evaluation, bool]:
-        """Build and predict a config once; later calls return the cached verdict.
-
-        Returns:
-            ``(verdict, fresh)``: ``fresh`` is False when the config had been evaluated before.
-        """
+    def _evaluate(self, model_part: dict[str, Any]) -> _Evaluation:
+        """Build and predict a config once; later calls return the cached verdict."""
         try:
-            config = self.space.validate({**self.base_config, **model_part})
+            if self.space is not None:
+                config = self.space.validate({**self.base_config, **model_part})
+            else:
+                config = json.loads(json.dumps({**self.base_config, **model_part}))
         except SearchSpaceError as e:
-            return _Evaluation(config={**self.base_config, **model_part}, error=str(e)), True
+            return _Evaluation(config={**self.base_config, **model_part}, error=str(e))
         ckey = canonical_json(config)
         ev = self._evaluations.get(ckey)
         if ev is not None:
-            return ev, False
+            return ev
         ev = _Evaluation(config=config)
         try:
-            spec = self.space.input_spec(config, batch_size=self.batch_size, dtype=self.dtype)
-            graph = assemble(self.space, config, spec, cache=self.cache)  # from cached blocks, no export
-            ev.prediction = predict(graph, None, self.device, k_sigma=self.k_sigma,
+            if self.space is not None:
+                ev.spec = self.space.input_spec(config, batch_size=self.batch_size, dtype=self.dtype)
+                target: Any = assemble(self.space, config, ev.spec, cache=self.cache)  # from cached blocks
+                spec = None
+            else:
+                target = build_from_factory(self._factory, self.model_factory, config)  # type: ignore[arg-type]
+                ev.spec = spec = self.input_spec
+            ev.prediction = predict(target, spec, self.device, cache=self.cache, k_sigma=self.k_sigma,
                                     mig=self.budgets.mig_profile is not None, runtime=self.runtime)
             self.stats.predictions += 1
-        except DippmNasError as e:  # a builder or capture failure is this config's problem, not the search's
+        except DippmNasError as e:  # a builder, factory or capture failure is this config's problem
             ev.error = f"{type(e).__name__}: {e}"
+            if self.model_factory is not None and "factory" not in self._warned:
+                self._warned.add("factory")
+                logger.warning("config %s could not be built or predicted (%s); such configs are skipped", ckey,
+                               ev.error)
         if ev.prediction is not None:
+            if ev.prediction.details.get("dtype_unseen") and "dtype" not in self._warned:
+                self._warned.add("dtype")
+                logger.warning("the %s checkpoint has not seen dtype %s: its figures come from the analytic "
+                               "prior (source %r); dtype=%s is the one it was trained on", self.device,
+                               self.dtype, ev.prediction.latency_source, DEFAULT_GPU_DTYPE)
             needs_energy = "energy_j" in self.objectives or self.budgets.energy_j is not None
             if needs_energy and ev.prediction.energy_j is None:
                 raise DippmNasError(f"device {self.device!r} gives no energy figure (energy_source "
                                     f"'unavailable'); remove 'energy_j' from objectives and budgets")
             ev.checks = self.budgets.check(ev.prediction)
-            if not ev.feasible:
-                self.stats.infeasible_configs.append(ckey)
         self._evaluations[ckey] = ev
-        return ev, True
+        return ev
 
-    def _objective_values(self, ev: _Evaluation, result: Any) -> list[float]:
+    def _objective_values(self, predicted: Mapping[str, Any], result: Any) -> list[float]:
         """Objective values in order; ``result=None`` (a skipped config) gives trial-side ones their worst."""
-        assert ev.prediction is not None
         trial_side = [o for o in self.objectives if o not in PREDICTED_OBJECTIVES]
         out: list[float] = []
         for name, direction in zip(self.objectives, self.directions):
             if name in PREDICTED_OBJECTIVES:
-                out.append(float(getattr(ev.prediction, name)))
+                v = predicted.get(name)
+                if v is None:
+                    raise DippmNasError(f"no predicted {name} for this trial (predicted {dict(predicted)})")
+                out.append(float(v))
                 continue
             if result is None:
                 out.append(-math.inf if direction == "maximize" else math.inf)

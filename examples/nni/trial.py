@@ -1,7 +1,8 @@
 """NNI trial of the HPO example: train the MLP the tuner chose, report accuracy and predicted cost.
 
 NNI runs this file once per trial (``trialCommand``). The tuner (dippm_nas.nni.HardwareAwareTuner) put the
-model description under ``params["dippm"]``; ``model_from_parameters`` rebuilds that exact model.
+model description, its budgets, device and input spec under ``params["dippm"]``: ``model_from_parameters``
+rebuilds that exact model and ``report`` scores it with the tuner's budgets, so nothing is repeated here.
 
 The data is synthetic and seeded (4 Gaussian classes in 32 dimensions), so the example needs no download;
 the accuracy is measured on a held-out split of it. The cost figures are predictions for an A100, not
@@ -16,9 +17,6 @@ from torch import nn
 
 from dippm_nas.nni import model_from_parameters, report
 
-#: Budgets of the trial's score (dippm_nas.budgets.Budgets keys); keep them equal to the tuner's (config.yml /
-#: run_hpo.py).
-BUDGETS = {"latency_ms": 1.0}
 N_FEATURES, N_CLASSES = 32, 4
 
 
@@ -58,7 +56,7 @@ def main() -> None:
     params = nni.get_next_parameter()
     model, spec = model_from_parameters(params)
     accuracy = train_and_evaluate(model, lr=float(params.get("lr", 0.1)))
-    report(accuracy, model.eval(), spec, device=params["dippm"]["device"], budgets=BUDGETS)
+    report(accuracy, model.eval(), spec)  # budgets, device and runtime: the tuner's, from params["dippm"]
 
 
 if __name__ == "__main__":
