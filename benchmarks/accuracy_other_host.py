@@ -49,11 +49,11 @@ def main() -> int:
     args = ap.parse_args()
 
     from dippm_nas._platform import cpu_model_name
-    from dippm_nas.predictor._checkpoint import HOST_DEVICE
-    from dippm_nas.predictor._evaluate import evaluate_examples, few_shot_curve
-    from dippm_nas.predictor._gnn import GnnPredictor
-    from dippm_nas.predictor._novelty import fit_novel_floor
-    from dippm_nas.predictor._train import featurize_examples, load_examples
+    from dippm_nas.predictor import HOST_DEVICE
+    from dippm_nas.training import evaluate_examples, few_shot_curve
+    from dippm_nas.predictor import GnnPredictor
+    from dippm_nas.training import fit_novel_floor
+    from dippm_nas.training import featurize_examples, load_examples
 
     pred = GnnPredictor.load(args.checkpoint, device=HOST_DEVICE, load_calibration=False)
     trained_on = (pred.meta.host or {}).get("cpu_model")

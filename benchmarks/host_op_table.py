@@ -148,7 +148,7 @@ def _analyse(models: list[dict[str, Any]], pair: list[str], twins: dict[str, str
     gnn: dict[str, float] = {}
     ck = twins.get(",".join(sorted(pair)))
     if ck:
-        from dippm_nas.predictor._evaluate import evaluate_checkpoint
+        from dippm_nas.training import evaluate_checkpoint
 
         res = evaluate_checkpoint(ck, data, device="host-cpu", split="family", heldout_families=pair, seed=seed)
         gnn = {r["key"]: r["latency_ms_pred"] for r in res["rows"] if "latency_ms_pred" in r}

@@ -40,12 +40,12 @@ LAYERS: dict[str, int] = {
     # foundation: no stage of the flow
     "errors": 0, "_version": 0, "_logging": 0, "_optional": 0, "_paths": 0, "_platform": 0, "_sql": 0,
     "_json": 0, "units": 0, "spec": 0,
-    # what a graph is and where it runs
-    "graph": 1, "devices": 1,
-    # stores and measurements (graph, devices)
+    # what a graph is, where it runs, what a prediction is and the budgets it is checked against
+    "graph": 1, "devices": 1, "prediction": 1, "budgets": 2,
+    # stores, measurements and model families (graph, devices)
     "cache": 2, "measure": 2, "search_spaces": 2,
-    # the analytic prior and MIG advice (graph, devices)
-    "prior": 3, "mig": 3, "prediction": 3,
+    # the analytic prior and MIG advice (graph, devices, budgets)
+    "prior": 3, "mig": 3,
     # capture: a model to a graph (spec, graph, cache)
     "capture": 4,
     # features of a graph (graph, devices, prior)
@@ -54,12 +54,12 @@ LAYERS: dict[str, int] = {
     "predictor": 6, "stages": 6,
     # the dataset (capture, measure, search spaces) and training (predictor, dataset)
     "dataset": 7, "training": 8,
-    # objectives users call
-    "budgets": 9, "optuna": 10, "nni": 10,
+    # objectives users call: Optuna and NNI
+    "optuna": 9, "nni": 9,
     # validation of a search's Pareto front (measure, predictor, cache)
-    "validation": 11,
+    "validation": 10,
     # the verbs and the public face
-    "cli": 12, "__main__": 12, "__init__": 12,
+    "cli": 11, "__main__": 11, "__init__": 11,
 }
 
 

@@ -608,7 +608,7 @@ def test_real_round_and_validate_worker_cli(tmp_path: Path, capsys: pytest.Captu
     v.run_round(study)
     (rec,) = v.records(study)
     assert rec.status == "ok" and rec.measured_latency_ms > 0 and rec.predicted_latency_ms > 0
-    from dippm_nas.predictor._checkpoint import find_checkpoint
+    from dippm_nas.predictor import find_checkpoint
 
     assert rec.latency_source == ("predicted" if find_checkpoint("host-cpu") else "analytic")
 
