@@ -13,7 +13,7 @@ the reference set is the training rows' graphs, ``d0`` comes from the validation
 the floor is fitted on the **test rows of the calibration families only** (all devices, or
 ``--calibrate-devices``). The other held-out families are the report: their MAPE does not change (the floor
 only widens σ), their ±2σ coverage is printed before and after. Calibration rows never come from the
-families reported on. See :mod:`dippm_nas.predictor._novelty`.
+families reported on. See :mod:`dippm_nas.predictor._novelty` and :mod:`dippm_nas.training`.
 
 Every target the checkpoint was trained on gets its own floor. ``--floor-log [TARGET=]X --calibrated-on TEXT``
 (repeatable; a bare number is ``latency_ms``) sets the floors instead of fitting them, e.g. to give a checkpoint
@@ -36,7 +36,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dippm_nas.cli._train import add_split_args, parse_devices  # noqa: E402
+from dippm_nas.cli import add_split_args, parse_devices  # noqa: E402
 from dippm_nas.predictor import GnnPredictor, NoveltyFloor  # noqa: E402
 from dippm_nas.training import (  # noqa: E402
     Example, attach_novelty_reference, evaluate_examples, featurize_examples, fit_novel_floor, is_timm, load_examples,

@@ -86,7 +86,7 @@ def fit_from_rows(twins: Mapping[str, tuple[Sequence[Mapping[str, Any]], float]]
     """Widths, leave-one-twin-out figures and novel floors from the twins' evaluation rows.
 
     Args:
-        twins: ``{name: (rows, d0)}``; rows as :func:`~dippm_nas.predictor._evaluate.evaluate_examples`
+        twins: ``{name: (rows, d0)}``; rows as :func:`~dippm_nas.training.evaluate_examples`
             gives them (label, ``_pred``, ``_std``, ``_prior``, ``novelty``, ``family``), made without a
             shrink or a novel floor.
         targets: the targets to fit.

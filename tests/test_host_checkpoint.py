@@ -178,7 +178,7 @@ def test_training_records_the_rows_cpu_model(monkeypatch: pytest.MonkeyPatch,
     assert host["label_processors"] == [] and host["label_rows_without_processor"] == 1
 
     # the rows record their processor: training on another processor of the same model string is warned about
-    from dippm_nas._platform import cpu_signature
+    from dippm_nas.devices import cpu_signature
 
     here = cpu_signature()
     other = {**here, "model": "999", "microcode": "0x1"}

@@ -34,7 +34,7 @@ from dippm_nas.nni._space import PARAMETERS_KEY, model_from_parameters, parse_se
 
 __all__ = [
     "report", "final_metrics", "METRIC_KEYS", "mig_label", "Budgets", "Constraints", "scalarize",
-    "HardwareAwareTuner", "TunerStats", "model_from_parameters", "parse_search_space", "PARAMETERS_KEY",
+    "HardwareAwareTuner", "TunerStats", "STATS_FILE_NAME", "model_from_parameters", "parse_search_space", "PARAMETERS_KEY",
     "DippmProfiler", "TinyConvSpace",
     "loopback_only", "write_loopback_preload", "LOOPBACK_PRELOAD_JS", "free_port",
 ]
@@ -44,6 +44,7 @@ __all__ = [
 _LAZY = {
     "HardwareAwareTuner": "dippm_nas.nni._tuner",
     "TunerStats": "dippm_nas.nni._tuner",
+    "STATS_FILE_NAME": "dippm_nas.nni._tuner",
     "DippmProfiler": "dippm_nas.nni._profiler",
     "TinyConvSpace": "dippm_nas.nni._example_space",
 }

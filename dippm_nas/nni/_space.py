@@ -25,14 +25,15 @@ distribution and are rejected with the list above.
 from __future__ import annotations
 
 import copy
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from dippm_nas._json import canonical_json
 from dippm_nas.errors import SearchSpaceError
 from dippm_nas.spec import InputSpec
+import search_spaces
 
 __all__ = ["Dimension", "parse_search_space", "PARAMETERS_KEY", "model_from_parameters", "SUPPORTED_TYPES",
            "canonical_json"]
@@ -44,11 +45,6 @@ SUPPORTED_TYPES: tuple[str, ...] = ("choice", "randint", "uniform", "quniform", 
 PARAMETERS_KEY = "dippm"
 
 _PRIMITIVE = (type(None), bool, int, float, str)
-
-
-def canonical_json(obj: Any) -> str:
-    """Key-sorted compact JSON, the identity of a config or a parameter set."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
 
 
 @dataclass(frozen=True)
@@ -154,8 +150,6 @@ def model_from_parameters(parameters: Mapping[str, Any], *, seed: int | None = 0
         SearchSpaceError: no ``"dippm"`` entry (the parameters did not come from the tuner), an unknown
             search space (the registered ones are listed) or a config outside it.
     """
-    import search_spaces
-
     if not isinstance(parameters, Mapping) or not isinstance(parameters.get(PARAMETERS_KEY), Mapping):
         keys = sorted(parameters) if isinstance(parameters, Mapping) else type(parameters).__name__
         raise SearchSpaceError(

@@ -10,7 +10,7 @@ from typing import Any, Literal
 from dippm_nas._logging import WarnOnce
 from dippm_nas.budgets import DEFAULT_K_SIGMA, check_k_sigma
 from dippm_nas.devices import Device, MigProfile, resolve_device
-from dippm_nas.errors import DippmNasError
+from dippm_nas.errors import InvalidValueError
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.prediction import Prediction
 from dippm_nas.prior._estimate import estimate
@@ -104,7 +104,7 @@ class MigAdvice:
         for p in self.profiles:
             if p.profile == name:
                 return p
-        raise DippmNasError(f"no MIG profile {name!r} in this advice; choices: {[p.profile for p in self.profiles]}")
+        raise InvalidValueError(f"no MIG profile {name!r} in this advice; choices: {[p.profile for p in self.profiles]}")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict."""
@@ -159,10 +159,10 @@ def advise(
         DeviceError: unknown device id (the choices are listed).
     """
     if not isinstance(prediction, Prediction):
-        raise DippmNasError(f"prediction must be a dippm_nas.Prediction, got {type(prediction).__name__}")
+        raise InvalidValueError(f"prediction must be a dippm_nas.Prediction, got {type(prediction).__name__}")
     k_sigma = check_k_sigma(k_sigma)  # BudgetError (a DippmNasError and a ValueError) naming a bad value
     if rule not in RULES:
-        raise DippmNasError(f"rule must be one of {RULES}, got {rule!r}")
+        raise InvalidValueError(f"rule must be one of {RULES}, got {rule!r}")
     dev = resolve_device(device)
     std = prediction.memory_mib_std
     std_missing = rule == "dippm-nas" and std is None

@@ -8,6 +8,7 @@ over-confident.
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -159,8 +160,6 @@ def few_shot_curve(pred: GnnPredictor, feats: Sequence[GraphFeatures], examples:
     Returns:
         ``{"before": table, "k=5": table, ...}`` (tables as :func:`evaluate_examples`, means over draws).
     """
-    import random
-
 
     saved = pred.calibration
     pred.calibration = None

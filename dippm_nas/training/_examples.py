@@ -37,7 +37,7 @@ from tqdm.auto import tqdm
 
 from dippm_nas.dataset import load_measurements
 from dippm_nas.devices import get_device, list_devices
-from dippm_nas.errors import DippmNasError
+from dippm_nas.errors import DippmNasError, InvalidValueError
 from dippm_nas.features import GraphFeatures, featurize
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.predictor import HOST_DEVICE, TARGETS
@@ -183,13 +183,13 @@ def split_examples(examples: Sequence[Example], *, mode: str = "random", fractio
             ``"timm-family"`` split without timm rows or with ``holdout_frac`` outside (0, 1).
     """
     if mode not in SPLIT_MODES:
-        raise DippmNasError(f"split mode must be one of {list(SPLIT_MODES)}, got {mode!r}")
+        raise InvalidValueError(f"split mode must be one of {list(SPLIT_MODES)}, got {mode!r}")
     if abs(sum(fractions) - 1.0) > 1e-6 or min(fractions) < 0:
-        raise DippmNasError(f"split fractions must be >= 0 and sum to 1, got {fractions}")
+        raise InvalidValueError(f"split fractions must be >= 0 and sum to 1, got {fractions}")
     tr, va, te = [], [], []
     if mode == "timm-family":
         if not 0.0 < holdout_frac < 1.0:
-            raise DippmNasError(f"holdout_frac must lie in (0, 1), got {holdout_frac!r}")
+            raise InvalidValueError(f"holdout_frac must lie in (0, 1), got {holdout_frac!r}")
         if not any(is_timm(e) for e in examples):
             raise DippmNasError("the timm-family split needs timm rows (source 'timm' with a model name) in the data")
         held = set(heldout_timm_families(examples, holdout_frac=holdout_frac, seed=seed))
@@ -210,7 +210,7 @@ def split_examples(examples: Sequence[Example], *, mode: str = "random", fractio
         fams = {e.family for e in examples}
         missing = [f for f in heldout_families if f not in fams]
         if not heldout_families or missing:
-            raise DippmNasError(f"family split needs held-out families present in the data ({sorted(fams)}), "
+            raise InvalidValueError(f"family split needs held-out families present in the data ({sorted(fams)}), "
                                 f"got {list(heldout_families)}")
         for e in examples:
             if e.family in heldout_families:

@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 
 from dippm_nas._platform import cpu_model_name, cpu_signature
 from dippm_nas.devices import host_facts, resolve_device
-from dippm_nas.errors import DippmNasError
+from dippm_nas.errors import DippmNasError, InvalidValueError
 from dippm_nas.features import FEATURE_SCHEMA_VERSION, GraphFeatures, device_dim, node_dim, static_dim
 from dippm_nas.predictor import (DELTA_MARGIN, HOST_DEVICE, TARGET_UNITS, TARGETS, CheckpointMeta, GnnPredictor,
                                  NoveltyFloor, SageEnsemble, collate, collate_globals, novelty_scores)
@@ -86,7 +86,7 @@ def _penalty_weights(cfg: TrainConfig) -> torch.Tensor | None:
     w = dict(p) if isinstance(p, dict) else {t: float(p) for t in TARGETS}
     bad = {t: v for t, v in w.items() if t not in TARGETS or not (float(v) >= 0.0)}
     if bad:
-        raise DippmNasError(f"correction_penalty takes weights >= 0 for targets {list(TARGETS)}, got {bad}")
+        raise InvalidValueError(f"correction_penalty takes weights >= 0 for targets {list(TARGETS)}, got {bad}")
     if not cfg.residual_on_prior or not any(float(v) > 0 for v in w.values()):
         return None
     return torch.tensor([float(w.get(t, 0.0)) for t in TARGETS])
@@ -240,7 +240,7 @@ def _host_of(ex: Sequence[Example], device: str, threads: int | None = None) -> 
     rows = [e for e in ex if e.device == device]
     models = sorted({e.cpu_model for e in rows})
     if len(models) != 1 or not models[0]:
-        raise DippmNasError(f"a {device} checkpoint learns one CPU model: its rows must all record the same "
+        raise InvalidValueError(f"a {device} checkpoint learns one CPU model: its rows must all record the same "
                             f"environment.cpu_model, got {models} (train one checkpoint per CPU model, "
                             "e.g. with one dataset file each)")
     threads = _label_threads(ex, device) if threads is None else threads
@@ -301,7 +301,7 @@ def train_predictor(paths: Sequence[str | Path], device: str, *, split: str = "r
     if targets is not None:
         bad = [t for t in targets if t not in TARGETS]
         if bad:
-            raise DippmNasError(f"targets must be among {list(TARGETS)}, got {bad}")
+            raise InvalidValueError(f"targets must be among {list(TARGETS)}, got {bad}")
         ex = [dataclasses.replace(e, y={t: v for t, v in e.y.items() if t in targets}) for e in ex]
         ex = [e for e in ex if e.y]
     if not any(e.device == device for e in ex):

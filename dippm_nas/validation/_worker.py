@@ -38,8 +38,12 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from dippm_nas.devices import resolve_device
 from dippm_nas.errors import DeviceError, DippmNasError, ValidationError
+from dippm_nas.measure import MeasureSettings, measure, time_interleaved
+from dippm_nas.spec import InputSpec
 from dippm_nas.validation._queue import Job, JobQueue, worker_id
+import search_spaces
 
 __all__ = ["ValidationWorker", "device_is_here", "torch_device_for", "MeasureFn"]
 
@@ -65,8 +69,6 @@ def _norm(name: str) -> str:
 
 
 def _matching_gpu(device: str) -> int | None:
-    from dippm_nas.devices import resolve_device
-
     dev = resolve_device(device)
     want = _norm(dev.name)
     for i, name in enumerate(_local_gpu_names()):
@@ -81,8 +83,6 @@ def device_is_here(device: str) -> bool:
     ``host-cpu`` (and any ``kind="cpu"`` device) always is; a GPU is when a local CUDA device reports
     the catalogue's name (``torch.cuda.get_device_name``, compared ignoring case and punctuation).
     """
-    from dippm_nas.devices import resolve_device
-
     dev = resolve_device(device)
     if dev.kind == "cpu":
         return True
@@ -99,8 +99,6 @@ def torch_device_for(device: str, cuda_device: str | None = None) -> str:
     Raises:
         DeviceError: a GPU that is not on this machine (the local GPUs are listed).
     """
-    from dippm_nas.devices import resolve_device
-
     dev = resolve_device(device)
     if dev.kind == "cpu":
         return "cpu"
@@ -194,9 +192,6 @@ class ValidationWorker:
     def __init__(self, queue: JobQueue, device: str, *, settings: Any = None, cuda_device: str | None = None,
                  owner: str | None = None, isolate: bool = False, heartbeat_s: float | None = None,
                  measure_fn: MeasureFn | None = None, rounds: int = 0, rounds_batch: int = 8) -> None:
-        from dippm_nas.devices import resolve_device
-        from dippm_nas.measure import MeasureSettings
-
         dev = resolve_device(device)
         self.queue = queue
         self.device = dev.id
@@ -232,22 +227,14 @@ class ValidationWorker:
 
     def _measure(self, job: Job) -> Any:
         """The measurement of a job, or raise DippmNasError when the job cannot be run."""
-        from dippm_nas.spec import InputSpec
-
         spec = InputSpec.from_dict(job.spec)
         settings = self.settings_for(job)
         if self.isolate and self._measure_fn is None:
-            from dippm_nas.measure import measure
-
             return measure("search_spaces:build_model", spec, self.torch_device, settings, isolate=True,
                            model_kwargs={"name": job.space, "config": job.config})
-        import search_spaces
-
         model = search_spaces.build_model(job.space, job.config)
         if self._measure_fn is not None:
             return self._measure_fn(model, spec, self.torch_device, settings)
-        from dippm_nas.measure import measure
-
         return measure(model, spec, self.torch_device, settings)
 
     def _measure_or_fail(self, job: Job) -> Any:
@@ -347,11 +334,6 @@ class ValidationWorker:
     def _rounds(self, held: list[tuple[Job, Any]]) -> list[Any]:
         """``held``'s one-by-one measurements with their latency from interleaved rounds of the rebuilt
         models (jobs grouped by their settings); a job whose rounds fail keeps its own block, and says so."""
-        import search_spaces
-
-        from dippm_nas.measure import time_interleaved
-        from dippm_nas.spec import InputSpec
-
         groups: dict[str, list[int]] = {}
         for i, (job, _m) in enumerate(held):
             groups.setdefault(repr(self.settings_for(job)), []).append(i)
