@@ -27,7 +27,7 @@ import subprocess
 import sys
 import tomllib
 from collections import defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 LIBRARY_ROOTS = ("dippm_nas", "search_spaces")
@@ -39,7 +39,7 @@ OTHER_ROOTS = ("scripts", "benchmarks", "examples", "tests")
 LAYERS: dict[str, int] = {
     # foundation: no stage of the flow
     "errors": 0, "_version": 0, "_logging": 0, "_optional": 0, "_paths": 0, "_platform": 0, "_sql": 0,
-    "_json": 0, "units": 0, "spec": 0,
+    "_json": 0, "_deprecation": 0, "units": 0, "spec": 0,
     # what a graph is, where it runs, what a prediction is and the budgets it is checked against
     "graph": 1, "devices": 1, "prediction": 1, "budgets": 2,
     # stores, measurements and model families (graph, devices)
@@ -287,24 +287,25 @@ def _sccs(graph: dict[str, set[str]]) -> list[list[str]]:
     return sorted(out)
 
 
+def _library_edges(imports: list[Import]) -> list[tuple[str, str]]:
+    """(importer, target) of every executed import of a library module by a library module."""
+    return [(i.importer, i.target) for i in imports
+            if "/" not in i.importer and not i.type_checking and is_project(i.target)]
+
+
 def module_cycles(imports: list[Import]) -> list[list[str]]:
     """Cycles between library modules through executed imports (each edge goes to the module the statement names)."""
     graph: dict[str, set[str]] = defaultdict(set)
-    for imp in imports:
-        if "/" in imp.importer or imp.type_checking or not is_project(imp.target):
-            continue
-        if imp.target != imp.importer:
-            graph[imp.importer].add(imp.target)
+    for a, b in _library_edges(imports):
+        if a != b:
+            graph[a].add(b)
     return _sccs(graph)
 
 
 def package_cycles(imports: list[Import]) -> list[list[str]]:
     """Cycles between packages (units) of the library through executed imports."""
     graph: dict[str, set[str]] = defaultdict(set)
-    for imp in imports:
-        if "/" in imp.importer or imp.type_checking or not is_project(imp.target):
-            continue
-        a, b = unit_of(imp.importer), unit_of(imp.target)
+    for a, b in ((unit_of(a), unit_of(b)) for a, b in _library_edges(imports)):
         if a != b and b != "__init__":
             graph[a].add(b)
     return _sccs(graph)
@@ -317,9 +318,7 @@ def arrow_violations(imports: list[Import], layers: dict[str, int] = LAYERS) -> 
         if "/" in imp.importer or imp.type_checking or not is_project(imp.target):
             continue
         a, b = unit_of(imp.importer), unit_of(imp.target)
-        if a == b:
-            continue
-        if layers.get(b, 99) > layers.get(a, -1):
+        if a != b and layers.get(b, 99) > layers.get(a, -1):
             out.append(imp)
     return out
 
