@@ -173,7 +173,7 @@ def _jsonable(value: Any, what: str) -> Any:
         return json.loads(json.dumps(value, allow_nan=False))
     except (TypeError, ValueError) as e:
         raise InvalidValueError(f"{what} must be plain JSON data (dicts, lists, str, numbers, bools), got {value!r}: "
-                            f"{e}") from e
+                                f"{e}") from e
 
 
 class HardwareCostModel:
@@ -241,7 +241,8 @@ class HardwareCostModel:
         objectives = tuple(objectives)
         bad = [o for o in objectives if o not in OBJECTIVES]
         if bad or len(set(objectives)) != len(objectives):
-            raise InvalidValueError(f"objectives must be distinct names from {list(OBJECTIVES)}, got {list(objectives)}")
+            raise InvalidValueError(f"objectives must be distinct names from {list(OBJECTIVES)}, got "
+                                    f"{list(objectives)}")
         self.objectives: tuple[str, ...] = objectives
         #: standard deviations of memory the MIG advice of each prediction adds (the memory budget's ``k``)
         self.k_sigma = budgets.k_for("memory_mib")
@@ -507,7 +508,7 @@ class HardwareCostModel:
                 return None, None
         if (space is None) != (config is None):
             raise InvalidValueError(f"give both space= and config= (a registered search space and its config), "
-                                f"got space={space!r}, config={config!r}")
+                                    f"got space={space!r}, config={config!r}")
         return space, _jsonable(config, "config")
 
     def _spec_of(self, model: Any, spec: InputSpec | None) -> InputSpec:
@@ -624,7 +625,7 @@ class HardwareCostModel:
         """
         if len(trials) != len(candidates):
             raise InvalidValueError(f"trials and candidates must pair up, got {len(trials)} trials and "
-                                f"{len(candidates)} candidates")
+                                    f"{len(candidates)} candidates")
         t0 = time.perf_counter()
         items: list[Any] = []
         specs: list[InputSpec] = []

@@ -93,8 +93,8 @@ class StagesPrediction:
 
 def _check_calls(calls: Any, where: str) -> int:
     if isinstance(calls, bool) or not isinstance(calls, int) or calls < 1:
-        raise InvalidValueError(f"{where}: calls must be an int >= 1 (how many times the stage runs per pipeline call), "
-                            f"got {calls!r}")
+        raise InvalidValueError(f"{where}: calls must be an int >= 1 (how many times the stage runs per pipeline "
+                                f"call), got {calls!r}")
     return calls
 
 
@@ -130,7 +130,7 @@ def sum_stages(items: Sequence[tuple[Prediction, int]], *, names: Sequence[str] 
     devices = sorted({p.device for p in preds})
     if len(devices) > 1:
         raise InvalidValueError(f"all stages of a pipeline must run on one device, got stages on {devices}; "
-                            "predict each device's pipeline separately")
+                                "predict each device's pipeline separately")
     if names and len(names) != len(preds):
         raise InvalidValueError(f"names must give one label per stage ({len(preds)}), got {len(names)}")
 
@@ -186,7 +186,7 @@ def predict_stages(stages: Sequence[Stage | tuple[Any, ...]], device: str | None
         named.add(resolve_device(device).id)
     if len(named) > 1:
         raise InvalidValueError(f"all stages of a pipeline must run on one device, got {sorted(named)}; "
-                            "predict each device's pipeline separately")
+                                "predict each device's pipeline separately")
     dev = named.pop() if named else DEFAULT_DEVICE
     preds = [(predict(s.model, s.spec, device=dev, cache=cache, mig=mig), s.calls) for s in norm]
     return sum_stages(preds, names=[s.name or f"stage{i}" for i, s in enumerate(norm)])

@@ -34,7 +34,8 @@ from dippm_nas.nni._space import PARAMETERS_KEY, model_from_parameters, parse_se
 
 __all__ = [
     "report", "final_metrics", "METRIC_KEYS", "mig_label", "Budgets", "Constraints", "scalarize",
-    "HardwareAwareTuner", "TunerStats", "STATS_FILE_NAME", "model_from_parameters", "parse_search_space", "PARAMETERS_KEY",
+    "HardwareAwareTuner", "TunerStats", "STATS_FILE_NAME", "model_from_parameters", "parse_search_space",
+    "PARAMETERS_KEY",
     "DippmProfiler", "TinyConvSpace",
     "loopback_only", "write_loopback_preload", "LOOPBACK_PRELOAD_JS", "free_port",
 ]

@@ -68,7 +68,7 @@ class DippmProfiler(Profiler):
             raise InputSpecError(f"spec must be a dippm_nas.InputSpec, got {spec!r}")
         if not callable(getattr(model_space, "freeze", None)):
             raise InvalidValueError(f"model_space must be an NNI model space (with freeze(sample)), "
-                                f"got {type(model_space).__name__}")
+                                    f"got {type(model_space).__name__}")
         self.model_space = model_space
         self.spec = spec
         self.metric = metric
@@ -135,7 +135,7 @@ class DippmProfiler(Profiler):
             sample = getattr(model, "sample", None)
             if sample is None:
                 raise InvalidValueError(f"the filtered model has no sample (got {type(model).__name__}); "
-                                    "Filter passes an ExecutableModelSpace with .sample")
+                                        "Filter passes an ExecutableModelSpace with .sample")
             ok = self.profile(sample) <= limit
             if not ok:
                 logger.info("filtered out %s: predicted %s %.4g > %.4g", _sample_key(sample), self.metric,

@@ -129,7 +129,8 @@ def scalarize(accuracy: float, prediction: Prediction, constraints: Budgets | No
     if constraints is None:
         return score
     if not isinstance(constraints, Budgets):
-        raise InvalidValueError(f"constraints must be a dippm_nas.budgets.Budgets or None, got {type(constraints).__name__}")
+        raise InvalidValueError("constraints must be a dippm_nas.budgets.Budgets or None, got "
+                                f"{type(constraints).__name__}")
     for r in constraints.ratios(prediction).values():
         if r <= 0:  # a zero figure is within any positive limit; r ** alpha with alpha < 0 would blow up
             continue

@@ -8,8 +8,8 @@ only 74-84 % of the rows with the in-family floor). A novelty score and a second
   features, standardised and clipped as the network sees them), stored in the checkpoint;
 - a graph's **novelty** is its distance to the nearest reference graph, divided by ``sqrt(dim)`` (an RMS
   of per-feature z-score differences);
-- ``d0`` is the :data:`~dippm_nas.training.NOVELTY_QUANTILE` quantile of the validation graphs' novelty (in-family graphs the
-  network was selected on), and a graph with novelty above ``d0`` is **novel**;
+- ``d0`` is the :data:`~dippm_nas.training.NOVELTY_QUANTILE` quantile of the validation graphs' novelty
+  (in-family graphs the network was selected on), and a graph with novelty above ``d0`` is **novel**;
 - the **novel floor** is fitted on calibration rows of families the checkpoint never saw (never its test
   rows) so that ±2σ covers :data:`~dippm_nas.training.COVERAGE` of them; a novel graph's σ is
   ``sqrt(σ_members² + max(floor, novel_floor)²)``.

@@ -101,7 +101,7 @@ class HostModel:
         extra = [k for k in self.op_us if k not in HOST_KINDS]
         if missing or extra:
             raise InvalidValueError(f"HostModel.op_us must have exactly the kinds {list(HOST_KINDS)}; "
-                                f"missing {missing}, unknown {extra}")
+                                    f"missing {missing}, unknown {extra}")
         for k, v in self.op_us.items():
             if not _finite(v) or not 0 <= v <= 10_000:
                 raise InvalidValueError(f"HostModel.op_us[{k!r}] must be in [0, 10000] µs, got {v!r}")
@@ -114,7 +114,7 @@ class HostModel:
         bad = sorted(set(self.generations) - set(FRAMEWORKS))
         if bad or "torch-2" not in self.generations:
             raise InvalidValueError(f"HostModel.generations must map {list(FRAMEWORKS)} (torch-2 required) to factors, "
-                                f"got {dict(self.generations)!r}")
+                                    f"got {dict(self.generations)!r}")
         for k, v in self.generations.items():
             if not _finite(v) or not 0.05 <= v <= 20:
                 raise InvalidValueError(f"HostModel.generations[{k!r}] must be in [0.05, 20], got {v!r}")
@@ -155,7 +155,8 @@ class HostModel:
             raise InvalidValueError(f"{origin}: host_model must be an object, got {type(d).__name__}")
         bad = sorted(set(d) - set(cls.__dataclass_fields__))
         if bad:
-            raise InvalidValueError(f"{origin}: host_model has unknown keys {bad}; choices: {sorted(cls.__dataclass_fields__)}")
+            raise InvalidValueError(f"{origin}: host_model has unknown keys {bad}; choices: "
+                                    f"{sorted(cls.__dataclass_fields__)}")
         if "op_us" not in d:
             raise DippmNasError(f"{origin}: host_model needs 'op_us'")
         return cls(**dict(d))

@@ -104,7 +104,8 @@ class MigAdvice:
         for p in self.profiles:
             if p.profile == name:
                 return p
-        raise InvalidValueError(f"no MIG profile {name!r} in this advice; choices: {[p.profile for p in self.profiles]}")
+        raise InvalidValueError(f"no MIG profile {name!r} in this advice; choices: "
+                                f"{[p.profile for p in self.profiles]}")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict."""

@@ -344,10 +344,12 @@ class OpTable:
             if not isinstance(v, (int, float)) or not math.isfinite(v):
                 raise InvalidValueError(f"OpTable.{name} must be a finite number, got {v!r}")
         if self.scale <= 0 or self.per_op_us < 0:
-            raise InvalidValueError(f"OpTable.scale must be > 0 and per_op_us >= 0, got {self.scale!r}, {self.per_op_us!r}")
+            raise InvalidValueError(f"OpTable.scale must be > 0 and per_op_us >= 0, got {self.scale!r}, "
+                                    f"{self.per_op_us!r}")
         if self.cache_bytes < 0 or self.weight_cache_speedup < 1:
             raise InvalidValueError(f"OpTable.cache_bytes must be >= 0 (0 = no residency model) and "
-                                f"weight_cache_speedup >= 1, got {self.cache_bytes!r}, {self.weight_cache_speedup!r}")
+                                    f"weight_cache_speedup >= 1, got {self.cache_bytes!r}, "
+                                    f"{self.weight_cache_speedup!r}")
 
     def clear_memo(self) -> None:
         """Forget the memoised record times (:meth:`record_us` then runs the forest on every record again:

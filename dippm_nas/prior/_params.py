@@ -129,12 +129,14 @@ class DeviceScale:
                 raise InvalidValueError(f"DeviceScale.{name} must be in [0.05, 20], got {v!r}")
         unknown = sorted(set(self.classes) - set(PARAM_CLASSES))
         if unknown:
-            raise InvalidValueError(f"DeviceScale.classes has unknown op classes {unknown}; choices: {list(PARAM_CLASSES)}")
+            raise InvalidValueError(f"DeviceScale.classes has unknown op classes {unknown}; choices: "
+                                    f"{list(PARAM_CLASSES)}")
         for c, v in self.classes.items():
             if not _finite(v) or not 0.05 <= v <= 20:
                 raise InvalidValueError(f"DeviceScale.classes[{c!r}] must be in [0.05, 20], got {v!r}")
         if self.dispatch_us is not None and (not _finite(self.dispatch_us) or not 0 <= self.dispatch_us <= 10_000):
-            raise InvalidValueError(f"DeviceScale.dispatch_us must be None or in [0, 10000] µs, got {self.dispatch_us!r}")
+            raise InvalidValueError("DeviceScale.dispatch_us must be None or in [0, 10000] µs, got "
+                                    f"{self.dispatch_us!r}")
         object.__setattr__(self, "classes", {str(c): float(v) for c, v in self.classes.items()})
 
     def class_multiplier(self, op_class: str) -> float:
@@ -209,7 +211,7 @@ class PriorParams:
                 raise InvalidValueError(f"PriorParams.{name} must be a finite number >= 0, got {v!r}")
         if not isinstance(self.fuse_hard_activations, bool):
             raise InvalidValueError(f"PriorParams.fuse_hard_activations must be true or false, got "
-                                f"{self.fuse_hard_activations!r}")
+                                    f"{self.fuse_hard_activations!r}")
         if not _finite(self.l2_speedup) or self.l2_speedup < 1:
             raise InvalidValueError(f"PriorParams.l2_speedup must be >= 1, got {self.l2_speedup!r}")
         object.__setattr__(self, "op_classes", dict(self.op_classes))
@@ -222,7 +224,8 @@ class PriorParams:
         if bad:
             raise InvalidValueError(f"PriorParams.op_tables values must be OpTable, wrong for {bad}")
         if self.host_model is not None and not isinstance(self.host_model, HostModel):
-            raise InvalidValueError(f"PriorParams.host_model must be a HostModel or None, got {type(self.host_model).__name__}")
+            raise InvalidValueError("PriorParams.host_model must be a HostModel or None, got "
+                                    f"{type(self.host_model).__name__}")
 
     def scale_for(self, device_id: str, kind: str = "gpu") -> DeviceScale:
         """The efficiency multipliers of a device (a MIG slice view ``<id>.mig-<profile>`` uses ``<id>``).
@@ -281,7 +284,8 @@ class PriorParams:
             DippmNasError: wrong format version, unknown classes or keys, or values breaking a rule.
         """
         if d.get("format") != CALIBRATION_FORMAT:
-            raise InvalidValueError(f"{origin}: calibration format must be {CALIBRATION_FORMAT}, got {d.get('format')!r}")
+            raise InvalidValueError(f"{origin}: calibration format must be {CALIBRATION_FORMAT}, got "
+                                    f"{d.get('format')!r}")
         base = cls.uncalibrated()
         classes = dict(base.op_classes)
         for name, values in (d.get("op_classes") or {}).items():
@@ -290,7 +294,8 @@ class PriorParams:
             allowed = set(OpClassParams.__dataclass_fields__)
             bad = sorted(set(values) - allowed)
             if bad:
-                raise InvalidValueError(f"{origin}: op class {name!r} has unknown keys {bad}; choices: {sorted(allowed)}")
+                raise InvalidValueError(f"{origin}: op class {name!r} has unknown keys {bad}; choices: "
+                                        f"{sorted(allowed)}")
             classes[name] = dataclasses.replace(classes[name], **values)
         glob = dict(d.get("global") or {})
         # a file without the key prices every node of a decomposed hard activation (the host checkpoints' prior)
@@ -304,7 +309,7 @@ class PriorParams:
             bad_s = sorted(set(v) - set(DeviceScale.__dataclass_fields__))
             if bad_s:
                 raise InvalidValueError(f"{origin}: devices[{dev_id!r}] has unknown keys {bad_s}; "
-                                    f"choices: {sorted(DeviceScale.__dataclass_fields__)}")
+                                        f"choices: {sorted(DeviceScale.__dataclass_fields__)}")
             scales[dev_id] = DeviceScale(**v)
         tables = {dev_id: OpTable.from_dict(t, origin=f"{origin}: op_tables[{dev_id!r}]")
                   for dev_id, t in (d.get("op_tables") or {}).items()}

@@ -77,8 +77,8 @@ class PowerParams:
         for name in _SHARES:
             v = getattr(self, name)
             if not _finite(v) or not 0.0 <= v <= 4.0:
-                raise InvalidValueError(f"PowerParams.{name} must be a share in [0, 4] of the board's range above idle, "
-                                    f"got {v!r}")
+                raise InvalidValueError(f"PowerParams.{name} must be a share in [0, 4] of the board's range above "
+                                        f"idle, got {v!r}")
         if not _finite(self.sigma_log) or not 0.0 <= self.sigma_log <= 5.0:
             raise InvalidValueError(f"PowerParams.sigma_log must be in [0, 5], got {self.sigma_log!r}")
         if not isinstance(self.fitted, bool):

@@ -211,7 +211,7 @@ def split_examples(examples: Sequence[Example], *, mode: str = "random", fractio
         missing = [f for f in heldout_families if f not in fams]
         if not heldout_families or missing:
             raise InvalidValueError(f"family split needs held-out families present in the data ({sorted(fams)}), "
-                                f"got {list(heldout_families)}")
+                                    f"got {list(heldout_families)}")
         for e in examples:
             if e.family in heldout_families:
                 te.append(e)

@@ -241,8 +241,8 @@ def _host_of(ex: Sequence[Example], device: str, threads: int | None = None) -> 
     models = sorted({e.cpu_model for e in rows})
     if len(models) != 1 or not models[0]:
         raise InvalidValueError(f"a {device} checkpoint learns one CPU model: its rows must all record the same "
-                            f"environment.cpu_model, got {models} (train one checkpoint per CPU model, "
-                            "e.g. with one dataset file each)")
+                                f"environment.cpu_model, got {models} (train one checkpoint per CPU model, "
+                                "e.g. with one dataset file each)")
     threads = _label_threads(ex, device) if threads is None else threads
     facts = host_facts(threads=threads)
     here = cpu_model_name()
