@@ -41,7 +41,7 @@ from dippm_nas.prior._host import HOST_KINDS, Execution, HostModel, check_runtim
 from dippm_nas.prior._memory import MemoryBreakdown, activation_liveness, gpu_memory_parts
 from dippm_nas.prior._nodes import graph_facts, node_costs
 from dippm_nas.prior._params import PriorParams, default_params
-from dippm_nas.units import BYTES_PER_MIB
+from dippm_nas.units import BYTES_PER_MIB as MIB
 from dippm_nas.prior._power import PowerTable, node_activity, pass_energy_j, power_params_for
 
 __all__ = ["PriorEstimate", "estimate", "latency_sigma_log", "latency_us", "timeline_fields"]
@@ -306,8 +306,8 @@ def estimate(
         memory_std, memory_details = parts.std_mib, parts.details()
     else:  # a CPU: the input among the activations, no caching allocator, no context
         mem = _liveness(graph, facts.memory, "dataflow")
-        baseline, weights_mib, input_mib = dev.runtime_baseline_mib, float(graph.param_bytes) / BYTES_PER_MIB, 0.0
-        act_mib, workspace_mib, overhead_mib = mem.peak_allocated_bytes / BYTES_PER_MIB, 0.0, 0.0
+        baseline, weights_mib, input_mib = dev.runtime_baseline_mib, float(graph.param_bytes) / MIB, 0.0
+        act_mib, workspace_mib, overhead_mib = mem.peak_allocated_bytes / MIB, 0.0, 0.0
         total_mib = baseline + weights_mib + act_mib
 
     tc = float(costs.gpu_us[costs.tensor_core].sum())
