@@ -32,10 +32,8 @@ import enum
 import functools
 import hashlib
 import types
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dippm_nas._version import __version__
 from dippm_nas.graph import GRAPH_FORMAT_VERSION
 from dippm_nas.spec import InputSpec
 
@@ -59,8 +57,12 @@ def converter_version() -> str:
     """Versions that change the graph a model converts to: dippm-nas, torch, TVM, the graph format, and a
     digest of the conversion code itself, so that a new or fixed converter is never answered from a
     cache filled before it (the package version does not move with every such change)."""
+    from pathlib import Path
+
     import torch
     import tvm
+
+    from dippm_nas._version import __version__
 
     root = Path(__file__).resolve().parents[1]
     h = hashlib.sha1()
