@@ -74,8 +74,7 @@ def build(model: str, seq: int):
     import torch
     from torch import nn
 
-    from search_spaces._bert import BertEncoder
-    from search_spaces._layers import TransformerBlock
+    from search_spaces import BertEncoder, TransformerBlock
 
     c = _MODELS[model]
     if c["kind"] == "bert":

@@ -36,7 +36,7 @@ def main() -> int:
 
     import dippm_nas as dn
     from dippm_nas.predictor import set_predictor
-    from dippm_nas.predictor._gnn import GnnPredictor
+    from dippm_nas.predictor import GnnPredictor
 
     torch.set_num_threads(1)
     ckpts = args.checkpoint or [str(Path(dn.__file__).parent / "predictor" / "checkpoints" / f"{DEVICE}.pt")]

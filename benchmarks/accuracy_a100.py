@@ -25,8 +25,8 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
-    from dippm_nas.predictor._checkpoint import find_checkpoint
-    from dippm_nas.predictor._evaluate import evaluate_checkpoint
+    from dippm_nas.predictor import find_checkpoint
+    from dippm_nas.training import evaluate_checkpoint
 
     ck = args.checkpoint or find_checkpoint("a100-sxm4-40gb")
     if ck is None:

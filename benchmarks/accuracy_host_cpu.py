@@ -29,7 +29,7 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
-    from dippm_nas.predictor._evaluate import evaluate_checkpoint
+    from dippm_nas.training import evaluate_checkpoint
 
     hold = [h for h in args.holdout.split(",") if h]
     ks = [int(k) for k in args.calibrate.split(",") if k]

@@ -11,7 +11,7 @@ Run it on the machine the dataset was measured on (the device features and the p
 machine's microbenchmark, as they do for a user), with a checkpoint whose ``host.cpu_model`` is another
 CPU. Every row of the dataset is a test row: the checkpoint never saw this machine. Printed per target:
 MAPE, median APE, Kendall τ and the share within ±2σ of the σ the checkpoint gives without the
-cross-host floor; then the floor (:func:`~dippm_nas.predictor._novelty.fit_novel_floor`, 95 % within ±2σ)
+cross-host floor; then the floor (:func:`~dippm_nas.training.fit_novel_floor`, 95 % within ±2σ)
 fitted on half of the families and the coverage it gives on the other half (families alternate in
 sorted order), and the floor fitted on all rows (the figure ``OTHER_HOST_FLOOR_LOG`` holds, or
 ``OTHER_MACHINE_FLOOR_LOG`` with ``--same-cpu-model``). The
@@ -23,7 +23,7 @@ much of the error a single scale would fix).
 ``--same-cpu-model`` accepts a checkpoint whose CPU model string is the data's and this machine's: for
 data from *another machine of the same model* (another VM, another day), which you vouch for, since the
 string cannot tell the two apart. The σ is then the checkpoint's without the other-machine floor
-(:data:`~dippm_nas.predictor._checkpoint.OTHER_MACHINE_FLOOR_LOG`, the figure this measures).
+(:data:`~dippm_nas.predictor.OTHER_MACHINE_FLOOR_LOG`, the figure this measures).
 """
 
 from __future__ import annotations
@@ -48,12 +48,9 @@ def main() -> int:
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args()
 
-    from dippm_nas._platform import cpu_model_name
-    from dippm_nas.predictor._checkpoint import HOST_DEVICE
-    from dippm_nas.predictor._evaluate import evaluate_examples, few_shot_curve
-    from dippm_nas.predictor._gnn import GnnPredictor
-    from dippm_nas.predictor._novelty import fit_novel_floor
-    from dippm_nas.predictor._train import featurize_examples, load_examples
+    from dippm_nas.devices import cpu_model_name
+    from dippm_nas.predictor import HOST_DEVICE, GnnPredictor
+    from dippm_nas.training import evaluate_examples, featurize_examples, few_shot_curve, fit_novel_floor, load_examples
 
     pred = GnnPredictor.load(args.checkpoint, device=HOST_DEVICE, load_calibration=False)
     trained_on = (pred.meta.host or {}).get("cpu_model")

@@ -26,8 +26,7 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from dippm_nas.cache import ConversionCache
-from dippm_nas.cache import _store
+from dippm_nas.cache import CACHE_TABLE, ConversionCache, fresh_copy
 from dippm_nas.graph import OperatorGraph, OpNode
 from dippm_nas.spec import InputSpec
 
@@ -126,9 +125,9 @@ def main() -> int:
         miss = median_ms(lambda i: db_only.get(f"bench-{run}-absent-{i}"), w, r)
         rows = db_only.stats()["rows"]
 
-        tbl = _store._table
+        tbl = CACHE_TABLE
         sel = sa.select(tbl.c.payload, tbl.c.format_version, tbl.c.created_at).where(tbl.c.key == key)
-        with db_only._engine.connect() as conn:
+        with db_only.engine.connect() as conn:
             t_select = median_ms(lambda i: conn.execute(sel).first(), w, r)
         d = json.loads(text)
         parts = {
@@ -137,10 +136,10 @@ def main() -> int:
             "json.loads": median_ms(lambda i: json.loads(text), w, r),
             "OperatorGraph.from_dict": median_ms(lambda i: OperatorGraph.from_dict(d), w, r),
             "OperatorGraph.validate": median_ms(lambda i: g.validate(), w, r),
-            "fresh copy (memory hit)": median_ms(lambda i: _store._fresh_copy(g), w, r),
+            "fresh copy (memory hit)": median_ms(lambda i: fresh_copy(g), w, r),
         }
         # leave a shared database as we found it
-        with db_only._engine.begin() as conn:
+        with db_only.engine.begin() as conn:
             conn.execute(sa.delete(tbl).where(tbl.c.key.like(f"bench-{run}-%")))
 
     print(f"rows in the table during the gets: {rows}")

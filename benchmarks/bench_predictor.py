@@ -73,7 +73,7 @@ def main() -> int:
     torch.set_num_threads(threads[0])
     from dippm_nas.dataset import load_measurements
     from dippm_nas.predictor import get_predictor
-    from dippm_nas.predictor._gnn import INFER_CHUNK_NODES, GnnPredictor, collate
+    from dippm_nas.predictor import INFER_CHUNK_NODES, GnnPredictor, collate
 
     from dippm_nas.devices import resolve_device
     from dippm_nas.errors import UnsupportedDtypeError

@@ -82,7 +82,7 @@ class Decomposed:
 def decompose(graphs: Sequence[Any], base: Any) -> Decomposed:
     from dippm_nas.devices import resolve_device
     from dippm_nas.prior import DeviceScale
-    from dippm_nas.prior._nodes import graph_facts, node_costs
+    from dippm_nas.prior import graph_facts, node_costs
 
     dev = resolve_device(DEVICE)
     neutral = dataclasses.replace(base, device_scales={**base.device_scales, DEVICE: DeviceScale(dispatch_us=0.0)})

@@ -51,7 +51,7 @@ import numpy as np
 
 from dippm_nas.devices import get_device
 from dippm_nas.prior import PriorParams, estimate, kernel_time_us
-from dippm_nas.prior._params import OpClassParams
+from dippm_nas.prior import OpClassParams
 
 # ----------------------------------------------------------------------------------------- metrics
 
@@ -303,7 +303,7 @@ def run_neusight(data: Path, base: PriorParams) -> tuple[PriorParams, dict[str, 
 
 
 def graph_cache_dir() -> Path:
-    from dippm_nas.devices._host import cache_dir
+    from dippm_nas.cache import cache_dir
 
     return cache_dir() / "calibration-graphs"
 
@@ -496,7 +496,7 @@ ANB_DEVICES = {"throughput_a100__throughput_mean": "a100-sxm4-40gb", "throughput
 
 def load_anb(data: Path, n_nets: int) -> list[WholeModel]:
     import search_spaces as ss
-    from search_spaces._mbconv import ACCEL_NASBENCH_COLUMNS, config_from_accel_nasbench_row
+    from search_spaces import ACCEL_NASBENCH_COLUMNS, config_from_accel_nasbench_row
 
     from dippm_nas import InputSpec
 

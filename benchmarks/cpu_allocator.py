@@ -29,7 +29,7 @@ _CHILD = r"""
 import json, statistics, sys, time, torch
 sys.path.insert(0, sys.argv[4])
 if sys.argv[1] == "steady":
-    from dippm_nas.measure._malloc import steady_allocator
+    from dippm_nas.measure import steady_allocator
     steady_allocator()
 from search_spaces import build_model
 torch.set_num_threads(1)

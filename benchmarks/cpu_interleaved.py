@@ -41,8 +41,7 @@ _CHILD = r"""
 import json, sys, time
 sys.path.insert(0, sys.argv[1])
 import torch
-from dippm_nas.measure import MeasureSettings, time_interleaved
-from dippm_nas.measure._malloc import steady_allocator
+from dippm_nas.measure import MeasureSettings, steady_allocator, time_interleaved
 from search_spaces import build_model, get_space
 steady_allocator()
 items, rounds, per_round, rounds_first, out = (json.load(open(sys.argv[2])), int(sys.argv[3]), int(sys.argv[4]),

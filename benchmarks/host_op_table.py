@@ -31,7 +31,7 @@ Step 2, for each ``--holdout`` pair of families (never used for fitting anything
   through the prior (:func:`dippm_nas.prior.estimate` with the table in its ``PriorParams``): what a
   prediction from a graph sees;
 - *GNN twin* (``--twin PAIR=CKPT``): a checkpoint trained with ``--split family --holdout PAIR`` on
-  the same data, on the same profiled rows (``dippm_nas.predictor._evaluate.evaluate_checkpoint``).
+  the same data, on the same profiled rows (``dippm_nas.training.evaluate_checkpoint``).
 
 Figures are MAPE (%) against the dataset's labels. ``--profiles`` ending in ``.xz`` is written
 compressed. Fitting the table needs scikit-learn (``pip install scikit-learn``).
@@ -83,7 +83,7 @@ def _profile(picked: list[dict[str, Any]], out: Path) -> None:
 
     import search_spaces as ss
     from dippm_nas.measure import OpProfileWriter, profile_ops
-    from dippm_nas.measure._malloc import release_free_memory, steady_allocator
+    from dippm_nas.measure import release_free_memory, steady_allocator
 
     steady_allocator()
     torch.set_num_threads(1)
@@ -148,7 +148,7 @@ def _analyse(models: list[dict[str, Any]], pair: list[str], twins: dict[str, str
     gnn: dict[str, float] = {}
     ck = twins.get(",".join(sorted(pair)))
     if ck:
-        from dippm_nas.predictor._evaluate import evaluate_checkpoint
+        from dippm_nas.training import evaluate_checkpoint
 
         res = evaluate_checkpoint(ck, data, device="host-cpu", split="family", heldout_families=pair, seed=seed)
         gnn = {r["key"]: r["latency_ms_pred"] for r in res["rows"] if "latency_ms_pred" in r}

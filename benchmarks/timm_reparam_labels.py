@@ -81,7 +81,7 @@ def _print_run_ratios(csv_path: Path, top: int) -> None:
     import csv
     import statistics
 
-    from dippm_nas.predictor._train import timm_family
+    from dippm_nas.training import timm_family
 
     runs: dict[str, dict[tuple[str, str], float]] = {k: {} for k in _RUNS}
     with open(csv_path, newline="") as f:

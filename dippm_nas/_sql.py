@@ -11,7 +11,9 @@ The conversion cache, the validation queue, the dataset store and the Optuna sto
   replaced instead of failing the next statement.
 
 Errors name the store (``what``) and are raised as the caller's :class:`~dippm_nas.errors.DippmNasError`
-subclass, so each store keeps its own exception type and its messages.
+subclass, so each store keeps its own exception type and its messages. :func:`transaction` is the one
+transaction helper of the stores, :func:`create_tables` their one table creation (safe when two processes
+create the same tables at once).
 """
 
 from __future__ import annotations
@@ -20,18 +22,20 @@ import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import event, exc
-from sqlalchemy.engine import URL, Engine
+from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.pool import StaticPool
 
 from dippm_nas.errors import DippmNasError, MissingDependencyError
 
-__all__ = ["SQLITE_BUSY_TIMEOUT_S", "make_engine", "redact", "sqlite_connect_listener"]
+__all__ = ["SQLITE_BUSY_TIMEOUT_S", "create_tables", "make_engine", "redact", "sqlite_connect_listener",
+           "transaction"]
 
 logger = logging.getLogger(__name__)
 
@@ -181,3 +185,54 @@ def make_engine(
         ) from e
     except exc.ArgumentError as e:
         raise error(f"invalid {what} URL {redact(url)!r}: {e}") from e
+
+
+@contextmanager
+def transaction(engine: Engine, *, write: bool = True, error: type[DippmNasError] | None = None,
+                what: str = "") -> Iterator[Connection]:
+    """A connection of ``engine``: in a transaction committed on exit when ``write``, else a plain one.
+
+    Args:
+        engine: the store's engine.
+        write: begin a transaction (commit on success, roll back on an exception).
+        error: raise SQLAlchemy errors as this class, ``f"{what} failed: {e}"``, chained; ``None`` lets them
+            through unchanged.
+        what: the store and the operation, for the message (``"conversion cache 'sqlite:///x': get"``).
+    """
+    try:
+        if write:
+            with engine.begin() as conn:
+                yield conn
+        else:
+            with engine.connect() as conn:
+                yield conn
+    except exc.SQLAlchemyError as e:
+        if error is None:
+            raise
+        raise error(f"{what} failed: {e}") from e
+
+
+def create_tables(engine: Engine, metadata: sa.MetaData, tables: Sequence[str], *, error: type[DippmNasError],
+                  what: str) -> None:
+    """``metadata.create_all`` in a transaction, safe when another process creates the same tables at once.
+
+    The loser of such a race gets "already exists" (or a unique violation in PostgreSQL's catalogue); that
+    is fine when every table of ``tables`` exists afterwards.
+
+    Raises:
+        error: ``f"cannot create the tables of the {what}: ..."`` or ``f"cannot open the {what}: ..."``.
+    """
+    try:
+        with engine.begin() as conn:
+            metadata.create_all(conn, checkfirst=True)
+    except exc.DBAPIError as e:
+        try:
+            insp = sa.inspect(engine)
+            ok = all(insp.has_table(t) for t in tables)
+        except exc.SQLAlchemyError:
+            ok = False
+        if not ok:
+            raise error(f"cannot open the {what}: {e}") from e
+        logger.debug("%s: tables created concurrently by another process (%s)", what, e)
+    except exc.SQLAlchemyError as e:
+        raise error(f"cannot open the {what}: {e}") from e

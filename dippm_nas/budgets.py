@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dippm_nas._logging import WarnOnce
+from dippm_nas.devices import resolve_device
 from dippm_nas.errors import BudgetError
 from dippm_nas.prediction import Prediction
 
@@ -227,8 +228,6 @@ class Budgets:
         if self.memory_mib is not None:
             limits.append((self.memory_mib, "memory_mib"))
         if self.mig_profile is not None:
-            from dippm_nas.devices import resolve_device
-
             dev = resolve_device(device)
             if not dev.has_mig:
                 raise BudgetError(f"budget mig_profile={self.mig_profile!r} needs a device with MIG; "

@@ -1,14 +1,16 @@
 """The exception hierarchy of dippm-nas.
 
 Every error the library raises on purpose derives from :class:`DippmNasError`, so a search loop can
-catch one class. Messages state the rule that was broken, the offending value and the valid choices
-or a hint. Third-party errors are wrapped ``from e`` so their traceback is kept.
+catch one class; errors of bad values are also :class:`ValueError` (:class:`InvalidValueError` and the
+specific ones), as Python users expect. Messages state the rule that was broken, the offending value and
+the valid choices or a hint. Third-party errors are wrapped ``from e`` so their traceback is kept.
 """
 
 from __future__ import annotations
 
 __all__ = [
     "DippmNasError",
+    "InvalidValueError",
     "InputSpecError",
     "InputShapeError",
     "ModelSpecError",
@@ -26,11 +28,20 @@ __all__ = [
     "SearchSpaceError",
     "MissingDependencyError",
     "BudgetError",
+    "DatasetError",
 ]
 
 
 class DippmNasError(Exception):
     """Root of every error raised by dippm-nas."""
+
+
+class InvalidValueError(DippmNasError, ValueError):
+    """A value given to dippm-nas breaks a rule; the message states the rule, the value and the choices.
+
+    The more specific errors of bad values (:class:`InputSpecError`, :class:`DeviceError`,
+    :class:`BudgetError`...) are also :class:`ValueError`; this one covers the other arguments and fields.
+    """
 
 
 class InputSpecError(DippmNasError, ValueError):
@@ -100,3 +111,8 @@ class InputShapeError(InputSpecError):
 
 class BudgetError(DippmNasError, ValueError):
     """A hardware budget or its ``k_sigma`` is invalid (:class:`~dippm_nas.budgets.Budgets`)."""
+
+
+class DatasetError(DippmNasError, ValueError):
+    """A dataset file cannot be opened or read (schema version, format), an importer's CSV lacks
+    columns, or a build was asked for with invalid arguments."""

@@ -92,7 +92,7 @@ import optuna
 from dippm_nas._logging import WarnOnce
 from dippm_nas.budgets import Budgets, check_k_sigma, trial_attrs
 from dippm_nas.capture import assemble, space_config_of
-from dippm_nas.errors import DippmNasError, SearchSpaceError
+from dippm_nas.errors import DippmNasError, InvalidValueError, SearchSpaceError
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.prediction import Prediction
 from dippm_nas.predictor import DEFAULT_DEVICE, predict, predict_many
@@ -172,8 +172,8 @@ def _jsonable(value: Any, what: str) -> Any:
     try:
         return json.loads(json.dumps(value, allow_nan=False))
     except (TypeError, ValueError) as e:
-        raise DippmNasError(f"{what} must be plain JSON data (dicts, lists, str, numbers, bools), got {value!r}: "
-                            f"{e}") from e
+        raise InvalidValueError(f"{what} must be plain JSON data (dicts, lists, str, numbers, bools), got {value!r}: "
+                                f"{e}") from e
 
 
 class HardwareCostModel:
@@ -237,16 +237,17 @@ class HardwareCostModel:
             budgets = dataclasses.replace(budgets, k_sigma=check_k_sigma(k_sigma))
         self.budgets: Budgets = budgets
         if isinstance(objectives, str):
-            raise DippmNasError(f"objectives must be a sequence of names, got the string {objectives!r}")
+            raise InvalidValueError(f"objectives must be a sequence of names, got the string {objectives!r}")
         objectives = tuple(objectives)
         bad = [o for o in objectives if o not in OBJECTIVES]
         if bad or len(set(objectives)) != len(objectives):
-            raise DippmNasError(f"objectives must be distinct names from {list(OBJECTIVES)}, got {list(objectives)}")
+            raise InvalidValueError(f"objectives must be distinct names from {list(OBJECTIVES)}, got "
+                                    f"{list(objectives)}")
         self.objectives: tuple[str, ...] = objectives
         #: standard deviations of memory the MIG advice of each prediction adds (the memory budget's ``k``)
         self.k_sigma = budgets.k_for("memory_mib")
         if constraint_api not in CONSTRAINT_API:
-            raise DippmNasError(f"constraint_api must be one of {CONSTRAINT_API}, got {constraint_api!r}")
+            raise InvalidValueError(f"constraint_api must be one of {CONSTRAINT_API}, got {constraint_api!r}")
         if constraint_api == "set_constraint" and not optuna_has_set_constraint():
             raise DippmNasError(
                 f"constraint_api='set_constraint' needs Optuna >= 5 (installed: {optuna.__version__}); use "
@@ -255,10 +256,10 @@ class HardwareCostModel:
         self.constraint_api = constraint_api
         self.cache = cache
         if isinstance(background_workers, bool) or not isinstance(background_workers, int) or background_workers < 0:
-            raise DippmNasError(f"background_workers must be an int >= 0, got {background_workers!r}")
+            raise InvalidValueError(f"background_workers must be an int >= 0, got {background_workers!r}")
         self.background_workers = background_workers
         if on_error not in ON_ERROR:
-            raise DippmNasError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
+            raise InvalidValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
         self.on_error = on_error
         self._pool: Any = None
         self._finisher: Any = None
@@ -336,7 +337,7 @@ class HardwareCostModel:
             bad_d = [d for d in directions if d not in ("maximize", "minimize")]
             n_lead = len(directions) - len(self.directions)
             if bad_d or n_lead < 0 or directions[n_lead:] != self.directions:
-                raise DippmNasError(
+                raise InvalidValueError(
                     f"directions must be yours followed by the cost model's {self.directions} (objectives "
                     f"{list(self.objectives)}), each 'maximize' or 'minimize'; got {directions}")
             if leading is not None and list(dict(leading).values()) != directions[:n_lead]:
@@ -346,7 +347,7 @@ class HardwareCostModel:
         leading = {"accuracy": "maximize"} if leading is None else dict(leading)
         bad = {k: v for k, v in leading.items() if v not in ("maximize", "minimize")}
         if bad:
-            raise DippmNasError(f"leading directions must be 'maximize' or 'minimize', got {bad}")
+            raise InvalidValueError(f"leading directions must be 'maximize' or 'minimize', got {bad}")
         all_directions = [*leading.values(), *self.directions]
         if not all_directions:
             raise DippmNasError("a study needs at least one objective: give leading objectives or cost objectives")
@@ -506,15 +507,15 @@ class HardwareCostModel:
             if not isinstance(space, str) or config is None:
                 return None, None
         if (space is None) != (config is None):
-            raise DippmNasError(f"give both space= and config= (a registered search space and its config), "
-                                f"got space={space!r}, config={config!r}")
+            raise InvalidValueError(f"give both space= and config= (a registered search space and its config), "
+                                    f"got space={space!r}, config={config!r}")
         return space, _jsonable(config, "config")
 
     def _spec_of(self, model: Any, spec: InputSpec | None) -> InputSpec:
         if isinstance(model, OperatorGraph):
             return model.spec if spec is None else spec
         if not isinstance(spec, InputSpec):
-            raise DippmNasError(f"spec must be a dippm_nas.InputSpec (required with a model), got {spec!r}")
+            raise InvalidValueError(f"spec must be a dippm_nas.InputSpec (required with a model), got {spec!r}")
         return spec
 
     def _source(self, model: Any, spec: InputSpec, space: str | None, config: Any) -> Any:
@@ -623,8 +624,8 @@ class HardwareCostModel:
             constraints registered as violated.
         """
         if len(trials) != len(candidates):
-            raise DippmNasError(f"trials and candidates must pair up, got {len(trials)} trials and "
-                                f"{len(candidates)} candidates")
+            raise InvalidValueError(f"trials and candidates must pair up, got {len(trials)} trials and "
+                                    f"{len(candidates)} candidates")
         t0 = time.perf_counter()
         items: list[Any] = []
         specs: list[InputSpec] = []

@@ -6,7 +6,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from dippm_nas.errors import DippmNasError
+from dippm_nas.errors import InvalidValueError
 
 __all__ = ["Prediction", "Source", "SOURCES"]
 
@@ -66,19 +66,19 @@ class Prediction:
             if v is None and name == "energy_j" and self.energy_source == "unavailable":
                 continue
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-                raise DippmNasError(f"Prediction.{name} must be a finite number >= 0, got {v!r}")
+                raise InvalidValueError(f"Prediction.{name} must be a finite number >= 0, got {v!r}")
             std = getattr(self, name + "_std")
             if std is not None and (not math.isfinite(std) or std < 0):
-                raise DippmNasError(f"Prediction.{name}_std must be finite and >= 0 or None, got {std!r}")
+                raise InvalidValueError(f"Prediction.{name}_std must be finite and >= 0 or None, got {std!r}")
         for name in ("host_ms", "gpu_ms"):
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0):
-                raise DippmNasError(f"Prediction.{name} must be a finite number >= 0 or None, got {v!r}")
+                raise InvalidValueError(f"Prediction.{name} must be a finite number >= 0 or None, got {v!r}")
         for name in ("latency_source", "energy_source", "memory_source"):
             if getattr(self, name) not in SOURCES:
-                raise DippmNasError(f"Prediction.{name} must be one of {SOURCES}, got {getattr(self, name)!r}")
+                raise InvalidValueError(f"Prediction.{name} must be one of {SOURCES}, got {getattr(self, name)!r}")
         if (self.energy_j is None) != (self.energy_source == "unavailable"):
-            raise DippmNasError(
+            raise InvalidValueError(
                 f"Prediction.energy_j is None exactly when energy_source is 'unavailable', got "
                 f"energy_j={self.energy_j!r}, energy_source={self.energy_source!r}"
             )

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dippm_nas._optional import require
 from dippm_nas.errors import InputSpecError, ModelSpecError, UnsupportedDtypeError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -321,8 +322,6 @@ def load_model(spec: str) -> "Any":
             or builtin callable, or anything the callable raises or returns other than an ``nn.Module``.
         MissingDependencyError: torchvision/timm not installed.
     """
-    from dippm_nas._optional import require
-
     if not isinstance(spec, str) or not spec:
         raise ModelSpecError(f"model SPEC must be a non-empty string, one of: {'; '.join(_SPEC_FORMS)}; got {spec!r}")
     if spec.lower().endswith(".onnx"):

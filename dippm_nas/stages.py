@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dippm_nas.devices import resolve_device
-from dippm_nas.errors import DippmNasError
+from dippm_nas.errors import InvalidValueError
 from dippm_nas.prediction import Prediction
 from dippm_nas.predictor import DEFAULT_DEVICE, predict
 from dippm_nas.spec import InputSpec
@@ -93,8 +93,8 @@ class StagesPrediction:
 
 def _check_calls(calls: Any, where: str) -> int:
     if isinstance(calls, bool) or not isinstance(calls, int) or calls < 1:
-        raise DippmNasError(f"{where}: calls must be an int >= 1 (how many times the stage runs per pipeline call), "
-                            f"got {calls!r}")
+        raise InvalidValueError(f"{where}: calls must be an int >= 1 (how many times the stage runs per pipeline "
+                                f"call), got {calls!r}")
     return calls
 
 
@@ -115,24 +115,24 @@ def sum_stages(items: Sequence[tuple[Prediction, int]], *, names: Sequence[str] 
     """
     items = list(items)
     if not items:
-        raise DippmNasError("a pipeline needs at least one stage; got an empty stage list")
+        raise InvalidValueError("a pipeline needs at least one stage; got an empty stage list")
     preds: list[Prediction] = []
     calls: list[int] = []
     for i, item in enumerate(items):
         try:
             p, n = item
         except (TypeError, ValueError):
-            raise DippmNasError(f"stage {i} must be a (Prediction, calls) pair, got {item!r}") from None
+            raise InvalidValueError(f"stage {i} must be a (Prediction, calls) pair, got {item!r}") from None
         if not isinstance(p, Prediction):
-            raise DippmNasError(f"stage {i} must hold a Prediction, got {type(p).__name__}")
+            raise InvalidValueError(f"stage {i} must hold a Prediction, got {type(p).__name__}")
         preds.append(p)
         calls.append(_check_calls(n, f"stage {i}"))
     devices = sorted({p.device for p in preds})
     if len(devices) > 1:
-        raise DippmNasError(f"all stages of a pipeline must run on one device, got stages on {devices}; "
-                            "predict each device's pipeline separately")
+        raise InvalidValueError(f"all stages of a pipeline must run on one device, got stages on {devices}; "
+                                "predict each device's pipeline separately")
     if names and len(names) != len(preds):
-        raise DippmNasError(f"names must give one label per stage ({len(preds)}), got {len(names)}")
+        raise InvalidValueError(f"names must give one label per stage ({len(preds)}), got {len(names)}")
 
     def total(attr: str) -> float | None:
         vals = [getattr(p, attr) for p in preds]
@@ -170,7 +170,7 @@ def predict_stages(stages: Sequence[Stage | tuple[Any, ...]], device: str | None
     """
     stages = list(stages)
     if not stages:
-        raise DippmNasError("a pipeline needs at least one stage; got an empty stage list")
+        raise InvalidValueError("a pipeline needs at least one stage; got an empty stage list")
     norm: list[Stage] = []
     for i, s in enumerate(stages):
         if isinstance(s, Stage):
@@ -178,15 +178,15 @@ def predict_stages(stages: Sequence[Stage | tuple[Any, ...]], device: str | None
         elif isinstance(s, tuple) and len(s) in (3, 4):
             st = Stage(*s)
         else:
-            raise DippmNasError(f"stage {i} must be a Stage or a (model, spec, calls[, device]) tuple, got {s!r}")
+            raise InvalidValueError(f"stage {i} must be a Stage or a (model, spec, calls[, device]) tuple, got {s!r}")
         _check_calls(st.calls, f"stage {i}")
         norm.append(st)
     named = {resolve_device(s.device).id for s in norm if s.device is not None}
     if device is not None:
         named.add(resolve_device(device).id)
     if len(named) > 1:
-        raise DippmNasError(f"all stages of a pipeline must run on one device, got {sorted(named)}; "
-                            "predict each device's pipeline separately")
+        raise InvalidValueError(f"all stages of a pipeline must run on one device, got {sorted(named)}; "
+                                "predict each device's pipeline separately")
     dev = named.pop() if named else DEFAULT_DEVICE
     preds = [(predict(s.model, s.spec, device=dev, cache=cache, mig=mig), s.calls) for s in norm]
     return sum_stages(preds, names=[s.name or f"stage{i}" for i, s in enumerate(norm)])

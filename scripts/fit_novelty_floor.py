@@ -13,7 +13,7 @@ the reference set is the training rows' graphs, ``d0`` comes from the validation
 the floor is fitted on the **test rows of the calibration families only** (all devices, or
 ``--calibrate-devices``). The other held-out families are the report: their MAPE does not change (the floor
 only widens σ), their ±2σ coverage is printed before and after. Calibration rows never come from the
-families reported on. See :mod:`dippm_nas.predictor._novelty`.
+families reported on. See :mod:`dippm_nas.predictor._novelty` and :mod:`dippm_nas.training`.
 
 Every target the checkpoint was trained on gets its own floor. ``--floor-log [TARGET=]X --calibrated-on TEXT``
 (repeatable; a bare number is ``latency_ms``) sets the floors instead of fitting them, e.g. to give a checkpoint
@@ -24,6 +24,7 @@ twin; ``d0`` is still computed from its own validation rows.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -35,13 +36,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dippm_nas.cli._train import add_split_args, parse_devices  # noqa: E402
-from dippm_nas.predictor._gnn import GnnPredictor  # noqa: E402
-from dippm_nas.predictor._evaluate import evaluate_examples  # noqa: E402
-from dippm_nas.predictor._novelty import NoveltyFloor, fit_novel_floor  # noqa: E402
-from dippm_nas.predictor._train import (  # noqa: E402
-    Example, _frac, _is_timm, _replace, attach_novelty_reference, featurize_examples, load_examples, split_examples,
-    timm_family,
+from dippm_nas.cli import add_split_args, parse_devices  # noqa: E402
+from dippm_nas.predictor import GnnPredictor, NoveltyFloor  # noqa: E402
+from dippm_nas.training import (  # noqa: E402
+    Example, attach_novelty_reference, evaluate_examples, featurize_examples, fit_novel_floor, is_timm, load_examples,
+    split_examples, split_fraction, timm_family,
 )
 
 DEFAULT_TARGET = "latency_ms"
@@ -58,7 +57,7 @@ def parse_floors(items: Sequence[str]) -> dict[str, float]:
 
 def row_family(e: Example) -> str:
     """The family a row is held out by: the timm family for timm rows, else the search space."""
-    return timm_family(e.name) if _is_timm(e) and e.name else e.family
+    return timm_family(e.name) if is_timm(e) and e.name else e.family
 
 
 def _summary(table: dict, rows: Sequence[dict], label: str, target: str) -> dict:
@@ -104,11 +103,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"reference set {tuple(pred.novelty_ref.shape)}, d0 = {d0:.4f} (validation quantile)")
 
     # families that can calibrate: held-out ones (the timm split's test also holds random in-family rows)
-    test_fams = sorted({row_family(e) for e in te if args.split != "timm-family" or _is_timm(e)})
+    test_fams = sorted({row_family(e) for e in te if args.split != "timm-family" or is_timm(e)})
     if args.floor_log:
         cal_fams: list[str] = []
     elif args.calibrate_frac is not None:
-        cal_fams = [f for f in test_fams if _frac(f"novelty-calibration:{f}", args.seed) < args.calibrate_frac]
+        cal_fams = [f for f in test_fams if split_fraction(f"novelty-calibration:{f}", args.seed) < args.calibrate_frac]
     else:
         cal_fams = [f for f in args.calibrate_families.split(",") if f]
     unknown = sorted(set(cal_fams) - set(test_fams))
@@ -151,10 +150,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("novel floors (log): " + ", ".join(f"{t} {f:.4f}" for t, f in floors.items()) + f": {note}")
     by_dev_rep: dict[str, list[int]] = defaultdict(list)
     for i, e in enumerate(rep):  # per device, held-out timm rows apart from the in-family test rows
-        by_dev_rep[f"{e.device}, " + ("held-out timm families" if _is_timm(e) else f"{e.family} test rows")].append(i)
+        by_dev_rep[f"{e.device}, " + ("held-out timm families" if is_timm(e) else f"{e.family} test rows")].append(i)
     for stage in ("before", "after"):
         if stage == "after":
-            pred.meta = _replace(pred.meta, novelty=NoveltyFloor(d0, floors, note).to_dict())
+            pred.meta = dataclasses.replace(pred.meta, novelty=NoveltyFloor(d0, floors, note).to_dict())
         print(stage)
         for d, idx in sorted(by_dev_rep.items()):
             table, rows = evaluate_examples(pred, [frep[i] for i in idx], [rep[i] for i in idx])

@@ -36,9 +36,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dippm_nas.predictor._novelty import (  # noqa: E402
-    SHRINK_GRID, NoveltyFloor, correction_weight, fit_novel_floor, fit_shrink_width,
-)
+from dippm_nas.training import SHRINK_GRID, fit_novel_floor, fit_shrink_width  # noqa: E402
+from dippm_nas.predictor import NoveltyFloor, correction_weight  # noqa: E402
 
 #: novel rows needed to fit a floor on them only (else all rows)
 MIN_NOVEL_ROWS = 20
@@ -87,7 +86,7 @@ def fit_from_rows(twins: Mapping[str, tuple[Sequence[Mapping[str, Any]], float]]
     """Widths, leave-one-twin-out figures and novel floors from the twins' evaluation rows.
 
     Args:
-        twins: ``{name: (rows, d0)}``; rows as :func:`~dippm_nas.predictor._evaluate.evaluate_examples`
+        twins: ``{name: (rows, d0)}``; rows as :func:`~dippm_nas.training.evaluate_examples`
             gives them (label, ``_pred``, ``_std``, ``_prior``, ``novelty``, ``family``), made without a
             shrink or a novel floor.
         targets: the targets to fit.
@@ -173,9 +172,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from tqdm.auto import tqdm
 
-    from dippm_nas.predictor._evaluate import evaluate_examples
-    from dippm_nas.predictor._gnn import GnnPredictor
-    from dippm_nas.predictor._train import featurize_examples, load_examples, split_examples
+    from dippm_nas.training import evaluate_examples
+    from dippm_nas.predictor import GnnPredictor
+    from dippm_nas.training import featurize_examples, load_examples, split_examples
 
     ship = GnnPredictor.load(args.checkpoint, device=args.device, load_calibration=False)
     if ship.meta.novelty is None or ship.novelty_ref is None:

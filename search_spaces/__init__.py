@@ -102,7 +102,9 @@ from search_spaces._mbconv import (
     accel_nasbench_row_from_config,
     config_from_accel_nasbench_row,
 )
+from search_spaces._bert import BertEncoder
 from search_spaces._blocks import Block, BlockInput, BlockPlan, BlockSearchSpace, Source
+from search_spaces._layers import TransformerBlock
 from search_spaces._params import Choice, IntRange, ListOf, Param, Struct
 from search_spaces._registry import (
     BATCH_SIZES,
@@ -138,4 +140,6 @@ __all__ = [
     "accel_nasbench_row_from_config",
     "ACCEL_NASBENCH_COLUMNS",
     "MBCONV_STAGES",
+    "BertEncoder",
+    "TransformerBlock",
 ]

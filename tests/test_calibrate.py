@@ -12,13 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from dippm_nas.predictor._calibrate import (
-    Calibration,
-    calibration_path,
-    fit_calibration,
-    load_calibration,
-    save_calibration,
-)
+from dippm_nas.predictor import Calibration, calibration_path, fit_calibration, load_calibration, save_calibration
 # the fields of a checkpoint's metadata a calibration is tied to (checkpoint_identity)
 META: Any = SimpleNamespace(device="host-cpu", date="2026-11-25", feature_schema_version=1, feature_style="ours",
                             host={"cpu_model": "Test CPU"})

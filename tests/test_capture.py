@@ -279,7 +279,7 @@ def test_an_opaque_op_fed_a_tuple_keeps_the_dataflow_edges_of_its_fields() -> No
     from tvm import relax
 
     from dippm_nas.capture._converters import _opaque
-    from dippm_nas.graph._relax import graph_from_relax
+    from dippm_nas.graph import graph_from_relax
 
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType([2, 3], "float32"))

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 import search_spaces as ss
-from dippm_nas.cli._main import main as cli_main
+from dippm_nas.cli import main as cli_main
 from dippm_nas.dataset import (
     DatasetError,
     DatasetStore,
@@ -254,7 +254,7 @@ def test_real_cpu_measurement_and_a_real_time_cap_timeout(tmp_path: Path) -> Non
 def test_cuda_device_goes_to_the_measurer_and_usage_errors_leave_the_job_open(tmp_path: Path) -> None:
     db = tmp_path / "d.sqlite"
     fake = FakeMeasurer()
-    report = _small_build(db, fake, device="cuda", n=2)
+    report = _small_build(db, fake, torch_device="cuda", n=2)
     assert report.done == 2 and {c[2] for c in fake.calls} == {"cuda"}
     rows = list(DatasetStore(db).iter_measurements())
     assert {r["device"] for r in rows} == {"cuda"} and {r["extra"]["measured_device"] for r in rows} == {"cuda:0"}
@@ -264,10 +264,10 @@ def test_cuda_device_goes_to_the_measurer_and_usage_errors_leave_the_job_open(tm
 
     db2 = tmp_path / "d2.sqlite"
     with pytest.raises(MeasurementError, match="CUDA"):
-        _small_build(db2, refuses, device="cuda", n=2)
+        _small_build(db2, refuses, torch_device="cuda", n=2)
     jobs = DatasetStore(db2).jobs()
     assert {j.status for j in jobs} == {"converted"} and all(j.attempts == 0 for j in jobs)
-    again = _small_build(db2, FakeMeasurer(), device="cuda", n=2)
+    again = _small_build(db2, FakeMeasurer(), torch_device="cuda", n=2)
     assert again.resumed and again.done == 2
 
 
@@ -288,7 +288,7 @@ def test_a_job_that_kept_killing_the_process_is_failed_not_retried(tmp_path: Pat
 
 
 def test_isolated_measurement_builds_in_the_worker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import dippm_nas.measure as dm
+    from dippm_nas.dataset import _builder
 
     seen: list[tuple[str, dict[str, Any]]] = []
 
@@ -300,7 +300,7 @@ def test_isolated_measurement_builds_in_the_worker(tmp_path: Path, monkeypatch: 
             raise SearchSpaceError("building dataset_test_raises failed: RuntimeError: builder exploded on purpose")
         return _fake_measurement(spec, device)
 
-    monkeypatch.setattr(dm, "measure_isolated", fake_isolated)
+    monkeypatch.setattr(_builder, "measure_isolated", fake_isolated)
     db = tmp_path / "iso.sqlite"
     cfg = {"in_features": 8, "hidden": [16]}
     r = build_dataset(db, candidates=[{"space": "mlp", "config": cfg, "batch_size": 2}], workers=1, progress=False,

@@ -29,7 +29,7 @@ def test_json_report_may_not_overwrite_the_checkpoint_sidecar(tmp_path: Path) ->
 
 def test_timm_rows_are_held_out_by_timm_family() -> None:
     s = _script()
-    from dippm_nas.predictor._train import Example
+    from dippm_nas.training import Example
 
     timm_row = Example(graph=None, device="rtx-3090", y={}, family="timm", key="k", source="timm",  # type: ignore[arg-type]
                        name="resnet50.a1_in1k")

@@ -28,7 +28,7 @@ from dippm_nas.measure._campaign import JSONL_FORMAT, JSONL_SCHEMA_VERSION
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = campaign_settings(warmup=1, min_repeats=2, max_repeats=2, time_cap_s=10.0, energy_window_s=0.01, threads=1)
-SMOKE = dict(device="cpu", set_name="smoke", runtimes=("eager",), dtypes=("float32",), settings=FAST)
+SMOKE = dict(torch_device="cpu", set_name="smoke", runtimes=("eager",), dtypes=("float32",), settings=FAST)
 
 
 class FakeMeasurer:
@@ -69,11 +69,11 @@ def test_campaign_runs_end_to_end_on_the_cpu_and_resumes_without_duplicates(tmp_
 
 def test_an_existing_campaign_needs_resume(tmp_path: Path) -> None:
     fake = FakeMeasurer()
-    run_campaign(tmp_path, batches=(1,), measurer=fake, **{**SMOKE, "device": "cuda"})
+    run_campaign(tmp_path, batches=(1,), measurer=fake, **{**SMOKE, "torch_device": "cuda"})
     with pytest.raises(MeasurementError, match="resume"):
-        run_campaign(tmp_path, batches=(1,), measurer=fake, **{**SMOKE, "device": "cuda"})
+        run_campaign(tmp_path, batches=(1,), measurer=fake, **{**SMOKE, "torch_device": "cuda"})
     with pytest.raises(MeasurementError, match="set 'smoke'"):
-        run_campaign(tmp_path, resume=True, measurer=fake, device="cuda", set_name="v1", batches=(1,))
+        run_campaign(tmp_path, resume=True, measurer=fake, torch_device="cuda", set_name="v1", batches=(1,))
 
 
 def test_the_time_budget_stops_the_run_and_resume_finishes_it(tmp_path: Path) -> None:
@@ -84,7 +84,7 @@ def test_the_time_budget_stops_the_run_and_resume_finishes_it(tmp_path: Path) ->
         return now[0]
 
     fake = FakeMeasurer()
-    kw = dict(measurer=fake, device="cuda", set_name="smoke", runtimes=("eager",), dtypes=("float32",),
+    kw = dict(measurer=fake, torch_device="cuda", set_name="smoke", runtimes=("eager",), dtypes=("float32",),
               batches=(1, 2, 4), settings=FAST)
     r = run_campaign(tmp_path, minutes=1.0, clock=clock, **kw)
     assert 0 < r.measured < r.planned and r.left == r.planned - r.measured
@@ -109,7 +109,7 @@ def test_the_grid_is_ordered_most_informative_first() -> None:
 
 
 def test_cpu_leaves_cuda_graphs_out_and_says_why(tmp_path: Path) -> None:
-    r = run_campaign(tmp_path, batches=(1,), measurer=FakeMeasurer(), device="cpu", set_name="smoke",
+    r = run_campaign(tmp_path, batches=(1,), measurer=FakeMeasurer(), torch_device="cpu", set_name="smoke",
                      dtypes=("float32",), runtimes=("eager", "cuda-graphs"), settings=FAST)
     assert "cuda-graphs" in r.skipped and r.planned == 2
 
@@ -122,7 +122,7 @@ def test_rows_are_the_dataset_jsonl_format_and_files_stay_under_the_limit(tmp_pa
 
     assert (JSONL_FORMAT, JSONL_SCHEMA_VERSION) == (DATASET_FORMAT, SCHEMA_VERSION)
     limit_mib = 4096 / 2**20  # 4 KiB: a row or two per file
-    run_campaign(tmp_path, batches=(1, 2, 4), measurer=FakeMeasurer(), device="cuda", set_name="smoke",
+    run_campaign(tmp_path, batches=(1, 2, 4), measurer=FakeMeasurer(), torch_device="cuda", set_name="smoke",
                  dtypes=("float32",), runtimes=("eager",), settings=FAST, max_file_mib=limit_mib)
     files = sorted(tmp_path.glob("measurements-*.jsonl"))
     assert len(files) > 1 and all(f.stat().st_size <= 4096 for f in files)
@@ -169,7 +169,7 @@ def test_import_captures_the_graphs_later(tmp_path: Path) -> None:
     from dippm_nas.dataset import import_campaign, load_measurements
 
     out = tmp_path / "c"
-    run_campaign(out, batches=(1,), measurer=FakeMeasurer(), device="cuda", set_name="smoke",
+    run_campaign(out, batches=(1,), measurer=FakeMeasurer(), torch_device="cuda", set_name="smoke",
                  dtypes=("float32",), runtimes=("eager", "compiled"), settings=FAST)
     db = tmp_path / "d.sqlite"
     rep = import_campaign(out, db, workers=1, progress=False, cache=False)

@@ -14,8 +14,9 @@ import torch
 from dippm_nas.devices import _registry
 from dippm_nas.errors import CheckpointError, DippmNasError
 from dippm_nas.predictor import _checkpoint, _gnn
-from dippm_nas.predictor._gnn import CheckpointMeta, GnnPredictor, SageEnsemble
-from dippm_nas.predictor._train import Example, _host_of
+from dippm_nas.predictor import CheckpointMeta, GnnPredictor, SageEnsemble
+from dippm_nas.training import Example
+from dippm_nas.training._train import _host_of
 from test_features import tiny_graph
 from test_predictor import _graphs, _meta
 
@@ -177,11 +178,11 @@ def test_training_records_the_rows_cpu_model(monkeypatch: pytest.MonkeyPatch,
     assert host["label_processors"] == [] and host["label_rows_without_processor"] == 1
 
     # the rows record their processor: training on another processor of the same model string is warned about
-    from dippm_nas._platform import cpu_signature
+    from dippm_nas.devices import cpu_signature
 
     here = cpu_signature()
     other = {**here, "model": "999", "microcode": "0x1"}
-    with caplog.at_level(logging.WARNING, logger="dippm_nas.predictor._train"):
+    with caplog.at_level(logging.WARNING, logger="dippm_nas.training._train"):
         caplog.clear()
         host = _host_of([dataclasses.replace(ex[0], cpu_signature=other)], HOST)
         assert host["label_processors"] == [{k: other[k] for k in ("vendor", "family", "model", "stepping",

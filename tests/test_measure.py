@@ -463,7 +463,7 @@ def test_power_sampler_constant_power_and_thread_failure() -> None:
 def test_cuda_energy_counter_and_nvml_memory() -> None:
     nv = fake_nvml(energy_mj=[1_000_000, 1_050_000], used=[700 * MIB, 3_272 * MIB])
     ops = CpuTwinOps()
-    with CudaMeasurer(FAST, device="cuda:0", nvml=nv, ops=ops) as m:
+    with CudaMeasurer(FAST, torch_device="cuda:0", nvml=nv, ops=ops) as m:
         row = m.measure(tiny_model(), TINY_SPEC)
     assert row.ok and row.device == "cuda:0" and row.n_repeats >= FAST.min_repeats
     assert row.latency_ms > 0 and row.latency_ms_std is not None
@@ -552,7 +552,7 @@ def test_cuda_requested_without_cuda_is_a_clear_error() -> None:
     if torch.cuda.is_available():  # pragma: no cover
         pytest.skip("this host has CUDA")
     with pytest.raises(MeasurementError, match="CUDA is not available"):
-        measure(tiny_model(), TINY_SPEC, device="cuda:0", settings=FAST, nvml=fake_nvml())
+        measure(tiny_model(), TINY_SPEC, torch_device="cuda:0", settings=FAST, nvml=fake_nvml())
 
 
 # --------------------------------------------------------------------------- CPU measurer
@@ -573,7 +573,7 @@ def test_cpu_rss_delta_below_the_weights_is_withheld_with_the_reason() -> None:
 def test_cpu_measures_a_tiny_model_for_real() -> None:
     threads_before = torch.get_num_threads()
     model = tiny_model()
-    row = measure(model, TINY_SPEC, device="cpu", settings=FAST)
+    row = measure(model, TINY_SPEC, torch_device="cpu", settings=FAST)
     assert row.ok and row.device == "cpu" and row.n_repeats >= FAST.min_repeats
     assert 0 < row.latency_ms < 1000 and row.latency_ms_median > 0 and row.latency_ms_ci95 is not None
     assert row.stop_reason in ("converged", "max_repeats", "time_cap")
@@ -694,9 +694,9 @@ def test_usage_errors_raise() -> None:
     with pytest.raises(MeasurementError, match="takes a torch.nn.Module"):
         measure("torchvision:resnet18", TINY_SPEC)
     with pytest.raises(DeviceError, match="'cpu', 'cuda' or 'cuda:N'"):
-        measure(tiny_model(), TINY_SPEC, device="tpu")
+        measure(tiny_model(), TINY_SPEC, torch_device="tpu")
     with pytest.raises(DeviceError, match="CUDA device index must be < 1"):
-        CudaMeasurer(FAST, device="cuda:3", nvml=fake_nvml(), ops=CpuTwinOps()).measure(tiny_model(), TINY_SPEC)
+        CudaMeasurer(FAST, torch_device="cuda:3", nvml=fake_nvml(), ops=CpuTwinOps()).measure(tiny_model(), TINY_SPEC)
 
 
 # --------------------------------------------------------------------------- isolated worker
@@ -733,3 +733,25 @@ def test_isolated_worker_faults_are_rows(tmp_path: Any, monkeypatch: pytest.Monk
     assert row.status == "error" and "unexpected keyword argument 'bogus'" in row.reason
     with pytest.raises(ModelSpecError, match="in the measurement worker"):
         measure("no_such_module_xyz:build", InputSpec(shape=(4,)), settings=ISO, isolate=True)
+
+
+# ---------------------------------------------------------------------------------------------- torch_device
+def test_the_old_device_keyword_still_measures_with_a_deprecation_warning() -> None:
+    with pytest.warns(DeprecationWarning, match=r"measure\(device=\.\.\.\) is deprecated.*torch_device="):
+        row = measure(tiny_model(), TINY_SPEC, device="cpu", settings=FAST)
+    assert row.ok and row.device == "cpu"
+    with pytest.warns(DeprecationWarning, match=r"CudaMeasurer\(device="), pytest.raises(DeviceError, match="cuda:3"):
+        CudaMeasurer(FAST, device="cuda:3", nvml=fake_nvml(), ops=CpuTwinOps()).measure(tiny_model(), TINY_SPEC)
+    with pytest.raises(TypeError, match="both device= and torch_device="):
+        measure(tiny_model(), TINY_SPEC, "cuda", device="cpu")
+
+
+def test_the_old_device_keyword_of_run_campaign_and_build_dataset_warns(tmp_path: Path) -> None:
+    from dippm_nas.dataset import DatasetError, build_dataset
+    from dippm_nas.measure import run_campaign
+
+    with pytest.warns(DeprecationWarning, match=r"build_dataset\(device="), \
+            pytest.raises(DatasetError, match="torch_device='cpu'.*torch_device='cuda'"):
+        build_dataset(tmp_path / "d.sqlite", spaces=["mlp"], n=1, workers=1, progress=False, rounds=1, device="cuda")
+    with pytest.warns(DeprecationWarning, match=r"run_campaign\(device="), pytest.raises(MeasurementError):
+        run_campaign(tmp_path / "c", minutes=0.0, device="cpu")

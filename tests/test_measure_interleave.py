@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import search_spaces as ss
-from dippm_nas.cli._main import main as cli_main
+from dippm_nas.cli import main as cli_main
 from dippm_nas.dataset import DatasetError, DatasetStore, build_dataset
 from dippm_nas.errors import MeasurementError
 from dippm_nas.measure import Measurement, MeasureSettings, RoundTiming, time_interleaved
@@ -202,7 +202,7 @@ def test_rounds_keep_no_model_alive_while_the_next_ones_memory_is_measured(
     assert all(x["environment"]["chunk_models_in_rounds"] == 2 for x in rows)
 
 
-@pytest.mark.parametrize("kw, match", [({"device": "cuda"}, "device='cpu'"), ({"isolate": True}, "isolate=False"),
+@pytest.mark.parametrize("kw, match", [({"torch_device": "cuda"}, "torch_device='cpu'"), ({"isolate": True}, "isolate=False"),
                                        ({"rounds": -1}, "rounds must be an int >= 0")])
 def test_rounds_refuse_what_they_cannot_do(tmp_path: Path, kw: dict[str, Any], match: str) -> None:
     args: dict[str, Any] = {"rounds": 2, **kw}

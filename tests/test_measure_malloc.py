@@ -77,8 +77,8 @@ def test_setting_is_validated_and_recorded() -> None:
     spec = InputSpec(shape=(4,), batch_size=2)
     fast = dict(warmup=1, min_repeats=2, max_repeats=3, time_cap_s=5.0, threads=1)
     model = nn.Linear(4, 3)
-    steady = measure(model, spec, device="cpu", settings=MeasureSettings(**fast))
-    as_is = measure(model, spec, device="cpu", settings=MeasureSettings(cpu_allocator="as-is", **fast))
+    steady = measure(model, spec, torch_device="cpu", settings=MeasureSettings(**fast))
+    as_is = measure(model, spec, torch_device="cpu", settings=MeasureSettings(cpu_allocator="as-is", **fast))
     assert as_is.environment["allocator"] == "as-is: requested" and as_is.environment["heap_trimmed"] is False
     assert steady.environment["settings"]["cpu_allocator"] == "steady"
     assert steady.environment["allocator"] == _malloc.steady_allocator()

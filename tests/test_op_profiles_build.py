@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import search_spaces as ss
-from dippm_nas.cli._main import main as cli_main
+from dippm_nas.cli import main as cli_main
 from dippm_nas.dataset import DatasetError, DatasetStore, build_dataset, open_text
 from dippm_nas.errors import MeasurementError
 from dippm_nas.measure import Measurement, MeasureSettings, OpProfileWriter, profile_ops
@@ -94,7 +94,7 @@ def test_a_model_whose_profiling_fails_keeps_its_row(tmp_path: Path, monkeypatch
     assert "profiler refused on purpose" in caplog.text and (tmp_path / "p.jsonl").read_text() == ""
 
 
-@pytest.mark.parametrize("kw, match", [({"device": "cuda"}, "device='cpu'"), ({"isolate": True}, "isolate=False")])
+@pytest.mark.parametrize("kw, match", [({"torch_device": "cuda"}, "torch_device='cpu'"), ({"isolate": True}, "isolate=False")])
 def test_op_profiles_refuse_what_they_cannot_do(tmp_path: Path, kw: dict[str, Any], match: str) -> None:
     with pytest.raises(DatasetError, match=match):
         build_dataset(tmp_path / "d.sqlite", spaces=["mlp"], n=1, workers=1, progress=False, measure_fn=_fake,

@@ -15,7 +15,7 @@ from dippm_nas.devices import Device, get_device
 from dippm_nas.errors import DippmNasError
 from dippm_nas.features import FEATURE_SCHEMA_VERSION, device_dim, featurize, node_dim, static_dim
 from dippm_nas.predictor import AnalyticPredictor
-from dippm_nas.predictor._gnn import CheckpointMeta, GnnPredictor, SageEnsemble
+from dippm_nas.predictor import CheckpointMeta, GnnPredictor, SageEnsemble
 from dippm_nas.prior import (
     NodeActivity,
     PowerParams,

@@ -17,7 +17,7 @@ from dippm_nas.errors import CheckpointError
 from dippm_nas.features import FEATURE_SCHEMA_VERSION, device_dim, featurize, node_dim, static_dim
 from dippm_nas.prediction import Prediction
 from dippm_nas.predictor import get_predictor, predict, predict_many, set_predictor
-from dippm_nas.predictor._gnn import TARGETS, CheckpointMeta, GnnPredictor, SageEnsemble, collate
+from dippm_nas.predictor import TARGETS, CheckpointMeta, GnnPredictor, SageEnsemble, collate
 from test_features import tiny_graph
 
 DEV = "a100-sxm4-40gb"
@@ -229,7 +229,8 @@ def test_cli_predict_json_keys_equal_prediction_fields(tmp_path: Path, monkeypat
 
 # ----------------------------------------------------------------------------- novelty floor
 def test_novelty_scores_are_nearest_reference_distances() -> None:
-    from dippm_nas.predictor._novelty import novelty_scores, reference_set
+    from dippm_nas.predictor import novelty_scores
+    from dippm_nas.training import reference_set
 
     ref = reference_set(torch.tensor([[0.0, 0.0], [3.0, 4.0]]))
     d = novelty_scores(torch.tensor([[0.0, 0.0], [3.0, 4.0], [6.0, 8.0], [1.0, 0.0]]), ref, block=2)
@@ -241,7 +242,7 @@ def test_novelty_scores_are_nearest_reference_distances() -> None:
 
 
 def test_novelty_reference_keeps_repeated_graphs_once() -> None:
-    from dippm_nas.predictor._novelty import reference_set
+    from dippm_nas.training import reference_set
 
     big = torch.zeros(3000, 2)  # one graph measured 3000 times
     small = torch.tensor([[float(i), 1.0] for i in range(1, 51)])  # 50 distinct graphs of a small source
@@ -250,7 +251,7 @@ def test_novelty_reference_keeps_repeated_graphs_once() -> None:
 
 
 def test_fit_novel_floor_covers_the_requested_share() -> None:
-    from dippm_nas.predictor._novelty import fit_novel_floor
+    from dippm_nas.training import fit_novel_floor
 
     rng = np.random.default_rng(0)
     err = np.abs(rng.normal(0.0, 0.15, 2000))
@@ -264,7 +265,7 @@ def test_fit_novel_floor_covers_the_requested_share() -> None:
 
 
 def test_novel_graph_gets_the_novel_floor_and_round_trips(tmp_path: Path) -> None:
-    from dippm_nas.predictor._train import attach_novelty_reference
+    from dippm_nas.training import attach_novelty_reference
 
     p = _predictor()
     graphs = _graphs(4)
@@ -296,7 +297,8 @@ def test_novel_graph_gets_the_novel_floor_and_round_trips(tmp_path: Path) -> Non
 
 
 def test_correction_weight_ramp() -> None:
-    from dippm_nas.predictor._novelty import correction_weight, fit_shrink_width
+    from dippm_nas.predictor import correction_weight
+    from dippm_nas.training import fit_shrink_width
 
     nov = np.array([0.05, 0.1, 0.15, 0.2, 0.4, np.nan])
     np.testing.assert_allclose(correction_weight(nov, 0.1, 1.0), [1, 1, 0.5, 0, 0, 1])
@@ -309,8 +311,8 @@ def test_correction_weight_ramp() -> None:
 def test_novel_graph_correction_shrinks_towards_the_prior(tmp_path: Path) -> None:
     """With a shrink, a graph past d0 answers between the network and the prior (all the way at width 0),
     graphs at or below d0 are untouched, and predict_log (calibration's view) agrees with predict."""
-    from dippm_nas.predictor._novelty import correction_weight
-    from dippm_nas.predictor._train import attach_novelty_reference
+    from dippm_nas.predictor import correction_weight
+    from dippm_nas.training import attach_novelty_reference
 
     p = _predictor()
     graphs = _graphs(4)
@@ -356,7 +358,7 @@ def test_train_predictor_end_to_end_stores_floors_and_novelty_reference(tmp_path
     """A tiny training run: the checkpoint it returns has its validation floor, the novelty reference set and
     threshold, test metrics, and survives a save/load round trip; its predictions track a labelled 2x slowdown."""
     from dippm_nas.graph import OperatorGraph
-    from dippm_nas.predictor._train import Example, TrainConfig, train_predictor
+    from dippm_nas.training import Example, TrainConfig, train_predictor
 
     examples = []
     for b in range(1, 61):
@@ -382,7 +384,7 @@ def test_train_predictor_end_to_end_stores_floors_and_novelty_reference(tmp_path
 def test_correction_penalty_keeps_the_network_nearer_the_prior() -> None:
     """The same tiny training with a large correction penalty learns a smaller correction of the prior."""
     from dippm_nas.graph import OperatorGraph
-    from dippm_nas.predictor._train import Example, TrainConfig, train_predictor
+    from dippm_nas.training import Example, TrainConfig, train_predictor
 
     examples = []
     for b in range(1, 41):
@@ -403,7 +405,7 @@ def test_correction_penalty_keeps_the_network_nearer_the_prior() -> None:
     # per target: a weight on another target leaves latency's correction alone; bad weights are refused
     from dippm_nas.cli._train import _penalty
     from dippm_nas.errors import DippmNasError
-    from dippm_nas.predictor._train import _penalty_weights
+    from dippm_nas.training._train import _penalty_weights
 
     assert _penalty("latency_ms=1,memory_mib=0.1") == {"latency_ms": 1.0, "memory_mib": 0.1} and _penalty("2") == 2.0
     w = _penalty_weights(TrainConfig(correction_penalty={"memory_mib": 30.0}))
@@ -418,7 +420,7 @@ def test_correction_penalty_keeps_the_network_nearer_the_prior() -> None:
 
 def test_a_dtype_never_trained_on_gets_the_prior_flagged() -> None:
     from dippm_nas.features import static_dtype_columns
-    from dippm_nas.predictor._gnn import collate_globals
+    from dippm_nas.predictor import collate_globals
 
     p = _predictor(scale=1.0)  # a network whose correction is far from zero
     gs = _graphs(3)

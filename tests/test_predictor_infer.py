@@ -20,7 +20,7 @@ import torch
 
 from dippm_nas.features import GraphFeatures
 from dippm_nas.graph import OperatorGraph
-from dippm_nas.predictor._gnn import TARGETS, GnnPredictor, SageEnsemble, collate, collate_globals
+from dippm_nas.predictor import TARGETS, GnnPredictor, SageEnsemble, collate, collate_globals
 from test_features import tiny_graph
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -15,7 +15,6 @@ from torch.utils.flop_counter import FlopCounterMode
 import search_spaces as ss
 from dippm_nas.errors import SearchSpaceError
 from search_spaces._layers import SqueezeExcite
-from search_spaces._params import IntRange
 from search_spaces._registry import _REGISTRY
 
 @pytest.fixture(autouse=True)
@@ -207,7 +206,7 @@ def test_unknown_space_lists_choices() -> None:
 
 
 class _TinySpace(ss.SearchSpace):
-    params = {"width": IntRange(1, 64)}
+    params = {"width": ss.IntRange(1, 64)}
 
     def default_config(self) -> dict[str, Any]:
         return {"width": 4}

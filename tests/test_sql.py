@@ -9,7 +9,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
-from dippm_nas._paths import CACHE_DIR_ENV
+from dippm_nas.cache import CACHE_DIR_ENV
 from dippm_nas._sql import SQLITE_BUSY_TIMEOUT_S, make_engine, redact
 from dippm_nas.cache import ConversionCache
 from dippm_nas.dataset import DatasetError, DatasetStore

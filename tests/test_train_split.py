@@ -10,8 +10,8 @@ import torch
 
 from dippm_nas.errors import DippmNasError
 from dippm_nas.features import featurize
-from dippm_nas.predictor._evaluate import evaluate_examples
-from dippm_nas.predictor._train import Example, heldout_timm_families, split_examples, timm_family
+from dippm_nas.training import evaluate_examples
+from dippm_nas.training import Example, heldout_timm_families, split_examples, timm_family
 from test_predictor import DEV, _graphs, _predictor
 
 
@@ -103,7 +103,7 @@ def test_evaluation_sigma_is_the_predictors_sigma_outside_the_training_range() -
     p = _predictor()
     graphs = _graphs(3)
     feats = [featurize(g, DEV) for g in graphs]
-    from dippm_nas.predictor._gnn import collate
+    from dippm_nas.predictor import collate
 
     b = collate(feats[:2])
     p.model.set_stats(b["x"], b["static"], b["dev"], torch.zeros(3), torch.full((3,), 0.4))

@@ -217,6 +217,17 @@ def test_bad_queue_arguments_raise_validation_error_with_the_rule(tmp_path: Path
 
 
 # ------------------------------------------------------------------------------------------- worker
+def test_the_torch_device_keyword_and_its_deprecated_name(queue: JobQueue) -> None:
+    fake = FakeMeasure()
+    assert ValidationWorker(queue, "a100-sxm4-40gb", measure_fn=fake, torch_device="cuda:1").torch_device == "cuda:1"
+    assert torch_device_for("a100-sxm4-40gb", "cuda:1") == "cuda:1"
+    with pytest.warns(DeprecationWarning, match=r"ValidationWorker\(cuda_device=\.\.\.\) is deprecated"):
+        w = ValidationWorker(queue, "a100-sxm4-40gb", measure_fn=fake, cuda_device="cuda:2")
+    assert w.torch_device == "cuda:2"
+    with pytest.warns(DeprecationWarning, match="torch_device="):
+        assert torch_device_for("a100-sxm4-40gb", cuda_device="cuda:3") == "cuda:3"
+
+
 def test_worker_rebuilds_from_json_and_records_oom_as_does_not_fit(queue: JobQueue) -> None:
     _enqueue(queue, 0, width=8)
     _enqueue(queue, 1, width=99)
@@ -608,7 +619,7 @@ def test_real_round_and_validate_worker_cli(tmp_path: Path, capsys: pytest.Captu
     v.run_round(study)
     (rec,) = v.records(study)
     assert rec.status == "ok" and rec.measured_latency_ms > 0 and rec.predicted_latency_ms > 0
-    from dippm_nas.predictor._checkpoint import find_checkpoint
+    from dippm_nas.predictor import find_checkpoint
 
     assert rec.latency_source == ("predicted" if find_checkpoint("host-cpu") else "analytic")
 

@@ -6,7 +6,8 @@ signs its rows so that only writers who know the secret are trusted.
 """
 
 from dippm_nas._paths import CACHE_DIR_ENV, CACHE_URL_ENV, cache_dir, default_cache_url
-from dippm_nas.cache._store import CACHE_SECRET_ENV, ConversionCache, default_cache, set_default_cache
+from dippm_nas.cache._store import (CACHE_SECRET_ENV, CACHE_TABLE, TABLE_NAME, ConversionCache, default_cache,
+                                    fresh_copy, set_default_cache)
 
 __all__ = [
     "ConversionCache",
@@ -17,4 +18,7 @@ __all__ = [
     "CACHE_DIR_ENV",
     "CACHE_URL_ENV",
     "CACHE_SECRET_ENV",
+    "CACHE_TABLE",
+    "TABLE_NAME",
+    "fresh_copy",
 ]

@@ -67,11 +67,12 @@ from sqlalchemy.engine import URL, Connection, make_url
 
 from dippm_nas._logging import WarnOnce
 from dippm_nas._paths import CACHE_DIR_ENV, CACHE_URL_ENV, SQLITE_FILE_NAME, cache_dir, default_cache_url
-from dippm_nas._sql import make_engine, redact
+from dippm_nas._sql import create_tables, make_engine, redact, transaction
 from dippm_nas.errors import CacheError, GraphValidationError
 from dippm_nas.graph import GRAPH_FORMAT_VERSION, OperatorGraph
 
-__all__ = ["ConversionCache", "default_cache", "set_default_cache", "TABLE_NAME", "CACHE_SECRET_ENV"]
+__all__ = ["ConversionCache", "default_cache", "set_default_cache", "TABLE_NAME", "CACHE_TABLE", "CACHE_SECRET_ENV",
+           "fresh_copy"]
 
 logger = logging.getLogger(__name__)
 
@@ -105,6 +106,8 @@ _table = sa.Table(
     # Covers both the eviction order and SUM(size_bytes), so neither reads the payloads.
     sa.Index(f"ix_{TABLE_NAME}_lru", "last_used_at", "size_bytes"),
 )
+#: The conversion cache's table (one row per key).
+CACHE_TABLE = _table
 _UPDATABLE = tuple(c.name for c in _table.columns if c.name != "key")
 
 _warn_once = WarnOnce(logger)
@@ -260,7 +263,7 @@ def _is_sound_sqlite(path: str) -> bool:
         return False
 
 
-def _fresh_copy(template: OperatorGraph) -> OperatorGraph:
+def fresh_copy(template: OperatorGraph) -> OperatorGraph:
     """A new graph equal to ``template``: new containers, shared frozen :class:`OpNode` records, and the
     template's structural hash (the template is never handed out, so its hash stays true; a hit is
     otherwise re-hashed on every ``predict``)."""
@@ -452,32 +455,12 @@ class ConversionCache:
         if self._closed:
             raise CacheError(f"the conversion cache {self.url!r} is closed; open a new ConversionCache")
         self._ensure_process()
-        try:
-            if write:
-                with self._engine.begin() as conn:
-                    yield conn
-            else:
-                with self._engine.connect() as conn:
-                    yield conn
-        except exc.SQLAlchemyError as e:
-            raise CacheError(f"conversion cache {self.url!r}: {what} failed: {e}") from e
+        with transaction(self._engine, write=write, error=CacheError,
+                         what=f"conversion cache {self.url!r}: {what}") as conn:
+            yield conn
 
     def _create_table(self) -> None:
-        try:
-            with self._engine.begin() as conn:
-                _metadata.create_all(conn, checkfirst=True)
-        except exc.DBAPIError as e:
-            # Two processes creating the table at once: the loser's CREATE fails with "already
-            # exists" (or a unique violation on PostgreSQL's catalogue). Fine if the table is there now.
-            try:
-                exists = sa.inspect(self._engine).has_table(TABLE_NAME)
-            except exc.SQLAlchemyError:
-                exists = False
-            if not exists:
-                raise CacheError(f"cannot open the conversion cache {self.url!r}: {e}") from e
-            logger.debug("conversion cache: table created concurrently by another process (%s)", e)
-        except exc.SQLAlchemyError as e:
-            raise CacheError(f"cannot open the conversion cache {self.url!r}: {e}") from e
+        create_tables(self._engine, _metadata, [TABLE_NAME], error=CacheError, what=f"conversion cache {self.url!r}")
 
     @staticmethod
     def _check_key(key: str) -> None:
@@ -562,7 +545,7 @@ class ConversionCache:
                 self._counts["memory_hits"] += 1
         if entry is not None:
             self._touch(key, now)
-            return _fresh_copy(entry[0])
+            return fresh_copy(entry[0])
 
         stmt = (sa.select(_table.c.payload, _table.c.structural_hash, _table.c.format_version, _table.c.created_at)
                 .where(_table.c.key == key))
@@ -592,7 +575,7 @@ class ConversionCache:
             self._remember(key, graph, json_chars)
             self._counts["hits"] += 1
         self._touch(key, now)
-        return _fresh_copy(graph)
+        return fresh_copy(graph)
 
     def put(self, key: str, graph: OperatorGraph) -> None:
         """Store ``graph`` under ``key`` (an idempotent upsert), then evict if over ``max_bytes``.
@@ -771,6 +754,11 @@ class ConversionCache:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def engine(self) -> sa.engine.Engine:
+        """The SQLAlchemy engine of the cache's database (its table is :data:`CACHE_TABLE`)."""
+        return self._engine
 
     def __enter__(self) -> "ConversionCache":
         return self

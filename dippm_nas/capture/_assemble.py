@@ -41,9 +41,12 @@ from dippm_nas._logging import WarnOnce
 from dippm_nas.capture._capture import CacheArg, _resolve_cache, _warn_cache_down, capture
 from dippm_nas.capture._key import converter_version
 from dippm_nas.capture._many import CaptureResult, capture_many
-from dippm_nas.errors import CacheError, DippmNasError, GraphCaptureError, InputSpecError, SearchSpaceError
+from dippm_nas.errors import (
+    CacheError, DippmNasError, GraphCaptureError, InputSpecError, InvalidValueError, SearchSpaceError,
+)
 from dippm_nas.graph import GRAPH_FORMAT_VERSION, OperatorGraph, OpNode
 from dippm_nas.spec import InputSpec, TensorSpec
+import search_spaces
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -70,7 +73,6 @@ _FAST_MODES = frozenset({"export", "export+opaque"})
 def _search_spaces() -> Any:
     # search_spaces imports dippm_nas (errors, spec), so it is imported when first needed, not at module
     # import (dippm_nas/__init__ imports this package).
-    import search_spaces
 
     return search_spaces
 
@@ -509,7 +511,7 @@ class _Run:
     def plan(self, item: Any, fallback: bool) -> tuple:
         """``("whole", space, cfg, spec)`` or ``("blocks", space, cfg, plan, keys, spec)``; raises for bad input."""
         if not isinstance(item, (tuple, list)) or len(item) != 3:
-            raise DippmNasError(f"an item must be (space, config, spec), got {item!r}")
+            raise InvalidValueError(f"an item must be (space, config, spec), got {item!r}")
         space_arg, config, spec = item
         if not isinstance(spec, InputSpec):
             raise InputSpecError(f"spec must be a dippm_nas.InputSpec, e.g. space.input_spec(config, batch_size=8), "

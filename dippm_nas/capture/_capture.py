@@ -49,6 +49,7 @@ def _resolve_cache(cache: CacheArg) -> "ConversionCache | None":
     if cache is None or cache is False:
         return None
     if cache is True:
+        # SQLAlchemy loads with the first cache used, so that `gpu-campaign` runs where it is not installed
         from dippm_nas.cache import default_cache
 
         try:

@@ -41,7 +41,7 @@ import math
 import re
 from typing import Any
 
-from dippm_nas.graph._relax import OPAQUE_PREFIX
+from dippm_nas.graph import OPAQUE_PREFIX
 
 __all__ = ["custom_convert_map", "opaque_convert_map", "unsupported_ops"]
 

@@ -6,7 +6,7 @@ import logging
 import multiprocessing as mp
 import time
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any
@@ -205,14 +205,12 @@ def capture_many(items: Iterable[Item], *, workers: int = 1, cache: CacheArg = T
 
 
 def _as_completed(futures: dict[Future, int]) -> Iterable[Future]:
-    from concurrent.futures import as_completed
-
     return as_completed(futures)
 
 
 def _init_worker(url: str | None, use_cache: bool) -> None:
     """Point the worker's default cache at the parent's store."""
     if use_cache and url is not None:
-        from dippm_nas.cache import ConversionCache, set_default_cache
+        from dippm_nas.cache import ConversionCache, set_default_cache  # SQLAlchemy only where a cache is used
 
         set_default_cache(ConversionCache(url))

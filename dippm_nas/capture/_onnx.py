@@ -8,8 +8,7 @@ from pathlib import Path
 
 from dippm_nas._optional import require
 from dippm_nas.errors import GraphCaptureError, InputShapeError, ModelSpecError
-from dippm_nas.graph import OperatorGraph
-from dippm_nas.graph._relax import graph_from_relax
+from dippm_nas.graph import OperatorGraph, graph_from_relax
 from dippm_nas.spec import InputSpec
 
 __all__ = ["capture_onnx", "read_onnx_bytes"]

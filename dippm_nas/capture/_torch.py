@@ -23,8 +23,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from dippm_nas.errors import DippmNasError, GraphCaptureError, InputShapeError
-from dippm_nas.graph import OperatorGraph
-from dippm_nas.graph._relax import graph_from_relax
+from dippm_nas.graph import OperatorGraph, graph_from_relax
 from dippm_nas.spec import InputSpec
 
 if TYPE_CHECKING:  # pragma: no cover

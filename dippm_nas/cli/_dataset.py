@@ -139,7 +139,7 @@ def _read_candidates(paths: list[Path], dtype: str) -> list[dict[str, Any]]:
     import search_spaces as ss
 
     from dippm_nas.dataset import iter_jsonl
-    from dippm_nas.dataset._store import canonical_json
+    from dippm_nas._json import canonical_json
 
     known = set(ss.list_spaces())
     out: list[dict[str, Any]] = []
@@ -192,7 +192,7 @@ def run_build(args: argparse.Namespace) -> int:
         raise DippmNasError(f"--space and --n go together, got --space {args.space!r}, --n {args.n!r}")
     candidates = _read_candidates(args.candidates, args.dtype) if args.candidates else None
     report = build_dataset(
-        args.out, spaces=_spaces(args.space or ""), n=args.n or 0, candidates=candidates, device=args.device,
+        args.out, spaces=_spaces(args.space or ""), n=args.n or 0, candidates=candidates, torch_device=args.device,
         batch_sizes=args.batch,
         dtype=args.dtype, seed=args.seed, settings=settings, mac_budget=budget, workers=args.workers,
         chunk_size=args.chunk, overlap=not args.no_overlap, pin_cpu=args.pin_cpu,
@@ -208,7 +208,7 @@ def run_build(args: argparse.Namespace) -> int:
 
 
 def run_import(args: argparse.Namespace) -> int:
-    from dippm_nas.dataset import _importers as imp
+    import dippm_nas.dataset as imp
 
     common: dict[str, Any] = {"limit": args.limit, "progress": not args.no_progress}
     if args.kind == "accel-nasbench":

@@ -19,7 +19,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-__all__ = ["register"]
+__all__ = ["register", "digits_data", "suggest_demo_config", "train_demo_model"]
 
 #: Optimiser settings of the demo's training loop (Adam, mini-batches); chosen to learn digits in a few epochs.
 _LEARNING_RATE = 3e-3
@@ -71,7 +71,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- data
-def _digits(seed: int) -> dict[str, Any]:
+def digits_data(seed: int) -> dict[str, Any]:
     """Digits as float tensors in [0, 1], split into train and held-out parts (stratified, seeded)."""
     from dippm_nas._optional import require
 
@@ -103,7 +103,7 @@ def _at_resolution(data: dict[str, Any], resolution: int) -> tuple[Any, Any]:
     return data["resized"][resolution]
 
 
-def _train(model: Any, data: dict[str, Any], resolution: int, *, seconds: float, epochs: int, seed: int
+def train_demo_model(model: Any, data: dict[str, Any], resolution: int, *, seconds: float, epochs: int, seed: int
            ) -> dict[str, float]:
     """Train with Adam for at most ``epochs`` epochs and ``seconds`` seconds; held-out accuracy and effort."""
     import torch
@@ -139,7 +139,7 @@ def _train(model: Any, data: dict[str, Any], resolution: int, *, seconds: float,
     return {"accuracy": acc, "train_s": time.perf_counter() - t0, "train_steps": steps, "train_epochs": done_epochs}
 
 
-def _suggest(trial: Any) -> dict[str, Any]:
+def suggest_demo_config(trial: Any) -> dict[str, Any]:
     """A ``demo_cnn`` config from the trial's suggestions."""
     stages = trial.suggest_int("stages", 1, 3)
     return {
@@ -382,16 +382,16 @@ def _run(args: argparse.Namespace) -> int:
             batch_size=args.validate_batch, auto_calibrate=args.auto_calibrate,
             settings=MeasureSettings(warmup=3, min_repeats=5, max_repeats=50, time_cap_s=3.0, threads=args.threads),
         )
-    data = _digits(args.seed)
+    data = digits_data(args.seed)
     space = search_spaces.get_space("demo_cnn")
 
     def objective(trial: optuna.Trial) -> tuple[float, ...]:
-        cfg = space.validate(_suggest(trial))
+        cfg = space.validate(suggest_demo_config(trial))
         model = search_spaces.build_model("demo_cnn", cfg, seed=args.seed + trial.number)
         # predicted while it trains: conversion in a background process, records in a background thread
         pending = cost.submit(trial, model, space.input_spec(cfg, batch_size=args.batch))
         try:
-            res = _train(model, data, cfg["resolution"], seconds=args.train_seconds, epochs=args.epochs,
+            res = train_demo_model(model, data, cfg["resolution"], seconds=args.train_seconds, epochs=args.epochs,
                          seed=args.seed + trial.number)
         finally:
             hw = pending.result()  # recorded before the trial ends, even when training failed

@@ -31,8 +31,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dippm_nas.predictor._evaluate import scatter_png, write_report
-    from dippm_nas.predictor._evaluate import evaluate_checkpoint
+    from dippm_nas.training import scatter_png, write_report
+    from dippm_nas.training import evaluate_checkpoint
 
     ks = [int(k) for k in args.calibrate.split(",") if k]
     holdout = [h for h in args.holdout.split(",") if h]

@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
               f"{lat} {energy} {mem}{why}", flush=True)
 
     threads = args.threads if args.threads is not None else (1 if args.device == "cpu" else None)
-    report = run_campaign(args.out, minutes=args.minutes, resume=args.resume, device=args.device,
+    report = run_campaign(args.out, minutes=args.minutes, resume=args.resume, torch_device=args.device,
                           set_name=args.set_name, runtimes=args.runtimes,
                           settings=campaign_settings(time_cap_s=args.time_cap, threads=threads),
                           max_file_mib=args.max_file_mib,

@@ -76,7 +76,7 @@ def _penalty(text: str) -> float | dict[str, float]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dippm_nas.predictor._train import TrainConfig, train_predictor
+    from dippm_nas.training import TrainConfig, train_predictor
     from dippm_nas.prior import PriorParams
 
     cfg = TrainConfig(hidden=args.hidden, layers=args.layers, members=args.members, epochs=args.epochs,

@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
                                time_cap_s=args.time_cap, threads=args.threads)
     queue = JobQueue(args.storage, lease_s=DEFAULT_LEASE_S if args.lease is None else args.lease,
                      max_attempts=args.max_attempts)
-    worker = ValidationWorker(queue, args.device, settings=settings, cuda_device=args.cuda_device,
+    worker = ValidationWorker(queue, args.device, settings=settings, torch_device=args.cuda_device,
                               isolate=args.isolate, rounds=args.rounds, rounds_batch=args.rounds_batch)
     stop = threading.Event()
 

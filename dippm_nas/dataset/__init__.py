@@ -8,7 +8,7 @@ The file layout is described in :mod:`dippm_nas.dataset._store`.
 """
 
 from dippm_nas.dataset._builder import DEFAULT_BUILD_SETTINGS, BuildReport, build_dataset, measurement_row
-from dippm_nas.dataset._errors import DatasetError
+from dippm_nas.errors import DatasetError
 from dippm_nas.dataset._export import export_jsonl, iter_jsonl, open_text
 from dippm_nas.dataset._importers import (
     ImportReport,

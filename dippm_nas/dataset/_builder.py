@@ -59,16 +59,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dippm_nas._deprecation import MISSING, renamed_keyword
+from dippm_nas._json import canonical_json
 from dippm_nas._version import __version__
 from dippm_nas.capture import assemble_many
-from dippm_nas.dataset._errors import DatasetError
+from dippm_nas.errors import DatasetError, DeviceError, MeasurementError, SearchSpaceError
 from dippm_nas.dataset._plan import Candidate, Plan, plan_candidates, plan_key
-from dippm_nas.dataset._store import DatasetStore, Job, canonical_json
-from dippm_nas.errors import DeviceError, MeasurementError, SearchSpaceError
+from dippm_nas.dataset._store import DatasetStore, Job
 from dippm_nas.measure import (
     Measurement, MeasureSettings, OpProfileWriter, RoundTiming, measure, profile_ops, time_interleaved,
 )
+from dippm_nas.measure import measure_isolated, release_free_memory
 from dippm_nas.spec import COMPUTE_DTYPES, InputSpec
+import search_spaces as ss
 
 __all__ = ["build_dataset", "BuildReport", "DEFAULT_BUILD_SETTINGS", "MeasureFn", "measurement_row"]
 
@@ -116,7 +119,7 @@ class BuildReport:
 
 
 def _default_measure(model: Any, spec: InputSpec, device: str, settings: MeasureSettings) -> Measurement:
-    return measure(model, spec, device=device, settings=settings)
+    return measure(model, spec, torch_device=device, settings=settings)
 
 
 def measurement_row(m: Measurement, environment: Mapping[str, Any]) -> dict[str, Any]:
@@ -152,8 +155,6 @@ def _set_affinity(cpus: set[int]) -> None:
 
 def _normalise_explicit(candidates: Sequence[Mapping[str, Any]], batch_sizes: Sequence[int]) -> list[Candidate]:
     """Explicit candidates -> :class:`Candidate`; a config outside its space is kept as ``failed``."""
-    import search_spaces as ss
-
     out: list[Candidate] = []
     for i, c in enumerate(candidates):
         if not isinstance(c, Mapping) or "space" not in c or "config" not in c:
@@ -188,7 +189,7 @@ def build_dataset(
     *,
     spaces: Sequence[str] = (),
     n: int = 0,
-    device: str = "cpu",
+    torch_device: str = "cpu",
     batch_sizes: Sequence[int] = (1, 8, 32),
     dtype: str = "float32",
     seed: int = 0,
@@ -208,6 +209,7 @@ def build_dataset(
     isolate: bool = False,
     rounds: int = 0,
     op_profiles: str | Path | None = None,
+    device: Any = MISSING,
 ) -> BuildReport:
     """Build (or resume building) a measured dataset in the SQLite file ``out``.
 
@@ -215,7 +217,7 @@ def build_dataset(
         out: the dataset file (created when missing; see :class:`~dippm_nas.dataset.DatasetStore`).
         spaces: search spaces to sample from (``search_spaces.list_spaces()``); ignored with ``candidates``.
         n: candidates to sample (split evenly over ``spaces``).
-        device: ``"cpu"``, ``"cuda"`` or ``"cuda:N"``, passed to the measurer.
+        torch_device: ``"cpu"``, ``"cuda"`` or ``"cuda:N"``, passed to the measurer.
         batch_sizes: batch sizes to draw from (each candidate gets one; see the planning rule in
             :mod:`dippm_nas.dataset._plan`).
         dtype: compute dtype of the input spec, one of ``float32``, ``float16``, ``bfloat16``.
@@ -239,14 +241,15 @@ def build_dataset(
         isolate: measure each job in a fresh subprocess (:func:`dippm_nas.measure.measure_isolated`: a
             hard time limit, crash isolation, an exact RSS delta; costs a Python + torch start-up per job).
             The worker builds ``search_spaces.build_model(space, config)`` itself; ``measure_fn`` is not used.
-        rounds: 0 (default): each model's latency is its own block of timed forwards. ``>= 1`` (``device="cpu"``,
-            not ``isolate``): the chunk's latencies are timed again in this many interleaved rounds of one
-            untimed and ``settings.min_repeats`` timed forwards per model (see above); far less sensitive to
-            the machine's slow spells than one block per model.
+        rounds: 0 (default): each model's latency is its own block of timed forwards. ``>= 1``
+            (``torch_device="cpu"``, not ``isolate``): the chunk's latencies are timed again in this many
+            interleaved rounds of one untimed and ``settings.min_repeats`` timed forwards per model (see
+            above); far less sensitive to the machine's slow spells than one block per model.
         op_profiles: a ``.jsonl`` / ``.jsonl.xz`` file to append each ``ok`` model's operator profile to
-            (``device="cpu"``, not ``isolate``; see above); ``None`` (default): no profiling.
+            (``torch_device="cpu"``, not ``isolate``; see above); ``None`` (default): no profiling.
         retry_failed: measurement statuses (``"timeout"``, ``"oom"``, ``"error"``) whose failed jobs are
             reopened and measured again (e.g. after raising the time cap); their old rows are replaced.
+        device: deprecated name of ``torch_device`` (a :class:`DeprecationWarning`; removed in 0.2).
 
     Returns:
         A :class:`BuildReport`.
@@ -255,9 +258,9 @@ def build_dataset(
         DatasetError: invalid arguments; SearchSpaceError: unknown space; MeasurementError /
             DeviceError: the measurer refused the device or settings (the job is left open).
     """
-    import search_spaces as ss
     from tqdm.auto import tqdm
 
+    device = renamed_keyword("build_dataset", "device", "torch_device", device, torch_device, "cpu", removed_in="0.2")
     t_start = time.perf_counter()
     if dtype not in COMPUTE_DTYPES:
         raise DatasetError(f"dtype must be one of {COMPUTE_DTYPES}, got {dtype!r}")
@@ -273,11 +276,11 @@ def build_dataset(
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
         raise DatasetError(f"rounds must be an int >= 0, got {rounds!r}")
     if rounds and (device != "cpu" or isolate):
-        raise DatasetError(f"rounds (interleaved latency timing) needs device='cpu' and isolate=False, got "
-                           f"device={device!r}, isolate={isolate!r}")
+        raise DatasetError(f"rounds (interleaved latency timing) needs torch_device='cpu' and isolate=False, got "
+                           f"torch_device={device!r}, isolate={isolate!r}")
     if op_profiles is not None and (device != "cpu" or isolate):
-        raise DatasetError(f"op_profiles (in-place operator times) needs device='cpu' and isolate=False, got "
-                           f"device={device!r}, isolate={isolate!r}")
+        raise DatasetError(f"op_profiles (in-place operator times) needs torch_device='cpu' and isolate=False, got "
+                           f"torch_device={device!r}, isolate={isolate!r}")
     bad = sorted(set(retry_failed) - {"timeout", "oom", "error"})
     if bad:
         raise DatasetError(f"retry_failed takes the statuses 'timeout', 'oom', 'error', got {bad}")
@@ -466,8 +469,6 @@ class _Profiler:
         self.written = 0
 
     def __call__(self, job: Job, model: Any, spec: InputSpec, row: Mapping[str, Any]) -> None:
-        from dippm_nas.measure._malloc import release_free_memory
-
         try:
             ops = profile_ops(model, spec, threads=self.settings.threads)
         except Exception as e:  # noqa: BLE001 - the row is measured and kept; only its profile is missing
@@ -500,8 +501,6 @@ def _finish_rounds(store: DatasetStore, held: list[_Held], settings: MeasureSett
                    profiler: _Profiler | None = None) -> int:
     """Build ``held``'s models again, time them in interleaved rounds, put the rounds' latency in each row,
     (with ``profiler``) profile the ones timed ``ok``, store; returns the ok count."""
-    import search_spaces as ss
-
     built: list[tuple[_Held, Any]] = []
     rebuild_failed: dict[int, RoundTiming] = {}
     for i, h in enumerate(held):
@@ -548,8 +547,6 @@ def _measure_job(store: DatasetStore, job: Job, device: str, settings: MeasureSe
     With ``hold``, an ``ok`` job is not stored: its row comes back as a :class:`_Held` for the interleaved
     rounds (the model is dropped here, so the next model's memory is measured with nothing held).
     """
-    import search_spaces as ss
-
     attempt = store.start_attempt(job)
     env: dict[str, Any] = {**static_env, "attempt": attempt}
     model: Any = None
@@ -564,8 +561,6 @@ def _measure_job(store: DatasetStore, job: Job, device: str, settings: MeasureSe
     env["cpu_affinity"] = _affinity()
     try:
         if isolate:
-            from dippm_nas.measure import measure_isolated
-
             try:
                 m = measure_isolated(ISOLATED_BUILDER, spec, device, settings,
                                      model_kwargs={"name": job.space, "config": job.config})

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from dippm_nas.dataset._errors import DatasetError
+from dippm_nas.errors import DatasetError
 from dippm_nas.dataset._store import SCHEMA_VERSION, DatasetStore
 
 __all__ = ["export_jsonl", "iter_jsonl", "JSONL_FORMAT", "open_text"]

@@ -38,10 +38,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dippm_nas.dataset._errors import DatasetError
+from dippm_nas._optional import require
+from dippm_nas.capture import capture_many
+from dippm_nas.errors import DatasetError, SearchSpaceError
 from dippm_nas.dataset._store import DatasetStore
-from dippm_nas.errors import SearchSpaceError
+from dippm_nas.measure import CAMPAIGN_SOURCE, read_campaign_rows
 from dippm_nas.spec import InputSpec
+from dippm_nas.units import MS_PER_S
+import search_spaces as ss
 
 __all__ = [
     "ImportReport",
@@ -59,7 +63,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-MS_PER_S = 1000.0
 PROVENANCE_COLUMNS = ("source_repo", "commit", "source_file")
 
 #: Batch size the Accel-NASBench throughput is taken to be measured at. The dataset's collection code
@@ -251,8 +254,6 @@ def _should_capture(capture_graphs: bool | None, module: str, what: str) -> bool
     """Whether an importer captures graphs: ``None`` when ``module`` is importable, ``True`` always (raising
     without it), ``False`` never."""
     if capture_graphs is True:
-        from dippm_nas._optional import require
-
         require(module, "vision", what)
         return True
     return _module_available(module) if capture_graphs is None else False
@@ -274,8 +275,6 @@ def _note_rows_without_graphs(report: ImportReport, capture_graphs: bool | None,
 
 
 def _capture(items: list[tuple[Any, InputSpec]], workers: int, cache: Any, progress: bool) -> list[Any]:
-    from dippm_nas.capture import capture_many
-
     return capture_many(items, workers=workers, cache=cache, progress=progress) if items else []
 
 
@@ -321,7 +320,6 @@ def import_accel_nasbench(
     Raises:
         DatasetError: missing file or columns, a bad ``batch_size``.
     """
-    import search_spaces as ss
     from tqdm.auto import tqdm
 
     t0 = time.perf_counter()
@@ -865,8 +863,6 @@ def import_campaign(path: str | Path, out: str | Path, *, capture_graphs: bool =
     Raises:
         DatasetError: ``path`` does not exist. MeasurementError: a file not in the campaign's format.
     """
-    from dippm_nas.measure import CAMPAIGN_SOURCE, read_campaign_rows
-
     t0 = time.perf_counter()
     p = Path(path)
     if not p.exists():

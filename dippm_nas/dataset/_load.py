@@ -6,7 +6,7 @@ import logging
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from dippm_nas.dataset._errors import DatasetError
+from dippm_nas.errors import DatasetError
 from dippm_nas.dataset._export import iter_jsonl
 from dippm_nas.dataset._store import DatasetStore, decode_graph
 from dippm_nas.graph import OperatorGraph

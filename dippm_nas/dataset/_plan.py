@@ -34,8 +34,9 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from dippm_nas.dataset._errors import DatasetError
-from dippm_nas.dataset._store import canonical_json
+from dippm_nas.errors import DatasetError
+from dippm_nas._json import canonical_json
+import search_spaces as ss
 
 __all__ = ["Candidate", "Plan", "plan_candidates", "macs_per_sample", "plan_key"]
 
@@ -94,8 +95,6 @@ def macs_per_sample(space: str, config: dict[str, Any]) -> int:
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    import search_spaces as ss
-
     sp = ss.get_space(space)
     with torch.device("meta"):
         model = sp.build(config)
@@ -109,8 +108,6 @@ def _attempt(seed: int, space: str, j: int, batch_sizes: Sequence[int], mac_budg
              ) -> tuple[dict[str, Any], int | None, int | None]:
     """Evaluate attempt ``j`` of ``space``: ``(config, macs_per_sample, batch_size or None if rejected)``."""
     import torch
-
-    import search_spaces as ss
 
     torch.set_num_threads(1)
     rng = random.Random(f"{seed}:{space}:{j}")
@@ -158,8 +155,6 @@ def plan_candidates(
         DatasetError: invalid arguments; SearchSpaceError: an unknown space name.
     """
     from tqdm.auto import tqdm
-
-    import search_spaces as ss
 
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise DatasetError(f"n must be an int >= 1, got {n!r}")

@@ -53,9 +53,10 @@ from sqlalchemy import exc
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection, Engine
 
-from dippm_nas._sql import make_engine
+from dippm_nas._json import canonical_json
+from dippm_nas._sql import make_engine, transaction
 from dippm_nas._version import __version__
-from dippm_nas.dataset._errors import DatasetError
+from dippm_nas.errors import DatasetError
 from dippm_nas.graph import GRAPH_FORMAT_VERSION, OperatorGraph
 
 __all__ = [
@@ -197,11 +198,6 @@ def utc_now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def canonical_json(obj: Any) -> str:
-    """JSON with sorted keys and no spaces: equal values give equal text (hash input)."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False)
-
-
 def candidate_key(space: str, config: Mapping[str, Any], batch_size: int, dtype: str, device: str) -> str:
     """SHA-256 (hex) identifying one build candidate; the unique key of ``jobs``."""
     blob = canonical_json([space, config, batch_size, dtype, device]).encode()
@@ -305,7 +301,7 @@ class DatasetStore:
 
     @contextmanager
     def _tx(self) -> Iterator[Connection]:
-        with self._engine.begin() as conn:
+        with transaction(self._engine) as conn:
             yield conn
 
     # ------------------------------------------------------------------ meta

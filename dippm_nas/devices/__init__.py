@@ -12,6 +12,7 @@ measurements: register a copy under a new id, e.g.
 ``register_device(dataclasses.replace(get_device("a100-sxm4-40gb"), id="lab-a100", runtime_baseline_mib=512.0))``.
 """
 
+from dippm_nas._platform import cpu_model_name, cpu_signature
 from dippm_nas.devices._device import DEVICE_KINDS, Device, MigProfile, device_from_dict
 from dippm_nas.devices._host import CACHE_DIR_ENV, host_facts, measure_weight_cache
 from dippm_nas.devices._host_profile import (
@@ -36,7 +37,7 @@ from dippm_nas.devices._registry import (
 __all__ = [
     "Device", "MigProfile", "DEVICE_KINDS", "device_from_dict",
     "get_device", "list_devices", "register_device", "unregister_device", "resolve_device",
-    "DEVICE_DIR_ENV", "CACHE_DIR_ENV", "host_facts", "measure_weight_cache",
+    "DEVICE_DIR_ENV", "CACHE_DIR_ENV", "host_facts", "measure_weight_cache", "cpu_model_name", "cpu_signature",
     "HostProfile", "FRAMEWORKS", "DEFAULT_HOST_PROFILE", "default_host_profile", "load_host_profile",
     "resolve_host_profile", "measure_host_profile", "framework_of_version",
 ]

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dippm_nas.errors import DeviceError, UnsupportedDtypeError
+from dippm_nas.units import MIB_PER_GIB
 
 __all__ = ["Device", "MigProfile", "DEVICE_KINDS", "device_from_dict"]
 
@@ -25,7 +26,6 @@ DEVICE_KINDS: tuple[str, ...] = ("gpu", "cpu")
 _ID_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 _MIG_NAME_RE = re.compile(r"^(\d+)g\.(\d+)gb(\+me)?$")
 
-MIB_PER_GIB = 1024.0
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from typing import Any
 
 from dippm_nas._logging import WarnOnce
 from dippm_nas.devices._device import Device, device_from_dict
+from dippm_nas.devices._host import host_facts
 from dippm_nas.errors import DeviceError
 
 __all__ = ["DEVICE_DIR_ENV", "get_device", "list_devices", "register_device", "unregister_device", "resolve_device"]
@@ -164,8 +165,6 @@ def _build(d: dict[str, Any], origin: str, threads: int | None = None) -> Device
         raise DeviceError(f"{origin}: measured must be a list of field names, got {measured!r}")
     if d.get("kind") != "cpu":
         raise DeviceError(f"{origin}: only kind = \"cpu\" devices can be measured on this host, got {d.get('kind')!r}")
-    from dippm_nas.devices._host import host_facts
-
     facts = host_facts(threads=threads)
     filled = dict(d)
     notes = [str(d.get("notes", ""))] if d.get("notes") else []

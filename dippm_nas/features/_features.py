@@ -26,9 +26,9 @@ import numpy as np
 from dippm_nas.devices import Device, resolve_device
 from dippm_nas.features._coarsen import coarsen
 from dippm_nas.features._registry import ATTR_WIDTH, TOKENS, encode_op
-from dippm_nas.graph._formulas import OP_CLASSES
-from dippm_nas.graph import OperatorGraph, OpNode
-from dippm_nas.prior import utilisation_energy_j
+from dippm_nas.errors import InvalidValueError
+from dippm_nas.graph import OP_CLASSES, OperatorGraph, OpNode
+from dippm_nas.prior import estimate as prior_estimate, utilisation_energy_j
 
 if TYPE_CHECKING:  # pragma: no cover
     from dippm_nas.prior import Execution, PriorEstimate, PriorParams
@@ -149,13 +149,10 @@ def featurize(graph: OperatorGraph, device: Device | str, *, style: str = "ours"
             the default host profile, no input copy.
 
     Raises:
-        DippmNasError: unknown style; errors of the prior (unknown device, bad dtype, malformed graph).
+        InvalidValueError: unknown style; errors of the prior (unknown device, bad dtype, malformed graph).
     """
-    from dippm_nas.errors import DippmNasError
-    from dippm_nas.prior import estimate as prior_estimate
-
     if style not in STYLES:
-        raise DippmNasError(f"style must be one of {STYLES}, got {style!r}")
+        raise InvalidValueError(f"style must be one of {STYLES}, got {style!r}")
     dev = resolve_device(device)
     est = estimate if estimate is not None else prior_estimate(graph, dev, params=prior_params, execution=execution)
     unknown: dict[str, int] = {}

@@ -20,9 +20,8 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from dippm_nas.errors import DippmNasError, UnsupportedOpError
-from dippm_nas.graph._formulas import OP_CLASSES
-from dippm_nas.graph import OpNode
+from dippm_nas.errors import DippmNasError, InvalidValueError, UnsupportedOpError
+from dippm_nas.graph import OP_CLASSES, OpNode, known_ops, op_class_of
 
 __all__ = [
     "TOKENS", "ATTR_WIDTH", "OpEncoder", "EncoderFn", "register_op_encoder", "unregister_op_encoder",
@@ -76,7 +75,7 @@ def register_op_encoder(op: str, fn: EncoderFn, *, replace: bool = False) -> Non
         DippmNasError: ``op`` already has an encoder and ``replace`` is False.
     """
     if not isinstance(op, str) or not op:
-        raise DippmNasError(f"op must be a non-empty string, got {op!r}")
+        raise InvalidValueError(f"op must be a non-empty string, got {op!r}")
     with _LOCK:
         if op in _ENCODERS and not replace:
             raise DippmNasError(
@@ -227,8 +226,6 @@ def _norm(token: str) -> EncoderFn:
 
 
 def _register_builtins() -> None:
-    from dippm_nas.graph._formulas import known_ops, op_class_of
-
     for op in ("nn.conv1d", "nn.conv2d", "nn.conv3d", "nn.conv1d_transpose", "nn.conv2d_transpose",
                "nn.conv3d_transpose"):
         register_op_encoder(op, _conv)

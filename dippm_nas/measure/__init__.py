@@ -1,6 +1,6 @@
 """Measuring a model's latency, energy and memory on the host CPU or a CUDA GPU.
 
-``measure(model, spec, device, settings) -> Measurement``. See :mod:`dippm_nas.measure._measurement`
+``measure(model, spec, torch_device, settings) -> Measurement``. See :mod:`dippm_nas.measure._measurement`
 for what failed rows look like, :mod:`dippm_nas.measure._cuda` and :mod:`dippm_nas.measure._cpu` for
 how each figure is taken, and :mod:`dippm_nas.measure._stopping` for the stopping rule. This package
 knows nothing of the predictor.
@@ -26,6 +26,7 @@ from dippm_nas.measure._cpu import CpuMeasurer
 from dippm_nas.measure._cuda import MIG_ENERGY_REASON, CudaMeasurer, CudaOps
 from dippm_nas.measure._interleave import RoundTiming, time_interleaved
 from dippm_nas.measure._isolate import measure_isolated
+from dippm_nas.measure._malloc import release_free_memory, steady_allocator
 from dippm_nas.measure._liveness import ActivationReference, reference_activation_peak
 from dippm_nas.measure._measurement import (
     AUTOCAST_DTYPES,
@@ -44,6 +45,8 @@ from dippm_nas.measure._stopping import StoppingRule, run_until_stopped, summari
 
 __all__ = [
     "measure",
+    "release_free_memory",
+    "steady_allocator",
     "measure_isolated",
     "run_campaign",
     "plan_campaign",

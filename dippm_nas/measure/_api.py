@@ -1,12 +1,14 @@
-"""``measure(model, spec, device, settings)``: one call for a CPU or CUDA measurement."""
+"""``measure(model, spec, torch_device, settings)``: one call for a CPU or CUDA measurement."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from dippm_nas._deprecation import MISSING, renamed_keyword
 from dippm_nas.errors import MeasurementError
 from dippm_nas.measure._cpu import CpuMeasurer
 from dippm_nas.measure._cuda import CudaMeasurer, parse_device
+from dippm_nas.measure._isolate import measure_isolated
 from dippm_nas.measure._measurement import Measurement, MeasureSettings
 from dippm_nas.measure._nvml import NvmlAdapter
 from dippm_nas.spec import InputSpec
@@ -17,13 +19,14 @@ __all__ = ["measure"]
 def measure(
     model: Any,
     spec: InputSpec,
-    device: Any = "cpu",
+    torch_device: Any = "cpu",
     settings: MeasureSettings | None = None,
     *,
     nvml: NvmlAdapter | None = None,
     isolate: bool = False,
     model_kwargs: dict[str, Any] | None = None,
     timeout_s: float | None = None,
+    device: Any = MISSING,
 ) -> Measurement:
     """Measure one forward pass of ``model`` on ``spec``'s example inputs.
 
@@ -36,7 +39,7 @@ def measure(
         model: a ``torch.nn.Module``; with ``isolate=True`` a model SPEC string instead (see
             :func:`dippm_nas.spec.load_model`), built in the worker process.
         spec: the input spec (shapes, batch size, dtype).
-        device: ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
+        torch_device: ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
         settings: timing-relevant settings; ``None`` means :class:`MeasureSettings` defaults. They are
             recorded in ``Measurement.environment``.
         nvml: CUDA only, an NVML adapter to use (tests pass an autospec fake); not with ``isolate``.
@@ -45,6 +48,7 @@ def measure(
         model_kwargs: with ``isolate=True``, JSON-able keyword arguments for a
             ``package.module:callable`` SPEC (a search-space builder's config).
         timeout_s: with ``isolate=True``, the hard limit of the worker, seconds.
+        device: deprecated name of ``torch_device`` (a :class:`DeprecationWarning`; removed in 0.2).
 
     Returns:
         A :class:`Measurement`. Faults of the model (out of memory, time cap, an exception in the
@@ -59,13 +63,12 @@ def measure(
     Shapes:
         - inputs: ``spec.batched_shapes()``, i.e. ``(spec.batch_size, *shape)`` per input.
     """
+    device = renamed_keyword("measure", "device", "torch_device", device, torch_device, "cpu", removed_in="0.2")
     kind, _index = parse_device(device)
     settings = settings if settings is not None else MeasureSettings()
     if isolate:
         if nvml is not None:
             raise MeasurementError("nvml= cannot cross into the isolated worker; drop it or use isolate=False")
-        from dippm_nas.measure._isolate import measure_isolated
-
         return measure_isolated(model, spec, str(device), settings, model_kwargs=model_kwargs, timeout_s=timeout_s)
     if model_kwargs is not None or timeout_s is not None:
         raise MeasurementError(
@@ -74,5 +77,5 @@ def measure(
         )
     if kind == "cpu":
         return CpuMeasurer(settings).measure(model, spec)
-    with CudaMeasurer(settings, device=str(device), nvml=nvml) as measurer:
+    with CudaMeasurer(settings, torch_device=str(device), nvml=nvml) as measurer:
         return measurer.measure(model, spec)

@@ -47,6 +47,7 @@ import hashlib
 import json
 import logging
 import os
+import platform
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
@@ -55,9 +56,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from dippm_nas._deprecation import MISSING, renamed_keyword
+from dippm_nas._platform import cpu_model_name
 from dippm_nas.errors import MeasurementError
+from dippm_nas.measure._cpu import CpuMeasurer
+from dippm_nas.measure._cuda import CudaMeasurer, parse_device
 from dippm_nas.measure._measurement import Measurement, MeasureSettings
+from dippm_nas.measure._nvml import NvmlAdapter
+from dippm_nas.measure._runtime import RuntimeModule
 from dippm_nas.spec import InputSpec, load_model
+from dippm_nas.units import BYTES_PER_MIB
 
 __all__ = [
     "CampaignModel", "CampaignItem", "CampaignReport", "VALIDATION_SETS", "DEFAULT_SET", "RUNTIMES",
@@ -83,7 +91,6 @@ JSONL_FORMAT = "dippm-nas-dataset-jsonl"
 JSONL_SCHEMA_VERSION = 1
 _MANIFEST = "campaign.json"
 _PART = "measurements-{:03d}.jsonl"
-_MIB = 2**20
 
 
 @dataclass(frozen=True)
@@ -336,18 +343,14 @@ def _write_json(path: Path, obj: Any) -> None:
 # ------------------------------------------------------------------------------- the machine
 def _device_facts(device: str) -> dict[str, Any]:
     """What the campaign records about the machine once: device name, versions, host CPU, MIG instances."""
-    import platform
-
     import torch
-
-    from dippm_nas._platform import cpu_model_name
 
     facts: dict[str, Any] = {"torch": torch.__version__, "python": platform.python_version(),
                              "cpu_model": cpu_model_name(), "platform": platform.platform(), "device": device}
     if device.startswith("cuda") and torch.cuda.is_available():
         idx = int(device.split(":")[1]) if ":" in device else 0
         props = torch.cuda.get_device_properties(idx)
-        facts.update(gpu_name=props.name, gpu_memory_mib=props.total_memory / _MIB, cuda=torch.version.cuda,
+        facts.update(gpu_name=props.name, gpu_memory_mib=props.total_memory / BYTES_PER_MIB, cuda=torch.version.cuda,
                      cudnn=torch.backends.cudnn.version(), compute_capability=list(torch.cuda.get_device_capability(idx)))
         facts.update(_nvml_facts())
     return facts
@@ -355,8 +358,6 @@ def _device_facts(device: str) -> dict[str, Any]:
 
 def _nvml_facts() -> dict[str, Any]:
     """Driver version and the MIG instances of every GPU NVML sees ({} with a note when NVML is missing)."""
-    from dippm_nas.measure._nvml import NvmlAdapter
-
     nvml = NvmlAdapter()
     try:
         nvml.init()
@@ -425,7 +426,7 @@ def run_campaign(
     *,
     minutes: float = 25.0,
     resume: bool = False,
-    device: str = "cuda",
+    torch_device: str = "cuda",
     set_name: str = DEFAULT_SET,
     models: Sequence[CampaignModel] | None = None,
     runtimes: Sequence[str] = RUNTIMES,
@@ -436,6 +437,7 @@ def run_campaign(
     measurer: Any = None,
     progress: Callable[[int, int, CampaignItem, Measurement], None] | None = None,
     clock: Callable[[], float] = time.monotonic,
+    device: Any = MISSING,
 ) -> CampaignReport:
     """Measure a validation set, most informative rows first, for at most ``minutes``; resumable.
 
@@ -444,7 +446,7 @@ def run_campaign(
         minutes: wall-time budget; no item starts after it (> 0).
         resume: continue the campaign in ``out``, skipping the rows it holds; without it an ``out`` that
             holds measurements is refused.
-        device: ``"cuda"``, ``"cuda:N"`` or ``"cpu"`` (the CPU measurer; ``cuda-graphs`` is left out).
+        torch_device: ``"cuda"``, ``"cuda:N"`` or ``"cpu"`` (the CPU measurer; ``cuda-graphs`` is left out).
         set_name: a key of :data:`VALIDATION_SETS`.
         models: measure these instead of the set's models (their rows still name ``set_name``).
         runtimes, dtypes, batches: the grid (see :func:`plan_campaign`).
@@ -454,6 +456,7 @@ def run_campaign(
             CUDA measurer (tests).
         progress: called after each row with ``(done, todo, item, measurement)``.
         clock: seconds clock of the budget.
+        device: deprecated name of ``torch_device`` (a :class:`DeprecationWarning`; removed in 0.2).
 
     Returns:
         A :class:`CampaignReport`.
@@ -464,9 +467,7 @@ def run_campaign(
     """
     import torch
 
-    from dippm_nas.measure._cpu import CpuMeasurer
-    from dippm_nas.measure._cuda import CudaMeasurer, parse_device
-
+    device = renamed_keyword("run_campaign", "device", "torch_device", device, torch_device, "cuda", removed_in="0.2")
     t0 = clock()
     if set_name not in VALIDATION_SETS:
         raise MeasurementError(f"unknown validation set {set_name!r}; choices: {sorted(VALIDATION_SETS)}")
@@ -513,7 +514,7 @@ def run_campaign(
     if manifest_path.exists():
         manifest["runs"] = json.loads(manifest_path.read_text()).get("runs", [])
     manifest.setdefault("runs", []).append({"started_at": manifest["started_at"], "device": device})
-    writer = _Writer(out_dir, int(max_file_mib * _MIB), {"created_by": "dippm-nas gpu-campaign",
+    writer = _Writer(out_dir, int(max_file_mib * BYTES_PER_MIB), {"created_by": "dippm-nas gpu-campaign",
                                                           "set": set_name, "set_version": set_version})
     keyed = [(it, it.row_key(set_name, set_version, dkey)) for it in items]
     todo = [(it, k) for it, k in keyed if k not in done_keys]
@@ -521,7 +522,7 @@ def run_campaign(
 
     own_measurer = measurer is None
     if own_measurer:
-        measurer = CpuMeasurer(s) if kind == "cpu" else CudaMeasurer(s, device=device)
+        measurer = CpuMeasurer(s) if kind == "cpu" else CudaMeasurer(s, torch_device=device)
     cache: OrderedDict[str, Any] = OrderedDict()
     budget_s = 60.0 * float(minutes)
     try:
@@ -569,6 +570,4 @@ def _measure_one(item: CampaignItem, measurer: Any, settings: MeasureSettings, d
         measurer.settings = s
     if item.runtime == "eager":
         return measurer.measure(model, item.spec)
-    from dippm_nas.measure._runtime import RuntimeModule
-
     return measurer.measure(RuntimeModule(model, item.runtime), item.spec)

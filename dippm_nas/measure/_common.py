@@ -18,6 +18,7 @@ from dippm_nas.errors import MeasurementError
 from dippm_nas.measure._measurement import Measurement, MeasureSettings
 from dippm_nas.measure._stopping import StoppingRule, summarize
 from dippm_nas.spec import InputSpec
+from dippm_nas.units import BYTES_PER_MIB, MS_PER_S
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -26,8 +27,6 @@ __all__: list[str] = []  # private helpers
 
 logger = logging.getLogger(__name__)
 
-MS_PER_S = 1000.0
-BYTES_PER_MIB = float(2**20)
 _REASON_MAX_CHARS = 500
 
 

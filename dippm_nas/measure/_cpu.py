@@ -12,7 +12,6 @@ from typing import Any
 from dippm_nas._platform import fixed_threads
 from dippm_nas.errors import MeasurementError
 from dippm_nas.measure._common import (
-    MS_PER_S,
     ModelFault,
     base_environment,
     build_row,
@@ -33,6 +32,7 @@ from dippm_nas.measure._rapl import RAPL_DIR, RaplCounter, probe_rapl
 from dippm_nas.measure._rss import PeakRss
 from dippm_nas.measure._stopping import Clock, StoppingRule, run_until_stopped
 from dippm_nas.spec import InputSpec
+from dippm_nas.units import MS_PER_S
 
 __all__ = ["CpuMeasurer"]
 

@@ -38,6 +38,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from dippm_nas._deprecation import MISSING, renamed_keyword
 from dippm_nas._logging import WarnOnce
 from dippm_nas._platform import fixed_threads
 from dippm_nas.errors import DeviceError, MeasurementError
@@ -193,25 +194,29 @@ class CudaMeasurer:
     Args:
         settings: the run settings (TF32, cudnn.benchmark, channels_last, autocast are applied for
             the run, restored afterwards, and recorded).
-        device: ``"cuda"``, ``"cuda:N"`` or an index.
+        torch_device: ``"cuda"``, ``"cuda:N"`` or an index.
         nvml: the NVML adapter; ``None`` makes a real :class:`NvmlAdapter`. It is initialised on the
             first measurement and shut down by :meth:`close` (use the measurer as a context manager).
             When NVML cannot be initialised, the measurement goes on without NVML energy/memory and
             says why in ``energy_reason`` and ``environment["nvml"]``.
         ops: the ``torch.cuda`` calls (tests pass a CPU twin).
         clock: seconds clock for the time cap and the energy window.
+        device: deprecated name of ``torch_device`` (a :class:`DeprecationWarning`; removed in 0.2).
     """
 
     def __init__(
         self,
         settings: MeasureSettings | None = None,
         *,
-        device: str | int = "cuda:0",
+        torch_device: str | int = "cuda:0",
         nvml: NvmlAdapter | None = None,
         ops: CudaOps | None = None,
         clock: Clock = time.perf_counter,
+        device: Any = MISSING,
     ) -> None:
         self.settings = settings if settings is not None else MeasureSettings()
+        device = renamed_keyword("CudaMeasurer", "device", "torch_device", device, torch_device, "cuda:0",
+                                 removed_in="0.2")
         if isinstance(device, int) and not isinstance(device, bool):
             device = f"cuda:{device}"
         kind, index = parse_device(device)

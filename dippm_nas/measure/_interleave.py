@@ -28,7 +28,6 @@ from typing import Any
 from dippm_nas._platform import fixed_threads
 from dippm_nas.errors import MeasurementError
 from dippm_nas.measure._common import (
-    MS_PER_S,
     ModelFault,
     check_call,
     classify_fault,
@@ -41,6 +40,7 @@ from dippm_nas.measure._common import (
 from dippm_nas.measure._measurement import MeasureSettings
 from dippm_nas.measure._stopping import Clock
 from dippm_nas.spec import InputSpec
+from dippm_nas.units import MS_PER_S
 
 __all__ = ["RoundTiming", "time_interleaved"]
 

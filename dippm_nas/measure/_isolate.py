@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from dippm_nas import errors
+from dippm_nas._deprecation import MISSING, renamed_keyword
 from dippm_nas.errors import MeasurementError
 from dippm_nas.measure._measurement import Measurement, MeasureSettings
 from dippm_nas.spec import InputSpec
@@ -59,11 +60,12 @@ def _failed_row(status: str, reason: str, spec: InputSpec, device: str, settings
 def measure_isolated(
     model: str,
     spec: InputSpec,
-    device: str = "cpu",
+    torch_device: str = "cpu",
     settings: MeasureSettings | None = None,
     *,
     model_kwargs: dict[str, Any] | None = None,
     timeout_s: float | None = None,
+    device: Any = MISSING,
 ) -> Measurement:
     """Measure a model built from a SPEC string in a fresh Python process.
 
@@ -71,12 +73,13 @@ def measure_isolated(
         model: a model SPEC string (see :func:`dippm_nas.spec.load_model`), e.g.
             ``"torchvision:resnet18"`` or ``"search_spaces.mbconv:build"``.
         spec: the input spec.
-        device: ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
+        torch_device: ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
         settings: measurement settings (``None``: defaults).
         model_kwargs: JSON-able keyword arguments for a ``package.module:callable`` SPEC (a search
             space builder's config); ``None`` calls it without arguments.
         timeout_s: hard limit for the whole worker, seconds; default ``time_cap_s`` plus twice the
             energy window plus :data:`STARTUP_ALLOWANCE_S`.
+        device: deprecated name of ``torch_device`` (a :class:`DeprecationWarning`; removed in 0.2).
 
     Returns:
         The worker's :class:`Measurement` (``environment["isolated"] = True``), or a failed row when
@@ -86,6 +89,8 @@ def measure_isolated(
         MeasurementError, ModelSpecError, DeviceError...: usage errors found by the worker are
             re-raised here with the worker's message.
     """
+    device = renamed_keyword("measure_isolated", "device", "torch_device", device, torch_device, "cpu",
+                             removed_in="0.2")
     settings = settings if settings is not None else MeasureSettings()
     if not isinstance(model, str):
         raise MeasurementError(

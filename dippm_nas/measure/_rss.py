@@ -21,12 +21,12 @@ import threading
 from pathlib import Path
 
 from dippm_nas.errors import MeasurementError
+from dippm_nas.units import BYTES_PER_KIB
 
 __all__ = ["PeakRss"]
 
 logger = logging.getLogger(__name__)
 
-_BYTES_PER_KIB = 1024
 _PROC_STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
 _RESET_HWM = "5"  # clear_refs code that resets the peak RSS (see proc(5))
@@ -63,7 +63,7 @@ class PeakRss:
         """
         try:
             _CLEAR_REFS.write_text(_RESET_HWM)
-            self.before_bytes = _status_kib("VmRSS") * _BYTES_PER_KIB
+            self.before_bytes = _status_kib("VmRSS") * BYTES_PER_KIB
             self.method = "vmhwm_reset"
             return
         except (OSError, ValueError, MeasurementError) as e:
@@ -94,7 +94,7 @@ class PeakRss:
         if self.method is None or self.before_bytes is None:
             raise MeasurementError("PeakRss.start() must be called before stop()")
         if self.method == "vmhwm_reset":
-            self.peak_bytes = _status_kib("VmHWM") * _BYTES_PER_KIB
+            self.peak_bytes = _status_kib("VmHWM") * BYTES_PER_KIB
         else:
             self._stop.set()
             assert self._thread is not None and self._proc is not None

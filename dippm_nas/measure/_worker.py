@@ -47,7 +47,7 @@ def main(request_path: str, result_path: str) -> int:
     req = json.loads(Path(request_path).read_text())
     try:
         model = _build(req["model"], req.get("model_kwargs"))
-        row = measure(model, InputSpec.from_dict(req["spec"]), device=req["device"],
+        row = measure(model, InputSpec.from_dict(req["spec"]), torch_device=req["device"],
                       settings=MeasureSettings.from_dict(req["settings"]))
         out: dict[str, Any] = {"measurement": row.to_dict()}
     except errors.DippmNasError as e:

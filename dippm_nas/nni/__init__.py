@@ -41,7 +41,7 @@ from dippm_nas.nni._space import (
 
 __all__ = [
     "report", "final_metrics", "METRIC_KEYS", "mig_label", "tuner_settings", "Budgets", "Constraints", "scalarize",
-    "HardwareAwareTuner", "TunerStats", "model_from_parameters", "spec_from_parameters", "parse_search_space",
+    "HardwareAwareTuner", "TunerStats", "STATS_FILE_NAME", "model_from_parameters", "spec_from_parameters", "parse_search_space",
     "SUPPORTED_TYPES", "quantize", "PARAMETERS_KEY",
     "DippmProfiler", "TinyConvSpace",
     "loopback_only", "write_loopback_preload", "LOOPBACK_PRELOAD_JS", "free_port",
@@ -52,6 +52,7 @@ __all__ = [
 _LAZY = {
     "HardwareAwareTuner": "dippm_nas.nni._tuner",
     "TunerStats": "dippm_nas.nni._tuner",
+    "STATS_FILE_NAME": "dippm_nas.nni._tuner",
     "DippmProfiler": "dippm_nas.nni._profiler",
     "TinyConvSpace": "dippm_nas.nni._example_space",
 }

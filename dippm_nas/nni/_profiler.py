@@ -17,7 +17,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from dippm_nas._optional import require
-from dippm_nas.errors import DippmNasError, InputSpecError
+from dippm_nas.devices import resolve_device
+from dippm_nas.errors import DippmNasError, InputSpecError, InvalidValueError
 from dippm_nas.prediction import Prediction
 from dippm_nas.predictor import DEFAULT_DEVICE, predict
 from dippm_nas.spec import InputSpec
@@ -61,15 +62,13 @@ class DippmProfiler(Profiler):
     def __init__(self, model_space: Any, spec: InputSpec, *, metric: str = "latency_ms",
                  device: str = DEFAULT_DEVICE, k_sigma: float = 2.0, cache: Any = True) -> None:
         super().__init__(model_space)
-        from dippm_nas.devices import resolve_device
-
         if metric not in PROFILE_METRICS:
-            raise DippmNasError(f"metric must be one of {PROFILE_METRICS}, got {metric!r}")
+            raise InvalidValueError(f"metric must be one of {PROFILE_METRICS}, got {metric!r}")
         if not isinstance(spec, InputSpec):
             raise InputSpecError(f"spec must be a dippm_nas.InputSpec, got {spec!r}")
         if not callable(getattr(model_space, "freeze", None)):
-            raise DippmNasError(f"model_space must be an NNI model space (with freeze(sample)), "
-                                f"got {type(model_space).__name__}")
+            raise InvalidValueError(f"model_space must be an NNI model space (with freeze(sample)), "
+                                    f"got {type(model_space).__name__}")
         self.model_space = model_space
         self.spec = spec
         self.metric = metric
@@ -89,7 +88,7 @@ class DippmProfiler(Profiler):
                 is chained); capture/prediction errors as in :func:`dippm_nas.predict`.
         """
         if not isinstance(sample, Mapping):
-            raise DippmNasError(f"sample must be a mapping {{label: value}}, got {type(sample).__name__}")
+            raise InvalidValueError(f"sample must be a mapping {{label: value}}, got {type(sample).__name__}")
         key = _sample_key(sample)
         pred = self._predictions.get(key)
         if pred is None:
@@ -129,14 +128,14 @@ class DippmProfiler(Profiler):
         """
         if isinstance(max_value, bool) or not isinstance(max_value, (int, float)) or not math.isfinite(max_value) \
                 or max_value <= 0:
-            raise DippmNasError(f"max_value must be a finite number > 0, got {max_value!r}")
+            raise InvalidValueError(f"max_value must be a finite number > 0, got {max_value!r}")
         limit = float(max_value)
 
         def within(model: Any) -> bool:
             sample = getattr(model, "sample", None)
             if sample is None:
-                raise DippmNasError(f"the filtered model has no sample (got {type(model).__name__}); "
-                                    "Filter passes an ExecutableModelSpace with .sample")
+                raise InvalidValueError(f"the filtered model has no sample (got {type(model).__name__}); "
+                                        "Filter passes an ExecutableModelSpace with .sample")
             ok = self.profile(sample) <= limit
             if not ok:
                 logger.info("filtered out %s: predicted %s %.4g > %.4g", _sample_key(sample), self.metric,

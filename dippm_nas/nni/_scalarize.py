@@ -31,7 +31,7 @@ import warnings
 from typing import Any
 
 from dippm_nas.budgets import DEFAULT_K_SIGMA, Budgets
-from dippm_nas.errors import DippmNasError
+from dippm_nas.errors import DippmNasError, InvalidValueError
 from dippm_nas.prediction import Prediction
 
 __all__ = ["Constraints", "scalarize", "CONSTRAINT_METRICS", "budgets_from_limits"]
@@ -95,7 +95,7 @@ class Constraints:
 
 def _check_exponent(name: str, v: Any) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v > 0:
-        raise DippmNasError(f"{name} must be a finite number <= 0 (a positive one would reward cost), got {v!r}")
+        raise InvalidValueError(f"{name} must be a finite number <= 0 (a positive one would reward cost), got {v!r}")
     return float(v)
 
 
@@ -122,14 +122,15 @@ def scalarize(accuracy: float, prediction: Prediction, constraints: Budgets | No
     """
     if isinstance(accuracy, bool) or not isinstance(accuracy, (int, float)) or not math.isfinite(accuracy) \
             or accuracy < 0:
-        raise DippmNasError(f"accuracy must be a finite number >= 0 (higher is better), got {accuracy!r}")
+        raise InvalidValueError(f"accuracy must be a finite number >= 0 (higher is better), got {accuracy!r}")
     alpha = _check_exponent("reward_exponent", reward_exponent)
     beta = _check_exponent("penalty_exponent", penalty_exponent)
     score = float(accuracy)
     if constraints is None:
         return score
     if not isinstance(constraints, Budgets):
-        raise DippmNasError(f"constraints must be a dippm_nas.budgets.Budgets or None, got {type(constraints).__name__}")
+        raise InvalidValueError("constraints must be a dippm_nas.budgets.Budgets or None, got "
+                                f"{type(constraints).__name__}")
     for r in constraints.ratios(prediction).values():
         if r <= 0:  # a zero figure is within any positive limit; r ** alpha with alpha < 0 would blow up
             continue

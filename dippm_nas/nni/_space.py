@@ -28,15 +28,16 @@ cut. :meth:`Dimension.encode` maps an NNI value back to Optuna's parameters (for
 from __future__ import annotations
 
 import copy
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from statistics import NormalDist
 from typing import Any
 
+from dippm_nas._json import canonical_json
 from dippm_nas.errors import InputSpecError, ModelSpecError, SearchSpaceError
 from dippm_nas.spec import InputSpec, load_callable
+import search_spaces
 
 __all__ = ["Dimension", "parse_search_space", "PARAMETERS_KEY", "model_from_parameters", "SUPPORTED_TYPES",
            "canonical_json", "quantize", "spec_from_parameters", "load_factory", "build_from_factory"]
@@ -51,11 +52,6 @@ PARAMETERS_KEY = "dippm"
 _PRIMITIVE = (type(None), bool, int, float, str)
 _P_EDGE = 1e-12  # the normal types sample p in [_P_EDGE, 1 - _P_EDGE]
 _STD_NORMAL = NormalDist()
-
-
-def canonical_json(obj: Any) -> str:
-    """Key-sorted compact JSON, the identity of a config or a parameter set."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
 
 
 def quantize(x: float, q: float, low: float | None = None, high: float | None = None) -> float:
@@ -354,8 +350,6 @@ def model_from_parameters(parameters: Mapping[str, Any], *, seed: int | None = 0
         model = build_from_factory(load_factory(d["model_factory"]), d["model_factory"], d["model_params"],
                                    seed=seed)
     else:
-        import search_spaces
-
         missing = [k for k in ("search_space", "config", "batch_size") if k not in d]
         if missing:
             raise SearchSpaceError(f"parameters[{PARAMETERS_KEY!r}] lacks {missing}; it has {sorted(d)}")
@@ -384,8 +378,6 @@ def spec_from_parameters(parameters: Mapping[str, Any]) -> InputSpec | None:
             raise InputSpecError(f"parameters[{PARAMETERS_KEY!r}]['input'] is not an InputSpec.to_dict(): "
                                  f"{d['input']!r} ({type(e).__name__}: {e})") from e
     if "search_space" in d and "config" in d and "batch_size" in d:
-        import search_spaces
-
         space = search_spaces.get_space(d["search_space"])
         return space.input_spec(d["config"], batch_size=int(d["batch_size"]), dtype=d.get("dtype", "float32"))
     return None

@@ -8,13 +8,14 @@ import warnings
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from dippm_nas.capture import assemble_many, capture, capture_many, space_config_of
-from dippm_nas.capture._capture import CacheArg
-from dippm_nas.errors import DippmNasError, InputSpecError
+from dippm_nas.capture import CacheArg, assemble_many, capture, capture_many, space_config_of
+from dippm_nas.errors import CheckpointError, DippmNasError, InputSpecError
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.prediction import Prediction
-from dippm_nas.devices import HostProfile
+from dippm_nas.devices import HostProfile, resolve_device
 from dippm_nas.predictor._base import AnalyticPredictor, BasePredictor, execution_args
+from dippm_nas.predictor._checkpoint import checkpoint_candidates
+from dippm_nas.predictor._gnn import GnnPredictor
 from dippm_nas.spec import InputSpec
 
 __all__ = ["predict", "predict_many", "get_predictor", "set_predictor", "DEFAULT_DEVICE"]
@@ -29,10 +30,31 @@ _LOCK = threading.Lock()
 
 
 def _load_trained(device: str) -> BasePredictor | None:
-    """The shipped (or user-registered) trained predictor of ``device``, or ``None`` when there is none."""
-    from dippm_nas.predictor import _checkpoint
+    """The trained predictor for ``device`` or ``None`` when no checkpoint exists.
 
-    return _checkpoint.load_for_device(device)
+    A checkpoint that cannot be loaded (a corrupt or incompatible file in ``$DIPPM_NAS_CHECKPOINT_DIR``)
+    is skipped with a warning and the next one answers (the shipped one).
+
+    Raises:
+        CheckpointError: no candidate checkpoint could be loaded (the first error, with the others noted).
+    """
+    errors: list[CheckpointError] = []
+    for path in checkpoint_candidates(device):
+        try:
+            predictor = GnnPredictor.load(path, device=device)
+        except CheckpointError as e:
+            errors.append(e)
+            continue
+        if errors:
+            msg = (f"predictor checkpoint(s) for {device!r} could not be loaded ({'; '.join(map(str, errors))}); "
+                   f"falling back to {path}")
+            logger.warning(msg)
+            warnings.warn(msg, RuntimeWarning, stacklevel=4)
+        return predictor
+    if errors:
+        raise CheckpointError(f"no checkpoint for {device!r} could be loaded: {'; '.join(map(str, errors))}") \
+            from errors[0]
+    return None
 
 
 def get_predictor(device: str = DEFAULT_DEVICE) -> BasePredictor:
@@ -44,8 +66,6 @@ def get_predictor(device: str = DEFAULT_DEVICE) -> BasePredictor:
     Raises:
         DeviceError: unknown device id (the message lists the catalogue).
     """
-    from dippm_nas.devices import resolve_device
-
     dev_id = resolve_device(device).id
     with _LOCK:
         p = _PREDICTORS.get(dev_id)
@@ -63,8 +83,6 @@ def get_predictor(device: str = DEFAULT_DEVICE) -> BasePredictor:
 
 def set_predictor(device: str, predictor: BasePredictor | None) -> None:
     """Use ``predictor`` for ``device`` from now on (``None`` forgets it, so the next call reloads)."""
-    from dippm_nas.devices import resolve_device
-
     dev_id = resolve_device(device).id
     with _LOCK:
         if predictor is None:

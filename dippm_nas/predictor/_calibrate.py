@@ -44,14 +44,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from dippm_nas._paths import cache_dir
 from dippm_nas.errors import DippmNasError
-
-if TYPE_CHECKING:  # pragma: no cover
-    from dippm_nas.predictor._gnn import CheckpointMeta
+from dippm_nas.predictor._meta import CheckpointMeta
+from dippm_nas.prior import latency_us
 
 __all__ = ["Calibration", "TimelineFactors", "fit_calibration", "fit_timeline_factors", "save_calibration",
            "load_calibration", "delete_calibration", "calibration_path", "SLOPE_PRIOR", "FACTOR_PRIOR"]
@@ -100,8 +100,6 @@ def fit_timeline_factors(parts: Sequence[tuple[np.ndarray, np.ndarray, float]],
         DippmNasError: fewer than two measurements, lengths that differ, or a latency that is not > 0.
     """
     from scipy.optimize import least_squares
-
-    from dippm_nas.prior import latency_us
 
     k = len(parts)
     if k != len(measured_ms):
@@ -269,8 +267,6 @@ def _evidence_share(m: np.ndarray, y: np.ndarray, a: float, b: float, wts: np.nd
 
 
 def calibration_path(device: str) -> Path:
-    from dippm_nas._paths import cache_dir
-
     return cache_dir() / "calibration" / f"{device}.json"
 
 

@@ -17,19 +17,13 @@ not the same speed.
 from __future__ import annotations
 
 import json
-import logging
 import os
-import warnings
 from pathlib import Path
 
 from dippm_nas._platform import cpu_model_name
-from dippm_nas.errors import CheckpointError
-from dippm_nas.predictor._base import BasePredictor
 
 __all__ = ["CHECKPOINT_DIR_ENV", "HOST_DEVICE", "OTHER_HOST_FLOOR_LOG", "OTHER_MACHINE_FLOOR_LOG", "checkpoint_dirs",
-           "find_checkpoint", "host_checkpoints", "load_for_device"]
-
-logger = logging.getLogger(__name__)
+           "checkpoint_candidates", "find_checkpoint", "host_checkpoints"]
 
 CHECKPOINT_DIR_ENV = "DIPPM_NAS_CHECKPOINT_DIR"
 #: The device whose checkpoints are chosen by the CPU model of this machine.
@@ -101,7 +95,7 @@ def host_checkpoints() -> list[tuple[Path, str | None]]:
     return out
 
 
-def _candidates(device: str, cpu_model: str | None = None) -> list[Path]:
+def checkpoint_candidates(device: str, cpu_model: str | None = None) -> list[Path]:
     """Checkpoints that could answer for ``device``, best first (see :func:`find_checkpoint`)."""
     out: list[Path] = []
     if device == HOST_DEVICE:
@@ -121,35 +115,5 @@ def find_checkpoint(device: str, *, cpu_model: str | None = None) -> Path | None
         device: catalogue id.
         cpu_model: for ``host-cpu``, the CPU model to match (default: this machine's).
     """
-    found = _candidates(device, cpu_model)
+    found = checkpoint_candidates(device, cpu_model)
     return found[0] if found else None
-
-
-def load_for_device(device: str) -> BasePredictor | None:
-    """The trained predictor for ``device`` or ``None`` when no checkpoint exists.
-
-    A checkpoint that cannot be loaded (a corrupt or incompatible file in ``$DIPPM_NAS_CHECKPOINT_DIR``)
-    is skipped with a warning and the next one answers (the shipped one).
-
-    Raises:
-        CheckpointError: no candidate checkpoint could be loaded (the first error, with the others noted).
-    """
-    from dippm_nas.predictor._gnn import GnnPredictor  # the GNN predictor's own loader
-
-    errors: list[CheckpointError] = []
-    for path in _candidates(device):
-        try:
-            predictor = GnnPredictor.load(path, device=device)
-        except CheckpointError as e:
-            errors.append(e)
-            continue
-        if errors:
-            msg = (f"predictor checkpoint(s) for {device!r} could not be loaded ({'; '.join(map(str, errors))}); "
-                   f"falling back to {path}")
-            logger.warning(msg)
-            warnings.warn(msg, RuntimeWarning, stacklevel=4)
-        return predictor
-    if errors:
-        raise CheckpointError(f"no checkpoint for {device!r} could be loaded: {'; '.join(map(str, errors))}") \
-            from errors[0]
-    return None

@@ -1,13 +1,6 @@
-"""The GraphSAGE predictor: model, K-member ensemble, checkpoint format and :class:`GnnPredictor`.
+"""The GraphSAGE predictor: :class:`GnnPredictor`, a trained ensemble answering for one device.
 
-Model (DIPPM's shape, our features): node features -> linear embedding -> 3 GraphSAGE blocks (mean
-aggregation over dataflow neighbours in both directions, residual) -> graph readout (mean and max) ->
-concat with the static and device features -> 3 fully connected layers -> one value per target
-(latency, energy, memory) in log space. With ``residual_on_prior`` (our default) each output is a
-correction added to the log of the analytic prior's figure, so an unfamiliar graph falls back towards
-the physics instead of towards the training mean. Trained with a Huber loss on log values.
-
-Ensemble: K members trained from different seeds; the prediction is the mean of the members in log
+The prediction is the mean of the ensemble's members (:mod:`~dippm_nas.predictor._ensemble`) in log
 space and its standard deviation ``sqrt(std_members**2 + floor**2)`` (``floor`` fitted on the
 validation split so that about 95% of validation labels fall within ±2σ), turned into units with
 the delta method (``std_ms = latency_ms * std_log``). A graph whose graph-level features (size, batch,
@@ -22,13 +15,8 @@ A graph whose compute dtype no training graph had (FP32 for the half-precision A
 prior itself, the centre of the correction's bound, with that σ: the network's correction is not
 identified for a one-hot input that never varied (source ``"analytic"``, ``details["dtype_unseen"] = 1``).
 
-Inference: :meth:`SageEnsemble.infer` evaluates the same function as :meth:`SageEnsemble.forward` (the
-training path, one disjoint graph of the whole batch) chunk by chunk, several times faster on a CPU.
-
-Checkpoint: a ``.pt`` file holding ``{"meta": JSON text, "state": {name: tensor}}`` read with
-``torch.load(weights_only=True)`` (no pickle), plus a human-readable ``.json`` sidecar with the
-same metadata. The metadata (:class:`CheckpointMeta`) is checked on load: a different feature schema
-or feature widths raise :class:`~dippm_nas.errors.CheckpointError`.
+Checkpoints are read and written by :meth:`GnnPredictor.load` and :meth:`GnnPredictor.save`; their
+metadata is :class:`~dippm_nas.predictor.CheckpointMeta`.
 """
 
 from __future__ import annotations
@@ -38,487 +26,37 @@ import json
 import logging
 import math
 import threading
-import warnings
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 
 from dippm_nas._logging import WarnOnce
 from dippm_nas._platform import cpu_model_name
 from dippm_nas.errors import CheckpointError, DippmNasError
-from dippm_nas.features import (
-    FEATURE_SCHEMA_VERSION,
-    GraphFeatures,
-    device_dim,
-    featurize,
-    node_dim,
-    static_dim,
-    static_dtype_columns,
-)
+from dippm_nas.features import GraphFeatures, featurize, static_dtype_columns
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.prediction import Prediction
 from dippm_nas.devices import HostProfile, default_host_profile, resolve_device
 from dippm_nas.predictor._base import BasePredictor, execution_args, execution_details
-from dippm_nas.prior import Execution, estimate as prior_estimate, latency_us
-from dippm_nas.predictor._novelty import NoveltyFloor, correction_weight, novelty_scores
+from dippm_nas.predictor._calibrate import (Calibration, checkpoint_identity, delete_calibration, fit_calibration,
+                                            fit_timeline_factors, save_calibration)
+from dippm_nas.predictor._calibrate import load_calibration as _load_calibration
+from dippm_nas.predictor._checkpoint import OTHER_HOST_FLOOR_LOG, OTHER_MACHINE_FLOOR_LOG
+from dippm_nas.predictor._ensemble import INFER_CHUNK_NODES, SageEnsemble, collate_globals
+from dippm_nas.predictor._meta import TARGETS, CheckpointMeta
+from dippm_nas.prior import Execution, PriorParams, estimate as prior_estimate, latency_us
+from dippm_nas.predictor._novelty import correction_weight, novelty_scores
 
-if TYPE_CHECKING:  # pragma: no cover
-    from dippm_nas.predictor._calibrate import Calibration
-
-__all__ = ["TARGETS", "TARGET_UNITS", "CheckpointMeta", "SageEnsemble", "GnnPredictor", "collate",
-           "collate_globals", "CHECKPOINT_FORMAT"]
+__all__ = ["GnnPredictor"]
 
 logger = logging.getLogger(__name__)
 _warn_once = WarnOnce(logger, python_warning=True)
-# the inference pass aggregates with a CSR tensor; torch warns once per process that CSR is "beta"
-warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state", category=UserWarning)
-
-#: The three targets, in output order.
-TARGETS: tuple[str, ...] = ("latency_ms", "energy_j", "memory_mib")
-#: Units of the targets.
-TARGET_UNITS: dict[str, str] = {"latency_ms": "ms", "energy_j": "J", "memory_mib": "MiB"}
-#: Version of the checkpoint layout.
-CHECKPOINT_FORMAT = 1
-_EPS = 1e-9
-#: Standardised inputs are clipped to ±_Z_CLIP (robustness to graphs unlike the training data).
-_Z_CLIP = 5.0
-#: A training feature with a smaller std is constant; it is divided by _NEUTRAL_STD (neutralised).
-_CONSTANT_STD = 1e-4
-_NEUTRAL_STD = 1e6
-#: Margin on the largest |log(label / prior)| of the training data that bounds the correction.
-DELTA_MARGIN = 1.5
-#: Default node budget of one chunk of :meth:`SageEnsemble.infer`: the activations of 5 members x 64 wide
-#: (1.3 MB) stay in a core's L2 cache; one whole-batch graph of 1,024 graphs (~55 MB) spills to memory and
-#: ran 3x slower, and much smaller chunks pay Python overhead per chunk.
-INFER_CHUNK_NODES = 1024
 
 
-@dataclass(frozen=True)
-class CheckpointMeta:
-    """What a checkpoint is, where it came from and how good it was on held-out data.
-
-    Attributes:
-        device: catalogue id the checkpoint answers for.
-        targets: ``{target: unit}`` of the targets trained on real labels; other targets come from the
-            analytic prior (source ``"analytic"``).
-        feature_schema_version: :data:`~dippm_nas.features.FEATURE_SCHEMA_VERSION` at training.
-        feature_style: ``"ours"`` or ``"dippm"``.
-        data_sources: the datasets (with conditions) the labels came from.
-        heldout_metrics: ``{split: {target: {metric: value}}}`` on test data never used for selection.
-        date: ISO date of training.
-        trained_on: device ids whose measurements were in the training set.
-        hidden: hidden width; ``layers``: SAGE blocks; ``members``: ensemble size.
-        residual_on_prior: outputs are log-corrections of the prior's figures.
-        std_floor_log: per-target floor of the log-space standard deviation (validation fit).
-        prior_params: the analytic prior's constants the features were computed with (pinned).
-        node_dim, static_dim, device_dim: feature widths (checked against this code on load).
-        command: the command that trained it.
-        format: :data:`CHECKPOINT_FORMAT`.
-        notes: free text.
-        novelty: the novel-graph std floor (:class:`~dippm_nas.predictor._novelty.NoveltyFloor` as a dict:
-            ``d0``, ``floor_log``, ``calibrated_on`` and optionally ``shrink``, the per-target width of
-            the correction shrink of novel graphs), or ``None``; its reference set is stored beside the
-            weights (``novelty_ref``).
-        host: for a ``host-cpu`` checkpoint, the machine its labels were measured on: ``{"cpu_model": the
-            CPU model string of the rows' environment, "threads": the torch thread count of the labels and
-            of the device features (the predictor measures the host at this count, so its answer does not
-            depend on the caller's thread setting; absent in older metadata: the caller's count),
-            "features_from": the host microbenchmark the device features were computed with,
-            "features_processor" / "label_processors": the processor of the machine that computed them and
-            those the rows record (family, model, ...; see ``_train._host_of``; absent in older metadata)}``; ``None``
-            for other devices (and for checkpoints made before this was recorded). A host-cpu checkpoint
-            answers on another CPU model only flagged (``details["other_host"] = 1``, see
-            :mod:`dippm_nas.predictor._checkpoint`).
-    """
-
-    device: str
-    targets: dict[str, str]
-    feature_schema_version: int
-    feature_style: str
-    data_sources: list[str]
-    heldout_metrics: dict[str, Any]
-    date: str
-    trained_on: list[str]
-    hidden: int
-    layers: int
-    members: int
-    residual_on_prior: bool
-    std_floor_log: dict[str, float]
-    prior_params: dict[str, Any] | None
-    node_dim: int
-    static_dim: int
-    device_dim: int
-    command: str = ""
-    format: int = CHECKPOINT_FORMAT
-    notes: str = ""
-    novelty: dict[str, Any] | None = None
-    host: dict[str, Any] | None = None
-
-    def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), indent=1, sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> "CheckpointMeta":
-        try:
-            d = json.loads(text)
-        except ValueError as e:
-            raise CheckpointError(f"checkpoint metadata is not valid JSON: {e}") from e
-        names = {f.name for f in dataclasses.fields(cls)}
-        missing = sorted(n for n in names if n not in d and cls.__dataclass_fields__[n].default is dataclasses.MISSING)
-        unknown = sorted(set(d) - names)
-        if missing or unknown:
-            raise CheckpointError(f"checkpoint metadata: missing keys {missing}, unknown keys {unknown}")
-        return cls(**d)
-
-    def check(self) -> None:
-        """Raise :class:`CheckpointError` when this code cannot read the checkpoint's features."""
-        if self.format != CHECKPOINT_FORMAT:
-            raise CheckpointError(f"checkpoint format must be {CHECKPOINT_FORMAT}, got {self.format}")
-        if self.feature_schema_version != FEATURE_SCHEMA_VERSION:
-            raise CheckpointError(
-                f"checkpoint feature_schema_version is {self.feature_schema_version}, this dippm-nas computes "
-                f"version {FEATURE_SCHEMA_VERSION}: retrain it (dippm-nas train) or install the matching version"
-            )
-        want = (node_dim(self.feature_style), static_dim(self.feature_style), device_dim())
-        got = (self.node_dim, self.static_dim, self.device_dim)
-        if want != got:
-            raise CheckpointError(f"checkpoint feature widths (node, static, device) are {got}, this code gives {want}")
-        bad = [t for t in self.targets if t not in TARGETS]
-        if bad:
-            raise CheckpointError(f"checkpoint targets {bad} unknown; valid: {list(TARGETS)}")
-        if self.novelty is not None:
-            try:
-                nf = NoveltyFloor.from_dict(self.novelty)
-            except (KeyError, TypeError, ValueError, AttributeError) as e:
-                raise CheckpointError(f"checkpoint novelty must hold d0, floor_log and calibrated_on, got "
-                                      f"{self.novelty!r} ({type(e).__name__}: {e})") from e
-            bad = [t for t in (*nf.floor_log, *nf.shrink) if t not in self.targets]
-            if bad or not math.isfinite(nf.d0) or (nf.shrink and nf.d0 <= 0.0):
-                raise CheckpointError(f"checkpoint novelty floors and shrinks must be for trained targets "
-                                      f"{list(self.targets)} with a finite d0 (> 0 with a shrink); got floors for "
-                                      f"{list(nf.floor_log)}, shrinks for {list(nf.shrink)}, d0 {nf.d0}")
-        if self.host is not None and not (isinstance(self.host, dict) and isinstance(self.host.get("cpu_model"), str)
-                                          and self.host["cpu_model"]):
-            raise CheckpointError(f"checkpoint host must be a dict with a non-empty 'cpu_model' string, "
-                                  f"got {self.host!r}")
-        if self.host is not None and "threads" in self.host:
-            n = self.host["threads"]
-            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-                raise CheckpointError(f"checkpoint host threads must be a positive integer (torch threads of the "
-                                      f"labels), got {n!r}")
-
-
-# ----------------------------------------------------------------------------- model
-class _KLinear(nn.Module):
-    """K independent linear layers applied at once: ``[K, N, d_in] -> [K, N, d_out]``."""
-
-    def __init__(self, k: int, d_in: int, d_out: int, bias: bool = True) -> None:
-        super().__init__()
-        bound = 1.0 / math.sqrt(d_in)
-        self.weight = nn.Parameter(torch.empty(k, d_in, d_out).uniform_(-bound, bound))
-        self.bias = nn.Parameter(torch.empty(k, 1, d_out).uniform_(-bound, bound)) if bias else None
-
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        if self.bias is None:
-            return torch.bmm(h, self.weight)
-        return torch.baddbmm(self.bias, h, self.weight)
-
-
-class _KSage(nn.Module):
-    """One GraphSAGE block for K members: ``h' = h + relu(LN(W_self h + W_nbr mean_{j in N(i)} h_j))``."""
-
-    def __init__(self, k: int, hidden: int) -> None:
-        super().__init__()
-        self.self_lin = _KLinear(k, hidden, hidden)
-        self.nbr_lin = _KLinear(k, hidden, hidden, bias=False)
-        self.gamma = nn.Parameter(torch.ones(k, 1, hidden))
-        self.beta = nn.Parameter(torch.zeros(k, 1, hidden))
-
-    def forward(self, h: torch.Tensor, adj: torch.Tensor) -> torch.Tensor:
-        k, n, d = h.shape
-        agg = torch.sparse.mm(adj, h.transpose(0, 1).reshape(n, k * d)).reshape(n, k, d).transpose(0, 1)
-        z = self.self_lin(h) + self.nbr_lin(agg)
-        z = nn.functional.layer_norm(z, (d,)) * self.gamma + self.beta
-        return h + torch.relu(z)
-
-
-class SageEnsemble(nn.Module):
-    """K GraphSAGE members evaluated together (batched weights), plus the feature standardisation.
-
-    Each member: linear embedding, ``layers`` SAGE blocks, mean+max readout, concat static and device
-    features, 3 fully connected layers -> 3 log targets. The members share nothing but the input.
-
-    Shapes:
-        ``forward(batch)`` -> ``[members, num_graphs, 3]`` log-space predictions (the log prior added
-        when ``residual_on_prior``, else the training mean).
-    """
-
-    def __init__(self, node_in: int, static_in: int, device_in: int, hidden: int = 64, layers: int = 3,
-                 members: int = 5, residual_on_prior: bool = True) -> None:
-        super().__init__()
-        k = members
-        self.k = k
-        self.residual_on_prior = residual_on_prior
-        self.embed = _KLinear(k, node_in, hidden)
-        self.blocks = nn.ModuleList([_KSage(k, hidden) for _ in range(layers)])
-        self.fc1 = _KLinear(k, 2 * hidden + static_in + device_in, hidden)
-        self.fc2 = _KLinear(k, hidden, hidden)
-        self.fc3 = _KLinear(k, hidden, len(TARGETS))
-        with torch.no_grad():
-            self.fc3.weight.mul_(0.1)
-            self.fc3.bias.zero_()
-        for name, dim in (("x", node_in), ("static", static_in), ("dev", device_in)):
-            self.register_buffer(f"{name}_mean", torch.zeros(dim))
-            self.register_buffer(f"{name}_std", torch.ones(dim))
-        self.register_buffer("y_mean", torch.zeros(len(TARGETS)))
-        self.register_buffer("delta_max", torch.full((len(TARGETS),), 10.0))
-        # range of the raw graph-level (static + device) features seen in training
-        self.register_buffer("global_lo", torch.full((static_in + device_in,), -math.inf))
-        self.register_buffer("global_hi", torch.full((static_in + device_in,), math.inf))
-
-    def set_stats(self, x: torch.Tensor, static: torch.Tensor, dev: torch.Tensor, y_mean: torch.Tensor,
-                  delta_max: torch.Tensor | None = None) -> None:
-        """Standardisation statistics from training tensors (``[N, dim]`` each), mean log target ``[3]`` and
-        the bound of the log-correction ``[3]``.
-
-        A feature that is constant in the training data (e.g. the batch size when every row has batch 256)
-        carries no information the model could have learnt from; it is neutralised (its std set to
-        :data:`_NEUTRAL_STD`) so an unseen value cannot drive the network outside its training range.
-        """
-        for name, t in (("x", x), ("static", static), ("dev", dev)):
-            std = t.std(0) if t.shape[0] > 1 else torch.zeros(t.shape[1])
-            std = torch.where(std < _CONSTANT_STD, torch.full_like(std, _NEUTRAL_STD), std)
-            getattr(self, f"{name}_mean").copy_(t.mean(0))
-            getattr(self, f"{name}_std").copy_(std)
-        self.y_mean.copy_(y_mean)
-        if delta_max is not None:
-            self.delta_max.copy_(delta_max)
-        glob = torch.cat([static, dev], 1)
-        self.global_lo.copy_(glob.amin(0))
-        self.global_hi.copy_(glob.amax(0))
-
-    def static_z(self, b: dict[str, Any]) -> torch.Tensor:
-        """Standardised, clipped static (graph-level) features, as the network sees them; ``[num_graphs, static_in]``."""
-        return ((b["static"] - self.static_mean) / self.static_std).clamp(-_Z_CLIP, _Z_CLIP)
-
-    def _global_z(self, b: dict[str, Any]) -> torch.Tensor:
-        """:meth:`static_z` and the standardised, clipped device features side by side; ``[num_graphs, static_in + device_in]``."""
-        return torch.cat([self.static_z(b), ((b["dev"] - self.dev_mean) / self.dev_std).clamp(-_Z_CLIP, _Z_CLIP)], 1)
-
-    def _head(self, read: torch.Tensor, gl: torch.Tensor, log_prior: torch.Tensor) -> torch.Tensor:
-        """The fully connected head on the readout ``[K, G, 2*hidden]`` and global features ``gl`` ``[G, ...]``:
-        ``[K, G, 3]`` log-space predictions (the bounded correction of the log prior, or around the training mean)."""
-        z = torch.cat([read, gl.unsqueeze(0).expand(self.k, -1, -1)], 2)
-        out = self.fc3(torch.relu(self.fc2(torch.relu(self.fc1(z)))))
-        if self.residual_on_prior:
-            # the correction of the prior stays within the range seen in training (times a margin)
-            out = self.delta_max * torch.tanh(out / self.delta_max)
-            return log_prior.unsqueeze(0) + out
-        return self.y_mean.expand(read.shape[1], -1).unsqueeze(0) + out
-
-    def outside_training_range(self, b: dict[str, Any], *, device_features: bool = True) -> torch.Tensor:
-        """Per graph: does any graph-level feature (size, batch, dtype, prior totals, device) lie outside
-        the range seen in training (with a 5% margin of that range)?
-
-        Args:
-            b: :func:`collate_globals` of the graphs.
-            device_features: also check the device features (``False`` checks the graph's own features
-                only: a host checkpoint on another CPU, whose single training device is necessarily not
-                this one, has its own measured floor instead).
-
-        Shapes:
-            returns ``[num_graphs]`` bool.
-        """
-        graph, device = self.outside_parts(b)
-        return graph | device if device_features else graph
-
-    def outside_parts(self, b: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per graph, separately: does any of its own graph-level features, and does any device feature, lie
-        outside the range seen in training (with a 5% margin of that range)?
-
-        Shapes:
-            returns two ``[num_graphs]`` bool tensors.
-        """
-        glob = torch.cat([b["static"], b["dev"]], 1)
-        tol = 0.05 * (self.global_hi - self.global_lo).nan_to_num(0.0, 0.0, 0.0) + 1e-4
-        out = (glob < self.global_lo - tol) | (glob > self.global_hi + tol)
-        n_static = b["static"].shape[1]
-        return out[:, :n_static].any(1), out[:, n_static:].any(1)
-
-    def forward(self, b: dict[str, Any]) -> torch.Tensor:
-        k, g = self.k, b["num_graphs"]
-        x = ((b["x"] - self.x_mean) / self.x_std).clamp(-_Z_CLIP, _Z_CLIP).unsqueeze(0).expand(k, -1, -1)
-        h = torch.relu(self.embed(x))
-        for blk in self.blocks:
-            h = blk(h, b["adj"])
-        n, d = h.shape[1], h.shape[2]
-        flat = h.transpose(0, 1).reshape(n, k * d)
-        mean = torch.sparse.mm(b["pool"], flat)
-        mx = torch.full((g, k * d), -1e4, dtype=h.dtype).scatter_reduce(
-            0, b["batch"].unsqueeze(1).expand(n, k * d), flat, reduce="amax", include_self=True)
-        read = torch.cat([mean.reshape(g, k, d), mx.reshape(g, k, d)], 2).transpose(0, 1)
-        return self._head(read, self._global_z(b), b["log_prior"])
-
-    def infer(self, feats: Sequence[GraphFeatures], *, chunk_nodes: int = INFER_CHUNK_NODES,
-              glob: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
-        """:meth:`forward` on ``collate(feats)`` for inference: the same math, evaluated chunk by chunk.
-
-        The graphs are cut into consecutive chunks of at most ``chunk_nodes`` kernel nodes (a graph is never
-        split) so the ``[members, nodes, hidden]`` activations stay in the CPU's cache (one whole-batch
-        graph of 1,024 graphs does not, and ran 3x slower); each chunk is collated with whole-chunk numpy
-        operations, aggregated with one CSR sparse product for all members, and read out (mean pooling
-        matrix, per-graph max); the fully connected head then runs once on all graphs. No autograd
-        (``torch.inference_mode``); training uses :meth:`forward`, and ``tests/test_predictor_infer.py``
-        checks both against a plain per-graph reference.
-
-        Args:
-            feats: feature sets of one style.
-            chunk_nodes: node budget per chunk (speed only; results do not depend on it beyond float
-                rounding).
-            glob: the output of :func:`collate_globals` for ``feats`` when the caller already has it.
-
-        Shapes:
-            returns ``[members, num_graphs, 3]``, equal to ``forward(collate(feats))`` up to float rounding.
-        """
-        if not feats:
-            return torch.zeros(self.k, 0, len(TARGETS))
-        with torch.inference_mode():
-            glob = glob if glob is not None else collate_globals(feats)
-            k, g = self.k, len(feats)
-            n = np.fromiter((f.x.shape[0] for f in feats), dtype=np.int64, count=g)
-            read = torch.empty(k, g, 2 * self.embed.weight.shape[2])
-            for a, b in _chunks(n, chunk_nodes):
-                read[:, a:b] = self._infer_readout(feats[a:b], n[a:b])
-            return self._head(read, self._global_z(glob), glob["log_prior"])
-
-    def _infer_readout(self, feats: Sequence[GraphFeatures], n: np.ndarray) -> torch.Tensor:
-        """Embedding, SAGE blocks and mean+max readout of one chunk: ``[members, len(feats), 2 * hidden]``.
-
-        Activations are node-major ``[nodes, K, d]``: one sparse product aggregates all members, the batched
-        weights read and write member-major views of it (no copies), and the readout runs on the
-        ``[nodes, K * d]`` matrix :meth:`forward` pools (the same products, so the results match it bit for
-        bit on this machine).
-        """
-        k, g = self.k, len(feats)
-        x, adj = _chunk_tensors(feats, n)
-        num = x.shape[0]
-        d = self.embed.weight.shape[2]
-        x = ((x - self.x_mean) / self.x_std).clamp_(-_Z_CLIP, _Z_CLIP)
-        h = torch.empty(num, k, d)
-        torch.baddbmm(self.embed.bias, x.expand(k, -1, -1), self.embed.weight, out=h.transpose(0, 1)).relu_()
-        z = torch.empty(num, k, d)
-        for blk in self.blocks:
-            agg = torch.sparse.mm(adj, h.view(num, k * d)).view(num, k, d)
-            zt = z.transpose(0, 1)
-            torch.baddbmm(blk.self_lin.bias, h.transpose(0, 1), blk.self_lin.weight, out=zt)
-            zt.baddbmm_(agg.transpose(0, 1), blk.nbr_lin.weight)
-            y = nn.functional.layer_norm(z, (d,)).mul_(blk.gamma.view(k, d)).add_(blk.beta.view(k, d))
-            h.add_(y.relu_())
-        flat = h.view(num, k * d)
-        nt = torch.from_numpy(n)
-        bt = torch.repeat_interleave(torch.arange(g), nt, output_size=num)
-        pool = torch.sparse_coo_tensor(torch.stack([bt, torch.arange(num)]),
-                                       (1.0 / nt.clamp_min(1).to(torch.float32))[bt], (g, num),
-                                       is_coalesced=True, check_invariants=False)
-        mean = torch.sparse.mm(pool, flat)
-        if n.all():  # per-graph amax beats segment_reduce's kernel several times on small graphs
-            mx = torch.stack([t.amax(0) for t in flat.split(n.tolist())])
-        else:  # an empty graph: its max is forward's fill value
-            mx = torch.segment_reduce(flat, "max", lengths=nt, axis=0, unsafe=True, initial=-1e4)
-        mx = mx.clamp_min_(-1e4)  # forward's scatter_reduce includes the -1e4 fill
-        return torch.cat([mean.view(g, k, d), mx.view(g, k, d)], 2).transpose(0, 1)
-
-
-def _chunks(n: np.ndarray, budget: int) -> list[tuple[int, int]]:
-    """Consecutive ``[a, b)`` graph ranges whose node counts ``n`` sum to at most ``budget`` (a graph larger
-    than the budget gets a chunk of its own)."""
-    out, a, acc = [], 0, 0
-    for i, ni in enumerate(n.tolist()):
-        if acc + ni > budget and i > a:
-            out.append((a, i))
-            a, acc = i, 0
-        acc += ni
-    if a < len(n):
-        out.append((a, len(n)))
-    return out
-
-
-def _chunk_tensors(feats: Sequence[GraphFeatures], n: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-    """Node features ``[sum n, node_dim]`` and the row-normalised neighbour matrix of :func:`collate` as a
-    CSR tensor ``[sum n, sum n]``, built with whole-batch numpy operations (no sort beyond one argsort of
-    the destination indices)."""
-    num = int(n.sum())
-    x = torch.from_numpy(np.concatenate([f.x for f in feats]).astype(np.float32, copy=False))
-    e = np.fromiter((f.edge_index.shape[1] for f in feats), dtype=np.int64, count=len(feats))
-    ei = np.concatenate([f.edge_index for f in feats], axis=1).astype(np.int64, copy=False)
-    if ei.size:
-        ei = ei + np.repeat(np.cumsum(n) - n, e)
-    src = np.concatenate([ei[0], ei[1]])
-    dst = np.concatenate([ei[1], ei[0]])
-    order = np.argsort(dst, kind="stable")
-    cnt = np.bincount(dst, minlength=num)
-    crow = np.zeros(num + 1, dtype=np.int64)
-    np.cumsum(cnt, out=crow[1:])
-    dst_t = torch.from_numpy(dst[order])
-    inv = 1.0 / torch.from_numpy(cnt).clamp_min(1).to(torch.float32)  # as collate: 1 / deg in float32
-    adj = torch.sparse_csr_tensor(torch.from_numpy(crow), torch.from_numpy(src[order]), inv[dst_t], (num, num),
-                                  check_invariants=False)
-    return x, adj
-
-
-def collate_globals(feats: Sequence[GraphFeatures]) -> dict[str, torch.Tensor]:
-    """The graph-level part of :func:`collate`: ``static``, ``dev`` and ``log_prior``."""
-    lp = [[math.log(max(f.prior_latency_ms, _EPS)), math.log(max(f.prior_energy_j or 1.0, _EPS)),
-           math.log(max(f.prior_memory_mib, _EPS))] for f in feats]
-    return {
-        "static": torch.from_numpy(np.stack([f.static for f in feats]).astype(np.float32)),
-        "dev": torch.from_numpy(np.stack([f.device for f in feats]).astype(np.float32)),
-        "log_prior": torch.tensor(lp, dtype=torch.float32).reshape(len(feats), len(TARGETS)),
-    }
-
-
-def collate(feats: Sequence[GraphFeatures]) -> dict[str, Any]:
-    """Batch feature sets into one disjoint graph.
-
-    Shapes:
-        - ``x``: ``[sum nodes, node_dim]``; ``batch``: ``[sum nodes]`` graph of each node;
-        - ``adj``: sparse ``[sum nodes, sum nodes]``, row-normalised neighbours (dataflow edges both ways);
-        - ``pool``: sparse ``[num_graphs, sum nodes]``, mean over each graph's nodes;
-        - ``static``: ``[num_graphs, static_dim]``; ``dev``: ``[num_graphs, device_dim]``;
-        - ``log_prior``: ``[num_graphs, 3]`` log of the prior's latency, energy (0 when unknown), memory.
-    """
-    xs, srcs, dsts, batch = [], [], [], []
-    off = 0
-    for gi, f in enumerate(feats):
-        n = f.x.shape[0]
-        xs.append(f.x)
-        ei = f.edge_index
-        srcs.append(np.concatenate([ei[0], ei[1]]) + off)
-        dsts.append(np.concatenate([ei[1], ei[0]]) + off)
-        batch.append(np.full(n, gi, dtype=np.int64))
-        off += n
-    src = torch.from_numpy(np.concatenate(srcs).astype(np.int64))
-    dst = torch.from_numpy(np.concatenate(dsts).astype(np.int64))
-    deg = torch.bincount(dst, minlength=off).clamp_min(1).to(torch.float32)
-    bt = torch.from_numpy(np.concatenate(batch))
-    cnt = torch.bincount(bt, minlength=len(feats)).clamp_min(1).to(torch.float32)
-    adj = torch.sparse_coo_tensor(torch.stack([dst, src]), (1.0 / deg)[dst], (off, off),
-                                  check_invariants=False).coalesce()
-    pool = torch.sparse_coo_tensor(torch.stack([bt, torch.arange(off)]), (1.0 / cnt)[bt], (len(feats), off),
-                                   check_invariants=False).coalesce()
-    return {
-        "x": torch.from_numpy(np.concatenate(xs).astype(np.float32)), "adj": adj, "pool": pool, "batch": bt,
-        "num_graphs": len(feats), **collate_globals(feats),
-    }
-
-
-# ----------------------------------------------------------------------------- predictor
 class GnnPredictor(BasePredictor):
     """A trained GraphSAGE ensemble answering for one device.
 
@@ -549,14 +87,10 @@ class GnnPredictor(BasePredictor):
         #: features and prior were computed with; featurise evaluation data with them
         self.prior_params: Any = None
         if meta.prior_params is not None:
-            from dippm_nas.prior import PriorParams
-
             self.prior_params = PriorParams.from_dict(meta.prior_params, origin="checkpoint")
         self.calibration: Calibration | None = None
         if load_calibration:
-            from dippm_nas.predictor._calibrate import load_calibration as _load
-
-            self.calibration = _load(self.device, self.meta)
+            self.calibration = _load_calibration(self.device, self.meta)
         #: the CPU model a host-cpu checkpoint was measured on when this machine's differs, else ``None``
         self.other_host: str | None = None
         #: the cross-host σ floor per target this predictor adds while ``other_host`` is set (a copy of
@@ -571,8 +105,6 @@ class GnnPredictor(BasePredictor):
         #: torch thread count the host is featurised at (the labels'), or ``None`` (the caller's count)
         self.host_threads: int | None = None if meta.host is None else meta.host.get("threads")
         if meta.host is not None and cpu_model_name() != meta.host["cpu_model"]:
-            from dippm_nas.predictor._checkpoint import OTHER_HOST_FLOOR_LOG
-
             self.other_host = meta.host["cpu_model"]
             self.other_host_floor_log = dict(OTHER_HOST_FLOOR_LOG)
             _warn_once(f"other-host:{self.other_host}",
@@ -583,8 +115,6 @@ class GnnPredictor(BasePredictor):
                        "host-cpu ...; data/host_cpu/README.md has the commands)",
                        self.device, self.other_host, cpu_model_name())
         elif meta.host is not None:
-            from dippm_nas.predictor._checkpoint import OTHER_MACHINE_FLOOR_LOG
-
             self.other_machine_floor_log = dict(OTHER_MACHINE_FLOOR_LOG)
 
     # ------------------------------------------------------------------ io
@@ -990,9 +520,6 @@ class GnnPredictor(BasePredictor):
             The fitted :class:`~dippm_nas.predictor._calibrate.Calibration` (now active), or ``None`` with a
             warning when fewer than two measurements hold a label: the predictions stay unchanged.
         """
-        from dippm_nas.predictor._calibrate import (Calibration, checkpoint_identity, fit_calibration,
-                                                    fit_timeline_factors, save_calibration)
-
         pairs = _pairs(measurements)
         if len(pairs) < 2:
             _warn_once(f"calibrate-few:{self.device}", "calibrate() needs at least 2 measurements with a figure "
@@ -1031,8 +558,6 @@ class GnnPredictor(BasePredictor):
 
     def reset_calibration(self, *, persist: bool = True) -> None:
         """Drop the active calibration (and its file when ``persist``)."""
-        from dippm_nas.predictor._calibrate import delete_calibration
-
         self.calibration = None
         self._pred_cache.clear()
         if persist:

@@ -35,16 +35,16 @@ from typing import Any
 import numpy as np
 
 from dippm_nas.devices import Device, HostProfile, resolve_device, resolve_host_profile
-from dippm_nas.errors import DeviceError, GraphValidationError
+from dippm_nas.errors import GraphValidationError
 from dippm_nas.graph import OperatorGraph
-from dippm_nas.prediction import Prediction
 from dippm_nas.prior._host import HOST_KINDS, Execution, HostModel, check_runtime, compiled_groups
-from dippm_nas.prior._memory import MIB, MemoryBreakdown, activation_liveness, gpu_memory_parts
+from dippm_nas.prior._memory import MemoryBreakdown, activation_liveness, gpu_memory_parts
 from dippm_nas.prior._nodes import graph_facts, node_costs
 from dippm_nas.prior._params import PriorParams, default_params
+from dippm_nas.units import BYTES_PER_MIB as MIB
 from dippm_nas.prior._power import PowerTable, node_activity, pass_energy_j, power_params_for
 
-__all__ = ["PriorEstimate", "estimate", "predict"]
+__all__ = ["PriorEstimate", "estimate", "latency_sigma_log", "latency_us", "timeline_fields"]
 
 logger = logging.getLogger(__name__)
 
@@ -360,52 +360,3 @@ def _liveness(graph: OperatorGraph, cache: dict[str, MemoryBreakdown], kind: str
         cache[kind] = (activation_liveness(graph, retention=True, include_inputs=False) if kind == "eager"
                        else activation_liveness(graph))
     return cache[kind]
-
-
-def predict(
-    graph: OperatorGraph, device: Device | str, *, mig: bool = True, k_sigma: float = 2.0,
-    tf32_conv: bool = True, tf32_matmul: bool = False, channels_last: bool = False,
-    params: PriorParams | None = None, runtime: str = "eager", host: HostProfile | str | None = None,
-    input_copy: bool = False, power: PowerTable | None = None,
-) -> Prediction:
-    """The analytic prior as a :class:`~dippm_nas.prediction.Prediction` (sources ``"analytic"``; energy
-    ``"predicted"`` where the power model is fitted for the device's architecture).
-
-    Args:
-        graph, device, tf32_conv, tf32_matmul, channels_last, params, runtime, host, input_copy, power: as for
-            :func:`estimate`.
-        mig: attach the MIG advisor's answer (devices with MIG only; see :func:`dippm_nas.mig.advise`).
-        k_sigma: passed to the advisor.
-
-    Raises:
-        DeviceError: the device has no power figures, so no energy can be given (e.g. ``host-cpu``;
-            use :func:`estimate`, whose ``energy_j`` is then ``None``), or an unknown device id.
-        UnsupportedDtypeError, GraphValidationError: as for :func:`estimate`.
-    """
-    dev = resolve_device(device)
-    est = estimate(graph, dev, tf32_conv=tf32_conv, tf32_matmul=tf32_matmul, channels_last=channels_last, params=params,
-                   runtime=runtime, host=host, input_copy=input_copy, power=power)
-    if est.energy_j is None:
-        raise DeviceError(
-            f"device {dev.id!r} has no power figures (board_power_w, idle_power_w), so the prior gives no "
-            "energy and cannot fill a Prediction; use dippm_nas.prior.estimate() for latency and memory, or "
-            "register a device file with power figures under $DIPPM_NAS_DEVICE_DIR"
-        )
-    details = est.details()
-    details["params_fitted"] = float(est.params_source != "uncalibrated")
-    s_lat = latency_sigma_log(est, params)
-    pred = Prediction(
-        latency_ms=est.latency_ms, energy_j=est.energy_j, memory_mib=est.memory_mib,
-        latency_source="analytic", energy_source=est.energy_source, memory_source="analytic",  # type: ignore[arg-type]
-        energy_j_std=est.energy_j_std,
-        device=dev.id, batch_size=est.batch_size, dtype=est.dtype, unknown_ops=dict(est.unknown_ops),
-        details=details, latency_ms_std=None if s_lat is None else est.latency_ms * s_lat,
-        memory_mib_std=est.memory_mib_std, **timeline_fields(est),
-    )
-    if mig and dev.has_mig:
-        from dippm_nas.mig import advise
-
-        advice = advise(pred, dev, graph=graph, k_sigma=k_sigma, tf32_conv=tf32_conv, tf32_matmul=tf32_matmul,
-                        channels_last=channels_last, params=params, runtime=runtime, host=host)
-        pred = dataclasses.replace(pred, mig=advice)
-    return pred

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from dippm_nas.devices import FRAMEWORKS, HostProfile, default_host_profile
-from dippm_nas.errors import DippmNasError, ExecutionRuntimeError
+from dippm_nas.errors import DippmNasError, ExecutionRuntimeError, InvalidValueError
 
 __all__ = ["RUNTIMES", "HOST_KINDS", "HostModel", "Execution", "host_kind", "check_runtime", "compiled_groups"]
 
@@ -100,24 +100,24 @@ class HostModel:
         missing = [k for k in HOST_KINDS if k not in self.op_us]
         extra = [k for k in self.op_us if k not in HOST_KINDS]
         if missing or extra:
-            raise DippmNasError(f"HostModel.op_us must have exactly the kinds {list(HOST_KINDS)}; "
-                                f"missing {missing}, unknown {extra}")
+            raise InvalidValueError(f"HostModel.op_us must have exactly the kinds {list(HOST_KINDS)}; "
+                                    f"missing {missing}, unknown {extra}")
         for k, v in self.op_us.items():
             if not _finite(v) or not 0 <= v <= 10_000:
-                raise DippmNasError(f"HostModel.op_us[{k!r}] must be in [0, 10000] µs, got {v!r}")
+                raise InvalidValueError(f"HostModel.op_us[{k!r}] must be in [0, 10000] µs, got {v!r}")
         for name in ("launch_us", "iteration_us", "h2d_fixed_us", "graph_launch_us", "compiled_kernel_us"):
             v = getattr(self, name)
             if not _finite(v) or not 0 <= v <= 100_000:
-                raise DippmNasError(f"HostModel.{name} must be in [0, 100000] µs, got {v!r}")
+                raise InvalidValueError(f"HostModel.{name} must be in [0, 100000] µs, got {v!r}")
         if not _finite(self.h2d_gbps) or self.h2d_gbps <= 0:
-            raise DippmNasError(f"HostModel.h2d_gbps must be a positive number, got {self.h2d_gbps!r}")
+            raise InvalidValueError(f"HostModel.h2d_gbps must be a positive number, got {self.h2d_gbps!r}")
         bad = sorted(set(self.generations) - set(FRAMEWORKS))
         if bad or "torch-2" not in self.generations:
-            raise DippmNasError(f"HostModel.generations must map {list(FRAMEWORKS)} (torch-2 required) to factors, "
-                                f"got {dict(self.generations)!r}")
+            raise InvalidValueError(f"HostModel.generations must map {list(FRAMEWORKS)} (torch-2 required) to factors, "
+                                    f"got {dict(self.generations)!r}")
         for k, v in self.generations.items():
             if not _finite(v) or not 0.05 <= v <= 20:
-                raise DippmNasError(f"HostModel.generations[{k!r}] must be in [0.05, 20], got {v!r}")
+                raise InvalidValueError(f"HostModel.generations[{k!r}] must be in [0.05, 20], got {v!r}")
         object.__setattr__(self, "op_us", {k: float(self.op_us[k]) for k in HOST_KINDS})
         object.__setattr__(self, "generations", {k: float(v) for k, v in self.generations.items()})
         object.__setattr__(self, "metrics", dict(self.metrics))
@@ -152,10 +152,11 @@ class HostModel:
             DippmNasError: unknown keys or values breaking a rule.
         """
         if not isinstance(d, Mapping):
-            raise DippmNasError(f"{origin}: host_model must be an object, got {type(d).__name__}")
+            raise InvalidValueError(f"{origin}: host_model must be an object, got {type(d).__name__}")
         bad = sorted(set(d) - set(cls.__dataclass_fields__))
         if bad:
-            raise DippmNasError(f"{origin}: host_model has unknown keys {bad}; choices: {sorted(cls.__dataclass_fields__)}")
+            raise InvalidValueError(f"{origin}: host_model has unknown keys {bad}; choices: "
+                                    f"{sorted(cls.__dataclass_fields__)}")
         if "op_us" not in d:
             raise DippmNasError(f"{origin}: host_model needs 'op_us'")
         return cls(**dict(d))
@@ -213,9 +214,9 @@ class Execution:
     def __post_init__(self) -> None:
         check_runtime(self.runtime)
         if not isinstance(self.host, HostProfile):
-            raise DippmNasError(f"Execution.host must be a HostProfile, got {type(self.host).__name__}")
+            raise InvalidValueError(f"Execution.host must be a HostProfile, got {type(self.host).__name__}")
         if not isinstance(self.input_copy, bool):
-            raise DippmNasError(f"Execution.input_copy must be true or false, got {self.input_copy!r}")
+            raise InvalidValueError(f"Execution.input_copy must be true or false, got {self.input_copy!r}")
 
     @property
     def key(self) -> str:

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from dippm_nas.devices import resolve_device
-from dippm_nas.errors import DippmNasError
+from dippm_nas.errors import DippmNasError, InvalidValueError
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.prior._estimate import _timelines, estimate
 from dippm_nas.prior._host import HOST_KINDS, Execution, HostModel
@@ -60,9 +60,9 @@ class HostRow:
 
     def __post_init__(self) -> None:
         if self.execution.runtime != "eager":
-            raise DippmNasError(f"host rows must be eager timings, got runtime {self.execution.runtime!r}")
+            raise InvalidValueError(f"host rows must be eager timings, got runtime {self.execution.runtime!r}")
         if not (isinstance(self.latency_ms, (int, float)) and math.isfinite(self.latency_ms) and self.latency_ms > 0):
-            raise DippmNasError(f"HostRow.latency_ms must be a finite number > 0, got {self.latency_ms!r}")
+            raise InvalidValueError(f"HostRow.latency_ms must be a finite number > 0, got {self.latency_ms!r}")
 
 
 @dataclass
@@ -82,7 +82,7 @@ def _prepare(rows: Sequence[HostRow], params: PriorParams) -> list[_Prepared]:
     for r in rows:
         dev = resolve_device(r.device)
         if dev.kind != "gpu":
-            raise DippmNasError(f"host rows must be measured on a GPU, got device {dev.id!r} ({dev.kind})")
+            raise InvalidValueError(f"host rows must be measured on a GPU, got device {dev.id!r} ({dev.kind})")
         f = graph_facts(r.graph)
         c = node_costs(r.graph, dev, params)
         issued = (f.active & ~f.fused) | f.view
@@ -149,7 +149,7 @@ def fit_host_model(rows: Sequence[HostRow], *, params: PriorParams | None = None
     from scipy.optimize import least_squares
 
     if len(rows) < len(FIT_PARAMETERS):
-        raise DippmNasError(f"fit_host_model needs at least {len(FIT_PARAMETERS)} rows, got {len(rows)}")
+        raise InvalidValueError(f"fit_host_model needs at least {len(FIT_PARAMETERS)} rows, got {len(rows)}")
     p = params if params is not None else default_params()
     b = base if base is not None else (p.host_model or HostModel(op_us={k: 10.0 for k in HOST_KINDS}))
     gens = dict(generations if generations is not None else b.generations)

@@ -50,20 +50,19 @@ import numpy as np
 
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.spec import dtype_bytes
+from dippm_nas.units import BYTES_PER_MIB
 
 __all__ = [
-    "MemoryBreakdown", "MemoryParts", "activation_liveness", "gpu_memory_parts", "round_block", "KIB", "MIB",
+    "MemoryBreakdown", "MemoryParts", "activation_liveness", "gpu_memory_parts", "round_block",
     "ACTIVATION_REL_SIGMA", "CONTEXT_REL_SIGMA", "CUDNN_WORKSPACE_SIGMA_MIB",
 ]
 
-KIB = 1024
-MIB = 1024 * 1024
 K_MIN_BLOCK = 512
-K_SMALL_SIZE = 1 * MIB
-K_SMALL_BUFFER = 2 * MIB
-K_LARGE_BUFFER = 20 * MIB
-K_MIN_LARGE_ALLOC = 10 * MIB
-K_ROUND_LARGE = 2 * MIB
+K_SMALL_SIZE = 1 * BYTES_PER_MIB
+K_SMALL_BUFFER = 2 * BYTES_PER_MIB
+K_LARGE_BUFFER = 20 * BYTES_PER_MIB
+K_MIN_LARGE_ALLOC = 10 * BYTES_PER_MIB
+K_ROUND_LARGE = 2 * BYTES_PER_MIB
 
 #: Relative standard deviation of the activation peak: the root-mean-square relative error (0.190) of the
 #: eager-retention liveness against the exact eager reference (:func:`dippm_nas.measure.reference_activation_peak`)
@@ -384,7 +383,7 @@ def gpu_memory_parts(graph: OperatorGraph, liveness: MemoryBreakdown, *, context
     weights = _weight_blocks(graph)
     inputs = [round_block(math.prod((spec.batch_size, *t.shape)) * dtype_bytes(spec.tensor_dtype(t)))
               for t in spec.tensors]
-    ws = [round_block(int(cublas_workspace_mib * MIB))] if uses_cublas and cublas_workspace_mib > 0 else []
+    ws = [round_block(int(cublas_workspace_mib * BYTES_PER_MIB))] if uses_cublas and cublas_workspace_mib > 0 else []
     const = [0.0, 0.0, 0.0]
     for blk in (*weights, *inputs, *ws):
         k = _pool(blk)
@@ -393,8 +392,8 @@ def gpu_memory_parts(graph: OperatorGraph, liveness: MemoryBreakdown, *, context
     pool_peaks = [const[k] + (float(pool_live[k].max()) if pool_live.shape[1] else 0.0) for k in range(3)]
     allocated = float(sum(weights) + sum(inputs) + sum(ws) + liveness.peak_allocated_bytes)
     reserved = max(_reserved(pool_peaks), allocated)
-    act_mib = liveness.peak_allocated_bytes / MIB
-    overhead_mib = (reserved - allocated) / MIB
+    act_mib = liveness.peak_allocated_bytes / BYTES_PER_MIB
+    overhead_mib = (reserved - allocated) / BYTES_PER_MIB
     std_parts = {
         "activations_mib": ACTIVATION_REL_SIGMA * act_mib,
         "context_mib": CONTEXT_REL_SIGMA * context_mib,
@@ -402,10 +401,10 @@ def gpu_memory_parts(graph: OperatorGraph, liveness: MemoryBreakdown, *, context
         "allocator_mib": ALLOCATOR_REL_SIGMA * overhead_mib,
     }
     return MemoryParts(
-        context_mib=float(context_mib), weights_mib=sum(weights) / MIB, input_mib=sum(inputs) / MIB,
-        activations_peak_mib=act_mib, cublas_workspace_mib=sum(ws) / MIB, cudnn_workspace_mib=0.0,
-        allocator_overhead_mib=overhead_mib, total_mib=float(context_mib) + reserved / MIB,
-        allocated_mib=allocated / MIB, reserved_mib=reserved / MIB,
+        context_mib=float(context_mib), weights_mib=sum(weights) / BYTES_PER_MIB, input_mib=sum(inputs) / BYTES_PER_MIB,
+        activations_peak_mib=act_mib, cublas_workspace_mib=sum(ws) / BYTES_PER_MIB, cudnn_workspace_mib=0.0,
+        allocator_overhead_mib=overhead_mib, total_mib=float(context_mib) + reserved / BYTES_PER_MIB,
+        allocated_mib=allocated / BYTES_PER_MIB, reserved_mib=reserved / BYTES_PER_MIB,
         std_mib=math.sqrt(sum(v * v for v in std_parts.values())), std_parts_mib=std_parts,
         peak_node=liveness.peak_node,
     )

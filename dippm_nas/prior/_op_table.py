@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from dippm_nas.errors import DippmNasError
+from dippm_nas.errors import DippmNasError, InvalidValueError
 
 __all__ = ["KINDS", "OpRecord", "OpTable", "aten_op_record", "graph_op_records", "record_features", "reference_us",
            "working_set_bytes", "fit_op_table", "OP_TABLE_FORMAT"]
@@ -332,7 +332,7 @@ class OpTable:
         n = len(self.feature)
         if not (len(self.threshold) == len(self.left) == len(self.right) == len(self.value) == n) or n == 0:
             sizes = [len(a) for a in (self.feature, self.threshold, self.left, self.right, self.value)]
-            raise DippmNasError(f"OpTable node arrays must be non-empty and of one length, got {sizes}")
+            raise InvalidValueError(f"OpTable node arrays must be non-empty and of one length, got {sizes}")
         inner = self.left >= 0
         if (np.any(self.feature[inner] < 0) or np.any(self.feature[inner] >= N_FEATURES)
                 or np.any(self.left[inner] >= n) or np.any(self.right[inner] < 0) or np.any(self.right[inner] >= n)
@@ -342,12 +342,14 @@ class OpTable:
         for name in ("scale", "per_op_us", "baseline_log", "cache_bytes", "weight_cache_speedup"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or not math.isfinite(v):
-                raise DippmNasError(f"OpTable.{name} must be a finite number, got {v!r}")
+                raise InvalidValueError(f"OpTable.{name} must be a finite number, got {v!r}")
         if self.scale <= 0 or self.per_op_us < 0:
-            raise DippmNasError(f"OpTable.scale must be > 0 and per_op_us >= 0, got {self.scale!r}, {self.per_op_us!r}")
+            raise InvalidValueError(f"OpTable.scale must be > 0 and per_op_us >= 0, got {self.scale!r}, "
+                                    f"{self.per_op_us!r}")
         if self.cache_bytes < 0 or self.weight_cache_speedup < 1:
-            raise DippmNasError(f"OpTable.cache_bytes must be >= 0 (0 = no residency model) and "
-                                f"weight_cache_speedup >= 1, got {self.cache_bytes!r}, {self.weight_cache_speedup!r}")
+            raise InvalidValueError(f"OpTable.cache_bytes must be >= 0 (0 = no residency model) and "
+                                    f"weight_cache_speedup >= 1, got {self.cache_bytes!r}, "
+                                    f"{self.weight_cache_speedup!r}")
 
     def clear_memo(self) -> None:
         """Forget the memoised record times (:meth:`record_us` then runs the forest on every record again:
@@ -445,7 +447,7 @@ class OpTable:
             DippmNasError: another format version or record schema, missing keys, or bad arrays.
         """
         if d.get("format") != OP_TABLE_FORMAT:
-            raise DippmNasError(f"{origin}: op table format must be {OP_TABLE_FORMAT}, got {d.get('format')!r}")
+            raise InvalidValueError(f"{origin}: op table format must be {OP_TABLE_FORMAT}, got {d.get('format')!r}")
         if list(d.get("kinds") or []) != list(KINDS) or d.get("n_features") != N_FEATURES:
             raise DippmNasError(f"{origin}: op table was fitted on another record schema (kinds "
                                 f"{d.get('kinds')!r}, {d.get('n_features')!r} features); this version has "
@@ -499,7 +501,7 @@ def _forest(profiles: Sequence[Mapping[str, Any]], speedups: Sequence[float], *,
                 y.append(math.log(max(us / calls, 0.05) / reference_us(r, weight_speedup=speedup)))
                 w.append(calls)
     if len(x) < 50:
-        raise DippmNasError(f"fitting an op table needs at least 50 profiled calls, got {len(x)}")
+        raise InvalidValueError(f"fitting an op table needs at least 50 profiled calls, got {len(x)}")
     reg = HistGradientBoostingRegressor(max_iter=max_iter, learning_rate=learning_rate, max_leaf_nodes=max_leaf_nodes,
                                         min_samples_leaf=5, random_state=seed)
     reg.fit(np.asarray(x), np.asarray(y), sample_weight=np.asarray(w))
@@ -557,7 +559,7 @@ def fit_op_table(profiles: Iterable[Mapping[str, Any]], *, exclude_families: Seq
     prof = [p for p in profiles if p.get("family") not in ex and p.get("latency_ms")]
     fams = sorted({p["family"] for p in prof})
     if len(fams) < 2:
-        raise DippmNasError(f"fitting an op table needs profiles of at least two families, got {fams}")
+        raise InvalidValueError(f"fitting an op table needs profiles of at least two families, got {fams}")
     kw = dict(max_iter=max_iter, max_leaf_nodes=max_leaf_nodes, learning_rate=learning_rate, seed=seed)
     recs = [_profile_records(p) for p in prof]
     speed = _profile_speedups(recs, cache_bytes, weight_cache_speedup)

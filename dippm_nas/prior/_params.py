@@ -25,7 +25,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from dippm_nas.errors import DippmNasError
+from dippm_nas.errors import DippmNasError, InvalidValueError
 from dippm_nas.prior._host import HostModel
 from dippm_nas.prior._op_table import OpTable
 
@@ -84,19 +84,19 @@ class OpClassParams:
         for name in ("eta_compute", "eta_compute_tensor", "eta_memory"):
             v = getattr(self, name)
             if not _finite(v) or not 0 < v <= 4:
-                raise DippmNasError(f"OpClassParams.{name} must be in (0, 4], got {v!r}")
+                raise InvalidValueError(f"OpClassParams.{name} must be in (0, 4], got {v!r}")
         for name in ("kernel_us", "kernels", "k_half"):
             v = getattr(self, name)
             if not _finite(v) or v < 0:
-                raise DippmNasError(f"OpClassParams.{name} must be a finite number >= 0, got {v!r}")
+                raise InvalidValueError(f"OpClassParams.{name} must be a finite number >= 0, got {v!r}")
         for name in ("wave_exponent", "tile_exponent"):
             v = getattr(self, name)
             if not _finite(v) or not 0 <= v <= 1:
-                raise DippmNasError(f"OpClassParams.{name} must be in [0, 1], got {v!r}")
+                raise InvalidValueError(f"OpClassParams.{name} must be in [0, 1], got {v!r}")
         for name in ("tile_m", "tile_n"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
-                raise DippmNasError(f"OpClassParams.{name} must be an int >= 1, got {v!r}")
+                raise InvalidValueError(f"OpClassParams.{name} must be an int >= 1, got {v!r}")
 
 
 @dataclass(frozen=True)
@@ -126,15 +126,17 @@ class DeviceScale:
         for name in ("compute", "memory"):
             v = getattr(self, name)
             if not _finite(v) or not 0.05 <= v <= 20:
-                raise DippmNasError(f"DeviceScale.{name} must be in [0.05, 20], got {v!r}")
+                raise InvalidValueError(f"DeviceScale.{name} must be in [0.05, 20], got {v!r}")
         unknown = sorted(set(self.classes) - set(PARAM_CLASSES))
         if unknown:
-            raise DippmNasError(f"DeviceScale.classes has unknown op classes {unknown}; choices: {list(PARAM_CLASSES)}")
+            raise InvalidValueError(f"DeviceScale.classes has unknown op classes {unknown}; choices: "
+                                    f"{list(PARAM_CLASSES)}")
         for c, v in self.classes.items():
             if not _finite(v) or not 0.05 <= v <= 20:
-                raise DippmNasError(f"DeviceScale.classes[{c!r}] must be in [0.05, 20], got {v!r}")
+                raise InvalidValueError(f"DeviceScale.classes[{c!r}] must be in [0.05, 20], got {v!r}")
         if self.dispatch_us is not None and (not _finite(self.dispatch_us) or not 0 <= self.dispatch_us <= 10_000):
-            raise DippmNasError(f"DeviceScale.dispatch_us must be None or in [0, 10000] µs, got {self.dispatch_us!r}")
+            raise InvalidValueError("DeviceScale.dispatch_us must be None or in [0, 10000] µs, got "
+                                    f"{self.dispatch_us!r}")
         object.__setattr__(self, "classes", {str(c): float(v) for c, v in self.classes.items()})
 
     def class_multiplier(self, op_class: str) -> float:
@@ -199,30 +201,31 @@ class PriorParams:
         missing = [c for c in PARAM_CLASSES if c not in self.op_classes]
         extra = [c for c in self.op_classes if c not in PARAM_CLASSES]
         if missing or extra:
-            raise DippmNasError(
+            raise InvalidValueError(
                 f"PriorParams.op_classes must have exactly the classes {list(PARAM_CLASSES)}; "
                 f"missing {missing}, unknown {extra}"
             )
         for name in ("host_dispatch_us", "host_launch_us", "host_view_us", "nchw_transpose_passes"):
             v = getattr(self, name)
             if not _finite(v) or v < 0:
-                raise DippmNasError(f"PriorParams.{name} must be a finite number >= 0, got {v!r}")
+                raise InvalidValueError(f"PriorParams.{name} must be a finite number >= 0, got {v!r}")
         if not isinstance(self.fuse_hard_activations, bool):
-            raise DippmNasError(f"PriorParams.fuse_hard_activations must be true or false, got "
-                                f"{self.fuse_hard_activations!r}")
+            raise InvalidValueError(f"PriorParams.fuse_hard_activations must be true or false, got "
+                                    f"{self.fuse_hard_activations!r}")
         if not _finite(self.l2_speedup) or self.l2_speedup < 1:
-            raise DippmNasError(f"PriorParams.l2_speedup must be >= 1, got {self.l2_speedup!r}")
+            raise InvalidValueError(f"PriorParams.l2_speedup must be >= 1, got {self.l2_speedup!r}")
         object.__setattr__(self, "op_classes", dict(self.op_classes))
         object.__setattr__(self, "device_scales", dict(self.device_scales))
         bad = [k for k, v in self.device_scales.items() if not isinstance(v, DeviceScale)]
         if bad:
-            raise DippmNasError(f"PriorParams.device_scales values must be DeviceScale, wrong for {bad}")
+            raise InvalidValueError(f"PriorParams.device_scales values must be DeviceScale, wrong for {bad}")
         object.__setattr__(self, "op_tables", dict(self.op_tables))
         bad = [k for k, v in self.op_tables.items() if not isinstance(v, OpTable)]
         if bad:
-            raise DippmNasError(f"PriorParams.op_tables values must be OpTable, wrong for {bad}")
+            raise InvalidValueError(f"PriorParams.op_tables values must be OpTable, wrong for {bad}")
         if self.host_model is not None and not isinstance(self.host_model, HostModel):
-            raise DippmNasError(f"PriorParams.host_model must be a HostModel or None, got {type(self.host_model).__name__}")
+            raise InvalidValueError("PriorParams.host_model must be a HostModel or None, got "
+                                    f"{type(self.host_model).__name__}")
 
     def scale_for(self, device_id: str, kind: str = "gpu") -> DeviceScale:
         """The efficiency multipliers of a device (a MIG slice view ``<id>.mig-<profile>`` uses ``<id>``).
@@ -254,7 +257,7 @@ class PriorParams:
     def with_class(self, op_class: str, **changes: Any) -> "PriorParams":
         """A copy with some constants of one class changed."""
         if op_class not in self.op_classes:
-            raise DippmNasError(f"unknown op class {op_class!r}; choices: {list(PARAM_CLASSES)}")
+            raise InvalidValueError(f"unknown op class {op_class!r}; choices: {list(PARAM_CLASSES)}")
         classes = dict(self.op_classes)
         classes[op_class] = dataclasses.replace(classes[op_class], **changes)
         return dataclasses.replace(self, op_classes=classes)
@@ -281,16 +284,18 @@ class PriorParams:
             DippmNasError: wrong format version, unknown classes or keys, or values breaking a rule.
         """
         if d.get("format") != CALIBRATION_FORMAT:
-            raise DippmNasError(f"{origin}: calibration format must be {CALIBRATION_FORMAT}, got {d.get('format')!r}")
+            raise InvalidValueError(f"{origin}: calibration format must be {CALIBRATION_FORMAT}, got "
+                                    f"{d.get('format')!r}")
         base = cls.uncalibrated()
         classes = dict(base.op_classes)
         for name, values in (d.get("op_classes") or {}).items():
             if name not in classes:
-                raise DippmNasError(f"{origin}: unknown op class {name!r}; choices: {list(PARAM_CLASSES)}")
+                raise InvalidValueError(f"{origin}: unknown op class {name!r}; choices: {list(PARAM_CLASSES)}")
             allowed = set(OpClassParams.__dataclass_fields__)
             bad = sorted(set(values) - allowed)
             if bad:
-                raise DippmNasError(f"{origin}: op class {name!r} has unknown keys {bad}; choices: {sorted(allowed)}")
+                raise InvalidValueError(f"{origin}: op class {name!r} has unknown keys {bad}; choices: "
+                                        f"{sorted(allowed)}")
             classes[name] = dataclasses.replace(classes[name], **values)
         glob = dict(d.get("global") or {})
         # a file without the key prices every node of a decomposed hard activation (the host checkpoints' prior)
@@ -298,13 +303,13 @@ class PriorParams:
         allowed_g = set(_GLOBAL_KEYS)
         bad_g = sorted(set(glob) - allowed_g)
         if bad_g:
-            raise DippmNasError(f"{origin}: unknown global keys {bad_g}; choices: {sorted(allowed_g)}")
+            raise InvalidValueError(f"{origin}: unknown global keys {bad_g}; choices: {sorted(allowed_g)}")
         scales = {}
         for dev_id, v in (d.get("devices") or {}).items():
             bad_s = sorted(set(v) - set(DeviceScale.__dataclass_fields__))
             if bad_s:
-                raise DippmNasError(f"{origin}: devices[{dev_id!r}] has unknown keys {bad_s}; "
-                                    f"choices: {sorted(DeviceScale.__dataclass_fields__)}")
+                raise InvalidValueError(f"{origin}: devices[{dev_id!r}] has unknown keys {bad_s}; "
+                                        f"choices: {sorted(DeviceScale.__dataclass_fields__)}")
             scales[dev_id] = DeviceScale(**v)
         tables = {dev_id: OpTable.from_dict(t, origin=f"{origin}: op_tables[{dev_id!r}]")
                   for dev_id, t in (d.get("op_tables") or {}).items()}

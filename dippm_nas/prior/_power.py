@@ -21,6 +21,7 @@ wider σ, and its figures are labelled ``"analytic"`` instead of ``"predicted"``
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -35,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from dippm_nas.devices import Device
-from dippm_nas.errors import DippmNasError
+from dippm_nas.errors import DippmNasError, InvalidValueError
 
 __all__ = ["PowerParams", "PowerTable", "NodeActivity", "node_activity", "node_power_w", "wait_power_w",
            "pass_energy_j", "power_table", "power_params_for", "utilisation_energy_j", "POWER_FORMAT"]
@@ -76,12 +77,12 @@ class PowerParams:
         for name in _SHARES:
             v = getattr(self, name)
             if not _finite(v) or not 0.0 <= v <= 4.0:
-                raise DippmNasError(f"PowerParams.{name} must be a share in [0, 4] of the board's range above idle, "
-                                    f"got {v!r}")
+                raise InvalidValueError(f"PowerParams.{name} must be a share in [0, 4] of the board's range above "
+                                        f"idle, got {v!r}")
         if not _finite(self.sigma_log) or not 0.0 <= self.sigma_log <= 5.0:
-            raise DippmNasError(f"PowerParams.sigma_log must be in [0, 5], got {self.sigma_log!r}")
+            raise InvalidValueError(f"PowerParams.sigma_log must be in [0, 5], got {self.sigma_log!r}")
         if not isinstance(self.fitted, bool):
-            raise DippmNasError(f"PowerParams.fitted must be true or false, got {self.fitted!r}")
+            raise InvalidValueError(f"PowerParams.fitted must be true or false, got {self.fitted!r}")
 
     def shares(self) -> np.ndarray:
         """``[busy, tensor, fp, dram, wait]`` as an array (the order :meth:`with_shares` reads)."""
@@ -89,8 +90,6 @@ class PowerParams:
 
     def with_shares(self, x: "np.ndarray | list[float]", **changes: Any) -> "PowerParams":
         """A copy with the five shares replaced (order of :meth:`shares`)."""
-        import dataclasses
-
         return dataclasses.replace(self, **{n: float(v) for n, v in zip(_SHARES, x)}, **changes)
 
 
@@ -128,15 +127,15 @@ class PowerTable:
             DippmNasError: wrong format version, unknown keys, or values breaking a rule.
         """
         if d.get("format") != POWER_FORMAT:
-            raise DippmNasError(f"{origin}: power file format must be {POWER_FORMAT}, got {d.get('format')!r}")
+            raise InvalidValueError(f"{origin}: power file format must be {POWER_FORMAT}, got {d.get('format')!r}")
         allowed = set(PowerParams.__dataclass_fields__)
 
         def params(v: Any, where: str) -> PowerParams:
             if not isinstance(v, Mapping):
-                raise DippmNasError(f"{origin}: {where} must be a mapping of {sorted(allowed)}, got {v!r}")
+                raise InvalidValueError(f"{origin}: {where} must be a mapping of {sorted(allowed)}, got {v!r}")
             bad = sorted(set(v) - allowed)
             if bad:
-                raise DippmNasError(f"{origin}: {where} has unknown keys {bad}; choices: {sorted(allowed)}")
+                raise InvalidValueError(f"{origin}: {where} has unknown keys {bad}; choices: {sorted(allowed)}")
             return PowerParams(**v)
 
         archs = {str(k).lower(): params(v, f"architectures[{k!r}]") for k, v in (d.get("architectures") or {}).items()}

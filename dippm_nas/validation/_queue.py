@@ -45,9 +45,13 @@ from sqlalchemy import exc
 from sqlalchemy.engine import URL, Connection, make_url
 
 from dippm_nas._logging import WarnOnce
-from dippm_nas._sql import make_engine, redact
+from dippm_nas._sql import create_tables, make_engine, redact, transaction
+from dippm_nas.devices import resolve_device
 from dippm_nas.errors import ValidationError
+from dippm_nas.measure import Measurement
+from dippm_nas.spec import InputSpec
 from dippm_nas.validation._tables import JOB_STATUSES, jobs, metadata, results
+import search_spaces
 
 __all__ = ["Job", "JobQueue", "ValidationRecord", "worker_id", "DEFAULT_LEASE_S", "DEFAULT_MAX_ATTEMPTS"]
 
@@ -87,7 +91,6 @@ _warn_once = WarnOnce(logger)
 
 class _CorruptRow(Exception):
     """A row whose columns cannot be decoded; the message names the column and why."""
-
 
 def _json_column(r: Any, column: str, *, nullable: bool = False) -> Any:
     """The decoded JSON object of ``column`` (a dict; ``None`` when ``nullable`` and NULL)."""
@@ -280,28 +283,12 @@ class JobQueue:
     # ------------------------------------------------------------------ plumbing
     @contextmanager
     def _tx(self, what: str) -> Iterator[Connection]:
-        try:
-            with self._engine.begin() as conn:
-                yield conn
-        except exc.SQLAlchemyError as e:
-            raise ValidationError(f"validation queue {self.url!r}: {what} failed: {e}") from e
+        with transaction(self._engine, error=ValidationError, what=f"validation queue {self.url!r}: {what}") as conn:
+            yield conn
 
     def _create_tables(self) -> None:
-        try:
-            with self._engine.begin() as conn:
-                metadata.create_all(conn, checkfirst=True)
-        except exc.DBAPIError as e:
-            # Two processes creating the tables at once: the loser's CREATE fails; fine if they exist now.
-            try:
-                insp = sa.inspect(self._engine)
-                ok = insp.has_table(jobs.name) and insp.has_table(results.name)
-            except exc.SQLAlchemyError:
-                ok = False
-            if not ok:
-                raise ValidationError(f"cannot create the validation tables in {self.url!r}: {e}") from e
-            logger.debug("validation tables created concurrently by another process (%s)", e)
-        except exc.SQLAlchemyError as e:
-            raise ValidationError(f"cannot open the validation queue {self.url!r}: {e}") from e
+        create_tables(self._engine, metadata, [jobs.name, results.name], error=ValidationError,
+                      what=f"validation queue {self.url!r}")
 
     def close(self) -> None:
         """Release the connections."""
@@ -342,11 +329,6 @@ class JobQueue:
             DeviceError: unknown device.
             ValidationError: a value that is not plain JSON data, or a database error.
         """
-        import search_spaces
-
-        from dippm_nas.devices import resolve_device
-        from dippm_nas.spec import InputSpec
-
         if not isinstance(study, str) or not study or len(study) > _MAX_NAME_CHARS:
             raise ValidationError(
                 f"study must be a non-empty str of at most {_MAX_NAME_CHARS} characters, got {study!r}"
@@ -521,8 +503,6 @@ class JobQueue:
             ``True`` when recorded; ``False`` when this owner no longer holds the lease (the job was
             re-queued and may be measured by someone else), in which case nothing is written.
         """
-        from dippm_nas.measure import Measurement
-
         if not isinstance(measurement, Measurement):
             raise ValidationError(
                 f"measurement must be a dippm_nas.measure.Measurement, got {type(measurement).__name__}"

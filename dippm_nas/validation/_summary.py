@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Sequence
@@ -59,8 +60,6 @@ class ValidationSummary:
 def summarize(queue: JobQueue, study: str, device: str, *, calibration: dict[str, Any] | None = None,
               records: Sequence[ValidationRecord] | None = None) -> ValidationSummary:
     """The :class:`ValidationSummary` of ``study`` on ``device`` from the queue's tables."""
-    import math
-
     recs = list(records) if records is not None else queue.results(study=study, device=device)
     ok = [r for r in recs if r.status == "ok"]
     lat = [r.latency_error_pct for r in ok if r.latency_error_pct is not None]

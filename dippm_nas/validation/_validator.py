@@ -33,11 +33,15 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from dippm_nas._logging import WarnOnce
+from dippm_nas.devices import resolve_device
 from dippm_nas.errors import DippmNasError, ValidationError
+from dippm_nas.predictor import predict
+from dippm_nas.spec import InputSpec
 from dippm_nas.validation._calibrate import Calibration, apply_calibration, fit_calibration
 from dippm_nas.validation._queue import DEFAULT_LEASE_S, DEFAULT_MAX_ATTEMPTS, JobQueue, ValidationRecord
 from dippm_nas.validation._summary import ValidationSummary, summarize
 from dippm_nas.validation._worker import MeasureFn, ValidationWorker, check_rounds, device_is_here
+import search_spaces
 
 __all__ = ["ParetoValidator", "RoundReport", "MODES", "SUMMARY_ATTR", "UNKNOWN_UNCERTAINTY", "uncertainty_of"]
 
@@ -150,8 +154,6 @@ class ParetoValidator:
         interleave_rounds: int = 0,
         interleave_batch: int = 8,
     ) -> None:
-        from dippm_nas.devices import resolve_device
-
         self.device = resolve_device(device).id
         if every_n_trials is None and every_seconds is None:
             raise ValidationError("give every_n_trials or every_seconds (or both): otherwise no round would ever run")
@@ -275,11 +277,6 @@ class ParetoValidator:
 
     def _predicted_for(self, space: str, config: dict[str, Any], spec_dict: dict[str, Any]) -> dict[str, Any]:
         """The prediction for the validation device the measurement is compared with."""
-        import search_spaces
-
-        from dippm_nas.predictor import predict
-        from dippm_nas.spec import InputSpec
-
         spec = InputSpec.from_dict(spec_dict)
         p = predict(search_spaces.build_model(space, config), spec, self.device, mig=False)
         out = {

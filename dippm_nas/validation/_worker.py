@@ -38,8 +38,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from dippm_nas._deprecation import MISSING, renamed_keyword
+from dippm_nas.devices import resolve_device
 from dippm_nas.errors import DeviceError, DippmNasError, ValidationError
+from dippm_nas.measure import MeasureSettings, measure, time_interleaved
+from dippm_nas.spec import InputSpec
 from dippm_nas.validation._queue import Job, JobQueue, worker_id
+import search_spaces
 
 __all__ = ["ValidationWorker", "device_is_here", "torch_device_for", "MeasureFn"]
 
@@ -65,8 +70,6 @@ def _norm(name: str) -> str:
 
 
 def _matching_gpu(device: str) -> int | None:
-    from dippm_nas.devices import resolve_device
-
     dev = resolve_device(device)
     want = _norm(dev.name)
     for i, name in enumerate(_local_gpu_names()):
@@ -81,31 +84,30 @@ def device_is_here(device: str) -> bool:
     ``host-cpu`` (and any ``kind="cpu"`` device) always is; a GPU is when a local CUDA device reports
     the catalogue's name (``torch.cuda.get_device_name``, compared ignoring case and punctuation).
     """
-    from dippm_nas.devices import resolve_device
-
     dev = resolve_device(device)
     if dev.kind == "cpu":
         return True
     return _matching_gpu(dev.id) is not None
 
 
-def torch_device_for(device: str, cuda_device: str | None = None) -> str:
+def torch_device_for(device: str, torch_device: str | None = None, *, cuda_device: Any = MISSING) -> str:
     """The torch device string that measures catalogue device ``device`` here.
 
     Args:
         device: catalogue id.
-        cuda_device: force a CUDA device (``"cuda:1"``) instead of the first one matching the name.
+        torch_device: force a CUDA device (``"cuda:1"``) instead of the first one matching the name.
+        cuda_device: deprecated name of ``torch_device`` (a :class:`DeprecationWarning`; removed in 0.2).
 
     Raises:
         DeviceError: a GPU that is not on this machine (the local GPUs are listed).
     """
-    from dippm_nas.devices import resolve_device
-
+    torch_device = renamed_keyword("torch_device_for", "cuda_device", "torch_device", cuda_device, torch_device, None,
+                                   removed_in="0.2")
     dev = resolve_device(device)
     if dev.kind == "cpu":
         return "cpu"
-    if cuda_device is not None:
-        return cuda_device
+    if torch_device is not None:
+        return torch_device
     idx = _matching_gpu(dev.id)
     if idx is None:
         raise DeviceError(
@@ -173,7 +175,8 @@ class ValidationWorker:
         queue: the :class:`JobQueue`.
         device: catalogue id this worker measures (``"host-cpu"``, ``"a100-sxm4-40gb"``...).
         settings: :class:`~dippm_nas.measure.MeasureSettings` of every measurement (``None``: defaults).
-        cuda_device: measure on this CUDA device instead of the first one whose name matches ``device``.
+        torch_device: measure on this CUDA device (``"cuda:1"``) instead of the first one whose name matches
+            ``device``.
         owner: lease owner name (default :func:`worker_id`).
         isolate: measure each job in a fresh subprocess (``measure(..., isolate=True)``: hard time limit,
             exact host-memory delta, a crash becomes an ``"error"`` row); the model is rebuilt there
@@ -185,18 +188,19 @@ class ValidationWorker:
             ``settings.min_repeats`` timed forwards each (CPU devices only; ``0``, the default: the
             one-by-one measurement is the result).
         rounds_batch: with ``rounds``, jobs claimed and timed together (at least 1; default 8).
+        cuda_device: deprecated name of ``torch_device`` (a :class:`DeprecationWarning`; removed in 0.2).
 
     Raises:
-        DeviceError: ``device`` is a GPU this machine does not have (and no ``cuda_device`` given).
+        DeviceError: ``device`` is a GPU this machine does not have (and no ``torch_device`` given).
         ValidationError: bad ``heartbeat_s``, ``rounds`` or ``rounds_batch``; ``rounds`` on a GPU.
     """
 
-    def __init__(self, queue: JobQueue, device: str, *, settings: Any = None, cuda_device: str | None = None,
+    def __init__(self, queue: JobQueue, device: str, *, settings: Any = None, torch_device: str | None = None,
                  owner: str | None = None, isolate: bool = False, heartbeat_s: float | None = None,
-                 measure_fn: MeasureFn | None = None, rounds: int = 0, rounds_batch: int = 8) -> None:
-        from dippm_nas.devices import resolve_device
-        from dippm_nas.measure import MeasureSettings
-
+                 measure_fn: MeasureFn | None = None, rounds: int = 0, rounds_batch: int = 8,
+                 cuda_device: Any = MISSING) -> None:
+        torch_device = renamed_keyword("ValidationWorker", "cuda_device", "torch_device", cuda_device, torch_device,
+                                       None, removed_in="0.2")
         dev = resolve_device(device)
         self.queue = queue
         self.device = dev.id
@@ -204,9 +208,9 @@ class ValidationWorker:
         if not isinstance(self.settings, MeasureSettings):
             raise ValidationError(f"settings must be a MeasureSettings, got {type(self.settings).__name__}")
         if measure_fn is None:
-            self.torch_device = torch_device_for(self.device, cuda_device)
+            self.torch_device = torch_device_for(self.device, torch_device)
         else:  # a fake harness: no hardware check
-            self.torch_device = cuda_device or ("cpu" if dev.kind == "cpu" else "cuda")
+            self.torch_device = torch_device or ("cpu" if dev.kind == "cpu" else "cuda")
         self.owner = owner or worker_id()
         self.isolate = bool(isolate)
         self.heartbeat_s = float(heartbeat_s) if heartbeat_s is not None else queue.lease_s / 3.0
@@ -232,22 +236,14 @@ class ValidationWorker:
 
     def _measure(self, job: Job) -> Any:
         """The measurement of a job, or raise DippmNasError when the job cannot be run."""
-        from dippm_nas.spec import InputSpec
-
         spec = InputSpec.from_dict(job.spec)
         settings = self.settings_for(job)
         if self.isolate and self._measure_fn is None:
-            from dippm_nas.measure import measure
-
             return measure("search_spaces:build_model", spec, self.torch_device, settings, isolate=True,
                            model_kwargs={"name": job.space, "config": job.config})
-        import search_spaces
-
         model = search_spaces.build_model(job.space, job.config)
         if self._measure_fn is not None:
             return self._measure_fn(model, spec, self.torch_device, settings)
-        from dippm_nas.measure import measure
-
         return measure(model, spec, self.torch_device, settings)
 
     def _measure_or_fail(self, job: Job) -> Any:
@@ -347,11 +343,6 @@ class ValidationWorker:
     def _rounds(self, held: list[tuple[Job, Any]]) -> list[Any]:
         """``held``'s one-by-one measurements with their latency from interleaved rounds of the rebuilt
         models (jobs grouped by their settings); a job whose rounds fail keeps its own block, and says so."""
-        import search_spaces
-
-        from dippm_nas.measure import time_interleaved
-        from dippm_nas.spec import InputSpec
-
         groups: dict[str, list[int]] = {}
         for i, (job, _m) in enumerate(held):
             groups.setdefault(repr(self.settings_for(job)), []).append(i)

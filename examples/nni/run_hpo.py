@@ -23,7 +23,7 @@ from typing import Any
 from nni.experiment import CustomAlgorithmConfig, Experiment, ExperimentConfig
 
 from dippm_nas.nni import free_port, loopback_only
-from dippm_nas.nni._tuner import STATS_FILE_NAME
+from dippm_nas.nni import STATS_FILE_NAME
 
 HERE = Path(__file__).resolve().parent
 #: The tuner's class args; config.yml holds the same (a test checks they agree).

@@ -8,25 +8,26 @@ over-confident.
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
+from scipy.stats import kendalltau
 
-from dippm_nas.predictor._gnn import TARGETS
+from dippm_nas._optional import require
+from dippm_nas.devices import resolve_device
+from dippm_nas.features import GraphFeatures
+from dippm_nas.predictor import TARGETS, GnnPredictor, fit_calibration
+from dippm_nas.training._examples import Example, featurize_examples, load_examples, split_examples
 
-if TYPE_CHECKING:  # pragma: no cover
-    from dippm_nas.features import GraphFeatures
-    from dippm_nas.predictor._gnn import GnnPredictor
-    from dippm_nas.predictor._train import Example
-
-__all__ = ["regression_metrics", "metrics_table", "evaluate_examples", "write_report", "scatter_png"]
+__all__ = ["regression_metrics", "metrics_table", "evaluate_examples", "write_report", "scatter_png", "few_shot_curve",
+           "evaluate_checkpoint"]
 
 
 def regression_metrics(y: np.ndarray, yhat: np.ndarray, std: np.ndarray | None = None) -> dict[str, float]:
     """``{"n", "mape_pct", "median_ape_pct", "kendall_tau", "coverage_2sigma"}`` (values in units, std in units)."""
-    from scipy.stats import kendalltau
 
     y, yhat = np.asarray(y, float), np.asarray(yhat, float)
     ape = np.abs(yhat - y) / np.abs(y) * 100.0
@@ -41,7 +42,7 @@ def regression_metrics(y: np.ndarray, yhat: np.ndarray, std: np.ndarray | None =
     return out
 
 
-def evaluate_examples(pred: "GnnPredictor", feats: Sequence["GraphFeatures"], examples: Sequence["Example"]
+def evaluate_examples(pred: GnnPredictor, feats: Sequence[GraphFeatures], examples: Sequence[Example]
                       ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Metrics per target of ``pred`` on ``examples`` (features precomputed), plus the analytic prior's.
 
@@ -85,7 +86,7 @@ def evaluate_examples(pred: "GnnPredictor", feats: Sequence["GraphFeatures"], ex
     return table, rows
 
 
-def metrics_table(pred: "GnnPredictor", feats: Sequence["GraphFeatures"], examples: Sequence["Example"]
+def metrics_table(pred: GnnPredictor, feats: Sequence[GraphFeatures], examples: Sequence[Example]
                   ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Alias of :func:`evaluate_examples` (kept for the training loop)."""
     return evaluate_examples(pred, feats, examples)
@@ -93,7 +94,6 @@ def metrics_table(pred: "GnnPredictor", feats: Sequence["GraphFeatures"], exampl
 
 def scatter_png(rows: Sequence[Mapping[str, Any]], target: str, path: str | Path, title: str = "") -> Path:
     """Predicted-vs-measured log-log scatter (with the analytic prior in grey) written to ``path``."""
-    from dippm_nas._optional import require
 
     require("matplotlib", "plot", "the predicted-vs-measured PNG")
     import matplotlib
@@ -149,7 +149,7 @@ def write_report(sections: Sequence[tuple[str, Mapping[str, Any]]], path: str | 
     return path
 
 
-def few_shot_curve(pred: "GnnPredictor", feats: Sequence["GraphFeatures"], examples: Sequence["Example"],
+def few_shot_curve(pred: GnnPredictor, feats: Sequence[GraphFeatures], examples: Sequence[Example],
                    ks: Sequence[int], *, repeats: int = 5, seed: int = 0) -> dict[str, Any]:
     """Error before and after calibrating on ``k`` of ``examples`` (evaluated on the others).
 
@@ -160,9 +160,6 @@ def few_shot_curve(pred: "GnnPredictor", feats: Sequence["GraphFeatures"], examp
     Returns:
         ``{"before": table, "k=5": table, ...}`` (tables as :func:`evaluate_examples`, means over draws).
     """
-    import random
-
-    from dippm_nas.predictor._calibrate import fit_calibration
 
     saved = pred.calibration
     pred.calibration = None
@@ -206,11 +203,8 @@ def evaluate_checkpoint(checkpoint: str | Path, data: Sequence[str | Path], *, d
         device: the device the checkpoint answers for (checked against its metadata).
         eval_device: evaluate on the test rows of this device instead (default ``device``), e.g. an A100
             checkpoint on RTX 3090 rows through the device features.
-        holdout_frac: for ``split="timm-family"`` (see :func:`~dippm_nas.predictor._train.split_examples`).
+        holdout_frac: for ``split="timm-family"`` (see :func:`~dippm_nas.training.split_examples`).
     """
-    from dippm_nas.devices import resolve_device
-    from dippm_nas.predictor._gnn import GnnPredictor
-    from dippm_nas.predictor._train import featurize_examples, load_examples, split_examples
 
     dev = resolve_device(device).id
     pred = GnnPredictor.load(checkpoint, device=dev, load_calibration=False)

@@ -1,34 +1,14 @@
-"""Training the GraphSAGE ensemble on the dataset format (:func:`dippm_nas.dataset.load_measurements`).
+"""Training the GraphSAGE ensemble: hyper-parameters, the training loop, std floors and the checkpoint metadata.
 
-Data: every ``ok`` measurement row with a graph becomes an :class:`Example` (graph, catalogue device,
-labels, family). Rows of several devices train one model (device features tell them apart); the
-checkpoint answers for one target device and its held-out metrics are computed on that device's rows.
-
-Splits are decided per *architecture* (graph structure), never per row, so one network measured on
-two GPUs is never in train and test at once:
-
-- ``"random"``: a hash of the structure and the seed puts it in train/val/test (70/15/15 by default),
-  independent of row order (DIPPM's protocol);
-- ``"family"``: whole families (``space``) are held out as the test set; the validation set is a random
-  15% of the remaining architectures;
-- ``"timm-family"``: timm rows are split by model *family* (:func:`timm_family` of the model name, e.g.
-  ``resnet``, ``vit``, ``convnext``): a hash of the family and the seed holds out ``holdout_frac`` of the
-  families (default 25%) as test, the other families' architectures go to train/val (85/15); every other
-  row is split as in ``"random"`` (so Accel-NASBench keeps exactly its random split). An architecture
-  shared by a held-out and a training family (e.g. ``deit_*`` and ``vit_*`` with equal graphs) is test.
-
-The validation split selects the epoch of each member and fits the std floor; the test split is only
-ever used to report.
+Examples and splits are :mod:`dippm_nas.training._examples`; the validation split selects the epoch of each
+member and fits the std floor; the test split is only ever used to report.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
-import math
 import random
-import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -38,230 +18,23 @@ from typing import Any
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
-from dippm_nas.errors import DippmNasError
-from dippm_nas.features import FEATURE_SCHEMA_VERSION, GraphFeatures, device_dim, featurize, node_dim, static_dim
-from dippm_nas.graph import OperatorGraph
-from dippm_nas.prior import Execution
-from dippm_nas.predictor._gnn import (DELTA_MARGIN, TARGET_UNITS, TARGETS, CheckpointMeta, GnnPredictor, SageEnsemble,
-                                      collate, collate_globals)
-from dippm_nas.predictor._novelty import NoveltyFloor, fit_novel_floor, novelty_scores, reference_set, split_d0
+from dippm_nas._platform import cpu_model_name, cpu_signature
+from dippm_nas.devices import host_facts, resolve_device
+from dippm_nas.errors import DippmNasError, InvalidValueError
+from dippm_nas.features import FEATURE_SCHEMA_VERSION, GraphFeatures, device_dim, node_dim, static_dim
+from dippm_nas.predictor import (DELTA_MARGIN, HOST_DEVICE, TARGET_UNITS, TARGETS, CheckpointMeta, GnnPredictor,
+                                 NoveltyFloor, SageEnsemble, collate, collate_globals, novelty_scores)
+from dippm_nas.prior import default_params
+from dippm_nas.training._evaluate import metrics_table
+from dippm_nas.training._examples import (Example, featurize_examples, heldout_timm_families, is_timm, labels_log,
+                                          load_examples, split_examples)
+from dippm_nas.training._novelty import fit_novel_floor, reference_set, split_d0
 
-__all__ = ["Example", "TrainConfig", "DEVICE_ALIASES", "SPLIT_MODES", "load_examples", "timm_family", "split_examples",
-           "featurize_examples", "train_ensemble", "fit_std_floor", "attach_novelty_reference", "train_predictor"]
+__all__ = ["TrainConfig", "train_ensemble", "fit_std_floor", "attach_novelty_reference", "train_predictor"]
 
 logger = logging.getLogger(__name__)
-
-#: Device names used by the dataset rows -> catalogue ids. Accel-NASBench says "A100 40GB" without the
-#: form factor; both 40 GB forms have the same SMs, clocks and bandwidth, so rows go to the SXM4 entry.
-DEVICE_ALIASES: dict[str, str] = {"a100-40gb": "a100-sxm4-40gb", "cpu": "host-cpu", "rtx-3090": "rtx-3090",
-                                  "rtx-4090": "rtx-4090", "rtx-5090": "rtx-5090"}
-
-#: Split modes of :func:`split_examples`.
-SPLIT_MODES = ("random", "family", "timm-family")
-#: Name prefixes that say where timm ported the weights from, not which architecture it is.
-_TIMM_WEIGHT_PREFIXES = re.compile(r"^(?:tf|gluon|legacy)_")
-
-
-@dataclass
-class Example:
-    """One training example.
-
-    Attributes:
-        graph: the captured graph.
-        device: catalogue id of the device measured.
-        y: labels, ``{target: value}`` in the targets' units (only the measured ones).
-        family: model family (search space name).
-        key: the architecture key splits are decided on (structural hash).
-        source: dataset source of the row.
-        name: the row's model name where the source names one (timm: ``config["model"]``), else ``""``.
-        cpu_model: the CPU model of the row's environment (``environment.cpu_model``), ``""`` when the row
-            does not record one.
-        threads: the torch thread count of the row's environment (``environment.threads``), ``None`` when
-            the row does not record one.
-        cpu_signature: the processor of the row's environment (``environment.cpu_signature``: vendor,
-            family, model, stepping, ...; :func:`dippm_nas._platform.cpu_signature`), ``None`` when the row
-            does not record one (rows measured before it was recorded).
-        execution: how the row's pass was executed and timed (runtime, host, input copy), from its
-            conditions (:meth:`dippm_nas.prior.Execution.from_conditions`); the prior features use it.
-    """
-
-    graph: OperatorGraph
-    device: str
-    y: dict[str, float]
-    family: str
-    key: str
-    source: str = ""
-    name: str = ""
-    cpu_model: str = ""
-    threads: int | None = None
-    cpu_signature: dict[str, str] | None = None
-    execution: Execution = field(default_factory=Execution)
-
-
-def load_examples(paths: Sequence[str | Path], *, devices: Sequence[str] | None = None,
-                  source: str | None = None, dtypes: Sequence[str] | None = None) -> list[Example]:
-    """Examples from one or more dataset files (SQLite or JSONL export).
-
-    Args:
-        paths: dataset files.
-        devices: keep only rows of these catalogue ids (``None``: all).
-        source: keep only rows of this source.
-        dtypes: keep only graphs of these compute dtypes (``None``: all).
-
-    Raises:
-        DippmNasError: a row's device is neither a catalogue id nor a known alias.
-    """
-    from dippm_nas.dataset import load_measurements
-    from dippm_nas.devices import list_devices
-
-    catalogue = {d if isinstance(d, str) else d.id for d in list_devices()}
-    out: list[Example] = []
-    for p in paths:
-        for mg in load_measurements(p, source=source):
-            m = mg.measurement
-            dev = DEVICE_ALIASES.get(m.get("device"), m.get("device"))
-            if dev not in catalogue:
-                raise DippmNasError(f"dataset {p}: device {m.get('device')!r} is neither a catalogue id "
-                                    f"({sorted(catalogue)}) nor an alias ({sorted(DEVICE_ALIASES)})")
-            if devices is not None and dev not in devices:
-                continue
-            if dtypes is not None and mg.spec.dtype not in dtypes:
-                continue
-            y = {}
-            for t in TARGETS:
-                v = m.get(t)
-                if v is not None and math.isfinite(float(v)) and float(v) > 0:
-                    y[t] = float(v)
-            if not y:
-                continue
-            cfg = m.get("config")
-            name = str(cfg.get("model") or "") if isinstance(cfg, dict) else ""
-            env = m.get("environment")
-            cpu = str(env.get("cpu_model") or "") if isinstance(env, dict) else ""
-            thr = env.get("threads") if isinstance(env, dict) else None
-            sig = env.get("cpu_signature") if isinstance(env, dict) else None
-            out.append(Example(mg.graph, dev, y, str(m.get("space") or "unknown"), mg.graph.structural_hash(),
-                               str(m.get("source") or ""), name, cpu,
-                               thr if isinstance(thr, int) and not isinstance(thr, bool) else None,
-                               {str(k): str(v) for k, v in sig.items()} if isinstance(sig, dict) and sig else None,
-                               Execution.from_conditions(m.get("conditions"), env if isinstance(env, dict) else None)))
-    logger.info("loaded %d examples from %s", len(out), [str(p) for p in paths])
-    return out
-
-
-def _frac(key: str, seed: int) -> float:
-    h = hashlib.sha256(f"{seed}:{key}".encode()).digest()
-    return int.from_bytes(h[:8], "big") / 2**64
-
-
-def timm_family(model: str) -> str:
-    """The family of a timm model name: the name without a weight-origin prefix (``tf_``, ``gluon_``,
-    ``legacy_``), up to its first ``_`` or digit (``resnet50d`` -> ``resnet``, ``vit_base_patch16_224`` ->
-    ``vit``, ``tf_efficientnet_b0`` -> ``efficientnet``, ``convnextv2_tiny`` -> ``convnextv``)."""
-    name = _TIMM_WEIGHT_PREFIXES.sub("", model.strip().lower())
-    m = re.match(r"[a-z]+", name)
-    return m.group(0) if m else name
-
-
-def _is_timm(e: Example) -> bool:
-    return e.source == "timm" and bool(e.name)
-
-
-def heldout_timm_families(examples: Sequence[Example], *, holdout_frac: float = 0.25, seed: int = 0) -> list[str]:
-    """The timm families ``"timm-family"`` holds out (sorted)."""
-    fams = {timm_family(e.name) for e in examples if _is_timm(e)}
-    return sorted(f for f in fams if _frac(f"timm-family:{f}", seed) < holdout_frac)
-
-
-def split_examples(examples: Sequence[Example], *, mode: str = "random", fractions: tuple[float, float, float] = (0.7, 0.15, 0.15),
-                   heldout_families: Sequence[str] = (), seed: int = 0,
-                   holdout_frac: float = 0.25) -> tuple[list[Example], list[Example], list[Example]]:
-    """``(train, val, test)`` by architecture (see the module docstring).
-
-    Args:
-        holdout_frac: ``"timm-family"`` only: the share of timm families held out (by a hash of the name).
-
-    Raises:
-        DippmNasError: unknown mode, bad fractions, held-out families absent from the data, or a
-            ``"timm-family"`` split without timm rows or with ``holdout_frac`` outside (0, 1).
-    """
-    if mode not in SPLIT_MODES:
-        raise DippmNasError(f"split mode must be one of {list(SPLIT_MODES)}, got {mode!r}")
-    if abs(sum(fractions) - 1.0) > 1e-6 or min(fractions) < 0:
-        raise DippmNasError(f"split fractions must be >= 0 and sum to 1, got {fractions}")
-    tr, va, te = [], [], []
-    if mode == "timm-family":
-        if not 0.0 < holdout_frac < 1.0:
-            raise DippmNasError(f"holdout_frac must lie in (0, 1), got {holdout_frac!r}")
-        if not any(_is_timm(e) for e in examples):
-            raise DippmNasError("the timm-family split needs timm rows (source 'timm' with a model name) in the data")
-        held = set(heldout_timm_families(examples, holdout_frac=holdout_frac, seed=seed))
-        test_keys = {e.key for e in examples if _is_timm(e) and timm_family(e.name) in held}
-        val_share = fractions[1] / (fractions[0] + fractions[1])
-        for e in examples:
-            if not _is_timm(e):
-                u = _frac(e.key, seed)
-                (tr if u < fractions[0] else va if u < fractions[0] + fractions[1] else te).append(e)
-            elif e.key in test_keys:
-                te.append(e)
-            elif _frac(e.key, seed) < val_share:
-                va.append(e)
-            else:
-                tr.append(e)
-        return tr, va, te
-    if mode == "family":
-        fams = {e.family for e in examples}
-        missing = [f for f in heldout_families if f not in fams]
-        if not heldout_families or missing:
-            raise DippmNasError(f"family split needs held-out families present in the data ({sorted(fams)}), "
-                                f"got {list(heldout_families)}")
-        for e in examples:
-            if e.family in heldout_families:
-                te.append(e)
-            elif _frac(e.key, seed) < fractions[1] / (fractions[0] + fractions[1]):
-                va.append(e)
-            else:
-                tr.append(e)
-        return tr, va, te
-    for e in examples:
-        u = _frac(e.key, seed)
-        (tr if u < fractions[0] else va if u < fractions[0] + fractions[1] else te).append(e)
-    return tr, va, te
-
-
-def featurize_examples(examples: Sequence[Example], *, style: str = "ours", fuse: bool = True,
-                       prior_params: Any = None, host_threads: int | None = None,
-                       progress: bool = True) -> list[GraphFeatures]:
-    """Feature tensors of every example on its own device (cached per structure and device).
-
-    ``host_threads``: the torch thread count host-cpu features are measured at (a checkpoint's
-    ``GnnPredictor.host_threads``); default: this process's.
-    """
-    from tqdm.auto import tqdm
-
-    from dippm_nas.devices import get_device
-    from dippm_nas.predictor._checkpoint import HOST_DEVICE
-
-    cache: dict[tuple[str, str, str], GraphFeatures] = {}
-    out = []
-    for e in tqdm(examples, desc="features", unit="graph", disable=not progress, leave=False):
-        k = (e.key, e.device, e.execution.key)
-        if k not in cache:
-            dev = get_device(e.device, threads=host_threads) if host_threads and e.device == HOST_DEVICE else e.device
-            cache[k] = featurize(e.graph, dev, style=style, fuse=fuse, prior_params=prior_params,
-                                 execution=e.execution)
-        out.append(cache[k])
-    return out
-
-
-def _y_log(examples: Sequence[Example]) -> torch.Tensor:
-    y = torch.full((len(examples), len(TARGETS)), float("nan"))
-    for i, e in enumerate(examples):
-        for j, t in enumerate(TARGETS):
-            if t in e.y:
-                y[i, j] = math.log(e.y[t])
-    return y
 
 
 @dataclass
@@ -313,7 +86,7 @@ def _penalty_weights(cfg: TrainConfig) -> torch.Tensor | None:
     w = dict(p) if isinstance(p, dict) else {t: float(p) for t in TARGETS}
     bad = {t: v for t, v in w.items() if t not in TARGETS or not (float(v) >= 0.0)}
     if bad:
-        raise DippmNasError(f"correction_penalty takes weights >= 0 for targets {list(TARGETS)}, got {bad}")
+        raise InvalidValueError(f"correction_penalty takes weights >= 0 for targets {list(TARGETS)}, got {bad}")
     if not cfg.residual_on_prior or not any(float(v) > 0 for v in w.values()):
         return None
     return torch.tensor([float(w.get(t, 0.0)) for t in TARGETS])
@@ -333,8 +106,6 @@ def train_ensemble(train_f: Sequence[GraphFeatures], train_y: torch.Tensor, val_
     Shapes:
         ``train_y``, ``val_y``: ``[N, 3]`` log labels, NaN where a target is not measured.
     """
-    from tqdm.auto import tqdm
-
     torch.set_num_threads(cfg.threads)
     nd, sd = train_f[0].x.shape[1], train_f[0].static.shape[0]
     model = SageEnsemble(nd, sd, device_dim(), cfg.hidden, cfg.layers, cfg.members, cfg.residual_on_prior)
@@ -424,7 +195,7 @@ def attach_novelty_reference(pred: GnnPredictor, train_feats: Sequence[GraphFeat
     with torch.no_grad():
         pred.novelty_ref = reference_set(pred.model.static_z(collate_globals(train_feats)))
         d_val = novelty_scores(pred.model.static_z(collate_globals(val_feats)), pred.novelty_ref)
-    pred.meta = _replace(pred.meta, novelty=NoveltyFloor(
+    pred.meta = dataclasses.replace(pred.meta, novelty=NoveltyFloor(
         d0=split_d0(d_val), floor_log=dict(floor_log or {}), calibrated_on=calibrated_on).to_dict())
 
 
@@ -464,19 +235,14 @@ def _host_of(ex: Sequence[Example], device: str, threads: int | None = None) -> 
     Raises:
         DippmNasError: host rows of several CPU models (one checkpoint per CPU model), or none recording it.
     """
-    from dippm_nas.predictor._checkpoint import HOST_DEVICE
-
     if device != HOST_DEVICE:
         return None
     rows = [e for e in ex if e.device == device]
     models = sorted({e.cpu_model for e in rows})
     if len(models) != 1 or not models[0]:
-        raise DippmNasError(f"a {device} checkpoint learns one CPU model: its rows must all record the same "
-                            f"environment.cpu_model, got {models} (train one checkpoint per CPU model, "
-                            "e.g. with one dataset file each)")
-    from dippm_nas._platform import cpu_model_name, cpu_signature
-    from dippm_nas.devices._host import host_facts
-
+        raise InvalidValueError(f"a {device} checkpoint learns one CPU model: its rows must all record the same "
+                                f"environment.cpu_model, got {models} (train one checkpoint per CPU model, "
+                                "e.g. with one dataset file each)")
     threads = _label_threads(ex, device) if threads is None else threads
     facts = host_facts(threads=threads)
     here = cpu_model_name()
@@ -527,10 +293,6 @@ def train_predictor(paths: Sequence[str | Path], device: str, *, split: str = "r
     Returns:
         ``(predictor, report)``; ``report`` holds the split sizes, metrics and predictions on test.
     """
-    from dippm_nas.devices import resolve_device
-    from dippm_nas.prior import default_params
-    from dippm_nas.predictor._evaluate import metrics_table
-
     cfg = cfg or TrainConfig()
     device = resolve_device(device).id
     ex = list(examples) if examples is not None else load_examples(paths, devices=devices, dtypes=dtypes)
@@ -539,7 +301,7 @@ def train_predictor(paths: Sequence[str | Path], device: str, *, split: str = "r
     if targets is not None:
         bad = [t for t in targets if t not in TARGETS]
         if bad:
-            raise DippmNasError(f"targets must be among {list(TARGETS)}, got {bad}")
+            raise InvalidValueError(f"targets must be among {list(TARGETS)}, got {bad}")
         ex = [dataclasses.replace(e, y={t: v for t, v in e.y.items() if t in targets}) for e in ex]
         ex = [e for e in ex if e.y]
     if not any(e.device == device for e in ex):
@@ -551,15 +313,13 @@ def train_predictor(paths: Sequence[str | Path], device: str, *, split: str = "r
         logger.info("timm-family split holds out %d timm families: %s", len(heldout_families), heldout_families)
     logger.info("split %s: train %d, val %d, test %d", split, len(tr), len(va), len(te))
     params = prior_params if prior_params is not None else default_params()
-    from dippm_nas.predictor._checkpoint import HOST_DEVICE
-
     host_threads = _label_threads(ex, HOST_DEVICE) if any(e.device == HOST_DEVICE for e in ex) else None
     t0 = time.perf_counter()
     ftr, fva, fte = (featurize_examples(s, style=cfg.style, fuse=cfg.fuse, prior_params=params,
                                         host_threads=host_threads, progress=progress)
                      for s in (tr, va, te))
     feat_s = time.perf_counter() - t0
-    ytr, yva = _y_log(tr), _y_log(va)
+    ytr, yva = labels_log(tr), labels_log(va)
     t0 = time.perf_counter()
     model = train_ensemble(ftr, ytr, fva, yva, cfg, progress=progress)
     train_s = time.perf_counter() - t0
@@ -577,11 +337,11 @@ def train_predictor(paths: Sequence[str | Path], device: str, *, split: str = "r
     va_dev = [i for i, e in enumerate(va) if e.device == device]
     if va_dev:
         m, s = pred.predict_log([fva[i] for i in va_dev])
-        y = _y_log([va[i] for i in va_dev]).numpy()
+        y = labels_log([va[i] for i in va_dev]).numpy()
         for j, t in enumerate(TARGETS):
             if t in targets:
                 floors[t] = fit_std_floor(m[:, j], s[:, j], y[:, j])
-    pred.meta = _replace(meta, std_floor_log=floors)
+    pred.meta = dataclasses.replace(meta, std_floor_log=floors)
     attach_novelty_reference(pred, ftr, [fva[i] for i in va_dev])
     te_dev = [i for i, e in enumerate(te) if e.device == device]
     report: dict[str, Any] = {"split": split, "heldout_families": list(heldout_families),
@@ -595,19 +355,15 @@ def train_predictor(paths: Sequence[str | Path], device: str, *, split: str = "r
             heldout = {f"timm-family:{device} non-timm rows, random 70/15/15 test": tab}
         else:
             heldout = {f"{split}" + (f":{','.join(heldout_families)}" if heldout_families else ""): tab}
-        pred.meta = _replace(pred.meta, heldout_metrics=heldout)
+        pred.meta = dataclasses.replace(pred.meta, heldout_metrics=heldout)
     if split == "timm-family":
         # the held-out timm families, per GPU, through the device features
         by_dev: dict[str, Any] = {}
-        for dev in sorted({e.device for e in te if _is_timm(e)}):
-            idx = [i for i, e in enumerate(te) if e.device == dev and _is_timm(e)]
+        for dev in sorted({e.device for e in te if is_timm(e)}):
+            idx = [i for i, e in enumerate(te) if e.device == dev and is_timm(e)]
             by_dev[dev], _ = metrics_table(pred, [fte[i] for i in idx], [te[i] for i in idx])
         report["timm_heldout_metrics"] = by_dev
-        pred.meta = _replace(pred.meta, heldout_metrics={
+        pred.meta = dataclasses.replace(pred.meta, heldout_metrics={
             **pred.meta.heldout_metrics,
             **{f"timm-family:{dev} held-out timm families ({len(heldout_families)})": tab for dev, tab in by_dev.items()}})
     return pred, report
-
-
-def _replace(meta: CheckpointMeta, **kw: Any) -> CheckpointMeta:
-    return dataclasses.replace(meta, **kw)

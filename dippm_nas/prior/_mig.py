@@ -1,0 +1,224 @@
+"""MIG advice: which Multi-Instance GPU profiles a model fits (the public face and its rules: :mod:`dippm_nas.mig`)."""
+
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+from dippm_nas._logging import WarnOnce
+from dippm_nas.budgets import DEFAULT_K_SIGMA, check_k_sigma
+from dippm_nas.devices import Device, MigProfile, resolve_device
+from dippm_nas.errors import InvalidValueError
+from dippm_nas.graph import OperatorGraph
+from dippm_nas.prediction import Prediction
+from dippm_nas.prior._estimate import estimate
+from dippm_nas.prior._params import PriorParams
+
+__all__ = ["advise", "MigAdvice", "ProfileAdvice", "RULES", "DIPPM_LADDER"]
+
+logger = logging.getLogger(__name__)
+_warn_once = WarnOnce(logger)
+
+Rule = Literal["dippm-nas", "dippm"]
+#: Fit rules :func:`advise` knows.
+RULES: tuple[str, ...] = ("dippm-nas", "dippm")
+#: (compute slices, memory slices) of the profiles DIPPM's rule chooses from.
+DIPPM_LADDER: tuple[tuple[int, int], ...] = ((1, 1), (2, 2), (3, 4), (7, 8))
+
+
+@dataclass(frozen=True)
+class ProfileAdvice:
+    """The advisor's answer for one MIG profile.
+
+    Attributes:
+        profile: profile name, e.g. ``"1g.5gb"``.
+        compute_slices, memory_slices: the profile's share of the GPU (of 7 and of 8).
+        sms: SMs of the instance.
+        memory_limit_mib: the memory the fit is checked against (usable memory for ``dippm-nas``,
+            nominal memory for ``dippm``), MiB.
+        fits: whether the model fits under the rule.
+        memory_headroom_mib: ``memory_limit_mib`` minus the memory needed (negative when it does not fit), MiB.
+        instances_per_gpu: instances of this profile one GPU holds.
+        latency_ms: predicted latency of one batch on one instance, ms (``None`` when unknown).
+        latency_basis: ``"prior"`` (prior re-run on the slice), ``"scaled"`` (upper bound from the
+            prediction), or ``"unknown"``.
+        throughput_samples_per_s: aggregate samples/s of ``instances_per_gpu`` instances (``None`` when
+            the latency is unknown).
+        reason: why it does not fit or is not eligible ("" otherwise).
+        note: what a fit rests on when it has no margin for the prediction's error (no memory std);
+            "" otherwise.
+    """
+
+    profile: str
+    compute_slices: int
+    memory_slices: int
+    sms: int
+    memory_limit_mib: float
+    fits: bool
+    memory_headroom_mib: float
+    instances_per_gpu: int
+    latency_ms: float | None
+    latency_basis: str
+    throughput_samples_per_s: float | None
+    reason: str = ""
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class MigAdvice:
+    """The advisor's answer for one prediction on one device.
+
+    Attributes:
+        device: device id.
+        supported: whether the device has MIG at all.
+        rule: the fit rule used (one of :data:`RULES`).
+        k_sigma: the uncertainty multiplier (``dippm-nas`` rule only).
+        memory_needed_mib: memory the fit is checked with (prediction plus ``k_sigma`` std when known), MiB.
+        memory_std_mib: the prediction's memory std, MiB (``None`` when it has none).
+        memory_std_missing: the prediction has no memory std, so fits were checked without a margin.
+        profiles: one :class:`ProfileAdvice` per profile, in the device's order.
+        smallest_fit: name of the smallest fitting profile, ``None`` when none fits.
+        reason: why there is no fit (or no MIG); "" when there is one.
+    """
+
+    device: str
+    supported: bool
+    rule: str
+    k_sigma: float
+    memory_needed_mib: float
+    memory_std_mib: float | None
+    profiles: tuple[ProfileAdvice, ...]
+    smallest_fit: str | None
+    reason: str = ""
+    memory_std_missing: bool = False
+
+    @property
+    def fitting(self) -> list[str]:
+        """Names of every profile the model fits."""
+        return [p.profile for p in self.profiles if p.fits]
+
+    def profile(self, name: str) -> ProfileAdvice:
+        """The advice for one profile (the choices are listed when the name is unknown)."""
+        for p in self.profiles:
+            if p.profile == name:
+                return p
+        raise InvalidValueError(f"no MIG profile {name!r} in this advice; choices: "
+                                f"{[p.profile for p in self.profiles]}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able dict."""
+        d = asdict(self)
+        d["profiles"] = [asdict(p) for p in self.profiles]
+        return d
+
+
+def _slice_latency(
+    prediction: Prediction, device: Device, profile: MigProfile, graph: "OperatorGraph | None",
+    options: dict[str, Any],
+) -> tuple[float | None, str]:
+    if graph is not None:
+        return estimate(graph, device.mig_slice(profile), **options).latency_ms, "prior"
+    if prediction.device != device.id:
+        return None, "unknown"
+    sm_ratio = device.sms / device.profile_sms(profile)
+    mem_ratio = 8.0 / profile.memory_slices
+    worse = max(sm_ratio, mem_ratio)
+    busy = prediction.details.get("gpu_busy_ms")
+    host = prediction.details.get("host_ms")
+    if busy is not None and host is not None:
+        return max(float(host), float(busy) * worse), "scaled"
+    return prediction.latency_ms * worse, "scaled"
+
+
+def advise(
+    prediction: Prediction, device: Device | str, *, k_sigma: float = DEFAULT_K_SIGMA, rule: Rule = "dippm-nas",
+    graph: "OperatorGraph | None" = None, tf32_conv: bool = True, tf32_matmul: bool = False,
+    channels_last: bool = False, params: "PriorParams | None" = None, runtime: str = "eager",
+    host: Any = None,
+) -> MigAdvice:
+    """For every MIG profile of ``device``: fits or not, headroom, latency and throughput on the slice.
+
+    Args:
+        prediction: a :class:`~dippm_nas.prediction.Prediction` of the model on the full GPU.
+        device: a MIG-capable device or its id (other devices get ``supported=False`` with a reason).
+        k_sigma: memory safety margin in standard deviations of ``memory_mib_std`` (``dippm-nas`` rule);
+            default 1.0. Must be >= 0.
+        rule: ``"dippm-nas"`` (usable memory, uncertainty, every profile) or ``"dippm"`` (DIPPM's
+            memory-only ladder with inclusive bounds); see the module docstring.
+        graph: the captured graph; when given, slice latencies come from the prior re-run on each slice.
+        tf32_conv, tf32_matmul, channels_last, params, runtime, host: passed to the prior for slice latencies.
+
+    Returns:
+        A :class:`MigAdvice`; ``smallest_fit`` is ``None`` with a ``reason`` when nothing fits, so a
+        search loop can read it without a try/except.
+
+    Raises:
+        DippmNasError: ``prediction`` is not a Prediction, or an unknown ``rule``.
+        BudgetError: ``k_sigma`` negative or not finite.
+        DeviceError: unknown device id (the choices are listed).
+    """
+    if not isinstance(prediction, Prediction):
+        raise InvalidValueError(f"prediction must be a dippm_nas.Prediction, got {type(prediction).__name__}")
+    k_sigma = check_k_sigma(k_sigma)  # BudgetError (a DippmNasError and a ValueError) naming a bad value
+    if rule not in RULES:
+        raise InvalidValueError(f"rule must be one of {RULES}, got {rule!r}")
+    dev = resolve_device(device)
+    std = prediction.memory_mib_std
+    std_missing = rule == "dippm-nas" and std is None
+    if std_missing and dev.has_mig:
+        _warn_once(f"no-memory-std:{prediction.memory_source}",
+                   "the memory prediction (source %r) has no standard deviation: MIG fits are checked on the "
+                   "mean, with no margin for its error (MigAdvice.memory_std_missing)", prediction.memory_source)
+    if rule == "dippm":
+        need = float(prediction.memory_mib)
+    else:
+        need = float(prediction.memory_mib) + (k_sigma * std if std is not None else 0.0)
+    if not dev.has_mig:
+        return MigAdvice(device=dev.id, supported=False, rule=rule, k_sigma=float(k_sigma), memory_needed_mib=need,
+                         memory_std_mib=std, profiles=(), smallest_fit=None,
+                         reason=f"device {dev.id!r} does not support MIG")
+
+    options = {"tf32_conv": tf32_conv, "tf32_matmul": tf32_matmul, "channels_last": channels_last, "params": params,
+               "runtime": runtime, "host": host}
+    out: list[ProfileAdvice] = []
+    for p in dev.mig_profiles:
+        if rule == "dippm":
+            limit = p.memory_gib * 1024.0
+            on_ladder = (p.compute_slices, p.memory_slices) in DIPPM_LADDER and not p.media_extensions
+        else:
+            limit = p.usable_memory_mib
+            on_ladder = True
+        fits = need <= limit
+        latency, basis = _slice_latency(prediction, dev, p, graph, options)
+        thr = (p.max_instances * prediction.batch_size / (latency / 1e3)) if latency and latency > 0 else None
+        if not fits:
+            margin = f" (memory {prediction.memory_mib:.0f} MiB + {k_sigma:g} x std {std:.0f} MiB)" \
+                if (rule == "dippm-nas" and std is not None) else ""
+            reason = f"needs {need:.0f} MiB{margin} > {limit:.0f} MiB {'usable' if rule == 'dippm-nas' else 'nominal'}"
+        elif not on_ladder:
+            reason = "fits, but not on DIPPM's profile ladder (1g/1, 2g/2, 3g/4, 7g/8 slices)"
+        else:
+            reason = ""
+        note = (f"fits with {limit - need:.0f} MiB headroom and no margin for the prediction's error (the "
+                f"{prediction.memory_source} memory figure has no std)") if fits and std_missing else ""
+        out.append(ProfileAdvice(
+            profile=p.name, compute_slices=p.compute_slices, memory_slices=p.memory_slices,
+            sms=dev.profile_sms(p), memory_limit_mib=limit, fits=fits, memory_headroom_mib=limit - need,
+            instances_per_gpu=p.max_instances, latency_ms=latency, latency_basis=basis,
+            throughput_samples_per_s=thr, reason=reason, note=note,
+        ))
+
+    eligible = [(a, p) for a, p in zip(out, dev.mig_profiles) if a.fits and a.reason == ""]
+    if eligible:
+        best = min(eligible, key=lambda ap: (ap[0].memory_limit_mib, ap[1].compute_slices, ap[1].media_extensions))
+        return MigAdvice(device=dev.id, supported=True, rule=rule, k_sigma=float(k_sigma), memory_needed_mib=need,
+                         memory_std_mib=std, profiles=tuple(out), smallest_fit=best[0].profile,
+                         memory_std_missing=std_missing)
+    largest = max(out, key=lambda a: a.memory_limit_mib)
+    reason = (f"none fits: the model needs {need:.0f} MiB but the largest profile {largest.profile} offers "
+              f"{largest.memory_limit_mib:.0f} MiB ({'usable' if rule == 'dippm-nas' else 'nominal'})")
+    return MigAdvice(device=dev.id, supported=True, rule=rule, k_sigma=float(k_sigma), memory_needed_mib=need,
+                     memory_std_mib=std, profiles=tuple(out), smallest_fit=None, reason=reason,
+                     memory_std_missing=std_missing)

@@ -1,0 +1,63 @@
+"""The analytic prior as a :class:`~dippm_nas.prediction.Prediction`, with the MIG advice."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from dippm_nas.devices import Device, HostProfile, resolve_device
+from dippm_nas.errors import DeviceError
+from dippm_nas.graph import OperatorGraph
+from dippm_nas.prediction import Prediction
+from dippm_nas.prior._estimate import estimate, latency_sigma_log, timeline_fields
+from dippm_nas.prior._mig import advise
+from dippm_nas.prior._params import PriorParams
+from dippm_nas.prior._power import PowerTable
+
+__all__ = ["predict"]
+
+
+def predict(
+    graph: OperatorGraph, device: Device | str, *, mig: bool = True, k_sigma: float = 2.0,
+    tf32_conv: bool = True, tf32_matmul: bool = False, channels_last: bool = False,
+    params: PriorParams | None = None, runtime: str = "eager", host: HostProfile | str | None = None,
+    input_copy: bool = False, power: PowerTable | None = None,
+) -> Prediction:
+    """The analytic prior as a :class:`~dippm_nas.prediction.Prediction` (sources ``"analytic"``; energy
+    ``"predicted"`` where the power model is fitted for the device's architecture).
+
+    Args:
+        graph, device, tf32_conv, tf32_matmul, channels_last, params, runtime, host, input_copy, power: as for
+            :func:`estimate`.
+        mig: attach the MIG advisor's answer (devices with MIG only; see :func:`dippm_nas.mig.advise`).
+        k_sigma: passed to the advisor.
+
+    Raises:
+        DeviceError: the device has no power figures, so no energy can be given (e.g. ``host-cpu``;
+            use :func:`estimate`, whose ``energy_j`` is then ``None``), or an unknown device id.
+        UnsupportedDtypeError, GraphValidationError: as for :func:`estimate`.
+    """
+    dev = resolve_device(device)
+    est = estimate(graph, dev, tf32_conv=tf32_conv, tf32_matmul=tf32_matmul, channels_last=channels_last, params=params,
+                   runtime=runtime, host=host, input_copy=input_copy, power=power)
+    if est.energy_j is None:
+        raise DeviceError(
+            f"device {dev.id!r} has no power figures (board_power_w, idle_power_w), so the prior gives no "
+            "energy and cannot fill a Prediction; use dippm_nas.prior.estimate() for latency and memory, or "
+            "register a device file with power figures under $DIPPM_NAS_DEVICE_DIR"
+        )
+    details = est.details()
+    details["params_fitted"] = float(est.params_source != "uncalibrated")
+    s_lat = latency_sigma_log(est, params)
+    pred = Prediction(
+        latency_ms=est.latency_ms, energy_j=est.energy_j, memory_mib=est.memory_mib,
+        latency_source="analytic", energy_source=est.energy_source, memory_source="analytic",  # type: ignore[arg-type]
+        energy_j_std=est.energy_j_std,
+        device=dev.id, batch_size=est.batch_size, dtype=est.dtype, unknown_ops=dict(est.unknown_ops),
+        details=details, latency_ms_std=None if s_lat is None else est.latency_ms * s_lat,
+        memory_mib_std=est.memory_mib_std, **timeline_fields(est),
+    )
+    if mig and dev.has_mig:
+        advice = advise(pred, dev, graph=graph, k_sigma=k_sigma, tf32_conv=tf32_conv, tf32_matmul=tf32_matmul,
+                        channels_last=channels_last, params=params, runtime=runtime, host=host)
+        pred = dataclasses.replace(pred, mig=advice)
+    return pred

@@ -1,0 +1,125 @@
+"""The package arrows: stages import only earlier stages, no import cycles, no reaching into private modules.
+
+The imports are read with ``ast`` by ``scripts/architecture_report.py`` (nothing is imported); the stage
+layers are its ``LAYERS``. Each rule is also run on a small synthetic tree that breaks it, so the checks can fail.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from _scripts import ROOT, load_script
+
+arch = load_script("architecture_report")
+
+
+@pytest.fixture(scope="module")
+def imports() -> list:
+    return arch.collect_imports(ROOT)
+
+
+def _fmt(rows: list) -> str:
+    return "\n".join(f"{i.path}:{i.line} {i.target}" for i in rows)
+
+
+def test_every_library_package_has_a_stage_layer(imports: list) -> None:
+    units = {arch.unit_of(i.importer) for i in imports if "/" not in i.importer}
+    assert units - set(arch.LAYERS) == set(), "add the new package to LAYERS in scripts/architecture_report.py"
+
+
+def test_no_package_imports_a_later_stage(imports: list) -> None:
+    bad = arch.arrow_violations(imports)
+    assert not bad, "imports of a later stage:\n" + _fmt(bad)
+
+
+def test_no_import_cycles_even_through_function_body_imports(imports: list) -> None:
+    assert arch.module_cycles(imports) == []
+    assert arch.package_cycles(imports) == []
+
+
+def test_no_module_imports_another_packages_private_module(imports: list) -> None:
+    bad = [i for i, _ in arch.private_imports(imports) if not i.importer.startswith("tests/")]
+    assert not bad, "make these names public in the owning package's __init__:\n" + _fmt(bad)
+
+
+#: Modules that still import project modules inside function bodies, and why (docs/architecture.md).
+LAZY_PROJECT_IMPORTS = {
+    "dippm_nas/capture/_capture.py": "SQLAlchemy loads with the first cache used (gpu-campaign runs without it)",
+    "dippm_nas/capture/_many.py": "the same, in the capture workers",
+    "dippm_nas/capture/_key.py": "the package version, read where the conversion digest is made",
+    "dippm_nas/capture/_torch.py": "the converters, loaded with TVM's torch frontend",
+    "dippm_nas/optuna.py": "to move to the top with the Optuna integration's next change",
+    "dippm_nas/predictor/_gnn.py": "to move to the top with the prediction path's next change",
+    "dippm_nas/nni/_tuner.py": "to move to the top with the NNI tuner's next change",
+}
+
+
+def test_imports_of_project_modules_are_at_module_top(imports: list) -> None:
+    body = arch.function_body_imports([i for i in imports if "/" not in i.importer], arch.optional_modules(ROOT))
+    bad = [i for i in body if arch.is_project(i.target) and not i.path.startswith("dippm_nas/cli/")
+           and i.path not in LAZY_PROJECT_IMPORTS]
+    assert not bad, "import these at the module top (a cycle is a design problem, not a reason):\n" + _fmt(bad)
+
+
+def test_stage_order_of_the_flow() -> None:
+    L = arch.LAYERS
+    assert L["graph"] < L["capture"] < L["features"] < L["predictor"] < L["training"] < L["optuna"] < L["validation"]
+    assert L["prior"] < L["features"] and L["nni"] == L["optuna"] and L["cli"] > L["validation"]
+    assert L["measure"] < L["predictor"] and L["graph"] < L["predictor"]  # measure, graph know nothing of it
+
+
+def _write(root: Path, files: dict[str, str]) -> None:
+    for rel, text in files.items():
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(textwrap.dedent(text))
+
+
+def test_the_checks_fail_on_a_tree_that_breaks_each_rule(tmp_path: Path) -> None:
+    _write(tmp_path, {
+        "pyproject.toml": '[project]\nname = "x"\n[project.optional-dependencies]\nvision = ["torchvision>=0.1"]\n',
+        "dippm_nas/__init__.py": "",
+        "dippm_nas/graph/__init__.py": "from dippm_nas.graph._g import G\n",
+        # graph (an early stage) importing the predictor: a backwards arrow
+        "dippm_nas/graph/_g.py": "from dippm_nas.predictor import P\nG = 1\n",
+        "dippm_nas/predictor/__init__.py": "from dippm_nas.predictor._a import P\n",
+        # _a and _b import each other, _b only inside a function: still a cycle
+        "dippm_nas/predictor/_a.py": "from dippm_nas.predictor._b import B\nP = 1\n",
+        "dippm_nas/predictor/_b.py": "from dippm_nas.graph import G\ndef f():\n    from dippm_nas.predictor._a import P\n    import torchvision\n"
+                                     "    return P\nB = 1\n",
+        # a package of no stage
+        "dippm_nas/newstage/__init__.py": "from dippm_nas.graph import G\n",
+        # a script reaching into a private module and taking a private name
+        "scripts/s.py": "from dippm_nas.predictor._a import P\nfrom dippm_nas.graph import _hidden\n",
+        # a test may use the privates of the package it tests; counted apart
+        "tests/test_x.py": "from dippm_nas.predictor._a import P\n",
+    })
+    imps = arch.collect_imports(tmp_path)
+    arrows = [(arch.unit_of(i.importer), arch.unit_of(i.target)) for i in arch.arrow_violations(imps)]
+    assert ("graph", "predictor") in arrows and ("newstage", "graph") in arrows
+    cycles = arch.module_cycles(imps)
+    assert len(cycles) == 1 and {"dippm_nas.predictor._a", "dippm_nas.predictor._b"} <= set(cycles[0])
+    assert arch.package_cycles(imps) == [["graph", "predictor"]]
+    priv = {(i.importer, names) for i, names in arch.private_imports(imps)}
+    assert priv == {("scripts/s.py", ("P",)), ("scripts/s.py", ("_hidden",)), ("tests/test_x.py", ("P",))}
+    body = arch.function_body_imports(imps, arch.optional_modules(tmp_path))
+    assert [i.target for i in body] == ["dippm_nas.predictor._a"]  # torchvision is an optional dependency
+
+
+def test_the_checks_pass_on_a_tree_that_follows_the_rules(tmp_path: Path) -> None:
+    _write(tmp_path, {
+        "pyproject.toml": '[project]\nname = "x"\n',
+        "dippm_nas/__init__.py": "from dippm_nas.predictor import P\n",
+        "dippm_nas/graph/__init__.py": "from dippm_nas.graph._g import G\n",
+        "dippm_nas/graph/_g.py": "G = 1\n",
+        "dippm_nas/predictor/__init__.py": "from dippm_nas.predictor._a import P\n",
+        "dippm_nas/predictor/_a.py": "from dippm_nas.graph import G\nfrom dippm_nas.predictor._b import B\nP = G\n",
+        "dippm_nas/predictor/_b.py": "B = 1\n",
+        "scripts/s.py": "from dippm_nas.predictor import P\n",
+    })
+    imps = arch.collect_imports(tmp_path)
+    assert arch.arrow_violations(imps) == [] and arch.module_cycles(imps) == [] and arch.package_cycles(imps) == []
+    assert arch.private_imports(imps) == []
