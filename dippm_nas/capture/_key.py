@@ -40,7 +40,7 @@ from dippm_nas.spec import InputSpec
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-__all__ = ["model_key", "file_key", "converter_version"]
+__all__ = ["model_key", "file_key", "converter_version", "named_model_key"]
 
 _CLASS_CODE: dict[type, str] = {}
 #: code object -> digest of a function held as a module attribute (code objects are immutable)
@@ -64,12 +64,57 @@ def converter_version() -> str:
 
     from dippm_nas._version import __version__
 
+    return (f"dippm_nas={__version__};torch={torch.__version__};tvm={tvm.__version__};graph={GRAPH_FORMAT_VERSION};"
+            f"conversion={_conversion_digest()}")
+
+
+@functools.lru_cache(maxsize=1)
+def _conversion_digest(extra: tuple[str, ...] = ()) -> str:
+    from pathlib import Path
+
     root = Path(__file__).resolve().parents[1]
     h = hashlib.sha1()
-    for rel in _CONVERSION_SOURCES:
+    for rel in (*_CONVERSION_SOURCES, *extra):
         h.update((root / rel).read_bytes())
-    return (f"dippm_nas={__version__};torch={torch.__version__};tvm={tvm.__version__};graph={GRAPH_FORMAT_VERSION};"
-            f"conversion={h.hexdigest()[:12]}")
+    return h.hexdigest()[:12]
+
+
+#: SPEC prefixes whose model is fixed by the name and the installed library's version, and the distributions
+#: whose versions key them
+_NAMED_LIBRARIES = {"torchvision": ("torchvision",), "timm": ("timm",), "timm-reparam": ("timm",)}
+
+
+def _dist_version(*names: str) -> str | None:
+    from importlib import metadata
+
+    for name in names:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def named_model_key(spec_string: str, spec: InputSpec) -> str | None:
+    """A cache key of a library model SPEC (``torchvision:NAME``, ``timm:NAME``, ``timm-reparam:NAME``) computed
+    without building the model or importing torch, TVM or the library: the SPEC, the input spec, the installed
+    versions of the library, torch, TVM and dippm-nas (read from their distributions' metadata), the graph
+    format and the digest of the conversion and SPEC-resolution code. A graph stored under it is the graph
+    :func:`model_key` names; :func:`~dippm_nas.capture` looks it up first, so a cached library model answers in
+    milliseconds. ``None`` for any other SPEC (user code can change without a version) or when a version is
+    unknown (a source tree that is not installed)."""
+    from dippm_nas._version import __version__
+
+    prefix, sep, name = spec_string.partition(":")
+    libs = _NAMED_LIBRARIES.get(prefix)
+    if not sep or not name or libs is None:
+        return None
+    versions = [_dist_version(*libs), _dist_version("torch"), _dist_version("apache-tvm", "tvm")]
+    if any(v is None for v in versions):
+        return None
+    text = "|".join(["named", spec_string, *map(str, versions), __version__, str(GRAPH_FORMAT_VERSION),
+                     _conversion_digest(("spec.py",)), repr(sorted(spec.to_dict().items()))])
+    return "named-" + hashlib.sha256(text.encode()).hexdigest()
 
 
 def _const_repr(c: Any) -> str:

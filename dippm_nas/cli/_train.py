@@ -8,17 +8,19 @@ import shlex
 import sys
 from pathlib import Path
 
-from dippm_nas.errors import DippmNasError
+from dippm_nas.cli._grammar import ListAction, UsageError, argtype, device_ids
 
-__all__ = ["register", "add_split_args", "parse_devices"]
+__all__ = ["register", "add_split_args", "parse_devices", "checked_devices"]
 
 
 def add_split_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", action="append", required=True, metavar="PATH",
                    help="dataset file (SQLite or .jsonl[.gz|.xz] export); repeat for several")
-    p.add_argument("--device", default="a100-sxm4-40gb", help="device the checkpoint answers for (catalogue id)")
-    p.add_argument("--train-devices", default=None,
-                   help="comma-separated catalogue ids whose rows train the model (default: all in the data)")
+    p.add_argument("--device", default="a100-sxm4-40gb", type=argtype(lambda t: device_ids([t])[0]),
+                   help="device the checkpoint answers for (catalogue id; default a100-sxm4-40gb)")
+    p.add_argument("--train-devices", action=ListAction, default=None, metavar="D",
+                   help="catalogue ids whose rows train the model, e.g. a100-sxm4-40gb rtx-3090 (a list; default: "
+                        "all in the data)")
     p.add_argument("--split", choices=("random", "family", "timm-family"), default="random",
                    help="random 70/15/15 by architecture, held-out families (--holdout), or timm-family: "
                         "timm model families (name prefix) held out by a hash (--holdout-frac), other rows "
@@ -30,7 +32,13 @@ def add_split_args(p: argparse.ArgumentParser) -> None:
 
 
 def parse_devices(text: str | None) -> list[str] | None:
+    """``a,b`` -> ``["a", "b"]``; ``None`` for none."""
     return [d.strip() for d in text.split(",") if d.strip()] if text else None
+
+
+def checked_devices(values: list[str] | None) -> list[str] | None:
+    """Catalogue ids of a list flag, checked (an unknown id is a usage error with the closest ids)."""
+    return device_ids(values) if values else None
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -72,7 +80,7 @@ def _penalty(text: str) -> float | dict[str, float]:
             return float(text)
         return {t.strip(): float(v) for t, _, v in (item.partition("=") for item in text.split(",") if item.strip())}
     except ValueError as e:
-        raise DippmNasError(f"--correction-penalty takes W or TARGET=W[,TARGET=W], got {text!r}") from e
+        raise UsageError(f"--correction-penalty takes W or TARGET=W[,TARGET=W], got {text!r}") from e
 
 
 def run(args: argparse.Namespace) -> int:
@@ -86,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     holdout = [h for h in args.holdout.split(",") if h]
     command = "dippm-nas " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     pred, report = train_predictor(args.data, args.device, split=args.split, heldout_families=holdout,
-                                   devices=parse_devices(args.train_devices), cfg=cfg,
+                                   devices=checked_devices(args.train_devices), cfg=cfg,
                                    data_sources=args.source_note or args.data, command=command,
                                    targets=parse_devices(args.targets), holdout_frac=args.holdout_frac,
                                    dtypes=parse_devices(args.dtypes),

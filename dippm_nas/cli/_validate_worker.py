@@ -7,6 +7,8 @@ import signal
 import threading
 from typing import Any
 
+from dippm_nas.cli._grammar import DeprecatedFlag, UsageError, argtype, device_ids, torch_device
+
 __all__ = ["register"]
 
 
@@ -25,8 +27,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="SQLAlchemy URL of the queue, e.g. sqlite:///study.db or postgresql+psycopg2://user:pw@host/db")
     p.add_argument("--device", required=True, metavar="D",
                    help="catalogue id to measure (dippm-nas devices), e.g. host-cpu or a100-sxm4-40gb")
-    p.add_argument("--cuda-device", default=None, metavar="cuda:N",
-                   help="measure on this CUDA device instead of the first one whose name matches D")
+    p.add_argument("--torch-device", dest="torch_device", default=None, type=argtype(torch_device), metavar="cuda:N",
+                   help="measure on this torch device instead of the first CUDA device whose name matches D")
+    p.add_argument("--cuda-device", dest="torch_device", action=DeprecatedFlag, new="--torch-device",
+                   convert=torch_device)
     p.add_argument("--study", default=None, help="only jobs of this study")
     p.add_argument("--max-jobs", type=int, default=None, help="stop after this many jobs")
     p.add_argument("--idle-exit", type=float, default=None, metavar="S",
@@ -55,14 +59,19 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dippm_nas.errors import MeasurementError
     from dippm_nas.measure import MeasureSettings
     from dippm_nas.validation import DEFAULT_LEASE_S, JobQueue, ValidationWorker
 
-    settings = MeasureSettings(warmup=args.warmup, min_repeats=args.min_repeats, max_repeats=args.max_repeats,
-                               time_cap_s=args.time_cap, threads=args.threads)
+    (device,) = device_ids([args.device])
+    try:
+        settings = MeasureSettings(warmup=args.warmup, min_repeats=args.min_repeats, max_repeats=args.max_repeats,
+                                   time_cap_s=args.time_cap, threads=args.threads)
+    except MeasurementError as e:
+        raise UsageError(str(e)) from e
     queue = JobQueue(args.storage, lease_s=DEFAULT_LEASE_S if args.lease is None else args.lease,
                      max_attempts=args.max_attempts)
-    worker = ValidationWorker(queue, args.device, settings=settings, cuda_device=args.cuda_device,
+    worker = ValidationWorker(queue, device, settings=settings, cuda_device=args.torch_device,
                               isolate=args.isolate, rounds=args.rounds, rounds_batch=args.rounds_batch)
     stop = threading.Event()
 
