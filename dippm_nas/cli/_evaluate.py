@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -22,7 +23,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_split_args(p)
     p.add_argument("--checkpoint", required=True, help="checkpoint .pt")
     p.add_argument("--out", default="predictor_report.md", help="markdown report path (default predictor_report.md)")
-    p.add_argument("--png", default=None, help="predicted-vs-measured PNG path (default: next to --out)")
+    p.add_argument("--png", default=None, help="predicted-vs-measured PNG path (default: next to --out, when "
+                   "matplotlib is installed: the plot extra)")
     p.add_argument("--eval-device", default=None, type=argtype(lambda t: device_ids([t])[0]),
                    help="report on the test rows of this device (default: --device), e.g. an A100 checkpoint "
                         "on RTX 3090 rows through the device features")
@@ -63,18 +65,24 @@ def run(args: argparse.Namespace) -> int:
     if not res["n_test"]:
         print(f"no test rows of device {res['device']!r} in this split", file=sys.stderr)
         return 1
-    png = Path(args.png) if args.png else Path(args.out).with_suffix(".png")
-    scatter_png(res["rows"], "latency_ms", png, title=f"{res['device']} test split ({args.split})")
+    png: Path | None = Path(args.png) if args.png else Path(args.out).with_suffix(".png")
+    if args.png is None and importlib.util.find_spec("matplotlib") is None:
+        print("no predicted-vs-measured PNG: it needs matplotlib (pip install 'dippm-nas[plot]')", file=sys.stderr)
+        png = None
+    else:
+        scatter_png(res["rows"], "latency_ms", png, title=f"{res['device']} test split ({args.split})")
     sections = [(f"{res['device']}, {args.split} split, test ({res['n_test']} rows)", res["metrics"])]
     for k, tab in res.get("calibration", {}).items():
         sections.append((f"after few-shot calibration, {k}", tab))
-    write_report(sections, args.out, intro=f"# Predictor evaluation\n\ncheckpoint `{args.checkpoint}`, data {args.data}\n\n![scatter]({png.name})")
+    intro = f"# Predictor evaluation\n\ncheckpoint `{args.checkpoint}`, data {args.data}"
+    write_report(sections, args.out, intro=intro + (f"\n\n![scatter]({png.name})" if png else ""))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(res, indent=1, default=str))
     summary = {"metrics": res["metrics"], "calibration": res.get("calibration", {})}
     if args.json:
-        print(json.dumps({**summary, "report": str(args.out), "png": str(png), "json_out": args.json_out}))
+        files = {"report": str(args.out), "png": str(png) if png else None, "json_out": args.json_out}
+        print(json.dumps({**summary, **files}))
         return 0
     print(json.dumps(summary, indent=1))
-    print(f"wrote {args.out} and {png}" + (f" and {args.json_out}" if args.json_out else ""))
+    print(f"wrote {', '.join(str(f) for f in (args.out, png, args.json_out) if f)}")
     return 0

@@ -95,8 +95,7 @@ def _pm(v: float | None, s: float | None) -> str:
 
 
 def _print_table(rows: list[dict[str, Any]], preds: list[Any], runtime: str) -> None:
-    head = ["#", "model", "device", "batch", "dtype", "latency_ms", "energy_j", "memory_mib", "MIG", "bound",
-            "source (lat/energy/mem)"]
+    head = ["#", "model", "device", "batch", "dtype", "latency_ms", "energy_j", "memory_mib", "MIG", "bound", "source"]
     table = []
     for i, (r, p) in enumerate(zip(rows, preds, strict=True), 1):
         mig = r["mig"].get("smallest_fit") if isinstance(r["mig"], dict) else None
@@ -105,14 +104,17 @@ def _print_table(rows: list[dict[str, Any]], preds: list[Any], runtime: str) -> 
             bound = "host" if p.details.get("host_bound") else "GPU"
         table.append([str(i), r["model"], p.device, str(p.batch_size), p.dtype, _pm(p.latency_ms, p.latency_ms_std),
                       _pm(p.energy_j, p.energy_j_std), _pm(p.memory_mib, p.memory_mib_std), str(mig or "-"), bound,
-                      f"{p.latency_source}/{p.energy_source}/{p.memory_source}"])
+                      "/".join(_SOURCE_LETTER.get(x, x) for x in (p.latency_source, p.energy_source, p.memory_source))])
     width = [max(len(h), *(len(t[c]) for t in table)) for c, h in enumerate(head)]
     right = {0, 3, 5, 6, 7}
     for line in (head, *table):
         print("  ".join(v.rjust(w) if c in right else v.ljust(w) for c, (v, w) in enumerate(zip(line, width))).rstrip())
-    inputs = sorted({r["input"] for r in rows})
-    print(f"input: {'; '.join(inputs)}; runtime {runtime}; ± one σ; MIG: the smallest profile that fits "
-          "(memory + 2σ); bound: which timeline (host dispatch or GPU) sets the latency")
+    print("input: " + "; ".join(dict.fromkeys(r["input"] for r in rows)))
+    used = sorted({src for p in preds for src in (p.latency_source, p.energy_source, p.memory_source)})
+    print(f"runtime {runtime}; ± one σ; source (latency/energy/memory): "
+          + ", ".join(f"{_SOURCE_LETTER.get(u, u)} {u}" for u in used))
+    print("MIG: the smallest profile that fits memory + 2σ; bound: the timeline (host dispatch or GPU) that sets "
+          "the latency")
     threads = {int(p.details["host_threads"]) for p in preds if p.details.get("host_threads")}
     if threads:
         print(f"host-cpu rows: with {', '.join(map(str, sorted(threads)))} torch thread(s), as the checkpoint's "
@@ -125,6 +127,9 @@ def _print_table(rows: list[dict[str, Any]], preds: list[Any], runtime: str) -> 
         if which:
             print(f"flagged   row{'s' if len(which) > 1 else ''} {','.join(which)}: {text} (details[{key!r}] = 1)")
 
+
+#: one letter per Prediction source in the table's source column (latency/energy/memory)
+_SOURCE_LETTER = {"predicted": "P", "analytic": "A", "calibrated": "C", "measured": "M", "unavailable": "-"}
 
 #: details keys that widen σ, and what they mean to a reader of the text output
 _FLAGS = {
