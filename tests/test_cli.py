@@ -249,3 +249,14 @@ def test_parsing_imports_neither_tvm_nor_torchvision() -> None:
             "print(sorted(m for m in ('tvm', 'torchvision', 'optuna', 'nni', 'matplotlib') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_validate_worker_prints_json_lines_under_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"sqlite:///{tmp_path / 'queue.db'}"
+    assert main(["validate-worker", "--storage", url, "--device", "host-cpu", "--idle-exit", "0.1", "--poll", "0.05",
+                 "--json"]) == 0
+    events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [e["event"] for e in events] == ["start", "end"]
+    assert events[0]["device"] == "host-cpu" and events[0]["torch_device"] == "cpu" and events[1]["handled"] == 0
+    assert main(["validate-worker", "--storage", url, "--device", "hostcpu", "--json"]) == 2
+    assert json.loads(capsys.readouterr().out)["did_you_mean"] == ["host-cpu"]

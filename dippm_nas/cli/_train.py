@@ -8,7 +8,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from dippm_nas.cli._grammar import ListAction, UsageError, argtype, device_ids
+from dippm_nas.cli._grammar import ListAction, UsageError, add_json_flag, argtype, device_ids
 
 __all__ = ["register", "add_split_args", "parse_devices", "checked_devices"]
 
@@ -70,6 +70,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prior-params", default=None, metavar="JSON",
                    help="analytic-prior constants to train on and pin in the checkpoint (a calibration file written "
                         "by benchmarks/calibrate_prior.py or calibrate_host_prior.py; default: the shipped ones)")
+    add_json_flag(p, "the split sizes, timings and held-out metrics as one object")
     p.set_defaults(func=run)
 
 
@@ -100,6 +101,13 @@ def run(args: argparse.Namespace) -> int:
                                    dtypes=parse_devices(args.dtypes),
                                    prior_params=PriorParams.load(args.prior_params) if args.prior_params else None)
     pred.save(args.out)
+    if args.report:
+        report["history"] = cfg.history
+        Path(args.report).write_text(json.dumps(report, indent=1, default=str))
+    if args.json:
+        keep = ("sizes", "featurize_s", "train_s", "metrics", "timm_heldout_metrics")
+        print(json.dumps({"checkpoint": str(args.out), **{k: report[k] for k in keep if k in report}}, default=str))
+        return 0
     print(f"wrote {args.out} ({Path(args.out).stat().st_size / 1e6:.2f} MB) and {Path(args.out).with_suffix('.json')}")
     print(f"split sizes {report['sizes']}; featurise {report['featurize_s']:.0f} s, train {report['train_s']:.0f} s")
     for t, m in report.get("metrics", {}).items():
@@ -108,7 +116,4 @@ def run(args: argparse.Namespace) -> int:
         print(f"held-out timm families on {dev}:")
         for t, m in tab.items():
             print(f"  {t:18s} " + "  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in m.items()))
-    if args.report:
-        report["history"] = cfg.history
-        Path(args.report).write_text(json.dumps(report, indent=1, default=str))
     return 0

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import threading
 from typing import Any
 
-from dippm_nas.cli._grammar import DeprecatedFlag, UsageError, argtype, device_ids, torch_device
+from dippm_nas.cli._grammar import DeprecatedFlag, UsageError, add_json_flag, argtype, device_ids, torch_device
 
 __all__ = ["register"]
 
@@ -55,6 +56,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "default 0: one block of timed forwards per job")
     p.add_argument("--rounds-batch", type=int, default=8, metavar="K",
                    help="with --rounds, jobs claimed and timed together (default 8)")
+    add_json_flag(p, "one object per line: the start, each job, the end")
     p.set_defaults(func=run)
 
 
@@ -75,15 +77,17 @@ def run(args: argparse.Namespace) -> int:
                               isolate=args.isolate, rounds=args.rounds, rounds_batch=args.rounds_batch)
     stop = threading.Event()
 
+    def say(text: str, **fields: Any) -> None:
+        print(json.dumps(fields, default=str) if args.json else text, flush=True)
+
     def on_signal(signum: int, _frame: Any) -> None:
-        print(f"validate-worker: signal {signum}: stopping after the current job (claimed jobs not yet measured "
-              "are released)", flush=True)
+        say(f"validate-worker: signal {signum}: stopping after the current job (claimed jobs not yet measured "
+            "are released)", event="signal", signal=signum)
         stop.set()
 
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
-    print(f"validate-worker {worker.owner}: device {worker.device} on {worker.torch_device}, queue {queue.url}",
-          flush=True)
+    old_handlers = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    say(f"validate-worker {worker.owner}: device {worker.device} on {worker.torch_device}, queue {queue.url}",
+        event="start", owner=worker.owner, device=worker.device, torch_device=worker.torch_device, queue=queue.url)
 
     def on_job(job: Any, outcome: str) -> None:
         row = queue.get(job.id)
@@ -98,11 +102,16 @@ def run(args: argparse.Namespace) -> int:
                 detail += " (does not fit)"
         elif row.error:
             detail = f" error: {row.error}"
-        print(f"job {job.id} study={job.study} trial={job.trial_number} attempt={job.attempts}: {outcome}{detail}",
-              flush=True)
+        say(f"job {job.id} study={job.study} trial={job.trial_number} attempt={job.attempts}: {outcome}{detail}",
+            event="job", id=job.id, study=job.study, trial=job.trial_number, attempt=job.attempts, outcome=outcome,
+            result=row.result, error=row.error, predicted=job.predicted)
 
-    n = worker.run(max_jobs=args.max_jobs, idle_timeout_s=args.idle_exit, poll_s=args.poll, study=args.study,
-                   stop=stop, on_job=on_job)
-    print(f"validate-worker: {n} job(s) handled", flush=True)
-    queue.close()
+    try:
+        n = worker.run(max_jobs=args.max_jobs, idle_timeout_s=args.idle_exit, poll_s=args.poll, study=args.study,
+                       stop=stop, on_job=on_job)
+    finally:
+        for sig, handler in old_handlers.items():
+            signal.signal(sig, handler)
+        queue.close()
+    say(f"validate-worker: {n} job(s) handled", event="end", handled=n)
     return 0
