@@ -11,7 +11,14 @@ import argparse
 import json
 from typing import Any
 
-from dippm_nas.cli._grammar import DeprecatedFlag, ListAction, add_json_flag, add_torch_device, positive_int
+from dippm_nas.cli._grammar import (
+    DeprecatedFlag,
+    ListAction,
+    add_json_flag,
+    add_torch_device,
+    check_name,
+    positive_int,
+)
 from dippm_nas.measure import (
     DEFAULT_SET,
     RUNTIMES,
@@ -21,6 +28,7 @@ from dippm_nas.measure import (
     campaign_settings,
     run_campaign,
 )
+from dippm_nas.spec import COMPUTE_DTYPES
 
 __all__ = ["register"]
 
@@ -43,8 +51,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--set", dest="set_name", default=DEFAULT_SET, choices=sorted(VALIDATION_SETS),
                    help=f"validation set (default {DEFAULT_SET}; 'smoke': two tiny models)")
     p.add_argument("--runtime", "--runtimes", dest="runtimes", action=ListAction, default=list(RUNTIMES),
+                   item=lambda t: check_name("runtime", t, RUNTIMES),
                    metavar="R", help=f"runtimes, of {', '.join(RUNTIMES)} (a list; default all)")
     p.add_argument("--dtype", "--dtypes", dest="dtypes", action=ListAction, default=None, metavar="T",
+                   item=lambda t: check_name("dtype", t, COMPUTE_DTYPES),
                    help="dtypes (a list; default float16 bfloat16 float32)")
     p.add_argument("--batch", dest="batches", action=ListAction, item=positive_int("--batch"), default=None,
                    metavar="N", help="batch sizes, e.g. --batch 1 8 32 or 1,8,32 (default 1 8 32 64 128 256)")

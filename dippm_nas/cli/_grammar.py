@@ -190,9 +190,13 @@ class ListAction(argparse.Action):
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
                  option_string: str | None = None) -> None:
         parts = [p.strip() for v in (values if isinstance(values, list) else [values]) for p in str(v).split(",")]
-        items = [self.item(p) for p in parts if p]
+        try:
+            items = [self.item(p) for p in parts if p]
+        except UsageError as e:
+            e.prog = e.prog or parser.prog
+            raise
         if not items:
-            raise UsageError(f"{option_string} takes at least one value, got {values!r}")
+            raise UsageError(f"{option_string} takes at least one value, got {values!r}", prog=parser.prog)
         current = getattr(namespace, self.dest, None)
         if current is None or current is self.default:
             current = []
@@ -213,7 +217,11 @@ class DeprecatedFlag(argparse.Action):
                  option_string: str | None = None) -> None:
         print(f"{parser.prog}: warning: {option_string} is deprecated here and goes in the next release; "
               f"use {self.new}", file=sys.stderr)
-        setattr(namespace, self.dest, self.convert(values))
+        try:
+            setattr(namespace, self.dest, self.convert(values))
+        except UsageError as e:
+            e.prog = e.prog or parser.prog
+            raise
 
 
 def add_json_flag(p: argparse.ArgumentParser, what: str) -> None:
