@@ -32,8 +32,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="predicted latency, energy, memory (with σ and source) and MIG fit of models on devices",
         description="Capture each SPEC and predict its cost on each --device, for each --batch and --dtype: one "
                     "table with a row per (model, device, batch, dtype). --json prints a JSON list with one "
-                    "object per row (the Prediction's fields plus model and shape). A graph already in the "
-                    "conversion cache answers without exporting the model again.",
+                    "object per row (the Prediction's fields plus model and input). A graph already in the "
+                    "conversion cache answers without exporting the model again. List flags take every value up "
+                    "to the next flag: give SPEC first (predict SPEC --batch 1 8).",
     )
     p.add_argument("spec", metavar="SPEC", nargs="+", help=_SPEC_HELP)
     p.add_argument("--device", action=ListAction, default=[_DEFAULT_DEVICE], metavar="D",
