@@ -61,6 +61,8 @@ def test_unknown_device_suggests_the_closest_ids(capsys: pytest.CaptureFixture[s
     (["dataset", "build", "--space", "mlp", "--n", "2", "--out", "x.sqlite", "--dtype", "int8"],
      "unknown dtype 'int8'"),
     (["dataset", "build", "--out", "x.sqlite", "--torch-device", "a100-sxm4-40gb"], "a catalogue id goes to --device"),
+    (["dataset", "build", "--out", "x.sqlite", "--device", "a100-sxm4-40gb"], "the flag is --torch-device"),
+    (["gpu-campaign", "--out", "x", "--runtime", "eagre"], "dippm-nas gpu-campaign: error: unknown runtime 'eagre'"),
     (["evaluate", "--data", "x", "--checkpoint", "c.pt", "--device", "h100"], "did you mean: h100-pcie-80gb"),
     (["predict", "x", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
 ])

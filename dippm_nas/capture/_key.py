@@ -68,8 +68,8 @@ def converter_version() -> str:
             f"conversion={_conversion_digest()}")
 
 
-@functools.lru_cache(maxsize=1)
 def _conversion_digest(extra: tuple[str, ...] = ()) -> str:
+    """Digest of the conversion code (:data:`_CONVERSION_SOURCES`) and the ``extra`` files (a few small reads)."""
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]

@@ -69,7 +69,7 @@ class UsageError(DippmNasError, ValueError):
         self.usage = usage
 
 
-def closest(value: str, choices: Iterable[str], n: int = 3) -> list[str]:
+def closest(value: str, choices: Iterable[str], n: int = 5) -> list[str]:
     """The choices closest to ``value``, best first: those containing it (``a100`` -> every A100 id), then
     :func:`difflib.get_close_matches`."""
     pool = list(dict.fromkeys(str(c) for c in choices))
@@ -77,7 +77,7 @@ def closest(value: str, choices: Iterable[str], n: int = 3) -> list[str]:
     starts = [c for c in pool if v and c.lower().startswith(v)]
     contains = [c for c in pool if v and v in c.lower() and c not in starts]
     close = difflib.get_close_matches(v, pool, n=n, cutoff=0.5)
-    return list(dict.fromkeys([*starts, *contains, *close]))[:max(n, 5)]
+    return list(dict.fromkeys([*starts, *contains, *close]))[:n]
 
 
 def unknown_name(kind: str, value: str, choices: Sequence[str]) -> UsageError:
@@ -148,7 +148,13 @@ def argtype(fn: Callable[[str], Any]) -> Callable[[str], Any]:
 def legacy_torch_device(text: str) -> str:
     """The value of an old ``--device`` flag that named a torch device: ``cpu``/``cuda[:N]`` as is, and the
     catalogue id ``host-cpu`` as ``cpu``."""
-    return "cpu" if text.strip().lower() == "host-cpu" else torch_device(text)
+    t = text.strip().lower()
+    if t == "host-cpu":
+        return "cpu"
+    if not _TORCH_DEVICE.match(t):
+        raise UsageError(f"--device of a measuring verb names the torch device to measure on (cpu, cuda, cuda:N; "
+                         f"host-cpu for cpu), got {text!r}; the flag is --torch-device")
+    return t
 
 
 def add_torch_device(p: argparse.ArgumentParser, default: str | None, help: str) -> None:
@@ -215,13 +221,14 @@ class DeprecatedFlag(argparse.Action):
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
                  option_string: str | None = None) -> None:
-        print(f"{parser.prog}: warning: {option_string} is deprecated here and goes in the next release; "
-              f"use {self.new}", file=sys.stderr)
         try:
-            setattr(namespace, self.dest, self.convert(values))
+            value = self.convert(values)
         except UsageError as e:
             e.prog = e.prog or parser.prog
             raise
+        print(f"{parser.prog}: warning: {option_string} is deprecated here and goes in the next release; "
+              f"use {self.new}", file=sys.stderr)
+        setattr(namespace, self.dest, value)
 
 
 def add_json_flag(p: argparse.ArgumentParser, what: str) -> None:
