@@ -262,3 +262,16 @@ def test_validate_worker_prints_json_lines_under_json(tmp_path: Path, capsys: py
     assert events[0]["device"] == "host-cpu" and events[0]["torch_device"] == "cpu" and events[1]["handled"] == 0
     assert main(["validate-worker", "--storage", url, "--device", "hostcpu", "--json"]) == 2
     assert json.loads(capsys.readouterr().out)["did_you_mean"] == ["host-cpu"]
+
+
+def test_versions_for_keys_come_from_the_distribution_that_provides_the_module() -> None:
+    import torch
+    import tvm
+
+    from dippm_nas.capture import _key
+
+    assert _key._dist_version("torch", "torch") == torch.__version__
+    assert _key._dist_version("tvm", "apache-tvm", "tvm") == tvm.__version__
+    assert _key._dist_version("json", "torch") is None  # a module the distribution does not provide
+    assert _key._dist_version("no_such_module_xyz", "torch") is None
+    assert f"tvm={tvm.__version__};" in _key.converter_version()

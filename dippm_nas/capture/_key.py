@@ -56,15 +56,19 @@ _CONVERSION_SOURCES = ("capture/_converters.py", "capture/_torch.py", "graph/_re
 def converter_version() -> str:
     """Versions that change the graph a model converts to: dippm-nas, torch, TVM, the graph format, and a
     digest of the conversion code itself, so that a new or fixed converter is never answered from a
-    cache filled before it (the package version does not move with every such change)."""
-    from pathlib import Path
-
+    cache filled before it (the package version does not move with every such change). TVM's version is
+    read from its installed distribution (``tvm.__version__`` is the same string) so that a cache lookup
+    does not import TVM; a TVM without distribution metadata (a source tree on the path) is imported."""
     import torch
-    import tvm
 
     from dippm_nas._version import __version__
 
-    return (f"dippm_nas={__version__};torch={torch.__version__};tvm={tvm.__version__};graph={GRAPH_FORMAT_VERSION};"
+    tvm_version = _dist_version("tvm", "apache-tvm", "tvm")
+    if tvm_version is None:
+        import tvm
+
+        tvm_version = tvm.__version__
+    return (f"dippm_nas={__version__};torch={torch.__version__};tvm={tvm_version};graph={GRAPH_FORMAT_VERSION};"
             f"conversion={_conversion_digest()}")
 
 
@@ -79,19 +83,32 @@ def _conversion_digest(extra: tuple[str, ...] = ()) -> str:
     return h.hexdigest()[:12]
 
 
-#: SPEC prefixes whose model is fixed by the name and the installed library's version, and the distributions
-#: whose versions key them
-_NAMED_LIBRARIES = {"torchvision": ("torchvision",), "timm": ("timm",), "timm-reparam": ("timm",)}
+#: SPEC prefixes whose model is fixed by the name and the installed library's version: the library's module and
+#: distribution
+_NAMED_LIBRARIES = {"torchvision": ("torchvision", "torchvision"), "timm": ("timm", "timm"),
+                    "timm-reparam": ("timm", "timm")}
 
 
-def _dist_version(*names: str) -> str | None:
-    from importlib import metadata
+def _dist_version(module: str, *dists: str) -> str | None:
+    """The version of the installed distribution that provides the importable ``module`` (found, not imported),
+    or ``None`` when none of ``dists`` is installed or the module on the path is not theirs (a source tree)."""
+    from importlib import metadata, util
+    from pathlib import Path
 
-    for name in names:
+    try:
+        found = util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    if found is None or found.origin is None:
+        return None
+    where = Path(found.origin).resolve().parent
+    for name in dists:
         try:
-            return metadata.version(name)
+            dist = metadata.distribution(name)
         except metadata.PackageNotFoundError:
             continue
+        if Path(str(dist.locate_file(module))).resolve() == where:
+            return dist.version
     return None
 
 
@@ -109,7 +126,7 @@ def named_model_key(spec_string: str, spec: InputSpec) -> str | None:
     libs = _NAMED_LIBRARIES.get(prefix)
     if not sep or not name or libs is None:
         return None
-    versions = [_dist_version(*libs), _dist_version("torch"), _dist_version("apache-tvm", "tvm")]
+    versions = [_dist_version(*libs), _dist_version("torch", "torch"), _dist_version("tvm", "apache-tvm", "tvm")]
     if any(v is None for v in versions):
         return None
     text = "|".join(["named", spec_string, *map(str, versions), __version__, str(GRAPH_FORMAT_VERSION),
