@@ -275,3 +275,10 @@ def test_versions_for_keys_come_from_the_distribution_that_provides_the_module()
     assert _key._dist_version("json", "torch") is None  # a module the distribution does not provide
     assert _key._dist_version("no_such_module_xyz", "torch") is None
     assert f"tvm={tvm.__version__};" in _key.converter_version()
+
+
+def test_json_output_is_strict_json() -> None:
+    from dippm_nas.cli._grammar import json_text
+
+    text = json_text({"kendall_tau": float("nan"), "rows": [1.5, float("inf")], "path": Path("x")})
+    assert json.loads(text) == {"kendall_tau": None, "rows": [1.5, None], "path": "x"}

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from dippm_nas.cli._grammar import (
+    json_text,
     ListAction,
     UsageError,
     add_json_flag,
@@ -221,7 +222,7 @@ def run_build(args: argparse.Namespace) -> int:
         rounds=args.rounds, op_profiles=args.op_profiles,
     )
     if args.json:
-        print(json.dumps(dataclasses.asdict(report), default=str))
+        print(json_text(dataclasses.asdict(report)))
         return 0 if report.open == 0 else 1
     print(f"{report.path}: plan {report.plan_key[:12]} ({'resumed' if report.resumed else 'new'}), "
           f"{report.planned} planned: {report.done} done, {report.failed} failed, {report.open} open; "
@@ -250,7 +251,7 @@ def run_import(args: argparse.Namespace) -> int:
         report = imp.import_neusight(args.csv, args.out, **common)
     else:
         report = imp.import_vidur(args.csv, args.out, **common)
-    print(json.dumps(report.as_dict(), indent=2))
+    print(json_text(report.as_dict(), indent=2))
     return 0
 
 
@@ -260,7 +261,7 @@ def run_info(args: argparse.Namespace) -> int:
     with DatasetStore(args.path, create=False) as store:
         st = store.stats()
     if args.json:
-        print(json.dumps(st))
+        print(json_text(st))
         return 0
     if args.markdown:
         print(_markdown(st))
@@ -320,7 +321,7 @@ def run_export(args: argparse.Namespace) -> int:
     counts = export_jsonl(args.path, args.out, source=args.source)
     size = args.out.stat().st_size
     if args.json:
-        print(json.dumps({"path": str(args.out), **counts, "size_bytes": size}))
+        print(json_text({"path": str(args.out), **counts, "size_bytes": size}))
         return 0
     print(f"{args.out}: {counts['graphs']} graphs, {counts['measurements']} measurement rows, "
           f"{counts['op_measurements']} operator rows, {size / 2**20:.2f} MiB", file=sys.stdout)

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dippm_nas.cli._grammar import UsageError, argtype, device_ids
+from dippm_nas.cli._grammar import UsageError, argtype, device_ids, json_text
 from dippm_nas.cli._train import add_split_args, checked_devices
 
 __all__ = ["register"]
@@ -81,8 +81,8 @@ def run(args: argparse.Namespace) -> int:
     summary = {"metrics": res["metrics"], "calibration": res.get("calibration", {})}
     if args.json:
         files = {"report": str(args.out), "png": str(png) if png else None, "json_out": args.json_out}
-        print(json.dumps({**summary, **files}))
+        print(json_text({**summary, **files}))
         return 0
-    print(json.dumps(summary, indent=1))
+    print(json_text(summary, indent=1))
     print(f"wrote {', '.join(str(f) for f in (args.out, png, args.json_out) if f)}")
     return 0

@@ -8,10 +8,10 @@ Runs from a source checkout with only torch (plus torchvision, timm, transformer
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 from dippm_nas.cli._grammar import (
+    json_text,
     DeprecatedFlag,
     ListAction,
     add_json_flag,
@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
                           max_file_mib=args.max_file_mib,
                           progress=None if args.json else progress, **kw)
     if args.json:
-        print(json.dumps(report.to_dict(), indent=1))
+        print(json_text(report.to_dict(), indent=1))
     else:
         print(f"{report.measured} rows measured ({report.by_status}), {report.already} already there, "
               f"{report.left} left for a later --resume; {report.planned} planned; {report.seconds:.0f} s; "

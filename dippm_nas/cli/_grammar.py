@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import json
+import math
 import re
 import sys
 import threading
@@ -40,6 +42,7 @@ __all__ = [
     "argtype",
     "add_torch_device",
     "add_json_flag",
+    "json_text",
     "add_progress_flag",
     "progress_enabled",
     "Spinner",
@@ -229,6 +232,23 @@ class DeprecatedFlag(argparse.Action):
         print(f"{parser.prog}: warning: {option_string} is deprecated here and goes in the next release; "
               f"use {self.new}", file=sys.stderr)
         setattr(namespace, self.dest, value)
+
+
+def _finite(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def json_text(obj: Any, **kwargs: Any) -> str:
+    """Strict JSON of what a verb prints under ``--json``: NaN and infinities (an undefined Kendall tau, say)
+    become ``null``; other values that JSON lacks are written with ``str``."""
+    kwargs.setdefault("default", str)
+    return json.dumps(_finite(obj), allow_nan=False, **kwargs)
 
 
 def add_json_flag(p: argparse.ArgumentParser, what: str) -> None:

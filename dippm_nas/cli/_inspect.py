@@ -4,11 +4,10 @@ and print its operator graph summary, one per batch size and dtype."""
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from typing import Any
 
-from dippm_nas.cli._grammar import Spinner, add_json_flag, add_progress_flag, progress_enabled
+from dippm_nas.cli._grammar import Spinner, add_json_flag, add_progress_flag, json_text, progress_enabled
 from dippm_nas.cli._inputs import add_input_args, describe, input_specs
 
 __all__ = ["register"]
@@ -76,5 +75,5 @@ def run(args: argparse.Namespace) -> int:
             print(f"unknown ops  {out['unknown_ops']} (generic estimates, flagged)")
         print("ops          " + ", ".join(f"{op} x{n}" for op, n in out["ops"].items()))
     if args.json:
-        print(json.dumps(outs))
+        print(json_text(outs))
     return 0

@@ -4,10 +4,10 @@ one table (or JSON list) for the grid of models x devices x batch sizes x dtypes
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 from dippm_nas.cli._grammar import (
+    json_text,
     ListAction,
     Spinner,
     add_json_flag,
@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
                 preds.append(pred)
                 rows.append({"model": model, "input": describe(spec), **pred.to_dict()})
     if args.json:
-        print(json.dumps(rows))
+        print(json_text(rows))
         return 0
     _print_table(rows, preds, runtime)
     return 0

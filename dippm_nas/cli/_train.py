@@ -8,7 +8,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from dippm_nas.cli._grammar import ListAction, UsageError, add_json_flag, argtype, device_ids
+from dippm_nas.cli._grammar import ListAction, UsageError, add_json_flag, argtype, device_ids, json_text
 
 __all__ = ["register", "add_split_args", "parse_devices", "checked_devices"]
 
@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
         Path(args.report).write_text(json.dumps(report, indent=1, default=str))
     if args.json:
         keep = ("sizes", "featurize_s", "train_s", "metrics", "timm_heldout_metrics")
-        print(json.dumps({"checkpoint": str(args.out), **{k: report[k] for k in keep if k in report}}, default=str))
+        print(json_text({"checkpoint": str(args.out), **{k: report[k] for k in keep if k in report}}))
         return 0
     print(f"wrote {args.out} ({Path(args.out).stat().st_size / 1e6:.2f} MB) and {Path(args.out).with_suffix('.json')}")
     print(f"split sizes {report['sizes']}; featurise {report['featurize_s']:.0f} s, train {report['train_s']:.0f} s")

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import argparse
-import json
 import signal
 import threading
 from typing import Any
 
-from dippm_nas.cli._grammar import DeprecatedFlag, UsageError, add_json_flag, argtype, device_ids, torch_device
+from dippm_nas.cli._grammar import (
+    DeprecatedFlag,
+    UsageError,
+    add_json_flag,
+    argtype,
+    device_ids,
+    json_text,
+    torch_device,
+)
 
 __all__ = ["register"]
 
@@ -78,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
 
     def say(text: str, **fields: Any) -> None:
-        print(json.dumps(fields, default=str) if args.json else text, flush=True)
+        print(json_text(fields) if args.json else text, flush=True)
 
     def on_signal(signum: int, _frame: Any) -> None:
         say(f"validate-worker: signal {signum}: stopping after the current job (claimed jobs not yet measured "
