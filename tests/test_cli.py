@@ -282,3 +282,14 @@ def test_json_output_is_strict_json() -> None:
 
     text = json_text({"kendall_tau": float("nan"), "rows": [1.5, float("inf")], "path": Path("x")})
     assert json.loads(text) == {"kendall_tau": None, "rows": [1.5, None], "path": "x"}
+
+
+def test_a_grid_point_that_fails_is_a_row_and_exit_1(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["predict", "_models:TinyMobileNet", "--shape", "3,16,16", "--device", "host-cpu", DEV, "--dtype", "float16"]
+    assert main([*argv, "--json"]) == 1  # host-cpu has no float16: that row fails, the A100 row is predicted
+    failed, ok = _json_out(capsys)
+    assert failed["device"] == "host-cpu" and failed["type"] == "UnsupportedDtypeError" and "float16" in failed["error"]
+    assert ok["device"] == DEV and ok["latency_ms"] > 0 and "error" not in ok
+    assert main(argv) == 1
+    out = capsys.readouterr().out
+    assert "failed: UnsupportedDtypeError" in out and "failed    row 1: UnsupportedDtypeError" in out

@@ -17,6 +17,8 @@ from dippm_nas.cli._grammar import (
     progress_enabled,
 )
 from dippm_nas.cli._inputs import add_input_args, describe, input_specs
+from dippm_nas.errors import DippmNasError
+from dippm_nas.spec import InputSpec
 
 __all__ = ["register"]
 
@@ -64,21 +66,40 @@ def run(args: argparse.Namespace) -> int:
     from dippm_nas.predictor import predict
 
     rows: list[dict[str, Any]] = []
-    preds = []
+    preds: list[Any] = []  # the Prediction of each row; None where that grid point failed
+    errors: list[DippmNasError] = []
     show = progress_enabled(args) and not args.json
+
+    def failed(model: str, spec: InputSpec, dev: str, e: DippmNasError) -> None:
+        errors.append(e)
+        preds.append(None)
+        rows.append({"model": model, "input": describe(spec), "device": dev, "batch_size": spec.batch_size,
+                     "dtype": spec.dtype, "error": str(e), "type": type(e).__name__})
+
     for model in args.spec:
         for spec in specs:
-            with Spinner(f"capturing {model} ({describe(spec)})", enabled=show):
-                graph = capture(model, spec, cache=not args.no_cache)
+            try:
+                with Spinner(f"capturing {model} ({describe(spec)})", enabled=show):
+                    graph = capture(model, spec, cache=not args.no_cache)
+            except DippmNasError as e:
+                for dev in devices:
+                    failed(model, spec, dev, e)
+                continue
             for dev in devices:
-                pred = predict(graph, device=dev, runtime=runtime, host=args.host)
+                try:
+                    pred = predict(graph, device=dev, runtime=runtime, host=args.host)
+                except DippmNasError as e:
+                    failed(model, spec, dev, e)
+                    continue
                 preds.append(pred)
                 rows.append({"model": model, "input": describe(spec), **pred.to_dict()})
+    if errors and len(errors) == len(rows):
+        raise errors[0]  # nothing to show: the error itself (exit 1)
     if args.json:
         print(json_text(rows))
-        return 0
-    _print_table(rows, preds, runtime)
-    return 0
+    else:
+        _print_table(rows, preds, runtime)
+    return 1 if errors else 0
 
 
 def _sig(x: float, digits: int) -> str:
@@ -99,6 +120,10 @@ def _print_table(rows: list[dict[str, Any]], preds: list[Any], runtime: str) -> 
     head = ["#", "model", "device", "batch", "dtype", "latency_ms", "energy_j", "memory_mib", "MIG", "bound", "source"]
     table = []
     for i, (r, p) in enumerate(zip(rows, preds, strict=True), 1):
+        if p is None:
+            table.append([str(i), r["model"], r["device"], str(r["batch_size"]), r["dtype"], "-", "-", "-", "-", "-",
+                          f"failed: {r['type']}"])
+            continue
         mig = r["mig"].get("smallest_fit") if isinstance(r["mig"], dict) else None
         bound = "-"
         if p.host_ms is not None and p.gpu_ms is not None:
@@ -111,6 +136,10 @@ def _print_table(rows: list[dict[str, Any]], preds: list[Any], runtime: str) -> 
     for line in (head, *table):
         print("  ".join(v.rjust(w) if c in right else v.ljust(w) for c, (v, w) in enumerate(zip(line, width))).rstrip())
     print("input: " + "; ".join(dict.fromkeys(r["input"] for r in rows)))
+    for i, r in enumerate(rows, 1):
+        if "error" in r:
+            print(f"failed    row {i}: {r['type']}: {r['error']}")
+    all_preds, preds = preds, [p for p in preds if p is not None]
     used = sorted({src for p in preds for src in (p.latency_source, p.energy_source, p.memory_source)})
     print(f"runtime {runtime}; ± one σ; source (latency/energy/memory): "
           + ", ".join(f"{_SOURCE_LETTER.get(u, u)} {u}" for u in used))
@@ -124,7 +153,7 @@ def _print_table(rows: list[dict[str, Any]], preds: list[Any], runtime: str) -> 
     if unknown:
         print(f"flagged   ops without a formula/encoder: {unknown}")
     for key, text in _FLAGS.items():
-        which = [str(i) for i, p in enumerate(preds, 1) if p.details.get(key)]
+        which = [str(i) for i, p in enumerate(all_preds, 1) if p is not None and p.details.get(key)]
         if which:
             print(f"flagged   row{'s' if len(which) > 1 else ''} {','.join(which)}: {text} (details[{key!r}] = 1)")
 
