@@ -221,8 +221,8 @@ def test_cli_predict_json_keys_equal_prediction_fields(tmp_path: Path, monkeypat
     finally:
         set_predictor(DEV, None)
     assert rc == 0
-    d = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert set(d) == {f.name for f in dataclasses.fields(Prediction)}
+    (d,) = json.loads(capsys.readouterr().out.strip().splitlines()[-1])  # a list: one object per grid row
+    assert set(d) == {f.name for f in dataclasses.fields(Prediction)} | {"model", "input"}
     assert d["latency_source"] == "predicted" and d["memory_source"] == "analytic"
     assert d["mig"] is not None
 

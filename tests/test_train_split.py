@@ -95,7 +95,7 @@ def test_cli_accepts_the_new_flags_and_keeps_the_old_ones() -> None:
     assert a.holdout == "resnet,vit" and a.holdout_frac == 0.25
     a = p.parse_args(["evaluate", "--checkpoint", "c.pt", "--data", "t.sqlite", "--split", "timm-family",
                       "--eval-device", "rtx-3090", "--json", "r.json"])
-    assert a.eval_device == "rtx-3090" and a.json == "r.json"
+    assert a.eval_device == "rtx-3090" and a.json_out == "r.json" and a.json is False  # --json PATH: deprecated form
     assert p.parse_args(["evaluate", "--checkpoint", "c.pt", "--data", "t.sqlite"]).eval_device is None
 
 

@@ -14,10 +14,11 @@ from dippm_nas.capture._assemble import (
     supports_assembly,
 )
 from dippm_nas.capture._capture import CacheArg, capture
-from dippm_nas.capture._key import converter_version, file_key, model_key
+from dippm_nas.capture._key import converter_version, file_key, model_key, named_model_key
 from dippm_nas.capture._many import CaptureResult, capture_many
 from dippm_nas.capture._torch import MODES
 
-__all__ = ["capture", "capture_many", "CaptureResult", "model_key", "file_key", "converter_version", "MODES",
+__all__ = ["capture", "capture_many", "CaptureResult", "model_key", "file_key", "named_model_key", "converter_version",
+           "MODES",
            "assemble", "assemble_many", "block_key", "supports_assembly", "space_config_of", "clear_block_memo",
            "SpaceItem", "BLOCK_MEMO_NODES", "CacheArg"]

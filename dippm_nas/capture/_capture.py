@@ -9,7 +9,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
 
-from dippm_nas.capture._key import file_key, model_key
+from dippm_nas.capture._key import file_key, model_key, named_model_key
 from dippm_nas.capture._onnx import capture_onnx, read_onnx_bytes
 from dippm_nas.capture._torch import capture_module
 from dippm_nas.errors import CacheError, DippmNasError, GraphCaptureError, InputSpecError, ModelSpecError
@@ -97,6 +97,18 @@ def capture(model: ModelLike, spec: InputSpec, *, cache: CacheArg = True,
     t0 = time.perf_counter()
 
     onnx_path: Path | None = None
+    # a library SPEC (torchvision:NAME...) is looked up by name first: a hit builds no model
+    named = named_model_key(model, spec) if isinstance(model, str) and decompose == "auto" else None
+    if named is not None and store is not None:
+        try:
+            hit = store.get(named)
+        except CacheError as e:
+            _warn_cache_down(e)
+            hit, store = None, None
+        if hit is not None:
+            hit.cache_hit = True
+            hit.timings = {"lookup_s": time.perf_counter() - t0}
+            return hit
     if isinstance(model, os.PathLike) or (isinstance(model, str) and model.lower().endswith(".onnx")):
         onnx_path = Path(model)
         source = onnx_path.name
@@ -123,6 +135,7 @@ def capture(model: ModelLike, spec: InputSpec, *, cache: CacheArg = True,
             _warn_cache_down(e)
             hit, store = None, None
         if hit is not None:
+            _put_named(store, named, hit)
             hit.cache_hit = True
             hit.timings = {"lookup_s": time.perf_counter() - t0}
             return hit
@@ -143,5 +156,15 @@ def capture(model: ModelLike, spec: InputSpec, *, cache: CacheArg = True,
             store.put(key, graph)
         except CacheError as e:
             _warn_cache_down(e)
+        _put_named(store, named, graph)
     graph.cache_hit = False
     return graph
+
+
+def _put_named(store: "ConversionCache", named: str | None, graph: OperatorGraph) -> None:
+    if named is None:
+        return
+    try:
+        store.put(named, graph)
+    except CacheError as e:
+        _warn_cache_down(e)

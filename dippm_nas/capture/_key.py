@@ -40,7 +40,7 @@ from dippm_nas.spec import InputSpec
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-__all__ = ["model_key", "file_key", "converter_version"]
+__all__ = ["model_key", "file_key", "converter_version", "named_model_key"]
 
 _CLASS_CODE: dict[type, str] = {}
 #: code object -> digest of a function held as a module attribute (code objects are immutable)
@@ -56,20 +56,82 @@ _CONVERSION_SOURCES = ("capture/_converters.py", "capture/_torch.py", "graph/_re
 def converter_version() -> str:
     """Versions that change the graph a model converts to: dippm-nas, torch, TVM, the graph format, and a
     digest of the conversion code itself, so that a new or fixed converter is never answered from a
-    cache filled before it (the package version does not move with every such change)."""
-    from pathlib import Path
-
+    cache filled before it (the package version does not move with every such change). TVM's version is
+    read from its installed distribution (``tvm.__version__`` is the same string) so that a cache lookup
+    does not import TVM; a TVM without distribution metadata (a source tree on the path) is imported."""
     import torch
-    import tvm
 
     from dippm_nas._version import __version__
 
+    tvm_version = _dist_version("tvm", "apache-tvm", "tvm")
+    if tvm_version is None:
+        import tvm
+
+        tvm_version = tvm.__version__
+    return (f"dippm_nas={__version__};torch={torch.__version__};tvm={tvm_version};graph={GRAPH_FORMAT_VERSION};"
+            f"conversion={_conversion_digest()}")
+
+
+def _conversion_digest(extra: tuple[str, ...] = ()) -> str:
+    """Digest of the conversion code (:data:`_CONVERSION_SOURCES`) and the ``extra`` files (a few small reads)."""
+    from pathlib import Path
+
     root = Path(__file__).resolve().parents[1]
     h = hashlib.sha1()
-    for rel in _CONVERSION_SOURCES:
+    for rel in (*_CONVERSION_SOURCES, *extra):
         h.update((root / rel).read_bytes())
-    return (f"dippm_nas={__version__};torch={torch.__version__};tvm={tvm.__version__};graph={GRAPH_FORMAT_VERSION};"
-            f"conversion={h.hexdigest()[:12]}")
+    return h.hexdigest()[:12]
+
+
+#: SPEC prefixes whose model is fixed by the name and the installed library's version: the library's module and
+#: distribution
+_NAMED_LIBRARIES = {"torchvision": ("torchvision", "torchvision"), "timm": ("timm", "timm"),
+                    "timm-reparam": ("timm", "timm")}
+
+
+def _dist_version(module: str, *dists: str) -> str | None:
+    """The version of the installed distribution that provides the importable ``module`` (found, not imported),
+    or ``None`` when none of ``dists`` is installed or the module on the path is not theirs (a source tree)."""
+    from importlib import metadata, util
+    from pathlib import Path
+
+    try:
+        found = util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    if found is None or found.origin is None:
+        return None
+    where = Path(found.origin).resolve().parent
+    for name in dists:
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            continue
+        if Path(str(dist.locate_file(module))).resolve() == where:
+            return dist.version
+    return None
+
+
+def named_model_key(spec_string: str, spec: InputSpec) -> str | None:
+    """A cache key of a library model SPEC (``torchvision:NAME``, ``timm:NAME``, ``timm-reparam:NAME``) computed
+    without building the model or importing torch, TVM or the library: the SPEC, the input spec, the installed
+    versions of the library, torch, TVM and dippm-nas (read from their distributions' metadata), the graph
+    format and the digest of the conversion and SPEC-resolution code. A graph stored under it is the graph
+    :func:`model_key` names; :func:`~dippm_nas.capture` looks it up first, so a cached library model answers in
+    milliseconds. ``None`` for any other SPEC (user code can change without a version) or when a version is
+    unknown (a source tree that is not installed)."""
+    from dippm_nas._version import __version__
+
+    prefix, sep, name = spec_string.partition(":")
+    libs = _NAMED_LIBRARIES.get(prefix)
+    if not sep or not name or libs is None:
+        return None
+    versions = [_dist_version(*libs), _dist_version("torch", "torch"), _dist_version("tvm", "apache-tvm", "tvm")]
+    if any(v is None for v in versions):
+        return None
+    text = "|".join(["named", spec_string, *map(str, versions), __version__, str(GRAPH_FORMAT_VERSION),
+                     _conversion_digest(("spec.py",)), repr(sorted(spec.to_dict().items()))])
+    return "named-" + hashlib.sha256(text.encode()).hexdigest()
 
 
 def _const_repr(c: Any) -> str:

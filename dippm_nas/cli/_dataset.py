@@ -1,15 +1,28 @@
-"""``dippm-nas dataset build|import|info|export``: build, import into, summarise and export dataset files."""
+"""``dippm-nas dataset build|import|info|export``: build, import into, summarise and export dataset files
+(``stats`` is a hidden alias of ``info``)."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import sys
 from pathlib import Path
 from typing import Any
 
+from dippm_nas.cli._grammar import (
+    json_text,
+    ListAction,
+    UsageError,
+    add_json_flag,
+    add_progress_flag,
+    add_torch_device,
+    check_name,
+    positive_int,
+)
 from dippm_nas.errors import DippmNasError
+from dippm_nas.spec import COMPUTE_DTYPES
 
 __all__ = ["register"]
 
@@ -17,16 +30,6 @@ logger = logging.getLogger(__name__)
 
 _IMPORTERS = ("accel-nasbench", "timm", "ryujaehun", "neusight", "vidur", "campaign")
 _FAMILIES = ("mbconv", "resnet", "mobilenetv3", "densenet", "convnext", "vit", "bert", "mlp")
-
-
-def _int_list(text: str) -> list[int]:
-    try:
-        out = [int(p) for p in text.split(",") if p.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated ints like 1,8,32, got {text!r}") from None
-    if not out or any(b < 1 for b in out):
-        raise argparse.ArgumentTypeError(f"expected ints >= 1 like 1,8,32, got {text!r}")
-    return out
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -44,18 +47,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Plan N candidates from the seed, convert them in parallel (conversion cache), measure "
                     "them one at a time. Rerun the same command to resume a killed build.",
     )
-    b.add_argument("--space", default=None,
-                   help="search space name, a comma-separated list, or 'all' (the families "
+    b.add_argument("--space", action=ListAction, default=None, metavar="NAME",
+                   help="search space names (a list: 'mlp resnet' or 'mlp,resnet'), or 'all' (the families "
                         f"{','.join(_FAMILIES)})")
     b.add_argument("--n", type=int, default=None, help="candidates to plan (split evenly over the spaces)")
     b.add_argument("--candidates", type=Path, action="append", default=[], metavar="PATH",
                    help="instead of --space/--n: measure these models (repeatable): a dataset export "
                         "(.jsonl[.gz|.xz]; each measurement row's space, config and batch size, once) or a JSON "
                         "list of {space, config, batch_size}; e.g. the same models again, or on another machine")
-    b.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N (default cpu)")
-    b.add_argument("--batch", type=_int_list, default=[1, 8, 32],
-                   help="batch sizes to draw from, comma-separated (default 1,8,32)")
-    b.add_argument("--dtype", default="float32", help="float32 | float16 | bfloat16 (default float32)")
+    add_torch_device(b, "cpu", "torch device to measure on: cpu | cuda | cuda:N (default cpu)")
+    b.add_argument("--batch", action=ListAction, item=positive_int("--batch"), default=[1, 8, 32], metavar="N",
+                   help="batch sizes to draw from, e.g. --batch 1 8 32 or --batch 1,8,32 (default 1 8 32)")
+    b.add_argument("--dtype", default="float32", help=f"{' | '.join(COMPUTE_DTYPES)} (default float32)")
     b.add_argument("--out", required=True, type=Path, help="dataset SQLite file (created or resumed)")
     b.add_argument("--seed", type=int, default=0, help="plan seed (default 0)")
     b.add_argument("--mac-budget", type=float, default=300.0,
@@ -90,7 +93,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--retry-failed", default="",
                    help="comma-separated statuses (timeout,oom,error) whose failed jobs are measured again")
     b.add_argument("--no-cache", action="store_true", help="do not use the conversion cache")
-    b.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_progress_flag(b)
+    add_json_flag(b, "the build report")
     b.set_defaults(func=run_build)
 
     i = verbs.add_parser(
@@ -108,28 +112,43 @@ def register(sub: argparse._SubParsersAction) -> None:
     i.add_argument("--limit", type=int, default=None, help="import only the first N rows")
     i.add_argument("--no-graphs", action="store_true", help="accel-nasbench/timm/ryujaehun: store rows without capturing graphs")
     i.add_argument("--no-cache", action="store_true", help="do not use the conversion cache")
-    i.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_progress_flag(i)
+    add_json_flag(i, "the import report (printed as JSON either way)")
     i.set_defaults(func=run_import)
 
-    for name in ("info", "stats"):
-        s = verbs.add_parser(name, help="summarise a dataset file (counts by source, device, space, batch)")
-        s.add_argument("path", type=Path, help="dataset SQLite file")
-        s.add_argument("--json", action="store_true", help="print one JSON object")
-        s.add_argument("--markdown", action="store_true",
-                       help="print Markdown tables of ok rows (space x batch size) per source and device")
-        s.set_defaults(func=run_info)
+    # one verb; `stats` is kept as a hidden alias
+    s = verbs.add_parser("info", aliases=["stats"], help="summarise a dataset file (counts by source, device, "
+                         "space, batch)")
+    s.add_argument("path", type=Path, help="dataset SQLite file")
+    add_json_flag(s, "one JSON object")
+    s.add_argument("--markdown", action="store_true",
+                   help="print Markdown tables of ok rows (space x batch size) per source and device")
+    s.set_defaults(func=run_info)
+    _hide_alias(verbs, "stats")
 
     e = verbs.add_parser("export", help="export graphs + measurement rows to compressed JSON Lines")
     e.add_argument("path", type=Path, help="dataset SQLite file")
     e.add_argument("--out", required=True, type=Path, help="*.jsonl, *.jsonl.gz or *.jsonl.xz")
     e.add_argument("--source", default=None, help="only rows of this source (e.g. measured-here)")
+    add_json_flag(e, "the counts")
     e.set_defaults(func=run_export)
 
 
-def _spaces(text: str) -> list[str]:
-    if text == "all":
+def _hide_alias(verbs: argparse._SubParsersAction, alias: str) -> None:
+    """Leave ``alias`` out of the help's list of sub-commands (it still parses)."""
+    for action in verbs._choices_actions:
+        if action.metavar:
+            action.metavar = str(action.metavar).replace(f" ({alias})", "")
+
+
+def _spaces(names: list[str]) -> list[str]:
+    """The search spaces of ``--space`` (``all``: the families), checked against the registry."""
+    import search_spaces as ss
+
+    if names == ["all"]:
         return list(_FAMILIES)
-    return [s.strip() for s in text.split(",") if s.strip()]
+    known = ss.list_spaces()
+    return [check_name("search space", n, known) for n in names]
 
 
 def _read_candidates(paths: list[Path], dtype: str) -> list[dict[str, Any]]:
@@ -154,7 +173,7 @@ def _read_candidates(paths: list[Path], dtype: str) -> list[dict[str, Any]]:
             items = [r for r in iter_jsonl(path) if r.get("type") == "measurement"]
             bad = sorted({str(r.get("dtype")) for r in items if r.get("space") in known} - {dtype})
             if bad:
-                raise DippmNasError(f"{path} has rows of dtype {bad}; this build measures --dtype {dtype}: pass the "
+                raise UsageError(f"{path} has rows of dtype {bad}; this build measures --dtype {dtype}: pass the "
                                     "rows' dtype (one build per dtype)")
         for it in items:
             if not isinstance(it, dict) or "space" not in it or "config" not in it:
@@ -178,21 +197,23 @@ def run_build(args: argparse.Namespace) -> int:
     from dippm_nas.errors import MeasurementError
     from dippm_nas.measure import MeasureSettings
 
+    check_name("dtype", args.dtype, COMPUTE_DTYPES)
     try:
         settings = MeasureSettings(warmup=args.warmup, min_repeats=args.min_repeats, max_repeats=args.max_repeats,
                                    rel_ci_target=args.rel_ci, time_cap_s=args.time_cap, threads=args.threads,
                                    cpu_allocator=args.cpu_allocator)
     except MeasurementError as e:
-        raise DippmNasError(str(e)) from e
+        raise UsageError(str(e)) from e
     budget = None if args.mac_budget <= 0 else int(round(args.mac_budget * 1e6))
     if bool(args.candidates) == (args.space is not None or args.n is not None):
-        raise DippmNasError("give either --space and --n (sample candidates) or --candidates PATH (measure those), "
+        raise UsageError("give either --space and --n (sample candidates) or --candidates PATH (measure those), "
                             f"got --space {args.space!r}, --n {args.n!r}, --candidates {[str(c) for c in args.candidates]}")
     if not args.candidates and (args.space is None or args.n is None):
-        raise DippmNasError(f"--space and --n go together, got --space {args.space!r}, --n {args.n!r}")
+        raise UsageError(f"--space and --n go together, got --space {args.space!r}, --n {args.n!r}")
+    spaces = _spaces(args.space) if args.space else []
     candidates = _read_candidates(args.candidates, args.dtype) if args.candidates else None
     report = build_dataset(
-        args.out, spaces=_spaces(args.space or ""), n=args.n or 0, candidates=candidates, torch_device=args.device,
+        args.out, spaces=spaces, n=args.n or 0, candidates=candidates, torch_device=args.torch_device,
         batch_sizes=args.batch,
         dtype=args.dtype, seed=args.seed, settings=settings, mac_budget=budget, workers=args.workers,
         chunk_size=args.chunk, overlap=not args.no_overlap, pin_cpu=args.pin_cpu,
@@ -200,6 +221,9 @@ def run_build(args: argparse.Namespace) -> int:
         retry_failed=[s.strip() for s in args.retry_failed.split(",") if s.strip()], isolate=args.isolate,
         rounds=args.rounds, op_profiles=args.op_profiles,
     )
+    if args.json:
+        print(json_text(dataclasses.asdict(report)))
+        return 0 if report.open == 0 else 1
     print(f"{report.path}: plan {report.plan_key[:12]} ({'resumed' if report.resumed else 'new'}), "
           f"{report.planned} planned: {report.done} done, {report.failed} failed, {report.open} open; "
           f"this run measured {report.measured_now}, failed {report.failed_now} in {report.seconds:.0f} s"
@@ -227,7 +251,7 @@ def run_import(args: argparse.Namespace) -> int:
         report = imp.import_neusight(args.csv, args.out, **common)
     else:
         report = imp.import_vidur(args.csv, args.out, **common)
-    print(json.dumps(report.as_dict(), indent=2))
+    print(json_text(report.as_dict(), indent=2))
     return 0
 
 
@@ -237,7 +261,7 @@ def run_info(args: argparse.Namespace) -> int:
     with DatasetStore(args.path, create=False) as store:
         st = store.stats()
     if args.json:
-        print(json.dumps(st))
+        print(json_text(st))
         return 0
     if args.markdown:
         print(_markdown(st))
@@ -296,6 +320,9 @@ def run_export(args: argparse.Namespace) -> int:
 
     counts = export_jsonl(args.path, args.out, source=args.source)
     size = args.out.stat().st_size
+    if args.json:
+        print(json_text({"path": str(args.out), **counts, "size_bytes": size}))
+        return 0
     print(f"{args.out}: {counts['graphs']} graphs, {counts['measurements']} measurement rows, "
           f"{counts['op_measurements']} operator rows, {size / 2**20:.2f} MiB", file=sys.stdout)
     return 0

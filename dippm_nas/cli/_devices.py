@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 from dippm_nas.devices import get_device, list_devices
+
+from dippm_nas.cli._grammar import json_text
 
 __all__ = ["register"]
 
@@ -30,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
     ids = [i for i in list_devices() if not (args.no_host and i == "host-cpu")]
     devices = [get_device(i) for i in ids]
     if args.json:
-        print(json.dumps([d.to_dict() for d in devices], indent=1))
+        print(json_text([d.to_dict() for d in devices], indent=1))
         return 0
     head = (f"{'id':<16}{'kind':<5}{'SMs':>5}{'memory GiB':>11}{'BW GB/s':>9}{'FP32':>7}{'TF32':>7}"
             f"{'FP16':>7}{'BF16':>7}{'power W':>9}  MIG profiles")

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
-from dippm_nas.cli._train import add_split_args, parse_devices
+from dippm_nas.cli._grammar import UsageError, argtype, device_ids, json_text
+from dippm_nas.cli._train import add_split_args, checked_devices
 
 __all__ = ["register"]
 
@@ -20,36 +23,66 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_split_args(p)
     p.add_argument("--checkpoint", required=True, help="checkpoint .pt")
     p.add_argument("--out", default="predictor_report.md", help="markdown report path (default predictor_report.md)")
-    p.add_argument("--png", default=None, help="predicted-vs-measured PNG path (default: next to --out)")
-    p.add_argument("--eval-device", default=None,
+    p.add_argument("--png", default=None, help="predicted-vs-measured PNG path (default: next to --out, when "
+                   "matplotlib is installed: the plot extra)")
+    p.add_argument("--eval-device", default=None, type=argtype(lambda t: device_ids([t])[0]),
                    help="report on the test rows of this device (default: --device), e.g. an A100 checkpoint "
                         "on RTX 3090 rows through the device features")
-    p.add_argument("--json", default=None, help="also write the metrics and test rows as JSON here")
+    p.add_argument("--json-out", default=None, metavar="PATH", help="also write the metrics and test rows as JSON here")
+    p.add_argument("--json", nargs="?", const=True, default=False, action=_JsonFlag,
+                   help="print the metrics as one JSON object on stdout (and nothing else)")
     p.add_argument("--calibrate", default="", help="comma-separated k values: also report error after few-shot "
                    "calibration with k measurements of the test set (evaluated on the rest)")
     p.set_defaults(func=run)
+
+
+class _JsonFlag(argparse.Action):
+    """``--json`` is a flag; ``--json PATH`` (the file form of earlier releases) still writes PATH, with a
+    deprecation message: it is ``--json-out PATH`` now."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        if values is True:
+            namespace.json = True
+            return
+        print(f"{parser.prog}: warning: --json PATH is deprecated and goes in the next release; use --json-out "
+              "PATH (--json is a flag that prints JSON)", file=sys.stderr)
+        namespace.json_out = values
 
 
 def run(args: argparse.Namespace) -> int:
     from dippm_nas.training import scatter_png, write_report
     from dippm_nas.training import evaluate_checkpoint
 
-    ks = [int(k) for k in args.calibrate.split(",") if k]
+    try:
+        ks = [int(k) for k in args.calibrate.split(",") if k]
+    except ValueError:
+        raise UsageError(f"--calibrate takes comma-separated ints like 5,20, got {args.calibrate!r}") from None
     holdout = [h for h in args.holdout.split(",") if h]
     res = evaluate_checkpoint(args.checkpoint, args.data, device=args.device, split=args.split,
-                              heldout_families=holdout, devices=parse_devices(args.train_devices), seed=args.seed,
+                              heldout_families=holdout, devices=checked_devices(args.train_devices), seed=args.seed,
                               calibrate_ks=ks, eval_device=args.eval_device, holdout_frac=args.holdout_frac)
     if not res["n_test"]:
         print(f"no test rows of device {res['device']!r} in this split", file=sys.stderr)
         return 1
-    png = Path(args.png) if args.png else Path(args.out).with_suffix(".png")
-    scatter_png(res["rows"], "latency_ms", png, title=f"{res['device']} test split ({args.split})")
+    png: Path | None = Path(args.png) if args.png else Path(args.out).with_suffix(".png")
+    if args.png is None and importlib.util.find_spec("matplotlib") is None:
+        print("no predicted-vs-measured PNG: it needs matplotlib (pip install 'dippm-nas[plot]')", file=sys.stderr)
+        png = None
+    else:
+        scatter_png(res["rows"], "latency_ms", png, title=f"{res['device']} test split ({args.split})")
     sections = [(f"{res['device']}, {args.split} split, test ({res['n_test']} rows)", res["metrics"])]
     for k, tab in res.get("calibration", {}).items():
         sections.append((f"after few-shot calibration, {k}", tab))
-    write_report(sections, args.out, intro=f"# Predictor evaluation\n\ncheckpoint `{args.checkpoint}`, data {args.data}\n\n![scatter]({png.name})")
-    print(json.dumps({"metrics": res["metrics"], "calibration": res.get("calibration", {})}, indent=1))
+    intro = f"# Predictor evaluation\n\ncheckpoint `{args.checkpoint}`, data {args.data}"
+    write_report(sections, args.out, intro=intro + (f"\n\n![scatter]({png.name})" if png else ""))
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(res, indent=1, default=str))
+    summary = {"metrics": res["metrics"], "calibration": res.get("calibration", {})}
     if args.json:
-        Path(args.json).write_text(json.dumps(res, indent=1, default=str))
-    print(f"wrote {args.out} and {png}")
+        files = {"report": str(args.out), "png": str(png) if png else None, "json_out": args.json_out}
+        print(json_text({**summary, **files}))
+        return 0
+    print(json_text(summary, indent=1))
+    print(f"wrote {', '.join(str(f) for f in (args.out, png, args.json_out) if f)}")
     return 0

@@ -8,9 +8,17 @@ Runs from a source checkout with only torch (plus torchvision, timm, transformer
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
+from dippm_nas.cli._grammar import (
+    json_text,
+    DeprecatedFlag,
+    ListAction,
+    add_json_flag,
+    add_torch_device,
+    check_name,
+    positive_int,
+)
 from dippm_nas.measure import (
     DEFAULT_SET,
     RUNTIMES,
@@ -20,19 +28,9 @@ from dippm_nas.measure import (
     campaign_settings,
     run_campaign,
 )
+from dippm_nas.spec import COMPUTE_DTYPES
 
 __all__ = ["register"]
-
-
-def _csv(text: str) -> list[str]:
-    return [t.strip() for t in text.split(",") if t.strip()]
-
-
-def _ints(text: str) -> list[int]:
-    try:
-        return [int(t) for t in _csv(text)]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated ints like 1,8,32, got {text!r}") from None
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -49,18 +47,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, help="campaign directory (created)")
     p.add_argument("--minutes", type=float, default=25.0, help="wall-time budget, minutes (default 25)")
     p.add_argument("--resume", action="store_true", help="continue the campaign in --out, skipping measured rows")
-    p.add_argument("--device", default="cuda", help="cuda | cuda:N | cpu (a dry run on the CPU measurer)")
+    add_torch_device(p, "cuda", "torch device to measure on: cuda | cuda:N | cpu (a dry run on the CPU measurer)")
     p.add_argument("--set", dest="set_name", default=DEFAULT_SET, choices=sorted(VALIDATION_SETS),
                    help=f"validation set (default {DEFAULT_SET}; 'smoke': two tiny models)")
-    p.add_argument("--runtimes", type=_csv, default=list(RUNTIMES),
-                   help=f"comma-separated, of {','.join(RUNTIMES)} (default all)")
-    p.add_argument("--dtypes", type=_csv, default=None, help="comma-separated (default float16,bfloat16,float32)")
-    p.add_argument("--batches", type=_ints, default=None, help="comma-separated batch sizes (default 1,8,32,64,128,256)")
+    p.add_argument("--runtime", "--runtimes", dest="runtimes", action=ListAction, default=list(RUNTIMES),
+                   item=lambda t: check_name("runtime", t, RUNTIMES),
+                   metavar="R", help=f"runtimes, of {', '.join(RUNTIMES)} (a list; default all)")
+    p.add_argument("--dtype", "--dtypes", dest="dtypes", action=ListAction, default=None, metavar="T",
+                   item=lambda t: check_name("dtype", t, COMPUTE_DTYPES),
+                   help="dtypes (a list; default float16 bfloat16 float32)")
+    p.add_argument("--batch", dest="batches", action=ListAction, item=positive_int("--batch"), default=None,
+                   metavar="N", help="batch sizes, e.g. --batch 1 8 32 or 1,8,32 (default 1 8 32 64 128 256)")
+    p.add_argument("--batches", dest="batches", action=DeprecatedFlag, new="--batch",
+                   convert=lambda t: [positive_int("--batches")(v) for v in t.split(",") if v.strip()])
     p.add_argument("--time-cap", type=float, default=20.0, help="seconds per row, warm-up included (default 20)")
     p.add_argument("--threads", type=int, default=None,
-                   help="torch threads while measuring (default: as is on a GPU, 1 with --device cpu)")
+                   help="torch threads while measuring (default: as is on a GPU, 1 with --torch-device cpu)")
     p.add_argument("--max-file-mib", type=float, default=16.0, help="size limit of each output file (default 16)")
-    p.add_argument("--json", action="store_true", help="print the report as one JSON object at the end")
+    add_json_flag(p, "the report as one object at the end")
     p.set_defaults(func=run)
 
 
@@ -79,14 +83,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"[{done}/{todo}] {item.model.name} bs{item.batch_size} {item.dtype} {item.runtime}: {m.status} "
               f"{lat} {energy} {mem}{why}", flush=True)
 
-    threads = args.threads if args.threads is not None else (1 if args.device == "cpu" else None)
-    report = run_campaign(args.out, minutes=args.minutes, resume=args.resume, torch_device=args.device,
+    threads = args.threads if args.threads is not None else (1 if args.torch_device == "cpu" else None)
+    report = run_campaign(args.out, minutes=args.minutes, resume=args.resume, torch_device=args.torch_device,
                           set_name=args.set_name, runtimes=args.runtimes,
                           settings=campaign_settings(time_cap_s=args.time_cap, threads=threads),
                           max_file_mib=args.max_file_mib,
                           progress=None if args.json else progress, **kw)
     if args.json:
-        print(json.dumps(report.to_dict(), indent=1))
+        print(json_text(report.to_dict(), indent=1))
     else:
         print(f"{report.measured} rows measured ({report.by_status}), {report.already} already there, "
               f"{report.left} left for a later --resume; {report.planned} planned; {report.seconds:.0f} s; "

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
+
+from dippm_nas.cli._grammar import json_text
 
 __all__ = ["register"]
 
@@ -30,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
     prof = measure_host_profile(name=args.name)
     prof.save(args.out)
     if args.json:
-        print(json.dumps(prof.to_dict()))
+        print(json_text(prof.to_dict()))
     else:
         print(f"host      {prof.name} ({prof.framework}, torch {prof.torch_version})")
         print(f"speed     {prof.speed:.3g} x a 3.0 GHz server core  (microbenchmark {prof.microbench_us:.3g} µs per op)")

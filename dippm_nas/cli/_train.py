@@ -8,17 +8,19 @@ import shlex
 import sys
 from pathlib import Path
 
-from dippm_nas.errors import DippmNasError
+from dippm_nas.cli._grammar import ListAction, UsageError, add_json_flag, argtype, device_ids, json_text
 
-__all__ = ["register", "add_split_args", "parse_devices"]
+__all__ = ["register", "add_split_args", "parse_devices", "checked_devices"]
 
 
 def add_split_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", action="append", required=True, metavar="PATH",
                    help="dataset file (SQLite or .jsonl[.gz|.xz] export); repeat for several")
-    p.add_argument("--device", default="a100-sxm4-40gb", help="device the checkpoint answers for (catalogue id)")
-    p.add_argument("--train-devices", default=None,
-                   help="comma-separated catalogue ids whose rows train the model (default: all in the data)")
+    p.add_argument("--device", default="a100-sxm4-40gb", type=argtype(lambda t: device_ids([t])[0]),
+                   help="device the checkpoint answers for (catalogue id; default a100-sxm4-40gb)")
+    p.add_argument("--train-devices", action=ListAction, default=None, metavar="D",
+                   help="catalogue ids whose rows train the model, e.g. a100-sxm4-40gb rtx-3090 (a list; default: "
+                        "all in the data)")
     p.add_argument("--split", choices=("random", "family", "timm-family"), default="random",
                    help="random 70/15/15 by architecture, held-out families (--holdout), or timm-family: "
                         "timm model families (name prefix) held out by a hash (--holdout-frac), other rows "
@@ -30,7 +32,13 @@ def add_split_args(p: argparse.ArgumentParser) -> None:
 
 
 def parse_devices(text: str | None) -> list[str] | None:
+    """``a,b`` -> ``["a", "b"]``; ``None`` for none."""
     return [d.strip() for d in text.split(",") if d.strip()] if text else None
+
+
+def checked_devices(values: list[str] | None) -> list[str] | None:
+    """Catalogue ids of a list flag, checked (an unknown id is a usage error with the closest ids)."""
+    return device_ids(values) if values else None
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -62,6 +70,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prior-params", default=None, metavar="JSON",
                    help="analytic-prior constants to train on and pin in the checkpoint (a calibration file written "
                         "by benchmarks/calibrate_prior.py or calibrate_host_prior.py; default: the shipped ones)")
+    add_json_flag(p, "the split sizes, timings and held-out metrics as one object")
     p.set_defaults(func=run)
 
 
@@ -72,7 +81,7 @@ def _penalty(text: str) -> float | dict[str, float]:
             return float(text)
         return {t.strip(): float(v) for t, _, v in (item.partition("=") for item in text.split(",") if item.strip())}
     except ValueError as e:
-        raise DippmNasError(f"--correction-penalty takes W or TARGET=W[,TARGET=W], got {text!r}") from e
+        raise UsageError(f"--correction-penalty takes W or TARGET=W[,TARGET=W], got {text!r}") from e
 
 
 def run(args: argparse.Namespace) -> int:
@@ -86,12 +95,19 @@ def run(args: argparse.Namespace) -> int:
     holdout = [h for h in args.holdout.split(",") if h]
     command = "dippm-nas " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     pred, report = train_predictor(args.data, args.device, split=args.split, heldout_families=holdout,
-                                   devices=parse_devices(args.train_devices), cfg=cfg,
+                                   devices=checked_devices(args.train_devices), cfg=cfg,
                                    data_sources=args.source_note or args.data, command=command,
                                    targets=parse_devices(args.targets), holdout_frac=args.holdout_frac,
                                    dtypes=parse_devices(args.dtypes),
                                    prior_params=PriorParams.load(args.prior_params) if args.prior_params else None)
     pred.save(args.out)
+    if args.report:
+        report["history"] = cfg.history
+        Path(args.report).write_text(json.dumps(report, indent=1, default=str))
+    if args.json:
+        keep = ("sizes", "featurize_s", "train_s", "metrics", "timm_heldout_metrics")
+        print(json_text({"checkpoint": str(args.out), **{k: report[k] for k in keep if k in report}}))
+        return 0
     print(f"wrote {args.out} ({Path(args.out).stat().st_size / 1e6:.2f} MB) and {Path(args.out).with_suffix('.json')}")
     print(f"split sizes {report['sizes']}; featurise {report['featurize_s']:.0f} s, train {report['train_s']:.0f} s")
     for t, m in report.get("metrics", {}).items():
@@ -100,7 +116,4 @@ def run(args: argparse.Namespace) -> int:
         print(f"held-out timm families on {dev}:")
         for t, m in tab.items():
             print(f"  {t:18s} " + "  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in m.items()))
-    if args.report:
-        report["history"] = cfg.history
-        Path(args.report).write_text(json.dumps(report, indent=1, default=str))
     return 0

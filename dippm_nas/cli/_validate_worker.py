@@ -7,6 +7,16 @@ import signal
 import threading
 from typing import Any
 
+from dippm_nas.cli._grammar import (
+    DeprecatedFlag,
+    UsageError,
+    add_json_flag,
+    argtype,
+    device_ids,
+    json_text,
+    torch_device,
+)
+
 __all__ = ["register"]
 
 
@@ -25,8 +35,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="SQLAlchemy URL of the queue, e.g. sqlite:///study.db or postgresql+psycopg2://user:pw@host/db")
     p.add_argument("--device", required=True, metavar="D",
                    help="catalogue id to measure (dippm-nas devices), e.g. host-cpu or a100-sxm4-40gb")
-    p.add_argument("--cuda-device", default=None, metavar="cuda:N",
-                   help="measure on this CUDA device instead of the first one whose name matches D")
+    p.add_argument("--torch-device", dest="torch_device", default=None, type=argtype(torch_device), metavar="cuda:N",
+                   help="measure on this torch device instead of the first CUDA device whose name matches D")
+    p.add_argument("--cuda-device", dest="torch_device", action=DeprecatedFlag, new="--torch-device",
+                   convert=torch_device)
     p.add_argument("--study", default=None, help="only jobs of this study")
     p.add_argument("--max-jobs", type=int, default=None, help="stop after this many jobs")
     p.add_argument("--idle-exit", type=float, default=None, metavar="S",
@@ -51,30 +63,38 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "default 0: one block of timed forwards per job")
     p.add_argument("--rounds-batch", type=int, default=8, metavar="K",
                    help="with --rounds, jobs claimed and timed together (default 8)")
+    add_json_flag(p, "one object per line: the start, each job, the end")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from dippm_nas.errors import MeasurementError
     from dippm_nas.measure import MeasureSettings
     from dippm_nas.validation import DEFAULT_LEASE_S, JobQueue, ValidationWorker
 
-    settings = MeasureSettings(warmup=args.warmup, min_repeats=args.min_repeats, max_repeats=args.max_repeats,
-                               time_cap_s=args.time_cap, threads=args.threads)
+    (device,) = device_ids([args.device])
+    try:
+        settings = MeasureSettings(warmup=args.warmup, min_repeats=args.min_repeats, max_repeats=args.max_repeats,
+                                   time_cap_s=args.time_cap, threads=args.threads)
+    except MeasurementError as e:
+        raise UsageError(str(e)) from e
     queue = JobQueue(args.storage, lease_s=DEFAULT_LEASE_S if args.lease is None else args.lease,
                      max_attempts=args.max_attempts)
-    worker = ValidationWorker(queue, args.device, settings=settings, torch_device=args.cuda_device,
+    worker = ValidationWorker(queue, device, settings=settings, torch_device=args.torch_device,
                               isolate=args.isolate, rounds=args.rounds, rounds_batch=args.rounds_batch)
     stop = threading.Event()
 
+    def say(text: str, **fields: Any) -> None:
+        print(json_text(fields) if args.json else text, flush=True)
+
     def on_signal(signum: int, _frame: Any) -> None:
-        print(f"validate-worker: signal {signum}: stopping after the current job (claimed jobs not yet measured "
-              "are released)", flush=True)
+        say(f"validate-worker: signal {signum}: stopping after the current job (claimed jobs not yet measured "
+            "are released)", event="signal", signal=signum)
         stop.set()
 
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
-    print(f"validate-worker {worker.owner}: device {worker.device} on {worker.torch_device}, queue {queue.url}",
-          flush=True)
+    old_handlers = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    say(f"validate-worker {worker.owner}: device {worker.device} on {worker.torch_device}, queue {queue.url}",
+        event="start", owner=worker.owner, device=worker.device, torch_device=worker.torch_device, queue=queue.url)
 
     def on_job(job: Any, outcome: str) -> None:
         row = queue.get(job.id)
@@ -89,11 +109,16 @@ def run(args: argparse.Namespace) -> int:
                 detail += " (does not fit)"
         elif row.error:
             detail = f" error: {row.error}"
-        print(f"job {job.id} study={job.study} trial={job.trial_number} attempt={job.attempts}: {outcome}{detail}",
-              flush=True)
+        say(f"job {job.id} study={job.study} trial={job.trial_number} attempt={job.attempts}: {outcome}{detail}",
+            event="job", id=job.id, study=job.study, trial=job.trial_number, attempt=job.attempts, outcome=outcome,
+            result=row.result, error=row.error, predicted=job.predicted)
 
-    n = worker.run(max_jobs=args.max_jobs, idle_timeout_s=args.idle_exit, poll_s=args.poll, study=args.study,
-                   stop=stop, on_job=on_job)
-    print(f"validate-worker: {n} job(s) handled", flush=True)
-    queue.close()
+    try:
+        n = worker.run(max_jobs=args.max_jobs, idle_timeout_s=args.idle_exit, poll_s=args.poll, study=args.study,
+                       stop=stop, on_job=on_job)
+    finally:
+        for sig, handler in old_handlers.items():
+            signal.signal(sig, handler)
+        queue.close()
+    say(f"validate-worker: {n} job(s) handled", event="end", handled=n)
     return 0

@@ -479,7 +479,7 @@ def run_campaign(
     device = "cpu" if kind == "cpu" else f"cuda:{index}"
     if kind == "cuda" and measurer is None and not torch.cuda.is_available():
         raise MeasurementError("device 'cuda' was asked for but torch.cuda.is_available() is False; run the "
-                               "campaign on a GPU machine, or with --device cpu for a dry run")
+                               "campaign on a GPU machine, or with --torch-device cpu for a dry run")
     set_version, set_models = VALIDATION_SETS[set_name]
     chosen = tuple(models) if models is not None else set_models
     report = CampaignReport(out=str(out))

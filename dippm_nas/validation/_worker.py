@@ -112,7 +112,7 @@ def torch_device_for(device: str, torch_device: str | None = None, *, cuda_devic
     if idx is None:
         raise DeviceError(
             f"device {dev.id!r} ({dev.name}) is not on this machine; local CUDA devices: {_local_gpu_names() or 'none'}. "
-            "Run the worker where it is, or pass --cuda-device to measure another GPU under this id."
+            "Run the worker where it is, or pass --torch-device cuda:N to measure another GPU under this id."
         )
     return f"cuda:{idx}"
 
