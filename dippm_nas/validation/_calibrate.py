@@ -116,11 +116,11 @@ class CalibratedPredictor(BasePredictor):
         self.calibration = calibration
         self.device = base.device
 
-    def predict_graphs(self, graphs: Sequence[OperatorGraph], *, mig: bool = True,
-                       k_sigma: float = 2.0) -> list[Prediction]:
+    def predict_graphs(self, graphs: Sequence[OperatorGraph], *, mig: bool = True, k_sigma: float = 2.0,
+                       runtime: str = "eager", host: Any = None) -> list[Prediction]:
         s = self.calibration.latency_scale
         out = []
-        for p in self.base.predict_graphs(graphs, mig=mig, k_sigma=k_sigma):
+        for p in self.base.predict_graphs(graphs, mig=mig, k_sigma=k_sigma, runtime=runtime, host=host):
             details = dict(p.details)
             details["uncalibrated_latency_ms"] = p.latency_ms
             details["latency_calibration_scale"] = s
