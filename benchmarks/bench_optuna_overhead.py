@@ -82,7 +82,6 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     import search_spaces
-    from dippm_nas.cli._demo import _digits, _suggest, _train
     from dippm_nas.measure import MeasureSettings
     from dippm_nas.optuna import Budgets, HardwareCostModel, rdb_storage
     from dippm_nas.validation import ParetoValidator
@@ -105,20 +104,20 @@ def main(argv: list[str] | None = None) -> int:
     validator = None if args.no_validate else ParetoValidator(
         "host-cpu", every_n_trials=20, max_per_round=3, batch_size=64,
         settings=MeasureSettings(warmup=3, min_repeats=5, max_repeats=50, time_cap_s=3.0))
-    data = _digits(args.seed)
+    data = search_spaces.load_digits(args.seed)
     space = search_spaces.get_space("demo_cnn")
     train_s: list[float] = []
     blocked: dict[int, float] = {}  # trial number -> seconds the search waited on the cost model
 
     def build(trial: Any) -> tuple[Any, Any, dict[str, Any]]:
-        cfg = space.validate(_suggest(trial))
+        cfg = space.validate(search_spaces.suggest_demo_cnn(trial))
         return search_spaces.build_model("demo_cnn", cfg, seed=trial.number), space.input_spec(cfg, 16384), cfg
 
     def fit(trial: Any, model: Any, cfg: dict[str, Any]) -> float:
-        res = _train(model, data, cfg["resolution"], seconds=args.train_seconds, epochs=args.epochs,
-                     seed=trial.number)
-        train_s.append(res["train_s"])
-        return res["accuracy"]
+        res = search_spaces.train_digits(model, data, cfg["resolution"], seconds=args.train_seconds,
+                                         epochs=args.epochs, seed=trial.number)
+        train_s.append(res.train_s)
+        return res.accuracy
 
     t0 = time.perf_counter()
     if args.ask_tell:
