@@ -66,10 +66,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "A100 checkpoint's training dtype)")
     p.add_argument("--batch", type=int, default=None,
                    help="serving batch the device costs are predicted for (default 16384 images: large enough that "
-                        "wide, high-resolution candidates outgrow 1g.5gb)")
+                        "wide 32x32 candidates outgrow 1g.5gb in float16)")
     p.add_argument("--mig-profile", default="1g.5gb", help="MIG profile the memory must fit (default 1g.5gb)")
-    p.add_argument("--latency-budget-ms", type=float, default=None,
-                   help="also constrain predicted latency (mean + 1 sigma), ms per batch")
+    p.add_argument("--latency-budget-ms", type=float, default=1.0,
+                   help="constrain predicted latency (mean + 1 sigma), ms per batch (default 1.0; 0: no latency "
+                        "budget)")
     p.add_argument("--validate-every", type=int, default=None, help="validation round every N trials (default 10)")
     p.add_argument("--validate-max", type=int, default=None,
                    help="most Pareto candidates measured per round (default 3)")
@@ -139,6 +140,8 @@ def _rows(study: Any, jobs: dict[int, Any]) -> list[dict[str, Any]]:
             "energy_source": a.get("energy_source"), "memory_mib": a.get("predicted_memory_mib"),
             "memory_mib_std": a.get("predicted_memory_mib_std"), "memory_source": a.get("memory_source"),
             "mig_smallest_fit": a.get("mig_smallest_fit"), "train_epochs": a.get("train_epochs"),
+            "violates_memory": (a.get("constraint_memory_mib") or 0.0) > 0,
+            "violates_latency": (a.get("constraint_latency_ms") or 0.0) > 0,
             "config": json.dumps(a.get("search_space_config")),
             "host_cpu_predicted_ms": p_ms, "host_cpu_predicted_uncalibrated_ms": raw_ms,
             "host_cpu_latency_source": pred.get("latency_source"), "host_cpu_measured_ms": m_ms,
@@ -171,9 +174,11 @@ def _print_table(rows: list[dict[str, Any]], args: argparse.Namespace, device: s
     if not front:
         print("  (no feasible trial yet: every candidate broke a constraint)")
     infeasible = [r for r in rows if not r["feasible"]]
-    budget = f" or latency beyond {args.latency_budget_ms:g} ms" if args.latency_budget_ms else ""
-    print(f"{len(infeasible)} of {len(rows)} completed trials broke a constraint (memory beyond {args.mig_profile}'s "
-          f"usable memory{budget}, mean + 1σ); they were reported to the sampler as constraint violations, not pruned.")
+    broke = [f"{sum(r['violates_memory'] for r in rows)} memory beyond {args.mig_profile}'s usable memory"]
+    if args.latency_budget_ms:
+        broke += [f"{sum(r['violates_latency'] for r in rows)} latency beyond {args.latency_budget_ms:g} ms"]
+    print(f"{len(infeasible)} of {len(rows)} completed trials broke a constraint (mean + 1σ; {', '.join(broke)}); "
+          "they were reported to the sampler as constraint violations, not pruned.")
 
 
 def _mape(pairs: list[tuple[float, float]]) -> float | None:
@@ -252,13 +257,16 @@ def _plots(out: Path, rows: list[dict[str, Any]], jobs: list[Any], args: argpars
                    label="feasible", zorder=3)
         if infe:
             ax.scatter([r[key] for r in infe], [r["accuracy"] for r in infe], marker="x", c="tab:red", s=40,
-                       label="infeasible (constraint)", zorder=3)
+                       label="infeasible (breaks a constraint)", zorder=3)
         if front:
             ax.scatter([r[key] for r in front], [r["accuracy"] for r in front], facecolors="none",
                        edgecolors="black", s=140, linewidths=1.4, label="Pareto front (of all objectives)", zorder=4)
             for r in front:
                 ax.annotate(f"#{r['trial']}", (r[key], r["accuracy"]), textcoords="offset points", xytext=(7, -11),
                             fontsize=8)
+        if key == "latency_ms" and args.latency_budget_ms:
+            ax.axvline(args.latency_budget_ms, color="tab:red", ls="--", lw=1,
+                       label=f"latency budget ({args.latency_budget_ms:g} ms, mean + 1σ)")
         ax.set_xscale("log")
         plain_log(ax, "x")
         ax.set_xlabel(f"{device} {key.split('_')[0]} per batch of {args.batch}, {args.dtype} ({unit}, log scale); "
@@ -266,7 +274,7 @@ def _plots(out: Path, rows: list[dict[str, Any]], jobs: list[Any], args: argpars
         ax.set_ylabel("held-out accuracy on digits")
         ax.grid(True, which="both", alpha=0.3)
     handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside lower center", ncol=3, fontsize=9, frameon=False)
+    fig.legend(handles, labels, loc="outside lower center", ncol=4, fontsize=9, frameon=False)
     limit = f" ({mig_limit_mib:.0f} MiB usable)" if mig_limit_mib else ""
     fig.suptitle(f"dippm-nas demo: accuracy vs PREDICTED {device} cost; memory (mean + 1σ) within MIG "
                  f"{args.mig_profile}{limit}", fontsize=11)
@@ -356,6 +364,9 @@ def _run(args: argparse.Namespace) -> int:
             raise DippmNasError(f"{name} must be >= {least}, got {v}")
     if args.train_seconds <= 0 or (args.seconds is not None and args.seconds <= 0):
         raise DippmNasError("--train-seconds and --seconds must be > 0")
+    if args.latency_budget_ms is not None and args.latency_budget_ms < 0:
+        raise DippmNasError(f"--latency-budget-ms must be >= 0 (0: no latency budget), got {args.latency_budget_ms}")
+    args.latency_budget_ms = args.latency_budget_ms or None
     data = search_spaces.load_digits(args.seed)  # scikit-learn missing fails here, with the install hint
 
     t_start = time.perf_counter()
@@ -499,9 +510,11 @@ def _run(args: argparse.Namespace) -> int:
             print(f"    later rounds ({check['held_out']} candidate(s), predicted after calibration, before being "
                   f"measured): latency MAPE {_fmt(check['mape_before_pct'], '.0f')}% uncalibrated -> "
                   f"{_fmt(check['mape_after_pct'], '.0f')}% calibrated")
-        elif not args.no_calibrate:
+        elif not args.no_calibrate and validator is not None and validator.calibration is not None:
             print("    no candidate was measured after the calibration, so its effect is not measured in this run "
                   "(more trials or a smaller --validate-every give later rounds)")
+        elif not args.no_calibrate:
+            print("    no calibration: no candidate was measured 'ok'")
     else:
         print("  skipped (--no-validate)")
 
