@@ -1,7 +1,7 @@
 """Overhead of the cost model in a real search: its share of a 200-trial study's wall time (target <= 5 %).
 
-The study is the demo's (``dippm-nas demo``): ``demo_cnn`` candidates trained ``--train-seconds`` each on
-scikit-learn's digits, objectives accuracy / predicted A100 latency / energy (serving batch 16384), memory
+The study is shaped like the demo's (``dippm-nas demo``): ``demo_cnn`` candidates trained ``--train-seconds`` each
+on scikit-learn's digits, objectives accuracy / predicted A100 latency / energy (float32, serving batch 16384), memory
 within MIG 1g.5gb, TPE, SQLite storage in a fresh temporary directory opened with
 :func:`dippm_nas.optuna.rdb_storage` (``--optuna-default-sqlite``: Optuna's own set-up), and (unless ``--no-validate``) a ParetoValidator
 measuring up to 3 Pareto candidates on this CPU every 20 trials.

@@ -57,6 +57,19 @@ def test_demo_quick(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
         assert t.user_attrs["input_spec"]["dtype"] == "float16"
 
 
+def test_demo_without_matplotlib_skips_the_plots(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("sklearn", reason="the demo needs scikit-learn (pip install 'dippm-nas[demo]')")
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises ImportError
+    out = tmp_path / "demo"
+    assert main(["demo", "--quick", "--trials", "1", "--no-validate", "--background", "0", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "plots skipped: matplotlib is not installed (pip install 'dippm-nas[plot]')" in text
+    assert (out / "trials.csv").is_file() and not (out / "pareto.png").exists()
+
+
 def test_demo_calibration_check_uses_only_later_rounds() -> None:
     from types import SimpleNamespace
 
@@ -66,7 +79,7 @@ def test_demo_calibration_check_uses_only_later_rounds() -> None:
         return SimpleNamespace(result={"status": "ok", "latency_ms": meas},
                                predicted={"latency_ms": pred, "latency_ms_uncalibrated": raw, "latency_source": source})
 
-    jobs = [job(4.0, 4.0, 2.0, "predicted"),        # first round: fitted on, never in the held-out figures
+    jobs = [job(4.0, 4.0, 2.0, "predicted"),        # before calibration: fitted on, never held out
             job(1.1, 2.2, 1.0, "calibrated"), job(2.0, 4.0, 2.5, "calibrated"),
             SimpleNamespace(result={"status": "oom"}, predicted={"latency_ms": 1.0})]
     c = calibration_check(jobs)  # type: ignore[arg-type]
@@ -74,6 +87,7 @@ def test_demo_calibration_check_uses_only_later_rounds() -> None:
     assert c["held_out"] == 2
     assert c["mape_before_pct"] == pytest.approx((120.0 + 60.0) / 2)
     assert c["mape_after_pct"] == pytest.approx((10.0 + 20.0) / 2)
+    assert c["median_ape_before_pct"] == pytest.approx(90.0) and c["median_ape_after_pct"] == pytest.approx(15.0)
 
 
 def test_demo_rejects_bad_bounds(capsys: pytest.CaptureFixture) -> None:

@@ -4,14 +4,14 @@ The search space is ``demo_cnn`` (small plain CNNs); each candidate is trained f
 scikit-learn's 8x8 digits (:func:`search_spaces.load_digits`, no download) and scored on a held-out fifth.
 Objectives: accuracy (maximise), A100 latency and energy per batch (minimise), predicted in the dtype the
 candidates would be deployed in (float16 by default, the dtype the A100 checkpoint is trained on);
-constraint: predicted memory (mean + 1 sigma) within the usable memory of the MIG profile ``1g.5gb``, and
-optionally a latency budget.
+constraints (mean + 1 sigma): predicted memory within the usable memory of the MIG profile ``1g.5gb`` and
+predicted latency within a budget (5 ms per batch of 16384 by default).
 
 An A100 prediction cannot be checked on a machine without an A100. What is checked here is the same
 pipeline on the host CPU: Pareto candidates are measured on this CPU in float32 and compared with host-cpu
-predictions; after the first round the host-cpu latency is calibrated on this study's measurements, and
-the error before and after calibration is reported on the candidates of later rounds only, whose
-calibrated predictions were made before they were measured.
+predictions. Once two measurements are in (usually after the first round) the host-cpu latency is
+calibrated on this study's measurements and refitted after each round; the error before and after
+calibration is reported on the candidates whose calibrated prediction was made before they were measured.
 """
 
 from __future__ import annotations
@@ -26,12 +26,15 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from dippm_nas.errors import DippmNasError
 from dippm_nas.spec import COMPUTE_DTYPES
 
 __all__ = ["register"]
 
 #: Host device every validation measurement runs on.
 _HOST = "host-cpu"
+#: Fewest "ok" host-CPU measurements a calibration is fitted on (one measurement on a shared CPU is too noisy).
+_MIN_CALIBRATION_ROWS = 2
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -49,7 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seconds", type=float, default=None, help="stop starting new trials after this many seconds")
     p.add_argument("--quick", action="store_true",
                    help="a smoke run of about 20 s: 3 trials, 0.3 s of training each, batch 256, a validation "
-                        "round after each trial measuring one candidate at batch 8 (explicit flags still win)")
+                        "round after each trial measuring up to two candidates at batch 8 (explicit flags still win)")
     p.add_argument("--out", default="dippm-demo", help="output directory for plots, CSV and summary (default ./dippm-demo)")
     p.add_argument("--storage", default=None, metavar="URL",
                    help="Optuna storage (any SQLAlchemy RDB URL); default sqlite:///OUT/demo.sqlite3")
@@ -68,8 +71,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="serving batch the device costs are predicted for (default 16384 images: large enough that "
                         "wide 32x32 candidates outgrow 1g.5gb in float16)")
     p.add_argument("--mig-profile", default="1g.5gb", help="MIG profile the memory must fit (default 1g.5gb)")
-    p.add_argument("--latency-budget-ms", type=float, default=1.0,
-                   help="constrain predicted latency (mean + 1 sigma), ms per batch (default 1.0; 0: no latency "
+    p.add_argument("--latency-budget-ms", type=float, default=5.0,
+                   help="constrain predicted latency (mean + 1 sigma), ms per batch (default 5.0; 0: no latency "
                         "budget)")
     p.add_argument("--validate-every", type=int, default=None, help="validation round every N trials (default 10)")
     p.add_argument("--validate-max", type=int, default=None,
@@ -78,7 +81,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="batch size of the host-CPU validation measurements (default 64)")
     p.add_argument("--no-validate", action="store_true", help="skip validation")
     p.add_argument("--no-calibrate", action="store_true",
-                   help="keep the host-cpu predictions uncalibrated (default: calibrate after the first round)")
+                   help="keep the host-cpu predictions uncalibrated (default: calibrate after the first round with "
+                        "at least two measurements, refit after each round)")
     p.add_argument("--no-plot", action="store_true", help="skip the plots")
     p.add_argument("--background", type=int, default=1, metavar="N",
                    help="conversion processes working while candidates train (default 1; 0: convert before training)")
@@ -91,7 +95,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 #: Defaults of the flags ``--quick`` changes: (normal, quick).
 _BUDGET_DEFAULTS: dict[str, tuple[Any, Any]] = {
     "trials": (30, 3), "train_seconds": (3.0, 0.3), "epochs": (10, 1), "batch": (16384, 256),
-    "validate_every": (10, 1), "validate_max": (3, 1), "validate_batch": (64, 8),
+    "validate_every": (10, 1), "validate_max": (3, 2), "validate_batch": (64, 8),
 }
 
 
@@ -185,6 +189,10 @@ def _mape(pairs: list[tuple[float, float]]) -> float | None:
     return statistics.fmean(100.0 * abs(p - m) / m for p, m in pairs) if pairs else None
 
 
+def _mdape(pairs: list[tuple[float, float]]) -> float | None:
+    return statistics.median(100.0 * abs(p - m) / m for p, m in pairs) if pairs else None
+
+
 def calibration_check(jobs: list[Any]) -> dict[str, Any]:
     """Host-cpu latency error before and after calibration, on the jobs predicted *after* a calibration was
     fitted (so never on the measurements it was fitted on), and the uncalibrated error of the others.
@@ -193,8 +201,10 @@ def calibration_check(jobs: list[Any]) -> dict[str, Any]:
         jobs: finished validation jobs of one study on the host CPU (:meth:`JobQueue.jobs`).
 
     Returns:
-        ``{"held_out": n, "mape_before_pct", "mape_after_pct", "first_round": n, "first_round_mape_pct"}``
-        (a MAPE is ``None`` without rows).
+        ``{"held_out": n, "mape_before_pct", "mape_after_pct", "median_ape_before_pct", "median_ape_after_pct",
+        "uncalibrated": n, "uncalibrated_mape_pct"}``: the held-out jobs' latency MAPE (and median absolute
+        percentage error) with their uncalibrated and their calibrated prediction, and the MAPE of the jobs
+        predicted before any calibration, percent (``None`` without rows).
     """
     held, first = [], []
     for j in jobs:
@@ -212,6 +222,8 @@ def calibration_check(jobs: list[Any]) -> dict[str, Any]:
         "held_out": len(held),
         "mape_before_pct": _mape([(raw, m) for raw, _, m in held]),
         "mape_after_pct": _mape([(p, m) for _, p, m in held]),
+        "median_ape_before_pct": _mdape([(raw, m) for raw, _, m in held]),
+        "median_ape_after_pct": _mdape([(p, m) for _, p, m in held]),
         "uncalibrated": len(first),
         "uncalibrated_mape_pct": _mape(first),
     }
@@ -325,6 +337,22 @@ def _plots(out: Path, rows: list[dict[str, Any]], jobs: list[Any], args: argpars
 
 
 # ---------------------------------------------------------------------------------------------- main
+def _check_args(args: argparse.Namespace) -> None:
+    """Fill the budget defaults and check the bounds (before anything is loaded)."""
+    _apply_budget_defaults(args)
+    for name, v, least in (("--trials", args.trials, 1), ("--epochs", args.epochs, 1), ("--batch", args.batch, 1),
+                           ("--threads", args.threads, 1), ("--validate-every", args.validate_every, 1),
+                           ("--validate-max", args.validate_max, 1), ("--validate-batch", args.validate_batch, 1),
+                           ("--background", args.background, 0)):
+        if v < least:
+            raise DippmNasError(f"{name} must be >= {least}, got {v}")
+    if args.train_seconds <= 0 or (args.seconds is not None and args.seconds <= 0):
+        raise DippmNasError("--train-seconds and --seconds must be > 0")
+    if args.latency_budget_ms is not None and args.latency_budget_ms < 0:
+        raise DippmNasError(f"--latency-budget-ms must be >= 0 (0: no latency budget), got {args.latency_budget_ms}")
+    args.latency_budget_ms = args.latency_budget_ms or None
+
+
 def run(args: argparse.Namespace) -> int:
     """The verb: :func:`_run` with the process-wide settings it changes (threads, warning filters, the
     host-cpu predictor it calibrates) restored."""
@@ -332,6 +360,7 @@ def run(args: argparse.Namespace) -> int:
 
     from dippm_nas.predictor import get_predictor, set_predictor
 
+    _check_args(args)
     threads = torch.get_num_threads()
     host_predictor = None if args.no_validate else get_predictor(_HOST)
     try:
@@ -350,23 +379,10 @@ def _run(args: argparse.Namespace) -> int:
     from tqdm.contrib.logging import logging_redirect_tqdm
 
     import search_spaces
-    from dippm_nas.errors import DippmNasError
     from dippm_nas.measure import MeasureSettings
     from dippm_nas.optuna import Budgets, HardwareCostModel, optuna_has_set_constraint, rdb_storage
     from dippm_nas.validation import ParetoValidator, apply_calibration, fit_calibration
 
-    _apply_budget_defaults(args)
-    for name, v, least in (("--trials", args.trials, 1), ("--epochs", args.epochs, 1), ("--batch", args.batch, 1),
-                           ("--threads", args.threads, 1), ("--validate-every", args.validate_every, 1),
-                           ("--validate-max", args.validate_max, 1), ("--validate-batch", args.validate_batch, 1),
-                           ("--background", args.background, 0)):
-        if v < least:
-            raise DippmNasError(f"{name} must be >= {least}, got {v}")
-    if args.train_seconds <= 0 or (args.seconds is not None and args.seconds <= 0):
-        raise DippmNasError("--train-seconds and --seconds must be > 0")
-    if args.latency_budget_ms is not None and args.latency_budget_ms < 0:
-        raise DippmNasError(f"--latency-budget-ms must be >= 0 (0: no latency budget), got {args.latency_budget_ms}")
-    args.latency_budget_ms = args.latency_budget_ms or None
     data = search_spaces.load_digits(args.seed)  # scikit-learn missing fails here, with the install hint
 
     t_start = time.perf_counter()
@@ -396,7 +412,8 @@ def _run(args: argparse.Namespace) -> int:
     if not args.no_validate:
         print(f"  validation: Pareto candidates measured on this CPU ({_HOST}) in float32 at batch "
               f"{args.validate_batch}, against host-cpu predictions"
-              + ("" if args.no_calibrate else ", calibrated on this study's measurements after the first round")
+              + ("" if args.no_calibrate else ", calibrated on this study's measurements once two are in (refit "
+                 "after each round)")
               + f". This CPU cannot run {args.dtype} at its deployed speed and has no {cost.device}: what is "
               f"measured and calibrated is the host-cpu prediction of the same architectures, not the "
               f"{cost.device} figures.")
@@ -444,7 +461,7 @@ def _run(args: argparse.Namespace) -> int:
         assert validator is not None
         jobs = validator.queue_for(study).jobs(study=study.study_name, device=_HOST, status="done")
         try:
-            cal = fit_calibration(jobs, _HOST, min_rows=1)
+            cal = fit_calibration(jobs, _HOST, min_rows=_MIN_CALIBRATION_ROWS)
         except DippmNasError:
             return  # nothing measured "ok" yet
         apply_calibration(cal)
@@ -500,7 +517,7 @@ def _run(args: argparse.Namespace) -> int:
               f"({summary.ok} ok, {summary.does_not_fit} did not fit, {summary.timeouts} timed out, "
               f"{summary.errors} errors)")
         if check["uncalibrated"]:
-            print(f"    uncalibrated predictions (first round): latency MAPE "
+            print(f"    uncalibrated predictions (before the first calibration): latency MAPE "
                   f"{_fmt(check['uncalibrated_mape_pct'], '.0f')}% on {check['uncalibrated']} candidate(s)")
         if validator is not None and validator.calibration is not None:
             c = validator.calibration
@@ -509,12 +526,13 @@ def _run(args: argparse.Namespace) -> int:
         if check["held_out"]:
             print(f"    later rounds ({check['held_out']} candidate(s), predicted after calibration, before being "
                   f"measured): latency MAPE {_fmt(check['mape_before_pct'], '.0f')}% uncalibrated -> "
-                  f"{_fmt(check['mape_after_pct'], '.0f')}% calibrated")
+                  f"{_fmt(check['mape_after_pct'], '.0f')}% calibrated (median "
+                  f"{_fmt(check['median_ape_before_pct'], '.0f')}% -> {_fmt(check['median_ape_after_pct'], '.0f')}%)")
         elif not args.no_calibrate and validator is not None and validator.calibration is not None:
             print("    no candidate was measured after the calibration, so its effect is not measured in this run "
                   "(more trials or a smaller --validate-every give later rounds)")
         elif not args.no_calibrate:
-            print("    no calibration: no candidate was measured 'ok'")
+            print(f"    no calibration: fewer than {_MIN_CALIBRATION_ROWS} candidates were measured 'ok'")
     else:
         print("  skipped (--no-validate)")
 
