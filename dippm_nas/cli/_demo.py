@@ -20,7 +20,6 @@ import argparse
 import csv
 import json
 import math
-import statistics
 import time
 import warnings
 from pathlib import Path
@@ -185,50 +184,6 @@ def _print_table(rows: list[dict[str, Any]], args: argparse.Namespace, device: s
           "they were reported to the sampler as constraint violations, not pruned.")
 
 
-def _mape(pairs: list[tuple[float, float]]) -> float | None:
-    return statistics.fmean(100.0 * abs(p - m) / m for p, m in pairs) if pairs else None
-
-
-def _mdape(pairs: list[tuple[float, float]]) -> float | None:
-    return statistics.median(100.0 * abs(p - m) / m for p, m in pairs) if pairs else None
-
-
-def calibration_check(jobs: list[Any]) -> dict[str, Any]:
-    """Host-cpu latency error before and after calibration, on the jobs predicted *after* a calibration was
-    fitted (so never on the measurements it was fitted on), and the uncalibrated error of the others.
-
-    Args:
-        jobs: finished validation jobs of one study on the host CPU (:meth:`JobQueue.jobs`).
-
-    Returns:
-        ``{"held_out": n, "mape_before_pct", "mape_after_pct", "median_ape_before_pct", "median_ape_after_pct",
-        "uncalibrated": n, "uncalibrated_mape_pct"}``: the held-out jobs' latency MAPE (and median absolute
-        percentage error) with their uncalibrated and their calibrated prediction, and the MAPE of the jobs
-        predicted before any calibration, percent (``None`` without rows).
-    """
-    held, first = [], []
-    for j in jobs:
-        r = j.result or {}
-        m = r.get("latency_ms")
-        p = j.predicted.get("latency_ms")
-        raw = j.predicted.get("latency_ms_uncalibrated", p)
-        if r.get("status") != "ok" or not m or not p or not raw or m <= 0:
-            continue
-        if j.predicted.get("latency_source") == "calibrated":
-            held.append((float(raw), float(p), float(m)))
-        else:
-            first.append((float(raw), float(m)))
-    return {
-        "held_out": len(held),
-        "mape_before_pct": _mape([(raw, m) for raw, _, m in held]),
-        "mape_after_pct": _mape([(p, m) for _, p, m in held]),
-        "median_ape_before_pct": _mdape([(raw, m) for raw, _, m in held]),
-        "median_ape_after_pct": _mdape([(p, m) for _, p, m in held]),
-        "uncalibrated": len(first),
-        "uncalibrated_mape_pct": _mape(first),
-    }
-
-
 def _error_bars(ax: Any, rows: list[dict[str, Any]], key: str, **kw: Any) -> None:
     """Horizontal ±1σ bars of ``key`` (rows without a σ get none)."""
     with_s = [r for r in rows if r[key + "_std"] is not None]
@@ -381,7 +336,7 @@ def _run(args: argparse.Namespace) -> int:
     import search_spaces
     from dippm_nas.measure import MeasureSettings
     from dippm_nas.optuna import Budgets, HardwareCostModel, optuna_has_set_constraint, rdb_storage
-    from dippm_nas.validation import ParetoValidator, apply_calibration, fit_calibration
+    from dippm_nas.validation import ParetoValidator, apply_calibration, check_calibration, fit_calibration
 
     data = search_spaces.load_digits(args.seed)  # scikit-learn missing fails here, with the install hint
 
@@ -504,7 +459,7 @@ def _run(args: argparse.Namespace) -> int:
     rows = _rows(study, {j.trial_number: j for j in jobs})
     _print_table(rows, args, cost.device)
 
-    check = calibration_check(jobs)
+    check = check_calibration(jobs)
     srcs = {k: sorted({str(r[k]) for r in rows if r[k]}) or ["-"]
             for k in ("latency_source", "energy_source", "memory_source")}
     print("\nValidation:")
@@ -516,18 +471,19 @@ def _run(args: argparse.Namespace) -> int:
         print(f"  {_HOST} (float32, batch {args.validate_batch}): {summary.measured} Pareto candidate(s) measured "
               f"({summary.ok} ok, {summary.does_not_fit} did not fit, {summary.timeouts} timed out, "
               f"{summary.errors} errors)")
-        if check["uncalibrated"]:
+        if check.uncalibrated:
             print(f"    uncalibrated predictions (before the first calibration): latency MAPE "
-                  f"{_fmt(check['uncalibrated_mape_pct'], '.0f')}% on {check['uncalibrated']} candidate(s)")
+                  f"{_fmt(check.uncalibrated_latency_mape_pct, '.0f')}% on {check.uncalibrated} candidate(s)")
         if validator is not None and validator.calibration is not None:
             c = validator.calibration
             print(f"    calibration: latency x{c.latency_scale:.3g}, fitted on all {c.n_rows} measurement(s) of this "
                   "study (each round was predicted with the factor fitted on the rounds before it)")
-        if check["held_out"]:
-            print(f"    later rounds ({check['held_out']} candidate(s), predicted after calibration, before being "
-                  f"measured): latency MAPE {_fmt(check['mape_before_pct'], '.0f')}% uncalibrated -> "
-                  f"{_fmt(check['mape_after_pct'], '.0f')}% calibrated (median "
-                  f"{_fmt(check['median_ape_before_pct'], '.0f')}% -> {_fmt(check['median_ape_after_pct'], '.0f')}%)")
+        if check.held_out:
+            print(f"    later rounds ({check.held_out} candidate(s), predicted after calibration, before being "
+                  f"measured): latency MAPE {_fmt(check.latency_mape_before_pct, '.0f')}% uncalibrated -> "
+                  f"{_fmt(check.latency_mape_after_pct, '.0f')}% calibrated (median "
+                  f"{_fmt(check.latency_median_ape_before_pct, '.0f')}% -> "
+                  f"{_fmt(check.latency_median_ape_after_pct, '.0f')}%)")
         elif not args.no_calibrate and validator is not None and validator.calibration is not None:
             print("    no candidate was measured after the calibration, so its effect is not measured in this run "
                   "(more trials or a smaller --validate-every give later rounds)")
@@ -560,7 +516,7 @@ def _run(args: argparse.Namespace) -> int:
         "device": cost.device, "dtype": args.dtype, "batch": args.batch, "mig_profile": args.mig_profile,
         "latency_budget_ms": args.latency_budget_ms,
         "validation": summary.to_dict() if summary is not None else None,
-        "calibration_check": check if validator is not None else None,
+        "calibration_check": check.to_dict() if validator is not None else None,
         "pareto": [r for r in rows if r["pareto"]],
     }, indent=1))
     wall = time.perf_counter() - t_start
