@@ -1,7 +1,7 @@
 """Overhead of the cost model in a real search: its share of a 200-trial study's wall time (target <= 5 %).
 
-The study is the demo's (``dippm-nas demo``): ``demo_cnn`` candidates trained ``--train-seconds`` each on
-scikit-learn's digits, objectives accuracy / predicted A100 latency / energy (serving batch 16384), memory
+The study is shaped like the demo's (``dippm-nas demo``): ``demo_cnn`` candidates trained ``--train-seconds`` each
+on scikit-learn's digits, objectives accuracy / predicted A100 latency / energy (float32, serving batch 16384), memory
 within MIG 1g.5gb, TPE, SQLite storage in a fresh temporary directory opened with
 :func:`dippm_nas.optuna.rdb_storage` (``--optuna-default-sqlite``: Optuna's own set-up), and (unless ``--no-validate``) a ParetoValidator
 measuring up to 3 Pareto candidates on this CPU every 20 trials.
@@ -82,7 +82,6 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     import search_spaces
-    from dippm_nas.cli import digits_data, suggest_demo_config, train_demo_model
     from dippm_nas.measure import MeasureSettings
     from dippm_nas.optuna import Budgets, HardwareCostModel, rdb_storage
     from dippm_nas.validation import ParetoValidator
@@ -105,20 +104,20 @@ def main(argv: list[str] | None = None) -> int:
     validator = None if args.no_validate else ParetoValidator(
         "host-cpu", every_n_trials=20, max_per_round=3, batch_size=64,
         settings=MeasureSettings(warmup=3, min_repeats=5, max_repeats=50, time_cap_s=3.0))
-    data = digits_data(args.seed)
+    data = search_spaces.load_digits(args.seed)
     space = search_spaces.get_space("demo_cnn")
     train_s: list[float] = []
     blocked: dict[int, float] = {}  # trial number -> seconds the search waited on the cost model
 
     def build(trial: Any) -> tuple[Any, Any, dict[str, Any]]:
-        cfg = space.validate(suggest_demo_config(trial))
+        cfg = space.validate(search_spaces.suggest_demo_cnn(trial))
         return search_spaces.build_model("demo_cnn", cfg, seed=trial.number), space.input_spec(cfg, 16384), cfg
 
     def fit(trial: Any, model: Any, cfg: dict[str, Any]) -> float:
-        res = train_demo_model(model, data, cfg["resolution"], seconds=args.train_seconds, epochs=args.epochs,
-                     seed=trial.number)
-        train_s.append(res["train_s"])
-        return res["accuracy"]
+        res = search_spaces.train_digits(model, data, cfg["resolution"], seconds=args.train_seconds,
+                                         epochs=args.epochs, seed=trial.number)
+        train_s.append(res.train_s)
+        return res.accuracy
 
     t0 = time.perf_counter()
     if args.ask_tell:

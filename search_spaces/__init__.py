@@ -75,6 +75,10 @@ parameter counts exactly.
 All models use only ops ``torch.export`` handles with static shapes (no data-dependent control flow)
 and are returned in eval mode with weights seeded from ``seed`` (default 0).
 
+The ``demo_cnn`` family trains on scikit-learn's 8x8 digits in seconds: :func:`load_digits`,
+:func:`train_digits` and :func:`suggest_demo_cnn` (an Optuna trial's config) serve ``dippm-nas demo`` and
+``examples/optuna/``.
+
 Add a family with::
 
     @register_space("myfamily")
@@ -103,6 +107,7 @@ from search_spaces._mbconv import (
     config_from_accel_nasbench_row,
 )
 from search_spaces._bert import BertEncoder
+from search_spaces._digits import Digits, DigitsTraining, load_digits, suggest_demo_cnn, train_digits
 from search_spaces._blocks import Block, BlockInput, BlockPlan, BlockSearchSpace, Source
 from search_spaces._layers import TransformerBlock
 from search_spaces._params import Choice, IntRange, ListOf, Param, Struct
@@ -142,4 +147,9 @@ __all__ = [
     "MBCONV_STAGES",
     "BertEncoder",
     "TransformerBlock",
+    "Digits",
+    "DigitsTraining",
+    "load_digits",
+    "train_digits",
+    "suggest_demo_cnn",
 ]

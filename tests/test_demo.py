@@ -1,4 +1,4 @@
-"""Test of ``dippm-nas demo`` with tiny bounds: a real (two-trial) NAS, validation, table and plots."""
+"""Test of ``dippm-nas demo --quick``: a real (three-trial) NAS, validation with online calibration, table, plots."""
 
 from __future__ import annotations
 
@@ -12,35 +12,62 @@ import pytest
 from dippm_nas.cli import main
 
 
-def test_demo_runs_with_tiny_bounds(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_demo_quick(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     pytest.importorskip("sklearn", reason="the demo needs scikit-learn (pip install 'dippm-nas[demo]')")
-    pytest.importorskip("matplotlib", reason="the demo needs matplotlib (pip install 'dippm-nas[demo]')")
+    pytest.importorskip("matplotlib", reason="the demo's plots need matplotlib (pip install 'dippm-nas[plot]')")
     import torch
+
+    from dippm_nas.predictor import get_predictor
+    from dippm_nas.validation import CalibratedPredictor
 
     threads = torch.get_num_threads()
     out = tmp_path / "demo"
-    code = main(["demo", "--trials", "2", "--train-seconds", "0.2", "--epochs", "1", "--batch", "64",
-                 "--validate-every", "1", "--validate-max", "1", "--validate-batch", "4", "--out", str(out),
-                 "--study-name", "tiny"])
+    code = main(["demo", "--quick", "--background", "0", "--out", str(out), "--study-name", "tiny"])
     text = capsys.readouterr().out
     assert code == 0
     assert torch.get_num_threads() == threads  # the verb restores what it changed
+    assert not isinstance(get_predictor("host-cpu"), CalibratedPredictor)  # ... the host-cpu predictor too
     assert "Pareto front" in text and "cannot be validated here" in text and "PREDICTED" in text
+    assert "in float32" in text and "not the a100-sxm4-40gb figures" in text  # what the host CPU checks
+    assert "calibrated host-cpu latency x" in text
     for name in ("pareto.png", "predicted_vs_measured.png"):
         data = (out / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+        assert str(out / name) in text  # the paths are printed
     with (out / "trials.csv").open() as f:
         rows = list(csv.DictReader(f))
-    assert len(rows) == 2 and all(0.0 <= float(r["accuracy"]) <= 1.0 for r in rows)
+    assert len(rows) == 3 and all(0.0 <= float(r["accuracy"]) <= 1.0 for r in rows)
+    # the A100 figures come from the trained checkpoint, in the deployed dtype, with a σ
+    assert {r["latency_source"] for r in rows} == {"predicted"} and all(float(r["latency_ms_std"]) > 0 for r in rows)
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["trials"] == 2 and summary["device"] == "a100-sxm4-40gb"
+    assert summary["trials"] == 3 and summary["device"] == "a100-sxm4-40gb" and summary["dtype"] == "float16"
     assert summary["validation"]["device"] == "host-cpu" and summary["validation"]["measured"] >= 1
+    assert summary["validation"]["calibration"]["n_rows"] >= 1
+    check = summary["calibration_check"]
+    assert check["uncalibrated"] >= 1  # the first round, predicted before any calibration
+    if check["held_out"]:  # later rounds: predicted calibrated, compared before and after
+        assert check["latency_mape_before_pct"] > 0 and check["latency_mape_after_pct"] >= 0
+        assert "uncalibrated ->" in text
     assert summary["cost_model_s"] > 0
     study = optuna.load_study(study_name="tiny", storage=f"sqlite:///{out / 'demo.sqlite3'}")
     assert study.metric_names == ["accuracy", "latency_ms", "energy_j"]
-    assert len(study.trials) == 2 and "dippm_validation" in study.user_attrs
+    assert len(study.trials) == 3 and "dippm_validation" in study.user_attrs
     for t in study.trials:
         assert t.user_attrs["search_space"] == "demo_cnn" and "constraint_memory_mib" in t.user_attrs
+        assert t.user_attrs["input_spec"]["dtype"] == "float16"
+
+
+def test_demo_without_matplotlib_skips_the_plots(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("sklearn", reason="the demo needs scikit-learn (pip install 'dippm-nas[demo]')")
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises ImportError
+    out = tmp_path / "demo"
+    assert main(["demo", "--quick", "--trials", "1", "--no-validate", "--background", "0", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "plots skipped: matplotlib is not installed (pip install 'dippm-nas[plot]')" in text
+    assert (out / "trials.csv").is_file() and not (out / "pareto.png").exists()
 
 
 def test_demo_rejects_bad_bounds(capsys: pytest.CaptureFixture) -> None:

@@ -8,6 +8,7 @@ CPU with a handful of forwards.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -35,6 +36,7 @@ from dippm_nas.validation import (
     ParetoValidator,
     ValidationWorker,
     apply_calibration,
+    check_calibration,
     device_is_here,
     fit_calibration,
     torch_device_for,
@@ -511,6 +513,17 @@ def test_validator_records_oom_and_batch_override(fake_predicted: None) -> None:
     assert {j.spec["batch_size"] for j in jobs} == {64}
 
 
+def test_validator_dtype_override(fake_predicted: None) -> None:
+    """A float16 GPU search validated on a CPU in float32: the jobs carry the override."""
+    study = optuna.create_study(directions=["maximize", "minimize"])
+    _add(study, [1, 1], _attrs(8))
+    v = ParetoValidator("host-cpu", dtype="float32", measure_fn=FakeMeasure())
+    v.finish(study)
+    assert {j.spec["dtype"] for j in v.queue_for(study).jobs()} == {"float32"}
+    with pytest.raises(DippmNasError, match="dtype must be one of"):
+        ParetoValidator("host-cpu", dtype="int8")
+
+
 def test_queue_mode_leaves_jobs_to_the_device_worker(fake_predicted: None, tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     from dippm_nas.validation import _worker
@@ -544,7 +557,9 @@ class _Fixed(BasePredictor):
     def __init__(self, device: str) -> None:
         self.device = device
 
-    def predict_graphs(self, graphs: Any, *, mig: bool = True, k_sigma: float = 2.0) -> list[Prediction]:
+    def predict_graphs(self, graphs: Any, *, mig: bool = True, k_sigma: float = 2.0, runtime: str = "eager",
+                       host: Any = None) -> list[Prediction]:
+        self.last_execution = (runtime, host)
         return [Prediction(latency_ms=2.0, energy_j=None, memory_mib=3.0, latency_source="analytic",
                            energy_source="unavailable", memory_source="analytic", device=self.device,
                            batch_size=1, dtype="float32", latency_ms_std=0.5) for _ in graphs]
@@ -569,6 +584,25 @@ def test_fit_calibration_uses_uncalibrated_predictions() -> None:
         fit_calibration(jobs, "a100-sxm4-40gb", min_rows=1)
 
 
+def test_check_calibration_uses_only_jobs_predicted_after_it() -> None:
+    def job(i: int, pred: float, raw: float, meas: float, source: str) -> Job:
+        j = _done_job(i, raw, meas)
+        return dataclasses.replace(j, predicted=dict(j.predicted, latency_ms=pred, latency_source=source))
+
+    jobs = [job(0, 4.0, 4.0, 2.0, "predicted"),        # before any calibration: never held out
+            job(1, 1.1, 2.2, 1.0, "calibrated"), job(2, 2.0, 4.0, 2.5, "calibrated"),
+            _done_job(3, 1.0, 0.0, "oom")]
+    c = check_calibration(jobs)
+    assert c.uncalibrated == 1 and c.uncalibrated_latency_mape_pct == pytest.approx(100.0)
+    assert c.held_out == 2
+    assert c.latency_mape_before_pct == pytest.approx((120.0 + 60.0) / 2)
+    assert c.latency_mape_after_pct == pytest.approx((10.0 + 20.0) / 2)
+    assert c.latency_median_ape_before_pct == pytest.approx(90.0)
+    assert c.to_dict()["held_out"] == 2
+    empty = check_calibration([])
+    assert empty.held_out == 0 and empty.latency_mape_after_pct is None
+
+
 def test_calibrated_predictor_is_applied_once_per_device() -> None:
     cal = fit_calibration([_done_job(0, 1.0, 3.0), _done_job(1, 2.0, 6.0), _done_job(2, 1.5, 4.5)], "host-cpu")
     set_predictor("host-cpu", _Fixed("host-cpu"))
@@ -581,6 +615,8 @@ def test_calibrated_predictor_is_applied_once_per_device() -> None:
         assert pred.latency_ms == pytest.approx(6.0) and pred.latency_ms_std == pytest.approx(1.5)
         assert pred.latency_source == "calibrated" and pred.memory_source == "analytic"
         assert pred.details["uncalibrated_latency_ms"] == 2.0
+        p.predict_graphs([object()], runtime="cuda-graphs", host="h.json")  # type: ignore[list-item]
+        assert p.base.last_execution == ("cuda-graphs", "h.json")  # the execution reaches the base predictor
         with pytest.raises(DippmNasError, match="cannot correct the predictor of 'a100-sxm4-40gb'"):
             CalibratedPredictor(_Fixed("a100-sxm4-40gb"), cal)
     finally:
@@ -604,6 +640,25 @@ def test_auto_calibrate_after_enough_measurements(monkeypatch: pytest.MonkeyPatc
         assert study.user_attrs["dippm_validation"]["calibration"]["latency_scale"] == pytest.approx(3.0)
     finally:
         set_predictor("host-cpu", None)
+
+
+def test_predict_through_a_calibrated_predictor() -> None:
+    """dippm_nas.predict answers a calibrated device (it passes runtime and host to every predictor)."""
+    import search_spaces
+
+    from dippm_nas.predictor import predict
+
+    model = search_spaces.build_model("mlp", _cfg())
+    raw = predict(model, SPEC, "host-cpu", mig=False)
+    cal = fit_calibration([_done_job(0, 1.0, 2.0)], "host-cpu", min_rows=1)
+    before = get_predictor("host-cpu")
+    try:
+        apply_calibration(cal)
+        pred = predict(model, SPEC, "host-cpu", mig=False)
+    finally:
+        set_predictor("host-cpu", before)
+    assert pred.latency_source == "calibrated" and pred.latency_ms == pytest.approx(2.0 * raw.latency_ms)
+    assert pred.details["uncalibrated_latency_ms"] == pytest.approx(raw.latency_ms)
 
 
 # ------------------------------------------------------------------------------------------- end to end

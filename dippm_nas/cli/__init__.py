@@ -3,17 +3,14 @@
 (list flags, ``--json``, exit status, suggestions). Only this package prints.
 
 Also public, for scripts and benchmarks that reuse a verb's pieces: :func:`add_split_args` and
-:func:`parse_devices` (the ``train`` / ``evaluate`` split and device flags), and the ``demo`` search's task:
-:func:`digits_data` (scikit-learn's digits, split and seeded), :func:`suggest_demo_config` (a ``demo_cnn``
-config from an Optuna trial) and :func:`train_demo_model` (train a candidate, held-out accuracy).
+:func:`parse_devices` (the ``train`` / ``evaluate`` split and device flags). The ``demo`` search's task (the
+digits data, its training loop and suggestions) is public in :mod:`search_spaces`.
 """
 
 from __future__ import annotations
 
-from dippm_nas.cli._demo import digits_data, suggest_demo_config, train_demo_model
 from dippm_nas.cli._grammar import UsageError
 from dippm_nas.cli._main import main
 from dippm_nas.cli._train import add_split_args, parse_devices
 
-__all__ = ["main", "UsageError", "add_split_args", "parse_devices", "digits_data", "suggest_demo_config",
-           "train_demo_model"]
+__all__ = ["main", "UsageError", "add_split_args", "parse_devices"]

@@ -4,14 +4,17 @@
 (:class:`JobQueue`) and measures them here or leaves them to ``dippm-nas validate-worker`` on the
 machine that has the device (:class:`ValidationWorker`). Results land in a SQL results table
 (:class:`ValidationRecord`) and a :class:`ValidationSummary` in the study's user attributes;
-:class:`Calibration` corrects the measured device's latency predictions.
+:class:`Calibration` corrects the measured device's latency predictions, and :func:`check_calibration` measures
+how much it helped on jobs it was not fitted on.
 """
 
 from dippm_nas.errors import ValidationError
 from dippm_nas.validation._calibrate import (
     CalibratedPredictor,
     Calibration,
+    CalibrationCheck,
     apply_calibration,
+    check_calibration,
     fit_calibration,
 )
 from dippm_nas.validation._queue import (
@@ -40,6 +43,7 @@ __all__ = [
     "JOB_STATUSES", "JOBS_TABLE", "RESULTS_TABLE",
     "ValidationWorker", "device_is_here", "torch_device_for",
     "ValidationSummary", "summarize",
-    "Calibration", "CalibratedPredictor", "fit_calibration", "apply_calibration",
+    "Calibration", "CalibratedPredictor", "fit_calibration", "apply_calibration", "CalibrationCheck",
+    "check_calibration",
     "ValidationError",
 ]

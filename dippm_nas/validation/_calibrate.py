@@ -26,7 +26,8 @@ from dippm_nas.prediction import Prediction
 from dippm_nas.predictor import BasePredictor, get_predictor, set_predictor
 from dippm_nas.validation._queue import Job
 
-__all__ = ["Calibration", "CalibratedPredictor", "fit_calibration", "apply_calibration", "uncalibrated_latency_ms"]
+__all__ = ["Calibration", "CalibratedPredictor", "CalibrationCheck", "fit_calibration", "apply_calibration",
+           "check_calibration", "uncalibrated_latency_ms"]
 
 
 def uncalibrated_latency_ms(predicted: dict[str, Any]) -> float | None:
@@ -98,6 +99,69 @@ def fit_calibration(jobs: Sequence[Job], device: str, *, min_rows: int = 3) -> C
                        latency_mape_after_pct=after, fitted_at=time.time())
 
 
+@dataclass(frozen=True)
+class CalibrationCheck:
+    """How much a calibration helped, measured on jobs it was not fitted on.
+
+    A job predicted while a calibration was applied (``predicted["latency_source"] == "calibrated"``) was
+    predicted before it was measured, so comparing its calibrated and its uncalibrated prediction
+    (``predicted["latency_ms_uncalibrated"]``) with its measurement is an out-of-sample check of the
+    calibration. Jobs predicted before any calibration are summarised apart.
+
+    Attributes:
+        held_out: ``"ok"`` jobs predicted with a calibration applied.
+        latency_mape_before_pct, latency_mape_after_pct: their mean absolute percentage error of latency
+            with the uncalibrated and with the calibrated prediction, percent (``None`` without such jobs).
+        latency_median_ape_before_pct, latency_median_ape_after_pct: the same, median.
+        uncalibrated: ``"ok"`` jobs predicted without a calibration.
+        uncalibrated_latency_mape_pct: their latency MAPE, percent.
+    """
+
+    held_out: int
+    latency_mape_before_pct: float | None
+    latency_mape_after_pct: float | None
+    latency_median_ape_before_pct: float | None
+    latency_median_ape_after_pct: float | None
+    uncalibrated: int
+    uncalibrated_latency_mape_pct: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _ape(pairs: Sequence[tuple[float, float]]) -> list[float]:
+    return [100.0 * abs(p - m) / m for p, m in pairs]
+
+
+def check_calibration(jobs: Sequence[Job]) -> CalibrationCheck:
+    """The :class:`CalibrationCheck` of finished validation jobs (of one study and device, usually
+    ``queue.jobs(study=..., device=..., status="done")``); jobs not measured ``"ok"`` are ignored."""
+    held: list[tuple[float, float, float]] = []
+    first: list[tuple[float, float]] = []
+    for j in jobs:
+        r = j.result or {}
+        m, p = r.get("latency_ms"), j.predicted.get("latency_ms")
+        raw = uncalibrated_latency_ms(j.predicted)
+        if r.get("status") != "ok" or not m or not p or not raw or m <= 0:
+            continue
+        if j.predicted.get("latency_source") == "calibrated":
+            held.append((float(raw), float(p), float(m)))
+        else:
+            first.append((float(raw), float(m)))
+    before = _ape([(raw, m) for raw, _, m in held])
+    after = _ape([(p, m) for _, p, m in held])
+    unc = _ape(first)
+    return CalibrationCheck(
+        held_out=len(held),
+        latency_mape_before_pct=statistics.fmean(before) if before else None,
+        latency_mape_after_pct=statistics.fmean(after) if after else None,
+        latency_median_ape_before_pct=statistics.median(before) if before else None,
+        latency_median_ape_after_pct=statistics.median(after) if after else None,
+        uncalibrated=len(first),
+        uncalibrated_latency_mape_pct=statistics.fmean(unc) if unc else None,
+    )
+
+
 class CalibratedPredictor(BasePredictor):
     """Another predictor's answers with the latency multiplied by a :class:`Calibration`'s factor.
 
@@ -116,11 +180,11 @@ class CalibratedPredictor(BasePredictor):
         self.calibration = calibration
         self.device = base.device
 
-    def predict_graphs(self, graphs: Sequence[OperatorGraph], *, mig: bool = True,
-                       k_sigma: float = 2.0) -> list[Prediction]:
+    def predict_graphs(self, graphs: Sequence[OperatorGraph], *, mig: bool = True, k_sigma: float = 2.0,
+                       runtime: str = "eager", host: Any = None) -> list[Prediction]:
         s = self.calibration.latency_scale
         out = []
-        for p in self.base.predict_graphs(graphs, mig=mig, k_sigma=k_sigma):
+        for p in self.base.predict_graphs(graphs, mig=mig, k_sigma=k_sigma, runtime=runtime, host=host):
             details = dict(p.details)
             details["uncalibrated_latency_ms"] = p.latency_ms
             details["latency_calibration_scale"] = s

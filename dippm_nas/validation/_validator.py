@@ -36,7 +36,7 @@ from dippm_nas._logging import WarnOnce
 from dippm_nas.devices import resolve_device
 from dippm_nas.errors import DippmNasError, ValidationError
 from dippm_nas.predictor import predict
-from dippm_nas.spec import InputSpec
+from dippm_nas.spec import COMPUTE_DTYPES, InputSpec
 from dippm_nas.validation._calibrate import Calibration, apply_calibration, fit_calibration
 from dippm_nas.validation._queue import DEFAULT_LEASE_S, DEFAULT_MAX_ATTEMPTS, JobQueue, ValidationRecord
 from dippm_nas.validation._summary import ValidationSummary, summarize
@@ -117,6 +117,8 @@ class ParetoValidator:
         mode: one of :data:`MODES`.
         batch_size: measure (and predict) with this batch size instead of the trial's (e.g. a serving
             batch too large to time on a CPU); ``None`` keeps the trial's.
+        dtype: measure (and predict) in this compute dtype instead of the trial's (e.g. ``"float32"`` on a
+            CPU for a search whose candidates are float16 on the GPU); ``None`` keeps the trial's.
         settings: :class:`~dippm_nas.measure.MeasureSettings` of local measurements.
         lease_s, max_attempts: of the :class:`JobQueue`.
         auto_calibrate: fit and apply :meth:`calibrate` after each round once ``min_calibration_rows``
@@ -144,6 +146,7 @@ class ParetoValidator:
         max_per_round: int = 3,
         mode: Literal["auto", "local", "queue"] = "auto",
         batch_size: int | None = None,
+        dtype: str | None = None,
         settings: Any = None,
         lease_s: float = DEFAULT_LEASE_S,
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
@@ -170,6 +173,8 @@ class ParetoValidator:
         if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
                                        or batch_size < 1):
             raise ValidationError(f"batch_size must be an int >= 1 or None, got {batch_size!r}")
+        if dtype is not None and dtype not in COMPUTE_DTYPES:
+            raise ValidationError(f"dtype must be one of {COMPUTE_DTYPES} or None, got {dtype!r}")
         if isinstance(min_calibration_rows, bool) or not isinstance(min_calibration_rows, int) \
                 or min_calibration_rows < 1:
             raise ValidationError(f"min_calibration_rows must be an int >= 1, got {min_calibration_rows!r}")
@@ -186,6 +191,7 @@ class ParetoValidator:
         self.every_seconds = None if every_seconds is None else float(every_seconds)
         self.max_per_round = max_per_round
         self.batch_size = batch_size
+        self.dtype = dtype
         self.settings = settings
         self.lease_s = lease_s
         self.max_attempts = max_attempts
@@ -304,6 +310,8 @@ class ParetoValidator:
                 spec = dict(t.user_attrs["input_spec"])
                 if self.batch_size is not None:
                     spec["batch_size"] = self.batch_size
+                if self.dtype is not None:
+                    spec["dtype"] = self.dtype
                 space, config = t.user_attrs["search_space"], t.user_attrs["search_space_config"]
                 try:
                     predicted = self._predicted_for(space, config, spec)
