@@ -150,9 +150,9 @@ def _slice_latency(
     options: dict[str, Any],
 ) -> tuple[float | None, str]:
     if graph is not None:
-        from dippm_nas.prior import estimate
+        from dippm_nas.prior import estimate_latency_ms
 
-        return estimate(graph, device.mig_slice(profile), **options).latency_ms, "prior"
+        return estimate_latency_ms(graph, device.mig_slice(profile), **options), "prior"
     if prediction.device != device.id:
         return None, "unknown"
     sm_ratio = device.sms / device.profile_sms(profile)
