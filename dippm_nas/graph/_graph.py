@@ -259,9 +259,11 @@ class OperatorGraph:
                 v = getattr(node, name)
                 if not isinstance(v, int) or v < 0:
                     raise GraphValidationError(f"node {i} ({node.op}): {name} must be an int >= 0, got {v!r}")
-            for s in (*node.output_shapes, *node.input_shapes):
-                if any((not isinstance(d, int)) or d < 0 for d in s):
-                    raise GraphValidationError(f"node {i} ({node.op}): shapes must be ints >= 0, got {s!r}")
+            dims = [d for s in (*node.output_shapes, *node.input_shapes) for d in s]
+            if dims and not (set(map(type, dims)) == {int} and min(dims) >= 0):  # else: find the bad shape
+                for s in (*node.output_shapes, *node.input_shapes):
+                    if any((not isinstance(d, int)) or d < 0 for d in s):
+                        raise GraphValidationError(f"node {i} ({node.op}): shapes must be ints >= 0, got {s!r}")
         seen = set()
         for e in self.edges:
             s, d = e

@@ -177,9 +177,10 @@ def _retain(graph: OperatorGraph, sizes: list[list[int]], alloc_at: list[int], l
     new_last = list(last_use)
     # block input: a cut read by a residual join lives until the next cut that a join reads (the next
     # block's input), or the cut after the join's output when none follows
+    read_by = [{storage_of[p] for p in preds[c]} if joins[c] else None for c in range(n)]  # a join's inputs
     skip_sources = sorted(k for k, (_, s) in enumerate(cuts)
-                          if any(joins[c] for c in range(pos[k] + 1, min(last_use[s], n - 1) + 1)
-                                 if s in {storage_of[p] for p in preds[c]}))
+                          if any(s in read_by[c] for c in range(pos[k] + 1, min(last_use[s], n - 1) + 1)
+                                 if joins[c]))
     size = [sum(sizes[s]) for _, s in cuts]
     run = [0] * len(cuts)  # runs of equal-sized cuts (a stage)
     for k in range(1, len(cuts)):
