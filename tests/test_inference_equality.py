@@ -33,8 +33,7 @@ from dippm_nas.cache import ConversionCache
 from dippm_nas.capture import assemble, clear_block_memo
 from dippm_nas.devices import resolve_device
 from dippm_nas.features import ATTR_WIDTH, TOKENS, coarsen, encode_op, featurize, node_dim
-from dippm_nas.graph import OperatorGraph
-from dippm_nas.graph._formulas import OP_CLASSES
+from dippm_nas.graph import OP_CLASSES, OperatorGraph
 from dippm_nas.predictor import set_predictor
 from dippm_nas.prior import (
     activation_liveness,
