@@ -197,7 +197,8 @@ def _retain(graph: OperatorGraph, sizes: list[list[int]], alloc_at: list[int], l
     for k, (j, sj) in enumerate(cuts[:-1]):
         if not joins[j]:
             continue
-        nxt = next((q for q in skip_sources if q > k), len(cuts))
+        i = bisect.bisect_right(skip_sources, k)  # the first skip source after cut k (sorted)
+        nxt = skip_sources[i] if i < len(skip_sources) else len(cuts)
         end = pos[nxt] if nxt < len(cuts) and run[nxt] == run[k] else pos[k + 1]
         for p in preds[j]:
             s = storage_of[p]
