@@ -157,6 +157,23 @@ def _key_of(space: Any, block: Any, bspec: InputSpec) -> str:
     return "block:" + hashlib.sha256("|".join(parts).encode()).hexdigest()
 
 
+#: (space digest, kind, params JSON, outputs, batch, dtype, model inputs, block inputs) -> (block spec, key):
+#: everything :func:`_block_spec` and :func:`_key_of` read, so a hit is their answer
+_SPEC_KEYS: dict[tuple[Any, ...], tuple[InputSpec, str]] = {}
+_SPEC_KEYS_MAX = 1 << 16
+
+
+def _spec_and_key(space: Any, block: Any, spec: InputSpec, memo_key: tuple[Any, ...]) -> tuple[InputSpec, str]:
+    hit = _SPEC_KEYS.get(memo_key)
+    if hit is None:
+        bspec = _block_spec(block, spec)
+        hit = (bspec, _key_of(space, block, bspec))
+        if len(_SPEC_KEYS) >= _SPEC_KEYS_MAX:
+            _SPEC_KEYS.clear()
+        _SPEC_KEYS[memo_key] = hit
+    return hit
+
+
 def block_key(space: Any, block: Any, spec: InputSpec) -> str:
     """The conversion-cache key of one block of a candidate (see the module docstring for what it covers).
 
@@ -533,9 +550,14 @@ class _Run:
             return ("whole", space, cfg, spec)
         plan = space.blocks(cfg)
         keys = []
+        digest = _space_digest(space)
+        model_inputs = tuple((t.name, t.dtype, t.high) for t in spec.tensors)
         for block in plan.blocks:
-            bspec = _block_spec(block, spec)
-            key = _key_of(space, block, bspec)
+            params = json.dumps(block.params, sort_keys=True, separators=(",", ":"))
+            bspec, key = _spec_and_key(space, block, spec, (
+                digest, block.kind, params, block.num_outputs, spec.batch_size, spec.dtype, model_inputs,
+                tuple((i.name, tuple(i.shape), i.dtype, i.source if isinstance(i.source, str) else None)
+                      for i in block.inputs)))
             keys.append(key)
             if key not in self.prepared and key not in self.needed:
                 p = _MEMO.get(key) if self.use_memo else None

@@ -177,6 +177,12 @@ def _shape_feats(node: OpNode) -> list[float]:
     ]
 
 
+def _lg_many(values: list[float]) -> list[float]:
+    """:func:`_lg` of each value (``math.log1p``, as :func:`_lg`: numpy's ``log1p`` rounds differently)."""
+    log1p = math.log1p
+    return [log1p(v) if v > 0.0 else (v if v != v else 0.0) for v in values]  # nan stays nan, <= 0 gives 0
+
+
 def _ours(graph: OperatorGraph, est: "PriorEstimate", fuse: bool, unknown: dict[str, int]
           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     kg = coarsen(graph, fuse=fuse)
@@ -185,40 +191,70 @@ def _ours(graph: OperatorGraph, est: "PriorEstimate", fuse: bool, unknown: dict[
     h_ms = np.asarray(est.node_host_ms, dtype=np.float64)
     util = np.asarray(est.node_utilisation, dtype=np.float64)
     ntok, ncls = len(TOKENS), len(OP_CLASSES)
-    rows = np.zeros((kg.num_kernels, node_dim("ours")), dtype=np.float32)
+    nk = kg.num_kernels
+    rows = np.zeros((nk, node_dim("ours")), dtype=np.float32)
+    # members of every kernel in kernel order, each kernel's head first (the order the sums run in)
+    lens = np.fromiter((len(m) for m in kg.groups), dtype=np.int64, count=nk)
+    flat = np.fromiter((i for m in kg.groups for i in m), dtype=np.int64, count=int(lens.sum()))
+    gid = np.repeat(np.arange(nk), lens)
+    # per-kernel sums over members: integers exactly (int64), times in member order (np.add.at is sequential)
+    ints = np.zeros((nk, 5), dtype=np.int64)
+    np.add.at(ints, gid, np.array([(nodes[m].flops, nodes[m].macs, nodes[m].bytes_read, nodes[m].bytes_written,
+                                    nodes[m].param_bytes) for m in flat.tolist()], dtype=np.int64).reshape(-1, 5))
+    tt = np.zeros(nk)
+    ht = np.zeros(nk)
+    ut = np.zeros(nk)
+    np.add.at(tt, gid, t_ms[flat])
+    np.add.at(ht, gid, h_ms[flat])
+    np.maximum.at(ut, gid, util[flat])
+    cls_index = {c: j for j, c in enumerate(OP_CLASSES)}
+    cls_of = np.fromiter((cls_index.get(nodes[m].op_class, -1) for m in flat.tolist()), dtype=np.int64,
+                         count=len(flat))
+    counts = np.zeros((nk, ncls + 1))
+    np.add.at(counts, (gid, cls_of), 1.0)  # column -1: classes outside OP_CLASSES (not a feature)
+    head_pos = np.cumsum(lens) - lens
+    member_unknown = np.fromiter((not nodes[m].known for m in flat.tolist()), dtype=bool, count=len(flat))
+    member_unknown[head_pos] = False  # the head's own status is its encoder's (below)
+    any_unknown = np.zeros(nk, dtype=bool)
+    np.logical_or.at(any_unknown, gid, member_unknown)
+    # the head's token, attributes, shapes and dtype
+    o_tok = 0
+    o_attr = ntok
+    o_shape = o_attr + ATTR_WIDTH
+    o_cost = o_shape + _SHAPE_W
+    o_prior = o_cost + _COST_W
+    o_misc = o_prior + _PRIOR_W
+    o_cls = o_misc + 2
+    o_dt = o_cls + ncls
+    tok_index = {t: j for j, t in enumerate(TOKENS)}
+    head_rows = []
     for k, members in enumerate(kg.groups):
         head = nodes[members[0]]
         token, attrs, known = encode_op(head)
         if not known:
             unknown[head.op] = unknown.get(head.op, 0) + 1
-        r = [0.0] * ntok
-        r[TOKENS.index(token)] = 1.0
-        flops = macs = br = bw = pb = 0
-        tt = ht = 0.0
-        ut = 0.0
-        cls_counts = [0.0] * ncls
-        any_unknown = not known
-        for m in members:
-            nd = nodes[m]
-            flops += nd.flops
-            macs += nd.macs
-            br += nd.bytes_read
-            bw += nd.bytes_written
-            pb += nd.param_bytes
-            tt += t_ms[m]
-            ht += h_ms[m]
-            ut = max(ut, util[m])
-            if nd.op_class in OP_CLASSES:
-                cls_counts[OP_CLASSES.index(nd.op_class)] += 1.0
-            if m != members[0] and not nd.known:
-                any_unknown = True
-                unknown[nd.op] = unknown.get(nd.op, 0) + 1
-        dt = [float(head.output_dtype == d) for d in _DTYPES]
-        feats = (r + list(attrs) + _shape_feats(head)
-                 + [_lg(flops), _lg(macs), _lg(br), _lg(bw), _lg(pb), _lg(flops / (br + bw + 1.0))]
-                 + [_lg(tt * 1e3), _lg(ht * 1e3), float(ut)]
-                 + [float(any_unknown), _lg(len(members))] + [_lg(c) for c in cls_counts] + dt + [1.0])
-        rows[k] = feats
+            any_unknown[k] = True
+        if any_unknown[k]:  # the members' unknown ops, in the order the kernels list them
+            for m in members[1:]:
+                if not nodes[m].known:
+                    unknown[nodes[m].op] = unknown.get(nodes[m].op, 0) + 1
+        rows[k, o_tok + tok_index[token]] = 1.0
+        head_rows.append(list(attrs) + _shape_feats(head) + [float(head.output_dtype == d) for d in _DTYPES])
+    hr = np.asarray(head_rows, dtype=np.float64).reshape(nk, ATTR_WIDTH + _SHAPE_W + len(_DTYPES))
+    rows[:, o_attr:o_cost] = hr[:, :ATTR_WIDTH + _SHAPE_W]
+    rows[:, o_dt:o_dt + len(_DTYPES)] = hr[:, ATTR_WIDTH + _SHAPE_W:]
+    fl, mc, br, bw, pb = (ints[:, j].tolist() for j in range(5))
+    ratio = [f / (r + w + 1.0) for f, r, w in zip(fl, br, bw)]
+    cost = [_lg_many([float(v) for v in col]) for col in (fl, mc, br, bw, pb)] + [_lg_many(ratio)]
+    rows[:, o_cost:o_prior] = np.asarray(cost, dtype=np.float64).T
+    rows[:, o_prior] = _lg_many((tt * 1e3).tolist())
+    rows[:, o_prior + 1] = _lg_many((ht * 1e3).tolist())
+    rows[:, o_prior + 2] = ut
+    rows[:, o_misc] = any_unknown
+    rows[:, o_misc + 1] = _lg_many(lens.astype(np.float64).tolist())
+    rows[:, o_cls:o_cls + ncls] = np.asarray(_lg_many(counts[:, :ncls].ravel().tolist()),
+                                             dtype=np.float64).reshape(nk, ncls)
+    rows[:, o_dt + len(_DTYPES)] = 1.0
     sf = graph.static_features()
     input_elems = sum(math.prod(s) for s in graph.spec.batched_shapes().values())
     # the energy feature keeps the single-share formula the checkpoints were trained with (FEATURE_SCHEMA_VERSION 1)
@@ -226,7 +262,7 @@ def _ours(graph: OperatorGraph, est: "PriorEstimate", fuse: bool, unknown: dict[
     st = [
         _lg(sf.total_macs), _lg(sf.total_flops), _lg(sf.batch_size), _lg(sf.num_conv), _lg(sf.num_dense),
         _lg(sf.num_relu), _lg(sf.param_count), _lg(sf.param_bytes), _lg(sf.activation_bytes), _lg(sf.depth),
-        _lg(graph.num_nodes), _lg(kg.num_kernels), _lg(input_elems),
+        _lg(graph.num_nodes), _lg(nk), _lg(input_elems),
         _lg(est.latency_ms * 1e3), _lg(est.host_ms * 1e3), _lg(est.gpu_busy_ms * 1e3), _lg(est.memory_mib),
         _lg(e_feat * 1e3 if e_feat is not None else 0.0), float(e_feat is not None),
     ] + [float(graph.spec.dtype == d) for d in _DTYPES]

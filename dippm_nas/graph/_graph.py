@@ -212,9 +212,13 @@ class OperatorGraph:
         preds = self.predecessors()
         best = 0
         for n in self.nodes:
-            own = 0 if n.is_constant else 1
-            level[n.index] = own + max((level[p] for p in preds[n.index]), default=0)
-            best = max(best, level[n.index])
+            deepest = 0
+            for p in preds[n.index]:
+                if level[p] > deepest:
+                    deepest = level[p]
+            level[n.index] = v = deepest + (0 if n.is_constant else 1)
+            if v > best:
+                best = v
         return best
 
     def static_features(self) -> StaticFeatures:
@@ -247,6 +251,39 @@ class OperatorGraph:
         n = self.num_nodes
         if n == 0:
             raise GraphValidationError("an OperatorGraph must have at least one node, got 0")
+        if not self._valid_at_a_glance():  # some rule is broken: find and name the first one
+            self._validate_nodes_and_edges()
+        for name, consumers in self.input_consumers.items():
+            bad = [c for c in consumers if not 0 <= c < n]
+            if bad:
+                raise GraphValidationError(f"input {name!r} feeds nodes {bad} outside the {n} nodes")
+        bad_out = [o for o in self.outputs if not 0 <= o < n]
+        if bad_out or not self.outputs:
+            raise GraphValidationError(f"outputs must be a non-empty list of node indices < {n}, got {self.outputs}")
+        return self
+
+    def _valid_at_a_glance(self) -> bool:
+        """The node and edge rules of :meth:`validate` checked in bulk: ``True`` when none is broken (a
+        ``False`` leaves naming the first broken rule to :meth:`_validate_nodes_and_edges`)."""
+        nodes, n = self.nodes, self.num_nodes
+        if [nd.index for nd in nodes] != list(range(n)):
+            return False
+        if any(len(nd.input_shapes) != len(nd.input_is_param) for nd in nodes):
+            return False
+        counts = [v for nd in nodes for v in (nd.flops, nd.macs, nd.bytes_read, nd.bytes_written, nd.param_bytes)]
+        if set(map(type, counts)) != {int} or min(counts) < 0:
+            return False
+        dims = [d for nd in nodes for s in (*nd.output_shapes, *nd.input_shapes) for d in s]
+        if dims and (set(map(type, dims)) != {int} or min(dims) < 0):
+            return False
+        try:
+            return all(0 <= s < d < n for s, d in self.edges) and len(set(self.edges)) == len(self.edges)
+        except (TypeError, ValueError):
+            return False
+
+    def _validate_nodes_and_edges(self) -> None:
+        """The node and edge rules of :meth:`validate`, one node and edge at a time (raises on the first)."""
+        n = self.num_nodes
         for i, node in enumerate(self.nodes):
             if node.index != i:
                 raise GraphValidationError(f"nodes[{i}].index must be {i}, got {node.index} (op {node.op})")
@@ -259,9 +296,11 @@ class OperatorGraph:
                 v = getattr(node, name)
                 if not isinstance(v, int) or v < 0:
                     raise GraphValidationError(f"node {i} ({node.op}): {name} must be an int >= 0, got {v!r}")
-            for s in (*node.output_shapes, *node.input_shapes):
-                if any((not isinstance(d, int)) or d < 0 for d in s):
-                    raise GraphValidationError(f"node {i} ({node.op}): shapes must be ints >= 0, got {s!r}")
+            dims = [d for s in (*node.output_shapes, *node.input_shapes) for d in s]
+            if dims and not (set(map(type, dims)) == {int} and min(dims) >= 0):  # else: find the bad shape
+                for s in (*node.output_shapes, *node.input_shapes):
+                    if any((not isinstance(d, int)) or d < 0 for d in s):
+                        raise GraphValidationError(f"node {i} ({node.op}): shapes must be ints >= 0, got {s!r}")
         seen = set()
         for e in self.edges:
             s, d = e
@@ -274,14 +313,6 @@ class OperatorGraph:
             if e in seen:
                 raise GraphValidationError(f"edge {e} appears twice")
             seen.add(e)
-        for name, consumers in self.input_consumers.items():
-            bad = [c for c in consumers if not 0 <= c < n]
-            if bad:
-                raise GraphValidationError(f"input {name!r} feeds nodes {bad} outside the {n} nodes")
-        bad_out = [o for o in self.outputs if not 0 <= o < n]
-        if bad_out or not self.outputs:
-            raise GraphValidationError(f"outputs must be a non-empty list of node indices < {n}, got {self.outputs}")
-        return self
 
     # ------------------------------------------------------------ fingerprint
     def structural_hash(self) -> str:

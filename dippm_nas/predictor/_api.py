@@ -8,7 +8,7 @@ import warnings
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from dippm_nas.capture import CacheArg, assemble_many, capture, capture_many, space_config_of
+from dippm_nas.capture import CacheArg, assemble, assemble_many, capture, capture_many, space_config_of
 from dippm_nas.errors import CheckpointError, DippmNasError, InputSpecError
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.prediction import Prediction
@@ -104,6 +104,9 @@ def _graph_of(model_or_graph: Any, spec: InputSpec | None, cache: CacheArg) -> O
     if spec is None:
         raise InputSpecError("spec is required with a model (InputSpec(shape=(3, 224, 224), batch_size=8)); "
                              "only an OperatorGraph carries its own")
+    sc = space_config_of(model_or_graph)
+    if sc is not None:  # a registered search space's candidate: assembled from cached blocks (the same graph)
+        return assemble(sc[0], sc[1], spec, cache=cache)
     return capture(model_or_graph, spec, cache=cache)
 
 
@@ -113,7 +116,10 @@ def predict(model_or_graph: Any, spec: InputSpec | None = None, device: str = DE
     """Predicted latency, energy and memory of one model on ``device``.
 
     Args:
-        model_or_graph: an ``nn.Module``, ONNX path, model SPEC string, or an :class:`OperatorGraph`.
+        model_or_graph: an ``nn.Module``, ONNX path, model SPEC string, or an :class:`OperatorGraph`. A model
+            from a registered search space (built by ``search_spaces.build_model``, or the lazy
+            ``functools.partial(search_spaces.build_model, name, config)``) is assembled from cached blocks
+            (:func:`dippm_nas.capture.assemble`: the same graph as a whole capture, without exporting it).
         spec: the input spec (required unless a graph is given).
         device: catalogue id (``dippm-nas devices`` lists them); default ``"a100-sxm4-40gb"``.
         cache: conversion cache, as in :func:`dippm_nas.capture`.

@@ -345,8 +345,14 @@ class GnnPredictor(BasePredictor):
         from dippm_nas.prior import default_params
 
         pinned = self._pinned_params()
-        if pinned.host_model is None and default_params().host_model is not None:
-            return dataclasses.replace(pinned, host_model=default_params().host_model)
+        fitted = default_params().host_model
+        if pinned.host_model is None and fitted is not None:
+            memo = self.__dict__.get("_execution_params_memo")  # one object per (pinned, host model) pair
+            if memo is not None and memo[0] is pinned and memo[1] is fitted:
+                return memo[2]
+            out = dataclasses.replace(pinned, host_model=fitted)
+            self._execution_params_memo = (pinned, fitted, out)
+            return out
         return pinned
 
     def _timeline_parts(self, graph: OperatorGraph, est: Any, m: float, runtime: str, host: HostProfile

@@ -11,7 +11,14 @@ times from a fitted :class:`HostModel` scaled to a :class:`~dippm_nas.devices.Ho
 :func:`power_table`), so its source is ``"predicted"`` for such an architecture.
 """
 
-from dippm_nas.prior._estimate import PriorEstimate, estimate, latency_sigma_log, latency_us, timeline_fields
+from dippm_nas.prior._estimate import (
+    PriorEstimate,
+    estimate,
+    estimate_latency_ms,
+    latency_sigma_log,
+    latency_us,
+    timeline_fields,
+)
 from dippm_nas.prior._host import HOST_KINDS, RUNTIMES, Execution, HostModel, check_runtime
 from dippm_nas.prior._host_fit import FIT_PARAMETERS, HostRow, fit_host_model, host_model_latency_ms
 from dippm_nas.prior._memory import MemoryBreakdown, MemoryParts, activation_liveness, gpu_memory_parts, round_block
@@ -35,7 +42,7 @@ from dippm_nas.prior._power import (
 from dippm_nas.prior._predict import predict
 
 __all__ = [
-    "estimate", "predict", "PriorEstimate", "latency_us", "latency_sigma_log", "timeline_fields",
+    "estimate", "estimate_latency_ms", "predict", "PriorEstimate", "latency_us", "latency_sigma_log", "timeline_fields",
     "RUNTIMES", "HOST_KINDS", "Execution", "HostModel", "check_runtime",
     "HostRow", "fit_host_model", "host_model_latency_ms", "FIT_PARAMETERS",
     "PriorParams", "OpClassParams", "DeviceScale", "PARAM_CLASSES", "default_params",

@@ -44,7 +44,7 @@ from dippm_nas.prior._params import PriorParams, default_params
 from dippm_nas.units import BYTES_PER_MIB as MIB
 from dippm_nas.prior._power import PowerTable, node_activity, pass_energy_j, power_params_for
 
-__all__ = ["PriorEstimate", "estimate", "latency_sigma_log", "latency_us", "timeline_fields"]
+__all__ = ["PriorEstimate", "estimate", "estimate_latency_ms", "latency_sigma_log", "latency_us", "timeline_fields"]
 
 logger = logging.getLogger(__name__)
 
@@ -252,6 +252,64 @@ def estimate(
         UnsupportedDtypeError: the device has no peak for the graph's dtype.
         GraphValidationError: a malformed graph.
     """
+    dev, p, prof, facts, costs, runtime, prefix_us, copy_us, latency_us, host_total_us = _latency_parts(
+        graph, device, tf32_conv=tf32_conv, tf32_matmul=tf32_matmul, channels_last=channels_last, params=params,
+        runtime=runtime, host=host, input_copy=input_copy, execution=execution)
+    busy_us = float(costs.gpu_us.sum())
+    if dev.kind != "gpu":
+        busy_us = latency_us
+
+    energy: float | None = None
+    energy_std: float | None = None
+    energy_source = "unavailable"
+    if dev.has_power:
+        pw = power_params_for(dev, power)
+        activity = node_activity(facts.flops, facts.bytes, costs.gpu_us, costs.tensor_core,
+                                 (facts.dtype == 1) | (facts.dtype == 2), dev)
+        energy = pass_energy_j(pw, dev, costs.gpu_us, activity, latency_us)
+        energy_std, energy_source = energy * pw.sigma_log, ("predicted" if pw.fitted else "analytic")
+
+    if facts.memory is None:
+        facts.memory = {}
+    memory_std: float | None = None
+    memory_details: dict[str, float] = {}
+    if dev.kind == "gpu":
+        parts = _gpu_parts(graph, facts, dev)
+        baseline, weights_mib, input_mib = parts.context_mib, parts.weights_mib, parts.input_mib
+        act_mib, workspace_mib = parts.activations_peak_mib, parts.cublas_workspace_mib + parts.cudnn_workspace_mib
+        overhead_mib, total_mib = parts.allocator_overhead_mib, parts.total_mib
+        memory_std, memory_details, peak_node = parts.std_mib, parts.details(), parts.peak_node
+    else:  # a CPU: the input among the activations, no caching allocator, no context
+        mem = _liveness(graph, facts.memory, "dataflow")
+        baseline, weights_mib, input_mib = dev.runtime_baseline_mib, float(graph.param_bytes) / MIB, 0.0
+        act_mib, workspace_mib, overhead_mib = mem.peak_allocated_bytes / MIB, 0.0, 0.0
+        total_mib = baseline + weights_mib + act_mib
+        peak_node = mem.peak_node
+
+    tc = float(costs.gpu_us[costs.tensor_core].sum())
+    return PriorEstimate(
+        device=dev.id, batch_size=graph.spec.batch_size, dtype=graph.spec.dtype,
+        node_time_ms=costs.gpu_us / 1e3, node_host_ms=costs.host_us / 1e3,
+        node_utilisation=costs.utilisation,
+        latency_ms=latency_us / 1e3, host_ms=host_total_us / 1e3, gpu_busy_ms=busy_us / 1e3,
+        energy_j=energy,
+        baseline_mib=baseline, weights_mib=weights_mib, activations_peak_mib=act_mib,
+        workspace_mib=workspace_mib, allocator_overhead_mib=overhead_mib, memory_mib=total_mib,
+        peak_node=peak_node, tensor_core_fraction=tc / busy_us if busy_us > 0 else 0.0,
+        params_source=p.source, unknown_ops=graph.unknown_ops, runtime=runtime, host_profile=prof.name,
+        pass_host_ms=prefix_us / 1e3, input_copy_ms=copy_us / 1e3,
+        host_model_fitted=dev.kind == "gpu" and p.host_model is not None,
+        input_mib=input_mib, memory_mib_std=memory_std, memory_details=memory_details,
+        energy_j_std=energy_std, energy_source=energy_source,
+    )
+
+
+def _latency_parts(graph: OperatorGraph, device: Device | str, *, tf32_conv: bool, tf32_matmul: bool,
+                   channels_last: bool, params: PriorParams | None, runtime: str, host: HostProfile | str | None,
+                   input_copy: bool, execution: Execution | None) -> tuple[Any, ...]:
+    """The latency half of :func:`estimate` (validation, per-node costs, timelines), shared with
+    :func:`estimate_latency_ms`: ``(device, params, host profile, facts, costs, runtime, prefix µs, input copy
+    µs, latency µs, host µs)``."""
     if execution is not None:
         runtime, host, input_copy = execution.runtime, execution.host, execution.input_copy
     runtime = check_runtime(runtime)
@@ -277,55 +335,41 @@ def estimate(
         costs = dataclasses.replace(costs, gpu_us=gpu_rt, host_us=host_rt)
     prefix_us, copy_us = _pass_host_us(graph, dev, p, runtime, prof, input_copy)
     latency_us, host_total_us = _timelines(costs.gpu_us, costs.host_us, dev.kind, prefix_us)
-    busy_us = float(costs.gpu_us.sum())
-    if dev.kind != "gpu":
-        busy_us = latency_us
+    return dev, p, prof, facts, costs, runtime, prefix_us, copy_us, latency_us, host_total_us
 
-    energy: float | None = None
-    energy_std: float | None = None
-    energy_source = "unavailable"
-    if dev.has_power:
-        pw = power_params_for(dev, power)
-        activity = node_activity(facts.flops, facts.bytes, costs.gpu_us, costs.tensor_core,
-                                 (facts.dtype == 1) | (facts.dtype == 2), dev)
-        energy = pass_energy_j(pw, dev, costs.gpu_us, activity, latency_us)
-        energy_std, energy_source = energy * pw.sigma_log, ("predicted" if pw.fitted else "analytic")
 
-    if facts.memory is None:
-        facts.memory = {}
-    memory_std: float | None = None
-    memory_details: dict[str, float] = {}
-    if dev.kind == "gpu":
+def estimate_latency_ms(
+    graph: OperatorGraph, device: Device | str, *, tf32_conv: bool = True, tf32_matmul: bool = False,
+    channels_last: bool = False, params: PriorParams | None = None, runtime: str = "eager",
+    host: HostProfile | str | None = None, input_copy: bool = False, execution: Execution | None = None,
+) -> float:
+    """``estimate(...).latency_ms`` without the energy and memory parts (the same computation of the latency,
+    for callers that need only it, such as the MIG advisor's per-slice latencies). Arguments and errors as
+    for :func:`estimate`."""
+    return _latency_parts(graph, device, tf32_conv=tf32_conv, tf32_matmul=tf32_matmul, channels_last=channels_last,
+                          params=params, runtime=runtime, host=host, input_copy=input_copy,
+                          execution=execution)[8] / 1e3
+
+
+def _gpu_parts(graph: OperatorGraph, facts: Any, dev: Device) -> Any:
+    """:func:`~dippm_nas.prior._memory.gpu_memory_parts` of ``graph`` on ``dev``, once per graph (cached with
+    the graph's facts, keyed by everything it reads besides the graph's structure: the device's context and
+    cuBLAS workspace, the input spec). It depends on neither the prior's constants nor the runtime."""
+    spec = graph.spec
+    key = ("gpu_parts", float(dev.runtime_baseline_mib), float(dev.cublas_workspace_mib), spec.batch_size,
+           spec.dtype, tuple((tuple(t.shape), spec.tensor_dtype(t)) for t in spec.tensors), graph.param_bytes)
+    parts = facts.memory.get(key)
+    if parts is None:
         mem = _liveness(graph, facts.memory, "eager")
+        cudnn = facts.memory.get("uses_cudnn")
+        if cudnn is None:
+            cudnn = facts.memory["uses_cudnn"] = any(nd.op_class == "conv" and not nd.is_constant
+                                                     for nd in graph.nodes)
         parts = gpu_memory_parts(graph, mem, context_mib=dev.runtime_baseline_mib,
                                  cublas_workspace_mib=dev.cublas_workspace_mib, uses_cublas=facts.uses_cublas,
-                                 uses_cudnn=any(nd.op_class == "conv" and not nd.is_constant for nd in graph.nodes))
-        baseline, weights_mib, input_mib = parts.context_mib, parts.weights_mib, parts.input_mib
-        act_mib, workspace_mib = parts.activations_peak_mib, parts.cublas_workspace_mib + parts.cudnn_workspace_mib
-        overhead_mib, total_mib = parts.allocator_overhead_mib, parts.total_mib
-        memory_std, memory_details = parts.std_mib, parts.details()
-    else:  # a CPU: the input among the activations, no caching allocator, no context
-        mem = _liveness(graph, facts.memory, "dataflow")
-        baseline, weights_mib, input_mib = dev.runtime_baseline_mib, float(graph.param_bytes) / MIB, 0.0
-        act_mib, workspace_mib, overhead_mib = mem.peak_allocated_bytes / MIB, 0.0, 0.0
-        total_mib = baseline + weights_mib + act_mib
-
-    tc = float(costs.gpu_us[costs.tensor_core].sum())
-    return PriorEstimate(
-        device=dev.id, batch_size=graph.spec.batch_size, dtype=graph.spec.dtype,
-        node_time_ms=costs.gpu_us / 1e3, node_host_ms=costs.host_us / 1e3,
-        node_utilisation=costs.utilisation,
-        latency_ms=latency_us / 1e3, host_ms=host_total_us / 1e3, gpu_busy_ms=busy_us / 1e3,
-        energy_j=energy,
-        baseline_mib=baseline, weights_mib=weights_mib, activations_peak_mib=act_mib,
-        workspace_mib=workspace_mib, allocator_overhead_mib=overhead_mib, memory_mib=total_mib,
-        peak_node=mem.peak_node, tensor_core_fraction=tc / busy_us if busy_us > 0 else 0.0,
-        params_source=p.source, unknown_ops=graph.unknown_ops, runtime=runtime, host_profile=prof.name,
-        pass_host_ms=prefix_us / 1e3, input_copy_ms=copy_us / 1e3,
-        host_model_fitted=dev.kind == "gpu" and p.host_model is not None,
-        input_mib=input_mib, memory_mib_std=memory_std, memory_details=memory_details,
-        energy_j_std=energy_std, energy_source=energy_source,
-    )
+                                 uses_cudnn=cudnn)
+        facts.memory[key] = parts
+    return parts
 
 
 def latency_sigma_log(est: PriorEstimate, params: PriorParams | None = None) -> float | None:

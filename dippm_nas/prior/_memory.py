@@ -43,6 +43,7 @@ cuBLAS workspace (when a matmul or attention runs), the cuDNN workspace, and the
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, field
 
@@ -176,9 +177,18 @@ def _retain(graph: OperatorGraph, sizes: list[list[int]], alloc_at: list[int], l
     new_last = list(last_use)
     # block input: a cut read by a residual join lives until the next cut that a join reads (the next
     # block's input), or the cut after the join's output when none follows
-    skip_sources = sorted(k for k, (_, s) in enumerate(cuts)
-                          if any(joins[c] for c in range(pos[k] + 1, min(last_use[s], n - 1) + 1)
-                                 if s in {storage_of[p] for p in preds[c]}))
+    join_readers: dict[int | None, list[int]] = {}  # storage -> the joins that read it, in execution order
+    for c in range(n):
+        if joins[c]:
+            for s in {storage_of[p] for p in preds[c]}:
+                join_readers.setdefault(s, []).append(c)
+
+    def read_by_join(k: int, s: int) -> bool:  # a join in (pos[k], min(last_use[s], n - 1)] reads s
+        r = join_readers.get(s, ())
+        i = bisect.bisect_right(r, pos[k])
+        return i < len(r) and r[i] <= min(last_use[s], n - 1)
+
+    skip_sources = sorted(k for k, (_, s) in enumerate(cuts) if read_by_join(k, s))
     size = [sum(sizes[s]) for _, s in cuts]
     run = [0] * len(cuts)  # runs of equal-sized cuts (a stage)
     for k in range(1, len(cuts)):
@@ -186,7 +196,8 @@ def _retain(graph: OperatorGraph, sizes: list[list[int]], alloc_at: list[int], l
     for k, (j, sj) in enumerate(cuts[:-1]):
         if not joins[j]:
             continue
-        nxt = next((q for q in skip_sources if q > k), len(cuts))
+        i = bisect.bisect_right(skip_sources, k)  # the first skip source after cut k (sorted)
+        nxt = skip_sources[i] if i < len(skip_sources) else len(cuts)
         end = pos[nxt] if nxt < len(cuts) and run[nxt] == run[k] else pos[k + 1]
         for p in preds[j]:
             s = storage_of[p]

@@ -13,7 +13,7 @@ from dippm_nas.devices import Device, MigProfile, resolve_device
 from dippm_nas.errors import InvalidValueError
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.prediction import Prediction
-from dippm_nas.prior._estimate import estimate
+from dippm_nas.prior._estimate import estimate_latency_ms
 from dippm_nas.prior._params import PriorParams
 
 __all__ = ["advise", "MigAdvice", "ProfileAdvice", "RULES", "DIPPM_LADDER"]
@@ -119,7 +119,7 @@ def _slice_latency(
     options: dict[str, Any],
 ) -> tuple[float | None, str]:
     if graph is not None:
-        return estimate(graph, device.mig_slice(profile), **options).latency_ms, "prior"
+        return estimate_latency_ms(graph, device.mig_slice(profile), **options), "prior"
     if prediction.device != device.id:
         return None, "unknown"
     sm_ratio = device.sms / device.profile_sms(profile)
