@@ -249,7 +249,7 @@ class HardwareCostModel:
         if constraint_api not in CONSTRAINT_API:
             raise InvalidValueError(f"constraint_api must be one of {CONSTRAINT_API}, got {constraint_api!r}")
         if constraint_api == "set_constraint" and not optuna_has_set_constraint():
-            raise DippmNasError(
+            raise InvalidValueError(
                 f"constraint_api='set_constraint' needs Optuna >= 5 (installed: {optuna.__version__}); use "
                 "'constraints_func' and pass constraints_func=cost.constraints_func to the sampler"
             )
@@ -266,7 +266,7 @@ class HardwareCostModel:
 
         wants_energy = "energy_j" in objectives or budgets.energy_j is not None
         if wants_energy and dev.board_power_w is None:
-            raise DippmNasError(
+            raise InvalidValueError(
                 f"device {dev.id!r} has no power figures, so its energy cannot be predicted; drop 'energy_j' "
                 "from objectives and budgets, or choose a device with board_power_w (dippm-nas devices)"
             )
@@ -304,7 +304,7 @@ class HardwareCostModel:
         """
         names = self.metric_names(leading)
         if len(study.directions) != len(names):
-            raise DippmNasError(
+            raise InvalidValueError(
                 f"the study has {len(study.directions)} objectives but the names are {names} "
                 f"({len(leading)} leading + {len(self.objectives)} from the cost model)"
             )
@@ -326,12 +326,12 @@ class HardwareCostModel:
                 ``load_if_exists``...).
 
         Raises:
-            DippmNasError: a direction that is not ``"maximize"``/``"minimize"``, ``directions`` that do not end
+            InvalidValueError: a direction that is not ``"maximize"``/``"minimize"``, ``directions`` that do not end
                 with the cost model's, ``leading`` and ``directions`` that disagree, or ``direction`` given.
         """
         if "direction" in kwargs:
-            raise DippmNasError("create_study() takes directions=[...] (every objective) or leading={name: direction}, "
-                                "not direction=")
+            raise InvalidValueError("create_study() takes directions=[...] (every objective) or "
+                                    "leading={name: direction}, not direction=")
         if directions is not None:
             directions = [str(d) for d in directions]
             bad_d = [d for d in directions if d not in ("maximize", "minimize")]
@@ -341,7 +341,7 @@ class HardwareCostModel:
                     f"directions must be yours followed by the cost model's {self.directions} (objectives "
                     f"{list(self.objectives)}), each 'maximize' or 'minimize'; got {directions}")
             if leading is not None and list(dict(leading).values()) != directions[:n_lead]:
-                raise DippmNasError(f"leading={dict(leading)} disagrees with directions={directions}")
+                raise InvalidValueError(f"leading={dict(leading)} disagrees with directions={directions}")
             leading = dict(leading) if leading is not None else {f"objective_{i}": d
                                                                   for i, d in enumerate(directions[:n_lead])}
         leading = {"accuracy": "maximize"} if leading is None else dict(leading)
@@ -350,7 +350,7 @@ class HardwareCostModel:
             raise InvalidValueError(f"leading directions must be 'maximize' or 'minimize', got {bad}")
         all_directions = [*leading.values(), *self.directions]
         if not all_directions:
-            raise DippmNasError("a study needs at least one objective: give leading objectives or cost objectives")
+            raise InvalidValueError("a study needs at least one objective: give leading objectives or cost objectives")
         study = optuna.create_study(directions=all_directions, **kwargs)
         self.set_metric_names(study, list(leading))
         return study
@@ -367,10 +367,10 @@ class HardwareCostModel:
 
     def _checks(self, prediction: Prediction) -> dict[str, Any]:
         if prediction.device != self.device:
-            raise DippmNasError(f"the prediction is for {prediction.device!r}, this cost model for {self.device!r}")
+            raise InvalidValueError(f"the prediction is for {prediction.device!r}, this cost model for {self.device!r}")
         if self.budgets.energy_j is not None and prediction.energy_j is None:
-            raise DippmNasError(f"an energy budget needs an energy prediction; {self.device!r} gave none "
-                                f"(energy_source={prediction.energy_source!r})")
+            raise InvalidValueError(f"an energy budget needs an energy prediction; {self.device!r} gave none "
+                                    f"(energy_source={prediction.energy_source!r})")
         return self.budgets.check(prediction)
 
     def constraints_func(self, trial: optuna.trial.FrozenTrial) -> list[float]:
@@ -530,7 +530,7 @@ class HardwareCostModel:
             if own is not None and own[0] == space:
                 return assemble(own[0], own[1], spec, cache=self.cache)
         if model is None:
-            raise DippmNasError("evaluate() needs a model, or space= and config= of a registered search space")
+            raise InvalidValueError("evaluate() needs a model, or space= and config= of a registered search space")
         return model
 
     def evaluate(self, trial: Any, model: Any = None, spec: InputSpec | None = None, *, space: str | None = None,

@@ -233,7 +233,7 @@ def node_activity(flops: np.ndarray, bytes_: np.ndarray, gpu_us: np.ndarray, ten
 
 def _power_range(device: Device) -> tuple[float, float]:
     if device.board_power_w is None or device.idle_power_w is None:
-        raise DippmNasError(f"device {device.id!r} has no power figures (board_power_w, idle_power_w)")
+        raise InvalidValueError(f"device {device.id!r} has no power figures (board_power_w, idle_power_w)")
     return float(device.idle_power_w), float(device.board_power_w) - float(device.idle_power_w)
 
 
