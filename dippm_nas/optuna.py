@@ -89,13 +89,18 @@ from typing import Any, Literal
 
 import optuna
 
+from dippm_nas import errors
 from dippm_nas._logging import WarnOnce
+from dippm_nas._sql import sqlite_connect_listener
 from dippm_nas.budgets import Budgets, check_k_sigma, trial_attrs
-from dippm_nas.capture import assemble, space_config_of
+from dippm_nas.cache import ConversionCache, default_cache, set_default_cache
+from dippm_nas.capture import assemble, capture, space_config_of
+from dippm_nas.devices import resolve_device, resolve_host_profile
 from dippm_nas.errors import DippmNasError, InvalidValueError, SearchSpaceError
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.prediction import Prediction
 from dippm_nas.predictor import DEFAULT_DEVICE, predict, predict_many
+from dippm_nas.prior import check_runtime
 from dippm_nas.spec import InputSpec
 
 __all__ = [
@@ -157,8 +162,6 @@ def rdb_storage(url: str, **engine_kwargs: Any) -> optuna.storages.RDBStorage:
         engine_kwargs.setdefault("pool_pre_ping", True)
     storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs or None)
     if is_sqlite:
-        from dippm_nas._sql import sqlite_connect_listener
-
         listener = sqlite_connect_listener(
             what="Optuna storage", local_hint="Keep the study's SQLite file on a local disk."
         )
@@ -225,9 +228,6 @@ class HardwareCostModel:
         host: Any = None,
         on_error: Literal["fail", "raise", "infeasible"] = "fail",
     ) -> None:
-        from dippm_nas.devices import resolve_device, resolve_host_profile
-        from dippm_nas.prior import check_runtime
-
         dev = resolve_device(device)
         self.device: str = dev.id
         self.runtime: str = check_runtime(runtime)
@@ -666,8 +666,6 @@ class HardwareCostModel:
     # ------------------------------------------------------------------ background conversion
     def _worker_cache_url(self) -> str | None:
         if self.cache is True:
-            from dippm_nas.cache import default_cache
-
             return default_cache().url_with_credentials()
         if self.cache is False or self.cache is None:
             return None
@@ -742,8 +740,6 @@ class HardwareCostModel:
                        "instead", type(e).__name__, e)
             return self.evaluate(trial, model, spec, space=space, config=config)
         if text is None:
-            from dippm_nas import errors
-
             cls = getattr(errors, etype or "", None)
             cls = cls if isinstance(cls, type) and issubclass(cls, DippmNasError) else DippmNasError
             err = cls(f"(in the background conversion process) {message}")
@@ -837,16 +833,12 @@ def _init_conversion_worker(cache_url: str | None) -> None:
 
     torch.set_num_threads(1)
     if cache_url is not None:
-        from dippm_nas.cache import ConversionCache, set_default_cache
-
         set_default_cache(ConversionCache(cache_url))
 
 
 def _convert_in_worker(payload: tuple[str, Any, Any], spec_dict: dict[str, Any],
                        use_cache: bool) -> tuple[str | None, str | None, str | None, float]:
     """Background conversion: ``(graph JSON, None, None, seconds)`` or ``(None, error type, message, seconds)``."""
-    from dippm_nas.capture import capture
-
     t0 = time.perf_counter()
     kind, obj, config = payload
     try:

@@ -66,6 +66,7 @@ from typing import Any
 from dippm_nas._optional import require
 from dippm_nas.budgets import Budgets, ChanceCheck, trial_attrs
 from dippm_nas.capture import assemble
+from dippm_nas.devices import resolve_device
 from dippm_nas.errors import DippmNasError, InvalidTypeError, InvalidValueError, SearchSpaceError
 from dippm_nas.nni._report import mig_label
 from dippm_nas.nni._scalarize import budgets_from_limits
@@ -77,6 +78,7 @@ from dippm_nas.prediction import Prediction
 from dippm_nas.predictor import DEFAULT_DEVICE, predict
 from dippm_nas.prior import check_runtime
 from dippm_nas.spec import InputSpec
+import search_spaces
 
 _nni = require("nni", "nni", "dippm_nas.nni.HardwareAwareTuner")
 import optuna  # noqa: E402
@@ -268,8 +270,6 @@ class HardwareAwareTuner(Tuner):
                  inputs: Mapping[str, Any] | None = None, storage: str | None = None,
                  study_name: str | None = None) -> None:
         super().__init__()
-        from dippm_nas.devices import resolve_device
-
         objectives, directions = list(objectives), list(directions)
         if not objectives or len(objectives) != len(directions):
             raise InvalidValueError(f"objectives and directions must be non-empty and of equal length, got "
@@ -356,8 +356,6 @@ class HardwareAwareTuner(Tuner):
     # ------------------------------------------------------------------ set-up
     def _init_model_source(self, builder: str | None, model_factory: str | None, model_keys: Sequence[str] | None,
                            input_shape: Sequence[int] | None, inputs: Mapping[str, Any] | None) -> None:
-        import search_spaces
-
         if (builder is None) == (model_factory is None):
             raise InvalidValueError(
                 "give exactly one of builder= (a registered search space, one of "
