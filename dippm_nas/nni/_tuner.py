@@ -144,6 +144,14 @@ class TunerStats:
         return self.skipped_infeasible + self.skipped_duplicate + self.skipped_invalid
 
 
+#: The :class:`TunerStats` counter each ``dippm_status`` of a stored trial adds to.
+_STATUS_COUNTERS = {
+    "trained": "results", "failed": "failed", "imported": "imported", "skipped_infeasible": "skipped_infeasible",
+    "skipped_infeasible_repeat": "skipped_infeasible", "skipped_duplicate": "skipped_duplicate",
+    "skipped_invalid": "skipped_invalid",
+}
+
+
 @dataclass
 class _Evaluation:
     """The cost model's verdict on one config (cached per config)."""
@@ -461,24 +469,14 @@ class HardwareAwareTuner(Tuner):
                     self._resumed[key] = ft.number
             if st in _SENT:
                 s.proposed += 1
-            if st == "trained":
-                s.results += 1
-            elif st == "failed":
-                s.failed += 1
-            elif st == "imported":
-                s.imported += 1
-            elif st == "skipped_infeasible":
-                s.skipped_infeasible += 1
+            counter = _STATUS_COUNTERS.get(st) if isinstance(st, str) else None
+            if counter is not None:
+                setattr(s, counter, getattr(s, counter) + 1)
+            if st == "skipped_infeasible":
                 cfg = ft.user_attrs.get("dippm_config")
                 if cfg is not None and cfg not in self._infeasible_told:
                     self._infeasible_told.add(cfg)
                     s.infeasible_configs.append(cfg)
-            elif st == "skipped_infeasible_repeat":
-                s.skipped_infeasible += 1
-            elif st == "skipped_duplicate":
-                s.skipped_duplicate += 1
-            elif st == "skipped_invalid":
-                s.skipped_invalid += 1
         if trials:
             logger.info("loaded %d trials of study %r: %d parameter sets sent, %d still running (their results "
                         "arrive through import_data on nnictl resume)", len(trials), self.study.study_name,
