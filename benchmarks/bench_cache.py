@@ -27,45 +27,13 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from dippm_nas.cache import CACHE_TABLE, ConversionCache, fresh_copy
-from dippm_nas.graph import OperatorGraph, OpNode
-from dippm_nas.spec import InputSpec
+from dippm_nas.graph import OperatorGraph, synthetic_resnet_graph
 
 
 def synthetic_graph(num_blocks: int, channels: int = 64, batch: int = 8) -> OperatorGraph:
     """A ResNet-like chain of ``num_blocks`` x (conv2d, batch_norm, relu, residual add) = 4 nodes per block."""
-    nodes: list[OpNode] = []
-    edges: list[tuple[int, int]] = []
-    shape = (batch, channels, 56, 56)
-    act = 4 * batch * channels * 56 * 56
-    w = (channels, channels, 3, 3)
-    c = (channels,)
-    macs = batch * channels * 56 * 56 * channels * 9
-    prev = -1
-    for _ in range(num_blocks):
-        i = len(nodes)
-        nodes += [
-            OpNode(i, "nn.conv2d", "conv", (shape,), "float32", (shape, w), (False, True),
-                   {"strides": [1, 1], "padding": [1, 1, 1, 1], "dilation": [1, 1], "groups": 1,
-                    "kernel": [3, 3], "data_layout": "NCHW"},
-                   2 * macs, macs, act + 4 * channels * channels * 9, act, 4 * channels * channels * 9),
-            OpNode(i + 1, "nn.batch_norm", "normalization", (shape, c, c), "float32", (shape, c, c, c, c),
-                   (False, True, True, True, True), {"axis": 1, "epsilon": 1e-5}, act, 0, act + 16 * channels,
-                   act, 16 * channels),
-            OpNode(i + 2, "nn.relu", "activation", (shape,), "float32", (shape,), (False,), {}, act // 4, 0,
-                   act, act, 0),
-            OpNode(i + 3, "add", "elementwise", (shape,), "float32", (shape, shape), (False, False), {},
-                   act // 4, 0, 2 * act, act, 0),
-        ]
-        edges += [(i, i + 1), (i + 1, i + 2), (i + 2, i + 3)]
-        if prev >= 0:
-            edges += [(prev, i), (prev, i + 3)]
-        prev = i + 3
-    params = num_blocks * (channels * channels * 9 + 4 * channels)
-    return OperatorGraph(
-        nodes=nodes, edges=sorted(edges), input_consumers={"x": [0, 3]}, outputs=[len(nodes) - 1],
-        spec=InputSpec(shape=(channels, 56, 56), batch_size=batch), param_count=params, param_bytes=4 * params,
-        mode="export", source="bench", convert_seconds=1.0, model_key="bench",
-    ).validate()
+    return synthetic_resnet_graph(num_blocks, channels=channels, batch=batch, size=56, source="bench",
+                                  model_key="bench", convert_seconds=1.0)
 
 
 def median_ms(fn: Callable[[int], object], warmup: int, repeats: int) -> float:

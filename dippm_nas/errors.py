@@ -2,7 +2,8 @@
 
 Every error the library raises on purpose derives from :class:`DippmNasError`, so a search loop can
 catch one class; errors of bad values are also :class:`ValueError` (:class:`InvalidValueError` and the
-specific ones), as Python users expect. Messages state the rule that was broken, the offending value and
+specific ones) and errors of wrong types are also :class:`TypeError` (:class:`InvalidTypeError`), as Python
+users expect. Messages state the rule that was broken, the offending value and
 the valid choices or a hint. Third-party errors are wrapped ``from e`` so their traceback is kept.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 __all__ = [
     "DippmNasError",
     "InvalidValueError",
+    "InvalidTypeError",
     "InputSpecError",
     "InputShapeError",
     "ModelSpecError",
@@ -42,6 +44,11 @@ class InvalidValueError(DippmNasError, ValueError):
     The more specific errors of bad values (:class:`InputSpecError`, :class:`DeviceError`,
     :class:`BudgetError`...) are also :class:`ValueError`; this one covers the other arguments and fields.
     """
+
+
+class InvalidTypeError(DippmNasError, TypeError):
+    """An argument or field given to dippm-nas has the wrong type; the message states the expected type and
+    the value given."""
 
 
 class InputSpecError(DippmNasError, ValueError):

@@ -89,13 +89,18 @@ from typing import Any, Literal
 
 import optuna
 
+from dippm_nas import errors
 from dippm_nas._logging import WarnOnce
+from dippm_nas._sql import sqlite_connect_listener
 from dippm_nas.budgets import Budgets, check_k_sigma, trial_attrs
-from dippm_nas.capture import assemble, space_config_of
+from dippm_nas.cache import ConversionCache, default_cache, set_default_cache
+from dippm_nas.capture import assemble, capture, space_config_of
+from dippm_nas.devices import resolve_device, resolve_host_profile
 from dippm_nas.errors import DippmNasError, InvalidValueError, SearchSpaceError
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.prediction import Prediction
 from dippm_nas.predictor import DEFAULT_DEVICE, predict, predict_many
+from dippm_nas.prior import check_runtime
 from dippm_nas.spec import InputSpec
 
 __all__ = [
@@ -157,8 +162,6 @@ def rdb_storage(url: str, **engine_kwargs: Any) -> optuna.storages.RDBStorage:
         engine_kwargs.setdefault("pool_pre_ping", True)
     storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs or None)
     if is_sqlite:
-        from dippm_nas._sql import sqlite_connect_listener
-
         listener = sqlite_connect_listener(
             what="Optuna storage", local_hint="Keep the study's SQLite file on a local disk."
         )
@@ -225,9 +228,6 @@ class HardwareCostModel:
         host: Any = None,
         on_error: Literal["fail", "raise", "infeasible"] = "fail",
     ) -> None:
-        from dippm_nas.devices import resolve_device, resolve_host_profile
-        from dippm_nas.prior import check_runtime
-
         dev = resolve_device(device)
         self.device: str = dev.id
         self.runtime: str = check_runtime(runtime)
@@ -249,7 +249,7 @@ class HardwareCostModel:
         if constraint_api not in CONSTRAINT_API:
             raise InvalidValueError(f"constraint_api must be one of {CONSTRAINT_API}, got {constraint_api!r}")
         if constraint_api == "set_constraint" and not optuna_has_set_constraint():
-            raise DippmNasError(
+            raise InvalidValueError(
                 f"constraint_api='set_constraint' needs Optuna >= 5 (installed: {optuna.__version__}); use "
                 "'constraints_func' and pass constraints_func=cost.constraints_func to the sampler"
             )
@@ -266,7 +266,7 @@ class HardwareCostModel:
 
         wants_energy = "energy_j" in objectives or budgets.energy_j is not None
         if wants_energy and dev.board_power_w is None:
-            raise DippmNasError(
+            raise InvalidValueError(
                 f"device {dev.id!r} has no power figures, so its energy cannot be predicted; drop 'energy_j' "
                 "from objectives and budgets, or choose a device with board_power_w (dippm-nas devices)"
             )
@@ -304,7 +304,7 @@ class HardwareCostModel:
         """
         names = self.metric_names(leading)
         if len(study.directions) != len(names):
-            raise DippmNasError(
+            raise InvalidValueError(
                 f"the study has {len(study.directions)} objectives but the names are {names} "
                 f"({len(leading)} leading + {len(self.objectives)} from the cost model)"
             )
@@ -326,12 +326,12 @@ class HardwareCostModel:
                 ``load_if_exists``...).
 
         Raises:
-            DippmNasError: a direction that is not ``"maximize"``/``"minimize"``, ``directions`` that do not end
+            InvalidValueError: a direction that is not ``"maximize"``/``"minimize"``, ``directions`` that do not end
                 with the cost model's, ``leading`` and ``directions`` that disagree, or ``direction`` given.
         """
         if "direction" in kwargs:
-            raise DippmNasError("create_study() takes directions=[...] (every objective) or leading={name: direction}, "
-                                "not direction=")
+            raise InvalidValueError("create_study() takes directions=[...] (every objective) or "
+                                    "leading={name: direction}, not direction=")
         if directions is not None:
             directions = [str(d) for d in directions]
             bad_d = [d for d in directions if d not in ("maximize", "minimize")]
@@ -341,7 +341,7 @@ class HardwareCostModel:
                     f"directions must be yours followed by the cost model's {self.directions} (objectives "
                     f"{list(self.objectives)}), each 'maximize' or 'minimize'; got {directions}")
             if leading is not None and list(dict(leading).values()) != directions[:n_lead]:
-                raise DippmNasError(f"leading={dict(leading)} disagrees with directions={directions}")
+                raise InvalidValueError(f"leading={dict(leading)} disagrees with directions={directions}")
             leading = dict(leading) if leading is not None else {f"objective_{i}": d
                                                                   for i, d in enumerate(directions[:n_lead])}
         leading = {"accuracy": "maximize"} if leading is None else dict(leading)
@@ -350,7 +350,7 @@ class HardwareCostModel:
             raise InvalidValueError(f"leading directions must be 'maximize' or 'minimize', got {bad}")
         all_directions = [*leading.values(), *self.directions]
         if not all_directions:
-            raise DippmNasError("a study needs at least one objective: give leading objectives or cost objectives")
+            raise InvalidValueError("a study needs at least one objective: give leading objectives or cost objectives")
         study = optuna.create_study(directions=all_directions, **kwargs)
         self.set_metric_names(study, list(leading))
         return study
@@ -367,10 +367,10 @@ class HardwareCostModel:
 
     def _checks(self, prediction: Prediction) -> dict[str, Any]:
         if prediction.device != self.device:
-            raise DippmNasError(f"the prediction is for {prediction.device!r}, this cost model for {self.device!r}")
+            raise InvalidValueError(f"the prediction is for {prediction.device!r}, this cost model for {self.device!r}")
         if self.budgets.energy_j is not None and prediction.energy_j is None:
-            raise DippmNasError(f"an energy budget needs an energy prediction; {self.device!r} gave none "
-                                f"(energy_source={prediction.energy_source!r})")
+            raise InvalidValueError(f"an energy budget needs an energy prediction; {self.device!r} gave none "
+                                    f"(energy_source={prediction.energy_source!r})")
         return self.budgets.check(prediction)
 
     def constraints_func(self, trial: optuna.trial.FrozenTrial) -> list[float]:
@@ -530,7 +530,7 @@ class HardwareCostModel:
             if own is not None and own[0] == space:
                 return assemble(own[0], own[1], spec, cache=self.cache)
         if model is None:
-            raise DippmNasError("evaluate() needs a model, or space= and config= of a registered search space")
+            raise InvalidValueError("evaluate() needs a model, or space= and config= of a registered search space")
         return model
 
     def evaluate(self, trial: Any, model: Any = None, spec: InputSpec | None = None, *, space: str | None = None,
@@ -666,8 +666,6 @@ class HardwareCostModel:
     # ------------------------------------------------------------------ background conversion
     def _worker_cache_url(self) -> str | None:
         if self.cache is True:
-            from dippm_nas.cache import default_cache
-
             return default_cache().url_with_credentials()
         if self.cache is False or self.cache is None:
             return None
@@ -742,8 +740,6 @@ class HardwareCostModel:
                        "instead", type(e).__name__, e)
             return self.evaluate(trial, model, spec, space=space, config=config)
         if text is None:
-            from dippm_nas import errors
-
             cls = getattr(errors, etype or "", None)
             cls = cls if isinstance(cls, type) and issubclass(cls, DippmNasError) else DippmNasError
             err = cls(f"(in the background conversion process) {message}")
@@ -837,16 +833,12 @@ def _init_conversion_worker(cache_url: str | None) -> None:
 
     torch.set_num_threads(1)
     if cache_url is not None:
-        from dippm_nas.cache import ConversionCache, set_default_cache
-
         set_default_cache(ConversionCache(cache_url))
 
 
 def _convert_in_worker(payload: tuple[str, Any, Any], spec_dict: dict[str, Any],
                        use_cache: bool) -> tuple[str | None, str | None, str | None, float]:
     """Background conversion: ``(graph JSON, None, None, seconds)`` or ``(None, error type, message, seconds)``."""
-    from dippm_nas.capture import capture
-
     t0 = time.perf_counter()
     kind, obj, config = payload
     try:

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import os
 import sys
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+PG_ENV = "DIPPM_NAS_TEST_PG_URL"
 SHARED_DATA = Path(os.environ.get("DIPPM_NAS_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 
 
@@ -34,3 +37,26 @@ def shared_data_or_skip(name: str) -> Path:
     if not p.is_file():
         pytest.skip(f"needs the public measurement file {p} (../shared/data is not part of the repository)")
     return p
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """A fresh schema of the PostgreSQL server at ``$DIPPM_NAS_TEST_PG_URL`` (dropped after the test), or skip."""
+    base = os.environ.get(PG_ENV)
+    if not base:
+        pytest.skip(f"needs a PostgreSQL server: set {PG_ENV}=postgresql+psycopg2://user:pw@127.0.0.1/db "
+                    "(.ci/run starts one)")
+    pytest.importorskip("psycopg2", reason="needs psycopg2 (pip install 'dippm-nas[postgres]')")
+    import sqlalchemy as sa
+
+    schema = f"dippm_test_{uuid.uuid4().hex[:10]}"
+    engine = sa.create_engine(base)
+    with engine.begin() as conn:
+        conn.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
+    url = sa.engine.make_url(base).update_query_dict({"options": f"-csearch_path={schema}"})
+    try:
+        yield url.render_as_string(hide_password=False)
+    finally:
+        with engine.begin() as conn:
+            conn.execute(sa.text(f'DROP SCHEMA "{schema}" CASCADE'))
+        engine.dispose()

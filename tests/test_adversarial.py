@@ -49,7 +49,6 @@ from _models import DataDependent, TinyBert, TinyResNet, TinyViT
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
-PG_ENV = "DIPPM_NAS_TEST_PG_URL"
 REPO = Path(__file__).resolve().parents[1]
 SPEC4 = InputSpec(shape=(4,), batch_size=2)
 IMG = InputSpec(shape=(3, 32, 32), batch_size=2)
@@ -59,26 +58,6 @@ FAST = MeasureSettings(warmup=1, min_repeats=2, max_repeats=2, time_cap_s=10.0)
 
 
 # --------------------------------------------------------------------------------------------- fixtures
-@pytest.fixture
-def pg_url() -> Any:
-    base = os.environ.get(PG_ENV)
-    if not base:
-        pytest.skip(f"needs a PostgreSQL server: set {PG_ENV}=postgresql+psycopg2://user:pw@127.0.0.1/db "
-                    "(.ci/run starts one)")
-    pytest.importorskip("psycopg2", reason="needs psycopg2 (pip install 'dippm-nas[postgres]')")
-    schema = f"dippm_adv_{uuid.uuid4().hex[:10]}"
-    engine = sa.create_engine(base)
-    with engine.begin() as conn:
-        conn.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
-    url = sa.engine.make_url(base).update_query_dict({"options": f"-csearch_path={schema}"})
-    try:
-        yield url.render_as_string(hide_password=False)
-    finally:
-        with engine.begin() as conn:
-            conn.execute(sa.text(f'DROP SCHEMA "{schema}" CASCADE'))
-        engine.dispose()
-
-
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A fresh database: a SQLite file, or a fresh PostgreSQL schema (``postgres`` tests)."""

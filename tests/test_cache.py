@@ -28,8 +28,7 @@ from dippm_nas.cache import (
 )
 from dippm_nas.cache import _store
 from dippm_nas.errors import CacheError, GraphValidationError
-from dippm_nas.graph import GRAPH_FORMAT_VERSION, OperatorGraph, OpNode
-from dippm_nas.spec import InputSpec
+from dippm_nas.graph import GRAPH_FORMAT_VERSION, OperatorGraph, synthetic_resnet_graph
 
 PG_URL = os.environ.get("DIPPM_NAS_TEST_PG_URL", "")
 needs_pg = pytest.mark.skipif(not PG_URL, reason="set DIPPM_NAS_TEST_PG_URL to a PostgreSQL URL to run this test")
@@ -37,41 +36,8 @@ needs_pg = pytest.mark.skipif(not PG_URL, reason="set DIPPM_NAS_TEST_PG_URL to a
 
 def make_graph(num_blocks: int = 4, channels: int = 16, batch: int = 2) -> OperatorGraph:
     """A ResNet-like chain: per block conv -> batch_norm -> relu -> add(residual); 4 nodes per block."""
-    nodes: list[OpNode] = []
-    edges: list[tuple[int, int]] = []
-    shape = (batch, channels, 8, 8)
-    act = 4 * batch * channels * 64
-    prev = -1
-    for _ in range(num_blocks):
-        i = len(nodes)
-        w = (channels, channels, 3, 3)
-        macs = batch * channels * 64 * channels * 9
-        nodes.append(OpNode(
-            i, "nn.conv2d", "conv", (shape,), "float32", (shape, w), (False, True),
-            {"strides": [1, 1], "padding": [1, 1, 1, 1], "dilation": [1, 1], "groups": 1, "kernel": [3, 3],
-             "data_layout": "NCHW"},
-            2 * macs, macs, act + 4 * channels * channels * 9, act, 4 * channels * channels * 9,
-        ))
-        c = (channels,)
-        nodes.append(OpNode(
-            i + 1, "nn.batch_norm", "normalization", (shape, c, c), "float32", (shape, c, c, c, c),
-            (False, True, True, True, True), {"axis": 1, "epsilon": 1e-5}, 4 * act // 4, 0, act + 16 * channels,
-            act, 16 * channels,
-        ))
-        nodes.append(OpNode(i + 2, "nn.relu", "activation", (shape,), "float32", (shape,), (False,), {},
-                            act // 4, 0, act, act, 0))
-        nodes.append(OpNode(i + 3, "add", "elementwise", (shape,), "float32", (shape, shape), (False, False), {},
-                            act // 4, 0, 2 * act, act, 0))
-        edges += [(i, i + 1), (i + 1, i + 2), (i + 2, i + 3)]
-        if prev >= 0:
-            edges += [(prev, i), (prev, i + 3)]
-        prev = i + 3
-    params = num_blocks * (channels * channels * 9 + 4 * channels)
-    return OperatorGraph(
-        nodes=nodes, edges=sorted(edges), input_consumers={"x": [0, 3]}, outputs=[len(nodes) - 1],
-        spec=InputSpec(shape=(channels, 8, 8), batch_size=batch), param_count=params, param_bytes=4 * params,
-        mode="export", source=f"synthetic{num_blocks}", convert_seconds=1.25, model_key=f"mk{num_blocks}",
-    ).validate()
+    return synthetic_resnet_graph(num_blocks, channels=channels, batch=batch, size=8,
+                                  source=f"synthetic{num_blocks}", model_key=f"mk{num_blocks}", convert_seconds=1.25)
 
 
 @pytest.fixture

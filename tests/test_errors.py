@@ -39,3 +39,43 @@ def test_a_failure_that_is_not_a_bad_value_is_not_a_value_error() -> None:
     assert not issubclass(errors.GraphCaptureError, ValueError)
     assert not issubclass(errors.MeasurementError, ValueError)
     assert issubclass(errors.InvalidValueError, ValueError) and issubclass(errors.BudgetError, ValueError)
+
+
+def test_bad_arguments_of_the_prior_and_the_calibration_are_value_errors() -> None:
+    from dippm_nas.predictor import fit_timeline_factors
+    from dippm_nas.prior import HostModel
+
+    with pytest.raises(errors.InvalidValueError, match="at least 2"):
+        fit_timeline_factors([], [])
+    with pytest.raises(ValueError, match="op_us"):
+        HostModel.from_dict({})
+
+
+def test_bad_arguments_of_the_optuna_cost_model_are_value_errors() -> None:
+    pytest.importorskip("optuna")
+    from dippm_nas.optuna import HardwareCostModel
+
+    cost = HardwareCostModel("host-cpu", objectives=("latency_ms",))
+    with pytest.raises(errors.InvalidValueError, match="direction="):
+        cost.create_study(direction="minimize")
+    with pytest.raises(ValueError, match="at least one objective"):
+        HardwareCostModel("host-cpu", objectives=()).create_study({})
+
+
+def test_bad_arguments_of_the_nni_tuner_are_value_or_type_errors() -> None:
+    pytest.importorskip("nni")
+    from dippm_nas.nni import HardwareAwareTuner
+
+    with pytest.raises(ValueError, match="batch_size"):
+        HardwareAwareTuner("mlp", batch_size=0, device="host-cpu")
+    with pytest.raises(ValueError, match="sampler must be one of"):
+        HardwareAwareTuner("mlp", sampler="annealing", device="host-cpu")
+    with pytest.raises(TypeError, match="storage must be") as info:
+        HardwareAwareTuner("mlp", storage=123, device="host-cpu")
+    assert isinstance(info.value, errors.InvalidTypeError)
+
+
+def test_invalid_type_error_is_a_type_error_under_the_root() -> None:
+    assert issubclass(errors.InvalidTypeError, TypeError) and issubclass(errors.InvalidTypeError,
+                                                                         errors.DippmNasError)
+    assert not issubclass(errors.InvalidTypeError, ValueError)

@@ -486,11 +486,10 @@ def test_hpo_example_runs_end_to_end_on_loopback(tmp_path: Path) -> None:
     assert len(trained) == 2 and study.metric_names == ["accuracy", "latency_ms"]
 
 
-@pytest.mark.slow
-def test_yaml_example_runs_with_nnictl(tmp_path: Path) -> None:
-    needs_nni()
+def _nnictl_example(tmp_path: Path) -> tuple[Path, Path, dict[str, str], list[str]]:
+    """The NNI example copied to ``tmp_path`` with 2 trials, its config, the environment nnictl runs in (a
+    fresh HOME, this Python's bin first, the loopback-only preload) and the nnictl command."""
     import shutil
-    import urllib.request
 
     work = tmp_path / "nni"
     shutil.copytree(EXAMPLES, work, ignore=shutil.ignore_patterns("__pycache__"))
@@ -498,12 +497,20 @@ def test_yaml_example_runs_with_nnictl(tmp_path: Path) -> None:
     cfg.write_text(cfg.read_text().replace("maxTrialNumber: 5", "maxTrialNumber: 2"))
     home = tmp_path / "home"
     home.mkdir()
-    port = free_port()
     bindir = str(Path(sys.executable).parent)
     preload = write_loopback_preload(tmp_path / "preload")
     env = {**os.environ, "HOME": str(home), "PATH": bindir + os.pathsep + os.environ.get("PATH", ""),
            "NODE_OPTIONS": f'--require "{preload}"'}
-    nnictl = [sys.executable, "-m", "nni.tools.nnictl.nnictl"]
+    return work, cfg, env, [sys.executable, "-m", "nni.tools.nnictl.nnictl"]
+
+
+@pytest.mark.slow
+def test_yaml_example_runs_with_nnictl(tmp_path: Path) -> None:
+    needs_nni()
+    import urllib.request
+
+    work, cfg, env, nnictl = _nnictl_example(tmp_path)
+    port = free_port()
     exp_id = None
     try:
         out = subprocess.run(nnictl + ["create", "--config", str(cfg), "--port", str(port)], cwd=work, env=env,
@@ -512,13 +519,7 @@ def test_yaml_example_runs_with_nnictl(tmp_path: Path) -> None:
         url = f"http://127.0.0.1:{port}/api/v1/nni"
         exp_id = json.loads(urllib.request.urlopen(f"{url}/experiment", timeout=10).read())["id"]
         assert {c.laddr.ip for c in _listeners(port)} == {"127.0.0.1"}
-        deadline, status = time.monotonic() + 480, None
-        while time.monotonic() < deadline:
-            status = json.loads(urllib.request.urlopen(f"{url}/check-status", timeout=10).read())["status"]
-            if status in ("DONE", "ERROR"):
-                break
-            time.sleep(1)
-        assert status == "DONE"
+        assert _wait_status(url) == "DONE"
         metrics = json.loads(urllib.request.urlopen(f"{url}/metric-data", timeout=10).read())
         finals = [json.loads(json.loads(m["data"])) for m in metrics if m["type"] == "FINAL"]
         assert len(finals) == 2 and all(set(f) == set(METRIC_KEYS) for f in finals)
@@ -549,22 +550,11 @@ def test_nnictl_resume_continues_the_tuners_study(tmp_path: Path) -> None:
     """create (2 trials) -> stop -> resume -> one more trial: the tuner reloads its study from the experiment's
     checkpoint directory, NNI's import_data finds both earlier trials known, the third trial is a new set."""
     needs_nni()
-    import shutil
     import urllib.request
 
     import optuna
 
-    work = tmp_path / "nni"
-    shutil.copytree(EXAMPLES, work, ignore=shutil.ignore_patterns("__pycache__"))
-    cfg = work / "config.yml"
-    cfg.write_text(cfg.read_text().replace("maxTrialNumber: 5", "maxTrialNumber: 2"))
-    home = tmp_path / "home"
-    home.mkdir()
-    bindir = str(Path(sys.executable).parent)
-    preload = write_loopback_preload(tmp_path / "preload")
-    env = {**os.environ, "HOME": str(home), "PATH": bindir + os.pathsep + os.environ.get("PATH", ""),
-           "NODE_OPTIONS": f'--require "{preload}"'}
-    nnictl = [sys.executable, "-m", "nni.tools.nnictl.nnictl"]
+    work, cfg, env, nnictl = _nnictl_example(tmp_path)
     ports = [free_port()]
     exp_id = None
 

@@ -250,6 +250,30 @@ MLP_SPACE = {"hidden": {"_type": "choice", "_value": [[64], [128], [256]]},
              "lr": {"_type": "choice", "_value": [0.1]}}
 
 
+def test_a_restarted_tuner_counts_each_status_of_the_stored_trials(tmp_path: Path) -> None:
+    needs_nni()
+    import optuna
+
+    first = _builder_tuner(tmp_path)
+    first.update_search_space(MLP_SPACE)
+    statuses = ["trained", "failed", "imported", "skipped_infeasible", "skipped_infeasible_repeat",
+                "skipped_duplicate", "skipped_invalid", "skipped_invalid", ["not", "a", "status"]]
+    for i, st in enumerate(statuses):
+        trial = first.study.ask()
+        trial.set_user_attr("dippm_status", st)
+        trial.set_user_attr("dippm_config", f"cfg{i}")
+        first.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+    del first
+
+    again = _builder_tuner(tmp_path)
+    again.update_search_space(MLP_SPACE)
+    s = again.stats
+    assert s.loaded == len(statuses) and s.proposed == 2  # "trained" and "failed" went to NNI
+    assert (s.results, s.failed, s.imported) == (1, 1, 1)
+    assert (s.skipped_infeasible, s.skipped_duplicate, s.skipped_invalid) == (2, 1, 2)
+    assert s.infeasible_configs == ["cfg3"]
+
+
 def test_a_restarted_tuner_resumes_its_study_and_import_data_tells_the_running_trial(tmp_path: Path) -> None:
     nni = needs_nni()
     first = _builder_tuner(tmp_path)

@@ -21,7 +21,6 @@ from typing import Any
 
 import optuna
 import pytest
-import sqlalchemy as sa
 
 from dippm_nas.cache import ConversionCache
 from dippm_nas.capture import assemble
@@ -29,7 +28,6 @@ from dippm_nas.measure import Measurement
 from dippm_nas.spec import InputSpec
 from dippm_nas.validation import JobQueue, ParetoValidator
 
-PG_ENV = "DIPPM_NAS_TEST_PG_URL"
 REPO = Path(__file__).resolve().parents[1]
 WORKERS = 2
 TRIALS_PER_WORKER = 6
@@ -142,26 +140,6 @@ def test_workers_share_sqlite_storage_cache_and_queue(tmp_path: Path) -> None:
     cache_url = f"sqlite:///{tmp_path / 'cache.sqlite'}"
     study = _run_workers(storage, cache_url)
     _check(study, storage, cache_url)
-
-
-@pytest.fixture
-def pg_url() -> str:
-    base = os.environ.get(PG_ENV)
-    if not base:
-        pytest.skip(f"needs a PostgreSQL server: set {PG_ENV}=postgresql+psycopg2://user:pw@127.0.0.1/db "
-                    "(.ci/run starts one)")
-    pytest.importorskip("psycopg2", reason="needs psycopg2 (pip install 'dippm-nas[postgres]')")
-    schema = f"dippm_test_{uuid.uuid4().hex[:10]}"
-    engine = sa.create_engine(base)
-    with engine.begin() as conn:
-        conn.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
-    url = sa.engine.make_url(base).update_query_dict({"options": f"-csearch_path={schema}"})
-    try:
-        yield url.render_as_string(hide_password=False)
-    finally:
-        with engine.begin() as conn:
-            conn.execute(sa.text(f'DROP SCHEMA "{schema}" CASCADE'))
-        engine.dispose()
 
 
 @pytest.mark.postgres

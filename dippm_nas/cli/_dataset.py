@@ -21,7 +21,7 @@ from dippm_nas.cli._grammar import (
     check_name,
     positive_int,
 )
-from dippm_nas.errors import DippmNasError
+from dippm_nas.errors import DatasetError, MeasurementError
 from dippm_nas.spec import COMPUTE_DTYPES
 
 __all__ = ["register"]
@@ -168,7 +168,7 @@ def _read_candidates(paths: list[Path], dtype: str) -> list[dict[str, Any]]:
         if path.suffix == ".json":
             items = json.loads(path.read_text())
             if not isinstance(items, list):
-                raise DippmNasError(f"{path}: a JSON candidates file holds a list of {{space, config, batch_size}}")
+                raise DatasetError(f"{path}: a JSON candidates file holds a list of {{space, config, batch_size}}")
         else:
             items = [r for r in iter_jsonl(path) if r.get("type") == "measurement"]
             bad = sorted({str(r.get("dtype")) for r in items if r.get("space") in known} - {dtype})
@@ -177,7 +177,7 @@ def _read_candidates(paths: list[Path], dtype: str) -> list[dict[str, Any]]:
                                     "rows' dtype (one build per dtype)")
         for it in items:
             if not isinstance(it, dict) or "space" not in it or "config" not in it:
-                raise DippmNasError(f"{path}: each candidate needs 'space' and 'config', got {it!r:.200}")
+                raise DatasetError(f"{path}: each candidate needs 'space' and 'config', got {it!r:.200}")
             if it["space"] not in known:
                 skipped[it["space"]] = skipped.get(it["space"], 0) + 1
                 continue
@@ -188,13 +188,12 @@ def _read_candidates(paths: list[Path], dtype: str) -> list[dict[str, Any]]:
     if skipped:
         print(f"left out rows of spaces that cannot be built here: {skipped}", file=sys.stderr)
     if not out:
-        raise DippmNasError(f"no buildable candidates in {[str(p) for p in paths]}")
+        raise DatasetError(f"no buildable candidates in {[str(p) for p in paths]}")
     return out
 
 
 def run_build(args: argparse.Namespace) -> int:
     from dippm_nas.dataset import build_dataset
-    from dippm_nas.errors import MeasurementError
     from dippm_nas.measure import MeasureSettings
 
     check_name("dtype", args.dtype, COMPUTE_DTYPES)

@@ -33,7 +33,7 @@ import math
 import re
 import statistics
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -274,6 +274,36 @@ def _note_rows_without_graphs(report: ImportReport, capture_graphs: bool | None,
     report.notes.append(msg)
 
 
+def _finished(report: ImportReport, t0: float, what: str) -> ImportReport:
+    """``report`` with the seconds since ``t0`` (``time.perf_counter``), logged as ``what``'s import."""
+    report.seconds = time.perf_counter() - t0
+    logger.info("%s import: %s", what, report.as_dict())
+    return report
+
+
+def _attach_graphs(report: ImportReport, built: list[dict[str, Any]], captured: Mapping[Any, Any] | None,
+                   graph_key: Callable[[dict[str, Any]], Any], space: str) -> list[tuple[Any, str, Any]]:
+    """Give each ``ok`` row of ``built`` its captured graph (``captured[graph_key(row)]``, a capture result):
+    its ``graph_hash``, or ``extra["graph_error"]`` when the capture failed. Counts failed rows, and rows
+    left without a graph when ``captured`` is ``None`` (capture off), in ``report``. The ``(graph, space,
+    config)`` triples to store with the rows."""
+    graphs: list[tuple[Any, str, Any]] = []
+    for row in built:
+        if row["status"] != "ok":
+            report.failed_rows += 1
+            continue
+        if captured is None:
+            report.graphs_skipped += 1
+            continue
+        res = captured[graph_key(row)]
+        if res.graph is not None:
+            row["graph_hash"] = res.graph.structural_hash()
+            graphs.append((res.graph, space, row["config"]))
+        else:
+            row["extra"]["graph_error"] = res.error
+    return graphs
+
+
 def _capture(items: list[tuple[Any, InputSpec]], workers: int, cache: Any, progress: bool) -> list[Any]:
     return capture_many(items, workers=workers, cache=cache, progress=progress) if items else []
 
@@ -390,9 +420,7 @@ def import_accel_nasbench(
         bar.close()
     finally:
         store.close()
-    report.seconds = time.perf_counter() - t0
-    logger.info("accel-nasbench import: %s", report.as_dict())
-    return report
+    return _finished(report, t0, "accel-nasbench")
 
 
 def _accel_row(r: dict[str, str], prefix: str, dev: str, dev_name: str, batch_size: int, graph_dtype: str,
@@ -495,29 +523,14 @@ def import_timm(
                         report.graphs_captured += 1
                     else:
                         report.graphs_failed += 1
-            graphs = []
-            for row in built:
-                if row["status"] != "ok":
-                    report.failed_rows += 1
-                    continue
-                if not do_capture:
-                    report.graphs_skipped += 1
-                    continue
-                res = captured[_timm_graph_key(row)]
-                if res.graph is not None:
-                    row["graph_hash"] = res.graph.structural_hash()
-                    graphs.append((res.graph, "timm", row["config"]))
-                else:
-                    row["extra"]["graph_error"] = res.error
+            graphs = _attach_graphs(report, built, captured if do_capture else None, _timm_graph_key, "timm")
             report.inserted += store.add_measurements(built, graphs=graphs)
             bar.update(len(part))
         bar.close()
     finally:
         store.close()
     _note_rows_without_graphs(report, capture_graphs, "timm")
-    report.seconds = time.perf_counter() - t0
-    logger.info("timm import: %s", report.as_dict())
-    return report
+    return _finished(report, t0, "timm")
 
 
 def _timm_graph_key(row: dict[str, Any]) -> tuple[str, int, int, str]:
@@ -620,9 +633,7 @@ def _import_neusight_micro(p: Path, out: str | Path, limit: int | None, progress
         _write_ops(store, report, ops, store.row_keys("neusight", "op_measurements"))
     if report.cells_missing:
         report.notes.append(f"{report.cells_missing} rows without a Latency value were not stored")
-    report.seconds = time.perf_counter() - t0
-    logger.info("neusight import: %s", report.as_dict())
-    return report
+    return _finished(report, t0, "neusight")
 
 
 def _parse_shapes(text: str) -> Any:
@@ -665,9 +676,7 @@ def _import_neusight_fx(p: Path, out: str | Path, limit: int | None, progress: b
         report.notes.append(f"{from_fw} rows had no 'latency' and took 'fw_latency' (extra.latency_column says which)")
     if report.cells_missing:
         report.notes.append(f"{report.cells_missing} rows had neither 'latency' nor 'fw_latency' and were not stored")
-    report.seconds = time.perf_counter() - t0
-    logger.info("neusight-fx import: %s", report.as_dict())
-    return report
+    return _finished(report, t0, "neusight-fx")
 
 
 # ---------------------------------------------------------------------------- Vidur
@@ -715,9 +724,7 @@ def import_vidur(csv_path: str | Path, out: str | Path, *, limit: int | None = N
         _write_ops(store, report, ops, store.row_keys("vidur", "op_measurements"))
     if report.cells_missing:
         report.notes.append(f"{report.cells_missing} (row, op) cells were not profiled by Vidur and not stored")
-    report.seconds = time.perf_counter() - t0
-    logger.info("vidur import: %s", report.as_dict())
-    return report
+    return _finished(report, t0, "vidur")
 
 
 # ---------------------------------------------------------------------------- ryujaehun eager timings
@@ -816,31 +823,16 @@ def import_ryujaehun(
                        for r in built if r["status"] == "ok"}) if do_capture else []
         results = _capture([(spec, InputSpec(shape=shp, batch_size=b, dtype=dt)) for spec, shp, b, dt in want],
                            workers, cache, progress)
-        captured = dict(zip(want, results))
-        graphs = []
-        for row in built:
-            if row["status"] != "ok":
-                report.failed_rows += 1
-                continue
-            if not do_capture:
-                report.graphs_skipped += 1
-                continue
-            res = captured[(row["conditions"]["model_spec"], tuple(row["config"]["input_shape"]), row["batch_size"],
-                            row["dtype"])]
-            if res.graph is not None:
-                row["graph_hash"] = res.graph.structural_hash()
-                graphs.append((res.graph, "torchvision", row["config"]))
-            else:
-                row["extra"]["graph_error"] = res.error
+        graphs = _attach_graphs(report, built, dict(zip(want, results)) if do_capture else None,
+                                lambda row: (row["conditions"]["model_spec"], tuple(row["config"]["input_shape"]),
+                                             row["batch_size"], row["dtype"]), "torchvision")
         report.graphs_captured = sum(1 for r in results if r.graph is not None)
         report.graphs_failed = sum(1 for r in results if r.graph is None)
         report.inserted += store.add_measurements(built, graphs=graphs)
     finally:
         store.close()
     _note_rows_without_graphs(report, capture_graphs, "torchvision")
-    report.seconds = time.perf_counter() - t0
-    logger.info("ryujaehun import: %s", report.as_dict())
-    return report
+    return _finished(report, t0, "ryujaehun")
 
 
 # ---------------------------------------------------------------------------- GPU campaign
@@ -903,6 +895,4 @@ def import_campaign(path: str | Path, out: str | Path, *, capture_graphs: bool =
         report.inserted = store.add_measurements(todo, graphs=graphs)
     finally:
         store.close()
-    report.seconds = time.perf_counter() - t0
-    logger.info("campaign import: %s", report.as_dict())
-    return report
+    return _finished(report, t0, "campaign")

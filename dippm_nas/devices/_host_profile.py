@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dippm_nas._json import read_json_file
 from dippm_nas._platform import cpu_model_name
 from dippm_nas.errors import DeviceError
 
@@ -164,11 +165,8 @@ def load_host_profile(path: str | Path) -> HostProfile:
         DeviceError: unreadable file, not JSON, or a malformed profile.
     """
     p = Path(path)
-    try:
-        d = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise DeviceError(f"cannot read host profile {str(p)!r}: {e}") from e
-    return HostProfile.from_dict(d, origin=str(p))
+    return HostProfile.from_dict(read_json_file(p, f"cannot read host profile {str(p)!r}", DeviceError),
+                                 origin=str(p))
 
 
 def resolve_host_profile(host: "HostProfile | str | Path | None") -> HostProfile:

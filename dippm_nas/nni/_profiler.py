@@ -111,8 +111,8 @@ class DippmProfiler(Profiler):
         pred = self.prediction(sample)
         v = getattr(pred, self.metric)
         if v is None:
-            raise DippmNasError(f"device {self.device!r} gives no {self.metric} (source "
-                                f"{pred.energy_source!r}); profile latency_ms or memory_mib instead")
+            raise InvalidValueError(f"device {self.device!r} gives no {self.metric} (source "
+                                    f"{pred.energy_source!r}); profile latency_ms or memory_mib instead")
         return float(v)
 
     def as_filter(self, max_value: float) -> Callable[[Any], bool]:

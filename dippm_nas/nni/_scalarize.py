@@ -31,7 +31,7 @@ import warnings
 from typing import Any
 
 from dippm_nas.budgets import DEFAULT_K_SIGMA, Budgets
-from dippm_nas.errors import DippmNasError, InvalidValueError
+from dippm_nas.errors import InvalidValueError
 from dippm_nas.prediction import Prediction
 
 __all__ = ["Constraints", "scalarize", "CONSTRAINT_METRICS", "budgets_from_limits"]
@@ -60,7 +60,7 @@ def budgets_from_limits(budgets: "Budgets | Any", *, max_latency_ms: float | Non
     if old:
         names = [CONSTRAINT_METRICS.get(k, k) for k in old]
         if budgets is not None:
-            raise DippmNasError(f"{where}: give the budgets once, as budgets=Budgets(...), not also as {names}")
+            raise InvalidValueError(f"{where}: give the budgets once, as budgets=Budgets(...), not also as {names}")
         warnings.warn(f"{where}: {', '.join(names)} are deprecated; pass budgets=Budgets("
                       + ", ".join(f"{k}={v!r}" for k, v in old.items()) + ") (dippm_nas.budgets)",
                       DeprecationWarning, stacklevel=stacklevel)

@@ -66,7 +66,8 @@ from typing import Any
 from dippm_nas._optional import require
 from dippm_nas.budgets import Budgets, ChanceCheck, trial_attrs
 from dippm_nas.capture import assemble
-from dippm_nas.errors import DippmNasError, SearchSpaceError
+from dippm_nas.devices import resolve_device
+from dippm_nas.errors import DippmNasError, InvalidTypeError, InvalidValueError, SearchSpaceError
 from dippm_nas.nni._report import mig_label
 from dippm_nas.nni._scalarize import budgets_from_limits
 from dippm_nas.nni._space import (
@@ -77,6 +78,7 @@ from dippm_nas.prediction import Prediction
 from dippm_nas.predictor import DEFAULT_DEVICE, predict
 from dippm_nas.prior import check_runtime
 from dippm_nas.spec import InputSpec
+import search_spaces
 
 _nni = require("nni", "nni", "dippm_nas.nni.HardwareAwareTuner")
 import optuna  # noqa: E402
@@ -142,6 +144,14 @@ class TunerStats:
         return self.skipped_infeasible + self.skipped_duplicate + self.skipped_invalid
 
 
+#: The :class:`TunerStats` counter each ``dippm_status`` of a stored trial adds to.
+_STATUS_COUNTERS = {
+    "trained": "results", "failed": "failed", "imported": "imported", "skipped_infeasible": "skipped_infeasible",
+    "skipped_infeasible_repeat": "skipped_infeasible", "skipped_duplicate": "skipped_duplicate",
+    "skipped_invalid": "skipped_invalid",
+}
+
+
 @dataclass
 class _Evaluation:
     """The cost model's verdict on one config (cached per config)."""
@@ -172,9 +182,9 @@ class _Evaluation:
 
 def _make_sampler(name: str, seed: int | None, population_size: int | None, constraints_func: Any) -> Any:
     if name not in SAMPLERS:
-        raise DippmNasError(f"sampler must be one of {SAMPLERS}, got {name!r}")
+        raise InvalidValueError(f"sampler must be one of {SAMPLERS}, got {name!r}")
     if population_size is not None and name not in ("nsga2", "nsga3"):
-        raise DippmNasError(f"population_size applies to the nsga2/nsga3 samplers only, got sampler={name!r}")
+        raise InvalidValueError(f"population_size applies to the nsga2/nsga3 samplers only, got sampler={name!r}")
     kw = {"constraints_func": constraints_func} if constraints_func is not None else {}
     if name == "nsga2":
         return optuna.samplers.NSGAIISampler(population_size=population_size or 50, seed=seed, **kw)
@@ -248,10 +258,11 @@ class HardwareAwareTuner(Tuner):
         ModelSpecError: a ``model_factory`` that is not ``package.module:callable`` or cannot be loaded (the
             rule, the value and the module's callables are stated).
         InputSpecError: a dtype or input shape the spec rejects.
-        DippmNasError: both or neither of ``builder`` and ``model_factory``; mismatched or unknown objectives
-            / directions, bad sampler, storage, bounds or batch size. A stored study whose objectives or
+        InvalidValueError: both or neither of ``builder`` and ``model_factory``; mismatched or unknown
+            objectives / directions, bad sampler, bounds or batch size. A stored study whose objectives or
             directions differ is refused when the study opens: at the first NNI call
             (``update_search_space``) or the first access of :attr:`study`.
+        InvalidTypeError: a ``storage``, ``inputs`` or ``model_keys`` of the wrong type.
     """
 
     def __init__(self, builder: str | None = None, objectives: Sequence[str] = ("accuracy", "latency_ms"),
@@ -267,25 +278,23 @@ class HardwareAwareTuner(Tuner):
                  inputs: Mapping[str, Any] | None = None, storage: str | None = None,
                  study_name: str | None = None) -> None:
         super().__init__()
-        from dippm_nas.devices import resolve_device
-
         objectives, directions = list(objectives), list(directions)
         if not objectives or len(objectives) != len(directions):
-            raise DippmNasError(f"objectives and directions must be non-empty and of equal length, got "
-                                f"objectives={objectives}, directions={directions}")
+            raise InvalidValueError(f"objectives and directions must be non-empty and of equal length, got "
+                                    f"objectives={objectives}, directions={directions}")
         if len(set(objectives)) != len(objectives) or not all(isinstance(o, str) and o for o in objectives):
-            raise DippmNasError(f"objectives must be distinct non-empty names, got {objectives}")
+            raise InvalidValueError(f"objectives must be distinct non-empty names, got {objectives}")
         bad = [d for d in directions if d not in _DIRECTIONS]
         if bad:
-            raise DippmNasError(f"each direction must be one of {_DIRECTIONS}, got {bad}")
+            raise InvalidValueError(f"each direction must be one of {_DIRECTIONS}, got {bad}")
         if "default" in objectives:
             logger.warning("objective 'default' is the scalarised score, which already folds in the cost; "
                            "a multi-objective search usually wants 'accuracy' and the cost figures instead")
         self.objectives, self.directions = objectives, directions
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise DippmNasError(f"batch_size must be an int >= 1, got {batch_size!r}")
+            raise InvalidValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
         if isinstance(max_skips, bool) or not isinstance(max_skips, int) or max_skips < 0:
-            raise DippmNasError(f"max_skips must be an int >= 0, got {max_skips!r}")
+            raise InvalidValueError(f"max_skips must be an int >= 0, got {max_skips!r}")
         self.device = resolve_device(device).id
         if dtype is None:
             dtype = DEFAULT_GPU_DTYPE if resolve_device(device).kind == "gpu" else "float32"
@@ -315,8 +324,8 @@ class HardwareAwareTuner(Tuner):
         self._sampler = _make_sampler(sampler, seed, population_size, constraints_func)
         if storage is not None and not (isinstance(storage, str) and storage) and not hasattr(storage,
                                                                                               "get_all_studies"):
-            raise DippmNasError(f"storage must be an Optuna storage URL like 'sqlite:///study.db', a storage object "
-                                f"or None, got {storage!r}")
+            raise InvalidTypeError(f"storage must be an Optuna storage URL like 'sqlite:///study.db', a storage object "
+                                   f"or None, got {storage!r}")
         self._storage_arg, self._study_name_arg = storage, study_name
         self._study: Any = None  # opened on first use: NNI gives the dispatcher 10 s to connect after it starts
         self.storage_url: str | None = None
@@ -355,10 +364,8 @@ class HardwareAwareTuner(Tuner):
     # ------------------------------------------------------------------ set-up
     def _init_model_source(self, builder: str | None, model_factory: str | None, model_keys: Sequence[str] | None,
                            input_shape: Sequence[int] | None, inputs: Mapping[str, Any] | None) -> None:
-        import search_spaces
-
         if (builder is None) == (model_factory is None):
-            raise DippmNasError(
+            raise InvalidValueError(
                 "give exactly one of builder= (a registered search space, one of "
                 f"{sorted(search_spaces.list_spaces())}) and model_factory= ('package.module:callable', a "
                 f"function returning an nn.Module from the NNI parameter dict); got builder={builder!r}, "
@@ -370,8 +377,9 @@ class HardwareAwareTuner(Tuner):
         if builder is not None:
             for name, v in (("model_keys", model_keys), ("input_shape", input_shape), ("inputs", inputs)):
                 if v is not None:
-                    raise DippmNasError(f"{name} applies to model_factory only; with builder={builder!r} the "
-                                        "search space's config keys build the model and its builder gives the input")
+                    raise InvalidValueError(f"{name} applies to model_factory only; with builder={builder!r} the "
+                                            "search space's config keys build the model and its builder gives "
+                                            "the input")
             self.space = search_spaces.get_space(builder)
             self.model_source = f"builder:{builder}"
             config = self.space.validate(self.base_config)  # a bad fixed key fails now, not at the first trial
@@ -383,15 +391,15 @@ class HardwareAwareTuner(Tuner):
         try:
             json.dumps(self.base_config, allow_nan=False)
         except (TypeError, ValueError) as e:
-            raise DippmNasError(f"base_config must be plain JSON data (it goes to the trial), got "
-                                f"{self.base_config!r}: {e}") from e
+            raise InvalidValueError(f"base_config must be plain JSON data (it goes to the trial), got "
+                                    f"{self.base_config!r}: {e}") from e
         if (input_shape is None) == (inputs is None):
-            raise DippmNasError("model_factory needs exactly one of input_shape= (per-sample shape, e.g. [3, 32, 32]) "
-                                f"and inputs= ({{name: [shape, dtype]}}); got input_shape={input_shape!r}, "
-                                f"inputs={inputs!r}")
+            raise InvalidValueError("model_factory needs exactly one of input_shape= (per-sample shape, e.g. "
+                                    "[3, 32, 32]) and inputs= ({name: [shape, dtype]}); got "
+                                    f"input_shape={input_shape!r}, inputs={inputs!r}")
         if inputs is not None:
             if not isinstance(inputs, Mapping):
-                raise DippmNasError(f"inputs must be a mapping {{name: [shape, dtype]}}, got {inputs!r}")
+                raise InvalidTypeError(f"inputs must be a mapping {{name: [shape, dtype]}}, got {inputs!r}")
             named = {k: (tuple(v[0]), v[1]) if isinstance(v, (list, tuple)) and len(v) == 2 else v
                      for k, v in inputs.items()}
             self.input_spec = InputSpec(inputs=named, batch_size=self.batch_size, dtype=self.dtype)
@@ -400,7 +408,7 @@ class HardwareAwareTuner(Tuner):
             self.input_spec = InputSpec(shape=shape, batch_size=self.batch_size, dtype=self.dtype)
         if model_keys is not None and (isinstance(model_keys, str) or not all(
                 isinstance(k, str) and k for k in model_keys)):
-            raise DippmNasError(f"model_keys must be a list of search-space keys, got {model_keys!r}")
+            raise InvalidTypeError(f"model_keys must be a list of search-space keys, got {model_keys!r}")
         self.model_keys_arg = None if model_keys is None else list(model_keys)
 
     def _open_study(self, storage: Any, study_name: str | None, sampler: Any) -> Any:
@@ -422,17 +430,17 @@ class HardwareAwareTuner(Tuner):
                   for d in self.directions]
         have = list(study.directions)
         if have != wanted:
-            raise DippmNasError(f"study {study_name!r} in {self.storage_url} has directions "
-                                f"{[d.name.lower() for d in have]}, the tuner's are {self.directions}; use "
-                                "another study_name or the study's directions")
+            raise InvalidValueError(f"study {study_name!r} in {self.storage_url} has directions "
+                                    f"{[d.name.lower() for d in have]}, the tuner's are {self.directions}; use "
+                                    "another study_name or the study's directions")
         if study.metric_names is None:
             with warnings.catch_warnings():  # experimental since Optuna 3.2, stable in use
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                 study.set_metric_names(self.objectives)
         elif list(study.metric_names) != self.objectives:
-            raise DippmNasError(f"study {study_name!r} in {self.storage_url} has objectives "
-                                f"{list(study.metric_names)}, the tuner's are {self.objectives}; use another "
-                                "study_name or the study's objectives")
+            raise InvalidValueError(f"study {study_name!r} in {self.storage_url} has objectives "
+                                    f"{list(study.metric_names)}, the tuner's are {self.objectives}; use another "
+                                    "study_name or the study's objectives")
         setup = {"model": self.model_source, "base_config": self.base_config, "batch_size": self.batch_size,
                  "dtype": self.dtype, "device": self.device, "runtime": self.runtime,
                  "input": self.input_spec.to_dict() if self.input_spec is not None else None,
@@ -461,24 +469,14 @@ class HardwareAwareTuner(Tuner):
                     self._resumed[key] = ft.number
             if st in _SENT:
                 s.proposed += 1
-            if st == "trained":
-                s.results += 1
-            elif st == "failed":
-                s.failed += 1
-            elif st == "imported":
-                s.imported += 1
-            elif st == "skipped_infeasible":
-                s.skipped_infeasible += 1
+            counter = _STATUS_COUNTERS.get(st) if isinstance(st, str) else None
+            if counter is not None:
+                setattr(s, counter, getattr(s, counter) + 1)
+            if st == "skipped_infeasible":
                 cfg = ft.user_attrs.get("dippm_config")
                 if cfg is not None and cfg not in self._infeasible_told:
                     self._infeasible_told.add(cfg)
                     s.infeasible_configs.append(cfg)
-            elif st == "skipped_infeasible_repeat":
-                s.skipped_infeasible += 1
-            elif st == "skipped_duplicate":
-                s.skipped_duplicate += 1
-            elif st == "skipped_invalid":
-                s.skipped_invalid += 1
         if trials:
             logger.info("loaded %d trials of study %r: %d parameter sets sent, %d still running (their results "
                         "arrive through import_data on nnictl resume)", len(trials), self.study.study_name,
@@ -625,8 +623,8 @@ class HardwareAwareTuner(Tuner):
         """
         self._require_space("import_data")
         if isinstance(data, (str, bytes)) or not isinstance(data, Sequence):
-            raise DippmNasError(f"import_data needs a list of {{'parameter': ..., 'value': ...}}, got "
-                                f"{type(data).__name__}")
+            raise InvalidTypeError(f"import_data needs a list of {{'parameter': ..., 'value': ...}}, got "
+                                   f"{type(data).__name__}")
         outcome = {"told": 0, "known": 0, "added": 0, "rejected": 0}
         for i, rec in enumerate(data):
             try:
@@ -649,18 +647,18 @@ class HardwareAwareTuner(Tuner):
     def _import_one(self, rec: Any) -> str:
         dims = self._require_space("import_data")
         if not isinstance(rec, Mapping) or "parameter" not in rec or "value" not in rec:
-            raise DippmNasError(f"a record must be {{'parameter': {{...}}, 'value': ...}}, got {rec!r}")
+            raise InvalidValueError(f"a record must be {{'parameter': {{...}}, 'value': ...}}, got {rec!r}")
         params, value = rec["parameter"], rec["value"]
         if isinstance(value, str):
             try:
                 value = json.loads(value)
             except ValueError as e:
-                raise DippmNasError(f"value {value!r} is not a number, a dict or their JSON") from e
+                raise InvalidValueError(f"value {value!r} is not a number, a dict or their JSON") from e
         if not isinstance(params, Mapping):
-            raise DippmNasError(f"parameter must be a dict of the search space's keys, got {params!r}")
+            raise InvalidTypeError(f"parameter must be a dict of the search space's keys, got {params!r}")
         missing = [k for k in dims if k not in params]
         if missing:
-            raise DippmNasError(f"parameter {canonical_json(params)} lacks search-space keys {missing}")
+            raise InvalidValueError(f"parameter {canonical_json(params)} lacks search-space keys {missing}")
         flat = {k: params[k] for k in dims}
         key = canonical_json(flat)
         if key in self._resumed:
@@ -678,7 +676,7 @@ class HardwareAwareTuner(Tuner):
             for k, d in dims.items():
                 encoded.update(d.encode(flat[k]))
         except SearchSpaceError as e:
-            raise DippmNasError(f"parameter {key} is outside the search space: {e}") from e
+            raise SearchSpaceError(f"parameter {key} is outside the search space: {e}") from e
         ev = self._evaluate(self._model_part(flat))
         if ev.error is not None:
             raise DippmNasError(f"the cost of parameter {key} cannot be predicted: {ev.error}")
@@ -810,8 +808,8 @@ class HardwareAwareTuner(Tuner):
                                self.dtype, ev.prediction.latency_source, DEFAULT_GPU_DTYPE)
             needs_energy = "energy_j" in self.objectives or self.budgets.energy_j is not None
             if needs_energy and ev.prediction.energy_j is None:
-                raise DippmNasError(f"device {self.device!r} gives no energy figure (energy_source "
-                                    f"'unavailable'); remove 'energy_j' from objectives and budgets")
+                raise InvalidValueError(f"device {self.device!r} gives no energy figure (energy_source "
+                                        f"'unavailable'); remove 'energy_j' from objectives and budgets")
             ev.checks = self.budgets.check(ev.prediction)
         self._evaluations[ckey] = ev
         return ev
@@ -832,8 +830,8 @@ class HardwareAwareTuner(Tuner):
                 continue
             if isinstance(result, Mapping):
                 if name not in result:
-                    raise DippmNasError(f"the final result has no {name!r} (keys {sorted(result)}); report it "
-                                        "with dippm_nas.nni.report(...) or a dict holding it")
+                    raise InvalidValueError(f"the final result has no {name!r} (keys {sorted(result)}); report it "
+                                            "with dippm_nas.nni.report(...) or a dict holding it")
                 v = result[name]
             elif len(trial_side) == 1:
                 if "scalar" not in self._warned:
@@ -841,9 +839,9 @@ class HardwareAwareTuner(Tuner):
                     logger.warning("trials report a plain number; it is taken as objective %r", name)
                 v = result
             else:
-                raise DippmNasError(f"the final result is a plain number {result!r} but objectives {trial_side} "
-                                    "all come from the trial; report a dict")
+                raise InvalidValueError(f"the final result is a plain number {result!r} but objectives {trial_side} "
+                                        "all come from the trial; report a dict")
             if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v):
-                raise DippmNasError(f"objective {name!r} must be a number, the trial reported {v!r}")
+                raise InvalidValueError(f"objective {name!r} must be a number, the trial reported {v!r}")
             out.append(float(v))
         return out

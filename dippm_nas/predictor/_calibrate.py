@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from dippm_nas._paths import cache_dir
-from dippm_nas.errors import DippmNasError
+from dippm_nas.errors import InvalidValueError
 from dippm_nas.predictor._meta import CheckpointMeta
 from dippm_nas.prior import latency_us
 
@@ -97,18 +97,18 @@ def fit_timeline_factors(parts: Sequence[tuple[np.ndarray, np.ndarray, float]],
         measured_ms: the measured latency of each, ms (> 0).
 
     Raises:
-        DippmNasError: fewer than two measurements, lengths that differ, or a latency that is not > 0.
+        InvalidValueError: fewer than two measurements, lengths that differ, or a latency that is not > 0.
     """
     from scipy.optimize import least_squares
 
     k = len(parts)
     if k != len(measured_ms):
-        raise DippmNasError(f"parts and measured_ms must pair up, got {k} and {len(measured_ms)}")
+        raise InvalidValueError(f"parts and measured_ms must pair up, got {k} and {len(measured_ms)}")
     if k < 2:
-        raise DippmNasError(f"timeline factors need at least 2 measurements, got {k}")
+        raise InvalidValueError(f"timeline factors need at least 2 measurements, got {k}")
     y = np.array([float(v) for v in measured_ms])
     if not np.all(np.isfinite(y)) or np.any(y <= 0):
-        raise DippmNasError(f"measured latencies must be finite and > 0, got {list(measured_ms)}")
+        raise InvalidValueError(f"measured latencies must be finite and > 0, got {list(measured_ms)}")
     ly = np.log(y)
 
     def resid(theta: np.ndarray) -> np.ndarray:
@@ -187,7 +187,7 @@ def fit_calibration(device: str, meta: "CheckpointMeta", pred_log: np.ndarray,
     """Fit the correction from predictions (log, ``[n, 3]``) and measured labels (units of the targets).
 
     Raises:
-        DippmNasError: no target has a label.
+        InvalidValueError: no target has a label.
     """
     coef: dict[str, list[float]] = {}
     counts: dict[str, int] = {}
@@ -209,7 +209,7 @@ def fit_calibration(device: str, meta: "CheckpointMeta", pred_log: np.ndarray,
         counts[t] = len(rows)
         kept[t] = w
     if not coef:
-        raise DippmNasError(f"no measurement holds a label for the targets {list(targets or _TARGETS)}")
+        raise InvalidValueError(f"no measurement holds a label for the targets {list(targets or _TARGETS)}")
     return Calibration(device=device, checkpoint=checkpoint_identity(meta), coef=coef, n=counts, kept=kept)
 
 

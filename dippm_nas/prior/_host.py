@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from dippm_nas.devices import FRAMEWORKS, HostProfile, default_host_profile
-from dippm_nas.errors import DippmNasError, ExecutionRuntimeError, InvalidValueError
+from dippm_nas.errors import ExecutionRuntimeError, InvalidValueError
 
 __all__ = ["RUNTIMES", "HOST_KINDS", "HostModel", "Execution", "host_kind", "check_runtime", "compiled_groups"]
 
@@ -126,8 +126,8 @@ class HostModel:
         """The factor every reference host time is multiplied by on ``profile``'s host."""
         gen = self.generations.get(profile.framework)
         if gen is None:
-            raise DippmNasError(f"the host model has no factor for framework {profile.framework!r}; "
-                                f"it knows {sorted(self.generations)}")
+            raise InvalidValueError(f"the host model has no factor for framework {profile.framework!r}; "
+                                    f"it knows {sorted(self.generations)}")
         return gen / profile.speed
 
     def sigma_log(self) -> float:
@@ -158,7 +158,7 @@ class HostModel:
             raise InvalidValueError(f"{origin}: host_model has unknown keys {bad}; choices: "
                                     f"{sorted(cls.__dataclass_fields__)}")
         if "op_us" not in d:
-            raise DippmNasError(f"{origin}: host_model needs 'op_us'")
+            raise InvalidValueError(f"{origin}: host_model needs 'op_us'")
         return cls(**dict(d))
 
 

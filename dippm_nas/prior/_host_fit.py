@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from dippm_nas.devices import resolve_device
-from dippm_nas.errors import DippmNasError, InvalidValueError
+from dippm_nas.errors import InvalidValueError
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.prior._estimate import _timelines, estimate
 from dippm_nas.prior._host import HOST_KINDS, Execution, HostModel
@@ -156,7 +156,7 @@ def fit_host_model(rows: Sequence[HostRow], *, params: PriorParams | None = None
     prepared = _prepare(rows, p)
     missing = sorted({q.framework for q in prepared} - set(gens))
     if missing:
-        raise DippmNasError(f"no generation factor for frameworks {missing}; given {sorted(gens)}")
+        raise InvalidValueError(f"no generation factor for frameworks {missing}; given {sorted(gens)}")
 
     def resid(theta: np.ndarray) -> np.ndarray:
         x = np.exp(theta)

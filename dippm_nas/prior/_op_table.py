@@ -337,8 +337,8 @@ class OpTable:
         if (np.any(self.feature[inner] < 0) or np.any(self.feature[inner] >= N_FEATURES)
                 or np.any(self.left[inner] >= n) or np.any(self.right[inner] < 0) or np.any(self.right[inner] >= n)
                 or np.any(self.roots < 0) or np.any(self.roots >= n)):
-            raise DippmNasError(f"OpTable: a node index or feature index is out of range (nodes {n}, "
-                                f"features {N_FEATURES})")
+            raise InvalidValueError(f"OpTable: a node index or feature index is out of range (nodes {n}, "
+                                    f"features {N_FEATURES})")
         for name in ("scale", "per_op_us", "baseline_log", "cache_bytes", "weight_cache_speedup"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or not math.isfinite(v):
@@ -449,13 +449,13 @@ class OpTable:
         if d.get("format") != OP_TABLE_FORMAT:
             raise InvalidValueError(f"{origin}: op table format must be {OP_TABLE_FORMAT}, got {d.get('format')!r}")
         if list(d.get("kinds") or []) != list(KINDS) or d.get("n_features") != N_FEATURES:
-            raise DippmNasError(f"{origin}: op table was fitted on another record schema (kinds "
-                                f"{d.get('kinds')!r}, {d.get('n_features')!r} features); this version has "
-                                f"{list(KINDS)}, {N_FEATURES}: refit it")
+            raise InvalidValueError(f"{origin}: op table was fitted on another record schema (kinds "
+                                    f"{d.get('kinds')!r}, {d.get('n_features')!r} features); this version has "
+                                    f"{list(KINDS)}, {N_FEATURES}: refit it")
         need = ("roots", "feature", "threshold", "left", "right", "value", "baseline_log")
         missing = [k for k in need if k not in d]
         if missing:
-            raise DippmNasError(f"{origin}: op table lacks {missing}")
+            raise InvalidValueError(f"{origin}: op table lacks {missing}")
         try:
             arrays = {k: np.asarray(d[k], dtype=np.float64 if k in ("threshold", "value") else np.int64)
                       for k in ("feature", "threshold", "left", "right", "value", "roots")}
@@ -463,7 +463,7 @@ class OpTable:
                 ("baseline_log", None), ("scale", 1.0), ("per_op_us", 0.0), ("cache_bytes", 0.0),
                 ("weight_cache_speedup", 1.0))}
         except (TypeError, ValueError) as e:
-            raise DippmNasError(f"{origin}: op table has a non-numeric array or number: {e}") from e
+            raise InvalidValueError(f"{origin}: op table has a non-numeric array or number: {e}") from e
         return cls(**arrays, **numbers, source=str(d.get("source", "")), metrics=dict(d.get("metrics") or {}))
 
 

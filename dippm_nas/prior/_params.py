@@ -25,6 +25,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from dippm_nas._json import read_json_file
 from dippm_nas.errors import DippmNasError, InvalidValueError
 from dippm_nas.prior._host import HostModel
 from dippm_nas.prior._op_table import OpTable
@@ -327,11 +328,7 @@ class PriorParams:
     def load(cls, path: str | Path) -> "PriorParams":
         """Read a calibration JSON file."""
         p = Path(path)
-        try:
-            d = json.loads(p.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as e:
-            raise DippmNasError(f"cannot read calibration file {p}: {e}") from e
-        return cls.from_dict(d, origin=str(p))
+        return cls.from_dict(read_json_file(p, f"cannot read calibration file {p}"), origin=str(p))
 
 
 #: The scalar settings :meth:`PriorParams.to_dict` writes under ``"global"``.
@@ -346,20 +343,32 @@ def _finite(v: Any) -> bool:
 FITTED_FILE = "fitted.json"
 
 
-@lru_cache(maxsize=1)
-def default_params() -> PriorParams:
-    """The shipped fitted constants (loaded once per process), else the uncalibrated set with a warning."""
-    res = resources.files("dippm_nas.prior") / "calibration" / FITTED_FILE
+def read_shipped_file(name: str, what: str, missing: str) -> Any:
+    """The JSON value of the shipped file ``dippm_nas/prior/calibration/<name>``; ``None``, with the warning
+    ``missing`` (logged and a ``RuntimeWarning``), when the file is absent.
+
+    Raises:
+        DippmNasError: the file is not valid JSON (``what`` names it in the message).
+    """
+    res = resources.files("dippm_nas.prior") / "calibration" / name
     try:
         text = res.read_text(encoding="utf-8")
     except (FileNotFoundError, OSError):
-        msg = (f"the analytic prior's fitted constants (dippm_nas/prior/calibration/{FITTED_FILE}) are missing; "
-               "using the uncalibrated constants (run benchmarks/calibrate_prior.py to fit them)")
-        logger.warning(msg)
-        warnings.warn(msg, RuntimeWarning, stacklevel=2)
-        return PriorParams.uncalibrated()
+        logger.warning(missing)
+        warnings.warn(missing, RuntimeWarning, stacklevel=3)
+        return None
     try:
-        d = json.loads(text)
+        return json.loads(text)
     except ValueError as e:
-        raise DippmNasError(f"shipped calibration file {FITTED_FILE} is not valid JSON: {e}") from e
+        raise DippmNasError(f"shipped {what} file {name} is not valid JSON: {e}") from e
+
+
+@lru_cache(maxsize=1)
+def default_params() -> PriorParams:
+    """The shipped fitted constants (loaded once per process), else the uncalibrated set with a warning."""
+    d = read_shipped_file(FITTED_FILE, "calibration",
+                          f"the analytic prior's fitted constants (dippm_nas/prior/calibration/{FITTED_FILE}) are "
+                          "missing; using the uncalibrated constants (run benchmarks/calibrate_prior.py to fit them)")
+    if d is None:
+        return PriorParams.uncalibrated()
     return PriorParams.from_dict(d, origin=f"dippm_nas/prior/calibration/{FITTED_FILE}")

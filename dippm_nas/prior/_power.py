@@ -25,18 +25,18 @@ import dataclasses
 import json
 import logging
 import math
-import warnings
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from dippm_nas._json import read_json_file
 from dippm_nas.devices import Device
-from dippm_nas.errors import DippmNasError, InvalidValueError
+from dippm_nas.errors import InvalidValueError
+from dippm_nas.prior._params import read_shipped_file
 
 __all__ = ["PowerParams", "PowerTable", "NodeActivity", "node_activity", "node_power_w", "wait_power_w",
            "pass_energy_j", "power_table", "power_params_for", "utilisation_energy_j", "POWER_FORMAT"]
@@ -151,30 +151,18 @@ class PowerTable:
     def load(cls, path: str | Path) -> "PowerTable":
         """Read a ``power.json`` file."""
         p = Path(path)
-        try:
-            d = json.loads(p.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as e:
-            raise DippmNasError(f"cannot read power file {p}: {e}") from e
-        return cls.from_dict(d, origin=str(p))
+        return cls.from_dict(read_json_file(p, f"cannot read power file {p}"), origin=str(p))
 
 
 @lru_cache(maxsize=1)
 def power_table() -> PowerTable:
     """The shipped power constants (``calibration/power.json``, loaded once per process); without the file,
     the uncalibrated shares for every architecture, with a warning."""
-    res = resources.files("dippm_nas.prior") / "calibration" / POWER_FILE
-    try:
-        text = res.read_text(encoding="utf-8")
-    except (FileNotFoundError, OSError):
-        msg = (f"the power model's constants (dippm_nas/prior/calibration/{POWER_FILE}) are missing; using "
-               "uncalibrated shares (run benchmarks/accuracy_energy.py --write-power to fit them)")
-        logger.warning(msg)
-        warnings.warn(msg, RuntimeWarning, stacklevel=2)
+    d = read_shipped_file(POWER_FILE, "power",
+                          f"the power model's constants (dippm_nas/prior/calibration/{POWER_FILE}) are missing; "
+                          "using uncalibrated shares (run benchmarks/accuracy_energy.py --write-power to fit them)")
+    if d is None:
         return PowerTable()
-    try:
-        d = json.loads(text)
-    except ValueError as e:
-        raise DippmNasError(f"shipped power file {POWER_FILE} is not valid JSON: {e}") from e
     return PowerTable.from_dict(d, origin=f"dippm_nas/prior/calibration/{POWER_FILE}")
 
 
@@ -233,7 +221,7 @@ def node_activity(flops: np.ndarray, bytes_: np.ndarray, gpu_us: np.ndarray, ten
 
 def _power_range(device: Device) -> tuple[float, float]:
     if device.board_power_w is None or device.idle_power_w is None:
-        raise DippmNasError(f"device {device.id!r} has no power figures (board_power_w, idle_power_w)")
+        raise InvalidValueError(f"device {device.id!r} has no power figures (board_power_w, idle_power_w)")
     return float(device.idle_power_w), float(device.board_power_w) - float(device.idle_power_w)
 
 

@@ -37,7 +37,7 @@ from tqdm.auto import tqdm
 
 from dippm_nas.dataset import load_measurements
 from dippm_nas.devices import get_device, list_devices
-from dippm_nas.errors import DippmNasError, InvalidValueError
+from dippm_nas.errors import DatasetError, InvalidValueError
 from dippm_nas.features import GraphFeatures, featurize
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.predictor import HOST_DEVICE, TARGETS
@@ -116,8 +116,8 @@ def load_examples(paths: Sequence[str | Path], *, devices: Sequence[str] | None 
             m = mg.measurement
             dev = DEVICE_ALIASES.get(m.get("device"), m.get("device"))
             if dev not in catalogue:
-                raise DippmNasError(f"dataset {p}: device {m.get('device')!r} is neither a catalogue id "
-                                    f"({sorted(catalogue)}) nor an alias ({sorted(DEVICE_ALIASES)})")
+                raise DatasetError(f"dataset {p}: device {m.get('device')!r} is neither a catalogue id "
+                                   f"({sorted(catalogue)}) nor an alias ({sorted(DEVICE_ALIASES)})")
             if devices is not None and dev not in devices:
                 continue
             if dtypes is not None and mg.spec.dtype not in dtypes:
@@ -191,7 +191,7 @@ def split_examples(examples: Sequence[Example], *, mode: str = "random", fractio
         if not 0.0 < holdout_frac < 1.0:
             raise InvalidValueError(f"holdout_frac must lie in (0, 1), got {holdout_frac!r}")
         if not any(is_timm(e) for e in examples):
-            raise DippmNasError("the timm-family split needs timm rows (source 'timm' with a model name) in the data")
+            raise InvalidValueError("the timm-family split needs timm rows (source 'timm' with a model name) in the data")
         held = set(heldout_timm_families(examples, holdout_frac=holdout_frac, seed=seed))
         test_keys = {e.key for e in examples if is_timm(e) and timm_family(e.name) in held}
         val_share = fractions[1] / (fractions[0] + fractions[1])

@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 
 from dippm_nas._platform import cpu_model_name, cpu_signature
 from dippm_nas.devices import host_facts, resolve_device
-from dippm_nas.errors import DippmNasError, InvalidValueError
+from dippm_nas.errors import InvalidValueError
 from dippm_nas.features import FEATURE_SCHEMA_VERSION, GraphFeatures, device_dim, node_dim, static_dim
 from dippm_nas.predictor import (DELTA_MARGIN, HOST_DEVICE, TARGET_UNITS, TARGETS, CheckpointMeta, GnnPredictor,
                                  NoveltyFloor, SageEnsemble, collate, collate_globals, novelty_scores)
@@ -305,7 +305,7 @@ def train_predictor(paths: Sequence[str | Path], device: str, *, split: str = "r
         ex = [dataclasses.replace(e, y={t: v for t, v in e.y.items() if t in targets}) for e in ex]
         ex = [e for e in ex if e.y]
     if not any(e.device == device for e in ex):
-        raise DippmNasError(f"no examples of device {device!r} in the data; devices present: {sorted({e.device for e in ex})}")
+        raise InvalidValueError(f"no examples of device {device!r} in the data; devices present: {sorted({e.device for e in ex})}")
     tr, va, te = split_examples(ex, mode=split, heldout_families=heldout_families, seed=cfg.seed,
                                 holdout_frac=holdout_frac)
     if split == "timm-family":

@@ -226,6 +226,14 @@ def _error_pct(predicted: Any, measured: Any) -> float | None:
     return 100.0 * (p - m) / m
 
 
+def _matching(q: Any, table: sa.Table, **equal: Any) -> Any:
+    """``q`` restricted to the rows of ``table`` whose columns equal the given values (``None``: any)."""
+    for column, value in equal.items():
+        if value is not None:
+            q = q.where(table.c[column] == value)
+    return q
+
+
 class JobQueue:
     """The validation job queue and results tables in one SQL database.
 
@@ -597,13 +605,7 @@ class JobQueue:
         left out, with a warning once per row)."""
         if status is not None and status not in JOB_STATUSES:
             raise ValidationError(f"status must be one of {JOB_STATUSES} or None, got {status!r}")
-        q = sa.select(jobs).order_by(jobs.c.id)
-        if study is not None:
-            q = q.where(jobs.c.study == study)
-        if device is not None:
-            q = q.where(jobs.c.device == device)
-        if status is not None:
-            q = q.where(jobs.c.status == status)
+        q = _matching(sa.select(jobs).order_by(jobs.c.id), jobs, study=study, device=device, status=status)
         with self._tx("listing jobs") as conn:
             rows = conn.execute(q).all()
         return self._decoded(rows, Job, "job")
@@ -616,11 +618,8 @@ class JobQueue:
 
     def counts(self, *, study: str | None = None, device: str | None = None) -> dict[str, int]:
         """``{status: number of jobs}`` for every status of :data:`JOB_STATUSES`."""
-        q = sa.select(jobs.c.status, sa.func.count()).group_by(jobs.c.status)
-        if study is not None:
-            q = q.where(jobs.c.study == study)
-        if device is not None:
-            q = q.where(jobs.c.device == device)
+        q = _matching(sa.select(jobs.c.status, sa.func.count()).group_by(jobs.c.status), jobs, study=study,
+                      device=device)
         out = dict.fromkeys(JOB_STATUSES, 0)
         with self._tx("counting jobs") as conn:
             for status, n in conn.execute(q):
@@ -630,11 +629,7 @@ class JobQueue:
     def results(self, *, study: str | None = None, device: str | None = None) -> list[ValidationRecord]:
         """Validation results, oldest first, optionally of one study and device (rows that cannot be
         decoded are left out, with a warning once per row)."""
-        q = sa.select(results).order_by(results.c.id)
-        if study is not None:
-            q = q.where(results.c.study == study)
-        if device is not None:
-            q = q.where(results.c.device == device)
+        q = _matching(sa.select(results).order_by(results.c.id), results, study=study, device=device)
         with self._tx("reading results") as conn:
             rows = conn.execute(q).all()
         return self._decoded(rows, ValidationRecord, "result")
