@@ -8,9 +8,10 @@
 - Whole predictions of a fixed sample (``tests/data/inference_graphs.json.xz``: six assembled ``mbconv``
   graphs at batch 256 and 1 in float16, four float32 graphs of the host-CPU data) on the A100 checkpoint
   (eager, CUDA graphs, compiled, without MIG advice), the analytic H100 and the analytic RTX 4090 (compiled)
-  against the values in ``tests/data/inference_expected.json.xz``, written by the per-node implementation
-  of commit 493ba1f (``Prediction.to_dict()`` of each). On the machine that wrote them they are equal bit
-  for bit; the comparison allows 1e-6 relative so that another CPU's float32 rounding of the network does
+  against the values in ``tests/data/inference_expected.json.xz`` (``Prediction.to_dict()`` of each), written
+  by the per-node implementation (the analytic devices) and, for the A100, by this code with the shipped
+  checkpoint (:func:`write_expected` rewrites a device's values after a deliberate change such as a retrained
+  checkpoint). On the machine that wrote them they are equal bit for bit; the comparison allows 1e-6 relative so that another CPU's float32 rounding of the network does
   not fail it (every non-numeric field, MIG choice and flag must be equal).
 - ``predict`` on a model from a registered search space assembles its graph instead of exporting it
   (the assembled graph is the whole capture's: ``tests/test_assembly.py``).
@@ -174,3 +175,25 @@ def test_predict_assembles_a_space_model(tmp_path: Path, monkeypatch: pytest.Mon
     assert got == expected
     cache.close()
     clear_block_memo()
+
+
+def write_expected(devices: tuple[str, ...]) -> None:
+    """Rewrite the expected values of ``devices``' settings with this code's predictions (after a deliberate
+    change of what those devices answer, e.g. a retrained checkpoint): ``python tests/test_inference_equality.py
+    a100-sxm4-40gb``. The other settings keep their values."""
+    path = DATA / "inference_expected.json.xz"
+    with lzma.open(path, "rt") as f:
+        expected = json.load(f)
+    for device, kw in SETTINGS:
+        if device in devices:
+            set_predictor(device, None)
+            expected[f"{device}|{json.dumps(kw, sort_keys=True)}"] = [
+                json.loads(json.dumps(p.to_dict())) for p in dippm_nas.predict_many(_graphs(), device, **kw)]
+    with lzma.open(path, "wt") as f:
+        json.dump(expected, f)
+
+
+if __name__ == "__main__":
+    import sys
+
+    write_expected(tuple(sys.argv[1:]))

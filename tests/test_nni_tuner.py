@@ -207,13 +207,23 @@ def test_default_dtype_is_half_precision_on_a_gpu_and_float32_on_a_cpu(caplog: p
     assert make_tuner(builder="mlp", base_config=base, dtype="float32").dtype == "float32"
 
 
-def test_float32_on_the_a100_warns_that_the_prior_answers(caplog: pytest.LogCaptureFixture) -> None:
-    t = make_tuner(builder="mlp", base_config={"in_features": 32, "out_features": 4}, dtype="float32")
+def test_a_dtype_the_a100_checkpoint_never_saw_warns_that_the_prior_answers(
+        caplog: pytest.LogCaptureFixture) -> None:
+    t = make_tuner(builder="mlp", base_config={"in_features": 32, "out_features": 4}, dtype="bfloat16")
     t.update_search_space({"hidden": {"_type": "choice", "_value": [[64]]}})
     with caplog.at_level("WARNING", logger="dippm_nas.nni._tuner"):
         p = t.generate_parameters(0)
     assert p[PARAMETERS_KEY]["predicted"]["source"] == "analytic"
-    assert "has not seen dtype float32" in caplog.text
+    assert "has not seen dtype bfloat16" in caplog.text
+
+
+def test_float32_on_the_a100_is_predicted_by_the_checkpoint(caplog: pytest.LogCaptureFixture) -> None:
+    t = make_tuner(builder="mlp", base_config={"in_features": 32, "out_features": 4}, dtype="float32")
+    t.update_search_space({"hidden": {"_type": "choice", "_value": [[64]]}})
+    with caplog.at_level("WARNING", logger="dippm_nas.nni._tuner"):
+        p = t.generate_parameters(0)
+    assert p[PARAMETERS_KEY]["predicted"]["source"] == "predicted"
+    assert "has not seen dtype" not in caplog.text
 
 
 @pytest.mark.filterwarnings("ignore:`constraints_func` has been deprecated:FutureWarning")
