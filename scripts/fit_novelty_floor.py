@@ -9,8 +9,8 @@ Usage (from the repository root)::
         --calibrate-frac 0.5 --out CKPT_novel.pt          # half of the held-out timm families calibrate
 
 The split is rebuilt exactly as ``dippm-nas train`` made it (same ``--split/--holdout/--holdout-frac/--seed``):
-the reference set is the training rows' graphs, ``d0`` comes from the validation rows of ``--device``, and
-the floor is fitted on the **test rows of the calibration families only** (all devices, or
+the reference set is the training rows' graphs, ``d0`` comes from the validation rows of ``--device``
+(``--d0-rows all``: of every device), and the floor is fitted on the **test rows of the calibration families only** (all devices, or
 ``--calibrate-devices``). The other held-out families are the report: their MAPE does not change (the floor
 only widens σ), their ±2σ coverage is printed before and after. Calibration rows never come from the
 families reported on. See :mod:`dippm_nas.predictor._novelty` and :mod:`dippm_nas.training`.
@@ -44,6 +44,19 @@ from dippm_nas.training import (  # noqa: E402
 )
 
 DEFAULT_TARGET = "latency_ms"
+
+
+def _slug(group: str) -> str:
+    """A file-name form of a report group's label."""
+    return "".join(c if c.isalnum() or c in "-." else "_" for c in group).strip("_")
+
+
+def _write_rows(path: Path, group: str, rows: Sequence[dict]) -> None:
+    """One JSON line per evaluated row of ``group``."""
+    with path.open("w") as f:
+        for r in rows:
+            f.write(json.dumps({"group": group, **{k: v for k, v in r.items() if isinstance(v, (int, float, str))}})
+                    + "\n")
 
 
 def parse_floors(items: Sequence[str]) -> dict[str, float]:
@@ -83,6 +96,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="set this floor instead of fitting one (repeatable; bare number: latency_ms)")
     ap.add_argument("--calibrated-on", default=None, help="with --floor-log: where the floor came from")
     ap.add_argument("--json", default=None, help="write the figures here")
+    ap.add_argument("--d0-rows", choices=("device", "all"), default="device",
+                    help="validation rows whose novelty quantile is d0: those of --device (default) or every device's")
+    ap.add_argument("--rows-out", default=None, metavar="PREFIX",
+                    help="write each report group's rows (measured, predicted, std, novel; with the floor) as "
+                         "PREFIX<group>.jsonl, e.g. for benchmarks/search_view.py --rows")
     args = ap.parse_args(argv)
     if args.json and Path(args.json).resolve() == Path(args.out).with_suffix(".json").resolve():
         raise SystemExit(f"--json {args.json} is the checkpoint's metadata sidecar; choose another path")
@@ -96,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     pp, style = pred.prior_params, pred.meta.feature_style
     print(f"split {args.split}: train {len(tr)}, val {len(va)}, test {len(te)}; featurising ...", flush=True)
     ftr = featurize_examples(tr, style=style, prior_params=pp, host_threads=pred.host_threads)
-    va_dev = [e for e in va if e.device == dev]
+    va_dev = [e for e in va if e.device == dev] if args.d0_rows == "device" else list(va)
     fva = featurize_examples(va_dev, style=style, prior_params=pp, host_threads=pred.host_threads)
     attach_novelty_reference(pred, ftr, fva)  # reference set and d0; no floor yet
     d0 = pred.meta.novelty["d0"]
@@ -160,6 +178,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             for r in rows:
                 r["novel"] = float(r.get("novelty", 0.0) > d0)
             res[stage][d] = {t: _summary(table, rows, d, t) for t in targets}
+            if stage == "after" and args.rows_out:
+                _write_rows(Path(f"{args.rows_out}{_slug(d)}.jsonl"), d, rows)
     pred.save(args.out)
     print(f"wrote {args.out}")
     if args.json:
