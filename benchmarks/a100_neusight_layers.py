@@ -136,6 +136,7 @@ def main() -> int:
                      "gflop": g.total_flops / 1e9,
                      "outside_training_range": p.details.get("outside_training_range"),
                      "dtype_unseen": p.details.get("dtype_unseen"), "novel": p.details.get("novel"),
+                     "novelty": p.details.get("novelty"),
                      "capture_s": cap_s})
     ape = np.array([r["ape_pct"] for r in rows])
     prior_ape = np.array([100 * abs(r["prior_ms"] - r["label_ms"]) / r["label_ms"] for r in rows if r["prior_ms"]])

@@ -10,8 +10,10 @@ Usage (from the repository root)::
 
 The split is rebuilt exactly as ``dippm-nas train`` made it (same ``--split/--holdout/--holdout-frac/--seed``):
 the reference set is the training rows' graphs, ``d0`` comes from the validation rows of ``--device``
-(``--d0-rows all``: of every device), and the floor is fitted on the **test rows of the calibration families only** (all devices, or
-``--calibrate-devices``). The other held-out families are the report: their MAPE does not change (the floor
+(``--d0-rows all``: of every device), and the floor is fitted on the **test rows of the calibration families
+only** (all devices, or ``--calibrate-devices``). The largest novelty among those rows is the checkpoint's
+``validated_max``: beyond it the network's correction has never been checked, and the prior answers
+(``--no-validated-max`` leaves the correction unlimited). The other held-out families are the report: their MAPE does not change (the floor
 only widens σ), their ±2σ coverage is printed before and after. Calibration rows never come from the
 families reported on. See :mod:`dippm_nas.predictor._novelty` and :mod:`dippm_nas.training`.
 
@@ -96,6 +98,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="set this floor instead of fitting one (repeatable; bare number: latency_ms)")
     ap.add_argument("--calibrated-on", default=None, help="with --floor-log: where the floor came from")
     ap.add_argument("--json", default=None, help="write the figures here")
+    ap.add_argument("--no-validated-max", action="store_true",
+                    help="do not limit the correction to the novelty of the calibration rows (by default a graph "
+                         "farther from the training graphs than every calibration row gets the prior)")
     ap.add_argument("--d0-rows", choices=("device", "all"), default="device",
                     help="validation rows whose novelty quantile is d0: those of --device (default) or every device's")
     ap.add_argument("--rows-out", default=None, metavar="PREFIX",
@@ -140,6 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     fcal = featurize_examples(cal, style=style, prior_params=pp, host_threads=pred.host_threads) if cal else []
     frep = featurize_examples(rep, style=style, prior_params=pp, host_threads=pred.host_threads)
     targets = list(pred.meta.targets)
+    vmax: float | None = None
     if args.floor_log:
         floors = parse_floors(args.floor_log)
         bad = sorted(set(floors) - set(targets))
@@ -150,6 +156,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not cal:
             raise SystemExit("no calibration rows: give --calibrate-families or --calibrate-frac (or --floor-log)")
         _, rows = evaluate_examples(pred, fcal, cal)  # σ with the in-family floor (novel floor still empty)
+        vmax = max((float(r["novelty"]) for r in rows if math.isfinite(r.get("novelty", math.nan))), default=None)
+        if args.no_validated_max:
+            vmax = None
+        res["validated_max"] = vmax
         floors, used = {}, {}
         for t in targets:
             rs = [r for r in rows if t in r]
@@ -171,7 +181,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         by_dev_rep[f"{e.device}, " + ("held-out timm families" if is_timm(e) else f"{e.family} test rows")].append(i)
     for stage in ("before", "after"):
         if stage == "after":
-            pred.meta = dataclasses.replace(pred.meta, novelty=NoveltyFloor(d0, floors, note).to_dict())
+            pred.meta = dataclasses.replace(pred.meta, novelty=NoveltyFloor(
+                d0, floors, note, validated_max=vmax).to_dict())
         print(stage)
         for d, idx in sorted(by_dev_rep.items()):
             table, rows = evaluate_examples(pred, [frep[i] for i in idx], [rep[i] for i in idx])

@@ -37,8 +37,12 @@ def test_demo_quick(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     with (out / "trials.csv").open() as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 3 and all(0.0 <= float(r["accuracy"]) <= 1.0 for r in rows)
-    # the A100 figures come from the trained checkpoint, in the deployed dtype, with a σ
-    assert {r["latency_source"] for r in rows} == {"predicted"} and all(float(r["latency_ms_std"]) > 0 for r in rows)
+    # the A100 figures come from the trained checkpoint (its prior beyond the novelty its correction was
+    # validated to), in the deployed dtype, with a σ
+    srcs = {r["latency_source"] for r in rows}
+    assert srcs <= {"predicted", "analytic"} and all(float(r["latency_ms_std"]) > 0 for r in rows)
+    if "analytic" in srcs:
+        assert "beyond the novelty" in text
     summary = json.loads((out / "summary.json").read_text())
     assert summary["trials"] == 3 and summary["device"] == "a100-sxm4-40gb" and summary["dtype"] == "float16"
     assert summary["validation"]["device"] == "host-cpu" and summary["validation"]["measured"] >= 1

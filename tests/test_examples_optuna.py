@@ -37,7 +37,8 @@ def test_multi_objective_study_with_constraints(storage: str, capsys: pytest.Cap
     assert len(trials) == 2
     for t in trials:
         a = t.user_attrs
-        assert a["latency_source"] == "predicted" and a["input_spec"]["dtype"] == "float16"
+        # the checkpoint's figure, or its prior for a graph beyond the novelty its correction was validated to
+        assert a["latency_source"] in ("predicted", "analytic") and a["input_spec"]["dtype"] == "float16"
         assert a["budget_latency_ms"] == 20.0 and a["budget_memory_mib"] > 0  # 1g.5gb's usable memory
         assert t.values[1] == pytest.approx(a["predicted_latency_ms"])
         expected = [a["constraint_latency_ms"], a["constraint_memory_mib"]]

@@ -222,8 +222,15 @@ def test_float32_on_the_a100_is_predicted_by_the_checkpoint(caplog: pytest.LogCa
     t.update_search_space({"hidden": {"_type": "choice", "_value": [[64]]}})
     with caplog.at_level("WARNING", logger="dippm_nas.nni._tuner"):
         p = t.generate_parameters(0)
-    assert p[PARAMETERS_KEY]["predicted"]["source"] == "predicted"
+    assert p[PARAMETERS_KEY]["predicted"]["source"] in ("predicted", "analytic")  # analytic: beyond validated_max
     assert "has not seen dtype" not in caplog.text
+    import dippm_nas
+    import search_spaces
+
+    cfg = {"in_features": 32, "out_features": 4, "hidden": [64]}
+    spec = search_spaces.get_space("mlp").input_spec(search_spaces.get_space("mlp").validate(cfg), batch_size=8)
+    pred = dippm_nas.predict(search_spaces.build_model("mlp", cfg), spec, device="a100-sxm4-40gb", mig=False)
+    assert pred.details["dtype_unseen"] == 0.0  # fp32 is a dtype the A100 checkpoint trained on
 
 
 @pytest.mark.filterwarnings("ignore:`constraints_func` has been deprecated:FutureWarning")

@@ -457,3 +457,37 @@ def test_a_dtype_never_trained_on_gets_the_prior_flagged() -> None:
     seen = p.predict_graphs(gs, mig=False)
     assert all(q.latency_source == "predicted" and q.details["dtype_unseen"] == 0.0 for q in seen)
     assert max(abs(math.log(q.latency_ms / y0)) for q, y0 in zip(seen, prior)) > 1e-3  # not the prior
+
+
+def test_a_graph_beyond_the_validated_novelty_gets_the_prior() -> None:
+    """Past ``validated_max`` (the farthest held-out row the correction was checked on) the prior answers,
+    labelled analytic with a correction weight of 0; graphs within it keep the network's figure."""
+    from dippm_nas.predictor import NoveltyFloor
+    from dippm_nas.training import attach_novelty_reference
+
+    p = _predictor()
+    graphs = _graphs(4)
+    feats = [featurize(g, DEV) for g in graphs]
+    b = collate(feats[:2])
+    p.model.set_stats(b["x"], b["static"], b["dev"], torch.zeros(3), torch.full((3,), 0.4))
+    with torch.no_grad():
+        p.model.fc3.bias.fill_(0.3)  # a visible correction of the prior (log 1.3)
+    attach_novelty_reference(p, feats[:2], feats[2:3], calibrated_on="synthetic")
+    full = p.predict_graphs(graphs, mig=False)
+    nov = np.array([x.details["novelty"] for x in full])
+    order = np.argsort(nov)
+    vmax = float((nov[order[-1]] + nov[order[-2]]) / 2)  # only the farthest graph lies beyond it
+    assert nov[order[-1]] > vmax > nov[order[-2]]
+    p.meta = dataclasses.replace(p.meta, novelty=NoveltyFloor(
+        p.meta.novelty["d0"], {"latency_ms": 0.1}, "synthetic", validated_max=vmax).to_dict())
+    p._pred_cache.clear()
+    got = p.predict_graphs(graphs, mig=False)
+    far = int(order[-1])
+    assert got[far].latency_ms == pytest.approx(feats[far].prior_latency_ms, rel=1e-5)
+    assert got[far].latency_source == "analytic" and got[far].details["correction_weight_latency_ms"] == 0.0
+    for i in order[:-1]:
+        assert got[i].latency_ms == pytest.approx(full[i].latency_ms, rel=1e-6)
+        assert got[i].latency_source == "predicted" and got[i].details["correction_weight_latency_ms"] == 1.0
+    assert NoveltyFloor.from_dict(p.meta.novelty).validated_max == pytest.approx(vmax)
+    with pytest.raises(ValueError, match="validated_max"):
+        NoveltyFloor(0.1, {}, "x", validated_max=-1.0)

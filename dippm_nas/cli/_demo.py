@@ -468,6 +468,9 @@ def _run(args: argparse.Namespace) -> int:
           f"{'/'.join(srcs['energy_source'])}, memory {'/'.join(srcs['memory_source'])}) and cannot be validated "
           f"here: this machine has no such GPU. On one that has, run "
           f"`dippm-nas validate-worker --storage URL --device {cost.device}`.")
+    if "analytic" in srcs["latency_source"]:
+        print("  latency 'analytic': these CNNs lie beyond the novelty the checkpoint's correction was validated to "
+              "on unseen families, so its analytic prior answers, with the σ of the correction's bound.")
     if summary is not None:
         print(f"  {_HOST} (float32, batch {args.validate_batch}): {summary.measured} Pareto candidate(s) measured "
               f"({summary.ok} ok, {summary.does_not_fit} did not fit, {summary.timeouts} timed out, "

@@ -140,9 +140,10 @@ def encode_op(node: OpNode) -> tuple[str, list[float], bool]:
         return "unknown", _pad(_generic_attrs(node)), False
     token, attrs = enc.fn(node)
     if token not in _TOKEN_SET:
-        raise DippmNasError(f"encoder of {node.op!r} returned token {token!r}; valid tokens: {list(TOKENS)}")
+        raise InvalidValueError(f"encoder of {node.op!r} returned token {token!r}; valid tokens: {list(TOKENS)}")
     if len(attrs) > ATTR_WIDTH:
-        raise DippmNasError(f"encoder of {node.op!r} returned {len(attrs)} attributes, at most {ATTR_WIDTH} allowed")
+        raise InvalidValueError(f"encoder of {node.op!r} returned {len(attrs)} attributes, "
+                                f"at most {ATTR_WIDTH} allowed")
     return token, _pad(attrs), True
 
 

@@ -226,8 +226,9 @@ class HardwareAwareTuner(Tuner):
             space take the builder's defaults; with ``model_factory``, they are passed to the factory too).
         batch_size: batch size the cost is predicted at (``>= 1``).
         dtype: compute dtype the cost is predicted in. Default ``None``: ``"float16"`` on a GPU device (half
-            precision, the dtype the A100 checkpoint was trained on; other dtypes fall back to the analytic
-            prior there, with a warning), ``"float32"`` on a CPU device. The dtype used is logged.
+            precision, the dtype most of the A100 checkpoint's rows have; a dtype the checkpoint never saw
+            falls back to the analytic prior, with a warning), ``"float32"`` on a CPU device. The dtype used
+            is logged.
         device: catalogue device id; default ``"a100-sxm4-40gb"``.
         budgets: the chance constraints, a :class:`~dippm_nas.budgets.Budgets` or (class args) a mapping of
             its keys, e.g. ``{"latency_ms": 1.0, "k_sigma": 1.0}``; a config whose ``mean + k_sigma * std``

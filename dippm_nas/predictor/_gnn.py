@@ -11,9 +11,11 @@ covers the graph's own features only: on another CPU model it adds the measured 
 flagged ``details["other_host"] = 1``; on a machine of its CPU model whose host microbenchmark lies outside
 the device features it was trained at (another VM of the same model) the measured other-machine floor,
 flagged ``details["other_machine"] = 1`` (see :mod:`~dippm_nas.predictor._checkpoint`).
-A graph whose compute dtype no training graph had (FP32 for the half-precision A100 checkpoint) gets the
+A graph whose compute dtype no training graph had (bfloat16 for the A100 checkpoint) gets the
 prior itself, the centre of the correction's bound, with that σ: the network's correction is not
 identified for a one-hot input that never varied (source ``"analytic"``, ``details["dtype_unseen"] = 1``).
+So does a graph farther from every training graph than any held-out row the correction was checked on
+(``NoveltyFloor.validated_max``; source ``"analytic"``, ``details["correction_weight_<target>"] = 0``).
 
 Checkpoints are read and written by :meth:`GnnPredictor.load` and :meth:`GnnPredictor.save`; their
 metadata is :class:`~dippm_nas.predictor.CheckpointMeta`.
@@ -36,7 +38,7 @@ import torch
 
 from dippm_nas._logging import WarnOnce
 from dippm_nas._platform import cpu_model_name
-from dippm_nas.errors import CheckpointError, DippmNasError
+from dippm_nas.errors import CheckpointError, DippmNasError, InvalidTypeError, InvalidValueError
 from dippm_nas.features import GraphFeatures, featurize, static_dtype_columns
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.prediction import Prediction
@@ -234,7 +236,7 @@ class GnnPredictor(BasePredictor):
             # the network's correction is not identified for a dtype it never trained on (its one-hot input
             # never varied): the answer is the prior, the centre of the correction's bound (σ keeps the bound)
             mean[torch.from_numpy(unseen)] = b["log_prior"][torch.from_numpy(unseen)]
-        shrink = self._shrink_widths()
+        shrink = self._shrink_widths() or self._validated_max() is not None
         nov = (novelty_scores(self.model.static_z(b), self.novelty_ref)
                if (novelty or shrink) and self.novelty_ref is not None else np.full(len(feats), np.nan))
         if shrink and self.model.residual_on_prior:
@@ -254,22 +256,43 @@ class GnnPredictor(BasePredictor):
         nf = self.meta.novelty
         return {} if nf is None else {t: float(c) for t, c in nf.get("shrink", {}).items()}
 
+    def _withheld_targets(self, novelty: float) -> set[str]:
+        """Targets whose correction a graph of this novelty does not get (beyond ``validated_max``)."""
+        vmax = self._validated_max()
+        if vmax is None or not math.isfinite(novelty) or novelty <= vmax or not self.model.residual_on_prior:
+            return set()
+        return set(self.meta.novelty["floor_log"])  # type: ignore[index]
+
+    def _validated_max(self) -> float | None:
+        nf = self.meta.novelty
+        return None if nf is None or nf.get("validated_max") is None else float(nf["validated_max"])
+
     def correction_weights(self, novelty: np.ndarray) -> dict[str, np.ndarray]:
         """Per shrunk target, the share of the network's correction each graph keeps (``[num_graphs]``
-        in [0, 1]; see :func:`~dippm_nas.predictor._novelty.correction_weight`); ``{}`` for a checkpoint
-        without a shrink."""
+        in [0, 1]; see :func:`~dippm_nas.predictor._novelty.correction_weight`); 0 beyond the novelty the
+        correction was validated to (``NoveltyFloor.validated_max``, every target with a novel floor);
+        ``{}`` for a checkpoint with neither."""
         shrink = self._shrink_widths()
-        if not shrink:
+        vmax = self._validated_max()
+        if not shrink and vmax is None:
             return {}
         d0 = float(self.meta.novelty["d0"])  # type: ignore[index]
-        return {t: correction_weight(novelty, d0, c) for t, c in shrink.items()}
+        floored = set(self.meta.novelty["floor_log"])  # type: ignore[index]
+        targets = set(shrink) | (floored if vmax is not None else set())
+        out = {}
+        for t in sorted(targets, key=TARGETS.index):
+            w = correction_weight(novelty, d0, shrink[t]) if t in shrink else np.ones(len(novelty))
+            if vmax is not None:
+                w = np.where(np.asarray(novelty, dtype=np.float64) > vmax, 0.0, w)
+            out[t] = w
+        return out
 
     def dtype_unseen(self, b: dict[str, torch.Tensor]) -> np.ndarray:
         """Per graph of :func:`collate_globals` ``b``: is its compute dtype one no training graph had?
 
         Such a graph gets the analytic prior as its figure (source ``"analytic"``, or ``"calibrated"``
-        after a calibration) and ``details["dtype_unseen"] = 1``: the A100 checkpoint, trained on
-        half-precision graphs only, has no basis for an FP32 correction. Needs ``residual_on_prior``
+        after a calibration) and ``details["dtype_unseen"] = 1``: a checkpoint has no basis for a
+        correction of a dtype none of its training graphs had. Needs ``residual_on_prior``
         and a feature style with the dtype one-hot.
 
         Shapes:
@@ -455,7 +478,9 @@ class GnnPredictor(BasePredictor):
                 continue
             m = float(mean[t_i])
             s = self.sigma_log(t, float(std[t_i]), ood=ood, novelty=novelty, other_machine=other_machine)
-            src = "analytic" if dtype_unseen else "predicted"  # dtype_unseen: ``m`` is the prior's
+            withheld = t in self._withheld_targets(novelty)
+            # dtype_unseen, or a graph beyond the validated novelty: ``m`` is the prior's
+            src = "analytic" if dtype_unseen or withheld else "predicted"
             calibrated = False
             if t == "latency_ms" and dev.kind == "gpu" and est is not None and host is not None:
                 m, s, composed, (h_ms, g_ms), calibrated, rt_est = self._compose_latency(graph, est, m, s, runtime,
@@ -585,9 +610,10 @@ def _pairs(measurements: Sequence[Any]) -> list[tuple[OperatorGraph, dict[str, f
         try:
             g, m = item
         except (TypeError, ValueError):
-            raise DippmNasError(f"measurements[{i}] must be a (graph, Measurement) pair, got {type(item).__name__}") from None
+            raise InvalidTypeError(f"measurements[{i}] must be a (graph, Measurement) pair, "
+                                   f"got {type(item).__name__}") from None
         if not isinstance(g, OperatorGraph):
-            raise DippmNasError(f"measurements[{i}][0] must be an OperatorGraph, got {type(g).__name__}")
+            raise InvalidTypeError(f"measurements[{i}][0] must be an OperatorGraph, got {type(g).__name__}")
         if isinstance(m, dict):
             y = {k: float(v) for k, v in m.items() if k in TARGETS and v is not None}
         else:
@@ -596,9 +622,9 @@ def _pairs(measurements: Sequence[Any]) -> list[tuple[OperatorGraph, dict[str, f
             y = {t: float(getattr(m, t)) for t in TARGETS if getattr(m, t, None) is not None}
         bad = {k: v for k, v in y.items() if not (math.isfinite(v) and v > 0)}
         if bad:
-            raise DippmNasError(f"measurements[{i}] has figures that are not finite numbers > 0: {bad}")
+            raise InvalidValueError(f"measurements[{i}] has figures that are not finite numbers > 0: {bad}")
         if y:
             out.append((g, y))
     if not out:
-        raise DippmNasError("calibrate needs at least one (graph, measurement) pair with a finite figure > 0")
+        raise InvalidValueError("calibrate needs at least one (graph, measurement) pair with a finite figure > 0")
     return out

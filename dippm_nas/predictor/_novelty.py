@@ -47,14 +47,20 @@ class NoveltyFloor:
         calibrated_on: the rows the floor (and the shrink) were fitted on (families, count, where from).
         shrink: per target, the width ``c`` of the correction shrink (see the module docstring); a
             target absent here keeps its whole correction. Absent from older metadata.
+        validated_max: the largest novelty among the held-out rows the floor was fitted on: the network's
+            correction has been checked on unseen families up to this distance and no further, so a graph
+            beyond it gets the prior (its correction weight is 0). ``None``: no such limit (older metadata).
     """
 
     d0: float
     floor_log: dict[str, float]
     calibrated_on: str
     shrink: dict[str, float] = field(default_factory=dict)
+    validated_max: float | None = None
 
     def __post_init__(self) -> None:
+        if self.validated_max is not None and not (math.isfinite(self.validated_max) and self.validated_max > 0):
+            raise ValueError(f"validated_max must be a finite novelty > 0 or None, got {self.validated_max!r}")
         bad = {t: c for t, c in self.shrink.items() if not (math.isfinite(c) and c >= 0.0)}
         if bad:
             raise ValueError(f"shrink widths must be finite and >= 0 (0: the prior answers for novel graphs), "
@@ -64,13 +70,16 @@ class NoveltyFloor:
         d = {"d0": self.d0, "floor_log": dict(self.floor_log), "calibrated_on": self.calibrated_on}
         if self.shrink:
             d["shrink"] = dict(self.shrink)
+        if self.validated_max is not None:
+            d["validated_max"] = self.validated_max
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "NoveltyFloor":
         return cls(d0=float(d["d0"]), floor_log={k: float(v) for k, v in d["floor_log"].items()},
                    calibrated_on=str(d["calibrated_on"]),
-                   shrink={k: float(v) for k, v in d.get("shrink", {}).items()})
+                   shrink={k: float(v) for k, v in d.get("shrink", {}).items()},
+                   validated_max=None if d.get("validated_max") is None else float(d["validated_max"]))
 
 
 def novelty_scores(static_z: torch.Tensor, ref: torch.Tensor, *, block: int = 1024) -> np.ndarray:
