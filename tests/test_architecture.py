@@ -51,7 +51,6 @@ LAZY_PROJECT_IMPORTS = {
     "dippm_nas/capture/_many.py": "the same, in the capture workers",
     "dippm_nas/capture/_key.py": "the package version, read where the conversion digest is made",
     "dippm_nas/capture/_torch.py": "the converters, loaded with TVM's torch frontend",
-    "dippm_nas/predictor/_gnn.py": "to move to the top with the prediction path's next change",
 }
 
 

@@ -42,7 +42,8 @@ from dippm_nas.errors import CheckpointError, DippmNasError, InvalidTypeError, I
 from dippm_nas.features import GraphFeatures, featurize, static_dtype_columns
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.prediction import Prediction
-from dippm_nas.devices import HostProfile, default_host_profile, resolve_device
+from dippm_nas.devices import HostProfile, default_host_profile, get_device, resolve_device
+from dippm_nas.mig import advise
 from dippm_nas.predictor._base import BasePredictor, execution_args, execution_details
 from dippm_nas.predictor._calibrate import (Calibration, checkpoint_identity, delete_calibration, fit_calibration,
                                             fit_timeline_factors, save_calibration)
@@ -50,7 +51,7 @@ from dippm_nas.predictor._calibrate import load_calibration as _load_calibration
 from dippm_nas.predictor._checkpoint import OTHER_HOST_FLOOR_LOG, OTHER_MACHINE_FLOOR_LOG
 from dippm_nas.predictor._ensemble import INFER_CHUNK_NODES, SageEnsemble, collate_globals
 from dippm_nas.predictor._meta import TARGETS, CheckpointMeta
-from dippm_nas.prior import Execution, PriorParams, estimate as prior_estimate, latency_us
+from dippm_nas.prior import Execution, PriorParams, default_params, estimate as prior_estimate, latency_us
 from dippm_nas.predictor._novelty import correction_weight, novelty_scores
 
 __all__ = ["GnnPredictor"]
@@ -179,8 +180,6 @@ class GnnPredictor(BasePredictor):
                 return f
         target: Any = dev
         if self.host_threads is not None and dev == self.device:
-            from dippm_nas.devices import get_device
-
             target = get_device(dev, threads=self.host_threads)
         f = featurize(graph, target, style=self.meta.feature_style, prior_params=self.prior_params)
         with self._lock:
@@ -357,16 +356,12 @@ class GnnPredictor(BasePredictor):
 
     def _pinned_params(self) -> Any:
         """The prior constants the features are computed with (the checkpoint's, else the package's)."""
-        from dippm_nas.prior import default_params
-
         return self.prior_params if self.prior_params is not None else default_params()
 
     def _execution_params(self) -> Any:
         """The prior constants of a runtime-specific estimate: the pinned ones, with the package's fitted host
         model where the pinned constants carry none (the GNN corrects kernel time; the host side is the
         host model's)."""
-        from dippm_nas.prior import default_params
-
         pinned = self._pinned_params()
         fitted = default_params().host_model
         if pinned.host_model is None and fitted is not None:
@@ -527,8 +522,6 @@ class GnnPredictor(BasePredictor):
             memory_mib_std=stds["memory_mib"], unknown_ops=unknown, details=details, **timeline,
         )
         if mig and dev.has_mig:
-            from dippm_nas.mig import advise
-
             pred = dataclasses.replace(pred, mig=advise(pred, dev, graph=graph, k_sigma=k_sigma,
                                                         params=self._execution_params(), runtime=runtime,
                                                         host=host))
