@@ -308,10 +308,8 @@ def test_correction_weight_ramp() -> None:
     assert fit_shrink_width(lambda c: 1.0) == math.inf  # a tie keeps the whole correction
 
 
-def test_novel_graph_correction_shrinks_towards_the_prior(tmp_path: Path) -> None:
-    """With a shrink, a graph past d0 answers between the network and the prior (all the way at width 0),
-    graphs at or below d0 are untouched, and predict_log (calibration's view) agrees with predict."""
-    from dippm_nas.predictor import correction_weight
+def _corrected_with_reference() -> tuple[GnnPredictor, list, list]:
+    """A predictor whose network visibly corrects the prior, with a novelty reference set of 2 of 4 graphs."""
     from dippm_nas.training import attach_novelty_reference
 
     p = _predictor()
@@ -322,6 +320,15 @@ def test_novel_graph_correction_shrinks_towards_the_prior(tmp_path: Path) -> Non
     with torch.no_grad():
         p.model.fc3.bias.fill_(0.3)  # a visible correction of the prior (log 1.3)
     attach_novelty_reference(p, feats[:2], feats[2:3], calibrated_on="synthetic")
+    return p, graphs, feats
+
+
+def test_novel_graph_correction_shrinks_towards_the_prior(tmp_path: Path) -> None:
+    """With a shrink, a graph past d0 answers between the network and the prior (all the way at width 0),
+    graphs at or below d0 are untouched, and predict_log (calibration's view) agrees with predict."""
+    from dippm_nas.predictor import correction_weight
+
+    p, graphs, feats = _corrected_with_reference()
     d0 = p.meta.novelty["d0"]
     assert d0 > 0
     full = p.predict_graphs(graphs, mig=False)
@@ -463,16 +470,8 @@ def test_a_graph_beyond_the_validated_novelty_gets_the_prior() -> None:
     """Past ``validated_max`` (the farthest held-out row the correction was checked on) the prior answers,
     labelled analytic with a correction weight of 0; graphs within it keep the network's figure."""
     from dippm_nas.predictor import NoveltyFloor
-    from dippm_nas.training import attach_novelty_reference
 
-    p = _predictor()
-    graphs = _graphs(4)
-    feats = [featurize(g, DEV) for g in graphs]
-    b = collate(feats[:2])
-    p.model.set_stats(b["x"], b["static"], b["dev"], torch.zeros(3), torch.full((3,), 0.4))
-    with torch.no_grad():
-        p.model.fc3.bias.fill_(0.3)  # a visible correction of the prior (log 1.3)
-    attach_novelty_reference(p, feats[:2], feats[2:3], calibrated_on="synthetic")
+    p, graphs, feats = _corrected_with_reference()
     full = p.predict_graphs(graphs, mig=False)
     nov = np.array([x.details["novelty"] for x in full])
     order = np.argsort(nov)

@@ -60,6 +60,22 @@ def _resolve_cache(cache: CacheArg) -> "ConversionCache | None":
     return cache
 
 
+def _lookup(store: ConversionCache, key: str) -> tuple[OperatorGraph | None, ConversionCache | None]:
+    """``store.get(key)`` and the store to go on with: ``None`` (uncached from here on) when it is down."""
+    try:
+        return store.get(key), store
+    except CacheError as e:
+        _warn_cache_down(e)
+        return None, None
+
+
+def _served(hit: OperatorGraph, t0: float) -> OperatorGraph:
+    """A cached graph marked as a hit, with the lookup's time."""
+    hit.cache_hit = True
+    hit.timings = {"lookup_s": time.perf_counter() - t0}
+    return hit
+
+
 def capture(model: ModelLike, spec: InputSpec, *, cache: CacheArg = True,
             decompose: bool | str = "auto") -> OperatorGraph:
     """Capture a model as an :class:`OperatorGraph` (one node per Relax operator call).
@@ -100,15 +116,9 @@ def capture(model: ModelLike, spec: InputSpec, *, cache: CacheArg = True,
     # a library SPEC (torchvision:NAME...) is looked up by name first: a hit builds no model
     named = named_model_key(model, spec) if isinstance(model, str) and decompose == "auto" else None
     if named is not None and store is not None:
-        try:
-            hit = store.get(named)
-        except CacheError as e:
-            _warn_cache_down(e)
-            hit, store = None, None
+        hit, store = _lookup(store, named)
         if hit is not None:
-            hit.cache_hit = True
-            hit.timings = {"lookup_s": time.perf_counter() - t0}
-            return hit
+            return _served(hit, t0)
     if isinstance(model, os.PathLike) or (isinstance(model, str) and model.lower().endswith(".onnx")):
         onnx_path = Path(model)
         source = onnx_path.name
@@ -129,16 +139,10 @@ def capture(model: ModelLike, spec: InputSpec, *, cache: CacheArg = True,
         key = f"{key}:decompose={int(bool(decompose))}"
 
     if store is not None:
-        try:
-            hit = store.get(key)
-        except CacheError as e:
-            _warn_cache_down(e)
-            hit, store = None, None
+        hit, store = _lookup(store, key)
         if hit is not None:
             _put_named(store, named, hit)
-            hit.cache_hit = True
-            hit.timings = {"lookup_s": time.perf_counter() - t0}
-            return hit
+            return _served(hit, t0)
 
     if onnx_path is not None:
         try:
