@@ -79,3 +79,13 @@ def test_invalid_type_error_is_a_type_error_under_the_root() -> None:
     assert issubclass(errors.InvalidTypeError, TypeError) and issubclass(errors.InvalidTypeError,
                                                                          errors.DippmNasError)
     assert not issubclass(errors.InvalidTypeError, ValueError)
+
+
+def test_check_keys_names_the_unknown_and_the_missing_keys() -> None:
+    from dippm_nas._json import check_keys
+
+    check_keys({"a": 1}, ("a", "b"), "f.json", required=("a",))  # fine
+    with pytest.raises(ValueError, match=r"f.json: unknown keys \['c'\]; choices: \['a', 'b'\]"):
+        check_keys({"a": 1, "c": 2}, ("a", "b"), "f.json")
+    with pytest.raises(ValueError, match=r"f.json: profile needs \['a'\]"):
+        check_keys({"b": 1}, ("a", "b"), "f.json", what="profile", required=("a",))

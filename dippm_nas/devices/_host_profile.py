@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dippm_nas._json import read_json_file
+from dippm_nas._json import check_keys, read_json_file
 from dippm_nas._platform import cpu_model_name
 from dippm_nas.errors import DeviceError
 
@@ -127,12 +127,7 @@ class HostProfile:
         if d.get("format") != _FORMAT:
             raise DeviceError(f"{origin}: host profile format must be {_FORMAT}, got {d.get('format')!r}")
         fields = {k: v for k, v in d.items() if k != "format"}
-        unknown = sorted(set(fields) - set(cls.__dataclass_fields__))
-        if unknown:
-            raise DeviceError(f"{origin}: unknown host profile keys {unknown}; choices: "
-                              f"{sorted(cls.__dataclass_fields__)}")
-        if "name" not in fields:
-            raise DeviceError(f"{origin}: a host profile needs a 'name'")
+        check_keys(fields, cls.__dataclass_fields__, origin, what="host profile", required=("name",), error=DeviceError)
         try:
             return cls(**fields)
         except TypeError as e:

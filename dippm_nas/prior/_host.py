@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from dippm_nas._json import check_keys
 from dippm_nas.devices import FRAMEWORKS, HostProfile, default_host_profile
 from dippm_nas.errors import ExecutionRuntimeError, InvalidValueError
 
@@ -153,12 +154,7 @@ class HostModel:
         """
         if not isinstance(d, Mapping):
             raise InvalidValueError(f"{origin}: host_model must be an object, got {type(d).__name__}")
-        bad = sorted(set(d) - set(cls.__dataclass_fields__))
-        if bad:
-            raise InvalidValueError(f"{origin}: host_model has unknown keys {bad}; choices: "
-                                    f"{sorted(cls.__dataclass_fields__)}")
-        if "op_us" not in d:
-            raise InvalidValueError(f"{origin}: host_model needs 'op_us'")
+        check_keys(d, cls.__dataclass_fields__, f"{origin}: host_model", required=("op_us",))
         return cls(**dict(d))
 
 

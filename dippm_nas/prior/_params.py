@@ -25,7 +25,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from dippm_nas._json import read_json_file
+from dippm_nas._json import check_keys, read_json_file
 from dippm_nas.errors import DippmNasError, InvalidValueError
 from dippm_nas.prior._host import HostModel
 from dippm_nas.prior._op_table import OpTable
@@ -292,25 +292,15 @@ class PriorParams:
         for name, values in (d.get("op_classes") or {}).items():
             if name not in classes:
                 raise InvalidValueError(f"{origin}: unknown op class {name!r}; choices: {list(PARAM_CLASSES)}")
-            allowed = set(OpClassParams.__dataclass_fields__)
-            bad = sorted(set(values) - allowed)
-            if bad:
-                raise InvalidValueError(f"{origin}: op class {name!r} has unknown keys {bad}; choices: "
-                                        f"{sorted(allowed)}")
+            check_keys(values, OpClassParams.__dataclass_fields__, f"{origin}: op class {name!r}")
             classes[name] = dataclasses.replace(classes[name], **values)
         glob = dict(d.get("global") or {})
         # a file without the key prices every node of a decomposed hard activation (the host checkpoints' prior)
         glob.setdefault("fuse_hard_activations", False)
-        allowed_g = set(_GLOBAL_KEYS)
-        bad_g = sorted(set(glob) - allowed_g)
-        if bad_g:
-            raise InvalidValueError(f"{origin}: unknown global keys {bad_g}; choices: {sorted(allowed_g)}")
+        check_keys(glob, _GLOBAL_KEYS, origin, what="global")
         scales = {}
         for dev_id, v in (d.get("devices") or {}).items():
-            bad_s = sorted(set(v) - set(DeviceScale.__dataclass_fields__))
-            if bad_s:
-                raise InvalidValueError(f"{origin}: devices[{dev_id!r}] has unknown keys {bad_s}; "
-                                        f"choices: {sorted(DeviceScale.__dataclass_fields__)}")
+            check_keys(v, DeviceScale.__dataclass_fields__, f"{origin}: devices[{dev_id!r}]")
             scales[dev_id] = DeviceScale(**v)
         tables = {dev_id: OpTable.from_dict(t, origin=f"{origin}: op_tables[{dev_id!r}]")
                   for dev_id, t in (d.get("op_tables") or {}).items()}

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from dippm_nas._json import read_json_file
+from dippm_nas._json import check_keys, read_json_file
 from dippm_nas.devices import Device
 from dippm_nas.errors import InvalidValueError
 from dippm_nas.prior._params import read_shipped_file
@@ -133,9 +133,7 @@ class PowerTable:
         def params(v: Any, where: str) -> PowerParams:
             if not isinstance(v, Mapping):
                 raise InvalidValueError(f"{origin}: {where} must be a mapping of {sorted(allowed)}, got {v!r}")
-            bad = sorted(set(v) - allowed)
-            if bad:
-                raise InvalidValueError(f"{origin}: {where} has unknown keys {bad}; choices: {sorted(allowed)}")
+            check_keys(v, allowed, f"{origin}: {where}")
             return PowerParams(**v)
 
         archs = {str(k).lower(): params(v, f"architectures[{k!r}]") for k, v in (d.get("architectures") or {}).items()}
