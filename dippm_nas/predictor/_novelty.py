@@ -35,6 +35,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from dippm_nas.errors import InvalidValueError
+
 __all__ = ["NoveltyFloor", "novelty_scores", "correction_weight"]
 
 @dataclass(frozen=True)
@@ -60,10 +62,10 @@ class NoveltyFloor:
 
     def __post_init__(self) -> None:
         if self.validated_max is not None and not (math.isfinite(self.validated_max) and self.validated_max > 0):
-            raise ValueError(f"validated_max must be a finite novelty > 0 or None, got {self.validated_max!r}")
+            raise InvalidValueError(f"validated_max must be a finite novelty > 0 or None, got {self.validated_max!r}")
         bad = {t: c for t, c in self.shrink.items() if not (math.isfinite(c) and c >= 0.0)}
         if bad:
-            raise ValueError(f"shrink widths must be finite and >= 0 (0: the prior answers for novel graphs), "
+            raise InvalidValueError(f"shrink widths must be finite and >= 0 (0: the prior answers for novel graphs), "
                              f"got {bad}")
 
     def to_dict(self) -> dict[str, Any]:
