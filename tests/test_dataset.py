@@ -696,3 +696,18 @@ def test_cli_build_measures_the_candidates_of_an_export_again(tmp_path: Path,
     assert "--space and --n go together" in capsys.readouterr().err
     assert cli_main(["dataset", "build", "--candidates", str(exp), "--dtype", "float16", "--out", str(db2)]) == 2
     assert "rows of dtype ['float32']" in capsys.readouterr().err
+
+
+def test_evaluating_a_device_without_test_rows_names_the_devices_that_have_them(tmp_path: Path) -> None:
+    """`evaluate` on a split with no test row of the evaluated device is a DatasetError naming the devices
+    that do have test rows (not a numpy stacking error)."""
+    from dippm_nas.errors import DatasetError
+    from dippm_nas.predictor import find_checkpoint
+    from dippm_nas.training import evaluate_checkpoint
+
+    db = tmp_path / "d.sqlite"
+    _small_build(db, n=12, batch_sizes=[1, 2, 4])  # host rows only
+    ckpt = find_checkpoint("a100-sxm4-40gb")
+    assert ckpt is not None
+    with pytest.raises(DatasetError, match=r"no test row of 'rtx-3090'.*devices with test rows: host-cpu"):
+        evaluate_checkpoint(ckpt, [db], device="a100-sxm4-40gb", eval_device="rtx-3090")

@@ -7,7 +7,9 @@ import json
 import logging
 import os
 import sys
+import warnings
 from collections.abc import Sequence
+from typing import Any
 
 from dippm_nas._version import __version__
 from dippm_nas.cli._grammar import RUNTIME_EXIT, USAGE_EXIT, Parser, UsageError
@@ -85,13 +87,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     try:
-        return int(args.func(args) or 0)
+        with warnings.catch_warnings():
+            warnings.showwarning = _log_warning  # one line per warning, in the log's format
+            return int(args.func(args) or 0)
     except UsageError as e:
         _print_error(e, USAGE_EXIT, args.verb, as_json)
         return USAGE_EXIT
     except DippmNasError as e:
         _print_error(e, RUNTIME_EXIT, args.verb, as_json)
         return RUNTIME_EXIT
+
+
+def _log_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                 file: Any = None, line: str | None = None) -> None:
+    """``warnings.showwarning`` for the CLI: one WARNING line of the ``py.warnings`` logger (the logger
+    ``logging.captureWarnings`` uses), without the source line Python's default display adds."""
+    logging.getLogger("py.warnings").warning("%s: %s", category.__name__, message)
 
 
 if __name__ == "__main__":  # pragma: no cover

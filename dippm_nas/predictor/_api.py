@@ -48,7 +48,7 @@ def _load_trained(device: str) -> BasePredictor | None:
         if errors:
             msg = (f"predictor checkpoint(s) for {device!r} could not be loaded ({'; '.join(map(str, errors))}); "
                    f"falling back to {path}")
-            logger.warning(msg)
+            logger.debug(msg)
             warnings.warn(msg, RuntimeWarning, stacklevel=4)
         return predictor
     if errors:
@@ -74,7 +74,7 @@ def get_predictor(device: str = DEFAULT_DEVICE) -> BasePredictor:
             if p is None:
                 msg = (f"no trained predictor checkpoint for device {dev_id!r}: answering with the analytic "
                        "prior (sources 'analytic')")
-                logger.warning(msg)
+                logger.debug(msg)
                 warnings.warn(msg, RuntimeWarning, stacklevel=3)
                 p = AnalyticPredictor(dev_id)
             _PREDICTORS[dev_id] = p

@@ -17,6 +17,7 @@ import numpy as np
 from scipy.stats import kendalltau
 
 from dippm_nas._optional import require
+from dippm_nas.errors import DatasetError
 from dippm_nas.devices import resolve_device
 from dippm_nas.features import GraphFeatures
 from dippm_nas.predictor import TARGETS, GnnPredictor, fit_calibration
@@ -212,7 +213,13 @@ def evaluate_checkpoint(checkpoint: str | Path, data: Sequence[str | Path], *, d
         dev = resolve_device(eval_device).id
     ex = load_examples(data, devices=devices)
     _, _, te = split_examples(ex, mode=split, heldout_families=heldout_families, seed=seed, holdout_frac=holdout_frac)
+    test_devices = sorted({e.device for e in te})
     te = [e for e in te if e.device == dev]
+    if not te:
+        raise DatasetError(
+            f"evaluation needs test rows of the evaluated device: the {split!r} split of {len(ex)} examples has no "
+            f"test row of {dev!r}; devices with test rows: {', '.join(test_devices) or 'none'} (pick one with "
+            f"eval_device / --eval-device, or add data of {dev!r})")
     feats = featurize_examples(te, style=pred.meta.feature_style, prior_params=pred.prior_params,
                                host_threads=pred.host_threads)
     tab, rows = evaluate_examples(pred, feats, te)
