@@ -13,7 +13,10 @@ shipped) and the held-out GPU's rows are predicted through its catalogue entry a
 With ``--gnn`` a GraphSAGE ensemble is also trained on the other two GPUs' fp16/fp32 rows, on that refitted
 prior (``dippm-nas train``), and scored on the held-out rows. fp16 and fp32 are reported apart, fp64 too
 (prior only: no checkpoint trains on fp64), and host-bound and GPU-bound rows apart (by the prior's timelines).
-Figures: MAPE, median APE, Kendall τ, share within ±2σ (the prior's σ: the training fit's residual σ).
+Figures: MAPE, median APE, Kendall τ, share within ±2σ. The prior's σ is the one ``predict()`` gives
+(:func:`dippm_nas.prior.latency_sigma_log`: host-bound, GPU-bound and float64 σ on the parts of the critical
+path), its three σ measured leave-one-GPU-out between the two training GPUs only (nested: the held-out GPU's
+rows never set its own σ).
 Few-shot (``--shots``): k measured models of the held-out GPU (one dtype) fit its host and GPU factors
 (:func:`dippm_nas.predictor.fit_timeline_factors`, what ``calibrate()`` does on a GPU), scored on the other
 models of that dtype; medians over random draws.
@@ -36,7 +39,8 @@ from scipy.stats import kendalltau
 from dippm_nas.dataset import load_measurements
 from dippm_nas.features import featurize
 from dippm_nas.predictor import GnnPredictor, fit_timeline_factors
-from dippm_nas.prior import Execution, HostRow, default_params, estimate, fit_host_model, latency_us
+from dippm_nas.prior import (Execution, HostRow, default_params, estimate, fit_host_model,
+                             host_model_latency_ms, latency_sigma_log, latency_us)
 
 
 def _metrics(pred: np.ndarray, y: np.ndarray, sigma_log: np.ndarray) -> dict[str, float]:
@@ -84,9 +88,10 @@ def main(argv: list[str] | None = None) -> int:
         train = [r for r, _ in rows if r.device != dev and r.graph.spec.dtype in ("float16", "float32")]
         test = [(r, name) for r, name in rows if r.device == dev]
         hm = fit_host_model(train, params=base, base=base.host_model)
+        hm = dataclasses.replace(hm, metrics={**hm.metrics, **_nested_sigma(rows, dev, base)})
         params = dataclasses.replace(base, host_model=hm)
-        sigma = float(hm.metrics["sigma_log_in_sample"])
         ests = [estimate(r.graph, r.device, params=params, execution=r.execution) for r, _ in test]
+        sig = np.array([latency_sigma_log(e, params) or 0.0 for e in ests])
         legacy_params = dataclasses.replace(base, host_model=None)
         legacy = np.array([estimate(r.graph, r.device, params=legacy_params, execution=r.execution).latency_ms
                            for r, _ in test])
@@ -102,11 +107,11 @@ def main(argv: list[str] | None = None) -> int:
             for part, mask in (("all", np.ones(len(y), bool)), ("host-bound", bound), ("GPU-bound", ~bound)):
                 sel = (dt == dtype) & mask
                 key = f"{dev} {dtype} {part}"
-                mp = _metrics(prior[sel], y[sel], np.full(sel.sum(), sigma))
+                mp = _metrics(prior[sel], y[sel], sig[sel])
                 report[key] = {"prior": mp}
                 line = f"  {dtype:8s} {part:10s} prior       {_fmt(mp)}"
                 if part == "all":
-                    ml = _metrics(legacy[sel], y[sel], np.full(sel.sum(), sigma))
+                    ml = _metrics(legacy[sel], y[sel], sig[sel])
                     report[key]["legacy_host_constants"] = ml
                     line += (f"\n  {'':8s} {'':10s} legacy      {_fmt(ml)}  (10 µs + 3 µs per operator; "
                              f"median pred/meas {np.median(legacy[sel] / y[sel]):.2f})")
@@ -126,6 +131,30 @@ def main(argv: list[str] | None = None) -> int:
     (out_dir / "accuracy_eager.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     print(f"\nwrote {out_dir / 'accuracy_eager.json'}")
     return 0
+
+
+def _nested_sigma(rows: list, held_out: str, base) -> dict[str, float]:
+    """The host model's σ metrics (host-bound, GPU-bound, float64) measured leave-one-GPU-out between the GPUs
+    other than ``held_out``: each fitted on its fp16/fp32 rows, the other's rows predicted."""
+    others = sorted({r.device for r, _ in rows} - {held_out})
+    res: dict[str, list[float]] = {"host": [], "gpu": [], "fp64": []}
+    for a in others:
+        fit = [r for r, _ in rows
+               if r.device not in (held_out, a) and r.graph.spec.dtype in ("float16", "float32")]
+        m = fit_host_model(fit, params=base, base=base.host_model)
+        test = [r for r, _ in rows if r.device == a]
+        err = np.log(host_model_latency_ms(m, test, base) / np.array([r.latency_ms for r in test]))
+        p = dataclasses.replace(base, host_model=m)
+        for r, e in zip(test, err):
+            key = ("fp64" if r.graph.spec.dtype == "float64"
+                   else "host" if estimate(r.graph, r.device, params=p, execution=r.execution).launch_bound else "gpu")
+            res[key].append(float(e))
+    rms = {k: float(np.sqrt(np.mean(np.square(v)))) for k, v in res.items() if v}
+    out = {"sigma_log_host": rms.get("host", rms.get("gpu", 0.0)),
+           "sigma_log_gpu_bound": rms.get("gpu", rms.get("host", 0.0))}
+    if "fp64" in rms:
+        out["sigma_log_gpu_bound_float64"] = rms["fp64"]
+    return out
 
 
 def _few_shot(ests, prior: np.ndarray, y: np.ndarray, idx: np.ndarray, k: int, draws: int) -> dict[str, float]:
@@ -169,7 +198,7 @@ def _gnn_predictions(args: argparse.Namespace, dev: str, devices: list[str], par
         if r.graph.spec.dtype not in ("float16", "float32"):
             e = estimate(r.graph, r.device, params=params, execution=r.execution)
             lat.append(e.latency_ms)
-            sig.append(float(params.host_model.metrics["sigma_log_in_sample"]))
+            sig.append(latency_sigma_log(e, params) or 0.0)
             continue
         f = featurize(r.graph, r.device, prior_params=pred.prior_params, execution=r.execution)
         mean, std, ood, nov, other = pred.predict_log_full([f])

@@ -61,10 +61,11 @@ def test_every_builtin_device_loads_and_validates() -> None:
         assert d.fp16_tensor_tflops > d.fp32_tflops > 0
         assert d.bandwidth_gbps > 0 and d.memory_mib > 0 and d.has_power
         assert d.idle_power_w < d.board_power_w
-        assert set(d.dtypes) == {"float32", "float16", "bfloat16"}
+        assert set(d.dtypes) == {"float32", "float16", "bfloat16", "float64"}
+        assert 0 < d.fp64_tflops <= d.fp32_tflops
         # every figure but the free-text ones cites a source
-        for name in ("fp32_tflops", "fp16_tensor_tflops", "bandwidth_gbps", "memory_gib", "board_power_w",
-                     "idle_power_w", "runtime_baseline_mib"):
+        for name in ("fp32_tflops", "fp16_tensor_tflops", "fp64_tflops", "bandwidth_gbps", "memory_gib",
+                     "board_power_w", "idle_power_w", "runtime_baseline_mib"):
             assert d.sources.get(name), f"{dev_id}: {name} has no source"
 
 

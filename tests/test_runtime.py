@@ -241,3 +241,43 @@ def test_analytic_gpu_latency_has_a_sigma_from_the_host_models_heldout_error() -
         hm = default_params().host_model
         s = p.latency_ms_std / p.latency_ms
         assert 0.5 * min(hm.sigma_log(), hm.sigma_log_gpu()) < s <= math.hypot(hm.sigma_log(), hm.sigma_log_gpu()) + 1e-9
+
+
+@pytest.mark.parametrize("device", ["a100-sxm4-40gb", "h100-sxm5-80gb"])
+def test_float64_runs_on_datacenter_gpus_with_the_measured_float64_sigma(device: str) -> None:
+    """A100 and H100 have an FP64 peak, so float64 graphs are predicted there; a GPU-bound float64 graph's σ is
+    the float64 rows' measured error (`sigma_log_gpu_bound_float64`), wider than float32's."""
+    from dippm_nas.devices import get_device
+
+    assert "float64" in get_device(device).dtypes
+    hm = default_params().host_model
+    assert hm.sigma_log_gpu("float64") > hm.sigma_log_gpu("float32") == hm.sigma_log_gpu()
+    g64, g32 = conv_chain(256, 256, 56, layers=6, dtype="float64"), conv_chain(256, 256, 56, layers=6, dtype="float32")
+    p64, p32 = AnalyticPredictor(device).predict_graphs([g64, g32], mig=False)
+    assert p64.latency_ms > 2 * p32.latency_ms  # the FP64 peak is half the FP32 one or less (TF32 convs: more)
+    s64, s32 = p64.latency_ms_std / p64.latency_ms, p32.latency_ms_std / p32.latency_ms
+    assert s64 > s32 and s64 == pytest.approx(hm.sigma_log_gpu("float64"), rel=0.15)
+
+
+def test_float64_gemms_use_fp64_tensor_cores_and_convolutions_do_not() -> None:
+    """On a GPU with FP64 tensor cores (A100: 19.5 TFLOPS against 9.7 on CUDA cores) a float64 matmul is
+    priced at the tensor-core peak; without the field (the same entry without it) at the CUDA-core one."""
+    import dataclasses
+
+    from dippm_nas.devices import get_device
+    from dippm_nas.prior import estimate
+
+    a100 = get_device("a100-sxm4-40gb")
+    assert (a100.fp64_tflops, a100.fp64_tensor_tflops) == (9.7, 19.5)
+    no_dmma = dataclasses.replace(a100, fp64_tensor_tflops=None)  # same id: the same fitted scales
+    n, s = 4096, (4096, 4096)
+    mm = OperatorGraph(nodes=[_node(0, "matmul", "matmul", s, [s, s], [False, True], dtype="float64",
+                                    flops=2 * n ** 3, macs=n ** 3)],
+                       edges=[], input_consumers={"x": [0]}, outputs=[0],
+                       spec=InputSpec(shape=(n,), batch_size=n, dtype="float64"),
+                       param_count=n * n, param_bytes=8 * n * n, mode="export").validate()
+    t_dmma = estimate(mm, a100).gpu_busy_ms
+    t_cuda = estimate(mm, no_dmma).gpu_busy_ms
+    assert t_cuda > 1.6 * t_dmma
+    conv = conv_chain(64, 256, 56, layers=2, dtype="float64")
+    assert estimate(conv, a100).gpu_busy_ms == pytest.approx(estimate(conv, no_dmma).gpu_busy_ms)

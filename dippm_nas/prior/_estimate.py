@@ -374,8 +374,9 @@ def _gpu_parts(graph: OperatorGraph, facts: Any, dev: Device) -> Any:
 
 def latency_sigma_log(est: PriorEstimate, params: PriorParams | None = None) -> float | None:
     """Log-space σ of the prior's GPU latency: the host model's held-out σ on the host part and its
-    GPU-bound σ on the kernel part, each weighted by how much the critical path moves with it; ``None`` on a
-    CPU device or without a fitted host model (no measured error to give)."""
+    GPU-bound σ on the kernel part (the estimate's dtype's own, where measured: float64), each weighted by how
+    much the critical path moves with it; ``None`` on a CPU device or without a fitted host model (no measured
+    error to give)."""
     p = params if params is not None else default_params()
     hm = p.host_model
     if hm is None or resolve_device(est.device).kind != "gpu" or est.latency_ms <= 0:
@@ -384,7 +385,7 @@ def latency_sigma_log(est: PriorEstimate, params: PriorParams | None = None) -> 
     base = _timelines(g, h, "gpu", pre)[0]
     if base <= 0:
         return None
-    sh, sg = hm.sigma_log(), hm.sigma_log_gpu()
+    sh, sg = hm.sigma_log(), hm.sigma_log_gpu(est.dtype)
     d_h = math.log(_timelines(g, h * math.exp(sh), "gpu", pre * math.exp(sh))[0] / base)
     d_g = math.log(_timelines(g * math.exp(sg), h, "gpu", pre)[0] / base)
     return math.hypot(d_h, d_g)

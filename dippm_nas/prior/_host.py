@@ -136,10 +136,12 @@ class HostModel:
         v = self.metrics.get("sigma_log_host")
         return float(v) if _finite(v) and v > 0 else 0.0
 
-    def sigma_log_gpu(self) -> float:
+    def sigma_log_gpu(self, dtype: str | None = None) -> float:
         """Log-space σ of the prior's kernel times on a GPU it was not fitted on, from the fit's held-out
-        GPU-bound rows (0 when not recorded)."""
-        v = self.metrics.get("sigma_log_gpu_bound")
+        GPU-bound rows (0 when not recorded); for a ``dtype`` with its own measured error
+        (``metrics["sigma_log_gpu_bound_<dtype>"]``, e.g. float64, which no constant is fitted on), that one."""
+        own = self.metrics.get(f"sigma_log_gpu_bound_{dtype}") if dtype else None
+        v = own if _finite(own) and own > 0 else self.metrics.get("sigma_log_gpu_bound")
         return float(v) if _finite(v) and v > 0 else 0.0
 
     def to_dict(self) -> dict[str, Any]:

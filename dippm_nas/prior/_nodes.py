@@ -341,7 +341,8 @@ def node_costs(
     pc = [params.op_classes[c] for c in PARAM_CLASSES]
     per = lambda name: np.array([getattr(p, name) for p in pc], dtype=np.float64)[f.cls_idx]  # noqa: E731
 
-    # peaks: CUDA cores by default; tensor cores for contractions in half precision, or FP32 with TF32 allowed.
+    # peaks: CUDA cores by default; tensor cores for contractions in half precision, FP32 with TF32 allowed, and
+    # FP64 GEMMs where the GPU has FP64 tensor cores.
     # PyTorch computes half-precision element-wise ops in FP32 (opmath) and cuDNN/cuBLAS half convolutions and
     # GEMMs without tensor cores with FP32 math, so a GPU whose native FP16 rate is below its FP32 rate (Pascal
     # GP102: 1/64) runs them at the FP32 rate.
@@ -360,6 +361,9 @@ def node_costs(
         if device.tf32_tensor_tflops is not None:
             allow = np.where(f.conv, tf32_conv, tf32_matmul) & f.contraction & (f.dtype == 0)
             peak[allow], tensor[allow] = device.tf32_tensor_tflops, True
+        if device.fp64_tensor_tflops is not None:  # cuBLAS DGEMMs run on FP64 tensor cores; cuDNN FP64 convs do not
+            dmma = f.contraction & ~f.conv & (f.dtype == 3)
+            peak[dmma], tensor[dmma] = device.fp64_tensor_tflops, True
 
     bytes_ = f.bytes.copy()
     act = f.active
