@@ -8,7 +8,7 @@ Usage (from the repository root; the data path is an argument, nothing is downlo
 
 For each of the GPUs in the data (RTX 2080 Ti, TITAN RTX, TITAN Xp), the host model is refitted without that
 GPU's rows (fp16 and fp32 rows of the other two; :func:`dippm_nas.prior.fit_host_model`, GPU constants as
-shipped) and the held-out GPU's rows are predicted through its catalogue entry and each row's execution
+shipped but the FP64 efficiency, refitted on the other two GPUs' fp64 rows by ``calibrate_fp64.py``) and the held-out GPU's rows are predicted through its catalogue entry and each row's execution
 (eager, the input copy inside the timed region, the host's clock from the run's system facts, PyTorch 1.x).
 With ``--gnn`` a GraphSAGE ensemble is also trained on the other two GPUs' fp16/fp32 rows, on that refitted
 prior (``dippm-nas train``), and scored on the held-out rows. fp16 and fp32 are reported apart, fp64 too
@@ -41,6 +41,9 @@ from dippm_nas.features import featurize
 from dippm_nas.predictor import GnnPredictor, fit_timeline_factors
 from dippm_nas.prior import (Execution, HostRow, default_params, estimate, fit_host_model,
                              host_model_latency_ms, latency_sigma_log, latency_us)
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from calibrate_fp64 import fit_eta, with_fp64_efficiency  # noqa: E402  (a sibling script)
 
 
 def _metrics(pred: np.ndarray, y: np.ndarray, sigma_log: np.ndarray) -> dict[str, float]:
@@ -87,9 +90,10 @@ def main(argv: list[str] | None = None) -> int:
     for dev in devices:
         train = [r for r, _ in rows if r.device != dev and r.graph.spec.dtype in ("float16", "float32")]
         test = [(r, name) for r, name in rows if r.device == dev]
-        hm = fit_host_model(train, params=base, base=base.host_model)
+        fold = _without_fp64_rows_of(base, rows, [dev])
+        hm = fit_host_model(train, params=fold, base=base.host_model)
         hm = dataclasses.replace(hm, metrics={**hm.metrics, **_nested_sigma(rows, dev, base)})
-        params = dataclasses.replace(base, host_model=hm)
+        params = dataclasses.replace(fold, host_model=hm)
         ests = [estimate(r.graph, r.device, params=params, execution=r.execution) for r, _ in test]
         sig = np.array([latency_sigma_log(e, params) or 0.0 for e in ests])
         legacy_params = dataclasses.replace(base, host_model=None)
@@ -133,6 +137,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _without_fp64_rows_of(base, rows: list, devices: list[str]):
+    """``base`` with its FP64 efficiency refitted on the fp64 rows of the GPUs not in ``devices``."""
+    fp64 = [r for r, _ in rows if r.device not in devices and r.graph.spec.dtype == "float64"]
+    return with_fp64_efficiency(base, fit_eta(fp64, with_fp64_efficiency(base, None))) if fp64 else base
+
+
 def _nested_sigma(rows: list, held_out: str, base) -> dict[str, float]:
     """The host model's σ metrics (host-bound, GPU-bound, float64) measured leave-one-GPU-out between the GPUs
     other than ``held_out``: each fitted on its fp16/fp32 rows, the other's rows predicted."""
@@ -141,10 +151,11 @@ def _nested_sigma(rows: list, held_out: str, base) -> dict[str, float]:
     for a in others:
         fit = [r for r, _ in rows
                if r.device not in (held_out, a) and r.graph.spec.dtype in ("float16", "float32")]
-        m = fit_host_model(fit, params=base, base=base.host_model)
+        inner = _without_fp64_rows_of(base, rows, [held_out, a])
+        m = fit_host_model(fit, params=inner, base=base.host_model)
         test = [r for r, _ in rows if r.device == a]
-        err = np.log(host_model_latency_ms(m, test, base) / np.array([r.latency_ms for r in test]))
-        p = dataclasses.replace(base, host_model=m)
+        err = np.log(host_model_latency_ms(m, test, inner) / np.array([r.latency_ms for r in test]))
+        p = dataclasses.replace(inner, host_model=m)
         for r, e in zip(test, err):
             key = ("fp64" if r.graph.spec.dtype == "float64"
                    else "host" if estimate(r.graph, r.device, params=p, execution=r.execution).launch_bound else "gpu")

@@ -11,10 +11,8 @@ It fits :data:`dippm_nas.prior.FIT_PARAMETERS` on the fp16 and fp32 rows (fp64 r
 left out), scores the fit leave-one-GPU-out (the constants refitted without that GPU's rows) and records
 the held-out log-space σ (RMS log error) of host-bound rows as ``metrics["sigma_log_host"]`` (the σ of
 the host part of a prediction) and of GPU-bound rows as ``metrics["sigma_log_gpu_bound"]`` (the σ of the
-kernel part where no checkpoint corrects it: the prior on GPUs it was not fitted on). The fp64 rows, which
-no constant is fitted on, are predicted with the same held-out fits: their RMS log error is
-``metrics["sigma_log_gpu_bound_float64"]``, the kernel-part σ of a float64 graph. Only the ``host_model`` key
-of the output file is replaced.
+kernel part where no checkpoint corrects it: the prior on GPUs it was not fitted on). Only the ``host_model`` key of
+the output file is replaced; the float64 σ that ``benchmarks/calibrate_fp64.py`` records there is kept.
 """
 
 from __future__ import annotations
@@ -42,24 +40,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="calibration JSON whose host_model key is replaced")
     args = ap.parse_args(argv)
 
-    every = [HostRow(mg.graph, mg.measurement["device"],
-                     Execution.from_conditions(mg.measurement.get("conditions"), mg.measurement.get("environment")),
-                     float(mg.measurement["latency_ms"]))
-             for mg in load_measurements(args.data, source="ryujaehun")]
-    rows = [r for r in every if r.graph.spec.dtype in ("float16", "float32")]
-    fp64 = [r for r in every if r.graph.spec.dtype == "float64"]
+    rows = [HostRow(mg.graph, mg.measurement["device"],
+                    Execution.from_conditions(mg.measurement.get("conditions"), mg.measurement.get("environment")),
+                    float(mg.measurement["latency_ms"]))
+            for mg in load_measurements(args.data, source="ryujaehun") if mg.spec.dtype in ("float16", "float32")]
     devices = sorted({r.device for r in rows})
     base = HostModel(op_us={k: 10.0 for k in HOST_KINDS}, generations={"torch-2": 1.0, "torch-1": args.torch1_factor})
     params = default_params()
     # leave-one-GPU-out: the held-out σ of host-bound rows
-    held_r, held_bound, held_64 = [], [], []
+    held_r, held_bound = [], []
     for dev in devices:
         train = [r for r in rows if r.device != dev]
         test = [r for r in rows if r.device == dev]
         m = fit_host_model(train, params=params, base=base)
-        test64 = [r for r in fp64 if r.device == dev]
-        if test64:
-            held_64 += list(np.log(host_model_latency_ms(m, test64, params) / np.array([r.latency_ms for r in test64])))
         pr = host_model_latency_ms(m, test, params)
         y = np.array([r.latency_ms for r in test])
         bound = [estimate(r.graph, r.device, params=_with(params, m), execution=r.execution).launch_bound for r in test]
@@ -74,12 +67,6 @@ def main(argv: list[str] | None = None) -> int:
     sigma_all = float(np.sqrt(np.mean(r ** 2)))
     print(f"held-out log σ (RMS log error): host-bound rows {sigma_host:.3f}, GPU-bound rows {sigma_gpu:.3f}, "
           f"all rows {sigma_all:.3f}")
-    extra: dict[str, float] = {}
-    if held_64:
-        r64 = np.array(held_64)
-        extra["sigma_log_gpu_bound_float64"] = float(np.sqrt(np.mean(r64 ** 2)))
-        print(f"float64 rows (never fitted on): RMS log error {extra['sigma_log_gpu_bound_float64']:.3f}, median "
-              f"predicted / measured {np.exp(np.median(r64)):.2f}, n {len(r64)}")
 
     cmd = "python " + shlex.join([Path(sys.argv[0]).as_posix(), *(argv if argv is not None else sys.argv[1:])])
     model = fit_host_model(
@@ -93,12 +80,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     model = dataclasses.replace(model, metrics={**model.metrics, "sigma_log_host": sigma_host,
                                                 "sigma_log_gpu_bound": sigma_gpu,
-                                                "sigma_log_heldout_all": sigma_all, **extra,
+                                                "sigma_log_heldout_all": sigma_all,
                                                 "heldout": "leave-one-GPU-out over " + ", ".join(devices)})
     print(json.dumps(model.to_dict(), indent=1))
     if args.out is not None:
         d = json.loads(args.out.read_text(encoding="utf-8"))
+        kept = {k: v for k, v in (d.get("host_model") or {}).get("metrics", {}).items() if k.endswith("_float64")}
         d["host_model"] = model.to_dict()
+        d["host_model"]["metrics"].update(kept)
         args.out.write_text(json.dumps(d, indent=1) + "\n", encoding="utf-8")
         print(f"wrote host_model into {args.out}")
     return 0

@@ -281,3 +281,34 @@ def test_float64_gemms_use_fp64_tensor_cores_and_convolutions_do_not() -> None:
     assert t_cuda > 1.6 * t_dmma
     conv = conv_chain(64, 256, 56, layers=2, dtype="float64")
     assert estimate(conv, a100).gpu_busy_ms == pytest.approx(estimate(conv, no_dmma).gpu_busy_ms)
+
+
+def test_fp64_efficiency_replaces_the_fp32_constants_of_its_classes_only_where_set() -> None:
+    """``eta_compute_fp64`` prices a class's FP64 CUDA-core kernels at that share of the FP64 peak without the
+    wave, tile and reduction-length terms; ``None`` (a calibration file without the key) keeps the FP32
+    constants; other dtypes never change; a bad value is refused."""
+    import dataclasses
+
+    from dippm_nas.errors import InvalidValueError
+    from dippm_nas.prior import OpClassParams, PriorParams, estimate
+
+    base = default_params()
+    oc = dict(base.op_classes)
+    oc["conv"] = dataclasses.replace(oc["conv"], eta_compute_fp64=None)
+    off = dataclasses.replace(base, op_classes=oc)
+    slow = dataclasses.replace(off, op_classes={**oc, "conv": dataclasses.replace(oc["conv"], eta_compute_fp64=0.25)})
+    fast = dataclasses.replace(off, op_classes={**oc, "conv": dataclasses.replace(oc["conv"], eta_compute_fp64=1.0)})
+    g64 = conv_chain(64, 256, 56, layers=4, dtype="float64")
+    t = {name: estimate(g64, "titan-rtx", params=p).gpu_busy_ms for name, p in
+         (("off", off), ("slow", slow), ("fast", fast))}
+    assert t["slow"] > t["fast"] and t["slow"] / t["fast"] == pytest.approx(4.0, rel=0.05)  # compute-bound at 1/32
+    assert t["off"] != pytest.approx(t["fast"], rel=0.01)  # the FP32 constants (eta 1.41 with penalties) differ
+    g32 = conv_chain(64, 256, 56, layers=4, dtype="float32")
+    assert estimate(g32, "titan-rtx", params=slow).gpu_busy_ms == estimate(g32, "titan-rtx", params=off).gpu_busy_ms
+    d = off.to_dict()
+    for c in d["op_classes"].values():
+        c.pop("eta_compute_fp64")
+    assert PriorParams.from_dict(d).op_classes["conv"].eta_compute_fp64 is None
+    with pytest.raises(InvalidValueError, match="eta_compute_fp64"):
+        OpClassParams(eta_compute_fp64=0.0)
+    assert base.op_classes["conv"].eta_compute_fp64 is not None  # the shipped constants carry the fitted one

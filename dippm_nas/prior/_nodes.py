@@ -381,6 +381,10 @@ def node_costs(
     wave_exp = np.zeros(n)
     tile_exp = np.zeros(n)
     k_half = np.where(f.contraction, per("k_half"), 0.0)
+    # FP64 kernels on CUDA cores of a class with its own FP64 efficiency: that efficiency, no wave, tile or
+    # reduction-length terms (applied after those are set below)
+    eta64 = np.array([np.nan if p.eta_compute_fp64 is None else p.eta_compute_fp64 for p in pc])[f.cls_idx]
+    own64 = gpu & ~tensor & (f.dtype == 3) & ~np.isnan(eta64)
     if gpu and f.contraction.any():
         for ci, p in enumerate(pc):
             m = f.contraction & (f.cls_idx == ci)
@@ -403,6 +407,9 @@ def node_costs(
     # fitted on its own FP32 models.
     dev_c = np.where(gpu & ~tensor & ~half, 1.0, scale.compute * class_mult)
     eta_c = np.where(tensor, per("eta_compute_tensor"), per("eta_compute")) * dev_c
+    if own64.any():
+        eta_c = np.where(own64, eta64, eta_c)
+        wave_exp, tile_exp, k_half = (np.where(own64, 0.0, a) for a in (wave_exp, tile_exp, k_half))
     # a GPU cannot beat its DRAM bandwidth; a CPU's bandwidth figure is a DRAM triad while most layers'
     # working sets sit in its caches, so a fitted CPU scale may exceed it
     eta_m = np.minimum(per("eta_memory") * scale.memory, 1.0) if gpu else per("eta_memory") * scale.memory

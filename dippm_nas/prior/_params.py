@@ -62,6 +62,11 @@ class OpClassParams:
             fast algorithm such as Winograd does fewer multiplies than the direct FLOP count).
         eta_compute_tensor: the same on the tensor-core path (half precision, TF32).
         eta_memory: achieved fraction of DRAM bandwidth.
+        eta_compute_fp64: where set, the achieved fraction of the FP64 peak of the class's FP64 kernels on CUDA
+            cores, without the wave, tile and reduction-length terms (at FP64 rates the math units bound these
+            kernels; cuDNN runs no Winograd in FP64); ``None`` prices FP64 kernels with the FP32 constants.
+            Fitted on measured FP64 timings (``benchmarks/calibrate_fp64.py``); a calibration file without the
+            key reads as ``None``.
         kernel_us: fixed GPU time per kernel (start-up, tail, tiny-kernel inefficiency), µs.
         wave_exponent: weight of wave quantisation over SMs (0 ignores it, 1 applies it fully).
         tile_exponent: weight of tile quantisation (output padded to whole tiles).
@@ -73,6 +78,7 @@ class OpClassParams:
     eta_compute: float = 1.0
     eta_compute_tensor: float = 1.0
     eta_memory: float = 1.0
+    eta_compute_fp64: float | None = None
     kernel_us: float = 2.0
     wave_exponent: float = 1.0
     tile_exponent: float = 1.0
@@ -86,6 +92,9 @@ class OpClassParams:
             v = getattr(self, name)
             if not _finite(v) or not 0 < v <= 4:
                 raise InvalidValueError(f"OpClassParams.{name} must be in (0, 4], got {v!r}")
+        v = self.eta_compute_fp64
+        if v is not None and (not _finite(v) or not 0 < v <= 4):
+            raise InvalidValueError(f"OpClassParams.eta_compute_fp64 must be in (0, 4] or None, got {v!r}")
         for name in ("kernel_us", "kernels", "k_half"):
             v = getattr(self, name)
             if not _finite(v) or v < 0:
