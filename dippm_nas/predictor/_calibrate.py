@@ -41,7 +41,9 @@ positive-part rule per coefficient:
 
 (``J``: the derivative of each measured model's log latency by ``d_c`` at the fit, so a class whose kernels
 the measured models barely run, or run off the critical path, has a large ``se_c`` and stays at the
-common factor; so does a class that one noisy label alone would move). :attr:`TimelineFactors.class_log`
+common factor), with ``se_c^2`` widened by ``n_c / (n_c - 1)``, ``n_c = (sum_i |J_ic|)^2 / sum_i J_ic^2`` the
+effective number of measurements that run the class: a class one label alone would move (``n_c = 1``) keeps
+the common factor, whatever that label's noise. :attr:`TimelineFactors.class_log`
 and :attr:`TimelineFactors.class_kept` record ``w_c d_c`` and ``w_c``; ``Prediction.details`` carries the
 class factors applied (``calibration_class_factor_<class>``) and their kept shares
 (``calibration_class_kept_<class>``).
@@ -259,7 +261,11 @@ def _fit_class_deviations(parts: Sequence[tuple[np.ndarray, np.ndarray, float]],
         dof = k - 2 - float(np.trace(jac @ a_inv @ jac.T))
         rf = resid(d)
         s2 = max(float(rf @ rf) / max(dof, 1.0), SCATTER_FLOOR_LOG ** 2)
-    se2 = s2 * np.diag(a_inv)
+    # a class run by few measurements: its deviation fits their labels' noise; widen its error by the
+    # small-sample factor n / (n - 1) of its effective number of measurements (1 measurement: no evidence)
+    x = np.abs(jac)
+    n_eff = x.sum(0) ** 2 / np.maximum((x ** 2).sum(0), 1e-300)
+    se2 = s2 * np.diag(a_inv) * np.where(n_eff > 1.0 + 1e-9, n_eff / np.maximum(n_eff - 1.0, 1e-9), np.inf)
     w = np.where(d ** 2 > 1e-30, np.clip(1.0 - se2 / np.maximum(d ** 2, 1e-30), 0.0, 1.0), 0.0)
     return ({c: float(w[j] * d[j]) for j, c in enumerate(present)}, {c: float(w[j]) for j, c in enumerate(present)})
 

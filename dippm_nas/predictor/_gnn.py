@@ -422,6 +422,7 @@ class GnnPredictor(BasePredictor):
         tf = self.calibration.timeline_factors if self.calibration is not None else None
         extra_s = 0.0
         if tf is not None:
+            d["uncalibrated_latency_ms"] = lat_ms
             g, h, pre = tf.apply(g, h, pre, calibration_classes(graph) if tf.class_log else None)
             lat_ms *= latency_us(g, h, pre) / base_us
             base_us = latency_us(g, h, pre)
