@@ -24,10 +24,14 @@ spread of the (shrunk) fit widens the prediction's standard deviation.
 On a GPU, latency is corrected on its two timelines instead of by one line: a **host factor** ``h`` and a
 **GPU factor** ``g`` (:func:`fit_timeline_factors`) multiply the host times and the kernel times of each
 prediction before its critical path is taken, so a host-bound model and a GPU-bound one get the correction
-each needs (one factor cannot: a slower host moves only host-bound models). ``log h`` and ``log g`` are
-fitted robustly (soft-L1) with a weak ridge towards 0 (a factor the measurements cannot see, such as the
-host factor when every measured model is GPU-bound, stays near 1), then shrunk by the same evidence rule
-with two parameters. Fewer than two measurements leave the prediction unchanged (and say so).
+each needs (one factor cannot: a slower host moves only host-bound models). The factors are fitted
+robustly (soft-L1) with a weak ridge towards 0 (a factor the measurements cannot see, such as the host
+factor when every measured model is GPU-bound, stays near 1) in two nested levels, each shrunk by the same
+evidence rule: one **overall** factor on both timelines (one parameter, ``s^2 = SSR / (k - 1)``; its share
+:attr:`TimelineFactors.kept`) shrunk towards no correction, then the **host/GPU split** (``log h``,
+``log g`` free; ``s^2 = SSR / (k - 2)``; its share :attr:`TimelineFactors.split_kept`) shrunk towards that
+overall factor, so three measurements can already fix a common offset that they could not yet split. Two
+measurements keep the two-factor fit whole; fewer leave the prediction unchanged (and say so).
 
 On top of the common GPU factor each **op class** of :data:`CALIBRATION_CLASSES` (dense convolutions,
 depthwise convolutions, other grouped convolutions, matmul/attention, and the memory-bound rest) gets its
@@ -121,12 +125,14 @@ class TimelineFactors:
     Attributes:
         host_log, gpu_log: log of the factors on host times and on kernel times (after the shrink).
         residual_std_log: scatter left by the fit, log space (widens σ).
-        kept: share of the fitted common factors kept (0..1).
+        kept: share of the fitted overall factor (one factor on both timelines) kept (0..1).
         n: measurements used.
         class_log: ``{op class: d_c}``, the log deviation of a class of :data:`CALIBRATION_CLASSES` from the
             common GPU factor after its evidence shrink (its kernels get ``exp(gpu_log + d_c)``); empty
             when the fit had no node classes (and in files written before them).
         class_kept: ``{op class: w_c}``, the share of each class's fitted deviation kept (0..1).
+        split_kept: the share of the host/GPU split around the overall factor kept (0..1; 1 in files
+            written before it was recorded).
     """
 
     host_log: float
@@ -136,6 +142,7 @@ class TimelineFactors:
     n: int
     class_log: dict[str, float] = field(default_factory=dict)
     class_kept: dict[str, float] = field(default_factory=dict)
+    split_kept: float = 1.0
 
     @property
     def class_factors(self) -> dict[str, float]:
@@ -162,7 +169,8 @@ class TimelineFactors:
         return cls(host_log=float(d["host_log"]), gpu_log=float(d["gpu_log"]),
                    residual_std_log=float(d["residual_std_log"]), kept=float(d["kept"]), n=int(d["n"]),
                    class_log={str(c): float(v) for c, v in (d.get("class_log") or {}).items()},
-                   class_kept={str(c): float(v) for c, v in (d.get("class_kept") or {}).items()})
+                   class_kept={str(c): float(v) for c, v in (d.get("class_kept") or {}).items()},
+                   split_kept=float(d.get("split_kept", 1.0)))
 
 
 def fit_timeline_factors(parts: Sequence[tuple[np.ndarray, np.ndarray, float]],
@@ -206,22 +214,36 @@ def fit_timeline_factors(parts: Sequence[tuple[np.ndarray, np.ndarray, float]],
     fit = least_squares(objective, np.zeros(2), loss="soft_l1", f_scale=0.1, bounds=(-3.0, 3.0))
     r0, r1 = resid(np.zeros(2)), resid(fit.x)
     ssr_identity, ssr = float(r0 @ r0), float(r1 @ r1)
-    w = 1.0
+    w, w_split, theta = 1.0, 1.0, fit.x  # k = 2: nothing to judge the fit by, kept whole
     if k > 2:
-        gain = ssr_identity - ssr
-        s2 = ssr / (k - 2)
-        w = 0.0 if gain <= 0 else (1.0 if s2 <= 1e-24 else max(0.0, 1.0 - 2.0 * s2 / gain))
-    theta = w * fit.x
+        # one overall factor first (1 parameter), its evidence share; then the host/GPU split around it
+        fa = least_squares(lambda a: np.concatenate([resid(np.array([a[0], a[0]])), math.sqrt(FACTOR_PRIOR * k) * a]),
+                           np.zeros(1), loss="soft_l1", f_scale=0.1, bounds=(-3.0, 3.0))
+        ra = resid(np.array([fa.x[0], fa.x[0]]))
+        w = _share(ssr_identity - float(ra @ ra), float(ra @ ra) / (k - 1), 1)
+        overall = np.array([w * fa.x[0]] * 2)
+        rb = resid(overall)
+        w_split = _share(float(rb @ rb) - ssr, ssr / (k - 2), 1)
+        theta = overall + w_split * (fit.x - overall)
     class_log: dict[str, float] = {}
     class_kept: dict[str, float] = {}
     if node_classes is not None and k >= 3:
         class_log, class_kept = _fit_class_deviations(parts, ly, theta, node_classes)
     tf = TimelineFactors(host_log=float(theta[0]), gpu_log=float(theta[1]), residual_std_log=0.0, kept=w, n=k,
-                         class_log=class_log, class_kept=class_kept)
+                         class_log=class_log, class_kept=class_kept, split_kept=w_split)
     ncs = list(node_classes) if node_classes is not None else [None] * k
     rw = np.array([math.log(latency_us(*tf.apply(gu, hu, pre, nc)) / 1e3) for (gu, hu, pre), nc in zip(parts, ncs)]) - ly
     s = float(np.sqrt((rw @ rw) / max(k - 1, 1)))
     return dataclasses.replace(tf, residual_std_log=s)
+
+
+def _share(gain: float, s2: float, params: int) -> float:
+    """The positive-part evidence share ``max(0, 1 - params * s2 / gain)`` (0 without a gain, 1 without scatter)."""
+    if gain <= 0:
+        return 0.0
+    if s2 <= 1e-24:
+        return 1.0
+    return max(0.0, 1.0 - params * s2 / gain)
 
 
 def _fit_class_deviations(parts: Sequence[tuple[np.ndarray, np.ndarray, float]], ly: np.ndarray,
@@ -272,11 +294,12 @@ def _fit_class_deviations(parts: Sequence[tuple[np.ndarray, np.ndarray, float]],
 
 def calibration_details(tf: TimelineFactors) -> dict[str, float]:
     """``Prediction.details`` entries of a latency corrected by ``tf``: ``calibration_host_factor``,
-    ``calibration_gpu_factor`` (the common one), ``calibration_kept_latency_ms`` (its kept share), and per op
+    ``calibration_gpu_factor`` (the common one), ``calibration_kept_latency_ms`` (the overall factor's kept
+    share), ``calibration_split_kept`` (the host/GPU split's), and per op
     class with its own factor ``calibration_class_factor_<class>`` (on that class's kernel times) and
     ``calibration_class_kept_<class>`` (the share of its deviation kept)."""
     d = {"calibration_host_factor": math.exp(tf.host_log), "calibration_gpu_factor": math.exp(tf.gpu_log),
-         "calibration_kept_latency_ms": tf.kept}
+         "calibration_kept_latency_ms": tf.kept, "calibration_split_kept": tf.split_kept}
     for c, f in tf.class_factors.items():
         d[f"calibration_class_factor_{c}"] = f
         d[f"calibration_class_kept_{c}"] = float(tf.class_kept.get(c, 0.0))
