@@ -213,7 +213,7 @@ def test_the_validator_feeds_measured_trials_to_the_gpu_predictors_factors(tmp_p
     spec = InputSpec(shape=(4,), batch_size=2)
 
     def cfg(width: int) -> dict:
-        return {"in_features": 4, "hidden": [width, width], "out_features": 2}
+        return {"in_features": 4, "hidden": [width], "out_features": 2}
 
     def truth(width: int) -> float:  # the prior's timelines with the host 2x slower
         gu, hu, pre = _parts(assemble("mlp", cfg(width), spec))
@@ -243,3 +243,22 @@ def test_the_validator_feeds_measured_trials_to_the_gpu_predictors_factors(tmp_p
         assert pred.latency_source == "calibrated" and pred.latency_ms == pytest.approx(truth(24), rel=0.05)
     finally:
         set_predictor(DEVICE, None)
+
+
+def test_a_checkpoints_calibration_fits_the_timeline_and_class_factors() -> None:
+    p = get_predictor("a100-sxm4-40gb")
+    graphs = GPU_BOUND + DEPTHWISE[:3]
+    raw = p.predict_graphs(graphs + [DEPTHWISE[3]], mig=False)
+    try:
+        cal = p.calibrate([(g, {"latency_ms": 1.3 * r.latency_ms}) for g, r in zip(graphs, raw)], persist=False)
+        assert cal is not None and cal.timeline_factors is not None
+        assert all(0.0 <= w <= 1.0 for w in cal.gpu_class_kept.values())
+        (held,) = p.predict_graphs([DEPTHWISE[3]], mig=False)
+        assert held.latency_source == "calibrated"
+        assert held.latency_ms == pytest.approx(1.3 * raw[-1].latency_ms, rel=0.05)
+        assert held.details["uncalibrated_latency_ms"] == pytest.approx(raw[-1].latency_ms)
+        assert held.details["calibration_gpu_factor"] * held.details["calibration_host_factor"] > 1.0
+        for c in cal.gpu_class_factors:
+            assert 0.0 <= held.details[f"calibration_class_kept_{c}"] <= 1.0
+    finally:
+        p.reset_calibration(persist=False)
