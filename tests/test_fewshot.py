@@ -262,3 +262,32 @@ def test_a_checkpoints_calibration_fits_the_timeline_and_class_factors() -> None
             assert 0.0 <= held.details[f"calibration_class_kept_{c}"] <= 1.0
     finally:
         p.reset_calibration(persist=False)
+
+
+def test_the_few_shot_benchmark_scores_a_known_correction(monkeypatch: pytest.MonkeyPatch) -> None:
+    """benchmarks/accuracy_eager.py's few_shot (also used by fewshot_timm.py) on synthetic labels: the prior's
+    timelines with the host 1.5x and the kernels 0.7x, which a fit on 5 models recovers for the rest."""
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[1] / "benchmarks"
+    monkeypatch.syspath_prepend(str(bench))
+    from accuracy_eager import few_shot
+    from fewshot_timm import held_out_params
+
+    graphs = HOST_BOUND + GPU_BOUND + [chain(4, 32, 16, 20), chain(64, 64, 28, 8), chain(1, 64, 8, 60)]
+    ests = [estimate(g, DEVICE) for g in graphs]
+    y = np.array([_truth(g, 1.5, 0.7) for g in graphs])
+    prior = np.array([e.latency_ms for e in ests])
+    res = few_shot(ests, [calibration_classes(g) for g in graphs], prior, y, np.arange(len(graphs)), 5, 4)
+    zero = float(np.mean(np.abs(prior / y - 1)) * 100)
+    assert res["zero_shot_mape_pct"] == pytest.approx(zero, rel=0.5) and zero > 15
+    assert res["mape_pct"] < 3.0 and res["all_rows_in_sample_mape_pct"] < 3.0
+    assert res["all_rows_factors"]["host"] == pytest.approx(1.5, rel=0.03)
+    from dippm_nas.prior import default_params
+
+    base = default_params()
+    if "rtx-3090" in base.device_scales:
+        p = held_out_params(base, "rtx-3090")
+        assert "rtx-3090" not in p.device_scales and "rtx-3090" in p.device_scales["*"].source
+    assert "accuracy_eager" in sys.modules
