@@ -36,9 +36,10 @@ measurements keep the two-factor fit whole; fewer leave the prediction unchanged
 On top of the common GPU factor each **op class** of :data:`CALIBRATION_CLASSES` (dense convolutions,
 depthwise convolutions, other grouped convolutions, matmul/attention, and the memory-bound rest) gets its
 own factor ``g_c = g * exp(d_c)`` where the measurements can tell it apart (:func:`calibration_classes`
-labels the nodes). The deviations ``d_c`` are fitted on the residuals the common factors leave, with a ridge
-``s^2 / CLASS_SPREAD_LOG^2`` towards 0 (``s^2``: the scatter the class fit leaves, over its effective degrees
-of freedom, never below :data:`SCATTER_FLOOR_LOG`), and then each is shrunk by its own evidence, the
+labels the nodes; three or more measurements). The deviations ``d_c`` are fitted on the residuals the common
+factors leave, with a ridge ``s^2 / CLASS_SPREAD_LOG^2`` towards 0 (``s^2``: the scatter the class fit
+leaves, over its effective degrees of freedom, never below :data:`SCATTER_FLOOR_LOG`), and then each is
+shrunk by its own evidence, the
 positive-part rule per coefficient:
 
     d_c -> w_c d_c,   w_c = max(0, 1 - se_c^2 / d_c^2),   se_c^2 = s^2 [(J'J + lambda I)^-1]_cc
@@ -55,7 +56,9 @@ class factors applied (``calibration_class_factor_<class>``) and their kept shar
 The correction is written as JSON to ``<cache_dir>/calibration/<device>.json`` together with the
 checkpoint's identity (device, date, schema, and the CPU model of a host
 checkpoint) and re-applied whenever that same checkpoint is loaded again; a file for another
-checkpoint is ignored with a warning. Calibrated figures have source ``"calibrated"``.
+checkpoint is ignored with a warning. The analytic prior of a GPU without a checkpoint
+(``AnalyticPredictor.calibrate``) records :data:`ANALYTIC_IDENTITY` instead. Files written before the
+op-class factors load with none. Calibrated figures have source ``"calibrated"``.
 """
 
 from __future__ import annotations
