@@ -14,10 +14,12 @@ With ``--gnn`` a GraphSAGE ensemble is also trained on the other two GPUs' fp16/
 prior (``dippm-nas train``), and scored on the held-out rows. fp16 and fp32 are reported apart, fp64 too
 (prior only: no checkpoint trains on fp64), and host-bound and GPU-bound rows apart (by the prior's timelines).
 Figures: MAPE, median APE, Kendall τ, share within ±2σ (the prior's σ: the training fit's residual σ).
-Few-shot (``--shots``): k measured models of the held-out GPU (one dtype) fit its host, GPU and op-class GPU
-factors (:func:`dippm_nas.predictor.fit_timeline_factors`, what ``calibrate()`` does on a GPU) on the prior
-(not on the GNN), scored on the other models of that dtype; medians over random draws, with the common
-factors alone and the all-rows in-sample fit (the floor) beside them.
+Few-shot (``--shots``): k measured models of the held-out GPU (one dtype) fit its host and GPU factors
+(:func:`dippm_nas.predictor.fit_timeline_factors`, what ``calibrate()`` does on a GPU), scored on the other
+models of that dtype; medians over random draws.
+Op classes (:func:`dippm_nas.predictor.calibration_classes`) get their own GPU factor where the k models tell
+them apart; the same draws with the common factors only, and the fit on all rows of the cell scored in-sample
+(the floor of a fit of this form), are printed beside them. Few-shot is scored on the prior, also with ``--gnn``.
 """
 
 from __future__ import annotations
@@ -34,9 +36,10 @@ from pathlib import Path
 import numpy as np
 from scipy.stats import kendalltau
 
+from dippm_nas.predictor import calibration_classes
 from dippm_nas.dataset import load_measurements
 from dippm_nas.features import featurize
-from dippm_nas.predictor import GnnPredictor, calibration_classes, fit_timeline_factors
+from dippm_nas.predictor import GnnPredictor, fit_timeline_factors
 from dippm_nas.prior import Execution, HostRow, default_params, estimate, fit_host_model, latency_us
 
 
