@@ -193,6 +193,9 @@ def test_bad_calibration_input() -> None:
         AnalyticPredictor("host-cpu").calibrate([(g1, {"latency_ms": 1.0}), (g2, {"latency_ms": 2.0})])
     with pytest.raises(DippmNasError, match="one array per measurement"):
         fit_timeline_factors([_parts(g1), _parts(g2)], [1.0, 2.0], node_classes=[calibration_classes(g1)])
+    with pytest.raises(DippmNasError, match="one class per node"):
+        fit_timeline_factors([_parts(g1), _parts(g2)], [1.0, 2.0],
+                             node_classes=[calibration_classes(g1), calibration_classes(g1)])
 
 
 def test_timeline_factors_round_trip_through_json() -> None:

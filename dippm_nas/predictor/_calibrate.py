@@ -206,6 +206,11 @@ def fit_timeline_factors(parts: Sequence[tuple[np.ndarray, np.ndarray, float]],
         raise InvalidValueError(f"measured latencies must be finite and > 0 ms, got {bad} in {list(measured_ms)}")
     ly = np.log(y)
     parts = [(np.asarray(g, dtype=np.float64), np.asarray(h, dtype=np.float64), float(pre)) for g, h, pre in parts]
+    if node_classes is not None:
+        sizes = [(i, len(nc), len(g)) for i, (nc, (g, _, _)) in enumerate(zip(node_classes, parts)) if len(nc) != len(g)]
+        if sizes:
+            raise InvalidValueError(f"node_classes must give one class per node of each measurement; (measurement, "
+                                    f"classes, nodes) that differ: {sizes[:5]}")
 
     def resid(theta: np.ndarray) -> np.ndarray:
         h, g = math.exp(theta[0]), math.exp(theta[1])
