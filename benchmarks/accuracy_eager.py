@@ -20,6 +20,9 @@ rows never set its own σ).
 Few-shot (``--shots``): k measured models of the held-out GPU (one dtype) fit its host and GPU factors
 (:func:`dippm_nas.predictor.fit_timeline_factors`, what ``calibrate()`` does on a GPU), scored on the other
 models of that dtype; medians over random draws.
+Op classes (:func:`dippm_nas.predictor.calibration_classes`) get their own GPU factor where the k models tell
+them apart; the same draws with the common factors only, and the fit on all rows of the cell scored in-sample
+(the floor of a fit of this form), are printed beside them. Few-shot is scored on the prior, also with ``--gnn``.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from pathlib import Path
 import numpy as np
 from scipy.stats import kendalltau
 
+from dippm_nas.predictor import calibration_classes
 from dippm_nas.dataset import load_measurements
 from dippm_nas.features import featurize
 from dippm_nas.predictor import GnnPredictor, fit_timeline_factors
@@ -72,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="directory for the JSON report and the GNN checkpoints")
     ap.add_argument("--shots", default="3,5,10",
                     help="few-shot: numbers k of measured models of the held-out GPU that fit its host and GPU "
-                         "factors (fp16 and fp32 apart), scored on the rest (default 3,5,10; '' skips)")
+                         "factors (fp16, fp32 and fp64 apart), scored on the rest (default 3,5,10; '' skips)")
     ap.add_argument("--draws", type=int, default=30, help="random draws of the k models per setting (default 30)")
     args = ap.parse_args(argv)
 
@@ -100,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         legacy = np.array([estimate(r.graph, r.device, params=legacy_params, execution=r.execution).latency_ms
                            for r, _ in test])
         prior = np.array([e.latency_ms for e in ests])
+        classes = [calibration_classes(r.graph) for r, _ in test]
         bound = np.array([e.launch_bound for e in ests])
         y = np.array([r.latency_ms for r, _ in test])
         dt = np.array([r.graph.spec.dtype for r, _ in test])
@@ -125,13 +130,11 @@ def main(argv: list[str] | None = None) -> int:
                     line += f"\n  {'':8s} {'':10s} prior+GNN   {_fmt(mg_)}"
                 print(line)
         for k in [int(x) for x in args.shots.split(",") if x.strip()]:
-            for dtype in ("float16", "float32"):
+            for dtype in ("float16", "float32", "float64"):
                 idx = np.flatnonzero(dt == dtype)
-                res = _few_shot(ests, prior, y, idx, k, args.draws)
+                res = few_shot(ests, classes, prior, y, idx, k, args.draws)
                 report[f"{dev} {dtype} few-shot k={k}"] = {"prior": res}
-                print(f"  {dtype:8s} k={k:<2d} shots prior       MAPE {res['mape_pct']:5.1f} % (zero-shot "
-                      f"{res['zero_shot_mape_pct']:5.1f} % on the same rows), median over {args.draws} draws; "
-                      f"tau {res['kendall_tau']:.3f}")
+                print_few_shot(f"{dtype:8s}", res)
     (out_dir / "accuracy_eager.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     print(f"\nwrote {out_dir / 'accuracy_eager.json'}")
     return 0
@@ -168,20 +171,44 @@ def _nested_sigma(rows: list, held_out: str, base) -> dict[str, float]:
     return out
 
 
-def _few_shot(ests, prior: np.ndarray, y: np.ndarray, idx: np.ndarray, k: int, draws: int) -> dict[str, float]:
-    """Fit host and GPU factors on ``k`` random rows of ``idx`` and score the rest; medians over draws."""
-    rng = np.random.default_rng(0)
-    mape, zero, tau = [], [], []
+def few_shot(ests, classes: list[np.ndarray], prior: np.ndarray, y: np.ndarray, idx: np.ndarray, k: int,
+             draws: int, *, seed: int = 0) -> dict[str, float]:
+    """Fit host, GPU and op-class GPU factors (:func:`fit_timeline_factors`, what ``calibrate()`` does on a
+    GPU) on ``k`` random rows of ``idx`` and score the rest; medians over ``draws`` draws. The same draws
+    scored with the common factors only (``node_classes=None``) give ``common_only_mape_pct``; the
+    fit on every row of ``idx``, scored on those rows, gives ``all_rows_in_sample_mape_pct`` (the floor a
+    few-shot fit of this form cannot beat)."""
+    rng = np.random.default_rng(seed)
+    mape, common, zero, tau, kept = [], [], [], [], []
     for _ in range(draws):
         pick = rng.choice(idx, size=k, replace=False)
         rest = np.setdiff1d(idx, pick)
-        tf = fit_timeline_factors([_parts(ests[i]) for i in pick], [float(y[i]) for i in pick])
-        cal = np.array([latency_us(*tf.apply(*_parts(ests[i]))) / 1e3 for i in rest])
+        tf = fit_timeline_factors([_parts(ests[i]) for i in pick], [float(y[i]) for i in pick],
+                                  node_classes=[classes[i] for i in pick])
+        tc = fit_timeline_factors([_parts(ests[i]) for i in pick], [float(y[i]) for i in pick])
+        cal = np.array([latency_us(*tf.apply(*_parts(ests[i]), classes[i])) / 1e3 for i in rest])
+        com = np.array([latency_us(*tc.apply(*_parts(ests[i]))) / 1e3 for i in rest])
         mape.append(float(np.mean(np.abs(cal / y[rest] - 1)) * 100))
+        common.append(float(np.mean(np.abs(com / y[rest] - 1)) * 100))
         zero.append(float(np.mean(np.abs(prior[rest] / y[rest] - 1)) * 100))
         tau.append(float(kendalltau(cal, y[rest])[0]))
-    return {"k": k, "draws": draws, "mape_pct": float(np.median(mape)), "zero_shot_mape_pct": float(np.median(zero)),
-            "kendall_tau": float(np.median(tau))}
+        kept.append(sum(1 for w in tf.class_kept.values() if w > 0))
+    full = fit_timeline_factors([_parts(ests[i]) for i in idx], [float(y[i]) for i in idx],
+                                node_classes=[classes[i] for i in idx])
+    ins = np.array([latency_us(*full.apply(*_parts(ests[i]), classes[i])) / 1e3 for i in idx])
+    return {"k": k, "draws": draws, "mape_pct": float(np.median(mape)),
+            "common_only_mape_pct": float(np.median(common)), "zero_shot_mape_pct": float(np.median(zero)),
+            "kendall_tau": float(np.median(tau)), "classes_kept_median": float(np.median(kept)),
+            "all_rows_in_sample_mape_pct": float(np.mean(np.abs(ins / y[idx] - 1)) * 100),
+            "all_rows_factors": {"host": math.exp(full.host_log), "gpu": math.exp(full.gpu_log),
+                                 **{f"class_{c}": f for c, f in full.class_factors.items()}}}
+
+
+def print_few_shot(label: str, res: dict) -> None:
+    print(f"  {label} k={res['k']:<2d} shots prior       MAPE {res['mape_pct']:5.1f} % (common factors only "
+          f"{res['common_only_mape_pct']:5.1f} %, zero-shot {res['zero_shot_mape_pct']:5.1f} % on the same rows), "
+          f"median over {res['draws']} draws; tau {res['kendall_tau']:.3f}; all rows in-sample "
+          f"{res['all_rows_in_sample_mape_pct']:5.1f} %")
 
 
 def _parts(e) -> tuple[np.ndarray, np.ndarray, float]:

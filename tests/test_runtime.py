@@ -211,7 +211,7 @@ def test_calibration_separates_a_host_factor_from_a_gpu_factor() -> None:
     tf = fit_timeline_factors(parts, truth)
     assert math.exp(tf.host_log) == pytest.approx(1.6, rel=0.05)
     assert math.exp(tf.gpu_log) == pytest.approx(0.8, rel=0.05)
-    assert tf.kept == pytest.approx(1.0, abs=0.02) and tf.n == len(graphs)
+    assert tf.split_kept == pytest.approx(1.0, abs=0.02) and 0.0 <= tf.kept <= 1.0 and tf.n == len(graphs)
     # only GPU-bound measurements: the host factor is not identified and stays near 1
     gpu_only = fit_timeline_factors(parts[3:5], truth[3:5])
     assert abs(gpu_only.host_log) < 0.1 and math.exp(gpu_only.gpu_log) == pytest.approx(0.8, rel=0.1)

@@ -8,14 +8,19 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+import math
+
 from dippm_nas._logging import WarnOnce
 from dippm_nas.devices import HostProfile, resolve_device, resolve_host_profile
-from dippm_nas.errors import DeviceError, ExecutionRuntimeError
+from dippm_nas.errors import DeviceError, ExecutionRuntimeError, InvalidTypeError, InvalidValueError
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.prediction import Prediction
-from dippm_nas.prior import check_runtime, estimate, predict as prior_predict, timeline_fields
+from dippm_nas.predictor._calibrate import (ANALYTIC_IDENTITY, Calibration, calibration_classes, calibration_details,
+                                            delete_calibration, fit_timeline_factors, save_calibration)
+from dippm_nas.predictor._calibrate import load_calibration as _load_calibration
+from dippm_nas.prior import check_runtime, estimate, latency_us, predict as prior_predict, timeline_fields
 
-__all__ = ["BasePredictor", "AnalyticPredictor"]
+__all__ = ["BasePredictor", "AnalyticPredictor", "measurement_pairs"]
 
 logger = logging.getLogger(__name__)
 _warn_once = WarnOnce(logger, python_warning=True)
@@ -77,10 +82,28 @@ def execution_details(runtime: str, host: HostProfile) -> dict[str, Any]:
 
 
 class AnalyticPredictor(BasePredictor):
-    """The analytic prior (roofline + timelines + liveness) as a predictor; every source is ``"analytic"``."""
+    """The analytic prior (roofline + timelines + liveness) as a predictor; every source is ``"analytic"``.
 
-    def __init__(self, device: str) -> None:
-        self.device = resolve_device(device).id
+    On a GPU, :meth:`calibrate` fits host, GPU and op-class GPU factors to a few measured latencies
+    (:func:`~dippm_nas.predictor.fit_timeline_factors`, as :meth:`GnnPredictor.calibrate` does); latency then
+    has source ``"calibrated"``, the uncalibrated figure in ``details["uncalibrated_latency_ms"]``. The
+    correction is persisted under the cache directory (identity :data:`ANALYTIC_IDENTITY`) and re-applied
+    when a predictor for the device is made again.
+
+    Args:
+        device: catalogue id.
+        load_calibration: re-apply a persisted calibration of the device's analytic prior.
+    """
+
+    def __init__(self, device: str, *, load_calibration: bool = True) -> None:
+        dev = resolve_device(device)
+        self.device = dev.id
+        self.calibration: Calibration | None = None
+        if load_calibration and dev.kind == "gpu":
+            self.calibration = _load_calibration(self.device, self._identity())
+
+    def _identity(self) -> str:
+        return ANALYTIC_IDENTITY.format(device=self.device)
 
     def predict_graphs(self, graphs: Sequence[OperatorGraph], *, mig: bool = True, k_sigma: float = 2.0,
                        runtime: str = "eager", host: HostProfile | str | None = None) -> list[Prediction]:
@@ -99,9 +122,114 @@ class AnalyticPredictor(BasePredictor):
                     device=self.device, batch_size=est.batch_size, dtype=est.dtype,
                     unknown_ops=dict(est.unknown_ops), details=est.details(), **timeline_fields(est),
                 )
-            out.append(dataclasses.replace(pred, details={**pred.details, **execution_details(rt, prof)}))
+            pred = dataclasses.replace(pred, details={**pred.details, **execution_details(rt, prof)})
+            out.append(self._calibrated(g, pred, rt, prof))
         return out
 
-    def __repr__(self) -> str:
-        return f"AnalyticPredictor(device={self.device!r})"
+    def _calibrated(self, graph: OperatorGraph, pred: Prediction, runtime: str, host: HostProfile) -> Prediction:
+        """``pred`` with the calibration's timeline factors applied to its latency (unchanged without them)."""
+        tf = self.calibration.timeline_factors if self.calibration is not None else None
+        if tf is None or pred.latency_ms is None:
+            return pred
+        est = estimate(graph, self.device, runtime=runtime, host=host)
+        g, h, pre = tf.apply(est.node_time_ms * 1e3, est.node_host_ms * 1e3, est.pass_host_ms * 1e3,
+                             calibration_classes(graph) if tf.class_log else None)
+        lat = latency_us(g, h, pre) / 1e3 * (pred.latency_ms / est.latency_ms if est.latency_ms > 0 else 1.0)
+        std = None
+        if pred.latency_ms_std is not None:
+            std = lat * math.hypot(pred.latency_ms_std / pred.latency_ms, tf.residual_std_log)
+        host_ms, gpu_ms = float(h.sum() + pre) / 1e3, float(g.sum()) / 1e3
+        details = {**pred.details, **calibration_details(tf), "uncalibrated_latency_ms": pred.latency_ms,
+                   "host_ms": host_ms, "gpu_busy_ms": gpu_ms, "host_bound": float(host_ms > gpu_ms)}
+        return dataclasses.replace(pred, latency_ms=lat, latency_ms_std=std, latency_source="calibrated",
+                                   host_ms=host_ms, gpu_ms=gpu_ms, details=details)
 
+    def calibrate(self, measurements: Sequence[Any], *, persist: bool = True, runtime: str = "eager",
+                  host: HostProfile | str | None = None) -> Calibration | None:
+        """Adapt the prior's GPU latency to real measurements of this device (few-shot): host, GPU and
+        op-class GPU factors (see :mod:`dippm_nas.predictor._calibrate`). Energy and memory stay analytic.
+
+        Args:
+            measurements: ``(graph, Measurement)`` or ``(graph, {"latency_ms": ...})`` pairs.
+            persist: write the correction to the cache directory so later predictors re-apply it.
+            runtime, host: how the measured passes ran (as for :func:`dippm_nas.predict`).
+
+        Returns:
+            The fitted :class:`~dippm_nas.predictor.Calibration` (now active), or ``None`` with a warning when
+            fewer than two measurements hold a latency: the predictions stay unchanged.
+
+        Raises:
+            DeviceError: a CPU device (its analytic latency has no timelines to correct).
+            InvalidValueError: a figure that is not a finite number > 0 (named in the message).
+        """
+        if resolve_device(self.device).kind != "gpu":
+            raise DeviceError(f"the analytic prior of {self.device!r} (a CPU) has no host and GPU timelines to "
+                              "calibrate; calibrate a trained host-cpu checkpoint (GnnPredictor.calibrate) instead")
+        pairs = measurement_pairs(measurements)
+        pairs = [(g, y) for g, y in pairs if "latency_ms" in y]
+        if len(pairs) < 2:
+            _warn_once(f"calibrate-few:{self.device}", "calibrate() needs at least 2 measurements with a latency "
+                       "> 0, got %d: the %s predictions are left unchanged", len(pairs), self.device)
+            return None
+        rt, prof = execution_args(self.device, runtime, host)
+        ests = [estimate(g, self.device, runtime=rt, host=prof) for g, _ in pairs]
+        tf = fit_timeline_factors([(e.node_time_ms * 1e3, e.node_host_ms * 1e3, e.pass_host_ms * 1e3) for e in ests],
+                                  [y["latency_ms"] for _, y in pairs],
+                                  node_classes=[calibration_classes(g) for g, _ in pairs])
+        cal = Calibration(device=self.device, checkpoint=self._identity(), coef={}, n={"latency_ms": len(pairs)},
+                          timeline=dataclasses.asdict(tf))
+        self.calibration = cal
+        if persist:
+            save_calibration(cal)
+        return cal
+
+    def reset_calibration(self, *, persist: bool = True) -> None:
+        """Drop the active calibration (and its file when ``persist``)."""
+        self.calibration = None
+        if persist:
+            delete_calibration(self.device)
+
+    def __repr__(self) -> str:
+        return f"AnalyticPredictor(device={self.device!r}, calibrated={self.calibration is not None})"
+
+
+_TARGET_NAMES = ("latency_ms", "energy_j", "memory_mib")
+
+
+def measurement_pairs(measurements: Sequence[Any]) -> list[tuple[OperatorGraph, dict[str, float]]]:
+    """``(graph, {target: figure})`` of calibration measurements: ``(graph, Measurement)`` or
+    ``(graph, dict)`` pairs; measurements whose status is not ``"ok"`` are skipped.
+
+    Raises:
+        InvalidTypeError: an item that is not such a pair.
+        InvalidValueError: a figure that is not a finite number > 0 (named), or no pair with a figure.
+    """
+    out = []
+    for i, item in enumerate(measurements):
+        try:
+            g, m = item
+        except (TypeError, ValueError):
+            raise InvalidTypeError(f"measurements[{i}] must be a (graph, Measurement) pair, "
+                                   f"got {type(item).__name__}") from None
+        if not isinstance(g, OperatorGraph):
+            raise InvalidTypeError(f"measurements[{i}][0] must be an OperatorGraph, got {type(g).__name__}")
+        if isinstance(m, dict):
+            raw = {k: v for k, v in m.items() if k in _TARGET_NAMES and v is not None}
+        else:
+            if getattr(m, "status", "ok") != "ok":
+                continue
+            raw = {t: getattr(m, t) for t in _TARGET_NAMES if getattr(m, t, None) is not None}
+        y: dict[str, float] = {}
+        for k, v in raw.items():
+            try:
+                y[k] = float(v)
+            except (TypeError, ValueError):
+                raise InvalidValueError(f"measurements[{i}][{k!r}] must be a number > 0, got {v!r}") from None
+        bad = {k: v for k, v in y.items() if not (math.isfinite(v) and v > 0)}
+        if bad:
+            raise InvalidValueError(f"measurements[{i}] has figures that are not finite numbers > 0: {bad}")
+        if y:
+            out.append((g, y))
+    if not out:
+        raise InvalidValueError("calibrate needs at least one (graph, measurement) pair with a finite figure > 0")
+    return out

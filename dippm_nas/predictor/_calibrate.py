@@ -24,19 +24,46 @@ spread of the (shrunk) fit widens the prediction's standard deviation.
 On a GPU, latency is corrected on its two timelines instead of by one line: a **host factor** ``h`` and a
 **GPU factor** ``g`` (:func:`fit_timeline_factors`) multiply the host times and the kernel times of each
 prediction before its critical path is taken, so a host-bound model and a GPU-bound one get the correction
-each needs (one factor cannot: a slower host moves only host-bound models). ``log h`` and ``log g`` are
-fitted robustly (soft-L1) with a weak ridge towards 0 (a factor the measurements cannot see, such as the
-host factor when every measured model is GPU-bound, stays near 1), then shrunk by the same evidence rule
-with two parameters. Fewer than two measurements leave the prediction unchanged (and say so).
+each needs (one factor cannot: a slower host moves only host-bound models). The factors are fitted
+robustly (soft-L1) with a weak ridge towards 0 (a factor the measurements cannot see, such as the host
+factor when every measured model is GPU-bound, stays near 1) in two nested levels, each shrunk by the same
+evidence rule: one **overall** factor on both timelines (one parameter, ``s^2 = SSR / (k - 1)``; its share
+:attr:`TimelineFactors.kept`) shrunk towards no correction, then the **host/GPU split** (``log h``,
+``log g`` free; ``s^2 = SSR / (k - 2)``; its share :attr:`TimelineFactors.split_kept`) shrunk towards that
+overall factor, so three measurements can already fix a common offset that they could not yet split. Two
+measurements keep the two-factor fit whole; fewer leave the prediction unchanged (and say so).
+
+On top of the common GPU factor each **op class** of :data:`CALIBRATION_CLASSES` (dense convolutions,
+depthwise convolutions, other grouped convolutions, matmul/attention, and the memory-bound rest) gets its
+own factor ``g_c = g * exp(d_c)`` where the measurements can tell it apart (:func:`calibration_classes`
+labels the nodes; three or more measurements). The deviations ``d_c`` are fitted on the residuals the common
+factors leave, with a ridge ``s^2 / CLASS_SPREAD_LOG^2`` towards 0 (``s^2``: the scatter the class fit
+leaves, over its effective degrees of freedom, never below :data:`SCATTER_FLOOR_LOG`), and then each is
+shrunk by its own evidence, the
+positive-part rule per coefficient:
+
+    d_c -> w_c d_c,   w_c = max(0, 1 - se_c^2 / d_c^2),   se_c^2 = s^2 [(J'J + lambda I)^-1]_cc
+
+(``J``: the derivative of each measured model's log latency by ``d_c`` at the fit, so a class whose kernels
+the measured models barely run, or run off the critical path, has a large ``se_c`` and stays at the
+common factor), with ``se_c^2`` widened by ``n_c / (n_c - 1)``, ``n_c = (sum_i |J_ic|)^2 / sum_i J_ic^2`` the
+effective number of measurements that run the class: a class one label alone would move (``n_c = 1``) keeps
+the common factor, whatever that label's noise. :attr:`TimelineFactors.class_log`
+and :attr:`TimelineFactors.class_kept` record ``w_c d_c`` and ``w_c``; ``Prediction.details`` carries the
+class factors applied (``calibration_class_factor_<class>``) and their kept shares
+(``calibration_class_kept_<class>``).
 
 The correction is written as JSON to ``<cache_dir>/calibration/<device>.json`` together with the
 checkpoint's identity (device, date, schema, and the CPU model of a host
 checkpoint) and re-applied whenever that same checkpoint is loaded again; a file for another
-checkpoint is ignored with a warning. Calibrated figures have source ``"calibrated"``.
+checkpoint is ignored with a warning. The analytic prior of a GPU without a checkpoint
+(``AnalyticPredictor.calibrate``) records :data:`ANALYTIC_IDENTITY` instead. Files written before the
+op-class factors load with none. Calibrated figures have source ``"calibrated"``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -51,10 +78,12 @@ import numpy as np
 from dippm_nas._paths import cache_dir
 from dippm_nas.errors import InvalidValueError
 from dippm_nas.predictor._meta import CheckpointMeta
-from dippm_nas.prior import latency_us
+from dippm_nas.graph import OperatorGraph
+from dippm_nas.prior import graph_facts, latency_us
 
 __all__ = ["Calibration", "TimelineFactors", "fit_calibration", "fit_timeline_factors", "save_calibration",
-           "load_calibration", "delete_calibration", "calibration_path", "SLOPE_PRIOR", "FACTOR_PRIOR"]
+           "load_calibration", "delete_calibration", "calibration_path", "calibration_classes", "calibration_details", "SLOPE_PRIOR",
+           "FACTOR_PRIOR", "CALIBRATION_CLASSES", "ANALYTIC_IDENTITY", "CLASS_SPREAD_LOG", "SCATTER_FLOOR_LOG"]
 
 logger = logging.getLogger(__name__)
 
@@ -62,17 +91,51 @@ logger = logging.getLogger(__name__)
 SLOPE_PRIOR = 0.5
 #: Ridge weight pulling log host and GPU factors towards 0 (per measurement-equivalent, squared log units).
 FACTOR_PRIOR = 0.05
+#: Op classes whose kernels may get their own GPU factor (:func:`calibration_classes` labels the nodes):
+#: dense convolutions, depthwise convolutions (at most 4 input channels per group), other grouped
+#: convolutions, matmul and attention, and every other (memory-bound) kernel.
+CALIBRATION_CLASSES: tuple[str, ...] = ("conv", "conv_depthwise", "conv_grouped", "matmul", "memory_bound")
+#: Prior spread of a class factor around the common GPU factor, log units: the ridge on ``d_c`` is
+#: ``s^2 / CLASS_SPREAD_LOG^2``. Weak on purpose (a class may run several times slower than the rest, as fp16
+#: depthwise convolutions on Pascal do); the per-class evidence share does the shrinking.
+CLASS_SPREAD_LOG = 1.0
+#: The smallest scatter the class fit assumes, log units (repeat noise of a timed latency is about 2 %).
+SCATTER_FLOOR_LOG = 0.02
+
+_CONTRACTION = {"matmul": "matmul", "attention": "matmul", "conv": "conv", "conv_depthwise": "conv_depthwise"}
+
+
+def calibration_classes(graph: OperatorGraph) -> np.ndarray:
+    """The :data:`CALIBRATION_CLASSES` entry of each node of ``graph`` (by the prior's constants class, and
+    ``conv_grouped`` for a convolution with ``groups > 1`` that is not depthwise).
+
+    Shapes:
+        returns ``[num_nodes]`` str.
+    """
+    out = []
+    for nd, c in zip(graph.nodes, graph_facts(graph).classes):
+        cls = _CONTRACTION.get(c, "memory_bound")
+        if cls == "conv" and int(nd.attrs.get("groups", 1) or 1) > 1:
+            cls = "conv_grouped"
+        out.append(cls)
+    return np.array(out, dtype=object)
 
 
 @dataclass(frozen=True)
 class TimelineFactors:
-    """Host and GPU factors of a GPU's latency (see the module docstring).
+    """Host and GPU factors of a GPU's latency, with per op-class GPU factors (see the module docstring).
 
     Attributes:
         host_log, gpu_log: log of the factors on host times and on kernel times (after the shrink).
         residual_std_log: scatter left by the fit, log space (widens σ).
-        kept: share of the fitted factors kept (0..1).
+        kept: share of the fitted overall factor (one factor on both timelines) kept (0..1).
         n: measurements used.
+        class_log: ``{op class: d_c}``, the log deviation of a class of :data:`CALIBRATION_CLASSES` from the
+            common GPU factor after its evidence shrink (its kernels get ``exp(gpu_log + d_c)``); empty
+            when the fit had no node classes (and in files written before them).
+        class_kept: ``{op class: w_c}``, the share of each class's fitted deviation kept (0..1).
+        split_kept: the share of the host/GPU split around the overall factor kept (0..1; 1 in files
+            written before it was recorded).
     """
 
     host_log: float
@@ -80,21 +143,50 @@ class TimelineFactors:
     residual_std_log: float
     kept: float
     n: int
+    class_log: dict[str, float] = field(default_factory=dict)
+    class_kept: dict[str, float] = field(default_factory=dict)
+    split_kept: float = 1.0
 
-    def apply(self, gpu_us: np.ndarray, host_us: np.ndarray, prefix_us: float) -> tuple[np.ndarray, np.ndarray, float]:
-        """The corrected ``(gpu_us, host_us, prefix_us)`` of one pass."""
-        h, g = math.exp(self.host_log), math.exp(self.gpu_log)
-        return gpu_us * g, host_us * h, prefix_us * h
+    @property
+    def class_factors(self) -> dict[str, float]:
+        """``{op class: factor on its kernel times}`` (the common GPU factor times the class's own)."""
+        return {c: math.exp(self.gpu_log + d) for c, d in self.class_log.items()}
+
+    def gpu_multiplier(self, node_classes: np.ndarray | None, num_nodes: int) -> np.ndarray | float:
+        """Factor on each node's kernel time: the common one, or per node from its class."""
+        if node_classes is None or not self.class_log or len(node_classes) != num_nodes:
+            return math.exp(self.gpu_log)
+        d = np.array([self.class_log.get(str(c), 0.0) for c in node_classes], dtype=np.float64)
+        return np.exp(self.gpu_log + d)
+
+    def apply(self, gpu_us: np.ndarray, host_us: np.ndarray, prefix_us: float,
+              node_classes: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, float]:
+        """The corrected ``(gpu_us, host_us, prefix_us)`` of one pass (``node_classes`` from
+        :func:`calibration_classes`: the class factors apply; ``None``: the common GPU factor only)."""
+        h = math.exp(self.host_log)
+        return gpu_us * self.gpu_multiplier(node_classes, len(gpu_us)), host_us * h, prefix_us * h
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "TimelineFactors":
+        """From the JSON form (:func:`dataclasses.asdict`); files without class factors load with none."""
+        return cls(host_log=float(d["host_log"]), gpu_log=float(d["gpu_log"]),
+                   residual_std_log=float(d["residual_std_log"]), kept=float(d["kept"]), n=int(d["n"]),
+                   class_log={str(c): float(v) for c, v in (d.get("class_log") or {}).items()},
+                   class_kept={str(c): float(v) for c, v in (d.get("class_kept") or {}).items()},
+                   split_kept=float(d.get("split_kept", 1.0)))
 
 
 def fit_timeline_factors(parts: Sequence[tuple[np.ndarray, np.ndarray, float]],
-                         measured_ms: Sequence[float]) -> TimelineFactors:
-    """Fit host and GPU factors from predicted timelines and measured latencies.
+                         measured_ms: Sequence[float], *,
+                         node_classes: Sequence[np.ndarray] | None = None) -> TimelineFactors:
+    """Fit host and GPU factors (and op-class GPU factors) from predicted timelines and measured latencies.
 
     Args:
         parts: per measurement, the predicted ``(gpu_us [num_nodes], host_us [num_nodes], prefix_us)`` of the
             pass (kernel times already corrected by the network, the host times of the runtime and host).
         measured_ms: the measured latency of each, ms (> 0).
+        node_classes: per measurement, the :func:`calibration_classes` of its nodes (``[num_nodes]``); with
+            them, classes the measurements can tell apart get their own GPU factor; ``None``: common factors only.
 
     Raises:
         InvalidValueError: fewer than two measurements, lengths that differ, or a latency that is not > 0.
@@ -104,12 +196,21 @@ def fit_timeline_factors(parts: Sequence[tuple[np.ndarray, np.ndarray, float]],
     k = len(parts)
     if k != len(measured_ms):
         raise InvalidValueError(f"parts and measured_ms must pair up, got {k} and {len(measured_ms)}")
+    if node_classes is not None and len(node_classes) != k:
+        raise InvalidValueError(f"node_classes must give one array per measurement, got {len(node_classes)} for {k}")
     if k < 2:
         raise InvalidValueError(f"timeline factors need at least 2 measurements, got {k}")
     y = np.array([float(v) for v in measured_ms])
-    if not np.all(np.isfinite(y)) or np.any(y <= 0):
-        raise InvalidValueError(f"measured latencies must be finite and > 0, got {list(measured_ms)}")
+    bad = [float(v) for v in y if not (math.isfinite(v) and v > 0)]
+    if bad:
+        raise InvalidValueError(f"measured latencies must be finite and > 0 ms, got {bad} in {list(measured_ms)}")
     ly = np.log(y)
+    parts = [(np.asarray(g, dtype=np.float64), np.asarray(h, dtype=np.float64), float(pre)) for g, h, pre in parts]
+    if node_classes is not None:
+        sizes = [(i, len(nc), len(g)) for i, (nc, (g, _, _)) in enumerate(zip(node_classes, parts)) if len(nc) != len(g)]
+        if sizes:
+            raise InvalidValueError(f"node_classes must give one class per node of each measurement; (measurement, "
+                                    f"classes, nodes) that differ: {sizes[:5]}")
 
     def resid(theta: np.ndarray) -> np.ndarray:
         h, g = math.exp(theta[0]), math.exp(theta[1])
@@ -121,15 +222,98 @@ def fit_timeline_factors(parts: Sequence[tuple[np.ndarray, np.ndarray, float]],
     fit = least_squares(objective, np.zeros(2), loss="soft_l1", f_scale=0.1, bounds=(-3.0, 3.0))
     r0, r1 = resid(np.zeros(2)), resid(fit.x)
     ssr_identity, ssr = float(r0 @ r0), float(r1 @ r1)
-    w = 1.0
+    w, w_split, theta = 1.0, 1.0, fit.x  # k = 2: nothing to judge the fit by, kept whole
     if k > 2:
-        gain = ssr_identity - ssr
-        s2 = ssr / (k - 2)
-        w = 0.0 if gain <= 0 else (1.0 if s2 <= 1e-24 else max(0.0, 1.0 - 2.0 * s2 / gain))
-    theta = w * fit.x
-    rw = resid(theta)
+        # one overall factor first (1 parameter), its evidence share; then the host/GPU split around it
+        fa = least_squares(lambda a: np.concatenate([resid(np.array([a[0], a[0]])), math.sqrt(FACTOR_PRIOR * k) * a]),
+                           np.zeros(1), loss="soft_l1", f_scale=0.1, bounds=(-3.0, 3.0))
+        ra = resid(np.array([fa.x[0], fa.x[0]]))
+        w = _share(ssr_identity - float(ra @ ra), float(ra @ ra) / (k - 1), 1)
+        overall = np.array([w * fa.x[0]] * 2)
+        rb = resid(overall)
+        w_split = _share(float(rb @ rb) - ssr, ssr / (k - 2), 1)
+        theta = overall + w_split * (fit.x - overall)
+    class_log: dict[str, float] = {}
+    class_kept: dict[str, float] = {}
+    if node_classes is not None and k >= 3:
+        class_log, class_kept = _fit_class_deviations(parts, ly, theta, node_classes)
+    tf = TimelineFactors(host_log=float(theta[0]), gpu_log=float(theta[1]), residual_std_log=0.0, kept=w, n=k,
+                         class_log=class_log, class_kept=class_kept, split_kept=w_split)
+    ncs = list(node_classes) if node_classes is not None else [None] * k
+    rw = np.array([math.log(latency_us(*tf.apply(gu, hu, pre, nc)) / 1e3) for (gu, hu, pre), nc in zip(parts, ncs)]) - ly
     s = float(np.sqrt((rw @ rw) / max(k - 1, 1)))
-    return TimelineFactors(host_log=float(theta[0]), gpu_log=float(theta[1]), residual_std_log=s, kept=w, n=k)
+    return dataclasses.replace(tf, residual_std_log=s)
+
+
+def _share(gain: float, s2: float, params: int) -> float:
+    """The positive-part evidence share ``max(0, 1 - params * s2 / gain)`` (0 without a gain, 1 without scatter)."""
+    if gain <= 0:
+        return 0.0
+    if s2 <= 1e-24:
+        return 1.0
+    return max(0.0, 1.0 - params * s2 / gain)
+
+
+def _fit_class_deviations(parts: Sequence[tuple[np.ndarray, np.ndarray, float]], ly: np.ndarray,
+                          theta: np.ndarray, node_classes: Sequence[np.ndarray]
+                          ) -> tuple[dict[str, float], dict[str, float]]:
+    """The op-class deviations ``d_c`` from the common GPU factor and their kept shares ``w_c`` (module
+    docstring), for the classes some measured model runs; ``theta`` = the shrunk ``(log h, log g)``."""
+    from scipy.optimize import least_squares
+
+    k = len(parts)
+    present = [c for c in CALIBRATION_CLASSES
+               if any(np.any((np.asarray(nc) == c) & (gu > 0)) for nc, (gu, _, _) in zip(node_classes, parts))]
+    if not present:
+        return {}, {}
+    h = math.exp(theta[0])
+    # per measurement: kernel times grouped by class (columns of ``present``), the rest at the common factor
+    masks = [np.stack([np.asarray(nc) == c for c in present]) for nc in node_classes]
+
+    def resid(d: np.ndarray) -> np.ndarray:
+        out = np.empty(k)
+        for i, ((gu, hu, pre), m) in enumerate(zip(parts, masks)):
+            mult = np.exp(theta[1] + d @ m.astype(np.float64))
+            out[i] = math.log(latency_us(gu * mult, hu * h, pre * h) / 1e3)
+        return out - ly
+
+    p = len(present)
+    rr = resid(np.zeros(p))
+    s2 = max(float(rr @ rr) / max(k - 2, 1), SCATTER_FLOOR_LOG ** 2)
+    d = np.zeros(p)
+    a_inv = np.eye(p) * CLASS_SPREAD_LOG ** 2
+    for _ in range(3):  # the ridge is s^2 / spread^2, s^2 the scatter the class fit leaves: iterate the two
+        lam = s2 / CLASS_SPREAD_LOG ** 2
+        fit = least_squares(lambda v: np.concatenate([resid(v), math.sqrt(lam) * v]), d, bounds=(-3.0, 3.0))
+        d = fit.x
+        jac = np.asarray(fit.jac)[:k]
+        a_inv = np.linalg.inv(jac.T @ jac + lam * np.eye(p))
+        dof = k - 2 - float(np.trace(jac @ a_inv @ jac.T))
+        rf = resid(d)
+        s2 = max(float(rf @ rf) / max(dof, 1.0), SCATTER_FLOOR_LOG ** 2)
+    # a class run by few measurements: its deviation fits their labels' noise; widen its error by the
+    # small-sample factor n / (n - 1) of its effective number of measurements (1 measurement: no evidence)
+    x = np.abs(jac)
+    n_eff = x.sum(0) ** 2 / np.maximum((x ** 2).sum(0), 1e-300)
+    se2 = s2 * np.diag(a_inv) * np.where(n_eff > 1.0 + 1e-9, n_eff / np.maximum(n_eff - 1.0, 1e-9), np.inf)
+    w = np.where(d ** 2 > 1e-30, np.clip(1.0 - se2 / np.maximum(d ** 2, 1e-30), 0.0, 1.0), 0.0)
+    return ({c: float(w[j] * d[j]) for j, c in enumerate(present)}, {c: float(w[j]) for j, c in enumerate(present)})
+
+
+def calibration_details(tf: TimelineFactors) -> dict[str, float]:
+    """``Prediction.details`` entries of a latency corrected by ``tf``: ``calibration_host_factor``,
+    ``calibration_gpu_factor`` (the common one), ``calibration_kept_latency_ms`` (the overall factor's kept
+    share), ``calibration_split_kept`` (the host/GPU split's), and per op
+    class with its own factor ``calibration_class_factor_<class>`` (on that class's kernel times) and
+    ``calibration_class_kept_<class>`` (the share of its deviation kept)."""
+    d = {"calibration_host_factor": math.exp(tf.host_log), "calibration_gpu_factor": math.exp(tf.gpu_log),
+         "calibration_kept_latency_ms": tf.kept, "calibration_split_kept": tf.split_kept}
+    for c, f in tf.class_factors.items():
+        d[f"calibration_class_factor_{c}"] = f
+        d[f"calibration_class_kept_{c}"] = float(tf.class_kept.get(c, 0.0))
+    return d
+
+
 _TARGETS = ("latency_ms", "energy_j", "memory_mib")
 
 
@@ -145,8 +329,9 @@ class Calibration:
         date: ISO time of the fit.
         kept: ``{target: w}``, the share of the fitted correction kept (0..1; see the module docstring);
             empty in files written before it was recorded (their correction was kept whole).
-        timeline: a GPU's latency factors (the fields of :class:`TimelineFactors`); where present they, not
-            ``coef["latency_ms"]``, correct latency. ``None`` in files written before them and for CPUs.
+        timeline: a GPU's latency factors (the fields of :class:`TimelineFactors`, op-class factors included);
+            where present they, not ``coef["latency_ms"]``, correct latency. ``None`` in files written before
+            them and for CPUs; files written before the op-class factors load with none.
     """
 
     device: str
@@ -165,9 +350,20 @@ class Calibration:
         """The GPU latency factors, or ``None``."""
         if self.timeline is None:
             return None
-        t = self.timeline
-        return TimelineFactors(host_log=float(t["host_log"]), gpu_log=float(t["gpu_log"]),
-                               residual_std_log=float(t["residual_std_log"]), kept=float(t["kept"]), n=int(t["n"]))
+        return TimelineFactors.from_dict(self.timeline)
+
+    @property
+    def gpu_class_factors(self) -> dict[str, float]:
+        """``{op class: factor on its kernel times}`` of a GPU's latency calibration (empty: the common GPU
+        factor applies to every kernel, or no timeline factors)."""
+        tf = self.timeline_factors
+        return {} if tf is None else tf.class_factors
+
+    @property
+    def gpu_class_kept(self) -> dict[str, float]:
+        """``{op class: share of its fitted deviation kept}`` (0..1; see :class:`TimelineFactors`)."""
+        tf = self.timeline_factors
+        return {} if tf is None else dict(tf.class_kept)
 
     def apply(self, target: str, mean_log: float, std_log: float) -> tuple[float, float]:
         """Corrected ``(mean_log, std_log)`` of one target."""
@@ -285,8 +481,14 @@ def delete_calibration(device: str) -> None:
         p.unlink()
 
 
-def load_calibration(device: str, meta: "CheckpointMeta") -> Calibration | None:
-    """The persisted calibration of ``device`` if it was fitted for this checkpoint, else ``None``."""
+def load_calibration(device: str, meta: "CheckpointMeta | str") -> Calibration | None:
+    """The persisted calibration of ``device`` if it was fitted for this checkpoint, else ``None``.
+
+    Args:
+        device: catalogue id.
+        meta: the loaded checkpoint's metadata, or the identity string of what answers for the device
+            (:data:`ANALYTIC_IDENTITY` formatted with the device for the analytic prior).
+    """
     p = calibration_path(device)
     if not p.is_file():
         return None
@@ -297,11 +499,23 @@ def load_calibration(device: str, meta: "CheckpointMeta") -> Calibration | None:
                if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0.0 <= w <= 1.0}
         if bad:
             raise ValueError(f"kept must hold shares in [0, 1] per target, got {bad}")
-    except (ValueError, TypeError, AttributeError) as e:
+        tf = cal.timeline_factors
+        if tf is not None:
+            bad = {c: w for c, w in tf.class_kept.items() if not 0.0 <= w <= 1.0}
+            unknown = sorted(set(tf.class_log) - set(CALIBRATION_CLASSES))
+            if bad or unknown or not all(map(math.isfinite, [tf.host_log, tf.gpu_log, *tf.class_log.values()])):
+                raise ValueError(f"timeline factors must be finite, class shares in [0, 1] and classes among "
+                                 f"{list(CALIBRATION_CLASSES)}, got {cal.timeline}")
+    except (ValueError, TypeError, AttributeError, KeyError) as e:
         logger.warning("ignoring unreadable calibration file %s: %s", p, e)
         return None
-    if cal.checkpoint != checkpoint_identity(meta):
+    ident = meta if isinstance(meta, str) else checkpoint_identity(meta)
+    if cal.checkpoint != ident:
         logger.warning("ignoring calibration %s: fitted for checkpoint %s, loaded checkpoint is %s", p,
-                       cal.checkpoint, checkpoint_identity(meta))
+                       cal.checkpoint, ident)
         return None
     return cal
+
+
+#: Identity a calibration of the analytic prior (a device without a checkpoint) is recorded with.
+ANALYTIC_IDENTITY = "{device}@analytic-prior"

@@ -38,14 +38,15 @@ import torch
 
 from dippm_nas._logging import WarnOnce
 from dippm_nas._platform import cpu_model_name
-from dippm_nas.errors import CheckpointError, DippmNasError, InvalidTypeError, InvalidValueError
+from dippm_nas.errors import CheckpointError, DippmNasError
 from dippm_nas.features import GraphFeatures, featurize, static_dtype_columns
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.prediction import Prediction
 from dippm_nas.devices import HostProfile, default_host_profile, get_device, resolve_device
 from dippm_nas.mig import advise
-from dippm_nas.predictor._base import BasePredictor, execution_args, execution_details
-from dippm_nas.predictor._calibrate import (Calibration, checkpoint_identity, delete_calibration, fit_calibration,
+from dippm_nas.predictor._base import BasePredictor, execution_args, execution_details, measurement_pairs
+from dippm_nas.predictor._calibrate import (Calibration, calibration_classes, calibration_details,
+                                            checkpoint_identity, delete_calibration, fit_calibration,
                                             fit_timeline_factors, save_calibration)
 from dippm_nas.predictor._calibrate import load_calibration as _load_calibration
 from dippm_nas.predictor._checkpoint import OTHER_HOST_FLOOR_LOG, OTHER_MACHINE_FLOOR_LOG
@@ -421,12 +422,12 @@ class GnnPredictor(BasePredictor):
         tf = self.calibration.timeline_factors if self.calibration is not None else None
         extra_s = 0.0
         if tf is not None:
-            g, h, pre = tf.apply(g, h, pre)
+            d["uncalibrated_latency_ms"] = lat_ms
+            g, h, pre = tf.apply(g, h, pre, calibration_classes(graph) if tf.class_log else None)
             lat_ms *= latency_us(g, h, pre) / base_us
             base_us = latency_us(g, h, pre)
             extra_s = tf.residual_std_log
-            d.update(calibration_host_factor=math.exp(tf.host_log), calibration_gpu_factor=math.exp(tf.gpu_log),
-                     calibration_kept_latency_ms=tf.kept)
+            d.update(calibration_details(tf))
         direct = bool(d.pop("direct", 0.0))
         params = self._execution_params()
         if direct:  # the network's σ is the latency's
@@ -533,7 +534,9 @@ class GnnPredictor(BasePredictor):
         """Adapt to real measurements of this device (few-shot); see :mod:`dippm_nas.predictor._calibrate`.
 
         On a GPU, latency gets a host factor and a GPU factor (the measured models' own timelines tell a slower
-        host from slower kernels); energy and memory, and every target of a CPU device, a line in log space.
+        host from slower kernels), and op classes the measured models tell apart their own GPU factor
+        (``Calibration.gpu_class_factors``); energy and memory, and every target of a CPU device, a line in log
+        space. Fewer than two measurements with a label leave the predictions unchanged, with a warning.
 
         Args:
             measurements: ``(graph, Measurement)`` pairs, or ``(graph, {"latency_ms": ..., ...})`` pairs.
@@ -544,7 +547,7 @@ class GnnPredictor(BasePredictor):
             The fitted :class:`~dippm_nas.predictor._calibrate.Calibration` (now active), or ``None`` with a
             warning when fewer than two measurements hold a label: the predictions stay unchanged.
         """
-        pairs = _pairs(measurements)
+        pairs = measurement_pairs(measurements)
         if len(pairs) < 2:
             _warn_once(f"calibrate-few:{self.device}", "calibrate() needs at least 2 measurements with a figure "
                        "> 0, got %d: the %s predictions are left unchanged", len(pairs), self.device)
@@ -562,7 +565,8 @@ class GnnPredictor(BasePredictor):
                     _, g, h, pre, _, _ = self._timeline_parts(pairs[i][0], feats[i].estimate, float(mean[i, 0]), rt,
                                                               prof)
                     parts.append((g, h, pre))
-                tf = fit_timeline_factors(parts, [pairs[i][1]["latency_ms"] for i in idx])
+                tf = fit_timeline_factors(parts, [pairs[i][1]["latency_ms"] for i in idx],
+                                          node_classes=[calibration_classes(pairs[i][0]) for i in idx])
                 timeline = dataclasses.asdict(tf)
                 targets.remove("latency_ms")
         labels = [{k: v for k, v in y.items() if k in targets} for _, y in pairs]
@@ -595,29 +599,3 @@ class GnnPredictor(BasePredictor):
 def _graph_key(graph: OperatorGraph) -> str:
     """Cache key of a graph: its structure plus its InputSpec (the static features read the spec)."""
     return graph.structural_hash() + json.dumps(graph.spec.to_dict(), sort_keys=True)
-
-
-def _pairs(measurements: Sequence[Any]) -> list[tuple[OperatorGraph, dict[str, float]]]:
-    out = []
-    for i, item in enumerate(measurements):
-        try:
-            g, m = item
-        except (TypeError, ValueError):
-            raise InvalidTypeError(f"measurements[{i}] must be a (graph, Measurement) pair, "
-                                   f"got {type(item).__name__}") from None
-        if not isinstance(g, OperatorGraph):
-            raise InvalidTypeError(f"measurements[{i}][0] must be an OperatorGraph, got {type(g).__name__}")
-        if isinstance(m, dict):
-            y = {k: float(v) for k, v in m.items() if k in TARGETS and v is not None}
-        else:
-            if getattr(m, "status", "ok") != "ok":
-                continue
-            y = {t: float(getattr(m, t)) for t in TARGETS if getattr(m, t, None) is not None}
-        bad = {k: v for k, v in y.items() if not (math.isfinite(v) and v > 0)}
-        if bad:
-            raise InvalidValueError(f"measurements[{i}] has figures that are not finite numbers > 0: {bad}")
-        if y:
-            out.append((g, y))
-    if not out:
-        raise InvalidValueError("calibrate needs at least one (graph, measurement) pair with a finite figure > 0")
-    return out

@@ -10,10 +10,12 @@ how much it helped on jobs it was not fitted on.
 
 from dippm_nas.errors import ValidationError
 from dippm_nas.validation._calibrate import (
+    CALIBRATION_METHODS,
     CalibratedPredictor,
     Calibration,
     CalibrationCheck,
     apply_calibration,
+    calibrate_predictor,
     check_calibration,
     fit_calibration,
 )
@@ -44,6 +46,6 @@ __all__ = [
     "ValidationWorker", "device_is_here", "torch_device_for",
     "ValidationSummary", "summarize",
     "Calibration", "CalibratedPredictor", "fit_calibration", "apply_calibration", "CalibrationCheck",
-    "check_calibration",
+    "check_calibration", "calibrate_predictor", "CALIBRATION_METHODS",
     "ValidationError",
 ]

@@ -1,4 +1,12 @@
-"""Calibration from validation measurements: one latency factor per device.
+"""Calibration from validation measurements.
+
+On a GPU whose predictor can calibrate itself (a trained :class:`~dippm_nas.predictor.GnnPredictor`, or the
+:class:`~dippm_nas.predictor.AnalyticPredictor` where no checkpoint exists), the measured trials feed that
+predictor's few-shot fit (:func:`calibrate_predictor`: host, GPU and op-class GPU factors on the trials'
+own timelines, :mod:`dippm_nas.predictor._calibrate`), always from the uncalibrated network and prior, so
+refitting never compounds; :attr:`Calibration.method` is then ``"timeline_factors"`` and
+:attr:`Calibration.timeline` holds the factors. Elsewhere (a CPU device, a predictor of another kind) one
+latency factor per device:
 
 The factor is the geometric mean of ``measured / predicted`` latency over the ``"ok"`` measurements of
 the device (the least-squares fit in log space), always against the *uncalibrated* predictions, so
@@ -13,6 +21,7 @@ Only the measured device is calibrated: host-CPU measurements say nothing about 
 
 from __future__ import annotations
 
+import logging
 import math
 import statistics
 import time
@@ -20,14 +29,23 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from dippm_nas.errors import ValidationError
+from dippm_nas.capture import assemble
+from dippm_nas.devices import resolve_device
+from dippm_nas.errors import DippmNasError, ValidationError
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.prediction import Prediction
 from dippm_nas.predictor import BasePredictor, get_predictor, set_predictor
+from dippm_nas.spec import InputSpec
 from dippm_nas.validation._queue import Job
 
 __all__ = ["Calibration", "CalibratedPredictor", "CalibrationCheck", "fit_calibration", "apply_calibration",
-           "check_calibration", "uncalibrated_latency_ms"]
+           "calibrate_predictor", "check_calibration", "uncalibrated_latency_ms", "CALIBRATION_METHODS"]
+
+logger = logging.getLogger(__name__)
+
+#: How a validation :class:`Calibration` corrects the device: one latency factor, or the predictor's own
+#: host, GPU and op-class GPU factors.
+CALIBRATION_METHODS: tuple[str, ...] = ("scale", "timeline_factors")
 
 
 def uncalibrated_latency_ms(predicted: dict[str, Any]) -> float | None:
@@ -48,6 +66,12 @@ class Calibration:
             those rows, percent.
         latency_mape_after_pct: the same after scaling (in-sample: the rows it was fitted on), percent.
         fitted_at: Unix seconds.
+        method: what corrects the device's predictions (:data:`CALIBRATION_METHODS`): ``"scale"`` (the
+            factor above, through a :class:`CalibratedPredictor`) or ``"timeline_factors"`` (the device's
+            predictor calibrated itself, :func:`calibrate_predictor`; ``latency_scale`` is then for the record).
+        timeline: with ``"timeline_factors"``, the predictor's fitted factors (the fields of
+            :class:`~dippm_nas.predictor.TimelineFactors`: ``host_log``, ``gpu_log``, ``class_log``,
+            ``class_kept``...), else ``None``.
     """
 
     device: str
@@ -56,10 +80,14 @@ class Calibration:
     latency_mape_before_pct: float
     latency_mape_after_pct: float
     fitted_at: float
+    method: str = "scale"
+    timeline: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.latency_scale) or self.latency_scale <= 0:
             raise ValidationError(f"latency_scale must be a finite number > 0, got {self.latency_scale!r}")
+        if self.method not in CALIBRATION_METHODS:
+            raise ValidationError(f"method must be one of {CALIBRATION_METHODS}, got {self.method!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -97,6 +125,59 @@ def fit_calibration(jobs: Sequence[Job], device: str, *, min_rows: int = 3) -> C
     after = statistics.fmean(abs(p * scale - m) / m for p, m in pairs) * 100.0
     return Calibration(device=device, latency_scale=scale, n_rows=len(pairs), latency_mape_before_pct=before,
                        latency_mape_after_pct=after, fitted_at=time.time())
+
+
+def calibrate_predictor(jobs: Sequence[Job], device: str, *, apply: bool = True) -> Any | None:
+    """Feed the ``"ok"`` measurements of ``device`` to its predictor's own few-shot fit (GPU only).
+
+    The trials' graphs are rebuilt from their search space, config and measured input spec
+    (:func:`dippm_nas.capture.assemble`, from the conversion cache) and paired with the measured latency;
+    :meth:`GnnPredictor.calibrate` / :meth:`AnalyticPredictor.calibrate` fit host, GPU and op-class GPU
+    factors (not persisted). With ``apply`` the calibrated predictor answers :func:`dippm_nas.predict` for
+    the device from now on (replacing a :class:`CalibratedPredictor`); without it the predictor keeps its
+    earlier calibration.
+
+    Returns:
+        The predictor's :class:`~dippm_nas.predictor.Calibration`, or ``None`` where this path does not apply
+        (a CPU device, a predictor that cannot calibrate itself, fewer than two usable measurements, or trials
+        whose graphs cannot be rebuilt), with the reason logged.
+    """
+    if resolve_device(device).kind != "gpu":
+        return None
+    current = get_predictor(device)
+    base = current.base if isinstance(current, CalibratedPredictor) else current
+    if not callable(getattr(base, "calibrate", None)):
+        logger.info("the predictor of %s (%s) cannot calibrate itself: one latency factor instead",
+                    device, type(base).__name__)
+        return None
+    pairs: list[tuple[OperatorGraph, dict[str, float]]] = []
+    for j in jobs:
+        if j.device != device or j.status != "done" or not j.result or j.result.get("status") != "ok":
+            continue
+        meas = j.result.get("latency_ms")
+        if meas is None or not float(meas) > 0:
+            continue
+        try:
+            graph = assemble(j.space, j.config, InputSpec.from_dict(j.spec))
+        except DippmNasError as e:
+            logger.info("cannot rebuild trial %d of %s for calibration (%s): one latency factor instead",
+                        j.trial_number, j.study, e)
+            return None
+        pairs.append((graph, {"latency_ms": float(meas)}))
+    if len(pairs) < 2:
+        return None
+    before = getattr(base, "calibration", None)
+    cal = base.calibrate(pairs, persist=False)
+    if cal is None:
+        return None
+    if apply:
+        set_predictor(device, base)
+    else:
+        base.calibration = before
+        cache = getattr(base, "_pred_cache", None)
+        if cache is not None:
+            cache.clear()
+    return cal
 
 
 @dataclass(frozen=True)

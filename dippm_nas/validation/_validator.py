@@ -17,7 +17,9 @@ Every ``every_n_trials`` finished trials or ``every_seconds`` seconds (whichever
    leaves them to ``dippm-nas validate-worker`` on the machine that has the device (``mode="queue"``);
 5. writes a :class:`~dippm_nas.validation.ValidationSummary` to the study's user attribute
    ``"dippm_validation"`` and, with ``auto_calibrate``, fits and applies a latency calibration of the
-   validation device once ``min_calibration_rows`` measurements are in.
+   validation device once ``min_calibration_rows`` measurements are in: on a GPU the measured trials feed
+   the device predictor's host, GPU and op-class GPU factors (:meth:`ParetoValidator.calibrate`), refitted
+   online after every round from all measurements so far.
 
 Several processes optimising one study may each run a validator: the queue's unique
 ``(study, trial, device)`` row and its leases make every trial measured once.
@@ -25,11 +27,12 @@ Several processes optimising one study may each run a validator: the queue's uni
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from dippm_nas._logging import WarnOnce
@@ -37,7 +40,7 @@ from dippm_nas.devices import resolve_device
 from dippm_nas.errors import DippmNasError, ValidationError
 from dippm_nas.predictor import predict
 from dippm_nas.spec import COMPUTE_DTYPES, InputSpec
-from dippm_nas.validation._calibrate import Calibration, apply_calibration, fit_calibration
+from dippm_nas.validation._calibrate import Calibration, apply_calibration, calibrate_predictor, fit_calibration
 from dippm_nas.validation._queue import DEFAULT_LEASE_S, DEFAULT_MAX_ATTEMPTS, JobQueue, ValidationRecord
 from dippm_nas.validation._summary import ValidationSummary, summarize
 from dippm_nas.validation._worker import MeasureFn, ValidationWorker, check_rounds, device_is_here
@@ -378,7 +381,11 @@ class ParetoValidator:
                          calibration=None if self.calibration is None else self.calibration.to_dict())
 
     def calibrate(self, study: Any, *, apply: bool = True) -> Calibration:
-        """Fit the validation device's latency factor from every finished job of the device in the queue.
+        """Fit the validation device's latency correction from every finished job of the device in the queue.
+
+        On a GPU whose predictor calibrates itself (a checkpoint's, or the analytic prior's), the measurements
+        feed its host, GPU and op-class GPU factors (:func:`~dippm_nas.validation.calibrate_predictor`; the
+        returned calibration's ``method`` is ``"timeline_factors"``); elsewhere one latency factor.
 
         Args:
             study: any study of the queue (used to find the queue).
@@ -388,9 +395,17 @@ class ParetoValidator:
             ValidationError: fewer than ``min_calibration_rows`` ``"ok"`` measurements.
         """
         queue = self.queue_for(study)
-        cal = fit_calibration(queue.jobs(device=self.device, status="done"), self.device,
-                              min_rows=self.min_calibration_rows)
-        if apply:
+        jobs = queue.jobs(device=self.device, status="done")
+        cal = fit_calibration(jobs, self.device, min_rows=self.min_calibration_rows)
+        own = calibrate_predictor(jobs, self.device, apply=apply)
+        tf = None if own is None else own.timeline_factors
+        if tf is not None:
+            cal = replace(cal, method="timeline_factors", timeline=dataclasses.asdict(tf))
+            if apply:
+                logger.info("calibrated %s latency on %d measurements: host x%.4g, GPU x%.4g, op classes %s",
+                            cal.device, tf.n, math.exp(tf.host_log), math.exp(tf.gpu_log),
+                            {c: round(f, 4) for c, f in tf.class_factors.items()})
+        elif apply:
             apply_calibration(cal)
             logger.info("calibrated %s latency by x%.4g on %d measurements (MAPE %.1f%% -> %.1f%%, in-sample)",
                         cal.device, cal.latency_scale, cal.n_rows, cal.latency_mape_before_pct,
