@@ -158,8 +158,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.floor_log:
         cal_fams: list[str] = []
     elif args.calibrate_frac is not None:
-        cal_fams = [f for f in test_fams if (split_fraction(f"novelty-calibration:{f}", args.seed) < args.calibrate_frac)
-                    != args.calibrate_other]
+        picked = {f for f in test_fams if split_fraction(f"novelty-calibration:{f}", args.seed) < args.calibrate_frac}
+        cal_fams = [f for f in test_fams if (f in picked) != args.calibrate_other]
     else:
         cal_fams = [f for f in args.calibrate_families.split(",") if f]
     unknown = sorted(set(cal_fams) - set(test_fams))

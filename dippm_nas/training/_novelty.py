@@ -1,4 +1,4 @@
-"""Fitting the novelty reference set, threshold, novel-graph floor and correction shrink of a checkpoint.
+"""Fitting the novelty reference set, threshold, novel-graph and graded floors and correction shrink of a checkpoint.
 
 What these numbers mean at prediction time is :mod:`dippm_nas.predictor._novelty` (the module docstring);
 ``scripts/fit_novelty_floor.py`` and ``scripts/fit_novelty_twins.py`` fit the floor and the shrink on rows of
