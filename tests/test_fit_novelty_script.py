@@ -27,6 +27,12 @@ def test_json_report_may_not_overwrite_the_checkpoint_sidecar(tmp_path: Path) ->
                         "--json", str(tmp_path / "n.json")])
 
 
+def test_the_other_calibration_fold_needs_a_fraction(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="give --calibrate-frac"):
+        _script().main(["--checkpoint", "x.pt", "--data", "d.jsonl", "--out", str(tmp_path / "n.pt"),
+                        "--calibrate-other"])
+
+
 def test_timm_rows_are_held_out_by_timm_family() -> None:
     s = _script()
     from dippm_nas.training import Example

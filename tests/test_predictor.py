@@ -490,3 +490,39 @@ def test_a_graph_beyond_the_validated_novelty_gets_the_prior() -> None:
     assert NoveltyFloor.from_dict(p.meta.novelty).validated_max == pytest.approx(vmax)
     with pytest.raises(ValueError, match="validated_max"):
         NoveltyFloor(0.1, {}, "x", validated_max=-1.0)
+
+
+def test_sigma_grows_with_novelty_under_a_graded_floor() -> None:
+    """With a graded floor every graph's σ floor follows its novelty (novel or not); without one (older
+    metadata) the scalar novel floor applies above d0 only."""
+    from dippm_nas.predictor import NoveltyFloor
+
+    p, graphs, feats = _corrected_with_reference()
+    nov = np.array([x.details["novelty"] for x in p.predict_graphs(graphs, mig=False)])
+    lo, hi = float(nov.min()), float(nov.max())
+    knots = ((lo, 0.05), (hi, 0.5))
+    p.meta = dataclasses.replace(p.meta, novelty=NoveltyFloor(
+        hi + 1.0, {"latency_ms": 0.05}, "synthetic", graded_floor_log={"latency_ms": knots}).to_dict())
+    p._pred_cache.clear()
+    got = p.predict_graphs(graphs, mig=False)
+    _, std, ood, nov_full, _ = p.predict_log_full(feats)
+    assert nov_full == pytest.approx(nov)
+    in_family = p.meta.std_floor_log["latency_ms"]
+    for i, (x, n) in enumerate(zip(got, nov)):
+        assert x.details["novel"] == 0.0  # all below d0, yet the floor grows
+        floor = float(np.interp(n, [lo, hi], [0.05, 0.5]))
+        s = x.latency_ms_std / x.latency_ms
+        assert s >= floor * (1 - 1e-6)
+        want = math.hypot(std[i, 0], max(in_family, floor))
+        if ood[i]:
+            want = math.hypot(want, 0.5 * float(p.model.delta_max[0]))
+        assert s == pytest.approx(want, rel=1e-5)
+    order = np.argsort(nov)
+    assert got[order[-1]].latency_ms_std / got[order[-1]].latency_ms > got[order[0]].latency_ms_std / got[
+        order[0]].latency_ms
+    # the same metadata without its graded floor: below d0 only the in-family floor
+    p.meta = dataclasses.replace(p.meta, novelty=NoveltyFloor(hi + 1.0, {"latency_ms": 0.05}, "synthetic").to_dict())
+    p._pred_cache.clear()
+    for i, x in enumerate(p.predict_graphs(graphs, mig=False)):
+        assert x.latency_ms_std / x.latency_ms == pytest.approx(
+            p.sigma_log("latency_ms", float(std[i, 0]), ood=bool(ood[i])), rel=1e-5)  # no novelty part

@@ -164,7 +164,8 @@ _SOURCE_LETTER = {"predicted": "P", "analytic": "A", "calibrated": "C", "measure
 #: details keys that widen σ, and what they mean to a reader of the text output
 _FLAGS = {
     "outside_training_range": "graph-level features outside the checkpoint's training range: σ widened",
-    "novel": "graph unlike the checkpoint's training graphs: σ widened to the novel-graph floor",
+    "novel": ("graph farther from the checkpoint's training graphs than its validation graphs: σ widened (its floor "
+              "grows with details['novelty'])"),
     "other_host": "host checkpoint measured on another CPU model: σ widened until calibrated on this machine",
     "other_machine": ("host checkpoint measured on another machine of this CPU model (its microbenchmark differs): "
                       "σ widened until calibrated on this machine"),

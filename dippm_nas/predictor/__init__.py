@@ -17,7 +17,7 @@ from dippm_nas.predictor._checkpoint import (CHECKPOINT_DIR_ENV, HOST_DEVICE, OT
 from dippm_nas.predictor._ensemble import DELTA_MARGIN, INFER_CHUNK_NODES, SageEnsemble, collate, collate_globals
 from dippm_nas.predictor._gnn import GnnPredictor
 from dippm_nas.predictor._meta import CHECKPOINT_FORMAT, TARGET_UNITS, TARGETS, CheckpointMeta
-from dippm_nas.predictor._novelty import NoveltyFloor, correction_weight, novelty_scores
+from dippm_nas.predictor._novelty import NoveltyFloor, correction_weight, novelty_floor_log, novelty_scores
 
 __all__ = ["predict", "predict_many", "get_predictor", "set_predictor", "DEFAULT_DEVICE", "BasePredictor",
            "AnalyticPredictor", "GnnPredictor", "Calibration", "TimelineFactors", "fit_timeline_factors",
@@ -28,4 +28,4 @@ __all__ = ["predict", "predict_many", "get_predictor", "set_predictor", "DEFAULT
            "find_checkpoint", "host_checkpoints",
            "SageEnsemble", "collate", "collate_globals", "DELTA_MARGIN", "INFER_CHUNK_NODES",
            "CheckpointMeta", "TARGETS", "TARGET_UNITS", "CHECKPOINT_FORMAT",
-           "NoveltyFloor", "novelty_scores", "correction_weight"]
+           "NoveltyFloor", "novelty_scores", "correction_weight", "novelty_floor_log"]

@@ -53,7 +53,7 @@ from dippm_nas.predictor._checkpoint import OTHER_HOST_FLOOR_LOG, OTHER_MACHINE_
 from dippm_nas.predictor._ensemble import INFER_CHUNK_NODES, SageEnsemble, collate_globals
 from dippm_nas.predictor._meta import TARGETS, CheckpointMeta
 from dippm_nas.prior import Execution, PriorParams, default_params, estimate as prior_estimate, latency_us
-from dippm_nas.predictor._novelty import correction_weight, novelty_scores
+from dippm_nas.predictor._novelty import correction_weight, novelty_floor_log, novelty_scores
 
 __all__ = ["GnnPredictor"]
 
@@ -308,17 +308,15 @@ class GnnPredictor(BasePredictor):
 
     def sigma_log(self, target: str, std_members: float, *, ood: bool = False, novelty: float = math.nan,
                   other_machine: bool = False) -> float:
-        """The log-space σ of one prediction: the members' spread, the validation floor (the novel-graph
-        floor instead when ``novelty`` exceeds the checkpoint's ``d0`` and that floor is larger), for a
+        """The log-space σ of one prediction: the members' spread, the validation floor (the floor the
+        checkpoint gives this ``novelty`` instead where that is larger: its graded floor, or its novel-graph
+        floor above ``d0``; :func:`~dippm_nas.predictor._novelty.novelty_floor_log`), for a
         host checkpoint not calibrated here the cross-host floor on another CPU model
         (:data:`~dippm_nas.predictor._checkpoint.OTHER_HOST_FLOOR_LOG`) or, with ``other_machine`` (another
         machine of its CPU model), the other-machine floor
         (:data:`~dippm_nas.predictor._checkpoint.OTHER_MACHINE_FLOOR_LOG`), and, outside the training range,
         half the correction bound (the correction is only known to lie within it)."""
-        floor = self.meta.std_floor_log.get(target, 0.0)
-        nf = self.meta.novelty
-        if nf is not None and target in nf.get("floor_log", {}) and math.isfinite(novelty) and novelty > nf["d0"]:
-            floor = max(floor, float(nf["floor_log"][target]))
+        floor = max(self.meta.std_floor_log.get(target, 0.0), novelty_floor_log(self.meta.novelty, target, novelty))
         s = math.hypot(std_members, floor)
         calibrated = self.calibration is not None and self.calibration.has(target)
         fl = (self.other_host_floor_log if self.other_host is not None

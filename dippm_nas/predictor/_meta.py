@@ -52,7 +52,8 @@ class CheckpointMeta:
         notes: free text.
         novelty: the novel-graph std floor (:class:`~dippm_nas.predictor._novelty.NoveltyFloor` as a dict:
             ``d0``, ``floor_log``, ``calibrated_on`` and optionally ``shrink``, the per-target width of
-            the correction shrink of novel graphs), or ``None``; its reference set is stored beside the
+            the correction shrink of novel graphs, ``validated_max`` and ``graded_floor_log``, the σ floor
+            as a function of novelty), or ``None``; its reference set is stored beside the
             weights (``novelty_ref``).
         host: for a ``host-cpu`` checkpoint, the machine its labels were measured on: ``{"cpu_model": the
             CPU model string of the rows' environment, "threads": the torch thread count of the labels and
@@ -127,7 +128,7 @@ class CheckpointMeta:
             except (KeyError, TypeError, ValueError, AttributeError) as e:
                 raise CheckpointError(f"checkpoint novelty must hold d0, floor_log and calibrated_on, got "
                                       f"{self.novelty!r} ({type(e).__name__}: {e})") from e
-            bad = [t for t in (*nf.floor_log, *nf.shrink) if t not in self.targets]
+            bad = [t for t in (*nf.floor_log, *nf.shrink, *nf.graded_floor_log) if t not in self.targets]
             if bad or not math.isfinite(nf.d0) or (nf.shrink and nf.d0 <= 0.0):
                 raise CheckpointError(f"checkpoint novelty floors and shrinks must be for trained targets "
                                       f"{list(self.targets)} with a finite d0 (> 0 with a shrink); got floors for "

@@ -12,7 +12,13 @@ only 74-84 % of the rows with the in-family floor). A novelty score and a second
   (in-family graphs the network was selected on), and a graph with novelty above ``d0`` is **novel**;
 - the **novel floor** is fitted on calibration rows of families the checkpoint never saw (never its test
   rows) so that ±2σ covers :data:`~dippm_nas.training.COVERAGE` of them; a novel graph's σ is
-  ``sqrt(σ_members² + max(floor, novel_floor)²)``.
+  ``sqrt(σ_members² + max(floor, novel_floor)²)``;
+- a **graded floor** (``graded_floor_log``) replaces that one step by a floor that grows with novelty: knots
+  ``(novelty, floor)``, non-decreasing, linear in between and constant beyond the first and last knot, each
+  knot fitted on a bin of calibration rows (validation rows of every source plus rows of families the
+  checkpoint never saw) so that ±2σ covers :data:`~dippm_nas.training.COVERAGE` of the bin. It applies to
+  every graph with a novelty score, novel or not: σ is ``sqrt(σ_members² + max(floor, graded(novelty))²)``.
+  ``d0`` then only says which graphs are novel (``details["novel"]``) and where a correction shrink starts.
 
 The checkpoint's ``meta.novelty`` says where the calibration rows came from. Without one (no unseen
 family available when it was trained) graphs are still scored, and σ is the in-family one.
@@ -37,7 +43,7 @@ import torch
 
 from dippm_nas.errors import InvalidValueError
 
-__all__ = ["NoveltyFloor", "novelty_scores", "correction_weight"]
+__all__ = ["NoveltyFloor", "novelty_scores", "correction_weight", "novelty_floor_log"]
 
 @dataclass(frozen=True)
 class NoveltyFloor:
@@ -45,13 +51,18 @@ class NoveltyFloor:
 
     Attributes:
         d0: novelty above which a graph is novel (validation quantile).
-        floor_log: per target, the log-space std floor of novel graphs.
+        floor_log: per target, the log-space std floor of novel graphs (novelty above ``d0``); with a
+            graded floor for the target, its value at ``d0`` (what a reader without graded floors applies).
         calibrated_on: the rows the floor (and the shrink) were fitted on (families, count, where from).
         shrink: per target, the width ``c`` of the correction shrink (see the module docstring); a
             target absent here keeps its whole correction. Absent from older metadata.
         validated_max: the largest novelty among the held-out rows the floor was fitted on: the network's
             correction has been checked on unseen families up to this distance and no further, so a graph
             beyond it gets the prior (its correction weight is 0). ``None``: no such limit (older metadata).
+        graded_floor_log: per target, the log-space std floor as a function of novelty: knots
+            ``((novelty, floor), ...)`` with increasing novelty and non-decreasing floor, linear in between,
+            constant beyond the ends (see :meth:`floor_at`); it replaces ``floor_log`` for that target and
+            applies to every graph, novel or not. Absent from older metadata (a step at ``d0`` then).
     """
 
     d0: float
@@ -59,8 +70,11 @@ class NoveltyFloor:
     calibrated_on: str
     shrink: dict[str, float] = field(default_factory=dict)
     validated_max: float | None = None
+    graded_floor_log: dict[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        for t, knots in self.graded_floor_log.items():
+            _check_knots(t, knots)
         if self.validated_max is not None and not (math.isfinite(self.validated_max) and self.validated_max > 0):
             raise InvalidValueError(f"validated_max must be a finite novelty > 0 or None, got {self.validated_max!r}")
         bad = {t: c for t, c in self.shrink.items() if not (math.isfinite(c) and c >= 0.0)}
@@ -74,6 +88,8 @@ class NoveltyFloor:
             d["shrink"] = dict(self.shrink)
         if self.validated_max is not None:
             d["validated_max"] = self.validated_max
+        if self.graded_floor_log:
+            d["graded_floor_log"] = {t: [[float(n), float(f)] for n, f in k] for t, k in self.graded_floor_log.items()}
         return d
 
     @classmethod
@@ -81,7 +97,47 @@ class NoveltyFloor:
         return cls(d0=float(d["d0"]), floor_log={k: float(v) for k, v in d["floor_log"].items()},
                    calibrated_on=str(d["calibrated_on"]),
                    shrink={k: float(v) for k, v in d.get("shrink", {}).items()},
-                   validated_max=None if d.get("validated_max") is None else float(d["validated_max"]))
+                   validated_max=None if d.get("validated_max") is None else float(d["validated_max"]),
+                   graded_floor_log={t: tuple((float(n), float(f)) for n, f in k)
+                                     for t, k in d.get("graded_floor_log", {}).items()})
+
+    def floor_at(self, target: str, novelty: float) -> float:
+        """The log-space σ floor a graph of this novelty gets for ``target`` from novelty (0 where none
+        applies; the in-family floor is the checkpoint's ``std_floor_log``): the graded floor where the
+        target has one, else ``floor_log`` above ``d0``. An unknown novelty (``nan``) gets 0."""
+        return novelty_floor_log(self.to_dict(), target, novelty)
+
+
+def _check_knots(target: str, knots: Any) -> None:
+    """Raise :class:`InvalidValueError` unless ``knots`` are finite ``(novelty, floor)`` pairs, novelty
+    increasing and >= 0, floor >= 0 and non-decreasing."""
+    try:
+        pts = [(float(n), float(f)) for n, f in knots]
+    except (TypeError, ValueError) as e:
+        raise InvalidValueError(f"graded_floor_log[{target!r}] must be (novelty, floor) pairs, got {knots!r}") from e
+    ok = (len(pts) > 0 and all(math.isfinite(n) and math.isfinite(f) and n >= 0.0 and f >= 0.0 for n, f in pts)
+          and all(b[0] > a[0] and b[1] >= a[1] for a, b in zip(pts, pts[1:])))
+    if not ok:
+        raise InvalidValueError(f"graded_floor_log[{target!r}] must be at least one finite (novelty, floor) knot "
+                                f"with novelty >= 0 increasing and floor >= 0 non-decreasing, got {pts}")
+
+
+def novelty_floor_log(novelty_meta: dict[str, Any] | None, target: str, novelty: float) -> float:
+    """The novelty part of a graph's log-space σ floor for ``target``, read from a checkpoint's
+    ``meta.novelty`` dict (:meth:`NoveltyFloor.to_dict`): the graded floor interpolated at ``novelty``
+    where the target has one, else the novel floor ``floor_log`` when ``novelty > d0``, else 0. ``None``
+    metadata or an unknown novelty (``nan``) give 0."""
+    if novelty_meta is None or not math.isfinite(novelty):
+        return 0.0
+    knots = novelty_meta.get("graded_floor_log", {}).get(target)
+    if knots:
+        xs = [float(k[0]) for k in knots]
+        ys = [float(k[1]) for k in knots]
+        return float(np.interp(novelty, xs, ys))
+    fl = novelty_meta.get("floor_log", {})
+    if target in fl and novelty > float(novelty_meta["d0"]):
+        return float(fl[target])
+    return 0.0
 
 
 def novelty_scores(static_z: torch.Tensor, ref: torch.Tensor, *, block: int = 1024) -> np.ndarray:

@@ -8,8 +8,8 @@ from dippm_nas.training._evaluate import (evaluate_checkpoint, evaluate_examples
 from dippm_nas.training._examples import (DEVICE_ALIASES, SPLIT_MODES, Example, featurize_examples,
                                           heldout_timm_families, is_timm, labels_log, load_examples, split_examples,
                                           split_fraction, timm_family)
-from dippm_nas.training._novelty import (COVERAGE, MAX_REFERENCE, NOVELTY_QUANTILE, SHRINK_GRID, fit_novel_floor,
-                                         fit_shrink_width, reference_set, split_d0)
+from dippm_nas.training._novelty import (COVERAGE, GRADED_MIN_ROWS, MAX_REFERENCE, NOVELTY_QUANTILE, SHRINK_GRID,
+                                         fit_graded_floor, fit_novel_floor, fit_shrink_width, reference_set, split_d0)
 from dippm_nas.training._train import (TrainConfig, attach_novelty_reference, fit_std_floor, train_ensemble,
                                        train_predictor)
 
@@ -19,4 +19,4 @@ __all__ = ["Example", "DEVICE_ALIASES", "SPLIT_MODES", "load_examples", "split_f
            "regression_metrics", "metrics_table", "evaluate_examples", "write_report", "scatter_png",
            "few_shot_curve", "evaluate_checkpoint",
            "MAX_REFERENCE", "NOVELTY_QUANTILE", "COVERAGE", "SHRINK_GRID", "reference_set", "fit_novel_floor",
-           "split_d0", "fit_shrink_width"]
+           "split_d0", "fit_shrink_width", "GRADED_MIN_ROWS", "fit_graded_floor"]
