@@ -101,8 +101,6 @@ def capture(model: ModelLike, spec: InputSpec, *, cache: CacheArg = True,
         InputSpecError: ``spec`` is not an InputSpec; InputShapeError when the shape does not fit.
         GraphCaptureError: export or conversion failed (data-dependent control flow, unsupported op...).
     """
-    import torch
-
     if not isinstance(spec, InputSpec):
         raise InputSpecError(
             f"spec must be a dippm_nas.InputSpec, e.g. InputSpec(shape=(3, 224, 224), batch_size=8), got {spec!r}"
@@ -119,6 +117,8 @@ def capture(model: ModelLike, spec: InputSpec, *, cache: CacheArg = True,
         hit, store = _lookup(store, named)
         if hit is not None:
             return _served(hit, t0)
+    import torch  # after the name-keyed lookup: a hit answers without loading it
+
     if isinstance(model, os.PathLike) or (isinstance(model, str) and model.lower().endswith(".onnx")):
         onnx_path = Path(model)
         source = onnx_path.name

@@ -33,7 +33,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import torch
 
 from dippm_nas.errors import InvalidValueError
 
@@ -84,20 +83,22 @@ class NoveltyFloor:
                    validated_max=None if d.get("validated_max") is None else float(d["validated_max"]))
 
 
-def novelty_scores(static_z: torch.Tensor, ref: torch.Tensor, *, block: int = 1024) -> np.ndarray:
+def novelty_scores(static_z: Any, ref: Any, *, block: int = 1024) -> np.ndarray:
     """Distance of each row of ``static_z`` (``[B, dim]``) to its nearest row of ``ref`` (``[R, dim]``),
-    divided by ``sqrt(dim)``; ``[B]`` float64. Blocks of ``block`` rows bound the memory."""
-    if ref.numel() == 0:
-        return np.full(static_z.shape[0], math.inf)
-    dim = static_z.shape[1]
-    out = np.empty(static_z.shape[0], dtype=np.float64)
+    divided by ``sqrt(dim)``; ``[B]`` float64. Either argument is a numpy array or a CPU tensor. Blocks of
+    ``block`` rows bound the memory."""
+    q_all = np.asarray(static_z)
+    r = np.asarray(ref, dtype=np.float64)
+    if r.size == 0:
+        return np.full(q_all.shape[0], math.inf)
+    dim = q_all.shape[1]
+    out = np.empty(q_all.shape[0], dtype=np.float64)
     # |q|² - 2 q·r + |r|² in float64: one GEMM per block; float32 would cancel to ~1e-3 for a graph in the set
-    r = ref.to(torch.float64)
     r2 = (r * r).sum(1)
-    for a in range(0, static_z.shape[0], block):
-        q = static_z[a:a + block].to(torch.float64)
-        d2 = (q * q).sum(1, keepdim=True) - 2.0 * (q @ r.T) + r2
-        out[a:a + block] = d2.amin(1).clamp_min_(0.0).sqrt_().numpy()
+    for a in range(0, q_all.shape[0], block):
+        q = q_all[a:a + block].astype(np.float64)
+        d2 = (q * q).sum(1, keepdims=True) - 2.0 * (q @ r.T) + r2
+        out[a:a + block] = np.sqrt(np.maximum(d2.min(1), 0.0))
     return out / math.sqrt(dim)
 
 
