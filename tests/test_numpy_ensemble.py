@@ -22,11 +22,13 @@ from dippm_nas.predictor import (
     GnnPredictor,
     NumpyEnsemble,
     SageEnsemble,
+    checkpoint_digest,
+    derived_weights_path,
     find_checkpoint,
     global_arrays,
     host_checkpoints,
 )
-from dippm_nas.predictor._numpy_ensemble import derived_weights_path, checkpoint_digest, state_shapes
+from dippm_nas.predictor._numpy_ensemble import state_shapes
 from test_inference_equality import SETTINGS, _graphs
 
 REL = 1e-5

@@ -23,7 +23,8 @@ from dippm_nas.predictor._checkpoint import (CHECKPOINT_DIR_ENV, HOST_DEVICE, OT
 from dippm_nas.predictor._gnn import GnnPredictor
 from dippm_nas.predictor._meta import CHECKPOINT_FORMAT, TARGET_UNITS, TARGETS, CheckpointMeta
 from dippm_nas.predictor._novelty import NoveltyFloor, correction_weight, novelty_scores
-from dippm_nas.predictor._numpy_ensemble import INFER_CHUNK_NODES, NUMPY_MAX_GRAPHS, NumpyEnsemble, global_arrays
+from dippm_nas.predictor._numpy_ensemble import (INFER_CHUNK_NODES, NUMPY_MAX_GRAPHS, NumpyEnsemble, checkpoint_digest,
+                                                  derived_weights_path, global_arrays)
 
 if TYPE_CHECKING:  # pragma: no cover - what __getattr__ returns, for type checkers
     from dippm_nas.predictor._ensemble import DELTA_MARGIN, SageEnsemble, TorchEngine, collate, collate_globals
@@ -35,7 +36,7 @@ __all__ = ["predict", "predict_many", "get_predictor", "set_predictor", "DEFAULT
            "CHECKPOINT_DIR_ENV", "HOST_DEVICE", "OTHER_HOST_FLOOR_LOG", "OTHER_MACHINE_FLOOR_LOG", "checkpoint_dirs",
            "find_checkpoint", "host_checkpoints",
            "SageEnsemble", "TorchEngine", "collate", "collate_globals", "DELTA_MARGIN", "INFER_CHUNK_NODES",
-           "NumpyEnsemble", "NUMPY_MAX_GRAPHS", "global_arrays",
+           "NumpyEnsemble", "NUMPY_MAX_GRAPHS", "global_arrays", "checkpoint_digest", "derived_weights_path",
            "CheckpointMeta", "TARGETS", "TARGET_UNITS", "CHECKPOINT_FORMAT",
            "NoveltyFloor", "novelty_scores", "correction_weight"]
 
