@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -151,3 +152,17 @@ def test_load_rejects_an_unknown_engine_and_a_derived_file_of_other_shapes(tmp_p
     state["fc1.weight"] = np.zeros((1, 2, 3), dtype=np.float32)
     with pytest.raises(CheckpointError, match="fc1.weight"):
         NumpyEnsemble(state, meta)
+
+
+def test_old_derived_files_are_pruned(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dippm_nas.predictor import _numpy_ensemble as ne
+
+    monkeypatch.setenv("DIPPM_NAS_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(ne, "DERIVED_KEEP", 2)
+    state = {"w": np.zeros(3, dtype=np.float32)}
+    paths = []
+    for i, digest in enumerate(("a" * 64, "b" * 64, "c" * 64)):
+        paths.append(ne.write_derived_weights(digest, state, "{}", None))
+        os.utime(paths[-1], (1000.0 + i, 1000.0 + i))
+    assert [p.exists() for p in paths] == [False, True, True]
+    assert ne.read_derived_weights("c" * 64)[1] == "{}"

@@ -13,7 +13,7 @@ The weights come from a **derived file**, ``<cache_dir()>/checkpoints/<sha256 of
 read with ``allow_pickle=False``): the state dict, the novelty reference set and the metadata JSON, written the
 first time the checkpoint is loaded through torch. It is named by the checkpoint's content, so a changed ``.pt``
 never meets the weights of another; one that is missing, unreadable or inconsistent is ignored and the torch
-path loads the checkpoint (and writes it again).
+path loads the checkpoint (and writes it again). The :data:`DERIVED_KEEP` most recently written files are kept.
 
 This module also holds what both engines share: the graph-level batch (:func:`global_arrays`), the chunking of
 a batch and the standardisation constants.
@@ -38,7 +38,8 @@ from dippm_nas.features import GraphFeatures
 from dippm_nas.predictor._meta import TARGETS, CheckpointMeta
 
 __all__ = ["NumpyEnsemble", "global_arrays", "state_shapes", "derived_weights_path", "read_derived_weights",
-           "write_derived_weights", "checkpoint_digest", "INFER_CHUNK_NODES", "NUMPY_MAX_GRAPHS", "DERIVED_FORMAT"]
+           "write_derived_weights", "checkpoint_digest", "INFER_CHUNK_NODES", "NUMPY_MAX_GRAPHS", "DERIVED_FORMAT",
+           "DERIVED_KEEP"]
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +55,9 @@ INFER_CHUNK_NODES = 1024
 NUMPY_MAX_GRAPHS = 16
 #: Version of the derived weights file's layout.
 DERIVED_FORMAT = 1
+#: Derived weights files kept in the cache directory (the most recently written; a training run that loads many
+#: checkpoints does not fill the disk); a dropped one is written again by the next torch load.
+DERIVED_KEEP = 16
 #: ``torch.nn.functional.layer_norm``'s default epsilon, which the SAGE blocks use.
 _LN_EPS = 1e-5
 
@@ -277,7 +281,18 @@ def write_derived_weights(digest: str, state: Mapping[str, np.ndarray], meta_jso
     except OSError as e:
         logger.debug("predictor: cannot write the derived weights %s: %s", path, e)
         return None
+    _prune(path.parent, keep=path)
     return path
+
+
+def _prune(folder: Path, keep: Path) -> None:
+    """Delete the oldest derived files beyond :data:`DERIVED_KEEP` (never ``keep``, the one just written)."""
+    try:
+        files = sorted(folder.glob("*.npz"), key=lambda p: p.stat().st_mtime, reverse=True)
+        for old in [p for p in files if p != keep][max(DERIVED_KEEP - 1, 0):]:
+            old.unlink(missing_ok=True)
+    except OSError as e:  # another process pruning at once, a file gone between glob and stat
+        logger.debug("predictor: pruning the derived weights in %s: %s", folder, e)
 
 
 def read_derived_weights(digest: str) -> tuple[dict[str, np.ndarray], str, np.ndarray | None] | None:
