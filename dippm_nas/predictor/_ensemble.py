@@ -10,6 +10,8 @@ the physics instead of towards the training mean. Trained with a Huber loss on l
 
 Inference: :meth:`SageEnsemble.infer` evaluates the same function as :meth:`SageEnsemble.forward` (the
 training path, one disjoint graph of the whole batch) chunk by chunk, several times faster on a CPU.
+:class:`TorchEngine` is the predictor's view of it (numpy arrays in and out); its numpy twin, which needs no
+torch, is :class:`~dippm_nas.predictor.NumpyEnsemble`.
 """
 
 from __future__ import annotations

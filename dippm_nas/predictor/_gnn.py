@@ -85,10 +85,10 @@ class GnnPredictor(BasePredictor):
 
     The network runs in an *engine*: the torch :class:`~dippm_nas.predictor.SageEnsemble` (``model``), or,
     in a process that has not loaded torch, its numpy twin
-    (:class:`~dippm_nas.predictor._numpy_ensemble.NumpyEnsemble`, the same figures to float rounding) on the
-    checkpoint's derived weights file. Reading :attr:`model`, or a request of more than
-    :data:`~dippm_nas.predictor._numpy_ensemble.NUMPY_MAX_GRAPHS` graphs, moves a numpy-engine predictor to
-    the torch ensemble for good.
+    (:class:`~dippm_nas.predictor.NumpyEnsemble`, the same figures to 1e-5 relative) on the checkpoint's
+    derived weights file. Reading :attr:`model`, or a request of more than
+    :data:`~dippm_nas.predictor.NUMPY_MAX_GRAPHS` graphs, moves a numpy-engine predictor to the torch
+    ensemble for good.
     """
 
     def __init__(self, model: "SageEnsemble | NumpyEnsemble", meta: CheckpointMeta, device: str | None = None, *,
@@ -161,8 +161,8 @@ class GnnPredictor(BasePredictor):
         import torch
 
         m = self.meta
-        model = _torch_ensemble().SageEnsemble(m.node_dim, m.static_dim, m.device_dim, m.hidden, m.layers, m.members,
-                             m.residual_on_prior)
+        model = _torch_ensemble().SageEnsemble(m.node_dim, m.static_dim, m.device_dim, m.hidden, m.layers,
+                                               m.members, m.residual_on_prior)
         model.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in self._engine.state_dict().items()})
         if isinstance(self.novelty_ref, np.ndarray):
             self.novelty_ref = torch.from_numpy(self.novelty_ref.copy())
@@ -238,8 +238,8 @@ class GnnPredictor(BasePredictor):
         if not isinstance(blob, dict) or "meta" not in blob or "state" not in blob:
             raise CheckpointError(f"checkpoint {path} must hold a dict with 'meta' and 'state', got {type(blob).__name__}")
         meta = _checked_meta(path, blob["meta"], device)
-        model = _torch_ensemble().SageEnsemble(meta.node_dim, meta.static_dim, meta.device_dim, meta.hidden, meta.layers,
-                             meta.members, meta.residual_on_prior)
+        model = _torch_ensemble().SageEnsemble(meta.node_dim, meta.static_dim, meta.device_dim, meta.hidden,
+                                               meta.layers, meta.members, meta.residual_on_prior)
         try:
             model.load_state_dict(blob["state"])
         except RuntimeError as e:
