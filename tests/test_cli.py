@@ -246,6 +246,20 @@ def test_a_library_spec_is_answered_from_the_cache_by_name(monkeypatch: pytest.M
     assert hit.cache_hit and hit.structural_hash() == graph.structural_hash()
 
 
+def test_the_package_face_is_lazy_and_whole() -> None:
+    # `import dippm_nas` loads no heavy package; every name of __all__ resolves (the later stages on first
+    # access), and `capture` stays the function after its subpackage's modules are imported
+    code = ("import sys, dippm_nas; heavy = sorted(m for m in ('torch', 'sqlalchemy', 'tvm', 'search_spaces') "
+            "if m in sys.modules); import dippm_nas.capture._assemble, dippm_nas.predictor._ensemble; "
+            "missing = [n for n in dippm_nas.__all__ if getattr(dippm_nas, n, None) is None]; "
+            "from dippm_nas import capture, predict, mig; "
+            "print(heavy, missing, capture.__module__, predict.__module__, mig.__name__, "
+            "set(dippm_nas.__all__) <= set(dir(dippm_nas)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.split() == ["[]", "[]", "dippm_nas.capture._capture", "dippm_nas.predictor._api", "dippm_nas.mig",
+                                  "True"]
+
+
 #: Runs the CLI as `python -m dippm_nas` does, with the library versions of the name key fixed as the test's,
 #: then says which heavy packages the process loaded (on stderr, after the verb's output).
 _CACHED_PREDICT = """
@@ -315,7 +329,8 @@ def test_a_cached_predict_loads_neither_torch_nor_sqlalchemy(tmp_path: Path, mon
 
 def test_parsing_imports_neither_tvm_nor_torchvision() -> None:
     code = ("import sys; from dippm_nas.cli._main import build_parser; build_parser().parse_args(['predict', 'm:f']); "
-            "print(sorted(m for m in ('tvm', 'torchvision', 'optuna', 'nni', 'matplotlib') if m in sys.modules))")
+            "print(sorted(m for m in ('tvm', 'torchvision', 'optuna', 'nni', 'matplotlib', 'torch', 'sqlalchemy') "
+            "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "[]"
 
