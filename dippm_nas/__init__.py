@@ -2,16 +2,23 @@
 
 Give it a model and an :class:`InputSpec`; get its operator graph (:func:`capture`) and predicted
 latency, energy and memory on a GPU.
+
+``import dippm_nas`` loads neither torch, TVM nor SQLAlchemy: :func:`capture` loads what a capture needs
+when it runs, and the names of the later stages (the predictor, ``predict_stages``, the devices, the prior
+and MIG advice) are imported on first access (PEP 562), so a ``predict`` of a graph in the conversion cache
+starts fast.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING, Any
 
-from dippm_nas._version import __version__  # noqa: E402
-
-from dippm_nas.capture import CaptureResult, capture, capture_many  # noqa: E402
-from dippm_nas.errors import (  # noqa: E402
+from dippm_nas._version import __version__
+# `capture` is both the subpackage and its function: bound here, before anything imports the subpackage, so
+# that `dippm_nas.capture` is the function whatever is imported later
+from dippm_nas.capture import CaptureResult, capture, capture_many
+from dippm_nas.errors import (
     CacheError,
     CheckpointError,
     DeviceError,
@@ -30,13 +37,15 @@ from dippm_nas.errors import (  # noqa: E402
     UnsupportedOpError,
     ValidationError,
 )
-from dippm_nas import mig, prior  # noqa: E402
-from dippm_nas.devices import Device, get_device, list_devices, register_device  # noqa: E402
-from dippm_nas.graph import OperatorGraph, OpNode  # noqa: E402
-from dippm_nas.prediction import Prediction  # noqa: E402
-from dippm_nas.predictor import get_predictor, predict, predict_many  # noqa: E402
-from dippm_nas.spec import InputSpec, TensorSpec  # noqa: E402
-from dippm_nas.stages import Stage, StagesPrediction, predict_stages, sum_stages  # noqa: E402
+from dippm_nas.graph import OperatorGraph, OpNode
+from dippm_nas.spec import InputSpec, TensorSpec
+
+if TYPE_CHECKING:  # pragma: no cover - what __getattr__ returns, for type checkers
+    from dippm_nas import mig, prior
+    from dippm_nas.devices import Device, get_device, list_devices, register_device
+    from dippm_nas.prediction import Prediction
+    from dippm_nas.predictor import get_predictor, predict, predict_many
+    from dippm_nas.stages import Stage, StagesPrediction, predict_stages, sum_stages
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 
@@ -51,3 +60,39 @@ __all__ = [
     "MeasurementError", "OutOfMemoryError", "CheckpointError", "SearchSpaceError", "MissingDependencyError",
     "ValidationError",
 ]
+
+#: The names imported on first access, by the module that defines them.
+_LAZY: dict[str, str] = {
+    **dict.fromkeys(("Device", "get_device", "list_devices", "register_device"), "devices"),
+    "Prediction": "prediction",
+    **dict.fromkeys(("get_predictor", "predict", "predict_many"), "predictor"),
+    **dict.fromkeys(("Stage", "StagesPrediction", "predict_stages", "sum_stages"), "stages"),
+    "mig": "mig",
+    "prior": "prior",
+}
+
+
+def __getattr__(name: str) -> Any:
+    where = _LAZY.get(name)
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module: Any
+    if where == "devices":
+        from dippm_nas import devices as module
+    elif where == "prediction":
+        from dippm_nas import prediction as module
+    elif where == "predictor":
+        from dippm_nas import predictor as module
+    elif where == "stages":
+        from dippm_nas import stages as module
+    elif where == "mig":
+        from dippm_nas import mig as module
+    else:
+        from dippm_nas import prior as module
+    value = module if name == where else getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

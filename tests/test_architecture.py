@@ -51,6 +51,11 @@ LAZY_PROJECT_IMPORTS = {
     "dippm_nas/capture/_many.py": "the same, in the capture workers",
     "dippm_nas/capture/_key.py": "the package version, read where the conversion digest is made",
     "dippm_nas/capture/_torch.py": "the converters, loaded with TVM's torch frontend",
+    "dippm_nas/capture/_assemble.py": "search_spaces imports torch: `import dippm_nas` and a cached graph's "
+                                      "prediction load neither",
+    "dippm_nas/predictor/_gnn.py": "the torch ensemble: a prediction through the numpy engine never loads torch",
+    "dippm_nas/measure/_campaign.py": "RuntimeModule is an nn.Module: torch loads with the first non-eager "
+                                      "measurement, not with the parser of every CLI verb",
 }
 
 

@@ -453,3 +453,39 @@ def test_postgres_round_trip_corrupt_and_concurrency(tmp_path: Path, caplog: pyt
         _two_writers(PG_URL, tmp_path)
     finally:
         _raw(PG_URL, f"DELETE FROM {_store.TABLE_NAME} WHERE key = 'same-key'")
+
+
+# ------------------------------------------------------------------------------- the sqlite3 reader of a hit
+def test_the_default_file_is_read_with_sqlite3_as_the_store_reads_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dippm_nas.cache import CACHE_SECRET_ENV, TABLE_NAME, read_default_sqlite
+
+    url = default_cache_url()
+    g = make_graph(3)
+    with ConversionCache() as cache:
+        cache.put("k", g)
+        cache.put("bad", make_graph(2))
+    bad = _store._envelope("bad", make_graph(2).structural_hash(), GRAPH_FORMAT_VERSION, b"not zlib", None)
+    _raw(url, f"UPDATE {TABLE_NAME} SET payload = :v WHERE key = 'bad'", v=bad)
+    _raw(url, f"UPDATE {TABLE_NAME} SET last_used_at = 1.0 WHERE key = 'k'")
+    # while the SQLAlchemy store is loaded (set_default_cache may have named another cache) it reads nothing
+    assert read_default_sqlite("k") is None
+    monkeypatch.delitem(sys.modules, "dippm_nas.cache._store")
+    hit = read_default_sqlite("k")
+    assert hit is not None and hit.to_dict() == g.to_dict() and hit.structural_hash() == g.structural_hash()
+    assert _raw(url, f"SELECT last_used_at FROM {TABLE_NAME} WHERE key = 'k'")[0][0] > 1.0  # stamped as a hit
+    assert read_default_sqlite("missing") is None
+    assert read_default_sqlite("bad") is None  # left to the store, which deletes it and says why
+    monkeypatch.setenv(CACHE_SECRET_ENV, "s3cret")
+    assert read_default_sqlite("k") is None  # an unsigned row is not trusted under a secret, as by the store
+    monkeypatch.delenv(CACHE_SECRET_ENV)
+    monkeypatch.setenv(CACHE_URL_ENV, url)
+    assert read_default_sqlite("k") is None  # another URL (even this file's) is the store's
+    monkeypatch.delenv(CACHE_URL_ENV)
+    monkeypatch.setenv(CACHE_DIR_ENV, str(Path(cache_dir()).parent / "empty"))
+    assert read_default_sqlite("k") is None and not (cache_dir() / "conversion.sqlite").exists()  # never creates
+
+
+def test_the_reader_and_the_store_share_one_table_definition() -> None:
+    from dippm_nas.cache import CACHE_TABLE, COLUMNS, TABLE_NAME
+
+    assert CACHE_TABLE.name == TABLE_NAME and tuple(c.name for c in CACHE_TABLE.columns) == COLUMNS

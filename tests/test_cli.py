@@ -255,9 +255,91 @@ def test_a_library_spec_is_answered_from_the_cache_by_name(monkeypatch: pytest.M
     assert hit.cache_hit and hit.structural_hash() == graph.structural_hash()
 
 
+def test_the_package_face_is_lazy_and_whole() -> None:
+    # `import dippm_nas` loads no heavy package; every name of __all__ resolves (the later stages on first
+    # access), and `capture` stays the function after its subpackage's modules are imported
+    code = ("import sys, dippm_nas; heavy = sorted(m for m in ('torch', 'sqlalchemy', 'tvm', 'search_spaces') "
+            "if m in sys.modules); import dippm_nas.capture._assemble, dippm_nas.predictor._ensemble; "
+            "missing = [n for n in dippm_nas.__all__ if getattr(dippm_nas, n, None) is None]; "
+            "from dippm_nas import capture, predict, mig; "
+            "print(heavy, missing, capture.__module__, predict.__module__, mig.__name__, "
+            "set(dippm_nas.__all__) <= set(dir(dippm_nas)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.split() == ["[]", "[]", "dippm_nas.capture._capture", "dippm_nas.predictor._api", "dippm_nas.mig",
+                                  "True"]
+
+
+#: Runs the CLI as `python -m dippm_nas` does, with the library versions of the name key fixed as the test's,
+#: then says which heavy packages the process loaded (on stderr, after the verb's output).
+_CACHED_PREDICT = """
+import json, runpy, sys
+from dippm_nas.capture import _key
+_key._dist_version = lambda *names: "9.9"
+sys.argv = ["dippm-nas", *sys.argv[1:]]
+try:
+    runpy.run_module("dippm_nas", run_name="__main__", alter_sys=True)
+except SystemExit as e:
+    code = e.code
+loaded = sorted(m for m in ("torch", "sqlalchemy", "tvm", "torchvision", "scipy") if m in sys.modules)
+print(json.dumps({"exit": code, "loaded": loaded}), file=sys.stderr)
+"""
+
+
+def _close(a: object, b: object, path: str = "") -> None:
+    if isinstance(a, float) and isinstance(b, float):
+        assert a == pytest.approx(b, rel=1e-5, abs=1e-9), path
+    elif isinstance(a, dict) and isinstance(b, dict):
+        assert sorted(a) == sorted(b), path
+        for k in a:
+            _close(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, list) and isinstance(b, list):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            _close(x, y, f"{path}[{i}]")
+    else:
+        assert a == b, (path, a, b)
+
+
+def test_a_cached_predict_loads_neither_torch_nor_sqlalchemy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    # the cached path of `dippm-nas predict`: the graph from the default SQLite file (read with sqlite3), the
+    # network from the checkpoint's derived weights (numpy engine); the same answer as this process's torch path
+    from dippm_nas.capture import _key
+    from dippm_nas.cache import default_cache
+    from dippm_nas.predictor import derived_weights_path, find_checkpoint, checkpoint_digest, set_predictor
+
+    monkeypatch.setenv("DIPPM_NAS_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(_key, "_dist_version", lambda *names: "9.9")
+    argv = ["predict", "torchvision:tiny_net", "--shape", "3,16,16", "--batch", "1,8", "--json"]
+    for b in (1, 8):
+        spec = InputSpec(shape=(3, 16, 16), batch_size=b)
+        default_cache().put(_key.named_model_key("torchvision:tiny_net", spec), capture("_models:TinyResNet", spec,
+                                                                                        cache=False))
+    default_cache().close()
+    set_predictor(DEV, None)  # loaded again here, through torch: that load writes the derived weights
+    try:
+        assert main(argv) == 0
+    finally:
+        set_predictor(DEV, None)
+    want = _json_out(capsys)
+    assert derived_weights_path(checkpoint_digest(find_checkpoint(DEV))).is_file()
+
+    script = tmp_path / "run_cli.py"
+    script.write_text(_CACHED_PREDICT)
+    out = subprocess.run([sys.executable, str(script), *argv], capture_output=True, text=True, timeout=120,
+                         env={**__import__("os").environ, "DIPPM_NAS_CACHE_DIR": str(tmp_path)})
+    report = json.loads(out.stderr.strip().splitlines()[-1])
+    assert report == {"exit": 0, "loaded": []}, out.stderr
+    got = json.loads(out.stdout)
+    # the network answered (its novelty score and σ; the correction itself is withheld this far from training)
+    assert [r["batch_size"] for r in got] == [1, 8] and all(r["details"]["novelty"] > 0 for r in got)
+    _close(got, want)
+
+
 def test_parsing_imports_neither_tvm_nor_torchvision() -> None:
     code = ("import sys; from dippm_nas.cli._main import build_parser; build_parser().parse_args(['predict', 'm:f']); "
-            "print(sorted(m for m in ('tvm', 'torchvision', 'optuna', 'nni', 'matplotlib') if m in sys.modules))")
+            "print(sorted(m for m in ('tvm', 'torchvision', 'optuna', 'nni', 'matplotlib', 'torch', 'sqlalchemy') "
+            "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "[]"
 

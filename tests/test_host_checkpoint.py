@@ -14,7 +14,7 @@ import torch
 from dippm_nas.devices import _registry
 from dippm_nas.errors import CheckpointError, DippmNasError
 from dippm_nas.predictor import _checkpoint, _gnn
-from dippm_nas.predictor import CheckpointMeta, GnnPredictor, SageEnsemble
+from dippm_nas.predictor import CheckpointMeta, GnnPredictor, SageEnsemble, collate_globals
 from dippm_nas.training import Example
 from dippm_nas.training._train import _host_of
 from test_features import tiny_graph
@@ -104,7 +104,7 @@ def test_another_cpu_is_not_outside_the_training_range_by_its_device_features(
     with pytest.warns(RuntimeWarning):
         other = _host_predictor("CPU B")
     feats = [_gnn.featurize(g, HOST) for g in _graphs(4)]
-    b = _gnn.collate_globals(feats)
+    b = collate_globals(feats)
     n_static = b["static"].shape[1]
     glob = torch.cat([b["static"], b["dev"]], 1)
     lo, hi = glob.amin(0).clone(), glob.amax(0).clone()
@@ -255,7 +255,7 @@ def test_another_machine_of_the_same_cpu_model_gets_the_measured_floor_not_half_
     assert p.other_host is None and p.other_machine_floor_log == _checkpoint.OTHER_MACHINE_FLOOR_LOG
     gs = _graphs(6)
     feats = [_gnn.featurize(g, HOST) for g in gs]
-    b = _gnn.collate_globals(feats)
+    b = collate_globals(feats)
     n_static = b["static"].shape[1]
     glob = torch.cat([b["static"], b["dev"]], 1)
     lo, hi = glob.amin(0).clone(), glob.amax(0).clone()

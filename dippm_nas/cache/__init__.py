@@ -3,16 +3,28 @@
 A SQLite file in :func:`cache_dir` by default (``$DIPPM_NAS_CACHE_DIR`` moves it); any SQLAlchemy URL
 (``$DIPPM_NAS_CACHE_URL``, e.g. PostgreSQL) when many machines share one cache; ``$DIPPM_NAS_CACHE_SECRET``
 signs its rows so that only writers who know the secret are trusted.
+
+The SQLAlchemy store (``ConversionCache``, ``default_cache``, ``set_default_cache``, ``CACHE_TABLE``,
+``fresh_copy``) is imported on first access (PEP 562): :func:`read_default_sqlite` reads a hit of the default
+SQLite file with the standard library alone.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from dippm_nas._paths import CACHE_DIR_ENV, CACHE_URL_ENV, cache_dir, default_cache_url
-from dippm_nas.cache._store import (CACHE_SECRET_ENV, CACHE_TABLE, TABLE_NAME, ConversionCache, default_cache,
-                                    fresh_copy, set_default_cache)
+from dippm_nas.cache._read import read_default_sqlite
+from dippm_nas.cache._rows import CACHE_SECRET_ENV, COLUMNS, TABLE_NAME
+
+if TYPE_CHECKING:  # pragma: no cover - what __getattr__ returns, for type checkers
+    from dippm_nas.cache._store import CACHE_TABLE, ConversionCache, default_cache, fresh_copy, set_default_cache
 
 __all__ = [
     "ConversionCache",
     "default_cache",
     "set_default_cache",
+    "read_default_sqlite",
     "cache_dir",
     "default_cache_url",
     "CACHE_DIR_ENV",
@@ -20,5 +32,23 @@ __all__ = [
     "CACHE_SECRET_ENV",
     "CACHE_TABLE",
     "TABLE_NAME",
+    "COLUMNS",
     "fresh_copy",
 ]
+
+#: The names of the SQLAlchemy store, imported on first access.
+_STORE_NAMES = ("ConversionCache", "default_cache", "set_default_cache", "CACHE_TABLE", "fresh_copy")
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _STORE_NAMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from dippm_nas.cache import _store
+
+    value = getattr(_store, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

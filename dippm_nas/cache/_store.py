@@ -43,12 +43,9 @@ opened at all (a read-only or missing directory, a server that does not answer) 
 from __future__ import annotations
 
 import atexit
-import hashlib
-import hmac
 import logging
 import os
 import sqlite3
-import struct
 import threading
 import time
 import weakref
@@ -68,7 +65,9 @@ from sqlalchemy.engine import URL, Connection, make_url
 from dippm_nas._logging import WarnOnce
 from dippm_nas._paths import CACHE_DIR_ENV, CACHE_URL_ENV, SQLITE_FILE_NAME, cache_dir, default_cache_url
 from dippm_nas._sql import create_tables, make_engine, redact, transaction
-from dippm_nas.errors import CacheError, GraphValidationError
+from dippm_nas.cache._rows import (_MAX_KEY_CHARS, CACHE_SECRET_ENV, COLUMNS, TABLE_NAME, _CorruptRow, _decode,
+                                   _envelope, _secret_bytes)
+from dippm_nas.errors import CacheError
 from dippm_nas.graph import GRAPH_FORMAT_VERSION, OperatorGraph
 
 __all__ = ["ConversionCache", "default_cache", "set_default_cache", "TABLE_NAME", "CACHE_TABLE", "CACHE_SECRET_ENV",
@@ -76,12 +75,6 @@ __all__ = ["ConversionCache", "default_cache", "set_default_cache", "TABLE_NAME"
 
 logger = logging.getLogger(__name__)
 
-#: Name of the SQL table (shared databases may hold other dippm-nas tables).
-TABLE_NAME = "dippm_conversion_cache"
-#: Environment variable holding the secret that signs rows (HMAC-SHA256) and rejects unsigned or foreign ones.
-CACHE_SECRET_ENV = "DIPPM_NAS_CACHE_SECRET"
-
-_MAX_KEY_CHARS = 255
 _ZLIB_LEVEL = 6
 #: Eviction deletes least-recently-used rows until the total is at most this fraction of ``max_bytes``.
 _EVICT_TO_FRACTION = 0.9
@@ -92,19 +85,20 @@ _MEMORY_PER_JSON_BYTE = 5
 _DELETE_CHUNK = 500
 
 _metadata = sa.MetaData()
+_KEY, _PAYLOAD, _HASH, _SIZE, _CREATED, _USED, _FORMAT, _WRITER = COLUMNS
 _table = sa.Table(
     TABLE_NAME,
     _metadata,
-    sa.Column("key", sa.String(_MAX_KEY_CHARS), primary_key=True),
-    sa.Column("payload", sa.LargeBinary().with_variant(_mysql.LONGBLOB(), "mysql"), nullable=False),
-    sa.Column("structural_hash", sa.String(64), nullable=False),
-    sa.Column("size_bytes", sa.BigInteger, nullable=False),
-    sa.Column("created_at", sa.Double, nullable=False),
-    sa.Column("last_used_at", sa.Double, nullable=False),
-    sa.Column("format_version", sa.Integer, nullable=False),
-    sa.Column("dippm_nas_version", sa.String(64), nullable=False),
+    sa.Column(_KEY, sa.String(_MAX_KEY_CHARS), primary_key=True),
+    sa.Column(_PAYLOAD, sa.LargeBinary().with_variant(_mysql.LONGBLOB(), "mysql"), nullable=False),
+    sa.Column(_HASH, sa.String(64), nullable=False),
+    sa.Column(_SIZE, sa.BigInteger, nullable=False),
+    sa.Column(_CREATED, sa.Double, nullable=False),
+    sa.Column(_USED, sa.Double, nullable=False),
+    sa.Column(_FORMAT, sa.Integer, nullable=False),
+    sa.Column(_WRITER, sa.String(64), nullable=False),
     # Covers both the eviction order and SUM(size_bytes), so neither reads the payloads.
-    sa.Index(f"ix_{TABLE_NAME}_lru", "last_used_at", "size_bytes"),
+    sa.Index(f"ix_{TABLE_NAME}_lru", _USED, _SIZE),
 )
 #: The conversion cache's table (one row per key).
 CACHE_TABLE = _table
@@ -114,13 +108,6 @@ _warn_once = WarnOnce(logger)
 #: for what a notebook user must see too (a cache file moved aside)
 _warn_user_once = WarnOnce(logger, python_warning=True)
 
-#: Envelope of a payload: magic, envelope version, flags, key length; then the key, the signature when
-#: signed, then the zlib stream.
-_MAGIC = b"DPMC"
-_ENVELOPE_VERSION = 1
-_HEADER = struct.Struct(">4sBBH")
-_SIGNED = 1
-_MAC_BYTES = 32
 #: Seconds :func:`default_cache` waits before trying again to open a default cache that failed to open.
 _REOPEN_AFTER_S = 60.0
 
@@ -143,99 +130,6 @@ def _dippm_nas_version() -> str:
         except PackageNotFoundError:
             _version = "unknown"
     return _version
-
-
-class _CorruptRow(Exception):
-    """A stored row that cannot be turned back into a valid graph; the message says why."""
-
-
-def _mac(secret: bytes, key: str, structural_hash: str, format_version: int, body: bytes) -> bytes:
-    msg = b"\x00".join((b"dippm-nas conversion cache", key.encode(), structural_hash.encode(),
-                        str(format_version).encode(), body))
-    return hmac.new(secret, msg, hashlib.sha256).digest()
-
-
-def _envelope(key: str, structural_hash: str, format_version: int, body: bytes, secret: bytes | None) -> bytes:
-    """The stored payload of zlib stream ``body``: the envelope binding it to ``key`` (signed with ``secret``)."""
-    k = key.encode()
-    head = _HEADER.pack(_MAGIC, _ENVELOPE_VERSION, _SIGNED if secret else 0, len(k)) + k
-    if secret:
-        head += _mac(secret, key, structural_hash, format_version, body)
-    return head + body
-
-
-def _open_envelope(payload: bytes, key: str, structural_hash: str, format_version: int,
-                   secret: bytes | None) -> bytes:
-    """The zlib stream of a stored payload, after checking its key and (with a secret) its signature.
-
-    Raises:
-        _CorruptRow: no envelope, another key, an unsigned row while a secret is set, a bad signature.
-    """
-    if len(payload) < _HEADER.size or payload[:4] != _MAGIC:
-        raise _CorruptRow("its payload has no key envelope (written by another program or an older dippm-nas)")
-    magic, version, flags, n = _HEADER.unpack_from(payload)
-    if version != _ENVELOPE_VERSION:
-        raise _CorruptRow(f"its payload envelope has version {version}, this dippm-nas reads {_ENVELOPE_VERSION}")
-    at = _HEADER.size + n
-    stored_key = payload[_HEADER.size:at].decode("utf-8", "replace")
-    if stored_key != key:
-        raise _CorruptRow(f"its payload was written under another key ({stored_key!r}): the row holds another "
-                          "model's graph")
-    mac = None
-    if flags & _SIGNED:
-        mac, at = payload[at:at + _MAC_BYTES], at + _MAC_BYTES
-    body = payload[at:]
-    if secret:
-        if mac is None:
-            raise _CorruptRow(f"it is not signed and {CACHE_SECRET_ENV} is set (only signed rows are trusted)")
-        if not hmac.compare_digest(mac, _mac(secret, key, structural_hash, format_version, body)):
-            raise _CorruptRow(f"its signature does not match this process's {CACHE_SECRET_ENV} (signed with "
-                              "another secret, or changed after signing)")
-    return body
-
-
-def _decode(key: str, payload: bytes, structural_hash: str, format_version: int,
-            secret: bytes | None) -> tuple[OperatorGraph, int]:
-    """A stored row -> validated graph and the length of its JSON text.
-
-    Raises:
-        _CorruptRow: for any reason the row cannot be trusted.
-    """
-    if format_version != GRAPH_FORMAT_VERSION:
-        raise _CorruptRow(
-            f"it was written with graph format version {format_version!r}, this dippm-nas reads "
-            f"version {GRAPH_FORMAT_VERSION}"
-        )
-    body = _open_envelope(payload, key, structural_hash, format_version, secret)
-    try:
-        text = zlib.decompress(body)
-    except (zlib.error, TypeError) as e:
-        raise _CorruptRow(f"its payload is not a zlib stream ({e})") from e
-    try:
-        graph = OperatorGraph.from_json(text)
-    except GraphValidationError as e:
-        raise _CorruptRow(f"its graph JSON is invalid ({e})") from e
-    except (ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
-        raise _CorruptRow(f"its payload is not a graph JSON document ({type(e).__name__}: {e})") from e
-    try:
-        graph.validate()
-    except GraphValidationError as e:
-        raise _CorruptRow(f"its graph fails validation ({e})") from e
-    if graph.structural_hash() != structural_hash:
-        raise _CorruptRow(f"its graph's structural hash {graph.structural_hash()[:12]}... is not the row's "
-                          f"{str(structural_hash)[:12]}...")
-    return graph, len(text)
-
-
-def _secret_bytes(secret: str | bytes | None) -> bytes | None:
-    """The signing secret: ``secret``, else ``$DIPPM_NAS_CACHE_SECRET``; ``None`` when empty."""
-    if secret is None:
-        secret = os.environ.get(CACHE_SECRET_ENV, "")
-    if isinstance(secret, str):
-        secret = secret.encode("utf-8")
-    if not isinstance(secret, bytes):
-        raise CacheError(f"secret must be a str, bytes or None, got {type(secret).__name__}")
-    return secret or None
 
 
 def _not_a_database(e: BaseException) -> bool:

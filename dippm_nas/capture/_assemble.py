@@ -31,6 +31,7 @@ import gc
 import hashlib
 import json
 import logging
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -46,8 +47,6 @@ from dippm_nas.errors import (
 )
 from dippm_nas.graph import GRAPH_FORMAT_VERSION, OperatorGraph, OpNode
 from dippm_nas.spec import InputSpec, TensorSpec
-import search_spaces
-
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
@@ -71,8 +70,9 @@ _FAST_MODES = frozenset({"export", "export+opaque"})
 
 # ---------------------------------------------------------------------- spaces
 def _search_spaces() -> Any:
-    # search_spaces imports dippm_nas (errors, spec), so it is imported when first needed, not at module
-    # import (dippm_nas/__init__ imports this package).
+    # search_spaces imports torch (every family is an nn.Module): imported when first needed, so that
+    # `import dippm_nas` and the prediction of a cached graph load neither
+    import search_spaces
 
     return search_spaces
 
@@ -105,7 +105,9 @@ def space_config_of(model: Any) -> tuple[str, dict[str, Any]] | None:
     way (an attribute such as a stride changed) is not detected: delete its ``search_space`` attribute to
     have it captured whole.
     """
-    ss = _search_spaces()
+    ss = sys.modules.get("search_spaces")
+    if ss is None:  # no model comes from a search space that was never imported (and torch stays unloaded)
+        return None
     if isinstance(model, functools.partial):
         if model.func is ss.build_model and len(model.args) == 2 and not model.keywords \
                 and isinstance(model.args[0], str) and isinstance(model.args[1], Mapping):

@@ -7,11 +7,12 @@ import os
 import time
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Union
 
 from dippm_nas.capture._key import file_key, model_key, named_model_key
 from dippm_nas.capture._onnx import capture_onnx, read_onnx_bytes
 from dippm_nas.capture._torch import capture_module
+from dippm_nas.cache import read_default_sqlite
 from dippm_nas.errors import CacheError, DippmNasError, GraphCaptureError, InputSpecError, ModelSpecError
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.spec import InputSpec, load_model
@@ -101,24 +102,28 @@ def capture(model: ModelLike, spec: InputSpec, *, cache: CacheArg = True,
         InputSpecError: ``spec`` is not an InputSpec; InputShapeError when the shape does not fit.
         GraphCaptureError: export or conversion failed (data-dependent control flow, unsupported op...).
     """
-    import torch
-
     if not isinstance(spec, InputSpec):
         raise InputSpecError(
             f"spec must be a dippm_nas.InputSpec, e.g. InputSpec(shape=(3, 224, 224), batch_size=8), got {spec!r}"
         )
     if decompose not in ("auto", True, False):
         raise ValueError(f"decompose must be 'auto', True or False, got {decompose!r}")
-    store = _resolve_cache(cache)
     t0 = time.perf_counter()
-
     onnx_path: Path | None = None
     # a library SPEC (torchvision:NAME...) is looked up by name first: a hit builds no model
     named = named_model_key(model, spec) if isinstance(model, str) and decompose == "auto" else None
+    if named is not None and cache is True:
+        hit = read_default_sqlite(named)  # the default SQLite file, read without SQLAlchemy
+        if hit is not None:
+            return _served(hit, t0)
+    store = _resolve_cache(cache)
+    t0 = time.perf_counter()
     if named is not None and store is not None:
         hit, store = _lookup(store, named)
         if hit is not None:
             return _served(hit, t0)
+    import torch  # after the name-keyed lookup: a hit answers without loading it
+
     if isinstance(model, os.PathLike) or (isinstance(model, str) and model.lower().endswith(".onnx")):
         onnx_path = Path(model)
         source = onnx_path.name

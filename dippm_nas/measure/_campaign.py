@@ -63,7 +63,6 @@ from dippm_nas.measure._cpu import CpuMeasurer
 from dippm_nas.measure._cuda import CudaMeasurer, parse_device
 from dippm_nas.measure._measurement import Measurement, MeasureSettings
 from dippm_nas.measure._nvml import NvmlAdapter
-from dippm_nas.measure._runtime import RuntimeModule
 from dippm_nas.spec import InputSpec, load_model
 from dippm_nas.units import BYTES_PER_MIB
 
@@ -570,4 +569,6 @@ def _measure_one(item: CampaignItem, measurer: Any, settings: MeasureSettings, d
         measurer.settings = s
     if item.runtime == "eager":
         return measurer.measure(model, item.spec)
+    from dippm_nas.measure._runtime import RuntimeModule  # an nn.Module: torch loads with a measurement
+
     return measurer.measure(RuntimeModule(model, item.runtime), item.spec)

@@ -2,7 +2,15 @@
 GraphSAGE predictor (load a checkpoint, featurise, infer, calibrate).
 
 Training checkpoints is :mod:`dippm_nas.training`.
+
+The torch ensemble and its batching (``SageEnsemble``, ``TorchEngine``, ``collate``, ``collate_globals``,
+``DELTA_MARGIN``) are imported on first access (PEP 562), so that a prediction through the numpy engine
+(:class:`NumpyEnsemble`) never loads torch.
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 from dippm_nas.predictor._api import DEFAULT_DEVICE, get_predictor, predict, predict_many, set_predictor
 from dippm_nas.predictor._base import AnalyticPredictor, BasePredictor
@@ -14,10 +22,14 @@ from dippm_nas.predictor._calibrate import (ANALYTIC_IDENTITY, CALIBRATION_CLASS
 from dippm_nas.predictor._checkpoint import (CHECKPOINT_DIR_ENV, HOST_DEVICE, OTHER_HOST_FLOOR_LOG,
                                              OTHER_MACHINE_FLOOR_LOG, checkpoint_dirs, find_checkpoint,
                                              host_checkpoints)
-from dippm_nas.predictor._ensemble import DELTA_MARGIN, INFER_CHUNK_NODES, SageEnsemble, collate, collate_globals
 from dippm_nas.predictor._gnn import GnnPredictor
 from dippm_nas.predictor._meta import CHECKPOINT_FORMAT, TARGET_UNITS, TARGETS, CheckpointMeta
 from dippm_nas.predictor._novelty import NoveltyFloor, correction_weight, novelty_floor_log, novelty_scores
+from dippm_nas.predictor._numpy_ensemble import (INFER_CHUNK_NODES, NUMPY_MAX_GRAPHS, NumpyEnsemble, checkpoint_digest,
+                                                  derived_weights_path, global_arrays)
+
+if TYPE_CHECKING:  # pragma: no cover - what __getattr__ returns, for type checkers
+    from dippm_nas.predictor._ensemble import DELTA_MARGIN, SageEnsemble, TorchEngine, collate, collate_globals
 
 __all__ = ["predict", "predict_many", "get_predictor", "set_predictor", "DEFAULT_DEVICE", "BasePredictor",
            "AnalyticPredictor", "GnnPredictor", "Calibration", "TimelineFactors", "fit_timeline_factors",
@@ -26,6 +38,24 @@ __all__ = ["predict", "predict_many", "get_predictor", "set_predictor", "DEFAULT
            "ANALYTIC_IDENTITY",
            "CHECKPOINT_DIR_ENV", "HOST_DEVICE", "OTHER_HOST_FLOOR_LOG", "OTHER_MACHINE_FLOOR_LOG", "checkpoint_dirs",
            "find_checkpoint", "host_checkpoints",
-           "SageEnsemble", "collate", "collate_globals", "DELTA_MARGIN", "INFER_CHUNK_NODES",
+           "SageEnsemble", "TorchEngine", "collate", "collate_globals", "DELTA_MARGIN", "INFER_CHUNK_NODES",
+           "NumpyEnsemble", "NUMPY_MAX_GRAPHS", "global_arrays", "checkpoint_digest", "derived_weights_path",
            "CheckpointMeta", "TARGETS", "TARGET_UNITS", "CHECKPOINT_FORMAT",
            "NoveltyFloor", "novelty_scores", "correction_weight", "novelty_floor_log"]
+
+#: The names of the torch ensemble module, imported on first access.
+_TORCH_NAMES = ("SageEnsemble", "TorchEngine", "collate", "collate_globals", "DELTA_MARGIN")
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _TORCH_NAMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from dippm_nas.predictor import _ensemble
+
+    value = getattr(_ensemble, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

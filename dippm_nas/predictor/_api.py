@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 from dippm_nas.capture import CacheArg, assemble, assemble_many, capture, capture_many, space_config_of

@@ -10,6 +10,8 @@ the physics instead of towards the training mean. Trained with a Huber loss on l
 
 Inference: :meth:`SageEnsemble.infer` evaluates the same function as :meth:`SageEnsemble.forward` (the
 training path, one disjoint graph of the whole batch) chunk by chunk, several times faster on a CPU.
+:class:`TorchEngine` is the predictor's view of it (numpy arrays in and out); its numpy twin, which needs no
+torch, is :class:`~dippm_nas.predictor.NumpyEnsemble`.
 """
 
 from __future__ import annotations
@@ -25,24 +27,18 @@ from torch import nn
 
 from dippm_nas.features import GraphFeatures
 from dippm_nas.predictor._meta import TARGETS
+from dippm_nas.predictor._numpy_ensemble import INFER_CHUNK_NODES, Z_CLIP as _Z_CLIP, chunks as _chunks, global_arrays
 
-__all__ = ["SageEnsemble", "collate", "collate_globals", "DELTA_MARGIN", "INFER_CHUNK_NODES"]
+__all__ = ["SageEnsemble", "TorchEngine", "collate", "collate_globals", "DELTA_MARGIN", "INFER_CHUNK_NODES"]
 
 # the inference pass aggregates with a CSR tensor; torch warns once per process that CSR is "beta"
 warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state", category=UserWarning)
 
-_EPS = 1e-9
-#: Standardised inputs are clipped to ±_Z_CLIP (robustness to graphs unlike the training data).
-_Z_CLIP = 5.0
 #: A training feature with a smaller std is constant; it is divided by _NEUTRAL_STD (neutralised).
 _CONSTANT_STD = 1e-4
 _NEUTRAL_STD = 1e6
 #: Margin on the largest |log(label / prior)| of the training data that bounds the correction.
 DELTA_MARGIN = 1.5
-#: Default node budget of one chunk of :meth:`SageEnsemble.infer`: the activations of 5 members x 64 wide
-#: (1.3 MB) stay in a core's L2 cache; one whole-batch graph of 1,024 graphs (~55 MB) spills to memory and
-#: ran 3x slower, and much smaller chunks pay Python overhead per chunk.
-INFER_CHUNK_NODES = 1024
 
 
 class _KLinear(nn.Module):
@@ -265,20 +261,6 @@ class SageEnsemble(nn.Module):
         return torch.cat([mean.view(g, k, d), mx.view(g, k, d)], 2).transpose(0, 1)
 
 
-def _chunks(n: np.ndarray, budget: int) -> list[tuple[int, int]]:
-    """Consecutive ``[a, b)`` graph ranges whose node counts ``n`` sum to at most ``budget`` (a graph larger
-    than the budget gets a chunk of its own)."""
-    out, a, acc = [], 0, 0
-    for i, ni in enumerate(n.tolist()):
-        if acc + ni > budget and i > a:
-            out.append((a, i))
-            a, acc = i, 0
-        acc += ni
-    if a < len(n):
-        out.append((a, len(n)))
-    return out
-
-
 def _chunk_tensors(feats: Sequence[GraphFeatures], n: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
     """Node features ``[sum n, node_dim]`` and the row-normalised neighbour matrix of :func:`collate` as a
     CSR tensor ``[sum n, sum n]``, built with whole-batch numpy operations (no sort beyond one argsort of
@@ -303,14 +285,55 @@ def _chunk_tensors(feats: Sequence[GraphFeatures], n: np.ndarray) -> tuple[torch
 
 
 def collate_globals(feats: Sequence[GraphFeatures]) -> dict[str, torch.Tensor]:
-    """The graph-level part of :func:`collate`: ``static``, ``dev`` and ``log_prior``."""
-    lp = [[math.log(max(f.prior_latency_ms, _EPS)), math.log(max(f.prior_energy_j or 1.0, _EPS)),
-           math.log(max(f.prior_memory_mib, _EPS))] for f in feats]
-    return {
-        "static": torch.from_numpy(np.stack([f.static for f in feats]).astype(np.float32)),
-        "dev": torch.from_numpy(np.stack([f.device for f in feats]).astype(np.float32)),
-        "log_prior": torch.tensor(lp, dtype=torch.float32).reshape(len(feats), len(TARGETS)),
-    }
+    """The graph-level part of :func:`collate`: ``static``, ``dev`` and ``log_prior``
+    (:func:`~dippm_nas.predictor._numpy_ensemble.global_arrays` as tensors)."""
+    return {k: torch.from_numpy(v) for k, v in global_arrays(feats).items()}
+
+
+class TorchEngine:
+    """The predictor's view of a :class:`SageEnsemble`: numpy arrays in and out, read from the module's live
+    parameters and buffers at every call (a caller may change them in place).
+    :class:`~dippm_nas.predictor._numpy_ensemble.NumpyEnsemble` is the same interface without torch."""
+
+    def __init__(self, model: SageEnsemble) -> None:
+        self.model = model.eval()
+
+    @property
+    def residual_on_prior(self) -> bool:
+        return bool(self.model.residual_on_prior)
+
+    @property
+    def delta_max(self) -> np.ndarray:
+        return self.model.delta_max.detach().numpy()
+
+    @property
+    def global_hi(self) -> np.ndarray:
+        return self.model.global_hi.detach().numpy()
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        return {k: v.detach().numpy() for k, v in self.model.state_dict().items()}
+
+    def mean_std(self, feats: Sequence[GraphFeatures], b: dict[str, np.ndarray], *,
+                 chunk_nodes: int = INFER_CHUNK_NODES) -> tuple[np.ndarray, np.ndarray]:
+        """The members' mean and std (population) of the log targets; ``[G, 3]`` float32 each."""
+        with torch.inference_mode():
+            out = self.model.infer(feats, chunk_nodes=chunk_nodes, glob=_tensors(b))
+            mean = out.mean(0)
+            std = out.std(0, unbiased=False) if out.shape[0] > 1 else torch.zeros_like(mean)
+        return mean.numpy(), std.numpy()
+
+    def static_z(self, b: dict[str, np.ndarray]) -> np.ndarray:
+        with torch.no_grad():
+            return self.model.static_z(_tensors(b)).numpy()
+
+    def outside_parts(self, b: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        with torch.no_grad():
+            graph, device = self.model.outside_parts(_tensors(b))
+        return graph.numpy(), device.numpy()
+
+
+def _tensors(b: dict[str, Any]) -> dict[str, torch.Tensor]:
+    return {k: torch.as_tensor(v) for k, v in b.items()}
 
 
 def collate(feats: Sequence[GraphFeatures]) -> dict[str, Any]:

@@ -27,18 +27,18 @@ import dataclasses
 import json
 import logging
 import math
+import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from dippm_nas._logging import WarnOnce
 from dippm_nas._platform import cpu_model_name
-from dippm_nas.errors import CheckpointError, DippmNasError
+from dippm_nas.errors import CheckpointError, DippmNasError, InvalidValueError
 from dippm_nas.features import GraphFeatures, featurize, static_dtype_columns
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.prediction import Prediction
@@ -50,15 +50,25 @@ from dippm_nas.predictor._calibrate import (Calibration, calibration_classes, ca
                                             fit_timeline_factors, save_calibration)
 from dippm_nas.predictor._calibrate import load_calibration as _load_calibration
 from dippm_nas.predictor._checkpoint import OTHER_HOST_FLOOR_LOG, OTHER_MACHINE_FLOOR_LOG
-from dippm_nas.predictor._ensemble import INFER_CHUNK_NODES, SageEnsemble, collate_globals
+from dippm_nas.predictor._numpy_ensemble import (INFER_CHUNK_NODES, NUMPY_MAX_GRAPHS, NumpyEnsemble, checkpoint_digest,
+                                                  derived_weights_path, global_arrays, read_derived_weights,
+                                                  write_derived_weights)
 from dippm_nas.predictor._meta import TARGETS, CheckpointMeta
 from dippm_nas.prior import Execution, PriorParams, default_params, estimate as prior_estimate, latency_us
 from dippm_nas.predictor._novelty import correction_weight, novelty_floor_log, novelty_scores
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from dippm_nas.predictor._ensemble import SageEnsemble
 
 __all__ = ["GnnPredictor"]
 
 logger = logging.getLogger(__name__)
 _warn_once = WarnOnce(logger, python_warning=True)
+
+#: What :meth:`GnnPredictor.load` accepts as ``engine``.
+_ENGINES = ("auto", "torch", "numpy")
 
 
 class GnnPredictor(BasePredictor):
@@ -73,14 +83,22 @@ class GnnPredictor(BasePredictor):
     Features of a graph are cached per (structure, device), and finished predictions per (structure,
     MIG options, calibration), each in an LRU of ``feature_cache_size`` entries, so a search that
     revisits an architecture pays a dictionary lookup.
+
+    The network runs in an *engine*: the torch :class:`~dippm_nas.predictor.SageEnsemble` (``model``), or,
+    in a process that has not loaded torch, its numpy twin
+    (:class:`~dippm_nas.predictor.NumpyEnsemble`, the same figures to 1e-5 relative) on the checkpoint's
+    derived weights file. Reading :attr:`model`, or a request of more than
+    :data:`~dippm_nas.predictor.NUMPY_MAX_GRAPHS` graphs, moves a numpy-engine predictor to the torch
+    ensemble for good.
     """
 
-    def __init__(self, model: SageEnsemble, meta: CheckpointMeta, device: str | None = None, *,
+    def __init__(self, model: "SageEnsemble | NumpyEnsemble", meta: CheckpointMeta, device: str | None = None, *,
                  feature_cache_size: int = 4096, load_calibration: bool = True,
-                 novelty_ref: torch.Tensor | None = None) -> None:
-        self.model = model.eval()
+                 novelty_ref: "torch.Tensor | np.ndarray | None" = None) -> None:
+        self._engine: Any = model if isinstance(model, NumpyEnsemble) else _torch_engine(model)
         self.meta = meta
-        #: standardised static features of training graphs ``[R, static_dim]`` (novelty scores), or None
+        #: standardised static features of training graphs ``[R, static_dim]`` (novelty scores; a tensor, or
+        #: an array on the numpy engine), or None
         self.novelty_ref = novelty_ref
         self.device = resolve_device(device or meta.device).id
         self._cache: OrderedDict[tuple[str, str], GraphFeatures] = OrderedDict()  # (graph key, device)
@@ -122,31 +140,107 @@ class GnnPredictor(BasePredictor):
             self.other_machine_floor_log = dict(OTHER_MACHINE_FLOOR_LOG)
 
     # ------------------------------------------------------------------ io
+    @property
+    def model(self) -> "SageEnsemble":
+        """The torch ensemble (a numpy-engine predictor builds it from its weights and keeps it from now on)."""
+        if isinstance(self._engine, NumpyEnsemble):
+            self._use_torch()
+        return self._engine.model
+
+    @model.setter
+    def model(self, value: "SageEnsemble") -> None:
+        self._engine = _torch_engine(value)
+        self._pred_cache.clear()
+
+    @property
+    def engine(self) -> str:
+        """``"torch"`` or ``"numpy"``: which implementation of the network answers (the same figures)."""
+        return "numpy" if isinstance(self._engine, NumpyEnsemble) else "torch"
+
+    def _use_torch(self) -> None:
+        """Move to the torch ensemble, built from the numpy engine's weights."""
+        import torch
+
+        m = self.meta
+        model = _torch_ensemble().SageEnsemble(m.node_dim, m.static_dim, m.device_dim, m.hidden, m.layers,
+                                               m.members, m.residual_on_prior)
+        model.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in self._engine.state_dict().items()})
+        if isinstance(self.novelty_ref, np.ndarray):
+            self.novelty_ref = torch.from_numpy(self.novelty_ref.copy())
+        self._engine = _torch_engine(model)
+        self._pred_cache.clear()
+
     @classmethod
-    def load(cls, path: str | Path, device: str | None = None, **kwargs: Any) -> "GnnPredictor":
+    def load(cls, path: str | Path, device: str | None = None, *, engine: str = "auto",
+             **kwargs: Any) -> "GnnPredictor":
         """Load a checkpoint written by :meth:`save` (``torch.load(weights_only=True)``).
+
+        In a process that has not imported torch, the checkpoint's derived weights file (plain numpy arrays in
+        the cache directory, named by the checkpoint's SHA-256; see
+        :mod:`~dippm_nas.predictor._numpy_ensemble`) is read instead and the numpy engine answers; a
+        checkpoint loaded through torch writes that file when it is missing.
 
         Args:
             path: the ``.pt`` file.
             device: the device it must answer for (checked against the metadata); default: the metadata's.
+            engine: ``"auto"`` (default: the numpy engine where torch is not imported yet and the derived file
+                is there, else torch), ``"torch"``, or ``"numpy"`` (the derived file, written through torch
+                first when it is missing).
 
         Raises:
             CheckpointError: unreadable file, bad metadata, schema/width mismatch, other device.
+            InvalidValueError: an unknown ``engine``.
         """
+        if engine not in _ENGINES:
+            raise InvalidValueError(f"engine must be one of {_ENGINES}, got {engine!r}")
         path = Path(path)
+        try:
+            digest = checkpoint_digest(path)
+        except OSError as e:
+            raise CheckpointError(f"cannot read predictor checkpoint {path}: {type(e).__name__}: {e}") from e
+        if engine == "numpy" or (engine == "auto" and "torch" not in sys.modules):
+            derived = read_derived_weights(digest)
+            if derived is None and engine == "numpy":
+                cls._load_torch(path, digest, device, load_calibration=False)  # writes the derived file
+                derived = read_derived_weights(digest)
+            if derived is not None:
+                try:
+                    return cls._from_arrays(path, derived, device, **kwargs)
+                except CheckpointError as e:  # the torch path reads the checkpoint itself (and rewrites the file)
+                    if engine == "numpy":
+                        raise
+                    logger.info("predictor: derived weights of %s not used: %s", path, e)
+            elif engine == "numpy":
+                raise CheckpointError(f"the derived weights of {path} could not be written to "
+                                      f"{derived_weights_path(digest)} (is the cache directory writable?)")
+        return cls._load_torch(path, digest, device, **kwargs)
+
+    @classmethod
+    def _from_arrays(cls, path: Path, derived: tuple[dict[str, np.ndarray], str, np.ndarray | None],
+                     device: str | None, **kwargs: Any) -> "GnnPredictor":
+        state, meta_json, ref = derived
+        meta = _checked_meta(path, meta_json, device)
+        if ref is not None and (ref.ndim != 2 or ref.shape[1] != meta.static_dim):
+            raise CheckpointError(f"checkpoint {path} novelty_ref must be a [R, {meta.static_dim}] array, "
+                                  f"got {ref.shape}")
+        engine = NumpyEnsemble(state, meta)
+        logger.info("loaded predictor checkpoint %s (device %s, targets %s; numpy engine)", path, meta.device,
+                    list(meta.targets))
+        return cls(engine, meta, device, novelty_ref=ref, **kwargs)
+
+    @classmethod
+    def _load_torch(cls, path: Path, digest: str, device: str | None, **kwargs: Any) -> "GnnPredictor":
+        import torch
+
         try:
             blob = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as e:  # noqa: BLE001 - any unreadable file is a checkpoint error
             raise CheckpointError(f"cannot read predictor checkpoint {path}: {type(e).__name__}: {e}") from e
         if not isinstance(blob, dict) or "meta" not in blob or "state" not in blob:
             raise CheckpointError(f"checkpoint {path} must hold a dict with 'meta' and 'state', got {type(blob).__name__}")
-        meta = CheckpointMeta.from_json(blob["meta"])
-        meta.check()
-        if device is not None:
-            if resolve_device(device).id != meta.device:
-                raise CheckpointError(f"checkpoint {path.name} is for device {meta.device!r}, asked for {device!r}")
-        model = SageEnsemble(meta.node_dim, meta.static_dim, meta.device_dim, meta.hidden, meta.layers,
-                             meta.members, meta.residual_on_prior)
+        meta = _checked_meta(path, blob["meta"], device)
+        model = _torch_ensemble().SageEnsemble(meta.node_dim, meta.static_dim, meta.device_dim, meta.hidden,
+                                               meta.layers, meta.members, meta.residual_on_prior)
         try:
             model.load_state_dict(blob["state"])
         except RuntimeError as e:
@@ -155,17 +249,22 @@ class GnnPredictor(BasePredictor):
         if ref is not None and (not isinstance(ref, torch.Tensor) or ref.dim() != 2 or ref.shape[1] != meta.static_dim):
             raise CheckpointError(f"checkpoint {path} novelty_ref must be a [R, {meta.static_dim}] tensor, "
                                   f"got {getattr(ref, 'shape', type(ref).__name__)}")
+        if read_derived_weights(digest) is None:
+            write_derived_weights(digest, {k: v.detach().numpy() for k, v in model.state_dict().items()},
+                                  blob["meta"], None if ref is None else ref.detach().to(torch.float32).numpy())
         logger.info("loaded predictor checkpoint %s (device %s, targets %s)", path, meta.device, list(meta.targets))
         return cls(model, meta, device, novelty_ref=ref, **kwargs)
 
     def save(self, path: str | Path) -> None:
         """Write ``path`` (``.pt``) and its ``.json`` metadata sidecar."""
+        import torch
+
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         blob: dict[str, Any] = {"meta": self.meta.to_json(), "state": state}
         if self.novelty_ref is not None:
-            blob["novelty_ref"] = self.novelty_ref.detach().to(torch.float32).clone()
+            blob["novelty_ref"] = torch.as_tensor(self.novelty_ref).detach().to(torch.float32).clone()
         torch.save(blob, path)
         path.with_suffix(".json").write_text(self.meta.to_json() + "\n")
 
@@ -189,7 +288,6 @@ class GnnPredictor(BasePredictor):
                 self._cache.popitem(last=False)
         return f
 
-    @torch.no_grad()
     def predict_log(self, feats: Sequence[GraphFeatures], *,
                     chunk_nodes: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Ensemble mean and std of the log targets.
@@ -205,14 +303,12 @@ class GnnPredictor(BasePredictor):
         mean, std, _ = self.predict_log_ood(feats, chunk_nodes=chunk_nodes)
         return mean, std
 
-    @torch.no_grad()
     def predict_log_ood(self, feats: Sequence[GraphFeatures], *,
                         chunk_nodes: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """:meth:`predict_log` plus, per graph, whether it lies outside the training range (``[num_graphs]`` bool)."""
         mean, std, ood, _, _ = self.predict_log_full(feats, chunk_nodes=chunk_nodes, novelty=False)
         return mean, std, ood
 
-    @torch.no_grad()
     def predict_log_full(self, feats: Sequence[GraphFeatures], *, chunk_nodes: int | None = None,
                          novelty: bool = True
                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -226,31 +322,32 @@ class GnnPredictor(BasePredictor):
         A host checkpoint's ``ood`` covers the graph's own features only: it has seen one machine, so
         another machine's device features are its own case (``other_host`` or the last array), with a
         measured floor, not half the correction bound."""
-        b = collate_globals(feats)
-        # [K, B, 3]: self.model(collate(feats)) computed chunk by chunk
-        out = self.model.infer(feats, chunk_nodes=chunk_nodes or INFER_CHUNK_NODES, glob=b)
-        mean = out.mean(0)
-        std = out.std(0, unbiased=False) if out.shape[0] > 1 else torch.zeros_like(mean)
+        if len(feats) > NUMPY_MAX_GRAPHS and isinstance(self._engine, NumpyEnsemble):
+            self._use_torch()  # its batched pass is the faster one
+        engine = self._engine
+        b = global_arrays(feats)
+        # [B, 3] each: the members' mean and std of engine.infer, computed chunk by chunk
+        mean, std = engine.mean_std(feats, b, chunk_nodes=chunk_nodes or INFER_CHUNK_NODES)
         unseen = self.dtype_unseen(b)
         if unseen.any():
             # the network's correction is not identified for a dtype it never trained on (its one-hot input
             # never varied): the answer is the prior, the centre of the correction's bound (σ keeps the bound)
-            mean[torch.from_numpy(unseen)] = b["log_prior"][torch.from_numpy(unseen)]
+            mean[unseen] = b["log_prior"][unseen]
         shrink = self._shrink_widths() or self._validated_max() is not None
-        nov = (novelty_scores(self.model.static_z(b), self.novelty_ref)
+        nov = (novelty_scores(engine.static_z(b), self.novelty_ref)
                if (novelty or shrink) and self.novelty_ref is not None else np.full(len(feats), np.nan))
-        if shrink and self.model.residual_on_prior:
+        if shrink and engine.residual_on_prior:
             # far from the training graphs keep only part of the correction (see _novelty): the prior answers more
             for t, w in self.correction_weights(nov).items():
                 j = TARGETS.index(t)
-                wt = torch.from_numpy(w).to(mean.dtype)
+                wt = w.astype(mean.dtype)
                 mean[:, j] = b["log_prior"][:, j] + wt * (mean[:, j] - b["log_prior"][:, j])
-        graph_ood, device_ood = self.model.outside_parts(b)
+        graph_ood, device_ood = engine.outside_parts(b)
         if self.meta.host is None:  # a checkpoint of several devices: their range is a training range too
             ood, other_machine = graph_ood | device_ood, np.zeros(len(feats), dtype=bool)
         else:  # one machine seen: another one is other_host (by CPU model) or other_machine
-            ood, other_machine = graph_ood, (device_ood & (self.other_host is None)).numpy()
-        return mean.numpy().astype(np.float64), std.numpy().astype(np.float64), ood.numpy(), nov, other_machine
+            ood, other_machine = graph_ood, device_ood & (self.other_host is None)
+        return mean.astype(np.float64), std.astype(np.float64), ood, nov, other_machine
 
     def _shrink_widths(self) -> dict[str, float]:
         nf = self.meta.novelty
@@ -259,7 +356,7 @@ class GnnPredictor(BasePredictor):
     def _withheld_targets(self, novelty: float) -> set[str]:
         """Targets whose correction a graph of this novelty does not get (beyond ``validated_max``)."""
         vmax = self._validated_max()
-        if vmax is None or not math.isfinite(novelty) or novelty <= vmax or not self.model.residual_on_prior:
+        if vmax is None or not math.isfinite(novelty) or novelty <= vmax or not self._engine.residual_on_prior:
             return set()
         return set(self.meta.novelty["floor_log"])  # type: ignore[index]
 
@@ -287,7 +384,7 @@ class GnnPredictor(BasePredictor):
             out[t] = w
         return out
 
-    def dtype_unseen(self, b: dict[str, torch.Tensor]) -> np.ndarray:
+    def dtype_unseen(self, b: dict[str, Any]) -> np.ndarray:
         """Per graph of :func:`collate_globals` ``b``: is its compute dtype one no training graph had?
 
         Such a graph gets the analytic prior as its figure (source ``"analytic"``, or ``"calibrated"``
@@ -299,12 +396,13 @@ class GnnPredictor(BasePredictor):
             returns ``[num_graphs]`` bool.
         """
         cols = static_dtype_columns(self.meta.feature_style)
-        g = b["static"].shape[0]
-        if cols is None or not self.model.residual_on_prior:
+        static = np.asarray(b["static"])
+        g = static.shape[0]
+        if cols is None or not self._engine.residual_on_prior:
             return np.zeros(g, dtype=bool)
         sl = cols[0]
-        seen = self.model.global_hi[sl] > 0.5  # the static block comes first in the range buffers
-        return ((b["static"][:, sl] > 0.5) & ~seen).any(1).numpy()
+        seen = self._engine.global_hi[sl] > 0.5  # the static block comes first in the range buffers
+        return ((static[:, sl] > 0.5) & ~seen).any(1)
 
     def sigma_log(self, target: str, std_members: float, *, ood: bool = False, novelty: float = math.nan,
                   other_machine: bool = False) -> float:
@@ -324,8 +422,8 @@ class GnnPredictor(BasePredictor):
         if fl is not None and not calibrated:
             # a target not measured across machines takes the widest measured floor
             s = math.hypot(s, fl.get(target, max(fl.values(), default=0.0)))
-        if ood and self.model.residual_on_prior:
-            s = math.hypot(s, 0.5 * float(self.model.delta_max[TARGETS.index(target)]))
+        if ood and self._engine.residual_on_prior:
+            s = math.hypot(s, 0.5 * float(self._engine.delta_max[TARGETS.index(target)]))
         return s
 
     def predict_graphs(self, graphs: Sequence[OperatorGraph], *, mig: bool = True, k_sigma: float = 2.0,
@@ -341,7 +439,7 @@ class GnnPredictor(BasePredictor):
         if todo:
             feats = [self.features(graphs[i]) for i in todo]
             mean, std, ood, nov, other_machine = self.predict_log_full(feats)
-            unseen = self.dtype_unseen(collate_globals(feats))
+            unseen = self.dtype_unseen(global_arrays(feats))
             for j, i in enumerate(todo):
                 out[i] = self._prediction(graphs[i], feats[j], mean[j], std[j], mig=mig, k_sigma=k_sigma,
                                           ood=bool(ood[j]), novelty=float(nov[j]), dtype_unseen=bool(unseen[j]),
@@ -391,7 +489,8 @@ class GnnPredictor(BasePredictor):
         params = self._execution_params()
         prior_ms = max(float(est.latency_ms), 1e-9)
         w = min(1.0, max(0.0, float(est.gpu_busy_ms) / prior_ms))
-        bound = float(self.model.delta_max[TARGETS.index("latency_ms")]) if self.model.residual_on_prior else 30.0
+        engine = self._engine
+        bound = float(engine.delta_max[TARGETS.index("latency_ms")]) if engine.residual_on_prior else 30.0
         delta = min(max(m - math.log(prior_ms), -bound), bound)
         c = math.exp(w * delta)
         d: dict[str, float] = {"gpu_share_of_prior": w, "gpu_correction": c,
@@ -500,7 +599,7 @@ class GnnPredictor(BasePredictor):
         details["prior_memory_mib"] = f.prior_memory_mib
         details["outside_training_range"] = float(ood)
         details.update(kept)
-        if static_dtype_columns(self.meta.feature_style) is not None and self.model.residual_on_prior:
+        if static_dtype_columns(self.meta.feature_style) is not None and self._engine.residual_on_prior:
             details["dtype_unseen"] = float(dtype_unseen)
         if self.meta.host is not None:
             details["other_host"] = float(self.other_host is not None)
@@ -592,6 +691,27 @@ class GnnPredictor(BasePredictor):
     def __repr__(self) -> str:
         return (f"GnnPredictor(device={self.device!r}, targets={list(self.meta.targets)}, "
                 f"members={self.meta.members}, calibrated={self.calibration is not None})")
+
+
+def _torch_ensemble() -> Any:
+    """The torch ensemble's module, imported with the first torch ensemble: a prediction through the numpy
+    engine never loads torch."""
+    from dippm_nas.predictor import _ensemble
+
+    return _ensemble
+
+
+def _torch_engine(model: "SageEnsemble") -> Any:
+    return _torch_ensemble().TorchEngine(model)
+
+
+def _checked_meta(path: Path, meta_json: Any, device: str | None) -> CheckpointMeta:
+    """The checked metadata of checkpoint ``path``, which must answer for ``device`` (when given)."""
+    meta = CheckpointMeta.from_json(meta_json)
+    meta.check()
+    if device is not None and resolve_device(device).id != meta.device:
+        raise CheckpointError(f"checkpoint {path.name} is for device {meta.device!r}, asked for {device!r}")
+    return meta
 
 
 def _graph_key(graph: OperatorGraph) -> str:

@@ -39,7 +39,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import torch
 
 from dippm_nas.errors import InvalidValueError
 
@@ -140,21 +139,50 @@ def novelty_floor_log(novelty_meta: dict[str, Any] | None, target: str, novelty:
     return 0.0
 
 
-def novelty_scores(static_z: torch.Tensor, ref: torch.Tensor, *, block: int = 1024) -> np.ndarray:
+def novelty_scores(static_z: Any, ref: Any, *, block: int = 1024) -> np.ndarray:
     """Distance of each row of ``static_z`` (``[B, dim]``) to its nearest row of ``ref`` (``[R, dim]``),
-    divided by ``sqrt(dim)``; ``[B]`` float64. Blocks of ``block`` rows bound the memory."""
-    if ref.numel() == 0:
-        return np.full(static_z.shape[0], math.inf)
+    divided by ``sqrt(dim)``; ``[B]`` float64. Blocks of ``block`` rows bound the memory.
+
+    Either argument is a numpy array or a CPU tensor. With a tensor (the torch ensemble's reference set) the
+    product runs in torch: numpy's BLAS threads, once started in a process that runs torch, keep spinning beside
+    torch's; on 2 cores they made the torch ensemble's pass on 300 graphs take 145 ms of CPU time instead of 90.
+    """
+    if _is_tensor(static_z) or _is_tensor(ref):
+        import torch
+
+        def to64(x: Any) -> Any:
+            return torch.as_tensor(x).to(torch.float64)
+
+        def gemm(q: Any, r_t: Any) -> np.ndarray:
+            return (q @ r_t).numpy()
+    else:
+        def to64(x: Any) -> Any:
+            return np.asarray(x, dtype=np.float64)
+
+        def gemm(q: Any, r_t: Any) -> np.ndarray:
+            return q @ r_t
+    r = to64(ref)
+    n = static_z.shape[0]
+    if r.shape[0] == 0:
+        return np.full(n, math.inf)
     dim = static_z.shape[1]
-    out = np.empty(static_z.shape[0], dtype=np.float64)
-    # |q|² - 2 q·r + |r|² in float64: one GEMM per block; float32 would cancel to ~1e-3 for a graph in the set
-    r = ref.to(torch.float64)
-    r2 = (r * r).sum(1)
-    for a in range(0, static_z.shape[0], block):
-        q = static_z[a:a + block].to(torch.float64)
-        d2 = (q * q).sum(1, keepdim=True) - 2.0 * (q @ r.T) + r2
-        out[a:a + block] = d2.amin(1).clamp_min_(0.0).sqrt_().numpy()
+    out = np.empty(n, dtype=np.float64)
+    # |q|² - 2 q·r + |r|² in float64: one GEMM per block, the rest in place (the [block, R] temporaries cost more
+    # than the GEMM); float32 would cancel to ~1e-3 for a graph in the set
+    r2 = np.asarray((r * r).sum(1))
+    r_t = r.T.contiguous() if hasattr(r, "contiguous") else np.ascontiguousarray(r.T)
+    for a in range(0, n, block):
+        q = to64(static_z[a:a + block])
+        d2 = gemm(q, r_t)
+        d2 *= -2.0
+        d2 += np.asarray((q * q).sum(1)).reshape(-1, 1)
+        d2 += r2
+        out[a:a + block] = np.sqrt(np.maximum(d2.min(1), 0.0))
     return out / math.sqrt(dim)
+
+
+def _is_tensor(x: Any) -> bool:
+    return type(x).__module__.startswith("torch") and hasattr(x, "numpy")
 
 
 def correction_weight(novelty: np.ndarray, d0: float | np.ndarray, width: float) -> np.ndarray:
