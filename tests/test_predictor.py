@@ -526,3 +526,24 @@ def test_sigma_grows_with_novelty_under_a_graded_floor() -> None:
     for i, x in enumerate(p.predict_graphs(graphs, mig=False)):
         assert x.latency_ms_std / x.latency_ms == pytest.approx(
             p.sigma_log("latency_ms", float(std[i, 0]), ood=bool(ood[i])), rel=1e-5)  # no novelty part
+
+
+def test_prior_only_dtypes_answer_with_the_pinned_prior_and_at_least_its_measured_sigma() -> None:
+    """The shipped A100 checkpoint pins its FP64 constants after training (`prior_only_dtypes`): a float64 graph
+    gets the pinned prior itself, labelled analytic and flagged, with at least the prior's measured float64 σ;
+    a float16 graph is not flagged; an unknown dtype in the metadata is refused."""
+    from dippm_nas.predictor import find_checkpoint
+    from test_runtime import conv_chain
+
+    p = GnnPredictor.load(find_checkpoint(DEV), load_calibration=False)
+    assert p.meta.prior_only_dtypes == ["float64"]
+    s64 = p.meta.prior_params["host_model"]["metrics"]["sigma_log_gpu_bound_float64"]
+    a, b = p.predict_graphs([conv_chain(64, 256, 56, layers=4, dtype="float64"),
+                             conv_chain(64, 256, 56, layers=4, dtype="float16")], mig=False)
+    assert a.latency_source == "analytic" and a.details["prior_only_dtype"] == 1.0
+    assert a.details["correction_weight_latency_ms"] == 0.0
+    assert a.latency_ms == pytest.approx(a.details["prior_latency_ms"], rel=1e-6)
+    assert a.latency_ms_std / a.latency_ms >= 0.99 * s64 > 0.2
+    assert b.details["prior_only_dtype"] == 0.0
+    with pytest.raises(CheckpointError, match="prior_only_dtypes"):
+        dataclasses.replace(p.meta, prior_only_dtypes=["float8"]).check()

@@ -328,10 +328,11 @@ class GnnPredictor(BasePredictor):
         b = global_arrays(feats)
         # [B, 3] each: the members' mean and std of engine.infer, computed chunk by chunk
         mean, std = engine.mean_std(feats, b, chunk_nodes=chunk_nodes or INFER_CHUNK_NODES)
-        unseen = self.dtype_unseen(b)
+        unseen = self.dtype_unseen(b) | self.prior_only(feats)
         if unseen.any():
             # the network's correction is not identified for a dtype it never trained on (its one-hot input
-            # never varied): the answer is the prior, the centre of the correction's bound (σ keeps the bound)
+            # never varied), nor valid for one whose prior constants were pinned after training: the answer is
+            # the prior, the centre of the correction's bound
             mean[unseen] = b["log_prior"][unseen]
         shrink = self._shrink_widths() or self._validated_max() is not None
         nov = (novelty_scores(engine.static_z(b), self.novelty_ref)
@@ -404,6 +405,17 @@ class GnnPredictor(BasePredictor):
         seen = self._engine.global_hi[sl] > 0.5  # the static block comes first in the range buffers
         return ((static[:, sl] > 0.5) & ~seen).any(1)
 
+    def prior_only(self, feats: Sequence[GraphFeatures]) -> np.ndarray:
+        """Per graph: is its compute dtype one of the checkpoint's ``prior_only_dtypes`` (its pinned prior answers,
+        the correction withheld; ``details["prior_only_dtype"] = 1``)?
+
+        Shapes:
+            returns ``[num_graphs]`` bool.
+        """
+        only = set(self.meta.prior_only_dtypes)
+        return np.array([bool(only) and f.estimate is not None and f.estimate.dtype in only for f in feats],
+                        dtype=bool)
+
     def sigma_log(self, target: str, std_members: float, *, ood: bool = False, novelty: float = math.nan,
                   other_machine: bool = False) -> float:
         """The log-space σ of one prediction: the members' spread, the validation floor (the floor the
@@ -440,10 +452,12 @@ class GnnPredictor(BasePredictor):
             feats = [self.features(graphs[i]) for i in todo]
             mean, std, ood, nov, other_machine = self.predict_log_full(feats)
             unseen = self.dtype_unseen(global_arrays(feats))
+            prior_only = self.prior_only(feats)
             for j, i in enumerate(todo):
                 out[i] = self._prediction(graphs[i], feats[j], mean[j], std[j], mig=mig, k_sigma=k_sigma,
                                           ood=bool(ood[j]), novelty=float(nov[j]), dtype_unseen=bool(unseen[j]),
-                                          other_machine=bool(other_machine[j]), runtime=rt, host=prof)
+                                          prior_only=bool(prior_only[j]), other_machine=bool(other_machine[j]),
+                                          runtime=rt, host=prof)
             with self._lock:
                 for i in todo:
                     self._pred_cache[keys[i]] = out[i]  # type: ignore[assignment]
@@ -540,7 +554,8 @@ class GnnPredictor(BasePredictor):
 
     def _prediction(self, graph: OperatorGraph, f: GraphFeatures, mean: np.ndarray, std: np.ndarray, *,
                     mig: bool, k_sigma: float, ood: bool = False, novelty: float = math.nan,
-                    dtype_unseen: bool = False, other_machine: bool = False, runtime: str = "eager",
+                    dtype_unseen: bool = False, prior_only: bool = False, other_machine: bool = False,
+                    runtime: str = "eager",
                     host: HostProfile | None = None) -> Prediction:
         est = f.estimate
         dev = resolve_device(self.device)
@@ -572,8 +587,10 @@ class GnnPredictor(BasePredictor):
             m = float(mean[t_i])
             s = self.sigma_log(t, float(std[t_i]), ood=ood, novelty=novelty, other_machine=other_machine)
             withheld = t in self._withheld_targets(novelty)
-            # dtype_unseen, or a graph beyond the validated novelty: ``m`` is the prior's
-            src = "analytic" if dtype_unseen or withheld else "predicted"
+            # dtype_unseen, a prior-only dtype, or a graph beyond the validated novelty: ``m`` is the prior's
+            src = "analytic" if dtype_unseen or prior_only or withheld else "predicted"
+            if src == "analytic" and t == "latency_ms" and dev.kind == "gpu":
+                s = max(s, self._prior_kernel_sigma_log(graph.spec.dtype))
             calibrated = False
             if t == "latency_ms" and dev.kind == "gpu" and est is not None and host is not None:
                 m, s, composed, (h_ms, g_ms), calibrated, rt_est = self._compose_latency(graph, est, m, s, runtime,
@@ -601,6 +618,8 @@ class GnnPredictor(BasePredictor):
         details.update(kept)
         if static_dtype_columns(self.meta.feature_style) is not None and self._engine.residual_on_prior:
             details["dtype_unseen"] = float(dtype_unseen)
+        if self.meta.prior_only_dtypes:
+            details["prior_only_dtype"] = float(prior_only)
         if self.meta.host is not None:
             details["other_host"] = float(self.other_host is not None)
             details["other_machine"] = float(other_machine)
@@ -611,7 +630,8 @@ class GnnPredictor(BasePredictor):
             if self.meta.novelty is not None:
                 details["novel"] = float(novelty > self.meta.novelty["d0"])
             for t, w in self.correction_weights(np.array([novelty])).items():
-                details[f"correction_weight_{t}"] = float(w[0])  # 1: the network's whole correction; 0: the prior
+                # 1: the network's whole correction; 0: the prior
+                details[f"correction_weight_{t}"] = 0.0 if prior_only else float(w[0])
         pred = Prediction(
             latency_ms=values["latency_ms"], energy_j=values["energy_j"], memory_mib=values["memory_mib"],
             latency_source=sources["latency_ms"], energy_source=sources["energy_j"],
@@ -624,6 +644,13 @@ class GnnPredictor(BasePredictor):
                                                         params=self._execution_params(), runtime=runtime,
                                                         host=host))
         return pred
+
+    def _prior_kernel_sigma_log(self, dtype: str) -> float:
+        """The prior's measured σ of the kernel part for ``dtype`` on a GPU it was not fitted on (the pinned
+        host model's ``sigma_log_gpu_bound[_<dtype>]``; 0 without one): where the prior answers, the σ is at
+        least its own measured error."""
+        hm = self._execution_params().host_model
+        return hm.sigma_log_gpu(dtype) if hm is not None else 0.0
 
     # ------------------------------------------------------------ calibration
     def calibrate(self, measurements: Sequence[Any], *, persist: bool = True, runtime: str = "eager",

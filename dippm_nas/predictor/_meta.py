@@ -17,6 +17,7 @@ from typing import Any
 from dippm_nas.errors import CheckpointError
 from dippm_nas.features import FEATURE_SCHEMA_VERSION, device_dim, node_dim, static_dim
 from dippm_nas.predictor._novelty import NoveltyFloor
+from dippm_nas.spec import COMPUTE_DTYPES
 
 __all__ = ["TARGETS", "TARGET_UNITS", "CHECKPOINT_FORMAT", "CheckpointMeta"]
 
@@ -65,6 +66,10 @@ class CheckpointMeta:
             for other devices (and for checkpoints made before this was recorded). A host-cpu checkpoint
             answers on another CPU model only flagged (``details["other_host"] = 1``, see
             :mod:`dippm_nas.predictor._checkpoint`).
+        prior_only_dtypes: compute dtypes the checkpoint answers with its pinned prior, the network's correction
+            withheld (source ``"analytic"``, ``details["prior_only_dtype"] = 1``): their prior constants were
+            pinned after training (``scripts/pin_prior_keys.py``), so a correction learnt against the old ones
+            does not apply. Empty for a checkpoint whose pinned constants are the ones it trained with.
     """
 
     device: str
@@ -89,6 +94,7 @@ class CheckpointMeta:
     notes: str = ""
     novelty: dict[str, Any] | None = None
     host: dict[str, Any] | None = None
+    prior_only_dtypes: list[str] = dataclasses.field(default_factory=list)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=1, sort_keys=True)
@@ -100,7 +106,9 @@ class CheckpointMeta:
         except ValueError as e:
             raise CheckpointError(f"checkpoint metadata is not valid JSON: {e}") from e
         names = {f.name for f in dataclasses.fields(cls)}
-        missing = sorted(n for n in names if n not in d and cls.__dataclass_fields__[n].default is dataclasses.MISSING)
+        fields = cls.__dataclass_fields__
+        missing = sorted(n for n in names if n not in d and fields[n].default is dataclasses.MISSING
+                         and fields[n].default_factory is dataclasses.MISSING)
         unknown = sorted(set(d) - names)
         if missing or unknown:
             raise CheckpointError(f"checkpoint metadata: missing keys {missing}, unknown keys {unknown}")
@@ -133,6 +141,10 @@ class CheckpointMeta:
                 raise CheckpointError(f"checkpoint novelty floors and shrinks must be for trained targets "
                                       f"{list(self.targets)} with a finite d0 (> 0 with a shrink); got floors for "
                                       f"{list(nf.floor_log)}, shrinks for {list(nf.shrink)}, d0 {nf.d0}")
+        bad = [d for d in self.prior_only_dtypes if d not in COMPUTE_DTYPES]
+        if not isinstance(self.prior_only_dtypes, list) or bad:
+            raise CheckpointError(f"checkpoint prior_only_dtypes must be a list of {list(COMPUTE_DTYPES)}, got "
+                                  f"{self.prior_only_dtypes!r}")
         if self.host is not None and not (isinstance(self.host, dict) and isinstance(self.host.get("cpu_model"), str)
                                           and self.host["cpu_model"]):
             raise CheckpointError(f"checkpoint host must be a dict with a non-empty 'cpu_model' string, "
