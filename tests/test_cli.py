@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from _compare import assert_close
 from dippm_nas import InputSpec, capture
 from dippm_nas._version import __version__
 from dippm_nas.cli import UsageError, main
@@ -286,18 +287,7 @@ print(json.dumps({"exit": code, "loaded": loaded}), file=sys.stderr)
 
 
 def _close(a: object, b: object, path: str = "") -> None:
-    if isinstance(a, float) and isinstance(b, float):
-        assert a == pytest.approx(b, rel=1e-5, abs=1e-9), path
-    elif isinstance(a, dict) and isinstance(b, dict):
-        assert sorted(a) == sorted(b), path
-        for k in a:
-            _close(a[k], b[k], f"{path}.{k}")
-    elif isinstance(a, list) and isinstance(b, list):
-        assert len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b)):
-            _close(x, y, f"{path}[{i}]")
-    else:
-        assert a == b, (path, a, b)
+    assert_close(a, b, rel=1e-5, abs_tol=1e-9, path=path)
 
 
 def test_a_cached_predict_loads_neither_torch_nor_sqlalchemy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

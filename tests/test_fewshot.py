@@ -9,25 +9,21 @@ import math
 import numpy as np
 import pytest
 
+from test_runtime import _node as runtime_node
 from dippm_nas.errors import DeviceError, DippmNasError
 from dippm_nas.graph import OperatorGraph, OpNode
 from dippm_nas.predictor import (ANALYTIC_IDENTITY, AnalyticPredictor, Calibration, TimelineFactors,
                                  calibration_classes, calibration_path, fit_timeline_factors, get_predictor,
                                  load_calibration)
 from dippm_nas.prior import estimate, latency_us
-from dippm_nas.spec import InputSpec, dtype_bytes
+from dippm_nas.spec import InputSpec
 
 DEVICE = "h100-sxm5-80gb"  # no checkpoint: the analytic prior answers
 
 
 def _node(i: int, name: str, cls: str, shape: tuple[int, ...], ins: list[tuple[int, ...]], par: list[bool], *,
           flops: int, macs: int = 0, attrs: dict | None = None, dtype: str = "float16") -> OpNode:
-    eb = dtype_bytes(dtype)
-    br = sum(math.prod(s) for s in ins) * eb
-    pb = sum(math.prod(s) for s, p in zip(ins, par) if p) * eb
-    return OpNode(index=i, op=name, op_class=cls, output_shapes=(shape,), output_dtype=dtype, input_shapes=tuple(ins),
-                  input_is_param=tuple(par), attrs=attrs or {}, flops=flops, macs=macs, bytes_read=br,
-                  bytes_written=math.prod(shape) * eb, param_bytes=pb, is_constant=False)
+    return runtime_node(i, name, cls, shape, ins, par, dtype=dtype, flops=flops, macs=macs, attrs=attrs)
 
 
 def chain(batch: int, channels: int, size: int, layers: int, *, depthwise: int = 0) -> OperatorGraph:

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from _compare import assert_close
 import dippm_nas
 import search_spaces as ss
 from dippm_nas.cache import ConversionCache
@@ -136,18 +137,7 @@ def test_slice_latency_and_memory_parts_equal_the_full_estimate() -> None:
 
 
 def _close(a: Any, b: Any, path: str = "") -> None:
-    if isinstance(a, float) and isinstance(b, float):
-        assert math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-12) or (math.isnan(a) and math.isnan(b)), (path, a, b)
-    elif isinstance(a, dict) and isinstance(b, dict):
-        assert sorted(a) == sorted(b), (path, sorted(set(a) ^ set(b)))
-        for k in a:
-            _close(a[k], b[k], f"{path}.{k}")
-    elif isinstance(a, list) and isinstance(b, list):
-        assert len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b)):
-            _close(x, y, f"{path}[{i}]")
-    else:
-        assert a == b, (path, a, b)
+    assert_close(a, b, rel=1e-6, abs_tol=1e-12, path=path)
 
 
 @pytest.mark.parametrize("device,kw", SETTINGS, ids=[f"{d}-{json.dumps(k)}" for d, k in SETTINGS])

@@ -9,7 +9,6 @@ settings (eager, CUDA graphs, compiled, no MIG advice) and on each shipped host-
 from __future__ import annotations
 
 import json
-import math
 import os
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from _compare import assert_close
 from dippm_nas.errors import CheckpointError, InvalidValueError
 from dippm_nas.predictor import (
     NUMPY_MAX_GRAPHS,
@@ -36,18 +36,7 @@ REL = 1e-5
 
 
 def _close(a: Any, b: Any, path: str = "") -> None:
-    if isinstance(a, float) and isinstance(b, float):
-        assert math.isclose(a, b, rel_tol=REL, abs_tol=1e-9) or (math.isnan(a) and math.isnan(b)), (path, a, b)
-    elif isinstance(a, dict) and isinstance(b, dict):
-        assert sorted(a) == sorted(b), (path, sorted(set(a) ^ set(b)))
-        for k in a:
-            _close(a[k], b[k], f"{path}.{k}")
-    elif isinstance(a, list) and isinstance(b, list):
-        assert len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b)):
-            _close(x, y, f"{path}[{i}]")
-    else:
-        assert a == b, (path, a, b)
+    assert_close(a, b, rel=REL, abs_tol=1e-9, path=path)
 
 
 def _dicts(pred: GnnPredictor, graphs: list, **kw: Any) -> list[dict[str, Any]]:

@@ -27,7 +27,7 @@ from torch import nn
 
 from dippm_nas.features import GraphFeatures
 from dippm_nas.predictor._meta import TARGETS
-from dippm_nas.predictor._numpy_ensemble import INFER_CHUNK_NODES, Z_CLIP as _Z_CLIP, chunks as _chunks, global_arrays
+from dippm_nas.predictor._numpy_ensemble import INFER_CHUNK_NODES, Z_CLIP as _Z_CLIP, chunks as _chunks, global_arrays, neighbours
 
 __all__ = ["SageEnsemble", "TorchEngine", "collate", "collate_globals", "DELTA_MARGIN", "INFER_CHUNK_NODES"]
 
@@ -267,19 +267,10 @@ def _chunk_tensors(feats: Sequence[GraphFeatures], n: np.ndarray) -> tuple[torch
     the destination indices)."""
     num = int(n.sum())
     x = torch.from_numpy(np.concatenate([f.x for f in feats]).astype(np.float32, copy=False))
-    e = np.fromiter((f.edge_index.shape[1] for f in feats), dtype=np.int64, count=len(feats))
-    ei = np.concatenate([f.edge_index for f in feats], axis=1).astype(np.int64, copy=False)
-    if ei.size:
-        ei = ei + np.repeat(np.cumsum(n) - n, e)
-    src = np.concatenate([ei[0], ei[1]])
-    dst = np.concatenate([ei[1], ei[0]])
-    order = np.argsort(dst, kind="stable")
-    cnt = np.bincount(dst, minlength=num)
+    src, dst, inv = neighbours(feats, n)  # sorted by destination, 1 / in-degree in float32 as collate
     crow = np.zeros(num + 1, dtype=np.int64)
-    np.cumsum(cnt, out=crow[1:])
-    dst_t = torch.from_numpy(dst[order])
-    inv = 1.0 / torch.from_numpy(cnt).clamp_min(1).to(torch.float32)  # as collate: 1 / deg in float32
-    adj = torch.sparse_csr_tensor(torch.from_numpy(crow), torch.from_numpy(src[order]), inv[dst_t], (num, num),
+    np.cumsum(np.bincount(dst, minlength=num), out=crow[1:])
+    adj = torch.sparse_csr_tensor(torch.from_numpy(crow), torch.from_numpy(src), torch.from_numpy(inv), (num, num),
                                   check_invariants=False)
     return x, adj
 

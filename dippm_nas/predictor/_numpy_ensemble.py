@@ -38,7 +38,7 @@ from dippm_nas.predictor._meta import TARGETS, CheckpointMeta
 
 __all__ = ["NumpyEnsemble", "global_arrays", "state_shapes", "derived_weights_path", "read_derived_weights",
            "write_derived_weights", "checkpoint_digest", "INFER_CHUNK_NODES", "NUMPY_MAX_GRAPHS", "DERIVED_FORMAT",
-           "DERIVED_KEEP"]
+           "DERIVED_KEEP", "chunks", "neighbours"]
 
 logger = logging.getLogger(__name__)
 
@@ -201,7 +201,7 @@ class NumpyEnsemble:
         s, k, g = self.state, self.k, len(feats)
         x = np.concatenate([f.x for f in feats]).astype(np.float32, copy=False)
         x = np.clip((x - s["x_mean"]) / s["x_std"], -Z_CLIP, Z_CLIP)
-        src, dst, inv = _neighbours(feats, n)
+        src, dst, inv = neighbours(feats, n)
         h = np.maximum(self._linear("embed", np.broadcast_to(x, (k, *x.shape))), 0.0)  # [K, N, d]
         for i in range(self.layers):
             p = f"blocks.{i}."
@@ -225,7 +225,7 @@ class NumpyEnsemble:
         return np.concatenate([mean, mx], 2)
 
 
-def _neighbours(feats: Sequence[GraphFeatures], n: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def neighbours(feats: Sequence[GraphFeatures], n: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The dataflow edges of a chunk both ways, sorted by destination: ``(src, dst, 1 / in-degree of dst)``."""
     num = int(n.sum())
     e = np.fromiter((f.edge_index.shape[1] for f in feats), dtype=np.int64, count=len(feats))
