@@ -78,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="few-shot: numbers k of measured models of the held-out GPU that fit its host and GPU "
                          "factors (fp16, fp32 and fp64 apart), scored on the rest (default 3,5,10; '' skips)")
     ap.add_argument("--draws", type=int, default=30, help="random draws of the k models per setting (default 30)")
+    ap.add_argument("--rows-out", type=Path, default=None, metavar="DIR",
+                    help="write the prior's rows per held-out GPU and dtype (model, latency_ms_pred, latency_ms_std, "
+                         "latency_ms) as DIR/<gpu>__<dtype>.jsonl, for benchmarks/search_view.py --rows")
     args = ap.parse_args(argv)
 
     rows = []
@@ -111,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
         gnn = None
         if args.gnn:
             gnn = _gnn_predictions(args, dev, devices, params, [r for r, _ in test], out_dir)
+        if args.rows_out is not None:
+            _write_rows(args.rows_out, dev, test, prior, sig, y, dt)
         print(f"\n== held out: {dev} (host model refitted on {len(train)} rows of the other GPUs)")
         for dtype in ("float16", "float32", "float64"):
             for part, mask in (("all", np.ones(len(y), bool)), ("host-bound", bound), ("GPU-bound", ~bound)):
@@ -138,6 +143,18 @@ def main(argv: list[str] | None = None) -> int:
     (out_dir / "accuracy_eager.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     print(f"\nwrote {out_dir / 'accuracy_eager.json'}")
     return 0
+
+
+def _write_rows(out: Path, dev: str, test: list, prior: np.ndarray, sig: np.ndarray, y: np.ndarray,
+                dt: np.ndarray) -> None:
+    """One JSON Lines file per dtype of the held-out GPU: the prior's mean and σ (ms) and the measurement."""
+    out.mkdir(parents=True, exist_ok=True)
+    for dtype in sorted(set(dt.tolist())):
+        with open(out / f"{dev}__{dtype}.jsonl", "w", encoding="utf-8") as f:
+            for (r, name), p, s, m in zip(test, prior, sig, y):
+                if r.graph.spec.dtype == dtype:
+                    f.write(json.dumps({"model": name, "latency_ms_pred": float(p), "latency_ms_std": float(p * s),
+                                        "latency_ms": float(m)}) + "\n")
 
 
 def _without_fp64_rows_of(base, rows: list, devices: list[str]):
