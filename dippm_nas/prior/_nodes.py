@@ -383,8 +383,10 @@ def node_costs(
     k_half = np.where(f.contraction, per("k_half"), 0.0)
     # FP64 kernels on CUDA cores of a class with its own FP64 efficiency: that efficiency, no wave, tile or
     # reduction-length terms (applied after those are set below)
-    eta64 = np.array([np.nan if p.eta_compute_fp64 is None else p.eta_compute_fp64 for p in pc])[f.cls_idx]
-    own64 = gpu & ~tensor & (f.dtype == 3) & ~np.isnan(eta64)
+    own64 = gpu & ~tensor & (f.dtype == 3)
+    if own64.any():  # only float64 graphs pay for the lookup
+        eta64 = np.array([np.nan if p.eta_compute_fp64 is None else p.eta_compute_fp64 for p in pc])[f.cls_idx]
+        own64 &= ~np.isnan(eta64)
     if gpu and f.contraction.any():
         for ci, p in enumerate(pc):
             m = f.contraction & (f.cls_idx == ci)
