@@ -21,6 +21,7 @@ from dippm_nas.capture import CaptureResult, capture, capture_many
 from dippm_nas.errors import (
     CacheError,
     CheckpointError,
+    DeploymentError,
     DeviceError,
     DippmNasError,
     GraphCaptureError,
@@ -42,6 +43,7 @@ from dippm_nas.spec import InputSpec, TensorSpec
 
 if TYPE_CHECKING:  # pragma: no cover - what __getattr__ returns, for type checkers
     from dippm_nas import mig, prior
+    from dippm_nas.deployment import Deployment
     from dippm_nas.devices import Device, get_device, list_devices, register_device
     from dippm_nas.prediction import Prediction
     from dippm_nas.predictor import get_predictor, predict, predict_many
@@ -52,10 +54,10 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())
 __all__ = [
     "__version__",
     "InputSpec", "TensorSpec", "capture", "capture_many", "CaptureResult", "predict", "predict_many",
-    "get_predictor", "Device", "get_device", "list_devices", "register_device", "mig", "prior",
+    "get_predictor", "Deployment", "Device", "get_device", "list_devices", "register_device", "mig", "prior",
     "OperatorGraph", "OpNode", "Prediction", "Stage", "StagesPrediction", "predict_stages", "sum_stages",
     "DippmNasError", "InvalidValueError", "InputSpecError", "InputShapeError", "UnsupportedDtypeError",
-    "ModelSpecError",
+    "ModelSpecError", "DeploymentError",
     "GraphCaptureError", "GraphValidationError", "UnsupportedOpError", "CacheError", "DeviceError",
     "MeasurementError", "OutOfMemoryError", "CheckpointError", "SearchSpaceError", "MissingDependencyError",
     "ValidationError",
@@ -65,6 +67,7 @@ __all__ = [
 _LAZY: dict[str, str] = {
     **dict.fromkeys(("Device", "get_device", "list_devices", "register_device"), "devices"),
     "Prediction": "prediction",
+    "Deployment": "deployment",
     **dict.fromkeys(("get_predictor", "predict", "predict_many"), "predictor"),
     **dict.fromkeys(("Stage", "StagesPrediction", "predict_stages", "sum_stages"), "stages"),
     "mig": "mig",
@@ -87,6 +90,8 @@ def __getattr__(name: str) -> Any:
         from dippm_nas import stages as module
     elif where == "mig":
         from dippm_nas import mig as module
+    elif where == "deployment":
+        from dippm_nas import deployment as module
     else:
         from dippm_nas import prior as module
     value = module if name == where else getattr(module, name)

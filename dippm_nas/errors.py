@@ -23,6 +23,7 @@ __all__ = [
     "ValidationError",
     "DeviceError",
     "ExecutionRuntimeError",
+    "DeploymentError",
     "UnsupportedDtypeError",
     "MeasurementError",
     "OutOfMemoryError",
@@ -90,6 +91,11 @@ class DeviceError(DippmNasError, ValueError):
 
 class ExecutionRuntimeError(DippmNasError, ValueError):
     """An unknown execution runtime (``"eager"``, ``"cuda-graphs"``, ``"compiled"``)."""
+
+
+class DeploymentError(DippmNasError, ValueError):
+    """A :class:`~dippm_nas.Deployment` (how inference runs) names an unknown choice, has a wrong type, or its
+    file cannot be read."""
 
 
 class MeasurementError(DippmNasError):

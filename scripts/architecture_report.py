@@ -42,6 +42,8 @@ LAYERS: dict[str, int] = {
     "_json": 0, "_deprecation": 0, "units": 0, "spec": 0,
     # what a graph is, where it runs, what a prediction is and the budgets it is checked against
     "graph": 1, "devices": 1, "prediction": 1, "budgets": 2,
+    # how inference runs (devices: the host profile)
+    "deployment": 2,
     # stores, measurements and model families (graph, devices)
     "cache": 2, "measure": 2, "search_spaces": 2,
     # the analytic prior and MIG advice (graph, devices, budgets)

@@ -1,0 +1,360 @@
+"""How inference really runs: :class:`Deployment`.
+
+A model's latency on a GPU depends on more than the graph and the board: the execution runtime (PyTorch
+eager, a CUDA-graph replay, ``torch.compile``, or an LLM serving engine), the host CPU and framework
+generation that dispatch each operator, whether FP32 GEMMs and convolutions may run on TF32 tensor cores,
+autocast, whether the timed region holds the input's host-to-device copy, the memory layout and cuDNN's
+autotuner. A :class:`Deployment` names each of these; a field left ``None`` is *not described*, and the
+predictor widens σ for it instead of assuming one fast answer (:meth:`Deployment.resolve` says what is known
+and :attr:`ResolvedDeployment.assumed` what is not).
+
+PyTorch's defaults where a field is ``None`` and the framework generation is known (PyTorch documentation,
+"TensorFloat-32 (TF32) on Ampere (and later) devices", ``torch.backends.cuda.matmul.allow_tf32`` and
+``torch.backends.cudnn.allow_tf32``):
+
+======================  ==================  =================
+torch version           ``tf32_matmul``     ``tf32_conv``
+======================  ==================  =================
+< 1.7                   off (no TF32)       off (no TF32)
+1.7 - 1.11              on                  on
+>= 1.12 (``torch-2``)   off                 on
+======================  ==================  =================
+
+``"torch-1"`` without a version means 1.7-1.11 (the PyTorch 1.x releases of the Ampere years).
+``cudnn_benchmark`` defaults to off (``torch.backends.cudnn.benchmark = False``) and ``autocast`` to none.
+
+Deployments are JSON or TOML files (:meth:`Deployment.save`, :meth:`Deployment.load`), never pickle; unknown
+keys are refused. :meth:`Deployment.detect` reads them off the server that drives the GPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import tomllib
+import types
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dippm_nas._json import canonical_json, check_keys, read_json_file
+from dippm_nas.devices import FRAMEWORKS, HostProfile, load_host_profile, measure_host_profile
+from dippm_nas.errors import DeploymentError, DippmNasError
+
+__all__ = [
+    "Deployment", "ResolvedDeployment", "DEPLOYMENT_RUNTIMES", "GRAPH_RUNTIMES", "AUTOCAST_DTYPES",
+    "INPUT_COPIES", "tf32_defaults",
+]
+
+#: Runtimes of a forward pass the graph predictors model.
+GRAPH_RUNTIMES: tuple[str, ...] = ("eager", "cuda-graphs", "compiled")
+#: Every runtime a deployment may name: the graph runtimes and ``"serving"`` (an LLM serving engine of the
+#: vLLM / TensorRT-LLM class: paged and flash attention, fused kernels, CUDA graphs for decode), which only
+#: :func:`dippm_nas.llm.predict_generation` models.
+DEPLOYMENT_RUNTIMES: tuple[str, ...] = (*GRAPH_RUNTIMES, "serving")
+#: ``autocast`` choices besides ``None`` (no autocast).
+AUTOCAST_DTYPES: tuple[str, ...] = ("float16", "bfloat16")
+#: ``input_copy`` choices besides ``None`` (not described): no copy in the timed region, a copy from pageable
+#: memory (``x.to("cuda")`` of an ordinary tensor), a copy from pinned memory.
+INPUT_COPIES: tuple[str, ...] = ("none", "pageable", "pinned")
+_FORMAT = 1
+_BOOL_FIELDS = ("tf32_matmul", "tf32_conv", "cudnn_benchmark")
+
+
+def tf32_defaults(framework: str | None, torch_version: str | None = None) -> tuple[bool | None, bool | None]:
+    """PyTorch's default ``(tf32_matmul, tf32_conv)`` for a framework generation or a torch version.
+
+    Args:
+        framework: ``"torch-1"``, ``"torch-2"`` or ``None`` (unknown).
+        torch_version: a torch version string (``"1.10.0+cu113"``); it decides over ``framework`` when given.
+
+    Returns:
+        ``(None, None)`` when neither is known.
+    """
+    if torch_version:
+        parts = str(torch_version).split("+")[0].split(".")
+        try:
+            major, minor = int(parts[0]), int(parts[1]) if len(parts) > 1 else 0
+        except ValueError:
+            major = minor = -1
+        if major >= 0:
+            if (major, minor) < (1, 7):
+                return False, False
+            if (major, minor) < (1, 12):
+                return True, True
+            return False, True
+    if framework == "torch-1":
+        return True, True
+    if framework == "torch-2":
+        return False, True
+    return None, None
+
+
+def _framework_of(version: str) -> str | None:
+    head = str(version).strip().split(".")[0]
+    return ("torch-1" if int(head) < 2 else "torch-2") if head.isdigit() else None
+
+
+@dataclass(frozen=True)
+class ResolvedDeployment:
+    """A :class:`Deployment` with PyTorch's defaults filled in where the framework decides them.
+
+    Attributes:
+        runtime: one of :data:`DEPLOYMENT_RUNTIMES`.
+        host: the host profile, ``None`` when not described (its framework is :attr:`framework` when known).
+        framework: ``"torch-1"``, ``"torch-2"`` or ``None``.
+        tf32_matmul, tf32_conv: whether FP32 matmuls / convolutions may use TF32; ``None`` when unknown.
+        autocast: ``None``, ``"float16"`` or ``"bfloat16"``.
+        input_copy: one of :data:`INPUT_COPIES`, ``None`` when unknown.
+        channels_last: the model and input are in channels-last layout.
+        cudnn_benchmark: cuDNN's autotuner is on.
+        assumed: the settings that were not described and that a prediction has to assume (``"host"``,
+            ``"framework"``, ``"tf32"``, ``"input_copy"``), in this order.
+    """
+
+    runtime: str
+    host: HostProfile | None
+    framework: str | None
+    tf32_matmul: bool | None
+    tf32_conv: bool | None
+    autocast: str | None
+    input_copy: str | None
+    channels_last: bool
+    cudnn_benchmark: bool
+    assumed: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """How inference runs; ``None`` = not described (the prediction assumes it and widens σ).
+
+    Attributes:
+        runtime: ``"eager"`` (PyTorch eager, default), ``"cuda-graphs"``, ``"compiled"`` (``torch.compile``) or
+            ``"serving"`` (an LLM serving engine; :func:`dippm_nas.llm.predict_generation` only).
+        host: the CPU and framework that drive the GPU: a :class:`~dippm_nas.devices.HostProfile`, the path of
+            a profile file (``dippm-nas deployment --out`` / ``host-profile --out``; read at construction), or
+            ``None`` (unknown: σ spans the hosts of real GPU servers).
+        framework: ``"torch-1"`` or ``"torch-2"``; sets the host model's generation and the TF32 defaults.
+            When ``None``, taken from ``versions["torch"]`` if given.
+        tf32_matmul: ``torch.backends.cuda.matmul.allow_tf32``; ``None``: the framework's default.
+        tf32_conv: ``torch.backends.cudnn.allow_tf32``; ``None``: the framework's default.
+        autocast: ``None`` (no autocast), ``"float16"`` or ``"bfloat16"``: ``torch.autocast`` around the
+            forward (matmul, convolution and linear in the low dtype; softmax, layer norm, reductions, exp/log
+            in float32; casts as kernels), unlike ``model.half()``.
+        input_copy: ``"none"``, ``"pageable"`` or ``"pinned"``: the timed region holds ``x.to("cuda")`` from
+            pageable or pinned memory; ``None``: unknown.
+        channels_last: the model and input use ``torch.channels_last``.
+        cudnn_benchmark: ``torch.backends.cudnn.benchmark``; ``None``: PyTorch's default (off).
+        versions: optional version strings, e.g. ``{"torch": "2.3.1", "cuda": "12.1", "cudnn": "8902"}``.
+
+    Raises:
+        DeploymentError: an unknown choice, a wrong type or an unreadable host file (the message names the
+            field, the value and the choices).
+    """
+
+    runtime: str = "eager"
+    host: HostProfile | str | Path | None = None
+    framework: str | None = None
+    tf32_matmul: bool | None = None
+    tf32_conv: bool | None = None
+    autocast: str | None = None
+    input_copy: str | None = None
+    channels_last: bool = False
+    cudnn_benchmark: bool | None = None
+    versions: Mapping[str, str] | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.runtime, str) or self.runtime not in DEPLOYMENT_RUNTIMES:
+            raise DeploymentError(f"Deployment.runtime must be one of {DEPLOYMENT_RUNTIMES}, got {self.runtime!r}")
+        host = self.host
+        if isinstance(host, (str, Path)) and not isinstance(host, bool):
+            if not str(host).strip():
+                raise DeploymentError("Deployment.host must be a HostProfile, the path of a host profile file "
+                                      "or None (unknown), got an empty string")
+            try:
+                host = load_host_profile(host)
+            except DippmNasError as e:
+                raise DeploymentError(f"Deployment.host: {e}") from e
+            object.__setattr__(self, "host", host)
+        elif host is not None and not isinstance(host, HostProfile):
+            raise DeploymentError(f"Deployment.host must be a HostProfile, the path of a host profile file or None "
+                                  f"(unknown), got {type(host).__name__}")
+        if self.framework is not None and self.framework not in FRAMEWORKS:
+            raise DeploymentError(f"Deployment.framework must be one of {FRAMEWORKS} or None, got {self.framework!r}")
+        for name in _BOOL_FIELDS:
+            v = getattr(self, name)
+            if v is not None and not isinstance(v, bool):
+                raise DeploymentError(f"Deployment.{name} must be true, false or None (PyTorch's default), got {v!r}")
+        if not isinstance(self.channels_last, bool):
+            raise DeploymentError(f"Deployment.channels_last must be true or false, got {self.channels_last!r}")
+        if self.autocast is not None and self.autocast not in AUTOCAST_DTYPES:
+            raise DeploymentError(f"Deployment.autocast must be None or one of {AUTOCAST_DTYPES}, got {self.autocast!r}")
+        if self.input_copy is not None and self.input_copy not in INPUT_COPIES:
+            raise DeploymentError(f"Deployment.input_copy must be None or one of {INPUT_COPIES}, "
+                                  f"got {self.input_copy!r}")
+        if self.versions is not None:
+            if not isinstance(self.versions, Mapping):
+                raise DeploymentError(f"Deployment.versions must be a mapping of names to version strings or None, "
+                                      f"got {type(self.versions).__name__}")
+            bad = {k: v for k, v in self.versions.items() if not isinstance(k, str) or not isinstance(v, str)}
+            if bad:
+                raise DeploymentError(f"Deployment.versions must map names to version strings, got {bad!r}")
+            torch_v = self.versions.get("torch")
+            if torch_v is not None and _framework_of(torch_v) is None:
+                raise DeploymentError(f"Deployment.versions['torch'] must look like '2.3.1', got {torch_v!r}")
+            object.__setattr__(self, "versions", types.MappingProxyType(dict(sorted(self.versions.items()))))
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    # -- what is known ---------------------------------------------------------------------------------------
+
+    def resolve(self) -> ResolvedDeployment:
+        """The effective settings: PyTorch's defaults where the framework (or torch version) decides them, the
+        host profile carrying the deployment's framework, and the list of what is still assumed."""
+        torch_v = (self.versions or {}).get("torch")
+        framework = self.framework or (_framework_of(torch_v) if torch_v else None)
+        host = self.host
+        if isinstance(host, HostProfile) and framework is not None and host.framework != framework:
+            host = dataclasses.replace(host, framework=framework)
+        d_matmul, d_conv = tf32_defaults(framework, torch_v)
+        tf32_matmul = self.tf32_matmul if self.tf32_matmul is not None else d_matmul
+        tf32_conv = self.tf32_conv if self.tf32_conv is not None else d_conv
+        assumed = []
+        if host is None:
+            assumed.append("host")
+        if framework is None:
+            assumed.append("framework")
+        if tf32_matmul is None or tf32_conv is None:
+            assumed.append("tf32")
+        if self.input_copy is None:
+            assumed.append("input_copy")
+        return ResolvedDeployment(
+            runtime=self.runtime, host=host, framework=framework,  # type: ignore[arg-type]
+            tf32_matmul=tf32_matmul, tf32_conv=tf32_conv, autocast=self.autocast, input_copy=self.input_copy,
+            channels_last=self.channels_last, cudnn_benchmark=bool(self.cudnn_benchmark), assumed=tuple(assumed),
+        )
+
+    @property
+    def key(self) -> str:
+        """A stable text naming this deployment (part of the prediction cache key): canonical JSON of
+        :meth:`to_dict`."""
+        return canonical_json(self.to_dict())
+
+    # -- files ------------------------------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able dict (the host as its profile's dict), what :meth:`from_dict` reads."""
+        host = self.host.to_dict() if isinstance(self.host, HostProfile) else None
+        return {
+            "format": _FORMAT, "runtime": self.runtime, "host": host, "framework": self.framework,
+            "tf32_matmul": self.tf32_matmul, "tf32_conv": self.tf32_conv, "autocast": self.autocast,
+            "input_copy": self.input_copy, "channels_last": self.channels_last,
+            "cudnn_benchmark": self.cudnn_benchmark,
+            "versions": dict(self.versions) if self.versions is not None else None,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Any, *, origin: str = "<dict>") -> "Deployment":
+        """Inverse of :meth:`to_dict`; missing keys take their defaults, ``format`` may be left out.
+
+        Raises:
+            DeploymentError: not a mapping, another format, unknown keys, or a field breaking its rule.
+        """
+        if not isinstance(d, Mapping):
+            raise DeploymentError(f"{origin}: a deployment must be an object, got {type(d).__name__}")
+        fields = dict(d)
+        fmt = fields.pop("format", _FORMAT)
+        if fmt != _FORMAT:
+            raise DeploymentError(f"{origin}: deployment format must be {_FORMAT}, got {fmt!r}")
+        check_keys(fields, cls.__dataclass_fields__, origin, what="deployment", error=DeploymentError)
+        host = fields.get("host")
+        if isinstance(host, Mapping):
+            try:
+                fields["host"] = HostProfile.from_dict(dict(host), origin=f"{origin}: host")
+            except DippmNasError as e:
+                raise DeploymentError(str(e)) from e
+        for name, v in fields.items():
+            if isinstance(v, float) and not math.isfinite(v):
+                raise DeploymentError(f"{origin}: Deployment.{name} must be finite, got {v!r}")
+        try:
+            return cls(**fields)
+        except DeploymentError as e:
+            raise DeploymentError(f"{origin}: {e}") from e
+
+    def save(self, path: str | Path) -> Path:
+        """Write the deployment to ``path``: TOML when it ends in ``.toml``, JSON otherwise.
+
+        Returns:
+            The path written.
+        """
+        p = Path(path)
+        text = _to_toml(self.to_dict()) if p.suffix.lower() == ".toml" else json.dumps(self.to_dict(), indent=1) + "\n"
+        p.write_text(text, encoding="utf-8")
+        return p
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Deployment":
+        """Read a deployment file written by :meth:`save` or ``dippm-nas deployment --out`` (JSON or TOML).
+
+        Raises:
+            DeploymentError: an unreadable file, bad syntax, unknown keys or a field breaking its rule.
+        """
+        p = Path(path)
+        if p.suffix.lower() == ".toml":
+            try:
+                data: Any = tomllib.loads(p.read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+                raise DeploymentError(f"cannot read deployment {str(p)!r}: {e}") from e
+        else:
+            data = read_json_file(p, f"cannot read deployment {str(p)!r}", DeploymentError)
+        return cls.from_dict(data, origin=str(p))
+
+    # -- this machine -----------------------------------------------------------------------------------------
+
+    @classmethod
+    def detect(cls, *, runtime: str = "eager", measure_host: bool = True) -> "Deployment":
+        """The deployment of this machine's PyTorch: its TF32 and cuDNN-autotuner flags, the torch / CUDA /
+        cuDNN versions and (``measure_host``) the host microbenchmark (about a second). Run it on the server
+        that drives the GPU; ``autocast`` and ``input_copy`` are properties of a script, not of the machine,
+        and stay as given (``None``: not described).
+
+        """
+        import torch
+
+        versions = {"torch": str(torch.__version__).split("+")[0]}
+        if getattr(torch.version, "cuda", None):
+            versions["cuda"] = str(torch.version.cuda)
+        try:
+            cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+        except (RuntimeError, AttributeError):  # a CPU build without cuDNN
+            cudnn = None
+        if cudnn:
+            versions["cudnn"] = str(cudnn)
+        host = measure_host_profile() if measure_host else None
+        return cls(
+            runtime=runtime, host=host, framework=_framework_of(versions["torch"]),
+            tf32_matmul=bool(torch.backends.cuda.matmul.allow_tf32), tf32_conv=bool(torch.backends.cudnn.allow_tf32),
+            cudnn_benchmark=bool(torch.backends.cudnn.benchmark), versions=versions,
+        )
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    return json.dumps(str(v))  # a TOML basic string is a JSON string for the characters written here
+
+
+def _to_toml(d: Mapping[str, Any]) -> str:
+    """TOML of a deployment's dict: scalars first, then the ``host`` and ``versions`` tables; ``None`` left out
+    (TOML has no null; a missing key is ``None`` on reading)."""
+    lines = [f"{k} = {_toml_value(v)}" for k, v in d.items() if v is not None and not isinstance(v, Mapping)]
+    for name, table in d.items():
+        if isinstance(table, Mapping):
+            lines += ["", f"[{name}]"]
+            lines += [f"{k} = {_toml_value(v)}" for k, v in table.items() if v is not None]
+    return "\n".join(lines) + "\n"
