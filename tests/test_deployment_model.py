@@ -54,3 +54,97 @@ def test_the_prior_takes_the_deployments_settings() -> None:
     direct = estimate(g, A100, runtime="cuda-graphs", input_copy="pinned", channels_last=True)
     assert via_dep.latency_ms == pytest.approx(direct.latency_ms, rel=1e-12)
     assert via_dep.input_copy_ms > 0
+
+
+def _attention_block(batch: int, tokens: int, dim: int, dtype: str = "float32") -> "OperatorGraph":
+    """x @ Wq -> softmax -> @ Wo -> layer norm: a matmul, softmax, matmul and layer norm chain."""
+    import math
+
+    from dippm_nas.graph import OperatorGraph
+    from dippm_nas.spec import InputSpec, dtype_bytes
+    from test_runtime import _node
+
+    s = (batch, tokens, dim)
+    mm = batch * tokens * dim * dim
+    nodes = [
+        _node(0, "matmul", "matmul", s, [s, (dim, dim)], [False, True], dtype=dtype, flops=2 * mm, macs=mm,
+              attrs={"m": tokens, "n": dim, "k": dim, "batch": batch}),
+        _node(1, "nn.softmax", "softmax", s, [s], [False], dtype=dtype, flops=5 * math.prod(s)),
+        _node(2, "matmul", "matmul", s, [s, (dim, dim)], [False, True], dtype=dtype, flops=2 * mm, macs=mm,
+              attrs={"m": tokens, "n": dim, "k": dim, "batch": batch}),
+        _node(3, "nn.layer_norm", "normalization", s, [s, (dim,), (dim,)], [False, True, True], dtype=dtype,
+              flops=8 * math.prod(s)),
+    ]
+    pbytes = sum(n.param_bytes for n in nodes)
+    return OperatorGraph(nodes=nodes, edges=[(0, 1), (1, 2), (2, 3)], input_consumers={"x": [0]}, outputs=[3],
+                         spec=InputSpec(shape=(tokens, dim), batch_size=batch, dtype=dtype),
+                         param_count=pbytes // dtype_bytes(dtype), param_bytes=pbytes, mode="export").validate()
+
+
+@pytest.mark.parametrize("device, faster", [("a100-sxm4-40gb", True), ("h100-sxm5-80gb", True),
+                                            ("rtx-2080-ti", False), ("titan-rtx", False)])
+def test_tf32_speeds_fp32_gemms_on_ampere_and_hopper_not_on_turing(device: str, faster: bool) -> None:
+    g = _attention_block(64, 512, 1024)
+    off = estimate(g, device, tf32_matmul=False).gpu_busy_ms
+    on = estimate(g, device, deployment=Deployment(framework="torch-2", tf32_matmul=True)).gpu_busy_ms
+    if faster:
+        assert on < 0.6 * off
+    else:
+        assert on == pytest.approx(off, rel=1e-12)
+
+
+def test_tf32_asked_on_a_gpu_without_it_is_flagged_and_ignored() -> None:
+    p = AnalyticPredictor("rtx-2080-ti", load_calibration=False)
+    g = _attention_block(8, 128, 256)
+    with pytest.warns(RuntimeWarning, match="TF32"):
+        (asked,) = p.predict_graphs([g], mig=False, deployment=Deployment(framework="torch-2", tf32_matmul=True))
+    (plain,) = p.predict_graphs([g], mig=False, deployment=Deployment(framework="torch-2"))
+    assert asked.details["tf32_unsupported"] == 1.0 and plain.details["tf32_unsupported"] == 0.0
+    assert asked.latency_ms == pytest.approx(plain.latency_ms, rel=1e-12)
+    (ampere,) = AnalyticPredictor(A100, load_calibration=False).predict_graphs(
+        [g], mig=False, deployment=Deployment(framework="torch-2", tf32_matmul=True))
+    assert ampere.details["tf32_unsupported"] == 0.0
+
+
+def test_autocast_keeps_softmax_and_layer_norm_in_fp32_and_adds_casts() -> None:
+    from dippm_nas.prior import graph_facts
+
+    g = _attention_block(16, 256, 512)
+    plan = graph_facts(g).autocast(g, "float16")
+    assert plan.dtype.tolist() == [1, 0, 1, 0]  # matmul fp16, softmax fp32, matmul fp16, layer norm fp32
+    # casts: the input and the weight of the first matmul; the softmax's input up; the second matmul's input
+    # down and its weight; the layer norm's input up
+    assert plan.casts.tolist() == [2, 1, 2, 1]
+    plain = estimate(g, A100)
+    ac = estimate(g, A100, autocast="float16")
+    half = estimate(_attention_block(16, 256, 512, "float16"), A100)
+    assert ac.gpu_busy_ms < plain.gpu_busy_ms            # the GEMMs run on FP16 tensor cores
+    assert ac.gpu_busy_ms > half.gpu_busy_ms             # but the casts and the fp32 softmax / layer norm cost
+    assert ac.host_ms > plain.host_ms                    # each cast is a dispatch and a launch
+
+
+def test_input_copy_adds_its_bytes_over_the_boards_link_pinned_faster_than_pageable() -> None:
+    from dippm_nas.devices import get_device
+    from dippm_nas.prior import PINNED_COPY_EFFICIENCY
+
+    small, big = HOST_BOUND[1], GPU_BOUND[1]
+    for device in ("a100-sxm4-40gb", "h100-sxm5-80gb", "rtx-2080-ti"):
+        link = get_device(device).pcie_gbps
+        d = {name: {k: estimate(g, device, input_copy=k).input_copy_ms for k in ("none", "pinned", "pageable")}
+             for name, g in (("small", small), ("big", big))}
+        assert d["small"]["none"] == d["big"]["none"] == 0.0
+        extra_us = (d["big"]["pinned"] - d["small"]["pinned"]) * 1e3
+        bytes_ = big.spec.input_bytes - small.spec.input_bytes
+        assert extra_us == pytest.approx(bytes_ / (link * PINNED_COPY_EFFICIENCY * 1e3), rel=1e-9)
+        assert d["big"]["pinned"] < d["big"]["pageable"] and d["small"]["pinned"] < d["small"]["pageable"]
+    # a PCIe 5.0 board copies the same bytes faster than a PCIe 3.0 one
+    assert (estimate(big, "h100-sxm5-80gb", input_copy="pinned").input_copy_ms
+            < estimate(big, "rtx-2080-ti", input_copy="pinned").input_copy_ms)
+
+
+def test_channels_last_drops_the_nchw_transposes_and_copies_reshaped_activations() -> None:
+    from test_runtime import conv_chain
+
+    g = conv_chain(32, 64, 28, dtype="float16")
+    nchw, nhwc = estimate(g, A100), estimate(g, A100, channels_last=True)
+    assert nhwc.gpu_busy_ms < nchw.gpu_busy_ms

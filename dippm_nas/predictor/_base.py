@@ -87,9 +87,17 @@ def deployment_of(device: str, deployment: Deployment | None = None, runtime: st
                                     "(Deployment(host=...)) or leave host out")
         dep = deployment
     settings = deployment_settings(dep)  # refuses "serving" (ExecutionRuntimeError listing the runtimes)
-    if settings.runtime != "eager" and resolve_device(device).kind != "gpu":
+    dev = resolve_device(device)
+    if settings.runtime != "eager" and dev.kind != "gpu":
         raise ExecutionRuntimeError(f"runtime {settings.runtime!r} is modelled for GPUs; device {device!r} is a CPU, "
                                     "whose predictions are for eager PyTorch (runtime='eager')")
+    if settings.autocast is not None and dev.kind != "gpu":
+        raise InvalidValueError(f"autocast={settings.autocast!r} is modelled for GPUs (torch.autocast('cuda')); "
+                                f"device {device!r} is a CPU: capture the model in the dtype it runs in instead")
+    if _tf32_unsupported(settings, dev):
+        _warn_once(f"tf32:{dev.id}", "the deployment asks for TF32, which %s (%s) does not have: FP32 matmuls and "
+                   "convolutions are predicted on its FP32 cores, flagged details['tf32_unsupported'] = 1",
+                   dev.id, dev.architecture)
     if settings.host.framework != CURRENT_FRAMEWORK:
         _warn_once(f"framework:{settings.host.framework}",
                    "the deployment runs %s, not the %s generation the host model's constants are for: its host "
@@ -117,11 +125,21 @@ def execution_details(settings: DeploymentSettings, device: str | None = None) -
     """``details`` entries every prediction carries about its execution: the runtime, whether the framework is
     another generation than the host model's (``host_profile_mismatch``) and the deployment's settings that
     were assumed (``deployment_assumed``: comma-joined, ``""`` when every setting is described; always ``""``
-    on a CPU device, where none of them applies)."""
-    cpu = device is not None and resolve_device(device).kind != "gpu"
-    return {"runtime": settings.runtime,
-            "host_profile_mismatch": float(settings.host.framework != CURRENT_FRAMEWORK),
-            "deployment_assumed": "" if cpu else settings.assumed_label}
+    on a CPU device, where none of them applies) and, on a GPU, whether it asked for TF32 the GPU does not have
+    (``tf32_unsupported``: the flag is ignored)."""
+    dev = resolve_device(device) if device is not None else None
+    cpu = dev is not None and dev.kind != "gpu"
+    out: dict[str, Any] = {"runtime": settings.runtime,
+                           "host_profile_mismatch": float(settings.host.framework != CURRENT_FRAMEWORK),
+                           "deployment_assumed": "" if cpu else settings.assumed_label}
+    if dev is not None and dev.kind == "gpu":
+        out["tf32_unsupported"] = float(_tf32_unsupported(settings, dev))
+    return out
+
+
+def _tf32_unsupported(settings: DeploymentSettings, device: Any) -> bool:
+    """The deployment asks for TF32 on a GPU without TF32 tensor cores (before Ampere)."""
+    return settings.tf32_requested and device.kind == "gpu" and device.tf32_tensor_tflops is None
 
 
 class AnalyticPredictor(BasePredictor):

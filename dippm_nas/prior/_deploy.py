@@ -42,6 +42,8 @@ class DeploymentSettings:
         input_copy: ``"none"``, ``"pageable"`` or ``"pinned"``.
         assumed: the deployment's settings that were not described (``"host"``, ``"framework"``, ``"tf32"``,
             ``"input_copy"``) and took the centre values above.
+        tf32_requested: the deployment set a TF32 flag on itself (not a framework default), which a GPU
+            without TF32 tensor cores ignores (flagged ``details["tf32_unsupported"]``).
     """
 
     runtime: str = "eager"
@@ -52,6 +54,7 @@ class DeploymentSettings:
     autocast: str | None = None
     input_copy: str = UNKNOWN_INPUT_COPY
     assumed: tuple[str, ...] = ()
+    tf32_requested: bool = False
 
     @property
     def assumed_label(self) -> str:
@@ -82,7 +85,9 @@ def deployment_settings(deployment: Deployment | ResolvedDeployment | Deployment
     """
     if isinstance(deployment, DeploymentSettings):
         return deployment
+    requested = False
     if isinstance(deployment, Deployment):
+        requested = bool(deployment.tf32_matmul) or bool(deployment.tf32_conv)
         deployment = deployment.resolve()
     if not isinstance(deployment, ResolvedDeployment):
         raise InvalidTypeError(f"deployment must be a dippm_nas.Deployment, got {type(deployment).__name__}")
@@ -98,4 +103,4 @@ def deployment_settings(deployment: Deployment | ResolvedDeployment | Deployment
     return DeploymentSettings(runtime=runtime, host=host, tf32_matmul=matmul, tf32_conv=conv,
                               channels_last=r.channels_last, autocast=r.autocast,
                               input_copy=UNKNOWN_INPUT_COPY if r.input_copy is None else r.input_copy,
-                              assumed=r.assumed)
+                              assumed=r.assumed, tf32_requested=requested)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -30,6 +30,7 @@ from dippm_nas.deployment import AUTOCAST_DTYPES
 from dippm_nas.devices import Device, HostProfile, default_host_profile
 from dippm_nas.errors import InvalidValueError
 from dippm_nas.graph import OperatorGraph, OpNode
+from dippm_nas.prior._autocast import AutocastPlan, autocast_plan
 from dippm_nas.prior._host import HOST_KINDS, host_kind
 from dippm_nas.prior._params import CONTRACTION_CLASSES, PARAM_CLASSES, PriorParams
 
@@ -206,6 +207,32 @@ class GraphFacts:
     _tiles: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]]
     _nodes: list[OpNode]
     memory: Any = None           # MemoryBreakdown of the liveness pass, filled by the estimator
+    _plans: dict[Any, Any] = field(default_factory=dict)  # autocast plans and channels-last copies, by setting
+
+    def autocast(self, graph: OperatorGraph, low: str) -> AutocastPlan:
+        """The :class:`~dippm_nas.prior._autocast.AutocastPlan` of ``graph`` (whose facts these are) under
+        autocast to ``low``, computed once."""
+        key = ("autocast", low)
+        if key not in self._plans:
+            self._plans[key] = autocast_plan(graph, low, self.classes, self.dtype, self.fused)
+        return self._plans[key]
+
+    def channels_last_copies(self, graph: OperatorGraph) -> np.ndarray:
+        """Per node, the elements a channels-last activation copies where it is reshaped to another rank
+        (``x.flatten(1)``, ``x.reshape(n, c, -1)`` of an NHWC tensor with more than one pixel cannot be a
+        view; PyTorch copies it to a contiguous tensor). ``[num_nodes]`` float64, 0 elsewhere."""
+        key = "channels_last"
+        if key not in self._plans:
+            out = np.zeros(len(self._nodes))
+            for i in np.flatnonzero(self.view):
+                nd = self._nodes[i]
+                if nd.op not in _RESHAPES:
+                    continue
+                shape = next((sh for sh, par in zip(nd.input_shapes, nd.input_is_param) if not par), ())
+                if len(shape) == 4 and shape[2] * shape[3] > 1 and len(nd.output_shape) != 4:
+                    out[i] = float(math.prod(shape))
+            self._plans[key] = out
+        return self._plans[key]
 
     def tiles(self, tile_m: int, tile_n: int) -> tuple[np.ndarray, np.ndarray]:
         """(thread blocks, tile efficiency) of every contraction node for a tile size (1 elsewhere)."""
@@ -318,6 +345,40 @@ def graph_facts(graph: OperatorGraph) -> GraphFacts:
     return facts
 
 
+_RESHAPES = frozenset({"reshape", "flatten", "nn.batch_flatten"})
+_DT_SIZE = np.array([4.0, 2.0, 2.0, 8.0])
+
+
+def _extra_kernels(graph: OperatorGraph, f: GraphFacts, device: Device, params: PriorParams,
+                   plan: AutocastPlan | None, channels_last: bool, dt: np.ndarray, eta_m: np.ndarray,
+                   active: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """Kernels a deployment adds to the graph's own, per node: ``(kernels, bytes read and written)``, or
+    ``None`` when it adds none. Autocast's casts (:mod:`~dippm_nas.prior._autocast`) and, in channels-last
+    layout, the copies of NHWC activations reshaped to another rank (:meth:`GraphFacts.channels_last_copies`)."""
+    if device.kind != "gpu" or (plan is None and not channels_last):
+        return None
+    n_extra = np.zeros(len(f.classes))
+    extra_bytes = np.zeros(len(f.classes))
+    if plan is not None:
+        n_extra += np.where(active, plan.casts, 0.0)
+        extra_bytes += np.where(active, plan.cast_bytes, 0.0)
+    if channels_last:
+        elems = f.channels_last_copies(graph)
+        width = _DT_SIZE[np.clip(dt, 0, 3)]
+        n_extra += elems > 0
+        extra_bytes += 2.0 * elems * width  # read and written once
+    return (n_extra, extra_bytes) if n_extra.any() else None
+
+
+def _internal_dispatch_us(params: PriorParams, host: HostProfile | None) -> float:
+    """Host time of a kernel an operator launches through the dispatcher without a Python call of its own (an
+    autocast cast, a layout copy), µs: a view's fitted dispatch plus a kernel launch, on ``host``."""
+    hm = params.host_model
+    if hm is None:
+        return params.host_view_us + params.host_launch_us
+    return (hm.op_us["view"] + hm.launch_us) * hm.scale(host if host is not None else default_host_profile())
+
+
 def check_autocast(autocast: Any) -> str | None:
     """``autocast`` if it is ``None`` or one of :data:`~dippm_nas.deployment.AUTOCAST_DTYPES`.
 
@@ -357,40 +418,46 @@ def node_costs(
     gpu = device.kind == "gpu"
     pc = [params.op_classes[c] for c in PARAM_CLASSES]
     per = lambda name: np.array([getattr(p, name) for p in pc], dtype=np.float64)[f.cls_idx]  # noqa: E731
+    plan = f.autocast(graph, autocast) if gpu and autocast is not None else None
+    dt = plan.dtype if plan is not None else f.dtype  # each node's run-time dtype code
 
     # peaks: CUDA cores by default; tensor cores for contractions in half precision, FP32 with TF32 allowed, and
     # FP64 GEMMs where the GPU has FP64 tensor cores.
     # PyTorch computes half-precision element-wise ops in FP32 (opmath) and cuDNN/cuBLAS half convolutions and
     # GEMMs without tensor cores with FP32 math, so a GPU whose native FP16 rate is below its FP32 rate (Pascal
     # GP102: 1/64) runs them at the FP32 rate.
-    half = (f.dtype == 1) | (f.dtype == 2)
+    half = (dt == 1) | (dt == 2)
     half_peak = max(device.fp16_tflops or 0.0, device.fp32_tflops)
     cuda = np.where(half & (device.fp16_tflops is not None), half_peak, device.fp32_tflops)
     if device.fp64_tflops is not None:
-        cuda = np.where(f.dtype == 3, device.fp64_tflops, cuda)
+        cuda = np.where(dt == 3, device.fp64_tflops, cuda)
     tensor = np.zeros(n, dtype=bool)
     peak = cuda.astype(np.float64)
     if gpu:
         for code, tflops in ((1, device.fp16_tensor_tflops), (2, device.bf16_tensor_tflops)):
             if tflops is not None:
-                m = f.contraction & (f.dtype == code)
+                m = f.contraction & (dt == code)
                 peak[m], tensor[m] = tflops, True
         if device.tf32_tensor_tflops is not None:
-            allow = np.where(f.conv, tf32_conv, tf32_matmul) & f.contraction & (f.dtype == 0)
+            allow = np.where(f.conv, tf32_conv, tf32_matmul) & f.contraction & (dt == 0)
             peak[allow], tensor[allow] = device.tf32_tensor_tflops, True
         if device.fp64_tensor_tflops is not None:  # cuBLAS DGEMMs run on FP64 tensor cores; cuDNN FP64 convs do not
-            dmma = f.contraction & ~f.conv & (f.dtype == 3)
+            dmma = f.contraction & ~f.conv & (dt == 3)
             peak[dmma], tensor[dmma] = device.fp64_tensor_tflops, True
 
     bytes_ = f.bytes.copy()
+    act_bytes = f.act_bytes
     act = f.active
     if params.fuse_hard_activations:
         act = act & ~f.hard_inner
         bytes_ = bytes_ - f.hard_extra_bytes
+    if plan is not None:
+        bytes_ = bytes_ * plan.bytes_scale
+        act_bytes = act_bytes * plan.bytes_scale
     kernels = per("kernels")
     if gpu and not channels_last and params.nchw_transpose_passes > 0:
         nchw = tensor & f.conv & half
-        bytes_[nchw] += params.nchw_transpose_passes * f.act_bytes[nchw]
+        bytes_[nchw] += params.nchw_transpose_passes * act_bytes[nchw]
         kernels[nchw] += 2.0
 
     wave = np.ones(n)
@@ -400,7 +467,7 @@ def node_costs(
     k_half = np.where(f.contraction, per("k_half"), 0.0)
     # FP64 kernels on CUDA cores of a class with its own FP64 efficiency: that efficiency, no wave, tile or
     # reduction-length terms (applied after those are set below)
-    own64 = gpu & ~tensor & (f.dtype == 3)
+    own64 = gpu & ~tensor & (dt == 3)
     if own64.any():  # only float64 graphs pay for the lookup
         eta64 = np.array([np.nan if p.eta_compute_fp64 is None else p.eta_compute_fp64 for p in pc])[f.cls_idx]
         own64 &= ~np.isnan(eta64)
@@ -459,6 +526,21 @@ def node_costs(
         launch = params.host_launch_us if gpu else 0.0
         view_us = params.host_view_us if gpu else min(params.host_view_us, dispatch)
         host_t = np.where(act, np.where(f.fused, 0.0, dispatch) + kernels * launch, 0.0) + np.where(f.view, view_us, 0.0)
+
+    extra = _extra_kernels(graph, f, device, params, plan, channels_last, dt, eta_m, act)
+    if extra is not None:  # autocast's casts and channels-last copies: kernels and dispatches of their own
+        n_extra, extra_bytes = extra
+        cast = _CLASS_INDEX["cast"]
+        t_x, _, mem_x = kernel_time_us(
+            0.0, extra_bytes, peak_tflops=device.fp32_tflops, bandwidth_gbps=device.bandwidth_gbps, eta_compute=1.0,
+            eta_memory=min(pc[cast].eta_memory * scale.memory, 1.0), kernel_us=pc[cast].kernel_us, kernels=n_extra,
+            l2_fraction=np.where(extra_bytes > 0, np.minimum(1.0, device.l2_mib * 2**20 / np.maximum(extra_bytes, 1.0)),
+                                 0.0), l2_speedup=params.l2_speedup)
+        gpu_us = gpu_us + np.where(n_extra > 0, t_x, 0.0)
+        mem = mem + np.where(n_extra > 0, mem_x, 0.0)
+        kernels = kernels + n_extra
+        bytes_ = bytes_ + extra_bytes
+        host_t = host_t + n_extra * _internal_dispatch_us(params, host)
 
     with np.errstate(divide="ignore", invalid="ignore"):
         util_c = np.where(gpu_us > 0, f.flops / (peak * 1e12) * 1e6 / gpu_us, 0.0)
