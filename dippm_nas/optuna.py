@@ -202,7 +202,7 @@ class HardwareCostModel:
         runtime: how candidates will run on the GPU: ``"eager"`` (default), ``"cuda-graphs"`` or
             ``"compiled"`` (see :func:`dippm_nas.predict`).
         host: the CPU that drives the GPU: a :class:`~dippm_nas.devices.HostProfile`, a profile JSON file, or
-            ``None`` for the default datacenter host.
+            ``None`` (not described: σ spans the hosts of real GPU servers).
         on_error: one of :data:`ON_ERROR`, for a candidate that cannot be captured or predicted (see the
             module docstring): ``"fail"`` (default) fails the trial and the study goes on, ``"infeasible"``
             completes it with its constraints violated, ``"raise"`` raises.
@@ -231,7 +231,7 @@ class HardwareCostModel:
         dev = resolve_device(device)
         self.device: str = dev.id
         self.runtime: str = check_runtime(runtime)
-        self.host = resolve_host_profile(host)
+        self.host = None if host is None else resolve_host_profile(host)  # None: not described
         budgets = Budgets.coerce(budgets)
         if k_sigma is not None:
             budgets = dataclasses.replace(budgets, k_sigma=check_k_sigma(k_sigma))

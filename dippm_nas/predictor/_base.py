@@ -196,13 +196,18 @@ class AnalyticPredictor(BasePredictor):
         est = estimate(graph, self.device, deployment=settings)
         g, h, pre = tf.apply(est.node_time_ms * 1e3, est.node_host_ms * 1e3, est.pass_host_ms * 1e3,
                              calibration_classes(graph) if tf.class_log else None)
-        lat = latency_us(g, h, pre) / 1e3 * (pred.latency_ms / est.latency_ms if est.latency_ms > 0 else 1.0)
+        # measurements made under the deployment describe it: its spread's offset and σ give way to the factors
+        offset, s_dep = pred.details.get("deployment_offset_log", 0.0), pred.details.get("deployment_sigma_log", 0.0)
+        centre = pred.latency_ms * math.exp(-offset)
+        lat = latency_us(g, h, pre) / 1e3 * (centre / est.latency_ms if est.latency_ms > 0 else 1.0)
         std = None
         if pred.latency_ms_std is not None:
-            std = lat * math.hypot(pred.latency_ms_std / pred.latency_ms, tf.residual_std_log)
+            own = math.sqrt(max((pred.latency_ms_std / pred.latency_ms) ** 2 - s_dep ** 2, 0.0))
+            std = lat * math.hypot(own, tf.residual_std_log)
         host_ms, gpu_ms = float(h.sum() + pre) / 1e3, float(g.sum()) / 1e3
         details = {**pred.details, **calibration_details(tf), "uncalibrated_latency_ms": pred.latency_ms,
-                   "host_ms": host_ms, "gpu_busy_ms": gpu_ms, "host_bound": float(host_ms > gpu_ms)}
+                   "host_ms": host_ms, "gpu_busy_ms": gpu_ms, "host_bound": float(host_ms > gpu_ms),
+                   "deployment_sigma_log": 0.0, "deployment_offset_log": 0.0}
         return dataclasses.replace(pred, latency_ms=lat, latency_ms_std=std, latency_source="calibrated",
                                    host_ms=host_ms, gpu_ms=gpu_ms, details=details)
 
