@@ -9,9 +9,8 @@
   graphs at batch 256 and 1 in float16, four float32 graphs of the host-CPU data) on the A100 checkpoint
   (eager, CUDA graphs, compiled, without MIG advice), the analytic H100 and the analytic RTX 4090 (compiled)
   against the values in ``tests/data/inference_expected.json.xz`` (``Prediction.to_dict()`` of each), written
-  by the per-node implementation (the analytic devices) and, for the A100, by this code with the shipped
-  checkpoint (:func:`write_expected` rewrites a device's values after a deliberate change such as a retrained
-  checkpoint). On the machine that wrote them they are equal bit for bit; the comparison allows 1e-6 relative so that another CPU's float32 rounding of the network does
+  by this code with the shipped checkpoint and prior (:func:`write_expected` rewrites a device's values after a
+  deliberate change such as a retrained checkpoint or a change of the prior's model). On the machine that wrote them they are equal bit for bit; the comparison allows 1e-6 relative so that another CPU's float32 rounding of the network does
   not fail it (every non-numeric field, MIG choice and flag must be equal).
 - ``predict`` on a model from a registered search space assembles its graph instead of exporting it
   (the assembled graph is the whole capture's: ``tests/test_assembly.py``).

@@ -86,7 +86,7 @@ def _prepare(rows: Sequence[HostRow], params: PriorParams) -> list[_Prepared]:
             raise InvalidValueError(f"host rows must be measured on a GPU, got device {dev.id!r} ({dev.kind})")
         f = graph_facts(r.graph)
         c = node_costs(r.graph, dev, params)
-        issued = (f.active & ~f.fused) | f.view
+        issued = (f.active & ~f.fused & ~f.internal) | (f.view & ~f.inner_view)
         out.append(_Prepared(gpu_us=c.gpu_us, kind=np.where(issued, f.host_kind, -1),
                              extra_kernels=np.where(f.active, np.maximum(c.kernels - 1.0, 0.0), 0.0),
                              input_bytes=float(r.graph.spec.input_bytes), copy=r.execution.input_copy,

@@ -192,6 +192,8 @@ class GraphFacts:
     active: np.ndarray           # bool: launches kernels (not constant, not a view)
     view: np.ndarray             # bool: a view (host dispatch only)
     fused: np.ndarray            # bool: bias add run inside the preceding conv/matmul call
+    inner_view: np.ndarray       # bool: a view taken inside another operator's dispatch (no host time of its own)
+    internal: np.ndarray         # bool: a kernel launched inside the preceding operator's dispatch (a roll's later dim)
     hard_inner: np.ndarray       # bool: add/clip/divide of a decomposed hardswish/hardsigmoid (one kernel)
     hard_extra_bytes: np.ndarray  # bytes the last node of such a kernel reads beyond the one input it needs
     host_kind: np.ndarray        # index into HOST_KINDS of each node's op class
@@ -206,6 +208,7 @@ class GraphFacts:
     uses_cublas: bool
     _tiles: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]]
     _nodes: list[OpNode]
+    _preds: list[list[int]]
     memory: Any = None           # MemoryBreakdown of the liveness pass, filled by the estimator
     _plans: dict[Any, Any] = field(default_factory=dict)  # autocast plans and channels-last copies, by setting
 
@@ -215,6 +218,24 @@ class GraphFacts:
         key = ("autocast", low)
         if key not in self._plans:
             self._plans[key] = autocast_plan(graph, low, self.classes, self.dtype, self.fused)
+        return self._plans[key]
+
+    def reshape_copies(self) -> np.ndarray:
+        """Per node, the elements a reshape copies because its input is a permuted (non-contiguous) view:
+        ``x.permute(...).reshape(...)`` / ``.transpose(1, 2).reshape(...)`` (window partitions, attention heads
+        merged back) cannot be a view, so eager PyTorch copies the tensor (one kernel). ``[num_nodes]`` float64,
+        0 elsewhere."""
+        key = "reshape_copies"
+        if key not in self._plans:
+            out = np.zeros(len(self._nodes))
+            for i in np.flatnonzero(self.view):
+                nd = self._nodes[i]
+                if nd.op not in _RESHAPES:
+                    continue
+                src = [q for q in self._preds[i] if not self._nodes[q].is_constant]
+                if len(src) == 1 and self._nodes[src[0]].op == "permute_dims" and _moves_data(self._nodes[src[0]]):
+                    out[i] = float(math.prod(nd.output_shape))
+            self._plans[key] = out
         return self._plans[key]
 
     def channels_last_copies(self, graph: OperatorGraph) -> np.ndarray:
@@ -244,6 +265,43 @@ class GraphFacts:
                 t[i], e[i] = contraction_tiles(self._nodes[i], tile_m, tile_n)
             self._tiles[key] = (t, e)
         return self._tiles[key]
+
+
+def _selects(nodes: Sequence[OpNode]) -> np.ndarray:
+    """``take`` nodes with a 0-d constant index: ``x[0]`` / ``qkv[0]`` in PyTorch, a ``select`` view (no kernel),
+    which the frontend writes as a gather."""
+    return np.array([nd.op == "take" and len(nd.input_shapes) == 2 and len(nd.input_shapes[1]) == 0
+                     and nd.input_is_param[1] for nd in nodes], dtype=bool)
+
+
+def _rolls(nodes: Sequence[OpNode], preds: list[list[int]], succ: list[list[int]],
+           const: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Find the frontend's decomposition of ``torch.roll``: per rolled dimension a ``concat`` of two
+    ``strided_slice`` views of one tensor, each view read only by that concat; a roll over several dimensions
+    chains them. Eager PyTorch dispatches one ``roll`` for all its dimensions (one kernel per dimension).
+
+    Returns ``(inner, internal)``: ``inner`` marks the slices (views inside the roll, no host time of their
+    own); ``internal`` the concats of the later dimensions (a kernel launched inside the first one's dispatch).
+    """
+    n = len(nodes)
+    inner = np.zeros(n, dtype=bool)
+    internal = np.zeros(n, dtype=bool)
+    roll = np.zeros(n, dtype=bool)
+    for nd in nodes:
+        if nd.op != "concat" or const[nd.index]:
+            continue
+        ps = preds[nd.index]
+        if len(ps) != 2 or len(nd.input_shapes) != 2 or any(nodes[q].op != "strided_slice" for q in ps):
+            continue
+        src = [preds[q] for q in ps]
+        if src[0] != src[1] or len(src[0]) != 1 or any(succ[q] != [nd.index] for q in ps):
+            continue
+        roll[nd.index] = True
+        inner[ps] = True
+        s0 = src[0][0]
+        if roll[s0] and sorted(succ[s0]) == sorted(ps):  # the roll's previous dimension: one dispatch
+            internal[nd.index] = True
+    return inner, internal
 
 
 def _scalar_param_input(nd: OpNode) -> bool:
@@ -311,8 +369,9 @@ def graph_facts(graph: OperatorGraph) -> GraphFacts:
     classes = tuple(param_class(nd) for nd in nodes)
     cls_idx = np.array([_CLASS_INDEX[c] for c in classes], dtype=np.int64)
     const = np.array([nd.is_constant for nd in nodes], dtype=bool)
-    view = np.array([nd.op_class == "view" for nd in nodes], dtype=bool) & ~const
+    view = (np.array([nd.op_class == "view" for nd in nodes], dtype=bool) | _selects(nodes)) & ~const
     active = ~const & ~view
+    inner, internal = _rolls(nodes, preds, succ, const)
     fused = np.zeros(n, dtype=bool)
     for nd in nodes:
         if nd.op != "add" or nd.is_constant or not any(nd.input_is_param):
@@ -322,9 +381,10 @@ def graph_facts(graph: OperatorGraph) -> GraphFacts:
             fused[nd.index] = True
     hard_inner, hard_extra = _hard_activations(nodes, preds, succ)
     facts = GraphFacts(
-        classes=classes, cls_idx=cls_idx, host_kind=np.array([_HOST_KIND_INDEX[host_kind(nd.op_class)] for nd in nodes],
-                                                             dtype=np.int64),
-        active=active, view=view, fused=fused,
+        classes=classes, cls_idx=cls_idx,
+        host_kind=np.where(view, _HOST_KIND_INDEX["view"],
+                           np.array([_HOST_KIND_INDEX[host_kind(nd.op_class)] for nd in nodes], dtype=np.int64)),
+        active=active, view=view, fused=fused, inner_view=inner, internal=internal,
         hard_inner=hard_inner, hard_extra_bytes=hard_extra,
         conv=np.array([c == "conv" for c in classes], dtype=bool),
         contraction=_CONTRACTION_IDX[cls_idx],
@@ -336,7 +396,7 @@ def graph_facts(graph: OperatorGraph) -> GraphFacts:
                              dtype=np.float64),
         dtypes=frozenset(nd.output_dtype for nd in nodes if not nd.is_constant and nd.output_dtype in _DT_CODE),
         uses_cublas=any(nd.op_class in ("matmul", "attention") and not nd.is_constant for nd in nodes),
-        _tiles={}, _nodes=nodes,
+        _tiles={}, _nodes=nodes, _preds=preds,
     )
     with _FACTS_LOCK:
         while len(_FACTS) >= _FACTS_MAX:
@@ -346,27 +406,39 @@ def graph_facts(graph: OperatorGraph) -> GraphFacts:
 
 
 _RESHAPES = frozenset({"reshape", "flatten", "nn.batch_flatten"})
+
+
+def _moves_data(permute: OpNode) -> bool:
+    """A permutation that reorders dimensions longer than 1 (so its result is not contiguous)."""
+    axes = permute.attrs.get("axes")
+    shape = next((sh for sh, par in zip(permute.input_shapes, permute.input_is_param) if not par), ())
+    if not axes or len(axes) != len(shape):
+        return True
+    kept = [a % len(shape) for a in axes if shape[a % len(shape)] > 1]
+    return kept != sorted(kept)
 _DT_SIZE = np.array([4.0, 2.0, 2.0, 8.0])
 
 
 def _extra_kernels(graph: OperatorGraph, f: GraphFacts, device: Device, params: PriorParams,
                    plan: AutocastPlan | None, channels_last: bool, dt: np.ndarray, eta_m: np.ndarray,
                    active: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-    """Kernels a deployment adds to the graph's own, per node: ``(kernels, bytes read and written)``, or
-    ``None`` when it adds none. Autocast's casts (:mod:`~dippm_nas.prior._autocast`) and, in channels-last
-    layout, the copies of NHWC activations reshaped to another rank (:meth:`GraphFacts.channels_last_copies`)."""
-    if device.kind != "gpu" or (plan is None and not channels_last):
+    """Kernels eager PyTorch runs beyond the graph's own, per node: ``(kernels, bytes read and written)``, or
+    ``None`` when there are none. Reshapes of permuted views copy (:meth:`GraphFacts.reshape_copies`);
+    autocast's casts (:mod:`~dippm_nas.prior._autocast`) and, in channels-last layout, the copies of NHWC
+    activations reshaped to another rank (:meth:`GraphFacts.channels_last_copies`)."""
+    if device.kind != "gpu":
         return None
-    n_extra = np.zeros(len(f.classes))
-    extra_bytes = np.zeros(len(f.classes))
+    width = _DT_SIZE[np.clip(dt, 0, 3)]
+    copies = f.reshape_copies()
+    n_extra = (copies > 0).astype(np.float64)
+    extra_bytes = 2.0 * copies * width  # read and written once
     if plan is not None:
         n_extra += np.where(active, plan.casts, 0.0)
         extra_bytes += np.where(active, plan.cast_bytes, 0.0)
     if channels_last:
         elems = f.channels_last_copies(graph)
-        width = _DT_SIZE[np.clip(dt, 0, 3)]
         n_extra += elems > 0
-        extra_bytes += 2.0 * elems * width  # read and written once
+        extra_bytes += 2.0 * elems * width
     return (n_extra, extra_bytes) if n_extra.any() else None
 
 
@@ -516,8 +588,9 @@ def node_costs(
         hm = params.host_model
         k = hm.scale(host if host is not None else default_host_profile())
         op_us = np.array([hm.op_us[kind] for kind in HOST_KINDS], dtype=np.float64)[f.host_kind] * k
-        host_t = (np.where(act, np.where(f.fused, 0.0, op_us) + np.maximum(kernels - 1.0, 0.0) * hm.launch_us * k, 0.0)
-                  + np.where(f.view, op_us, 0.0))
+        issue = np.where(f.fused, 0.0, np.where(f.internal, _internal_dispatch_us(params, host), op_us))
+        host_t = (np.where(act, issue + np.maximum(kernels - 1.0, 0.0) * hm.launch_us * k, 0.0)
+                  + np.where(f.view & ~f.inner_view, op_us, 0.0))
     else:
         if scale.dispatch_us is not None:
             dispatch = scale.dispatch_us
@@ -525,7 +598,8 @@ def node_costs(
             dispatch = device.host_dispatch_us if device.host_dispatch_us is not None else params.host_dispatch_us
         launch = params.host_launch_us if gpu else 0.0
         view_us = params.host_view_us if gpu else min(params.host_view_us, dispatch)
-        host_t = np.where(act, np.where(f.fused, 0.0, dispatch) + kernels * launch, 0.0) + np.where(f.view, view_us, 0.0)
+        host_t = (np.where(act, np.where(f.fused | f.internal, 0.0, dispatch) + kernels * launch, 0.0)
+                  + np.where(f.view & ~f.inner_view, view_us, 0.0))
 
     extra = _extra_kernels(graph, f, device, params, plan, channels_last, dt, eta_m, act)
     if extra is not None:  # autocast's casts and channels-last copies: kernels and dispatches of their own
