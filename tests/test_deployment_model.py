@@ -149,3 +149,72 @@ def test_channels_last_drops_the_nchw_transposes_and_copies_reshaped_activations
     g = conv_chain(32, 64, 28, dtype="float16")
     nchw, nhwc = estimate(g, A100), estimate(g, A100, channels_last=True)
     assert nhwc.gpu_busy_ms < nchw.gpu_busy_ms
+
+
+@pytest.mark.parametrize("predictor", ["analytic", "checkpoint"])
+def test_an_unknown_host_widens_sigma_and_a_described_one_narrows_it(predictor: str) -> None:
+    p = AnalyticPredictor(A100, load_calibration=False) if predictor == "analytic" else get_predictor(A100)
+    host = HostProfile.from_clock(3.0, framework="torch-2")
+    for g in (HOST_BOUND[1], HOST_BOUND[2]):
+        (unknown,) = p.predict_graphs([g], mig=False)
+        (no_host,) = p.predict_graphs([g], mig=False, deployment=Deployment(framework="torch-2", input_copy="none"))
+        (full,) = p.predict_graphs([g], mig=False, deployment=Deployment(host=host, framework="torch-2",
+                                                                          input_copy="none"))
+        rel = [x.latency_ms_std / x.latency_ms for x in (unknown, no_host, full)]
+        assert rel[0] > rel[1] > rel[2]
+        assert full.details["deployment_sigma_log"] == 0.0 and full.details["deployment_assumed"] == ""
+        assert no_host.details["deployment_assumed"] == "host" and no_host.details["deployment_sigma_log"] > 0.1
+    # a GPU-bound graph hardly depends on the host: its spread is small
+    (gpu_bound,) = p.predict_graphs([GPU_BOUND[1]], mig=False, deployment=Deployment(framework="torch-2",
+                                                                                     input_copy="none"))
+    assert gpu_bound.details["deployment_sigma_log"] < 0.02
+
+
+@pytest.mark.parametrize("predictor", ["analytic", "checkpoint"])
+def test_a_7g_slice_equals_the_whole_gpu_when_host_bound_and_stays_within_10_percent(predictor: str) -> None:
+    p = AnalyticPredictor(A100, load_calibration=False) if predictor == "analytic" else get_predictor(A100)
+    graphs = HOST_BOUND + GPU_BOUND + [_attention_block(64, 512, 1024), _attention_block(8, 128, 256, "float16")]
+    for pred in p.predict_graphs(graphs):
+        s7 = pred.mig.profile("7g.40gb")
+        assert s7.latency_basis == "corrected"
+        if pred.details["host_bound"]:
+            assert s7.latency_ms == pytest.approx(pred.latency_ms, rel=1e-3)
+        else:  # 98 of 108 SMs, the whole memory: at most the SM ratio slower (a tenth), never faster
+            assert pred.latency_ms <= s7.latency_ms <= pred.latency_ms * 108 / 98 * 1.001
+        assert pred.mig.profile("1g.5gb").latency_ms >= s7.latency_ms
+
+
+def test_eager_dispatch_counts_a_select_as_a_view_and_a_roll_as_one_operator() -> None:
+    import math
+
+    from dippm_nas.graph import OperatorGraph
+    from dippm_nas.prior import graph_facts
+    from dippm_nas.spec import InputSpec
+    from test_runtime import _node
+
+    s, half = (3, 8, 16), (3, 4, 16)
+    nodes = [
+        _node(0, "take", "gather", s[1:], [s, ()], [False, True], dtype="float32", flops=0, attrs={"axis": 0}),
+        _node(1, "strided_slice", "view", (4, 16), [s[1:]], [False], dtype="float32", flops=0),
+        _node(2, "strided_slice", "view", (4, 16), [s[1:]], [False], dtype="float32", flops=0),
+        _node(3, "concat", "memory", s[1:], [(4, 16), (4, 16)], [False, False], dtype="float32", flops=0,
+              attrs={"axis": 0}),
+        _node(4, "strided_slice", "view", (8, 8), [s[1:]], [False], dtype="float32", flops=0),
+        _node(5, "strided_slice", "view", (8, 8), [s[1:]], [False], dtype="float32", flops=0),
+        _node(6, "concat", "memory", s[1:], [(8, 8), (8, 8)], [False, False], dtype="float32", flops=0,
+              attrs={"axis": 1}),
+        _node(7, "permute_dims", "view", (16, 8), [s[1:]], [False], dtype="float32", flops=0, attrs={"axes": [1, 0]}),
+        _node(8, "reshape", "view", (128,), [(16, 8)], [False], dtype="float32", flops=0),
+    ]
+    edges = [(0, 1), (0, 2), (1, 3), (2, 3), (3, 4), (3, 5), (4, 6), (5, 6), (6, 7), (7, 8)]
+    g = OperatorGraph(nodes=nodes, edges=edges, input_consumers={"x": [0]}, outputs=[8],
+                      spec=InputSpec(shape=s, batch_size=1, dtype="float32"), param_count=0, param_bytes=0,
+                      mode="export").validate()
+    f = graph_facts(g)
+    assert f.view[0] and not f.active[0]                        # qkv[0]: a select view
+    assert f.inner_view[[1, 2, 4, 5]].all()                     # the roll's slices: inside its dispatch
+    assert not f.internal[3] and f.internal[6]                  # one dispatch for both rolled dimensions
+    assert f.reshape_copies()[8] == math.prod((16, 8))          # a reshape of a permuted view copies
+    e = estimate(g, A100)
+    hm = e.node_host_ms * 1e3
+    assert hm[1] == hm[2] == 0.0 and 0 < hm[6] < hm[3] and e.node_time_ms[8] > 0
