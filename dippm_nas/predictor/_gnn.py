@@ -86,7 +86,7 @@ class GnnPredictor(BasePredictor):
 
     The network runs in an *engine*: the torch :class:`~dippm_nas.predictor.SageEnsemble` (``model``), or,
     in a process that has not loaded torch, its numpy twin
-    (:class:`~dippm_nas.predictor.NumpyEnsemble`, the same figures to 1e-5 relative) on the checkpoint's
+    (:class:`~dippm_nas.predictor.NumpyEnsemble`, the same figures to 3e-5 relative) on the checkpoint's
     derived weights file. Reading :attr:`model`, or a request of more than
     :data:`~dippm_nas.predictor.NUMPY_MAX_GRAPHS` graphs, moves a numpy-engine predictor to the torch
     ensemble for good.
