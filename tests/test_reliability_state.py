@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-import sqlalchemy as sa
 
 from _compare import KERNEL_PATH_REL, assert_close
 from dippm_nas import InputSpec, capture
@@ -26,6 +25,7 @@ from dippm_nas.graph import GRAPH_FORMAT_VERSION, OperatorGraph, synthetic_resne
 from dippm_nas.predictor import (AnalyticPredictor, GnnPredictor, calibration_path, checkpoint_digest,
                                  derived_weights_path, find_checkpoint, set_predictor)
 from dippm_nas.predictor._numpy_ensemble import read_derived_weights, write_derived_weights
+from test_adversarial import _sql
 from test_inference_equality import _graphs
 
 DEV = "a100-sxm4-40gb"
@@ -206,13 +206,8 @@ def _graph(blocks: int) -> OperatorGraph:
 
 
 def _exec(statement: str, **params: Any) -> list[Any]:
-    engine = sa.create_engine(f"sqlite:///{cache_dir() / 'conversion.sqlite'}")
-    try:
-        with engine.begin() as conn:
-            res = conn.execute(sa.text(statement), params)
-            return list(res) if res.returns_rows else []
-    finally:
-        engine.dispose()
+    """``statement`` on the default SQLite cache file."""
+    return _sql(f"sqlite:///{cache_dir() / 'conversion.sqlite'}", statement, **params)
 
 
 def _both_readers_miss(key: str, monkeypatch: pytest.MonkeyPatch) -> None:
