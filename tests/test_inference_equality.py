@@ -14,8 +14,9 @@
   checkpoint). On the machine that wrote them they are equal bit for bit; another CPU picks other BLAS and ATen
   kernels, so floats are compared to :data:`~_compare.KERNEL_PATH_REL` relative, the measured agreement of the
   kernel paths with a margin (``python tests/kernel_paths.py``); every non-numeric field, MIG choice and flag
-  must be equal. ``.ci/run`` runs these tests a second time on an older kernel path (:data:`kernel_paths.OLDER_KERNELS`),
-  and :func:`test_the_kernel_path_asked_for_is_in_effect` checks that path was taken.
+  must be equal. ``.ci/run`` runs these tests a second time on an older kernel path
+  (:data:`kernel_paths.OLDER_KERNELS`), and :func:`test_the_kernel_path_asked_for_is_in_effect` checks that path
+  was taken.
 - ``predict`` on a model from a registered search space assembles its graph instead of exporting it
   (the assembled graph is the whole capture's: ``tests/test_assembly.py``).
 """

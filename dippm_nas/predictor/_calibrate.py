@@ -240,14 +240,15 @@ def fit_timeline_factors(parts: Sequence[tuple[np.ndarray, np.ndarray, float]],
     def objective(theta: np.ndarray) -> np.ndarray:
         return np.concatenate([resid(theta), math.sqrt(FACTOR_PRIOR * k) * theta])
 
-    fit = least_squares(objective, np.zeros(2), loss="soft_l1", f_scale=0.1, bounds=(-MAX_CORRECTION_LOG, MAX_CORRECTION_LOG))
+    box = (-MAX_CORRECTION_LOG, MAX_CORRECTION_LOG)
+    fit = least_squares(objective, np.zeros(2), loss="soft_l1", f_scale=0.1, bounds=box)
     r0, r1 = resid(np.zeros(2)), resid(fit.x)
     ssr_identity, ssr = float(r0 @ r0), float(r1 @ r1)
     w, w_split, theta = 1.0, 1.0, fit.x  # k = 2: nothing to judge the fit by, kept whole
     if k > 2:
         # one overall factor first (1 parameter), its evidence share; then the host/GPU split around it
         fa = least_squares(lambda a: np.concatenate([resid(np.array([a[0], a[0]])), math.sqrt(FACTOR_PRIOR * k) * a]),
-                           np.zeros(1), loss="soft_l1", f_scale=0.1, bounds=(-MAX_CORRECTION_LOG, MAX_CORRECTION_LOG))
+                           np.zeros(1), loss="soft_l1", f_scale=0.1, bounds=box)
         ra = resid(np.array([fa.x[0], fa.x[0]]))
         w = _share(ssr_identity - float(ra @ ra), float(ra @ ra) / (k - 1), 1)
         overall = np.array([w * fa.x[0]] * 2)
@@ -305,7 +306,8 @@ def _fit_class_deviations(parts: Sequence[tuple[np.ndarray, np.ndarray, float]],
     a_inv = np.eye(p) * CLASS_SPREAD_LOG ** 2
     for _ in range(3):  # the ridge is s^2 / spread^2, s^2 the scatter the class fit leaves: iterate the two
         lam = s2 / CLASS_SPREAD_LOG ** 2
-        fit = least_squares(lambda v: np.concatenate([resid(v), math.sqrt(lam) * v]), d, bounds=(-MAX_CORRECTION_LOG, MAX_CORRECTION_LOG))
+        fit = least_squares(lambda v: np.concatenate([resid(v), math.sqrt(lam) * v]), d,
+                            bounds=(-MAX_CORRECTION_LOG, MAX_CORRECTION_LOG))
         d = fit.x
         jac = np.asarray(fit.jac)[:k]
         a_inv = np.linalg.inv(jac.T @ jac + lam * np.eye(p))
@@ -527,14 +529,16 @@ def calibration_problems(cal: Calibration) -> list[str]:
     if cal.timeline is not None:
         tf = cal.timeline_factors
         assert tf is not None
-        logs = {"host_log": tf.host_log, "gpu_log": tf.gpu_log, **{f"class_log[{c!r}]": v for c, v in tf.class_log.items()}}
+        logs = {"host_log": tf.host_log, "gpu_log": tf.gpu_log,
+                **{f"class_log[{c!r}]": v for c, v in tf.class_log.items()}}
         for name, v in logs.items():
             if not (math.isfinite(v) and abs(v) <= lim + 1e-9):
                 out.append(f"timeline {name} = {v:.4g} lies beyond ±{lim} (MAX_CORRECTION_LOG: a factor "
                            f"x{math.exp(lim):.3g} either way)")
         if not (math.isfinite(tf.residual_std_log) and 0.0 <= tf.residual_std_log <= lim):
             out.append(f"timeline residual scatter {tf.residual_std_log:.4g} (log) lies outside [0, {lim}]")
-        shares = {"kept": tf.kept, "split_kept": tf.split_kept, **{f"class_kept[{c!r}]": w for c, w in tf.class_kept.items()}}
+        shares = {"kept": tf.kept, "split_kept": tf.split_kept,
+                  **{f"class_kept[{c!r}]": w for c, w in tf.class_kept.items()}}
         out += [f"timeline {n} must be a share in [0, 1], got {w!r}" for n, w in shares.items() if not 0.0 <= w <= 1.0]
         unknown = sorted(set(tf.class_log) - set(CALIBRATION_CLASSES))
         if unknown:

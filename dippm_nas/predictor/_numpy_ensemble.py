@@ -45,7 +45,8 @@ from dippm_nas.features import GraphFeatures
 from dippm_nas.predictor._meta import TARGETS, CheckpointMeta
 
 __all__ = ["NumpyEnsemble", "global_arrays", "state_shapes", "derived_weights_path", "read_derived_weights",
-           "write_derived_weights", "checkpoint_digest", "arrays_digest", "INFER_CHUNK_NODES", "NUMPY_MAX_GRAPHS", "DERIVED_FORMAT",
+           "write_derived_weights", "checkpoint_digest", "arrays_digest", "INFER_CHUNK_NODES", "NUMPY_MAX_GRAPHS",
+           "DERIVED_FORMAT",
            "DERIVED_KEEP", "chunks", "neighbours"]
 
 logger = logging.getLogger(__name__)
