@@ -16,8 +16,8 @@ from dippm_nas.errors import DeviceError, ExecutionRuntimeError, InvalidTypeErro
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.prediction import Prediction
 from dippm_nas.predictor._calibrate import (ANALYTIC_IDENTITY, Calibration, calibration_classes, calibration_details,
-                                            delete_calibration, fit_timeline_factors, save_calibration)
-from dippm_nas.predictor._calibrate import load_calibration as _load_calibration
+                                            delete_calibration, fit_timeline_factors, read_calibration,
+                                            require_plausible, save_calibration)
 from dippm_nas.prior import check_runtime, estimate, latency_us, predict as prior_predict, timeline_fields
 
 __all__ = ["BasePredictor", "AnalyticPredictor", "measurement_pairs"]
@@ -99,8 +99,11 @@ class AnalyticPredictor(BasePredictor):
         dev = resolve_device(device)
         self.device = dev.id
         self.calibration: Calibration | None = None
+        #: why the device's persisted calibration file was not applied ("" when none was ignored); while set,
+        #: every prediction carries ``details["calibration_ignored"] = 1``
+        self.calibration_ignored = ""
         if load_calibration and dev.kind == "gpu":
-            self.calibration = _load_calibration(self.device, self._identity())
+            self.calibration, self.calibration_ignored = read_calibration(self.device, self._identity())
 
     def _identity(self) -> str:
         return ANALYTIC_IDENTITY.format(device=self.device)
@@ -122,7 +125,10 @@ class AnalyticPredictor(BasePredictor):
                     device=self.device, batch_size=est.batch_size, dtype=est.dtype,
                     unknown_ops=dict(est.unknown_ops), details=est.details(), **timeline_fields(est),
                 )
-            pred = dataclasses.replace(pred, details={**pred.details, **execution_details(rt, prof)})
+            details = {**pred.details, **execution_details(rt, prof)}
+            if self.calibration_ignored:
+                details["calibration_ignored"] = 1.0
+            pred = dataclasses.replace(pred, details=details)
             out.append(self._calibrated(g, pred, rt, prof))
         return out
 
@@ -160,7 +166,8 @@ class AnalyticPredictor(BasePredictor):
 
         Raises:
             DeviceError: a CPU device (its analytic latency has no timelines to correct).
-            InvalidValueError: a figure that is not a finite number > 0 (named in the message).
+            InvalidValueError: a figure that is not a finite number > 0 (named in the message), or a fit beyond
+                the plausibility bounds (:func:`~dippm_nas.predictor.calibration_problems`); nothing is applied.
         """
         if resolve_device(self.device).kind != "gpu":
             raise DeviceError(f"the analytic prior of {self.device!r} (a CPU) has no host and GPU timelines to "
@@ -178,9 +185,11 @@ class AnalyticPredictor(BasePredictor):
                                   node_classes=[calibration_classes(g) for g, _ in pairs])
         cal = Calibration(device=self.device, checkpoint=self._identity(), coef={}, n={"latency_ms": len(pairs)},
                           timeline=dataclasses.asdict(tf))
+        require_plausible(cal)
         self.calibration = cal
         if persist:
             save_calibration(cal)
+            self.calibration_ignored = ""
         return cal
 
     def reset_calibration(self, *, persist: bool = True) -> None:
@@ -188,6 +197,7 @@ class AnalyticPredictor(BasePredictor):
         self.calibration = None
         if persist:
             delete_calibration(self.device)
+            self.calibration_ignored = ""
 
     def __repr__(self) -> str:
         return f"AnalyticPredictor(device={self.device!r}, calibrated={self.calibration is not None})"

@@ -47,8 +47,8 @@ from dippm_nas.mig import advise
 from dippm_nas.predictor._base import BasePredictor, execution_args, execution_details, measurement_pairs
 from dippm_nas.predictor._calibrate import (Calibration, calibration_classes, calibration_details,
                                             checkpoint_identity, delete_calibration, fit_calibration,
-                                            fit_timeline_factors, save_calibration)
-from dippm_nas.predictor._calibrate import load_calibration as _load_calibration
+                                            fit_timeline_factors, read_calibration, require_plausible,
+                                            save_calibration)
 from dippm_nas.predictor._checkpoint import OTHER_HOST_FLOOR_LOG, OTHER_MACHINE_FLOOR_LOG
 from dippm_nas.predictor._numpy_ensemble import (INFER_CHUNK_NODES, NUMPY_MAX_GRAPHS, NumpyEnsemble, checkpoint_digest,
                                                   derived_weights_path, global_arrays, read_derived_weights,
@@ -86,7 +86,7 @@ class GnnPredictor(BasePredictor):
 
     The network runs in an *engine*: the torch :class:`~dippm_nas.predictor.SageEnsemble` (``model``), or,
     in a process that has not loaded torch, its numpy twin
-    (:class:`~dippm_nas.predictor.NumpyEnsemble`, the same figures to 1e-5 relative) on the checkpoint's
+    (:class:`~dippm_nas.predictor.NumpyEnsemble`, the same figures to 3e-5 relative) on the checkpoint's
     derived weights file. Reading :attr:`model`, or a request of more than
     :data:`~dippm_nas.predictor.NUMPY_MAX_GRAPHS` graphs, moves a numpy-engine predictor to the torch
     ensemble for good.
@@ -111,8 +111,11 @@ class GnnPredictor(BasePredictor):
         if meta.prior_params is not None:
             self.prior_params = PriorParams.from_dict(meta.prior_params, origin="checkpoint")
         self.calibration: Calibration | None = None
+        #: why the device's persisted calibration file was not applied ("" when none was ignored); while set,
+        #: every prediction carries ``details["calibration_ignored"] = 1``
+        self.calibration_ignored = ""
         if load_calibration:
-            self.calibration = _load_calibration(self.device, self.meta)
+            self.calibration, self.calibration_ignored = read_calibration(self.device, self.meta)
         #: the CPU model a host-cpu checkpoint was measured on when this machine's differs, else ``None``
         self.other_host: str | None = None
         #: the cross-host σ floor per target this predictor adds while ``other_host`` is set (a copy of
@@ -616,6 +619,8 @@ class GnnPredictor(BasePredictor):
         details["prior_memory_mib"] = f.prior_memory_mib
         details["outside_training_range"] = float(ood)
         details.update(kept)
+        if self.calibration_ignored:
+            details["calibration_ignored"] = 1.0
         if static_dtype_columns(self.meta.feature_style) is not None and self._engine.residual_on_prior:
             details["dtype_unseen"] = float(dtype_unseen)
         if self.meta.prior_only_dtypes:
@@ -670,6 +675,11 @@ class GnnPredictor(BasePredictor):
         Returns:
             The fitted :class:`~dippm_nas.predictor._calibrate.Calibration` (now active), or ``None`` with a
             warning when fewer than two measurements hold a label: the predictions stay unchanged.
+
+        Raises:
+            InvalidValueError: a figure that is not a finite number > 0, or a fit beyond the plausibility
+                bounds (:func:`~dippm_nas.predictor.calibration_problems`: e.g. a latency in seconds or 1e-300
+                ms); nothing is applied or written.
         """
         pairs = measurement_pairs(measurements)
         if len(pairs) < 2:
@@ -702,10 +712,12 @@ class GnnPredictor(BasePredictor):
                               timeline=timeline)
         else:
             raise DippmNasError(f"no measurement holds a label for the targets {list(self.meta.targets)}")
+        require_plausible(cal)
         self.calibration = cal
         self._pred_cache.clear()
         if persist:
             save_calibration(cal)
+            self.calibration_ignored = ""
         return cal
 
     def reset_calibration(self, *, persist: bool = True) -> None:
@@ -714,6 +726,7 @@ class GnnPredictor(BasePredictor):
         self._pred_cache.clear()
         if persist:
             delete_calibration(self.device)
+            self.calibration_ignored = ""
 
     def __repr__(self) -> str:
         return (f"GnnPredictor(device={self.device!r}, targets={list(self.meta.targets)}, "
