@@ -262,10 +262,12 @@ class CalibratedPredictor(BasePredictor):
         self.device = base.device
 
     def predict_graphs(self, graphs: Sequence[OperatorGraph], *, mig: bool = True, k_sigma: float = 2.0,
-                       runtime: str = "eager", host: Any = None) -> list[Prediction]:
+                       runtime: str | None = None, host: Any = None, deployment: Any = None) -> list[Prediction]:
         s = self.calibration.latency_scale
         out = []
-        for p in self.base.predict_graphs(graphs, mig=mig, k_sigma=k_sigma, runtime=runtime, host=host):
+        # a predictor written before deployments takes no deployment keyword: pass it only when given
+        extra = {} if deployment is None else {"deployment": deployment}
+        for p in self.base.predict_graphs(graphs, mig=mig, k_sigma=k_sigma, runtime=runtime, host=host, **extra):
             details = dict(p.details)
             details["uncalibrated_latency_ms"] = p.latency_ms
             details["latency_calibration_scale"] = s
