@@ -273,7 +273,8 @@ class Deployment:
                 deployment file (:meth:`load`), or ``None`` (nothing described but ``runtime`` and ``host``).
             runtime: the ``runtime=`` keyword of an entry point (``None``: not given).
             host: the ``host=`` keyword: a :class:`~dippm_nas.devices.HostProfile`, a profile file, ``"default"``
-                (the default datacenter profile) or ``None`` (not given).
+                (the default datacenter profile) or ``None`` (not given); its framework describes the
+                deployment's where that is ``None``.
             runtimes: the runtimes the caller models: :data:`GRAPH_RUNTIMES` (default; the graph predictors of
                 :func:`dippm_nas.predict`) or :data:`DEPLOYMENT_RUNTIMES`.
 
@@ -314,7 +315,8 @@ class Deployment:
             if dep.host is not None and dep.host != prof:
                 raise DeploymentError(f"host={prof.name!r} conflicts with the deployment's host {dep.host.name!r}; "
                                       "give the host in the deployment only")
-            dep = dataclasses.replace(dep, host=prof)
+            # a host profile names its PyTorch generation: it describes the framework the deployment leaves open
+            dep = dataclasses.replace(dep, host=prof, framework=dep.framework or prof.framework)
         return dep
 
     # -- files ------------------------------------------------------------------------------------------------

@@ -16,12 +16,17 @@ from dippm_nas.deployment import AUTOCAST_DTYPES, GRAPH_RUNTIMES, INPUT_COPIES, 
 from dippm_nas.devices import FRAMEWORKS, resolve_host_profile
 from dippm_nas.errors import DeploymentError, DeviceError, ExecutionRuntimeError
 
-__all__ = ["add_deployment_args", "deployment_from_args", "TF32_CHOICES", "AUTOCAST_CHOICES"]
+__all__ = ["add_deployment_args", "deployment_from_args", "deployment_flags_given", "TF32_CHOICES",
+           "AUTOCAST_CHOICES"]
 
 #: ``--tf32`` values; the flag alone means ``on`` (PyTorch's ``allow_tf32`` for matmuls and convolutions).
 TF32_CHOICES: tuple[str, ...] = ("on", "off")
 #: ``--autocast`` values: ``none`` (no autocast; the model runs in its ``--dtype``) and the autocast dtypes.
 AUTOCAST_CHOICES: tuple[str, ...] = ("none", *AUTOCAST_DTYPES)
+
+
+#: The argparse destinations of the deployment flags.
+_FLAG_DESTS = ("deployment", "runtime", "host", "framework", "tf32", "autocast", "input_copy")
 
 
 def _runtime(text: str) -> str:
@@ -74,6 +79,11 @@ def _flag_changes(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def deployment_flags_given(args: argparse.Namespace) -> bool:
+    """Whether ``--deployment`` or any deployment flag was given."""
+    return any(getattr(args, name, None) is not None for name in _FLAG_DESTS)
+
+
 def deployment_from_args(args: argparse.Namespace, base: Deployment | None = None) -> Deployment:
     """The deployment of the flags: ``--deployment FILE`` (else ``base``, else nothing described) with each
     given flag overriding its field.
@@ -85,7 +95,10 @@ def deployment_from_args(args: argparse.Namespace, base: Deployment | None = Non
     try:
         path = getattr(args, "deployment", None)
         dep = Deployment.load(path) if path else (base or Deployment())
-        dep = dataclasses.replace(dep, **_flag_changes(args))
+        changes = _flag_changes(args)
+        if "host" in changes and changes.get("framework", dep.framework) is None:
+            changes["framework"] = changes["host"].framework  # a host profile names its PyTorch generation
+        dep = dataclasses.replace(dep, **changes)
         return Deployment.coerce(dep)
     except (DeploymentError, DeviceError, ExecutionRuntimeError) as e:
         flag = "--deployment" if getattr(args, "deployment", None) else "deployment flags"

@@ -531,8 +531,9 @@ def run_campaign(
     s = settings if settings is not None else campaign_settings(threads=1 if kind == "cpu" else None)
     manifest: dict[str, Any] = {
         "set": set_name, "set_version": set_version, "source": CAMPAIGN_SOURCE, "device_key": dkey,
-        "machine": facts, "deployment": machine.to_dict(), "options": {"minutes": minutes, "device": device, "runtimes": use_runtimes,
-                                      "dtypes": list(dtypes), "batches": list(batches), "settings": s.to_dict()},
+        "machine": facts, "deployment": machine.to_dict(),
+        "options": {"minutes": minutes, "device": device, "runtimes": use_runtimes, "dtypes": list(dtypes),
+                    "batches": list(batches), "settings": s.to_dict()},
         "models": [dataclasses.asdict(m) for m in chosen], "started_at": _utc_now(),
     }
     if manifest_path.exists():

@@ -201,7 +201,8 @@ def report(accuracy: float, model: Any, spec: InputSpec | None = None, *, device
                                       max_memory_mib=max_memory_mib, mig_profile=mig_profile,
                                       where="dippm_nas.nni.report")  # warns at the caller's line
     metrics = final_metrics(accuracy, model, spec, device=device, budgets=budgets, parameters=parameters,
-                            deployment=deployment, runtime=runtime, reward_exponent=reward_exponent, penalty_exponent=penalty_exponent,
+                            deployment=deployment, runtime=runtime, reward_exponent=reward_exponent,
+                            penalty_exponent=penalty_exponent,
                             k_sigma=k_sigma, cache=cache)
     try:
         nni.report_final_result(metrics)

@@ -452,7 +452,8 @@ class HardwareAwareTuner(Tuner):
                                     "study_name or the study's objectives")
         setup = {"model": self.model_source, "base_config": self.base_config, "batch_size": self.batch_size,
                  "dtype": self.dtype, "device": self.device, "runtime": self.deployment.runtime,
-                 "deployment": self.deployment.to_dict(), "input": self.input_spec.to_dict() if self.input_spec is not None else None,
+                 "deployment": self.deployment.to_dict(),
+                 "input": self.input_spec.to_dict() if self.input_spec is not None else None,
                  "budgets": self.budgets.to_dict()}
         old = study.user_attrs.get("dippm_tuner")
         if old is not None and old != json.loads(json.dumps(setup)):
@@ -573,7 +574,8 @@ class HardwareAwareTuner(Tuner):
             params = dict(flat)
             params[PARAMETERS_KEY] = {**self._describe(ev), "batch_size": self.batch_size, "dtype": self.dtype,
                                       "device": self.device, "runtime": self.deployment.runtime,
-                                      "deployment": self.deployment.to_dict(), "budgets": self.budgets.to_dict(), "predicted": predicted}
+                                      "deployment": self.deployment.to_dict(), "budgets": self.budgets.to_dict(),
+                                      "predicted": predicted}
             logger.info("parameter set %d: %s (predicted %.4g ms, %.4g MiB); stats %s", parameter_id, key,
                         predicted["latency_ms"], predicted["memory_mib"], self._counts())
             return params

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import threading
 import warnings
@@ -16,7 +17,7 @@ from dippm_nas.errors import CheckpointError, DippmNasError, InputSpecError
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.prediction import Prediction
 from dippm_nas.devices import HostProfile, resolve_device
-from dippm_nas.predictor._base import AnalyticPredictor, BasePredictor, execution_args
+from dippm_nas.predictor._base import AnalyticPredictor, BasePredictor, deployment_of
 from dippm_nas.predictor._checkpoint import checkpoint_candidates
 from dippm_nas.predictor._gnn import GnnPredictor
 from dippm_nas.spec import InputSpec
@@ -113,11 +114,21 @@ def _graph_of(model_or_graph: Any, spec: InputSpec | None, cache: CacheArg) -> O
     return capture(model_or_graph, spec, cache=cache)
 
 
+def _takes_deployment(predictor: BasePredictor) -> bool:
+    """Whether ``predictor.predict_graphs`` has a ``deployment`` parameter (a plug-in predictor written for the
+    ``runtime`` / ``host`` keywords alone has not)."""
+    params = inspect.signature(predictor.predict_graphs).parameters
+    return "deployment" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
 def _predict_graphs(predictor: BasePredictor, graphs: list[OperatorGraph], *, mig: bool, k_sigma: float,
                     deployment: Deployment) -> list[Prediction]:
     """The predictor's answers for ``deployment``, each recording it in ``details["deployment"]``."""
-    preds = predictor.predict_graphs(graphs, mig=mig, k_sigma=k_sigma, runtime=deployment.runtime,
-                                     host=deployment.host)
+    if _takes_deployment(predictor):
+        preds = predictor.predict_graphs(graphs, mig=mig, k_sigma=k_sigma, deployment=deployment)
+    else:
+        preds = predictor.predict_graphs(graphs, mig=mig, k_sigma=k_sigma, runtime=deployment.runtime,
+                                         host=deployment.host)
     return [p if "deployment" in p.details else dataclasses.replace(p, details={**p.details,
                                                                                 "deployment": deployment.label})
             for p in preds]
@@ -191,7 +202,7 @@ def predict_many(items: Iterable[Any], device: str = DEFAULT_DEVICE, *, workers:
     dep = Deployment.coerce(deployment, runtime=runtime, host=host)  # a bad deployment fails before any conversion
     items = list(items)
     predictor = get_predictor(device)
-    execution_args(predictor.device, dep.runtime, dep.host)
+    deployment_of(predictor.device, dep)
     out: list[Prediction | DippmNasError | None] = [None] * len(items)
     graphs: list[OperatorGraph | None] = [None] * len(items)
     todo = [(i, it) for i, it in enumerate(items) if not isinstance(it, OperatorGraph)]

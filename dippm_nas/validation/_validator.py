@@ -407,7 +407,7 @@ class ParetoValidator:
         queue = self.queue_for(study)
         jobs = queue.jobs(device=self.device, status="done")
         cal = fit_calibration(jobs, self.device, min_rows=self.min_calibration_rows)
-        own = calibrate_predictor(jobs, self.device, apply=apply)
+        own = calibrate_predictor(jobs, self.device, apply=apply, deployment=self.deployment)
         tf = None if own is None else own.timeline_factors
         if tf is not None:
             cal = replace(cal, method="timeline_factors", timeline=dataclasses.asdict(tf))
