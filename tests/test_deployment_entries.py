@@ -19,7 +19,7 @@ import search_spaces as ss
 from dippm_nas import Deployment, DeploymentError, InputSpec
 from dippm_nas.cli import main
 from dippm_nas.devices import HostProfile, load_host_profile
-from dippm_nas.errors import DeviceError, ExecutionRuntimeError
+from dippm_nas.errors import DeviceError, DippmNasError, ExecutionRuntimeError
 from dippm_nas.optuna import Budgets, HardwareCostModel
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # "no trained checkpoint" / "uncalibrated"
@@ -68,7 +68,8 @@ def test_predict_takes_a_deployment_as_an_object_a_mapping_or_a_file(graph: Any,
 def test_runtime_and_host_keywords_build_the_deployment(graph: Any, tmp_path: Path) -> None:
     HOST.save(tmp_path / "host.json")
     legacy = dippm_nas.predict(graph, device=DEV, runtime="compiled", host=str(tmp_path / "host.json"))
-    same = dippm_nas.predict(graph, device=DEV, deployment=Deployment(runtime="compiled", host=HOST))
+    same = dippm_nas.predict(graph, device=DEV, deployment=Deployment(runtime="compiled", host=HOST,
+                                                                      framework="torch-1"))
     assert legacy == same and legacy.details["deployment"].startswith("compiled, host epyc-7742")
     # a keyword may fill what the deployment leaves undescribed, never contradict it
     filled = dippm_nas.predict(graph, device=DEV, deployment=Deployment(runtime="compiled"), host=HOST)
@@ -116,6 +117,8 @@ def test_cached_predictions_are_per_deployment(graph: Any) -> None:
             dataclasses.replace(DESCRIBED, input_copy="none")]
     first = [dippm_nas.predict(graph, device=DEV, deployment=d) for d in deps]
     assert [p.details["deployment"] for p in first] == [d.label for d in deps]
+    assert [p.details["deployment_assumed"] for p in first] == [",".join(d.resolve().assumed) for d in deps]
+    assert first[3].latency_ms < first[1].latency_ms  # no input copy in the timed region: less time
     assert len({d.key for d in deps}) == len(deps)
     again = [dippm_nas.predict(graph, device=DEV, deployment=d) for d in reversed(deps)]
     assert list(reversed(again)) == first
@@ -139,7 +142,7 @@ def test_the_cost_model_predicts_for_its_deployment_and_records_it_on_every_tria
         assert Deployment.from_dict(ft.user_attrs["deployment"]) == DESCRIBED
         assert ft.user_attrs["runtime"] == "cuda-graphs"
     legacy = HardwareCostModel(DEV, runtime="compiled", host=HOST)
-    assert legacy.deployment == Deployment(runtime="compiled", host=HOST)
+    assert legacy.deployment == Deployment(runtime="compiled", host=HOST, framework=HOST.framework)
 
 
 @pytest.mark.parametrize("fields, field, value, choice", BAD)
@@ -250,8 +253,8 @@ def test_cli_flags_override_the_deployment_file(graph: Any, tmp_path: Path,
         HOST.save(tmp_path / "host.json")
         assert main([*argv, "--tf32", "--runtime", "compiled", "--host", str(tmp_path / "host.json")]) == 0
         (row,) = _json_rows(capsys)
-        assert row["details"]["deployment"] == Deployment(runtime="compiled", host=HOST, tf32_matmul=True,
-                                                          tf32_conv=True).label
+        assert row["details"]["deployment"] == Deployment(runtime="compiled", host=HOST, framework="torch-1",
+                                                          tf32_matmul=True, tf32_conv=True).label
     finally:
         sys.path.remove(str(tmp_path))
 
@@ -343,3 +346,47 @@ def test_campaign_rows_record_the_deployment_they_ran_under(tmp_path: Path) -> N
         assert d == dataclasses.replace(machine, runtime=r["config"]["runtime"], tf32_matmul=False,
                                         cudnn_benchmark=False, channels_last=True, input_copy="none")
     assert Deployment.from_dict(json.loads((tmp_path / "campaign.json").read_text())["deployment"]) == machine
+
+
+# ------------------------------------------------------------------------------------------------ evaluate
+def test_evaluate_predicts_every_row_for_a_deployment(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``evaluate_checkpoint(deployment=...)`` scores the predictions ``predict`` makes for that deployment; the CLI's
+    deployment flags reach it, and the combinations it cannot answer are refused."""
+    from dippm_nas.dataset import build_dataset
+    from dippm_nas.measure import Measurement
+    from dippm_nas.predictor import GnnPredictor, find_checkpoint
+    from dippm_nas.training import evaluate_checkpoint, load_examples, split_examples
+
+    def fake(model: Any, spec: InputSpec, device: str, settings: Any) -> Measurement:
+        return Measurement(latency_ms=1.5 * spec.batch_size, latency_ms_std=0.1, energy_j=None, memory_mib=12.0,
+                           memory_source="rss_delta", n_repeats=5, device=device, environment={"fake": True},
+                           energy_reason="fake", batch_size=spec.batch_size, dtype=spec.dtype)
+
+    db = tmp_path / "d.sqlite"
+    build_dataset(db, spaces=["mlp"], n=12, batch_sizes=[1, 2, 4], workers=1, progress=False, measure_fn=fake,
+                  mac_budget=50_000_000)
+    ckpt = find_checkpoint("host-cpu")
+    assert ckpt is not None
+    res = evaluate_checkpoint(ckpt, [db], device="host-cpu", deployment={})
+    assert Deployment.from_dict(res["deployment"]) == Deployment()
+    _, _, te = split_examples(load_examples([db]))
+    preds = GnnPredictor.load(ckpt, device="host-cpu", load_calibration=False).predict_graphs(
+        [e.graph for e in te], mig=False, deployment=Deployment())
+    assert res["n_test"] == len(te) == res["metrics"]["latency_ms"]["n"] > 0
+    assert [r["latency_ms_pred"] for r in res["rows"]] == [p.latency_ms for p in preds]
+    assert [r["latency_ms"] for r in res["rows"]] == [e.y["latency_ms"] for e in te]
+    with pytest.raises(DippmNasError, match="own device"):
+        evaluate_checkpoint(ckpt, [db], device="host-cpu", deployment={}, calibrate_ks=[2])
+    with pytest.raises(DeploymentError, match="autocast"):
+        evaluate_checkpoint(ckpt, [db], device="host-cpu", deployment={"autocast": "fp16"})
+    out = tmp_path / "report.md"
+    argv = ["evaluate", "--checkpoint", str(ckpt), "--data", str(db), "--device", "host-cpu", "--out", str(out),
+            "--png", str(tmp_path / "p.png"), "--json"]
+    if __import__("importlib.util").util.find_spec("matplotlib") is None:
+        pytest.skip("the evaluate verb's PNG needs matplotlib")
+    assert main([*argv, "--runtime", "eager"]) == 0
+    printed, direct = json.loads(capsys.readouterr().out)["metrics"]["latency_ms"], res["metrics"]["latency_ms"]
+    assert (printed["n"], printed["mape_pct"]) == (direct["n"], direct["mape_pct"])
+    assert "predicted for the deployment: eager, host unknown" in out.read_text()
+    assert main([*argv, "--runtime", "eager", "--calibrate", "2"]) == 2
+    assert "own --device" in capsys.readouterr().out
