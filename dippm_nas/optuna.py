@@ -62,8 +62,9 @@ User attributes set on every evaluated trial (units in the keys)
     ``predicted_energy_j_std``, ``energy_source``, ``predicted_memory_mib``, ``predicted_memory_mib_std``,
     ``memory_source`` (sources: ``"predicted"``, ``"analytic"``, ``"calibrated"``, ``"unavailable"``;
     a std is ``None`` when the source gives none), ``predicted_device``, ``mig_smallest_fit`` (``None``
-    when nothing fits or the device has no MIG), ``constraint_latency_ms`` / ``constraint_energy_j`` /
-    ``constraint_memory_mib`` and, per budget set, ``budget_<figure>`` (the limit), ``k_sigma_<figure>``,
+    when nothing fits or the device has no MIG), ``runtime`` and ``deployment`` (the cost model's
+    :class:`~dippm_nas.Deployment` as :meth:`~dippm_nas.Deployment.to_dict`), ``constraint_latency_ms`` /
+    ``constraint_energy_j`` / ``constraint_memory_mib`` and, per budget set, ``budget_<figure>`` (the limit), ``k_sigma_<figure>``,
     ``margin_<figure>`` (``budget - mean - k * std``, ``>= 0`` feasible) and ``std_missing_<figure>``;
     ``feasible``, ``cost_model_s`` (seconds of
     conversion and prediction for this trial, before these attributes are written; with

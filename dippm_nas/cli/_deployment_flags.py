@@ -35,8 +35,9 @@ def _runtime(text: str) -> str:
 
 def add_deployment_args(p: argparse.ArgumentParser, *, files: bool = True) -> None:
     """Add the deployment flags to ``p`` (``files``: also ``--deployment FILE`` and ``--host FILE``)."""
-    g = p.add_argument_group("deployment", "how inference runs on the GPU; what is not described is assumed and "
-                                           "widens σ. A flag overrides the field of --deployment FILE.")
+    g = p.add_argument_group("deployment", "how inference runs on the GPU; what is not described is assumed "
+                                           "(details['deployment_assumed']). A flag overrides the field of "
+                                           "--deployment FILE.")
     if files:
         g.add_argument("--deployment", metavar="FILE", default=None,
                        help="a deployment file, JSON or TOML (`dippm-nas deployment --out FILE` writes the one of "

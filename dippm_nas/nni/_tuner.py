@@ -21,7 +21,8 @@ How a trial's parameters are made (``generate_parameters``, called by NNI's disp
    feasible) are set on the Optuna trial (``set_constraint`` on Optuna >= 5, the sampler's
    ``constraints_func`` on Optuna 4), so the constrained samplers learn where the feasible region is; the
    trial also records ``predicted_<figure>``, ``predicted_<figure>_std``, ``margin_<figure>``,
-   ``k_sigma_<figure>``, ``budget_<figure>`` and ``std_missing_<figure>``.
+   ``k_sigma_<figure>``, ``budget_<figure>``, ``std_missing_<figure>`` and ``deployment`` (the tuner's
+   :class:`~dippm_nas.Deployment` as :meth:`~dippm_nas.Deployment.to_dict`).
 4. A configuration over a bound is **skipped**: the first time, it is told to Optuna as complete and
    infeasible, with its predicted objectives and the worst value (``-inf`` for maximise, ``+inf`` for
    minimise) for the objectives only a trial can measure (it was never trained); a later sample of the same
@@ -738,7 +739,7 @@ class HardwareAwareTuner(Tuner):
         return {"model_factory": self.model_factory, "model_params": ev.config, "input": self.input_spec.to_dict()}
 
     def _cost_attrs(self, ev: _Evaluation) -> dict[str, Any]:
-        """User attributes of the prediction and its chance checks (units in the keys)."""
+        """User attributes of the prediction, its chance checks (units in the keys) and the deployment."""
         p = ev.prediction
         assert p is not None
         out: dict[str, Any] = {}

@@ -153,7 +153,7 @@ def predict(model_or_graph: Any, spec: InputSpec | None = None, device: str = DE
         deployment: how inference runs on a GPU (:class:`~dippm_nas.Deployment`: runtime, host, framework,
             TF32, autocast, input copy...), a mapping of its fields, or a JSON/TOML file
             (``dippm-nas deployment --out FILE``); ``None``: nothing described but ``runtime`` and ``host``
-            (what is not described is assumed, and σ widened for it).
+            (what is not described is assumed: ``details["deployment_assumed"]`` lists it).
         runtime: shorthand for ``Deployment(runtime=...)``: ``"eager"`` (the default: PyTorch eager,
             per-operator host dispatch on the critical path), ``"cuda-graphs"`` (the same kernels replayed from
             one CUDA graph) or ``"compiled"`` (``torch.compile`` default mode: element-wise chains fused).
