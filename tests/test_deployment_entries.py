@@ -124,19 +124,6 @@ def test_cached_predictions_are_per_deployment(graph: Any) -> None:
     assert list(reversed(again)) == first
 
 
-def test_tf32_asked_on_a_gpu_without_it_is_flagged_and_ignored(graph: Any) -> None:
-    from dippm_nas.predictor import _api
-
-    _api._warn_once.reset()  # said once per device and process
-    off, on = Deployment(framework="torch-2", tf32_matmul=False), Deployment(framework="torch-2", tf32_matmul=True)
-    with pytest.warns(RuntimeWarning, match="rtx-2080-ti .turing. has no TF32 tensor cores"):
-        p = dippm_nas.predict(graph, device="rtx-2080-ti", deployment=on)
-    q = dippm_nas.predict(graph, device="rtx-2080-ti", deployment=off)
-    assert p.details["tf32_unsupported"] == 1.0 and "tf32_unsupported" not in q.details
-    assert p.latency_ms == q.latency_ms
-    assert "tf32_unsupported" not in dippm_nas.predict(graph, device=DEV, deployment=on).details
-
-
 # ------------------------------------------------------------------------------------------------ Optuna
 def test_the_cost_model_predicts_for_its_deployment_and_records_it_on_every_trial(graph: Any) -> None:
     cost = HardwareCostModel(DEV, Budgets(latency_ms=1e3), deployment=DESCRIBED.to_dict())

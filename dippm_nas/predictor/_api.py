@@ -11,7 +11,6 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from dippm_nas._logging import WarnOnce
 from dippm_nas.capture import CacheArg, assemble, assemble_many, capture, capture_many, space_config_of
 from dippm_nas.deployment import Deployment
 from dippm_nas.errors import CheckpointError, DippmNasError, InputSpecError
@@ -26,7 +25,6 @@ from dippm_nas.spec import InputSpec
 __all__ = ["predict", "predict_many", "get_predictor", "set_predictor", "DEFAULT_DEVICE"]
 
 logger = logging.getLogger(__name__)
-_warn_once = WarnOnce(logger, python_warning=True)
 
 #: The device :func:`predict` answers for when none is named.
 DEFAULT_DEVICE = "a100-sxm4-40gb"
@@ -125,30 +123,15 @@ def _takes_deployment(predictor: BasePredictor) -> bool:
 
 def _predict_graphs(predictor: BasePredictor, graphs: list[OperatorGraph], *, mig: bool, k_sigma: float,
                     deployment: Deployment) -> list[Prediction]:
-    """The predictor's answers for ``deployment``, each recording it in ``details["deployment"]`` (and
-    ``details["tf32_unsupported"] = 1`` where the deployment turns TF32 on for a GPU without it)."""
+    """The predictor's answers for ``deployment``, each recording it in ``details["deployment"]``."""
     if _takes_deployment(predictor):
         preds = predictor.predict_graphs(graphs, mig=mig, k_sigma=k_sigma, deployment=deployment)
     else:
         preds = predictor.predict_graphs(graphs, mig=mig, k_sigma=k_sigma, runtime=deployment.runtime,
                                          host=deployment.host)
-    extra: dict[str, Any] = {"deployment": deployment.label}
-    if _tf32_unsupported(predictor.device, deployment):
-        extra["tf32_unsupported"] = 1.0
-    return [dataclasses.replace(p, details={**extra, **p.details}) for p in preds]
-
-
-def _tf32_unsupported(device: str, deployment: Deployment) -> bool:
-    """Whether ``deployment`` asks for TF32 (``tf32_matmul`` or ``tf32_conv`` set true) on a GPU without TF32
-    tensor cores (no ``tf32_tensor_tflops`` in the catalogue: before Ampere); warned once per device. PyTorch
-    ignores the flags there, and so does the prediction."""
-    dev = resolve_device(device)
-    if dev.kind != "gpu" or dev.tf32_tensor_tflops is not None or not (deployment.tf32_matmul or deployment.tf32_conv):
-        return False
-    _warn_once(f"tf32:{dev.id}", "the deployment turns TF32 on, but %s (%s) has no TF32 tensor cores: PyTorch "
-               "ignores the flags there and so does the prediction (details['tf32_unsupported'] = 1)", dev.id,
-               dev.architecture)
-    return True
+    return [p if "deployment" in p.details else dataclasses.replace(p, details={**p.details,
+                                                                                "deployment": deployment.label})
+            for p in preds]
 
 
 def predict(model_or_graph: Any, spec: InputSpec | None = None, device: str = DEFAULT_DEVICE, *,
@@ -180,8 +163,7 @@ def predict(model_or_graph: Any, spec: InputSpec | None = None, device: str = DE
     Returns:
         A :class:`Prediction`; each figure says its source (``"predicted"``, ``"analytic"``, ``"calibrated"``);
         ``host_ms`` and ``gpu_ms`` are the two timelines, ``details["runtime"]`` the runtime and
-        ``details["deployment"]`` the deployment (:attr:`Deployment.label`); TF32 turned on for a GPU without
-        TF32 tensor cores is ignored, with a warning and ``details["tf32_unsupported"] = 1``.
+        ``details["deployment"]`` the deployment (:attr:`Deployment.label`).
 
     Raises:
         DeploymentError: a bad deployment (the field, the value and the choices are named), or a ``runtime`` /
