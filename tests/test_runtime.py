@@ -121,6 +121,9 @@ def test_unknown_runtime_and_bad_host_are_clear_errors(tmp_path: Path) -> None:
 
 
 def test_another_framework_generation_is_flagged() -> None:
+    from dippm_nas.predictor import _base
+
+    _base._warn_once.reset()  # said once per process: another test may have predicted for torch-1 already
     g = HOST_BOUND[0]
     old = HostProfile(name="legacy server", framework="torch-1")
     with pytest.warns(RuntimeWarning, match="torch-1"):

@@ -25,6 +25,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from dippm_nas.cli._deployment_flags import add_deployment_args, deployment_from_args
 from dippm_nas.cli._grammar import UsageError
 from dippm_nas.errors import DippmNasError
 from dippm_nas.spec import COMPUTE_DTYPES
@@ -70,6 +71,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch", type=int, default=None,
                    help="serving batch the device costs are predicted for (default 16384 images: large enough that "
                         "wide 32x32 candidates outgrow 1g.5gb in float16)")
+    add_deployment_args(p)
     p.add_argument("--mig-profile", default="1g.5gb", help="MIG profile the memory must fit (default 1g.5gb)")
     p.add_argument("--latency-budget-ms", type=float, default=5.0,
                    help="constrain predicted latency (mean + 1 sigma), ms per batch (default 5.0; 0: no latency "
@@ -339,6 +341,7 @@ def _run(args: argparse.Namespace) -> int:
     from dippm_nas.optuna import Budgets, HardwareCostModel, optuna_has_set_constraint, rdb_storage
     from dippm_nas.validation import ParetoValidator, apply_calibration, check_calibration, fit_calibration
 
+    deployment = deployment_from_args(args)
     data = search_spaces.load_digits(args.seed)  # scikit-learn missing fails here, with the install hint
 
     t_start = time.perf_counter()
@@ -357,12 +360,12 @@ def _run(args: argparse.Namespace) -> int:
 
     cost = HardwareCostModel(device=args.device, budgets=Budgets(mig_profile=args.mig_profile,
                                                                  latency_ms=args.latency_budget_ms),
-                             background_workers=args.background)
+                             background_workers=args.background, deployment=deployment)
     usable = f" ({cost.mig_limit_mib:.0f} MiB usable)" if cost.mig_limit_mib else ""
     print(f"dippm-nas demo: NAS of small CNNs on scikit-learn's digits ({args.trials} trials"
           f"{'' if args.seconds is None else f' or {args.seconds:g} s'}, {args.train_seconds:g} s of training each)")
     print(f"  objectives: accuracy (max); {cost.device} latency_ms and energy_j per batch of {args.batch} in "
-          f"{args.dtype} (min), PREDICTED with σ")
+          f"{args.dtype} (min), PREDICTED with σ; deployment: {cost.deployment.label}")
     print(f"  constraint: predicted memory + 1σ within MIG {args.mig_profile}{usable}"
           + (f"; latency + 1σ <= {args.latency_budget_ms:g} ms" if args.latency_budget_ms else ""))
     if not args.no_validate:
