@@ -5,11 +5,13 @@ from __future__ import annotations
 import logging
 import threading
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from dippm_nas.capture import CacheArg, assemble, assemble_many, capture, capture_many, space_config_of
-from dippm_nas.errors import CheckpointError, DippmNasError, InputSpecError
+from dippm_nas._numbers import as_bool, as_int
+from dippm_nas.budgets import check_k_sigma
+from dippm_nas.errors import CheckpointError, DippmNasError, InputSpecError, InvalidTypeError
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.prediction import Prediction
 from dippm_nas.devices import HostProfile, resolve_device
@@ -89,7 +91,8 @@ def set_predictor(device: str, predictor: BasePredictor | None) -> None:
             _PREDICTORS.pop(dev_id, None)
         else:
             if not isinstance(predictor, BasePredictor):
-                raise TypeError(f"predictor must be a BasePredictor, got {type(predictor).__name__}")
+                raise InvalidTypeError(f"predictor must be a BasePredictor (an AnalyticPredictor or a GnnPredictor) or "
+                                       f"None, got {type(predictor).__name__}")
             _PREDICTORS[dev_id] = predictor
 
 
@@ -139,9 +142,20 @@ def predict(model_or_graph: Any, spec: InputSpec | None = None, device: str = DE
         ExecutionRuntimeError: an unknown runtime (the choices are listed).
         DeviceError: an unknown device or an unreadable host profile.
     """
+    predictor, mig, k_sigma = _checked(device, mig, k_sigma, runtime, host)  # before any capture
     graph = _graph_of(model_or_graph, spec, cache)
-    (pred,) = get_predictor(device).predict_graphs([graph], mig=mig, k_sigma=k_sigma, runtime=runtime, host=host)
+    (pred,) = predictor.predict_graphs([graph], mig=mig, k_sigma=k_sigma, runtime=runtime, host=host)
     return pred
+
+
+def _checked(device: str, mig: Any, k_sigma: Any, runtime: Any, host: Any) -> tuple[BasePredictor, bool, float]:
+    """The predictor of ``device``, ``mig`` and ``k_sigma``, once every option of :func:`predict` /
+    :func:`predict_many` is checked (a bad one fails before any conversion)."""
+    mig = as_bool(mig, "mig")
+    k_sigma = check_k_sigma(k_sigma)
+    predictor = get_predictor(device)
+    execution_args(predictor.device, runtime, host)
+    return predictor, mig, k_sigma
 
 
 def predict_many(items: Iterable[Any], device: str = DEFAULT_DEVICE, *, workers: int = 1,
@@ -165,9 +179,13 @@ def predict_many(items: Iterable[Any], device: str = DEFAULT_DEVICE, *, workers:
         One entry per item, in order: a :class:`Prediction`, or the :class:`DippmNasError` that stopped
         that item (a failing candidate never fails the batch).
     """
+    if isinstance(items, (str, bytes, Mapping)) or not isinstance(items, Iterable):
+        raise InvalidTypeError(f"items must be a list of OperatorGraphs or (model, InputSpec) pairs, got "
+                               f"{type(items).__name__}")
     items = list(items)
-    predictor = get_predictor(device)
-    execution_args(predictor.device, runtime, host)  # a bad runtime or host fails before any conversion
+    workers = as_int(workers, "workers", low=1, hint=" (conversion processes)")
+    progress = as_bool(progress, "progress")
+    predictor, mig, k_sigma = _checked(device, mig, k_sigma, runtime, host)  # before any conversion
     out: list[Prediction | DippmNasError | None] = [None] * len(items)
     graphs: list[OperatorGraph | None] = [None] * len(items)
     todo = [(i, it) for i, it in enumerate(items) if not isinstance(it, OperatorGraph)]
