@@ -28,6 +28,7 @@ import dippm_nas
 from dippm_nas import InputSpec, capture
 from dippm_nas.budgets import Budgets
 from dippm_nas.cache import set_default_cache
+from dippm_nas.cli import main
 from dippm_nas.errors import (
     BudgetError,
     CheckpointError,
@@ -212,6 +213,101 @@ def test_b6_set_predictor_refuses_another_type() -> None:
 
 
 # ============================================================================ C: the command line
+@pytest.mark.parametrize("argv,flag", [
+    (["gpu-campaign", "--out", "{tmp}/c", "--minutes", "-5"], "--minutes"),
+    (["gpu-campaign", "--out", "{tmp}/c", "--minutes", "nan"], "--minutes"),
+    (["gpu-campaign", "--out", "{tmp}/c", "--minutes", "0"], "--minutes"),
+    (["gpu-campaign", "--out", "{tmp}/c", "--time-cap", "-1"], "--time-cap"),
+    (["gpu-campaign", "--out", "{tmp}/c", "--threads", "0"], "--threads"),
+    (["gpu-campaign", "--out", "{tmp}/c", "--max-file-mib", "inf"], "--max-file-mib"),
+    (["validate-worker", "--storage", "sqlite:///{tmp}/q.db", "--device", "host-cpu", "--idle-exit", "0",
+      "--poll", "-1"], "--poll"),
+    (["validate-worker", "--storage", "sqlite:///{tmp}/q.db", "--device", "host-cpu", "--idle-exit", "-1"],
+     "--idle-exit"),
+    (["validate-worker", "--storage", "sqlite:///{tmp}/q.db", "--device", "host-cpu", "--idle-exit", "0",
+      "--max-jobs", "0"], "--max-jobs"),
+    (["validate-worker", "--storage", "sqlite:///{tmp}/q.db", "--device", "host-cpu", "--idle-exit", "0",
+      "--rounds", "-1"], "--rounds"),
+    (["validate-worker", "--storage", "sqlite:///{tmp}/q.db", "--device", "host-cpu", "--idle-exit", "0",
+      "--lease", "nan"], "--lease"),
+    (["validate-worker", "--storage", "sqlite:///{tmp}/q.db", "--device", "host-cpu", "--idle-exit", "0",
+      "--max-attempts", "0"], "--max-attempts"),
+    (["dataset", "build", "--space", "mlp", "--n", "0", "--out", "{tmp}/d.sqlite"], "--n"),
+    (["dataset", "build", "--space", "mlp", "--n", "2", "--workers", "0", "--out", "{tmp}/d.sqlite"], "--workers"),
+    (["dataset", "build", "--space", "mlp", "--n", "2", "--mac-budget", "nan", "--out", "{tmp}/d.sqlite"],
+     "--mac-budget"),
+    (["dataset", "build", "--space", "mlp", "--n", "2", "--rounds", "-1", "--out", "{tmp}/d.sqlite"], "--rounds"),
+    (["dataset", "import", "timm", "{tmp}/none.csv", "--out", "{tmp}/d.sqlite", "--limit", "0"], "--limit"),
+    (["train", "--data", "{tmp}/none.sqlite", "--out", "{tmp}/x.pt", "--members", "0"], "--members"),
+    (["train", "--data", "{tmp}/none.sqlite", "--out", "{tmp}/x.pt", "--lr", "nan"], "--lr"),
+    (["train", "--data", "{tmp}/none.sqlite", "--out", "{tmp}/x.pt", "--holdout-frac", "1.5"], "--holdout-frac"),
+    (["demo", "--trials", "0"], "--trials"),
+])
+def test_c1_a_bad_number_on_the_command_line_is_a_usage_error(argv: list[str], flag: str, tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    code = main([a.replace("{tmp}", str(tmp_path)) for a in argv])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"argument {flag}: expects " in err and "got" in err
+
+
+def test_c2_host_profile_to_an_unwritable_path_fails_before_the_benchmark(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    import dippm_nas.devices as devices
+
+    def benchmark(**_kw: Any) -> Any:
+        raise AssertionError("the benchmark ran before the output path was checked")
+
+    monkeypatch.setattr(devices, "measure_host_profile", benchmark)
+    assert main(["host-profile", "--out", str(tmp_path / "missing" / "host.json")]) == 1
+    err = capsys.readouterr().err
+    assert "the directory" in err and "does not exist" in err
+    assert main(["host-profile", "--out", str(tmp_path)]) == 1
+    assert "is a directory" in capsys.readouterr().err
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    assert main(["host-profile", "--out", str(blocker / "host.json"), "--json"]) == 1
+    assert "--out" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root ignores directory permissions")
+def test_c3_host_profile_to_a_read_only_directory_fails_before_the_benchmark(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import dippm_nas.devices as devices
+
+    monkeypatch.setattr(devices, "measure_host_profile", lambda **_kw: (_ for _ in ()).throw(AssertionError("ran")))
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    try:
+        assert main(["host-profile", "--out", str(ro / "host.json")]) == 1
+        assert "cannot be written" in capsys.readouterr().err
+    finally:
+        ro.chmod(0o755)
+
+
+def test_c4_gpu_campaign_and_train_check_their_output_paths_before_the_work(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch,
+                                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    import dippm_nas.cli._gpu_campaign as cli_campaign
+    import dippm_nas.training as training
+
+    def work(*_a: Any, **_kw: Any) -> Any:
+        raise AssertionError("the work started before the output path was checked")
+
+    monkeypatch.setattr(cli_campaign, "run_campaign", work)
+    monkeypatch.setattr(training, "train_predictor", work)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    assert main(["gpu-campaign", "--out", str(blocker / "campaign"), "--torch-device", "cpu"]) == 1
+    assert "cannot be created" in capsys.readouterr().err
+    assert main(["gpu-campaign", "--out", str(blocker), "--torch-device", "cpu"]) == 1
+    assert "is a file, not a directory" in capsys.readouterr().err
+    assert main(["train", "--data", str(tmp_path / "d.sqlite"), "--out", str(tmp_path / "no" / "x.pt")]) == 1
+    assert "does not exist" in capsys.readouterr().err
+
+
 def test_c5_cache_unavailable_is_said_once_on_one_channel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                           caplog: pytest.LogCaptureFixture) -> None:
     blocker = tmp_path / "a-file"

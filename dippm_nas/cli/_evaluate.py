@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dippm_nas.cli._grammar import UsageError, argtype, device_ids, json_text
+from dippm_nas.cli._grammar import UsageError, argtype, device_ids, json_text, writable_output
 from dippm_nas.cli._train import add_split_args, checked_devices
 
 __all__ = ["register"]
@@ -59,6 +59,9 @@ def run(args: argparse.Namespace) -> int:
     except ValueError:
         raise UsageError(f"--calibrate takes comma-separated ints like 5,20, got {args.calibrate!r}") from None
     holdout = [h for h in args.holdout.split(",") if h]
+    for flag, path in (("--out", args.out), ("--png", args.png), ("--json-out", args.json_out)):
+        if path:
+            writable_output(path, flag)  # before the evaluation
     res = evaluate_checkpoint(args.checkpoint, args.data, device=args.device, split=args.split,
                               heldout_families=holdout, devices=checked_devices(args.train_devices), seed=args.seed,
                               calibrate_ks=ks, eval_device=args.eval_device, holdout_frac=args.holdout_frac)

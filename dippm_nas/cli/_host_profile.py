@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from dippm_nas.cli._grammar import json_text
+from dippm_nas.cli._grammar import json_text, writable_output
+from dippm_nas.errors import InvalidValueError
 
 __all__ = ["register"]
 
@@ -28,8 +29,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from dippm_nas.devices import measure_host_profile
 
+    out = writable_output(args.out, "--out")  # before the benchmark
     prof = measure_host_profile(name=args.name)
-    prof.save(args.out)
+    try:
+        prof.save(out)
+    except OSError as e:
+        raise InvalidValueError(f"--out {str(out)!r} cannot be written: {e.strerror or e}") from e
     if args.json:
         print(json_text(prof.to_dict()))
     else:
