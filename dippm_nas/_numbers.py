@@ -27,7 +27,7 @@ def is_real(value: Any) -> bool:
 
 
 def as_int(value: Any, what: str, *, low: int | None = None, error: type[DippmNasError] = InvalidValueError,
-           hint: str = "") -> int:
+           hint: str = "", or_none: bool = False) -> int:
     """``int(value)`` for a whole number ``>= low``: an int, a NumPy integer, or a float with an integral value
     (``8.0``; NNI's ``quniform`` gives those).
 
@@ -37,6 +37,7 @@ def as_int(value: Any, what: str, *, low: int | None = None, error: type[DippmNa
         low: the smallest value allowed, or ``None``.
         error: the error class raised (a ``DippmNasError``; a ``ValueError`` one for the messages to fit).
         hint: appended to the message.
+        or_none: the caller also takes ``None`` (checked before the call); the message says so.
 
     Raises:
         error: a bool, a string, NaN, a non-integral float, or a value below ``low``; the message states the
@@ -45,7 +46,7 @@ def as_int(value: Any, what: str, *, low: int | None = None, error: type[DippmNa
     ok = is_real(value) and (isinstance(value, numbers.Integral) or (math.isfinite(value) and value == int(value)))
     if ok and (low is None or value >= low):
         return int(value)
-    rule = f"{what} must be an int" + (f" >= {low}" if low is not None else "")
+    rule = f"{what} must be an int" + (f" >= {low}" if low is not None else "") + (" or None" if or_none else "")
     if not is_real(value):
         why = f" ({type(value).__name__})"
     else:
@@ -55,7 +56,8 @@ def as_int(value: Any, what: str, *, low: int | None = None, error: type[DippmNa
 
 def as_real(value: Any, what: str, *, low: float | None = None, low_inclusive: bool = True,
             high: float | None = None, high_inclusive: bool = True,
-            error: type[DippmNasError] = InvalidValueError, rule: str | None = None, hint: str = "") -> float:
+            error: type[DippmNasError] = InvalidValueError, rule: str | None = None, hint: str = "",
+            or_none: bool = False) -> float:
     """``float(value)`` for a finite real number in ``[low, high]`` (or the open ends asked for): an int, a float
     or a NumPy scalar.
 
@@ -66,6 +68,7 @@ def as_real(value: Any, what: str, *, low: float | None = None, low_inclusive: b
         error: the error class raised.
         rule: the message's rule in place of the generated one (``"{what} must be a finite number > 0"``).
         hint: appended to the message.
+        or_none: the caller also takes ``None`` (checked before the call); the generated rule says so.
 
     Raises:
         error: a bool, a string, NaN, an infinity, or a value out of bounds; the message states the rule and
@@ -82,7 +85,8 @@ def as_real(value: Any, what: str, *, low: float | None = None, low_inclusive: b
             bounds.append(f"{'>=' if low_inclusive else '>'} {low:g}")
         if high is not None:
             bounds.append(f"{'<=' if high_inclusive else '<'} {high:g}")
-        rule = f"{what} must be a finite number" + (f" {' and '.join(bounds)}" if bounds else "")
+        rule = f"{what} must be a finite number" + (f" {' and '.join(bounds)}" if bounds else "") \
+            + (" or None" if or_none else "")
     why = "" if is_real(value) else f" ({type(value).__name__})"
     raise error(f"{rule}, got {value!r}{why}{hint}")
 

@@ -93,7 +93,8 @@ def test_a2_a_malformed_spec_dict_is_an_input_spec_error_naming_the_key(d: Any, 
 
 
 def test_a3_a_named_input_with_an_unknown_key_lists_the_keys() -> None:
-    with pytest.raises(InputSpecError, match=r"inputs\['x'\] has unknown keys \['foo'\]; the keys are shape, dtype, high"):
+    with pytest.raises(InputSpecError,
+                       match=r"inputs\['x'\] has unknown keys \['foo'\]; the keys are shape, dtype, high"):
         InputSpec(inputs={"x": {"shape": (3,), "foo": 1}})
     with pytest.raises(InputSpecError, match=r"inputs\['x'\] lacks the key 'shape'"):
         InputSpec(inputs={"x": {"dtype": "int64"}})
@@ -156,7 +157,8 @@ def test_b1_capture_decompose_and_cache_name_their_choices() -> None:
     with pytest.raises(InvalidValueError, match=r"decompose must be 'auto'.*True or False, got 'yes'") as e:
         capture(Small(), SPEC4, decompose="yes")  # type: ignore[arg-type]
     assert isinstance(e.value, ValueError)
-    with pytest.raises(InvalidTypeError, match=r"cache must be True .*False or None .*ConversionCache; got str 'maybe'"):
+    with pytest.raises(InvalidTypeError,
+                       match=r"cache must be True .*False or None .*ConversionCache; got str 'maybe'"):
         capture(Small(), SPEC4, cache="maybe")  # type: ignore[arg-type]
     with pytest.raises(InvalidTypeError, match="cache must be True"):
         dippm_nas.predict(Small(), SPEC4, cache="maybe")  # type: ignore[arg-type]
@@ -198,7 +200,8 @@ def test_b4_an_empty_host_is_not_a_host_profile(graph: Any) -> None:
 
 def test_b5_calibrate_without_measurements_is_a_type_error_naming_the_form() -> None:
     with pytest.raises(InvalidTypeError, match=r"measurements must be a list of \(graph, Measurement\)"):
-        AnalyticPredictor("a100-sxm4-40gb", load_calibration=False).calibrate(None, persist=False)  # type: ignore[arg-type]
+        analytic = AnalyticPredictor("a100-sxm4-40gb", load_calibration=False)
+        analytic.calibrate(None, persist=False)  # type: ignore[arg-type]
     with pytest.raises(InvalidTypeError, match="got NoneType"):
         get_predictor("host-cpu").calibrate(None, persist=False)  # type: ignore[arg-type]
 

@@ -54,7 +54,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--space", action=ListAction, default=None, metavar="NAME",
                    help="search space names (a list: 'mlp resnet' or 'mlp,resnet'), or 'all' (the families "
                         f"{','.join(_FAMILIES)})")
-    b.add_argument("--n", type=int_flag("--n", low=1), default=None, help="candidates to plan (split evenly over the spaces)")
+    b.add_argument("--n", type=int_flag("--n", low=1), default=None,
+                   help="candidates to plan (split evenly over the spaces)")
     b.add_argument("--candidates", type=Path, action="append", default=[], metavar="PATH",
                    help="instead of --space/--n: measure these models (repeatable): a dataset export "
                         "(.jsonl[.gz|.xz]; each measurement row's space, config and batch size, once) or a JSON "
@@ -68,7 +69,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--mac-budget", type=float_flag("--mac-budget", low=0, note="0: no limit"), default=300.0,
                    help="largest MMACs per batch (MACs per sample x batch) planned; 0 = no limit (default 300)")
     b.add_argument("--workers", type=int_flag("--workers", low=1), default=2, help="conversion processes (default 2)")
-    b.add_argument("--chunk", type=int_flag("--chunk", low=1), default=256, help="jobs converted per round (default 256)")
+    b.add_argument("--chunk", type=int_flag("--chunk", low=1), default=256,
+                   help="jobs converted per round (default 256)")
     b.add_argument("--no-overlap", action="store_true", help="do not convert the next round while measuring")
     b.add_argument("--pin-cpu", type=int_flag("--pin-cpu", low=0), default=None,
                    help="pin measurement to this CPU and conversion to the others (default: no pinning)")

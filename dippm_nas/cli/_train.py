@@ -73,10 +73,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "or per target, e.g. latency_ms=1 (default 0: off)")
     p.add_argument("--style", choices=("ours", "dippm"), default="ours", help="feature style (dippm = ablation)")
     p.add_argument("--no-prior-residual", action="store_true", help="predict log targets directly, not prior corrections")
-    p.add_argument("--time-budget", type=float_flag("--time-budget", low=0, low_inclusive=False), default=840.0, help="training wall-clock budget, seconds (default 840)")
+    p.add_argument("--time-budget", type=float_flag("--time-budget", low=0, low_inclusive=False), default=840.0,
+                   help="training wall-clock budget, seconds (default 840)")
     p.add_argument("--targets", default=None,
                    help="comma-separated targets to learn (latency_ms,energy_j,memory_mib; default: all with labels)")
-    p.add_argument("--threads", type=int_flag("--threads", low=1), default=2, help="torch intra-op threads while training (default 2)")
+    p.add_argument("--threads", type=int_flag("--threads", low=1), default=2,
+                   help="torch intra-op threads while training (default 2)")
     p.add_argument("--source-note", action="append", default=[], help="data-source description for the metadata")
     p.add_argument("--report", default=None, help="write the held-out metrics and test rows as JSON here")
     p.add_argument("--dtypes", default=None,

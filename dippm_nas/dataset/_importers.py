@@ -180,7 +180,7 @@ def _read_csv(path: str | Path, required: Sequence[str], what: str, limit: int |
     if not p.is_file():
         raise DatasetError(f"{what} CSV {str(p)!r} does not exist")
     if limit is not None:
-        limit = as_int(limit, "limit", low=1, error=DatasetError, hint="; or None")
+        limit = as_int(limit, "limit", low=1, error=DatasetError, or_none=True)
     with open(p, newline="", encoding="utf-8") as f:
         reader = csv.DictReader(f)
         header = reader.fieldnames or []

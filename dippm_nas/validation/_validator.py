@@ -166,15 +166,15 @@ class ParetoValidator:
             raise ValidationError("give every_n_trials or every_seconds (or both): otherwise no round would ever run")
         if every_n_trials is not None:
             every_n_trials = as_int(every_n_trials, "every_n_trials", low=1, error=ValidationError,
-                                    hint="; or None")
+                                    or_none=True)
         if every_seconds is not None:
             every_seconds = as_real(every_seconds, "every_seconds", low=0, low_inclusive=False,
-                                    error=ValidationError, hint="; or None")
+                                    error=ValidationError, or_none=True)
         max_per_round = as_int(max_per_round, "max_per_round", low=1, error=ValidationError)
         if mode not in MODES:
             raise ValidationError(f"mode must be one of {MODES}, got {mode!r}")
         if batch_size is not None:
-            batch_size = as_int(batch_size, "batch_size", low=1, error=ValidationError, hint="; or None")
+            batch_size = as_int(batch_size, "batch_size", low=1, error=ValidationError, or_none=True)
         if dtype is not None and dtype not in COMPUTE_DTYPES:
             raise ValidationError(f"dtype must be one of {COMPUTE_DTYPES} or None, got {dtype!r}")
         min_calibration_rows = as_int(min_calibration_rows, "min_calibration_rows", low=1, error=ValidationError)

@@ -398,9 +398,9 @@ class ValidationWorker:
                 ``poll_s`` not a finite number >= 0 (``None`` is allowed where documented).
         """
         if max_jobs is not None:
-            max_jobs = as_int(max_jobs, "max_jobs", low=0, error=ValidationError, hint="; or None")
+            max_jobs = as_int(max_jobs, "max_jobs", low=0, error=ValidationError, or_none=True)
         if idle_timeout_s is not None:
-            idle_timeout_s = as_real(idle_timeout_s, "idle_timeout_s", low=0, error=ValidationError, hint="; or None")
+            idle_timeout_s = as_real(idle_timeout_s, "idle_timeout_s", low=0, error=ValidationError, or_none=True)
         poll_s = as_real(poll_s, "poll_s", low=0, error=ValidationError)
         handled = 0
         idle_since = time.monotonic()
