@@ -92,6 +92,7 @@ import optuna
 
 from dippm_nas import errors
 from dippm_nas._logging import WarnOnce
+from dippm_nas._numbers import as_int
 from dippm_nas._sql import sqlite_connect_listener
 from dippm_nas.budgets import Budgets, check_k_sigma, trial_attrs
 from dippm_nas.cache import ConversionCache, default_cache, set_default_cache
@@ -262,9 +263,7 @@ class HardwareCostModel:
             )
         self.constraint_api = constraint_api
         self.cache = cache
-        if isinstance(background_workers, bool) or not isinstance(background_workers, int) or background_workers < 0:
-            raise InvalidValueError(f"background_workers must be an int >= 0, got {background_workers!r}")
-        self.background_workers = background_workers
+        self.background_workers = as_int(background_workers, "background_workers", low=0)
         if on_error not in ON_ERROR:
             raise InvalidValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
         self.on_error = on_error

@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 from pathlib import Path
 
 from dippm_nas.cli._deployment_flags import add_deployment_args, deployment_from_args
-from dippm_nas.cli._grammar import UsageError, add_json_flag, json_text
+from dippm_nas.cli._grammar import add_json_flag, json_text, writable_output
 from dippm_nas.deployment import Deployment
 from dippm_nas.devices import HostProfile
 
-__all__ = ["register", "check_writable"]
+__all__ = ["register"]
 
 _RUN_ON = "Run it on the server that drives the GPU."
 
@@ -49,22 +48,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     a.set_defaults(func=run, form="host")
 
 
-def check_writable(path: Path, flag: str = "--out") -> None:
-    """Refuse (a :class:`UsageError`) an output path that cannot be written: a directory, a missing parent
-    directory, or no write permission; checked before the work, so a long measurement is never lost."""
-    parent = path.parent
-    if path.is_dir():
-        raise UsageError(f"{flag} {str(path)!r} is a directory; give a file path")
-    if not parent.is_dir():
-        raise UsageError(f"{flag} {str(path)!r}: its directory {str(parent)!r} does not exist")
-    target = path if path.exists() else parent
-    if not os.access(target, os.W_OK):
-        raise UsageError(f"{flag} {str(path)!r} is not writable ({'the file' if path.exists() else 'its directory'} "
-                         "denies writing)")
-
-
 def run(args: argparse.Namespace) -> int:
-    check_writable(args.out)
+    writable_output(args.out, "--out")  # before the benchmark
     detected = Deployment.detect()
     host = detected.host
     assert host is not None  # detect() measured it

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from dippm_nas.cli._deployment_flags import add_deployment_args, deployment_flags_given, deployment_from_args
-from dippm_nas.cli._grammar import UsageError, argtype, device_ids, json_text
+from dippm_nas.cli._grammar import UsageError, argtype, device_ids, json_text, writable_output
 from dippm_nas.cli._train import add_split_args, checked_devices
 
 __all__ = ["register"]
@@ -67,6 +67,9 @@ def run(args: argparse.Namespace) -> int:
     if deployment is not None and (ks or (args.eval_device or args.device) != args.device):
         raise UsageError("the deployment flags evaluate the checkpoint's predictions on its own --device, without "
                          "--calibrate or another --eval-device")
+    for flag, path in (("--out", args.out), ("--png", args.png), ("--json-out", args.json_out)):
+        if path:
+            writable_output(path, flag)  # before the evaluation
     res = evaluate_checkpoint(args.checkpoint, args.data, device=args.device, split=args.split,
                               heldout_families=holdout, devices=checked_devices(args.train_devices), seed=args.seed,
                               calibrate_ks=ks, eval_device=args.eval_device, holdout_frac=args.holdout_frac,

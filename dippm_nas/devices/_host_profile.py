@@ -176,9 +176,14 @@ def resolve_host_profile(host: "HostProfile | str | Path | None") -> HostProfile
         return host
     if isinstance(host, str) and host in ("default", DEFAULT_HOST_PROFILE.name):
         return DEFAULT_HOST_PROFILE
+    if isinstance(host, str) and not host.strip():
+        raise DeviceError(f"host {host!r}: an empty string is not a host profile; host must be None (the default "
+                          f"datacenter host, {DEFAULT_HOST_PROFILE.name!r}), a HostProfile, or the path of a file "
+                          "written by `dippm-nas host-profile --out FILE`")
     if isinstance(host, (str, Path)):
         return load_host_profile(host)
-    raise DeviceError(f"host must be a HostProfile, a JSON file path, 'default' or None, got {type(host).__name__}")
+    raise DeviceError(f"host must be None (the default datacenter host), a HostProfile, or the path of a file "
+                      f"written by `dippm-nas host-profile --out FILE`; got {type(host).__name__} {host!r}")
 
 
 def measure_host_profile(*, repeats: int = 60, iterations: int = 20, name: str | None = None) -> HostProfile:

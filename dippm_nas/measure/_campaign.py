@@ -61,6 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from dippm_nas._deprecation import MISSING, renamed_keyword
+from dippm_nas._numbers import as_int, as_real
 from dippm_nas._platform import cpu_model_name
 from dippm_nas.deployment import Deployment
 from dippm_nas.errors import MeasurementError
@@ -223,8 +224,10 @@ def plan_campaign(models: Sequence[CampaignModel], *, runtimes: Sequence[str] = 
     bad_dt = [d for d in dtypes if d not in CAMPAIGN_DTYPES]
     if bad_dt:
         raise MeasurementError(f"unknown dtypes {bad_dt}; choices: {list(CAMPAIGN_DTYPES)}")
-    if any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in batches):
-        raise MeasurementError(f"batch sizes must be ints >= 1, got {list(batches)}")
+    try:
+        batches = [as_int(b, "batch size", low=1, error=MeasurementError) for b in batches]
+    except MeasurementError:
+        raise MeasurementError(f"batch sizes must be ints >= 1, got {list(batches)}") from None
     if not models:
         raise MeasurementError("a campaign needs at least one model")
     ordered = _family_interleaved(models)
@@ -494,10 +497,8 @@ def run_campaign(
     t0 = clock()
     if set_name not in VALIDATION_SETS:
         raise MeasurementError(f"unknown validation set {set_name!r}; choices: {sorted(VALIDATION_SETS)}")
-    if isinstance(minutes, bool) or not isinstance(minutes, (int, float)) or not minutes > 0:
-        raise MeasurementError(f"minutes must be a number > 0, got {minutes!r}")
-    if not max_file_mib > 0:
-        raise MeasurementError(f"max_file_mib must be > 0, got {max_file_mib!r}")
+    minutes = as_real(minutes, "minutes", low=0, low_inclusive=False, error=MeasurementError)
+    max_file_mib = as_real(max_file_mib, "max_file_mib", low=0, low_inclusive=False, error=MeasurementError)
     kind, index = parse_device(device)
     device = "cpu" if kind == "cpu" else f"cuda:{index}"
     if kind == "cuda" and measurer is None and not torch.cuda.is_available():
@@ -513,7 +514,10 @@ def run_campaign(
     items = plan_campaign(chosen, runtimes=use_runtimes, dtypes=dtypes, batches=batches)
 
     out_dir = Path(out)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise MeasurementError(f"the campaign directory {str(out_dir)!r} cannot be created: {e.strerror or e}") from e
     manifest_path = out_dir / _MANIFEST
     facts = _device_facts(device)
     dkey = _device_key(facts)

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from dippm_nas._numbers import as_real
 from dippm_nas._optional import require
 from dippm_nas.deployment import Deployment
 from dippm_nas.devices import resolve_device
@@ -133,10 +133,7 @@ class DippmProfiler(Profiler):
             The returned function takes an ``ExecutableModelSpace`` (what ``Filter`` passes) and reads its
             ``sample``.
         """
-        if isinstance(max_value, bool) or not isinstance(max_value, (int, float)) or not math.isfinite(max_value) \
-                or max_value <= 0:
-            raise InvalidValueError(f"max_value must be a finite number > 0, got {max_value!r}")
-        limit = float(max_value)
+        limit = as_real(max_value, "max_value", low=0, low_inclusive=False)
 
         def within(model: Any) -> bool:
             sample = getattr(model, "sample", None)

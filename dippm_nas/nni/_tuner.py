@@ -64,6 +64,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dippm_nas._numbers import as_int, is_real
 from dippm_nas._optional import require
 from dippm_nas.budgets import Budgets, ChanceCheck, trial_attrs
 from dippm_nas.capture import assemble
@@ -300,10 +301,8 @@ class HardwareAwareTuner(Tuner):
             logger.warning("objective 'default' is the scalarised score, which already folds in the cost; "
                            "a multi-objective search usually wants 'accuracy' and the cost figures instead")
         self.objectives, self.directions = objectives, directions
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise InvalidValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
-        if isinstance(max_skips, bool) or not isinstance(max_skips, int) or max_skips < 0:
-            raise InvalidValueError(f"max_skips must be an int >= 0, got {max_skips!r}")
+        batch_size = as_int(batch_size, "batch_size", low=1)
+        max_skips = as_int(max_skips, "max_skips", low=0)
         self.device = resolve_device(device).id
         if dtype is None:
             dtype = DEFAULT_GPU_DTYPE if resolve_device(device).kind == "gpu" else "float32"
@@ -854,7 +853,7 @@ class HardwareAwareTuner(Tuner):
             else:
                 raise InvalidValueError(f"the final result is a plain number {result!r} but objectives {trial_side} "
                                         "all come from the trial; report a dict")
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v):
+            if not is_real(v) or math.isnan(v):
                 raise InvalidValueError(f"objective {name!r} must be a number, the trial reported {v!r}")
             out.append(float(v))
         return out

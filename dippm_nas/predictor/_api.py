@@ -11,9 +11,11 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from dippm_nas._numbers import as_bool, as_int
+from dippm_nas.budgets import check_k_sigma
 from dippm_nas.capture import CacheArg, assemble, assemble_many, capture, capture_many, space_config_of
 from dippm_nas.deployment import Deployment
-from dippm_nas.errors import CheckpointError, DippmNasError, InputSpecError
+from dippm_nas.errors import CheckpointError, DippmNasError, InputSpecError, InvalidTypeError
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.prediction import Prediction
 from dippm_nas.devices import HostProfile, resolve_device
@@ -93,7 +95,8 @@ def set_predictor(device: str, predictor: BasePredictor | None) -> None:
             _PREDICTORS.pop(dev_id, None)
         else:
             if not isinstance(predictor, BasePredictor):
-                raise TypeError(f"predictor must be a BasePredictor, got {type(predictor).__name__}")
+                raise InvalidTypeError(f"predictor must be a BasePredictor (an AnalyticPredictor or a GnnPredictor) or "
+                                       f"None, got {type(predictor).__name__}")
             _PREDICTORS[dev_id] = predictor
 
 
@@ -171,10 +174,22 @@ def predict(model_or_graph: Any, spec: InputSpec | None = None, device: str = DE
         ExecutionRuntimeError: an unknown runtime (the choices are listed).
         DeviceError: an unknown device or an unreadable host profile.
     """
-    dep = Deployment.coerce(deployment, runtime=runtime, host=host)
+    predictor, mig, k_sigma, dep = _checked(device, mig, k_sigma, deployment, runtime, host)  # before any capture
     graph = _graph_of(model_or_graph, spec, cache)
-    (pred,) = _predict_graphs(get_predictor(device), [graph], mig=mig, k_sigma=k_sigma, deployment=dep)
+    (pred,) = _predict_graphs(predictor, [graph], mig=mig, k_sigma=k_sigma, deployment=dep)
     return pred
+
+
+def _checked(device: str, mig: Any, k_sigma: Any, deployment: Any, runtime: Any,
+             host: Any) -> tuple[BasePredictor, bool, float, Deployment]:
+    """The predictor of ``device``, ``mig``, ``k_sigma`` and the deployment, once every option of
+    :func:`predict` / :func:`predict_many` is checked (a bad one fails before any conversion)."""
+    mig = as_bool(mig, "mig")
+    k_sigma = check_k_sigma(k_sigma)
+    dep = Deployment.coerce(deployment, runtime=runtime, host=host)
+    predictor = get_predictor(device)
+    deployment_of(predictor.device, dep)
+    return predictor, mig, k_sigma, dep
 
 
 def predict_many(items: Iterable[Any], device: str = DEFAULT_DEVICE, *, workers: int = 1,
@@ -199,10 +214,13 @@ def predict_many(items: Iterable[Any], device: str = DEFAULT_DEVICE, *, workers:
         One entry per item, in order: a :class:`Prediction`, or the :class:`DippmNasError` that stopped
         that item (a failing candidate never fails the batch).
     """
-    dep = Deployment.coerce(deployment, runtime=runtime, host=host)  # a bad deployment fails before any conversion
+    if isinstance(items, (str, bytes, Mapping)) or not isinstance(items, Iterable):
+        raise InvalidTypeError(f"items must be a list of OperatorGraphs or (model, InputSpec) pairs, got "
+                               f"{type(items).__name__}")
     items = list(items)
-    predictor = get_predictor(device)
-    deployment_of(predictor.device, dep)
+    workers = as_int(workers, "workers", low=1, hint=" (conversion processes)")
+    progress = as_bool(progress, "progress")
+    predictor, mig, k_sigma, dep = _checked(device, mig, k_sigma, deployment, runtime, host)  # before any conversion
     out: list[Prediction | DippmNasError | None] = [None] * len(items)
     graphs: list[OperatorGraph | None] = [None] * len(items)
     todo = [(i, it) for i, it in enumerate(items) if not isinstance(it, OperatorGraph)]

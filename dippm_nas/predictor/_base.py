@@ -5,7 +5,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import math
@@ -258,6 +258,9 @@ def measurement_pairs(measurements: Sequence[Any]) -> list[tuple[OperatorGraph, 
         InvalidTypeError: an item that is not such a pair.
         InvalidValueError: a figure that is not a finite number > 0 (named), or no pair with a figure.
     """
+    if isinstance(measurements, (str, bytes, Mapping)) or not isinstance(measurements, Iterable):
+        raise InvalidTypeError(f"measurements must be a list of (graph, Measurement) or (graph, {{'latency_ms': "
+                               f"...}}) pairs, got {type(measurements).__name__} {measurements!r:.200}")
     out = []
     for i, item in enumerate(measurements):
         try:

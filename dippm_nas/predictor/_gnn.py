@@ -27,6 +27,7 @@ import dataclasses
 import json
 import logging
 import math
+import re
 import sys
 import threading
 from collections import OrderedDict
@@ -239,7 +240,7 @@ class GnnPredictor(BasePredictor):
         try:
             blob = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as e:  # noqa: BLE001 - any unreadable file is a checkpoint error
-            raise CheckpointError(f"cannot read predictor checkpoint {path}: {type(e).__name__}: {e}") from e
+            raise CheckpointError(f"cannot read predictor checkpoint {path}: {_load_error_text(e)}") from e
         if not isinstance(blob, dict) or "meta" not in blob or "state" not in blob:
             raise CheckpointError(f"checkpoint {path} must hold a dict with 'meta' and 'state', got {type(blob).__name__}")
         meta = _checked_meta(path, blob["meta"], device)
@@ -745,6 +746,24 @@ def _torch_ensemble() -> Any:
 
 def _torch_engine(model: "SageEnsemble") -> Any:
     return _torch_ensemble().TorchEngine(model)
+
+
+#: The part of torch's refusal of a non-weights object that names it ("Unsupported global: GLOBAL argparse.Namespace").
+_UNSUPPORTED_GLOBAL = re.compile(r"Unsupported global: GLOBAL ([\w.]+)")
+
+
+def _load_error_text(e: Exception) -> str:
+    """What ``torch.load(weights_only=True)`` raised, without torch's advice to load the file with
+    ``weights_only=False`` or to allow-list its classes: either would run code a checkpoint file carries, and a
+    predictor checkpoint holds tensors and plain data only."""
+    text = str(e)
+    if "weights_only" not in text and "Weights only load failed" not in text:
+        return f"{type(e).__name__}: {text}"
+    m = _UNSUPPORTED_GLOBAL.search(text)
+    what = f"an object of class {m.group(1)}" if m else "an object that is not tensors or plain data"
+    return (f"it holds {what}, and predictor checkpoints are read with torch.load(weights_only=True), which "
+            "never unpickles objects (they can run code); a checkpoint written by GnnPredictor.save or "
+            "`dippm-nas train` holds tensors and plain data only: write it again with one of those")
 
 
 def _checked_meta(path: Path, meta_json: Any, device: str | None) -> CheckpointMeta:

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from dippm_nas._logging import WarnOnce
+from dippm_nas._numbers import as_int, as_real
 from dippm_nas.deployment import Deployment
 from dippm_nas.devices import resolve_device
 from dippm_nas.errors import DippmNasError, ValidationError
@@ -171,26 +172,23 @@ class ParetoValidator:
         self.deployment: Deployment = Deployment.coerce(deployment)
         if every_n_trials is None and every_seconds is None:
             raise ValidationError("give every_n_trials or every_seconds (or both): otherwise no round would ever run")
-        if every_n_trials is not None and (isinstance(every_n_trials, bool) or not isinstance(every_n_trials, int)
-                                           or every_n_trials < 1):
-            raise ValidationError(f"every_n_trials must be an int >= 1 or None, got {every_n_trials!r}")
-        if every_seconds is not None and (isinstance(every_seconds, bool) or not isinstance(every_seconds, (int, float))
-                                          or not every_seconds > 0):
-            raise ValidationError(f"every_seconds must be a number > 0 or None, got {every_seconds!r}")
-        if isinstance(max_per_round, bool) or not isinstance(max_per_round, int) or max_per_round < 1:
-            raise ValidationError(f"max_per_round must be an int >= 1, got {max_per_round!r}")
+        if every_n_trials is not None:
+            every_n_trials = as_int(every_n_trials, "every_n_trials", low=1, error=ValidationError,
+                                    or_none=True)
+        if every_seconds is not None:
+            every_seconds = as_real(every_seconds, "every_seconds", low=0, low_inclusive=False,
+                                    error=ValidationError, or_none=True)
+        max_per_round = as_int(max_per_round, "max_per_round", low=1, error=ValidationError)
         if mode not in MODES:
             raise ValidationError(f"mode must be one of {MODES}, got {mode!r}")
-        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
-                                       or batch_size < 1):
-            raise ValidationError(f"batch_size must be an int >= 1 or None, got {batch_size!r}")
+        if batch_size is not None:
+            batch_size = as_int(batch_size, "batch_size", low=1, error=ValidationError, or_none=True)
         if dtype is not None and dtype not in COMPUTE_DTYPES:
             raise ValidationError(f"dtype must be one of {COMPUTE_DTYPES} or None, got {dtype!r}")
-        if isinstance(min_calibration_rows, bool) or not isinstance(min_calibration_rows, int) \
-                or min_calibration_rows < 1:
-            raise ValidationError(f"min_calibration_rows must be an int >= 1, got {min_calibration_rows!r}")
-        check_rounds(resolve_device(self.device), interleave_rounds, interleave_batch,
-                     names=("interleave_rounds", "interleave_batch"))
+        min_calibration_rows = as_int(min_calibration_rows, "min_calibration_rows", low=1, error=ValidationError)
+        interleave_rounds, interleave_batch = check_rounds(resolve_device(self.device), interleave_rounds,
+                                                           interleave_batch,
+                                                           names=("interleave_rounds", "interleave_batch"))
         here = measure_fn is not None or device_is_here(self.device)
         if mode == "local" and not here:
             raise ValidationError(f"mode='local' needs device {self.device!r} on this machine; use mode='queue' "
