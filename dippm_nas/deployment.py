@@ -301,7 +301,8 @@ class Deployment:
                                   f"deployment file or None, got {type(value).__name__}: {value!r}")
         if runtime is not None:
             if not isinstance(runtime, str) or runtime not in runtimes:
-                raise ExecutionRuntimeError(f"runtime must be one of {runtimes}, got {runtime!r}")
+                got = repr(runtime) if isinstance(runtime, str) else f"{type(runtime).__name__} {runtime!r}"
+                raise ExecutionRuntimeError(f"runtime must be one of {runtimes}, got {got}")
             if value is not None and dep.runtime != runtime:
                 raise DeploymentError(f"runtime={runtime!r} conflicts with the deployment's runtime {dep.runtime!r}; "
                                       "give the runtime in the deployment only")

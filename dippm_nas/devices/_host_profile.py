@@ -177,13 +177,14 @@ def resolve_host_profile(host: "HostProfile | str | Path | None") -> HostProfile
     if isinstance(host, str) and host in ("default", DEFAULT_HOST_PROFILE.name):
         return DEFAULT_HOST_PROFILE
     if isinstance(host, str) and not host.strip():
-        raise DeviceError(f"host {host!r}: an empty string is not a host profile; host must be None (the default "
-                          f"datacenter host, {DEFAULT_HOST_PROFILE.name!r}), a HostProfile, or the path of a file "
-                          "written by `dippm-nas host-profile --out FILE`")
+        raise DeviceError(f"host {host!r}: an empty string is not a host profile; host must be None (not "
+                          f"described), 'default' (the {DEFAULT_HOST_PROFILE.name!r} profile), a HostProfile, or the "
+                          "path of a file written by `dippm-nas host-profile --out FILE`")
     if isinstance(host, (str, Path)):
         return load_host_profile(host)
-    raise DeviceError(f"host must be None (the default datacenter host), a HostProfile, or the path of a file "
-                      f"written by `dippm-nas host-profile --out FILE`; got {type(host).__name__} {host!r}")
+    raise DeviceError(f"host must be None (not described), 'default' (the {DEFAULT_HOST_PROFILE.name!r} profile), a "
+                      f"HostProfile, or the path of a file written by `dippm-nas host-profile --out FILE`; got "
+                      f"{type(host).__name__} {host!r}")
 
 
 def measure_host_profile(*, repeats: int = 60, iterations: int = 20, name: str | None = None) -> HostProfile:
