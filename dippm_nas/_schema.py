@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 from dippm_nas.errors import DippmNasError, InvalidValueError
 
-__all__ = ["from_file_data", "check_file_fields"]
+__all__ = ["from_file_data", "check_file_fields", "file_layout"]
 
 T = TypeVar("T")
 
@@ -71,6 +71,17 @@ def check_file_fields(cls: type, data: Any, fields: Collection[str], origin: str
     """
     partial = _partial(cls, tuple(sorted(fields)))
     return dict(_validate(_adapter(partial), partial, data, origin, error))
+
+
+def file_layout(name: str, fields: Mapping[str, Any]) -> type:
+    """A record type of a file's layout where it is no dataclass (a calibration file's sections): the keys
+    ``fields`` (``{key: type}``, keys that are not identifiers allowed), each optional, unknown keys refused.
+    Imports ``typing_extensions`` (pydantic needs its ``TypedDict`` before Python 3.12)."""
+    from typing_extensions import TypedDict
+
+    layout = TypedDict(name, dict(fields), total=False)  # type: ignore[misc,operator]
+    layout.__pydantic_config__ = {"extra": "forbid"}  # type: ignore[attr-defined]
+    return typing.cast(type, layout)
 
 
 # ------------------------------------------------------------------------------------------------ internals
@@ -195,7 +206,7 @@ def _describe(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
-_PLURALS = {str: "strings", int: "integers", float: "numbers", bool: "booleans"}
+_PLURALS = {str: "strings", int: "integers", float: "numbers", bool: "booleans", Any: "values"}
 
 
 def _plural(tp: Any) -> str:
@@ -226,13 +237,9 @@ def _adapter(cls: Any) -> Any:
 
 @lru_cache(maxsize=None)
 def _partial(cls: type, fields: tuple[str, ...]) -> type:
-    """A TypedDict of ``fields`` of ``cls``, every key optional, unknown keys refused."""
-    from typing_extensions import TypedDict
-
+    """A layout of ``fields`` of ``cls``, every key optional, unknown keys refused."""
     hints = _hints(cls)
     unknown = [f for f in fields if f not in hints]
     if unknown:
         raise InvalidValueError(f"{cls.__name__} has no fields {unknown}")
-    partial = TypedDict(f"{cls.__name__}Fields", {f: hints[f] for f in fields}, total=False)  # type: ignore[misc]
-    partial.__pydantic_config__ = {"extra": "forbid"}  # type: ignore[attr-defined]
-    return partial
+    return file_layout(f"{cls.__name__}Fields", {f: hints[f] for f in fields})

@@ -75,8 +75,10 @@ from typing import Any
 
 import numpy as np
 
+from dippm_nas._json import read_json_file
 from dippm_nas._paths import cache_dir
-from dippm_nas.errors import InvalidValueError
+from dippm_nas._schema import from_file_data
+from dippm_nas.errors import DippmNasError, InvalidValueError
 from dippm_nas.predictor._meta import CheckpointMeta
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.prior import graph_facts, latency_us
@@ -340,7 +342,7 @@ class Calibration:
     n: dict[str, int]
     date: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
     kept: dict[str, float] = field(default_factory=dict)
-    timeline: dict[str, float] | None = None
+    timeline: dict[str, Any] | None = None
 
     def has(self, target: str) -> bool:
         return target in self.coef or (target == "latency_ms" and self.timeline is not None)
@@ -462,6 +464,10 @@ def _evidence_share(m: np.ndarray, y: np.ndarray, a: float, b: float, wts: np.nd
     return max(0.0, 1.0 - 2.0 * s2 / gain)
 
 
+#: The largest calibration file read, bytes (one with every op-class factor is under 4 KB).
+MAX_CALIBRATION_FILE_BYTES = 1 << 20
+
+
 def calibration_path(device: str) -> Path:
     return cache_dir() / "calibration" / f"{device}.json"
 
@@ -492,22 +498,28 @@ def load_calibration(device: str, meta: "CheckpointMeta | str") -> Calibration |
     p = calibration_path(device)
     if not p.is_file():
         return None
+    origin = f"calibration file {p}"
     try:
-        d: dict[str, Any] = json.loads(p.read_text())
-        cal = Calibration(**d)
-        bad = {t: w for t, w in cal.kept.items()
-               if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0.0 <= w <= 1.0}
+        # the file's fields and the timeline factors' against the dataclasses' (wrong types never reach a
+        # prediction), then the rules between values
+        cal = from_file_data(Calibration, read_json_file(p, f"cannot read {origin}", InvalidValueError,
+                                                         max_bytes=MAX_CALIBRATION_FILE_BYTES), origin)
+        bad = {t: c for t, c in cal.coef.items() if len(c) != 3}
         if bad:
-            raise ValueError(f"kept must hold shares in [0, 1] per target, got {bad}")
-        tf = cal.timeline_factors
+            raise InvalidValueError(f"{origin}: coef must hold [a, b, residual_std_log] per target, got {bad}")
+        bad = {t: w for t, w in cal.kept.items() if not 0.0 <= w <= 1.0}
+        if bad:
+            raise InvalidValueError(f"{origin}: kept must hold shares in [0, 1] per target, got {bad}")
+        tf = None if cal.timeline is None else from_file_data(TimelineFactors, cal.timeline, f"{origin}: timeline")
         if tf is not None:
             bad = {c: w for c, w in tf.class_kept.items() if not 0.0 <= w <= 1.0}
             unknown = sorted(set(tf.class_log) - set(CALIBRATION_CLASSES))
             if bad or unknown or not all(map(math.isfinite, [tf.host_log, tf.gpu_log, *tf.class_log.values()])):
-                raise ValueError(f"timeline factors must be finite, class shares in [0, 1] and classes among "
-                                 f"{list(CALIBRATION_CLASSES)}, got {cal.timeline}")
-    except (ValueError, TypeError, AttributeError, KeyError) as e:
-        logger.warning("ignoring unreadable calibration file %s: %s", p, e)
+                raise InvalidValueError(f"{origin}: timeline factors must be finite, class shares in [0, 1] and "
+                                        f"classes among {list(CALIBRATION_CLASSES)}, got {cal.timeline}")
+    except DippmNasError as e:
+        logger.warning("ignoring unreadable calibration file %s (predictions of %s are uncalibrated until it is "
+                       "fitted again): %s", p, device, e)
         return None
     ident = meta if isinstance(meta, str) else checkpoint_identity(meta)
     if cal.checkpoint != ident:
