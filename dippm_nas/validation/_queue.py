@@ -44,6 +44,7 @@ import sqlalchemy as sa
 from sqlalchemy import exc
 from sqlalchemy.engine import URL, Connection, make_url
 
+from dippm_nas._json import loads_json
 from dippm_nas._logging import WarnOnce
 from dippm_nas._sql import create_tables, make_engine, redact, transaction
 from dippm_nas.devices import resolve_device
@@ -98,9 +99,9 @@ def _json_column(r: Any, column: str, *, nullable: bool = False) -> Any:
     if text is None and nullable:
         return None
     try:
-        value = json.loads(text)
-    except (TypeError, ValueError) as e:
-        raise _CorruptRow(f"{column} is not JSON ({type(e).__name__}: {e})") from e
+        value = loads_json(text, column, ValidationError)
+    except ValidationError as e:
+        raise _CorruptRow(str(e)) from e
     if not isinstance(value, dict):
         raise _CorruptRow(f"{column} must hold a JSON object, got {type(value).__name__}")
     return value
