@@ -135,7 +135,7 @@ def optuna_has_set_constraint() -> bool:
 
 
 def rdb_storage(url: str, *, heartbeat_interval: int | None = None, grace_period: int | None = None,
-                failed_trial_callback: Any = None, **engine_kwargs: Any) -> optuna.storages.RDBStorage:
+                **engine_kwargs: Any) -> optuna.storages.RDBStorage:
     """An Optuna RDB storage; for SQLite, set up for many writes from several processes.
 
     Every user attribute and constraint the cost model records is a database write. Optuna's default
@@ -156,8 +156,6 @@ def rdb_storage(url: str, *, heartbeat_interval: int | None = None, grace_period
             died). ``None`` (default): no heartbeat.
         grace_period: seconds without a heartbeat before a trial counts as dead (Optuna's default: twice
             ``heartbeat_interval``).
-        failed_trial_callback: called by Optuna with each trial failed that way, e.g.
-            ``optuna.storages.RetryFailedTrialCallback()``.
         **engine_kwargs: passed to ``sqlalchemy.create_engine`` through ``RDBStorage(engine_kwargs=...)``.
 
     Returns:
@@ -176,8 +174,7 @@ def rdb_storage(url: str, *, heartbeat_interval: int | None = None, grace_period
     if not is_sqlite:
         engine_kwargs.setdefault("pool_pre_ping", True)
     storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs or None,
-                                         heartbeat_interval=heartbeat_interval, grace_period=grace_period,
-                                         failed_trial_callback=failed_trial_callback)
+                                         heartbeat_interval=heartbeat_interval, grace_period=grace_period)
     if is_sqlite:
         listener = sqlite_connect_listener(
             what="Optuna storage", local_hint="Keep the study's SQLite file on a local disk."

@@ -240,8 +240,8 @@ def host_facts(*, refresh: bool = False, threads: int | None = None) -> dict[str
     path = cache_dir() / _CACHE_FILE
     with file_lock(path.with_name(path.name + ".lock"), timeout_s=_LOCK_TIMEOUT_S):
         entries = _read_entries(path)
-        cached = entries.get(key)
-        if not refresh and cached is not None:
+        if not refresh and key in entries:
+            cached = entries[key]
             problem = _facts_problem(cached, key)
             if problem is None:
                 return dict(cached)

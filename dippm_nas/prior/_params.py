@@ -338,7 +338,7 @@ class PriorParams:
     def load(cls, path: str | Path) -> "PriorParams":
         """Read a calibration JSON file."""
         p = Path(path)
-        return cls.from_dict(read_json_file(p, f"cannot read calibration file {p}"), origin=str(p))
+        return cls.from_dict(read_json_file(p, f"cannot read calibration file {p}", InvalidValueError), origin=str(p))
 
 
 #: The scalar settings :meth:`PriorParams.to_dict` writes under ``"global"``.
