@@ -8,10 +8,12 @@ are refused at every level, and the dataclass's own ``__post_init__`` checks (ra
 run as the object is built. The error is a :class:`~dippm_nas.errors.DippmNasError` subclass naming the file,
 the field path (``mig_profiles[0].name``), the bad value and what is expected.
 
-pydantic is imported at the first file validated (about 0.1 s with the first adapter built, on a 2-core
-machine): the files dippm-nas ships (built-in devices, the prior's constants, the shipped checkpoints) are
-built by the dataclasses' own checks alone, and ``tests/test_reliability_files.py`` checks each of them
-against its schema here, so a cached prediction never imports pydantic.
+A file whose every value already has exactly its field's JSON type (what dippm-nas writes, and any valid
+hand-written file) is built by a direct walk of the same type hints, without pydantic: pydantic is imported
+(about 0.1 s with its first adapter, on a 2-core machine) only for a file that walk does not accept, to
+accept it as pydantic's strict mode does or to say precisely what is wrong. The walk accepts a subset of
+what pydantic's strict mode accepts (``tests/test_reliability_files.py`` checks both give the same object),
+so a cached prediction, calibrated or not, imports no pydantic.
 """
 
 from __future__ import annotations
@@ -54,7 +56,10 @@ def from_file_data(cls: type[T], data: Any, origin: str, error: type[DippmNasErr
             wrong type, ``unknown key`` (with the choices), ``missing`` (a required field), or the message of
             the dataclass's own check.
     """
-    return typing.cast(T, _validate(_adapter(cls), cls, data, origin, error))
+    try:
+        return typing.cast(T, _exact(cls, data))
+    except Exception:  # noqa: BLE001 - not exactly typed, or a rule broken: pydantic accepts it or says why
+        return typing.cast(T, _validate(_adapter(cls), cls, data, origin, error))
 
 
 def check_file_fields(cls: type, data: Any, fields: Collection[str], origin: str,
@@ -69,8 +74,14 @@ def check_file_fields(cls: type, data: Any, fields: Collection[str], origin: str
         DippmNasError: (``error``) as :func:`from_file_data`; the record's own checks are not run (the caller
             builds the record).
     """
-    partial = _partial(cls, tuple(sorted(fields)))
-    return dict(_validate(_adapter(partial), partial, data, origin, error))
+    try:
+        hints = _hints(cls)
+        if type(data) is not dict or not set(data) <= set(fields):
+            raise _NotExact
+        return {k: _exact(hints[k], v) for k, v in data.items()}
+    except Exception:  # noqa: BLE001 - as in from_file_data
+        partial = _partial(cls, tuple(sorted(fields)))
+        return dict(_validate(_adapter(partial), partial, data, origin, error))
 
 
 def file_layout(name: str, fields: Mapping[str, Any]) -> type:
@@ -85,6 +96,64 @@ def file_layout(name: str, fields: Mapping[str, Any]) -> type:
 
 
 # ------------------------------------------------------------------------------------------------ internals
+class _NotExact(Exception):
+    """A value that does not have exactly its declared JSON type (pydantic decides)."""
+
+
+_SEQUENCES = (tuple, list, Sequence, Collection)
+
+
+def _exact(tp: Any, v: Any) -> Any:
+    """``v`` built as type ``tp`` when every value has exactly its declared JSON type (``bool`` is not an int,
+    an int is a float, lists are tuples where a tuple is declared, objects are dataclasses), the dataclasses'
+    own checks run; :class:`_NotExact` (or the check's error) otherwise."""
+    if tp is Any:
+        return v
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in _UNIONS:
+        if v is None and type(None) in args:
+            return None
+        rest = [a for a in args if a is not type(None)]
+        if len(rest) != 1:
+            raise _NotExact
+        return _exact(rest[0], v)
+    if tp in (str, int, bool) or tp is type(None):
+        if type(v) is not (tp if tp is not type(None) else type(None)):
+            raise _NotExact
+        return v
+    if tp is float:
+        if type(v) not in (int, float):
+            raise _NotExact
+        return float(v)
+    if origin in _SEQUENCES and type(v) is list:
+        if origin is tuple and not (len(args) == 2 and args[1] is Ellipsis):
+            raise _NotExact
+        items = [_exact(args[0] if args else Any, x) for x in v]
+        return tuple(items) if origin is tuple else items
+    if origin in (dict, Mapping) and type(v) is dict and len(args) == 2 and args[0] is str:
+        if not all(type(k) is str for k in v):
+            raise _NotExact
+        return {k: _exact(args[1], x) for k, x in v.items()}
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type) and type(v) is dict:
+        hints = _hints(tp)
+        required = {f.name for f in dataclasses.fields(tp) if f.init and f.default is dataclasses.MISSING
+                    and f.default_factory is dataclasses.MISSING}  # type: ignore[misc]
+        if not set(v) <= set(hints) or not required <= set(v):
+            raise _NotExact
+        return tp(**{k: _exact(hints[k], x) for k, x in v.items()})
+    if _is_layout(tp) and type(v) is dict:  # a file_layout(): every key optional
+        hints = _hints(tp)
+        if not set(v) <= set(hints):
+            raise _NotExact
+        return {k: _exact(hints[k], x) for k, x in v.items()}
+    raise _NotExact
+
+
+def _is_layout(tp: Any) -> bool:
+    """Whether ``tp`` is a TypedDict (a :func:`file_layout`)."""
+    return isinstance(tp, type) and hasattr(tp, "__annotations__") and hasattr(tp, "__total__")
+
+
 def _validate(adapter: Any, cls: type, data: Any, origin: str, error: type[DippmNasError]) -> Any:
     from pydantic import ValidationError
 
@@ -151,11 +220,12 @@ def _strip_optional(tp: Any) -> Any:
     return tp
 
 
+@lru_cache(maxsize=None)
 def _hints(tp: Any) -> dict[str, Any]:
     if dataclasses.is_dataclass(tp) and isinstance(tp, type):
         hints = typing.get_type_hints(tp)
         return {f.name: hints[f.name] for f in dataclasses.fields(tp) if f.init}
-    if isinstance(tp, type) and hasattr(tp, "__annotations__") and hasattr(tp, "__total__"):  # a TypedDict
+    if _is_layout(tp):
         return dict(typing.get_type_hints(tp))
     return {}
 

@@ -7,7 +7,6 @@ right figure. The queue tests run on SQLite and, marked `postgres`, on PostgreSQ
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -24,8 +23,8 @@ import sqlalchemy as sa
 
 import dippm_nas.validation._queue as queue_mod
 from dippm_nas._json import MAX_JSON_DEPTH, json_depth, loads_json, read_json_file
-from dippm_nas.devices import (DEVICE_DIR_ENV, Device, HostProfile, get_device, list_devices, register_device,
-                               resolve_host_profile, unregister_device)
+from dippm_nas.devices import (DEVICE_DIR_ENV, HostProfile, get_device, list_devices, register_device,
+                               resolve_host_profile)
 from dippm_nas.devices import _host
 from dippm_nas.errors import CheckpointError, DeviceError, DippmNasError, GraphValidationError, InvalidValueError
 from dippm_nas.graph import OperatorGraph
@@ -148,13 +147,20 @@ def test_checkpoint_metadata_of_a_user_checkpoint_is_checked_field_by_field() ->
 
 
 def test_every_shipped_file_passes_its_schema_and_builds_the_same_object_trusted() -> None:
-    # the shipped files are built without pydantic (a cached predict imports none): they must pass the schema
+    # the shipped files are built without the schema check (trusted): they must pass it, and the direct walk of
+    # the type hints must give what pydantic's strict mode gives
     from importlib import resources
 
-    from dippm_nas.devices import device_from_dict
+    import tomllib
+
+    from dippm_nas import _schema
+    from dippm_nas.devices import Device, device_from_dict
     from dippm_nas.predictor._checkpoint import SHIPPED_CHECKPOINT_DIR
 
-    import tomllib
+    def both(cls: type, d: Any) -> Any:
+        walked = _schema._exact(cls, d)
+        assert walked == _schema._validate(_schema._adapter(cls), cls, d, "x", DippmNasError)
+        return walked
 
     for entry in (resources.files("dippm_nas.devices") / "data").iterdir():
         d = tomllib.loads(entry.read_text(encoding="utf-8"))
@@ -162,13 +168,31 @@ def test_every_shipped_file_passes_its_schema_and_builds_the_same_object_trusted
             facts = {"fp32_tflops": 0.05, "bandwidth_gbps": 10.0, "host_dispatch_us": 5.0, "sms": 2,
                      "memory_gib": 8.0, "l2_mib": 32.0, "name": "Fake CPU", "architecture": "x86_64"}
             d = {**d, **{k: facts[k] for k in d["measured"]}}
-        assert device_from_dict(d, origin=entry.name) == device_from_dict(d, origin=entry.name, trusted=True)
+        dev = device_from_dict(d, origin=entry.name, trusted=True)
+        assert device_from_dict(d, origin=entry.name) == dev
+        assert both(Device, {k: v for k, v in d.items() if k != "measured"}) == dev
     fitted = json.loads((resources.files("dippm_nas.prior") / "calibration" / "fitted.json").read_text())
     assert PriorParams.from_dict(fitted) == PriorParams.from_dict(fitted, trusted=True)
     for side in sorted(SHIPPED_CHECKPOINT_DIR.glob("*.json")):
         text = side.read_text()
-        assert CheckpointMeta.from_json(text, origin=side.name) == CheckpointMeta.from_json(text, trusted=True)
+        meta = CheckpointMeta.from_json(text, trusted=True)
+        assert CheckpointMeta.from_json(text, origin=side.name) == meta == both(CheckpointMeta, json.loads(text))
         assert json_depth(text) <= 6  # the figure MAX_JSON_DEPTH's comment gives
+
+
+def test_valid_user_files_are_read_without_importing_pydantic(tmp_path: Path) -> None:
+    # pydantic is imported only to explain (or accept) a file the direct walk does not accept
+    (tmp_path / "devices").mkdir()
+    (tmp_path / "devices" / "lab.toml").write_text(GPU_TOML + 'checks = ["fp32_tflops"]\n[sources]\nsms = "x"\n')
+    (tmp_path / "host.json").write_text(json.dumps(HostProfile(name="lab", speed=1.5).to_dict()))
+    code = ("import sys; from dippm_nas.devices import get_device, resolve_host_profile; "
+            "from dippm_nas.predictor import CheckpointMeta, find_checkpoint; "
+            "d = get_device('lab-gpu'); h = resolve_host_profile(sys.argv[1]); "
+            "m = CheckpointMeta.from_json(find_checkpoint('a100-sxm4-40gb').with_suffix('.json').read_text()); "
+            "print(d.sms, h.speed, m.device, 'pydantic' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "host.json")], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, DEVICE_DIR_ENV: str(tmp_path / "devices")})
+    assert out.stdout.split() == ["128", "1.5", "a100-sxm4-40gb", "False"], out.stderr
 
 
 # =========================================================================== the bounded reader (item B)
