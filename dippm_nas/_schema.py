@@ -117,8 +117,8 @@ def _exact(tp: Any, v: Any) -> Any:
         if len(rest) != 1:
             raise _NotExact
         return _exact(rest[0], v)
-    if tp in (str, int, bool) or tp is type(None):
-        if type(v) is not (tp if tp is not type(None) else type(None)):
+    if tp in (str, int, bool, type(None)):
+        if type(v) is not tp:
             raise _NotExact
         return v
     if tp is float:

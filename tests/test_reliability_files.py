@@ -125,6 +125,19 @@ def test_a_calibration_file_with_a_global_section_of_another_type(tmp_path: Path
     assert PriorParams.load(path) == PriorParams.uncalibrated()
 
 
+def test_a_power_file_field_of_another_type(tmp_path: Path) -> None:
+    from dippm_nas.prior import PowerTable, power_table
+
+    d = power_table().to_dict()
+    path = tmp_path / "power.json"
+    arch = next(iter(d["architectures"]))
+    path.write_text(json.dumps({**d, "architectures": {arch: {**d["architectures"][arch], "sigma_log": "x"}}}))
+    with pytest.raises(InvalidValueError, match=f"power.json: architectures.{arch}.sigma_log = 'x': expected a number"):
+        PowerTable.load(path)
+    path.write_text(json.dumps(d))
+    assert PowerTable.load(path) == power_table()
+
+
 def test_a_host_profile_field_of_another_type(tmp_path: Path) -> None:
     path = tmp_path / "host.json"
     path.write_text(json.dumps({"format": 1, "name": 5, "speed": 1.2}))
@@ -173,6 +186,10 @@ def test_every_shipped_file_passes_its_schema_and_builds_the_same_object_trusted
         assert both(Device, {k: v for k, v in d.items() if k != "measured"}) == dev
     fitted = json.loads((resources.files("dippm_nas.prior") / "calibration" / "fitted.json").read_text())
     assert PriorParams.from_dict(fitted) == PriorParams.from_dict(fitted, trusted=True)
+    from dippm_nas.prior import PowerTable
+
+    power = json.loads((resources.files("dippm_nas.prior") / "calibration" / "power.json").read_text())
+    assert PowerTable.from_dict(power) == PowerTable.from_dict(power, trusted=True)
     for side in sorted(SHIPPED_CHECKPOINT_DIR.glob("*.json")):
         text = side.read_text()
         meta = CheckpointMeta.from_json(text, trusted=True)
