@@ -43,10 +43,11 @@ _MAX_VALUE_CHARS = 80
 
 
 def from_file_data(cls: type[T], data: Any, origin: str, error: type[DippmNasError] = InvalidValueError) -> T:
-    """``cls`` (a dataclass) built from ``data``, a mapping read from a file, after checking every field.
+    """``cls`` (a dataclass, or a :func:`file_layout`) built from ``data``, a mapping read from a file, after
+    checking every field.
 
     Args:
-        cls: the dataclass.
+        cls: the dataclass or layout.
         data: the file's mapping (JSON- or TOML-like: dicts, lists, str, numbers, bools, None).
         origin: names the file in the error (``"user file /x/gpu.toml"``).
         error: the :class:`~dippm_nas.errors.DippmNasError` subclass raised.

@@ -357,7 +357,7 @@ def device_from_dict(d: Mapping[str, Any], *, origin: str = "<dict>", trusted: b
         d: the parsed file.
         origin: where it came from, for error messages.
         trusted: a built-in data file (shipped with dippm-nas; its tests check each against the schema):
-            built by the dataclasses' own checks alone, without importing pydantic.
+            built by the dataclasses' own checks alone.
 
     Raises:
         DeviceError: naming ``origin``, the field path, the bad value and what is expected: a value of the

@@ -112,9 +112,8 @@ class CheckpointMeta:
             text: the JSON text (``.pt`` ``"meta"``, the derived weights, or the ``.json`` sidecar).
             origin: names the checkpoint in errors.
             trusted: the metadata of a checkpoint shipped with dippm-nas (its tests check each against the
-                schema): built by the dataclass alone, without importing pydantic. Otherwise every field is
-                checked against the dataclass's (:mod:`dippm_nas._schema`), the pinned ``prior_params`` as a
-                calibration file.
+                schema): built by the dataclass alone. Otherwise every field is checked against the
+                dataclass's (:mod:`dippm_nas._schema`), the pinned ``prior_params`` as a calibration file.
 
         Raises:
             CheckpointError: not JSON (or nested too deep), or fields of the wrong type, unknown or missing

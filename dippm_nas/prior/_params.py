@@ -296,7 +296,7 @@ class PriorParams:
             origin: where it came from, for error messages.
             trusted: the shipped file, or a checkpoint's metadata already checked on load: built by the
                 dataclasses' own checks alone. Otherwise every section is first checked against the
-                dataclasses' fields (:mod:`dippm_nas._schema`, which imports pydantic).
+                dataclasses' fields (:mod:`dippm_nas._schema`).
 
         Raises:
             DippmNasError: wrong format version, unknown classes or keys, values of the wrong type (the field
