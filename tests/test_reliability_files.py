@@ -235,6 +235,19 @@ def test_deeply_nested_json_is_a_clear_error_in_every_reader(tmp_path: Path) -> 
         PriorParams.load(cal)
 
 
+def test_a_deeply_nested_checkpoint_sidecar_ranks_its_checkpoint_as_of_an_unknown_cpu(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    from dippm_nas.predictor import host_checkpoints
+
+    (tmp_path / "host-cpu--lab.pt").write_bytes(b"weights")
+    (tmp_path / "host-cpu--lab.json").write_text(DEEP)
+    monkeypatch.setenv("DIPPM_NAS_CHECKPOINT_DIR", str(tmp_path))
+    with caplog.at_level(logging.WARNING, logger="dippm_nas.predictor._checkpoint"):
+        found = dict(host_checkpoints())
+    assert found[tmp_path / "host-cpu--lab.pt"] is None
+    assert any("host-cpu--lab.json" in r.getMessage() and "levels deep" in r.getMessage() for r in caplog.records)
+
+
 def _enqueue(q: JobQueue, n: int) -> list[int]:
     return [q.enqueue(study="s", trial_number=i, space="mlp", config=MLP, spec=SPEC4.to_dict(), device="host-cpu",
                       predicted={"latency_ms": 1.0}) for i in range(n)]
