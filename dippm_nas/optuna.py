@@ -136,7 +136,8 @@ def optuna_has_set_constraint() -> bool:
     return hasattr(optuna.trial.Trial, "set_constraint")
 
 
-def rdb_storage(url: str, **engine_kwargs: Any) -> optuna.storages.RDBStorage:
+def rdb_storage(url: str, *, heartbeat_interval: int | None = None, grace_period: int | None = None,
+                **engine_kwargs: Any) -> optuna.storages.RDBStorage:
     """An Optuna RDB storage; for SQLite, set up for many writes from several processes.
 
     Every user attribute and constraint the cost model records is a database write. Optuna's default
@@ -151,18 +152,31 @@ def rdb_storage(url: str, **engine_kwargs: Any) -> optuna.storages.RDBStorage:
 
     Args:
         url: a SQLAlchemy URL, e.g. ``sqlite:///study.db`` or ``postgresql+psycopg2://user:pw@host/db``.
+        heartbeat_interval: Optuna's trial heartbeat, seconds (``RDBStorage(heartbeat_interval=...)``): a
+            running trial's heartbeat is stamped with the database's clock this often, and a trial whose
+            heartbeat is older than ``grace_period`` is failed by the next trial started (a worker that
+            died). ``None`` (default): no heartbeat.
+        grace_period: seconds without a heartbeat before a trial counts as dead (Optuna's default: twice
+            ``heartbeat_interval``).
         **engine_kwargs: passed to ``sqlalchemy.create_engine`` through ``RDBStorage(engine_kwargs=...)``.
 
     Returns:
         An ``optuna.storages.RDBStorage`` to pass as ``storage=``.
+
+    Raises:
+        InvalidValueError: ``heartbeat_interval`` or ``grace_period`` is not a positive int or None.
     """
     from sqlalchemy import event
     from sqlalchemy.engine import make_url
 
+    for name, v in (("heartbeat_interval", heartbeat_interval), ("grace_period", grace_period)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise InvalidValueError(f"{name} must be a positive int (seconds) or None, got {v!r}")
     is_sqlite = make_url(url).get_backend_name() == "sqlite"
     if not is_sqlite:
         engine_kwargs.setdefault("pool_pre_ping", True)
-    storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs or None)
+    storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs or None,
+                                         heartbeat_interval=heartbeat_interval, grace_period=grace_period)
     if is_sqlite:
         listener = sqlite_connect_listener(
             what="Optuna storage", local_hint="Keep the study's SQLite file on a local disk."

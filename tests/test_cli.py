@@ -281,7 +281,7 @@ try:
     runpy.run_module("dippm_nas", run_name="__main__", alter_sys=True)
 except SystemExit as e:
     code = e.code
-loaded = sorted(m for m in ("torch", "sqlalchemy", "tvm", "torchvision", "scipy") if m in sys.modules)
+loaded = sorted(m for m in ("torch", "sqlalchemy", "tvm", "torchvision", "scipy", "pydantic") if m in sys.modules)
 print(json.dumps({"exit": code, "loaded": loaded}), file=sys.stderr)
 """
 

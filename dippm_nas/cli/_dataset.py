@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import logging
 import sys
 from pathlib import Path
@@ -25,6 +24,7 @@ from dippm_nas.cli._grammar import (
     positive_int,
     writable_output,
 )
+from dippm_nas._json import read_json_file
 from dippm_nas.errors import DatasetError, MeasurementError
 from dippm_nas.spec import COMPUTE_DTYPES
 
@@ -175,7 +175,7 @@ def _read_candidates(paths: list[Path], dtype: str) -> list[dict[str, Any]]:
     skipped: dict[str, int] = {}
     for path in paths:
         if path.suffix == ".json":
-            items = json.loads(path.read_text())
+            items = read_json_file(path, f"cannot read the candidates file {str(path)!r}", DatasetError)
             if not isinstance(items, list):
                 raise DatasetError(f"{path}: a JSON candidates file holds a list of {{space, config, batch_size}}")
         else:

@@ -61,6 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from dippm_nas._deprecation import MISSING, renamed_keyword
+from dippm_nas._json import loads_json, read_json_file
 from dippm_nas._numbers import as_int, as_real
 from dippm_nas._platform import cpu_model_name
 from dippm_nas.deployment import Deployment
@@ -284,6 +285,18 @@ def _parts(out: Path) -> list[Path]:
     return sorted(out.glob("measurements-*.jsonl"))
 
 
+def _read_manifest(path: Path) -> dict[str, Any]:
+    """A campaign's ``manifest.json`` (a JSON object).
+
+    Raises:
+        MeasurementError: unreadable, not a regular file, not JSON, or not an object.
+    """
+    manifest = read_json_file(path, "cannot read the campaign manifest", MeasurementError)
+    if not isinstance(manifest, dict):
+        raise MeasurementError(f"campaign manifest {path} must hold a JSON object, got {type(manifest).__name__}")
+    return manifest
+
+
 def read_campaign_rows(path: str | Path) -> Iterator[dict[str, Any]]:
     """The measurement records of a campaign directory (or of one of its files), header lines checked.
 
@@ -298,12 +311,12 @@ def read_campaign_rows(path: str | Path) -> Iterator[dict[str, Any]]:
                 if not line.strip():
                     continue
                 try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError as e:
+                    rec = loads_json(line, f"{f}:{lineno}", MeasurementError)
+                except MeasurementError as e:
                     if lineno > 1 and not line.endswith("\n"):  # a run killed mid-write: the last line is cut
                         logger.warning("%s:%d: an unfinished last line is ignored (%s)", f, lineno, e)
                         continue
-                    raise MeasurementError(f"{f}:{lineno}: malformed JSON ({e})") from e
+                    raise
                 if lineno == 1:
                     if rec.get("type") != "header" or rec.get("format") != JSONL_FORMAT:
                         raise MeasurementError(f"{f}: not a {JSONL_FORMAT} file (first line {line[:80]!r})")
@@ -527,7 +540,7 @@ def run_campaign(
         if not resume:
             raise MeasurementError(f"{out_dir} already holds a campaign; pass resume=True (--resume) to continue "
                                    "it, or choose another directory")
-        old = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+        old = _read_manifest(manifest_path) if manifest_path.exists() else {}
         if old and (old.get("set") != set_name or old.get("set_version") != set_version):
             raise MeasurementError(f"{out_dir} holds a campaign of set {old.get('set')!r} v{old.get('set_version')}, "
                                    f"not {set_name!r} v{set_version}; use another directory")
@@ -541,7 +554,7 @@ def run_campaign(
         "models": [dataclasses.asdict(m) for m in chosen], "started_at": _utc_now(),
     }
     if manifest_path.exists():
-        manifest["runs"] = json.loads(manifest_path.read_text()).get("runs", [])
+        manifest["runs"] = _read_manifest(manifest_path).get("runs", [])
     manifest.setdefault("runs", []).append({"started_at": manifest["started_at"], "device": device})
     writer = _Writer(out_dir, int(max_file_mib * BYTES_PER_MIB), {"created_by": "dippm-nas gpu-campaign",
                                                           "set": set_name, "set_version": set_version})

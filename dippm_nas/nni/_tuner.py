@@ -64,6 +64,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dippm_nas._json import loads_json
 from dippm_nas._numbers import as_int, is_real
 from dippm_nas._optional import require
 from dippm_nas.budgets import Budgets, ChanceCheck, trial_attrs
@@ -662,9 +663,9 @@ class HardwareAwareTuner(Tuner):
         params, value = rec["parameter"], rec["value"]
         if isinstance(value, str):
             try:
-                value = json.loads(value)
-            except ValueError as e:
-                raise InvalidValueError(f"value {value!r} is not a number, a dict or their JSON") from e
+                value = loads_json(value, "the record's value")
+            except InvalidValueError as e:
+                raise InvalidValueError(f"value {value[:80]!r} is not a number, a dict or their JSON ({e})") from e
         if not isinstance(params, Mapping):
             raise InvalidTypeError(f"parameter must be a dict of the search space's keys, got {params!r}")
         missing = [k for k in dims if k not in params]

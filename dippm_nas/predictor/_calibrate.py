@@ -84,8 +84,10 @@ from typing import Any
 
 import numpy as np
 
+from dippm_nas._json import read_json_file
 from dippm_nas._paths import cache_dir
-from dippm_nas.errors import InvalidValueError
+from dippm_nas._schema import from_file_data
+from dippm_nas.errors import DippmNasError, InvalidValueError
 from dippm_nas.predictor._meta import CheckpointMeta
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.prior import graph_facts, latency_us
@@ -365,7 +367,7 @@ class Calibration:
     n: dict[str, int]
     date: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
     kept: dict[str, float] = field(default_factory=dict)
-    timeline: dict[str, float] | None = None
+    timeline: dict[str, Any] | None = None
     span: dict[str, list[float]] = field(default_factory=dict)
 
     def has(self, target: str) -> bool:
@@ -491,6 +493,10 @@ def _evidence_share(m: np.ndarray, y: np.ndarray, a: float, b: float, wts: np.nd
     return max(0.0, 1.0 - 2.0 * s2 / gain)
 
 
+#: The largest calibration file read, bytes (one with every op-class factor is under 4 KB).
+MAX_CALIBRATION_FILE_BYTES = 1 << 20
+
+
 def calibration_path(device: str) -> Path:
     return cache_dir() / "calibration" / f"{device}.json"
 
@@ -594,12 +600,21 @@ def read_calibration(device: str, meta: "CheckpointMeta | str") -> tuple[Calibra
     p = calibration_path(device)
     if not p.is_file():
         return None, ""
+    origin = f"calibration file {p}"
     try:
-        d: dict[str, Any] = json.loads(p.read_text())
-        cal = Calibration(**d)
+        # the file's fields and the timeline factors' against the dataclasses' (wrong types never reach a
+        # prediction); the rules between values are calibration_problems'
+        cal = from_file_data(Calibration, read_json_file(p, f"cannot read {origin}", InvalidValueError,
+                                                         max_bytes=MAX_CALIBRATION_FILE_BYTES), origin)
+        tf = None if cal.timeline is None else from_file_data(TimelineFactors, cal.timeline, f"{origin}: timeline")
+        unknown = sorted(set(tf.class_log) - set(CALIBRATION_CLASSES)) if tf is not None else []
+        if unknown:
+            raise InvalidValueError(f"{origin}: timeline classes must be among {list(CALIBRATION_CLASSES)}, got "
+                                    f"{unknown}")
         problems = calibration_problems(cal)
-    except (ValueError, TypeError, AttributeError, KeyError) as e:
-        logger.warning("ignoring unreadable calibration file %s: %s", p, e)
+    except DippmNasError as e:
+        logger.warning("ignoring unreadable calibration file %s (predictions of %s are uncalibrated until it is "
+                       "fitted again): %s", p, device, e)
         return None, f"unreadable: {e}"
     ident = meta if isinstance(meta, str) else checkpoint_identity(meta)
     if cal.checkpoint != ident:

@@ -51,7 +51,7 @@ from dippm_nas.predictor._calibrate import (Calibration, calibration_classes, ca
                                             checkpoint_identity, delete_calibration, fit_calibration,
                                             fit_timeline_factors, read_calibration, require_plausible,
                                             save_calibration)
-from dippm_nas.predictor._checkpoint import OTHER_HOST_FLOOR_LOG, OTHER_MACHINE_FLOOR_LOG
+from dippm_nas.predictor._checkpoint import OTHER_HOST_FLOOR_LOG, OTHER_MACHINE_FLOOR_LOG, is_shipped_checkpoint
 from dippm_nas.predictor._numpy_ensemble import (INFER_CHUNK_NODES, NUMPY_MAX_GRAPHS, NumpyEnsemble, checkpoint_digest,
                                                   derived_weights_path, global_arrays, read_derived_weights,
                                                   write_derived_weights)
@@ -111,7 +111,8 @@ class GnnPredictor(BasePredictor):
         #: features and prior were computed with; featurise evaluation data with them
         self.prior_params: Any = None
         if meta.prior_params is not None:
-            self.prior_params = PriorParams.from_dict(meta.prior_params, origin="checkpoint")
+            # checked with the metadata on load (CheckpointMeta.from_json), or written by training
+            self.prior_params = PriorParams.from_dict(meta.prior_params, origin="checkpoint", trusted=True)
         self.calibration: Calibration | None = None
         #: why the device's persisted calibration file was not applied ("" when none was ignored); while set,
         #: every prediction carries ``details["calibration_ignored"] = 1``
@@ -768,7 +769,7 @@ def _load_error_text(e: Exception) -> str:
 
 def _checked_meta(path: Path, meta_json: Any, device: str | None) -> CheckpointMeta:
     """The checked metadata of checkpoint ``path``, which must answer for ``device`` (when given)."""
-    meta = CheckpointMeta.from_json(meta_json)
+    meta = CheckpointMeta.from_json(meta_json, origin=f"checkpoint {path}", trusted=is_shipped_checkpoint(path))
     meta.check()
     if device is not None and resolve_device(device).id != meta.device:
         raise CheckpointError(f"checkpoint {path.name} is for device {meta.device!r}, asked for {device!r}")
