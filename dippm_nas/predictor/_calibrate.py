@@ -563,10 +563,6 @@ def require_plausible(cal: Calibration) -> None:
             f"({sum(cal.n.values()) if cal.n else '?'} figures)")
 
 
-def calibration_path(device: str) -> Path:
-    return cache_dir() / "calibration" / f"{device}.json"
-
-
 def save_calibration(cal: Calibration) -> Path:
     """Write the calibration JSON; returns its path.
 
