@@ -24,7 +24,7 @@ _VERBS: tuple[str, ...] = (
     "_train",
     "_evaluate",
     "_predict",
-    "_host_profile",
+    "_deployment",
     "_demo",
     "_validate_worker",
     "_gpu_campaign",

@@ -9,6 +9,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from dippm_nas._json import loads_json
+from dippm_nas._optional import require
 from dippm_nas.errors import GraphValidationError
 from dippm_nas.spec import InputSpec
 
@@ -380,11 +382,17 @@ class OperatorGraph:
 
     @classmethod
     def from_json(cls, text: str | bytes) -> "OperatorGraph":
-        return cls.from_dict(json.loads(text))
+        """Inverse of :meth:`to_json` (read as :func:`~dippm_nas._json.loads_json` does: nested at most
+        :data:`~dippm_nas._json.MAX_JSON_DEPTH` levels).
+
+        Raises:
+            GraphValidationError: the text is not JSON or nests deeper than that.
+        """
+        return cls.from_dict(loads_json(text, "graph JSON", GraphValidationError))
 
     # --------------------------------------------------------------- to PyG
     def to_pyg(self) -> "Data":
-        """A ``torch_geometric.data.Data`` with the dataflow ``edge_index`` and per-node numeric fields.
+        """A ``torch_geometric.data.Data`` (``pip install 'dippm-nas[pyg]'``) with the dataflow ``edge_index`` and per-node numeric fields.
 
         Op encodings (one-hot, attributes) are the job of :mod:`dippm_nas.features`; this gives the
         structure plus raw per-node quantities.
@@ -394,10 +402,13 @@ class OperatorGraph:
             - ``flops``, ``macs``, ``bytes_read``, ``bytes_written``, ``param_bytes``: ``[num_nodes]`` (float64)
             - ``is_constant``, ``known``: ``[num_nodes]`` (bool)
             - ``op``: list of ``num_nodes`` op names
+
+        Raises:
+            MissingDependencyError: torch-geometric is not installed.
         """
         import torch
-        from torch_geometric.data import Data
 
+        Data = require("torch_geometric.data", "pyg", "OperatorGraph.to_pyg()").Data
         ei = torch.tensor(self.edges, dtype=torch.long).reshape(-1, 2).t().contiguous()
 
         def col(name: str, dtype: "torch.dtype" = torch.float64) -> "torch.Tensor":

@@ -5,7 +5,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import math
@@ -17,8 +17,8 @@ from dippm_nas.errors import DeviceError, ExecutionRuntimeError, InvalidTypeErro
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.prediction import Prediction
 from dippm_nas.predictor._calibrate import (ANALYTIC_IDENTITY, Calibration, calibration_classes, calibration_details,
-                                            delete_calibration, fit_timeline_factors, save_calibration)
-from dippm_nas.predictor._calibrate import load_calibration as _load_calibration
+                                            delete_calibration, fit_timeline_factors, read_calibration,
+                                            require_plausible, save_calibration)
 from dippm_nas.prior import (DeploymentSettings, check_runtime, deployment_settings, estimate, latency_us,
                              predict as prior_predict, timeline_fields)
 
@@ -160,8 +160,11 @@ class AnalyticPredictor(BasePredictor):
         dev = resolve_device(device)
         self.device = dev.id
         self.calibration: Calibration | None = None
+        #: why the device's persisted calibration file was not applied ("" when none was ignored); while set,
+        #: every prediction carries ``details["calibration_ignored"] = 1``
+        self.calibration_ignored = ""
         if load_calibration and dev.kind == "gpu":
-            self.calibration = _load_calibration(self.device, self._identity())
+            self.calibration, self.calibration_ignored = read_calibration(self.device, self._identity())
 
     def _identity(self) -> str:
         return ANALYTIC_IDENTITY.format(device=self.device)
@@ -184,7 +187,10 @@ class AnalyticPredictor(BasePredictor):
                     device=self.device, batch_size=est.batch_size, dtype=est.dtype,
                     unknown_ops=dict(est.unknown_ops), details=est.details(), **timeline_fields(est),
                 )
-            pred = dataclasses.replace(pred, details={**pred.details, **execution_details(st, self.device)})
+            details = {**pred.details, **execution_details(st, self.device)}
+            if self.calibration_ignored:
+                details["calibration_ignored"] = 1.0
+            pred = dataclasses.replace(pred, details=details)
             out.append(self._calibrated(g, pred, st))
         return out
 
@@ -227,7 +233,8 @@ class AnalyticPredictor(BasePredictor):
 
         Raises:
             DeviceError: a CPU device (its analytic latency has no timelines to correct).
-            InvalidValueError: a figure that is not a finite number > 0 (named in the message).
+            InvalidValueError: a figure that is not a finite number > 0 (named in the message), or a fit beyond
+                the plausibility bounds (:func:`~dippm_nas.predictor.calibration_problems`); nothing is applied.
         """
         if resolve_device(self.device).kind != "gpu":
             raise DeviceError(f"the analytic prior of {self.device!r} (a CPU) has no host and GPU timelines to "
@@ -245,9 +252,11 @@ class AnalyticPredictor(BasePredictor):
                                   node_classes=[calibration_classes(g) for g, _ in pairs])
         cal = Calibration(device=self.device, checkpoint=self._identity(), coef={}, n={"latency_ms": len(pairs)},
                           timeline=dataclasses.asdict(tf))
+        require_plausible(cal)
         self.calibration = cal
         if persist:
             save_calibration(cal)
+            self.calibration_ignored = ""
         return cal
 
     def reset_calibration(self, *, persist: bool = True) -> None:
@@ -255,6 +264,7 @@ class AnalyticPredictor(BasePredictor):
         self.calibration = None
         if persist:
             delete_calibration(self.device)
+            self.calibration_ignored = ""
 
     def __repr__(self) -> str:
         return f"AnalyticPredictor(device={self.device!r}, calibrated={self.calibration is not None})"
@@ -271,6 +281,9 @@ def measurement_pairs(measurements: Sequence[Any]) -> list[tuple[OperatorGraph, 
         InvalidTypeError: an item that is not such a pair.
         InvalidValueError: a figure that is not a finite number > 0 (named), or no pair with a figure.
     """
+    if isinstance(measurements, (str, bytes, Mapping)) or not isinstance(measurements, Iterable):
+        raise InvalidTypeError(f"measurements must be a list of (graph, Measurement) or (graph, {{'latency_ms': "
+                               f"...}}) pairs, got {type(measurements).__name__} {measurements!r:.200}")
     out = []
     for i, item in enumerate(measurements):
         try:

@@ -27,6 +27,7 @@ import dataclasses
 import json
 import logging
 import math
+import re
 import sys
 import threading
 from collections import OrderedDict
@@ -48,9 +49,9 @@ from dippm_nas.mig import advise
 from dippm_nas.predictor._base import BasePredictor, deployment_of, execution_details, measurement_pairs
 from dippm_nas.predictor._calibrate import (Calibration, calibration_classes, calibration_details,
                                             checkpoint_identity, delete_calibration, fit_calibration,
-                                            fit_timeline_factors, save_calibration)
-from dippm_nas.predictor._calibrate import load_calibration as _load_calibration
-from dippm_nas.predictor._checkpoint import OTHER_HOST_FLOOR_LOG, OTHER_MACHINE_FLOOR_LOG
+                                            fit_timeline_factors, read_calibration, require_plausible,
+                                            save_calibration)
+from dippm_nas.predictor._checkpoint import OTHER_HOST_FLOOR_LOG, OTHER_MACHINE_FLOOR_LOG, is_shipped_checkpoint
 from dippm_nas.predictor._numpy_ensemble import (INFER_CHUNK_NODES, NUMPY_MAX_GRAPHS, NumpyEnsemble, checkpoint_digest,
                                                   derived_weights_path, global_arrays, read_derived_weights,
                                                   write_derived_weights)
@@ -88,7 +89,7 @@ class GnnPredictor(BasePredictor):
 
     The network runs in an *engine*: the torch :class:`~dippm_nas.predictor.SageEnsemble` (``model``), or,
     in a process that has not loaded torch, its numpy twin
-    (:class:`~dippm_nas.predictor.NumpyEnsemble`, the same figures to 1e-5 relative) on the checkpoint's
+    (:class:`~dippm_nas.predictor.NumpyEnsemble`, the same figures to 3e-5 relative) on the checkpoint's
     derived weights file. Reading :attr:`model`, or a request of more than
     :data:`~dippm_nas.predictor.NUMPY_MAX_GRAPHS` graphs, moves a numpy-engine predictor to the torch
     ensemble for good.
@@ -111,10 +112,14 @@ class GnnPredictor(BasePredictor):
         #: features and prior were computed with; featurise evaluation data with them
         self.prior_params: Any = None
         if meta.prior_params is not None:
-            self.prior_params = PriorParams.from_dict(meta.prior_params, origin="checkpoint")
+            # checked with the metadata on load (CheckpointMeta.from_json), or written by training
+            self.prior_params = PriorParams.from_dict(meta.prior_params, origin="checkpoint", trusted=True)
         self.calibration: Calibration | None = None
+        #: why the device's persisted calibration file was not applied ("" when none was ignored); while set,
+        #: every prediction carries ``details["calibration_ignored"] = 1``
+        self.calibration_ignored = ""
         if load_calibration:
-            self.calibration = _load_calibration(self.device, self.meta)
+            self.calibration, self.calibration_ignored = read_calibration(self.device, self.meta)
         #: the CPU model a host-cpu checkpoint was measured on when this machine's differs, else ``None``
         self.other_host: str | None = None
         #: the cross-host σ floor per target this predictor adds while ``other_host`` is set (a copy of
@@ -237,7 +242,7 @@ class GnnPredictor(BasePredictor):
         try:
             blob = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as e:  # noqa: BLE001 - any unreadable file is a checkpoint error
-            raise CheckpointError(f"cannot read predictor checkpoint {path}: {type(e).__name__}: {e}") from e
+            raise CheckpointError(f"cannot read predictor checkpoint {path}: {_load_error_text(e)}") from e
         if not isinstance(blob, dict) or "meta" not in blob or "state" not in blob:
             raise CheckpointError(f"checkpoint {path} must hold a dict with 'meta' and 'state', got {type(blob).__name__}")
         meta = _checked_meta(path, blob["meta"], device)
@@ -626,6 +631,8 @@ class GnnPredictor(BasePredictor):
         details["prior_memory_mib"] = f.prior_memory_mib
         details["outside_training_range"] = float(ood)
         details.update(kept)
+        if self.calibration_ignored:
+            details["calibration_ignored"] = 1.0
         if static_dtype_columns(self.meta.feature_style) is not None and self._engine.residual_on_prior:
             details["dtype_unseen"] = float(dtype_unseen)
         if self.meta.prior_only_dtypes:
@@ -682,6 +689,11 @@ class GnnPredictor(BasePredictor):
         Returns:
             The fitted :class:`~dippm_nas.predictor._calibrate.Calibration` (now active), or ``None`` with a
             warning when fewer than two measurements hold a label: the predictions stay unchanged.
+
+        Raises:
+            InvalidValueError: a figure that is not a finite number > 0, or a fit beyond the plausibility
+                bounds (:func:`~dippm_nas.predictor.calibration_problems`: e.g. a latency in seconds or 1e-300
+                ms); nothing is applied or written.
         """
         pairs = measurement_pairs(measurements)
         if len(pairs) < 2:
@@ -713,10 +725,12 @@ class GnnPredictor(BasePredictor):
                               timeline=timeline)
         else:
             raise DippmNasError(f"no measurement holds a label for the targets {list(self.meta.targets)}")
+        require_plausible(cal)
         self.calibration = cal
         self._pred_cache.clear()
         if persist:
             save_calibration(cal)
+            self.calibration_ignored = ""
         return cal
 
     def reset_calibration(self, *, persist: bool = True) -> None:
@@ -725,6 +739,7 @@ class GnnPredictor(BasePredictor):
         self._pred_cache.clear()
         if persist:
             delete_calibration(self.device)
+            self.calibration_ignored = ""
 
     def __repr__(self) -> str:
         return (f"GnnPredictor(device={self.device!r}, targets={list(self.meta.targets)}, "
@@ -743,9 +758,27 @@ def _torch_engine(model: "SageEnsemble") -> Any:
     return _torch_ensemble().TorchEngine(model)
 
 
+#: The part of torch's refusal of a non-weights object that names it ("Unsupported global: GLOBAL argparse.Namespace").
+_UNSUPPORTED_GLOBAL = re.compile(r"Unsupported global: GLOBAL ([\w.]+)")
+
+
+def _load_error_text(e: Exception) -> str:
+    """What ``torch.load(weights_only=True)`` raised, without torch's advice to load the file with
+    ``weights_only=False`` or to allow-list its classes: either would run code a checkpoint file carries, and a
+    predictor checkpoint holds tensors and plain data only."""
+    text = str(e)
+    if "weights_only" not in text and "Weights only load failed" not in text:
+        return f"{type(e).__name__}: {text}"
+    m = _UNSUPPORTED_GLOBAL.search(text)
+    what = f"an object of class {m.group(1)}" if m else "an object that is not tensors or plain data"
+    return (f"it holds {what}, and predictor checkpoints are read with torch.load(weights_only=True), which "
+            "never unpickles objects (they can run code); a checkpoint written by GnnPredictor.save or "
+            "`dippm-nas train` holds tensors and plain data only: write it again with one of those")
+
+
 def _checked_meta(path: Path, meta_json: Any, device: str | None) -> CheckpointMeta:
     """The checked metadata of checkpoint ``path``, which must answer for ``device`` (when given)."""
-    meta = CheckpointMeta.from_json(meta_json)
+    meta = CheckpointMeta.from_json(meta_json, origin=f"checkpoint {path}", trusted=is_shipped_checkpoint(path))
     meta.check()
     if device is not None and resolve_device(device).id != meta.device:
         raise CheckpointError(f"checkpoint {path.name} is for device {meta.device!r}, asked for {device!r}")
