@@ -74,7 +74,9 @@ def described(source: str, m: dict[str, Any]) -> Deployment:
     if source == "timm":
         tag = str(c.get("torch_version_tag") or "")
         version = f"{tag[2]}.{tag[3:]}.0" if tag.startswith("pt") and tag[2:].isdigit() and len(tag) >= 4 else None
-        return Deployment(runtime="eager", autocast=c.get("autocast"), input_copy="none",
+        # timm records autocast as a flag (amp: float16, amp_bf16: bfloat16); the graph is captured in that dtype
+        autocast = m.get("dtype") if c.get("autocast") is True else (c.get("autocast") or None)
+        return Deployment(runtime="eager", autocast=autocast, input_copy="none",
                           channels_last=c.get("memory_layout") == "nhwc",
                           versions={"torch": version} if version else None)
     if source == "accel-nasbench":
@@ -129,6 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ryujaehun", type=Path, help="dataset with the eager CNN timings (graphs captured)")
     ap.add_argument("--timm", type=Path, help="dataset with timm benchmark rows (graphs captured)")
     ap.add_argument("--accel", type=Path, help="dataset with Accel-NASBench rows (graphs captured)")
+    ap.add_argument("--shipped", action="store_true",
+                    help="predict every cell with the shipped constants (in-sample where they were fitted on the "
+                         "cell's rows) instead of what an unseen GPU gets")
     ap.add_argument("--json", type=Path, default=None, help="write the report here")
     args = ap.parse_args(argv)
     sources = [(s, p) for s, p in (("ryujaehun", args.ryujaehun), ("timm", args.timm),
@@ -142,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
                 if mg.graph is not None and mg.measurement.get("latency_ms")
                 and (source != "timm" or str(mg.measurement.get("conditions", {}).get("torch_compile")) == "eager")]
         for device in sorted({mg.measurement["device"] for mg in rows}):
-            params = _cell_params(source, device, rows, base)
+            params = base if args.shipped else _cell_params(source, device, rows, base)
             mine = [mg for mg in rows if mg.measurement["device"] == device]
             for dtype in sorted({mg.graph.spec.dtype for mg in mine}):
                 cell = [mg for mg in mine if mg.graph.spec.dtype == dtype]
