@@ -55,6 +55,7 @@ from dippm_nas import Deployment  # noqa: E402
 from dippm_nas.dataset import load_measurements  # noqa: E402
 from dippm_nas.devices import HostProfile  # noqa: E402
 from dippm_nas.prior import Execution, HostRow, default_params, fit_host_model, predict  # noqa: E402
+from dippm_nas.training import DEVICE_ALIASES  # noqa: E402
 
 MODES = ("described", "unknown")
 
@@ -146,9 +147,10 @@ def main(argv: list[str] | None = None) -> int:
         rows = [mg for mg in load_measurements(path, source=source, status="ok")
                 if mg.graph is not None and mg.measurement.get("latency_ms")
                 and (source != "timm" or str(mg.measurement.get("conditions", {}).get("torch_compile")) == "eager")]
-        for device in sorted({mg.measurement["device"] for mg in rows}):
+        for row_device in sorted({mg.measurement["device"] for mg in rows}):
+            device = DEVICE_ALIASES.get(row_device, row_device)  # a dataset's device name -> a catalogue id
             params = base if args.shipped else _cell_params(source, device, rows, base)
-            mine = [mg for mg in rows if mg.measurement["device"] == device]
+            mine = [mg for mg in rows if mg.measurement["device"] == row_device]
             for dtype in sorted({mg.graph.spec.dtype for mg in mine}):
                 cell = [mg for mg in mine if mg.graph.spec.dtype == dtype]
                 y = np.array([float(mg.measurement["latency_ms"]) for mg in cell])
