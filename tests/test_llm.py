@@ -308,3 +308,18 @@ def test_a_seventy_billion_decoder_fits_an_h200_in_pytorch_but_not_under_vllms_n
     assert eager.weights_mib * MIB == 68_976_648_192 * 2 and eager.fits and eager.max_batch >= 8
     vllm = predict_generation("llama-2-70b", wl, "h200-sxm-141gb", runtime="serving", mig=False)
     assert vllm.max_batch == 0 and "0 blocks" in vllm.reason  # 0.9 x 141 GB is less than 131.6 GiB of weights
+
+
+@pytest.mark.parametrize("dev_id, mig", [("l4", False), ("l40s", False), ("a10g", False), ("a30", True),
+                                         ("gh200-96gb", True), ("b200-180gb", True)])
+def test_the_gpus_llms_are_served_on_are_in_the_catalogue_with_sources(dev_id: str, mig: bool) -> None:
+    d = get_device(dev_id)
+    assert d.has_mig == mig
+    for name in ("sms", "fp32_tflops", "fp16_tensor_tflops", "bandwidth_gbps", "memory_gib"):
+        assert d.sources.get(name), f"{dev_id}: {name} has no source"
+    assert all(d.sources.get(c) for c in d.checks if c != "mig_profiles")
+    for p in d.mig_profiles:
+        assert 1 <= d.profile_sms(p) <= d.sms and p.memory_gib <= d.memory_gib
+    pred = predict_generation("llama-3-8b", LLMWorkload(256, 64, 4), d, runtime="serving")
+    assert pred.max_batch > 0 and (pred.mig is not None) == mig
+    assert (pred.energy_j_per_token is None) == (not d.has_power)
