@@ -12,7 +12,7 @@ from dippm_nas.devices import Device, HostProfile, default_host_profile, resolve
 from dippm_nas.errors import DeploymentError, InvalidValueError, UnsupportedDtypeError
 from dippm_nas.llm._architectures import decoder_config
 from dippm_nas.llm._config import WEIGHT_DTYPES, DecoderConfig
-from dippm_nas.llm._engines import ENGINES, serving_engine
+from dippm_nas.llm._engines import ENGINES, ServingEngine, serving_engine
 from dippm_nas.llm._prediction import GENERATION_FIGURES, GenerationPrediction, GenerationSlice
 from dippm_nas.llm._timing import LLM_RUNTIMES, DeviceRun, Execution, run_on_device
 from dippm_nas.llm._workload import LLMWorkload
@@ -29,6 +29,7 @@ DEFAULT_DEVICE = "a100-sxm4-40gb"
 
 
 def _engine_of(deployment: Deployment | None, engine: str | None) -> str:
+    """The engine a serving deployment names (``engine``, else a key of ``deployment.versions``, else vLLM)."""
     if engine is not None:
         if engine not in ENGINES:
             raise InvalidValueError(f"engine must be one of {ENGINES}, got {engine!r}")
@@ -40,13 +41,15 @@ def _engine_of(deployment: Deployment | None, engine: str | None) -> str:
     return named[0] if named else "vllm"
 
 
-def resolve_execution(deployment: Deployment | None = None, *, runtime: str | None = None, engine: str | None = None,
+def resolve_execution(deployment: Deployment | None = None, *, runtime: str | None = None,
+                      engine: str | ServingEngine | None = None,
                       host: HostProfile | str | None = None, kv_block_size: int | None = None,
                       kv_dtype: str = "float16") -> tuple[Execution, tuple[str, ...]]:
     """The :class:`~dippm_nas.llm._timing.Execution` of a generation and what had to be assumed.
 
-    ``runtime="serving"`` takes its engine from ``engine`` or from ``deployment.versions`` (a ``"vllm"`` or
-    ``"tensorrt-llm"`` key); without either it is vLLM, and ``"engine"`` is among the assumptions.
+    ``runtime="serving"`` takes its engine from ``engine`` (a name, or a :class:`ServingEngine` with your own
+    constants) or from ``deployment.versions`` (a ``"vllm"`` or ``"tensorrt-llm"`` key); without either it is
+    vLLM, and ``"engine"`` is among the assumptions.
 
     Raises:
         DeploymentError: ``runtime`` or ``host`` given together with a ``deployment`` that says otherwise.
@@ -78,7 +81,9 @@ def resolve_execution(deployment: Deployment | None = None, *, runtime: str | No
     if runtime not in LLM_RUNTIMES:
         raise InvalidValueError(f"runtime must be one of {LLM_RUNTIMES}, got {runtime!r}")
     eng = None
-    if runtime == "serving":
+    if runtime == "serving" and isinstance(engine, ServingEngine):
+        eng = engine
+    elif runtime == "serving":
         name = _engine_of(deployment, engine)
         if engine is None and name == "vllm" and not (deployment and deployment.versions and "vllm" in deployment.versions):
             assumed.append("engine")
@@ -174,7 +179,7 @@ def _reason(run: DeviceRun, wl: LLMWorkload, where: str, engine: str | None) -> 
 
 def predict_generation(model_or_config: Any, workload: LLMWorkload, device: str | Device = DEFAULT_DEVICE, *,
                        deployment: Deployment | None = None, mig: bool = True, runtime: str | None = None,
-                       engine: str | None = None, kv_block_size: int | None = None, dtype: str | None = None,
+                       engine: str | ServingEngine | None = None, kv_block_size: int | None = None, dtype: str | None = None,
                        host: HostProfile | str | None = None) -> GenerationPrediction:
     """Predicted prefill and decode latency, throughput, energy per token, memory and the largest batch of
     generating ``workload`` with a decoder on ``device`` (and on each of its MIG profiles).
@@ -193,7 +198,8 @@ def predict_generation(model_or_config: Any, workload: LLMWorkload, device: str 
             TensorRT-LLM class engine; its ``versions`` may name ``"vllm"`` or ``"tensorrt-llm"``), and the host.
         mig: add the figures on one instance of each MIG profile (``mig`` of the result).
         runtime: the runtime without a ``deployment`` (same names).
-        engine: ``"vllm"`` or ``"tensorrt-llm"`` for ``runtime="serving"`` (default: the deployment's, else vLLM).
+        engine: ``"vllm"`` or ``"tensorrt-llm"`` for ``runtime="serving"`` (default: the deployment's, else vLLM), or
+            a :class:`~dippm_nas.llm.ServingEngine` with your own constants.
         kv_block_size: tokens per KV block of a serving engine (default the engine's: vLLM 16, TensorRT-LLM 64).
         dtype: the weights' dtype, overriding the config's (``"float16"``, ``"bfloat16"``, ``"float32"``).
         host: the host profile without a ``deployment``.

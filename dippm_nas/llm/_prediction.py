@@ -6,11 +6,11 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 from dippm_nas.errors import InvalidValueError
 from dippm_nas.llm._workload import LLMWorkload
-from dippm_nas.prediction import SOURCES
+from dippm_nas.prediction import SOURCES, Figure
 
 __all__ = ["GenerationPrediction", "GenerationSlice", "Figure", "GENERATION_FIGURES"]
 
@@ -30,14 +30,6 @@ GENERATION_FIGURES: dict[str, str] = {
     "peak_memory_mib": "MiB of device memory the generation needs at its peak",
     "max_batch": "sequences of this workload that fit at once",
 }
-
-
-class Figure(NamedTuple):
-    """One predicted figure: its value, one σ (``None``: the source gives none) and its source."""
-
-    value: float | None
-    std: float | None
-    source: str
 
 
 @dataclass(frozen=True)

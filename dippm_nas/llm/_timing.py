@@ -19,8 +19,11 @@ the engine's host time per step.
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 
@@ -132,21 +135,41 @@ class DeviceRun:
     memory: dict[str, float]
 
 
+_ESTIMATES: "OrderedDict[tuple[Any, ...], PriorEstimate]" = OrderedDict()
+_ESTIMATES_MAX = 512
+_ESTIMATES_LOCK = threading.Lock()
+
+
+def _estimate(graph: OperatorGraph, dev: Device, runtime: str, host: HostProfile) -> PriorEstimate:
+    """The prior's estimate of ``graph`` on ``dev``, kept in a bounded cache: a search or a fit predicts the same
+    graphs on the same devices many times (keyed by the graph's structure and every device and host figure the
+    prior reads)."""
+    key = (graph.structural_hash(), graph.param_bytes, dev.id, dev.sms, dev.memory_mib, dev.bandwidth_gbps,
+           dev.l2_mib, dev.fp32_tflops, dev.fp16_tensor_tflops, dev.bf16_tensor_tflops, dev.board_power_w,
+           dev.idle_power_w, runtime, host.name, host.speed, host.framework)
+    with _ESTIMATES_LOCK:
+        hit = _ESTIMATES.get(key)
+        if hit is not None:
+            _ESTIMATES.move_to_end(key)
+            return hit
+    est = estimate(graph, dev, runtime=runtime, host=host)
+    with _ESTIMATES_LOCK:
+        _ESTIMATES[key] = est
+        while len(_ESTIMATES) > _ESTIMATES_MAX:
+            _ESTIMATES.popitem(last=False)
+    return est
+
+
 class _Runner:
-    """Estimates on one device, memoised per graph within one prediction."""
+    """Estimates on one device for one prediction."""
 
     def __init__(self, cfg: DecoderConfig, dev: Device, ex: Execution,
                  sigmas: tuple[float | None, float | None] | None) -> None:
         self.cfg, self.dev, self.ex, self.sigmas = cfg, dev, ex, sigmas
-        self._memo: dict[tuple[int, str], PriorEstimate] = {}
         self.wait_w = wait_power_w(power_params_for(dev), dev) if dev.has_power else 0.0
 
     def est(self, graph: OperatorGraph, runtime: str) -> PriorEstimate:
-        key = (id(graph), runtime)
-        e = self._memo.get(key)
-        if e is None:
-            e = self._memo[key] = estimate(graph, self.dev, runtime=runtime, host=self.ex.host)
-        return e
+        return _estimate(graph, self.dev, runtime, self.ex.host)
 
     def sigma(self, est: PriorEstimate, phase: int) -> float | None:
         if self.sigmas is not None:
