@@ -323,3 +323,27 @@ def test_the_gpus_llms_are_served_on_are_in_the_catalogue_with_sources(dev_id: s
     pred = predict_generation("llama-3-8b", LLMWorkload(256, 64, 4), d, runtime="serving")
     assert pred.max_batch > 0 and (pred.mig is not None) == mig
     assert (pred.energy_j_per_token is None) == (not d.has_power)
+
+
+def test_capture_of_a_transformers_decoder_works_with_its_cache_on() -> None:
+    transformers = pytest.importorskip("transformers", reason="needs transformers")
+    torch = pytest.importorskip("torch")
+    from dippm_nas import InputSpec, capture
+
+    hf = transformers.LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                  intermediate_size=128, vocab_size=100, max_position_embeddings=64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with torch.device("meta"):
+            model = transformers.AutoModelForCausalLM.from_config(hf)
+    assert model.config.use_cache
+    spec = InputSpec(inputs={"input_ids": ((16,), "int64")}, batch_size=2, dtype="float16")
+    g = capture(model, spec, cache=False)
+    shapes = sorted(g.nodes[i].output_shape for i in g.outputs)
+    # the logits and each layer's keys and values (2 layers x 2): the DynamicCache is flattened
+    assert len(g.outputs) == 1 + 2 * 2 and shapes.count((2, 2, 16, 16)) == 4
+    cfg = decoder_config(model)
+    analytic = prefill_graph(cfg, 2, 16, style="eager")
+    mm = lambda graph: sum(n.macs for n in graph.nodes if n.op == "matmul" and any(n.input_is_param))  # noqa: E731
+    head_all_tokens = 2 * 16 * 64 * 100  # the captured forward computes logits for every position, generate() one
+    assert mm(g) - head_all_tokens == mm(analytic) - 2 * 64 * 100
