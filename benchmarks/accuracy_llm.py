@@ -9,9 +9,9 @@ Usage::
 end-to-end latency of generating a batch (``input_len = output_len`` 128-2048, batch 1-64) with vLLM,
 TensorRT-LLM and llama.cpp on one H100 and one GH200, and the throughput the source derives from it (input +
 output tokens of the batch over the latency). ``predict_generation(..., runtime="serving", engine=...)`` gives
-``e2e_ms`` and ``tokens_per_s``. Per engine four constants are fitted (:class:`dippm_nas.llm.ServingEngine`:
-host time per scheduler step and per sequence per step, multipliers of the prior's prefill and decode kernel
-time), **leave-one-model-out**: each model's rows are predicted with constants fitted on the other models' rows
+``e2e_ms`` and ``tokens_per_s``. Per engine three constants are fitted (:class:`dippm_nas.llm.ServingEngine`:
+host time per scheduler step and per sequence per step, a multiplier of the prior's decode kernel time; the
+prefill keeps the prior's time, which end-to-end latencies cannot tell apart), **leave-one-model-out**: each model's rows are predicted with constants fitted on the other models' rows
 of the same engine (both GPUs). The fit is linear: a row's latency is the prediction with unit constants plus
 its sensitivities to each constant (four more predictions), and the relative residuals are minimised with
 bounds (``scipy.optimize.lsq_linear``); every figure reported is then recomputed with the fitted engine. σ of
@@ -28,8 +28,9 @@ The A100 rows of the file are not read (kept aside to judge the predictor).
 
 ``energy`` -- ML.ENERGY leaderboard v2 (``mlenergy_v2_h100_energy_latency.csv``, Apache-2.0), LLM chat/code rows
 on one H100 80GB HBM3 (TP = PP = 1, vLLM): energy per generated token (energy per request / mean output tokens)
-and time per output token at the run's mean batch against ``energy_j_per_token`` and ``decode_ms_per_token``
-of the fitted vLLM engine. The rows do not record prompt lengths: ``--energy-prompts`` (default 256, 512, 1024)
+and time per output token at the run's mean batch against ``energy_j_per_token`` and ``e2e_ms / output_len``
+(a continuously batched server interleaves every sequence's prefill with the others' decode steps, so its time
+per output token holds the prefill) of the fitted vLLM engine, its ``max_num_seqs`` the run's configured batch. The rows do not record prompt lengths: ``--energy-prompts`` (default 256, 512, 1024)
 shows how much the answer moves with that assumption.
 """
 
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import json
 import sys
 import time
@@ -53,6 +55,7 @@ from dippm_nas.llm import (
     LLMWorkload,
     ServingEngine,
     architecture,
+    engine_table,
     predict_generation,
     prefill_graph,
     serving_engine,
@@ -81,9 +84,9 @@ ENERGY_MODELS = {
     "codellama/CodeLlama-13b-hf": "codellama-13b",
 }
 #: (name, lower bound, upper bound) of the fitted constants, in the units of the linear model's columns
-_CONSTANTS = (("prefill_gpu_scale", 1.0, 1.0 + 1e-9), ("decode_gpu_scale", 0.5, 3.0), ("step_us", 0.0, 20000.0),
-              ("seq_us", 0.0, 2000.0))
-_PROBE = {"prefill_gpu_scale": 2.0, "decode_gpu_scale": 2.0, "step_us": 1000.0, "seq_us": 100.0}
+_CONSTANTS = (("decode_gpu_scale", 0.5, 3.0), ("step_us", 0.0, 20000.0), ("seq_us", 0.0, 2000.0))
+_PROBE = {"decode_gpu_scale": 2.0, "step_us": 1000.0, "seq_us": 100.0}
+_UNIT = {"decode_gpu_scale": 1.0, "step_us": 0.0, "seq_us": 0.0}
 
 
 def _csv(data: Path, name: str) -> list[dict[str, str]]:
@@ -132,9 +135,9 @@ def load_bench(data: Path, h100: str) -> tuple[list[dict], dict[str, int]]:
 
 
 def sensitivities(rows: list[dict], engine: str) -> np.ndarray:
-    """Per row: the unit prediction and its change per unit of each constant, ``[n, 1 + 4]`` (ms)."""
+    """Per row: the unit prediction and its change per unit of each constant, ``[n, 1 + 3]`` (ms)."""
     out = np.zeros((len(rows), 1 + len(_CONSTANTS)))
-    unit = {"prefill_gpu_scale": 1.0, "decode_gpu_scale": 1.0, "step_us": 0.0, "seq_us": 0.0}
+    unit = _UNIT
     for i, r in enumerate(rows):
         base = _predict(r, _engine(engine, **unit)).e2e_ms
         out[i, 0] = base
@@ -148,7 +151,7 @@ def fit_constants(sens: np.ndarray, y: np.ndarray) -> dict[str, float]:
     """Constants minimising the relative residuals of the linear model, within their bounds."""
     from scipy.optimize import lsq_linear
 
-    unit = np.array([1.0, 1.0, 0.0, 0.0])
+    unit = np.array([_UNIT[c[0]] for c in _CONSTANTS])
     a = sens[:, 1:] / y[:, None]
     b = (y - sens[:, 0]) / y + a @ unit  # y = base + S (x - unit)  ->  S x = y - base + S unit
     lo = np.array([c[1] for c in _CONSTANTS])
@@ -158,13 +161,14 @@ def fit_constants(sens: np.ndarray, y: np.ndarray) -> dict[str, float]:
 
 
 def linear_prediction(sens: np.ndarray, x: dict[str, float]) -> np.ndarray:
-    unit = np.array([1.0, 1.0, 0.0, 0.0])
+    unit = np.array([_UNIT[c[0]] for c in _CONSTANTS])
     v = np.array([x[c[0]] for c in _CONSTANTS])
     return sens[:, 0] + sens[:, 1:] @ (v - unit)
 
 
 def _metrics(y: np.ndarray, p: np.ndarray, std: np.ndarray | None = None) -> dict[str, float]:
     m = regression_metrics(y, p, std)
+    m["median_ratio"] = float(np.median(p / y)) if len(y) else float("nan")
     return {k: round(v, 4) if isinstance(v, float) else v for k, v in m.items()}
 
 
@@ -298,18 +302,20 @@ def energy(data: Path, prompts: list[int], log: list[str]) -> dict:
             continue
         out_tokens = float(r["Avg Output Tokens"])
         rows.append({"arch": arch, "batch": max(1, round(float(r["Avg BS (reqs)"]))), "output": max(2, round(out_tokens)),
+                     "max_seqs": int(float(r["Max BS (reqs)"])),
                      "j_per_token": float(r["Energy/req (J)"]) / out_tokens, "tpot_ms": float(r["Avg TPOT (s)"]) * 1e3})
     res: dict = {"rows": len(rows), "models": len({r["arch"] for r in rows})}
     y_e = np.array([r["j_per_token"] for r in rows])
     y_t = np.array([r["tpot_ms"] for r in rows])
     for prompt in prompts:
         pe, pt, se = [], [], []
-        for r in rows:
+        for r in rows:  # the run's max_num_seqs is its configured batch (bs128 -> 128)
+            eng = dataclasses.replace(serving_engine("vllm"), max_num_seqs=max(r["max_seqs"], r["batch"]))
             p = predict_generation(r["arch"], LLMWorkload(prompt, r["output"], r["batch"]), "h100-sxm5-80gb",
-                                   runtime="serving", engine="vllm", dtype="bfloat16", mig=False)
+                                   runtime="serving", engine=eng, dtype="bfloat16", mig=False)
             pe.append(p.energy_j_per_token)
             se.append(p.energy_j_per_token_std)
-            pt.append(p.decode_ms_per_token)
+            pt.append(p.e2e_ms / r["output"])  # continuous batching interleaves each sequence's prefill
         res[f"prompt_{prompt}"] = {"energy_per_token": _metrics(y_e, np.array(pe), np.array(se)),
                                    "time_per_output_token": _metrics(y_t, np.array(pt))}
     log.append(f"energy: {len(rows)} rows")
@@ -334,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     if "vidur" in parts:
         report["vidur"] = vidur(args.data, log)
     if args.write and "bench" in report:  # before the energy part, which uses the shipped engines
-        _write(report["bench"]["fitted"], report["command"])
+        _write(report["bench"], report["command"])
     if "energy" in parts:
         report["energy"] = energy(args.data, [int(x) for x in args.energy_prompts.split(",")], log)
     report["log"] = log
@@ -345,16 +351,18 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _write(fitted: dict, command: str) -> None:
-    from dippm_nas.llm import engine_table
-
-    table = EngineTable(engines=fitted, command=command,
+def _write(bench_report: dict, command: str) -> None:
+    
+    metrics = {e: {"rows": v["rows"], "models": v["models"], "heldout_latency_mape_pct": v["latency"]["mape_pct"],
+                   "heldout_throughput_mape_pct": v["throughput"]["mape_pct"], "kendall_tau": v["latency"]["kendall_tau"],
+                   "coverage_2sigma": v["latency"]["coverage_2sigma"]} for e, v in bench_report["engines"].items()}
+    table = EngineTable(engines=bench_report["fitted"], command=command, metrics=metrics,
                         source="LLM-Inference-Bench (argonne-lcf, commit 4211f5d) vLLM and TensorRT-LLM rows on one H100 "
                                "and one GH200; sigma_log: RMS leave-one-model-out log error")
     path = Path(__file__).resolve().parents[1] / "dippm_nas" / "llm" / "calibration" / ENGINES_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     table.save(path)
-    engine_table.cache_clear()
+    engine_table.cache_clear()  # the energy part reads the engines just written
 
 
 if __name__ == "__main__":

@@ -96,7 +96,7 @@ def __getattr__(name: str) -> Any:
     elif where == "deployment":
         from dippm_nas import deployment as module
     elif where == "llm":
-        from dippm_nas import llm as module
+        import dippm_nas.llm as module  # a submodule import: `from dippm_nas import llm` would ask __getattr__ again
     else:
         from dippm_nas import prior as module
     value = module if name == where else getattr(module, name)

@@ -18,11 +18,11 @@ TensorRT-LLM (``trtllm-build`` and the executor's ``KvCacheConfig``)
 A batch larger than the sequences the KV cache holds runs in waves (all sequences of the workload have the
 same lengths, so continuous batching admits a new wave as one finishes).
 
-The host time per step, ``step_us + seq_us * sequences``, and a multiplier of the prior's kernel time per
-phase are the only constants fitted, per engine, on measured serving runs (``benchmarks/accuracy_llm.py
+The host time per step, ``step_us + seq_us * sequences``, and a multiplier of the prior's kernel time of a
+decode step are the only constants fitted, per engine, on measured serving runs (``benchmarks/accuracy_llm.py
 --write``: LLM-Inference-Bench H100 / GH200 rows, leave-one-model-out; the file records the data, the
 command and the held-out error that sets ``sigma_log``). Without the file every engine has no host time per
-step, multipliers 1 and the prior's own σ, labelled ``"analytic"``.
+step, a multiplier of 1 and the prior's own σ, labelled ``"analytic"``.
 """
 
 from __future__ import annotations
@@ -69,8 +69,9 @@ class ServingEngine:
             (vLLM without chunked prefill).
         step_us: host time per scheduler step, µs (fitted).
         seq_us: host time per sequence per step, µs (fitted).
-        decode_gpu_scale, prefill_gpu_scale: multipliers of the prior's kernel time of a decode step and of a
-            prefill step (fitted; 1 without a fit).
+        decode_gpu_scale: multiplier of the prior's kernel time of a decode step (fitted; 1 without a fit). A
+            prefill step keeps the prior's time: end-to-end latencies do not tell it apart from the decode steps
+            (the prior's prefill GEMMs are checked against Vidur's operator timings, docs/llm.md).
         sigma_log: σ of a predicted latency in log space (the fit's held-out error); ``None`` without a fit.
         fitted: the step costs were fitted on measurements (latencies labelled ``"predicted"``).
         source: where the constants come from.
@@ -85,7 +86,6 @@ class ServingEngine:
     step_us: float = 0.0
     seq_us: float = 0.0
     decode_gpu_scale: float = 1.0
-    prefill_gpu_scale: float = 1.0
     sigma_log: float | None = None
     fitted: bool = False
     source: str = "documented defaults; step costs not fitted"
@@ -105,10 +105,8 @@ class ServingEngine:
             v = getattr(self, name)
             if not _finite(v) or not 0 <= v <= 1e6:
                 raise InvalidValueError(f"ServingEngine.{name} must be in [0, 1e6] µs, got {v!r}")
-        for name in ("decode_gpu_scale", "prefill_gpu_scale"):
-            v = getattr(self, name)
-            if not _finite(v) or not 0.1 <= v <= 10:
-                raise InvalidValueError(f"ServingEngine.{name} must be in [0.1, 10], got {v!r}")
+        if not _finite(self.decode_gpu_scale) or not 0.1 <= self.decode_gpu_scale <= 10:
+            raise InvalidValueError(f"ServingEngine.decode_gpu_scale must be in [0.1, 10], got {self.decode_gpu_scale!r}")
         if self.sigma_log is not None and (not _finite(self.sigma_log) or not 0 <= self.sigma_log <= 5):
             raise InvalidValueError(f"ServingEngine.sigma_log must be in [0, 5] or None, got {self.sigma_log!r}")
 
@@ -131,7 +129,7 @@ _DEFAULTS: dict[str, ServingEngine] = {
     "tensorrt-llm": ServingEngine("tensorrt-llm", block_size=64, memory_fraction=0.9, memory_rule="free",
                                   max_num_seqs=256, max_batched_tokens=8192),
 }
-_FITTED_KEYS = ("step_us", "seq_us", "decode_gpu_scale", "prefill_gpu_scale", "sigma_log")
+_FITTED_KEYS = ("step_us", "seq_us", "decode_gpu_scale", "sigma_log")
 
 
 @dataclass(frozen=True)

@@ -211,8 +211,7 @@ class _Runner:
                 continue
             est = self.est(_prefill(cfg, ex.style, n, prompt, ex.kv_dtype), ex.prefill_runtime)
             first = first or est
-            scale = eng.prefill_gpu_scale if eng is not None else 1.0
-            t = self._scaled(est, est.node_time_ms, scale)
+            t = est.latency_ms
             host = eng.step_host_us(n) / US_PER_MS if eng is not None else 0.0
             ms += count * (t + host)
             if has_energy and est.energy_j is not None:
