@@ -347,3 +347,19 @@ def test_capture_of_a_transformers_decoder_works_with_its_cache_on() -> None:
     mm = lambda graph: sum(n.macs for n in graph.nodes if n.op == "matmul" and any(n.input_is_param))  # noqa: E731
     head_all_tokens = 2 * 16 * 64 * 100  # the captured forward computes logits for every position, generate() one
     assert mm(g) - head_all_tokens == mm(analytic) - 2 * 64 * 100
+
+
+def test_the_shipped_engines_are_fitted_and_label_serving_latency_predicted() -> None:
+    from dippm_nas.llm import engine_table
+
+    table = engine_table()
+    assert set(table.engines) == {"vllm", "tensorrt-llm"} and "accuracy_llm.py" in table.command
+    for name in ("vllm", "tensorrt-llm"):
+        eng = serving_engine(name)
+        assert eng.fitted and eng.sigma_log is not None and 0 < eng.sigma_log < 0.5
+        assert table.metrics[name]["heldout_latency_mape_pct"] < 15
+    p = predict_generation("llama-2-7b", LLMWorkload(128, 128, 1), "h100-sxm5-80gb", runtime="serving", mig=False)
+    assert p.sources["e2e_ms"] == "predicted" and p.e2e_ms_std == pytest.approx(
+        p.prefill_ms * serving_engine("vllm").sigma_log + 127 * p.decode_ms_per_token * serving_engine("vllm").sigma_log)
+    assert predict_generation("llama-2-7b", LLMWorkload(128, 128, 1), "h100-sxm5-80gb", mig=False).sources[
+        "e2e_ms"] == "analytic"
