@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 import torch
 from _models import TinyResNet, TinyViT
 from torch import nn
 
-from dippm_nas import GraphValidationError, InputSpec, OperatorGraph, capture
+from dippm_nas import GraphValidationError, InputSpec, MissingDependencyError, OperatorGraph, capture
 from dippm_nas.graph import OpNode
 
 
@@ -144,3 +145,10 @@ def test_to_pyg_carries_edges_and_node_fields() -> None:
     assert {tuple(e) for e in data.edge_index.t().tolist()} == set(g.edges)
     assert data.flops.shape == (g.num_nodes,)
     assert float(data.macs.sum()) == g.total_macs
+
+
+def test_to_pyg_without_torch_geometric_names_the_extra(monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "torch_geometric", None)  # an import of it raises ImportError
+    monkeypatch.setitem(sys.modules, "torch_geometric.data", None)
+    with pytest.raises(MissingDependencyError, match=r"dippm-nas\[pyg\]"):
+        _capture(Residual(), shape=(4, 8, 8)).to_pyg()

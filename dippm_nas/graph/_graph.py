@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from dippm_nas._optional import require
 from dippm_nas.errors import GraphValidationError
 from dippm_nas.spec import InputSpec
 
@@ -384,7 +385,7 @@ class OperatorGraph:
 
     # --------------------------------------------------------------- to PyG
     def to_pyg(self) -> "Data":
-        """A ``torch_geometric.data.Data`` with the dataflow ``edge_index`` and per-node numeric fields.
+        """A ``torch_geometric.data.Data`` (``pip install 'dippm-nas[pyg]'``) with the dataflow ``edge_index`` and per-node numeric fields.
 
         Op encodings (one-hot, attributes) are the job of :mod:`dippm_nas.features`; this gives the
         structure plus raw per-node quantities.
@@ -394,10 +395,13 @@ class OperatorGraph:
             - ``flops``, ``macs``, ``bytes_read``, ``bytes_written``, ``param_bytes``: ``[num_nodes]`` (float64)
             - ``is_constant``, ``known``: ``[num_nodes]`` (bool)
             - ``op``: list of ``num_nodes`` op names
+
+        Raises:
+            MissingDependencyError: torch-geometric is not installed.
         """
         import torch
-        from torch_geometric.data import Data
 
+        Data = require("torch_geometric.data", "pyg", "OperatorGraph.to_pyg()").Data
         ei = torch.tensor(self.edges, dtype=torch.long).reshape(-1, 2).t().contiguous()
 
         def col(name: str, dtype: "torch.dtype" = torch.float64) -> "torch.Tensor":
