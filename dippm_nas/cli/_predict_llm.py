@@ -125,35 +125,48 @@ def run(args: argparse.Namespace) -> int:
     return 1 if errors else 0
 
 
+def _sig(x: float, digits: int) -> str:
+    """``x`` to ``digits`` significant digits, thousands separated, without an exponent (4212 -> '4,212')."""
+    if x == 0 or not 1e-4 <= abs(x) < 1e12:
+        return f"{x:.{digits}g}"
+    rounded = float(f"{x:.{digits}g}")
+    decimals = max(0, digits - 1 - int(f"{abs(rounded):e}".split("e")[1]))
+    return f"{rounded:,.{decimals}f}"
+
+
 def _num(v: float | None, s: float | None = None, digits: int = 4) -> str:
     if v is None:
         return "-"
-    text = f"{float(f'{v:.{digits}g}'):,.{max(0, digits - 1 - len(str(int(abs(v)))))}f}" if 1e-3 <= abs(v) < 1e9 \
-        else f"{v:.{digits}g}"
-    return text + (f" ± {s:.2g}" if s is not None else "")
+    return _sig(v, digits) + (f" ± {_sig(s, 2)}" if s is not None else "")
 
 
-def _line(where: str, batch: int, f: Any, max_batch: int, fits: bool, ejt: Any) -> list[str]:
+_LETTER = {"predicted": "P", "analytic": "A", "calibrated": "C", "unavailable": "-"}
+
+
+def _line(where: str, batch: int, f: Any, sources: Any) -> list[str]:
+    """One table row of a prediction or a MIG slice (``sources``: ``figure(name) -> Figure``)."""
+    src = "/".join(_LETTER.get(sources(n).source, "?") for n in ("decode_ms_per_token", "energy_j_per_token",
+                                                                   "max_batch"))
     return [where, str(batch), _num(f.prefill_ms), _num(f.decode_ms_per_token, f.decode_ms_per_token_std),
-            _num(f.e2e_ms), _num(f.tokens_per_s, f.tokens_per_s_std), _num(ejt), _num(f.peak_memory_mib),
-            str(max_batch), "yes" if fits else "no"]
+            _num(f.e2e_ms), _num(f.tokens_per_s, f.tokens_per_s_std), _num(f.energy_j_per_token),
+            _num(f.peak_memory_mib), str(f.max_batch), "yes" if f.fits else "no", src]
 
 
 def _print_table(model: str, args: argparse.Namespace, preds: list[Any], rows: list[dict[str, Any]]) -> None:
     head = ["device", "batch", "prefill_ms", "decode_ms/token", "e2e_ms", "tokens/s", "J/token", "peak_MiB",
-            "max_batch", "fits"]
+            "max_batch", "fits", "source"]
     table: list[list[str]] = []
     notes: list[str] = []
     for p, r in zip(preds, rows):
         if p is None:
-            table.append([r["device"], str(r["batch_size"]), *(["-"] * 7), f"failed: {r['type']}"])
+            table.append([r["device"], str(r["batch_size"]), *(["-"] * 8), f"failed: {r['type']}"])
             notes.append(f"failed    {r['device']} batch {r['batch_size']}: {r['type']}: {r['error']}")
             continue
-        table.append(_line(p.device, p.batch_size, p, p.max_batch, p.fits, p.energy_j_per_token))
+        table.append(_line(p.device, p.batch_size, p, p.figure))
         if p.reason:
             notes.append(f"{p.device} batch {p.batch_size}: {p.reason}")
         for name, s in (p.mig or {}).items():
-            table.append(_line(f"  {name}", p.batch_size, s, s.max_batch, s.fits, s.energy_j_per_token))
+            table.append(_line(f"  {name}", p.batch_size, s, lambda n, name=name, p=p: p.figure(n, name)))
     width = [max(len(h), *(len(t[c]) for t in table)) for c, h in enumerate(head)]
     for line in (head, *table):
         print("  ".join(v.ljust(w) if c == 0 else v.rjust(w) for c, (v, w) in enumerate(zip(line, width))).rstrip())
@@ -165,9 +178,8 @@ def _print_table(model: str, args: argparse.Namespace, preds: list[Any], rows: l
         kv = first.details["kv_bytes_per_token"] / 2**20
         print(f"weights {first.weights_mib:,.0f} MiB; KV cache {kv:.4g} MiB per token "
               f"({first.kv_cache_mib_per_sequence:,.1f} MiB per sequence, {first.details['kv_dtype']})")
-        src = first.sources
-        print(f"± one σ; sources: latency {src['decode_ms_per_token']}, energy {src['energy_j_per_token']}, "
-              f"memory {src['max_batch']}")
+        print("± one σ; source (latency/energy/memory): P predicted (fitted on measurements), A analytic, "
+              "- unavailable")
         if args.mig:
             print("MIG rows: one instance of the profile; J/token: the whole GPU with every instance serving, each "
                   "taking its compute slices' share of the board's power")

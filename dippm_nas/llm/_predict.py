@@ -128,11 +128,11 @@ def _check_positions(cfg: DecoderConfig, wl: LLMWorkload) -> bool:
 
 
 def _power_share(dev: Device, slice_dev: Device, compute_slices: int) -> Device:
-    """A MIG slice with ``compute_slices / 7`` of the board's idle and maximum power (an attribution: NVML
-    measures only the whole GPU)."""
+    """A MIG slice with its share of the GPU's compute slices (``compute_slices / 7``; on an A30, of 4) of the
+    board's idle and maximum power (an attribution: NVML measures only the whole GPU)."""
     if not dev.has_power:
         return slice_dev
-    s = compute_slices / 7.0
+    s = compute_slices / max(p.compute_slices for p in dev.mig_profiles)
     return dataclasses.replace(slice_dev, board_power_w=float(dev.board_power_w) * s,  # type: ignore[arg-type]
                                idle_power_w=float(dev.idle_power_w) * s)  # type: ignore[arg-type]
 

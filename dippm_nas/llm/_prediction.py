@@ -44,8 +44,9 @@ class GenerationSlice:
         prefill_ms, decode_ms_per_token, decode_ms_last, e2e_ms, tokens_per_s, output_tokens_per_s: as
             :class:`GenerationPrediction`, on one instance (each with its ``_std``).
         energy_j_per_token, energy_j_per_token_std: the energy the whole GPU draws per generated token while
-            every instance of the profile serves this workload, each taking ``compute_slices / 7`` of the board's
-            idle and active power (NVML measures only the whole GPU); ``None`` without power figures.
+            every instance of the profile serves this workload, each taking its share of the GPU's compute slices
+            (``compute_slices / 7``) of the board's idle and active power (NVML measures only the whole GPU);
+            ``None`` without power figures.
         peak_memory_mib, peak_memory_mib_std: what the generation needs on one instance, MiB.
         reason: why nothing fits ("" otherwise).
     """

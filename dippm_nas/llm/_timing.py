@@ -35,7 +35,7 @@ from dippm_nas.llm._engines import ServingEngine
 from dippm_nas.llm._graphs import decode_graph, prefill_graph
 from dippm_nas.llm._memory import KVCapacity, contiguous_capacity, paged_capacity
 from dippm_nas.prior import PriorEstimate, estimate, latency_sigma_log, latency_us, power_params_for, wait_power_w
-from dippm_nas.units import BYTES_PER_MIB, US_PER_MS
+from dippm_nas.units import BYTES_PER_MIB, MS_PER_S, US_PER_MS
 
 __all__ = ["Execution", "DeviceRun", "run_on_device", "RUNTIME_STYLES", "LLM_RUNTIMES", "SAMPLES"]
 
@@ -211,11 +211,10 @@ class _Runner:
                 continue
             est = self.est(_prefill(cfg, ex.style, n, prompt, ex.kv_dtype), ex.prefill_runtime)
             first = first or est
-            t = est.latency_ms
             host = eng.step_host_us(n) / US_PER_MS if eng is not None else 0.0
-            ms += count * (t + host)
+            ms += count * (est.latency_ms + host)
             if has_energy and est.energy_j is not None:
-                energy += count * (est.energy_j * t / max(est.latency_ms, 1e-12) + self.wait_w * host / 1e3)
+                energy += count * (est.energy_j + self.wait_w * host / MS_PER_S)
         assert first is not None
         return _Phase(ms, energy if has_energy else None, self.sigma(first, 0), self.energy_rel(first)), first
 
@@ -249,7 +248,7 @@ class _Runner:
                 e_mean = None
         energy = None
         if e_mean is not None:
-            energy = wl_steps * (e_mean + self.wait_w * host / 1e3)
+            energy = wl_steps * (e_mean + self.wait_w * host / MS_PER_S)
         phase = _Phase(wl_steps * mean, energy, self.sigma(eb, 1), self.energy_rel(eb))
         return phase, mean, last, eb
 
@@ -299,8 +298,7 @@ class _Runner:
         energy_rel_num = 0.0
         for w in sorted(set(waves), reverse=True):
             count = waves.count(w)
-            (pre, _), (dec, mean, last, last_est) = at_batch.get(w) or (self.prefill(w, prompt), self.decode(w))
-            dec_est = dec_est or last_est
+            (pre, _), (dec, mean, last, _) = at_batch.get(w) or (self.prefill(w, prompt), self.decode(w))
             if first is None:
                 first = (pre, dec, mean, last)
             e2e += count * (pre.ms + dec.ms)
