@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """LLM generation predictions against released measurements: serving runs, operator profiles, energy.
 
 Usage::
@@ -6,33 +5,36 @@ Usage::
     python benchmarks/accuracy_llm.py --data ../shared/data [--parts bench,vidur,energy] [--write] [--json OUT]
 
 ``bench`` -- LLM-Inference-Bench (``llm_inference_bench_h100_gh200_1gpu.csv``, argonne-lcf, BSD-3-Clause): the
-end-to-end latency of generating a batch (``input_len = output_len`` 128-2048, batch 1-64) with vLLM,
-TensorRT-LLM and llama.cpp on one H100 and one GH200, and the throughput the source derives from it (input +
-output tokens of the batch over the latency). ``predict_generation(..., runtime="serving", engine=...)`` gives
-``e2e_ms`` and ``tokens_per_s``. Per engine three constants are fitted (:class:`dippm_nas.llm.ServingEngine`:
-host time per scheduler step and per sequence per step, a multiplier of the prior's decode kernel time; the
-prefill keeps the prior's time, which end-to-end latencies cannot tell apart), **leave-one-model-out**: each model's rows are predicted with constants fitted on the other models' rows
-of the same engine (both GPUs). The fit is linear: a row's latency is the prediction with unit constants plus
-its sensitivities to each constant (four more predictions), and the relative residuals are minimised with
-bounds (``scipy.optimize.lsq_linear``); every figure reported is then recomputed with the fitted engine. σ of
-a fold is the RMS log residual of its training rows; ``--write`` stores the constants fitted on every model
-with ``sigma_log`` the RMS held-out log residual (``dippm_nas/llm/calibration/engines.json``). The H100 board
-variant is not recorded: SXM5 is assumed (``--h100 h100-pcie-80gb`` for the other). DeciLM-7B (per-layer KV
-heads) is not read and its rows are left out. llama.cpp is reported apart with the unfitted serving model (its
-rows' latency falls from batch 1 to 16 while tokens/s barely grows: not a batch of concurrent sequences).
+end-to-end latency of generating a batch (``input_len = output_len`` 128-2048, batch 1-64) with vLLM, TensorRT-LLM
+and llama.cpp on one H100 and one GH200, and the throughput the source derives from it (input + output tokens of the
+batch over the latency). ``predict_generation(..., runtime="serving", engine=...)`` gives ``e2e_ms`` and
+``tokens_per_s``. Per engine three constants are fitted (:class:`dippm_nas.llm.ServingEngine`: host time per
+scheduler step and per sequence per step, a multiplier of the prior's decode kernel time; the prefill keeps the
+prior's time, which end-to-end latencies cannot tell apart), **leave-one-model-out**: each model's rows are
+predicted with constants fitted on the other models' rows of the same engine (both GPUs). Rows whose prompt + output
+exceed the model's positions are left out (vLLM stops those requests early: OPT-6.7B's 2048 + 2048 rows take 46 ms
+to 3 s), and so are rows faster than reading the weights once per generated token at peak bandwidth (BLOOM's and one
+Qwen2 engine's 2048 + 2048 rows: 0.05-3 s for 2048 tokens). The fit is linear: a row's latency is the prediction
+with unit constants plus its sensitivities to each constant (three more predictions), and the relative residuals are
+minimised with bounds (``scipy.optimize.lsq_linear``); every figure reported is then recomputed with the fitted
+engine. σ of a fold is the RMS log residual of its training rows; ``--write`` stores the constants fitted on every
+model with ``sigma_log`` the RMS held-out log residual (``dippm_nas/llm/calibration/engines.json``). The H100 board
+variant is not recorded: SXM5 is assumed (``--h100 h100-pcie-80gb`` for the other). DeciLM-7B (per-layer KV heads)
+is not read and its rows are left out. llama.cpp is reported apart with the unfitted serving model (its rows'
+latency falls from batch 1 to 16 while tokens/s barely grows: not a batch of concurrent sequences).
 
 ``vidur`` -- Vidur's H100 operator profiles (``vidur_a100_h100_llm_layer_op_profiling.csv``, MIT), one
-tensor-parallel worker: median time of each operator of a transformer layer at 1-32k tokens against the node
-of the ``"fused"`` prefill graph of one layer (the kernels a serving engine runs). Nothing is fitted on them.
-The A100 rows of the file are not read (kept aside to judge the predictor).
+tensor-parallel worker: median time of each operator of a transformer layer at 1-32k tokens against the node of the
+``"fused"`` prefill graph of one layer (the kernels a serving engine runs). Nothing is fitted on them. The A100 rows
+of the file are not read (kept aside to judge the predictor).
 
-``energy`` -- ML.ENERGY leaderboard v2 (``mlenergy_v2_h100_energy_latency.csv``, Apache-2.0), LLM chat/code rows
-on one H100 80GB HBM3 (TP = PP = 1, vLLM): energy per generated token (energy per request / mean output tokens)
-and time per output token at the run's mean batch against ``energy_j_per_token`` and ``e2e_ms / output_len``
-(a continuously batched server interleaves every sequence's prefill with the others' decode steps, so its time
-per output token holds the prefill) of the fitted vLLM engine, its ``max_num_seqs`` the run's configured batch. The rows do not record prompt lengths: ``--energy-prompts`` (default 256, 512, 1024)
-shows how much the answer moves with that assumption.
-"""
+``energy`` -- ML.ENERGY leaderboard v2 (``mlenergy_v2_h100_energy_latency.csv``, Apache-2.0), LLM chat/code rows on
+one H100 80GB HBM3 (TP = PP = 1, vLLM): energy per generated token (energy per request / mean output tokens) and
+time per output token at the run's mean batch against ``energy_j_per_token`` and ``e2e_ms / output_len`` (a
+continuously batched server interleaves every sequence's prefill with the others' decode steps, so its time per
+output token holds the prefill) of the fitted vLLM engine, its ``max_num_seqs`` the run's configured batch. The rows
+do not record prompt lengths: ``--energy-prompts`` (default 256, 512, 1024) shows how much the answer moves with
+that assumption."""
 
 from __future__ import annotations
 
@@ -328,7 +330,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--parts", default="bench,vidur,energy", help="comma-separated: bench, vidur, energy")
     ap.add_argument("--h100", default="h100-sxm5-80gb", help="catalogue id for the bench's H100 rows")
     ap.add_argument("--energy-prompts", default="256,512,1024", help="prompt lengths assumed for the energy rows")
-    ap.add_argument("--write", action="store_true", help=f"write the fitted engines to dippm_nas/llm/calibration/{ENGINES_FILE}")
+    ap.add_argument("--write", action="store_true",
+                    help=f"write the fitted engines to dippm_nas/llm/calibration/{ENGINES_FILE}")
     ap.add_argument("--json", type=Path, default=None, help="write the report as JSON here")
     args = ap.parse_args(argv)
     warnings.simplefilter("ignore", RuntimeWarning)

@@ -220,7 +220,8 @@ class _Decoder:
         out_shape = (n, sq, h, d)
         if self.style == "fused" or c.attention_impl == "sdpa":
             heads_read = kvh if self.style == "fused" else h  # eager reads repeat_kv's copies
-            kv_bytes = 2 * n * min(sk, window or sk) * heads_read * d * _BYTES[self.kv_dtype if self.style == "fused" else self.dt]
+            kv_dt = self.kv_dtype if self.style == "fused" else self.dt
+            kv_bytes = 2 * n * min(sk, window or sk) * heads_read * d * _BYTES[kv_dt]
             attrs = {"causal_mask": "TopLeft"} if self.prefill else {}
             return b.op("nn.attention", [q, k, v], out_shape, self.dt, attrs, flops=flops, macs=macs,
                         bytes_read=q.nbytes + kv_bytes)
