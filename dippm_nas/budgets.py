@@ -35,12 +35,12 @@ figure's own unit (ms, J, MiB), ``<= 0`` feasible; for a minimum, ``budget - (me
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from dippm_nas._logging import WarnOnce
+from dippm_nas._numbers import as_real
 from dippm_nas.devices import resolve_device
 from dippm_nas.errors import BudgetError, DippmNasError
 
@@ -73,18 +73,15 @@ def check_k_sigma(value: Any, what: str = "k_sigma") -> float:
     Raises:
         BudgetError: anything else (a ``DippmNasError`` and a ``ValueError``), naming the value.
     """
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise BudgetError(f"{what} must be a finite number >= 0 (standard deviations added to the mean), "
-                          f"got {value!r}")
-    return float(value)
+    return as_real(value, what, low=0, error=BudgetError,
+                   rule=f"{what} must be a finite number >= 0 (standard deviations added to the mean)")
 
 
 def _finite_budget(name: str, value: Any) -> float | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise BudgetError(f"budget {name} must be a finite number > 0 or None, got {value!r}")
-    return float(value)
+    return as_real(value, name, low=0, low_inclusive=False, error=BudgetError,
+                   rule=f"budget {name} must be a finite number > 0 or None")
 
 
 @dataclass(frozen=True)

@@ -40,8 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from dippm_nas._json import canonical_json, check_keys, read_json_file
-from dippm_nas.devices import FRAMEWORKS, HostProfile, load_host_profile, measure_host_profile
-from dippm_nas.errors import DeploymentError, DippmNasError
+from dippm_nas.devices import FRAMEWORKS, HostProfile, load_host_profile, measure_host_profile, resolve_host_profile
+from dippm_nas.errors import DeploymentError, DippmNasError, ExecutionRuntimeError
 
 __all__ = [
     "Deployment", "ResolvedDeployment", "DEPLOYMENT_RUNTIMES", "GRAPH_RUNTIMES", "AUTOCAST_DTYPES",
@@ -238,10 +238,87 @@ class Deployment:
         )
 
     @property
+    def label(self) -> str:
+        """A short text of the effective settings (what ``details["deployment"]`` holds), e.g. ``"eager, host
+        unknown, framework torch-2, tf32 matmul off conv on, input copy unknown"``; :attr:`key` names the
+        deployment exactly."""
+        r = self.resolve()
+        parts = [r.runtime, f"host {r.host.name} (x{r.host.speed:.3g})" if r.host is not None else "host unknown",
+                 f"framework {r.framework or 'unknown'}"]
+        if r.tf32_matmul is None or r.tf32_conv is None:
+            parts.append("tf32 unknown")
+        elif r.tf32_matmul == r.tf32_conv:
+            parts.append(f"tf32 {'on' if r.tf32_matmul else 'off'}")
+        else:
+            parts.append(f"tf32 matmul {'on' if r.tf32_matmul else 'off'} conv {'on' if r.tf32_conv else 'off'}")
+        if r.autocast is not None:
+            parts.append(f"autocast {r.autocast}")
+        parts.append("input copy unknown" if r.input_copy is None else f"input copy {r.input_copy}")
+        parts += [name for name in ("channels_last", "cudnn_benchmark") if getattr(r, name)]
+        return ", ".join(parts)
+
+    @property
     def key(self) -> str:
         """A stable text naming this deployment (part of the prediction cache key): canonical JSON of
         :meth:`to_dict`."""
         return canonical_json(self.to_dict())
+
+    @classmethod
+    def coerce(cls, value: Any = None, *, runtime: str | None = None, host: Any = None,
+               runtimes: tuple[str, ...] = GRAPH_RUNTIMES) -> "Deployment":
+        """The deployment a caller means: ``value`` with the ``runtime=`` / ``host=`` keywords folded in.
+
+        Args:
+            value: a :class:`Deployment`, a mapping of its fields (:meth:`from_dict`), the path of a JSON or TOML
+                deployment file (:meth:`load`), or ``None`` (nothing described but ``runtime`` and ``host``).
+            runtime: the ``runtime=`` keyword of an entry point (``None``: not given).
+            host: the ``host=`` keyword: a :class:`~dippm_nas.devices.HostProfile`, a profile file, ``"default"``
+                (the default datacenter profile) or ``None`` (not given); its framework describes the
+                deployment's where that is ``None``.
+            runtimes: the runtimes the caller models: :data:`GRAPH_RUNTIMES` (default; the graph predictors of
+                :func:`dippm_nas.predict`) or :data:`DEPLOYMENT_RUNTIMES`.
+
+        Raises:
+            DeploymentError: ``value`` of another type, a field breaking its rule, an unreadable file, a runtime
+                outside ``runtimes``, or a ``runtime`` / ``host`` keyword that conflicts with what ``value``
+                describes (give one of them).
+            ExecutionRuntimeError: a ``runtime`` keyword outside ``runtimes`` (the choices are listed).
+            DeviceError: a ``host`` keyword that cannot be read as a host profile.
+        """
+        if value is None:
+            dep = cls()
+        elif isinstance(value, Deployment):
+            dep = value
+        elif isinstance(value, Mapping):
+            dep = cls.from_dict(value, origin="deployment")
+        elif isinstance(value, (str, Path)) and not isinstance(value, bool):
+            if not str(value).strip():
+                raise DeploymentError("deployment must be a Deployment, a mapping of its fields or the path of a "
+                                      "JSON/TOML deployment file, got an empty string")
+            dep = cls.load(value)
+        else:
+            raise DeploymentError(f"deployment must be a Deployment, a mapping of its fields, the path of a JSON/TOML "
+                                  f"deployment file or None, got {type(value).__name__}: {value!r}")
+        if runtime is not None:
+            if not isinstance(runtime, str) or runtime not in runtimes:
+                got = repr(runtime) if isinstance(runtime, str) else f"{type(runtime).__name__} {runtime!r}"
+                raise ExecutionRuntimeError(f"runtime must be one of {runtimes}, got {got}")
+            if value is not None and dep.runtime != runtime:
+                raise DeploymentError(f"runtime={runtime!r} conflicts with the deployment's runtime {dep.runtime!r}; "
+                                      "give the runtime in the deployment only")
+            dep = dataclasses.replace(dep, runtime=runtime)
+        if dep.runtime not in runtimes:
+            raise DeploymentError(f"Deployment.runtime must be one of {runtimes} here, got {dep.runtime!r}"
+                                  + (" (an LLM serving engine: dippm_nas.llm.predict_generation)"
+                                     if dep.runtime == "serving" else ""))
+        if host is not None:
+            prof = resolve_host_profile(host)
+            if dep.host is not None and dep.host != prof:
+                raise DeploymentError(f"host={prof.name!r} conflicts with the deployment's host {dep.host.name!r}; "
+                                      "give the host in the deployment only")
+            # a host profile names its PyTorch generation: it describes the framework the deployment leaves open
+            dep = dataclasses.replace(dep, host=prof, framework=dep.framework or prof.framework)
+        return dep
 
     # -- files ------------------------------------------------------------------------------------------------
 

@@ -74,8 +74,9 @@ User attributes set on every evaluated trial (units in the keys)
     ``predicted_energy_j_std``, ``energy_source``, ``predicted_memory_mib``, ``predicted_memory_mib_std``,
     ``memory_source`` (sources: ``"predicted"``, ``"analytic"``, ``"calibrated"``, ``"unavailable"``;
     a std is ``None`` when the source gives none), ``predicted_device``, ``mig_smallest_fit`` (``None``
-    when nothing fits or the device has no MIG), ``constraint_latency_ms`` / ``constraint_energy_j`` /
-    ``constraint_memory_mib`` and, per budget set, ``budget_<figure>`` (the limit), ``k_sigma_<figure>``,
+    when nothing fits or the device has no MIG), ``runtime`` and ``deployment`` (the cost model's
+    :class:`~dippm_nas.Deployment` as :meth:`~dippm_nas.Deployment.to_dict`), ``constraint_latency_ms`` /
+    ``constraint_energy_j`` / ``constraint_memory_mib`` and, per budget set, ``budget_<figure>`` (the limit), ``k_sigma_<figure>``,
     ``margin_<figure>`` (``budget - mean - k * std``, ``>= 0`` feasible) and ``std_missing_<figure>``;
     ``feasible``, ``cost_model_s`` (seconds of
     conversion and prediction for this trial, before these attributes are written; with
@@ -103,17 +104,18 @@ import optuna
 
 from dippm_nas import errors
 from dippm_nas._logging import WarnOnce
+from dippm_nas._numbers import as_int
 from dippm_nas._sql import sqlite_connect_listener
 from dippm_nas.budgets import Budgets, check_k_sigma, trial_attrs
 from dippm_nas.cache import ConversionCache, default_cache, set_default_cache
 from dippm_nas.capture import assemble, capture, space_config_of
-from dippm_nas.devices import resolve_device, resolve_host_profile
+from dippm_nas.deployment import DEPLOYMENT_RUNTIMES, GRAPH_RUNTIMES, Deployment
+from dippm_nas.devices import resolve_device
 from dippm_nas.errors import DippmNasError, InvalidValueError, SearchSpaceError
 from dippm_nas.graph import OperatorGraph
-from dippm_nas.llm import GENERATION_FIGURES, LLM_RUNTIMES, GenerationPrediction, LLMWorkload, predict_generation
+from dippm_nas.llm import GENERATION_FIGURES, GenerationPrediction, LLMWorkload, predict_generation
 from dippm_nas.prediction import Prediction
 from dippm_nas.predictor import DEFAULT_DEVICE, predict, predict_many
-from dippm_nas.prior import RUNTIMES, check_runtime
 from dippm_nas.spec import InputSpec
 
 __all__ = [
@@ -160,7 +162,8 @@ def optuna_has_set_constraint() -> bool:
     return hasattr(optuna.trial.Trial, "set_constraint")
 
 
-def rdb_storage(url: str, **engine_kwargs: Any) -> optuna.storages.RDBStorage:
+def rdb_storage(url: str, *, heartbeat_interval: int | None = None, grace_period: int | None = None,
+                **engine_kwargs: Any) -> optuna.storages.RDBStorage:
     """An Optuna RDB storage; for SQLite, set up for many writes from several processes.
 
     Every user attribute and constraint the cost model records is a database write. Optuna's default
@@ -175,18 +178,31 @@ def rdb_storage(url: str, **engine_kwargs: Any) -> optuna.storages.RDBStorage:
 
     Args:
         url: a SQLAlchemy URL, e.g. ``sqlite:///study.db`` or ``postgresql+psycopg2://user:pw@host/db``.
+        heartbeat_interval: Optuna's trial heartbeat, seconds (``RDBStorage(heartbeat_interval=...)``): a
+            running trial's heartbeat is stamped with the database's clock this often, and a trial whose
+            heartbeat is older than ``grace_period`` is failed by the next trial started (a worker that
+            died). ``None`` (default): no heartbeat.
+        grace_period: seconds without a heartbeat before a trial counts as dead (Optuna's default: twice
+            ``heartbeat_interval``).
         **engine_kwargs: passed to ``sqlalchemy.create_engine`` through ``RDBStorage(engine_kwargs=...)``.
 
     Returns:
         An ``optuna.storages.RDBStorage`` to pass as ``storage=``.
+
+    Raises:
+        InvalidValueError: ``heartbeat_interval`` or ``grace_period`` is not a positive int or None.
     """
     from sqlalchemy import event
     from sqlalchemy.engine import make_url
 
+    for name, v in (("heartbeat_interval", heartbeat_interval), ("grace_period", grace_period)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise InvalidValueError(f"{name} must be a positive int (seconds) or None, got {v!r}")
     is_sqlite = make_url(url).get_backend_name() == "sqlite"
     if not is_sqlite:
         engine_kwargs.setdefault("pool_pre_ping", True)
-    storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs or None)
+    storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs or None,
+                                         heartbeat_interval=heartbeat_interval, grace_period=grace_period)
     if is_sqlite:
         listener = sqlite_connect_listener(
             what="Optuna storage", local_hint="Keep the study's SQLite file on a local disk."
@@ -225,12 +241,16 @@ class HardwareCostModel:
             objective trains them (``0``: :meth:`submit` converts at once, in this process). Models of
             :mod:`search_spaces` travel as their space name and JSON config and are rebuilt in the
             worker; other models are pickled to it (a local child process, never stored).
-        runtime: how candidates will run on the GPU: ``"eager"`` (default), ``"cuda-graphs"`` or
-            ``"compiled"`` (see :func:`dippm_nas.predict`); for LLM generations also ``"serving"``.
-        engine: the serving engine of LLM generations with ``runtime="serving"`` (``"vllm"``, the default, or
-            ``"tensorrt-llm"``).
-        host: the CPU that drives the GPU: a :class:`~dippm_nas.devices.HostProfile`, a profile JSON file, or
-            ``None`` for the default datacenter host.
+        deployment: how candidates will run on the GPU: a :class:`~dippm_nas.Deployment`, a mapping of its
+            fields or a JSON/TOML deployment file (see :func:`dippm_nas.predict`); ``None``: nothing described
+            but ``runtime`` and ``host``. Recorded on every trial (the ``deployment`` user attribute).
+            ``runtime="serving"`` (an LLM serving engine) is for LLM generations only.
+        runtime: shorthand for ``Deployment(runtime=...)``: ``"eager"`` (default), ``"cuda-graphs"`` or
+            ``"compiled"``; for LLM generations also ``"serving"``.
+        host: shorthand for ``Deployment(host=...)``: a :class:`~dippm_nas.devices.HostProfile`, a profile JSON
+            file or ``"default"``.
+        engine: the serving engine of LLM generations with ``runtime="serving"`` (``"vllm"``, the default unless
+            the deployment's ``versions`` name one, or ``"tensorrt-llm"``).
         on_error: one of :data:`ON_ERROR`, for a candidate that cannot be captured or predicted (see the
             module docstring): ``"fail"`` (default) fails the trial and the study goes on, ``"infeasible"``
             completes it with its constraints violated, ``"raise"`` raises.
@@ -238,6 +258,8 @@ class HardwareCostModel:
     Raises:
         DeviceError: unknown device (the catalogue is listed), or an unreadable host profile.
         ExecutionRuntimeError: an unknown runtime (the choices are listed).
+        DeploymentError: a bad deployment (the field, the value and the choices are named), or a ``runtime`` /
+            ``host`` that conflicts with it.
         DippmNasError: an unknown objective, a MIG budget on a device without MIG or with an unknown
             profile (the profiles are listed), or energy asked of a device without power figures.
     """
@@ -252,18 +274,20 @@ class HardwareCostModel:
         cache: Any = True,
         constraint_api: Literal["auto", "set_constraint", "constraints_func"] = "auto",
         background_workers: int = 0,
-        runtime: str = "eager",
+        deployment: Any = None,
+        runtime: str | None = None,
         host: Any = None,
         on_error: Literal["fail", "raise", "infeasible"] = "fail",
         engine: str | None = None,
     ) -> None:
         dev = resolve_device(device)
         self.device: str = dev.id
-        if runtime not in LLM_RUNTIMES:
-            check_runtime(runtime)  # the error lists the runtimes of a forward pass
-        self.runtime: str = runtime
+        #: how the candidates run (every prediction is for it)
+        self.deployment: Deployment = Deployment.coerce(deployment, runtime=runtime, host=host,
+                                                        runtimes=DEPLOYMENT_RUNTIMES)
         self.engine = engine
-        self.host = resolve_host_profile(host)
+        if engine is not None and self.deployment.runtime != "serving":
+            raise InvalidValueError(f"engine={engine!r} needs runtime='serving', got {self.deployment.runtime!r}")
         budgets = Budgets.coerce(budgets)
         if k_sigma is not None:
             budgets = dataclasses.replace(budgets, k_sigma=check_k_sigma(k_sigma))
@@ -287,9 +311,7 @@ class HardwareCostModel:
             )
         self.constraint_api = constraint_api
         self.cache = cache
-        if isinstance(background_workers, bool) or not isinstance(background_workers, int) or background_workers < 0:
-            raise InvalidValueError(f"background_workers must be an int >= 0, got {background_workers!r}")
-        self.background_workers = background_workers
+        self.background_workers = as_int(background_workers, "background_workers", low=0)
         if on_error not in ON_ERROR:
             raise InvalidValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
         self.on_error = on_error
@@ -507,7 +529,8 @@ class HardwareCostModel:
             "predicted_memory_mib_std": pred.memory_mib_std,
             "memory_source": pred.memory_source,
             "predicted_device": pred.device,
-            "runtime": self.runtime,
+            "runtime": self.deployment.runtime,
+            "deployment": self.deployment.to_dict(),
             "predicted_host_ms": pred.host_ms,
             "predicted_gpu_ms": pred.gpu_ms,
             "mig_smallest_fit": getattr(pred.mig, "smallest_fit", None),
@@ -574,8 +597,8 @@ class HardwareCostModel:
     def _evaluate_generation(self, trial: Any, model: Any, workload: LLMWorkload) -> tuple[float, ...]:
         t0 = time.perf_counter()
         try:
-            pred = predict_generation(model, workload, self.device, runtime=self.runtime, engine=self.engine,
-                                      host=self.host, mig=True)
+            pred = predict_generation(model, workload, self.device, deployment=self.deployment, engine=self.engine,
+                                      mig=True)
             values = self._record_generation(trial, pred, time.perf_counter() - t0)
         except DippmNasError as e:
             values = self._unevaluated(trial, e)
@@ -654,17 +677,16 @@ class HardwareCostModel:
         """
         if isinstance(spec, LLMWorkload):
             return self._shape(self._evaluate_generation(trial, model, spec))
-        if self.runtime not in RUNTIMES:
-            raise InvalidValueError(f"runtime={self.runtime!r} runs LLM generations only: evaluate with an LLMWorkload, "
-                                    f"or make the cost model with one of {RUNTIMES} for a forward pass")
+        if self.deployment.runtime not in GRAPH_RUNTIMES:
+            raise InvalidValueError(f"runtime={self.deployment.runtime!r} runs LLM generations only: evaluate with an "
+                                    f"LLMWorkload, or make the cost model with one of {GRAPH_RUNTIMES} for a forward pass")
         t0 = time.perf_counter()
         the_spec = self._spec_of(model, spec)
         space_name, cfg = self._space_of(model, space, config)
         try:
             source = self._source(model, the_spec, space_name, cfg)
             pred = predict(source, None if isinstance(source, OperatorGraph) else the_spec, self.device,
-                           runtime=self.runtime, host=self.host,
-                           cache=self.cache, mig=True, k_sigma=self.k_sigma)
+                           deployment=self.deployment, cache=self.cache, mig=True, k_sigma=self.k_sigma)
             values = self._record(trial, pred, the_spec, space_name, cfg, time.perf_counter() - t0)
         except SearchSpaceError as e:  # a config outside its space is a bad argument, whatever on_error says
             trial.set_user_attr("cost_model_error", f"{type(e).__name__}: {e}")
@@ -730,8 +752,7 @@ class HardwareCostModel:
             spaces.append(self._space_of(model, None, None))
             items.append(model if isinstance(model, OperatorGraph) else (model, s))
         preds = predict_many(items, self.device, workers=workers, cache=self.cache, mig=True,
-                             runtime=self.runtime, host=self.host,
-                             k_sigma=self.k_sigma, progress=progress)
+                             deployment=self.deployment, k_sigma=self.k_sigma, progress=progress)
         share = (time.perf_counter() - t0) / max(len(trials), 1)
         out: list[tuple[float, ...] | DippmNasError] = []
         for trial, pred, spec, (space_name, cfg) in zip(trials, preds, specs, spaces):
@@ -840,7 +861,7 @@ class HardwareCostModel:
             trial.set_user_attr("cost_model_error", f"{type(err).__name__}: {err}")
             raise err
         pred = predict(OperatorGraph.from_json(text), None, self.device, cache=False, mig=True, k_sigma=self.k_sigma,
-                       runtime=self.runtime, host=self.host)
+                       deployment=self.deployment)
         values = self._record(trial, pred, spec, space, config, convert_s + (time.perf_counter() - t0))
         with self._lock:
             self._evaluations += 1

@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dippm_nas._files import file_size, read_file
+from dippm_nas._numbers import as_int
 from dippm_nas._optional import require
 from dippm_nas.errors import InputSpecError, ModelSpecError, UnsupportedDtypeError
 
@@ -36,6 +38,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "MAX_INPUT_ELEMENTS",
+    "MAX_ONNX_BYTES",
     "COMPUTE_DTYPES",
     "TENSOR_DTYPES",
     "TensorSpec",
@@ -43,6 +46,8 @@ __all__ = [
     "parse_shape",
     "load_model",
     "load_callable",
+    "check_onnx_file",
+    "read_onnx_file",
 ]
 
 #: Dtypes a model can be captured (and predicted) in.
@@ -55,6 +60,16 @@ TENSOR_DTYPES: tuple[str, ...] = COMPUTE_DTYPES + ("int64", "int32", "bool")
 #: inputs, so this bounds what a graph can describe, not this machine's memory; a larger spec is an
 #: :class:`InputSpecError`.
 MAX_INPUT_ELEMENTS = 2**40
+
+#: Largest ONNX file read, bytes: 2 GiB, protobuf's limit on one serialised message, which an ``.onnx`` file
+#: is. A model with more weights keeps them as external data (``onnx.save(model, path,
+#: save_as_external_data=True)``): its ``.onnx`` file holds the graph and stays small, and the tensors are read
+#: from their own files beside it.
+MAX_ONNX_BYTES = 2**31
+#: What the message of an ONNX file over :data:`MAX_ONNX_BYTES` adds.
+_ONNX_HINT = (" (protobuf's 2 GiB limit on one ONNX message); a larger model keeps its weights as external data "
+              "(onnx.save(model, path, save_as_external_data=True)), which is read from its own files beside the "
+              ".onnx file")
 
 _BYTES_PER_ELEMENT: dict[str, int] = {
     "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2,
@@ -82,12 +97,10 @@ def _check_shape(shape: Any, what: str) -> tuple[int, ...]:
             f"{what} must be a sequence of positive ints without the batch dimension, e.g. (3, 224, 224); "
             f"got {shape!r}" + (" (use parse_shape() for a 'C,H,W' string)" if isinstance(shape, str) else "")
         )
-    out = []
-    for d in shape:
-        if isinstance(d, bool) or not isinstance(d, int) or d < 1:
-            raise InputSpecError(f"every dimension of {what} must be an int >= 1, got {tuple(shape)!r}")
-        out.append(int(d))
-    return tuple(out)
+    try:
+        return tuple(as_int(d, "dimension", low=1, error=InputSpecError) for d in shape)
+    except InputSpecError:
+        raise InputSpecError(f"every dimension of {what} must be an int >= 1, got {tuple(shape)!r}") from None
 
 
 @dataclass(frozen=True)
@@ -116,8 +129,8 @@ class TensorSpec:
             raise UnsupportedDtypeError(
                 f"dtype of input {self.name!r} must be one of {TENSOR_DTYPES} or None, got {self.dtype!r}"
             )
-        if isinstance(self.high, bool) or not isinstance(self.high, int) or self.high < 1:
-            raise InputSpecError(f"high of input {self.name!r} must be an int >= 1, got {self.high!r}")
+        object.__setattr__(self, "high", as_int(self.high, f"high of input {self.name!r}", low=1,
+                                                error=InputSpecError))
 
 
 @dataclass(frozen=True)
@@ -144,8 +157,7 @@ class InputSpec:
     inputs: tuple[TensorSpec, ...] | None = field(default=None)
 
     def __post_init__(self) -> None:
-        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
-            raise InputSpecError(f"batch_size must be an int >= 1, got {self.batch_size!r}")
+        object.__setattr__(self, "batch_size", as_int(self.batch_size, "batch_size", low=1, error=InputSpecError))
         if self.dtype not in COMPUTE_DTYPES:
             raise UnsupportedDtypeError(
                 f"dtype must be one of {COMPUTE_DTYPES}, got {self.dtype!r}"
@@ -176,6 +188,7 @@ class InputSpec:
                 if isinstance(v, TensorSpec):
                     out.append(v)
                 elif isinstance(v, Mapping):
+                    _check_keys(v, _TENSOR_KEYS[1:], ("shape",), f"inputs[{name!r}]")
                     out.append(TensorSpec(name=name, **v))
                 elif isinstance(v, tuple) and len(v) == 2 and isinstance(v[1], (str, type(None))) \
                         and isinstance(v[0], Sequence):
@@ -263,14 +276,71 @@ class InputSpec:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "InputSpec":
-        """Inverse of :meth:`to_dict`."""
-        if "inputs" in d and d["inputs"] is not None:
-            inputs = tuple(
-                TensorSpec(name=t["name"], shape=tuple(t["shape"]), dtype=t.get("dtype"), high=t.get("high", 2))
-                for t in d["inputs"]
-            )
-            return cls(inputs=inputs, batch_size=int(d["batch_size"]), dtype=d["dtype"])
-        return cls(shape=tuple(d["shape"]), batch_size=int(d["batch_size"]), dtype=d["dtype"])
+        """Inverse of :meth:`to_dict`.
+
+        Raises:
+            InputSpecError: ``d`` is not a mapping, lacks a key (``batch_size``, ``dtype``, and ``shape`` or
+                ``inputs``), has an unknown one, or a value of the wrong type or out of range (a batch size of
+                2.9 is refused, never truncated); the message names the key.
+        """
+        if not isinstance(d, Mapping):
+            raise InputSpecError(f"an InputSpec dict (InputSpec.to_dict()) must be a mapping with keys "
+                                 f"{list(_SPEC_KEYS)}, got {type(d).__name__} {d!r}")
+        _check_keys(d, _SPEC_KEYS, ("batch_size", "dtype"), "an InputSpec dict")
+        inputs = d.get("inputs")
+        if inputs is None:
+            if "shape" not in d:
+                raise InputSpecError(f"an InputSpec dict must have the key 'shape' (a single-input model) or "
+                                     f"'inputs' (named inputs), got keys {sorted(map(str, d))}")
+            return cls(shape=d["shape"], batch_size=d["batch_size"], dtype=d["dtype"])
+        if isinstance(inputs, (str, bytes)) or not isinstance(inputs, Sequence):
+            raise InputSpecError(f"'inputs' of an InputSpec dict must be a list of {{name, shape, dtype, high}} "
+                                 f"dicts, got {inputs!r}")
+        tensors = []
+        for i, t in enumerate(inputs):
+            if not isinstance(t, Mapping):
+                raise InputSpecError(f"inputs[{i}] of an InputSpec dict must be a mapping with keys "
+                                     f"{list(_TENSOR_KEYS)}, got {t!r}")
+            _check_keys(t, _TENSOR_KEYS, ("name", "shape"), f"inputs[{i}] of an InputSpec dict")
+            tensors.append(TensorSpec(name=t["name"], shape=t["shape"], dtype=t.get("dtype"), high=t.get("high", 2)))
+        return cls(inputs=tuple(tensors), batch_size=d["batch_size"], dtype=d["dtype"])
+
+
+#: Keys of :meth:`InputSpec.to_dict`'s dict.
+_SPEC_KEYS = ("shape", "inputs", "batch_size", "dtype")
+#: Keys of one named input (:class:`TensorSpec`'s fields).
+_TENSOR_KEYS = ("name", "shape", "dtype", "high")
+
+
+def _check_keys(d: Mapping[Any, Any], allowed: Sequence[str], required: Sequence[str], what: str) -> None:
+    """An :class:`InputSpecError` naming the first missing or unknown key of ``d``."""
+    missing = [k for k in required if k not in d]
+    if missing:
+        raise InputSpecError(f"{what} lacks the key {missing[0]!r}; it has {sorted(map(str, d))} (keys: "
+                             f"{', '.join(allowed)}; required: {', '.join(required)})")
+    unknown = sorted(str(k) for k in d if k not in allowed)
+    if unknown:
+        raise InputSpecError(f"{what} has unknown keys {unknown}; the keys are {', '.join(allowed)}")
+
+
+def check_onnx_file(path: str | os.PathLike[str]) -> int:
+    """The size in bytes of the ONNX file ``path``: a regular file (symlinks followed) of at most
+    :data:`MAX_ONNX_BYTES`. Nothing is read.
+
+    Raises:
+        ModelSpecError: a missing path, a FIFO, device, directory or other non-regular file, or a file over
+            the limit; the message names the path and what it is.
+    """
+    return file_size(path, "ONNX file", max_bytes=MAX_ONNX_BYTES, error=ModelSpecError, hint=_ONNX_HINT)
+
+
+def read_onnx_file(path: str | os.PathLike[str]) -> bytes:
+    """The bytes of the ONNX file ``path``, checked as by :func:`check_onnx_file` on the open file.
+
+    Raises:
+        ModelSpecError: as :func:`check_onnx_file`, or a read error.
+    """
+    return read_file(path, "ONNX file", max_bytes=MAX_ONNX_BYTES, error=ModelSpecError, hint=_ONNX_HINT)
 
 
 def parse_shape(text: str) -> tuple[int, ...]:
@@ -325,10 +395,8 @@ def load_model(spec: str) -> "Any":
     if not isinstance(spec, str) or not spec:
         raise ModelSpecError(f"model SPEC must be a non-empty string, one of: {'; '.join(_SPEC_FORMS)}; got {spec!r}")
     if spec.lower().endswith(".onnx"):
-        p = Path(spec)
-        if not p.is_file():
-            raise ModelSpecError(f"ONNX file {spec!r} does not exist")
-        return p
+        check_onnx_file(spec)
+        return Path(spec)
     prefix, sep, name = spec.partition(":")
     if not sep or not name:
         raise ModelSpecError(f"model SPEC must be one of: {'; '.join(_SPEC_FORMS)}; got {spec!r}")

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from dippm_nas._numbers import as_int
 from dippm_nas.devices import resolve_device
 from dippm_nas.errors import InvalidValueError
 from dippm_nas.prediction import Prediction
@@ -92,10 +93,7 @@ class StagesPrediction:
 
 
 def _check_calls(calls: Any, where: str) -> int:
-    if isinstance(calls, bool) or not isinstance(calls, int) or calls < 1:
-        raise InvalidValueError(f"{where}: calls must be an int >= 1 (how many times the stage runs per pipeline "
-                                f"call), got {calls!r}")
-    return calls
+    return as_int(calls, f"{where}: calls", low=1, hint=" (how many times the stage runs per pipeline call)")
 
 
 def _weakest(sources: Sequence[str]) -> str:

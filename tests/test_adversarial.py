@@ -165,7 +165,7 @@ def test_case1_keyboard_interrupt_releases_claimed_jobs(db_url: str) -> None:
 def test_case1_dead_worker_job_is_requeued_within_the_default_heartbeat_bound(
         db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     clock = [1_000_000.0]
-    monkeypatch.setattr(queue_mod, "_now", lambda: clock[0])
+    monkeypatch.setattr(queue_mod, "_now", lambda _conn: clock[0])
     q = JobQueue(db_url)  # defaults: the bound a user gets
     assert q.lease_s <= 60.0
     (job_id,) = _enqueue(q, 1)

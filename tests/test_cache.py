@@ -26,7 +26,7 @@ from dippm_nas.cache import (
     default_cache_url,
     set_default_cache,
 )
-from dippm_nas.cache import _store
+from dippm_nas.cache import _rows, _store
 from dippm_nas.errors import CacheError, GraphValidationError
 from dippm_nas.graph import GRAPH_FORMAT_VERSION, OperatorGraph, synthetic_resnet_graph
 
@@ -132,11 +132,13 @@ def test_columns_and_no_pickle(db_url: str) -> None:
     (row,) = _raw(db_url, f"SELECT payload, structural_hash, size_bytes, created_at, last_used_at, format_version, "
                           f"dippm_nas_version FROM {_store.TABLE_NAME}")
     payload, shash, size, created, used, fmt, version = row
-    # the key envelope (magic, version 1, unsigned, key length, key), then a zlib stream: no pickle anywhere
-    head = b"DPMC\x01\x00\x00\x01k"
+    # the key envelope (magic, version 2, unsigned, key length, key), then a zlib stream: no pickle anywhere
+    head = b"DPMC\x02\x00\x00\x01k"
     assert payload[:len(head)] == head
     assert payload[len(head):len(head) + 1] == b"\x78"  # zlib header, not a pickle protocol marker (b"\x80")
-    assert json.loads(zlib.decompress(payload[len(head):])) == g.to_dict()
+    binding, text = zlib.decompress(payload[len(head):]).split(b"\n", 1)  # the key and hash binding line, the graph
+    assert json.loads(binding) == {"key": "k", "structural_hash": g.structural_hash()}
+    assert json.loads(text) == g.to_dict()
     assert (shash, size, fmt) == (g.structural_hash(), len(payload), GRAPH_FORMAT_VERSION)
     assert abs(created - time.time()) < 60 and used >= created
     assert version and version != "unknown"
@@ -155,10 +157,10 @@ def _graph_json_with_backward_edge() -> bytes:
 @pytest.mark.parametrize(
     "column,value,why",
     [
-        ("payload", b"not zlib at all", "zlib"),
-        ("payload", zlib.compress(b"{not json"), "JSON"),
-        ("payload", zlib.compress(b'{"format_version": 1, "nodes": 3}'), "graph JSON"),
-        ("payload", zlib.compress(_graph_json_with_backward_edge()), "validation"),
+        ("stream", b"not zlib at all", "zlib"),
+        ("payload", b"{not json", "JSON"),
+        ("payload", b'{"format_version": 1, "nodes": 3}', "graph JSON"),
+        ("payload", _graph_json_with_backward_edge(), "validation"),
         ("format_version", GRAPH_FORMAT_VERSION + 1, "format version"),
     ],
     ids=["bad-zlib", "bad-json", "bad-layout", "invalid-graph", "format-version"],
@@ -169,8 +171,10 @@ def test_corrupt_row_is_deleted_with_one_warning(
     with ConversionCache(db_url) as cache:
         cache.put("bad", make_graph(2))
         cache.put("good", make_graph(3))
-    if column == "payload":  # bound to its key, so only the stream inside is bad
-        value = _store._envelope("bad", make_graph(2).structural_hash(), GRAPH_FORMAT_VERSION, value, None)
+    if column in ("stream", "payload"):  # bound to its key, so only the stream (or the JSON in it) is bad
+        shash = make_graph(2).structural_hash()
+        body = value if column == "stream" else _rows._body("bad", shash, value)
+        column, value = "payload", _rows._envelope("bad", shash, GRAPH_FORMAT_VERSION, body, None)
     _raw(db_url, f"UPDATE {_store.TABLE_NAME} SET {column} = :v WHERE key = 'bad'", v=value)
     with ConversionCache(db_url) as cache, caplog.at_level(logging.WARNING, logger="dippm_nas.cache"):
         assert cache.get("bad") is None
@@ -220,7 +224,8 @@ def test_eviction_drops_least_recently_used(db_url: str, monkeypatch: pytest.Mon
     clock = iter(range(1_000_000, 2_000_000))
     monkeypatch.setattr(_store, "_now", lambda: float(next(clock)))
     graphs = {k: make_graph(3, channels=16 + i) for i, k in enumerate("abcd")}  # distinct, similar sizes
-    sizes = {k: len(zlib.compress(g.to_json().encode(), 6)) for k, g in graphs.items()}
+    sizes = {k: len(_rows._pack(k, g.structural_hash(), GRAPH_FORMAT_VERSION, g.to_json().encode(), None))
+             for k, g in graphs.items()}
     bound = int(3.5 * max(sizes.values()))
     with ConversionCache(db_url, max_bytes=bound, touch_interval_s=0) as cache:
         for k in "abc":
@@ -464,7 +469,7 @@ def test_the_default_file_is_read_with_sqlite3_as_the_store_reads_it(monkeypatch
     with ConversionCache() as cache:
         cache.put("k", g)
         cache.put("bad", make_graph(2))
-    bad = _store._envelope("bad", make_graph(2).structural_hash(), GRAPH_FORMAT_VERSION, b"not zlib", None)
+    bad = _rows._envelope("bad", make_graph(2).structural_hash(), GRAPH_FORMAT_VERSION, b"not zlib", None)
     _raw(url, f"UPDATE {TABLE_NAME} SET payload = :v WHERE key = 'bad'", v=bad)
     _raw(url, f"UPDATE {TABLE_NAME} SET last_used_at = 1.0 WHERE key = 'k'")
     # while the SQLAlchemy store is loaded (set_default_cache may have named another cache) it reads nothing

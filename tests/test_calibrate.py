@@ -98,4 +98,5 @@ def test_a_file_with_a_bad_kept_share_is_ignored_with_a_warning(tmp_path: Path, 
         calibration_path("host-cpu").write_text(json.dumps({**blob, "kept": bad}))
         caplog.clear()
         assert load_calibration("host-cpu", META) is None
-        assert any("ignoring unreadable calibration file" in r.getMessage() for r in caplog.records)
+        assert any(r.getMessage().startswith(("ignoring unreadable calibration file",
+                                              "ignoring implausible calibration file")) for r in caplog.records)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from _compare import assert_close
+from _compare import KERNEL_PATH_REL, assert_close
 from dippm_nas import InputSpec, capture
 from dippm_nas._version import __version__
 from dippm_nas.cli import UsageError, main
@@ -281,13 +281,13 @@ try:
     runpy.run_module("dippm_nas", run_name="__main__", alter_sys=True)
 except SystemExit as e:
     code = e.code
-loaded = sorted(m for m in ("torch", "sqlalchemy", "tvm", "torchvision", "scipy") if m in sys.modules)
+loaded = sorted(m for m in ("torch", "sqlalchemy", "tvm", "torchvision", "scipy", "pydantic") if m in sys.modules)
 print(json.dumps({"exit": code, "loaded": loaded}), file=sys.stderr)
 """
 
 
 def _close(a: object, b: object, path: str = "") -> None:
-    assert_close(a, b, rel=1e-5, abs_tol=1e-9, path=path)
+    assert_close(a, b, rel=KERNEL_PATH_REL, abs_tol=1e-9, path=path)
 
 
 def test_a_cached_predict_loads_neither_torch_nor_sqlalchemy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

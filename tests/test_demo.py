@@ -76,4 +76,4 @@ def test_demo_without_matplotlib_skips_the_plots(tmp_path: Path, capsys: pytest.
 
 def test_demo_rejects_bad_bounds(capsys: pytest.CaptureFixture) -> None:
     assert main(["demo", "--trials", "0"]) == 2
-    assert "--trials must be >= 1, got 0" in capsys.readouterr().err
+    assert "argument --trials: expects an integer >= 1, got 0" in capsys.readouterr().err

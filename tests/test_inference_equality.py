@@ -11,8 +11,12 @@
   against the values in ``tests/data/inference_expected.json.xz`` (``Prediction.to_dict()`` of each), written
   by the per-node implementation (the analytic devices) and, for the A100, by this code with the shipped
   checkpoint (:func:`write_expected` rewrites a device's values after a deliberate change such as a retrained
-  checkpoint). On the machine that wrote them they are equal bit for bit; the comparison allows 1e-6 relative so that another CPU's float32 rounding of the network does
-  not fail it (every non-numeric field, MIG choice and flag must be equal).
+  checkpoint). On the machine that wrote them they are equal bit for bit; another CPU picks other BLAS and ATen
+  kernels, so floats are compared to :data:`~_compare.KERNEL_PATH_REL` relative, the measured agreement of the
+  kernel paths with a margin (``python tests/kernel_paths.py``); every non-numeric field, MIG choice and flag
+  must be equal. ``.ci/run`` runs these tests a second time on an older kernel path
+  (:data:`kernel_paths.OLDER_KERNELS`), and :func:`test_the_kernel_path_asked_for_is_in_effect` checks that path
+  was taken.
 - ``predict`` on a model from a registered search space assembles its graph instead of exporting it
   (the assembled graph is the whole capture's: ``tests/test_assembly.py``).
 """
@@ -22,13 +26,14 @@ from __future__ import annotations
 import json
 import lzma
 import math
+import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from _compare import assert_close
+from _compare import KERNEL_PATH_REL, assert_close
 import dippm_nas
 import search_spaces as ss
 from dippm_nas.cache import ConversionCache
@@ -137,7 +142,7 @@ def test_slice_latency_and_memory_parts_equal_the_full_estimate() -> None:
 
 
 def _close(a: Any, b: Any, path: str = "") -> None:
-    assert_close(a, b, rel=1e-6, abs_tol=1e-12, path=path)
+    assert_close(a, b, rel=KERNEL_PATH_REL, abs_tol=1e-12, path=path)
 
 
 @pytest.mark.parametrize("device,kw", SETTINGS, ids=[f"{d}-{json.dumps(k)}" for d, k in SETTINGS])
@@ -149,6 +154,26 @@ def test_predictions_equal_the_fixed_expected_values(device: str, kw: dict[str, 
     assert len(got) == len(expected)
     for i, (a, b) in enumerate(zip(got, expected)):
         _close(a, b, f"[{i}]")
+
+
+#: Set by ``.ci/run`` for its second run of the numeric-equality tests: the kernel path that run must take.
+KERNEL_PATH_ENV = "DIPPM_NAS_TEST_KERNEL_PATH"
+
+
+def test_the_kernel_path_asked_for_is_in_effect() -> None:
+    """Under ``DIPPM_NAS_TEST_KERNEL_PATH=older`` (with :func:`kernel_paths.older_kernel_env`), torch runs ATen's
+    generic kernels, numpy's OpenBLAS its Haswell ones and numpy's ufuncs their baseline: the second run is on
+    another kernel path, not the default one again."""
+    from kernel_paths import OLDER_KERNELS, kernel_path_report
+
+    if os.environ.get(KERNEL_PATH_ENV) != "older":
+        pytest.skip(f"{KERNEL_PATH_ENV}=older is set by .ci/run for its run on the older kernel path")
+    missing = {k: v for k, v in OLDER_KERNELS.items() if os.environ.get(k) != v}
+    assert not missing, f"the older kernel path needs {missing}"
+    report = kernel_path_report()
+    assert report["aten"] == "DEFAULT", report
+    assert report["openblas"] in ("Haswell", "?"), report  # "?": numpy not built on OpenBLAS
+    assert report["numpy_tanh_f32"].startswith(("baseline", "?")), report
 
 
 def test_predict_assembles_a_space_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -609,7 +609,7 @@ def test_rapl_probe_and_wraparound(tmp_path: Any) -> None:
     (tmp_path / "energy_uj").write_text("123\n")
     (tmp_path / "max_energy_range_uj").write_text("1000\n")
     counter, reason = probe_rapl(tmp_path)
-    assert reason is None and counter.read_uj() == 123
+    assert reason is None and counter.read_uj() == (123,)
     assert counter.delta_j(900, 100) == pytest.approx(200 / 1e6)
 
 

@@ -488,8 +488,10 @@ def test_fuse_hard_activations_round_trips_and_defaults_off_for_older_files() ->
     del d["global"]["fuse_hard_activations"]       # a file written before the option existed
     assert PriorParams.from_dict(d).fuse_hard_activations is False
     d["global"]["fuse_hard_activations"] = "yes"
-    with pytest.raises(Exception, match="fuse_hard_activations must be true or false"):
+    with pytest.raises(Exception, match="fuse_hard_activations = 'yes': expected true or false"):
         PriorParams.from_dict(d)
+    with pytest.raises(Exception, match="fuse_hard_activations must be true or false"):  # the dataclass's own check
+        PriorParams.from_dict(d, trusted=True)
 
 
 def test_host_checkpoints_keep_the_prior_they_were_trained_with() -> None:

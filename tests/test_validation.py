@@ -119,7 +119,7 @@ def test_claim_order_is_priority_then_age(queue: JobQueue) -> None:
 
 def test_lease_expiry_requeues_then_fails(queue: JobQueue, monkeypatch: pytest.MonkeyPatch) -> None:
     now = [1000.0]
-    monkeypatch.setattr(queue_mod, "_now", lambda: now[0])
+    monkeypatch.setattr(queue_mod, "_now", lambda _conn: now[0])
     q = JobQueue(queue.url_with_credentials(), lease_s=10.0, max_attempts=2)
     _enqueue(q, 0)
     first = q.claim("host-cpu", "w1")

@@ -57,7 +57,7 @@ def read_default_sqlite(key: str) -> OperatorGraph | None:
         row = conn.execute(_SELECT, (key,)).fetchone()
         if row is None:
             return None
-        graph, _ = _decode(key, bytes(row[0]), row[1], row[2], secret)
+        graph, _ = _decode(key, row[0], row[1], row[2], secret)
         now = time.time()
         try:
             conn.execute("PRAGMA synchronous = NORMAL")

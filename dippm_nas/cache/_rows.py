@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import os
 import struct
 import zlib
@@ -17,7 +18,7 @@ import zlib
 from dippm_nas.errors import CacheError, GraphValidationError
 from dippm_nas.graph import GRAPH_FORMAT_VERSION, OperatorGraph
 
-__all__ = ["TABLE_NAME", "CACHE_SECRET_ENV", "COLUMNS"]
+__all__ = ["TABLE_NAME", "CACHE_SECRET_ENV", "COLUMNS", "MAX_GRAPH_JSON_BYTES"]
 
 #: Name of the SQL table (shared databases may hold other dippm-nas tables).
 TABLE_NAME = "dippm_conversion_cache"
@@ -29,13 +30,24 @@ COLUMNS: tuple[str, ...] = ("key", "payload", "structural_hash", "size_bytes", "
 
 _MAX_KEY_CHARS = 255
 
+#: The largest graph JSON a row may hold, bytes: a row is inflated at most this far, so a small stream that
+#: inflates to gigabytes (4 MB of zlib -> 4 GiB) is a corrupt row, not an allocation; :meth:`ConversionCache.put`
+#: keeps a larger graph in its process only. Graph JSON takes 230-320 bytes per operator node
+#: (``tests/data/inference_graphs.json.xz``), so this is ~200,000 nodes, 150x the 1,388 of a 7-billion-parameter
+#: decoder (docs/reliability.md, row 5g).
+MAX_GRAPH_JSON_BYTES = 64 * 1024**2
+#: Room for the binding line ahead of the graph JSON in the inflated stream, bytes (a 255-character key,
+#: JSON-escaped, and a 64-character hash).
+_BINDING_ROOM = 4096
+
 #: Envelope of a payload: magic, envelope version, flags, key length; then the key, the signature when
-#: signed, then the zlib stream.
+#: signed, then the zlib stream. Version 2: the stream starts with the binding line (:func:`_body`).
 _MAGIC = b"DPMC"
-_ENVELOPE_VERSION = 1
+_ENVELOPE_VERSION = 2
 _HEADER = struct.Struct(">4sBBH")
 _SIGNED = 1
 _MAC_BYTES = 32
+_ZLIB_LEVEL = 6
 
 
 class _CorruptRow(Exception):
@@ -87,23 +99,78 @@ def _open_envelope(payload: bytes, key: str, structural_hash: str, format_versio
     return body
 
 
-def _decode(key: str, payload: bytes, structural_hash: str, format_version: int,
+def _body(key: str, structural_hash: str, text: bytes) -> bytes:
+    """The zlib stream of a row: a binding line, the JSON of the graph's key and structural hash, then the graph
+    JSON ``text``. The graph's own fingerprint travels inside the compressed stream: re-wrapping another row's
+    stream under this key (a row edit) leaves that row's key and hash inside it, which :func:`_decode` rejects."""
+    line = json.dumps({"key": key, "structural_hash": structural_hash}, sort_keys=True).encode() + b"\n"
+    return zlib.compress(line + text, _ZLIB_LEVEL)
+
+
+def _pack(key: str, structural_hash: str, format_version: int, text: bytes, secret: bytes | None) -> bytes:
+    """The stored payload of graph JSON ``text``: envelope and binding line (see :func:`_body`)."""
+    return _envelope(key, structural_hash, format_version, _body(key, structural_hash, text), secret)
+
+
+def _inflate(body: bytes) -> bytes:
+    """The inflated zlib stream ``body``, at most :data:`MAX_GRAPH_JSON_BYTES` (+ the binding line).
+
+    Raises:
+        _CorruptRow: not a whole zlib stream, or one that inflates beyond the cap.
+    """
+    cap = MAX_GRAPH_JSON_BYTES + _BINDING_ROOM
+    d = zlib.decompressobj()
+    try:
+        out = d.decompress(body, cap + 1)
+    except zlib.error as e:
+        raise _CorruptRow(f"its payload is not a zlib stream ({e})") from e
+    if len(out) > cap or d.unconsumed_tail:
+        raise _CorruptRow(f"its payload inflates beyond {cap:,} bytes (a graph JSON may hold at most "
+                          f"MAX_GRAPH_JSON_BYTES = {MAX_GRAPH_JSON_BYTES:,} bytes; a row is never inflated further)")
+    if not d.eof:
+        raise _CorruptRow("its payload is not a zlib stream (truncated)")
+    return out
+
+
+def _unbind(key: str, structural_hash: str, inflated: bytes) -> bytes:
+    """The graph JSON of an inflated stream, after checking its binding line names ``key`` and ``structural_hash``.
+
+    Raises:
+        _CorruptRow: no binding line, or one of another key or graph.
+    """
+    line, sep, text = inflated.partition(b"\n")
+    try:
+        bound = json.loads(line) if sep else None
+    except ValueError:
+        bound = None
+    if not isinstance(bound, dict) or not isinstance(bound.get("key"), str):
+        raise _CorruptRow("its zlib stream does not start with the key and hash binding line")
+    if bound["key"] != key:
+        raise _CorruptRow(f"its graph was written under another key ({bound['key']!r}; the envelope was "
+                          "rewritten): the row holds another model's graph")
+    if bound.get("structural_hash") != structural_hash:
+        raise _CorruptRow(f"its graph is bound to structural hash {str(bound.get('structural_hash'))[:12]}..., "
+                          f"the row says {str(structural_hash)[:12]}...")
+    return text
+
+
+def _decode(key: str, payload: object, structural_hash: str, format_version: int,
             secret: bytes | None) -> tuple[OperatorGraph, int]:
     """A stored row -> validated graph and the length of its JSON text.
 
     Raises:
-        _CorruptRow: for any reason the row cannot be trusted.
+        _CorruptRow: for any reason the row cannot be trusted (a payload that is not a BLOB among them).
     """
+    if not isinstance(payload, (bytes, bytearray, memoryview)):
+        kind = "TEXT" if isinstance(payload, str) else type(payload).__name__
+        raise _CorruptRow(f"its payload is {kind}, not a BLOB (written by another program)")
     if format_version != GRAPH_FORMAT_VERSION:
         raise _CorruptRow(
             f"it was written with graph format version {format_version!r}, this dippm-nas reads "
             f"version {GRAPH_FORMAT_VERSION}"
         )
-    body = _open_envelope(payload, key, structural_hash, format_version, secret)
-    try:
-        text = zlib.decompress(body)
-    except (zlib.error, TypeError) as e:
-        raise _CorruptRow(f"its payload is not a zlib stream ({e})") from e
+    body = _open_envelope(bytes(payload), key, structural_hash, format_version, secret)
+    text = _unbind(key, structural_hash, _inflate(body))
     try:
         graph = OperatorGraph.from_json(text)
     except GraphValidationError as e:

@@ -19,20 +19,23 @@ replace the node instead. The ``last_used_at`` stamps that drive eviction are wr
 most once per ``touch_interval_s``), never on every hit.
 
 Every payload is bound to its key. It starts with a small envelope, ``DPMC`` + envelope version + flags +
-the key it was written under (+ an HMAC-SHA256 signature when a secret is set), then the zlib stream. On
-read the envelope's key must be the row's key and the graph's structural hash the row's
-``structural_hash``, so a row holding another model's graph (copied by hand, by a bug, or by another
-writer of a shared database) is never served as this model's.
+the key it was written under (+ an HMAC-SHA256 signature when a secret is set), then the zlib stream, whose
+first line binds the graph to its key and structural hash again, inside the compressed data. On read the
+envelope's key and the binding line's must be the row's key, and the binding line's hash and the graph's own
+structural hash the row's ``structural_hash``, so a row holding another model's graph (copied by hand, by a
+bug, or by another writer of a shared database) is never served as this model's; serving one takes a new
+zlib stream, not a row edit. A stream is inflated to at most ``MAX_GRAPH_JSON_BYTES`` (64 MiB): one that
+inflates further is a corrupt row, and :meth:`ConversionCache.put` keeps a larger graph in its process only.
 
 For shared databases, ``$DIPPM_NAS_CACHE_SECRET`` (or ``ConversionCache(secret=...)``) signs every row
 written and rejects, on read, rows without a signature and rows signed with another secret: only writers
 that know the secret can put a graph another process will trust. Without a secret, rows are not signed
 and signatures are not checked (the key binding still is).
 
-A row that cannot be read back (no envelope or another key in it, a bad or missing signature, bad zlib
-stream, bad JSON, another graph format version, a graph that fails :meth:`OperatorGraph.validate` or
-whose structural hash is not the row's) is logged once per key, deleted, and reported as a miss so the
-caller recomputes it.
+A row that cannot be read back (a payload that is not a BLOB, no envelope or another key in it, a bad or
+missing signature, a bad or oversized zlib stream, a binding line of another key or graph, bad JSON, another
+graph format version, a graph that fails :meth:`OperatorGraph.validate` or whose structural hash is not the
+row's) is logged once per key, deleted, and reported as a miss so the caller recomputes it.
 
 A SQLite file that is not a database (truncated, overwritten) is moved aside to
 ``<file>.corrupt-<unix time>-<pid>`` with a warning, and a new one is started; a cache that cannot be
@@ -49,7 +52,6 @@ import sqlite3
 import threading
 import time
 import weakref
-import zlib
 from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -65,8 +67,8 @@ from sqlalchemy.engine import URL, Connection, make_url
 from dippm_nas._logging import WarnOnce
 from dippm_nas._paths import CACHE_DIR_ENV, CACHE_URL_ENV, SQLITE_FILE_NAME, cache_dir, default_cache_url
 from dippm_nas._sql import create_tables, make_engine, redact, transaction
-from dippm_nas.cache._rows import (_MAX_KEY_CHARS, CACHE_SECRET_ENV, COLUMNS, TABLE_NAME, _CorruptRow, _decode,
-                                   _envelope, _secret_bytes)
+from dippm_nas.cache._rows import (_MAX_KEY_CHARS, CACHE_SECRET_ENV, COLUMNS, MAX_GRAPH_JSON_BYTES, TABLE_NAME,
+                                   _CorruptRow, _decode, _pack, _secret_bytes)
 from dippm_nas.errors import CacheError
 from dippm_nas.graph import GRAPH_FORMAT_VERSION, OperatorGraph
 
@@ -75,7 +77,6 @@ __all__ = ["ConversionCache", "default_cache", "set_default_cache", "TABLE_NAME"
 
 logger = logging.getLogger(__name__)
 
-_ZLIB_LEVEL = 6
 #: Eviction deletes least-recently-used rows until the total is at most this fraction of ``max_bytes``.
 _EVICT_TO_FRACTION = 0.9
 #: In-process memory of a decoded graph per byte of its JSON text. Measured with tracemalloc on a
@@ -450,8 +451,7 @@ class ConversionCache:
                 self._counts["misses"] += 1
             return None
         try:
-            graph, json_chars = _decode(key, bytes(row.payload), row.structural_hash, row.format_version,
-                                        self._secret)
+            graph, json_chars = _decode(key, row.payload, row.structural_hash, row.format_version, self._secret)
         except _CorruptRow as e:
             _warn_once(
                 f"corrupt:{key}",
@@ -494,14 +494,21 @@ class ConversionCache:
             raise CacheError(f"put() stores an OperatorGraph, got {type(graph).__name__}")
         graph.validate()
         text = graph.to_json().encode()
-        body = zlib.compress(text, _ZLIB_LEVEL)
         # What get() would return: the JSON round trip (tuples in attrs become lists, and so on).
         template = OperatorGraph.from_json(text)
         # From the private copy: caching the hash on the caller's graph would go stale if they mutate it.
         shash = template.structural_hash()
-        payload = _envelope(key, shash, GRAPH_FORMAT_VERSION, body, self._secret)
         with self._lock:
             self._remember(key, template, len(text))
+        if len(text) > MAX_GRAPH_JSON_BYTES:
+            _warn_once(
+                f"too-big-json:{key}",
+                "conversion cache %s: graph %r is %d bytes of JSON, more than MAX_GRAPH_JSON_BYTES=%d (the most a "
+                "read inflates); kept in this process only, not stored",
+                self.url, key, len(text), MAX_GRAPH_JSON_BYTES,
+            )
+            return
+        payload = _pack(key, shash, GRAPH_FORMAT_VERSION, text, self._secret)
         if len(payload) > self.max_bytes:
             _warn_once(
                 f"too-big:{key}",

@@ -39,6 +39,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from dippm_nas._logging import WarnOnce
+from dippm_nas._numbers import as_int
 from dippm_nas.capture._capture import CacheArg, _resolve_cache, _warn_cache_down, capture
 from dippm_nas.capture._key import converter_version
 from dippm_nas.capture._many import CaptureResult, capture_many
@@ -415,8 +416,7 @@ def assemble_many(items: Iterable[SpaceItem], *, workers: int = 1, cache: CacheA
         true when every block came from a cache.
     """
     items = list(items)
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ValueError(f"workers must be an int >= 1, got {workers!r}")
+    workers = as_int(workers, "workers", low=1, hint=" (conversion processes)")
     t0 = time.perf_counter()
     out = _assemble_items(items, workers, cache, progress, fallback)
     seconds = time.perf_counter() - t0

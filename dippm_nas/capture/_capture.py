@@ -13,7 +13,15 @@ from dippm_nas.capture._key import file_key, model_key, named_model_key
 from dippm_nas.capture._onnx import capture_onnx, read_onnx_bytes
 from dippm_nas.capture._torch import capture_module
 from dippm_nas.cache import read_default_sqlite
-from dippm_nas.errors import CacheError, DippmNasError, GraphCaptureError, InputSpecError, ModelSpecError
+from dippm_nas.errors import (
+    CacheError,
+    DippmNasError,
+    GraphCaptureError,
+    InputSpecError,
+    InvalidTypeError,
+    InvalidValueError,
+    ModelSpecError,
+)
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.spec import InputSpec, load_model
 
@@ -36,17 +44,34 @@ _warned_cache: set[str] = set()
 
 
 def _warn_cache_down(e: Exception) -> None:
-    """A broken cache must not stop a search: warn once per message and carry on without it."""
+    """A broken cache must not stop a search: warn once per message and carry on without it. One channel: a
+    ``RuntimeWarning`` (the CLI prints warnings through its log), logged at DEBUG only (see
+    :mod:`dippm_nas._logging`)."""
     text = str(e)
     if text not in _warned_cache:
         _warned_cache.add(text)
         msg = f"conversion cache unavailable, capturing without it: {text}"
-        logger.warning(msg)
+        logger.debug(msg)
         warnings.warn(msg, RuntimeWarning, stacklevel=3)
 
 
+def check_decompose(decompose: object) -> None:
+    """:class:`InvalidValueError` unless ``decompose`` is ``"auto"``, ``True`` or ``False``."""
+    if not (decompose == "auto" or isinstance(decompose, bool)):
+        raise InvalidValueError(f"decompose must be 'auto' (decompose only when the fast export cannot be converted), "
+                                f"True or False, got {decompose!r}")
+
+
 def _resolve_cache(cache: CacheArg) -> "ConversionCache | None":
-    """The store of ``cache``; ``None`` (with one warning) when the default cache cannot be opened."""
+    """The store of ``cache``; ``None`` (with one warning) when the default cache cannot be opened.
+
+    Raises:
+        InvalidTypeError: ``cache`` is not a bool, ``None`` or a cache object (a ``get`` and a ``put``).
+    """
+    if not isinstance(cache, bool) and cache is not None \
+            and not (callable(getattr(cache, "get", None)) and callable(getattr(cache, "put", None))):
+        raise InvalidTypeError(f"cache must be True (the default conversion cache), False or None (no cache), or a "
+                               f"dippm_nas.cache.ConversionCache; got {type(cache).__name__} {cache!r}")
     if cache is None or cache is False:
         return None
     if cache is True:
@@ -106,8 +131,7 @@ def capture(model: ModelLike, spec: InputSpec, *, cache: CacheArg = True,
         raise InputSpecError(
             f"spec must be a dippm_nas.InputSpec, e.g. InputSpec(shape=(3, 224, 224), batch_size=8), got {spec!r}"
         )
-    if decompose not in ("auto", True, False):
-        raise ValueError(f"decompose must be 'auto', True or False, got {decompose!r}")
+    check_decompose(decompose)
     t0 = time.perf_counter()
     onnx_path: Path | None = None
     # a library SPEC (torchvision:NAME...) is looked up by name first: a hit builds no model

@@ -11,7 +11,8 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any
 
-from dippm_nas.capture._capture import CacheArg, ModelLike, _resolve_cache, capture
+from dippm_nas._numbers import as_int
+from dippm_nas.capture._capture import CacheArg, ModelLike, _resolve_cache, capture, check_decompose
 from dippm_nas.errors import DippmNasError, InputSpecError, ModelSpecError
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.spec import InputSpec
@@ -134,8 +135,8 @@ def capture_many(items: Iterable[Item], *, workers: int = 1, cache: CacheArg = T
     from tqdm.auto import tqdm
 
     items = list(items)
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ValueError(f"workers must be an int >= 1, got {workers!r}")
+    workers = as_int(workers, "workers", low=1, hint=" (conversion processes)")
+    check_decompose(decompose)
     store = _resolve_cache(cache)
     results: list[CaptureResult | None] = [None] * len(items)
     bar = tqdm(total=len(items), desc="capturing", unit="model", disable=not progress, leave=False)

@@ -7,9 +7,9 @@ import time
 from pathlib import Path
 
 from dippm_nas._optional import require
-from dippm_nas.errors import GraphCaptureError, InputShapeError, ModelSpecError
+from dippm_nas.errors import GraphCaptureError, InputShapeError
 from dippm_nas.graph import OperatorGraph, graph_from_relax
-from dippm_nas.spec import InputSpec
+from dippm_nas.spec import InputSpec, check_onnx_file, read_onnx_file
 
 __all__ = ["capture_onnx", "read_onnx_bytes"]
 
@@ -17,12 +17,14 @@ logger = logging.getLogger(__name__)
 
 
 def read_onnx_bytes(path: str | Path) -> bytes:
-    """The bytes of an ONNX file, with a clear error when it is missing."""
-    p = Path(path)
-    if not p.is_file():
-        raise ModelSpecError(f"ONNX file {str(p)!r} does not exist (a model must be an nn.Module, an existing "
-                             ".onnx file or a model SPEC string)")
-    return p.read_bytes()
+    """The bytes of an ONNX file: a regular file of at most :data:`~dippm_nas.spec.MAX_ONNX_BYTES`
+    (:func:`~dippm_nas.spec.read_onnx_file`).
+
+    Raises:
+        ModelSpecError: a missing path, a FIFO, device, directory or other non-regular file, or one over the
+            limit (the message says what to do).
+    """
+    return read_onnx_file(path)
 
 
 def capture_onnx(path: str | Path, spec: InputSpec, *, source: str = "", model_key: str = "") -> OperatorGraph:
@@ -32,9 +34,11 @@ def capture_onnx(path: str | Path, spec: InputSpec, *, source: str = "", model_k
     position for a single-input spec. Dynamic dimensions are fixed from the spec.
 
     Raises:
+        ModelSpecError: ``path`` is not a regular file of at most :data:`~dippm_nas.spec.MAX_ONNX_BYTES`.
         GraphCaptureError: the bytes are not a valid ONNX model, or Relax cannot convert it.
         InputShapeError: the spec names inputs the file does not have, or shapes that contradict it.
     """
+    check_onnx_file(path)  # before onnx opens it: never a FIFO, a device or a file past protobuf's limit
     onnx = require("onnx", "onnx", "reading ONNX files")
     from tvm.relax.frontend.onnx import from_onnx
 

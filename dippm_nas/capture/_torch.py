@@ -376,6 +376,18 @@ def _convert(ep: Any, decompose: bool | str) -> tuple[Any, str]:
     raise GraphCaptureError("TVM Relax could not convert the exported program: " + " | ".join(errors))
 
 
+def _check_tensor_output(ep: Any, name: str) -> None:
+    """:class:`GraphCaptureError` when the exported forward returns no tensor (``None``, a number, an empty
+    tuple): a graph needs an output to measure the model by."""
+    from torch.export.graph_signature import OutputKind, TensorArgument
+
+    user = [o for o in ep.graph_signature.output_specs if o.kind == OutputKind.USER_OUTPUT]
+    if not any(isinstance(o.arg, TensorArgument) for o in user):
+        got = ", ".join(repr(getattr(o.arg, "value", o.arg)) for o in user) or "nothing"
+        raise GraphCaptureError(f"the forward of {name} returned no tensor (it returned {got}); a model's forward "
+                                "must return its output tensor, or a tuple, list or dict holding tensors")
+
+
 def capture_module(model: "torch.nn.Module", spec: InputSpec, *, decompose: bool | str = "auto",
                    model_key: str = "") -> OperatorGraph:
     """Export ``model`` and build its graph (no cache; see :func:`dippm_nas.capture`).
@@ -394,6 +406,7 @@ def capture_module(model: "torch.nn.Module", spec: InputSpec, *, decompose: bool
             target = _with_tensor_outputs(_prepare(model, fake_mode))
             with _eval_mode(target):
                 ep = _export(target, spec, fake_mode)
+        _check_tensor_output(ep, type(model).__name__)
         t1 = time.perf_counter()
         _binding.memo = {}
         try:

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import logging
 import sys
 from pathlib import Path
 from typing import Any
 
+from dippm_nas._numbers import as_int
 from dippm_nas.cli._grammar import (
     json_text,
     ListAction,
@@ -19,8 +19,12 @@ from dippm_nas.cli._grammar import (
     add_progress_flag,
     add_torch_device,
     check_name,
+    float_flag,
+    int_flag,
     positive_int,
+    writable_output,
 )
+from dippm_nas._json import read_json_file
 from dippm_nas.errors import DatasetError, MeasurementError
 from dippm_nas.spec import COMPUTE_DTYPES
 
@@ -50,7 +54,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--space", action=ListAction, default=None, metavar="NAME",
                    help="search space names (a list: 'mlp resnet' or 'mlp,resnet'), or 'all' (the families "
                         f"{','.join(_FAMILIES)})")
-    b.add_argument("--n", type=int, default=None, help="candidates to plan (split evenly over the spaces)")
+    b.add_argument("--n", type=int_flag("--n", low=1), default=None,
+                   help="candidates to plan (split evenly over the spaces)")
     b.add_argument("--candidates", type=Path, action="append", default=[], metavar="PATH",
                    help="instead of --space/--n: measure these models (repeatable): a dataset export "
                         "(.jsonl[.gz|.xz]; each measurement row's space, config and batch size, once) or a JSON "
@@ -60,28 +65,32 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="batch sizes to draw from, e.g. --batch 1 8 32 or --batch 1,8,32 (default 1 8 32)")
     b.add_argument("--dtype", default="float32", help=f"{' | '.join(COMPUTE_DTYPES)} (default float32)")
     b.add_argument("--out", required=True, type=Path, help="dataset SQLite file (created or resumed)")
-    b.add_argument("--seed", type=int, default=0, help="plan seed (default 0)")
-    b.add_argument("--mac-budget", type=float, default=300.0,
+    b.add_argument("--seed", type=int_flag("--seed"), default=0, help="plan seed (default 0)")
+    b.add_argument("--mac-budget", type=float_flag("--mac-budget", low=0, note="0: no limit"), default=300.0,
                    help="largest MMACs per batch (MACs per sample x batch) planned; 0 = no limit (default 300)")
-    b.add_argument("--workers", type=int, default=2, help="conversion processes (default 2)")
-    b.add_argument("--chunk", type=int, default=256, help="jobs converted per round (default 256)")
+    b.add_argument("--workers", type=int_flag("--workers", low=1), default=2, help="conversion processes (default 2)")
+    b.add_argument("--chunk", type=int_flag("--chunk", low=1), default=256,
+                   help="jobs converted per round (default 256)")
     b.add_argument("--no-overlap", action="store_true", help="do not convert the next round while measuring")
-    b.add_argument("--pin-cpu", type=int, default=None,
+    b.add_argument("--pin-cpu", type=int_flag("--pin-cpu", low=0), default=None,
                    help="pin measurement to this CPU and conversion to the others (default: no pinning)")
-    b.add_argument("--threads", type=int, default=1, help="torch threads while measuring (default 1)")
+    b.add_argument("--threads", type=int_flag("--threads", low=1), default=1,
+                   help="torch threads while measuring (default 1)")
     b.add_argument("--cpu-allocator", choices=("steady", "as-is"), default="steady",
                    help="CPU timing: 'steady' (default) fixes glibc malloc's thresholds so freed activations are "
                         "reused, not faulted in again; 'as-is' leaves the allocator alone (MeasureSettings.cpu_allocator)")
-    b.add_argument("--warmup", type=int, default=2, help="untimed forwards (default 2)")
-    b.add_argument("--min-repeats", type=int, default=5, help="timed forwards at least (default 5)")
-    b.add_argument("--max-repeats", type=int, default=30, help="timed forwards at most (default 30)")
-    b.add_argument("--rel-ci", type=float, default=0.05,
+    b.add_argument("--warmup", type=int_flag("--warmup", low=0), default=2, help="untimed forwards (default 2)")
+    b.add_argument("--min-repeats", type=int_flag("--min-repeats", low=2), default=5,
+                   help="timed forwards at least (default 5)")
+    b.add_argument("--max-repeats", type=int_flag("--max-repeats", low=2), default=30,
+                   help="timed forwards at most (default 30)")
+    b.add_argument("--rel-ci", type=float_flag("--rel-ci", low=0, low_inclusive=False), default=0.05,
                    help="stop when the 95%% CI half-width is within this fraction of the mean (default 0.05)")
-    b.add_argument("--time-cap", type=float, default=2.0,
+    b.add_argument("--time-cap", type=float_flag("--time-cap", low=0, low_inclusive=False), default=2.0,
                    help="seconds of warm-up + timing per measurement (default 2)")
     b.add_argument("--isolate", action="store_true",
                    help="measure each model in a fresh subprocess (hard time limit, crash isolation; slower)")
-    b.add_argument("--rounds", type=int, default=0,
+    b.add_argument("--rounds", type=int_flag("--rounds", low=0, note="0: off"), default=0,
                    help="CPU: time each chunk's latencies again in this many interleaved rounds (one untimed and "
                         "--min-repeats timed forwards per model per round) after measuring the models one by one; "
                         "far steadier on a shared machine than one block per model (default 0: off)")
@@ -108,8 +117,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     i.add_argument("kind", choices=_IMPORTERS, help="which public dataset the CSV is")
     i.add_argument("csv", type=Path, help="the CSV file (campaign: the campaign directory)")
     i.add_argument("--out", required=True, type=Path, help="dataset SQLite file (created or extended)")
-    i.add_argument("--workers", type=int, default=2, help="conversion processes (default 2)")
-    i.add_argument("--limit", type=int, default=None, help="import only the first N rows")
+    i.add_argument("--workers", type=int_flag("--workers", low=1), default=2, help="conversion processes (default 2)")
+    i.add_argument("--limit", type=int_flag("--limit", low=1), default=None, help="import only the first N rows")
     i.add_argument("--no-graphs", action="store_true", help="accel-nasbench/timm/ryujaehun: store rows without capturing graphs")
     i.add_argument("--no-cache", action="store_true", help="do not use the conversion cache")
     add_progress_flag(i)
@@ -166,7 +175,7 @@ def _read_candidates(paths: list[Path], dtype: str) -> list[dict[str, Any]]:
     skipped: dict[str, int] = {}
     for path in paths:
         if path.suffix == ".json":
-            items = json.loads(path.read_text())
+            items = read_json_file(path, f"cannot read the candidates file {str(path)!r}", DatasetError)
             if not isinstance(items, list):
                 raise DatasetError(f"{path}: a JSON candidates file holds a list of {{space, config, batch_size}}")
         else:
@@ -181,7 +190,10 @@ def _read_candidates(paths: list[Path], dtype: str) -> list[dict[str, Any]]:
             if it["space"] not in known:
                 skipped[it["space"]] = skipped.get(it["space"], 0) + 1
                 continue
-            key = (it["space"], canonical_json(it["config"]), int(it.get("batch_size") or 0))
+            if "batch_size" in it:
+                it = {**it, "batch_size": as_int(it["batch_size"], f"{path}: batch_size of {it['space']!r}", low=1,
+                                                 error=DatasetError)}
+            key = (it["space"], canonical_json(it["config"]), it.get("batch_size", 0))
             if key not in seen:
                 seen.add(key)
                 out.append({k: it[k] for k in ("space", "config", "batch_size") if k in it})
@@ -317,6 +329,7 @@ def _markdown(st: dict[str, Any]) -> str:
 def run_export(args: argparse.Namespace) -> int:
     from dippm_nas.dataset import export_jsonl
 
+    writable_output(args.out, "--out")
     counts = export_jsonl(args.path, args.out, source=args.source)
     size = args.out.stat().st_size
     if args.json:

@@ -25,7 +25,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from dippm_nas.cli._grammar import UsageError
+from dippm_nas.cli._deployment_flags import add_deployment_args, deployment_from_args
+from dippm_nas.cli._grammar import UsageError, float_flag, int_flag
 from dippm_nas.errors import DippmNasError
 from dippm_nas.spec import COMPUTE_DTYPES
 
@@ -48,8 +49,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "CPU in float32 and compared with host-cpu predictions, which are calibrated after the "
                     "first validation round. Bounded by --trials and --seconds.",
     )
-    p.add_argument("--trials", type=int, default=None, help="trials to run (default 30)")
-    p.add_argument("--seconds", type=float, default=None, help="stop starting new trials after this many seconds")
+    p.add_argument("--trials", type=int_flag("--trials", low=1), default=None, help="trials to run (default 30)")
+    p.add_argument("--seconds", type=float_flag("--seconds", low=0, low_inclusive=False), default=None,
+                   help="stop starting new trials after this many seconds")
     p.add_argument("--quick", action="store_true",
                    help="a smoke run of about 20 s: 3 trials, 0.3 s of training each, batch 256, a validation "
                         "round after each trial measuring up to two candidates at batch 8 (explicit flags still win)")
@@ -58,35 +60,39 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="Optuna storage (any SQLAlchemy RDB URL); default sqlite:///OUT/demo.sqlite3")
     p.add_argument("--study-name", default=None, help="study name (default: dippm-demo-<date-time>); "
                    "an existing study of that name is continued")
-    p.add_argument("--seed", type=int, default=0, help="sampler and training seed (default 0)")
+    p.add_argument("--seed", type=int_flag("--seed"), default=0, help="sampler and training seed (default 0)")
     p.add_argument("--sampler", choices=("tpe", "nsga2"), default="tpe", help="Optuna sampler (default tpe)")
-    p.add_argument("--train-seconds", type=float, default=None,
+    p.add_argument("--train-seconds", type=float_flag("--train-seconds", low=0, low_inclusive=False), default=None,
                    help="training budget per candidate, seconds (default 3)")
-    p.add_argument("--epochs", type=int, default=None, help="most training epochs per candidate (default 10)")
+    p.add_argument("--epochs", type=int_flag("--epochs", low=1), default=None,
+                   help="most training epochs per candidate (default 10)")
     p.add_argument("--device", default="a100-sxm4-40gb", help="device the costs are predicted for (default a100-sxm4-40gb)")
     p.add_argument("--dtype", default="float16", choices=COMPUTE_DTYPES,
                    help="dtype the candidates are deployed (and predicted) in on --device (default float16, the "
                         "A100 checkpoint's training dtype)")
-    p.add_argument("--batch", type=int, default=None,
+    p.add_argument("--batch", type=int_flag("--batch", low=1), default=None,
                    help="serving batch the device costs are predicted for (default 16384 images: large enough that "
                         "wide 32x32 candidates outgrow 1g.5gb in float16)")
+    add_deployment_args(p)
     p.add_argument("--mig-profile", default="1g.5gb", help="MIG profile the memory must fit (default 1g.5gb)")
-    p.add_argument("--latency-budget-ms", type=float, default=5.0,
+    p.add_argument("--latency-budget-ms", type=float_flag("--latency-budget-ms", low=0, note="0: no latency budget"),
+                   default=5.0,
                    help="constrain predicted latency (mean + 1 sigma), ms per batch (default 5.0; 0: no latency "
                         "budget)")
-    p.add_argument("--validate-every", type=int, default=None, help="validation round every N trials (default 10)")
-    p.add_argument("--validate-max", type=int, default=None,
+    p.add_argument("--validate-every", type=int_flag("--validate-every", low=1), default=None,
+                   help="validation round every N trials (default 10)")
+    p.add_argument("--validate-max", type=int_flag("--validate-max", low=1), default=None,
                    help="most Pareto candidates measured per round (default 3)")
-    p.add_argument("--validate-batch", type=int, default=None,
+    p.add_argument("--validate-batch", type=int_flag("--validate-batch", low=1), default=None,
                    help="batch size of the host-CPU validation measurements (default 64)")
     p.add_argument("--no-validate", action="store_true", help="skip validation")
     p.add_argument("--no-calibrate", action="store_true",
                    help="keep the host-cpu predictions uncalibrated (default: calibrate after the first round with "
                         "at least two measurements, refit after each round)")
     p.add_argument("--no-plot", action="store_true", help="skip the plots")
-    p.add_argument("--background", type=int, default=1, metavar="N",
+    p.add_argument("--background", type=int_flag("--background", low=0), default=1, metavar="N",
                    help="conversion processes working while candidates train (default 1; 0: convert before training)")
-    p.add_argument("--threads", type=int, default=1,
+    p.add_argument("--threads", type=int_flag("--threads", low=1), default=1,
                    help="torch CPU threads for training (default 1); validation measures at the thread count of "
                         "the host-cpu prediction")
     p.set_defaults(func=run)
@@ -339,6 +345,7 @@ def _run(args: argparse.Namespace) -> int:
     from dippm_nas.optuna import Budgets, HardwareCostModel, optuna_has_set_constraint, rdb_storage
     from dippm_nas.validation import ParetoValidator, apply_calibration, check_calibration, fit_calibration
 
+    deployment = deployment_from_args(args)
     data = search_spaces.load_digits(args.seed)  # scikit-learn missing fails here, with the install hint
 
     t_start = time.perf_counter()
@@ -357,12 +364,12 @@ def _run(args: argparse.Namespace) -> int:
 
     cost = HardwareCostModel(device=args.device, budgets=Budgets(mig_profile=args.mig_profile,
                                                                  latency_ms=args.latency_budget_ms),
-                             background_workers=args.background)
+                             background_workers=args.background, deployment=deployment)
     usable = f" ({cost.mig_limit_mib:.0f} MiB usable)" if cost.mig_limit_mib else ""
     print(f"dippm-nas demo: NAS of small CNNs on scikit-learn's digits ({args.trials} trials"
           f"{'' if args.seconds is None else f' or {args.seconds:g} s'}, {args.train_seconds:g} s of training each)")
     print(f"  objectives: accuracy (max); {cost.device} latency_ms and energy_j per batch of {args.batch} in "
-          f"{args.dtype} (min), PREDICTED with σ")
+          f"{args.dtype} (min), PREDICTED with σ; deployment: {cost.deployment.label}")
     print(f"  constraint: predicted memory + 1σ within MIG {args.mig_profile}{usable}"
           + (f"; latency + 1σ <= {args.latency_budget_ms:g} ms" if args.latency_budget_ms else ""))
     if not args.no_validate:

@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dippm_nas.cli._grammar import UsageError, argtype, device_ids, json_text
+from dippm_nas.cli._deployment_flags import add_deployment_args, deployment_flags_given, deployment_from_args
+from dippm_nas.cli._grammar import UsageError, argtype, device_ids, json_text, writable_output
 from dippm_nas.cli._train import add_split_args, checked_devices
 
 __all__ = ["register"]
@@ -19,7 +20,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("evaluate", help="evaluate a predictor checkpoint on the test split of a dataset",
                        description="Recompute the split (same --split/--holdout/--seed as training) and report "
                                    "MAPE, median APE, Kendall tau and ±2σ coverage per target, with a "
-                                   "predicted-vs-measured PNG.")
+                                   "predicted-vs-measured PNG. Each row is featurised with the execution it "
+                                   "records; with the deployment flags, every row is predicted for that "
+                                   "deployment as `dippm-nas predict` would (σ included).")
     add_split_args(p)
     p.add_argument("--checkpoint", required=True, help="checkpoint .pt")
     p.add_argument("--out", default="predictor_report.md", help="markdown report path (default predictor_report.md)")
@@ -33,6 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="print the metrics as one JSON object on stdout (and nothing else)")
     p.add_argument("--calibrate", default="", help="comma-separated k values: also report error after few-shot "
                    "calibration with k measurements of the test set (evaluated on the rest)")
+    add_deployment_args(p)
     p.set_defaults(func=run)
 
 
@@ -59,9 +63,17 @@ def run(args: argparse.Namespace) -> int:
     except ValueError:
         raise UsageError(f"--calibrate takes comma-separated ints like 5,20, got {args.calibrate!r}") from None
     holdout = [h for h in args.holdout.split(",") if h]
+    deployment = deployment_from_args(args) if deployment_flags_given(args) else None
+    if deployment is not None and (ks or (args.eval_device or args.device) != args.device):
+        raise UsageError("the deployment flags evaluate the checkpoint's predictions on its own --device, without "
+                         "--calibrate or another --eval-device")
+    for flag, path in (("--out", args.out), ("--png", args.png), ("--json-out", args.json_out)):
+        if path:
+            writable_output(path, flag)  # before the evaluation
     res = evaluate_checkpoint(args.checkpoint, args.data, device=args.device, split=args.split,
                               heldout_families=holdout, devices=checked_devices(args.train_devices), seed=args.seed,
-                              calibrate_ks=ks, eval_device=args.eval_device, holdout_frac=args.holdout_frac)
+                              calibrate_ks=ks, eval_device=args.eval_device, holdout_frac=args.holdout_frac,
+                              deployment=deployment)
     if not res["n_test"]:
         print(f"no test rows of device {res['device']!r} in this split", file=sys.stderr)
         return 1
@@ -71,7 +83,8 @@ def run(args: argparse.Namespace) -> int:
         png = None
     else:
         scatter_png(res["rows"], "latency_ms", png, title=f"{res['device']} test split ({args.split})")
-    sections = [(f"{res['device']}, {args.split} split, test ({res['n_test']} rows)", res["metrics"])]
+    under = f", predicted for the deployment: {deployment.label}" if deployment is not None else ""
+    sections = [(f"{res['device']}, {args.split} split, test ({res['n_test']} rows){under}", res["metrics"])]
     for k, tab in res.get("calibration", {}).items():
         sections.append((f"after few-shot calibration, {k}", tab))
     intro = f"# Predictor evaluation\n\ncheckpoint `{args.checkpoint}`, data {args.data}"

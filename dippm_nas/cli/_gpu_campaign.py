@@ -17,7 +17,10 @@ from dippm_nas.cli._grammar import (
     add_json_flag,
     add_torch_device,
     check_name,
+    float_flag,
+    int_flag,
     positive_int,
+    writable_output,
 )
 from dippm_nas.measure import (
     DEFAULT_SET,
@@ -45,7 +48,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "'dippm-nas dataset import campaign DIR --out FILE' on a machine with TVM.",
     )
     p.add_argument("--out", required=True, help="campaign directory (created)")
-    p.add_argument("--minutes", type=float, default=25.0, help="wall-time budget, minutes (default 25)")
+    p.add_argument("--minutes", type=float_flag("--minutes", low=0, low_inclusive=False), default=25.0,
+                   help="wall-time budget, minutes (default 25)")
     p.add_argument("--resume", action="store_true", help="continue the campaign in --out, skipping measured rows")
     add_torch_device(p, "cuda", "torch device to measure on: cuda | cuda:N | cpu (a dry run on the CPU measurer)")
     p.add_argument("--set", dest="set_name", default=DEFAULT_SET, choices=sorted(VALIDATION_SETS),
@@ -60,15 +64,18 @@ def register(sub: argparse._SubParsersAction) -> None:
                    metavar="N", help="batch sizes, e.g. --batch 1 8 32 or 1,8,32 (default 1 8 32 64 128 256)")
     p.add_argument("--batches", dest="batches", action=DeprecatedFlag, new="--batch",
                    convert=lambda t: [positive_int("--batches")(v) for v in t.split(",") if v.strip()])
-    p.add_argument("--time-cap", type=float, default=20.0, help="seconds per row, warm-up included (default 20)")
-    p.add_argument("--threads", type=int, default=None,
+    p.add_argument("--time-cap", type=float_flag("--time-cap", low=0, low_inclusive=False), default=20.0,
+                   help="seconds per row, warm-up included (default 20)")
+    p.add_argument("--threads", type=int_flag("--threads", low=1), default=None,
                    help="torch threads while measuring (default: as is on a GPU, 1 with --torch-device cpu)")
-    p.add_argument("--max-file-mib", type=float, default=16.0, help="size limit of each output file (default 16)")
+    p.add_argument("--max-file-mib", type=float_flag("--max-file-mib", low=0, low_inclusive=False), default=16.0,
+                   help="size limit of each output file (default 16)")
     add_json_flag(p, "the report as one object at the end")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    writable_output(args.out, "--out", directory=True)  # before the first measurement, not after the campaign
     kw: dict[str, Any] = {}
     if args.dtypes is not None:
         kw["dtypes"] = args.dtypes

@@ -9,6 +9,10 @@ Rules (``docs/cli.md``):
 - ``--json`` is a flag: the verb prints JSON on stdout, errors included; a file path has its own flag name.
 - Exit status 0 on success, 1 when the work itself fails, 2 for a usage error (a malformed flag, an unknown
   name, flags that do not go together); an unknown name lists the closest choices.
+- A numeric flag is checked when it is parsed (:func:`int_flag`, :func:`float_flag`): a negative, zero, NaN or
+  infinite value where the flag's rule excludes it is a usage error, before any work starts.
+- An output path (``--out``, ``--report``...) is checked writable before the work that produces it
+  (:func:`writable_output`): an unwritable path fails in a second, not after a benchmark or a campaign (exit 1).
 """
 
 from __future__ import annotations
@@ -17,15 +21,18 @@ import argparse
 import difflib
 import json
 import math
+import os
 import re
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from types import TracebackType
 from typing import Any, TextIO
 
-from dippm_nas.errors import DippmNasError
+from dippm_nas.errors import DippmNasError, InvalidValueError
 
 __all__ = [
     "UsageError",
@@ -36,6 +43,9 @@ __all__ = [
     "unknown_name",
     "check_name",
     "positive_int",
+    "int_flag",
+    "float_flag",
+    "writable_output",
     "device_ids",
     "torch_device",
     "legacy_torch_device",
@@ -101,6 +111,7 @@ def check_name(kind: str, value: str, choices: Sequence[str]) -> str:
 
 
 def positive_int(flag: str) -> Callable[[str], int]:
+    """A converter of one value of a list flag (``--batch``): an integer >= 1, else a :class:`UsageError`."""
     def conv(text: str) -> int:
         try:
             v = int(text)
@@ -110,6 +121,82 @@ def positive_int(flag: str) -> Callable[[str], int]:
             raise UsageError(f"{flag} takes integers >= 1, got {v}")
         return v
     return conv
+
+
+def int_flag(flag: str, *, low: int | None = None, note: str = "") -> Callable[[str], int]:
+    """An argparse ``type=`` of an integer flag: ``int(text)`` when it is ``>= low``, else a usage error (exit 2)
+    that states the rule and the value (``argument --workers: expects an integer >= 1, got 0``); ``note`` says
+    what a bound means (``"0: off"``)."""
+    rule = "an integer" + (f" >= {low}" if low is not None else "") + (f" ({note})" if note else "")
+
+    def conv(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise UsageError(f"expects {rule}, got {text!r}") from None
+        if low is not None and v < low:
+            raise UsageError(f"expects {rule}, got {v}")
+        return v
+    conv.__name__ = flag
+    return argtype(conv)
+
+
+def float_flag(flag: str, *, low: float | None = None, low_inclusive: bool = True, high: float | None = None,
+               high_inclusive: bool = True, note: str = "") -> Callable[[str], float]:
+    """An argparse ``type=`` of a number flag: a finite ``float(text)`` within the bounds (inclusive unless
+    told), else a usage error (exit 2) that states the rule and the value; NaN and infinities are refused."""
+    bounds = [f"{'>=' if low_inclusive else '>'} {low:g}"] if low is not None else []
+    bounds += [f"{'<=' if high_inclusive else '<'} {high:g}"] if high is not None else []
+    rule = "a finite number" + (f" {' and '.join(bounds)}" if bounds else "") + (f" ({note})" if note else "")
+
+    def conv(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise UsageError(f"expects {rule}, got {text!r}") from None
+        if not math.isfinite(v) or (low is not None and not (v >= low if low_inclusive else v > low)) \
+                or (high is not None and not (v <= high if high_inclusive else v < high)):
+            raise UsageError(f"expects {rule}, got {text}")
+        return v
+    conv.__name__ = flag
+    return argtype(conv)
+
+
+def writable_output(path: str | os.PathLike[str], flag: str, *, directory: bool = False) -> Path:
+    """``path`` after checking that the verb can write there, before it starts its work (a benchmark or a
+    campaign that runs for minutes must not end on an unwritable ``--out``).
+
+    A file: its directory exists and a file can be created in it, and the path itself is not a directory. A
+    directory (``directory=True``, created by the verb): it is a directory a file can be created in, or its
+    nearest existing parent is. The check creates and removes a temporary file there.
+
+    Raises:
+        InvalidValueError: the path cannot be written (exit 1), naming the path and why.
+    """
+    p = Path(path).expanduser()
+    if directory:
+        if p.exists() and not p.is_dir():
+            raise InvalidValueError(f"{flag} {str(p)!r} is a file, not a directory; name a directory (created if "
+                                    "missing)")
+        probe = p
+        while not probe.exists() and probe != probe.parent:
+            probe = probe.parent
+    else:
+        if p.is_dir():
+            raise InvalidValueError(f"{flag} {str(p)!r} is a directory; name the file to write")
+        probe = p.parent if str(p.parent) else Path(".")
+        if not probe.is_dir():
+            raise InvalidValueError(f"{flag} {str(p)!r}: the directory {str(probe)!r} does not exist; create it or "
+                                    "name a file in an existing directory")
+    if not probe.is_dir():
+        raise InvalidValueError(f"{flag} {str(p)!r} cannot be created: {str(probe)!r} is a file, not a directory")
+    try:
+        with tempfile.NamedTemporaryFile(dir=probe, prefix=".dippm-nas-write-check-"):
+            pass
+    except OSError as e:
+        raise InvalidValueError(f"{flag} {str(p)!r} cannot be written: creating a file in {str(probe)!r} failed "
+                                f"({e.strerror or e}); name a path in a writable directory") from None
+    return p
 
 
 def device_ids(values: Sequence[str]) -> list[str]:

@@ -25,7 +25,7 @@ _VERBS: tuple[str, ...] = (
     "_evaluate",
     "_predict",
     "_predict_llm",
-    "_host_profile",
+    "_deployment",
     "_demo",
     "_validate_worker",
     "_gpu_campaign",

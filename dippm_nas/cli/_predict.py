@@ -6,13 +6,13 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from dippm_nas.cli._deployment_flags import add_deployment_args, deployment_from_args
 from dippm_nas.cli._grammar import (
     json_text,
     ListAction,
     Spinner,
     add_json_flag,
     add_progress_flag,
-    check_name,
     device_ids,
     progress_enabled,
 )
@@ -43,12 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"catalogue ids, e.g. --device a100-sxm4-40gb h100-sxm5-80gb (default {_DEFAULT_DEVICE}; "
                         "`dippm-nas devices` lists them)")
     add_input_args(p)
-    p.add_argument("--runtime", default="eager", metavar="R",
-                   help="how the model runs on the GPU: eager (default; per-operator host dispatch), cuda-graphs "
-                        "(one graph replay), compiled (torch.compile default mode)")
-    p.add_argument("--host", default=None, metavar="FILE",
-                   help="host profile JSON of the CPU that drives the GPU (`dippm-nas host-profile --out FILE`); "
-                        "default: a typical datacenter GPU server")
+    add_deployment_args(p)
     p.add_argument("--no-cache", action="store_true", help="do not read or write the conversion cache")
     add_json_flag(p, "a list with one object per row")
     add_progress_flag(p)
@@ -56,10 +51,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dippm_nas.prior import RUNTIMES
-
     devices = device_ids(args.device)
-    runtime = check_name("runtime", args.runtime, RUNTIMES)
+    deployment = deployment_from_args(args)
     specs = input_specs(args)
 
     from dippm_nas.capture import capture
@@ -87,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
                 continue
             for dev in devices:
                 try:
-                    pred = predict(graph, device=dev, runtime=runtime, host=args.host)
+                    pred = predict(graph, device=dev, deployment=deployment)
                 except DippmNasError as e:
                     failed(model, spec, dev, e)
                     continue
@@ -98,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json_text(rows))
     else:
-        _print_table(rows, preds, runtime)
+        _print_table(rows, preds, deployment.label)
     return 1 if errors else 0
 
 
@@ -116,7 +109,7 @@ def _pm(v: float | None, s: float | None) -> str:
     return _sig(v, 4) + (f" ± {_sig(s, 2)}" if s is not None else "")
 
 
-def _print_table(rows: list[dict[str, Any]], preds: list[Any], runtime: str) -> None:
+def _print_table(rows: list[dict[str, Any]], preds: list[Any], deployment: str) -> None:
     head = ["#", "model", "device", "batch", "dtype", "latency_ms", "energy_j", "memory_mib", "MIG", "bound", "source"]
     table = []
     for i, (r, p) in enumerate(zip(rows, preds, strict=True), 1):
@@ -141,7 +134,8 @@ def _print_table(rows: list[dict[str, Any]], preds: list[Any], runtime: str) -> 
             print(f"failed    row {i}: {r['type']}: {r['error']}")
     all_preds, preds = preds, [p for p in preds if p is not None]
     used = sorted({src for p in preds for src in (p.latency_source, p.energy_source, p.memory_source)})
-    print(f"runtime {runtime}; ± one σ; source (latency/energy/memory): "
+    print(f"deployment: {deployment}")
+    print("± one σ; source (latency/energy/memory): "
           + ", ".join(f"{_SOURCE_LETTER.get(u, u)} {u}" for u in used))
     print("MIG: the smallest profile that fits memory + 2σ; bound: the timeline (host dispatch or GPU) that sets "
           "the latency")

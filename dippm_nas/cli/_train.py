@@ -8,7 +8,17 @@ import shlex
 import sys
 from pathlib import Path
 
-from dippm_nas.cli._grammar import ListAction, UsageError, add_json_flag, argtype, device_ids, json_text
+from dippm_nas.cli._grammar import (
+    ListAction,
+    UsageError,
+    add_json_flag,
+    argtype,
+    device_ids,
+    float_flag,
+    int_flag,
+    json_text,
+    writable_output,
+)
 
 __all__ = ["register", "add_split_args", "parse_devices", "checked_devices"]
 
@@ -26,9 +36,10 @@ def add_split_args(p: argparse.ArgumentParser) -> None:
                         "timm model families (name prefix) held out by a hash (--holdout-frac), other rows "
                         "random (default random)")
     p.add_argument("--holdout", default="", help="comma-separated families held out with --split family")
-    p.add_argument("--holdout-frac", type=float, default=0.25,
+    p.add_argument("--holdout-frac", type=float_flag("--holdout-frac", low=0, low_inclusive=False, high=1,
+                                                     high_inclusive=False), default=0.25,
                    help="share of timm families held out with --split timm-family (default 0.25)")
-    p.add_argument("--seed", type=int, default=0, help="split and training seed (default 0)")
+    p.add_argument("--seed", type=int_flag("--seed"), default=0, help="split and training seed (default 0)")
 
 
 def parse_devices(text: str | None) -> list[str] | None:
@@ -47,22 +58,27 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "report held-out metrics, which go into the checkpoint's metadata.")
     add_split_args(p)
     p.add_argument("--out", required=True, help="checkpoint path (.pt); a .json metadata sidecar is written next to it")
-    p.add_argument("--hidden", type=int, default=64, help="hidden width (default 64)")
-    p.add_argument("--layers", type=int, default=3, help="GraphSAGE blocks (default 3)")
-    p.add_argument("--members", type=int, default=5, help="ensemble members K (default 5)")
-    p.add_argument("--epochs", type=int, default=200, help="maximum epochs (default 200)")
-    p.add_argument("--patience", type=int, default=30, help="early-stopping patience in epochs (default 30)")
-    p.add_argument("--batch-size", type=int, default=64, help="graphs per step (default 64)")
-    p.add_argument("--lr", type=float, default=3e-3, help="learning rate (default 3e-3)")
+    p.add_argument("--hidden", type=int_flag("--hidden", low=1), default=64, help="hidden width (default 64)")
+    p.add_argument("--layers", type=int_flag("--layers", low=1), default=3, help="GraphSAGE blocks (default 3)")
+    p.add_argument("--members", type=int_flag("--members", low=1), default=5, help="ensemble members K (default 5)")
+    p.add_argument("--epochs", type=int_flag("--epochs", low=1), default=200, help="maximum epochs (default 200)")
+    p.add_argument("--patience", type=int_flag("--patience", low=1), default=30,
+                   help="early-stopping patience in epochs (default 30)")
+    p.add_argument("--batch-size", type=int_flag("--batch-size", low=1), default=64,
+                   help="graphs per step (default 64)")
+    p.add_argument("--lr", type=float_flag("--lr", low=0, low_inclusive=False), default=3e-3,
+                   help="learning rate (default 3e-3)")
     p.add_argument("--correction-penalty", default="0", metavar="[TARGET=]W[,...]",
                    help="add W x the mean squared log-correction of the prior to the loss: one W for every target, "
                         "or per target, e.g. latency_ms=1 (default 0: off)")
     p.add_argument("--style", choices=("ours", "dippm"), default="ours", help="feature style (dippm = ablation)")
     p.add_argument("--no-prior-residual", action="store_true", help="predict log targets directly, not prior corrections")
-    p.add_argument("--time-budget", type=float, default=840.0, help="training wall-clock budget, seconds (default 840)")
+    p.add_argument("--time-budget", type=float_flag("--time-budget", low=0, low_inclusive=False), default=840.0,
+                   help="training wall-clock budget, seconds (default 840)")
     p.add_argument("--targets", default=None,
                    help="comma-separated targets to learn (latency_ms,energy_j,memory_mib; default: all with labels)")
-    p.add_argument("--threads", type=int, default=2, help="torch intra-op threads while training (default 2)")
+    p.add_argument("--threads", type=int_flag("--threads", low=1), default=2,
+                   help="torch intra-op threads while training (default 2)")
     p.add_argument("--source-note", action="append", default=[], help="data-source description for the metadata")
     p.add_argument("--report", default=None, help="write the held-out metrics and test rows as JSON here")
     p.add_argument("--dtypes", default=None,
@@ -87,6 +103,10 @@ def _penalty(text: str) -> float | dict[str, float]:
 def run(args: argparse.Namespace) -> int:
     from dippm_nas.training import TrainConfig, train_predictor
     from dippm_nas.prior import PriorParams
+
+    writable_output(args.out, "--out")  # before the training, not after it
+    if args.report:
+        writable_output(args.report, "--report")
 
     cfg = TrainConfig(hidden=args.hidden, layers=args.layers, members=args.members, epochs=args.epochs,
                       patience=args.patience, batch_size=args.batch_size, lr=args.lr, style=args.style,

@@ -13,6 +13,8 @@ from dippm_nas.cli._grammar import (
     add_json_flag,
     argtype,
     device_ids,
+    float_flag,
+    int_flag,
     json_text,
     torch_device,
 )
@@ -40,28 +42,35 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cuda-device", dest="torch_device", action=DeprecatedFlag, new="--torch-device",
                    convert=torch_device)
     p.add_argument("--study", default=None, help="only jobs of this study")
-    p.add_argument("--max-jobs", type=int, default=None, help="stop after this many jobs")
-    p.add_argument("--idle-exit", type=float, default=None, metavar="S",
+    p.add_argument("--max-jobs", type=int_flag("--max-jobs", low=1), default=None, help="stop after this many jobs")
+    p.add_argument("--idle-exit", type=float_flag("--idle-exit", low=0, note="0: as soon as the queue is empty"),
+                   default=None, metavar="S",
                    help="stop when the queue stayed empty this many seconds (default: wait forever)")
-    p.add_argument("--poll", type=float, default=5.0, metavar="S", help="seconds between polls of an empty queue")
-    p.add_argument("--lease", type=float, default=None, metavar="S",
+    p.add_argument("--poll", type=float_flag("--poll", low=0), default=5.0, metavar="S",
+                   help="seconds between polls of an empty queue")
+    p.add_argument("--lease", type=float_flag("--lease", low=0, low_inclusive=False), default=None, metavar="S",
                    help="lease of a claimed job, seconds: a heartbeat extends it every S/3 while measuring, and a "
                         "killed worker's job is claimable again S after its last heartbeat; default "
                         "dippm_nas.validation.DEFAULT_LEASE_S (60)")
-    p.add_argument("--max-attempts", type=int, default=3, help="claims of a job before it is marked failed")
+    p.add_argument("--max-attempts", type=int_flag("--max-attempts", low=1), default=3,
+                   help="claims of a job before it is marked failed")
     p.add_argument("--isolate", action="store_true",
                    help="measure each job in a fresh subprocess (hard time limit, crash isolation)")
-    p.add_argument("--warmup", type=int, default=10, help="untimed forwards before timing (default 10)")
-    p.add_argument("--min-repeats", type=int, default=10, help="timed forwards at least (default 10)")
-    p.add_argument("--max-repeats", type=int, default=1000, help="timed forwards at most (default 1000)")
-    p.add_argument("--time-cap", type=float, default=30.0, metavar="S",
+    p.add_argument("--warmup", type=int_flag("--warmup", low=0), default=10,
+                   help="untimed forwards before timing (default 10)")
+    p.add_argument("--min-repeats", type=int_flag("--min-repeats", low=2), default=10,
+                   help="timed forwards at least (default 10)")
+    p.add_argument("--max-repeats", type=int_flag("--max-repeats", low=2), default=1000,
+                   help="timed forwards at most (default 1000)")
+    p.add_argument("--time-cap", type=float_flag("--time-cap", low=0, low_inclusive=False), default=30.0, metavar="S",
                    help="time budget of one measurement, seconds (default 30)")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads during measurement (default: torch's)")
-    p.add_argument("--rounds", type=int, default=0, metavar="N",
+    p.add_argument("--threads", type=int_flag("--threads", low=1), default=None,
+                   help="CPU threads during measurement (default: torch's)")
+    p.add_argument("--rounds", type=int_flag("--rounds", low=0, note="0: off"), default=0, metavar="N",
                    help="CPU devices: time each batch of claimed jobs again in N interleaved rounds of --min-repeats "
                         "forwards (steadier on a shared machine; the host-CPU checkpoints' labels are timed so); "
                         "default 0: one block of timed forwards per job")
-    p.add_argument("--rounds-batch", type=int, default=8, metavar="K",
+    p.add_argument("--rounds-batch", type=int_flag("--rounds-batch", low=1), default=8, metavar="K",
                    help="with --rounds, jobs claimed and timed together (default 8)")
     add_json_flag(p, "one object per line: the start, each job, the end")
     p.set_defaults(func=run)

@@ -61,6 +61,7 @@ from typing import Any
 
 from dippm_nas._deprecation import MISSING, renamed_keyword
 from dippm_nas._json import canonical_json
+from dippm_nas._numbers import as_int
 from dippm_nas._version import __version__
 from dippm_nas.capture import assemble_many
 from dippm_nas.errors import DatasetError, DeviceError, MeasurementError, SearchSpaceError
@@ -165,8 +166,7 @@ def _normalise_explicit(candidates: Sequence[Mapping[str, Any]], batch_sizes: Se
             raise DatasetError(f"candidate {i}: config must be JSON-able, got {c['config']!r}: {e}") from e
         sizes = [c["batch_size"]] if "batch_size" in c else list(batch_sizes)
         for b in sizes:
-            if isinstance(b, bool) or not isinstance(b, int) or b < 1:
-                raise DatasetError(f"candidate {i}: batch_size must be an int >= 1, got {b!r}")
+            b = as_int(b, f"candidate {i}: batch_size", low=1, error=DatasetError)
             try:
                 cfg = ss.get_space(c["space"]).validate(c["config"])
                 out.append(Candidate(space=c["space"], config=cfg, batch_size=b))
@@ -266,15 +266,14 @@ def build_dataset(
         raise DatasetError(f"dtype must be one of {COMPUTE_DTYPES}, got {dtype!r}")
     if not isinstance(device, str) or not (device == "cpu" or device.startswith("cuda")):
         raise DatasetError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
-    for name, v, lo in (("workers", workers, 1), ("chunk_size", chunk_size, 1), ("max_attempts", max_attempts, 1)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-            raise DatasetError(f"{name} must be an int >= {lo}, got {v!r}")
+    workers = as_int(workers, "workers", low=1, error=DatasetError)
+    chunk_size = as_int(chunk_size, "chunk_size", low=1, error=DatasetError)
+    max_attempts = as_int(max_attempts, "max_attempts", low=1, error=DatasetError)
     if pin_cpu is not None:
         allowed = _affinity() or []
         if pin_cpu not in allowed:
             raise DatasetError(f"pin_cpu must be one of the CPUs this process may use {allowed}, got {pin_cpu!r}")
-    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
-        raise DatasetError(f"rounds must be an int >= 0, got {rounds!r}")
+    rounds = as_int(rounds, "rounds", low=0, error=DatasetError)
     if rounds and (device != "cpu" or isolate):
         raise DatasetError(f"rounds (interleaved latency timing) needs torch_device='cpu' and isolate=False, got "
                            f"torch_device={device!r}, isolate={isolate!r}")

@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from dippm_nas._json import loads_json
 from dippm_nas.errors import DatasetError
 from dippm_nas.dataset._store import SCHEMA_VERSION, DatasetStore
 
@@ -96,10 +97,7 @@ def iter_jsonl(path: str | Path) -> Iterator[dict[str, Any]]:
     """
     with open_text(path, "rt") as f:
         first = f.readline()
-        try:
-            header = json.loads(first)
-        except json.JSONDecodeError as e:
-            raise DatasetError(f"{path}: the first line is not JSON ({e})") from e
+        header = loads_json(first, f"{path}: the first line", DatasetError)
         if header.get("type") != "header" or header.get("format") != JSONL_FORMAT:
             raise DatasetError(f"{path}: not a {JSONL_FORMAT} file (first line {first[:80]!r})")
         if header.get("schema_version") != SCHEMA_VERSION:
@@ -109,7 +107,4 @@ def iter_jsonl(path: str | Path) -> Iterator[dict[str, Any]]:
         for lineno, line in enumerate(f, start=2):
             if not line.strip():
                 continue
-            try:
-                yield json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DatasetError(f"{path}:{lineno}: malformed JSON ({e})") from e
+            yield loads_json(line, f"{path}:{lineno}", DatasetError)

@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dippm_nas._numbers import as_int
 from dippm_nas._optional import require
 from dippm_nas.capture import capture_many
 from dippm_nas.errors import DatasetError, SearchSpaceError
@@ -178,8 +179,8 @@ def _read_csv(path: str | Path, required: Sequence[str], what: str, limit: int |
     p = Path(path)
     if not p.is_file():
         raise DatasetError(f"{what} CSV {str(p)!r} does not exist")
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        raise DatasetError(f"limit must be None or an int >= 1, got {limit!r}")
+    if limit is not None:
+        limit = as_int(limit, "limit", low=1, error=DatasetError, or_none=True)
     with open(p, newline="", encoding="utf-8") as f:
         reader = csv.DictReader(f)
         header = reader.fieldnames or []

@@ -34,6 +34,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from dippm_nas._numbers import as_int
 from dippm_nas.errors import DatasetError
 from dippm_nas._json import canonical_json
 import search_spaces as ss
@@ -156,21 +157,22 @@ def plan_candidates(
     """
     from tqdm.auto import tqdm
 
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise DatasetError(f"n must be an int >= 1, got {n!r}")
+    n = as_int(n, "n", low=1, error=DatasetError)
     if not spaces:
         raise DatasetError(f"spaces must name at least one search space; choices: {ss.list_spaces()}")
     for s in spaces:
         ss.get_space(s)  # raises with the valid names
     if len(set(spaces)) != len(spaces):
         raise DatasetError(f"spaces must not repeat, got {list(spaces)}")
-    bad = [b for b in batch_sizes if isinstance(b, bool) or not isinstance(b, int) or b < 1]
-    if bad or not batch_sizes:
+    try:
+        batch_sizes = [as_int(b, "batch size", low=1, error=DatasetError) for b in batch_sizes]
+    except DatasetError:
+        batch_sizes = []
+    if not batch_sizes:
         raise DatasetError(f"batch_sizes must be a non-empty list of ints >= 1, got {list(batch_sizes)}")
     if mac_budget is not None and (isinstance(mac_budget, bool) or not isinstance(mac_budget, int) or mac_budget < 1):
         raise DatasetError(f"mac_budget must be None or an int >= 1 (MACs), got {mac_budget!r}")
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise DatasetError(f"workers must be an int >= 1, got {workers!r}")
+    workers = as_int(workers, "workers", low=1, error=DatasetError)
 
     params = {
         "kind": "sampled", "spaces": list(spaces), "n": n, "batch_sizes": list(batch_sizes), "seed": seed,

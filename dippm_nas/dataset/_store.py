@@ -53,7 +53,7 @@ from sqlalchemy import exc
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection, Engine
 
-from dippm_nas._json import canonical_json
+from dippm_nas._json import canonical_json, loads_json
 from dippm_nas._sql import make_engine, transaction
 from dippm_nas._version import __version__
 from dippm_nas.errors import DatasetError
@@ -222,8 +222,17 @@ class Job:
     macs_per_sample: int | None
 
 
+def _loads(text: str | bytes, what: str) -> Any:
+    """A JSON column of the dataset file (bounded as :func:`~dippm_nas._json.loads_json` reads).
+
+    Raises:
+        DatasetError: the column is not JSON or nests too deep.
+    """
+    return loads_json(text, f"dataset file: {what}", DatasetError)
+
+
 def _job(row: Any) -> Job:
-    return Job(id=row.id, candidate_key=row.candidate_key, space=row.space, config=json.loads(row.config),
+    return Job(id=row.id, candidate_key=row.candidate_key, space=row.space, config=_loads(row.config, "a job's config"),
                batch_size=row.batch_size, dtype=row.dtype, device=row.device, status=row.status,
                reason=row.reason, graph_hash=row.graph_hash, attempts=row.attempts,
                macs_per_sample=row.macs_per_sample)
@@ -276,9 +285,9 @@ class DatasetStore:
                         {"key": "created_by", "value": json.dumps(f"dippm-nas {__version__}")},
                         {"key": "created_at", "value": json.dumps(utc_now())},
                     ])
-                elif json.loads(row.value) != SCHEMA_VERSION:
+                elif (version := _loads(row.value, "the dataset's schema_version")) != SCHEMA_VERSION:
                     raise DatasetError(
-                        f"dataset file {str(self.path)!r} has schema_version {json.loads(row.value)!r}; this "
+                        f"dataset file {str(self.path)!r} has schema_version {version!r}; this "
                         f"dippm-nas reads schema_version {SCHEMA_VERSION} only"
                     )
         except exc.DatabaseError as e:
@@ -309,7 +318,7 @@ class DatasetStore:
         """The JSON value stored under ``key`` in ``meta`` (``default`` when absent)."""
         with self._engine.connect() as conn:
             row = conn.execute(sa.select(_meta.c.value).where(_meta.c.key == key)).first()
-        return default if row is None else json.loads(row.value)
+        return default if row is None else _loads(row.value, f"the dataset's meta value {key!r}")
 
     def set_meta(self, key: str, value: Any) -> None:
         """Store a JSON-able value under ``key`` (replacing it)."""
@@ -423,7 +432,8 @@ class DatasetStore:
                 if r["status"] == "failed":
                     self._insert_measurement(conn, {
                         "source": MEASURED_HERE, "row_key": r["candidate_key"], "job_id": jid,
-                        "space": r["space"], "config": json.loads(r["config"]), "batch_size": r["batch_size"],
+                        "space": r["space"], "config": _loads(r["config"], "a job's config"),
+                        "batch_size": r["batch_size"],
                         "dtype": r["dtype"], "device": r["device"], "status": "error", "reason": r["reason"],
                     })
             conn.execute(sa.insert(_plans).values(plan_key=plan_key, params=canonical_json(params),
@@ -577,7 +587,7 @@ class DatasetStore:
             for r in conn.execute(q):
                 d = dict(r._mapping)
                 for c in _JSON_MEASUREMENT_COLUMNS:
-                    d[c] = json.loads(d[c]) if d[c] is not None else None
+                    d[c] = _loads(d[c], f"a measurement's {c}") if d[c] is not None else None
                 yield d
 
     # ------------------------------------------------------------------ operator rows
@@ -614,7 +624,8 @@ class DatasetStore:
         with self._engine.connect() as conn:
             for r in conn.execute(q):
                 d = dict(r._mapping)
-                d["dims"], d["extra"] = json.loads(d["dims"]), json.loads(d["extra"])
+                d["dims"] = _loads(d["dims"], "an op measurement's dims")
+                d["extra"] = _loads(d["extra"], "an op measurement's extra")
                 yield d
 
     # ------------------------------------------------------------------ summary

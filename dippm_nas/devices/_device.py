@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from dippm_nas._schema import from_file_data
 from dippm_nas.errors import DeviceError, UnsupportedDtypeError
 from dippm_nas.units import MIB_PER_GIB
 
@@ -347,46 +348,29 @@ def _positive(v: Any, what: str) -> None:
         raise DeviceError(f"{what} must be a finite number > 0, got {v!r}")
 
 
-def device_from_dict(d: Mapping[str, Any], *, origin: str = "<dict>") -> Device:
+def device_from_dict(d: Mapping[str, Any], *, origin: str = "<dict>", trusted: bool = False) -> Device:
     """Build a :class:`Device` from the mapping a TOML data file holds.
 
-    Keys are the :class:`Device` field names; ``[[mig_profiles]]`` tables are :class:`MigProfile`
-    fields; ``[sources]`` maps field names to citations. Unknown keys are an error, so a typo in a
-    user file is caught instead of silently ignored.
+    Keys are the :class:`Device` field names (and ``measured``, the fields the host benchmark fills);
+    ``[[mig_profiles]]`` tables are :class:`MigProfile` fields; ``[sources]`` maps field names to citations.
+    The mapping is checked against the dataclasses' fields (:mod:`dippm_nas._schema`): every value must
+    have its field's type (``checks = "fp32_tflops"`` is not a list, ``name = 5`` not a string), and unknown
+    keys are an error at every level, so a typo in a user file is caught instead of silently ignored.
 
     Args:
         d: the parsed file.
         origin: where it came from, for error messages.
+        trusted: a built-in data file (shipped with dippm-nas; its tests check each against the schema):
+            built by the dataclasses' own checks alone.
 
     Raises:
-        DeviceError: unknown keys, missing required keys, or values breaking a rule.
+        DeviceError: naming ``origin``, the field path, the bad value and what is expected: a value of the
+            wrong type, unknown or missing keys, or values breaking a rule.
     """
-    allowed = set(Device.__dataclass_fields__) | {"measured"}
-    unknown = sorted(set(d) - allowed)
-    if unknown:
-        raise DeviceError(f"{origin}: unknown keys {unknown}; choices: {sorted(allowed)}")
+    if not isinstance(d, Mapping):
+        raise DeviceError(f"{origin}: a device must be a table (mapping) of its fields, got {type(d).__name__}")
     kw = {k: v for k, v in d.items() if k != "measured"}
-    profiles = []
-    for i, p in enumerate(kw.pop("mig_profiles", []) or []):
-        if not isinstance(p, Mapping):
-            raise DeviceError(f"{origin}: mig_profiles[{i}] must be a table, got {p!r}")
-        p_unknown = sorted(set(p) - set(MigProfile.__dataclass_fields__))
-        if p_unknown:
-            raise DeviceError(
-                f"{origin}: mig_profiles[{i}] has unknown keys {p_unknown}; "
-                f"choices: {sorted(MigProfile.__dataclass_fields__)}"
-            )
-        try:
-            profiles.append(MigProfile(**p))
-        except TypeError as e:
-            raise DeviceError(f"{origin}: mig_profiles[{i}]: {e}") from e
-    required = [k for k, f in Device.__dataclass_fields__.items()
-                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]  # type: ignore[misc]
-    missing = [k for k in required if k not in kw]
-    if missing:
-        raise DeviceError(f"{origin}: missing required keys {missing}")
-    kw["checks"] = tuple(kw.get("checks", ()))
-    try:
-        return Device(mig_profiles=tuple(profiles), **kw)
-    except TypeError as e:
-        raise DeviceError(f"{origin}: {e}") from e
+    if not trusted:
+        return from_file_data(Device, kw, origin, DeviceError)
+    profiles = tuple(MigProfile(**p) for p in kw.pop("mig_profiles", ()))
+    return Device(mig_profiles=profiles, **{**kw, "checks": tuple(kw.get("checks", ()))})

@@ -22,6 +22,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from dippm_nas._json import read_json_file
+from dippm_nas._lock import file_lock
+from dippm_nas._logging import WarnOnce
 from dippm_nas._paths import CACHE_DIR_ENV, cache_dir
 from dippm_nas._platform import cpu_model_name, fixed_threads
 from dippm_nas.errors import DeviceError
@@ -29,9 +32,15 @@ from dippm_nas.errors import DeviceError
 __all__ = ["CACHE_DIR_ENV", "cache_dir", "host_key", "measure_host", "host_facts", "measure_weight_cache"]
 
 logger = logging.getLogger(__name__)
+_warn_once = WarnOnce(logger)
 
 _CACHE_FILE = "host_cpu_benchmark.json"
 _FORMAT = 1
+#: The largest cache file read, bytes (an entry is under 1 KB).
+_MAX_CACHE_BYTES = 4 << 20
+#: The longest wait for another process measuring this host, seconds (a measurement takes about a second;
+#: a hung holder is waited for this long, then this process measures unlocked).
+_LOCK_TIMEOUT_S = 120.0
 
 # Benchmark sizes (the whole run stays within a few hundred ms on a 2-core machine): a 640^3 matmul is
 # ~0.5 GFLOP; triad arrays of 4 Mi float32 (16 MiB each, 48 MiB per pass) exceed the caches of
@@ -220,32 +229,93 @@ def host_facts(*, refresh: bool = False, threads: int | None = None) -> dict[str
         threads: the torch thread count the facts are for (default: this process's current count); a
             host-cpu checkpoint asks for the count its labels were measured with.
 
-    A cache file that cannot be read is reported and replaced; one that cannot be written is
+    The cache file is read, measured into and replaced under a file lock (``host_cpu_benchmark.json.lock``),
+    so processes starting together measure one at a time (never competing for the CPU, which would cache
+    a low figure) and the others read the result; each writer merges its entry into the file as it is then,
+    keeping other thread counts' entries. A cache file that cannot be read, or an entry whose facts have the
+    wrong keys or types, is reported (one warning) and measured again; a file that cannot be written is
     reported once and the measurement is still returned.
     """
     key = host_key(threads)
     path = cache_dir() / _CACHE_FILE
-    entries: dict[str, Any] = {}
-    if path.is_file():
-        try:
-            blob = json.loads(path.read_text(encoding="utf-8"))
-            if blob.get("format") == _FORMAT and isinstance(blob.get("entries"), dict):
-                entries = blob["entries"]
-            else:
-                logger.warning("ignoring host benchmark cache %s: unknown format %r", path, blob.get("format"))
-        except (OSError, ValueError) as e:
-            logger.warning("ignoring unreadable host benchmark cache %s: %s", path, e)
-    if not refresh and key in entries:
-        return dict(entries[key])
-    logger.info("measuring host-cpu peaks (first use on this host; cached in %s)", path)
-    facts = measure_host(threads)
-    entries[key] = facts
+    with file_lock(path.with_name(path.name + ".lock"), timeout_s=_LOCK_TIMEOUT_S):
+        entries = _read_entries(path)
+        if not refresh and key in entries:
+            cached = entries[key]
+            problem = _facts_problem(cached, key)
+            if problem is None:
+                return dict(cached)
+            _warn_once(f"{path}:{key}:{problem}", "ignoring the host benchmark cache entry %r of %s: %s; measured "
+                       "again", key, path, problem)
+        logger.info("measuring host-cpu peaks (first use on this host; cached in %s)", path)
+        facts = measure_host(threads)
+        _write_entries(path, {**entries, key: facts})
+    return facts
+
+
+def _read_entries(path: Path) -> dict[str, Any]:
+    """The entries of the cache file (``{}``, with a warning, when it is missing or unreadable)."""
+    if not path.exists():
+        return {}
+    try:
+        blob = read_json_file(path, f"unreadable host benchmark cache {path}", DeviceError, max_bytes=_MAX_CACHE_BYTES)
+    except DeviceError as e:
+        _warn_once(f"{path}:{e}", "ignoring %s; measured again", e)
+        return {}
+    if not isinstance(blob, dict) or blob.get("format") != _FORMAT or not isinstance(blob.get("entries"), dict):
+        fmt = blob.get("format") if isinstance(blob, dict) else type(blob).__name__
+        _warn_once(f"{path}:format:{fmt!r}", "ignoring host benchmark cache %s: not a format-%d file of "
+                   "entries (format %r); measured again", path, _FORMAT, fmt)
+        return {}
+    return dict(blob["entries"])
+
+
+def _write_entries(path: Path, entries: dict[str, Any]) -> None:
+    """Replace the cache file atomically; a failure is reported once (the measurement is used anyway)."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".host_cpu_", suffix=".json")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump({"format": _FORMAT, "entries": entries}, f, indent=1, sort_keys=True)
-        os.replace(tmp, path)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump({"format": _FORMAT, "entries": entries}, f, indent=1, sort_keys=True)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
     except OSError as e:
-        logger.warning("could not write the host benchmark cache %s: %s (the measurement is used anyway)", path, e)
-    return facts
+        _warn_once(f"write:{path}", "could not write the host benchmark cache %s: %s (the measurement is used "
+                   "anyway)", path, e)
+
+
+def _facts_problem(facts: Any, key: str) -> str | None:
+    """Why a cached entry cannot be used as :func:`measure_host`'s facts of ``key`` (``None``: it can)."""
+    if not isinstance(facts, dict):
+        return f"an entry must be an object of facts, got {type(facts).__name__}"
+    missing = sorted(set(_FACT_RULES) - set(facts))
+    if missing:
+        return f"missing facts {missing}"
+    for name, (rule, ok) in _FACT_RULES.items():
+        if not ok(facts[name]):
+            return f"{name} must be {rule}, got {facts[name]!r}"
+    if facts["key"] != key:
+        return f"its key {facts['key']!r} is not the entry's {key!r}"
+    return None
+
+
+def _positive_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+
+
+#: What each fact of :func:`measure_host` must be, in words and as a test.
+_FACT_RULES: dict[str, tuple[str, Any]] = {
+    "fp32_tflops": ("a finite number > 0", _positive_number),
+    "bandwidth_gbps": ("a finite number > 0", _positive_number),
+    "host_dispatch_us": ("a finite number > 0", _positive_number),
+    "memory_gib": ("a finite number > 0", _positive_number),
+    "l2_mib": ("a finite number > 0 or null", lambda v: v is None or _positive_number(v)),
+    "sms": ("an integer >= 1", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1),
+    "name": ("a string", lambda v: isinstance(v, str)),
+    "architecture": ("a string", lambda v: isinstance(v, str)),
+    "key": ("a string", lambda v: isinstance(v, str)),
+    "measured_at": ("a string", lambda v: isinstance(v, str)),
+}

@@ -26,8 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dippm_nas._json import check_keys, read_json_file
+from dippm_nas._json import read_json_file
 from dippm_nas._platform import cpu_model_name
+from dippm_nas._schema import from_file_data
 from dippm_nas.errors import DeviceError
 
 __all__ = [
@@ -48,6 +49,8 @@ REFERENCE_CLOCK_GHZ = 3.0
 #: the clock ratio (host time taken as inversely proportional to the clock): 4.85 x 2.596 / 3.0.
 REFERENCE_MICROBENCH_US = 4.20
 _FORMAT = 1
+#: The largest host profile file read, bytes (one :meth:`HostProfile.save` writes is under 1 KB).
+MAX_HOST_PROFILE_BYTES = 1 << 20
 
 
 def _finite(v: Any) -> bool:
@@ -119,6 +122,9 @@ class HostProfile:
     def from_dict(cls, d: Any, *, origin: str = "<dict>") -> "HostProfile":
         """Inverse of :meth:`to_dict`.
 
+        The fields are checked against the dataclass's (:mod:`dippm_nas._schema`): a value of the wrong type,
+        an unknown or a missing key is an error naming ``origin``, the field, the value and what is expected.
+
         Raises:
             DeviceError: not a mapping, another format, unknown keys or values breaking a rule.
         """
@@ -126,12 +132,7 @@ class HostProfile:
             raise DeviceError(f"{origin}: a host profile must be a JSON object, got {type(d).__name__}")
         if d.get("format") != _FORMAT:
             raise DeviceError(f"{origin}: host profile format must be {_FORMAT}, got {d.get('format')!r}")
-        fields = {k: v for k, v in d.items() if k != "format"}
-        check_keys(fields, cls.__dataclass_fields__, origin, what="host profile", required=("name",), error=DeviceError)
-        try:
-            return cls(**fields)
-        except TypeError as e:
-            raise DeviceError(f"{origin}: malformed host profile: {e}") from e
+        return from_file_data(cls, {k: v for k, v in d.items() if k != "format"}, origin, DeviceError)
 
     def save(self, path: str | Path) -> None:
         """Write the profile as JSON (what :func:`load_host_profile` reads)."""
@@ -156,12 +157,18 @@ def default_host_profile() -> HostProfile:
 def load_host_profile(path: str | Path) -> HostProfile:
     """Read a host profile JSON file (written by :meth:`HostProfile.save` or ``dippm-nas host-profile``).
 
+    Only a regular file of at most :data:`MAX_HOST_PROFILE_BYTES` is read (a FIFO or a device is refused,
+    never waited on).
+
     Raises:
-        DeviceError: unreadable file, not JSON, or a malformed profile.
+        DeviceError: unreadable file, not a regular file, too large, not JSON (or nested deeper than
+            :data:`~dippm_nas._json.MAX_JSON_DEPTH`), or a malformed profile (the field, value and expected
+            type named).
     """
     p = Path(path)
-    return HostProfile.from_dict(read_json_file(p, f"cannot read host profile {str(p)!r}", DeviceError),
-                                 origin=str(p))
+    return HostProfile.from_dict(read_json_file(p, f"cannot read host profile {str(p)!r}", DeviceError,
+                                                max_bytes=MAX_HOST_PROFILE_BYTES),
+                                 origin=f"host profile {str(p)!r}")
 
 
 def resolve_host_profile(host: "HostProfile | str | Path | None") -> HostProfile:
@@ -176,9 +183,15 @@ def resolve_host_profile(host: "HostProfile | str | Path | None") -> HostProfile
         return host
     if isinstance(host, str) and host in ("default", DEFAULT_HOST_PROFILE.name):
         return DEFAULT_HOST_PROFILE
+    if isinstance(host, str) and not host.strip():
+        raise DeviceError(f"host {host!r}: an empty string is not a host profile; host must be None (not "
+                          f"described), 'default' (the {DEFAULT_HOST_PROFILE.name!r} profile), a HostProfile, or the "
+                          "path of a file written by `dippm-nas host-profile --out FILE`")
     if isinstance(host, (str, Path)):
         return load_host_profile(host)
-    raise DeviceError(f"host must be a HostProfile, a JSON file path, 'default' or None, got {type(host).__name__}")
+    raise DeviceError(f"host must be None (not described), 'default' (the {DEFAULT_HOST_PROFILE.name!r} profile), a "
+                      f"HostProfile, or the path of a file written by `dippm-nas host-profile --out FILE`; got "
+                      f"{type(host).__name__} {host!r}")
 
 
 def measure_host_profile(*, repeats: int = 60, iterations: int = 20, name: str | None = None) -> HostProfile:

@@ -9,10 +9,12 @@ Lookup order and rules:
 
 Ids are case-insensitive: every id is stored in lower case (a user file's ``id = "MyGPU"`` is the device
 ``mygpu``, found as ``MyGPU`` too). A user file that cannot be used (unreadable, not valid TOML, no
-``id``) is skipped with a warning (once) and named in the error of an unknown id; it affects no other
-device. An id defined twice (a user file shadowing a built-in one, two files, or a second registration)
-is an error, raised when that id is asked for, that names both origins: a silently replaced device
-would change every prediction.
+``id``; a FIFO, a directory or anything else that is not a regular file is never opened for reading) is
+skipped with a warning (once) and named in the error of an unknown id; it affects no other device. A
+user file's fields are checked against the schema of :class:`Device` when its id is first asked for
+(an error naming the file, the field, the value and what is expected). An id defined twice (a user
+file shadowing a built-in one, two files, or a second registration) is an error, raised when that id is
+asked for, that names both origins: a silently replaced device would change every prediction.
 A file whose ``measured`` key lists fields (``host-cpu``) is completed by the host microbenchmark at
 its first :func:`get_device`.
 """
@@ -28,6 +30,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from dippm_nas._json import read_regular_file
 from dippm_nas._logging import WarnOnce
 from dippm_nas.devices._device import Device, device_from_dict
 from dippm_nas.devices._host import host_facts
@@ -39,6 +42,8 @@ logger = logging.getLogger(__name__)
 
 #: Environment variable naming directories of user device files.
 DEVICE_DIR_ENV = "DIPPM_NAS_DEVICE_DIR"
+#: The largest device file read, bytes (a built-in file is under 8 KB).
+MAX_DEVICE_FILE_BYTES = 1 << 20
 
 _lock = threading.RLock()
 _builtin: dict[str, tuple[dict[str, Any], str]] | None = None
@@ -107,8 +112,9 @@ def _load_user() -> dict[str, tuple[dict[str, Any], str]]:
         for path in sorted(directory.glob("*.toml")):
             origin = f"user file {path}"
             try:
-                text = path.read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError) as e:
+                text = read_regular_file(path, "device file", DeviceError, max_bytes=MAX_DEVICE_FILE_BYTES
+                                         ).decode("utf-8")
+            except (DeviceError, UnicodeDecodeError) as e:
                 _skip(origin, f"cannot be read ({e})")
                 continue
             try:
@@ -154,13 +160,14 @@ def _sources() -> tuple[dict[str, tuple[dict[str, Any], str]], dict[str, str]]:
     return out, conflicts
 
 
-def _build(d: dict[str, Any], origin: str, threads: int | None = None) -> Device:
+def _build(d: dict[str, Any], origin: str, threads: int | None = None, *, trusted: bool = False) -> Device:
+    """The device of a data file's mapping (``trusted``: a built-in file, see :func:`device_from_dict`)."""
     measured = d.get("measured") or []
     if not measured:
         if threads is not None:
             raise DeviceError(f"{origin}: threads={threads!r} applies to a device measured on this host "
                               f"(kind = \"cpu\" with a measured list, e.g. host-cpu); {d.get('id')!r} is a spec sheet")
-        return device_from_dict(d, origin=origin)
+        return device_from_dict(d, origin=origin, trusted=trusted)
     if not isinstance(measured, list) or not all(isinstance(m, str) for m in measured):
         raise DeviceError(f"{origin}: measured must be a list of field names, got {measured!r}")
     if d.get("kind") != "cpu":
@@ -183,7 +190,7 @@ def _build(d: dict[str, Any], origin: str, threads: int | None = None) -> Device
     sources.setdefault("measured", f"host benchmark {facts.get('key')} at {facts.get('measured_at')}")
     filled["sources"] = sources
     filled["notes"] = " ".join(notes)
-    return device_from_dict(filled, origin=origin)
+    return device_from_dict(filled, origin=origin, trusted=trusted)
 
 
 def list_devices() -> list[str]:
@@ -225,7 +232,7 @@ def get_device(device_id: str, *, threads: int | None = None) -> Device:
         slot = key if threads is None else f"{key}|threads={threads}"
         if slot not in _built:
             d, origin = sources[key]
-            _built[slot] = _build(d, origin, threads)
+            _built[slot] = _build(d, origin, threads, trusted=key in _load_builtin())
         return _built[slot]
 
 

@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from dippm_nas._json import loads_json
 from dippm_nas._optional import require
 from dippm_nas.errors import GraphValidationError
 from dippm_nas.spec import InputSpec
@@ -382,7 +383,13 @@ class OperatorGraph:
 
     @classmethod
     def from_json(cls, text: str | bytes) -> "OperatorGraph":
-        return cls.from_dict(json.loads(text))
+        """Inverse of :meth:`to_json` (read as :func:`~dippm_nas._json.loads_json` does: nested at most
+        :data:`~dippm_nas._json.MAX_JSON_DEPTH` levels).
+
+        Raises:
+            GraphValidationError: the text is not JSON or nests deeper than that.
+        """
+        return cls.from_dict(loads_json(text, "graph JSON", GraphValidationError))
 
     # --------------------------------------------------------------- to PyG
     def to_pyg(self) -> "Data":

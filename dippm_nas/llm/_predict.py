@@ -7,8 +7,8 @@ import logging
 from typing import Any
 
 from dippm_nas._logging import WarnOnce
-from dippm_nas.deployment import Deployment
-from dippm_nas.devices import Device, HostProfile, default_host_profile, resolve_device, resolve_host_profile
+from dippm_nas.deployment import DEPLOYMENT_RUNTIMES, Deployment
+from dippm_nas.devices import Device, HostProfile, default_host_profile, resolve_device
 from dippm_nas.errors import DeploymentError, InvalidValueError, UnsupportedDtypeError
 from dippm_nas.llm._architectures import decoder_config
 from dippm_nas.llm._config import WEIGHT_DTYPES, DecoderConfig
@@ -41,63 +41,49 @@ def _engine_of(deployment: Deployment | None, engine: str | None) -> str:
     return named[0] if named else "vllm"
 
 
-def resolve_execution(deployment: Deployment | None = None, *, runtime: str | None = None,
-                      engine: str | ServingEngine | None = None,
-                      host: HostProfile | str | None = None, kv_block_size: int | None = None,
-                      kv_dtype: str = "float16") -> tuple[Execution, tuple[str, ...]]:
-    """The :class:`~dippm_nas.llm._timing.Execution` of a generation and what had to be assumed.
+def resolve_execution(deployment: Deployment | Any = None, *, runtime: str | None = None,
+                      engine: str | ServingEngine | None = None, host: HostProfile | str | None = None,
+                      kv_block_size: int | None = None,
+                      kv_dtype: str = "float16") -> tuple[Execution, Deployment, tuple[str, ...]]:
+    """The :class:`~dippm_nas.llm._timing.Execution` of a generation, the deployment it resolves, and what had to
+    be assumed.
 
-    ``runtime="serving"`` takes its engine from ``engine`` (a name, or a :class:`ServingEngine` with your own
-    constants) or from ``deployment.versions`` (a ``"vllm"`` or ``"tensorrt-llm"`` key); without either it is
-    vLLM, and ``"engine"`` is among the assumptions.
+    ``deployment`` is what :meth:`dippm_nas.Deployment.coerce` takes (a ``Deployment``, a mapping of its fields, a
+    JSON/TOML file, ``None``), with ``runtime=`` and ``host=`` folded in; ``runtime="serving"`` takes its engine
+    from ``engine`` (a name, or a :class:`ServingEngine` with your own constants) or from ``deployment.versions`` (a
+    ``"vllm"`` or ``"tensorrt-llm"`` key); without either it is vLLM, and ``"engine"`` is among the assumptions.
 
     Raises:
-        DeploymentError: ``runtime`` or ``host`` given together with a ``deployment`` that says otherwise.
-        ExecutionRuntimeError / InvalidValueError: an unknown runtime or engine, a block size that is not an
-            int >= 1 or given without a serving engine.
+        DeploymentError: a deployment that cannot be read, or ``runtime`` / ``host`` keywords that conflict with it.
+        ExecutionRuntimeError / InvalidValueError: an unknown runtime or engine, a block size that is not an int
+            >= 1 or given without a serving engine.
     """
-    assumed: list[str] = []
-    if deployment is not None:
-        if not isinstance(deployment, Deployment):
-            raise InvalidValueError(f"deployment must be a dippm_nas.Deployment or None, got {type(deployment).__name__}")
-        if runtime is not None and runtime != deployment.runtime:
-            raise DeploymentError(f"runtime={runtime!r} disagrees with deployment.runtime={deployment.runtime!r}; "
-                                  "give one of them")
-        if host is not None:
-            raise DeploymentError("give the host in the deployment (Deployment(host=...)), not as host=")
-        res = deployment.resolve()
-        runtime = res.runtime
-        prof = res.host
-        assumed += [a for a in res.assumed if a in ("host", "framework")]
-        if prof is None:
-            prof = default_host_profile()
-            if res.framework is not None and prof.framework != res.framework:
-                prof = dataclasses.replace(prof, framework=res.framework)
-    else:
-        prof = resolve_host_profile(host)
-        if host is None:
-            assumed.append("host")
-    runtime = runtime or "eager"
-    if runtime not in LLM_RUNTIMES:
-        raise InvalidValueError(f"runtime must be one of {LLM_RUNTIMES}, got {runtime!r}")
+    dep = Deployment.coerce(deployment, runtime=runtime, host=host, runtimes=DEPLOYMENT_RUNTIMES)
+    res = dep.resolve()
+    assumed = [a for a in res.assumed if a in ("host", "framework")]
+    prof = res.host
+    if prof is None:
+        prof = default_host_profile()
+        if res.framework is not None and prof.framework != res.framework:
+            prof = dataclasses.replace(prof, framework=res.framework)
     eng = None
-    if runtime == "serving" and isinstance(engine, ServingEngine):
+    if res.runtime == "serving" and isinstance(engine, ServingEngine):
         eng = engine
-    elif runtime == "serving":
-        name = _engine_of(deployment, engine)
-        if engine is None and name == "vllm" and not (deployment and deployment.versions and "vllm" in deployment.versions):
+    elif res.runtime == "serving":
+        name = _engine_of(dep, engine)
+        if engine is None and not any(k in (dep.versions or {}) for k in ("vllm", "tensorrt-llm", "tensorrt_llm")):
             assumed.append("engine")
         eng = serving_engine(name)
     elif engine is not None:
-        raise InvalidValueError(f"engine={engine!r} needs runtime='serving', got runtime={runtime!r}")
+        raise InvalidValueError(f"engine={engine!r} needs runtime='serving', got runtime={res.runtime!r}")
     if kv_block_size is not None:
         if isinstance(kv_block_size, bool) or not isinstance(kv_block_size, int) or kv_block_size < 1:
             raise InvalidValueError(f"kv_block_size must be an int >= 1 (tokens per KV block), got {kv_block_size!r}")
         if eng is None:
             raise InvalidValueError(f"kv_block_size is a property of a paged KV cache: it needs runtime='serving', "
-                                    f"got runtime={runtime!r}")
-    return Execution(runtime=runtime, engine=eng, host=prof, block_size=kv_block_size, kv_dtype=kv_dtype), \
-        tuple(assumed)
+                                    f"got runtime={res.runtime!r}")
+    ex = Execution(runtime=res.runtime, engine=eng, host=prof, block_size=kv_block_size, kv_dtype=kv_dtype)
+    return ex, dep, tuple(assumed)
 
 
 def _check_kv_dtype(kv_dtype: str, cfg: DecoderConfig, dev: Device, runtime: str) -> None:
@@ -178,7 +164,7 @@ def _reason(run: DeviceRun, wl: LLMWorkload, where: str, engine: str | None) -> 
 
 
 def predict_generation(model_or_config: Any, workload: LLMWorkload, device: str | Device = DEFAULT_DEVICE, *,
-                       deployment: Deployment | None = None, mig: bool = True, runtime: str | None = None,
+                       deployment: Deployment | Any = None, mig: bool = True, runtime: str | None = None,
                        engine: str | ServingEngine | None = None, kv_block_size: int | None = None, dtype: str | None = None,
                        host: HostProfile | str | None = None) -> GenerationPrediction:
     """Predicted prefill and decode latency, throughput, energy per token, memory and the largest batch of
@@ -195,14 +181,15 @@ def predict_generation(model_or_config: Any, workload: LLMWorkload, device: str 
         deployment: how the generation runs: ``Deployment(runtime="eager")`` (``transformers`` in PyTorch eager,
             ``DynamicCache``; the default), ``"cuda-graphs"`` (a ``StaticCache`` decode step replayed from a CUDA
             graph), ``"compiled"`` (``torch.compile`` of the static-cache model) or ``"serving"`` (a vLLM /
-            TensorRT-LLM class engine; its ``versions`` may name ``"vllm"`` or ``"tensorrt-llm"``), and the host.
+            TensorRT-LLM class engine; its ``versions`` may name ``"vllm"`` or ``"tensorrt-llm"``), and the host; a
+            mapping of its fields or a JSON/TOML deployment file too (:meth:`dippm_nas.Deployment.coerce`).
         mig: add the figures on one instance of each MIG profile (``mig`` of the result).
-        runtime: the runtime without a ``deployment`` (same names).
+        runtime: shorthand for ``Deployment(runtime=...)`` (same names).
         engine: ``"vllm"`` or ``"tensorrt-llm"`` for ``runtime="serving"`` (default: the deployment's, else vLLM), or
             a :class:`~dippm_nas.llm.ServingEngine` with your own constants.
         kv_block_size: tokens per KV block of a serving engine (default the engine's: vLLM 16, TensorRT-LLM 64).
         dtype: the weights' dtype, overriding the config's (``"float16"``, ``"bfloat16"``, ``"float32"``).
-        host: the host profile without a ``deployment``.
+        host: shorthand for ``Deployment(host=...)``: a host profile, its file, or ``"default"``.
 
     Returns:
         A :class:`GenerationPrediction`; a batch that does not fit is ``fits=False`` with a ``reason``
@@ -230,8 +217,8 @@ def predict_generation(model_or_config: Any, workload: LLMWorkload, device: str 
         raise UnsupportedDtypeError(f"the weights' dtype {cfg.dtype!r} of {cfg.name!r} is not supported by {dev.id!r}; "
                                     f"choose dtype= among {[d for d in dev.dtypes if d in WEIGHT_DTYPES]}")
     kv_dtype = workload.kv_dtype or cfg.dtype
-    ex, assumed = resolve_execution(deployment, runtime=runtime, engine=engine, host=host,
-                                    kv_block_size=kv_block_size, kv_dtype=kv_dtype)
+    ex, dep, assumed = resolve_execution(deployment, runtime=runtime, engine=engine, host=host,
+                                         kv_block_size=kv_block_size, kv_dtype=kv_dtype)
     _check_kv_dtype(kv_dtype, cfg, dev, ex.runtime)
     beyond = _check_positions(cfg, workload)
 
@@ -250,6 +237,7 @@ def predict_generation(model_or_config: Any, workload: LLMWorkload, device: str 
     kv_seq = cfg.kv_bytes_per_token(kv_dtype) * wl.total_len / BYTES_PER_MIB
     details: dict[str, Any] = {
         "runtime": ex.runtime, "engine": eng_name, "waves": list(run.waves), "assumed": list(assumed),
+        "deployment": dep.label(),
         "kv_dtype": kv_dtype, "dtype": cfg.dtype, "host_profile": ex.host.name,
         "params": cfg.param_count, "kv_bytes_per_token": cfg.kv_bytes_per_token(kv_dtype),
         "beyond_positions": beyond, **run.memory,

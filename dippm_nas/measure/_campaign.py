@@ -29,10 +29,14 @@ Files in ``DIR`` (each at most ``max_file_mib``, 16 MiB by default):
   line, then one ``{"type": "measurement", ...}`` record per row with the ``measurements`` table's columns;
   ``graph_hash`` is ``None`` until the graphs are captured). ``config`` holds ``spec`` (the model SPEC
   string), ``input_spec`` (:meth:`InputSpec.to_dict`), ``runtime``, ``set`` and ``set_version``;
-  ``environment`` the GPU, driver, CUDA, cuDNN and torch versions and the host CPU; ``extra`` the memory
-  figures (``torch_max_reserved_mib``, ``torch_max_allocated_mib``, NVML) and the timing details;
+  ``environment`` the GPU, driver, CUDA, cuDNN and torch versions and the host CPU; ``conditions`` the
+  runtime, the timing and ``deployment``, the :class:`~dippm_nas.Deployment` the row ran under
+  (:meth:`Deployment.detect` of the measuring machine with the row's runtime, the TF32 and cuDNN flags in
+  force, the settings' autocast and layout, and ``input_copy="none"``: the inputs are on the device before the
+  timed region); ``extra`` the memory figures (``torch_max_reserved_mib``, ``torch_max_allocated_mib``, NVML)
+  and the timing details;
 - ``campaign.json``: the set, its version, the options, the machine (GPU, MIG instances, versions, host CPU),
-  the items planned, measured and left, updated after every row.
+  the detected deployment, the items planned, measured and left, updated after every row.
 
 Runtimes: ``eager`` (the model as is), ``cuda-graphs`` (the forward captured once in a
 ``torch.cuda.CUDAGraph`` after three warm-up passes on a side stream, then replayed; CUDA only),
@@ -57,7 +61,10 @@ from pathlib import Path
 from typing import Any
 
 from dippm_nas._deprecation import MISSING, renamed_keyword
+from dippm_nas._json import loads_json, read_json_file
+from dippm_nas._numbers import as_int, as_real
 from dippm_nas._platform import cpu_model_name
+from dippm_nas.deployment import Deployment
 from dippm_nas.errors import MeasurementError
 from dippm_nas.measure._cpu import CpuMeasurer
 from dippm_nas.measure._cuda import CudaMeasurer, parse_device
@@ -218,8 +225,10 @@ def plan_campaign(models: Sequence[CampaignModel], *, runtimes: Sequence[str] = 
     bad_dt = [d for d in dtypes if d not in CAMPAIGN_DTYPES]
     if bad_dt:
         raise MeasurementError(f"unknown dtypes {bad_dt}; choices: {list(CAMPAIGN_DTYPES)}")
-    if any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in batches):
-        raise MeasurementError(f"batch sizes must be ints >= 1, got {list(batches)}")
+    try:
+        batches = [as_int(b, "batch size", low=1, error=MeasurementError) for b in batches]
+    except MeasurementError:
+        raise MeasurementError(f"batch sizes must be ints >= 1, got {list(batches)}") from None
     if not models:
         raise MeasurementError("a campaign needs at least one model")
     ordered = _family_interleaved(models)
@@ -276,6 +285,18 @@ def _parts(out: Path) -> list[Path]:
     return sorted(out.glob("measurements-*.jsonl"))
 
 
+def _read_manifest(path: Path) -> dict[str, Any]:
+    """A campaign's ``manifest.json`` (a JSON object).
+
+    Raises:
+        MeasurementError: unreadable, not a regular file, not JSON, or not an object.
+    """
+    manifest = read_json_file(path, "cannot read the campaign manifest", MeasurementError)
+    if not isinstance(manifest, dict):
+        raise MeasurementError(f"campaign manifest {path} must hold a JSON object, got {type(manifest).__name__}")
+    return manifest
+
+
 def read_campaign_rows(path: str | Path) -> Iterator[dict[str, Any]]:
     """The measurement records of a campaign directory (or of one of its files), header lines checked.
 
@@ -290,12 +311,12 @@ def read_campaign_rows(path: str | Path) -> Iterator[dict[str, Any]]:
                 if not line.strip():
                     continue
                 try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError as e:
+                    rec = loads_json(line, f"{f}:{lineno}", MeasurementError)
+                except MeasurementError as e:
                     if lineno > 1 and not line.endswith("\n"):  # a run killed mid-write: the last line is cut
                         logger.warning("%s:%d: an unfinished last line is ignored (%s)", f, lineno, e)
                         continue
-                    raise MeasurementError(f"{f}:{lineno}: malformed JSON ({e})") from e
+                    raise
                 if lineno == 1:
                     if rec.get("type") != "header" or rec.get("format") != JSONL_FORMAT:
                         raise MeasurementError(f"{f}: not a {JSONL_FORMAT} file (first line {line[:80]!r})")
@@ -386,8 +407,24 @@ def _device_key(facts: dict[str, Any]) -> str:
 
 
 # ------------------------------------------------------------------------------- the run
+def _row_deployment(machine: Deployment, item: CampaignItem, settings: MeasureSettings, m: Measurement) -> Deployment:
+    """The deployment a row ran under: the machine's, with the row's runtime, the TF32 and cuDNN flags the
+    measurement recorded in force (else those the settings set), the settings' autocast and layout, and no
+    input copy in the timed region."""
+    flags = m.environment.get("flags") or {}
+    tf32_matmul, tf32_conv, bench = machine.tf32_matmul, machine.tf32_conv, settings.cudnn_benchmark
+    if settings.tf32 is not None:
+        tf32_matmul = tf32_conv = settings.tf32
+    if flags:
+        tf32_matmul, tf32_conv = bool(flags["matmul_allow_tf32"]), bool(flags["cudnn_allow_tf32"])
+        bench = bool(flags["cudnn_benchmark"])
+    return dataclasses.replace(machine, runtime=item.runtime, tf32_matmul=tf32_matmul, tf32_conv=tf32_conv,
+                               cudnn_benchmark=bench, autocast=settings.autocast,
+                               channels_last=settings.channels_last, input_copy="none")
+
+
 def _row(item: CampaignItem, m: Measurement, key: str, set_name: str, set_version: str, device_key: str,
-         facts: dict[str, Any]) -> dict[str, Any]:
+         facts: dict[str, Any], deployment: Deployment) -> dict[str, Any]:
     """A ``measurements`` record of the dataset JSON Lines format."""
     env = dict(m.environment)
     env.setdefault("host_cpu", facts.get("cpu_model"))
@@ -408,7 +445,7 @@ def _row(item: CampaignItem, m: Measurement, key: str, set_name: str, set_versio
         "conditions": {"runtime": item.runtime, "weights": f"random, cast to {item.dtype} (model.half()-style)",
                        "timing": ("CUDA events around each forward" if m.device.startswith("cuda")
                                   else "time.perf_counter around each forward"),
-                       "measured_device": m.device},
+                       "measured_device": m.device, "deployment": deployment.to_dict()},
         "extra": {"memory_parts_mib": dict(m.memory_parts_mib), "details": dict(m.details)},
         "measured_at": m.timestamp, "created_at": _utc_now(),
     }
@@ -437,6 +474,7 @@ def run_campaign(
     progress: Callable[[int, int, CampaignItem, Measurement], None] | None = None,
     clock: Callable[[], float] = time.monotonic,
     device: Any = MISSING,
+    deployment: Deployment | None = None,
 ) -> CampaignReport:
     """Measure a validation set, most informative rows first, for at most ``minutes``; resumable.
 
@@ -456,6 +494,8 @@ def run_campaign(
         progress: called after each row with ``(done, todo, item, measurement)``.
         clock: seconds clock of the budget.
         device: deprecated name of ``torch_device`` (a :class:`DeprecationWarning`; removed in 0.2).
+        deployment: the deployment of this machine the rows record (with each row's runtime and flags);
+            default :meth:`Deployment.detect` (this torch's flags and versions, the host microbenchmark).
 
     Returns:
         A :class:`CampaignReport`.
@@ -470,10 +510,8 @@ def run_campaign(
     t0 = clock()
     if set_name not in VALIDATION_SETS:
         raise MeasurementError(f"unknown validation set {set_name!r}; choices: {sorted(VALIDATION_SETS)}")
-    if isinstance(minutes, bool) or not isinstance(minutes, (int, float)) or not minutes > 0:
-        raise MeasurementError(f"minutes must be a number > 0, got {minutes!r}")
-    if not max_file_mib > 0:
-        raise MeasurementError(f"max_file_mib must be > 0, got {max_file_mib!r}")
+    minutes = as_real(minutes, "minutes", low=0, low_inclusive=False, error=MeasurementError)
+    max_file_mib = as_real(max_file_mib, "max_file_mib", low=0, low_inclusive=False, error=MeasurementError)
     kind, index = parse_device(device)
     device = "cpu" if kind == "cpu" else f"cuda:{index}"
     if kind == "cuda" and measurer is None and not torch.cuda.is_available():
@@ -489,16 +527,20 @@ def run_campaign(
     items = plan_campaign(chosen, runtimes=use_runtimes, dtypes=dtypes, batches=batches)
 
     out_dir = Path(out)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise MeasurementError(f"the campaign directory {str(out_dir)!r} cannot be created: {e.strerror or e}") from e
     manifest_path = out_dir / _MANIFEST
     facts = _device_facts(device)
     dkey = _device_key(facts)
+    machine = deployment if deployment is not None else Deployment.detect()
     done_keys: set[str] = set()
     if _parts(out_dir) or manifest_path.exists():
         if not resume:
             raise MeasurementError(f"{out_dir} already holds a campaign; pass resume=True (--resume) to continue "
                                    "it, or choose another directory")
-        old = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+        old = _read_manifest(manifest_path) if manifest_path.exists() else {}
         if old and (old.get("set") != set_name or old.get("set_version") != set_version):
             raise MeasurementError(f"{out_dir} holds a campaign of set {old.get('set')!r} v{old.get('set_version')}, "
                                    f"not {set_name!r} v{set_version}; use another directory")
@@ -506,12 +548,13 @@ def run_campaign(
     s = settings if settings is not None else campaign_settings(threads=1 if kind == "cpu" else None)
     manifest: dict[str, Any] = {
         "set": set_name, "set_version": set_version, "source": CAMPAIGN_SOURCE, "device_key": dkey,
-        "machine": facts, "options": {"minutes": minutes, "device": device, "runtimes": use_runtimes,
-                                      "dtypes": list(dtypes), "batches": list(batches), "settings": s.to_dict()},
+        "machine": facts, "deployment": machine.to_dict(),
+        "options": {"minutes": minutes, "device": device, "runtimes": use_runtimes, "dtypes": list(dtypes),
+                    "batches": list(batches), "settings": s.to_dict()},
         "models": [dataclasses.asdict(m) for m in chosen], "started_at": _utc_now(),
     }
     if manifest_path.exists():
-        manifest["runs"] = json.loads(manifest_path.read_text()).get("runs", [])
+        manifest["runs"] = _read_manifest(manifest_path).get("runs", [])
     manifest.setdefault("runs", []).append({"started_at": manifest["started_at"], "device": device})
     writer = _Writer(out_dir, int(max_file_mib * BYTES_PER_MIB), {"created_by": "dippm-nas gpu-campaign",
                                                           "set": set_name, "set_version": set_version})
@@ -531,7 +574,7 @@ def run_campaign(
                 report.left = len(todo) - n
                 break
             m = _measure_one(item, measurer, s, device, cache, left_s)
-            writer.write(_row(item, m, key, set_name, set_version, dkey, facts))
+            writer.write(_row(item, m, key, set_name, set_version, dkey, facts, _row_deployment(machine, item, s, m)))
             report.measured += 1
             report.by_status[m.status] = report.by_status.get(m.status, 0) + 1
             manifest.update(measured_rows=len(done_keys) + report.measured, planned_rows=len(items),

@@ -28,7 +28,7 @@ from dippm_nas.measure._common import (
 )
 from dippm_nas.measure._malloc import release_free_memory, steady_allocator
 from dippm_nas.measure._measurement import Measurement, MeasureSettings
-from dippm_nas.measure._rapl import RAPL_DIR, RaplCounter, probe_rapl
+from dippm_nas.measure._rapl import RAPL_ROOT, RaplCounter, probe_rapl
 from dippm_nas.measure._rss import PeakRss
 from dippm_nas.measure._stopping import Clock, StoppingRule, run_until_stopped
 from dippm_nas.spec import InputSpec
@@ -69,7 +69,9 @@ class CpuMeasurer:
             run and restored afterwards. CUDA-only settings (``tf32``, ``cudnn_benchmark``) are
             recorded but have no effect.
         clock: seconds clock for timing and the time cap (``time.perf_counter``; tests pass a fake).
-        rapl: a RAPL counter to use instead of probing ``/sys/class/powercap/intel-rapl:0``.
+        rapl: a RAPL counter to use instead of probing ``rapl_dir``.
+        rapl_dir: the powercap directory whose package domains ``intel-rapl:N`` are summed (default
+            ``/sys/class/powercap``), or one domain's directory.
 
     Memory (``memory_source="rss_delta"``): peak process RSS while the model is copied (and cast),
     the inputs made, warm-up and timed forwards run, minus the RSS just before; so weights plus
@@ -77,9 +79,9 @@ class CpuMeasurer:
     process-wide, and allocator reuse of memory freed earlier can make it understate (even 0) in a
     long-lived process; measure in a fresh process when an exact figure matters.
 
-    Energy (``energy_source="rapl_package"``): the package counter over a separate window of
-    back-to-back forwards of about ``settings.energy_window_s``, divided by the forwards; whole
-    package, all processes, idle power included. ``None`` with the reason when no readable counter.
+    Energy (``energy_source="rapl_package"``): the package counters, summed over every CPU package
+    (socket), over a separate window of back-to-back forwards of about ``settings.energy_window_s``,
+    divided by the forwards; whole packages, all processes, idle power included. ``None`` with the reason when no readable counter.
     """
 
     def __init__(
@@ -88,7 +90,7 @@ class CpuMeasurer:
         *,
         clock: Clock = time.perf_counter,
         rapl: RaplCounter | None = None,
-        rapl_dir: Path = RAPL_DIR,
+        rapl_dir: Path = RAPL_ROOT,
     ) -> None:
         self.settings = settings if settings is not None else MeasureSettings()
         self._clock = clock

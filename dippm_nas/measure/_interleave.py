@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from dippm_nas._numbers import as_int
 from dippm_nas._platform import fixed_threads
 from dippm_nas.errors import MeasurementError
 from dippm_nas.measure._common import (
@@ -99,9 +100,8 @@ def time_interleaved(
     """
     import torch
 
-    for name, v in (("rounds", rounds), ("per_round", per_round)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise MeasurementError(f"{name} must be an int >= 1, got {v!r}")
+    rounds = as_int(rounds, "rounds", low=1, error=MeasurementError)
+    per_round = as_int(per_round, "per_round", low=1, error=MeasurementError)
     for model, spec in items:
         check_call(model, spec, settings)
     cpu = torch.device("cpu")

@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from dippm_nas._numbers import as_int
 from dippm_nas.errors import MeasurementError
 from dippm_nas.spec import InputSpec
 
@@ -74,10 +75,8 @@ def profile_ops(model: Any, spec: InputSpec, *, passes: int = OP_PROFILE_PASSES,
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    if isinstance(passes, bool) or not isinstance(passes, int) or passes < 1:
-        raise MeasurementError(f"passes must be an int >= 1, got {passes!r}")
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-        raise MeasurementError(f"warmup must be an int >= 0, got {warmup!r}")
+    passes = as_int(passes, "passes", low=1, error=MeasurementError)
+    warmup = as_int(warmup, "warmup", low=0, error=MeasurementError)
     args, kwargs = spec.example_inputs()
     old = torch.get_num_threads()
     if threads is not None:

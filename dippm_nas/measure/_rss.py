@@ -7,7 +7,10 @@ Method, best first:
   ``/proc/self/status``. Exact for the process, including spikes between samples. Side effect: the
   process's ``VmHWM`` (and what ``ru_maxrss`` reports afterwards) is reset.
 - ``"psutil_sampling"``: a thread polls ``psutil.Process().memory_info().rss`` every 2 ms and keeps
-  the maximum; short-lived spikes (a large temporary freed within 2 ms) can be missed.
+  the maximum; short-lived spikes (a large temporary freed within 2 ms) can be missed. psutil is
+  optional (``pip install 'dippm-nas[cpu-memory]'``): only systems without ``/proc/self/clear_refs``
+  (macOS, Windows, kernels before 4.0) need it, and without either the memory figure is flagged, not
+  the measurement.
 
 Limits of any in-process RSS figure: it is process-wide (other threads' allocations count), and the
 allocator reuses memory the process freed earlier without growing RSS, so in a long-lived process
@@ -73,7 +76,7 @@ class PeakRss:
         except ImportError as e:
             raise MeasurementError(
                 "host peak memory needs /proc/self/clear_refs (Linux) or the psutil package "
-                f"(pip install psutil); neither is available: {e}"
+                f"(pip install 'dippm-nas[cpu-memory]'); neither is available: {e}"
             ) from e
         self._proc = psutil.Process()
         self.before_bytes = self._proc.memory_info().rss

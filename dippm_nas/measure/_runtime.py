@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from dippm_nas.errors import ExecutionRuntimeError
+
 __all__ = ["RuntimeModule", "RUNTIME_NAMES"]
 
 #: Runtimes :class:`RuntimeModule` builds.
@@ -32,7 +34,7 @@ class RuntimeModule(torch.nn.Module):
     def __init__(self, model: torch.nn.Module, runtime: str) -> None:
         super().__init__()
         if runtime not in RUNTIME_NAMES:
-            raise ValueError(f"runtime must be one of {RUNTIME_NAMES}, got {runtime!r}")
+            raise ExecutionRuntimeError(f"runtime must be one of {RUNTIME_NAMES}, got {runtime!r}")
         self.inner = model
         self.runtime = runtime
         self._fn: Callable[..., Any] | None = None

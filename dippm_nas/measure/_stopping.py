@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from dippm_nas._numbers import as_int, as_real
 from dippm_nas.errors import MeasurementError
 
 __all__ = [
@@ -55,8 +56,7 @@ def t_quantile_975(df: int) -> float:
     Raises:
         MeasurementError: for ``df < 1``.
     """
-    if isinstance(df, bool) or not isinstance(df, int) or df < 1:
-        raise MeasurementError(f"degrees of freedom must be an int >= 1, got {df!r}")
+    df = as_int(df, "degrees of freedom", low=1, error=MeasurementError)
     if df <= len(_T975):
         return _T975[df - 1]
     z = _Z975
@@ -132,18 +132,15 @@ class StoppingRule:
         time_cap_s: float = 30.0,
         clock: Clock = time.perf_counter,
     ) -> None:
-        if not (isinstance(rel_ci_target, (int, float)) and math.isfinite(rel_ci_target) and rel_ci_target > 0):
-            raise MeasurementError(f"rel_ci_target must be a finite number > 0, got {rel_ci_target!r}")
-        if isinstance(min_repeats, bool) or not isinstance(min_repeats, int) or min_repeats < 2:
-            raise MeasurementError(f"min_repeats must be an int >= 2, got {min_repeats!r}")
-        if isinstance(max_repeats, bool) or not isinstance(max_repeats, int) or max_repeats < min_repeats:
+        rel_ci_target = as_real(rel_ci_target, "rel_ci_target", low=0, low_inclusive=False, error=MeasurementError)
+        min_repeats = as_int(min_repeats, "min_repeats", low=2, error=MeasurementError)
+        max_repeats = as_int(max_repeats, "max_repeats", low=1, error=MeasurementError)
+        if max_repeats < min_repeats:
             raise MeasurementError(f"max_repeats must be an int >= min_repeats ({min_repeats}), got {max_repeats!r}")
-        if not (isinstance(time_cap_s, (int, float)) and math.isfinite(time_cap_s) and time_cap_s > 0):
-            raise MeasurementError(f"time_cap_s must be a finite number > 0, got {time_cap_s!r}")
-        self.rel_ci_target = float(rel_ci_target)
+        self.rel_ci_target = rel_ci_target
         self.min_repeats = min_repeats
         self.max_repeats = max_repeats
-        self.time_cap_s = float(time_cap_s)
+        self.time_cap_s = as_real(time_cap_s, "time_cap_s", low=0, low_inclusive=False, error=MeasurementError)
         self._clock = clock
         self._t0: float | None = None
         self._samples: list[float] = []
@@ -189,8 +186,8 @@ class StoppingRule:
         """Record one timed forward, ms (finite, >= 0)."""
         if self._t0 is None:
             raise MeasurementError("StoppingRule.start() must be called before add()")
-        if not isinstance(sample_ms, (int, float)) or not math.isfinite(sample_ms) or sample_ms < 0:
-            raise MeasurementError(f"a latency sample must be a finite number >= 0 ms, got {sample_ms!r}")
+        sample_ms = as_real(sample_ms, "a latency sample", low=0, error=MeasurementError,
+                            rule="a latency sample must be a finite number >= 0 ms")
         self._samples.append(float(sample_ms))
 
     def converged(self) -> bool:

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from dippm_nas._numbers import as_real
 from dippm_nas._optional import require
+from dippm_nas.deployment import Deployment
 from dippm_nas.devices import resolve_device
 from dippm_nas.errors import DippmNasError, InputSpecError, InvalidValueError
 from dippm_nas.prediction import Prediction
@@ -53,14 +54,18 @@ class DippmProfiler(Profiler):
         device: catalogue device id; default ``"a100-sxm4-40gb"``.
         k_sigma: memory standard deviations for the MIG advice of the prediction.
         cache: conversion cache, as in :func:`dippm_nas.predict`.
+        deployment: how the models run, as in :func:`dippm_nas.predict` (a :class:`~dippm_nas.Deployment`, a
+            mapping of its fields or a JSON/TOML file); ``None``: not described.
 
     Raises:
+        DeploymentError: a bad deployment (the field, the value and the choices are named).
         DippmNasError: ``metric`` is not one of :data:`PROFILE_METRICS`; ``model_space`` has no ``freeze``.
         InputSpecError: ``spec`` is not an InputSpec.
     """
 
     def __init__(self, model_space: Any, spec: InputSpec, *, metric: str = "latency_ms",
-                 device: str = DEFAULT_DEVICE, k_sigma: float = 2.0, cache: Any = True) -> None:
+                 device: str = DEFAULT_DEVICE, k_sigma: float = 2.0, cache: Any = True,
+                 deployment: Any = None) -> None:
         super().__init__(model_space)
         if metric not in PROFILE_METRICS:
             raise InvalidValueError(f"metric must be one of {PROFILE_METRICS}, got {metric!r}")
@@ -75,6 +80,7 @@ class DippmProfiler(Profiler):
         self.device = resolve_device(device).id
         self.k_sigma = float(k_sigma)
         self.cache = cache
+        self.deployment = Deployment.coerce(deployment)
         self._predictions: dict[str, Prediction] = {}
 
     def prediction(self, sample: Mapping[str, Any]) -> Prediction:
@@ -97,7 +103,8 @@ class DippmProfiler(Profiler):
             except Exception as e:  # NNI's SampleValidationError and friends: say which sample
                 raise DippmNasError(f"cannot freeze {type(self.model_space).__name__} with sample {key}: "
                                     f"{type(e).__name__}: {e}") from e
-            pred = predict(model, self.spec, self.device, cache=self.cache, k_sigma=self.k_sigma)
+            pred = predict(model, self.spec, self.device, cache=self.cache, k_sigma=self.k_sigma,
+                           deployment=self.deployment)
             self._predictions[key] = pred
             logger.debug("sample %s: %.4g ms, %.4g MiB", key, pred.latency_ms, pred.memory_mib)
         return pred
@@ -126,10 +133,7 @@ class DippmProfiler(Profiler):
             The returned function takes an ``ExecutableModelSpace`` (what ``Filter`` passes) and reads its
             ``sample``.
         """
-        if isinstance(max_value, bool) or not isinstance(max_value, (int, float)) or not math.isfinite(max_value) \
-                or max_value <= 0:
-            raise InvalidValueError(f"max_value must be a finite number > 0, got {max_value!r}")
-        limit = float(max_value)
+        limit = as_real(max_value, "max_value", low=0, low_inclusive=False)
 
         def within(model: Any) -> bool:
             sample = getattr(model, "sample", None)

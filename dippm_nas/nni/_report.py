@@ -6,17 +6,19 @@ beside it, with each budget's chance check in the convention of every integratio
 ``value = mean + k_sigma * std - budget``, ``<= 0`` feasible; ``margin = -value``).
 
 In a trial of :class:`~dippm_nas.nni.HardwareAwareTuner` the parameters carry the tuner's budgets, device,
-runtime and input spec (``params["dippm"]``); :func:`report` reads them, so the trial repeats none of them.
+deployment and input spec (``params["dippm"]``); :func:`report` reads them, so the trial repeats none of them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping
 from typing import Any
 
 from dippm_nas._optional import require
 from dippm_nas.budgets import Budgets
+from dippm_nas.deployment import Deployment
 from dippm_nas.errors import DippmNasError
 from dippm_nas.nni._scalarize import budgets_from_limits, scalarize
 from dippm_nas.nni._space import PARAMETERS_KEY, spec_from_parameters
@@ -55,11 +57,12 @@ def _source_label(p: Prediction) -> str:
 
 def tuner_settings(parameters: Mapping[str, Any] | None) -> dict[str, Any]:
     """What a :class:`~dippm_nas.nni.HardwareAwareTuner` told its trial about scoring: ``{"budgets",
-    "device", "runtime", "spec"}`` from ``parameters["dippm"]`` (a key is absent when the tuner did not
-    send it; ``{}`` for parameters that did not come from the tuner).
+    "device", "deployment", "spec"}`` from ``parameters["dippm"]`` (a key is absent when the tuner did not
+    send it; ``{}`` for parameters that did not come from the tuner). ``"deployment"`` is a
+    :class:`~dippm_nas.Deployment` (from the tuner's ``"runtime"`` alone where it sent no deployment).
 
     Raises:
-        DippmNasError: a ``"dippm"`` entry whose budgets or input spec are malformed.
+        DippmNasError: a ``"dippm"`` entry whose budgets, deployment or input spec are malformed.
     """
     if not isinstance(parameters, Mapping) or not isinstance(parameters.get(PARAMETERS_KEY), Mapping):
         return {}
@@ -67,9 +70,12 @@ def tuner_settings(parameters: Mapping[str, Any] | None) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if "budgets" in d:
         out["budgets"] = Budgets.coerce(d["budgets"])
-    for k in ("device", "runtime"):
-        if d.get(k) is not None:
-            out[k] = d[k]
+    if d.get("device") is not None:
+        out["device"] = d["device"]
+    if d.get("deployment") is not None:
+        out["deployment"] = Deployment.coerce(d["deployment"])
+    elif d.get("runtime") is not None:
+        out["deployment"] = Deployment.coerce(None, runtime=d["runtime"])
     spec = spec_from_parameters(parameters)
     if spec is not None:
         out["spec"] = spec
@@ -78,7 +84,7 @@ def tuner_settings(parameters: Mapping[str, Any] | None) -> dict[str, Any]:
 
 def final_metrics(accuracy: float, model: Any, spec: InputSpec | None = None, *,
                   device: str | None = None, budgets: Budgets | Mapping[str, Any] | None = None,
-                  parameters: Mapping[str, Any] | None = None, runtime: str | None = None,
+                  parameters: Mapping[str, Any] | None = None, deployment: Any = None, runtime: str | None = None,
                   reward_exponent: float = 0.0, penalty_exponent: float = -1.0, k_sigma: float | None = None,
                   cache: Any = True, max_latency_ms: float | None = None, max_energy_j: float | None = None,
                   max_memory_mib: float | None = None, mig_profile: str | None = None) -> dict[str, Any]:
@@ -103,10 +109,16 @@ def final_metrics(accuracy: float, model: Any, spec: InputSpec | None = None, *,
     else:
         b = budgets_from_limits(settings["budgets"], k_sigma=k_sigma)
     device = device or settings.get("device") or DEFAULT_DEVICE
-    runtime = runtime or settings.get("runtime") or "eager"
+    if deployment is not None or "deployment" not in settings:
+        dep = Deployment.coerce(deployment, runtime=runtime)
+    else:  # the tuner's, with a runtime given here replacing its runtime
+        dep = settings["deployment"]
+        if runtime is not None and runtime != dep.runtime:
+            dep = Deployment.coerce(dataclasses.replace(dep, runtime=runtime))
+            logger.info("scoring with runtime %r, not the tuner's %r", runtime, settings["deployment"].runtime)
     if spec is None:
         spec = settings.get("spec")
-    pred = predict(model, spec, device, cache=cache, k_sigma=b.k_for("memory_mib"), runtime=runtime)
+    pred = predict(model, spec, device, cache=cache, k_sigma=b.k_for("memory_mib"), deployment=dep)
     score = scalarize(accuracy, pred, b, reward_exponent=reward_exponent, penalty_exponent=penalty_exponent)
     checks = b.check(pred)
     return {
@@ -128,7 +140,7 @@ def final_metrics(accuracy: float, model: Any, spec: InputSpec | None = None, *,
 
 def report(accuracy: float, model: Any, spec: InputSpec | None = None, *, device: str | None = None,
            budgets: Budgets | Mapping[str, Any] | None = None, parameters: Mapping[str, Any] | None = None,
-           runtime: str | None = None, reward_exponent: float = 0.0,
+           deployment: Any = None, runtime: str | None = None, reward_exponent: float = 0.0,
            penalty_exponent: float = -1.0, k_sigma: float | None = None, cache: Any = True,
            max_latency_ms: float | None = None, max_energy_j: float | None = None,
            max_memory_mib: float | None = None, mig_profile: str | None = None) -> dict[str, Any]:
@@ -136,7 +148,7 @@ def report(accuracy: float, model: Any, spec: InputSpec | None = None, *, device
 
     Call it once at the end of an NNI trial, instead of ``nni.report_final_result(accuracy)``. In a trial
     of :class:`~dippm_nas.nni.HardwareAwareTuner`, ``report(accuracy, model)`` is enough: the budgets,
-    device, runtime and input spec come from the trial's parameters (``params["dippm"]``).
+    device, deployment and input spec come from the trial's parameters (``params["dippm"]``).
 
     Args:
         accuracy: the trial's measured accuracy (or any quality score), ``>= 0``, higher is better.
@@ -149,7 +161,9 @@ def report(accuracy: float, model: Any, spec: InputSpec | None = None, *, device
             ``mean + k_sigma * std <= budget``; each one broken lowers ``default``. Default: the tuner's
             (``params["dippm"]["budgets"]``), else none. Given ones win over the tuner's.
         parameters: the trial's parameters; default ``nni.get_current_parameter()``.
-        runtime: as in :func:`dippm_nas.predict`; default: the tuner's, else ``"eager"``.
+        deployment: as in :func:`dippm_nas.predict` (a :class:`~dippm_nas.Deployment`, a mapping of its fields or
+            a JSON/TOML file); default: the tuner's, else nothing described.
+        runtime: as in :func:`dippm_nas.predict`; replaces the runtime of the tuner's deployment when given.
         reward_exponent, penalty_exponent: the scalarisation's exponents (see :func:`scalarize`).
         k_sigma: when given, replaces ``budgets.k_sigma`` (default of the budgets: 1.0).
         max_latency_ms, max_energy_j, max_memory_mib, mig_profile: deprecated (``DeprecationWarning``):
@@ -177,7 +191,7 @@ def report(accuracy: float, model: Any, spec: InputSpec | None = None, *, device
 
     Raises:
         MissingDependencyError: NNI is not installed (``pip install 'dippm-nas[nni]'``).
-        DippmNasError: bad accuracy, exponent or bound, or the model cannot be predicted.
+        DippmNasError: bad accuracy, exponent, bound or deployment, or the model cannot be predicted.
     """
     nni = require("nni", "nni", "dippm_nas.nni.report")
     if parameters is None:
@@ -187,7 +201,8 @@ def report(accuracy: float, model: Any, spec: InputSpec | None = None, *, device
                                       max_memory_mib=max_memory_mib, mig_profile=mig_profile,
                                       where="dippm_nas.nni.report")  # warns at the caller's line
     metrics = final_metrics(accuracy, model, spec, device=device, budgets=budgets, parameters=parameters,
-                            runtime=runtime, reward_exponent=reward_exponent, penalty_exponent=penalty_exponent,
+                            deployment=deployment, runtime=runtime, reward_exponent=reward_exponent,
+                            penalty_exponent=penalty_exponent,
                             k_sigma=k_sigma, cache=cache)
     try:
         nni.report_final_result(metrics)

@@ -26,10 +26,10 @@ a :class:`~dippm_nas.budgets.Budgets`.
 from __future__ import annotations
 
 import dataclasses
-import math
 import warnings
 from typing import Any
 
+from dippm_nas._numbers import as_real
 from dippm_nas.budgets import DEFAULT_K_SIGMA, Budgets
 from dippm_nas.errors import InvalidValueError
 from dippm_nas.prediction import Prediction
@@ -94,9 +94,7 @@ class Constraints:
 
 
 def _check_exponent(name: str, v: Any) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v > 0:
-        raise InvalidValueError(f"{name} must be a finite number <= 0 (a positive one would reward cost), got {v!r}")
-    return float(v)
+    return as_real(v, name, high=0, rule=f"{name} must be a finite number <= 0 (a positive one would reward cost)")
 
 
 def scalarize(accuracy: float, prediction: Prediction, constraints: Budgets | None = None, *,
@@ -120,9 +118,7 @@ def scalarize(accuracy: float, prediction: Prediction, constraints: Budgets | No
         DippmNasError: accuracy not finite or negative, an exponent positive, or a bound that cannot be
             checked (see :meth:`Budgets.check <dippm_nas.budgets.Budgets.check>`).
     """
-    if isinstance(accuracy, bool) or not isinstance(accuracy, (int, float)) or not math.isfinite(accuracy) \
-            or accuracy < 0:
-        raise InvalidValueError(f"accuracy must be a finite number >= 0 (higher is better), got {accuracy!r}")
+    accuracy = as_real(accuracy, "accuracy", low=0, rule="accuracy must be a finite number >= 0 (higher is better)")
     alpha = _check_exponent("reward_exponent", reward_exponent)
     beta = _check_exponent("penalty_exponent", penalty_exponent)
     score = float(accuracy)

@@ -35,6 +35,7 @@ from statistics import NormalDist
 from typing import Any
 
 from dippm_nas._json import canonical_json
+from dippm_nas._numbers import as_int, is_real
 from dippm_nas.errors import InputSpecError, ModelSpecError, SearchSpaceError
 from dippm_nas.spec import InputSpec, load_callable
 import search_spaces
@@ -181,7 +182,7 @@ class Dimension:
                     return {self.param: (self.distribution, c)}
             raise bad(f"search-space key {self.name!r}: {value!r} is not one of the choices "
                       f"{list(self.distribution.choices)}")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        if not is_real(value) or not math.isfinite(value):
             raise bad(f"search-space key {self.name!r} ({self.type}): expected a finite number, got {value!r}")
         if self.type == "randint":
             d = self.distribution
@@ -212,7 +213,7 @@ class Dimension:
 
 def _numbers(key: str, typ: str, value: Any, n: int) -> list[float]:
     if not isinstance(value, (list, tuple)) or len(value) != n or any(
-            isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) for v in value):
+            not is_real(v) or not math.isfinite(v) for v in value):
         names = {2: "[low, high]", 3: "[low, high, q]"}[n] if "normal" not in typ else \
             {2: "[mu, sigma]", 3: "[mu, sigma, q]"}[n]
         raise SearchSpaceError(f"search-space key {key!r}: {typ} needs _value = {names}, {n} finite numbers, "
@@ -379,7 +380,9 @@ def spec_from_parameters(parameters: Mapping[str, Any]) -> InputSpec | None:
                                  f"{d['input']!r} ({type(e).__name__}: {e})") from e
     if "search_space" in d and "config" in d and "batch_size" in d:
         space = search_spaces.get_space(d["search_space"])
-        return space.input_spec(d["config"], batch_size=int(d["batch_size"]), dtype=d.get("dtype", "float32"))
+        batch_size = as_int(d["batch_size"], f"parameters[{PARAMETERS_KEY!r}]['batch_size']", low=1,
+                            error=InputSpecError)
+        return space.input_spec(d["config"], batch_size=batch_size, dtype=d.get("dtype", "float32"))
     return None
 
 

@@ -21,7 +21,8 @@ How a trial's parameters are made (``generate_parameters``, called by NNI's disp
    feasible) are set on the Optuna trial (``set_constraint`` on Optuna >= 5, the sampler's
    ``constraints_func`` on Optuna 4), so the constrained samplers learn where the feasible region is; the
    trial also records ``predicted_<figure>``, ``predicted_<figure>_std``, ``margin_<figure>``,
-   ``k_sigma_<figure>``, ``budget_<figure>`` and ``std_missing_<figure>``.
+   ``k_sigma_<figure>``, ``budget_<figure>``, ``std_missing_<figure>`` and ``deployment`` (the tuner's
+   :class:`~dippm_nas.Deployment` as :meth:`~dippm_nas.Deployment.to_dict`).
 4. A configuration over a bound is **skipped**: the first time, it is told to Optuna as complete and
    infeasible, with its predicted objectives and the worst value (``-inf`` for maximise, ``+inf`` for
    minimise) for the objectives only a trial can measure (it was never trained); a later sample of the same
@@ -31,9 +32,9 @@ How a trial's parameters are made (``generate_parameters``, called by NNI's disp
    ``NoMoreTrialError`` (NNI then stops asking).
 5. The parameters sent to the trial are the sampled keys plus ``"dippm"``: how to build the model
    (``{"search_space", "config"}`` or ``{"model_factory", "model_params", "input"}``), ``"batch_size"``,
-   ``"dtype"``, ``"device"``, ``"runtime"``, ``"budgets"`` (:meth:`Budgets.to_dict`) and ``"predicted"``;
-   :func:`dippm_nas.nni.model_from_parameters` builds the same model in the trial and
-   :func:`dippm_nas.nni.report` scores it with the same budgets, device and runtime.
+   ``"dtype"``, ``"device"``, ``"runtime"``, ``"deployment"`` (:meth:`Deployment.to_dict`), ``"budgets"``
+   (:meth:`Budgets.to_dict`) and ``"predicted"``; :func:`dippm_nas.nni.model_from_parameters` builds the same
+   model in the trial and :func:`dippm_nas.nni.report` scores it with the same budgets, device and deployment.
 
 When a trial reports (``receive_trial_result``), its objectives are read from the final-result dict (what
 :func:`dippm_nas.nni.report` sends; a plain number counts for the single trial-side objective) and the
@@ -63,9 +64,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dippm_nas._json import loads_json
+from dippm_nas._numbers import as_int, is_real
 from dippm_nas._optional import require
 from dippm_nas.budgets import Budgets, ChanceCheck, trial_attrs
 from dippm_nas.capture import assemble
+from dippm_nas.deployment import Deployment
 from dippm_nas.devices import resolve_device
 from dippm_nas.errors import DippmNasError, InvalidTypeError, InvalidValueError, SearchSpaceError
 from dippm_nas.nni._report import mig_label
@@ -76,7 +80,6 @@ from dippm_nas.nni._space import (
 from dippm_nas.optuna import optuna_has_set_constraint, rdb_storage
 from dippm_nas.prediction import Prediction
 from dippm_nas.predictor import DEFAULT_DEVICE, predict
-from dippm_nas.prior import check_runtime
 from dippm_nas.spec import InputSpec
 import search_spaces
 
@@ -250,10 +253,17 @@ class HardwareAwareTuner(Tuner):
         stats_file: where to write :attr:`stats` as JSON after every change (default: ``<NNI log
             dir>/dippm_tuner_stats.json`` when NNI's dispatcher runs the tuner, else nowhere).
         cache: conversion cache, as in :func:`dippm_nas.predict`.
-        runtime: how the models will run on the GPU: ``"eager"`` (default), ``"cuda-graphs"`` or ``"compiled"``
-            (as in :func:`dippm_nas.predict`).
+        deployment: how the models will run on the GPU (as in :func:`dippm_nas.predict`): a
+            :class:`~dippm_nas.Deployment`, or (class args) a mapping of its fields or the path of a JSON/TOML
+            deployment file (``dippm-nas deployment --out FILE``; an absolute path, the tuner's working directory
+            is NNI's); ``None``: nothing described but ``runtime``. Sent to the trial (``params["dippm"]``) and
+            recorded on every Optuna trial (the ``deployment`` user attribute).
+        runtime: shorthand for ``Deployment(runtime=...)``: ``"eager"`` (default), ``"cuda-graphs"`` or
+            ``"compiled"``.
 
     Raises:
+        DeploymentError: a bad deployment (the field, the value and the choices are named), or a ``runtime``
+            that conflicts with it.
         ExecutionRuntimeError: an unknown runtime (the choices are listed).
         SearchSpaceError: unknown builder (the registered ones are listed) or a bad ``base_config``.
         ModelSpecError: a ``model_factory`` that is not ``package.module:callable`` or cannot be loaded (the
@@ -274,10 +284,10 @@ class HardwareAwareTuner(Tuner):
                  max_skips: int = 100, stats_file: str | None = None, cache: bool = True,
                  max_latency_ms: float | None = None, max_energy_j: float | None = None,
                  max_memory_mib: float | None = None, mig_profile: str | None = None,
-                 runtime: str = "eager", model_factory: str | None = None,
+                 runtime: str | None = None, model_factory: str | None = None,
                  model_keys: Sequence[str] | None = None, input_shape: Sequence[int] | None = None,
                  inputs: Mapping[str, Any] | None = None, storage: str | None = None,
-                 study_name: str | None = None) -> None:
+                 study_name: str | None = None, deployment: Any = None) -> None:
         super().__init__()
         objectives, directions = list(objectives), list(directions)
         if not objectives or len(objectives) != len(directions):
@@ -292,10 +302,8 @@ class HardwareAwareTuner(Tuner):
             logger.warning("objective 'default' is the scalarised score, which already folds in the cost; "
                            "a multi-objective search usually wants 'accuracy' and the cost figures instead")
         self.objectives, self.directions = objectives, directions
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise InvalidValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
-        if isinstance(max_skips, bool) or not isinstance(max_skips, int) or max_skips < 0:
-            raise InvalidValueError(f"max_skips must be an int >= 0, got {max_skips!r}")
+        batch_size = as_int(batch_size, "batch_size", low=1)
+        max_skips = as_int(max_skips, "max_skips", low=0)
         self.device = resolve_device(device).id
         if dtype is None:
             dtype = DEFAULT_GPU_DTYPE if resolve_device(device).kind == "gpu" else "float32"
@@ -309,7 +317,8 @@ class HardwareAwareTuner(Tuner):
         self.batch_size, self.dtype, self.max_skips, self.cache = batch_size, dtype, max_skips, cache
         #: standard deviations of memory the MIG advice of each prediction adds (the memory budget's ``k``)
         self.k_sigma = self.budgets.k_for("memory_mib")
-        self.runtime = check_runtime(runtime)
+        #: how the models run (every prediction is for it)
+        self.deployment: Deployment = Deployment.coerce(deployment, runtime=runtime)
         self.base_config = dict(base_config or {})
         self._init_model_source(builder, model_factory, model_keys, input_shape, inputs)
         self.budgets.memory_limit(self.device)  # a MIG profile the device lacks fails now
@@ -345,8 +354,8 @@ class HardwareAwareTuner(Tuner):
         self._failed_ids: set[int] = set()
         self._warned: set[str] = set()
         logger.info("HardwareAwareTuner: model=%s objectives=%s directions=%s device=%s batch_size=%d dtype=%s "
-                    "(%s) budgets=%s sampler=%s", self.model_source, objectives, directions, self.device, batch_size,
-                    dtype, how, self.budgets.to_dict(), sampler)
+                    "(%s) budgets=%s sampler=%s deployment=%s", self.model_source, objectives, directions, self.device,
+                    batch_size, dtype, how, self.budgets.to_dict(), sampler, self.deployment.label)
 
     @property
     def study(self) -> Any:
@@ -443,7 +452,8 @@ class HardwareAwareTuner(Tuner):
                                     f"{list(study.metric_names)}, the tuner's are {self.objectives}; use another "
                                     "study_name or the study's objectives")
         setup = {"model": self.model_source, "base_config": self.base_config, "batch_size": self.batch_size,
-                 "dtype": self.dtype, "device": self.device, "runtime": self.runtime,
+                 "dtype": self.dtype, "device": self.device, "runtime": self.deployment.runtime,
+                 "deployment": self.deployment.to_dict(),
                  "input": self.input_spec.to_dict() if self.input_spec is not None else None,
                  "budgets": self.budgets.to_dict()}
         old = study.user_attrs.get("dippm_tuner")
@@ -564,8 +574,9 @@ class HardwareAwareTuner(Tuner):
             self._write_stats()
             params = dict(flat)
             params[PARAMETERS_KEY] = {**self._describe(ev), "batch_size": self.batch_size, "dtype": self.dtype,
-                                      "device": self.device, "runtime": self.runtime,
-                                      "budgets": self.budgets.to_dict(), "predicted": predicted}
+                                      "device": self.device, "runtime": self.deployment.runtime,
+                                      "deployment": self.deployment.to_dict(), "budgets": self.budgets.to_dict(),
+                                      "predicted": predicted}
             logger.info("parameter set %d: %s (predicted %.4g ms, %.4g MiB); stats %s", parameter_id, key,
                         predicted["latency_ms"], predicted["memory_mib"], self._counts())
             return params
@@ -652,9 +663,9 @@ class HardwareAwareTuner(Tuner):
         params, value = rec["parameter"], rec["value"]
         if isinstance(value, str):
             try:
-                value = json.loads(value)
-            except ValueError as e:
-                raise InvalidValueError(f"value {value!r} is not a number, a dict or their JSON") from e
+                value = loads_json(value, "the record's value")
+            except InvalidValueError as e:
+                raise InvalidValueError(f"value {value[:80]!r} is not a number, a dict or their JSON ({e})") from e
         if not isinstance(params, Mapping):
             raise InvalidTypeError(f"parameter must be a dict of the search space's keys, got {params!r}")
         missing = [k for k in dims if k not in params]
@@ -728,7 +739,7 @@ class HardwareAwareTuner(Tuner):
         return {"model_factory": self.model_factory, "model_params": ev.config, "input": self.input_spec.to_dict()}
 
     def _cost_attrs(self, ev: _Evaluation) -> dict[str, Any]:
-        """User attributes of the prediction and its chance checks (units in the keys)."""
+        """User attributes of the prediction, its chance checks (units in the keys) and the deployment."""
         p = ev.prediction
         assert p is not None
         out: dict[str, Any] = {}
@@ -736,6 +747,7 @@ class HardwareAwareTuner(Tuner):
             out[f"predicted_{f}"] = getattr(p, f)
             out[f"predicted_{f}_std"] = getattr(p, f + "_std")
         out.update(trial_attrs(ev.checks))
+        out["deployment"] = self.deployment.to_dict()
         return out
 
     def _record_cost(self, trial: Any, ev: _Evaluation) -> None:
@@ -793,7 +805,7 @@ class HardwareAwareTuner(Tuner):
                 target = build_from_factory(self._factory, self.model_factory, config)  # type: ignore[arg-type]
                 ev.spec = spec = self.input_spec
             ev.prediction = predict(target, spec, self.device, cache=self.cache, k_sigma=self.k_sigma,
-                                    mig=self.budgets.mig_profile is not None, runtime=self.runtime)
+                                    mig=self.budgets.mig_profile is not None, deployment=self.deployment)
             self.stats.predictions += 1
         except DippmNasError as e:  # a builder, factory or capture failure is this config's problem
             ev.error = f"{type(e).__name__}: {e}"
@@ -842,7 +854,7 @@ class HardwareAwareTuner(Tuner):
             else:
                 raise InvalidValueError(f"the final result is a plain number {result!r} but objectives {trial_side} "
                                         "all come from the trial; report a dict")
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v):
+            if not is_real(v) or math.isnan(v):
                 raise InvalidValueError(f"objective {name!r} must be a number, the trial reported {v!r}")
             out.append(float(v))
         return out

@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING, Any
 from dippm_nas.predictor._api import DEFAULT_DEVICE, get_predictor, predict, predict_many, set_predictor
 from dippm_nas.predictor._base import AnalyticPredictor, BasePredictor
 from dippm_nas.predictor._calibrate import (ANALYTIC_IDENTITY, CALIBRATION_CLASSES, CLASS_SPREAD_LOG,
-                                            SCATTER_FLOOR_LOG, Calibration, TimelineFactors, calibration_classes,
-                                            calibration_path, checkpoint_identity, delete_calibration,
+                                            MAX_CORRECTION_LOG, SCATTER_FLOOR_LOG, SLOPE_BOUNDS, Calibration,
+                                            TimelineFactors, calibration_classes, calibration_path,
+                                            calibration_problems, checkpoint_identity, delete_calibration,
                                             fit_calibration, fit_timeline_factors, load_calibration,
-                                            save_calibration)
+                                            read_calibration, save_calibration)
 from dippm_nas.predictor._checkpoint import (CHECKPOINT_DIR_ENV, HOST_DEVICE, OTHER_HOST_FLOOR_LOG,
                                              OTHER_MACHINE_FLOOR_LOG, checkpoint_dirs, find_checkpoint,
                                              host_checkpoints)
@@ -35,7 +36,7 @@ __all__ = ["predict", "predict_many", "get_predictor", "set_predictor", "DEFAULT
            "AnalyticPredictor", "GnnPredictor", "Calibration", "TimelineFactors", "fit_timeline_factors",
            "fit_calibration", "checkpoint_identity", "calibration_path", "load_calibration", "save_calibration",
            "delete_calibration", "calibration_classes", "CALIBRATION_CLASSES", "CLASS_SPREAD_LOG", "SCATTER_FLOOR_LOG",
-           "ANALYTIC_IDENTITY",
+           "ANALYTIC_IDENTITY", "MAX_CORRECTION_LOG", "SLOPE_BOUNDS", "calibration_problems", "read_calibration",
            "CHECKPOINT_DIR_ENV", "HOST_DEVICE", "OTHER_HOST_FLOOR_LOG", "OTHER_MACHINE_FLOOR_LOG", "checkpoint_dirs",
            "find_checkpoint", "host_checkpoints",
            "SageEnsemble", "TorchEngine", "collate", "collate_globals", "DELTA_MARGIN", "INFER_CHUNK_NODES",

@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import logging
 import threading
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
+from dippm_nas._numbers import as_bool, as_int
+from dippm_nas.budgets import check_k_sigma
 from dippm_nas.capture import CacheArg, assemble, assemble_many, capture, capture_many, space_config_of
-from dippm_nas.errors import CheckpointError, DippmNasError, InputSpecError
+from dippm_nas.deployment import Deployment
+from dippm_nas.errors import CheckpointError, DippmNasError, InputSpecError, InvalidTypeError
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.prediction import Prediction
 from dippm_nas.devices import HostProfile, resolve_device
-from dippm_nas.predictor._base import AnalyticPredictor, BasePredictor, execution_args
+from dippm_nas.predictor._base import AnalyticPredictor, BasePredictor, deployment_of
 from dippm_nas.predictor._checkpoint import checkpoint_candidates
 from dippm_nas.predictor._gnn import GnnPredictor
 from dippm_nas.spec import InputSpec
@@ -89,7 +95,8 @@ def set_predictor(device: str, predictor: BasePredictor | None) -> None:
             _PREDICTORS.pop(dev_id, None)
         else:
             if not isinstance(predictor, BasePredictor):
-                raise TypeError(f"predictor must be a BasePredictor, got {type(predictor).__name__}")
+                raise InvalidTypeError(f"predictor must be a BasePredictor (an AnalyticPredictor or a GnnPredictor) or "
+                                       f"None, got {type(predictor).__name__}")
             _PREDICTORS[dev_id] = predictor
 
 
@@ -110,9 +117,30 @@ def _graph_of(model_or_graph: Any, spec: InputSpec | None, cache: CacheArg) -> O
     return capture(model_or_graph, spec, cache=cache)
 
 
+def _takes_deployment(predictor: BasePredictor) -> bool:
+    """Whether ``predictor.predict_graphs`` has a ``deployment`` parameter (a plug-in predictor written for the
+    ``runtime`` / ``host`` keywords alone has not)."""
+    params = inspect.signature(predictor.predict_graphs).parameters
+    return "deployment" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def _predict_graphs(predictor: BasePredictor, graphs: list[OperatorGraph], *, mig: bool, k_sigma: float,
+                    deployment: Deployment) -> list[Prediction]:
+    """The predictor's answers for ``deployment``, each recording it in ``details["deployment"]``."""
+    if _takes_deployment(predictor):
+        preds = predictor.predict_graphs(graphs, mig=mig, k_sigma=k_sigma, deployment=deployment)
+    else:
+        preds = predictor.predict_graphs(graphs, mig=mig, k_sigma=k_sigma, runtime=deployment.runtime,
+                                         host=deployment.host)
+    return [p if "deployment" in p.details else dataclasses.replace(p, details={**p.details,
+                                                                                "deployment": deployment.label})
+            for p in preds]
+
+
 def predict(model_or_graph: Any, spec: InputSpec | None = None, device: str = DEFAULT_DEVICE, *,
-            cache: CacheArg = True, mig: bool = True, k_sigma: float = 2.0, runtime: str = "eager",
-            host: HostProfile | str | None = None) -> Prediction:
+            cache: CacheArg = True, mig: bool = True, k_sigma: float = 2.0,
+            deployment: Deployment | Mapping[str, Any] | str | Path | None = None, runtime: str | None = None,
+            host: HostProfile | str | Path | None = None) -> Prediction:
     """Predicted latency, energy and memory of one model on ``device``.
 
     Args:
@@ -125,29 +153,50 @@ def predict(model_or_graph: Any, spec: InputSpec | None = None, device: str = DE
         cache: conversion cache, as in :func:`dippm_nas.capture`.
         mig: attach the MIG advisor's answer.
         k_sigma: standard deviations of memory added before choosing the smallest fitting MIG profile.
-        runtime: how the model is executed on a GPU: ``"eager"`` (default: PyTorch eager, per-operator host
-            dispatch on the critical path), ``"cuda-graphs"`` (the same kernels replayed from one CUDA graph)
-            or ``"compiled"`` (``torch.compile`` default mode: element-wise chains fused).
-        host: the CPU that drives the GPU: a :class:`~dippm_nas.devices.HostProfile`, a profile JSON file
-            (``dippm-nas host-profile --out FILE``), or ``None`` for the default datacenter host.
+        deployment: how inference runs on a GPU (:class:`~dippm_nas.Deployment`: runtime, host, framework,
+            TF32, autocast, input copy...), a mapping of its fields, or a JSON/TOML file
+            (``dippm-nas deployment --out FILE``); ``None``: nothing described but ``runtime`` and ``host``
+            (what is not described is assumed: ``details["deployment_assumed"]`` lists it).
+        runtime: shorthand for ``Deployment(runtime=...)``: ``"eager"`` (the default: PyTorch eager,
+            per-operator host dispatch on the critical path), ``"cuda-graphs"`` (the same kernels replayed from
+            one CUDA graph) or ``"compiled"`` (``torch.compile`` default mode: element-wise chains fused).
+        host: shorthand for ``Deployment(host=...)``: a :class:`~dippm_nas.devices.HostProfile`, a profile JSON
+            file (``dippm-nas host-profile --out FILE``) or ``"default"`` (a typical datacenter host).
 
     Returns:
         A :class:`Prediction`; each figure says its source (``"predicted"``, ``"analytic"``, ``"calibrated"``);
-        ``host_ms`` and ``gpu_ms`` are the two timelines and ``details["runtime"]`` the runtime.
+        ``host_ms`` and ``gpu_ms`` are the two timelines, ``details["runtime"]`` the runtime and
+        ``details["deployment"]`` the deployment (:attr:`Deployment.label`).
 
     Raises:
+        DeploymentError: a bad deployment (the field, the value and the choices are named), or a ``runtime`` /
+            ``host`` that conflicts with it.
         ExecutionRuntimeError: an unknown runtime (the choices are listed).
         DeviceError: an unknown device or an unreadable host profile.
     """
+    predictor, mig, k_sigma, dep = _checked(device, mig, k_sigma, deployment, runtime, host)  # before any capture
     graph = _graph_of(model_or_graph, spec, cache)
-    (pred,) = get_predictor(device).predict_graphs([graph], mig=mig, k_sigma=k_sigma, runtime=runtime, host=host)
+    (pred,) = _predict_graphs(predictor, [graph], mig=mig, k_sigma=k_sigma, deployment=dep)
     return pred
+
+
+def _checked(device: str, mig: Any, k_sigma: Any, deployment: Any, runtime: Any,
+             host: Any) -> tuple[BasePredictor, bool, float, Deployment]:
+    """The predictor of ``device``, ``mig``, ``k_sigma`` and the deployment, once every option of
+    :func:`predict` / :func:`predict_many` is checked (a bad one fails before any conversion)."""
+    mig = as_bool(mig, "mig")
+    k_sigma = check_k_sigma(k_sigma)
+    dep = Deployment.coerce(deployment, runtime=runtime, host=host)
+    predictor = get_predictor(device)
+    deployment_of(predictor.device, dep)
+    return predictor, mig, k_sigma, dep
 
 
 def predict_many(items: Iterable[Any], device: str = DEFAULT_DEVICE, *, workers: int = 1,
                  cache: CacheArg = True, mig: bool = True, k_sigma: float = 2.0,
-                 progress: bool = False, runtime: str = "eager",
-                 host: HostProfile | str | None = None) -> list[Prediction | DippmNasError]:
+                 progress: bool = False, deployment: Deployment | Mapping[str, Any] | str | Path | None = None,
+                 runtime: str | None = None,
+                 host: HostProfile | str | Path | None = None) -> list[Prediction | DippmNasError]:
     """Predictions for many candidates: batched conversion, then one batched predictor pass.
 
     A model that comes from a registered search space (built by ``search_spaces.build_model``, or the lazy
@@ -157,7 +206,7 @@ def predict_many(items: Iterable[Any], device: str = DEFAULT_DEVICE, *, workers:
 
     Args:
         items: :class:`OperatorGraph` objects or ``(model, spec)`` pairs (as for :func:`dippm_nas.capture_many`).
-        device, cache, mig, k_sigma, runtime, host: as for :func:`predict`.
+        device, cache, mig, k_sigma, deployment, runtime, host: as for :func:`predict`.
         workers: conversion processes for the items that are not graphs yet.
         progress: show a progress bar while converting.
 
@@ -165,9 +214,13 @@ def predict_many(items: Iterable[Any], device: str = DEFAULT_DEVICE, *, workers:
         One entry per item, in order: a :class:`Prediction`, or the :class:`DippmNasError` that stopped
         that item (a failing candidate never fails the batch).
     """
+    if isinstance(items, (str, bytes, Mapping)) or not isinstance(items, Iterable):
+        raise InvalidTypeError(f"items must be a list of OperatorGraphs or (model, InputSpec) pairs, got "
+                               f"{type(items).__name__}")
     items = list(items)
-    predictor = get_predictor(device)
-    execution_args(predictor.device, runtime, host)  # a bad runtime or host fails before any conversion
+    workers = as_int(workers, "workers", low=1, hint=" (conversion processes)")
+    progress = as_bool(progress, "progress")
+    predictor, mig, k_sigma, dep = _checked(device, mig, k_sigma, deployment, runtime, host)  # before any conversion
     out: list[Prediction | DippmNasError | None] = [None] * len(items)
     graphs: list[OperatorGraph | None] = [None] * len(items)
     todo = [(i, it) for i, it in enumerate(items) if not isinstance(it, OperatorGraph)]
@@ -192,7 +245,7 @@ def predict_many(items: Iterable[Any], device: str = DEFAULT_DEVICE, *, workers:
             else:
                 out[i] = DippmNasError(r.error or "capture failed")
     ok = [i for i, g in enumerate(graphs) if g is not None]
-    preds = (predictor.predict_graphs([graphs[i] for i in ok], mig=mig, k_sigma=k_sigma, runtime=runtime, host=host)
+    preds = (_predict_graphs(predictor, [graphs[i] for i in ok], mig=mig, k_sigma=k_sigma, deployment=dep)
              if ok else [])
     for i, p in zip(ok, preds):
         out[i] = p

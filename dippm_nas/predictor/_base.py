@@ -5,22 +5,24 @@ from __future__ import annotations
 import abc
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import math
 
 from dippm_nas._logging import WarnOnce
+from dippm_nas.deployment import Deployment
 from dippm_nas.devices import HostProfile, resolve_device, resolve_host_profile
 from dippm_nas.errors import DeviceError, ExecutionRuntimeError, InvalidTypeError, InvalidValueError
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.prediction import Prediction
 from dippm_nas.predictor._calibrate import (ANALYTIC_IDENTITY, Calibration, calibration_classes, calibration_details,
-                                            delete_calibration, fit_timeline_factors, save_calibration)
-from dippm_nas.predictor._calibrate import load_calibration as _load_calibration
-from dippm_nas.prior import check_runtime, estimate, latency_us, predict as prior_predict, timeline_fields
+                                            delete_calibration, fit_timeline_factors, read_calibration,
+                                            require_plausible, save_calibration)
+from dippm_nas.prior import (DeploymentSettings, check_runtime, deployment_settings, estimate, latency_us,
+                             predict as prior_predict, timeline_fields)
 
-__all__ = ["BasePredictor", "AnalyticPredictor", "measurement_pairs"]
+__all__ = ["BasePredictor", "AnalyticPredictor", "measurement_pairs", "deployment_of"]
 
 logger = logging.getLogger(__name__)
 _warn_once = WarnOnce(logger, python_warning=True)
@@ -38,47 +40,88 @@ class BasePredictor(abc.ABC):
 
     @abc.abstractmethod
     def predict_graphs(self, graphs: Sequence[OperatorGraph], *, mig: bool = True, k_sigma: float = 2.0,
-                       runtime: str = "eager", host: HostProfile | str | None = None) -> list[Prediction]:
+                       runtime: str | None = None, host: HostProfile | str | None = None,
+                       deployment: Deployment | None = None) -> list[Prediction]:
         """One :class:`Prediction` per graph, in order.
 
         Args:
             graphs: validated graphs (the caller validated them).
             mig: attach the MIG advisor's answer for devices with MIG.
             k_sigma: how many standard deviations of memory the advisor adds before choosing a profile.
-            runtime: execution runtime (``"eager"``, ``"cuda-graphs"``, ``"compiled"``), recorded in
-                ``details["runtime"]``.
+            runtime: execution runtime (``"eager"``, ``"cuda-graphs"``, ``"compiled"``; ``None``: eager, or the
+                deployment's), recorded in ``details["runtime"]``.
             host: the host that drives the GPU (a :class:`~dippm_nas.devices.HostProfile`, a profile file, or
-                ``None`` for the default profile).
+                ``None``: not described).
+            deployment: how inference runs (:class:`~dippm_nas.Deployment`); ``runtime`` and ``host`` build one
+                when it is ``None``. What it leaves undescribed is listed in ``details["deployment_assumed"]``.
         """
 
 
+def deployment_of(device: str, deployment: Deployment | None = None, runtime: str | None = None,
+                  host: Any = None) -> tuple[Deployment, DeploymentSettings]:
+    """The deployment a prediction on ``device`` is for, and the prior's settings of it.
+
+    ``deployment``, or one built from the ``runtime`` / ``host`` keywords: ``Deployment(runtime, host)``
+    with the host profile's framework (a profile names its PyTorch generation); ``host=None`` leaves the host
+    and the framework undescribed.
+
+    Raises:
+        ExecutionRuntimeError: an unknown runtime, one the graph predictors do not model (``"serving"``), or
+            one other than ``"eager"`` on a CPU device.
+        DeviceError: an unreadable host profile.
+        InvalidTypeError: ``deployment`` is not a :class:`~dippm_nas.Deployment`.
+        InvalidValueError: ``runtime`` or ``host`` given beside a deployment that says otherwise.
+    """
+    if deployment is None:
+        rt = check_runtime("eager" if runtime is None else runtime)
+        prof = None if host is None else resolve_host_profile(host)
+        dep = Deployment(runtime=rt, host=prof, framework=None if prof is None else prof.framework)
+    else:
+        if not isinstance(deployment, Deployment):
+            raise InvalidTypeError(f"deployment must be a dippm_nas.Deployment, got {type(deployment).__name__}")
+        if runtime is not None and runtime != deployment.runtime:
+            raise InvalidValueError(f"runtime={runtime!r} contradicts the deployment's runtime "
+                                    f"{deployment.runtime!r}; pass one of them")
+        if host is not None and resolve_host_profile(host) != deployment.host:
+            raise InvalidValueError("host= contradicts the deployment's host; pass the host in the deployment "
+                                    "(Deployment(host=...)) or leave host out")
+        dep = deployment
+    settings = deployment_settings(dep)  # refuses "serving" (ExecutionRuntimeError listing the runtimes)
+    if settings.runtime != "eager" and resolve_device(device).kind != "gpu":
+        raise ExecutionRuntimeError(f"runtime {settings.runtime!r} is modelled for GPUs; device {device!r} is a CPU, "
+                                    "whose predictions are for eager PyTorch (runtime='eager')")
+    if settings.host.framework != CURRENT_FRAMEWORK:
+        _warn_once(f"framework:{settings.host.framework}",
+                   "the deployment runs %s, not the %s generation the host model's constants are for: its host "
+                   "times are scaled by the fitted generation factor and flagged details['host_profile_mismatch'] = 1",
+                   settings.host.framework, CURRENT_FRAMEWORK)
+    return dep, settings
+
+
 def execution_args(device: str, runtime: str, host: Any) -> tuple[str, HostProfile]:
-    """Check ``runtime`` and ``host`` for ``device``: the runtime and the resolved host profile.
+    """Check ``runtime`` and ``host`` for ``device``: the runtime and the host profile a prediction uses.
 
     Raises:
         ExecutionRuntimeError: an unknown runtime, or one other than ``"eager"`` on a CPU device.
         DeviceError: an unreadable host profile.
     """
-    rt = check_runtime(runtime)
-    if rt != "eager" and resolve_device(device).kind != "gpu":
-        raise ExecutionRuntimeError(f"runtime {rt!r} is modelled for GPUs; device {device!r} is a CPU, whose "
-                                    "predictions are for eager PyTorch (runtime='eager')")
-    prof = resolve_host_profile(host)
-    if prof.framework != CURRENT_FRAMEWORK:
-        _warn_once(f"framework:{prof.framework}",
-                        "host profile %r describes %s, not the %s generation the host model's constants are for: "
-                        "its host times are scaled by the fitted generation factor and flagged "
-                        "details['host_profile_mismatch'] = 1", prof.name, prof.framework, CURRENT_FRAMEWORK)
-    return rt, prof
+    _, s = deployment_of(device, None, runtime, host)
+    return s.runtime, s.host
 
 
 #: The framework generation the host model's constants and the default host profile describe.
 CURRENT_FRAMEWORK = "torch-2"
 
 
-def execution_details(runtime: str, host: HostProfile) -> dict[str, Any]:
-    """``details`` entries every prediction carries about its execution."""
-    return {"runtime": runtime, "host_profile_mismatch": float(host.framework != CURRENT_FRAMEWORK)}
+def execution_details(settings: DeploymentSettings, device: str | None = None) -> dict[str, Any]:
+    """``details`` entries every prediction carries about its execution: the runtime, whether the framework is
+    another generation than the host model's (``host_profile_mismatch``) and the deployment's settings that
+    were assumed (``deployment_assumed``: comma-joined, ``""`` when every setting is described; always ``""``
+    on a CPU device, where none of them applies)."""
+    cpu = device is not None and resolve_device(device).kind != "gpu"
+    return {"runtime": settings.runtime,
+            "host_profile_mismatch": float(settings.host.framework != CURRENT_FRAMEWORK),
+            "deployment_assumed": "" if cpu else settings.assumed_label}
 
 
 class AnalyticPredictor(BasePredictor):
@@ -99,21 +142,25 @@ class AnalyticPredictor(BasePredictor):
         dev = resolve_device(device)
         self.device = dev.id
         self.calibration: Calibration | None = None
+        #: why the device's persisted calibration file was not applied ("" when none was ignored); while set,
+        #: every prediction carries ``details["calibration_ignored"] = 1``
+        self.calibration_ignored = ""
         if load_calibration and dev.kind == "gpu":
-            self.calibration = _load_calibration(self.device, self._identity())
+            self.calibration, self.calibration_ignored = read_calibration(self.device, self._identity())
 
     def _identity(self) -> str:
         return ANALYTIC_IDENTITY.format(device=self.device)
 
     def predict_graphs(self, graphs: Sequence[OperatorGraph], *, mig: bool = True, k_sigma: float = 2.0,
-                       runtime: str = "eager", host: HostProfile | str | None = None) -> list[Prediction]:
-        rt, prof = execution_args(self.device, runtime, host)
+                       runtime: str | None = None, host: HostProfile | str | None = None,
+                       deployment: Deployment | None = None) -> list[Prediction]:
+        _, st = deployment_of(self.device, deployment, runtime, host)
         out = []
         for g in graphs:
             try:
-                pred = prior_predict(g, self.device, mig=mig, k_sigma=k_sigma, runtime=rt, host=prof)
+                pred = prior_predict(g, self.device, mig=mig, k_sigma=k_sigma, deployment=st)
             except DeviceError:  # the device has no power figures: energy is unavailable, not zero
-                est = estimate(g, self.device, runtime=rt, host=prof)
+                est = estimate(g, self.device, deployment=st)
                 if est.energy_j is not None:
                     raise
                 pred = Prediction(
@@ -122,16 +169,19 @@ class AnalyticPredictor(BasePredictor):
                     device=self.device, batch_size=est.batch_size, dtype=est.dtype,
                     unknown_ops=dict(est.unknown_ops), details=est.details(), **timeline_fields(est),
                 )
-            pred = dataclasses.replace(pred, details={**pred.details, **execution_details(rt, prof)})
-            out.append(self._calibrated(g, pred, rt, prof))
+            details = {**pred.details, **execution_details(st, self.device)}
+            if self.calibration_ignored:
+                details["calibration_ignored"] = 1.0
+            pred = dataclasses.replace(pred, details=details)
+            out.append(self._calibrated(g, pred, st))
         return out
 
-    def _calibrated(self, graph: OperatorGraph, pred: Prediction, runtime: str, host: HostProfile) -> Prediction:
+    def _calibrated(self, graph: OperatorGraph, pred: Prediction, settings: DeploymentSettings) -> Prediction:
         """``pred`` with the calibration's timeline factors applied to its latency (unchanged without them)."""
         tf = self.calibration.timeline_factors if self.calibration is not None else None
         if tf is None or pred.latency_ms is None:
             return pred
-        est = estimate(graph, self.device, runtime=runtime, host=host)
+        est = estimate(graph, self.device, deployment=settings)
         g, h, pre = tf.apply(est.node_time_ms * 1e3, est.node_host_ms * 1e3, est.pass_host_ms * 1e3,
                              calibration_classes(graph) if tf.class_log else None)
         lat = latency_us(g, h, pre) / 1e3 * (pred.latency_ms / est.latency_ms if est.latency_ms > 0 else 1.0)
@@ -144,15 +194,15 @@ class AnalyticPredictor(BasePredictor):
         return dataclasses.replace(pred, latency_ms=lat, latency_ms_std=std, latency_source="calibrated",
                                    host_ms=host_ms, gpu_ms=gpu_ms, details=details)
 
-    def calibrate(self, measurements: Sequence[Any], *, persist: bool = True, runtime: str = "eager",
-                  host: HostProfile | str | None = None) -> Calibration | None:
+    def calibrate(self, measurements: Sequence[Any], *, persist: bool = True, runtime: str | None = None,
+                  host: HostProfile | str | None = None, deployment: Deployment | None = None) -> Calibration | None:
         """Adapt the prior's GPU latency to real measurements of this device (few-shot): host, GPU and
         op-class GPU factors (see :mod:`dippm_nas.predictor._calibrate`). Energy and memory stay analytic.
 
         Args:
             measurements: ``(graph, Measurement)`` or ``(graph, {"latency_ms": ...})`` pairs.
             persist: write the correction to the cache directory so later predictors re-apply it.
-            runtime, host: how the measured passes ran (as for :func:`dippm_nas.predict`).
+            runtime, host, deployment: how the measured passes ran (as for :meth:`predict_graphs`).
 
         Returns:
             The fitted :class:`~dippm_nas.predictor.Calibration` (now active), or ``None`` with a warning when
@@ -160,7 +210,8 @@ class AnalyticPredictor(BasePredictor):
 
         Raises:
             DeviceError: a CPU device (its analytic latency has no timelines to correct).
-            InvalidValueError: a figure that is not a finite number > 0 (named in the message).
+            InvalidValueError: a figure that is not a finite number > 0 (named in the message), or a fit beyond
+                the plausibility bounds (:func:`~dippm_nas.predictor.calibration_problems`); nothing is applied.
         """
         if resolve_device(self.device).kind != "gpu":
             raise DeviceError(f"the analytic prior of {self.device!r} (a CPU) has no host and GPU timelines to "
@@ -171,16 +222,18 @@ class AnalyticPredictor(BasePredictor):
             _warn_once(f"calibrate-few:{self.device}", "calibrate() needs at least 2 measurements with a latency "
                        "> 0, got %d: the %s predictions are left unchanged", len(pairs), self.device)
             return None
-        rt, prof = execution_args(self.device, runtime, host)
-        ests = [estimate(g, self.device, runtime=rt, host=prof) for g, _ in pairs]
+        _, st = deployment_of(self.device, deployment, runtime, host)
+        ests = [estimate(g, self.device, deployment=st) for g, _ in pairs]
         tf = fit_timeline_factors([(e.node_time_ms * 1e3, e.node_host_ms * 1e3, e.pass_host_ms * 1e3) for e in ests],
                                   [y["latency_ms"] for _, y in pairs],
                                   node_classes=[calibration_classes(g) for g, _ in pairs])
         cal = Calibration(device=self.device, checkpoint=self._identity(), coef={}, n={"latency_ms": len(pairs)},
                           timeline=dataclasses.asdict(tf))
+        require_plausible(cal)
         self.calibration = cal
         if persist:
             save_calibration(cal)
+            self.calibration_ignored = ""
         return cal
 
     def reset_calibration(self, *, persist: bool = True) -> None:
@@ -188,6 +241,7 @@ class AnalyticPredictor(BasePredictor):
         self.calibration = None
         if persist:
             delete_calibration(self.device)
+            self.calibration_ignored = ""
 
     def __repr__(self) -> str:
         return f"AnalyticPredictor(device={self.device!r}, calibrated={self.calibration is not None})"
@@ -204,6 +258,9 @@ def measurement_pairs(measurements: Sequence[Any]) -> list[tuple[OperatorGraph, 
         InvalidTypeError: an item that is not such a pair.
         InvalidValueError: a figure that is not a finite number > 0 (named), or no pair with a figure.
     """
+    if isinstance(measurements, (str, bytes, Mapping)) or not isinstance(measurements, Iterable):
+        raise InvalidTypeError(f"measurements must be a list of (graph, Measurement) or (graph, {{'latency_ms': "
+                               f"...}}) pairs, got {type(measurements).__name__} {measurements!r:.200}")
     out = []
     for i, item in enumerate(measurements):
         try:

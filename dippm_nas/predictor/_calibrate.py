@@ -59,6 +59,15 @@ checkpoint) and re-applied whenever that same checkpoint is loaded again; a file
 checkpoint is ignored with a warning. The analytic prior of a GPU without a checkpoint
 (``AnalyticPredictor.calibrate``) records :data:`ANALYTIC_IDENTITY` instead. Files written before the
 op-class factors load with none. Calibrated figures have source ``"calibrated"``.
+
+**Plausibility bounds** (:func:`calibration_problems`), the same on write and on read: every figure finite; a
+line's slope ``b`` within :data:`SLOPE_BOUNDS` and its correction ``a + (b - 1) m`` within
+±:data:`MAX_CORRECTION_LOG` over the log predictions ``m`` it was fitted on (:attr:`Calibration.span`; a file
+without a span: at ``m = 0``, one ms, J or MiB); GPU host, GPU and op-class log factors within the same bound
+(the fit's own box, so a fit never leaves it); every residual scatter within ``[0, MAX_CORRECTION_LOG]``; kept
+shares within [0, 1]. A fit outside them is refused by ``calibrate()`` (an :class:`InvalidValueError` naming the
+figure, the bound and the likely cause) and never written; a file outside them (hand-edited, damaged) is ignored
+with a warning, and every prediction of the device says so: ``details["calibration_ignored"] = 1``.
 """
 
 from __future__ import annotations
@@ -75,15 +84,18 @@ from typing import Any
 
 import numpy as np
 
+from dippm_nas._json import read_json_file
 from dippm_nas._paths import cache_dir
-from dippm_nas.errors import InvalidValueError
+from dippm_nas._schema import from_file_data
+from dippm_nas.errors import DippmNasError, InvalidValueError
 from dippm_nas.predictor._meta import CheckpointMeta
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.prior import graph_facts, latency_us
 
 __all__ = ["Calibration", "TimelineFactors", "fit_calibration", "fit_timeline_factors", "save_calibration",
            "load_calibration", "delete_calibration", "calibration_path", "calibration_classes", "calibration_details", "SLOPE_PRIOR",
-           "FACTOR_PRIOR", "CALIBRATION_CLASSES", "ANALYTIC_IDENTITY", "CLASS_SPREAD_LOG", "SCATTER_FLOOR_LOG"]
+           "FACTOR_PRIOR", "CALIBRATION_CLASSES", "ANALYTIC_IDENTITY", "CLASS_SPREAD_LOG", "SCATTER_FLOOR_LOG",
+           "MAX_CORRECTION_LOG", "SLOPE_BOUNDS", "calibration_problems", "read_calibration", "require_plausible"]
 
 logger = logging.getLogger(__name__)
 
@@ -101,6 +113,17 @@ CALIBRATION_CLASSES: tuple[str, ...] = ("conv", "conv_depthwise", "conv_grouped"
 CLASS_SPREAD_LOG = 1.0
 #: The smallest scatter the class fit assumes, log units (repeat noise of a timed latency is about 2 %).
 SCATTER_FLOOR_LOG = 0.02
+#: The largest log correction a calibration may make, either way (a factor e^3 = 20.1): the box the GPU factors
+#: are fitted in, and the bound on a line's correction over the predictions it was fitted on and on any fit's
+#: residual scatter. The largest corrections measured in this project stay inside it -- a host CPU 1.3-1.8x off
+#: (docs/predictor_report.md), fp16 depthwise convolutions on the TITAN Xp ~24x the prior, 20x the common GPU
+#: factor (a class deviation at the box's edge; docs/runtime_and_host.md) -- while a fit beyond it is of
+#: measurements in another unit (seconds or microseconds for ms is 1000x), of another device, or broken.
+MAX_CORRECTION_LOG = 3.0
+#: The range of a line's slope ``b`` (``log y = a + b log ŷ``): a prediction 10x larger is measured 3.2x to 100x
+#: larger. The fit pulls ``b`` towards 1 (:data:`SLOPE_PRIOR`); a slope outside says the measurements do not
+#: grow with the models' size at all, or far faster than any cost does.
+SLOPE_BOUNDS: tuple[float, float] = (0.5, 2.0)
 
 _CONTRACTION = {"matmul": "matmul", "attention": "matmul", "conv": "conv", "conv_depthwise": "conv_depthwise"}
 
@@ -219,14 +242,15 @@ def fit_timeline_factors(parts: Sequence[tuple[np.ndarray, np.ndarray, float]],
     def objective(theta: np.ndarray) -> np.ndarray:
         return np.concatenate([resid(theta), math.sqrt(FACTOR_PRIOR * k) * theta])
 
-    fit = least_squares(objective, np.zeros(2), loss="soft_l1", f_scale=0.1, bounds=(-3.0, 3.0))
+    box = (-MAX_CORRECTION_LOG, MAX_CORRECTION_LOG)
+    fit = least_squares(objective, np.zeros(2), loss="soft_l1", f_scale=0.1, bounds=box)
     r0, r1 = resid(np.zeros(2)), resid(fit.x)
     ssr_identity, ssr = float(r0 @ r0), float(r1 @ r1)
     w, w_split, theta = 1.0, 1.0, fit.x  # k = 2: nothing to judge the fit by, kept whole
     if k > 2:
         # one overall factor first (1 parameter), its evidence share; then the host/GPU split around it
         fa = least_squares(lambda a: np.concatenate([resid(np.array([a[0], a[0]])), math.sqrt(FACTOR_PRIOR * k) * a]),
-                           np.zeros(1), loss="soft_l1", f_scale=0.1, bounds=(-3.0, 3.0))
+                           np.zeros(1), loss="soft_l1", f_scale=0.1, bounds=box)
         ra = resid(np.array([fa.x[0], fa.x[0]]))
         w = _share(ssr_identity - float(ra @ ra), float(ra @ ra) / (k - 1), 1)
         overall = np.array([w * fa.x[0]] * 2)
@@ -284,7 +308,8 @@ def _fit_class_deviations(parts: Sequence[tuple[np.ndarray, np.ndarray, float]],
     a_inv = np.eye(p) * CLASS_SPREAD_LOG ** 2
     for _ in range(3):  # the ridge is s^2 / spread^2, s^2 the scatter the class fit leaves: iterate the two
         lam = s2 / CLASS_SPREAD_LOG ** 2
-        fit = least_squares(lambda v: np.concatenate([resid(v), math.sqrt(lam) * v]), d, bounds=(-3.0, 3.0))
+        fit = least_squares(lambda v: np.concatenate([resid(v), math.sqrt(lam) * v]), d,
+                            bounds=(-MAX_CORRECTION_LOG, MAX_CORRECTION_LOG))
         d = fit.x
         jac = np.asarray(fit.jac)[:k]
         a_inv = np.linalg.inv(jac.T @ jac + lam * np.eye(p))
@@ -332,6 +357,8 @@ class Calibration:
         timeline: a GPU's latency factors (the fields of :class:`TimelineFactors`, op-class factors included);
             where present they, not ``coef["latency_ms"]``, correct latency. ``None`` in files written before
             them and for CPUs; files written before the op-class factors load with none.
+        span: ``{target: [lo, hi]}``, the range of the log predictions of the measurements each line was
+            fitted on (its plausibility is checked over it); empty in files written before it was recorded.
     """
 
     device: str
@@ -340,7 +367,8 @@ class Calibration:
     n: dict[str, int]
     date: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
     kept: dict[str, float] = field(default_factory=dict)
-    timeline: dict[str, float] | None = None
+    timeline: dict[str, Any] | None = None
+    span: dict[str, list[float]] = field(default_factory=dict)
 
     def has(self, target: str) -> bool:
         return target in self.coef or (target == "latency_ms" and self.timeline is not None)
@@ -388,6 +416,7 @@ def fit_calibration(device: str, meta: "CheckpointMeta", pred_log: np.ndarray,
     coef: dict[str, list[float]] = {}
     counts: dict[str, int] = {}
     kept: dict[str, float] = {}
+    span: dict[str, list[float]] = {}
     for t_i, t in enumerate(_TARGETS):
         if targets is not None and t not in targets:
             continue
@@ -404,9 +433,11 @@ def fit_calibration(device: str, meta: "CheckpointMeta", pred_log: np.ndarray,
         coef[t] = [a, b, s]
         counts[t] = len(rows)
         kept[t] = w
+        span[t] = [float(m.min()), float(m.max())]
     if not coef:
         raise InvalidValueError(f"no measurement holds a label for the targets {list(targets or _TARGETS)}")
-    return Calibration(device=device, checkpoint=checkpoint_identity(meta), coef=coef, n=counts, kept=kept)
+    return Calibration(device=device, checkpoint=checkpoint_identity(meta), coef=coef, n=counts, kept=kept,
+                       span=span)
 
 
 #: Huber tuning constant, in units of the residuals' robust scale (95 % efficiency under normal noise).
@@ -462,12 +493,83 @@ def _evidence_share(m: np.ndarray, y: np.ndarray, a: float, b: float, wts: np.nd
     return max(0.0, 1.0 - 2.0 * s2 / gain)
 
 
+#: The largest calibration file read, bytes (one with every op-class factor is under 4 KB).
+MAX_CALIBRATION_FILE_BYTES = 1 << 20
+
+
 def calibration_path(device: str) -> Path:
     return cache_dir() / "calibration" / f"{device}.json"
 
 
+def _number(v: Any) -> bool:
+    return not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
+
+
+def calibration_problems(cal: Calibration) -> list[str]:
+    """Why ``cal`` is implausible (the bounds of the module docstring), one line per figure; empty when it is not.
+
+    A fit outside the bounds is refused on write; a file outside them is ignored on read."""
+    out: list[str] = []
+    lim = MAX_CORRECTION_LOG
+    for t, c in cal.coef.items():
+        if not (isinstance(c, (list, tuple)) and len(c) == 3 and all(map(_number, c))):
+            out.append(f"coef[{t!r}] must be three finite numbers [a, b, residual_std_log], got {c!r}")
+            continue
+        a, b, res = (float(v) for v in c)
+        if not SLOPE_BOUNDS[0] <= b <= SLOPE_BOUNDS[1]:
+            out.append(f"{t} slope b = {b:.4g} lies outside SLOPE_BOUNDS {list(SLOPE_BOUNDS)}")
+        span = cal.span.get(t) or [0.0, 0.0]
+        if not (isinstance(span, (list, tuple)) and len(span) == 2 and all(map(_number, span))):
+            out.append(f"span[{t!r}] must be two finite log predictions [lo, hi], got {span!r}")
+            continue
+        worst = max((a + (b - 1.0) * float(m) for m in span), key=abs)
+        if abs(worst) > lim:
+            out.append(f"{t} correction x{math.exp(min(max(worst, -700.0), 700.0)):.3g} (log {worst:.4g}) at the "
+                       f"predictions it was fitted on lies beyond x{math.exp(lim):.3g} either way "
+                       f"(MAX_CORRECTION_LOG = {lim})")
+        if not 0.0 <= res <= lim:
+            out.append(f"{t} residual scatter {res:.4g} (log) lies outside [0, {lim}]")
+    for t, w in cal.kept.items():
+        if not (_number(w) and 0.0 <= w <= 1.0):
+            out.append(f"kept[{t!r}] must be a share in [0, 1], got {w!r}")
+    if cal.timeline is not None:
+        tf = cal.timeline_factors
+        assert tf is not None
+        logs = {"host_log": tf.host_log, "gpu_log": tf.gpu_log,
+                **{f"class_log[{c!r}]": v for c, v in tf.class_log.items()}}
+        for name, v in logs.items():
+            if not (math.isfinite(v) and abs(v) <= lim + 1e-9):
+                out.append(f"timeline {name} = {v:.4g} lies beyond ±{lim} (MAX_CORRECTION_LOG: a factor "
+                           f"x{math.exp(lim):.3g} either way)")
+        if not (math.isfinite(tf.residual_std_log) and 0.0 <= tf.residual_std_log <= lim):
+            out.append(f"timeline residual scatter {tf.residual_std_log:.4g} (log) lies outside [0, {lim}]")
+        shares = {"kept": tf.kept, "split_kept": tf.split_kept,
+                  **{f"class_kept[{c!r}]": w for c, w in tf.class_kept.items()}}
+        out += [f"timeline {n} must be a share in [0, 1], got {w!r}" for n, w in shares.items() if not 0.0 <= w <= 1.0]
+        unknown = sorted(set(tf.class_log) - set(CALIBRATION_CLASSES))
+        if unknown:
+            out.append(f"timeline classes {unknown} are not among {list(CALIBRATION_CLASSES)}")
+    return out
+
+
+def require_plausible(cal: Calibration) -> None:
+    """Raise :class:`InvalidValueError` when ``cal`` is implausible (:func:`calibration_problems`): a fit that
+    must not answer for the device, nor be written."""
+    problems = calibration_problems(cal)
+    if problems:
+        raise InvalidValueError(
+            f"the calibration of {cal.device} is implausible and was not applied: {'; '.join(problems)}. Check the "
+            "measurements: latency in ms, energy in J, memory in MiB, each of a pass on this device "
+            f"({sum(cal.n.values()) if cal.n else '?'} figures)")
+
+
 def save_calibration(cal: Calibration) -> Path:
-    """Write the calibration JSON; returns its path."""
+    """Write the calibration JSON; returns its path.
+
+    Raises:
+        InvalidValueError: ``cal`` is implausible (:func:`calibration_problems`); nothing is written.
+    """
+    require_plausible(cal)
     p = calibration_path(cal.device)
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(json.dumps(asdict(cal), indent=1, sort_keys=True) + "\n")
@@ -481,8 +583,10 @@ def delete_calibration(device: str) -> None:
         p.unlink()
 
 
-def load_calibration(device: str, meta: "CheckpointMeta | str") -> Calibration | None:
-    """The persisted calibration of ``device`` if it was fitted for this checkpoint, else ``None``.
+def read_calibration(device: str, meta: "CheckpointMeta | str") -> tuple[Calibration | None, str]:
+    """The persisted calibration of ``device`` if it was fitted for this checkpoint and is plausible, and ``""``;
+    else ``None`` and why the file was ignored (``""``: there is no file). Every ignored file is logged with a
+    warning.
 
     Args:
         device: catalogue id.
@@ -491,30 +595,39 @@ def load_calibration(device: str, meta: "CheckpointMeta | str") -> Calibration |
     """
     p = calibration_path(device)
     if not p.is_file():
-        return None
+        return None, ""
+    origin = f"calibration file {p}"
     try:
-        d: dict[str, Any] = json.loads(p.read_text())
-        cal = Calibration(**d)
-        bad = {t: w for t, w in cal.kept.items()
-               if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0.0 <= w <= 1.0}
-        if bad:
-            raise ValueError(f"kept must hold shares in [0, 1] per target, got {bad}")
-        tf = cal.timeline_factors
-        if tf is not None:
-            bad = {c: w for c, w in tf.class_kept.items() if not 0.0 <= w <= 1.0}
-            unknown = sorted(set(tf.class_log) - set(CALIBRATION_CLASSES))
-            if bad or unknown or not all(map(math.isfinite, [tf.host_log, tf.gpu_log, *tf.class_log.values()])):
-                raise ValueError(f"timeline factors must be finite, class shares in [0, 1] and classes among "
-                                 f"{list(CALIBRATION_CLASSES)}, got {cal.timeline}")
-    except (ValueError, TypeError, AttributeError, KeyError) as e:
-        logger.warning("ignoring unreadable calibration file %s: %s", p, e)
-        return None
+        # the file's fields and the timeline factors' against the dataclasses' (wrong types never reach a
+        # prediction); the rules between values are calibration_problems'
+        cal = from_file_data(Calibration, read_json_file(p, f"cannot read {origin}", InvalidValueError,
+                                                         max_bytes=MAX_CALIBRATION_FILE_BYTES), origin)
+        tf = None if cal.timeline is None else from_file_data(TimelineFactors, cal.timeline, f"{origin}: timeline")
+        unknown = sorted(set(tf.class_log) - set(CALIBRATION_CLASSES)) if tf is not None else []
+        if unknown:
+            raise InvalidValueError(f"{origin}: timeline classes must be among {list(CALIBRATION_CLASSES)}, got "
+                                    f"{unknown}")
+        problems = calibration_problems(cal)
+    except DippmNasError as e:
+        logger.warning("ignoring unreadable calibration file %s (predictions of %s are uncalibrated until it is "
+                       "fitted again): %s", p, device, e)
+        return None, f"unreadable: {e}"
     ident = meta if isinstance(meta, str) else checkpoint_identity(meta)
     if cal.checkpoint != ident:
         logger.warning("ignoring calibration %s: fitted for checkpoint %s, loaded checkpoint is %s", p,
                        cal.checkpoint, ident)
-        return None
-    return cal
+        return None, f"fitted for checkpoint {cal.checkpoint}"
+    if problems:
+        logger.warning("ignoring implausible calibration file %s (predictions of %s carry "
+                       "details['calibration_ignored'] = 1): %s", p, device, "; ".join(problems))
+        return None, "implausible: " + "; ".join(problems)
+    return cal, ""
+
+
+def load_calibration(device: str, meta: "CheckpointMeta | str") -> Calibration | None:
+    """The persisted calibration of ``device`` if it was fitted for this checkpoint and is plausible, else
+    ``None`` (:func:`read_calibration`, which also says why a file was ignored)."""
+    return read_calibration(device, meta)[0]
 
 
 #: Identity a calibration of the analytic prior (a device without a checkpoint) is recorded with.

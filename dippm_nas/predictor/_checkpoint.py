@@ -16,14 +16,19 @@ not the same speed.
 
 from __future__ import annotations
 
-import json
+import logging
 import os
 from pathlib import Path
 
+from dippm_nas._json import read_json_file
 from dippm_nas._platform import cpu_model_name
+from dippm_nas.errors import CheckpointError
 
 __all__ = ["CHECKPOINT_DIR_ENV", "HOST_DEVICE", "OTHER_HOST_FLOOR_LOG", "OTHER_MACHINE_FLOOR_LOG", "checkpoint_dirs",
-           "checkpoint_candidates", "find_checkpoint", "host_checkpoints"]
+           "SHIPPED_CHECKPOINT_DIR", "is_shipped_checkpoint", "checkpoint_candidates", "find_checkpoint",
+           "host_checkpoints"]
+
+logger = logging.getLogger(__name__)
 
 CHECKPOINT_DIR_ENV = "DIPPM_NAS_CHECKPOINT_DIR"
 #: The device whose checkpoints are chosen by the CPU model of this machine.
@@ -63,23 +68,39 @@ OTHER_HOST_FLOOR_LOG: dict[str, float] = {"latency_ms": 0.30, "memory_mib": 0.10
 OTHER_MACHINE_FLOOR_LOG: dict[str, float] = {"latency_ms": 0.48, "memory_mib": 0.15}
 
 
+#: The folder of the checkpoints shipped with dippm-nas.
+SHIPPED_CHECKPOINT_DIR = Path(__file__).parent / "checkpoints"
+
+
 def checkpoint_dirs() -> list[Path]:
     """Folders searched for ``<device>.pt`` checkpoints, user folder first."""
     dirs = []
     user = os.environ.get(CHECKPOINT_DIR_ENV)
     if user:
         dirs.append(Path(user))
-    dirs.append(Path(__file__).parent / "checkpoints")
+    dirs.append(SHIPPED_CHECKPOINT_DIR)
     return dirs
+
+
+def is_shipped_checkpoint(path: Path) -> bool:
+    """Whether ``path`` is a checkpoint shipped with dippm-nas (its metadata is trusted: the tests check it
+    against the schema)."""
+    try:
+        return Path(path).resolve().parent == SHIPPED_CHECKPOINT_DIR.resolve()
+    except OSError:
+        return False
 
 
 def _sidecar_cpu_model(path: Path) -> str | None:
     """``host.cpu_model`` of a checkpoint's ``.json`` sidecar, or ``None`` (no sidecar, no host recorded)."""
     side = path.with_suffix(".json")
     try:
-        host = json.loads(side.read_text()).get("host")
-    except (OSError, ValueError, AttributeError):
+        meta = read_json_file(side, f"checkpoint sidecar {side}", CheckpointError)
+    except CheckpointError as e:
+        if side.exists():
+            logger.warning("%s; ranked as a checkpoint of an unknown CPU model", e)
         return None
+    host = meta.get("host") if isinstance(meta, dict) else None
     model = host.get("cpu_model") if isinstance(host, dict) else None
     return model if isinstance(model, str) and model else None
 

@@ -27,6 +27,7 @@ import dataclasses
 import json
 import logging
 import math
+import re
 import sys
 import threading
 from collections import OrderedDict
@@ -42,19 +43,20 @@ from dippm_nas.errors import CheckpointError, DippmNasError, InvalidValueError
 from dippm_nas.features import GraphFeatures, featurize, static_dtype_columns
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.prediction import Prediction
+from dippm_nas.deployment import Deployment
 from dippm_nas.devices import HostProfile, default_host_profile, get_device, resolve_device
 from dippm_nas.mig import advise
-from dippm_nas.predictor._base import BasePredictor, execution_args, execution_details, measurement_pairs
+from dippm_nas.predictor._base import BasePredictor, deployment_of, execution_details, measurement_pairs
 from dippm_nas.predictor._calibrate import (Calibration, calibration_classes, calibration_details,
                                             checkpoint_identity, delete_calibration, fit_calibration,
-                                            fit_timeline_factors, save_calibration)
-from dippm_nas.predictor._calibrate import load_calibration as _load_calibration
-from dippm_nas.predictor._checkpoint import OTHER_HOST_FLOOR_LOG, OTHER_MACHINE_FLOOR_LOG
+                                            fit_timeline_factors, read_calibration, require_plausible,
+                                            save_calibration)
+from dippm_nas.predictor._checkpoint import OTHER_HOST_FLOOR_LOG, OTHER_MACHINE_FLOOR_LOG, is_shipped_checkpoint
 from dippm_nas.predictor._numpy_ensemble import (INFER_CHUNK_NODES, NUMPY_MAX_GRAPHS, NumpyEnsemble, checkpoint_digest,
                                                   derived_weights_path, global_arrays, read_derived_weights,
                                                   write_derived_weights)
 from dippm_nas.predictor._meta import TARGETS, CheckpointMeta
-from dippm_nas.prior import Execution, PriorParams, default_params, estimate as prior_estimate, latency_us
+from dippm_nas.prior import DeploymentSettings, PriorParams, default_params, estimate as prior_estimate, latency_us
 from dippm_nas.predictor._novelty import correction_weight, novelty_floor_log, novelty_scores
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -86,7 +88,7 @@ class GnnPredictor(BasePredictor):
 
     The network runs in an *engine*: the torch :class:`~dippm_nas.predictor.SageEnsemble` (``model``), or,
     in a process that has not loaded torch, its numpy twin
-    (:class:`~dippm_nas.predictor.NumpyEnsemble`, the same figures to 1e-5 relative) on the checkpoint's
+    (:class:`~dippm_nas.predictor.NumpyEnsemble`, the same figures to 3e-5 relative) on the checkpoint's
     derived weights file. Reading :attr:`model`, or a request of more than
     :data:`~dippm_nas.predictor.NUMPY_MAX_GRAPHS` graphs, moves a numpy-engine predictor to the torch
     ensemble for good.
@@ -109,10 +111,14 @@ class GnnPredictor(BasePredictor):
         #: features and prior were computed with; featurise evaluation data with them
         self.prior_params: Any = None
         if meta.prior_params is not None:
-            self.prior_params = PriorParams.from_dict(meta.prior_params, origin="checkpoint")
+            # checked with the metadata on load (CheckpointMeta.from_json), or written by training
+            self.prior_params = PriorParams.from_dict(meta.prior_params, origin="checkpoint", trusted=True)
         self.calibration: Calibration | None = None
+        #: why the device's persisted calibration file was not applied ("" when none was ignored); while set,
+        #: every prediction carries ``details["calibration_ignored"] = 1``
+        self.calibration_ignored = ""
         if load_calibration:
-            self.calibration = _load_calibration(self.device, self.meta)
+            self.calibration, self.calibration_ignored = read_calibration(self.device, self.meta)
         #: the CPU model a host-cpu checkpoint was measured on when this machine's differs, else ``None``
         self.other_host: str | None = None
         #: the cross-host σ floor per target this predictor adds while ``other_host`` is set (a copy of
@@ -235,7 +241,7 @@ class GnnPredictor(BasePredictor):
         try:
             blob = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as e:  # noqa: BLE001 - any unreadable file is a checkpoint error
-            raise CheckpointError(f"cannot read predictor checkpoint {path}: {type(e).__name__}: {e}") from e
+            raise CheckpointError(f"cannot read predictor checkpoint {path}: {_load_error_text(e)}") from e
         if not isinstance(blob, dict) or "meta" not in blob or "state" not in blob:
             raise CheckpointError(f"checkpoint {path} must hold a dict with 'meta' and 'state', got {type(blob).__name__}")
         meta = _checked_meta(path, blob["meta"], device)
@@ -439,12 +445,13 @@ class GnnPredictor(BasePredictor):
         return s
 
     def predict_graphs(self, graphs: Sequence[OperatorGraph], *, mig: bool = True, k_sigma: float = 2.0,
-                       runtime: str = "eager", host: HostProfile | str | None = None) -> list[Prediction]:
+                       runtime: str | None = None, host: HostProfile | str | None = None,
+                       deployment: Deployment | None = None) -> list[Prediction]:
         if not graphs:
             return []
-        rt, prof = execution_args(self.device, runtime, host)
+        dep, st = deployment_of(self.device, deployment, runtime, host)
         cal = None if self.calibration is None else id(self.calibration)
-        ex_key = Execution(runtime=rt, host=prof).key
+        ex_key = dep.key
         keys = [(_graph_key(g), bool(mig), float(k_sigma), cal, ex_key) for g in graphs]
         out: list[Prediction | None] = [self._pred_cache.get(k) for k in keys]
         todo = [i for i, p in enumerate(out) if p is None]
@@ -457,7 +464,7 @@ class GnnPredictor(BasePredictor):
                 out[i] = self._prediction(graphs[i], feats[j], mean[j], std[j], mig=mig, k_sigma=k_sigma,
                                           ood=bool(ood[j]), novelty=float(nov[j]), dtype_unseen=bool(unseen[j]),
                                           prior_only=bool(prior_only[j]), other_machine=bool(other_machine[j]),
-                                          runtime=rt, host=prof)
+                                          settings=st)
             with self._lock:
                 for i in todo:
                     self._pred_cache[keys[i]] = out[i]  # type: ignore[assignment]
@@ -484,16 +491,17 @@ class GnnPredictor(BasePredictor):
             return out
         return pinned
 
-    def _timeline_parts(self, graph: OperatorGraph, est: Any, m: float, runtime: str, host: HostProfile
+    def _timeline_parts(self, graph: OperatorGraph, est: Any, m: float, settings: DeploymentSettings
                         ) -> tuple[float, np.ndarray, np.ndarray, float, dict[str, float], Any]:
-        """The network's eager answer ``exp(m)`` as timelines of ``runtime`` on ``host``.
+        """The network's eager answer ``exp(m)`` as timelines of the deployment ``settings``.
 
         The network's answer is read as a correction of the kernel times: its log correction of the features'
         estimate (eager, default host), ``delta = m - log(prior)``, applies to the kernels in the share ``w`` of
         that estimate the GPU is busy, ``c = exp(w * delta)`` (a GPU-bound graph's whole correction, none of a
-        host-bound one's, whose answer says little of its kernels). The kernels of the requested runtime, times
-        ``c``, then run behind the host timeline of that runtime and host profile. Where the features were
-        computed for the requested execution itself, the latency is the network's answer.
+        host-bound one's, whose answer says little of its kernels). The kernels of the requested deployment
+        (runtime, TF32 flags, layout, autocast), times ``c``, then run behind the host timeline of its runtime,
+        host profile and input copy. Where the features were computed for the requested settings themselves, the
+        latency is the network's answer.
 
         Returns:
             ``(latency ms, gpu_us, host_us, prefix_us, details, estimate)``: the per-node kernel times
@@ -509,17 +517,17 @@ class GnnPredictor(BasePredictor):
         c = math.exp(w * delta)
         d: dict[str, float] = {"gpu_share_of_prior": w, "gpu_correction": c,
                                "host_model_fitted": float(params.host_model is not None)}
-        if runtime == "eager" and host == default_host_profile() and params is self._pinned_params():
+        if _features_settings(settings) and params is self._pinned_params():
             d["direct"] = 1.0
             return (math.exp(min(max(m, -30.0), 30.0)), c * est.node_time_ms * 1e3, est.node_host_ms * 1e3,
                     est.pass_host_ms * 1e3, d, None)
-        rt = prior_estimate(graph, self.device, params=params, runtime=runtime, host=host)
+        rt = prior_estimate(graph, self.device, params=params, deployment=settings)
         g, h, pre = c * rt.node_time_ms * 1e3, rt.node_host_ms * 1e3, rt.pass_host_ms * 1e3
         return latency_us(g, h, pre) / 1e3, g, h, pre, d, rt
 
-    def _compose_latency(self, graph: OperatorGraph, est: Any, m: float, s: float, runtime: str,
-                         host: HostProfile) -> tuple[float, float, dict[str, float], tuple[float, float], bool, Any]:
-        """Latency of ``runtime`` on ``host`` (:meth:`_timeline_parts`), with the calibration's host and GPU
+    def _compose_latency(self, graph: OperatorGraph, est: Any, m: float, s: float, settings: DeploymentSettings
+                         ) -> tuple[float, float, dict[str, float], tuple[float, float], bool, Any]:
+        """Latency of the deployment ``settings`` (:meth:`_timeline_parts`), with the calibration's host and GPU
         factors when it has them. σ combines the network's σ on the kernel part and the host model's held-out
         σ on the host part (and the calibration's residual scatter), each weighted by how much the critical
         path moves with it.
@@ -528,7 +536,7 @@ class GnnPredictor(BasePredictor):
             ``(log latency, log σ, details, (host_ms, gpu_ms), calibrated, estimate)``, ``estimate`` as for
             :meth:`_timeline_parts`.
         """
-        lat_ms, g, h, pre, d, rt = self._timeline_parts(graph, est, m, runtime, host)
+        lat_ms, g, h, pre, d, rt = self._timeline_parts(graph, est, m, settings)
         base_us = latency_us(g, h, pre)
         tf = self.calibration.timeline_factors if self.calibration is not None else None
         extra_s = 0.0
@@ -555,8 +563,7 @@ class GnnPredictor(BasePredictor):
     def _prediction(self, graph: OperatorGraph, f: GraphFeatures, mean: np.ndarray, std: np.ndarray, *,
                     mig: bool, k_sigma: float, ood: bool = False, novelty: float = math.nan,
                     dtype_unseen: bool = False, prior_only: bool = False, other_machine: bool = False,
-                    runtime: str = "eager",
-                    host: HostProfile | None = None) -> Prediction:
+                    settings: DeploymentSettings | None = None) -> Prediction:
         est = f.estimate
         dev = resolve_device(self.device)
         timeline: dict[str, Any] = {"host_ms": None, "gpu_ms": None}
@@ -592,9 +599,8 @@ class GnnPredictor(BasePredictor):
             if src == "analytic" and t == "latency_ms" and dev.kind == "gpu":
                 s = max(s, self._prior_kernel_sigma_log(graph.spec.dtype))
             calibrated = False
-            if t == "latency_ms" and dev.kind == "gpu" and est is not None and host is not None:
-                m, s, composed, (h_ms, g_ms), calibrated, rt_est = self._compose_latency(graph, est, m, s, runtime,
-                                                                                        host)
+            if t == "latency_ms" and dev.kind == "gpu" and est is not None and settings is not None:
+                m, s, composed, (h_ms, g_ms), calibrated, rt_est = self._compose_latency(graph, est, m, s, settings)
                 timeline = {"host_ms": h_ms, "gpu_ms": g_ms}
             if calibrated:
                 src = "calibrated"
@@ -611,11 +617,13 @@ class GnnPredictor(BasePredictor):
             unknown.setdefault(op, c)
         details = est.details() if est is not None else {}
         details.update(composed)
-        details.update(execution_details(runtime, host if host is not None else default_host_profile()))
+        details.update(execution_details(settings if settings is not None else DeploymentSettings(), self.device))
         details["prior_latency_ms"] = f.prior_latency_ms
         details["prior_memory_mib"] = f.prior_memory_mib
         details["outside_training_range"] = float(ood)
         details.update(kept)
+        if self.calibration_ignored:
+            details["calibration_ignored"] = 1.0
         if static_dtype_columns(self.meta.feature_style) is not None and self._engine.residual_on_prior:
             details["dtype_unseen"] = float(dtype_unseen)
         if self.meta.prior_only_dtypes:
@@ -641,8 +649,9 @@ class GnnPredictor(BasePredictor):
         )
         if mig and dev.has_mig:
             pred = dataclasses.replace(pred, mig=advise(pred, dev, graph=graph, k_sigma=k_sigma,
-                                                        params=self._execution_params(), runtime=runtime,
-                                                        host=host))
+                                                        params=self._execution_params(),
+                                                        deployment=settings if settings is not None
+                                                        else DeploymentSettings()))
         return pred
 
     def _prior_kernel_sigma_log(self, dtype: str) -> float:
@@ -653,8 +662,9 @@ class GnnPredictor(BasePredictor):
         return hm.sigma_log_gpu(dtype) if hm is not None else 0.0
 
     # ------------------------------------------------------------ calibration
-    def calibrate(self, measurements: Sequence[Any], *, persist: bool = True, runtime: str = "eager",
-                  host: HostProfile | str | None = None) -> "Calibration | None":
+    def calibrate(self, measurements: Sequence[Any], *, persist: bool = True, runtime: str | None = None,
+                  host: HostProfile | str | None = None,
+                  deployment: Deployment | None = None) -> "Calibration | None":
         """Adapt to real measurements of this device (few-shot); see :mod:`dippm_nas.predictor._calibrate`.
 
         On a GPU, latency gets a host factor and a GPU factor (the measured models' own timelines tell a slower
@@ -665,18 +675,23 @@ class GnnPredictor(BasePredictor):
         Args:
             measurements: ``(graph, Measurement)`` pairs, or ``(graph, {"latency_ms": ..., ...})`` pairs.
             persist: write the correction to the cache directory so later loads re-apply it.
-            runtime, host: how the measured passes ran (as for :func:`dippm_nas.predict`).
+            runtime, host, deployment: how the measured passes ran (as for :meth:`predict_graphs`).
 
         Returns:
             The fitted :class:`~dippm_nas.predictor._calibrate.Calibration` (now active), or ``None`` with a
             warning when fewer than two measurements hold a label: the predictions stay unchanged.
+
+        Raises:
+            InvalidValueError: a figure that is not a finite number > 0, or a fit beyond the plausibility
+                bounds (:func:`~dippm_nas.predictor.calibration_problems`: e.g. a latency in seconds or 1e-300
+                ms); nothing is applied or written.
         """
         pairs = measurement_pairs(measurements)
         if len(pairs) < 2:
             _warn_once(f"calibrate-few:{self.device}", "calibrate() needs at least 2 measurements with a figure "
                        "> 0, got %d: the %s predictions are left unchanged", len(pairs), self.device)
             return None
-        rt, prof = execution_args(self.device, runtime, host)
+        _, st = deployment_of(self.device, deployment, runtime, host)
         feats = [self.features(g) for g, _ in pairs]
         mean, _ = self.predict_log(feats)
         targets = list(self.meta.targets)
@@ -686,8 +701,7 @@ class GnnPredictor(BasePredictor):
             if len(idx) >= 2:
                 parts = []
                 for i in idx:
-                    _, g, h, pre, _, _ = self._timeline_parts(pairs[i][0], feats[i].estimate, float(mean[i, 0]), rt,
-                                                              prof)
+                    _, g, h, pre, _, _ = self._timeline_parts(pairs[i][0], feats[i].estimate, float(mean[i, 0]), st)
                     parts.append((g, h, pre))
                 tf = fit_timeline_factors(parts, [pairs[i][1]["latency_ms"] for i in idx],
                                           node_classes=[calibration_classes(pairs[i][0]) for i in idx])
@@ -702,10 +716,12 @@ class GnnPredictor(BasePredictor):
                               timeline=timeline)
         else:
             raise DippmNasError(f"no measurement holds a label for the targets {list(self.meta.targets)}")
+        require_plausible(cal)
         self.calibration = cal
         self._pred_cache.clear()
         if persist:
             save_calibration(cal)
+            self.calibration_ignored = ""
         return cal
 
     def reset_calibration(self, *, persist: bool = True) -> None:
@@ -714,6 +730,7 @@ class GnnPredictor(BasePredictor):
         self._pred_cache.clear()
         if persist:
             delete_calibration(self.device)
+            self.calibration_ignored = ""
 
     def __repr__(self) -> str:
         return (f"GnnPredictor(device={self.device!r}, targets={list(self.meta.targets)}, "
@@ -732,13 +749,39 @@ def _torch_engine(model: "SageEnsemble") -> Any:
     return _torch_ensemble().TorchEngine(model)
 
 
+#: The part of torch's refusal of a non-weights object that names it ("Unsupported global: GLOBAL argparse.Namespace").
+_UNSUPPORTED_GLOBAL = re.compile(r"Unsupported global: GLOBAL ([\w.]+)")
+
+
+def _load_error_text(e: Exception) -> str:
+    """What ``torch.load(weights_only=True)`` raised, without torch's advice to load the file with
+    ``weights_only=False`` or to allow-list its classes: either would run code a checkpoint file carries, and a
+    predictor checkpoint holds tensors and plain data only."""
+    text = str(e)
+    if "weights_only" not in text and "Weights only load failed" not in text:
+        return f"{type(e).__name__}: {text}"
+    m = _UNSUPPORTED_GLOBAL.search(text)
+    what = f"an object of class {m.group(1)}" if m else "an object that is not tensors or plain data"
+    return (f"it holds {what}, and predictor checkpoints are read with torch.load(weights_only=True), which "
+            "never unpickles objects (they can run code); a checkpoint written by GnnPredictor.save or "
+            "`dippm-nas train` holds tensors and plain data only: write it again with one of those")
+
+
 def _checked_meta(path: Path, meta_json: Any, device: str | None) -> CheckpointMeta:
     """The checked metadata of checkpoint ``path``, which must answer for ``device`` (when given)."""
-    meta = CheckpointMeta.from_json(meta_json)
+    meta = CheckpointMeta.from_json(meta_json, origin=f"checkpoint {path}", trusted=is_shipped_checkpoint(path))
     meta.check()
     if device is not None and resolve_device(device).id != meta.device:
         raise CheckpointError(f"checkpoint {path.name} is for device {meta.device!r}, asked for {device!r}")
     return meta
+
+
+def _features_settings(settings: DeploymentSettings) -> bool:
+    """``settings`` are those the features' prior estimate is made for (eager, the default host, PyTorch's
+    default TF32 flags, NCHW, no autocast, no input copy), so the network's answer is the latency itself."""
+    return (settings.runtime == "eager" and settings.host == default_host_profile()
+            and (settings.tf32_matmul, settings.tf32_conv) == (False, True) and not settings.channels_last
+            and settings.autocast is None and settings.input_copy == "none")
 
 
 def _graph_key(graph: OperatorGraph) -> str:

@@ -14,9 +14,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from dippm_nas.errors import CheckpointError
+from dippm_nas._json import loads_json
+from dippm_nas._schema import from_file_data
+from dippm_nas.errors import CheckpointError, DippmNasError
 from dippm_nas.features import FEATURE_SCHEMA_VERSION, device_dim, node_dim, static_dim
 from dippm_nas.predictor._novelty import NoveltyFloor
+from dippm_nas.prior import PriorParams
 from dippm_nas.spec import COMPUTE_DTYPES
 
 __all__ = ["TARGETS", "TARGET_UNITS", "CHECKPOINT_FORMAT", "CheckpointMeta"]
@@ -100,19 +103,32 @@ class CheckpointMeta:
         return json.dumps(dataclasses.asdict(self), indent=1, sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> "CheckpointMeta":
-        try:
-            d = json.loads(text)
-        except ValueError as e:
-            raise CheckpointError(f"checkpoint metadata is not valid JSON: {e}") from e
-        names = {f.name for f in dataclasses.fields(cls)}
-        fields = cls.__dataclass_fields__
-        missing = sorted(n for n in names if n not in d and fields[n].default is dataclasses.MISSING
-                         and fields[n].default_factory is dataclasses.MISSING)
-        unknown = sorted(set(d) - names)
-        if missing or unknown:
-            raise CheckpointError(f"checkpoint metadata: missing keys {missing}, unknown keys {unknown}")
-        return cls(**d)
+    def from_json(cls, text: str | bytes, *, origin: str = "checkpoint metadata",
+                  trusted: bool = False) -> "CheckpointMeta":
+        """The metadata in ``text`` (JSON, read as :func:`~dippm_nas._json.loads_json` does: nested at most
+        :data:`~dippm_nas._json.MAX_JSON_DEPTH` levels).
+
+        Args:
+            text: the JSON text (``.pt`` ``"meta"``, the derived weights, or the ``.json`` sidecar).
+            origin: names the checkpoint in errors.
+            trusted: the metadata of a checkpoint shipped with dippm-nas (its tests check each against the
+                schema): built by the dataclass alone. Otherwise every field is checked against the
+                dataclass's (:mod:`dippm_nas._schema`), the pinned ``prior_params`` as a calibration file.
+
+        Raises:
+            CheckpointError: not JSON (or nested too deep), or fields of the wrong type, unknown or missing
+                (the field path, the value and the expected type named).
+        """
+        d = loads_json(text, origin, CheckpointError)
+        if trusted:
+            return cls(**d)
+        meta = from_file_data(cls, d, origin, CheckpointError)
+        if meta.prior_params is not None:
+            try:
+                PriorParams.from_dict(meta.prior_params, origin=f"{origin}: prior_params")
+            except DippmNasError as e:
+                raise CheckpointError(str(e)) from e
+        return meta
 
     def check(self) -> None:
         """Raise :class:`CheckpointError` when this code cannot read the checkpoint's features."""

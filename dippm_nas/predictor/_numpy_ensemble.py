@@ -7,13 +7,21 @@ neighbours in both directions, layer norm, residual --, mean + max readout, the 
 like the torch pass. It answers the predictions of a process that has not loaded torch (``dippm-nas predict``
 of a graph in the conversion cache: importing torch alone takes longer than the whole answer); a process that
 uses torch anyway, and every batch larger than :data:`NUMPY_MAX_GRAPHS` graphs, runs the torch ensemble.
-``tests/test_numpy_ensemble.py`` checks both give every field of every prediction to 1e-5 relative.
+``tests/test_numpy_ensemble.py`` checks both give every field of every prediction to 3e-5 relative (the measured
+agreement of CPU kernel paths, 3.2e-6 at most, with a margin: ``tests/kernel_paths.py``).
 
 The weights come from a **derived file**, ``<cache_dir()>/checkpoints/<sha256 of the .pt>.npz`` (plain arrays,
 read with ``allow_pickle=False``): the state dict, the novelty reference set and the metadata JSON, written the
 first time the checkpoint is loaded through torch. It is named by the checkpoint's content, so a changed ``.pt``
-never meets the weights of another; one that is missing, unreadable or inconsistent is ignored and the torch
-path loads the checkpoint (and writes it again). The :data:`DERIVED_KEEP` most recently written files are kept.
+never meets the weights of another, and it holds ``arrays_sha256``, the SHA-256 of every array it holds (name,
+dtype, shape, bytes) together with the checkpoint's SHA-256 (:func:`arrays_digest`), checked on every read, so
+weights edited or re-saved after it was written (``np.savez`` of the same keys with other values) are never
+answered: they would give other figures than the checkpoint in a process that loads it through torch. A file
+that is missing, unreadable, of another layout, whose digest does not match, or whose weights are not finite
+(or whose standardisation scales are not > 0) is a miss, logged with the file's path and the reason: the torch
+path loads the checkpoint and writes the file again. It is an integrity check, not a signature: whoever may
+write the cache directory may also write a matching digest (the same holds for the checkpoint folders). The
+:data:`DERIVED_KEEP` most recently written files are kept.
 
 This module also holds what both engines share: the graph-level batch (:func:`global_arrays`), the chunking of
 a batch and the standardisation constants.
@@ -37,7 +45,8 @@ from dippm_nas.features import GraphFeatures
 from dippm_nas.predictor._meta import TARGETS, CheckpointMeta
 
 __all__ = ["NumpyEnsemble", "global_arrays", "state_shapes", "derived_weights_path", "read_derived_weights",
-           "write_derived_weights", "checkpoint_digest", "INFER_CHUNK_NODES", "NUMPY_MAX_GRAPHS", "DERIVED_FORMAT",
+           "write_derived_weights", "checkpoint_digest", "arrays_digest", "INFER_CHUNK_NODES", "NUMPY_MAX_GRAPHS",
+           "DERIVED_FORMAT",
            "DERIVED_KEEP", "chunks", "neighbours"]
 
 logger = logging.getLogger(__name__)
@@ -52,8 +61,10 @@ INFER_CHUNK_NODES = 1024
 #: The largest request (graphs) :class:`NumpyEnsemble` answers; a larger one loads the torch ensemble, whose
 #: batched pass is the faster one (``docs/search_space_assembly.md``).
 NUMPY_MAX_GRAPHS = 16
-#: Version of the derived weights file's layout.
-DERIVED_FORMAT = 1
+#: Version of the derived weights file's layout (2: with ``arrays_sha256``).
+DERIVED_FORMAT = 2
+#: Name of the array of a derived file that holds :func:`arrays_digest`.
+_ARRAYS_DIGEST = "arrays_sha256"
 #: Derived weights files kept in the cache directory (the most recently written; a training run that loads many
 #: checkpoints does not fill the disk); a dropped one is written again by the next torch load.
 DERIVED_KEEP = 16
@@ -266,6 +277,7 @@ def write_derived_weights(digest: str, state: Mapping[str, np.ndarray], meta_jso
     arrays["format"] = np.array(DERIVED_FORMAT)
     if novelty_ref is not None:
         arrays["novelty_ref"] = np.asarray(novelty_ref, dtype=np.float32)
+    arrays[_ARRAYS_DIGEST] = np.array(arrays_digest(digest, arrays))
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{digest[:16]}-", suffix=".npz.tmp")
@@ -293,24 +305,55 @@ def _prune(folder: Path, keep: Path) -> None:
         logger.debug("predictor: pruning the derived weights in %s: %s", folder, e)
 
 
+def arrays_digest(digest: str, arrays: Mapping[str, np.ndarray]) -> str:
+    """SHA-256 (hex) binding the arrays of a derived file to the checkpoint with SHA-256 ``digest``: of the
+    checkpoint's digest and, by name, every array's name, dtype, shape and bytes (``arrays_sha256`` itself left
+    out)."""
+    h = hashlib.sha256(b"dippm-nas derived weights\0" + digest.encode() + b"\0")
+    for name in sorted(n for n in arrays if n != _ARRAYS_DIGEST):
+        a = np.ascontiguousarray(arrays[name])
+        h.update(f"{name}\0{a.dtype.str}\0{a.shape}\0".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def _check_values(state: Mapping[str, np.ndarray], ref: np.ndarray | None) -> None:
+    """Raise ``ValueError`` naming the arrays that are not finite, or standardisation scales that are not > 0."""
+    bad = sorted(n for n, a in state.items() if a.dtype.kind == "f" and not np.isfinite(a).all())
+    if ref is not None and not np.isfinite(ref).all():
+        bad.append("novelty_ref")
+    if bad:
+        raise ValueError(f"arrays {bad} hold NaN or infinite values")
+    scales = sorted(n for n, a in state.items() if n.endswith("_std") and a.dtype.kind == "f" and not (a > 0).all())
+    if scales:
+        raise ValueError(f"standardisation scales {scales} must be > 0")
+
+
 def read_derived_weights(digest: str) -> tuple[dict[str, np.ndarray], str, np.ndarray | None] | None:
     """``(state, meta JSON, novelty_ref)`` of the derived file of the checkpoint with SHA-256 ``digest``, or
-    ``None`` when there is none or it cannot be trusted (unreadable, another layout, another digest inside)."""
+    ``None`` when there is none or it cannot be trusted (unreadable, another layout, another digest inside,
+    arrays that do not match their ``arrays_sha256``, weights that are not finite); every such file is logged
+    with its path and the reason."""
     path = derived_weights_path(digest)
     try:
         with np.load(path, allow_pickle=False) as z:
             files = set(z.files)
-            if not {"meta", "sha256", "format"} <= files:
-                raise ValueError(f"keys {sorted(files)} lack meta, sha256 or format")
+            if not {"meta", "sha256", "format", _ARRAYS_DIGEST} <= files:
+                raise ValueError(f"keys {sorted(files)} lack meta, sha256, format or {_ARRAYS_DIGEST}")
             if int(z["format"]) != DERIVED_FORMAT or str(z["sha256"]) != digest:
                 raise ValueError(f"format {int(z['format'])} / digest {str(z['sha256'])[:12]}... is not "
                                  f"{DERIVED_FORMAT} / {digest[:12]}...")
-            state = {k[len("state."):]: z[k] for k in files if k.startswith("state.")}
-            ref = z["novelty_ref"] if "novelty_ref" in files else None
-            meta_json = str(z["meta"])
+            arrays = {k: z[k] for k in files}
+        if arrays_digest(digest, arrays) != str(arrays[_ARRAYS_DIGEST]):
+            raise ValueError(f"its arrays do not match their {_ARRAYS_DIGEST} (changed after it was written)")
+        state = {k[len("state."):]: v for k, v in arrays.items() if k.startswith("state.")}
+        ref = arrays.get("novelty_ref")
+        _check_values(state, ref)
+        meta_json = str(arrays["meta"])
     except FileNotFoundError:
         return None
     except Exception as e:  # noqa: BLE001 - a damaged file is a miss: the torch path loads the checkpoint
-        logger.info("predictor: ignoring the derived weights %s (%s: %s)", path, type(e).__name__, e)
+        logger.info("predictor: ignoring the derived weights %s (%s: %s); the checkpoint is read through torch "
+                    "and the file written again", path, type(e).__name__, e)
         return None
     return state, meta_json, ref

@@ -19,11 +19,13 @@ from dippm_nas.prior._estimate import (
     latency_us,
     timeline_fields,
 )
+from dippm_nas.prior._deploy import (UNKNOWN_INPUT_COPY, UNKNOWN_TF32, DeploymentSettings, deployment_settings,
+                                     input_copy_kind)
 from dippm_nas.prior._host import HOST_KINDS, RUNTIMES, Execution, HostModel, check_runtime
 from dippm_nas.prior._host_fit import FIT_PARAMETERS, HostRow, fit_host_model, host_model_latency_ms
 from dippm_nas.prior._memory import MemoryBreakdown, MemoryParts, activation_liveness, gpu_memory_parts, round_block
 from dippm_nas.prior._op_table import OpTable, aten_op_record, fit_op_table, graph_op_records, working_set_bytes
-from dippm_nas.prior._nodes import NodeCosts, graph_facts, kernel_time_us, node_costs, wave_efficiency
+from dippm_nas.prior._nodes import NodeCosts, check_autocast, graph_facts, kernel_time_us, node_costs, wave_efficiency
 from dippm_nas.prior._mig import DIPPM_LADDER, MigAdvice, ProfileAdvice, advise
 from dippm_nas.prior._mig import RULES as MIG_RULES
 from dippm_nas.prior._params import PARAM_CLASSES, DeviceScale, OpClassParams, PriorParams, default_params
@@ -44,9 +46,10 @@ from dippm_nas.prior._predict import predict
 __all__ = [
     "estimate", "estimate_latency_ms", "predict", "PriorEstimate", "latency_us", "latency_sigma_log", "timeline_fields",
     "RUNTIMES", "HOST_KINDS", "Execution", "HostModel", "check_runtime",
+    "DeploymentSettings", "deployment_settings", "input_copy_kind", "UNKNOWN_TF32", "UNKNOWN_INPUT_COPY",
     "HostRow", "fit_host_model", "host_model_latency_ms", "FIT_PARAMETERS",
     "PriorParams", "OpClassParams", "DeviceScale", "PARAM_CLASSES", "default_params",
-    "node_costs", "NodeCosts", "graph_facts", "kernel_time_us", "wave_efficiency",
+    "node_costs", "NodeCosts", "check_autocast", "graph_facts", "kernel_time_us", "wave_efficiency",
     "activation_liveness", "MemoryBreakdown", "round_block", "gpu_memory_parts", "MemoryParts",
     "OpTable", "fit_op_table", "aten_op_record", "graph_op_records", "working_set_bytes",
     "PowerParams", "PowerTable", "NodeActivity", "power_table", "power_params_for", "node_activity", "node_power_w",

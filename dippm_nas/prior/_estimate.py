@@ -34,12 +34,14 @@ from typing import Any
 
 import numpy as np
 
+from dippm_nas.deployment import Deployment, ResolvedDeployment
 from dippm_nas.devices import Device, HostProfile, resolve_device, resolve_host_profile
 from dippm_nas.errors import GraphValidationError
 from dippm_nas.graph import OperatorGraph
+from dippm_nas.prior._deploy import DeploymentSettings, deployment_settings, input_copy_kind
 from dippm_nas.prior._host import HOST_KINDS, Execution, HostModel, check_runtime, compiled_groups
 from dippm_nas.prior._memory import MemoryBreakdown, activation_liveness, gpu_memory_parts
-from dippm_nas.prior._nodes import graph_facts, node_costs
+from dippm_nas.prior._nodes import check_autocast, graph_facts, node_costs
 from dippm_nas.prior._params import PriorParams, default_params
 from dippm_nas.units import BYTES_PER_MIB as MIB
 from dippm_nas.prior._power import PowerTable, node_activity, pass_energy_j, power_params_for
@@ -185,13 +187,13 @@ def latency_us(gpu_us: np.ndarray, host_us: np.ndarray, prefix_us: float = 0.0) 
 
 
 def _pass_host_us(graph: OperatorGraph, dev: Device, p: PriorParams, runtime: str, prof: HostProfile,
-                  input_copy: bool) -> tuple[float, float]:
+                  input_copy: str) -> tuple[float, float]:
     """(host time once per pass before the first operator, the input copy within it), µs."""
     if dev.kind != "gpu":
         return 0.0, 0.0
     hm = p.host_model if p.host_model is not None else _LEGACY_HOST
     k = hm.scale(prof)
-    copy = (hm.h2d_fixed_us * k + graph.spec.input_bytes / (hm.h2d_gbps * 1e3)) if input_copy else 0.0
+    copy = (hm.h2d_fixed_us * k + graph.spec.input_bytes / (hm.h2d_gbps * 1e3)) if input_copy != "none" else 0.0
     fixed = hm.graph_launch_us * k if runtime == "cuda-graphs" else hm.iteration_us * k
     return fixed + copy, copy
 
@@ -226,8 +228,9 @@ _LEGACY_HOST = HostModel(op_us={k: 10.0 for k in HOST_KINDS}, iteration_us=0.0, 
 def estimate(
     graph: OperatorGraph, device: Device | str, *, tf32_conv: bool = True, tf32_matmul: bool = False,
     channels_last: bool = False, params: PriorParams | None = None, runtime: str = "eager",
-    host: HostProfile | str | None = None, input_copy: bool = False, execution: Execution | None = None,
-    power: PowerTable | None = None,
+    host: HostProfile | str | None = None, input_copy: bool | str = False, execution: Execution | None = None,
+    power: PowerTable | None = None, autocast: str | None = None,
+    deployment: "Deployment | ResolvedDeployment | DeploymentSettings | None" = None,
 ) -> PriorEstimate:
     """Analytic latency, energy and memory of one forward pass of ``graph`` on ``device``.
 
@@ -242,9 +245,14 @@ def estimate(
         runtime: ``"eager"`` (default), ``"cuda-graphs"`` or ``"compiled"`` (see :mod:`dippm_nas.prior._host`).
         host: the host that drives a GPU: a :class:`~dippm_nas.devices.HostProfile`, a profile JSON file,
             or ``None`` for :data:`~dippm_nas.devices.DEFAULT_HOST_PROFILE`.
-        input_copy: the timed region includes the input's host-to-device copy.
-        execution: the three above in one :class:`~dippm_nas.prior._host.Execution` (overrides them).
+        input_copy: whether the timed region holds the input's host-to-device copy: ``"none"``, ``"pageable"``,
+            ``"pinned"``, or a bool (``True``: pageable).
+        execution: runtime, host and input copy in one :class:`~dippm_nas.prior._host.Execution` (overrides
+            them).
         power: the power model's constants per architecture; default: the shipped ones (``power.json``).
+        autocast: ``None``, ``"float16"`` or ``"bfloat16"``: ``torch.autocast`` around the forward.
+        deployment: a :class:`~dippm_nas.Deployment` (or its resolved form); overrides every setting above it
+            describes, and its undescribed ones take the centre values of :func:`deployment_settings`.
 
     Raises:
         DeviceError: unknown device id (the choices are listed), or an unreadable host profile.
@@ -254,7 +262,8 @@ def estimate(
     """
     dev, p, prof, facts, costs, runtime, prefix_us, copy_us, latency_us, host_total_us = _latency_parts(
         graph, device, tf32_conv=tf32_conv, tf32_matmul=tf32_matmul, channels_last=channels_last, params=params,
-        runtime=runtime, host=host, input_copy=input_copy, execution=execution)
+        runtime=runtime, host=host, input_copy=input_copy, execution=execution, autocast=autocast,
+        deployment=deployment)
     busy_us = float(costs.gpu_us.sum())
     if dev.kind != "gpu":
         busy_us = latency_us
@@ -306,12 +315,19 @@ def estimate(
 
 def _latency_parts(graph: OperatorGraph, device: Device | str, *, tf32_conv: bool, tf32_matmul: bool,
                    channels_last: bool, params: PriorParams | None, runtime: str, host: HostProfile | str | None,
-                   input_copy: bool, execution: Execution | None) -> tuple[Any, ...]:
+                   input_copy: bool | str, execution: Execution | None, autocast: str | None = None,
+                   deployment: Any = None) -> tuple[Any, ...]:
     """The latency half of :func:`estimate` (validation, per-node costs, timelines), shared with
     :func:`estimate_latency_ms`: ``(device, params, host profile, facts, costs, runtime, prefix µs, input copy
     µs, latency µs, host µs)``."""
     if execution is not None:
         runtime, host, input_copy = execution.runtime, execution.host, execution.input_copy
+    if deployment is not None:
+        s = deployment_settings(deployment)
+        runtime, host, input_copy, autocast = s.runtime, s.host, s.input_copy, s.autocast
+        tf32_conv, tf32_matmul, channels_last = s.tf32_conv, s.tf32_matmul, s.channels_last
+    input_copy = input_copy_kind(input_copy)
+    check_autocast(autocast)
     runtime = check_runtime(runtime)
     prof = resolve_host_profile(host)
     dev = resolve_device(device)
@@ -324,7 +340,7 @@ def _latency_parts(graph: OperatorGraph, device: Device | str, *, tf32_conv: boo
     p = params if params is not None else default_params()
 
     costs = node_costs(graph, dev, p, tf32_conv=tf32_conv, tf32_matmul=tf32_matmul, channels_last=channels_last,
-                       host=prof)
+                       host=prof, autocast=autocast)
     table = p.op_tables.get(dev.id) if dev.kind != "gpu" else None
     if table is not None:  # operators timed in place on this machine, instead of the roofline
         comp_us, over_us, uncovered = table.node_us(graph)
@@ -341,14 +357,15 @@ def _latency_parts(graph: OperatorGraph, device: Device | str, *, tf32_conv: boo
 def estimate_latency_ms(
     graph: OperatorGraph, device: Device | str, *, tf32_conv: bool = True, tf32_matmul: bool = False,
     channels_last: bool = False, params: PriorParams | None = None, runtime: str = "eager",
-    host: HostProfile | str | None = None, input_copy: bool = False, execution: Execution | None = None,
+    host: HostProfile | str | None = None, input_copy: bool | str = False, execution: Execution | None = None,
+    autocast: str | None = None, deployment: "Deployment | ResolvedDeployment | DeploymentSettings | None" = None,
 ) -> float:
     """``estimate(...).latency_ms`` without the energy and memory parts (the same computation of the latency,
     for callers that need only it, such as the MIG advisor's per-slice latencies). Arguments and errors as
     for :func:`estimate`."""
     return _latency_parts(graph, device, tf32_conv=tf32_conv, tf32_matmul=tf32_matmul, channels_last=channels_last,
                           params=params, runtime=runtime, host=host, input_copy=input_copy,
-                          execution=execution)[8] / 1e3
+                          execution=execution, autocast=autocast, deployment=deployment)[8] / 1e3
 
 
 def _gpu_parts(graph: OperatorGraph, facts: Any, dev: Device) -> Any:

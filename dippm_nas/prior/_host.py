@@ -56,8 +56,8 @@ _KIND_OF_CLASS: dict[str, str] = {
 def check_runtime(runtime: Any) -> str:
     """``runtime`` if it is one of :data:`RUNTIMES`, else :class:`~dippm_nas.errors.ExecutionRuntimeError`
     listing them."""
-    if runtime not in RUNTIMES:
-        raise ExecutionRuntimeError(f"runtime must be one of {RUNTIMES}, got {runtime!r}")
+    if not isinstance(runtime, str) or runtime not in RUNTIMES:
+        raise ExecutionRuntimeError(f"runtime must be one of {RUNTIMES}, got {type(runtime).__name__} {runtime!r}")
     return str(runtime)
 
 

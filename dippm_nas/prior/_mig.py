@@ -136,7 +136,7 @@ def advise(
     prediction: Prediction, device: Device | str, *, k_sigma: float = DEFAULT_K_SIGMA, rule: Rule = "dippm-nas",
     graph: "OperatorGraph | None" = None, tf32_conv: bool = True, tf32_matmul: bool = False,
     channels_last: bool = False, params: "PriorParams | None" = None, runtime: str = "eager",
-    host: Any = None,
+    host: Any = None, input_copy: bool | str = False, autocast: str | None = None, deployment: Any = None,
 ) -> MigAdvice:
     """For every MIG profile of ``device``: fits or not, headroom, latency and throughput on the slice.
 
@@ -148,7 +148,8 @@ def advise(
         rule: ``"dippm-nas"`` (usable memory, uncertainty, every profile) or ``"dippm"`` (DIPPM's
             memory-only ladder with inclusive bounds); see the module docstring.
         graph: the captured graph; when given, slice latencies come from the prior re-run on each slice.
-        tf32_conv, tf32_matmul, channels_last, params, runtime, host: passed to the prior for slice latencies.
+        tf32_conv, tf32_matmul, channels_last, params, runtime, host, input_copy, autocast, deployment: passed to
+            the prior for slice latencies (as for :func:`~dippm_nas.prior.estimate`).
 
     Returns:
         A :class:`MigAdvice`; ``smallest_fit`` is ``None`` with a ``reason`` when nothing fits, so a
@@ -181,7 +182,8 @@ def advise(
                          reason=f"device {dev.id!r} does not support MIG")
 
     options = {"tf32_conv": tf32_conv, "tf32_matmul": tf32_matmul, "channels_last": channels_last, "params": params,
-               "runtime": runtime, "host": host}
+               "runtime": runtime, "host": host, "input_copy": input_copy, "autocast": autocast,
+               "deployment": deployment}
     out: list[ProfileAdvice] = []
     for p in dev.mig_profiles:
         if rule == "dippm":

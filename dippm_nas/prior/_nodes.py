@@ -26,12 +26,14 @@ from typing import Any
 
 import numpy as np
 
+from dippm_nas.deployment import AUTOCAST_DTYPES
 from dippm_nas.devices import Device, HostProfile, default_host_profile
+from dippm_nas.errors import InvalidValueError
 from dippm_nas.graph import OperatorGraph, OpNode
 from dippm_nas.prior._host import HOST_KINDS, host_kind
 from dippm_nas.prior._params import CONTRACTION_CLASSES, PARAM_CLASSES, PriorParams
 
-__all__ = ["NodeCosts", "node_costs", "kernel_time_us", "wave_efficiency", "contraction_tiles", "param_class",
+__all__ = ["NodeCosts", "node_costs", "check_autocast", "kernel_time_us", "wave_efficiency", "contraction_tiles", "param_class",
            "GraphFacts", "graph_facts"]
 
 
@@ -316,9 +318,21 @@ def graph_facts(graph: OperatorGraph) -> GraphFacts:
     return facts
 
 
+def check_autocast(autocast: Any) -> str | None:
+    """``autocast`` if it is ``None`` or one of :data:`~dippm_nas.deployment.AUTOCAST_DTYPES`.
+
+    Raises:
+        InvalidValueError: another value (the choices are listed).
+    """
+    if autocast is not None and autocast not in AUTOCAST_DTYPES:
+        raise InvalidValueError(f"autocast must be None or one of {AUTOCAST_DTYPES}, got {autocast!r}")
+    return autocast
+
+
 def node_costs(
     graph: OperatorGraph, device: Device, params: PriorParams, *, tf32_conv: bool = True,
     tf32_matmul: bool = False, channels_last: bool = False, host: HostProfile | None = None,
+    autocast: str | None = None,
 ) -> NodeCosts:
     """Time every node of ``graph`` on ``device`` with the constants ``params``.
 
@@ -334,7 +348,10 @@ def node_costs(
             (and two transposition kernels).
         host: the host that drives a GPU (default :func:`~dippm_nas.devices.default_host_profile`); scales
             the eager host times of a fitted host model.
+        autocast: ``None``, ``"float16"`` or ``"bfloat16"``: ``torch.autocast`` around the forward of a
+            float32 graph.
     """
+    check_autocast(autocast)
     f = graph_facts(graph)
     n = len(f.classes)
     gpu = device.kind == "gpu"

@@ -25,7 +25,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from dippm_nas._json import check_keys, read_json_file
+from dippm_nas._json import check_keys, loads_json, read_json_file
+from dippm_nas._schema import check_file_fields, file_layout, from_file_data
 from dippm_nas.errors import DippmNasError, InvalidValueError
 from dippm_nas.prior._host import HostModel
 from dippm_nas.prior._op_table import OpTable
@@ -287,12 +288,22 @@ class PriorParams:
         }
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any], *, origin: str = "<dict>") -> "PriorParams":
+    def from_dict(cls, d: Mapping[str, Any], *, origin: str = "<dict>", trusted: bool = False) -> "PriorParams":
         """Inverse of :meth:`to_dict`; classes missing from ``d`` keep their uncalibrated constants.
 
+        Args:
+            d: the calibration file's mapping.
+            origin: where it came from, for error messages.
+            trusted: the shipped file, or a checkpoint's metadata already checked on load: built by the
+                dataclasses' own checks alone. Otherwise every section is first checked against the
+                dataclasses' fields (:mod:`dippm_nas._schema`).
+
         Raises:
-            DippmNasError: wrong format version, unknown classes or keys, or values breaking a rule.
+            DippmNasError: wrong format version, unknown classes or keys, values of the wrong type (the field
+                path, the value and the expected type named) or breaking a rule.
         """
+        if not trusted:
+            _check_file(d, origin)
         if d.get("format") != CALIBRATION_FORMAT:
             raise InvalidValueError(f"{origin}: calibration format must be {CALIBRATION_FORMAT}, got "
                                     f"{d.get('format')!r}")
@@ -327,12 +338,36 @@ class PriorParams:
     def load(cls, path: str | Path) -> "PriorParams":
         """Read a calibration JSON file."""
         p = Path(path)
-        return cls.from_dict(read_json_file(p, f"cannot read calibration file {p}"), origin=str(p))
+        return cls.from_dict(read_json_file(p, f"cannot read calibration file {p}", InvalidValueError), origin=str(p))
 
 
 #: The scalar settings :meth:`PriorParams.to_dict` writes under ``"global"``.
 _GLOBAL_KEYS = ("host_dispatch_us", "host_launch_us", "host_view_us", "l2_speedup", "nchw_transpose_passes",
                 "fuse_hard_activations")
+
+
+@lru_cache(maxsize=1)
+def _file_layout() -> type:
+    """The layout of a calibration file (:meth:`PriorParams.to_dict`); ``global`` and each ``op_classes``
+    entry set some fields of :class:`PriorParams` and :class:`OpClassParams`, checked by :func:`_check_file`."""
+    return file_layout("CalibrationFile", {
+        "format": int, "source": str, "command": str, "global": dict[str, Any],
+        "op_classes": dict[str, dict[str, Any]], "devices": dict[str, DeviceScale], "metrics": dict[str, Any],
+        "op_tables": dict[str, dict[str, Any]], "host_model": HostModel | None,
+    })
+
+
+def _check_file(d: Any, origin: str) -> None:
+    """Check a calibration file's mapping against its layout and the fields of the dataclasses it sets.
+
+    Raises:
+        InvalidValueError: naming ``origin``, the field path, the value and what is expected.
+    """
+    from_file_data(_file_layout(), d, origin)
+    check_file_fields(PriorParams, d.get("global") or {}, _GLOBAL_KEYS, f"{origin}: global")
+    op_fields = [f.name for f in dataclasses.fields(OpClassParams)]
+    for name, values in (d.get("op_classes") or {}).items():
+        check_file_fields(OpClassParams, values, op_fields, f"{origin}: op_classes.{name}")
 
 
 def _finite(v: Any) -> bool:
@@ -356,10 +391,7 @@ def read_shipped_file(name: str, what: str, missing: str) -> Any:
         logger.warning(missing)
         warnings.warn(missing, RuntimeWarning, stacklevel=3)
         return None
-    try:
-        return json.loads(text)
-    except ValueError as e:
-        raise DippmNasError(f"shipped {what} file {name} is not valid JSON: {e}") from e
+    return loads_json(text, f"shipped {what} file {name}", DippmNasError)
 
 
 @lru_cache(maxsize=1)
@@ -370,4 +402,4 @@ def default_params() -> PriorParams:
                           "missing; using the uncalibrated constants (run benchmarks/calibrate_prior.py to fit them)")
     if d is None:
         return PriorParams.uncalibrated()
-    return PriorParams.from_dict(d, origin=f"dippm_nas/prior/calibration/{FITTED_FILE}")
+    return PriorParams.from_dict(d, origin=f"dippm_nas/prior/calibration/{FITTED_FILE}", trusted=True)

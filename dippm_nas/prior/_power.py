@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from dippm_nas._json import check_keys, read_json_file
+from dippm_nas._schema import from_file_data
 from dippm_nas.devices import Device
 from dippm_nas.errors import InvalidValueError
 from dippm_nas.prior._params import read_shipped_file
@@ -120,14 +121,26 @@ class PowerTable:
                 "default": asdict(self.default), "metrics": dict(self.metrics)}
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any], *, origin: str = "<dict>") -> "PowerTable":
+    def from_dict(cls, d: Mapping[str, Any], *, origin: str = "<dict>", trusted: bool = False) -> "PowerTable":
         """Inverse of :meth:`to_dict`.
 
+        Args:
+            d: the power file's mapping.
+            origin: where it came from, for error messages.
+            trusted: the shipped file (its tests check it against the schema): built by the dataclasses' own
+                checks alone. Otherwise its fields are first checked against the dataclasses' (strict types,
+                unknown keys refused; :mod:`dippm_nas._schema`).
+
         Raises:
-            DippmNasError: wrong format version, unknown keys, or values breaking a rule.
+            DippmNasError: wrong format version, unknown keys, values of the wrong type (the field path, the
+                value and the expected type named) or breaking a rule.
         """
+        if not isinstance(d, Mapping):
+            raise InvalidValueError(f"{origin}: a power file holds a JSON object, got {type(d).__name__}")
         if d.get("format") != POWER_FORMAT:
             raise InvalidValueError(f"{origin}: power file format must be {POWER_FORMAT}, got {d.get('format')!r}")
+        if not trusted:
+            from_file_data(cls, {k: v for k, v in d.items() if k != "format"}, origin)
         allowed = set(PowerParams.__dataclass_fields__)
 
         def params(v: Any, where: str) -> PowerParams:
@@ -149,7 +162,7 @@ class PowerTable:
     def load(cls, path: str | Path) -> "PowerTable":
         """Read a ``power.json`` file."""
         p = Path(path)
-        return cls.from_dict(read_json_file(p, f"cannot read power file {p}"), origin=str(p))
+        return cls.from_dict(read_json_file(p, f"cannot read power file {p}", InvalidValueError), origin=str(p))
 
 
 @lru_cache(maxsize=1)
@@ -161,7 +174,7 @@ def power_table() -> PowerTable:
                           "using uncalibrated shares (run benchmarks/accuracy_energy.py --write-power to fit them)")
     if d is None:
         return PowerTable()
-    return PowerTable.from_dict(d, origin=f"dippm_nas/prior/calibration/{POWER_FILE}")
+    return PowerTable.from_dict(d, origin=f"dippm_nas/prior/calibration/{POWER_FILE}", trusted=True)
 
 
 def power_params_for(device: Device, table: PowerTable | None = None) -> PowerParams:

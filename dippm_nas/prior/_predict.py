@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 
+from dippm_nas.deployment import Deployment, ResolvedDeployment
 from dippm_nas.devices import Device, HostProfile, resolve_device
 from dippm_nas.errors import DeviceError
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.prediction import Prediction
+from dippm_nas.prior._deploy import DeploymentSettings
 from dippm_nas.prior._estimate import estimate, latency_sigma_log, timeline_fields
 from dippm_nas.prior._mig import advise
 from dippm_nas.prior._params import PriorParams
@@ -20,14 +22,15 @@ def predict(
     graph: OperatorGraph, device: Device | str, *, mig: bool = True, k_sigma: float = 2.0,
     tf32_conv: bool = True, tf32_matmul: bool = False, channels_last: bool = False,
     params: PriorParams | None = None, runtime: str = "eager", host: HostProfile | str | None = None,
-    input_copy: bool = False, power: PowerTable | None = None,
+    input_copy: bool | str = False, power: PowerTable | None = None, autocast: str | None = None,
+    deployment: "Deployment | ResolvedDeployment | DeploymentSettings | None" = None,
 ) -> Prediction:
     """The analytic prior as a :class:`~dippm_nas.prediction.Prediction` (sources ``"analytic"``; energy
     ``"predicted"`` where the power model is fitted for the device's architecture).
 
     Args:
-        graph, device, tf32_conv, tf32_matmul, channels_last, params, runtime, host, input_copy, power: as for
-            :func:`estimate`.
+        graph, device, tf32_conv, tf32_matmul, channels_last, params, runtime, host, input_copy, power, autocast,
+            deployment: as for :func:`estimate`.
         mig: attach the MIG advisor's answer (devices with MIG only; see :func:`dippm_nas.mig.advise`).
         k_sigma: passed to the advisor.
 
@@ -38,7 +41,8 @@ def predict(
     """
     dev = resolve_device(device)
     est = estimate(graph, dev, tf32_conv=tf32_conv, tf32_matmul=tf32_matmul, channels_last=channels_last, params=params,
-                   runtime=runtime, host=host, input_copy=input_copy, power=power)
+                   runtime=runtime, host=host, input_copy=input_copy, power=power, autocast=autocast,
+                   deployment=deployment)
     if est.energy_j is None:
         raise DeviceError(
             f"device {dev.id!r} has no power figures (board_power_w, idle_power_w), so the prior gives no "
@@ -58,6 +62,7 @@ def predict(
     )
     if mig and dev.has_mig:
         advice = advise(pred, dev, graph=graph, k_sigma=k_sigma, tf32_conv=tf32_conv, tf32_matmul=tf32_matmul,
-                        channels_last=channels_last, params=params, runtime=runtime, host=host)
+                        channels_last=channels_last, params=params, runtime=runtime, host=host,
+                        input_copy=input_copy, autocast=autocast, deployment=deployment)
         pred = dataclasses.replace(pred, mig=advice)
     return pred

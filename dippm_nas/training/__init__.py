@@ -3,8 +3,8 @@ held-out rows, and the novelty floors. The trained :class:`~dippm_nas.predictor.
 its :meth:`~dippm_nas.predictor.GnnPredictor.save`.
 """
 
-from dippm_nas.training._evaluate import (evaluate_checkpoint, evaluate_examples, few_shot_curve, metrics_table,
-                                          regression_metrics, scatter_png, write_report)
+from dippm_nas.training._evaluate import (evaluate_checkpoint, evaluate_examples, evaluate_predictions, few_shot_curve,
+                                          metrics_table, regression_metrics, scatter_png, write_report)
 from dippm_nas.training._examples import (DEVICE_ALIASES, SPLIT_MODES, Example, featurize_examples,
                                           heldout_timm_families, is_timm, labels_log, load_examples, split_examples,
                                           split_fraction, timm_family)
@@ -16,7 +16,7 @@ from dippm_nas.training._train import (TrainConfig, attach_novelty_reference, fi
 __all__ = ["Example", "DEVICE_ALIASES", "SPLIT_MODES", "load_examples", "split_fraction", "timm_family", "is_timm",
            "heldout_timm_families", "split_examples", "featurize_examples", "labels_log",
            "TrainConfig", "train_ensemble", "fit_std_floor", "attach_novelty_reference", "train_predictor",
-           "regression_metrics", "metrics_table", "evaluate_examples", "write_report", "scatter_png",
+           "regression_metrics", "metrics_table", "evaluate_examples", "evaluate_predictions", "write_report", "scatter_png",
            "few_shot_curve", "evaluate_checkpoint",
            "MAX_REFERENCE", "NOVELTY_QUANTILE", "COVERAGE", "SHRINK_GRID", "reference_set", "fit_novel_floor",
            "split_d0", "fit_shrink_width", "GRADED_MIN_ROWS", "fit_graded_floor"]

@@ -17,14 +17,16 @@ import numpy as np
 from scipy.stats import kendalltau
 
 from dippm_nas._optional import require
-from dippm_nas.errors import DatasetError
+from dippm_nas.deployment import Deployment
+from dippm_nas.errors import DatasetError, InvalidValueError
 from dippm_nas.devices import resolve_device
 from dippm_nas.features import GraphFeatures
+from dippm_nas.prediction import Prediction
 from dippm_nas.predictor import TARGETS, GnnPredictor, fit_calibration
 from dippm_nas.training._examples import Example, featurize_examples, load_examples, split_examples
 
-__all__ = ["regression_metrics", "metrics_table", "evaluate_examples", "write_report", "scatter_png", "few_shot_curve",
-           "evaluate_checkpoint"]
+__all__ = ["regression_metrics", "metrics_table", "evaluate_examples", "evaluate_predictions", "write_report",
+           "scatter_png", "few_shot_curve", "evaluate_checkpoint"]
 
 
 def regression_metrics(y: np.ndarray, yhat: np.ndarray, std: np.ndarray | None = None) -> dict[str, float]:
@@ -75,16 +77,55 @@ def evaluate_examples(pred: GnnPredictor, feats: Sequence[GraphFeatures], exampl
             prior = {"latency_ms": f.prior_latency_ms, "energy_j": f.prior_energy_j, "memory_mib": f.prior_memory_mib}[t]
             r.update({t: e.y[t], f"{t}_pred": v, f"{t}_std": v * s, f"{t}_prior": prior})
         rows.append(r)
+    own = _target_metrics(rows)
+    for t in TARGETS:
+        if t in own:
+            table[t] = own[t]
+        pr = [r for r in rows if t in r and r[f"{t}_prior"] is not None]
+        if pr:
+            table[t + "_prior"] = regression_metrics(np.array([r[t] for r in pr]), np.array([r[f"{t}_prior"] for r in pr]))
+    return table, rows
+
+
+def _target_metrics(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """``{target: regression_metrics}`` of the rows holding ``target``, ``target_pred`` and ``target_std`` (the
+    coverage left out where a row has no std)."""
+    table: dict[str, Any] = {}
     for t in TARGETS:
         rs = [r for r in rows if t in r]
         if not rs:
             continue
-        y = np.array([r[t] for r in rs])
-        table[t] = regression_metrics(y, np.array([r[f"{t}_pred"] for r in rs]), np.array([r[f"{t}_std"] for r in rs]))
-        pr = [r for r in rs if r[f"{t}_prior"] is not None]
-        if pr:
-            table[t + "_prior"] = regression_metrics(np.array([r[t] for r in pr]), np.array([r[f"{t}_prior"] for r in pr]))
-    return table, rows
+        std = [r[f"{t}_std"] for r in rs]
+        table[t] = regression_metrics(np.array([r[t] for r in rs]), np.array([r[f"{t}_pred"] for r in rs]),
+                                      None if any(s is None for s in std) else np.array(std, float))
+    return table
+
+
+def evaluate_predictions(predictions: Sequence[Prediction], examples: Sequence[Example]
+                         ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Metrics per target of one :class:`~dippm_nas.Prediction` per example (e.g. a predictor's
+    ``predict_graphs`` for a deployment) against the examples' labels.
+
+    Returns:
+        ``(table, rows)`` as :func:`evaluate_examples` (without the prior's metrics); each row also holds the
+        sources and ``deployment_assumed`` of its prediction.
+    """
+    if len(predictions) != len(examples):
+        raise InvalidValueError(f"one prediction per example: got {len(predictions)} predictions for "
+                                f"{len(examples)} examples")
+    rows: list[dict[str, Any]] = []
+    for p, e in zip(predictions, examples):
+        r: dict[str, Any] = {"family": e.family, "device": e.device, "key": e.key[:12]}
+        if e.name:
+            r["name"] = e.name
+        for t in TARGETS:
+            v = getattr(p, t)
+            if t in e.y and v is not None:
+                r.update({t: e.y[t], f"{t}_pred": float(v), f"{t}_std": getattr(p, f"{t}_std"),
+                          f"{t}_source": getattr(p, f"{t.split('_')[0]}_source")})
+        r["deployment_assumed"] = p.details.get("deployment_assumed", "")
+        rows.append(r)
+    return _target_metrics(rows), rows
 
 
 def metrics_table(pred: GnnPredictor, feats: Sequence[GraphFeatures], examples: Sequence[Example]
@@ -197,7 +238,7 @@ def few_shot_curve(pred: GnnPredictor, feats: Sequence[GraphFeatures], examples:
 def evaluate_checkpoint(checkpoint: str | Path, data: Sequence[str | Path], *, device: str, split: str = "random",
                         heldout_families: Sequence[str] = (), devices: Sequence[str] | None = None, seed: int = 0,
                         calibrate_ks: Sequence[int] = (), eval_device: str | None = None,
-                        holdout_frac: float = 0.25) -> dict[str, Any]:
+                        holdout_frac: float = 0.25, deployment: Any = None) -> dict[str, Any]:
     """Load a checkpoint (without any persisted calibration), rebuild the split and evaluate on its test rows.
 
     Args:
@@ -205,12 +246,26 @@ def evaluate_checkpoint(checkpoint: str | Path, data: Sequence[str | Path], *, d
         eval_device: evaluate on the test rows of this device instead (default ``device``), e.g. an A100
             checkpoint on RTX 3090 rows through the device features.
         holdout_frac: for ``split="timm-family"`` (see :func:`~dippm_nas.training.split_examples`).
+        deployment: ``None`` (default): each row is featurised with the execution it records. Otherwise how
+            every test row ran (a :class:`~dippm_nas.Deployment`, a mapping of its fields or a JSON/TOML file;
+            ``Deployment()``: nothing described): the rows are predicted as :func:`dippm_nas.predict` predicts
+            them for it (``predict_graphs``, σ included) and scored by :func:`evaluate_predictions`; the result
+            holds ``"deployment"``. Only for the checkpoint's own device, without ``calibrate_ks``.
+
+    Raises:
+        DeploymentError: a bad deployment.
+        InvalidValueError: a deployment with another ``eval_device`` or with ``calibrate_ks``.
     """
 
     dev = resolve_device(device).id
+    dep = None if deployment is None else Deployment.coerce(deployment)
     pred = GnnPredictor.load(checkpoint, device=dev, load_calibration=False)
     if eval_device is not None:
         dev = resolve_device(eval_device).id
+    if dep is not None and (dev != pred.device or calibrate_ks):
+        raise InvalidValueError(f"a deployment is evaluated through the checkpoint's predictions on its own device "
+                                f"({pred.device!r}), without few-shot calibration; got eval_device={dev!r}, "
+                                f"calibrate_ks={list(calibrate_ks)}")
     ex = load_examples(data, devices=devices)
     _, _, te = split_examples(ex, mode=split, heldout_families=heldout_families, seed=seed, holdout_frac=holdout_frac)
     test_devices = sorted({e.device for e in te})
@@ -220,6 +275,9 @@ def evaluate_checkpoint(checkpoint: str | Path, data: Sequence[str | Path], *, d
             f"evaluation needs test rows of the evaluated device: the {split!r} split of {len(ex)} examples has no "
             f"test row of {dev!r}; devices with test rows: {', '.join(test_devices) or 'none'} (pick one with "
             f"eval_device / --eval-device, or add data of {dev!r})")
+    if dep is not None:
+        tab, rows = evaluate_predictions(pred.predict_graphs([e.graph for e in te], mig=False, deployment=dep), te)
+        return {"device": dev, "n_test": len(te), "metrics": tab, "rows": rows, "deployment": dep.to_dict()}
     feats = featurize_examples(te, style=pred.meta.feature_style, prior_params=pred.prior_params,
                                host_threads=pred.host_threads)
     tab, rows = evaluate_examples(pred, feats, te)

@@ -127,7 +127,8 @@ def fit_calibration(jobs: Sequence[Job], device: str, *, min_rows: int = 3) -> C
                        latency_mape_after_pct=after, fitted_at=time.time())
 
 
-def calibrate_predictor(jobs: Sequence[Job], device: str, *, apply: bool = True) -> Any | None:
+def calibrate_predictor(jobs: Sequence[Job], device: str, *, apply: bool = True,
+                        deployment: Any = None) -> Any | None:
     """Feed the ``"ok"`` measurements of ``device`` to its predictor's own few-shot fit (GPU only).
 
     The trials' graphs are rebuilt from their search space, config and measured input spec
@@ -135,7 +136,7 @@ def calibrate_predictor(jobs: Sequence[Job], device: str, *, apply: bool = True)
     :meth:`GnnPredictor.calibrate` / :meth:`AnalyticPredictor.calibrate` fit host, GPU and op-class GPU
     factors (not persisted). With ``apply`` the calibrated predictor answers :func:`dippm_nas.predict` for
     the device from now on (replacing a :class:`CalibratedPredictor`); without it the predictor keeps its
-    earlier calibration.
+    earlier calibration. ``deployment`` (a :class:`~dippm_nas.Deployment`): how the measured passes ran.
 
     Returns:
         The predictor's :class:`~dippm_nas.predictor.Calibration`, or ``None`` where this path does not apply
@@ -167,7 +168,7 @@ def calibrate_predictor(jobs: Sequence[Job], device: str, *, apply: bool = True)
     if len(pairs) < 2:
         return None
     before = getattr(base, "calibration", None)
-    cal = base.calibrate(pairs, persist=False)
+    cal = base.calibrate(pairs, persist=False, **({} if deployment is None else {"deployment": deployment}))
     if cal is None:
         return None
     if apply:
@@ -262,10 +263,12 @@ class CalibratedPredictor(BasePredictor):
         self.device = base.device
 
     def predict_graphs(self, graphs: Sequence[OperatorGraph], *, mig: bool = True, k_sigma: float = 2.0,
-                       runtime: str = "eager", host: Any = None) -> list[Prediction]:
+                       runtime: str | None = None, host: Any = None, deployment: Any = None) -> list[Prediction]:
         s = self.calibration.latency_scale
         out = []
-        for p in self.base.predict_graphs(graphs, mig=mig, k_sigma=k_sigma, runtime=runtime, host=host):
+        # a predictor written before deployments takes no deployment keyword: pass it only when given
+        extra = {} if deployment is None else {"deployment": deployment}
+        for p in self.base.predict_graphs(graphs, mig=mig, k_sigma=k_sigma, runtime=runtime, host=host, **extra):
             details = dict(p.details)
             details["uncalibrated_latency_ms"] = p.latency_ms
             details["latency_calibration_scale"] = s

@@ -17,8 +17,11 @@ heartbeat, by the next claim of any queue user, which puts it back (``queued``) 
 ``failed`` after ``max_attempts`` claims. A worker that stops cleanly (SIGTERM, Ctrl-C, an error) hands
 back the jobs it claimed but has not recorded with :meth:`JobQueue.release`, which does not count the
 attempt. Completing needs the lease: a worker whose lease was taken over cannot write a second result,
-and the results table's unique ``job_id`` backs that up. Lease times are Unix seconds from each client's
-clock: machines sharing a queue need synchronised clocks (NTP), well within ``lease_s``.
+and the results table's unique ``job_id`` backs that up. Every time the queue writes (leases, heartbeats,
+``created_at``, ``updated_at``, ``measured_at``) is Unix seconds read from the database's clock in the same
+transaction (SQLite ``julianday('now')``, PostgreSQL ``now()``, MySQL ``UNIX_TIMESTAMP(NOW(6))``), as
+Optuna's RDB heartbeat does, so workers on machines whose clocks disagree still agree on when a lease
+ends; other databases use each client's clock (machines sharing such a queue need synchronised clocks).
 
 A row that cannot be decoded (a ``*_json`` column that is not JSON, written by hand or by another
 program) is never handed to a worker: :meth:`JobQueue.claim` marks it ``failed`` with the reason and
@@ -44,6 +47,7 @@ import sqlalchemy as sa
 from sqlalchemy import exc
 from sqlalchemy.engine import URL, Connection, make_url
 
+from dippm_nas._json import loads_json
 from dippm_nas._logging import WarnOnce
 from dippm_nas._sql import create_tables, make_engine, redact, transaction
 from dippm_nas.devices import resolve_device
@@ -68,9 +72,20 @@ _MAX_ERROR_CHARS = 2000
 _GENERIC_CLAIM_TRIES = 8
 
 
-def _now() -> float:
-    """Unix time, seconds (a function so tests can step the clock)."""
-    return time.time()
+#: The database's clock as Unix seconds, per dialect (``_now``).
+_DB_CLOCK: dict[str, Any] = {
+    "sqlite": sa.literal_column("(julianday('now') - 2440587.5) * 86400.0"),
+    "postgresql": sa.cast(sa.extract("epoch", sa.func.now()), sa.Double),
+    "mysql": sa.func.unix_timestamp(sa.func.now(6)),
+    "mariadb": sa.func.unix_timestamp(sa.func.now(6)),
+}
+
+
+def _now(conn: Connection) -> float:
+    """Unix seconds from the database's clock, read in ``conn``'s transaction; this client's clock for
+    dialects without an entry in :data:`_DB_CLOCK` (a function so tests can step the clock)."""
+    clock = _DB_CLOCK.get(conn.dialect.name)
+    return time.time() if clock is None else float(conn.execute(sa.select(clock)).scalar_one())
 
 
 def worker_id() -> str:
@@ -98,9 +113,9 @@ def _json_column(r: Any, column: str, *, nullable: bool = False) -> Any:
     if text is None and nullable:
         return None
     try:
-        value = json.loads(text)
-    except (TypeError, ValueError) as e:
-        raise _CorruptRow(f"{column} is not JSON ({type(e).__name__}: {e})") from e
+        value = loads_json(text, column, ValidationError)
+    except ValidationError as e:
+        raise _CorruptRow(str(e)) from e
     if not isinstance(value, dict):
         raise _CorruptRow(f"{column} must hold a JSON object, got {type(value).__name__}")
     return value
@@ -351,27 +366,28 @@ class JobQueue:
         InputSpec.from_dict(json.loads(spec_json))
         dev = resolve_device(device).id
         predicted_json = _dumps(dict(predicted), "predicted")
-        now = _now()
         values = {
             "study": study, "trial_number": trial_number, "space": space, "config_json": _dumps(cfg, "config"),
             "spec_json": spec_json, "device": dev, "priority": float(min(max(priority, -1e300), 1e300)),
             "predicted_json": predicted_json, "status": "queued", "lease_owner": None, "lease_expires_at": None,
-            "attempts": 0, "result_json": None, "error": None, "created_at": now, "updated_at": now,
+            "attempts": 0, "result_json": None, "error": None,
         }
         if self.dialect in ("sqlite", "postgresql"):
             if self.dialect == "sqlite":
                 from sqlalchemy.dialects.sqlite import insert
             else:
                 from sqlalchemy.dialects.postgresql import insert
-            stmt = insert(jobs).values(values).on_conflict_do_nothing(
-                index_elements=[jobs.c.study, jobs.c.trial_number, jobs.c.device]
-            ).returning(jobs.c.id)
             with self._tx("enqueueing a job") as conn:
+                now = _now(conn)
+                stmt = insert(jobs).values({**values, "created_at": now, "updated_at": now}).on_conflict_do_nothing(
+                    index_elements=[jobs.c.study, jobs.c.trial_number, jobs.c.device]
+                ).returning(jobs.c.id)
                 row = conn.execute(stmt).first()
             return None if row is None else int(row[0])
         try:
             with self._engine.begin() as conn:
-                res = conn.execute(sa.insert(jobs).values(values))
+                now = _now(conn)
+                res = conn.execute(sa.insert(jobs).values({**values, "created_at": now, "updated_at": now}))
                 return int(res.inserted_primary_key[0])
         except exc.IntegrityError:
             return None
@@ -385,22 +401,22 @@ class JobQueue:
         Returns:
             How many jobs were re-queued or failed.
         """
-        now = _now()
-        expired = sa.and_(jobs.c.status == "leased", jobs.c.lease_expires_at < now)
-        back = (
-            sa.update(jobs)
-            .where(expired, jobs.c.attempts < self.max_attempts)
-            .values(status="queued", lease_owner=None, lease_expires_at=None, updated_at=now,
-                    error=f"lease expired (the worker died or hung); re-queued at Unix time {now:.3f}")
-        )
-        dead = (
-            sa.update(jobs)
-            .where(expired, jobs.c.attempts >= self.max_attempts)
-            .values(status="failed", updated_at=now,
-                    error=f"lease expired on each of {self.max_attempts} attempts (the worker died or hung "
-                          f"every time); not retried")
-        )
         with self._tx("re-queueing expired leases") as conn:
+            now = _now(conn)
+            expired = sa.and_(jobs.c.status == "leased", jobs.c.lease_expires_at < now)
+            back = (
+                sa.update(jobs)
+                .where(expired, jobs.c.attempts < self.max_attempts)
+                .values(status="queued", lease_owner=None, lease_expires_at=None, updated_at=now,
+                        error=f"lease expired (the worker died or hung); re-queued at Unix time {now:.3f}")
+            )
+            dead = (
+                sa.update(jobs)
+                .where(expired, jobs.c.attempts >= self.max_attempts)
+                .values(status="failed", updated_at=now,
+                        error=f"lease expired on each of {self.max_attempts} attempts (the worker died or hung "
+                              f"every time); not retried")
+            )
             n = conn.execute(back).rowcount + conn.execute(dead).rowcount
         if n:
             logger.info("validation queue: %d expired lease(s) re-queued or failed", n)
@@ -446,25 +462,27 @@ class JobQueue:
 
     def _lease_one(self, device: str, owner: str, study: str | None) -> int | None:
         """Lease one queued row of ``device`` (and ``study``); its id, or ``None`` when none is queued."""
-        now = _now()
         cond = [jobs.c.status == "queued", jobs.c.device == device]
         if study is not None:
             cond.append(jobs.c.study == study)
         pick = sa.select(jobs.c.id).where(*cond).order_by(jobs.c.priority.desc(), jobs.c.id).limit(1)
-        lease = {"status": "leased", "lease_owner": owner, "lease_expires_at": now + self.lease_s,
-                 "attempts": jobs.c.attempts + 1, "updated_at": now}
+
+        def lease(conn: Connection) -> dict[str, Any]:
+            now = _now(conn)
+            return {"status": "leased", "lease_owner": owner, "lease_expires_at": now + self.lease_s,
+                    "attempts": jobs.c.attempts + 1, "updated_at": now}
+
         if self.dialect == "postgresql":
             with self._tx("claiming a job") as conn:
                 row = conn.execute(pick.with_for_update(skip_locked=True)).first()
                 if row is None:
                     return None
-                conn.execute(sa.update(jobs).where(jobs.c.id == row.id).values(**lease))
+                conn.execute(sa.update(jobs).where(jobs.c.id == row.id).values(**lease(conn)))
                 return int(row.id)
         if self.dialect == "sqlite":
-            stmt = (sa.update(jobs).where(jobs.c.id == pick.scalar_subquery(), jobs.c.status == "queued")
-                    .values(**lease).returning(jobs.c.id))
             with self._tx("claiming a job") as conn:
-                row = conn.execute(stmt).first()
+                row = conn.execute(sa.update(jobs).where(jobs.c.id == pick.scalar_subquery(), jobs.c.status == "queued")
+                                   .values(**lease(conn)).returning(jobs.c.id)).first()
             return None if row is None else int(row[0])
         for _ in range(_GENERIC_CLAIM_TRIES):
             with self._tx("claiming a job") as conn:
@@ -473,30 +491,30 @@ class JobQueue:
                 return None
             with self._tx("claiming a job") as conn:
                 won = conn.execute(sa.update(jobs).where(jobs.c.id == row.id, jobs.c.status == "queued")
-                                   .values(**lease)).rowcount
+                                   .values(**lease(conn))).rowcount
             if won == 1:
                 return int(row.id)
         return None
 
     def _fail_corrupt(self, job_id: int, owner: str, reason: str) -> None:
         """Mark a leased row that cannot be decoded ``failed`` with the reason (never retried)."""
-        now = _now()
-        error = (f"the job row cannot be decoded: {reason}; marked failed by {owner} at Unix time {now:.3f}, "
-                 "not retried (enqueue the trial again to measure it)")
-        stmt = (sa.update(jobs).where(jobs.c.id == job_id, jobs.c.lease_owner == owner, jobs.c.status == "leased")
-                .values(status="failed", error=error[:_MAX_ERROR_CHARS], lease_owner=None, lease_expires_at=None,
-                        updated_at=now))
         with self._tx("failing a corrupt job") as conn:
-            conn.execute(stmt)
+            now = _now(conn)
+            error = (f"the job row cannot be decoded: {reason}; marked failed by {owner} at Unix time {now:.3f}, "
+                     "not retried (enqueue the trial again to measure it)")
+            conn.execute(sa.update(jobs)
+                         .where(jobs.c.id == job_id, jobs.c.lease_owner == owner, jobs.c.status == "leased")
+                         .values(status="failed", error=error[:_MAX_ERROR_CHARS], lease_owner=None,
+                                 lease_expires_at=None, updated_at=now))
         logger.warning("validation queue %s: job %d cannot be decoded (%s); marked failed", self.url, job_id, reason)
 
     def heartbeat(self, job_id: int, owner: str) -> bool:
         """Extend the lease of a job this owner holds; ``False`` when the lease was lost."""
-        now = _now()
-        stmt = (sa.update(jobs).where(jobs.c.id == job_id, jobs.c.lease_owner == owner, jobs.c.status == "leased")
-                .values(lease_expires_at=now + self.lease_s, updated_at=now))
         with self._tx("extending a lease") as conn:
-            return conn.execute(stmt).rowcount == 1
+            now = _now(conn)
+            return conn.execute(
+                sa.update(jobs).where(jobs.c.id == job_id, jobs.c.lease_owner == owner, jobs.c.status == "leased")
+                .values(lease_expires_at=now + self.lease_s, updated_at=now)).rowcount == 1
 
     def complete(self, job: Job, owner: str, measurement: Any) -> bool:
         """Record a measurement of a leased job: job ``done`` and one results row, in one transaction.
@@ -517,7 +535,6 @@ class JobQueue:
             )
         m = measurement.to_dict()
         m_json = _dumps(m, "measurement")
-        now = _now()
         p = job.predicted
         row = {
             "job_id": job.id, "study": job.study, "trial_number": job.trial_number, "device": job.device,
@@ -529,11 +546,13 @@ class JobQueue:
             "energy_error_pct": _error_pct(p.get("energy_j"), measurement.energy_j),
             "predicted_memory_mib": p.get("memory_mib"), "measured_memory_mib": measurement.memory_mib,
             "memory_error_pct": _error_pct(p.get("memory_mib"), measurement.memory_mib),
-            "latency_source": p.get("latency_source"), "measured_at": now, "measurement_json": m_json,
+            "latency_source": p.get("latency_source"), "measurement_json": m_json,
         }
-        done = (sa.update(jobs).where(jobs.c.id == job.id, jobs.c.lease_owner == owner, jobs.c.status == "leased")
-                .values(status="done", result_json=m_json, lease_expires_at=None, updated_at=now))
         with self._tx("recording a measurement") as conn:
+            now = _now(conn)
+            row["measured_at"] = now
+            done = (sa.update(jobs).where(jobs.c.id == job.id, jobs.c.lease_owner == owner, jobs.c.status == "leased")
+                    .values(status="done", result_json=m_json, lease_expires_at=None, updated_at=now))
             if conn.execute(done).rowcount != 1:
                 logger.warning("validation queue: %s lost the lease of job %d (study %s, trial %d) before "
                                "finishing; its measurement is dropped, the job's current holder records one",
@@ -548,11 +567,12 @@ class JobQueue:
         Returns:
             ``False`` when this owner no longer holds the lease (nothing written).
         """
-        now = _now()
-        stmt = (sa.update(jobs).where(jobs.c.id == job.id, jobs.c.lease_owner == owner, jobs.c.status == "leased")
-                .values(status="failed", error=str(reason)[:_MAX_ERROR_CHARS], lease_expires_at=None, updated_at=now))
         with self._tx("failing a job") as conn:
-            return conn.execute(stmt).rowcount == 1
+            now = _now(conn)
+            return conn.execute(
+                sa.update(jobs).where(jobs.c.id == job.id, jobs.c.lease_owner == owner, jobs.c.status == "leased")
+                .values(status="failed", error=str(reason)[:_MAX_ERROR_CHARS], lease_expires_at=None,
+                        updated_at=now)).rowcount == 1
 
     def release(self, job: Job, owner: str) -> bool:
         """Hand a leased job back to the queue without counting the attempt (the worker is stopping).
@@ -563,14 +583,14 @@ class JobQueue:
         Returns:
             ``False`` when this owner no longer holds the lease (nothing written).
         """
-        now = _now()
-        stmt = (sa.update(jobs).where(jobs.c.id == job.id, jobs.c.lease_owner == owner, jobs.c.status == "leased")
+        with self._tx("releasing a job") as conn:
+            now = _now(conn)
+            return conn.execute(
+                sa.update(jobs).where(jobs.c.id == job.id, jobs.c.lease_owner == owner, jobs.c.status == "leased")
                 .values(status="queued", lease_owner=None, lease_expires_at=None, updated_at=now,
                         attempts=sa.case((jobs.c.attempts > 0, jobs.c.attempts - 1), else_=0),
                         error=f"released unmeasured by {owner} at Unix time {now:.3f} (the worker stopped); "
-                              "the attempt is not counted"))
-        with self._tx("releasing a job") as conn:
-            return conn.execute(stmt).rowcount == 1
+                              "the attempt is not counted")).rowcount == 1
 
     # ------------------------------------------------------------------ reading
     def get(self, job_id: int) -> Job:

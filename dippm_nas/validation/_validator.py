@@ -36,6 +36,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from dippm_nas._logging import WarnOnce
+from dippm_nas._numbers import as_int, as_real
+from dippm_nas.deployment import Deployment
 from dippm_nas.devices import resolve_device
 from dippm_nas.errors import DippmNasError, ValidationError
 from dippm_nas.predictor import predict
@@ -122,6 +124,10 @@ class ParetoValidator:
             batch too large to time on a CPU); ``None`` keeps the trial's.
         dtype: measure (and predict) in this compute dtype instead of the trial's (e.g. ``"float32"`` on a
             CPU for a search whose candidates are float16 on the GPU); ``None`` keeps the trial's.
+        deployment: how the measured passes run on the validation device, as in :func:`dippm_nas.predict` (a
+            :class:`~dippm_nas.Deployment`, a mapping of its fields or a JSON/TOML file; ``None``: not
+            described); the prediction each job is compared with is for it, and the job records it
+            (``predicted["deployment"]``).
         settings: :class:`~dippm_nas.measure.MeasureSettings` of local measurements.
         lease_s, max_attempts: of the :class:`JobQueue`.
         auto_calibrate: fit and apply :meth:`calibrate` after each round once ``min_calibration_rows``
@@ -137,6 +143,7 @@ class ParetoValidator:
 
     Raises:
         ValidationError: invalid schedule, mode or counts; ``mode="local"`` for a device not on this machine.
+        DeploymentError: a bad deployment (the field, the value and the choices are named).
     """
 
     def __init__(
@@ -150,6 +157,7 @@ class ParetoValidator:
         mode: Literal["auto", "local", "queue"] = "auto",
         batch_size: int | None = None,
         dtype: str | None = None,
+        deployment: Any = None,
         settings: Any = None,
         lease_s: float = DEFAULT_LEASE_S,
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
@@ -161,28 +169,26 @@ class ParetoValidator:
         interleave_batch: int = 8,
     ) -> None:
         self.device = resolve_device(device).id
+        self.deployment: Deployment = Deployment.coerce(deployment)
         if every_n_trials is None and every_seconds is None:
             raise ValidationError("give every_n_trials or every_seconds (or both): otherwise no round would ever run")
-        if every_n_trials is not None and (isinstance(every_n_trials, bool) or not isinstance(every_n_trials, int)
-                                           or every_n_trials < 1):
-            raise ValidationError(f"every_n_trials must be an int >= 1 or None, got {every_n_trials!r}")
-        if every_seconds is not None and (isinstance(every_seconds, bool) or not isinstance(every_seconds, (int, float))
-                                          or not every_seconds > 0):
-            raise ValidationError(f"every_seconds must be a number > 0 or None, got {every_seconds!r}")
-        if isinstance(max_per_round, bool) or not isinstance(max_per_round, int) or max_per_round < 1:
-            raise ValidationError(f"max_per_round must be an int >= 1, got {max_per_round!r}")
+        if every_n_trials is not None:
+            every_n_trials = as_int(every_n_trials, "every_n_trials", low=1, error=ValidationError,
+                                    or_none=True)
+        if every_seconds is not None:
+            every_seconds = as_real(every_seconds, "every_seconds", low=0, low_inclusive=False,
+                                    error=ValidationError, or_none=True)
+        max_per_round = as_int(max_per_round, "max_per_round", low=1, error=ValidationError)
         if mode not in MODES:
             raise ValidationError(f"mode must be one of {MODES}, got {mode!r}")
-        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
-                                       or batch_size < 1):
-            raise ValidationError(f"batch_size must be an int >= 1 or None, got {batch_size!r}")
+        if batch_size is not None:
+            batch_size = as_int(batch_size, "batch_size", low=1, error=ValidationError, or_none=True)
         if dtype is not None and dtype not in COMPUTE_DTYPES:
             raise ValidationError(f"dtype must be one of {COMPUTE_DTYPES} or None, got {dtype!r}")
-        if isinstance(min_calibration_rows, bool) or not isinstance(min_calibration_rows, int) \
-                or min_calibration_rows < 1:
-            raise ValidationError(f"min_calibration_rows must be an int >= 1, got {min_calibration_rows!r}")
-        check_rounds(resolve_device(self.device), interleave_rounds, interleave_batch,
-                     names=("interleave_rounds", "interleave_batch"))
+        min_calibration_rows = as_int(min_calibration_rows, "min_calibration_rows", low=1, error=ValidationError)
+        interleave_rounds, interleave_batch = check_rounds(resolve_device(self.device), interleave_rounds,
+                                                           interleave_batch,
+                                                           names=("interleave_rounds", "interleave_batch"))
         here = measure_fn is not None or device_is_here(self.device)
         if mode == "local" and not here:
             raise ValidationError(f"mode='local' needs device {self.device!r} on this machine; use mode='queue' "
@@ -287,7 +293,8 @@ class ParetoValidator:
     def _predicted_for(self, space: str, config: dict[str, Any], spec_dict: dict[str, Any]) -> dict[str, Any]:
         """The prediction for the validation device the measurement is compared with."""
         spec = InputSpec.from_dict(spec_dict)
-        p = predict(search_spaces.build_model(space, config), spec, self.device, mig=False)
+        p = predict(search_spaces.build_model(space, config), spec, self.device, mig=False,
+                    deployment=self.deployment)
         out = {
             "device": p.device, "batch_size": p.batch_size,
             "latency_ms": p.latency_ms, "latency_ms_std": p.latency_ms_std, "latency_source": p.latency_source,
@@ -298,6 +305,7 @@ class ParetoValidator:
         out["latency_ms_uncalibrated"] = float(raw) if raw is not None else p.latency_ms
         if p.details.get("host_threads"):  # a host-cpu figure is for this many torch threads: measure at it
             out["host_threads"] = int(p.details["host_threads"])
+        out["deployment"] = self.deployment.to_dict()
         return out
 
     def run_round(self, study: Any) -> RoundReport:
@@ -397,7 +405,7 @@ class ParetoValidator:
         queue = self.queue_for(study)
         jobs = queue.jobs(device=self.device, status="done")
         cal = fit_calibration(jobs, self.device, min_rows=self.min_calibration_rows)
-        own = calibrate_predictor(jobs, self.device, apply=apply)
+        own = calibrate_predictor(jobs, self.device, apply=apply, deployment=self.deployment)
         tf = None if own is None else own.timeline_factors
         if tf is not None:
             cal = replace(cal, method="timeline_factors", timeline=dataclasses.asdict(tf))

@@ -39,8 +39,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from dippm_nas._deprecation import MISSING, renamed_keyword
+from dippm_nas._numbers import as_int, as_real
 from dippm_nas.devices import resolve_device
-from dippm_nas.errors import DeviceError, DippmNasError, ValidationError
+from dippm_nas.errors import DeviceError, DippmNasError, InputSpecError, ValidationError
 from dippm_nas.measure import MeasureSettings, measure, time_interleaved
 from dippm_nas.spec import InputSpec
 from dippm_nas.validation._queue import Job, JobQueue, worker_id
@@ -117,16 +118,18 @@ def torch_device_for(device: str, torch_device: str | None = None, *, cuda_devic
     return f"cuda:{idx}"
 
 
-def check_rounds(device: Any, rounds: Any, batch: Any, names: tuple[str, str] = ("rounds", "rounds_batch")) -> None:
-    """Raise :class:`ValidationError` unless ``rounds`` is an int >= 0 and ``batch`` an int >= 1, and
-    ``rounds`` is 0 for a device (a catalogue :class:`~dippm_nas.devices.Device`) that is not a CPU."""
-    for name, v, low in ((names[0], rounds, 0), (names[1], batch, 1)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < low:
-            raise ValidationError(f"{name} must be an int >= {low}, got {v!r}")
+def check_rounds(device: Any, rounds: Any, batch: Any,
+                 names: tuple[str, str] = ("rounds", "rounds_batch")) -> tuple[int, int]:
+    """``(rounds, batch)`` as ints; :class:`ValidationError` unless ``rounds`` is an int >= 0 and ``batch`` an
+    int >= 1, and ``rounds`` is 0 for a device (a catalogue :class:`~dippm_nas.devices.Device`) that is not a
+    CPU."""
+    rounds = as_int(rounds, names[0], low=0, error=ValidationError)
+    batch = as_int(batch, names[1], low=1, error=ValidationError)
     if rounds and device.kind != "cpu":
         raise ValidationError(
             f"{names[0]}={rounds}: interleaved rounds time CPU devices only, and {device.id!r} is a {device.kind}; "
             f"use {names[0]}=0 (a GPU is timed with CUDA events, one model at a time)")
+    return rounds, batch
 
 
 class _Heartbeat:
@@ -216,9 +219,7 @@ class ValidationWorker:
         self.heartbeat_s = float(heartbeat_s) if heartbeat_s is not None else queue.lease_s / 3.0
         if self.heartbeat_s <= 0:
             raise ValidationError(f"heartbeat_s must be > 0, got {heartbeat_s!r}")
-        check_rounds(dev, rounds, rounds_batch)
-        self.rounds = rounds
-        self.rounds_batch = rounds_batch
+        self.rounds, self.rounds_batch = check_rounds(dev, rounds, rounds_batch)
         self._measure_fn = measure_fn
         self.processed = 0
 
@@ -236,7 +237,10 @@ class ValidationWorker:
 
     def _measure(self, job: Job) -> Any:
         """The measurement of a job, or raise DippmNasError when the job cannot be run."""
-        spec = InputSpec.from_dict(job.spec)
+        try:
+            spec = InputSpec.from_dict(job.spec)
+        except InputSpecError as e:
+            raise InputSpecError(f"job {job.id}'s spec_json {job.spec!r:.200} is not an InputSpec: {e}") from e
         settings = self.settings_for(job)
         if self.isolate and self._measure_fn is None:
             return measure("search_spaces:build_model", spec, self.torch_device, settings, isolate=True,
@@ -388,7 +392,16 @@ class ValidationWorker:
 
         Returns:
             The number of jobs claimed and not released.
+
+        Raises:
+            ValidationError: ``max_jobs`` not an int >= 0, ``idle_timeout_s`` not a finite number >= 0, or
+                ``poll_s`` not a finite number >= 0 (``None`` is allowed where documented).
         """
+        if max_jobs is not None:
+            max_jobs = as_int(max_jobs, "max_jobs", low=0, error=ValidationError, or_none=True)
+        if idle_timeout_s is not None:
+            idle_timeout_s = as_real(idle_timeout_s, "idle_timeout_s", low=0, error=ValidationError, or_none=True)
+        poll_s = as_real(poll_s, "poll_s", low=0, error=ValidationError)
         handled = 0
         idle_since = time.monotonic()
         while not (stop is not None and stop.is_set()):
