@@ -255,7 +255,7 @@ def test_runtimes_and_engines_come_from_the_deployment() -> None:
     graphs = predict_generation("gpt2", wl, "h100-sxm5-80gb", deployment=Deployment(runtime="cuda-graphs"), mig=False)
     eager = predict_generation("gpt2", wl, "h100-sxm5-80gb", mig=False)
     assert graphs.decode_ms_per_token < eager.decode_ms_per_token  # no per-operator host time
-    with pytest.raises(DippmNasError, match="disagrees"):
+    with pytest.raises(DippmNasError, match="conflicts"):
         predict_generation("gpt2", wl, deployment=Deployment(runtime="eager"), runtime="serving")
 
 
@@ -363,3 +363,11 @@ def test_the_shipped_engines_are_fitted_and_label_serving_latency_predicted() ->
         p.prefill_ms * serving_engine("vllm").sigma_log + 127 * p.decode_ms_per_token * serving_engine("vllm").sigma_log)
     assert predict_generation("llama-2-7b", LLMWorkload(128, 128, 1), "h100-sxm5-80gb", mig=False).sources[
         "e2e_ms"] == "analytic"
+
+
+def test_a_deployment_mapping_or_file_reads_as_the_other_entry_points_read_it(tmp_path) -> None:
+    wl = LLMWorkload(128, 32, 2)
+    Deployment(runtime="serving", versions={"vllm": "0.5.4"}).save(tmp_path / "d.toml")
+    for dep in ({"runtime": "serving"}, tmp_path / "d.toml"):
+        p = predict_generation("gpt2", wl, "h100-sxm5-80gb", deployment=dep, mig=False)
+        assert p.details["engine"] == "vllm" and p.details["deployment"].startswith("serving")

@@ -237,7 +237,7 @@ def predict_generation(model_or_config: Any, workload: LLMWorkload, device: str 
     kv_seq = cfg.kv_bytes_per_token(kv_dtype) * wl.total_len / BYTES_PER_MIB
     details: dict[str, Any] = {
         "runtime": ex.runtime, "engine": eng_name, "waves": list(run.waves), "assumed": list(assumed),
-        "deployment": dep.label(),
+        "deployment": dep.label,
         "kv_dtype": kv_dtype, "dtype": cfg.dtype, "host_profile": ex.host.name,
         "params": cfg.param_count, "kv_bytes_per_token": cfg.kv_bytes_per_token(kv_dtype),
         "beyond_positions": beyond, **run.memory,
