@@ -6,13 +6,15 @@ two corrections on the measured rows:
 1. the **factor calibration** (:mod:`~dippm_nas.predictor._calibrate`: host, GPU and op-class GPU factors of a
    GPU's latency, a shrunk line in log space elsewhere), and on top of it
 2. a **residual head per ensemble member**: a ridge regression of what the calibrated prediction still misses
-   (``log measured - log calibrated``) on that member's last hidden layer (the 64 values ``fc3`` reads,
-   standardised on the rows), warm-started from the checkpoint in the sense that the network's own features
+   (``log measured - log calibrated``) on that member's last hidden layer (the 64 values ``fc3`` reads) and
+   the graph-level features the network reads (its standardised static features), each standardised on the
+   rows (:func:`head_inputs`): warm-started from the checkpoint in the sense that the network's own features
    are kept and only a new last layer is learnt on top of its answer.
 
 The ridge penalty, and whether there is a head at all, is chosen by leave-one-out cross-validation on the
 rows themselves (closed form for ridge: ``e_i = (r_i - f_i) / (1 - H_ii)``, the ensemble's LOO residual the
-mean of its members'): candidate penalties :data:`RIDGE_GRID` and "no head". With few rows the CV keeps no
+mean of its members'): candidate penalties :data:`RIDGE_GRID` and "no head", by the one-standard-error rule
+(the largest penalty whose LOO gain over no head, paired row by row, exceeds one standard error of that gain). With few rows the CV keeps no
 head, or a heavily penalised one, and the adaptation is the factor calibration; with many rows a small
 penalty wins and the head is the network's own fit of the space. A target gets a head only with at least
 :data:`HEAD_MIN_ROWS` labelled rows.
@@ -50,6 +52,7 @@ from dippm_nas.predictor._calibrate import Calibration, TimelineFactors
 from dippm_nas.predictor._meta import TARGETS
 
 __all__ = ["Adaptation", "AdaptationKey", "ResidualHead", "fit_residual_head", "deployment_key", "merge_rows",
+           "head_inputs",
            "HEAD_MIN_ROWS", "RIDGE_GRID", "ADAPT_FORMAT", "ANY_SPACE", "HANDOVER_ROWS"]
 
 logger = logging.getLogger(__name__)
@@ -62,12 +65,23 @@ HEAD_MIN_ROWS = 5
 #: Ridge penalties tried by leave-one-out cross-validation, on standardised features (the sum of squared
 #: log residuals plus ``lambda * |w|^2``): from a head that moves little to one that follows the rows.
 RIDGE_GRID: tuple[float, ...] = tuple(float(10.0 ** e) for e in np.arange(-1.0, 4.01, 0.5))
+#: How many standard errors of its paired leave-one-out gain a head must win by over no head
+#: (benchmarks/learning_curve.py; docs/adaptation.md).
+SE_FACTOR = 1.0
 #: Rows from which ``calibrate()`` hands over to ``adapt()`` (benchmarks/learning_curve.py; docs/adaptation.md).
 HANDOVER_ROWS = 10
 #: Version of the stored form (JSON meta + npz arrays).
 ADAPT_FORMAT = 1
 #: A standardised feature whose spread over the rows is below this is constant there and left out (zeroed).
 _CONSTANT_STD = 1e-6
+
+
+def head_inputs(hidden: np.ndarray, static_z: np.ndarray) -> np.ndarray:
+    """What a residual head reads: each member's last hidden layer ``[K, G, hidden]`` beside the graphs'
+    standardised static features ``[G, static]`` (the same for every member): ``[K, G, hidden + static]``."""
+    k = hidden.shape[0]
+    return np.concatenate([np.asarray(hidden, dtype=np.float64),
+                           np.broadcast_to(np.asarray(static_z, dtype=np.float64), (k, *static_z.shape))], 2)
 
 
 def deployment_key(device: str, runtime: str = "eager", host: HostProfile | None = None,
@@ -177,27 +191,31 @@ def fit_residual_head(target: str, hidden: np.ndarray, resid: np.ndarray, *,
     live = std > _CONSTANT_STD
     std = np.where(live, std, 1.0)
     z = np.where(live[:, None, :], (hidden - mean[:, None, :]) / std[:, None, :], 0.0)  # [K, n, h]
-    rc = r - r.mean()
-    svds = [np.linalg.svd(z[m], full_matrices=False) for m in range(k)]
-    best: tuple[float, float] | None = None  # (loo mse, ridge)
+    # the intercept is a penalised column of ones like the others: a large penalty is no head at all (the
+    # calibrated prediction as it is), not a shift by the rows' mean residual
+    x = np.concatenate([z, np.ones((k, n, 1))], 2)
+    svds = [np.linalg.svd(x[m], full_matrices=False) for m in range(k)]
+    errs = []  # per penalty, the ensemble's squared leave-one-out residual of each row
     for lam in grid:
         loo = np.zeros((k, n))
         for m, (u, s, _vt) in enumerate(svds):
             shrink = s ** 2 / (s ** 2 + lam)
-            fitted = u @ (shrink * (u.T @ rc)) + r.mean()
-            hat = 1.0 / n + (u ** 2) @ shrink
+            fitted = u @ (shrink * (u.T @ r))
+            hat = (u ** 2) @ shrink
             loo[m] = (r - fitted) / np.maximum(1.0 - hat, 1e-9)
-        mse = float(np.mean(loo.mean(0) ** 2))
-        if best is None or mse < best[0]:
-            best = (mse, float(lam))
-    assert best is not None
-    if best[0] >= none_rmse ** 2:  # no penalty beats leaving the calibrated prediction as it is
+        errs.append(loo.mean(0) ** 2)
+    # the penalty of the smallest LOO error, kept when its gain over no head, paired on the rows, exceeds
+    # SE_FACTOR standard errors of that gain (a head that only fits the rows' noise is not kept)
+    chosen = int(np.argmin([e.mean() for e in errs]))
+    gain = r ** 2 - errs[chosen]
+    if not gain.mean() > SE_FACTOR * gain.std(ddof=1) / math.sqrt(n):
         return empty
-    lam = best[1]
-    weight = np.zeros((k, h))
+    lam = float(grid[chosen])
+    best = (float(errs[chosen].mean()), lam)
+    coef = np.zeros((k, h + 1))
     for m, (u, s, vt) in enumerate(svds):
-        weight[m] = vt.T @ ((s / (s ** 2 + lam)) * (u.T @ rc))
-    bias = np.full(k, r.mean())  # z is centred on the rows: the intercept is the mean residual
+        coef[m] = vt.T @ ((s / (s ** 2 + lam)) * (u.T @ r))
+    weight, bias = coef[:, :h], coef[:, h]
     return ResidualHead(target, lam, float(math.sqrt(best[0])), none_rmse, n, mean, std, weight, bias)
 
 

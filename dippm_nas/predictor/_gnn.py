@@ -46,7 +46,7 @@ from dippm_nas.prediction import Prediction
 from dippm_nas.devices import HostProfile, default_host_profile, get_device, resolve_device
 from dippm_nas.mig import advise
 from dippm_nas.predictor._adapt import (ANY_SPACE, HANDOVER_ROWS, Adaptation, AdaptationKey, apply_adaptation,
-                                        check_rows_key, deployment_key, fit_adaptation)
+                                        check_rows_key, deployment_key, fit_adaptation, head_inputs)
 from dippm_nas.predictor._adapt_store import AdaptationStore, read_newest
 from dippm_nas.predictor._base import BasePredictor, execution_args, execution_details, measurement_pairs
 from dippm_nas.predictor._calibrate import (Calibration, calibration_classes, calibration_details,
@@ -796,7 +796,7 @@ class GnnPredictor(BasePredictor):
             _warn_once(f"adapt-few:{self.device}", "adapt() needs at least 2 measured graphs with a figure > 0, got "
                        "%d: the %s predictions are left unchanged", len(pairs), self.device)
             return None
-        self._activate(ad)
+        self.activate_adaptation(ad)
         return ad
 
     def _adapt_stored(self, key: AdaptationKey, pairs: Sequence[tuple[OperatorGraph, dict[str, float]]],
@@ -820,7 +820,8 @@ class GnnPredictor(BasePredictor):
         finally:
             store.close()
 
-    def _activate(self, ad: Adaptation) -> None:
+    def activate_adaptation(self, ad: Adaptation) -> None:
+        """Answer with ``ad`` (its factor calibration and heads) from now on, in this process."""
         self.adaptation = ad
         self.calibration = ad.calibration
         self._adaptation_looked.add(ad.key.deployment)
@@ -858,10 +859,14 @@ class GnnPredictor(BasePredictor):
         self._pred_cache.clear()
 
     def member_outputs(self, graphs: Sequence[OperatorGraph]) -> tuple[np.ndarray, np.ndarray]:
-        """Each member's log answer ``[K, G, 3]`` and last hidden layer ``[K, G, hidden]`` (before any shrink,
-        calibration or adaptation)."""
-        feats = [self.features(g) for g in graphs]
-        return self._engine.infer_hidden(feats, global_arrays(feats))
+        """Each member's log answer ``[K, G, 3]`` (before any shrink, calibration or adaptation) and what its
+        residual head reads (:func:`~dippm_nas.predictor._adapt.head_inputs`, ``[K, G, hidden + static]``)."""
+        return self._member_outputs([self.features(g) for g in graphs])
+
+    def _member_outputs(self, feats: Sequence[GraphFeatures]) -> tuple[np.ndarray, np.ndarray]:
+        b = global_arrays(feats)
+        out, hid = self._engine.infer_hidden(feats, b)
+        return out, head_inputs(hid, self._engine.static_z(b))
 
     def checkpoint_hash(self) -> str:
         """SHA-256 of the checkpoint file (:attr:`checkpoint_sha256`), or of the weights of one built in memory."""
@@ -905,7 +910,7 @@ class GnnPredictor(BasePredictor):
         except InvalidValueError as e:
             why = f"version {stored.version}: {e}"
         if why is None:
-            self._activate(ad)
+            self.activate_adaptation(ad)
             return
         self.adaptation_flag = why
         _warn_once(f"adapt-bad:{key.digest}:{stored.version}", "stored adaptation of %s (%s) set aside: %s; "
@@ -917,14 +922,14 @@ class GnnPredictor(BasePredictor):
                        "stay unadapted", self.device, e)
             return
         if refit is not None:
-            self._activate(refit)
+            self.activate_adaptation(refit)
 
     def _adapted(self, graphs: Sequence[OperatorGraph], feats: Sequence[GraphFeatures], todo: Sequence[int],
                  out: list[Any], ad: Adaptation, mig: bool, k_sigma: float, runtime: str, host: HostProfile) -> None:
         """``out[todo]`` with the adaptation's heads applied (in place)."""
         member_out = hidden = None
         if ad.has_heads:
-            member_out, hidden = self._engine.infer_hidden(feats, global_arrays(feats))
+            member_out, hidden = self._member_outputs(feats)
         preds = apply_adaptation(ad, [out[i] for i in todo], member_out, hidden)
         dev = resolve_device(self.device)
         for i, g, p in zip(todo, graphs, preds):
