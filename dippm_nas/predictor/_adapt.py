@@ -30,6 +30,7 @@ serves adapted predictions.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import io
@@ -74,6 +75,15 @@ HANDOVER_ROWS = 10
 ADAPT_FORMAT = 1
 #: A standardised feature whose spread over the rows is below this is constant there and left out (zeroed).
 _CONSTANT_STD = 1e-6
+
+
+def _one_blas_thread() -> Any:
+    """BLAS on one thread (``threadpoolctl``; without it, as configured): the heads' matrices are small."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # pragma: no cover - a dependency; the fit is the same, only slower on a busy machine
+        return contextlib.nullcontext()
+    return threadpool_limits(1)
 
 
 def head_inputs(hidden: np.ndarray, static_z: np.ndarray) -> np.ndarray:
@@ -194,7 +204,8 @@ def fit_residual_head(target: str, hidden: np.ndarray, resid: np.ndarray, *,
     # the intercept is a penalised column of ones like the others: a large penalty is no head at all (the
     # calibrated prediction as it is), not a shift by the rows' mean residual
     x = np.concatenate([z, np.ones((k, n, 1))], 2)
-    svds = [np.linalg.svd(x[m], full_matrices=False) for m in range(k)]
+    with _one_blas_thread():
+        svds = [np.linalg.svd(x[m], full_matrices=False) for m in range(k)]
     errs = []  # per penalty, the ensemble's squared leave-one-out residual of each row
     for lam in grid:
         loo = np.zeros((k, n))
@@ -375,15 +386,16 @@ def fit_adaptation(predictor: Any, rows: Sequence[tuple[OperatorGraph, Mapping[s
         return None
     graphs = [g for g, _ in rows]
     saved = (predictor.calibration, predictor.adaptation)
-    try:
-        cal = predictor.fit_factor_calibration(rows, runtime, host)
-        predictor.calibration, predictor.adaptation = cal, None
-        predictor.clear_prediction_cache()
-        preds = predictor.predict_graphs(graphs, mig=False, runtime=runtime, host=host)
-    finally:
-        predictor.calibration, predictor.adaptation = saved
-        predictor.clear_prediction_cache()
-    _, hidden = predictor.member_outputs(graphs)
+    with predictor.one_network_pass(graphs):
+        try:
+            cal = predictor.fit_factor_calibration(rows, runtime, host)
+            predictor.calibration, predictor.adaptation = cal, None
+            predictor.clear_prediction_cache()
+            preds = predictor.predict_graphs(graphs, mig=False, runtime=runtime, host=host)
+        finally:
+            predictor.calibration, predictor.adaptation = saved
+            predictor.clear_prediction_cache()
+        _, hidden = predictor.member_outputs(graphs)
     heads = {}
     for t in predictor.meta.targets:
         idx = [i for i, (_, y) in enumerate(rows) if t in y and getattr(preds[i], t) is not None]

@@ -23,6 +23,7 @@ metadata is :class:`~dippm_nas.predictor.CheckpointMeta`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -31,7 +32,7 @@ import math
 import sys
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -128,6 +129,8 @@ class GnnPredictor(BasePredictor):
         #: SHA-256 of the checkpoint file this predictor was loaded from (``None``: built in memory)
         self.checkpoint_sha256: str | None = None
         self._adaptation_looked: set[str] = set()  # deployment keys whose stored adaptation was looked up
+        # while an adaptation is fitted: the network's pass on its rows, by the identity of their features
+        self._member_memo: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]] | None = None
         self._load_adaptations = load_calibration
         #: the CPU model a host-cpu checkpoint was measured on when this machine's differs, else ``None``
         self.other_host: str | None = None
@@ -347,7 +350,12 @@ class GnnPredictor(BasePredictor):
         engine = self._engine
         b = global_arrays(feats)
         # [B, 3] each: the members' mean and std of engine.infer, computed chunk by chunk
-        mean, std = engine.mean_std(feats, b, chunk_nodes=chunk_nodes or INFER_CHUNK_NODES)
+        memo = self._member_memo.get(tuple(map(id, feats))) if self._member_memo is not None else None
+        if memo is not None:  # an adaptation's fit: its one pass of the network
+            out = memo[0]
+            mean, std = out.mean(0), (out.std(0) if out.shape[0] > 1 else np.zeros_like(out[0]))
+        else:
+            mean, std = engine.mean_std(feats, b, chunk_nodes=chunk_nodes or INFER_CHUNK_NODES)
         unseen = self.dtype_unseen(b) | self.prior_only(feats)
         if unseen.any():
             # the network's correction is not identified for a dtype it never trained on (its one-hot input
@@ -864,9 +872,26 @@ class GnnPredictor(BasePredictor):
         return self._member_outputs([self.features(g) for g in graphs])
 
     def _member_outputs(self, feats: Sequence[GraphFeatures]) -> tuple[np.ndarray, np.ndarray]:
+        memo = self._member_memo.get(tuple(map(id, feats))) if self._member_memo is not None else None
+        if memo is not None:
+            return memo
         b = global_arrays(feats)
         out, hid = self._engine.infer_hidden(feats, b)
-        return out, head_inputs(hid, self._engine.static_z(b))
+        res = out, head_inputs(hid, self._engine.static_z(b))
+        if self._member_memo is not None:
+            self._member_memo[tuple(map(id, feats))] = res
+        return res
+
+    @contextlib.contextmanager
+    def one_network_pass(self, graphs: Sequence[OperatorGraph]) -> Iterator[None]:
+        """Within the block, the network runs once on ``graphs`` (their members' outputs are kept and reused by
+        every prediction of exactly these graphs): what fitting an adaptation on them needs three times."""
+        self._member_memo = {}
+        try:
+            self.member_outputs(graphs)
+            yield
+        finally:
+            self._member_memo = None
 
     def checkpoint_hash(self) -> str:
         """SHA-256 of the checkpoint file (:attr:`checkpoint_sha256`), or of the weights of one built in memory."""
