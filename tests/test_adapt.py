@@ -289,3 +289,57 @@ def test_the_store_on_postgresql(pg_url: str) -> None:
     q = _predictor(load=True)
     q.use_adaptation(storage=pg_url, space="mlp")
     assert q.refresh_adaptation().version == ad.version == 1
+
+
+# ------------------------------------------------------------------------------------------- the loop
+def test_the_worker_feeds_adapt_and_the_cost_model_picks_up_each_version(tmp_path: Path) -> None:
+    import optuna
+
+    import search_spaces
+    from dippm_nas.measure import Measurement
+    from dippm_nas.optuna import HardwareCostModel, rdb_storage
+    from dippm_nas.predictor import set_predictor
+    from dippm_nas.spec import InputSpec
+    from dippm_nas.validation import JobQueue, ValidationWorker
+
+    spec = InputSpec(shape=(4,), batch_size=2)
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+
+    def cfg(width: int) -> dict:
+        return {"in_features": 4, "hidden": [width], "out_features": 2}
+
+    def fake(model, spec_, device, settings) -> Measurement:
+        w = model.search_space_config["hidden"][0]
+        return Measurement(latency_ms=0.05 * w, latency_ms_std=0.001, energy_j=None, memory_mib=1.0 + w / 8,
+                           memory_source="rss_delta", n_repeats=5, device="cpu", environment={"fake": True},
+                           energy_reason="none in this test", batch_size=2, dtype="float32")
+
+    p = _predictor(load=True)
+    set_predictor(DEV, p)
+    queue = JobQueue(url)
+    try:
+        for i, w in enumerate((8, 16, 32)):
+            queue.enqueue(study="s", trial_number=i, space="mlp", config=cfg(w), spec=spec.to_dict(), device=DEV,
+                          predicted={"latency_ms": 1.0}, priority=0.0)
+        worker = ValidationWorker(queue, DEV, measure_fn=fake, adapt=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the first measurement alone is too few: a warning, no change
+            assert worker.run(idle_timeout_s=0, poll_s=0) == 3
+        assert (worker.adaptation.version, worker.adaptation.rows) == (2, 3)
+        assert worker.adaptation.key.space == "mlp"
+        # a search on the same storage: its trials are predicted with the newest version and say which
+        study = optuna.create_study(storage=rdb_storage(url), study_name="search")
+        cost = HardwareCostModel(DEV, objectives=("latency_ms",))
+        p.reset_adaptation()
+        trial = study.ask()
+        cost.evaluate(trial, search_spaces.build_model("mlp", cfg(24)), spec)
+        assert trial.user_attrs["adaptation_version"] == 2 and trial.user_attrs["adaptation_rows"] == 3
+        queue.enqueue(study="s", trial_number=9, space="mlp", config=cfg(64), spec=spec.to_dict(), device=DEV,
+                      predicted={"latency_ms": 1.0}, priority=0.0)
+        worker.run(idle_timeout_s=0, poll_s=0)
+        trial = study.ask()  # the next trial, no restart: the new version
+        cost.evaluate(trial, search_spaces.build_model("mlp", cfg(24)), spec)
+        assert trial.user_attrs["adaptation_version"] == 3 and trial.user_attrs["adaptation_rows"] == 4
+    finally:
+        queue.close()
+        set_predictor(DEV, None)
