@@ -93,6 +93,41 @@ def scratch(p: GnnPredictor, train: list, y_train: np.ndarray, test: list) -> tu
     return np.exp(mean), np.exp(mean) * head.loo_rmse_log
 
 
+def run_group(p: GnnPredictor, graphs_all: list, y_all: np.ndarray, ns: list[int], args: argparse.Namespace
+              ) -> dict[str, dict[int, list[dict[str, float]]]]:
+    """Every draw and n of one group: the scores of each method (``none``: n = 0, the predictor as shipped)."""
+    host = default_host_profile()
+    raw_all, _ = predict(p, graphs_all)
+    macs_all = np.array([float(g.total_macs) for g in graphs_all])
+    res: dict[str, dict[int, list[dict[str, float]]]] = {m: defaultdict(list) for m in ("none", *METHODS)}
+    for d in range(args.draws):
+        rng = np.random.default_rng(1000 * d + 7)
+        pool = rng.choice(len(graphs_all), size=min(args.pool, len(graphs_all)), replace=False)
+        order = pool[pareto_order(macs_all[pool], raw_all[pool], rng)]
+        for n in ns:
+            if n >= len(order) - 5:
+                continue
+            tr, te = order[:n], order[n:]
+            g_tr, g_te, y_tr, y_te = ([graphs_all[i] for i in tr], [graphs_all[i] for i in te], y_all[tr],
+                                      y_all[te])
+            rows_tr = [(g, {"latency_ms": float(v)}) for g, v in zip(g_tr, y_tr)]
+            if n == 0:
+                p.reset_adaptation()
+                p.calibration = None
+                p.clear_prediction_cache()
+                res["none"][n].append(score(*predict(p, g_te), y_te))
+                continue
+            p.reset_adaptation()
+            p.calibration = p.fit_factor_calibration(rows_tr, "eager", host)
+            p.clear_prediction_cache()
+            res["factor"][n].append(score(*predict(p, g_te), y_te))
+            p.adapt(rows_tr, persist=False)
+            res["adapt"][n].append(score(*predict(p, g_te), y_te))
+            if n >= 2:
+                res["scratch"][n].append(score(*scratch(p, g_tr, y_tr, g_te), y_te))
+    return res
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", required=True, type=Path)
@@ -116,7 +151,6 @@ def main(argv: list[str] | None = None) -> int:
     groups: dict[str, list] = defaultdict(list)
     for mg in rows:
         groups[mg.measurement.get("space") or "all" if args.group == "space" else "all"].append(mg)
-    host = default_host_profile()
     report: dict[str, dict] = {}
     t0 = time.perf_counter()
     print(f"checkpoint {ck} answering for {args.device}; {len(rows)} rows in {len(groups)} group(s)")
@@ -127,34 +161,8 @@ def main(argv: list[str] | None = None) -> int:
         p = GnnPredictor(base.model, base.meta, args.device, load_calibration=False)
         graphs_all = [mg.graph for mg in mgs]
         y_all = np.array([float(mg.measurement["latency_ms"]) for mg in mgs])
-        raw_all, _ = predict(p, graphs_all)
-        macs_all = np.array([float(g.total_macs) for g in graphs_all])
-        res: dict[str, dict[int, list[dict[str, float]]]] = {m: defaultdict(list) for m in ("none", *METHODS)}
-        for d in range(args.draws):
-            rng = np.random.default_rng(1000 * d + 7)
-            pool = rng.choice(len(mgs), size=min(args.pool, len(mgs)), replace=False)
-            order = pool[pareto_order(macs_all[pool], raw_all[pool], rng)]
-            for n in ns:
-                if n >= len(order) - 5:
-                    continue
-                tr, te = order[:n], order[n:]
-                g_tr, g_te, y_tr, y_te = ([graphs_all[i] for i in tr], [graphs_all[i] for i in te], y_all[tr],
-                                          y_all[te])
-                rows_tr = [(g, {"latency_ms": float(v)}) for g, v in zip(g_tr, y_tr)]
-                if n == 0:
-                    p.reset_adaptation()
-                    p.calibration = None
-                    p.clear_prediction_cache()
-                    res["none"][n].append(score(*predict(p, g_te), y_te))
-                    continue
-                p.reset_adaptation()
-                p.calibration = p.fit_factor_calibration(rows_tr, "eager", host)
-                p.clear_prediction_cache()
-                res["factor"][n].append(score(*predict(p, g_te), y_te))
-                p.adapt(rows_tr, persist=False)
-                res["adapt"][n].append(score(*predict(p, g_te), y_te))
-                if n >= 2:
-                    res["scratch"][n].append(score(*scratch(p, g_tr, y_tr, g_te), y_te))
+        with p.one_network_pass(graphs_all):  # the members' outputs of every row, reused by every fit and score
+            res = run_group(p, graphs_all, y_all, ns, args)
         med = {m: {n: {k: float(np.nanmedian([r[k] for r in v])) for k in ("mape_pct", "tau", "coverage_2sigma")}
                    for n, v in sorted(per.items()) if v} for m, per in res.items()}
         report[name] = {"rows": len(mgs), "draws": args.draws, "pool": args.pool, "median": med}

@@ -129,8 +129,8 @@ class GnnPredictor(BasePredictor):
         #: SHA-256 of the checkpoint file this predictor was loaded from (``None``: built in memory)
         self.checkpoint_sha256: str | None = None
         self._adaptation_looked: set[str] = set()  # deployment keys whose stored adaptation was looked up
-        # while an adaptation is fitted: the network's pass on its rows, by the identity of their features
-        self._member_memo: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]] | None = None
+        # within one_network_pass: each graph's member outputs and head inputs, by the identity of its features
+        self._member_memo: dict[int, tuple[np.ndarray, np.ndarray]] | None = None
         self._load_adaptations = load_calibration
         #: the CPU model a host-cpu checkpoint was measured on when this machine's differs, else ``None``
         self.other_host: str | None = None
@@ -350,7 +350,7 @@ class GnnPredictor(BasePredictor):
         engine = self._engine
         b = global_arrays(feats)
         # [B, 3] each: the members' mean and std of engine.infer, computed chunk by chunk
-        memo = self._member_memo.get(tuple(map(id, feats))) if self._member_memo is not None else None
+        memo = self._memo_of(feats)
         if memo is not None:  # an adaptation's fit: its one pass of the network
             out = memo[0]
             mean, std = out.mean(0), (out.std(0) if out.shape[0] > 1 else np.zeros_like(out[0]))
@@ -872,26 +872,37 @@ class GnnPredictor(BasePredictor):
         return self._member_outputs([self.features(g) for g in graphs])
 
     def _member_outputs(self, feats: Sequence[GraphFeatures]) -> tuple[np.ndarray, np.ndarray]:
-        memo = self._member_memo.get(tuple(map(id, feats))) if self._member_memo is not None else None
+        memo = self._memo_of(feats)
         if memo is not None:
             return memo
         b = global_arrays(feats)
         out, hid = self._engine.infer_hidden(feats, b)
-        res = out, head_inputs(hid, self._engine.static_z(b))
-        if self._member_memo is not None:
-            self._member_memo[tuple(map(id, feats))] = res
-        return res
+        return out, head_inputs(hid, self._engine.static_z(b))
+
+    def _memo_of(self, feats: Sequence[GraphFeatures]) -> tuple[np.ndarray, np.ndarray] | None:
+        """The member outputs and head inputs of ``feats`` kept by :meth:`one_network_pass` (``None`` unless every
+        graph has them)."""
+        memo = self._member_memo
+        if not memo or not feats or not all(id(f) in memo for f in feats):
+            return None
+        rows = [memo[id(f)] for f in feats]
+        return np.stack([r[0] for r in rows], 1), np.stack([r[1] for r in rows], 1)
 
     @contextlib.contextmanager
     def one_network_pass(self, graphs: Sequence[OperatorGraph]) -> Iterator[None]:
-        """Within the block, the network runs once on ``graphs`` (their members' outputs are kept and reused by
-        every prediction of exactly these graphs): what fitting an adaptation on them needs three times."""
-        self._member_memo = {}
+        """Within the block, the network runs once on ``graphs``: every prediction of graphs among them reuses
+        their members' outputs (fitting an adaptation on them needs them three times; a benchmark scoring subsets
+        of one space, many more). The predictor's feature cache must hold them all."""
+        feats = [self.features(g) for g in graphs]
+        b = global_arrays(feats)
+        out, hid = self._engine.infer_hidden(feats, b)
+        x = head_inputs(hid, self._engine.static_z(b))
+        outer = self._member_memo
+        self._member_memo = {**(outer or {}), **{id(f): (out[:, i], x[:, i]) for i, f in enumerate(feats)}}
         try:
-            self.member_outputs(graphs)
             yield
         finally:
-            self._member_memo = None
+            self._member_memo = outer
 
     def checkpoint_hash(self) -> str:
         """SHA-256 of the checkpoint file (:attr:`checkpoint_sha256`), or of the weights of one built in memory."""
