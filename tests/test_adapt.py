@@ -97,13 +97,17 @@ def test_the_head_recovers_a_linear_residual_and_its_sigma_shrinks_with_rows() -
         err = head.members(h_new).mean(0) - h_new.mean(0) @ w
         assert np.sqrt(np.mean(err ** 2)) < 0.5 * np.std(h_new.mean(0) @ w)
         loo[n] = head.loo_rmse_log
+        # far outside its rows a head does not extrapolate: inputs clipped to their range, the shift bounded
+        far = head.members(100.0 * h_new)
+        assert np.all(np.abs(far) <= head.bound + 1e-12) and head.bound <= 1.5 * np.max(np.abs(r)) + 1e-12
     assert loo[160] < loo[12]
     assert loo[160] < 0.05  # close to the 0.02 noise
 
 
 def test_no_head_below_the_minimum_rows_nor_for_pure_noise() -> None:
     rng = np.random.default_rng(1)
-    few = fit_residual_head("latency_ms", rng.normal(0, 1, (3, HEAD_MIN_ROWS - 1, 6)), rng.normal(0, 0.1, 4))
+    few = fit_residual_head("latency_ms", rng.normal(0, 1, (3, HEAD_MIN_ROWS - 1, 6)),
+                            rng.normal(0, 0.1, HEAD_MIN_ROWS - 1))
     assert few.ridge is None and not few.members(rng.normal(0, 1, (3, 5, 6))).any()
     # noise the features do not explain: no head, or one that moves a new graph far less than the noise
     moves = [np.sqrt(np.mean(fit_residual_head("latency_ms", rng.normal(0, 1, (3, 30, 6)), rng.normal(0, 0.1, 30))

@@ -13,8 +13,10 @@ two corrections on the measured rows:
 
 The ridge penalty, and whether there is a head at all, is chosen by leave-one-out cross-validation on the
 rows themselves (closed form for ridge: ``e_i = (r_i - f_i) / (1 - H_ii)``, the ensemble's LOO residual the
-mean of its members'): candidate penalties :data:`RIDGE_GRID` and "no head", by the one-standard-error rule
-(the largest penalty whose LOO gain over no head, paired row by row, exceeds one standard error of that gain). With few rows the CV keeps no
+mean of its members'): candidate penalties :data:`RIDGE_GRID` and "no head"; the penalty of the smallest LOO
+error is kept when its gain over no head, paired row by row, exceeds :data:`SE_FACTOR` standard errors of that
+gain. Its inputs are clipped to the range of its rows and its shift to :data:`SHIFT_MARGIN` times their largest
+residual (no extrapolation beyond the measured part of the space). With few rows the CV keeps no
 head, or a heavily penalised one, and the adaptation is the factor calibration; with many rows a small
 penalty wins and the head is the network's own fit of the space. A target gets a head only with at least
 :data:`HEAD_MIN_ROWS` labelled rows.
@@ -61,8 +63,12 @@ logger = logging.getLogger(__name__)
 #: The search-space part of a key that matches every space.
 ANY_SPACE = "any"
 #: Fewest labelled rows of a target before a residual head is considered (below: the factor calibration alone).
-#: Leave-one-out needs rows to judge a head by; with 4 rows a 64-feature ridge is judged on 3.
-HEAD_MIN_ROWS = 5
+#: With 5 rows, heads chosen by leave-one-out made the rest of a host-CPU space worse than the factors on 5 of 6
+#: spaces (median MAPE up to +6 points, benchmarks/learning_curve.py; docs/adaptation.md).
+HEAD_MIN_ROWS = 10
+#: The largest head shift, as a multiple of the largest |residual| of its rows: like the network's own bound on its
+#: correction (``DELTA_MARGIN``), a head does not correct more than it has seen corrected.
+SHIFT_MARGIN = 1.5
 #: Ridge penalties tried by leave-one-out cross-validation, on standardised features (the sum of squared
 #: log residuals plus ``lambda * |w|^2``): from a head that moves little to one that follows the rows.
 RIDGE_GRID: tuple[float, ...] = tuple(float(10.0 ** e) for e in np.arange(-1.0, 4.01, 0.5))
@@ -138,6 +144,10 @@ class AdaptationKey:
 class ResidualHead:
     """One target's residual head: per member ``k``, ``head_k(h) = bias_k + ((h - mean_k) / std_k) . weight_k``.
 
+    Inputs are clipped to the range the rows spanned (``lo``, ``hi``, standardised) and the shift to ``±bound``: a
+    linear head is not extrapolated beyond its rows (a Pareto front measured first is the space's edge, and the
+    rest of the space lies beyond it).
+
     Attributes:
         target: the target it corrects (a name of :data:`~dippm_nas.predictor.TARGETS`).
         ridge: the penalty chosen by cross-validation, or ``None``: no head won (the factor calibration alone).
@@ -146,6 +156,7 @@ class ResidualHead:
         n: labelled rows it was fitted on.
         mean, std: ``[K, hidden]`` standardisation of each member's hidden layer on the rows.
         weight: ``[K, hidden]``; ``bias``: ``[K]``.
+        lo, hi: ``[K, hidden]``, the standardised inputs' range on the rows; ``bound``: the largest |shift|.
     """
 
     target: str
@@ -157,17 +168,21 @@ class ResidualHead:
     std: np.ndarray
     weight: np.ndarray
     bias: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+    bound: float
 
     def members(self, hidden: np.ndarray) -> np.ndarray:
         """Each member's head on its hidden layer ``[K, G, hidden]``: ``[K, G]`` log shifts (zeros without a head)."""
         if self.ridge is None:
             return np.zeros(hidden.shape[:2])
         z = (hidden.astype(np.float64) - self.mean[:, None, :]) / self.std[:, None, :]
-        return np.einsum("kgh,kh->kg", z, self.weight) + self.bias[:, None]
+        z = np.clip(z, self.lo[:, None, :], self.hi[:, None, :])
+        return np.clip(np.einsum("kgh,kh->kg", z, self.weight) + self.bias[:, None], -self.bound, self.bound)
 
     def scalars(self) -> dict[str, Any]:
         return {"target": self.target, "ridge": self.ridge, "loo_rmse_log": self.loo_rmse_log,
-                "loo_rmse_none_log": self.loo_rmse_none_log, "n": self.n}
+                "loo_rmse_none_log": self.loo_rmse_none_log, "n": self.n, "bound": self.bound}
 
 
 def fit_residual_head(target: str, hidden: np.ndarray, resid: np.ndarray, *,
@@ -193,7 +208,7 @@ def fit_residual_head(target: str, hidden: np.ndarray, resid: np.ndarray, *,
     k, n, h = hidden.shape
     none_rmse = float(np.sqrt(np.mean(r ** 2))) if n else 0.0
     empty = ResidualHead(target, None, none_rmse, none_rmse, n, np.zeros((k, h)), np.ones((k, h)),
-                         np.zeros((k, h)), np.zeros(k))
+                         np.zeros((k, h)), np.zeros(k), np.zeros((k, h)), np.zeros((k, h)), 0.0)
     if n < HEAD_MIN_ROWS:
         return empty
     mean = hidden.mean(1)
@@ -227,7 +242,9 @@ def fit_residual_head(target: str, hidden: np.ndarray, resid: np.ndarray, *,
     for m, (u, s, vt) in enumerate(svds):
         coef[m] = vt.T @ ((s / (s ** 2 + lam)) * (u.T @ r))
     weight, bias = coef[:, :h], coef[:, h]
-    return ResidualHead(target, lam, float(math.sqrt(best[0])), none_rmse, n, mean, std, weight, bias)
+    bound = SHIFT_MARGIN * float(np.max(np.abs(r)))
+    return ResidualHead(target, lam, float(math.sqrt(best[0])), none_rmse, n, mean, std, weight, bias,
+                        z.min(1), z.max(1), bound)
 
 
 @dataclass(frozen=True)
@@ -287,7 +304,7 @@ class Adaptation:
         """The heads' arrays as an ``.npz`` (plain float64 arrays; read with ``allow_pickle=False``)."""
         arrays = {}
         for t, hd in self.heads.items():
-            for name in ("mean", "std", "weight", "bias"):
+            for name in ("mean", "std", "weight", "bias", "lo", "hi"):
                 arrays[f"{t}.{name}"] = np.asarray(getattr(hd, name), dtype=np.float64)
         buf = io.BytesIO()
         np.savez(buf, **arrays)
@@ -321,7 +338,7 @@ class Adaptation:
                 heads[t] = ResidualHead(t, None if s["ridge"] is None else float(s["ridge"]),
                                         float(s["loo_rmse_log"]), float(s["loo_rmse_none_log"]), int(s["n"]),
                                         arrays[f"{t}.mean"], arrays[f"{t}.std"], arrays[f"{t}.weight"],
-                                        arrays[f"{t}.bias"])
+                                        arrays[f"{t}.bias"], arrays[f"{t}.lo"], arrays[f"{t}.hi"], float(s["bound"]))
             cal = None if d["calibration"] is None else Calibration(**d["calibration"])
             if cal is not None and cal.timeline is not None:
                 TimelineFactors.from_dict(cal.timeline)
