@@ -72,8 +72,8 @@ SHIFT_MARGIN = 1.5
 #: Ridge penalties tried by leave-one-out cross-validation, on standardised features (the sum of squared
 #: log residuals plus ``lambda * |w|^2``): from a head that moves little to one that follows the rows.
 RIDGE_GRID: tuple[float, ...] = tuple(float(10.0 ** e) for e in np.arange(-1.0, 4.01, 0.5))
-#: How many standard errors of its paired leave-one-out gain a head must win by over no head
-#: (benchmarks/learning_curve.py; docs/adaptation.md).
+#: How many standard errors of its paired leave-one-out gain a head must win by over no head: one, the usual
+#: one-standard-error rule of model selection (not tuned on the benchmark's rows).
 SE_FACTOR = 1.0
 #: Rows from which ``calibrate()`` hands over to ``adapt()`` (benchmarks/learning_curve.py; docs/adaptation.md).
 HANDOVER_ROWS = 10
