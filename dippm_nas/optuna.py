@@ -84,7 +84,12 @@ User attributes set on every evaluated trial (units in the keys)
     :attr:`~HardwareCostModel.seconds` counts only the caller's waits), ``input_spec`` (:meth:`InputSpec.to_dict`), and, for models built
     by :func:`search_spaces.build_model`, ``search_space`` and ``search_space_config`` (what
     :class:`~dippm_nas.validation.ParetoValidator` rebuilds a model from; no code or pickle is stored).
-    ``unknown_ops`` is added when operators had no formula.
+    ``unknown_ops`` is added when operators had no formula. When the prediction comes from an adapted predictor
+    (``predictor.adapt``, fed by :class:`~dippm_nas.validation.ParetoValidator` and ``dippm-nas
+    validate-worker``): ``adaptation_version`` and ``adaptation_rows`` (the stored version and the measured rows
+    it was fitted on). Before each evaluation the device's predictor loads the newest stored version for the
+    device, deployment and the candidate's search space (``"any"`` for other models) from the study's storage,
+    so the search follows its validation workers without a restart.
 """
 
 from __future__ import annotations
@@ -115,7 +120,7 @@ from dippm_nas.errors import DippmNasError, InvalidValueError, SearchSpaceError
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.llm import GENERATION_FIGURES, GenerationPrediction, LLMWorkload, predict_generation
 from dippm_nas.prediction import Prediction
-from dippm_nas.predictor import DEFAULT_DEVICE, predict, predict_many
+from dippm_nas.predictor import ANY_SPACE, DEFAULT_DEVICE, get_predictor, predict, predict_many
 from dippm_nas.spec import InputSpec
 
 __all__ = [
@@ -540,6 +545,9 @@ class HardwareCostModel:
         }
         if pred.unknown_ops:
             attrs["unknown_ops"] = dict(pred.unknown_ops)
+        if "adaptation_version" in pred.details:
+            attrs["adaptation_version"] = int(pred.details["adaptation_version"])
+            attrs["adaptation_rows"] = int(pred.details["adaptation_rows"])
         if space is not None:
             attrs["search_space"] = space
             attrs["search_space_config"] = config
@@ -683,6 +691,7 @@ class HardwareCostModel:
         t0 = time.perf_counter()
         the_spec = self._spec_of(model, spec)
         space_name, cfg = self._space_of(model, space, config)
+        self._refresh_adaptation(trial, space_name)
         try:
             source = self._source(model, the_spec, space_name, cfg)
             pred = predict(source, None if isinstance(source, OperatorGraph) else the_spec, self.device,
@@ -751,6 +760,8 @@ class HardwareCostModel:
             specs.append(s)
             spaces.append(self._space_of(model, None, None))
             items.append(model if isinstance(model, OperatorGraph) else (model, s))
+        if trials:
+            self._refresh_adaptation(trials[0], spaces[0][0])
         preds = predict_many(items, self.device, workers=workers, cache=self.cache, mig=True,
                              deployment=self.deployment, k_sigma=self.k_sigma, progress=progress)
         share = (time.perf_counter() - t0) / max(len(trials), 1)
@@ -770,6 +781,24 @@ class HardwareCostModel:
             self._seconds += time.perf_counter() - t0
             self._evaluations += len(trials)
         return [o if isinstance(o, DippmNasError) else self._shape(o) for o in out]
+
+    def _refresh_adaptation(self, trial: Any, space: str | None) -> None:
+        """Make the device's predictor answer with the newest stored adaptation of (device, deployment, space) in
+        the study's storage (the cache directory's store for other storages); predictors without a network have
+        none."""
+        predictor = get_predictor(self.device)
+        if not callable(getattr(predictor, "refresh_adaptation", None)):
+            return
+        storage = getattr(getattr(trial, "study", None), "_storage", None)
+        url = next((u for u in (getattr(storage, "url", None), getattr(getattr(storage, "_backend", None), "url", None))
+                    if isinstance(u, str) and u), None)
+        with self._lock:
+            predictor.use_adaptation(storage=url, space=space or ANY_SPACE)
+            try:
+                predictor.refresh_adaptation(deployment=self.deployment)
+            except DippmNasError as e:
+                _warn_once(f"adapt-refresh:{url}", "the adaptations of %s in %s were not read (%s); predicting "
+                           "without them", self.device, url, e)
 
     def _shape(self, values: float | tuple[float, ...]) -> float | tuple[float, ...]:
         """What an Optuna objective returns: the float of a single objective, else the tuple (values already
@@ -860,6 +889,7 @@ class HardwareCostModel:
             err = cls(f"(in the background conversion process) {message}")
             trial.set_user_attr("cost_model_error", f"{type(err).__name__}: {err}")
             raise err
+        self._refresh_adaptation(trial, space)
         pred = predict(OperatorGraph.from_json(text), None, self.device, cache=False, mig=True, k_sigma=self.k_sigma,
                        deployment=self.deployment)
         values = self._record(trial, pred, spec, space, config, convert_s + (time.perf_counter() - t0))
