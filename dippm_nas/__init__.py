@@ -42,9 +42,10 @@ from dippm_nas.graph import OperatorGraph, OpNode
 from dippm_nas.spec import InputSpec, TensorSpec
 
 if TYPE_CHECKING:  # pragma: no cover - what __getattr__ returns, for type checkers
-    from dippm_nas import mig, prior
+    from dippm_nas import llm, mig, prior
     from dippm_nas.deployment import Deployment
     from dippm_nas.devices import Device, get_device, list_devices, register_device
+    from dippm_nas.llm import GenerationPrediction, LLMWorkload, predict_generation
     from dippm_nas.prediction import Prediction
     from dippm_nas.predictor import get_predictor, predict, predict_many
     from dippm_nas.stages import Stage, StagesPrediction, predict_stages, sum_stages
@@ -56,6 +57,7 @@ __all__ = [
     "InputSpec", "TensorSpec", "capture", "capture_many", "CaptureResult", "predict", "predict_many",
     "get_predictor", "Deployment", "Device", "get_device", "list_devices", "register_device", "mig", "prior",
     "OperatorGraph", "OpNode", "Prediction", "Stage", "StagesPrediction", "predict_stages", "sum_stages",
+    "LLMWorkload", "predict_generation", "GenerationPrediction", "llm",
     "DippmNasError", "InvalidValueError", "InputSpecError", "InputShapeError", "UnsupportedDtypeError",
     "ModelSpecError", "DeploymentError",
     "GraphCaptureError", "GraphValidationError", "UnsupportedOpError", "CacheError", "DeviceError",
@@ -72,6 +74,7 @@ _LAZY: dict[str, str] = {
     **dict.fromkeys(("Stage", "StagesPrediction", "predict_stages", "sum_stages"), "stages"),
     "mig": "mig",
     "prior": "prior",
+    **dict.fromkeys(("LLMWorkload", "predict_generation", "GenerationPrediction", "llm"), "llm"),
 }
 
 
@@ -92,6 +95,8 @@ def __getattr__(name: str) -> Any:
         from dippm_nas import mig as module
     elif where == "deployment":
         from dippm_nas import deployment as module
+    elif where == "llm":
+        import dippm_nas.llm as module  # a submodule import: `from dippm_nas import llm` would ask __getattr__ again
     else:
         from dippm_nas import prior as module
     value = module if name == where else getattr(module, name)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from dippm_nas.errors import DippmNasError
 
-__all__ = ["file_size", "read_file"]
+__all__ = ["file_size", "read_file", "read_limited", "RefusedFile"]
 
 _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
           (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
@@ -25,22 +25,59 @@ def _mib(n: int) -> str:
     return f"{n / 2**30:g} GiB" if n >= 2**30 else f"{n / 2**20:g} MiB"
 
 
-def _checked(st: os.stat_result, path: Path, what: str, max_bytes: int, error: type[DippmNasError],
-             hint: str) -> int:
+class RefusedFile(Exception):
+    """Why a file is not read: :attr:`reason` is a predicate of the file (``"is a FIFO (named pipe), not a
+    regular file; ..."``), to follow its name in the caller's message."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _refusal(st: os.stat_result, path: Path, max_bytes: int) -> str | None:
     if not stat.S_ISREG(st.st_mode):
         kind = next((name for test, name in _KINDS if test(st.st_mode)), "not a regular file")
         link = f" (a symlink to {os.path.realpath(path)})" if path.is_symlink() else ""
-        raise error(f"{what} {str(path)!r} is {kind}{link}, not a regular file; only regular files are read")
+        return f"is {kind}{link}, not a regular file; only regular files are read"
     if st.st_size > max_bytes:
-        raise error(f"{what} {str(path)!r} has {st.st_size:,} bytes, more than the {max_bytes:,} ({_mib(max_bytes)}) "
-                    f"read at most{hint}")
-    return st.st_size
+        return f"has {st.st_size:,} bytes, more than the {max_bytes:,} ({_mib(max_bytes)}) read at most"
+    return None
 
 
-def _os_error(e: OSError, path: Path, what: str, error: type[DippmNasError]) -> DippmNasError:
-    if isinstance(e, FileNotFoundError):
-        return error(f"{what} {str(path)!r} does not exist")
-    return error(f"{what} {str(path)!r} cannot be read: {e.strerror or e}")
+def _os_reason(e: OSError) -> str:
+    return "does not exist" if isinstance(e, FileNotFoundError) else f"cannot be read: {e.strerror or e}"
+
+
+def read_limited(path: str | os.PathLike[str], max_bytes: int) -> bytes:
+    """The bytes of ``path``, a regular file (symlinks followed) of at most ``max_bytes``.
+
+    The file is opened with ``O_NONBLOCK`` (opening a FIFO does not wait for a writer) and checked on the open
+    descriptor; at most ``max_bytes`` are read even when the file grows meanwhile.
+
+    Raises:
+        RefusedFile: a missing or unreadable path, one that is not a regular file, or one over ``max_bytes``.
+    """
+    p = Path(path)
+    try:
+        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+                     | getattr(os, "O_BINARY", 0))
+    except OSError as e:
+        raise RefusedFile(_os_reason(e)) from e
+    try:
+        reason = _refusal(os.fstat(fd), p, max_bytes)
+        if reason:
+            raise RefusedFile(reason)
+        chunks, size = [], 0
+        while chunk := os.read(fd, min(1 << 20, max_bytes + 1 - size)):
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > max_bytes:
+                raise RefusedFile(f"grew past {max_bytes:,} bytes ({_mib(max_bytes)}) while it was read")
+        return b"".join(chunks)
+    except OSError as e:
+        raise RefusedFile(_os_reason(e)) from e
+    finally:
+        os.close(fd)
 
 
 def file_size(path: str | os.PathLike[str], what: str, *, max_bytes: int,
@@ -63,33 +100,23 @@ def file_size(path: str | os.PathLike[str], what: str, *, max_bytes: int,
     try:
         st = os.stat(p)
     except OSError as e:
-        raise _os_error(e, p, what, error) from e
-    return _checked(st, p, what, max_bytes, error, hint)
+        raise error(f"{what} {str(p)!r} {_os_reason(e)}") from e
+    reason = _refusal(st, p, max_bytes)
+    if reason:
+        raise error(f"{what} {str(p)!r} {reason}{hint if reason.startswith('has ') else ''}")
+    return st.st_size
 
 
 def read_file(path: str | os.PathLike[str], what: str, *, max_bytes: int,
               error: type[DippmNasError], hint: str = "") -> bytes:
-    """The bytes of ``path``, a regular file (symlinks followed) of at most ``max_bytes``.
-
-    The file is opened with ``O_NONBLOCK`` and checked on the open descriptor; at most ``max_bytes`` are read
-    even when the file grows meanwhile.
+    """The bytes of ``path``, a regular file (symlinks followed) of at most ``max_bytes``
+    (:func:`read_limited`).
 
     Raises:
         error: as :func:`file_size`, or an error while reading.
     """
-    p = Path(path)
     try:
-        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    except OSError as e:
-        raise _os_error(e, p, what, error) from e
-    try:
-        _checked(os.fstat(fd), p, what, max_bytes, error, hint)
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            data = f.read(max_bytes + 1)
-    except OSError as e:
-        raise _os_error(e, p, what, error) from e
-    finally:
-        os.close(fd)
-    if len(data) > max_bytes:
-        raise error(f"{what} {str(p)!r} grew past {max_bytes:,} bytes ({_mib(max_bytes)}) while it was read{hint}")
-    return data
+        return read_limited(path, max_bytes)
+    except RefusedFile as e:
+        size_rule = e.reason.startswith(("has ", "grew "))
+        raise error(f"{what} {str(path)!r} {e.reason}{hint if size_rule else ''}") from e.__cause__

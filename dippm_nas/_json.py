@@ -11,13 +11,12 @@ regular files are read (a FIFO or a device would block or never end).
 from __future__ import annotations
 
 import json
-import os
 import re
-import stat
 from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
+from dippm_nas._files import RefusedFile, read_limited
 from dippm_nas.errors import DippmNasError, InvalidValueError
 
 __all__ = ["canonical_json", "loads_json", "read_json_file", "read_regular_file", "json_depth", "check_keys",
@@ -105,26 +104,9 @@ def loads_json(text: str | bytes, what: str, error: type[DippmNasError] = Invali
 
 def _read(path: Path, max_bytes: int) -> bytes:
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
-    except OSError as e:
-        raise _Unreadable(e.strerror or str(e)) from e
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise _Unreadable(f"it is {_file_kind(st.st_mode)}, not a regular file; only regular files are read")
-        if st.st_size > max_bytes:
-            raise _Unreadable(f"it is {st.st_size} bytes; at most {max_bytes} are read")
-        chunks, size = [], 0
-        while chunk := os.read(fd, min(1 << 20, max_bytes + 1 - size)):
-            chunks.append(chunk)
-            size += len(chunk)
-            if size > max_bytes:  # grew while being read
-                raise _Unreadable(f"it is more than {max_bytes} bytes; at most {max_bytes} are read")
-        return b"".join(chunks)
-    except OSError as e:
-        raise _Unreadable(e.strerror or str(e)) from e
-    finally:
-        os.close(fd)
+        return read_limited(path, max_bytes)
+    except RefusedFile as e:
+        raise _Unreadable(f"it {e.reason}") from e.__cause__
 
 
 def read_regular_file(path: str | Path, what: str, error: type[DippmNasError] = InvalidValueError, *,
@@ -143,14 +125,6 @@ def read_regular_file(path: str | Path, what: str, error: type[DippmNasError] = 
         return _read(Path(path), max_bytes)
     except _Unreadable as e:
         raise error(f"cannot read {what} {str(path)!r}: {e}") from e.__cause__
-
-
-def _file_kind(mode: int) -> str:
-    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
-        if test(mode):
-            return name
-    return "a special file"
 
 
 def read_json_file(path: str | Path, message: str, error: type[DippmNasError] = DippmNasError, *,

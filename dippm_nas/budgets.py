@@ -8,6 +8,17 @@ predicted figure plus ``k_sigma`` of its standard deviations is within it:
     energy_j   + k * energy_j_std    <=  budgets.energy_j
     memory_mib + k * memory_mib_std  <=  min(budgets.memory_mib, usable memory of budgets.mig_profile)
 
+and, for an LLM generation (:class:`dippm_nas.llm.GenerationPrediction`), the time, energy and throughput figures
+of :data:`LLM_BUDGET_FIGURES`: ``prefill_ms``, ``decode_ms_per_token`` and ``energy_j_per_token`` bound from above
+like ``latency_ms``; ``tokens_per_s`` and ``max_batch`` are minimums, met when
+
+    tokens_per_s - k * tokens_per_s_std  >=  budgets.tokens_per_s
+    max_batch    - k * max_batch_std     >=  budgets.max_batch
+
+With a ``mig_profile`` a generation's figures are those of one instance of the profile (the memory of a
+forward pass's :class:`~dippm_nas.prediction.Prediction` is checked against the profile, its other figures stay
+the whole GPU's, as the MIG advisor's rule has it).
+
 ``k`` is :attr:`Budgets.k_sigma` (default :data:`DEFAULT_K_SIGMA` = 1.0), or the figure's entry of
 :attr:`Budgets.k_sigmas`. ``k = 0`` compares the mean alone; with a Gaussian error of the predicted σ,
 ``k = 1`` admits a model over budget with probability at most about 16 %, ``k = 2`` about 2.3 % (the σ is
@@ -18,7 +29,7 @@ never silent: the :class:`ChanceCheck` says ``std_missing=True``, the integratio
 (``std_missing_<figure>``) and a warning is logged once per figure and source.
 
 The constraint value handed to a sampler keeps Optuna's convention: ``mean + k * std - budget`` in the
-figure's own unit (ms, J, MiB), ``<= 0`` feasible.
+figure's own unit (ms, J, MiB), ``<= 0`` feasible; for a minimum, ``budget - (mean - k * std)``.
 """
 
 from __future__ import annotations
@@ -31,19 +42,27 @@ from typing import Any
 from dippm_nas._logging import WarnOnce
 from dippm_nas._numbers import as_real
 from dippm_nas.devices import resolve_device
-from dippm_nas.errors import BudgetError
-from dippm_nas.prediction import Prediction
+from dippm_nas.errors import BudgetError, DippmNasError
 
-__all__ = ["Budgets", "ChanceCheck", "DEFAULT_K_SIGMA", "BUDGET_FIGURES", "BUDGET_KEYS", "check_k_sigma",
-           "trial_attrs"]
+__all__ = ["Budgets", "ChanceCheck", "DEFAULT_K_SIGMA", "BUDGET_FIGURES", "BUDGET_KEYS", "LLM_BUDGET_FIGURES",
+           "MINIMUM_FIGURES", "check_k_sigma", "trial_attrs"]
 
 logger = logging.getLogger(__name__)
 _warn_once = WarnOnce(logger)
 
 #: ``k_sigma`` of every budget unless set: a budget holds for ``mean + 1 * std``.
 DEFAULT_K_SIGMA: float = 1.0
+#: Figures of an LLM generation a budget can bound, with their units (:class:`dippm_nas.llm.GenerationPrediction`).
+LLM_BUDGET_FIGURES: dict[str, str] = {
+    "prefill_ms": "ms to the first token", "decode_ms_per_token": "ms per decode step",
+    "energy_j_per_token": "J per generated token", "tokens_per_s": "tokens per second (a minimum)",
+    "max_batch": "sequences held at once (a minimum)",
+}
+#: Figures whose budget is a minimum (``mean - k * std >= budget``).
+MINIMUM_FIGURES: frozenset[str] = frozenset({"tokens_per_s", "max_batch"})
 #: Predicted figures a budget can bound, with their units, in constraint order.
-BUDGET_FIGURES: dict[str, str] = {"latency_ms": "ms per batch", "energy_j": "J per batch", "memory_mib": "MiB"}
+BUDGET_FIGURES: dict[str, str] = {"latency_ms": "ms per batch", "energy_j": "J per batch", "memory_mib": "MiB",
+                                  **LLM_BUDGET_FIGURES}
 #: Keys :meth:`Budgets.from_mapping` accepts.
 BUDGET_KEYS: tuple[str, ...] = (*BUDGET_FIGURES, "mig_profile", "k_sigma", "k_sigmas")
 
@@ -71,17 +90,18 @@ class ChanceCheck:
 
     Attributes:
         name: the figure, one of :data:`BUDGET_FIGURES`.
-        mean: the predicted figure (ms, J or MiB).
+        mean: the predicted figure (in its unit: ms, J, MiB, tokens/s, sequences).
         std: its standard deviation, same unit; ``None`` when the prediction gives none.
         std_missing: ``std`` is ``None`` and was taken as 0.
         k_sigma: standard deviations added.
-        bound: ``mean + k_sigma * std`` (``mean`` when ``std_missing``).
+        bound: ``mean + k_sigma * std`` (``mean`` when ``std_missing``); for a minimum ``mean - k_sigma * std``.
         budget: the limit the bound is compared with (for memory: the smaller of ``memory_mib`` and the
             MIG profile's usable memory).
         limit_source: where ``budget`` comes from: the figure's name, or ``"mig:<profile>"``.
-        value: ``bound - budget``, Optuna's constraint value (``<= 0`` feasible).
-        margin: ``budget - bound`` (``>= 0`` feasible): room left under the budget.
+        value: ``bound - budget`` (a minimum: ``budget - bound``), Optuna's constraint value (``<= 0`` feasible).
+        margin: ``-value`` (``>= 0`` feasible): room left within the budget.
         feasible: ``value <= 0``.
+        minimum: the budget is a minimum (:data:`MINIMUM_FIGURES`).
     """
 
     name: str
@@ -95,10 +115,14 @@ class ChanceCheck:
     value: float
     margin: float
     feasible: bool
+    minimum: bool = False
 
     @property
     def ratio(self) -> float:
-        """``bound / budget`` (``<= 1`` within it); the ratio MnasNet's reward scales by."""
+        """``bound / budget`` (``<= 1`` within it; a minimum: ``budget / bound``); the ratio MnasNet's reward
+        scales by."""
+        if self.minimum:
+            return self.budget / self.bound if self.bound > 0 else math.inf
         return self.bound / self.budget
 
     def to_dict(self) -> dict[str, Any]:
@@ -120,6 +144,9 @@ class Budgets:
             budget (default :data:`DEFAULT_K_SIGMA`, 1.0; 0 compares the mean alone).
         k_sigmas: per-figure overrides of ``k_sigma``, e.g. ``{"memory_mib": 2.0}`` (keys from
             :data:`BUDGET_FIGURES`).
+        prefill_ms, decode_ms_per_token, energy_j_per_token: most time to the first token, time per decode step
+            and energy per generated token of an LLM generation (ms, ms, J).
+        tokens_per_s, max_batch: least tokens per second and sequences held at once of an LLM generation.
 
     Raises:
         BudgetError: a budget that is not a finite number > 0, a ``k_sigma`` that is negative or not
@@ -137,6 +164,11 @@ class Budgets:
     mig_profile: str | None = None
     k_sigma: float = DEFAULT_K_SIGMA
     k_sigmas: Mapping[str, float] = field(default_factory=dict)
+    prefill_ms: float | None = None
+    decode_ms_per_token: float | None = None
+    energy_j_per_token: float | None = None
+    tokens_per_s: float | None = None
+    max_batch: float | None = None
 
     def __post_init__(self) -> None:
         for name in BUDGET_FIGURES:
@@ -154,7 +186,7 @@ class Budgets:
         object.__setattr__(self, "k_sigmas", ks)
 
     def __hash__(self) -> int:
-        return hash((self.latency_ms, self.energy_j, self.memory_mib, self.mig_profile, self.k_sigma,
+        return hash((*(getattr(self, n) for n in BUDGET_FIGURES), self.mig_profile, self.k_sigma,
                      tuple(sorted(self.k_sigmas.items()))))
 
     @classmethod
@@ -196,6 +228,7 @@ class Budgets:
         out = [n for n in ("latency_ms", "energy_j") if getattr(self, n) is not None]
         if self.memory_mib is not None or self.mig_profile is not None:
             out.append("memory_mib")
+        out += [n for n in LLM_BUDGET_FIGURES if getattr(self, n) is not None]
         return tuple(out)
 
     @property
@@ -237,15 +270,22 @@ class Budgets:
         return min(limits) if limits else None
 
     # ------------------------------------------------------------------ checking
-    def check(self, prediction: Prediction) -> dict[str, ChanceCheck]:
+    def check(self, prediction: Any) -> dict[str, ChanceCheck]:
         """Every budget set, checked against ``prediction``: ``{figure: ChanceCheck}`` in :attr:`names` order.
 
+        Args:
+            prediction: a :class:`~dippm_nas.prediction.Prediction` or a
+                :class:`~dippm_nas.llm.GenerationPrediction` (anything with ``device`` and ``figure(name,
+                mig_profile)``).
+
         Raises:
-            BudgetError: ``prediction`` is not a Prediction; an energy budget on a prediction without an
-                energy figure; a MIG budget the device cannot take (see :meth:`memory_limit`).
+            BudgetError: ``prediction`` is not a prediction; a budget of a figure the prediction does not have
+                (an LLM figure of a forward pass), or has no value for (energy of a device without power figures);
+                a MIG budget the device cannot take (see :meth:`memory_limit`).
         """
-        if not isinstance(prediction, Prediction):
-            raise BudgetError(f"prediction must be a dippm_nas.Prediction, got {type(prediction).__name__}")
+        if not callable(getattr(prediction, "figure", None)) or not hasattr(prediction, "device"):
+            raise BudgetError(f"prediction must be a dippm_nas.Prediction or a dippm_nas.llm.GenerationPrediction, "
+                              f"got {type(prediction).__name__}")
         out: dict[str, ChanceCheck] = {}
         for name in self.names:
             if name == "memory_mib":
@@ -254,37 +294,41 @@ class Budgets:
                 budget, limit_source = lim
             else:
                 budget, limit_source = float(getattr(self, name)), name
-            mean = getattr(prediction, name)
-            source = getattr(prediction, name.split("_")[0] + "_source")
+            try:
+                mean, std, source = prediction.figure(name, self.mig_profile)
+            except DippmNasError as e:
+                raise BudgetError(f"the {name} budget ({budget:g}) cannot be checked: {e}") from e
             if mean is None:
                 raise BudgetError(
                     f"the {name} budget ({budget:g}) cannot be checked: the prediction for device "
                     f"{prediction.device!r} has no {name} (source {source!r}); drop that budget or choose a "
                     "device with power figures"
                 )
-            std = getattr(prediction, name + "_std")
             k = self.k_for(name)
             missing = std is None
             if missing and k > 0:
                 _warn_once(f"std-missing:{name}:{source}",
                            "the %s prediction (source %r) has no standard deviation; its budget is checked as "
                            "mean + k_sigma * 0 (std_missing_%s is recorded)", name, source, name)
-            bound = float(mean) + (k * float(std) if std is not None else 0.0)
-            value = bound - budget
+            minimum = name in MINIMUM_FIGURES
+            spread = k * float(std) if std is not None else 0.0
+            bound = float(mean) - spread if minimum else float(mean) + spread
+            value = budget - bound if minimum else bound - budget
             out[name] = ChanceCheck(name=name, mean=float(mean), std=None if std is None else float(std),
                                     std_missing=missing, k_sigma=k, bound=bound, budget=budget,
-                                    limit_source=limit_source, value=value, margin=-value, feasible=value <= 0)
+                                    limit_source=limit_source, value=value, margin=-value, feasible=value <= 0,
+                                    minimum=minimum)
         return out
 
-    def constraint_values(self, prediction: Prediction) -> dict[str, float]:
+    def constraint_values(self, prediction: Any) -> dict[str, float]:
         """``{figure: mean + k * std - budget}`` (Optuna's convention: ``<= 0`` feasible; ms, J, MiB)."""
         return {n: c.value for n, c in self.check(prediction).items()}
 
-    def ratios(self, prediction: Prediction) -> dict[str, float]:
+    def ratios(self, prediction: Any) -> dict[str, float]:
         """``{figure: (mean + k * std) / budget}`` (``<= 1`` within budget), for :func:`dippm_nas.nni.scalarize`."""
         return {n: c.ratio for n, c in self.check(prediction).items()}
 
-    def feasible(self, prediction: Prediction) -> bool:
+    def feasible(self, prediction: Any) -> bool:
         """True when the prediction meets every budget set."""
         return all(c.feasible for c in self.check(prediction).values())
 

@@ -32,6 +32,7 @@ __all__ = [
     "MissingDependencyError",
     "BudgetError",
     "DatasetError",
+    "AdaptationError",
 ]
 
 
@@ -129,3 +130,7 @@ class BudgetError(DippmNasError, ValueError):
 class DatasetError(DippmNasError, ValueError):
     """A dataset file cannot be opened or read (schema version, format), an importer's CSV lacks
     columns, or a build was asked for with invalid arguments."""
+
+
+class AdaptationError(DippmNasError):
+    """An adaptation store cannot be opened, read or written (:mod:`dippm_nas.predictor`'s ``adapt``)."""

@@ -46,6 +46,18 @@ Constraints (chance constraints, :mod:`dippm_nas.budgets`; Optuna's convention: 
     (TPE, NSGA-II, NSGA-III, GP). An infeasible candidate is reported as a violation and never pruned:
     pruning it would hide it from the sampler, which then drifts toward small networks.
 
+LLM generation
+    Give an :class:`~dippm_nas.llm.LLMWorkload` instead of an ``InputSpec`` and the candidate (a ``transformers``
+    config or model, a :class:`~dippm_nas.llm.DecoderConfig`) is predicted with
+    :func:`dippm_nas.llm.predict_generation` for the cost model's runtime (``"serving"`` too, with ``engine``).
+    Its objectives are any of :data:`LLM_OBJECTIVES` (``tokens_per_s``, ``output_tokens_per_s`` and
+    ``max_batch`` are maximised, the others minimised) and its budgets the generation figures of
+    :class:`~dippm_nas.budgets.Budgets` (``prefill_ms``, ``decode_ms_per_token``, ``energy_j_per_token``, and the
+    minimums ``tokens_per_s`` and ``max_batch``). With ``budgets.mig_profile`` every figure is that of one
+    instance of the profile. The trial records ``predicted_<figure>``, ``predicted_<figure>_std`` and
+    ``source_<figure>`` of every figure of :data:`dippm_nas.llm.GENERATION_FIGURES`, ``llm_model``,
+    ``workload``, ``fits`` and ``fit_reason``.
+
 A candidate the cost model cannot evaluate (``on_error``; default ``"fail"``)
     A model that cannot be captured or predicted (data-dependent control flow, an input that does not fit,
     an unsupported op...) never stops the study: with ``on_error="fail"`` :meth:`HardwareCostModel.evaluate`
@@ -72,7 +84,12 @@ User attributes set on every evaluated trial (units in the keys)
     :attr:`~HardwareCostModel.seconds` counts only the caller's waits), ``input_spec`` (:meth:`InputSpec.to_dict`), and, for models built
     by :func:`search_spaces.build_model`, ``search_space`` and ``search_space_config`` (what
     :class:`~dippm_nas.validation.ParetoValidator` rebuilds a model from; no code or pickle is stored).
-    ``unknown_ops`` is added when operators had no formula.
+    ``unknown_ops`` is added when operators had no formula. When the prediction comes from an adapted predictor
+    (``predictor.adapt``, fed by :class:`~dippm_nas.validation.ParetoValidator` and ``dippm-nas
+    validate-worker``): ``adaptation_version`` and ``adaptation_rows`` (the stored version and the measured rows
+    it was fitted on). Before each evaluation the device's predictor loads the newest stored version for the
+    device, deployment and the candidate's search space (``"any"`` for other models) from the study's storage,
+    so the search follows its validation workers without a restart.
 """
 
 from __future__ import annotations
@@ -97,12 +114,13 @@ from dippm_nas._sql import sqlite_connect_listener
 from dippm_nas.budgets import Budgets, check_k_sigma, trial_attrs
 from dippm_nas.cache import ConversionCache, default_cache, set_default_cache
 from dippm_nas.capture import assemble, capture, space_config_of
-from dippm_nas.deployment import Deployment
+from dippm_nas.deployment import DEPLOYMENT_RUNTIMES, GRAPH_RUNTIMES, Deployment
 from dippm_nas.devices import resolve_device
 from dippm_nas.errors import DippmNasError, InvalidValueError, SearchSpaceError
 from dippm_nas.graph import OperatorGraph
+from dippm_nas.llm import GENERATION_FIGURES, GenerationPrediction, LLMWorkload, predict_generation
 from dippm_nas.prediction import Prediction
-from dippm_nas.predictor import DEFAULT_DEVICE, predict, predict_many
+from dippm_nas.predictor import ANY_SPACE, DEFAULT_DEVICE, get_predictor, predict, predict_many
 from dippm_nas.spec import InputSpec
 
 __all__ = [
@@ -110,6 +128,8 @@ __all__ = [
     "HardwareCostModel",
     "PendingEvaluation",
     "OBJECTIVES",
+    "LLM_OBJECTIVES",
+    "MAXIMIZED",
     "CONSTRAINT_API",
     "ON_ERROR",
     "optuna_has_set_constraint",
@@ -118,8 +138,19 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: Figures :class:`HardwareCostModel` can return as objectives (all minimised), with their units.
-OBJECTIVES: dict[str, str] = {"latency_ms": "ms per batch", "energy_j": "J per batch", "memory_mib": "MiB"}
+#: Figures of an LLM generation :class:`HardwareCostModel` can return as objectives (with an ``LLMWorkload``).
+LLM_OBJECTIVES: dict[str, str] = {
+    "tokens_per_s": "input + output tokens per second", "output_tokens_per_s": "generated tokens per second",
+    "decode_ms_per_token": "ms per decode step", "prefill_ms": "ms to the first token", "e2e_ms": "ms per batch",
+    "energy_j_per_token": "J per generated token", "max_batch": "sequences held at once",
+    "peak_memory_mib": "MiB",
+}
+#: Objectives maximised (the others are minimised).
+MAXIMIZED: frozenset[str] = frozenset({"tokens_per_s", "output_tokens_per_s", "max_batch"})
+#: Figures :class:`HardwareCostModel` can return as objectives, with their units: those of a forward pass
+#: (``latency_ms``, ``energy_j``, ``memory_mib``) and those of an LLM generation (:data:`LLM_OBJECTIVES`).
+OBJECTIVES: dict[str, str] = {"latency_ms": "ms per batch", "energy_j": "J per batch", "memory_mib": "MiB",
+                              **LLM_OBJECTIVES}
 #: How constraints reach the sampler: ``"auto"`` (``trial.set_constraint`` when the trial has it),
 #: ``"set_constraint"`` (Optuna >= 5), ``"constraints_func"`` (Optuna 4.x: the sampler's argument).
 CONSTRAINT_API: tuple[str, ...] = ("auto", "set_constraint", "constraints_func")
@@ -218,10 +249,13 @@ class HardwareCostModel:
         deployment: how candidates will run on the GPU: a :class:`~dippm_nas.Deployment`, a mapping of its
             fields or a JSON/TOML deployment file (see :func:`dippm_nas.predict`); ``None``: nothing described
             but ``runtime`` and ``host``. Recorded on every trial (the ``deployment`` user attribute).
+            ``runtime="serving"`` (an LLM serving engine) is for LLM generations only.
         runtime: shorthand for ``Deployment(runtime=...)``: ``"eager"`` (default), ``"cuda-graphs"`` or
-            ``"compiled"``.
+            ``"compiled"``; for LLM generations also ``"serving"``.
         host: shorthand for ``Deployment(host=...)``: a :class:`~dippm_nas.devices.HostProfile`, a profile JSON
             file or ``"default"``.
+        engine: the serving engine of LLM generations with ``runtime="serving"`` (``"vllm"``, the default unless
+            the deployment's ``versions`` name one, or ``"tensorrt-llm"``).
         on_error: one of :data:`ON_ERROR`, for a candidate that cannot be captured or predicted (see the
             module docstring): ``"fail"`` (default) fails the trial and the study goes on, ``"infeasible"``
             completes it with its constraints violated, ``"raise"`` raises.
@@ -249,11 +283,16 @@ class HardwareCostModel:
         runtime: str | None = None,
         host: Any = None,
         on_error: Literal["fail", "raise", "infeasible"] = "fail",
+        engine: str | None = None,
     ) -> None:
         dev = resolve_device(device)
         self.device: str = dev.id
         #: how the candidates run (every prediction is for it)
-        self.deployment: Deployment = Deployment.coerce(deployment, runtime=runtime, host=host)
+        self.deployment: Deployment = Deployment.coerce(deployment, runtime=runtime, host=host,
+                                                        runtimes=DEPLOYMENT_RUNTIMES)
+        self.engine = engine
+        if engine is not None and self.deployment.runtime != "serving":
+            raise InvalidValueError(f"engine={engine!r} needs runtime='serving', got {self.deployment.runtime!r}")
         budgets = Budgets.coerce(budgets)
         if k_sigma is not None:
             budgets = dataclasses.replace(budgets, k_sigma=check_k_sigma(k_sigma))
@@ -284,7 +323,8 @@ class HardwareCostModel:
         self._pool: Any = None
         self._finisher: Any = None
 
-        wants_energy = "energy_j" in objectives or budgets.energy_j is not None
+        wants_energy = bool({"energy_j", "energy_j_per_token"} & set(objectives)) or budgets.energy_j is not None \
+            or budgets.energy_j_per_token is not None
         if wants_energy and dev.board_power_w is None:
             raise InvalidValueError(
                 f"device {dev.id!r} has no power figures, so its energy cannot be predicted; drop 'energy_j' "
@@ -304,8 +344,8 @@ class HardwareCostModel:
     # ------------------------------------------------------------------ study set-up
     @property
     def directions(self) -> list[str]:
-        """Optuna directions of :attr:`objectives` (all ``"minimize"``)."""
-        return ["minimize"] * len(self.objectives)
+        """Optuna directions of :attr:`objectives` (``"maximize"`` for :data:`MAXIMIZED`, else ``"minimize"``)."""
+        return ["maximize" if o in MAXIMIZED else "minimize" for o in self.objectives]
 
     @property
     def mig_limit_mib(self) -> float | None:
@@ -385,10 +425,10 @@ class HardwareCostModel:
         """
         return {n: c.value for n, c in self._checks(prediction).items()}
 
-    def _checks(self, prediction: Prediction) -> dict[str, Any]:
+    def _checks(self, prediction: Prediction | GenerationPrediction) -> dict[str, Any]:
         if prediction.device != self.device:
             raise InvalidValueError(f"the prediction is for {prediction.device!r}, this cost model for {self.device!r}")
-        if self.budgets.energy_j is not None and prediction.energy_j is None:
+        if isinstance(prediction, Prediction) and self.budgets.energy_j is not None and prediction.energy_j is None:
             raise InvalidValueError(f"an energy budget needs an energy prediction; {self.device!r} gave none "
                                     f"(energy_source={prediction.energy_source!r})")
         return self.budgets.check(prediction)
@@ -453,6 +493,7 @@ class HardwareCostModel:
             logger.info("trial %s: the cost model could not evaluate the candidate (%s); the trial fails",
                         getattr(trial, "number", "?"), error)
             return tuple(math.nan for _ in self.objectives)
+        worst = tuple(-math.inf if d == "maximize" else math.inf for d in self.directions)
         logger.info("trial %s: the cost model could not evaluate the candidate (%s); recorded as infeasible",
                     getattr(trial, "number", "?"), error)
         trial.set_user_attr("feasible", False)
@@ -464,7 +505,7 @@ class HardwareCostModel:
                     trial.set_constraint(name, math.inf)
             else:
                 self._check_4x_sampler(trial)
-        return tuple(math.inf for _ in self.objectives)
+        return worst
 
     # ------------------------------------------------------------------ evaluation
     def _record(self, trial: Any, pred: Prediction, spec: InputSpec, space: str | None, config: Any,
@@ -472,6 +513,10 @@ class HardwareCostModel:
         checks = self._checks(pred)
         cons = {n: c.value for n, c in checks.items()}
         values = []
+        llm = [o for o in self.objectives if o in LLM_OBJECTIVES]
+        if llm:
+            raise InvalidValueError(f"objectives {llm} are figures of an LLM generation: evaluate the candidate with "
+                                    "an LLMWorkload (dippm_nas.llm) instead of an InputSpec")
         for o in self.objectives:
             v = getattr(pred, o)
             if v is None:
@@ -498,14 +543,23 @@ class HardwareCostModel:
             "cost_model_s": seconds,
             "input_spec": spec.to_dict(),
         }
-        for name, v in cons.items():
-            attrs[f"constraint_{name}"] = v
-        attrs.update(trial_attrs(checks))
         if pred.unknown_ops:
             attrs["unknown_ops"] = dict(pred.unknown_ops)
+        if "adaptation_version" in pred.details:
+            attrs["adaptation_version"] = int(pred.details["adaptation_version"])
+            attrs["adaptation_rows"] = int(pred.details["adaptation_rows"])
         if space is not None:
             attrs["search_space"] = space
             attrs["search_space_config"] = config
+        self._register(trial, attrs, checks)
+        return tuple(values)
+
+    def _register(self, trial: Any, attrs: dict[str, Any], checks: Mapping[str, Any]) -> None:
+        """Write the user attributes, the constraint values and the budgets' record; register the constraints."""
+        cons = {n: c.value for n, c in checks.items()}
+        for name, v in cons.items():
+            attrs[f"constraint_{name}"] = v
+        attrs.update(trial_attrs(checks))
         for k, v in attrs.items():
             trial.set_user_attr(k, v)
         if cons:
@@ -514,7 +568,52 @@ class HardwareCostModel:
                     trial.set_constraint(name, v)
             else:
                 self._check_4x_sampler(trial)
+
+    def _record_generation(self, trial: Any, pred: GenerationPrediction, seconds: float) -> tuple[float, ...]:
+        """Record an LLM generation's figures (those of one instance of the budgets' MIG profile when set)."""
+        checks = self._checks(pred)
+        profile = self.budgets.mig_profile
+        values = []
+        for o in self.objectives:
+            if o not in LLM_OBJECTIVES:
+                raise InvalidValueError(f"objective {o!r} is a figure of a forward pass; an LLM generation has "
+                                        f"{list(LLM_OBJECTIVES)}")
+            v = pred.figure(o, profile).value
+            if v is None:
+                raise DippmNasError(f"objective {o!r} has no prediction on {self.device!r} "
+                                    f"(source {pred.sources.get(o)!r})")
+            values.append(float(v))
+        attrs: dict[str, Any] = {}
+        for name in GENERATION_FIGURES:
+            if profile is not None and name in ("weights_mib", "kv_cache_mib", "kv_cache_mib_per_sequence"):
+                f = pred.figure(name)  # the same on a slice
+            else:
+                f = pred.figure(name, profile)
+            attrs[f"predicted_{name}"] = f.value
+            attrs[f"predicted_{name}_std"] = f.std
+            attrs[f"source_{name}"] = f.source
+        on = pred.mig[profile] if profile is not None and pred.mig else None
+        attrs.update({
+            "predicted_device": pred.device, "mig_profile": profile, "runtime": pred.details.get("runtime"),
+            "engine": pred.details.get("engine"), "llm_model": pred.model, "workload": pred.workload.to_dict(),
+            "fits": on.fits if on is not None else pred.fits, "fit_reason": on.reason if on is not None else pred.reason,
+            "feasible": all(c.value <= 0 for c in checks.values()), "cost_model_s": seconds,
+        })
+        self._register(trial, attrs, checks)
         return tuple(values)
+
+    def _evaluate_generation(self, trial: Any, model: Any, workload: LLMWorkload) -> tuple[float, ...]:
+        t0 = time.perf_counter()
+        try:
+            pred = predict_generation(model, workload, self.device, deployment=self.deployment, engine=self.engine,
+                                      mig=True)
+            values = self._record_generation(trial, pred, time.perf_counter() - t0)
+        except DippmNasError as e:
+            values = self._unevaluated(trial, e)
+        with self._lock:
+            self._seconds += time.perf_counter() - t0
+            self._evaluations += 1
+        return values
 
     @staticmethod
     def _space_of(model: Any, space: str | None, config: Mapping[str, Any] | None) -> tuple[str | None, Any]:
@@ -584,9 +683,15 @@ class HardwareCostModel:
                 ``space`` or ``config`` are not valid arguments (whatever ``on_error`` says). A config outside
                 its space is a ``SearchSpaceError`` naming the key and its allowed values.
         """
+        if isinstance(spec, LLMWorkload):
+            return self._shape(self._evaluate_generation(trial, model, spec))
+        if self.deployment.runtime not in GRAPH_RUNTIMES:
+            raise InvalidValueError(f"runtime={self.deployment.runtime!r} runs LLM generations only: evaluate with an "
+                                    f"LLMWorkload, or make the cost model with one of {GRAPH_RUNTIMES} for a forward pass")
         t0 = time.perf_counter()
         the_spec = self._spec_of(model, spec)
         space_name, cfg = self._space_of(model, space, config)
+        self._refresh_adaptation(trial, space_name)
         try:
             source = self._source(model, the_spec, space_name, cfg)
             pred = predict(source, None if isinstance(source, OperatorGraph) else the_spec, self.device,
@@ -655,6 +760,8 @@ class HardwareCostModel:
             specs.append(s)
             spaces.append(self._space_of(model, None, None))
             items.append(model if isinstance(model, OperatorGraph) else (model, s))
+        if trials:
+            self._refresh_adaptation(trials[0], spaces[0][0])
         preds = predict_many(items, self.device, workers=workers, cache=self.cache, mig=True,
                              deployment=self.deployment, k_sigma=self.k_sigma, progress=progress)
         share = (time.perf_counter() - t0) / max(len(trials), 1)
@@ -674,6 +781,24 @@ class HardwareCostModel:
             self._seconds += time.perf_counter() - t0
             self._evaluations += len(trials)
         return [o if isinstance(o, DippmNasError) else self._shape(o) for o in out]
+
+    def _refresh_adaptation(self, trial: Any, space: str | None) -> None:
+        """Make the device's predictor answer with the newest stored adaptation of (device, deployment, space) in
+        the study's storage (the cache directory's store for other storages); predictors without a network have
+        none."""
+        predictor = get_predictor(self.device)
+        if not callable(getattr(predictor, "refresh_adaptation", None)):
+            return
+        storage = getattr(getattr(trial, "study", None), "_storage", None)
+        url = next((u for u in (getattr(storage, "url", None), getattr(getattr(storage, "_backend", None), "url", None))
+                    if isinstance(u, str) and u), None)
+        with self._lock:
+            predictor.use_adaptation(storage=url, space=space or ANY_SPACE)
+            try:
+                predictor.refresh_adaptation(deployment=self.deployment)
+            except DippmNasError as e:
+                _warn_once(f"adapt-refresh:{url}", "the adaptations of %s in %s were not read (%s); predicting "
+                           "without them", self.device, url, e)
 
     def _shape(self, values: float | tuple[float, ...]) -> float | tuple[float, ...]:
         """What an Optuna objective returns: the float of a single objective, else the tuple (values already
@@ -764,6 +889,7 @@ class HardwareCostModel:
             err = cls(f"(in the background conversion process) {message}")
             trial.set_user_attr("cost_model_error", f"{type(err).__name__}: {err}")
             raise err
+        self._refresh_adaptation(trial, space)
         pred = predict(OperatorGraph.from_json(text), None, self.device, cache=False, mig=True, k_sigma=self.k_sigma,
                        deployment=self.deployment)
         values = self._record(trial, pred, spec, space, config, convert_s + (time.perf_counter() - t0))

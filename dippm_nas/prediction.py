@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from dippm_nas.errors import InvalidValueError
 
-__all__ = ["Prediction", "Source", "SOURCES"]
+__all__ = ["Prediction", "Source", "SOURCES", "Figure"]
 
 #: Where a figure came from. ``"predicted"``: a trained model; ``"analytic"``: the physics-based prior;
 #: ``"calibrated"``: a trained or analytic figure corrected with real measurements of the device;
@@ -16,6 +16,19 @@ __all__ = ["Prediction", "Source", "SOURCES"]
 #: figure is ``None``.
 Source = Literal["predicted", "analytic", "calibrated", "unavailable"]
 SOURCES: tuple[str, ...] = ("predicted", "analytic", "calibrated", "unavailable")
+
+
+class Figure(NamedTuple):
+    """One predicted figure: its value (``None`` when unavailable), one σ (``None``: the source gives none) and
+    its source (one of :data:`SOURCES`)."""
+
+    value: float | None
+    std: float | None
+    source: str
+
+
+#: The figures of a :class:`Prediction` by name, with the field holding each one's source.
+_FIGURE_SOURCE = {"latency_ms": "latency_source", "energy_j": "energy_source", "memory_mib": "memory_source"}
 
 
 @dataclass(frozen=True)
@@ -82,6 +95,20 @@ class Prediction:
                 f"Prediction.energy_j is None exactly when energy_source is 'unavailable', got "
                 f"energy_j={self.energy_j!r}, energy_source={self.energy_source!r}"
             )
+
+    def figure(self, name: str, mig_profile: str | None = None) -> Figure:
+        """The figure ``name`` (``"latency_ms"``, ``"energy_j"`` or ``"memory_mib"``) with its σ and source.
+
+        ``mig_profile`` is accepted for the budgets' sake and changes nothing: the figures of a forward pass are
+        those of the whole GPU, and a MIG profile bounds memory only (:mod:`dippm_nas.mig`).
+
+        Raises:
+            InvalidValueError: another name (the figures are listed).
+        """
+        src = _FIGURE_SOURCE.get(name)
+        if src is None:
+            raise InvalidValueError(f"a Prediction has no figure {name!r}; figures: {list(_FIGURE_SOURCE)}")
+        return Figure(getattr(self, name), getattr(self, name + "_std"), getattr(self, src))
 
     @property
     def flagged(self) -> bool:

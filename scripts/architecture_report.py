@@ -54,6 +54,8 @@ LAYERS: dict[str, int] = {
     "features": 5,
     # the predictor: load a checkpoint, featurise, infer, calibrate (features, prior, capture)
     "predictor": 6, "stages": 6,
+    # LLM generation: prefill and decode-step graphs from a decoder's config, timed by the prior (capture, prior)
+    "llm": 7,
     # the dataset (capture, measure, search spaces) and training (predictor, dataset)
     "dataset": 7, "training": 8,
     # objectives users call: Optuna and NNI

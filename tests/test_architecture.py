@@ -54,6 +54,8 @@ LAZY_PROJECT_IMPORTS = {
     "dippm_nas/capture/_assemble.py": "search_spaces imports torch: `import dippm_nas` and a cached graph's "
                                       "prediction load neither",
     "dippm_nas/predictor/_gnn.py": "the torch ensemble: a prediction through the numpy engine never loads torch",
+    "dippm_nas/predictor/_adapt_store.py": "SQLAlchemy loads with the first adaptation written: a prediction that "
+                                           "reads one from a SQLite file does not load it",
     "dippm_nas/measure/_campaign.py": "RuntimeModule is an nn.Module: torch loads with the first non-eager "
                                       "measurement, not with the parser of every CLI verb",
 }

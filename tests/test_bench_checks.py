@@ -74,3 +74,31 @@ def test_cases_average_the_medians_of_a_key_at_the_chosen_token_counts(tmp_path:
     a100 = [c for c in cases if c["gpu"] == "a100"]
     assert all(c["label_ms"] == pytest.approx(2.0) and c["tp"] == 4 for c in a100)
 
+
+
+def test_accuracy_llm_fit_recovers_the_engine_constants_of_a_linear_model() -> None:
+    import numpy as np
+
+    bench = _load("accuracy_llm")
+    rng = np.random.default_rng(0)
+    n = 40
+    sens = np.column_stack([rng.uniform(500, 5000, n), rng.uniform(200, 3000, n), rng.uniform(0.1, 2.0, n),
+                            rng.uniform(0.5, 60.0, n)])  # unit prediction; per decode scale, per ms/step, per ms/seq
+    truth = {"decode_gpu_scale": 1.2, "step_us": 1500.0, "seq_us": 80.0}
+    # the columns are per unit of each constant's probe: ms per (scale - 1), per µs of step and of sequence time
+    y = bench.linear_prediction(sens, truth)
+    fit = bench.fit_constants(sens, y)
+    assert fit == pytest.approx(truth, rel=1e-6)
+    assert bench.fit_constants(sens, y * 10)["decode_gpu_scale"] == pytest.approx(3.0)  # at its bound
+
+
+def test_accuracy_llm_reads_the_bench_rows_and_leaves_out_impossible_ones() -> None:
+    from conftest import shared_data_or_skip
+
+    path = shared_data_or_skip("llm_inference_bench_h100_gh200_1gpu.csv")
+    bench = _load("accuracy_llm")
+    rows, skipped = bench.load_bench(path.parent, "h100-sxm5-80gb")
+    assert skipped["Deci/DeciLM-7B"] == 41
+    assert any("beyond its 2048 positions" in k for k in skipped) and any("faster than" in k for k in skipped)
+    assert {r["device"] for r in rows} == {"h100-sxm5-80gb", "gh200-96gb"}
+    assert not any(r["device"].startswith("a100") for r in rows)

@@ -39,13 +39,13 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
 def test_unknown_verb_is_a_usage_error_with_the_closest_verb(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["predcit", "x"]) == 2
     err = capsys.readouterr().err
-    assert "invalid choice: 'predcit'" in err and "did you mean: predict?" in err and err.startswith("usage:")
+    assert "invalid choice: 'predcit'" in err and "did you mean: predict" in err and err.startswith("usage:")
 
 
 def test_unknown_device_suggests_the_closest_ids(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["predict", "_models:TinyMobileNet", "--device", "a100"]) == 2
     err = capsys.readouterr().err
-    assert "unknown device 'a100'; did you mean: a100-pcie-40gb, a100-pcie-80gb, a100-sxm4-40gb, a100-sxm4-80gb?" in err
+    assert "unknown device 'a100'; did you mean: a100-pcie-40gb, a100-pcie-80gb, a100-sxm4-40gb, a100-sxm4-80gb" in err
     assert "choices: " in err and "host-cpu" in err
     assert main(["predict", "_models:TinyMobileNet", "--device", "rtx-309"]) == 2
     assert "did you mean: rtx-3090" in capsys.readouterr().err
@@ -80,7 +80,7 @@ def test_errors_print_as_json_under_json(tmp_path: Path, capsys: pytest.CaptureF
     assert d["error"].startswith("unknown device 'a100'") and DEV in d["choices"] and DEV in d["did_you_mean"]
     assert main(["predcit", "--json"]) == 2  # an argparse error too
     d = _json_out(capsys)
-    assert d["type"] == "UsageError" and "predict" in d["choices"] and d["did_you_mean"] == ["predict"]
+    assert d["type"] == "UsageError" and "predict" in d["choices"] and d["did_you_mean"][0] == "predict"
     # a runtime error (the work failed): exit 1, the error's own class
     assert main(["predict", "no_such_module_for_cli_test:build", "--json", "--no-cache"]) == 1
     d = _json_out(capsys)

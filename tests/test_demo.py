@@ -1,4 +1,4 @@
-"""Test of ``dippm-nas demo --quick``: a real (three-trial) NAS, validation with online calibration, table, plots."""
+"""Test of ``dippm-nas demo --quick``: a real (three-trial) NAS, validation with online adaptation, table, plots."""
 
 from __future__ import annotations
 
@@ -26,11 +26,13 @@ def test_demo_quick(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     text = capsys.readouterr().out
     assert code == 0
     assert torch.get_num_threads() == threads  # the verb restores what it changed
-    assert not isinstance(get_predictor("host-cpu"), CalibratedPredictor)  # ... the host-cpu predictor too
+    host = get_predictor("host-cpu")
+    assert not isinstance(host, CalibratedPredictor)  # ... the host-cpu predictor too
+    assert host.adaptation is None and host.adaptation_storage is None  # adapted in the study's storage only
     assert "Pareto front" in text and "cannot be validated here" in text and "PREDICTED" in text
     assert "in float32" in text and "not the a100-sxm4-40gb figures" in text  # what the host CPU checks
-    assert "calibrated host-cpu latency x" in text
-    for name in ("pareto.png", "predicted_vs_measured.png"):
+    assert "validation round 1" in text
+    for name in ("pareto.png", "predicted_vs_measured.png", "learning_curve.png"):
         data = (out / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
         assert str(out / name) in text  # the paths are printed
@@ -46,12 +48,12 @@ def test_demo_quick(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     summary = json.loads((out / "summary.json").read_text())
     assert summary["trials"] == 3 and summary["device"] == "a100-sxm4-40gb" and summary["dtype"] == "float16"
     assert summary["validation"]["device"] == "host-cpu" and summary["validation"]["measured"] >= 1
-    assert summary["validation"]["calibration"]["n_rows"] >= 1
-    check = summary["calibration_check"]
-    assert check["uncalibrated"] >= 1  # the first round, predicted before any calibration
-    if check["held_out"]:  # later rounds: predicted calibrated, compared before and after
-        assert check["latency_mape_before_pct"] > 0 and check["latency_mape_after_pct"] >= 0
-        assert "uncalibrated ->" in text
+    assert "predicted before any adaptation" in text  # the first round
+    for a in summary["adaptation"]:  # later rounds: predicted with the adaptation of the rounds before, and without
+        assert a["rows"] >= 2 and a["candidates"] >= 1 and a["latency_mape_unadapted_pct"] >= 0
+        assert "unadapted ->" in text and f"adaptation on {a['rows']} measured candidates" in text
+    if summary["validation"]["ok"] >= 2:
+        assert "host-cpu predictor adapted on" in text
     assert summary["cost_model_s"] > 0
     study = optuna.load_study(study_name="tiny", storage=f"sqlite:///{out / 'demo.sqlite3'}")
     assert study.metric_names == ["accuracy", "latency_ms", "energy_j"]

@@ -80,3 +80,17 @@ def test_ask_tell_batch_loop(storage: str, capsys: pytest.CaptureFixture) -> Non
     for t in done:
         assert t.values[1] == pytest.approx(t.user_attrs["predicted_latency_ms"])
         assert "constraint_latency_ms" in t.user_attrs and "constraint_memory_mib" in t.user_attrs
+
+
+def test_llm_architecture_search_meets_a_time_per_token_slo_on_a_mig_slice(capsys: pytest.CaptureFixture) -> None:
+    pytest.importorskip("transformers", reason="the example builds transformers decoders on the meta device")
+    study = _main("llm_architecture")(["--trials", "3", "--slo-ms", "40", "--batch", "4", "--prompt", "128",
+                                       "--output", "32"])
+    out = capsys.readouterr().out
+    assert "1g.10gb" in out and "tok/s/W" in out
+    assert [d.name for d in study.directions] == ["MAXIMIZE", "MINIMIZE"]
+    for t in study.get_trials(states=(optuna.trial.TrialState.COMPLETE,)):
+        a = t.user_attrs
+        assert a["mig_profile"] == "1g.10gb" and a["budget_decode_ms_per_token"] == 40.0
+        assert t.values[1] == pytest.approx(a["predicted_energy_j_per_token"])
+        assert a["params"] == t.values[0] > 0

@@ -152,6 +152,19 @@ def test_a6_a_queue_job_without_a_batch_size_is_failed_with_a_reason_naming_the_
     q.close()
 
 
+def test_a7_a_queue_job_spec_with_numpy_scalars_is_stored_as_plain_json(tmp_path: Path) -> None:
+    q = JobQueue(f"sqlite:///{tmp_path / 'q.sqlite'}")
+    spec = {**SPEC4.to_dict(), "batch_size": np.int64(SPEC4.batch_size)}
+    jid = q.enqueue(study="s", trial_number=0, space="mlp", config=MLP, spec=spec, device="host-cpu",
+                    predicted={"latency_ms": 1.0})
+    stored = q.get(jid).spec
+    assert stored == SPEC4.to_dict() and type(stored["batch_size"]) is int
+    with pytest.raises(InputSpecError, match="batch_size"):
+        q.enqueue(study="s", trial_number=1, space="mlp", config=MLP, spec={**spec, "batch_size": 2.5},
+                  device="host-cpu", predicted={})
+    q.close()
+
+
 # ============================================================================ B: argument checks
 def test_b1_capture_decompose_and_cache_name_their_choices() -> None:
     with pytest.raises(InvalidValueError, match=r"decompose must be 'auto'.*True or False, got 'yes'") as e:

@@ -288,3 +288,17 @@ def test_the_cap_is_far_above_real_graphs() -> None:
     per_node = max(len(g.to_json()) / g.num_nodes for g in _graphs())
     assert 200 < per_node < 400 and _rows.MAX_GRAPH_JSON_BYTES / per_node > 100 * 1_388
     assert math.isclose(_rows.MAX_GRAPH_JSON_BYTES, 64 * 2**20)
+
+
+def test_a_dataset_graph_is_inflated_only_up_to_the_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    import zlib
+
+    from dippm_nas.dataset import _store as dataset_store
+    from dippm_nas.errors import DatasetError
+
+    monkeypatch.setattr(dataset_store, "MAX_STORED_GRAPH_BYTES", 1000)
+    bomb = zlib.compress(b" " * 100_000)  # a few hundred bytes that inflate to 100 kB
+    with pytest.raises(DatasetError, match="inflates beyond MAX_STORED_GRAPH_BYTES = 1,000 bytes"):
+        dataset_store.decode_graph(bomb, "h")
+    with pytest.raises(DatasetError, match="cannot be read back"):
+        dataset_store.decode_graph(b"not zlib", "h")

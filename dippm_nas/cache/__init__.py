@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from dippm_nas._paths import CACHE_DIR_ENV, CACHE_URL_ENV, cache_dir, default_cache_url
 from dippm_nas.cache._read import read_default_sqlite
-from dippm_nas.cache._rows import CACHE_SECRET_ENV, COLUMNS, TABLE_NAME
+from dippm_nas.cache._rows import CACHE_SECRET_ENV, COLUMNS, MAX_GRAPH_JSON_BYTES, TABLE_NAME
 
 if TYPE_CHECKING:  # pragma: no cover - what __getattr__ returns, for type checkers
     from dippm_nas.cache._store import CACHE_TABLE, ConversionCache, default_cache, fresh_copy, set_default_cache
@@ -33,6 +33,7 @@ __all__ = [
     "CACHE_TABLE",
     "TABLE_NAME",
     "COLUMNS",
+    "MAX_GRAPH_JSON_BYTES",
     "fresh_copy",
 ]
 

@@ -29,6 +29,9 @@ Each converter reproduces what PyTorch computes, expressed with existing Relax o
   (in place, convit), ``rms_norm`` (vit ``_xp``), ``var.dim`` (resnetv2 EvoNorm), ``swapaxes`` (torchvision's
   maxvit_t). Each is the Relax op PyTorch's definition names; ``div_`` also rebinds the divided tensor, as
   ``fill_`` does.
+- ``cat.default`` with an empty 1-D tensor among 4-D ones (a ``transformers`` ``DynamicCache`` starts each
+  layer's keys and values as ``torch.tensor([])``): PyTorch skips such inputs, the frontend's concat refuses
+  them; we drop them and concatenate the rest (a single remaining tensor is passed through).
 
 :func:`opaque_convert_map` is the last resort for an op no converter knows (``unfold``, ``im2col``...): an
 *opaque* call that keeps the op's name, its tensor inputs and its output shapes and dtypes (from the
@@ -271,6 +274,21 @@ def _swapaxes(node: Any, importer: Any) -> Any:
     return importer.block_builder.emit(relax.op.permute_dims(x, perm))
 
 
+def _cat(node: Any, importer: Any) -> Any:
+    from tvm import relax
+
+    parts = [importer.env[n] for n in node.args[0]]
+    if len({len(_dims(p)) for p in parts}) == 1:
+        return importer._cat(node)  # the stock converter
+    # PyTorch skips empty 1-D tensors in cat (a transformers DynamicCache starts as one)
+    dim = int(node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0))
+    parts = [p for p in parts if _dims(p) != [0]]
+    if len(parts) == 1:
+        return parts[0]
+    n = len(_dims(parts[0]))
+    return importer.block_builder.emit(relax.op.concat(parts, axis=dim % n))
+
+
 def _sdpa(node: Any, importer: Any) -> Any:
     from tvm import relax
 
@@ -340,6 +358,7 @@ def custom_convert_map() -> dict[str, Any]:
         "rms_norm.default": _rms_norm,
         "var.dim": _var_dim,
         "swapaxes.default": _swapaxes,
+        "cat.default": _cat,
     }
 
 

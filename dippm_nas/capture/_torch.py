@@ -19,7 +19,7 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from dippm_nas.errors import DippmNasError, GraphCaptureError, InputShapeError
@@ -122,6 +122,47 @@ def _prepare(model: "torch.nn.Module", fake_mode: Any) -> "torch.nn.Module":
             f"half precision, on 'meta' or on another device): deepcopy failed with {type(e).__name__}: {e}. "
             "Hint: capture a float32 model on the CPU, or build it under torch.device('meta')"
         ) from e
+
+
+def _tensors(obj: Any, depth: int = 0) -> list[Any]:
+    """The tensors ``obj`` holds, in a fixed order: itself, the items of a tuple, list or mapping (a
+    ``transformers`` ``ModelOutput`` is one), the attributes of another object (a ``Cache``: its layers' keys and
+    values), a few levels deep."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if depth > 4 or obj is None or isinstance(obj, (str, bytes, int, float, bool)):
+        return []
+    if isinstance(obj, Mapping):
+        items: Iterable[Any] = obj.values()
+    elif isinstance(obj, (tuple, list)):
+        items = obj
+    elif hasattr(obj, "__dict__"):
+        items = vars(obj).values()
+    else:
+        return []
+    return [t for item in items for t in _tensors(item, depth + 1)]
+
+
+def _with_tensor_outputs(model: "torch.nn.Module") -> "torch.nn.Module":
+    """``model`` itself, or, for a ``transformers`` model, a wrapper whose forward returns the tuple of the tensors
+    the model's output holds: its ``ModelOutput`` may carry a ``DynamicCache`` (the default with ``use_cache``), a
+    type ``torch.export`` cannot return, so a decoder captures with its cache on (the logits and every layer's keys
+    and values are the graph's outputs)."""
+    if not type(model).__module__.startswith("transformers."):
+        return model
+    import torch
+
+    class TensorOutputs(torch.nn.Module):
+        def __init__(self, inner: torch.nn.Module) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+            return tuple(_tensors(self.inner(*args, **kwargs)))
+
+    return TensorOutputs(model)
 
 
 def _shape_hint(spec: InputSpec) -> str:
@@ -362,7 +403,7 @@ def capture_module(model: "torch.nn.Module", spec: InputSpec, *, decompose: bool
     try:
         fake_mode = _fake_mode()
         with _eval_mode(model):
-            target = _prepare(model, fake_mode)
+            target = _with_tensor_outputs(_prepare(model, fake_mode))
             with _eval_mode(target):
                 ep = _export(target, spec, fake_mode)
         _check_tensor_output(ep, type(model).__name__)

@@ -9,9 +9,11 @@ predicted latency within a budget (5 ms per batch of 16384 by default).
 
 An A100 prediction cannot be checked on a machine without an A100. What is checked here is the same
 pipeline on the host CPU: Pareto candidates are measured on this CPU in float32 and compared with host-cpu
-predictions. Once two measurements are in (usually after the first round) the host-cpu latency is
-calibrated on this study's measurements and refitted after each round; the error before and after
-calibration is reported on the candidates whose calibrated prediction was made before they were measured.
+predictions. Every measurement adapts the host-cpu predictor (``predictor.adapt``: the factor calibration and
+the residual heads, stored in the study's database for ``demo_cnn``); each round's candidates are predicted
+with the adaptation of the rounds before, and also without it, so the error before and after adaptation is
+measured on candidates the adaptation had not seen. ``learning_curve.png`` plots it against the rows the
+adaptation had.
 """
 
 from __future__ import annotations
@@ -34,20 +36,20 @@ __all__ = ["register"]
 
 #: Host device every validation measurement runs on.
 _HOST = "host-cpu"
-#: Fewest "ok" host-CPU measurements a calibration is fitted on (one measurement on a shared CPU is too noisy).
-_MIN_CALIBRATION_ROWS = 2
+#: Fewest measured graphs an adaptation is fitted on (``predictor.adapt`` leaves fewer unadapted).
+_MIN_ADAPT_ROWS = 2
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "demo",
         help="run a real multi-objective NAS on this CPU: digits CNNs, predicted A100 latency/energy (float16), "
-             "MIG memory constraint, host-CPU validation with online calibration; writes a Pareto table and plots",
+             "MIG memory constraint, host-CPU validation with online adaptation; writes a Pareto table and plots",
         description="Multi-objective NAS on scikit-learn's digits: accuracy up, predicted A100 latency and "
                     "energy down (in the deployed dtype, float16), predicted memory within a MIG profile. "
                     "Candidates train a few seconds each on this CPU; Pareto candidates are measured on this "
-                    "CPU in float32 and compared with host-cpu predictions, which are calibrated after the "
-                    "first validation round. Bounded by --trials and --seconds.",
+                    "CPU in float32 and compared with host-cpu predictions, which every measurement adapts "
+                    "(predictor.adapt). Bounded by --trials and --seconds.",
     )
     p.add_argument("--trials", type=int_flag("--trials", low=1), default=None, help="trials to run (default 30)")
     p.add_argument("--seconds", type=float_flag("--seconds", low=0, low_inclusive=False), default=None,
@@ -86,9 +88,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--validate-batch", type=int_flag("--validate-batch", low=1), default=None,
                    help="batch size of the host-CPU validation measurements (default 64)")
     p.add_argument("--no-validate", action="store_true", help="skip validation")
-    p.add_argument("--no-calibrate", action="store_true",
-                   help="keep the host-cpu predictions uncalibrated (default: calibrate after the first round with "
-                        "at least two measurements, refit after each round)")
+    p.add_argument("--no-adapt", "--no-calibrate", dest="no_adapt", action="store_true",
+                   help="keep the host-cpu predictions unadapted (default: every measurement adapts the host-cpu "
+                        "predictor once two are in; each round is predicted with the rounds before)")
     p.add_argument("--no-plot", action="store_true", help="skip the plots")
     p.add_argument("--background", type=int_flag("--background", low=0), default=1, metavar="N",
                    help="conversion processes working while candidates train (default 1; 0: convert before training)")
@@ -141,7 +143,7 @@ def _rows(study: Any, jobs: dict[int, Any]) -> list[dict[str, Any]]:
         pred = j.predicted if j is not None else {}
         m_ms = meas.get("latency_ms") if meas.get("status") == "ok" else None
         p_ms = pred.get("latency_ms")
-        raw_ms = pred.get("latency_ms_uncalibrated", p_ms)
+        raw_ms = pred.get("latency_ms_unadapted", pred.get("latency_ms_uncalibrated", p_ms))
         rows.append({
             "trial": t.number, "pareto": t.number in front, "feasible": bool(a.get("feasible")),
             "accuracy": t.values[0], "latency_ms": a.get("predicted_latency_ms"),
@@ -153,7 +155,8 @@ def _rows(study: Any, jobs: dict[int, Any]) -> list[dict[str, Any]]:
             "violates_memory": (a.get("constraint_memory_mib") or 0.0) > 0,
             "violates_latency": (a.get("constraint_latency_ms") or 0.0) > 0,
             "config": json.dumps(a.get("search_space_config")),
-            "host_cpu_predicted_ms": p_ms, "host_cpu_predicted_uncalibrated_ms": raw_ms,
+            "host_cpu_predicted_ms": p_ms, "host_cpu_predicted_unadapted_ms": raw_ms,
+            "host_cpu_adaptation_rows": pred.get("adaptation_rows"),
             "host_cpu_latency_source": pred.get("latency_source"), "host_cpu_measured_ms": m_ms,
             "host_cpu_error_pct": None if m_ms is None or p_ms is None else 100.0 * (p_ms - m_ms) / m_ms,
             "host_cpu_status": None if j is None else (meas.get("status") or j.status),
@@ -165,7 +168,7 @@ def _print_table(rows: list[dict[str, Any]], args: argparse.Namespace, device: s
     front = sorted((r for r in rows if r["pareto"]), key=lambda r: -r["accuracy"])
     print(f"\nPareto front (feasible trials). {device} figures PREDICTED for {args.dtype}, batch {args.batch}, "
           "as mean ± 1σ; host-cpu columns: float32, batch "
-          f"{args.validate_batch}, 'cal' = predicted after calibration:")
+          f"{args.validate_batch}, 'ad' = predicted by the adapted host-cpu predictor:")
     head = (f"{'trial':>5} {'accuracy':>8} {'latency ms':>17} {'energy J':>15} {'memory MiB':>10} {'MIG fit':>7}"
             f" | {'host-cpu pred ms':>16} {'measured ms':>11} {'error %':>7}  config")
     print(head)
@@ -175,8 +178,8 @@ def _print_table(rows: list[dict[str, Any]], args: argparse.Namespace, device: s
         if r["host_cpu_status"] not in (None, "ok", "done"):
             meas = "no fit" if r["host_cpu_status"] == "oom" else str(r["host_cpu_status"])
         pred = _fmt(r["host_cpu_predicted_ms"], ".3f")
-        if r["host_cpu_latency_source"] == "calibrated":
-            pred = f"{pred} cal"
+        if r["host_cpu_adaptation_rows"] is not None:
+            pred = f"{pred} ad"
         print(f"{r['trial']:>5} {r['accuracy']:>8.3f} {_pm(r['latency_ms'], r['latency_ms_std'], '.3g'):>17} "
               f"{_pm(r['energy_j'], r['energy_j_std'], '.3g'):>15} {_fmt(r['memory_mib'], '.0f'):>10} "
               f"{str(r['mig_smallest_fit']):>7} | {pred:>16} {meas:>11} {_fmt(r['host_cpu_error_pct'], '+.0f'):>7}  "
@@ -263,20 +266,19 @@ def _plots(out: Path, rows: list[dict[str, Any]], jobs: list[Any], args: argpars
         return written
     fig, ax = plt.subplots(figsize=(6.8, 6.4), constrained_layout=True)
     meas = [float(j.result["latency_ms"]) for j in ok]
-    raw = [float(j.predicted.get("latency_ms_uncalibrated", j.predicted["latency_ms"])) for j in ok]
-    cal = [(float(j.predicted["latency_ms"]), m) for j, m in zip(ok, meas)
-           if j.predicted.get("latency_source") == "calibrated"]
+    raw = [float(j.predicted.get("latency_ms_unadapted", j.predicted["latency_ms"])) for j in ok]
+    cal = [(float(j.predicted["latency_ms"]), m) for j, m in zip(ok, meas) if "latency_ms_unadapted" in j.predicted]
     lo, hi = min(meas + raw) / 1.6, max(meas + raw) * 1.6
     ax.plot([lo, hi], [lo, hi], color="black", lw=1, label="measured = predicted")
     ax.fill_between([lo, hi], [lo / 1.5, hi / 1.5], [lo * 1.5, hi * 1.5], color="gray", alpha=0.15,
                     label="within a factor 1.5")
     ax.scatter(raw, meas, facecolors="none", edgecolors="tab:orange", s=55, zorder=3,
-               label="uncalibrated prediction")
+               label="unadapted prediction")
     if cal:
         ax.scatter([c[0] for c in cal], [c[1] for c in cal], c="tab:green", s=40, zorder=4,
-                   label="calibrated (fitted on earlier rounds)")
+                   label="adapted (on earlier rounds' measurements)")
         for (x0, m), (x1, _) in zip([(r, m) for j, r, m in zip(ok, raw, meas)
-                                     if j.predicted.get("latency_source") == "calibrated"], cal):
+                                     if "latency_ms_unadapted" in j.predicted], cal):
             ax.annotate("", (x1, m), (x0, m), arrowprops={"arrowstyle": "->", "color": "gray", "lw": 0.8})
     for j, r, m in zip(ok, raw, meas):
         ax.annotate(f"#{j.trial_number}", (r, m), textcoords="offset points", xytext=(5, 4), fontsize=8)
@@ -295,7 +297,57 @@ def _plots(out: Path, rows: list[dict[str, Any]], jobs: list[Any], args: argpars
     fig.savefig(p, dpi=120)
     plt.close(fig)
     written.append(p)
+    written.append(_learning_curve_plot(out, ok, args, plt))
     return written
+
+
+def _adaptation_rounds(jobs: list[Any]) -> list[dict[str, Any]]:
+    """Per adaptation version the candidates were predicted with (before being measured): how many, the rows it
+    was fitted on, and the latency MAPE of their predictions without and with it (percent)."""
+    groups: dict[int, list[Any]] = {}
+    for j in jobs:
+        r, pr = j.result or {}, j.predicted
+        if r.get("status") == "ok" and r.get("latency_ms") and "latency_ms_unadapted" in pr:
+            groups.setdefault(int(pr["adaptation_version"]), []).append(j)
+    out = []
+    for v, js in sorted(groups.items()):
+        m = [float(j.result["latency_ms"]) for j in js]
+        before = [abs(float(j.predicted["latency_ms_unadapted"]) / x - 1) * 100 for j, x in zip(js, m)]
+        after = [abs(float(j.predicted["latency_ms"]) / x - 1) * 100 for j, x in zip(js, m)]
+        out.append({"version": v, "rows": int(js[0].predicted["adaptation_rows"]), "candidates": len(js),
+                    "latency_mape_unadapted_pct": sum(before) / len(before),
+                    "latency_mape_adapted_pct": sum(after) / len(after)})
+    return out
+
+
+def _learning_curve_plot(out: Path, ok: list[Any], args: argparse.Namespace, plt: Any) -> Path:
+    """Latency error of each measured candidate before and after adaptation against the rows the adaptation it
+    was predicted with had been fitted on (0: predicted before any adaptation)."""
+    fig, ax = plt.subplots(figsize=(6.8, 4.6), constrained_layout=True)
+    xs = [int(j.predicted.get("adaptation_rows") or 0) for j in ok]
+    meas = [float(j.result["latency_ms"]) for j in ok]
+    before = [abs(float(j.predicted.get("latency_ms_unadapted", j.predicted["latency_ms"])) / m - 1) * 100
+              for j, m in zip(ok, meas)]
+    after = [abs(float(j.predicted["latency_ms"]) / m - 1) * 100 for j, m in zip(ok, meas)]
+    ax.scatter(xs, before, facecolors="none", edgecolors="tab:orange", s=50, label="unadapted prediction", zorder=3)
+    ax.scatter(xs, after, c="tab:green", s=30, label="adapted prediction (same candidate)", zorder=4)
+    rounds = _adaptation_rounds(ok)
+    if rounds:
+        ax.plot([r["rows"] for r in rounds], [r["latency_mape_adapted_pct"] for r in rounds], color="tab:green",
+                lw=1.2, label="MAPE adapted, per version")
+        ax.plot([r["rows"] for r in rounds], [r["latency_mape_unadapted_pct"] for r in rounds], color="tab:orange",
+                lw=1.2, ls="--", label="MAPE unadapted, per version")
+    ax.set_xlabel("measured candidates the adaptation was fitted on, when predicted")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.set_ylabel("latency error on this CPU (%, |predicted / measured - 1|)")
+    ax.set_title(f"host CPU, float32, batch {args.validate_batch}: online adaptation, predicted before measured",
+                 fontsize=10)
+    ax.legend(fontsize=8)
+    ax.grid(True, alpha=0.3)
+    p = out / "learning_curve.png"
+    fig.savefig(p, dpi=120)
+    plt.close(fig)
+    return p
 
 
 # ---------------------------------------------------------------------------------------------- main
@@ -317,7 +369,7 @@ def _check_args(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """The verb: :func:`_run` with the process-wide settings it changes (threads, warning filters, the
-    host-cpu predictor it calibrates) restored."""
+    host-cpu predictor it adapts) restored."""
     import torch
 
     from dippm_nas.predictor import get_predictor, set_predictor
@@ -331,6 +383,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         torch.set_num_threads(threads)
         if host_predictor is not None:
+            if callable(getattr(host_predictor, "use_adaptation", None)):
+                host_predictor.use_adaptation()  # back to the cache directory's store, every space
             set_predictor(_HOST, host_predictor)
 
 
@@ -343,7 +397,7 @@ def _run(args: argparse.Namespace) -> int:
     import search_spaces
     from dippm_nas.measure import MeasureSettings
     from dippm_nas.optuna import Budgets, HardwareCostModel, optuna_has_set_constraint, rdb_storage
-    from dippm_nas.validation import ParetoValidator, apply_calibration, check_calibration, fit_calibration
+    from dippm_nas.validation import ParetoValidator, check_calibration
 
     deployment = deployment_from_args(args)
     data = search_spaces.load_digits(args.seed)  # scikit-learn missing fails here, with the install hint
@@ -375,8 +429,8 @@ def _run(args: argparse.Namespace) -> int:
     if not args.no_validate:
         print(f"  validation: Pareto candidates measured on this CPU ({_HOST}) in float32 at batch "
               f"{args.validate_batch}, against host-cpu predictions"
-              + ("" if args.no_calibrate else ", calibrated on this study's measurements once two are in (refit "
-                 "after each round)")
+              + ("" if args.no_adapt else "; each measurement adapts the host-cpu predictor (predictor.adapt, "
+                 "stored in the study's database), each round is predicted with the rounds before")
               + f". This CPU cannot run {args.dtype} at its deployed speed and has no {cost.device}: what is "
               f"measured and calibrated is the host-cpu prediction of the same architectures, not the "
               f"{cost.device} figures.")
@@ -399,6 +453,7 @@ def _run(args: argparse.Namespace) -> int:
             _HOST, every_n_trials=args.validate_every, max_per_round=args.validate_max,
             batch_size=args.validate_batch, dtype="float32",
             settings=MeasureSettings(warmup=3, min_repeats=5, max_repeats=50, time_cap_s=3.0),
+            adapt=not args.no_adapt,
         )
     space = search_spaces.get_space("demo_cnn")
 
@@ -419,18 +474,25 @@ def _run(args: argparse.Namespace) -> int:
     bar = tqdm(total=args.trials, desc="trials", unit="trial", dynamic_ncols=True)
     n_rounds = [0]
 
-    def calibrate(study: optuna.Study) -> None:
-        """Fit the host-cpu latency factor on this study's measurements so far; later rounds predict with it."""
+    def report_round(study: optuna.Study, r: Any) -> None:
+        """What the round measured, how far the adaptation got, and the error of this round's candidates (predicted
+        before they were measured) without and with the adaptation of the rounds before."""
         assert validator is not None
+        bar.write(f"  validation round {len(validator.rounds)}: measured trials {r.enqueued} on this CPU "
+                  f"({r.seconds:.1f} s)")
+        if args.no_adapt or not r.enqueued:
+            return
+        if r.adaptation_version is None:
+            bar.write(f"    host-cpu not adapted yet: adapt() needs {_MIN_ADAPT_ROWS} measured candidates")
+        else:
+            bar.write(f"    host-cpu predictor adapted on {r.adaptation_rows} measured candidates (version "
+                      f"{r.adaptation_version}); the next round is predicted with it")
         jobs = validator.queue_for(study).jobs(study=study.study_name, device=_HOST, status="done")
-        try:
-            cal = fit_calibration(jobs, _HOST, min_rows=_MIN_CALIBRATION_ROWS)
-        except DippmNasError:
-            return  # nothing measured "ok" yet
-        apply_calibration(cal)
-        validator.calibration = cal
-        bar.write(f"  calibrated host-cpu latency x{cal.latency_scale:.3g} on {cal.n_rows} measurement(s); "
-                  "the next rounds are predicted with it")
+        mine = [j for j in jobs if j.trial_number in set(r.enqueued)]
+        for a in _adaptation_rounds(mine):
+            bar.write(f"    this round's {a['candidates']} candidate(s), predicted with the adaptation on {a['rows']} "
+                      f"rows: latency MAPE {a['latency_mape_unadapted_pct']:.0f}% unadapted -> "
+                      f"{a['latency_mape_adapted_pct']:.0f}% adapted")
 
     def progress(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         bar.update(1)
@@ -441,11 +503,7 @@ def _run(args: argparse.Namespace) -> int:
         if validator is not None:
             if len(validator.rounds) > n_rounds[0]:
                 n_rounds[0] = len(validator.rounds)
-                r = validator.rounds[-1]
-                bar.write(f"  validation round {n_rounds[0]}: measured trials {r.enqueued} on this CPU "
-                          f"({r.seconds:.1f} s)")
-                if not args.no_calibrate and r.enqueued:
-                    calibrate(study)
+                report_round(study, validator.rounds[-1])
             post["validated"] = str(sum(len(r.enqueued) for r in validator.rounds))
         bar.set_postfix(post)
 
@@ -482,24 +540,20 @@ def _run(args: argparse.Namespace) -> int:
         print(f"  {_HOST} (float32, batch {args.validate_batch}): {summary.measured} Pareto candidate(s) measured "
               f"({summary.ok} ok, {summary.does_not_fit} did not fit, {summary.timeouts} timed out, "
               f"{summary.errors} errors)")
-        if check.uncalibrated:
-            print(f"    uncalibrated predictions (before the first calibration): latency MAPE "
-                  f"{_fmt(check.uncalibrated_latency_mape_pct, '.0f')}% on {check.uncalibrated} candidate(s)")
-        if validator is not None and validator.calibration is not None:
-            c = validator.calibration
-            print(f"    calibration: latency x{c.latency_scale:.3g}, fitted on all {c.n_rows} measurement(s) of this "
-                  "study (each round was predicted with the factor fitted on the rounds before it)")
-        if check.held_out:
-            print(f"    later rounds ({check.held_out} candidate(s), predicted after calibration, before being "
-                  f"measured): latency MAPE {_fmt(check.latency_mape_before_pct, '.0f')}% uncalibrated -> "
-                  f"{_fmt(check.latency_mape_after_pct, '.0f')}% calibrated (median "
-                  f"{_fmt(check.latency_median_ape_before_pct, '.0f')}% -> "
-                  f"{_fmt(check.latency_median_ape_after_pct, '.0f')}%)")
-        elif not args.no_calibrate and validator is not None and validator.calibration is not None:
-            print("    no candidate was measured after the calibration, so its effect is not measured in this run "
-                  "(more trials or a smaller --validate-every give later rounds)")
-        elif not args.no_calibrate:
-            print(f"    no calibration: fewer than {_MIN_CALIBRATION_ROWS} candidates were measured 'ok'")
+        first = [j for j in jobs if (j.result or {}).get("status") == "ok" and "latency_ms_unadapted" not in j.predicted]
+        if first:
+            ape = [abs(float(j.predicted["latency_ms"]) / float(j.result["latency_ms"]) - 1) * 100 for j in first]
+            print(f"    predicted before any adaptation: latency MAPE {sum(ape) / len(ape):.0f}% on {len(first)} "
+                  "candidate(s)")
+        adapted = _adaptation_rounds(jobs)
+        for a in adapted:
+            print(f"    predicted with the adaptation on {a['rows']} measured candidates (version {a['version']}), "
+                  f"{a['candidates']} candidate(s) measured later: latency MAPE {a['latency_mape_unadapted_pct']:.0f}% "
+                  f"unadapted -> {a['latency_mape_adapted_pct']:.0f}% adapted")
+        if not adapted and not args.no_adapt:
+            print("    no candidate was predicted with an adaptation before being measured in this run (it needs "
+                  f"{_MIN_ADAPT_ROWS} measured candidates first; more trials or a smaller --validate-every give later "
+                  "rounds)")
     else:
         print("  skipped (--no-validate)")
 
@@ -528,6 +582,7 @@ def _run(args: argparse.Namespace) -> int:
         "latency_budget_ms": args.latency_budget_ms,
         "validation": summary.to_dict() if summary is not None else None,
         "calibration_check": check.to_dict() if validator is not None else None,
+        "adaptation": _adaptation_rounds(jobs),
         "pareto": [r for r in rows if r["pareto"]],
     }, indent=1))
     wall = time.perf_counter() - t_start

@@ -24,6 +24,7 @@ _VERBS: tuple[str, ...] = (
     "_train",
     "_evaluate",
     "_predict",
+    "_predict_llm",
     "_deployment",
     "_demo",
     "_validate_worker",

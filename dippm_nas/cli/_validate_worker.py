@@ -30,7 +30,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "the study uses), rebuild each model from its search-space name and JSON config, measure it "
                     "and record predicted vs measured. A heartbeat extends the lease while a job is measured; a job "
                     "whose worker dies is re-queued when its lease expires (--lease seconds after the last "
-                    "heartbeat); out-of-memory is recorded as 'does not fit'. Ctrl-C or SIGTERM stops after the "
+                    "heartbeat); out-of-memory is recorded as 'does not fit'. Every 'ok' measurement adapts the "
+                    "device's predictor (when it has a network; stored in STORAGE per device, deployment and search "
+                    "space, where the search picks it up). Ctrl-C or SIGTERM stops after the "
                     "current job and releases the jobs claimed but not yet measured.",
     )
     p.add_argument("--storage", required=True, metavar="URL",
@@ -72,6 +74,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "default 0: one block of timed forwards per job")
     p.add_argument("--rounds-batch", type=int_flag("--rounds-batch", low=1), default=8, metavar="K",
                    help="with --rounds, jobs claimed and timed together (default 8)")
+    p.add_argument("--no-adapt", action="store_true",
+                   help="do not feed the measurements to the predictor's adapt() (default: each 'ok' measurement "
+                        "adapts the device's predictor, stored in STORAGE)")
     add_json_flag(p, "one object per line: the start, each job, the end")
     p.set_defaults(func=run)
 
@@ -90,7 +95,8 @@ def run(args: argparse.Namespace) -> int:
     queue = JobQueue(args.storage, lease_s=DEFAULT_LEASE_S if args.lease is None else args.lease,
                      max_attempts=args.max_attempts)
     worker = ValidationWorker(queue, device, settings=settings, torch_device=args.torch_device,
-                              isolate=args.isolate, rounds=args.rounds, rounds_batch=args.rounds_batch)
+                              isolate=args.isolate, rounds=args.rounds, rounds_batch=args.rounds_batch,
+                              adapt=not args.no_adapt)
     stop = threading.Event()
 
     def say(text: str, **fields: Any) -> None:
@@ -116,11 +122,16 @@ def run(args: argparse.Namespace) -> int:
                       f"predicted={pred if pred is None else f'{pred:.3f}'} ms")
             if m.get("status") == "oom":
                 detail += " (does not fit)"
+            ad = worker.adaptation if worker.adaptation_job == job.id else None
+            if ad is not None:
+                detail += f" adapted: version {ad.version} on {ad.rows} rows"
         elif row.error:
             detail = f" error: {row.error}"
         say(f"job {job.id} study={job.study} trial={job.trial_number} attempt={job.attempts}: {outcome}{detail}",
             event="job", id=job.id, study=job.study, trial=job.trial_number, attempt=job.attempts, outcome=outcome,
-            result=row.result, error=row.error, predicted=job.predicted)
+            result=row.result, error=row.error, predicted=job.predicted,
+            adaptation=None if worker.adaptation_job != job.id else {"version": worker.adaptation.version,
+                                                                     "rows": worker.adaptation.rows})
 
     try:
         n = worker.run(max_jobs=args.max_jobs, idle_timeout_s=args.idle_exit, poll_s=args.poll, study=args.study,

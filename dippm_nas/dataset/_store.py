@@ -56,7 +56,8 @@ from sqlalchemy.engine import Connection, Engine
 from dippm_nas._json import canonical_json, loads_json
 from dippm_nas._sql import make_engine, transaction
 from dippm_nas._version import __version__
-from dippm_nas.errors import DatasetError
+from dippm_nas.errors import DatasetError, DippmNasError
+from dippm_nas.cache import MAX_GRAPH_JSON_BYTES
 from dippm_nas.graph import GRAPH_FORMAT_VERSION, OperatorGraph
 
 __all__ = [
@@ -658,15 +659,28 @@ class DatasetStore:
             }
 
 
+#: The most bytes of JSON a stored graph is inflated to: the conversion cache's cap (64 MiB, about 150 times
+#: the JSON of a 7-billion-parameter decoder's graph).
+MAX_STORED_GRAPH_BYTES = MAX_GRAPH_JSON_BYTES
+
+
 def decode_graph(payload: bytes, expected_hash: str | None = None) -> OperatorGraph:
     """A graph from its zlib-compressed JSON; checks the structural hash when given.
 
     Raises:
         DatasetError: the payload cannot be decompressed or parsed, or its hash differs.
     """
+    d = zlib.decompressobj()
     try:
-        graph = OperatorGraph.from_json(zlib.decompress(payload))
-    except (zlib.error, ValueError, KeyError, TypeError) as e:
+        text = d.decompress(payload, MAX_STORED_GRAPH_BYTES + 1)
+    except (zlib.error, TypeError) as e:
+        raise DatasetError(f"stored graph {expected_hash!r} cannot be read back: {type(e).__name__}: {e}") from e
+    if len(text) > MAX_STORED_GRAPH_BYTES or d.unconsumed_tail:
+        raise DatasetError(f"stored graph {expected_hash!r} inflates beyond MAX_STORED_GRAPH_BYTES = "
+                           f"{MAX_STORED_GRAPH_BYTES:,} bytes of JSON; a stored graph is never inflated further")
+    try:
+        graph = OperatorGraph.from_json(text)
+    except (DippmNasError, ValueError, KeyError, TypeError) as e:
         raise DatasetError(f"stored graph {expected_hash!r} cannot be read back: {type(e).__name__}: {e}") from e
     if expected_hash is not None and graph.structural_hash() != expected_hash:
         raise DatasetError(

@@ -121,6 +121,8 @@ class Device:
             then has no ``float64`` dtype).
         fp64_tensor_tflops: dense FP64 tensor-core (DMMA) peak, TFLOP/s, which cuBLAS uses for FP64 GEMMs
             (A100, H100); ``None`` without FP64 tensor cores. FP64 convolutions keep ``fp64_tflops``.
+        fp8_tensor_tflops: dense FP8 tensor-core peak with FP32 accumulation, TFLOP/s; ``None`` without FP8
+            tensor cores (before Ada and Hopper). An FP8 KV cache (:mod:`dippm_nas.llm`) needs it.
         memory_gib: device memory as named on the datasheet, GiB.
         usable_memory_mib: memory a process can use (``nvidia-smi`` total), MiB; defaults to
             ``memory_gib`` when no listing is known.
@@ -160,6 +162,7 @@ class Device:
     bf16_tensor_tflops: float | None = None
     fp64_tflops: float | None = None
     fp64_tensor_tflops: float | None = None
+    fp8_tensor_tflops: float | None = None
     usable_memory_mib: float | None = None
     runtime_baseline_mib: float = 0.0
     cublas_workspace_mib: float = 0.0
@@ -184,7 +187,7 @@ class Device:
         for name in ("fp32_tflops", "memory_gib", "bandwidth_gbps", "l2_mib"):
             _positive(getattr(self, name), f"device {self.id!r}: {name}")
         for name in ("fp16_tflops", "tf32_tensor_tflops", "fp16_tensor_tflops", "bf16_tensor_tflops",
-                     "fp64_tflops", "fp64_tensor_tflops", "board_power_w", "idle_power_w", "usable_memory_mib", "host_dispatch_us"):
+                     "fp64_tflops", "fp64_tensor_tflops", "fp8_tensor_tflops", "board_power_w", "idle_power_w", "usable_memory_mib", "host_dispatch_us"):
             v = getattr(self, name)
             if v is not None:
                 _positive(v, f"device {self.id!r}: {name}")
@@ -337,6 +340,7 @@ class Device:
             bf16_tensor_tflops=scale(self.bf16_tensor_tflops),
             fp64_tflops=scale(self.fp64_tflops),
             fp64_tensor_tflops=scale(self.fp64_tensor_tflops),
+            fp8_tensor_tflops=scale(self.fp8_tensor_tflops),
             memory_gib=p.memory_gib,
             usable_memory_mib=p.usable_memory_mib,
             bandwidth_gbps=self.bandwidth_gbps * m,

@@ -136,7 +136,8 @@ class OperatorGraph:
         param_bytes: bytes of those tensors.
         mode: how the graph was made: ``"export"`` (``run_ep_decomposition=False``), ``"export+decompose"``
             (the decomposing fallback), ``"export+opaque"`` (ops neither mode converts kept as opaque,
-            unknown nodes) or ``"onnx"``.
+            unknown nodes), ``"onnx"``, or ``"analytic"`` (built from a model's numbers, not captured: the
+            prefill and decode graphs of :mod:`dippm_nas.llm`).
         source: a short description of the model (class name, SPEC string or file name).
         convert_seconds: wall time of export + conversion + graph build when it was captured.
         model_key: the pre-export key of the model definition (or of the ONNX file's bytes).

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from dippm_nas.predictor._adapt import (ANY_SPACE, HANDOVER_ROWS, HEAD_MIN_ROWS, RIDGE_GRID, Adaptation, AdaptationKey,
+                                        ResidualHead, deployment_key, fit_residual_head)
+from dippm_nas.predictor._adapt_store import AdaptationStore, default_adapt_url
 from dippm_nas.predictor._api import DEFAULT_DEVICE, get_predictor, predict, predict_many, set_predictor
 from dippm_nas.predictor._base import AnalyticPredictor, BasePredictor
 from dippm_nas.predictor._calibrate import (ANALYTIC_IDENTITY, CALIBRATION_CLASSES, CLASS_SPREAD_LOG,
@@ -42,7 +45,9 @@ __all__ = ["predict", "predict_many", "get_predictor", "set_predictor", "DEFAULT
            "SageEnsemble", "TorchEngine", "collate", "collate_globals", "DELTA_MARGIN", "INFER_CHUNK_NODES",
            "NumpyEnsemble", "NUMPY_MAX_GRAPHS", "global_arrays", "checkpoint_digest", "derived_weights_path",
            "CheckpointMeta", "TARGETS", "TARGET_UNITS", "CHECKPOINT_FORMAT",
-           "NoveltyFloor", "novelty_scores", "correction_weight", "novelty_floor_log"]
+           "NoveltyFloor", "novelty_scores", "correction_weight", "novelty_floor_log",
+           "Adaptation", "AdaptationKey", "ResidualHead", "AdaptationStore", "fit_residual_head", "deployment_key",
+           "default_adapt_url", "HANDOVER_ROWS", "HEAD_MIN_ROWS", "RIDGE_GRID", "ANY_SPACE"]
 
 #: The names of the torch ensemble module, imported on first access.
 _TORCH_NAMES = ("SageEnsemble", "TorchEngine", "collate", "collate_globals", "DELTA_MARGIN")

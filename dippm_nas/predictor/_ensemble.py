@@ -140,13 +140,19 @@ class SageEnsemble(nn.Module):
     def _head(self, read: torch.Tensor, gl: torch.Tensor, log_prior: torch.Tensor) -> torch.Tensor:
         """The fully connected head on the readout ``[K, G, 2*hidden]`` and global features ``gl`` ``[G, ...]``:
         ``[K, G, 3]`` log-space predictions (the bounded correction of the log prior, or around the training mean)."""
+        return self._head_hidden(read, gl, log_prior)[0]
+
+    def _head_hidden(self, read: torch.Tensor, gl: torch.Tensor,
+                     log_prior: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`_head` and the last hidden layer (the input of ``fc3``, ``[K, G, hidden]``)."""
         z = torch.cat([read, gl.unsqueeze(0).expand(self.k, -1, -1)], 2)
-        out = self.fc3(torch.relu(self.fc2(torch.relu(self.fc1(z)))))
+        hid = torch.relu(self.fc2(torch.relu(self.fc1(z))))
+        out = self.fc3(hid)
         if self.residual_on_prior:
             # the correction of the prior stays within the range seen in training (times a margin)
             out = self.delta_max * torch.tanh(out / self.delta_max)
-            return log_prior.unsqueeze(0) + out
-        return self.y_mean.expand(read.shape[1], -1).unsqueeze(0) + out
+            return log_prior.unsqueeze(0) + out, hid
+        return self.y_mean.expand(read.shape[1], -1).unsqueeze(0) + out, hid
 
     def outside_training_range(self, b: dict[str, Any], *, device_features: bool = True) -> torch.Tensor:
         """Per graph: does any graph-level feature (size, batch, dtype, prior totals, device) lie outside
@@ -193,6 +199,11 @@ class SageEnsemble(nn.Module):
 
     def infer(self, feats: Sequence[GraphFeatures], *, chunk_nodes: int = INFER_CHUNK_NODES,
               glob: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+        """See :meth:`infer_hidden` (this is its first tensor)."""
+        return self.infer_hidden(feats, chunk_nodes=chunk_nodes, glob=glob)[0]
+
+    def infer_hidden(self, feats: Sequence[GraphFeatures], *, chunk_nodes: int = INFER_CHUNK_NODES,
+                     glob: dict[str, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`forward` on ``collate(feats)`` for inference: the same math, evaluated chunk by chunk.
 
         The graphs are cut into consecutive chunks of at most ``chunk_nodes`` kernel nodes (a graph is never
@@ -210,10 +221,11 @@ class SageEnsemble(nn.Module):
             glob: the output of :func:`collate_globals` for ``feats`` when the caller already has it.
 
         Shapes:
-            returns ``[members, num_graphs, 3]``, equal to ``forward(collate(feats))`` up to float rounding.
+            returns ``[members, num_graphs, 3]``, equal to ``forward(collate(feats))`` up to float rounding, and
+            each member's last hidden layer ``[members, num_graphs, hidden]`` (the input of ``fc3``).
         """
         if not feats:
-            return torch.zeros(self.k, 0, len(TARGETS))
+            return torch.zeros(self.k, 0, len(TARGETS)), torch.zeros(self.k, 0, self.fc3.weight.shape[1])
         with torch.inference_mode():
             glob = glob if glob is not None else collate_globals(feats)
             k, g = self.k, len(feats)
@@ -221,7 +233,7 @@ class SageEnsemble(nn.Module):
             read = torch.empty(k, g, 2 * self.embed.weight.shape[2])
             for a, b in _chunks(n, chunk_nodes):
                 read[:, a:b] = self._infer_readout(feats[a:b], n[a:b])
-            return self._head(read, self._global_z(glob), glob["log_prior"])
+            return self._head_hidden(read, self._global_z(glob), glob["log_prior"])
 
     def _infer_readout(self, feats: Sequence[GraphFeatures], n: np.ndarray) -> torch.Tensor:
         """Embedding, SAGE blocks and mean+max readout of one chunk: ``[members, len(feats), 2 * hidden]``.
@@ -312,6 +324,13 @@ class TorchEngine:
             mean = out.mean(0)
             std = out.std(0, unbiased=False) if out.shape[0] > 1 else torch.zeros_like(mean)
         return mean.numpy(), std.numpy()
+
+    def infer_hidden(self, feats: Sequence[GraphFeatures], b: dict[str, np.ndarray], *,
+                     chunk_nodes: int = INFER_CHUNK_NODES) -> tuple[np.ndarray, np.ndarray]:
+        """Every member's log-space prediction ``[K, G, 3]`` and last hidden layer ``[K, G, hidden]``."""
+        with torch.inference_mode():
+            out, hid = self.model.infer_hidden(feats, chunk_nodes=chunk_nodes, glob=_tensors(b))
+        return out.numpy(), hid.numpy()
 
     def static_z(self, b: dict[str, np.ndarray]) -> np.ndarray:
         with torch.no_grad():

@@ -23,7 +23,9 @@ metadata is :class:`~dippm_nas.predictor.CheckpointMeta`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import hashlib
 import json
 import logging
 import math
@@ -31,7 +33,7 @@ import re
 import sys
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +48,9 @@ from dippm_nas.prediction import Prediction
 from dippm_nas.deployment import Deployment
 from dippm_nas.devices import HostProfile, default_host_profile, get_device, resolve_device
 from dippm_nas.mig import advise
+from dippm_nas.predictor._adapt import (ANY_SPACE, HANDOVER_ROWS, Adaptation, AdaptationKey, apply_adaptation,
+                                        check_rows_key, deployment_key, fit_adaptation, head_inputs)
+from dippm_nas.predictor._adapt_store import AdaptationStore, read_newest
 from dippm_nas.predictor._base import BasePredictor, deployment_of, execution_details, measurement_pairs
 from dippm_nas.predictor._calibrate import (Calibration, calibration_classes, calibration_details,
                                             checkpoint_identity, delete_calibration, fit_calibration,
@@ -120,6 +125,20 @@ class GnnPredictor(BasePredictor):
         self.calibration_ignored = ""
         if load_calibration:
             self.calibration, self.calibration_ignored = read_calibration(self.device, self.meta)
+        #: the active :class:`~dippm_nas.predictor.Adaptation` (see :meth:`adapt`), or ``None``
+        self.adaptation: Adaptation | None = None
+        #: where adaptations are read and written (a SQLAlchemy URL; ``None``: the cache directory's SQLite file)
+        self.adaptation_storage: str | None = None
+        #: the search space whose adaptation this predictor answers with (``"any"``: every space)
+        self.adaptation_space: str = ANY_SPACE
+        #: why a stored adaptation was set aside (checksum or checkpoint hash), else ``None``
+        self.adaptation_flag: str | None = None
+        #: SHA-256 of the checkpoint file this predictor was loaded from (``None``: built in memory)
+        self.checkpoint_sha256: str | None = None
+        self._adaptation_looked: set[str] = set()  # deployment keys whose stored adaptation was looked up
+        # within one_network_pass: each graph's member outputs and head inputs, by the identity of its features
+        self._member_memo: dict[int, tuple[np.ndarray, np.ndarray]] | None = None
+        self._load_adaptations = load_calibration
         #: the CPU model a host-cpu checkpoint was measured on when this machine's differs, else ``None``
         self.other_host: str | None = None
         #: the cross-host σ floor per target this predictor adds while ``other_host`` is set (a copy of
@@ -212,7 +231,7 @@ class GnnPredictor(BasePredictor):
                 derived = read_derived_weights(digest)
             if derived is not None:
                 try:
-                    return cls._from_arrays(path, derived, device, **kwargs)
+                    return cls._from_arrays(path, derived, device, **kwargs)._hashed(digest)
                 except CheckpointError as e:  # the torch path reads the checkpoint itself (and rewrites the file)
                     if engine == "numpy":
                         raise
@@ -220,7 +239,11 @@ class GnnPredictor(BasePredictor):
             elif engine == "numpy":
                 raise CheckpointError(f"the derived weights of {path} could not be written to "
                                       f"{derived_weights_path(digest)} (is the cache directory writable?)")
-        return cls._load_torch(path, digest, device, **kwargs)
+        return cls._load_torch(path, digest, device, **kwargs)._hashed(digest)
+
+    def _hashed(self, digest: str) -> "GnnPredictor":
+        self.checkpoint_sha256 = digest
+        return self
 
     @classmethod
     def _from_arrays(cls, path: Path, derived: tuple[dict[str, np.ndarray], str, np.ndarray | None],
@@ -334,7 +357,12 @@ class GnnPredictor(BasePredictor):
         engine = self._engine
         b = global_arrays(feats)
         # [B, 3] each: the members' mean and std of engine.infer, computed chunk by chunk
-        mean, std = engine.mean_std(feats, b, chunk_nodes=chunk_nodes or INFER_CHUNK_NODES)
+        memo = self._memo_of(feats)
+        if memo is not None:  # an adaptation's fit: its one pass of the network
+            out = memo[0]
+            mean, std = out.mean(0), (out.std(0) if out.shape[0] > 1 else np.zeros_like(out[0]))
+        else:
+            mean, std = engine.mean_std(feats, b, chunk_nodes=chunk_nodes or INFER_CHUNK_NODES)
         unseen = self.dtype_unseen(b) | self.prior_only(feats)
         if unseen.any():
             # the network's correction is not identified for a dtype it never trained on (its one-hot input
@@ -451,9 +479,11 @@ class GnnPredictor(BasePredictor):
         if not graphs:
             return []
         dep, st = deployment_of(self.device, deployment, runtime, host)
+        adaptation = self._adaptation_for(dep)
         cal = None if self.calibration is None else id(self.calibration)
         ex_key = dep.key
-        keys = [(_graph_key(g), bool(mig), float(k_sigma), cal, ex_key) for g in graphs]
+        ad = None if adaptation is None else id(adaptation)
+        keys = [(_graph_key(g), bool(mig), float(k_sigma), cal, ex_key, ad) for g in graphs]
         out: list[Prediction | None] = [self._pred_cache.get(k) for k in keys]
         todo = [i for i, p in enumerate(out) if p is None]
         if todo:
@@ -466,6 +496,8 @@ class GnnPredictor(BasePredictor):
                                           ood=bool(ood[j]), novelty=float(nov[j]), dtype_unseen=bool(unseen[j]),
                                           prior_only=bool(prior_only[j]), other_machine=bool(other_machine[j]),
                                           settings=st)
+            if adaptation is not None:
+                self._adapted([graphs[i] for i in todo], feats, todo, out, adaptation, mig, k_sigma, st)
             with self._lock:
                 for i in todo:
                     self._pred_cache[keys[i]] = out[i]  # type: ignore[assignment]
@@ -679,7 +711,10 @@ class GnnPredictor(BasePredictor):
         On a GPU, latency gets a host factor and a GPU factor (the measured models' own timelines tell a slower
         host from slower kernels), and op classes the measured models tell apart their own GPU factor
         (``Calibration.gpu_class_factors``); energy and memory, and every target of a CPU device, a line in log
-        space. Fewer than two measurements with a label leave the predictions unchanged, with a warning.
+        space. Fewer than two measurements with a label leave the predictions unchanged, with a warning. From
+        :data:`~dippm_nas.predictor.HANDOVER_ROWS` measurements on, it hands over to :meth:`adapt` (the factors
+        plus the residual heads; stored in the adaptation store when ``persist``) and returns the factors of
+        that adaptation.
 
         Args:
             measurements: ``(graph, Measurement)`` pairs, or ``(graph, {"latency_ms": ..., ...})`` pairs.
@@ -696,42 +731,283 @@ class GnnPredictor(BasePredictor):
                 ms); nothing is applied or written.
         """
         pairs = measurement_pairs(measurements)
+        if len(pairs) >= HANDOVER_ROWS:
+            ad = self.adapt(measurements, persist=persist, runtime=runtime, host=host, deployment=deployment)
+            return None if ad is None else ad.calibration
         if len(pairs) < 2:
             _warn_once(f"calibrate-few:{self.device}", "calibrate() needs at least 2 measurements with a figure "
                        "> 0, got %d: the %s predictions are left unchanged", len(pairs), self.device)
             return None
-        _, st = deployment_of(self.device, deployment, runtime, host)
-        feats = [self.features(g) for g, _ in pairs]
-        mean, _ = self.predict_log(feats)
-        targets = list(self.meta.targets)
-        timeline = None
-        if resolve_device(self.device).kind == "gpu" and "latency_ms" in targets:
-            idx = [i for i, (_, y) in enumerate(pairs) if "latency_ms" in y and feats[i].estimate is not None]
-            if len(idx) >= 2:
-                parts = []
-                for i in idx:
-                    _, g, h, pre, _, _ = self._timeline_parts(pairs[i][0], feats[i].estimate, float(mean[i, 0]), st)
-                    parts.append((g, h, pre))
-                tf = fit_timeline_factors(parts, [pairs[i][1]["latency_ms"] for i in idx],
-                                          node_classes=[calibration_classes(pairs[i][0]) for i in idx])
-                timeline = dataclasses.asdict(tf)
-                targets.remove("latency_ms")
-        labels = [{k: v for k, v in y.items() if k in targets} for _, y in pairs]
-        if any(labels):
-            cal = fit_calibration(self.device, self.meta, mean, labels, targets=targets)
-            cal = dataclasses.replace(cal, timeline=timeline)
-        elif timeline is not None:
-            cal = Calibration(device=self.device, checkpoint=checkpoint_identity(self.meta), coef={}, n={},
-                              timeline=timeline)
-        else:
-            raise DippmNasError(f"no measurement holds a label for the targets {list(self.meta.targets)}")
-        require_plausible(cal)
+        cal = self.fit_factor_calibration(pairs, runtime, host, deployment=deployment)
         self.calibration = cal
         self._pred_cache.clear()
         if persist:
             save_calibration(cal)
             self.calibration_ignored = ""
         return cal
+
+    def fit_factor_calibration(self, pairs: Sequence[tuple[OperatorGraph, dict[str, float]]],
+                               runtime: str | None = None, host: HostProfile | str | None = None, *,
+                               deployment: Deployment | None = None) -> Calibration:
+        """The factor calibration of :meth:`calibrate` fitted on ``(graph, {target: value})`` pairs (at least
+        two) measured under ``deployment`` (or the legacy ``runtime`` / ``host``), from the uncalibrated network;
+        nothing is activated or written.
+
+        Raises:
+            DippmNasError: no pair holds a label of the checkpoint's targets.
+            InvalidValueError: the fit lies beyond the plausibility bounds
+                (:func:`~dippm_nas.predictor.calibration_problems`).
+        """
+        _, st = deployment_of(self.device, deployment, runtime, host)
+        saved, self.calibration = self.calibration, None
+        try:
+            feats = [self.features(g) for g, _ in pairs]
+            mean, _ = self.predict_log(feats)
+            targets = list(self.meta.targets)
+            timeline = None
+            if resolve_device(self.device).kind == "gpu" and "latency_ms" in targets:
+                idx = [i for i, (_, y) in enumerate(pairs) if "latency_ms" in y and feats[i].estimate is not None]
+                if len(idx) >= 2:
+                    parts = []
+                    for i in idx:
+                        _, g, h, pre, _, _ = self._timeline_parts(pairs[i][0], feats[i].estimate, float(mean[i, 0]),
+                                                                  st)
+                        parts.append((g, h, pre))
+                    tf = fit_timeline_factors(parts, [pairs[i][1]["latency_ms"] for i in idx],
+                                              node_classes=[calibration_classes(pairs[i][0]) for i in idx])
+                    timeline = dataclasses.asdict(tf)
+                    targets.remove("latency_ms")
+        finally:
+            self.calibration = saved
+        labels = [{k: v for k, v in y.items() if k in targets} for _, y in pairs]
+        if any(labels):
+            cal = dataclasses.replace(fit_calibration(self.device, self.meta, mean, labels, targets=targets),
+                                      timeline=timeline)
+        elif timeline is not None:
+            cal = Calibration(device=self.device, checkpoint=checkpoint_identity(self.meta), coef={}, n={},
+                              timeline=timeline)
+        else:
+            raise DippmNasError(f"no measurement holds a label for the targets {list(self.meta.targets)}")
+        require_plausible(cal)
+        return cal
+
+    # ------------------------------------------------------------ adaptation
+    def adapt(self, measurements: Sequence[Any], *, persist: bool = True, storage: str | None = None,
+              space: str | None = None, runtime: str | None = None, host: HostProfile | str | None = None,
+              deployment: Deployment | None = None) -> Adaptation | None:
+        """Fine-tune the ensemble to measured rows of this device (see :mod:`dippm_nas.predictor._adapt`): the
+        factor calibration, and a residual head per member on its last hidden layer, the amount chosen by
+        leave-one-out cross-validation on the rows. The result is active at once for this deployment and space.
+
+        Args:
+            measurements: ``(graph, Measurement)`` or ``(graph, {"latency_ms": ..., "memory_mib": ...})`` pairs
+                (any subset of the targets; rows of one graph are averaged). A ``Measurement`` of another device
+                is an error.
+            persist: add the rows to the adaptation store of the key (device, deployment, space) and refit on
+                every row stored for it; the new version is what every process predicting for the key loads.
+                ``False``: fit on ``measurements`` alone, in this process only.
+            storage: the store's SQLAlchemy URL (a study's storage); default :attr:`adaptation_storage`, else
+                ``<cache dir>/adaptations.sqlite``.
+            space: the search space the rows come from (default :attr:`adaptation_space`, ``"any"``).
+            runtime, host, deployment: how the measured passes ran (as for :meth:`predict_graphs`); part of the
+                key the adaptation is stored and looked up under.
+
+        Returns:
+            The active :class:`~dippm_nas.predictor.Adaptation`, or ``None`` with a warning when fewer than two
+            distinct graphs hold a figure (the predictions stay unchanged).
+
+        Raises:
+            InvalidValueError: a figure that is not a finite number > 0, or a measurement of another device.
+            AdaptationError: the store cannot be opened or written.
+        """
+        measurements = list(measurements)
+        pairs = measurement_pairs(measurements) if measurements else []
+        dep, _ = deployment_of(self.device, deployment, runtime, host)
+        if storage is not None:
+            self.adaptation_storage = storage
+        if space is not None:
+            self.adaptation_space = space
+        key = AdaptationKey(self.device, deployment_key(self.device, deployment=dep), self.adaptation_space)
+        check_rows_key(measurements, key)
+        if persist:
+            ad = self._adapt_stored(key, pairs, dep)
+        else:
+            ad = fit_adaptation(self, pairs, key, dep)
+        if ad is None:
+            _warn_once(f"adapt-few:{self.device}", "adapt() needs at least 2 measured graphs with a figure > 0, got "
+                       "%d: the %s predictions are left unchanged", len(pairs), self.device)
+            return None
+        self.activate_adaptation(ad)
+        return ad
+
+    def _adapt_stored(self, key: AdaptationKey, pairs: Sequence[tuple[OperatorGraph, dict[str, float]]],
+                      deployment: Deployment) -> Adaptation | None:
+        """Store ``pairs`` under ``key`` and fit on every stored row; refit while rows arrived meanwhile."""
+        store = AdaptationStore(self.adaptation_storage)
+        try:
+            store.add_rows(key.digest, key.to_json(), [(g, _graph_key(g), y) for g, y in pairs])
+            ad = None
+            for _ in range(8):
+                rows = store.rows(key.digest)
+                ad = fit_adaptation(self, rows, key, deployment)
+                if ad is None:
+                    return None
+                v = store.save(key.digest, key.to_json(), ad.checkpoint_sha256, ad.rows, ad.meta(), ad.arrays_npz(),
+                               Adaptation.checksum)
+                ad = dataclasses.replace(ad, version=v)
+                if store.row_count(key.digest) <= len(rows):
+                    break
+            return ad
+        finally:
+            store.close()
+
+    def activate_adaptation(self, ad: Adaptation) -> None:
+        """Answer with ``ad`` (its factor calibration and heads) from now on, in this process."""
+        self.adaptation = ad
+        self.calibration = ad.calibration
+        self._adaptation_looked.add(ad.key.deployment)
+        self._pred_cache.clear()
+
+    def use_adaptation(self, *, storage: str | None = None, space: str = ANY_SPACE) -> None:
+        """Answer with the newest stored adaptation of ``space`` in ``storage`` (looked up at the next
+        prediction, and again by :meth:`refresh_adaptation`)."""
+        if (storage, space) != (self.adaptation_storage, self.adaptation_space):
+            self.adaptation_storage, self.adaptation_space = storage, space
+            self._adaptation_looked.clear()
+            if self.adaptation is not None:
+                self.reset_adaptation()
+
+    def refresh_adaptation(self, *, runtime: str | None = None, host: HostProfile | str | None = None,
+                           deployment: Deployment | None = None) -> Adaptation | None:
+        """Load the newest stored version for this device, deployment and :attr:`adaptation_space` when it is
+        newer than the active one (a search picks up what its validation workers fitted); returns the active one."""
+        dep, _ = deployment_of(self.device, deployment, runtime, host)
+        self._adaptation_looked.discard(deployment_key(self.device, deployment=dep))
+        return self._adaptation_for(dep)
+
+    def reset_adaptation(self) -> None:
+        """Drop the active adaptation (and its calibration) in this process; the store keeps it."""
+        if self.adaptation is not None and self.calibration is self.adaptation.calibration:
+            self.calibration = None
+        self.adaptation = None
+        self._pred_cache.clear()
+
+    def graph_key(self, graph: OperatorGraph) -> str:
+        """What makes two measured rows the same graph (structure and input spec)."""
+        return _graph_key(graph)
+
+    def clear_prediction_cache(self) -> None:
+        self._pred_cache.clear()
+
+    def member_outputs(self, graphs: Sequence[OperatorGraph]) -> tuple[np.ndarray, np.ndarray]:
+        """Each member's log answer ``[K, G, 3]`` (before any shrink, calibration or adaptation) and what its
+        residual head reads (:func:`~dippm_nas.predictor._adapt.head_inputs`, ``[K, G, hidden + static]``)."""
+        return self._member_outputs([self.features(g) for g in graphs])
+
+    def _member_outputs(self, feats: Sequence[GraphFeatures]) -> tuple[np.ndarray, np.ndarray]:
+        memo = self._memo_of(feats)
+        if memo is not None:
+            return memo
+        b = global_arrays(feats)
+        out, hid = self._engine.infer_hidden(feats, b)
+        return out, head_inputs(hid, self._engine.static_z(b))
+
+    def _memo_of(self, feats: Sequence[GraphFeatures]) -> tuple[np.ndarray, np.ndarray] | None:
+        """The member outputs and head inputs of ``feats`` kept by :meth:`one_network_pass` (``None`` unless every
+        graph has them)."""
+        memo = self._member_memo
+        if not memo or not feats or not all(id(f) in memo for f in feats):
+            return None
+        rows = [memo[id(f)] for f in feats]
+        return np.stack([r[0] for r in rows], 1), np.stack([r[1] for r in rows], 1)
+
+    @contextlib.contextmanager
+    def one_network_pass(self, graphs: Sequence[OperatorGraph]) -> Iterator[None]:
+        """Within the block, the network runs once on ``graphs``: every prediction of graphs among them reuses
+        their members' outputs (fitting an adaptation on them needs them three times; a benchmark scoring subsets
+        of one space, many more). The predictor's feature cache must hold them all."""
+        feats = [self.features(g) for g in graphs]
+        b = global_arrays(feats)
+        out, hid = self._engine.infer_hidden(feats, b)
+        x = head_inputs(hid, self._engine.static_z(b))
+        outer = self._member_memo
+        self._member_memo = {**(outer or {}), **{id(f): (out[:, i], x[:, i]) for i, f in enumerate(feats)}}
+        try:
+            yield
+        finally:
+            self._member_memo = outer
+
+    def checkpoint_hash(self) -> str:
+        """SHA-256 of the checkpoint file (:attr:`checkpoint_sha256`), or of the weights of one built in memory."""
+        if self.checkpoint_sha256 is not None:
+            return self.checkpoint_sha256
+        h = hashlib.sha256()
+        for k, v in sorted(self._engine.state_dict().items()):
+            h.update(k.encode())
+            h.update(np.ascontiguousarray(v, dtype=np.float32).tobytes())
+        return h.hexdigest()
+
+    def _adaptation_for(self, deployment: Deployment) -> Adaptation | None:
+        """The adaptation that applies to a request for ``deployment`` (the stored one looked up once per
+        deployment), or ``None``."""
+        dep = deployment_key(self.device, deployment=deployment)
+        if dep not in self._adaptation_looked and self._load_adaptations:
+            self._adaptation_looked.add(dep)
+            self._load_stored_adaptation(AdaptationKey(self.device, dep, self.adaptation_space), deployment)
+        ad = self.adaptation
+        return ad if ad is not None and ad.key.deployment == dep else None
+
+    def _load_stored_adaptation(self, key: AdaptationKey, deployment: Deployment) -> None:
+        """Activate the newest stored version of ``key`` when newer than the active one; a version whose checksum
+        or checkpoint hash does not match is set aside (:attr:`adaptation_flag`, a warning) and refitted from the
+        stored rows on this checkpoint."""
+        try:
+            stored = read_newest(self.adaptation_storage, key.digest)
+        except DippmNasError as e:
+            _warn_once(f"adapt-read:{self.adaptation_storage}", "adaptations in %s not read: %s",
+                       self.adaptation_storage, e)
+            return
+        if stored is None or (self.adaptation is not None and self.adaptation.key == key
+                              and self.adaptation.version >= stored.version):
+            return
+        why = None
+        try:
+            ad = Adaptation.from_stored(stored.meta_json, stored.arrays, stored.checksum)
+            if ad.checkpoint_sha256 != self.checkpoint_hash():
+                why = (f"version {stored.version} was fitted on checkpoint {ad.checkpoint_sha256[:12]}..., this one is "
+                       f"{self.checkpoint_hash()[:12]}...")
+        except InvalidValueError as e:
+            why = f"version {stored.version}: {e}"
+        if why is None:
+            self.activate_adaptation(ad)
+            return
+        self.adaptation_flag = why
+        _warn_once(f"adapt-bad:{key.digest}:{stored.version}", "stored adaptation of %s (%s) set aside: %s; "
+                   "refitting it from its stored rows on this checkpoint", self.device, key.space, why)
+        try:
+            refit = self._adapt_stored(key, [], deployment)
+        except DippmNasError as e:
+            _warn_once(f"adapt-refit:{key.digest}", "the adaptation of %s could not be refitted (%s): predictions "
+                       "stay unadapted", self.device, e)
+            return
+        if refit is not None:
+            self.activate_adaptation(refit)
+
+    def _adapted(self, graphs: Sequence[OperatorGraph], feats: Sequence[GraphFeatures], todo: Sequence[int],
+                 out: list[Any], ad: Adaptation, mig: bool, k_sigma: float, settings: DeploymentSettings) -> None:
+        """``out[todo]`` with the adaptation's heads applied (in place)."""
+        member_out = hidden = None
+        if ad.has_heads:
+            member_out, hidden = self._member_outputs(feats)
+        preds = apply_adaptation(ad, [out[i] for i in todo], member_out, hidden)
+        dev = resolve_device(self.device)
+        for i, g, p in zip(todo, graphs, preds):
+            if self.adaptation_flag is not None:
+                p = dataclasses.replace(p, details={**p.details, "adaptation_flagged": 1.0})
+            if mig and dev.has_mig and "memory_mib" in ad.heads and ad.heads["memory_mib"].ridge is not None:
+                p = dataclasses.replace(p, mig=advise(p, dev, graph=g, k_sigma=k_sigma,
+                                                      params=self._execution_params(), deployment=settings))
+            out[i] = p
 
     def reset_calibration(self, *, persist: bool = True) -> None:
         """Drop the active calibration (and its file when ``persist``)."""

@@ -184,10 +184,16 @@ class NumpyEnsemble:
     def infer(self, feats: Sequence[GraphFeatures], b: Mapping[str, np.ndarray], *,
               chunk_nodes: int = INFER_CHUNK_NODES) -> np.ndarray:
         """Every member's log-space prediction; ``[members, G, 3]`` float32 (``SageEnsemble.infer``)."""
+        return self.infer_hidden(feats, b, chunk_nodes=chunk_nodes)[0]
+
+    def infer_hidden(self, feats: Sequence[GraphFeatures], b: Mapping[str, np.ndarray], *,
+                     chunk_nodes: int = INFER_CHUNK_NODES) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`infer` and each member's last hidden layer (the input of ``fc3``, what an adaptation's
+        residual head reads); ``[members, G, 3]`` and ``[members, G, hidden]`` float32."""
         s, k, g = self.state, self.k, len(feats)
         d = s["embed.weight"].shape[2]
         if not g:
-            return np.zeros((k, 0, len(TARGETS)), dtype=np.float32)
+            return np.zeros((k, 0, len(TARGETS)), dtype=np.float32), np.zeros((k, 0, d), dtype=np.float32)
         n = np.fromiter((f.x.shape[0] for f in feats), dtype=np.int64, count=g)
         read = np.empty((k, g, 2 * d), dtype=np.float32)
         for a, z in chunks(n, chunk_nodes):
@@ -200,8 +206,8 @@ class NumpyEnsemble:
         out = self._linear("fc3", h)
         if self.residual_on_prior:
             dm = s["delta_max"]
-            return b["log_prior"][None] + dm * np.tanh(out / dm)
-        return s["y_mean"][None, None] + out
+            return b["log_prior"][None] + dm * np.tanh(out / dm), h
+        return s["y_mean"][None, None] + out, h
 
     def _linear(self, name: str, h: np.ndarray) -> np.ndarray:
         """Member ``i``'s linear layer on ``h[i]``: ``[K, N, d_in] -> [K, N, d_out]``."""

@@ -362,8 +362,10 @@ class JobQueue:
             raise ValidationError(f"priority must be a number, got {priority!r}")
         config_json = _dumps(dict(config) if isinstance(config, Mapping) else config, "config")
         cfg = search_spaces.get_space(space).validate(json.loads(config_json))
-        spec_json = _dumps(dict(spec) if isinstance(spec, Mapping) else spec, "spec")
-        InputSpec.from_dict(json.loads(spec_json))
+        if not isinstance(spec, Mapping):
+            raise ValidationError(f"spec must be a mapping (InputSpec.to_dict()), got {type(spec).__name__}")
+        # the spec as InputSpec reads it: NumPy scalars become the numbers they hold, a bad spec is refused here
+        spec_json = _dumps(InputSpec.from_dict(dict(spec)).to_dict(), "spec")
         dev = resolve_device(device).id
         predicted_json = _dumps(dict(predicted), "predicted")
         values = {

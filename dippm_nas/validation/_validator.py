@@ -19,7 +19,11 @@ Every ``every_n_trials`` finished trials or ``every_seconds`` seconds (whichever
    ``"dippm_validation"`` and, with ``auto_calibrate``, fits and applies a latency calibration of the
    validation device once ``min_calibration_rows`` measurements are in: on a GPU the measured trials feed
    the device predictor's host, GPU and op-class GPU factors (:meth:`ParetoValidator.calibrate`), refitted
-   online after every round from all measurements so far.
+   online after every round from all measurements so far;
+6. with ``adapt`` (the default where the validation device's predictor has a network), every measurement is fed
+   to that predictor's ``adapt()`` as it is recorded (by the local worker here, by ``dippm-nas validate-worker``
+   elsewhere), stored in the queue's database per (device, deployment, search space); each round's predictions
+   are made with the newest version stored (:mod:`dippm_nas.validation._adapt`).
 
 Several processes optimising one study may each run a validator: the queue's unique
 ``(study, trial, device)`` row and its leases make every trial measured once.
@@ -42,6 +46,7 @@ from dippm_nas.devices import resolve_device
 from dippm_nas.errors import DippmNasError, ValidationError
 from dippm_nas.predictor import predict
 from dippm_nas.spec import COMPUTE_DTYPES, InputSpec
+from dippm_nas.validation._adapt import adapt_storage_of, adaptable_predictor
 from dippm_nas.validation._calibrate import Calibration, apply_calibration, calibrate_predictor, fit_calibration
 from dippm_nas.validation._queue import DEFAULT_LEASE_S, DEFAULT_MAX_ATTEMPTS, JobQueue, ValidationRecord
 from dippm_nas.validation._summary import ValidationSummary, summarize
@@ -88,12 +93,16 @@ class RoundReport:
         skipped: trial numbers of the front that cannot be rebuilt (no search-space attributes).
         measured: jobs measured here this round (local mode).
         seconds: wall time of the round, seconds.
+        adaptation_version, adaptation_rows: the validation device's newest stored adaptation after the round
+            (``None`` without one).
     """
 
     enqueued: list[int] = field(default_factory=list)
     skipped: list[int] = field(default_factory=list)
     measured: int = 0
     seconds: float = 0.0
+    adaptation_version: int | None = None
+    adaptation_rows: int | None = None
 
 
 def _storage_url(study: Any) -> str | None:
@@ -140,6 +149,11 @@ class ParetoValidator:
             :class:`~dippm_nas.validation.ValidationWorker`'s ``rounds`` and ``rounds_batch``; ``0``, the
             default: one block of timed forwards per job). A remote worker takes them as
             ``dippm-nas validate-worker --rounds N --rounds-batch K``.
+        adapt: feed every measurement to the validation device's predictor's ``adapt()`` (stored in the queue's
+            database, per device, deployment and search space) and predict each round with the newest version;
+            ``None`` (default): on when that predictor has a network (a trained checkpoint), off for the
+            analytic prior and for a fake harness (``measure_fn``). With it, ``auto_calibrate`` leaves the predictor alone (the adaptation holds the
+            factor calibration) and only records the latency factor in the summary.
 
     Raises:
         ValidationError: invalid schedule, mode or counts; ``mode="local"`` for a device not on this machine.
@@ -167,6 +181,7 @@ class ParetoValidator:
         measure_fn: MeasureFn | None = None,
         interleave_rounds: int = 0,
         interleave_batch: int = 8,
+        adapt: bool | None = None,
     ) -> None:
         self.device = resolve_device(device).id
         self.deployment: Deployment = Deployment.coerce(deployment)
@@ -210,6 +225,9 @@ class ParetoValidator:
         self.interleave_rounds = interleave_rounds
         self.interleave_batch = interleave_batch
         self._measure_fn = measure_fn
+        if adapt is None:  # real measurements of a device whose predictor has a network teach it
+            adapt = measure_fn is None and adaptable_predictor(self.device) is not None
+        self.adapt = bool(adapt)
         self._queue: JobQueue | None = None
         self._queue_url: str | None = None
         self._worker: ValidationWorker | None = None
@@ -245,7 +263,7 @@ class ParetoValidator:
         if self._worker is None:
             self._worker = ValidationWorker(queue, self.device, settings=self.settings, isolate=self.isolate,
                                             measure_fn=self._measure_fn, rounds=self.interleave_rounds,
-                                            rounds_batch=self.interleave_batch)
+                                            rounds_batch=self.interleave_batch, adapt=self.adapt)
         return self._worker
 
     # ------------------------------------------------------------------ callback
@@ -290,6 +308,15 @@ class ParetoValidator:
         cands.sort(key=lambda t: (-uncertainty_of(t.user_attrs), t.number))
         return cands[: self.max_per_round], skipped
 
+    def _use_adaptation(self, queue: JobQueue, space: str) -> Any:
+        """The validation device's adaptable predictor, set to the newest stored adaptation of ``space`` (``None``
+        without adaptation)."""
+        predictor = adaptable_predictor(self.device) if self.adapt else None
+        if predictor is not None:
+            predictor.use_adaptation(storage=adapt_storage_of(queue.url_with_credentials()), space=space)
+            predictor.refresh_adaptation(deployment=self.deployment)
+        return predictor
+
     def _predicted_for(self, space: str, config: dict[str, Any], spec_dict: dict[str, Any]) -> dict[str, Any]:
         """The prediction for the validation device the measurement is compared with."""
         spec = InputSpec.from_dict(spec_dict)
@@ -303,6 +330,17 @@ class ParetoValidator:
         }
         raw = p.details.get("uncalibrated_latency_ms")
         out["latency_ms_uncalibrated"] = float(raw) if raw is not None else p.latency_ms
+        predictor = adaptable_predictor(self.device) if self.adapt else None
+        ad = getattr(predictor, "adaptation", None)
+        if ad is not None:  # the same candidate predicted without the adaptation: what it changed
+            out["adaptation_version"], out["adaptation_rows"] = ad.version, ad.rows
+            predictor.reset_adaptation()
+            try:
+                p0 = predict(search_spaces.build_model(space, config), spec, self.device, mig=False)
+            finally:
+                predictor.activate_adaptation(ad)
+            out["latency_ms_unadapted"] = p0.latency_ms
+            out["memory_mib_unadapted"] = p0.memory_mib
         if p.details.get("host_threads"):  # a host-cpu figure is for this many torch threads: measure at it
             out["host_threads"] = int(p.details["host_threads"])
         out["deployment"] = self.deployment.to_dict()
@@ -325,6 +363,7 @@ class ParetoValidator:
                     spec["dtype"] = self.dtype
                 space, config = t.user_attrs["search_space"], t.user_attrs["search_space_config"]
                 try:
+                    self._use_adaptation(queue, space)
                     predicted = self._predicted_for(space, config, spec)
                 except DippmNasError as e:
                     _warn_once(f"predict:{study.study_name}:{t.number}",
@@ -339,6 +378,10 @@ class ParetoValidator:
                     report.enqueued.append(t.number)
             if self.local:
                 report.measured = self._local_worker(queue).run(study=study.study_name, idle_timeout_s=0, poll_s=0)
+            if chosen:
+                ad = getattr(self._use_adaptation(queue, chosen[0].user_attrs["search_space"]), "adaptation", None)
+                if ad is not None:
+                    report.adaptation_version, report.adaptation_rows = ad.version, ad.rows
             self._update_summary(study, queue)
             report.seconds = time.perf_counter() - t0
             self.rounds.append(report)
@@ -405,7 +448,7 @@ class ParetoValidator:
         queue = self.queue_for(study)
         jobs = queue.jobs(device=self.device, status="done")
         cal = fit_calibration(jobs, self.device, min_rows=self.min_calibration_rows)
-        own = calibrate_predictor(jobs, self.device, apply=apply, deployment=self.deployment)
+        own = None if self.adapt else calibrate_predictor(jobs, self.device, apply=apply, deployment=self.deployment)
         tf = None if own is None else own.timeline_factors
         if tf is not None:
             cal = replace(cal, method="timeline_factors", timeline=dataclasses.asdict(tf))
@@ -413,7 +456,7 @@ class ParetoValidator:
                 logger.info("calibrated %s latency on %d measurements: host x%.4g, GPU x%.4g, op classes %s",
                             cal.device, tf.n, math.exp(tf.host_log), math.exp(tf.gpu_log),
                             {c: round(f, 4) for c, f in tf.class_factors.items()})
-        elif apply:
+        elif apply and not self.adapt:
             apply_calibration(cal)
             logger.info("calibrated %s latency by x%.4g on %d measurements (MAPE %.1f%% -> %.1f%%, in-sample)",
                         cal.device, cal.latency_scale, cal.n_rows, cal.latency_mape_before_pct,

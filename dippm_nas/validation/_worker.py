@@ -44,6 +44,7 @@ from dippm_nas.devices import resolve_device
 from dippm_nas.errors import DeviceError, DippmNasError, InputSpecError, ValidationError
 from dippm_nas.measure import MeasureSettings, measure, time_interleaved
 from dippm_nas.spec import InputSpec
+from dippm_nas.validation._adapt import adapt_storage_of, feed_adaptation
 from dippm_nas.validation._queue import Job, JobQueue, worker_id
 import search_spaces
 
@@ -191,6 +192,9 @@ class ValidationWorker:
             ``settings.min_repeats`` timed forwards each (CPU devices only; ``0``, the default: the
             one-by-one measurement is the result).
         rounds_batch: with ``rounds``, jobs claimed and timed together (at least 1; default 8).
+        adapt: feed every ``"ok"`` measurement to ``adapt()`` of the device's predictor (when it has a network),
+            stored in the queue's database under (device, deployment, the job's search space): the search's
+            predictions of that key follow the measurements (see :mod:`dippm_nas.validation._adapt`).
         cuda_device: deprecated name of ``torch_device`` (a :class:`DeprecationWarning`; removed in 0.2).
 
     Raises:
@@ -201,7 +205,7 @@ class ValidationWorker:
     def __init__(self, queue: JobQueue, device: str, *, settings: Any = None, torch_device: str | None = None,
                  owner: str | None = None, isolate: bool = False, heartbeat_s: float | None = None,
                  measure_fn: MeasureFn | None = None, rounds: int = 0, rounds_batch: int = 8,
-                 cuda_device: Any = MISSING) -> None:
+                 adapt: bool = False, cuda_device: Any = MISSING) -> None:
         torch_device = renamed_keyword("ValidationWorker", "cuda_device", "torch_device", cuda_device, torch_device,
                                        None, removed_in="0.2")
         dev = resolve_device(device)
@@ -221,7 +225,11 @@ class ValidationWorker:
             raise ValidationError(f"heartbeat_s must be > 0, got {heartbeat_s!r}")
         self.rounds, self.rounds_batch = check_rounds(dev, rounds, rounds_batch)
         self._measure_fn = measure_fn
+        self.adapt = bool(adapt)
         self.processed = 0
+        #: the newest adaptation this worker fitted (``None`` before the first) and the job that fitted it
+        self.adaptation: Any = None
+        self.adaptation_job: int | None = None
 
     def __repr__(self) -> str:
         return f"ValidationWorker(device={self.device!r}, owner={self.owner!r}, torch_device={self.torch_device!r})"
@@ -266,7 +274,19 @@ class ValidationWorker:
 
     def _complete(self, job: Job, measurement: Any) -> str:
         self.processed += 1
-        return "done" if self.queue.complete(job, self.owner, measurement) else "lost"
+        if not self.queue.complete(job, self.owner, measurement):
+            return "lost"
+        if self.adapt:
+            try:
+                ad = feed_adaptation(job, measurement, adapt_storage_of(self.queue.url_with_credentials()))
+            except DippmNasError as e:  # the measurement is recorded; adapting it is a bonus, never a failure
+                logger.warning("validation job %d: adapt() failed (%s); the measurement is recorded", job.id, e)
+            else:
+                if ad is not None:
+                    self.adaptation, self.adaptation_job = ad, job.id
+                    logger.info("validation job %d adapted %s (%s): version %d on %d rows", job.id, job.device,
+                                job.space, ad.version, ad.rows)
+        return "done"
 
     def _release(self, jobs: Sequence[Job]) -> None:
         """Hand back claimed jobs that have no recorded outcome (never raises: the leases expire anyway)."""

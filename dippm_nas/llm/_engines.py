@@ -1,0 +1,204 @@
+"""LLM serving engines (``runtime="serving"``): how they hold memory and what a scheduler step costs the host.
+
+An engine of the vLLM / TensorRT-LLM class runs the ``"fused"`` graphs of :mod:`dippm_nas.llm._graphs`
+(prefill eagerly, each decode step replayed from a CUDA graph) and adds, per scheduler step, host time the
+graphs do not hold: scheduling, preparing the step's inputs and block tables, the sampler's launch and the
+output processing. Its memory rules are its documented defaults:
+
+vLLM (``LLM(...)``, engine arguments of the 0.4-0.6 releases)
+    ``gpu_memory_utilization = 0.9`` of the GPU's total memory is the engine's; the KV cache gets what the
+    weights and the activation peak of a profiling prefill of ``max_num_batched_tokens`` tokens
+    (``max(max_model_len, 2048)`` without chunked prefill, ``max_model_len`` the config's positions) leave
+    of it, in blocks of ``block_size = 16`` tokens; ``max_num_seqs = 256`` sequences run at once.
+TensorRT-LLM (``trtllm-build`` and the executor's ``KvCacheConfig``)
+    the KV cache gets ``free_gpu_memory_fraction = 0.9`` of the memory left free after the engine (weights,
+    activations of ``max_num_tokens = 8192`` tokens) is loaded, in blocks of ``tokens_per_block = 64``
+    tokens; the batch is at most ``max_batch_size = 256``.
+
+A batch larger than the sequences the KV cache holds runs in waves (all sequences of the workload have the
+same lengths, so continuous batching admits a new wave as one finishes).
+
+The host time per step, ``step_us + seq_us * sequences``, and a multiplier of the prior's kernel time of a
+decode step are the only constants fitted, per engine, on measured serving runs (``benchmarks/accuracy_llm.py
+--write``: LLM-Inference-Bench H100 / GH200 rows, leave-one-model-out; the file records the data, the
+command and the held-out error that sets ``sigma_log``). Without the file every engine has no host time per
+step, a multiplier of 1 and the prior's own σ, labelled ``"analytic"``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from dippm_nas._json import check_keys
+from dippm_nas.errors import InvalidValueError
+
+__all__ = ["ServingEngine", "ENGINES", "serving_engine", "engine_table", "EngineTable", "ENGINES_FILE"]
+
+#: Engines ``runtime="serving"`` models.
+ENGINES: tuple[str, ...] = ("vllm", "tensorrt-llm")
+#: The calibration file of the fitted constants, under ``dippm_nas/llm/calibration``.
+ENGINES_FILE = "engines.json"
+_FORMAT = 1
+
+
+def _finite(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+@dataclass(frozen=True)
+class ServingEngine:
+    """One serving engine: its memory rules (documented defaults) and its fitted step costs.
+
+    Attributes:
+        name: one of :data:`ENGINES`.
+        block_size: tokens per KV-cache block.
+        memory_fraction: share of memory for the engine: of the GPU's total (``memory_rule="total"``, vLLM's
+            ``gpu_memory_utilization``) or of what is free after the weights and activations
+            (``"free"``, TensorRT-LLM's ``free_gpu_memory_fraction``).
+        memory_rule: ``"total"`` or ``"free"``.
+        max_num_seqs: most sequences in one step.
+        max_batched_tokens: prompt tokens one prefill step takes; ``None``: ``max(max_model_len, 2048)``
+            (vLLM without chunked prefill).
+        step_us: host time per scheduler step, µs (fitted).
+        seq_us: host time per sequence per step, µs (fitted).
+        decode_gpu_scale: multiplier of the prior's kernel time of a decode step (fitted; 1 without a fit). A
+            prefill step keeps the prior's time: end-to-end latencies do not tell it apart from the decode steps
+            (the prior's prefill GEMMs are checked against Vidur's operator timings, docs/llm.md).
+        sigma_log: σ of a predicted latency in log space (the fit's held-out error); ``None`` without a fit.
+        fitted: the step costs were fitted on measurements (latencies labelled ``"predicted"``).
+        source: where the constants come from.
+    """
+
+    name: str
+    block_size: int
+    memory_fraction: float
+    memory_rule: str
+    max_num_seqs: int
+    max_batched_tokens: int | None
+    step_us: float = 0.0
+    seq_us: float = 0.0
+    decode_gpu_scale: float = 1.0
+    sigma_log: float | None = None
+    fitted: bool = False
+    source: str = "documented defaults; step costs not fitted"
+
+    def __post_init__(self) -> None:
+        if self.name not in ENGINES:
+            raise InvalidValueError(f"ServingEngine.name must be one of {ENGINES}, got {self.name!r}")
+        if self.memory_rule not in ("total", "free"):
+            raise InvalidValueError(f"ServingEngine.memory_rule must be 'total' or 'free', got {self.memory_rule!r}")
+        for name in ("block_size", "max_num_seqs"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise InvalidValueError(f"ServingEngine.{name} must be an int >= 1, got {v!r}")
+        if not _finite(self.memory_fraction) or not 0 < self.memory_fraction <= 1:
+            raise InvalidValueError(f"ServingEngine.memory_fraction must be in (0, 1], got {self.memory_fraction!r}")
+        for name in ("step_us", "seq_us"):
+            v = getattr(self, name)
+            if not _finite(v) or not 0 <= v <= 1e6:
+                raise InvalidValueError(f"ServingEngine.{name} must be in [0, 1e6] µs, got {v!r}")
+        if not _finite(self.decode_gpu_scale) or not 0.1 <= self.decode_gpu_scale <= 10:
+            raise InvalidValueError(f"ServingEngine.decode_gpu_scale must be in [0.1, 10], got {self.decode_gpu_scale!r}")
+        if self.sigma_log is not None and (not _finite(self.sigma_log) or not 0 <= self.sigma_log <= 5):
+            raise InvalidValueError(f"ServingEngine.sigma_log must be in [0, 5] or None, got {self.sigma_log!r}")
+
+    def batched_tokens(self, max_model_len: int) -> int:
+        """Prompt tokens one prefill step takes for a model of ``max_model_len`` positions."""
+        return self.max_batched_tokens if self.max_batched_tokens is not None else max(max_model_len, 2048)
+
+    def step_host_us(self, sequences: int) -> float:
+        """Host time of one scheduler step over ``sequences`` sequences, µs."""
+        return self.step_us + self.seq_us * sequences
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+#: The documented defaults of each engine (see the module docstring); the fitted file overrides the step costs.
+_DEFAULTS: dict[str, ServingEngine] = {
+    "vllm": ServingEngine("vllm", block_size=16, memory_fraction=0.9, memory_rule="total", max_num_seqs=256,
+                          max_batched_tokens=None),
+    "tensorrt-llm": ServingEngine("tensorrt-llm", block_size=64, memory_fraction=0.9, memory_rule="free",
+                                  max_num_seqs=256, max_batched_tokens=8192),
+}
+_FITTED_KEYS = ("step_us", "seq_us", "decode_gpu_scale", "sigma_log")
+
+
+@dataclass(frozen=True)
+class EngineTable:
+    """The fitted step costs of each engine and where they come from.
+
+    Attributes:
+        engines: ``{name: {constant: value}}`` of :data:`_FITTED_KEYS`.
+        source, command: the data the fit used and the command that wrote the file.
+        metrics: the fit's reported figures (held-out MAPE per engine...).
+    """
+
+    engines: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    source: str = ""
+    command: str = ""
+    metrics: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": _FORMAT, "source": self.source, "command": self.command,
+                "engines": {k: dict(v) for k, v in self.engines.items()}, "metrics": dict(self.metrics)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], *, origin: str = "<dict>") -> "EngineTable":
+        """Inverse of :meth:`to_dict`.
+
+        Raises:
+            InvalidValueError: another format, an unknown engine or constant.
+        """
+        if not isinstance(d, Mapping) or d.get("format") != _FORMAT:
+            raise InvalidValueError(f"{origin}: an engines file must be an object with format {_FORMAT}")
+        check_keys(d, ("format", "source", "command", "engines", "metrics"), origin)
+        engines = {}
+        for name, v in (d.get("engines") or {}).items():
+            if name not in ENGINES:
+                raise InvalidValueError(f"{origin}: unknown engine {name!r}; choices: {list(ENGINES)}")
+            check_keys(v, _FITTED_KEYS, f"{origin}: engines[{name!r}]")
+            engines[name] = dict(v)
+        return cls(engines=engines, source=str(d.get("source", "")), command=str(d.get("command", "")),
+                   metrics=dict(d.get("metrics") or {}))
+
+    def save(self, path: str | Path) -> None:
+        """Write as JSON."""
+        Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n", encoding="utf-8")
+
+
+@lru_cache(maxsize=1)
+def engine_table() -> EngineTable:
+    """The shipped fitted step costs (``dippm_nas/llm/calibration/engines.json``, read once); an empty table
+    when the file is absent."""
+    try:
+        text = resources.files("dippm_nas.llm").joinpath("calibration", ENGINES_FILE).read_text(encoding="utf-8")
+    except (FileNotFoundError, OSError):
+        return EngineTable()
+    return EngineTable.from_dict(json.loads(text), origin=f"dippm_nas/llm/calibration/{ENGINES_FILE}")
+
+
+def serving_engine(name: str, table: EngineTable | None = None) -> ServingEngine:
+    """The engine ``name`` with its fitted step costs (``table``: default the shipped one).
+
+    Raises:
+        InvalidValueError: an unknown engine (the choices are listed).
+    """
+    base = _DEFAULTS.get(name)
+    if base is None:
+        raise InvalidValueError(f"engine must be one of {ENGINES}, got {name!r}")
+    t = table if table is not None else engine_table()
+    fit = t.engines.get(name)
+    if not fit:
+        return base
+    return dataclasses.replace(base, **{k: float(v) for k, v in fit.items()}, fitted=True,
+                               source=t.source or "fitted")
+

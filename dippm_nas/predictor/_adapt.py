@@ -1,0 +1,451 @@
+"""Online adaptation: the trained ensemble fine-tuned to the candidates measured on the real device.
+
+``predictor.adapt(measurements)`` fits, for one device, one deployment and one search space (or ``"any"``),
+two corrections on the measured rows:
+
+1. the **factor calibration** (:mod:`~dippm_nas.predictor._calibrate`: host, GPU and op-class GPU factors of a
+   GPU's latency, a shrunk line in log space elsewhere), and on top of it
+2. a **residual head per ensemble member**: a ridge regression of what the calibrated prediction still misses
+   (``log measured - log calibrated``) on that member's last hidden layer (the 64 values ``fc3`` reads) and
+   the graph-level features the network reads (its standardised static features), each standardised on the
+   rows (:func:`head_inputs`): warm-started from the checkpoint in the sense that the network's own features
+   are kept and only a new last layer is learnt on top of its answer.
+
+The ridge penalty, and whether there is a head at all, is chosen by leave-one-out cross-validation on the
+rows themselves (closed form for ridge: ``e_i = (r_i - f_i) / (1 - H_ii)``, the ensemble's LOO residual the
+mean of its members'): candidate penalties :data:`RIDGE_GRID` and "no head"; the penalty of the smallest LOO
+error is kept when its gain over no head, paired row by row, exceeds :data:`SE_FACTOR` standard errors of that
+gain. Its inputs are clipped to the range of its rows and its shift to :data:`SHIFT_MARGIN` times their largest
+residual (no extrapolation beyond the measured part of the space). With few rows the CV keeps no
+head, or a heavily penalised one, and the adaptation is the factor calibration; with many rows a small
+penalty wins and the head is the network's own fit of the space. A target gets a head only with at least
+:data:`HEAD_MIN_ROWS` labelled rows.
+
+σ of an adapted figure: the spread of the adapted members (each member's answer plus its own head) and the
+root mean square of the chosen head's leave-one-out residuals, in quadrature:
+``sigma_log = sqrt(std_k(m_k + head_k)^2 + rmse_loo^2)``. Without a head the calibration's σ stays.
+
+Adaptations are stored per :class:`AdaptationKey` (device, :attr:`dippm_nas.Deployment.key`, space) with their
+rows (:mod:`~dippm_nas.predictor._adapt_store`); :meth:`Adaptation.apply` is numpy only, so the numpy engine
+serves adapted predictions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import io
+import json
+import logging
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from dippm_nas._json import canonical_json
+from dippm_nas.deployment import Deployment
+from dippm_nas.devices import HostProfile, default_host_profile, resolve_device
+from dippm_nas.errors import InvalidValueError
+from dippm_nas.graph import OperatorGraph
+from dippm_nas.predictor._calibrate import Calibration, TimelineFactors
+from dippm_nas.predictor._meta import TARGETS
+
+__all__ = ["Adaptation", "AdaptationKey", "ResidualHead", "fit_residual_head", "deployment_key", "merge_rows",
+           "head_inputs",
+           "HEAD_MIN_ROWS", "RIDGE_GRID", "ADAPT_FORMAT", "ANY_SPACE", "HANDOVER_ROWS"]
+
+logger = logging.getLogger(__name__)
+
+#: The search-space part of a key that matches every space.
+ANY_SPACE = "any"
+#: Fewest labelled rows of a target before a residual head is considered (below: the factor calibration alone).
+#: With 5 rows, heads chosen by leave-one-out made the rest of a host-CPU space worse than the factors on 5 of 6
+#: spaces (median MAPE up to +6 points, benchmarks/learning_curve.py; docs/adaptation.md).
+HEAD_MIN_ROWS = 10
+#: The largest head shift, as a multiple of the largest |residual| of its rows: like the network's own bound on its
+#: correction (``DELTA_MARGIN``), a head does not correct more than it has seen corrected.
+SHIFT_MARGIN = 1.5
+#: Ridge penalties tried by leave-one-out cross-validation, on standardised features (the sum of squared
+#: log residuals plus ``lambda * |w|^2``): from a head that moves little to one that follows the rows.
+RIDGE_GRID: tuple[float, ...] = tuple(float(10.0 ** e) for e in np.arange(-1.0, 4.01, 0.5))
+#: How many standard errors of its paired leave-one-out gain a head must win by over no head: one, the usual
+#: one-standard-error rule of model selection (not tuned on the benchmark's rows).
+SE_FACTOR = 1.0
+#: Rows from which ``calibrate()`` hands over to ``adapt()`` (benchmarks/learning_curve.py; docs/adaptation.md).
+HANDOVER_ROWS = 10
+#: Version of the stored form (JSON meta + npz arrays).
+ADAPT_FORMAT = 1
+#: A standardised feature whose spread over the rows is below this is constant there and left out (zeroed).
+_CONSTANT_STD = 1e-6
+
+
+def _one_blas_thread() -> Any:
+    """BLAS on one thread (``threadpoolctl``; without it, as configured): the heads' matrices are small."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # pragma: no cover - a dependency; the fit is the same, only slower on a busy machine
+        return contextlib.nullcontext()
+    return threadpool_limits(1)
+
+
+def head_inputs(hidden: np.ndarray, static_z: np.ndarray) -> np.ndarray:
+    """What a residual head reads: each member's last hidden layer ``[K, G, hidden]`` beside the graphs'
+    standardised static features ``[G, static]`` (the same for every member): ``[K, G, hidden + static]``."""
+    k = hidden.shape[0]
+    return np.concatenate([np.asarray(hidden, dtype=np.float64),
+                           np.broadcast_to(np.asarray(static_z, dtype=np.float64), (k, *static_z.shape))], 2)
+
+
+def deployment_key(device: str, runtime: str = "eager", host: HostProfile | None = None,
+                   deployment: Deployment | None = None) -> str:
+    """The deployment part of an adaptation's key: :attr:`Deployment.key` of ``deployment`` (a CPU device's:
+    of its runtime alone, none of the GPU settings applies), or of the legacy ``runtime`` and ``host`` (the
+    default host profile counts as not described)."""
+    if deployment is None:
+        described = host is not None and host != default_host_profile()
+        deployment = Deployment(runtime=runtime, host=host if described else None,
+                                framework=host.framework if described and host is not None else None)
+    if resolve_device(device).kind != "gpu":
+        return Deployment(runtime=deployment.runtime).key
+    return deployment.key
+
+
+@dataclass(frozen=True)
+class AdaptationKey:
+    """What an adaptation is for: a catalogue device, a deployment (:attr:`Deployment.key`) and a search space
+    (a registered name, or :data:`ANY_SPACE`)."""
+
+    device: str
+    deployment: str
+    space: str = ANY_SPACE
+
+    def __post_init__(self) -> None:
+        for name in ("device", "deployment", "space"):
+            v = getattr(self, name)
+            if not isinstance(v, str) or not v:
+                raise InvalidValueError(f"AdaptationKey.{name} must be a non-empty string, got {v!r}")
+
+    @property
+    def digest(self) -> str:
+        """SHA-256 of the key's canonical JSON (what the store indexes)."""
+        return hashlib.sha256(self.to_json().encode()).hexdigest()
+
+    def to_json(self) -> str:
+        return canonical_json(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> "AdaptationKey":
+        d = json.loads(text)
+        return cls(device=d["device"], deployment=d["deployment"], space=d["space"])
+
+
+@dataclass(frozen=True)
+class ResidualHead:
+    """One target's residual head: per member ``k``, ``head_k(h) = bias_k + ((h - mean_k) / std_k) . weight_k``.
+
+    Inputs are clipped to the range the rows spanned (``lo``, ``hi``, standardised) and the shift to ``±bound``: a
+    linear head is not extrapolated beyond its rows (a Pareto front measured first is the space's edge, and the
+    rest of the space lies beyond it).
+
+    Attributes:
+        target: the target it corrects (a name of :data:`~dippm_nas.predictor.TARGETS`).
+        ridge: the penalty chosen by cross-validation, or ``None``: no head won (the factor calibration alone).
+        loo_rmse_log: root mean square of the ensemble's leave-one-out residuals with the chosen head (log).
+        loo_rmse_none_log: the same without a head (the calibrated prediction's residuals).
+        n: labelled rows it was fitted on.
+        mean, std: ``[K, hidden]`` standardisation of each member's hidden layer on the rows.
+        weight: ``[K, hidden]``; ``bias``: ``[K]``.
+        lo, hi: ``[K, hidden]``, the standardised inputs' range on the rows; ``bound``: the largest |shift|.
+    """
+
+    target: str
+    ridge: float | None
+    loo_rmse_log: float
+    loo_rmse_none_log: float
+    n: int
+    mean: np.ndarray
+    std: np.ndarray
+    weight: np.ndarray
+    bias: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+    bound: float
+
+    def members(self, hidden: np.ndarray) -> np.ndarray:
+        """Each member's head on its hidden layer ``[K, G, hidden]``: ``[K, G]`` log shifts (zeros without a head)."""
+        if self.ridge is None:
+            return np.zeros(hidden.shape[:2])
+        z = (hidden.astype(np.float64) - self.mean[:, None, :]) / self.std[:, None, :]
+        z = np.clip(z, self.lo[:, None, :], self.hi[:, None, :])
+        return np.clip(np.einsum("kgh,kh->kg", z, self.weight) + self.bias[:, None], -self.bound, self.bound)
+
+    def scalars(self) -> dict[str, Any]:
+        return {"target": self.target, "ridge": self.ridge, "loo_rmse_log": self.loo_rmse_log,
+                "loo_rmse_none_log": self.loo_rmse_none_log, "n": self.n, "bound": self.bound}
+
+
+def fit_residual_head(target: str, hidden: np.ndarray, resid: np.ndarray, *,
+                      grid: Sequence[float] = RIDGE_GRID) -> ResidualHead:
+    """Fit one target's head by leave-one-out choice of the ridge penalty (module docstring).
+
+    Args:
+        target: the target's name.
+        hidden: each member's hidden layer on the rows, ``[K, n, hidden]``.
+        resid: ``log measured - log calibrated prediction`` per row, ``[n]``.
+        grid: ridge penalties to try.
+
+    Raises:
+        InvalidValueError: shapes that do not pair up, or residuals that are not finite.
+    """
+    hidden = np.asarray(hidden, dtype=np.float64)
+    r = np.asarray(resid, dtype=np.float64)
+    if hidden.ndim != 3 or hidden.shape[1] != r.shape[0]:
+        raise InvalidValueError(f"hidden must be [members, rows, hidden] with rows = len(resid) = {r.shape[0]}, "
+                                f"got {hidden.shape}")
+    if not np.all(np.isfinite(r)):
+        raise InvalidValueError(f"residuals of {target} must be finite, got {r.tolist()}")
+    k, n, h = hidden.shape
+    none_rmse = float(np.sqrt(np.mean(r ** 2))) if n else 0.0
+    empty = ResidualHead(target, None, none_rmse, none_rmse, n, np.zeros((k, h)), np.ones((k, h)),
+                         np.zeros((k, h)), np.zeros(k), np.zeros((k, h)), np.zeros((k, h)), 0.0)
+    if n < HEAD_MIN_ROWS:
+        return empty
+    mean = hidden.mean(1)
+    std = hidden.std(1)
+    live = std > _CONSTANT_STD
+    std = np.where(live, std, 1.0)
+    z = np.where(live[:, None, :], (hidden - mean[:, None, :]) / std[:, None, :], 0.0)  # [K, n, h]
+    # the intercept is a penalised column of ones like the others: a large penalty is no head at all (the
+    # calibrated prediction as it is), not a shift by the rows' mean residual
+    x = np.concatenate([z, np.ones((k, n, 1))], 2)
+    with _one_blas_thread():
+        svds = [np.linalg.svd(x[m], full_matrices=False) for m in range(k)]
+    errs = []  # per penalty, the ensemble's squared leave-one-out residual of each row
+    for lam in grid:
+        loo = np.zeros((k, n))
+        for m, (u, s, _vt) in enumerate(svds):
+            shrink = s ** 2 / (s ** 2 + lam)
+            fitted = u @ (shrink * (u.T @ r))
+            hat = (u ** 2) @ shrink
+            loo[m] = (r - fitted) / np.maximum(1.0 - hat, 1e-9)
+        errs.append(loo.mean(0) ** 2)
+    # the penalty of the smallest LOO error, kept when its gain over no head, paired on the rows, exceeds
+    # SE_FACTOR standard errors of that gain (a head that only fits the rows' noise is not kept)
+    chosen = int(np.argmin([e.mean() for e in errs]))
+    gain = r ** 2 - errs[chosen]
+    if not gain.mean() > SE_FACTOR * gain.std(ddof=1) / math.sqrt(n):
+        return empty
+    lam = float(grid[chosen])
+    best = (float(errs[chosen].mean()), lam)
+    coef = np.zeros((k, h + 1))
+    for m, (u, s, vt) in enumerate(svds):
+        coef[m] = vt.T @ ((s / (s ** 2 + lam)) * (u.T @ r))
+    weight, bias = coef[:, :h], coef[:, h]
+    bound = SHIFT_MARGIN * float(np.max(np.abs(r)))
+    return ResidualHead(target, lam, float(math.sqrt(best[0])), none_rmse, n, mean, std, weight, bias,
+                        z.min(1), z.max(1), bound)
+
+
+@dataclass(frozen=True)
+class Adaptation:
+    """A fitted adaptation of one predictor to one :class:`AdaptationKey` (see the module docstring).
+
+    Attributes:
+        key: what it is for.
+        checkpoint_sha256: the SHA-256 of the checkpoint (or of its weights) it was fitted on; another checkpoint
+            ignores it.
+        rows: distinct measured graphs it was fitted on (duplicates averaged).
+        calibration: the factor calibration fitted on the same rows (``None`` when no target had two labels).
+        heads: ``{target: ResidualHead}``.
+        version: its number in the store (0: not stored).
+        created_at: Unix seconds.
+    """
+
+    key: AdaptationKey
+    checkpoint_sha256: str
+    rows: int
+    calibration: Calibration | None
+    heads: dict[str, ResidualHead] = field(default_factory=dict)
+    version: int = 0
+    created_at: float = field(default_factory=time.time)
+
+    @property
+    def has_heads(self) -> bool:
+        return any(h.ridge is not None for h in self.heads.values())
+
+    def shifts(self, member_out: np.ndarray, hidden: np.ndarray) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """Per target with a head: ``(mean log shift [G], adapted members' log spread [G])``.
+
+        Args:
+            member_out: the members' log answers ``[K, G, 3]`` (``infer_hidden``'s first array).
+            hidden: their last hidden layers ``[K, G, hidden]``.
+        """
+        out = {}
+        for t, head in self.heads.items():
+            if head.ridge is None:
+                continue
+            hm = head.members(hidden)  # [K, G]
+            adapted = member_out[:, :, TARGETS.index(t)].astype(np.float64) + hm
+            spread = adapted.std(0) if adapted.shape[0] > 1 else np.zeros(adapted.shape[1])
+            out[t] = (hm.mean(0), spread)
+        return out
+
+    # ------------------------------------------------------------------ stored form
+    def meta(self) -> dict[str, Any]:
+        """The JSON part of the stored form (the arrays are :meth:`arrays`)."""
+        return {"format": ADAPT_FORMAT, "key": dataclasses.asdict(self.key),
+                "checkpoint_sha256": self.checkpoint_sha256, "rows": self.rows, "version": self.version,
+                "created_at": self.created_at,
+                "calibration": None if self.calibration is None else dataclasses.asdict(self.calibration),
+                "heads": [h.scalars() for h in self.heads.values()]}
+
+    def arrays_npz(self) -> bytes:
+        """The heads' arrays as an ``.npz`` (plain float64 arrays; read with ``allow_pickle=False``)."""
+        arrays = {}
+        for t, hd in self.heads.items():
+            for name in ("mean", "std", "weight", "bias", "lo", "hi"):
+                arrays[f"{t}.{name}"] = np.asarray(getattr(hd, name), dtype=np.float64)
+        buf = io.BytesIO()
+        np.savez(buf, **arrays)
+        return buf.getvalue()
+
+    @staticmethod
+    def checksum(meta_json: str, npz: bytes) -> str:
+        """SHA-256 over the stored meta JSON and arrays."""
+        return hashlib.sha256(meta_json.encode() + b"\0" + npz).hexdigest()
+
+    @classmethod
+    def from_stored(cls, meta_json: str, npz: bytes, checksum: str) -> "Adaptation":
+        """Inverse of :meth:`meta` / :meth:`arrays_npz`.
+
+        Raises:
+            InvalidValueError: a checksum that does not match, another format, or arrays that do not decode.
+        """
+        if cls.checksum(meta_json, npz) != checksum:
+            raise InvalidValueError("the stored adaptation's checksum does not match its contents")
+        try:
+            d = json.loads(meta_json)
+            if d.get("format") != ADAPT_FORMAT:
+                raise ValueError(f"format {d.get('format')!r} is not {ADAPT_FORMAT}")
+            with np.load(io.BytesIO(npz), allow_pickle=False) as z:
+                arrays = {k: np.asarray(z[k]) for k in z.files}
+            heads = {}
+            for s in d["heads"]:
+                t = s["target"]
+                if t not in TARGETS:
+                    raise ValueError(f"head target {t!r} is not one of {TARGETS}")
+                heads[t] = ResidualHead(t, None if s["ridge"] is None else float(s["ridge"]),
+                                        float(s["loo_rmse_log"]), float(s["loo_rmse_none_log"]), int(s["n"]),
+                                        arrays[f"{t}.mean"], arrays[f"{t}.std"], arrays[f"{t}.weight"],
+                                        arrays[f"{t}.bias"], arrays[f"{t}.lo"], arrays[f"{t}.hi"], float(s["bound"]))
+            cal = None if d["calibration"] is None else Calibration(**d["calibration"])
+            if cal is not None and cal.timeline is not None:
+                TimelineFactors.from_dict(cal.timeline)
+            return cls(key=AdaptationKey(**d["key"]), checkpoint_sha256=str(d["checkpoint_sha256"]),
+                       rows=int(d["rows"]), calibration=cal, heads=heads, version=int(d["version"]),
+                       created_at=float(d["created_at"]))
+        except (ValueError, KeyError, TypeError, OSError) as e:
+            raise InvalidValueError(f"the stored adaptation does not decode: {type(e).__name__}: {e}") from e
+
+
+def merge_rows(pairs: Sequence[tuple[OperatorGraph, Mapping[str, float]]], key_of: Any
+               ) -> list[tuple[OperatorGraph, dict[str, float]]]:
+    """Rows of one graph (``key_of(graph)`` equal) merged: each target's geometric mean of its labels."""
+    groups: dict[str, tuple[OperatorGraph, dict[str, list[float]]]] = {}
+    for g, y in pairs:
+        gk = key_of(g)
+        entry = groups.setdefault(gk, (g, {}))
+        for t, v in y.items():
+            entry[1].setdefault(t, []).append(math.log(float(v)))
+    return [(g, {t: math.exp(sum(v) / len(v)) for t, v in ys.items()}) for g, ys in groups.values()]
+
+
+# ---------------------------------------------------------------------------------------------- applying
+def apply_adaptation(adaptation: Adaptation, preds: Sequence[Any], member_out: np.ndarray | None,
+                     hidden: np.ndarray | None) -> list[Any]:
+    """``preds`` (the calibrated predictions of the adaptation's key) with each head's shift applied, σ from the
+    adapted members' spread and the head's leave-one-out residuals, and ``details`` saying so
+    (``adaptation_version``, ``adaptation_rows``, per adapted target ``adaptation_factor_<target>`` and
+    ``adaptation_ridge_<target>``)."""
+    shifts = adaptation.shifts(member_out, hidden) if adaptation.has_heads and hidden is not None else {}
+    out = []
+    for j, p in enumerate(preds):
+        details = {**p.details, "adaptation_version": float(adaptation.version),
+                   "adaptation_rows": float(adaptation.rows)}
+        changes: dict[str, Any] = {}
+        for t, (shift, spread) in shifts.items():
+            v = getattr(p, t)
+            if v is None:
+                continue
+            f = math.exp(float(shift[j]))
+            s_log = math.hypot(float(spread[j]), adaptation.heads[t].loo_rmse_log)
+            changes[t] = v * f
+            changes[f"{t}_std"] = v * f * s_log
+            changes[f"{t.split('_')[0]}_source"] = "calibrated"
+            details[f"adaptation_factor_{t}"] = f
+            details[f"adaptation_ridge_{t}"] = float(adaptation.heads[t].ridge or 0.0)
+        out.append(dataclasses.replace(p, **changes, details=details))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- fitting
+def fit_adaptation(predictor: Any, rows: Sequence[tuple[OperatorGraph, Mapping[str, float]]], key: AdaptationKey,
+                   deployment: Deployment) -> Adaptation | None:
+    """Fit an :class:`Adaptation` of a :class:`~dippm_nas.predictor.GnnPredictor` on rows measured under
+    ``deployment`` (module docstring); ``None`` when fewer than two distinct graphs are measured. The predictor
+    is left as it was.
+
+    Raises:
+        DippmNasError: no row holds a label of the checkpoint's targets.
+    """
+    rows = merge_rows(rows, key_of=predictor.graph_key)
+    if len(rows) < 2:
+        return None
+    graphs = [g for g, _ in rows]
+    saved = (predictor.calibration, predictor.adaptation)
+    with predictor.one_network_pass(graphs):
+        try:
+            cal = predictor.fit_factor_calibration(rows, deployment=deployment)
+            predictor.calibration, predictor.adaptation = cal, None
+            predictor.clear_prediction_cache()
+            preds = predictor.predict_graphs(graphs, mig=False, deployment=deployment)
+        finally:
+            predictor.calibration, predictor.adaptation = saved
+            predictor.clear_prediction_cache()
+        _, hidden = predictor.member_outputs(graphs)
+    heads = {}
+    for t in predictor.meta.targets:
+        idx = [i for i, (_, y) in enumerate(rows) if t in y and getattr(preds[i], t) is not None]
+        if len(idx) < 2:
+            continue
+        r = np.array([math.log(rows[i][1][t]) - math.log(getattr(preds[i], t)) for i in idx])
+        heads[t] = fit_residual_head(t, hidden[:, idx], r)
+    return Adaptation(key=key, checkpoint_sha256=predictor.checkpoint_hash(), rows=len(rows), calibration=cal,
+                      heads=heads)
+
+
+def check_rows_key(measurements: Sequence[Any], key: AdaptationKey) -> None:
+    """Refuse rows that say they belong to another key: a ``(graph, dict)`` row whose ``"device"`` (a catalogue
+    id) is not the key's device, or whose ``"deployment"`` (a :class:`Deployment` or its key) is not the key's.
+
+    Raises:
+        InvalidValueError: naming the row, what it says and the key.
+    """
+    for i, item in enumerate(measurements):
+        m = item[1] if isinstance(item, (tuple, list)) and len(item) == 2 else None
+        if not isinstance(m, Mapping):
+            continue
+        dev = m.get("device")
+        if dev is not None and resolve_device(str(dev)).id != key.device:
+            raise InvalidValueError(f"measurements[{i}] is of device {dev!r}, this adaptation is of {key.device!r}: "
+                                    "rows of another device adapt that device's predictor")
+        dep = m.get("deployment")
+        if dep is not None:
+            dep_key = dep.key if isinstance(dep, Deployment) else str(dep)
+            if dep_key != key.deployment:
+                raise InvalidValueError(f"measurements[{i}] is of deployment {dep_key}, this adaptation is of "
+                                        f"{key.deployment}: adapt each deployment with its own rows")
