@@ -20,6 +20,7 @@ from dippm_nas.llm import (
     ARCHITECTURES,
     GENERATION_FIGURES,
     DecoderConfig,
+    EngineTable,
     LLMWorkload,
     architecture,
     causal_keys_per_query,
@@ -264,6 +265,27 @@ def test_serving_engines_have_their_documented_memory_rules() -> None:
     assert (v.block_size, v.memory_fraction, v.memory_rule, v.max_num_seqs) == (16, 0.9, "total", 256)
     assert (t.block_size, t.memory_fraction, t.memory_rule) == (64, 0.9, "free")
     assert v.batched_tokens(4096) == 4096 and v.batched_tokens(1024) == 2048 and t.batched_tokens(4096) == 8192
+
+
+
+def test_the_api_server_frontend_adds_host_time_per_sequence_and_waiting_energy() -> None:
+    base = dataclasses.replace(serving_engine("vllm", EngineTable()), step_us=1000.0, seq_us=50.0)
+    server = dataclasses.replace(base, frontend="api-server", server_seq_us=300.0, wait_activity=0.2)
+    assert base.step_host_us(64) == pytest.approx(1000.0 + 50.0 * 64)
+    assert server.step_host_us(64) == pytest.approx(1000.0 + 350.0 * 64)
+    assert dataclasses.replace(server, frontend="offline").step_host_us(64) == base.step_host_us(64)
+    wl = LLMWorkload(256, 64, 32)
+    off = predict_generation("llama-3-8b", wl, "h100-sxm5-80gb", runtime="serving", engine=base, mig=False)
+    on = predict_generation("llama-3-8b", wl, "h100-sxm5-80gb", runtime="serving", engine=server, mig=False)
+    steps = wl.output_len - 1
+    extra_ms = steps * 300.0 * 32 / 1e3  # every decode step carries the server's host time for each sequence
+    assert on.e2e_ms - off.e2e_ms == pytest.approx(extra_ms, rel=0.05)
+    assert on.energy_j_per_token > off.energy_j_per_token  # the GPU draws its waiting power over that time
+    assert serving_engine("vllm", frontend="api-server").frontend == "api-server"
+    with pytest.raises(InvalidValueError, match="frontend must be one of"):
+        dataclasses.replace(base, frontend="grpc")
+    with pytest.raises(InvalidValueError, match="wait_activity must be in"):
+        dataclasses.replace(base, wait_activity=1.5)
 
 
 # ------------------------------------------------------------------------------------------ bad input
