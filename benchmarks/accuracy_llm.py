@@ -29,12 +29,16 @@ tensor-parallel worker: median time of each operator of a transformer layer at 1
 of the file are not read (kept aside to judge the predictor).
 
 ``energy`` -- ML.ENERGY leaderboard v2 (``mlenergy_v2_h100_energy_latency.csv``, Apache-2.0), LLM chat/code rows on
-one H100 80GB HBM3 (TP = PP = 1, vLLM): energy per generated token (energy per request / mean output tokens) and
-time per output token at the run's mean batch against ``energy_j_per_token`` and ``e2e_ms / output_len`` (a
-continuously batched server interleaves every sequence's prefill with the others' decode steps, so its time per
-output token holds the prefill) of the fitted vLLM engine, its ``max_num_seqs`` the run's configured batch. The rows
-do not record prompt lengths: ``--energy-prompts`` (default 256, 512, 1024) shows how much the answer moves with
-that assumption."""
+one H100 80GB HBM3 (TP = PP = 1, vLLM's OpenAI-compatible server, every request sent at once, steady-state energy):
+energy per generated token (energy per request / mean output tokens), output tokens/s and time per output token at
+the run's mean batch against ``energy_j_per_token``, ``output_tokens_per_s`` and ``e2e_ms / output_len``, the
+engine's ``max_num_seqs`` the run's configured batch. Reported twice: the offline vLLM engine as fitted on
+LLM-Inference-Bench (nothing fitted here), and the ``"api-server"`` frontend with ``server_seq_us`` (fitted on the
+output tokens/s) and ``wait_activity`` (then on the energy per token) fitted leave-one-model-out; both enter a
+prediction linearly through the host time per step, so three predictions per row give any pair, and every held-out
+figure is recomputed with the fold's engine. The rows do not record prompt lengths: ``--energy-prompts`` (default
+256, 512, 1024) shows how much the answer moves with that assumption; ``--write`` stores the constants fitted on
+every row at ``--server-prompt`` (default 256) next to the offline ones."""
 
 from __future__ import annotations
 
@@ -296,31 +300,128 @@ def vidur(data: Path, log: list[str]) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------ energy
-def energy(data: Path, prompts: list[int], log: list[str]) -> dict:
+_SERVER_PROBE_US = 100.0
+_SERVER_BOUNDS_US = (0.0, 2000.0)
+
+
+def load_energy(data: Path) -> list[dict]:
+    """ML.ENERGY's LLM rows on one GPU (TP = PP = 1) of the architectures read here."""
     rows = []
     for r in _csv(data, ENERGY_FILE):
         arch = ENERGY_MODELS.get(r["model_path"])
         if not r["task"].startswith("llm") or arch is None or r["TP"] != "1" or r["PP"] != "1":
             continue
         out_tokens = float(r["Avg Output Tokens"])
-        rows.append({"arch": arch, "batch": max(1, round(float(r["Avg BS (reqs)"]))), "output": max(2, round(out_tokens)),
-                     "max_seqs": int(float(r["Max BS (reqs)"])),
-                     "j_per_token": float(r["Energy/req (J)"]) / out_tokens, "tpot_ms": float(r["Avg TPOT (s)"]) * 1e3})
+        rows.append({"arch": arch, "batch": max(1, round(float(r["Avg BS (reqs)"]))),
+                     "output": max(2, round(out_tokens)), "max_seqs": int(float(r["Max BS (reqs)"])),
+                     "j_per_token": float(r["Energy/req (J)"]) / out_tokens, "tpot_ms": float(r["Avg TPOT (s)"]) * 1e3,
+                     "tokens_per_s": float(r["Token tput (tok/s)"])})
+    return rows
+
+
+def _energy_predict(r: dict, prompt: int, eng: ServingEngine) -> object:
+    eng = dataclasses.replace(eng, max_num_seqs=max(r["max_seqs"], r["batch"]))  # bs128 -> max_num_seqs 128
+    return predict_generation(r["arch"], LLMWorkload(prompt, r["output"], r["batch"]), "h100-sxm5-80gb",
+                              runtime="serving", engine=eng, dtype="bfloat16", mig=False)
+
+
+def _energy_terms(rows: list[dict], prompt: int, base: ServingEngine) -> np.ndarray:
+    """Per row ``[e2e_ms, d e2e / d server_seq_us (ms/µs), energy_j, d energy / d server_seq_us at idle waiting
+    power, host seconds at server_seq_us = 0]``: the API server's host time adds linearly to every step, and its
+    energy is the waiting power over that time, so the prediction at any (``server_seq_us``, ``wait_activity``) is
+    exact from three predictions."""
+    out = np.zeros((len(rows), 5))
+    dev = get_device("h100-sxm5-80gb")
+    span = float(dev.board_power_w) - float(dev.idle_power_w)
+    for i, r in enumerate(rows):
+        p0 = _energy_predict(r, prompt, dataclasses.replace(base, server_seq_us=0.0, wait_activity=0.0))
+        p1 = _energy_predict(r, prompt, dataclasses.replace(base, server_seq_us=_SERVER_PROBE_US, wait_activity=0.0))
+        p2 = _energy_predict(r, prompt, dataclasses.replace(base, server_seq_us=0.0, wait_activity=1.0))
+        tokens = r["batch"] * r["output"]
+        e0, e1, e2 = (p.energy_j_per_token * tokens for p in (p0, p1, p2))
+        out[i] = [p0.e2e_ms, (p1.e2e_ms - p0.e2e_ms) / _SERVER_PROBE_US, e0, (e1 - e0) / _SERVER_PROBE_US,
+                  (e2 - e0) / span]
+    return out
+
+
+def _energy_linear(terms: np.ndarray, s_us: float, w: float, idle_w: float, span_w: float) -> tuple[np.ndarray, np.ndarray]:
+    """(e2e ms, energy J) of each row at ``server_seq_us = s_us`` and ``wait_activity = w``."""
+    e2e = terms[:, 0] + terms[:, 1] * s_us
+    host_s = terms[:, 4] + terms[:, 1] * s_us / 1e3
+    energy = terms[:, 2] + terms[:, 3] * s_us + span_w * w * host_s
+    return e2e, energy
+
+
+def fit_server(terms: np.ndarray, tokens: np.ndarray, tput: np.ndarray, jpt: np.ndarray, idle_w: float,
+               span_w: float) -> tuple[float, float]:
+    """``server_seq_us`` minimising the log error of the output throughput, then ``wait_activity`` minimising the
+    log error of the energy per token at that host time (both bounded 1-D searches)."""
+    from scipy.optimize import minimize_scalar
+
+    def tput_loss(s: float) -> float:
+        e2e, _ = _energy_linear(terms, s, 0.0, idle_w, span_w)
+        return float(np.sum(np.log(tokens / (e2e / 1e3) / tput) ** 2))
+
+    s = float(minimize_scalar(tput_loss, bounds=_SERVER_BOUNDS_US, method="bounded").x)
+
+    def energy_loss(w: float) -> float:
+        _, e = _energy_linear(terms, s, w, idle_w, span_w)
+        return float(np.sum(np.log(e / tokens / jpt) ** 2))
+
+    w = float(minimize_scalar(energy_loss, bounds=(0.0, 1.0), method="bounded").x)
+    return s, w
+
+
+def energy(data: Path, prompts: list[int], log: list[str]) -> dict:
+    rows = load_energy(data)
+    dev = get_device("h100-sxm5-80gb")
+    idle_w, span_w = float(dev.idle_power_w), float(dev.board_power_w) - float(dev.idle_power_w)
     res: dict = {"rows": len(rows), "models": len({r["arch"] for r in rows})}
     y_e = np.array([r["j_per_token"] for r in rows])
     y_t = np.array([r["tpot_ms"] for r in rows])
+    y_tp = np.array([r["tokens_per_s"] for r in rows])
+    tokens = np.array([r["batch"] * r["output"] for r in rows], dtype=float)
+    models = sorted({r["arch"] for r in rows})
+    offline = serving_engine("vllm")
+    server = serving_engine("vllm", frontend="api-server")
     for prompt in prompts:
-        pe, pt, se = [], [], []
-        for r in rows:  # the run's max_num_seqs is its configured batch (bs128 -> 128)
-            eng = dataclasses.replace(serving_engine("vllm"), max_num_seqs=max(r["max_seqs"], r["batch"]))
-            p = predict_generation(r["arch"], LLMWorkload(prompt, r["output"], r["batch"]), "h100-sxm5-80gb",
-                                   runtime="serving", engine=eng, dtype="bfloat16", mig=False)
-            pe.append(p.energy_j_per_token)
-            se.append(p.energy_j_per_token_std)
-            pt.append(p.e2e_ms / r["output"])  # continuous batching interleaves each sequence's prefill
-        res[f"prompt_{prompt}"] = {"energy_per_token": _metrics(y_e, np.array(pe), np.array(se)),
-                                   "time_per_output_token": _metrics(y_t, np.array(pt))}
-    log.append(f"energy: {len(rows)} rows")
+        t0 = time.perf_counter()
+        # the offline engine as fitted on LLM-Inference-Bench, nothing fitted on these rows
+        po = [_energy_predict(r, prompt, offline) for r in rows]
+        out: dict = {"offline_engine": {
+            "energy_per_token": _metrics(y_e, np.array([p.energy_j_per_token for p in po]),
+                                         np.array([p.energy_j_per_token_std for p in po])),
+            "output_tokens_per_s": _metrics(y_tp, np.array([p.output_tokens_per_s for p in po]))}}
+        # the API server: server_seq_us and wait_activity fitted leave-one-model-out
+        terms = _energy_terms(rows, prompt, server)
+        held_e, held_t, held_tpot, held_std = (np.zeros(len(rows)) for _ in range(4))
+        folds = {}
+        for m in models:
+            test = np.array([r["arch"] == m for r in rows])
+            s, w = fit_server(terms[~test], tokens[~test], y_tp[~test], y_e[~test], idle_w, span_w)
+            folds[m] = {"server_seq_us": round(s, 1), "wait_activity": round(w, 4)}
+            e2e_tr, e_tr = _energy_linear(terms[~test], s, w, idle_w, span_w)
+            sigma = float(np.sqrt(np.mean(np.log(e_tr / tokens[~test] / y_e[~test]) ** 2)))
+            eng = dataclasses.replace(server, server_seq_us=s, wait_activity=w)
+            for i in np.flatnonzero(test):  # recomputed with the fold's engine, not the linear model
+                p = _energy_predict(rows[i], prompt, eng)
+                held_e[i], held_t[i] = p.energy_j_per_token, p.output_tokens_per_s
+                held_tpot[i] = p.e2e_ms / rows[i]["output"]
+                held_std[i] = held_e[i] * sigma
+        s_all, w_all = fit_server(terms, tokens, y_tp, y_e, idle_w, span_w)
+        e2e_all, e_all = _energy_linear(terms, s_all, w_all, idle_w, span_w)
+        out["api_server"] = {
+            "energy_per_token": _metrics(y_e, held_e, held_std),
+            "output_tokens_per_s": _metrics(y_tp, held_t),
+            "time_per_output_token": _metrics(y_t, held_tpot),
+            "power_w": _metrics(y_e * y_tp, held_e * held_t),
+            "by_model": {m: _metrics(y_e[[r["arch"] == m for r in rows]], held_e[[r["arch"] == m for r in rows]])
+                         for m in models},
+            "folds": folds,
+            "fitted": {"server_seq_us": round(s_all, 1), "wait_activity": round(w_all, 4),
+                       "sigma_log": round(float(np.sqrt(np.mean(np.log(held_e / y_e) ** 2))), 4)}}
+        res[f"prompt_{prompt}"] = out
+        log.append(f"energy prompt {prompt}: {len(rows)} rows, {time.perf_counter() - t0:.0f} s")
     return res
 
 
@@ -330,6 +431,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--parts", default="bench,vidur,energy", help="comma-separated: bench, vidur, energy")
     ap.add_argument("--h100", default="h100-sxm5-80gb", help="catalogue id for the bench's H100 rows")
     ap.add_argument("--energy-prompts", default="256,512,1024", help="prompt lengths assumed for the energy rows")
+    ap.add_argument("--server-prompt", type=int, default=256,
+                    help="prompt length assumed for the ML.ENERGY rows whose API-server constants --write stores")
     ap.add_argument("--write", action="store_true",
                     help=f"write the fitted engines to dippm_nas/llm/calibration/{ENGINES_FILE}")
     ap.add_argument("--json", type=Path, default=None, help="write the report as JSON here")
@@ -345,7 +448,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.write and "bench" in report:  # before the energy part, which uses the shipped engines
         _write(report["bench"], report["command"])
     if "energy" in parts:
-        report["energy"] = energy(args.data, [int(x) for x in args.energy_prompts.split(",")], log)
+        prompts = sorted({int(x) for x in args.energy_prompts.split(",")} | {args.server_prompt})
+        report["energy"] = energy(args.data, prompts, log)
+        if args.write:
+            _write_server(report["energy"][f"prompt_{args.server_prompt}"]["api_server"], args.server_prompt,
+                          report["command"])
     report["log"] = log
     text = json.dumps(report, indent=1)
     if args.json:
@@ -359,13 +466,38 @@ def _write(bench_report: dict, command: str) -> None:
     metrics = {e: {"rows": v["rows"], "models": v["models"], "heldout_latency_mape_pct": v["latency"]["mape_pct"],
                    "heldout_throughput_mape_pct": v["throughput"]["mape_pct"], "kendall_tau": v["latency"]["kendall_tau"],
                    "coverage_2sigma": v["latency"]["coverage_2sigma"]} for e, v in bench_report["engines"].items()}
-    table = EngineTable(engines=bench_report["fitted"], command=command, metrics=metrics,
+    old = engine_table()  # keep the API-server constants fitted on ML.ENERGY
+    fitted = {e: {**{k: v for k, v in old.engines.get(e, {}).items() if k in _SERVER_KEYS}, **c}
+              for e, c in bench_report["fitted"].items()}
+    table = EngineTable(engines=fitted, command=command, metrics={**old.metrics, **metrics},
                         source="LLM-Inference-Bench (argonne-lcf, commit 4211f5d) vLLM and TensorRT-LLM rows on one H100 "
                                "and one GH200; sigma_log: RMS leave-one-model-out log error")
     path = Path(__file__).resolve().parents[1] / "dippm_nas" / "llm" / "calibration" / ENGINES_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     table.save(path)
     engine_table.cache_clear()  # the energy part reads the engines just written
+
+
+_SERVER_KEYS = ("server_seq_us", "wait_activity")
+
+
+def _write_server(api: dict, prompt: int, command: str) -> None:
+    """Store vLLM's API-server constants fitted on every ML.ENERGY row (at the assumed ``prompt``) in the shipped
+    engines file, next to the offline constants."""
+    old = engine_table()
+    engines = {e: dict(v) for e, v in old.engines.items()}
+    engines.setdefault("vllm", {}).update({k: api["fitted"][k] for k in _SERVER_KEYS})
+    metrics = {**old.metrics, "vllm-api-server": {
+        "rows": api["energy_per_token"]["n"], "assumed_prompt": prompt,
+        "heldout_energy_per_token_mape_pct": api["energy_per_token"]["mape_pct"],
+        "heldout_output_tokens_per_s_mape_pct": api["output_tokens_per_s"]["mape_pct"],
+        "energy_sigma_log": api["fitted"]["sigma_log"], "command": command,
+        "source": "ML.ENERGY leaderboard v2 (Apache-2.0) vLLM chat/code rows on one H100 80GB HBM3, "
+                  "leave-one-model-out"}}
+    table = EngineTable(engines=engines, source=old.source, command=old.command, metrics=metrics)
+    path = Path(__file__).resolve().parents[1] / "dippm_nas" / "llm" / "calibration" / ENGINES_FILE
+    table.save(path)
+    engine_table.cache_clear()
 
 
 if __name__ == "__main__":

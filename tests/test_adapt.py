@@ -198,9 +198,10 @@ def test_bad_rows_are_errors_or_flagged_fallbacks() -> None:
         # one graph measured twice is one row (averaged): too few
         assert p.adapt([(gs[0], {"latency_ms": 1.0}), (gs[0], {"latency_ms": 4.0})], persist=False) is None
     assert [x.latency_ms for x in p.predict_graphs(gs[:3], mig=False)] == before
-    ad = p.adapt([(gs[0], {"latency_ms": 1.0}), (gs[0], {"latency_ms": 4.0}), (gs[1], {"latency_ms": 3.0})],
+    b0, b1 = before[0], before[1]  # figures near the predictions: within the calibration's plausibility bounds
+    ad = p.adapt([(gs[0], {"latency_ms": b0}), (gs[0], {"latency_ms": 4.0 * b0}), (gs[1], {"latency_ms": 3.0 * b1})],
                  persist=False)
-    assert ad.rows == 2  # the duplicate is averaged (geometric mean 2.0)
+    assert ad.rows == 2  # the duplicate is averaged (geometric mean 2 x b0)
 
 
 # ------------------------------------------------------------------------------------------- the store
@@ -312,13 +313,20 @@ def test_the_worker_feeds_adapt_and_the_cost_model_picks_up_each_version(tmp_pat
     def cfg(width: int) -> dict:
         return {"in_features": 4, "hidden": [width], "out_features": 2}
 
+    p = _predictor(load=True)
+    from dippm_nas.capture import assemble
+
+    # measured figures off the predictions by a factor that grows with the width (within the plausibility bounds
+    # of a calibration: a correction of at most e^3 either way)
+    base = {w: p.predict_graphs([assemble("mlp", cfg(w), spec)], mig=False)[0] for w in (8, 16, 32, 64)}
+
     def fake(model, spec_, device, settings) -> Measurement:
         w = model.search_space_config["hidden"][0]
-        return Measurement(latency_ms=0.05 * w, latency_ms_std=0.001, energy_j=None, memory_mib=1.0 + w / 8,
-                           memory_source="rss_delta", n_repeats=5, device="cpu", environment={"fake": True},
-                           energy_reason="none in this test", batch_size=2, dtype="float32")
+        return Measurement(latency_ms=base[w].latency_ms * (1.0 + w / 16), latency_ms_std=0.001, energy_j=None,
+                           memory_mib=base[w].memory_mib * (1.0 + w / 32), memory_source="rss_delta", n_repeats=5,
+                           device="cpu", environment={"fake": True}, energy_reason="none in this test",
+                           batch_size=2, dtype="float32")
 
-    p = _predictor(load=True)
     set_predictor(DEV, p)
     queue = JobQueue(url)
     try:

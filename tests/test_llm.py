@@ -20,6 +20,7 @@ from dippm_nas.llm import (
     ARCHITECTURES,
     GENERATION_FIGURES,
     DecoderConfig,
+    EngineTable,
     LLMWorkload,
     architecture,
     causal_keys_per_query,
@@ -266,6 +267,27 @@ def test_serving_engines_have_their_documented_memory_rules() -> None:
     assert v.batched_tokens(4096) == 4096 and v.batched_tokens(1024) == 2048 and t.batched_tokens(4096) == 8192
 
 
+
+def test_the_api_server_frontend_adds_host_time_per_sequence_and_waiting_energy() -> None:
+    base = dataclasses.replace(serving_engine("vllm", EngineTable()), step_us=1000.0, seq_us=50.0)
+    server = dataclasses.replace(base, frontend="api-server", server_seq_us=300.0, wait_activity=0.2)
+    assert base.step_host_us(64) == pytest.approx(1000.0 + 50.0 * 64)
+    assert server.step_host_us(64) == pytest.approx(1000.0 + 350.0 * 64)
+    assert dataclasses.replace(server, frontend="offline").step_host_us(64) == base.step_host_us(64)
+    wl = LLMWorkload(256, 64, 32)
+    off = predict_generation("llama-3-8b", wl, "h100-sxm5-80gb", runtime="serving", engine=base, mig=False)
+    on = predict_generation("llama-3-8b", wl, "h100-sxm5-80gb", runtime="serving", engine=server, mig=False)
+    steps = wl.output_len - 1
+    extra_ms = steps * 300.0 * 32 / 1e3  # every decode step carries the server's host time for each sequence
+    assert on.e2e_ms - off.e2e_ms == pytest.approx(extra_ms, rel=0.05)
+    assert on.energy_j_per_token > off.energy_j_per_token  # the GPU draws its waiting power over that time
+    assert serving_engine("vllm", frontend="api-server").frontend == "api-server"
+    with pytest.raises(InvalidValueError, match="frontend must be one of"):
+        dataclasses.replace(base, frontend="grpc")
+    with pytest.raises(InvalidValueError, match="wait_activity must be in"):
+        dataclasses.replace(base, wait_activity=1.5)
+
+
 # ------------------------------------------------------------------------------------------ bad input
 def test_bad_input_is_a_clear_error_naming_the_field() -> None:
     with pytest.raises(InvalidValueError, match="output_len must be an int >= 1, got 0"):
@@ -371,3 +393,65 @@ def test_a_deployment_mapping_or_file_reads_as_the_other_entry_points_read_it(tm
     for dep in ({"runtime": "serving"}, tmp_path / "d.toml"):
         p = predict_generation("gpt2", wl, "h100-sxm5-80gb", deployment=dep, mig=False)
         assert p.details["engine"] == "vllm" and p.details["deployment"].startswith("serving")
+
+
+# ------------------------------------------------------------------------------------------ plain nn.Module
+def _gpt_fast_module(n_layer: int = 2, dim: int = 64, n_head: int = 4, n_local_heads: int = 2, ffn: int = 160,
+                     vocab: int = 256):
+    """A gpt-fast-style Llama decoder (static KV cache, ``forward(idx, input_pos)``) on the meta device."""
+    torch = pytest.importorskip("torch")
+    from torch import nn
+
+    class ModelArgs:  # gpt-fast's field names
+        def __init__(self) -> None:
+            self.n_layer, self.dim, self.n_head, self.n_local_heads = n_layer, dim, n_head, n_local_heads
+            self.intermediate_size, self.vocab_size, self.block_size = ffn, vocab, 512
+            self.head_dim = dim // n_head
+
+    class Block(nn.Module):
+        def __init__(self, a: ModelArgs) -> None:
+            super().__init__()
+            kv = 2 * a.n_local_heads * a.head_dim
+            self.wqkv = nn.Linear(a.dim, a.dim + kv, bias=False)
+            self.wo = nn.Linear(a.dim, a.dim, bias=False)
+            self.w1 = nn.Linear(a.dim, a.intermediate_size, bias=False)
+            self.w3 = nn.Linear(a.dim, a.intermediate_size, bias=False)
+            self.w2 = nn.Linear(a.intermediate_size, a.dim, bias=False)
+            self.attention_norm = nn.RMSNorm(a.dim)
+            self.ffn_norm = nn.RMSNorm(a.dim)
+
+    class Transformer(nn.Module):
+        def __init__(self, a: ModelArgs) -> None:
+            super().__init__()
+            self.config = a
+            self.tok_embeddings = nn.Embedding(a.vocab_size, a.dim)
+            self.layers = nn.ModuleList(Block(a) for _ in range(a.n_layer))
+            self.norm = nn.RMSNorm(a.dim)
+            self.output = nn.Linear(a.dim, a.vocab_size, bias=False)
+
+        def forward(self, idx, input_pos):  # pragma: no cover - the contract's signature; never run here
+            raise NotImplementedError
+
+    with torch.device("meta"):
+        return Transformer(ModelArgs()).to(torch.bfloat16)
+
+
+def test_a_plain_torch_decoder_module_is_read_from_its_config_attribute() -> None:
+    m = _gpt_fast_module()
+    cfg = decoder_config(m)
+    assert (cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size) == (2, 64, 4, 2, 160)
+    assert cfg.dtype == "bfloat16" and cfg.max_positions == 512 and cfg.name == "Transformer"
+    assert cfg.param_count == sum(p.numel() for p in m.parameters())  # every weight of the module, nothing more
+    # GQA: 2 of 4 heads -> half the KV bytes of the same module with full heads
+    full = decoder_config(_gpt_fast_module(n_local_heads=4))
+    assert cfg.kv_bytes_per_token() * 2 == full.kv_bytes_per_token()
+    wl = LLMWorkload(32, 8, 2)
+    p = predict_generation(m, wl, "h100-sxm5-80gb", mig=False)
+    assert p.decode_ms_last >= p.decode_ms_per_token > 0 and p.prefill_ms > 0
+    assert p.kv_cache_mib * 2 ** 20 == pytest.approx(2 * (32 + 8) * cfg.kv_bytes_per_token())
+    # a DecoderConfig as the module's config is taken as it is
+    m.config = architecture("llama-2-7b")
+    assert decoder_config(m) == architecture("llama-2-7b")
+    m.config = {"hidden": 64}
+    with pytest.raises(DippmNasError, match="model_or_config must be"):
+        decoder_config(m)

@@ -16,7 +16,7 @@ modelled, the constants and their sources, and the accuracy on measured serving 
 from dippm_nas.llm._architectures import ARCHITECTURES, architecture, decoder_config
 from dippm_nas.llm._config import (KV_DTYPES, MODEL_TYPES, WEIGHT_DTYPES, DecoderConfig, config_from_transformers,
                                    expected_active_experts, kv_dtype_bytes)
-from dippm_nas.llm._engines import ENGINES, ENGINES_FILE, EngineTable, ServingEngine, engine_table, serving_engine
+from dippm_nas.llm._engines import ENGINES, ENGINES_FILE, FRONTENDS, EngineTable, ServingEngine, engine_table, serving_engine
 from dippm_nas.llm._graphs import STYLES, causal_keys_per_query, decode_graph, prefill_graph
 from dippm_nas.llm._memory import KVCapacity, contiguous_capacity, kv_cache_bytes, paged_capacity, paged_kv_bytes
 from dippm_nas.llm._predict import DEFAULT_DEVICE, predict_generation, resolve_execution
@@ -31,5 +31,5 @@ __all__ = [
     "KV_DTYPES", "WEIGHT_DTYPES", "kv_dtype_bytes", "expected_active_experts",
     "prefill_graph", "decode_graph", "STYLES", "causal_keys_per_query",
     "kv_cache_bytes", "paged_kv_bytes", "KVCapacity", "contiguous_capacity", "paged_capacity",
-    "ServingEngine", "ENGINES", "serving_engine", "engine_table", "EngineTable", "ENGINES_FILE",
+    "ServingEngine", "ENGINES", "FRONTENDS", "serving_engine", "engine_table", "EngineTable", "ENGINES_FILE",
 ]

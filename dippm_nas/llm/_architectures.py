@@ -99,13 +99,64 @@ def architecture(name: str) -> DecoderConfig:
     return config_from_transformers(entry[0], name)
 
 
+#: gpt-fast's ``ModelArgs`` (a Llama-style decoder with a static KV cache: ``forward(idx, input_pos)``) ->
+#: ``transformers`` Llama config keys
+_GPT_FAST_KEYS = {"n_layer": "num_hidden_layers", "dim": "hidden_size", "n_head": "num_attention_heads",
+                  "n_local_heads": "num_key_value_heads", "intermediate_size": "intermediate_size",
+                  "vocab_size": "vocab_size", "block_size": "max_position_embeddings", "head_dim": "head_dim",
+                  "rope_base": "rope_theta", "norm_eps": "rms_norm_eps"}
+#: nanoGPT's ``GPTConfig`` (GPT-2 layout) -> ``transformers`` GPT-2 config keys
+_NANOGPT_KEYS = {"n_layer": "n_layer", "n_head": "n_head", "n_embd": "n_embd", "vocab_size": "vocab_size",
+                 "block_size": "n_positions"}
+
+
+def _module_dtype(module: Any) -> str | None:
+    """The dtype of a module's first floating-point parameter (meta tensors too), as a config names it."""
+    params = getattr(module, "parameters", None)
+    if params is None:
+        return None
+    for p in params():
+        if p.dtype.is_floating_point:
+            return str(p.dtype).removeprefix("torch.")
+    return None
+
+
+def _module_config(cfg: Any, module: Any) -> dict[str, Any] | None:
+    """The ``transformers``-style dict of a plain ``nn.Module``'s ``config`` attribute in one of the two layouts
+    PyTorch decoders written by hand use: gpt-fast's ``ModelArgs`` (``n_layer``, ``dim``, ``n_head``,
+    ``n_local_heads``, ``intermediate_size``, ``vocab_size``, ``block_size``) or nanoGPT's ``GPTConfig``
+    (``n_layer``, ``n_head``, ``n_embd``, ``vocab_size``, ``block_size``, ``bias``); ``None`` for neither."""
+    get = cfg.get if isinstance(cfg, Mapping) else (lambda k, d=None: getattr(cfg, k, d))
+    dtype = _module_dtype(module) or "float32"
+    if get("dim") is not None and get("n_layer") is not None:
+        out: dict[str, Any] = {"model_type": "llama", "hidden_act": "silu", "tie_word_embeddings": False,
+                               "torch_dtype": dtype}
+        for src, dst in _GPT_FAST_KEYS.items():
+            if get(src) is not None:
+                out[dst] = get(src)
+        out.setdefault("num_key_value_heads", out.get("num_attention_heads"))
+        return out
+    if get("n_embd") is not None and get("n_layer") is not None:
+        out = {"model_type": "gpt2", "activation_function": "gelu_new", "tie_word_embeddings": True,
+               "torch_dtype": dtype}
+        out.update({dst: get(src) for src, dst in _NANOGPT_KEYS.items() if get(src) is not None})
+        if get("bias") is False:
+            raise InvalidValueError("a nanoGPT GPTConfig with bias=False is not read (GPT-2 layers carry biases); "
+                                    "give a DecoderConfig(..., bias=False) as the module's config instead")
+        return out
+    return None
+
+
 def decoder_config(model_or_config: Any, *, name: str | None = None) -> DecoderConfig:
     """The :class:`DecoderConfig` of a decoder, read once at the entry.
 
     Args:
         model_or_config: a :class:`DecoderConfig`; a name of :data:`ARCHITECTURES`; a ``transformers`` config
             object, its ``to_dict()``, or the path of a ``config.json`` (or of the directory holding it); or a
-            ``transformers`` model (an object whose ``config`` is such a config).
+            ``transformers`` model (an object whose ``config`` is such a config); or a plain ``torch.nn.Module``
+            whose ``config`` attribute is a :class:`DecoderConfig`, gpt-fast's ``ModelArgs`` (the Llama-style
+            decoder with a static KV cache, ``forward(idx, input_pos)``) or nanoGPT's ``GPTConfig``, an object or a
+            dict; the dtype is its parameters' (``meta`` tensors are enough).
         name: the name to give the architecture (default: the config's ``_name_or_path`` or model type).
 
     Raises:
@@ -134,8 +185,14 @@ def decoder_config(model_or_config: Any, *, name: str | None = None) -> DecoderC
     if isinstance(obj, Mapping) or (hasattr(obj, "model_type") and hasattr(obj, "to_dict")):
         return config_from_transformers(obj, name)
     inner = getattr(obj, "config", None)
+    if isinstance(inner, DecoderConfig):
+        return inner if name is None else dataclasses.replace(inner, name=name)
     if inner is not None and hasattr(inner, "model_type"):
         return config_from_transformers(inner, name or str(getattr(inner, "_name_or_path", "") or "") or None)
+    if inner is not None:
+        fields = _module_config(inner, obj)
+        if fields is not None:
+            return config_from_transformers(fields, name or type(obj).__name__)
     raise InvalidTypeError(
         "model_or_config must be a DecoderConfig, an architecture name (dippm_nas.llm.ARCHITECTURES), a transformers "
         f"config or model, a config dict, or the path of a config.json; got {type(obj).__name__}"

@@ -23,6 +23,13 @@ decode step are the only constants fitted, per engine, on measured serving runs 
 --write``: LLM-Inference-Bench H100 / GH200 rows, leave-one-model-out; the file records the data, the
 command and the held-out error that sets ``sigma_log``). Without the file every engine has no host time per
 step, a multiplier of 1 and the prior's own σ, labelled ``"analytic"``.
+
+Driven through its OpenAI-compatible server (``frontend="api-server"``), vLLM's process also detokenizes every
+sequence's new token and checks its stop strings each step (the vLLM 0.6.0 release post, 2024-09, measured the
+0.5 server's GPU busy 38 % of the time for Llama-3-8B on an H100): ``server_seq_us`` more host time per running
+sequence per step. It and ``wait_activity`` (the GPU's power while it waits for the host between steps, as a
+share of the board's span above idle) are fitted on ML.ENERGY's H100 vLLM-server runs (``benchmarks/accuracy_llm.py
+--parts energy --write``, leave-one-model-out).
 """
 
 from __future__ import annotations
@@ -40,10 +47,12 @@ from typing import Any
 from dippm_nas._json import check_keys
 from dippm_nas.errors import InvalidValueError
 
-__all__ = ["ServingEngine", "ENGINES", "serving_engine", "engine_table", "EngineTable", "ENGINES_FILE"]
+__all__ = ["ServingEngine", "ENGINES", "FRONTENDS", "serving_engine", "engine_table", "EngineTable", "ENGINES_FILE"]
 
 #: Engines ``runtime="serving"`` models.
 ENGINES: tuple[str, ...] = ("vllm", "tensorrt-llm")
+#: How requests reach the engine: in-process (``LLM.generate``, serving benchmarks) or its OpenAI-compatible server.
+FRONTENDS: tuple[str, ...] = ("offline", "api-server")
 #: The calibration file of the fitted constants, under ``dippm_nas/llm/calibration``.
 ENGINES_FILE = "engines.json"
 _FORMAT = 1
@@ -69,6 +78,15 @@ class ServingEngine:
             (vLLM without chunked prefill).
         step_us: host time per scheduler step, µs (fitted).
         seq_us: host time per sequence per step, µs (fitted).
+        frontend: ``"offline"`` (the engine driven in-process, as ``LLM.generate`` and the serving benchmarks run
+            it) or ``"api-server"`` (the engine behind its OpenAI-compatible HTTP server: every step also turns
+            each sequence's new token into text, checks its stop strings and hands it to the server's request
+            loop, in the same process before vLLM 0.6).
+        server_seq_us: host time per sequence per step the ``"api-server"`` frontend adds, µs (fitted on
+            ML.ENERGY's online runs; 0 without a fit).
+        wait_activity: share of the board's span above idle (``board_power_w - idle_power_w``) the GPU draws
+            while it waits for the engine's host between steps (clocks held up; fitted with
+            ``server_seq_us``); ``None``: the power model's own waiting power.
         decode_gpu_scale: multiplier of the prior's kernel time of a decode step (fitted; 1 without a fit). A
             prefill step keeps the prior's time: end-to-end latencies do not tell it apart from the decode steps
             (the prior's prefill GEMMs are checked against Vidur's operator timings, docs/llm.md).
@@ -86,6 +104,9 @@ class ServingEngine:
     step_us: float = 0.0
     seq_us: float = 0.0
     decode_gpu_scale: float = 1.0
+    frontend: str = "offline"
+    server_seq_us: float = 0.0
+    wait_activity: float | None = None
     sigma_log: float | None = None
     fitted: bool = False
     source: str = "documented defaults; step costs not fitted"
@@ -93,6 +114,10 @@ class ServingEngine:
     def __post_init__(self) -> None:
         if self.name not in ENGINES:
             raise InvalidValueError(f"ServingEngine.name must be one of {ENGINES}, got {self.name!r}")
+        if self.frontend not in FRONTENDS:
+            raise InvalidValueError(f"ServingEngine.frontend must be one of {FRONTENDS}, got {self.frontend!r}")
+        if self.wait_activity is not None and (not _finite(self.wait_activity) or not 0 <= self.wait_activity <= 1):
+            raise InvalidValueError(f"ServingEngine.wait_activity must be in [0, 1] or None, got {self.wait_activity!r}")
         if self.memory_rule not in ("total", "free"):
             raise InvalidValueError(f"ServingEngine.memory_rule must be 'total' or 'free', got {self.memory_rule!r}")
         for name in ("block_size", "max_num_seqs"):
@@ -101,7 +126,7 @@ class ServingEngine:
                 raise InvalidValueError(f"ServingEngine.{name} must be an int >= 1, got {v!r}")
         if not _finite(self.memory_fraction) or not 0 < self.memory_fraction <= 1:
             raise InvalidValueError(f"ServingEngine.memory_fraction must be in (0, 1], got {self.memory_fraction!r}")
-        for name in ("step_us", "seq_us"):
+        for name in ("step_us", "seq_us", "server_seq_us"):
             v = getattr(self, name)
             if not _finite(v) or not 0 <= v <= 1e6:
                 raise InvalidValueError(f"ServingEngine.{name} must be in [0, 1e6] µs, got {v!r}")
@@ -115,8 +140,9 @@ class ServingEngine:
         return self.max_batched_tokens if self.max_batched_tokens is not None else max(max_model_len, 2048)
 
     def step_host_us(self, sequences: int) -> float:
-        """Host time of one scheduler step over ``sequences`` sequences, µs."""
-        return self.step_us + self.seq_us * sequences
+        """Host time of one scheduler step over ``sequences`` sequences, µs (the API server's share included)."""
+        per_seq = self.seq_us + (self.server_seq_us if self.frontend == "api-server" else 0.0)
+        return self.step_us + per_seq * sequences
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -129,7 +155,7 @@ _DEFAULTS: dict[str, ServingEngine] = {
     "tensorrt-llm": ServingEngine("tensorrt-llm", block_size=64, memory_fraction=0.9, memory_rule="free",
                                   max_num_seqs=256, max_batched_tokens=8192),
 }
-_FITTED_KEYS = ("step_us", "seq_us", "decode_gpu_scale", "sigma_log")
+_FITTED_KEYS = ("step_us", "seq_us", "decode_gpu_scale", "sigma_log", "server_seq_us", "wait_activity")
 
 
 @dataclass(frozen=True)
@@ -186,8 +212,9 @@ def engine_table() -> EngineTable:
     return EngineTable.from_dict(json.loads(text), origin=f"dippm_nas/llm/calibration/{ENGINES_FILE}")
 
 
-def serving_engine(name: str, table: EngineTable | None = None) -> ServingEngine:
-    """The engine ``name`` with its fitted step costs (``table``: default the shipped one).
+def serving_engine(name: str, table: EngineTable | None = None, *, frontend: str = "offline") -> ServingEngine:
+    """The engine ``name`` with its fitted step costs (``table``: default the shipped one), driven through
+    ``frontend`` (:data:`FRONTENDS`: ``"offline"``, the default, or ``"api-server"``).
 
     Raises:
         InvalidValueError: an unknown engine (the choices are listed).
@@ -195,10 +222,11 @@ def serving_engine(name: str, table: EngineTable | None = None) -> ServingEngine
     base = _DEFAULTS.get(name)
     if base is None:
         raise InvalidValueError(f"engine must be one of {ENGINES}, got {name!r}")
+    base = dataclasses.replace(base, frontend=frontend)
     t = table if table is not None else engine_table()
     fit = t.engines.get(name)
     if not fit:
         return base
-    return dataclasses.replace(base, **{k: float(v) for k, v in fit.items()}, fitted=True,
+    return dataclasses.replace(base, **{k: None if v is None else float(v) for k, v in fit.items()}, fitted=True,
                                source=t.source or "fitted")
 

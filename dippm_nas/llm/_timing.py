@@ -160,13 +160,22 @@ def _estimate(graph: OperatorGraph, dev: Device, runtime: str, host: HostProfile
     return est
 
 
+def _engine_wait_w(dev: Device, engine: ServingEngine | None) -> float:
+    """Board power while the GPU waits for the engine's host between steps, W: the engine's fitted share of the
+    board's span above idle, else the power model's waiting power."""
+    if engine is None or engine.wait_activity is None:
+        return wait_power_w(power_params_for(dev), dev)
+    idle, board = float(dev.idle_power_w), float(dev.board_power_w)  # type: ignore[arg-type]
+    return idle + (board - idle) * engine.wait_activity
+
+
 class _Runner:
     """Estimates on one device for one prediction."""
 
     def __init__(self, cfg: DecoderConfig, dev: Device, ex: Execution,
                  sigmas: tuple[float | None, float | None] | None) -> None:
         self.cfg, self.dev, self.ex, self.sigmas = cfg, dev, ex, sigmas
-        self.wait_w = wait_power_w(power_params_for(dev), dev) if dev.has_power else 0.0
+        self.wait_w = _engine_wait_w(dev, ex.engine) if dev.has_power else 0.0
 
     def est(self, graph: OperatorGraph, runtime: str) -> PriorEstimate:
         return _estimate(graph, self.dev, runtime, self.ex.host)
