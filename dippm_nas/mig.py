@@ -24,9 +24,12 @@ memory of the ladder ``1g``/1 memory slice, ``2g``/2, ``3g``/4, ``7g``/8 (``1g.5
 without an answer; here the bounds are inclusive (``<=``), which closes that gap. Like DIPPM it ignores
 the uncertainty and never picks ``1g.10gb`` or ``4g.20gb``.
 
-Latency on a slice: with the graph, the analytic prior runs again on a device view of the slice
-(its SMs, peaks scaled by SMs, DRAM bandwidth and L2 scaled by ``memory_slices / 8``; see
-:meth:`Device.mig_slice`). Without the graph, the prediction's device time is scaled by the slice's
+Latency on a slice: with the graph, the whole GPU's prediction with each kernel re-timed on a device view of
+the slice (its SMs, peaks scaled by SMs, DRAM bandwidth and L2 scaled by ``memory_slices / 8``; see
+:meth:`Device.mig_slice`): the prediction's correction of the kernels (its GPU busy time over the prior's) and
+its host timeline stay as they are, so a host-bound pass takes the same time on every slice and a 7g slice
+(98 of the A100's 108 SMs, all of its memory slices) is at most about 10 % slower than the whole GPU
+(``latency_basis="corrected"``). Without the graph, the prediction's device time is scaled by the slice's
 worse resource ratio (an upper bound, ``latency_basis="scaled"``). Throughput is per GPU:
 ``instances_per_gpu * batch_size / latency``. Power and energy of one instance cannot be measured
 (NVML reports the whole GPU), so the advice has no energy per slice.

@@ -152,3 +152,12 @@ class DataDependent(nn.Module):
         if x.sum() > 0:
             return self.fc(x)
         return x
+
+
+def features_deployment():
+    """The deployment a checkpoint's features are computed for (eager, the default host, PyTorch 2.x, no input
+    copy): every setting described, so a prediction carries the model's own σ and no deployment spread."""
+    from dippm_nas import Deployment
+    from dippm_nas.devices import DEFAULT_HOST_PROFILE
+
+    return Deployment(host=DEFAULT_HOST_PROFILE, framework="torch-2", input_copy="none")

@@ -9,9 +9,9 @@
   graphs at batch 256 and 1 in float16, four float32 graphs of the host-CPU data) on the A100 checkpoint
   (eager, CUDA graphs, compiled, without MIG advice), the analytic H100 and the analytic RTX 4090 (compiled)
   against the values in ``tests/data/inference_expected.json.xz`` (``Prediction.to_dict()`` of each), written
-  by the per-node implementation (the analytic devices) and, for the A100, by this code with the shipped
-  checkpoint (:func:`write_expected` rewrites a device's values after a deliberate change such as a retrained
-  checkpoint). On the machine that wrote them they are equal bit for bit; another CPU picks other BLAS and ATen
+  by this code with the shipped checkpoint and prior (:func:`write_expected` rewrites a device's values after a
+  deliberate change such as a retrained checkpoint or a change of the prior's model). On the machine that wrote
+  them they are equal bit for bit; another CPU picks other BLAS and ATen
   kernels, so floats are compared to :data:`~_compare.KERNEL_PATH_REL` relative, the measured agreement of the
   kernel paths with a margin (``python tests/kernel_paths.py``); every non-numeric field, MIG choice and flag
   must be equal. ``.ci/run`` runs these tests a second time on an older kernel path

@@ -126,7 +126,7 @@ def test_slice_latency_is_monotone_in_slice_size(dev: str) -> None:
     a = advise(p, dev, graph=g)
     profiles = {q.name: q for q in get_device(dev).mig_profiles}
     rows = [(profiles[x.profile], x) for x in a.profiles]
-    assert all(x.latency_basis == "prior" and x.latency_ms > 0 for _, x in rows)
+    assert all(x.latency_basis == "corrected" and x.latency_ms > 0 for _, x in rows)
     for pa, xa in rows:
         for pb, xb in rows:
             if pa.compute_slices <= pb.compute_slices and pa.memory_slices <= pb.memory_slices:

@@ -300,10 +300,10 @@ def test_tuner_loads_by_class_path_like_nnis_dispatcher(tmp_path: Path) -> None:
     stats = tmp_path / "stats.json"
     t = create_customized_class_instance({
         "codeDirectory": str(tmp_path), "className": "dippm_nas.nni.HardwareAwareTuner",
-        "classArgs": {"builder": "mlp", "base_config": BASE, "budgets": {"latency_ms": 1.0, "k_sigma": 2},
+        "classArgs": {"builder": "mlp", "base_config": BASE, "budgets": {"latency_ms": 10.0, "k_sigma": 2},
                       "seed": 1, "stats_file": str(stats)},
     })
-    assert isinstance(t, HardwareAwareTuner) and t.budgets == Budgets(latency_ms=1.0, k_sigma=2)
+    assert isinstance(t, HardwareAwareTuner) and t.budgets == Budgets(latency_ms=10.0, k_sigma=2)
     t.update_search_space({"hidden": {"_type": "choice", "_value": [[64]]}})
     t.generate_parameters(0)
     assert json.loads(stats.read_text())["proposed"] == 1

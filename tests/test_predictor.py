@@ -20,6 +20,10 @@ from dippm_nas.predictor import get_predictor, predict, predict_many, set_predic
 from dippm_nas.predictor import TARGETS, CheckpointMeta, GnnPredictor, SageEnsemble, collate
 from test_features import tiny_graph
 
+from _models import features_deployment
+
+FEATURES = features_deployment()  # the network's own answer, with no deployment spread
+
 DEV = "a100-sxm4-40gb"
 
 
@@ -69,7 +73,7 @@ def test_forward_shapes_and_ensemble_std() -> None:
 def test_predictions_are_finite_positive_and_sourced() -> None:
     for scale in (0.1, 50.0):  # wild weights still give finite, positive numbers
         p = _predictor(scale=scale)
-        for pr in p.predict_graphs(_graphs(3), mig=False):
+        for pr in p.predict_graphs(_graphs(3), mig=False, deployment=FEATURES):
             for name in ("latency_ms", "energy_j", "memory_mib"):
                 v = getattr(pr, name)
                 assert v is not None and math.isfinite(v) and v >= 0
@@ -83,7 +87,7 @@ def test_graph_outside_training_range_gets_wider_std() -> None:
     feats = [featurize(g, DEV) for g in _graphs(3)]
     b = collate(feats[:2])
     p.model.set_stats(b["x"], b["static"], b["dev"], torch.zeros(3), torch.full((3,), 0.4))
-    (inside, outside) = p.predict_graphs([_graphs(3)[0], _graphs(3)[2]], mig=False)
+    (inside, outside) = p.predict_graphs([_graphs(3)[0], _graphs(3)[2]], mig=False, deployment=FEATURES)
     assert inside.details["outside_training_range"] == 0.0 and outside.details["outside_training_range"] == 1.0
     assert outside.latency_ms_std / outside.latency_ms >= 0.2 > inside.latency_ms_std / inside.latency_ms
 
@@ -92,7 +96,7 @@ def test_unknown_op_still_predicts_and_is_flagged() -> None:
     p = _predictor()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        (pr,) = p.predict_graphs([tiny_graph(extra_op="my.other_op")], mig=False)
+        (pr,) = p.predict_graphs([tiny_graph(extra_op="my.other_op")], mig=False, deployment=FEATURES)
     assert pr.flagged and "my.other_op" in pr.unknown_ops
     assert math.isfinite(pr.latency_ms) and pr.latency_ms > 0
 
@@ -106,8 +110,8 @@ def test_checkpoint_round_trip(tmp_path: Path) -> None:
     q = GnnPredictor.load(path, device=DEV, load_calibration=False)
     assert q.meta == p.meta
     g = _graphs(2)
-    a = [x.latency_ms for x in p.predict_graphs(g, mig=False)]
-    b = [x.latency_ms for x in q.predict_graphs(g, mig=False)]
+    a = [x.latency_ms for x in p.predict_graphs(g, mig=False, deployment=FEATURES)]
+    b = [x.latency_ms for x in q.predict_graphs(g, mig=False, deployment=FEATURES)]
     assert np.allclose(a, b)
 
 
@@ -181,11 +185,11 @@ def test_calibration_reduces_error_and_persists(tmp_path: Path, monkeypatch: pyt
     monkeypatch.setenv("DIPPM_NAS_CACHE_DIR", str(tmp_path))
     p = _predictor()
     gs = _graphs(6)
-    raw = [x.latency_ms for x in p.predict_graphs(gs, mig=False)]
+    raw = [x.latency_ms for x in p.predict_graphs(gs, mig=False, deployment=FEATURES)]
     truth = [1.7 * v for v in raw]  # a device that is 70% slower than the model thinks
     cal = p.calibrate([(g, {"latency_ms": y}) for g, y in zip(gs[:3], truth[:3])])
     assert cal.timeline is not None and cal.timeline["n"] == 3  # a GPU's latency: host and GPU factors
-    after = p.predict_graphs(gs[3:], mig=False)
+    after = p.predict_graphs(gs[3:], mig=False, deployment=FEATURES)
     err_before = np.mean([abs(r - t) / t for r, t in zip(raw[3:], truth[3:])])
     err_after = np.mean([abs(a.latency_ms - t) / t for a, t in zip(after, truth[3:])])
     assert err_after < 0.5 * err_before
@@ -198,7 +202,7 @@ def test_calibration_reduces_error_and_persists(tmp_path: Path, monkeypatch: pyt
     ck = tmp_path / "ck.pt"
     p.save(ck)
     q = GnnPredictor.load(ck)
-    assert q.calibration is not None and q.predict_graphs(gs[3:4], mig=False)[0].latency_source == "calibrated"
+    assert q.calibration is not None and q.predict_graphs(gs[3:4], mig=False, deployment=FEATURES)[0].latency_source == "calibrated"
     # a calibration fitted for another checkpoint is ignored
     other = GnnPredictor.load(ck)
     other.meta = dataclasses.replace(other.meta, date="1999-01-01")
@@ -275,14 +279,14 @@ def test_novel_graph_gets_the_novel_floor_and_round_trips(tmp_path: Path) -> Non
     # reference = graphs 0 and 1, "validation" = the same two: d0 = 0, every other graph is novel
     attach_novelty_reference(p, feats[:2], feats[:2], floor_log={"latency_ms": 0.3}, calibrated_on="synthetic")
     assert p.meta.novelty["d0"] == pytest.approx(0.0, abs=1e-3) and p.novelty_ref.shape == (2, static_dim())
-    near, far = p.predict_graphs([graphs[0], graphs[3]], mig=False)
+    near, far = p.predict_graphs([graphs[0], graphs[3]], mig=False, deployment=FEATURES)
     assert near.details["novel"] == 0.0 and far.details["novel"] == 1.0 and far.details["novelty"] > 0
     assert far.latency_ms_std / far.latency_ms >= 0.3 > near.latency_ms_std / near.latency_ms
     path = tmp_path / f"{DEV}.pt"
     p.save(path)
     q = GnnPredictor.load(path, device=DEV, load_calibration=False)
     assert q.meta.novelty == p.meta.novelty and torch.equal(q.novelty_ref, p.novelty_ref)
-    assert [x.latency_ms_std for x in q.predict_graphs([graphs[0], graphs[3]], mig=False)] == pytest.approx(
+    assert [x.latency_ms_std for x in q.predict_graphs([graphs[0], graphs[3]], mig=False, deployment=FEATURES)] == pytest.approx(
         [near.latency_ms_std, far.latency_ms_std])
     blob = torch.load(path, weights_only=True)
     torch.save({**blob, "novelty_ref": torch.zeros(2, 3)}, tmp_path / "bad.pt")
@@ -331,7 +335,7 @@ def test_novel_graph_correction_shrinks_towards_the_prior(tmp_path: Path) -> Non
     p, graphs, feats = _corrected_with_reference()
     d0 = p.meta.novelty["d0"]
     assert d0 > 0
-    full = p.predict_graphs(graphs, mig=False)
+    full = p.predict_graphs(graphs, mig=False, deployment=FEATURES)
     nov = np.array([x.details["novelty"] for x in full])
     assert (nov[:2] <= d0).all() and (nov[3] > d0)
     prior = np.array([f.prior_latency_ms for f in feats])
@@ -339,7 +343,7 @@ def test_novel_graph_correction_shrinks_towards_the_prior(tmp_path: Path) -> Non
     for width in (0.0, 0.5):
         p.meta = dataclasses.replace(p.meta, novelty={**p.meta.novelty, "shrink": {"latency_ms": width}})
         p._pred_cache.clear()
-        got = p.predict_graphs(graphs, mig=False)
+        got = p.predict_graphs(graphs, mig=False, deployment=FEATURES)
         w = correction_weight(nov, d0, width)
         want = np.exp(np.log(prior) + w * (np.log([x.latency_ms for x in full]) - np.log(prior)))
         np.testing.assert_allclose([x.latency_ms for x in got], want, rtol=1e-5)
@@ -405,7 +409,7 @@ def test_correction_penalty_keeps_the_network_nearer_the_prior() -> None:
                           correction_penalty=penalty)
         pred, _ = train_predictor([], DEV, split="random", cfg=cfg, examples=examples, progress=False,
                                   targets=["latency_ms"])
-        out = pred.predict_graphs([e.graph for e in examples], mig=False)
+        out = pred.predict_graphs([e.graph for e in examples], mig=False, deployment=FEATURES)
         gaps.append(float(np.mean([abs(math.log(o.latency_ms / o.details["prior_latency_ms"])) for o in out])))
     assert gaps[0] > 0.3  # without a penalty it learns most of the 2x (log 0.69)
     assert gaps[1] < 0.5 * gaps[0]
@@ -447,7 +451,7 @@ def test_a_dtype_never_trained_on_gets_the_prior_flagged() -> None:
         p._pred_cache.clear()
 
     trained_on(f16)  # these graphs are float32: never seen
-    out = p.predict_graphs(gs, mig=False)
+    out = p.predict_graphs(gs, mig=False, deployment=FEATURES)
     for q, y0 in zip(out, prior):
         assert q.latency_source == "analytic" and q.details["dtype_unseen"] == 1.0
         assert q.details["outside_training_range"] == 1.0 and q.latency_ms_std > 0.3 * q.latency_ms
@@ -455,13 +459,13 @@ def test_a_dtype_never_trained_on_gets_the_prior_flagged() -> None:
     mean, _ = p.predict_log(feats)  # evaluation and calibration see the same figure
     np.testing.assert_allclose(np.exp(mean[:, 0]), prior, rtol=1e-5)
     # calibrating on measurements of such graphs corrects the prior's figure
-    p.calibrate([(g, {"latency_ms": 1.5 * y0}) for g, y0 in zip(gs, prior)], persist=False)
-    for q, y0 in zip(p.predict_graphs(gs, mig=False), prior):
+    p.calibrate([(g, {"latency_ms": 1.5 * y0}) for g, y0 in zip(gs, prior)], persist=False, deployment=FEATURES)
+    for q, y0 in zip(p.predict_graphs(gs, mig=False, deployment=FEATURES), prior):
         assert q.latency_source == "calibrated" and q.latency_ms == pytest.approx(1.5 * y0, rel=0.05)
     p.reset_calibration(persist=False)
 
     trained_on(f32)  # the same network with float32 in its training range: its own figure
-    seen = p.predict_graphs(gs, mig=False)
+    seen = p.predict_graphs(gs, mig=False, deployment=FEATURES)
     assert all(q.latency_source == "predicted" and q.details["dtype_unseen"] == 0.0 for q in seen)
     assert max(abs(math.log(q.latency_ms / y0)) for q, y0 in zip(seen, prior)) > 1e-3  # not the prior
 
@@ -472,7 +476,7 @@ def test_a_graph_beyond_the_validated_novelty_gets_the_prior() -> None:
     from dippm_nas.predictor import NoveltyFloor
 
     p, graphs, feats = _corrected_with_reference()
-    full = p.predict_graphs(graphs, mig=False)
+    full = p.predict_graphs(graphs, mig=False, deployment=FEATURES)
     nov = np.array([x.details["novelty"] for x in full])
     order = np.argsort(nov)
     vmax = float((nov[order[-1]] + nov[order[-2]]) / 2)  # only the farthest graph lies beyond it
@@ -480,7 +484,7 @@ def test_a_graph_beyond_the_validated_novelty_gets_the_prior() -> None:
     p.meta = dataclasses.replace(p.meta, novelty=NoveltyFloor(
         p.meta.novelty["d0"], {"latency_ms": 0.1}, "synthetic", validated_max=vmax).to_dict())
     p._pred_cache.clear()
-    got = p.predict_graphs(graphs, mig=False)
+    got = p.predict_graphs(graphs, mig=False, deployment=FEATURES)
     far = int(order[-1])
     assert got[far].latency_ms == pytest.approx(feats[far].prior_latency_ms, rel=1e-5)
     assert got[far].latency_source == "analytic" and got[far].details["correction_weight_latency_ms"] == 0.0
@@ -498,13 +502,13 @@ def test_sigma_grows_with_novelty_under_a_graded_floor() -> None:
     from dippm_nas.predictor import NoveltyFloor
 
     p, graphs, feats = _corrected_with_reference()
-    nov = np.array([x.details["novelty"] for x in p.predict_graphs(graphs, mig=False)])
+    nov = np.array([x.details["novelty"] for x in p.predict_graphs(graphs, mig=False, deployment=FEATURES)])
     lo, hi = float(nov.min()), float(nov.max())
     knots = ((lo, 0.05), (hi, 0.5))
     p.meta = dataclasses.replace(p.meta, novelty=NoveltyFloor(
         hi + 1.0, {"latency_ms": 0.05}, "synthetic", graded_floor_log={"latency_ms": knots}).to_dict())
     p._pred_cache.clear()
-    got = p.predict_graphs(graphs, mig=False)
+    got = p.predict_graphs(graphs, mig=False, deployment=FEATURES)
     _, std, ood, nov_full, _ = p.predict_log_full(feats)
     assert nov_full == pytest.approx(nov)
     in_family = p.meta.std_floor_log["latency_ms"]
@@ -523,7 +527,7 @@ def test_sigma_grows_with_novelty_under_a_graded_floor() -> None:
     # the same metadata without its graded floor: below d0 only the in-family floor
     p.meta = dataclasses.replace(p.meta, novelty=NoveltyFloor(hi + 1.0, {"latency_ms": 0.05}, "synthetic").to_dict())
     p._pred_cache.clear()
-    for i, x in enumerate(p.predict_graphs(graphs, mig=False)):
+    for i, x in enumerate(p.predict_graphs(graphs, mig=False, deployment=FEATURES)):
         assert x.latency_ms_std / x.latency_ms == pytest.approx(
             p.sigma_log("latency_ms", float(std[i, 0]), ood=bool(ood[i])), rel=1e-5)  # no novelty part
 
@@ -539,7 +543,7 @@ def test_prior_only_dtypes_answer_with_the_pinned_prior_and_at_least_its_measure
     assert p.meta.prior_only_dtypes == ["float64"]
     s64 = p.meta.prior_params["host_model"]["metrics"]["sigma_log_gpu_bound_float64"]
     a, b = p.predict_graphs([conv_chain(64, 256, 56, layers=4, dtype="float64"),
-                             conv_chain(64, 256, 56, layers=4, dtype="float16")], mig=False)
+                             conv_chain(64, 256, 56, layers=4, dtype="float16")], mig=False, deployment=FEATURES)
     assert a.latency_source == "analytic" and a.details["prior_only_dtype"] == 1.0
     assert a.details["correction_weight_latency_ms"] == 0.0
     assert a.latency_ms == pytest.approx(a.details["prior_latency_ms"], rel=1e-6)

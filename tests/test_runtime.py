@@ -17,6 +17,7 @@ from dippm_nas.predictor import AnalyticPredictor, get_predictor
 from dippm_nas.prior import RUNTIMES, Execution, HostModel, default_params, estimate
 from dippm_nas.spec import InputSpec, dtype_bytes
 
+from _models import features_deployment
 from conftest import shared_data_or_skip
 
 
@@ -239,7 +240,7 @@ def test_calibrate_with_one_measurement_keeps_predictions_and_says_so(tmp_path: 
 
 def test_analytic_gpu_latency_has_a_sigma_from_the_host_models_heldout_error() -> None:
     for g in (HOST_BOUND[1], GPU_BOUND[0]):
-        p = AnalyticPredictor("h100-sxm5-80gb").predict_graphs([g], mig=False)[0]
+        p = AnalyticPredictor("h100-sxm5-80gb").predict_graphs([g], mig=False, deployment=features_deployment())[0]
         assert p.latency_source == "analytic" and p.latency_ms_std is not None
         hm = default_params().host_model
         s = p.latency_ms_std / p.latency_ms
@@ -256,7 +257,7 @@ def test_float64_runs_on_datacenter_gpus_with_the_measured_float64_sigma(device:
     hm = default_params().host_model
     assert hm.sigma_log_gpu("float64") > hm.sigma_log_gpu("float32") == hm.sigma_log_gpu()
     g64, g32 = conv_chain(256, 256, 56, layers=6, dtype="float64"), conv_chain(256, 256, 56, layers=6, dtype="float32")
-    p64, p32 = AnalyticPredictor(device).predict_graphs([g64, g32], mig=False)
+    p64, p32 = AnalyticPredictor(device).predict_graphs([g64, g32], mig=False, deployment=features_deployment())
     assert p64.latency_ms > 2 * p32.latency_ms  # the FP64 peak is half the FP32 one or less (TF32 convs: more)
     s64, s32 = p64.latency_ms_std / p64.latency_ms, p32.latency_ms_std / p32.latency_ms
     assert s64 > s32 and s64 == pytest.approx(hm.sigma_log_gpu("float64"), rel=0.15)

@@ -13,6 +13,7 @@ from dippm_nas.features import featurize
 from dippm_nas.training import evaluate_examples
 from dippm_nas.training import Example, heldout_timm_families, split_examples, timm_family
 from test_predictor import DEV, _graphs, _predictor
+from _models import features_deployment
 
 
 def _ex(key: str, *, source: str = "timm", name: str = "", device: str = "rtx-3090", family: str = "timm") -> Example:
@@ -107,7 +108,7 @@ def test_evaluation_sigma_is_the_predictors_sigma_outside_the_training_range() -
 
     b = collate(feats[:2])
     p.model.set_stats(b["x"], b["static"], b["dev"], torch.zeros(3), torch.full((3,), 0.4))
-    preds = p.predict_graphs(graphs, mig=False)
+    preds = p.predict_graphs(graphs, mig=False, deployment=features_deployment())  # evaluation's: the features'
     exs = [Example(g, DEV, {"latency_ms": 1.0}, "x", g.structural_hash()) for g in graphs]
     _, rows = evaluate_examples(p, feats, exs)
     assert [r["outside_training_range"] for r in rows] == [bool(pr.details["outside_training_range"]) for pr in preds]

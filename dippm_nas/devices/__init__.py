@@ -13,7 +13,7 @@ measurements: register a copy under a new id, e.g.
 """
 
 from dippm_nas._platform import cpu_model_name, cpu_signature
-from dippm_nas.devices._device import DEVICE_KINDS, Device, MigProfile, device_from_dict
+from dippm_nas.devices._device import DEVICE_KINDS, PCIE_LANE_GBPS, Device, MigProfile, device_from_dict
 from dippm_nas.devices._host import CACHE_DIR_ENV, host_facts, measure_weight_cache
 from dippm_nas.devices._host_profile import (
     DEFAULT_HOST_PROFILE,
@@ -35,7 +35,7 @@ from dippm_nas.devices._registry import (
 )
 
 __all__ = [
-    "Device", "MigProfile", "DEVICE_KINDS", "device_from_dict",
+    "Device", "MigProfile", "DEVICE_KINDS", "PCIE_LANE_GBPS", "device_from_dict",
     "get_device", "list_devices", "register_device", "unregister_device", "resolve_device",
     "DEVICE_DIR_ENV", "CACHE_DIR_ENV", "host_facts", "measure_weight_cache", "cpu_model_name", "cpu_signature",
     "HostProfile", "FRAMEWORKS", "DEFAULT_HOST_PROFILE", "default_host_profile", "load_host_profile",

@@ -19,10 +19,13 @@ from dippm_nas._schema import from_file_data
 from dippm_nas.errors import DeviceError, UnsupportedDtypeError
 from dippm_nas.units import MIB_PER_GIB
 
-__all__ = ["Device", "MigProfile", "DEVICE_KINDS", "device_from_dict"]
+__all__ = ["Device", "MigProfile", "DEVICE_KINDS", "PCIE_LANE_GBPS", "device_from_dict"]
 
 #: What kind of processor a device is.
 DEVICE_KINDS: tuple[str, ...] = ("gpu", "cpu")
+#: Data rate of one PCI Express lane in one direction after line encoding, GB/s, per generation (PCI-SIG base
+#: specifications: 2.5 and 5 GT/s with 8b/10b encoding; 8, 16 and 32 GT/s with 128b/130b).
+PCIE_LANE_GBPS: dict[int, float] = {1: 0.25, 2: 0.5, 3: 8 * 128 / 130 / 8, 4: 16 * 128 / 130 / 8, 5: 32 * 128 / 130 / 8}
 
 _ID_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 _MIG_NAME_RE = re.compile(r"^(\d+)g\.(\d+)gb(\+me)?$")
@@ -135,6 +138,8 @@ class Device:
         sms_in_mig_mode: SMs available to MIG instances in total (98 on A100); ``None`` without MIG.
         host_dispatch_us: framework dispatch time per operator on the host, µs; ``None`` to use
             the prior's calibrated default (host-cpu measures it).
+        pcie_generation: PCI Express generation of the board's host link (3, 4, 5, ...); ``None`` when unknown.
+        pcie_lanes: lanes of that link (16 on every catalogued board); ``None`` when unknown.
         sources: where each figure comes from, ``{field: citation}``.
         checks: fields whose figure should be re-checked against the vendor before it drives a result.
         notes: free text.
@@ -164,6 +169,8 @@ class Device:
     mig_profiles: tuple[MigProfile, ...] = ()
     sms_in_mig_mode: int | None = None
     host_dispatch_us: float | None = None
+    pcie_generation: int | None = None
+    pcie_lanes: int | None = None
     sources: Mapping[str, str] = field(default_factory=dict)
     checks: tuple[str, ...] = ()
     notes: str = ""
@@ -184,6 +191,12 @@ class Device:
             v = getattr(self, name)
             if v is not None:
                 _positive(v, f"device {self.id!r}: {name}")
+        if self.pcie_generation is not None and self.pcie_generation not in PCIE_LANE_GBPS:
+            raise DeviceError(f"device {self.id!r}: pcie_generation must be one of {sorted(PCIE_LANE_GBPS)} or absent, "
+                              f"got {self.pcie_generation!r}")
+        if self.pcie_lanes is not None and self.pcie_lanes not in (1, 2, 4, 8, 16):
+            raise DeviceError(f"device {self.id!r}: pcie_lanes must be one of 1, 2, 4, 8, 16 or absent, "
+                              f"got {self.pcie_lanes!r}")
         for name in ("runtime_baseline_mib", "cublas_workspace_mib"):
             v = getattr(self, name)
             if not _is_number(v) or v < 0:
@@ -239,6 +252,14 @@ class Device:
     def has_mig(self) -> bool:
         """Whether the device can be partitioned with MIG."""
         return bool(self.mig_profiles)
+
+    @property
+    def pcie_gbps(self) -> float | None:
+        """Data rate of the host link in one direction, GB/s: lanes x the generation's rate per lane after line
+        encoding (:data:`PCIE_LANE_GBPS`); ``None`` when the generation or the width is unknown."""
+        if self.pcie_generation is None or self.pcie_lanes is None:
+            return None
+        return PCIE_LANE_GBPS[self.pcie_generation] * self.pcie_lanes
 
     @property
     def memory_mib(self) -> float:

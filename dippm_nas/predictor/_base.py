@@ -87,9 +87,17 @@ def deployment_of(device: str, deployment: Deployment | None = None, runtime: st
                                     "(Deployment(host=...)) or leave host out")
         dep = deployment
     settings = deployment_settings(dep)  # refuses "serving" (ExecutionRuntimeError listing the runtimes)
-    if settings.runtime != "eager" and resolve_device(device).kind != "gpu":
+    dev = resolve_device(device)
+    if settings.runtime != "eager" and dev.kind != "gpu":
         raise ExecutionRuntimeError(f"runtime {settings.runtime!r} is modelled for GPUs; device {device!r} is a CPU, "
                                     "whose predictions are for eager PyTorch (runtime='eager')")
+    if settings.autocast is not None and dev.kind != "gpu":
+        raise InvalidValueError(f"autocast={settings.autocast!r} is modelled for GPUs (torch.autocast('cuda')); "
+                                f"device {device!r} is a CPU: capture the model in the dtype it runs in instead")
+    if _tf32_unsupported(settings, dev):
+        _warn_once(f"tf32:{dev.id}", "the deployment asks for TF32, which %s (%s) does not have: FP32 matmuls and "
+                   "convolutions are predicted on its FP32 cores, flagged details['tf32_unsupported'] = 1",
+                   dev.id, dev.architecture)
     if settings.host.framework != CURRENT_FRAMEWORK:
         _warn_once(f"framework:{settings.host.framework}",
                    "the deployment runs %s, not the %s generation the host model's constants are for: its host "
@@ -117,11 +125,21 @@ def execution_details(settings: DeploymentSettings, device: str | None = None) -
     """``details`` entries every prediction carries about its execution: the runtime, whether the framework is
     another generation than the host model's (``host_profile_mismatch``) and the deployment's settings that
     were assumed (``deployment_assumed``: comma-joined, ``""`` when every setting is described; always ``""``
-    on a CPU device, where none of them applies)."""
-    cpu = device is not None and resolve_device(device).kind != "gpu"
-    return {"runtime": settings.runtime,
-            "host_profile_mismatch": float(settings.host.framework != CURRENT_FRAMEWORK),
-            "deployment_assumed": "" if cpu else settings.assumed_label}
+    on a CPU device, where none of them applies) and, on a GPU, whether it asked for TF32 the GPU does not have
+    (``tf32_unsupported``: the flag is ignored)."""
+    dev = resolve_device(device) if device is not None else None
+    cpu = dev is not None and dev.kind != "gpu"
+    out: dict[str, Any] = {"runtime": settings.runtime,
+                           "host_profile_mismatch": float(settings.host.framework != CURRENT_FRAMEWORK),
+                           "deployment_assumed": "" if cpu else settings.assumed_label}
+    if dev is not None and dev.kind == "gpu":
+        out["tf32_unsupported"] = float(_tf32_unsupported(settings, dev))
+    return out
+
+
+def _tf32_unsupported(settings: DeploymentSettings, device: Any) -> bool:
+    """The deployment asks for TF32 on a GPU without TF32 tensor cores (before Ampere)."""
+    return settings.tf32_requested and device.kind == "gpu" and device.tf32_tensor_tflops is None
 
 
 class AnalyticPredictor(BasePredictor):
@@ -184,13 +202,18 @@ class AnalyticPredictor(BasePredictor):
         est = estimate(graph, self.device, deployment=settings)
         g, h, pre = tf.apply(est.node_time_ms * 1e3, est.node_host_ms * 1e3, est.pass_host_ms * 1e3,
                              calibration_classes(graph) if tf.class_log else None)
-        lat = latency_us(g, h, pre) / 1e3 * (pred.latency_ms / est.latency_ms if est.latency_ms > 0 else 1.0)
+        # measurements made under the deployment describe it: its spread's offset and σ give way to the factors
+        offset, s_dep = pred.details.get("deployment_offset_log", 0.0), pred.details.get("deployment_sigma_log", 0.0)
+        centre = pred.latency_ms * math.exp(-offset)
+        lat = latency_us(g, h, pre) / 1e3 * (centre / est.latency_ms if est.latency_ms > 0 else 1.0)
         std = None
         if pred.latency_ms_std is not None:
-            std = lat * math.hypot(pred.latency_ms_std / pred.latency_ms, tf.residual_std_log)
+            own = math.sqrt(max((pred.latency_ms_std / pred.latency_ms) ** 2 - s_dep ** 2, 0.0))
+            std = lat * math.hypot(own, tf.residual_std_log)
         host_ms, gpu_ms = float(h.sum() + pre) / 1e3, float(g.sum()) / 1e3
         details = {**pred.details, **calibration_details(tf), "uncalibrated_latency_ms": pred.latency_ms,
-                   "host_ms": host_ms, "gpu_busy_ms": gpu_ms, "host_bound": float(host_ms > gpu_ms)}
+                   "host_ms": host_ms, "gpu_busy_ms": gpu_ms, "host_bound": float(host_ms > gpu_ms),
+                   "deployment_sigma_log": 0.0, "deployment_offset_log": 0.0}
         return dataclasses.replace(pred, latency_ms=lat, latency_ms_std=std, latency_source="calibrated",
                                    host_ms=host_ms, gpu_ms=gpu_ms, details=details)
 

@@ -61,7 +61,8 @@ from dippm_nas.predictor._numpy_ensemble import (INFER_CHUNK_NODES, NUMPY_MAX_GR
                                                   derived_weights_path, global_arrays, read_derived_weights,
                                                   write_derived_weights)
 from dippm_nas.predictor._meta import TARGETS, CheckpointMeta
-from dippm_nas.prior import DeploymentSettings, PriorParams, default_params, estimate as prior_estimate, latency_us
+from dippm_nas.prior import (DeploymentSettings, DeploymentSpread, PriorParams, default_params, deployment_spread,
+                             estimate as prior_estimate, latency_us)
 from dippm_nas.predictor._novelty import correction_weight, novelty_floor_log, novelty_scores
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -562,7 +563,8 @@ class GnnPredictor(BasePredictor):
         """Latency of the deployment ``settings`` (:meth:`_timeline_parts`), with the calibration's host and GPU
         factors when it has them. σ combines the network's σ on the kernel part and the host model's held-out
         σ on the host part (and the calibration's residual scatter), each weighted by how much the critical
-        path moves with it.
+        path moves with it, and, without a calibration, the spread of what the deployment leaves undescribed
+        (:func:`~dippm_nas.prior.deployment_spread`, whose mixture also sets the centre).
 
         Returns:
             ``(log latency, log σ, details, (host_ms, gpu_ms), calibrated, estimate)``, ``estimate`` as for
@@ -570,17 +572,24 @@ class GnnPredictor(BasePredictor):
         """
         lat_ms, g, h, pre, d, rt = self._timeline_parts(graph, est, m, settings)
         base_us = latency_us(g, h, pre)
+        params = self._execution_params()
+        # what the deployment leaves undescribed: the mixture's centre and spread (none when all is described)
+        sp = (deployment_spread(graph, self.device, settings, params=params, gpu_factor=d["gpu_correction"])
+              if settings.assumed else DeploymentSpread())
         tf = self.calibration.timeline_factors if self.calibration is not None else None
-        extra_s = 0.0
-        if tf is not None:
-            d["uncalibrated_latency_ms"] = lat_ms
+        extra_s = s_dep = 0.0
+        if tf is None:
+            lat_ms *= math.exp(sp.offset_log)
+            s_dep = sp.sigma_log
+            d.update(deployment_sigma_log=sp.sigma_log, deployment_offset_log=sp.offset_log)
+        else:  # measurements (a calibration) describe the deployment they ran under: its factors replace the spread
+            d["uncalibrated_latency_ms"] = lat_ms * math.exp(sp.offset_log)
             g, h, pre = tf.apply(g, h, pre, calibration_classes(graph) if tf.class_log else None)
             lat_ms *= latency_us(g, h, pre) / base_us
             base_us = latency_us(g, h, pre)
             extra_s = tf.residual_std_log
             d.update(calibration_details(tf))
         direct = bool(d.pop("direct", 0.0))
-        params = self._execution_params()
         if direct:  # the network's σ is the latency's
             s_g, s_h = s, 0.0
         else:
@@ -590,7 +599,7 @@ class GnnPredictor(BasePredictor):
         host_ms, gpu_ms = float(h.sum() + pre) / 1e3, float(g.sum()) / 1e3
         d.update(host_ms=host_ms, gpu_busy_ms=gpu_ms, gpu_idle_ms=max(0.0, lat_ms - gpu_ms),
                  host_bound=float(host_ms > gpu_ms), pass_host_ms=pre / 1e3)
-        return math.log(lat_ms), math.hypot(s_g, s_h, extra_s), d, (host_ms, gpu_ms), tf is not None, rt
+        return math.log(lat_ms), math.hypot(s_g, s_h, extra_s, s_dep), d, (host_ms, gpu_ms), tf is not None, rt
 
     def _prediction(self, graph: OperatorGraph, f: GraphFeatures, mean: np.ndarray, std: np.ndarray, *,
                     mig: bool, k_sigma: float, ood: bool = False, novelty: float = math.nan,

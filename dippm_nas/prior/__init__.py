@@ -19,9 +19,12 @@ from dippm_nas.prior._estimate import (
     latency_us,
     timeline_fields,
 )
-from dippm_nas.prior._deploy import (UNKNOWN_INPUT_COPY, UNKNOWN_TF32, DeploymentSettings, deployment_settings,
-                                     input_copy_kind)
-from dippm_nas.prior._host import HOST_KINDS, RUNTIMES, Execution, HostModel, check_runtime
+from dippm_nas.prior._deploy import (UNKNOWN_FRAMEWORK_WEIGHTS, UNKNOWN_HOST, UNKNOWN_HOST_CLOCK_GHZ,
+                                     UNKNOWN_HOST_SIGMA_LOG, UNKNOWN_INPUT_COPY, UNKNOWN_INPUT_COPY_WEIGHTS, UNKNOWN_TF32,
+                                     DeploymentSettings, deployment_settings, input_copy_kind)
+from dippm_nas.prior._spread import DeploymentSpread, deployment_spread
+from dippm_nas.prior._host import (HOST_KINDS, PINNED_COPY_EFFICIENCY, RUNTIMES, Execution, HostModel, check_runtime,
+                                   input_copy_us)
 from dippm_nas.prior._host_fit import FIT_PARAMETERS, HostRow, fit_host_model, host_model_latency_ms
 from dippm_nas.prior._memory import MemoryBreakdown, MemoryParts, activation_liveness, gpu_memory_parts, round_block
 from dippm_nas.prior._op_table import OpTable, aten_op_record, fit_op_table, graph_op_records, working_set_bytes
@@ -45,8 +48,10 @@ from dippm_nas.prior._predict import predict
 
 __all__ = [
     "estimate", "estimate_latency_ms", "predict", "PriorEstimate", "latency_us", "latency_sigma_log", "timeline_fields",
-    "RUNTIMES", "HOST_KINDS", "Execution", "HostModel", "check_runtime",
+    "RUNTIMES", "HOST_KINDS", "Execution", "HostModel", "check_runtime", "input_copy_us", "PINNED_COPY_EFFICIENCY",
     "DeploymentSettings", "deployment_settings", "input_copy_kind", "UNKNOWN_TF32", "UNKNOWN_INPUT_COPY",
+    "UNKNOWN_HOST", "UNKNOWN_HOST_CLOCK_GHZ", "UNKNOWN_HOST_SIGMA_LOG", "UNKNOWN_FRAMEWORK_WEIGHTS",
+    "UNKNOWN_INPUT_COPY_WEIGHTS", "DeploymentSpread", "deployment_spread",
     "HostRow", "fit_host_model", "host_model_latency_ms", "FIT_PARAMETERS",
     "PriorParams", "OpClassParams", "DeviceScale", "PARAM_CLASSES", "default_params",
     "node_costs", "NodeCosts", "check_autocast", "graph_facts", "kernel_time_us", "wave_efficiency",

@@ -2,14 +2,15 @@
 
 The prior computes one timeline per set of concrete settings (runtime, host profile, TF32 flags, layout,
 autocast, input copy). A deployment leaves some of them undescribed (``None``); for those the prior takes the
-centre of what real servers run (:data:`UNKNOWN_TF32`, :data:`UNKNOWN_INPUT_COPY`, the default host profile
-with the deployment's framework when only that is known) and :attr:`DeploymentSettings.assumed` lists them,
-so that the σ can widen for them.
+centre of what real servers run (:data:`UNKNOWN_TF32`, :data:`UNKNOWN_INPUT_COPY`, :data:`UNKNOWN_HOST` with
+the deployment's framework when only that is known) and :attr:`DeploymentSettings.assumed` lists them; the
+spread of those settings is the deployment σ (:func:`~dippm_nas.prior.deployment_spread`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +19,9 @@ from dippm_nas.devices import HostProfile, default_host_profile
 from dippm_nas.errors import InvalidTypeError, InvalidValueError
 from dippm_nas.prior._host import check_runtime
 
-__all__ = ["DeploymentSettings", "deployment_settings", "input_copy_kind", "UNKNOWN_TF32", "UNKNOWN_INPUT_COPY"]
+__all__ = ["DeploymentSettings", "deployment_settings", "input_copy_kind", "UNKNOWN_TF32", "UNKNOWN_INPUT_COPY",
+           "UNKNOWN_HOST", "UNKNOWN_HOST_CLOCK_GHZ", "UNKNOWN_HOST_SIGMA_LOG", "UNKNOWN_FRAMEWORK_WEIGHTS",
+           "UNKNOWN_INPUT_COPY_WEIGHTS"]
 
 #: ``(tf32_matmul, tf32_conv)`` the point estimate assumes when neither the flags nor the framework are known:
 #: PyTorch's defaults since 1.12 (``torch.backends.cuda.matmul.allow_tf32 = False``,
@@ -27,6 +30,27 @@ UNKNOWN_TF32: tuple[bool, bool] = (False, True)
 #: What the point estimate assumes when a deployment does not say whether the timed region holds the input's
 #: host-to-device copy: none (a latency of the forward pass on an input already on the GPU).
 UNKNOWN_INPUT_COPY = "none"
+#: Median clock of an undescribed host, GHz: sqrt(2.25 x 3.4), the AMD EPYC 7742 of a DGX A100 (AMD product page:
+#: 2.25 GHz base, 3.4 GHz max boost), the most common A100 server, between its base and boost clocks (one
+#: dispatch thread of a busy server runs between them).
+UNKNOWN_HOST_CLOCK_GHZ = math.sqrt(2.25 * 3.4)
+#: Log-space σ of an undescribed host's speed: ln(3.5 / 2.0) / (2 x 1.645), the 2.0-3.5 GHz of the hosts of
+#: A100/H100 servers and cloud instances (vendor specifications of their Xeon and EPYC CPUs) as the 5th-95th
+#: percentile.
+UNKNOWN_HOST_SIGMA_LOG = math.log(3.5 / 2.0) / (2 * 1.6448536269514722)
+#: The host a prediction is centred on when the deployment does not describe one (PyTorch 2.x unless the
+#: deployment names the framework).
+UNKNOWN_HOST = HostProfile.from_clock(
+    UNKNOWN_HOST_CLOCK_GHZ, framework="torch-2", name="undescribed-host",
+    source="median of undescribed hosts: AMD EPYC 7742 of a DGX A100 between 2.25 GHz base and 3.4 GHz boost "
+           "(AMD product page); spread 2.0-3.5 GHz (cloud A100/H100 hosts) in the σ",
+)
+#: Weights of the framework generations of an undescribed deployment: PyTorch 1.x and 2.x both run on A100
+#: servers; no public survey weighs them, so equally.
+UNKNOWN_FRAMEWORK_WEIGHTS: dict[str, float] = {"torch-1": 0.5, "torch-2": 0.5}
+#: Weights of the input copy of an undescribed deployment: no public survey of how latencies are timed; half the
+#: weight to a timed region without the copy, the other half split between the two kinds of copy.
+UNKNOWN_INPUT_COPY_WEIGHTS: dict[str, float] = {"none": 0.5, "pageable": 0.25, "pinned": 0.25}
 
 
 @dataclass(frozen=True)
@@ -35,13 +59,15 @@ class DeploymentSettings:
 
     Attributes:
         runtime: ``"eager"``, ``"cuda-graphs"`` or ``"compiled"``.
-        host: the host profile (the default profile with the deployment's framework where the host is unknown).
+        host: the host profile (:data:`UNKNOWN_HOST` with the deployment's framework where the host is unknown).
         tf32_matmul, tf32_conv: FP32 matmuls / convolutions may run on TF32 tensor cores.
         channels_last: activations in NHWC.
         autocast: ``None``, ``"float16"`` or ``"bfloat16"``.
         input_copy: ``"none"``, ``"pageable"`` or ``"pinned"``.
         assumed: the deployment's settings that were not described (``"host"``, ``"framework"``, ``"tf32"``,
             ``"input_copy"``) and took the centre values above.
+        tf32_requested: the deployment set a TF32 flag on itself (not a framework default), which a GPU
+            without TF32 tensor cores ignores (flagged ``details["tf32_unsupported"]``).
     """
 
     runtime: str = "eager"
@@ -52,6 +78,7 @@ class DeploymentSettings:
     autocast: str | None = None
     input_copy: str = UNKNOWN_INPUT_COPY
     assumed: tuple[str, ...] = ()
+    tf32_requested: bool = False
 
     @property
     def assumed_label(self) -> str:
@@ -82,7 +109,9 @@ def deployment_settings(deployment: Deployment | ResolvedDeployment | Deployment
     """
     if isinstance(deployment, DeploymentSettings):
         return deployment
+    requested = False
     if isinstance(deployment, Deployment):
+        requested = bool(deployment.tf32_matmul) or bool(deployment.tf32_conv)
         deployment = deployment.resolve()
     if not isinstance(deployment, ResolvedDeployment):
         raise InvalidTypeError(f"deployment must be a dippm_nas.Deployment, got {type(deployment).__name__}")
@@ -90,7 +119,7 @@ def deployment_settings(deployment: Deployment | ResolvedDeployment | Deployment
     runtime = check_runtime(r.runtime)
     host = r.host
     if host is None:
-        host = default_host_profile()
+        host = UNKNOWN_HOST
         if r.framework is not None and host.framework != r.framework:
             host = dataclasses.replace(host, framework=r.framework)
     matmul = UNKNOWN_TF32[0] if r.tf32_matmul is None else r.tf32_matmul
@@ -98,4 +127,4 @@ def deployment_settings(deployment: Deployment | ResolvedDeployment | Deployment
     return DeploymentSettings(runtime=runtime, host=host, tf32_matmul=matmul, tf32_conv=conv,
                               channels_last=r.channels_last, autocast=r.autocast,
                               input_copy=UNKNOWN_INPUT_COPY if r.input_copy is None else r.input_copy,
-                              assumed=r.assumed)
+                              assumed=r.assumed, tf32_requested=requested)

@@ -39,7 +39,7 @@ from dippm_nas.devices import Device, HostProfile, resolve_device, resolve_host_
 from dippm_nas.errors import GraphValidationError
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.prior._deploy import DeploymentSettings, deployment_settings, input_copy_kind
-from dippm_nas.prior._host import HOST_KINDS, Execution, HostModel, check_runtime, compiled_groups
+from dippm_nas.prior._host import HOST_KINDS, Execution, HostModel, check_runtime, compiled_groups, input_copy_us
 from dippm_nas.prior._memory import MemoryBreakdown, activation_liveness, gpu_memory_parts
 from dippm_nas.prior._nodes import check_autocast, graph_facts, node_costs
 from dippm_nas.prior._params import PriorParams, default_params
@@ -193,7 +193,8 @@ def _pass_host_us(graph: OperatorGraph, dev: Device, p: PriorParams, runtime: st
         return 0.0, 0.0
     hm = p.host_model if p.host_model is not None else _LEGACY_HOST
     k = hm.scale(prof)
-    copy = (hm.h2d_fixed_us * k + graph.spec.input_bytes / (hm.h2d_gbps * 1e3)) if input_copy != "none" else 0.0
+    copy = input_copy_us(input_copy, graph.spec.input_bytes, dev.pcie_gbps, pageable_fixed_us=hm.h2d_fixed_us * k,
+                         pageable_gbps=hm.h2d_gbps, pinned_fixed_us=hm.op_us["memory"] * k)
     fixed = hm.graph_launch_us * k if runtime == "cuda-graphs" else hm.iteration_us * k
     return fixed + copy, copy
 

@@ -6,8 +6,9 @@ the **execution runtime** (:data:`RUNTIMES`):
 - ``"eager"``: PyTorch eager mode. Every operator costs host time before its kernels can start (Python,
   module call, dispatcher, cuDNN/cuBLAS set-up, ``cudaLaunchKernel``): ``op_us[kind]`` per operator, plus
   ``launch_us`` per extra kernel of an operator, plus ``iteration_us`` once per pass; when the timed region
-  includes it, the input's host-to-device copy (``h2d_fixed_us`` + bytes / ``h2d_gbps``, the host blocked
-  while a pageable copy runs).
+  includes it, the input's host-to-device copy (:func:`input_copy_us`: from pageable memory ``h2d_fixed_us`` +
+  bytes / ``h2d_gbps``, from pinned memory one operator's call + bytes at the board's PCIe rate; the host
+  waits for it).
 - ``"cuda-graphs"``: the same kernels replayed from one captured CUDA graph: one ``graph_launch_us`` per
   pass, no per-operator host time.
 - ``"compiled"``: ``torch.compile`` (default mode): chains of element-wise, activation, normalisation and
@@ -34,7 +35,8 @@ from dippm_nas._json import check_keys
 from dippm_nas.devices import FRAMEWORKS, HostProfile, default_host_profile
 from dippm_nas.errors import ExecutionRuntimeError, InvalidValueError
 
-__all__ = ["RUNTIMES", "HOST_KINDS", "HostModel", "Execution", "host_kind", "check_runtime", "compiled_groups"]
+__all__ = ["RUNTIMES", "HOST_KINDS", "HostModel", "Execution", "host_kind", "check_runtime", "compiled_groups",
+           "input_copy_us", "PINNED_COPY_EFFICIENCY"]
 
 #: Execution runtimes a prediction can be made for.
 RUNTIMES: tuple[str, ...] = ("eager", "cuda-graphs", "compiled")
@@ -158,6 +160,39 @@ class HostModel:
             raise InvalidValueError(f"{origin}: host_model must be an object, got {type(d).__name__}")
         check_keys(d, cls.__dataclass_fields__, f"{origin}: host_model", required=("op_us",))
         return cls(**dict(d))
+
+
+#: Share of the host link's data rate (:attr:`~dippm_nas.devices.Device.pcie_gbps`) a host-to-device copy from
+#: pinned memory reaches: PCIe packet and flow-control overhead at a 256-byte maximum payload; NVIDIA's
+#: ``bandwidthTest`` (CUDA samples, pinned) reads about 12-13 GB/s on PCIe 3.0 x16 (15.75 GB/s) and 24-26 GB/s
+#: on PCIe 4.0 x16 (31.5 GB/s) in public transcripts.
+PINNED_COPY_EFFICIENCY = 0.80
+
+
+def input_copy_us(kind: str, nbytes: float, link_gbps: float | None, *, pageable_fixed_us: float,
+                  pageable_gbps: float, pinned_fixed_us: float) -> float:
+    """Host time of the input's host-to-device copy inside the timed region, µs (the host waits for it).
+
+    - ``"pinned"``: ``pinned_fixed_us`` (the ``x.to("cuda")`` call) plus the bytes at
+      :data:`PINNED_COPY_EFFICIENCY` of the link's rate;
+    - ``"pageable"``: the fitted fixed time of a copy from pageable memory (the driver stages it through a
+      pinned buffer) plus the bytes at the fitted pageable rate, never above the pinned rate of the link;
+    - ``"none"``: 0.
+
+    Args:
+        kind: ``"none"``, ``"pageable"`` or ``"pinned"``.
+        nbytes: bytes of one batch of inputs.
+        link_gbps: the board's host-link rate in one direction, GB/s; ``None`` (unknown): the pageable rate
+            bounds both.
+        pageable_fixed_us, pageable_gbps: the fitted pageable constants (scaled to the host by the caller).
+        pinned_fixed_us: the call's host time (scaled to the host by the caller).
+    """
+    if kind == "none":
+        return 0.0
+    pinned_gbps = link_gbps * PINNED_COPY_EFFICIENCY if link_gbps else pageable_gbps
+    if kind == "pinned":
+        return pinned_fixed_us + nbytes / (pinned_gbps * 1e3)
+    return pageable_fixed_us + nbytes / (min(pageable_gbps, pinned_gbps) * 1e3)
 
 
 def _finite(v: Any) -> bool:

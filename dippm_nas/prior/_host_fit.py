@@ -31,7 +31,7 @@ from dippm_nas.devices import resolve_device
 from dippm_nas.errors import InvalidValueError
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.prior._estimate import _timelines, estimate
-from dippm_nas.prior._host import HOST_KINDS, Execution, HostModel
+from dippm_nas.prior._host import HOST_KINDS, Execution, HostModel, input_copy_us
 from dippm_nas.prior._nodes import graph_facts, node_costs
 from dippm_nas.prior._params import PriorParams, default_params
 
@@ -72,6 +72,7 @@ class _Prepared:
     extra_kernels: np.ndarray  # kernels beyond an operator's first (each costs a launch)
     input_bytes: float
     copy: bool
+    link_gbps: float | None  # the GPU's host-link rate
     scale_no_gen: float    # 1 / speed of the row's host
     framework: str
     y_ms: float
@@ -85,10 +86,11 @@ def _prepare(rows: Sequence[HostRow], params: PriorParams) -> list[_Prepared]:
             raise InvalidValueError(f"host rows must be measured on a GPU, got device {dev.id!r} ({dev.kind})")
         f = graph_facts(r.graph)
         c = node_costs(r.graph, dev, params)
-        issued = (f.active & ~f.fused) | f.view
+        issued = (f.active & ~f.fused & ~f.internal) | (f.view & ~f.inner_view)
         out.append(_Prepared(gpu_us=c.gpu_us, kind=np.where(issued, f.host_kind, -1),
                              extra_kernels=np.where(f.active, np.maximum(c.kernels - 1.0, 0.0), 0.0),
                              input_bytes=float(r.graph.spec.input_bytes), copy=r.execution.input_copy,
+                             link_gbps=dev.pcie_gbps,
                              scale_no_gen=1.0 / r.execution.host.speed, framework=r.execution.host.framework,
                              y_ms=float(r.latency_ms)))
     return out
@@ -108,7 +110,9 @@ def _latency_ms(x: np.ndarray, p: _Prepared, generations: Mapping[str, float], l
     k = p.scale_no_gen * generations[p.framework]
     v = _op_us(base, library, view)
     host = (np.where(p.kind >= 0, v[np.maximum(p.kind, 0)], 0.0) + p.extra_kernels * launch_us) * k
-    prefix = iteration_us * k + ((h2d_fixed * k + p.input_bytes / (h2d * 1e3)) if p.copy else 0.0)
+    prefix = iteration_us * k + input_copy_us("pageable" if p.copy else "none", p.input_bytes, p.link_gbps,
+                                              pageable_fixed_us=h2d_fixed * k, pageable_gbps=h2d,
+                                              pinned_fixed_us=0.0)
     return _timelines(p.gpu_us, host, "gpu", prefix)[0] / 1e3
 
 

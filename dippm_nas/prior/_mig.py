@@ -13,7 +13,7 @@ from dippm_nas.devices import Device, MigProfile, resolve_device
 from dippm_nas.errors import InvalidValueError
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.prediction import Prediction
-from dippm_nas.prior._estimate import estimate_latency_ms
+from dippm_nas.prior._estimate import _latency_parts, latency_us
 from dippm_nas.prior._params import PriorParams
 
 __all__ = ["advise", "MigAdvice", "ProfileAdvice", "RULES", "DIPPM_LADDER"]
@@ -42,8 +42,9 @@ class ProfileAdvice:
         memory_headroom_mib: ``memory_limit_mib`` minus the memory needed (negative when it does not fit), MiB.
         instances_per_gpu: instances of this profile one GPU holds.
         latency_ms: predicted latency of one batch on one instance, ms (``None`` when unknown).
-        latency_basis: ``"prior"`` (prior re-run on the slice), ``"scaled"`` (upper bound from the
-            prediction), or ``"unknown"``.
+        latency_basis: ``"corrected"`` (the whole GPU's prediction, its corrected kernels and host timeline,
+            with each kernel re-timed on the slice's SMs, DRAM bandwidth and L2 share), ``"scaled"`` (an
+            upper bound from the prediction's totals, without the graph), or ``"unknown"``.
         throughput_samples_per_s: aggregate samples/s of ``instances_per_gpu`` instances (``None`` when
             the latency is unknown).
         reason: why it does not fit or is not eligible ("" otherwise).
@@ -114,12 +115,29 @@ class MigAdvice:
         return d
 
 
+def _timelines_of(graph: "OperatorGraph", device: Device, options: dict[str, Any]) -> tuple[Any, Any, float]:
+    """(kernel µs, host µs, host µs before the first operator) of ``graph`` on ``device`` (a slice view too)."""
+    parts = _latency_parts(graph, device, **options)
+    return parts[4].gpu_us, parts[4].host_us, parts[6]
+
+
 def _slice_latency(
     prediction: Prediction, device: Device, profile: MigProfile, graph: "OperatorGraph | None",
-    options: dict[str, Any],
+    options: dict[str, Any], whole: tuple[Any, Any, float] | None,
 ) -> tuple[float | None, str]:
-    if graph is not None:
-        return estimate_latency_ms(graph, device.mig_slice(profile), **options), "prior"
+    if graph is not None and whole is not None:
+        # the whole GPU's prediction, its kernels re-timed on the slice: each kernel's prior time on the slice
+        # over its prior time on the whole GPU, the prediction's correction of the kernels (its GPU busy time
+        # over the prior's) and of the host timeline kept as they are
+        g_w, h, pre = whole
+        g_s, _, _ = _timelines_of(graph, device.mig_slice(profile), options)
+        prior_busy, prior_host = float(g_w.sum()), float(h.sum() + pre)
+        busy, host = prediction.details.get("gpu_busy_ms"), prediction.details.get("host_ms")
+        c = float(busy) * 1e3 / prior_busy if busy is not None and prior_busy > 0 else 1.0
+        k = float(host) * 1e3 / prior_host if host is not None and prior_host > 0 else 1.0
+        l_w = latency_us(c * g_w, k * h, k * pre)
+        l_s = latency_us(c * g_s, k * h, k * pre)
+        return float(prediction.latency_ms) * (l_s / l_w if l_w > 0 else 1.0), "corrected"
     if prediction.device != device.id:
         return None, "unknown"
     sm_ratio = device.sms / device.profile_sms(profile)
@@ -147,7 +165,8 @@ def advise(
             default 1.0. Must be >= 0.
         rule: ``"dippm-nas"`` (usable memory, uncertainty, every profile) or ``"dippm"`` (DIPPM's
             memory-only ladder with inclusive bounds); see the module docstring.
-        graph: the captured graph; when given, slice latencies come from the prior re-run on each slice.
+        graph: the captured graph; when given, a slice's latency is the prediction with its kernels re-timed on
+            the slice (``latency_basis="corrected"``).
         tf32_conv, tf32_matmul, channels_last, params, runtime, host, input_copy, autocast, deployment: passed to
             the prior for slice latencies (as for :func:`~dippm_nas.prior.estimate`).
 
@@ -183,7 +202,8 @@ def advise(
 
     options = {"tf32_conv": tf32_conv, "tf32_matmul": tf32_matmul, "channels_last": channels_last, "params": params,
                "runtime": runtime, "host": host, "input_copy": input_copy, "autocast": autocast,
-               "deployment": deployment}
+               "deployment": deployment, "execution": None}
+    whole = _timelines_of(graph, dev, options) if graph is not None and prediction.device == dev.id else None
     out: list[ProfileAdvice] = []
     for p in dev.mig_profiles:
         if rule == "dippm":
@@ -193,7 +213,7 @@ def advise(
             limit = p.usable_memory_mib
             on_ladder = True
         fits = need <= limit
-        latency, basis = _slice_latency(prediction, dev, p, graph, options)
+        latency, basis = _slice_latency(prediction, dev, p, graph, options, whole)
         thr = (p.max_instances * prediction.batch_size / (latency / 1e3)) if latency and latency > 0 else None
         if not fits:
             margin = f" (memory {prediction.memory_mib:.0f} MiB + {k_sigma:g} x std {std:.0f} MiB)" \

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -30,6 +30,7 @@ from dippm_nas.deployment import AUTOCAST_DTYPES
 from dippm_nas.devices import Device, HostProfile, default_host_profile
 from dippm_nas.errors import InvalidValueError
 from dippm_nas.graph import OperatorGraph, OpNode
+from dippm_nas.prior._autocast import AutocastPlan, autocast_plan
 from dippm_nas.prior._host import HOST_KINDS, host_kind
 from dippm_nas.prior._params import CONTRACTION_CLASSES, PARAM_CLASSES, PriorParams
 
@@ -191,6 +192,8 @@ class GraphFacts:
     active: np.ndarray           # bool: launches kernels (not constant, not a view)
     view: np.ndarray             # bool: a view (host dispatch only)
     fused: np.ndarray            # bool: bias add run inside the preceding conv/matmul call
+    inner_view: np.ndarray       # bool: a view taken inside another operator's dispatch (no host time of its own)
+    internal: np.ndarray         # bool: a kernel launched inside the preceding operator's dispatch (a roll's later dim)
     hard_inner: np.ndarray       # bool: add/clip/divide of a decomposed hardswish/hardsigmoid (one kernel)
     hard_extra_bytes: np.ndarray  # bytes the last node of such a kernel reads beyond the one input it needs
     host_kind: np.ndarray        # index into HOST_KINDS of each node's op class
@@ -205,7 +208,52 @@ class GraphFacts:
     uses_cublas: bool
     _tiles: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]]
     _nodes: list[OpNode]
+    _preds: list[list[int]]
     memory: Any = None           # MemoryBreakdown of the liveness pass, filled by the estimator
+    _plans: dict[Any, Any] = field(default_factory=dict)  # autocast plans and channels-last copies, by setting
+
+    def autocast(self, graph: OperatorGraph, low: str) -> AutocastPlan:
+        """The :class:`~dippm_nas.prior._autocast.AutocastPlan` of ``graph`` (whose facts these are) under
+        autocast to ``low``, computed once."""
+        key = ("autocast", low)
+        if key not in self._plans:
+            self._plans[key] = autocast_plan(graph, low, self.classes, self.dtype, self.fused)
+        return self._plans[key]
+
+    def reshape_copies(self) -> np.ndarray:
+        """Per node, the elements a reshape copies because its input is a permuted (non-contiguous) view:
+        ``x.permute(...).reshape(...)`` / ``.transpose(1, 2).reshape(...)`` (window partitions, attention heads
+        merged back) cannot be a view, so eager PyTorch copies the tensor (one kernel). ``[num_nodes]`` float64,
+        0 elsewhere."""
+        key = "reshape_copies"
+        if key not in self._plans:
+            out = np.zeros(len(self._nodes))
+            for i in np.flatnonzero(self.view):
+                nd = self._nodes[i]
+                if nd.op not in _RESHAPES:
+                    continue
+                src = [q for q in self._preds[i] if not self._nodes[q].is_constant]
+                if len(src) == 1 and self._nodes[src[0]].op == "permute_dims" and _moves_data(self._nodes[src[0]]):
+                    out[i] = float(math.prod(nd.output_shape))
+            self._plans[key] = out
+        return self._plans[key]
+
+    def channels_last_copies(self, graph: OperatorGraph) -> np.ndarray:
+        """Per node, the elements a channels-last activation copies where it is reshaped to another rank
+        (``x.flatten(1)``, ``x.reshape(n, c, -1)`` of an NHWC tensor with more than one pixel cannot be a
+        view; PyTorch copies it to a contiguous tensor). ``[num_nodes]`` float64, 0 elsewhere."""
+        key = "channels_last"
+        if key not in self._plans:
+            out = np.zeros(len(self._nodes))
+            for i in np.flatnonzero(self.view):
+                nd = self._nodes[i]
+                if nd.op not in _RESHAPES:
+                    continue
+                shape = next((sh for sh, par in zip(nd.input_shapes, nd.input_is_param) if not par), ())
+                if len(shape) == 4 and shape[2] * shape[3] > 1 and len(nd.output_shape) != 4:
+                    out[i] = float(math.prod(shape))
+            self._plans[key] = out
+        return self._plans[key]
 
     def tiles(self, tile_m: int, tile_n: int) -> tuple[np.ndarray, np.ndarray]:
         """(thread blocks, tile efficiency) of every contraction node for a tile size (1 elsewhere)."""
@@ -217,6 +265,43 @@ class GraphFacts:
                 t[i], e[i] = contraction_tiles(self._nodes[i], tile_m, tile_n)
             self._tiles[key] = (t, e)
         return self._tiles[key]
+
+
+def _selects(nodes: Sequence[OpNode]) -> np.ndarray:
+    """``take`` nodes with a 0-d constant index: ``x[0]`` / ``qkv[0]`` in PyTorch, a ``select`` view (no kernel),
+    which the frontend writes as a gather."""
+    return np.array([nd.op == "take" and len(nd.input_shapes) == 2 and len(nd.input_shapes[1]) == 0
+                     and nd.input_is_param[1] for nd in nodes], dtype=bool)
+
+
+def _rolls(nodes: Sequence[OpNode], preds: list[list[int]], succ: list[list[int]],
+           const: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Find the frontend's decomposition of ``torch.roll``: per rolled dimension a ``concat`` of two
+    ``strided_slice`` views of one tensor, each view read only by that concat; a roll over several dimensions
+    chains them. Eager PyTorch dispatches one ``roll`` for all its dimensions (one kernel per dimension).
+
+    Returns ``(inner, internal)``: ``inner`` marks the slices (views inside the roll, no host time of their
+    own); ``internal`` the concats of the later dimensions (a kernel launched inside the first one's dispatch).
+    """
+    n = len(nodes)
+    inner = np.zeros(n, dtype=bool)
+    internal = np.zeros(n, dtype=bool)
+    roll = np.zeros(n, dtype=bool)
+    for nd in nodes:
+        if nd.op != "concat" or const[nd.index]:
+            continue
+        ps = preds[nd.index]
+        if len(ps) != 2 or len(nd.input_shapes) != 2 or any(nodes[q].op != "strided_slice" for q in ps):
+            continue
+        src = [preds[q] for q in ps]
+        if src[0] != src[1] or len(src[0]) != 1 or any(succ[q] != [nd.index] for q in ps):
+            continue
+        roll[nd.index] = True
+        inner[ps] = True
+        s0 = src[0][0]
+        if roll[s0] and sorted(succ[s0]) == sorted(ps):  # the roll's previous dimension: one dispatch
+            internal[nd.index] = True
+    return inner, internal
 
 
 def _scalar_param_input(nd: OpNode) -> bool:
@@ -284,8 +369,9 @@ def graph_facts(graph: OperatorGraph) -> GraphFacts:
     classes = tuple(param_class(nd) for nd in nodes)
     cls_idx = np.array([_CLASS_INDEX[c] for c in classes], dtype=np.int64)
     const = np.array([nd.is_constant for nd in nodes], dtype=bool)
-    view = np.array([nd.op_class == "view" for nd in nodes], dtype=bool) & ~const
+    view = (np.array([nd.op_class == "view" for nd in nodes], dtype=bool) | _selects(nodes)) & ~const
     active = ~const & ~view
+    inner, internal = _rolls(nodes, preds, succ, const)
     fused = np.zeros(n, dtype=bool)
     for nd in nodes:
         if nd.op != "add" or nd.is_constant or not any(nd.input_is_param):
@@ -295,9 +381,10 @@ def graph_facts(graph: OperatorGraph) -> GraphFacts:
             fused[nd.index] = True
     hard_inner, hard_extra = _hard_activations(nodes, preds, succ)
     facts = GraphFacts(
-        classes=classes, cls_idx=cls_idx, host_kind=np.array([_HOST_KIND_INDEX[host_kind(nd.op_class)] for nd in nodes],
-                                                             dtype=np.int64),
-        active=active, view=view, fused=fused,
+        classes=classes, cls_idx=cls_idx,
+        host_kind=np.where(view, _HOST_KIND_INDEX["view"],
+                           np.array([_HOST_KIND_INDEX[host_kind(nd.op_class)] for nd in nodes], dtype=np.int64)),
+        active=active, view=view, fused=fused, inner_view=inner, internal=internal,
         hard_inner=hard_inner, hard_extra_bytes=hard_extra,
         conv=np.array([c == "conv" for c in classes], dtype=bool),
         contraction=_CONTRACTION_IDX[cls_idx],
@@ -309,13 +396,59 @@ def graph_facts(graph: OperatorGraph) -> GraphFacts:
                              dtype=np.float64),
         dtypes=frozenset(nd.output_dtype for nd in nodes if not nd.is_constant and nd.output_dtype in _DT_CODE),
         uses_cublas=any(nd.op_class in ("matmul", "attention") and not nd.is_constant for nd in nodes),
-        _tiles={}, _nodes=nodes,
+        _tiles={}, _nodes=nodes, _preds=preds,
     )
     with _FACTS_LOCK:
         while len(_FACTS) >= _FACTS_MAX:
             _FACTS.pop(next(iter(_FACTS)))
         _FACTS[key] = facts
     return facts
+
+
+_RESHAPES = frozenset({"reshape", "flatten", "nn.batch_flatten"})
+
+
+def _moves_data(permute: OpNode) -> bool:
+    """A permutation that reorders dimensions longer than 1 (so its result is not contiguous)."""
+    axes = permute.attrs.get("axes")
+    shape = next((sh for sh, par in zip(permute.input_shapes, permute.input_is_param) if not par), ())
+    if not axes or len(axes) != len(shape):
+        return True
+    kept = [a % len(shape) for a in axes if shape[a % len(shape)] > 1]
+    return kept != sorted(kept)
+_DT_SIZE = np.array([4.0, 2.0, 2.0, 8.0])
+
+
+def _extra_kernels(graph: OperatorGraph, f: GraphFacts, device: Device, params: PriorParams,
+                   plan: AutocastPlan | None, channels_last: bool, dt: np.ndarray, eta_m: np.ndarray,
+                   active: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """Kernels eager PyTorch runs beyond the graph's own, per node: ``(kernels, bytes read and written)``, or
+    ``None`` when there are none. Reshapes of permuted views copy (:meth:`GraphFacts.reshape_copies`);
+    autocast's casts (:mod:`~dippm_nas.prior._autocast`) and, in channels-last layout, the copies of NHWC
+    activations reshaped to another rank (:meth:`GraphFacts.channels_last_copies`)."""
+    if device.kind != "gpu":
+        return None
+    width = _DT_SIZE[np.clip(dt, 0, 3)]
+    copies = f.reshape_copies()
+    n_extra = (copies > 0).astype(np.float64)
+    extra_bytes = 2.0 * copies * width  # read and written once
+    if plan is not None:
+        n_extra += np.where(active, plan.casts, 0.0)
+        extra_bytes += np.where(active, plan.cast_bytes, 0.0)
+    if channels_last:
+        elems = f.channels_last_copies(graph)
+        n_extra += elems > 0
+        extra_bytes += 2.0 * elems * width
+    return (n_extra, extra_bytes) if n_extra.any() else None
+
+
+def _internal_dispatch_us(params: PriorParams, host: HostProfile | None) -> float:
+    """Host time of a kernel an operator launches through the dispatcher without a Python call of its own (an
+    autocast cast, a layout copy), µs: a view's fitted dispatch plus a kernel launch, on ``host``."""
+    hm = params.host_model
+    if hm is None:
+        return params.host_view_us + params.host_launch_us
+    return (hm.op_us["view"] + hm.launch_us) * hm.scale(host if host is not None else default_host_profile())
 
 
 def check_autocast(autocast: Any) -> str | None:
@@ -357,40 +490,46 @@ def node_costs(
     gpu = device.kind == "gpu"
     pc = [params.op_classes[c] for c in PARAM_CLASSES]
     per = lambda name: np.array([getattr(p, name) for p in pc], dtype=np.float64)[f.cls_idx]  # noqa: E731
+    plan = f.autocast(graph, autocast) if gpu and autocast is not None else None
+    dt = plan.dtype if plan is not None else f.dtype  # each node's run-time dtype code
 
     # peaks: CUDA cores by default; tensor cores for contractions in half precision, FP32 with TF32 allowed, and
     # FP64 GEMMs where the GPU has FP64 tensor cores.
     # PyTorch computes half-precision element-wise ops in FP32 (opmath) and cuDNN/cuBLAS half convolutions and
     # GEMMs without tensor cores with FP32 math, so a GPU whose native FP16 rate is below its FP32 rate (Pascal
     # GP102: 1/64) runs them at the FP32 rate.
-    half = (f.dtype == 1) | (f.dtype == 2)
+    half = (dt == 1) | (dt == 2)
     half_peak = max(device.fp16_tflops or 0.0, device.fp32_tflops)
     cuda = np.where(half & (device.fp16_tflops is not None), half_peak, device.fp32_tflops)
     if device.fp64_tflops is not None:
-        cuda = np.where(f.dtype == 3, device.fp64_tflops, cuda)
+        cuda = np.where(dt == 3, device.fp64_tflops, cuda)
     tensor = np.zeros(n, dtype=bool)
     peak = cuda.astype(np.float64)
     if gpu:
         for code, tflops in ((1, device.fp16_tensor_tflops), (2, device.bf16_tensor_tflops)):
             if tflops is not None:
-                m = f.contraction & (f.dtype == code)
+                m = f.contraction & (dt == code)
                 peak[m], tensor[m] = tflops, True
         if device.tf32_tensor_tflops is not None:
-            allow = np.where(f.conv, tf32_conv, tf32_matmul) & f.contraction & (f.dtype == 0)
+            allow = np.where(f.conv, tf32_conv, tf32_matmul) & f.contraction & (dt == 0)
             peak[allow], tensor[allow] = device.tf32_tensor_tflops, True
         if device.fp64_tensor_tflops is not None:  # cuBLAS DGEMMs run on FP64 tensor cores; cuDNN FP64 convs do not
-            dmma = f.contraction & ~f.conv & (f.dtype == 3)
+            dmma = f.contraction & ~f.conv & (dt == 3)
             peak[dmma], tensor[dmma] = device.fp64_tensor_tflops, True
 
     bytes_ = f.bytes.copy()
+    act_bytes = f.act_bytes
     act = f.active
     if params.fuse_hard_activations:
         act = act & ~f.hard_inner
         bytes_ = bytes_ - f.hard_extra_bytes
+    if plan is not None:
+        bytes_ = bytes_ * plan.bytes_scale
+        act_bytes = act_bytes * plan.bytes_scale
     kernels = per("kernels")
     if gpu and not channels_last and params.nchw_transpose_passes > 0:
         nchw = tensor & f.conv & half
-        bytes_[nchw] += params.nchw_transpose_passes * f.act_bytes[nchw]
+        bytes_[nchw] += params.nchw_transpose_passes * act_bytes[nchw]
         kernels[nchw] += 2.0
 
     wave = np.ones(n)
@@ -400,7 +539,7 @@ def node_costs(
     k_half = np.where(f.contraction, per("k_half"), 0.0)
     # FP64 kernels on CUDA cores of a class with its own FP64 efficiency: that efficiency, no wave, tile or
     # reduction-length terms (applied after those are set below)
-    own64 = gpu & ~tensor & (f.dtype == 3)
+    own64 = gpu & ~tensor & (dt == 3)
     if own64.any():  # only float64 graphs pay for the lookup
         eta64 = np.array([np.nan if p.eta_compute_fp64 is None else p.eta_compute_fp64 for p in pc])[f.cls_idx]
         own64 &= ~np.isnan(eta64)
@@ -449,8 +588,9 @@ def node_costs(
         hm = params.host_model
         k = hm.scale(host if host is not None else default_host_profile())
         op_us = np.array([hm.op_us[kind] for kind in HOST_KINDS], dtype=np.float64)[f.host_kind] * k
-        host_t = (np.where(act, np.where(f.fused, 0.0, op_us) + np.maximum(kernels - 1.0, 0.0) * hm.launch_us * k, 0.0)
-                  + np.where(f.view, op_us, 0.0))
+        issue = np.where(f.fused, 0.0, np.where(f.internal, _internal_dispatch_us(params, host), op_us))
+        host_t = (np.where(act, issue + np.maximum(kernels - 1.0, 0.0) * hm.launch_us * k, 0.0)
+                  + np.where(f.view & ~f.inner_view, op_us, 0.0))
     else:
         if scale.dispatch_us is not None:
             dispatch = scale.dispatch_us
@@ -458,7 +598,23 @@ def node_costs(
             dispatch = device.host_dispatch_us if device.host_dispatch_us is not None else params.host_dispatch_us
         launch = params.host_launch_us if gpu else 0.0
         view_us = params.host_view_us if gpu else min(params.host_view_us, dispatch)
-        host_t = np.where(act, np.where(f.fused, 0.0, dispatch) + kernels * launch, 0.0) + np.where(f.view, view_us, 0.0)
+        host_t = (np.where(act, np.where(f.fused | f.internal, 0.0, dispatch) + kernels * launch, 0.0)
+                  + np.where(f.view & ~f.inner_view, view_us, 0.0))
+
+    extra = _extra_kernels(graph, f, device, params, plan, channels_last, dt, eta_m, act)
+    if extra is not None:  # autocast's casts and channels-last copies: kernels and dispatches of their own
+        n_extra, extra_bytes = extra
+        cast = _CLASS_INDEX["cast"]
+        t_x, _, mem_x = kernel_time_us(
+            0.0, extra_bytes, peak_tflops=device.fp32_tflops, bandwidth_gbps=device.bandwidth_gbps, eta_compute=1.0,
+            eta_memory=min(pc[cast].eta_memory * scale.memory, 1.0), kernel_us=pc[cast].kernel_us, kernels=n_extra,
+            l2_fraction=np.where(extra_bytes > 0, np.minimum(1.0, device.l2_mib * 2**20 / np.maximum(extra_bytes, 1.0)),
+                                 0.0), l2_speedup=params.l2_speedup)
+        gpu_us = gpu_us + np.where(n_extra > 0, t_x, 0.0)
+        mem = mem + np.where(n_extra > 0, mem_x, 0.0)
+        kernels = kernels + n_extra
+        bytes_ = bytes_ + extra_bytes
+        host_t = host_t + n_extra * _internal_dispatch_us(params, host)
 
     with np.errstate(divide="ignore", invalid="ignore"):
         util_c = np.where(gpu_us > 0, f.flops / (peak * 1e12) * 1e6 / gpu_us, 0.0)

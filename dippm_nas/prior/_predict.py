@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from dippm_nas.deployment import Deployment, ResolvedDeployment
 from dippm_nas.devices import Device, HostProfile, resolve_device
@@ -14,6 +15,7 @@ from dippm_nas.prior._estimate import estimate, latency_sigma_log, timeline_fiel
 from dippm_nas.prior._mig import advise
 from dippm_nas.prior._params import PriorParams
 from dippm_nas.prior._power import PowerTable
+from dippm_nas.prior._spread import deployment_spread
 
 __all__ = ["predict"]
 
@@ -52,12 +54,20 @@ def predict(
     details = est.details()
     details["params_fitted"] = float(est.params_source != "uncalibrated")
     s_lat = latency_sigma_log(est, params)
+    latency = est.latency_ms
+    if deployment is not None and dev.kind == "gpu":
+        # what the deployment leaves undescribed: the mixture's centre and spread (0 when all is described)
+        sp = deployment_spread(graph, dev, deployment, params=params)
+        latency *= math.exp(sp.offset_log)
+        s_lat = None if s_lat is None else math.hypot(s_lat, sp.sigma_log)
+        details["deployment_sigma_log"] = sp.sigma_log
+        details["deployment_offset_log"] = sp.offset_log
     pred = Prediction(
-        latency_ms=est.latency_ms, energy_j=est.energy_j, memory_mib=est.memory_mib,
+        latency_ms=latency, energy_j=est.energy_j, memory_mib=est.memory_mib,
         latency_source="analytic", energy_source=est.energy_source, memory_source="analytic",  # type: ignore[arg-type]
         energy_j_std=est.energy_j_std,
         device=dev.id, batch_size=est.batch_size, dtype=est.dtype, unknown_ops=dict(est.unknown_ops),
-        details=details, latency_ms_std=None if s_lat is None else est.latency_ms * s_lat,
+        details=details, latency_ms_std=None if s_lat is None else latency * s_lat,
         memory_mib_std=est.memory_mib_std, **timeline_fields(est),
     )
     if mig and dev.has_mig:

@@ -1,0 +1,123 @@
+"""σ for what a deployment does not describe: :func:`deployment_spread`.
+
+A prediction whose deployment leaves the host, the framework generation, the TF32 flags or the input copy
+undescribed is a prediction for any server that could run it. The latency is evaluated along the host and GPU
+timelines (:func:`~dippm_nas.prior.latency_us`) at the quantiles of what real GPU servers run, and the
+mixture's log-mean and log-spread become the prediction's centre and its deployment σ:
+
+- **host** (undescribed): the single-thread speed of the CPU that dispatches the operators, log-normal over
+  clocks around :data:`~dippm_nas.prior.UNKNOWN_HOST` (the most common A100 server) with σ
+  :data:`~dippm_nas.prior.UNKNOWN_HOST_SIGMA_LOG`; evaluated at the three Gauss-Hermite nodes of the log-normal
+  (exact for its first five moments);
+- **framework** (undescribed): PyTorch 1.x and 2.x with equal weight (both run on A100 servers; no public
+  survey weighs them), each with its host-model generation factor and, where the TF32 flags are not described
+  either, its TF32 defaults (1.7-1.11: matmuls and convolutions on TF32; >= 1.12: convolutions only), which move
+  float32 graphs;
+- **input copy** (undescribed): none, pageable, pinned with weights
+  :data:`~dippm_nas.prior.UNKNOWN_INPUT_COPY_WEIGHTS`.
+
+Host times are linear in the host's speed factor for every runtime (per-operator dispatch, graph replay,
+compiled launches, the fixed parts of the copy), so a scenario re-scales the host timeline; only a TF32
+variant re-prices kernels. A described setting contributes nothing: with everything described the spread is 0
+and the prediction's σ is the model's own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from dippm_nas.devices import Device, HostProfile, resolve_device
+from dippm_nas.graph import OperatorGraph
+from dippm_nas.prior._deploy import (UNKNOWN_FRAMEWORK_WEIGHTS, UNKNOWN_HOST_SIGMA_LOG, UNKNOWN_INPUT_COPY_WEIGHTS,
+                                     deployment_settings)
+from dippm_nas.prior._estimate import _latency_parts, _pass_host_us, _timelines
+from dippm_nas.prior._params import PriorParams, default_params
+
+__all__ = ["DeploymentSpread", "deployment_spread"]
+
+#: Gauss-Hermite nodes (in σ) and weights of a normal distribution, three points.
+_GH_NODES = ((-math.sqrt(3.0), 1.0 / 6.0), (0.0, 2.0 / 3.0), (math.sqrt(3.0), 1.0 / 6.0))
+#: TF32 defaults ``(matmul, conv)`` by framework generation (see :func:`dippm_nas.deployment.tf32_defaults`).
+_TF32_OF = {"torch-1": (True, True), "torch-2": (False, True)}
+
+
+@dataclass(frozen=True)
+class DeploymentSpread:
+    """The latency of a partly described deployment as a mixture over what it leaves open.
+
+    Attributes:
+        offset_log: log of the mixture's geometric-mean latency over the latency of the centre settings
+            (:func:`~dippm_nas.prior.deployment_settings`); 0 when everything is described.
+        sigma_log: log-space standard deviation of the mixture; 0 when everything is described.
+        scenarios: timelines evaluated.
+    """
+
+    offset_log: float = 0.0
+    sigma_log: float = 0.0
+    scenarios: int = 1
+
+
+def deployment_spread(graph: OperatorGraph, device: Device | str, deployment: Any, *,
+                      params: PriorParams | None = None, gpu_factor: float = 1.0) -> DeploymentSpread:
+    """Centre offset and σ of the latency over the settings ``deployment`` leaves undescribed.
+
+    Args:
+        graph: the captured graph.
+        device: a GPU (a CPU device has no deployment spread: ``DeploymentSpread()``).
+        deployment: a :class:`~dippm_nas.Deployment`, its resolved form or its :class:`DeploymentSettings`.
+        params: the prior's constants (default: the shipped ones).
+        gpu_factor: a correction of the kernel times (a checkpoint's), applied in every scenario.
+
+    Shapes:
+        the scenarios' timelines are ``[num_nodes]`` arrays of the graph.
+    """
+    s = deployment_settings(deployment)
+    dev = resolve_device(device)
+    if dev.kind != "gpu" or not s.assumed:
+        return DeploymentSpread()
+    p = params if params is not None else default_params()
+    hm = p.host_model
+    unknown = set(s.assumed)
+    frameworks = (dict(UNKNOWN_FRAMEWORK_WEIGHTS) if "framework" in unknown else {s.host.framework: 1.0})
+    speeds = ([(s.host.speed * math.exp(z * UNKNOWN_HOST_SIGMA_LOG), w) for z, w in _GH_NODES]
+              if "host" in unknown else [(s.host.speed, 1.0)])
+    copies = dict(UNKNOWN_INPUT_COPY_WEIGHTS) if "input_copy" in unknown else {s.input_copy: 1.0}
+    fp32 = graph.spec.dtype == "float32" and s.autocast is None
+    ref = dataclasses.replace(s.host, speed=1.0, framework="torch-2")  # host times at factor 1, rescaled below
+    kernels: dict[tuple[bool, bool], tuple[np.ndarray, np.ndarray]] = {}
+
+    def parts(tf32: tuple[bool, bool]) -> tuple[np.ndarray, np.ndarray]:
+        if tf32 not in kernels:
+            v = dataclasses.replace(s, tf32_matmul=tf32[0], tf32_conv=tf32[1], host=ref)
+            costs = _latency_parts(graph, dev, tf32_conv=v.tf32_conv, tf32_matmul=v.tf32_matmul,
+                                   channels_last=False, params=p, runtime="eager", host=None, input_copy=False,
+                                   execution=None, deployment=v)[4]
+            kernels[tf32] = (costs.gpu_us * gpu_factor, costs.host_us)
+        return kernels[tf32]
+
+    def latency(tf32: tuple[bool, bool], host: HostProfile, copy: str) -> float:
+        g, h_ref = parts(tf32)
+        k = hm.scale(host) if hm is not None else 1.0 / host.speed
+        prefix, _ = _pass_host_us(graph, dev, p, s.runtime, host, copy)
+        return _timelines(g, h_ref * k, "gpu", prefix)[0]
+
+    centre = latency((s.tf32_matmul, s.tf32_conv), s.host, s.input_copy)
+    logs, weights = [], []
+    for fw, w_fw in frameworks.items():
+        tf32 = _TF32_OF[fw] if ("tf32" in unknown and fp32) else (s.tf32_matmul, s.tf32_conv)
+        for speed, w_sp in speeds:
+            host = dataclasses.replace(s.host, speed=speed, framework=fw)
+            for copy, w_c in copies.items():
+                logs.append(math.log(latency(tf32, host, copy)))
+                weights.append(w_fw * w_sp * w_c)
+    lg, w = np.array(logs), np.array(weights)
+    w = w / w.sum()
+    mu = float(np.sum(w * lg))
+    sigma = float(np.sqrt(np.sum(w * (lg - mu) ** 2)))
+    return DeploymentSpread(offset_log=mu - math.log(centre) if centre > 0 else 0.0, sigma_log=sigma,
+                            scenarios=len(logs))
