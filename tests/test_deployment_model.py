@@ -36,7 +36,7 @@ def test_predict_graphs_takes_a_deployment_and_records_what_it_assumed(predictor
 
 def test_runtime_or_host_beside_a_contradicting_deployment_is_an_error() -> None:
     p = AnalyticPredictor(A100, load_calibration=False)
-    with pytest.raises(DippmNasError, match="contradicts"):
+    with pytest.raises(DippmNasError, match="conflicts with the deployment.s runtime"):
         p.predict_graphs(HOST_BOUND[:1], runtime="compiled", deployment=Deployment(runtime="eager"))
     with pytest.raises(ExecutionRuntimeError, match="runtime must be one of"):
         p.predict_graphs(HOST_BOUND[:1], deployment=Deployment(runtime="serving"))

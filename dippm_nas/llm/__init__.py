@@ -21,12 +21,12 @@ from dippm_nas.llm._graphs import STYLES, causal_keys_per_query, decode_graph, p
 from dippm_nas.llm._memory import KVCapacity, contiguous_capacity, kv_cache_bytes, paged_capacity, paged_kv_bytes
 from dippm_nas.llm._predict import DEFAULT_DEVICE, predict_generation, resolve_execution
 from dippm_nas.llm._prediction import GENERATION_FIGURES, Figure, GenerationPrediction, GenerationSlice
-from dippm_nas.llm._timing import LLM_RUNTIMES, Execution
+from dippm_nas.llm._timing import LLM_RUNTIMES, GenerationExecution
 from dippm_nas.llm._workload import LLMWorkload
 
 __all__ = [
     "LLMWorkload", "predict_generation", "GenerationPrediction", "GenerationSlice", "Figure", "GENERATION_FIGURES",
-    "DEFAULT_DEVICE", "LLM_RUNTIMES", "Execution", "resolve_execution",
+    "DEFAULT_DEVICE", "LLM_RUNTIMES", "GenerationExecution", "resolve_execution",
     "DecoderConfig", "decoder_config", "config_from_transformers", "ARCHITECTURES", "architecture", "MODEL_TYPES",
     "KV_DTYPES", "WEIGHT_DTYPES", "kv_dtype_bytes", "expected_active_experts",
     "prefill_graph", "decode_graph", "STYLES", "causal_keys_per_query",

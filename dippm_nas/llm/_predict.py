@@ -14,7 +14,7 @@ from dippm_nas.llm._architectures import decoder_config
 from dippm_nas.llm._config import WEIGHT_DTYPES, DecoderConfig
 from dippm_nas.llm._engines import ENGINES, ServingEngine, serving_engine
 from dippm_nas.llm._prediction import GENERATION_FIGURES, GenerationPrediction, GenerationSlice
-from dippm_nas.llm._timing import LLM_RUNTIMES, DeviceRun, Execution, run_on_device
+from dippm_nas.llm._timing import DeviceRun, GenerationExecution, run_on_device
 from dippm_nas.llm._workload import LLMWorkload
 from dippm_nas.prior import power_params_for
 from dippm_nas.units import BYTES_PER_MIB, MS_PER_S
@@ -44,9 +44,9 @@ def _engine_of(deployment: Deployment | None, engine: str | None) -> str:
 def resolve_execution(deployment: Deployment | Any = None, *, runtime: str | None = None,
                       engine: str | ServingEngine | None = None, host: HostProfile | str | None = None,
                       kv_block_size: int | None = None,
-                      kv_dtype: str = "float16") -> tuple[Execution, Deployment, tuple[str, ...]]:
-    """The :class:`~dippm_nas.llm._timing.Execution` of a generation, the deployment it resolves, and what had to
-    be assumed.
+                      kv_dtype: str = "float16") -> tuple[GenerationExecution, Deployment, tuple[str, ...]]:
+    """The :class:`~dippm_nas.llm._timing.GenerationExecution` of a generation, the deployment it resolves, and
+    what had to be assumed.
 
     ``deployment`` is what :meth:`dippm_nas.Deployment.coerce` takes (a ``Deployment``, a mapping of its fields, a
     JSON/TOML file, ``None``), with ``runtime=`` and ``host=`` folded in; ``runtime="serving"`` takes its engine
@@ -82,7 +82,8 @@ def resolve_execution(deployment: Deployment | Any = None, *, runtime: str | Non
         if eng is None:
             raise InvalidValueError(f"kv_block_size is a property of a paged KV cache: it needs runtime='serving', "
                                     f"got runtime={res.runtime!r}")
-    ex = Execution(runtime=res.runtime, engine=eng, host=prof, block_size=kv_block_size, kv_dtype=kv_dtype)
+    ex = GenerationExecution(runtime=res.runtime, engine=eng, host=prof, block_size=kv_block_size,
+                             kv_dtype=kv_dtype)
     return ex, dep, tuple(assumed)
 
 
@@ -165,8 +166,8 @@ def _reason(run: DeviceRun, wl: LLMWorkload, where: str, engine: str | None) -> 
 
 def predict_generation(model_or_config: Any, workload: LLMWorkload, device: str | Device = DEFAULT_DEVICE, *,
                        deployment: Deployment | Any = None, mig: bool = True, runtime: str | None = None,
-                       engine: str | ServingEngine | None = None, kv_block_size: int | None = None, dtype: str | None = None,
-                       host: HostProfile | str | None = None) -> GenerationPrediction:
+                       engine: str | ServingEngine | None = None, kv_block_size: int | None = None,
+                       dtype: str | None = None, host: HostProfile | str | None = None) -> GenerationPrediction:
     """Predicted prefill and decode latency, throughput, energy per token, memory and the largest batch of
     generating ``workload`` with a decoder on ``device`` (and on each of its MIG profiles).
 
@@ -230,7 +231,8 @@ def predict_generation(model_or_config: Any, workload: LLMWorkload, device: str 
     energy_src = "unavailable" if figs["energy_j_per_token"] is None else (
         "predicted" if power_params_for(dev).fitted else "analytic")
     sources = {name: "analytic" for name in GENERATION_FIGURES}
-    for name in ("prefill_ms", "decode_ms_per_token", "decode_ms_last", "e2e_ms", "tokens_per_s", "output_tokens_per_s"):
+    for name in ("prefill_ms", "decode_ms_per_token", "decode_ms_last", "e2e_ms", "tokens_per_s",
+                 "output_tokens_per_s"):
         sources[name] = latency_src
     sources["energy_j_per_token"] = energy_src
 
@@ -259,7 +261,7 @@ def predict_generation(model_or_config: Any, workload: LLMWorkload, device: str 
     )
 
 
-def _mig_slices(cfg: DecoderConfig, dev: Device, ex: Execution, wl: LLMWorkload,
+def _mig_slices(cfg: DecoderConfig, dev: Device, ex: GenerationExecution, wl: LLMWorkload,
                 sigmas: tuple[float | None, float | None]) -> dict[str, GenerationSlice]:
     """One :class:`GenerationSlice` per MIG profile (profiles with the same compute and memory share one run)."""
     out: dict[str, GenerationSlice] = {}

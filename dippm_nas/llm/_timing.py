@@ -37,7 +37,8 @@ from dippm_nas.llm._memory import KVCapacity, contiguous_capacity, paged_capacit
 from dippm_nas.prior import PriorEstimate, estimate, latency_sigma_log, latency_us, power_params_for, wait_power_w
 from dippm_nas.units import BYTES_PER_MIB, MS_PER_S, US_PER_MS
 
-__all__ = ["Execution", "DeviceRun", "run_on_device", "RUNTIME_STYLES", "LLM_RUNTIMES", "SAMPLES"]
+__all__ = ["GenerationExecution", "DeviceRun", "run_on_device", "RUNTIME_STYLES", "LLM_RUNTIMES",
+           "SAMPLES"]
 
 #: runtime -> (graph style, prior runtime of prefill, prior runtime of a decode step)
 RUNTIME_STYLES: dict[str, tuple[str, str, str]] = {
@@ -53,7 +54,7 @@ SAMPLES = 9
 
 
 @dataclass(frozen=True)
-class Execution:
+class GenerationExecution:
     """How the generation runs, resolved once at the entry.
 
     Attributes:
@@ -172,7 +173,7 @@ def _engine_wait_w(dev: Device, engine: ServingEngine | None) -> float:
 class _Runner:
     """Estimates on one device for one prediction."""
 
-    def __init__(self, cfg: DecoderConfig, dev: Device, ex: Execution,
+    def __init__(self, cfg: DecoderConfig, dev: Device, ex: GenerationExecution,
                  sigmas: tuple[float | None, float | None] | None) -> None:
         self.cfg, self.dev, self.ex, self.sigmas = cfg, dev, ex, sigmas
         self.wait_w = _engine_wait_w(dev, ex.engine) if dev.has_power else 0.0
@@ -317,7 +318,8 @@ class _Runner:
                 e2e_std += count * (pre.ms * pre.sigma_log + dec.ms * dec.sigma_log)
             if have_energy and pre.energy_j is not None and dec.energy_j is not None:
                 energy += count * (pre.energy_j + dec.energy_j)
-                energy_rel_num += count * (pre.energy_j * (pre.energy_rel or 0.0) + dec.energy_j * (dec.energy_rel or 0.0))
+                energy_rel_num += count * (pre.energy_j * (pre.energy_rel or 0.0)
+                                           + dec.energy_j * (dec.energy_rel or 0.0))
             else:
                 have_energy = False
         assert first is not None
@@ -336,8 +338,8 @@ class _Runner:
         )
 
 
-def run_on_device(cfg: DecoderConfig, dev: Device, ex: Execution, prompt: int, output: int, batch: int, *,
-                  sigmas: tuple[float | None, float | None] | None = None) -> DeviceRun:
+def run_on_device(cfg: DecoderConfig, dev: Device, ex: GenerationExecution, prompt: int, output: int,
+                  batch: int, *, sigmas: tuple[float | None, float | None] | None = None) -> DeviceRun:
     """The generation of ``batch`` sequences (``prompt`` + ``output`` tokens each) on ``dev``.
 
     Args:

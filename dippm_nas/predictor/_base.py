@@ -11,15 +11,15 @@ from typing import Any
 import math
 
 from dippm_nas._logging import WarnOnce
-from dippm_nas.deployment import Deployment
-from dippm_nas.devices import HostProfile, resolve_device, resolve_host_profile
+from dippm_nas.deployment import DEPLOYMENT_RUNTIMES, Deployment
+from dippm_nas.devices import HostProfile, resolve_device
 from dippm_nas.errors import DeviceError, ExecutionRuntimeError, InvalidTypeError, InvalidValueError
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.prediction import Prediction
 from dippm_nas.predictor._calibrate import (ANALYTIC_IDENTITY, Calibration, calibration_classes, calibration_details,
                                             delete_calibration, fit_timeline_factors, read_calibration,
                                             require_plausible, save_calibration)
-from dippm_nas.prior import (DeploymentSettings, check_runtime, deployment_settings, estimate, latency_us,
+from dippm_nas.prior import (DeploymentSettings, deployment_settings, estimate, latency_us,
                              predict as prior_predict, timeline_fields)
 
 __all__ = ["BasePredictor", "AnalyticPredictor", "measurement_pairs", "deployment_of"]
@@ -70,22 +70,12 @@ def deployment_of(device: str, deployment: Deployment | None = None, runtime: st
             one other than ``"eager"`` on a CPU device.
         DeviceError: an unreadable host profile.
         InvalidTypeError: ``deployment`` is not a :class:`~dippm_nas.Deployment`.
-        InvalidValueError: ``runtime`` or ``host`` given beside a deployment that says otherwise.
+        DeploymentError: ``runtime`` or ``host`` given beside a deployment that says otherwise
+            (:meth:`Deployment.coerce`).
     """
-    if deployment is None:
-        rt = check_runtime("eager" if runtime is None else runtime)
-        prof = None if host is None else resolve_host_profile(host)
-        dep = Deployment(runtime=rt, host=prof, framework=None if prof is None else prof.framework)
-    else:
-        if not isinstance(deployment, Deployment):
-            raise InvalidTypeError(f"deployment must be a dippm_nas.Deployment, got {type(deployment).__name__}")
-        if runtime is not None and runtime != deployment.runtime:
-            raise InvalidValueError(f"runtime={runtime!r} contradicts the deployment's runtime "
-                                    f"{deployment.runtime!r}; pass one of them")
-        if host is not None and resolve_host_profile(host) != deployment.host:
-            raise InvalidValueError("host= contradicts the deployment's host; pass the host in the deployment "
-                                    "(Deployment(host=...)) or leave host out")
-        dep = deployment
+    if deployment is not None and not isinstance(deployment, Deployment):
+        raise InvalidTypeError(f"deployment must be a dippm_nas.Deployment, got {type(deployment).__name__}")
+    dep = Deployment.coerce(deployment, runtime=runtime, host=host, runtimes=DEPLOYMENT_RUNTIMES)
     settings = deployment_settings(dep)  # refuses "serving" (ExecutionRuntimeError listing the runtimes)
     dev = resolve_device(device)
     if settings.runtime != "eager" and dev.kind != "gpu":
@@ -104,17 +94,6 @@ def deployment_of(device: str, deployment: Deployment | None = None, runtime: st
                    "times are scaled by the fitted generation factor and flagged details['host_profile_mismatch'] = 1",
                    settings.host.framework, CURRENT_FRAMEWORK)
     return dep, settings
-
-
-def execution_args(device: str, runtime: str, host: Any) -> tuple[str, HostProfile]:
-    """Check ``runtime`` and ``host`` for ``device``: the runtime and the host profile a prediction uses.
-
-    Raises:
-        ExecutionRuntimeError: an unknown runtime, or one other than ``"eager"`` on a CPU device.
-        DeviceError: an unreadable host profile.
-    """
-    _, s = deployment_of(device, None, runtime, host)
-    return s.runtime, s.host
 
 
 #: The framework generation the host model's constants and the default host profile describe.
