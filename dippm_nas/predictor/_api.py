@@ -126,14 +126,14 @@ def _takes_deployment(predictor: BasePredictor) -> bool:
 
 def _predict_graphs(predictor: BasePredictor, graphs: list[OperatorGraph], *, mig: bool, k_sigma: float,
                     deployment: Deployment) -> list[Prediction]:
-    """The predictor's answers for ``deployment``, each recording it in ``details["deployment"]``."""
+    """The predictor's answers for ``deployment``, each recording it in ``labels["deployment"]``."""
     if _takes_deployment(predictor):
         preds = predictor.predict_graphs(graphs, mig=mig, k_sigma=k_sigma, deployment=deployment)
     else:
         preds = predictor.predict_graphs(graphs, mig=mig, k_sigma=k_sigma, runtime=deployment.runtime,
                                          host=deployment.host)
-    return [p if "deployment" in p.details else dataclasses.replace(p, details={**p.details,
-                                                                                "deployment": deployment.label})
+    return [p if "deployment" in p.labels
+            else dataclasses.replace(p, labels={**p.labels, "deployment": deployment.label})
             for p in preds]
 
 
@@ -156,7 +156,7 @@ def predict(model_or_graph: Any, spec: InputSpec | None = None, device: str = DE
         deployment: how inference runs on a GPU (:class:`~dippm_nas.Deployment`: runtime, host, framework,
             TF32, autocast, input copy...), a mapping of its fields, or a JSON/TOML file
             (``dippm-nas deployment --out FILE``); ``None``: nothing described but ``runtime`` and ``host``
-            (what is not described is assumed: ``details["deployment_assumed"]`` lists it).
+            (what is not described is assumed: ``labels["deployment_assumed"]`` lists it).
         runtime: shorthand for ``Deployment(runtime=...)``: ``"eager"`` (the default: PyTorch eager,
             per-operator host dispatch on the critical path), ``"cuda-graphs"`` (the same kernels replayed from
             one CUDA graph) or ``"compiled"`` (``torch.compile`` default mode: element-wise chains fused).
@@ -165,8 +165,8 @@ def predict(model_or_graph: Any, spec: InputSpec | None = None, device: str = DE
 
     Returns:
         A :class:`Prediction`; each figure says its source (``"predicted"``, ``"analytic"``, ``"calibrated"``);
-        ``host_ms`` and ``gpu_ms`` are the two timelines, ``details["runtime"]`` the runtime and
-        ``details["deployment"]`` the deployment (:attr:`Deployment.label`).
+        ``host_ms`` and ``gpu_ms`` are the two timelines, ``labels["runtime"]`` the runtime and
+        ``labels["deployment"]`` the deployment (:attr:`Deployment.label`).
 
     Raises:
         DeploymentError: a bad deployment (the field, the value and the choices are named), or a ``runtime`` /

@@ -51,7 +51,8 @@ from dippm_nas.mig import advise
 from dippm_nas.predictor._adapt import (ANY_SPACE, HANDOVER_ROWS, Adaptation, AdaptationKey, apply_adaptation,
                                         check_rows_key, deployment_key, fit_adaptation, head_inputs)
 from dippm_nas.predictor._adapt_store import AdaptationStore, read_newest
-from dippm_nas.predictor._base import BasePredictor, deployment_of, execution_details, measurement_pairs
+from dippm_nas.predictor._base import (BasePredictor, deployment_of, execution_details, execution_labels,
+                                      measurement_pairs)
 from dippm_nas.predictor._calibrate import (Calibration, calibration_classes, calibration_details,
                                             checkpoint_identity, delete_calibration, fit_calibration,
                                             fit_timeline_factors, read_calibration, require_plausible,
@@ -658,7 +659,8 @@ class GnnPredictor(BasePredictor):
             unknown.setdefault(op, c)
         details = est.details() if est is not None else {}
         details.update(composed)
-        details.update(execution_details(settings if settings is not None else DeploymentSettings(), self.device))
+        settings_or_default = settings if settings is not None else DeploymentSettings()
+        details.update(execution_details(settings_or_default, self.device))
         details["prior_latency_ms"] = f.prior_latency_ms
         details["prior_memory_mib"] = f.prior_memory_mib
         details["outside_training_range"] = float(ood)
@@ -687,6 +689,7 @@ class GnnPredictor(BasePredictor):
             memory_source=sources["memory_mib"], device=self.device, batch_size=graph.spec.batch_size,
             dtype=graph.spec.dtype, latency_ms_std=stds["latency_ms"], energy_j_std=stds["energy_j"],
             memory_mib_std=stds["memory_mib"], unknown_ops=unknown, details=details, **timeline,
+            labels=execution_labels(settings_or_default, self.device),
         )
         if mig and dev.has_mig:
             pred = dataclasses.replace(pred, mig=advise(pred, dev, graph=graph, k_sigma=k_sigma,
