@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from scipy.stats import kendalltau
 
 from dippm_nas.devices import get_device
 from dippm_nas.prior import PriorParams, estimate, kernel_time_us
@@ -62,27 +63,11 @@ def mape(pred: np.ndarray, true: np.ndarray) -> float:
     return float(np.mean(np.abs(pred - true) / true) * 100.0)
 
 
-def kendall_tau(x: np.ndarray, y: np.ndarray, *, max_n: int = 6000, seed: int = 0) -> float:
-    """Kendall's tau-b (pairwise, chunked); a deterministic subsample of ``max_n`` points above that."""
-    x, y = np.asarray(x, float), np.asarray(y, float)
-    if len(x) > max_n:
-        idx = np.random.default_rng(seed).choice(len(x), max_n, replace=False)
-        x, y = x[idx], y[idx]
-    n = len(x)
-    if n < 2:
+def kendall_tau(x: np.ndarray, y: np.ndarray) -> float:
+    """Kendall's tau-b (:func:`scipy.stats.kendalltau`); NaN below two points."""
+    if len(x) < 2:
         return float("nan")
-    conc = disc = tx = ty = 0
-    for start in range(0, n, 512):
-        dx = np.sign(x[start:start + 512, None] - x[None, :])
-        dy = np.sign(y[start:start + 512, None] - y[None, :])
-        prod = dx * dy
-        conc += int((prod > 0).sum())
-        disc += int((prod < 0).sum())
-        tx += int(((dx == 0) & (dy != 0)).sum())
-        ty += int(((dy == 0) & (dx != 0)).sum())
-    # every unordered pair was counted twice (i,j) and (j,i); the ratio is unaffected
-    denom = math.sqrt((conc + disc + tx) * (conc + disc + ty))
-    return float((conc - disc) / denom) if denom > 0 else float("nan")
+    return float(kendalltau(np.asarray(x, float), np.asarray(y, float)).statistic)
 
 
 def held_out(key: str, fraction: float = 0.25) -> bool:
