@@ -12,8 +12,8 @@ What is fitted (a :class:`dippm_nas.prior.DeviceScale` under the key ``host-cpu`
 multiplier for each contraction class (``conv``, ``conv_depthwise``, ``matmul``, ``attention``: oneDNN's
 convolutions and GEMMs reach very different shares of the CPU's measured matmul peak), and the framework
 time per dispatched op (the host microbenchmark times a tiny op; a real layer costs more). A per-class
-call time was tried too: it fitted the six training families better but moved the held-out
-resnet family from 23.6 % to 32.2 % MAPE, so it is not fitted. Loss: mean absolute log error of whole-model latency, each family
+call time is not fitted: it fits the six training families better but takes the held-out resnet family from
+23.6 % to 32.2 % MAPE. Loss: mean absolute log error of whole-model latency, each family
 weighted equally, Adam in log space on the node costs decomposed once under the base constants.
 
 ``--holdout`` families are excluded from the fit and reported as held out (use the same families as
@@ -27,8 +27,9 @@ families) and stores it in the written constants under ``op_tables["host-cpu"]``
 per-node times then come from it, and a checkpoint trained with ``--prior-params`` of that file carries it.
 The before/after table is then printed for it as well ("after" = the table). ``--cache-residency``
 adds the table's cache-residency model (a model whose working set fits in the cache reads its weights
-faster: :attr:`dippm_nas.prior.OpTable.cache_bytes`), with the capacity and speed-up measured now by
-:func:`dippm_nas.devices.measure_weight_cache` or given as ``MIB,SPEEDUP`` from an earlier measurement.
+faster: :attr:`dippm_nas.prior.OpTable.cache_bytes`), with the capacity and speed-up measured by
+:func:`dippm_nas.devices.measure_weight_cache` when the script runs, or given as ``MIB,SPEEDUP`` (the figures of
+one such measurement).
 
 Machine facts matter: the host device's peaks are measured on the machine that runs this (cached per
 CPU model, thread count and torch version); run it on the machine the dataset was measured on, with
@@ -177,9 +178,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="in-place operator profiles (JSONL[.xz]) to fit a host-cpu op table on; repeatable")
     ap.add_argument("--cache-residency", nargs="?", const="measure", default=None, metavar="MIB,SPEEDUP",
                     help="with --op-profiles: a model's weights are read from cache when its working set fits "
-                         "(see OpTable.cache_bytes). Alone: measure the capacity and speed-up now "
+                         "(see OpTable.cache_bytes). Alone: measure the capacity and speed-up on this run "
                          "(devices.measure_weight_cache; on the machine the profiles were measured on, idle); "
-                         "or give the figures of an earlier measurement, e.g. 10,2.05")
+                         "or give the figures of one such measurement, e.g. 10,2.05")
     args = ap.parse_args(argv)
     if args.cache_residency and not args.op_profiles:
         ap.error("--cache-residency models the operator table's weights: it needs --op-profiles")
