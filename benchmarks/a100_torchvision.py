@@ -35,11 +35,10 @@ def main() -> int:
     import torch
 
     import dippm_nas as dn
-    from dippm_nas.predictor import set_predictor
-    from dippm_nas.predictor import GnnPredictor
+    from dippm_nas.predictor import GnnPredictor, find_checkpoint, set_predictor
 
     torch.set_num_threads(1)
-    ckpts = args.checkpoint or [str(Path(dn.__file__).parent / "predictor" / "checkpoints" / f"{DEVICE}.pt")]
+    ckpts = args.checkpoint or [str(find_checkpoint(DEVICE))]
     print("| checkpoint | model | batch | dtype | predicted ms ± σ | pinned prior ms | outside range | novel |")
     print("|---|---|---|---|---|---|---|---|")
     for ck in ckpts:

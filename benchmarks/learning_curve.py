@@ -3,11 +3,11 @@
 Usage (from the repository root; data paths are arguments, nothing is downloaded)::
 
     python benchmarks/learning_curve.py --data data/host_cpu/host_cpu_amd_epyc_vm3_new_families.jsonl.xz \\
-        --device host-cpu --checkpoint dippm_nas/predictor/checkpoints/host-cpu.pt --group space \\
+        --device host-cpu --checkpoint dippm_nas/predictor/checkpoints/host-cpu.intel-xeon.pt --group space \\
         [--ns 0,5,10,20,50,100] [--draws 10] [--pool 170] [--out report.json]
     python benchmarks/learning_curve.py --data accel_stitched.jsonl --device a100-sxm4-40gb --row-device a100-40gb
     python benchmarks/learning_curve.py --data accel_stitched.jsonl --device rtx-3090 --row-device rtx-3090 \\
-        --checkpoint dippm_nas/predictor/checkpoints/a100-sxm4-40gb.pt
+        --checkpoint dippm_nas/predictor/checkpoints/a100-sxm4-40gb.accel-timm-tv.pt
 
 Each group of rows (``--group space``: one search space, e.g. each host-CPU family; ``none``: the whole file) is
 a space a search explores. Per draw, ``--pool`` candidates of the group are taken (seeded) and ordered as a

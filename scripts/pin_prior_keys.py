@@ -9,7 +9,7 @@ correction withheld (``CheckpointMeta.prior_only_dtypes``, ``details["prior_only
 
 Usage::
 
-    python scripts/pin_prior_keys.py --checkpoint dippm_nas/predictor/checkpoints/a100-sxm4-40gb.pt \\
+    python scripts/pin_prior_keys.py --checkpoint dippm_nas/predictor/checkpoints/a100-sxm4-40gb.accel-timm-tv.pt \\
         --calibration dippm_nas/prior/calibration/fitted.json \\
         --key op_classes.conv.eta_compute_fp64 --key op_classes.matmul.eta_compute_fp64 \\
         --key host_model.metrics.sigma_log_gpu_bound_float64 --prior-only-dtype float64 --out NEW.pt

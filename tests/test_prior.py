@@ -500,7 +500,7 @@ def test_host_checkpoints_keep_the_prior_they_were_trained_with() -> None:
     record either way)."""
     from importlib import resources
 
-    for name, fused in (("host-cpu.json", False), ("host-cpu--amd-epyc.json", True)):
+    for name, fused in (("host-cpu.intel-xeon.json", False), ("host-cpu.amd-epyc.json", True)):
         meta = json.loads((resources.files("dippm_nas.predictor") / "checkpoints" / name).read_text())
         assert ("fuse_hard_activations" in meta["prior_params"]["global"]) is fused
         assert PriorParams.from_dict(meta["prior_params"]).fuse_hard_activations is fused
