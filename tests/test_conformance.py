@@ -97,6 +97,7 @@ CASES: dict[str, tuple[Callable[[], BasePredictor], bool]] = {
     "calibrated-gnn-cpu": (lambda: _gnn_calibrated(CPU), True),
     "calibrated-scale-cpu": (_scale_calibrated, True),
     "adapted-gnn-cpu": (lambda: _adapted(CPU), True),
+    "adapted-gnn-gpu": (lambda: _adapted(GPU), True),
 }
 
 
