@@ -37,6 +37,8 @@ from typing import Any, ClassVar, Self
 
 import sqlalchemy as sa
 from sqlalchemy import event, exc
+from sqlalchemy.dialects import postgresql as _postgresql
+from sqlalchemy.dialects import sqlite as _sqlite
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.pool import StaticPool
 
@@ -315,6 +317,17 @@ class SqlStore:
         """
         with transaction(self._engine, write=write, error=self.error, what=f"{self._label()}: {doing}") as conn:
             yield conn
+
+    @staticmethod
+    def _insert_on_conflict(table: sa.Table, dialect: str) -> Any | None:
+        """``INSERT`` into ``table`` with ``ON CONFLICT`` clauses (``on_conflict_do_nothing``/``_do_update``) on
+        SQLite and PostgreSQL (``dialect``, the engine's dialect name); ``None`` on other databases, whose callers
+        insert, then update or skip."""
+        if dialect == "sqlite":
+            return _sqlite.insert(table)
+        if dialect == "postgresql":
+            return _postgresql.insert(table)
+        return None
 
     def _create_tables(self, metadata: sa.MetaData, tables: Sequence[str]) -> None:
         """Create the store's missing tables (:func:`create_tables`; safe when processes race)."""

@@ -516,12 +516,9 @@ class ConversionCache(SqlStore):
 
     def _upsert(self, values: dict[str, Any]) -> None:
         dialect = self._dialect
-        if dialect in ("sqlite", "postgresql"):
-            if dialect == "sqlite":
-                from sqlalchemy.dialects.sqlite import insert
-            else:
-                from sqlalchemy.dialects.postgresql import insert
-            stmt = insert(_table).values(values)
+        insert = self._insert_on_conflict(_table, dialect)
+        if insert is not None:
+            stmt = insert.values(values)
             stmt = stmt.on_conflict_do_update(
                 index_elements=[_table.c.key], set_={c: stmt.excluded[c] for c in _UPDATABLE}
             )

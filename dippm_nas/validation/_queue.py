@@ -341,14 +341,11 @@ class JobQueue(SqlStore):
             "predicted_json": predicted_json, "status": "queued", "lease_owner": None, "lease_expires_at": None,
             "attempts": 0, "result_json": None, "error": None,
         }
-        if self.dialect in ("sqlite", "postgresql"):
-            if self.dialect == "sqlite":
-                from sqlalchemy.dialects.sqlite import insert
-            else:
-                from sqlalchemy.dialects.postgresql import insert
+        insert = self._insert_on_conflict(jobs, self.dialect)
+        if insert is not None:
             with self._tx("enqueueing a job") as conn:
                 now = _now(conn)
-                stmt = insert(jobs).values({**values, "created_at": now, "updated_at": now}).on_conflict_do_nothing(
+                stmt = insert.values({**values, "created_at": now, "updated_at": now}).on_conflict_do_nothing(
                     index_elements=[jobs.c.study, jobs.c.trial_number, jobs.c.device]
                 ).returning(jobs.c.id)
                 row = conn.execute(stmt).first()
