@@ -157,23 +157,7 @@ def plan_candidates(
     """
     from tqdm.auto import tqdm
 
-    n = as_int(n, "n", low=1, error=DatasetError)
-    if not spaces:
-        raise DatasetError(f"spaces must name at least one search space; choices: {ss.list_spaces()}")
-    for s in spaces:
-        ss.get_space(s)  # raises with the valid names
-    if len(set(spaces)) != len(spaces):
-        raise DatasetError(f"spaces must not repeat, got {list(spaces)}")
-    try:
-        batch_sizes = [as_int(b, "batch size", low=1, error=DatasetError) for b in batch_sizes]
-    except DatasetError:
-        batch_sizes = []
-    if not batch_sizes:
-        raise DatasetError(f"batch_sizes must be a non-empty list of ints >= 1, got {list(batch_sizes)}")
-    if mac_budget is not None and (isinstance(mac_budget, bool) or not isinstance(mac_budget, int) or mac_budget < 1):
-        raise DatasetError(f"mac_budget must be None or an int >= 1 (MACs), got {mac_budget!r}")
-    workers = as_int(workers, "workers", low=1, error=DatasetError)
-
+    n, batch_sizes, workers = _checked(spaces, n, batch_sizes, mac_budget, workers)
     params = {
         "kind": "sampled", "spaces": list(spaces), "n": n, "batch_sizes": list(batch_sizes), "seed": seed,
         "mac_budget": mac_budget, "max_attempts_per_candidate": max_attempts_per_candidate,
@@ -183,55 +167,26 @@ def plan_candidates(
     }
     k = len(spaces)
     want = {s: n // k + (1 if i < n % k else 0) for i, s in enumerate(spaces)}
-    chosen: dict[str, list[Candidate]] = {s: [] for s in spaces}
-    seen: set[str] = set()
-    rejected = dict.fromkeys(spaces, 0)
-    dups = dict.fromkeys(spaces, 0)
-    next_j = dict.fromkeys(spaces, 0)
+    draw = _Drawing(spaces, want, max_attempts_per_candidate)
     bar = tqdm(total=n, desc="planning", unit="candidate", disable=not progress, mininterval=2.0)
     pool = None
     if workers > 1:
         pool = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"))
     try:
-        while True:
-            todo = [s for s in spaces if len(chosen[s]) < want[s]
-                    and next_j[s] < max_attempts_per_candidate * want[s]]
-            if not todo:
-                break
-            tasks = []
-            for s in todo:
-                missing = want[s] - len(chosen[s])
-                # size the block by the acceptance seen so far (80 % assumed before any attempt)
-                acc = len(chosen[s]) / next_j[s] if next_j[s] else 0.8
-                block = max(2 * workers, math.ceil(missing / max(acc, 0.05) * 1.05))
-                limit = max_attempts_per_candidate * want[s]
-                tasks += [(seed, s, j, tuple(batch_sizes), mac_budget)
-                          for j in range(next_j[s], min(next_j[s] + block, limit))]
+        while tasks := draw.tasks(seed, batch_sizes, mac_budget, workers):
             results = list(pool.map(_attempt_star, tasks, chunksize=4)) if pool else [_attempt_star(t) for t in tasks]
-            for (_seed, s, j, _b, _m), (cfg, macs, batch) in zip(tasks, results):
-                next_j[s] = max(next_j[s], j + 1)
-                if len(chosen[s]) >= want[s]:
-                    continue
-                if batch is None:
-                    rejected[s] += 1
-                    continue
-                key = canonical_json([s, cfg, batch])
-                if key in seen:
-                    dups[s] += 1
-                    continue
-                seen.add(key)
-                chosen[s].append(Candidate(space=s, config=cfg, batch_size=batch, macs_per_sample=macs, attempt=j))
-                bar.update(1)
+            bar.update(draw.take(tasks, results))
     finally:
         bar.close()
         if pool is not None:
             pool.shutdown()
+    chosen = draw.chosen
     shortfall = {s: want[s] - len(chosen[s]) for s in spaces if len(chosen[s]) < want[s]}
     for s, short in shortfall.items():
         logger.warning(
             "plan: space %s gave %d of %d candidates within %d attempts (%d over the MAC budget of %s); "
-            "raise mac_budget or add smaller batch sizes", s, want[s] - short, want[s], next_j[s], rejected[s],
-            mac_budget,
+            "raise mac_budget or add smaller batch sizes", s, want[s] - short, want[s], draw.next_j[s],
+            draw.rejected[s], mac_budget,
         )
     # interleave the spaces so any prefix of the plan covers every family
     ordered: list[Candidate] = []
@@ -239,5 +194,79 @@ def plan_candidates(
         for s in spaces:
             if i < len(chosen[s]):
                 ordered.append(chosen[s][i])
-    return Plan(candidates=ordered, params=params, rejected_over_budget=rejected, duplicates=dups,
+    return Plan(candidates=ordered, params=params, rejected_over_budget=draw.rejected, duplicates=draw.dups,
                 shortfall=shortfall)
+
+
+def _checked(spaces: Sequence[str], n: int, batch_sizes: Sequence[int], mac_budget: int | None,
+             workers: int) -> tuple[int, list[int], int]:
+    """``n``, the batch sizes and ``workers`` of :func:`plan_candidates`, checked.
+
+    Raises:
+        DatasetError: a bad value (the message names the argument, the rule and the value);
+        SearchSpaceError: an unknown space name.
+    """
+    n = as_int(n, "n", low=1, error=DatasetError)
+    if not spaces:
+        raise DatasetError(f"spaces must name at least one search space; choices: {ss.list_spaces()}")
+    for s in spaces:
+        ss.get_space(s)  # raises with the valid names
+    if len(set(spaces)) != len(spaces):
+        raise DatasetError(f"spaces must not repeat, got {list(spaces)}")
+    try:
+        sizes = [as_int(b, "batch size", low=1, error=DatasetError) for b in batch_sizes]
+    except DatasetError:
+        sizes = []
+    if not sizes:
+        raise DatasetError(f"batch_sizes must be a non-empty list of ints >= 1, got {list(batch_sizes)}")
+    if mac_budget is not None and (isinstance(mac_budget, bool) or not isinstance(mac_budget, int) or mac_budget < 1):
+        raise DatasetError(f"mac_budget must be None or an int >= 1 (MACs), got {mac_budget!r}")
+    return n, sizes, as_int(workers, "workers", low=1, error=DatasetError)
+
+
+class _Drawing:
+    """The draw of :func:`plan_candidates` per space: accepted candidates, the next attempt number, attempts over
+    the MAC budget and duplicates; attempts are made in blocks and taken in attempt order."""
+
+    def __init__(self, spaces: Sequence[str], want: dict[str, int], max_attempts_per_candidate: int) -> None:
+        self.spaces, self.want, self.max_attempts = spaces, want, max_attempts_per_candidate
+        self.chosen: dict[str, list[Candidate]] = {s: [] for s in spaces}
+        self.seen: set[str] = set()
+        self.rejected = dict.fromkeys(spaces, 0)
+        self.dups = dict.fromkeys(spaces, 0)
+        self.next_j = dict.fromkeys(spaces, 0)
+
+    def tasks(self, seed: int, batch_sizes: Sequence[int], mac_budget: int | None,
+              workers: int) -> list[tuple[Any, ...]]:
+        """The next block of attempts of every space still short of candidates (none when all are done)."""
+        tasks: list[tuple[Any, ...]] = []
+        for s in self.spaces:
+            limit = self.max_attempts * self.want[s]
+            if len(self.chosen[s]) >= self.want[s] or self.next_j[s] >= limit:
+                continue
+            missing = self.want[s] - len(self.chosen[s])
+            # size the block by the acceptance seen so far (80 % assumed before any attempt)
+            acc = len(self.chosen[s]) / self.next_j[s] if self.next_j[s] else 0.8
+            block = max(2 * workers, math.ceil(missing / max(acc, 0.05) * 1.05))
+            tasks += [(seed, s, j, tuple(batch_sizes), mac_budget)
+                      for j in range(self.next_j[s], min(self.next_j[s] + block, limit))]
+        return tasks
+
+    def take(self, tasks: list[tuple[Any, ...]], results: list[tuple[dict[str, Any], int | None, int | None]]) -> int:
+        """Accept the results of a block in attempt order; returns the candidates accepted."""
+        accepted = 0
+        for (_seed, s, j, _b, _m), (cfg, macs, batch) in zip(tasks, results):
+            self.next_j[s] = max(self.next_j[s], j + 1)
+            if len(self.chosen[s]) >= self.want[s]:
+                continue
+            if batch is None:
+                self.rejected[s] += 1
+                continue
+            key = canonical_json([s, cfg, batch])
+            if key in self.seen:
+                self.dups[s] += 1
+                continue
+            self.seen.add(key)
+            self.chosen[s].append(Candidate(space=s, config=cfg, batch_size=batch, macs_per_sample=macs, attempt=j))
+            accepted += 1
+        return accepted
