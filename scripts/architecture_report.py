@@ -48,6 +48,8 @@ LAYERS: dict[str, int] = {
     "cache": 2, "measure": 2, "search_spaces": 2,
     # the analytic prior and MIG advice (graph, devices, budgets)
     "prior": 3, "mig": 3,
+    # the record of a predicted trial the integrations write and validation reads (prediction, budgets, spec)
+    "trial": 3,
     # capture: a model to a graph (spec, graph, cache)
     "capture": 4,
     # features of a graph (graph, devices, prior)
