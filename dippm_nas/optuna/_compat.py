@@ -6,10 +6,9 @@ Optuna >= 5 has ``Trial.set_constraint``; on Optuna 4.x a constrained sampler re
 
 from __future__ import annotations
 
-import inspect
 import logging
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import optuna
@@ -17,7 +16,7 @@ import optuna
 from dippm_nas._logging import WarnOnce
 
 __all__ = ["CONSTRAINT_API", "optuna_has_set_constraint", "uses_set_constraint", "warn_without_constraints_func",
-           "constraints_from_attrs", "create_trial_constraints"]
+           "constraints_from_attrs"]
 
 logger = logging.getLogger(__name__)
 
@@ -83,13 +82,3 @@ def constraints_from_attrs(trial: optuna.trial.FrozenTrial, names: Sequence[str]
         return [math.inf] * len(keys)
     return [float(attrs[k]) for k in keys]
 
-
-def create_trial_constraints(violations: Mapping[str, float]) -> dict[str, Any]:
-    """Keyword arguments of ``optuna.trial.create_trial`` that give a made trial its constraints:
-    ``constraints=`` on Optuna >= 5, else the system attribute Optuna 4's samplers keep ``constraints_func``'s
-    answer in."""
-    if not violations:
-        return {}
-    if "constraints" in inspect.signature(optuna.trial.create_trial).parameters:
-        return {"constraints": dict(violations)}
-    return {"system_attrs": {"constraints": [float(v) for v in violations.values()]}}
