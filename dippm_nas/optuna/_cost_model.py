@@ -38,6 +38,7 @@ from dippm_nas.prediction import Prediction
 from dippm_nas.predictor import ANY_SPACE, DEFAULT_DEVICE, get_predictor, predict, predict_many
 from dippm_nas.spec import InputSpec
 from dippm_nas.trial import TrialRecord
+import search_spaces
 
 __all__ = ["HardwareCostModel"]
 
@@ -471,25 +472,19 @@ class HardwareCostModel:
         t0 = time.perf_counter()
         the_spec = self._spec_of(model, spec)
         space_name, cfg = self._space_of(model, space, config)
-        overlap = self._overlaps(trial)
-        if not overlap:
-            self._refresh_adaptation(trial, space_name)
-        try:
-            source = self._source(model, the_spec, space_name, cfg)
-        except SearchSpaceError as e:  # a config outside its space is a bad argument, whatever on_error says
-            trial.set_user_attr("cost_model_error", f"{type(e).__name__}: {e}")
-            raise
-        except DippmNasError as e:
-            values = self._unevaluated(trial, e)
-            self._count_wait(time.perf_counter() - t0, 1)
-            return self._shape(values)
-        request = _Request(trial, source, the_spec, space_name, cfg, time.perf_counter() - t0)
-        if overlap:
+        if space_name is not None:
+            try:
+                search_spaces.get_space(space_name).validate(cfg)
+            except SearchSpaceError as e:  # a config outside its space is a bad argument, whatever on_error says
+                trial.set_user_attr("cost_model_error", f"{type(e).__name__}: {e}")
+                raise
+        request = _Request(trial, model, the_spec, space_name, cfg, time.perf_counter() - t0, resolve=True)
+        if self._overlaps(trial):
             pending = PendingEvaluation(self, self._background().submit(request), None, None, trial)
             self._count_wait(time.perf_counter() - t0)
             return self._shape(tuple(PendingValue(pending, i) for i in range(len(self.objectives))))
         try:
-            values = self._predict_and_record([request], refresh=False)[0]
+            values = self._predict_and_record([request])[0]
         finally:
             self._count_wait(time.perf_counter() - t0, 1)
         return self._shape(values)
@@ -512,7 +507,7 @@ class HardwareCostModel:
         return out
 
     def _predict_and_record(self, requests: list["_Request"], *, workers: int = 1, progress: bool = False,
-                            refresh: bool = True, errors: str = "values") -> list[Any]:
+                            errors: str = "values") -> list[Any]:
         """Predict the requests (one :func:`predict`, or one :func:`predict_many` for several) and record each on
         its trial. A candidate that cannot be predicted gives :meth:`_unevaluated`'s values (``errors="values"``),
         or its error, recorded as ``cost_model_error`` (``errors="return"``; ``on_error="infeasible"`` still gives
@@ -523,20 +518,27 @@ class HardwareCostModel:
             by_space.setdefault(r.space, []).append(i)
         for space_name, idx in by_space.items():
             t0 = time.perf_counter()
-            if refresh:
-                self._refresh_adaptation(requests[idx[0]].trial, space_name)
-            items = [requests[i].item() for i in idx]
-            if len(items) == 1:
-                try:
-                    graph_or_model, spec = items[0]
-                    preds: list[Any] = [predict(graph_or_model, spec, self.device, deployment=self.deployment,
-                                                cache=self.cache, mig=True, k_sigma=self.k_sigma)]
+            self._refresh_adaptation(requests[idx[0]].trial, space_name)
+            items: list[Any] = []
+            for i in idx:
+                r = requests[i]
+                try:  # a search-space candidate: its graph assembled from cached blocks
+                    items.append(r.item(self._source(r.source, r.spec, r.space, r.config) if r.resolve else r.source))
                 except DippmNasError as e:
-                    preds = [e]
+                    items.append((e, None))
+            ok = [(m, s) for m, s in items if not isinstance(m, DippmNasError)]
+            if len(ok) == 1:
+                try:
+                    got: list[Any] = [predict(ok[0][0], ok[0][1], self.device, deployment=self.deployment,
+                                              cache=self.cache, mig=True, k_sigma=self.k_sigma)]
+                except DippmNasError as e:
+                    got = [e]
             else:
-                preds = predict_many([m if s is None else (m, s) for m, s in items], self.device, workers=workers,
-                                     cache=self.cache, mig=True, deployment=self.deployment, k_sigma=self.k_sigma,
-                                     progress=progress)
+                got = predict_many([m if s is None else (m, s) for m, s in ok], self.device, workers=workers,
+                                   cache=self.cache, mig=True, deployment=self.deployment, k_sigma=self.k_sigma,
+                                   progress=progress) if ok else []
+            answers = iter(got)
+            preds = [m if isinstance(m, DippmNasError) else next(answers) for m, _ in items]
             share = (time.perf_counter() - t0) / len(idx)
             for i, pred in zip(idx, preds):
                 r = requests[i]
@@ -711,7 +713,7 @@ class HardwareCostModel:
 
     def _evaluate_now(self, trial: Any, model: Any, spec: InputSpec, space: str | None, config: Any) -> tuple[float, ...]:
         """:meth:`evaluate` in this thread (the finisher's fallback): the objective values as a tuple."""
-        request = _Request(trial, self._source(model, spec, space, config), spec, space, config, 0.0)
+        request = _Request(trial, model, spec, space, config, 0.0, resolve=True)
         values = self._predict_and_record([request])[0]
         self._count_wait(0.0, 1)
         return values
@@ -762,7 +764,8 @@ class _Request:
     space: str | None
     config: Any
     seconds: float
+    resolve: bool = False  # assemble a search-space candidate's graph (HardwareCostModel._source) before predicting
 
-    def item(self) -> tuple[Any, InputSpec | None]:
-        """``(graph, None)`` or ``(model, spec)``: the arguments of a prediction."""
-        return (self.source, None) if isinstance(self.source, OperatorGraph) else (self.source, self.spec)
+    def item(self, source: Any) -> tuple[Any, InputSpec | None]:
+        """``(graph, None)`` or ``(model, spec)``: the arguments of a prediction of ``source``."""
+        return (source, None) if isinstance(source, OperatorGraph) else (source, self.spec)
