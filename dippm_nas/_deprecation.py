@@ -5,7 +5,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-__all__ = ["MISSING", "renamed_keyword"]
+__all__ = ["MISSING", "renamed_keyword", "warn_renamed"]
 
 #: The default of a deprecated keyword: "not passed".
 MISSING: Any = object()
@@ -34,3 +34,16 @@ def renamed_keyword(func: str, old: str, new: str, old_value: Any, new_value: An
                   f"(in dippm-nas `device` is a catalogue id, `torch_device` a torch device)",
                   DeprecationWarning, stacklevel=stacklevel)
     return old_value
+
+
+def warn_renamed(kind: str, old: str, new: str, *, removed_in: str, stacklevel: int = 3) -> None:
+    """Warn (``DeprecationWarning``) that the ``kind`` named ``old`` was read or used; ``new`` replaces it.
+
+    Args:
+        kind: what is renamed, for the message (``"trial attribute"``, ``"function"``...).
+        old, new: the old name and what replaces it.
+        removed_in: the release that drops ``old``.
+        stacklevel: for :func:`warnings.warn`, pointing at the caller's caller.
+    """
+    warnings.warn(f"{kind} {old!r} is deprecated and will be removed in dippm-nas {removed_in}: use {new}",
+                  DeprecationWarning, stacklevel=stacklevel)

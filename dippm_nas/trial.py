@@ -20,11 +20,11 @@ Names read for one release (:data:`ATTR_ALIASES`; reading one warns ``Deprecatio
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from dippm_nas._deprecation import warn_renamed
 from dippm_nas.budgets import ChanceCheck
 from dippm_nas.errors import InvalidValueError
 from dippm_nas.prediction import Prediction
@@ -50,8 +50,7 @@ def _source_key(figure: str) -> str:
 
 
 def _warn_alias(old: str) -> None:
-    warnings.warn(f"trial attribute {old!r} is read for one more release (removed in dippm-nas {_REMOVED_IN}); "
-                  f"write {ATTR_ALIASES[old]} instead", DeprecationWarning, stacklevel=3)
+    warn_renamed("trial attribute", old, ATTR_ALIASES[old], removed_in=_REMOVED_IN, stacklevel=4)
 
 
 @dataclass(frozen=True)

@@ -68,7 +68,7 @@ def test_the_names_of_the_earlier_nni_attributes_are_read_with_a_deprecation_war
     legacy = {"dippm_predicted": {"latency_ms": 2.0, "energy_j": None, "memory_mib": 300.0, "latency_ms_std": 0.4,
                                   "energy_j_std": None, "memory_mib_std": None, "mig": "1g.5gb", "source": "predicted"},
               "margin_latency_ms": 0.1, "search_space": "mlp", "config": CONFIG, "input_spec": SPEC.to_dict()}
-    with pytest.warns(DeprecationWarning, match="'dippm_predicted'.*removed in dippm-nas 0.2"):
+    with pytest.warns(DeprecationWarning, match="'dippm_predicted' is deprecated.*removed in dippm-nas 0.2"):
         with pytest.warns(DeprecationWarning, match="'config'.*search_space_config"):
             rec = TrialRecord.from_attrs(legacy)
     assert (rec.latency_ms, rec.latency_ms_std, rec.latency_source) == (2.0, 0.4, "predicted")
