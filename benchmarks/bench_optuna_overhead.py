@@ -179,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine(),
         "load_average_before_after": [round(x, 2) for x in (*load_before, *load_after)],
         "trials": len(study.trials),
+        "cost_model_errors": sum("cost_model_error" in t.user_attrs for t in study.trials),
         "mode": (f"ask/tell k={args.ask_tell}" if args.ask_tell else "optimize")
         + (f", {args.background} background conversion process(es)" if args.background else "")
         + (", NO cost model (baseline)" if args.no_cost_model else "") + f", {args.sampler} sampler"
@@ -196,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     assert abs(sum(waits) - cost.seconds) < 0.05 * max(cost.seconds, 1.0), (sum(waits), cost.seconds)
     print(f"machine: {fig['machine']}; load average (1, 5, 15 min) before {load_before}, after {load_after}")
     print(f"{fig['trials']} trials ({fig['mode']}), training budget {args.train_seconds:g} s / {args.epochs} epochs "
-          f"(median {fig['train_s_median']:.2f} s): wall {wall:.1f} s, process CPU time {cpu:.1f} s")
+          f"(median {fig['train_s_median']:.2f} s): wall {wall:.1f} s, process CPU time {cpu:.1f} s; "
+          f"{fig['cost_model_errors']} trials the cost model could not evaluate")
     print(f"search waited on the cost model {sum(waits):.1f} s = {fig['cost_model_wait_share_pct']:.2f} % of the wall "
           f"time; first trial{' batch' if args.ask_tell else ''} {first:.2f} s (warm-up), median of the others "
           f"{fig['cost_model_wait_median_s']:.3f} s; share without the warm-up "
