@@ -186,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         + (", Optuna's default SQLite set-up" if args.optuna_default_sqlite else ", rdb_storage (SQLite WAL)"),
         "architectures": [json.dumps(t.params, sort_keys=True) for t in sorted(study.trials, key=lambda t: t.number)],
         "train_seconds_budget": args.train_seconds, "train_s_median": statistics.median(train_s),
+        "train_s_total": sum(train_s), "other_s": wall - sum(train_s) - sum(waits),
         "wall_s": wall, "process_cpu_s": cpu, "cost_model_wait_s": sum(waits), "cost_model_wait_share_pct": 100 * sum(waits) / wall,
         "cost_model_wait_first_s": first, "cost_model_wait_median_s": statistics.median(rest) if rest else None,
         "cost_model_wait_share_after_warmup_pct": 100 * (sum(waits) - first) / (wall - first) if rest else None,
@@ -203,7 +204,9 @@ def main(argv: list[str] | None = None) -> int:
           f"time; first trial{' batch' if args.ask_tell else ''} {first:.2f} s (warm-up), median of the others "
           f"{fig['cost_model_wait_median_s']:.3f} s; share without the warm-up "
           f"{fig['cost_model_wait_share_after_warmup_pct']:.2f} %")
-    print(f"cost model's share of the wall time: {fig['cost_model_wait_share_pct']:.2f} % (target <= 1 %)")
+    print(f"cost model's share of the wall time: {fig['cost_model_wait_share_pct']:.2f} % (target <= 1 %); "
+          f"training {fig['train_s_total']:.1f} s, the rest (building, sampling, storage, validation) "
+          f"{fig['other_s']:.1f} s")
     print(f"cost-model work (conversion and prediction, without attribute writes; beside training with --background): "
           f"{work:.1f} s; {rows} graphs in the conversion cache (one per distinct architecture, plus the validation "
           "specs)")
