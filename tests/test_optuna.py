@@ -473,3 +473,34 @@ def test_evaluate_returns_a_float_for_one_objective_and_a_tuple_for_several(fake
     assert isinstance(values, tuple) and len(values) == 2
     pending = one.submit(study.ask(), _mlp(8), SPEC)
     assert isinstance(pending.result(), float)
+
+
+def test_evaluate_overlaps_and_batches_the_candidates_it_sees(fake_predict: list[Any],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The background thread predicts the candidates queued while it was busy in one predict_many, and each
+    trial's record is written before its figures are read."""
+    import threading
+
+    entered, release = threading.Event(), threading.Event()
+
+    def slow_predict(model: Any, spec: InputSpec, device: str, **kw: Any) -> Prediction:
+        entered.set()
+        assert release.wait(30)
+        fake_predict.append((model, spec, device, kw))
+        return _fake_prediction(model, spec, device)
+
+    monkeypatch.setattr(cm, "predict", slow_predict)
+    cost = HardwareCostModel(budgets=Budgets(mig_profile="1g.5gb"))
+    study = cost.create_study()
+    trials = [study.ask() for _ in range(4)]
+    first = cost.evaluate(trials[0], _mlp(10), SPEC)
+    assert entered.wait(30) and not first[0].done()  # the caller goes on while the thread predicts
+    rest = [cost.evaluate(t, _mlp(20 + i), SPEC) for i, t in enumerate(trials[1:])]
+    release.set()
+    for t, values, w in zip(trials, [first, *rest], [10, 20, 21, 22]):
+        study.tell(t, (0.5, *values))  # Optuna reads the figures: waits for them
+        assert study.trials[t.number].user_attrs["predicted_memory_mib"] == pytest.approx(MIB_PER_WIDTH * w)
+        assert study.trials[t.number].values[1] == pytest.approx(0.01 * w)
+    assert cost._predictor_thread is not None and cost._predictor_thread.batch_sizes == [1, 3]
+    assert cost.evaluations == 4
+    cost.close()
