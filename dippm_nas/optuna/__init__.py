@@ -10,8 +10,11 @@
 ...     return train(model), latency_ms, energy_j
 >>> study.optimize(objective, n_trials=100)                             # doctest: +SKIP
 
-To keep the cost model off the search's critical path, let it work while the model trains
-(``background_workers`` conversion processes; see :meth:`HardwareCostModel.submit`)::
+The cost model stays off the search's critical path: :meth:`HardwareCostModel.evaluate` hands the candidate
+to a background thread (which predicts the candidates of concurrent trials together) and returns
+:class:`PendingValue` figures, read by Optuna when the objective returns, by when the model has trained
+(``overlap=False``: predict at once). Conversion in processes (``background_workers``) is
+:meth:`HardwareCostModel.submit`::
 
     cost = HardwareCostModel(budgets=..., background_workers=1)
     def objective(trial):
@@ -69,7 +72,8 @@ A candidate the cost model cannot evaluate (``on_error``; default ``"fail"``)
     attribute. With no cost objectives (``objectives=()``) a trial cannot be failed through its values, so
     ``"fail"`` records it as ``"infeasible"`` does.
 
-User attributes set on every evaluated trial (units in the keys)
+User attributes set on every evaluated trial (units in the keys; :class:`~dippm_nas.trial.TrialRecord` writes
+and reads them, the NNI tuner's alike)
     ``predicted_latency_ms``, ``predicted_latency_ms_std``, ``latency_source``, ``predicted_energy_j``,
     ``predicted_energy_j_std``, ``energy_source``, ``predicted_memory_mib``, ``predicted_memory_mib_std``,
     ``memory_source`` (sources: ``"predicted"``, ``"analytic"``, ``"calibrated"``, ``"unavailable"``;
@@ -79,9 +83,8 @@ User attributes set on every evaluated trial (units in the keys)
     ``constraint_energy_j`` / ``constraint_memory_mib`` and, per budget set, ``budget_<figure>`` (the limit), ``k_sigma_<figure>``,
     ``margin_<figure>`` (``budget - mean - k * std``, ``>= 0`` feasible) and ``std_missing_<figure>``;
     ``feasible``, ``cost_model_s`` (seconds of
-    conversion and prediction for this trial, before these attributes are written; with
-    :meth:`~HardwareCostModel.submit` and background workers that work overlaps the objective, and
-    :attr:`~HardwareCostModel.seconds` counts only the caller's waits), ``input_spec`` (:meth:`InputSpec.to_dict`), and, for models built
+    conversion and prediction for this trial, before these attributes are written; overlapped with the
+    objective, and :attr:`~HardwareCostModel.seconds` counts only the caller's waits), ``input_spec`` (:meth:`InputSpec.to_dict`), and, for models built
     by :func:`search_spaces.build_model`, ``search_space`` and ``search_space_config`` (what
     :class:`~dippm_nas.validation.ParetoValidator` rebuilds a model from; no code or pickle is stored).
     ``unknown_ops`` is added when operators had no formula. When the prediction comes from an adapted predictor
