@@ -504,3 +504,36 @@ def test_evaluate_overlaps_and_batches_the_candidates_it_sees(fake_predict: list
     assert cost._predictor_thread is not None and cost._predictor_thread.batch_sizes == [1, 3]
     assert cost.evaluations == 4
     cost.close()
+
+
+def test_a_trial_finished_before_its_record_does_not_stop_the_others(fake_predict: list[Any],
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    entered, release = threading.Event(), threading.Event()
+    real = cm.predict
+
+    def slow_predict(*a: Any, **kw: Any) -> Prediction:
+        entered.set()
+        assert release.wait(30)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(cm, "predict", slow_predict)
+    cost = HardwareCostModel(budgets=Budgets(mig_profile="1g.5gb"))
+    study = cost.create_study()
+    t0, t1, t2 = (study.ask() for _ in range(3))
+    first = cost.evaluate(t0, _mlp(10), SPEC)
+    assert entered.wait(30)
+    late, ok = cost.evaluate(t1, _mlp(11), SPEC), cost.evaluate(t2, _mlp(12), SPEC)
+    study.tell(t1, (0.5, 1.0, 1.0))  # the objective returned other values: t1 finished before its record
+    compat._warn_once.reset()
+    cm._warn_once.reset()
+    with pytest.warns(RuntimeWarning, match="could not record trial 1"):
+        release.set()
+        study.tell(t0, (0.5, *first))
+        study.tell(t2, (0.5, *ok))
+    assert study.trials[2].user_attrs["predicted_memory_mib"] == pytest.approx(MIB_PER_WIDTH * 12)
+    assert "predicted_memory_mib" not in study.trials[1].user_attrs
+    with pytest.raises(RuntimeError):
+        float(late[0])
+    cost.close()

@@ -502,16 +502,17 @@ class HardwareCostModel:
 
     def _predict_in_background(self, requests: list["_Request"]) -> list[Any]:
         """The background thread's batch: every request's objective values (NaN / +inf for one that failed)."""
-        out = self._predict_and_record(requests)
+        out = self._predict_and_record(requests, isolate=True)
         self._count_wait(0.0, len(requests))
         return out
 
     def _predict_and_record(self, requests: list["_Request"], *, workers: int = 1, progress: bool = False,
-                            errors: str = "values") -> list[Any]:
+                            errors: str = "values", isolate: bool = False) -> list[Any]:
         """Predict the requests (one :func:`predict`, or one :func:`predict_many` for several) and record each on
         its trial. A candidate that cannot be predicted gives :meth:`_unevaluated`'s values (``errors="values"``),
         or its error, recorded as ``cost_model_error`` (``errors="return"``; ``on_error="infeasible"`` still gives
-        the +inf values)."""
+        the +inf values). With ``isolate`` any other error of one request (its trial finished before its record
+        was written, a storage error) is that request's result, and the others go on."""
         out: list[Any] = [None] * len(requests)
         by_space: dict[str | None, list[int]] = {}
         for i, r in enumerate(requests):
@@ -547,12 +548,27 @@ class HardwareCostModel:
                         raise pred
                     out[i] = self._record(r.trial, pred, r.spec, r.space, r.config, r.seconds + share)
                 except DippmNasError as e:
-                    if errors == "values" or self.on_error == "infeasible":
-                        out[i] = self._unevaluated(r.trial, e)  # raises with on_error="raise"
-                    else:
-                        r.trial.set_user_attr("cost_model_error", f"{type(e).__name__}: {e}")
-                        out[i] = e
+                    try:
+                        if errors == "values" or self.on_error == "infeasible":
+                            out[i] = self._unevaluated(r.trial, e)  # raises with on_error="raise"
+                        else:
+                            r.trial.set_user_attr("cost_model_error", f"{type(e).__name__}: {e}")
+                            out[i] = e
+                    except Exception as e2:  # noqa: BLE001 - see isolate
+                        out[i] = self._isolated(r, e2, isolate)
+                except Exception as e:  # noqa: BLE001 - see isolate
+                    out[i] = self._isolated(r, e, isolate)
         return out
+
+    @staticmethod
+    def _isolated(request: "_Request", error: Exception, isolate: bool) -> Exception:
+        """A request's own error in the background thread (logged once), re-raised elsewhere."""
+        if not isolate:
+            raise error
+        _warn_once("background-record", "the cost model could not record trial %s (%s: %s): return or read the "
+                   "figures evaluate() returned before the objective returns (Optuna refuses writes to a finished "
+                   "trial)", getattr(request.trial, "number", "?"), type(error).__name__, error)
+        return error
 
     def evaluate_many(
         self,
