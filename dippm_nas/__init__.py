@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from dippm_nas._version import __version__
 # `capture` is both the subpackage and its function: bound here, before anything imports the subpackage, so
 # that `dippm_nas.capture` is the function whatever is imported later
-from dippm_nas.capture import CaptureResult, capture, capture_many
+from dippm_nas.capture import CaptureResult, ModelSource, capture, capture_many
 from dippm_nas.errors import (
     CacheError,
     CheckpointError,
@@ -54,7 +54,7 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 __all__ = [
     "__version__",
-    "InputSpec", "TensorSpec", "capture", "capture_many", "CaptureResult", "predict", "predict_many",
+    "InputSpec", "TensorSpec", "ModelSource", "capture", "capture_many", "CaptureResult", "predict", "predict_many",
     "get_predictor", "Deployment", "Device", "get_device", "list_devices", "register_device", "mig", "prior",
     "OperatorGraph", "OpNode", "Prediction", "Stage", "StagesPrediction", "predict_stages", "sum_stages",
     "LLMWorkload", "predict_generation", "GenerationPrediction", "llm",

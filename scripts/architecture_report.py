@@ -44,14 +44,15 @@ LAYERS: dict[str, int] = {
     "graph": 1, "devices": 1, "prediction": 1, "budgets": 2,
     # how inference runs (devices: the host profile)
     "deployment": 2,
-    # stores, measurements and model families (graph, devices)
-    "cache": 2, "measure": 2, "search_spaces": 2,
+    # stores and model families (graph, devices)
+    "cache": 2, "search_spaces": 2,
     # the analytic prior and MIG advice (graph, devices, budgets)
     "prior": 3, "mig": 3,
     # the record of a predicted trial the integrations write and validation reads (prediction, budgets, spec)
     "trial": 3,
-    # capture: a model to a graph (spec, graph, cache)
-    "capture": 4,
+    # capture: a model source to a graph (spec, graph, cache); measure: a model source run on a device (capture's
+    # model sources and SPEC strings)
+    "capture": 4, "measure": 4,
     # features of a graph (graph, devices, prior)
     "features": 5,
     # the predictor: load a checkpoint, featurise, infer, calibrate (features, prior, capture)

@@ -53,6 +53,8 @@ LAZY_PROJECT_IMPORTS = {
     "dippm_nas/capture/_torch.py": "the converters, loaded with TVM's torch frontend",
     "dippm_nas/capture/_assemble.py": "search_spaces imports torch: `import dippm_nas` and a cached graph's "
                                       "prediction load neither",
+    "dippm_nas/capture/_source.py": "search_spaces imports torch: loaded for a candidate named by its space and "
+                                    "config (ModelSource.from_space) only",
     "dippm_nas/predictor/_gnn.py": "the torch ensemble: a prediction through the numpy engine never loads torch",
     "dippm_nas/predictor/_adapt_store.py": "SQLAlchemy loads with the first adaptation written: a prediction that "
                                            "reads one from a SQLite file does not load it",

@@ -70,7 +70,8 @@ from dippm_nas.measure._cpu import CpuMeasurer
 from dippm_nas.measure._cuda import CudaMeasurer, parse_device
 from dippm_nas.measure._measurement import Measurement, MeasureSettings
 from dippm_nas.measure._nvml import NvmlAdapter
-from dippm_nas.spec import InputSpec, load_model
+from dippm_nas.capture import load_model
+from dippm_nas.spec import InputSpec
 from dippm_nas.units import BYTES_PER_MIB
 
 __all__ = [
@@ -106,7 +107,7 @@ class CampaignModel:
     Attributes:
         name: short label, unique in the set.
         family: ``"cnn"``, ``"vit"``, ``"swin"``, ``"bert"``, ``"gpt2"`` (or ``"smoke"``).
-        spec: the model SPEC string (:func:`dippm_nas.spec.load_model`) it is built from.
+        spec: the model SPEC string (:func:`dippm_nas.capture.load_model`) it is built from.
         inputs: the input spec without batch size and dtype: ``{"shape": [3, 224, 224]}`` or
             ``{"inputs": [{"name", "shape", "dtype", "high"}, ...]}`` (as :meth:`InputSpec.to_dict`).
         max_batch: largest batch size measured.

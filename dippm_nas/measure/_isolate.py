@@ -70,7 +70,7 @@ def measure_isolated(
     """Measure a model built from a SPEC string in a fresh Python process.
 
     Args:
-        model: a model SPEC string (see :func:`dippm_nas.spec.load_model`), e.g.
+        model: a model SPEC string (see :func:`dippm_nas.capture.load_model`), e.g.
             ``"torchvision:resnet18"`` or ``"search_spaces.mbconv:build"``.
         spec: the input spec.
         torch_device: ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
