@@ -19,6 +19,7 @@ import pytest
 import dippm_nas.optuna as dop
 import dippm_nas.optuna._compat as compat
 import dippm_nas.optuna._cost_model as cm
+from dippm_nas.capture import ModelSource
 import search_spaces as ss
 from dippm_nas.errors import DeviceError, DippmNasError, GraphCaptureError
 from dippm_nas.optuna import Budgets, HardwareCostModel
@@ -52,24 +53,24 @@ def fake_predict(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """Replace the predictor seen by dippm_nas.optuna with :func:`_fake_prediction`; returns the call log."""
     calls: list[Any] = []
 
-    def predict(model: Any, spec: InputSpec, device: str, **kw: Any) -> Prediction:
-        calls.append((model, spec, device, kw))
-        return _fake_prediction(model, spec, device)
+    def predict(model: Any, spec: InputSpec | None, device: str, **kw: Any) -> Prediction:
+        src = ModelSource.parse(model, spec)  # the fake reads the built model's config
+        calls.append((src.model, src.spec, device, kw))
+        return _fake_prediction(src.model, src.spec, device)
 
     def predict_many(items: Any, device: str, **kw: Any) -> list[Any]:
         out: list[Any] = []
-        for model, spec in items:
-            calls.append((model, spec, device, kw))
-            if model.search_space_config["hidden"] == [13]:
+        for item in items:
+            src = item if isinstance(item, ModelSource) else ModelSource.parse(*item)
+            calls.append((src.model, src.spec, device, kw))
+            if src.model.search_space_config["hidden"] == [13]:
                 out.append(GraphCaptureError("cannot export this one"))
             else:
-                out.append(_fake_prediction(model, spec, device))
+                out.append(_fake_prediction(src.model, src.spec, device))
         return out
 
     monkeypatch.setattr(cm, "predict", predict)
     monkeypatch.setattr(cm, "predict_many", predict_many)
-    # the fake reads the built model's config: hand it the model, not the graph assembled from its blocks
-    monkeypatch.setattr(cm, "space_config_of", lambda model: None)
     return calls
 
 
@@ -483,11 +484,12 @@ def test_evaluate_overlaps_and_batches_the_candidates_it_sees(fake_predict: list
 
     entered, release = threading.Event(), threading.Event()
 
-    def slow_predict(model: Any, spec: InputSpec, device: str, **kw: Any) -> Prediction:
+    def slow_predict(model: Any, spec: InputSpec | None, device: str, **kw: Any) -> Prediction:
         entered.set()
         assert release.wait(30)
-        fake_predict.append((model, spec, device, kw))
-        return _fake_prediction(model, spec, device)
+        src = ModelSource.parse(model, spec)
+        fake_predict.append((src.model, src.spec, device, kw))
+        return _fake_prediction(src.model, src.spec, device)
 
     monkeypatch.setattr(cm, "predict", slow_predict)
     cost = HardwareCostModel(budgets=Budgets(mig_profile="1g.5gb"))

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import logging
 import math
@@ -21,7 +20,7 @@ from dippm_nas._logging import WarnOnce
 from dippm_nas._numbers import as_int
 from dippm_nas.budgets import Budgets, check_k_sigma, trial_attrs
 from dippm_nas.cache import default_cache
-from dippm_nas.capture import assemble, space_config_of
+from dippm_nas.capture import ModelSource
 from dippm_nas.deployment import DEPLOYMENT_RUNTIMES, GRAPH_RUNTIMES, Deployment
 from dippm_nas.devices import resolve_device
 from dippm_nas.errors import DippmNasError, InvalidValueError, SearchSpaceError
@@ -389,42 +388,22 @@ class HardwareCostModel:
         return values
 
     @staticmethod
-    def _space_of(model: Any, space: str | None, config: Mapping[str, Any] | None) -> tuple[str | None, Any]:
-        if space is None and config is None and isinstance(model, functools.partial):
-            space, config = space_config_of(model) or (None, None)
-            if space is None:
-                return None, None
-        if space is None and config is None:
-            space = getattr(model, "search_space", None)
-            config = getattr(model, "search_space_config", None)
-            if not isinstance(space, str) or config is None:
-                return None, None
+    def _model_source(model: Any, spec: InputSpec | None, space: str | None,
+                      config: Mapping[str, Any] | None) -> tuple[ModelSource, str | None, Any]:
+        """The candidate parsed once (:meth:`ModelSource.parse`, or :meth:`ModelSource.from_space` without a model),
+        with the search space and JSON config recorded for it (given, else the model's own)."""
         if (space is None) != (config is None):
             raise InvalidValueError(f"give both space= and config= (a registered search space and its config), "
                                     f"got space={space!r}, config={config!r}")
-        return space, _jsonable(config, "config")
-
-    def _spec_of(self, model: Any, spec: InputSpec | None) -> InputSpec:
-        if isinstance(model, OperatorGraph):
-            return model.spec if spec is None else spec
-        if not isinstance(spec, InputSpec):
-            raise InvalidValueError(f"spec must be a dippm_nas.InputSpec (required with a model), got {spec!r}")
-        return spec
-
-    def _source(self, model: Any, spec: InputSpec, space: str | None, config: Any) -> Any:
-        """What to predict: a search-space candidate's graph assembled from cached blocks (no export), else
-        the model itself."""
-        if isinstance(model, OperatorGraph):
-            return model
-        if space is not None:
-            if model is None:
-                return assemble(space, config, spec, cache=self.cache)
-            own = space_config_of(model)
-            if own is not None and own[0] == space:
-                return assemble(own[0], own[1], spec, cache=self.cache)
         if model is None:
-            raise InvalidValueError("evaluate() needs a model, or space= and config= of a registered search space")
-        return model
+            if space is None:
+                raise InvalidValueError("evaluate() needs a model, or space= and config= of a registered search space")
+            cfg = _jsonable(config, "config")
+            return ModelSource.from_space(space, cfg, spec), space, cfg  # type: ignore[arg-type]
+        source = ModelSource.parse(model, spec)
+        if space is None:
+            space, config = source.search_space, source.search_space_config
+        return source, space, None if config is None else _jsonable(config, "config")
 
     def evaluate(self, trial: Any, model: Any = None, spec: InputSpec | None = None, *, space: str | None = None,
                  config: Mapping[str, Any] | None = None) -> Any:
@@ -470,15 +449,14 @@ class HardwareCostModel:
             raise InvalidValueError(f"runtime={self.deployment.runtime!r} runs LLM generations only: evaluate with an "
                                     f"LLMWorkload, or make the cost model with one of {GRAPH_RUNTIMES} for a forward pass")
         t0 = time.perf_counter()
-        the_spec = self._spec_of(model, spec)
-        space_name, cfg = self._space_of(model, space, config)
-        if space_name is not None:
-            try:
+        try:
+            source, space_name, cfg = self._model_source(model, spec, space, config)
+            if space_name is not None:
                 search_spaces.get_space(space_name).validate(cfg)
-            except SearchSpaceError as e:  # a config outside its space is a bad argument, whatever on_error says
-                trial.set_user_attr("cost_model_error", f"{type(e).__name__}: {e}")
-                raise
-        request = _Request(trial, model, the_spec, space_name, cfg, time.perf_counter() - t0, resolve=True)
+        except SearchSpaceError as e:  # a config outside its space is a bad argument, whatever on_error says
+            trial.set_user_attr("cost_model_error", f"{type(e).__name__}: {e}")
+            raise
+        request = _Request(trial, source, space_name, cfg, time.perf_counter() - t0)
         if self._overlaps(trial):
             pending = PendingEvaluation(self, self._background().submit(request), None, None, trial)
             self._count_wait(time.perf_counter() - t0)
@@ -520,33 +498,23 @@ class HardwareCostModel:
         for space_name, idx in by_space.items():
             t0 = time.perf_counter()
             self._refresh_adaptation(requests[idx[0]].trial, space_name)
-            items: list[Any] = []
-            for i in idx:
-                r = requests[i]
-                try:  # a search-space candidate: its graph assembled from cached blocks
-                    items.append(r.item(self._source(r.source, r.spec, r.space, r.config) if r.resolve else r.source))
-                except DippmNasError as e:
-                    items.append((e, None))
-            ok = [(m, s) for m, s in items if not isinstance(m, DippmNasError)]
-            if len(ok) == 1:
+            sources = [requests[i].source for i in idx]  # a search-space candidate's graph is assembled from blocks
+            if len(sources) == 1:
                 try:
-                    got: list[Any] = [predict(ok[0][0], ok[0][1], self.device, deployment=self.deployment,
-                                              cache=self.cache, mig=True, k_sigma=self.k_sigma)]
+                    preds: list[Any] = [predict(sources[0], None, self.device, deployment=self.deployment,
+                                                cache=self.cache, mig=True, k_sigma=self.k_sigma)]
                 except DippmNasError as e:
-                    got = [e]
+                    preds = [e]
             else:
-                got = predict_many([m if s is None else (m, s) for m, s in ok], self.device, workers=workers,
-                                   cache=self.cache, mig=True, deployment=self.deployment, k_sigma=self.k_sigma,
-                                   progress=progress) if ok else []
-            answers = iter(got)
-            preds = [m if isinstance(m, DippmNasError) else next(answers) for m, _ in items]
+                preds = predict_many(sources, self.device, workers=workers, cache=self.cache, mig=True,
+                                     deployment=self.deployment, k_sigma=self.k_sigma, progress=progress)
             share = (time.perf_counter() - t0) / len(idx)
             for i, pred in zip(idx, preds):
                 r = requests[i]
                 try:
                     if not isinstance(pred, Prediction):
                         raise pred
-                    out[i] = self._record(r.trial, pred, r.spec, r.space, r.config, r.seconds + share)
+                    out[i] = self._record(r.trial, pred, r.source.spec, r.space, r.config, r.seconds + share)
                 except DippmNasError as e:
                     try:
                         if errors == "values" or self.on_error == "infeasible":
@@ -616,9 +584,8 @@ class HardwareCostModel:
         t0 = time.perf_counter()
         requests = []
         for trial, (model, spec) in zip(trials, candidates):
-            the_spec = self._spec_of(model, spec)
-            space_name, cfg = self._space_of(model, None, None)
-            requests.append(_Request(trial, model, the_spec, space_name, cfg, 0.0))
+            source, space_name, cfg = self._model_source(model, spec, None, None)
+            requests.append(_Request(trial, source, space_name, cfg, 0.0))
         out = self._predict_and_record(requests, workers=workers, progress=progress, errors="return")
         self._count_wait(time.perf_counter() - t0, len(trials))
         return [o if isinstance(o, DippmNasError) else self._shape(o) for o in out]
@@ -684,9 +651,9 @@ class HardwareCostModel:
             if values and isinstance(values[0], PendingValue):
                 return values[0].pending  # evaluate overlaps already
             return PendingEvaluation(self, None, values, None)
-        the_spec = self._spec_of(model, spec)
-        space_name, cfg = self._space_of(model, space, config)
-        payload = ("space", space_name, cfg) if space_name is not None else ("module", model, None)
+        source, space_name, cfg = self._model_source(model, spec, space, config)
+        the_spec = source.spec
+        payload = ("space", space_name, cfg) if space_name is not None else ("module", source.model, None)
         with self._lock:
             if self._conversions is None:
                 self._conversions = ConversionPool(self.background_workers, self._worker_cache_url())
@@ -729,7 +696,7 @@ class HardwareCostModel:
 
     def _evaluate_now(self, trial: Any, model: Any, spec: InputSpec, space: str | None, config: Any) -> tuple[float, ...]:
         """:meth:`evaluate` in this thread (the finisher's fallback): the objective values as a tuple."""
-        request = _Request(trial, model, spec, space, config, 0.0, resolve=True)
+        request = _Request(trial, ModelSource.parse(model, spec), space, config, 0.0)
         values = self._predict_and_record([request])[0]
         self._count_wait(0.0, 1)
         return values
@@ -770,18 +737,11 @@ class HardwareCostModel:
 
 @dataclasses.dataclass
 class _Request:
-    """One candidate to predict and record: the trial, what to predict (a graph, a model, or a search-space model
-    :func:`predict_many` assembles), the input spec, the search space and config, and the seconds spent on it
-    before the prediction."""
+    """One candidate to predict and record: the trial, the parsed candidate, the search space and config recorded
+    for it, and the seconds spent on it before the prediction."""
 
     trial: Any
-    source: Any
-    spec: InputSpec
+    source: ModelSource
     space: str | None
     config: Any
     seconds: float
-    resolve: bool = False  # assemble a search-space candidate's graph (HardwareCostModel._source) before predicting
-
-    def item(self, source: Any) -> tuple[Any, InputSpec | None]:
-        """``(graph, None)`` or ``(model, spec)``: the arguments of a prediction of ``source``."""
-        return (source, None) if isinstance(source, OperatorGraph) else (source, self.spec)
