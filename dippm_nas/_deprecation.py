@@ -7,7 +7,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["MISSING", "renamed_keyword", "moved_names"]
+__all__ = ["MISSING", "renamed_keyword", "moved_names", "warn_renamed"]
 
 #: The default of a deprecated keyword: "not passed".
 MISSING: Any = object()
@@ -62,3 +62,16 @@ def moved_names(module: str, moved: dict[str, str], *, removed_in: str) -> Calla
         return getattr(importlib.import_module(target), name)
 
     return __getattr__
+
+
+def warn_renamed(kind: str, old: str, new: str, *, removed_in: str, stacklevel: int = 3) -> None:
+    """Warn (``DeprecationWarning``) that the ``kind`` named ``old`` was read or used; ``new`` replaces it.
+
+    Args:
+        kind: what is renamed, for the message (``"trial attribute"``, ``"function"``...).
+        old, new: the old name and what replaces it.
+        removed_in: the release that drops ``old``.
+        stacklevel: for :func:`warnings.warn`, pointing at the caller's caller.
+    """
+    warnings.warn(f"{kind} {old!r} is deprecated and will be removed in dippm-nas {removed_in}: use {new}",
+                  DeprecationWarning, stacklevel=stacklevel)

@@ -53,6 +53,8 @@ LAYERS: dict[str, int] = {
     "cache": 2, "search_spaces": 2,
     # the analytic prior and MIG advice (graph, devices, budgets)
     "prior": 3, "mig": 3,
+    # the record of a predicted trial the integrations write and validation reads (prediction, budgets, spec)
+    "trial": 3,
     # capture: a model source to a graph (spec, graph, cache); measure: a model source run on a device (capture's
     # model sources and SPEC strings)
     "capture": 4, "measure": 4,
