@@ -39,6 +39,7 @@ class GraphStack:
         is_constant, known: ``[N]`` bool.
         flops, macs, bytes_read, bytes_written, param_bytes: ``[N]`` int64.
         num_outputs: ``[N]`` int64, outputs of each node (``len(output_shapes)``).
+        op: ``[N]`` str, each node's op.
     """
 
     graphs: tuple[OperatorGraph, ...]
@@ -57,6 +58,7 @@ class GraphStack:
     bytes_written: np.ndarray
     param_bytes: np.ndarray
     num_outputs: np.ndarray
+    op: np.ndarray
 
     @property
     def num_graphs(self) -> int:
@@ -97,6 +99,7 @@ def _columns(graph: OperatorGraph) -> dict[str, np.ndarray]:
         "bytes_written": np.fromiter([nd.bytes_written for nd in nodes], dtype=np.int64, count=n),
         "param_bytes": np.fromiter([nd.param_bytes for nd in nodes], dtype=np.int64, count=n),
         "num_outputs": np.fromiter([len(nd.output_shapes) for nd in nodes], dtype=np.int64, count=n),
+        "op": np.array([nd.op for nd in nodes], dtype=str).reshape(n),
         "src": np.ascontiguousarray(ei[order, 0]), "dst": np.ascontiguousarray(ei[order, 1]),
     }
     graph._columns = cols
@@ -104,7 +107,7 @@ def _columns(graph: OperatorGraph) -> dict[str, np.ndarray]:
 
 
 _NODE_COLUMNS = ("op_class", "is_constant", "known", "flops", "macs", "bytes_read", "bytes_written", "param_bytes",
-                 "num_outputs")
+                 "num_outputs", "op")
 
 
 def stack_graphs(graphs: Sequence[OperatorGraph]) -> GraphStack:
@@ -120,7 +123,7 @@ def stack_graphs(graphs: Sequence[OperatorGraph]) -> GraphStack:
     ne = np.fromiter((c["src"].size for c in per), dtype=np.int64, count=len(gs))
     shift = np.repeat(offsets[:-1], ne)
     cat = np.concatenate
-    empty = {"op_class": np.int64, "is_constant": bool, "known": bool}
+    empty = {"is_constant": bool, "known": bool, "op": str}
     return GraphStack(
         graphs=gs, nodes=[nd for g in gs for nd in g.nodes], offsets=offsets, graph_of=graph_of, local=local,
         src=cat([c["src"] for c in per]) + shift if per else np.zeros(0, dtype=np.int64),
