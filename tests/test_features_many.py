@@ -1,5 +1,6 @@
-"""The batched passes equal the per-graph ones: ``featurize_many`` against ``featurize`` and
-``activation_liveness_many`` against ``activation_liveness``, graph by graph.
+"""The batched passes equal the per-graph ones: ``featurize_many`` against ``featurize``,
+``activation_liveness_many`` against ``activation_liveness`` and ``gpu_memory_parts_many`` against
+``gpu_memory_parts``, graph by graph.
 
 Both batched passes compute the same numbers in another order of operations only where the result cannot
 change (integer sums, maxima) or is rounded back to the per-graph value (``log1p``, see
@@ -28,7 +29,8 @@ from dippm_nas.features import (
     GraphFeatures, coarsen, featurize, featurize_many, get_op_encoder, register_op_encoder,
 )
 from dippm_nas.graph import OperatorGraph, OpNode, stack_graphs, synthetic_resnet_graph
-from dippm_nas.prior import activation_liveness, activation_liveness_many, estimate
+from dippm_nas.prior import (activation_liveness, activation_liveness_many, estimate, gpu_memory_parts,
+                             gpu_memory_parts_many)
 from dippm_nas.spec import InputSpec
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -139,6 +141,21 @@ def _check_liveness(graphs: list[OperatorGraph]) -> None:
             np.testing.assert_allclose(m.pool_live_bytes, r.pool_live_bytes, rtol=REL, atol=0)
 
 
+def _check_parts(graphs: list[OperatorGraph]) -> None:
+    lv = activation_liveness_many(graphs, retention=True, include_inputs=False)
+    cublas = [i % 2 == 0 for i in range(len(graphs))]
+    cudnn = [i % 3 == 0 for i in range(len(graphs))]
+    for ctx, ws in ((700.0, 8.0), (512.0, 0.0)):
+        many = gpu_memory_parts_many(graphs, lv, context_mib=ctx, cublas_workspace_mib=ws, uses_cublas=cublas,
+                                     uses_cudnn=cudnn)
+        for g, m, a, b in zip(graphs, many, cublas, cudnn):
+            r = gpu_memory_parts(g, activation_liveness(g, retention=True, include_inputs=False), context_mib=ctx,
+                                 cublas_workspace_mib=ws, uses_cublas=a, uses_cudnn=b)
+            assert m.std_parts_mib.keys() == r.std_parts_mib.keys()
+            np.testing.assert_allclose([*m.details().values()], [*r.details().values()], rtol=REL, atol=0)
+            assert m.peak_node == r.peak_node
+
+
 @pytest.mark.parametrize("fuse", [True, False])
 def test_featurize_many_equals_featurize_on_the_sample(fuse: bool) -> None:
     gpu, host = _sample_graphs()
@@ -152,9 +169,13 @@ def test_featurize_many_equals_featurize_on_other_spaces(space_graphs: list[Oper
     _check_features(space_graphs[:3], "h100-sxm5-80gb")  # below MANY_MIN_GRAPHS: the per-graph pass
 
 
-def test_liveness_many_equals_liveness(space_graphs: list[OperatorGraph]) -> None:
+def test_liveness_and_memory_parts_many_equal_the_per_graph_ones(space_graphs: list[OperatorGraph]) -> None:
     gpu, host = _sample_graphs()
-    _check_liveness(gpu + host + space_graphs + [synthetic_resnet_graph(4)] + _corner_graphs())
+    graphs = gpu + host + space_graphs + [synthetic_resnet_graph(4)] + _corner_graphs()
+    _check_liveness(graphs)
+    _check_parts(graphs)
+    with pytest.raises(InvalidValueError, match="one liveness and flag per graph"):
+        gpu_memory_parts_many(graphs, [], context_mib=1.0, cublas_workspace_mib=0.0, uses_cublas=[], uses_cudnn=[])
 
 
 def test_corner_cases_of_coarsening_are_those_of_coarsen() -> None:
