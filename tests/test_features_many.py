@@ -28,7 +28,9 @@ from dippm_nas.errors import InvalidValueError
 from dippm_nas.features import (
     GraphFeatures, coarsen, featurize, featurize_many, get_op_encoder, register_op_encoder,
 )
-from dippm_nas.graph import OperatorGraph, OpNode, stack_graphs, synthetic_resnet_graph
+from dippm_nas.errors import GraphValidationError
+from dippm_nas.graph import (OperatorGraph, OpNode, adopt_node_columns, node_columns, stack_graphs,
+                             synthetic_resnet_graph)
 from dippm_nas.prior import (activation_liveness, activation_liveness_many, estimate, gpu_memory_parts,
                              gpu_memory_parts_many)
 from dippm_nas.spec import InputSpec
@@ -227,3 +229,19 @@ def test_featurize_many_checks_its_arguments() -> None:
     assert activation_liveness_many([]) == []
     dippm = featurize_many([g] * 5, "a100-sxm4-40gb", style="dippm")
     _assert_features_equal(dippm[4], featurize(g, "a100-sxm4-40gb", style="dippm"), "dippm style")
+
+
+def test_adopted_node_columns_are_the_graphs_own() -> None:
+    def fresh() -> OperatorGraph:
+        return OperatorGraph.from_dict(synthetic_resnet_graph(3).to_dict())
+
+    g, ref = fresh(), node_columns(fresh())
+    parts = [OperatorGraph(nodes=g.nodes[a:b], edges=[], input_consumers={}, outputs=[], spec=g.spec, param_count=0,
+                           param_bytes=0, mode=g.mode) for a, b in ((0, 5), (5, 5), (5, g.num_nodes))]
+    adopt_node_columns(g, parts)
+    got = node_columns(g)
+    assert got.keys() == ref.keys()
+    for k in ref:
+        assert got[k].dtype == ref[k].dtype and np.array_equal(got[k], ref[k]), k
+    with pytest.raises(GraphValidationError, match="the parts hold 5 nodes"):
+        adopt_node_columns(fresh(), parts[:1])
