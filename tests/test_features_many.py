@@ -168,7 +168,8 @@ def test_featurize_many_equals_featurize_on_the_sample(fuse: bool) -> None:
 
 def test_featurize_many_equals_featurize_on_other_spaces(space_graphs: list[OperatorGraph]) -> None:
     _check_features(space_graphs * 4, "a100-sxm4-40gb")
-    _check_features(space_graphs[:3], "h100-sxm5-80gb")  # below MANY_MIN_GRAPHS: the per-graph pass
+    _check_features(space_graphs[:1], "h100-sxm5-80gb")  # below MANY_MIN_GRAPHS: the per-graph pass
+    _check_features(space_graphs[:2], "h100-sxm5-80gb")
 
 
 def test_liveness_and_memory_parts_many_equal_the_per_graph_ones(space_graphs: list[OperatorGraph]) -> None:
