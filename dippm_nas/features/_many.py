@@ -107,9 +107,9 @@ def _ours_many(st: GraphStack, ests: Sequence["PriorEstimate"], dev: Device, fus
     ko, eo = sk.kernel_offsets.tolist(), sk.edge_offsets.tolist()
     ei = np.stack([sk.edge_src, sk.edge_dst])
     out = []
-    for g, est in enumerate(ests):
+    for g, est in enumerate(ests):  # each graph's own arrays: a cached feature set does not hold the batch's
         out.append(GraphFeatures(
-            x=x[ko[g]:ko[g + 1]], edge_index=np.ascontiguousarray(ei[:, eo[g]:eo[g + 1]]), static=static[g],
+            x=x[ko[g]:ko[g + 1]].copy(), edge_index=ei[:, eo[g]:eo[g + 1]].copy(), static=static[g].copy(),
             device=dvf.copy(), prior_latency_ms=float(est.latency_ms), prior_memory_mib=float(est.memory_mib),
             prior_energy_j=None if est.energy_j is None else float(est.energy_j), style="ours",
             unknown_ops=unknown[g], estimate=est,

@@ -569,8 +569,8 @@ def _breakdowns(st: GraphStack, lv: _Storages) -> list[MemoryBreakdown]:
             out.append(MemoryBreakdown(0, 0, -1, np.zeros(0), np.zeros((3, 0))))
             continue
         lo = int(seg[gi])
-        lg = live[lo:lo + n]
-        pl = pools[:, lo:lo + n]
+        lg = live[lo:lo + n].copy()  # each graph's own arrays: a cached breakdown does not hold the batch's
+        pl = pools[:, lo:lo + n].copy()
         peak = int(np.argmax(lg))
         allocated = int(lg[peak])
         reserved = _reserved([float(x) for x in pl.max(1)])
