@@ -13,6 +13,8 @@ times from a fitted :class:`HostModel` scaled to a :class:`~dippm_nas.devices.Ho
 
 from dippm_nas.prior._estimate import (
     PriorEstimate,
+    ResolvedSettings,
+    resolved_settings,
     estimate,
     estimate_latency_ms,
     latency_sigma_log,
@@ -22,14 +24,16 @@ from dippm_nas.prior._estimate import (
 from dippm_nas.prior._deploy import (UNKNOWN_FRAMEWORK_WEIGHTS, UNKNOWN_HOST, UNKNOWN_HOST_CLOCK_GHZ,
                                      UNKNOWN_HOST_SIGMA_LOG, UNKNOWN_INPUT_COPY, UNKNOWN_INPUT_COPY_WEIGHTS, UNKNOWN_TF32,
                                      DeploymentSettings, deployment_settings, input_copy_kind)
-from dippm_nas.prior._spread import DeploymentSpread, deployment_spread
+from dippm_nas.prior._spread import DeploymentSpread, deployment_spread, deployment_spread_many
+from dippm_nas.prior._stack import CostStack, StackedFacts, estimate_many, estimates_of, stacked_timelines
 from dippm_nas.prior._host import (HOST_KINDS, PINNED_COPY_EFFICIENCY, RUNTIMES, Execution, HostModel, check_runtime,
                                    input_copy_us)
 from dippm_nas.prior._host_fit import FIT_PARAMETERS, HostRow, fit_host_model, host_model_latency_ms
 from dippm_nas.prior._memory import MemoryBreakdown, MemoryParts, activation_liveness, gpu_memory_parts, round_block
 from dippm_nas.prior._op_table import OpTable, aten_op_record, fit_op_table, graph_op_records, working_set_bytes
-from dippm_nas.prior._nodes import NodeCosts, check_autocast, graph_facts, kernel_time_us, node_costs, wave_efficiency
-from dippm_nas.prior._mig import DIPPM_LADDER, MigAdvice, ProfileAdvice, advise
+from dippm_nas.prior._nodes import (NodeCosts, check_autocast, clear_graph_facts, graph_facts, kernel_time_us,
+                                    node_costs, wave_efficiency)
+from dippm_nas.prior._mig import DIPPM_LADDER, MigAdvice, ProfileAdvice, advise, advise_many
 from dippm_nas.prior._mig import RULES as MIG_RULES
 from dippm_nas.prior._params import PARAM_CLASSES, DeviceScale, OpClassParams, PriorParams, default_params
 from dippm_nas.prior._power import (
@@ -44,17 +48,18 @@ from dippm_nas.prior._power import (
     utilisation_energy_j,
     wait_power_w,
 )
-from dippm_nas.prior._predict import predict
+from dippm_nas.prior._predict import predict, prediction_of
 
 __all__ = [
-    "estimate", "estimate_latency_ms", "predict", "PriorEstimate", "latency_us", "latency_sigma_log", "timeline_fields",
+    "estimate", "estimate_many", "estimate_latency_ms", "predict", "prediction_of", "ResolvedSettings", "resolved_settings",
+    "CostStack", "StackedFacts", "estimates_of", "stacked_timelines", "deployment_spread_many", "advise_many", "PriorEstimate", "latency_us", "latency_sigma_log", "timeline_fields",
     "RUNTIMES", "HOST_KINDS", "Execution", "HostModel", "check_runtime", "input_copy_us", "PINNED_COPY_EFFICIENCY",
     "DeploymentSettings", "deployment_settings", "input_copy_kind", "UNKNOWN_TF32", "UNKNOWN_INPUT_COPY",
     "UNKNOWN_HOST", "UNKNOWN_HOST_CLOCK_GHZ", "UNKNOWN_HOST_SIGMA_LOG", "UNKNOWN_FRAMEWORK_WEIGHTS",
     "UNKNOWN_INPUT_COPY_WEIGHTS", "DeploymentSpread", "deployment_spread",
     "HostRow", "fit_host_model", "host_model_latency_ms", "FIT_PARAMETERS",
     "PriorParams", "OpClassParams", "DeviceScale", "PARAM_CLASSES", "default_params",
-    "node_costs", "NodeCosts", "check_autocast", "graph_facts", "kernel_time_us", "wave_efficiency",
+    "node_costs", "NodeCosts", "check_autocast", "graph_facts", "clear_graph_facts", "kernel_time_us", "wave_efficiency",
     "activation_liveness", "MemoryBreakdown", "round_block", "gpu_memory_parts", "MemoryParts",
     "OpTable", "fit_op_table", "aten_op_record", "graph_op_records", "working_set_bytes",
     "PowerParams", "PowerTable", "NodeActivity", "power_table", "power_params_for", "node_activity", "node_power_w",
