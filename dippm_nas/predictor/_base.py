@@ -46,6 +46,16 @@ class BasePredictor(abc.ABC):
     #: The catalogue id of the device this predictor answers for.
     device: str
 
+    @property
+    def resolved_device(self) -> Device:
+        """The :class:`~dippm_nas.devices.Device` of :attr:`device`, resolved once per predictor: a prediction
+        passes it inward instead of looking the id up again."""
+        dev = self.__dict__.get("_resolved_device")
+        if dev is None or dev.id != self.device:
+            dev = resolve_device(self.device)
+            self.__dict__["_resolved_device"] = dev
+        return dev
+
     @abc.abstractmethod
     def predict_graphs(self, graphs: Sequence[OperatorGraph], *, mig: bool = True, k_sigma: float = 2.0,
                        runtime: str | None = None, host: HostProfile | str | None = None,
@@ -151,7 +161,7 @@ class AnalyticPredictor(BasePredictor):
     def __init__(self, device: str, *, load_calibration: bool = True) -> None:
         dev = resolve_device(device)
         self.device = dev.id
-        self._dev = dev  # resolved once: a prediction passes it inward
+        self._resolved_device = dev  # resolved once: a prediction passes it inward
         self.calibration: Calibration | None = None
         #: why the device's persisted calibration file was not applied ("" when none was ignored); while set,
         #: every prediction carries ``details["calibration_ignored"] = 1``
@@ -167,7 +177,7 @@ class AnalyticPredictor(BasePredictor):
                        deployment: Deployment | None = None) -> list[Prediction]:
         """See :meth:`BasePredictor.predict_graphs`. From :data:`BATCH_MIN_GRAPHS` graphs on, the prior runs over
         the stack of graphs at once (:func:`~dippm_nas.prior.estimate_many`; the same figures)."""
-        dev = self._dev
+        dev = self.resolved_device
         _, st = deployment_of(dev, deployment, runtime, host)
         if len(graphs) < self.batch_min_graphs:
             return self._predict_each(graphs, dev, st, mig, k_sigma)
@@ -208,7 +218,7 @@ class AnalyticPredictor(BasePredictor):
         )
 
     def _finish(self, graph: OperatorGraph, pred: Prediction, st: DeploymentSettings, est: Any) -> Prediction:
-        details = {**pred.details, **execution_details(st, self._dev)}
+        details = {**pred.details, **execution_details(st, self.resolved_device)}
         if self.calibration_ignored:
             details["calibration_ignored"] = 1.0
         return self._calibrated(graph, dataclasses.replace(pred, details=details), st, est)

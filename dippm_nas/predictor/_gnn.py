@@ -114,8 +114,8 @@ class GnnPredictor(BasePredictor):
         #: standardised static features of training graphs ``[R, static_dim]`` (novelty scores; a tensor, or
         #: an array on the numpy engine), or None
         self.novelty_ref = novelty_ref
-        self._dev = resolve_device(device or meta.device)  # resolved once: a prediction passes it inward
-        self.device = self._dev.id
+        self._resolved_device = resolve_device(device or meta.device)  # once: a prediction passes it inward
+        self.device = self._resolved_device.id
         self._cache: OrderedDict[tuple[str, str], GraphFeatures] = OrderedDict()  # (graph key, device)
         self._pred_cache: OrderedDict[tuple[Any, ...], Prediction] = OrderedDict()
         self._cache_size = feature_cache_size
@@ -324,7 +324,7 @@ class GnnPredictor(BasePredictor):
         count), or the id ``dev`` of another."""
         if dev != self.device:
             return dev
-        return self._dev if self.host_threads is None else get_device(dev, threads=self.host_threads)
+        return self.resolved_device if self.host_threads is None else get_device(dev, threads=self.host_threads)
 
     def _keep_features(self, key: tuple[str, str], f: GraphFeatures) -> None:
         with self._lock:
@@ -509,7 +509,7 @@ class GnnPredictor(BasePredictor):
                        deployment: Deployment | None = None) -> list[Prediction]:
         if not graphs:
             return []
-        dep, st = deployment_of(self._dev, deployment, runtime, host)
+        dep, st = deployment_of(self.resolved_device, deployment, runtime, host)
         adaptation = self._adaptation_for(dep)
         cal = None if self.calibration is None else id(self.calibration)
         ex_key = dep.key
@@ -520,7 +520,7 @@ class GnnPredictor(BasePredictor):
         todo = [i for i, p in enumerate(out) if p is None]
         if todo:
             batch = [graphs[i] for i in todo]
-            stack = CostStack(batch, self._dev) if len(todo) >= self.batch_min_graphs else None
+            stack = CostStack(batch, self.resolved_device) if len(todo) >= self.batch_min_graphs else None
             feats = (self._features_many(batch, [gkeys[i] for i in todo], stack) if stack is not None
                      else [self.features(g) for g in batch])
             mean, std, ood, nov, other_machine = self.predict_log_full(feats)
@@ -550,7 +550,7 @@ class GnnPredictor(BasePredictor):
                              settings: DeploymentSettings, mig: bool, k_sigma: float) -> list[Prediction]:
         """:meth:`_prediction` of every graph, the prior's work over the stack at once: the requested deployment's
         estimates (their kernels shared with the features'), the spread's scenarios and the MIG slices."""
-        dev = self._dev
+        dev = self.resolved_device
         params = self._execution_params()
         latency = "latency_ms" in self.meta.targets and dev.kind == "gpu"
         direct = _features_settings(settings) and params is self._pinned_params()
@@ -626,7 +626,7 @@ class GnnPredictor(BasePredictor):
             return (math.exp(min(max(m, -30.0), 30.0)), c * est.node_time_ms * 1e3, est.node_host_ms * 1e3,
                     est.pass_host_ms * 1e3, d, None)
         if rt is None:
-            rt = prior_estimate(graph, self._dev, params=params, deployment=settings)
+            rt = prior_estimate(graph, self.resolved_device, params=params, deployment=settings)
         g, h, pre = c * rt.node_time_ms * 1e3, rt.node_host_ms * 1e3, rt.pass_host_ms * 1e3
         return latency_us(g, h, pre) / 1e3, g, h, pre, d, rt
 
@@ -648,7 +648,7 @@ class GnnPredictor(BasePredictor):
         params = self._execution_params()
         # what the deployment leaves undescribed: the mixture's centre and spread (none when all is described)
         sp = spread if spread is not None else (
-            deployment_spread(graph, self._dev, settings, params=params, gpu_factor=d["gpu_correction"])
+            deployment_spread(graph, self.resolved_device, settings, params=params, gpu_factor=d["gpu_correction"])
             if settings.assumed else DeploymentSpread())
         tf = self.calibration.timeline_factors if self.calibration is not None else None
         extra_s = s_dep = 0.0
@@ -681,7 +681,7 @@ class GnnPredictor(BasePredictor):
                     settings: DeploymentSettings | None = None, rt: Any = None,
                     spread: DeploymentSpread | None = None) -> Prediction:
         est = f.estimate
-        dev = self._dev
+        dev = self.resolved_device
         timeline: dict[str, Any] = {"host_ms": None, "gpu_ms": None}
         composed: dict[str, float] = {}
         if dev.kind == "gpu" and est is not None:
@@ -1026,7 +1026,7 @@ class GnnPredictor(BasePredictor):
     def _adaptation_for(self, deployment: Deployment) -> Adaptation | None:
         """The adaptation that applies to a request for ``deployment`` (the stored one looked up once per
         deployment), or ``None``."""
-        dep = deployment_key(self._dev, deployment=deployment)  # type: ignore[arg-type]
+        dep = deployment_key(self.resolved_device, deployment=deployment)  # type: ignore[arg-type]
         if dep not in self._adaptation_looked and self._load_adaptations:
             self._adaptation_looked.add(dep)
             self._load_stored_adaptation(AdaptationKey(self.device, dep, self.adaptation_space), deployment)
@@ -1076,7 +1076,7 @@ class GnnPredictor(BasePredictor):
         if ad.has_heads:
             member_out, hidden = self._member_outputs(feats)
         preds = apply_adaptation(ad, [out[i] for i in todo], member_out, hidden)
-        dev = self._dev
+        dev = self.resolved_device
         for i, g, p in zip(todo, graphs, preds):
             if self.adaptation_flag is not None:
                 p = dataclasses.replace(p, details={**p.details, "adaptation_flagged": 1.0})
