@@ -29,7 +29,8 @@ from dippm_nas.prior._stack import CostStack, StackedFacts, estimate_many, estim
 from dippm_nas.prior._host import (HOST_KINDS, PINNED_COPY_EFFICIENCY, RUNTIMES, Execution, HostModel, check_runtime,
                                    input_copy_us)
 from dippm_nas.prior._host_fit import FIT_PARAMETERS, HostRow, fit_host_model, host_model_latency_ms
-from dippm_nas.prior._memory import MemoryBreakdown, MemoryParts, activation_liveness, gpu_memory_parts, round_block
+from dippm_nas.prior._memory import (MemoryBreakdown, MemoryParts, activation_liveness, activation_liveness_many,
+                                     gpu_memory_parts, round_block)
 from dippm_nas.prior._op_table import OpTable, aten_op_record, fit_op_table, graph_op_records, working_set_bytes
 from dippm_nas.prior._nodes import (NodeCosts, check_autocast, clear_graph_facts, graph_facts, kernel_time_us,
                                     node_costs, wave_efficiency)
@@ -60,7 +61,8 @@ __all__ = [
     "HostRow", "fit_host_model", "host_model_latency_ms", "FIT_PARAMETERS",
     "PriorParams", "OpClassParams", "DeviceScale", "PARAM_CLASSES", "default_params",
     "node_costs", "NodeCosts", "check_autocast", "graph_facts", "clear_graph_facts", "kernel_time_us", "wave_efficiency",
-    "activation_liveness", "MemoryBreakdown", "round_block", "gpu_memory_parts", "MemoryParts",
+    "activation_liveness", "activation_liveness_many", "MemoryBreakdown", "round_block", "gpu_memory_parts",
+    "MemoryParts",
     "OpTable", "fit_op_table", "aten_op_record", "graph_op_records", "working_set_bytes",
     "PowerParams", "PowerTable", "NodeActivity", "power_table", "power_params_for", "node_activity", "node_power_w",
     "wait_power_w", "pass_energy_j", "utilisation_energy_j",
