@@ -42,7 +42,7 @@ import numpy as np
 from dippm_nas._logging import WarnOnce
 from dippm_nas._platform import cpu_model_name
 from dippm_nas.errors import CheckpointError, DippmNasError, InvalidValueError
-from dippm_nas.features import GraphFeatures, featurize, static_dtype_columns
+from dippm_nas.features import GraphFeatures, featurize, featurize_many, static_dtype_columns
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.prediction import Prediction
 from dippm_nas.deployment import Deployment
@@ -342,9 +342,9 @@ class GnnPredictor(BasePredictor):
         if missing:
             target = self._feature_target(self.device)
             ests = estimates_of(stack, resolved_settings(target, params=self.prior_params))
-            for i in missing:
-                f = featurize(graphs[i], target, style=self.meta.feature_style, prior_params=self.prior_params,
-                              estimate=ests[i])
+            made = featurize_many([graphs[i] for i in missing], target, style=self.meta.feature_style,
+                                  prior_params=self.prior_params, estimates=[ests[i] for i in missing])
+            for i, f in zip(missing, made):
                 self._keep_features((keys[i], self.device), f)
                 out[i] = f
         return out  # type: ignore[return-value]

@@ -29,6 +29,7 @@ from dippm_nas.prior._autocast import AutocastPlan
 from dippm_nas.prior._estimate import (PriorEstimate, ResolvedSettings, _finished, _pass_host_us, _runtime_costs,
                                        checked_facts, estimate, resolved_settings)
 from dippm_nas.prior._nodes import KernelTerms, NodeCosts, costs_of_terms, host_times, kernel_terms, retimed
+from dippm_nas.prior._memory import activation_liveness_many
 from dippm_nas.prior._power import node_activity, node_power_w, power_params_for, wait_power_w
 
 __all__ = ["StackedFacts", "CostStack", "Timelines", "estimate_many", "estimates_of", "stacked_timelines"]
@@ -285,6 +286,7 @@ def estimates_of(stack: CostStack, r: ResolvedSettings, power: Any = None) -> li
     if table is not None:  # operators timed in place on this machine: the single-graph path reads the table
         return [estimate(g, dev, params=p, runtime=r.runtime, host=r.host, input_copy=r.input_copy,
                          power=power) for g in st.graphs]
+    _liveness_of(st, "eager" if dev.kind == "gpu" else "dataflow")
     gpu_us, host_us, eager = stack.runtime_costs(r)
     prefix, copy = stack.prefixes(r)
     latency, host_total = stacked_timelines(st, gpu_us, host_us, dev.kind, prefix)
@@ -307,3 +309,21 @@ def estimates_of(stack: CostStack, r: ResolvedSettings, power: Any = None) -> li
         out.append(_finished(g, dev, p, r.host, f, costs, r.runtime, float(prefix[i]), float(copy[i]),
                              float(latency[i]), float(host_total[i]), float(busy[i]), energies[i]))
     return out
+
+
+def _liveness_of(st: StackedFacts, kind: str) -> None:
+    """Each graph's liveness pass of ``kind`` (as :func:`~dippm_nas.prior._estimate._liveness` keeps it with
+    the graph's facts), the missing ones computed over all of them at once."""
+    todo: dict[int, int] = {}  # facts id -> graph index (a graph twice in a request shares its facts)
+    for i, f in enumerate(st.parts):
+        if f.memory is None:
+            f.memory = {}
+        if kind not in f.memory:
+            todo.setdefault(id(f), i)
+    if not todo:
+        return
+    idx = list(todo.values())
+    gpu = kind == "eager"
+    for i, m in zip(idx, activation_liveness_many([st.graphs[i] for i in idx], retention=gpu,
+                                                  include_inputs=not gpu)):
+        st.parts[i].memory[kind] = m
