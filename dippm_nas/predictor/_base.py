@@ -25,12 +25,13 @@ from dippm_nas.prior import (CostStack, DeploymentSettings, advise, advise_many,
 
 __all__ = ["BasePredictor", "AnalyticPredictor", "measurement_pairs", "deployment_of", "BATCH_MIN_GRAPHS"]
 
-#: From this many graphs on, a predictor runs the prior over the stack of graphs at once
-#: (:func:`~dippm_nas.prior.estimate_many`) instead of graph by graph; both give the same figures. Stacking costs
-#: a fixed few hundred µs per request (concatenating the node tables, the padded timeline tables), which the
-#: per-graph path's Python overhead (about 1 ms per graph with the MIG advice) repays from a handful of graphs;
-#: below it, a single ``predict`` keeps the per-graph path.
-BATCH_MIN_GRAPHS = 8
+#: From this many graphs per request on, a predictor runs the prior over the stack of graphs at once
+#: (:func:`~dippm_nas.prior.estimate_many`, ``deployment_spread_many``, ``advise_many``) instead of graph by graph;
+#: both give the same figures (``tests/test_predict_batched.py``). The stack pays for itself from two graphs: the
+#: A100 checkpoint on MBConv graphs of about 200 nodes took 9.1 ms per graph by the per-graph path and 5.6 ms
+#: stacked for requests of two, 7.1 and 1.9 ms for eight (CPU time, 2 shared cores under load 6; measured with
+#: ``benchmarks/bench_predict_space.py --batch-sizes 1,2,8``). A single model keeps the per-graph path.
+BATCH_MIN_GRAPHS = 2
 
 logger = logging.getLogger(__name__)
 _warn_once = WarnOnce(logger, python_warning=True)

@@ -729,7 +729,7 @@ class GnnPredictor(BasePredictor):
             m = min(max(m, -30.0), 30.0)  # exp stays finite and > 0 whatever the network says
             v = math.exp(m)
             values[t], stds[t], sources[t] = v, v * s, src
-        unknown = dict(graph.unknown_ops)
+        unknown = dict(est.unknown_ops) if est is not None else dict(graph.unknown_ops)
         for op, c in f.unknown_ops.items():
             unknown.setdefault(op, c)
         details = est.details() if est is not None else {}

@@ -317,7 +317,7 @@ def _finished(graph: OperatorGraph, dev: Device, p: PriorParams, prof: HostProfi
         baseline_mib=baseline, weights_mib=weights_mib, activations_peak_mib=act_mib,
         workspace_mib=workspace_mib, allocator_overhead_mib=overhead_mib, memory_mib=total_mib,
         peak_node=peak_node, tensor_core_fraction=tc / busy_us if busy_us > 0 else 0.0,
-        params_source=p.source, unknown_ops=graph.unknown_ops, runtime=runtime, host_profile=prof.name,
+        params_source=p.source, unknown_ops=facts.unknown_ops(), runtime=runtime, host_profile=prof.name,
         pass_host_ms=prefix_us / 1e3, input_copy_ms=copy_us / 1e3,
         host_model_fitted=dev.kind == "gpu" and p.host_model is not None,
         input_mib=input_mib, memory_mib_std=memory_std, memory_details=memory_details,

@@ -250,9 +250,10 @@ def advise_many(predictions: "list[Prediction]", device: Device, graphs: "list[O
         g_s = stack.gpu_us(stack.on_slice(r, device.mig_slice(prof)))
         per_profile.append(Timelines(st, c * g_s, host=whole).latency(ck[:, 1], ck[:, 1] * pre)[0])
     out = []
-    for i, (pred, (ks, _)) in enumerate(zip(predictions, checked)):
-        lat = [_corrected(pred, float(l_s[i]), float(l_w[i])) if pred.device == device.id
-               else _scaled_latency(pred, device, prof) for l_s, prof in zip(per_profile, device.mig_profiles)]
+    rows = np.array(per_profile).T.tolist()  # [graphs][profiles]
+    for pred, (ks, _), whole_us, slices_us in zip(predictions, checked, l_w.tolist(), rows):
+        lat = ([_corrected(pred, l_s, whole_us) for l_s in slices_us] if pred.device == device.id
+               else [_scaled_latency(pred, device, prof) for prof in device.mig_profiles])
         out.append(_advice(pred, device, ks, rule, lat))
     return out
 

@@ -268,6 +268,17 @@ class GraphFacts:
             self._plans[key] = out
         return self._plans[key]
 
+    def unknown_ops(self) -> dict[str, int]:
+        """``{op: count}`` of the graph's nodes without a formula (:attr:`OperatorGraph.unknown_ops`, counted
+        once; a new dict on every call)."""
+        if "unknown_ops" not in self._plans:
+            out: dict[str, int] = {}
+            for n in self._nodes:
+                if not n.known:
+                    out[n.op] = out.get(n.op, 0) + 1
+            self._plans["unknown_ops"] = out
+        return dict(self._plans["unknown_ops"])
+
     def tiles(self, tile_m: int, tile_n: int) -> tuple[np.ndarray, np.ndarray]:
         """(thread blocks, tile efficiency) of every contraction node for a tile size (1 elsewhere)."""
         key = (tile_m, tile_n)
