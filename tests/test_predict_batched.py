@@ -60,7 +60,8 @@ def _dicts(preds: list[Any]) -> list[Any]:
 def test_the_sample_covers_every_registered_space() -> None:
     with lzma.open(DATA / "space_graphs.json.xz", "rt") as f:
         names = {g["source"].split(" ")[0] for g in json.load(f)["graphs"]}
-    assert names == set(ss.list_spaces())
+    # the package's spaces (other tests register spaces of their own while the session runs)
+    assert names == {n for n in ss.list_spaces() if type(ss.get_space(n)).__module__.startswith("search_spaces.")}
 
 
 @pytest.mark.parametrize("kw", [{}, {"runtime": "compiled"}, {"runtime": "cuda-graphs", "input_copy": "pinned"},

@@ -83,11 +83,6 @@ def deployment_spread(graph: OperatorGraph, device: Device | str, deployment: An
         return DeploymentSpread()
     p = params if params is not None else default_params()
     hm = p.host_model
-    unknown = set(s.assumed)
-    frameworks = (dict(UNKNOWN_FRAMEWORK_WEIGHTS) if "framework" in unknown else {s.host.framework: 1.0})
-    speeds = ([(s.host.speed * math.exp(z * UNKNOWN_HOST_SIGMA_LOG), w) for z, w in _GH_NODES]
-              if "host" in unknown else [(s.host.speed, 1.0)])
-    copies = dict(UNKNOWN_INPUT_COPY_WEIGHTS) if "input_copy" in unknown else {s.input_copy: 1.0}
     fp32 = graph.spec.dtype == "float32" and s.autocast is None
     ref = dataclasses.replace(s.host, speed=1.0, framework="torch-2")  # host times at factor 1, rescaled below
     kernels: dict[tuple[bool, bool], tuple[np.ndarray, np.ndarray]] = {}
@@ -108,14 +103,9 @@ def deployment_spread(graph: OperatorGraph, device: Device | str, deployment: An
         return _timelines(g, h_ref * k, "gpu", prefix)[0]
 
     centre = latency((s.tf32_matmul, s.tf32_conv), s.host, s.input_copy)
-    logs, weights = [], []
-    for fw, w_fw in frameworks.items():
-        tf32 = _TF32_OF[fw] if ("tf32" in unknown and fp32) else (s.tf32_matmul, s.tf32_conv)
-        for speed, w_sp in speeds:
-            host = dataclasses.replace(s.host, speed=speed, framework=fw)
-            for copy, w_c in copies.items():
-                logs.append(math.log(latency(tf32, host, copy)))
-                weights.append(w_fw * w_sp * w_c)
+    scenarios = _scenarios(s, fp32)
+    logs = [math.log(latency(tf32, host, copy)) for tf32, host, copy, _ in scenarios]
+    weights = [w for *_, w in scenarios]
     lg, w = np.array(logs), np.array(weights)
     w = w / w.sum()
     mu = float(np.sum(w * lg))
