@@ -732,6 +732,29 @@ class GnnPredictor(BasePredictor):
         unknown = dict(est.unknown_ops) if est is not None else dict(graph.unknown_ops)
         for op, c in f.unknown_ops.items():
             unknown.setdefault(op, c)
+        details = self._details(f, composed, kept, settings, ood=ood, novelty=novelty, dtype_unseen=dtype_unseen,
+                                prior_only=prior_only, other_machine=other_machine)
+        pred = Prediction(
+            latency_ms=values["latency_ms"], energy_j=values["energy_j"], memory_mib=values["memory_mib"],
+            latency_source=sources["latency_ms"], energy_source=sources["energy_j"],
+            memory_source=sources["memory_mib"], device=self.device, batch_size=graph.spec.batch_size,
+            dtype=graph.spec.dtype, latency_ms_std=stds["latency_ms"], energy_j_std=stds["energy_j"],
+            memory_mib_std=stds["memory_mib"], unknown_ops=unknown, details=details, **timeline,
+        )
+        if mig and dev.has_mig:
+            pred = dataclasses.replace(pred, mig=advise(pred, dev, graph=graph, k_sigma=k_sigma,
+                                                        params=self._execution_params(),
+                                                        deployment=settings if settings is not None
+                                                        else DeploymentSettings()))
+        return pred
+
+    def _details(self, f: GraphFeatures, composed: dict[str, float], kept: dict[str, float],
+                 settings: DeploymentSettings | None, *, ood: bool, novelty: float, dtype_unseen: bool,
+                 prior_only: bool, other_machine: bool) -> dict[str, Any]:
+        """The ``details`` of a prediction from features ``f``: the prior's figures, the execution's, the
+        composed latency's and the flags of the network's answer."""
+        est = f.estimate
+        dev = self.resolved_device
         details = est.details() if est is not None else {}
         details.update(composed)
         details.update(execution_details(settings if settings is not None else DeploymentSettings(), dev))
@@ -757,19 +780,7 @@ class GnnPredictor(BasePredictor):
             for t, w in self.correction_weights(np.array([novelty])).items():
                 # 1: the network's whole correction; 0: the prior
                 details[f"correction_weight_{t}"] = 0.0 if prior_only else float(w[0])
-        pred = Prediction(
-            latency_ms=values["latency_ms"], energy_j=values["energy_j"], memory_mib=values["memory_mib"],
-            latency_source=sources["latency_ms"], energy_source=sources["energy_j"],
-            memory_source=sources["memory_mib"], device=self.device, batch_size=graph.spec.batch_size,
-            dtype=graph.spec.dtype, latency_ms_std=stds["latency_ms"], energy_j_std=stds["energy_j"],
-            memory_mib_std=stds["memory_mib"], unknown_ops=unknown, details=details, **timeline,
-        )
-        if mig and dev.has_mig:
-            pred = dataclasses.replace(pred, mig=advise(pred, dev, graph=graph, k_sigma=k_sigma,
-                                                        params=self._execution_params(),
-                                                        deployment=settings if settings is not None
-                                                        else DeploymentSettings()))
-        return pred
+        return details
 
     def _prior_kernel_sigma_log(self, dtype: str) -> float:
         """The prior's measured σ of the kernel part for ``dtype`` on a GPU it was not fitted on (the pinned

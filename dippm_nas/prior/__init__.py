@@ -9,6 +9,10 @@ timelines of an execution runtime (:data:`RUNTIMES`: eager, CUDA graphs, ``torch
 times from a fitted :class:`HostModel` scaled to a :class:`~dippm_nas.devices.HostProfile`. Energy is power integrated over the predicted timeline
 (:class:`PowerParams` per architecture, fitted on measured GPU energy where an architecture has data:
 :func:`power_table`), so its source is ``"predicted"`` for such an architecture.
+
+For many graphs at once, :class:`CostStack` concatenates their node tables and :func:`estimate_many`,
+:func:`deployment_spread_many` and :func:`advise_many` run each stage once over the stack (the same figures as graph
+by graph); MIG slices re-time the whole GPU's kernel terms (:func:`retimed`).
 """
 
 from dippm_nas.prior._estimate import (
@@ -32,8 +36,8 @@ from dippm_nas.prior._host_fit import FIT_PARAMETERS, HostRow, fit_host_model, h
 from dippm_nas.prior._memory import (MemoryBreakdown, MemoryParts, activation_liveness, activation_liveness_many,
                                      gpu_memory_parts, round_block)
 from dippm_nas.prior._op_table import OpTable, aten_op_record, fit_op_table, graph_op_records, working_set_bytes
-from dippm_nas.prior._nodes import (NodeCosts, check_autocast, clear_graph_facts, graph_facts, kernel_time_us,
-                                    node_costs, wave_efficiency)
+from dippm_nas.prior._nodes import (KernelTerms, NodeCosts, check_autocast, clear_graph_facts, facts_costs, graph_facts,
+                                    kernel_terms, kernel_time_us, node_costs, retimed, wave_efficiency)
 from dippm_nas.prior._mig import DIPPM_LADDER, MigAdvice, ProfileAdvice, advise, advise_many
 from dippm_nas.prior._mig import RULES as MIG_RULES
 from dippm_nas.prior._params import PARAM_CLASSES, DeviceScale, OpClassParams, PriorParams, default_params
@@ -60,7 +64,8 @@ __all__ = [
     "UNKNOWN_INPUT_COPY_WEIGHTS", "DeploymentSpread", "deployment_spread",
     "HostRow", "fit_host_model", "host_model_latency_ms", "FIT_PARAMETERS",
     "PriorParams", "OpClassParams", "DeviceScale", "PARAM_CLASSES", "default_params",
-    "node_costs", "NodeCosts", "check_autocast", "graph_facts", "clear_graph_facts", "kernel_time_us", "wave_efficiency",
+    "node_costs", "NodeCosts", "facts_costs", "KernelTerms", "kernel_terms", "retimed", "check_autocast",
+    "graph_facts", "clear_graph_facts", "kernel_time_us", "wave_efficiency",
     "activation_liveness", "activation_liveness_many", "MemoryBreakdown", "round_block", "gpu_memory_parts",
     "MemoryParts",
     "OpTable", "fit_op_table", "aten_op_record", "graph_op_records", "working_set_bytes",

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import logging
-import dataclasses
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 

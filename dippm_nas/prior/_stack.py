@@ -9,7 +9,7 @@ same order as the single-graph timeline, and a padded node launches nothing and 
 critical path is the one :func:`~dippm_nas.prior.latency_us` gives.
 
 :func:`estimate_many` returns what :func:`~dippm_nas.prior.estimate` returns for each graph (the same figures to
-rounding: ``tests/prior/test_stack.py`` checks 1e-9 relative); :class:`CostStack` keeps the kernel and host
+rounding: ``tests/test_predict_batched.py`` checks 1e-9 relative); :class:`CostStack` keeps the kernel and host
 times of one stack per setting, so the features' estimate, the requested deployment's, its spread's scenarios and
 the MIG slices of one request time each graph's kernels once per distinct setting.
 """
@@ -62,7 +62,6 @@ class StackedFacts:
         self.memory = None
         self._tiles: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
         self._plans: dict[Any, Any] = {}
-        total = int(self.offsets[-1])
         self._width = int(lens.max()) if len(lens) else 0
         # which cells of the row-major [num_graphs, max_nodes] table hold a node
         self._mask = np.arange(self._width)[None, :] < lens[:, None]
