@@ -18,6 +18,10 @@ MACs, bytes, weight bytes and prior time over its members, and the count of memb
 the totals of the kernel graph equal the totals of the operator graph (tested).
 
 On an MBConv network this turns ~130 operator nodes into ~50 kernels; on a ResNet-50 ~230 into ~75.
+
+:func:`coarsen_stack` applies the same rules to many graphs at once (a :class:`~dippm_nas.graph.GraphStack`):
+each node's kernel head is the latest head among its producers', iterated over the whole stack until no node
+changes; the kernels and edges are those :func:`coarsen` gives each graph (``tests/test_features_many.py``).
 """
 
 from __future__ import annotations

@@ -9,15 +9,17 @@ features. Each graph's arrays equal the per-graph ones (``tests/test_features_ma
 - ``log1p`` runs in numpy; where numpy's and ``math.log1p``'s answers could round to different float32 values
   (within 2**-40 relative of a float32 rounding boundary) the value is taken from ``math.log1p``, which the
   per-graph pass uses;
-- a head node's encoding (:func:`~dippm_nas.features.encode_op`, shapes, dtype) is memoised per node value
-  (every field but the index; the attributes by identity, held alive by the memo): search-space candidates
-  assembled from blocks share their blocks' attribute objects. An op without an encoder is encoded (counted
-  and warned about) every time, as by the per-graph pass.
+- a head node's encoding (:func:`~dippm_nas.features.encode_op`, shapes, dtype) is memoised by the node's op,
+  dtype and class and the identity of its attributes, shapes and parameter flags (objects a node never changes;
+  the memo holds them): search-space candidates assembled from blocks share their blocks' objects, so a block's
+  encodings are computed once per process. An op without an encoder is encoded (counted and warned about) every
+  time, as by the per-graph pass.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -31,7 +33,7 @@ from dippm_nas.features._features import (
     _COST_W, _DTYPES, _PRIOR_W, _SHAPE_W, STYLES, GraphFeatures, _shape_feats, device_features, featurize, node_dim,
 )
 from dippm_nas.features._registry import ATTR_WIDTH, TOKENS, encode_op
-from dippm_nas.graph import OP_CLASSES, GraphStack, OperatorGraph, OpNode, stack_graphs
+from dippm_nas.graph import OP_CLASSES, GraphStack, OperatorGraph, stack_graphs
 from dippm_nas.prior import estimate as prior_estimate, utilisation_energy_j
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -39,22 +41,21 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["featurize_many", "MANY_MIN_GRAPHS"]
 
-#: Below this many graphs :func:`featurize_many` runs :func:`featurize` per graph (the stack's fixed cost, a
-#: few dozen array operations per pass, is not yet paid back).
-MANY_MIN_GRAPHS = 4
+#: Below this many graphs :func:`featurize_many` runs :func:`featurize` per graph (one model keeps the single-graph
+#: path); from two graphs on the batched pass is the faster one: on ``mbconv`` graphs of ~210 nodes whose columns
+#: are cached, 1.3 ms against 3.5 ms for two graphs, 1.8 ms against 6.4 ms for four (CPU time, load average ~8).
+MANY_MIN_GRAPHS = 2
 #: Graphs from which the depth (longest path) runs one array step per node position over all graphs instead
 #: of a Python pass per graph.
 _LEVEL_STEP_MIN_GRAPHS = 24
 _MEMO_MAX = 1 << 16
 _HEAD_W = ATTR_WIDTH + _SHAPE_W + len(_DTYPES)
 _TOKEN_INDEX = {t: j for j, t in enumerate(TOKENS)}
-#: (registry version, {node value: (attrs, token index, head row)})
-_HEADS: list = [-1, {}]
 
 
 def featurize_many(graphs: Sequence[OperatorGraph], device: Device | str, *, style: str = "ours", fuse: bool = True,
                    prior_params: "PriorParams | None" = None, estimates: "Sequence[PriorEstimate] | None" = None,
-                   execution: "Execution | None" = None) -> list[GraphFeatures]:
+                   execution: "Execution | None" = None, stack: GraphStack | None = None) -> list[GraphFeatures]:
     """:func:`~dippm_nas.features.featurize` of every graph, computed over all of them at once.
 
     Args:
@@ -65,6 +66,7 @@ def featurize_many(graphs: Sequence[OperatorGraph], device: Device | str, *, sty
         prior_params: constants of the analytic prior.
         estimates: the prior's estimate of each graph on ``device`` when the caller has them (not recomputed).
         execution: how the pass is executed and timed (as for :func:`featurize`).
+        stack: :func:`~dippm_nas.graph.stack_graphs` of ``graphs`` when the caller has it.
 
     Returns:
         one :class:`GraphFeatures` per graph, in order, equal to :func:`featurize`'s.
@@ -83,7 +85,7 @@ def featurize_many(graphs: Sequence[OperatorGraph], device: Device | str, *, sty
         prior_estimate(g, dev, params=prior_params, execution=execution) for g in gs]
     if style == "dippm" or len(gs) < MANY_MIN_GRAPHS:
         return [featurize(g, dev, style=style, fuse=fuse, estimate=e) for g, e in zip(gs, ests)]
-    st = stack_graphs(gs)
+    st = stack if stack is not None else stack_graphs(gs)
     alone = needs_graph_pass(st)
     if alone.any():  # graphs of views and constants only: their own pass
         out: list[GraphFeatures | None] = [featurize(g, dev, fuse=fuse, estimate=e) if a else None
@@ -105,9 +107,9 @@ def _ours_many(st: GraphStack, ests: Sequence["PriorEstimate"], dev: Device, fus
     ko, eo = sk.kernel_offsets.tolist(), sk.edge_offsets.tolist()
     ei = np.stack([sk.edge_src, sk.edge_dst])
     out = []
-    for g, est in enumerate(ests):
+    for g, est in enumerate(ests):  # each graph's own arrays: a cached feature set does not hold the batch's
         out.append(GraphFeatures(
-            x=x[ko[g]:ko[g + 1]], edge_index=np.ascontiguousarray(ei[:, eo[g]:eo[g + 1]]), static=static[g],
+            x=x[ko[g]:ko[g + 1]].copy(), edge_index=ei[:, eo[g]:eo[g + 1]].copy(), static=static[g].copy(),
             device=dvf.copy(), prior_latency_ms=float(est.latency_ms), prior_memory_mib=float(est.memory_mib),
             prior_energy_j=None if est.energy_j is None else float(est.energy_j), style="ours",
             unknown_ops=unknown[g], estimate=est,
@@ -130,34 +132,72 @@ def _lg(a: np.ndarray) -> np.ndarray:
 def _head_rows(st: GraphStack, heads: np.ndarray, unknown_head: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Token index ``[K]`` and attributes + shapes + dtype one-hot ``[K, _HEAD_W]`` of each head node; sets
     ``unknown_head[k]`` where the head's op has no encoder."""
-    memo = _HEADS[1]
-    if _HEADS[0] != _registry._VERSION[0] or len(memo) > _MEMO_MAX:
-        memo.clear()
-        _HEADS[0] = _registry._VERSION[0]
     nodes = st.nodes
-    toks = np.empty(heads.size, dtype=np.int64)
-    rows: list[tuple[float, ...]] = []
-    for k, i in enumerate(heads.tolist()):
-        nd = nodes[i]
-        key = (nd.op, id(nd.attrs), nd.op_class, nd.output_shapes, nd.output_dtype, nd.input_shapes,
-               nd.input_is_param, nd.flops, nd.macs, nd.bytes_read, nd.bytes_written, nd.param_bytes,
-               nd.is_constant, nd.known)
-        hit = memo.get(key)
-        if hit is None or hit[0] is not nd.attrs:
-            hit = _encode_head(nd)
-            if hit[0] is None:  # no encoder: counted and warned about at every use
-                unknown_head[k] = True
-            else:
-                memo[key] = hit
-        toks[k] = hit[1]
-        rows.append(hit[2])
-    return toks, np.asarray(rows, dtype=np.float64).reshape(heads.size, _HEAD_W)
+    at = np.empty(heads.size, dtype=np.int64)
+    extra: list[tuple[int, tuple[int, tuple[float, ...]]]] = []
+    with _HEADS_LOCK:  # one caller at a time extends the memo's table
+        memo = _HEADS
+        if memo.version != _registry._VERSION[0] or len(memo.index) > _MEMO_MAX:
+            memo.clear(_registry._VERSION[0])
+        index, get = memo.index, memo.index.get
+        for k, i in enumerate(heads.tolist()):
+            nd = nodes[i]
+            key = (nd.op, id(nd.attrs), id(nd.input_shapes), id(nd.output_shapes), id(nd.input_is_param),
+                   nd.output_dtype, nd.op_class)
+            j = get(key)
+            if j is None:
+                token, attrs, known = encode_op(nd)
+                row = (_TOKEN_INDEX[token],
+                       (*attrs, *_shape_feats(nd), *(float(nd.output_dtype == d) for d in _DTYPES)))
+                if not known:  # no encoder: counted and warned about at every use, never memoised
+                    unknown_head[k] = True
+                    extra.append((k, row))
+                    j = -1
+                else:
+                    j = index[key] = memo.add(row, (nd.attrs, nd.input_shapes, nd.output_shapes, nd.input_is_param))
+            at[k] = j
+        toks, rows = memo.table(at)
+    for k, (tok, row) in extra:
+        toks[k] = tok
+        rows[k] = row
+    return toks, rows
 
 
-def _encode_head(nd: OpNode) -> tuple[object, int, tuple[float, ...]]:
-    token, attrs, known = encode_op(nd)
-    row = (*attrs, *_shape_feats(nd), *(float(nd.output_dtype == d) for d in _DTYPES))
-    return (nd.attrs if known else None), _TOKEN_INDEX[token], row
+class _HeadMemo:
+    """Encoded head rows by node value (op, dtype, class and, by identity, attributes, shapes and parameter
+    flags: the memo holds those objects, so no other object takes their ids while it lives)."""
+
+    def __init__(self) -> None:
+        self.version = -1
+        self.index: dict[tuple[object, ...], int] = {}
+        self._keep: list[tuple[object, ...]] = []
+        self._new: list[tuple[int, tuple[float, ...]]] = []
+        self._toks = np.zeros(0, dtype=np.int64)
+        self._rows = np.zeros((0, _HEAD_W), dtype=np.float64)
+
+    def clear(self, version: int) -> None:
+        self.__init__()  # type: ignore[misc]
+        self.version = version
+
+    def add(self, row: tuple[int, tuple[float, ...]], keep: tuple[object, ...]) -> int:
+        self._new.append(row)
+        self._keep.append(keep)
+        return self._toks.size + len(self._new) - 1
+
+    def table(self, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Token indices and rows of the entries ``at`` (``-1``: zeros, filled in by the caller)."""
+        if self._new:
+            self._toks = np.r_[self._toks, [t for t, _ in self._new]].astype(np.int64)
+            self._rows = np.concatenate([self._rows, np.asarray([r for _, r in self._new], dtype=np.float64)])
+            self._new = []
+        ok = at >= 0
+        toks = np.where(ok, self._toks[np.where(ok, at, 0)] if self._toks.size else 0, 0)
+        rows = np.where(ok[:, None], self._rows[np.where(ok, at, 0)] if self._toks.size else 0.0, 0.0)
+        return toks, rows
+
+
+_HEADS = _HeadMemo()
+_HEADS_LOCK = threading.Lock()
 
 
 def _kernel_rows(st: GraphStack, sk: StackKernels, ests: Sequence["PriorEstimate"],

@@ -70,8 +70,8 @@ def register_op_encoder(op: str, fn: EncoderFn, *, replace: bool = False) -> Non
 
     Args:
         op: Relax op name without ``relax.``, e.g. ``"nn.conv2d"``.
-        fn: ``(node) -> (token, attrs)``, a function of the node's fields other than its index (the batched
-            feature path reuses its answer for nodes whose other fields are equal).
+        fn: ``(node) -> (token, attrs)``, a function of the node's op, attributes, shapes, dtype and parameter
+            flags (the batched feature path reuses its answer for nodes that share those).
         replace: allow replacing an existing encoder (default False: duplicates are an error).
 
     Raises:

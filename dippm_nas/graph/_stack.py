@@ -16,10 +16,14 @@ from itertools import chain
 import numpy as np
 
 from dippm_nas.graph._formulas import OP_CLASSES
+from dippm_nas.errors import GraphValidationError
 from dippm_nas.graph._graph import OperatorGraph, OpNode
 
-__all__ = ["GraphStack", "stack_graphs"]
+__all__ = ["GraphStack", "stack_graphs", "node_columns", "adopt_node_columns"]
 
+_NODE_COLUMNS = ("op_class", "is_constant", "known", "flops", "macs", "bytes_read", "bytes_written", "param_bytes",
+                 "num_outputs", "op")
+_EMPTY = {"is_constant": bool, "known": bool, "op": str}
 _CLASS_CODE = {c: j for j, c in enumerate(OP_CLASSES)}
 
 
@@ -78,17 +82,16 @@ class GraphStack:
         return self.op_class == _CLASS_CODE.get(op_class, len(OP_CLASSES))
 
 
-def _columns(graph: OperatorGraph) -> dict[str, np.ndarray]:
-    """The node columns and the consumer-ordered edges of one graph, computed once per graph object (cached
-    on it, as its structural hash is: a graph's nodes and edges are not changed after it is built)."""
+def node_columns(graph: OperatorGraph) -> dict[str, np.ndarray]:
+    """The node columns (the :class:`GraphStack` fields of one graph, keyed by field name) and the
+    consumer-ordered edges (``src``, ``dst``) of ``graph``, computed once per graph object and cached on it, as
+    its structural hash is (a graph's nodes and edges are not changed after it is built)."""
     cols = graph._columns
     if cols is not None:
         return cols
     nodes = graph.nodes
     n = len(nodes)
     code, other = _CLASS_CODE.get, len(OP_CLASSES)
-    ei = np.fromiter(chain.from_iterable(graph.edges), dtype=np.int64, count=2 * len(graph.edges)).reshape(-1, 2)
-    order = np.argsort(ei[:, 1], kind="stable")
     cols = {
         "op_class": np.fromiter([code(nd.op_class, other) for nd in nodes], dtype=np.int64, count=n),
         "is_constant": np.fromiter([nd.is_constant for nd in nodes], dtype=bool, count=n),
@@ -100,20 +103,42 @@ def _columns(graph: OperatorGraph) -> dict[str, np.ndarray]:
         "param_bytes": np.fromiter([nd.param_bytes for nd in nodes], dtype=np.int64, count=n),
         "num_outputs": np.fromiter([len(nd.output_shapes) for nd in nodes], dtype=np.int64, count=n),
         "op": np.array([nd.op for nd in nodes], dtype=str).reshape(n),
-        "src": np.ascontiguousarray(ei[order, 0]), "dst": np.ascontiguousarray(ei[order, 1]),
+        **_edge_columns(graph),
     }
     graph._columns = cols
     return cols
 
 
-_NODE_COLUMNS = ("op_class", "is_constant", "known", "flops", "macs", "bytes_read", "bytes_written", "param_bytes",
-                 "num_outputs", "op")
+def _edge_columns(graph: OperatorGraph) -> dict[str, np.ndarray]:
+    ei = np.fromiter(chain.from_iterable(graph.edges), dtype=np.int64, count=2 * len(graph.edges)).reshape(-1, 2)
+    order = np.argsort(ei[:, 1], kind="stable")
+    return {"src": np.ascontiguousarray(ei[order, 0]), "dst": np.ascontiguousarray(ei[order, 1])}
+
+
+def adopt_node_columns(graph: OperatorGraph, parts: Sequence[OperatorGraph]) -> None:
+    """Give ``graph`` the node columns of ``parts``, graphs whose nodes it holds in order with equal fields (a
+    search-space candidate assembled from its blocks' graphs): their cached :func:`node_columns` concatenated
+    instead of ``graph``'s nodes read one by one; the edge columns are ``graph``'s own.
+
+    Raises:
+        GraphValidationError: the parts hold another number of nodes than ``graph``.
+    """
+    cols = [node_columns(p) for p in parts]
+    n = sum(len(p.nodes) for p in parts)
+    if n != len(graph.nodes):
+        raise GraphValidationError(f"the parts hold {n} nodes, the graph {len(graph.nodes)}: the parts' columns "
+                                   "cannot be the graph's")
+    merged = {k: np.concatenate([c[k] for c in cols]) if cols else np.zeros(0, dtype=_EMPTY.get(k, np.int64))
+              for k in _NODE_COLUMNS}
+    graph._columns = {**merged, **_edge_columns(graph)}
+
+
 
 
 def stack_graphs(graphs: Sequence[OperatorGraph]) -> GraphStack:
     """The node table of ``graphs`` (validated graphs; see the module docstring)."""
     gs = tuple(graphs)
-    per = [_columns(g) for g in gs]
+    per = [node_columns(g) for g in gs]
     sizes = np.fromiter((len(g.nodes) for g in gs), dtype=np.int64, count=len(gs))
     offsets = np.zeros(len(gs) + 1, dtype=np.int64)
     np.cumsum(sizes, out=offsets[1:])
@@ -123,10 +148,9 @@ def stack_graphs(graphs: Sequence[OperatorGraph]) -> GraphStack:
     ne = np.fromiter((c["src"].size for c in per), dtype=np.int64, count=len(gs))
     shift = np.repeat(offsets[:-1], ne)
     cat = np.concatenate
-    empty = {"is_constant": bool, "known": bool, "op": str}
     return GraphStack(
         graphs=gs, nodes=[nd for g in gs for nd in g.nodes], offsets=offsets, graph_of=graph_of, local=local,
         src=cat([c["src"] for c in per]) + shift if per else np.zeros(0, dtype=np.int64),
         dst=cat([c["dst"] for c in per]) + shift if per else np.zeros(0, dtype=np.int64),
-        **{k: cat([c[k] for c in per]) if per else np.zeros(0, dtype=empty.get(k, np.int64)) for k in _NODE_COLUMNS},
+        **{k: cat([c[k] for c in per]) if per else np.zeros(0, dtype=_EMPTY.get(k, np.int64)) for k in _NODE_COLUMNS},
     )

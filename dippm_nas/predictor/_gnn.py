@@ -343,7 +343,8 @@ class GnnPredictor(BasePredictor):
             target = self._feature_target(self.device)
             ests = estimates_of(stack, resolved_settings(target, params=self.prior_params))
             made = featurize_many([graphs[i] for i in missing], target, style=self.meta.feature_style,
-                                  prior_params=self.prior_params, estimates=[ests[i] for i in missing])
+                                  prior_params=self.prior_params, estimates=[ests[i] for i in missing],
+                                  stack=stack.graph_stack if len(missing) == len(graphs) else None)
             for i, f in zip(missing, made):
                 self._keep_features((keys[i], self.device), f)
                 out[i] = f

@@ -431,20 +431,29 @@ def _gpu_parts(graph: OperatorGraph, facts: Any, dev: Device) -> Any:
     """:func:`~dippm_nas.prior._memory.gpu_memory_parts` of ``graph`` on ``dev``, once per graph (cached with
     the graph's facts, keyed by everything it reads besides the graph's structure: the device's context and
     cuBLAS workspace, the input spec). It depends on neither the prior's constants nor the runtime."""
-    spec = graph.spec
-    key = ("gpu_parts", float(dev.runtime_baseline_mib), float(dev.cublas_workspace_mib), spec, graph.param_bytes)
+    key = gpu_parts_key(graph, dev)
     parts = facts.memory.get(key)
     if parts is None:
         mem = _liveness(graph, facts.memory, "eager")
-        cudnn = facts.memory.get("uses_cudnn")
-        if cudnn is None:
-            cudnn = facts.memory["uses_cudnn"] = any(nd.op_class == "conv" and not nd.is_constant
-                                                     for nd in graph.nodes)
         parts = gpu_memory_parts(graph, mem, context_mib=dev.runtime_baseline_mib,
                                  cublas_workspace_mib=dev.cublas_workspace_mib, uses_cublas=facts.uses_cublas,
-                                 uses_cudnn=cudnn)
+                                 uses_cudnn=uses_cudnn(graph, facts))
         facts.memory[key] = parts
     return parts
+
+
+def gpu_parts_key(graph: OperatorGraph, dev: Device) -> tuple[Any, ...]:
+    """Where a graph's facts keep its GPU memory parts on ``dev`` (see :func:`_gpu_parts`)."""
+    return ("gpu_parts", float(dev.runtime_baseline_mib), float(dev.cublas_workspace_mib), graph.spec,
+            graph.param_bytes)
+
+
+def uses_cudnn(graph: OperatorGraph, facts: Any) -> bool:
+    """The graph runs a convolution (cuDNN's workspace is held), counted once per graph's facts."""
+    cudnn = facts.memory.get("uses_cudnn")
+    if cudnn is None:
+        cudnn = facts.memory["uses_cudnn"] = any(nd.op_class == "conv" and not nd.is_constant for nd in graph.nodes)
+    return cudnn
 
 
 def latency_sigma_log(est: PriorEstimate, params: PriorParams | None = None, *,

@@ -47,16 +47,18 @@ import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 
 import numpy as np
 
+from dippm_nas.errors import InvalidValueError
 from dippm_nas.graph import GraphStack, OperatorGraph, OpNode, stack_graphs
 from dippm_nas.spec import dtype_bytes
 from dippm_nas.units import BYTES_PER_MIB
 
 __all__ = [
     "MemoryBreakdown", "MemoryParts", "activation_liveness", "activation_liveness_many", "gpu_memory_parts",
-    "round_block",
+    "gpu_memory_parts_many", "round_block",
     "ACTIVATION_REL_SIGMA", "CONTEXT_REL_SIGMA", "CUDNN_WORKSPACE_SIGMA_MIB",
 ]
 
@@ -567,8 +569,8 @@ def _breakdowns(st: GraphStack, lv: _Storages) -> list[MemoryBreakdown]:
             out.append(MemoryBreakdown(0, 0, -1, np.zeros(0), np.zeros((3, 0))))
             continue
         lo = int(seg[gi])
-        lg = live[lo:lo + n]
-        pl = pools[:, lo:lo + n]
+        lg = live[lo:lo + n].copy()  # each graph's own arrays: a cached breakdown does not hold the batch's
+        pl = pools[:, lo:lo + n].copy()
         peak = int(np.argmax(lg))
         allocated = int(lg[peak])
         reserved = _reserved([float(x) for x in pl.max(1)])
@@ -683,9 +685,16 @@ def gpu_memory_parts(graph: OperatorGraph, liveness: MemoryBreakdown, *, context
     for blk in (*weights, *inputs, *ws):
         k = _pool(blk)
         const[k] += _ceil_to(blk, K_ROUND_LARGE) if k == 2 else blk
+    return _parts(sum(weights), sum(inputs), sum(ws), const, liveness, context_mib, uses_cudnn)
+
+
+def _parts(weights: int, inputs: int, ws: int, const: "Sequence[float]", liveness: MemoryBreakdown,
+           context_mib: float, uses_cudnn: bool) -> MemoryParts:
+    """:class:`MemoryParts` from the bytes of the weights, input and cuBLAS workspace, their use of each
+    allocator pool (``const``) and the liveness pass."""
     pool_live = liveness.pool_live_bytes
     pool_peaks = [const[k] + (float(pool_live[k].max()) if pool_live.shape[1] else 0.0) for k in range(3)]
-    allocated = float(sum(weights) + sum(inputs) + sum(ws) + liveness.peak_allocated_bytes)
+    allocated = float(weights + inputs + ws + liveness.peak_allocated_bytes)
     reserved = max(_reserved(pool_peaks), allocated)
     act_mib = liveness.peak_allocated_bytes / BYTES_PER_MIB
     overhead_mib = (reserved - allocated) / BYTES_PER_MIB
@@ -696,10 +705,87 @@ def gpu_memory_parts(graph: OperatorGraph, liveness: MemoryBreakdown, *, context
         "allocator_mib": ALLOCATOR_REL_SIGMA * overhead_mib,
     }
     return MemoryParts(
-        context_mib=float(context_mib), weights_mib=sum(weights) / BYTES_PER_MIB, input_mib=sum(inputs) / BYTES_PER_MIB,
-        activations_peak_mib=act_mib, cublas_workspace_mib=sum(ws) / BYTES_PER_MIB, cudnn_workspace_mib=0.0,
+        context_mib=float(context_mib), weights_mib=weights / BYTES_PER_MIB, input_mib=inputs / BYTES_PER_MIB,
+        activations_peak_mib=act_mib, cublas_workspace_mib=ws / BYTES_PER_MIB, cudnn_workspace_mib=0.0,
         allocator_overhead_mib=overhead_mib, total_mib=float(context_mib) + reserved / BYTES_PER_MIB,
         allocated_mib=allocated / BYTES_PER_MIB, reserved_mib=reserved / BYTES_PER_MIB,
         std_mib=math.sqrt(sum(v * v for v in std_parts.values())), std_parts_mib=std_parts,
         peak_node=liveness.peak_node,
     )
+
+
+_PARAM_ELEMS: dict[tuple[int, int], tuple[object, object, tuple[int, ...]]] = {}
+
+
+def _param_elems(node: OpNode) -> tuple[int, ...]:
+    """Elements of each weight tensor ``node`` reads (memoised by the identity of its shapes and flags, which
+    the memo holds: assembled graphs share their blocks' objects)."""
+    shapes, par = node.input_shapes, node.input_is_param
+    hit = _PARAM_ELEMS.get((id(shapes), id(par)))
+    if hit is None or hit[0] is not shapes or hit[1] is not par:
+        if len(_PARAM_ELEMS) >= _MEMO_MAX:
+            _PARAM_ELEMS.clear()
+        hit = (shapes, par, tuple(math.prod(s) for s, p in zip(shapes, par) if p and len(s) > 0))
+        _PARAM_ELEMS[(id(shapes), id(par))] = hit
+    return hit[2]
+
+
+def _weight_blocks_many(st: GraphStack) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_weight_blocks` of every graph of a stack: ``(graph of each block, block bytes)``."""
+    nodes = st.nodes
+    elems = [_param_elems(nodes[i]) for i in np.flatnonzero(~st.is_constant).tolist()]
+    counts = np.fromiter(map(len, elems), dtype=np.int64, count=len(elems))
+    g_of = np.repeat(st.graph_of[~st.is_constant], counts)
+    raw = np.fromiter(chain.from_iterable(elems), dtype=np.int64, count=int(counts.sum()))
+    per = np.fromiter((dtype_bytes(g.spec.dtype) for g in st.graphs), dtype=np.int64, count=st.num_graphs)
+    raw = raw * per[g_of]
+    total = np.bincount(g_of, weights=raw, minlength=st.num_graphs)  # integers, exact in float64
+    pb = np.fromiter((g.param_bytes for g in st.graphs), dtype=np.int64, count=st.num_graphs)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        scale = np.where(total > 0, pb / np.where(total > 0, total, 1.0), 0.0)
+    scaled = raw * scale[g_of]
+    keep = (scaled >= 1) & (pb[g_of] > 0) & (total[g_of] > 0)
+    out_g = [g_of[keep]]
+    out_b = [_round_blocks(scaled[keep].astype(np.int64))]
+    whole = (pb > 0) & (total <= 0)  # no weight shapes to split the bytes by: one block
+    if whole.any():
+        out_g.append(np.flatnonzero(whole))
+        out_b.append(_round_blocks(pb[whole]))
+    return np.concatenate(out_g), np.concatenate(out_b)
+
+
+def gpu_memory_parts_many(graphs: Sequence[OperatorGraph], livenesses: Sequence[MemoryBreakdown], *,
+                          context_mib: float, cublas_workspace_mib: float, uses_cublas: Sequence[bool],
+                          uses_cudnn: Sequence[bool], stack: GraphStack | None = None) -> list[MemoryParts]:
+    """:func:`gpu_memory_parts` of every graph (one device), the weights' blocks computed over all graphs at
+    once; equal to the per-graph result.
+
+    Args:
+        graphs: the graphs.
+        livenesses: each graph's :func:`activation_liveness` (``include_inputs=False``), e.g. from
+            :func:`activation_liveness_many`.
+        context_mib, cublas_workspace_mib: the device's, as for :func:`gpu_memory_parts`.
+        uses_cublas, uses_cudnn: per graph, as for :func:`gpu_memory_parts`.
+        stack: :func:`~dippm_nas.graph.stack_graphs` of ``graphs`` when the caller has it.
+    """
+    st = stack if stack is not None else stack_graphs(graphs)
+    g_n = st.num_graphs
+    if not (len(livenesses) == len(uses_cublas) == len(uses_cudnn) == g_n):
+        raise InvalidValueError(f"one liveness and flag per graph: {g_n} graphs, {len(livenesses)} livenesses, "
+                         f"{len(uses_cublas)} and {len(uses_cudnn)} flags")
+    if not g_n:
+        return []
+    wg, wb = _weight_blocks_many(st)
+    ins = [[round_block(b) for _, b in _spec_inputs(g)] for g in st.graphs]
+    ws_blk = round_block(int(cublas_workspace_mib * BYTES_PER_MIB)) if cublas_workspace_mib > 0 else 0
+    ws = np.where(np.asarray(uses_cublas, dtype=bool), ws_blk, 0).astype(np.int64)
+    ig = np.repeat(np.arange(g_n), [len(b) for b in ins])
+    bg = np.concatenate([wg, ig, np.flatnonzero(ws)]).astype(np.int64)
+    blk = np.concatenate([wb, np.fromiter(chain.from_iterable(ins), dtype=np.int64, count=ig.size),
+                          ws[ws > 0]]).astype(np.int64)
+    pool = np.where(blk <= K_SMALL_SIZE, 0, np.where(blk < K_MIN_LARGE_ALLOC, 1, 2))
+    val = np.where(pool == 2, (blk + (K_ROUND_LARGE - 1)) // K_ROUND_LARGE * K_ROUND_LARGE, blk)
+    const = np.bincount(bg * 3 + pool, weights=val, minlength=3 * g_n).reshape(g_n, 3).tolist()
+    w_sum = np.bincount(wg, weights=wb, minlength=g_n).astype(np.int64).tolist()
+    return [_parts(w_sum[g], sum(ins[g]), int(ws[g]), const[g], livenesses[g], context_mib, bool(uses_cudnn[g]))
+            for g in range(g_n)]

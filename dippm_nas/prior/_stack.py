@@ -24,12 +24,12 @@ from typing import Any
 import numpy as np
 
 from dippm_nas.devices import Device, HostProfile
-from dippm_nas.graph import OperatorGraph
+from dippm_nas.graph import GraphStack, OperatorGraph, stack_graphs
 from dippm_nas.prior._autocast import AutocastPlan
 from dippm_nas.prior._estimate import (PriorEstimate, ResolvedSettings, _finished, _pass_host_us, _runtime_costs,
-                                       checked_facts, estimate, resolved_settings)
+                                       checked_facts, estimate, gpu_parts_key, resolved_settings, uses_cudnn)
 from dippm_nas.prior._nodes import KernelTerms, NodeCosts, costs_of_terms, host_times, kernel_terms, retimed
-from dippm_nas.prior._memory import activation_liveness_many
+from dippm_nas.prior._memory import activation_liveness_many, gpu_memory_parts_many
 from dippm_nas.prior._power import node_activity, node_power_w, power_params_for, wait_power_w
 
 __all__ = ["StackedFacts", "CostStack", "Timelines", "estimate_many", "estimates_of", "stacked_timelines"]
@@ -192,6 +192,7 @@ class CostStack:
     def __init__(self, graphs: Sequence[OperatorGraph], device: Device) -> None:
         facts = [checked_facts(g, device) for g in graphs]
         self.facts = StackedFacts(graphs, facts)
+        self._graph_stack: GraphStack | None = None
         self._kernels: dict[tuple[Any, ...], KernelTerms] = {}
         self._costs: dict[tuple[Any, ...], NodeCosts] = {}
 
@@ -204,6 +205,14 @@ class CostStack:
                                               tf32_matmul=r.tf32_matmul, channels_last=r.channels_last,
                                               autocast=r.autocast)
         return self._kernels[key]
+
+    @property
+    def graph_stack(self) -> GraphStack:
+        """The graphs' node table for the liveness and feature passes (:func:`~dippm_nas.graph.stack_graphs`),
+        built on first use."""
+        if self._graph_stack is None:
+            self._graph_stack = stack_graphs(self.facts.graphs)
+        return self._graph_stack
 
     def on_slice(self, r: ResolvedSettings, device: Device) -> ResolvedSettings:
         """``r`` on ``device``, a MIG slice view of ``r``'s GPU, whose kernel terms are the GPU's re-timed
@@ -285,7 +294,7 @@ def estimates_of(stack: CostStack, r: ResolvedSettings, power: Any = None) -> li
     if table is not None:  # operators timed in place on this machine: the single-graph path reads the table
         return [estimate(g, dev, params=p, runtime=r.runtime, host=r.host, input_copy=r.input_copy,
                          power=power) for g in st.graphs]
-    _liveness_of(st, "eager" if dev.kind == "gpu" else "dataflow")
+    _memory_of(stack, dev)
     gpu_us, host_us, eager = stack.runtime_costs(r)
     prefix, copy = stack.prefixes(r)
     latency, host_total = stacked_timelines(st, gpu_us, host_us, dev.kind, prefix)
@@ -310,19 +319,42 @@ def estimates_of(stack: CostStack, r: ResolvedSettings, power: Any = None) -> li
     return out
 
 
-def _liveness_of(st: StackedFacts, kind: str) -> None:
-    """Each graph's liveness pass of ``kind`` (as :func:`~dippm_nas.prior._estimate._liveness` keeps it with
-    the graph's facts), the missing ones computed over all of them at once."""
-    todo: dict[int, int] = {}  # facts id -> graph index (a graph twice in a request shares its facts)
-    for i, f in enumerate(st.parts):
+def _memory_of(stack: CostStack, dev: Device) -> None:
+    """Each graph's liveness pass (and on a GPU its memory parts), kept with its facts as the single-graph
+    estimate keeps them, the missing ones computed over all graphs at once."""
+    st = stack.facts
+    kind = "eager" if dev.kind == "gpu" else "dataflow"
+    for f in st.parts:
         if f.memory is None:
             f.memory = {}
-        if kind not in f.memory:
-            todo.setdefault(id(f), i)
-    if not todo:
-        return
-    idx = list(todo.values())
+    todo = _firsts([i for i, f in enumerate(st.parts) if kind not in f.memory], st)
     gpu = kind == "eager"
-    for i, m in zip(idx, activation_liveness_many([st.graphs[i] for i in idx], retention=gpu,
-                                                  include_inputs=not gpu)):
-        st.parts[i].memory[kind] = m
+    if todo:
+        whole = stack.graph_stack if len(todo) == len(st) else None
+        for i, m in zip(todo, activation_liveness_many([st.graphs[i] for i in todo], retention=gpu,
+                                                       include_inputs=not gpu, stack=whole)):
+            st.parts[i].memory[kind] = m
+    if not gpu:
+        return
+    keys = [gpu_parts_key(g, dev) for g in st.graphs]
+    todo = _firsts([i for i, (f, k) in enumerate(zip(st.parts, keys)) if k not in f.memory], st)
+    if todo:
+        graphs = [st.graphs[i] for i in todo]
+        parts = gpu_memory_parts_many(
+            graphs, [st.parts[i].memory[kind] for i in todo], context_mib=dev.runtime_baseline_mib,
+            cublas_workspace_mib=dev.cublas_workspace_mib, uses_cublas=[st.parts[i].uses_cublas for i in todo],
+            uses_cudnn=[uses_cudnn(st.graphs[i], st.parts[i]) for i in todo],
+            stack=stack.graph_stack if len(todo) == len(st) else None)
+        for i, p in zip(todo, parts):
+            st.parts[i].memory[keys[i]] = p
+
+
+def _firsts(idx: list[int], st: StackedFacts) -> list[int]:
+    """``idx`` without the graphs whose facts an earlier one of them shares (a graph twice in a request)."""
+    seen: set[int] = set()
+    out = []
+    for i in idx:
+        if id(st.parts[i]) not in seen:
+            seen.add(id(st.parts[i]))
+            out.append(i)
+    return out
