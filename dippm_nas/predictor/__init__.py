@@ -10,8 +10,9 @@ The torch ensemble and its batching (``SageEnsemble``, ``TorchEngine``, ``collat
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from dippm_nas._lazy import lazy_face
 from dippm_nas.predictor._adapt import (ANY_SPACE, HANDOVER_ROWS, HEAD_MIN_ROWS, RIDGE_GRID, Adaptation, AdaptationKey,
                                         ResidualHead, deployment_key, fit_residual_head)
 from dippm_nas.predictor._adapt_store import AdaptationStore, default_adapt_url
@@ -51,18 +52,6 @@ __all__ = ["predict", "predict_many", "get_predictor", "set_predictor", "DEFAULT
            "default_adapt_url", "HANDOVER_ROWS", "HEAD_MIN_ROWS", "RIDGE_GRID", "ANY_SPACE"]
 
 #: The names of the torch ensemble module, imported on first access.
-_TORCH_NAMES = ("SageEnsemble", "TorchEngine", "collate", "collate_globals", "DELTA_MARGIN")
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _TORCH_NAMES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from dippm_nas.predictor import _ensemble
-
-    value = getattr(_ensemble, name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_face(__name__, {
+    "dippm_nas.predictor._ensemble": ("SageEnsemble", "TorchEngine", "collate", "collate_globals", "DELTA_MARGIN"),
+})
