@@ -102,7 +102,7 @@ def _ours_many(st: GraphStack, ests: Sequence["PriorEstimate"], dev: Device, fus
     sk = coarsen_stack(st, fuse=fuse)
     unknown: list[dict[str, int]] = [{} for _ in st.graphs]
     x = _kernel_rows(st, sk, ests, unknown)
-    static = _static_rows(st, sk, ests)
+    static = _static_rows(st, sk, ests, dev)
     dvf = device_features(dev)
     ko, eo = sk.kernel_offsets.tolist(), sk.edge_offsets.tolist()
     ei = np.stack([sk.edge_src, sk.edge_dst])
@@ -299,7 +299,7 @@ def _spec_facts(g: OperatorGraph) -> tuple[int, int]:
     return out
 
 
-def _static_rows(st: GraphStack, sk: StackKernels, ests: Sequence["PriorEstimate"]) -> np.ndarray:
+def _static_rows(st: GraphStack, sk: StackKernels, ests: Sequence["PriorEstimate"], dev: Device) -> np.ndarray:
     """The static feature vector of every graph, ``[G, static_dim("ours")]`` float32."""
     g_n = st.num_graphs
     starts = st.offsets[:-1]
@@ -308,8 +308,8 @@ def _static_rows(st: GraphStack, sk: StackKernels, ests: Sequence["PriorEstimate
     count = [np.add.reduceat(v.astype(np.int64), starts) for v in
              (st.is_class("conv"), st.is_class("matmul"), st.op == "nn.relu")]
     facts = [_spec_facts(g) for g in st.graphs]
-    e_feat = [utilisation_energy_j(e.node_time_ms, e.node_utilisation, e.latency_ms, resolve_device(e.device))
-              for e in ests]
+    e_feat = [utilisation_energy_j(e.node_time_ms, e.node_utilisation, e.latency_ms,
+                                   dev if e.device == dev.id else resolve_device(e.device)) for e in ests]
     cols = np.array([
         sums[0], sums[1], [f[0] for f in facts], count[0], count[1], count[2],
         [g.param_count for g in st.graphs], [g.param_bytes for g in st.graphs], sums[2], _depths(st),

@@ -181,7 +181,7 @@ def _checked(device: str, mig: Any, k_sigma: Any, deployment: Any, runtime: Any,
     k_sigma = check_k_sigma(k_sigma)
     dep = Deployment.coerce(deployment, runtime=runtime, host=host)
     predictor = get_predictor(device)
-    deployment_of(predictor.device, dep)
+    deployment_of(predictor.resolved_device, dep)
     return predictor, mig, k_sigma, dep
 
 
