@@ -111,10 +111,10 @@ def test_a_checkpoint_cites_only_files_of_the_repository_or_marked_external() ->
         assert all(c.path.startswith("/") or c.path.startswith("..") or c.path.split("/")[0]
                    not in _checkpoint.REPO_FOLDERS for c in i.citations if c.where != "repo")
     cited = _checkpoint.cited_paths('{"command": "train --data /work/exp/a.sqlite --out x/y.pt '
-                                    'python benchmarks/calibrate_prior.py --data ../shared/data/t.csv", '
+                                    'python scripts/fit/calibrate_prior.py --data ../shared/data/t.csv", '
                                     '"mig": "densenet121/bs8/1g.5gb"}')
     assert [(c.path, c.where) for c in cited] == [("/work/exp/a.sqlite", "external"), ("x/y.pt", "external"),
-                                                  ("benchmarks/calibrate_prior.py", "repo"),
+                                                  ("scripts/fit/calibrate_prior.py", "repo"),
                                                   ("../shared/data/t.csv", "public-data")]
 
 

@@ -417,8 +417,8 @@ def test_shipped_constants_load_and_round_trip(tmp_path) -> None:
 def test_shipped_constants_are_fitted_and_name_their_data() -> None:
     p = default_params()
     if p.source == "uncalibrated":
-        pytest.skip("no fitted constants shipped yet (benchmarks/calibrate_prior.py writes them)")
-    assert "NeuSight" in p.source and p.command.startswith("python benchmarks/calibrate_prior.py")
+        pytest.skip("no fitted constants shipped yet (scripts/fit/calibrate_prior.py writes them)")
+    assert "NeuSight" in p.source and p.command.startswith("python scripts/fit/calibrate_prior.py")
     assert p.metrics
 
 

@@ -30,7 +30,7 @@ __all__ = ["BasePredictor", "AnalyticPredictor", "measurement_pairs", "deploymen
 #: both give the same figures (``tests/test_predict_batched.py``). The stack pays for itself from two graphs: the
 #: A100 checkpoint on new MBConv graphs of about 205 nodes took 11.7 ms per graph by the per-graph path and 6.4 ms
 #: stacked for requests of two, 10.5 and 3.1 ms for eight (11.3 and 10.2 ms for one; CPU time, 2 shared cores at
-#: load average 7.6-8.0, ``python benchmarks/bench_predict_space.py --candidates 300 --batch-sizes 1,2,8``). A
+#: load average 7.6-8.0, ``python benchmarks/speed/bench_predict_space.py --candidates 300 --batch-sizes 1,2,8``). A
 #: single model keeps the per-graph path.
 BATCH_MIN_GRAPHS = 2
 

@@ -181,9 +181,21 @@ _PATH_TOKEN = re.compile(r"(?<![\w./@-])((?:\.\./|/)?(?:[\w.@-]+/)+[\w@-][\w.@-]
 #: Repository files that a shipped checkpoint's metadata cites by the path they had when it was trained, and
 #: where they are in this tree (the metadata keeps the command as it was run).
 RELOCATED: dict[str, str] = {
-    f"dippm_nas/predictor/checkpoints/{old}": f"dippm_nas/predictor/checkpoints/{new}" for old, new in (
+    **{f"dippm_nas/predictor/checkpoints/{old}": f"dippm_nas/predictor/checkpoints/{new}" for old, new in (
         ("a100-sxm4-40gb.pt", "a100-sxm4-40gb.accel-timm-tv.pt"), ("host-cpu.pt", "host-cpu.intel-xeon.pt"),
-        ("host-cpu--amd-epyc.pt", "host-cpu.amd-epyc.pt"))
+        ("host-cpu--amd-epyc.pt", "host-cpu.amd-epyc.pt"))},
+    **dict((
+        ("benchmarks/calibrate_prior.py", "scripts/fit/calibrate_prior.py"),
+        ("benchmarks/calibrate_host_prior.py", "scripts/fit/calibrate_host_prior.py"),
+        ("benchmarks/calibrate_host_model.py", "scripts/fit/calibrate_host_model.py"),
+        ("benchmarks/calibrate_fp64.py", "scripts/fit/calibrate_fp64.py"),
+        ("benchmarks/prior_vidur_gemms.py", "benchmarks/accuracy/prior_vidur_gemms.py"),
+        ("benchmarks/accuracy_energy.py", "benchmarks/accuracy/accuracy_energy.py"),
+        ("benchmarks/dispatch_generations.py", "benchmarks/measurement/dispatch_generations.py"),
+        ("scripts/fit_novelty_floor.py", "scripts/fit/fit_novelty_floor.py"),
+        ("scripts/fit_novelty_twins.py", "scripts/fit/fit_novelty_twins.py"),
+        ("scripts/pin_prior_keys.py", "scripts/fit/pin_prior_keys.py"),
+    )),
 }
 
 

@@ -149,12 +149,12 @@ class GnnPredictor(BasePredictor):
         #: the CPU model a host-cpu checkpoint was measured on when this machine's differs, else ``None``
         self.other_host: str | None = None
         #: the cross-host σ floor per target this predictor adds while ``other_host`` is set (a copy of
-        #: :data:`~dippm_nas.predictor._checkpoint.OTHER_HOST_FLOOR_LOG`; ``benchmarks/accuracy_other_host.py``
+        #: :data:`~dippm_nas.predictor._checkpoint.OTHER_HOST_FLOOR_LOG`; ``benchmarks/accuracy/accuracy_other_host.py``
         #: empties it to measure the σ without it)
         self.other_host_floor_log: dict[str, float] = {}
         #: the σ floor per target a host checkpoint adds on a machine of its CPU model whose device features
         #: lie outside its training range (a copy of
-        #: :data:`~dippm_nas.predictor._checkpoint.OTHER_MACHINE_FLOOR_LOG`; ``benchmarks/accuracy_other_host.py
+        #: :data:`~dippm_nas.predictor._checkpoint.OTHER_MACHINE_FLOOR_LOG`; ``benchmarks/accuracy/accuracy_other_host.py
         #: --same-cpu-model`` empties it to measure the σ without it)
         self.other_machine_floor_log: dict[str, float] = {}
         #: torch thread count the host is featurised at (the labels'), or ``None`` (the caller's count)

@@ -71,7 +71,7 @@ class CheckpointMeta:
             :mod:`dippm_nas.predictor._checkpoint`).
         prior_only_dtypes: compute dtypes the checkpoint answers with its pinned prior, the network's correction
             withheld (source ``"analytic"``, ``details["prior_only_dtype"] = 1``): their prior constants were
-            pinned after training (``scripts/pin_prior_keys.py``), so a correction learnt against the constants
+            pinned after training (``scripts/fit/pin_prior_keys.py``), so a correction learnt against the constants
             the checkpoint trained with does not apply. Empty for a checkpoint whose pinned constants are the ones it trained with.
     """
 

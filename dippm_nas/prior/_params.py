@@ -5,7 +5,7 @@ Two sets exist:
 - :meth:`PriorParams.uncalibrated` — the physically motivated starting point: every op class reaches its
   roofline (efficiency 1), kernels cost a small fixed time, overheads are mid-range public figures:
   the prior without any fit.
-- the shipped fitted file ``calibration/fitted.json`` (written by ``benchmarks/calibrate_prior.py``),
+- the shipped fitted file ``calibration/fitted.json`` (written by ``scripts/fit/calibrate_prior.py``),
   which names the public data it was fitted on and the command that produced it. :func:`default_params`
   loads it once per process; it falls back to the uncalibrated set, with a one-time warning, when the
   file is missing.
@@ -66,7 +66,7 @@ class OpClassParams:
         eta_compute_fp64: where set, the achieved fraction of the FP64 peak of the class's FP64 kernels on CUDA
             cores, without the wave, tile and reduction-length terms (at FP64 rates the math units bound these
             kernels; cuDNN runs no Winograd in FP64); ``None`` prices FP64 kernels with the FP32 constants.
-            Fitted on measured FP64 timings (``benchmarks/calibrate_fp64.py``); a calibration file without the
+            Fitted on measured FP64 timings (``scripts/fit/calibrate_fp64.py``); a calibration file without the
             key reads as ``None``.
         kernel_us: fixed GPU time per kernel (start-up, tail, tiny-kernel inefficiency), µs.
         wave_exponent: weight of wave quantisation over SMs (0 ignores it, 1 applies it fully).
@@ -398,7 +398,7 @@ def default_params() -> PriorParams:
     """The shipped fitted constants (loaded once per process), else the uncalibrated set with a warning."""
     d = read_shipped_file(FITTED_FILE, "calibration",
                           f"the analytic prior's fitted constants (dippm_nas/prior/calibration/{FITTED_FILE}) are "
-                          "missing; using the uncalibrated constants (run benchmarks/calibrate_prior.py to fit them)")
+                          "missing; using the uncalibrated constants (run scripts/fit/calibrate_prior.py to fit them)")
     if d is None:
         return PriorParams.uncalibrated()
     return PriorParams.from_dict(d, origin=f"dippm_nas/prior/calibration/{FITTED_FILE}", trusted=True)
