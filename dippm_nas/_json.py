@@ -24,7 +24,7 @@ __all__ = ["canonical_json", "loads_json", "read_json_file", "read_regular_file"
 
 #: The deepest nesting of arrays and objects a JSON document read by dippm-nas may have. The deepest
 #: documents dippm-nas writes nest 6 levels (a checkpoint's metadata: ``heldout_metrics`` -> report ->
-#: split -> rows -> target -> metric; ``tests/test_reliability_files.py`` measures every shipped file); 64 leaves
+#: split -> rows -> target -> metric; ``tests/reliability/test_reliability_files.py`` measures every shipped file); 64 leaves
 #: room for hand-written files and stays far below Python's recursion limit (1000), against which ``json``,
 #: ``copy``, pydantic and the code walking the value recurse.
 MAX_JSON_DEPTH = 64

@@ -12,7 +12,7 @@ A file whose every value already has exactly its field's JSON type (what dippm-n
 hand-written file) is built by a direct walk of the same type hints, without pydantic: pydantic is imported
 (about 0.1 s with its first adapter, on a 2-core machine) only for a file that walk does not accept, to
 accept it as pydantic's strict mode does or to say precisely what is wrong. The walk accepts a subset of
-what pydantic's strict mode accepts (``tests/test_reliability_files.py`` checks both give the same object),
+what pydantic's strict mode accepts (``tests/reliability/test_reliability_files.py`` checks both give the same object),
 so a cached prediction, calibrated or not, imports no pydantic.
 """
 

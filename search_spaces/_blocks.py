@@ -23,7 +23,7 @@ The contract that makes the assembled graph *exactly* the whole capture's (same
    batch size and dtype of the candidate): those are its cache key, with :meth:`BlockSearchSpace.code_digest`.
 
 A space that cannot keep this contract does not subclass :class:`BlockSearchSpace`: its candidates are
-captured whole, as before. ``tests/test_assembly.py`` checks the contract on random configs of every
+captured whole, as before. ``tests/capture/test_assembly.py`` checks the contract on random configs of every
 space that opts in (assembled hash == whole-capture hash).
 
 Example (a space of plain conv stacks)::

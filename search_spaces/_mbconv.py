@@ -25,7 +25,7 @@ input channels and stride. This is the builder's "relu" variant that trained and
 models (source: ``/work/shared/docs/accel_nasbench_space.md``, derived from afzalxo/ANB-DatasetCollection).
 
 Published figures: ``mmacs`` / ``mparams`` of a row are thop counts at 1x3x224x224 (eval mode); a model
-built here matches both exactly (``tests/test_search_spaces.py``). GPU throughput was measured at
+built here matches both exactly (``tests/search_spaces/test_search_spaces.py``). GPU throughput was measured at
 **256x256** (FP16 autocast, channels_last): pass ``resolution=256`` to
 :func:`config_from_accel_nasbench_row` when pairing a config with the throughput columns.
 

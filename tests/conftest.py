@@ -10,7 +10,11 @@ from pathlib import Path
 
 import pytest
 
+# tests/ mirrors the packages (tests/predictor/, tests/prior/, ...); the shared helpers (_models, _compare,
+# _scripts) and the test modules other folders' tests borrow fixtures from are importable by name from any folder.
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path[1:1] = sorted(str(d) for d in Path(__file__).parent.iterdir()
+                       if d.is_dir() and d.name not in {"data", "__pycache__"} and any(d.glob("test_*.py")))
 
 PG_ENV = "DIPPM_NAS_TEST_PG_URL"
 SHARED_DATA = Path(os.environ.get("DIPPM_NAS_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))

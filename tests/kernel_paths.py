@@ -1,5 +1,5 @@
 """How closely the inference figures agree across CPU kernel paths and the two engines: the measurement behind
-the tolerances of ``tests/test_inference_equality.py`` and ``tests/test_numpy_ensemble.py``.
+the tolerances of ``tests/predictor/test_inference_equality.py`` and ``tests/predictor/test_numpy_ensemble.py``.
 
 ``python tests/kernel_paths.py`` runs the sample of :mod:`test_inference_equality` (ten graphs, the six
 settings) in one subprocess per kernel path of :data:`PATHS` (the default path; ATen's generic and AVX2 kernels;

@@ -17,7 +17,7 @@ the blocks' objects are shared, as in a search), and each pass runs once on all 
 
 Each figure is the median over ``--repeats`` of this process's CPU time (``time.process_time``) per graph; the
 load average is printed before and after. The batched passes' results equal the per-graph ones
-(``tests/test_features_many.py``).
+(``tests/features/test_features_many.py``).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ and dtypes, the candidate's batch size and compute dtype -- is captured once (``
 (:func:`block_key`); a candidate's graph is then stitched from its blocks' graphs: node ids offset in
 execution order, each block input's consumers fed by the node that produced it, parameter counts summed.
 The result is the whole capture's graph (same :meth:`~OperatorGraph.structural_hash`, same nodes, same
-parameter count), which ``tests/test_assembly.py`` checks on random configs of every space that opts in.
+parameter count), which ``tests/capture/test_assembly.py`` checks on random configs of every space that opts in.
 
 What a block key covers: ``"block"``, the converter versions (:func:`~dippm_nas.capture.converter_version`),
 the space's name and :meth:`~search_spaces.BlockSearchSpace.code_digest` (for the built-in families, the

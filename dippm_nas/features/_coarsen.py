@@ -21,7 +21,7 @@ On an MBConv network this turns ~130 operator nodes into ~50 kernels; on a ResNe
 
 :func:`coarsen_stack` applies the same rules to many graphs at once (a :class:`~dippm_nas.graph.GraphStack`):
 each node's kernel head is the latest head among its producers', iterated over the whole stack until no node
-changes; the kernels and edges are those :func:`coarsen` gives each graph (``tests/test_features_many.py``).
+changes; the kernels and edges are those :func:`coarsen` gives each graph (``tests/features/test_features_many.py``).
 """
 
 from __future__ import annotations

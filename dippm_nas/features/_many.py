@@ -3,7 +3,7 @@
 The same features as :func:`~dippm_nas.features.featurize` (style ``"ours"``), computed over one node table of
 all graphs (:func:`~dippm_nas.graph.stack_graphs`) with whole-stack array operations: coarsening
 (:func:`~dippm_nas.features._coarsen.coarsen_stack`), per-kernel sums, the head nodes' encodings, the static
-features. Each graph's arrays equal the per-graph ones (``tests/test_features_many.py``):
+features. Each graph's arrays equal the per-graph ones (``tests/features/test_features_many.py``):
 
 - per-kernel sums add the members in the order the per-graph pass does (integers exactly);
 - ``log1p`` runs in numpy; where numpy's and ``math.log1p``'s answers could round to different float32 values

@@ -6,7 +6,7 @@ counted, bias by bias), the KV cache per token, and the operators of one prefill
 ``PretrainedConfig`` or its ``to_dict()`` by attribute name, without importing ``transformers``:
 ``model_type`` picks the reader (:data:`MODEL_TYPES`). What each family's ``transformers`` implementation
 holds (which layers carry a bias, which norms exist, whether the LM head is tied) is written in its reader;
-``tests/test_llm.py`` checks the parameter counts against ``transformers`` itself where it is installed.
+``tests/llm/test_llm.py`` checks the parameter counts against ``transformers`` itself where it is installed.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ __all__ = ["BasePredictor", "AnalyticPredictor", "measurement_pairs", "deploymen
 
 #: From this many graphs per request on, a predictor runs the prior over the stack of graphs at once
 #: (:func:`~dippm_nas.prior.estimate_many`, ``deployment_spread_many``, ``advise_many``) instead of graph by graph;
-#: both give the same figures (``tests/test_predict_batched.py``). The stack pays for itself from two graphs: the
+#: both give the same figures (``tests/predictor/test_predict_batched.py``). The stack pays for itself from two graphs: the
 #: A100 checkpoint on new MBConv graphs of about 205 nodes took 11.7 ms per graph by the per-graph path and 6.4 ms
 #: stacked for requests of two, 10.5 and 3.1 ms for eight (11.3 and 10.2 ms for one; CPU time, 2 shared cores at
 #: load average 7.6-8.0, ``python benchmarks/speed/bench_predict_space.py --candidates 300 --batch-sizes 1,2,8``). A

@@ -211,7 +211,7 @@ class SageEnsemble(nn.Module):
         graph of 1,024 graphs does not, and ran 3x slower); each chunk is collated with whole-chunk numpy
         operations, aggregated with one CSR sparse product for all members, and read out (mean pooling
         matrix, per-graph max); the fully connected head then runs once on all graphs. No autograd
-        (``torch.inference_mode``); training uses :meth:`forward`, and ``tests/test_predictor_infer.py``
+        (``torch.inference_mode``); training uses :meth:`forward`, and ``tests/predictor/test_predictor_infer.py``
         checks both against a plain per-graph reference.
 
         Args:

@@ -7,7 +7,7 @@ neighbours in both directions, layer norm, residual --, mean + max readout, the 
 like the torch pass. It answers the predictions of a process that has not loaded torch (``dippm-nas predict``
 of a graph in the conversion cache: importing torch alone takes longer than the whole answer); a process that
 uses torch anyway, and every batch larger than :data:`NUMPY_MAX_GRAPHS` graphs, runs the torch ensemble.
-``tests/test_numpy_ensemble.py`` checks both give every field of every prediction to 3e-5 relative (the measured
+``tests/predictor/test_numpy_ensemble.py`` checks both give every field of every prediction to 3e-5 relative (the measured
 agreement of CPU kernel paths, 3.2e-6 at most, with a margin: ``tests/kernel_paths.py``).
 
 The weights come from a **derived file**, ``<cache_dir()>/checkpoints/<sha256 of the .pt>.npz`` (plain arrays,

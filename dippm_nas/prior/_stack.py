@@ -9,7 +9,7 @@ same order as the single-graph timeline, and a padded node launches nothing and 
 critical path is the one :func:`~dippm_nas.prior.latency_us` gives.
 
 :func:`estimate_many` returns what :func:`~dippm_nas.prior.estimate` returns for each graph (the same figures to
-rounding: ``tests/test_predict_batched.py`` checks 1e-9 relative); :class:`CostStack` keeps the kernel and host
+rounding: ``tests/predictor/test_predict_batched.py`` checks 1e-9 relative); :class:`CostStack` keeps the kernel and host
 times of one stack per setting, so the features' estimate, the requested deployment's, its spread's scenarios and
 the MIG slices of one request time each graph's kernels once per distinct setting.
 """

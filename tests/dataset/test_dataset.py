@@ -43,7 +43,7 @@ from dippm_nas.measure import Measurement, MeasureSettings
 from dippm_nas.spec import InputSpec
 from search_spaces import IntRange, SearchSpace, register_space
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 # ------------------------------------------------------------------------------------------ helpers

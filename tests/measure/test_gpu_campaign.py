@@ -26,7 +26,7 @@ from dippm_nas.measure import (
 )
 from dippm_nas.measure._campaign import JSONL_FORMAT, JSONL_SCHEMA_VERSION
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FAST = campaign_settings(warmup=1, min_repeats=2, max_repeats=2, time_cap_s=10.0, energy_window_s=0.01, threads=1)
 SMOKE = dict(torch_device="cpu", set_name="smoke", runtimes=("eager",), dtypes=("float32",), settings=FAST)
 

@@ -272,7 +272,7 @@ def test_the_few_shot_benchmark_scores_a_known_correction(monkeypatch: pytest.Mo
     import sys
     from pathlib import Path
 
-    bench = Path(__file__).resolve().parents[1] / "benchmarks" / "accuracy"
+    bench = Path(__file__).resolve().parents[2] / "benchmarks" / "accuracy"
     monkeypatch.syspath_prepend(str(bench))
     from accuracy_eager import few_shot
     from fewshot_timm import held_out_params

@@ -11,7 +11,7 @@ import pytest
 
 from dippm_nas.optuna import optuna_has_set_constraint
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "optuna"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "optuna"
 
 
 def _main(name: str) -> Any:

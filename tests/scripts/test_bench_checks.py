@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-_BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "accuracy"
+_BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "accuracy"
 
 
 def _load(name: str):

@@ -469,7 +469,7 @@ def test_model_key_is_stable_across_processes_and_hash_seeds() -> None:
 
     code = ("import sys; sys.path.insert(0, %r); from _models import TinyResNet; from dippm_nas import InputSpec; "
             "from dippm_nas.capture import model_key; "
-            "print(model_key(TinyResNet(), InputSpec(shape=(3, 16, 16), batch_size=2)))") % str(Path(__file__).parent)
+            "print(model_key(TinyResNet(), InputSpec(shape=(3, 16, 16), batch_size=2)))") % str(Path(__file__).resolve().parents[1])
     keys = set()
     for seed in ("1", "2"):
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,

@@ -50,7 +50,7 @@ from _models import DataDependent, TinyBert, TinyResNet, TinyViT
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SPEC4 = InputSpec(shape=(4,), batch_size=2)
 IMG = InputSpec(shape=(3, 32, 32), batch_size=2)
 BERT = InputSpec(inputs={"input_ids": ((16,), "int64"), "attention_mask": ((16,), "int64")}, batch_size=2)

@@ -50,7 +50,7 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 SPEC = InputSpec(shape=(4,), batch_size=2)
 PRED = {"latency_ms": 1.0, "latency_ms_std": None, "latency_source": "analytic", "energy_j": None,
         "memory_mib": 1.0, "memory_mib_std": None, "memory_source": "analytic", "latency_ms_uncalibrated": 1.0}
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _cfg(width: int = 8) -> dict[str, Any]:

@@ -8,7 +8,7 @@ change (integer sums, maxima) or is rounded back to the per-graph value (``log1p
 feature arrays that is equality.
 
 Graphs: the assembled ``mbconv`` and host-CPU sample of ``tests/data/inference_graphs.json.xz``, graphs of four
-other registered spaces assembled from blocks (small configurations of ``tests/test_assembly.py``), synthetic
+other registered spaces assembled from blocks (small configurations of ``tests/capture/test_assembly.py``), synthetic
 ResNet chains, and hand-made graphs for the corner cases of coarsening (views of model inputs, a graph of views
 only, constant consumers, unknown ops).
 """
@@ -35,9 +35,9 @@ from dippm_nas.prior import (activation_liveness, activation_liveness_many, esti
                              gpu_memory_parts_many)
 from dippm_nas.spec import InputSpec
 
-DATA = Path(__file__).resolve().parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 REL = 1e-9
-#: Spaces assembled for the sample (their configs in tests/test_assembly.py capture in about a second each).
+#: Spaces assembled for the sample (their configs in tests/capture/test_assembly.py capture in about a second each).
 SPACES = ("resnet", "vit", "bert", "mlp")
 
 

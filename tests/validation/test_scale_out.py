@@ -28,7 +28,7 @@ from dippm_nas.measure import Measurement
 from dippm_nas.spec import InputSpec
 from dippm_nas.validation import JobQueue, ParetoValidator
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 WORKERS = 2
 TRIALS_PER_WORKER = 6
 SPEC = InputSpec(shape=(4,), batch_size=2)

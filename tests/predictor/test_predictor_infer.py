@@ -23,7 +23,7 @@ from dippm_nas.graph import OperatorGraph
 from dippm_nas.predictor import TARGETS, GnnPredictor, SageEnsemble, collate, collate_globals
 from test_features import tiny_graph
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CKPTS = ROOT / "dippm_nas" / "predictor" / "checkpoints"
 DATA = ROOT / "data" / "host_cpu" / "host_cpu.jsonl.xz"
 _Z = 5.0

@@ -18,7 +18,7 @@
   (:data:`kernel_paths.OLDER_KERNELS`), and :func:`test_the_kernel_path_asked_for_is_in_effect` checks that path
   was taken.
 - ``predict`` on a model from a registered search space assembles its graph instead of exporting it
-  (the assembled graph is the whole capture's: ``tests/test_assembly.py``).
+  (the assembled graph is the whole capture's: ``tests/capture/test_assembly.py``).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from dippm_nas.prior import (
     utilisation_energy_j,
 )
 
-DATA = Path(__file__).resolve().parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 _DTYPES = ("float32", "float16", "bfloat16")
 SETTINGS = [("a100-sxm4-40gb", {}), ("a100-sxm4-40gb", {"runtime": "cuda-graphs"}),
             ("a100-sxm4-40gb", {"runtime": "compiled"}), ("a100-sxm4-40gb", {"mig": False}),
@@ -194,7 +194,7 @@ def test_predict_assembles_a_space_model(tmp_path: Path, monkeypatch: pytest.Mon
 
 def write_expected(devices: tuple[str, ...]) -> None:
     """Rewrite the expected values of ``devices``' settings with this code's predictions (after a deliberate
-    change of what those devices answer, e.g. a retrained checkpoint): ``python tests/test_inference_equality.py
+    change of what those devices answer, e.g. a retrained checkpoint): ``python tests/predictor/test_inference_equality.py
     a100-sxm4-40gb``. The other settings keep their values."""
     path = DATA / "inference_expected.json.xz"
     with lzma.open(path, "rt") as f:

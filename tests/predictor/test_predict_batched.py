@@ -31,7 +31,7 @@ from dippm_nas.predictor import AnalyticPredictor, set_predictor
 from dippm_nas.prior import (CostStack, advise, advise_many, deployment_settings, deployment_spread,
                              deployment_spread_many, estimate, estimate_many, prediction_of)
 
-DATA = Path(__file__).resolve().parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 #: The stacked path adds the same numbers as the per-graph one except the per-graph sums (in node order instead
 #: of numpy's pairwise order) and the spread's scaled host timelines (the cumulated host times times the host's
 #: speed factor instead of the cumulated scaled times): both move a figure by about 1e-16 relative per node. The

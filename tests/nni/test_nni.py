@@ -33,7 +33,7 @@ from dippm_nas.nni import (
 from dippm_nas.prediction import Prediction
 from dippm_nas.spec import InputSpec
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "nni"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "nni"
 BASE = {"in_features": 32, "out_features": 4}
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # "no trained checkpoint" / "uncalibrated"
