@@ -363,7 +363,7 @@ class HardwareCostModel:
             attrs[f"source_{name}"] = f.source
         on = pred.mig[profile] if profile is not None and pred.mig else None
         attrs.update({
-            "predicted_device": pred.device, "mig_profile": profile, "runtime": pred.labels.get("runtime"),
+            "predicted_device": pred.device, "mig_profile": profile, "runtime": pred.details.get("runtime"),
             "engine": pred.details.get("engine"), "llm_model": pred.model, "workload": pred.workload.to_dict(),
             "fits": on.fits if on is not None else pred.fits, "fit_reason": on.reason if on is not None else pred.reason,
             "feasible": all(c.value <= 0 for c in checks.values()), "cost_model_s": seconds,
