@@ -108,7 +108,9 @@ class SearchSpace(abc.ABC):
             SearchSpaceError: unknown key, value outside its allowed values (the message names the key,
                 the value and the allowed values), or keys that contradict each other.
         """
-        cfg = check_config(self.name, self.params, config, self.default_config())
+        # the defaults are made (a deep copy, for most spaces) only when a key is left out
+        complete = isinstance(config, Mapping) and all(k in config for k in self.params)
+        cfg = check_config(self.name, self.params, config, {} if complete else self.default_config())
         self._check(cfg)
         return cfg
 
