@@ -1,12 +1,14 @@
 """Capture: a model (``nn.Module``, ONNX file, SPEC string) -> :class:`~dippm_nas.graph.OperatorGraph`.
 
-Search-space candidates are assembled from cached blocks instead (:func:`assemble`, :func:`assemble_many`).
+Search-space candidates are assembled from cached blocks instead (:func:`assemble`, :func:`assemble_many`,
+:func:`assemble_chunks`).
 """
 
 from dippm_nas.capture._assemble import (
     BLOCK_MEMO_NODES,
     SpaceItem,
     assemble,
+    assemble_chunks,
     assemble_many,
     block_key,
     clear_block_memo,
@@ -20,5 +22,5 @@ from dippm_nas.capture._torch import MODES
 
 __all__ = ["capture", "capture_many", "CaptureResult", "model_key", "file_key", "named_model_key", "converter_version",
            "MODES",
-           "assemble", "assemble_many", "block_key", "supports_assembly", "space_config_of", "clear_block_memo",
+           "assemble", "assemble_many", "assemble_chunks", "block_key", "supports_assembly", "space_config_of", "clear_block_memo",
            "SpaceItem", "BLOCK_MEMO_NODES", "CacheArg"]

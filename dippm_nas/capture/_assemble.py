@@ -53,7 +53,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from dippm_nas.cache import ConversionCache
 
-__all__ = ["assemble", "assemble_many", "block_key", "supports_assembly", "space_config_of", "clear_block_memo",
+__all__ = ["assemble", "assemble_many", "assemble_chunks", "block_key", "supports_assembly", "space_config_of", "clear_block_memo",
            "SpaceItem", "BLOCK_MEMO_NODES"]
 
 logger = logging.getLogger(__name__)
@@ -471,14 +471,38 @@ def assemble_many(items: Iterable[SpaceItem], *, workers: int = 1, cache: CacheA
     t0 = time.perf_counter()
     out = _assemble_items(items, workers, cache, progress, fallback)
     seconds = time.perf_counter() - t0
-    results = []
-    for i, o in enumerate(out):
-        if isinstance(o, OperatorGraph):
-            results.append(CaptureResult(i, o, cache_hit=o.cache_hit, seconds=o.convert_seconds))
-        else:
-            results.append(CaptureResult(i, None, f"{type(o).__name__}: {o}", type(o).__name__,
-                                         seconds=seconds / max(len(items), 1)))
-    return results
+    return [_as_result(i, o, seconds / max(len(items), 1)) for i, o in enumerate(out)]
+
+
+def assemble_chunks(items: Iterable[SpaceItem], *, chunk_size: int = 1024, workers: int = 1, cache: CacheArg = True,
+                    progress: bool = False, fallback: bool = True) -> Iterator[list[CaptureResult]]:
+    """:func:`assemble_many`'s results, ``chunk_size`` candidates at a time, for a caller that consumes each chunk
+    (predicts it, say) before asking for the next, and so holds at most ``chunk_size`` graphs at once.
+
+    Every item is planned and every missing block captured (one capture pass, ``workers`` processes) before the
+    first chunk comes back; each chunk's candidates are stitched when it is asked for. Each result's ``index``
+    is its item's position in ``items``; chunks follow the items' order, except that candidates captured whole
+    (see ``fallback``) come last, in a chunk of their own.
+
+    Args:
+        items, workers, cache, progress, fallback: as for :func:`assemble_many`.
+        chunk_size: candidates per chunk, ``>= 1``. Default 1024.
+
+    Yields:
+        Lists of :class:`~dippm_nas.capture.CaptureResult`; every item's result comes exactly once.
+    """
+    items = list(items)
+    workers = as_int(workers, "workers", low=1, hint=" (conversion processes)")
+    chunk_size = as_int(chunk_size, "chunk_size", low=1, hint=" (candidates per chunk)")
+    for chunk in _assembled_chunks(items, workers, cache, progress, fallback, chunk_size):
+        yield [_as_result(i, g) for i, g in chunk]
+
+
+def _as_result(i: int, g: OperatorGraph | DippmNasError, error_seconds: float = 0.0) -> CaptureResult:
+    """The :class:`CaptureResult` of item ``i``: its graph (with the graph's own seconds), or its error."""
+    if isinstance(g, OperatorGraph):
+        return CaptureResult(i, g, cache_hit=g.cache_hit, seconds=g.convert_seconds)
+    return CaptureResult(i, None, f"{type(g).__name__}: {g}", type(g).__name__, seconds=error_seconds)
 
 
 def _assemble_items(items: list[Any], workers: int, cache: CacheArg, progress: bool,
