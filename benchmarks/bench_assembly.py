@@ -218,6 +218,8 @@ def bench_predict_many(args: argparse.Namespace, store: Any) -> dict[str, Any]:
     c3 = _cpu()
     graphs = [r.graph for r in results if r.ok]
     del results
+    total_nodes = sum(g.num_nodes for g in graphs)
+    distinct_nodes = len({id(nd) for g in graphs for nd in g.nodes})  # placed blocks shared between graphs
     predictor.predict_graphs(graphs, mig=True)
     c4 = _cpu()
     assemble_s, cache_s, predict_s = c3 - c2, max(0.0, (c1 - c0) - (c3 - c2)), c4 - c3
@@ -231,11 +233,14 @@ def bench_predict_many(args: argparse.Namespace, store: Any) -> dict[str, Any]:
     out["split"] = {"assemble_cpu_s": assemble_s, "assemble_ms_per_candidate": 1e3 * assemble_s / n,
                     "cache_cpu_s": cache_s, "predict_cpu_s": predict_s, "predict_graphs_per_cpu_s": len(graphs) / predict_s,
                     "network_graphs": len(feats), "network_graphs_per_s": len(feats) / (t4 - t3) if feats else None,
-                    "nodes_median": statistics.median(g.num_nodes for g in graphs)}
+                    "nodes_median": statistics.median(g.num_nodes for g in graphs), "nodes": total_nodes,
+                    "distinct_node_objects": distinct_nodes}
     print(f"  apart, {n} new candidates, CPU time: assembly {assemble_s:.2f} s ({1e3 * assemble_s / n:.3f} ms each), "
           f"block reads from the conversion cache {cache_s:.2f} s, predictor (predict_graphs) {predict_s:.1f} s "
           f"({len(graphs) / predict_s:.0f} graphs/s, {out['split']['nodes_median']:.0f} nodes median, "
           f"{type(predictor).__name__}) | {_load()}", flush=True)
+    print(f"  node objects: {distinct_nodes:,} distinct of the {total_nodes:,} nodes of those graphs "
+          f"({100 * (1 - distinct_nodes / max(total_nodes, 1)):.0f} % shared between graphs)", flush=True)
     if feats:
         print(f"  the network alone (ensemble forward, chunked, on {len(feats)} of those graphs' features): "
               f"{len(feats) / (t4 - t3):.0f} graphs/s", flush=True)

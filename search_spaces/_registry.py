@@ -199,16 +199,17 @@ def module_signature(model: nn.Module) -> str:
     longer matches was changed after building (a layer replaced, pruned or fused), so its config no longer
     describes it.
     """
-    h = hashlib.sha256()
+    parts = []  # hashed as one text: the digest of the pieces' concatenation
     for name, m in model.named_modules():
-        h.update(f"|{name}:{type(m).__module__}.{type(m).__qualname__}".encode())
+        cls = type(m)
+        parts.append(f"|{name}:{cls.__module__}.{cls.__qualname__}")
         for pname, p in m._parameters.items():
             if p is not None:
-                h.update(f"p{pname}{tuple(p.shape)}".encode())
+                parts.append(f"p{pname}{tuple(p.shape)}")
         for bname, b in m._buffers.items():
             if b is not None:
-                h.update(f"b{bname}{tuple(b.shape)}".encode())
-    return h.hexdigest()[:32]
+                parts.append(f"b{bname}{tuple(b.shape)}")
+    return hashlib.sha256("".join(parts).encode()).hexdigest()[:32]
 
 
 _S = TypeVar("_S")

@@ -54,7 +54,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from dippm_nas.cache import ConversionCache
 
 __all__ = ["assemble", "assemble_many", "assemble_chunks", "block_key", "supports_assembly", "space_config_of", "clear_block_memo",
-           "SpaceItem", "BLOCK_MEMO_NODES"]
+           "SpaceItem", "BLOCK_MEMO_NODES", "PLACED_MEMO_NODES"]
 
 logger = logging.getLogger(__name__)
 _warn_once = WarnOnce(logger)
@@ -277,8 +277,8 @@ def clear_block_memo() -> None:
 
 
 #: Bound on the nodes of placed block copies (:func:`_placed`) this process keeps, over all blocks; past it a
-#: placement is made for its candidate alone. 10,000 random ``mbconv`` candidates place their blocks at 7,521
-#: distinct (block, offset) pairs, about 100,000 nodes (``benchmarks/bench_assembly.py``).
+#: placement is made for its candidate alone. Its memory is that of 400,000 decoded nodes, the bound of
+#: :data:`BLOCK_MEMO_NODES`.
 PLACED_MEMO_NODES = 400_000
 _placed_nodes = 0
 _placed_lock = threading.Lock()
