@@ -437,3 +437,21 @@ def test_candidates_share_placed_block_nodes_within_the_bound(cache: ConversionC
     gc_, gd = (assemble("mlp", a, space.input_spec(a, batch_size=2), cache=cache) for _ in range(2))
     assert gc_.nodes[0] is not gd.nodes[0] and gc_.structural_hash() == gd.structural_hash() == ga.structural_hash()
     assert _assemble._placed_nodes == 0
+
+
+def test_a_graph_that_passed_validation_is_checked_again_once_its_lists_change(cache: ConversionCache) -> None:
+    from dippm_nas.errors import GraphValidationError
+
+    space = ss.get_space("mlp")
+    cfg = space.validate(TINY["mlp"])
+    g = assemble("mlp", cfg, space.input_spec(cfg, batch_size=2), cache=cache)
+    assert g._passed()  # assembled graphs keep the rules by construction: the prior does not check them again
+    OperatorGraph.from_dict(g.to_dict()).validate()  # and they do keep them
+    g.edges = [*g.edges, (1, 0)]  # a new list: checked again, and the backward edge named
+    with pytest.raises(GraphValidationError, match=r"edge \(1, 0\) goes backwards"):
+        g.validate()
+    g.edges = sorted(g.edges[:-1])
+    g.validate()
+    g.edges.append((g.num_nodes - 1, 0))  # the same list, longer: checked again
+    with pytest.raises(GraphValidationError, match="goes backwards"):
+        g.validate()

@@ -379,6 +379,9 @@ def _stitch(space_name: str, plan: Any, preps: Sequence[_Prepared], spec: InputS
                                    "OperatorGraph.structural_hash; hashing each graph in full instead")
         if _hash_fast:
             g._hash = fast
+    # valid by construction: every block graph was validated, offsets keep indices in order and edges forward,
+    # and the edges are deduplicated (OperatorGraph.validate would pass; it is not run again)
+    g._mark_valid()
     g.convert_seconds = time.perf_counter() - t0
     g.timings = {"assemble_s": g.convert_seconds}
     return g
