@@ -3,7 +3,8 @@
 Usage::
 
     python benchmarks/bench_assembly.py [--quick] [--candidates 100] [--spaces mbconv,resnet] [--batch 8]
-        [--dtype float32] [--workers 2] [--predict-many 10000] [--predict-space mbconv] [--json OUT.json]
+        [--dtype float32] [--workers 2] [--predict-many 10000] [--predict-space mbconv] [--cached-only]
+        [--cached-repeats 50] [--cli-repeats 5] [--json OUT.json]
 
 Per registered space that assembles from blocks (``search_spaces.BlockSearchSpace``), on ``--candidates``
 distinct random configs (the space's sampler, seed 0.., batch ``--batch``, dtype ``--dtype``), in one
@@ -27,9 +28,19 @@ Then ``--predict-many`` candidates of ``--predict-space`` (resolution 256, float
 setting of the A100 checkpoint for ``mbconv``) through ``dippm_nas.predict_many`` on ``--device``, end to end, as
 ``functools.partial(search_spaces.build_model, space, config)`` items (nothing is built or exported): first with
 a cold cache (its blocks are captured in the call), then a second set of new candidates whose blocks are all
-cached; and, for the second set, the two steps apart: ``assemble_many`` and the predictor's ``predict_graphs``
-(graphs/s of the prior + coarsening + features + GNN on graphs it never saw), and the network alone
-(``predict_log_full``: the ensemble's chunked forward) on the features of the last 4,000 of those graphs.
+cached; each with its wall time, its CPU time (this process and the capture workers) and the process's peak RSS
+so far. Then, on a third set, the warm path's parts in CPU time: the block reads from the conversion cache (the
+process's decoded blocks dropped first), ``assemble_many`` with the blocks decoded, and the predictor's
+``predict_graphs`` (the prior + coarsening + features + GNN + MIG advice on graphs it never saw); the share of
+node objects the assembled graphs share; and the network alone (``predict_log_full``: the ensemble's chunked
+forward) on the features of the last 4,000 of those graphs. The end-to-end line reads::
+
+    10,000 candidates warm: <s> s (<s> s CPU); cold: <s> s (<s> s CPU); peak RSS <MiB> MiB
+
+Last (``--cached-repeats`` > 0, or alone with ``--cached-only``), each in a fresh cache directory: a single cached
+``predict`` (``dippm_nas.predict`` of the ``mbconv`` preset ``efficientnet_b0_relu`` built as a module, its blocks
+cached; wall and CPU medians) and a cached CLI ``predict`` (``python -m dippm_nas predict`` of a module SPEC whose
+graph is cached, in a new process each run: wall and CPU medians), each line with the command it timed.
 
 The load average is printed with each space (the machine may be shared). The last line reads::
 
@@ -231,7 +242,8 @@ def bench_predict_many(args: argparse.Namespace, store: Any) -> dict[str, Any]:
         predictor.predict_log_full(feats)
     t4 = time.perf_counter()
     out["split"] = {"assemble_cpu_s": assemble_s, "assemble_ms_per_candidate": 1e3 * assemble_s / n,
-                    "cache_cpu_s": cache_s, "predict_cpu_s": predict_s, "predict_graphs_per_cpu_s": len(graphs) / predict_s,
+                    "cache_cpu_s": cache_s, "predict_cpu_s": predict_s,
+                    "predict_graphs_per_cpu_s": len(graphs) / predict_s,
                     "network_graphs": len(feats), "network_graphs_per_s": len(feats) / (t4 - t3) if feats else None,
                     "nodes_median": statistics.median(g.num_nodes for g in graphs), "nodes": total_nodes,
                     "distinct_node_objects": distinct_nodes}
@@ -279,7 +291,8 @@ def bench_cached_predict(args: argparse.Namespace) -> dict[str, Any]:
         wall.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)
     api_ms, api_cpu_ms = 1e3 * statistics.median(wall), 1e3 * statistics.median(cpu)
-    print(f"cached predict: {api_ms:.2f} ms wall, {api_cpu_ms:.2f} ms CPU (medians of {args.cached_repeats}; dippm_nas.predict(search_spaces."
+    print(f"cached predict: {api_ms:.2f} ms wall, {api_cpu_ms:.2f} ms CPU (medians of {args.cached_repeats}; "
+          f"dippm_nas.predict(search_spaces."
           f"build_model('mbconv', preset 'efficientnet_b0_relu'), InputSpec((3, 224, 224), batch_size=32, "
           f"dtype='float16'), {args.device!r}) on a cache that holds its blocks) | {_load()}", flush=True)
     (root / "cli_model.py").write_text(_CLI_MODEL)
@@ -297,9 +310,11 @@ def bench_cached_predict(args: argparse.Namespace) -> dict[str, Any]:
             runs.append(time.perf_counter() - t0)
             cpu.append(c1.ru_utime + c1.ru_stime - c0.ru_utime - c0.ru_stime)
     cli_s, cli_cpu_s = statistics.median(runs), statistics.median(cpu)
-    print(f"cached CLI predict: {cli_s:.2f} s wall, {cli_cpu_s:.2f} s CPU (medians of {len(runs)}; cd {root} && DIPPM_NAS_CACHE_DIR="
+    print(f"cached CLI predict: {cli_s:.2f} s wall, {cli_cpu_s:.2f} s CPU (medians of {len(runs)}; cd {root} && "
+          f"DIPPM_NAS_CACHE_DIR="
           f"{root / 'cli'} python {' '.join(cmd[1:])}; the model's graph in the cache) | {_load()}", flush=True)
-    return {"predict_ms": api_ms, "predict_cpu_ms": api_cpu_ms, "cli_s": cli_s, "cli_cpu_s": cli_cpu_s, "cli_command": cmd[1:]}
+    return {"predict_ms": api_ms, "predict_cpu_ms": api_cpu_ms, "cli_s": cli_s, "cli_cpu_s": cli_cpu_s,
+            "cli_command": cmd[1:]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -336,7 +351,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"machine: {machine()}; {_load()}")
         cached = bench_cached_predict(args)
         if args.json:
-            Path(args.json).write_text(json.dumps({"machine": machine(), "args": vars(args), "cached": cached}, indent=1))
+            Path(args.json).write_text(json.dumps({"machine": machine(), "args": vars(args), "cached": cached},
+                                                  indent=1))
         return 0
     tmp = Path(tempfile.mkdtemp(prefix="dippm-bench-assembly-"))
     store = ConversionCache(f"sqlite:///{tmp / 'cache.sqlite'}")  # a cold conversion cache

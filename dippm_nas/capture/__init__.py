@@ -23,5 +23,5 @@ from dippm_nas.capture._torch import MODES
 
 __all__ = ["capture", "capture_many", "CaptureResult", "model_key", "file_key", "named_model_key", "converter_version",
            "MODES",
-           "assemble", "assemble_many", "assemble_chunks", "block_key", "supports_assembly", "space_config_of", "clear_block_memo",
-           "SpaceItem", "BLOCK_MEMO_NODES", "PLACED_MEMO_NODES", "CacheArg"]
+           "assemble", "assemble_many", "assemble_chunks", "block_key", "supports_assembly", "space_config_of",
+           "clear_block_memo", "SpaceItem", "BLOCK_MEMO_NODES", "PLACED_MEMO_NODES", "CacheArg"]

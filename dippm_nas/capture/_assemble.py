@@ -53,8 +53,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from dippm_nas.cache import ConversionCache
 
-__all__ = ["assemble", "assemble_many", "assemble_chunks", "block_key", "supports_assembly", "space_config_of", "clear_block_memo",
-           "SpaceItem", "BLOCK_MEMO_NODES", "PLACED_MEMO_NODES"]
+__all__ = ["assemble", "assemble_many", "assemble_chunks", "block_key", "supports_assembly", "space_config_of",
+           "clear_block_memo", "SpaceItem", "BLOCK_MEMO_NODES", "PLACED_MEMO_NODES"]
 
 logger = logging.getLogger(__name__)
 _warn_once = WarnOnce(logger)
@@ -258,6 +258,7 @@ class _Memo:
             while self._nodes > self.max_nodes and len(self._d) > 1:
                 _, q = self._d.popitem(last=False)
                 self._nodes -= q.n
+                _release_placed(q)
 
     def clear(self) -> None:
         with self._lock:
@@ -273,7 +274,7 @@ def clear_block_memo() -> None:
     global _placed_nodes
     _MEMO.clear()
     with _placed_lock:
-        _placed_nodes = 0
+        _placed_nodes = 0  # blocks a running call still holds keep their placements, uncounted until it ends
 
 
 #: Bound on the nodes of placed block copies (:func:`_placed`) this process keeps, over all blocks; past it a
@@ -309,10 +310,17 @@ def _placed(p: _Prepared, off: int) -> tuple[list[OpNode], list[tuple[int, int]]
     edges = [(s + off, t + off) for s, t in p.edges] if off else p.edges
     placed = (nodes, edges)
     with _placed_lock:
-        if _placed_nodes + p.n <= PLACED_MEMO_NODES:
+        if off not in p.placed and _placed_nodes + p.n <= PLACED_MEMO_NODES:
             _placed_nodes += p.n
             p.placed[off] = placed
     return placed
+
+
+def _release_placed(p: _Prepared) -> None:
+    """Uncount the placements of a block the memo dropped (they go with it)."""
+    global _placed_nodes
+    with _placed_lock:
+        _placed_nodes = max(0, _placed_nodes - p.n * len(p.placed))
 
 
 # ---------------------------------------------------------------------- stitching
