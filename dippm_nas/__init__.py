@@ -12,12 +12,13 @@ starts fast.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from dippm_nas._lazy import lazy_face
 from dippm_nas._version import __version__
 # `capture` is both the subpackage and its function: bound here, before anything imports the subpackage, so
 # that `dippm_nas.capture` is the function whatever is imported later
-from dippm_nas.capture import CaptureResult, capture, capture_many
+from dippm_nas.capture import CaptureResult, ModelSource, capture, capture_many
 from dippm_nas.errors import (
     CacheError,
     CheckpointError,
@@ -54,7 +55,7 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 __all__ = [
     "__version__",
-    "InputSpec", "TensorSpec", "capture", "capture_many", "CaptureResult", "predict", "predict_many",
+    "InputSpec", "TensorSpec", "ModelSource", "capture", "capture_many", "CaptureResult", "predict", "predict_many",
     "get_predictor", "Deployment", "Device", "get_device", "list_devices", "register_device", "mig", "prior",
     "OperatorGraph", "OpNode", "Prediction", "Stage", "StagesPrediction", "predict_stages", "sum_stages",
     "LLMWorkload", "predict_generation", "GenerationPrediction", "llm",
@@ -66,43 +67,13 @@ __all__ = [
 ]
 
 #: The names imported on first access, by the module that defines them.
-_LAZY: dict[str, str] = {
-    **dict.fromkeys(("Device", "get_device", "list_devices", "register_device"), "devices"),
-    "Prediction": "prediction",
-    "Deployment": "deployment",
-    **dict.fromkeys(("get_predictor", "predict", "predict_many"), "predictor"),
-    **dict.fromkeys(("Stage", "StagesPrediction", "predict_stages", "sum_stages"), "stages"),
-    "mig": "mig",
-    "prior": "prior",
-    **dict.fromkeys(("LLMWorkload", "predict_generation", "GenerationPrediction", "llm"), "llm"),
-}
-
-
-def __getattr__(name: str) -> Any:
-    where = _LAZY.get(name)
-    if where is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module: Any
-    if where == "devices":
-        from dippm_nas import devices as module
-    elif where == "prediction":
-        from dippm_nas import prediction as module
-    elif where == "predictor":
-        from dippm_nas import predictor as module
-    elif where == "stages":
-        from dippm_nas import stages as module
-    elif where == "mig":
-        from dippm_nas import mig as module
-    elif where == "deployment":
-        from dippm_nas import deployment as module
-    elif where == "llm":
-        import dippm_nas.llm as module  # a submodule import: `from dippm_nas import llm` would ask __getattr__ again
-    else:
-        from dippm_nas import prior as module
-    value = module if name == where else getattr(module, name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_face(__name__, {
+    "dippm_nas.devices": ("Device", "get_device", "list_devices", "register_device"),
+    "dippm_nas.prediction": ("Prediction",),
+    "dippm_nas.deployment": ("Deployment",),
+    "dippm_nas.predictor": ("get_predictor", "predict", "predict_many"),
+    "dippm_nas.stages": ("Stage", "StagesPrediction", "predict_stages", "sum_stages"),
+    "dippm_nas.mig": ("mig",),
+    "dippm_nas.prior": ("prior",),
+    "dippm_nas.llm": ("LLMWorkload", "predict_generation", "GenerationPrediction", "llm"),
+})

@@ -14,10 +14,17 @@ Errors name the store (``what``) and are raised as the caller's :class:`~dippm_n
 subclass, so each store keeps its own exception type and its messages. :func:`transaction` is the one
 transaction helper of the stores, :func:`create_tables` their one table creation (safe when two processes
 create the same tables at once).
+
+:class:`SqlStore` is the base of the stores (the conversion cache, the dataset file, the validation queue):
+it parses the URL, makes the engine as above, runs every statement in :meth:`SqlStore._tx` (SQLAlchemy errors
+become the store's exception, naming the store, its URL and the operation), creates the tables, checks a
+stored schema version and releases the connections. The adaptation store uses the same functions without
+the class, so that a prediction reading an adaptation from a SQLite file never loads SQLAlchemy.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import sqlite3
 import threading
@@ -25,17 +32,21 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from types import TracebackType
+from typing import Any, ClassVar, Self
 
 import sqlalchemy as sa
 from sqlalchemy import event, exc
-from sqlalchemy.engine import URL, Connection, Engine
+from sqlalchemy.dialects import postgresql as _postgresql
+from sqlalchemy.dialects import sqlite as _sqlite
+from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.pool import StaticPool
 
+from dippm_nas._json import loads_json
 from dippm_nas.errors import DippmNasError, MissingDependencyError
 
-__all__ = ["SQLITE_BUSY_TIMEOUT_S", "create_tables", "make_engine", "redact", "sqlite_connect_listener",
-           "transaction"]
+__all__ = ["SQLITE_BUSY_TIMEOUT_S", "SqlStore", "create_tables", "make_engine", "parse_url", "redact",
+           "sqlite_connect_listener", "transaction"]
 
 logger = logging.getLogger(__name__)
 
@@ -236,3 +247,126 @@ def create_tables(engine: Engine, metadata: sa.MetaData, tables: Sequence[str], 
         logger.debug("%s: tables created concurrently by another process (%s)", what, e)
     except exc.SQLAlchemyError as e:
         raise error(f"cannot open the {what}: {e}") from e
+
+
+def parse_url(url: object, *, what: str, error: type[DippmNasError], example: str, none_ok: bool = False) -> URL:
+    """``url`` as a SQLAlchemy :class:`~sqlalchemy.engine.URL`, or the store's error.
+
+    Args:
+        url: a URL string or :class:`~sqlalchemy.engine.URL`.
+        what: the store, for the message (``"conversion cache"``).
+        error: the exception class of the store.
+        example: URLs the store takes, for the message (``"'sqlite:////path/x.db' or 'postgresql+psycopg2://...'"``).
+        none_ok: the store also takes ``None`` (its default URL), said in the message.
+
+    Raises:
+        error: ``url`` is not a non-empty string or URL, or it does not parse.
+    """
+    if not isinstance(url, (str, URL)) or not str(url):
+        raise error(f"url must be a SQLAlchemy URL string{' or None' if none_ok else ''}, got {url!r}")
+    try:
+        return make_url(url)
+    except exc.ArgumentError as e:
+        raise error(f"invalid {what} URL {url!r} ({e}); expected e.g. {example}") from e
+
+
+class SqlStore:
+    """Base of the dippm-nas SQL stores: one engine, its transactions, its tables and its errors.
+
+    A subclass sets :attr:`what` and :attr:`error`, calls :meth:`_open` in its ``__init__`` and then
+    :meth:`_create_tables` (or its own schema check); every statement runs in :meth:`_tx`. Use it as a context
+    manager or call :meth:`close`.
+    """
+
+    #: The store's name in messages (``"conversion cache"``).
+    what: ClassVar[str] = "SQL store"
+    #: The exception class every error of the store is raised as.
+    error: ClassVar[type[DippmNasError]] = DippmNasError
+
+    #: The URL with any password masked (``***``), safe for logs; see :meth:`url_with_credentials`.
+    url: str
+    _url: URL
+    _engine: Engine
+
+    def _open(self, url: URL, *, dir_hint: str, local_hint: str, busy_timeout_s: float = SQLITE_BUSY_TIMEOUT_S,
+              foreign_keys: bool = False) -> None:
+        """Keep ``url`` and make the store's engine (:func:`make_engine` with these arguments).
+
+        Called when the store is being opened, before any table is touched.
+        """
+        self._url = url
+        self.url = redact(url)
+        self._engine_options: dict[str, Any] = {"dir_hint": dir_hint, "local_hint": local_hint,
+                                                "busy_timeout_s": busy_timeout_s, "foreign_keys": foreign_keys}
+        self._engine = self._make_engine()
+
+    def _make_engine(self) -> Engine:
+        """A new engine of the store's URL, set up as :meth:`_open` was asked to."""
+        return make_engine(self._url, what=self.what, error=self.error, **self._engine_options)
+
+    def _label(self) -> str:
+        """The store as messages name it: ``"conversion cache 'sqlite:///x'"``."""
+        return f"{self.what} {self.url!r}"
+
+    @contextmanager
+    def _tx(self, doing: str, *, write: bool = True) -> Iterator[Connection]:
+        """A connection: in a transaction committed on exit when ``write``, else a plain one.
+
+        Raises:
+            error: a SQLAlchemy error, as ``"<what> '<url>': <doing> failed: <error>"``, chained.
+        """
+        with transaction(self._engine, write=write, error=self.error, what=f"{self._label()}: {doing}") as conn:
+            yield conn
+
+    @staticmethod
+    def _insert_on_conflict(table: sa.Table, dialect: str) -> Any | None:
+        """``INSERT`` into ``table`` with ``ON CONFLICT`` clauses (``on_conflict_do_nothing``/``_do_update``) on
+        SQLite and PostgreSQL (``dialect``, the engine's dialect name); ``None`` on other databases, whose callers
+        insert, then update or skip."""
+        if dialect == "sqlite":
+            return _sqlite.insert(table)
+        if dialect == "postgresql":
+            return _postgresql.insert(table)
+        return None
+
+    def _create_tables(self, metadata: sa.MetaData, tables: Sequence[str]) -> None:
+        """Create the store's missing tables (:func:`create_tables`; safe when processes race)."""
+        create_tables(self._engine, metadata, tables, error=self.error, what=self._label())
+
+    def _check_schema_version(self, conn: Connection, meta: sa.Table, version: int,
+                              created: dict[str, Any]) -> None:
+        """Stamp a new store's key/value table ``meta`` with ``schema_version`` (and ``created``), or refuse a
+        store of another version. Values are JSON text; ``conn`` is the transaction that created the tables.
+
+        Raises:
+            error: the store holds another ``schema_version`` (or one that is not JSON).
+        """
+        row = conn.execute(sa.select(meta.c.value).where(meta.c.key == "schema_version")).first()
+        if row is None:
+            conn.execute(sa.insert(meta), [{"key": k, "value": json.dumps(v)}
+                                           for k, v in {"schema_version": version, **created}.items()])
+            return
+        stored = loads_json(row.value, f"{self._label()}: schema_version", self.error)
+        if stored != version:
+            raise self.error(f"{self._label()} has schema_version {stored!r}; this dippm-nas reads "
+                             f"schema_version {version} only")
+
+    @property
+    def engine(self) -> Engine:
+        """The SQLAlchemy engine of the store's database."""
+        return self._engine
+
+    def url_with_credentials(self) -> str:
+        """The full URL, password included, for handing to worker processes; never log it (:attr:`url` is safe)."""
+        return self._url.render_as_string(hide_password=False)
+
+    def close(self) -> None:
+        """Release the connections."""
+        self._engine.dispose()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc_val: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()

@@ -35,6 +35,6 @@ worse resource ratio (an upper bound, ``latency_basis="scaled"``). Throughput is
 (NVML reports the whole GPU), so the advice has no energy per slice.
 """
 
-from dippm_nas.prior import DIPPM_LADDER, MIG_RULES as RULES, MigAdvice, ProfileAdvice, advise
+from dippm_nas.prior import DIPPM_LADDER, MIG_RULES as RULES, MigAdvice, ProfileAdvice, advise, advise_many
 
-__all__ = ["advise", "MigAdvice", "ProfileAdvice", "RULES", "DIPPM_LADDER"]
+__all__ = ["advise", "advise_many", "MigAdvice", "ProfileAdvice", "RULES", "DIPPM_LADDER"]

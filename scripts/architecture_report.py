@@ -8,8 +8,12 @@ Reads the repository's Python files with :mod:`ast` (nothing is imported or run)
   ``if TYPE_CHECKING:`` imports left out) and between packages;
 - private imports: a module outside package ``X`` importing ``X._y`` (or a ``_name`` from ``X``), counted
   for the library, scripts, benchmarks and examples (``tests/`` reported on its own line);
+- lazy package faces (PEP 562): each name a ``lazy_face(__name__, {module: names})`` call of
+  :mod:`dippm_nas._lazy` defers is read as an import of its module, made on first access (so it counts for
+  stage arrows and cycles like any import); a module-level ``__getattr__`` written by hand is listed, since the
+  imports it makes cannot be read;
 - function-body imports that are not optional dependencies (the ``[project.optional-dependencies]`` of
-  ``pyproject.toml``), leaving out module-level ``__getattr__`` (lazy faces, PEP 562);
+  ``pyproject.toml``), leaving out the lazy faces;
 - stage arrows: an import of a package of a later stage (:data:`LAYERS`);
 - ``duplicates`` pairs when the ``duplicates`` tool is on ``PATH``.
 
@@ -39,17 +43,21 @@ OTHER_ROOTS = ("scripts", "benchmarks", "examples", "tests")
 LAYERS: dict[str, int] = {
     # foundation: no stage of the flow
     "errors": 0, "_version": 0, "_logging": 0, "_optional": 0, "_paths": 0, "_platform": 0, "_sql": 0,
+    "_compress": 0, "_lazy": 0,
     "_json": 0, "_numbers": 0, "_files": 0, "_schema": 0, "_lock": 0, "_deprecation": 0, "units": 0, "spec": 0,
     # what a graph is, where it runs, what a prediction is and the budgets it is checked against
     "graph": 1, "devices": 1, "prediction": 1, "budgets": 2,
     # how inference runs (devices: the host profile)
     "deployment": 2,
-    # stores, measurements and model families (graph, devices)
-    "cache": 2, "measure": 2, "search_spaces": 2,
+    # stores and model families (graph, devices)
+    "cache": 2, "search_spaces": 2,
     # the analytic prior and MIG advice (graph, devices, budgets)
     "prior": 3, "mig": 3,
-    # capture: a model to a graph (spec, graph, cache)
-    "capture": 4,
+    # the record of a predicted trial the integrations write and validation reads (prediction, budgets, spec)
+    "trial": 3,
+    # capture: a model source to a graph (spec, graph, cache); measure: a model source run on a device (capture's
+    # model sources and SPEC strings)
+    "capture": 4, "measure": 4,
     # features of a graph (graph, devices, prior)
     "features": 5,
     # the predictor: load a checkpoint, featurise, infer, calibrate (features, prior, capture)
@@ -120,21 +128,55 @@ def _resolve_relative(importer: str, is_pkg: bool, level: int, module: str | Non
     return ".".join(parts + ([module] if module else []))
 
 
+#: The helper whose calls declare a lazy package face (``dippm_nas._lazy.lazy_face``).
+LAZY_FACE_HELPER = "lazy_face"
+
+
+def _lazy_face_modules(node: ast.Call, where: str) -> list[tuple[str, tuple[str, ...]]]:
+    """``(module, names)`` of a ``lazy_face(__name__, {module: (names...)})`` call.
+
+    Raises:
+        ValueError: the mapping is not a literal of module strings to tuples (or lists) of name strings, so the
+            imports it stands for cannot be read.
+    """
+    mapping = node.args[1] if len(node.args) > 1 else None
+    out: list[tuple[str, tuple[str, ...]]] = []
+    ok = isinstance(mapping, ast.Dict)
+    if ok:
+        for k, v in zip(mapping.keys, mapping.values):  # type: ignore[union-attr]
+            ok = ok and isinstance(k, ast.Constant) and isinstance(k.value, str) and isinstance(v, (ast.Tuple, ast.List))
+            names = [e.value for e in v.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)] if ok else []
+            ok = ok and len(names) == len(v.elts)  # type: ignore[union-attr]
+            if ok:
+                out.append((k.value, tuple(names)))  # type: ignore[union-attr]
+    if not ok:
+        raise ValueError(f"{where}:{node.lineno}: {LAZY_FACE_HELPER}() needs a literal {{'module': ('name', ...)}} "
+                         "as its second argument, so that the architecture checks can read the imports it makes")
+    return out
+
+
 class _Visitor(ast.NodeVisitor):
     def __init__(self, root: Path, path: Path, importer: str) -> None:
         self.root, self.path, self.importer = root, path, importer
         self.is_pkg = path.name == "__init__.py"
         self.depth = 0
         self.lazy = 0
+        self.classes = 0
         self.tc = 0
         self.imports: list[Import] = []
+        #: line of a module-level ``def __getattr__`` (a lazy face written by hand), or 0
+        self.hand_written_getattr = 0
+        #: line of the first ``lazy_face(...)`` call, or 0
+        self.lazy_face_line = 0
 
     def _add(self, node: ast.AST, target: str, names: tuple[str, ...]) -> None:
         self.imports.append(Import(self.importer, str(self.path.relative_to(self.root)), node.lineno, target, names,
                                    self.depth > 0, self.tc > 0, self.lazy > 0))
 
     def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
-        lazy = self.depth == 0 and node.name == "__getattr__"
+        lazy = self.depth == 0 and self.classes == 0 and node.name == "__getattr__"
+        if lazy:
+            self.hand_written_getattr = node.lineno
         self.depth += 1
         self.lazy += lazy
         self.generic_visit(node)
@@ -142,6 +184,25 @@ class _Visitor(ast.NodeVisitor):
         self.depth -= 1
 
     visit_AsyncFunctionDef = visit_FunctionDef  # type: ignore[assignment]
+
+    def visit_ClassDef(self, node: ast.ClassDef) -> None:
+        self.classes += 1
+        self.generic_visit(node)
+        self.classes -= 1
+
+    def visit_Call(self, node: ast.Call) -> None:
+        f = node.func
+        called = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+        if called == LAZY_FACE_HELPER:
+            rel = str(self.path.relative_to(self.root))
+            for module, names in _lazy_face_modules(node, rel):
+                attrs = tuple(n for n in names if n != module.rsplit(".", 1)[-1])
+                self.lazy_face_line = self.lazy_face_line or node.lineno
+                if attrs:
+                    self.imports.append(Import(self.importer, rel, node.lineno, module, attrs, True, self.tc > 0, True))
+                if len(attrs) < len(names) or not names:  # the module itself
+                    self.imports.append(Import(self.importer, rel, node.lineno, module, (), True, self.tc > 0, True))
+        self.generic_visit(node)
 
     def visit_If(self, node: ast.If) -> None:
         test = node.test
@@ -175,14 +236,33 @@ class _Visitor(ast.NodeVisitor):
                 self._add(node, f"{base}.{n}", ())
 
 
+def _visit(root: Path, path: Path) -> _Visitor:
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    v = _Visitor(root, path, module_name(root, path))
+    v.visit(tree)
+    return v
+
+
 def collect_imports(root: Path) -> list[Import]:
-    """Every import statement of the repository's Python files."""
+    """Every import statement of the repository's Python files, and each module a lazy face defers to."""
     out: list[Import] = []
     for path in python_files(root):
-        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-        v = _Visitor(root, path, module_name(root, path))
-        v.visit(tree)
-        out.extend(v.imports)
+        out.extend(_visit(root, path).imports)
+    return out
+
+
+def lazy_faces(root: Path) -> dict[str, list[str]]:
+    """The library's lazy package faces as ``path:line``: ``"helper"`` (a ``lazy_face`` call the checks read) and
+    ``"hand_written"`` (a module-level ``def __getattr__``, whose imports the checks cannot all read)."""
+    out: dict[str, list[str]] = {"helper": [], "hand_written": []}
+    for path in python_files(root):
+        if path.relative_to(root).parts[0] in LIBRARY_ROOTS:
+            v = _visit(root, path)
+            rel = path.relative_to(root)
+            if v.lazy_face_line:
+                out["helper"].append(f"{rel}:{v.lazy_face_line}")
+            if v.hand_written_getattr:
+                out["hand_written"].append(f"{rel}:{v.hand_written_getattr}")
     return out
 
 
@@ -402,6 +482,7 @@ def report(root: Path, top: int = 10, with_duplicates: bool = True) -> dict[str,
                                   "rows": [f"{i.path}:{i.line} {i.target}" for i in body]},
         "arrow_violations": [f"{i.path}:{i.line} {unit_of(i.importer)} -> {unit_of(i.target)} ({i.target})"
                              for i in arrow_violations(imports)],
+        "lazy_faces": lazy_faces(root),
         "duplicate_pairs": duplicate_pairs(root) if with_duplicates else None,
     }
 
@@ -428,6 +509,9 @@ def _summary(r: dict[str, object]) -> str:
     lines.append(f"| function-body imports, not optional deps: library / scripts+benchmarks+examples | "
                  f"{b['library']} / {b['scripts_benchmarks_examples']} |")  # type: ignore[index]
     lines.append(f"| stage-arrow violations (import of a later stage) | {len(r['arrow_violations'])} |")  # type: ignore
+    lf = r["lazy_faces"]
+    lines.append(f"| lazy package faces: through `lazy_face` / written by hand | {len(lf['helper'])} / "  # type: ignore
+                 f"{len(lf['hand_written'])} |")  # type: ignore[index]
     d = r["duplicate_pairs"]
     lines.append(f"| `duplicates` pairs | {'n/a' if d is None else d} |")
     return "\n".join(lines)

@@ -344,13 +344,13 @@ def test_the_worker_feeds_adapt_and_the_cost_model_picks_up_each_version(tmp_pat
         cost = HardwareCostModel(DEV, objectives=("latency_ms",))
         p.reset_adaptation()
         trial = study.ask()
-        cost.evaluate(trial, search_spaces.build_model("mlp", cfg(24)), spec)
+        float(cost.evaluate(trial, search_spaces.build_model("mlp", cfg(24)), spec))  # read: the record is written
         assert trial.user_attrs["adaptation_version"] == 2 and trial.user_attrs["adaptation_rows"] == 3
         queue.enqueue(study="s", trial_number=9, space="mlp", config=cfg(64), spec=spec.to_dict(), device=DEV,
                       predicted={"latency_ms": 1.0}, priority=0.0)
         worker.run(idle_timeout_s=0, poll_s=0)
         trial = study.ask()  # the next trial, no restart: the new version
-        cost.evaluate(trial, search_spaces.build_model("mlp", cfg(24)), spec)
+        float(cost.evaluate(trial, search_spaces.build_model("mlp", cfg(24)), spec))  # read: the record is written
         assert trial.user_attrs["adaptation_version"] == 3 and trial.user_attrs["adaptation_rows"] == 4
     finally:
         queue.close()

@@ -42,7 +42,8 @@ from dippm_nas.errors import (
 )
 from dippm_nas.measure import Measurement, MeasureSettings
 from dippm_nas.optuna import optuna_has_set_constraint
-from dippm_nas.spec import InputSpec, load_model
+from dippm_nas.capture import load_model
+from dippm_nas.spec import InputSpec
 from dippm_nas.validation import JOBS_TABLE, JobQueue, ValidationWorker
 
 from _models import DataDependent, TinyBert, TinyResNet, TinyViT

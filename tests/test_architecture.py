@@ -53,6 +53,8 @@ LAZY_PROJECT_IMPORTS = {
     "dippm_nas/capture/_torch.py": "the converters, loaded with TVM's torch frontend",
     "dippm_nas/capture/_assemble.py": "search_spaces imports torch: `import dippm_nas` and a cached graph's "
                                       "prediction load neither",
+    "dippm_nas/capture/_source.py": "search_spaces imports torch: loaded for a candidate named by its space and "
+                                    "config (ModelSource.from_space) only",
     "dippm_nas/predictor/_gnn.py": "the torch ensemble: a prediction through the numpy engine never loads torch",
     "dippm_nas/predictor/_adapt_store.py": "SQLAlchemy loads with the first adaptation written: a prediction that "
                                            "reads one from a SQLite file does not load it",
@@ -127,3 +129,61 @@ def test_the_checks_pass_on_a_tree_that_follows_the_rules(tmp_path: Path) -> Non
     imps = arch.collect_imports(tmp_path)
     assert arch.arrow_violations(imps) == [] and arch.module_cycles(imps) == [] and arch.package_cycles(imps) == []
     assert arch.private_imports(imps) == []
+
+
+def test_every_lazy_package_face_goes_through_the_helper_the_checks_read() -> None:
+    faces = arch.lazy_faces(ROOT)
+    assert faces["hand_written"] == [], "declare these with dippm_nas._lazy.lazy_face:\n" + "\n".join(faces["hand_written"])
+    assert {f.split(":")[0] for f in faces["helper"]} >= {"dippm_nas/__init__.py", "dippm_nas/cache/__init__.py",
+                                                          "dippm_nas/predictor/__init__.py", "dippm_nas/nni/__init__.py"}
+
+
+def test_a_lazy_face_is_read_as_the_imports_it_makes(tmp_path: Path) -> None:
+    _write(tmp_path, {
+        "pyproject.toml": '[project]\nname = "x"\n',
+        "dippm_nas/__init__.py": "",
+        "dippm_nas/_lazy.py": "def lazy_face(p, m):\n    return None, None\n",
+        # graph (an early stage) deferring to the predictor: a backwards arrow and, with _a's import, a cycle
+        "dippm_nas/graph/__init__.py": "from dippm_nas._lazy import lazy_face\n"
+                                       "__getattr__, __dir__ = lazy_face(__name__, {'dippm_nas.predictor._a': ('P',), "
+                                       "'dippm_nas.predictor': ('predictor',)})\n",
+        "dippm_nas/predictor/__init__.py": "from dippm_nas.predictor._a import P\n",
+        "dippm_nas/predictor/_a.py": "from dippm_nas.graph import G\nP = 1\n",
+        # a face written by hand: listed, since its imports cannot all be read
+        "dippm_nas/mig/__init__.py": "import importlib\ndef __getattr__(name):\n    return importlib.import_module(name)\n"
+                                     "class C:\n    def __getattr__(self, name):\n        return 1\n",
+    })
+    imps = arch.collect_imports(tmp_path)
+    lazy = sorted((i.target, i.names) for i in imps if i.in_lazy_getattr and i.importer == "dippm_nas.graph")
+    assert lazy == [("dippm_nas.predictor", ()), ("dippm_nas.predictor._a", ("P",))]
+    arrows = {(arch.unit_of(i.importer), arch.unit_of(i.target)) for i in arch.arrow_violations(imps)}
+    assert ("graph", "predictor") in arrows
+    assert arch.package_cycles(imps) == [["graph", "predictor"]]
+    assert arch.function_body_imports(imps, set()) == []  # deferred by a face, not a function-body import
+    assert arch.lazy_faces(tmp_path) == {"helper": ["dippm_nas/graph/__init__.py:2"],
+                                         "hand_written": ["dippm_nas/mig/__init__.py:2"]}
+    (tmp_path / "dippm_nas/graph/__init__.py").write_text(
+        "from dippm_nas._lazy import lazy_face\nNAMES = {}\n__getattr__, __dir__ = lazy_face(__name__, NAMES)\n")
+    with pytest.raises(ValueError, match=r"graph/__init__.py:3: lazy_face\(\) needs a literal"):
+        arch.collect_imports(tmp_path)
+
+
+def test_lazy_face_loads_a_name_once_and_refuses_what_it_does_not_list(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+    import types
+
+    from dippm_nas._lazy import lazy_face
+
+    pkg = types.ModuleType("fake_face")
+    pkg.__all__ = ["dumps", "json"]  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "fake_face", pkg)
+    getattr_, dir_ = lazy_face("fake_face", {"json": ("dumps", "json")})
+    import json
+
+    assert getattr_("dumps") is json.dumps and getattr_("json") is json  # an attribute; the module itself
+    assert vars(pkg)["dumps"] is json.dumps  # stored: the next access does not come back
+    assert {"dumps", "json"} <= set(dir_())
+    with pytest.raises(AttributeError, match="module 'fake_face' has no attribute 'loads'"):
+        getattr_("loads")
+    with pytest.raises(ValueError, match="'x' is listed under both 'a' and 'b'"):
+        lazy_face("fake_face", {"a": ("x",), "b": ("x",)})

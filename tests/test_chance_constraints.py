@@ -97,10 +97,11 @@ def test_unknown_budget_key_in_a_mapping_names_it() -> None:
 def test_optuna_records_mean_sigma_and_margin_with_optunas_sign(monkeypatch: pytest.MonkeyPatch) -> None:
     optuna = pytest.importorskip("optuna")
     import dippm_nas.optuna as dop
+    import dippm_nas.optuna._cost_model as cm
     from dippm_nas.spec import InputSpec
 
     p = pred()
-    monkeypatch.setattr(dop, "predict", lambda *a, **k: p)
+    monkeypatch.setattr(cm, "predict", lambda *a, **k: p)
     spec = InputSpec(shape=(3, 224, 224), batch_size=64, dtype="float16")
     budget = 12.3 + 1.5 * 8.0
     for k, feasible in ((2.0, False), (0.0, True)):

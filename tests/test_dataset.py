@@ -464,12 +464,12 @@ def _timm_rows() -> list[dict[str, Any]]:
 
 def test_timm_importer_without_timm_stores_rows_without_graphs(tmp_path: Path, caplog: Any,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    from dippm_nas.dataset import _importers
+    from dippm_nas.dataset.importers import _source
 
-    monkeypatch.setattr(_importers, "_module_available", lambda module: False)
+    monkeypatch.setattr(_source, "_module_available", lambda module: False)
     path = _write_csv(tmp_path / "timm.csv", _TIMM_HEADER, _timm_rows())
     db = tmp_path / "t.sqlite"
-    with caplog.at_level("WARNING", logger="dippm_nas.dataset._importers"):
+    with caplog.at_level("WARNING", logger="dippm_nas.dataset.importers._source"):
         rep = import_timm(path, db, progress=False)
     assert rep.inserted == 3 and rep.failed_rows == 1 and rep.graphs_skipped == 2 and rep.graphs_captured == 0
     assert "2 timm rows stored without graphs" in caplog.text

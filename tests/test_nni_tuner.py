@@ -21,7 +21,8 @@ import dippm_nas
 from dippm_nas.budgets import Budgets
 from dippm_nas.errors import DippmNasError, ModelSpecError, SearchSpaceError
 from dippm_nas.nni import PARAMETERS_KEY, final_metrics, model_from_parameters, tuner_settings
-from dippm_nas.spec import InputSpec, load_callable
+from dippm_nas.capture import load_callable
+from dippm_nas.spec import InputSpec
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # "no trained checkpoint" / "uncalibrated"
 

@@ -17,6 +17,9 @@ import optuna
 import pytest
 
 import dippm_nas.optuna as dop
+import dippm_nas.optuna._compat as compat
+import dippm_nas.optuna._cost_model as cm
+from dippm_nas.capture import ModelSource
 import search_spaces as ss
 from dippm_nas.errors import DeviceError, DippmNasError, GraphCaptureError
 from dippm_nas.optuna import Budgets, HardwareCostModel
@@ -50,24 +53,24 @@ def fake_predict(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """Replace the predictor seen by dippm_nas.optuna with :func:`_fake_prediction`; returns the call log."""
     calls: list[Any] = []
 
-    def predict(model: Any, spec: InputSpec, device: str, **kw: Any) -> Prediction:
-        calls.append((model, spec, device, kw))
-        return _fake_prediction(model, spec, device)
+    def predict(model: Any, spec: InputSpec | None, device: str, **kw: Any) -> Prediction:
+        src = ModelSource.parse(model, spec)  # the fake reads the built model's config
+        calls.append((src.model, src.spec, device, kw))
+        return _fake_prediction(src.model, src.spec, device)
 
     def predict_many(items: Any, device: str, **kw: Any) -> list[Any]:
         out: list[Any] = []
-        for model, spec in items:
-            calls.append((model, spec, device, kw))
-            if model.search_space_config["hidden"] == [13]:
+        for item in items:
+            src = item if isinstance(item, ModelSource) else ModelSource.parse(*item)
+            calls.append((src.model, src.spec, device, kw))
+            if src.model.search_space_config["hidden"] == [13]:
                 out.append(GraphCaptureError("cannot export this one"))
             else:
-                out.append(_fake_prediction(model, spec, device))
+                out.append(_fake_prediction(src.model, src.spec, device))
         return out
 
-    monkeypatch.setattr(dop, "predict", predict)
-    monkeypatch.setattr(dop, "predict_many", predict_many)
-    # the fake reads the built model's config: hand it the model, not the graph assembled from its blocks
-    monkeypatch.setattr(dop, "space_config_of", lambda model: None)
+    monkeypatch.setattr(cm, "predict", predict)
+    monkeypatch.setattr(cm, "predict_many", predict_many)
     return calls
 
 
@@ -75,7 +78,7 @@ def fake_predict(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
 def test_module_name_does_not_shadow_optuna() -> None:
     import dippm_nas
 
-    assert dop.optuna is optuna
+    assert cm.optuna is optuna
     assert "dippm_nas" not in (optuna.__file__ or "")
     assert dop.__name__ == "dippm_nas.optuna" and dippm_nas.__name__ == "dippm_nas"
 
@@ -201,7 +204,7 @@ def test_capture_failure_fails_the_trial_and_is_recorded(monkeypatch: pytest.Mon
     def broken(*a: Any, **k: Any) -> Prediction:
         raise GraphCaptureError("torch.export failed: data-dependent control flow")
 
-    monkeypatch.setattr(dop, "predict", broken)
+    monkeypatch.setattr(cm, "predict", broken)
     cost = HardwareCostModel()
     study = cost.create_study()
 
@@ -295,7 +298,7 @@ def test_auto_api_falls_back_to_constraints_func_without_set_constraint(
     cost = HardwareCostModel(budgets=Budgets(mig_profile="1g.5gb"))
     study = cost.create_study(sampler=optuna.samplers.TPESampler(seed=0))  # no constraints_func given
     trial = _TrialWithoutSetConstraint(study)
-    dop._warn_once.reset()
+    compat._warn_once.reset()
     with pytest.warns(RuntimeWarning, match="constraints_func=cost.constraints_func"):
         cost.evaluate(trial, _mlp(120), SPEC)
     assert trial.user_attrs["constraint_memory_mib"] == pytest.approx(120 * MIB_PER_WIDTH - LIMIT_1G5GB)
@@ -305,7 +308,7 @@ def test_auto_api_falls_back_to_constraints_func_without_set_constraint(
 
 def test_constraints_func_reports_missing_attrs_as_infeasible() -> None:
     cost = HardwareCostModel(budgets=Budgets(latency_ms=2.0, mig_profile="1g.5gb"))
-    dop._warn_once.reset()
+    compat._warn_once.reset()
     with pytest.warns(RuntimeWarning, match="reporting it infeasible"):
         assert cost.constraints_func(optuna.trial.create_trial(values=[1.0, 1.0, 1.0])) == [math.inf, math.inf]
 
@@ -377,14 +380,16 @@ def test_submit_without_workers_is_evaluate(fake_predict: list[Any], monkeypatch
     cost = HardwareCostModel(budgets=Budgets(mig_profile="1g.5gb"))
     study = cost.create_study()
     t = study.ask()
-    pending = cost.submit(t, _mlp(30), SPEC)
-    assert pending.done() and pending.result() == pytest.approx((0.3, 0.03))
+    pending = cost.submit(t, _mlp(30), SPEC)  # predicted in the cost model's background thread
+    assert pending.result() == pytest.approx((0.3, 0.03)) and pending.done()
     assert study.trials[0].user_attrs["predicted_memory_mib"] == pytest.approx(1500.0)
+    at_once = HardwareCostModel(budgets=Budgets(mig_profile="1g.5gb"), overlap=False).submit(study.ask(), _mlp(30), SPEC)
+    assert at_once.done() and at_once.result() == pytest.approx((0.3, 0.03))
 
     def broken(*a: Any, **k: Any) -> Prediction:
         raise GraphCaptureError("no export")
 
-    monkeypatch.setattr(dop, "predict", broken)
+    monkeypatch.setattr(cm, "predict", broken)
     failed = cost.submit(study.ask(), _mlp(30), SPEC)  # default on_error="fail": NaN objectives
     assert all(math.isnan(v) for v in failed.result())
     raising = HardwareCostModel(budgets=Budgets(mig_profile="1g.5gb"), on_error="raise")
@@ -457,8 +462,11 @@ def test_constraints_func_given_on_optuna5_records_each_constraint_once(fake_pre
 def test_evaluate_returns_a_float_for_one_objective_and_a_tuple_for_several(fake_predict: list[Any]) -> None:
     one = HardwareCostModel(objectives=("latency_ms",))
     study = one.create_study(leading={})
-    value = one.evaluate(study.ask(), _mlp(8), SPEC)
-    assert isinstance(value, float)
+    value = one.evaluate(study.ask(), _mlp(8), SPEC)  # predicted in the background: read when Optuna takes it
+    assert isinstance(value, dop.PendingValue) and float(value) == pytest.approx(0.08) and value.done()
+    assert value < 1.0 and f"{value:.2f}" == "0.08" and value * 2 == pytest.approx(0.16)
+    at_once = HardwareCostModel(objectives=("latency_ms",), overlap=False)
+    assert isinstance(at_once.evaluate(at_once.create_study(leading={}).ask(), _mlp(8), SPEC), float)
     study.optimize(lambda t: one.evaluate(t, _mlp(t.suggest_int("w", 1, 64)), SPEC), n_trials=2)
     assert all(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials[1:])
     two = HardwareCostModel(objectives=("latency_ms", "energy_j"))
@@ -466,3 +474,68 @@ def test_evaluate_returns_a_float_for_one_objective_and_a_tuple_for_several(fake
     assert isinstance(values, tuple) and len(values) == 2
     pending = one.submit(study.ask(), _mlp(8), SPEC)
     assert isinstance(pending.result(), float)
+
+
+def test_evaluate_overlaps_and_batches_the_candidates_it_sees(fake_predict: list[Any],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The background thread predicts the candidates queued while it was busy in one predict_many, and each
+    trial's record is written before its figures are read."""
+    import threading
+
+    entered, release = threading.Event(), threading.Event()
+
+    def slow_predict(model: Any, spec: InputSpec | None, device: str, **kw: Any) -> Prediction:
+        entered.set()
+        assert release.wait(30)
+        src = ModelSource.parse(model, spec)
+        fake_predict.append((src.model, src.spec, device, kw))
+        return _fake_prediction(src.model, src.spec, device)
+
+    monkeypatch.setattr(cm, "predict", slow_predict)
+    cost = HardwareCostModel(budgets=Budgets(mig_profile="1g.5gb"))
+    study = cost.create_study()
+    trials = [study.ask() for _ in range(4)]
+    first = cost.evaluate(trials[0], _mlp(10), SPEC)
+    assert entered.wait(30) and not first[0].done()  # the caller goes on while the thread predicts
+    rest = [cost.evaluate(t, _mlp(20 + i), SPEC) for i, t in enumerate(trials[1:])]
+    release.set()
+    for t, values, w in zip(trials, [first, *rest], [10, 20, 21, 22]):
+        study.tell(t, (0.5, *values))  # Optuna reads the figures: waits for them
+        assert study.trials[t.number].user_attrs["predicted_memory_mib"] == pytest.approx(MIB_PER_WIDTH * w)
+        assert study.trials[t.number].values[1] == pytest.approx(0.01 * w)
+    assert cost._predictor_thread is not None and cost._predictor_thread.batch_sizes == [1, 3]
+    assert cost.evaluations == 4
+    cost.close()
+
+
+def test_a_trial_finished_before_its_record_does_not_stop_the_others(fake_predict: list[Any],
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    entered, release = threading.Event(), threading.Event()
+    real = cm.predict
+
+    def slow_predict(*a: Any, **kw: Any) -> Prediction:
+        entered.set()
+        assert release.wait(30)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(cm, "predict", slow_predict)
+    cost = HardwareCostModel(budgets=Budgets(mig_profile="1g.5gb"))
+    study = cost.create_study()
+    t0, t1, t2 = (study.ask() for _ in range(3))
+    first = cost.evaluate(t0, _mlp(10), SPEC)
+    assert entered.wait(30)
+    late, ok = cost.evaluate(t1, _mlp(11), SPEC), cost.evaluate(t2, _mlp(12), SPEC)
+    study.tell(t1, (0.5, 1.0, 1.0))  # the objective returned other values: t1 finished before its record
+    compat._warn_once.reset()
+    cm._warn_once.reset()
+    with pytest.warns(RuntimeWarning, match="could not record trial 1"):
+        release.set()
+        study.tell(t0, (0.5, *first))
+        study.tell(t2, (0.5, *ok))
+    assert study.trials[2].user_attrs["predicted_memory_mib"] == pytest.approx(MIB_PER_WIDTH * 12)
+    assert "predicted_memory_mib" not in study.trials[1].user_attrs
+    with pytest.raises(RuntimeError):
+        float(late[0])
+    cost.close()

@@ -42,7 +42,7 @@ from dippm_nas.errors import (
 )
 from dippm_nas.measure import Measurement, MeasureSettings
 from dippm_nas.predictor import AnalyticPredictor, get_predictor, set_predictor
-from dippm_nas.spec import MAX_ONNX_BYTES, load_model
+from dippm_nas.capture import MAX_ONNX_BYTES, load_model
 from dippm_nas.validation import JOBS_TABLE, JobQueue, ParetoValidator, ValidationWorker
 
 SPEC4 = InputSpec(shape=(4,), batch_size=2)

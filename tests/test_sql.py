@@ -106,3 +106,89 @@ def test_refused_wal_is_warned_once_per_store_naming_it(monkeypatch: pytest.Monk
         "validation queue: SQLite refused WAL journal mode (got 'delete'; a network file system?); concurrent "
         "processes will wait on each other more. Elsewhere.",
     ]
+
+
+def test_the_three_stores_share_the_base_and_wrap_database_errors_naming_store_and_operation(tmp_path: Path) -> None:
+    import sqlite3
+
+    from dippm_nas._sql import SqlStore
+
+    with DatasetStore(tmp_path / "d.sqlite") as store:
+        assert isinstance(store, SqlStore) and store.url == f"sqlite:///{tmp_path / 'd.sqlite'}"
+        con = sqlite3.connect(tmp_path / "d.sqlite")
+        con.execute("DROP TABLE op_measurements")
+        con.close()
+        # a SQLAlchemy error is the store's own error, naming the file and what was being done, chained
+        with pytest.raises(DatasetError, match=r"dataset file '.*d\.sqlite': reading operator rows failed") as e:
+            list(store.iter_op_rows())
+        assert isinstance(e.value.__cause__, sa.exc.OperationalError)
+    with JobQueue(f"sqlite:///{tmp_path / 'q.db'}") as queue, ConversionCache(f"sqlite:///{tmp_path / 'c.db'}") as cache:
+        assert isinstance(queue, SqlStore) and isinstance(cache, SqlStore)
+        with sa.create_engine(queue.url_with_credentials()).begin() as conn:
+            conn.exec_driver_sql("DROP TABLE dippm_validation_results")
+        with pytest.raises(ValidationError, match=r"validation queue '.*q\.db': reading results failed"):
+            queue.results()
+        with sa.create_engine(cache.url_with_credentials()).begin() as conn:
+            conn.exec_driver_sql("DROP TABLE dippm_conversion_cache")
+        with pytest.raises(CacheError, match=r"conversion cache '.*c\.db': counting rows failed"):
+            cache.stats()
+
+
+def test_a_url_that_is_not_one_is_refused_with_the_stores_examples() -> None:
+    from dippm_nas._sql import parse_url
+
+    with pytest.raises(ValidationError, match=r"url must be a SQLAlchemy URL string, got 3"):
+        parse_url(3, what="validation queue", error=ValidationError, example="'sqlite:///x.db'")
+    with pytest.raises(CacheError, match=r"url must be a SQLAlchemy URL string or None, got ''"):
+        parse_url("", what="conversion cache", error=CacheError, example="-", none_ok=True)
+    with pytest.raises(CacheError, match=r"invalid conversion cache URL 'no url' \(.*\); expected e\.g\. 'sqlite"):
+        parse_url("no url", what="conversion cache", error=CacheError, example="'sqlite:///x.db'")
+    with pytest.raises(ValidationError, match="invalid validation queue URL .*expected e.g. 'sqlite:////path/study.db'"):
+        JobQueue("::not a url::")
+
+
+def test_a_store_of_another_schema_version_is_refused_naming_both(tmp_path: Path) -> None:
+    from dippm_nas._sql import SqlStore
+
+    class _Store(SqlStore):
+        what = "test store"
+        error = DatasetError
+
+    md = sa.MetaData()
+    meta = sa.Table("meta", md, sa.Column("key", sa.String(64), primary_key=True), sa.Column("value", sa.Text))
+    url = make_url(f"sqlite:///{tmp_path / 's.db'}")
+    for version, created in ((3, {"created_by": "x"}), (3, {}), (4, {})):
+        store = _Store()
+        store._open(url, dir_hint="-", local_hint="-")
+        store._create_tables(md, ["meta"])
+        try:
+            with store._tx("checking") as conn:
+                if version == 4:
+                    with pytest.raises(DatasetError, match=r"test store '.*s\.db' has schema_version 3; this "
+                                                           r"dippm-nas reads schema_version 4 only"):
+                        store._check_schema_version(conn, meta, version, created)
+                else:
+                    store._check_schema_version(conn, meta, version, created)
+        finally:
+            store.close()
+    with sa.create_engine(url).connect() as conn:
+        assert dict(conn.execute(sa.select(meta.c.key, meta.c.value)).all()) == {"schema_version": "3",
+                                                                                "created_by": '"x"'}
+
+
+def test_inflate_reads_a_whole_stream_up_to_the_cap_and_says_why_it_refuses() -> None:
+    import zlib
+
+    from dippm_nas._compress import InflateRefused, deflate, inflate
+
+    data = b"graph " * 1000
+    assert inflate(deflate(data), len(data)) == data
+    assert zlib.decompress(deflate(data)) == data
+    with pytest.raises(InflateRefused, match="beyond 5,999 bytes") as e:
+        inflate(deflate(data), len(data) - 1)
+    assert e.value.too_big
+    for bad, why in ((b"not zlib", "incorrect header check"), (deflate(data)[:-8], "truncated"),
+                     ("text", "TypeError")):
+        with pytest.raises(InflateRefused, match=why) as e:
+            inflate(bad, 10**6)  # type: ignore[arg-type]
+        assert not e.value.too_big

@@ -11,8 +11,9 @@ SQLite file with the standard library alone.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from dippm_nas._lazy import lazy_face
 from dippm_nas._paths import CACHE_DIR_ENV, CACHE_URL_ENV, cache_dir, default_cache_url
 from dippm_nas.cache._read import read_default_sqlite
 from dippm_nas.cache._rows import CACHE_SECRET_ENV, COLUMNS, MAX_GRAPH_JSON_BYTES, TABLE_NAME
@@ -38,18 +39,6 @@ __all__ = [
 ]
 
 #: The names of the SQLAlchemy store, imported on first access.
-_STORE_NAMES = ("ConversionCache", "default_cache", "set_default_cache", "CACHE_TABLE", "fresh_copy")
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _STORE_NAMES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from dippm_nas.cache import _store
-
-    value = getattr(_store, name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_face(__name__, {
+    "dippm_nas.cache._store": ("ConversionCache", "default_cache", "set_default_cache", "CACHE_TABLE", "fresh_copy"),
+})

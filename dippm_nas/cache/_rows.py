@@ -15,6 +15,7 @@ import os
 import struct
 import zlib
 
+from dippm_nas._compress import InflateRefused, inflate
 from dippm_nas.errors import CacheError, GraphValidationError
 from dippm_nas.graph import GRAPH_FORMAT_VERSION, OperatorGraph
 
@@ -119,16 +120,14 @@ def _inflate(body: bytes) -> bytes:
         _CorruptRow: not a whole zlib stream, or one that inflates beyond the cap.
     """
     cap = MAX_GRAPH_JSON_BYTES + _BINDING_ROOM
-    d = zlib.decompressobj()
     try:
-        out = d.decompress(body, cap + 1)
-    except zlib.error as e:
-        raise _CorruptRow(f"its payload is not a zlib stream ({e})") from e
-    if len(out) > cap or d.unconsumed_tail:
-        raise _CorruptRow(f"its payload inflates beyond {cap:,} bytes (a graph JSON may hold at most "
-                          f"MAX_GRAPH_JSON_BYTES = {MAX_GRAPH_JSON_BYTES:,} bytes; a row is never inflated further)")
-    if not d.eof:
-        raise _CorruptRow("its payload is not a zlib stream (truncated)")
+        out = inflate(body, cap)
+    except InflateRefused as e:
+        if e.too_big:
+            raise _CorruptRow(f"its payload inflates beyond {cap:,} bytes (a graph JSON may hold at most "
+                              f"MAX_GRAPH_JSON_BYTES = {MAX_GRAPH_JSON_BYTES:,} bytes; a row is never inflated "
+                              "further)") from e
+        raise _CorruptRow(f"its payload is not a zlib stream ({e.reason})") from e
     return out
 
 

@@ -56,17 +56,16 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import exc
 from sqlalchemy.dialects import mysql as _mysql
-from sqlalchemy.engine import URL, Connection, make_url
+from sqlalchemy.engine import URL, Connection
 
 from dippm_nas._logging import WarnOnce
 from dippm_nas._paths import CACHE_DIR_ENV, CACHE_URL_ENV, SQLITE_FILE_NAME, cache_dir, default_cache_url
-from dippm_nas._sql import create_tables, make_engine, redact, transaction
+from dippm_nas._sql import SqlStore, parse_url
 from dippm_nas.cache._rows import (_MAX_KEY_CHARS, CACHE_SECRET_ENV, COLUMNS, MAX_GRAPH_JSON_BYTES, TABLE_NAME,
                                    _CorruptRow, _decode, _pack, _secret_bytes)
 from dippm_nas.errors import CacheError
@@ -191,8 +190,9 @@ def _flush_all_at_exit() -> None:
             logger.debug("conversion cache: could not write last-used stamps at exit: %s", e)
 
 
-class ConversionCache:
-    """A SQL store of captured operator graphs, shared by processes (and machines, with a server URL).
+class ConversionCache(SqlStore):
+    """A SQL store of captured operator graphs, shared by processes (and machines, with a server URL); a
+    :class:`~dippm_nas._sql.SqlStore`.
 
     Args:
         url: a SQLAlchemy URL. ``None`` (default) uses ``$DIPPM_NAS_CACHE_URL`` when set, else the SQLite
@@ -222,6 +222,9 @@ class ConversionCache:
                 cache.put(key, graph)
     """
 
+    what = "conversion cache"
+    error = CacheError
+
     def __init__(
         self,
         url: str | None = None,
@@ -246,20 +249,12 @@ class ConversionCache:
             url = os.environ.get(CACHE_URL_ENV, "") or None
         if url is None:
             # Built from parts: a directory name with '?' or '#' must not be parsed as a URL query.
-            self._url = URL.create("sqlite", database=str(cache_dir() / SQLITE_FILE_NAME))
+            parsed = URL.create("sqlite", database=str(cache_dir() / SQLITE_FILE_NAME))
         else:
-            if not isinstance(url, (str, URL)) or not str(url):
-                raise CacheError(f"url must be a SQLAlchemy URL string or None, got {url!r}")
-            try:
-                self._url = make_url(url)
-            except exc.ArgumentError as e:
-                raise CacheError(
-                    f"invalid conversion cache URL {url!r} ({e}); expected e.g. 'sqlite:////path/cache.sqlite' "
-                    "or 'postgresql+psycopg2://user@host/dbname'"
-                ) from e
-        self.url = redact(self._url)
-
-        self._engine = self._make_engine()
+            parsed = parse_url(url, what=self.what, error=CacheError, none_ok=True,
+                               example="'sqlite:////path/cache.sqlite' or 'postgresql+psycopg2://user@host/dbname'")
+        self._open(parsed, dir_hint=f"set {CACHE_DIR_ENV} to a writable directory",
+                   local_hint=f"Set {CACHE_DIR_ENV} to a local directory.")
         self._dialect = self._engine.dialect.name
         self._pid = os.getpid()
         self._lock = threading.Lock()
@@ -271,31 +266,19 @@ class ConversionCache:
         self._counts = {"hits": 0, "memory_hits": 0, "misses": 0, "puts": 0, "corrupt": 0, "evicted": 0}
         try:
             try:
-                self._create_table()
+                self._create_tables(_metadata, [TABLE_NAME])
             except CacheError as e:
                 if not self._move_aside_if_not_a_database(e):
                     raise
                 self._engine.dispose()
                 self._engine = self._make_engine()
-                self._create_table()
+                self._create_tables(_metadata, [TABLE_NAME])
         except BaseException:
             self._engine.dispose()
             raise
         _live_caches.add(self)
 
-    #: The URL with any password masked (``***``), safe for logs; see :meth:`url_with_credentials`.
-    url: str
-
     # ------------------------------------------------------------------ plumbing
-    def _make_engine(self) -> Any:
-        return make_engine(
-            self._url,
-            what="conversion cache",
-            error=CacheError,
-            dir_hint=f"set {CACHE_DIR_ENV} to a writable directory",
-            local_hint=f"Set {CACHE_DIR_ENV} to a local directory.",
-        )
-
     def _sqlite_file(self) -> str | None:
         """The path of this cache's SQLite file, or ``None`` (another database, in memory, a URI)."""
         if self._url.get_backend_name() != "sqlite":
@@ -345,17 +328,13 @@ class ConversionCache:
             self._counts = dict.fromkeys(self._counts, 0)
 
     @contextmanager
-    def _db(self, what: str, write: bool) -> Iterator[Connection]:
-        """A connection (in a transaction when ``write``); SQLAlchemy errors become :class:`CacheError`."""
+    def _tx(self, doing: str, *, write: bool = True) -> Iterator[Connection]:
+        """:meth:`SqlStore._tx` of an open cache, with this process's own connections (after a fork)."""
         if self._closed:
             raise CacheError(f"the conversion cache {self.url!r} is closed; open a new ConversionCache")
         self._ensure_process()
-        with transaction(self._engine, write=write, error=CacheError,
-                         what=f"conversion cache {self.url!r}: {what}") as conn:
+        with super()._tx(doing, write=write) as conn:
             yield conn
-
-    def _create_table(self) -> None:
-        create_tables(self._engine, _metadata, [TABLE_NAME], error=CacheError, what=f"conversion cache {self.url!r}")
 
     @staticmethod
     def _check_key(key: str) -> None:
@@ -396,7 +375,7 @@ class ConversionCache:
             .where(_table.c.key == sa.bindparam("k"), _table.c.last_used_at < sa.bindparam("t"))
             .values(last_used_at=sa.bindparam("t"))
         )
-        with self._db("writing last-used stamps", write=True) as conn:
+        with self._tx("writing last-used stamps") as conn:
             conn.execute(stmt, [{"k": k, "t": t} for k, t in pending.items()])
 
     def _touch(self, key: str, now: float) -> None:
@@ -444,7 +423,7 @@ class ConversionCache:
 
         stmt = (sa.select(_table.c.payload, _table.c.structural_hash, _table.c.format_version, _table.c.created_at)
                 .where(_table.c.key == key))
-        with self._db("reading a graph", write=False) as conn:
+        with self._tx("reading a graph", write=False) as conn:
             row = conn.execute(stmt).first()
         if row is None:
             with self._lock:
@@ -459,7 +438,7 @@ class ConversionCache:
                 "is captured again",
                 self.url, key, e,
             )
-            with self._db("deleting a corrupt row", write=True) as conn:
+            with self._tx("deleting a corrupt row") as conn:
                 conn.execute(sa.delete(_table).where(_table.c.key == key, _table.c.created_at == row.created_at))
             with self._lock:
                 self._counts["misses"] += 1
@@ -537,22 +516,19 @@ class ConversionCache:
 
     def _upsert(self, values: dict[str, Any]) -> None:
         dialect = self._dialect
-        if dialect in ("sqlite", "postgresql"):
-            if dialect == "sqlite":
-                from sqlalchemy.dialects.sqlite import insert
-            else:
-                from sqlalchemy.dialects.postgresql import insert
-            stmt = insert(_table).values(values)
+        insert = self._insert_on_conflict(_table, dialect)
+        if insert is not None:
+            stmt = insert.values(values)
             stmt = stmt.on_conflict_do_update(
                 index_elements=[_table.c.key], set_={c: stmt.excluded[c] for c in _UPDATABLE}
             )
-            with self._db("writing a graph", write=True) as conn:
+            with self._tx("writing a graph") as conn:
                 conn.execute(stmt)
             return
         if dialect in ("mysql", "mariadb"):
             stmt = _mysql.insert(_table).values(values)
             stmt = stmt.on_duplicate_key_update({c: stmt.inserted[c] for c in _UPDATABLE})
-            with self._db("writing a graph", write=True) as conn:
+            with self._tx("writing a graph") as conn:
                 conn.execute(stmt)
             return
         self._upsert_generic(values)
@@ -563,14 +539,14 @@ class ConversionCache:
         update = sa.update(_table).where(_table.c.key == values["key"]).values({c: values[c] for c in _UPDATABLE})
         for _ in range(3):
             try:
-                with self._db("inserting a graph", write=True) as conn:
+                with self._tx("inserting a graph") as conn:
                     conn.execute(insert)
                 return
             except CacheError as e:
                 if not isinstance(e.__cause__, exc.IntegrityError):
                     raise
             # The key exists: another writer (or an earlier put) was first.
-            with self._db("updating a graph", write=True) as conn:
+            with self._tx("updating a graph") as conn:
                 if conn.execute(update).rowcount:
                     return
         raise CacheError(
@@ -581,14 +557,14 @@ class ConversionCache:
     def _evict(self, keep: str) -> None:
         """Delete least-recently-used rows (never ``keep``) until the total is <= 90 % of ``max_bytes``."""
         total_stmt = sa.select(sa.func.coalesce(sa.func.sum(_table.c.size_bytes), 0))
-        with self._db("measuring the cache size", write=False) as conn:
+        with self._tx("measuring the cache size", write=False) as conn:
             total = int(conn.execute(total_stmt).scalar_one())
         if total <= self.max_bytes:
             return
         target = int(self.max_bytes * _EVICT_TO_FRACTION)
         order = sa.select(_table.c.key, _table.c.size_bytes).order_by(_table.c.last_used_at, _table.c.key)
         victims: list[str] = []
-        with self._db("choosing rows to evict", write=False) as conn:
+        with self._tx("choosing rows to evict", write=False) as conn:
             for k, size in conn.execution_options(yield_per=1000).execute(order):
                 if total <= target:
                     break
@@ -596,7 +572,7 @@ class ConversionCache:
                     continue
                 victims.append(k)
                 total -= int(size)
-        with self._db("evicting rows", write=True) as conn:
+        with self._tx("evicting rows") as conn:
             for i in range(0, len(victims), _DELETE_CHUNK):
                 conn.execute(sa.delete(_table).where(_table.c.key.in_(victims[i : i + _DELETE_CHUNK])))
         with self._lock:
@@ -615,7 +591,7 @@ class ConversionCache:
             ``memory_hits`` (served from the in-process LRU); the counters start at zero in each process.
         """
         stmt = sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(_table.c.size_bytes), 0)).select_from(_table)
-        with self._db("counting rows", write=False) as conn:
+        with self._tx("counting rows", write=False) as conn:
             rows, size = conn.execute(stmt).one()
         with self._lock:
             counts = dict(self._counts)
@@ -623,7 +599,7 @@ class ConversionCache:
 
     def clear(self) -> None:
         """Delete every row (for every process sharing the database) and this process's memory."""
-        with self._db("clearing", write=True) as conn:
+        with self._tx("clearing") as conn:
             conn.execute(sa.delete(_table))
         with self._lock:
             self._memory.clear()
@@ -648,26 +624,9 @@ class ConversionCache:
             self._memory.clear()
             self._memory_used = 0
 
-    def url_with_credentials(self) -> str:
-        """The full URL, password included, for handing to worker processes; never log it (:attr:`url` is safe)."""
-        return self._url.render_as_string(hide_password=False)
-
     @property
     def closed(self) -> bool:
         return self._closed
-
-    @property
-    def engine(self) -> sa.engine.Engine:
-        """The SQLAlchemy engine of the cache's database (its table is :data:`CACHE_TABLE`)."""
-        return self._engine
-
-    def __enter__(self) -> "ConversionCache":
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc_val: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
 
 # ---------------------------------------------------------------------- default

@@ -1,4 +1,4 @@
-"""The public ``capture`` entry point: any model form -> cached :class:`OperatorGraph`."""
+"""The public ``capture`` entry point: any model form (a :class:`ModelSource`) -> cached :class:`OperatorGraph`."""
 
 from __future__ import annotations
 
@@ -6,24 +6,23 @@ import logging
 import os
 import time
 import warnings
-from pathlib import Path
-from typing import TYPE_CHECKING, Union
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Union
 
 from dippm_nas.capture._key import file_key, model_key, named_model_key
 from dippm_nas.capture._onnx import capture_onnx, read_onnx_bytes
+from dippm_nas.capture._source import ModelSource
 from dippm_nas.capture._torch import capture_module
 from dippm_nas.cache import read_default_sqlite
 from dippm_nas.errors import (
     CacheError,
     DippmNasError,
     GraphCaptureError,
-    InputSpecError,
     InvalidTypeError,
     InvalidValueError,
-    ModelSpecError,
 )
 from dippm_nas.graph import OperatorGraph
-from dippm_nas.spec import InputSpec, load_model
+from dippm_nas.spec import InputSpec
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -34,8 +33,8 @@ __all__ = ["capture", "ModelLike", "CacheArg"]
 
 logger = logging.getLogger(__name__)
 
-#: What :func:`capture` accepts as a model.
-ModelLike = Union["torch.nn.Module", str, os.PathLike]
+#: What :func:`capture` accepts as a model (the forms of :class:`ModelSource`).
+ModelLike = Union["torch.nn.Module", str, os.PathLike, OperatorGraph, ModelSource, Callable[[], Any]]
 #: ``True``: the process-wide default cache; ``False``/``None``: no cache; or a ConversionCache.
 CacheArg = Union[bool, None, "ConversionCache"]
 
@@ -102,7 +101,7 @@ def _served(hit: OperatorGraph, t0: float) -> OperatorGraph:
     return hit
 
 
-def capture(model: ModelLike, spec: InputSpec, *, cache: CacheArg = True,
+def capture(model: ModelLike, spec: InputSpec | None, *, cache: CacheArg = True,
             decompose: bool | str = "auto") -> OperatorGraph:
     """Capture a model as an :class:`OperatorGraph` (one node per Relax operator call).
 
@@ -112,9 +111,11 @@ def capture(model: ModelLike, spec: InputSpec, *, cache: CacheArg = True,
     is looked up in the conversion cache first, so a hit skips export entirely.
 
     Args:
-        model: an ``nn.Module``, a path to an ``.onnx`` file, or a model SPEC string
-            (``torchvision:NAME``, ``timm:NAME``, ``package.module:callable``).
-        spec: the example input (shape without batch, batch size, dtype; or named inputs).
+        model: an ``nn.Module``, a path to an ``.onnx`` file, a model SPEC string (``torchvision:NAME``,
+            ``timm:NAME``, ``package.module:callable``), a zero-argument factory returning an ``nn.Module``,
+            a :class:`ModelSource`, or an :class:`OperatorGraph` (returned as it is).
+        spec: the example input (shape without batch, batch size, dtype; or named inputs); ``None`` only with
+            a graph or a :class:`ModelSource`.
         cache: ``True`` for the default cache (see :mod:`dippm_nas.cache`), ``False`` for none, or a
             ``ConversionCache``.
         decompose: ``"auto"``, or force ``False``/``True`` for ``run_ep_decomposition``.
@@ -123,19 +124,18 @@ def capture(model: ModelLike, spec: InputSpec, *, cache: CacheArg = True,
         The validated graph; ``graph.cache_hit`` tells whether it came from the cache.
 
     Raises:
-        ModelSpecError: ``model`` is none of the accepted forms, or an unknown SPEC / missing file.
+        ModelSpecError: ``model`` is none of the accepted forms, an unknown SPEC / missing file, or a factory
+            that fails.
         InputSpecError: ``spec`` is not an InputSpec; InputShapeError when the shape does not fit.
         GraphCaptureError: export or conversion failed (data-dependent control flow, unsupported op...).
     """
-    if not isinstance(spec, InputSpec):
-        raise InputSpecError(
-            f"spec must be a dippm_nas.InputSpec, e.g. InputSpec(shape=(3, 224, 224), batch_size=8), got {spec!r}"
-        )
+    source = ModelSource.parse(model, spec)
     check_decompose(decompose)
+    if source.graph is not None:
+        return source.graph
     t0 = time.perf_counter()
-    onnx_path: Path | None = None
     # a library SPEC (torchvision:NAME...) is looked up by name first: a hit builds no model
-    named = named_model_key(model, spec) if isinstance(model, str) and decompose == "auto" else None
+    named = named_model_key(source.model, source.spec) if source.kind == "spec" and decompose == "auto" else None
     if named is not None and cache is True:
         hit = read_default_sqlite(named)  # the default SQLite file, read without SQLAlchemy
         if hit is not None:
@@ -146,24 +146,8 @@ def capture(model: ModelLike, spec: InputSpec, *, cache: CacheArg = True,
         hit, store = _lookup(store, named)
         if hit is not None:
             return _served(hit, t0)
-    import torch  # after the name-keyed lookup: a hit answers without loading it
-
-    if isinstance(model, os.PathLike) or (isinstance(model, str) and model.lower().endswith(".onnx")):
-        onnx_path = Path(model)
-        source = onnx_path.name
-        key = file_key(read_onnx_bytes(onnx_path), spec)
-    elif isinstance(model, str):
-        source = model
-        model = load_model(model)
-        key = model_key(model, spec)
-    elif isinstance(model, torch.nn.Module):
-        source = type(model).__name__
-        key = model_key(model, spec)
-    else:
-        raise ModelSpecError(
-            "model must be a torch.nn.Module, a path to an .onnx file, or a model SPEC string "
-            f"(torchvision:NAME, timm:NAME, package.module:callable); got {type(model).__name__}"
-        )
+    built = source.build()
+    key = file_key(read_onnx_bytes(built), source.spec) if source.kind == "onnx" else model_key(built, source.spec)
     if decompose != "auto":
         key = f"{key}:decompose={int(bool(decompose))}"
 
@@ -172,18 +156,7 @@ def capture(model: ModelLike, spec: InputSpec, *, cache: CacheArg = True,
         if hit is not None:
             _put_named(store, named, hit)
             return _served(hit, t0)
-
-    if onnx_path is not None:
-        try:
-            graph = capture_onnx(onnx_path, spec, source=source, model_key=key)
-        except DippmNasError:
-            raise
-        except Exception as e:  # noqa: BLE001 - every capture failure reaches the caller as a DippmNasError
-            raise GraphCaptureError(f"capturing {source} failed: {type(e).__name__}: {e}") from e
-    else:
-        graph = capture_module(model, spec, decompose=decompose, model_key=key)  # type: ignore[arg-type]
-        if isinstance(source, str) and ":" in source:
-            graph.source = source
+    graph = _convert(source, built, decompose, key)
     if store is not None:
         try:
             store.put(key, graph)
@@ -191,6 +164,21 @@ def capture(model: ModelLike, spec: InputSpec, *, cache: CacheArg = True,
             _warn_cache_down(e)
         _put_named(store, named, graph)
     graph.cache_hit = False
+    return graph
+
+
+def _convert(source: ModelSource, built: Any, decompose: bool | str, key: str) -> OperatorGraph:
+    """The graph of ``built`` (the module or ONNX path of ``source``), converted now."""
+    if source.kind == "onnx":
+        try:
+            return capture_onnx(built, source.spec, source=source.label, model_key=key)
+        except DippmNasError:
+            raise
+        except Exception as e:  # noqa: BLE001 - every capture failure reaches the caller as a DippmNasError
+            raise GraphCaptureError(f"capturing {source.label} failed: {type(e).__name__}: {e}") from e
+    graph = capture_module(built, source.spec, decompose=decompose, model_key=key)
+    if source.kind == "spec":
+        graph.source = source.label
     return graph
 
 

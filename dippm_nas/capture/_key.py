@@ -130,7 +130,7 @@ def named_model_key(spec_string: str, spec: InputSpec) -> str | None:
     if any(v is None for v in versions):
         return None
     text = "|".join(["named", spec_string, *map(str, versions), __version__, str(GRAPH_FORMAT_VERSION),
-                     _conversion_digest(("spec.py",)), repr(sorted(spec.to_dict().items()))])
+                     _conversion_digest(("spec.py", "capture/_load.py")), repr(sorted(spec.to_dict().items()))])
     return "named-" + hashlib.sha256(text.encode()).hexdigest()
 
 

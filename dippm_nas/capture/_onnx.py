@@ -9,7 +9,8 @@ from pathlib import Path
 from dippm_nas._optional import require
 from dippm_nas.errors import GraphCaptureError, InputShapeError
 from dippm_nas.graph import OperatorGraph, graph_from_relax
-from dippm_nas.spec import InputSpec, check_onnx_file, read_onnx_file
+from dippm_nas.capture._load import check_onnx_file, read_onnx_file
+from dippm_nas.spec import InputSpec
 
 __all__ = ["capture_onnx", "read_onnx_bytes"]
 
@@ -17,8 +18,8 @@ logger = logging.getLogger(__name__)
 
 
 def read_onnx_bytes(path: str | Path) -> bytes:
-    """The bytes of an ONNX file: a regular file of at most :data:`~dippm_nas.spec.MAX_ONNX_BYTES`
-    (:func:`~dippm_nas.spec.read_onnx_file`).
+    """The bytes of an ONNX file: a regular file of at most :data:`~dippm_nas.capture.MAX_ONNX_BYTES`
+    (:func:`~dippm_nas.capture.read_onnx_file`).
 
     Raises:
         ModelSpecError: a missing path, a FIFO, device, directory or other non-regular file, or one over the
@@ -34,7 +35,7 @@ def capture_onnx(path: str | Path, spec: InputSpec, *, source: str = "", model_k
     position for a single-input spec. Dynamic dimensions are fixed from the spec.
 
     Raises:
-        ModelSpecError: ``path`` is not a regular file of at most :data:`~dippm_nas.spec.MAX_ONNX_BYTES`.
+        ModelSpecError: ``path`` is not a regular file of at most :data:`~dippm_nas.capture.MAX_ONNX_BYTES`.
         GraphCaptureError: the bytes are not a valid ONNX model, or Relax cannot convert it.
         InputShapeError: the spec names inputs the file does not have, or shapes that contradict it.
     """

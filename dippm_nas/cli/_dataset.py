@@ -45,7 +45,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     verbs = p.add_subparsers(dest="dataset_verb", metavar="SUBCOMMAND")
     verbs.required = True
+    _register_build(verbs)
+    _register_import(verbs)
+    _register_info_export(verbs)
 
+
+def _register_build(verbs: argparse._SubParsersAction) -> None:
+    """``dataset build``: its flags."""
     b = verbs.add_parser(
         "build", help="sample, convert and measure models of search spaces (resumable)",
         description="Plan N candidates from the seed, convert them in parallel (conversion cache), measure "
@@ -106,6 +112,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_json_flag(b, "the build report")
     b.set_defaults(func=run_build)
 
+
+def _register_import(verbs: argparse._SubParsersAction) -> None:
+    """``dataset import``: its flags."""
     i = verbs.add_parser(
         "import", help="import public measurements (../shared/data CSVs) into a dataset file",
         description="accel-nasbench: graph (MBConv space, 256x256) + A100/RTX 3090 latency per batch; "
@@ -125,6 +134,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_json_flag(i, "the import report (printed as JSON either way)")
     i.set_defaults(func=run_import)
 
+
+def _register_info_export(verbs: argparse._SubParsersAction) -> None:
+    """``dataset info`` (``stats`` a hidden alias) and ``dataset export``: their flags."""
     # one verb; `stats` is kept as a hidden alias
     s = verbs.add_parser("info", aliases=["stats"], help="summarise a dataset file (counts by source, device, "
                          "space, batch)")

@@ -212,13 +212,28 @@ def _plots(out: Path, rows: list[dict[str, Any]], jobs: list[Any], args: argpars
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    def plain_log(ax: Any, which: str = "xy") -> None:
-        fmt = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
-        for axis in ((ax.xaxis,) if which == "x" else (ax.xaxis, ax.yaxis)):
-            axis.set_major_formatter(fmt)
-            axis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    written = [_pareto_plot(out, rows, args, device, mig_limit_mib, plt)]
+    ok = [j for j in jobs if (j.result or {}).get("status") == "ok" and j.result.get("latency_ms")
+          and j.predicted.get("latency_ms")]
+    if ok:
+        written.append(_measured_plot(out, ok, args, plt))
+        written.append(_learning_curve_plot(out, ok, args, plt))
+    return written
 
-    written = []
+
+def _plain_log(ax: Any, which: str = "xy") -> None:
+    """Plain numbers (``0.5``, ``20``) on the log axes ``which`` (``"x"`` or ``"xy"``), no minor labels."""
+    import matplotlib.ticker
+
+    fmt = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
+    for axis in ((ax.xaxis,) if which == "x" else (ax.xaxis, ax.yaxis)):
+        axis.set_major_formatter(fmt)
+        axis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+
+
+def _pareto_plot(out: Path, rows: list[dict[str, Any]], args: argparse.Namespace, device: str,
+                 mig_limit_mib: float | None, plt: Any) -> Path:
+    """``pareto.png``: accuracy against predicted latency and energy, feasible, infeasible and the front."""
     fig, axes = plt.subplots(1, 2, figsize=(13.5, 5.6), constrained_layout=True)
     feas = [r for r in rows if r["feasible"] and r["latency_ms"] is not None]
     infe = [r for r in rows if not r["feasible"] and r["latency_ms"] is not None and math.isfinite(r["latency_ms"])]
@@ -245,7 +260,7 @@ def _plots(out: Path, rows: list[dict[str, Any]], jobs: list[Any], args: argpars
             ax.axvline(args.latency_budget_ms, color="tab:red", ls="--", lw=1,
                        label=f"latency budget ({args.latency_budget_ms:g} ms, mean + 1σ)")
         ax.set_xscale("log")
-        plain_log(ax, "x")
+        _plain_log(ax, "x")
         ax.set_xlabel(f"{device} {key.split('_')[0]} per batch of {args.batch}, {args.dtype} ({unit}, log scale); "
                       f"{'/'.join(sources[key])}, bars ±1σ", fontsize=9)
         ax.set_ylabel("held-out accuracy on digits")
@@ -258,12 +273,11 @@ def _plots(out: Path, rows: list[dict[str, Any]], jobs: list[Any], args: argpars
     p = out / "pareto.png"
     fig.savefig(p, dpi=120)
     plt.close(fig)
-    written.append(p)
+    return p
 
-    ok = [j for j in jobs if (j.result or {}).get("status") == "ok" and j.result.get("latency_ms")
-          and j.predicted.get("latency_ms")]
-    if not ok:
-        return written
+
+def _measured_plot(out: Path, ok: list[Any], args: argparse.Namespace, plt: Any) -> Path:
+    """``predicted_vs_measured.png``: the host-cpu latency of the measured candidates, unadapted and adapted."""
     fig, ax = plt.subplots(figsize=(6.8, 6.4), constrained_layout=True)
     meas = [float(j.result["latency_ms"]) for j in ok]
     raw = [float(j.predicted.get("latency_ms_unadapted", j.predicted["latency_ms"])) for j in ok]
@@ -286,7 +300,7 @@ def _plots(out: Path, rows: list[dict[str, Any]], jobs: list[Any], args: argpars
     ax.set_ylim(lo, hi)
     ax.set_xscale("log")
     ax.set_yscale("log")
-    plain_log(ax)
+    _plain_log(ax)
     ax.set_title(f"host CPU, float32, batch {args.validate_batch}: predicted vs measured latency\n"
                  f"{len(ok)} Pareto candidates measured on this CPU", fontsize=11)
     ax.set_xlabel("predicted host-cpu latency per batch (ms, log scale)")
@@ -296,9 +310,7 @@ def _plots(out: Path, rows: list[dict[str, Any]], jobs: list[Any], args: argpars
     p = out / "predicted_vs_measured.png"
     fig.savefig(p, dpi=120)
     plt.close(fig)
-    written.append(p)
-    written.append(_learning_curve_plot(out, ok, args, plt))
-    return written
+    return p
 
 
 def _adaptation_rounds(jobs: list[Any]) -> list[dict[str, Any]]:
@@ -389,15 +401,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    import optuna
     import torch
-    from tqdm.auto import tqdm
-    from tqdm.contrib.logging import logging_redirect_tqdm
 
     import search_spaces
-    from dippm_nas.measure import MeasureSettings
-    from dippm_nas.optuna import Budgets, HardwareCostModel, optuna_has_set_constraint, rdb_storage
-    from dippm_nas.validation import ParetoValidator, check_calibration
 
     deployment = deployment_from_args(args)
     data = search_spaces.load_digits(args.seed)  # scikit-learn missing fails here, with the install hint
@@ -409,6 +415,35 @@ def _run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     storage = args.storage or f"sqlite:///{out / 'demo.sqlite3'}"
     study_name = args.study_name or time.strftime("dippm-demo-%Y%m%d-%H%M%S")
+    _quiet()
+
+    from dippm_nas.optuna import Budgets, HardwareCostModel
+
+    cost = HardwareCostModel(device=args.device, budgets=Budgets(mig_profile=args.mig_profile,
+                                                                 latency_ms=args.latency_budget_ms),
+                             background_workers=args.background, deployment=deployment)
+    _print_plan(args, cost, storage, study_name, out)
+    study = _create_study(args, cost, storage, study_name)
+    validator = None if args.no_validate else _validator(args)
+    summary = _search(args, study, cost, validator, _objective(args, cost, data))
+
+    jobs = ([] if validator is None else
+            validator.queue_for(study).jobs(study=study_name, device=_HOST, status="done"))
+    rows = _rows(study, {j.trial_number: j for j in jobs})
+    _print_table(rows, args, cost.device)
+    _print_validation(args, cost.device, rows, jobs, summary)
+    _write_outputs(args, out, rows, jobs, cost, validator, summary,
+                   {"study": study_name, "storage": storage, "trials": len(rows)}, t_start)
+    wall = time.perf_counter() - t_start
+    print(f"done in {wall:.0f} s; the search waited {cost.seconds:.1f} s ({100 * cost.seconds / wall:.1f}%) on the cost "
+          f"model and {(validator.seconds if validator is not None else 0.0):.1f} s on validation measurements")
+    return 0
+
+
+def _quiet() -> None:
+    """Optuna's INFO lines and the library's duplicate warnings off: the progress bar is the output."""
+    import optuna
+
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     # The library logs its one-time notes (uncalibrated constants...) through logging; the duplicate
@@ -416,9 +451,9 @@ def _run(args: argparse.Namespace) -> int:
     warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"(dippm_nas|optuna|torch).*")
     warnings.filterwarnings("ignore", category=UserWarning, message=r".*[Ss]parse CSR.*")
 
-    cost = HardwareCostModel(device=args.device, budgets=Budgets(mig_profile=args.mig_profile,
-                                                                 latency_ms=args.latency_budget_ms),
-                             background_workers=args.background, deployment=deployment)
+
+def _print_plan(args: argparse.Namespace, cost: Any, storage: str, study_name: str, out: Path) -> None:
+    """What the demo searches, predicts, constrains and validates, and where it writes."""
     usable = f" ({cost.mig_limit_mib:.0f} MiB usable)" if cost.mig_limit_mib else ""
     print(f"dippm-nas demo: NAS of small CNNs on scikit-learn's digits ({args.trials} trials"
           f"{'' if args.seconds is None else f' or {args.seconds:g} s'}, {args.train_seconds:g} s of training each)")
@@ -436,6 +471,13 @@ def _run(args: argparse.Namespace) -> int:
               f"{cost.device} figures.")
     print(f"  storage: {storage}  study: {study_name}  output: {out}")
 
+
+def _create_study(args: argparse.Namespace, cost: Any, storage: str, study_name: str) -> Any:
+    """The multi-objective study (accuracy first, then the cost model's objectives) with the chosen sampler."""
+    import optuna
+
+    from dippm_nas.optuna import optuna_has_set_constraint, rdb_storage
+
     # Optuna >= 5 takes the constraints from trial.set_constraint; 4.x samplers need constraints_func.
     extra: dict[str, Any] = {} if optuna_has_set_constraint() else {"constraints_func": cost.constraints_func}
     if args.sampler == "tpe":
@@ -444,20 +486,31 @@ def _run(args: argparse.Namespace) -> int:
     else:
         sampler = optuna.samplers.NSGAIISampler(seed=args.seed, population_size=max(4, min(20, args.trials // 3)),
                                                 **extra)
-    study = cost.create_study(leading={"accuracy": "maximize"}, storage=rdb_storage(storage), study_name=study_name,
-                              sampler=sampler, load_if_exists=True)
-    validator = None
-    if not args.no_validate:
-        # threads=None: each candidate is measured at the torch thread count its host-cpu prediction is for
-        validator = ParetoValidator(
-            _HOST, every_n_trials=args.validate_every, max_per_round=args.validate_max,
-            batch_size=args.validate_batch, dtype="float32",
-            settings=MeasureSettings(warmup=3, min_repeats=5, max_repeats=50, time_cap_s=3.0),
-            adapt=not args.no_adapt,
-        )
+    return cost.create_study(leading={"accuracy": "maximize"}, storage=rdb_storage(storage), study_name=study_name,
+                             sampler=sampler, load_if_exists=True)
+
+
+def _validator(args: argparse.Namespace) -> Any:
+    """The Pareto validator measuring on this CPU (and adapting the host-cpu predictor unless ``--no-adapt``)."""
+    from dippm_nas.measure import MeasureSettings
+    from dippm_nas.validation import ParetoValidator
+
+    # threads=None: each candidate is measured at the torch thread count its host-cpu prediction is for
+    return ParetoValidator(
+        _HOST, every_n_trials=args.validate_every, max_per_round=args.validate_max,
+        batch_size=args.validate_batch, dtype="float32",
+        settings=MeasureSettings(warmup=3, min_repeats=5, max_repeats=50, time_cap_s=3.0),
+        adapt=not args.no_adapt,
+    )
+
+
+def _objective(args: argparse.Namespace, cost: Any, data: Any) -> Any:
+    """The trial objective: a ``demo_cnn`` candidate trained on the digits while its costs are predicted."""
+    import search_spaces
+
     space = search_spaces.get_space("demo_cnn")
 
-    def objective(trial: optuna.Trial) -> tuple[float, ...]:
+    def objective(trial: Any) -> tuple[float, ...]:
         cfg = space.validate(search_spaces.suggest_demo_cnn(trial))
         model = search_spaces.build_model("demo_cnn", cfg, seed=args.seed + trial.number)
         # predicted while it trains: conversion in a background process, records in a background thread
@@ -471,16 +524,23 @@ def _run(args: argparse.Namespace) -> int:
             trial.set_user_attr(k, getattr(res, k))
         return (res.accuracy, *hw)
 
-    bar = tqdm(total=args.trials, desc="trials", unit="trial", dynamic_ncols=True)
-    n_rounds = [0]
+    return objective
 
-    def report_round(study: optuna.Study, r: Any) -> None:
+
+class _Progress:
+    """The trial callback drawing the progress bar, and each validation round's report above it."""
+
+    def __init__(self, args: argparse.Namespace, bar: Any, validator: Any) -> None:
+        self.args, self.bar, self.validator = args, bar, validator
+        self.rounds = 0
+
+    def report_round(self, study: Any, r: Any) -> None:
         """What the round measured, how far the adaptation got, and the error of this round's candidates (predicted
         before they were measured) without and with the adaptation of the rounds before."""
-        assert validator is not None
+        bar, validator = self.bar, self.validator
         bar.write(f"  validation round {len(validator.rounds)}: measured trials {r.enqueued} on this CPU "
                   f"({r.seconds:.1f} s)")
-        if args.no_adapt or not r.enqueued:
+        if self.args.no_adapt or not r.enqueued:
             return
         if r.adaptation_version is None:
             bar.write(f"    host-cpu not adapted yet: adapt() needs {_MIN_ADAPT_ROWS} measured candidates")
@@ -494,19 +554,30 @@ def _run(args: argparse.Namespace) -> int:
                       f"rows: latency MAPE {a['latency_mape_unadapted_pct']:.0f}% unadapted -> "
                       f"{a['latency_mape_adapted_pct']:.0f}% adapted")
 
-    def progress(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        bar.update(1)
+    def __call__(self, study: Any, trial: Any) -> None:
+        import optuna
+
+        self.bar.update(1)
         done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
         feas = [t for t in done if t.user_attrs.get("feasible")]
         best = max((t.values[0] for t in feas), default=float("nan"))
         post = {"best_acc": f"{best:.3f}", "feasible": f"{len(feas)}/{len(done)}"}
-        if validator is not None:
-            if len(validator.rounds) > n_rounds[0]:
-                n_rounds[0] = len(validator.rounds)
-                report_round(study, validator.rounds[-1])
-            post["validated"] = str(sum(len(r.enqueued) for r in validator.rounds))
-        bar.set_postfix(post)
+        if self.validator is not None:
+            if len(self.validator.rounds) > self.rounds:
+                self.rounds = len(self.validator.rounds)
+                self.report_round(study, self.validator.rounds[-1])
+            post["validated"] = str(sum(len(r.enqueued) for r in self.validator.rounds))
+        self.bar.set_postfix(post)
 
+
+def _search(args: argparse.Namespace, study: Any, cost: Any, validator: Any, objective: Any) -> Any:
+    """Run the trials under a progress bar (the validator measuring between them), then the final validation
+    round; closes the cost model. Returns the validation summary (``None`` without a validator)."""
+    from tqdm.auto import tqdm
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    bar = tqdm(total=args.trials, desc="trials", unit="trial", dynamic_ncols=True)
+    progress = _Progress(args, bar, validator)
     callbacks = [validator, progress] if validator is not None else [progress]
     with logging_redirect_tqdm():  # the root handler the CLI configured, written above the bar
         try:
@@ -515,48 +586,54 @@ def _run(args: argparse.Namespace) -> int:
         finally:
             bar.close()
             cost.close()
-        summary = None
-        if validator is not None:
-            print("final validation round ...", flush=True)
-            summary = validator.finish(study)
+        if validator is None:
+            return None
+        print("final validation round ...", flush=True)
+        return validator.finish(study)
 
-    jobs = ([] if validator is None else
-            validator.queue_for(study).jobs(study=study_name, device=_HOST, status="done"))
-    rows = _rows(study, {j.trial_number: j for j in jobs})
-    _print_table(rows, args, cost.device)
 
-    check = check_calibration(jobs)
+def _print_validation(args: argparse.Namespace, device: str, rows: list[dict[str, Any]], jobs: list[Any],
+                      summary: Any) -> None:
+    """What was predicted (and cannot be checked here), and the host-cpu error before and after adaptation."""
     srcs = {k: sorted({str(r[k]) for r in rows if r[k]}) or ["-"]
             for k in ("latency_source", "energy_source", "memory_source")}
     print("\nValidation:")
-    print(f"  {cost.device} figures are PREDICTED (latency {'/'.join(srcs['latency_source'])}, energy "
+    print(f"  {device} figures are PREDICTED (latency {'/'.join(srcs['latency_source'])}, energy "
           f"{'/'.join(srcs['energy_source'])}, memory {'/'.join(srcs['memory_source'])}) and cannot be validated "
           f"here: this machine has no such GPU. On one that has, run "
-          f"`dippm-nas validate-worker --storage URL --device {cost.device}`.")
+          f"`dippm-nas validate-worker --storage URL --device {device}`.")
     if "analytic" in srcs["latency_source"]:
         print("  latency 'analytic': these CNNs lie beyond the novelty the checkpoint's correction was validated to "
               "on unseen families, so its analytic prior answers, with the σ of the correction's bound.")
-    if summary is not None:
-        print(f"  {_HOST} (float32, batch {args.validate_batch}): {summary.measured} Pareto candidate(s) measured "
-              f"({summary.ok} ok, {summary.does_not_fit} did not fit, {summary.timeouts} timed out, "
-              f"{summary.errors} errors)")
-        first = [j for j in jobs if (j.result or {}).get("status") == "ok" and "latency_ms_unadapted" not in j.predicted]
-        if first:
-            ape = [abs(float(j.predicted["latency_ms"]) / float(j.result["latency_ms"]) - 1) * 100 for j in first]
-            print(f"    predicted before any adaptation: latency MAPE {sum(ape) / len(ape):.0f}% on {len(first)} "
-                  "candidate(s)")
-        adapted = _adaptation_rounds(jobs)
-        for a in adapted:
-            print(f"    predicted with the adaptation on {a['rows']} measured candidates (version {a['version']}), "
-                  f"{a['candidates']} candidate(s) measured later: latency MAPE {a['latency_mape_unadapted_pct']:.0f}% "
-                  f"unadapted -> {a['latency_mape_adapted_pct']:.0f}% adapted")
-        if not adapted and not args.no_adapt:
-            print("    no candidate was predicted with an adaptation before being measured in this run (it needs "
-                  f"{_MIN_ADAPT_ROWS} measured candidates first; more trials or a smaller --validate-every give later "
-                  "rounds)")
-    else:
+    if summary is None:
         print("  skipped (--no-validate)")
+        return
+    print(f"  {_HOST} (float32, batch {args.validate_batch}): {summary.measured} Pareto candidate(s) measured "
+          f"({summary.ok} ok, {summary.does_not_fit} did not fit, {summary.timeouts} timed out, "
+          f"{summary.errors} errors)")
+    first = [j for j in jobs if (j.result or {}).get("status") == "ok" and "latency_ms_unadapted" not in j.predicted]
+    if first:
+        ape = [abs(float(j.predicted["latency_ms"]) / float(j.result["latency_ms"]) - 1) * 100 for j in first]
+        print(f"    predicted before any adaptation: latency MAPE {sum(ape) / len(ape):.0f}% on {len(first)} "
+              "candidate(s)")
+    adapted = _adaptation_rounds(jobs)
+    for a in adapted:
+        print(f"    predicted with the adaptation on {a['rows']} measured candidates (version {a['version']}), "
+              f"{a['candidates']} candidate(s) measured later: latency MAPE {a['latency_mape_unadapted_pct']:.0f}% "
+              f"unadapted -> {a['latency_mape_adapted_pct']:.0f}% adapted")
+    if not adapted and not args.no_adapt:
+        print("    no candidate was predicted with an adaptation before being measured in this run (it needs "
+              f"{_MIN_ADAPT_ROWS} measured candidates first; more trials or a smaller --validate-every give later "
+              "rounds)")
 
+
+def _write_outputs(args: argparse.Namespace, out: Path, rows: list[dict[str, Any]], jobs: list[Any], cost: Any,
+                   validator: Any, summary: Any, head: dict[str, Any], t_start: float) -> None:
+    """``trials.csv``, the plots (unless ``--no-plot`` or without matplotlib) and ``summary.json`` (``head`` first:
+    study, storage, trials; then the seconds since ``t_start``, a ``time.perf_counter()``)."""
+    from dippm_nas.validation import check_calibration
+
+    check = check_calibration(jobs)
     csv_path = out / "trials.csv"
     if rows:
         with csv_path.open("w", newline="") as f:
@@ -576,8 +653,7 @@ def _run(args: argparse.Namespace) -> int:
             written = _plots(out, rows, jobs, args, cost.device, cost.mig_limit_mib)
     summary_path = out / "summary.json"
     summary_path.write_text(json.dumps({
-        "study": study_name, "storage": storage, "trials": len(rows), "seconds": time.perf_counter() - t_start,
-        "cost_model_s": cost.seconds, "validation_s": validator.seconds if validator is not None else 0.0,
+        **head, "seconds": time.perf_counter() - t_start, "cost_model_s": cost.seconds, "validation_s": validator.seconds if validator is not None else 0.0,
         "device": cost.device, "dtype": args.dtype, "batch": args.batch, "mig_profile": args.mig_profile,
         "latency_budget_ms": args.latency_budget_ms,
         "validation": summary.to_dict() if summary is not None else None,
@@ -585,10 +661,6 @@ def _run(args: argparse.Namespace) -> int:
         "adaptation": _adaptation_rounds(jobs),
         "pareto": [r for r in rows if r["pareto"]],
     }, indent=1))
-    wall = time.perf_counter() - t_start
     if plot_note:
         print(f"\n{plot_note}")
     print(f"\nwrote {', '.join(str(p) for p in [*written, csv_path, summary_path])}")
-    print(f"done in {wall:.0f} s; the search waited {cost.seconds:.1f} s ({100 * cost.seconds / wall:.1f}%) on the cost "
-          f"model and {(validator.seconds if validator is not None else 0.0):.1f} s on validation measurements")
-    return 0

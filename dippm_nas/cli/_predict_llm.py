@@ -67,7 +67,7 @@ def _load(spec: str) -> Any:
     from pathlib import Path
 
     from dippm_nas.llm import ARCHITECTURES, decoder_config
-    from dippm_nas.spec import load_callable
+    from dippm_nas.capture import load_callable
 
     if spec in ARCHITECTURES or Path(spec).exists():
         return decoder_config(spec)

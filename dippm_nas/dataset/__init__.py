@@ -2,7 +2,7 @@
 
 ``build_dataset`` plans candidates from the search spaces, converts them in parallel and measures them
 one at a time, resumably (:mod:`dippm_nas.dataset._builder`); the importers bring public GPU data
-into the same file (:mod:`dippm_nas.dataset._importers`); ``load_measurements`` hands
+into the same file (:mod:`dippm_nas.dataset.importers`: one module per source, one import loop); ``load_measurements`` hands
 ``(graph, spec, measurement)`` examples to training; ``export_jsonl`` writes a compressed copy to commit.
 The file layout is described in :mod:`dippm_nas.dataset._store`.
 """
@@ -10,8 +10,9 @@ The file layout is described in :mod:`dippm_nas.dataset._store`.
 from dippm_nas.dataset._builder import DEFAULT_BUILD_SETTINGS, BuildReport, build_dataset, measurement_row
 from dippm_nas.errors import DatasetError
 from dippm_nas.dataset._export import export_jsonl, iter_jsonl, open_text
-from dippm_nas.dataset._importers import (
+from dippm_nas.dataset.importers import (
     ImportReport,
+    Source,
     device_id,
     import_accel_nasbench,
     import_campaign,
@@ -19,6 +20,7 @@ from dippm_nas.dataset._importers import (
     import_ryujaehun,
     import_timm,
     import_vidur,
+    run_import,
 )
 from dippm_nas.dataset._load import MeasuredGraph, load_measurements
 from dippm_nas.dataset._plan import Candidate, Plan, macs_per_sample, plan_candidates
@@ -52,4 +54,6 @@ __all__ = [
     "import_campaign",
     "ImportReport",
     "device_id",
+    "Source",
+    "run_import",
 ]

@@ -159,7 +159,8 @@ def _normalise_explicit(candidates: Sequence[Mapping[str, Any]], batch_sizes: Se
     out: list[Candidate] = []
     for i, c in enumerate(candidates):
         if not isinstance(c, Mapping) or "space" not in c or "config" not in c:
-            raise DatasetError(f"candidate {i} must be a mapping with 'space' and 'config' (and 'batch_size'), got {c!r}")
+            raise DatasetError(f"candidate {i} must be a mapping with 'space' and 'config' (and 'batch_size'), "
+                               f"got {c!r}")
         try:
             canonical_json(c["config"])
         except (TypeError, ValueError) as e:
@@ -185,30 +186,13 @@ def _chunked(seq: Sequence[Job], size: int) -> Iterator[list[Job]]:
 
 
 def build_dataset(
-    out: str | Path,
-    *,
-    spaces: Sequence[str] = (),
-    n: int = 0,
-    torch_device: str = "cpu",
-    batch_sizes: Sequence[int] = (1, 8, 32),
-    dtype: str = "float32",
-    seed: int = 0,
-    settings: MeasureSettings | None = None,
-    mac_budget: int | None = 300_000_000,
-    candidates: Sequence[Mapping[str, Any]] | None = None,
-    workers: int = 2,
-    chunk_size: int = 256,
-    overlap: bool = True,
-    pin_cpu: int | None = None,
-    max_attempts: int = 2,
-    cache: Any = True,
-    measure_fn: MeasureFn | None = None,
-    progress: bool = True,
-    stop_after: int | None = None,
-    retry_failed: Sequence[str] = (),
-    isolate: bool = False,
-    rounds: int = 0,
-    op_profiles: str | Path | None = None,
+    out: str | Path, *, spaces: Sequence[str] = (), n: int = 0, torch_device: str = "cpu",
+    batch_sizes: Sequence[int] = (1, 8, 32), dtype: str = "float32", seed: int = 0,
+    settings: MeasureSettings | None = None, mac_budget: int | None = 300_000_000,
+    candidates: Sequence[Mapping[str, Any]] | None = None, workers: int = 2, chunk_size: int = 256,
+    overlap: bool = True, pin_cpu: int | None = None, max_attempts: int = 2, cache: Any = True,
+    measure_fn: MeasureFn | None = None, progress: bool = True, stop_after: int | None = None,
+    retry_failed: Sequence[str] = (), isolate: bool = False, rounds: int = 0, op_profiles: str | Path | None = None,
     device: Any = MISSING,
 ) -> BuildReport:
     """Build (or resume building) a measured dataset in the SQLite file ``out``.
@@ -258,205 +242,296 @@ def build_dataset(
         DatasetError: invalid arguments; SearchSpaceError: unknown space; MeasurementError /
             DeviceError: the measurer refused the device or settings (the job is left open).
     """
-    from tqdm.auto import tqdm
-
-    device = renamed_keyword("build_dataset", "device", "torch_device", device, torch_device, "cpu", removed_in="0.2")
     t_start = time.perf_counter()
-    if dtype not in COMPUTE_DTYPES:
-        raise DatasetError(f"dtype must be one of {COMPUTE_DTYPES}, got {dtype!r}")
-    if not isinstance(device, str) or not (device == "cpu" or device.startswith("cuda")):
-        raise DatasetError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
-    workers = as_int(workers, "workers", low=1, error=DatasetError)
-    chunk_size = as_int(chunk_size, "chunk_size", low=1, error=DatasetError)
-    max_attempts = as_int(max_attempts, "max_attempts", low=1, error=DatasetError)
-    if pin_cpu is not None:
-        allowed = _affinity() or []
-        if pin_cpu not in allowed:
-            raise DatasetError(f"pin_cpu must be one of the CPUs this process may use {allowed}, got {pin_cpu!r}")
-    rounds = as_int(rounds, "rounds", low=0, error=DatasetError)
-    if rounds and (device != "cpu" or isolate):
-        raise DatasetError(f"rounds (interleaved latency timing) needs torch_device='cpu' and isolate=False, got "
-                           f"torch_device={device!r}, isolate={isolate!r}")
-    if op_profiles is not None and (device != "cpu" or isolate):
-        raise DatasetError(f"op_profiles (in-place operator times) needs torch_device='cpu' and isolate=False, got "
-                           f"torch_device={device!r}, isolate={isolate!r}")
-    bad = sorted(set(retry_failed) - {"timeout", "oom", "error"})
-    if bad:
-        raise DatasetError(f"retry_failed takes the statuses 'timeout', 'oom', 'error', got {bad}")
-    settings = settings if settings is not None else DEFAULT_BUILD_SETTINGS
-    measure_fn = measure_fn if measure_fn is not None else _default_measure
-    if candidates is None and (not spaces or n < 1):
-        raise DatasetError(f"give spaces and n >= 1 (or explicit candidates); got spaces={list(spaces)!r}, n={n!r}")
-
+    device = renamed_keyword("build_dataset", "device", "torch_device", device, torch_device, "cpu", removed_in="0.2")
+    opts = _Options.checked(
+        device=device, dtype=dtype, workers=workers, chunk_size=chunk_size, max_attempts=max_attempts,
+        pin_cpu=pin_cpu, rounds=rounds, isolate=isolate, op_profiles=op_profiles, retry_failed=retry_failed,
+        settings=settings, measure_fn=measure_fn, cache=cache, progress=progress, stop_after=stop_after,
+        overlap=overlap)
+    _check_plan_args(candidates, spaces, n)
     store = DatasetStore(out)
-    profiler = _Profiler(OpProfileWriter(op_profiles), settings) if op_profiles is not None else None
+    profiler = _Profiler(OpProfileWriter(op_profiles), opts.settings) if op_profiles is not None else None
     try:
-        # ---------------------------------------------------------------- 1. plan
-        if candidates is not None:
-            explicit = _normalise_explicit(candidates, batch_sizes)
-            params: dict[str, Any] = {
-                "kind": "explicit", "dtype": dtype, "device": device,
-                "candidates": [[c.space, c.config, c.batch_size] for c in explicit],
-            }
-            plan: Plan | None = Plan(candidates=explicit, params=params)
-        else:
-            params = {"kind": "sampled", "spaces": list(spaces), "n": n, "batch_sizes": list(batch_sizes),
-                      "seed": seed, "mac_budget": mac_budget, "dtype": dtype, "device": device}
-            plan = None
-        key = plan_key(params)
-        job_ids = store.plan_job_ids(key)
-        resumed = job_ids is not None
-        plan_stats: dict[str, Any] = {}
-        if job_ids is None:
-            if plan is None:
-                logger.info("planning %d candidates over %s (seed %d, MAC budget %s)", n, list(spaces), seed,
-                            mac_budget)
-                t0 = time.perf_counter()
-                plan = plan_candidates(spaces, n, batch_sizes=batch_sizes, seed=seed, mac_budget=mac_budget,
-                                       workers=workers, extra={"dtype": dtype, "device": device},
-                                       progress=progress)
-                plan_stats = {"rejected_over_budget": plan.rejected_over_budget, "duplicates": plan.duplicates,
-                              "shortfall": plan.shortfall, "planning_s": time.perf_counter() - t0}
-            stored_params = {**plan.params, **({"stats": plan_stats} if plan_stats else {})}
-            job_ids = store.save_plan(key, stored_params, [
-                {"space": c.space, "config": c.config, "batch_size": c.batch_size, "dtype": dtype,
-                 "device": device, "status": c.status, "reason": c.reason, "macs_per_sample": c.macs_per_sample}
-                for c in plan.candidates
-            ])
-            logger.info("plan %s stored: %d jobs", key[:12], len(job_ids))
-        else:
-            logger.info("resuming plan %s: %d jobs", key[:12], len(job_ids))
-        report = BuildReport(path=str(store.path), plan_key=key, planned=len(job_ids), resumed=resumed,
-                             plan_stats=plan_stats)
-
-        reopened = store.reopen_failed(job_ids, list(retry_failed))
-        if reopened:
-            logger.info("reopened %d failed jobs (%s) to measure again", reopened, ", ".join(retry_failed))
-
-        # ------------------------------------------------- jobs a dead process left running
-        open_jobs = store.jobs(job_ids, status=_OPEN)
-        for job in [j for j in open_jobs if j.status == "running" and j.attempts >= max_attempts]:
-            store.finish_job(job, _failed_row(
-                f"the build process died while measuring this job in each of its {job.attempts} attempts "
-                "(a crash, the kernel's OOM killer, or a kill); not retried"))
-            report.failed_now += 1
-        open_jobs = store.jobs(job_ids, status=_OPEN)
-
-        # ------------------------------------------------- 2 + 3. convert and measure, chunk by chunk
-        base_affinity = _affinity()
-        measure_cpus = {pin_cpu} if pin_cpu is not None else None
-        convert_cpus = (set(base_affinity or []) - {pin_cpu}) or None if pin_cpu is not None else None
-        use_overlap = overlap and workers >= 2
-        static_env = {
-            "builder": f"dippm_nas.dataset.build_dataset (dippm-nas {__version__})",
-            "plan_key": key, "pinned_cpu": pin_cpu, "cpu_count": os.cpu_count(),
-            "conversion_overlapped": use_overlap, "conversion_workers": workers, "isolated_worker": isolate,
-        }
-        if rounds:
-            static_env["latency_schedule"] = {"kind": "interleaved", "rounds": rounds,
-                                              "per_round": settings.min_repeats, "untimed_per_round": 1}
-
-        def convert(chunk: list[Job]) -> tuple[int, int]:
-            todo = [j for j in chunk if j.status == "pending"]
-            if not todo:
-                return 0, 0
-            if convert_cpus:
-                _set_affinity(convert_cpus)  # this thread; the spawned workers inherit it
-            items, ready = [], []
-            failed = 0
-            for j in todo:
-                try:
-                    spec = ss.get_space(j.space).input_spec(j.config, batch_size=j.batch_size, dtype=j.dtype)
-                except SearchSpaceError as e:
-                    store.finish_job(j, _failed_row(f"config rejected: {e}"))
-                    failed += 1
-                    continue
-                items.append((j.space, j.config, spec))
-                ready.append(j)
-            results = assemble_many(items, workers=workers, cache=cache, progress=progress and not use_overlap)
-            converted = []
-            for j, r in zip(ready, results):
-                if r.graph is not None:
-                    converted.append((j, r.graph))
-                else:
-                    store.finish_job(j, _failed_row(f"capture failed: {r.error}"))
-                    failed += 1
-            store.mark_converted(converted)
-            return len(converted), failed
-
-        to_measure = len(open_jobs) if stop_after is None else min(stop_after, len(open_jobs))
-        bar = tqdm(total=to_measure, desc="measuring", unit="model", disable=not progress, mininterval=2.0)
-        chunks = list(_chunked(open_jobs, chunk_size)) if open_jobs else []
-        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dippm-convert") if use_overlap else None
-        measured_here = 0
-        try:
-            if measure_cpus:
-                _set_affinity(measure_cpus)
-            pending_conv: Future | None = None
-            if chunks and pool is not None:
-                pending_conv = pool.submit(convert, chunks[0])
-            for ci, chunk in enumerate(chunks):
-                if stop_after is not None and measured_here >= stop_after and ci > 0:
-                    break
-                if pool is not None:
-                    assert pending_conv is not None
-                    conv_ok, conv_failed = pending_conv.result()
-                    pending_conv = pool.submit(convert, chunks[ci + 1]) if ci + 1 < len(chunks) else None
-                else:
-                    conv_ok, conv_failed = convert(chunk)
-                report.failed_now += conv_failed
-                held: list[_Held] = []
-                for job in store.jobs([j.id for j in chunk], status=("converted", "running")):
-                    if stop_after is not None and measured_here >= stop_after:
-                        break
-                    result = _measure_job(store, job, device, settings, measure_fn, static_env, isolate,
-                                          hold=rounds > 0, profiler=profiler)
-                    measured_here += 1
-                    if isinstance(result, _Held):
-                        held.append(result)
-                    elif result:
-                        report.measured_now += 1
-                    else:
-                        report.failed_now += 1
-                    bar.update(1)
-                    bar.set_postfix(ok=report.measured_now, failed=report.failed_now, refresh=False)
-                if held:
-                    if pending_conv is not None:
-                        pending_conv.result()  # the rounds run with no conversion beside them
-                    bar.set_description(f"interleaved rounds ({len(held)} models)")
-                    ok_n = _finish_rounds(store, held, settings, rounds, profiler)
-                    report.measured_now += ok_n
-                    report.failed_now += len(held) - ok_n
-                    bar.set_description("measuring")
-                    bar.set_postfix(ok=report.measured_now, failed=report.failed_now, refresh=False)
-                del held
-                gc.collect()
-            if pending_conv is not None:
-                pending_conv.result()
-        finally:
-            bar.close()
-            if pool is not None:
-                pool.shutdown(wait=True, cancel_futures=True)
-            if measure_cpus and base_affinity:
-                _set_affinity(set(base_affinity))
-        if profiler is not None:
-            report.profiled_now = profiler.written
-        final = store.jobs(job_ids)
-        report.done = sum(j.status == "done" for j in final)
-        report.failed = sum(j.status == "failed" for j in final)
-        report.open = sum(j.status in _OPEN for j in final)
-        report.seconds = time.perf_counter() - t_start
-        logger.info("build %s: %d done, %d failed, %d open (this run: %d measured, %d failed, %.0f s)",
-                    key[:12], report.done, report.failed, report.open, report.measured_now, report.failed_now,
-                    report.seconds)
-        store.set_meta(f"build:{key}", {"params": params, "last_run": {
-            "done": report.done, "failed": report.failed, "open": report.open, "seconds": report.seconds,
-            "settings": settings.to_dict()}})
-        return report
+        plan = _plan(store, opts, candidates=candidates, spaces=spaces, n=n, batch_sizes=batch_sizes, seed=seed,
+                     mac_budget=mac_budget)
+        report = BuildReport(path=str(store.path), plan_key=plan.key, planned=len(plan.job_ids),
+                             resumed=plan.resumed, plan_stats=plan.stats)
+        open_jobs = _open_jobs(store, plan, opts, report)
+        _Measurer(store, opts, plan, report, profiler).run(open_jobs)
+        return _stored_report(store, opts, plan, report, profiler, t_start)
     finally:
         store.close()
         if profiler is not None:
             profiler.writer.close()
+
+
+@dataclass(frozen=True)
+class _Options:
+    """The checked options of :func:`build_dataset` (its arguments, less the plan's)."""
+
+    device: str
+    dtype: str
+    workers: int
+    chunk_size: int
+    max_attempts: int
+    pin_cpu: int | None
+    rounds: int
+    isolate: bool
+    op_profiles: str | Path | None
+    retry_failed: Sequence[str]
+    settings: MeasureSettings
+    measure_fn: MeasureFn
+    cache: Any
+    progress: bool
+    stop_after: int | None
+    overlap: bool
+
+    @property
+    def use_overlap(self) -> bool:
+        """Whether the next chunk is converted while this one is measured."""
+        return self.overlap and self.workers >= 2
+
+    @classmethod
+    def checked(cls, **kw: Any) -> "_Options":
+        """The options, each checked (an invalid one is a :class:`DatasetError` naming it, the value and the rule);
+        ``settings`` and ``measure_fn`` of ``None`` are the defaults."""
+        device, isolate = kw["device"], kw["isolate"]
+        if kw["dtype"] not in COMPUTE_DTYPES:
+            raise DatasetError(f"dtype must be one of {COMPUTE_DTYPES}, got {kw['dtype']!r}")
+        if not isinstance(device, str) or not (device == "cpu" or device.startswith("cuda")):
+            raise DatasetError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+        for name, low in (("workers", 1), ("chunk_size", 1), ("max_attempts", 1), ("rounds", 0)):
+            kw[name] = as_int(kw[name], name, low=low, error=DatasetError)
+        if kw["pin_cpu"] is not None:
+            allowed = _affinity() or []
+            if kw["pin_cpu"] not in allowed:
+                raise DatasetError(f"pin_cpu must be one of the CPUs this process may use {allowed}, got "
+                                   f"{kw['pin_cpu']!r}")
+        if kw["rounds"] and (device != "cpu" or isolate):
+            raise DatasetError(f"rounds (interleaved latency timing) needs torch_device='cpu' and isolate=False, got "
+                               f"torch_device={device!r}, isolate={isolate!r}")
+        if kw["op_profiles"] is not None and (device != "cpu" or isolate):
+            raise DatasetError(f"op_profiles (in-place operator times) needs torch_device='cpu' and isolate=False, "
+                               f"got torch_device={device!r}, isolate={isolate!r}")
+        bad = sorted(set(kw["retry_failed"]) - {"timeout", "oom", "error"})
+        if bad:
+            raise DatasetError(f"retry_failed takes the statuses 'timeout', 'oom', 'error', got {bad}")
+        kw["settings"] = kw["settings"] if kw["settings"] is not None else DEFAULT_BUILD_SETTINGS
+        kw["measure_fn"] = kw["measure_fn"] if kw["measure_fn"] is not None else _default_measure
+        return cls(**kw)
+
+
+# ---------------------------------------------------------------------------- 1. plan
+def _check_plan_args(candidates: Sequence[Mapping[str, Any]] | None, spaces: Sequence[str], n: int) -> None:
+    """:class:`DatasetError` unless there are explicit candidates, or spaces and ``n >= 1`` to sample."""
+    if candidates is None and (not spaces or n < 1):
+        raise DatasetError(f"give spaces and n >= 1 (or explicit candidates); got spaces={list(spaces)!r}, n={n!r}")
+
+
+@dataclass(frozen=True)
+class _StoredPlan:
+    """The plan of a build as stored: its key, the parameters it is keyed by, its jobs."""
+
+    key: str
+    params: dict[str, Any]
+    job_ids: list[int]
+    resumed: bool
+    stats: dict[str, Any]
+
+
+def _plan(store: DatasetStore, opts: _Options, *, candidates: Sequence[Mapping[str, Any]] | None,
+          spaces: Sequence[str], n: int, batch_sizes: Sequence[int], seed: int,
+          mac_budget: int | None) -> _StoredPlan:
+    """The stored plan of these arguments: found (a rerun) or drawn and stored in one transaction."""
+    plan: Plan | None = None
+    if candidates is not None:
+        explicit = _normalise_explicit(candidates, batch_sizes)
+        params: dict[str, Any] = {
+            "kind": "explicit", "dtype": opts.dtype, "device": opts.device,
+            "candidates": [[c.space, c.config, c.batch_size] for c in explicit],
+        }
+        plan = Plan(candidates=explicit, params=params)
+    else:
+        params = {"kind": "sampled", "spaces": list(spaces), "n": n, "batch_sizes": list(batch_sizes),
+                  "seed": seed, "mac_budget": mac_budget, "dtype": opts.dtype, "device": opts.device}
+    key = plan_key(params)
+    job_ids = store.plan_job_ids(key)
+    if job_ids is not None:
+        logger.info("resuming plan %s: %d jobs", key[:12], len(job_ids))
+        return _StoredPlan(key, params, job_ids, True, {})
+    stats: dict[str, Any] = {}
+    if plan is None:
+        logger.info("planning %d candidates over %s (seed %d, MAC budget %s)", n, list(spaces), seed, mac_budget)
+        t0 = time.perf_counter()
+        plan = plan_candidates(spaces, n, batch_sizes=batch_sizes, seed=seed, mac_budget=mac_budget,
+                               workers=opts.workers, extra={"dtype": opts.dtype, "device": opts.device},
+                               progress=opts.progress)
+        stats = {"rejected_over_budget": plan.rejected_over_budget, "duplicates": plan.duplicates,
+                 "shortfall": plan.shortfall, "planning_s": time.perf_counter() - t0}
+    job_ids = store.save_plan(key, {**plan.params, **({"stats": stats} if stats else {})}, [
+        {"space": c.space, "config": c.config, "batch_size": c.batch_size, "dtype": opts.dtype,
+         "device": opts.device, "status": c.status, "reason": c.reason, "macs_per_sample": c.macs_per_sample}
+        for c in plan.candidates
+    ])
+    logger.info("plan %s stored: %d jobs", key[:12], len(job_ids))
+    return _StoredPlan(key, params, job_ids, False, stats)
+
+
+def _open_jobs(store: DatasetStore, plan: _StoredPlan, opts: _Options, report: BuildReport) -> list[Job]:
+    """The plan's unfinished jobs, once ``retry_failed`` ones are reopened and the jobs a process kept dying on
+    (``max_attempts`` attempts left ``running``) are stored as failed."""
+    reopened = store.reopen_failed(plan.job_ids, list(opts.retry_failed))
+    if reopened:
+        logger.info("reopened %d failed jobs (%s) to measure again", reopened, ", ".join(opts.retry_failed))
+    for job in store.jobs(plan.job_ids, status=_OPEN):
+        if job.status == "running" and job.attempts >= opts.max_attempts:
+            store.finish_job(job, _failed_row(
+                f"the build process died while measuring this job in each of its {job.attempts} attempts "
+                "(a crash, the kernel's OOM killer, or a kill); not retried"))
+            report.failed_now += 1
+    return store.jobs(plan.job_ids, status=_OPEN)
+
+
+# ---------------------------------------------------------------------------- 2 + 3. convert and measure
+class _Measurer:
+    """Converts the open jobs chunk by chunk (the next chunk in a thread while this one is measured, with
+    ``overlap``) and measures each converted job, storing its row with the job's final status."""
+
+    def __init__(self, store: DatasetStore, opts: _Options, plan: _StoredPlan, report: BuildReport,
+                 profiler: _Profiler | None) -> None:
+        self.store, self.opts, self.report, self.profiler = store, opts, report, profiler
+        self.base_affinity = _affinity()
+        pin = opts.pin_cpu
+        self.measure_cpus = {pin} if pin is not None else None
+        self.convert_cpus = (set(self.base_affinity or []) - {pin}) or None if pin is not None else None
+        self.env: dict[str, Any] = {
+            "builder": f"dippm_nas.dataset.build_dataset (dippm-nas {__version__})",
+            "plan_key": plan.key, "pinned_cpu": pin, "cpu_count": os.cpu_count(),
+            "conversion_overlapped": opts.use_overlap, "conversion_workers": opts.workers,
+            "isolated_worker": opts.isolate,
+        }
+        if opts.rounds:
+            self.env["latency_schedule"] = {"kind": "interleaved", "rounds": opts.rounds,
+                                            "per_round": opts.settings.min_repeats, "untimed_per_round": 1}
+        self.measured_here = 0
+        self.bar: Any = None  # the progress bar of a run
+
+    def convert(self, chunk: list[Job]) -> tuple[int, int]:
+        """Convert the chunk's ``pending`` jobs (``assemble_many``); returns (converted, failed)."""
+        todo = [j for j in chunk if j.status == "pending"]
+        if not todo:
+            return 0, 0
+        if self.convert_cpus:
+            _set_affinity(self.convert_cpus)  # this thread; the spawned workers inherit it
+        items, ready = [], []
+        failed = 0
+        for j in todo:
+            try:
+                spec = ss.get_space(j.space).input_spec(j.config, batch_size=j.batch_size, dtype=j.dtype)
+            except SearchSpaceError as e:
+                self.store.finish_job(j, _failed_row(f"config rejected: {e}"))
+                failed += 1
+                continue
+            items.append((j.space, j.config, spec))
+            ready.append(j)
+        results = assemble_many(items, workers=self.opts.workers, cache=self.opts.cache,
+                                progress=self.opts.progress and not self.opts.use_overlap)
+        converted = []
+        for j, r in zip(ready, results):
+            if r.graph is not None:
+                converted.append((j, r.graph))
+            else:
+                self.store.finish_job(j, _failed_row(f"capture failed: {r.error}"))
+                failed += 1
+        self.store.mark_converted(converted)
+        return len(converted), failed
+
+    def run(self, open_jobs: list[Job]) -> None:
+        """Convert and measure ``open_jobs`` (up to ``stop_after`` measurements), chunk by chunk."""
+        from tqdm.auto import tqdm
+
+        stop_after = self.opts.stop_after
+        to_measure = len(open_jobs) if stop_after is None else min(stop_after, len(open_jobs))
+        self.bar = tqdm(total=to_measure, desc="measuring", unit="model", disable=not self.opts.progress,
+                        mininterval=2.0)
+        chunks = list(_chunked(open_jobs, self.opts.chunk_size)) if open_jobs else []
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dippm-convert") if self.opts.use_overlap \
+            else None
+        try:
+            if self.measure_cpus:
+                _set_affinity(self.measure_cpus)
+            pending: Future | None = pool.submit(self.convert, chunks[0]) if chunks and pool is not None else None
+            for ci, chunk in enumerate(chunks):
+                if stop_after is not None and self.measured_here >= stop_after and ci > 0:
+                    break
+                if pool is not None:
+                    assert pending is not None
+                    _, conv_failed = pending.result()
+                    pending = pool.submit(self.convert, chunks[ci + 1]) if ci + 1 < len(chunks) else None
+                else:
+                    _, conv_failed = self.convert(chunk)
+                self.report.failed_now += conv_failed
+                self._measure_chunk(chunk, pending)
+            if pending is not None:
+                pending.result()
+        finally:
+            self.bar.close()
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
+            if self.measure_cpus and self.base_affinity:
+                _set_affinity(set(self.base_affinity))
+
+    def _measure_chunk(self, chunk: list[Job], pending: Future | None) -> None:
+        """Measure the chunk's converted jobs one by one, then (with ``rounds``) time the ``ok`` ones again in
+        interleaved rounds once the conversion beside them (``pending``) has finished."""
+        opts, report, bar = self.opts, self.report, self.bar
+        held: list[_Held] = []
+        for job in self.store.jobs([j.id for j in chunk], status=("converted", "running")):
+            if opts.stop_after is not None and self.measured_here >= opts.stop_after:
+                break
+            result = _measure_job(self.store, job, opts.device, opts.settings, opts.measure_fn, self.env,
+                                  opts.isolate, hold=opts.rounds > 0, profiler=self.profiler)
+            self.measured_here += 1
+            if isinstance(result, _Held):
+                held.append(result)
+            elif result:
+                report.measured_now += 1
+            else:
+                report.failed_now += 1
+            bar.update(1)
+            bar.set_postfix(ok=report.measured_now, failed=report.failed_now, refresh=False)
+        if held:
+            if pending is not None:
+                pending.result()  # the rounds run with no conversion beside them
+            bar.set_description(f"interleaved rounds ({len(held)} models)")
+            ok_n = _finish_rounds(self.store, held, opts.settings, opts.rounds, self.profiler)
+            report.measured_now += ok_n
+            report.failed_now += len(held) - ok_n
+            bar.set_description("measuring")
+            bar.set_postfix(ok=report.measured_now, failed=report.failed_now, refresh=False)
+        del held
+        gc.collect()
+
+
+# ---------------------------------------------------------------------------- 4. store the outcome
+def _stored_report(store: DatasetStore, opts: _Options, plan: _StoredPlan, report: BuildReport,
+                   profiler: _Profiler | None, t_start: float) -> BuildReport:
+    """``report`` with the plan's final job counts, logged and stored in the dataset's metadata."""
+    if profiler is not None:
+        report.profiled_now = profiler.written
+    final = store.jobs(plan.job_ids)
+    report.done = sum(j.status == "done" for j in final)
+    report.failed = sum(j.status == "failed" for j in final)
+    report.open = sum(j.status in _OPEN for j in final)
+    report.seconds = time.perf_counter() - t_start
+    logger.info("build %s: %d done, %d failed, %d open (this run: %d measured, %d failed, %.0f s)",
+                plan.key[:12], report.done, report.failed, report.open, report.measured_now, report.failed_now,
+                report.seconds)
+    store.set_meta(f"build:{plan.key}", {"params": plan.params, "last_run": {
+        "done": report.done, "failed": report.failed, "open": report.open, "seconds": report.seconds,
+        "settings": opts.settings.to_dict()}})
+    return report
 
 
 class _Profiler:

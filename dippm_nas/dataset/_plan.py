@@ -157,6 +157,36 @@ def plan_candidates(
     """
     from tqdm.auto import tqdm
 
+    n, batch_sizes, workers = _checked_args(spaces, n, batch_sizes, mac_budget, workers)
+    params = {
+        "kind": "sampled", "spaces": list(spaces), "n": n, "batch_sizes": list(batch_sizes), "seed": seed,
+        "mac_budget": mac_budget, "max_attempts_per_candidate": max_attempts_per_candidate,
+        "rule": "config ~ space.sample(Random(f'{seed}:{space}:{attempt}')); batch ~ uniform over batch_sizes "
+                "with macs_per_sample*batch <= mac_budget (meta-device FlopCounterMode MACs); duplicates skipped",
+        **(extra or {}),
+    }
+    draw = _Draw(spaces, n, seed=seed, batch_sizes=tuple(batch_sizes), mac_budget=mac_budget,
+                 max_attempts_per_candidate=max_attempts_per_candidate)
+    bar = tqdm(total=n, desc="planning", unit="candidate", disable=not progress, mininterval=2.0)
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) if workers > 1 else None
+    try:
+        while tasks := draw.next_tasks(workers):
+            results = list(pool.map(_attempt_star, tasks, chunksize=4)) if pool else [_attempt_star(t) for t in tasks]
+            bar.update(draw.take(tasks, results))
+    finally:
+        bar.close()
+        if pool is not None:
+            pool.shutdown()
+    return draw.plan(params)
+
+
+def _checked_args(spaces: Sequence[str], n: Any, batch_sizes: Sequence[Any], mac_budget: Any,
+                  workers: Any) -> tuple[int, list[int], int]:
+    """``n``, the batch sizes and ``workers`` of :func:`plan_candidates`, checked with the spaces and budget.
+
+    Raises:
+        DatasetError: an argument outside its rule (named with the value); SearchSpaceError: an unknown space.
+    """
     n = as_int(n, "n", low=1, error=DatasetError)
     if not spaces:
         raise DatasetError(f"spaces must name at least one search space; choices: {ss.list_spaces()}")
@@ -165,79 +195,75 @@ def plan_candidates(
     if len(set(spaces)) != len(spaces):
         raise DatasetError(f"spaces must not repeat, got {list(spaces)}")
     try:
-        batch_sizes = [as_int(b, "batch size", low=1, error=DatasetError) for b in batch_sizes]
+        sizes = [as_int(b, "batch size", low=1, error=DatasetError) for b in batch_sizes]
     except DatasetError:
-        batch_sizes = []
-    if not batch_sizes:
+        sizes = []
+    if not sizes:
         raise DatasetError(f"batch_sizes must be a non-empty list of ints >= 1, got {list(batch_sizes)}")
     if mac_budget is not None and (isinstance(mac_budget, bool) or not isinstance(mac_budget, int) or mac_budget < 1):
         raise DatasetError(f"mac_budget must be None or an int >= 1 (MACs), got {mac_budget!r}")
-    workers = as_int(workers, "workers", low=1, error=DatasetError)
+    return n, sizes, as_int(workers, "workers", low=1, error=DatasetError)
 
-    params = {
-        "kind": "sampled", "spaces": list(spaces), "n": n, "batch_sizes": list(batch_sizes), "seed": seed,
-        "mac_budget": mac_budget, "max_attempts_per_candidate": max_attempts_per_candidate,
-        "rule": "config ~ space.sample(Random(f'{seed}:{space}:{attempt}')); batch ~ uniform over batch_sizes "
-                "with macs_per_sample*batch <= mac_budget (meta-device FlopCounterMode MACs); duplicates skipped",
-        **(extra or {}),
-    }
-    k = len(spaces)
-    want = {s: n // k + (1 if i < n % k else 0) for i, s in enumerate(spaces)}
-    chosen: dict[str, list[Candidate]] = {s: [] for s in spaces}
-    seen: set[str] = set()
-    rejected = dict.fromkeys(spaces, 0)
-    dups = dict.fromkeys(spaces, 0)
-    next_j = dict.fromkeys(spaces, 0)
-    bar = tqdm(total=n, desc="planning", unit="candidate", disable=not progress, mininterval=2.0)
-    pool = None
-    if workers > 1:
-        pool = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"))
-    try:
-        while True:
-            todo = [s for s in spaces if len(chosen[s]) < want[s]
-                    and next_j[s] < max_attempts_per_candidate * want[s]]
-            if not todo:
-                break
-            tasks = []
-            for s in todo:
-                missing = want[s] - len(chosen[s])
-                # size the block by the acceptance seen so far (80 % assumed before any attempt)
-                acc = len(chosen[s]) / next_j[s] if next_j[s] else 0.8
-                block = max(2 * workers, math.ceil(missing / max(acc, 0.05) * 1.05))
-                limit = max_attempts_per_candidate * want[s]
-                tasks += [(seed, s, j, tuple(batch_sizes), mac_budget)
-                          for j in range(next_j[s], min(next_j[s] + block, limit))]
-            results = list(pool.map(_attempt_star, tasks, chunksize=4)) if pool else [_attempt_star(t) for t in tasks]
-            for (_seed, s, j, _b, _m), (cfg, macs, batch) in zip(tasks, results):
-                next_j[s] = max(next_j[s], j + 1)
-                if len(chosen[s]) >= want[s]:
-                    continue
-                if batch is None:
-                    rejected[s] += 1
-                    continue
-                key = canonical_json([s, cfg, batch])
-                if key in seen:
-                    dups[s] += 1
-                    continue
-                seen.add(key)
-                chosen[s].append(Candidate(space=s, config=cfg, batch_size=batch, macs_per_sample=macs, attempt=j))
-                bar.update(1)
-    finally:
-        bar.close()
-        if pool is not None:
-            pool.shutdown()
-    shortfall = {s: want[s] - len(chosen[s]) for s in spaces if len(chosen[s]) < want[s]}
-    for s, short in shortfall.items():
-        logger.warning(
-            "plan: space %s gave %d of %d candidates within %d attempts (%d over the MAC budget of %s); "
-            "raise mac_budget or add smaller batch sizes", s, want[s] - short, want[s], next_j[s], rejected[s],
-            mac_budget,
-        )
-    # interleave the spaces so any prefix of the plan covers every family
-    ordered: list[Candidate] = []
-    for i in range(max(len(v) for v in chosen.values())):
-        for s in spaces:
-            if i < len(chosen[s]):
-                ordered.append(chosen[s][i])
-    return Plan(candidates=ordered, params=params, rejected_over_budget=rejected, duplicates=dups,
-                shortfall=shortfall)
+
+class _Draw:
+    """The state of a plan's draw: the candidates chosen per space, the attempts made, what was rejected."""
+
+    def __init__(self, spaces: Sequence[str], n: int, *, seed: int, batch_sizes: tuple[int, ...],
+                 mac_budget: int | None, max_attempts_per_candidate: int) -> None:
+        k = len(spaces)
+        self.spaces, self.seed, self.batch_sizes, self.mac_budget = list(spaces), seed, batch_sizes, mac_budget
+        self.max_attempts = max_attempts_per_candidate
+        self.want = {s: n // k + (1 if i < n % k else 0) for i, s in enumerate(spaces)}
+        self.chosen: dict[str, list[Candidate]] = {s: [] for s in spaces}
+        self.seen: set[str] = set()
+        self.rejected = dict.fromkeys(spaces, 0)
+        self.dups = dict.fromkeys(spaces, 0)
+        self.next_j = dict.fromkeys(spaces, 0)
+
+    def next_tasks(self, workers: int) -> list[tuple[Any, ...]]:
+        """The next block of attempts of every space still short of candidates and attempts; ``[]`` when done."""
+        tasks: list[tuple[Any, ...]] = []
+        for s in self.spaces:
+            got, want, j0 = len(self.chosen[s]), self.want[s], self.next_j[s]
+            limit = self.max_attempts * want
+            if got >= want or j0 >= limit:
+                continue
+            # size the block by the acceptance seen so far (80 % assumed before any attempt)
+            acc = got / j0 if j0 else 0.8
+            block = max(2 * workers, math.ceil((want - got) / max(acc, 0.05) * 1.05))
+            tasks += [(self.seed, s, j, self.batch_sizes, self.mac_budget) for j in range(j0, min(j0 + block, limit))]
+        return tasks
+
+    def take(self, tasks: list[tuple[Any, ...]], results: list[tuple[dict[str, Any], int | None, int | None]]) -> int:
+        """Keep the accepted attempts in order (over budget and duplicates counted); returns how many were kept."""
+        kept = 0
+        for (_seed, s, j, _b, _m), (cfg, macs, batch) in zip(tasks, results):
+            self.next_j[s] = max(self.next_j[s], j + 1)
+            if len(self.chosen[s]) >= self.want[s]:
+                continue
+            if batch is None:
+                self.rejected[s] += 1
+                continue
+            key = canonical_json([s, cfg, batch])
+            if key in self.seen:
+                self.dups[s] += 1
+                continue
+            self.seen.add(key)
+            self.chosen[s].append(Candidate(space=s, config=cfg, batch_size=batch, macs_per_sample=macs, attempt=j))
+            kept += 1
+        return kept
+
+    def plan(self, params: dict[str, Any]) -> Plan:
+        """The :class:`Plan`: the spaces interleaved so that any prefix covers every family; a shortfall logged."""
+        chosen, want = self.chosen, self.want
+        shortfall = {s: want[s] - len(chosen[s]) for s in self.spaces if len(chosen[s]) < want[s]}
+        for s, short in shortfall.items():
+            logger.warning(
+                "plan: space %s gave %d of %d candidates within %d attempts (%d over the MAC budget of %s); "
+                "raise mac_budget or add smaller batch sizes", s, want[s] - short, want[s], self.next_j[s],
+                self.rejected[s], self.mac_budget,
+            )
+        ordered = [chosen[s][i] for i in range(max(len(v) for v in chosen.values())) for s in self.spaces
+                   if i < len(chosen[s])]
+        return Plan(candidates=ordered, params=params, rejected_over_budget=self.rejected, duplicates=self.dups,
+                    shortfall=shortfall)

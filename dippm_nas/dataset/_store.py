@@ -7,7 +7,7 @@ Tables (every structured value is JSON text, graphs are zlib-compressed JSON; no
 ``graphs``
     one row per captured graph, primary key ``structural_hash``
     (:meth:`~dippm_nas.graph.OperatorGraph.structural_hash`): ``graph_zlib`` (the graph's
-    :meth:`~dippm_nas.graph.OperatorGraph.to_json`, zlib level 6), ``format_version``, ``space`` and
+    :meth:`~dippm_nas.graph.OperatorGraph.to_json`, zlib level 6, :data:`~dippm_nas._compress.ZLIB_LEVEL`), ``format_version``, ``space`` and
     ``config`` of the first candidate that produced it, ``spec`` (InputSpec JSON), ``num_nodes``,
     ``num_edges``, ``total_macs``, ``total_flops``, ``gflops``, ``param_count``, ``mode``.
 ``jobs``
@@ -38,11 +38,8 @@ Tables (every structured value is JSON text, graphs are zlib-compressed JSON; no
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
-import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -51,10 +48,11 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy import exc
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import URL, Connection
 
 from dippm_nas._json import canonical_json, loads_json
-from dippm_nas._sql import make_engine, transaction
+from dippm_nas._compress import InflateRefused, deflate, inflate
+from dippm_nas._sql import SqlStore
 from dippm_nas._version import __version__
 from dippm_nas.errors import DatasetError, DippmNasError
 from dippm_nas.cache import MAX_GRAPH_JSON_BYTES
@@ -80,7 +78,6 @@ JOB_STATUSES: tuple[str, ...] = ("pending", "converted", "running", "done", "fai
 #: ``source`` of the rows a build on this machine measured.
 MEASURED_HERE = "measured-here"
 
-_ZLIB_LEVEL = 6
 _SQLITE_BUSY_TIMEOUT_S = 60.0
 _IN_CHUNK = 500  # ids per "IN (...)" (stays under SQLite's bound-parameter limit)
 
@@ -244,8 +241,9 @@ def _chunks(seq: Sequence[Any], n: int = _IN_CHUNK) -> Iterator[Sequence[Any]]:
         yield seq[i:i + n]
 
 
-class DatasetStore:
-    """A dataset SQLite file: graphs, build jobs, measurement and operator rows.
+class DatasetStore(SqlStore):
+    """A dataset SQLite file: graphs, build jobs, measurement and operator rows (a
+    :class:`~dippm_nas._sql.SqlStore`).
 
     Safe to use from several threads of one process (each takes its own connection) and from
     several processes (WAL journal, busy timeout). Every write is one transaction, so a process
@@ -257,8 +255,12 @@ class DatasetStore:
         create: create a missing file; ``False`` raises :class:`DatasetError` instead.
 
     Raises:
-        DatasetError: the file is not a dataset of this :data:`SCHEMA_VERSION`, or cannot be opened.
+        DatasetError: the file is not a dataset of this :data:`SCHEMA_VERSION`, or cannot be opened; later, a
+            database error of any call.
     """
+
+    what = "dataset file"
+    error = DatasetError
 
     def __init__(self, path: str | Path, *, create: bool = True) -> None:
         self.path = Path(path)
@@ -267,64 +269,39 @@ class DatasetStore:
                 raise DatasetError(f"dataset file {str(self.path)!r} does not exist")
             self.path.parent.mkdir(parents=True, exist_ok=True)
         # WAL journal, busy timeout, synchronous=NORMAL and enforced foreign keys on every connection.
-        self._engine: Engine = make_engine(
-            sa.engine.URL.create("sqlite", database=str(self.path)),
-            what="dataset file",
-            error=DatasetError,
-            dir_hint="pass a path in a writable directory",
-            local_hint="Keep the dataset file on a local disk.",
-            busy_timeout_s=_SQLITE_BUSY_TIMEOUT_S,
-            foreign_keys=True,
-        )
+        self._open(URL.create("sqlite", database=str(self.path)), dir_hint="pass a path in a writable directory",
+                   local_hint="Keep the dataset file on a local disk.", busy_timeout_s=_SQLITE_BUSY_TIMEOUT_S,
+                   foreign_keys=True)
         try:
             with self._engine.begin() as conn:
                 _md.create_all(conn, checkfirst=True)
-                row = conn.execute(sa.select(_meta.c.value).where(_meta.c.key == "schema_version")).first()
-                if row is None:
-                    conn.execute(sa.insert(_meta), [
-                        {"key": "schema_version", "value": json.dumps(SCHEMA_VERSION)},
-                        {"key": "created_by", "value": json.dumps(f"dippm-nas {__version__}")},
-                        {"key": "created_at", "value": json.dumps(utc_now())},
-                    ])
-                elif (version := _loads(row.value, "the dataset's schema_version")) != SCHEMA_VERSION:
-                    raise DatasetError(
-                        f"dataset file {str(self.path)!r} has schema_version {version!r}; this "
-                        f"dippm-nas reads schema_version {SCHEMA_VERSION} only"
-                    )
+                self._check_schema_version(conn, _meta, SCHEMA_VERSION, {
+                    "created_by": f"dippm-nas {__version__}", "created_at": utc_now()})
         except exc.DatabaseError as e:
             self._engine.dispose()
             raise DatasetError(f"cannot open dataset file {str(self.path)!r} as SQLite: {e}") from e
+        except BaseException:
+            self._engine.dispose()
+            raise
 
     # ------------------------------------------------------------------ plumbing
     def __repr__(self) -> str:
         return f"DatasetStore({str(self.path)!r})"
 
-    def __enter__(self) -> "DatasetStore":
-        return self
-
-    def __exit__(self, *exc_info: Any) -> None:
-        self.close()
-
-    def close(self) -> None:
-        """Release the connections."""
-        self._engine.dispose()
-
-    @contextmanager
-    def _tx(self) -> Iterator[Connection]:
-        with transaction(self._engine) as conn:
-            yield conn
+    def _label(self) -> str:
+        return f"dataset file {str(self.path)!r}"
 
     # ------------------------------------------------------------------ meta
     def get_meta(self, key: str, default: Any = None) -> Any:
         """The JSON value stored under ``key`` in ``meta`` (``default`` when absent)."""
-        with self._engine.connect() as conn:
+        with self._tx("reading meta", write=False) as conn:
             row = conn.execute(sa.select(_meta.c.value).where(_meta.c.key == key)).first()
         return default if row is None else _loads(row.value, f"the dataset's meta value {key!r}")
 
     def set_meta(self, key: str, value: Any) -> None:
         """Store a JSON-able value under ``key`` (replacing it)."""
         stmt = sqlite_insert(_meta).values(key=key, value=canonical_json(value))
-        with self._tx() as conn:
+        with self._tx("writing meta") as conn:
             conn.execute(stmt.on_conflict_do_update(index_elements=["key"], set_={"value": stmt.excluded.value}))
 
     # ------------------------------------------------------------------ graphs
@@ -332,7 +309,7 @@ class DatasetStore:
     def _graph_row(graph: OperatorGraph, space: str | None, config: Mapping[str, Any] | None) -> dict[str, Any]:
         return {
             "structural_hash": graph.structural_hash(),
-            "graph_zlib": zlib.compress(graph.to_json().encode(), _ZLIB_LEVEL),
+            "graph_zlib": deflate(graph.to_json().encode()),
             "format_version": GRAPH_FORMAT_VERSION,
             "space": space,
             "config": canonical_json(config) if config is not None else None,
@@ -354,7 +331,7 @@ class DatasetStore:
         if rows:
             stmt = sqlite_insert(_graphs).on_conflict_do_nothing(index_elements=["structural_hash"])
             if conn is None:
-                with self._tx() as c:
+                with self._tx("storing graphs") as c:
                     c.execute(stmt, rows)
             else:
                 conn.execute(stmt, rows)
@@ -366,7 +343,7 @@ class DatasetStore:
         Raises:
             DatasetError: no such graph, or its JSON cannot be read back.
         """
-        with self._engine.connect() as conn:
+        with self._tx("reading a graph", write=False) as conn:
             row = conn.execute(
                 sa.select(_graphs.c.graph_zlib).where(_graphs.c.structural_hash == structural_hash)
             ).first()
@@ -376,7 +353,7 @@ class DatasetStore:
 
     def iter_graph_rows(self, hashes: Iterable[str] | None = None) -> Iterator[Any]:
         """Rows of ``graphs`` (all, or those with the given hashes), with the compressed payload."""
-        with self._engine.connect() as conn:
+        with self._tx("reading graphs", write=False) as conn:
             if hashes is None:
                 yield from conn.execute(sa.select(_graphs))
                 return
@@ -387,7 +364,7 @@ class DatasetStore:
     # ------------------------------------------------------------------ plans and jobs
     def plan_job_ids(self, plan_key: str) -> list[int] | None:
         """Job ids of a stored plan, in plan order; ``None`` when the plan is not stored."""
-        with self._engine.connect() as conn:
+        with self._tx("reading a plan", write=False) as conn:
             if conn.execute(sa.select(_plans.c.plan_key).where(_plans.c.plan_key == plan_key)).first() is None:
                 return None
             rows = conn.execute(
@@ -416,7 +393,7 @@ class DatasetStore:
                 "reason": j.get("reason"), "graph_hash": None, "attempts": 0,
                 "macs_per_sample": j.get("macs_per_sample"), "created_at": now, "updated_at": now,
             })
-        with self._tx() as conn:
+        with self._tx("saving a plan") as conn:
             if conn.execute(sa.select(_plans.c.plan_key).where(_plans.c.plan_key == plan_key)).first() is not None:
                 raise DatasetError(f"plan {plan_key} is already stored in {str(self.path)!r}")
             if rows:
@@ -447,7 +424,7 @@ class DatasetStore:
     def jobs(self, ids: Sequence[int] | None = None, *, status: Sequence[str] | None = None) -> list[Job]:
         """Jobs by id (in the given order) or all jobs, optionally only those with a status in ``status``."""
         out: dict[int, Job] = {}
-        with self._engine.connect() as conn:
+        with self._tx("reading jobs", write=False) as conn:
             base = sa.select(_jobs)
             if status is not None:
                 base = base.where(_jobs.c.status.in_(list(status)))
@@ -466,14 +443,14 @@ class DatasetStore:
         """Store the graphs and move the jobs to ``converted``, in one transaction."""
         if not converted:
             return
-        with self._tx() as conn:
+        with self._tx("marking jobs converted") as conn:
             hashes = self.add_graphs(((g, j.space, j.config) for j, g in converted), conn=conn)
             for (job, _g), h in zip(converted, hashes):
                 self._update_job(conn, job.id, status="converted", graph_hash=h)
 
     def start_attempt(self, job: Job) -> int:
         """Mark a job ``running`` and count the attempt; returns the attempt number (1 for the first)."""
-        with self._tx() as conn:
+        with self._tx("starting an attempt") as conn:
             row = conn.execute(sa.select(_jobs.c.attempts).where(_jobs.c.id == job.id)).one()
             attempts = int(row.attempts) + 1
             self._update_job(conn, job.id, status="running", attempts=attempts)
@@ -481,7 +458,7 @@ class DatasetStore:
 
     def undo_attempt(self, job: Job) -> None:
         """Put a ``running`` job back to ``converted`` without counting the attempt (a usage error, not the model)."""
-        with self._tx() as conn:
+        with self._tx("undoing an attempt") as conn:
             self._update_job(conn, job.id, status="converted", attempts=max(0, job.attempts))
 
     def finish_job(self, job: Job, row: Mapping[str, Any]) -> bool:
@@ -501,7 +478,7 @@ class DatasetStore:
             "graph_hash": job.graph_hash, **row,
         }
         ok = full.get("status") == "ok"
-        with self._tx() as conn:
+        with self._tx("finishing a job") as conn:
             inserted = self._insert_measurement(conn, full)
             self._update_job(conn, job.id, status="done" if ok else "failed",
                              reason=None if ok else full.get("reason"))
@@ -515,7 +492,7 @@ class DatasetStore:
             return 0
         m = _measurements
         n = 0
-        with self._tx() as conn:
+        with self._tx("reopening failed jobs") as conn:
             for part in _chunks(list(job_ids)):
                 rows = conn.execute(
                     sa.select(_jobs.c.id, _jobs.c.graph_hash).join(m, m.c.job_id == _jobs.c.id)
@@ -559,7 +536,7 @@ class DatasetStore:
         """Insert measurement rows (and their graphs) in one transaction; rows whose
         ``(source, row_key)`` exists are skipped. Returns the rows inserted."""
         values = [self._measurement_values(r) for r in rows]
-        with self._tx() as conn:
+        with self._tx("adding measurements") as conn:
             self.add_graphs(graphs, conn=conn)
             if not values:
                 return 0
@@ -574,7 +551,7 @@ class DatasetStore:
         t = {"measurements": _measurements, "op_measurements": _op_measurements}.get(table)
         if t is None:
             raise DatasetError(f"table must be 'measurements' or 'op_measurements', got {table!r}")
-        with self._engine.connect() as conn:
+        with self._tx("reading row keys", write=False) as conn:
             return {r.row_key for r in conn.execute(sa.select(t.c.row_key).where(t.c.source == source))}
 
     def iter_measurements(self, *, device: str | None = None, source: str | None = None,
@@ -584,7 +561,7 @@ class DatasetStore:
         for col, v in (("device", device), ("source", source), ("status", status), ("space", space)):
             if v is not None:
                 q = q.where(_measurements.c[col] == v)
-        with self._engine.connect() as conn:
+        with self._tx("reading measurements", write=False) as conn:
             for r in conn.execute(q):
                 d = dict(r._mapping)
                 for c in _JSON_MEASUREMENT_COLUMNS:
@@ -610,7 +587,7 @@ class DatasetStore:
             return 0
         n = 0
         stmt = sqlite_insert(_op_measurements).on_conflict_do_nothing(index_elements=["source", "row_key"])
-        with self._tx() as conn:
+        with self._tx("adding operator rows") as conn:
             for part in _chunks(values):
                 n += conn.execute(stmt, list(part)).rowcount
         return n
@@ -622,7 +599,7 @@ class DatasetStore:
             q = q.where(_op_measurements.c.source == source)
         if op is not None:
             q = q.where(_op_measurements.c.op == op)
-        with self._engine.connect() as conn:
+        with self._tx("reading operator rows", write=False) as conn:
             for r in conn.execute(q):
                 d = dict(r._mapping)
                 d["dims"] = _loads(d["dims"], "an op measurement's dims")
@@ -634,7 +611,7 @@ class DatasetStore:
         """Counts: graphs; jobs by status; measurement rows by source/device/status; ``ok`` rows by
         space, by batch size and by both; failed rows by status and space; operator rows by source/device."""
         m = _measurements
-        with self._engine.connect() as conn:
+        with self._tx("counting rows", write=False) as conn:
             def grouped(*cols: Any, where: Any = None) -> list[dict[str, Any]]:
                 q = sa.select(*cols, sa.func.count().label("count")).group_by(*cols).order_by(*cols)
                 if where is not None:
@@ -670,14 +647,14 @@ def decode_graph(payload: bytes, expected_hash: str | None = None) -> OperatorGr
     Raises:
         DatasetError: the payload cannot be decompressed or parsed, or its hash differs.
     """
-    d = zlib.decompressobj()
     try:
-        text = d.decompress(payload, MAX_STORED_GRAPH_BYTES + 1)
-    except (zlib.error, TypeError) as e:
-        raise DatasetError(f"stored graph {expected_hash!r} cannot be read back: {type(e).__name__}: {e}") from e
-    if len(text) > MAX_STORED_GRAPH_BYTES or d.unconsumed_tail:
-        raise DatasetError(f"stored graph {expected_hash!r} inflates beyond MAX_STORED_GRAPH_BYTES = "
-                           f"{MAX_STORED_GRAPH_BYTES:,} bytes of JSON; a stored graph is never inflated further")
+        text = inflate(payload, MAX_STORED_GRAPH_BYTES)
+    except InflateRefused as e:
+        if e.too_big:
+            raise DatasetError(f"stored graph {expected_hash!r} inflates beyond MAX_STORED_GRAPH_BYTES = "
+                               f"{MAX_STORED_GRAPH_BYTES:,} bytes of JSON; a stored graph is never inflated "
+                               "further") from e
+        raise DatasetError(f"stored graph {expected_hash!r} cannot be read back: {e.reason}") from e
     try:
         graph = OperatorGraph.from_json(text)
     except (DippmNasError, ValueError, KeyError, TypeError) as e:

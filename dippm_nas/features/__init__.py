@@ -12,6 +12,7 @@ from dippm_nas.features._features import (
     static_dim,
     static_dtype_columns,
 )
+from dippm_nas.features._many import MANY_MIN_GRAPHS, featurize_many
 from dippm_nas.features._registry import (
     ATTR_WIDTH,
     TOKENS,
@@ -29,8 +30,8 @@ from dippm_nas.features._registry import (
 _register_builtins()
 
 __all__ = [
-    "FEATURE_SCHEMA_VERSION", "STYLES", "GraphFeatures", "featurize", "node_dim", "static_dim",
-    "static_dtype_columns", "device_dim", "device_features", "coarsen", "KernelGraph", "FUSABLE_CLASSES",
+    "FEATURE_SCHEMA_VERSION", "STYLES", "GraphFeatures", "featurize", "featurize_many", "MANY_MIN_GRAPHS",
+    "node_dim", "static_dim", "static_dtype_columns", "device_dim", "device_features", "coarsen", "KernelGraph", "FUSABLE_CLASSES",
     "TOKENS", "ATTR_WIDTH", "OpEncoder", "register_op_encoder", "unregister_op_encoder", "get_op_encoder",
     "registered_ops", "encode_op", "unknown_op_counts", "reset_unknown_op_counts",
 ]

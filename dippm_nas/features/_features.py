@@ -159,7 +159,7 @@ def featurize(graph: OperatorGraph, device: Device | str, *, style: str = "ours"
     if style == "dippm":
         x, ei, st = _dippm(graph, unknown)
     else:
-        x, ei, st = _ours(graph, est, fuse, unknown)
+        x, ei, st = _ours(graph, est, fuse, unknown, dev)
     return GraphFeatures(
         x=x, edge_index=ei, static=st, device=device_features(dev),
         prior_latency_ms=float(est.latency_ms), prior_memory_mib=float(est.memory_mib),
@@ -183,7 +183,7 @@ def _lg_many(values: list[float]) -> list[float]:
     return [log1p(v) if v > 0.0 else (v if v != v else 0.0) for v in values]  # nan stays nan, <= 0 gives 0
 
 
-def _ours(graph: OperatorGraph, est: "PriorEstimate", fuse: bool, unknown: dict[str, int]
+def _ours(graph: OperatorGraph, est: "PriorEstimate", fuse: bool, unknown: dict[str, int], dev: Device
           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     kg = coarsen(graph, fuse=fuse)
     nodes = graph.nodes
@@ -258,7 +258,8 @@ def _ours(graph: OperatorGraph, est: "PriorEstimate", fuse: bool, unknown: dict[
     sf = graph.static_features()
     input_elems = sum(math.prod(s) for s in graph.spec.batched_shapes().values())
     # the energy feature keeps the single-share formula the checkpoints were trained with (FEATURE_SCHEMA_VERSION 1)
-    e_feat = utilisation_energy_j(est.node_time_ms, est.node_utilisation, est.latency_ms, resolve_device(est.device))
+    e_feat = utilisation_energy_j(est.node_time_ms, est.node_utilisation, est.latency_ms,
+                                  dev if est.device == dev.id else resolve_device(est.device))
     st = [
         _lg(sf.total_macs), _lg(sf.total_flops), _lg(sf.batch_size), _lg(sf.num_conv), _lg(sf.num_dense),
         _lg(sf.num_relu), _lg(sf.param_count), _lg(sf.param_bytes), _lg(sf.activation_bytes), _lg(sf.depth),

@@ -58,6 +58,8 @@ class OpEncoder:
 
 
 _ENCODERS: dict[str, OpEncoder] = {}
+#: Bumped on every change of the registry (memos of encoded nodes compare it).
+_VERSION = [0]
 _UNKNOWN: dict[str, int] = {}
 _WARNED: set[str] = set()
 _LOCK = threading.Lock()
@@ -68,7 +70,8 @@ def register_op_encoder(op: str, fn: EncoderFn, *, replace: bool = False) -> Non
 
     Args:
         op: Relax op name without ``relax.``, e.g. ``"nn.conv2d"``.
-        fn: ``(node) -> (token, attrs)``.
+        fn: ``(node) -> (token, attrs)``, a function of the node's op, attributes, shapes, dtype and parameter
+            flags (the batched feature path reuses its answer for nodes that share those).
         replace: allow replacing an existing encoder (default False: duplicates are an error).
 
     Raises:
@@ -83,12 +86,14 @@ def register_op_encoder(op: str, fn: EncoderFn, *, replace: bool = False) -> Non
                 f"({len(_ENCODERS)} ops registered)"
             )
         _ENCODERS[op] = OpEncoder(op, fn)
+        _VERSION[0] += 1
 
 
 def unregister_op_encoder(op: str) -> None:
     """Remove the encoder of ``op`` (a ``KeyError``-free no-op when there is none)."""
     with _LOCK:
         _ENCODERS.pop(op, None)
+        _VERSION[0] += 1
 
 
 def get_op_encoder(op: str) -> OpEncoder:

@@ -159,6 +159,7 @@ class OperatorGraph:
     cache_hit: bool = field(default=False, compare=False)
     timings: dict[str, float] = field(default_factory=dict, repr=False, compare=False)
     _hash: str | None = field(default=None, repr=False, compare=False)
+    _columns: dict[str, Any] | None = field(default=None, init=False, repr=False, compare=False)
 
     # ------------------------------------------------------------------ basics
     @property

@@ -130,130 +130,153 @@ def graph_from_relax(mod: Any, spec: InputSpec, *, mode: str, input_names: list[
         GraphCaptureError: no ``main`` function, symbolic shapes, or an empty graph.
     """
     from tvm import relax
-    from tvm.ir import Op, Tuple as RTuple, TupleGetItem
+    from tvm.ir import Op
 
     try:
         func = mod["main"]
     except Exception as e:  # noqa: BLE001 - TVM raises its own error types
         raise GraphCaptureError(f"the Relax module has no 'main' function: {e}") from e
 
-    floats = ("float64", "float32", "float16", "bfloat16")
+    walk = _Walk(float_dtype)
+    walk.add_params(list(func.params), input_names)
+    for b in _bindings(func):
+        if isinstance(b.value, relax.Call) and isinstance(b.value.op, Op):
+            walk.add_call(b.var, b.value)
+        else:
+            # aliases: TupleGetItem, Tuple, Var, Constant bound to a var
+            walk.values[b.var] = walk.resolve(b.value)
 
-    def types_of(ty: Any) -> list[tuple[Shape, str]]:
+    outputs: list[int] = []
+    for v in walk.resolve(func.body.body):
+        if v.producer >= 0 and v.producer not in outputs:
+            outputs.append(v.producer)
+    if not walk.nodes:
+        raise GraphCaptureError("the model has no operator calls (it returns its input unchanged?)")
+    return OperatorGraph(
+        nodes=walk.nodes, edges=sorted(walk.edges), input_consumers=walk.input_consumers, outputs=outputs, spec=spec,
+        param_count=int(walk.param_count), param_bytes=int(walk.param_bytes), mode=mode, source=source,
+        model_key=model_key,
+    )
+
+
+_FLOATS = ("float64", "float32", "float16", "bfloat16")
+
+
+class _Walk:
+    """One pass over the bindings of a Relax function: the tensor values of each variable, the operator nodes
+    and edges made so far, the weights met (each constant counted once) and the consumers of each input.
+
+    Args:
+        float_dtype: when given, the dtype every floating-point tensor is re-typed to.
+    """
+
+    def __init__(self, float_dtype: str | None) -> None:
+        from tvm import relax
+        from tvm.ir import Tuple as RTuple, TupleGetItem
+
+        self._relax, self._tuple, self._get_item = relax, RTuple, TupleGetItem
+        self.float_dtype = float_dtype
+        self.values: dict[Any, list[_Val]] = {}  # Var -> its tensor values (a tuple var has several)
+        self.input_consumers: dict[str, list[int]] = {}
+        self.const_ids: dict[int, _Val] = {}
+        self.param_count = 0
+        self.param_bytes = 0
+        self.nodes: list[OpNode] = []
+        self.edges: set[tuple[int, int]] = set()
+        self.node_const: list[bool] = []
+
+    def types_of(self, ty: Any) -> list[tuple[Shape, str]]:
         tt = _tensor_types(ty)
-        if float_dtype is None:
+        if self.float_dtype is None:
             return tt
-        return [(s, float_dtype if d in floats else d) for s, d in tt]
+        return [(s, self.float_dtype if d in _FLOATS else d) for s, d in tt]
 
-    values: dict[Any, list[_Val]] = {}  # Var -> its tensor values (a tuple var has several)
-    input_consumers: dict[str, list[int]] = {}
-    params = list(func.params)
-    names = input_names if input_names is not None and len(input_names) == len(params) else None
-    for i, p in enumerate(params):
-        name = names[i] if names else str(p.name)
-        types = types_of(p.ty)
-        values[p] = [_Val(_INPUT, j, s, d, name=name) for j, (s, d) in enumerate(types)]
-        input_consumers[name] = []
+    def add_params(self, params: list[Any], input_names: list[str] | None) -> None:
+        """The function's parameters as the graph's inputs, named ``input_names`` when there is one per parameter."""
+        names = input_names if input_names is not None and len(input_names) == len(params) else None
+        for i, p in enumerate(params):
+            name = names[i] if names else str(p.name)
+            self.values[p] = [_Val(_INPUT, j, s, d, name=name) for j, (s, d) in enumerate(self.types_of(p.ty))]
+            self.input_consumers[name] = []
 
-    const_ids: dict[int, _Val] = {}
-    param_count = 0
-    param_bytes = 0
-
-    def const_val(c: Any) -> _Val:
-        nonlocal param_count, param_bytes
+    def const_val(self, c: Any) -> _Val:
         key = c.value.data_ptr() if hasattr(c.value, "data_ptr") else id(c)
-        v = const_ids.get(key)
+        v = self.const_ids.get(key)
         if v is None:
-            (shape, dt), = types_of(c.ty) or [((), "float32")]
+            (shape, dt), = self.types_of(c.ty) or [((), "float32")]
             v = _Val(_CONST, 0, shape, dt, is_param=True, const_id=key)
-            const_ids[key] = v
+            self.const_ids[key] = v
             if len(shape) >= 1:  # scalars made by the converter are not weights
-                param_count += math.prod(shape)
-                param_bytes += v.nbytes
+                self.param_count += math.prod(shape)
+                self.param_bytes += v.nbytes
         return v
 
-    def resolve(expr: Any) -> list[_Val]:
+    def resolve(self, expr: Any) -> list[_Val]:
+        """The tensor values an expression stands for (none for shapes, strings and other non-tensors)."""
+        relax = self._relax
         if isinstance(expr, relax.Var):
-            return values.get(expr, [])
+            return self.values.get(expr, [])
         if isinstance(expr, relax.Constant if hasattr(relax, "Constant") else ()):
-            return [const_val(expr)]
+            return [self.const_val(expr)]
         if type(expr).__name__ in ("GenericConst", "Constant"):
-            return [const_val(expr)]
-        if isinstance(expr, RTuple):
+            return [self.const_val(expr)]
+        if isinstance(expr, self._tuple):
             out: list[_Val] = []
             for f in expr.fields:
-                out.extend(resolve(f))
+                out.extend(self.resolve(f))
             return out
-        if isinstance(expr, TupleGetItem):
-            vals = resolve(expr.tuple_value)
+        if isinstance(expr, self._get_item):
+            vals = self.resolve(expr.tuple_value)
             idx = int(expr.index)
             return [vals[idx]] if 0 <= idx < len(vals) else []
         return []  # ShapeExpr, PrimValue, StringImm, ...: not tensors
 
-    nodes: list[OpNode] = []
-    edges: set[tuple[int, int]] = set()
-    node_const: list[bool] = []
+    def _op_name(self, value: Any) -> str:
+        op = str(value.op.name)
+        op = op[6:] if op.startswith("relax.") else op
+        if op == "call_dps_packed" and isinstance(value.args[0], self._relax.ExternFunc):
+            symbol = str(value.args[0].global_symbol)
+            if symbol.startswith(OPAQUE_PREFIX):  # an op the frontend could not convert, kept by name
+                op = symbol[len(OPAQUE_PREFIX):]
+        return op
 
-    for b in _bindings(func):
-        value = b.value
-        var = b.var
-        if isinstance(value, relax.Call) and isinstance(value.op, Op):
-            op = str(value.op.name)
-            op = op[6:] if op.startswith("relax.") else op
-            if op == "call_dps_packed" and isinstance(value.args[0], relax.ExternFunc):
-                symbol = str(value.args[0].global_symbol)
-                if symbol.startswith(OPAQUE_PREFIX):  # an op the frontend could not convert, kept by name
-                    op = symbol[len(OPAQUE_PREFIX):]
-            args: list[_Val] = []
-            for a in value.args:
-                args.extend(resolve(a))
-            out_types = types_of(var.ty)
-            idx = len(nodes)
-            in_shapes = tuple(a.shape for a in args)
-            arg_is_param = tuple(a.is_param or (a.producer >= 0 and node_const[a.producer]) for a in args)
-            is_const = all(arg_is_param)
-            attrs = _attrs_of(value.attrs)
-            out_shapes = tuple(s for s, _ in out_types)
-            cost = cost_of(op, in_shapes, out_shapes, attrs)
-            attrs.update(cost.derived_attrs)
-            if cost.view:
-                br = bw = 0
-            else:
-                br = sum(a.nbytes for a in args)
-                bw = sum(math.prod(s) * dtype_bytes(d) if d in _SAFE_DT else math.prod(s) * 4 for s, d in out_types)
-            pb = sum(a.nbytes for a, p in zip(args, arg_is_param) if p)
-            nodes.append(OpNode(
-                index=idx, op=op, op_class=cost.op_class, output_shapes=out_shapes,
-                output_dtype=out_types[0][1] if out_types else "void", input_shapes=in_shapes,
-                input_is_param=arg_is_param, attrs=attrs, flops=int(cost.flops), macs=int(cost.macs),
-                bytes_read=int(br), bytes_written=int(bw), param_bytes=int(pb), is_constant=is_const,
-                known=cost.known,
-            ))
-            node_const.append(is_const)
-            for a in args:
-                if a.producer >= 0:
-                    edges.add((a.producer, idx))
-                elif a.producer == _INPUT:
-                    lst = input_consumers[a.name]
-                    if not lst or lst[-1] != idx:
-                        lst.append(idx)
-            values[var] = [_Val(idx, j, s, d) for j, (s, d) in enumerate(out_types)]
+    def add_call(self, var: Any, value: Any) -> None:
+        """An operator call bound to ``var``: its node (costs from :func:`cost_of`), its edges and input uses."""
+        op = self._op_name(value)
+        args: list[_Val] = []
+        for a in value.args:
+            args.extend(self.resolve(a))
+        out_types = self.types_of(var.ty)
+        idx = len(self.nodes)
+        in_shapes = tuple(a.shape for a in args)
+        arg_is_param = tuple(a.is_param or (a.producer >= 0 and self.node_const[a.producer]) for a in args)
+        is_const = all(arg_is_param)
+        attrs = _attrs_of(value.attrs)
+        out_shapes = tuple(s for s, _ in out_types)
+        cost = cost_of(op, in_shapes, out_shapes, attrs)
+        attrs.update(cost.derived_attrs)
+        if cost.view:
+            br = bw = 0
         else:
-            # aliases: TupleGetItem, Tuple, Var, Constant bound to a var
-            values[var] = resolve(value)
-
-    outputs: list[int] = []
-    for v in resolve(func.body.body):
-        if v.producer >= 0 and v.producer not in outputs:
-            outputs.append(v.producer)
-    if not nodes:
-        raise GraphCaptureError("the model has no operator calls (it returns its input unchanged?)")
-    graph = OperatorGraph(
-        nodes=nodes, edges=sorted(edges), input_consumers=input_consumers, outputs=outputs, spec=spec,
-        param_count=int(param_count), param_bytes=int(param_bytes), mode=mode, source=source,
-        model_key=model_key,
-    )
-    return graph
+            br = sum(a.nbytes for a in args)
+            bw = sum(math.prod(s) * dtype_bytes(d) if d in _SAFE_DT else math.prod(s) * 4 for s, d in out_types)
+        pb = sum(a.nbytes for a, p in zip(args, arg_is_param) if p)
+        self.nodes.append(OpNode(
+            index=idx, op=op, op_class=cost.op_class, output_shapes=out_shapes,
+            output_dtype=out_types[0][1] if out_types else "void", input_shapes=in_shapes,
+            input_is_param=arg_is_param, attrs=attrs, flops=int(cost.flops), macs=int(cost.macs),
+            bytes_read=int(br), bytes_written=int(bw), param_bytes=int(pb), is_constant=is_const,
+            known=cost.known,
+        ))
+        self.node_const.append(is_const)
+        for a in args:
+            if a.producer >= 0:
+                self.edges.add((a.producer, idx))
+            elif a.producer == _INPUT:
+                lst = self.input_consumers[a.name]
+                if not lst or lst[-1] != idx:
+                    lst.append(idx)
+        self.values[var] = [_Val(idx, j, s, d) for j, (s, d) in enumerate(out_types)]
 
 
 _SAFE_DT = frozenset({"float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool"})

@@ -222,34 +222,18 @@ def predict_generation(model_or_config: Any, workload: LLMWorkload, device: str 
                                          kv_block_size=kv_block_size, kv_dtype=kv_dtype)
     _check_kv_dtype(kv_dtype, cfg, dev, ex.runtime)
     beyond = _check_positions(cfg, workload)
-
     wl = workload
     run = run_on_device(cfg, dev, ex, wl.prompt_len, wl.output_len, wl.batch_size)
     figs = _figures(run, wl)
     eng_name = ex.engine.name if ex.engine is not None else None
-    latency_src = "predicted" if ex.engine is not None and ex.engine.fitted else "analytic"
-    energy_src = "unavailable" if figs["energy_j_per_token"] is None else (
-        "predicted" if power_params_for(dev).fitted else "analytic")
-    sources = {name: "analytic" for name in GENERATION_FIGURES}
-    for name in ("prefill_ms", "decode_ms_per_token", "decode_ms_last", "e2e_ms", "tokens_per_s",
-                 "output_tokens_per_s"):
-        sources[name] = latency_src
-    sources["energy_j_per_token"] = energy_src
-
+    sources = _sources(ex, dev, figs)
     kv_seq = cfg.kv_bytes_per_token(kv_dtype) * wl.total_len / BYTES_PER_MIB
     details: dict[str, Any] = {
         "runtime": ex.runtime, "engine": eng_name, "waves": list(run.waves), "assumed": list(assumed),
-        "deployment": dep.label,
-        "kv_dtype": kv_dtype, "dtype": cfg.dtype, "host_profile": ex.host.name,
+        "deployment": dep.label, "kv_dtype": kv_dtype, "dtype": cfg.dtype, "host_profile": ex.host.name,
         "params": cfg.param_count, "kv_bytes_per_token": cfg.kv_bytes_per_token(kv_dtype),
-        "beyond_positions": beyond, **run.memory,
+        "beyond_positions": beyond, **run.memory, **_engine_details(ex, run, wl),
     }
-    if ex.engine is not None:
-        block = ex.block_size or ex.engine.block_size
-        details.update(kv_block_size=block, kv_blocks=run.capacity.blocks,
-                       kv_cache_mib_allocated=wl.batch_size * run.capacity.per_sequence_mib,
-                       engine_source=ex.engine.source)
-
     slices = _mig_slices(cfg, dev, ex, wl, (run.prefill_sigma_log, run.decode_sigma_log)) if mig and dev.has_mig \
         else None
     return GenerationPrediction(
@@ -259,6 +243,29 @@ def predict_generation(model_or_config: Any, workload: LLMWorkload, device: str 
         kv_cache_mib_per_sequence=kv_seq, kv_cache_mib_per_sequence_std=0.0,
         reason=_reason(run, wl, dev.id, eng_name), sources=sources, mig=slices, details=details, **figs,
     )
+
+
+def _sources(ex: GenerationExecution, dev: Device, figs: dict[str, Any]) -> dict[str, str]:
+    """The source of each figure: latencies ``"predicted"`` by a fitted serving engine, else ``"analytic"``; energy
+    ``"predicted"`` with the device's fitted power constants, ``"unavailable"`` without a figure; the rest analytic."""
+    latency_src = "predicted" if ex.engine is not None and ex.engine.fitted else "analytic"
+    energy_src = "unavailable" if figs["energy_j_per_token"] is None else (
+        "predicted" if power_params_for(dev).fitted else "analytic")
+    sources = {name: "analytic" for name in GENERATION_FIGURES}
+    for name in ("prefill_ms", "decode_ms_per_token", "decode_ms_last", "e2e_ms", "tokens_per_s",
+                 "output_tokens_per_s"):
+        sources[name] = latency_src
+    sources["energy_j_per_token"] = energy_src
+    return sources
+
+
+def _engine_details(ex: GenerationExecution, run: Any, wl: LLMWorkload) -> dict[str, Any]:
+    """A serving engine's KV blocks (size, count, MiB allocated) and its constants' source; none without one."""
+    if ex.engine is None:
+        return {}
+    return {"kv_block_size": ex.block_size or ex.engine.block_size, "kv_blocks": run.capacity.blocks,
+            "kv_cache_mib_allocated": wl.batch_size * run.capacity.per_sequence_mib,
+            "engine_source": ex.engine.source}
 
 
 def _mig_slices(cfg: DecoderConfig, dev: Device, ex: GenerationExecution, wl: LLMWorkload,

@@ -37,7 +37,7 @@ def measure(
 
     Args:
         model: a ``torch.nn.Module``; with ``isolate=True`` a model SPEC string instead (see
-            :func:`dippm_nas.spec.load_model`), built in the worker process.
+            :func:`dippm_nas.capture.load_model`), built in the worker process.
         spec: the input spec (shapes, batch size, dtype).
         torch_device: ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
         settings: timing-relevant settings; ``None`` means :class:`MeasureSettings` defaults. They are

@@ -70,7 +70,8 @@ from dippm_nas.measure._cpu import CpuMeasurer
 from dippm_nas.measure._cuda import CudaMeasurer, parse_device
 from dippm_nas.measure._measurement import Measurement, MeasureSettings
 from dippm_nas.measure._nvml import NvmlAdapter
-from dippm_nas.spec import InputSpec, load_model
+from dippm_nas.capture import load_model
+from dippm_nas.spec import InputSpec
 from dippm_nas.units import BYTES_PER_MIB
 
 __all__ = [
@@ -106,7 +107,7 @@ class CampaignModel:
     Attributes:
         name: short label, unique in the set.
         family: ``"cnn"``, ``"vit"``, ``"swin"``, ``"bert"``, ``"gpt2"`` (or ``"smoke"``).
-        spec: the model SPEC string (:func:`dippm_nas.spec.load_model`) it is built from.
+        spec: the model SPEC string (:func:`dippm_nas.capture.load_model`) it is built from.
         inputs: the input spec without batch size and dtype: ``{"shape": [3, 224, 224]}`` or
             ``{"inputs": [{"name", "shape", "dtype", "high"}, ...]}`` (as :meth:`InputSpec.to_dict`).
         max_batch: largest batch size measured.
@@ -504,93 +505,134 @@ def run_campaign(
         MeasurementError: bad arguments, an existing campaign without ``resume``, a campaign of another
             set or device in ``out``, or CUDA asked for without CUDA.
     """
-    import torch
-
     device = renamed_keyword("run_campaign", "device", "torch_device", device, torch_device, "cuda", removed_in="0.2")
     t0 = clock()
-    if set_name not in VALIDATION_SETS:
-        raise MeasurementError(f"unknown validation set {set_name!r}; choices: {sorted(VALIDATION_SETS)}")
-    minutes = as_real(minutes, "minutes", low=0, low_inclusive=False, error=MeasurementError)
-    max_file_mib = as_real(max_file_mib, "max_file_mib", low=0, low_inclusive=False, error=MeasurementError)
-    kind, index = parse_device(device)
-    device = "cpu" if kind == "cpu" else f"cuda:{index}"
-    if kind == "cuda" and measurer is None and not torch.cuda.is_available():
-        raise MeasurementError("device 'cuda' was asked for but torch.cuda.is_available() is False; run the "
-                               "campaign on a GPU machine, or with --torch-device cpu for a dry run")
-    set_version, set_models = VALIDATION_SETS[set_name]
-    chosen = tuple(models) if models is not None else set_models
-    report = CampaignReport(out=str(out))
-    use_runtimes = list(runtimes)
-    if kind == "cpu" and "cuda-graphs" in use_runtimes:
-        use_runtimes.remove("cuda-graphs")
-        report.skipped["cuda-graphs"] = "CUDA graphs need a CUDA device"
-    items = plan_campaign(chosen, runtimes=use_runtimes, dtypes=dtypes, batches=batches)
+    campaign = _Campaign(out, set_name, models, device, own_measurer=measurer is None, minutes=minutes,
+                         max_file_mib=max_file_mib, runtimes=runtimes, dtypes=dtypes, batches=batches)
+    todo = campaign.prepare(resume, settings, deployment)
+    return campaign.run(todo, measurer, progress, clock, t0)
 
-    out_dir = Path(out)
+
+class _Campaign:
+    """One run of :func:`run_campaign`: the checked arguments and the plan (``__init__``), the directory, the
+    manifest and the rows left to measure (:meth:`prepare`), then the measuring loop (:meth:`run`)."""
+
+    def __init__(self, out: str | Path, set_name: str, models: Sequence[CampaignModel] | None, device: str, *,
+                 own_measurer: bool, minutes: float, max_file_mib: float, runtimes: Sequence[str],
+                 dtypes: Sequence[str], batches: Sequence[int]) -> None:
+        import torch
+
+        if set_name not in VALIDATION_SETS:
+            raise MeasurementError(f"unknown validation set {set_name!r}; choices: {sorted(VALIDATION_SETS)}")
+        self.minutes = as_real(minutes, "minutes", low=0, low_inclusive=False, error=MeasurementError)
+        self.max_file_mib = as_real(max_file_mib, "max_file_mib", low=0, low_inclusive=False, error=MeasurementError)
+        self.kind, index = parse_device(device)
+        self.device = "cpu" if self.kind == "cpu" else f"cuda:{index}"
+        if self.kind == "cuda" and own_measurer and not torch.cuda.is_available():
+            raise MeasurementError("device 'cuda' was asked for but torch.cuda.is_available() is False; run the "
+                                   "campaign on a GPU machine, or with --torch-device cpu for a dry run")
+        self.set_name = set_name
+        self.set_version, set_models = VALIDATION_SETS[set_name]
+        self.chosen = tuple(models) if models is not None else set_models
+        self.report = CampaignReport(out=str(out))
+        self.runtimes = list(runtimes)
+        if self.kind == "cpu" and "cuda-graphs" in self.runtimes:
+            self.runtimes.remove("cuda-graphs")
+            self.report.skipped["cuda-graphs"] = "CUDA graphs need a CUDA device"
+        self.dtypes, self.batches = list(dtypes), list(batches)
+        self.items = plan_campaign(self.chosen, runtimes=self.runtimes, dtypes=dtypes, batches=batches)
+        self.out_dir = Path(out)
+        self.manifest_path = self.out_dir / _MANIFEST
+
+    def prepare(self, resume: bool, settings: MeasureSettings | None,
+                deployment: Deployment | None) -> list[tuple[CampaignItem, str]]:
+        """Open the directory (see :func:`_done_keys`), start the manifest and the writer; the items and row
+        keys not measured yet, in plan order."""
+        done_keys = _done_keys(self.out_dir, resume, self.set_name, self.set_version)
+        self.done_before = len(done_keys)
+        self.facts = _device_facts(self.device)
+        self.dkey = _device_key(self.facts)
+        self.machine = deployment if deployment is not None else Deployment.detect()
+        self.settings = settings if settings is not None else campaign_settings(
+            threads=1 if self.kind == "cpu" else None)
+        manifest: dict[str, Any] = {
+            "set": self.set_name, "set_version": self.set_version, "source": CAMPAIGN_SOURCE,
+            "device_key": self.dkey, "machine": self.facts, "deployment": self.machine.to_dict(),
+            "options": {"minutes": self.minutes, "device": self.device, "runtimes": self.runtimes,
+                        "dtypes": self.dtypes, "batches": self.batches, "settings": self.settings.to_dict()},
+            "models": [dataclasses.asdict(m) for m in self.chosen], "started_at": _utc_now(),
+        }
+        if self.manifest_path.exists():
+            manifest["runs"] = _read_manifest(self.manifest_path).get("runs", [])
+        manifest.setdefault("runs", []).append({"started_at": manifest["started_at"], "device": self.device})
+        self.manifest = manifest
+        self.writer = _Writer(self.out_dir, int(self.max_file_mib * BYTES_PER_MIB), {
+            "created_by": "dippm-nas gpu-campaign", "set": self.set_name, "set_version": self.set_version})
+        keyed = [(it, it.row_key(self.set_name, self.set_version, self.dkey)) for it in self.items]
+        todo = [(it, k) for it, k in keyed if k not in done_keys]
+        self.report.planned, self.report.already = len(self.items), len(self.items) - len(todo)
+        return todo
+
+    def run(self, todo: list[tuple[CampaignItem, str]], measurer: Any,
+            progress: Callable[[int, int, CampaignItem, Measurement], None] | None,
+            clock: Callable[[], float], t0: float) -> CampaignReport:
+        """Measure ``todo`` in order until the budget (``minutes`` since ``t0``) is spent; the report."""
+        report, s = self.report, self.settings
+        own_measurer = measurer is None
+        if own_measurer:
+            measurer = CpuMeasurer(s) if self.kind == "cpu" else CudaMeasurer(s, torch_device=self.device)
+        cache: OrderedDict[str, Any] = OrderedDict()
+        budget_s = 60.0 * float(self.minutes)
+        try:
+            for n, (item, key) in enumerate(todo):
+                left_s = budget_s - (clock() - t0)
+                if left_s <= 0:
+                    report.left = len(todo) - n
+                    break
+                m = _measure_one(item, measurer, s, self.device, cache, left_s)
+                self.writer.write(_row(item, m, key, self.set_name, self.set_version, self.dkey, self.facts,
+                                       _row_deployment(self.machine, item, s, m)))
+                report.measured += 1
+                report.by_status[m.status] = report.by_status.get(m.status, 0) + 1
+                self._save_manifest()
+                if progress is not None:
+                    progress(n + 1, len(todo), item, m)
+        finally:
+            if own_measurer and hasattr(measurer, "close"):
+                measurer.close()
+        self._save_manifest(left_rows=report.left, skipped_runtimes=report.skipped)
+        report.seconds = clock() - t0
+        report.files = [str(p) for p in _parts(self.out_dir)]
+        return report
+
+    def _save_manifest(self, **more: Any) -> None:
+        self.manifest.update(measured_rows=self.done_before + self.report.measured, planned_rows=len(self.items),
+                             updated_at=_utc_now(), **more)
+        _write_json(self.manifest_path, self.manifest)
+
+
+def _done_keys(out_dir: Path, resume: bool, set_name: str, set_version: str) -> set[str]:
+    """Create the campaign directory; the row keys it holds (a resumed campaign of the same set), else none.
+
+    Raises:
+        MeasurementError: the directory cannot be created, holds a campaign and ``resume`` is off, or holds a
+            campaign of another set or set version.
+    """
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise MeasurementError(f"the campaign directory {str(out_dir)!r} cannot be created: {e.strerror or e}") from e
     manifest_path = out_dir / _MANIFEST
-    facts = _device_facts(device)
-    dkey = _device_key(facts)
-    machine = deployment if deployment is not None else Deployment.detect()
-    done_keys: set[str] = set()
-    if _parts(out_dir) or manifest_path.exists():
-        if not resume:
-            raise MeasurementError(f"{out_dir} already holds a campaign; pass resume=True (--resume) to continue "
-                                   "it, or choose another directory")
-        old = _read_manifest(manifest_path) if manifest_path.exists() else {}
-        if old and (old.get("set") != set_name or old.get("set_version") != set_version):
-            raise MeasurementError(f"{out_dir} holds a campaign of set {old.get('set')!r} v{old.get('set_version')}, "
-                                   f"not {set_name!r} v{set_version}; use another directory")
-        done_keys = {r["row_key"] for r in read_campaign_rows(out_dir)}
-    s = settings if settings is not None else campaign_settings(threads=1 if kind == "cpu" else None)
-    manifest: dict[str, Any] = {
-        "set": set_name, "set_version": set_version, "source": CAMPAIGN_SOURCE, "device_key": dkey,
-        "machine": facts, "deployment": machine.to_dict(),
-        "options": {"minutes": minutes, "device": device, "runtimes": use_runtimes, "dtypes": list(dtypes),
-                    "batches": list(batches), "settings": s.to_dict()},
-        "models": [dataclasses.asdict(m) for m in chosen], "started_at": _utc_now(),
-    }
-    if manifest_path.exists():
-        manifest["runs"] = _read_manifest(manifest_path).get("runs", [])
-    manifest.setdefault("runs", []).append({"started_at": manifest["started_at"], "device": device})
-    writer = _Writer(out_dir, int(max_file_mib * BYTES_PER_MIB), {"created_by": "dippm-nas gpu-campaign",
-                                                          "set": set_name, "set_version": set_version})
-    keyed = [(it, it.row_key(set_name, set_version, dkey)) for it in items]
-    todo = [(it, k) for it, k in keyed if k not in done_keys]
-    report.planned, report.already = len(items), len(items) - len(todo)
-
-    own_measurer = measurer is None
-    if own_measurer:
-        measurer = CpuMeasurer(s) if kind == "cpu" else CudaMeasurer(s, torch_device=device)
-    cache: OrderedDict[str, Any] = OrderedDict()
-    budget_s = 60.0 * float(minutes)
-    try:
-        for n, (item, key) in enumerate(todo):
-            left_s = budget_s - (clock() - t0)
-            if left_s <= 0:
-                report.left = len(todo) - n
-                break
-            m = _measure_one(item, measurer, s, device, cache, left_s)
-            writer.write(_row(item, m, key, set_name, set_version, dkey, facts, _row_deployment(machine, item, s, m)))
-            report.measured += 1
-            report.by_status[m.status] = report.by_status.get(m.status, 0) + 1
-            manifest.update(measured_rows=len(done_keys) + report.measured, planned_rows=len(items),
-                            updated_at=_utc_now())
-            _write_json(manifest_path, manifest)
-            if progress is not None:
-                progress(n + 1, len(todo), item, m)
-    finally:
-        if own_measurer and hasattr(measurer, "close"):
-            measurer.close()
-    manifest.update(measured_rows=len(done_keys) + report.measured, planned_rows=len(items), updated_at=_utc_now(),
-                    left_rows=report.left, skipped_runtimes=report.skipped)
-    _write_json(manifest_path, manifest)
-    report.seconds = clock() - t0
-    report.files = [str(p) for p in _parts(out_dir)]
-    return report
+    if not (_parts(out_dir) or manifest_path.exists()):
+        return set()
+    if not resume:
+        raise MeasurementError(f"{out_dir} already holds a campaign; pass resume=True (--resume) to continue "
+                               "it, or choose another directory")
+    old = _read_manifest(manifest_path) if manifest_path.exists() else {}
+    if old and (old.get("set") != set_name or old.get("set_version") != set_version):
+        raise MeasurementError(f"{out_dir} holds a campaign of set {old.get('set')!r} v{old.get('set_version')}, "
+                               f"not {set_name!r} v{set_version}; use another directory")
+    return {r["row_key"] for r in read_campaign_rows(out_dir)}
 
 
 def _measure_one(item: CampaignItem, measurer: Any, settings: MeasureSettings, device: str,

@@ -80,7 +80,7 @@ def check_call(model: Any, spec: Any, settings: MeasureSettings) -> None:
     if not isinstance(model, torch.nn.Module):
         raise MeasurementError(
             f"measure() takes a torch.nn.Module, got {type(model).__name__} "
-            "(load a model SPEC string with dippm_nas.spec.load_model first; ONNX files cannot be measured)"
+            "(load a model SPEC string with dippm_nas.capture.load_model first; ONNX files cannot be measured)"
         )
     if not isinstance(spec, InputSpec):
         raise MeasurementError(f"spec must be a dippm_nas.InputSpec, got {type(spec).__name__}")

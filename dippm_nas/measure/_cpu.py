@@ -61,6 +61,46 @@ def _checked_delta_mib(delta_bytes: int, weights: int) -> tuple[float | None, st
     return to_mib(delta_bytes), None
 
 
+def _environment(s: MeasureSettings, threads: int, rapl: bool) -> dict[str, Any]:
+    """The row's environment, after a garbage collection and (``cpu_allocator="steady"``) the allocator fixed and
+    the free heap given back, so that earlier models' pages do not hide this one's from the RSS delta."""
+    env = base_environment(s, threads)
+    env.update({"device_kind": "cpu", "mig": False, "rapl": rapl,
+                "allocator": steady_allocator() if s.cpu_allocator == "steady" else "as-is: requested"})
+    gc.collect()
+    # free pages of earlier models would hide this one's from the RSS delta (steady mode keeps them)
+    env["heap_trimmed"] = release_free_memory() if s.cpu_allocator == "steady" else False
+    return env
+
+
+def _start_rss(env: dict[str, Any]) -> PeakRss | None:
+    """A started peak-RSS reader (its method in ``env["rss_method"]``), or ``None`` with the reason there."""
+    rss = PeakRss()
+    try:
+        rss.start()
+    except MeasurementError as e:  # no /proc and no psutil: latency still measured, memory flagged
+        env["rss_method"] = f"unavailable: {e}"
+        return None
+    env["rss_method"] = rss.method
+    return rss
+
+
+def _memory_fields(rss_bytes: tuple[int, int] | None, env: dict[str, Any], status: str,
+                   weights_bytes: int) -> tuple[float | None, str | None, dict[str, float]]:
+    """``(memory_mib, memory_reason, memory_parts_mib)`` of a run from its ``(before, peak)`` RSS bytes: the
+    delta when the run got far enough (``ok`` or ``timeout``) and it holds at least the weights."""
+    if rss_bytes is None:
+        return None, f"no RSS reading: {env['rss_method']}", {}
+    before, peak = rss_bytes
+    delta = max(0, peak - before)
+    parts = {"rss_before_mib": to_mib(before), "rss_peak_mib": to_mib(peak), "rss_delta_mib": to_mib(delta)}
+    if status not in ("ok", "timeout"):
+        return None, None, parts
+    memory_mib, memory_reason = _checked_delta_mib(delta, weights_bytes)
+    parts["weights_mib"] = to_mib(weights_bytes)
+    return memory_mib, memory_reason, parts
+
+
 class CpuMeasurer:
     """Measures a model's forward pass on the host CPU.
 
@@ -124,19 +164,8 @@ class CpuMeasurer:
         details: dict[str, float] = {}
         cpu = torch.device("cpu")
         with fixed_threads(s.threads) as threads:
-            env = base_environment(s, threads)
-            env.update({"device_kind": "cpu", "mig": False, "rapl": rapl is not None,
-                        "allocator": steady_allocator() if s.cpu_allocator == "steady" else "as-is: requested"})
-            gc.collect()
-            # free pages of earlier models would hide this one's from the RSS delta (steady mode keeps them)
-            env["heap_trimmed"] = release_free_memory() if s.cpu_allocator == "steady" else False
-            rss: PeakRss | None = PeakRss()
-            try:
-                rss.start()
-                env["rss_method"] = rss.method
-            except MeasurementError as e:  # no /proc and no psutil: latency still measured, memory flagged
-                env["rss_method"] = f"unavailable: {e}"
-                rss = None
+            env = _environment(s, threads, rapl is not None)
+            rss = _start_rss(env)
             weights_bytes = 0
             try:
                 m = guarded("model preparation", prepare_model, model, spec, cpu, s)
@@ -167,18 +196,7 @@ class CpuMeasurer:
                 logger.debug("CPU measurement fault: %s", reason, exc_info=fault.original)
             finally:
                 rss_bytes = rss.stop() if rss is not None else None
-        parts: dict[str, float] = {}
-        memory_mib: float | None = None
-        memory_reason: str | None = None
-        if rss_bytes is None:
-            memory_reason = f"no RSS reading: {env['rss_method']}"
-        else:
-            before, peak = rss_bytes
-            delta = max(0, peak - before)
-            parts = {"rss_before_mib": to_mib(before), "rss_peak_mib": to_mib(peak), "rss_delta_mib": to_mib(delta)}
-            if status in ("ok", "timeout"):
-                memory_mib, memory_reason = _checked_delta_mib(delta, weights_bytes)
-                parts["weights_mib"] = to_mib(weights_bytes)
+        memory_mib, memory_reason, parts = _memory_fields(rss_bytes, env, status, weights_bytes)
         return build_row(
             **latency_fields(samples),
             energy_j=energy_j,

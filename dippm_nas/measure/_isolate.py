@@ -57,6 +57,15 @@ def _failed_row(status: str, reason: str, spec: InputSpec, device: str, settings
     )
 
 
+def _usage_error(err: dict[str, Any]) -> errors.DippmNasError:
+    """The worker's usage error as this process's exception of the same class (a :class:`MeasurementError` when the
+    worker named no :class:`~dippm_nas.errors.DippmNasError` class)."""
+    cls = getattr(errors, err.get("type", ""), None)
+    if not (isinstance(cls, type) and issubclass(cls, errors.DippmNasError)):
+        cls = MeasurementError
+    return cls(f"(in the measurement worker) {err.get('message')}")
+
+
 def measure_isolated(
     model: str,
     spec: InputSpec,
@@ -70,7 +79,7 @@ def measure_isolated(
     """Measure a model built from a SPEC string in a fresh Python process.
 
     Args:
-        model: a model SPEC string (see :func:`dippm_nas.spec.load_model`), e.g.
+        model: a model SPEC string (see :func:`dippm_nas.capture.load_model`), e.g.
             ``"torchvision:resnet18"`` or ``"search_spaces.mbconv:build"``.
         spec: the input spec.
         torch_device: ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
@@ -130,11 +139,7 @@ def measure_isolated(
                                spec, str(device), settings)
         result = json.loads(res_path.read_text())
     if "usage_error" in result:
-        err = result["usage_error"]
-        cls = getattr(errors, err.get("type", ""), None)
-        if not (isinstance(cls, type) and issubclass(cls, errors.DippmNasError)):
-            cls = MeasurementError
-        raise cls(f"(in the measurement worker) {err.get('message')}")
+        raise _usage_error(result["usage_error"])
     row = Measurement.from_dict(result["measurement"])
     env_out = dict(row.environment)
     env_out["isolated"] = True

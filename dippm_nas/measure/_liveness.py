@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from dippm_nas.errors import MeasurementError
-from dippm_nas.spec import InputSpec, load_model
+from dippm_nas.capture import load_model
+from dippm_nas.spec import InputSpec
 
 __all__ = ["ActivationReference", "reference_activation_peak", "CUDA_BLOCK_BYTES"]
 

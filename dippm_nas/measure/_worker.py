@@ -19,7 +19,8 @@ from dippm_nas import errors
 from dippm_nas.errors import ModelSpecError
 from dippm_nas.measure._api import measure
 from dippm_nas.measure._measurement import MeasureSettings
-from dippm_nas.spec import InputSpec, load_model
+from dippm_nas.capture import load_model
+from dippm_nas.spec import InputSpec
 
 __all__ = ["main"]
 

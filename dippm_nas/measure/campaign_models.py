@@ -1,6 +1,6 @@
 """Model builders of the GPU campaign's validation sets that are not ``torchvision:`` / ``timm:`` SPECs.
 
-Each is a ``package.module:callable`` model SPEC (:func:`dippm_nas.spec.load_model`), so a row records a
+Each is a ``package.module:callable`` model SPEC (:func:`dippm_nas.capture.load_model`), so a row records a
 string from which the same architecture is built again on another machine (random weights, nothing
 downloaded):
 

@@ -28,9 +28,7 @@ it is missing; :func:`final_metrics`, :func:`scalarize`, :class:`Budgets`, the s
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
+from dippm_nas._lazy import lazy_face
 from dippm_nas.budgets import Budgets
 from dippm_nas.nni._network import LOOPBACK_PRELOAD_JS, free_port, loopback_only, write_loopback_preload
 from dippm_nas.nni._report import METRIC_KEYS, final_metrics, mig_label, report, tuner_settings
@@ -49,23 +47,8 @@ __all__ = [
 
 # Names whose modules import NNI (and, for NAS, the lightning packages): loaded on first access, so that
 # `import dippm_nas.nni` works without NNI and NNI's dispatcher can still import the tuner by class path.
-_LAZY = {
-    "HardwareAwareTuner": "dippm_nas.nni._tuner",
-    "TunerStats": "dippm_nas.nni._tuner",
-    "STATS_FILE_NAME": "dippm_nas.nni._tuner",
-    "DippmProfiler": "dippm_nas.nni._profiler",
-    "TinyConvSpace": "dippm_nas.nni._example_space",
-}
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_face(__name__, {
+    "dippm_nas.nni._tuner": ("HardwareAwareTuner", "TunerStats", "STATS_FILE_NAME"),
+    "dippm_nas.nni._profiler": ("DippmProfiler",),
+    "dippm_nas.nni._example_space": ("TinyConvSpace",),
+})

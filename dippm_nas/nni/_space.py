@@ -37,7 +37,8 @@ from typing import Any
 from dippm_nas._json import canonical_json
 from dippm_nas._numbers import as_int, is_real
 from dippm_nas.errors import InputSpecError, ModelSpecError, SearchSpaceError
-from dippm_nas.spec import InputSpec, load_callable
+from dippm_nas.capture import load_callable
+from dippm_nas.spec import InputSpec
 import search_spaces
 
 __all__ = ["Dimension", "parse_search_space", "PARAMETERS_KEY", "model_from_parameters", "SUPPORTED_TYPES",
@@ -387,7 +388,7 @@ def spec_from_parameters(parameters: Mapping[str, Any]) -> InputSpec | None:
 
 
 def load_factory(factory: str) -> Any:
-    """The callable a ``model_factory`` string names (see :func:`dippm_nas.spec.load_callable`).
+    """The callable a ``model_factory`` string names (see :func:`dippm_nas.capture.load_callable`).
 
     Raises:
         ModelSpecError: not ``package.module:callable``, a module that cannot be imported, a missing name

@@ -20,9 +20,13 @@ How a trial's parameters are made (``generate_parameters``, called by NNI's disp
    :class:`dippm_nas.optuna.HardwareCostModel`: ``mean + k_sigma * std - budget`` in ms, J or MiB, ``<= 0``
    feasible) are set on the Optuna trial (``set_constraint`` on Optuna >= 5, the sampler's
    ``constraints_func`` on Optuna 4), so the constrained samplers learn where the feasible region is; the
-   trial also records ``predicted_<figure>``, ``predicted_<figure>_std``, ``margin_<figure>``,
-   ``k_sigma_<figure>``, ``budget_<figure>``, ``std_missing_<figure>`` and ``deployment`` (the tuner's
-   :class:`~dippm_nas.Deployment` as :meth:`~dippm_nas.Deployment.to_dict`).
+   trial also records the :class:`~dippm_nas.trial.TrialRecord` that :class:`dippm_nas.optuna.HardwareCostModel`
+   writes: ``predicted_<figure>``, ``predicted_<figure>_std``, ``<figure>_source``, ``predicted_device``,
+   ``deployment`` (:meth:`~dippm_nas.Deployment.to_dict`), ``constraint_<figure>``, ``margin_<figure>``,
+   ``k_sigma_<figure>``, ``budget_<figure>``, ``std_missing_<figure>``, ``feasible``, ``input_spec``,
+   ``cost_model_s`` and, with ``builder``, ``search_space`` and ``search_space_config``, so
+   :class:`~dippm_nas.validation.ParetoValidator` validates the tuner's study as it does a ``HardwareCostModel``
+   one. The ``dippm_predicted`` dict (the figures sent to the trial) is written too, for one release.
 4. A configuration over a bound is **skipped**: the first time, it is told to Optuna as complete and
    infeasible, with its predicted objectives and the worst value (``-inf`` for maximise, ``+inf`` for
    minimise) for the objectives only a trial can measure (it was never trained); a later sample of the same
@@ -58,6 +62,7 @@ import json
 import logging
 import math
 import os
+import time
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -67,7 +72,7 @@ from typing import Any
 from dippm_nas._json import loads_json
 from dippm_nas._numbers import as_int, is_real
 from dippm_nas._optional import require
-from dippm_nas.budgets import Budgets, ChanceCheck, trial_attrs
+from dippm_nas.budgets import Budgets, ChanceCheck
 from dippm_nas.capture import assemble
 from dippm_nas.deployment import Deployment
 from dippm_nas.devices import resolve_device
@@ -81,6 +86,7 @@ from dippm_nas.optuna import optuna_has_set_constraint, rdb_storage
 from dippm_nas.prediction import Prediction
 from dippm_nas.predictor import DEFAULT_DEVICE, predict
 from dippm_nas.spec import InputSpec
+from dippm_nas.trial import TrialRecord
 import search_spaces
 
 _nni = require("nni", "nni", "dippm_nas.nni.HardwareAwareTuner")
@@ -164,6 +170,7 @@ class _Evaluation:
     prediction: Prediction | None = None
     checks: dict[str, ChanceCheck] = field(default_factory=dict)
     error: str | None = None
+    seconds: float = 0.0
 
     @property
     def violations(self) -> dict[str, float]:
@@ -677,7 +684,9 @@ class HardwareAwareTuner(Tuner):
             number = self._resumed.pop(key)
             ft = self.study.get_trials(deepcopy=False)[number]
             trial = optuna.trial.Trial(self.study, ft._trial_id)
-            told = self._tell_result(trial, ft.user_attrs.get("dippm_predicted", {}), value, f"trial {number}")
+            rec = TrialRecord.from_attrs(ft.user_attrs)
+            predicted = {f: getattr(rec, f) for f in PREDICTED_OBJECTIVES}
+            told = self._tell_result(trial, predicted, value, f"trial {number}")
             if told is False:
                 raise DippmNasError(f"the result of trial {number} ({key}) was not usable; told Optuna it failed")
             return "told"
@@ -738,17 +747,18 @@ class HardwareAwareTuner(Tuner):
         assert self.input_spec is not None
         return {"model_factory": self.model_factory, "model_params": ev.config, "input": self.input_spec.to_dict()}
 
+    def _record_of(self, ev: _Evaluation) -> TrialRecord:
+        """The trial record of a predicted config: the one ``HardwareCostModel`` writes (with the search space and
+        config of a ``builder`` model, so ``ParetoValidator`` rebuilds it)."""
+        assert ev.prediction is not None
+        space = self.builder if self.space is not None else None
+        return TrialRecord.of(ev.prediction, ev.checks, deployment=self.deployment.to_dict(), input_spec=ev.spec,
+                              search_space=space, search_space_config=ev.config if space is not None else None,
+                              cost_model_s=ev.seconds)
+
     def _cost_attrs(self, ev: _Evaluation) -> dict[str, Any]:
-        """User attributes of the prediction, its chance checks (units in the keys) and the deployment."""
-        p = ev.prediction
-        assert p is not None
-        out: dict[str, Any] = {}
-        for f in PREDICTED_OBJECTIVES:
-            out[f"predicted_{f}"] = getattr(p, f)
-            out[f"predicted_{f}_std"] = getattr(p, f + "_std")
-        out.update(trial_attrs(ev.checks))
-        out["deployment"] = self.deployment.to_dict()
-        return out
+        """User attributes of the prediction: :meth:`TrialRecord.to_attrs` (units in the keys)."""
+        return self._record_of(ev).to_attrs()
 
     def _record_cost(self, trial: Any, ev: _Evaluation) -> None:
         """Set the constraints and the cost attributes on a sampled trial."""
@@ -796,6 +806,7 @@ class HardwareAwareTuner(Tuner):
         if ev is not None:
             return ev
         ev = _Evaluation(config=config)
+        t0 = time.perf_counter()
         try:
             if self.space is not None:
                 ev.spec = self.space.input_spec(config, batch_size=self.batch_size, dtype=self.dtype)
@@ -824,6 +835,7 @@ class HardwareAwareTuner(Tuner):
                 raise InvalidValueError(f"device {self.device!r} gives no energy figure (energy_source "
                                         f"'unavailable'); remove 'energy_j' from objectives and budgets")
             ev.checks = self.budgets.check(ev.prediction)
+        ev.seconds = time.perf_counter() - t0
         self._evaluations[ckey] = ev
         return ev
 

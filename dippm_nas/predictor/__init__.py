@@ -10,13 +10,14 @@ The torch ensemble and its batching (``SageEnsemble``, ``TorchEngine``, ``collat
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from dippm_nas._lazy import lazy_face
 from dippm_nas.predictor._adapt import (ANY_SPACE, HANDOVER_ROWS, HEAD_MIN_ROWS, RIDGE_GRID, Adaptation, AdaptationKey,
                                         ResidualHead, deployment_key, fit_residual_head)
 from dippm_nas.predictor._adapt_store import AdaptationStore, default_adapt_url
 from dippm_nas.predictor._api import DEFAULT_DEVICE, get_predictor, predict, predict_many, set_predictor
-from dippm_nas.predictor._base import AnalyticPredictor, BasePredictor
+from dippm_nas.predictor._base import BATCH_MIN_GRAPHS, AnalyticPredictor, BasePredictor
 from dippm_nas.predictor._calibrate import (ANALYTIC_IDENTITY, CALIBRATION_CLASSES, CLASS_SPREAD_LOG,
                                             MAX_CORRECTION_LOG, SCATTER_FLOOR_LOG, SLOPE_BOUNDS, Calibration,
                                             TimelineFactors, calibration_classes, calibration_path,
@@ -36,6 +37,7 @@ if TYPE_CHECKING:  # pragma: no cover - what __getattr__ returns, for type check
     from dippm_nas.predictor._ensemble import DELTA_MARGIN, SageEnsemble, TorchEngine, collate, collate_globals
 
 __all__ = ["predict", "predict_many", "get_predictor", "set_predictor", "DEFAULT_DEVICE", "BasePredictor",
+           "BATCH_MIN_GRAPHS",
            "AnalyticPredictor", "GnnPredictor", "Calibration", "TimelineFactors", "fit_timeline_factors",
            "fit_calibration", "checkpoint_identity", "calibration_path", "load_calibration", "save_calibration",
            "delete_calibration", "calibration_classes", "CALIBRATION_CLASSES", "CLASS_SPREAD_LOG", "SCATTER_FLOOR_LOG",
@@ -50,18 +52,6 @@ __all__ = ["predict", "predict_many", "get_predictor", "set_predictor", "DEFAULT
            "default_adapt_url", "HANDOVER_ROWS", "HEAD_MIN_ROWS", "RIDGE_GRID", "ANY_SPACE"]
 
 #: The names of the torch ensemble module, imported on first access.
-_TORCH_NAMES = ("SageEnsemble", "TorchEngine", "collate", "collate_globals", "DELTA_MARGIN")
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _TORCH_NAMES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from dippm_nas.predictor import _ensemble
-
-    value = getattr(_ensemble, name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_face(__name__, {
+    "dippm_nas.predictor._ensemble": ("SageEnsemble", "TorchEngine", "collate", "collate_globals", "DELTA_MARGIN"),
+})

@@ -4,7 +4,8 @@
 updated: two processes adapting one key at once each insert their own rows, so none is lost), and
 ``dippm_adaptation_versions`` every fitted :class:`~dippm_nas.predictor.Adaptation` of a key, numbered
 1, 2, ... (the pair ``(key_digest, version)`` is unique: two processes saving at once get different numbers,
-the second retries). Columns hold data only: JSON text, zlib-compressed graph JSON, and the heads' arrays as an
+the second retries). Columns hold data only: JSON text, zlib-compressed graph JSON (read back to at most
+:data:`~dippm_nas.cache.MAX_GRAPH_JSON_BYTES`), and the heads' arrays as an
 ``.npz`` read with ``np.load(allow_pickle=False)``; each version carries a SHA-256 checksum of its meta JSON and
 arrays, the checkpoint hash it was fitted on and its row count.
 
@@ -24,13 +25,14 @@ import os
 import socket
 import sqlite3
 import time
-import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dippm_nas._compress import deflate, inflate
 from dippm_nas._paths import cache_dir
+from dippm_nas.cache import MAX_GRAPH_JSON_BYTES
 from dippm_nas.errors import AdaptationError
 from dippm_nas.graph import OperatorGraph
 
@@ -125,15 +127,12 @@ class AdaptationStore:
 
     def __init__(self, url: str | None = None) -> None:
         import sqlalchemy as sa
-        from sqlalchemy.engine import make_url
 
-        from dippm_nas._sql import create_tables, make_engine
+        from dippm_nas._sql import create_tables, make_engine, parse_url
 
         self.url = url or default_adapt_url()
-        try:
-            parsed = make_url(self.url)
-        except Exception as e:  # noqa: BLE001 - SQLAlchemy raises ArgumentError or ValueError
-            raise AdaptationError(f"invalid adaptation store URL {self.url!r}: {e}") from e
+        parsed = parse_url(self.url, what="adaptation store", error=AdaptationError, none_ok=True,
+                           example="'sqlite:////path/adaptations.sqlite' or 'postgresql+psycopg2://user@host/db'")
         self._sa = sa
         self._md = sa.MetaData()
         self._rows = sa.Table(
@@ -180,7 +179,7 @@ class AdaptationStore:
         writer = f"{socket.gethostname()}:{os.getpid()}"
         now = time.time()
         values = [{"key_digest": key_digest, "key_json": key_json, "graph_digest": graph_digest(gk),
-                   "graph_json_z": zlib.compress(g.to_json().encode(), 6),
+                   "graph_json_z": deflate(g.to_json().encode()),
                    "labels_json": json.dumps(dict(y), sort_keys=True), "writer": writer, "created_at": now}
                   for g, gk, y in rows]
         with self._tx() as conn:
@@ -197,7 +196,7 @@ class AdaptationStore:
         out = []
         for rid, blob, labels in got:
             try:
-                out.append((OperatorGraph.from_json(zlib.decompress(bytes(blob))),
+                out.append((OperatorGraph.from_json(inflate(bytes(blob), MAX_GRAPH_JSON_BYTES)),
                             {str(k): float(v) for k, v in json.loads(labels).items()}))
             except Exception as e:  # noqa: BLE001 - one damaged row never stops a refit
                 logger.warning("adaptation store %s: row %s does not decode (%s: %s); left out", self.url, rid,

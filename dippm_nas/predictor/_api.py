@@ -13,7 +13,7 @@ from typing import Any
 
 from dippm_nas._numbers import as_bool, as_int
 from dippm_nas.budgets import check_k_sigma
-from dippm_nas.capture import CacheArg, assemble, assemble_chunks, capture, capture_many, space_config_of
+from dippm_nas.capture import CacheArg, ModelSource, assemble, assemble_chunks, capture, capture_many
 from dippm_nas.deployment import Deployment
 from dippm_nas.errors import CheckpointError, DippmNasError, InputSpecError, InvalidTypeError
 from dippm_nas.graph import OperatorGraph
@@ -103,21 +103,13 @@ def set_predictor(device: str, predictor: BasePredictor | None) -> None:
             _PREDICTORS[dev_id] = predictor
 
 
-def _graph_of(model_or_graph: Any, spec: InputSpec | None, cache: CacheArg) -> OperatorGraph:
-    if isinstance(model_or_graph, OperatorGraph):
-        if spec is not None and spec != model_or_graph.spec:
-            raise InputSpecError(
-                f"the graph was captured with {model_or_graph.spec}, which differs from spec={spec}; "
-                "pass spec=None with a graph, or capture the model again with the new spec"
-            )
-        return model_or_graph
-    if spec is None:
-        raise InputSpecError("spec is required with a model (InputSpec(shape=(3, 224, 224), batch_size=8)); "
-                             "only an OperatorGraph carries its own")
-    sc = space_config_of(model_or_graph)
-    if sc is not None:  # a registered search space's candidate: assembled from cached blocks (the same graph)
-        return assemble(sc[0], sc[1], spec, cache=cache)
-    return capture(model_or_graph, spec, cache=cache)
+def _graph_of(source: ModelSource, cache: CacheArg) -> OperatorGraph:
+    """The graph of ``source``: its own, assembled from a search space's cached blocks, or captured."""
+    if source.graph is not None:
+        return source.graph
+    if source.assemblable:  # a registered search space's candidate: assembled from cached blocks (the same graph)
+        return assemble(source.search_space, source.search_space_config, source.spec, cache=cache)
+    return capture(source, None, cache=cache)
 
 
 def _takes_deployment(predictor: BasePredictor) -> bool:
@@ -147,8 +139,9 @@ def predict(model_or_graph: Any, spec: InputSpec | None = None, device: str = DE
     """Predicted latency, energy and memory of one model on ``device``.
 
     Args:
-        model_or_graph: an ``nn.Module``, ONNX path, model SPEC string, or an :class:`OperatorGraph`. A model
-            from a registered search space (built by ``search_spaces.build_model``, or the lazy
+        model_or_graph: an ``nn.Module``, ONNX path, model SPEC string, zero-argument factory, :class:`OperatorGraph`
+            or :class:`~dippm_nas.capture.ModelSource` (parsed once by :meth:`ModelSource.parse`). A model from a
+            registered search space (built by ``search_spaces.build_model``, or the lazy
             ``functools.partial(search_spaces.build_model, name, config)``) is assembled from cached blocks
             (:func:`dippm_nas.capture.assemble`: the same graph as a whole capture, without exporting it).
         spec: the input spec (required unless a graph is given).
@@ -178,7 +171,7 @@ def predict(model_or_graph: Any, spec: InputSpec | None = None, device: str = DE
         DeviceError: an unknown device or an unreadable host profile.
     """
     predictor, mig, k_sigma, dep = _checked(device, mig, k_sigma, deployment, runtime, host)  # before any capture
-    graph = _graph_of(model_or_graph, spec, cache)
+    graph = _graph_of(ModelSource.parse(model_or_graph, spec), cache)
     (pred,) = _predict_graphs(predictor, [graph], mig=mig, k_sigma=k_sigma, deployment=dep)
     return pred
 
@@ -191,7 +184,7 @@ def _checked(device: str, mig: Any, k_sigma: Any, deployment: Any, runtime: Any,
     k_sigma = check_k_sigma(k_sigma)
     dep = Deployment.coerce(deployment, runtime=runtime, host=host)
     predictor = get_predictor(device)
-    deployment_of(predictor.device, dep)
+    deployment_of(predictor.resolved_device, dep)
     return predictor, mig, k_sigma, dep
 
 
@@ -209,7 +202,8 @@ def predict_many(items: Iterable[Any], device: str = DEFAULT_DEVICE, *, workers:
     and predicted :data:`PREDICT_CHUNK` at a time, so a call over many of them holds that many graphs at most.
 
     Args:
-        items: :class:`OperatorGraph` objects or ``(model, spec)`` pairs (as for :func:`dippm_nas.capture_many`).
+        items: :class:`OperatorGraph` objects, :class:`~dippm_nas.capture.ModelSource` objects or ``(model, spec)``
+            pairs (``model`` in any form :func:`predict` takes).
         device, cache, mig, k_sigma, deployment, runtime, host: as for :func:`predict`.
         workers: conversion processes for the items that are not graphs yet.
         progress: show a progress bar while converting.
@@ -219,26 +213,28 @@ def predict_many(items: Iterable[Any], device: str = DEFAULT_DEVICE, *, workers:
         that item (a failing candidate never fails the batch).
     """
     if isinstance(items, (str, bytes, Mapping)) or not isinstance(items, Iterable):
-        raise InvalidTypeError(f"items must be a list of OperatorGraphs or (model, InputSpec) pairs, got "
-                               f"{type(items).__name__}")
+        raise InvalidTypeError(f"items must be a list of OperatorGraphs, ModelSources or (model, InputSpec) pairs, "
+                               f"got {type(items).__name__}")
     items = list(items)
     workers = as_int(workers, "workers", low=1, hint=" (conversion processes)")
     progress = as_bool(progress, "progress")
     predictor, mig, k_sigma, dep = _checked(device, mig, k_sigma, deployment, runtime, host)  # before any conversion
     out: list[Prediction | DippmNasError | None] = [None] * len(items)
     graphs: list[OperatorGraph | None] = [None] * len(items)
-    todo = [(i, it) for i, it in enumerate(items) if not isinstance(it, OperatorGraph)]
-    for i, it in enumerate(items):
-        if isinstance(it, OperatorGraph):
-            graphs[i] = it
     spaced: list[tuple[int, Any]] = []
     whole: list[tuple[int, Any]] = []
-    for i, it in todo:
-        sc = space_config_of(it[0]) if isinstance(it, tuple) and len(it) == 2 else None
-        if sc is not None:
-            spaced.append((i, (sc[0], sc[1], it[1])))
+    for i, it in enumerate(items):
+        try:
+            source = _source_of(i, it)
+        except DippmNasError as e:  # a bad item fails alone
+            out[i] = e
+            continue
+        if source.graph is not None:
+            graphs[i] = source.graph
+        elif source.assemblable:
+            spaced.append((i, (source.search_space, source.search_space_config, source.spec)))
         else:
-            whole.append((i, it))
+            whole.append((i, (source.model, source.spec)))
     # search-space candidates: assembled and predicted a chunk at a time, so at most PREDICT_CHUNK graphs are held
     for results in (assemble_chunks([it for _, it in spaced], chunk_size=PREDICT_CHUNK, workers=workers, cache=cache,
                                     progress=progress) if spaced else ()):
@@ -266,3 +262,19 @@ def predict_many(items: Iterable[Any], device: str = DEFAULT_DEVICE, *, workers:
     return [o for o in out]  # type: ignore[misc]
 
 
+def _source_of(index: int, item: Any) -> ModelSource:
+    """The :class:`ModelSource` of item ``index`` of :func:`predict_many`.
+
+    Raises:
+        InputSpecError: the item is no graph, no ModelSource and no ``(model, InputSpec)`` pair.
+        ModelSpecError: the model is none of the forms :func:`predict` takes.
+    """
+    if isinstance(item, (OperatorGraph, ModelSource)):
+        return ModelSource.parse(item)
+    if not isinstance(item, (tuple, list)) or len(item) != 2:
+        raise InputSpecError(f"item {index} must be an OperatorGraph, a ModelSource or a (model, InputSpec) pair, got "
+                             f"{type(item).__name__} {repr(item)[:80]}")
+    try:
+        return ModelSource.parse(*item)
+    except DippmNasError as e:
+        raise type(e)(f"item {index}: {e}") from e

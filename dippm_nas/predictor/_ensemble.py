@@ -265,11 +265,10 @@ class SageEnsemble(nn.Module):
                                        (1.0 / nt.clamp_min(1).to(torch.float32))[bt], (g, num),
                                        is_coalesced=True, check_invariants=False)
         mean = torch.sparse.mm(pool, flat)
-        if n.all():  # per-graph amax beats segment_reduce's kernel several times on small graphs
-            mx = torch.stack([t.amax(0) for t in flat.split(n.tolist())])
-        else:  # an empty graph: its max is forward's fill value
-            mx = torch.segment_reduce(flat, "max", lengths=nt, axis=0, unsafe=True, initial=-1e4)
-        mx = mx.clamp_min_(-1e4)  # forward's scatter_reduce includes the -1e4 fill
+        # forward's max readout (the -1e4 fill included: an empty graph's max); one kernel for the chunk, faster
+        # than a max per graph and several times faster than segment_reduce
+        mx = torch.full((g, k * d), -1e4).scatter_reduce_(0, bt.unsqueeze(1).expand(num, k * d), flat, reduce="amax",
+                                                          include_self=True)
         return torch.cat([mean.view(g, k, d), mx.view(g, k, d)], 2).transpose(0, 1)
 
 

@@ -42,16 +42,17 @@ import numpy as np
 from dippm_nas._logging import WarnOnce
 from dippm_nas._platform import cpu_model_name
 from dippm_nas.errors import CheckpointError, DippmNasError, InvalidValueError
-from dippm_nas.features import GraphFeatures, featurize, static_dtype_columns
+from dippm_nas.features import GraphFeatures, featurize, featurize_many, static_dtype_columns
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.prediction import Prediction
 from dippm_nas.deployment import Deployment
 from dippm_nas.devices import HostProfile, default_host_profile, get_device, resolve_device
-from dippm_nas.mig import advise
+from dippm_nas.mig import advise, advise_many
 from dippm_nas.predictor._adapt import (ANY_SPACE, HANDOVER_ROWS, Adaptation, AdaptationKey, apply_adaptation,
                                         check_rows_key, deployment_key, fit_adaptation, head_inputs)
 from dippm_nas.predictor._adapt_store import AdaptationStore, read_newest
-from dippm_nas.predictor._base import BasePredictor, deployment_of, execution_details, measurement_pairs
+from dippm_nas.predictor._base import (BATCH_MIN_GRAPHS, BasePredictor, deployment_of, execution_details,
+                                       measurement_pairs)
 from dippm_nas.predictor._calibrate import (Calibration, calibration_classes, calibration_details,
                                             checkpoint_identity, delete_calibration, fit_calibration,
                                             fit_timeline_factors, read_calibration, require_plausible,
@@ -61,8 +62,9 @@ from dippm_nas.predictor._numpy_ensemble import (INFER_CHUNK_NODES, NUMPY_MAX_GR
                                                   derived_weights_path, global_arrays, read_derived_weights,
                                                   write_derived_weights)
 from dippm_nas.predictor._meta import TARGETS, CheckpointMeta
-from dippm_nas.prior import (DeploymentSettings, DeploymentSpread, PriorParams, default_params, deployment_spread,
-                             estimate as prior_estimate, latency_us)
+from dippm_nas.prior import (CostStack, DeploymentSettings, DeploymentSpread, PriorParams, default_params,
+                             deployment_spread, deployment_spread_many, estimate as prior_estimate, estimates_of,
+                             latency_us, resolved_settings)
 from dippm_nas.predictor._novelty import correction_weight, novelty_floor_log, novelty_scores
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -100,6 +102,10 @@ class GnnPredictor(BasePredictor):
     ensemble for good.
     """
 
+    #: from this many new graphs per request on, the prior's stages run over the stack of graphs at once
+    #: (:data:`~dippm_nas.predictor.BATCH_MIN_GRAPHS`; the same figures as graph by graph)
+    batch_min_graphs: int = BATCH_MIN_GRAPHS
+
     def __init__(self, model: "SageEnsemble | NumpyEnsemble", meta: CheckpointMeta, device: str | None = None, *,
                  feature_cache_size: int = 4096, load_calibration: bool = True,
                  novelty_ref: "torch.Tensor | np.ndarray | None" = None) -> None:
@@ -108,7 +114,8 @@ class GnnPredictor(BasePredictor):
         #: standardised static features of training graphs ``[R, static_dim]`` (novelty scores; a tensor, or
         #: an array on the numpy engine), or None
         self.novelty_ref = novelty_ref
-        self.device = resolve_device(device or meta.device).id
+        self._resolved_device = resolve_device(device or meta.device)  # once: a prediction passes it inward
+        self.device = self._resolved_device.id
         self._cache: OrderedDict[tuple[str, str], GraphFeatures] = OrderedDict()  # (graph key, device)
         self._pred_cache: OrderedDict[tuple[Any, ...], Prediction] = OrderedDict()
         self._cache_size = feature_cache_size
@@ -308,15 +315,40 @@ class GnnPredictor(BasePredictor):
             if f is not None:
                 self._cache.move_to_end(key)
                 return f
-        target: Any = dev
-        if self.host_threads is not None and dev == self.device:
-            target = get_device(dev, threads=self.host_threads)
-        f = featurize(graph, target, style=self.meta.feature_style, prior_params=self.prior_params)
+        f = featurize(graph, self._feature_target(dev), style=self.meta.feature_style, prior_params=self.prior_params)
+        self._keep_features(key, f)
+        return f
+
+    def _feature_target(self, dev: str) -> Any:
+        """The device features are computed on: this predictor's resolved device (at a host checkpoint's thread
+        count), or the id ``dev`` of another."""
+        if dev != self.device:
+            return dev
+        return self.resolved_device if self.host_threads is None else get_device(dev, threads=self.host_threads)
+
+    def _keep_features(self, key: tuple[str, str], f: GraphFeatures) -> None:
         with self._lock:
             self._cache[key] = f
             while len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)
-        return f
+
+    def _features_many(self, graphs: Sequence[OperatorGraph], keys: Sequence[str], stack: CostStack
+                       ) -> list[GraphFeatures]:
+        """Features of this predictor's device for ``graphs`` (whose graph keys are ``keys``), the prior's
+        estimates of those not cached made over ``stack`` at once."""
+        with self._lock:
+            out: list[GraphFeatures | None] = [self._cache.get((k, self.device)) for k in keys]
+        missing = [i for i, f in enumerate(out) if f is None]
+        if missing:
+            target = self._feature_target(self.device)
+            ests = estimates_of(stack, resolved_settings(target, params=self.prior_params))
+            made = featurize_many([graphs[i] for i in missing], target, style=self.meta.feature_style,
+                                  prior_params=self.prior_params, estimates=[ests[i] for i in missing],
+                                  stack=stack.graph_stack if len(missing) == len(graphs) else None)
+            for i, f in zip(missing, made):
+                self._keep_features((keys[i], self.device), f)
+                out[i] = f
+        return out  # type: ignore[return-value]
 
     def predict_log(self, feats: Sequence[GraphFeatures], *,
                     chunk_nodes: int | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -478,24 +510,33 @@ class GnnPredictor(BasePredictor):
                        deployment: Deployment | None = None) -> list[Prediction]:
         if not graphs:
             return []
-        dep, st = deployment_of(self.device, deployment, runtime, host)
+        dep, st = deployment_of(self.resolved_device, deployment, runtime, host)
         adaptation = self._adaptation_for(dep)
         cal = None if self.calibration is None else id(self.calibration)
         ex_key = dep.key
         ad = None if adaptation is None else id(adaptation)
-        keys = [(_graph_key(g), bool(mig), float(k_sigma), cal, ex_key, ad) for g in graphs]
+        gkeys = [_graph_key(g) for g in graphs]
+        keys = [(gk, bool(mig), float(k_sigma), cal, ex_key, ad) for gk in gkeys]
         out: list[Prediction | None] = [self._pred_cache.get(k) for k in keys]
         todo = [i for i, p in enumerate(out) if p is None]
         if todo:
-            feats = [self.features(graphs[i]) for i in todo]
+            batch = [graphs[i] for i in todo]
+            stack = CostStack(batch, self.resolved_device) if len(todo) >= self.batch_min_graphs else None
+            feats = (self._features_many(batch, [gkeys[i] for i in todo], stack) if stack is not None
+                     else [self.features(g) for g in batch])
             mean, std, ood, nov, other_machine = self.predict_log_full(feats)
             unseen = self.dtype_unseen(global_arrays(feats))
             prior_only = self.prior_only(feats)
+            flags = [dict(ood=bool(ood[j]), novelty=float(nov[j]), dtype_unseen=bool(unseen[j]),
+                          prior_only=bool(prior_only[j]), other_machine=bool(other_machine[j]))
+                     for j in range(len(todo))]
+            if stack is not None:
+                preds = self._predictions_stacked(batch, feats, mean, std, flags, stack, st, mig, k_sigma)
+            else:
+                preds = [self._prediction(g, feats[j], mean[j], std[j], mig=mig, k_sigma=k_sigma, settings=st,
+                                          **flags[j]) for j, g in enumerate(batch)]
             for j, i in enumerate(todo):
-                out[i] = self._prediction(graphs[i], feats[j], mean[j], std[j], mig=mig, k_sigma=k_sigma,
-                                          ood=bool(ood[j]), novelty=float(nov[j]), dtype_unseen=bool(unseen[j]),
-                                          prior_only=bool(prior_only[j]), other_machine=bool(other_machine[j]),
-                                          settings=st)
+                out[i] = preds[j]
             if adaptation is not None:
                 self._adapted([graphs[i] for i in todo], feats, todo, out, adaptation, mig, k_sigma, st)
             with self._lock:
@@ -504,6 +545,40 @@ class GnnPredictor(BasePredictor):
                 while len(self._pred_cache) > self._cache_size:
                     self._pred_cache.popitem(last=False)
         return out  # type: ignore[return-value]
+
+    def _predictions_stacked(self, graphs: Sequence[OperatorGraph], feats: Sequence[GraphFeatures], mean: np.ndarray,
+                             std: np.ndarray, flags: Sequence[dict[str, Any]], stack: CostStack,
+                             settings: DeploymentSettings, mig: bool, k_sigma: float) -> list[Prediction]:
+        """:meth:`_prediction` of every graph, the prior's work over the stack at once: the requested deployment's
+        estimates (their kernels shared with the features'), the spread's scenarios and the MIG slices."""
+        dev = self.resolved_device
+        params = self._execution_params()
+        latency = "latency_ms" in self.meta.targets and dev.kind == "gpu"
+        direct = _features_settings(settings) and params is self._pinned_params()
+        rts: list[Any] = [None] * len(graphs)
+        spreads: list[Any] = [None] * len(graphs)
+        if latency and not direct:
+            rts = estimates_of(stack, resolved_settings(dev, params=params, deployment=settings))
+        if latency and settings.assumed:
+            factors = np.array([self._gpu_correction(f.estimate, float(m[0])) if f.estimate is not None else 1.0
+                                for f, m in zip(feats, mean)])
+            spreads = deployment_spread_many(stack, dev, settings, params=params, gpu_factors=factors)
+        preds = [self._prediction(g, feats[j], mean[j], std[j], mig=False, k_sigma=k_sigma, settings=settings,
+                                  rt=rts[j], spread=spreads[j], **flags[j]) for j, g in enumerate(graphs)]
+        if mig and dev.has_mig:
+            advice = advise_many(preds, dev, list(graphs), k_sigma=k_sigma, params=params, deployment=settings,
+                                 stack=stack)
+            preds = [dataclasses.replace(p, mig=a) for p, a in zip(preds, advice)]
+        return preds
+
+    def _gpu_correction(self, est: Any, m: float) -> float:
+        """The network's log answer ``m`` as a correction of the kernel times (see :meth:`_timeline_parts`)."""
+        prior_ms = max(float(est.latency_ms), 1e-9)
+        w = min(1.0, max(0.0, float(est.gpu_busy_ms) / prior_ms))
+        engine = self._engine
+        bound = float(engine.delta_max[TARGETS.index("latency_ms")]) if engine.residual_on_prior else 30.0
+        delta = min(max(m - math.log(prior_ms), -bound), bound)
+        return math.exp(w * delta)
 
     def _pinned_params(self) -> Any:
         """The prior constants the features are computed with (the checkpoint's, else the package's)."""
@@ -524,8 +599,8 @@ class GnnPredictor(BasePredictor):
             return out
         return pinned
 
-    def _timeline_parts(self, graph: OperatorGraph, est: Any, m: float, settings: DeploymentSettings
-                        ) -> tuple[float, np.ndarray, np.ndarray, float, dict[str, float], Any]:
+    def _timeline_parts(self, graph: OperatorGraph, est: Any, m: float, settings: DeploymentSettings,
+                        rt: Any = None) -> tuple[float, np.ndarray, np.ndarray, float, dict[str, float], Any]:
         """The network's eager answer ``exp(m)`` as timelines of the deployment ``settings``.
 
         The network's answer is read as a correction of the kernel times: its log correction of the features'
@@ -533,8 +608,8 @@ class GnnPredictor(BasePredictor):
         that estimate the GPU is busy, ``c = exp(w * delta)`` (a GPU-bound graph's whole correction, none of a
         host-bound one's, whose answer says little of its kernels). The kernels of the requested deployment
         (runtime, TF32 flags, layout, autocast), times ``c``, then run behind the host timeline of its runtime,
-        host profile and input copy. Where the features were computed for the requested settings themselves, the
-        latency is the network's answer.
+        host profile and input copy (``rt``: the prior's estimate of them, when the caller has it). Where the
+        features were computed for the requested settings themselves, the latency is the network's answer.
 
         Returns:
             ``(latency ms, gpu_us, host_us, prefix_us, details, estimate)``: the per-node kernel times
@@ -544,21 +619,20 @@ class GnnPredictor(BasePredictor):
         params = self._execution_params()
         prior_ms = max(float(est.latency_ms), 1e-9)
         w = min(1.0, max(0.0, float(est.gpu_busy_ms) / prior_ms))
-        engine = self._engine
-        bound = float(engine.delta_max[TARGETS.index("latency_ms")]) if engine.residual_on_prior else 30.0
-        delta = min(max(m - math.log(prior_ms), -bound), bound)
-        c = math.exp(w * delta)
+        c = self._gpu_correction(est, m)
         d: dict[str, float] = {"gpu_share_of_prior": w, "gpu_correction": c,
                                "host_model_fitted": float(params.host_model is not None)}
         if _features_settings(settings) and params is self._pinned_params():
             d["direct"] = 1.0
             return (math.exp(min(max(m, -30.0), 30.0)), c * est.node_time_ms * 1e3, est.node_host_ms * 1e3,
                     est.pass_host_ms * 1e3, d, None)
-        rt = prior_estimate(graph, self.device, params=params, deployment=settings)
+        if rt is None:
+            rt = prior_estimate(graph, self.resolved_device, params=params, deployment=settings)
         g, h, pre = c * rt.node_time_ms * 1e3, rt.node_host_ms * 1e3, rt.pass_host_ms * 1e3
         return latency_us(g, h, pre) / 1e3, g, h, pre, d, rt
 
-    def _compose_latency(self, graph: OperatorGraph, est: Any, m: float, s: float, settings: DeploymentSettings
+    def _compose_latency(self, graph: OperatorGraph, est: Any, m: float, s: float, settings: DeploymentSettings,
+                         rt: Any = None, spread: DeploymentSpread | None = None
                          ) -> tuple[float, float, dict[str, float], tuple[float, float], bool, Any]:
         """Latency of the deployment ``settings`` (:meth:`_timeline_parts`), with the calibration's host and GPU
         factors when it has them. σ combines the network's σ on the kernel part and the host model's held-out
@@ -570,12 +644,13 @@ class GnnPredictor(BasePredictor):
             ``(log latency, log σ, details, (host_ms, gpu_ms), calibrated, estimate)``, ``estimate`` as for
             :meth:`_timeline_parts`.
         """
-        lat_ms, g, h, pre, d, rt = self._timeline_parts(graph, est, m, settings)
+        lat_ms, g, h, pre, d, rt = self._timeline_parts(graph, est, m, settings, rt)
         base_us = latency_us(g, h, pre)
         params = self._execution_params()
         # what the deployment leaves undescribed: the mixture's centre and spread (none when all is described)
-        sp = (deployment_spread(graph, self.device, settings, params=params, gpu_factor=d["gpu_correction"])
-              if settings.assumed else DeploymentSpread())
+        sp = spread if spread is not None else (
+            deployment_spread(graph, self.resolved_device, settings, params=params, gpu_factor=d["gpu_correction"])
+            if settings.assumed else DeploymentSpread())
         tf = self.calibration.timeline_factors if self.calibration is not None else None
         extra_s = s_dep = 0.0
         if tf is None:
@@ -604,9 +679,10 @@ class GnnPredictor(BasePredictor):
     def _prediction(self, graph: OperatorGraph, f: GraphFeatures, mean: np.ndarray, std: np.ndarray, *,
                     mig: bool, k_sigma: float, ood: bool = False, novelty: float = math.nan,
                     dtype_unseen: bool = False, prior_only: bool = False, other_machine: bool = False,
-                    settings: DeploymentSettings | None = None) -> Prediction:
+                    settings: DeploymentSettings | None = None, rt: Any = None,
+                    spread: DeploymentSpread | None = None) -> Prediction:
         est = f.estimate
-        dev = resolve_device(self.device)
+        dev = self.resolved_device
         timeline: dict[str, Any] = {"host_ms": None, "gpu_ms": None}
         composed: dict[str, float] = {}
         if dev.kind == "gpu" and est is not None:
@@ -641,7 +717,8 @@ class GnnPredictor(BasePredictor):
                 s = max(s, self._prior_kernel_sigma_log(graph.spec.dtype))
             calibrated = False
             if t == "latency_ms" and dev.kind == "gpu" and est is not None and settings is not None:
-                m, s, composed, (h_ms, g_ms), calibrated, rt_est = self._compose_latency(graph, est, m, s, settings)
+                m, s, composed, (h_ms, g_ms), calibrated, rt_est = self._compose_latency(graph, est, m, s, settings,
+                                                                                       rt, spread)
                 timeline = {"host_ms": h_ms, "gpu_ms": g_ms}
             if calibrated:
                 src = "calibrated"
@@ -653,12 +730,35 @@ class GnnPredictor(BasePredictor):
             m = min(max(m, -30.0), 30.0)  # exp stays finite and > 0 whatever the network says
             v = math.exp(m)
             values[t], stds[t], sources[t] = v, v * s, src
-        unknown = dict(graph.unknown_ops)
+        unknown = dict(est.unknown_ops) if est is not None else dict(graph.unknown_ops)
         for op, c in f.unknown_ops.items():
             unknown.setdefault(op, c)
+        details = self._details(f, composed, kept, settings, ood=ood, novelty=novelty, dtype_unseen=dtype_unseen,
+                                prior_only=prior_only, other_machine=other_machine)
+        pred = Prediction(
+            latency_ms=values["latency_ms"], energy_j=values["energy_j"], memory_mib=values["memory_mib"],
+            latency_source=sources["latency_ms"], energy_source=sources["energy_j"],
+            memory_source=sources["memory_mib"], device=self.device, batch_size=graph.spec.batch_size,
+            dtype=graph.spec.dtype, latency_ms_std=stds["latency_ms"], energy_j_std=stds["energy_j"],
+            memory_mib_std=stds["memory_mib"], unknown_ops=unknown, details=details, **timeline,
+        )
+        if mig and dev.has_mig:
+            pred = dataclasses.replace(pred, mig=advise(pred, dev, graph=graph, k_sigma=k_sigma,
+                                                        params=self._execution_params(),
+                                                        deployment=settings if settings is not None
+                                                        else DeploymentSettings()))
+        return pred
+
+    def _details(self, f: GraphFeatures, composed: dict[str, float], kept: dict[str, float],
+                 settings: DeploymentSettings | None, *, ood: bool, novelty: float, dtype_unseen: bool,
+                 prior_only: bool, other_machine: bool) -> dict[str, Any]:
+        """The ``details`` of a prediction from features ``f``: the prior's figures, the execution's, the
+        composed latency's and the flags of the network's answer."""
+        est = f.estimate
+        dev = self.resolved_device
         details = est.details() if est is not None else {}
         details.update(composed)
-        details.update(execution_details(settings if settings is not None else DeploymentSettings(), self.device))
+        details.update(execution_details(settings if settings is not None else DeploymentSettings(), dev))
         details["prior_latency_ms"] = f.prior_latency_ms
         details["prior_memory_mib"] = f.prior_memory_mib
         details["outside_training_range"] = float(ood)
@@ -681,19 +781,7 @@ class GnnPredictor(BasePredictor):
             for t, w in self.correction_weights(np.array([novelty])).items():
                 # 1: the network's whole correction; 0: the prior
                 details[f"correction_weight_{t}"] = 0.0 if prior_only else float(w[0])
-        pred = Prediction(
-            latency_ms=values["latency_ms"], energy_j=values["energy_j"], memory_mib=values["memory_mib"],
-            latency_source=sources["latency_ms"], energy_source=sources["energy_j"],
-            memory_source=sources["memory_mib"], device=self.device, batch_size=graph.spec.batch_size,
-            dtype=graph.spec.dtype, latency_ms_std=stds["latency_ms"], energy_j_std=stds["energy_j"],
-            memory_mib_std=stds["memory_mib"], unknown_ops=unknown, details=details, **timeline,
-        )
-        if mig and dev.has_mig:
-            pred = dataclasses.replace(pred, mig=advise(pred, dev, graph=graph, k_sigma=k_sigma,
-                                                        params=self._execution_params(),
-                                                        deployment=settings if settings is not None
-                                                        else DeploymentSettings()))
-        return pred
+        return details
 
     def _prior_kernel_sigma_log(self, dtype: str) -> float:
         """The prior's measured σ of the kernel part for ``dtype`` on a GPU it was not fitted on (the pinned
@@ -950,7 +1038,7 @@ class GnnPredictor(BasePredictor):
     def _adaptation_for(self, deployment: Deployment) -> Adaptation | None:
         """The adaptation that applies to a request for ``deployment`` (the stored one looked up once per
         deployment), or ``None``."""
-        dep = deployment_key(self.device, deployment=deployment)
+        dep = deployment_key(self.resolved_device, deployment=deployment)  # type: ignore[arg-type]
         if dep not in self._adaptation_looked and self._load_adaptations:
             self._adaptation_looked.add(dep)
             self._load_stored_adaptation(AdaptationKey(self.device, dep, self.adaptation_space), deployment)
@@ -1000,7 +1088,7 @@ class GnnPredictor(BasePredictor):
         if ad.has_heads:
             member_out, hidden = self._member_outputs(feats)
         preds = apply_adaptation(ad, [out[i] for i in todo], member_out, hidden)
-        dev = resolve_device(self.device)
+        dev = self.resolved_device
         for i, g, p in zip(todo, graphs, preds):
             if self.adaptation_flag is not None:
                 p = dataclasses.replace(p, details={**p.details, "adaptation_flagged": 1.0})

@@ -9,10 +9,16 @@ timelines of an execution runtime (:data:`RUNTIMES`: eager, CUDA graphs, ``torch
 times from a fitted :class:`HostModel` scaled to a :class:`~dippm_nas.devices.HostProfile`. Energy is power integrated over the predicted timeline
 (:class:`PowerParams` per architecture, fitted on measured GPU energy where an architecture has data:
 :func:`power_table`), so its source is ``"predicted"`` for such an architecture.
+
+For many graphs at once, :class:`CostStack` concatenates their node tables and :func:`estimate_many`,
+:func:`deployment_spread_many` and :func:`advise_many` run each stage once over the stack (the same figures as graph
+by graph); MIG slices re-time the whole GPU's kernel terms (:func:`retimed`).
 """
 
 from dippm_nas.prior._estimate import (
     PriorEstimate,
+    ResolvedSettings,
+    resolved_settings,
     estimate,
     estimate_latency_ms,
     latency_sigma_log,
@@ -22,14 +28,17 @@ from dippm_nas.prior._estimate import (
 from dippm_nas.prior._deploy import (UNKNOWN_FRAMEWORK_WEIGHTS, UNKNOWN_HOST, UNKNOWN_HOST_CLOCK_GHZ,
                                      UNKNOWN_HOST_SIGMA_LOG, UNKNOWN_INPUT_COPY, UNKNOWN_INPUT_COPY_WEIGHTS, UNKNOWN_TF32,
                                      DeploymentSettings, deployment_settings, input_copy_kind)
-from dippm_nas.prior._spread import DeploymentSpread, deployment_spread
+from dippm_nas.prior._spread import DeploymentSpread, deployment_spread, deployment_spread_many
+from dippm_nas.prior._stack import CostStack, StackedFacts, estimate_many, estimates_of, stacked_timelines
 from dippm_nas.prior._host import (HOST_KINDS, PINNED_COPY_EFFICIENCY, RUNTIMES, Execution, HostModel, check_runtime,
                                    input_copy_us)
 from dippm_nas.prior._host_fit import FIT_PARAMETERS, HostRow, fit_host_model, host_model_latency_ms
-from dippm_nas.prior._memory import MemoryBreakdown, MemoryParts, activation_liveness, gpu_memory_parts, round_block
+from dippm_nas.prior._memory import (MemoryBreakdown, MemoryParts, activation_liveness, activation_liveness_many,
+                                     gpu_memory_parts, gpu_memory_parts_many, round_block)
 from dippm_nas.prior._op_table import OpTable, aten_op_record, fit_op_table, graph_op_records, working_set_bytes
-from dippm_nas.prior._nodes import NodeCosts, check_autocast, graph_facts, kernel_time_us, node_costs, wave_efficiency
-from dippm_nas.prior._mig import DIPPM_LADDER, MigAdvice, ProfileAdvice, advise
+from dippm_nas.prior._nodes import (KernelTerms, NodeCosts, check_autocast, clear_graph_facts, facts_costs, graph_facts,
+                                    kernel_terms, kernel_time_us, node_costs, retimed, wave_efficiency)
+from dippm_nas.prior._mig import DIPPM_LADDER, MigAdvice, ProfileAdvice, advise, advise_many
 from dippm_nas.prior._mig import RULES as MIG_RULES
 from dippm_nas.prior._params import PARAM_CLASSES, DeviceScale, OpClassParams, PriorParams, default_params
 from dippm_nas.prior._power import (
@@ -44,18 +53,21 @@ from dippm_nas.prior._power import (
     utilisation_energy_j,
     wait_power_w,
 )
-from dippm_nas.prior._predict import predict
+from dippm_nas.prior._predict import predict, prediction_of
 
 __all__ = [
-    "estimate", "estimate_latency_ms", "predict", "PriorEstimate", "latency_us", "latency_sigma_log", "timeline_fields",
+    "estimate", "estimate_many", "estimate_latency_ms", "predict", "prediction_of", "ResolvedSettings", "resolved_settings",
+    "CostStack", "StackedFacts", "estimates_of", "stacked_timelines", "deployment_spread_many", "advise_many", "PriorEstimate", "latency_us", "latency_sigma_log", "timeline_fields",
     "RUNTIMES", "HOST_KINDS", "Execution", "HostModel", "check_runtime", "input_copy_us", "PINNED_COPY_EFFICIENCY",
     "DeploymentSettings", "deployment_settings", "input_copy_kind", "UNKNOWN_TF32", "UNKNOWN_INPUT_COPY",
     "UNKNOWN_HOST", "UNKNOWN_HOST_CLOCK_GHZ", "UNKNOWN_HOST_SIGMA_LOG", "UNKNOWN_FRAMEWORK_WEIGHTS",
     "UNKNOWN_INPUT_COPY_WEIGHTS", "DeploymentSpread", "deployment_spread",
     "HostRow", "fit_host_model", "host_model_latency_ms", "FIT_PARAMETERS",
     "PriorParams", "OpClassParams", "DeviceScale", "PARAM_CLASSES", "default_params",
-    "node_costs", "NodeCosts", "check_autocast", "graph_facts", "kernel_time_us", "wave_efficiency",
-    "activation_liveness", "MemoryBreakdown", "round_block", "gpu_memory_parts", "MemoryParts",
+    "node_costs", "NodeCosts", "facts_costs", "KernelTerms", "kernel_terms", "retimed", "check_autocast",
+    "graph_facts", "clear_graph_facts", "kernel_time_us", "wave_efficiency",
+    "activation_liveness", "activation_liveness_many", "MemoryBreakdown", "round_block", "gpu_memory_parts",
+    "gpu_memory_parts_many", "MemoryParts",
     "OpTable", "fit_op_table", "aten_op_record", "graph_op_records", "working_set_bytes",
     "PowerParams", "PowerTable", "NodeActivity", "power_table", "power_params_for", "node_activity", "node_power_w",
     "wait_power_w", "pass_energy_j", "utilisation_energy_j",

@@ -187,13 +187,15 @@ def latency_us(gpu_us: np.ndarray, host_us: np.ndarray, prefix_us: float = 0.0) 
 
 
 def _pass_host_us(graph: OperatorGraph, dev: Device, p: PriorParams, runtime: str, prof: HostProfile,
-                  input_copy: str) -> tuple[float, float]:
-    """(host time once per pass before the first operator, the input copy within it), µs."""
+                  input_copy: str, input_bytes: int | None = None) -> tuple[float, float]:
+    """(host time once per pass before the first operator, the input copy within it), µs (``input_bytes``: the
+    graph's input bytes when the caller has them)."""
     if dev.kind != "gpu":
         return 0.0, 0.0
     hm = p.host_model if p.host_model is not None else _LEGACY_HOST
     k = hm.scale(prof)
-    copy = input_copy_us(input_copy, graph.spec.input_bytes, dev.pcie_gbps, pageable_fixed_us=hm.h2d_fixed_us * k,
+    size = graph.spec.input_bytes if input_bytes is None else input_bytes
+    copy = input_copy_us(input_copy, size, dev.pcie_gbps, pageable_fixed_us=hm.h2d_fixed_us * k,
                          pageable_gbps=hm.h2d_gbps, pinned_fixed_us=hm.op_us["memory"] * k)
     fixed = hm.graph_launch_us * k if runtime == "cuda-graphs" else hm.iteration_us * k
     return fixed + copy, copy
@@ -265,19 +267,28 @@ def estimate(
         graph, device, tf32_conv=tf32_conv, tf32_matmul=tf32_matmul, channels_last=channels_last, params=params,
         runtime=runtime, host=host, input_copy=input_copy, execution=execution, autocast=autocast,
         deployment=deployment)
-    busy_us = float(costs.gpu_us.sum())
-    if dev.kind != "gpu":
-        busy_us = latency_us
-
-    energy: float | None = None
-    energy_std: float | None = None
-    energy_source = "unavailable"
+    energy = None
     if dev.has_power:
         pw = power_params_for(dev, power)
         activity = node_activity(facts.flops, facts.bytes, costs.gpu_us, costs.tensor_core,
                                  (facts.dtype == 1) | (facts.dtype == 2), dev)
-        energy = pass_energy_j(pw, dev, costs.gpu_us, activity, latency_us)
-        energy_std, energy_source = energy * pw.sigma_log, ("predicted" if pw.fitted else "analytic")
+        energy = (pass_energy_j(pw, dev, costs.gpu_us, activity, latency_us), pw)
+    return _finished(graph, dev, p, prof, facts, costs, runtime, prefix_us, copy_us, latency_us, host_total_us,
+                     float(costs.gpu_us.sum()), energy)
+
+
+def _finished(graph: OperatorGraph, dev: Device, p: PriorParams, prof: HostProfile, facts: Any, costs: Any,
+              runtime: str, prefix_us: float, copy_us: float, latency_us: float, host_total_us: float,
+              busy_us: float, energy: tuple[float, Any] | None) -> PriorEstimate:
+    """The :class:`PriorEstimate` of one graph from its latency parts, its GPU busy time (µs) and its energy
+    (``(J, the power constants)``, ``None`` without power figures): the memory parts are added here."""
+    if dev.kind != "gpu":
+        busy_us = latency_us
+    energy_j = energy_std = None
+    energy_source = "unavailable"
+    if energy is not None:
+        energy_j, pw = energy
+        energy_std, energy_source = energy_j * pw.sigma_log, ("predicted" if pw.fitted else "analytic")
 
     if facts.memory is None:
         facts.memory = {}
@@ -302,11 +313,11 @@ def estimate(
         node_time_ms=costs.gpu_us / 1e3, node_host_ms=costs.host_us / 1e3,
         node_utilisation=costs.utilisation,
         latency_ms=latency_us / 1e3, host_ms=host_total_us / 1e3, gpu_busy_ms=busy_us / 1e3,
-        energy_j=energy,
+        energy_j=energy_j,
         baseline_mib=baseline, weights_mib=weights_mib, activations_peak_mib=act_mib,
         workspace_mib=workspace_mib, allocator_overhead_mib=overhead_mib, memory_mib=total_mib,
         peak_node=peak_node, tensor_core_fraction=tc / busy_us if busy_us > 0 else 0.0,
-        params_source=p.source, unknown_ops=graph.unknown_ops, runtime=runtime, host_profile=prof.name,
+        params_source=p.source, unknown_ops=facts.unknown_ops(), runtime=runtime, host_profile=prof.name,
         pass_host_ms=prefix_us / 1e3, input_copy_ms=copy_us / 1e3,
         host_model_fitted=dev.kind == "gpu" and p.host_model is not None,
         input_mib=input_mib, memory_mib_std=memory_std, memory_details=memory_details,
@@ -314,13 +325,33 @@ def estimate(
     )
 
 
-def _latency_parts(graph: OperatorGraph, device: Device | str, *, tf32_conv: bool, tf32_matmul: bool,
-                   channels_last: bool, params: PriorParams | None, runtime: str, host: HostProfile | str | None,
-                   input_copy: bool | str, execution: Execution | None, autocast: str | None = None,
-                   deployment: Any = None) -> tuple[Any, ...]:
-    """The latency half of :func:`estimate` (validation, per-node costs, timelines), shared with
-    :func:`estimate_latency_ms`: ``(device, params, host profile, facts, costs, runtime, prefix µs, input copy
-    µs, latency µs, host µs)``."""
+@dataclass(frozen=True)
+class ResolvedSettings:
+    """The settings of one prior estimate, each resolved and checked once (:func:`resolved_settings`)."""
+
+    device: Device
+    params: PriorParams
+    host: HostProfile
+    runtime: str
+    input_copy: str
+    autocast: str | None
+    tf32_conv: bool
+    tf32_matmul: bool
+    channels_last: bool
+
+    @property
+    def kernel_key(self) -> tuple[Any, ...]:
+        """What the kernel times depend on besides the graph (the host does not move them)."""
+        return (self.device.id, id(self.params), self.tf32_conv, self.tf32_matmul, self.channels_last, self.autocast)
+
+
+def resolved_settings(device: Device | str, *, tf32_conv: bool = True, tf32_matmul: bool = False,
+                      channels_last: bool = False, params: PriorParams | None = None, runtime: str = "eager",
+                      host: HostProfile | str | None = None, input_copy: bool | str = False,
+                      execution: Execution | None = None, autocast: str | None = None,
+                      deployment: Any = None) -> ResolvedSettings:
+    """The keyword arguments of :func:`estimate` resolved once (``execution`` and ``deployment`` override the
+    settings they describe). Errors as for :func:`estimate`."""
     if execution is not None:
         runtime, host, input_copy = execution.runtime, execution.host, execution.input_copy
     if deployment is not None:
@@ -332,16 +363,43 @@ def _latency_parts(graph: OperatorGraph, device: Device | str, *, tf32_conv: boo
     runtime = check_runtime(runtime)
     prof = resolve_host_profile(host)
     dev = resolve_device(device)
+    p = params if params is not None else default_params()
+    return ResolvedSettings(device=dev, params=p, host=prof, runtime=runtime, input_copy=input_copy,
+                            autocast=autocast, tf32_conv=tf32_conv, tf32_matmul=tf32_matmul,
+                            channels_last=channels_last)
+
+
+def checked_facts(graph: OperatorGraph, dev: Device) -> Any:
+    """The :class:`~dippm_nas.prior.GraphFacts` of ``graph`` (validated on first sight), whose dtypes ``dev``
+    must have a peak for.
+
+    Raises:
+        GraphValidationError: not an OperatorGraph, or a malformed one.
+        UnsupportedDtypeError: the device has no peak for one of the graph's dtypes.
+    """
     if not isinstance(graph, OperatorGraph):
         raise GraphValidationError(f"graph must be an OperatorGraph (see dippm_nas.capture), got {type(graph).__name__}")
     facts = graph_facts(graph)  # validates the graph on first sight
     dev.check_dtype(graph.spec.dtype)
     for dt in sorted(facts.dtypes):
         dev.check_dtype(dt)
-    p = params if params is not None else default_params()
+    return facts
 
-    costs = node_costs(graph, dev, p, tf32_conv=tf32_conv, tf32_matmul=tf32_matmul, channels_last=channels_last,
-                       host=prof, autocast=autocast)
+
+def _latency_parts(graph: OperatorGraph, device: Device | str, *, tf32_conv: bool, tf32_matmul: bool,
+                   channels_last: bool, params: PriorParams | None, runtime: str, host: HostProfile | str | None,
+                   input_copy: bool | str, execution: Execution | None, autocast: str | None = None,
+                   deployment: Any = None) -> tuple[Any, ...]:
+    """The latency half of :func:`estimate` (validation, per-node costs, timelines), shared with
+    :func:`estimate_latency_ms`: ``(device, params, host profile, facts, costs, runtime, prefix µs, input copy
+    µs, latency µs, host µs)``."""
+    r = resolved_settings(device, tf32_conv=tf32_conv, tf32_matmul=tf32_matmul, channels_last=channels_last,
+                          params=params, runtime=runtime, host=host, input_copy=input_copy, execution=execution,
+                          autocast=autocast, deployment=deployment)
+    dev, p, prof, runtime = r.device, r.params, r.host, r.runtime
+    facts = checked_facts(graph, dev)
+    costs = node_costs(graph, dev, p, tf32_conv=r.tf32_conv, tf32_matmul=r.tf32_matmul,
+                       channels_last=r.channels_last, host=prof, autocast=r.autocast)
     table = p.op_tables.get(dev.id) if dev.kind != "gpu" else None
     if table is not None:  # operators timed in place on this machine, instead of the roofline
         comp_us, over_us, uncovered = table.node_us(graph)
@@ -350,7 +408,7 @@ def _latency_parts(graph: OperatorGraph, device: Device | str, *, tf32_conv: boo
     gpu_rt, host_rt = _runtime_costs(graph, dev, p, facts, costs.gpu_us, costs.host_us, runtime, prof)
     if gpu_rt is not costs.gpu_us or host_rt is not costs.host_us:
         costs = dataclasses.replace(costs, gpu_us=gpu_rt, host_us=host_rt)
-    prefix_us, copy_us = _pass_host_us(graph, dev, p, runtime, prof, input_copy)
+    prefix_us, copy_us = _pass_host_us(graph, dev, p, runtime, prof, r.input_copy)
     latency_us, host_total_us = _timelines(costs.gpu_us, costs.host_us, dev.kind, prefix_us)
     return dev, p, prof, facts, costs, runtime, prefix_us, copy_us, latency_us, host_total_us
 
@@ -373,31 +431,40 @@ def _gpu_parts(graph: OperatorGraph, facts: Any, dev: Device) -> Any:
     """:func:`~dippm_nas.prior._memory.gpu_memory_parts` of ``graph`` on ``dev``, once per graph (cached with
     the graph's facts, keyed by everything it reads besides the graph's structure: the device's context and
     cuBLAS workspace, the input spec). It depends on neither the prior's constants nor the runtime."""
-    spec = graph.spec
-    key = ("gpu_parts", float(dev.runtime_baseline_mib), float(dev.cublas_workspace_mib), spec.batch_size,
-           spec.dtype, tuple((tuple(t.shape), spec.tensor_dtype(t)) for t in spec.tensors), graph.param_bytes)
+    key = gpu_parts_key(graph, dev)
     parts = facts.memory.get(key)
     if parts is None:
         mem = _liveness(graph, facts.memory, "eager")
-        cudnn = facts.memory.get("uses_cudnn")
-        if cudnn is None:
-            cudnn = facts.memory["uses_cudnn"] = any(nd.op_class == "conv" and not nd.is_constant
-                                                     for nd in graph.nodes)
         parts = gpu_memory_parts(graph, mem, context_mib=dev.runtime_baseline_mib,
                                  cublas_workspace_mib=dev.cublas_workspace_mib, uses_cublas=facts.uses_cublas,
-                                 uses_cudnn=cudnn)
+                                 uses_cudnn=uses_cudnn(graph, facts))
         facts.memory[key] = parts
     return parts
 
 
-def latency_sigma_log(est: PriorEstimate, params: PriorParams | None = None) -> float | None:
+def gpu_parts_key(graph: OperatorGraph, dev: Device) -> tuple[Any, ...]:
+    """Where a graph's facts keep its GPU memory parts on ``dev`` (see :func:`_gpu_parts`)."""
+    return ("gpu_parts", float(dev.runtime_baseline_mib), float(dev.cublas_workspace_mib), graph.spec,
+            graph.param_bytes)
+
+
+def uses_cudnn(graph: OperatorGraph, facts: Any) -> bool:
+    """The graph runs a convolution (cuDNN's workspace is held), counted once per graph's facts."""
+    cudnn = facts.memory.get("uses_cudnn")
+    if cudnn is None:
+        cudnn = facts.memory["uses_cudnn"] = any(nd.op_class == "conv" and not nd.is_constant for nd in graph.nodes)
+    return cudnn
+
+
+def latency_sigma_log(est: PriorEstimate, params: PriorParams | None = None, *,
+                      device: Device | None = None) -> float | None:
     """Log-space σ of the prior's GPU latency: the host model's held-out σ on the host part and its
     GPU-bound σ on the kernel part (the estimate's dtype's own, where measured: float64), each weighted by how
     much the critical path moves with it; ``None`` on a CPU device or without a fitted host model (no measured
-    error to give)."""
+    error to give). ``device``: the estimate's device, when the caller holds it resolved."""
     p = params if params is not None else default_params()
     hm = p.host_model
-    if hm is None or resolve_device(est.device).kind != "gpu" or est.latency_ms <= 0:
+    if hm is None or _device_of(est, device).kind != "gpu" or est.latency_ms <= 0:
         return None
     g, h, pre = est.node_time_ms * 1e3, est.node_host_ms * 1e3, est.pass_host_ms * 1e3
     base = _timelines(g, h, "gpu", pre)[0]
@@ -409,11 +476,16 @@ def latency_sigma_log(est: PriorEstimate, params: PriorParams | None = None) -> 
     return math.hypot(d_h, d_g)
 
 
-def timeline_fields(est: PriorEstimate) -> dict[str, Any]:
+def timeline_fields(est: PriorEstimate, device: Device | None = None) -> dict[str, Any]:
     """``host_ms`` and ``gpu_ms`` of a :class:`~dippm_nas.prediction.Prediction` from an estimate (``None``
-    on a CPU device, where the host runs the kernels)."""
-    gpu = resolve_device(est.device).kind == "gpu"
+    on a CPU device, where the host runs the kernels); ``device``: the estimate's, when the caller holds it."""
+    gpu = _device_of(est, device).kind == "gpu"
     return {"host_ms": est.host_ms if gpu else None, "gpu_ms": est.gpu_busy_ms if gpu else None}
+
+
+def _device_of(est: PriorEstimate, device: Device | None) -> Device:
+    """The estimate's device: ``device`` when it is that one (resolved by the caller), else looked up."""
+    return device if device is not None and device.id == est.device else resolve_device(est.device)
 
 
 def _liveness(graph: OperatorGraph, cache: dict[str, MemoryBreakdown], kind: str) -> MemoryBreakdown:

@@ -45,16 +45,20 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 
 import numpy as np
 
-from dippm_nas.graph import OperatorGraph
+from dippm_nas.errors import InvalidValueError
+from dippm_nas.graph import GraphStack, OperatorGraph, OpNode, stack_graphs
 from dippm_nas.spec import dtype_bytes
 from dippm_nas.units import BYTES_PER_MIB
 
 __all__ = [
-    "MemoryBreakdown", "MemoryParts", "activation_liveness", "gpu_memory_parts", "round_block",
+    "MemoryBreakdown", "MemoryParts", "activation_liveness", "activation_liveness_many", "gpu_memory_parts",
+    "gpu_memory_parts_many", "round_block",
     "ACTIVATION_REL_SIGMA", "CONTEXT_REL_SIGMA", "CUDNN_WORKSPACE_SIGMA_MIB",
 ]
 
@@ -314,6 +318,288 @@ def activation_liveness(graph: OperatorGraph, *, retention: bool = False,
     )
 
 
+# ------------------------------------------------------------------ many graphs at once
+@dataclass
+class _Storages:
+    """The storages of a stack of graphs (global ids: the inputs of every graph, then the nodes' outputs).
+
+    ``alloc``/``last`` are node indices within the storage's graph; ``storage_of`` is ``-1`` for a node with no
+    storage of its own nor aliased; ``pair_node``/``pair_sid`` list each (consumer node, input storage)."""
+
+    graph: np.ndarray
+    alloc: np.ndarray
+    last: np.ndarray
+    blk_sid: np.ndarray
+    blk: np.ndarray
+    storage_of: np.ndarray
+    pair_node: np.ndarray
+    pair_sid: np.ndarray
+
+
+_SPEC_INPUTS: dict[object, tuple[tuple[str, int], ...]] = {}
+_BLOCKS: dict[tuple[object, ...], list[int]] = {}
+_MEMO_MAX = 65536
+
+
+def _spec_inputs(graph: OperatorGraph) -> tuple[tuple[str, int], ...]:
+    """``(name, bytes)`` of each model input, in the spec's order (memoised by the spec's value)."""
+    spec = graph.spec
+    out = _SPEC_INPUTS.get(spec)
+    if out is None:
+        out = tuple((t.name, math.prod((spec.batch_size, *t.shape)) * dtype_bytes(spec.tensor_dtype(t)))
+                    for t in spec.tensors)
+        if len(_SPEC_INPUTS) >= _MEMO_MAX:
+            _SPEC_INPUTS.clear()
+        _SPEC_INPUTS[spec] = out
+    return out
+
+
+def _node_blocks(node: OpNode) -> list[int]:
+    """:func:`_output_blocks` of a node with several outputs (memoised by shapes, dtype and bytes)."""
+    key = (node.output_shapes, node.output_dtype, node.bytes_written)
+    out = _BLOCKS.get(key)
+    if out is None:
+        per_elem = dtype_bytes(node.output_dtype)
+        sizes = [math.prod(s) * per_elem for s in node.output_shapes]
+        total = sum(sizes)
+        if total != node.bytes_written and total > 0:
+            sizes = [int(round(node.bytes_written * s / total)) for s in sizes]
+        out = [round_block(s) for s in sizes]
+        if len(_BLOCKS) >= _MEMO_MAX:
+            _BLOCKS.clear()
+        _BLOCKS[key] = out
+    return out
+
+
+def _round_blocks(nbytes: np.ndarray) -> np.ndarray:
+    """:func:`round_block` of each entry (int64)."""
+    return np.where(nbytes > 0, (nbytes + (K_MIN_BLOCK - 1)) // K_MIN_BLOCK * K_MIN_BLOCK, 0)
+
+
+def _first_per_sorted(keys: np.ndarray) -> np.ndarray:
+    """Positions of the first entry of each run of equal values in the sorted ``keys``."""
+    if not keys.size:
+        return np.zeros(0, dtype=np.int64)
+    return np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
+
+
+def _storages(st: GraphStack, include_inputs: bool) -> _Storages:
+    """Storages, their blocks, the view aliases and the last uses of a stack (the first half of
+    :func:`activation_liveness`, over all graphs at once)."""
+    offsets = st.offsets
+    in_graph: list[int] = []
+    in_last: list[int] = []
+    in_bytes: list[int] = []
+    pair_node: list[int] = []
+    pair_sid: list[int] = []
+    for gi, g in enumerate(st.graphs):
+        off = int(offsets[gi])
+        for name, nbytes in _spec_inputs(g):
+            sid = len(in_graph)
+            cons = g.input_consumers.get(name, [])
+            in_graph.append(gi)
+            in_last.append(max(cons) if cons else -1)
+            in_bytes.append(nbytes)
+            pair_node.extend([off + c for c in cons])
+            pair_sid.extend([sid] * len(cons))
+    n_in = len(in_graph)
+    view = st.is_class("view")
+    owner = ~st.is_constant & ~view
+    owners = np.flatnonzero(owner)
+    storage_of = np.full(st.num_nodes, -1, dtype=np.int64)
+    storage_of[owners] = n_in + np.arange(owners.size)
+    graph = np.concatenate([np.asarray(in_graph, dtype=np.int64), st.graph_of[owners]])
+    alloc = np.concatenate([np.zeros(n_in, dtype=np.int64), st.local[owners]])
+    last = np.concatenate([np.asarray(in_last, dtype=np.int64), st.local[owners]])
+    # blocks: one per input (when counted), one per single-output node, the memoised split of the others
+    single = owners[st.num_outputs[owners] <= 1]
+    multi = owners[st.num_outputs[owners] > 1]
+    multi_blocks = [_node_blocks(st.nodes[i]) for i in multi.tolist()]
+    in_sids = np.arange(n_in, dtype=np.int64) if include_inputs else np.zeros(0, dtype=np.int64)
+    in_blk = _round_blocks(np.asarray(in_bytes, dtype=np.int64)) if include_inputs else np.zeros(0, dtype=np.int64)
+    blk_sid = np.concatenate([in_sids, storage_of[single],
+                              np.repeat(storage_of[multi], [len(b) for b in multi_blocks])]).astype(np.int64)
+    blk = np.concatenate([in_blk, _round_blocks(st.bytes_written[single]),
+                          np.fromiter((b for bs in multi_blocks for b in bs), dtype=np.int64)]).astype(np.int64)
+    pn = np.asarray(pair_node, dtype=np.int64)
+    ps = np.asarray(pair_sid, dtype=np.int64)
+    _alias_views(st, view & ~st.is_constant, storage_of, pn, ps)
+    # lives extend through consumers (and through views, which alias); outputs live to the end
+    s = storage_of[st.src]
+    ok = s >= 0
+    np.maximum.at(last, s[ok], st.local[st.dst[ok]])
+    np.maximum.at(last, ps, st.local[pn])
+    outs = np.fromiter((int(offsets[gi]) + o for gi, g in enumerate(st.graphs) for o in g.outputs), dtype=np.int64)
+    so = storage_of[outs]
+    last[so[so >= 0]] = st.sizes[st.graph_of[outs[so >= 0]]]
+    return _Storages(graph, alloc, last, blk_sid, blk, storage_of, pn, ps)
+
+
+def _alias_views(st: GraphStack, views: np.ndarray, storage_of: np.ndarray, pair_node: np.ndarray,
+                 pair_sid: np.ndarray) -> None:
+    """A view's storage (in place): that of its first producer with one, else that of the first model input it
+    reads, else none; iterated until no view changes (a chain of views takes one round per view)."""
+    vids = np.flatnonzero(views)
+    if not vids.size:
+        return
+    fallback = np.full(st.num_nodes, -1, dtype=np.int64)
+    u, idx = np.unique(pair_node, return_index=True)  # the pairs list a graph's inputs in the spec's order
+    fallback[u] = pair_sid[idx]
+    sel = views[st.dst]
+    vsrc, vdst = st.src[sel], st.dst[sel]
+    while True:
+        s = storage_of[vsrc]
+        ok = s >= 0
+        d_ok, s_ok = vdst[ok], s[ok]
+        got = np.full(st.num_nodes, -1, dtype=np.int64)
+        f = _first_per_sorted(d_ok)
+        got[d_ok[f]] = s_ok[f]
+        new = np.where(got[vids] >= 0, got[vids], fallback[vids])
+        if np.array_equal(new, storage_of[vids]):
+            return
+        storage_of[vids] = new
+
+
+
+def _retain_many(st: GraphStack, lv: _Storages) -> None:
+    """:func:`_retain` over a stack: extend ``lv.last`` in place by the two eager-retention rules."""
+    size = np.bincount(lv.blk_sid, weights=lv.blk, minlength=lv.graph.size)  # integers, exact in float64
+    pos, cs = _cuts_many(st, lv)
+    if not pos.size:
+        return
+    joins = _joins(st, lv)
+    kc = pos.size
+    cg = st.graph_of[pos]
+    lpos = st.local[pos]
+    first_of_graph = np.r_[True, cg[1:] != cg[:-1]]
+    new_last = lv.last.copy()
+    # skip sources: cuts whose storage a join reads after the cut and no later than its last use
+    rd_ok = joins[st.dst] & (lv.storage_of[st.src] >= 0)
+    m = int(st.sizes.max()) + 2
+    rkey = np.unique(lv.storage_of[st.src[rd_ok]] * m + st.local[st.dst[rd_ok]])
+    i = np.searchsorted(rkey, cs * m + lpos, side="right")
+    hit = rkey[np.minimum(i, max(rkey.size - 1, 0))] if rkey.size else np.zeros(kc, dtype=np.int64)
+    lim = np.minimum(lv.last[cs], st.sizes[cg] - 1)
+    skip = (i < rkey.size) & (hit // m == cs) & (hit % m <= lim)
+    csize = size[cs]
+    new_run = first_of_graph | np.r_[True, csize[1:] != csize[:-1]]
+    run = np.cumsum(new_run)
+    # block input: a cut read by a join lives until the next skip source of its run, else the cut after the join
+    idx = np.arange(kc)
+    nxt_incl = np.minimum.accumulate(np.where(skip, idx, kc)[::-1])[::-1]
+    nxt = np.r_[nxt_incl[1:], kc]
+    same = (nxt < kc) & (run[np.minimum(nxt, kc - 1)] == run)
+    last_in_graph = np.r_[first_of_graph[1:], True]
+    end = np.where(same, lpos[np.minimum(nxt, kc - 1)], lpos[np.minimum(idx + 1, kc - 1)])
+    cut_of = np.full(st.num_nodes, -1, dtype=np.int64)
+    eligible = joins[pos] & ~last_in_graph
+    cut_of[pos[eligible]] = idx[eligible]
+    k = cut_of[st.dst]
+    s = lv.storage_of[st.src]
+    in_cut = np.zeros(lv.graph.size, dtype=bool)
+    in_cut[cs] = True
+    sel = (k >= 0) & (s >= 0)
+    sel[sel] &= (s[sel] != cs[k[sel]]) & in_cut[s[sel]]
+    np.maximum.at(new_last, s[sel], end[k[sel]])
+    # stage input: in a run of equal-sized cuts, the cut before the first residual block lives to the run's end
+    jc = np.r_[0, np.cumsum(joins)]
+    residual = ~first_of_graph
+    residual[1:] &= (jc[pos[1:] + 1] - jc[pos[:-1] + 1]) > 0
+    starts = np.flatnonzero(new_run)
+    ends = np.r_[starts[1:], kc] - 1
+    first_res = np.minimum.reduceat(np.where(residual, idx, kc), starts)
+    found = first_res <= ends
+    sv = cs[first_res[found] - 1]
+    np.maximum.at(new_last, sv, lpos[ends[found]])
+    lv.last[:] = new_last
+
+
+def _cuts_many(st: GraphStack, lv: _Storages) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_cuts` over a stack: the global node and the storage of each cut, graph after graph."""
+    n_g = st.sizes
+    seg = st.offsets + np.arange(st.offsets.size)  # n + 1 slots per graph
+    a, e = lv.alloc, np.minimum(lv.last, n_g[lv.graph])
+    live = e > a
+    delta = np.bincount(np.r_[seg[lv.graph[live]] + a[live], seg[lv.graph[live]] + e[live]],
+                        weights=np.r_[np.ones(int(live.sum())), -np.ones(int(live.sum()))],
+                        minlength=int(seg[-1]))
+    across = np.cumsum(delta)[seg[st.graph_of] + st.local]
+    s = lv.storage_of
+    sv = np.maximum(s, 0)
+    cand = (s >= 0) & (st.local < n_g[st.graph_of] - 1) & (across == 1) & (lv.alloc[sv] <= st.local) \
+        & (st.local < lv.last[sv])
+    pos = np.flatnonzero(cand)
+    cs = s[pos]
+    g = st.graph_of[pos]
+    keep = np.r_[(cs[1:] != cs[:-1]) | (g[1:] != g[:-1]), True] if pos.size else np.zeros(0, dtype=bool)
+    return pos[keep], cs[keep]
+
+
+def _joins(st: GraphStack, lv: _Storages) -> np.ndarray:
+    """``[N]`` bool: nodes that read two or more storages (their producers' and model inputs)."""
+    s = lv.storage_of[st.src]
+    ok = s >= 0
+    pairs = np.unique(st.dst[ok] * lv.graph.size + s[ok])
+    count = np.bincount(pairs // lv.graph.size, minlength=st.num_nodes)
+    count += np.bincount(lv.pair_node, minlength=st.num_nodes)
+    return count >= 2
+
+
+def _breakdowns(st: GraphStack, lv: _Storages) -> list[MemoryBreakdown]:
+    """The live bytes, pools and peaks of each graph from its storages' lives."""
+    n_g = st.sizes
+    seg = st.offsets + np.arange(st.offsets.size)  # n + 1 slots per graph
+    b_ok = lv.last[lv.blk_sid] >= lv.alloc[lv.blk_sid]
+    sid, blk = lv.blk_sid[b_ok], lv.blk[b_ok]
+    g = lv.graph[sid]
+    a = seg[g] + lv.alloc[sid]
+    e1 = seg[g] + np.minimum(lv.last[sid], n_g[g] - 1) + 1
+    at = np.r_[a, e1]
+    total = int(seg[-1])
+    bf = blk.astype(np.float64)
+    live = np.cumsum(np.bincount(at, weights=np.r_[bf, -bf], minlength=total))
+    pool = np.where(blk <= K_SMALL_SIZE, 0, np.where(blk < K_MIN_LARGE_ALLOC, 1, 2))
+    pb = np.where(pool == 2, (blk + (K_ROUND_LARGE - 1)) // K_ROUND_LARGE * K_ROUND_LARGE, blk).astype(np.float64)
+    pools = np.cumsum(np.bincount(np.r_[pool, pool] * total + at, weights=np.r_[pb, -pb],
+                                  minlength=3 * total).reshape(3, total), axis=1)
+    out = []
+    for gi in range(st.num_graphs):
+        n = int(n_g[gi])
+        if n == 0:
+            out.append(MemoryBreakdown(0, 0, -1, np.zeros(0), np.zeros((3, 0))))
+            continue
+        lo = int(seg[gi])
+        lg = live[lo:lo + n].copy()  # each graph's own arrays: a cached breakdown does not hold the batch's
+        pl = pools[:, lo:lo + n].copy()
+        peak = int(np.argmax(lg))
+        allocated = int(lg[peak])
+        reserved = _reserved([float(x) for x in pl.max(1)])
+        out.append(MemoryBreakdown(allocated, int(max(reserved, allocated)), peak, lg, pl))
+    return out
+
+
+def activation_liveness_many(graphs: Sequence[OperatorGraph], *, retention: bool = False,
+                             include_inputs: bool = True, stack: GraphStack | None = None) -> list[MemoryBreakdown]:
+    """:func:`activation_liveness` of every graph, computed over all of them at once (whole-stack array
+    operations instead of a Python pass per node); equal to the per-graph result.
+
+    Args:
+        graphs: the captured graphs.
+        retention, include_inputs: as for :func:`activation_liveness`.
+        stack: :func:`~dippm_nas.graph.stack_graphs` of ``graphs`` when the caller has it.
+
+    Returns:
+        one :class:`MemoryBreakdown` per graph, in order.
+    """
+    st = stack if stack is not None else stack_graphs(graphs)
+    if not st.num_graphs:
+        return []
+    lv = _storages(st, include_inputs)
+    if retention:
+        _retain_many(st, lv)
+    return _breakdowns(st, lv)
+
+
 def _weight_blocks(graph: OperatorGraph) -> list[int]:
     """One block per weight tensor a node reads (scaled so they add up to ``graph.param_bytes``)."""
     per = dtype_bytes(graph.spec.dtype)
@@ -399,9 +685,16 @@ def gpu_memory_parts(graph: OperatorGraph, liveness: MemoryBreakdown, *, context
     for blk in (*weights, *inputs, *ws):
         k = _pool(blk)
         const[k] += _ceil_to(blk, K_ROUND_LARGE) if k == 2 else blk
+    return _parts(sum(weights), sum(inputs), sum(ws), const, liveness, context_mib, uses_cudnn)
+
+
+def _parts(weights: int, inputs: int, ws: int, const: "Sequence[float]", liveness: MemoryBreakdown,
+           context_mib: float, uses_cudnn: bool) -> MemoryParts:
+    """:class:`MemoryParts` from the bytes of the weights, input and cuBLAS workspace, their use of each
+    allocator pool (``const``) and the liveness pass."""
     pool_live = liveness.pool_live_bytes
     pool_peaks = [const[k] + (float(pool_live[k].max()) if pool_live.shape[1] else 0.0) for k in range(3)]
-    allocated = float(sum(weights) + sum(inputs) + sum(ws) + liveness.peak_allocated_bytes)
+    allocated = float(weights + inputs + ws + liveness.peak_allocated_bytes)
     reserved = max(_reserved(pool_peaks), allocated)
     act_mib = liveness.peak_allocated_bytes / BYTES_PER_MIB
     overhead_mib = (reserved - allocated) / BYTES_PER_MIB
@@ -412,10 +705,87 @@ def gpu_memory_parts(graph: OperatorGraph, liveness: MemoryBreakdown, *, context
         "allocator_mib": ALLOCATOR_REL_SIGMA * overhead_mib,
     }
     return MemoryParts(
-        context_mib=float(context_mib), weights_mib=sum(weights) / BYTES_PER_MIB, input_mib=sum(inputs) / BYTES_PER_MIB,
-        activations_peak_mib=act_mib, cublas_workspace_mib=sum(ws) / BYTES_PER_MIB, cudnn_workspace_mib=0.0,
+        context_mib=float(context_mib), weights_mib=weights / BYTES_PER_MIB, input_mib=inputs / BYTES_PER_MIB,
+        activations_peak_mib=act_mib, cublas_workspace_mib=ws / BYTES_PER_MIB, cudnn_workspace_mib=0.0,
         allocator_overhead_mib=overhead_mib, total_mib=float(context_mib) + reserved / BYTES_PER_MIB,
         allocated_mib=allocated / BYTES_PER_MIB, reserved_mib=reserved / BYTES_PER_MIB,
         std_mib=math.sqrt(sum(v * v for v in std_parts.values())), std_parts_mib=std_parts,
         peak_node=liveness.peak_node,
     )
+
+
+_PARAM_ELEMS: dict[tuple[int, int], tuple[object, object, tuple[int, ...]]] = {}
+
+
+def _param_elems(node: OpNode) -> tuple[int, ...]:
+    """Elements of each weight tensor ``node`` reads (memoised by the identity of its shapes and flags, which
+    the memo holds: assembled graphs share their blocks' objects)."""
+    shapes, par = node.input_shapes, node.input_is_param
+    hit = _PARAM_ELEMS.get((id(shapes), id(par)))
+    if hit is None or hit[0] is not shapes or hit[1] is not par:
+        if len(_PARAM_ELEMS) >= _MEMO_MAX:
+            _PARAM_ELEMS.clear()
+        hit = (shapes, par, tuple(math.prod(s) for s, p in zip(shapes, par) if p and len(s) > 0))
+        _PARAM_ELEMS[(id(shapes), id(par))] = hit
+    return hit[2]
+
+
+def _weight_blocks_many(st: GraphStack) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_weight_blocks` of every graph of a stack: ``(graph of each block, block bytes)``."""
+    nodes = st.nodes
+    elems = [_param_elems(nodes[i]) for i in np.flatnonzero(~st.is_constant).tolist()]
+    counts = np.fromiter(map(len, elems), dtype=np.int64, count=len(elems))
+    g_of = np.repeat(st.graph_of[~st.is_constant], counts)
+    raw = np.fromiter(chain.from_iterable(elems), dtype=np.int64, count=int(counts.sum()))
+    per = np.fromiter((dtype_bytes(g.spec.dtype) for g in st.graphs), dtype=np.int64, count=st.num_graphs)
+    raw = raw * per[g_of]
+    total = np.bincount(g_of, weights=raw, minlength=st.num_graphs)  # integers, exact in float64
+    pb = np.fromiter((g.param_bytes for g in st.graphs), dtype=np.int64, count=st.num_graphs)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        scale = np.where(total > 0, pb / np.where(total > 0, total, 1.0), 0.0)
+    scaled = raw * scale[g_of]
+    keep = (scaled >= 1) & (pb[g_of] > 0) & (total[g_of] > 0)
+    out_g = [g_of[keep]]
+    out_b = [_round_blocks(scaled[keep].astype(np.int64))]
+    whole = (pb > 0) & (total <= 0)  # no weight shapes to split the bytes by: one block
+    if whole.any():
+        out_g.append(np.flatnonzero(whole))
+        out_b.append(_round_blocks(pb[whole]))
+    return np.concatenate(out_g), np.concatenate(out_b)
+
+
+def gpu_memory_parts_many(graphs: Sequence[OperatorGraph], livenesses: Sequence[MemoryBreakdown], *,
+                          context_mib: float, cublas_workspace_mib: float, uses_cublas: Sequence[bool],
+                          uses_cudnn: Sequence[bool], stack: GraphStack | None = None) -> list[MemoryParts]:
+    """:func:`gpu_memory_parts` of every graph (one device), the weights' blocks computed over all graphs at
+    once; equal to the per-graph result.
+
+    Args:
+        graphs: the graphs.
+        livenesses: each graph's :func:`activation_liveness` (``include_inputs=False``), e.g. from
+            :func:`activation_liveness_many`.
+        context_mib, cublas_workspace_mib: the device's, as for :func:`gpu_memory_parts`.
+        uses_cublas, uses_cudnn: per graph, as for :func:`gpu_memory_parts`.
+        stack: :func:`~dippm_nas.graph.stack_graphs` of ``graphs`` when the caller has it.
+    """
+    st = stack if stack is not None else stack_graphs(graphs)
+    g_n = st.num_graphs
+    if not (len(livenesses) == len(uses_cublas) == len(uses_cudnn) == g_n):
+        raise InvalidValueError(f"one liveness and flag per graph: {g_n} graphs, {len(livenesses)} livenesses, "
+                         f"{len(uses_cublas)} and {len(uses_cudnn)} flags")
+    if not g_n:
+        return []
+    wg, wb = _weight_blocks_many(st)
+    ins = [[round_block(b) for _, b in _spec_inputs(g)] for g in st.graphs]
+    ws_blk = round_block(int(cublas_workspace_mib * BYTES_PER_MIB)) if cublas_workspace_mib > 0 else 0
+    ws = np.where(np.asarray(uses_cublas, dtype=bool), ws_blk, 0).astype(np.int64)
+    ig = np.repeat(np.arange(g_n), [len(b) for b in ins])
+    bg = np.concatenate([wg, ig, np.flatnonzero(ws)]).astype(np.int64)
+    blk = np.concatenate([wb, np.fromiter(chain.from_iterable(ins), dtype=np.int64, count=ig.size),
+                          ws[ws > 0]]).astype(np.int64)
+    pool = np.where(blk <= K_SMALL_SIZE, 0, np.where(blk < K_MIN_LARGE_ALLOC, 1, 2))
+    val = np.where(pool == 2, (blk + (K_ROUND_LARGE - 1)) // K_ROUND_LARGE * K_ROUND_LARGE, blk)
+    const = np.bincount(bg * 3 + pool, weights=val, minlength=3 * g_n).reshape(g_n, 3).tolist()
+    w_sum = np.bincount(wg, weights=wb, minlength=g_n).astype(np.int64).tolist()
+    return [_parts(w_sum[g], sum(ins[g]), int(ws[g]), const[g], livenesses[g], context_mib, bool(uses_cudnn[g]))
+            for g in range(g_n)]

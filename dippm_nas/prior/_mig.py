@@ -7,16 +7,19 @@ import logging
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+import numpy as np
+
 from dippm_nas._logging import WarnOnce
 from dippm_nas.budgets import DEFAULT_K_SIGMA, check_k_sigma
 from dippm_nas.devices import Device, MigProfile, resolve_device
 from dippm_nas.errors import InvalidValueError
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.prediction import Prediction
-from dippm_nas.prior._estimate import _latency_parts, latency_us
+from dippm_nas.prior._estimate import _latency_parts, latency_us, resolved_settings
 from dippm_nas.prior._params import PriorParams
+from dippm_nas.prior._stack import CostStack, Timelines
 
-__all__ = ["advise", "MigAdvice", "ProfileAdvice", "RULES", "DIPPM_LADDER"]
+__all__ = ["advise", "advise_many", "MigAdvice", "ProfileAdvice", "RULES", "DIPPM_LADDER"]
 
 logger = logging.getLogger(__name__)
 _warn_once = WarnOnce(logger)
@@ -121,6 +124,15 @@ def _timelines_of(graph: "OperatorGraph", device: Device, options: dict[str, Any
     return parts[4].gpu_us, parts[4].host_us, parts[6]
 
 
+def _corrections(prediction: Prediction, prior_busy_us: float, prior_host_us: float) -> tuple[float, float]:
+    """(kernel, host) corrections of ``prediction`` over the prior's timelines: its GPU busy time over the
+    prior's, its host time over the prior's (1 where either is unknown)."""
+    busy, host = prediction.details.get("gpu_busy_ms"), prediction.details.get("host_ms")
+    c = float(busy) * 1e3 / prior_busy_us if busy is not None and prior_busy_us > 0 else 1.0
+    k = float(host) * 1e3 / prior_host_us if host is not None and prior_host_us > 0 else 1.0
+    return c, k
+
+
 def _slice_latency(
     prediction: Prediction, device: Device, profile: MigProfile, graph: "OperatorGraph | None",
     options: dict[str, Any], whole: tuple[Any, Any, float] | None,
@@ -131,13 +143,19 @@ def _slice_latency(
         # over the prior's) and of the host timeline kept as they are
         g_w, h, pre = whole
         g_s, _, _ = _timelines_of(graph, device.mig_slice(profile), options)
-        prior_busy, prior_host = float(g_w.sum()), float(h.sum() + pre)
-        busy, host = prediction.details.get("gpu_busy_ms"), prediction.details.get("host_ms")
-        c = float(busy) * 1e3 / prior_busy if busy is not None and prior_busy > 0 else 1.0
-        k = float(host) * 1e3 / prior_host if host is not None and prior_host > 0 else 1.0
+        c, k = _corrections(prediction, float(g_w.sum()), float(h.sum() + pre))
         l_w = latency_us(c * g_w, k * h, k * pre)
         l_s = latency_us(c * g_s, k * h, k * pre)
-        return float(prediction.latency_ms) * (l_s / l_w if l_w > 0 else 1.0), "corrected"
+        return _corrected(prediction, l_s, l_w)
+    return _scaled_latency(prediction, device, profile)
+
+
+def _corrected(prediction: Prediction, l_s: float, l_w: float) -> tuple[float, str]:
+    return float(prediction.latency_ms) * (l_s / l_w if l_w > 0 else 1.0), "corrected"
+
+
+def _scaled_latency(prediction: Prediction, device: Device, profile: MigProfile) -> tuple[float | None, str]:
+    """Without the graph: the prediction's device time scaled by the slice's worse resource ratio."""
     if prediction.device != device.id:
         return None, "unknown"
     sm_ratio = device.sms / device.profile_sms(profile)
@@ -179,12 +197,69 @@ def advise(
         BudgetError: ``k_sigma`` negative or not finite.
         DeviceError: unknown device id (the choices are listed).
     """
+    k_sigma, dev = _checked(prediction, device, k_sigma, rule)
+    options = {"tf32_conv": tf32_conv, "tf32_matmul": tf32_matmul, "channels_last": channels_last, "params": params,
+               "runtime": runtime, "host": host, "input_copy": input_copy, "autocast": autocast,
+               "deployment": deployment, "execution": None}
+    whole = (_timelines_of(graph, dev, options) if graph is not None and prediction.device == dev.id and dev.has_mig
+             else None)
+    latencies = [_slice_latency(prediction, dev, p, graph, options, whole) for p in dev.mig_profiles]
+    return _advice(prediction, dev, k_sigma, rule, latencies)
+
+
+def _checked(prediction: Any, device: Device | str, k_sigma: Any, rule: Any) -> tuple[float, Device]:
     if not isinstance(prediction, Prediction):
         raise InvalidValueError(f"prediction must be a dippm_nas.Prediction, got {type(prediction).__name__}")
     k_sigma = check_k_sigma(k_sigma)  # BudgetError (a DippmNasError and a ValueError) naming a bad value
     if rule not in RULES:
         raise InvalidValueError(f"rule must be one of {RULES}, got {rule!r}")
-    dev = resolve_device(device)
+    return k_sigma, resolve_device(device)
+
+
+def advise_many(predictions: "list[Prediction]", device: Device, graphs: "list[OperatorGraph]", *,
+                k_sigma: float = DEFAULT_K_SIGMA, rule: Rule = "dippm-nas", params: "PriorParams | None" = None,
+                deployment: Any = None, stack: "CostStack | None" = None) -> list[MigAdvice]:
+    """:func:`advise` of each prediction with its graph (``latency_basis="corrected"``), the slices' kernels
+    re-timed for all graphs at once.
+
+    Args:
+        predictions: one :class:`~dippm_nas.prediction.Prediction` per graph, on ``device`` (the whole GPU).
+        device: the resolved MIG-capable device; graphs: the predictions' graphs, in order.
+        k_sigma, rule, params, deployment: as for :func:`advise`.
+        stack: the :class:`~dippm_nas.prior.CostStack` of ``graphs`` (default: a new one).
+
+    Raises:
+        As :func:`advise`.
+    """
+    checked = [_checked(p, device, k_sigma, rule) for p in predictions]
+    if not device.has_mig or not predictions:
+        return [_advice(p, device, k, rule, []) for p, (k, _) in zip(predictions, checked)]
+    stack = stack if stack is not None else CostStack(graphs, device)
+    st = stack.facts
+    r = resolved_settings(device, params=params, deployment=deployment)
+    g_w, h, _ = stack.runtime_costs(r)
+    pre, _ = stack.prefixes(r)
+    ck = np.array([_corrections(p, b, hs + float(q)) for p, b, hs, q in
+                   zip(predictions, st.sums(g_w), st.sums(h), pre)]).reshape(-1, 2)
+    c = np.repeat(ck[:, 0], st.lens)
+    whole = Timelines(st, c * g_w, h)
+    l_w = whole.latency(ck[:, 1], ck[:, 1] * pre)[0]
+    per_profile = []
+    for prof in device.mig_profiles:
+        g_s = stack.gpu_us(stack.on_slice(r, device.mig_slice(prof)))
+        per_profile.append(Timelines(st, c * g_s, host=whole).latency(ck[:, 1], ck[:, 1] * pre)[0])
+    out = []
+    rows = np.array(per_profile).T.tolist()  # [graphs][profiles]
+    for pred, (ks, _), whole_us, slices_us in zip(predictions, checked, l_w.tolist(), rows):
+        lat = ([_corrected(pred, l_s, whole_us) for l_s in slices_us] if pred.device == device.id
+               else [_scaled_latency(pred, device, prof) for prof in device.mig_profiles])
+        out.append(_advice(pred, device, ks, rule, lat))
+    return out
+
+
+def _advice(prediction: Prediction, dev: Device, k_sigma: float, rule: str,
+            latencies: "list[tuple[float | None, str]]") -> MigAdvice:
+    """The advice of ``prediction`` on ``dev`` given each profile's ``(latency ms, basis)``."""
     std = prediction.memory_mib_std
     std_missing = rule == "dippm-nas" and std is None
     if std_missing and dev.has_mig:
@@ -200,12 +275,8 @@ def advise(
                          memory_std_mib=std, profiles=(), smallest_fit=None,
                          reason=f"device {dev.id!r} does not support MIG")
 
-    options = {"tf32_conv": tf32_conv, "tf32_matmul": tf32_matmul, "channels_last": channels_last, "params": params,
-               "runtime": runtime, "host": host, "input_copy": input_copy, "autocast": autocast,
-               "deployment": deployment, "execution": None}
-    whole = _timelines_of(graph, dev, options) if graph is not None and prediction.device == dev.id else None
     out: list[ProfileAdvice] = []
-    for p in dev.mig_profiles:
+    for p, (latency, basis) in zip(dev.mig_profiles, latencies):
         if rule == "dippm":
             limit = p.memory_gib * 1024.0
             on_ladder = (p.compute_slices, p.memory_slices) in DIPPM_LADDER and not p.media_extensions
@@ -213,7 +284,6 @@ def advise(
             limit = p.usable_memory_mib
             on_ladder = True
         fits = need <= limit
-        latency, basis = _slice_latency(prediction, dev, p, graph, options, whole)
         thr = (p.max_instances * prediction.batch_size / (latency / 1e3)) if latency and latency > 0 else None
         if not fits:
             margin = f" (memory {prediction.memory_mib:.0f} MiB + {k_sigma:g} x std {std:.0f} MiB)" \

@@ -18,6 +18,7 @@ For every node of an :class:`~dippm_nas.graph.OperatorGraph` this module decides
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 from collections.abc import Sequence
@@ -34,8 +35,8 @@ from dippm_nas.prior._autocast import AutocastPlan, autocast_plan
 from dippm_nas.prior._host import HOST_KINDS, host_kind
 from dippm_nas.prior._params import CONTRACTION_CLASSES, PARAM_CLASSES, PriorParams
 
-__all__ = ["NodeCosts", "node_costs", "check_autocast", "kernel_time_us", "wave_efficiency", "contraction_tiles", "param_class",
-           "GraphFacts", "graph_facts"]
+__all__ = ["NodeCosts", "node_costs", "facts_costs", "KernelTerms", "kernel_terms", "retimed", "host_times", "costs_of_terms", "check_autocast", "kernel_time_us", "wave_efficiency", "contraction_tiles", "param_class",
+           "GraphFacts", "graph_facts", "clear_graph_facts"]
 
 
 def wave_efficiency(tiles: "np.ndarray | float", sms: int) -> "np.ndarray | float":
@@ -76,9 +77,8 @@ def kernel_time_us(
     """
     f = np.asarray(flops, dtype=np.float64)
     b = np.asarray(bytes_, dtype=np.float64)
-    eff = (np.asarray(eta_compute, dtype=np.float64)
-           * np.power(np.asarray(wave_eff, dtype=np.float64), np.asarray(wave_exponent, dtype=np.float64))
-           * np.power(np.asarray(tile_eff, dtype=np.float64), np.asarray(tile_exponent, dtype=np.float64)))
+    eff = (np.asarray(eta_compute, dtype=np.float64) * _power(wave_eff, wave_exponent)
+           * _power(tile_eff, tile_exponent))
     k = np.maximum(np.asarray(reduction_k, dtype=np.float64), 1.0)
     eff = eff * k / (k + np.asarray(k_half, dtype=np.float64))
     compute_us = f / (np.asarray(peak_tflops, dtype=np.float64) * 1e12 * eff) * 1e6
@@ -87,6 +87,19 @@ def kernel_time_us(
     memory_us = b * per_byte / (bandwidth_gbps * 1e9 * np.asarray(eta_memory, dtype=np.float64)) * 1e6
     fixed = np.asarray(kernels, dtype=np.float64) * np.asarray(kernel_us, dtype=np.float64)
     return fixed + np.maximum(compute_us, memory_us), compute_us, memory_us
+
+
+def _power(base: Any, exponent: Any) -> np.ndarray:
+    """``base ** exponent``, evaluated only where the exponent is not 0 (``x ** 0`` is 1 exactly): most nodes
+    are not contractions, whose efficiency terms have exponent 0."""
+    b = np.asarray(base, dtype=np.float64)
+    e = np.asarray(exponent, dtype=np.float64)
+    if b.shape != e.shape or b.ndim != 1:
+        return np.power(b, e)
+    out = np.ones_like(b)
+    m = e != 0.0
+    out[m] = np.power(b[m], e[m])
+    return out
 
 
 def contraction_tiles(node: OpNode, tile_m: int, tile_n: int) -> tuple[int, float]:
@@ -255,6 +268,17 @@ class GraphFacts:
             self._plans[key] = out
         return self._plans[key]
 
+    def unknown_ops(self) -> dict[str, int]:
+        """``{op: count}`` of the graph's nodes without a formula (:attr:`OperatorGraph.unknown_ops`, counted
+        once; a new dict on every call)."""
+        if "unknown_ops" not in self._plans:
+            out: dict[str, int] = {}
+            for n in self._nodes:
+                if not n.known:
+                    out[n.op] = out.get(n.op, 0) + 1
+            self._plans["unknown_ops"] = out
+        return dict(self._plans["unknown_ops"])
+
     def tiles(self, tile_m: int, tile_n: int) -> tuple[np.ndarray, np.ndarray]:
         """(thread blocks, tile efficiency) of every contraction node for a tile size (1 elsewhere)."""
         key = (tile_m, tile_n)
@@ -353,6 +377,12 @@ _FACTS_MAX = 512
 _FACTS_LOCK = threading.Lock()
 
 
+def clear_graph_facts() -> None:
+    """Forget every cached :class:`GraphFacts` (benchmarks of new candidates; memory)."""
+    with _FACTS_LOCK:
+        _FACTS.clear()
+
+
 def graph_facts(graph: OperatorGraph) -> GraphFacts:
     """The :class:`GraphFacts` of ``graph``; validated and computed on first sight, then cached by the
     graph's structural hash (a bounded cache: a search calls the prior thousands of times)."""
@@ -420,7 +450,7 @@ _DT_SIZE = np.array([4.0, 2.0, 2.0, 8.0])
 
 
 def _extra_kernels(graph: OperatorGraph, f: GraphFacts, device: Device, params: PriorParams,
-                   plan: AutocastPlan | None, channels_last: bool, dt: np.ndarray, eta_m: np.ndarray,
+                   plan: AutocastPlan | None, channels_last: bool, dt: np.ndarray,
                    active: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     """Kernels eager PyTorch runs beyond the graph's own, per node: ``(kernels, bytes read and written)``, or
     ``None`` when there are none. Reshapes of permuted views copy (:meth:`GraphFacts.reshape_copies`);
@@ -462,6 +492,26 @@ def check_autocast(autocast: Any) -> str | None:
     return autocast
 
 
+@dataclass(frozen=True)
+class KernelTerms:
+    """The device side of :func:`node_costs` before the host times: what a MIG slice or another host re-uses.
+
+    Shapes:
+        every array is ``[num_nodes]`` (of one graph, or of a stack of graphs: :func:`facts_costs`).
+    """
+
+    gpu_us: np.ndarray
+    compute_us: np.ndarray
+    memory_us: np.ndarray
+    kernels: np.ndarray       # kernels launched, the extra ones (casts, layout copies) included
+    extra: np.ndarray | None  # extra kernels per node (None: none)
+    active: np.ndarray        # bool: the node launches its own kernels
+    bytes: np.ndarray         # bytes read and written at run time, the extra kernels' included
+    peak_tflops: np.ndarray
+    tensor_core: np.ndarray
+    inputs: Any = field(default=None, repr=False)  # what re-timing on a MIG slice starts from (retimed)
+
+
 def node_costs(
     graph: OperatorGraph, device: Device, params: PriorParams, *, tf32_conv: bool = True,
     tf32_matmul: bool = False, channels_last: bool = False, host: HostProfile | None = None,
@@ -484,20 +534,40 @@ def node_costs(
         autocast: ``None``, ``"float16"`` or ``"bfloat16"``: ``torch.autocast`` around the forward of a
             float32 graph.
     """
-    check_autocast(autocast)
-    f = graph_facts(graph)
-    n = len(f.classes)
-    gpu = device.kind == "gpu"
-    pc = [params.op_classes[c] for c in PARAM_CLASSES]
-    per = lambda name: np.array([getattr(p, name) for p in pc], dtype=np.float64)[f.cls_idx]  # noqa: E731
-    plan = f.autocast(graph, autocast) if gpu and autocast is not None else None
-    dt = plan.dtype if plan is not None else f.dtype  # each node's run-time dtype code
+    return facts_costs(graph_facts(graph), graph, device, params, tf32_conv=tf32_conv, tf32_matmul=tf32_matmul,
+                       channels_last=channels_last, host=host, autocast=autocast)
 
-    # peaks: CUDA cores by default; tensor cores for contractions in half precision, FP32 with TF32 allowed, and
-    # FP64 GEMMs where the GPU has FP64 tensor cores.
-    # PyTorch computes half-precision element-wise ops in FP32 (opmath) and cuDNN/cuBLAS half convolutions and
-    # GEMMs without tensor cores with FP32 math, so a GPU whose native FP16 rate is below its FP32 rate (Pascal
-    # GP102: 1/64) runs them at the FP32 rate.
+
+def facts_costs(f: Any, graph: Any, device: Device, params: PriorParams, *, tf32_conv: bool = True,
+                tf32_matmul: bool = False, channels_last: bool = False, host: HostProfile | None = None,
+                autocast: str | None = None) -> NodeCosts:
+    """:func:`node_costs` of the facts ``f``: a :class:`GraphFacts` of ``graph``, or the facts of a stack of
+    graphs (:class:`~dippm_nas.prior.StackedFacts`, ``graph`` unused), whose nodes are timed in one pass of
+    array operations (every term is per node)."""
+    k = kernel_terms(f, graph, device, params, tf32_conv=tf32_conv, tf32_matmul=tf32_matmul,
+                     channels_last=channels_last, autocast=autocast)
+    return costs_of_terms(f, k, device, params, host_times(f, k, device, params, host))
+
+
+def costs_of_terms(f: Any, k: KernelTerms, device: Device, params: PriorParams, host_us: np.ndarray) -> NodeCosts:
+    """The :class:`NodeCosts` of kernel terms ``k`` and host times ``host_us`` (``[num_nodes]``, µs)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        util_c = np.where(k.gpu_us > 0, f.flops / (k.peak_tflops * 1e12) * 1e6 / k.gpu_us, 0.0)
+        util_m = np.where(k.gpu_us > 0, k.bytes / (device.bandwidth_gbps * 1e9) * 1e6 / k.gpu_us, 0.0)
+    util = np.clip(np.maximum(util_c, util_m), 0.0, 1.0)
+    return NodeCosts(gpu_us=k.gpu_us, host_us=host_us, compute_us=k.compute_us, memory_us=k.memory_us,
+                     kernels=k.kernels, utilisation=util, tensor_core=k.tensor_core & k.active, classes=f.classes)
+
+
+def _peaks(f: Any, device: Device, dt: np.ndarray, tf32_conv: bool, tf32_matmul: bool
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(peak TFLOP/s, ran on tensor cores, half precision) per node.
+
+    CUDA cores by default; tensor cores for contractions in half precision, FP32 with TF32 allowed, and FP64
+    GEMMs where the GPU has FP64 tensor cores. PyTorch computes half-precision element-wise ops in FP32 (opmath)
+    and cuDNN/cuBLAS half convolutions and GEMMs without tensor cores with FP32 math, so a GPU whose native FP16
+    rate is below its FP32 rate (Pascal GP102: 1/64) runs them at the FP32 rate."""
+    n = len(dt)
     half = (dt == 1) | (dt == 2)
     half_peak = max(device.fp16_tflops or 0.0, device.fp32_tflops)
     cuda = np.where(half & (device.fp16_tflops is not None), half_peak, device.fp32_tflops)
@@ -505,7 +575,7 @@ def node_costs(
         cuda = np.where(dt == 3, device.fp64_tflops, cuda)
     tensor = np.zeros(n, dtype=bool)
     peak = cuda.astype(np.float64)
-    if gpu:
+    if device.kind == "gpu":
         for code, tflops in ((1, device.fp16_tensor_tflops), (2, device.bf16_tensor_tflops)):
             if tflops is not None:
                 m = f.contraction & (dt == code)
@@ -516,46 +586,92 @@ def node_costs(
         if device.fp64_tensor_tflops is not None:  # cuBLAS DGEMMs run on FP64 tensor cores; cuDNN FP64 convs do not
             dmma = f.contraction & ~f.conv & (dt == 3)
             peak[dmma], tensor[dmma] = device.fp64_tensor_tflops, True
+    return peak, tensor, half
 
-    bytes_ = f.bytes.copy()
-    act_bytes = f.act_bytes
-    act = f.active
+
+def _contraction_terms(f: Any, pc: list[Any], n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(tile efficiency, wave exponent, tile exponent) per node: 1, 0, 0 outside contractions."""
+    tile, wave_exp, tile_exp = np.ones(n), np.zeros(n), np.zeros(n)
+    for ci, p in enumerate(pc):
+        m = f.contraction & (f.cls_idx == ci)
+        if m.any():
+            tile[m] = f.tiles(p.tile_m, p.tile_n)[1][m]
+            wave_exp[m], tile_exp[m] = p.wave_exponent, p.tile_exponent
+    return tile, wave_exp, tile_exp
+
+
+def _waves(f: Any, pc: list[Any], sms: int) -> np.ndarray:
+    """Wave efficiency per node on ``sms`` SMs (1 outside contractions)."""
+    wave = np.ones(len(f.classes))
+    for ci, p in enumerate(pc):
+        m = f.contraction & (f.cls_idx == ci)
+        if m.any():
+            wave[m] = wave_efficiency(f.tiles(p.tile_m, p.tile_n)[0][m], sms)
+    return wave
+
+
+def _class_array(pc: list[Any], f: Any, name: str) -> np.ndarray:
+    """Per node, the constant ``name`` of its constants class."""
+    return np.array([getattr(p, name) for p in pc], dtype=np.float64)[f.cls_idx]
+
+
+@dataclass(frozen=True)
+class _KernelInputs:
+    """What :func:`kernel_terms` computes before the device's peaks, SMs, bandwidth and L2 enter (the same on a
+    MIG slice of the device): re-timing on a slice starts here."""
+
+    dt: np.ndarray
+    tensor: np.ndarray
+    bytes: np.ndarray
+    kernels: np.ndarray
+    active: np.ndarray
+    eta_compute: np.ndarray
+    eta_memory: np.ndarray
+    kernel_us: np.ndarray
+    tile: np.ndarray
+    wave_exp: np.ndarray
+    tile_exp: np.ndarray
+    k_half: np.ndarray
+    plan: AutocastPlan | None
+    channels_last: bool
+    tf32: tuple[bool, bool]
+    pc: list[Any]
+    scale: Any
+
+
+def kernel_terms(f: Any, graph: Any, device: Device, params: PriorParams, *, tf32_conv: bool = True,
+                 tf32_matmul: bool = False, channels_last: bool = False, autocast: str | None = None) -> KernelTerms:
+    """The device side of :func:`facts_costs` (arguments as for :func:`node_costs`): kernel times per node."""
+    check_autocast(autocast)
+    n = len(f.classes)
+    gpu = device.kind == "gpu"
+    pc = [params.op_classes[c] for c in PARAM_CLASSES]
+    plan = f.autocast(graph, autocast) if gpu and autocast is not None else None
+    dt = plan.dtype if plan is not None else f.dtype  # each node's run-time dtype code
+    _, tensor, half = _peaks(f, device, dt, tf32_conv, tf32_matmul)
+    bytes_, act_bytes, act = f.bytes.copy(), f.act_bytes, f.active
     if params.fuse_hard_activations:
         act = act & ~f.hard_inner
         bytes_ = bytes_ - f.hard_extra_bytes
     if plan is not None:
         bytes_ = bytes_ * plan.bytes_scale
         act_bytes = act_bytes * plan.bytes_scale
-    kernels = per("kernels")
+    kernels = _class_array(pc, f, "kernels")
     if gpu and not channels_last and params.nchw_transpose_passes > 0:
         nchw = tensor & f.conv & half
         bytes_[nchw] += params.nchw_transpose_passes * act_bytes[nchw]
         kernels[nchw] += 2.0
-
-    wave = np.ones(n)
-    tile = np.ones(n)
-    wave_exp = np.zeros(n)
-    tile_exp = np.zeros(n)
-    k_half = np.where(f.contraction, per("k_half"), 0.0)
+    if gpu and f.contraction.any():
+        tile, wave_exp, tile_exp = _contraction_terms(f, pc, n)
+    else:
+        tile, wave_exp, tile_exp = np.ones(n), np.zeros(n), np.zeros(n)
+    k_half = np.where(f.contraction, _class_array(pc, f, "k_half"), 0.0)
     # FP64 kernels on CUDA cores of a class with its own FP64 efficiency: that efficiency, no wave, tile or
-    # reduction-length terms (applied after those are set below)
+    # reduction-length terms
     own64 = gpu & ~tensor & (dt == 3)
     if own64.any():  # only float64 graphs pay for the lookup
         eta64 = np.array([np.nan if p.eta_compute_fp64 is None else p.eta_compute_fp64 for p in pc])[f.cls_idx]
         own64 &= ~np.isnan(eta64)
-    if gpu and f.contraction.any():
-        for ci, p in enumerate(pc):
-            m = f.contraction & (f.cls_idx == ci)
-            if not m.any():
-                continue
-            t, e = f.tiles(p.tile_m, p.tile_n)
-            wave[m] = wave_efficiency(t[m], device.sms)
-            tile[m] = e[m]
-            wave_exp[m], tile_exp[m] = p.wave_exponent, p.tile_exponent
-
-    ws = f.bytes
-    with np.errstate(divide="ignore", invalid="ignore"):
-        l2_frac = np.where(ws > 0, np.minimum(1.0, device.l2_mib * 2**20 / ws), 0.0)
     scale = params.scale_for(device.id, device.kind)
     class_mult = np.array([scale.class_multiplier(c) for c in PARAM_CLASSES], dtype=np.float64)[f.cls_idx]
     # A GPU's compute scales (device and per class) are fitted on half-precision data (Accel-NASBench
@@ -564,34 +680,85 @@ def node_costs(
     # (applying a tensor-core fit to them made FP32 SGEMMs 2.4x too slow on the A100). A CPU's scales were
     # fitted on its own FP32 models.
     dev_c = np.where(gpu & ~tensor & ~half, 1.0, scale.compute * class_mult)
-    eta_c = np.where(tensor, per("eta_compute_tensor"), per("eta_compute")) * dev_c
+    eta_c = np.where(tensor, _class_array(pc, f, "eta_compute_tensor"), _class_array(pc, f, "eta_compute")) * dev_c
     if own64.any():
         eta_c = np.where(own64, eta64, eta_c)
         wave_exp, tile_exp, k_half = (np.where(own64, 0.0, a) for a in (wave_exp, tile_exp, k_half))
     # a GPU cannot beat its DRAM bandwidth; a CPU's bandwidth figure is a DRAM triad while most layers'
     # working sets sit in its caches, so a fitted CPU scale may exceed it
-    eta_m = np.minimum(per("eta_memory") * scale.memory, 1.0) if gpu else per("eta_memory") * scale.memory
+    eta_m = _class_array(pc, f, "eta_memory") * scale.memory
+    eta_m = np.minimum(eta_m, 1.0) if gpu else eta_m
     # on a CPU the per-op cost is the measured dispatch; the fitted per-kernel GPU cost does not apply
-    kernel_us = per("kernel_us") if gpu else np.zeros(n)
+    inputs = _KernelInputs(
+        dt=dt, tensor=tensor, bytes=bytes_, kernels=kernels, active=act, eta_compute=eta_c, eta_memory=eta_m,
+        kernel_us=_class_array(pc, f, "kernel_us") if gpu else np.zeros(n), tile=tile, wave_exp=wave_exp,
+        tile_exp=tile_exp, k_half=k_half, plan=plan, channels_last=channels_last, tf32=(tf32_conv, tf32_matmul),
+        pc=pc, scale=scale)
+    return _timed(inputs, f, graph, device, params)
+
+
+def retimed(k: KernelTerms, f: Any, graph: Any, device: Device, params: PriorParams) -> KernelTerms:
+    """The kernels of ``k`` (timed on a GPU) re-timed on ``device``, a MIG slice view of that GPU
+    (:meth:`~dippm_nas.devices.Device.mig_slice`: its peaks, SMs, DRAM bandwidth and L2 scaled, the constants
+    the same): only the peaks, wave quantisation, bandwidth and L2 terms are evaluated again. The same figures
+    as :func:`kernel_terms` on the slice."""
+    return _timed(k.inputs, f, graph, device, params)
+
+
+def _timed(x: _KernelInputs, f: Any, graph: Any, device: Device, params: PriorParams) -> KernelTerms:
+    """The kernel times of ``x`` on ``device``: its peaks, wave quantisation on its SMs, its bandwidth and L2."""
+    peak = _peaks(f, device, x.dt, *x.tf32)[0]
+    wave = _waves(f, x.pc, device.sms) if device.kind == "gpu" and f.contraction.any() else np.ones(len(x.dt))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        l2_frac = np.where(f.bytes > 0, np.minimum(1.0, device.l2_mib * 2**20 / f.bytes), 0.0)
     t, comp, mem = kernel_time_us(
-        f.flops, bytes_, peak_tflops=peak, bandwidth_gbps=device.bandwidth_gbps, eta_compute=eta_c,
-        eta_memory=eta_m, kernel_us=kernel_us, kernels=kernels, wave_eff=wave, wave_exponent=wave_exp,
-        tile_eff=tile, tile_exponent=tile_exp, reduction_k=f.reduction_k, k_half=k_half, l2_fraction=l2_frac,
+        f.flops, x.bytes, peak_tflops=peak, bandwidth_gbps=device.bandwidth_gbps, eta_compute=x.eta_compute,
+        eta_memory=x.eta_memory, kernel_us=x.kernel_us, kernels=x.kernels, wave_eff=wave, wave_exponent=x.wave_exp,
+        tile_eff=x.tile, tile_exponent=x.tile_exp, reduction_k=f.reduction_k, k_half=x.k_half, l2_fraction=l2_frac,
         l2_speedup=params.l2_speedup,
     )
-    gpu_us = np.where(act, t, 0.0)
-    comp = np.where(act, comp, 0.0)
-    mem = np.where(act, mem, 0.0)
-    kernels = np.where(act, kernels, 0.0)
+    act = x.active
+    terms = KernelTerms(gpu_us=np.where(act, t, 0.0), compute_us=np.where(act, comp, 0.0),
+                        memory_us=np.where(act, mem, 0.0), kernels=np.where(act, x.kernels, 0.0), extra=None,
+                        active=act, bytes=x.bytes, peak_tflops=peak, tensor_core=x.tensor, inputs=x)
+    return _with_extra_kernels(terms, f, graph, device, params, x.plan, x.channels_last, x.dt, act, x.pc, x.scale)
 
+
+def _with_extra_kernels(k: KernelTerms, f: Any, graph: Any, device: Device, params: PriorParams,
+                        plan: AutocastPlan | None, channels_last: bool, dt: np.ndarray, act: np.ndarray,
+                        pc: list[Any], scale: Any) -> KernelTerms:
+    """``k`` with autocast's casts and the layout copies: kernels of their own (:func:`_extra_kernels`)."""
+    extra = _extra_kernels(graph, f, device, params, plan, channels_last, dt, act)
+    if extra is None:
+        return k
+    n_extra, extra_bytes = extra
+    cast = _CLASS_INDEX["cast"]
+    t_x, _, mem_x = kernel_time_us(
+        0.0, extra_bytes, peak_tflops=device.fp32_tflops, bandwidth_gbps=device.bandwidth_gbps, eta_compute=1.0,
+        eta_memory=min(pc[cast].eta_memory * scale.memory, 1.0), kernel_us=pc[cast].kernel_us, kernels=n_extra,
+        l2_fraction=np.where(extra_bytes > 0, np.minimum(1.0, device.l2_mib * 2**20 / np.maximum(extra_bytes, 1.0)),
+                             0.0), l2_speedup=params.l2_speedup)
+    return dataclasses.replace(k, gpu_us=k.gpu_us + np.where(n_extra > 0, t_x, 0.0),
+                               memory_us=k.memory_us + np.where(n_extra > 0, mem_x, 0.0),
+                               kernels=k.kernels + n_extra, extra=n_extra, bytes=k.bytes + extra_bytes)
+
+
+def host_times(f: Any, k: KernelTerms, device: Device, params: PriorParams, host: HostProfile | None) -> np.ndarray:
+    """Host time per node, µs: with a fitted host model (GPU) its per-operator time of the node's kind plus a
+    launch per further kernel, scaled to ``host``; otherwise the dispatch per op plus one launch per kernel.
+    Views cost a small dispatch; the extra kernels of ``k`` each a dispatch of their own."""
+    gpu = device.kind == "gpu"
+    act = k.active
+    kernels = k.kernels if k.extra is None else k.kernels - k.extra
     if gpu and params.host_model is not None:
         hm = params.host_model
-        k = hm.scale(host if host is not None else default_host_profile())
-        op_us = np.array([hm.op_us[kind] for kind in HOST_KINDS], dtype=np.float64)[f.host_kind] * k
+        s = hm.scale(host if host is not None else default_host_profile())
+        op_us = np.array([hm.op_us[kind] for kind in HOST_KINDS], dtype=np.float64)[f.host_kind] * s
         issue = np.where(f.fused, 0.0, np.where(f.internal, _internal_dispatch_us(params, host), op_us))
-        host_t = (np.where(act, issue + np.maximum(kernels - 1.0, 0.0) * hm.launch_us * k, 0.0)
+        host_t = (np.where(act, issue + np.maximum(kernels - 1.0, 0.0) * hm.launch_us * s, 0.0)
                   + np.where(f.view & ~f.inner_view, op_us, 0.0))
     else:
+        scale = params.scale_for(device.id, device.kind)
         if scale.dispatch_us is not None:
             dispatch = scale.dispatch_us
         else:
@@ -600,25 +767,6 @@ def node_costs(
         view_us = params.host_view_us if gpu else min(params.host_view_us, dispatch)
         host_t = (np.where(act, np.where(f.fused | f.internal, 0.0, dispatch) + kernels * launch, 0.0)
                   + np.where(f.view & ~f.inner_view, view_us, 0.0))
-
-    extra = _extra_kernels(graph, f, device, params, plan, channels_last, dt, eta_m, act)
-    if extra is not None:  # autocast's casts and channels-last copies: kernels and dispatches of their own
-        n_extra, extra_bytes = extra
-        cast = _CLASS_INDEX["cast"]
-        t_x, _, mem_x = kernel_time_us(
-            0.0, extra_bytes, peak_tflops=device.fp32_tflops, bandwidth_gbps=device.bandwidth_gbps, eta_compute=1.0,
-            eta_memory=min(pc[cast].eta_memory * scale.memory, 1.0), kernel_us=pc[cast].kernel_us, kernels=n_extra,
-            l2_fraction=np.where(extra_bytes > 0, np.minimum(1.0, device.l2_mib * 2**20 / np.maximum(extra_bytes, 1.0)),
-                                 0.0), l2_speedup=params.l2_speedup)
-        gpu_us = gpu_us + np.where(n_extra > 0, t_x, 0.0)
-        mem = mem + np.where(n_extra > 0, mem_x, 0.0)
-        kernels = kernels + n_extra
-        bytes_ = bytes_ + extra_bytes
-        host_t = host_t + n_extra * _internal_dispatch_us(params, host)
-
-    with np.errstate(divide="ignore", invalid="ignore"):
-        util_c = np.where(gpu_us > 0, f.flops / (peak * 1e12) * 1e6 / gpu_us, 0.0)
-        util_m = np.where(gpu_us > 0, bytes_ / (device.bandwidth_gbps * 1e9) * 1e6 / gpu_us, 0.0)
-    util = np.clip(np.maximum(util_c, util_m), 0.0, 1.0)
-    return NodeCosts(gpu_us=gpu_us, host_us=host_t, compute_us=comp, memory_us=mem, kernels=kernels,
-                     utilisation=util, tensor_core=tensor & act, classes=f.classes)
+    if k.extra is not None:
+        host_t = host_t + k.extra * _internal_dispatch_us(params, host)
+    return host_t

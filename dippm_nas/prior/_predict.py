@@ -11,13 +11,13 @@ from dippm_nas.errors import DeviceError
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.prediction import Prediction
 from dippm_nas.prior._deploy import DeploymentSettings
-from dippm_nas.prior._estimate import estimate, latency_sigma_log, timeline_fields
+from dippm_nas.prior._estimate import PriorEstimate, estimate, latency_sigma_log, timeline_fields
 from dippm_nas.prior._mig import advise
 from dippm_nas.prior._params import PriorParams
 from dippm_nas.prior._power import PowerTable
-from dippm_nas.prior._spread import deployment_spread
+from dippm_nas.prior._spread import DeploymentSpread, deployment_spread
 
-__all__ = ["predict"]
+__all__ = ["predict", "prediction_of"]
 
 
 def predict(
@@ -45,34 +45,46 @@ def predict(
     est = estimate(graph, dev, tf32_conv=tf32_conv, tf32_matmul=tf32_matmul, channels_last=channels_last, params=params,
                    runtime=runtime, host=host, input_copy=input_copy, power=power, autocast=autocast,
                    deployment=deployment)
-    if est.energy_j is None:
-        raise DeviceError(
-            f"device {dev.id!r} has no power figures (board_power_w, idle_power_w), so the prior gives no "
-            "energy and cannot fill a Prediction; use dippm_nas.prior.estimate() for latency and memory, or "
-            "register a device file with power figures under $DIPPM_NAS_DEVICE_DIR"
-        )
-    details = est.details()
-    details["params_fitted"] = float(est.params_source != "uncalibrated")
-    s_lat = latency_sigma_log(est, params)
-    latency = est.latency_ms
-    if deployment is not None and dev.kind == "gpu":
-        # what the deployment leaves undescribed: the mixture's centre and spread (0 when all is described)
-        sp = deployment_spread(graph, dev, deployment, params=params)
-        latency *= math.exp(sp.offset_log)
-        s_lat = None if s_lat is None else math.hypot(s_lat, sp.sigma_log)
-        details["deployment_sigma_log"] = sp.sigma_log
-        details["deployment_offset_log"] = sp.offset_log
-    pred = Prediction(
-        latency_ms=latency, energy_j=est.energy_j, memory_mib=est.memory_mib,
-        latency_source="analytic", energy_source=est.energy_source, memory_source="analytic",  # type: ignore[arg-type]
-        energy_j_std=est.energy_j_std,
-        device=dev.id, batch_size=est.batch_size, dtype=est.dtype, unknown_ops=dict(est.unknown_ops),
-        details=details, latency_ms_std=None if s_lat is None else latency * s_lat,
-        memory_mib_std=est.memory_mib_std, **timeline_fields(est),
-    )
+    sp = (deployment_spread(graph, dev, deployment, params=params)
+          if deployment is not None and dev.kind == "gpu" and est.energy_j is not None else None)
+    pred = prediction_of(est, dev, params=params, spread=sp)
     if mig and dev.has_mig:
         advice = advise(pred, dev, graph=graph, k_sigma=k_sigma, tf32_conv=tf32_conv, tf32_matmul=tf32_matmul,
                         channels_last=channels_last, params=params, runtime=runtime, host=host,
                         input_copy=input_copy, autocast=autocast, deployment=deployment)
         pred = dataclasses.replace(pred, mig=advice)
     return pred
+
+
+def prediction_of(est: PriorEstimate, device: Device, *, params: PriorParams | None = None,
+                  spread: DeploymentSpread | None = None) -> Prediction:
+    """The :class:`~dippm_nas.prediction.Prediction` of an estimate on the resolved ``device`` (no MIG advice),
+    with the deployment's ``spread`` (:func:`~dippm_nas.prior.deployment_spread`) on its latency when given.
+
+    Raises:
+        DeviceError: the estimate has no energy (the device has no power figures).
+    """
+    if est.energy_j is None:
+        raise DeviceError(
+            f"device {device.id!r} has no power figures (board_power_w, idle_power_w), so the prior gives no "
+            "energy and cannot fill a Prediction; use dippm_nas.prior.estimate() for latency and memory, or "
+            "register a device file with power figures under $DIPPM_NAS_DEVICE_DIR"
+        )
+    details = est.details()
+    details["params_fitted"] = float(est.params_source != "uncalibrated")
+    s_lat = latency_sigma_log(est, params, device=device)
+    latency = est.latency_ms
+    if spread is not None:
+        # what the deployment leaves undescribed: the mixture's centre and spread (0 when all is described)
+        latency *= math.exp(spread.offset_log)
+        s_lat = None if s_lat is None else math.hypot(s_lat, spread.sigma_log)
+        details["deployment_sigma_log"] = spread.sigma_log
+        details["deployment_offset_log"] = spread.offset_log
+    return Prediction(
+        latency_ms=latency, energy_j=est.energy_j, memory_mib=est.memory_mib,
+        latency_source="analytic", energy_source=est.energy_source, memory_source="analytic",  # type: ignore[arg-type]
+        energy_j_std=est.energy_j_std,
+        device=device.id, batch_size=est.batch_size, dtype=est.dtype, unknown_ops=dict(est.unknown_ops),
+        details=details, latency_ms_std=None if s_lat is None else latency * s_lat,
+        memory_mib_std=est.memory_mib_std, **timeline_fields(est, device),
+    )

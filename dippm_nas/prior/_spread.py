@@ -35,10 +35,11 @@ from dippm_nas.devices import Device, HostProfile, resolve_device
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.prior._deploy import (UNKNOWN_FRAMEWORK_WEIGHTS, UNKNOWN_HOST_SIGMA_LOG, UNKNOWN_INPUT_COPY_WEIGHTS,
                                      deployment_settings)
-from dippm_nas.prior._estimate import _latency_parts, _pass_host_us, _timelines
+from dippm_nas.prior._estimate import _latency_parts, _pass_host_us, _timelines, resolved_settings
 from dippm_nas.prior._params import PriorParams, default_params
+from dippm_nas.prior._stack import CostStack, Timelines
 
-__all__ = ["DeploymentSpread", "deployment_spread"]
+__all__ = ["DeploymentSpread", "deployment_spread", "deployment_spread_many"]
 
 #: Gauss-Hermite nodes (in σ) and weights of a normal distribution, three points.
 _GH_NODES = ((-math.sqrt(3.0), 1.0 / 6.0), (0.0, 2.0 / 3.0), (math.sqrt(3.0), 1.0 / 6.0))
@@ -82,11 +83,6 @@ def deployment_spread(graph: OperatorGraph, device: Device | str, deployment: An
         return DeploymentSpread()
     p = params if params is not None else default_params()
     hm = p.host_model
-    unknown = set(s.assumed)
-    frameworks = (dict(UNKNOWN_FRAMEWORK_WEIGHTS) if "framework" in unknown else {s.host.framework: 1.0})
-    speeds = ([(s.host.speed * math.exp(z * UNKNOWN_HOST_SIGMA_LOG), w) for z, w in _GH_NODES]
-              if "host" in unknown else [(s.host.speed, 1.0)])
-    copies = dict(UNKNOWN_INPUT_COPY_WEIGHTS) if "input_copy" in unknown else {s.input_copy: 1.0}
     fp32 = graph.spec.dtype == "float32" and s.autocast is None
     ref = dataclasses.replace(s.host, speed=1.0, framework="torch-2")  # host times at factor 1, rescaled below
     kernels: dict[tuple[bool, bool], tuple[np.ndarray, np.ndarray]] = {}
@@ -107,17 +103,83 @@ def deployment_spread(graph: OperatorGraph, device: Device | str, deployment: An
         return _timelines(g, h_ref * k, "gpu", prefix)[0]
 
     centre = latency((s.tf32_matmul, s.tf32_conv), s.host, s.input_copy)
-    logs, weights = [], []
-    for fw, w_fw in frameworks.items():
-        tf32 = _TF32_OF[fw] if ("tf32" in unknown and fp32) else (s.tf32_matmul, s.tf32_conv)
-        for speed, w_sp in speeds:
-            host = dataclasses.replace(s.host, speed=speed, framework=fw)
-            for copy, w_c in copies.items():
-                logs.append(math.log(latency(tf32, host, copy)))
-                weights.append(w_fw * w_sp * w_c)
+    scenarios = _scenarios(s, fp32)
+    logs = [math.log(latency(tf32, host, copy)) for tf32, host, copy, _ in scenarios]
+    weights = [w for *_, w in scenarios]
     lg, w = np.array(logs), np.array(weights)
     w = w / w.sum()
     mu = float(np.sum(w * lg))
     sigma = float(np.sqrt(np.sum(w * (lg - mu) ** 2)))
     return DeploymentSpread(offset_log=mu - math.log(centre) if centre > 0 else 0.0, sigma_log=sigma,
                             scenarios=len(logs))
+
+
+def _scenarios(s: Any, fp32: bool) -> list[tuple[tuple[bool, bool], HostProfile, str, float]]:
+    """``(TF32 flags, host, input copy, weight)`` of every scenario of the mixture over what ``s`` leaves
+    undescribed, in the order :func:`deployment_spread` evaluates them."""
+    unknown = set(s.assumed)
+    frameworks = (dict(UNKNOWN_FRAMEWORK_WEIGHTS) if "framework" in unknown else {s.host.framework: 1.0})
+    speeds = ([(s.host.speed * math.exp(z * UNKNOWN_HOST_SIGMA_LOG), w) for z, w in _GH_NODES]
+              if "host" in unknown else [(s.host.speed, 1.0)])
+    copies = dict(UNKNOWN_INPUT_COPY_WEIGHTS) if "input_copy" in unknown else {s.input_copy: 1.0}
+    out = []
+    for fw, w_fw in frameworks.items():
+        tf32 = _TF32_OF[fw] if ("tf32" in unknown and fp32) else (s.tf32_matmul, s.tf32_conv)
+        for speed, w_sp in speeds:
+            host = dataclasses.replace(s.host, speed=speed, framework=fw)
+            for copy, w_c in copies.items():
+                out.append((tf32, host, copy, w_fw * w_sp * w_c))
+    return out
+
+
+def deployment_spread_many(stack: CostStack, device: Device, deployment: Any, *, params: PriorParams | None = None,
+                           gpu_factors: np.ndarray | None = None) -> list[DeploymentSpread]:
+    """:func:`deployment_spread` of every graph of ``stack`` (a :class:`~dippm_nas.prior.CostStack`), each
+    scenario's timelines evaluated for all graphs at once.
+
+    Args:
+        stack: the graphs' node costs (kernel times per setting are shared with the request's other estimates).
+        device: the resolved device; deployment, params: as for :func:`deployment_spread`.
+        gpu_factors: each graph's correction of its kernel times (``[num_graphs]``; default 1).
+    """
+    s = deployment_settings(deployment)
+    st = stack.facts
+    if device.kind != "gpu" or not s.assumed:
+        return [DeploymentSpread() for _ in range(len(st))]
+    p = params if params is not None else default_params()
+    hm = p.host_model
+    factors = np.ones(len(st)) if gpu_factors is None else np.asarray(gpu_factors, dtype=np.float64)
+    per_node = np.repeat(factors, st.lens)
+    ref = dataclasses.replace(s.host, speed=1.0, framework="torch-2")  # host times at factor 1, rescaled below
+    kernels: dict[tuple[bool, bool], Timelines] = {}
+    base = resolved_settings(device, params=p, deployment=s)
+
+    def latency(tf32: tuple[bool, bool], host: HostProfile, copy: str) -> np.ndarray:
+        if tf32 not in kernels:
+            v = dataclasses.replace(s, tf32_matmul=tf32[0], tf32_conv=tf32[1], host=ref)
+            g, h, _ = stack.runtime_costs(resolved_settings(device, params=p, deployment=v))
+            kernels[tf32] = Timelines(st, g * per_node, h)
+        k = hm.scale(host) if hm is not None else 1.0 / host.speed
+        prefix, _ = stack.prefixes(base, host=host, input_copy=copy)
+        return kernels[tf32].latency(k, prefix)[0]
+
+    centre = latency((s.tf32_matmul, s.tf32_conv), s.host, s.input_copy)
+    out = []
+    fp32 = np.array([g.spec.dtype == "float32" for g in st.graphs]) if s.autocast is None else np.zeros(len(st), bool)
+    for kind in (False, True):
+        if not (fp32 == kind).any():
+            continue
+        sc = _scenarios(s, kind)
+        lg = np.log(np.array([latency(tf32, host, copy) for tf32, host, copy, _ in sc]))  # [scenarios, graphs]
+        w = np.array([w for *_, w in sc])
+        w = w / w.sum()
+        mu = np.sum(w[:, None] * lg, axis=0)
+        sigma = np.sqrt(np.sum(w[:, None] * (lg - mu) ** 2, axis=0))
+        out.append((kind, mu, sigma, len(sc)))
+    res = []
+    for i in range(len(st)):
+        kind, mu, sigma, n = next(o for o in out if o[0] == fp32[i])
+        c = float(centre[i])
+        res.append(DeploymentSpread(offset_log=float(mu[i]) - math.log(c) if c > 0 else 0.0,
+                                    sigma_log=float(sigma[i]), scenarios=n))
+    return res

@@ -295,17 +295,7 @@ def train_predictor(paths: Sequence[str | Path], device: str, *, split: str = "r
     """
     cfg = cfg or TrainConfig()
     device = resolve_device(device).id
-    ex = list(examples) if examples is not None else load_examples(paths, devices=devices, dtypes=dtypes)
-    if devices is not None:
-        ex = [e for e in ex if e.device in devices]
-    if targets is not None:
-        bad = [t for t in targets if t not in TARGETS]
-        if bad:
-            raise InvalidValueError(f"targets must be among {list(TARGETS)}, got {bad}")
-        ex = [dataclasses.replace(e, y={t: v for t, v in e.y.items() if t in targets}) for e in ex]
-        ex = [e for e in ex if e.y]
-    if not any(e.device == device for e in ex):
-        raise InvalidValueError(f"no examples of device {device!r} in the data; devices present: {sorted({e.device for e in ex})}")
+    ex = _training_examples(paths, examples, device, devices, dtypes, targets)
     tr, va, te = split_examples(ex, mode=split, heldout_families=heldout_families, seed=cfg.seed,
                                 holdout_frac=holdout_frac)
     if split == "timm-family":
@@ -347,6 +337,36 @@ def train_predictor(paths: Sequence[str | Path], device: str, *, split: str = "r
     report: dict[str, Any] = {"split": split, "heldout_families": list(heldout_families),
                               "sizes": {"train": len(tr), "val": len(va), "test": len(te), "test_on_device": len(te_dev)},
                               "featurize_s": feat_s, "train_s": train_s, "config": {k: v for k, v in vars(cfg).items() if k != "history"}}
+    _evaluate_on_test(pred, report, te, fte, te_dev, device, split, heldout_families)
+    return pred, report
+
+
+def _training_examples(paths: Sequence[str | Path], examples: Sequence[Example] | None, device: str,
+                       devices: Sequence[str] | None, dtypes: Sequence[str] | None,
+                       targets: Sequence[str] | None) -> list[Example]:
+    """The examples :func:`train_predictor` trains on: loaded (or given), of ``devices``, with only ``targets``.
+
+    Raises:
+        InvalidValueError: an unknown target, or no example of ``device`` left.
+    """
+    ex = list(examples) if examples is not None else load_examples(paths, devices=devices, dtypes=dtypes)
+    if devices is not None:
+        ex = [e for e in ex if e.device in devices]
+    if targets is not None:
+        bad = [t for t in targets if t not in TARGETS]
+        if bad:
+            raise InvalidValueError(f"targets must be among {list(TARGETS)}, got {bad}")
+        ex = [dataclasses.replace(e, y={t: v for t, v in e.y.items() if t in targets}) for e in ex]
+        ex = [e for e in ex if e.y]
+    if not any(e.device == device for e in ex):
+        raise InvalidValueError(f"no examples of device {device!r} in the data; devices present: {sorted({e.device for e in ex})}")
+    return ex
+
+
+def _evaluate_on_test(pred: GnnPredictor, report: dict[str, Any], te: list[Example], fte: list[Any],
+                      te_dev: list[int], device: str, split: str, heldout_families: Sequence[str]) -> None:
+    """The test split's metrics in ``report`` and the checkpoint's ``heldout_metrics`` (and, for the timm-family
+    split, the held-out timm families per GPU)."""
     if te_dev:
         tab, rows = metrics_table(pred, [fte[i] for i in te_dev], [te[i] for i in te_dev])
         report["metrics"] = tab
@@ -366,4 +386,3 @@ def train_predictor(paths: Sequence[str | Path], device: str, *, split: str = "r
         pred.meta = dataclasses.replace(pred.meta, heldout_metrics={
             **pred.meta.heldout_metrics,
             **{f"timm-family:{dev} held-out timm families ({len(heldout_families)})": tab for dev, tab in by_dev.items()}})
-    return pred, report

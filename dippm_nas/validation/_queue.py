@@ -38,18 +38,17 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import exc
-from sqlalchemy.engine import URL, Connection, make_url
+from sqlalchemy.engine import Connection
 
 from dippm_nas._json import loads_json
 from dippm_nas._logging import WarnOnce
-from dippm_nas._sql import create_tables, make_engine, redact, transaction
+from dippm_nas._sql import SqlStore, parse_url
 from dippm_nas.devices import resolve_device
 from dippm_nas.errors import ValidationError
 from dippm_nas.measure import Measurement
@@ -249,8 +248,8 @@ def _matching(q: Any, table: sa.Table, **equal: Any) -> Any:
     return q
 
 
-class JobQueue:
-    """The validation job queue and results tables in one SQL database.
+class JobQueue(SqlStore):
+    """The validation job queue and results tables in one SQL database (a :class:`~dippm_nas._sql.SqlStore`).
 
     Args:
         url: a SQLAlchemy URL, usually the Optuna storage's (``sqlite:///study.db``,
@@ -267,6 +266,9 @@ class JobQueue:
     One object per process (its connection pool does not survive ``fork``).
     """
 
+    what = "validation queue"
+    error = ValidationError
+
     def __init__(self, url: str, *, lease_s: float = DEFAULT_LEASE_S,
                  max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> None:
         if isinstance(lease_s, bool) or not isinstance(lease_s, (int, float)) or not math.isfinite(lease_s) \
@@ -274,54 +276,19 @@ class JobQueue:
             raise ValidationError(f"lease_s must be a finite number > 0, got {lease_s!r}")
         if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
             raise ValidationError(f"max_attempts must be an int >= 1, got {max_attempts!r}")
-        if not isinstance(url, (str, URL)) or not str(url):
-            raise ValidationError(f"url must be a SQLAlchemy URL string, got {url!r}")
-        try:
-            self._url = make_url(url)
-        except exc.ArgumentError as e:
-            raise ValidationError(f"invalid validation queue URL {url!r} ({e}); expected e.g. "
-                                  "'sqlite:////path/study.db' or 'postgresql+psycopg2://user@host/db'") from e
-        self.url = redact(self._url)
         self.lease_s = float(lease_s)
         self.max_attempts = max_attempts
         # SQLite in WAL mode with a busy timeout, pre-ping elsewhere; a missing driver raises
         # MissingDependencyError with its install hint.
-        self._engine = make_engine(
-            self._url,
-            what="validation queue",
-            error=ValidationError,
-            dir_hint="pass a URL whose directory is writable",
-            local_hint="Keep the queue's SQLite file on a local disk.",
-        )
+        self._open(parse_url(url, what=self.what, error=ValidationError,
+                             example="'sqlite:////path/study.db' or 'postgresql+psycopg2://user@host/db'"),
+                   dir_hint="pass a URL whose directory is writable",
+                   local_hint="Keep the queue's SQLite file on a local disk.")
         self.dialect = self._engine.dialect.name
-        self._create_tables()
+        self._create_tables(metadata, [jobs.name, results.name])
 
     def __repr__(self) -> str:
         return f"JobQueue(url={self.url!r}, lease_s={self.lease_s:g}, max_attempts={self.max_attempts})"
-
-    def url_with_credentials(self) -> str:
-        """The full URL, password included, for handing to worker processes; never log it."""
-        return self._url.render_as_string(hide_password=False)
-
-    # ------------------------------------------------------------------ plumbing
-    @contextmanager
-    def _tx(self, what: str) -> Iterator[Connection]:
-        with transaction(self._engine, error=ValidationError, what=f"validation queue {self.url!r}: {what}") as conn:
-            yield conn
-
-    def _create_tables(self) -> None:
-        create_tables(self._engine, metadata, [jobs.name, results.name], error=ValidationError,
-                      what=f"validation queue {self.url!r}")
-
-    def close(self) -> None:
-        """Release the connections."""
-        self._engine.dispose()
-
-    def __enter__(self) -> "JobQueue":
-        return self
-
-    def __exit__(self, *exc_info: Any) -> None:
-        self.close()
 
     # ------------------------------------------------------------------ producer side
     def enqueue(
@@ -374,27 +341,24 @@ class JobQueue:
             "predicted_json": predicted_json, "status": "queued", "lease_owner": None, "lease_expires_at": None,
             "attempts": 0, "result_json": None, "error": None,
         }
-        if self.dialect in ("sqlite", "postgresql"):
-            if self.dialect == "sqlite":
-                from sqlalchemy.dialects.sqlite import insert
-            else:
-                from sqlalchemy.dialects.postgresql import insert
+        insert = self._insert_on_conflict(jobs, self.dialect)
+        if insert is not None:
             with self._tx("enqueueing a job") as conn:
                 now = _now(conn)
-                stmt = insert(jobs).values({**values, "created_at": now, "updated_at": now}).on_conflict_do_nothing(
+                stmt = insert.values({**values, "created_at": now, "updated_at": now}).on_conflict_do_nothing(
                     index_elements=[jobs.c.study, jobs.c.trial_number, jobs.c.device]
                 ).returning(jobs.c.id)
                 row = conn.execute(stmt).first()
             return None if row is None else int(row[0])
         try:
-            with self._engine.begin() as conn:
+            with self._tx("enqueueing a job") as conn:
                 now = _now(conn)
                 res = conn.execute(sa.insert(jobs).values({**values, "created_at": now, "updated_at": now}))
                 return int(res.inserted_primary_key[0])
-        except exc.IntegrityError:
-            return None
-        except exc.SQLAlchemyError as e:
-            raise ValidationError(f"validation queue {self.url!r}: enqueueing a job failed: {e}") from e
+        except ValidationError as e:
+            if isinstance(e.__cause__, exc.IntegrityError):  # the job exists: another process was first
+                return None
+            raise
 
     # ------------------------------------------------------------------ worker side
     def requeue_expired(self) -> int:

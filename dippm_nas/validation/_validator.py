@@ -3,9 +3,10 @@
 Every ``every_n_trials`` finished trials or ``every_seconds`` seconds (whichever comes first), a round:
 
 1. takes ``study.best_trials`` (the feasible Pareto front when the study has constraints) that have no
-   validation job on the device yet and can be rebuilt (the trial has the ``search_space``,
-   ``search_space_config`` and ``input_spec`` user attributes :class:`~dippm_nas.optuna.HardwareCostModel`
-   records for models of :mod:`search_spaces`);
+   validation job on the device yet and can be rebuilt: their :class:`~dippm_nas.trial.TrialRecord` (the
+   user attributes :class:`~dippm_nas.optuna.HardwareCostModel` and :class:`~dippm_nas.nni.HardwareAwareTuner`
+   write alike) has the ``search_space``, ``search_space_config`` and ``input_spec`` of a model of
+   :mod:`search_spaces`;
 2. orders them by uncertainty, highest first: the largest relative standard deviation
    (``std / value``) of the trial's predicted latency, energy and memory; a trial whose predictions carry
    no standard deviation (the analytic prior) has unknown uncertainty and ranks before every known one,
@@ -46,6 +47,7 @@ from dippm_nas.devices import resolve_device
 from dippm_nas.errors import DippmNasError, ValidationError
 from dippm_nas.predictor import predict
 from dippm_nas.spec import COMPUTE_DTYPES, InputSpec
+from dippm_nas.trial import REBUILD_ATTRS, TrialRecord
 from dippm_nas.validation._adapt import adapt_storage_of, adaptable_predictor
 from dippm_nas.validation._calibrate import Calibration, apply_calibration, calibrate_predictor, fit_calibration
 from dippm_nas.validation._queue import DEFAULT_LEASE_S, DEFAULT_MAX_ATTEMPTS, JobQueue, ValidationRecord
@@ -63,7 +65,6 @@ MODES: tuple[str, ...] = ("auto", "local", "queue")
 SUMMARY_ATTR = "dippm_validation"
 #: Priority of a trial whose predictions have no standard deviation (ranks before any known one).
 UNKNOWN_UNCERTAINTY = 1e9
-_REQUIRED_ATTRS = ("search_space", "search_space_config", "input_spec")
 
 _warn_once = WarnOnce(logger)
 
@@ -73,15 +74,23 @@ def _monotonic() -> float:
     return time.monotonic()
 
 
-def uncertainty_of(user_attrs: dict[str, Any]) -> float:
-    """Largest relative std of a trial's predicted figures; :data:`UNKNOWN_UNCERTAINTY` when none is known."""
-    rels = []
-    for name in ("latency_ms", "energy_j", "memory_mib"):
-        v = user_attrs.get(f"predicted_{name}")
-        s = user_attrs.get(f"predicted_{name}_std")
-        if v is not None and s is not None and v > 0 and math.isfinite(s):
-            rels.append(float(s) / float(v))
-    return max(rels) if rels else UNKNOWN_UNCERTAINTY
+def uncertainty_of(user_attrs: dict[str, Any] | TrialRecord) -> float:
+    """Largest relative std of a trial's predicted figures (its user attributes or its
+    :class:`~dippm_nas.trial.TrialRecord`); :data:`UNKNOWN_UNCERTAINTY` when none is known."""
+    try:
+        record = user_attrs if isinstance(user_attrs, TrialRecord) else TrialRecord.from_attrs(user_attrs)
+    except DippmNasError:
+        return UNKNOWN_UNCERTAINTY
+    rel = record.relative_std()
+    return UNKNOWN_UNCERTAINTY if rel is None else rel
+
+
+def _record_of(user_attrs: dict[str, Any]) -> TrialRecord | None:
+    """The trial's record, ``None`` when its attributes hold no prediction."""
+    try:
+        return TrialRecord.from_attrs(user_attrs)
+    except DippmNasError:
+        return None
 
 
 @dataclass
@@ -295,18 +304,20 @@ class ParetoValidator:
         for t in front:
             if t.number in known:
                 continue
-            if not all(k in t.user_attrs for k in _REQUIRED_ATTRS):
+            record = _record_of(t.user_attrs)
+            if record is None or not record.rebuildable:
                 skipped.append(t.number)
                 _warn_once(
                     f"norebuild:{study.study_name}:{t.number}",
                     "Pareto trial %d of study %s cannot be validated: it lacks the user attributes %s (evaluate "
                     "models built with search_spaces.build_model, or pass space= and config= to "
-                    "HardwareCostModel.evaluate)", t.number, study.study_name, list(_REQUIRED_ATTRS),
+                    "HardwareCostModel.evaluate; HardwareAwareTuner records them with builder=)", t.number,
+                    study.study_name, list(REBUILD_ATTRS),
                 )
                 continue
-            cands.append(t)
-        cands.sort(key=lambda t: (-uncertainty_of(t.user_attrs), t.number))
-        return cands[: self.max_per_round], skipped
+            cands.append((t, record))
+        cands.sort(key=lambda tr: (-uncertainty_of(tr[1]), tr[0].number))
+        return [t for t, _ in cands[: self.max_per_round]], skipped
 
     def _use_adaptation(self, queue: JobQueue, space: str) -> Any:
         """The validation device's adaptable predictor, set to the newest stored adaptation of ``space`` (``None``
@@ -356,12 +367,14 @@ class ParetoValidator:
             queue = self.queue_for(study)
             chosen, report.skipped = self.select(study)
             for t in chosen:
-                spec = dict(t.user_attrs["input_spec"])
+                record = TrialRecord.from_attrs(t.user_attrs)
+                assert record.input_spec is not None and record.search_space is not None
+                spec = record.input_spec.to_dict()
                 if self.batch_size is not None:
                     spec["batch_size"] = self.batch_size
                 if self.dtype is not None:
                     spec["dtype"] = self.dtype
-                space, config = t.user_attrs["search_space"], t.user_attrs["search_space_config"]
+                space, config = record.search_space, record.search_space_config
                 try:
                     self._use_adaptation(queue, space)
                     predicted = self._predicted_for(space, config, spec)
@@ -373,13 +386,14 @@ class ParetoValidator:
                     continue
                 job_id = queue.enqueue(study=study.study_name, trial_number=t.number, space=space, config=config,
                                        spec=spec, device=self.device, predicted=predicted,
-                                       priority=uncertainty_of(t.user_attrs))
+                                       priority=uncertainty_of(record))
                 if job_id is not None:
                     report.enqueued.append(t.number)
             if self.local:
                 report.measured = self._local_worker(queue).run(study=study.study_name, idle_timeout_s=0, poll_s=0)
             if chosen:
-                ad = getattr(self._use_adaptation(queue, chosen[0].user_attrs["search_space"]), "adaptation", None)
+                first = TrialRecord.from_attrs(chosen[0].user_attrs).search_space
+                ad = getattr(self._use_adaptation(queue, first or ""), "adaptation", None)
                 if ad is not None:
                     report.adaptation_version, report.adaptation_rows = ad.version, ad.rows
             self._update_summary(study, queue)

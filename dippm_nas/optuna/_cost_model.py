@@ -1,101 +1,9 @@
-"""Optuna integration: predicted hardware objectives and constraints inside an objective function.
-
->>> import optuna
->>> from dippm_nas.optuna import Budgets, HardwareCostModel
->>> cost = HardwareCostModel(device="a100-sxm4-40gb", budgets=Budgets(latency_ms=5.0, mig_profile="1g.5gb"))
->>> study = cost.create_study(leading={"accuracy": "maximize"})        # doctest: +SKIP
->>> def objective(trial):                                               # doctest: +SKIP
-...     model = build(trial)                       # any nn.Module (or an OperatorGraph)
-...     latency_ms, energy_j = cost.evaluate(trial, model, spec)
-...     return train(model), latency_ms, energy_j
->>> study.optimize(objective, n_trials=100)                             # doctest: +SKIP
-
-To keep the cost model off the search's critical path, let it work while the model trains
-(``background_workers`` conversion processes; see :meth:`HardwareCostModel.submit`)::
-
-    cost = HardwareCostModel(budgets=..., background_workers=1)
-    def objective(trial):
-        model = build(trial)
-        pending = cost.submit(trial, model, spec)
-        return (train(model), *pending.result())
-
-For batches of asked trials, :meth:`HardwareCostModel.evaluate_many` converts and predicts ``k`` at once.
-
-Objective values
-    :meth:`HardwareCostModel.evaluate` returns the predicted figures named by ``objectives``, in that
-    order (default ``("latency_ms", "energy_j")``: milliseconds per batch, joules per batch), all to be
-    minimised. Put them after your own objectives: the study's directions are then
-    ``[*your_directions, *cost.directions]`` and its metric names ``[*your_names, *cost.objectives]``;
-    :meth:`HardwareCostModel.create_study` sets both (with ``study.set_metric_names``).
-
-Constraints (chance constraints, :mod:`dippm_nas.budgets`; Optuna's convention: a value ``<= 0`` is feasible)
-    Each budget set is met when the predicted figure plus ``k`` standard deviations is within it, and the
-    constraint value is ``mean + k * std - budget`` in the figure's unit:
-
-    - ``latency_ms``: ``latency_ms + k * latency_ms_std - budgets.latency_ms`` (ms);
-    - ``energy_j``: ``energy_j + k * energy_j_std - budgets.energy_j`` (J);
-    - ``memory_mib``: ``memory_mib + k * memory_mib_std`` minus the smaller of ``budgets.memory_mib`` and
-      the usable memory of the MIG profile ``budgets.mig_profile`` (MiB; the MIG advisor's rule,
-      :mod:`dippm_nas.mig`).
-
-    ``k`` is ``budgets.k_sigma`` (default 1.0) or the figure's entry of ``budgets.k_sigmas``. A prediction
-    without a std for a budgeted figure is checked with std 0, recorded as ``std_missing_<figure>`` and
-    warned about once. Only the budgets you set become constraints, always in that order
-    (:attr:`constraint_names`). On Optuna >= 5 :meth:`~HardwareCostModel.evaluate` registers them with
-    ``trial.set_constraint``; on Optuna 4.x pass ``constraints_func=cost.constraints_func`` to the sampler
-    (TPE, NSGA-II, NSGA-III, GP). An infeasible candidate is reported as a violation and never pruned:
-    pruning it would hide it from the sampler, which then drifts toward small networks.
-
-LLM generation
-    Give an :class:`~dippm_nas.llm.LLMWorkload` instead of an ``InputSpec`` and the candidate (a ``transformers``
-    config or model, a :class:`~dippm_nas.llm.DecoderConfig`) is predicted with
-    :func:`dippm_nas.llm.predict_generation` for the cost model's runtime (``"serving"`` too, with ``engine``).
-    Its objectives are any of :data:`LLM_OBJECTIVES` (``tokens_per_s``, ``output_tokens_per_s`` and
-    ``max_batch`` are maximised, the others minimised) and its budgets the generation figures of
-    :class:`~dippm_nas.budgets.Budgets` (``prefill_ms``, ``decode_ms_per_token``, ``energy_j_per_token``, and the
-    minimums ``tokens_per_s`` and ``max_batch``). With ``budgets.mig_profile`` every figure is that of one
-    instance of the profile. The trial records ``predicted_<figure>``, ``predicted_<figure>_std`` and
-    ``source_<figure>`` of every figure of :data:`dippm_nas.llm.GENERATION_FIGURES`, ``llm_model``,
-    ``workload``, ``fits`` and ``fit_reason``.
-
-A candidate the cost model cannot evaluate (``on_error``; default ``"fail"``)
-    A model that cannot be captured or predicted (data-dependent control flow, an input that does not fit,
-    an unsupported op...) never stops the study: with ``on_error="fail"`` :meth:`HardwareCostModel.evaluate`
-    returns NaN for every objective, so Optuna marks the trial ``FAIL`` and goes on to the next one;
-    ``on_error="infeasible"`` returns ``+inf`` for every objective and registers every constraint as
-    ``+inf`` (``feasible=False``), so the trial completes as a violation the sampler steers away from;
-    ``on_error="raise"`` raises the :class:`~dippm_nas.errors.DippmNasError` (the study stops unless
-    ``study.optimize(catch=...)`` names it). In every case the reason is the ``cost_model_error`` user
-    attribute. With no cost objectives (``objectives=()``) a trial cannot be failed through its values, so
-    ``"fail"`` records it as ``"infeasible"`` does.
-
-User attributes set on every evaluated trial (units in the keys)
-    ``predicted_latency_ms``, ``predicted_latency_ms_std``, ``latency_source``, ``predicted_energy_j``,
-    ``predicted_energy_j_std``, ``energy_source``, ``predicted_memory_mib``, ``predicted_memory_mib_std``,
-    ``memory_source`` (sources: ``"predicted"``, ``"analytic"``, ``"calibrated"``, ``"unavailable"``;
-    a std is ``None`` when the source gives none), ``predicted_device``, ``mig_smallest_fit`` (``None``
-    when nothing fits or the device has no MIG), ``runtime`` and ``deployment`` (the cost model's
-    :class:`~dippm_nas.Deployment` as :meth:`~dippm_nas.Deployment.to_dict`), ``constraint_latency_ms`` /
-    ``constraint_energy_j`` / ``constraint_memory_mib`` and, per budget set, ``budget_<figure>`` (the limit), ``k_sigma_<figure>``,
-    ``margin_<figure>`` (``budget - mean - k * std``, ``>= 0`` feasible) and ``std_missing_<figure>``;
-    ``feasible``, ``cost_model_s`` (seconds of
-    conversion and prediction for this trial, before these attributes are written; with
-    :meth:`~HardwareCostModel.submit` and background workers that work overlaps the objective, and
-    :attr:`~HardwareCostModel.seconds` counts only the caller's waits), ``input_spec`` (:meth:`InputSpec.to_dict`), and, for models built
-    by :func:`search_spaces.build_model`, ``search_space`` and ``search_space_config`` (what
-    :class:`~dippm_nas.validation.ParetoValidator` rebuilds a model from; no code or pickle is stored).
-    ``unknown_ops`` is added when operators had no formula. When the prediction comes from an adapted predictor
-    (``predictor.adapt``, fed by :class:`~dippm_nas.validation.ParetoValidator` and ``dippm-nas
-    validate-worker``): ``adaptation_version`` and ``adaptation_rows`` (the stored version and the measured rows
-    it was fitted on). Before each evaluation the device's predictor loads the newest stored version for the
-    device, deployment and the candidate's search space (``"any"`` for other models) from the study's storage,
-    so the search follows its validation workers without a restart.
-"""
+"""``HardwareCostModel``: predicted hardware objectives and constraints inside an Optuna objective function
+(the package docstring of :mod:`dippm_nas.optuna` describes the objectives, constraints and trial records)."""
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import logging
 import math
@@ -110,111 +18,32 @@ import optuna
 from dippm_nas import errors
 from dippm_nas._logging import WarnOnce
 from dippm_nas._numbers import as_int
-from dippm_nas._sql import sqlite_connect_listener
 from dippm_nas.budgets import Budgets, check_k_sigma, trial_attrs
-from dippm_nas.cache import ConversionCache, default_cache, set_default_cache
-from dippm_nas.capture import assemble, capture, space_config_of
+from dippm_nas.cache import default_cache
+from dippm_nas.capture import ModelSource
 from dippm_nas.deployment import DEPLOYMENT_RUNTIMES, GRAPH_RUNTIMES, Deployment
 from dippm_nas.devices import resolve_device
 from dippm_nas.errors import DippmNasError, InvalidValueError, SearchSpaceError
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.llm import GENERATION_FIGURES, GenerationPrediction, LLMWorkload, predict_generation
+from dippm_nas.optuna._background import BatchPredictor, ConversionPool, PendingEvaluation, PendingValue
+from dippm_nas.optuna._compat import (
+    CONSTRAINT_API, constraints_from_attrs, optuna_has_set_constraint, uses_set_constraint,
+    warn_without_constraints_func,
+)
+from dippm_nas.optuna._objectives import LLM_OBJECTIVES, MAXIMIZED, OBJECTIVES, ON_ERROR
+from dippm_nas.optuna._storage import storage_url_of, threads_share_storage
 from dippm_nas.prediction import Prediction
 from dippm_nas.predictor import ANY_SPACE, DEFAULT_DEVICE, get_predictor, predict, predict_many
 from dippm_nas.spec import InputSpec
+from dippm_nas.trial import TrialRecord
+import search_spaces
 
-__all__ = [
-    "Budgets",
-    "HardwareCostModel",
-    "PendingEvaluation",
-    "OBJECTIVES",
-    "LLM_OBJECTIVES",
-    "MAXIMIZED",
-    "CONSTRAINT_API",
-    "ON_ERROR",
-    "optuna_has_set_constraint",
-    "rdb_storage",
-]
+__all__ = ["HardwareCostModel"]
 
 logger = logging.getLogger(__name__)
 
-#: Figures of an LLM generation :class:`HardwareCostModel` can return as objectives (with an ``LLMWorkload``).
-LLM_OBJECTIVES: dict[str, str] = {
-    "tokens_per_s": "input + output tokens per second", "output_tokens_per_s": "generated tokens per second",
-    "decode_ms_per_token": "ms per decode step", "prefill_ms": "ms to the first token", "e2e_ms": "ms per batch",
-    "energy_j_per_token": "J per generated token", "max_batch": "sequences held at once",
-    "peak_memory_mib": "MiB",
-}
-#: Objectives maximised (the others are minimised).
-MAXIMIZED: frozenset[str] = frozenset({"tokens_per_s", "output_tokens_per_s", "max_batch"})
-#: Figures :class:`HardwareCostModel` can return as objectives, with their units: those of a forward pass
-#: (``latency_ms``, ``energy_j``, ``memory_mib``) and those of an LLM generation (:data:`LLM_OBJECTIVES`).
-OBJECTIVES: dict[str, str] = {"latency_ms": "ms per batch", "energy_j": "J per batch", "memory_mib": "MiB",
-                              **LLM_OBJECTIVES}
-#: How constraints reach the sampler: ``"auto"`` (``trial.set_constraint`` when the trial has it),
-#: ``"set_constraint"`` (Optuna >= 5), ``"constraints_func"`` (Optuna 4.x: the sampler's argument).
-CONSTRAINT_API: tuple[str, ...] = ("auto", "set_constraint", "constraints_func")
-#: What :meth:`HardwareCostModel.evaluate` does when a candidate cannot be evaluated: ``"fail"`` the trial
-#: (NaN objectives; the study goes on), ``"raise"`` the error, or complete it ``"infeasible"`` (+inf
-#: objectives and constraints).
-ON_ERROR: tuple[str, ...] = ("fail", "raise", "infeasible")
-
 _warn_once = WarnOnce(logger, python_warning=True)
-
-
-def optuna_has_set_constraint() -> bool:
-    """Whether the installed Optuna has ``Trial.set_constraint`` (Optuna >= 5)."""
-    return hasattr(optuna.trial.Trial, "set_constraint")
-
-
-def rdb_storage(url: str, *, heartbeat_interval: int | None = None, grace_period: int | None = None,
-                **engine_kwargs: Any) -> optuna.storages.RDBStorage:
-    """An Optuna RDB storage; for SQLite, set up for many writes from several processes.
-
-    Every user attribute and constraint the cost model records is a database write. Optuna's default
-    SQLite set-up (rollback journal, a sync to disk per commit, 5 s lock timeout) makes each one cost
-    5-30 ms and lets concurrent processes fail with "database is locked". For a SQLite URL each
-    connection here gets the settings of the conversion cache and the validation queue instead
-    (:mod:`dippm_nas._sql`): a 30 s busy timeout, the WAL journal (readers never block the writer)
-    and ``synchronous=NORMAL`` (no sync per commit; a power cut may lose the last commits, never
-    corrupt the file). Measured on a loaded 2-core machine: 17.7 ms per user attribute with Optuna's
-    default, 1.7 ms with these. WAL needs a local file system. Other URLs (PostgreSQL...) get
-    ``pool_pre_ping``.
-
-    Args:
-        url: a SQLAlchemy URL, e.g. ``sqlite:///study.db`` or ``postgresql+psycopg2://user:pw@host/db``.
-        heartbeat_interval: Optuna's trial heartbeat, seconds (``RDBStorage(heartbeat_interval=...)``): a
-            running trial's heartbeat is stamped with the database's clock this often, and a trial whose
-            heartbeat is older than ``grace_period`` is failed by the next trial started (a worker that
-            died). ``None`` (default): no heartbeat.
-        grace_period: seconds without a heartbeat before a trial counts as dead (Optuna's default: twice
-            ``heartbeat_interval``).
-        **engine_kwargs: passed to ``sqlalchemy.create_engine`` through ``RDBStorage(engine_kwargs=...)``.
-
-    Returns:
-        An ``optuna.storages.RDBStorage`` to pass as ``storage=``.
-
-    Raises:
-        InvalidValueError: ``heartbeat_interval`` or ``grace_period`` is not a positive int or None.
-    """
-    from sqlalchemy import event
-    from sqlalchemy.engine import make_url
-
-    for name, v in (("heartbeat_interval", heartbeat_interval), ("grace_period", grace_period)):
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-            raise InvalidValueError(f"{name} must be a positive int (seconds) or None, got {v!r}")
-    is_sqlite = make_url(url).get_backend_name() == "sqlite"
-    if not is_sqlite:
-        engine_kwargs.setdefault("pool_pre_ping", True)
-    storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs or None,
-                                         heartbeat_interval=heartbeat_interval, grace_period=grace_period)
-    if is_sqlite:
-        listener = sqlite_connect_listener(
-            what="Optuna storage", local_hint="Keep the study's SQLite file on a local disk."
-        )
-        event.listen(storage.engine, "connect", listener)
-        storage.engine.dispose()  # connections opened while Optuna created its tables get the settings too
-    return storage
 
 
 def _jsonable(value: Any, what: str) -> Any:
@@ -259,6 +88,12 @@ class HardwareCostModel:
         on_error: one of :data:`ON_ERROR`, for a candidate that cannot be captured or predicted (see the
             module docstring): ``"fail"`` (default) fails the trial and the study goes on, ``"infeasible"``
             completes it with its constraints violated, ``"raise"`` raises.
+        overlap: let :meth:`evaluate` predict in a background thread while the objective goes on (trains the
+            model), returning :class:`PendingValue` figures that wait for it when read (Optuna reads them when
+            the objective returns). Default ``True``; it applies to ``optuna.trial.Trial`` objects when there
+            are cost objectives, ``on_error`` is not ``"raise"`` and the study's storage is seen by other
+            threads (not an in-memory SQLite URL ``sqlite://``); otherwise :meth:`evaluate` predicts at once.
+            ``False``: always at once.
 
     Raises:
         DeviceError: unknown device (the catalogue is listed), or an unreadable host profile.
@@ -284,6 +119,7 @@ class HardwareCostModel:
         host: Any = None,
         on_error: Literal["fail", "raise", "infeasible"] = "fail",
         engine: str | None = None,
+        overlap: bool = True,
     ) -> None:
         dev = resolve_device(device)
         self.device: str = dev.id
@@ -320,8 +156,9 @@ class HardwareCostModel:
         if on_error not in ON_ERROR:
             raise InvalidValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
         self.on_error = on_error
-        self._pool: Any = None
-        self._finisher: Any = None
+        self.overlap = bool(overlap)
+        self._conversions: ConversionPool | None = None
+        self._predictor_thread: BatchPredictor | None = None
 
         wants_energy = bool({"energy_j", "energy_j_per_token"} & set(objectives)) or budgets.energy_j is not None \
             or budgets.energy_j_per_token is not None
@@ -340,6 +177,12 @@ class HardwareCostModel:
         self._lock = threading.Lock()
         self._seconds = 0.0
         self._evaluations = 0
+
+    def _count_wait(self, seconds: float, evaluations: int = 0) -> None:
+        """Add the caller's wait (and finished evaluations) to :attr:`seconds` (and :attr:`evaluations`)."""
+        with self._lock:
+            self._seconds += seconds
+            self._evaluations += evaluations
 
     # ------------------------------------------------------------------ study set-up
     @property
@@ -440,48 +283,17 @@ class HardwareCostModel:
         without them (its objective never called :meth:`evaluate`) is reported infeasible
         (``+inf`` for every constraint), with a warning once: its hardware cost is unknown.
         """
-        attrs = trial.user_attrs
-        keys = [f"constraint_{n}" for n in self.constraint_names]
-        if not all(k in attrs for k in keys):
-            _warn_once(
-                "constraints-missing",
-                "trial %d finished without the cost model's constraint attributes (did the objective call "
-                "HardwareCostModel.evaluate?); reporting it infeasible (+inf) to the sampler", trial.number,
-            )
-            return [math.inf] * len(keys)
-        return [float(attrs[k]) for k in keys]
+        return constraints_from_attrs(trial, self.constraint_names)
 
-    def _use_set_constraint(self, trial: Any) -> bool:
-        if self.constraint_api == "constraints_func":
-            return False
-        if self.constraint_api == "set_constraint":
-            return True
-        if self._sampler_has_our_constraints_func(trial):
-            return False  # the sampler records them through constraints_func: set_constraint would record them twice
-        return hasattr(trial, "set_constraint")
-
-    def _sampler_has_our_constraints_func(self, trial: Any) -> bool:
-        """The study's sampler was created with ``constraints_func=cost.constraints_func`` (Optuna's samplers
-        keep it as ``_constraints_func``)."""
-        sampler = getattr(getattr(trial, "study", None), "sampler", None)
-        return getattr(sampler, "_constraints_func", None) == self.constraints_func
-
-    def _check_4x_sampler(self, trial: Any) -> None:
-        """On the constraints_func path, warn once when the study's sampler was not given it."""
-        if not self.constraint_names:
+    def _register_constraints(self, trial: Any, constraints: Mapping[str, float]) -> None:
+        """Register the constraint values with the sampler (``set_constraint`` or the ``constraints_func`` path)."""
+        if not constraints:
             return
-        study = getattr(trial, "study", None)
-        sampler = getattr(study, "sampler", None)
-        if sampler is None:
-            return
-        func = getattr(sampler, "_constraints_func", None)
-        if func is None and hasattr(sampler, "_constraints_func"):
-            _warn_once(
-                "no-constraints-func",
-                "the cost model's constraints (%s) reach %s only through constraints_func on Optuna %s: create "
-                "it with constraints_func=cost.constraints_func", ", ".join(self.constraint_names),
-                type(sampler).__name__, optuna.__version__,
-            )
+        if uses_set_constraint(trial, self.constraint_api, self.constraints_func):
+            for name, v in constraints.items():
+                trial.set_constraint(name, v)
+        else:
+            warn_without_constraints_func(trial, self.constraint_names)
 
     def _unevaluated(self, trial: Any, error: DippmNasError) -> tuple[float, ...]:
         """Record that a candidate could not be evaluated; raise (``on_error="raise"``) or return the
@@ -499,75 +311,32 @@ class HardwareCostModel:
         trial.set_user_attr("feasible", False)
         for name in self.constraint_names:
             trial.set_user_attr(f"constraint_{name}", math.inf)
-        if self.constraint_names:
-            if self._use_set_constraint(trial):
-                for name in self.constraint_names:
-                    trial.set_constraint(name, math.inf)
-            else:
-                self._check_4x_sampler(trial)
+        self._register_constraints(trial, dict.fromkeys(self.constraint_names, math.inf))
         return worst
 
     # ------------------------------------------------------------------ evaluation
     def _record(self, trial: Any, pred: Prediction, spec: InputSpec, space: str | None, config: Any,
                 seconds: float) -> tuple[float, ...]:
+        """Write the :class:`~dippm_nas.trial.TrialRecord` of a forward-pass prediction on the trial, register its
+        constraints; return the objective values."""
         checks = self._checks(pred)
-        cons = {n: c.value for n, c in checks.items()}
-        values = []
         llm = [o for o in self.objectives if o in LLM_OBJECTIVES]
         if llm:
             raise InvalidValueError(f"objectives {llm} are figures of an LLM generation: evaluate the candidate with "
                                     "an LLMWorkload (dippm_nas.llm) instead of an InputSpec")
+        values = []
         for o in self.objectives:
             v = getattr(pred, o)
             if v is None:
                 raise DippmNasError(f"objective {o!r} has no prediction on {self.device!r} "
                                     f"(source {getattr(pred, o.split('_')[0] + '_source')!r})")
             values.append(float(v))
-        attrs: dict[str, Any] = {
-            "predicted_latency_ms": float(pred.latency_ms),
-            "predicted_latency_ms_std": pred.latency_ms_std,
-            "latency_source": pred.latency_source,
-            "predicted_energy_j": pred.energy_j,
-            "predicted_energy_j_std": pred.energy_j_std,
-            "energy_source": pred.energy_source,
-            "predicted_memory_mib": float(pred.memory_mib),
-            "predicted_memory_mib_std": pred.memory_mib_std,
-            "memory_source": pred.memory_source,
-            "predicted_device": pred.device,
-            "runtime": self.deployment.runtime,
-            "deployment": self.deployment.to_dict(),
-            "predicted_host_ms": pred.host_ms,
-            "predicted_gpu_ms": pred.gpu_ms,
-            "mig_smallest_fit": getattr(pred.mig, "smallest_fit", None),
-            "feasible": all(v <= 0 for v in cons.values()),
-            "cost_model_s": seconds,
-            "input_spec": spec.to_dict(),
-        }
-        if pred.unknown_ops:
-            attrs["unknown_ops"] = dict(pred.unknown_ops)
-        if "adaptation_version" in pred.details:
-            attrs["adaptation_version"] = int(pred.details["adaptation_version"])
-            attrs["adaptation_rows"] = int(pred.details["adaptation_rows"])
-        if space is not None:
-            attrs["search_space"] = space
-            attrs["search_space_config"] = config
-        self._register(trial, attrs, checks)
-        return tuple(values)
-
-    def _register(self, trial: Any, attrs: dict[str, Any], checks: Mapping[str, Any]) -> None:
-        """Write the user attributes, the constraint values and the budgets' record; register the constraints."""
-        cons = {n: c.value for n, c in checks.items()}
-        for name, v in cons.items():
-            attrs[f"constraint_{name}"] = v
-        attrs.update(trial_attrs(checks))
-        for k, v in attrs.items():
+        record = TrialRecord.of(pred, checks, deployment=self.deployment.to_dict(), input_spec=spec,
+                                search_space=space, search_space_config=config, cost_model_s=seconds)
+        for k, v in record.to_attrs().items():
             trial.set_user_attr(k, v)
-        if cons:
-            if self._use_set_constraint(trial):
-                for name, v in cons.items():
-                    trial.set_constraint(name, v)
-            else:
-                self._check_4x_sampler(trial)
+        self._register_constraints(trial, record.constraints)
+        return tuple(values)
 
     def _record_generation(self, trial: Any, pred: GenerationPrediction, seconds: float) -> tuple[float, ...]:
         """Record an LLM generation's figures (those of one instance of the budgets' MIG profile when set)."""
@@ -599,7 +368,12 @@ class HardwareCostModel:
             "fits": on.fits if on is not None else pred.fits, "fit_reason": on.reason if on is not None else pred.reason,
             "feasible": all(c.value <= 0 for c in checks.values()), "cost_model_s": seconds,
         })
-        self._register(trial, attrs, checks)
+        cons = {n: c.value for n, c in checks.items()}
+        attrs.update({f"constraint_{n}": v for n, v in cons.items()})
+        attrs.update(trial_attrs(checks))
+        for k, v in attrs.items():
+            trial.set_user_attr(k, v)
+        self._register_constraints(trial, cons)
         return tuple(values)
 
     def _evaluate_generation(self, trial: Any, model: Any, workload: LLMWorkload) -> tuple[float, ...]:
@@ -610,51 +384,29 @@ class HardwareCostModel:
             values = self._record_generation(trial, pred, time.perf_counter() - t0)
         except DippmNasError as e:
             values = self._unevaluated(trial, e)
-        with self._lock:
-            self._seconds += time.perf_counter() - t0
-            self._evaluations += 1
+        self._count_wait(time.perf_counter() - t0, 1)
         return values
 
     @staticmethod
-    def _space_of(model: Any, space: str | None, config: Mapping[str, Any] | None) -> tuple[str | None, Any]:
-        if space is None and config is None and isinstance(model, functools.partial):
-            space, config = space_config_of(model) or (None, None)
-            if space is None:
-                return None, None
-        if space is None and config is None:
-            space = getattr(model, "search_space", None)
-            config = getattr(model, "search_space_config", None)
-            if not isinstance(space, str) or config is None:
-                return None, None
+    def _model_source(model: Any, spec: InputSpec | None, space: str | None,
+                      config: Mapping[str, Any] | None) -> tuple[ModelSource, str | None, Any]:
+        """The candidate parsed once (:meth:`ModelSource.parse`, or :meth:`ModelSource.from_space` without a model),
+        with the search space and JSON config recorded for it (given, else the model's own)."""
         if (space is None) != (config is None):
             raise InvalidValueError(f"give both space= and config= (a registered search space and its config), "
                                     f"got space={space!r}, config={config!r}")
-        return space, _jsonable(config, "config")
-
-    def _spec_of(self, model: Any, spec: InputSpec | None) -> InputSpec:
-        if isinstance(model, OperatorGraph):
-            return model.spec if spec is None else spec
-        if not isinstance(spec, InputSpec):
-            raise InvalidValueError(f"spec must be a dippm_nas.InputSpec (required with a model), got {spec!r}")
-        return spec
-
-    def _source(self, model: Any, spec: InputSpec, space: str | None, config: Any) -> Any:
-        """What to predict: a search-space candidate's graph assembled from cached blocks (no export), else
-        the model itself."""
-        if isinstance(model, OperatorGraph):
-            return model
-        if space is not None:
-            if model is None:
-                return assemble(space, config, spec, cache=self.cache)
-            own = space_config_of(model)
-            if own is not None and own[0] == space:
-                return assemble(own[0], own[1], spec, cache=self.cache)
         if model is None:
-            raise InvalidValueError("evaluate() needs a model, or space= and config= of a registered search space")
-        return model
+            if space is None:
+                raise InvalidValueError("evaluate() needs a model, or space= and config= of a registered search space")
+            cfg = _jsonable(config, "config")
+            return ModelSource.from_space(space, cfg, spec), space, cfg  # type: ignore[arg-type]
+        source = ModelSource.parse(model, spec)
+        if space is None:
+            space, config = source.search_space, source.search_space_config
+        return source, space, None if config is None else _jsonable(config, "config")
 
     def evaluate(self, trial: Any, model: Any = None, spec: InputSpec | None = None, *, space: str | None = None,
-                 config: Mapping[str, Any] | None = None) -> float | tuple[float, ...]:
+                 config: Mapping[str, Any] | None = None) -> Any:
         """Predict one candidate, record it on the trial, register its constraints; return the objectives.
 
         A candidate of a registered search space -- ``space=`` and ``config=`` with no model, or a model built
@@ -671,11 +423,19 @@ class HardwareCostModel:
                 so a validator can rebuild it; read from ``model.search_space`` /
                 ``model.search_space_config`` (set by :func:`search_spaces.build_model`) when omitted.
 
+        With ``overlap`` (the default) and an ``optuna.trial.Trial``, the prediction and the records run in a
+        background thread while the objective goes on; the returned figures are :class:`PendingValue` objects
+        that wait for it when read (``float()``, a comparison, Optuna's ``tell`` of the returned values), so
+        return them (or read them) before the objective returns: the trial's records are written by then.
+        Candidates of concurrent trials (``study.optimize(n_jobs=...)``) are predicted together in one
+        :func:`dippm_nas.predict_many`. A graph assembled from a search space's blocks is assembled here first, so
+        a config outside its space still raises at once.
+
         Returns:
-            The predicted figures named by :attr:`objectives`: a float for one objective, a tuple of floats in
-            that order for several (``()`` for none), as Optuna objectives return them; when the candidate
-            cannot be captured or predicted, NaN (``on_error="fail"``) or ``+inf`` (``"infeasible"``) for
-            each, with the reason in the ``cost_model_error`` user attribute.
+            The predicted figures named by :attr:`objectives`: a float (or a :class:`PendingValue`) for one
+            objective, a tuple of them in that order for several (``()`` for none), as Optuna objectives return
+            them; when the candidate cannot be captured or predicted, NaN (``on_error="fail"``) or ``+inf``
+            (``"infeasible"``) for each, with the reason in the ``cost_model_error`` user attribute.
 
         Raises:
             DippmNasError: ``on_error="raise"`` and the model could not be captured or a figure asked for
@@ -689,24 +449,94 @@ class HardwareCostModel:
             raise InvalidValueError(f"runtime={self.deployment.runtime!r} runs LLM generations only: evaluate with an "
                                     f"LLMWorkload, or make the cost model with one of {GRAPH_RUNTIMES} for a forward pass")
         t0 = time.perf_counter()
-        the_spec = self._spec_of(model, spec)
-        space_name, cfg = self._space_of(model, space, config)
-        self._refresh_adaptation(trial, space_name)
         try:
-            source = self._source(model, the_spec, space_name, cfg)
-            pred = predict(source, None if isinstance(source, OperatorGraph) else the_spec, self.device,
-                           deployment=self.deployment, cache=self.cache, mig=True, k_sigma=self.k_sigma)
-            values = self._record(trial, pred, the_spec, space_name, cfg, time.perf_counter() - t0)
+            source, space_name, cfg = self._model_source(model, spec, space, config)
+            if space_name is not None:
+                search_spaces.get_space(space_name).validate(cfg)
         except SearchSpaceError as e:  # a config outside its space is a bad argument, whatever on_error says
             trial.set_user_attr("cost_model_error", f"{type(e).__name__}: {e}")
             raise
-        except DippmNasError as e:
-            values = self._unevaluated(trial, e)
-        seconds = time.perf_counter() - t0
-        with self._lock:
-            self._seconds += seconds
-            self._evaluations += 1
+        request = _Request(trial, source, space_name, cfg, time.perf_counter() - t0)
+        if self._overlaps(trial):
+            pending = PendingEvaluation(self, self._background().submit(request), None, None, trial)
+            self._count_wait(time.perf_counter() - t0)
+            return self._shape(tuple(PendingValue(pending, i) for i in range(len(self.objectives))))
+        try:
+            values = self._predict_and_record([request])[0]
+        finally:
+            self._count_wait(time.perf_counter() - t0, 1)
         return self._shape(values)
+
+    def _overlaps(self, trial: Any) -> bool:
+        """Whether :meth:`evaluate` predicts this trial's candidate in the background (see ``overlap``)."""
+        return (self.overlap and bool(self.objectives) and self.on_error != "raise"
+                and isinstance(trial, optuna.trial.Trial) and threads_share_storage(trial.study))
+
+    def _background(self) -> BatchPredictor:
+        with self._lock:
+            if self._predictor_thread is None:
+                self._predictor_thread = BatchPredictor(self._predict_in_background)
+            return self._predictor_thread
+
+    def _predict_in_background(self, requests: list["_Request"]) -> list[Any]:
+        """The background thread's batch: every request's objective values (NaN / +inf for one that failed)."""
+        out = self._predict_and_record(requests, isolate=True)
+        self._count_wait(0.0, len(requests))
+        return out
+
+    def _predict_and_record(self, requests: list["_Request"], *, workers: int = 1, progress: bool = False,
+                            errors: str = "values", isolate: bool = False) -> list[Any]:
+        """Predict the requests (one :func:`predict`, or one :func:`predict_many` for several) and record each on
+        its trial. A candidate that cannot be predicted gives :meth:`_unevaluated`'s values (``errors="values"``),
+        or its error, recorded as ``cost_model_error`` (``errors="return"``; ``on_error="infeasible"`` still gives
+        the +inf values). With ``isolate`` any other error of one request (its trial finished before its record
+        was written, a storage error) is that request's result, and the others go on."""
+        out: list[Any] = [None] * len(requests)
+        by_space: dict[str | None, list[int]] = {}
+        for i, r in enumerate(requests):
+            by_space.setdefault(r.space, []).append(i)
+        for space_name, idx in by_space.items():
+            t0 = time.perf_counter()
+            self._refresh_adaptation(requests[idx[0]].trial, space_name)
+            sources = [requests[i].source for i in idx]  # a search-space candidate's graph is assembled from blocks
+            if len(sources) == 1:
+                try:
+                    preds: list[Any] = [predict(sources[0], None, self.device, deployment=self.deployment,
+                                                cache=self.cache, mig=True, k_sigma=self.k_sigma)]
+                except DippmNasError as e:
+                    preds = [e]
+            else:
+                preds = predict_many(sources, self.device, workers=workers, cache=self.cache, mig=True,
+                                     deployment=self.deployment, k_sigma=self.k_sigma, progress=progress)
+            share = (time.perf_counter() - t0) / len(idx)
+            for i, pred in zip(idx, preds):
+                r = requests[i]
+                try:
+                    if not isinstance(pred, Prediction):
+                        raise pred
+                    out[i] = self._record(r.trial, pred, r.source.spec, r.space, r.config, r.seconds + share)
+                except DippmNasError as e:
+                    try:
+                        if errors == "values" or self.on_error == "infeasible":
+                            out[i] = self._unevaluated(r.trial, e)  # raises with on_error="raise"
+                        else:
+                            r.trial.set_user_attr("cost_model_error", f"{type(e).__name__}: {e}")
+                            out[i] = e
+                    except Exception as e2:  # noqa: BLE001 - see isolate
+                        out[i] = self._isolated(r, e2, isolate)
+                except Exception as e:  # noqa: BLE001 - see isolate
+                    out[i] = self._isolated(r, e, isolate)
+        return out
+
+    @staticmethod
+    def _isolated(request: "_Request", error: Exception, isolate: bool) -> Exception:
+        """A request's own error in the background thread (logged once), re-raised elsewhere."""
+        if not isolate:
+            raise error
+        _warn_once("background-record", "the cost model could not record trial %s (%s: %s): return or read the "
+                   "figures evaluate() returned before the objective returns (Optuna refuses writes to a finished "
+                   "trial)", getattr(request.trial, "number", "?"), type(error).__name__, error)
+        return error
 
     def evaluate_many(
         self,
@@ -752,34 +582,12 @@ class HardwareCostModel:
             raise InvalidValueError(f"trials and candidates must pair up, got {len(trials)} trials and "
                                     f"{len(candidates)} candidates")
         t0 = time.perf_counter()
-        items: list[Any] = []
-        specs: list[InputSpec] = []
-        spaces: list[tuple[str | None, Any]] = []
-        for model, spec in candidates:
-            s = self._spec_of(model, spec)
-            specs.append(s)
-            spaces.append(self._space_of(model, None, None))
-            items.append(model if isinstance(model, OperatorGraph) else (model, s))
-        if trials:
-            self._refresh_adaptation(trials[0], spaces[0][0])
-        preds = predict_many(items, self.device, workers=workers, cache=self.cache, mig=True,
-                             deployment=self.deployment, k_sigma=self.k_sigma, progress=progress)
-        share = (time.perf_counter() - t0) / max(len(trials), 1)
-        out: list[tuple[float, ...] | DippmNasError] = []
-        for trial, pred, spec, (space_name, cfg) in zip(trials, preds, specs, spaces):
-            try:
-                if not isinstance(pred, Prediction):
-                    raise pred
-                out.append(self._record(trial, pred, spec, space_name, cfg, share))
-            except DippmNasError as e:
-                if self.on_error == "infeasible":
-                    out.append(self._unevaluated(trial, e))
-                else:
-                    trial.set_user_attr("cost_model_error", f"{type(e).__name__}: {e}")
-                    out.append(e)
-        with self._lock:
-            self._seconds += time.perf_counter() - t0
-            self._evaluations += len(trials)
+        requests = []
+        for trial, (model, spec) in zip(trials, candidates):
+            source, space_name, cfg = self._model_source(model, spec, None, None)
+            requests.append(_Request(trial, source, space_name, cfg, 0.0))
+        out = self._predict_and_record(requests, workers=workers, progress=progress, errors="return")
+        self._count_wait(time.perf_counter() - t0, len(trials))
         return [o if isinstance(o, DippmNasError) else self._shape(o) for o in out]
 
     def _refresh_adaptation(self, trial: Any, space: str | None) -> None:
@@ -789,9 +597,7 @@ class HardwareCostModel:
         predictor = get_predictor(self.device)
         if not callable(getattr(predictor, "refresh_adaptation", None)):
             return
-        storage = getattr(getattr(trial, "study", None), "_storage", None)
-        url = next((u for u in (getattr(storage, "url", None), getattr(getattr(storage, "_backend", None), "url", None))
-                    if isinstance(u, str) and u), None)
+        url = storage_url_of(getattr(trial, "study", None))
         with self._lock:
             predictor.use_adaptation(storage=url, space=space or ANY_SPACE)
             try:
@@ -814,19 +620,6 @@ class HardwareCostModel:
         if self.cache is False or self.cache is None:
             return None
         return self.cache.url_with_credentials()
-
-    def _executors(self) -> tuple[Any, Any]:
-        """(conversion processes, finisher thread), started on first use."""
-        with self._lock:
-            if self._pool is None:
-                import multiprocessing as mp
-                from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
-
-                self._pool = ProcessPoolExecutor(
-                    max_workers=self.background_workers, mp_context=mp.get_context("spawn"),
-                    initializer=_init_conversion_worker, initargs=(self._worker_cache_url(),))
-                self._finisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dippm-cost-model")
-            return self._pool, self._finisher
 
     def submit(self, trial: Any, model: Any, spec: InputSpec | None = None, *, space: str | None = None,
                config: Mapping[str, Any] | None = None) -> "PendingEvaluation":
@@ -852,17 +645,22 @@ class HardwareCostModel:
         if self.background_workers == 0 or isinstance(model, OperatorGraph):
             try:
                 values = self.evaluate(trial, model, spec, space=space, config=config)
-                return PendingEvaluation(self, None, values, None)
             except DippmNasError as e:
                 return PendingEvaluation(self, None, None, e)
-        the_spec = self._spec_of(model, spec)
-        space_name, cfg = self._space_of(model, space, config)
-        payload = ("space", space_name, cfg) if space_name is not None else ("module", model, None)
-        pool, finisher = self._executors()
-        conversion = pool.submit(_convert_in_worker, payload, the_spec.to_dict(), self.cache not in (False, None))
-        done = finisher.submit(self._finish_background, trial, model, the_spec, space_name, cfg, conversion)
+            values = values if isinstance(values, tuple) else (values,)
+            if values and isinstance(values[0], PendingValue):
+                return values[0].pending  # evaluate overlaps already
+            return PendingEvaluation(self, None, values, None)
+        source, space_name, cfg = self._model_source(model, spec, space, config)
+        the_spec = source.spec
+        payload = ("space", space_name, cfg) if space_name is not None else ("module", source.model, None)
         with self._lock:
-            self._seconds += time.perf_counter() - t0
+            if self._conversions is None:
+                self._conversions = ConversionPool(self.background_workers, self._worker_cache_url())
+            pool = self._conversions
+        done = pool.convert_then(payload, the_spec, self.cache not in (False, None), self._finish_background,
+                                 trial, model, the_spec, space_name, cfg)
+        self._count_wait(time.perf_counter() - t0)
         return PendingEvaluation(self, done, None, None, trial)
 
     def _finish_background(self, trial: Any, model: Any, spec: InputSpec, space: str | None, config: Any,
@@ -874,15 +672,15 @@ class HardwareCostModel:
         try:
             text, etype, message, convert_s = conversion.result()
         except BrokenProcessPool as e:
-            with self._lock:
-                self._pool = None  # the next submit starts new processes
+            if self._conversions is not None:
+                self._conversions.forget_pool()  # the next submit starts new processes
             err = DippmNasError(f"the background conversion process died while converting this model ({e})")
             trial.set_user_attr("cost_model_error", f"{type(err).__name__}: {err}")
             raise err from e
         except Exception as e:  # noqa: BLE001 - e.g. an unpicklable model: convert here instead, same result
             _warn_once("background-fallback", "background conversion failed (%s: %s); converting in this process "
                        "instead", type(e).__name__, e)
-            return self.evaluate(trial, model, spec, space=space, config=config)
+            return self._evaluate_now(trial, model, spec, space, config)
         if text is None:
             cls = getattr(errors, etype or "", None)
             cls = cls if isinstance(cls, type) and issubclass(cls, DippmNasError) else DippmNasError
@@ -893,19 +691,26 @@ class HardwareCostModel:
         pred = predict(OperatorGraph.from_json(text), None, self.device, cache=False, mig=True, k_sigma=self.k_sigma,
                        deployment=self.deployment)
         values = self._record(trial, pred, spec, space, config, convert_s + (time.perf_counter() - t0))
-        with self._lock:
-            self._evaluations += 1
+        self._count_wait(0.0, 1)
+        return values
+
+    def _evaluate_now(self, trial: Any, model: Any, spec: InputSpec, space: str | None, config: Any) -> tuple[float, ...]:
+        """:meth:`evaluate` in this thread (the finisher's fallback): the objective values as a tuple."""
+        request = _Request(trial, ModelSource.parse(model, spec), space, config, 0.0)
+        values = self._predict_and_record([request])[0]
+        self._count_wait(0.0, 1)
         return values
 
     def close(self) -> None:
-        """Stop the background conversion processes and thread (if any); idempotent."""
+        """Finish the candidates being predicted in the background, stop the background thread and the conversion
+        processes (if any); idempotent."""
         with self._lock:
-            pool, finisher = self._pool, getattr(self, "_finisher", None)
-            self._pool = self._finisher = None
-        if finisher is not None:
-            finisher.shutdown(wait=True)
+            pool, self._conversions = self._conversions, None
+            thread, self._predictor_thread = self._predictor_thread, None
+        if thread is not None:
+            thread.close()
         if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+            pool.close()
 
     def __enter__(self) -> "HardwareCostModel":
         return self
@@ -930,67 +735,13 @@ class HardwareCostModel:
                 f"k_sigma={self.budgets.k_sigma:g})")
 
 
-class PendingEvaluation:
-    """A candidate submitted with :meth:`HardwareCostModel.submit`; :meth:`result` finishes its evaluation."""
+@dataclasses.dataclass
+class _Request:
+    """One candidate to predict and record: the trial, the parsed candidate, the search space and config recorded
+    for it, and the seconds spent on it before the prediction."""
 
-    def __init__(self, cost: HardwareCostModel, future: Any, values: tuple[float, ...] | None,
-                 error: DippmNasError | None, trial: Any = None) -> None:
-        self._cost, self._future, self._values, self._error = cost, future, values, error
-        self._trial = trial
-
-    def done(self) -> bool:
-        """Whether :meth:`result` would return without waiting."""
-        return self._future is None or self._future.done()
-
-    def result(self, timeout: float | None = None) -> float | tuple[float, ...]:
-        """The objective values (a float for one objective, a tuple for several), once the prediction is
-        recorded on the trial and its constraints registered.
-
-        Args:
-            timeout: seconds to wait (``None``: as long as it takes).
-
-        Raises:
-            DippmNasError: as :meth:`HardwareCostModel.evaluate` (the conversion failed or its process died,
-                and ``on_error="raise"``; otherwise the values say so, as there).
-            TimeoutError: not finished within ``timeout``.
-        """
-        if self._future is not None:
-            t0 = time.perf_counter()
-            try:
-                self._values = self._future.result(timeout=timeout)
-            except DippmNasError as e:
-                self._error = e
-            finally:
-                with self._cost._lock:
-                    self._cost._seconds += time.perf_counter() - t0
-            self._future = None
-            if self._error is not None and self._cost.on_error != "raise" and self._trial is not None:
-                self._values, self._error = self._cost._unevaluated(self._trial, self._error), None
-        if self._error is not None:
-            raise self._error
-        assert self._values is not None
-        return self._cost._shape(self._values)
-
-
-def _init_conversion_worker(cache_url: str | None) -> None:
-    """Background conversion process: one torch thread (the objective trains next door), the parent's cache."""
-    import torch
-
-    torch.set_num_threads(1)
-    if cache_url is not None:
-        set_default_cache(ConversionCache(cache_url))
-
-
-def _convert_in_worker(payload: tuple[str, Any, Any], spec_dict: dict[str, Any],
-                       use_cache: bool) -> tuple[str | None, str | None, str | None, float]:
-    """Background conversion: ``(graph JSON, None, None, seconds)`` or ``(None, error type, message, seconds)``."""
-    t0 = time.perf_counter()
-    kind, obj, config = payload
-    try:
-        if kind == "space":  # assembled from cached blocks (a space that does not opt in is captured whole)
-            graph = assemble(obj, config, InputSpec.from_dict(spec_dict), cache=use_cache)
-        else:
-            graph = capture(obj, InputSpec.from_dict(spec_dict), cache=use_cache)
-        return graph.to_json(), None, None, time.perf_counter() - t0
-    except DippmNasError as e:
-        return None, type(e).__name__, str(e), time.perf_counter() - t0
+    trial: Any
+    source: ModelSource
+    space: str | None
+    config: Any
+    seconds: float

@@ -1,0 +1,87 @@
+"""An Optuna RDB storage set up for the cost model's many small writes, and the URL of a study's storage."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import optuna
+
+from dippm_nas._sql import sqlite_connect_listener
+from dippm_nas.errors import InvalidValueError
+
+__all__ = ["rdb_storage", "storage_url_of", "threads_share_storage"]
+
+
+def rdb_storage(url: str, *, heartbeat_interval: int | None = None, grace_period: int | None = None,
+                **engine_kwargs: Any) -> optuna.storages.RDBStorage:
+    """An Optuna RDB storage; for SQLite, set up for many writes from several processes.
+
+    Every user attribute and constraint the cost model records is a database write. Optuna's default
+    SQLite set-up (rollback journal, a sync to disk per commit, 5 s lock timeout) makes each one cost
+    5-30 ms and lets concurrent processes fail with "database is locked". For a SQLite URL each
+    connection here gets the settings of the conversion cache and the validation queue instead
+    (:mod:`dippm_nas._sql`): a 30 s busy timeout, the WAL journal (readers never block the writer)
+    and ``synchronous=NORMAL`` (no sync per commit; a power cut may lose the last commits, never
+    corrupt the file). Measured on a loaded 2-core machine: 17.7 ms per user attribute with Optuna's
+    default, 1.7 ms with these. WAL needs a local file system. Other URLs (PostgreSQL...) get
+    ``pool_pre_ping``.
+
+    Args:
+        url: a SQLAlchemy URL, e.g. ``sqlite:///study.db`` or ``postgresql+psycopg2://user:pw@host/db``.
+        heartbeat_interval: Optuna's trial heartbeat, seconds (``RDBStorage(heartbeat_interval=...)``): a
+            running trial's heartbeat is stamped with the database's clock this often, and a trial whose
+            heartbeat is older than ``grace_period`` is failed by the next trial started (a worker that
+            died). ``None`` (default): no heartbeat.
+        grace_period: seconds without a heartbeat before a trial counts as dead (Optuna's default: twice
+            ``heartbeat_interval``).
+        **engine_kwargs: passed to ``sqlalchemy.create_engine`` through ``RDBStorage(engine_kwargs=...)``.
+
+    Returns:
+        An ``optuna.storages.RDBStorage`` to pass as ``storage=``.
+
+    Raises:
+        InvalidValueError: ``heartbeat_interval`` or ``grace_period`` is not a positive int or None.
+    """
+    from sqlalchemy import event
+    from sqlalchemy.engine import make_url
+
+    for name, v in (("heartbeat_interval", heartbeat_interval), ("grace_period", grace_period)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise InvalidValueError(f"{name} must be a positive int (seconds) or None, got {v!r}")
+    is_sqlite = make_url(url).get_backend_name() == "sqlite"
+    if not is_sqlite:
+        engine_kwargs.setdefault("pool_pre_ping", True)
+    storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs or None,
+                                         heartbeat_interval=heartbeat_interval, grace_period=grace_period)
+    if is_sqlite:
+        listener = sqlite_connect_listener(
+            what="Optuna storage", local_hint="Keep the study's SQLite file on a local disk."
+        )
+        event.listen(storage.engine, "connect", listener)
+        storage.engine.dispose()  # connections opened while Optuna created its tables get the settings too
+    return storage
+
+
+def storage_url_of(study: Any) -> str | None:
+    """The SQLAlchemy URL of a study's RDB storage (also through Optuna's cached storage), ``None`` for other
+    storages (in memory, journal)."""
+    storage = getattr(study, "_storage", None)
+    for obj in (storage, getattr(storage, "_backend", None)):
+        url = getattr(obj, "url", None)
+        if isinstance(url, str) and url:
+            return url
+    return None
+
+
+def threads_share_storage(study: Any) -> bool:
+    """Whether another thread of this process sees the study's storage: ``False`` for an in-memory SQLite
+    database (``sqlite://``), which SQLAlchemy gives each thread afresh; ``True`` for every other storage (a
+    SQLite file, a database server, Optuna's in-memory and journal storages)."""
+    url = storage_url_of(study)
+    if url is None:
+        return True
+    from sqlalchemy.engine import make_url
+
+    u = make_url(url)
+    return not (u.get_backend_name() == "sqlite" and (u.database in (None, "", ":memory:")
+                                                      or u.query.get("mode") == "memory"))

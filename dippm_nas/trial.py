@@ -1,0 +1,267 @@
+"""One record of a predicted trial: what Optuna's cost model, the NNI tuner and the validator write and read.
+
+A :class:`TrialRecord` holds a candidate's predicted figures with their standard deviations and sources, the
+deployment they are for, the chance constraints of the budgets, the input spec and (for a model of a registered
+search space) the space's name and config, which is what a validator rebuilds the model from. Its
+:meth:`~TrialRecord.to_attrs` gives the trial's user attributes (units in the keys) and
+:meth:`~TrialRecord.from_attrs` reads them back, so ``HardwareCostModel``, ``HardwareAwareTuner`` and
+``ParetoValidator`` share one schema::
+
+    from dippm_nas.trial import TrialRecord
+    record = TrialRecord.from_attrs(study.best_trials[0].user_attrs)
+    record.latency_ms, record.latency_ms_std, record.margins, record.search_space_config
+
+Names read for one release (:data:`ATTR_ALIASES`; reading one warns ``DeprecationWarning``): ``config`` for
+``search_space_config`` (the key of the NNI tuner's parameter block ``params["dippm"]``) and the NNI tuner's
+``dippm_predicted`` dict (``latency_ms``, ``energy_j``, ``memory_mib``, their ``*_std``, ``mig`` and
+``source``) for trials that lack the ``predicted_*`` attributes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from dippm_nas._deprecation import warn_renamed
+from dippm_nas.budgets import ChanceCheck
+from dippm_nas.errors import InvalidValueError
+from dippm_nas.prediction import Prediction
+from dippm_nas.spec import InputSpec
+
+__all__ = ["TrialRecord", "FIGURES", "REBUILD_ATTRS", "ATTR_ALIASES"]
+
+#: The predicted figures of a forward pass a record holds, with their units.
+FIGURES: dict[str, str] = {"latency_ms": "ms per batch", "energy_j": "J per batch", "memory_mib": "MiB"}
+#: The user attributes a validator rebuilds a candidate from.
+REBUILD_ATTRS: tuple[str, ...] = ("search_space", "search_space_config", "input_spec")
+#: Attribute names read for one release (removed in 0.2), and what replaces each.
+ATTR_ALIASES: dict[str, str] = {
+    "config": "search_space_config",
+    "dippm_predicted": "predicted_<figure>, predicted_<figure>_std, latency_source, mig_smallest_fit",
+}
+_REMOVED_IN = "0.2"
+
+
+def _source_key(figure: str) -> str:
+    """``latency_ms`` -> ``latency_source`` (the attribute naming of the forward-pass sources)."""
+    return figure.split("_")[0] + "_source"
+
+
+def _warn_alias(old: str) -> None:
+    warn_renamed("trial attribute", old, ATTR_ALIASES[old], removed_in=_REMOVED_IN, stacklevel=4)
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    """The cost model's record of one trial (units in the field names).
+
+    Attributes:
+        device: catalogue id the figures are for (``None`` in records that did not say).
+        latency_ms, energy_j, memory_mib: predicted figures of one forward pass of a batch (ms, J, MiB);
+            ``energy_j`` is ``None`` for a device without power figures.
+        latency_ms_std, energy_j_std, memory_mib_std: their standard deviations, same units (``None``: the
+            source gives none).
+        latency_source, energy_source, memory_source: ``"predicted"``, ``"analytic"``, ``"calibrated"``,
+            ``"unavailable"`` (``None`` in records that did not say).
+        host_ms, gpu_ms: the host and GPU timelines of one pass, ms (``None`` off a GPU).
+        mig_smallest_fit: the smallest MIG profile that fits (``None``: none fits, no MIG, or not asked).
+        deployment: how the candidate runs, :meth:`dippm_nas.Deployment.to_dict`.
+        constraints: ``{figure: mean + k * std - budget}`` per budget set, in the budget's unit (Optuna's sign:
+            ``<= 0`` feasible).
+        limits: ``{figure: the budget's limit}``, in the figure's unit (for memory the smaller of the budget
+            and the MIG profile's usable memory).
+        k_sigmas: ``{figure: k}``, the standard deviations added.
+        std_missing: ``{figure: True}`` when the figure had no std and was checked with std 0.
+        input_spec: the input the figures are for (its batch size is the batch of "per batch").
+        search_space, search_space_config: the registered search space and JSON config the model was built
+            from (``None`` for other models).
+        cost_model_s: seconds of conversion and prediction for this trial.
+        unknown_ops: ``{op: count}`` of operators without a formula.
+        adaptation_version, adaptation_rows: the stored adaptation that made the prediction, and the measured
+            rows it was fitted on (``None`` without one).
+    """
+
+    device: str | None
+    latency_ms: float
+    energy_j: float | None
+    memory_mib: float
+    latency_ms_std: float | None = None
+    energy_j_std: float | None = None
+    memory_mib_std: float | None = None
+    latency_source: str | None = None
+    energy_source: str | None = None
+    memory_source: str | None = None
+    host_ms: float | None = None
+    gpu_ms: float | None = None
+    mig_smallest_fit: str | None = None
+    deployment: dict[str, Any] = field(default_factory=dict)
+    constraints: dict[str, float] = field(default_factory=dict)
+    limits: dict[str, float] = field(default_factory=dict)
+    k_sigmas: dict[str, float] = field(default_factory=dict)
+    std_missing: dict[str, bool] = field(default_factory=dict)
+    input_spec: InputSpec | None = None
+    search_space: str | None = None
+    search_space_config: dict[str, Any] | None = None
+    cost_model_s: float | None = None
+    unknown_ops: dict[str, int] = field(default_factory=dict)
+    adaptation_version: int | None = None
+    adaptation_rows: int | None = None
+
+    # ------------------------------------------------------------------ derived
+    @property
+    def runtime(self) -> str | None:
+        """The deployment's runtime (``"eager"``, ``"cuda-graphs"``, ``"compiled"``)."""
+        return self.deployment.get("runtime")
+
+    @property
+    def margins(self) -> dict[str, float]:
+        """``{figure: budget - mean - k * std}`` (``>= 0`` feasible), the room left within each budget."""
+        return {n: -v for n, v in self.constraints.items()}
+
+    @property
+    def feasible(self) -> bool:
+        """Every budget is met (``True`` without budgets)."""
+        return all(v <= 0 for v in self.constraints.values())
+
+    @property
+    def rebuildable(self) -> bool:
+        """A validator can rebuild the model: it is of a registered search space and has its input spec."""
+        return self.search_space is not None and self.search_space_config is not None and self.input_spec is not None
+
+    def figure(self, name: str) -> tuple[float | None, float | None, str | None]:
+        """``(value, std, source)`` of one of :data:`FIGURES`."""
+        if name not in FIGURES:
+            raise InvalidValueError(f"figure must be one of {list(FIGURES)}, got {name!r}")
+        return getattr(self, name), getattr(self, name + "_std"), getattr(self, _source_key(name))
+
+    # ------------------------------------------------------------------ making one
+    @classmethod
+    def of(cls, prediction: Prediction, checks: Mapping[str, ChanceCheck], *, deployment: Mapping[str, Any],
+           input_spec: InputSpec | None = None, search_space: str | None = None,
+           search_space_config: Mapping[str, Any] | None = None, cost_model_s: float | None = None) -> "TrialRecord":
+        """The record of a forward-pass prediction and its chance checks (:meth:`dippm_nas.budgets.Budgets.check`).
+
+        Raises:
+            InvalidValueError: ``search_space`` without ``search_space_config`` or the reverse.
+        """
+        if (search_space is None) != (search_space_config is None):
+            raise InvalidValueError(f"give both search_space and search_space_config or neither, got "
+                                    f"search_space={search_space!r}, search_space_config={search_space_config!r}")
+        d = prediction.details
+        return cls(
+            device=prediction.device, latency_ms=float(prediction.latency_ms), energy_j=prediction.energy_j,
+            memory_mib=float(prediction.memory_mib), latency_ms_std=prediction.latency_ms_std,
+            energy_j_std=prediction.energy_j_std, memory_mib_std=prediction.memory_mib_std,
+            latency_source=prediction.latency_source, energy_source=prediction.energy_source,
+            memory_source=prediction.memory_source, host_ms=prediction.host_ms, gpu_ms=prediction.gpu_ms,
+            mig_smallest_fit=getattr(prediction.mig, "smallest_fit", None), deployment=dict(deployment),
+            constraints={n: c.value for n, c in checks.items()},
+            limits={n: c.budget for n, c in checks.items()},
+            k_sigmas={n: c.k_sigma for n, c in checks.items()},
+            std_missing={n: c.std_missing for n, c in checks.items()},
+            input_spec=input_spec, search_space=search_space,
+            search_space_config=None if search_space_config is None else dict(search_space_config),
+            cost_model_s=cost_model_s, unknown_ops=dict(prediction.unknown_ops),
+            adaptation_version=int(d["adaptation_version"]) if "adaptation_version" in d else None,
+            adaptation_rows=int(d["adaptation_rows"]) if "adaptation_rows" in d else None,
+        )
+
+    # ------------------------------------------------------------------ user attributes
+    def to_attrs(self) -> dict[str, Any]:
+        """The trial's user attributes (JSON values, units in the keys; docs/optuna.md lists them)."""
+        a: dict[str, Any] = {}
+        for name in FIGURES:
+            value, std, source = self.figure(name)
+            a[f"predicted_{name}"] = value
+            a[f"predicted_{name}_std"] = std
+            a[_source_key(name)] = source
+        a.update({
+            "predicted_device": self.device, "runtime": self.runtime, "deployment": dict(self.deployment),
+            "predicted_host_ms": self.host_ms, "predicted_gpu_ms": self.gpu_ms,
+            "mig_smallest_fit": self.mig_smallest_fit, "feasible": self.feasible,
+        })
+        if self.cost_model_s is not None:
+            a["cost_model_s"] = self.cost_model_s
+        if self.input_spec is not None:
+            a["input_spec"] = self.input_spec.to_dict()
+        if self.unknown_ops:
+            a["unknown_ops"] = dict(self.unknown_ops)
+        if self.adaptation_version is not None:
+            a["adaptation_version"] = self.adaptation_version
+            a["adaptation_rows"] = self.adaptation_rows
+        if self.search_space is not None:
+            a["search_space"] = self.search_space
+            a["search_space_config"] = self.search_space_config
+        for n, v in self.constraints.items():
+            a[f"constraint_{n}"] = v
+        for n, v in self.constraints.items():
+            a[f"budget_{n}"] = self.limits.get(n)
+            a[f"k_sigma_{n}"] = self.k_sigmas.get(n)
+            a[f"margin_{n}"] = -v
+            a[f"std_missing_{n}"] = self.std_missing.get(n, False)
+        return a
+
+    @classmethod
+    def from_attrs(cls, attrs: Mapping[str, Any]) -> "TrialRecord":
+        """Read a record back from a trial's user attributes (those of :meth:`to_attrs`, of
+        ``HardwareCostModel`` or of ``HardwareAwareTuner``; the names of :data:`ATTR_ALIASES` with a
+        ``DeprecationWarning``).
+
+        Raises:
+            InvalidValueError: the attributes hold no predicted latency and memory (the trial was never
+                predicted, or its prediction failed: its ``cost_model_error`` / ``dippm_error`` says why).
+        """
+        legacy = attrs.get("dippm_predicted") if "predicted_latency_ms" not in attrs else None
+        if isinstance(legacy, Mapping):
+            _warn_alias("dippm_predicted")
+        else:
+            legacy = {}
+
+        def figure(name: str, suffix: str = "") -> Any:
+            key = f"predicted_{name}{suffix}"
+            return attrs[key] if key in attrs else legacy.get(name + suffix)
+
+        if figure("latency_ms") is None or figure("memory_mib") is None:
+            raise InvalidValueError(
+                f"these trial attributes hold no prediction (no predicted_latency_ms and predicted_memory_mib); "
+                f"attributes: {sorted(attrs)}; the trial's cost_model_error or dippm_error says why")
+        config = attrs.get("search_space_config")
+        if config is None and "config" in attrs and attrs.get("search_space") is not None:
+            _warn_alias("config")
+            config = attrs["config"]
+        spec = attrs.get("input_spec")
+        deployment = attrs.get("deployment")
+        checks = {k[len("constraint_"):] for k in attrs if k.startswith("constraint_")}
+        checks |= {k[len("margin_"):] for k in attrs if k.startswith("margin_")}
+        constraints = {n: float(attrs[f"constraint_{n}"]) if f"constraint_{n}" in attrs
+                       else -float(attrs[f"margin_{n}"]) for n in sorted(checks)}
+        mig = attrs["mig_smallest_fit"] if "mig_smallest_fit" in attrs else legacy.get("mig")
+        return cls(
+            device=attrs.get("predicted_device"),
+            latency_ms=float(figure("latency_ms")), energy_j=figure("energy_j"), memory_mib=float(figure("memory_mib")),
+            latency_ms_std=figure("latency_ms", "_std"), energy_j_std=figure("energy_j", "_std"),
+            memory_mib_std=figure("memory_mib", "_std"),
+            latency_source=attrs.get("latency_source", legacy.get("source")), energy_source=attrs.get("energy_source"),
+            memory_source=attrs.get("memory_source"), host_ms=attrs.get("predicted_host_ms"),
+            gpu_ms=attrs.get("predicted_gpu_ms"),
+            mig_smallest_fit=mig if mig not in ("none", "unsupported", "not-asked") else None,
+            deployment=dict(deployment) if isinstance(deployment, Mapping) else {},
+            constraints=constraints,
+            limits={n: float(attrs[f"budget_{n}"]) for n in constraints if attrs.get(f"budget_{n}") is not None},
+            k_sigmas={n: float(attrs[f"k_sigma_{n}"]) for n in constraints if attrs.get(f"k_sigma_{n}") is not None},
+            std_missing={n: bool(attrs.get(f"std_missing_{n}", False)) for n in constraints},
+            input_spec=InputSpec.from_dict(spec) if isinstance(spec, Mapping) else None,
+            search_space=attrs.get("search_space"),
+            search_space_config=dict(config) if isinstance(config, Mapping) else None,
+            cost_model_s=attrs.get("cost_model_s"), unknown_ops=dict(attrs.get("unknown_ops") or {}),
+            adaptation_version=attrs.get("adaptation_version"), adaptation_rows=attrs.get("adaptation_rows"),
+        )
+
+    def relative_std(self) -> float | None:
+        """The largest ``std / value`` of the figures that have both (``None`` when none has): how uncertain the
+        prediction is."""
+        rels = [float(s) / float(v) for v, s, _ in map(self.figure, FIGURES)
+                if v is not None and s is not None and v > 0 and math.isfinite(s)]
+        return max(rels) if rels else None

@@ -1,0 +1,156 @@
+"""One trial record (``dippm_nas.trial.TrialRecord``) written by ``HardwareCostModel`` and ``HardwareAwareTuner`` and
+read by ``ParetoValidator``: the round trip through user attributes, the names read for one release, and an NNI
+tuner's study validated as an Optuna one is (validator, queue and local worker; measurements faked)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import optuna
+import pytest
+
+from dippm_nas.budgets import Budgets
+from dippm_nas.errors import InvalidValueError
+from dippm_nas.measure import Measurement
+from dippm_nas.prediction import Prediction
+from dippm_nas.spec import InputSpec
+from dippm_nas.trial import REBUILD_ATTRS, TrialRecord
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # "no trained checkpoint" / "uncalibrated"
+
+SPEC = InputSpec(shape=(32,), batch_size=8)
+CONFIG = {"in_features": 32, "out_features": 4, "hidden": [16], "activation": "relu", "norm": "none"}
+
+
+def _prediction(**kw: Any) -> Prediction:
+    args = dict(latency_ms=2.0, energy_j=0.5, memory_mib=300.0, latency_source="predicted", energy_source="analytic",
+                memory_source="analytic", device="a100-sxm4-40gb", batch_size=8, dtype="float32",
+                latency_ms_std=0.4, energy_j_std=None, memory_mib_std=30.0, host_ms=1.5, gpu_ms=1.9,
+                details={"adaptation_version": 3, "adaptation_rows": 12})
+    args.update(kw)
+    return Prediction(**args)
+
+
+def _record() -> TrialRecord:
+    p = _prediction()
+    checks = Budgets(latency_ms=2.5, energy_j=1.0, k_sigma=1.0).check(p)
+    return TrialRecord.of(p, checks, deployment={"runtime": "eager"}, input_spec=SPEC, search_space="mlp",
+                          search_space_config=CONFIG, cost_model_s=0.01)
+
+
+def test_the_record_round_trips_through_user_attributes() -> None:
+    rec = _record()
+    attrs = rec.to_attrs()
+    assert TrialRecord.from_attrs(attrs) == rec
+    # the names users read, units in the keys
+    assert attrs["predicted_latency_ms"] == 2.0 and attrs["predicted_latency_ms_std"] == 0.4
+    assert attrs["latency_source"] == "predicted" and attrs["predicted_energy_j_std"] is None
+    assert attrs["constraint_latency_ms"] == pytest.approx(2.0 + 0.4 - 2.5)
+    assert attrs["margin_latency_ms"] == pytest.approx(-attrs["constraint_latency_ms"]) == rec.margins["latency_ms"]
+    assert attrs["std_missing_energy_j"] is True and attrs["budget_energy_j"] == 1.0
+    assert attrs["feasible"] is True and rec.feasible and attrs["runtime"] == "eager"
+    assert attrs["adaptation_version"] == 3 and attrs["adaptation_rows"] == 12
+    assert all(k in attrs for k in REBUILD_ATTRS) and rec.rebuildable
+    assert rec.relative_std() == pytest.approx(0.2)  # latency: 0.4 / 2.0
+    over = dataclasses.replace(rec, constraints={"latency_ms": 0.3})
+    assert not over.feasible and TrialRecord.from_attrs(over.to_attrs()).constraints == {"latency_ms": 0.3}
+
+
+def test_a_trial_without_a_prediction_has_no_record() -> None:
+    with pytest.raises(InvalidValueError, match="hold no prediction"):
+        TrialRecord.from_attrs({"cost_model_error": "GraphCaptureError: no export"})
+    with pytest.raises(InvalidValueError, match="search_space and search_space_config"):
+        TrialRecord.of(_prediction(), {}, deployment={}, search_space="mlp")
+
+
+def test_the_names_of_the_earlier_nni_attributes_are_read_with_a_deprecation_warning() -> None:
+    legacy = {"dippm_predicted": {"latency_ms": 2.0, "energy_j": None, "memory_mib": 300.0, "latency_ms_std": 0.4,
+                                  "energy_j_std": None, "memory_mib_std": None, "mig": "1g.5gb", "source": "predicted"},
+              "margin_latency_ms": 0.1, "search_space": "mlp", "config": CONFIG, "input_spec": SPEC.to_dict()}
+    with pytest.warns(DeprecationWarning, match="'dippm_predicted' is deprecated.*removed in dippm-nas 0.2"):
+        with pytest.warns(DeprecationWarning, match="'config'.*search_space_config"):
+            rec = TrialRecord.from_attrs(legacy)
+    assert (rec.latency_ms, rec.latency_ms_std, rec.latency_source) == (2.0, 0.4, "predicted")
+    assert rec.mig_smallest_fit == "1g.5gb" and rec.constraints == {"latency_ms": -0.1}
+    assert rec.search_space_config == CONFIG and rec.rebuildable
+
+
+def test_the_cost_model_writes_the_record() -> None:
+    from dippm_nas.optuna import HardwareCostModel
+
+    import search_spaces as ss
+
+    cost = HardwareCostModel("host-cpu", budgets={"latency_ms": 1e3}, objectives=("latency_ms",))
+    study = cost.create_study()
+    trial = study.ask()
+    model = ss.build_model("mlp", CONFIG)
+    latency = cost.evaluate(trial, model, SPEC)
+    study.tell(trial, (0.5, latency))  # Optuna reads the figures: the record is written by then
+    (ft,) = study.trials
+    rec = TrialRecord.from_attrs(ft.user_attrs)
+    assert rec.latency_ms == pytest.approx(ft.values[1]) and rec.device == "host-cpu"
+    assert (rec.search_space, rec.search_space_config, rec.input_spec) == ("mlp", CONFIG, SPEC)
+    assert set(rec.to_attrs()) <= set(ft.user_attrs)
+
+
+class _FakeMeasure:
+    """A measurement per job (no timing): latency 1 ms, memory 10 MiB."""
+
+    def __init__(self) -> None:
+        self.configs: list[dict[str, Any]] = []
+
+    def __call__(self, model: Any, spec: InputSpec, device: str, settings: Any) -> Measurement:
+        self.configs.append(dict(model.search_space_config))
+        return Measurement(latency_ms=1.0, latency_ms_std=0.01, energy_j=None, memory_mib=10.0,
+                           memory_source="rss_delta", n_repeats=5, device="cpu", environment={"fake": True},
+                           energy_reason="no energy counter in this test", batch_size=spec.batch_size,
+                           dtype=spec.dtype)
+
+
+def _validate(study: optuna.Study) -> tuple[Any, _FakeMeasure]:
+    from dippm_nas.validation import ParetoValidator
+
+    fake = _FakeMeasure()
+    v = ParetoValidator("host-cpu", mode="local", max_per_round=5, measure_fn=fake)
+    return v.run_round(study), fake
+
+
+def test_the_validator_and_its_worker_validate_an_nni_tuner_study_as_an_optuna_one() -> None:
+    pytest.importorskip("nni", reason="needs NNI (pip install -e '.[nni]'; the dev extra includes it)")
+    from dippm_nas.nni import HardwareAwareTuner
+    from dippm_nas.optuna import HardwareCostModel
+
+    import search_spaces as ss
+
+    base = {"in_features": 32, "out_features": 4}
+    tuner = HardwareAwareTuner(builder="mlp", base_config=base, batch_size=8, device="host-cpu", seed=0,
+                               sampler="random")
+    tuner.update_search_space({"hidden": {"_type": "choice", "_value": [[8], [16], [32]]}})
+    for pid in range(3):
+        params = tuner.generate_parameters(pid)
+        tuner.receive_trial_result(pid, params, {"default": 0.5, "accuracy": 0.5 + 0.1 * pid})
+    nni_report, nni_fake = _validate(tuner.study)
+
+    cost = HardwareCostModel("host-cpu", objectives=("latency_ms",))
+    study = cost.create_study()
+    for hidden in ([8], [16], [32]):
+        cfg = ss.get_space("mlp").validate({**base, "hidden": hidden})
+        trial = study.ask()
+        latency = cost.evaluate(trial, ss.build_model("mlp", cfg), ss.get_space("mlp").input_spec(cfg, batch_size=8))
+        study.tell(trial, (0.5 + len(hidden) * hidden[0] / 100, latency))
+    optuna_report, optuna_fake = _validate(study)
+
+    for report, fake, s in ((nni_report, nni_fake, tuner.study), (optuna_report, optuna_fake, study)):
+        front = {t.number for t in s.best_trials}
+        assert report.enqueued and set(report.enqueued) == front and report.skipped == []
+        assert report.measured == len(report.enqueued) == len(fake.configs)  # the local worker measured them
+        for n in report.enqueued:
+            rec = TrialRecord.from_attrs(s.trials[n].user_attrs)
+            assert rec.search_space == "mlp" and rec.search_space_config in fake.configs
+            assert rec.input_spec == InputSpec(shape=(32,), batch_size=8, dtype="float32")
+        assert s.user_attrs["dippm_validation"]["measured"] == report.measured
+    # both integrations write the same record schema
+    nni_attrs = next(t.user_attrs for t in tuner.study.trials if t.number in nni_report.enqueued)
+    optuna_attrs = next(t.user_attrs for t in study.trials if t.number in optuna_report.enqueued)
+    assert set(TrialRecord.from_attrs(nni_attrs).to_attrs()) == set(TrialRecord.from_attrs(optuna_attrs).to_attrs())
