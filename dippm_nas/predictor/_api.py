@@ -24,15 +24,18 @@ from dippm_nas.predictor._checkpoint import checkpoint_candidates
 from dippm_nas.predictor._gnn import GnnPredictor
 from dippm_nas.spec import InputSpec
 
-__all__ = ["predict", "predict_many", "get_predictor", "set_predictor", "DEFAULT_DEVICE"]
+__all__ = ["predict", "predict_many", "get_predictor", "set_predictor", "DEFAULT_DEVICE", "PREDICT_CHUNK"]
 
 logger = logging.getLogger(__name__)
 
 #: The device :func:`predict` answers for when none is named.
 DEFAULT_DEVICE = "a100-sxm4-40gb"
 #: Search-space candidates :func:`predict_many` assembles and predicts at a time (it holds at most this many of
-#: their graphs at once): far above the batch the predictor's batched path needs.
-PREDICT_CHUNK = 2048
+#: their graphs, and the predictor's stacks of them, at once). Measured on 4,096 new ``mbconv`` candidates with
+#: blocks cached (the ``predict_many`` setting of ``benchmarks/bench_assembly.py``, one process per chunk size,
+#: load average 2-3 on 2 cores): chunks of 256 / 512 / 1,024 / 2,048 took 11.9 / 11.8 / 12.5 / 13.3 s of CPU at
+#: a peak RSS of 567 / 624 / 766 / 1,046 MiB.
+PREDICT_CHUNK = 512
 
 _PREDICTORS: dict[str, BasePredictor] = {}
 _LOCK = threading.Lock()
