@@ -29,7 +29,7 @@ __all__ = ["canonical_json", "loads_json", "read_json_file", "read_regular_file"
 #: ``copy``, pydantic and the code walking the value recurse.
 MAX_JSON_DEPTH = 64
 #: The largest JSON file :func:`read_json_file` reads, bytes: 64 MiB. The largest JSON file dippm-nas ships
-#: is a checkpoint sidecar of 1.4 MB (``predictor/checkpoints/host-cpu--amd-epyc.json``).
+#: is a checkpoint sidecar of 1.4 MB (``predictor/checkpoints/host-cpu.amd-epyc.json``).
 MAX_JSON_FILE_BYTES = 64 * 2**20
 
 #: A JSON string token (the unrolled form of ``"(?:[^"\\]|\\.)*"``, linear time).

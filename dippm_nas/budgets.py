@@ -22,7 +22,7 @@ the whole GPU's, as the MIG advisor's rule has it).
 ``k`` is :attr:`Budgets.k_sigma` (default :data:`DEFAULT_K_SIGMA` = 1.0), or the figure's entry of
 :attr:`Budgets.k_sigmas`. ``k = 0`` compares the mean alone; with a Gaussian error of the predicted σ,
 ``k = 1`` admits a model over budget with probability at most about 16 %, ``k = 2`` about 2.3 % (the σ is
-only as good as its calibration: see ``benchmarks/search_view.py`` for what a search sees on measured data).
+only as good as its calibration: see ``benchmarks/accuracy/search_view.py`` for what a search sees on measured data).
 
 A figure whose prediction has no σ (``None``: the source gives none) is checked with σ = 0, and this is
 never silent: the :class:`ChanceCheck` says ``std_missing=True``, the integrations record it on the trial

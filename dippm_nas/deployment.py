@@ -239,7 +239,7 @@ class Deployment:
 
     @property
     def label(self) -> str:
-        """A short text of the effective settings (what ``details["deployment"]`` holds), e.g. ``"eager, host
+        """A short text of the effective settings (what ``labels["deployment"]`` of a prediction holds), e.g. ``"eager, host
         unknown, framework torch-2, tf32 matmul off conv on, input copy unknown"``; :attr:`key` names the
         deployment exactly."""
         r = self.resolve()

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import math
+import warnings
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
+from numbers import Real
 from typing import Any, Literal, NamedTuple
 
 from dippm_nas.errors import InvalidValueError
 
-__all__ = ["Prediction", "Source", "SOURCES", "Figure"]
+__all__ = ["Prediction", "Source", "SOURCES", "Figure", "Details"]
 
 #: Where a figure came from. ``"predicted"``: a trained model; ``"analytic"``: the physics-based prior;
 #: ``"calibrated"``: a trained or analytic figure corrected with real measurements of the device;
@@ -25,6 +28,54 @@ class Figure(NamedTuple):
     value: float | None
     std: float | None
     source: str
+
+
+#: The release that stops answering a label's key from :attr:`Prediction.details`.
+LABELS_IN_DETAILS_REMOVED_IN = "0.2"
+
+
+def _warn_label_read(key: str) -> None:
+    warnings.warn(f"Prediction.details[{key!r}] is a label: read Prediction.labels[{key!r}] (details holds numbers "
+                  f"only; reading a label from details is removed in dippm-nas {LABELS_IN_DETAILS_REMOVED_IN})",
+                  DeprecationWarning, stacklevel=3)
+
+
+class Details(dict):  # type: ignore[type-arg]
+    """:attr:`Prediction.details`: named numbers (``dict[str, float]``, units in the keys).
+
+    A read of a key that is a label of the prediction (``"runtime"``, ``"deployment"``,
+    ``"deployment_assumed"``: :attr:`Prediction.labels`) through ``[]``, ``get`` or ``in`` answers the label
+    with a :class:`DeprecationWarning` until dippm-nas 0.2; iteration, ``len`` and ``items`` see numbers only.
+    """
+
+    def __init__(self, data: Any = (), labels: Mapping[str, str] | None = None) -> None:
+        super().__init__(data)
+        self._labels: Mapping[str, str] = labels if labels is not None else {}
+
+    def __missing__(self, key: str) -> Any:
+        if key in self._labels:
+            _warn_label_read(key)
+            return self._labels[key]
+        raise KeyError(key)
+
+    def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
+        if dict.__contains__(self, key):
+            return dict.__getitem__(self, key)
+        if key in self._labels:
+            _warn_label_read(key)
+            return self._labels[key]
+        return default
+
+    def __contains__(self, key: object) -> bool:
+        if dict.__contains__(self, key):
+            return True
+        if key in self._labels:
+            _warn_label_read(str(key))
+            return True
+        return False
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Details, (dict(self), dict(self._labels)))
 
 
 #: The figures of a :class:`Prediction` by name, with the field holding each one's source.
@@ -48,11 +99,16 @@ class Prediction:
         dtype: compute dtype.
         mig: the MIG advisor's answer (``None`` for devices without MIG or when not asked).
         unknown_ops: ``{op: count}`` of operators without a formula/encoder (the answer is flagged).
-        details: extra named figures (memory parts, host/GPU time split...), units in the keys.
+        details: extra named numbers (memory parts, host/GPU time split, flags as 0/1...), units in the keys
+            (:class:`Details`, a ``dict[str, float]``).
         host_ms: the host timeline of one pass on a GPU (host time issuing the operators for the
-            prediction's execution runtime, ``details["runtime"]``), ms; ``None`` for a CPU device.
+            prediction's execution runtime, ``labels["runtime"]``), ms; ``None`` for a CPU device.
         gpu_ms: the GPU timeline: the kernels' busy time, ms; ``latency_ms`` is the critical path through
             both (``details["host_bound"] = 1`` when the host sets the pace); ``None`` for a CPU device.
+        labels: named texts: ``runtime`` (the execution runtime), ``deployment`` (:attr:`Deployment.label
+            <dippm_nas.Deployment.label>`), ``deployment_assumed`` (the settings the deployment left undescribed,
+            comma-joined; ``""`` when none). A text passed in ``details`` is moved here with a
+            :class:`DeprecationWarning` (until dippm-nas 0.2).
     """
 
     latency_ms: float
@@ -72,8 +128,10 @@ class Prediction:
     details: dict[str, float] = field(default_factory=dict)
     host_ms: float | None = None
     gpu_ms: float | None = None
+    labels: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        self._split_details()
         for name in ("latency_ms", "energy_j", "memory_mib"):
             v = getattr(self, name)
             if v is None and name == "energy_j" and self.energy_source == "unavailable":
@@ -96,6 +154,29 @@ class Prediction:
                 f"energy_j={self.energy_j!r}, energy_source={self.energy_source!r}"
             )
 
+    def _split_details(self) -> None:
+        """``details`` as :class:`Details` of numbers, ``labels`` of texts; texts found in ``details`` move over."""
+        labels = dict(self.labels)
+        for k, v in labels.items():
+            if not isinstance(k, str) or not isinstance(v, str):
+                raise InvalidValueError(f"Prediction.labels maps names to texts, got {k!r}: {v!r}")
+        numbers: dict[str, float] = {}
+        moved = []
+        for k, v in dict.items(self.details):
+            if isinstance(v, str):
+                labels.setdefault(k, v)
+                moved.append(k)
+            elif not isinstance(v, Real):
+                raise InvalidValueError(f"Prediction.details holds numbers (texts go in labels), got {k!r}: {v!r}")
+            else:
+                numbers[k] = v
+        if moved:
+            warnings.warn(f"texts in Prediction.details are deprecated (removed in dippm-nas "
+                          f"{LABELS_IN_DETAILS_REMOVED_IN}): pass labels={{...}}; moved {sorted(moved)} to labels",
+                          DeprecationWarning, stacklevel=4)
+        object.__setattr__(self, "labels", labels)
+        object.__setattr__(self, "details", Details(numbers, labels))
+
     def figure(self, name: str, mig_profile: str | None = None) -> Figure:
         """The figure ``name`` (``"latency_ms"``, ``"energy_j"`` or ``"memory_mib"``) with its σ and source.
 
@@ -116,8 +197,11 @@ class Prediction:
         return bool(self.unknown_ops)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-able dict with the same keys as the dataclass fields."""
+        """JSON-able dict with the same keys as the dataclass fields. ``details`` repeats the labels beside the
+        numbers, so readers of ``details["runtime"]`` keep working until dippm-nas 0.2; read ``labels``."""
         d = asdict(self)
         mig = self.mig
         d["mig"] = mig.to_dict() if hasattr(mig, "to_dict") else mig
+        d["details"] = {**dict(self.details), **self.labels}
+        d["labels"] = dict(self.labels)
         return d

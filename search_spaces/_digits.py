@@ -1,7 +1,7 @@
 """scikit-learn's 8x8 digits for the ``demo_cnn`` space: the data, a seconds-bounded training loop, and an
 Optuna suggestion of a ``demo_cnn`` config.
 
-``dippm-nas demo``, ``examples/optuna/`` and ``benchmarks/bench_optuna_overhead.py`` train their candidates
+``dippm-nas demo``, ``examples/optuna/`` and ``benchmarks/speed/bench_optuna_overhead.py`` train their candidates
 with these. The digits ship inside scikit-learn (no download; ``pip install 'dippm-nas[demo]'``).
 
 Usage::

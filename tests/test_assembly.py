@@ -1,7 +1,7 @@
 """Assembly of search-space candidates from cached blocks: exactness against whole captures, caching, bad input.
 
 Every opted-in space is checked on a tiny config (fast); ``-m slow`` adds random configs of each space.
-``benchmarks/bench_assembly.py`` checks 100 random configs per space.
+``benchmarks/speed/bench_assembly.py`` checks 100 random configs per space.
 """
 
 from __future__ import annotations

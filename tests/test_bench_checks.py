@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-_BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+_BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "accuracy"
 
 
 def _load(name: str):

@@ -59,7 +59,7 @@ def _raises_named(fn: Any, fields: dict[str, Any], field: str, value: str, choic
 # ------------------------------------------------------------------------------------------------ predict
 def test_predict_takes_a_deployment_as_an_object_a_mapping_or_a_file(graph: Any, tmp_path: Path) -> None:
     p = dippm_nas.predict(graph, device=DEV, deployment=DESCRIBED)
-    assert p.details["deployment"] == DESCRIBED.label and p.details["runtime"] == "cuda-graphs"
+    assert p.labels["deployment"] == DESCRIBED.label and p.labels["runtime"] == "cuda-graphs"
     for form in (DESCRIBED.to_dict(), DESCRIBED.save(tmp_path / "d.toml"), str(DESCRIBED.save(tmp_path / "d.json"))):
         q = dippm_nas.predict(graph, device=DEV, deployment=form)
         assert q == p
@@ -70,7 +70,7 @@ def test_runtime_and_host_keywords_build_the_deployment(graph: Any, tmp_path: Pa
     legacy = dippm_nas.predict(graph, device=DEV, runtime="compiled", host=str(tmp_path / "host.json"))
     same = dippm_nas.predict(graph, device=DEV, deployment=Deployment(runtime="compiled", host=HOST,
                                                                       framework="torch-1"))
-    assert legacy == same and legacy.details["deployment"].startswith("compiled, host epyc-7742")
+    assert legacy == same and legacy.labels["deployment"].startswith("compiled, host epyc-7742")
     # a keyword may fill what the deployment leaves undescribed, never contradict it
     filled = dippm_nas.predict(graph, device=DEV, deployment=Deployment(runtime="compiled"), host=HOST)
     assert filled == same
@@ -116,8 +116,8 @@ def test_cached_predictions_are_per_deployment(graph: Any) -> None:
     deps = [Deployment(), DESCRIBED, dataclasses.replace(DESCRIBED, tf32_matmul=False),
             dataclasses.replace(DESCRIBED, input_copy="none")]
     first = [dippm_nas.predict(graph, device=DEV, deployment=d) for d in deps]
-    assert [p.details["deployment"] for p in first] == [d.label for d in deps]
-    assert [p.details["deployment_assumed"] for p in first] == [",".join(d.resolve().assumed) for d in deps]
+    assert [p.labels["deployment"] for p in first] == [d.label for d in deps]
+    assert [p.labels["deployment_assumed"] for p in first] == [",".join(d.resolve().assumed) for d in deps]
     assert first[3].latency_ms < first[1].latency_ms  # no input copy in the timed region: less time
     assert len({d.key for d in deps}) == len(deps)
     again = [dippm_nas.predict(graph, device=DEV, deployment=d) for d in reversed(deps)]

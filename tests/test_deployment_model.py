@@ -20,15 +20,15 @@ def test_predict_graphs_takes_a_deployment_and_records_what_it_assumed(predictor
     p = AnalyticPredictor(A100, load_calibration=False) if predictor == "analytic" else get_predictor(A100)
     g = HOST_BOUND[0]
     (unknown,) = p.predict_graphs([g], mig=False)
-    assert unknown.details["deployment_assumed"] == "host,framework,tf32,input_copy"
+    assert unknown.labels["deployment_assumed"] == "host,framework,tf32,input_copy"
     host = HostProfile.from_clock(2.25, framework="torch-1")
     dep = Deployment(host=host, framework="torch-1", input_copy="none", tf32_matmul=False, tf32_conv=True)
     (described,) = p.predict_graphs([g], mig=False, deployment=dep)
-    assert described.details["deployment_assumed"] == ""
+    assert described.labels["deployment_assumed"] == ""
     assert described.details["host_profile_mismatch"] == 1.0
     # the legacy keywords build the same deployment: the host profile names its framework
     (legacy,) = p.predict_graphs([g], mig=False, host=host)
-    assert legacy.details["deployment_assumed"] == "input_copy"
+    assert legacy.labels["deployment_assumed"] == "input_copy"
     (same,) = p.predict_graphs([g], mig=False, deployment=Deployment(host=host, framework="torch-1"))
     assert legacy.latency_ms == pytest.approx(same.latency_ms, rel=1e-9)
     assert legacy.latency_ms_std == pytest.approx(same.latency_ms_std, rel=1e-9)
@@ -162,8 +162,8 @@ def test_an_unknown_host_widens_sigma_and_a_described_one_narrows_it(predictor: 
                                                                           input_copy="none"))
         rel = [x.latency_ms_std / x.latency_ms for x in (unknown, no_host, full)]
         assert rel[0] > rel[1] > rel[2]
-        assert full.details["deployment_sigma_log"] == 0.0 and full.details["deployment_assumed"] == ""
-        assert no_host.details["deployment_assumed"] == "host" and no_host.details["deployment_sigma_log"] > 0.1
+        assert full.details["deployment_sigma_log"] == 0.0 and full.labels["deployment_assumed"] == ""
+        assert no_host.labels["deployment_assumed"] == "host" and no_host.details["deployment_sigma_log"] > 0.1
     # a GPU-bound graph hardly depends on the host: its spread is small
     (gpu_bound,) = p.predict_graphs([GPU_BOUND[1]], mig=False, deployment=Deployment(framework="torch-2",
                                                                                      input_copy="none"))

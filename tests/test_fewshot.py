@@ -267,12 +267,12 @@ def test_a_checkpoints_calibration_fits_the_timeline_and_class_factors() -> None
 
 
 def test_the_few_shot_benchmark_scores_a_known_correction(monkeypatch: pytest.MonkeyPatch) -> None:
-    """benchmarks/accuracy_eager.py's few_shot (also used by fewshot_timm.py) on synthetic labels: the prior's
+    """benchmarks/accuracy/accuracy_eager.py's few_shot (also used by fewshot_timm.py) on synthetic labels: the prior's
     timelines with the host 1.5x and the kernels 0.7x, which a fit on 5 models recovers for the rest."""
     import sys
     from pathlib import Path
 
-    bench = Path(__file__).resolve().parents[1] / "benchmarks"
+    bench = Path(__file__).resolve().parents[1] / "benchmarks" / "accuracy"
     monkeypatch.syspath_prepend(str(bench))
     from accuracy_eager import few_shot
     from fewshot_timm import held_out_params

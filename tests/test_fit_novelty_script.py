@@ -1,4 +1,4 @@
-"""scripts/fit_novelty_floor.py: argument parsing and guards (the fitting itself is tested in test_predictor)."""
+"""scripts/fit/fit_novelty_floor.py: argument parsing and guards (the fitting itself is tested in test_predictor)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""scripts/fit_novelty_twins.py: the width, leave-one-twin-out figures and floor from twins' rows."""
+"""scripts/fit/fit_novelty_twins.py: the width, leave-one-twin-out figures and floor from twins' rows."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Host-cpu checkpoints are chosen by this machine's CPU model; another CPU's checkpoint answers flagged, wider."""
+"""Checkpoints are named device.tag and listed with their data, size and metrics; host-cpu checkpoints are chosen by
+this machine's CPU model; another CPU's checkpoint answers flagged, wider."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import dataclasses
 import json
 import logging
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -44,20 +46,91 @@ def _write(path: Path, cpu: str | None) -> Path:
 
 def test_the_checkpoint_of_this_cpu_model_is_chosen(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(_checkpoint.CHECKPOINT_DIR_ENV, str(tmp_path))
-    a = _write(tmp_path / "host-cpu--cpu-a.pt", "CPU A")
-    b = _write(tmp_path / "host-cpu--cpu-b.pt", "CPU B")
-    (tmp_path / "host-cpu-notes.pt").write_bytes(b"not a host checkpoint name")  # neither host-cpu.pt nor host-cpu--*
+    a = _write(tmp_path / "host-cpu.cpu-a.pt", "CPU A")
+    b = _write(tmp_path / "host-cpu--cpu-b.pt", "CPU B")  # the host-cpu--<tag> name loads too
+    (tmp_path / "host-cpu-notes.pt").write_bytes(b"not a host checkpoint name")  # neither host-cpu.pt nor a tag
     found = dict(_checkpoint.host_checkpoints())
     assert found[a] == "CPU A" and found[b] == "CPU B" and tmp_path / "host-cpu-notes.pt" not in found
     assert _checkpoint.find_checkpoint(HOST, cpu_model="CPU B") == b
     assert _checkpoint.find_checkpoint(HOST, cpu_model="CPU A") == a
-    # no checkpoint of this CPU model: the default host-cpu.pt (the user's before the package's)
-    shipped = Path(_checkpoint.__file__).parent / "checkpoints" / "host-cpu.pt"
+    # no checkpoint of this CPU model: a user's host-cpu.pt, else the shipped default
+    shipped = Path(_checkpoint.__file__).parent / "checkpoints" / f"host-cpu.{_checkpoint.DEFAULT_HOST_TAG}.pt"
     assert _checkpoint.find_checkpoint(HOST, cpu_model="CPU C") == shipped
     mine = _write(tmp_path / "host-cpu.pt", "CPU D")
     assert _checkpoint.find_checkpoint(HOST, cpu_model="CPU C") == mine
-    # other devices are looked up by name only
-    assert _checkpoint.find_checkpoint("a100-sxm4-40gb", cpu_model="CPU A").name == "a100-sxm4-40gb.pt"
+    # other devices are looked up by name only; device.tag names one checkpoint
+    assert _checkpoint.find_checkpoint("a100-sxm4-40gb", cpu_model="CPU A").name == "a100-sxm4-40gb.accel-timm-tv.pt"
+    assert _checkpoint.find_checkpoint("host-cpu.cpu-b") == b and _checkpoint.find_checkpoint("host-cpu.cpu-a") == a
+    assert _checkpoint.find_checkpoint("host-cpu.amd-epyc").parent.name == "checkpoints"
+    assert _checkpoint.find_checkpoint("a100-sxm4-40gb.no-such-tag") is None
+
+
+def test_checkpoint_names_are_device_dot_tag_and_old_names_load(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _checkpoint.checkpoint_name("a100-sxm4-40gb.accel-timm-tv.pt") == ("a100-sxm4-40gb", "accel-timm-tv")
+    assert _checkpoint.checkpoint_name("a100-sxm4-40gb.pt") == ("a100-sxm4-40gb", None)
+    assert _checkpoint.checkpoint_name("host-cpu--amd-epyc.pt") == ("host-cpu", "amd-epyc")
+    assert _checkpoint.checkpoint_name("host-cpu-notes.pt") == ("host-cpu-notes", None)
+    shipped = _checkpoint.list_checkpoints()
+    assert sorted(i.name for i in shipped if i.shipped) == ["a100-sxm4-40gb.accel-timm-tv", "host-cpu.amd-epyc",
+                                                            "host-cpu.intel-xeon"]
+    assert all(i.tag and i.path.name == f"{i.name}.pt" for i in shipped if i.shipped)
+    # a user checkpoint under the untagged name answers before the shipped one and loads
+    old = tmp_path / "a100-sxm4-40gb.pt"
+    shutil.copy(_checkpoint.find_checkpoint("a100-sxm4-40gb"), old)
+    monkeypatch.setenv(_checkpoint.CHECKPOINT_DIR_ENV, str(tmp_path))
+    assert _checkpoint.checkpoint_candidates("a100-sxm4-40gb")[0] == old
+    assert GnnPredictor.load(old, "a100-sxm4-40gb", load_calibration=False).device == "a100-sxm4-40gb"
+    mine = [i for i in _checkpoint.list_checkpoints("a100-sxm4-40gb") if not i.shipped]
+    assert [i.name for i in mine] == ["a100-sxm4-40gb"] and mine[0].problem  # no sidecar beside it: said so
+
+
+def test_the_shipped_checkpoints_list_their_data_size_and_metrics() -> None:
+    for i in _checkpoint.list_checkpoints():
+        if not i.shipped:
+            continue
+        assert not i.problem and i.date and i.targets and i.data_sources, i
+        assert i.size_bytes > i.path.stat().st_size  # the weights and the sidecar
+        lines = i.metric_lines()
+        assert lines and all(t in i.targets and 0 < mape < 100 and n > 0 for _, t, mape, n, _ in lines), lines
+
+
+def test_a_checkpoint_cites_only_files_of_the_repository_or_marked_external() -> None:
+    """Every repository file a shipped checkpoint's metadata cites exists in this tree (at its path, or where
+    RELOCATED says it is); a path outside the repository is classed external or public data, never repo."""
+    root = Path(_checkpoint.__file__).resolve().parents[2]
+    if not (root / "pyproject.toml").is_file():
+        pytest.skip("dippm-nas is installed, not a checkout: the repository's files are not here")
+    for i in _checkpoint.list_checkpoints():
+        if not i.shipped:
+            continue
+        repo = [c for c in i.citations if c.where == "repo"]
+        assert repo, i.name
+        missing = [c.path for c in repo if not (root / c.repo_path).is_file()]
+        assert not missing, (i.name, missing)
+        assert all(c.path.startswith("/") or c.path.startswith("..") or c.path.split("/")[0]
+                   not in _checkpoint.REPO_FOLDERS for c in i.citations if c.where != "repo")
+    cited = _checkpoint.cited_paths('{"command": "train --data /work/exp/a.sqlite --out x/y.pt '
+                                    'python scripts/fit/calibrate_prior.py --data ../shared/data/t.csv", '
+                                    '"mig": "densenet121/bs8/1g.5gb"}')
+    assert [(c.path, c.where) for c in cited] == [("/work/exp/a.sqlite", "external"), ("x/y.pt", "external"),
+                                                  ("scripts/fit/calibrate_prior.py", "repo"),
+                                                  ("../shared/data/t.csv", "public-data")]
+
+
+def test_the_checkpoints_verb_lists_them(capsys: pytest.CaptureFixture[str]) -> None:
+    from dippm_nas.cli import main
+
+    assert main(["checkpoints", "--device", "a100-sxm4-40gb"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("a100-sxm4-40gb.accel-timm-tv  (shipped;") and "held out: latency_ms MAPE" in out
+    assert "external files of the training machine" in out
+    assert main(["checkpoints", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert {r["name"] for r in rows} >= {"a100-sxm4-40gb.accel-timm-tv", "host-cpu.intel-xeon", "host-cpu.amd-epyc"}
+    assert all({"size_bytes", "data_sources", "heldout_metrics", "citations"} <= set(r) for r in rows)
+    assert main(["checkpoints", "--device", "h100-sxm5-80gb"]) == 0
+    assert "analytic prior" in capsys.readouterr().out
 
 
 def test_the_shipped_host_checkpoints_say_their_cpu_model() -> None:

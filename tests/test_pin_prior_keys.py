@@ -1,4 +1,4 @@
-"""scripts/pin_prior_keys.py: copies named constants into a checkpoint's pinned prior and records it."""
+"""scripts/fit/pin_prior_keys.py: copies named constants into a checkpoint's pinned prior and records it."""
 
 from __future__ import annotations
 

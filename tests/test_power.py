@@ -113,7 +113,7 @@ def test_shipped_power_file_loads_and_fits_hopper() -> None:
     table = power_table()
     assert "hopper" in table.architectures and table.architectures["hopper"].fitted
     assert not table.default.fitted and table.default.sigma_log > table.architectures["hopper"].sigma_log > 0
-    assert table.command.startswith("python benchmarks/accuracy_energy.py") and "ML.ENERGY" in table.source
+    assert table.command.startswith("python benchmarks/accuracy/accuracy_energy.py") and "ML.ENERGY" in table.source
     again = PowerTable.from_dict(json.loads(json.dumps(table.to_dict())))
     assert again == table
     assert power_params_for(get_device("h200-sxm-141gb")).fitted

@@ -417,8 +417,8 @@ def test_shipped_constants_load_and_round_trip(tmp_path) -> None:
 def test_shipped_constants_are_fitted_and_name_their_data() -> None:
     p = default_params()
     if p.source == "uncalibrated":
-        pytest.skip("no fitted constants shipped yet (benchmarks/calibrate_prior.py writes them)")
-    assert "NeuSight" in p.source and p.command.startswith("python benchmarks/calibrate_prior.py")
+        pytest.skip("no fitted constants shipped yet (scripts/fit/calibrate_prior.py writes them)")
+    assert "NeuSight" in p.source and p.command.startswith("python scripts/fit/calibrate_prior.py")
     assert p.metrics
 
 
@@ -500,7 +500,7 @@ def test_host_checkpoints_keep_the_prior_they_were_trained_with() -> None:
     record either way)."""
     from importlib import resources
 
-    for name, fused in (("host-cpu.json", False), ("host-cpu--amd-epyc.json", True)):
+    for name, fused in (("host-cpu.intel-xeon.json", False), ("host-cpu.amd-epyc.json", True)):
         meta = json.loads((resources.files("dippm_nas.predictor") / "checkpoints" / name).read_text())
         assert ("fuse_hard_activations" in meta["prior_params"]["global"]) is fused
         assert PriorParams.from_dict(meta["prior_params"]).fuse_hard_activations is fused

@@ -65,7 +65,7 @@ def test_cuda_graphs_faster_when_host_bound_and_equal_when_gpu_bound(predictor: 
         (graphs,) = p.predict_graphs([g], mig=False, runtime="cuda-graphs")
         assert eager.details["host_bound"] == 1.0, "the fixture must be host-bound in eager mode"
         assert graphs.latency_ms < eager.latency_ms
-        assert graphs.details["runtime"] == "cuda-graphs" and eager.details["runtime"] == "eager"
+        assert graphs.labels["runtime"] == "cuda-graphs" and eager.labels["runtime"] == "eager"
         assert graphs.host_ms < eager.host_ms
     for g in GPU_BOUND:
         (eager,) = p.predict_graphs([g], mig=False)

@@ -87,12 +87,12 @@ def test_predict_stages_runs_each_stage_on_one_device() -> None:
 
 
 def test_text_to_image_configs_compose_a_guided_pipeline() -> None:
-    """The rebuilt ML.ENERGY pipelines (benchmarks/configs/mlenergy_t2i): text encoder(s) at the batch, the UNet
+    """The rebuilt ML.ENERGY pipelines (benchmarks/accuracy/configs/mlenergy_t2i): text encoder(s) at the batch, the UNet
     at twice the batch (classifier-free guidance) once per denoising step, one VAE decode."""
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "accuracy"))
     import _t2i_pipelines as t2i
 
     assert set(t2i.MODEL_OF) >= {"openjourney-v4", "stable-diffusion-2-1", "stable-diffusion-xl-base-1.0"}

@@ -103,7 +103,7 @@ def _register_build(verbs: argparse._SubParsersAction) -> None:
     b.add_argument("--op-profiles", type=Path, default=None, metavar="PATH",
                    help="CPU: also run each ok model under torch.profiler and append its operators' in-place times "
                         "to PATH (.jsonl or .jsonl.xz), with the row's latency: what the host prior's operator "
-                        "table is fitted on (benchmarks/calibrate_host_prior.py --op-profiles); about 6 extra "
+                        "table is fitted on (scripts/fit/calibrate_host_prior.py --op-profiles); about 6 extra "
                         "forwards per model")
     b.add_argument("--retry-failed", default="",
                    help="comma-separated statuses (timeout,oom,error) whose failed jobs are measured again")

@@ -36,7 +36,7 @@ def _runtime(text: str) -> str:
 def add_deployment_args(p: argparse.ArgumentParser, *, files: bool = True) -> None:
     """Add the deployment flags to ``p`` (``files``: also ``--deployment FILE`` and ``--host FILE``)."""
     g = p.add_argument_group("deployment", "how inference runs on the GPU; what is not described is assumed "
-                                           "(details['deployment_assumed']). A flag overrides the field of "
+                                           "(labels['deployment_assumed']). A flag overrides the field of "
                                            "--deployment FILE.")
     if files:
         g.add_argument("--deployment", metavar="FILE", default=None,

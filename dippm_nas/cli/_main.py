@@ -23,6 +23,7 @@ _VERBS: tuple[str, ...] = (
     "_dataset",
     "_train",
     "_evaluate",
+    "_checkpoints",
     "_predict",
     "_predict_llm",
     "_deployment",

@@ -85,7 +85,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="comma-separated compute dtypes whose rows train the model (default: all in the data)")
     p.add_argument("--prior-params", default=None, metavar="JSON",
                    help="analytic-prior constants to train on and pin in the checkpoint (a calibration file written "
-                        "by benchmarks/calibrate_prior.py or calibrate_host_prior.py; default: the shipped ones)")
+                        "by scripts/fit/calibrate_prior.py or calibrate_host_prior.py; default: the shipped ones)")
     add_json_flag(p, "the split sizes, timings and held-out metrics as one object")
     p.set_defaults(func=run)
 

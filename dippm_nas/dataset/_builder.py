@@ -29,7 +29,7 @@ With ``op_profiles`` (CPU, not ``isolate``) each ``ok`` model is also run under 
 its latency is final (after its one-by-one measurement, or after the chunk's rounds), and one line per
 model (:func:`dippm_nas.measure.profile_ops`: every top-level ``aten::`` call with its in-place time) is
 appended to that file with the row's latency: what the host prior's operator table is fitted on
-(``benchmarks/calibrate_host_prior.py --op-profiles``). The profile is an extra 2 × 3 forwards per model,
+(``scripts/fit/calibrate_host_prior.py --op-profiles``). The profile is an extra 2 × 3 forwards per model,
 taken with the measurement's thread count; a model whose profiling fails keeps its row and is logged. A
 kill between a row and its profile line loses that line (one by one, the row is stored first); with
 rounds the line comes first, so a kill before the chunk's rows are stored repeats its lines on resume.

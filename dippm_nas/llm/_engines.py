@@ -19,7 +19,7 @@ A batch larger than the sequences the KV cache holds runs in waves (all sequence
 same lengths, so continuous batching admits a new wave as one finishes).
 
 The host time per step, ``step_us + seq_us * sequences``, and a multiplier of the prior's kernel time of a
-decode step are the only constants fitted, per engine, on measured serving runs (``benchmarks/accuracy_llm.py
+decode step are the only constants fitted, per engine, on measured serving runs (``benchmarks/accuracy/accuracy_llm.py
 --write``: LLM-Inference-Bench H100 / GH200 rows, leave-one-model-out; the file records the data, the
 command and the held-out error that sets ``sigma_log``). Without the file every engine has no host time per
 step, a multiplier of 1 and the prior's own σ, labelled ``"analytic"``.
@@ -28,7 +28,7 @@ Driven through its OpenAI-compatible server (``frontend="api-server"``), vLLM's 
 sequence's new token and checks its stop strings each step (the vLLM 0.6.0 release post, 2024-09, measured the
 0.5 server's GPU busy 38 % of the time for Llama-3-8B on an H100): ``server_seq_us`` more host time per running
 sequence per step. It and ``wait_activity`` (the GPU's power while it waits for the host between steps, as a
-share of the board's span above idle) are fitted on ML.ENERGY's H100 vLLM-server runs (``benchmarks/accuracy_llm.py
+share of the board's span above idle) are fitted on ML.ENERGY's H100 vLLM-server runs (``benchmarks/accuracy/accuracy_llm.py
 --parts energy --write``, leave-one-model-out).
 """
 

@@ -6,7 +6,7 @@ that way, two passes over the same 3,300 models on the AMD EPYC development VM a
 14-18 %. Timing every model of a group in ``rounds`` rounds instead (round *r* gives each model one
 untimed forward, to bring its weights back into the caches, then ``per_round`` timed forwards) spreads
 each model's samples over the whole run. On an AMD EPYC VM, three fresh processes timing the same 128
-models (``python benchmarks/cpu_interleaved.py --per-family 16 --processes 3``, 2026-11-24) agreed to
+models (``python benchmarks/measurement/cpu_interleaved.py --per-family 16 --processes 3``, 2026-11-24) agreed to
 6.1-8.1 % MAPE on the mean of the samples in rounds against 10.3-13.0 % in one block per model; on the
 median 4.0-5.5 % against 10.7-13.2 %, on the minimum 2.3-2.9 % against 6.5-8.6 % (one run; the VM's noise
 changes from day to day). Two whole passes of ``dippm-nas dataset build --rounds 5`` over the 3,300 models

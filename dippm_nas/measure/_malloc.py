@@ -5,7 +5,7 @@ unmaps it on ``free``; it also trims the top of the heap above ``M_TRIM_THRESHOL
 move at run time (each freed mmapped block raises them), so whether an activation tensor lands on
 already-mapped memory or on fresh pages that fault in on first touch depends on *which models the
 process ran before*. Measured on the development machine (1 thread, CPU 0 reserved,
-``benchmarks/cpu_allocator.py``, 3 fresh processes per mode): one MBConv net read 22.9 ms with the
+``benchmarks/measurement/cpu_allocator.py``, 3 fresh processes per mode): one MBConv net read 22.9 ms with the
 thresholds as they were and 17.0 ms with them fixed; a small ResNet showed no difference (3.86 vs 3.95 ms):
 how much it matters depends on the sizes of a model's activations. Label noise no predictor can learn.
 

@@ -7,7 +7,7 @@ with the same name, shapes and scalar arguments are summed. The times include th
 per-call cost (a few µs), which the table's fitted map absorbs.
 
 :class:`OpProfileWriter` appends one JSON line per model to a ``.jsonl`` / ``.jsonl.xz`` file in the
-layout ``fit_op_table`` and ``benchmarks/calibrate_host_prior.py --op-profiles`` read: ``family`` (the
+layout ``fit_op_table`` and ``scripts/fit/calibrate_host_prior.py --op-profiles`` read: ``family`` (the
 search space), ``latency_ms`` (the model's labelled latency), ``ops``, plus where the line came from.
 """
 

@@ -24,9 +24,9 @@ from dippm_nas.predictor._calibrate import (ANALYTIC_IDENTITY, CALIBRATION_CLASS
                                             calibration_problems, checkpoint_identity, delete_calibration,
                                             fit_calibration, fit_timeline_factors, load_calibration,
                                             read_calibration, save_calibration)
-from dippm_nas.predictor._checkpoint import (CHECKPOINT_DIR_ENV, HOST_DEVICE, OTHER_HOST_FLOOR_LOG,
-                                             OTHER_MACHINE_FLOOR_LOG, checkpoint_dirs, find_checkpoint,
-                                             host_checkpoints)
+from dippm_nas.predictor._checkpoint import (CHECKPOINT_DIR_ENV, DEFAULT_HOST_TAG, HOST_DEVICE, OTHER_HOST_FLOOR_LOG,
+                                             OTHER_MACHINE_FLOOR_LOG, CheckpointInfo, Citation, checkpoint_dirs,
+                                             checkpoint_name, find_checkpoint, host_checkpoints, list_checkpoints)
 from dippm_nas.predictor._gnn import GnnPredictor
 from dippm_nas.predictor._meta import CHECKPOINT_FORMAT, TARGET_UNITS, TARGETS, CheckpointMeta
 from dippm_nas.predictor._novelty import NoveltyFloor, correction_weight, novelty_floor_log, novelty_scores
@@ -44,7 +44,8 @@ __all__ = ["predict", "predict_many", "get_predictor", "set_predictor", "DEFAULT
            "delete_calibration", "calibration_classes", "CALIBRATION_CLASSES", "CLASS_SPREAD_LOG", "SCATTER_FLOOR_LOG",
            "ANALYTIC_IDENTITY", "MAX_CORRECTION_LOG", "SLOPE_BOUNDS", "calibration_problems", "read_calibration",
            "CHECKPOINT_DIR_ENV", "HOST_DEVICE", "OTHER_HOST_FLOOR_LOG", "OTHER_MACHINE_FLOOR_LOG", "checkpoint_dirs",
-           "find_checkpoint", "host_checkpoints",
+           "find_checkpoint", "host_checkpoints", "DEFAULT_HOST_TAG", "CheckpointInfo", "Citation", "checkpoint_name",
+           "list_checkpoints",
            "SageEnsemble", "TorchEngine", "collate", "collate_globals", "DELTA_MARGIN", "INFER_CHUNK_NODES",
            "NumpyEnsemble", "NUMPY_MAX_GRAPHS", "global_arrays", "checkpoint_digest", "derived_weights_path",
            "CheckpointMeta", "TARGETS", "TARGET_UNITS", "CHECKPOINT_FORMAT",

@@ -64,7 +64,7 @@ logger = logging.getLogger(__name__)
 ANY_SPACE = "any"
 #: Fewest labelled rows of a target before a residual head is considered (below: the factor calibration alone).
 #: With 5 rows, heads chosen by leave-one-out made the rest of a host-CPU space worse than the factors on 5 of 6
-#: spaces (median MAPE up to +6 points, benchmarks/learning_curve.py; docs/adaptation.md).
+#: spaces (median MAPE up to +6 points, benchmarks/accuracy/learning_curve.py; docs/adaptation.md).
 HEAD_MIN_ROWS = 10
 #: The largest head shift, as a multiple of the largest |residual| of its rows: like the network's own bound on its
 #: correction (``DELTA_MARGIN``), a head does not correct more than it has seen corrected.
@@ -75,7 +75,7 @@ RIDGE_GRID: tuple[float, ...] = tuple(float(10.0 ** e) for e in np.arange(-1.0, 
 #: How many standard errors of its paired leave-one-out gain a head must win by over no head: one, the usual
 #: one-standard-error rule of model selection (not tuned on the benchmark's rows).
 SE_FACTOR = 1.0
-#: Rows from which ``calibrate()`` hands over to ``adapt()`` (benchmarks/learning_curve.py; docs/adaptation.md).
+#: Rows from which ``calibrate()`` hands over to ``adapt()`` (benchmarks/accuracy/learning_curve.py; docs/adaptation.md).
 HANDOVER_ROWS = 10
 #: Version of the stored form (JSON meta + npz arrays).
 ADAPT_FORMAT = 1

@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_DEVICE = "a100-sxm4-40gb"
 #: Search-space candidates :func:`predict_many` assembles and predicts at a time (it holds at most this many of
 #: their graphs, and the predictor's stacks of them, at once). Measured on 4,096 new ``mbconv`` candidates with
-#: blocks cached (the ``predict_many`` setting of ``benchmarks/bench_assembly.py``, one process per chunk size,
+#: blocks cached (the ``predict_many`` setting of ``benchmarks/speed/bench_assembly.py``, one process per chunk size,
 #: load average 2-3 on 2 cores): chunks of 256 / 512 / 1,024 / 2,048 took 11.9 / 11.8 / 12.5 / 13.3 s of CPU at
 #: a peak RSS of 567 / 624 / 766 / 1,046 MiB.
 PREDICT_CHUNK = 512
@@ -124,14 +124,14 @@ def _takes_deployment(predictor: BasePredictor) -> bool:
 
 def _predict_graphs(predictor: BasePredictor, graphs: list[OperatorGraph], *, mig: bool, k_sigma: float,
                     deployment: Deployment) -> list[Prediction]:
-    """The predictor's answers for ``deployment``, each recording it in ``details["deployment"]``."""
+    """The predictor's answers for ``deployment``, each recording it in ``labels["deployment"]``."""
     if _takes_deployment(predictor):
         preds = predictor.predict_graphs(graphs, mig=mig, k_sigma=k_sigma, deployment=deployment)
     else:
         preds = predictor.predict_graphs(graphs, mig=mig, k_sigma=k_sigma, runtime=deployment.runtime,
                                          host=deployment.host)
-    return [p if "deployment" in p.details else dataclasses.replace(p, details={**p.details,
-                                                                                "deployment": deployment.label})
+    return [p if "deployment" in p.labels
+            else dataclasses.replace(p, labels={**p.labels, "deployment": deployment.label})
             for p in preds]
 
 
@@ -155,7 +155,7 @@ def predict(model_or_graph: Any, spec: InputSpec | None = None, device: str = DE
         deployment: how inference runs on a GPU (:class:`~dippm_nas.Deployment`: runtime, host, framework,
             TF32, autocast, input copy...), a mapping of its fields, or a JSON/TOML file
             (``dippm-nas deployment --out FILE``); ``None``: nothing described but ``runtime`` and ``host``
-            (what is not described is assumed: ``details["deployment_assumed"]`` lists it).
+            (what is not described is assumed: ``labels["deployment_assumed"]`` lists it).
         runtime: shorthand for ``Deployment(runtime=...)``: ``"eager"`` (the default: PyTorch eager,
             per-operator host dispatch on the critical path), ``"cuda-graphs"`` (the same kernels replayed from
             one CUDA graph) or ``"compiled"`` (``torch.compile`` default mode: element-wise chains fused).
@@ -164,8 +164,8 @@ def predict(model_or_graph: Any, spec: InputSpec | None = None, device: str = DE
 
     Returns:
         A :class:`Prediction`; each figure says its source (``"predicted"``, ``"analytic"``, ``"calibrated"``);
-        ``host_ms`` and ``gpu_ms`` are the two timelines, ``details["runtime"]`` the runtime and
-        ``details["deployment"]`` the deployment (:attr:`Deployment.label`).
+        ``host_ms`` and ``gpu_ms`` are the two timelines, ``labels["runtime"]`` the runtime and
+        ``labels["deployment"]`` the deployment (:attr:`Deployment.label`).
 
     Raises:
         DeploymentError: a bad deployment (the field, the value and the choices are named), or a ``runtime`` /

@@ -30,7 +30,7 @@ __all__ = ["BasePredictor", "AnalyticPredictor", "measurement_pairs", "deploymen
 #: both give the same figures (``tests/test_predict_batched.py``). The stack pays for itself from two graphs: the
 #: A100 checkpoint on new MBConv graphs of about 205 nodes took 11.7 ms per graph by the per-graph path and 6.4 ms
 #: stacked for requests of two, 10.5 and 3.1 ms for eight (11.3 and 10.2 ms for one; CPU time, 2 shared cores at
-#: load average 7.6-8.0, ``python benchmarks/bench_predict_space.py --candidates 300 --batch-sizes 1,2,8``). A
+#: load average 7.6-8.0, ``python benchmarks/speed/bench_predict_space.py --candidates 300 --batch-sizes 1,2,8``). A
 #: single model keeps the per-graph path.
 BATCH_MIN_GRAPHS = 2
 
@@ -69,11 +69,11 @@ class BasePredictor(abc.ABC):
             mig: attach the MIG advisor's answer for devices with MIG.
             k_sigma: how many standard deviations of memory the advisor adds before choosing a profile.
             runtime: execution runtime (``"eager"``, ``"cuda-graphs"``, ``"compiled"``; ``None``: eager, or the
-                deployment's), recorded in ``details["runtime"]``.
+                deployment's), recorded in ``labels["runtime"]``.
             host: the host that drives the GPU (a :class:`~dippm_nas.devices.HostProfile`, a profile file, or
                 ``None``: not described).
             deployment: how inference runs (:class:`~dippm_nas.Deployment`); ``runtime`` and ``host`` build one
-                when it is ``None``. What it leaves undescribed is listed in ``details["deployment_assumed"]``.
+                when it is ``None``. What it leaves undescribed is listed in ``labels["deployment_assumed"]``.
         """
 
 
@@ -121,20 +121,23 @@ def deployment_of(device: "str | Device", deployment: Deployment | None = None, 
 CURRENT_FRAMEWORK = "torch-2"
 
 
-def execution_details(settings: DeploymentSettings, device: "str | Device | None" = None) -> dict[str, Any]:
-    """``details`` entries every prediction carries about its execution: the runtime, whether the framework is
-    another generation than the host model's (``host_profile_mismatch``) and the deployment's settings that
-    were assumed (``deployment_assumed``: comma-joined, ``""`` when every setting is described; always ``""``
-    on a CPU device, where none of them applies) and, on a GPU, whether it asked for TF32 the GPU does not have
-    (``tf32_unsupported``: the flag is ignored)."""
+def execution_details(settings: DeploymentSettings, device: "str | Device | None" = None) -> dict[str, float]:
+    """``details`` numbers every prediction carries about its execution: whether the framework is another
+    generation than the host model's (``host_profile_mismatch``) and, on a GPU, whether it asked for TF32 the GPU
+    does not have (``tf32_unsupported``: the flag is ignored). Its texts are :func:`execution_labels`."""
     dev = resolve_device(device) if device is not None else None
-    cpu = dev is not None and dev.kind != "gpu"
-    out: dict[str, Any] = {"runtime": settings.runtime,
-                           "host_profile_mismatch": float(settings.host.framework != CURRENT_FRAMEWORK),
-                           "deployment_assumed": "" if cpu else settings.assumed_label}
+    out = {"host_profile_mismatch": float(settings.host.framework != CURRENT_FRAMEWORK)}
     if dev is not None and dev.kind == "gpu":
         out["tf32_unsupported"] = float(_tf32_unsupported(settings, dev))
     return out
+
+
+def execution_labels(settings: DeploymentSettings, device: "str | Device | None" = None) -> dict[str, str]:
+    """``labels`` every prediction carries about its execution: the runtime and the deployment's settings that
+    were assumed (``deployment_assumed``: comma-joined, ``""`` when every setting is described; always ``""``
+    on a CPU device, where none of them applies)."""
+    cpu = device is not None and resolve_device(device).kind != "gpu"
+    return {"runtime": settings.runtime, "deployment_assumed": "" if cpu else settings.assumed_label}
 
 
 def _tf32_unsupported(settings: DeploymentSettings, device: Any) -> bool:
@@ -223,7 +226,8 @@ class AnalyticPredictor(BasePredictor):
         details = {**pred.details, **execution_details(st, self.resolved_device)}
         if self.calibration_ignored:
             details["calibration_ignored"] = 1.0
-        return self._calibrated(graph, dataclasses.replace(pred, details=details), st, est)
+        labels = {**pred.labels, **execution_labels(st, self.resolved_device)}
+        return self._calibrated(graph, dataclasses.replace(pred, details=details, labels=labels), st, est)
 
     def _calibrated(self, graph: OperatorGraph, pred: Prediction, settings: DeploymentSettings,
                     est: Any) -> Prediction:

@@ -52,7 +52,7 @@ from dippm_nas.predictor._adapt import (ANY_SPACE, HANDOVER_ROWS, Adaptation, Ad
                                         check_rows_key, deployment_key, fit_adaptation, head_inputs)
 from dippm_nas.predictor._adapt_store import AdaptationStore, read_newest
 from dippm_nas.predictor._base import (BATCH_MIN_GRAPHS, BasePredictor, deployment_of, execution_details,
-                                       measurement_pairs)
+                                       execution_labels, measurement_pairs)
 from dippm_nas.predictor._calibrate import (Calibration, calibration_classes, calibration_details,
                                             checkpoint_identity, delete_calibration, fit_calibration,
                                             fit_timeline_factors, read_calibration, require_plausible,
@@ -149,12 +149,12 @@ class GnnPredictor(BasePredictor):
         #: the CPU model a host-cpu checkpoint was measured on when this machine's differs, else ``None``
         self.other_host: str | None = None
         #: the cross-host σ floor per target this predictor adds while ``other_host`` is set (a copy of
-        #: :data:`~dippm_nas.predictor._checkpoint.OTHER_HOST_FLOOR_LOG`; ``benchmarks/accuracy_other_host.py``
+        #: :data:`~dippm_nas.predictor._checkpoint.OTHER_HOST_FLOOR_LOG`; ``benchmarks/accuracy/accuracy_other_host.py``
         #: empties it to measure the σ without it)
         self.other_host_floor_log: dict[str, float] = {}
         #: the σ floor per target a host checkpoint adds on a machine of its CPU model whose device features
         #: lie outside its training range (a copy of
-        #: :data:`~dippm_nas.predictor._checkpoint.OTHER_MACHINE_FLOOR_LOG`; ``benchmarks/accuracy_other_host.py
+        #: :data:`~dippm_nas.predictor._checkpoint.OTHER_MACHINE_FLOOR_LOG`; ``benchmarks/accuracy/accuracy_other_host.py
         #: --same-cpu-model`` empties it to measure the σ without it)
         self.other_machine_floor_log: dict[str, float] = {}
         #: torch thread count the host is featurised at (the labels'), or ``None`` (the caller's count)
@@ -741,6 +741,7 @@ class GnnPredictor(BasePredictor):
             memory_source=sources["memory_mib"], device=self.device, batch_size=graph.spec.batch_size,
             dtype=graph.spec.dtype, latency_ms_std=stds["latency_ms"], energy_j_std=stds["energy_j"],
             memory_mib_std=stds["memory_mib"], unknown_ops=unknown, details=details, **timeline,
+            labels=execution_labels(settings if settings is not None else DeploymentSettings(), dev),
         )
         if mig and dev.has_mig:
             pred = dataclasses.replace(pred, mig=advise(pred, dev, graph=graph, k_sigma=k_sigma,

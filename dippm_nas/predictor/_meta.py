@@ -62,17 +62,17 @@ class CheckpointMeta:
         host: for a ``host-cpu`` checkpoint, the machine its labels were measured on: ``{"cpu_model": the
             CPU model string of the rows' environment, "threads": the torch thread count of the labels and
             of the device features (the predictor measures the host at this count, so its answer does not
-            depend on the caller's thread setting; absent in older metadata: the caller's count),
+            depend on the caller's thread setting; when absent, the caller's count),
             "features_from": the host microbenchmark the device features were computed with,
             "features_processor" / "label_processors": the processor of the machine that computed them and
-            those the rows record (family, model, ...; see ``_train._host_of``; absent in older metadata)}``; ``None``
-            for other devices (and for checkpoints made before this was recorded). A host-cpu checkpoint
+            those the rows record (family, model, ...; see ``_train._host_of``; optional)}``; ``None`` for other
+            devices and for checkpoints whose metadata records no host. A host-cpu checkpoint
             answers on another CPU model only flagged (``details["other_host"] = 1``, see
             :mod:`dippm_nas.predictor._checkpoint`).
         prior_only_dtypes: compute dtypes the checkpoint answers with its pinned prior, the network's correction
             withheld (source ``"analytic"``, ``details["prior_only_dtype"] = 1``): their prior constants were
-            pinned after training (``scripts/pin_prior_keys.py``), so a correction learnt against the old ones
-            does not apply. Empty for a checkpoint whose pinned constants are the ones it trained with.
+            pinned after training (``scripts/fit/pin_prior_keys.py``), so a correction learnt against the constants
+            the checkpoint trained with does not apply. Empty for a checkpoint whose pinned constants are the ones it trained with.
     """
 
     device: str

@@ -28,7 +28,7 @@ modality (host CPU, bert never seen) the operator-table prior alone read 9.6 % a
 15.8-20.6 %. So a checkpoint may also carry a **correction shrink** per target: with the relative excess
 ``u = (novelty - d0) / d0``, a novel graph keeps the share ``w = clip(1 - u / c, 0, 1)`` of the correction
 (``log prediction = log prior + w * correction``); ``c`` is fitted on rows of families unseen by
-family-split twins (``scripts/fit_novelty_twins.py``), ``c = 0`` answers with the prior as soon as a graph is
+family-split twins (``scripts/fit/fit_novelty_twins.py``), ``c = 0`` answers with the prior as soon as a graph is
 novel, a target without a ``c`` is not shrunk. Graphs at or below ``d0`` are never shrunk.
 """
 

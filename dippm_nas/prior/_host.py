@@ -17,7 +17,7 @@ the **execution runtime** (:data:`RUNTIMES`):
 
 Host times are for the reference host (a 3.0 GHz server core running PyTorch 2.x) and are scaled by a
 :class:`~dippm_nas.devices.HostProfile`: multiplied by ``generations[profile.framework]`` and divided by
-``profile.speed``. The constants are fitted on measured eager timings (``benchmarks/calibrate_host_model.py``;
+``profile.speed``. The constants are fitted on measured eager timings (``scripts/fit/calibrate_host_model.py``;
 the fit, its data and its error are recorded in the calibration file).
 """
 

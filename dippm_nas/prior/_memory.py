@@ -27,7 +27,7 @@ boundary):
   residual branches; a ConvMixer block through its pointwise half).
 
 :func:`dippm_nas.measure.reference_activation_peak` gives the exact eager figure without a GPU;
-``benchmarks/accuracy_memory_liveness.py`` prints how well these rules agree with it per family.
+``benchmarks/accuracy/accuracy_memory_liveness.py`` prints how well these rules agree with it per family.
 
 Allocator (PyTorch's CUDA caching allocator, ``c10/cuda/CUDACachingAllocator.cpp``): every block is
 rounded up to 512 B (``kMinBlockSize``); requests of at most 1 MiB (``kSmallSize``) come from 2 MiB
@@ -72,7 +72,7 @@ K_ROUND_LARGE = 2 * BYTES_PER_MIB
 #: Relative standard deviation of the activation peak: the root-mean-square relative error (0.190) of the
 #: eager-retention liveness against the exact eager reference (:func:`dippm_nas.measure.reference_activation_peak`)
 #: over 157 models: 8 of each of the 14 search-space families and 45 torchvision / timm models at batch 32
-#: (``benchmarks/accuracy_memory_liveness.py``; ``docs/gpu_memory.md`` has the command and the table).
+#: (``benchmarks/accuracy/accuracy_memory_liveness.py``; ``docs/gpu_memory.md`` has the command and the table).
 ACTIVATION_REL_SIGMA = 0.19
 #: Relative standard deviation of the CUDA context (``runtime_baseline_mib``): PyTorch processes are reported
 #: at 500-900 MiB of context (driver, CUDA and cuDNN versions; eager or lazy module loading), +-25 % of the

@@ -4,7 +4,7 @@ The analytic prior turns each node's FLOPs and bytes into time with a handful of
 CPU the achieved efficiency of a convolution or GEMM depends on its shapes in ways a few constants cannot
 follow, and a GNN trained on whole-model latencies learns that only for families it has seen. An
 :class:`OpTable` is learnt from ``torch.profiler`` timings of every top-level ``aten::`` call inside real
-forward passes (``benchmarks/host_op_table.py`` records them), so it sees tens of thousands of operator
+forward passes (``benchmarks/accuracy/host_op_table.py`` records them), so it sees tens of thousands of operator
 timings instead of one label per model, and predicts unseen families much better
 (docs/predictor_report.md, "Operators timed in place").
 
@@ -540,7 +540,7 @@ def fit_op_table(profiles: Iterable[Mapping[str, Any]], *, exclude_families: Seq
                  folds: int = 4, max_iter: int = 400, max_leaf_nodes: int = 31, learning_rate: float = 0.08,
                  seed: int = 0, source: str = "", cache_bytes: float = 0.0,
                  weight_cache_speedup: float = 1.0) -> OpTable:
-    """Fit a table on profiled models (lines written by ``benchmarks/host_op_table.py``: ``family``,
+    """Fit a table on profiled models (lines written by ``benchmarks/accuracy/host_op_table.py``: ``family``,
     ``latency_ms`` label, ``ops``), leaving out ``exclude_families``.
 
     The forest learns log time per call from every profiled call; the map from summed table time to the

@@ -3,9 +3,9 @@
 Two sets exist:
 
 - :meth:`PriorParams.uncalibrated` — the physically motivated starting point: every op class reaches its
-  roofline (efficiency 1), kernels cost a small fixed time, overheads are mid-range public figures.
-  This is the "before calibration" prior.
-- the shipped fitted file ``calibration/fitted.json`` (written by ``benchmarks/calibrate_prior.py``),
+  roofline (efficiency 1), kernels cost a small fixed time, overheads are mid-range public figures:
+  the prior without any fit.
+- the shipped fitted file ``calibration/fitted.json`` (written by ``scripts/fit/calibrate_prior.py``),
   which names the public data it was fitted on and the command that produced it. :func:`default_params`
   loads it once per process; it falls back to the uncalibrated set, with a one-time warning, when the
   file is missing.
@@ -66,7 +66,7 @@ class OpClassParams:
         eta_compute_fp64: where set, the achieved fraction of the FP64 peak of the class's FP64 kernels on CUDA
             cores, without the wave, tile and reduction-length terms (at FP64 rates the math units bound these
             kernels; cuDNN runs no Winograd in FP64); ``None`` prices FP64 kernels with the FP32 constants.
-            Fitted on measured FP64 timings (``benchmarks/calibrate_fp64.py``); a calibration file without the
+            Fitted on measured FP64 timings (``scripts/fit/calibrate_fp64.py``); a calibration file without the
             key reads as ``None``.
         kernel_us: fixed GPU time per kernel (start-up, tail, tiny-kernel inefficiency), µs.
         wave_exponent: weight of wave quantisation over SMs (0 ignores it, 1 applies it fully).
@@ -175,9 +175,8 @@ class PriorParams:
         fuse_hard_activations: price ``hardswish`` / ``hardsigmoid`` as the one element-wise kernel
             PyTorch runs, not as the four / three element-wise nodes (``add 3``, ``clip 0..6``,
             ``divide 6``, ``multiply``) the Relax frontend decomposes them into. A calibration file
-            written before this option existed has no such key and reads as ``False``, the pricing the
-            checkpoints trained on it saw; everything else (``uncalibrated()``, new fits) starts from
-            ``True``. The graph cannot tell
+            without the key reads as ``False``, the pricing the checkpoints trained on such a file saw;
+            everything else (``uncalibrated()``, fits) starts from ``True``. The graph cannot tell
             ``F.hardswish`` from the same formula written by hand (``x * F.relu6(x + 3) / 6``, three
             eager kernels); both are priced as one.
         device_scales: per-device efficiency multipliers ``{device id: DeviceScale}``; the entry
@@ -189,8 +188,8 @@ class PriorParams:
             timed in place on that machine; where present it gives the device's per-node times instead of
             the roofline (the constants still give memory).
         host_model: per-operator host times of a GPU's driving host by kind and execution runtime, fitted
-            on measured eager timings (:class:`~dippm_nas.prior._host.HostModel`); ``None`` (calibration files
-            written before it, and the checkpoints that pin them) prices every GPU operator at
+            on measured eager timings (:class:`~dippm_nas.prior._host.HostModel`); ``None`` (a calibration file
+            without one, and the checkpoints that pin such a file) prices every GPU operator at
             ``host_dispatch_us`` + ``host_launch_us`` per kernel in eager mode.
     """
 
@@ -253,7 +252,7 @@ class PriorParams:
 
     @classmethod
     def uncalibrated(cls) -> "PriorParams":
-        """The starting point before any fit: rooflines at efficiency 1, public mid-range overheads.
+        """The prior without any fit: rooflines at efficiency 1, public mid-range overheads.
 
         Overheads: PyTorch eager spends ~5-25 µs of CPU time per op before its kernel runs (Python,
         pybind, dispatcher, backend), ``cudaLaunchKernel`` ~1-3 µs on CUDA 12 drivers; 10 µs and 3 µs
@@ -399,7 +398,7 @@ def default_params() -> PriorParams:
     """The shipped fitted constants (loaded once per process), else the uncalibrated set with a warning."""
     d = read_shipped_file(FITTED_FILE, "calibration",
                           f"the analytic prior's fitted constants (dippm_nas/prior/calibration/{FITTED_FILE}) are "
-                          "missing; using the uncalibrated constants (run benchmarks/calibrate_prior.py to fit them)")
+                          "missing; using the uncalibrated constants (run scripts/fit/calibrate_prior.py to fit them)")
     if d is None:
         return PriorParams.uncalibrated()
     return PriorParams.from_dict(d, origin=f"dippm_nas/prior/calibration/{FITTED_FILE}", trusted=True)

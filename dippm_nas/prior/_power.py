@@ -171,7 +171,7 @@ def power_table() -> PowerTable:
     the uncalibrated shares for every architecture, with a warning."""
     d = read_shipped_file(POWER_FILE, "power",
                           f"the power model's constants (dippm_nas/prior/calibration/{POWER_FILE}) are missing; "
-                          "using uncalibrated shares (run benchmarks/accuracy_energy.py --write-power to fit them)")
+                          "using uncalibrated shares (run benchmarks/accuracy/accuracy_energy.py --write-power to fit them)")
     if d is None:
         return PowerTable()
     return PowerTable.from_dict(d, origin=f"dippm_nas/prior/calibration/{POWER_FILE}", trusted=True)

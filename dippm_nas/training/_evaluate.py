@@ -123,7 +123,7 @@ def evaluate_predictions(predictions: Sequence[Prediction], examples: Sequence[E
             if t in e.y and v is not None:
                 r.update({t: e.y[t], f"{t}_pred": float(v), f"{t}_std": getattr(p, f"{t}_std"),
                           f"{t}_source": getattr(p, f"{t.split('_')[0]}_source")})
-        r["deployment_assumed"] = p.details.get("deployment_assumed", "")
+        r["deployment_assumed"] = p.labels.get("deployment_assumed", "")
         rows.append(r)
     return _target_metrics(rows), rows
 

@@ -1,7 +1,7 @@
 """Fitting the novelty reference set, threshold, novel-graph and graded floors and correction shrink of a checkpoint.
 
 What these numbers mean at prediction time is :mod:`dippm_nas.predictor._novelty` (the module docstring);
-``scripts/fit_novelty_floor.py`` and ``scripts/fit_novelty_twins.py`` fit the floor and the shrink on rows of
+``scripts/fit/fit_novelty_floor.py`` and ``scripts/fit/fit_novelty_twins.py`` fit the floor and the shrink on rows of
 families a checkpoint never saw.
 """
 

@@ -189,7 +189,7 @@ def attach_novelty_reference(pred: GnnPredictor, train_feats: Sequence[GraphFeat
                              calibrated_on: str = "not calibrated: no rows of an unseen family") -> None:
     """Store the novelty reference set (training graphs) in ``pred`` and its threshold ``d0`` (validation
     quantile) in ``pred.meta.novelty``, with the novel-graph floors ``floor_log`` when given (see
-    :mod:`dippm_nas.predictor._novelty`; ``scripts/fit_novelty_floor.py`` fits them on unseen families)."""
+    :mod:`dippm_nas.predictor._novelty`; ``scripts/fit/fit_novelty_floor.py`` fits them on unseen families)."""
     if not train_feats or not val_feats:
         return
     with torch.no_grad():

@@ -31,7 +31,7 @@ _PRECISION: dict[str, tuple[str, bool]] = {
 #: i.e. ran ``benchmark.py --reparam``. Evidence: on the same RTX 4090 the pt291 run is faster than the
 #: pt240 run by a family median of 1.4-2.3x for MobileOne, FastViT, RepVGG, RepGhost and RepViT, while the
 #: median over all 1,442 models is 1.015 and most families lie within 0.95-1.07x; and the pt291 labels lie
-#: near the analytic prior of the fused graph (``benchmarks/timm_reparam_labels.py``). Runs with other
+#: near the analytic prior of the fused graph (``benchmarks/measurement/timm_reparam_labels.py``). Runs with other
 #: tags timed the model as ``timm.create_model`` builds it.
 _REPARAM_TAGS = frozenset({"pt291"})
 

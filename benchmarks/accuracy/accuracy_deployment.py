@@ -1,0 +1,207 @@
+"""Accuracy and σ of GPU latency with the deployment described and unknown, on the released timings.
+
+Usage (from the repository root; the data paths are arguments, nothing is downloaded)::
+
+    dippm-nas dataset import ryujaehun ../shared/data/ryujaehun_torchvision_eager_bs12_turing_pascal.csv \\
+        --out ryujaehun.sqlite
+    dippm-nas dataset import timm TIMM_CSV --out timm.sqlite            # the amp / NCHW / eager rows
+    dippm-nas dataset import accel-nasbench ../shared/data/accel_nasbench_mnasnet_space_throughput.csv \\
+        --out accel.sqlite
+    python benchmarks/accuracy/accuracy_deployment.py --ryujaehun ryujaehun.sqlite --timm timm.sqlite \\
+        --accel accel.sqlite [--json out.json]
+
+Every row is predicted by the analytic prior (:func:`dippm_nas.prior.predict`) twice:
+
+- **described**: the :class:`~dippm_nas.Deployment` the row records (eager; the host's clock and PyTorch 1.x and
+  the pageable input copy of the eager CNN timings; autocast, channels-last layout and the torch version of the
+  timm and Accel-NASBench rows, whose hosts are not recorded and stay undescribed);
+- **unknown**: ``Deployment()`` (eager, nothing else said): the σ spans the hosts, framework generations, TF32
+  defaults and input copies of real servers (:func:`dippm_nas.prior.deployment_spread`).
+
+The prior of each cell is what an unseen GPU gets: for the eager CNN timings (RTX 2080 Ti, TITAN RTX, TITAN Xp)
+the host model and the FP64 efficiency refitted without the held-out GPU, with the σ of the host model measured
+between the other two (``benchmarks/accuracy/accuracy_eager.py``'s folds); for the timm GPUs the held-out GPU's fitted
+efficiency multipliers replaced by the other GPUs' geometric mean (``benchmarks/accuracy/fewshot_timm.py``); the Accel-
+NASBench rows (A100, RTX 3090) with the shipped constants, which were fitted on them (in-sample on the kernels).
+
+Per cell (source x GPU x dtype) and mode: MAPE, Kendall τ, the share of measurements within ±1σ and ±2σ (log
+space), the median σ as a share of the value; and what a search sees (``benchmarks/accuracy/search_view.py``): for latency
+budgets at the 25th, 50th and 75th percentile of the cell's measured latencies, the share of admitted models
+(``mean + 1σ <= budget``) really over budget and the share of really-within models rejected.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy.stats import kendalltau
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from accuracy_eager import _nested_sigma, _without_fp64_rows_of  # noqa: E402  (sibling scripts)
+from fewshot_timm import held_out_params  # noqa: E402
+from search_view import search_view  # noqa: E402
+
+from benchmarks._common import machine  # noqa: E402
+from dippm_nas import Deployment  # noqa: E402
+from dippm_nas.dataset import load_measurements  # noqa: E402
+from dippm_nas.devices import HostProfile  # noqa: E402
+from dippm_nas.prior import Execution, HostRow, default_params, fit_host_model, predict  # noqa: E402
+from dippm_nas.training import DEVICE_ALIASES  # noqa: E402
+
+MODES = ("described", "unknown")
+
+
+def described(source: str, m: dict[str, Any]) -> Deployment:
+    """The deployment a dataset row records."""
+    c = dict(m.get("conditions") or {})
+    env = dict(m.get("environment") or {})
+    if source == "ryujaehun":
+        clock = env.get("host_clock_ghz")
+        fw = c.get("framework", "torch-1")
+        host = HostProfile.from_clock(float(clock), framework=fw) if clock else None
+        return Deployment(runtime="eager", host=host, framework=fw,
+                          input_copy="pageable" if c.get("input_copy") else "none",
+                          cudnn_benchmark=bool(c.get("cudnn_benchmark", False)),
+                          versions={"cuda": str(env["cuda"])} if env.get("cuda") else None)
+    if source == "timm":
+        tag = str(c.get("torch_version_tag") or "")
+        version = f"{tag[2]}.{tag[3:]}.0" if tag.startswith("pt") and tag[2:].isdigit() and len(tag) >= 4 else None
+        # timm records autocast as a flag (amp: float16, amp_bf16: bfloat16); the graph is captured in that dtype
+        autocast = m.get("dtype") if c.get("autocast") is True else (c.get("autocast") or None)
+        return Deployment(runtime="eager", autocast=autocast, input_copy="none",
+                          channels_last=c.get("memory_layout") == "nhwc",
+                          versions={"torch": version} if version else None)
+    if source == "accel-nasbench":
+        return Deployment(runtime="eager", autocast=c.get("autocast"), input_copy="none",
+                          channels_last=bool(c.get("channels_last")), cudnn_benchmark=bool(c.get("cudnn_benchmark")),
+                          versions={"torch": "1.12.0"})
+    raise SystemExit(f"unknown source {source!r}")
+
+
+def _predict(graph: Any, device: str, params: Any, deployment: Deployment) -> tuple[float, float]:
+    """(latency ms, log σ) of the analytic prior for one deployment."""
+    p = predict(graph, device, params=params, deployment=deployment, mig=False)
+    return p.latency_ms, (p.latency_ms_std / p.latency_ms if p.latency_ms_std else 0.0)
+
+
+def _cell_params(source: str, device: str, rows: list, base: Any) -> Any:
+    """The prior's constants an unseen ``device`` of ``source`` gets (see the module docstring)."""
+    if source == "ryujaehun":
+        host_rows = [(HostRow(mg.graph, mg.measurement["device"],
+                              Execution.from_conditions(mg.measurement.get("conditions"),
+                                                        mg.measurement.get("environment")),
+                              float(mg.measurement["latency_ms"])), mg.measurement["config"]["model"])
+                     for mg in rows]
+        train = [r for r, _ in host_rows if r.device != device and r.graph.spec.dtype in ("float16", "float32")]
+        fold = _without_fp64_rows_of(base, host_rows, [device])
+        hm = fit_host_model(train, params=fold, base=base.host_model)
+        hm = dataclasses.replace(hm, metrics={**hm.metrics, **_nested_sigma(host_rows, device, base)})
+        return dataclasses.replace(fold, host_model=hm)
+    if source == "timm":
+        return held_out_params(base, device)
+    return base
+
+
+def metrics(pred: np.ndarray, sig: np.ndarray, y: np.ndarray) -> dict[str, float]:
+    """MAPE, τ, ±1σ / ±2σ coverage in log space, median σ (share of the value) and the search view at k = 1."""
+    r = np.abs(np.log(pred / y))
+    out = {"n": int(len(y)), "mape_pct": float(np.mean(np.abs(pred / y - 1)) * 100),
+           "kendall_tau": float(kendalltau(pred, y)[0]) if len(y) > 2 else math.nan,
+           "within_1sigma": float(np.mean(r <= sig)), "within_2sigma": float(np.mean(r <= 2 * sig)),
+           "median_sigma_pct": float(np.median(sig) * 100)}
+    view = search_view([(float(p), float(p * s), float(m)) for p, s, m in zip(pred, sig, y)], ks=(1.0,))
+    for pct in ("p25", "p50", "p75"):
+        k1 = view[pct]["k=1"]
+        out[f"{pct}_over_pct"] = k1["over_pct"]
+        out[f"{pct}_rejected_pct"] = k1["rejected_pct"]
+        out[f"{pct}_counts"] = [k1["admitted_over"], k1["admitted"], k1["within_rejected"], view[pct]["within"]]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ryujaehun", type=Path, help="dataset with the eager CNN timings (graphs captured)")
+    ap.add_argument("--timm", type=Path, help="dataset with timm benchmark rows (graphs captured)")
+    ap.add_argument("--accel", type=Path, help="dataset with Accel-NASBench rows (graphs captured)")
+    ap.add_argument("--shipped", action="store_true",
+                    help="predict every cell with the shipped constants (in-sample where they were fitted on the "
+                         "cell's rows) instead of what an unseen GPU gets")
+    ap.add_argument("--json", type=Path, default=None, help="write the report here")
+    args = ap.parse_args(argv)
+    sources = [(s, p) for s, p in (("ryujaehun", args.ryujaehun), ("timm", args.timm),
+                                   ("accel-nasbench", args.accel)) if p is not None]
+    if not sources:
+        ap.error("give at least one of --ryujaehun, --timm, --accel")
+    base = default_params()
+    report: dict[str, Any] = {"machine": machine(), "cells": {}}
+    for source, path in sources:
+        rows = [mg for mg in load_measurements(path, source=source, status="ok")
+                if mg.graph is not None and mg.measurement.get("latency_ms")
+                and (source != "timm" or str(mg.measurement.get("conditions", {}).get("torch_compile")) == "eager")]
+        for row_device in sorted({mg.measurement["device"] for mg in rows}):
+            device = DEVICE_ALIASES.get(row_device, row_device)  # a dataset's device name -> a catalogue id
+            params = base if args.shipped else _cell_params(source, device, rows, base)
+            mine = [mg for mg in rows if mg.measurement["device"] == row_device]
+            for dtype in sorted({mg.graph.spec.dtype for mg in mine}):
+                cell = [mg for mg in mine if mg.graph.spec.dtype == dtype]
+                y = np.array([float(mg.measurement["latency_ms"]) for mg in cell])
+                entry: dict[str, Any] = {}
+                for mode in MODES:
+                    got = [_predict(mg.graph, device, params,
+                                    described(source, mg.measurement) if mode == "described" else Deployment())
+                           for mg in cell]
+                    entry[mode] = metrics(np.array([g[0] for g in got]), np.array([g[1] for g in got]), y)
+                key = f"{source} {device} {dtype}"
+                report["cells"][key] = entry
+                print(_line(key, entry), flush=True)
+    report["summary"] = _summary(report["cells"])
+    print(json.dumps(report["summary"], indent=1))
+    if args.json is not None:
+        args.json.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _line(key: str, entry: dict[str, Any]) -> str:
+    parts = [f"{key:38s}"]
+    for mode in MODES:
+        m = entry[mode]
+        parts.append(f"{mode}: n={m['n']:3d} MAPE {m['mape_pct']:5.1f} % tau {m['kendall_tau']:.2f} "
+                     f"±1σ {m['within_1sigma']:.2f} ±2σ {m['within_2sigma']:.2f} σ {m['median_sigma_pct']:4.0f} % "
+                     f"over/rej p25 {_pct(m['p25_over_pct'])}/{_pct(m['p25_rejected_pct'])} "
+                     f"p50 {_pct(m['p50_over_pct'])}/{_pct(m['p50_rejected_pct'])} "
+                     f"p75 {_pct(m['p75_over_pct'])}/{_pct(m['p75_rejected_pct'])}")
+    return "\n  ".join(parts)
+
+
+def _pct(v: float) -> str:
+    return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.0f}"
+
+
+def _summary(cells: dict[str, Any]) -> dict[str, Any]:
+    """Pooled search-view shares (admitted and rejected counts summed over cells) and the coverage extremes."""
+    out: dict[str, Any] = {}
+    for mode in MODES:
+        cov = [c[mode]["within_2sigma"] for c in cells.values()]
+        sig = [c[mode]["median_sigma_pct"] for c in cells.values()]
+        out[mode] = {"cells": len(cov), "min_within_2sigma": min(cov), "cells_below_0.90": sum(v < 0.9 for v in cov),
+                     "cells_below_0.80": sum(v < 0.8 for v in cov),
+                     "median_of_median_sigma_pct": float(np.median(sig)), "max_median_sigma_pct": max(sig)}
+        for pct in ("p25", "p50", "p75"):
+            over, adm, rej, within = (sum(c[mode][f"{pct}_counts"][i] for c in cells.values()) for i in range(4))
+            out[mode][f"{pct}_pooled_over_pct"] = 100.0 * over / adm if adm else math.nan
+            out[mode][f"{pct}_pooled_rejected_pct"] = 100.0 * rej / within if within else math.nan
+    return out
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,101 @@
+"""Fit the prior's eager host model on measured eager GPU timings and write it into the calibration file.
+
+Usage (from the repository root; the data path is an argument, nothing is downloaded)::
+
+    PYTHONPATH=. .venv-vision/bin/dippm-nas dataset import ryujaehun \\
+        ../shared/data/ryujaehun_torchvision_eager_bs12_turing_pascal.csv --out ryujaehun.sqlite
+    python scripts/fit/calibrate_host_model.py --data ryujaehun.sqlite \\
+        --torch1-factor 1.0 --torch1-source "..." --out dippm_nas/prior/calibration/fitted.json
+
+It fits :data:`dippm_nas.prior.FIT_PARAMETERS` on the fp16 and fp32 rows (fp64 rows are GPU-bound and
+left out), scores the fit leave-one-GPU-out (the constants refitted without that GPU's rows) and records
+the held-out log-space σ (RMS log error) of host-bound rows as ``metrics["sigma_log_host"]`` (the σ of
+the host part of a prediction) and of GPU-bound rows as ``metrics["sigma_log_gpu_bound"]`` (the σ of the
+kernel part where no checkpoint corrects it: the prior on GPUs it was not fitted on). Only the ``host_model`` key of
+the output file is replaced; the float64 σ that ``scripts/fit/calibrate_fp64.py`` records there is kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from dippm_nas.dataset import load_measurements
+from dippm_nas.prior import (HOST_KINDS, Execution, HostModel, HostRow, PriorParams, default_params, estimate,
+                             fit_host_model, host_model_latency_ms)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", required=True, type=Path, help="dataset file with the ryujaehun rows")
+    ap.add_argument("--torch1-factor", type=float, required=True,
+                    help="host-time factor of PyTorch 1.x over 2.x (measured by benchmarks/measurement/dispatch_generations.py)")
+    ap.add_argument("--torch1-source", default="", help="where the factor comes from (recorded)")
+    ap.add_argument("--out", type=Path, default=None, help="calibration JSON whose host_model key is replaced")
+    args = ap.parse_args(argv)
+
+    rows = [HostRow(mg.graph, mg.measurement["device"],
+                    Execution.from_conditions(mg.measurement.get("conditions"), mg.measurement.get("environment")),
+                    float(mg.measurement["latency_ms"]))
+            for mg in load_measurements(args.data, source="ryujaehun") if mg.spec.dtype in ("float16", "float32")]
+    devices = sorted({r.device for r in rows})
+    base = HostModel(op_us={k: 10.0 for k in HOST_KINDS}, generations={"torch-2": 1.0, "torch-1": args.torch1_factor})
+    params = default_params()
+    # leave-one-GPU-out: the held-out σ of host-bound rows
+    held_r, held_bound = [], []
+    for dev in devices:
+        train = [r for r in rows if r.device != dev]
+        test = [r for r in rows if r.device == dev]
+        m = fit_host_model(train, params=params, base=base)
+        pr = host_model_latency_ms(m, test, params)
+        y = np.array([r.latency_ms for r in test])
+        bound = [estimate(r.graph, r.device, params=_with(params, m), execution=r.execution).launch_bound for r in test]
+        held_r += list(np.log(pr / y))
+        held_bound += bound
+        ape = np.abs(pr / y - 1) * 100
+        print(f"leave out {dev}: MAPE {ape.mean():.1f} % (median {np.median(ape):.1f} %), host-bound rows {sum(bound)}/{len(bound)}")
+    r = np.array(held_r)
+    b = np.array(held_bound)
+    sigma_host = float(np.sqrt(np.mean(r[b] ** 2))) if b.any() else float(np.sqrt(np.mean(r ** 2)))
+    sigma_gpu = float(np.sqrt(np.mean(r[~b] ** 2))) if (~b).any() else float(np.sqrt(np.mean(r ** 2)))
+    sigma_all = float(np.sqrt(np.mean(r ** 2)))
+    print(f"held-out log σ (RMS log error): host-bound rows {sigma_host:.3f}, GPU-bound rows {sigma_gpu:.3f}, "
+          f"all rows {sigma_all:.3f}")
+
+    cmd = "python " + shlex.join([Path(sys.argv[0]).as_posix(), *(argv if argv is not None else sys.argv[1:])])
+    model = fit_host_model(
+        rows, params=params, base=base, command=cmd,
+        source=("ryujaehun/pytorch-gpu-benchmark@3f47a9e2 (MIT): eager PyTorch 1.x timings of 32 torchvision CNNs at "
+                "batch 12, fp16 and fp32, on RTX 2080 Ti, TITAN RTX and TITAN Xp (median of 50 iterations, input copy "
+                "inside the timed region); host clocks from the runs' system_info.txt; torch-1 factor: "
+                + (args.torch1_source or f"{args.torch1_factor}")
+                + "; launch_us, iteration_us, graph_launch_us and compiled_kernel_us are analytic public mid-range "
+                  "figures (cudaLaunchKernel 2-4 µs, cudaGraphLaunch ~10 µs, a Python call ~10 µs), not fitted"),
+    )
+    model = dataclasses.replace(model, metrics={**model.metrics, "sigma_log_host": sigma_host,
+                                                "sigma_log_gpu_bound": sigma_gpu,
+                                                "sigma_log_heldout_all": sigma_all,
+                                                "heldout": "leave-one-GPU-out over " + ", ".join(devices)})
+    print(json.dumps(model.to_dict(), indent=1))
+    if args.out is not None:
+        d = json.loads(args.out.read_text(encoding="utf-8"))
+        kept = {k: v for k, v in (d.get("host_model") or {}).get("metrics", {}).items() if k.endswith("_float64")}
+        d["host_model"] = model.to_dict()
+        d["host_model"]["metrics"].update(kept)
+        args.out.write_text(json.dumps(d, indent=1) + "\n", encoding="utf-8")
+        print(f"wrote host_model into {args.out}")
+    return 0
+
+
+def _with(params: PriorParams, model: HostModel) -> PriorParams:
+    return dataclasses.replace(params, host_model=model)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
