@@ -250,13 +250,19 @@ class BlockSearchSpace(SearchSpace):
         """The module of one block; its ``forward`` takes the block's inputs (see :class:`BlockInput`)."""
 
     # ------------------------------------------------------------------ public
-    def blocks(self, config: Mapping[str, Any]) -> BlockPlan:
+    def blocks(self, config: Mapping[str, Any], *, validated: bool = False) -> BlockPlan:
         """The :class:`BlockPlan` of a config.
+
+        Args:
+            config: a config of this space.
+            validated: ``config`` is a dict :meth:`validate` returned, unchanged since (it is not checked
+                again: a caller that has just validated it, as :func:`dippm_nas.capture.assemble` has, saves
+                the second check). Default ``False``.
 
         Raises:
             SearchSpaceError: the config is outside the space (naming the key and its allowed values).
         """
-        cfg = self.validate(config)
+        cfg = dict(config) if validated else self.validate(config)
         return self._blocks(cfg).check(self.name, [t.name for t in self.input_spec(cfg).tensors])
 
     def build_block(self, block: Block, *, seed: int = 0) -> nn.Module:

@@ -64,8 +64,19 @@ class Choice(Param):
         if not values:
             raise ValueError("Choice needs at least one value")
         self.values = tuple(values)
+        # (type, value) -> the allowed value: a hit is a value of the allowed one's own type, equal to it
+        self._exact: dict[tuple[type, Any], Any] = {}
+        for v in self.values:
+            try:
+                self._exact.setdefault((type(v), v), v)
+            except TypeError:  # an unhashable choice is found by the scan below
+                pass
 
     def check(self, value: Any, space: str, where: str) -> Any:
+        try:
+            return self._exact[(type(value), value)]
+        except (KeyError, TypeError):  # another type (an int for a float choice), an unhashable value, or none
+            pass
         for v in self.values:
             if _same_kind(value, v) and value == v:
                 return v

@@ -108,7 +108,9 @@ class SearchSpace(abc.ABC):
             SearchSpaceError: unknown key, value outside its allowed values (the message names the key,
                 the value and the allowed values), or keys that contradict each other.
         """
-        cfg = check_config(self.name, self.params, config, self.default_config())
+        # the defaults are made (a deep copy, for most spaces) only when a key is left out
+        complete = isinstance(config, Mapping) and all(k in config for k in self.params)
+        cfg = check_config(self.name, self.params, config, {} if complete else self.default_config())
         self._check(cfg)
         return cfg
 
@@ -197,16 +199,17 @@ def module_signature(model: nn.Module) -> str:
     longer matches was changed after building (a layer replaced, pruned or fused), so its config no longer
     describes it.
     """
-    h = hashlib.sha256()
+    parts = []  # hashed as one text: the digest of the pieces' concatenation
     for name, m in model.named_modules():
-        h.update(f"|{name}:{type(m).__module__}.{type(m).__qualname__}".encode())
+        cls = type(m)
+        parts.append(f"|{name}:{cls.__module__}.{cls.__qualname__}")
         for pname, p in m._parameters.items():
             if p is not None:
-                h.update(f"p{pname}{tuple(p.shape)}".encode())
+                parts.append(f"p{pname}{tuple(p.shape)}")
         for bname, b in m._buffers.items():
             if b is not None:
-                h.update(f"b{bname}{tuple(b.shape)}".encode())
-    return h.hexdigest()[:32]
+                parts.append(f"b{bname}{tuple(b.shape)}")
+    return hashlib.sha256("".join(parts).encode()).hexdigest()[:32]
 
 
 _S = TypeVar("_S")

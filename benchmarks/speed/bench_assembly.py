@@ -3,7 +3,8 @@
 Usage::
 
     python benchmarks/speed/bench_assembly.py [--quick] [--candidates 100] [--spaces mbconv,resnet] [--batch 8]
-        [--dtype float32] [--workers 2] [--predict-many 10000] [--predict-space mbconv] [--json OUT.json]
+        [--dtype float32] [--workers 2] [--predict-many 10000] [--predict-space mbconv] [--cached-only]
+        [--cached-repeats 50] [--cli-repeats 5] [--json OUT.json]
 
 Per registered space that assembles from blocks (``search_spaces.BlockSearchSpace``), on ``--candidates``
 distinct random configs (the space's sampler, seed 0.., batch ``--batch``, dtype ``--dtype``), in one
@@ -27,9 +28,19 @@ Then ``--predict-many`` candidates of ``--predict-space`` (resolution 256, float
 setting of the A100 checkpoint for ``mbconv``) through ``dippm_nas.predict_many`` on ``--device``, end to end, as
 ``functools.partial(search_spaces.build_model, space, config)`` items (nothing is built or exported): first with
 a cold cache (its blocks are captured in the call), then a second set of new candidates whose blocks are all
-cached; and, for the second set, the two steps apart: ``assemble_many`` and the predictor's ``predict_graphs``
-(graphs/s of the prior + coarsening + features + GNN on graphs it never saw), and the network alone
-(``predict_log_full``: the ensemble's chunked forward) on the features of the last 4,000 of those graphs.
+cached; each with its wall time, its CPU time (this process and the capture workers) and the process's peak RSS
+so far. Then, on a third set, the warm path's parts in CPU time: the block reads from the conversion cache (the
+process's decoded blocks dropped first), ``assemble_many`` with the blocks decoded, and the predictor's
+``predict_graphs`` (the prior + coarsening + features + GNN + MIG advice on graphs it never saw); the share of
+node objects the assembled graphs share; and the network alone (``predict_log_full``: the ensemble's chunked
+forward) on the features of the last 4,000 of those graphs. The end-to-end line reads::
+
+    10,000 candidates warm: <s> s (<s> s CPU); cold: <s> s (<s> s CPU); peak RSS <MiB> MiB
+
+Last (``--cached-repeats`` > 0, or alone with ``--cached-only``), each in a fresh cache directory: a single cached
+``predict`` (``dippm_nas.predict`` of the ``mbconv`` preset ``efficientnet_b0_relu`` built as a module, its blocks
+cached; wall and CPU medians) and a cached CLI ``predict`` (``python -m dippm_nas predict`` of a module SPEC whose
+graph is cached, in a new process each run: wall and CPU medians), each line with the command it timed.
 
 The load average is printed with each space (the machine may be shared). The last line reads::
 
@@ -46,6 +57,7 @@ import functools
 import gc
 import json
 import os
+import resource
 import statistics
 import sys
 import tempfile
@@ -162,10 +174,20 @@ def bench_spaces(names: list[str], args: argparse.Namespace, store: Any) -> list
     return rows
 
 
+def _cpu() -> float:
+    """CPU seconds of this process and of its children that ended (the block-capture workers)."""
+    ch = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + ch.ru_utime + ch.ru_stime
+
+
+def _peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
 def bench_predict_many(args: argparse.Namespace, store: Any) -> dict[str, Any]:
     import search_spaces as ss
     import dippm_nas
-    from dippm_nas.capture import assemble_many
+    from dippm_nas.capture import assemble_many, clear_block_memo
 
     space = ss.get_space(args.predict_space)
     n = args.predict_many
@@ -181,23 +203,37 @@ def bench_predict_many(args: argparse.Namespace, store: Any) -> dict[str, Any]:
         items = [(functools.partial(ss.build_model, args.predict_space, c), spec_of(c)) for c in cfgs]
         load = _load()
         gc.collect()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), _cpu()
         preds = dippm_nas.predict_many(items, args.device, workers=args.workers, cache=store)
-        seconds = time.perf_counter() - t0
+        seconds, cpu = time.perf_counter() - t0, _cpu() - c0
         bad = [p for p in preds if not isinstance(p, dippm_nas.Prediction)]
-        out[label] = {"seconds": seconds, "failed": len(bad), "load_before": load, "load_after": _load(),
-                      "latency_source": preds[0].latency_source if not bad else None}
+        out[label] = {"seconds": seconds, "cpu_s": cpu, "failed": len(bad), "load_before": load, "load_after": _load(),
+                      "peak_rss_mib": _peak_rss_mib(), "latency_source": preds[0].latency_source if not bad else None}
         del preds, items
-        print(f"predict_many {n} {args.predict_space} candidates ({label} blocks): {seconds:.1f} s end to end, "
-              f"{len(bad)} failed | {load} -> {_load()}", flush=True)
+        print(f"predict_many {n} {args.predict_space} candidates ({label} blocks): {seconds:.1f} s end to end "
+              f"({cpu:.1f} s CPU, capture workers included), {len(bad)} failed, peak RSS {_peak_rss_mib():.0f} MiB "
+              f"| {load} -> {_load()}", flush=True)
+    # the warm path's parts, on new candidates: block reads from the conversion cache (the process's decoded
+    # blocks dropped first), assembly, the predictor
     cfgs = configs(30_000_000, n)
+    sitems = [(args.predict_space, c, spec_of(c)) for c in cfgs]
+    clear_block_memo()
     gc.collect()
-    t0 = time.perf_counter()
-    results = assemble_many([(args.predict_space, c, spec_of(c)) for c in cfgs], workers=args.workers, cache=store)
-    t1 = time.perf_counter()
+    c0 = _cpu()
+    first = assemble_many(sitems, workers=args.workers, cache=store)  # blocks read from SQL, then assembled
+    c1 = _cpu()
+    del first
+    gc.collect()
+    c2 = _cpu()
+    results = assemble_many(sitems, workers=args.workers, cache=store)  # the blocks decoded: assembly alone
+    c3 = _cpu()
     graphs = [r.graph for r in results if r.ok]
+    del results
+    total_nodes = sum(g.num_nodes for g in graphs)
+    distinct_nodes = len({id(nd) for g in graphs for nd in g.nodes})  # placed blocks shared between graphs
     predictor.predict_graphs(graphs, mig=True)
-    t2 = time.perf_counter()
+    c4 = _cpu()
+    assemble_s, cache_s, predict_s = c3 - c2, max(0.0, (c1 - c0) - (c3 - c2)), c4 - c3
     # the network alone on the features the predictor just computed (the last graphs: its feature cache holds them)
     net_graphs = graphs[-min(len(graphs), 4000):]
     feats = [predictor.features(g) for g in net_graphs] if hasattr(predictor, "predict_log_full") else []
@@ -205,17 +241,80 @@ def bench_predict_many(args: argparse.Namespace, store: Any) -> dict[str, Any]:
     if feats:
         predictor.predict_log_full(feats)
     t4 = time.perf_counter()
-    out["split"] = {"assemble_s": t1 - t0, "assemble_ms_per_candidate": 1e3 * (t1 - t0) / n,
-                    "predict_s": t2 - t1, "predict_graphs_per_s": len(graphs) / (t2 - t1),
+    out["split"] = {"assemble_cpu_s": assemble_s, "assemble_ms_per_candidate": 1e3 * assemble_s / n,
+                    "cache_cpu_s": cache_s, "predict_cpu_s": predict_s,
+                    "predict_graphs_per_cpu_s": len(graphs) / predict_s,
                     "network_graphs": len(feats), "network_graphs_per_s": len(feats) / (t4 - t3) if feats else None,
-                    "nodes_median": statistics.median(g.num_nodes for g in graphs)}
-    print(f"  apart, {n} new candidates: assemble_many {t1 - t0:.1f} s ({1e3 * (t1 - t0) / n:.2f} ms each), "
-          f"predict_graphs {t2 - t1:.1f} s ({len(graphs) / (t2 - t1):.0f} graphs/s, "
-          f"{out['split']['nodes_median']:.0f} nodes median, {type(predictor).__name__}) | {_load()}", flush=True)
+                    "nodes_median": statistics.median(g.num_nodes for g in graphs), "nodes": total_nodes,
+                    "distinct_node_objects": distinct_nodes}
+    print(f"  apart, {n} new candidates, CPU time: assembly {assemble_s:.2f} s ({1e3 * assemble_s / n:.3f} ms each), "
+          f"block reads from the conversion cache {cache_s:.2f} s, predictor (predict_graphs) {predict_s:.1f} s "
+          f"({len(graphs) / predict_s:.0f} graphs/s, {out['split']['nodes_median']:.0f} nodes median, "
+          f"{type(predictor).__name__}) | {_load()}", flush=True)
+    print(f"  node objects: {distinct_nodes:,} distinct of the {total_nodes:,} nodes of those graphs "
+          f"({100 * (1 - distinct_nodes / max(total_nodes, 1)):.0f} % shared between graphs)", flush=True)
     if feats:
         print(f"  the network alone (ensemble forward, chunked, on {len(feats)} of those graphs' features): "
               f"{len(feats) / (t4 - t3):.0f} graphs/s", flush=True)
+    print(f"{n:,} candidates warm: {out['warm']['seconds']:.1f} s ({out['warm']['cpu_s']:.1f} s CPU); cold: "
+          f"{out['cold']['seconds']:.1f} s ({out['cold']['cpu_s']:.1f} s CPU); peak RSS "
+          f"{out['warm']['peak_rss_mib']:.0f} MiB", flush=True)
     return out
+
+
+_CLI_MODEL = """import search_spaces
+
+
+def mbconv_b0():
+    return search_spaces.build_model("mbconv", search_spaces.get_space("mbconv").preset("efficientnet_b0_relu"))
+"""
+
+
+def bench_cached_predict(args: argparse.Namespace) -> dict[str, Any]:
+    """A single cached ``predict`` and a cached CLI ``predict``, each in a fresh cache directory filled by a first
+    call; medians of ``--cached-repeats`` calls, wall (the commands are printed with the figures)."""
+    import subprocess
+
+    import search_spaces as ss
+    import dippm_nas
+    from dippm_nas import InputSpec
+
+    root = Path(tempfile.mkdtemp(prefix="dippm-bench-cached-"))
+    os.environ["DIPPM_NAS_CACHE_DIR"] = str(root / "api")  # the process's default cache, before its first use
+    spec = InputSpec(shape=(3, 224, 224), batch_size=32, dtype="float16")
+    model = ss.build_model("mbconv", ss.get_space("mbconv").preset("efficientnet_b0_relu"))
+    dippm_nas.predict(model, spec, args.device)  # fills the cache (its blocks) and loads the predictor
+    wall, cpu = [], []
+    for _ in range(args.cached_repeats):
+        t0, c0 = time.perf_counter(), time.process_time()
+        dippm_nas.predict(model, spec, args.device)
+        wall.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+    api_ms, api_cpu_ms = 1e3 * statistics.median(wall), 1e3 * statistics.median(cpu)
+    print(f"cached predict: {api_ms:.2f} ms wall, {api_cpu_ms:.2f} ms CPU (medians of {args.cached_repeats}; "
+          f"dippm_nas.predict(search_spaces."
+          f"build_model('mbconv', preset 'efficientnet_b0_relu'), InputSpec((3, 224, 224), batch_size=32, "
+          f"dtype='float16'), {args.device!r}) on a cache that holds its blocks) | {_load()}", flush=True)
+    (root / "cli_model.py").write_text(_CLI_MODEL)
+    cmd = [sys.executable, "-m", "dippm_nas", "predict", "cli_model:mbconv_b0", "--shape", "3,224,224", "--batch",
+           "32", "--dtype", "float16", "--device", args.device, "--json"]
+    env = {**os.environ, "DIPPM_NAS_CACHE_DIR": str(root / "cli"),
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")])}
+    runs, cpu = [], []
+    for i in range(1 + args.cli_repeats):  # the first run captures the model and fills the cache
+        c0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        t0 = time.perf_counter()
+        subprocess.run(cmd, cwd=root, env=env, capture_output=True, check=True)
+        c1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        if i:
+            runs.append(time.perf_counter() - t0)
+            cpu.append(c1.ru_utime + c1.ru_stime - c0.ru_utime - c0.ru_stime)
+    cli_s, cli_cpu_s = statistics.median(runs), statistics.median(cpu)
+    print(f"cached CLI predict: {cli_s:.2f} s wall, {cli_cpu_s:.2f} s CPU (medians of {len(runs)}; cd {root} && "
+          f"DIPPM_NAS_CACHE_DIR="
+          f"{root / 'cli'} python {' '.join(cmd[1:])}; the model's graph in the cache) | {_load()}", flush=True)
+    return {"predict_ms": api_ms, "predict_cpu_ms": api_cpu_ms, "cli_s": cli_s, "cli_cpu_s": cli_cpu_s,
+            "cli_command": cmd[1:]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -231,6 +330,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--predict-space", default="mbconv")
     ap.add_argument("--device", default="a100-sxm4-40gb")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--cached-only", action="store_true", help="only the cached predict and cached CLI predict figures")
+    ap.add_argument("--cached-repeats", type=int, default=50, help="calls of the cached predict figure (0 skips it)")
+    ap.add_argument("--cli-repeats", type=int, default=5, help="runs of the cached CLI predict figure")
     ap.add_argument("--json", default=None, help="also write the figures to this JSON file")
     args = ap.parse_args(argv)
     args.candidates = args.candidates or (20 if args.quick else 100)
@@ -245,6 +347,13 @@ def main(argv: list[str] | None = None) -> int:
 
     warnings.simplefilter("ignore")
     torch.set_num_threads(1)
+    if args.cached_only:
+        print(f"machine: {machine()}; {_load()}")
+        cached = bench_cached_predict(args)
+        if args.json:
+            Path(args.json).write_text(json.dumps({"machine": machine(), "args": vars(args), "cached": cached},
+                                                  indent=1))
+        return 0
     tmp = Path(tempfile.mkdtemp(prefix="dippm-bench-assembly-"))
     store = ConversionCache(f"sqlite:///{tmp / 'cache.sqlite'}")  # a cold conversion cache
     names = args.spaces.split(",") if args.spaces else [n for n in ss.list_spaces() if supports_assembly(n)]
@@ -254,6 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()
     rows = bench_spaces(names, args, store)
     pm = bench_predict_many(args, store) if args.predict_many else None
+    cached = bench_cached_predict(args) if args.cached_repeats else None
     worst = max(rows, key=lambda r: r["assembled_ms_median"])
     ratio = min(r["ratio"] for r in rows)
     k, n = sum(r["identical"] for r in rows), sum(r["candidates"] for r in rows)
@@ -262,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
           f"ratio {min(rows, key=lambda r: r['ratio'])['space']}; {_load()}")
     if args.json:
         Path(args.json).write_text(json.dumps({"machine": machine(), "args": vars(args), "spaces": rows,
-                                               "predict_many": pm, "total_s": total}, indent=1))
+                                               "predict_many": pm, "cached": cached, "total_s": total}, indent=1))
     store.close()
     print(f"assembly: {worst['assembled_ms_median']:.2f} ms per new candidate (worst space), {ratio:.0f}x under "
           f"whole capture, {k}/{n} hash-identical")

@@ -2,13 +2,16 @@
 
 What a user hands in is parsed once into a :class:`ModelSource`; SPEC strings resolve with :func:`load_model`.
 
-Search-space candidates are assembled from cached blocks instead (:func:`assemble`, :func:`assemble_many`).
+Search-space candidates are assembled from cached blocks instead (:func:`assemble`, :func:`assemble_many`,
+:func:`assemble_chunks`).
 """
 
 from dippm_nas.capture._assemble import (
     BLOCK_MEMO_NODES,
+    PLACED_MEMO_NODES,
     SpaceItem,
     assemble,
+    assemble_chunks,
     assemble_many,
     block_key,
     clear_block_memo,
@@ -30,7 +33,7 @@ from dippm_nas.capture._torch import MODES
 
 __all__ = ["capture", "capture_many", "CaptureResult", "model_key", "file_key", "named_model_key", "converter_version",
            "MODES",
-           "assemble", "assemble_many", "block_key", "supports_assembly", "space_config_of", "clear_block_memo",
-           "SpaceItem", "BLOCK_MEMO_NODES", "CacheArg",
+           "assemble", "assemble_many", "assemble_chunks", "block_key", "supports_assembly", "space_config_of",
+           "clear_block_memo", "SpaceItem", "BLOCK_MEMO_NODES", "PLACED_MEMO_NODES", "CacheArg",
            "ModelSource", "SourceKind", "SOURCE_KINDS", "load_model", "load_callable", "SPEC_FORMS", "check_onnx_file",
            "read_onnx_file", "MAX_ONNX_BYTES"]

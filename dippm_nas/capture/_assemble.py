@@ -53,8 +53,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from dippm_nas.cache import ConversionCache
 
-__all__ = ["assemble", "assemble_many", "block_key", "supports_assembly", "space_config_of", "clear_block_memo",
-           "SpaceItem", "BLOCK_MEMO_NODES"]
+__all__ = ["assemble", "assemble_many", "assemble_chunks", "block_key", "supports_assembly", "space_config_of",
+           "clear_block_memo", "SpaceItem", "BLOCK_MEMO_NODES", "PLACED_MEMO_NODES"]
 
 logger = logging.getLogger(__name__)
 _warn_once = WarnOnce(logger)
@@ -166,6 +166,19 @@ _SPEC_KEYS: dict[tuple[Any, ...], tuple[InputSpec, str]] = {}
 _SPEC_KEYS_MAX = 1 << 16
 
 
+_SCALARS = (bool, int, float, str, type(None))
+
+
+def _params_memo_key(params: Mapping[str, Any]) -> Any:
+    """What stands for a block's params in the :data:`_SPEC_KEYS` memo: ``(name, type, value)`` of each when all
+    are scalars (the type keeps ``True``, ``1`` and ``1.0`` apart, as the key's JSON does), else the params'
+    canonical JSON."""
+    items = tuple(params.items())
+    if all(type(v) in _SCALARS for _, v in items):
+        return tuple(sorted((k, type(v).__name__, v) for k, v in items))
+    return json.dumps(params, sort_keys=True, separators=(",", ":"))
+
+
 def _spec_and_key(space: Any, block: Any, spec: InputSpec, memo_key: tuple[Any, ...]) -> tuple[InputSpec, str]:
     hit = _SPEC_KEYS.get(memo_key)
     if hit is None:
@@ -193,7 +206,8 @@ def block_key(space: Any, block: Any, spec: InputSpec) -> str:
 class _Prepared:
     """A block graph made ready for stitching (shared, read-only)."""
 
-    __slots__ = ("nodes", "edges", "consumers", "outputs", "n", "param_count", "param_bytes", "mode", "frag")
+    __slots__ = ("nodes", "edges", "consumers", "outputs", "n", "param_count", "param_bytes", "mode", "frag",
+                 "placed")
 
     def __init__(self, g: OperatorGraph, input_names: Sequence[str], num_outputs: int) -> None:
         if len(g.outputs) != num_outputs:
@@ -208,6 +222,9 @@ class _Prepared:
         self.param_count = g.param_count
         self.param_bytes = g.param_bytes
         self.mode = g.mode
+        #: offset -> (nodes, edges) of this block placed at that node offset, shared by every candidate that has
+        #: it there (nodes are frozen; see :func:`_placed`)
+        self.placed: dict[int, tuple[list[OpNode], list[tuple[int, int]]]] = {}
         # The nodes' part of OperatorGraph.structural_hash's payload (it holds no node index).
         self.frag = ",".join(
             json.dumps([n.op, [list(s) for s in n.output_shapes], n.output_dtype, [list(s) for s in n.input_shapes],
@@ -241,6 +258,7 @@ class _Memo:
             while self._nodes > self.max_nodes and len(self._d) > 1:
                 _, q = self._d.popitem(last=False)
                 self._nodes -= q.n
+                _release_placed(q)
 
     def clear(self) -> None:
         with self._lock:
@@ -253,7 +271,56 @@ _MEMO = _Memo(BLOCK_MEMO_NODES)
 
 def clear_block_memo() -> None:
     """Forget the block graphs this process holds decoded (the conversion cache keeps them)."""
+    global _placed_nodes
     _MEMO.clear()
+    with _placed_lock:
+        _placed_nodes = 0  # blocks a running call still holds keep their placements, uncounted until it ends
+
+
+#: Bound on the nodes of placed block copies (:func:`_placed`) this process keeps, over all blocks; past it a
+#: placement is made for its candidate alone. Its memory is that of 400,000 decoded nodes, the bound of
+#: :data:`BLOCK_MEMO_NODES`.
+PLACED_MEMO_NODES = 400_000
+_placed_nodes = 0
+_placed_lock = threading.Lock()
+
+
+def _placed(p: _Prepared, off: int) -> tuple[list[OpNode], list[tuple[int, int]]]:
+    """The nodes (``index`` from ``off``) and internal edges of block ``p`` placed at node offset ``off``.
+
+    Candidates of a space share most (block, offset) pairs (a stage's first layers sit at the same offsets in
+    many candidates), so a placement is kept with its block and shared: an :class:`OpNode` is frozen, and a
+    graph that shares nodes with another is the graph it would be with copies. Sharing also keeps the memory
+    of many assembled graphs to their edges and node lists."""
+    global _placed_nodes
+    hit = p.placed.get(off)
+    if hit is not None:
+        return hit
+    new = object.__new__
+    set_dict = object.__setattr__
+    nodes = []
+    i = off
+    for d in p.nodes:
+        node = new(OpNode)
+        nd = d.copy()
+        nd["index"] = i
+        set_dict(node, "__dict__", nd)
+        nodes.append(node)
+        i += 1
+    edges = [(s + off, t + off) for s, t in p.edges] if off else p.edges
+    placed = (nodes, edges)
+    with _placed_lock:
+        if off not in p.placed and _placed_nodes + p.n <= PLACED_MEMO_NODES:
+            _placed_nodes += p.n
+            p.placed[off] = placed
+    return placed
+
+
+def _release_placed(p: _Prepared) -> None:
+    """Uncount the placements of a block the memo dropped (they go with it)."""
+    global _placed_nodes
+    with _placed_lock:
+        _placed_nodes = max(0, _placed_nodes - p.n * len(p.placed))
 
 
 # ---------------------------------------------------------------------- stitching
@@ -266,7 +333,9 @@ def _payload_hash(edges: list[tuple[int, int]], inputs: dict[str, list[int]], ou
                   preps: Sequence[_Prepared]) -> str:
     """:meth:`OperatorGraph.structural_hash` from the blocks' node fragments (no per-node JSON work)."""
     frags = ",".join(p.frag for p in preps if p.frag)
-    text = ('{"edges":[' + ",".join(f"[{s},{t}]" for s, t in edges) + '],"inputs":'
+    # str() of a list of int pairs, "[(0, 1), (0, 2)]", made the JSON "[[0,1],[0,2]]" in C
+    edges_json = str(edges).replace("(", "[").replace(")", "]").replace(" ", "")
+    text = ('{"edges":' + edges_json + ',"inputs":'
             + json.dumps(inputs, sort_keys=True, separators=(",", ":")) + ',"nodes":[' + frags + '],"outputs":'
             + json.dumps(outputs, separators=(",", ":")) + ',"v":' + json.dumps(GRAPH_FORMAT_VERSION) + "}")
     return hashlib.sha256(text.encode()).hexdigest()
@@ -281,20 +350,10 @@ def _stitch(space_name: str, plan: Any, preps: Sequence[_Prepared], spec: InputS
     consumers: dict[str, list[int]] = {name: [] for name in names}
     out_nodes: list[list[int]] = []
     off = 0
-    new = object.__new__
     for block, p in zip(plan.blocks, preps):
-        i = off
-        for d in p.nodes:
-            node = new(OpNode)
-            nd = node.__dict__
-            nd.update(d)
-            nd["index"] = i
-            nodes.append(node)
-            i += 1
-        if off:
-            edges.extend([(s + off, t + off) for s, t in p.edges])
-        else:
-            edges.extend(p.edges)
+        block_nodes, block_edges = _placed(p, off)
+        nodes.extend(block_nodes)
+        edges.extend(block_edges)
         for inp, cons in zip(block.inputs, p.consumers):
             src = inp.source
             if isinstance(src, str):
@@ -328,6 +387,9 @@ def _stitch(space_name: str, plan: Any, preps: Sequence[_Prepared], spec: InputS
                                    "OperatorGraph.structural_hash; hashing each graph in full instead")
         if _hash_fast:
             g._hash = fast
+    # valid by construction: every block graph was validated, offsets keep indices in order and edges forward,
+    # and the edges are deduplicated (OperatorGraph.validate would pass; it is not run again)
+    g._mark_valid()
     g.convert_seconds = time.perf_counter() - t0
     g.timings = {"assemble_s": g.convert_seconds}
     return g
@@ -420,21 +482,57 @@ def assemble_many(items: Iterable[SpaceItem], *, workers: int = 1, cache: CacheA
     t0 = time.perf_counter()
     out = _assemble_items(items, workers, cache, progress, fallback)
     seconds = time.perf_counter() - t0
-    results = []
-    for i, o in enumerate(out):
-        if isinstance(o, OperatorGraph):
-            results.append(CaptureResult(i, o, cache_hit=o.cache_hit, seconds=o.convert_seconds))
-        else:
-            results.append(CaptureResult(i, None, f"{type(o).__name__}: {o}", type(o).__name__,
-                                         seconds=seconds / max(len(items), 1)))
-    return results
+    return [_as_result(i, o, seconds / max(len(items), 1)) for i, o in enumerate(out)]
+
+
+def assemble_chunks(items: Iterable[SpaceItem], *, chunk_size: int = 1024, workers: int = 1, cache: CacheArg = True,
+                    progress: bool = False, fallback: bool = True) -> Iterator[list[CaptureResult]]:
+    """:func:`assemble_many`'s results, ``chunk_size`` candidates at a time, for a caller that consumes each chunk
+    (predicts it, say) before asking for the next, and so holds at most ``chunk_size`` graphs at once.
+
+    Every item is planned and every missing block captured (one capture pass, ``workers`` processes) before the
+    first chunk comes back; each chunk's candidates are stitched when it is asked for. Each result's ``index``
+    is its item's position in ``items``; chunks follow the items' order, except that candidates captured whole
+    (see ``fallback``) come last, in a chunk of their own.
+
+    Args:
+        items, workers, cache, progress, fallback: as for :func:`assemble_many`.
+        chunk_size: candidates per chunk, ``>= 1``. Default 1024.
+
+    Yields:
+        Lists of :class:`~dippm_nas.capture.CaptureResult`; every item's result comes exactly once.
+    """
+    items = list(items)
+    workers = as_int(workers, "workers", low=1, hint=" (conversion processes)")
+    chunk_size = as_int(chunk_size, "chunk_size", low=1, hint=" (candidates per chunk)")
+    for chunk in _assembled_chunks(items, workers, cache, progress, fallback, chunk_size):
+        yield [_as_result(i, g) for i, g in chunk]
+
+
+def _as_result(i: int, g: OperatorGraph | DippmNasError, error_seconds: float = 0.0) -> CaptureResult:
+    """The :class:`CaptureResult` of item ``i``: its graph (with the graph's own seconds), or its error."""
+    if isinstance(g, OperatorGraph):
+        return CaptureResult(i, g, cache_hit=g.cache_hit, seconds=g.convert_seconds)
+    return CaptureResult(i, None, f"{type(g).__name__}: {g}", type(g).__name__, seconds=error_seconds)
 
 
 def _assemble_items(items: list[Any], workers: int, cache: CacheArg, progress: bool,
                     fallback: bool) -> list[OperatorGraph | DippmNasError]:
     """The work of :func:`assemble_many`: each item's graph, or the error that stopped it."""
     out: list[OperatorGraph | DippmNasError | None] = [None] * len(items)
+    for chunk in _assembled_chunks(items, workers, cache, progress, fallback, max(len(items), 1)):
+        for i, g in chunk:
+            out[i] = g
+    return out  # type: ignore[return-value]
+
+
+def _assembled_chunks(items: list[Any], workers: int, cache: CacheArg, progress: bool, fallback: bool,
+                      chunk_size: int) -> Iterator[list[tuple[int, OperatorGraph | DippmNasError]]]:
+    """``(index, graph or error)`` of every item, ``chunk_size`` items at a time: every item planned and every
+    missing block captured before the first chunk (one capture pass), each chunk's candidates stitched when it
+    is asked for; the candidates captured whole come last, in one chunk."""
     run = _Run(cache)
+    errors: dict[int, DippmNasError] = {}
     plans: dict[int, tuple[Any, Any, Any, list[str], InputSpec]] = {}
     whole: list[tuple[int, Any, dict[str, Any], InputSpec]] = []
     with _no_cyclic_gc():
@@ -442,50 +540,32 @@ def _assemble_items(items: list[Any], workers: int, cache: CacheArg, progress: b
             try:
                 plan_entry = run.plan(item, fallback)
             except DippmNasError as e:
-                out[i] = e
+                errors[i] = e
                 continue
             if plan_entry[0] == "whole":
                 whole.append((i, plan_entry[1], plan_entry[2], plan_entry[3]))
             else:
                 plans[i] = plan_entry[1:]
     run.fetch(workers, progress)
-    with _no_cyclic_gc():
-        for i, (space, cfg, plan, keys, spec) in plans.items():
-            failed = [(j, run.failed[k]) for j, k in enumerate(keys) if k in run.failed]
-            if failed:
-                j, err = failed[0]
-                more = f" (and {len(failed) - 1} more of its blocks)" if len(failed) > 1 else ""
-                e = GraphCaptureError(f"{space.name} candidate: block {j} ({_describe(plan.blocks[j])}) could not "
-                                      f"be captured{more}: {type(err).__name__}: {err}")
-                e.__cause__ = err
-                out[i] = e
-                continue
-            preps = [run.prepared[k] for k in keys]
-            modes = {p.mode for p in preps}
-            if modes <= _FAST_MODES:
-                mode = "export+opaque" if "export+opaque" in modes else "export"
-            elif modes == {"export+decompose"}:
-                mode = "export+decompose"
-            elif fallback:
-                logger.info("%s candidate: its blocks converted in modes %s; capturing it whole", space.name,
-                            sorted(modes))
-                whole.append((i, space, cfg, spec))
-                continue
-            else:
-                out[i] = GraphCaptureError(
-                    f"{space.name} candidate: its blocks converted in modes {sorted(modes)}, which a whole capture "
-                    "would not mix; pass fallback=True to capture it whole")
-                continue
-            g = _stitch(space.name, plan, preps, spec, mode)
-            g.model_key = _candidate_key(space, cfg, spec)
-            g.cache_hit = all(k in run.from_cache for k in keys)
-            out[i] = g
+    for start in range(0, len(items), chunk_size):
+        chunk: list[tuple[int, OperatorGraph | DippmNasError]] = []
+        with _no_cyclic_gc():
+            for i in range(start, min(start + chunk_size, len(items))):
+                if i in errors:
+                    chunk.append((i, errors.pop(i)))
+                elif i in plans:
+                    space, cfg, plan, keys, spec = plans.pop(i)  # dropped once stitched
+                    g = run.candidate(space, cfg, plan, keys, spec, fallback)
+                    if g is None:
+                        whole.append((i, space, cfg, spec))
+                    else:
+                        chunk.append((i, g))
+        if chunk:
+            yield chunk
     if whole:
         graphs = _capture_items([(functools.partial(_build_whole, s, c), spec) for _, s, c, spec in whole],
                                 workers, run.cache_arg, progress)
-        for (i, *_), g in zip(whole, graphs):
-            out[i] = g
-    return out  # type: ignore[return-value]
+        yield [(i, g) for (i, *_), g in zip(whole, graphs)]
 
 
 def assemble(space: Any, config: Mapping[str, Any], spec: InputSpec, *, cache: CacheArg = True,
@@ -550,16 +630,15 @@ class _Run:
                 raise InputSpecError(f"{space.name} config takes inputs {_shapes_of(expected)}, the spec gives "
                                      f"{_shapes_of(spec)}; assembly needs the space's own input")
             return ("whole", space, cfg, spec)
-        plan = space.blocks(cfg)
+        plan = space.blocks(cfg, validated=True)
         keys = []
         digest = _space_digest(space)
         model_inputs = tuple((t.name, t.dtype, t.high) for t in spec.tensors)
         for block in plan.blocks:
-            params = json.dumps(block.params, sort_keys=True, separators=(",", ":"))
             bspec, key = _spec_and_key(space, block, spec, (
-                digest, block.kind, params, block.num_outputs, spec.batch_size, spec.dtype, model_inputs,
-                tuple((i.name, tuple(i.shape), i.dtype, i.source if isinstance(i.source, str) else None)
-                      for i in block.inputs)))
+                digest, block.kind, _params_memo_key(block.params), block.num_outputs, spec.batch_size, spec.dtype,
+                model_inputs, tuple((i.name, tuple(i.shape), i.dtype, i.source if isinstance(i.source, str) else None)
+                                    for i in block.inputs)))
             keys.append(key)
             if key not in self.prepared and key not in self.needed:
                 p = _MEMO.get(key) if self.use_memo else None
@@ -599,6 +678,37 @@ class _Run:
         if self.use_memo:
             _MEMO.put(key, p)
         return True
+
+    def candidate(self, space: Any, cfg: dict[str, Any], plan: Any, keys: list[str], spec: InputSpec,
+                  fallback: bool) -> OperatorGraph | DippmNasError | None:
+        """The stitched graph of a planned candidate whose blocks were fetched, the error that stops it, or
+        ``None`` when it is to be captured whole (its blocks converted in mixed modes, with ``fallback``)."""
+        failed = [(j, self.failed[k]) for j, k in enumerate(keys) if k in self.failed]
+        if failed:
+            j, err = failed[0]
+            more = f" (and {len(failed) - 1} more of its blocks)" if len(failed) > 1 else ""
+            e = GraphCaptureError(f"{space.name} candidate: block {j} ({_describe(plan.blocks[j])}) could not "
+                                  f"be captured{more}: {type(err).__name__}: {err}")
+            e.__cause__ = err
+            return e
+        preps = [self.prepared[k] for k in keys]
+        modes = {p.mode for p in preps}
+        if modes <= _FAST_MODES:
+            mode = "export+opaque" if "export+opaque" in modes else "export"
+        elif modes == {"export+decompose"}:
+            mode = "export+decompose"
+        elif fallback:
+            logger.info("%s candidate: its blocks converted in modes %s; capturing it whole", space.name,
+                        sorted(modes))
+            return None
+        else:
+            return GraphCaptureError(
+                f"{space.name} candidate: its blocks converted in modes {sorted(modes)}, which a whole capture "
+                "would not mix; pass fallback=True to capture it whole")
+        g = _stitch(space.name, plan, preps, spec, mode)
+        g.model_key = _candidate_key(space, cfg, spec)
+        g.cache_hit = all(k in self.from_cache for k in keys)
+        return g
 
     def fetch(self, workers: int, progress: bool) -> None:
         """Every needed block: from the conversion cache, else captured (and stored)."""

@@ -249,9 +249,15 @@ class OperatorGraph:
     def validate(self) -> "OperatorGraph":
         """Check the invariants every consumer relies on; return ``self``.
 
+        A graph that passed is not checked again while its node, edge, output and input lists are the same
+        objects of the same lengths (as :meth:`structural_hash` is kept: a graph is not edited in place once
+        built).
+
         Raises:
             GraphValidationError: naming the first broken rule and the offending node or edge.
         """
+        if self._passed():
+            return self
         n = self.num_nodes
         if n == 0:
             raise GraphValidationError("an OperatorGraph must have at least one node, got 0")
@@ -264,7 +270,22 @@ class OperatorGraph:
         bad_out = [o for o in self.outputs if not 0 <= o < n]
         if bad_out or not self.outputs:
             raise GraphValidationError(f"outputs must be a non-empty list of node indices < {n}, got {self.outputs}")
+        self._mark_valid()
         return self
+
+    def _mark_valid(self) -> None:
+        """Record that the graph, as its lists are now, keeps the rules of :meth:`validate` (called by
+        :meth:`validate`, and by a builder whose graphs keep them by construction: the block assembler)."""
+        parts = (self.nodes, self.edges, self.outputs, self.input_consumers)
+        self.__dict__["_valid_as"] = (parts, tuple(map(len, parts)))
+
+    def _passed(self) -> bool:
+        """Whether :meth:`_mark_valid` saw these very lists, of these lengths."""
+        seen = self.__dict__.get("_valid_as")
+        if seen is None:
+            return False
+        parts = (self.nodes, self.edges, self.outputs, self.input_consumers)
+        return all(a is b for a, b in zip(seen[0], parts)) and seen[1] == tuple(map(len, parts))
 
     def _valid_at_a_glance(self) -> bool:
         """The node and edge rules of :meth:`validate` checked in bulk: ``True`` when none is broken (a

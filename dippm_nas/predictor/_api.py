@@ -13,7 +13,7 @@ from typing import Any
 
 from dippm_nas._numbers import as_bool, as_int
 from dippm_nas.budgets import check_k_sigma
-from dippm_nas.capture import CacheArg, ModelSource, assemble, assemble_many, capture, capture_many
+from dippm_nas.capture import CacheArg, ModelSource, assemble, assemble_chunks, capture, capture_many
 from dippm_nas.deployment import Deployment
 from dippm_nas.errors import CheckpointError, DippmNasError, InputSpecError, InvalidTypeError
 from dippm_nas.graph import OperatorGraph
@@ -24,12 +24,18 @@ from dippm_nas.predictor._checkpoint import checkpoint_candidates
 from dippm_nas.predictor._gnn import GnnPredictor
 from dippm_nas.spec import InputSpec
 
-__all__ = ["predict", "predict_many", "get_predictor", "set_predictor", "DEFAULT_DEVICE"]
+__all__ = ["predict", "predict_many", "get_predictor", "set_predictor", "DEFAULT_DEVICE", "PREDICT_CHUNK"]
 
 logger = logging.getLogger(__name__)
 
 #: The device :func:`predict` answers for when none is named.
 DEFAULT_DEVICE = "a100-sxm4-40gb"
+#: Search-space candidates :func:`predict_many` assembles and predicts at a time (it holds at most this many of
+#: their graphs, and the predictor's stacks of them, at once). Measured on 4,096 new ``mbconv`` candidates with
+#: blocks cached (the ``predict_many`` setting of ``benchmarks/speed/bench_assembly.py``, one process per chunk size,
+#: load average 2-3 on 2 cores): chunks of 256 / 512 / 1,024 / 2,048 took 11.9 / 11.8 / 12.5 / 13.3 s of CPU at
+#: a peak RSS of 567 / 624 / 766 / 1,046 MiB.
+PREDICT_CHUNK = 512
 
 _PREDICTORS: dict[str, BasePredictor] = {}
 _LOCK = threading.Lock()
@@ -195,7 +201,8 @@ def predict_many(items: Iterable[Any], device: str = DEFAULT_DEVICE, *, workers:
     A model that comes from a registered search space (built by ``search_spaces.build_model``, or the lazy
     ``functools.partial(search_spaces.build_model, name, config)``; see
     :func:`dippm_nas.capture.space_config_of`) is not exported: its graph is assembled from cached blocks
-    (:func:`dippm_nas.capture.assemble_many`), the same graph in milliseconds.
+    (:func:`dippm_nas.capture.assemble_chunks`), the same graph in milliseconds; such candidates are assembled
+    and predicted :data:`PREDICT_CHUNK` at a time, so a call over many of them holds that many graphs at most.
 
     Args:
         items: :class:`OperatorGraph` objects, :class:`~dippm_nas.capture.ModelSource` objects or ``(model, spec)``
@@ -231,11 +238,21 @@ def predict_many(items: Iterable[Any], device: str = DEFAULT_DEVICE, *, workers:
             spaced.append((i, (source.search_space, source.search_space_config, source.spec)))
         else:
             whole.append((i, (source.model, source.spec)))
-    for part, convert in ((spaced, assemble_many), (whole, capture_many)):
-        if not part:
-            continue
-        results = convert([it for _, it in part], workers=workers, cache=cache, progress=progress)
-        for (i, _), r in zip(part, results):
+    # search-space candidates: assembled and predicted a chunk at a time, so at most PREDICT_CHUNK graphs are held
+    for results in (assemble_chunks([it for _, it in spaced], chunk_size=PREDICT_CHUNK, workers=workers, cache=cache,
+                                    progress=progress) if spaced else ()):
+        done = [(spaced[r.index][0], r) for r in results]
+        for i, r in done:
+            if r.graph is None:
+                out[i] = DippmNasError(r.error or "capture failed")
+        done = [(i, r) for i, r in done if r.graph is not None]
+        preds = _predict_graphs(predictor, [r.graph for _, r in done], mig=mig, k_sigma=k_sigma,
+                                deployment=dep) if done else []
+        for (i, _), p in zip(done, preds):
+            out[i] = p
+    if whole:
+        for (i, _), r in zip(whole, capture_many([it for _, it in whole], workers=workers, cache=cache,
+                                                 progress=progress)):
             if r.graph is not None:
                 graphs[i] = r.graph
             else:

@@ -26,6 +26,7 @@ from dippm_nas.cache import ConversionCache
 from dippm_nas.capture import (
     _assemble,
     assemble,
+    assemble_chunks,
     assemble_many,
     block_key,
     capture,
@@ -33,7 +34,7 @@ from dippm_nas.capture import (
     space_config_of,
     supports_assembly,
 )
-from dippm_nas.errors import GraphCaptureError, InputSpecError, SearchSpaceError
+from dippm_nas.errors import GraphCaptureError, InputSpecError, InvalidValueError, SearchSpaceError
 from dippm_nas.optuna import HardwareCostModel
 from search_spaces import Block, BlockInput, BlockPlan, BlockSearchSpace
 
@@ -397,3 +398,60 @@ def test_blocks_in_mixed_conversion_modes_are_not_stitched(cache: ConversionCach
     for p in preps[1:]:
         p.mode = "export"
     assert assemble(space, cfg, spec, cache=cache, fallback=False).mode == "export+opaque"
+
+
+def test_assemble_chunks_gives_assemble_many_results_a_chunk_at_a_time(cache: ConversionCache,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    space = ss.get_space("mlp")
+    cfgs = [space.validate({**TINY["mlp"], "hidden": h}) for h in ([16, 8], [8], [16, 8], [12, 4], [8])]
+    items: list[Any] = [("mlp", c, space.input_spec(c, batch_size=2)) for c in cfgs]
+    items.insert(2, ("mlp", {**cfgs[0], "norm": "groupnorm"}, items[0][2]))  # outside the space: fails alone
+    whole = [r.graph for r in assemble_many(items, cache=cache)]
+    captured = []
+    real = _assemble._capture_items
+    monkeypatch.setattr(_assemble, "_capture_items", lambda its, *a: captured.append(len(its)) or real(its, *a))
+    clear_block_memo()
+    chunks = list(assemble_chunks(items, chunk_size=2, cache=False))
+    assert len(captured) == 1  # every missing block captured in one pass, before the first chunk
+    assert [[r.index for r in c] for c in chunks] == [[0, 1], [2, 3], [4, 5]]
+    results = [r for c in chunks for r in c]
+    assert "SearchSpaceError" in (results[2].error or "") and results[2].graph is None
+    for r, g in zip(results, whole):
+        if r.index != 2:
+            _assert_same_graph(r.graph, g)
+    with pytest.raises(InvalidValueError, match="chunk_size"):
+        next(assemble_chunks(items, chunk_size=0))
+
+
+def test_candidates_share_placed_block_nodes_within_the_bound(cache: ConversionCache,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    space = ss.get_space("mlp")
+    a, b = (space.validate({**TINY["mlp"], "hidden": h}) for h in ([16, 8], [16, 4]))
+    ga, gb = (assemble("mlp", c, space.input_spec(c, batch_size=2), cache=cache) for c in (a, b))
+    # the first layer sits at offset 0 in both: its nodes are the same (frozen) objects, later ones differ
+    assert ga.nodes[0] is gb.nodes[0] and ga.nodes[-1] is not gb.nodes[-1]
+    whole = capture(ss.build_model("mlp", b), space.input_spec(b, batch_size=2), cache=False)
+    _assert_same_graph(gb, whole)
+    clear_block_memo()
+    monkeypatch.setattr(_assemble, "PLACED_MEMO_NODES", 0)  # nothing kept: each candidate gets its own nodes
+    gc_, gd = (assemble("mlp", a, space.input_spec(a, batch_size=2), cache=cache) for _ in range(2))
+    assert gc_.nodes[0] is not gd.nodes[0] and gc_.structural_hash() == gd.structural_hash() == ga.structural_hash()
+    assert _assemble._placed_nodes == 0
+
+
+def test_a_graph_that_passed_validation_is_checked_again_once_its_lists_change(cache: ConversionCache) -> None:
+    from dippm_nas.errors import GraphValidationError
+
+    space = ss.get_space("mlp")
+    cfg = space.validate(TINY["mlp"])
+    g = assemble("mlp", cfg, space.input_spec(cfg, batch_size=2), cache=cache)
+    assert g._passed()  # assembled graphs keep the rules by construction: the prior does not check them again
+    OperatorGraph.from_dict(g.to_dict()).validate()  # and they do keep them
+    g.edges = [*g.edges, (1, 0)]  # a new list: checked again, and the backward edge named
+    with pytest.raises(GraphValidationError, match=r"edge \(1, 0\) goes backwards"):
+        g.validate()
+    g.edges = sorted(g.edges[:-1])
+    g.validate()
+    g.edges.append((g.num_nodes - 1, 0))  # the same list, longer: checked again
+    with pytest.raises(GraphValidationError, match="goes backwards"):
+        g.validate()
