@@ -31,7 +31,6 @@ import gc
 import hashlib
 import json
 import logging
-import sys
 import threading
 import time
 from collections import OrderedDict
@@ -53,7 +52,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from dippm_nas.cache import ConversionCache
 
-__all__ = ["assemble", "assemble_many", "assemble_chunks", "block_key", "supports_assembly", "space_config_of",
+__all__ = ["assemble", "assemble_many", "assemble_chunks", "block_key", "supports_assembly",
            "clear_block_memo", "SpaceItem", "BLOCK_MEMO_NODES", "PLACED_MEMO_NODES"]
 
 logger = logging.getLogger(__name__)
@@ -95,35 +94,6 @@ def supports_assembly(space: Any) -> bool:
         SearchSpaceError: an unknown space name (the registered ones are listed).
     """
     return isinstance(_resolve_space(space), _search_spaces().BlockSearchSpace)
-
-
-def space_config_of(model: Any) -> tuple[str, dict[str, Any]] | None:
-    """``(space name, config)`` of a model that comes from a registered search space, else ``None``.
-
-    Recognised: an ``nn.Module`` made by :meth:`search_spaces.SearchSpace.build` whose module classes and
-    parameter shapes are still those it was built with (its ``search_space_signature``), and the lazy form
-    ``functools.partial(search_spaces.build_model, name, config)``. A module edited in place in some other
-    way (an attribute such as a stride changed) is not detected: delete its ``search_space`` attribute to
-    have it captured whole.
-    """
-    ss = sys.modules.get("search_spaces")
-    if ss is None:  # no model comes from a search space that was never imported (and torch stays unloaded)
-        return None
-    if isinstance(model, functools.partial):
-        if model.func is ss.build_model and len(model.args) == 2 and not model.keywords \
-                and isinstance(model.args[0], str) and isinstance(model.args[1], Mapping):
-            return model.args[0], dict(model.args[1])
-        return None
-    name = getattr(model, "search_space", None)
-    config = getattr(model, "search_space_config", None)
-    signature = getattr(model, "search_space_signature", None)
-    if not isinstance(name, str) or not isinstance(config, Mapping) or not isinstance(signature, str):
-        return None
-    if ss.module_signature(model) != signature:
-        _warn_once("changed:" + name, "a %s model was changed after search_spaces built it (its modules or parameter "
-                   "shapes differ): capturing it whole instead of assembling its config's blocks", name)
-        return None
-    return name, dict(config)
 
 
 def _shapes_of(spec: InputSpec) -> list[tuple[str, tuple[int, ...], str]]:
