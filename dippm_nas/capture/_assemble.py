@@ -25,9 +25,7 @@ in ``"export+decompose"``. A mix of the fast mode and the decomposing one is not
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import gc
 import hashlib
 import json
 import logging
@@ -37,6 +35,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from dippm_nas._gc import gc_paused
 from dippm_nas._logging import WarnOnce
 from dippm_nas._numbers import as_int
 from dippm_nas.capture._capture import CacheArg, _resolve_cache, _warn_cache_down, capture
@@ -365,19 +364,6 @@ def _stitch(space_name: str, plan: Any, preps: Sequence[_Prepared], spec: InputS
     return g
 
 
-@contextlib.contextmanager
-def _no_cyclic_gc() -> Iterator[None]:
-    """Planning and stitching make many small acyclic objects (nodes, dicts, tuples); the cyclic collector
-    would rescan every live one of them over and over (it halves a bulk assembly's time), so it is paused."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
 def _candidate_key(space: Any, cfg: Mapping[str, Any], spec: InputSpec) -> str:
     text = "|".join(("candidate", _space_digest(space), json.dumps(cfg, sort_keys=True, separators=(",", ":")),
                      json.dumps(spec.to_dict(), sort_keys=True)))
@@ -505,7 +491,7 @@ def _assembled_chunks(items: list[Any], workers: int, cache: CacheArg, progress:
     errors: dict[int, DippmNasError] = {}
     plans: dict[int, tuple[Any, Any, Any, list[str], InputSpec]] = {}
     whole: list[tuple[int, Any, dict[str, Any], InputSpec]] = []
-    with _no_cyclic_gc():
+    with gc_paused():  # many small acyclic objects: the collector would rescan them all
         for i, item in enumerate(items):
             try:
                 plan_entry = run.plan(item, fallback)
@@ -519,7 +505,7 @@ def _assembled_chunks(items: list[Any], workers: int, cache: CacheArg, progress:
     run.fetch(workers, progress)
     for start in range(0, len(items), chunk_size):
         chunk: list[tuple[int, OperatorGraph | DippmNasError]] = []
-        with _no_cyclic_gc():
+        with gc_paused():  # many small acyclic objects: the collector would rescan them all
             for i in range(start, min(start + chunk_size, len(items))):
                 if i in errors:
                     chunk.append((i, errors.pop(i)))

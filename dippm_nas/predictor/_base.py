@@ -10,6 +10,7 @@ from typing import Any
 
 import math
 
+from dippm_nas._gc import gc_paused
 from dippm_nas._logging import WarnOnce
 from dippm_nas.deployment import DEPLOYMENT_RUNTIMES, Deployment
 from dippm_nas.devices import Device, HostProfile, resolve_device
@@ -186,16 +187,17 @@ class AnalyticPredictor(BasePredictor):
         _, st = deployment_of(dev, deployment, runtime, host)
         if len(graphs) < self.batch_min_graphs:
             return self._predict_each(graphs, dev, st, mig, k_sigma)
-        stack = CostStack(graphs, dev)
-        ests = estimates_of(stack, resolved_settings(dev, deployment=st))
-        gpu = dev.kind == "gpu"
-        spreads = (deployment_spread_many(stack, dev, st) if gpu and all(e.energy_j is not None for e in ests)
-                   else [None] * len(ests))
-        preds = [self._analytic(e, dev, sp) for e, sp in zip(ests, spreads)]
-        if mig and dev.has_mig:
-            advice = advise_many(preds, dev, list(graphs), k_sigma=k_sigma, deployment=st, stack=stack)
-            preds = [dataclasses.replace(p, mig=a) for p, a in zip(preds, advice)]
-        return [self._finish(g, p, st, e) for g, p, e in zip(graphs, preds, ests)]
+        with gc_paused():
+            stack = CostStack(graphs, dev)
+            ests = estimates_of(stack, resolved_settings(dev, deployment=st))
+            gpu = dev.kind == "gpu"
+            spreads = (deployment_spread_many(stack, dev, st) if gpu and all(e.energy_j is not None for e in ests)
+                       else [None] * len(ests))
+            preds = [self._analytic(e, dev, sp) for e, sp in zip(ests, spreads)]
+            if mig and dev.has_mig:
+                advice = advise_many(preds, dev, list(graphs), k_sigma=k_sigma, deployment=st, stack=stack)
+                preds = [dataclasses.replace(p, mig=a) for p, a in zip(preds, advice)]
+            return [self._finish(g, p, st, e) for g, p, e in zip(graphs, preds, ests)]
 
     def _predict_each(self, graphs: Sequence[OperatorGraph], dev: Device, st: DeploymentSettings, mig: bool,
                       k_sigma: float) -> list[Prediction]:

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from dippm_nas._gc import gc_paused
 from dippm_nas._logging import WarnOnce
 from dippm_nas._platform import cpu_model_name
 from dippm_nas.errors import CheckpointError, DippmNasError, InvalidValueError
@@ -520,31 +521,38 @@ class GnnPredictor(BasePredictor):
         out: list[Prediction | None] = [self._pred_cache.get(k) for k in keys]
         todo = [i for i, p in enumerate(out) if p is None]
         if todo:
-            batch = [graphs[i] for i in todo]
-            stack = CostStack(batch, self.resolved_device) if len(todo) >= self.batch_min_graphs else None
-            feats = (self._features_many(batch, [gkeys[i] for i in todo], stack) if stack is not None
-                     else [self.features(g) for g in batch])
-            mean, std, ood, nov, other_machine = self.predict_log_full(feats)
-            unseen = self.dtype_unseen(global_arrays(feats))
-            prior_only = self.prior_only(feats)
-            flags = [dict(ood=bool(ood[j]), novelty=float(nov[j]), dtype_unseen=bool(unseen[j]),
-                          prior_only=bool(prior_only[j]), other_machine=bool(other_machine[j]))
-                     for j in range(len(todo))]
-            if stack is not None:
-                preds = self._predictions_stacked(batch, feats, mean, std, flags, stack, st, mig, k_sigma)
-            else:
-                preds = [self._prediction(g, feats[j], mean[j], std[j], mig=mig, k_sigma=k_sigma, settings=st,
-                                          **flags[j]) for j, g in enumerate(batch)]
-            for j, i in enumerate(todo):
-                out[i] = preds[j]
-            if adaptation is not None:
-                self._adapted([graphs[i] for i in todo], feats, todo, out, adaptation, mig, k_sigma, st)
-            with self._lock:
-                for i in todo:
-                    self._pred_cache[keys[i]] = out[i]  # type: ignore[assignment]
-                while len(self._pred_cache) > self._cache_size:
-                    self._pred_cache.popitem(last=False)
+            with gc_paused() if len(todo) >= self.batch_min_graphs else contextlib.nullcontext():
+                self._predict_todo(graphs, todo, gkeys, keys, out, dep, st, adaptation, mig, k_sigma)
         return out  # type: ignore[return-value]
+
+    def _predict_todo(self, graphs: Sequence[OperatorGraph], todo: list[int], gkeys: list[Any], keys: list[Any],
+                      out: list[Prediction | None], dep: Any, st: DeploymentSettings, adaptation: Any, mig: bool,
+                      k_sigma: float) -> None:
+        """The uncached part of :meth:`predict_graphs`: ``out[i]`` for every ``i`` of ``todo``, cached."""
+        batch = [graphs[i] for i in todo]
+        stack = CostStack(batch, self.resolved_device) if len(todo) >= self.batch_min_graphs else None
+        feats = (self._features_many(batch, [gkeys[i] for i in todo], stack) if stack is not None
+                 else [self.features(g) for g in batch])
+        mean, std, ood, nov, other_machine = self.predict_log_full(feats)
+        unseen = self.dtype_unseen(global_arrays(feats))
+        prior_only = self.prior_only(feats)
+        flags = [dict(ood=bool(ood[j]), novelty=float(nov[j]), dtype_unseen=bool(unseen[j]),
+                      prior_only=bool(prior_only[j]), other_machine=bool(other_machine[j]))
+                 for j in range(len(todo))]
+        if stack is not None:
+            preds = self._predictions_stacked(batch, feats, mean, std, flags, stack, st, mig, k_sigma)
+        else:
+            preds = [self._prediction(g, feats[j], mean[j], std[j], mig=mig, k_sigma=k_sigma, settings=st,
+                                      **flags[j]) for j, g in enumerate(batch)]
+        for j, i in enumerate(todo):
+            out[i] = preds[j]
+        if adaptation is not None:
+            self._adapted([graphs[i] for i in todo], feats, todo, out, adaptation, mig, k_sigma, st)
+        with self._lock:
+            for i in todo:
+                self._pred_cache[keys[i]] = out[i]  # type: ignore[assignment]
+            while len(self._pred_cache) > self._cache_size:
+                self._pred_cache.popitem(last=False)
 
     def _predictions_stacked(self, graphs: Sequence[OperatorGraph], feats: Sequence[GraphFeatures], mean: np.ndarray,
                              std: np.ndarray, flags: Sequence[dict[str, Any]], stack: CostStack,
