@@ -46,7 +46,7 @@ from dippm_nas._json import loads_json
 from dippm_nas.errors import DippmNasError, MissingDependencyError
 
 __all__ = ["SQLITE_BUSY_TIMEOUT_S", "SqlStore", "create_tables", "make_engine", "parse_url", "redact",
-           "sqlite_connect_listener", "transaction"]
+           "sqlite_connect_listener", "storage_url_of", "transaction"]
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +59,17 @@ ConnectListener = Callable[[Any, Any], None]
 #: The stores (``what``) already warned in this process that SQLite refused WAL.
 _refused_wal: set[str] = set()
 _refused_wal_lock = threading.Lock()
+
+
+def storage_url_of(study: Any) -> str | None:
+    """The SQLAlchemy URL of an Optuna study's RDB storage (also through Optuna's cached storage), ``None`` for
+    other storages (in memory, journal)."""
+    storage = getattr(study, "_storage", None)
+    for obj in (storage, getattr(storage, "_backend", None)):
+        url = getattr(obj, "url", None)
+        if isinstance(url, str) and url:
+            return url
+    return None
 
 
 def redact(url: URL) -> str:
