@@ -1,4 +1,4 @@
-"""Helpers shared by the benchmark scripts: machine description, medians."""
+"""Helpers shared by the benchmark scripts: machine description and load, medians, sampled search-space candidates."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import platform
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 
 def machine() -> str:
@@ -36,3 +37,30 @@ def median_seconds(fn: Callable[[], object], repeats: int, warmup: int = 1) -> f
         fn()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+def load_average() -> str:
+    """The 1, 5 and 15 minute load averages, for the lines that report a timing (``"load 1.23 0.98 0.75"``)."""
+    return "load " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+#: The resolution, batch size and dtype the speed benchmarks capture search-space candidates at.
+CANDIDATE_RESOLUTION = 256
+CANDIDATE_BATCH_SIZE = 256
+CANDIDATE_DTYPE = "float16"
+
+
+def sampled_configs(space: Any, seed: int, count: int) -> list[dict[str, Any]]:
+    """``count`` configs of a ``search_spaces`` space, sampled with seeds ``seed``, ``seed + 1``... at
+    :data:`CANDIDATE_RESOLUTION`."""
+    return [space.validate({**space.sample(seed + i), "resolution": CANDIDATE_RESOLUTION}) for i in range(count)]
+
+
+def space_items(space_name: str, seed: int, count: int) -> list[tuple[str, dict[str, Any], Any]]:
+    """``(space, config, InputSpec)`` items of :func:`sampled_configs` for ``dippm_nas.capture.assemble_many``,
+    at :data:`CANDIDATE_BATCH_SIZE` and :data:`CANDIDATE_DTYPE`."""
+    import search_spaces as ss
+
+    space = ss.get_space(space_name)
+    return [(space_name, c, space.input_spec(c, batch_size=CANDIDATE_BATCH_SIZE, dtype=CANDIDATE_DTYPE))
+            for c in sampled_configs(space, seed, count)]

@@ -46,7 +46,7 @@ from dippm_nas._json import loads_json
 from dippm_nas.errors import DippmNasError, MissingDependencyError
 
 __all__ = ["SQLITE_BUSY_TIMEOUT_S", "SqlStore", "create_tables", "make_engine", "parse_url", "redact",
-           "sqlite_connect_listener", "transaction"]
+           "sqlite_connect_listener", "storage_url_of", "transaction"]
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +59,17 @@ ConnectListener = Callable[[Any, Any], None]
 #: The stores (``what``) already warned in this process that SQLite refused WAL.
 _refused_wal: set[str] = set()
 _refused_wal_lock = threading.Lock()
+
+
+def storage_url_of(study: Any) -> str | None:
+    """The SQLAlchemy URL of an Optuna study's RDB storage (also through Optuna's cached storage), ``None`` for
+    other storages (in memory, journal)."""
+    storage = getattr(study, "_storage", None)
+    for obj in (storage, getattr(storage, "_backend", None)):
+        url = getattr(obj, "url", None)
+        if isinstance(url, str) and url:
+            return url
+    return None
 
 
 def redact(url: URL) -> str:
@@ -228,25 +239,39 @@ def create_tables(engine: Engine, metadata: sa.MetaData, tables: Sequence[str], 
     """``metadata.create_all`` in a transaction, safe when another process creates the same tables at once.
 
     The loser of such a race gets "already exists" (or a unique violation in PostgreSQL's catalogue); that
-    is fine when every table of ``tables`` exists afterwards.
+    is fine when every table of ``tables`` exists afterwards. SQLite commits each ``CREATE TABLE`` on its own
+    (the driver opens no transaction around DDL), so the loser may see the winner's first table before its
+    last: it then creates the missing ones itself, up to :data:`_CREATE_ATTEMPTS` times.
 
     Raises:
-        error: ``f"cannot create the tables of the {what}: ..."`` or ``f"cannot open the {what}: ..."``.
+        error: ``f"cannot open the {what}: ..."``.
     """
-    try:
-        with engine.begin() as conn:
-            metadata.create_all(conn, checkfirst=True)
-    except exc.DBAPIError as e:
+    for attempt in range(1, _CREATE_ATTEMPTS + 1):
         try:
-            insp = sa.inspect(engine)
-            ok = all(insp.has_table(t) for t in tables)
-        except exc.SQLAlchemyError:
-            ok = False
-        if not ok:
+            with engine.begin() as conn:
+                metadata.create_all(conn, checkfirst=True)
+            return
+        except exc.DBAPIError as e:
+            try:
+                insp = sa.inspect(engine)
+                ok = all(insp.has_table(t) for t in tables)
+            except exc.SQLAlchemyError:
+                ok = False
+            if ok:
+                logger.debug("%s: tables created concurrently by another process (%s)", what, e)
+                return
+            if attempt == _CREATE_ATTEMPTS:
+                raise error(f"cannot open the {what}: {e}") from e
+            time.sleep(_CREATE_RETRY_S * attempt)
+        except exc.SQLAlchemyError as e:
             raise error(f"cannot open the {what}: {e}") from e
-        logger.debug("%s: tables created concurrently by another process (%s)", what, e)
-    except exc.SQLAlchemyError as e:
-        raise error(f"cannot open the {what}: {e}") from e
+
+
+#: How often :func:`create_tables` tries when another process creates the same tables at the same moment, and
+#: the pause before the second try, seconds (doubled before the third): a race lasts the few milliseconds
+#: another process takes to create its tables.
+_CREATE_ATTEMPTS = 3
+_CREATE_RETRY_S = 0.05
 
 
 def parse_url(url: object, *, what: str, error: type[DippmNasError], example: str, none_ok: bool = False) -> URL:

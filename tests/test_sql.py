@@ -192,3 +192,33 @@ def test_inflate_reads_a_whole_stream_up_to_the_cap_and_says_why_it_refuses() ->
         with pytest.raises(InflateRefused, match=why) as e:
             inflate(bad, 10**6)  # type: ignore[arg-type]
         assert not e.value.too_big
+
+
+def test_create_tables_finishes_what_a_concurrent_creator_left_half_done(tmp_path: Path) -> None:
+    """The loser of a creation race may see the winner's first table before its second (SQLite commits each
+    CREATE TABLE alone): it creates the missing table instead of failing."""
+    from dippm_nas._sql import create_tables
+
+    engine = sa.create_engine(f"sqlite:///{tmp_path / 'r.db'}")
+    md = sa.MetaData()
+    sa.Table("a", md, sa.Column("k", sa.Integer, primary_key=True))
+    sa.Table("b", md, sa.Column("k", sa.Integer, primary_key=True))
+    real = sa.MetaData.create_all
+    calls = []
+
+    def racing(self: sa.MetaData, bind: object, checkfirst: bool = True) -> None:
+        calls.append(checkfirst)
+        if len(calls) == 1:  # the winner has committed "a" only; this create fails on it
+            with engine.begin() as conn:
+                conn.exec_driver_sql("CREATE TABLE a (k INTEGER PRIMARY KEY)")
+                conn.exec_driver_sql("CREATE TABLE a (k INTEGER PRIMARY KEY)")
+        real(self, bind, checkfirst=checkfirst)
+
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(sa.MetaData, "create_all", racing)
+            create_tables(engine, md, ["a", "b"], error=DatasetError, what="test store")
+        assert len(calls) == 2
+        assert set(sa.inspect(engine).get_table_names()) == {"a", "b"}
+    finally:
+        engine.dispose()

@@ -68,11 +68,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 
-from benchmarks._common import machine  # noqa: E402
-
-
-def _load() -> str:
-    return "load " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+from benchmarks._common import CANDIDATE_BATCH_SIZE, CANDIDATE_DTYPE, load_average, machine, sampled_configs  # noqa: E402
 
 
 def _distinct_configs(space: Any, n: int, seed: int, max_tries: int = 50) -> list[dict[str, Any]]:
@@ -100,12 +96,12 @@ def bench_spaces(names: list[str], args: argparse.Namespace, store: Any) -> list
         cands[name] = [(c, space.input_spec(c, batch_size=args.batch, dtype=args.dtype)) for c in cfgs]
         keys[name] = {block_key(space, b, s) for c, s in cands[name] for b in space.blocks(c).blocks}
     n_blocks = len(set().union(*keys.values()))
-    print(f"capturing {n_blocks} distinct blocks of {sum(map(len, cands.values()))} candidates | {_load()}", flush=True)
+    print(f"capturing {n_blocks} distinct blocks of {sum(map(len, cands.values()))} candidates | {load_average()}", flush=True)
     t0 = time.perf_counter()
     first = assemble_many([(name, c, s) for name in names for c, s in cands[name]], workers=args.workers,
                           cache=store, fallback=False)
     blocks_s = time.perf_counter() - t0
-    print(f"  {blocks_s:.1f} s ({blocks_s / max(n_blocks, 1):.2f} s per block, {args.workers} workers) | {_load()}",
+    print(f"  {blocks_s:.1f} s ({blocks_s / max(n_blocks, 1):.2f} s per block, {args.workers} workers) | {load_average()}",
           flush=True)
     first_of = iter(first)
 
@@ -120,7 +116,7 @@ def bench_spaces(names: list[str], args: argparse.Namespace, store: Any) -> list
             g = assemble(name, c, s, cache=store, fallback=False)
             return time.perf_counter() - t, g
 
-        load = _load()
+        load = load_average()
         assembled_ms, graphs = [], []
         for c, s in ok:
             runs = [timed(c, s) for _ in range(3)]
@@ -131,14 +127,14 @@ def bench_spaces(names: list[str], args: argparse.Namespace, store: Any) -> list
         timing[name] = {"ok": ok, "failed": failed, "graphs": graphs, "assembled_ms": assembled_ms,
                         "sql_ms": sql_ms, "load": load}
 
-    print(f"capturing the {sum(len(t['ok']) for t in timing.values())} candidates whole | {_load()}", flush=True)
+    print(f"capturing the {sum(len(t['ok']) for t in timing.values())} candidates whole | {load_average()}", flush=True)
     # builders, not modules: the workers build each model (sending hundreds of modules to a pool exhausts
     # file descriptors); the capture's own time (export + convert + graph build) excludes the build
     builders = [(functools.partial(ss.build_model, name, c), s) for name in names for c, s in timing[name]["ok"]]
     t0 = time.perf_counter()
     whole = iter(capture_many(builders, workers=args.workers, cache=False, progress=False))
     whole_total_s = time.perf_counter() - t0
-    print(f"  {whole_total_s:.1f} s | {_load()}", flush=True)
+    print(f"  {whole_total_s:.1f} s | {load_average()}", flush=True)
 
     rows = []
     for name in names:
@@ -193,26 +189,26 @@ def bench_predict_many(args: argparse.Namespace, store: Any) -> dict[str, Any]:
     n = args.predict_many
 
     def configs(offset: int, count: int) -> list[dict[str, Any]]:
-        return [space.validate({**space.sample(args.seed + offset + i), "resolution": 256}) for i in range(count)]
+        return sampled_configs(space, args.seed + offset, count)
 
-    spec_of = functools.partial(space.input_spec, batch_size=256, dtype="float16")
+    spec_of = functools.partial(space.input_spec, batch_size=CANDIDATE_BATCH_SIZE, dtype=CANDIDATE_DTYPE)
     predictor = dippm_nas.get_predictor(args.device)  # loaded before timing (once per process)
     out: dict[str, Any] = {"space": args.predict_space, "candidates": n, "device": args.device}
     for label, offset in (("cold", 10_000_000), ("warm", 20_000_000)):
         cfgs = configs(offset, n)
         items = [(functools.partial(ss.build_model, args.predict_space, c), spec_of(c)) for c in cfgs]
-        load = _load()
+        load = load_average()
         gc.collect()
         t0, c0 = time.perf_counter(), _cpu()
         preds = dippm_nas.predict_many(items, args.device, workers=args.workers, cache=store)
         seconds, cpu = time.perf_counter() - t0, _cpu() - c0
         bad = [p for p in preds if not isinstance(p, dippm_nas.Prediction)]
-        out[label] = {"seconds": seconds, "cpu_s": cpu, "failed": len(bad), "load_before": load, "load_after": _load(),
+        out[label] = {"seconds": seconds, "cpu_s": cpu, "failed": len(bad), "load_before": load, "load_after": load_average(),
                       "peak_rss_mib": _peak_rss_mib(), "latency_source": preds[0].latency_source if not bad else None}
         del preds, items
         print(f"predict_many {n} {args.predict_space} candidates ({label} blocks): {seconds:.1f} s end to end "
               f"({cpu:.1f} s CPU, capture workers included), {len(bad)} failed, peak RSS {_peak_rss_mib():.0f} MiB "
-              f"| {load} -> {_load()}", flush=True)
+              f"| {load} -> {load_average()}", flush=True)
     # the warm path's parts, on new candidates: block reads from the conversion cache (the process's decoded
     # blocks dropped first), assembly, the predictor
     cfgs = configs(30_000_000, n)
@@ -250,7 +246,7 @@ def bench_predict_many(args: argparse.Namespace, store: Any) -> dict[str, Any]:
     print(f"  apart, {n} new candidates, CPU time: assembly {assemble_s:.2f} s ({1e3 * assemble_s / n:.3f} ms each), "
           f"block reads from the conversion cache {cache_s:.2f} s, predictor (predict_graphs) {predict_s:.1f} s "
           f"({len(graphs) / predict_s:.0f} graphs/s, {out['split']['nodes_median']:.0f} nodes median, "
-          f"{type(predictor).__name__}) | {_load()}", flush=True)
+          f"{type(predictor).__name__}) | {load_average()}", flush=True)
     print(f"  node objects: {distinct_nodes:,} distinct of the {total_nodes:,} nodes of those graphs "
           f"({100 * (1 - distinct_nodes / max(total_nodes, 1)):.0f} % shared between graphs)", flush=True)
     if feats:
@@ -294,7 +290,7 @@ def bench_cached_predict(args: argparse.Namespace) -> dict[str, Any]:
     print(f"cached predict: {api_ms:.2f} ms wall, {api_cpu_ms:.2f} ms CPU (medians of {args.cached_repeats}; "
           f"dippm_nas.predict(search_spaces."
           f"build_model('mbconv', preset 'efficientnet_b0_relu'), InputSpec((3, 224, 224), batch_size=32, "
-          f"dtype='float16'), {args.device!r}) on a cache that holds its blocks) | {_load()}", flush=True)
+          f"dtype='float16'), {args.device!r}) on a cache that holds its blocks) | {load_average()}", flush=True)
     (root / "cli_model.py").write_text(_CLI_MODEL)
     cmd = [sys.executable, "-m", "dippm_nas", "predict", "cli_model:mbconv_b0", "--shape", "3,224,224", "--batch",
            "32", "--dtype", "float16", "--device", args.device, "--json"]
@@ -312,7 +308,7 @@ def bench_cached_predict(args: argparse.Namespace) -> dict[str, Any]:
     cli_s, cli_cpu_s = statistics.median(runs), statistics.median(cpu)
     print(f"cached CLI predict: {cli_s:.2f} s wall, {cli_cpu_s:.2f} s CPU (medians of {len(runs)}; cd {root} && "
           f"DIPPM_NAS_CACHE_DIR="
-          f"{root / 'cli'} python {' '.join(cmd[1:])}; the model's graph in the cache) | {_load()}", flush=True)
+          f"{root / 'cli'} python {' '.join(cmd[1:])}; the model's graph in the cache) | {load_average()}", flush=True)
     return {"predict_ms": api_ms, "predict_cpu_ms": api_cpu_ms, "cli_s": cli_s, "cli_cpu_s": cli_cpu_s,
             "cli_command": cmd[1:]}
 
@@ -348,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     warnings.simplefilter("ignore")
     torch.set_num_threads(1)
     if args.cached_only:
-        print(f"machine: {machine()}; {_load()}")
+        print(f"machine: {machine()}; {load_average()}")
         cached = bench_cached_predict(args)
         if args.json:
             Path(args.json).write_text(json.dumps({"machine": machine(), "args": vars(args), "cached": cached},
@@ -357,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="dippm-bench-assembly-"))
     store = ConversionCache(f"sqlite:///{tmp / 'cache.sqlite'}")  # a cold conversion cache
     names = args.spaces.split(",") if args.spaces else [n for n in ss.list_spaces() if supports_assembly(n)]
-    print(f"machine: {machine()}; {_load()}")
+    print(f"machine: {machine()}; {load_average()}")
     print(f"{args.candidates} random configs per space, batch {args.batch}, {args.dtype}, {args.workers} capture "
           f"workers; cache {store.url}", flush=True)
     t_start = time.perf_counter()
@@ -369,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     k, n = sum(r["identical"] for r in rows), sum(r["candidates"] for r in rows)
     total = time.perf_counter() - t_start
     print(f"total {total:.0f} s; worst space {worst['space']} ({worst['assembled_ms_median']:.2f} ms); smallest "
-          f"ratio {min(rows, key=lambda r: r['ratio'])['space']}; {_load()}")
+          f"ratio {min(rows, key=lambda r: r['ratio'])['space']}; {load_average()}")
     if args.json:
         Path(args.json).write_text(json.dumps({"machine": machine(), "args": vars(args), "spaces": rows,
                                                "predict_many": pm, "cached": cached, "total_s": total}, indent=1))

@@ -23,7 +23,6 @@ load average is printed before and after. The batched passes' results equal the 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile
@@ -34,11 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 
-from benchmarks._common import machine  # noqa: E402
-
-
-def _load() -> str:
-    return "load " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+from benchmarks._common import load_average, machine, space_items  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,7 +47,6 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    import search_spaces as ss
     from dippm_nas.cache import ConversionCache
     from dippm_nas.capture import assemble_many
     from dippm_nas.devices import resolve_device
@@ -63,10 +57,8 @@ def main(argv: list[str] | None = None) -> int:
 
     warnings.simplefilter("ignore")
     torch.set_num_threads(1)
-    space = ss.get_space(args.space)
     store = ConversionCache(f"sqlite:///{Path(tempfile.mkdtemp(prefix='dippm-bench-batched-')) / 'cache.sqlite'}")
-    cfgs = [space.validate({**space.sample(args.seed + i), "resolution": 256}) for i in range(args.candidates)]
-    items = [(args.space, c, space.input_spec(c, batch_size=256, dtype="float16")) for c in cfgs]
+    items = space_items(args.space, args.seed, args.candidates)
 
     def fresh() -> list[OperatorGraph]:
         return [r.graph for r in assemble_many(items, workers=1, cache=store) if r.ok]
@@ -76,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     ests = [estimate(g, dev) for g in graphs]
     featurize_many(fresh(), dev, estimates=ests)  # warm: the blocks' head encodings, imports
     print(f"machine: {machine()}; {len(graphs)} {args.space} graphs (median "
-          f"{statistics.median(g.num_nodes for g in graphs):.0f} nodes); {_load()}", flush=True)
+          f"{statistics.median(g.num_nodes for g in graphs):.0f} nodes); {load_average()}", flush=True)
     ctx, ws = dev.runtime_baseline_mib, dev.cublas_workspace_mib
 
     def per_graph_parts(gs: list[OperatorGraph]) -> object:
@@ -105,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
             times[name].append((time.process_time() - c0) / len(gs))
     for name, ts in times.items():
         print(f"{name:28s} {statistics.median(ts) * 1e3:7.3f} ms/graph (CPU time)", flush=True)
-    print(_load())
+    print(load_average())
     return 0
 
 

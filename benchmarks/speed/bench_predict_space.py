@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import os
 import resource
 import statistics
 import sys
@@ -41,11 +40,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 
-from benchmarks._common import machine  # noqa: E402
-
-
-def _load() -> str:
-    return "load " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+from benchmarks._common import load_average, machine, space_items  # noqa: E402
 
 
 def _paths_by_size(graphs: list[Any], args: Any, sizes: list[int], set_predictor: Any, get_predictor: Any,
@@ -87,7 +82,6 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    import search_spaces as ss
     import dippm_nas
     from dippm_nas.cache import ConversionCache
     from dippm_nas.capture import assemble_many
@@ -95,14 +89,12 @@ def main(argv: list[str] | None = None) -> int:
 
     warnings.simplefilter("ignore")
     torch.set_num_threads(1)
-    space = ss.get_space(args.space)
     store = ConversionCache(f"sqlite:///{Path(tempfile.mkdtemp(prefix='dippm-bench-predict-')) / 'cache.sqlite'}")
-    cfgs = [space.validate({**space.sample(args.seed + i), "resolution": 256}) for i in range(args.candidates)]
-    items = [(args.space, c, space.input_spec(c, batch_size=256, dtype="float16")) for c in cfgs]
+    items = space_items(args.space, args.seed, args.candidates)
     graphs = [r.graph for r in assemble_many(items, workers=args.workers, cache=store) if r.ok]
     store.close()
     print(f"machine: {machine()}; {len(graphs)} {args.space} graphs (median "
-          f"{statistics.median(g.num_nodes for g in graphs):.0f} nodes); {_load()}", flush=True)
+          f"{statistics.median(g.num_nodes for g in graphs):.0f} nodes); {load_average()}", flush=True)
 
     import dippm_nas.prior
 
@@ -146,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
     out["peak_rss_mib"] = peak_mib
     print(f"peak RSS {peak_mib:.0f} MiB")
-    print(_load())
+    print(load_average())
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
     return 0

@@ -140,7 +140,19 @@ def capture_many(items: Iterable[Item], *, workers: int = 1, cache: CacheArg = T
     store = _resolve_cache(cache)
     results: list[CaptureResult | None] = [None] * len(items)
     bar = tqdm(total=len(items), desc="capturing", unit="model", disable=not progress, leave=False)
+    pairs = _unpack_all(items, results, bar)
+    pending = [i for i, p in enumerate(pairs) if p is not None]
+    if workers == 1 or len(pending) <= 1:
+        _capture_here(pending, pairs, results, bar, store, decompose)
+    else:
+        _capture_in_pool(pending, pairs, results, bar, store, decompose, workers, start_method)
+    bar.close()
+    return [r for r in results if r is not None]
 
+
+def _unpack_all(items: list[Item], results: list[CaptureResult | None], bar: Any
+                ) -> list[tuple[Any, InputSpec] | None]:
+    """Each item as a ``(model, spec)`` pair; an item that is not one becomes a failed result (``None`` pair)."""
     pairs: list[tuple[Any, InputSpec] | None] = [None] * len(items)
     for i, item in enumerate(items):
         try:
@@ -148,22 +160,28 @@ def capture_many(items: Iterable[Item], *, workers: int = 1, cache: CacheArg = T
         except InputSpecError as e:
             results[i] = _failed(i, e)
             bar.update(1)
-    pending = [i for i, p in enumerate(pairs) if p is not None]
+    return pairs
 
-    if workers == 1 or len(pending) <= 1:
-        for i in pending:
-            model, spec = pairs[i]  # type: ignore[misc]
-            t0 = time.perf_counter()
-            try:
-                g = capture(_materialise(model), spec, cache=store if store is not None else False,
-                            decompose=decompose)
-                results[i] = CaptureResult(i, g, cache_hit=g.cache_hit, seconds=time.perf_counter() - t0)
-            except Exception as e:  # noqa: BLE001 - per-item errors are results
-                results[i] = _failed(i, e, time.perf_counter() - t0)
-            bar.update(1)
-        bar.close()
-        return [r for r in results if r is not None]
 
+def _capture_here(pending: list[int], pairs: list[tuple[Any, InputSpec] | None],
+                  results: list[CaptureResult | None], bar: Any, store: Any, decompose: bool | str) -> None:
+    """Capture the pending items one after the other in this process."""
+    for i in pending:
+        model, spec = pairs[i]  # type: ignore[misc]
+        t0 = time.perf_counter()
+        try:
+            g = capture(_materialise(model), spec, cache=store if store is not None else False,
+                        decompose=decompose)
+            results[i] = CaptureResult(i, g, cache_hit=g.cache_hit, seconds=time.perf_counter() - t0)
+        except Exception as e:  # noqa: BLE001 - per-item errors are results
+            results[i] = _failed(i, e, time.perf_counter() - t0)
+        bar.update(1)
+
+
+def _capture_in_pool(pending: list[int], pairs: list[tuple[Any, InputSpec] | None],
+                     results: list[CaptureResult | None], bar: Any, store: Any, decompose: bool | str,
+                     workers: int, start_method: str) -> None:
+    """Capture the pending items in a process pool; items in flight when a worker crashed are retried alone."""
     # Workers share the store through its URL (engines do not cross processes).
     env_url = store.url_with_credentials() if store is not None else None
     ctx = mp.get_context(start_method)
@@ -190,19 +208,22 @@ def capture_many(items: Iterable[Item], *, workers: int = 1, cache: CacheArg = T
     # A crashed worker breaks the pool for every item in flight: retry each alone so only the
     # culprit fails.
     for i in crashed:
-        with ProcessPoolExecutor(max_workers=1, mp_context=ctx, initializer=_init_worker,
-                                 initargs=(env_url, store is not None)) as solo:
-            try:
-                results[i] = _result(solo.submit(_one, i, pairs[i][0], pairs[i][1], decompose,  # type: ignore[index]
-                                                 store is not None).result())
-            except BrokenProcessPool:
-                results[i] = CaptureResult(i, None, "WorkerCrashed: the conversion process died on this model",
-                                           "WorkerCrashed")
-            except Exception as e:  # noqa: BLE001 - per-item errors are results
-                results[i] = _failed(i, e)
+        results[i] = _capture_alone(i, pairs[i], ctx, env_url, store is not None, decompose)  # type: ignore[arg-type]
         bar.update(1)
-    bar.close()
-    return [r for r in results if r is not None]
+
+
+def _capture_alone(i: int, pair: tuple[Any, InputSpec], ctx: Any, env_url: str | None, cached: bool,
+                   decompose: bool | str) -> CaptureResult:
+    """Item ``i`` in a fresh one-process pool (``WorkerCrashed`` when that process dies too)."""
+    with ProcessPoolExecutor(max_workers=1, mp_context=ctx, initializer=_init_worker,
+                             initargs=(env_url, cached)) as solo:
+        try:
+            return _result(solo.submit(_one, i, pair[0], pair[1], decompose, cached).result())
+        except BrokenProcessPool:
+            return CaptureResult(i, None, "WorkerCrashed: the conversion process died on this model",
+                                 "WorkerCrashed")
+        except Exception as e:  # noqa: BLE001 - per-item errors are results
+            return _failed(i, e)
 
 
 def _as_completed(futures: dict[Future, int]) -> Iterable[Future]:

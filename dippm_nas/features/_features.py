@@ -186,49 +186,87 @@ def _lg_many(values: list[float]) -> list[float]:
 def _ours(graph: OperatorGraph, est: "PriorEstimate", fuse: bool, unknown: dict[str, int], dev: Device
           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     kg = coarsen(graph, fuse=fuse)
-    nodes = graph.nodes
-    t_ms = np.asarray(est.node_time_ms, dtype=np.float64)
-    h_ms = np.asarray(est.node_host_ms, dtype=np.float64)
-    util = np.asarray(est.node_utilisation, dtype=np.float64)
     ntok, ncls = len(TOKENS), len(OP_CLASSES)
     nk = kg.num_kernels
     rows = np.zeros((nk, node_dim("ours")), dtype=np.float32)
-    # members of every kernel in kernel order, each kernel's head first (the order the sums run in)
-    lens = np.fromiter((len(m) for m in kg.groups), dtype=np.int64, count=nk)
-    flat = np.fromiter((i for m in kg.groups for i in m), dtype=np.int64, count=int(lens.sum()))
-    gid = np.repeat(np.arange(nk), lens)
-    # per-kernel sums over members: integers exactly (int64), times in member order (np.add.at is sequential)
-    ints = np.zeros((nk, 5), dtype=np.int64)
-    np.add.at(ints, gid, np.array([(nodes[m].flops, nodes[m].macs, nodes[m].bytes_read, nodes[m].bytes_written,
-                                    nodes[m].param_bytes) for m in flat.tolist()], dtype=np.int64).reshape(-1, 5))
-    tt = np.zeros(nk)
-    ht = np.zeros(nk)
-    ut = np.zeros(nk)
-    np.add.at(tt, gid, t_ms[flat])
-    np.add.at(ht, gid, h_ms[flat])
-    np.maximum.at(ut, gid, util[flat])
-    cls_index = {c: j for j, c in enumerate(OP_CLASSES)}
-    cls_of = np.fromiter((cls_index.get(nodes[m].op_class, -1) for m in flat.tolist()), dtype=np.int64,
-                         count=len(flat))
-    counts = np.zeros((nk, ncls + 1))
-    np.add.at(counts, (gid, cls_of), 1.0)  # column -1: classes outside OP_CLASSES (not a feature)
-    head_pos = np.cumsum(lens) - lens
-    member_unknown = np.fromiter((not nodes[m].known for m in flat.tolist()), dtype=bool, count=len(flat))
-    member_unknown[head_pos] = False  # the head's own status is its encoder's (below)
-    any_unknown = np.zeros(nk, dtype=bool)
-    np.logical_or.at(any_unknown, gid, member_unknown)
-    # the head's token, attributes, shapes and dtype
-    o_tok = 0
-    o_attr = ntok
+    ks = _kernel_sums(graph, est, kg.groups)
+    o_attr = ntok  # the head's token one-hot comes first (offset 0)
     o_shape = o_attr + ATTR_WIDTH
     o_cost = o_shape + _SHAPE_W
     o_prior = o_cost + _COST_W
     o_misc = o_prior + _PRIOR_W
     o_cls = o_misc + 2
     o_dt = o_cls + ncls
+    hr = _head_rows(graph, kg.groups, ks.any_unknown, unknown, rows)
+    rows[:, o_attr:o_cost] = hr[:, :ATTR_WIDTH + _SHAPE_W]
+    rows[:, o_dt:o_dt + len(_DTYPES)] = hr[:, ATTR_WIDTH + _SHAPE_W:]
+    fl, mc, br, bw, pb = (ks.ints[:, j].tolist() for j in range(5))
+    ratio = [f / (r + w + 1.0) for f, r, w in zip(fl, br, bw)]
+    cost = [_lg_many([float(v) for v in col]) for col in (fl, mc, br, bw, pb)] + [_lg_many(ratio)]
+    rows[:, o_cost:o_prior] = np.asarray(cost, dtype=np.float64).T
+    rows[:, o_prior] = _lg_many((ks.time_ms * 1e3).tolist())
+    rows[:, o_prior + 1] = _lg_many((ks.host_ms * 1e3).tolist())
+    rows[:, o_prior + 2] = ks.util
+    rows[:, o_misc] = ks.any_unknown
+    rows[:, o_misc + 1] = _lg_many(ks.lens.astype(np.float64).tolist())
+    rows[:, o_cls:o_cls + ncls] = np.asarray(_lg_many(ks.counts[:, :ncls].ravel().tolist()),
+                                             dtype=np.float64).reshape(nk, ncls)
+    rows[:, o_dt + len(_DTYPES)] = 1.0
+    return rows, kg.edge_index(), _ours_graph_row(graph, est, dev, nk)
+
+
+@dataclass
+class _KernelSums:
+    """Per-kernel sums over each kernel's member nodes (one row per kernel)."""
+
+    lens: np.ndarray         # members per kernel
+    ints: np.ndarray         # flops, macs, bytes read, bytes written, param bytes (int64, exact)
+    time_ms: np.ndarray      # prior node times, summed in member order
+    host_ms: np.ndarray      # prior host times, summed in member order
+    util: np.ndarray         # the members' largest utilisation
+    counts: np.ndarray       # members per op class (last column: classes outside OP_CLASSES)
+    any_unknown: np.ndarray  # a member other than the head is an unknown op
+
+
+def _kernel_sums(graph: OperatorGraph, est: "PriorEstimate", groups: list[list[int]]) -> _KernelSums:
+    """The sums over every kernel's members, each kernel's head first (the order the sums run in)."""
+    nodes = graph.nodes
+    nk = len(groups)
+    lens = np.fromiter((len(m) for m in groups), dtype=np.int64, count=nk)
+    flat = np.fromiter((i for m in groups for i in m), dtype=np.int64, count=int(lens.sum()))
+    gid = np.repeat(np.arange(nk), lens)
+    # integers exactly (int64), times in member order (np.add.at is sequential)
+    ints = np.zeros((nk, 5), dtype=np.int64)
+    np.add.at(ints, gid, np.array([(nodes[m].flops, nodes[m].macs, nodes[m].bytes_read, nodes[m].bytes_written,
+                                    nodes[m].param_bytes) for m in flat.tolist()], dtype=np.int64).reshape(-1, 5))
+    tt = np.zeros(nk)
+    ht = np.zeros(nk)
+    ut = np.zeros(nk)
+    np.add.at(tt, gid, np.asarray(est.node_time_ms, dtype=np.float64)[flat])
+    np.add.at(ht, gid, np.asarray(est.node_host_ms, dtype=np.float64)[flat])
+    np.maximum.at(ut, gid, np.asarray(est.node_utilisation, dtype=np.float64)[flat])
+    cls_index = {c: j for j, c in enumerate(OP_CLASSES)}
+    cls_of = np.fromiter((cls_index.get(nodes[m].op_class, -1) for m in flat.tolist()), dtype=np.int64,
+                         count=len(flat))
+    counts = np.zeros((nk, len(OP_CLASSES) + 1))
+    np.add.at(counts, (gid, cls_of), 1.0)  # column -1: classes outside OP_CLASSES (not a feature)
+    head_pos = np.cumsum(lens) - lens
+    member_unknown = np.fromiter((not nodes[m].known for m in flat.tolist()), dtype=bool, count=len(flat))
+    member_unknown[head_pos] = False  # the head's own status is its encoder's (_head_rows)
+    any_unknown = np.zeros(nk, dtype=bool)
+    np.logical_or.at(any_unknown, gid, member_unknown)
+    return _KernelSums(lens, ints, tt, ht, ut, counts, any_unknown)
+
+
+def _head_rows(graph: OperatorGraph, groups: list[list[int]], any_unknown: np.ndarray,
+               unknown: dict[str, int], rows: np.ndarray) -> np.ndarray:
+    """Each kernel head's token one-hot (written into ``rows``), and its attributes, shapes and dtype
+    one-hot (returned, one row per kernel); counts the unknown ops into ``unknown`` and marks
+    ``any_unknown`` where the head is one."""
+    nodes = graph.nodes
     tok_index = {t: j for j, t in enumerate(TOKENS)}
     head_rows = []
-    for k, members in enumerate(kg.groups):
+    for k, members in enumerate(groups):
         head = nodes[members[0]]
         token, attrs, known = encode_op(head)
         if not known:
@@ -238,23 +276,13 @@ def _ours(graph: OperatorGraph, est: "PriorEstimate", fuse: bool, unknown: dict[
             for m in members[1:]:
                 if not nodes[m].known:
                     unknown[nodes[m].op] = unknown.get(nodes[m].op, 0) + 1
-        rows[k, o_tok + tok_index[token]] = 1.0
+        rows[k, tok_index[token]] = 1.0
         head_rows.append(list(attrs) + _shape_feats(head) + [float(head.output_dtype == d) for d in _DTYPES])
-    hr = np.asarray(head_rows, dtype=np.float64).reshape(nk, ATTR_WIDTH + _SHAPE_W + len(_DTYPES))
-    rows[:, o_attr:o_cost] = hr[:, :ATTR_WIDTH + _SHAPE_W]
-    rows[:, o_dt:o_dt + len(_DTYPES)] = hr[:, ATTR_WIDTH + _SHAPE_W:]
-    fl, mc, br, bw, pb = (ints[:, j].tolist() for j in range(5))
-    ratio = [f / (r + w + 1.0) for f, r, w in zip(fl, br, bw)]
-    cost = [_lg_many([float(v) for v in col]) for col in (fl, mc, br, bw, pb)] + [_lg_many(ratio)]
-    rows[:, o_cost:o_prior] = np.asarray(cost, dtype=np.float64).T
-    rows[:, o_prior] = _lg_many((tt * 1e3).tolist())
-    rows[:, o_prior + 1] = _lg_many((ht * 1e3).tolist())
-    rows[:, o_prior + 2] = ut
-    rows[:, o_misc] = any_unknown
-    rows[:, o_misc + 1] = _lg_many(lens.astype(np.float64).tolist())
-    rows[:, o_cls:o_cls + ncls] = np.asarray(_lg_many(counts[:, :ncls].ravel().tolist()),
-                                             dtype=np.float64).reshape(nk, ncls)
-    rows[:, o_dt + len(_DTYPES)] = 1.0
+    return np.asarray(head_rows, dtype=np.float64).reshape(len(groups), ATTR_WIDTH + _SHAPE_W + len(_DTYPES))
+
+
+def _ours_graph_row(graph: OperatorGraph, est: "PriorEstimate", dev: Device, nk: int) -> np.ndarray:
+    """The graph-level features of the ``ours`` schema (static counts, the prior's totals, the dtype)."""
     sf = graph.static_features()
     input_elems = sum(math.prod(s) for s in graph.spec.batched_shapes().values())
     # the energy feature keeps the single-share formula the checkpoints were trained with (FEATURE_SCHEMA_VERSION 1)
@@ -267,7 +295,7 @@ def _ours(graph: OperatorGraph, est: "PriorEstimate", fuse: bool, unknown: dict[
         _lg(est.latency_ms * 1e3), _lg(est.host_ms * 1e3), _lg(est.gpu_busy_ms * 1e3), _lg(est.memory_mib),
         _lg(e_feat * 1e3 if e_feat is not None else 0.0), float(e_feat is not None),
     ] + [float(graph.spec.dtype == d) for d in _DTYPES]
-    return rows, kg.edge_index(), np.asarray(st, dtype=np.float32)
+    return np.asarray(st, dtype=np.float32)
 
 
 def _slot(op: str) -> int:

@@ -6,7 +6,7 @@ from typing import Any
 
 import optuna
 
-from dippm_nas._sql import sqlite_connect_listener
+from dippm_nas._sql import sqlite_connect_listener, storage_url_of
 from dippm_nas.errors import InvalidValueError
 
 __all__ = ["rdb_storage", "storage_url_of", "threads_share_storage"]
@@ -60,17 +60,6 @@ def rdb_storage(url: str, *, heartbeat_interval: int | None = None, grace_period
         event.listen(storage.engine, "connect", listener)
         storage.engine.dispose()  # connections opened while Optuna created its tables get the settings too
     return storage
-
-
-def storage_url_of(study: Any) -> str | None:
-    """The SQLAlchemy URL of a study's RDB storage (also through Optuna's cached storage), ``None`` for other
-    storages (in memory, journal)."""
-    storage = getattr(study, "_storage", None)
-    for obj in (storage, getattr(storage, "_backend", None)):
-        url = getattr(obj, "url", None)
-        if isinstance(url, str) and url:
-            return url
-    return None
 
 
 def threads_share_storage(study: Any) -> bool:

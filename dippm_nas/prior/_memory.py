@@ -238,65 +238,86 @@ def activation_liveness(graph: OperatorGraph, *, retention: bool = False,
     """
     n = graph.num_nodes
     preds = graph.predecessors()
-    # storage id per node (None: no memory of its own nor aliased)
-    storage_of: list[int | None] = [None] * n
-    sizes: list[list[int]] = []      # blocks of each storage
-    alloc_at: list[int] = []         # node index at which it is allocated (0 for model inputs)
-    last_use: list[int] = []         # last node index that uses it (n for model outputs)
+    lv = _Lives([None] * n, [], [], [], {})
+    _input_storages(graph, lv, include_inputs)
+    _node_storages(graph, preds, lv)
+    _extend_lives(graph, preds, lv)
+    if n == 0:
+        return MemoryBreakdown(0, 0, -1, np.zeros(0), np.zeros((3, 0)))
+    if retention:
+        _retain(graph, lv.sizes, lv.alloc_at, lv.last_use, lv.storage_of, preds, lv.consumers_of_input)
+    return _peak(lv, n)
 
-    consumers_of_input: dict[int, list[int]] = {}
+
+@dataclass
+class _Lives:
+    """The storages of one graph's liveness pass, indexed by storage id."""
+
+    storage_of: list[int | None]            # storage id per node (None: no memory of its own nor aliased)
+    sizes: list[list[int]]                  # blocks of each storage
+    alloc_at: list[int]                     # node index at which it is allocated (0 for model inputs)
+    last_use: list[int]                     # last node index that uses it (n for model outputs)
+    consumers_of_input: dict[int, list[int]]  # node index -> storage ids of the model inputs it reads
+
+
+def _input_storages(graph: OperatorGraph, lv: _Lives, include_inputs: bool) -> None:
+    """One storage per model input, alive from the start to its last consumer (no blocks unless counted)."""
     spec = graph.spec
     for t in spec.tensors:
         nbytes = math.prod((spec.batch_size, *t.shape)) * dtype_bytes(spec.tensor_dtype(t))
-        sid = len(sizes)
-        sizes.append([round_block(nbytes)] if include_inputs else [])
+        sid = len(lv.sizes)
+        lv.sizes.append([round_block(nbytes)] if include_inputs else [])
         cons = graph.input_consumers.get(t.name, [])
-        alloc_at.append(0)
-        last_use.append(max(cons) if cons else -1)
+        lv.alloc_at.append(0)
+        lv.last_use.append(max(cons) if cons else -1)
         for c in cons:
-            consumers_of_input.setdefault(c, []).append(sid)
+            lv.consumers_of_input.setdefault(c, []).append(sid)
 
+
+def _node_storages(graph: OperatorGraph, preds: list[list[int]], lv: _Lives) -> None:
+    """One storage per computing node; a view aliases its first live producer's (or its input's) storage."""
     for node in graph.nodes:
         i = node.index
         if node.is_constant:
             continue
         if node.op_class == "view":
-            live_preds = [p for p in preds[i] if storage_of[p] is not None]
+            live_preds = [p for p in preds[i] if lv.storage_of[p] is not None]
             if live_preds:
-                storage_of[i] = storage_of[live_preds[0]]
-            elif consumers_of_input.get(i):
-                storage_of[i] = consumers_of_input[i][0]
+                lv.storage_of[i] = lv.storage_of[live_preds[0]]
+            elif lv.consumers_of_input.get(i):
+                lv.storage_of[i] = lv.consumers_of_input[i][0]
             continue
-        sid = len(sizes)
-        sizes.append(_output_blocks(graph, i))
-        alloc_at.append(i)
-        last_use.append(i)
-        storage_of[i] = sid
+        sid = len(lv.sizes)
+        lv.sizes.append(_output_blocks(graph, i))
+        lv.alloc_at.append(i)
+        lv.last_use.append(i)
+        lv.storage_of[i] = sid
 
-    # extend lives through consumers (and through views, which alias)
+
+def _extend_lives(graph: OperatorGraph, preds: list[list[int]], lv: _Lives) -> None:
+    """Extend lives through consumers (and through views, which alias); outputs live until the end."""
     for node in graph.nodes:
         i = node.index
         for p in preds[i]:
-            s = storage_of[p]
+            s = lv.storage_of[p]
             if s is not None:
-                last_use[s] = max(last_use[s], i)
-        for s in consumers_of_input.get(i, []):
-            last_use[s] = max(last_use[s], i)
+                lv.last_use[s] = max(lv.last_use[s], i)
+        for s in lv.consumers_of_input.get(i, []):
+            lv.last_use[s] = max(lv.last_use[s], i)
     for o in graph.outputs:
-        s = storage_of[o]
+        s = lv.storage_of[o]
         if s is not None:
-            last_use[s] = n  # outputs live until the end
+            lv.last_use[s] = graph.num_nodes
 
-    if n == 0:
-        return MemoryBreakdown(0, 0, -1, np.zeros(0), np.zeros((3, 0)))
-    if retention:
-        _retain(graph, sizes, alloc_at, last_use, storage_of, preds, consumers_of_input)
+
+def _peak(lv: _Lives, n: int) -> MemoryBreakdown:
+    """Live bytes after each of the ``n`` nodes, per allocator pool too, and the peak they reach."""
     delta = np.zeros(n + 2)
     pools = np.zeros((3, n + 2))
-    for s, blocks in enumerate(sizes):
-        if last_use[s] < alloc_at[s]:
+    for s, blocks in enumerate(lv.sizes):
+        if lv.last_use[s] < lv.alloc_at[s]:
             continue  # an input nobody reads
-        a, e = alloc_at[s], min(last_use[s], n - 1)
+        a, e = lv.alloc_at[s], min(lv.last_use[s], n - 1)
         for blk in blocks:
             delta[a] += blk
             delta[e + 1] -= blk

@@ -42,6 +42,7 @@ from typing import Any, Literal
 
 from dippm_nas._logging import WarnOnce
 from dippm_nas._numbers import as_int, as_real
+from dippm_nas._sql import storage_url_of
 from dippm_nas.deployment import Deployment
 from dippm_nas.devices import resolve_device
 from dippm_nas.errors import DippmNasError, ValidationError
@@ -112,16 +113,6 @@ class RoundReport:
     seconds: float = 0.0
     adaptation_version: int | None = None
     adaptation_rows: int | None = None
-
-
-def _storage_url(study: Any) -> str | None:
-    """The SQLAlchemy URL of an Optuna RDB storage, or ``None`` for other storages."""
-    storage = getattr(study, "_storage", None)
-    for obj in (storage, getattr(storage, "_backend", None)):
-        url = getattr(obj, "url", None)
-        if isinstance(url, str) and url:
-            return url
-    return None
 
 
 class ParetoValidator:
@@ -254,7 +245,7 @@ class ParetoValidator:
     # ------------------------------------------------------------------ plumbing
     def queue_for(self, study: Any) -> JobQueue:
         """The :class:`JobQueue` of this validator (opened on first use)."""
-        url = self.storage or _storage_url(study)
+        url = self.storage or storage_url_of(study)
         if url is None:
             if not self.local:
                 raise ValidationError(
