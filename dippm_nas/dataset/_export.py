@@ -19,13 +19,14 @@ import gzip
 import json
 import logging
 import lzma
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from dippm_nas._compress import InflateRefused, inflate
 from dippm_nas._json import loads_json
 from dippm_nas.errors import DatasetError
+from dippm_nas.dataset import _store
 from dippm_nas.dataset._store import SCHEMA_VERSION, DatasetStore
 
 __all__ = ["export_jsonl", "iter_jsonl", "JSONL_FORMAT", "open_text"]
@@ -73,7 +74,7 @@ def export_jsonl(db: str | Path, out: str | Path, *, source: str | None = None,
                 f.write(json.dumps({
                     "type": "graph", "structural_hash": g.structural_hash, "space": g.space,
                     "config": json.loads(g.config) if g.config else None,
-                    "graph": json.loads(zlib.decompress(g.graph_zlib)),
+                    "graph": json.loads(_stored_graph_text(g.graph_zlib, g.structural_hash)),
                 }, separators=(",", ":")) + "\n")
                 counts["graphs"] += 1
             for r in rows:
@@ -108,3 +109,14 @@ def iter_jsonl(path: str | Path) -> Iterator[dict[str, Any]]:
             if not line.strip():
                 continue
             yield loads_json(line, f"{path}:{lineno}", DatasetError)
+
+
+def _stored_graph_text(payload: bytes, structural_hash: str) -> bytes:
+    """The JSON of a stored graph, inflated to at most ``MAX_STORED_GRAPH_BYTES`` (as the store reads it)."""
+    cap = _store.MAX_STORED_GRAPH_BYTES
+    try:
+        return inflate(payload, cap)
+    except InflateRefused as e:
+        raise DatasetError(f"stored graph {structural_hash!r} cannot be exported: {e.reason} "
+                           f"(a stored graph is inflated to at most MAX_STORED_GRAPH_BYTES = "
+                           f"{cap:,} bytes)") from e

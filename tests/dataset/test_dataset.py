@@ -640,6 +640,22 @@ def test_export_roundtrip_and_load_measurements(tmp_path: Path) -> None:
         load_measurements(tmp_path / "nope.sqlite")
 
 
+def test_export_inflates_a_stored_graph_only_up_to_the_cap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import zlib
+
+    from dippm_nas.dataset import _store as dataset_store
+
+    db = tmp_path / "d.sqlite"
+    _small_build(db)
+    con = sqlite3.connect(db)
+    con.execute("UPDATE graphs SET graph_zlib = ?", (zlib.compress(b" " * 100_000),))  # inflates to 100 kB
+    con.commit()
+    con.close()
+    monkeypatch.setattr(dataset_store, "MAX_STORED_GRAPH_BYTES", 1000)
+    with pytest.raises(DatasetError, match="cannot be exported: it inflates beyond 1,000 bytes"):
+        export_jsonl(db, tmp_path / "d.jsonl")
+
+
 def test_store_refuses_another_schema_version(tmp_path: Path) -> None:
     db = tmp_path / "d.sqlite"
     DatasetStore(db).close()
