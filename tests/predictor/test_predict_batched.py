@@ -7,7 +7,9 @@
   two graphs of every registered search space (``tests/data/space_graphs.json.xz``: float16 at batch 2 and
   float32 at batch 8, assembled from the spaces' blocks), eager torchvision CNNs (``torchvision_graphs.json.xz``:
   resnet18, mobilenet_v2, squeezenet1_0, mnasnet0_5 and densenet121 without weights, 3x224x224 at batch 12 in
-  float32 and float16, captured with torchvision 0.29.1) and the graphs of ``test_inference_equality``.
+  float32 and float16, captured with torchvision 0.29.1), a timm subset (``timm_graphs.json.xz``: efficientnet_b0,
+  convnext_atto, regnetx_002, vit_tiny_patch16_224 and resnet18d without weights, batch 8 float16, timm 1.0.31)
+  and the graphs of ``test_inference_equality``.
 - ``predict``, ``predict_many`` and ``predict_graphs`` look a device id up (``get_device`` through
   ``resolve_device``) once per call at most: the entry resolves it, the predictor holds its resolved device and
   everything inward takes the :class:`~dippm_nas.devices.Device`.
@@ -45,14 +47,16 @@ ABS = 1e-12
 
 @functools.lru_cache(maxsize=1)
 def _sample() -> tuple[list[OperatorGraph], list[OperatorGraph]]:
-    """(float16 and float32 graphs of every space, the torchvision CNNs and the GPU sample; the float32 ones and the
-    host sample for the host)."""
+    """(float16 and float32 graphs of every space, the torchvision and timm models and the GPU sample; the float32
+    ones and the host sample for the host)."""
     with lzma.open(DATA / "space_graphs.json.xz", "rt") as f:
         spaces = [OperatorGraph.from_dict(x) for x in json.load(f)["graphs"]]
     with lzma.open(DATA / "inference_graphs.json.xz", "rt") as f:
         d = json.load(f)
-    with lzma.open(DATA / "torchvision_graphs.json.xz", "rt") as f:
-        vision = [OperatorGraph.from_dict(x) for x in json.load(f)["graphs"]]
+    vision = []
+    for name in ("torchvision_graphs.json.xz", "timm_graphs.json.xz"):
+        with lzma.open(DATA / name, "rt") as f:
+            vision += [OperatorGraph.from_dict(x) for x in json.load(f)["graphs"]]
     gpu = spaces + vision + [OperatorGraph.from_dict(x) for x in d["gpu"]]
     host = ([g for g in spaces + vision if g.spec.dtype == "float32"]
             + [OperatorGraph.from_dict(x) for x in d["host"]])
