@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -238,33 +238,32 @@ class GraphFacts:
         ``x.permute(...).reshape(...)`` / ``.transpose(1, 2).reshape(...)`` (window partitions, attention heads
         merged back) cannot be a view, so eager PyTorch copies the tensor (one kernel). ``[num_nodes]`` float64,
         0 elsewhere."""
-        key = "reshape_copies"
-        if key not in self._plans:
-            out = np.zeros(len(self._nodes))
-            for i in np.flatnonzero(self.view):
-                nd = self._nodes[i]
-                if nd.op not in _RESHAPES:
-                    continue
-                src = [q for q in self._preds[i] if not self._nodes[q].is_constant]
-                if len(src) == 1 and self._nodes[src[0]].op == "permute_dims" and _moves_data(self._nodes[src[0]]):
-                    out[i] = float(math.prod(nd.output_shape))
-            self._plans[key] = out
-        return self._plans[key]
+        def copied(i: int, nd: Any) -> float:
+            src = [q for q in self._preds[i] if not self._nodes[q].is_constant]
+            if len(src) == 1 and self._nodes[src[0]].op == "permute_dims" and _moves_data(self._nodes[src[0]]):
+                return float(math.prod(nd.output_shape))
+            return 0.0
+        return self._per_reshape("reshape_copies", copied)
 
     def channels_last_copies(self, graph: OperatorGraph) -> np.ndarray:
         """Per node, the elements a channels-last activation copies where it is reshaped to another rank
         (``x.flatten(1)``, ``x.reshape(n, c, -1)`` of an NHWC tensor with more than one pixel cannot be a
         view; PyTorch copies it to a contiguous tensor). ``[num_nodes]`` float64, 0 elsewhere."""
-        key = "channels_last"
+        def copied(i: int, nd: Any) -> float:
+            shape = next((sh for sh, par in zip(nd.input_shapes, nd.input_is_param) if not par), ())
+            if len(shape) == 4 and shape[2] * shape[3] > 1 and len(nd.output_shape) != 4:
+                return float(math.prod(shape))
+            return 0.0
+        return self._per_reshape("channels_last", copied)
+
+    def _per_reshape(self, key: str, copied: Callable[[int, Any], float]) -> np.ndarray:
+        """``copied(index, node)`` of every reshape among the view nodes, 0 elsewhere; computed once per ``key``."""
         if key not in self._plans:
             out = np.zeros(len(self._nodes))
             for i in np.flatnonzero(self.view):
                 nd = self._nodes[i]
-                if nd.op not in _RESHAPES:
-                    continue
-                shape = next((sh for sh, par in zip(nd.input_shapes, nd.input_is_param) if not par), ())
-                if len(shape) == 4 and shape[2] * shape[3] > 1 and len(nd.output_shape) != 4:
-                    out[i] = float(math.prod(shape))
+                if nd.op in _RESHAPES:
+                    out[i] = copied(int(i), nd)
             self._plans[key] = out
         return self._plans[key]
 
