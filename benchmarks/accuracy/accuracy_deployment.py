@@ -20,14 +20,22 @@ Every row is predicted by the analytic prior (:func:`dippm_nas.prior.predict`) t
 
 The prior of each cell is what an unseen GPU gets: for the eager CNN timings (RTX 2080 Ti, TITAN RTX, TITAN Xp)
 the host model and the FP64 efficiency refitted without the held-out GPU, with the σ of the host model measured
-between the other two (``benchmarks/accuracy/accuracy_eager.py``'s folds); for the timm GPUs the held-out GPU's fitted
-efficiency multipliers replaced by the other GPUs' geometric mean (``benchmarks/accuracy/fewshot_timm.py``); the Accel-
-NASBench rows (A100, RTX 3090) with the shipped constants, which were fitted on them (in-sample on the kernels).
+between the other two (``benchmarks/accuracy/accuracy_eager.py``'s folds) and the shipped unseen-GPU kernel σ
+(``metrics["sigma_log_gpu_unseen"]``, derived from the fitted GPUs' Accel-NASBench and timm rows, none of these);
+for the timm GPUs the held-out GPU's fitted efficiency multipliers replaced by the geometric mean of the other GPUs
+the default entry averages and the unseen-GPU σ measured without it (``benchmarks/accuracy/unseen_gpu_sigma.py``'s
+``unseen_params`` and ``nested_sigma``); the Accel-NASBench rows (A100, RTX 3090) with the shipped constants, which
+were fitted on them (in-sample on the kernels; their own multipliers, their σ).
 
 Per cell (source x GPU x dtype) and mode: MAPE, Kendall τ, the share of measurements within ±1σ and ±2σ (log
-space), the median σ as a share of the value; and what a search sees (``benchmarks/accuracy/search_view.py``): for latency
-budgets at the 25th, 50th and 75th percentile of the cell's measured latencies, the share of admitted models
-(``mean + 1σ <= budget``) really over budget and the share of really-within models rejected.
+space), the median σ as a share of the value; and what a search sees (``benchmarks/accuracy/search_view.py``): for
+latency budgets at the 25th, 50th and 75th percentile of the cell's measured latencies, the share of admitted
+models (``mean + 1σ <= budget``) really over budget and the share of really-within models rejected. Per cell also
+the kernel σ the cell's GPU gets (``kernel_sigma_log``) and the RMS log error of the rows the prior calls
+GPU-bound (``gpu_bound_rms_log``), and for the eager CNN hosts a check of the undescribed host mixture (not a
+fit): the recorded clock and the clock the host-bound rows of a cell (at least :data:`HOST_CHECK_MIN_ROWS`) say
+the host runs at, each as a z-score in the mixture's log-normal host speed
+(:data:`~dippm_nas.prior.UNKNOWN_HOST_CLOCK_GHZ`, :data:`~dippm_nas.prior.UNKNOWN_HOST_SIGMA_LOG`).
 """
 
 from __future__ import annotations
@@ -47,17 +55,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from accuracy_eager import _nested_sigma, _without_fp64_rows_of  # noqa: E402  (sibling scripts)
-from fewshot_timm import held_out_params  # noqa: E402
 from search_view import search_view  # noqa: E402
+from unseen_gpu_sigma import fitted_cells, nested_sigma, source_rows, unseen_params  # noqa: E402
 
 from benchmarks._common import machine  # noqa: E402
 from dippm_nas import Deployment  # noqa: E402
-from dippm_nas.dataset import load_measurements  # noqa: E402
 from dippm_nas.devices import HostProfile  # noqa: E402
-from dippm_nas.prior import Execution, HostRow, default_params, fit_host_model, predict  # noqa: E402
+from dippm_nas.prior import (UNKNOWN_HOST_CLOCK_GHZ, UNKNOWN_HOST_SIGMA_LOG, Execution, HostRow,  # noqa: E402
+                             default_params, fit_host_model, predict)
 from dippm_nas.training import DEVICE_ALIASES  # noqa: E402
 
 MODES = ("described", "unknown")
+#: Fewest host-bound rows of a cell whose host is checked against the undescribed host mixture.
+HOST_CHECK_MIN_ROWS = 5
 
 
 def described(source: str, m: dict[str, Any]) -> Deployment:
@@ -87,14 +97,20 @@ def described(source: str, m: dict[str, Any]) -> Deployment:
     raise SystemExit(f"unknown source {source!r}")
 
 
-def _predict(graph: Any, device: str, params: Any, deployment: Deployment) -> tuple[float, float]:
-    """(latency ms, log σ) of the analytic prior for one deployment."""
+def _predict(graph: Any, device: str, params: Any, deployment: Deployment) -> tuple[float, float, bool]:
+    """(latency ms, log σ, GPU-bound) of the analytic prior for one deployment."""
     p = predict(graph, device, params=params, deployment=deployment, mig=False)
-    return p.latency_ms, (p.latency_ms_std / p.latency_ms if p.latency_ms_std else 0.0)
+    return (p.latency_ms, (p.latency_ms_std / p.latency_ms if p.latency_ms_std else 0.0),
+            not p.details.get("launch_bound", 0.0))
 
 
-def _cell_params(source: str, device: str, rows: list, base: Any) -> Any:
-    """The prior's constants an unseen ``device`` of ``source`` gets (see the module docstring)."""
+#: Host model metrics of the shipped calibration a fold keeps (what its own fit does not measure).
+_UNSEEN_KEYS = ("sigma_log_gpu_unseen", "fit_gpu_unseen")
+
+
+def _cell_params(source: str, device: str, rows: list, base: Any, cells: dict) -> Any:
+    """The prior's constants an unseen ``device`` of ``source`` gets (see the module docstring); ``cells``: the
+    fitted GPUs' rows (:func:`unseen_gpu_sigma.fitted_cells`)."""
     if source == "ryujaehun":
         host_rows = [(HostRow(mg.graph, mg.measurement["device"],
                               Execution.from_conditions(mg.measurement.get("conditions"),
@@ -104,20 +120,28 @@ def _cell_params(source: str, device: str, rows: list, base: Any) -> Any:
         train = [r for r, _ in host_rows if r.device != device and r.graph.spec.dtype in ("float16", "float32")]
         fold = _without_fp64_rows_of(base, host_rows, [device])
         hm = fit_host_model(train, params=fold, base=base.host_model)
-        hm = dataclasses.replace(hm, metrics={**hm.metrics, **_nested_sigma(host_rows, device, base)})
+        kept = {k: base.host_model.metrics[k] for k in _UNSEEN_KEYS if k in base.host_model.metrics}
+        hm = dataclasses.replace(hm, metrics={**hm.metrics, **_nested_sigma(host_rows, device, base), **kept})
         return dataclasses.replace(fold, host_model=hm)
     if source == "timm":
-        return held_out_params(base, device)
+        p = unseen_params(base, device)
+        hm = p.host_model
+        metrics = {**hm.metrics, "sigma_log_gpu_unseen": nested_sigma(cells, base, device)}
+        return dataclasses.replace(p, host_model=dataclasses.replace(hm, metrics=metrics))
     return base
 
 
-def metrics(pred: np.ndarray, sig: np.ndarray, y: np.ndarray) -> dict[str, float]:
-    """MAPE, τ, ±1σ / ±2σ coverage in log space, median σ (share of the value) and the search view at k = 1."""
+def metrics(pred: np.ndarray, sig: np.ndarray, y: np.ndarray, gpu_bound: np.ndarray | None = None) -> dict[str, float]:
+    """MAPE, τ, ±1σ / ±2σ coverage in log space, median σ (share of the value), the RMS log error of the
+    ``gpu_bound`` rows and the search view at k = 1."""
     r = np.abs(np.log(pred / y))
     out = {"n": int(len(y)), "mape_pct": float(np.mean(np.abs(pred / y - 1)) * 100),
            "kendall_tau": float(kendalltau(pred, y)[0]) if len(y) > 2 else math.nan,
            "within_1sigma": float(np.mean(r <= sig)), "within_2sigma": float(np.mean(r <= 2 * sig)),
            "median_sigma_pct": float(np.median(sig) * 100)}
+    if gpu_bound is not None:
+        out["gpu_bound_rows"] = int(gpu_bound.sum())
+        out["gpu_bound_rms_log"] = float(np.sqrt(np.mean(r[gpu_bound] ** 2))) if gpu_bound.any() else math.nan
     view = search_view([(float(p), float(p * s), float(m)) for p, s, m in zip(pred, sig, y)], ks=(1.0,))
     for pct in ("p25", "p50", "p75"):
         k1 = view[pct]["k=1"]
@@ -142,27 +166,35 @@ def main(argv: list[str] | None = None) -> int:
     if not sources:
         ap.error("give at least one of --ryujaehun, --timm, --accel")
     base = default_params()
-    report: dict[str, Any] = {"machine": machine(), "cells": {}}
-    for source, path in sources:
-        rows = [mg for mg in load_measurements(path, source=source, status="ok")
-                if mg.graph is not None and mg.measurement.get("latency_ms")
-                and (source != "timm" or str(mg.measurement.get("conditions", {}).get("torch_compile")) == "eager")]
+    report: dict[str, Any] = {"machine": machine(), "cells": {}, "host_check": {}}
+    loaded = {source: source_rows(path, source) for source, path in sources}
+    cells = fitted_cells(loaded)
+    for source, rows in loaded.items():
         for row_device in sorted({mg.measurement["device"] for mg in rows}):
             device = DEVICE_ALIASES.get(row_device, row_device)  # a dataset's device name -> a catalogue id
-            params = base if args.shipped else _cell_params(source, device, rows, base)
+            params = base if args.shipped else _cell_params(source, device, rows, base, cells)
             mine = [mg for mg in rows if mg.measurement["device"] == row_device]
             for dtype in sorted({mg.graph.spec.dtype for mg in mine}):
                 cell = [mg for mg in mine if mg.graph.spec.dtype == dtype]
                 y = np.array([float(mg.measurement["latency_ms"]) for mg in cell])
-                entry: dict[str, Any] = {}
+                entry: dict[str, Any] = {"kernel_sigma_log": params.host_model.sigma_log_gpu(
+                    dtype, device_fitted=params.device_fitted(device))}
                 for mode in MODES:
                     got = [_predict(mg.graph, device, params,
                                     described(source, mg.measurement) if mode == "described" else Deployment())
                            for mg in cell]
-                    entry[mode] = metrics(np.array([g[0] for g in got]), np.array([g[1] for g in got]), y)
+                    pred = np.array([g[0] for g in got])
+                    entry[mode] = metrics(pred, np.array([g[1] for g in got]), y, np.array([g[2] for g in got]))
+                    if mode == "described":  # (recorded clock, log predicted / measured) of host-bound rows
+                        host_bound = [(_clock(mg), math.log(p / t)) for mg, p, t, g in zip(cell, pred, y, got)
+                                      if not g[2] and _clock(mg)]
+                        if len(host_bound) >= HOST_CHECK_MIN_ROWS:
+                            report["host_check"][f"{device} {dtype}"] = _host_check(host_bound)
                 key = f"{source} {device} {dtype}"
                 report["cells"][key] = entry
                 print(_line(key, entry), flush=True)
+                if f"{device} {dtype}" in report["host_check"]:
+                    print(f"  host check: {report['host_check'][f'{device} {dtype}']}", flush=True)
     report["summary"] = _summary(report["cells"])
     print(json.dumps(report["summary"], indent=1))
     if args.json is not None:
@@ -171,15 +203,34 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _clock(mg: Any) -> float | None:
+    """The recorded host clock of a row, GHz (``None`` when not recorded)."""
+    clock = (mg.measurement.get("environment") or {}).get("host_clock_ghz")
+    return float(clock) if clock else None
+
+
+def _host_check(host_bound: list[tuple[float, float]]) -> dict[str, float]:
+    """The recorded host against the undescribed host mixture (a check, not a fit): the recorded clock and the
+    clock the host-bound rows imply (host time scales with 1 / clock, so a row predicted at ``r = log(predicted
+    / measured)`` ran as a host of ``exp(r)`` times its clock; the median over the rows), each as a z-score of
+    the mixture's log-normal speed."""
+    clock = float(np.median([c for c, _ in host_bound]))
+    effective = clock * math.exp(float(np.median([r for _, r in host_bound])))
+    z = (lambda ghz: (math.log(ghz) - math.log(UNKNOWN_HOST_CLOCK_GHZ)) / UNKNOWN_HOST_SIGMA_LOG)
+    return {"host_bound_rows": len(host_bound), "clock_ghz": clock, "z_clock": z(clock),
+            "effective_clock_ghz": effective, "z_effective": z(effective)}
+
+
 def _line(key: str, entry: dict[str, Any]) -> str:
-    parts = [f"{key:38s}"]
+    parts = [f"{key:38s} kernel σ {entry['kernel_sigma_log']:.3f}"]
     for mode in MODES:
         m = entry[mode]
         parts.append(f"{mode}: n={m['n']:3d} MAPE {m['mape_pct']:5.1f} % tau {m['kendall_tau']:.2f} "
                      f"±1σ {m['within_1sigma']:.2f} ±2σ {m['within_2sigma']:.2f} σ {m['median_sigma_pct']:4.0f} % "
                      f"over/rej p25 {_pct(m['p25_over_pct'])}/{_pct(m['p25_rejected_pct'])} "
                      f"p50 {_pct(m['p50_over_pct'])}/{_pct(m['p50_rejected_pct'])} "
-                     f"p75 {_pct(m['p75_over_pct'])}/{_pct(m['p75_rejected_pct'])}")
+                     f"p75 {_pct(m['p75_over_pct'])}/{_pct(m['p75_rejected_pct'])} "
+                     f"GPU-bound {m['gpu_bound_rows']} RMS {m['gpu_bound_rms_log']:.3f}")
     return "\n  ".join(parts)
 
 

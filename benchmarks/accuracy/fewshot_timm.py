@@ -34,11 +34,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from accuracy_eager import few_shot, print_few_shot  # noqa: E402
 
 
-def held_out_params(base, device: str):
+def held_out_params(base, device: str, among: list[str] | None = None):
     """``base`` with ``device``'s own scale removed and the default entry refitted without it: the
-    geometric mean of the other fitted GPUs' multipliers."""
-    fitted = {k: v for k, v in base.device_scales.items() if k not in ("*", "host-cpu", device)
-              and not k.startswith("host") and not k.startswith("a100-pcie")}
+    geometric mean of the other fitted GPUs' multipliers (``among``: of these GPUs only)."""
+    if among is None:
+        fitted = {k: v for k, v in base.device_scales.items() if k not in ("*", "host-cpu", device)
+                  and not k.startswith("host") and not k.startswith("a100-pcie")}
+    else:
+        bad = [k for k in among if k == device or k not in base.device_scales]
+        if bad or not among:
+            raise SystemExit(f"held_out_params({device!r}): the GPUs to average must have a fitted scale and not be "
+                             f"the held-out one; bad: {bad or among}; fitted: {sorted(base.device_scales)}")
+        fitted = {k: base.device_scales[k] for k in among}
     comp = math.exp(np.mean([math.log(v.compute) for v in fitted.values()]))
     mem = math.exp(np.mean([math.log(v.memory) for v in fitted.values()]))
     scales = {k: v for k, v in base.device_scales.items() if k != device}

@@ -794,10 +794,13 @@ class GnnPredictor(BasePredictor):
 
     def _prior_kernel_sigma_log(self, dtype: str) -> float:
         """The prior's measured σ of the kernel part for ``dtype`` on a GPU it was not fitted on (the pinned
-        host model's ``sigma_log_gpu_bound[_<dtype>]``; 0 without one): where the prior answers, the σ is at
-        least its own measured error."""
-        hm = self._execution_params().host_model
-        return hm.sigma_log_gpu(dtype) if hm is not None else 0.0
+        host model's ``sigma_log_gpu_bound[_<dtype>]``; on a device without efficiency multipliers of its own,
+        at least an unseen GPU's ``sigma_log_gpu_unseen``; 0 without a host model): where the prior answers,
+        the σ is at least its own measured error."""
+        params = self._execution_params()
+        hm = params.host_model
+        return (hm.sigma_log_gpu(dtype, device_fitted=params.device_fitted(self.resolved_device.id))
+                if hm is not None else 0.0)
 
     # ------------------------------------------------------------ calibration
     def calibrate(self, measurements: Sequence[Any], *, persist: bool = True, runtime: str | None = None,

@@ -459,18 +459,21 @@ def uses_cudnn(graph: OperatorGraph, facts: Any) -> bool:
 def latency_sigma_log(est: PriorEstimate, params: PriorParams | None = None, *,
                       device: Device | None = None) -> float | None:
     """Log-space σ of the prior's GPU latency: the host model's held-out σ on the host part and its
-    GPU-bound σ on the kernel part (the estimate's dtype's own, where measured: float64), each weighted by how
-    much the critical path moves with it; ``None`` on a CPU device or without a fitted host model (no measured
-    error to give). ``device``: the estimate's device, when the caller holds it resolved."""
+    GPU-bound σ on the kernel part (the estimate's dtype's own, where measured: float64; on a GPU without
+    efficiency multipliers of its own, at least an unseen GPU's measured σ, :meth:`HostModel.sigma_log_gpu`),
+    each weighted by how much the critical path moves with it; ``None`` on a CPU device or without a fitted
+    host model (no measured error to give). ``device``: the estimate's device, when the caller holds it
+    resolved."""
     p = params if params is not None else default_params()
     hm = p.host_model
-    if hm is None or _device_of(est, device).kind != "gpu" or est.latency_ms <= 0:
+    dev = _device_of(est, device)
+    if hm is None or dev.kind != "gpu" or est.latency_ms <= 0:
         return None
     g, h, pre = est.node_time_ms * 1e3, est.node_host_ms * 1e3, est.pass_host_ms * 1e3
     base = _timelines(g, h, "gpu", pre)[0]
     if base <= 0:
         return None
-    sh, sg = hm.sigma_log(), hm.sigma_log_gpu(est.dtype)
+    sh, sg = hm.sigma_log(), hm.sigma_log_gpu(est.dtype, device_fitted=p.device_fitted(dev.id))
     d_h = math.log(_timelines(g, h * math.exp(sh), "gpu", pre * math.exp(sh))[0] / base)
     d_g = math.log(_timelines(g * math.exp(sg), h, "gpu", pre)[0] / base)
     return math.hypot(d_h, d_g)

@@ -138,13 +138,23 @@ class HostModel:
         v = self.metrics.get("sigma_log_host")
         return float(v) if _finite(v) and v > 0 else 0.0
 
-    def sigma_log_gpu(self, dtype: str | None = None) -> float:
-        """Log-space σ of the prior's kernel times on a GPU it was not fitted on, from the fit's held-out
-        GPU-bound rows (0 when not recorded); for a ``dtype`` with its own measured error
-        (``metrics["sigma_log_gpu_bound_<dtype>"]``, e.g. float64, which no constant is fitted on), that one."""
+    def sigma_log_gpu(self, dtype: str | None = None, *, device_fitted: bool = True) -> float:
+        """Log-space σ of the prior's kernel times, from the fit's held-out GPU-bound rows (0 when not
+        recorded); for a ``dtype`` with its own measured error (``metrics["sigma_log_gpu_bound_<dtype>"]``,
+        e.g. float64, which no constant is fitted on), that one.
+
+        ``device_fitted=False`` (a GPU whose efficiency multipliers were not fitted on its own measurements,
+        which gets the default entry of :attr:`~dippm_nas.prior.PriorParams.device_scales`): at least the
+        measured error of an unseen GPU's efficiency, ``metrics["sigma_log_gpu_unseen"]`` (leave-one-GPU-out
+        over the GPUs with fitted multipliers; ``metrics["fit_gpu_unseen"]`` says on which rows and by which
+        command), where recorded."""
         own = self.metrics.get(f"sigma_log_gpu_bound_{dtype}") if dtype else None
         v = own if _finite(own) and own > 0 else self.metrics.get("sigma_log_gpu_bound")
-        return float(v) if _finite(v) and v > 0 else 0.0
+        sigma = float(v) if _finite(v) and v > 0 else 0.0
+        unseen = self.metrics.get("sigma_log_gpu_unseen")
+        if not device_fitted and _finite(unseen) and unseen > sigma:
+            sigma = float(unseen)
+        return sigma
 
     def to_dict(self) -> dict[str, Any]:
         return {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in dataclasses.asdict(self).items()}

@@ -250,6 +250,14 @@ class PriorParams:
             return self.device_scales[DEFAULT_SCALE_KEY]
         return DeviceScale()
 
+    def device_fitted(self, device_id: str) -> bool:
+        """Whether ``device_id`` (a MIG slice view: its parent) has efficiency multipliers of its own in
+        :attr:`device_scales`, fitted on its own measurements; ``False`` for a device that gets the default
+        entry ``"*"`` (the prior's kernel σ of such a device is an unseen GPU's,
+        :meth:`~dippm_nas.prior.HostModel.sigma_log_gpu`)."""
+        base = device_id.split(".mig-")[0]
+        return base != DEFAULT_SCALE_KEY and base in self.device_scales
+
     @classmethod
     def uncalibrated(cls) -> "PriorParams":
         """The prior without any fit: rooflines at efficiency 1, public mid-range overheads.

@@ -12,7 +12,8 @@ left out), scores the fit leave-one-GPU-out (the constants refitted without that
 the held-out log-space σ (RMS log error) of host-bound rows as ``metrics["sigma_log_host"]`` (the σ of
 the host part of a prediction) and of GPU-bound rows as ``metrics["sigma_log_gpu_bound"]`` (the σ of the
 kernel part where no checkpoint corrects it: the prior on GPUs it was not fitted on). Only the ``host_model`` key of
-the output file is replaced; the float64 σ that ``scripts/fit/calibrate_fp64.py`` records there is kept.
+the output file is replaced; the float64 σ that ``scripts/fit/calibrate_fp64.py`` and the unseen-GPU σ that
+``benchmarks/accuracy/unseen_gpu_sigma.py`` record there are kept.
 """
 
 from __future__ import annotations
@@ -85,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(model.to_dict(), indent=1))
     if args.out is not None:
         d = json.loads(args.out.read_text(encoding="utf-8"))
-        kept = {k: v for k, v in (d.get("host_model") or {}).get("metrics", {}).items() if k.endswith("_float64")}
+        kept = {k: v for k, v in (d.get("host_model") or {}).get("metrics", {}).items()
+                if k.endswith("_float64") or k in ("sigma_log_gpu_unseen", "fit_gpu_unseen")}
         d["host_model"] = model.to_dict()
         d["host_model"]["metrics"].update(kept)
         args.out.write_text(json.dumps(d, indent=1) + "\n", encoding="utf-8")

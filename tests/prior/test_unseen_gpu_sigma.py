@@ -1,0 +1,117 @@
+"""The kernel σ of a GPU without efficiency multipliers of its own: an unseen GPU's measured error."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dippm_nas.predictor import AnalyticPredictor
+from dippm_nas.prior import HOST_KINDS, HostModel, default_params, latency_sigma_log, predict
+
+from _models import features_deployment
+from test_runtime import GPU_BOUND, HOST_BOUND
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_shipped_unseen_gpu_sigma_has_a_source_and_exceeds_the_fitted_gpus_own() -> None:
+    hm = default_params().host_model
+    unseen = hm.metrics["sigma_log_gpu_unseen"]
+    assert isinstance(unseen, float) and 0 < unseen < 1
+    record = hm.metrics["fit_gpu_unseen"]
+    script = record.split()[1]
+    assert record.startswith("python ") and (ROOT / script).is_file()  # the command that measured it
+    for gpu in ("a100-sxm4-40gb", "rtx-3090", "rtx-4090", "rtx-5090"):
+        assert gpu in record  # the rows it was derived from
+    assert hm.sigma_log_gpu("float16", device_fitted=False) == pytest.approx(max(unseen, hm.sigma_log_gpu("float16")))
+
+
+def test_device_fitted_means_an_own_entry_of_the_device_scales() -> None:
+    p = default_params()
+    assert p.device_fitted("rtx-3090") and p.device_fitted("a100-sxm4-40gb")
+    assert p.device_fitted("a100-sxm4-40gb.mig-1g.5gb")  # a MIG slice view: its parent's entry
+    assert not p.device_fitted("rtx-2080-ti") and not p.device_fitted("titan-xp") and not p.device_fitted("l4")
+    assert not p.device_fitted("*")
+
+
+def test_sigma_log_gpu_takes_the_unseen_figure_only_for_an_unfitted_device() -> None:
+    hm = HostModel(op_us={k: 10.0 for k in HOST_KINDS},
+                   metrics={"sigma_log_gpu_bound": 0.19, "sigma_log_gpu_bound_float64": 0.30,
+                            "sigma_log_gpu_unseen": 0.25})
+    assert hm.sigma_log_gpu("float16") == 0.19 and hm.sigma_log_gpu("float16", device_fitted=False) == 0.25
+    # a dtype whose own measured error is wider keeps it
+    assert hm.sigma_log_gpu("float64", device_fitted=False) == 0.30
+    # not recorded: the GPU-bound σ as before
+    bare = HostModel(op_us={k: 10.0 for k in HOST_KINDS}, metrics={"sigma_log_gpu_bound": 0.19})
+    assert bare.sigma_log_gpu("float16", device_fitted=False) == 0.19
+
+
+def _with_own_entry(device: str):
+    """The shipped constants with ``device`` given its own entry equal to the default one: the same prediction,
+    the device counted as fitted."""
+    p = default_params()
+    return dataclasses.replace(p, device_scales={**p.device_scales, device: p.device_scales["*"]})
+
+
+@pytest.mark.parametrize("device", ["rtx-2080-ti", "l4"])
+def test_an_unfitted_gpu_gets_the_unseen_gpu_sigma_on_its_kernels_and_a_fitted_one_does_not(device: str) -> None:
+    g = GPU_BOUND[0]
+    p = default_params()
+    hm = p.host_model
+    unfitted = predict(g, device, params=p, deployment=features_deployment(), mig=False)
+    fitted = predict(g, device, params=_with_own_entry(device), deployment=features_deployment(), mig=False)
+    assert unfitted.latency_ms == pytest.approx(fitted.latency_ms, rel=1e-12)  # the same kernels and host
+    s_un, s_fit = unfitted.latency_ms_std / unfitted.latency_ms, fitted.latency_ms_std / fitted.latency_ms
+    assert s_un > s_fit
+    # GPU-bound: the kernel σ dominates, each the host model's figure for the case
+    assert s_un == pytest.approx(hm.sigma_log_gpu("float16", device_fitted=False), rel=0.1)
+    assert s_fit == pytest.approx(hm.sigma_log_gpu("float16"), rel=0.1)
+
+
+def test_a_host_bound_graph_moves_little_with_the_kernel_sigma() -> None:
+    g = HOST_BOUND[1]
+    from dippm_nas.prior import estimate
+
+    est = estimate(g, "rtx-2080-ti", deployment=features_deployment())
+    assert est.launch_bound
+    s_un = latency_sigma_log(est, default_params())
+    s_fit = latency_sigma_log(est, _with_own_entry("rtx-2080-ti"))
+    assert s_fit <= s_un <= s_fit + 0.5 * (default_params().host_model.metrics["sigma_log_gpu_unseen"])
+
+
+def test_the_analytic_predictor_of_an_unfitted_gpu_reads_the_same_sigma_as_the_prior() -> None:
+    g = GPU_BOUND[1]
+    a = AnalyticPredictor("titan-rtx").predict_graphs([g], mig=False, deployment=features_deployment())[0]
+    b = predict(g, "titan-rtx", deployment=features_deployment(), mig=False)
+    assert a.latency_ms_std / a.latency_ms == pytest.approx(b.latency_ms_std / b.latency_ms, rel=1e-9)
+    hm = default_params().host_model
+    assert a.latency_ms_std / a.latency_ms > hm.sigma_log_gpu("float16")
+
+
+def test_the_leave_one_gpu_out_helpers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """benchmarks/accuracy/unseen_gpu_sigma.py: the held-out GPU gets the geometric mean of the other GPUs the
+    default entry averages (not the Hopper entries), and σ weighs each cell equally."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks" / "accuracy"))
+    from unseen_gpu_sigma import DEFAULT_ENTRY_GPUS, sigma_of, unseen_params
+
+    base = default_params()
+    star = base.device_scales["*"]
+    gm = math.exp(np.mean([math.log(base.device_scales[d].compute) for d in DEFAULT_ENTRY_GPUS]))
+    assert star.compute == pytest.approx(gm, rel=1e-9)  # the shipped default entry is their mean
+    p = unseen_params(base, "rtx-3090")
+    others = [d for d in DEFAULT_ENTRY_GPUS if d != "rtx-3090"]
+    assert "rtx-3090" not in p.device_scales and not p.device_fitted("rtx-3090")
+    assert p.device_scales["*"].compute == pytest.approx(
+        math.exp(np.mean([math.log(base.device_scales[d].compute) for d in others])), rel=1e-9)
+    with pytest.raises(SystemExit, match="not the geometric mean"):
+        unseen_params(dataclasses.replace(base, device_scales={**base.device_scales, "*": base.device_scales["rtx-3090"]}),
+                      "rtx-4090")
+    # two cells: one of 100 rows at 0.1, one of 1 row at 0.5 -> sqrt((0.01 + 0.25) / 2), not row-weighted
+    s = sigma_of({("a", "x"): np.full(100, 0.1), ("b", "y"): np.array([-0.5])})
+    assert s == pytest.approx(math.sqrt((0.01 + 0.25) / 2))
+    assert "unseen_gpu_sigma" in sys.modules
