@@ -3,6 +3,10 @@
 The microbenchmark takes a few hundred milliseconds: the best of a few fp32 ``torch.mm`` calls (GFLOP/s),
 the best of a few triad passes ``a = b + s * c`` over arrays much larger than the last-level cache
 (GB/s, counting 3 arrays moved), and the median time of a tiny torch op (the per-op dispatch time).
+Each timed call also reads the process's CPU time: a call that got less than ``MIN_CPU_SHARE`` of its threads'
+wall time ran on a busy machine, and its peak reads low. Such a measurement is marked ``"contended": true``
+(with its ``"cpu_share"``), reported once, and measured again at the next use; while every measurement is
+contended, each figure keeps the best value seen (a busy machine only ever makes a peak read lower).
 Results are cached as JSON in ``$DIPPM_NAS_CACHE_DIR`` (default ``~/.cache/dippm-nas``) under a key made
 of the CPU model, the torch thread count and the torch version, so a different machine, thread
 setting or torch build measures again.
@@ -29,7 +33,8 @@ from dippm_nas._paths import CACHE_DIR_ENV, cache_dir
 from dippm_nas._platform import cpu_model_name, fixed_threads
 from dippm_nas.errors import DeviceError
 
-__all__ = ["CACHE_DIR_ENV", "cache_dir", "host_key", "measure_host", "host_facts", "measure_weight_cache"]
+__all__ = ["CACHE_DIR_ENV", "cache_dir", "host_key", "measure_host", "host_facts", "measure_weight_cache",
+           "MIN_CPU_SHARE"]
 
 logger = logging.getLogger(__name__)
 _warn_once = WarnOnce(logger)
@@ -50,6 +55,9 @@ _MM_REPEATS = 5
 _TRIAD_ELEMS = 4 * 1024 * 1024
 _TRIAD_REPEATS = 5
 _DISPATCH_REPEATS = 200
+#: The least share of its threads' wall time a timed call must get as CPU time for the measurement to count as
+#: uncontended (an idle machine gives 0.95-1.0; a second busy process on the same core gives about 0.5).
+MIN_CPU_SHARE = 0.8
 
 
 def host_key(threads: int | None = None) -> str:
@@ -184,14 +192,15 @@ def measure_host(threads: int | None = None) -> dict[str, Any]:
         a = torch.randn(_MM_N, _MM_N)
         b = torch.randn(_MM_N, _MM_N)
         torch.mm(a, b)  # warm-up (thread pool, packing buffers)
-        best_mm = min(_timed(lambda: torch.mm(a, b)) for _ in range(_MM_REPEATS))
+        best_mm, share_mm = min(_timed(lambda: torch.mm(a, b), threads) for _ in range(_MM_REPEATS))
         flops = 2.0 * _MM_N**3
 
         x = torch.empty(_TRIAD_ELEMS)
         y = torch.full((_TRIAD_ELEMS,), 1.0)
         z = torch.full((_TRIAD_ELEMS,), 2.0)
         torch.add(y, z, alpha=1.5, out=x)  # warm-up (page faults)
-        best_triad = min(_timed(lambda: torch.add(y, z, alpha=1.5, out=x)) for _ in range(_TRIAD_REPEATS))
+        best_triad, share_triad = min(_timed(lambda: torch.add(y, z, alpha=1.5, out=x), threads)
+                                      for _ in range(_TRIAD_REPEATS))
         moved = 3.0 * _TRIAD_ELEMS * 4
 
         t = torch.ones(1)
@@ -212,13 +221,27 @@ def measure_host(threads: int | None = None) -> dict[str, Any]:
         "architecture": platform.machine() or "unknown",
         "key": host_key(),
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "cpu_share": round(min(share_mm, share_triad), 3),
+        "contended": min(share_mm, share_triad) < MIN_CPU_SHARE,
     }
 
 
-def _timed(fn: Any) -> float:
-    t0 = time.perf_counter()
+def _timed(fn: Any, threads: int) -> tuple[float, float]:
+    """``(wall seconds, CPU share)`` of one call: the process's CPU time over ``threads`` x the wall time."""
+    t0, c0 = time.perf_counter(), time.process_time()
     fn()
-    return max(time.perf_counter() - t0, 1e-9)
+    wall = max(time.perf_counter() - t0, 1e-9)
+    return wall, (time.process_time() - c0) / (wall * max(threads, 1))
+
+
+def _best_of(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """Two contended measurements of one key: each peak at its best (highest rate, lowest dispatch time)."""
+    out = dict(new)
+    for name in ("fp32_tflops", "bandwidth_gbps"):
+        out[name] = max(old[name], new[name])
+    out["host_dispatch_us"] = min(old["host_dispatch_us"], new["host_dispatch_us"])
+    out["cpu_share"] = max(old.get("cpu_share", 0.0), new.get("cpu_share", 0.0))
+    return out
 
 
 def host_facts(*, refresh: bool = False, threads: int | None = None) -> dict[str, Any]:
@@ -240,15 +263,21 @@ def host_facts(*, refresh: bool = False, threads: int | None = None) -> dict[str
     path = cache_dir() / _CACHE_FILE
     with file_lock(path.with_name(path.name + ".lock"), timeout_s=_LOCK_TIMEOUT_S):
         entries = _read_entries(path)
-        if not refresh and key in entries:
-            cached = entries[key]
-            problem = _facts_problem(cached, key)
-            if problem is None:
-                return dict(cached)
+        cached = entries.get(key)
+        problem = _facts_problem(cached, key) if cached is not None else "absent"
+        if not refresh and problem is None and not cached.get("contended"):
+            return dict(cached)
+        if problem not in (None, "absent"):
             _warn_once(f"{path}:{key}:{problem}", "ignoring the host benchmark cache entry %r of %s: %s; measured "
                        "again", key, path, problem)
-        logger.info("measuring host-cpu peaks (first use on this host; cached in %s)", path)
+        logger.info("measuring host-cpu peaks (cached in %s)", path)
         facts = measure_host(threads)
+        if facts.get("contended"):
+            if problem is None and cached.get("contended") and not refresh:
+                facts = _best_of(cached, facts)
+            _warn_once(f"contended:{path}:{key}", "the host-cpu microbenchmark ran on a busy machine (the process "
+                       "got %.0f %% of its threads' time, under %.0f %%): host-cpu peaks may read low; they are "
+                       "measured again at the next use", 100 * facts["cpu_share"], 100 * MIN_CPU_SHARE)
         _write_entries(path, {**entries, key: facts})
     return facts
 
