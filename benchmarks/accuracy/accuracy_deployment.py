@@ -83,8 +83,7 @@ def described(source: str, m: dict[str, Any]) -> Deployment:
                           cudnn_benchmark=bool(c.get("cudnn_benchmark", False)),
                           versions={"cuda": str(env["cuda"])} if env.get("cuda") else None)
     if source == "timm":
-        tag = str(c.get("torch_version_tag") or "")
-        version = f"{tag[2]}.{tag[3:]}.0" if tag.startswith("pt") and tag[2:].isdigit() and len(tag) >= 4 else None
+        version = torch_version_of_tag(str(c.get("torch_version_tag") or ""))
         # timm records autocast as a flag (amp: float16, amp_bf16: bfloat16); the graph is captured in that dtype
         autocast = m.get("dtype") if c.get("autocast") is True else (c.get("autocast") or None)
         return Deployment(runtime="eager", autocast=autocast, input_copy="none",
@@ -95,6 +94,17 @@ def described(source: str, m: dict[str, Any]) -> Deployment:
                           channels_last=bool(c.get("channels_last")), cudnn_benchmark=bool(c.get("cudnn_benchmark")),
                           versions={"torch": "1.12.0"})
     raise SystemExit(f"unknown source {source!r}")
+
+
+def torch_version_of_tag(tag: str) -> str | None:
+    """timm's result-file tag of the torch version: ``pt113`` -> ``1.13``, ``pt240`` -> ``2.4.0``, ``pt291`` ->
+    ``2.9.1`` (torch 1.x: the minor's digits; 2.x: one digit each for minor and patch); ``None`` otherwise."""
+    if not (tag.startswith("pt") and tag[2:].isdigit() and len(tag) >= 4):
+        return None
+    major, rest = tag[2], tag[3:]
+    if major == "1":
+        return f"1.{rest}"
+    return f"{major}.{rest[0]}.{rest[1:] or 0}" if len(rest) >= 2 else f"{major}.{rest}.0"
 
 
 def _predict(graph: Any, device: str, params: Any, deployment: Deployment) -> tuple[float, float, bool]:

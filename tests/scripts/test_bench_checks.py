@@ -102,3 +102,11 @@ def test_accuracy_llm_reads_the_bench_rows_and_leaves_out_impossible_ones() -> N
     assert any("beyond its 2048 positions" in k for k in skipped) and any("faster than" in k for k in skipped)
     assert {r["device"] for r in rows} == {"h100-sxm5-80gb", "gh200-96gb"}
     assert not any(r["device"].startswith("a100") for r in rows)
+
+
+def test_timm_torch_version_tags_read_as_torch_versions(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(_BENCH))
+    b = _load("accuracy_deployment")
+    assert [b.torch_version_of_tag(t) for t in ("pt113", "pt210", "pt240", "pt291")] == [
+        "1.13", "2.1.0", "2.4.0", "2.9.1"]
+    assert b.torch_version_of_tag("") is None and b.torch_version_of_tag("ptx") is None
