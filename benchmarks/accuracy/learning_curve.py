@@ -15,7 +15,8 @@ Each group of rows (``--group space``: one search space, e.g. each host-CPU fami
 a space a search explores. Per draw, ``--pool`` candidates of the group are taken (seeded) and ordered as a
 search would measure them: by Pareto rank of (MACs per batch, the capacity a search trades for speed: higher
 is better; the uncalibrated predicted latency: lower is better), non-dominated sorting, ties in a seeded
-order; the first ``n`` are measured, the rest of the pool is scored. Methods at each ``n``:
+order (``--order random``: in the pool's seeded random order instead); the first ``n`` are measured, the rest of
+the pool is scored. Methods at each ``n``:
 
 - ``factor``: the factor calibration alone (``GnnPredictor.fit_factor_calibration``: what ``calibrate()``
   fits below its hand-over);
@@ -142,7 +143,7 @@ def run_group(p: GnnPredictor, graphs_all: list, y_all: np.ndarray, ns: list[int
     for d in range(args.draws):
         rng = np.random.default_rng(1000 * d + 7)
         pool = rng.choice(len(graphs_all), size=min(args.pool, len(graphs_all)), replace=False)
-        order = pool[pareto_order(macs_all[pool], raw_all[pool], rng)]
+        order = pool[pareto_order(macs_all[pool], raw_all[pool], rng)] if args.order == "pareto" else pool
         for n in ns:
             if n >= len(order) - 5:
                 continue
@@ -167,6 +168,24 @@ def run_group(p: GnnPredictor, graphs_all: list, y_all: np.ndarray, ns: list[int
             if n >= 2:
                 res["scratch"][n].append(score(*scratch(p, g_tr, y_tr, g_te, dep), y_te, hb))
     return res
+
+
+def in_sample(p: GnnPredictor, graphs: list, y: np.ndarray, dep: Deployment | None) -> dict[str, float]:
+    """MAPE (%) of the factor calibration and of ``adapt()`` fitted on every row of a group and scored on the same
+    rows: the floor of each method on the group, before any extrapolation to rows it has not measured."""
+    rows = [(g, {"latency_ms": float(v)}) for g, v in zip(graphs, y)]
+    p.reset_adaptation()
+    p.calibration = (p.fit_factor_calibration(rows, "eager", default_host_profile()) if dep is None
+                     else p.fit_factor_calibration(rows, deployment=dep))
+    p.clear_prediction_cache()
+    out = {"factor_mape_pct": float(np.mean(np.abs(predict(p, graphs, dep)[0] / y - 1)) * 100)}
+    ad = p.adapt(rows, persist=False, deployment=dep)
+    out["adapt_mape_pct"] = float(np.mean(np.abs(predict(p, graphs, dep)[0] / y - 1)) * 100)
+    out["adapt_ridge"] = ad.heads["latency_ms"].ridge if ad is not None and "latency_ms" in ad.heads else None
+    p.reset_adaptation()
+    p.calibration = None
+    p.clear_prediction_cache()
+    return out
 
 
 def _median(values: list[float]) -> float:
@@ -216,10 +235,16 @@ def main(argv: list[str] | None = None) -> int:
                          "(needs --source and --group device)")
     ap.add_argument("--ns", default="0,5,10,20,50,100")
     ap.add_argument("--draws", type=int, default=10)
+    ap.add_argument("--order", choices=("pareto", "random"), default="pareto",
+                    help="pareto: measured in Pareto-rank order, as a search would (default); random: in the seeded "
+                         "pool order, to tell the order's share of a miss from the model's")
     ap.add_argument("--pool", type=int, default=170, help="candidates of a group per draw (default 170)")
     ap.add_argument("--max-rows", type=int, default=None,
                     help="keep this many rows of each group (seeded sample; default all): featurising every row of a "
                          "5,000-row file costs minutes")
+    ap.add_argument("--in-sample", action="store_true",
+                    help="also fit the factor calibration and adapt() on every row of each group and score them on the "
+                         "same rows (each method's floor on the group)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     ns = [int(x) for x in args.ns.split(",")]
@@ -255,10 +280,13 @@ def main(argv: list[str] | None = None) -> int:
         y_all = np.array([float(mg.measurement["latency_ms"]) for mg in mgs])
         with p.one_network_pass(graphs_all):  # the members' outputs of every row, reused by every fit and score
             res = run_group(p, graphs_all, y_all, ns, args, dep)
+            floor = in_sample(p, graphs_all, y_all, dep) if args.in_sample else None
         med = {m: {n: {k: _median([r[k] for r in v]) for k in SCORES}
                    for n, v in sorted(per.items()) if v} for m, per in res.items()}
         report[name] = {"rows": len(mgs), "draws": args.draws, "pool": args.pool, "device": device,
                         "deployment": dep.key if dep is not None else None, "prior": args.prior, "median": med}
+        if floor is not None:
+            report[name]["in_sample"] = floor
         print(f"\n== {name}: {len(mgs)} rows; medians over {args.draws} draws (MAPE % / tau / within ±2σ)")
         print(f"{'n':>4} " + " ".join(f"{m:>24}" for m in ("none", *METHODS)))
         for n in ns:
@@ -267,6 +295,9 @@ def main(argv: list[str] | None = None) -> int:
                 v = med[m].get(n)
                 cells.append(f"{v['mape_pct']:7.1f} {v['tau']:6.3f} {v['coverage_2sigma']:5.2f}   " if v else f"{'-':>24}")
             print(f"{n:>4} " + " ".join(f"{c:>24}" for c in cells))
+        if floor is not None:
+            print(f"in sample (all {len(mgs)} rows fitted and scored): factor {floor['factor_mape_pct']:.1f} %, adapt "
+                  f"{floor['adapt_mape_pct']:.1f} % (ridge {floor['adapt_ridge']})")
         sys.stdout.flush()
     print(f"\n{time.perf_counter() - t0:.0f} s")
     if args.out is not None:

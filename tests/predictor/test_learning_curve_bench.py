@@ -79,7 +79,7 @@ def test_rows_of_a_described_deployment_are_calibrated_and_scored_for_it(lc) -> 
     dep = lc.group_deployment([_eager_row(2.2)], "described")
     p = _gpu_predictor()
     y = 1.3 * np.array([x.latency_ms for x in p.predict_graphs(graphs, mig=False, deployment=dep)])
-    args = argparse.Namespace(draws=1, pool=len(graphs))
+    args = argparse.Namespace(draws=1, pool=len(graphs), order="pareto")
     with p.one_network_pass(graphs):
         res = lc.run_group(p, graphs, y, [0, 5], args, dep)
     zero, factor = res["none"][0][0], res["factor"][5][0]
@@ -87,3 +87,6 @@ def test_rows_of_a_described_deployment_are_calibrated_and_scored_for_it(lc) -> 
     assert factor["mape_pct"] < 2.0 and res["adapt"][5][0]["mape_pct"] == pytest.approx(factor["mape_pct"])
     assert 0.0 <= factor["host_bound_share"] <= 1.0
     assert not (math.isnan(factor["mape_host_bound_pct"]) and math.isnan(factor["mape_gpu_bound_pct"]))
+    floor = lc.in_sample(p, graphs, y, dep)
+    assert floor["factor_mape_pct"] < 2.0 and floor["adapt_mape_pct"] < 2.0
+    assert p.calibration is None and p.adaptation is None  # the predictor is left as it was
