@@ -134,7 +134,7 @@ def scratch(p: GnnPredictor, train: list, y_train: np.ndarray, test: list, dep: 
 def run_group(p: GnnPredictor, graphs_all: list, y_all: np.ndarray, ns: list[int], args: argparse.Namespace,
               dep: Deployment | None = None) -> dict[str, dict[int, list[dict[str, float]]]]:
     """Every draw and n of one group: the scores of each method (``none``: n = 0, the predictor as shipped), each
-    prediction, calibration and adaptation for ``dep`` (``None``: eager on the default host, as before)."""
+    prediction, calibration and adaptation for ``dep`` (``None``: eager on the default host)."""
     host = default_host_profile()
     raw_all, _ = predict(p, graphs_all, dep)
     hb_all = host_bound(p, graphs_all, dep)
