@@ -87,3 +87,20 @@ def test_rows_of_a_described_deployment_are_calibrated_and_scored_for_it(lc) -> 
     assert factor["mape_pct"] < 2.0 and res["adapt"][5][0]["mape_pct"] == pytest.approx(factor["mape_pct"])
     assert 0.0 <= factor["host_bound_share"] <= 1.0
     assert not (math.isnan(factor["mape_host_bound_pct"]) and math.isnan(factor["mape_gpu_bound_pct"]))
+
+
+def test_family_groups_are_a_gpu_and_a_timm_family(lc) -> None:
+    """--group family: one group per measured GPU (catalogue id) and timm family of the row's model name."""
+    def row(device: str, model: str | None, space: str = "timm") -> MeasuredGraph:
+        return MeasuredGraph(graph=None, spec=None, measurement={"source": "timm", "device": device, "space": space,
+                                                                 "config": {"model": model} if model else {}})
+
+    assert lc.group_name(row("rtx-3090", "tf_efficientnet_b0"), "family") == "rtx-3090/efficientnet"
+    assert lc.group_name(row("a100-40gb", "efficientnet_b3"), "family") == "a100-sxm4-40gb/efficientnet"
+    assert lc.group_name(row("rtx-5090", "mobilenetv4_conv_small"), "family") == "rtx-5090/mobilenetv"
+    assert lc.group_name(row("rtx-5090", "mobilenetv4_conv_small"), "device") == "rtx-5090"
+    assert lc.group_name(row("rtx-5090", None), "space") == "timm"
+    assert lc.group_name(row("rtx-5090", None), "none") == "all"
+    assert "family" in lc.PER_GPU_GROUPS and "device" in lc.PER_GPU_GROUPS
+    with pytest.raises(SystemExit, match="config\\['model'\\]"):
+        lc.group_name(row("rtx-3090", None), "family")
