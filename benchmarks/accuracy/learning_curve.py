@@ -17,6 +17,8 @@ search would measure them: by Pareto rank of (MACs per batch, the capacity a sea
 is better; the uncalibrated predicted latency: lower is better), non-dominated sorting, ties in a seeded
 order; the first ``n`` are measured, the rest of the pool is scored. Methods at each ``n``:
 
+- ``none``: the predictor as shipped (no row used), scored on the same rest: the reference of every ``n`` (the rest
+  a Pareto order leaves is not a random part of the group);
 - ``factor``: the factor calibration alone (``GnnPredictor.fit_factor_calibration``: what ``calibrate()``
   fits below its hand-over);
 - ``adapt``: ``predictor.adapt(rows, persist=False)`` (factors + residual heads, amount chosen by CV);
@@ -134,10 +136,11 @@ def scratch(p: GnnPredictor, train: list, y_train: np.ndarray, test: list, dep: 
 
 def run_group(p: GnnPredictor, graphs_all: list, y_all: np.ndarray, ns: list[int], args: argparse.Namespace,
               dep: Deployment | None = None) -> dict[str, dict[int, list[dict[str, float]]]]:
-    """Every draw and n of one group: the scores of each method (``none``: n = 0, the predictor as shipped), each
-    prediction, calibration and adaptation for ``dep`` (``None``: eager on the default host, as before)."""
+    """Every draw and n of one group: the scores of each method (``none``: the predictor as shipped, scored on the
+    same rows as the methods at each n), each prediction, calibration and adaptation for ``dep`` (``None``: eager on
+    the default host, as before)."""
     host = default_host_profile()
-    raw_all, _ = predict(p, graphs_all, dep)
+    raw_all, raw_std = predict(p, graphs_all, dep)  # as shipped: also scored on the rest at every n
     hb_all = host_bound(p, graphs_all, dep)
     macs_all = np.array([float(g.total_macs) for g in graphs_all])
     res: dict[str, dict[int, list[dict[str, float]]]] = {m: defaultdict(list) for m in ("none", *METHODS)}
@@ -153,6 +156,8 @@ def run_group(p: GnnPredictor, graphs_all: list, y_all: np.ndarray, ns: list[int
                                       y_all[te])
             rows_tr = [(g, {"latency_ms": float(v)}) for g, v in zip(g_tr, y_tr)]
             hb = hb_all[te]
+            if n > 0:
+                res["none"][n].append(score(raw_all[te], raw_std[te], y_te, hb))
             if n == 0:
                 p.reset_adaptation()
                 p.calibration = None

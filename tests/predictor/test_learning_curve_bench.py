@@ -104,3 +104,16 @@ def test_family_groups_are_a_gpu_and_a_timm_family(lc) -> None:
     assert "family" in lc.PER_GPU_GROUPS and "device" in lc.PER_GPU_GROUPS
     with pytest.raises(SystemExit, match="config\\['model'\\]"):
         lc.group_name(row("rtx-3090", None), "family")
+
+
+def test_the_shipped_prediction_is_scored_on_each_rest(lc) -> None:
+    """``none`` at n > 0 is the uncalibrated prediction scored on the same rows as the methods at that n."""
+    graphs = [synthetic_resnet_graph(nb, channels=ch, batch=b, size=s)
+              for nb in (1, 3) for ch in (8, 32) for b in (1, 12) for s in (8, 16)]
+    p = _gpu_predictor()
+    y = 1.3 * np.array([x.latency_ms for x in p.predict_graphs(graphs, mig=False)])
+    with p.one_network_pass(graphs):
+        res = lc.run_group(p, graphs, y, [0, 5], argparse.Namespace(draws=2, pool=len(graphs)))
+    assert len(res["none"][5]) == 2 and len(res["factor"][5]) == 2
+    for s in (*res["none"][0], *res["none"][5]):
+        assert s["mape_pct"] == pytest.approx(100 * (1 - 1 / 1.3), rel=1e-3)
