@@ -15,7 +15,8 @@ Each group of rows (``--group space``: one search space, e.g. each host-CPU fami
 a space a search explores. Per draw, ``--pool`` candidates of the group are taken (seeded) and ordered as a
 search would measure them: by Pareto rank of (MACs per batch, the capacity a search trades for speed: higher
 is better; the uncalibrated predicted latency: lower is better), non-dominated sorting, ties in a seeded
-order; the first ``n`` are measured, the rest of the pool is scored. Methods at each ``n``:
+order (``--order random``: the seeded draw's order instead); the first ``n`` are measured, the rest of the pool is
+scored. Methods at each ``n``:
 
 - ``none``: the predictor as shipped (no row used), scored on the same rest: the reference of every ``n`` (the rest
   a Pareto order leaves is not a random part of the group);
@@ -147,7 +148,8 @@ def run_group(p: GnnPredictor, graphs_all: list, y_all: np.ndarray, ns: list[int
     for d in range(args.draws):
         rng = np.random.default_rng(1000 * d + 7)
         pool = rng.choice(len(graphs_all), size=min(args.pool, len(graphs_all)), replace=False)
-        order = pool[pareto_order(macs_all[pool], raw_all[pool], rng)]
+        order = (pool[pareto_order(macs_all[pool], raw_all[pool], rng)] if getattr(args, "order", "pareto") == "pareto"
+                 else pool)  # "random": the seeded draw's own order
         for n in ns:
             if n >= len(order) - 5:
                 continue
@@ -248,6 +250,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ns", default="0,5,10,20,50,100")
     ap.add_argument("--draws", type=int, default=10)
     ap.add_argument("--pool", type=int, default=170, help="candidates of a group per draw (default 170)")
+    ap.add_argument("--order", choices=("pareto", "random"), default="pareto",
+                    help="which candidates are measured first: pareto (as a search measures them, the default) or "
+                         "random (the seeded draw; tells a miss of the order from one of the rows' content)")
     ap.add_argument("--max-rows", type=int, default=None,
                     help="keep this many rows of each group (seeded sample; default all): featurising every row of a "
                          "5,000-row file costs minutes")
@@ -286,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
             res = run_group(p, graphs_all, y_all, ns, args, dep)
         med = {m: {n: {k: _median([r[k] for r in v]) for k in SCORES}
                    for n, v in sorted(per.items()) if v} for m, per in res.items()}
-        report[name] = {"rows": len(mgs), "draws": args.draws, "pool": args.pool, "device": device,
+        report[name] = {"rows": len(mgs), "draws": args.draws, "pool": args.pool, "order": args.order, "device": device,
                         "deployment": dep.key if dep is not None else None, "prior": args.prior, "median": med}
         print(f"\n== {name}: {len(mgs)} rows; medians over {args.draws} draws (MAPE % / tau / within ±2σ)")
         print(f"{'n':>4} " + " ".join(f"{m:>24}" for m in ("none", *METHODS)))

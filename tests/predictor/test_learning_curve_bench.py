@@ -117,3 +117,19 @@ def test_the_shipped_prediction_is_scored_on_each_rest(lc) -> None:
     assert len(res["none"][5]) == 2 and len(res["factor"][5]) == 2
     for s in (*res["none"][0], *res["none"][5]):
         assert s["mape_pct"] == pytest.approx(100 * (1 - 1 / 1.3), rel=1e-3)
+
+
+def test_random_order_measures_the_seeded_draw_not_the_pareto_front(lc, monkeypatch: pytest.MonkeyPatch) -> None:
+    graphs = [synthetic_resnet_graph(nb, channels=ch, batch=1, size=8) for nb in (1, 2, 3) for ch in (8, 16, 32)]
+    p = _gpu_predictor()
+    y = np.array([x.latency_ms for x in p.predict_graphs(graphs, mig=False)])
+
+    def no_pareto(*_a: object) -> None:
+        raise AssertionError("pareto_order called")
+
+    monkeypatch.setattr(lc, "pareto_order", no_pareto)
+    with p.one_network_pass(graphs):
+        res = lc.run_group(p, graphs, y, [0, 3], argparse.Namespace(draws=1, pool=len(graphs), order="random"))
+        assert len(res["factor"][3]) == 1
+        with pytest.raises(AssertionError, match="pareto_order"):
+            lc.run_group(p, graphs, y, [0, 3], argparse.Namespace(draws=1, pool=len(graphs), order="pareto"))
