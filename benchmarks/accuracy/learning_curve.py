@@ -18,6 +18,8 @@ is better; the uncalibrated predicted latency: lower is better), non-dominated s
 order (``--order random``: in the pool's seeded random order instead); the first ``n`` are measured, the rest of
 the pool is scored. Methods at each ``n``:
 
+- ``none``: the predictor as shipped (no row used), scored on the same rest: the reference of every ``n`` (the rest
+  a Pareto order leaves is not a random part of the group);
 - ``factor``: the factor calibration alone (``GnnPredictor.fit_factor_calibration``: what ``calibrate()``
   fits below its hand-over);
 - ``adapt``: ``predictor.adapt(rows, persist=False)`` (factors + residual heads, amount chosen by CV);
@@ -33,7 +35,9 @@ A checkpoint may answer for another catalogue device through its device features
 from the checkpoint's): it is then built as ``GnnPredictor(base.model, base.meta, device)``.
 
 ``--group device``: one group per measured GPU (the rows' ``device``, a dataset name mapped to its catalogue id),
-each predicted for its own GPU. ``--deployment described``: every prediction, calibration and adaptation of a group
+each predicted for its own GPU; ``--group family``: one group per measured GPU and timm family
+(``rtx-3090/efficientnet``: ``timm_family`` of the row's model name), e.g. the families a ``timm-family``
+checkpoint held out, one at a time. ``--deployment described``: every prediction, calibration and adaptation of a group
 is for the deployment its rows record (``accuracy_deployment.described``: for the eager CNN timings the host's
 clock, PyTorch 1.x, the pageable input copy, cudnn.benchmark); a group whose rows record more than one deployment
 is refused. ``--prior held-out``: the checkpoint's pinned prior constants with what the source's rows fitted in
@@ -54,12 +58,12 @@ from pathlib import Path
 import numpy as np
 
 from dippm_nas import Deployment
-from dippm_nas.dataset import load_measurements
+from dippm_nas.dataset import MeasuredGraph, load_measurements
 from dippm_nas.devices import default_host_profile
 from dippm_nas.predictor import GnnPredictor, find_checkpoint, fit_residual_head, global_arrays
 from dippm_nas.prior import default_params
 from dippm_nas.prior import predict as prior_predict
-from dippm_nas.training import DEVICE_ALIASES
+from dippm_nas.training import DEVICE_ALIASES, timm_family
 
 METHODS = ("factor", "adapt", "scratch")
 
@@ -133,10 +137,11 @@ def scratch(p: GnnPredictor, train: list, y_train: np.ndarray, test: list, dep: 
 
 def run_group(p: GnnPredictor, graphs_all: list, y_all: np.ndarray, ns: list[int], args: argparse.Namespace,
               dep: Deployment | None = None) -> dict[str, dict[int, list[dict[str, float]]]]:
-    """Every draw and n of one group: the scores of each method (``none``: n = 0, the predictor as shipped), each
-    prediction, calibration and adaptation for ``dep`` (``None``: eager on the default host)."""
+    """Every draw and n of one group: the scores of each method (``none``: the predictor as shipped, scored on the
+    same rows as the methods at each n), each prediction, calibration and adaptation for ``dep`` (``None``: eager on
+    the default host)."""
     host = default_host_profile()
-    raw_all, _ = predict(p, graphs_all, dep)
+    raw_all, raw_std = predict(p, graphs_all, dep)  # as shipped: also scored on the rest at every n
     hb_all = host_bound(p, graphs_all, dep)
     macs_all = np.array([float(g.total_macs) for g in graphs_all])
     res: dict[str, dict[int, list[dict[str, float]]]] = {m: defaultdict(list) for m in ("none", *METHODS)}
@@ -152,6 +157,8 @@ def run_group(p: GnnPredictor, graphs_all: list, y_all: np.ndarray, ns: list[int
                                       y_all[te])
             rows_tr = [(g, {"latency_ms": float(v)}) for g, v in zip(g_tr, y_tr)]
             hb = hb_all[te]
+            if n > 0:
+                res["none"][n].append(score(raw_all[te], raw_std[te], y_te, hb))
             if n == 0:
                 p.reset_adaptation()
                 p.calibration = None
@@ -218,6 +225,29 @@ def held_out_prior(p: GnnPredictor, source: str, device: str, source_rows: list)
     p.clear_prediction_cache()
 
 
+#: ``--group`` modes whose groups are each predicted for their own measured GPU (the group name starts with it).
+PER_GPU_GROUPS = ("device", "family")
+
+
+def group_name(mg: MeasuredGraph, mode: str) -> str:
+    """The group a row belongs to under ``--group mode``: its search space (``space``), its GPU's catalogue id
+    (``device``), ``GPU/family`` with the timm family of the row's model name (``family``, :func:`timm_family`), or
+    ``all``."""
+    m = mg.measurement
+    if mode == "space":
+        return m.get("space") or "all"
+    if mode == "none":
+        return "all"
+    device = DEVICE_ALIASES.get(m["device"], m["device"])
+    if mode == "device":
+        return device
+    model = (m.get("config") or {}).get("model") if isinstance(m.get("config"), dict) else None
+    if not model:
+        raise SystemExit(f"--group family needs rows naming their model (config['model'], as timm rows do); a row of "
+                         f"source {m.get('source')!r} does not")
+    return f"{device}/{timm_family(str(model))}"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", required=True, type=Path)
@@ -226,8 +256,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--checkpoint", type=Path, default=None, help="default: the device's own checkpoint")
     ap.add_argument("--source", default=None, help="only rows of this dataset source (e.g. ryujaehun; default all)")
     ap.add_argument("--dtypes", default=None, help="comma-separated graph dtypes to keep (default all)")
-    ap.add_argument("--group", choices=("space", "device", "none"), default="none",
-                    help="space: one group per search space; device: one per measured GPU, each predicted for it")
+    ap.add_argument("--group", choices=("space", "device", "family", "none"), default="none",
+                    help="space: one group per search space; device: one per measured GPU, each predicted for it; "
+                         "family: one per measured GPU and timm family")
     ap.add_argument("--deployment", choices=("none", "described"), default="none",
                     help="described: predict, calibrate and adapt for the deployment the rows record")
     ap.add_argument("--prior", choices=("checkpoint", "held-out"), default="checkpoint",
@@ -259,19 +290,17 @@ def main(argv: list[str] | None = None) -> int:
             and (dtypes is None or mg.graph.spec.dtype in dtypes)]
     groups: dict[str, list] = defaultdict(list)
     for mg in rows:
-        groups[mg.measurement.get("space") or "all" if args.group == "space" else
-               DEVICE_ALIASES.get(mg.measurement["device"], mg.measurement["device"]) if args.group == "device"
-               else "all"].append(mg)
+        groups[group_name(mg, args.group)].append(mg)
     report: dict[str, dict] = {}
     t0 = time.perf_counter()
-    answering = "each group's GPU" if args.group == "device" else args.device
+    answering = "each group's GPU" if args.group in PER_GPU_GROUPS else args.device
     print(f"checkpoint {ck} answering for {answering}; "
           f"{len(rows)} rows in {len(groups)} group(s)")
     for name, mgs in sorted(groups.items()):
         if args.max_rows is not None and len(mgs) > args.max_rows:
             keep = np.random.default_rng(0).choice(len(mgs), size=args.max_rows, replace=False)
             mgs = [mgs[i] for i in sorted(keep)]
-        device = name if args.group == "device" else args.device
+        device = name.split("/")[0] if args.group in PER_GPU_GROUPS else args.device
         p = GnnPredictor(base.model, base.meta, device, load_calibration=False)
         if args.prior == "held-out":
             held_out_prior(p, args.source, device, source_rows)
@@ -283,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
             floor = in_sample(p, graphs_all, y_all, dep) if args.in_sample else None
         med = {m: {n: {k: _median([r[k] for r in v]) for k in SCORES}
                    for n, v in sorted(per.items()) if v} for m, per in res.items()}
-        report[name] = {"rows": len(mgs), "draws": args.draws, "pool": args.pool, "device": device,
+        report[name] = {"rows": len(mgs), "draws": args.draws, "pool": args.pool, "order": args.order, "device": device,
                         "deployment": dep.key if dep is not None else None, "prior": args.prior, "median": med}
         if floor is not None:
             report[name]["in_sample"] = floor

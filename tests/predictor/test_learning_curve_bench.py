@@ -90,3 +90,49 @@ def test_rows_of_a_described_deployment_are_calibrated_and_scored_for_it(lc) -> 
     floor = lc.in_sample(p, graphs, y, dep)
     assert floor["factor_mape_pct"] < 2.0 and floor["adapt_mape_pct"] < 2.0
     assert p.calibration is None and p.adaptation is None  # the predictor is left as it was
+
+
+def test_family_groups_are_a_gpu_and_a_timm_family(lc) -> None:
+    """--group family: one group per measured GPU (catalogue id) and timm family of the row's model name."""
+    def row(device: str, model: str | None, space: str = "timm") -> MeasuredGraph:
+        return MeasuredGraph(graph=None, spec=None, measurement={"source": "timm", "device": device, "space": space,
+                                                                 "config": {"model": model} if model else {}})
+
+    assert lc.group_name(row("rtx-3090", "tf_efficientnet_b0"), "family") == "rtx-3090/efficientnet"
+    assert lc.group_name(row("a100-40gb", "efficientnet_b3"), "family") == "a100-sxm4-40gb/efficientnet"
+    assert lc.group_name(row("rtx-5090", "mobilenetv4_conv_small"), "family") == "rtx-5090/mobilenetv"
+    assert lc.group_name(row("rtx-5090", "mobilenetv4_conv_small"), "device") == "rtx-5090"
+    assert lc.group_name(row("rtx-5090", None), "space") == "timm"
+    assert lc.group_name(row("rtx-5090", None), "none") == "all"
+    assert "family" in lc.PER_GPU_GROUPS and "device" in lc.PER_GPU_GROUPS
+    with pytest.raises(SystemExit, match="config\\['model'\\]"):
+        lc.group_name(row("rtx-3090", None), "family")
+
+
+def test_the_shipped_prediction_is_scored_on_each_rest(lc) -> None:
+    """``none`` at n > 0 is the uncalibrated prediction scored on the same rows as the methods at that n."""
+    graphs = [synthetic_resnet_graph(nb, channels=ch, batch=b, size=s)
+              for nb in (1, 3) for ch in (8, 32) for b in (1, 12) for s in (8, 16)]
+    p = _gpu_predictor()
+    y = 1.3 * np.array([x.latency_ms for x in p.predict_graphs(graphs, mig=False)])
+    with p.one_network_pass(graphs):
+        res = lc.run_group(p, graphs, y, [0, 5], argparse.Namespace(draws=2, pool=len(graphs), order="pareto"))
+    assert len(res["none"][5]) == 2 and len(res["factor"][5]) == 2
+    for s in (*res["none"][0], *res["none"][5]):
+        assert s["mape_pct"] == pytest.approx(100 * (1 - 1 / 1.3), rel=1e-3)
+
+
+def test_random_order_measures_the_seeded_draw_not_the_pareto_front(lc, monkeypatch: pytest.MonkeyPatch) -> None:
+    graphs = [synthetic_resnet_graph(nb, channels=ch, batch=1, size=8) for nb in (1, 2, 3) for ch in (8, 16, 32)]
+    p = _gpu_predictor()
+    y = np.array([x.latency_ms for x in p.predict_graphs(graphs, mig=False)])
+
+    def no_pareto(*_a: object) -> None:
+        raise AssertionError("pareto_order called")
+
+    monkeypatch.setattr(lc, "pareto_order", no_pareto)
+    with p.one_network_pass(graphs):
+        res = lc.run_group(p, graphs, y, [0, 3], argparse.Namespace(draws=1, pool=len(graphs), order="random"))
+        assert len(res["factor"][3]) == 1
+        with pytest.raises(AssertionError, match="pareto_order"):
+            lc.run_group(p, graphs, y, [0, 3], argparse.Namespace(draws=1, pool=len(graphs), order="pareto"))
