@@ -264,7 +264,7 @@ def host_facts(*, refresh: bool = False, threads: int | None = None) -> dict[str
     with file_lock(path.with_name(path.name + ".lock"), timeout_s=_LOCK_TIMEOUT_S):
         entries = _read_entries(path)
         cached = entries.get(key)
-        problem = _facts_problem(cached, key) if cached is not None else "absent"
+        problem = _facts_problem(cached, key) if key in entries else "absent"
         if not refresh and problem is None and not cached.get("contended"):
             return dict(cached)
         if problem not in (None, "absent"):
