@@ -112,21 +112,28 @@ def contraction_tiles(node: OpNode, tile_m: int, tile_n: int) -> tuple[int, floa
     activation) is one ``(... x M) x N`` GEMM, as ``torch.matmul`` and cuBLAS run it, not ``batch``
     small ones. Attention: output elements over a tile.
     """
+    gemm, m, n, batch, out_elems = _tile_shape(node)
+    if gemm:
+        return _gemm_tiles(m, n, batch, tile_m, tile_n)
+    tiles = math.ceil(out_elems / (tile_m * tile_n))
+    return tiles, out_elems / (tiles * tile_m * tile_n)
+
+
+def _tile_shape(node: OpNode) -> tuple[bool, int, int, int, int]:
+    """``(gemm, m, n, batch, output elements)`` of a contraction node for :func:`contraction_tiles`: the GEMM's
+    sizes where it is one (``gemm``), else the output elements tiled."""
     out_elems = max(1, node.output_elements if len(node.output_shapes) == 1 else math.prod(node.output_shape))
     a = node.attrs
     if node.op_class == "conv":
         groups = int(a.get("groups", 1) or 1)
         cout = int(a.get("out_channels") or _channels(node.output_shape, str(a.get("out_layout") or a.get("data_layout") or "NCHW")))
-        m = max(out_elems // max(cout, 1), 1)
-        n = max(cout // max(groups, 1), 1)
-        return _gemm_tiles(m, n, groups, tile_m, tile_n)
+        return True, max(out_elems // max(cout, 1), 1), max(cout // max(groups, 1), 1), groups, out_elems
     if node.op_class == "matmul" and "m" in a and "n" in a:
         batch, m = int(a.get("batch", 1) or 1), max(int(a["m"]), 1)
         if len(node.input_shapes) >= 2 and len(node.input_shapes[1]) == 2:  # folded into one GEMM
             batch, m = 1, m * batch
-        return _gemm_tiles(m, max(int(a["n"]), 1), batch, tile_m, tile_n)
-    tiles = math.ceil(out_elems / (tile_m * tile_n))
-    return tiles, out_elems / (tiles * tile_m * tile_n)
+        return True, m, max(int(a["n"]), 1), batch, out_elems
+    return False, 0, 0, 0, out_elems
 
 
 def _gemm_tiles(m: int, n: int, batch: int, tile_m: int, tile_n: int) -> tuple[int, float]:
@@ -220,6 +227,7 @@ class GraphFacts:
     dtypes: frozenset[str]
     uses_cublas: bool
     _tiles: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]]
+    _tile_shape: np.ndarray      # [num_nodes, 5] float64: _tile_shape() of active contraction nodes, 0 elsewhere
     _nodes: list[OpNode]
     _preds: list[list[int]]
     memory: Any = None           # MemoryBreakdown of the liveness pass, filled by the estimator
@@ -279,29 +287,32 @@ class GraphFacts:
         return dict(self._plans["unknown_ops"])
 
     def tiles(self, tile_m: int, tile_n: int) -> tuple[np.ndarray, np.ndarray]:
-        """(thread blocks, tile efficiency) of every contraction node for a tile size (1 elsewhere)."""
+        """(thread blocks, tile efficiency) of every contraction node for a tile size (1 elsewhere): the
+        arithmetic of :func:`contraction_tiles` over the nodes' tile shapes at once (the same float64 figures)."""
         key = (tile_m, tile_n)
         if key not in self._tiles:
             n = len(self._nodes)
             t, e = np.ones(n), np.ones(n)
-            for i in np.flatnonzero(self.contraction & self.active):
-                t[i], e[i] = contraction_tiles(self._nodes[i], tile_m, tile_n)
+            sel = self.contraction & self.active
+            gemm = sel & (self._tile_shape[:, 0] > 0)
+            m, nn, b = (self._tile_shape[gemm, j] for j in (1, 2, 3))
+            tm, tn = np.ceil(m / tile_m), np.ceil(nn / tile_n)
+            t[gemm], e[gemm] = tm * tn * b, (m / (tm * tile_m)) * (nn / (tn * tile_n))
+            flat = sel & ~gemm
+            out = self._tile_shape[flat, 4]
+            tiles = np.ceil(out / (tile_m * tile_n))
+            t[flat], e[flat] = tiles, out / (tiles * tile_m * tile_n)
             self._tiles[key] = (t, e)
         return self._tiles[key]
 
 
-def _selects(nodes: Sequence[OpNode]) -> np.ndarray:
-    """``take`` nodes with a 0-d constant index: ``x[0]`` / ``qkv[0]`` in PyTorch, a ``select`` view (no kernel),
-    which the frontend writes as a gather."""
-    return np.array([nd.op == "take" and len(nd.input_shapes) == 2 and len(nd.input_shapes[1]) == 0
-                     and nd.input_is_param[1] for nd in nodes], dtype=bool)
-
-
-def _rolls(nodes: Sequence[OpNode], preds: list[list[int]], succ: list[list[int]],
-           const: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _rolls(nodes: Sequence[OpNode], preds: list[list[int]], succ: list[list[int]], const: np.ndarray,
+           concats: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Find the frontend's decomposition of ``torch.roll``: per rolled dimension a ``concat`` of two
     ``strided_slice`` views of one tensor, each view read only by that concat; a roll over several dimensions
     chains them. Eager PyTorch dispatches one ``roll`` for all its dimensions (one kernel per dimension).
+
+    ``concats``: the indices of the non-constant ``concat`` nodes, in order (the only candidates).
 
     Returns ``(inner, internal)``: ``inner`` marks the slices (views inside the roll, no host time of their
     own); ``internal`` the concats of the later dimensions (a kernel launched inside the first one's dispatch).
@@ -310,9 +321,8 @@ def _rolls(nodes: Sequence[OpNode], preds: list[list[int]], succ: list[list[int]
     inner = np.zeros(n, dtype=bool)
     internal = np.zeros(n, dtype=bool)
     roll = np.zeros(n, dtype=bool)
-    for nd in nodes:
-        if nd.op != "concat" or const[nd.index]:
-            continue
+    for i in concats.tolist():
+        nd = nodes[i]
         ps = preds[nd.index]
         if len(ps) != 2 or len(nd.input_shapes) != 2 or any(nodes[q].op != "strided_slice" for q in ps):
             continue
@@ -334,22 +344,22 @@ def _scalar_param_input(nd: OpNode) -> bool:
             and any(p and len(s) == 0 for p, s in zip(par, shapes)))
 
 
-def _hard_activations(nodes: Sequence[OpNode], preds: list[list[int]],
-                      succ: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+def _hard_activations(nodes: Sequence[OpNode], preds: list[list[int]], succ: list[list[int]],
+                      adds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Find the frontend's decomposition of ``hardsigmoid(x) = clip(x + 3, 0, 6) / 6`` and
     ``hardswish(x) = x * hardsigmoid(x)``: an ``add`` of a scalar, a ``clip``, a ``divide`` by a scalar,
     each the only consumer of the one before, and for hardswish a ``multiply`` of the divide and ``x``.
 
     Returns ``(inner, extra)``: ``inner`` marks the nodes run inside the last one's kernel (add and clip,
     plus divide for hardswish); ``extra`` is, on the last node, the bytes it reads beyond ``x`` (the
-    divide's output, which the fused kernel never writes).
+    divide's output, which the fused kernel never writes). ``adds``: the indices of the non-constant ``add``
+    nodes of a tensor and a scalar weight, in order (the only candidates).
     """
     n = len(nodes)
     inner = np.zeros(n, dtype=bool)
     extra = np.zeros(n, dtype=np.float64)
-    for a in nodes:
-        if a.op != "add" or a.is_constant or not _scalar_param_input(a):
-            continue
+    for i in adds.tolist():
+        a = nodes[i]
         if len(succ[a.index]) != 1 or nodes[succ[a.index][0]].op != "clip":
             continue
         c = nodes[succ[a.index][0]]
@@ -371,15 +381,116 @@ def _hard_activations(nodes: Sequence[OpNode], preds: list[list[int]],
     return inner, extra
 
 
+# Columns of a node's row in the per-node memo (:func:`_node_rows`), float64.
+_R_CLASS, _R_HOST_KIND, _R_CONST, _R_VIEW, _R_DTYPE, _R_FLOPS, _R_BYTES, _R_ACT_BYTES, _R_REDUCTION_K = range(9)
+_R_ADD_PARAM, _R_ADD_SCALAR, _R_CONCAT, _R_TILE = 9, 10, 11, 12  # _R_TILE: the 5 columns of _tile_shape()
+_R_WIDTH = _R_TILE + 5
+_CUBLAS_IDX = np.array([c in ("matmul", "attention") for c in PARAM_CLASSES])
+
+
+def _fill_rows(rows: np.ndarray, nodes: Sequence[OpNode]) -> None:
+    """Write the per-node facts :func:`graph_facts` reads into ``rows`` (``[len(nodes), _R_WIDTH]``, see the
+    ``_R_*`` columns): each node's constants class, host kind, constant and view flags, dtype code, FLOPs, bytes,
+    activation bytes, GEMM reduction length, whether it is an ``add`` of a weight (fused-bias candidate), of a
+    scalar weight (hard-activation candidate) or a ``concat`` (roll candidate), and its tile shape when it is an active contraction."""
+    classes = [param_class(nd) for nd in nodes]
+    const = [nd.is_constant for nd in nodes]
+    # a view, or a ``take`` with a 0-d constant index: ``x[0]`` / ``qkv[0]`` in PyTorch, a ``select`` view (no
+    # kernel), which the frontend writes as a gather
+    view = [nd.op_class == "view" or (nd.op == "take" and len(nd.input_shapes) == 2 and len(nd.input_shapes[1]) == 0
+                                      and bool(nd.input_is_param[1])) for nd in nodes]
+    rows[:, _R_CLASS] = [_CLASS_INDEX[c] for c in classes]
+    rows[:, _R_HOST_KIND] = [_HOST_KIND_INDEX[host_kind(nd.op_class)] for nd in nodes]
+    rows[:, _R_CONST] = const
+    rows[:, _R_VIEW] = view
+    rows[:, _R_DTYPE] = [_DT_CODE.get(nd.output_dtype, -1) for nd in nodes]
+    rows[:, _R_FLOPS] = [nd.flops for nd in nodes]
+    rows[:, _R_BYTES] = [nd.bytes_read + nd.bytes_written for nd in nodes]
+    rows[:, _R_ACT_BYTES] = [nd.bytes_read - nd.param_bytes + nd.bytes_written for nd in nodes]
+    rows[:, _R_REDUCTION_K] = [nd.macs / max(1, math.prod(nd.output_shape)) if nd.macs else 1.0 for nd in nodes]
+    rows[:, _R_ADD_PARAM] = [nd.op == "add" and not nd.is_constant and any(nd.input_is_param) for nd in nodes]
+    rows[:, _R_ADD_SCALAR] = [nd.op == "add" and not nd.is_constant and _scalar_param_input(nd) for nd in nodes]
+    rows[:, _R_CONCAT] = [nd.op == "concat" and not nd.is_constant for nd in nodes]
+    rows[:, _R_TILE:] = 0.0
+    for j, (nd, c, k, v) in enumerate(zip(nodes, classes, const, view)):
+        if c in CONTRACTION_CLASSES and not k and not v:
+            rows[j, _R_TILE:] = _tile_shape(nd)
+
+
+class _RowMemo:
+    """:func:`_fill_rows` of every node object seen, in one float64 table, found by the object's ``id``.
+
+    The memo holds each node object it has a row of (so no other object can have that ``id`` while the row is
+    kept): an assembled search-space candidate shares most of its node objects with earlier candidates
+    (placements of the same block at the same offset), so a new candidate's rows are mostly looked up. Past
+    :data:`NODE_ROWS_MAX` rows the memo starts over."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.clear()
+
+    def clear(self) -> None:
+        self.row_of: dict[int, int] = {}
+        self.held: list[OpNode] = []
+        self.table = np.zeros((1024, _R_WIDTH))
+
+    def rows(self, nodes: Sequence[OpNode]) -> np.ndarray:
+        """``[len(nodes), _R_WIDTH]``: the rows of ``nodes`` (a copy), filling those not seen yet."""
+        with self.lock:
+            get = self.row_of.get
+            idx = [get(id(nd), -1) for nd in nodes]
+            if -1 in idx:
+                if len(self.held) + len(nodes) > NODE_ROWS_MAX:
+                    self.clear()
+                    idx = [-1] * len(nodes)
+                self._add(nodes, idx)
+            return self.table[np.array(idx, dtype=np.int64)]
+
+    def _add(self, nodes: Sequence[OpNode], idx: list[int]) -> None:
+        fresh: dict[int, int] = {}
+        new: list[OpNode] = []
+        start = len(self.held)
+        for j, r in enumerate(idx):
+            if r < 0:
+                nd = nodes[j]
+                r = fresh.get(id(nd))
+                if r is None:
+                    r = fresh[id(nd)] = start + len(new)
+                    new.append(nd)
+                idx[j] = r
+        end = start + len(new)
+        if end > len(self.table):
+            grown = np.zeros((max(end, 2 * len(self.table)), _R_WIDTH))
+            grown[:start] = self.table[:start]
+            self.table = grown
+        _fill_rows(self.table[start:end], new)
+        self.held.extend(new)
+        self.row_of.update(fresh)
+
+
+#: Bound on the node rows :func:`graph_facts` keeps (16 float64 each, and the node objects they belong to):
+#: 262,144 rows are 32 MiB of table; the 10,000 assembled ``mbconv`` candidates of
+#: ``docs/search_space_assembly.md`` hold 102,111 distinct node objects.
+NODE_ROWS_MAX = 262_144
+_ROWS = _RowMemo()
+
+
+def _node_rows(nodes: Sequence[OpNode]) -> np.ndarray:
+    """``[len(nodes), _R_WIDTH]`` float64: :func:`_fill_rows` of each node, memoised per node object."""
+    return _ROWS.rows(nodes)
+
+
 _FACTS: "dict[str, GraphFacts]" = {}
 _FACTS_MAX = 512
 _FACTS_LOCK = threading.Lock()
 
 
 def clear_graph_facts() -> None:
-    """Forget every cached :class:`GraphFacts` (benchmarks of new candidates; memory)."""
+    """Forget every cached :class:`GraphFacts` and per-node row (benchmarks of new candidates; memory)."""
     with _FACTS_LOCK:
         _FACTS.clear()
+    with _ROWS.lock:
+        _ROWS.clear()
 
 
 def graph_facts(graph: OperatorGraph) -> GraphFacts:
@@ -395,37 +506,35 @@ def graph_facts(graph: OperatorGraph) -> GraphFacts:
     n = len(nodes)
     preds = graph.predecessors()
     succ = graph.successors()
-    classes = tuple(param_class(nd) for nd in nodes)
-    cls_idx = np.array([_CLASS_INDEX[c] for c in classes], dtype=np.int64)
-    const = np.array([nd.is_constant for nd in nodes], dtype=bool)
-    view = (np.array([nd.op_class == "view" for nd in nodes], dtype=bool) | _selects(nodes)) & ~const
+    rows = _node_rows(nodes)
+    cls_idx = rows[:, _R_CLASS].astype(np.int64)
+    const = rows[:, _R_CONST] > 0
+    view = (rows[:, _R_VIEW] > 0) & ~const
     active = ~const & ~view
-    inner, internal = _rolls(nodes, preds, succ, const)
+    inner, internal = _rolls(nodes, preds, succ, const, np.flatnonzero(rows[:, _R_CONCAT] > 0))
     fused = np.zeros(n, dtype=bool)
-    for nd in nodes:
-        if nd.op != "add" or nd.is_constant or not any(nd.input_is_param):
-            continue
-        p = [q for q in preds[nd.index] if not nodes[q].is_constant]
-        if len(p) == 1 and nodes[p[0]].op_class in CONTRACTION_CLASSES and succ[p[0]] == [nd.index]:
-            fused[nd.index] = True
-    hard_inner, hard_extra = _hard_activations(nodes, preds, succ)
+    adds = np.flatnonzero(rows[:, _R_ADD_PARAM] > 0)
+    for i in adds.tolist():
+        p = [q for q in preds[i] if not nodes[q].is_constant]
+        if len(p) == 1 and nodes[p[0]].op_class in CONTRACTION_CLASSES and succ[p[0]] == [i]:
+            fused[i] = True
+    hard_inner, hard_extra = _hard_activations(nodes, preds, succ, np.flatnonzero(rows[:, _R_ADD_SCALAR] > 0))
+    dtype = rows[:, _R_DTYPE].astype(np.int64)
+    names = list(_DT_CODE)
     facts = GraphFacts(
-        classes=classes, cls_idx=cls_idx,
-        host_kind=np.where(view, _HOST_KIND_INDEX["view"],
-                           np.array([_HOST_KIND_INDEX[host_kind(nd.op_class)] for nd in nodes], dtype=np.int64)),
+        classes=tuple([PARAM_CLASSES[c] for c in cls_idx.tolist()]), cls_idx=cls_idx,
+        host_kind=np.where(view, _HOST_KIND_INDEX["view"], rows[:, _R_HOST_KIND].astype(np.int64)),
         active=active, view=view, fused=fused, inner_view=inner, internal=internal,
         hard_inner=hard_inner, hard_extra_bytes=hard_extra,
-        conv=np.array([c == "conv" for c in classes], dtype=bool),
+        conv=cls_idx == _CLASS_INDEX["conv"],
         contraction=_CONTRACTION_IDX[cls_idx],
-        dtype=np.array([_DT_CODE.get(nd.output_dtype, -1) for nd in nodes], dtype=np.int64),
-        flops=np.array([nd.flops for nd in nodes], dtype=np.float64),
-        bytes=np.array([nd.bytes_read + nd.bytes_written for nd in nodes], dtype=np.float64),
-        act_bytes=np.array([nd.bytes_read - nd.param_bytes + nd.bytes_written for nd in nodes], dtype=np.float64),
-        reduction_k=np.array([nd.macs / max(1, math.prod(nd.output_shape)) if nd.macs else 1.0 for nd in nodes],
-                             dtype=np.float64),
-        dtypes=frozenset(nd.output_dtype for nd in nodes if not nd.is_constant and nd.output_dtype in _DT_CODE),
-        uses_cublas=any(nd.op_class in ("matmul", "attention") and not nd.is_constant for nd in nodes),
-        _tiles={}, _nodes=nodes, _preds=preds,
+        dtype=dtype,
+        flops=rows[:, _R_FLOPS].copy(), bytes=rows[:, _R_BYTES].copy(), act_bytes=rows[:, _R_ACT_BYTES].copy(),
+        reduction_k=rows[:, _R_REDUCTION_K].copy(),
+        dtypes=frozenset(names[c] for c in np.flatnonzero(np.bincount(dtype[~const & (dtype >= 0)],
+                                                                       minlength=len(names))).tolist()),
+        uses_cublas=bool(np.any(_CUBLAS_IDX[cls_idx] & ~const)),
+        _tiles={}, _tile_shape=rows[:, _R_TILE:], _nodes=nodes, _preds=preds,
     )
     with _FACTS_LOCK:
         while len(_FACTS) >= _FACTS_MAX:
