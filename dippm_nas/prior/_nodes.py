@@ -30,13 +30,13 @@ import numpy as np
 from dippm_nas.deployment import AUTOCAST_DTYPES
 from dippm_nas.devices import Device, HostProfile, default_host_profile
 from dippm_nas.errors import InvalidValueError
-from dippm_nas.graph import OperatorGraph, OpNode
+from dippm_nas.graph import OP_CLASSES, OperatorGraph, OpNode, node_columns
 from dippm_nas.prior._autocast import AutocastPlan, autocast_plan
 from dippm_nas.prior._host import HOST_KINDS, host_kind
 from dippm_nas.prior._params import CONTRACTION_CLASSES, PARAM_CLASSES, PriorParams
 
 __all__ = ["NodeCosts", "node_costs", "facts_costs", "KernelTerms", "kernel_terms", "retimed", "host_times", "costs_of_terms", "check_autocast", "kernel_time_us", "wave_efficiency", "contraction_tiles", "param_class",
-           "GraphFacts", "graph_facts", "clear_graph_facts"]
+           "GraphFacts", "graph_facts", "graph_facts_many", "clear_graph_facts"]
 
 
 def wave_efficiency(tiles: "np.ndarray | float", sms: int) -> "np.ndarray | float":
@@ -229,7 +229,7 @@ class GraphFacts:
     _tiles: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]]
     _tile_shape: np.ndarray      # [num_nodes, 5] float64: _tile_shape() of active contraction nodes, 0 elsewhere
     _nodes: list[OpNode]
-    _preds: list[list[int]]
+    _preds: "_Adjacency"         # each node's producers (local indices, as graph.predecessors() lists them)
     memory: Any = None           # MemoryBreakdown of the liveness pass, filled by the estimator
     _plans: dict[Any, Any] = field(default_factory=dict)  # autocast plans and channels-last copies, by setting
 
@@ -306,13 +306,15 @@ class GraphFacts:
         return self._tiles[key]
 
 
-def _rolls(nodes: Sequence[OpNode], preds: list[list[int]], succ: list[list[int]], const: np.ndarray,
+def _rolls(nodes: Sequence[OpNode], preds: "_Adjacency", succ: "_Adjacency",
            concats: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Find the frontend's decomposition of ``torch.roll``: per rolled dimension a ``concat`` of two
     ``strided_slice`` views of one tensor, each view read only by that concat; a roll over several dimensions
     chains them. Eager PyTorch dispatches one ``roll`` for all its dimensions (one kernel per dimension).
 
-    ``concats``: the indices of the non-constant ``concat`` nodes, in order (the only candidates).
+    ``nodes``: the nodes of one or more graphs, one after the other, found by their position in it (as
+    ``preds`` and ``succ`` give them); ``concats``: the positions of the non-constant ``concat`` nodes, in order
+    (the only candidates).
 
     Returns ``(inner, internal)``: ``inner`` marks the slices (views inside the roll, no host time of their
     own); ``internal`` the concats of the later dimensions (a kernel launched inside the first one's dispatch).
@@ -323,17 +325,17 @@ def _rolls(nodes: Sequence[OpNode], preds: list[list[int]], succ: list[list[int]
     roll = np.zeros(n, dtype=bool)
     for i in concats.tolist():
         nd = nodes[i]
-        ps = preds[nd.index]
+        ps = preds[i]
         if len(ps) != 2 or len(nd.input_shapes) != 2 or any(nodes[q].op != "strided_slice" for q in ps):
             continue
         src = [preds[q] for q in ps]
-        if src[0] != src[1] or len(src[0]) != 1 or any(succ[q] != [nd.index] for q in ps):
+        if src[0] != src[1] or len(src[0]) != 1 or any(succ[q] != [i] for q in ps):
             continue
-        roll[nd.index] = True
+        roll[i] = True
         inner[ps] = True
         s0 = src[0][0]
         if roll[s0] and sorted(succ[s0]) == sorted(ps):  # the roll's previous dimension: one dispatch
-            internal[nd.index] = True
+            internal[i] = True
     return inner, internal
 
 
@@ -344,41 +346,58 @@ def _scalar_param_input(nd: OpNode) -> bool:
             and any(p and len(s) == 0 for p, s in zip(par, shapes)))
 
 
-def _hard_activations(nodes: Sequence[OpNode], preds: list[list[int]], succ: list[list[int]],
+def _hard_activations(nodes: Sequence[OpNode], preds: "_Adjacency", succ: "_Adjacency",
                       adds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Find the frontend's decomposition of ``hardsigmoid(x) = clip(x + 3, 0, 6) / 6`` and
     ``hardswish(x) = x * hardsigmoid(x)``: an ``add`` of a scalar, a ``clip``, a ``divide`` by a scalar,
     each the only consumer of the one before, and for hardswish a ``multiply`` of the divide and ``x``.
 
+    ``nodes``, ``preds``, ``succ`` as for :func:`_rolls`; ``adds``: the positions of the non-constant ``add``
+    nodes of a tensor and a scalar weight, in order (the only candidates).
+
     Returns ``(inner, extra)``: ``inner`` marks the nodes run inside the last one's kernel (add and clip,
     plus divide for hardswish); ``extra`` is, on the last node, the bytes it reads beyond ``x`` (the
-    divide's output, which the fused kernel never writes). ``adds``: the indices of the non-constant ``add``
-    nodes of a tensor and a scalar weight, in order (the only candidates).
+    divide's output, which the fused kernel never writes).
     """
     n = len(nodes)
     inner = np.zeros(n, dtype=bool)
     extra = np.zeros(n, dtype=np.float64)
-    for i in adds.tolist():
-        a = nodes[i]
-        if len(succ[a.index]) != 1 or nodes[succ[a.index][0]].op != "clip":
+    for ai in adds.tolist():
+        a = nodes[ai]
+        after = succ[ai]
+        if len(after) != 1 or nodes[after[0]].op != "clip":
             continue
-        c = nodes[succ[a.index][0]]
-        if len(succ[c.index]) != 1 or nodes[succ[c.index][0]].op != "divide":
+        ci = after[0]
+        after = succ[ci]
+        if len(after) != 1 or nodes[after[0]].op != "divide":
             continue
-        d = nodes[succ[c.index][0]]
+        di = after[0]
+        d = nodes[di]
         if not _scalar_param_input(d):
             continue
         x_shape = next(s for p, s in zip(a.input_is_param, a.input_shapes) if not p)
-        x_from = set(preds[a.index])                 # empty when x is a graph input
-        users = succ[d.index]
+        x_from = set(preds[ai])                 # empty when x is a graph input
+        users = succ[di]
         m = nodes[users[0]] if len(users) == 1 else None
         if (m is not None and m.op == "multiply" and not any(m.input_is_param)
-                and tuple(m.input_shapes) == (x_shape, x_shape) and set(preds[m.index]) == x_from | {d.index}):
-            inner[[a.index, c.index, d.index]] = True          # hardswish: one kernel, the multiply
-            extra[m.index] = float(d.bytes_written)
+                and tuple(m.input_shapes) == (x_shape, x_shape) and set(preds[users[0]]) == x_from | {di}):
+            inner[[ai, ci, di]] = True          # hardswish: one kernel, the multiply
+            extra[users[0]] = float(d.bytes_written)
         else:
-            inner[[a.index, c.index]] = True                    # hardsigmoid: one kernel, the divide
+            inner[[ai, ci]] = True                    # hardsigmoid: one kernel, the divide
     return inner, extra
+
+
+class _Adjacency:
+    """Neighbours of each node in compressed rows: ``adj[i]`` is the list ``idx[ptr[i]:ptr[i + 1]]``."""
+
+    __slots__ = ("idx", "ptr")
+
+    def __init__(self, idx: np.ndarray, ptr: np.ndarray) -> None:
+        self.idx, self.ptr = idx, ptr
+
+    def __getitem__(self, i: int) -> list[int]:
+        return self.idx[self.ptr[i]:self.ptr[i + 1]].tolist()
 
 
 # Columns of a node's row in the per-node memo (:func:`_node_rows`), float64.
@@ -496,51 +515,100 @@ def clear_graph_facts() -> None:
 def graph_facts(graph: OperatorGraph) -> GraphFacts:
     """The :class:`GraphFacts` of ``graph``; validated and computed on first sight, then cached by the
     graph's structural hash (a bounded cache: a search calls the prior thousands of times)."""
-    key = f"{graph.structural_hash()}:{graph.param_bytes}"
+    return graph_facts_many([graph])[0]
+
+
+def graph_facts_many(graphs: Sequence[OperatorGraph]) -> list[GraphFacts]:
+    """:func:`graph_facts` of every graph: those not cached validated and computed together, as array
+    operations over all their nodes (the same facts as one at a time)."""
+    keys = [f"{g.structural_hash()}:{g.param_bytes}" for g in graphs]
     with _FACTS_LOCK:
-        hit = _FACTS.get(key)
-    if hit is not None:
-        return hit
-    graph.validate()
-    nodes = graph.nodes
-    n = len(nodes)
-    preds = graph.predecessors()
-    succ = graph.successors()
+        out = [_FACTS.get(k) for k in keys]
+    todo: dict[str, OperatorGraph] = {}
+    for k, g, f in zip(keys, graphs, out):
+        if f is None and k not in todo:
+            todo[k] = g
+    if not todo:
+        return out  # type: ignore[return-value]
+    made = dict(zip(todo, _facts_of(list(todo.values()))))
+    with _FACTS_LOCK:
+        for k, f in made.items():
+            while len(_FACTS) >= _FACTS_MAX:
+                _FACTS.pop(next(iter(_FACTS)))
+            _FACTS[k] = f
+    return [f if f is not None else made[k] for k, f in zip(keys, out)]
+
+
+_OP_CLASS_CONTRACTION = np.array([c in CONTRACTION_CLASSES for c in OP_CLASSES] + [False])  # by node_columns code
+_DT_NAMES = list(_DT_CODE)
+
+
+def _facts_of(graphs: list[OperatorGraph]) -> list[GraphFacts]:
+    """The :class:`GraphFacts` of ``graphs`` (validated here), computed over the nodes of all of them at once."""
+    for g in graphs:
+        g.validate()
+    cols = [node_columns(g) for g in graphs]
+    sizes = np.fromiter((len(g.nodes) for g in graphs), dtype=np.int64, count=len(graphs))
+    offs = np.zeros(len(graphs) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=offs[1:])
+    n = int(offs[-1])
+    nodes = [nd for g in graphs for nd in g.nodes]
+    graph_of = np.repeat(np.arange(len(graphs)), sizes)
     rows = _node_rows(nodes)
+    ne = np.fromiter((c["src"].size for c in cols), dtype=np.int64, count=len(cols))
+    eoffs = np.zeros(len(graphs) + 1, dtype=np.int64)
+    np.cumsum(ne, out=eoffs[1:])
+    shift = np.repeat(offs[:-1], ne)
+    # edges by consumer (each graph's node_columns order: a node's producers as graph.predecessors() lists them)
+    src = np.concatenate([c["src"] for c in cols]) + shift
+    dst = np.concatenate([c["dst"] for c in cols]) + shift
+    in_ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(dst, minlength=n), out=in_ptr[1:])
+    out_deg = np.bincount(src, minlength=n)
+    out_ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(out_deg, out=out_ptr[1:])
+    preds, succ = _Adjacency(src, in_ptr), _Adjacency(dst[np.argsort(src, kind="stable")], out_ptr)
+
     cls_idx = rows[:, _R_CLASS].astype(np.int64)
     const = rows[:, _R_CONST] > 0
     view = (rows[:, _R_VIEW] > 0) & ~const
     active = ~const & ~view
-    inner, internal = _rolls(nodes, preds, succ, const, np.flatnonzero(rows[:, _R_CONCAT] > 0))
+    inner, internal = _rolls(nodes, preds, succ, np.flatnonzero(rows[:, _R_CONCAT] > 0))
+    # a bias add run inside the conv/matmul call before it: an add of a weight whose one non-constant producer
+    # is a contraction op read by nothing else
     fused = np.zeros(n, dtype=bool)
-    adds = np.flatnonzero(rows[:, _R_ADD_PARAM] > 0)
-    for i in adds.tolist():
-        p = [q for q in preds[i] if not nodes[q].is_constant]
-        if len(p) == 1 and nodes[p[0]].op_class in CONTRACTION_CLASSES and succ[p[0]] == [i]:
-            fused[i] = True
+    live = ~const[src]
+    one = np.bincount(dst[live], minlength=n) == 1
+    e = live & (rows[dst, _R_ADD_PARAM] > 0) & one[dst]
+    p = src[e]
+    op_class = np.concatenate([c["op_class"] for c in cols])
+    fused[dst[e][_OP_CLASS_CONTRACTION[op_class[p]] & (out_deg[p] == 1)]] = True
     hard_inner, hard_extra = _hard_activations(nodes, preds, succ, np.flatnonzero(rows[:, _R_ADD_SCALAR] > 0))
     dtype = rows[:, _R_DTYPE].astype(np.int64)
-    names = list(_DT_CODE)
-    facts = GraphFacts(
-        classes=tuple([PARAM_CLASSES[c] for c in cls_idx.tolist()]), cls_idx=cls_idx,
-        host_kind=np.where(view, _HOST_KIND_INDEX["view"], rows[:, _R_HOST_KIND].astype(np.int64)),
-        active=active, view=view, fused=fused, inner_view=inner, internal=internal,
-        hard_inner=hard_inner, hard_extra_bytes=hard_extra,
-        conv=cls_idx == _CLASS_INDEX["conv"],
-        contraction=_CONTRACTION_IDX[cls_idx],
-        dtype=dtype,
-        flops=rows[:, _R_FLOPS].copy(), bytes=rows[:, _R_BYTES].copy(), act_bytes=rows[:, _R_ACT_BYTES].copy(),
-        reduction_k=rows[:, _R_REDUCTION_K].copy(),
-        dtypes=frozenset(names[c] for c in np.flatnonzero(np.bincount(dtype[~const & (dtype >= 0)],
-                                                                       minlength=len(names))).tolist()),
-        uses_cublas=bool(np.any(_CUBLAS_IDX[cls_idx] & ~const)),
-        _tiles={}, _tile_shape=rows[:, _R_TILE:], _nodes=nodes, _preds=preds,
-    )
-    with _FACTS_LOCK:
-        while len(_FACTS) >= _FACTS_MAX:
-            _FACTS.pop(next(iter(_FACTS)))
-        _FACTS[key] = facts
-    return facts
+    host = np.where(view, _HOST_KIND_INDEX["view"], rows[:, _R_HOST_KIND].astype(np.int64))
+    conv = cls_idx == _CLASS_INDEX["conv"]
+    contraction = _CONTRACTION_IDX[cls_idx]
+    flops, nbytes, act, red = (rows[:, j].copy() for j in (_R_FLOPS, _R_BYTES, _R_ACT_BYTES, _R_REDUCTION_K))
+    tile = rows[:, _R_TILE:]
+    names = [PARAM_CLASSES[c] for c in cls_idx.tolist()]
+    has = ~const & (dtype >= 0)
+    dts = np.bincount(graph_of[has] * len(_DT_NAMES) + dtype[has],
+                      minlength=len(graphs) * len(_DT_NAMES)).reshape(len(graphs), len(_DT_NAMES)) > 0
+    cublas = np.bincount(graph_of, weights=_CUBLAS_IDX[cls_idx] & ~const, minlength=len(graphs)) > 0
+    out = []
+    for j, g in enumerate(graphs):
+        a, b = int(offs[j]), int(offs[j + 1])
+        ea, eb = int(eoffs[j]), int(eoffs[j + 1])
+        out.append(GraphFacts(
+            classes=tuple(names[a:b]), cls_idx=cls_idx[a:b], host_kind=host[a:b], active=active[a:b],
+            view=view[a:b], fused=fused[a:b], inner_view=inner[a:b], internal=internal[a:b],
+            hard_inner=hard_inner[a:b], hard_extra_bytes=hard_extra[a:b], conv=conv[a:b],
+            contraction=contraction[a:b], dtype=dtype[a:b], flops=flops[a:b], bytes=nbytes[a:b],
+            act_bytes=act[a:b], reduction_k=red[a:b],
+            dtypes=frozenset(_DT_NAMES[c] for c in np.flatnonzero(dts[j]).tolist()), uses_cublas=bool(cublas[j]),
+            _tiles={}, _tile_shape=tile[a:b], _nodes=g.nodes, _preds=_Adjacency(src[ea:eb] - a, in_ptr[a:b + 1] - ea),
+        ))
+    return out
 
 
 _RESHAPES = frozenset({"reshape", "flatten", "nn.batch_flatten"})
