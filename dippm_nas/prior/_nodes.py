@@ -437,12 +437,15 @@ def _fill_rows(rows: np.ndarray, nodes: Sequence[OpNode]) -> None:
 
 
 class _RowMemo:
-    """:func:`_fill_rows` of every node object seen, in one float64 table, found by the object's ``id``.
+    """:func:`_fill_rows` of every node seen, in one float64 table, found by the node object's ``id`` and, for a
+    node object not seen yet, by its value.
 
-    The memo holds each node object it has a row of (so no other object can have that ``id`` while the row is
-    kept): an assembled search-space candidate shares most of its node objects with earlier candidates
-    (placements of the same block at the same offset), so a new candidate's rows are mostly looked up. Past
-    :data:`NODE_ROWS_MAX` rows the memo starts over."""
+    An assembled search-space candidate shares most of its node objects with earlier candidates (placements of the
+    same block at the same offset), so a new candidate's rows are mostly found by ``id``; a block placed at another
+    offset has new node objects that share their fields' objects (attributes, shapes) with the block's other
+    placements, so their rows are found by value (:func:`_value_key`). The memo holds every node object it has
+    seen, so no other object takes their ids while they are in it. Past :data:`NODE_ROWS_MAX` nodes it starts
+    over."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -450,8 +453,10 @@ class _RowMemo:
 
     def clear(self) -> None:
         self.row_of: dict[int, int] = {}
+        self.row_of_value: dict[tuple[Any, ...], int] = {}
         self.held: list[OpNode] = []
         self.table = np.zeros((1024, _R_WIDTH))
+        self.size = 0
 
     def rows(self, nodes: Sequence[OpNode]) -> np.ndarray:
         """``[len(nodes), _R_WIDTH]``: the rows of ``nodes`` (a copy), filling those not seen yet."""
@@ -466,36 +471,47 @@ class _RowMemo:
             return self.table[np.array(idx, dtype=np.int64)]
 
     def _add(self, nodes: Sequence[OpNode], idx: list[int]) -> None:
-        fresh: dict[int, int] = {}
+        by_value = self.row_of_value
         new: list[OpNode] = []
-        start = len(self.held)
         for j, r in enumerate(idx):
+            if r >= 0:
+                continue
+            nd = nodes[j]
+            r = self.row_of.get(id(nd), -1)
             if r < 0:
-                nd = nodes[j]
-                r = fresh.get(id(nd))
-                if r is None:
-                    r = fresh[id(nd)] = start + len(new)
+                key = _value_key(nd)
+                r = by_value.get(key, -1)
+                if r < 0:
+                    r = by_value[key] = self.size + len(new)
                     new.append(nd)
-                idx[j] = r
-        end = start + len(new)
+                self.row_of[id(nd)] = r
+                self.held.append(nd)
+            idx[j] = r
+        start, end = self.size, self.size + len(new)
         if end > len(self.table):
             grown = np.zeros((max(end, 2 * len(self.table)), _R_WIDTH))
             grown[:start] = self.table[:start]
             self.table = grown
         _fill_rows(self.table[start:end], new)
-        self.held.extend(new)
-        self.row_of.update(fresh)
+        self.size = end
 
 
-#: Bound on the node rows :func:`graph_facts` keeps (16 float64 each, and the node objects they belong to):
-#: 262,144 rows are 32 MiB of table; the 10,000 assembled ``mbconv`` candidates of
+def _value_key(nd: OpNode) -> tuple[Any, ...]:
+    """What a node's row is a function of: its scalar fields and, by identity, its attributes, shapes and weight
+    flags (objects the memo holds through the node)."""
+    return (nd.op, nd.op_class, nd.output_dtype, nd.is_constant, nd.flops, nd.macs, nd.bytes_read, nd.bytes_written,
+            nd.param_bytes, id(nd.attrs), id(nd.input_shapes), id(nd.output_shapes), id(nd.input_is_param))
+
+
+#: Bound on the node objects :func:`graph_facts` keeps rows for (17 float64 each at most, and the node objects):
+#: 262,144 rows are 34 MiB of table; the 10,000 assembled ``mbconv`` candidates of
 #: ``docs/search_space_assembly.md`` hold 102,111 distinct node objects.
 NODE_ROWS_MAX = 262_144
 _ROWS = _RowMemo()
 
 
 def _node_rows(nodes: Sequence[OpNode]) -> np.ndarray:
-    """``[len(nodes), _R_WIDTH]`` float64: :func:`_fill_rows` of each node, memoised per node object."""
+    """``[len(nodes), _R_WIDTH]`` float64: :func:`_fill_rows` of each node, memoised (:class:`_RowMemo`)."""
     return _ROWS.rows(nodes)
 
 
