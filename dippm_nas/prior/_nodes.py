@@ -503,10 +503,10 @@ def _value_key(nd: OpNode) -> tuple[Any, ...]:
             nd.param_bytes, id(nd.attrs), id(nd.input_shapes), id(nd.output_shapes), id(nd.input_is_param))
 
 
-#: Bound on the node objects :func:`graph_facts` keeps rows for (17 float64 each at most, and the node objects):
-#: 262,144 rows are 34 MiB of table; the 10,000 assembled ``mbconv`` candidates of
-#: ``docs/search_space_assembly.md`` hold 102,111 distinct node objects.
-NODE_ROWS_MAX = 262_144
+#: Bound on the node objects :func:`graph_facts` keeps rows for (a row of 17 float64 and the node object, which
+#: assembled graphs share with the assembly's placed blocks): above the 102,111 distinct node objects of the
+#: 10,000 assembled ``mbconv`` candidates of ``docs/search_space_assembly.md``.
+NODE_ROWS_MAX = 131_072
 _ROWS = _RowMemo()
 
 
