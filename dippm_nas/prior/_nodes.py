@@ -411,7 +411,8 @@ def _fill_rows(rows: np.ndarray, nodes: Sequence[OpNode]) -> None:
     """Write the per-node facts :func:`graph_facts` reads into ``rows`` (``[len(nodes), _R_WIDTH]``, see the
     ``_R_*`` columns): each node's constants class, host kind, constant and view flags, dtype code, FLOPs, bytes,
     activation bytes, GEMM reduction length, whether it is an ``add`` of a weight (fused-bias candidate), of a
-    scalar weight (hard-activation candidate) or a ``concat`` (roll candidate), and its tile shape when it is an active contraction."""
+    scalar weight (hard-activation candidate) or a ``concat`` (roll candidate), and its tile shape when it is an
+    active contraction."""
     classes = [param_class(nd) for nd in nodes]
     const = [nd.is_constant for nd in nodes]
     # a view, or a ``take`` with a 0-d constant index: ``x[0]`` / ``qkv[0]`` in PyTorch, a ``select`` view (no
