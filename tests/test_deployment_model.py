@@ -184,11 +184,9 @@ def test_a_7g_slice_equals_the_whole_gpu_when_host_bound_and_stays_within_10_per
         assert pred.mig.profile("1g.5gb").latency_ms >= s7.latency_ms
 
 
-def test_eager_dispatch_counts_a_select_as_a_view_and_a_roll_as_one_operator() -> None:
-    import math
-
+def _select_and_roll_graph() -> "OperatorGraph":
+    """``qkv[0]`` (a select), a roll over two dimensions, a reshape of a permuted view."""
     from dippm_nas.graph import OperatorGraph
-    from dippm_nas.prior import graph_facts
     from dippm_nas.spec import InputSpec
     from test_runtime import _node
 
@@ -207,9 +205,17 @@ def test_eager_dispatch_counts_a_select_as_a_view_and_a_roll_as_one_operator() -
         _node(8, "reshape", "view", (128,), [(16, 8)], [False], dtype="float32", flops=0),
     ]
     edges = [(0, 1), (0, 2), (1, 3), (2, 3), (3, 4), (3, 5), (4, 6), (5, 6), (6, 7), (7, 8)]
-    g = OperatorGraph(nodes=nodes, edges=edges, input_consumers={"x": [0]}, outputs=[8],
-                      spec=InputSpec(shape=s, batch_size=1, dtype="float32"), param_count=0, param_bytes=0,
-                      mode="export").validate()
+    return OperatorGraph(nodes=nodes, edges=edges, input_consumers={"x": [0]}, outputs=[8],
+                         spec=InputSpec(shape=s, batch_size=1, dtype="float32"), param_count=0, param_bytes=0,
+                         mode="export").validate()
+
+
+def test_eager_dispatch_counts_a_select_as_a_view_and_a_roll_as_one_operator() -> None:
+    import math
+
+    from dippm_nas.prior import graph_facts
+
+    g = _select_and_roll_graph()
     f = graph_facts(g)
     assert f.view[0] and not f.active[0]                        # qkv[0]: a select view
     assert f.inner_view[[1, 2, 4, 5]].all()                     # the roll's slices: inside its dispatch
@@ -218,3 +224,37 @@ def test_eager_dispatch_counts_a_select_as_a_view_and_a_roll_as_one_operator() -
     e = estimate(g, A100)
     hm = e.node_host_ms * 1e3
     assert hm[1] == hm[2] == 0.0 and 0 < hm[6] < hm[3] and e.node_time_ms[8] > 0
+
+
+def test_graph_facts_of_many_graphs_at_once_are_each_graphs_own() -> None:
+    """The facts computed over the nodes of several graphs together (positions across graphs) equal each graph's
+    computed alone: rolls, selects, fused bias adds, hard activations, tiles, producers."""
+    import dataclasses
+    import json
+    import lzma
+    from pathlib import Path
+
+    import numpy as np
+
+    from dippm_nas.graph import OperatorGraph
+    from dippm_nas.prior import clear_graph_facts, graph_facts, graph_facts_many
+
+    with lzma.open(Path(__file__).parent / "data" / "inference_graphs.json.xz", "rt") as f:
+        sample = [OperatorGraph.from_dict(x) for x in json.load(f)["gpu"]]
+    graphs = [sample[0], _select_and_roll_graph(), *sample[1:], _select_and_roll_graph()]
+    clear_graph_facts()
+    many = graph_facts_many(graphs)
+    assert any(f.hard_inner.any() for f in many) and any(f.fused.any() for f in many)
+    assert many[1].internal.any() and many[1].inner_view.any() and many[-1] is many[1]  # one graph, cached once
+    for g, got in zip(graphs, many):
+        clear_graph_facts()
+        want = graph_facts(g)
+        for fld in dataclasses.fields(want):
+            if fld.name in ("_tiles", "_tile_shape", "_nodes", "_preds", "memory", "_plans"):
+                continue
+            a, b = getattr(got, fld.name), getattr(want, fld.name)
+            assert (np.array_equal(a, b) and a.dtype == b.dtype) if isinstance(b, np.ndarray) else a == b, fld.name
+        for tile in ((128, 128), (64, 256)):
+            assert all(np.array_equal(x, y) for x, y in zip(got.tiles(*tile), want.tiles(*tile)))
+        assert [got._preds[i] for i in range(g.num_nodes)] == g.predecessors()
+        assert np.array_equal(got.reshape_copies(), want.reshape_copies())

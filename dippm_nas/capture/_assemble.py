@@ -44,7 +44,7 @@ from dippm_nas.capture._many import CaptureResult, capture_many
 from dippm_nas.errors import (
     CacheError, DippmNasError, GraphCaptureError, InputSpecError, InvalidValueError, SearchSpaceError,
 )
-from dippm_nas.graph import GRAPH_FORMAT_VERSION, OperatorGraph, OpNode
+from dippm_nas.graph import GRAPH_FORMAT_VERSION, OperatorGraph, OpNode, adopt_node_columns
 from dippm_nas.spec import InputSpec, TensorSpec
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -175,7 +175,7 @@ def block_key(space: Any, block: Any, spec: InputSpec) -> str:
 class _Prepared:
     """A block graph made ready for stitching (shared, read-only)."""
 
-    __slots__ = ("nodes", "edges", "consumers", "outputs", "n", "param_count", "param_bytes", "mode", "frag",
+    __slots__ = ("graph", "nodes", "edges", "consumers", "outputs", "n", "param_count", "param_bytes", "mode", "frag",
                  "placed")
 
     def __init__(self, g: OperatorGraph, input_names: Sequence[str], num_outputs: int) -> None:
@@ -183,6 +183,9 @@ class _Prepared:
             raise GraphCaptureError(
                 f"the block's graph has {len(g.outputs)} output node(s) where its plan says {num_outputs}: a block "
                 "must return distinct tensors it computes (not an input passed through)")
+        #: the block's graph: its node columns (dippm_nas.graph.node_columns, computed once) are those of every
+        #: placement, whose nodes differ from its own only in their index
+        self.graph = g
         self.nodes = [n.__dict__ for n in g.nodes]
         self.edges = list(g.edges)
         self.consumers = [list(g.input_consumers.get(name, ())) for name in input_names]
@@ -359,6 +362,8 @@ def _stitch(space_name: str, plan: Any, preps: Sequence[_Prepared], spec: InputS
     # valid by construction: every block graph was validated, offsets keep indices in order and edges forward,
     # and the edges are deduplicated (OperatorGraph.validate would pass; it is not run again)
     g._mark_valid()
+    # the node columns the predictor's batched passes read: the blocks' own, concatenated (not read node by node)
+    adopt_node_columns(g, [p.graph for p in preps])
     g.convert_seconds = time.perf_counter() - t0
     g.timings = {"assemble_s": g.convert_seconds}
     return g

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dippm_nas._unique import sorted_unique
 from dippm_nas.graph import GraphStack, OperatorGraph
 
 __all__ = ["KernelGraph", "coarsen", "FUSABLE_CLASSES", "StackKernels", "coarsen_stack", "needs_graph_pass"]
@@ -223,13 +224,13 @@ def coarsen_stack(st: GraphStack, *, fuse: bool = True) -> StackKernels:
     mh = member_head[nodes]
     order = np.lexsort((nodes, nodes != mh, mh))
     members = nodes[order]
-    heads, lengths = np.unique(mh, return_counts=True)
+    heads, lengths = sorted_unique(mh, return_counts=True)
     kg = st.graph_of[heads]
     kernel_offsets = np.zeros(st.num_graphs + 1, dtype=np.int64)
     np.cumsum(np.bincount(kg, minlength=st.num_graphs), out=kernel_offsets[1:])
     es, ed = _kernel_edges(st, h, view, group_node)
     ks, kd = np.searchsorted(heads, es), np.searchsorted(heads, ed)
-    key = np.unique(ks * max(heads.size, 1) + kd)
+    key = sorted_unique(ks * max(heads.size, 1) + kd)
     ks, kd = key // max(heads.size, 1), key % max(heads.size, 1)
     eg = kg[ks] if ks.size else np.zeros(0, dtype=np.int64)
     edge_offsets = np.zeros(st.num_graphs + 1, dtype=np.int64)

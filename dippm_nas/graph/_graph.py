@@ -160,6 +160,7 @@ class OperatorGraph:
     timings: dict[str, float] = field(default_factory=dict, repr=False, compare=False)
     _hash: str | None = field(default=None, repr=False, compare=False)
     _columns: dict[str, Any] | None = field(default=None, init=False, repr=False, compare=False)
+    _column_parts: tuple[Any, ...] | None = field(default=None, init=False, repr=False, compare=False)
 
     # ------------------------------------------------------------------ basics
     @property

@@ -89,6 +89,13 @@ def node_columns(graph: OperatorGraph) -> dict[str, np.ndarray]:
     cols = graph._columns
     if cols is not None:
         return cols
+    if graph._column_parts is not None:  # adopted: the parts' columns, concatenated
+        cols = [node_columns(p) for p in graph._column_parts]
+        merged = {k: np.concatenate([c[k] for c in cols]) if cols else np.zeros(0, dtype=_EMPTY.get(k, np.int64))
+                  for k in _NODE_COLUMNS}
+        graph._columns = {**merged, **_edge_columns(graph)}
+        graph._column_parts = None
+        return graph._columns
     nodes = graph.nodes
     n = len(nodes)
     code, other = _CLASS_CODE.get, len(OP_CLASSES)
@@ -117,22 +124,19 @@ def _edge_columns(graph: OperatorGraph) -> dict[str, np.ndarray]:
 
 def adopt_node_columns(graph: OperatorGraph, parts: Sequence[OperatorGraph]) -> None:
     """Give ``graph`` the node columns of ``parts``, graphs whose nodes it holds in order with equal fields (a
-    search-space candidate assembled from its blocks' graphs): their cached :func:`node_columns` concatenated
-    instead of ``graph``'s nodes read one by one; the edge columns are ``graph``'s own.
+    search-space candidate assembled from its blocks' graphs): :func:`node_columns` of ``graph`` is then their
+    cached columns concatenated (when first asked for) instead of ``graph``'s nodes read one by one; the edge
+    columns are ``graph``'s own.
 
     Raises:
         GraphValidationError: the parts hold another number of nodes than ``graph``.
     """
-    cols = [node_columns(p) for p in parts]
     n = sum(len(p.nodes) for p in parts)
     if n != len(graph.nodes):
         raise GraphValidationError(f"the parts hold {n} nodes, the graph {len(graph.nodes)}: the parts' columns "
                                    "cannot be the graph's")
-    merged = {k: np.concatenate([c[k] for c in cols]) if cols else np.zeros(0, dtype=_EMPTY.get(k, np.int64))
-              for k in _NODE_COLUMNS}
-    graph._columns = {**merged, **_edge_columns(graph)}
-
-
+    graph._columns = None
+    graph._column_parts = tuple(parts)
 
 
 def stack_graphs(graphs: Sequence[OperatorGraph]) -> GraphStack:

@@ -37,7 +37,7 @@ from dippm_nas.prior._memory import (MemoryBreakdown, MemoryParts, activation_li
                                      gpu_memory_parts, gpu_memory_parts_many, round_block)
 from dippm_nas.prior._op_table import OpTable, aten_op_record, fit_op_table, graph_op_records, working_set_bytes
 from dippm_nas.prior._nodes import (KernelTerms, NodeCosts, check_autocast, clear_graph_facts, facts_costs, graph_facts,
-                                    kernel_terms, kernel_time_us, node_costs, retimed, wave_efficiency)
+                                    graph_facts_many, kernel_terms, kernel_time_us, node_costs, retimed, wave_efficiency)
 from dippm_nas.prior._mig import DIPPM_LADDER, MigAdvice, ProfileAdvice, advise, advise_many
 from dippm_nas.prior._mig import RULES as MIG_RULES
 from dippm_nas.prior._params import PARAM_CLASSES, DeviceScale, OpClassParams, PriorParams, default_params
@@ -65,7 +65,7 @@ __all__ = [
     "HostRow", "fit_host_model", "host_model_latency_ms", "FIT_PARAMETERS",
     "PriorParams", "OpClassParams", "DeviceScale", "PARAM_CLASSES", "default_params",
     "node_costs", "NodeCosts", "facts_costs", "KernelTerms", "kernel_terms", "retimed", "check_autocast",
-    "graph_facts", "clear_graph_facts", "kernel_time_us", "wave_efficiency",
+    "graph_facts", "graph_facts_many", "clear_graph_facts", "kernel_time_us", "wave_efficiency",
     "activation_liveness", "activation_liveness_many", "MemoryBreakdown", "round_block", "gpu_memory_parts",
     "gpu_memory_parts_many", "MemoryParts",
     "OpTable", "fit_op_table", "aten_op_record", "graph_op_records", "working_set_bytes",

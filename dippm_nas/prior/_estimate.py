@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,7 +42,7 @@ from dippm_nas.graph import OperatorGraph
 from dippm_nas.prior._deploy import DeploymentSettings, deployment_settings, input_copy_kind
 from dippm_nas.prior._host import HOST_KINDS, Execution, HostModel, check_runtime, compiled_groups, input_copy_us
 from dippm_nas.prior._memory import MemoryBreakdown, activation_liveness, gpu_memory_parts
-from dippm_nas.prior._nodes import check_autocast, graph_facts, node_costs
+from dippm_nas.prior._nodes import check_autocast, graph_facts_many, node_costs
 from dippm_nas.prior._params import PriorParams, default_params
 from dippm_nas.units import BYTES_PER_MIB as MIB
 from dippm_nas.prior._power import PowerTable, node_activity, pass_energy_j, power_params_for
@@ -377,12 +378,21 @@ def checked_facts(graph: OperatorGraph, dev: Device) -> Any:
         GraphValidationError: not an OperatorGraph, or a malformed one.
         UnsupportedDtypeError: the device has no peak for one of the graph's dtypes.
     """
-    if not isinstance(graph, OperatorGraph):
-        raise GraphValidationError(f"graph must be an OperatorGraph (see dippm_nas.capture), got {type(graph).__name__}")
-    facts = graph_facts(graph)  # validates the graph on first sight
-    dev.check_dtype(graph.spec.dtype)
-    for dt in sorted(facts.dtypes):
-        dev.check_dtype(dt)
+    return checked_facts_many([graph], dev)[0]
+
+
+def checked_facts_many(graphs: Sequence[OperatorGraph], dev: Device) -> list[Any]:
+    """:func:`checked_facts` of every graph (the facts of those not seen yet computed together,
+    :func:`~dippm_nas.prior.graph_facts_many`)."""
+    for graph in graphs:
+        if not isinstance(graph, OperatorGraph):
+            raise GraphValidationError(f"graph must be an OperatorGraph (see dippm_nas.capture), got "
+                                       f"{type(graph).__name__}")
+    facts = graph_facts_many(graphs)  # validates the graphs on first sight
+    for graph, f in zip(graphs, facts):
+        dev.check_dtype(graph.spec.dtype)
+        for dt in sorted(f.dtypes):
+            dev.check_dtype(dt)
     return facts
 
 

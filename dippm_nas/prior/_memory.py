@@ -51,6 +51,7 @@ from itertools import chain
 
 import numpy as np
 
+from dippm_nas._unique import sorted_unique
 from dippm_nas.errors import InvalidValueError
 from dippm_nas.graph import GraphStack, OperatorGraph, OpNode, stack_graphs
 from dippm_nas.spec import dtype_bytes
@@ -497,7 +498,7 @@ def _retain_many(st: GraphStack, lv: _Storages) -> None:
     # skip sources: cuts whose storage a join reads after the cut and no later than its last use
     rd_ok = joins[st.dst] & (lv.storage_of[st.src] >= 0)
     m = int(st.sizes.max()) + 2
-    rkey = np.unique(lv.storage_of[st.src[rd_ok]] * m + st.local[st.dst[rd_ok]])
+    rkey = sorted_unique(lv.storage_of[st.src[rd_ok]] * m + st.local[st.dst[rd_ok]])
     i = np.searchsorted(rkey, cs * m + lpos, side="right")
     hit = rkey[np.minimum(i, max(rkey.size - 1, 0))] if rkey.size else np.zeros(kc, dtype=np.int64)
     lim = np.minimum(lv.last[cs], st.sizes[cg] - 1)
@@ -560,7 +561,7 @@ def _joins(st: GraphStack, lv: _Storages) -> np.ndarray:
     """``[N]`` bool: nodes that read two or more storages (their producers' and model inputs)."""
     s = lv.storage_of[st.src]
     ok = s >= 0
-    pairs = np.unique(st.dst[ok] * lv.graph.size + s[ok])
+    pairs = sorted_unique(st.dst[ok] * lv.graph.size + s[ok])
     count = np.bincount(pairs // lv.graph.size, minlength=st.num_nodes)
     count += np.bincount(lv.pair_node, minlength=st.num_nodes)
     return count >= 2

@@ -30,13 +30,13 @@ import numpy as np
 from dippm_nas.deployment import AUTOCAST_DTYPES
 from dippm_nas.devices import Device, HostProfile, default_host_profile
 from dippm_nas.errors import InvalidValueError
-from dippm_nas.graph import OperatorGraph, OpNode
+from dippm_nas.graph import OP_CLASSES, OperatorGraph, OpNode, node_columns
 from dippm_nas.prior._autocast import AutocastPlan, autocast_plan
 from dippm_nas.prior._host import HOST_KINDS, host_kind
 from dippm_nas.prior._params import CONTRACTION_CLASSES, PARAM_CLASSES, PriorParams
 
 __all__ = ["NodeCosts", "node_costs", "facts_costs", "KernelTerms", "kernel_terms", "retimed", "host_times", "costs_of_terms", "check_autocast", "kernel_time_us", "wave_efficiency", "contraction_tiles", "param_class",
-           "GraphFacts", "graph_facts", "clear_graph_facts"]
+           "GraphFacts", "graph_facts", "graph_facts_many", "clear_graph_facts"]
 
 
 def wave_efficiency(tiles: "np.ndarray | float", sms: int) -> "np.ndarray | float":
@@ -112,21 +112,28 @@ def contraction_tiles(node: OpNode, tile_m: int, tile_n: int) -> tuple[int, floa
     activation) is one ``(... x M) x N`` GEMM, as ``torch.matmul`` and cuBLAS run it, not ``batch``
     small ones. Attention: output elements over a tile.
     """
+    gemm, m, n, batch, out_elems = _tile_shape(node)
+    if gemm:
+        return _gemm_tiles(m, n, batch, tile_m, tile_n)
+    tiles = math.ceil(out_elems / (tile_m * tile_n))
+    return tiles, out_elems / (tiles * tile_m * tile_n)
+
+
+def _tile_shape(node: OpNode) -> tuple[bool, int, int, int, int]:
+    """``(gemm, m, n, batch, output elements)`` of a contraction node for :func:`contraction_tiles`: the GEMM's
+    sizes where it is one (``gemm``), else the output elements tiled."""
     out_elems = max(1, node.output_elements if len(node.output_shapes) == 1 else math.prod(node.output_shape))
     a = node.attrs
     if node.op_class == "conv":
         groups = int(a.get("groups", 1) or 1)
         cout = int(a.get("out_channels") or _channels(node.output_shape, str(a.get("out_layout") or a.get("data_layout") or "NCHW")))
-        m = max(out_elems // max(cout, 1), 1)
-        n = max(cout // max(groups, 1), 1)
-        return _gemm_tiles(m, n, groups, tile_m, tile_n)
+        return True, max(out_elems // max(cout, 1), 1), max(cout // max(groups, 1), 1), groups, out_elems
     if node.op_class == "matmul" and "m" in a and "n" in a:
         batch, m = int(a.get("batch", 1) or 1), max(int(a["m"]), 1)
         if len(node.input_shapes) >= 2 and len(node.input_shapes[1]) == 2:  # folded into one GEMM
             batch, m = 1, m * batch
-        return _gemm_tiles(m, max(int(a["n"]), 1), batch, tile_m, tile_n)
-    tiles = math.ceil(out_elems / (tile_m * tile_n))
-    return tiles, out_elems / (tiles * tile_m * tile_n)
+        return True, m, max(int(a["n"]), 1), batch, out_elems
+    return False, 0, 0, 0, out_elems
 
 
 def _gemm_tiles(m: int, n: int, batch: int, tile_m: int, tile_n: int) -> tuple[int, float]:
@@ -220,8 +227,9 @@ class GraphFacts:
     dtypes: frozenset[str]
     uses_cublas: bool
     _tiles: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]]
+    _tile_shape: np.ndarray      # [num_nodes, 5] float64: _tile_shape() of active contraction nodes, 0 elsewhere
     _nodes: list[OpNode]
-    _preds: list[list[int]]
+    _preds: "_Adjacency"         # each node's producers (local indices, as graph.predecessors() lists them)
     memory: Any = None           # MemoryBreakdown of the liveness pass, filled by the estimator
     _plans: dict[Any, Any] = field(default_factory=dict)  # autocast plans and channels-last copies, by setting
 
@@ -279,29 +287,34 @@ class GraphFacts:
         return dict(self._plans["unknown_ops"])
 
     def tiles(self, tile_m: int, tile_n: int) -> tuple[np.ndarray, np.ndarray]:
-        """(thread blocks, tile efficiency) of every contraction node for a tile size (1 elsewhere)."""
+        """(thread blocks, tile efficiency) of every contraction node for a tile size (1 elsewhere): the
+        arithmetic of :func:`contraction_tiles` over the nodes' tile shapes at once (the same float64 figures)."""
         key = (tile_m, tile_n)
         if key not in self._tiles:
             n = len(self._nodes)
             t, e = np.ones(n), np.ones(n)
-            for i in np.flatnonzero(self.contraction & self.active):
-                t[i], e[i] = contraction_tiles(self._nodes[i], tile_m, tile_n)
+            sel = self.contraction & self.active
+            gemm = sel & (self._tile_shape[:, 0] > 0)
+            m, nn, b = (self._tile_shape[gemm, j] for j in (1, 2, 3))
+            tm, tn = np.ceil(m / tile_m), np.ceil(nn / tile_n)
+            t[gemm], e[gemm] = tm * tn * b, (m / (tm * tile_m)) * (nn / (tn * tile_n))
+            flat = sel & ~gemm
+            out = self._tile_shape[flat, 4]
+            tiles = np.ceil(out / (tile_m * tile_n))
+            t[flat], e[flat] = tiles, out / (tiles * tile_m * tile_n)
             self._tiles[key] = (t, e)
         return self._tiles[key]
 
 
-def _selects(nodes: Sequence[OpNode]) -> np.ndarray:
-    """``take`` nodes with a 0-d constant index: ``x[0]`` / ``qkv[0]`` in PyTorch, a ``select`` view (no kernel),
-    which the frontend writes as a gather."""
-    return np.array([nd.op == "take" and len(nd.input_shapes) == 2 and len(nd.input_shapes[1]) == 0
-                     and nd.input_is_param[1] for nd in nodes], dtype=bool)
-
-
-def _rolls(nodes: Sequence[OpNode], preds: list[list[int]], succ: list[list[int]],
-           const: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _rolls(nodes: Sequence[OpNode], preds: "_Adjacency", succ: "_Adjacency",
+           concats: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Find the frontend's decomposition of ``torch.roll``: per rolled dimension a ``concat`` of two
     ``strided_slice`` views of one tensor, each view read only by that concat; a roll over several dimensions
     chains them. Eager PyTorch dispatches one ``roll`` for all its dimensions (one kernel per dimension).
+
+    ``nodes``: the nodes of one or more graphs, one after the other, found by their position in it (as
+    ``preds`` and ``succ`` give them); ``concats``: the positions of the non-constant ``concat`` nodes, in order
+    (the only candidates).
 
     Returns ``(inner, internal)``: ``inner`` marks the slices (views inside the roll, no host time of their
     own); ``internal`` the concats of the later dimensions (a kernel launched inside the first one's dispatch).
@@ -310,20 +323,19 @@ def _rolls(nodes: Sequence[OpNode], preds: list[list[int]], succ: list[list[int]
     inner = np.zeros(n, dtype=bool)
     internal = np.zeros(n, dtype=bool)
     roll = np.zeros(n, dtype=bool)
-    for nd in nodes:
-        if nd.op != "concat" or const[nd.index]:
-            continue
-        ps = preds[nd.index]
+    for i in concats.tolist():
+        nd = nodes[i]
+        ps = preds[i]
         if len(ps) != 2 or len(nd.input_shapes) != 2 or any(nodes[q].op != "strided_slice" for q in ps):
             continue
         src = [preds[q] for q in ps]
-        if src[0] != src[1] or len(src[0]) != 1 or any(succ[q] != [nd.index] for q in ps):
+        if src[0] != src[1] or len(src[0]) != 1 or any(succ[q] != [i] for q in ps):
             continue
-        roll[nd.index] = True
+        roll[i] = True
         inner[ps] = True
         s0 = src[0][0]
         if roll[s0] and sorted(succ[s0]) == sorted(ps):  # the roll's previous dimension: one dispatch
-            internal[nd.index] = True
+            internal[i] = True
     return inner, internal
 
 
@@ -334,11 +346,14 @@ def _scalar_param_input(nd: OpNode) -> bool:
             and any(p and len(s) == 0 for p, s in zip(par, shapes)))
 
 
-def _hard_activations(nodes: Sequence[OpNode], preds: list[list[int]],
-                      succ: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+def _hard_activations(nodes: Sequence[OpNode], preds: "_Adjacency", succ: "_Adjacency",
+                      adds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Find the frontend's decomposition of ``hardsigmoid(x) = clip(x + 3, 0, 6) / 6`` and
     ``hardswish(x) = x * hardsigmoid(x)``: an ``add`` of a scalar, a ``clip``, a ``divide`` by a scalar,
     each the only consumer of the one before, and for hardswish a ``multiply`` of the divide and ``x``.
+
+    ``nodes``, ``preds``, ``succ`` as for :func:`_rolls`; ``adds``: the positions of the non-constant ``add``
+    nodes of a tensor and a scalar weight, in order (the only candidates).
 
     Returns ``(inner, extra)``: ``inner`` marks the nodes run inside the last one's kernel (add and clip,
     plus divide for hardswish); ``extra`` is, on the last node, the bytes it reads beyond ``x`` (the
@@ -347,28 +362,158 @@ def _hard_activations(nodes: Sequence[OpNode], preds: list[list[int]],
     n = len(nodes)
     inner = np.zeros(n, dtype=bool)
     extra = np.zeros(n, dtype=np.float64)
-    for a in nodes:
-        if a.op != "add" or a.is_constant or not _scalar_param_input(a):
+    for ai in adds.tolist():
+        a = nodes[ai]
+        after = succ[ai]
+        if len(after) != 1 or nodes[after[0]].op != "clip":
             continue
-        if len(succ[a.index]) != 1 or nodes[succ[a.index][0]].op != "clip":
+        ci = after[0]
+        after = succ[ci]
+        if len(after) != 1 or nodes[after[0]].op != "divide":
             continue
-        c = nodes[succ[a.index][0]]
-        if len(succ[c.index]) != 1 or nodes[succ[c.index][0]].op != "divide":
-            continue
-        d = nodes[succ[c.index][0]]
+        di = after[0]
+        d = nodes[di]
         if not _scalar_param_input(d):
             continue
         x_shape = next(s for p, s in zip(a.input_is_param, a.input_shapes) if not p)
-        x_from = set(preds[a.index])                 # empty when x is a graph input
-        users = succ[d.index]
+        x_from = set(preds[ai])                 # empty when x is a graph input
+        users = succ[di]
         m = nodes[users[0]] if len(users) == 1 else None
         if (m is not None and m.op == "multiply" and not any(m.input_is_param)
-                and tuple(m.input_shapes) == (x_shape, x_shape) and set(preds[m.index]) == x_from | {d.index}):
-            inner[[a.index, c.index, d.index]] = True          # hardswish: one kernel, the multiply
-            extra[m.index] = float(d.bytes_written)
+                and tuple(m.input_shapes) == (x_shape, x_shape) and set(preds[users[0]]) == x_from | {di}):
+            inner[[ai, ci, di]] = True          # hardswish: one kernel, the multiply
+            extra[users[0]] = float(d.bytes_written)
         else:
-            inner[[a.index, c.index]] = True                    # hardsigmoid: one kernel, the divide
+            inner[[ai, ci]] = True                    # hardsigmoid: one kernel, the divide
     return inner, extra
+
+
+class _Adjacency:
+    """Neighbours of each node in compressed rows: ``adj[i]`` is the list ``idx[ptr[i]:ptr[i + 1]]``."""
+
+    __slots__ = ("idx", "ptr")
+
+    def __init__(self, idx: np.ndarray, ptr: np.ndarray) -> None:
+        self.idx, self.ptr = idx, ptr
+
+    def __getitem__(self, i: int) -> list[int]:
+        return self.idx[self.ptr[i]:self.ptr[i + 1]].tolist()
+
+
+# Columns of a node's row in the per-node memo (:func:`_node_rows`), float64.
+_R_CLASS, _R_HOST_KIND, _R_CONST, _R_VIEW, _R_DTYPE, _R_FLOPS, _R_BYTES, _R_ACT_BYTES, _R_REDUCTION_K = range(9)
+_R_ADD_PARAM, _R_ADD_SCALAR, _R_CONCAT, _R_TILE = 9, 10, 11, 12  # _R_TILE: the 5 columns of _tile_shape()
+_R_WIDTH = _R_TILE + 5
+_CUBLAS_IDX = np.array([c in ("matmul", "attention") for c in PARAM_CLASSES])
+
+
+def _fill_rows(rows: np.ndarray, nodes: Sequence[OpNode]) -> None:
+    """Write the per-node facts :func:`graph_facts` reads into ``rows`` (``[len(nodes), _R_WIDTH]``, see the
+    ``_R_*`` columns): each node's constants class, host kind, constant and view flags, dtype code, FLOPs, bytes,
+    activation bytes, GEMM reduction length, whether it is an ``add`` of a weight (fused-bias candidate), of a
+    scalar weight (hard-activation candidate) or a ``concat`` (roll candidate), and its tile shape when it is an
+    active contraction."""
+    classes = [param_class(nd) for nd in nodes]
+    const = [nd.is_constant for nd in nodes]
+    # a view, or a ``take`` with a 0-d constant index: ``x[0]`` / ``qkv[0]`` in PyTorch, a ``select`` view (no
+    # kernel), which the frontend writes as a gather
+    view = [nd.op_class == "view" or (nd.op == "take" and len(nd.input_shapes) == 2 and len(nd.input_shapes[1]) == 0
+                                      and bool(nd.input_is_param[1])) for nd in nodes]
+    rows[:, _R_CLASS] = [_CLASS_INDEX[c] for c in classes]
+    rows[:, _R_HOST_KIND] = [_HOST_KIND_INDEX[host_kind(nd.op_class)] for nd in nodes]
+    rows[:, _R_CONST] = const
+    rows[:, _R_VIEW] = view
+    rows[:, _R_DTYPE] = [_DT_CODE.get(nd.output_dtype, -1) for nd in nodes]
+    rows[:, _R_FLOPS] = [nd.flops for nd in nodes]
+    rows[:, _R_BYTES] = [nd.bytes_read + nd.bytes_written for nd in nodes]
+    rows[:, _R_ACT_BYTES] = [nd.bytes_read - nd.param_bytes + nd.bytes_written for nd in nodes]
+    rows[:, _R_REDUCTION_K] = [nd.macs / max(1, math.prod(nd.output_shape)) if nd.macs else 1.0 for nd in nodes]
+    rows[:, _R_ADD_PARAM] = [nd.op == "add" and not nd.is_constant and any(nd.input_is_param) for nd in nodes]
+    rows[:, _R_ADD_SCALAR] = [nd.op == "add" and not nd.is_constant and _scalar_param_input(nd) for nd in nodes]
+    rows[:, _R_CONCAT] = [nd.op == "concat" and not nd.is_constant for nd in nodes]
+    rows[:, _R_TILE:] = 0.0
+    for j, (nd, c, k, v) in enumerate(zip(nodes, classes, const, view)):
+        if c in CONTRACTION_CLASSES and not k and not v:
+            rows[j, _R_TILE:] = _tile_shape(nd)
+
+
+class _RowMemo:
+    """:func:`_fill_rows` of every node seen, in one float64 table, found by the node object's ``id`` and, for a
+    node object not seen yet, by its value.
+
+    An assembled search-space candidate shares most of its node objects with earlier candidates (placements of the
+    same block at the same offset), so a new candidate's rows are mostly found by ``id``; a block placed at another
+    offset has new node objects that share their fields' objects (attributes, shapes) with the block's other
+    placements, so their rows are found by value (:func:`_value_key`). The memo holds every node object it has
+    seen, so no other object takes their ids while they are in it. Past :data:`NODE_ROWS_MAX` nodes it starts
+    over."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.clear()
+
+    def clear(self) -> None:
+        self.row_of: dict[int, int] = {}
+        self.row_of_value: dict[tuple[Any, ...], int] = {}
+        self.held: list[OpNode] = []
+        self.table = np.zeros((1024, _R_WIDTH))
+        self.size = 0
+
+    def rows(self, nodes: Sequence[OpNode]) -> np.ndarray:
+        """``[len(nodes), _R_WIDTH]``: the rows of ``nodes`` (a copy), filling those not seen yet."""
+        with self.lock:
+            get = self.row_of.get
+            idx = [get(id(nd), -1) for nd in nodes]
+            if -1 in idx:
+                if len(self.held) + len(nodes) > NODE_ROWS_MAX:
+                    self.clear()
+                    idx = [-1] * len(nodes)
+                self._add(nodes, idx)
+            return self.table[np.array(idx, dtype=np.int64)]
+
+    def _add(self, nodes: Sequence[OpNode], idx: list[int]) -> None:
+        by_value = self.row_of_value
+        new: list[OpNode] = []
+        for j, r in enumerate(idx):
+            if r >= 0:
+                continue
+            nd = nodes[j]
+            r = self.row_of.get(id(nd), -1)
+            if r < 0:
+                key = _value_key(nd)
+                r = by_value.get(key, -1)
+                if r < 0:
+                    r = by_value[key] = self.size + len(new)
+                    new.append(nd)
+                self.row_of[id(nd)] = r
+                self.held.append(nd)
+            idx[j] = r
+        start, end = self.size, self.size + len(new)
+        if end > len(self.table):
+            grown = np.zeros((max(end, 2 * len(self.table)), _R_WIDTH))
+            grown[:start] = self.table[:start]
+            self.table = grown
+        _fill_rows(self.table[start:end], new)
+        self.size = end
+
+
+def _value_key(nd: OpNode) -> tuple[Any, ...]:
+    """What a node's row is a function of: its scalar fields and, by identity, its attributes, shapes and weight
+    flags (objects the memo holds through the node)."""
+    return (nd.op, nd.op_class, nd.output_dtype, nd.is_constant, nd.flops, nd.macs, nd.bytes_read, nd.bytes_written,
+            nd.param_bytes, id(nd.attrs), id(nd.input_shapes), id(nd.output_shapes), id(nd.input_is_param))
+
+
+#: Bound on the node objects :func:`graph_facts` keeps rows for (a row of 17 float64 and the node object, which
+#: assembled graphs share with the assembly's placed blocks): above the 102,111 distinct node objects of the
+#: 10,000 assembled ``mbconv`` candidates of ``docs/search_space_assembly.md``.
+NODE_ROWS_MAX = 131_072
+_ROWS = _RowMemo()
+
+
+def _node_rows(nodes: Sequence[OpNode]) -> np.ndarray:
+    """``[len(nodes), _R_WIDTH]`` float64: :func:`_fill_rows` of each node, memoised (:class:`_RowMemo`)."""
+    return _ROWS.rows(nodes)
 
 
 _FACTS: "dict[str, GraphFacts]" = {}
@@ -377,61 +522,110 @@ _FACTS_LOCK = threading.Lock()
 
 
 def clear_graph_facts() -> None:
-    """Forget every cached :class:`GraphFacts` (benchmarks of new candidates; memory)."""
+    """Forget every cached :class:`GraphFacts` and per-node row (benchmarks of new candidates; memory)."""
     with _FACTS_LOCK:
         _FACTS.clear()
+    with _ROWS.lock:
+        _ROWS.clear()
 
 
 def graph_facts(graph: OperatorGraph) -> GraphFacts:
     """The :class:`GraphFacts` of ``graph``; validated and computed on first sight, then cached by the
     graph's structural hash (a bounded cache: a search calls the prior thousands of times)."""
-    key = f"{graph.structural_hash()}:{graph.param_bytes}"
+    return graph_facts_many([graph])[0]
+
+
+def graph_facts_many(graphs: Sequence[OperatorGraph]) -> list[GraphFacts]:
+    """:func:`graph_facts` of every graph: those not cached validated and computed together, as array
+    operations over all their nodes (the same facts as one at a time)."""
+    keys = [f"{g.structural_hash()}:{g.param_bytes}" for g in graphs]
     with _FACTS_LOCK:
-        hit = _FACTS.get(key)
-    if hit is not None:
-        return hit
-    graph.validate()
-    nodes = graph.nodes
-    n = len(nodes)
-    preds = graph.predecessors()
-    succ = graph.successors()
-    classes = tuple(param_class(nd) for nd in nodes)
-    cls_idx = np.array([_CLASS_INDEX[c] for c in classes], dtype=np.int64)
-    const = np.array([nd.is_constant for nd in nodes], dtype=bool)
-    view = (np.array([nd.op_class == "view" for nd in nodes], dtype=bool) | _selects(nodes)) & ~const
+        out = [_FACTS.get(k) for k in keys]
+    todo: dict[str, OperatorGraph] = {}
+    for k, g, f in zip(keys, graphs, out):
+        if f is None and k not in todo:
+            todo[k] = g
+    if not todo:
+        return out  # type: ignore[return-value]
+    made = dict(zip(todo, _facts_of(list(todo.values()))))
+    with _FACTS_LOCK:
+        for k, f in made.items():
+            while len(_FACTS) >= _FACTS_MAX:
+                _FACTS.pop(next(iter(_FACTS)))
+            _FACTS[k] = f
+    return [f if f is not None else made[k] for k, f in zip(keys, out)]
+
+
+_OP_CLASS_CONTRACTION = np.array([c in CONTRACTION_CLASSES for c in OP_CLASSES] + [False])  # by node_columns code
+_DT_NAMES = list(_DT_CODE)
+
+
+def _facts_of(graphs: list[OperatorGraph]) -> list[GraphFacts]:
+    """The :class:`GraphFacts` of ``graphs`` (validated here), computed over the nodes of all of them at once."""
+    for g in graphs:
+        g.validate()
+    cols = [node_columns(g) for g in graphs]
+    sizes = np.fromiter((len(g.nodes) for g in graphs), dtype=np.int64, count=len(graphs))
+    offs = np.zeros(len(graphs) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=offs[1:])
+    n = int(offs[-1])
+    nodes = [nd for g in graphs for nd in g.nodes]
+    graph_of = np.repeat(np.arange(len(graphs)), sizes)
+    rows = _node_rows(nodes)
+    ne = np.fromiter((c["src"].size for c in cols), dtype=np.int64, count=len(cols))
+    eoffs = np.zeros(len(graphs) + 1, dtype=np.int64)
+    np.cumsum(ne, out=eoffs[1:])
+    shift = np.repeat(offs[:-1], ne)
+    # edges by consumer (each graph's node_columns order: a node's producers as graph.predecessors() lists them)
+    src = np.concatenate([c["src"] for c in cols]) + shift
+    dst = np.concatenate([c["dst"] for c in cols]) + shift
+    in_ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(dst, minlength=n), out=in_ptr[1:])
+    out_deg = np.bincount(src, minlength=n)
+    out_ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(out_deg, out=out_ptr[1:])
+    preds, succ = _Adjacency(src, in_ptr), _Adjacency(dst[np.argsort(src, kind="stable")], out_ptr)
+
+    cls_idx = rows[:, _R_CLASS].astype(np.int64)
+    const = rows[:, _R_CONST] > 0
+    view = (rows[:, _R_VIEW] > 0) & ~const
     active = ~const & ~view
-    inner, internal = _rolls(nodes, preds, succ, const)
+    inner, internal = _rolls(nodes, preds, succ, np.flatnonzero(rows[:, _R_CONCAT] > 0))
+    # a bias add run inside the conv/matmul call before it: an add of a weight whose one non-constant producer
+    # is a contraction op read by nothing else
     fused = np.zeros(n, dtype=bool)
-    for nd in nodes:
-        if nd.op != "add" or nd.is_constant or not any(nd.input_is_param):
-            continue
-        p = [q for q in preds[nd.index] if not nodes[q].is_constant]
-        if len(p) == 1 and nodes[p[0]].op_class in CONTRACTION_CLASSES and succ[p[0]] == [nd.index]:
-            fused[nd.index] = True
-    hard_inner, hard_extra = _hard_activations(nodes, preds, succ)
-    facts = GraphFacts(
-        classes=classes, cls_idx=cls_idx,
-        host_kind=np.where(view, _HOST_KIND_INDEX["view"],
-                           np.array([_HOST_KIND_INDEX[host_kind(nd.op_class)] for nd in nodes], dtype=np.int64)),
-        active=active, view=view, fused=fused, inner_view=inner, internal=internal,
-        hard_inner=hard_inner, hard_extra_bytes=hard_extra,
-        conv=np.array([c == "conv" for c in classes], dtype=bool),
-        contraction=_CONTRACTION_IDX[cls_idx],
-        dtype=np.array([_DT_CODE.get(nd.output_dtype, -1) for nd in nodes], dtype=np.int64),
-        flops=np.array([nd.flops for nd in nodes], dtype=np.float64),
-        bytes=np.array([nd.bytes_read + nd.bytes_written for nd in nodes], dtype=np.float64),
-        act_bytes=np.array([nd.bytes_read - nd.param_bytes + nd.bytes_written for nd in nodes], dtype=np.float64),
-        reduction_k=np.array([nd.macs / max(1, math.prod(nd.output_shape)) if nd.macs else 1.0 for nd in nodes],
-                             dtype=np.float64),
-        dtypes=frozenset(nd.output_dtype for nd in nodes if not nd.is_constant and nd.output_dtype in _DT_CODE),
-        uses_cublas=any(nd.op_class in ("matmul", "attention") and not nd.is_constant for nd in nodes),
-        _tiles={}, _nodes=nodes, _preds=preds,
-    )
-    with _FACTS_LOCK:
-        while len(_FACTS) >= _FACTS_MAX:
-            _FACTS.pop(next(iter(_FACTS)))
-        _FACTS[key] = facts
-    return facts
+    live = ~const[src]
+    one = np.bincount(dst[live], minlength=n) == 1
+    e = live & (rows[dst, _R_ADD_PARAM] > 0) & one[dst]
+    p = src[e]
+    op_class = np.concatenate([c["op_class"] for c in cols])
+    fused[dst[e][_OP_CLASS_CONTRACTION[op_class[p]] & (out_deg[p] == 1)]] = True
+    hard_inner, hard_extra = _hard_activations(nodes, preds, succ, np.flatnonzero(rows[:, _R_ADD_SCALAR] > 0))
+    dtype = rows[:, _R_DTYPE].astype(np.int64)
+    host = np.where(view, _HOST_KIND_INDEX["view"], rows[:, _R_HOST_KIND].astype(np.int64))
+    conv = cls_idx == _CLASS_INDEX["conv"]
+    contraction = _CONTRACTION_IDX[cls_idx]
+    flops, nbytes, act, red = (rows[:, j].copy() for j in (_R_FLOPS, _R_BYTES, _R_ACT_BYTES, _R_REDUCTION_K))
+    tile = rows[:, _R_TILE:]
+    names = [PARAM_CLASSES[c] for c in cls_idx.tolist()]
+    has = ~const & (dtype >= 0)
+    dts = np.bincount(graph_of[has] * len(_DT_NAMES) + dtype[has],
+                      minlength=len(graphs) * len(_DT_NAMES)).reshape(len(graphs), len(_DT_NAMES)) > 0
+    cublas = np.bincount(graph_of, weights=_CUBLAS_IDX[cls_idx] & ~const, minlength=len(graphs)) > 0
+    out = []
+    for j, g in enumerate(graphs):
+        a, b = int(offs[j]), int(offs[j + 1])
+        ea, eb = int(eoffs[j]), int(eoffs[j + 1])
+        out.append(GraphFacts(
+            classes=tuple(names[a:b]), cls_idx=cls_idx[a:b], host_kind=host[a:b], active=active[a:b],
+            view=view[a:b], fused=fused[a:b], inner_view=inner[a:b], internal=internal[a:b],
+            hard_inner=hard_inner[a:b], hard_extra_bytes=hard_extra[a:b], conv=conv[a:b],
+            contraction=contraction[a:b], dtype=dtype[a:b], flops=flops[a:b], bytes=nbytes[a:b],
+            act_bytes=act[a:b], reduction_k=red[a:b],
+            dtypes=frozenset(_DT_NAMES[c] for c in np.flatnonzero(dts[j]).tolist()), uses_cublas=bool(cublas[j]),
+            _tiles={}, _tile_shape=tile[a:b], _nodes=g.nodes, _preds=_Adjacency(src[ea:eb] - a, in_ptr[a:b + 1] - ea),
+        ))
+    return out
 
 
 _RESHAPES = frozenset({"reshape", "flatten", "nn.batch_flatten"})

@@ -27,7 +27,7 @@ from dippm_nas.devices import Device, HostProfile
 from dippm_nas.graph import GraphStack, OperatorGraph, stack_graphs
 from dippm_nas.prior._autocast import AutocastPlan
 from dippm_nas.prior._estimate import (PriorEstimate, ResolvedSettings, _finished, _pass_host_us, _runtime_costs,
-                                       checked_facts, estimate, gpu_parts_key, resolved_settings, uses_cudnn)
+                                       checked_facts_many, estimate, gpu_parts_key, resolved_settings, uses_cudnn)
 from dippm_nas.prior._nodes import KernelTerms, NodeCosts, costs_of_terms, host_times, kernel_terms, retimed
 from dippm_nas.prior._memory import activation_liveness_many, gpu_memory_parts_many
 from dippm_nas.prior._power import node_activity, node_power_w, power_params_for, wait_power_w
@@ -190,7 +190,7 @@ class CostStack:
     """
 
     def __init__(self, graphs: Sequence[OperatorGraph], device: Device) -> None:
-        facts = [checked_facts(g, device) for g in graphs]
+        facts = checked_facts_many(graphs, device)
         self.facts = StackedFacts(graphs, facts)
         self._graph_stack: GraphStack | None = None
         self._kernels: dict[tuple[Any, ...], KernelTerms] = {}

@@ -35,6 +35,7 @@ from dippm_nas.capture import (
     supports_assembly,
 )
 from dippm_nas.errors import GraphCaptureError, InputSpecError, InvalidValueError, SearchSpaceError
+from dippm_nas.graph import node_columns
 from dippm_nas.optuna import HardwareCostModel
 from search_spaces import Block, BlockInput, BlockPlan, BlockSearchSpace
 
@@ -104,6 +105,10 @@ def _assert_same_graph(assembled: OperatorGraph, whole: OperatorGraph) -> None:
     assert (assembled.param_count, assembled.param_bytes) == (whole.param_count, whole.param_bytes)
     assert assembled.mode == whole.mode and assembled.spec == whole.spec
     assembled.validate()
+    # the node columns it carries (its blocks', concatenated) are the ones read from its own nodes
+    own, carried = node_columns(OperatorGraph.from_dict(assembled.to_dict())), node_columns(assembled)
+    assert own.keys() == carried.keys()
+    assert all(own[k].dtype == carried[k].dtype and (own[k] == carried[k]).all() for k in own)
 
 
 def test_every_registered_space_opts_in_or_is_listed() -> None:
