@@ -38,14 +38,14 @@ the stages' σ summed as that function does, and it counts as GPU-bound when the
 launch-bound take under half of its time. Latency only: the deployment σ is a latency σ; the pipelines' energy is
 scored by ``accuracy_energy.py``.
 
-Per cell (source x GPU x dtype; ML.ENERGY: one cell of all its pipelines and batches) and mode: MAPE, Kendall τ, the share of measurements within ±1σ and ±2σ (log
-space), the median σ as a share of the value; and what a search sees (``benchmarks/accuracy/search_view.py``): for
-latency budgets at the 25th, 50th and 75th percentile of the cell's measured latencies, the share of admitted
-models (``mean + 1σ <= budget``) really over budget and the share of really-within models rejected. Per cell also
-the kernel σ the cell's GPU gets (``kernel_sigma_log``) and the RMS log error of the rows the prior calls
-GPU-bound (``gpu_bound_rms_log``), and for the eager CNN hosts a check of the undescribed host mixture (not a
-fit): the recorded clock and the clock the host-bound rows of a cell (at least :data:`HOST_CHECK_MIN_ROWS`) say
-the host runs at, each as a z-score in the mixture's log-normal host speed
+Per cell (source x GPU x dtype; ML.ENERGY: one cell of all its pipelines and batches) and mode: MAPE, Kendall τ,
+the share of measurements within ±1σ and ±2σ (log space), the median σ as a share of the value; and what a search
+sees (``benchmarks/accuracy/search_view.py``): for latency budgets at the 25th, 50th and 75th percentile of the
+cell's measured latencies, the share of admitted models (``mean + 1σ <= budget``) really over budget and the share
+of really-within models rejected. Per cell also the kernel σ the cell's GPU gets (``kernel_sigma_log``) and the RMS
+log error of the rows the prior calls GPU-bound (``gpu_bound_rms_log``), and for the eager CNN hosts a check of the
+undescribed host mixture (not a fit): the recorded clock and the clock the host-bound rows of a cell (at least
+:data:`HOST_CHECK_MIN_ROWS`) say the host runs at, each as a z-score in the mixture's log-normal host speed
 (:data:`~dippm_nas.prior.UNKNOWN_HOST_CLOCK_GHZ`, :data:`~dippm_nas.prior.UNKNOWN_HOST_SIGMA_LOG`).
 """
 

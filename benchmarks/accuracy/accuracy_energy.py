@@ -8,13 +8,13 @@ Usage::
         [--write-power dippm_nas/prior/calibration/power.json] [--write-fitted dippm_nas/prior/calibration/fitted.json]
 
 ML.ENERGY leaderboard v2 (``mlenergy_v2_h100_energy_latency.csv``, Apache-2.0) measured whole-GPU NVML energy
-(Zeus) and batch latency of diffusers pipelines on one H100 80GB HBM3, fp16, 25 denoising steps, at batch
-1-64; only the file's H100 rows are read. Each pipeline with a config under ``benchmarks/accuracy/configs/mlenergy_t2i`` is rebuilt from diffusers configs
-(no weights; ``_t2i_pipelines.py``): per batch of ``b`` images, its text encoder calls at batch ``b``, its
-denoiser (UNet, or SD 3's transformer) calls at batch ``2b`` (classifier-free guidance) and one VAE decode at
-batch ``b``, summed with :func:`dippm_nas.sum_stages`. The scheduler step and guidance arithmetic between
-denoiser calls (a few element-wise kernels per step), tokenisation and the copy of the images to the host are
-not modelled.
+(Zeus) and batch latency of diffusers pipelines on one H100 80GB HBM3, fp16, 25 denoising steps, at batch 1-64;
+only the file's H100 rows are read. Each pipeline with a config under ``benchmarks/accuracy/configs/mlenergy_t2i``
+is rebuilt from diffusers configs (no weights; ``_t2i_pipelines.py``): per batch of ``b`` images, its text encoder
+calls at batch ``b``, its denoiser (UNet, or SD 3's transformer) calls at batch ``2b`` (classifier-free guidance)
+and one VAE decode at batch ``b``, summed with :func:`dippm_nas.sum_stages`. The scheduler step and guidance
+arithmetic between denoiser calls (a few element-wise kernels per step), tokenisation and the copy of the images to
+the host are not modelled.
 
 Leave one model out: for each model, the H100 timing constants (compute and memory efficiency of the Hopper
 prior, and a multiplier of the host times: the measuring machine's eager dispatch) and the power shares are
