@@ -8,13 +8,17 @@ Usage (from the repository root; the data paths are arguments, nothing is downlo
     dippm-nas dataset import accel-nasbench ../shared/data/accel_nasbench_mnasnet_space_throughput.csv \\
         --out accel.sqlite
     python benchmarks/accuracy/accuracy_deployment.py --ryujaehun ryujaehun.sqlite --timm timm.sqlite \\
-        --accel accel.sqlite [--json out.json]
+        --accel accel.sqlite [--mlenergy ../shared/data/mlenergy_v2_h100_energy_latency.csv] [--json out.json]
+
+``--mlenergy`` rebuilds ML.ENERGY's text-to-image pipelines from their configs (``accuracy_energy.py``; no
+weights, nothing downloaded) and needs diffusers and transformers: ``pip install -e ".[bench-t2i]"``.
 
 Every row is predicted by the analytic prior (:func:`dippm_nas.prior.predict`) twice:
 
 - **described**: the :class:`~dippm_nas.Deployment` the row records (eager; the host's clock and PyTorch 1.x and
   the pageable input copy of the eager CNN timings; autocast, channels-last layout and the torch version of the
-  timm and Accel-NASBench rows, whose hosts are not recorded and stay undescribed);
+  timm and Accel-NASBench rows, whose hosts are not recorded and stay undescribed; for ML.ENERGY's diffusers
+  pipelines, PyTorch 2.x and no input copy, the host not recorded: :func:`described`);
 - **unknown**: ``Deployment()`` (eager, nothing else said): the σ spans the hosts, framework generations, TF32
   defaults and input copies of real servers (:func:`dippm_nas.prior.deployment_spread`).
 
@@ -25,16 +29,23 @@ between the other two (``benchmarks/accuracy/accuracy_eager.py``'s folds) and th
 for the timm GPUs the held-out GPU's fitted efficiency multipliers replaced by the geometric mean of the other GPUs
 the default entry averages and the unseen-GPU σ measured without it (``benchmarks/accuracy/unseen_gpu_sigma.py``'s
 ``unseen_params`` and ``nested_sigma``); the Accel-NASBench rows (A100, RTX 3090) with the shipped constants, which
-were fitted on them (in-sample on the kernels; their own multipliers, their σ).
+were fitted on them (in-sample on the kernels; their own multipliers, their σ); for ML.ENERGY's H100 rows the
+H100's entry (fitted on these rows) removed, so the H100 gets the default entry and the shipped unseen-GPU kernel σ,
+neither measured on an H100 (``unseen_params``; ``--shipped``: the H100 entry, in-sample). An ML.ENERGY row is one
+batch of a pipeline (text encoders, one guided denoiser call per step, the VAE decode): its components are
+predicted one by one and summed with :func:`dippm_nas.sum_stages` (``accuracy_energy.predict_row``), so its σ is
+the stages' σ summed as that function does, and it counts as GPU-bound when the stages the prior calls
+launch-bound take under half of its time. Latency only: the deployment σ is a latency σ; the pipelines' energy is
+scored by ``accuracy_energy.py``.
 
-Per cell (source x GPU x dtype) and mode: MAPE, Kendall τ, the share of measurements within ±1σ and ±2σ (log
-space), the median σ as a share of the value; and what a search sees (``benchmarks/accuracy/search_view.py``): for
-latency budgets at the 25th, 50th and 75th percentile of the cell's measured latencies, the share of admitted
-models (``mean + 1σ <= budget``) really over budget and the share of really-within models rejected. Per cell also
-the kernel σ the cell's GPU gets (``kernel_sigma_log``) and the RMS log error of the rows the prior calls
-GPU-bound (``gpu_bound_rms_log``), and for the eager CNN hosts a check of the undescribed host mixture (not a
-fit): the recorded clock and the clock the host-bound rows of a cell (at least :data:`HOST_CHECK_MIN_ROWS`) say
-the host runs at, each as a z-score in the mixture's log-normal host speed
+Per cell (source x GPU x dtype; ML.ENERGY: one cell of all its pipelines and batches) and mode: MAPE, Kendall τ,
+the share of measurements within ±1σ and ±2σ (log space), the median σ as a share of the value; and what a search
+sees (``benchmarks/accuracy/search_view.py``): for latency budgets at the 25th, 50th and 75th percentile of the
+cell's measured latencies, the share of admitted models (``mean + 1σ <= budget``) really over budget and the share
+of really-within models rejected. Per cell also the kernel σ the cell's GPU gets (``kernel_sigma_log``) and the RMS
+log error of the rows the prior calls GPU-bound (``gpu_bound_rms_log``), and for the eager CNN hosts a check of the
+undescribed host mixture (not a fit): the recorded clock and the clock the host-bound rows of a cell (at least
+:data:`HOST_CHECK_MIN_ROWS`) say the host runs at, each as a z-score in the mixture's log-normal host speed
 (:data:`~dippm_nas.prior.UNKNOWN_HOST_CLOCK_GHZ`, :data:`~dippm_nas.prior.UNKNOWN_HOST_SIGMA_LOG`).
 """
 
@@ -55,6 +66,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from accuracy_eager import _nested_sigma, _without_fp64_rows_of  # noqa: E402  (sibling scripts)
+import accuracy_energy  # noqa: E402
 from search_view import search_view  # noqa: E402
 from unseen_gpu_sigma import fitted_cells, nested_sigma, source_rows, unseen_params  # noqa: E402
 
@@ -93,6 +105,8 @@ def described(source: str, m: dict[str, Any]) -> Deployment:
         return Deployment(runtime="eager", autocast=c.get("autocast"), input_copy="none",
                           channels_last=bool(c.get("channels_last")), cudnn_benchmark=bool(c.get("cudnn_benchmark")),
                           versions={"torch": "1.12.0"})
+    if source == "mlenergy":
+        return _mlenergy_described(m)
     raise SystemExit(f"unknown source {source!r}")
 
 
@@ -105,6 +119,27 @@ def torch_version_of_tag(tag: str) -> str | None:
     if major == "1":
         return f"1.{rest}"
     return f"{major}.{rest[0]}.{rest[1:] or 0}" if len(rest) >= 2 else f"{major}.{rest}.0"
+
+
+#: The ML.ENERGY benchmark commit whose text-to-image rows the shared file holds (PROVENANCE.md) and what its
+#: ``benchmark/diffusion/text-to-image`` records: diffusers 0.29.2 pipelines loaded in float16, PyTorch 2.x
+#: (``requirements.txt``: ``torch==2.2.1`` with diffusers 0.26.3, then unpinned with 0.29.2 in mid-2024), each batch
+#: timed from the pipeline call on prompt strings (no input tensor is copied), no TF32, autocast or cuDNN flag set.
+MLENERGY_COMMIT = "c3af7f31e231a2a7021c5f8e2a54dd712d02e6e2"
+
+
+def _mlenergy_described(row: dict[str, Any]) -> Deployment:
+    """The deployment of one ML.ENERGY row (the CSV's columns): the diffusers text-to-image benchmark of the
+    recorded commit on an H100; the host is not recorded and stays undescribed, TF32 takes PyTorch 2's defaults."""
+    if row.get("task") != "diffusion/text-to-image":
+        raise SystemExit(f"ML.ENERGY row of task {row.get('task')!r}: only diffusion/text-to-image rows (diffusers "
+                         "pipelines) have a described deployment here")
+    if row.get("GPU") != accuracy_energy.GPU:
+        raise SystemExit(f"ML.ENERGY row on {row.get('GPU')!r}: only {accuracy_energy.GPU!r} rows are scored")
+    if row.get("commit") != MLENERGY_COMMIT:
+        raise SystemExit(f"ML.ENERGY row of commit {row.get('commit')!r}: the recorded deployment is that of "
+                         f"{MLENERGY_COMMIT} (diffusers 0.29.2)")
+    return Deployment(runtime="eager", framework="torch-2", input_copy="none")
 
 
 def _predict(graph: Any, device: str, params: Any, deployment: Deployment) -> tuple[float, float, bool]:
@@ -141,6 +176,34 @@ def _cell_params(source: str, device: str, rows: list, base: Any, cells: dict) -
     return base
 
 
+def mlenergy_cell(path: Path, *, shipped: bool, base: Any) -> dict[str, Any]:
+    """Both modes of the ML.ENERGY H100 cell: every pipeline and batch of ``path`` (the CSV), captured through
+    ``accuracy_energy`` (needs diffusers and transformers), predicted with the prior of the module docstring."""
+    raw = accuracy_energy.read_rows(path)
+    if not raw:
+        raise SystemExit(f"no H100 text-to-image rows of the rebuilt pipelines in {path}")
+    by_key = {(r["pipeline"], int(float(r["Batch size"]))): r for r in raw}
+    rows = accuracy_energy.capture_rows(accuracy_energy.load_rows(path))
+    device = accuracy_energy.DEVICE
+    params = base if shipped else unseen_params(base, device)
+    y = np.array([r.batch_latency_s * 1e3 for r in rows])
+    entry: dict[str, Any] = {"kernel_sigma_log": params.host_model.sigma_log_gpu(
+        "float16", device_fitted=params.device_fitted(device))}
+    for mode in MODES:
+        got = [accuracy_energy.predict_row(r, params, deployment=described("mlenergy", by_key[(r.name, r.batch)])
+                                           if mode == "described" else Deployment()) for r in rows]
+        pred = np.array([g.latency_ms for g in got])
+        # GPU-bound: the stages the prior calls launch-bound take under half of the row's time
+        gpu_bound = np.array([sum(n * s.latency_ms for s, n in zip(g.stages, g.calls)
+                                  if s.details.get("launch_bound", 0.0)) < 0.5 * g.latency_ms for g in got])
+        entry[mode] = metrics(pred, np.array([(g.latency_ms_std or 0.0) / g.latency_ms for g in got]), y, gpu_bound)
+        # where the error sits: the median predicted / measured latency of each pipeline
+        entry[mode]["median_ratio_by_pipeline"] = {
+            name: float(np.median([p / t for p, t, r in zip(pred, y, rows) if r.name == name]))
+            for name in sorted({r.name for r in rows})}
+    return entry
+
+
 def metrics(pred: np.ndarray, sig: np.ndarray, y: np.ndarray, gpu_bound: np.ndarray | None = None) -> dict[str, float]:
     """MAPE, τ, ±1σ / ±2σ coverage in log space, median σ (share of the value), the RMS log error of the
     ``gpu_bound`` rows and the search view at k = 1."""
@@ -166,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ryujaehun", type=Path, help="dataset with the eager CNN timings (graphs captured)")
     ap.add_argument("--timm", type=Path, help="dataset with timm benchmark rows (graphs captured)")
     ap.add_argument("--accel", type=Path, help="dataset with Accel-NASBench rows (graphs captured)")
+    ap.add_argument("--mlenergy", type=Path, help="ML.ENERGY's CSV (mlenergy_v2_h100_energy_latency.csv): its H100 "
+                    "text-to-image rows, pipelines rebuilt and captured (needs diffusers and transformers)")
     ap.add_argument("--shipped", action="store_true",
                     help="predict every cell with the shipped constants (in-sample where they were fitted on the "
                          "cell's rows) instead of what an unseen GPU gets")
@@ -173,8 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     sources = [(s, p) for s, p in (("ryujaehun", args.ryujaehun), ("timm", args.timm),
                                    ("accel-nasbench", args.accel)) if p is not None]
-    if not sources:
-        ap.error("give at least one of --ryujaehun, --timm, --accel")
+    if not sources and args.mlenergy is None:
+        ap.error("give at least one of --ryujaehun, --timm, --accel, --mlenergy")
     base = default_params()
     report: dict[str, Any] = {"machine": machine(), "cells": {}, "host_check": {}}
     loaded = {source: source_rows(path, source) for source, path in sources}
@@ -205,6 +270,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(_line(key, entry), flush=True)
                 if f"{device} {dtype}" in report["host_check"]:
                     print(f"  host check: {report['host_check'][f'{device} {dtype}']}", flush=True)
+    if args.mlenergy is not None:
+        key = f"mlenergy {accuracy_energy.DEVICE} float16"
+        report["cells"][key] = mlenergy_cell(args.mlenergy, shipped=args.shipped, base=base)
+        print(_line(key, report["cells"][key]), flush=True)
     report["summary"] = _summary(report["cells"])
     print(json.dumps(report["summary"], indent=1))
     if args.json is not None:

@@ -8,13 +8,13 @@ Usage::
         [--write-power dippm_nas/prior/calibration/power.json] [--write-fitted dippm_nas/prior/calibration/fitted.json]
 
 ML.ENERGY leaderboard v2 (``mlenergy_v2_h100_energy_latency.csv``, Apache-2.0) measured whole-GPU NVML energy
-(Zeus) and batch latency of diffusers pipelines on one H100 80GB HBM3, fp16, 25 denoising steps, at batch
-1-64. Each pipeline with a config under ``benchmarks/accuracy/configs/mlenergy_t2i`` is rebuilt from diffusers configs
-(no weights; ``_t2i_pipelines.py``): per batch of ``b`` images, its text encoder calls at batch ``b``, its
-denoiser (UNet, or SD 3's transformer) calls at batch ``2b`` (classifier-free guidance) and one VAE decode at
-batch ``b``, summed with :func:`dippm_nas.sum_stages`. The scheduler step and guidance arithmetic between
-denoiser calls (a few element-wise kernels per step), tokenisation and the copy of the images to the host are
-not modelled.
+(Zeus) and batch latency of diffusers pipelines on one H100 80GB HBM3, fp16, 25 denoising steps, at batch 1-64;
+only the file's H100 rows are read. Each pipeline with a config under ``benchmarks/accuracy/configs/mlenergy_t2i``
+is rebuilt from diffusers configs (no weights; ``_t2i_pipelines.py``): per batch of ``b`` images, its text encoder
+calls at batch ``b``, its denoiser (UNet, or SD 3's transformer) calls at batch ``2b`` (classifier-free guidance)
+and one VAE decode at batch ``b``, summed with :func:`dippm_nas.sum_stages`. The scheduler step and guidance
+arithmetic between denoiser calls (a few element-wise kernels per step), tokenisation and the copy of the images to
+the host are not modelled.
 
 Leave one model out: for each model, the H100 timing constants (compute and memory efficiency of the Hopper
 prior, and a multiplier of the host times: the measuring machine's eager dispatch) and the power shares are
@@ -30,6 +30,8 @@ held-out error of the ``package`` variant, and a ``default`` for architectures w
 σ widened by the error the unfitted shares made on these rows). ``--write-fitted`` writes the Hopper device
 scales fitted on every row into a constants file (only the ``devices`` entries of the Hopper boards change; the
 host multiplier is never written).
+
+Needs diffusers and transformers to rebuild the pipelines: ``pip install -e ".[bench-t2i]"``.
 
 Capture: each (model, batch) component is captured once and kept in the conversion cache (1-60 s each on 2
 shared CPU cores; the first run captures the 140 graphs of the six pipelines in about 30 min, a rerun loads them
@@ -72,21 +74,59 @@ class Row:
     calls: list[int]
 
 
-def load_rows(data: Path, names: list[str]) -> list[tuple[str, int, float, float]]:
+#: The ``GPU`` column of the rows scored: the H100 (the file's other GPUs are never read).
+GPU = "NVIDIA H100 80GB HBM3"
+#: The denoising steps the configs' ``unet_calls`` are written for.
+STEPS = 25
+
+
+def read_rows(data: Path, names: list[str] | None = None) -> list[dict[str, str]]:
+    """The file's H100 text-to-image rows at 25 steps of the named pipelines (``None``: every pipeline with a
+    config), as the file's columns plus ``"pipeline"`` (the config name); rows of other GPUs, tasks and step
+    counts are skipped unread."""
     path = data / _FILE if data.is_dir() else data
     by_model = {v: k for k, v in t2i.MODEL_OF.items()}
     out = []
     with open(path, newline="") as f:
         for r in csv.DictReader(f):
-            if r["task"] != "diffusion/text-to-image" or r["Model"] not in by_model:
+            if r.get("GPU") != GPU or r["task"] != "diffusion/text-to-image" or r["Model"] not in by_model:
                 continue
             name = by_model[r["Model"]]
-            if name not in names:
+            if (names is not None and name not in names) or int(float(r["Denoising steps"])) != STEPS:
                 continue
-            if int(float(r["Denoising steps"])) != 25:
-                continue
-            out.append((name, int(float(r["Batch size"])), float(r["Energy/image (J)"]), float(r["Batch latency (s)"])))
-    return sorted(out)
+            out.append({**r, "pipeline": name})
+    return out
+
+
+def load_rows(data: Path, names: list[str] | None = None) -> list[tuple[str, int, float, float]]:
+    """``(pipeline, batch, energy per image J, batch latency s)`` of :func:`read_rows`, sorted."""
+    return sorted((r["pipeline"], int(float(r["Batch size"])), float(r["Energy/image (J)"]),
+                   float(r["Batch latency (s)"])) for r in read_rows(data, names))
+
+
+def capture_rows(raw: list[tuple[str, int, float, float]]) -> list[Row]:
+    """Each ``(pipeline, batch, energy, latency)`` with its rebuilt pipeline's component graphs, captured through
+    the conversion cache (``_t2i_pipelines.capture_component``; needs diffusers and transformers)."""
+    rows: list[Row] = []
+    for name in sorted({r[0] for r in raw}):
+        cfg = t2i.load_config(name)
+        comps = t2i.components(cfg)
+        for n, b, e, lat in (r for r in raw if r[0] == name):
+            graphs = [t2i.capture_component(cfg, c, b) for c in comps]
+            rows.append(Row(name, b, e, lat, graphs, [c.calls for c in comps]))
+    return rows
+
+
+def predict_row(row: Row, params: Any, *, power: Any = None, deployment: Any = None) -> Any:
+    """One batch of ``row``'s pipeline on the H100: each component through :func:`dippm_nas.prior.predict`
+    (``params``, ``power``, ``deployment`` passed on; no MIG advice), summed over its calls with
+    :func:`dippm_nas.sum_stages` (a :class:`~dippm_nas.StagesPrediction`: ``latency_ms``, ``energy_j`` of the
+    batch and their σ)."""
+    from dippm_nas.prior import predict
+    from dippm_nas.stages import sum_stages
+
+    preds = [predict(g, DEVICE, params=params, power=power, deployment=deployment, mig=False) for g in row.graphs]
+    return sum_stages(list(zip(preds, row.calls)))
 
 
 # ------------------------------------------------------------------------------------------ timing
@@ -219,8 +259,7 @@ def evaluate(rows: list[Row], base: Any, matmul_abs: float | None, start: tuple[
     ``fit_host``: fit a multiplier of the host times with the device scales (else 1). ``predict_host``:
     ``"fitted"`` predicts with that multiplier, ``"shipped"`` with the shipped host constants (what the package
     computes with constants fitted that way)."""
-    from dippm_nas.prior import PowerParams, PowerTable, predict
-    from dippm_nas.stages import sum_stages
+    from dippm_nas.prior import PowerParams, PowerTable
 
     models = sorted({r.name for r in rows})
     variant = VARIANTS_OF[(fit_host, predict_host)]
@@ -246,8 +285,7 @@ def evaluate(rows: list[Row], base: Any, matmul_abs: float | None, start: tuple[
         for r in rows:
             if r.name != held:
                 continue
-            preds = [predict(g, DEVICE, params=params, power=table, mig=False) for g in r.graphs]
-            total = sum_stages(list(zip(preds, r.calls)))
+            total = predict_row(r, params, power=table)
             pred_lat[id(r)] = total.latency_ms / 1e3
             pred_e[id(r)] = float(total.energy_j) / r.batch  # type: ignore[arg-type]
             before_e[id(r)] = row_energy_j(passes[id(r)], r.calls, PowerParams()) / r.batch
@@ -358,13 +396,7 @@ def main(argv: list[str] | None = None) -> int:
     if not raw:
         print(f"no text-to-image rows for {names} in {args.data}", file=sys.stderr)
         return 2
-    rows: list[Row] = []
-    for name in sorted({r[0] for r in raw}):
-        cfg = t2i.load_config(name)
-        comps = t2i.components(cfg)
-        for n, b, e, lat in (r for r in raw if r[0] == name):
-            graphs = [t2i.capture_component(cfg, c, b) for c in comps]
-            rows.append(Row(name, b, e, lat, graphs, [c.calls for c in comps]))
+    rows = capture_rows(raw)
     t_capture = time.time() - t0
     base = default_params()
     sc0 = base.scale_for(DEVICE)

@@ -4,6 +4,7 @@ themselves need ../shared/data and run as scripts)."""
 from __future__ import annotations
 
 import importlib.util
+import math
 from pathlib import Path
 
 import pytest
@@ -110,3 +111,91 @@ def test_timm_torch_version_tags_read_as_torch_versions(monkeypatch: pytest.Monk
     assert [b.torch_version_of_tag(t) for t in ("pt113", "pt210", "pt240", "pt291")] == [
         "1.13", "2.1.0", "2.4.0", "2.9.1"]
     assert b.torch_version_of_tag("") is None and b.torch_version_of_tag("ptx") is None
+
+
+_MLE_HEAD = "source_repo,commit,task,Model,GPU,Batch size,Denoising steps,Energy/image (J),Batch latency (s)\n"
+_MLE_COMMIT = "c3af7f31e231a2a7021c5f8e2a54dd712d02e6e2"
+
+
+def _mlenergy_csv(tmp_path: Path) -> Path:
+    """A tiny ML.ENERGY-like file: two scored H100 text-to-image rows and rows the loader must skip unread."""
+    h100, a100 = "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-40GB"
+    rows = [f"x,{_MLE_COMMIT},diffusion/text-to-image,stabilityai/stable-diffusion-2-1,{h100},4,25,300.0,6.5",
+            f"x,{_MLE_COMMIT},diffusion/text-to-image,prompthero/openjourney-v4,{h100},1,25,200.0,1.25",
+            f"x,{_MLE_COMMIT},diffusion/text-to-image,stabilityai/stable-diffusion-2-1,{a100},4,25,1.0,1.0",  # A100
+            f"x,{_MLE_COMMIT},diffusion/text-to-image,stabilityai/stable-diffusion-2-1,{h100},4,50,1.0,1.0",  # steps
+            f"x,{_MLE_COMMIT},diffusion/text-to-image,kandinsky-community/kandinsky-3,{h100},4,25,1.0,1.0",   # no config
+            f"x,{_MLE_COMMIT},llm_text_generation/chat,meta-llama/Llama-2-7b-chat-hf,{h100},,,,"]            # an LLM
+    path = tmp_path / "mlenergy.csv"
+    path.write_text(_MLE_HEAD + "\n".join(rows) + "\n")
+    return path
+
+
+def test_mlenergy_rows_map_to_the_diffusers_deployment(tmp_path: Path) -> None:
+    """accuracy_deployment's ML.ENERGY cell: only the H100 text-to-image rows at 25 steps of rebuilt pipelines are
+    read; each maps to the deployment the benchmark ran (eager PyTorch 2, no input copy, host undescribed)."""
+    from dippm_nas import Deployment
+
+    dep = _load("accuracy_deployment")
+    energy = _load("accuracy_energy")
+    path = _mlenergy_csv(tmp_path)
+    raw = energy.read_rows(path)
+    assert [(r["pipeline"], r["Batch size"]) for r in raw] == [("stable-diffusion-2-1", "4"), ("openjourney-v4", "1")]
+    assert energy.load_rows(path) == [("openjourney-v4", 1, 200.0, 1.25), ("stable-diffusion-2-1", 4, 300.0, 6.5)]
+    assert energy.load_rows(path, ["openjourney-v4"]) == [("openjourney-v4", 1, 200.0, 1.25)]
+    d = dep.described("mlenergy", raw[0])
+    assert d == Deployment(runtime="eager", framework="torch-2", input_copy="none")
+    assert d.host is None and d.tf32_matmul is None and d.autocast is None
+    assert d.resolve().assumed == ("host",)  # TF32 takes PyTorch 2's defaults; only the host is not recorded
+    for bad in ({"task": "llm_text_generation/chat"}, {"GPU": "NVIDIA A100-SXM4-40GB"}, {"commit": "0" * 40}):
+        with pytest.raises(SystemExit, match="ML.ENERGY row"):
+            dep.described("mlenergy", {**raw[0], **bad})
+
+
+def test_mlenergy_cell_scores_both_modes_as_an_unseen_gpu(tmp_path: Path, monkeypatch) -> None:
+    """The cell predicts every row's components through accuracy_energy.predict_row with the H100's own entry
+    removed (the default entry and the unseen-GPU kernel σ) and scores both modes; an undescribed host widens σ.
+    The pipelines are replaced by a small graph, so diffusers is not needed."""
+    from test_features import tiny_graph
+
+    from dippm_nas.prior import default_params
+
+    dep = _load("accuracy_deployment")
+    energy = dep.accuracy_energy
+    base = default_params()
+    unseen = dep.unseen_params(base, energy.DEVICE)
+    assert base.device_fitted(energy.DEVICE) and not unseen.device_fitted(energy.DEVICE)
+
+    g = tiny_graph()
+    seen: list[tuple[str, int]] = []
+
+    def capture(raw):
+        seen.extend((n, b) for n, b, *_ in raw)
+        return [energy.Row(n, b, e, lat, [g, g], [1, 25]) for n, b, e, lat in raw]
+
+    monkeypatch.setattr(energy, "capture_rows", capture)
+    cell = dep.mlenergy_cell(_mlenergy_csv(tmp_path), shipped=False, base=base)
+    assert seen == [("openjourney-v4", 1), ("stable-diffusion-2-1", 4)]
+    assert cell["kernel_sigma_log"] == unseen.host_model.sigma_log_gpu("float16", device_fitted=False)
+    assert cell["kernel_sigma_log"] > base.host_model.sigma_log_gpu("float16", device_fitted=True)
+    one = energy.predict_row(energy.Row("x", 1, 0.0, 0.0, [g, g], [1, 25]), unseen)
+    assert one.latency_ms == pytest.approx(26 * energy.predict_row(energy.Row("x", 1, 0.0, 0.0, [g], [1]),
+                                                                   unseen).latency_ms, rel=1e-9)
+    for mode in dep.MODES:
+        assert cell[mode]["n"] == 2 and math.isfinite(cell[mode]["mape_pct"]) and cell[mode]["median_sigma_pct"] > 0
+        assert set(cell[mode]["median_ratio_by_pipeline"]) == {"openjourney-v4", "stable-diffusion-2-1"}
+    assert cell["unknown"]["median_sigma_pct"] > cell["described"]["median_sigma_pct"]
+
+
+def test_mlenergy_rows_get_one_graph_per_pipeline_component(monkeypatch) -> None:
+    """accuracy_energy.capture_rows: each (pipeline, batch) gets its config's components, captured at that batch,
+    with their calls per batch (the capture itself is replaced: diffusers is not needed)."""
+    energy = _load("accuracy_energy")
+    monkeypatch.setattr(energy.t2i, "capture_component", lambda cfg, comp, batch: (cfg["model"], comp.name, batch))
+    raw = [("stable-diffusion-2-1", 4, 300.0, 6.5), ("openjourney-v4", 1, 200.0, 1.25)]
+    rows = energy.capture_rows(raw)
+    assert [(r.name, r.batch, r.batch_latency_s) for r in rows] == [("openjourney-v4", 1, 1.25),
+                                                                     ("stable-diffusion-2-1", 4, 6.5)]
+    comps = energy.t2i.components(energy.t2i.load_config("stable-diffusion-2-1"))
+    assert rows[1].graphs == [("stabilityai/stable-diffusion-2-1", c.name, 4) for c in comps]
+    assert rows[1].calls == [c.calls for c in comps]
