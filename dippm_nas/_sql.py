@@ -18,8 +18,12 @@ create the same tables at once).
 :class:`SqlStore` is the base of the stores (the conversion cache, the dataset file, the validation queue):
 it parses the URL, makes the engine as above, runs every statement in :meth:`SqlStore._tx` (SQLAlchemy errors
 become the store's exception, naming the store, its URL and the operation), creates the tables, checks a
-stored schema version and releases the connections. The adaptation store uses the same functions without
-the class, so that a prediction reading an adaptation from a SQLite file never loads SQLAlchemy.
+stored schema version and releases the connections. The adaptation store is one too (a prediction that reads an
+adaptation from a SQLite file reads it with ``sqlite3``, without this module).
+
+No message names a URL with its password: :attr:`SqlStore.url` and every error, warning and ``repr`` use
+:func:`redact` (:mod:`dippm_nas._redact`), and an error of SQLAlchemy or of a driver quoted in a message is
+scrubbed of the URL's secrets first.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.pool import StaticPool
 
 from dippm_nas._json import loads_json
+from dippm_nas._redact import redact_url, scrub
 from dippm_nas.errors import DippmNasError, MissingDependencyError
 
 __all__ = ["SQLITE_BUSY_TIMEOUT_S", "SqlStore", "create_tables", "make_engine", "parse_url", "redact",
@@ -72,9 +77,10 @@ def storage_url_of(study: Any) -> str | None:
     return None
 
 
-def redact(url: URL) -> str:
-    """``url`` as a string with any password masked (``***``), safe for logs and error messages."""
-    return url.render_as_string(hide_password=True)
+def redact(url: URL | str) -> str:
+    """``url`` as a string with any password (and secret query value) masked (``***``), safe for logs and error
+    messages (:func:`dippm_nas._redact.redact_url`)."""
+    return redact_url(url)
 
 
 def _switch_to_wal(cur: Any, busy_timeout_s: float) -> str:
@@ -200,18 +206,20 @@ def make_engine(
             ))
             return engine
         return sa.create_engine(url, pool_pre_ping=True)
+    except DippmNasError:
+        raise
     except ImportError as e:
         raise MissingDependencyError(
-            f"the {what} URL {redact(url)!r} needs a database driver that is not installed ({e}); "
-            "for PostgreSQL install it with: pip install 'dippm-nas[postgres]'"
+            f"the {what} URL {redact(url)!r} needs a database driver that is not installed "
+            f"({scrub(str(e), url)}); for PostgreSQL install it with: pip install 'dippm-nas[postgres]'"
         ) from e
-    except exc.ArgumentError as e:
-        raise error(f"invalid {what} URL {redact(url)!r}: {e}") from e
+    except (exc.ArgumentError, ValueError, TypeError) as e:
+        raise error(f"invalid {what} URL {redact(url)!r}: {scrub(str(e), url)}") from e
 
 
 @contextmanager
 def transaction(engine: Engine, *, write: bool = True, error: type[DippmNasError] | None = None,
-                what: str = "") -> Iterator[Connection]:
+                what: str = "", url: URL | str | None = None) -> Iterator[Connection]:
     """A connection of ``engine``: in a transaction committed on exit when ``write``, else a plain one.
 
     Args:
@@ -220,6 +228,7 @@ def transaction(engine: Engine, *, write: bool = True, error: type[DippmNasError
         error: raise SQLAlchemy errors as this class, ``f"{what} failed: {e}"``, chained; ``None`` lets them
             through unchanged.
         what: the store and the operation, for the message (``"conversion cache 'sqlite:///x': get"``).
+        url: the store's URL, whose secrets are masked in the message (:func:`~dippm_nas._redact.scrub`).
     """
     try:
         if write:
@@ -231,11 +240,11 @@ def transaction(engine: Engine, *, write: bool = True, error: type[DippmNasError
     except exc.SQLAlchemyError as e:
         if error is None:
             raise
-        raise error(f"{what} failed: {e}") from e
+        raise error(scrub(f"{what} failed: {e}", url)) from e
 
 
 def create_tables(engine: Engine, metadata: sa.MetaData, tables: Sequence[str], *, error: type[DippmNasError],
-                  what: str) -> None:
+                  what: str, url: URL | str | None = None) -> None:
     """``metadata.create_all`` in a transaction, safe when another process creates the same tables at once.
 
     The loser of such a race gets "already exists" (or a unique violation in PostgreSQL's catalogue); that
@@ -244,7 +253,7 @@ def create_tables(engine: Engine, metadata: sa.MetaData, tables: Sequence[str], 
     last: it then creates the missing ones itself, up to :data:`_CREATE_ATTEMPTS` times.
 
     Raises:
-        error: ``f"cannot open the {what}: ..."``.
+        error: ``f"cannot open the {what}: ..."`` (the secrets of ``url`` masked).
     """
     for attempt in range(1, _CREATE_ATTEMPTS + 1):
         try:
@@ -261,10 +270,10 @@ def create_tables(engine: Engine, metadata: sa.MetaData, tables: Sequence[str], 
                 logger.debug("%s: tables created concurrently by another process (%s)", what, e)
                 return
             if attempt == _CREATE_ATTEMPTS:
-                raise error(f"cannot open the {what}: {e}") from e
+                raise error(scrub(f"cannot open the {what}: {e}", url)) from e
             time.sleep(_CREATE_RETRY_S * attempt)
         except exc.SQLAlchemyError as e:
-            raise error(f"cannot open the {what}: {e}") from e
+            raise error(scrub(f"cannot open the {what}: {e}", url)) from e
 
 
 #: How often :func:`create_tables` tries when another process creates the same tables at the same moment, and
@@ -285,14 +294,19 @@ def parse_url(url: object, *, what: str, error: type[DippmNasError], example: st
         none_ok: the store also takes ``None`` (its default URL), said in the message.
 
     Raises:
-        error: ``url`` is not a non-empty string or URL, or it does not parse.
+        error: ``url`` is not a non-empty string or URL, or it does not parse (a port that is not a number
+            included); the message names the URL with its password masked.
     """
     if not isinstance(url, (str, URL)) or not str(url):
-        raise error(f"url must be a SQLAlchemy URL string{' or None' if none_ok else ''}, got {url!r}")
+        shown = repr(redact(url)) if isinstance(url, (str, URL)) else f"{url!r:.200}"
+        raise error(f"url must be a SQLAlchemy URL string{' or None' if none_ok else ''}, got {shown}")
     try:
         return make_url(url)
     except exc.ArgumentError as e:
-        raise error(f"invalid {what} URL {url!r} ({e}); expected e.g. {example}") from e
+        raise error(f"invalid {what} URL {redact(url)!r} ({scrub(str(e), url)}); expected e.g. {example}") from e
+    except ValueError as e:  # make_url's int() of the port
+        raise error(f"invalid {what} URL {redact(url)!r}: its port must be a number "
+                    f"({scrub(str(e), url)}); expected e.g. {example}") from e
 
 
 class SqlStore:
@@ -340,7 +354,8 @@ class SqlStore:
         Raises:
             error: a SQLAlchemy error, as ``"<what> '<url>': <doing> failed: <error>"``, chained.
         """
-        with transaction(self._engine, write=write, error=self.error, what=f"{self._label()}: {doing}") as conn:
+        with transaction(self._engine, write=write, error=self.error, what=f"{self._label()}: {doing}",
+                         url=self._url) as conn:
             yield conn
 
     @staticmethod
@@ -356,7 +371,7 @@ class SqlStore:
 
     def _create_tables(self, metadata: sa.MetaData, tables: Sequence[str]) -> None:
         """Create the store's missing tables (:func:`create_tables`; safe when processes race)."""
-        create_tables(self._engine, metadata, tables, error=self.error, what=self._label())
+        create_tables(self._engine, metadata, tables, error=self.error, what=self._label(), url=self._url)
 
     def _check_schema_version(self, conn: Connection, meta: sa.Table, version: int,
                               created: dict[str, Any]) -> None:

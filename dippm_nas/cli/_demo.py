@@ -27,6 +27,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from dippm_nas._redact import redact_url
 from dippm_nas.cli._deployment_flags import add_deployment_args, deployment_from_args
 from dippm_nas.cli._grammar import UsageError, float_flag, int_flag
 from dippm_nas.errors import DippmNasError
@@ -433,7 +434,7 @@ def _run(args: argparse.Namespace) -> int:
     _print_table(rows, args, cost.device)
     _print_validation(args, cost.device, rows, jobs, summary)
     _write_outputs(args, out, rows, jobs, cost, validator, summary,
-                   {"study": study_name, "storage": storage, "trials": len(rows)}, t_start)
+                   {"study": study_name, "storage": redact_url(storage), "trials": len(rows)}, t_start)
     wall = time.perf_counter() - t_start
     print(f"done in {wall:.0f} s; the search waited {cost.seconds:.1f} s ({100 * cost.seconds / wall:.1f}%) on the cost "
           f"model and {(validator.seconds if validator is not None else 0.0):.1f} s on validation measurements")
@@ -469,7 +470,7 @@ def _print_plan(args: argparse.Namespace, cost: Any, storage: str, study_name: s
               + f". This CPU cannot run {args.dtype} at its deployed speed and has no {cost.device}: what is "
               f"measured and calibrated is the host-cpu prediction of the same architectures, not the "
               f"{cost.device} figures.")
-    print(f"  storage: {storage}  study: {study_name}  output: {out}")
+    print(f"  storage: {redact_url(storage)}  study: {study_name}  output: {out}")
 
 
 def _create_study(args: argparse.Namespace, cost: Any, storage: str, study_name: str) -> Any:

@@ -71,6 +71,7 @@ from typing import Any
 
 from dippm_nas._json import loads_json
 from dippm_nas._numbers import as_int, is_real
+from dippm_nas._redact import redact_url
 from dippm_nas._optional import require
 from dippm_nas.budgets import Budgets, ChanceCheck
 from dippm_nas.capture import assemble
@@ -440,7 +441,8 @@ class HardwareAwareTuner(Tuner):
             study_name = f"dippm-nni-{exp_dir.name}" if exp_dir is not None else "dippm-nni"
         if isinstance(storage, str):
             storage = rdb_storage(storage) if "://" in storage else storage
-        self.storage_url = str(getattr(getattr(storage, "engine", None), "url", storage)) if storage else None
+        # the URL with its password masked: it is logged and named in errors
+        self.storage_url = redact_url(getattr(getattr(storage, "engine", None), "url", storage)) if storage else None
         study = optuna.create_study(storage=storage, study_name=study_name, directions=self.directions,
                                     sampler=sampler, load_if_exists=True)
         wanted = [optuna.study.StudyDirection.MAXIMIZE if d == "maximize" else optuna.study.StudyDirection.MINIMIZE

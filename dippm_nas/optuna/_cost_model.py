@@ -18,6 +18,7 @@ import optuna
 from dippm_nas import errors
 from dippm_nas._logging import WarnOnce
 from dippm_nas._numbers import as_int
+from dippm_nas._redact import redact_url
 from dippm_nas.budgets import Budgets, check_k_sigma, trial_attrs
 from dippm_nas.cache import default_cache
 from dippm_nas.capture import ModelSource
@@ -603,8 +604,9 @@ class HardwareCostModel:
             try:
                 predictor.refresh_adaptation(deployment=self.deployment)
             except DippmNasError as e:
-                _warn_once(f"adapt-refresh:{url}", "the adaptations of %s in %s were not read (%s); predicting "
-                           "without them", self.device, url, e)
+                where = redact_url(url) if url is not None else "the cache directory's store"
+                _warn_once(f"adapt-refresh:{where}", "the adaptations of %s in %s were not read (%s); predicting "
+                           "without them", self.device, where, e)
 
     def _shape(self, values: float | tuple[float, ...]) -> float | tuple[float, ...]:
         """What an Optuna objective returns: the float of a single objective, else the tuple (values already

@@ -6,8 +6,9 @@ from typing import Any
 
 import optuna
 
-from dippm_nas._sql import sqlite_connect_listener, storage_url_of
-from dippm_nas.errors import InvalidValueError
+from dippm_nas._redact import scrub
+from dippm_nas._sql import parse_url, redact, sqlite_connect_listener, storage_url_of
+from dippm_nas.errors import DippmNasError, InvalidValueError, MissingDependencyError
 
 __all__ = ["rdb_storage", "storage_url_of", "threads_share_storage"]
 
@@ -40,19 +41,34 @@ def rdb_storage(url: str, *, heartbeat_interval: int | None = None, grace_period
         An ``optuna.storages.RDBStorage`` to pass as ``storage=``.
 
     Raises:
-        InvalidValueError: ``heartbeat_interval`` or ``grace_period`` is not a positive int or None.
+        InvalidValueError: ``heartbeat_interval`` or ``grace_period`` is not a positive int or None, or ``url`` is
+            not a valid URL (a port that is not a number included) or names an unknown database dialect; the
+            message names the URL with its password masked.
+        MissingDependencyError: the URL's database driver is not installed (with the install hint).
+        DippmNasError: the database cannot be opened (the server does not answer, the login is refused).
     """
-    from sqlalchemy import event
-    from sqlalchemy.engine import make_url
+    from sqlalchemy import event, exc
 
     for name, v in (("heartbeat_interval", heartbeat_interval), ("grace_period", grace_period)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
             raise InvalidValueError(f"{name} must be a positive int (seconds) or None, got {v!r}")
-    is_sqlite = make_url(url).get_backend_name() == "sqlite"
+    parsed = parse_url(url, what="Optuna storage", error=InvalidValueError,
+                       example="'sqlite:////path/study.db' or 'postgresql+psycopg2://user@host/db'")
+    is_sqlite = parsed.get_backend_name() == "sqlite"
     if not is_sqlite:
         engine_kwargs.setdefault("pool_pre_ping", True)
-    storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs or None,
-                                         heartbeat_interval=heartbeat_interval, grace_period=grace_period)
+    try:
+        storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs or None,
+                                             heartbeat_interval=heartbeat_interval, grace_period=grace_period)
+    except ImportError as e:
+        cause = e.__cause__ if e.__cause__ is not None else e
+        raise MissingDependencyError(
+            f"the Optuna storage {redact(parsed)!r} needs a database driver that is not installed "
+            f"({scrub(str(cause), url)}); for PostgreSQL install it with: pip install 'dippm-nas[postgres]'") from e
+    except (exc.ArgumentError, ValueError, TypeError) as e:
+        raise InvalidValueError(f"invalid Optuna storage URL {redact(parsed)!r}: {scrub(str(e), url)}") from e
+    except exc.SQLAlchemyError as e:  # the server does not answer, refuses the login...
+        raise DippmNasError(f"cannot open the Optuna storage {redact(parsed)!r}: {scrub(str(e), url)}") from e
     if is_sqlite:
         listener = sqlite_connect_listener(
             what="Optuna storage", local_hint="Keep the study's SQLite file on a local disk."

@@ -5,7 +5,8 @@ Training checkpoints is :mod:`dippm_nas.training`.
 
 The torch ensemble and its batching (``SageEnsemble``, ``TorchEngine``, ``collate``, ``collate_globals``,
 ``DELTA_MARGIN``) are imported on first access (PEP 562), so that a prediction through the numpy engine
-(:class:`NumpyEnsemble`) never loads torch.
+(:class:`NumpyEnsemble`) never loads torch; so is ``AdaptationStore`` (SQLAlchemy), so that a prediction that
+reads an adaptation from a SQLite file never loads SQLAlchemy.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING
 from dippm_nas._lazy import lazy_face
 from dippm_nas.predictor._adapt import (ANY_SPACE, HANDOVER_ROWS, HEAD_MIN_ROWS, RIDGE_GRID, Adaptation, AdaptationKey,
                                         ResidualHead, deployment_key, fit_residual_head)
-from dippm_nas.predictor._adapt_store import AdaptationStore, default_adapt_url
+from dippm_nas.predictor._adapt_store import default_adapt_url
 from dippm_nas.predictor._api import DEFAULT_DEVICE, PREDICT_CHUNK, get_predictor, predict, predict_many, set_predictor
 from dippm_nas.predictor._base import BATCH_MIN_GRAPHS, AnalyticPredictor, BasePredictor
 from dippm_nas.predictor._calibrate import (ANALYTIC_IDENTITY, CALIBRATION_CLASSES, CLASS_SPREAD_LOG,
@@ -34,6 +35,7 @@ from dippm_nas.predictor._numpy_ensemble import (INFER_CHUNK_NODES, NUMPY_MAX_GR
                                                   derived_weights_path, global_arrays)
 
 if TYPE_CHECKING:  # pragma: no cover - what __getattr__ returns, for type checkers
+    from dippm_nas.predictor._adapt_sql import AdaptationStore
     from dippm_nas.predictor._ensemble import DELTA_MARGIN, SageEnsemble, TorchEngine, collate, collate_globals
 
 __all__ = ["predict", "predict_many", "get_predictor", "set_predictor", "DEFAULT_DEVICE", "PREDICT_CHUNK",
@@ -53,7 +55,8 @@ __all__ = ["predict", "predict_many", "get_predictor", "set_predictor", "DEFAULT
            "Adaptation", "AdaptationKey", "ResidualHead", "AdaptationStore", "fit_residual_head", "deployment_key",
            "default_adapt_url", "HANDOVER_ROWS", "HEAD_MIN_ROWS", "RIDGE_GRID", "ANY_SPACE"]
 
-#: The names of the torch ensemble module, imported on first access.
+#: The names of the torch ensemble module and of the SQLAlchemy adaptation store, imported on first access.
 __getattr__, __dir__ = lazy_face(__name__, {
     "dippm_nas.predictor._ensemble": ("SageEnsemble", "TorchEngine", "collate", "collate_globals", "DELTA_MARGIN"),
+    "dippm_nas.predictor._adapt_sql": ("AdaptationStore",),
 })

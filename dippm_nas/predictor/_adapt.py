@@ -35,8 +35,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import hmac
 import io
-import json
 import logging
 import math
 import time
@@ -46,11 +46,12 @@ from typing import Any
 
 import numpy as np
 
-from dippm_nas._json import canonical_json
+from dippm_nas._json import canonical_json, loads_json
 from dippm_nas.deployment import Deployment
 from dippm_nas.devices import HostProfile, default_host_profile, resolve_device
 from dippm_nas.errors import InvalidValueError
 from dippm_nas.graph import OperatorGraph
+from dippm_nas.predictor._adapt_rows import StoredAdaptation, read_arrays, version_checksum
 from dippm_nas.predictor._calibrate import Calibration, TimelineFactors
 from dippm_nas.predictor._meta import TARGETS
 
@@ -78,7 +79,7 @@ SE_FACTOR = 1.0
 #: Rows from which ``calibrate()`` hands over to ``adapt()`` (benchmarks/accuracy/learning_curve.py; docs/adaptation.md).
 HANDOVER_ROWS = 10
 #: Version of the stored form (JSON meta + npz arrays).
-ADAPT_FORMAT = 1
+ADAPT_FORMAT = 2
 #: A standardised feature whose spread over the rows is below this is constant there and left out (zeroed).
 _CONSTANT_STD = 1e-6
 
@@ -139,7 +140,14 @@ class AdaptationKey:
 
     @classmethod
     def from_json(cls, text: str) -> "AdaptationKey":
-        d = json.loads(text)
+        """The key of its :meth:`to_json` text.
+
+        Raises:
+            InvalidValueError: text that is not such a JSON object.
+        """
+        d = loads_json(text, "an adaptation key")
+        if not isinstance(d, dict) or set(d) != {"device", "deployment", "space"}:
+            raise InvalidValueError(f"an adaptation key is a JSON object of device, deployment and space, got {d!r:.200}")
         return cls(device=d["device"], deployment=d["deployment"], space=d["space"])
 
 
@@ -263,6 +271,8 @@ class Adaptation:
         heads: ``{target: ResidualHead}``.
         version: its number in the store (0: not stored).
         created_at: Unix seconds.
+        rows_ignored: stored rows of its key left out of the fit (a checksum that did not match, a row that did
+            not decode); its predictions say so (``details["adaptation_rows_ignored"]``).
     """
 
     key: AdaptationKey
@@ -272,6 +282,7 @@ class Adaptation:
     heads: dict[str, ResidualHead] = field(default_factory=dict)
     version: int = 0
     created_at: float = field(default_factory=time.time)
+    rows_ignored: int = 0
 
     @property
     def has_heads(self) -> bool:
@@ -301,7 +312,7 @@ class Adaptation:
                 "checkpoint_sha256": self.checkpoint_sha256, "rows": self.rows, "version": self.version,
                 "created_at": self.created_at,
                 "calibration": None if self.calibration is None else dataclasses.asdict(self.calibration),
-                "heads": [h.scalars() for h in self.heads.values()]}
+                "heads": [h.scalars() for h in self.heads.values()], "rows_ignored": self.rows_ignored}
 
     def arrays_npz(self) -> bytes:
         """The heads' arrays as an ``.npz`` (plain float64 arrays; read with ``allow_pickle=False``)."""
@@ -313,43 +324,83 @@ class Adaptation:
         np.savez(buf, **arrays)
         return buf.getvalue()
 
-    @staticmethod
-    def checksum(meta_json: str, npz: bytes) -> str:
-        """SHA-256 over the stored meta JSON and arrays."""
-        return hashlib.sha256(meta_json.encode() + b"\0" + npz).hexdigest()
+    def checksum(self, meta_json: str, npz: bytes) -> str:
+        """The keyed checksum of its stored form (:func:`~dippm_nas.predictor._adapt_rows.version_checksum`: bound
+        to its key, checkpoint hash and row count)."""
+        return version_checksum(self.key.digest, self.checkpoint_sha256, self.rows, meta_json, npz)
 
     @classmethod
-    def from_stored(cls, meta_json: str, npz: bytes, checksum: str) -> "Adaptation":
-        """Inverse of :meth:`meta` / :meth:`arrays_npz`.
+    def from_stored(cls, stored: StoredAdaptation, key: AdaptationKey) -> "Adaptation":
+        """The adaptation of a stored version of ``key`` (inverse of :meth:`meta` / :meth:`arrays_npz`).
+
+        The checksum is recomputed with ``key`` (the key asked for), the columns' checkpoint hash and row count,
+        and the meta JSON and arrays; the key, checkpoint hash, row count and version the meta JSON states must be
+        the columns' and ``key``. The meta JSON is read bounded (depth and length) and the arrays from their headers
+        (:func:`~dippm_nas.predictor._adapt_rows.read_arrays`).
 
         Raises:
-            InvalidValueError: a checksum that does not match, another format, or arrays that do not decode.
+            InvalidValueError: a checksum that does not match, another key, another format, or contents that do
+                not decode (null or nested meta, arrays beyond their bounds or of other shapes).
         """
-        if cls.checksum(meta_json, npz) != checksum:
-            raise InvalidValueError("the stored adaptation's checksum does not match its contents")
+        want = version_checksum(key.digest, stored.checkpoint_sha256, stored.rows, stored.meta_json, stored.arrays)
+        if not hmac.compare_digest(want, stored.checksum):
+            raise InvalidValueError("the stored adaptation's checksum is not the one of its contents under this key "
+                                    "(edited, copied from another key, or damaged)")
+        d = loads_json(stored.meta_json, "the stored adaptation's meta JSON")
+        if not isinstance(d, dict):
+            raise InvalidValueError(f"the stored adaptation's meta JSON is a JSON {type(d).__name__}, not an object")
         try:
-            d = json.loads(meta_json)
-            if d.get("format") != ADAPT_FORMAT:
-                raise ValueError(f"format {d.get('format')!r} is not {ADAPT_FORMAT}")
-            with np.load(io.BytesIO(npz), allow_pickle=False) as z:
-                arrays = {k: np.asarray(z[k]) for k in z.files}
-            heads = {}
-            for s in d["heads"]:
-                t = s["target"]
-                if t not in TARGETS:
-                    raise ValueError(f"head target {t!r} is not one of {TARGETS}")
-                heads[t] = ResidualHead(t, None if s["ridge"] is None else float(s["ridge"]),
-                                        float(s["loo_rmse_log"]), float(s["loo_rmse_none_log"]), int(s["n"]),
-                                        arrays[f"{t}.mean"], arrays[f"{t}.std"], arrays[f"{t}.weight"],
-                                        arrays[f"{t}.bias"], arrays[f"{t}.lo"], arrays[f"{t}.hi"], float(s["bound"]))
-            cal = None if d["calibration"] is None else Calibration(**d["calibration"])
-            if cal is not None and cal.timeline is not None:
-                TimelineFactors.from_dict(cal.timeline)
-            return cls(key=AdaptationKey(**d["key"]), checkpoint_sha256=str(d["checkpoint_sha256"]),
-                       rows=int(d["rows"]), calibration=cal, heads=heads, version=int(d["version"]),
-                       created_at=float(d["created_at"]))
-        except (ValueError, KeyError, TypeError, OSError) as e:
+            ad = cls._decode(d, stored.arrays)
+        except (ValueError, KeyError, TypeError, AttributeError, OverflowError) as e:
             raise InvalidValueError(f"the stored adaptation does not decode: {type(e).__name__}: {e}") from e
+        stated = (ad.key, ad.checkpoint_sha256, ad.rows, ad.version)
+        if stated != (key, stored.checkpoint_sha256, stored.rows, stored.version):
+            raise InvalidValueError(f"the stored adaptation states key {ad.key}, checkpoint {ad.checkpoint_sha256[:12]}"
+                                    f"..., {ad.rows} rows, version {ad.version}; its row is of key {key}, checkpoint "
+                                    f"{stored.checkpoint_sha256[:12]}..., {stored.rows} rows, version {stored.version}")
+        return ad
+
+    @classmethod
+    def _decode(cls, d: dict[str, Any], npz: bytes) -> "Adaptation":
+        """The adaptation of a meta dict and its arrays (raises what a malformed one gives)."""
+        if d.get("format") != ADAPT_FORMAT:
+            raise ValueError(f"format {d.get('format')!r} is not {ADAPT_FORMAT}")
+        arrays = read_arrays(npz)
+        heads = {}
+        for s in d["heads"]:
+            t = s["target"]
+            if t not in TARGETS:
+                raise ValueError(f"head target {t!r} is not one of {TARGETS}")
+            heads[t] = ResidualHead(t, None if s["ridge"] is None else float(s["ridge"]),
+                                    float(s["loo_rmse_log"]), float(s["loo_rmse_none_log"]), int(s["n"]),
+                                    *_head_arrays(arrays, t), float(s["bound"]))
+        cal = None if d["calibration"] is None else Calibration(**d["calibration"])
+        if cal is not None and cal.timeline is not None:
+            TimelineFactors.from_dict(cal.timeline)
+        key = d["key"]
+        return cls(key=AdaptationKey(**key),
+                   checkpoint_sha256=str(d["checkpoint_sha256"]), rows=_int(d["rows"]), calibration=cal, heads=heads,
+                   version=_int(d["version"]), created_at=float(d["created_at"]),
+                   rows_ignored=_int(d.get("rows_ignored", 0)))
+
+
+def _int(v: Any) -> int:
+    """An integer of the meta JSON (not a bool, a float or text)."""
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ValueError(f"{v!r} is not an integer")
+    return v
+
+
+def _head_arrays(arrays: Mapping[str, np.ndarray], t: str) -> tuple[np.ndarray, ...]:
+    """``mean, std, weight, bias, lo, hi`` of target ``t``'s head: ``[K, h]`` each but ``bias`` ``[K]``, finite,
+    ``std > 0``."""
+    mean, std, weight, bias, lo, hi = (arrays[f"{t}.{n}"] for n in ("mean", "std", "weight", "bias", "lo", "hi"))
+    if mean.ndim != 2 or any(a.shape != mean.shape for a in (std, weight, lo, hi)) or bias.shape != mean.shape[:1]:
+        raise ValueError(f"the arrays of the {t} head have shapes {[a.shape for a in (mean, std, weight, bias, lo, hi)]}"
+                         ", expected [K, h] five times and [K]")
+    if not all(np.all(np.isfinite(a)) for a in (mean, std, weight, bias, lo, hi)) or not np.all(std > 0):
+        raise ValueError(f"the arrays of the {t} head are not finite (or a std is not > 0)")
+    return mean, std, weight, bias, lo, hi
 
 
 def merge_rows(pairs: Sequence[tuple[OperatorGraph, Mapping[str, float]]], key_of: Any
@@ -369,13 +420,15 @@ def apply_adaptation(adaptation: Adaptation, preds: Sequence[Any], member_out: n
                      hidden: np.ndarray | None) -> list[Any]:
     """``preds`` (the calibrated predictions of the adaptation's key) with each head's shift applied, σ from the
     adapted members' spread and the head's leave-one-out residuals, and ``details`` saying so
-    (``adaptation_version``, ``adaptation_rows``, per adapted target ``adaptation_factor_<target>`` and
-    ``adaptation_ridge_<target>``)."""
+    (``adaptation_version``, ``adaptation_rows``, ``adaptation_rows_ignored`` when stored rows were left out of
+    its fit, per adapted target ``adaptation_factor_<target>`` and ``adaptation_ridge_<target>``)."""
     shifts = adaptation.shifts(member_out, hidden) if adaptation.has_heads and hidden is not None else {}
     out = []
     for j, p in enumerate(preds):
         details = {**p.details, "adaptation_version": float(adaptation.version),
                    "adaptation_rows": float(adaptation.rows)}
+        if adaptation.rows_ignored:
+            details["adaptation_rows_ignored"] = float(adaptation.rows_ignored)
         changes: dict[str, Any] = {}
         for t, (shift, spread) in shifts.items():
             v = getattr(p, t)

@@ -33,7 +33,7 @@ import re
 import sys
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,7 +42,8 @@ import numpy as np
 from dippm_nas._gc import gc_paused
 from dippm_nas._logging import WarnOnce
 from dippm_nas._platform import cpu_model_name
-from dippm_nas.errors import CheckpointError, DippmNasError, InvalidValueError
+from dippm_nas._redact import redact_url
+from dippm_nas.errors import CheckpointError, DippmNasError, InvalidTypeError, InvalidValueError
 from dippm_nas.features import GraphFeatures, featurize, featurize_many, static_dtype_columns
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.prediction import Prediction
@@ -51,7 +52,7 @@ from dippm_nas.devices import HostProfile, default_host_profile, get_device, res
 from dippm_nas.mig import advise, advise_many
 from dippm_nas.predictor._adapt import (ANY_SPACE, HANDOVER_ROWS, Adaptation, AdaptationKey, apply_adaptation,
                                         check_rows_key, deployment_key, fit_adaptation, head_inputs)
-from dippm_nas.predictor._adapt_store import AdaptationStore, read_newest
+from dippm_nas.predictor._adapt_store import default_adapt_url, open_adaptation_store, read_newest
 from dippm_nas.predictor._base import (BATCH_MIN_GRAPHS, BasePredictor, deployment_of, execution_details,
                                        execution_labels, measurement_pairs)
 from dippm_nas.predictor._calibrate import (Calibration, calibration_classes, calibration_details,
@@ -139,8 +140,11 @@ class GnnPredictor(BasePredictor):
         self.adaptation_storage: str | None = None
         #: the search space whose adaptation this predictor answers with (``"any"``: every space)
         self.adaptation_space: str = ANY_SPACE
-        #: why a stored adaptation was set aside (checksum or checkpoint hash), else ``None``
+        #: why a stored adaptation was set aside (checksum, key or checkpoint hash) or not read, else ``None``
         self.adaptation_flag: str | None = None
+        #: deployment keys whose stored adaptation was not read, or set aside and not refitted: their predictions
+        #: carry ``details["adaptation_ignored"] = 1`` (why: :attr:`adaptation_flag`)
+        self._adaptation_ignored: set[str] = set()
         #: SHA-256 of the checkpoint file this predictor was loaded from (``None``: built in memory)
         self.checkpoint_sha256: str | None = None
         self._adaptation_looked: set[str] = set()  # deployment keys whose stored adaptation was looked up
@@ -548,6 +552,9 @@ class GnnPredictor(BasePredictor):
             out[i] = preds[j]
         if adaptation is not None:
             self._adapted([graphs[i] for i in todo], feats, todo, out, adaptation, mig, k_sigma, st)
+        elif self._adaptation_ignored and deployment_key(self.resolved_device, deployment=dep) in self._adaptation_ignored:
+            for i in todo:
+                out[i] = dataclasses.replace(out[i], details={**out[i].details, "adaptation_ignored": 1.0})
         with self._lock:
             for i in todo:
                 self._pred_cache[keys[i]] = out[i]  # type: ignore[assignment]
@@ -917,9 +924,13 @@ class GnnPredictor(BasePredictor):
             distinct graphs hold a figure (the predictions stay unchanged).
 
         Raises:
+            InvalidTypeError: ``measurements`` is not a list of pairs (``None``, a string, a mapping...).
             InvalidValueError: a figure that is not a finite number > 0, or a measurement of another device.
-            AdaptationError: the store cannot be opened or written.
+            AdaptationError: the store cannot be opened or written (its URL named with the password masked).
         """
+        if isinstance(measurements, (str, bytes, Mapping)) or not isinstance(measurements, Iterable):
+            raise InvalidTypeError(f"adapt() takes a list of (graph, Measurement) or (graph, {{'latency_ms': ...}}) "
+                                   f"pairs, got {type(measurements).__name__}")
         measurements = list(measurements)
         pairs = measurement_pairs(measurements) if measurements else []
         dep, _ = deployment_of(self.device, deployment, runtime, host)
@@ -943,17 +954,17 @@ class GnnPredictor(BasePredictor):
     def _adapt_stored(self, key: AdaptationKey, pairs: Sequence[tuple[OperatorGraph, dict[str, float]]],
                       deployment: Deployment) -> Adaptation | None:
         """Store ``pairs`` under ``key`` and fit on every stored row; refit while rows arrived meanwhile."""
-        store = AdaptationStore(self.adaptation_storage)
+        store = open_adaptation_store(self.adaptation_storage)
         try:
             store.add_rows(key.digest, key.to_json(), [(g, _graph_key(g), y) for g, y in pairs])
             ad = None
             for _ in range(8):
-                rows = store.rows(key.digest)
+                rows, ignored = store.rows_checked(key.digest)
                 ad = fit_adaptation(self, rows, key, deployment)
                 if ad is None:
                     return None
-                v = store.save(key.digest, key.to_json(), ad.checkpoint_sha256, ad.rows, ad.meta(), ad.arrays_npz(),
-                               Adaptation.checksum)
+                ad = dataclasses.replace(ad, rows_ignored=ignored)
+                v = store.save(key.digest, key.to_json(), ad.checkpoint_sha256, ad.rows, ad.meta(), ad.arrays_npz())
                 ad = dataclasses.replace(ad, version=v)
                 if store.row_count(key.digest) <= len(rows):
                     break
@@ -966,6 +977,7 @@ class GnnPredictor(BasePredictor):
         self.adaptation = ad
         self.calibration = ad.calibration
         self._adaptation_looked.add(ad.key.deployment)
+        self._adaptation_ignored.discard(ad.key.deployment)
         self._pred_cache.clear()
 
     def use_adaptation(self, *, storage: str | None = None, space: str = ANY_SPACE) -> None:
@@ -974,6 +986,8 @@ class GnnPredictor(BasePredictor):
         if (storage, space) != (self.adaptation_storage, self.adaptation_space):
             self.adaptation_storage, self.adaptation_space = storage, space
             self._adaptation_looked.clear()
+            self._adaptation_ignored.clear()
+            self._pred_cache.clear()
             if self.adaptation is not None:
                 self.reset_adaptation()
 
@@ -1058,21 +1072,25 @@ class GnnPredictor(BasePredictor):
         return ad if ad is not None and ad.key.deployment == dep else None
 
     def _load_stored_adaptation(self, key: AdaptationKey, deployment: Deployment) -> None:
-        """Activate the newest stored version of ``key`` when newer than the active one; a version whose checksum
-        or checkpoint hash does not match is set aside (:attr:`adaptation_flag`, a warning) and refitted from the
-        stored rows on this checkpoint."""
+        """Activate the newest stored version of ``key`` when newer than the active one. A store that cannot be
+        read, and a version whose checksum, key or checkpoint hash does not match or that does not decode, are
+        flagged (:attr:`adaptation_flag`, one warning) and never raise; a version set aside is refitted from the
+        stored rows on this checkpoint, and without a refit the key's predictions carry
+        ``details["adaptation_ignored"] = 1``."""
+        where = redact_url(self.adaptation_storage or default_adapt_url())
         try:
             stored = read_newest(self.adaptation_storage, key.digest)
         except DippmNasError as e:
-            _warn_once(f"adapt-read:{self.adaptation_storage}", "adaptations in %s not read: %s",
-                       self.adaptation_storage, e)
+            self._ignore_adaptation(key, f"the adaptations in {where} were not read: {e}")
+            _warn_once(f"adapt-read:{where}:{key.digest}", "adaptations in %s not read: %s; the %s predictions are "
+                       "unadapted and flagged details['adaptation_ignored'] = 1", where, e, self.device)
             return
         if stored is None or (self.adaptation is not None and self.adaptation.key == key
                               and self.adaptation.version >= stored.version):
             return
         why = None
         try:
-            ad = Adaptation.from_stored(stored.meta_json, stored.arrays, stored.checksum)
+            ad = Adaptation.from_stored(stored, key)
             if ad.checkpoint_sha256 != self.checkpoint_hash():
                 why = (f"version {stored.version} was fitted on checkpoint {ad.checkpoint_sha256[:12]}..., this one is "
                        f"{self.checkpoint_hash()[:12]}...")
@@ -1082,16 +1100,26 @@ class GnnPredictor(BasePredictor):
             self.activate_adaptation(ad)
             return
         self.adaptation_flag = why
-        _warn_once(f"adapt-bad:{key.digest}:{stored.version}", "stored adaptation of %s (%s) set aside: %s; "
-                   "refitting it from its stored rows on this checkpoint", self.device, key.space, why)
+        _warn_once(f"adapt-bad:{key.digest}:{stored.version}", "stored adaptation of %s (%s) in %s set aside: %s; "
+                   "refitting it from its stored rows on this checkpoint", self.device, key.space, where, why)
         try:
             refit = self._adapt_stored(key, [], deployment)
         except DippmNasError as e:
+            self._ignore_adaptation(key, f"{why}; not refitted: {e}")
             _warn_once(f"adapt-refit:{key.digest}", "the adaptation of %s could not be refitted (%s): predictions "
-                       "stay unadapted", self.device, e)
+                       "stay unadapted, flagged details['adaptation_ignored'] = 1", self.device, e)
             return
-        if refit is not None:
+        if refit is None:
+            self._ignore_adaptation(key, f"{why}; fewer than 2 sound stored rows to refit it on")
+        else:
             self.activate_adaptation(refit)
+
+    def _ignore_adaptation(self, key: AdaptationKey, why: str) -> None:
+        """Flag ``key``'s predictions: ``details["adaptation_ignored"] = 1`` while no adaptation applies (an older
+        active one stays, flagged ``details["adaptation_flagged"] = 1``); ``why``: :attr:`adaptation_flag`."""
+        self.adaptation_flag = why
+        self._adaptation_ignored.add(key.deployment)
+        self._pred_cache.clear()
 
     def _adapted(self, graphs: Sequence[OperatorGraph], feats: Sequence[GraphFeatures], todo: Sequence[int],
                  out: list[Any], ad: Adaptation, mig: bool, k_sigma: float, settings: DeploymentSettings) -> None:
