@@ -30,6 +30,7 @@ import sqlalchemy as sa
 from dippm_nas._version import __version__
 from dippm_nas._compress import deflate, inflate
 from dippm_nas._json import loads_json
+from dippm_nas._logging import WarnOnce
 from dippm_nas._sql import SqlStore, parse_url
 from dippm_nas.cache import MAX_GRAPH_JSON_BYTES
 from dippm_nas.errors import AdaptationError, DippmNasError
@@ -41,6 +42,7 @@ from dippm_nas.predictor._adapt_rows import (META_TABLE, ROWS_TABLE, SCHEMA_VERS
 __all__ = ["AdaptationStore", "graph_digest"]
 
 logger = logging.getLogger(__name__)
+_warn_once = WarnOnce(logger)
 
 #: Tries of a version insert that lost the race for its number.
 _SAVE_TRIES = 20
@@ -179,7 +181,7 @@ class AdaptationStore(SqlStore):
     def rows_checked(self, key_digest: str) -> tuple[list[tuple[OperatorGraph, dict[str, float]]], int]:
         """Every stored row of a key, oldest first, and how many were left out: a row whose checksum is not the
         one of its contents under this key (edited, copied from another key, damaged), or that does not decode,
-        is left out with a warning."""
+        is left out with a warning (once per row and process)."""
         q = sa.select(_rows.c.id, _rows.c.graph_digest, _rows.c.graph_json_z, _rows.c.labels_json,
                       _rows.c.checksum).where(_rows.c.key_digest == key_digest).order_by(_rows.c.id)
         with self._tx("reading measured rows", write=False) as conn:
@@ -195,8 +197,8 @@ class AdaptationStore(SqlStore):
                 out.append((OperatorGraph.from_json(inflate(bytes(blob), MAX_GRAPH_JSON_BYTES)), _labels(labels)))
             except (DippmNasError, ValueError, TypeError, KeyError, RecursionError) as e:
                 bad += 1
-                logger.warning("%s: measured row %s of adaptation %s... left out: %s", self._label(), rid,
-                               key_digest[:12], e)
+                _warn_once(f"{self.url}:{key_digest}:{rid}", "%s: measured row %s of adaptation %s... left out: %s",
+                           self._label(), rid, key_digest[:12], e)
         return out, bad
 
     def row_count(self, key_digest: str) -> int:

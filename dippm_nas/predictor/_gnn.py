@@ -966,7 +966,7 @@ class GnnPredictor(BasePredictor):
                 ad = dataclasses.replace(ad, rows_ignored=ignored)
                 v = store.save(key.digest, key.to_json(), ad.checkpoint_sha256, ad.rows, ad.meta(), ad.arrays_npz())
                 ad = dataclasses.replace(ad, version=v)
-                if store.row_count(key.digest) <= len(rows):
+                if store.row_count(key.digest) <= len(rows) + ignored:
                     break
             return ad
         finally:
