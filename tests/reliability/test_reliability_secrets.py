@@ -198,6 +198,7 @@ def test_secret_postgresql_store_masks_its_password(pg_url: str, said: Said, rec
     q.predict_graphs(gs[:1], mig=False)  # set aside (a warning naming the store), refitted (a row left out)
     with engine.begin() as conn:
         conn.execute(sa.text("DROP TABLE dippm_adaptation_versions"))
+        conn.execute(sa.text("CREATE TABLE dippm_adaptation_versions (x INTEGER)"))
     engine.dispose()
     assert isinstance(said.raised(p.adapt, _rows(gs[12:14], y[12:14]), storage=pg_url), AdaptationError)
     text = said.all(recwarn)
