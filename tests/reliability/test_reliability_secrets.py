@@ -328,6 +328,8 @@ DAMAGE = {
     "deeply nested meta": ("UPDATE dippm_adaptation_versions SET meta_json = ?", True),
     "meta null": ("UPDATE dippm_adaptation_versions SET meta_json = 'null'", True),
     "npz declaring 1e13 elements": ("UPDATE dippm_adaptation_versions SET arrays = ?", True),
+    "calibration of another type": ("UPDATE dippm_adaptation_versions SET meta_json = json_set(meta_json, "
+                                    "'$.calibration.coef', 'abc')", True),
 }
 
 
@@ -360,6 +362,18 @@ def test_a_damaged_adaptation_is_flagged_and_ignored_never_raised(tmp_path: Path
     flags = {k: pred.details.get(k) for k in ("adaptation_ignored", "adaptation_flagged")}
     assert 1.0 in flags.values(), flags
     assert q.adaptation_flag and any("set aside" in str(w.message) or "not read" in str(w.message) for w in said)
+
+
+def test_a_damaged_version_number_makes_adapt_a_clear_error(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'a.db'}"
+    p = _predictor()
+    gs = _graphs()
+    y = _truth(p, gs)
+    p.adapt(_rows(gs[:12], y[:12]), storage=url)
+    with sqlite3.connect(_sqlite(url)) as conn:
+        conn.execute("UPDATE dippm_adaptation_versions SET version = 'two'")
+    with pytest.raises(AdaptationError, match="not an integer"):
+        p.adapt(_rows(gs[12:14], y[12:14]), storage=url)
 
 
 # ======================================================================== storage URLs and arguments
