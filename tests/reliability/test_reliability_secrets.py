@@ -415,3 +415,14 @@ def test_rdb_storage_wraps_a_missing_driver_with_the_install_hint() -> None:
 def test_adapt_of_something_that_is_not_a_list_of_pairs_is_a_clear_error(bad: Any) -> None:
     with pytest.raises(InvalidTypeError, match="list of"):
         _predictor().adapt(bad, persist=False)
+
+
+@pytest.mark.parametrize("kwargs", [{"storage": 3}, {"storage": ""}, {"space": 3}, {"space": ""}])
+def test_adapt_and_use_adaptation_refuse_a_storage_or_space_of_another_type(kwargs: dict[str, Any]) -> None:
+    p = _predictor()
+    gs = _graphs()
+    with pytest.raises(InvalidTypeError, match=next(iter(kwargs))):
+        p.adapt([(gs[0], {"latency_ms": 1.0}), (gs[1], {"latency_ms": 2.0})], persist=False, **kwargs)
+    with pytest.raises(InvalidTypeError, match=next(iter(kwargs))):
+        p.use_adaptation(**kwargs)
+
