@@ -364,6 +364,31 @@ def test_a_damaged_adaptation_is_flagged_and_ignored_never_raised(tmp_path: Path
     assert q.adaptation_flag and any("set aside" in str(w.message) or "not read" in str(w.message) for w in said)
 
 
+def test_a_store_of_another_layout_or_schema_version_is_refused_and_predictions_flagged(tmp_path: Path) -> None:
+    old = tmp_path / "old.db"
+    with sqlite3.connect(old) as conn:  # rows without checksums
+        conn.execute("CREATE TABLE dippm_adaptation_rows (id INTEGER PRIMARY KEY, key_digest TEXT, key_json TEXT, "
+                     "graph_digest TEXT, graph_json_z BLOB, labels_json TEXT, writer TEXT, created_at REAL)")
+    with pytest.raises(AdaptationError, match="older layout"):
+        AdaptationStore(f"sqlite:///{old}")
+    url = f"sqlite:///{tmp_path / 'a.db'}"
+    AdaptationStore(url).close()
+    with sqlite3.connect(_sqlite(url)) as conn:
+        conn.execute("UPDATE dippm_adaptation_meta SET value = '99' WHERE key = 'schema_version'")
+    with pytest.raises(AdaptationError, match="schema_version 99"):
+        AdaptationStore(url)
+    with sqlite3.connect(old) as conn:  # a version of the older layout, with its plain SHA-256
+        conn.execute("CREATE TABLE dippm_adaptation_versions (id INTEGER PRIMARY KEY, key_digest TEXT, version INTEGER, "
+                     "key_json TEXT, checkpoint_sha256 TEXT, rows INTEGER, meta_json TEXT, arrays BLOB, checksum TEXT, "
+                     "created_at REAL)")
+        conn.execute("INSERT INTO dippm_adaptation_versions VALUES (1, ?, 1, ?, 'c', 2, '{}', x'00', ?, 0)",
+                     (_key().digest, _key().to_json(), _old_checksum("{}", b"\0")))
+    q = _predictor(load=True)
+    q.use_adaptation(storage=f"sqlite:///{old}")
+    with pytest.warns(RuntimeWarning, match="older layout"):  # set aside; its refit opens the store: refused
+        assert q.predict_graphs(_graphs()[:1], mig=False)[0].details["adaptation_ignored"] == 1.0
+
+
 def test_a_damaged_version_number_makes_adapt_a_clear_error(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'a.db'}"
     p = _predictor()
