@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from dippm_nas.errors import AdaptationError, DippmNasError, InvalidTypeError, InvalidValueError, MissingDependencyError
+from dippm_nas.errors import AdaptationError, DippmNasError, InvalidTypeError, MissingDependencyError
 from dippm_nas.predictor import AdaptationKey, AdaptationStore, deployment_key
 from dippm_nas.predictor import _adapt_sql, _gnn
 from test_adapt import DEV, _graphs, _predictor, _rows, _truth
