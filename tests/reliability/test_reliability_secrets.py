@@ -451,3 +451,23 @@ def test_adapt_and_use_adaptation_refuse_a_storage_or_space_of_another_type(kwar
     with pytest.raises(InvalidTypeError, match=next(iter(kwargs))):
         p.use_adaptation(**kwargs)
 
+
+
+@pytest.mark.parametrize("url, shown", [
+    (f"postgresql+psycopg2://u:{PW}@h:5432/db", "postgresql+psycopg2://u:***@h:5432/db"),
+    (f"postgresql://u:{PW}%40x@h/db", "postgresql://u:***@h/db"),
+    (f"postgresql://u:{PW}@x/y@h/db", "postgresql://u:***@h/db"),  # an unescaped '@' and '/': all masked
+    (f"postgresql://u@h/db?sslmode=require&password={PW}", "postgresql://u@h/db?sslmode=require&password=***"),
+    ("sqlite:////tmp/a@b/c.db", "sqlite:////tmp/a@b/c.db"),
+    ("postgresql://h:5432/db", "postgresql://h:5432/db"),
+])
+def test_redact_url_masks_every_form_of_a_password(url: str, shown: str) -> None:
+    import sqlalchemy as sa
+
+    from urllib.parse import unquote
+
+    from dippm_nas._redact import redact_url, scrub
+
+    assert redact_url(url) == shown
+    assert PW not in redact_url(sa.engine.make_url(url))
+    assert PW not in scrub(f"driver said: {url} (decoded: {unquote(url)})", url)
