@@ -378,9 +378,9 @@ def test_a_store_of_another_layout_or_schema_version_is_refused_and_predictions_
     with pytest.raises(AdaptationError, match="schema_version 99"):
         AdaptationStore(url)
     with sqlite3.connect(old) as conn:  # a version of the older layout, with its plain SHA-256
-        conn.execute("CREATE TABLE dippm_adaptation_versions (id INTEGER PRIMARY KEY, key_digest TEXT, version INTEGER, "
-                     "key_json TEXT, checkpoint_sha256 TEXT, rows INTEGER, meta_json TEXT, arrays BLOB, checksum TEXT, "
-                     "created_at REAL)")
+        conn.execute("CREATE TABLE dippm_adaptation_versions (id INTEGER PRIMARY KEY, key_digest TEXT, "
+                     "version INTEGER, key_json TEXT, checkpoint_sha256 TEXT, rows INTEGER, meta_json TEXT, "
+                     "arrays BLOB, checksum TEXT, created_at REAL)")
         conn.execute("INSERT INTO dippm_adaptation_versions VALUES (1, ?, 1, ?, 'c', 2, '{}', x'00', ?, 0)",
                      (_key().digest, _key().to_json(), _old_checksum("{}", b"\0")))
     q = _predictor(load=True)
