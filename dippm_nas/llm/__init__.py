@@ -17,9 +17,14 @@ from dippm_nas.llm._architectures import ARCHITECTURES, architecture, decoder_co
 from dippm_nas.llm._config import (KV_DTYPES, MODEL_TYPES, WEIGHT_DTYPES, DecoderConfig, config_from_transformers,
                                    expected_active_experts, kv_dtype_bytes)
 from dippm_nas.llm._engines import ENGINES, ENGINES_FILE, FRONTENDS, EngineTable, ServingEngine, engine_table, serving_engine
+from dippm_nas.llm._engine_adapt import (ADAPTED_CONSTANTS, EngineAdaptation, MeasuredServingRun, adapt_engine,
+                                         adapted_engine)
 from dippm_nas.llm._graphs import STYLES, causal_keys_per_query, decode_graph, prefill_graph
+from dippm_nas.llm._parallel import INTERCONNECTS, TensorParallel, resolve_tensor_parallel, shard_config
 from dippm_nas.llm._memory import KVCapacity, contiguous_capacity, kv_cache_bytes, paged_capacity, paged_kv_bytes
 from dippm_nas.llm._predict import DEFAULT_DEVICE, predict_generation, resolve_execution
+from dippm_nas.llm._serving import (SERVING_FIGURES, ServingConfig, ServingEstimate, ServingSLO, ServingTraffic,
+                                    evaluate_serving)
 from dippm_nas.llm._prediction import GENERATION_FIGURES, Figure, GenerationPrediction, GenerationSlice
 from dippm_nas.llm._timing import LLM_RUNTIMES, GenerationExecution
 from dippm_nas.llm._workload import LLMWorkload
@@ -31,5 +36,8 @@ __all__ = [
     "KV_DTYPES", "WEIGHT_DTYPES", "kv_dtype_bytes", "expected_active_experts",
     "prefill_graph", "decode_graph", "STYLES", "causal_keys_per_query",
     "kv_cache_bytes", "paged_kv_bytes", "KVCapacity", "contiguous_capacity", "paged_capacity",
+    "ServingTraffic", "ServingConfig", "ServingSLO", "ServingEstimate", "evaluate_serving", "SERVING_FIGURES",
+    "MeasuredServingRun", "EngineAdaptation", "adapt_engine", "adapted_engine", "ADAPTED_CONSTANTS",
+    "INTERCONNECTS", "TensorParallel", "resolve_tensor_parallel", "shard_config",
     "ServingEngine", "ENGINES", "FRONTENDS", "serving_engine", "engine_table", "EngineTable", "ENGINES_FILE",
 ]
