@@ -277,22 +277,20 @@ def _gpus(config: ServingConfig) -> float:
 
 def _estimate(cfg: DecoderConfig, traffic: ServingTraffic, config: ServingConfig, price: float) -> ServingEstimate:
     prompt, output, q_prompt = traffic.mean_prompt, traffic.mean_output, traffic.prompt_at_quantile
-    limit = min(config.max_num_seqs, traffic.batch_size or config.max_num_seqs)
-    top = _view(_predict(cfg, config, prompt, output, limit), config.mig_profile)
-    cap = top["max_batch"][0]
-    if cap < 1:
-        return _infeasible(config, top["reason"])
     gpus = _gpus(config)
-    if traffic.batch_size is not None:
-        b = min(limit, cap)
-        v = top if b == limit else _view(_predict(cfg, config, prompt, output, b), config.mig_profile)
-        if traffic.batch_size > b:  # the batch runs in waves on one replica: its throughput is the whole batch's
-            v = _view(_predict(cfg, config, prompt, output, traffic.batch_size), config.mig_profile)
-        ttft, tpot = v["prefill_ms"], v["decode_ms_per_token"]
-        tps = v["output_tokens_per_s"]
-        replicas, conc = 1, b
+    if traffic.batch_size is not None:  # one prediction: the engine runs min(batch, KV capacity, batch limit) at once
+        v = _view(_predict(cfg, config, prompt, output, traffic.batch_size), config.mig_profile)
+        if v["max_batch"][0] < 1:
+            return _infeasible(config, v["reason"])
+        ttft, tpot, tps = v["prefill_ms"], v["decode_ms_per_token"], v["output_tokens_per_s"]
+        replicas, conc = 1, min(traffic.batch_size, v["max_batch"][0], config.max_num_seqs)
     else:
-        ttft, tpot, tps, replicas, conc, v = _open_rate(cfg, traffic, config, min(limit, cap), q_prompt)
+        top = _view(_predict(cfg, config, prompt, output, config.max_num_seqs), config.mig_profile)
+        if top["max_batch"][0] < 1:
+            return _infeasible(config, top["reason"])
+        top_b = min(config.max_num_seqs, top["max_batch"][0])
+        ttft, tpot, tps, replicas, conc, v = _open_rate(cfg, traffic, config, top_b, q_prompt,
+                                                        top if top_b == config.max_num_seqs else None)
     rel = (tps[1] / tps[0]) if tps[1] is not None and tps[0] > 0 else None
     tokens_per_hour = tps[0] * 3600.0
     cost = price * gpus * replicas / tokens_per_hour * 1e6 if tokens_per_hour > 0 else math.inf
@@ -305,11 +303,13 @@ def _estimate(cfg: DecoderConfig, traffic: ServingTraffic, config: ServingConfig
 
 
 def _open_rate(cfg: DecoderConfig, traffic: ServingTraffic, config: ServingConfig, top_b: int,
-               q_prompt: int) -> tuple[Any, ...]:
-    """(ttft, tpot, output tokens/s, replicas, concurrency, figures) of an open rate, each figure (value, σ)."""
+               q_prompt: int, hi: dict[str, Any] | None) -> tuple[Any, ...]:
+    """(ttft, tpot, output tokens/s, replicas, concurrency, figures) of an open rate, each figure (value, σ);
+    ``hi``: the figures at ``top_b`` sequences when already predicted."""
     prompt, output = traffic.mean_prompt, traffic.mean_output
     rate = float(traffic.request_rate_per_s)  # type: ignore[arg-type]
-    hi = _view(_predict(cfg, config, prompt, output, top_b), config.mig_profile)
+    if hi is None:
+        hi = _view(_predict(cfg, config, prompt, output, top_b), config.mig_profile)
     one = _view(_predict(cfg, config, q_prompt, output, 1), config.mig_profile)
     lo = one if q_prompt == prompt else _view(_predict(cfg, config, prompt, output, 1), config.mig_profile)
     e2e_lo, e2e_hi = lo["e2e_ms"][0], hi["e2e_ms"][0]
