@@ -334,8 +334,12 @@ def _open_rate(cfg: DecoderConfig, traffic: ServingTraffic, config: ServingConfi
     e2e = mix("e2e_ms")
     if e2e[1] is not None and e2e[0] > 0:
         tps = (rate * output, rate * output * e2e[1] / e2e[0])
-    energy = mix("energy_j_per_token") if lo["energy_j_per_token"][0] is not None and \
-        hi["energy_j_per_token"][0] is not None else (None, None)
+    energy: tuple[float | None, float | None] = (None, None)
+    (e1, s1), (eb, sb) = lo["energy_j_per_token"], hi["energy_j_per_token"]
+    if e1 is not None and eb is not None:  # a step's energy (J/token x batch) is affine in the batch, not J/token
+        step = e1 + (eb * top_b - e1) * w
+        std = None if s1 is None or sb is None else (s1 + (sb * top_b - s1) * w) / b
+        energy = (step / b, std)
     return ttft, tpot, tps, replicas, max(1, round(b)), {"energy_j_per_token": energy}
 
 

@@ -5,8 +5,8 @@ token and time-per-output-token objectives (chance constraints, ``mean + k σ <=
 Each trial asks for a :class:`~dippm_nas.llm.ServingConfig` and scores it with
 :func:`~dippm_nas.llm.evaluate_serving` (cached per configuration: the sampler revisits configurations). A
 configuration that cannot serve or misses an SLO is an infeasible trial: its objectives are ``+inf``, its
-constraints positive and its reason in the trial's ``reason`` attribute, never an exception. NSGA-II with
-Optuna's ``constraints_func`` drives the search; the result's Pareto set is taken over every feasible
+constraints positive and its reason in the trial's ``reason`` attribute, never an exception. NSGA-II with the
+constraints (``trial.set_constraint`` on Optuna >= 5, the sampler's ``constraints_func`` before) drives the search; the result's Pareto set is taken over every feasible
 configuration evaluated.
 """
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+import warnings
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from dippm_nas.devices import resolve_device
 from dippm_nas.errors import InvalidValueError, MissingDependencyError
 from dippm_nas.llm import (ENGINES, ServingConfig, ServingEstimate, ServingSLO, ServingTraffic, decoder_config,
                            evaluate_serving)
+from dippm_nas.optuna._compat import optuna_has_set_constraint
 
 __all__ = ["serving_config_search", "ServingSearchResult", "SERVING_OBJECTIVES"]
 
@@ -150,6 +152,7 @@ def serving_config_search(model: Any, traffic: ServingTraffic, *, devices: Seque
     profiles = sorted({p.name for d in devs for p in resolve_device(d).mig_profiles}) if mig else []
     space["mig_profile"] = [_NO_MIG, *profiles]
     cache: dict[ServingConfig, ServingEstimate] = {}
+    slo_names = [n for n in ("ttft_ms", "tpot_ms") if getattr(slo, n) is not None]
 
     def objective(trial: Any) -> tuple[float, float]:
         p = {k: trial.suggest_categorical(k, v) for k, v in space.items()}
@@ -161,18 +164,25 @@ def serving_config_search(model: Any, traffic: ServingTraffic, *, devices: Seque
         if est is None:
             est = cache[conf] = evaluate_serving(cfg, traffic, conf, price_per_gpu_hour=prices[conf.device], slo=slo)
         served = math.isfinite(est.cost_usd_per_million_tokens)
-        cons = [0.0 if served else 1.0, *(max(v, 0.0) if served else 1.0 for v in est.violations.values())]
+        cons = [0.0 if served else 1.0,
+                *(max(est.violations.get(n, 1.0), 0.0) if served else 1.0 for n in slo_names)]
         trial.set_user_attr("constraints", cons)
+        if native:
+            for n, v in zip(("serves", *slo_names), cons):
+                trial.set_constraint(n, v)
         trial.set_user_attr("reason", est.reason)
         if not est.feasible:
             return math.inf, math.inf
         energy = est.energy_j_per_token if est.energy_j_per_token is not None else math.inf
         return est.cost_usd_per_million_tokens, energy
 
-    sampler = optuna.samplers.NSGAIISampler(population_size=population_size, seed=seed,
-                                            constraints_func=lambda t: t.user_attrs.get("constraints", [1.0]))
+    native = optuna_has_set_constraint()  # Optuna >= 5: trial.set_constraint; 4.x: the sampler's constraints_func
+    extra = {} if native else {"constraints_func": lambda t: t.user_attrs.get("constraints", [1.0])}
+    sampler = optuna.samplers.NSGAIISampler(population_size=population_size, seed=seed, **extra)
     study = optuna.create_study(directions=["minimize", "minimize"], sampler=sampler)
-    study.set_metric_names(list(SERVING_OBJECTIVES))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        study.set_metric_names(list(SERVING_OBJECTIVES))
     t0 = time.perf_counter()
     verbosity = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -188,7 +198,5 @@ def serving_config_search(model: Any, traffic: ServingTraffic, *, devices: Seque
 
 
 def _reason_kind(reason: str) -> str:
-    """A reason without its numbers, so reasons of one kind count together."""
-    head = reason.split(":")[0] if reason.startswith(("InvalidValueError", "DeviceError", "UnsupportedDtypeError")) \
-        else reason
-    return "".join("#" if c.isdigit() else c for c in head)[:160]
+    """A reason's first clause, so reasons of one kind count together."""
+    return reason.split(";")[0][:140]
