@@ -9,7 +9,7 @@ reads; H100 taken as ``h100-sxm5-80gb``). For each engine (vLLM, TensorRT-LLM) a
 
 1. the starting engine is fitted on the *other* GPU's rows only (``accuracy_llm.fit_constants``), so no row of the
    GPU being corrected is in it;
-2. for each model in turn (the anchor), ``--runs`` of its rows on the GPU (spread over its latencies: the 0, 25,
+2. for each model with at least ``--runs`` rows on the GPU in turn (the anchor), ``--runs`` of its rows on the GPU (spread over its latencies: the 0, 25,
    50, 75 and 100 % quantiles) are given to :func:`dippm_nas.llm.adapt_engine`;
 3. the other models' rows on that GPU are predicted with the adapted engine (and with the starting engine, for
    contrast). Each row's prediction is linear in the three constants (``accuracy_llm.sensitivities``: the
@@ -61,6 +61,9 @@ def run(data: Path, h100: str, k: int, log: list[str]) -> dict:
             res: dict = {"start_constants": {k_: round(v, 3) for k_, v in start.items()}, "anchors": {}}
             for anchor in sorted({r["model"] for r in here}):
                 mine = [r for r in here if r["model"] == anchor]
+                if len(mine) < k:  # fewer measured runs of this model on this GPU than asked for
+                    res.setdefault("anchors_with_too_few_rows", {})[anchor] = len(mine)
+                    continue
                 test = np.array([r["model"] != anchor for r in here])
                 runs = [MeasuredServingRun(r["arch"], r["input_len"], r["output_len"], r["batch_size"],
                                            e2e_ms=r["latency_ms"], dtype="float16") for r in _anchor_runs(mine, k)]
@@ -74,6 +77,9 @@ def run(data: Path, h100: str, k: int, log: list[str]) -> dict:
                     "start_mape_pct": round(float(np.mean(np.abs(p_start / y[test] - 1)) * 100), 2),
                     "loo_sigma_log": round(ad.sigma_log, 4),
                     "constants": {k_: round(v, 3) for k_, v in ad.constants.items()}}
+            if not res["anchors"]:
+                out[f"{engine} {gpu}"] = res
+                continue
             a = [v["adapted_mape_pct"] for v in res["anchors"].values()]
             s = [v["start_mape_pct"] for v in res["anchors"].values()]
             res["summary"] = {"adapted_median_pct": float(np.median(a)), "adapted_worst_pct": float(np.max(a)),

@@ -113,6 +113,19 @@ def _check_engine(v: Any) -> None:
         raise InvalidValueError(f"engines must be among {ENGINES}, got {v!r}")
 
 
+def _space(devs: list[str], tensor_parallel: Sequence[int], engines: Sequence[str], max_num_seqs: Sequence[int],
+           kv_dtypes: Sequence[str | None], mig: bool) -> dict[str, list[Any]]:
+    """The categorical choices of each parameter (MIG profiles: every profile of the devices, or none)."""
+    space: dict[str, list[Any]] = {
+        "device": devs, "tensor_parallel": _choices("tensor_parallel", tensor_parallel, _check_tp),
+        "engine": _choices("engines", engines, _check_engine),
+        "max_num_seqs": _choices("max_num_seqs", max_num_seqs, _check_seqs),
+        "kv_dtype": [_AUTO_KV if k is None else k for k in _choices("kv_dtypes", kv_dtypes, lambda k: None)]}
+    profiles = sorted({p.name for d in devs for p in resolve_device(d).mig_profiles}) if mig else []
+    space["mig_profile"] = [_NO_MIG, *profiles]
+    return space
+
+
 def serving_config_search(model: Any, traffic: ServingTraffic, *, devices: Sequence[str],
                           price_per_gpu_hour: float | Mapping[str, float], slo: ServingSLO | None = None,
                           tensor_parallel: Sequence[int] = (1, 2, 4, 8), engines: Sequence[str] = ENGINES,
@@ -145,12 +158,7 @@ def serving_config_search(model: Any, traffic: ServingTraffic, *, devices: Seque
         raise InvalidValueError(f"n_trials must be an int >= 1, got {n_trials!r}")
     cfg = decoder_config(model)
     slo = slo or ServingSLO()
-    space = {"device": devs, "tensor_parallel": _choices("tensor_parallel", tensor_parallel, _check_tp),
-             "engine": _choices("engines", engines, _check_engine),
-             "max_num_seqs": _choices("max_num_seqs", max_num_seqs, _check_seqs),
-             "kv_dtype": [_AUTO_KV if k is None else k for k in _choices("kv_dtypes", kv_dtypes, lambda k: None)]}
-    profiles = sorted({p.name for d in devs for p in resolve_device(d).mig_profiles}) if mig else []
-    space["mig_profile"] = [_NO_MIG, *profiles]
+    space = _space(devs, tensor_parallel, engines, max_num_seqs, kv_dtypes, mig)
     cache: dict[ServingConfig, ServingEstimate] = {}
     slo_names = [n for n in ("ttft_ms", "tpot_ms") if getattr(slo, n) is not None]
 
