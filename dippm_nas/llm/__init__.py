@@ -9,8 +9,11 @@ or MIG slice holds, tokens/s and J/token.
 A decoder is read from its ``transformers`` config (or a model, a ``config.json``, a name of
 :data:`ARCHITECTURES`) into a :class:`DecoderConfig`; its prefill and decode-step graphs are built from those
 numbers (:func:`prefill_graph`, :func:`decode_graph`) and timed by the analytic prior for the runtime of the
-deployment (``"eager"``, ``"cuda-graphs"``, ``"compiled"``, ``"serving"``). ``docs/llm.md`` describes what is
-modelled, the constants and their sources, and the accuracy on measured serving runs.
+deployment (``"eager"``, ``"cuda-graphs"``, ``"compiled"``, ``"serving"``); a serving engine may shard the model over
+the GPUs of one node (``tensor_parallel=N``). :func:`evaluate_serving` scores a serving configuration under traffic
+and SLOs (``dippm_nas.optuna.serving_config_search`` searches them); :func:`adapt_engine` corrects an engine from a
+few measured runs. ``docs/llm.md`` describes what is modelled, the constants and their sources, and the accuracy on
+measured serving runs.
 """
 
 from dippm_nas.llm._architectures import ARCHITECTURES, architecture, decoder_config

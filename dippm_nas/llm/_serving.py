@@ -162,6 +162,18 @@ class ServingConfig:
     kv_dtype: str | None = None
     interconnect: str | None = None
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.device, str) or not self.device:
+            raise InvalidValueError(f"ServingConfig.device must be a catalogue id, got {self.device!r}")
+        if self.engine not in ENGINES:
+            raise InvalidValueError(f"ServingConfig.engine must be one of {ENGINES}, got {self.engine!r}")
+        for name in ("tensor_parallel", "max_num_seqs"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise InvalidValueError(f"ServingConfig.{name} must be an int >= 1, got {v!r}")
+        if self.mig_profile is not None and not isinstance(self.mig_profile, str):
+            raise InvalidValueError(f"ServingConfig.mig_profile must be a profile name or None, got {self.mig_profile!r}")
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
@@ -214,7 +226,7 @@ def _prefilter(cfg: DecoderConfig, config: ServingConfig) -> str:
         if config.tensor_parallel != 1:
             return (f"mig_profile={config.mig_profile!r} with tensor_parallel={config.tensor_parallel}: a MIG instance "
                     "serves alone here (tensor parallelism spans whole GPUs)")
-    tp = config.tensor_parallel if isinstance(config.tensor_parallel, int) and config.tensor_parallel >= 1 else 1
+    tp = config.tensor_parallel
     weights = shard_config(cfg, tp).weight_bytes / BYTES_PER_MIB if cfg.num_heads % tp == 0 else \
         cfg.weight_bytes / BYTES_PER_MIB / tp
     limit = serving_engine(config.engine).memory_fraction * memory
@@ -256,8 +268,8 @@ def evaluate_serving(model: Any, traffic: ServingTraffic, config: ServingConfig,
     slo = slo or ServingSLO()
     if not isinstance(slo, ServingSLO):
         raise InvalidValueError(f"slo must be a ServingSLO or None, got {type(slo).__name__}")
-    if config.engine not in ENGINES:
-        raise InvalidValueError(f"ServingConfig.engine must be one of {ENGINES}, got {config.engine!r}")
+    if not isinstance(config, ServingConfig):
+        raise InvalidValueError(f"config must be a ServingConfig, got {type(config).__name__}")
     cfg = decoder_config(model)
     try:
         why = _prefilter(cfg, config)

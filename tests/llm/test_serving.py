@@ -79,6 +79,9 @@ def test_configuration_that_cannot_serve_is_infeasible_with_reason(config: Servi
     (lambda: ServingTraffic(128, 64, request_rate_per_s=0.0), "request_rate_per_s"),
     (lambda: ServingTraffic([], 64, batch_size=1), "prompt_lens"),
     (lambda: ServingTraffic(128, [0], batch_size=1), "output_lens"),
+    (lambda: ServingConfig("l4", tensor_parallel=0), "ServingConfig.tensor_parallel"),
+    (lambda: ServingConfig("l4", max_num_seqs=True), "ServingConfig.max_num_seqs"),
+    (lambda: ServingConfig("l4", engine="sglang"), "ServingConfig.engine"),
 ])
 def test_bad_serving_input_names_field_and_value(make, words: str) -> None:
     with pytest.raises(InvalidValueError, match=words):
