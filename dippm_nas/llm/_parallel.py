@@ -14,8 +14,8 @@ elements) after attention and after the MLP of every layer, plus one after the v
 One all-reduce of ``M`` bytes over ``N`` GPUs moves ``2 (N - 1) / N * M`` bytes over each GPU's link (ring
 or two-shot), at the link's bandwidth in one direction (:func:`link_gbps`): NVLink (``nvlink_gbps / 2``,
 the datasheet quoting both directions) or PCIe (``pcie_gbps``). Messages of at most
-``custom_allreduce_max_mib`` over NVLink take the engines' custom peer-to-peer all-reduce, larger ones and
-PCIe take NCCL; each has its own fixed time (``allreduce_us``, ``nccl_us``), and ``allreduce_bw_scale``
+``custom_allreduce_max_mib`` over NVLink among 2, 4, 6 or 8 GPUs take the engines' custom peer-to-peer
+all-reduce, larger ones, other GPU counts and PCIe take NCCL; each has its own fixed time (``allreduce_us``, ``nccl_us``), and ``allreduce_bw_scale``
 multiplies the ideal transfer time (:class:`~dippm_nas.llm.ServingEngine`, fitted on multi-GPU runs).
 """
 
@@ -30,11 +30,13 @@ from dippm_nas.llm._config import DecoderConfig, ceil_div
 from dippm_nas.llm._engines import ServingEngine
 from dippm_nas.units import BYTES_PER_MIB
 
-__all__ = ["INTERCONNECTS", "TensorParallel", "resolve_tensor_parallel", "shard_config", "link_gbps",
+__all__ = ["INTERCONNECTS", "CUSTOM_ALLREDUCE_SIZES", "TensorParallel", "resolve_tensor_parallel", "shard_config", "link_gbps",
            "allreduce_ms"]
 
 #: Links a node's GPUs may all-reduce over.
 INTERCONNECTS: tuple[str, ...] = ("nvlink", "pcie")
+#: GPU counts the custom all-reduce serves (vLLM's ``CustomAllreduce._SUPPORTED_WORLD_SIZES``); others take NCCL.
+CUSTOM_ALLREDUCE_SIZES: tuple[int, ...] = (2, 4, 6, 8)
 
 
 @dataclass(frozen=True)
@@ -153,7 +155,8 @@ def allreduce_ms(cfg: DecoderConfig, tokens: int, tp: TensorParallel, engine: Se
     if tp.size == 1 or tokens <= 0:
         return 0.0, False
     message = tokens * cfg.hidden_size * cfg.weight_bytes_per_element
-    custom = tp.interconnect == "nvlink" and message <= engine.custom_allreduce_max_mib * BYTES_PER_MIB
+    custom = tp.interconnect == "nvlink" and tp.size in CUSTOM_ALLREDUCE_SIZES and \
+        message <= engine.custom_allreduce_max_mib * BYTES_PER_MIB
     fixed_us = engine.allreduce_us if custom else engine.nccl_us
     bus_s = 2.0 * (tp.size - 1) / tp.size * message / (tp.link_gbps * 1e9) * engine.allreduce_bw_scale
     count = 2 * cfg.num_layers + 1
