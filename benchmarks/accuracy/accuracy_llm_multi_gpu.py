@@ -25,8 +25,7 @@ GPU's share of the weights (the active ones, for a mixture) once per generated t
 out (TensorRT-LLM's Qwen2 2048 + 2048 rows and one Qwen2-72B row: 0.05-2.6 s for 2048 tokens), and so are rows
 faster than the same model's shorter generation at the same engine, GPUs and batch (they stopped early). DeciLM-7B (per-layer
 KV heads) is not read. The benchmark's TensorRT-LLM script (``TensorRT-LLM/H100/run_precision_bench.py``,
-``generate_input``) repeats one prompt ("France" ``input_len`` times) for every sequence of the batch and decodes
-greedily, so its rows are predicted with ``LLMWorkload(identical_sequences=True)``: Mixtral's sequences route to the
+``generate_input``) repeats one prompt ("France" ``input_len`` times) for every sequence of the batch, so its rows are predicted with ``LLMWorkload(identical_sequences=True)``: Mixtral's sequences route to the
 same experts. llama.cpp is not a batch of concurrent sequences (``accuracy_llm.py``) and is not scored.
 ``--write`` stores the tensor-parallel constants fitted on every row, with ``tp_sigma_log`` the RMS held-out log
 error, in ``dippm_nas/llm/calibration/engines.json``. LLM-Inference-Bench's A100 rows are not in this file and are

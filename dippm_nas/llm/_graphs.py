@@ -436,8 +436,8 @@ def decode_graph(config: DecoderConfig, batch: int, kv_len: int, *, style: str =
         kv_len: tokens in the cache, ``>= 2``.
         style: one of :data:`STYLES`.
         kv_dtype: the cache's dtype (``"fused"`` only; default the weights').
-        identical_sequences: every sequence is the same, decoded greedily (a mixture of experts reads the experts
-            of one token per step).
+        identical_sequences: every sequence is the same and generates alike (a mixture of experts reads the
+            experts of one token per step).
     """
     _check_style(style)
     d = _Decoder(config, style, batch, 1, kv_len, kv_dtype or config.dtype, prefill=False,

@@ -28,7 +28,7 @@ class LLMWorkload:
         batch_size: sequences generated together, ``>= 1``.
         kv_dtype: dtype the KV cache is stored in (one of :data:`~dippm_nas.llm.KV_DTYPES`); ``None``: the
             weights' dtype.
-        identical_sequences: every sequence of the batch is the same prompt, decoded greedily (benchmarks that
+        identical_sequences: every sequence of the batch is the same prompt generating alike (benchmarks that
             repeat one prompt, as LLM-Inference-Bench's TensorRT-LLM script does): the sequences route alike, so a
             mixture of experts reads the experts of one sequence's tokens per pass (no effect on a dense MLP).
 
