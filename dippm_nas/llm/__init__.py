@@ -20,8 +20,8 @@ from dippm_nas.llm._architectures import ARCHITECTURES, architecture, decoder_co
 from dippm_nas.llm._config import (KV_DTYPES, MODEL_TYPES, WEIGHT_DTYPES, DecoderConfig, config_from_transformers,
                                    expected_active_experts, kv_dtype_bytes)
 from dippm_nas.llm._engines import ENGINES, ENGINES_FILE, FRONTENDS, EngineTable, ServingEngine, engine_table, serving_engine
-from dippm_nas.llm._engine_adapt import (ADAPTED_CONSTANTS, EngineAdaptation, MeasuredServingRun, adapt_engine,
-                                         adapted_engine)
+from dippm_nas.llm._engine_adapt import MeasuredServingRun, adapt_engine
+from dippm_nas.llm._engine_store import ADAPTED_CONSTANTS, EngineAdaptation, adapted_engine
 from dippm_nas.llm._graphs import STYLES, causal_keys_per_query, decode_graph, prefill_graph
 from dippm_nas.llm._parallel import INTERCONNECTS, TensorParallel, resolve_tensor_parallel, shard_config
 from dippm_nas.llm._memory import KVCapacity, contiguous_capacity, kv_cache_bytes, paged_capacity, paged_kv_bytes

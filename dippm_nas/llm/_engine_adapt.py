@@ -12,17 +12,16 @@ moves only what the runs determine (bounded, minimum-norm change from the shippe
 leave-one-run-out log error (the shipped engine's σ when there is one run).
 
 Adaptations are JSON files, one per ``(device, engine, version)``, under ``<cache dir>/engine_adaptations``
-(``storage=`` another directory): the constants, σ, the runs they were fitted on and the command-free provenance.
-:func:`adapted_engine` reads one back as a :class:`~dippm_nas.llm.ServingEngine` for ``predict_generation(...,
-engine=...)``.
+(``storage=`` another directory; :mod:`dippm_nas.llm._engine_store`): the constants, σ and the runs they were fitted
+on. :func:`~dippm_nas.llm.adapted_engine` reads one back as a :class:`~dippm_nas.llm.ServingEngine`, and
+:func:`~dippm_nas.llm.predict_generation` uses it by itself when its deployment names that engine's version
+(``Deployment(versions={"vllm": "0.6.3"})``) on that device.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,20 +29,14 @@ from typing import Any
 
 import numpy as np
 
-from dippm_nas._paths import cache_dir
-from dippm_nas.errors import AdaptationError, InvalidValueError
+from dippm_nas.errors import InvalidValueError
 from dippm_nas.llm._architectures import decoder_config
-from dippm_nas.llm._engines import ENGINES, ServingEngine, serving_engine
+from dippm_nas.llm._engine_store import ADAPTED_CONSTANTS, EngineAdaptation, check_adaptation_key, save_adaptation
+from dippm_nas.llm._engines import ServingEngine, serving_engine
 from dippm_nas.llm._predict import predict_generation
 from dippm_nas.llm._workload import LLMWorkload
 
-__all__ = ["MeasuredServingRun", "EngineAdaptation", "adapt_engine", "adapted_engine", "ADAPTED_CONSTANTS"]
-
-#: The constants a few runs refit: (name, probe step, lower bound, upper bound).
-ADAPTED_CONSTANTS: tuple[tuple[str, float, float, float], ...] = (
-    ("decode_gpu_scale", 1.0, 0.3, 5.0), ("step_us", 1000.0, 0.0, 50000.0), ("seq_us", 100.0, 0.0, 5000.0))
-_FORMAT = 1
-_SAFE = re.compile(r"[^A-Za-z0-9._-]+")
+__all__ = ["MeasuredServingRun", "adapt_engine"]
 
 
 @dataclass(frozen=True)
@@ -84,42 +77,6 @@ class MeasuredServingRun:
         d = dataclasses.asdict(self)
         d["model"] = self.model if isinstance(self.model, str) else decoder_config(self.model).to_dict()
         return d
-
-
-@dataclass(frozen=True)
-class EngineAdaptation:
-    """An engine's constants refitted on measured runs of one (device, engine, version).
-
-    Attributes:
-        device, engine, version: what the runs measured.
-        constants: the refitted constants (:data:`ADAPTED_CONSTANTS`).
-        sigma_log: RMS leave-one-run-out log error of the measured figures.
-        runs: how many runs; ``heldout_mape_pct``: their leave-one-run-out MAPE.
-        path: the JSON file it is stored in (``None``: not persisted).
-    """
-
-    device: str
-    engine: str
-    version: str
-    constants: dict[str, float]
-    sigma_log: float
-    runs: int
-    heldout_mape_pct: float
-    path: str | None = None
-
-    def serving_engine(self, base: ServingEngine | None = None) -> ServingEngine:
-        """``base`` (default the shipped engine) with these constants and σ."""
-        return dataclasses.replace(base or serving_engine(self.engine), **self.constants, sigma_log=self.sigma_log,
-                                   fitted=True, source=f"adapted on {self.runs} measured runs of {self.device}, "
-                                                       f"{self.engine} {self.version}")
-
-
-def _check_names(device: str, engine: str, version: str) -> None:
-    if engine not in ENGINES:
-        raise InvalidValueError(f"engine must be one of {ENGINES}, got {engine!r}")
-    for name, v in (("device", device), ("version", version)):
-        if not isinstance(v, str) or not v.strip():
-            raise InvalidValueError(f"{name} must be a non-empty string, got {v!r}")
 
 
 def _rows(run: MeasuredServingRun, device: str, eng: ServingEngine) -> list[tuple[float, float]]:
@@ -175,7 +132,7 @@ def adapt_engine(runs: Sequence[MeasuredServingRun], *, device: str, engine: str
         InvalidValueError: no runs, an unknown engine, an empty device or version, a run breaking its rules.
         AdaptationError: the adaptation cannot be written.
     """
-    _check_names(device, engine, version)
+    check_adaptation_key(device, engine, version)
     runs = list(runs)
     if not runs or not all(isinstance(r, MeasuredServingRun) for r in runs):
         raise InvalidValueError("runs must be a non-empty sequence of MeasuredServingRun")
@@ -201,50 +158,5 @@ def adapt_engine(runs: Sequence[MeasuredServingRun], *, device: str, engine: str
     ad = EngineAdaptation(device=device, engine=engine, version=version, constants=x, sigma_log=sigma,
                           runs=len(runs), heldout_mape_pct=mape)
     if persist:
-        ad = dataclasses.replace(ad, path=str(_save(ad, runs, storage)))
+        ad = dataclasses.replace(ad, path=str(save_adaptation(ad, runs, storage)))
     return ad
-
-
-def _file(device: str, engine: str, version: str, storage: str | Path | None) -> Path:
-    root = Path(storage) if storage is not None else cache_dir() / "engine_adaptations"
-    return root / f"{_SAFE.sub('_', device)}__{engine}__{_SAFE.sub('_', version)}.json"
-
-
-def _save(ad: EngineAdaptation, runs: Sequence[MeasuredServingRun], storage: str | Path | None) -> Path:
-    path = _file(ad.device, ad.engine, ad.version, storage)
-    doc = {"format": _FORMAT, **{k: v for k, v in dataclasses.asdict(ad).items() if k != "path"},
-           "heldout_mape_pct": None if math.isnan(ad.heldout_mape_pct) else ad.heldout_mape_pct,
-           "measured_runs": [r.to_dict() for r in runs]}
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-        tmp.replace(path)
-    except OSError as e:
-        raise AdaptationError(f"cannot write the engine adaptation {path}: {e}") from e
-    return path
-
-
-def adapted_engine(device: str, engine: str, version: str, *,
-                   storage: str | Path | None = None) -> ServingEngine | None:
-    """The engine adapted for ``(device, engine, version)`` by :func:`adapt_engine`, or ``None`` when none is stored.
-
-    Raises:
-        AdaptationError: a stored file that is not an adaptation of this format.
-    """
-    _check_names(device, engine, version)
-    path = _file(device, engine, version, storage)
-    if not path.is_file():
-        return None
-    try:
-        d = json.loads(path.read_text(encoding="utf-8"))
-        if d.get("format") != _FORMAT:
-            raise ValueError(f"format {d.get('format')!r}, expected {_FORMAT}")
-        consts = {n: float(d["constants"][n]) for n, _, _, _ in ADAPTED_CONSTANTS}
-        ad = EngineAdaptation(device=d["device"], engine=d["engine"], version=d["version"], constants=consts,
-                              sigma_log=float(d["sigma_log"]), runs=int(d["runs"]),
-                              heldout_mape_pct=math.nan if d.get("heldout_mape_pct") is None
-                              else float(d["heldout_mape_pct"]), path=str(path))
-        return ad.serving_engine()
-    except (ValueError, KeyError, TypeError, InvalidValueError) as e:
-        raise AdaptationError(f"{path}: not an engine adaptation: {e}") from e

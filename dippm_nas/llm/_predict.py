@@ -12,6 +12,7 @@ from dippm_nas.devices import Device, HostProfile, default_host_profile, resolve
 from dippm_nas.errors import DeploymentError, InvalidValueError, UnsupportedDtypeError
 from dippm_nas.llm._architectures import decoder_config
 from dippm_nas.llm._config import WEIGHT_DTYPES, DecoderConfig
+from dippm_nas.llm._engine_store import adapted_engine
 from dippm_nas.llm._engines import ENGINES, ServingEngine, serving_engine
 from dippm_nas.llm._parallel import allreduce_ms, resolve_tensor_parallel, shard_config
 from dippm_nas.llm._prediction import GENERATION_FIGURES, GenerationPrediction, GenerationSlice
@@ -238,6 +239,7 @@ def predict_generation(model_or_config: Any, workload: LLMWorkload, device: str 
     kv_dtype = workload.kv_dtype or cfg.dtype
     ex, dep, assumed = resolve_execution(deployment, runtime=runtime, engine=engine, host=host,
                                          kv_block_size=kv_block_size, kv_dtype=kv_dtype)
+    ex, adapted = _adapted(ex, dep, dev, engine)
     tp = resolve_tensor_parallel(cfg, dev, tensor_parallel, interconnect, ex.runtime)
     ex = dataclasses.replace(ex, tp=tp, identical_sequences=workload.identical_sequences)
     _check_kv_dtype(kv_dtype, cfg, dev, ex.runtime)
@@ -254,7 +256,7 @@ def predict_generation(model_or_config: Any, workload: LLMWorkload, device: str 
         "deployment": dep.label, "kv_dtype": kv_dtype, "dtype": cfg.dtype, "host_profile": ex.host.name,
         "params": cfg.param_count, "kv_bytes_per_token": cfg.kv_bytes_per_token(kv_dtype),
         "beyond_positions": beyond, **run.memory, **_engine_details(ex, run, wl),
-        **_tp_details(shard, ex, wl, kv_dtype),
+        **_tp_details(shard, ex, wl, kv_dtype), "engine_adaptation": adapted,
     }
     slices = _mig_slices(cfg, dev, ex, wl, (run.prefill_sigma_log, run.decode_sigma_log)) \
         if mig and dev.has_mig and tp.size == 1 else None
@@ -280,6 +282,23 @@ def _sources(ex: GenerationExecution, dev: Device, figs: dict[str, Any]) -> dict
         sources[name] = latency_src
     sources["energy_j_per_token"] = energy_src
     return sources
+
+
+def _adapted(ex: GenerationExecution, dep: Deployment, dev: Device,
+             engine: Any) -> tuple[GenerationExecution, str | None]:
+    """The engine adapted on measured runs of this device and of the engine version the deployment names
+    (:func:`~dippm_nas.llm.adapt_engine`), when one is stored and no :class:`ServingEngine` was passed."""
+    if ex.engine is None or isinstance(engine, ServingEngine) or not dep.versions:
+        return ex, None
+    name = ex.engine.name
+    version = dep.versions.get(name) or dep.versions.get(name.replace("-", "_"))
+    if not version:
+        return ex, None
+    eng = adapted_engine(dev.id, name, str(version))
+    if eng is None:
+        return ex, None
+    eng = dataclasses.replace(eng, frontend=ex.engine.frontend)
+    return dataclasses.replace(ex, engine=eng), f"{dev.id}, {name} {version}"
 
 
 def _tp_details(shard: DecoderConfig, ex: GenerationExecution, wl: LLMWorkload, kv_dtype: str) -> dict[str, Any]:

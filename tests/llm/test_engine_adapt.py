@@ -73,3 +73,23 @@ def test_nothing_stored_and_bad_files(tmp_path) -> None:
 def test_bad_adaptation_input(make, words: str) -> None:
     with pytest.raises(InvalidValueError, match=words):
         make()
+
+
+def test_a_deployment_naming_the_version_uses_the_stored_adaptation(monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("DIPPM_NAS_CACHE_DIR", str(tmp_path))
+    truth = dataclasses.replace(serving_engine("vllm"), step_us=5000.0, seq_us=50.0, decode_gpu_scale=1.1)
+    runs = _measured(tiny(), [(128, 32, 1), (256, 64, 4), (512, 32, 16), (128, 128, 8)], truth)
+    adapt_engine(runs, device="l4", engine="vllm", version="0.9.1")
+    wl = LLMWorkload(256, 32, 4)
+    kw = dict(runtime="serving", mig=False)
+    want = predict_generation(tiny(4), wl, "l4", engine=truth, **kw)
+    got = predict_generation(tiny(4), wl, "l4", deployment={"runtime": "serving", "versions": {"vllm": "0.9.1"}},
+                             mig=False)
+    other = predict_generation(tiny(4), wl, "l4", deployment={"runtime": "serving", "versions": {"vllm": "0.4.0"}},
+                               mig=False)
+    assert got.details["engine_adaptation"] == "l4, vllm 0.9.1" and other.details["engine_adaptation"] is None
+    assert abs(got.e2e_ms / want.e2e_ms - 1) < 0.03 < abs(other.e2e_ms / want.e2e_ms - 1)
+    # elsewhere (another GPU) the adaptation does not apply
+    h100 = predict_generation(tiny(4), wl, "h100-sxm5-80gb",
+                              deployment={"runtime": "serving", "versions": {"vllm": "0.9.1"}}, mig=False)
+    assert h100.details["engine_adaptation"] is None
