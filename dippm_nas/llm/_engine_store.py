@@ -111,5 +111,5 @@ def adapted_engine(device: str, engine: str, version: str, *,
                               heldout_mape_pct=math.nan if d.get("heldout_mape_pct") is None
                               else float(d["heldout_mape_pct"]), path=str(path))
         return ad.serving_engine()
-    except (ValueError, KeyError, TypeError, InvalidValueError) as e:
+    except (ValueError, KeyError, TypeError, AttributeError, InvalidValueError) as e:
         raise AdaptationError(f"{path}: not an engine adaptation: {e}") from e

@@ -53,6 +53,18 @@ class TensorParallel:
     interconnect: str | None = None
     link_gbps: float = 0.0
 
+    def __post_init__(self) -> None:
+        if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 1:
+            raise InvalidValueError(f"TensorParallel.size must be an int >= 1, got {self.size!r}")
+        if self.size > 1 and self.interconnect not in INTERCONNECTS:
+            raise InvalidValueError(f"TensorParallel.interconnect must be one of {INTERCONNECTS} with more than one "
+                                    f"GPU, got {self.interconnect!r}")
+        v = self.link_gbps
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0 or v == float("inf") or \
+                (self.size > 1 and v <= 0):
+            raise InvalidValueError(f"TensorParallel.link_gbps must be a finite number > 0 with more than one GPU, "
+                                    f"got {v!r}")
+
     def to_dict(self) -> dict[str, object]:
         return dataclasses.asdict(self)
 
@@ -140,9 +152,16 @@ def resolve_tensor_parallel(cfg: DecoderConfig, dev: Device, tensor_parallel: in
 
 def shard_config(cfg: DecoderConfig, tp: int) -> DecoderConfig:
     """The decoder one GPU of ``tp`` runs: its heads, KV heads (one replicated head when ``tp`` exceeds them),
-    MLP (every expert's) width and vocabulary shard; the config itself when ``tp == 1``."""
+    MLP (every expert's) width and vocabulary shard; the config itself when ``tp == 1``.
+
+    Raises:
+        InvalidValueError: ``tp`` not an int >= 1, or not dividing the heads (or the KV heads as the engines need).
+    """
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+        raise InvalidValueError(f"tensor_parallel must be an int >= 1 (GPUs of one node), got {tp!r}")
     if tp == 1:
         return cfg
+    _check_heads(cfg, tp)
     kv = cfg.num_kv_heads // tp if cfg.num_kv_heads >= tp else 1
     return dataclasses.replace(cfg, name=f"{cfg.name} (1/{tp} tensor-parallel shard)", num_heads=cfg.num_heads // tp,
                                num_kv_heads=kv, intermediate_size=ceil_div(cfg.intermediate_size, tp),

@@ -227,8 +227,7 @@ def _prefilter(cfg: DecoderConfig, config: ServingConfig) -> str:
             return (f"mig_profile={config.mig_profile!r} with tensor_parallel={config.tensor_parallel}: a MIG instance "
                     "serves alone here (tensor parallelism spans whole GPUs)")
     tp = config.tensor_parallel
-    weights = shard_config(cfg, tp).weight_bytes / BYTES_PER_MIB if cfg.num_heads % tp == 0 else \
-        cfg.weight_bytes / BYTES_PER_MIB / tp
+    weights = shard_config(cfg, tp).weight_bytes / BYTES_PER_MIB  # a tensor_parallel the heads refuse: its reason
     limit = serving_engine(config.engine).memory_fraction * memory
     if weights > limit:
         return (f"the weights alone ({weights:,.0f} MiB per GPU at tensor_parallel={tp}) exceed the "

@@ -58,6 +58,10 @@ def test_nothing_stored_and_bad_files(tmp_path) -> None:
     (tmp_path / "l4__vllm__0.2.json").write_text('{"format": 7}')
     with pytest.raises(AdaptationError, match="not an engine adaptation"):
         adapted_engine("l4", "vllm", "0.2", storage=tmp_path)
+    for text in ("[1, 2]", "{not json", '{"format": 1, "constants": [1]}'):
+        (tmp_path / "l4__vllm__0.3.json").write_text(text)
+        with pytest.raises(AdaptationError, match="not an engine adaptation"):
+            adapted_engine("l4", "vllm", "0.3", storage=tmp_path)
 
 
 @pytest.mark.parametrize("make, words", [

@@ -110,6 +110,21 @@ def test_bad_tensor_parallel_names_field_and_value(model, tp, device, kw, err, w
         assert w in str(e.value)
 
 
+def test_shard_and_tensor_parallel_check_their_input() -> None:
+    cfg = architecture("llama-2-7b")
+    for bad in (0, -2, True, 2.0):
+        with pytest.raises(InvalidValueError, match="tensor_parallel must be an int"):
+            shard_config(cfg, bad)  # type: ignore[arg-type]
+    with pytest.raises(InvalidValueError, match="num_heads=32"):
+        shard_config(cfg, 3)
+    with pytest.raises(InvalidValueError, match="TensorParallel.interconnect"):
+        TensorParallel(2, None, 450.0)
+    with pytest.raises(InvalidValueError, match="TensorParallel.link_gbps"):
+        TensorParallel(2, "nvlink", 0.0)
+    with pytest.raises(InvalidValueError, match="TensorParallel.size"):
+        TensorParallel(0)
+
+
 def test_tensor_parallel_needs_a_serving_engine() -> None:
     with pytest.raises(InvalidValueError, match="runtime='serving'"):
         predict_generation("llama-2-7b", WL, "h100-sxm5-80gb", runtime="eager", mig=False, tensor_parallel=2)
