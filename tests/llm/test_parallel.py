@@ -34,8 +34,8 @@ def test_shard_divides_heads_mlp_and_vocabulary_and_replicates_kv_heads() -> Non
     s4 = shard_config(cfg, 4)
     assert (s4.num_heads, s4.num_kv_heads, s4.intermediate_size, s4.vocab_size) == (8, 2, 3584, 32064)
     assert s4.hidden_size == cfg.hidden_size and s4.num_layers == cfg.num_layers
-    q = shard_config(architecture("qwen2-7b"), 8)  # 4 KV heads over 8 GPUs: one replicated head each
-    assert q.num_kv_heads == 1
+    q = shard_config(tiny(), 4)  # 2 KV heads over 4 GPUs: one replicated head each
+    assert (q.num_heads, q.num_kv_heads) == (2, 1)
     mix = shard_config(architecture("mixtral-8x7b"), 2)  # every expert's FFN is sharded, not the experts
     assert mix.num_experts == 8 and mix.intermediate_size == 14336 // 2
     assert shard_config(cfg, 1) is cfg
