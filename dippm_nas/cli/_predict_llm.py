@@ -57,6 +57,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="KV cache dtype (default the weights'); float8_e4m3fn / float8_e5m2 with --runtime serving")
     p.add_argument("--kv-block-size", type=positive_int("--kv-block-size"), default=None, metavar="N",
                    help="tokens per KV block of a serving engine (default the engine's: vLLM 16, TensorRT-LLM 64)")
+    p.add_argument("--tp", type=positive_int("--tp"), default=1, metavar="N",
+                   help="with --runtime serving: tensor parallelism over N GPUs of one node (default 1); times, "
+                        "tokens/s and J/token are the node's, peak memory and max batch one GPU's")
+    p.add_argument("--interconnect", default=None, metavar="L",
+                   help="with --tp: the link the all-reduces take, nvlink or pcie (default: the board's NVLink "
+                        "when it reaches that many GPUs, else PCIe)")
     p.add_argument("--mig", action="store_true", help="add a row per MIG profile of each device that has MIG")
     add_json_flag(p, "a list with one object per device and batch (GenerationPrediction.to_dict())")
     p.set_defaults(func=run)
@@ -82,7 +88,8 @@ def _load(spec: str) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dippm_nas.llm import ARCHITECTURES, ENGINES, KV_DTYPES, WEIGHT_DTYPES, LLMWorkload, predict_generation
+    from dippm_nas.llm import (ARCHITECTURES, ENGINES, INTERCONNECTS, KV_DTYPES, WEIGHT_DTYPES, LLMWorkload,
+                               predict_generation)
 
     if args.list:
         width = max(map(len, ARCHITECTURES))
@@ -97,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
     engine = check_name("engine", args.engine, ENGINES) if args.engine is not None else None
     dtype = check_name("dtype", args.dtype, WEIGHT_DTYPES) if args.dtype is not None else None
     kv_dtype = check_name("kv dtype", args.kv_dtype, sorted(KV_DTYPES)) if args.kv_dtype is not None else None
+    link = check_name("interconnect", args.interconnect, INTERCONNECTS) if args.interconnect is not None else None
     cfg = _load(args.spec)
 
     rows: list[dict[str, Any]] = []
@@ -107,7 +115,8 @@ def run(args: argparse.Namespace) -> int:
             wl = LLMWorkload(args.prompt, args.output, batch, kv_dtype)
             try:
                 pred = predict_generation(cfg, wl, dev, mig=args.mig, runtime=runtime, engine=engine,
-                                          kv_block_size=args.kv_block_size, dtype=dtype)
+                                          kv_block_size=args.kv_block_size, dtype=dtype,
+                                          tensor_parallel=args.tp, interconnect=link)
             except DippmNasError as e:
                 errors.append(e)
                 rows.append({"model": cfg.name, "device": dev, "batch_size": batch, "error": str(e),
@@ -173,7 +182,12 @@ def _print_table(model: str, args: argparse.Namespace, preds: list[Any], rows: l
     ok = [p for p in preds if p is not None]
     first = ok[0] if ok else None
     engine = f" ({first.details['engine']})" if first is not None and first.details.get("engine") else ""
-    print(f"{model}: prompt {args.prompt} + output {args.output} tokens per sequence; runtime {args.runtime}{engine}")
+    tp = f"; tensor parallel {args.tp} GPUs ({first.details.get('interconnect')})" \
+        if first is not None and args.tp > 1 else ""
+    print(f"{model}: prompt {args.prompt} + output {args.output} tokens per sequence; runtime {args.runtime}{engine}{tp}")
+    if tp:
+        print("tensor parallel: prefill, decode, e2e, tokens/s and J/token are the node's; peak_MiB and max_batch one "
+              "GPU's")
     if first is not None:
         kv = first.details["kv_bytes_per_token"] / 2**20
         print(f"weights {first.weights_mib:,.0f} MiB; KV cache {kv:.4g} MiB per token "

@@ -19,13 +19,16 @@ from dippm_nas._schema import from_file_data
 from dippm_nas.errors import DeviceError, UnsupportedDtypeError
 from dippm_nas.units import MIB_PER_GIB
 
-__all__ = ["Device", "MigProfile", "DEVICE_KINDS", "PCIE_LANE_GBPS", "device_from_dict"]
+__all__ = ["Device", "MigProfile", "DEVICE_KINDS", "PCIE_LANE_GBPS", "NVLINK_GENERATIONS", "device_from_dict"]
 
 #: What kind of processor a device is.
 DEVICE_KINDS: tuple[str, ...] = ("gpu", "cpu")
 #: Data rate of one PCI Express lane in one direction after line encoding, GB/s, per generation (PCI-SIG base
 #: specifications: 2.5 and 5 GT/s with 8b/10b encoding; 8, 16 and 32 GT/s with 128b/130b).
 PCIE_LANE_GBPS: dict[int, float] = {1: 0.25, 2: 0.5, 3: 8 * 128 / 130 / 8, 4: 16 * 128 / 130 / 8, 5: 32 * 128 / 130 / 8}
+
+#: NVLink generations a board may carry (3: Ampere, 4: Hopper, 5: Blackwell).
+NVLINK_GENERATIONS: tuple[int, ...] = (1, 2, 3, 4, 5)
 
 _ID_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 _MIG_NAME_RE = re.compile(r"^(\d+)g\.(\d+)gb(\+me)?$")
@@ -140,6 +143,13 @@ class Device:
             the prior's calibrated default (host-cpu measures it).
         pcie_generation: PCI Express generation of the board's host link (3, 4, 5, ...); ``None`` when unknown.
         pcie_lanes: lanes of that link (16 on every catalogued board); ``None`` when unknown.
+        nvlink_generation: NVLink generation of the board (3 Ampere, 4 Hopper, 5 Blackwell); ``None`` without
+            NVLink.
+        nvlink_gbps: NVLink bandwidth of one GPU, both directions together, GB/s, as NVIDIA's datasheets quote it
+            (H100 SXM 900); ``None`` without NVLink.
+        nvswitch: the NVLinks reach every GPU of the node through NVSwitch (HGX / DGX boards); ``False`` with
+            NVLink: a bridge joining two boards.
+        gpus_per_node: GPUs one node of this board holds (HGX: 8); ``None`` when not catalogued (one GPU).
         sources: where each figure comes from, ``{field: citation}``.
         checks: fields whose figure should be re-checked against the vendor before it drives a result.
         notes: free text.
@@ -171,6 +181,10 @@ class Device:
     host_dispatch_us: float | None = None
     pcie_generation: int | None = None
     pcie_lanes: int | None = None
+    nvlink_generation: int | None = None
+    nvlink_gbps: float | None = None
+    nvswitch: bool = False
+    gpus_per_node: int | None = None
     sources: Mapping[str, str] = field(default_factory=dict)
     checks: tuple[str, ...] = ()
     notes: str = ""
@@ -197,6 +211,7 @@ class Device:
         if self.pcie_lanes is not None and self.pcie_lanes not in (1, 2, 4, 8, 16):
             raise DeviceError(f"device {self.id!r}: pcie_lanes must be one of 1, 2, 4, 8, 16 or absent, "
                               f"got {self.pcie_lanes!r}")
+        self._check_node()
         for name in ("runtime_baseline_mib", "cublas_workspace_mib"):
             v = getattr(self, name)
             if not _is_number(v) or v < 0:
@@ -246,6 +261,22 @@ class Device:
                 f"device {self.id!r}: checks names unknown fields {unknown_checks}; choices: "
                 f"{sorted(self.__dataclass_fields__)}"
             )
+
+    def _check_node(self) -> None:
+        if self.nvlink_generation is not None and self.nvlink_generation not in NVLINK_GENERATIONS:
+            raise DeviceError(f"device {self.id!r}: nvlink_generation must be one of {NVLINK_GENERATIONS} or absent, "
+                              f"got {self.nvlink_generation!r}")
+        if self.nvlink_gbps is not None:
+            _positive(self.nvlink_gbps, f"device {self.id!r}: nvlink_gbps")
+        if (self.nvlink_gbps is None) != (self.nvlink_generation is None):
+            raise DeviceError(f"device {self.id!r}: give both nvlink_generation and nvlink_gbps or neither, got "
+                              f"{self.nvlink_generation!r} and {self.nvlink_gbps!r}")
+        if not isinstance(self.nvswitch, bool) or (self.nvswitch and self.nvlink_gbps is None):
+            raise DeviceError(f"device {self.id!r}: nvswitch must be a bool, and true only with NVLink "
+                              f"(nvlink_gbps), got {self.nvswitch!r}")
+        g = self.gpus_per_node
+        if g is not None and (isinstance(g, bool) or not isinstance(g, int) or not 1 <= g <= 72):
+            raise DeviceError(f"device {self.id!r}: gpus_per_node must be an int in 1..72 or absent, got {g!r}")
 
     # ------------------------------------------------------------------ derived
     @property

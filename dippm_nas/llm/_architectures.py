@@ -57,6 +57,8 @@ _ENTRIES: dict[str, tuple[dict[str, Any], str]] = {
                       "num_local_experts": 8, "num_experts_per_tok": 2}, "mistralai/Mixtral-8x7B-v0.1"),
     "qwen2-7b": ({**_llama(3584, 18944, 28, 28, 4, 152064, 131072, torch_dtype="bfloat16"), "model_type": "qwen2"},
                  "Qwen/Qwen2-7B"),
+    "qwen2-72b": ({**_llama(8192, 29568, 80, 64, 8, 152064, 131072, torch_dtype="bfloat16"), "model_type": "qwen2"},
+                  "Qwen/Qwen2-72B"),
     "qwen1.5-7b": ({**_llama(4096, 11008, 32, 32, 32, 151936, 32768, torch_dtype="bfloat16"), "model_type": "qwen2"},
                    "Qwen/Qwen1.5-7B"),
     "gemma-2-2b": ({**_llama(2304, 9216, 26, 8, 4, 256000, 8192, torch_dtype="bfloat16"), "model_type": "gemma2",

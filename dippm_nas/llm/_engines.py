@@ -24,6 +24,12 @@ decode step are the only constants fitted, per engine, on measured serving runs 
 command and the held-out error that sets ``sigma_log``). Without the file every engine has no host time per
 step, a multiplier of 1 and the prior's own σ, labelled ``"analytic"``.
 
+Across the GPUs of one node (``tensor_parallel``, :mod:`dippm_nas.llm._parallel`) four more constants per engine
+are fitted on LLM-Inference-Bench's 2- and 4-GPU H100 runs (``benchmarks/accuracy/accuracy_llm_multi_gpu.py
+--write``): host time per step per extra worker (``tp_step_us``), the fixed time of one custom and of one NCCL
+all-reduce (``allreduce_us``, ``nccl_us``) and a multiplier of the ideal transfer time (``allreduce_bw_scale``);
+``tp_sigma_log`` is their held-out error.
+
 Driven through its OpenAI-compatible server (``frontend="api-server"``), vLLM's process also detokenizes every
 sequence's new token and checks its stop strings each step (the vLLM 0.6.0 release post, 2024-09, measured the
 0.5 server's GPU busy 38 % of the time for Llama-3-8B on an H100): ``server_seq_us`` more host time per running
@@ -90,6 +96,18 @@ class ServingEngine:
         decode_gpu_scale: multiplier of the prior's kernel time of a decode step (fitted; 1 without a fit). A
             prefill step keeps the prior's time: end-to-end latencies do not tell it apart from the decode steps
             (the prior's prefill GEMMs are checked against Vidur's operator timings, docs/llm.md).
+        tp_step_us: host time per scheduler step per tensor-parallel worker beyond the first, µs (fitted on
+            multi-GPU runs; 0 without a fit): the driver hands every step's inputs to each worker.
+        allreduce_us: fixed time of one custom all-reduce (vLLM's and TensorRT-LLM's NVLink peer-to-peer kernels),
+            µs (fitted; 0 without a fit).
+        nccl_us: fixed time of one NCCL all-reduce (messages above ``custom_allreduce_max_mib``, or no NVLink), µs
+            (fitted; 0 without a fit).
+        allreduce_bw_scale: multiplier of an all-reduce's ideal transfer time ``2 (N - 1) / N * bytes / link``
+            (fitted; 1 without a fit).
+        custom_allreduce_max_mib: largest message the custom all-reduce takes, MiB (vLLM's ``CustomAllreduce``
+            buffer, 8 MiB; larger messages go to NCCL).
+        tp_sigma_log: σ of a tensor-parallel prediction in log space (the multi-GPU fit's held-out error);
+            ``None``: ``sigma_log``.
         sigma_log: σ of a predicted latency in log space (the fit's held-out error); ``None`` without a fit.
         fitted: the step costs were fitted on measurements (latencies labelled ``"predicted"``).
         source: where the constants come from.
@@ -107,6 +125,12 @@ class ServingEngine:
     frontend: str = "offline"
     server_seq_us: float = 0.0
     wait_activity: float | None = None
+    tp_step_us: float = 0.0
+    allreduce_us: float = 0.0
+    nccl_us: float = 0.0
+    allreduce_bw_scale: float = 1.0
+    custom_allreduce_max_mib: float = 8.0
+    tp_sigma_log: float | None = None
     sigma_log: float | None = None
     fitted: bool = False
     source: str = "documented defaults; step costs not fitted"
@@ -126,23 +150,32 @@ class ServingEngine:
                 raise InvalidValueError(f"ServingEngine.{name} must be an int >= 1, got {v!r}")
         if not _finite(self.memory_fraction) or not 0 < self.memory_fraction <= 1:
             raise InvalidValueError(f"ServingEngine.memory_fraction must be in (0, 1], got {self.memory_fraction!r}")
-        for name in ("step_us", "seq_us", "server_seq_us"):
+        for name in ("step_us", "seq_us", "server_seq_us", "tp_step_us", "allreduce_us", "nccl_us"):
             v = getattr(self, name)
             if not _finite(v) or not 0 <= v <= 1e6:
                 raise InvalidValueError(f"ServingEngine.{name} must be in [0, 1e6] µs, got {v!r}")
         if not _finite(self.decode_gpu_scale) or not 0.1 <= self.decode_gpu_scale <= 10:
             raise InvalidValueError(f"ServingEngine.decode_gpu_scale must be in [0.1, 10], got {self.decode_gpu_scale!r}")
-        if self.sigma_log is not None and (not _finite(self.sigma_log) or not 0 <= self.sigma_log <= 5):
-            raise InvalidValueError(f"ServingEngine.sigma_log must be in [0, 5] or None, got {self.sigma_log!r}")
+        if not _finite(self.allreduce_bw_scale) or not 0.1 <= self.allreduce_bw_scale <= 20:
+            raise InvalidValueError(f"ServingEngine.allreduce_bw_scale must be in [0.1, 20], got "
+                                    f"{self.allreduce_bw_scale!r}")
+        if not _finite(self.custom_allreduce_max_mib) or self.custom_allreduce_max_mib < 0:
+            raise InvalidValueError(f"ServingEngine.custom_allreduce_max_mib must be a finite number >= 0, got "
+                                    f"{self.custom_allreduce_max_mib!r}")
+        for name in ("sigma_log", "tp_sigma_log"):
+            v = getattr(self, name)
+            if v is not None and (not _finite(v) or not 0 <= v <= 5):
+                raise InvalidValueError(f"ServingEngine.{name} must be in [0, 5] or None, got {v!r}")
 
     def batched_tokens(self, max_model_len: int) -> int:
         """Prompt tokens one prefill step takes for a model of ``max_model_len`` positions."""
         return self.max_batched_tokens if self.max_batched_tokens is not None else max(max_model_len, 2048)
 
-    def step_host_us(self, sequences: int) -> float:
-        """Host time of one scheduler step over ``sequences`` sequences, µs (the API server's share included)."""
+    def step_host_us(self, sequences: int, workers: int = 1) -> float:
+        """Host time of one scheduler step over ``sequences`` sequences with ``workers`` tensor-parallel workers,
+        µs (the API server's share included)."""
         per_seq = self.seq_us + (self.server_seq_us if self.frontend == "api-server" else 0.0)
-        return self.step_us + per_seq * sequences
+        return self.step_us + per_seq * sequences + self.tp_step_us * (workers - 1)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -155,7 +188,8 @@ _DEFAULTS: dict[str, ServingEngine] = {
     "tensorrt-llm": ServingEngine("tensorrt-llm", block_size=64, memory_fraction=0.9, memory_rule="free",
                                   max_num_seqs=256, max_batched_tokens=8192),
 }
-_FITTED_KEYS = ("step_us", "seq_us", "decode_gpu_scale", "sigma_log", "server_seq_us", "wait_activity")
+_FITTED_KEYS = ("step_us", "seq_us", "decode_gpu_scale", "sigma_log", "server_seq_us", "wait_activity",
+                "tp_step_us", "allreduce_us", "nccl_us", "allreduce_bw_scale", "tp_sigma_log")
 
 
 @dataclass(frozen=True)

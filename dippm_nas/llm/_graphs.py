@@ -138,8 +138,9 @@ class _Decoder:
     """Emits the operators of one forward pass of ``cfg`` over ``n`` sequences of ``q`` new tokens each."""
 
     def __init__(self, cfg: DecoderConfig, style: str, n: int, q: int, kv_len: int, kv_dtype: str,
-                 prefill: bool) -> None:
+                 prefill: bool, identical: bool = False) -> None:
         self.c, self.style, self.n, self.q, self.kv_len, self.prefill = cfg, style, n, q, kv_len, prefill
+        self.routed = q if identical else n * q  # distinct tokens the router sees (identical sequences route alike)
         self.kv_dtype = kv_dtype if style == "fused" else cfg.dtype  # transformers keeps its cache in the model dtype
         self.dt = cfg.dtype
         self.b = _Builder()
@@ -327,7 +328,7 @@ class _Decoder:
         logits = self.linear(x, e, False)
         b.op("topk", [b.op("nn.softmax", [logits], logits.shape, "float32", {"axis": -1})], (t, k), "float32",
              {"k": k})
-        active = max(1, math.ceil(expected_active_experts(c, t) - 1e-9))
+        active = max(1, math.ceil(expected_active_experts(c, self.routed) - 1e-9))
         rows = ceil_div(t * k, active)  # tokens per active expert
         width = 2 * f if c.mlp == "gated" else f
         w1 = b.weight((active, h, width), self.dt)
@@ -407,7 +408,7 @@ def _check_style(style: str) -> str:
 
 
 def prefill_graph(config: DecoderConfig, seqs: int, prompt_len: int, *, style: str = "eager",
-                  kv_dtype: str | None = None) -> OperatorGraph:
+                  kv_dtype: str | None = None, identical_sequences: bool = False) -> OperatorGraph:
     """The prefill pass of ``seqs`` prompts of ``prompt_len`` tokens, up to the first token of each.
 
     Args:
@@ -416,14 +417,16 @@ def prefill_graph(config: DecoderConfig, seqs: int, prompt_len: int, *, style: s
         prompt_len: tokens of each prompt.
         style: one of :data:`STYLES`.
         kv_dtype: the dtype keys and values are written to the cache in (``"fused"`` only; default the weights').
+        identical_sequences: every prompt is the same (a mixture of experts reads the experts of one prompt's tokens).
     """
     _check_style(style)
-    d = _Decoder(config, style, seqs, prompt_len, prompt_len, kv_dtype or config.dtype, prefill=True)
+    d = _Decoder(config, style, seqs, prompt_len, prompt_len, kv_dtype or config.dtype, prefill=True,
+                 identical=identical_sequences)
     return d.build(f"{config.name} prefill {seqs}x{prompt_len} {style}")
 
 
 def decode_graph(config: DecoderConfig, batch: int, kv_len: int, *, style: str = "eager",
-                 kv_dtype: str | None = None) -> OperatorGraph:
+                 kv_dtype: str | None = None, identical_sequences: bool = False) -> OperatorGraph:
     """One decode step of ``batch`` sequences whose cache holds ``kv_len`` tokens after the step (the new
     token included; for ``"static"`` the buffer length, which attention reads whole).
 
@@ -433,7 +436,10 @@ def decode_graph(config: DecoderConfig, batch: int, kv_len: int, *, style: str =
         kv_len: tokens in the cache, ``>= 2``.
         style: one of :data:`STYLES`.
         kv_dtype: the cache's dtype (``"fused"`` only; default the weights').
+        identical_sequences: every sequence is the same and generates alike (a mixture of experts reads the
+            experts of one token per step).
     """
     _check_style(style)
-    d = _Decoder(config, style, batch, 1, kv_len, kv_dtype or config.dtype, prefill=False)
+    d = _Decoder(config, style, batch, 1, kv_len, kv_dtype or config.dtype, prefill=False,
+                 identical=identical_sequences)
     return d.build(f"{config.name} decode {batch}@{kv_len} {style}")

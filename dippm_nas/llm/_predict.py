@@ -12,7 +12,9 @@ from dippm_nas.devices import Device, HostProfile, default_host_profile, resolve
 from dippm_nas.errors import DeploymentError, InvalidValueError, UnsupportedDtypeError
 from dippm_nas.llm._architectures import decoder_config
 from dippm_nas.llm._config import WEIGHT_DTYPES, DecoderConfig
+from dippm_nas.llm._engine_store import adapted_engine
 from dippm_nas.llm._engines import ENGINES, ServingEngine, serving_engine
+from dippm_nas.llm._parallel import allreduce_ms, resolve_tensor_parallel, shard_config
 from dippm_nas.llm._prediction import GENERATION_FIGURES, GenerationPrediction, GenerationSlice
 from dippm_nas.llm._timing import DeviceRun, GenerationExecution, run_on_device
 from dippm_nas.llm._workload import LLMWorkload
@@ -124,13 +126,14 @@ def _power_share(dev: Device, slice_dev: Device, compute_slices: int) -> Device:
                                idle_power_w=float(dev.idle_power_w) * s)  # type: ignore[arg-type]
 
 
-def _figures(run: DeviceRun, wl: LLMWorkload) -> dict[str, Any]:
-    """The time, throughput and energy figures of one device run, with their σ."""
+def _figures(run: DeviceRun, wl: LLMWorkload, gpus: int = 1) -> dict[str, Any]:
+    """The time, throughput and energy figures of one device run (``gpus`` GPUs running it, each its shard),
+    with their σ."""
     e2e_s = run.e2e_ms / MS_PER_S
     tps = wl.tokens / e2e_s if e2e_s > 0 else 0.0
     otps = wl.batch_size * wl.output_len / e2e_s if e2e_s > 0 else 0.0
     rel = (run.e2e_std_ms / run.e2e_ms) if run.e2e_std_ms is not None and run.e2e_ms > 0 else None
-    ejt = run.energy_j / (wl.batch_size * wl.output_len) if run.energy_j is not None else None
+    ejt = gpus * run.energy_j / (wl.batch_size * wl.output_len) if run.energy_j is not None else None
 
     def sd(v: float, s: float | None) -> float | None:
         return None if s is None else v * s
@@ -164,10 +167,31 @@ def _reason(run: DeviceRun, wl: LLMWorkload, where: str, engine: str | None) -> 
     return ""
 
 
+def _model_and_device(model_or_config: Any, workload: Any, device: str | Device,
+                      dtype: str | None) -> tuple[DecoderConfig, Device]:
+    """The decoder (in ``dtype`` when given) and the GPU, checked against each other."""
+    cfg = decoder_config(model_or_config)
+    if not isinstance(workload, LLMWorkload):
+        raise InvalidValueError(f"workload must be an LLMWorkload(prompt_len, output_len, batch_size), got "
+                                f"{type(workload).__name__}")
+    if dtype is not None:
+        if dtype not in WEIGHT_DTYPES:
+            raise InvalidValueError(f"dtype must be one of {WEIGHT_DTYPES} or None (the config's), got {dtype!r}")
+        cfg = cfg.with_dtype(dtype)
+    dev = resolve_device(device)
+    if dev.kind != "gpu":
+        raise InvalidValueError(f"predict_generation models GPUs; {dev.id!r} is a {dev.kind}")
+    if cfg.dtype not in dev.dtypes or (cfg.dtype == "bfloat16" and dev.bf16_tensor_tflops is None):
+        raise UnsupportedDtypeError(f"the weights' dtype {cfg.dtype!r} of {cfg.name!r} is not supported by {dev.id!r}; "
+                                    f"choose dtype= among {[d for d in dev.dtypes if d in WEIGHT_DTYPES]}")
+    return cfg, dev
+
+
 def predict_generation(model_or_config: Any, workload: LLMWorkload, device: str | Device = DEFAULT_DEVICE, *,
                        deployment: Deployment | Any = None, mig: bool = True, runtime: str | None = None,
                        engine: str | ServingEngine | None = None, kv_block_size: int | None = None,
-                       dtype: str | None = None, host: HostProfile | str | None = None) -> GenerationPrediction:
+                       dtype: str | None = None, host: HostProfile | str | None = None,
+                       tensor_parallel: int = 1, interconnect: str | None = None) -> GenerationPrediction:
     """Predicted prefill and decode latency, throughput, energy per token, memory and the largest batch of
     generating ``workload`` with a decoder on ``device`` (and on each of its MIG profiles).
 
@@ -191,6 +215,12 @@ def predict_generation(model_or_config: Any, workload: LLMWorkload, device: str 
         kv_block_size: tokens per KV block of a serving engine (default the engine's: vLLM 16, TensorRT-LLM 64).
         dtype: the weights' dtype, overriding the config's (``"float16"``, ``"bfloat16"``, ``"float32"``).
         host: shorthand for ``Deployment(host=...)``: a host profile, its file, or ``"default"``.
+        tensor_parallel: GPUs of one node the serving engine shards the model over (heads, KV heads, MLP and
+            vocabulary; two all-reduces per layer on the node's link). ``peak_memory_mib``, ``max_batch`` and the
+            memory parts are then one GPU's; times, tokens/s and J/token the node's. No MIG figures with more
+            than one GPU.
+        interconnect: the link the all-reduces take, ``"nvlink"`` or ``"pcie"`` (default: NVLink when the board
+            has it for that many GPUs, else PCIe).
 
     Returns:
         A :class:`GenerationPrediction`; a batch that does not fit is ``fits=False`` with a ``reason``
@@ -201,30 +231,23 @@ def predict_generation(model_or_config: Any, workload: LLMWorkload, device: str 
             positions without RoPE scaling, a quantised KV cache outside a serving engine, an unknown runtime,
             engine or dtype (the choices are listed).
         UnsupportedDtypeError: a weights or KV-cache dtype the device lacks.
-        DeviceError: an unknown device.
+        DeviceError: an unknown device; more GPUs than its node holds, an interconnect the board lacks.
+        InvalidValueError: ``tensor_parallel`` that does not divide the heads (or the KV heads as the engines need),
+            or more than one GPU outside ``runtime="serving"``.
     """
-    cfg = decoder_config(model_or_config)
-    if not isinstance(workload, LLMWorkload):
-        raise InvalidValueError(f"workload must be an LLMWorkload(prompt_len, output_len, batch_size), got "
-                                f"{type(workload).__name__}")
-    if dtype is not None:
-        if dtype not in WEIGHT_DTYPES:
-            raise InvalidValueError(f"dtype must be one of {WEIGHT_DTYPES} or None (the config's), got {dtype!r}")
-        cfg = cfg.with_dtype(dtype)
-    dev = resolve_device(device)
-    if dev.kind != "gpu":
-        raise InvalidValueError(f"predict_generation models GPUs; {dev.id!r} is a {dev.kind}")
-    if cfg.dtype not in dev.dtypes or (cfg.dtype == "bfloat16" and dev.bf16_tensor_tflops is None):
-        raise UnsupportedDtypeError(f"the weights' dtype {cfg.dtype!r} of {cfg.name!r} is not supported by {dev.id!r}; "
-                                    f"choose dtype= among {[d for d in dev.dtypes if d in WEIGHT_DTYPES]}")
+    cfg, dev = _model_and_device(model_or_config, workload, device, dtype)
     kv_dtype = workload.kv_dtype or cfg.dtype
     ex, dep, assumed = resolve_execution(deployment, runtime=runtime, engine=engine, host=host,
                                          kv_block_size=kv_block_size, kv_dtype=kv_dtype)
+    ex, adapted = _adapted(ex, dep, dev, engine)
+    tp = resolve_tensor_parallel(cfg, dev, tensor_parallel, interconnect, ex.runtime)
+    ex = dataclasses.replace(ex, tp=tp, identical_sequences=workload.identical_sequences)
     _check_kv_dtype(kv_dtype, cfg, dev, ex.runtime)
     beyond = _check_positions(cfg, workload)
     wl = workload
-    run = run_on_device(cfg, dev, ex, wl.prompt_len, wl.output_len, wl.batch_size)
-    figs = _figures(run, wl)
+    shard = shard_config(cfg, tp.size)
+    run = run_on_device(shard, dev, ex, wl.prompt_len, wl.output_len, wl.batch_size)
+    figs = _figures(run, wl, tp.size)
     eng_name = ex.engine.name if ex.engine is not None else None
     sources = _sources(ex, dev, figs)
     kv_seq = cfg.kv_bytes_per_token(kv_dtype) * wl.total_len / BYTES_PER_MIB
@@ -233,15 +256,17 @@ def predict_generation(model_or_config: Any, workload: LLMWorkload, device: str 
         "deployment": dep.label, "kv_dtype": kv_dtype, "dtype": cfg.dtype, "host_profile": ex.host.name,
         "params": cfg.param_count, "kv_bytes_per_token": cfg.kv_bytes_per_token(kv_dtype),
         "beyond_positions": beyond, **run.memory, **_engine_details(ex, run, wl),
+        **_tp_details(shard, ex, wl, kv_dtype), "engine_adaptation": adapted,
     }
-    slices = _mig_slices(cfg, dev, ex, wl, (run.prefill_sigma_log, run.decode_sigma_log)) if mig and dev.has_mig \
-        else None
+    slices = _mig_slices(cfg, dev, ex, wl, (run.prefill_sigma_log, run.decode_sigma_log)) \
+        if mig and dev.has_mig and tp.size == 1 else None
     return GenerationPrediction(
         model=cfg.name, device=dev.id, workload=wl,
         weights_mib=cfg.weight_bytes / BYTES_PER_MIB, weights_mib_std=0.0,
         kv_cache_mib=kv_seq * wl.batch_size, kv_cache_mib_std=0.0,
         kv_cache_mib_per_sequence=kv_seq, kv_cache_mib_per_sequence_std=0.0,
-        reason=_reason(run, wl, dev.id, eng_name), sources=sources, mig=slices, details=details, **figs,
+        reason=_reason(run, wl, dev.id if tp.size == 1 else f"each of {tp.size} {dev.id} GPUs", eng_name),
+        sources=sources, mig=slices, details=details, **figs,
     )
 
 
@@ -257,6 +282,37 @@ def _sources(ex: GenerationExecution, dev: Device, figs: dict[str, Any]) -> dict
         sources[name] = latency_src
     sources["energy_j_per_token"] = energy_src
     return sources
+
+
+def _adapted(ex: GenerationExecution, dep: Deployment, dev: Device,
+             engine: Any) -> tuple[GenerationExecution, str | None]:
+    """The engine adapted on measured runs of this device and of the engine version the deployment names
+    (:func:`~dippm_nas.llm.adapt_engine`), when one is stored and no :class:`ServingEngine` was passed."""
+    if ex.engine is None or isinstance(engine, ServingEngine) or not dep.versions:
+        return ex, None
+    name = ex.engine.name
+    version = dep.versions.get(name) or dep.versions.get(name.replace("-", "_"))
+    if not version:
+        return ex, None
+    eng = adapted_engine(dev.id, name, str(version))
+    if eng is None:
+        return ex, None
+    eng = dataclasses.replace(eng, frontend=ex.engine.frontend)
+    return dataclasses.replace(ex, engine=eng), f"{dev.id}, {name} {version}"
+
+
+def _tp_details(shard: DecoderConfig, ex: GenerationExecution, wl: LLMWorkload, kv_dtype: str) -> dict[str, Any]:
+    """Tensor parallelism: GPUs, link, one GPU's weights and KV cache, the all-reduce time of a decode step."""
+    tp = ex.tp
+    out: dict[str, Any] = {"tensor_parallel": tp.size, "interconnect": tp.interconnect}
+    if tp.size == 1 or ex.engine is None:
+        return out
+    comm, custom = allreduce_ms(shard, wl.batch_size, tp, ex.engine)
+    out.update(link_gbps=tp.link_gbps, weights_mib_per_gpu=shard.weight_bytes / BYTES_PER_MIB,
+               kv_cache_mib_per_gpu=shard.kv_bytes_per_token(kv_dtype) * wl.total_len * wl.batch_size / BYTES_PER_MIB,
+               allreduce_ms_per_decode_step=comm, allreduce="custom" if custom else "nccl",
+               per_gpu="peak_memory_mib, max_batch and memory parts are one GPU's; times, tokens/s and J/token the node's")
+    return out
 
 
 def _engine_details(ex: GenerationExecution, run: Any, wl: LLMWorkload) -> dict[str, Any]:

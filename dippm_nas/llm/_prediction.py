@@ -117,8 +117,10 @@ class GenerationPrediction:
             to whole blocks: ``details["kv_cache_mib_allocated"]``).
         kv_cache_mib_per_sequence: one sequence's, MiB.
         peak_memory_mib: what the generation needs at its peak: CUDA context, weights, workspaces, activations
-            (a serving engine: its profiling reservation) and the KV cache of the sequences held at once, MiB.
-        max_batch: sequences of this workload the device holds at once (0 with :attr:`reason` when not one).
+            (a serving engine: its profiling reservation) and the KV cache of the sequences held at once, MiB
+            (one GPU's with tensor parallelism: ``details["tensor_parallel"] > 1``).
+        max_batch: sequences of this workload the device (the node, with tensor parallelism) holds at once (0 with
+            :attr:`reason` when not one).
         fits: the batch fits at once (``batch_size <= max_batch``); a serving engine runs a larger batch in waves.
         reason: why it does not fit ("" when it does).
         sources: the source of each figure.

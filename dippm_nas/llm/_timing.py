@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
@@ -34,6 +34,7 @@ from dippm_nas.llm._config import DecoderConfig
 from dippm_nas.llm._engines import ServingEngine
 from dippm_nas.llm._graphs import decode_graph, prefill_graph
 from dippm_nas.llm._memory import KVCapacity, contiguous_capacity, paged_capacity
+from dippm_nas.llm._parallel import TensorParallel, allreduce_ms
 from dippm_nas.prior import PriorEstimate, estimate, latency_sigma_log, latency_us, power_params_for, wait_power_w
 from dippm_nas.units import BYTES_PER_MIB, MS_PER_S, US_PER_MS
 
@@ -63,6 +64,8 @@ class GenerationExecution:
         host: the host that drives the GPU.
         block_size: tokens per KV block of a paged cache (serving only).
         kv_dtype: the KV cache's dtype.
+        tp: the tensor parallelism over the GPUs of one node (the config run is then one GPU's shard).
+        identical_sequences: the batch's sequences are one prompt repeated (:class:`~dippm_nas.llm.LLMWorkload`).
     """
 
     runtime: str
@@ -70,6 +73,8 @@ class GenerationExecution:
     host: HostProfile
     block_size: int | None
     kv_dtype: str
+    tp: TensorParallel = field(default_factory=TensorParallel)
+    identical_sequences: bool = False
 
     @property
     def style(self) -> str:
@@ -85,13 +90,17 @@ class GenerationExecution:
 
 
 @lru_cache(maxsize=96)
-def _prefill(cfg: DecoderConfig, style: str, seqs: int, prompt: int, kv_dtype: str) -> OperatorGraph:
-    return prefill_graph(cfg, seqs, prompt, style=style, kv_dtype=kv_dtype)
+def _prefill(cfg: DecoderConfig, style: str, seqs: int, prompt: int, kv_dtype: str,
+             identical: bool = False) -> OperatorGraph:
+    return prefill_graph(cfg, seqs, prompt, style=style, kv_dtype=kv_dtype,
+                         identical_sequences=identical and cfg.is_moe)
 
 
 @lru_cache(maxsize=96)
-def _decode(cfg: DecoderConfig, style: str, batch: int, kv_len: int, kv_dtype: str) -> OperatorGraph:
-    return decode_graph(cfg, batch, kv_len, style=style, kv_dtype=kv_dtype)
+def _decode(cfg: DecoderConfig, style: str, batch: int, kv_len: int, kv_dtype: str,
+            identical: bool = False) -> OperatorGraph:
+    return decode_graph(cfg, batch, kv_len, style=style, kv_dtype=kv_dtype,
+                        identical_sequences=identical and cfg.is_moe)
 
 
 @dataclass
@@ -185,6 +194,8 @@ class _Runner:
         if self.sigmas is not None:
             return self.sigmas[phase]
         eng = self.ex.engine
+        if eng is not None and self.ex.tp.size > 1 and eng.tp_sigma_log is not None:
+            return eng.tp_sigma_log
         if eng is not None and eng.sigma_log is not None:
             return eng.sigma_log
         try:
@@ -197,6 +208,16 @@ class _Runner:
         if est.energy_j is None or est.energy_j_std is None or est.energy_j <= 0:
             return None
         return est.energy_j_std / est.energy_j
+
+    def step_extra_ms(self, sequences: int, tokens: int) -> float:
+        """What a serving engine's step adds to its graph, ms: host time (per worker too) and the all-reduces of
+        tensor parallelism (the GPU waits for both at the engine's waiting power)."""
+        eng = self.ex.engine
+        if eng is None:
+            return 0.0
+        tp = self.ex.tp
+        comm, _ = allreduce_ms(self.cfg, tokens, tp, eng)
+        return eng.step_host_us(sequences, tp.size) / US_PER_MS + comm
 
     # ------------------------------------------------------------------ phases
     def _scaled(self, est: PriorEstimate, gpu_ms: np.ndarray, scale: float) -> float:
@@ -219,9 +240,9 @@ class _Runner:
         for n, count in ((per_step, full), (rem, 1 if rem else 0)):
             if not count:
                 continue
-            est = self.est(_prefill(cfg, ex.style, n, prompt, ex.kv_dtype), ex.prefill_runtime)
+            est = self.est(_prefill(cfg, ex.style, n, prompt, ex.kv_dtype, ex.identical_sequences), ex.prefill_runtime)
             first = first or est
-            host = eng.step_host_us(n) / US_PER_MS if eng is not None else 0.0
+            host = self.step_extra_ms(n, n * prompt)
             ms += count * (est.latency_ms + host)
             if has_energy and est.energy_j is not None:
                 energy += count * (est.energy_j + self.wait_w * host / MS_PER_S)
@@ -233,12 +254,13 @@ class _Runner:
         cfg, ex, wl_steps = self.cfg, self.ex, self._steps
         eng = ex.engine
         scale = eng.decode_gpu_scale if eng is not None else 1.0
-        host = eng.step_host_us(batch) / US_PER_MS if eng is not None else 0.0
+        host = self.step_extra_ms(batch, batch)
         if ex.style == "static":
             lens = [self._total]
         else:
             lens = sorted({self._prompt + 1, self._prompt + max(wl_steps, 1)})
-        ests = [self.est(_decode(cfg, ex.style, batch, n, ex.kv_dtype), ex.decode_runtime) for n in lens]
+        ests = [self.est(_decode(cfg, ex.style, batch, n, ex.kv_dtype, ex.identical_sequences), ex.decode_runtime)
+                for n in lens]
         ea, eb = ests[0], ests[-1]
         if len(lens) == 1:
             step = self._scaled(ea, ea.node_time_ms, scale) + host

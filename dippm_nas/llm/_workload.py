@@ -28,6 +28,9 @@ class LLMWorkload:
         batch_size: sequences generated together, ``>= 1``.
         kv_dtype: dtype the KV cache is stored in (one of :data:`~dippm_nas.llm.KV_DTYPES`); ``None``: the
             weights' dtype.
+        identical_sequences: every sequence of the batch is the same prompt generating alike (benchmarks that
+            repeat one prompt, as LLM-Inference-Bench's TensorRT-LLM script does): the sequences route alike, so a
+            mixture of experts reads the experts of one sequence's tokens per pass (no effect on a dense MLP).
 
     Raises:
         InvalidValueError: a field breaking its rule, naming the field and value.
@@ -37,8 +40,11 @@ class LLMWorkload:
     output_len: int
     batch_size: int
     kv_dtype: str | None = None
+    identical_sequences: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.identical_sequences, bool):
+            raise InvalidValueError(f"LLMWorkload.identical_sequences must be a bool, got {self.identical_sequences!r}")
         _count("prompt_len", self.prompt_len, 1)
         _count("output_len", self.output_len, 1)
         _count("batch_size", self.batch_size, 1)
@@ -63,9 +69,9 @@ class LLMWorkload:
 
     def with_batch_size(self, batch_size: int) -> "LLMWorkload":
         """A copy with another batch size."""
-        return LLMWorkload(self.prompt_len, self.output_len, batch_size, self.kv_dtype)
+        return LLMWorkload(self.prompt_len, self.output_len, batch_size, self.kv_dtype, self.identical_sequences)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict of the fields."""
         return {"prompt_len": self.prompt_len, "output_len": self.output_len, "batch_size": self.batch_size,
-                "kv_dtype": self.kv_dtype}
+                "kv_dtype": self.kv_dtype, "identical_sequences": self.identical_sequences}

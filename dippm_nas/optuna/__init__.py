@@ -102,6 +102,7 @@ from dippm_nas.optuna._background import PendingEvaluation, PendingValue
 from dippm_nas.optuna._compat import CONSTRAINT_API, optuna_has_set_constraint
 from dippm_nas.optuna._cost_model import HardwareCostModel
 from dippm_nas.optuna._objectives import LLM_OBJECTIVES, MAXIMIZED, OBJECTIVES, ON_ERROR
+from dippm_nas.optuna._serving_search import SERVING_OBJECTIVES, ServingSearchResult, serving_config_search
 from dippm_nas.optuna._storage import rdb_storage
 from dippm_nas.trial import TrialRecord
 
@@ -118,4 +119,7 @@ __all__ = [
     "ON_ERROR",
     "optuna_has_set_constraint",
     "rdb_storage",
+    "serving_config_search",
+    "ServingSearchResult",
+    "SERVING_OBJECTIVES",
 ]
