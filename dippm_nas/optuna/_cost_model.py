@@ -30,7 +30,7 @@ from dippm_nas.optuna._background import BackgroundWork, PendingEvaluation, Pend
 from dippm_nas.optuna._bookkeeping import TrialBookkeeping
 from dippm_nas.optuna._compat import CONSTRAINT_API, optuna_has_set_constraint
 from dippm_nas.optuna._objectives import OBJECTIVES, ON_ERROR
-from dippm_nas.optuna._storage import rdb_storage, storage_url_of, threads_share_storage
+from dippm_nas.optuna._storage import is_sqlite_file, rdb_storage, storage_url_of, threads_share_storage
 from dippm_nas.prediction import Prediction
 from dippm_nas.predictor import ANY_SPACE, DEFAULT_DEVICE, get_predictor, predict, predict_many
 from dippm_nas.spec import InputSpec
@@ -219,7 +219,7 @@ class HardwareCostModel:
                 then the cost model's (:attr:`directions`, which must end the list); your objectives are named
                 ``objective_0``, ``objective_1``... (or by ``leading``'s keys when both are given and agree).
             **kwargs: passed to ``optuna.create_study`` (``storage``, ``sampler``, ``study_name``,
-                ``load_if_exists``...). A ``storage`` given as a SQLite URL is opened with
+                ``load_if_exists``...). A ``storage`` given as the URL of a SQLite file is opened with
                 :func:`~dippm_nas.optuna.rdb_storage` (whose transactions keep ``study.optimize(n_jobs=...)`` from
                 running a trial queued by ``study.enqueue_trial`` twice).
 
@@ -250,7 +250,7 @@ class HardwareCostModel:
         if not all_directions:
             raise InvalidValueError("a study needs at least one objective: give leading objectives or cost objectives")
         storage = kwargs.get("storage")
-        if isinstance(storage, str) and storage.startswith("sqlite:"):
+        if isinstance(storage, str) and is_sqlite_file(storage):
             kwargs["storage"] = rdb_storage(storage)
         study = optuna.create_study(directions=all_directions, **kwargs)
         self.set_metric_names(study, list(leading))

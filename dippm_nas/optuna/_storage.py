@@ -9,7 +9,7 @@ import optuna
 from dippm_nas._sql import sqlite_connect_listener, storage_url_of
 from dippm_nas.errors import InvalidValueError
 
-__all__ = ["rdb_storage", "storage_url_of", "threads_share_storage"]
+__all__ = ["rdb_storage", "storage_url_of", "threads_share_storage", "is_sqlite_file"]
 
 
 def rdb_storage(url: str, *, heartbeat_interval: int | None = None, grace_period: int | None = None,
@@ -77,6 +77,20 @@ def _driver_leaves_transactions_to_us(dbapi_conn: Any, _record: Any) -> None:
 def _begin_immediate(conn: Any) -> None:
     """Begin every transaction with the write lock, so that a read-then-write of Optuna is atomic."""
     conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def is_sqlite_file(url: str) -> bool:
+    """Whether ``url`` is a SQLAlchemy URL of a SQLite file (not an in-memory database; ``False`` for a URL that
+    does not parse: Optuna reports it)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        u = make_url(url)
+    except (ArgumentError, ValueError):
+        return False
+    return u.get_backend_name() == "sqlite" and u.database not in (None, "", ":memory:") \
+        and u.query.get("mode") != "memory"
 
 
 def threads_share_storage(study: Any) -> bool:
