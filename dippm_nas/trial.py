@@ -349,7 +349,10 @@ class TrialRecord:
             config = attrs["config"]
         spec = attrs.get("input_spec")
         deployment = attrs.get("deployment")
-        constraints = _constraints_of(attrs)
+        checks = {k[len("constraint_"):] for k in attrs if k.startswith("constraint_")}
+        checks |= {k[len("margin_"):] for k in attrs if k.startswith("margin_")}
+        constraints = {n: float(attrs[f"constraint_{n}"]) if f"constraint_{n}" in attrs
+                       else -float(attrs[f"margin_{n}"]) for n in sorted(checks)}
         mig = attrs["mig_smallest_fit"] if "mig_smallest_fit" in attrs else legacy.get("mig")
         return cls(
             device=attrs.get("predicted_device"),
@@ -362,7 +365,9 @@ class TrialRecord:
             mig_smallest_fit=mig if mig not in ("none", "unsupported", "not-asked") else None,
             deployment=dict(deployment) if isinstance(deployment, Mapping) else {},
             constraints=constraints,
-            **_checks_of(attrs, constraints),
+            limits={n: float(attrs[f"budget_{n}"]) for n in constraints if attrs.get(f"budget_{n}") is not None},
+            k_sigmas={n: float(attrs[f"k_sigma_{n}"]) for n in constraints if attrs.get(f"k_sigma_{n}") is not None},
+            std_missing={n: bool(attrs.get(f"std_missing_{n}", False)) for n in constraints},
             input_spec=InputSpec.from_dict(spec) if isinstance(spec, Mapping) else None,
             search_space=attrs.get("search_space"),
             search_space_config=dict(config) if isinstance(config, Mapping) else None,
