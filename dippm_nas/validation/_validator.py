@@ -86,6 +86,15 @@ def uncertainty_of(user_attrs: dict[str, Any] | TrialRecord) -> float:
     return UNKNOWN_UNCERTAINTY if rel is None else rel
 
 
+def _no_record_reason(user_attrs: Any) -> str:
+    """Why a trial's attributes hold no record (the trial was not predicted, or its prediction failed)."""
+    error = user_attrs.get("cost_model_error") or user_attrs.get("dippm_error") if isinstance(user_attrs, dict) \
+        else None
+    return (f"its user attributes hold no prediction ({error})" if error else
+            f"its user attributes hold no prediction (none of predicted_latency_ms, predicted_memory_mib or a "
+            f"generation section; did its objective call HardwareCostModel.evaluate?); the rebuild needs {list(REBUILD_ATTRS)}")
+
+
 def _record_of(user_attrs: dict[str, Any]) -> TrialRecord | None:
     """The trial's record, ``None`` when its attributes hold no prediction."""
     try:
@@ -100,7 +109,10 @@ class RoundReport:
 
     Attributes:
         enqueued: trial numbers enqueued this round (in priority order).
-        skipped: trial numbers of the front that cannot be rebuilt (no search-space attributes).
+        skipped: trial numbers of the front that cannot be validated (see ``skip_reasons``).
+        skip_reasons: ``{trial number: why it cannot be validated}``: no prediction in its attributes, no
+            search-space attributes, an LLM generation (read, but the validator measures forward passes only), or
+            a prediction for the validation device that failed.
         measured: jobs measured here this round (local mode).
         seconds: wall time of the round, seconds.
         adaptation_version, adaptation_rows: the validation device's newest stored adaptation after the round
@@ -109,6 +121,7 @@ class RoundReport:
 
     enqueued: list[int] = field(default_factory=list)
     skipped: list[int] = field(default_factory=list)
+    skip_reasons: dict[int, str] = field(default_factory=dict)
     measured: int = 0
     seconds: float = 0.0
     adaptation_version: int | None = None
@@ -236,6 +249,8 @@ class ParetoValidator:
         self._lock = threading.Lock()
         self.calibration: Calibration | None = None
         self.rounds: list[RoundReport] = []
+        #: ``{trial number: why it cannot be validated}`` for every Pareto trial skipped so far
+        self.skip_reasons: dict[int, str] = {}
         self.seconds = 0.0
 
     def __repr__(self) -> str:
@@ -296,15 +311,12 @@ class ParetoValidator:
             if t.number in known:
                 continue
             record = _record_of(t.user_attrs)
-            if record is None or not record.rebuildable:
+            reason = (_no_record_reason(t.user_attrs) if record is None else record.not_rebuildable_reason)
+            if reason is not None:
                 skipped.append(t.number)
-                _warn_once(
-                    f"norebuild:{study.study_name}:{t.number}",
-                    "Pareto trial %d of study %s cannot be validated: it lacks the user attributes %s (evaluate "
-                    "models built with search_spaces.build_model, or pass space= and config= to "
-                    "HardwareCostModel.evaluate; HardwareAwareTuner records them with builder=)", t.number,
-                    study.study_name, list(REBUILD_ATTRS),
-                )
+                self.skip_reasons[t.number] = reason
+                _warn_once(f"norebuild:{study.study_name}:{t.number}",
+                           "Pareto trial %d of study %s cannot be validated: %s", t.number, study.study_name, reason)
                 continue
             cands.append((t, record))
         cands.sort(key=lambda tr: (-uncertainty_of(tr[1]), tr[0].number))
@@ -374,6 +386,7 @@ class ParetoValidator:
                                "cannot predict trial %d of study %s on %s for validation (%s); not enqueued",
                                t.number, study.study_name, self.device, e)
                     report.skipped.append(t.number)
+                    self.skip_reasons[t.number] = f"its prediction on {self.device} failed ({e})"
                     continue
                 job_id = queue.enqueue(study=study.study_name, trial_number=t.number, space=space, config=config,
                                        spec=spec, device=self.device, predicted=predicted,
@@ -388,6 +401,7 @@ class ParetoValidator:
                 if ad is not None:
                     report.adaptation_version, report.adaptation_rows = ad.version, ad.rows
             self._update_summary(study, queue)
+            report.skip_reasons = {n: self.skip_reasons[n] for n in report.skipped if n in self.skip_reasons}
             report.seconds = time.perf_counter() - t0
             self.rounds.append(report)
             self.seconds += report.seconds
