@@ -21,6 +21,8 @@ import statistics
 import sys
 import warnings
 from pathlib import Path
+from dippm_nas.errors import InvalidValueError
+from dippm_nas.files import write_output
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
@@ -78,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"all: {n} predictions, novel {100 * sum(r['novel'] for r in rows) / n:.0f} %, outside range "
           f"{100 * sum(r['outside_training_range'] for r in rows) / n:.0f} %")
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=1))
+        write_output(args.json, json.dumps(rows, indent=1), "--json", error=InvalidValueError)
     return 0
 
 
