@@ -54,8 +54,6 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _t2i_pipelines as t2i  # noqa: E402
-from dippm_nas.errors import InvalidValueError  # noqa: E402
-from dippm_nas.files import write_output  # noqa: E402
 
 _FILE = "mlenergy_v2_h100_energy_latency.csv"
 DEVICE = "h100-sxm5-80gb"
@@ -492,6 +490,9 @@ def write_hopper_entries(path: Path, compute: float, memory: float, matmul_abs: 
         blob["devices"][dev] = {"compute": compute, "memory": memory, "source": f"{src}: {command}",
                                 "classes": classes, "dispatch_us": None}
     PriorParams.from_dict(blob, origin=str(path))  # still a valid constants file
+    from dippm_nas.errors import InvalidValueError
+    from dippm_nas.files import write_output
+
     write_output(path, json.dumps(blob, indent=1) + "\n", "output file", error=InvalidValueError)
 
 

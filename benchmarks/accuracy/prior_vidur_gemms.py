@@ -35,8 +35,6 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
-from dippm_nas.errors import InvalidValueError
-from dippm_nas.files import write_output
 
 _FILE = "vidur_a100_h100_llm_layer_op_profiling.csv"
 _DEVICES = {"a100": ("a100-sxm4-80gb",), "h100": ("h100-sxm5-80gb", "h100-pcie-80gb")}
@@ -148,6 +146,9 @@ def write_class_multiplier(path: Path, fit: dict, devices: list[str], command: s
                 f"-> {fit['half']['check_after_pct']:.1f} % MAPE): {command}")
         entry["source"] = entry.get("source", "").split("; " + fit["op_class"] + " compute x")[0] + note
     PriorParams.from_dict(blob, origin=str(path))  # still a valid constants file
+    from dippm_nas.errors import InvalidValueError
+    from dippm_nas.files import write_output
+
     write_output(path, json.dumps(blob, indent=1) + "\n", "output file",
                  error=InvalidValueError)  # key order kept, as PriorParams.save writes
 

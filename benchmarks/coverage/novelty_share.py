@@ -21,10 +21,10 @@ import statistics
 import sys
 import warnings
 from pathlib import Path
-from dippm_nas.errors import InvalidValueError
-from dippm_nas.files import write_output
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from benchmarks._common import write_text  # noqa: E402
 
 #: torchvision classification models, one or two per family
 MODELS = ("alexnet", "vgg16", "resnet18", "resnet50", "resnet101", "wide_resnet50_2", "resnext50_32x4d",
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"all: {n} predictions, novel {100 * sum(r['novel'] for r in rows) / n:.0f} %, outside range "
           f"{100 * sum(r['outside_training_range'] for r in rows) / n:.0f} %")
     if args.json:
-        write_output(args.json, json.dumps(rows, indent=1), "--json", error=InvalidValueError)
+        write_text(args.json, json.dumps(rows, indent=1), "--json")
     return 0
 
 
