@@ -86,21 +86,27 @@ def uncertainty_of(user_attrs: dict[str, Any] | TrialRecord) -> float:
     return UNKNOWN_UNCERTAINTY if rel is None else rel
 
 
-def _no_record_reason(user_attrs: Any) -> str:
-    """Why a trial's attributes hold no record (the trial was not predicted, or its prediction failed)."""
-    error = user_attrs.get("cost_model_error") or user_attrs.get("dippm_error") if isinstance(user_attrs, dict) \
-        else None
-    return (f"its user attributes hold no prediction ({error})" if error else
-            f"its user attributes hold no prediction (none of predicted_latency_ms, predicted_memory_mib or a "
-            f"generation section; did its objective call HardwareCostModel.evaluate?); the rebuild needs {list(REBUILD_ATTRS)}")
+def _no_record_reason(user_attrs: Any, why: str) -> str:
+    """Why a trial's attributes hold no record: the trial was not predicted, its prediction failed, or its
+    attributes cannot be read (``why``: the reading's error)."""
+    attrs = user_attrs if isinstance(user_attrs, dict) else {}
+    error = attrs.get("cost_model_error") or attrs.get("dippm_error")
+    if error:
+        return f"its user attributes hold no prediction ({error})"
+    if any(k in attrs for k in ("predicted_latency_ms", "predicted_memory_mib", "generation", "dippm_predicted")) \
+            or not isinstance(user_attrs, dict):
+        return f"its user attributes cannot be read ({why})"
+    return (f"its user attributes hold no prediction (none of predicted_latency_ms, predicted_memory_mib or a "
+            f"generation section; did its objective call HardwareCostModel.evaluate?); the rebuild needs "
+            f"{list(REBUILD_ATTRS)}")
 
 
-def _record_of(user_attrs: dict[str, Any]) -> TrialRecord | None:
-    """The trial's record, ``None`` when its attributes hold no prediction."""
+def _record_of(user_attrs: dict[str, Any]) -> tuple[TrialRecord | None, str]:
+    """The trial's record, or ``None`` and why when its attributes hold no prediction or are malformed."""
     try:
-        return TrialRecord.from_attrs(user_attrs)
-    except DippmNasError:
-        return None
+        return TrialRecord.from_attrs(user_attrs), ""
+    except DippmNasError as e:
+        return None, str(e)
 
 
 @dataclass
@@ -110,7 +116,8 @@ class RoundReport:
     Attributes:
         enqueued: trial numbers enqueued this round (in priority order).
         skipped: trial numbers of the front that cannot be validated (see ``skip_reasons``).
-        skip_reasons: ``{trial number: why it cannot be validated}``: no prediction in its attributes, no
+        skip_reasons: ``{trial number: why it cannot be validated}``: no prediction in its attributes (or attributes
+            that cannot be read), no
             search-space attributes, an LLM generation (read, but the validator measures forward passes only), or
             a prediction for the validation device that failed.
         measured: jobs measured here this round (local mode).
@@ -302,7 +309,7 @@ class ParetoValidator:
 
     def select(self, study: Any) -> tuple[list[Any], list[int]]:
         """The trials the next round would enqueue (priority order, at most ``max_per_round``) and the
-        Pareto trials skipped because they cannot be rebuilt."""
+        Pareto trials skipped because they cannot be validated (why: :attr:`skip_reasons`)."""
         queue = self.queue_for(study)
         known = queue.trial_numbers(study.study_name, self.device)
         front = list(study.best_trials)  # feasible trials only when the study has constraints
@@ -310,8 +317,8 @@ class ParetoValidator:
         for t in front:
             if t.number in known:
                 continue
-            record = _record_of(t.user_attrs)
-            reason = (_no_record_reason(t.user_attrs) if record is None else record.not_rebuildable_reason)
+            record, why = _record_of(t.user_attrs)
+            reason = (_no_record_reason(t.user_attrs, why) if record is None else record.not_rebuildable_reason)
             if reason is not None:
                 skipped.append(t.number)
                 self.skip_reasons[t.number] = reason
@@ -381,12 +388,13 @@ class ParetoValidator:
                 try:
                     self._use_adaptation(queue, space)
                     predicted = self._predicted_for(space, config, spec)
-                except DippmNasError as e:
+                except Exception as e:  # noqa: BLE001 - one odd trial is skipped with its reason, the round goes on
+                    why = str(e) if isinstance(e, DippmNasError) else f"{type(e).__name__}: {e}"
                     _warn_once(f"predict:{study.study_name}:{t.number}",
                                "cannot predict trial %d of study %s on %s for validation (%s); not enqueued",
-                               t.number, study.study_name, self.device, e)
+                               t.number, study.study_name, self.device, why)
                     report.skipped.append(t.number)
-                    self.skip_reasons[t.number] = f"its prediction on {self.device} failed ({e})"
+                    self.skip_reasons[t.number] = f"its prediction on {self.device} failed ({why})"
                     continue
                 job_id = queue.enqueue(study=study.study_name, trial_number=t.number, space=space, config=config,
                                        spec=spec, device=self.device, predicted=predicted,
