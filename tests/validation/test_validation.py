@@ -729,5 +729,5 @@ def test_an_odd_trial_is_skipped_with_its_reason_and_the_round_goes_on(fake_pred
     assert report.enqueued == [3] and sorted(report.skipped) == [0, 1, 2]
     assert "predicted_latency_ms must be a number, got str 'fast'" in report.skip_reasons[0]
     assert "unknown_ops must map operator names to counts" in report.skip_reasons[1]
-    assert "KeyError" in report.skip_reasons[2] and "cannot predict it on host-cpu" in report.skip_reasons[2]
+    assert "KeyError" in report.skip_reasons[2] and "its prediction on host-cpu failed" in report.skip_reasons[2]
     assert report.measured == 1
