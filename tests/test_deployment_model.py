@@ -20,11 +20,12 @@ def test_predict_graphs_takes_a_deployment_and_records_what_it_assumed(predictor
     p = AnalyticPredictor(A100, load_calibration=False) if predictor == "analytic" else get_predictor(A100)
     g = HOST_BOUND[0]
     (unknown,) = p.predict_graphs([g], mig=False)
-    assert unknown.labels["deployment_assumed"] == "host,framework,tf32,input_copy"
+    assert unknown.labels["deployment_assumed"] == "host,input_copy"  # framework and TF32: the running process's
+    assert unknown.labels["deployment_from_process"].startswith("framework,tf32 (torch ")
     host = HostProfile.from_clock(2.25, framework="torch-1")
     dep = Deployment(host=host, framework="torch-1", input_copy="none", tf32_matmul=False, tf32_conv=True)
     (described,) = p.predict_graphs([g], mig=False, deployment=dep)
-    assert described.labels["deployment_assumed"] == ""
+    assert described.labels["deployment_assumed"] == "" and described.labels["deployment_from_process"] == ""
     assert described.details["host_profile_mismatch"] == 1.0
     # the legacy keywords build the same deployment: the host profile names its framework
     (legacy,) = p.predict_graphs([g], mig=False, host=host)
