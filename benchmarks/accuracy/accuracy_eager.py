@@ -88,7 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     for mg in load_measurements(args.data, source="ryujaehun"):
         m = mg.measurement
         ex = Execution.from_conditions(m.get("conditions"), m.get("environment"))
-        rows.append((HostRow(mg.graph, m["device"], ex, float(m["latency_ms"])), m["config"]["model"]))
+        # the loop's float32 batch is the DataLoader workers' tensor, mapped fresh (scripts/fit/fit_input_copy.py)
+        rows.append((HostRow(mg.graph, m["device"], ex, float(m["latency_ms"]), fresh_pages=mg.spec.dtype == "float32"),
+                     m["config"]["model"]))
     devices = sorted({r.device for r, _ in rows})
     base = default_params()
     out_dir = args.out or Path(tempfile.mkdtemp(prefix="accuracy_eager_"))
