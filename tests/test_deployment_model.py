@@ -194,6 +194,11 @@ def test_the_host_fit_prices_a_fresh_batchs_first_touch() -> None:
     a, b = host_model_latency_ms(hm, [warm, fresh])
     pages = math.ceil(g.spec.input_bytes / PAGE_BYTES)
     assert b - a == pytest.approx(pages * 2.0 * hm.scale(ex.host) / 1e3, rel=1e-9)
+    with pytest.raises(DippmNasError, match="fresh_pages must be true or false"):
+        HostRow(g, A100, ex, 1.0, fresh_pages="yes")  # type: ignore[arg-type]
+    for bad in (-1.0, float("nan"), True):
+        with pytest.raises(DippmNasError, match="h2d_fresh_page_us must be in"):
+            dataclasses.replace(hm, h2d_fresh_page_us=bad)
 
 
 def test_channels_last_drops_the_nchw_transposes_and_copies_reshaped_activations() -> None:

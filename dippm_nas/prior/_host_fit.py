@@ -69,6 +69,8 @@ class HostRow:
             raise InvalidValueError(f"host rows must be eager timings, got runtime {self.execution.runtime!r}")
         if not (isinstance(self.latency_ms, (int, float)) and math.isfinite(self.latency_ms) and self.latency_ms > 0):
             raise InvalidValueError(f"HostRow.latency_ms must be a finite number > 0, got {self.latency_ms!r}")
+        if not isinstance(self.fresh_pages, bool):
+            raise InvalidValueError(f"HostRow.fresh_pages must be true or false, got {self.fresh_pages!r}")
 
 
 @dataclass
