@@ -40,7 +40,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from dippm_nas.dataset.importers._ryujaehun import RYUJAEHUN_HOSTS  # noqa: E402
+from dippm_nas.dataset.importers import RYUJAEHUN_HOSTS  # noqa: E402
 from dippm_nas.devices import HostProfile, resolve_device  # noqa: E402
 from dippm_nas.prior import PAGE_BYTES, PAGEABLE_STAGING_GBPS, PINNED_COPY_EFFICIENCY, default_params  # noqa: E402
 
