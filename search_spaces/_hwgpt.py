@@ -1,6 +1,6 @@
 """``hwgpt``: the GPT decoder of HW-GPT-Bench (lit-gpt layout) with per-layer heads and MLP ratios.
 
-The recipe (automl/HW-GPT-Bench, commit c730d4b; lit-gpt ``GPT``): token embedding (no position table), ``depth``
+The recipe (automl/HW-GPT-Bench; lit-gpt ``GPT``): token embedding (no position table), ``depth``
 blocks with a **parallel residual** ``x + attn(norm_1(x)) + mlp(norm_2(x))`` (two LayerNorms, always with a bias),
 multi-head causal attention through ``F.scaled_dot_product_attention`` with head size 64 and rotary embeddings on the
 first 16 dims of each head (lit-gpt ``apply_rope``: float32 cos/sin tables, the rotated half cast back with
