@@ -48,6 +48,8 @@ mixer           patch_size, hidden, depth, tokens_mlp_dim, channels_mlp_dim, res
                 num_classes
 vitc            patch_size, stem_widths (conv stem), embed_dim, depth, num_heads, mlp_ratio,     image, resolution
                 qkv_bias, pool, attention, resolution, num_classes
+hwgpt           embed_dim, depth, num_heads (per layer), mlp_ratio (per layer), bias, seq_len,   named int64
+                vocab_size, head_size, rotary_dims (HW-GPT-Bench's lit-gpt GPT, **exact** count) input_ids
 ==============  ==============================================================================  ====================
 
 Image families take one float tensor ``(batch, 3, resolution, resolution)``. ``bert`` (transformer
@@ -66,6 +68,10 @@ paper's stems and carry no count claim. The
 CIFAR presets use 1x1-conv projection shortcuts, not the papers' zero-padding ones. The samplers mostly draw
 small-to-medium nets (resolutions 32..256, scaled widths) so thousands can be measured on a CPU;
 :func:`sample_batch_size` draws a batch size.
+
+HW-GPT-Bench: :func:`config_from_hwgpt_row` maps a row of ``hwgpt_bench_gpu_latency_energy.csv`` to an ``hwgpt``
+config (its ``params`` column equals :func:`hwgpt_param_count`); :func:`suggest_hwgpt` draws one of the benchmark's
+spaces ``s`` / ``m`` / ``l`` (:data:`HWGPT_CHOICES`) from an Optuna trial.
 
 Accel-NASBench: :func:`config_from_accel_nasbench_row` maps a row of the dataset CSV
 (``arch_block{i}_{e,k,l,se}``) to an ``mbconv`` config; use ``resolution=224`` for its mmacs/mparams
@@ -100,6 +106,9 @@ from __future__ import annotations
 from search_spaces import _bert, _convnext, _densenet, _mbconv, _mlp, _mobilenetv3, _resnet, _vit  # noqa: F401
 from search_spaces import _demo_cnn  # noqa: F401
 from search_spaces import _convmixer, _efficientnetv2, _mixer, _regnet, _vgg, _vitc  # noqa: F401
+from search_spaces import _hwgpt  # noqa: F401
+from search_spaces._hwgpt import HWGPT_CHOICES, hwgpt_param_count
+from search_spaces._hwgpt_bench import HWGPT_BENCH_COLUMNS, config_from_hwgpt_row, suggest_hwgpt
 from search_spaces._mbconv import (
     ACCEL_NASBENCH_COLUMNS,
     MBCONV_STAGES,
@@ -152,4 +161,9 @@ __all__ = [
     "load_digits",
     "train_digits",
     "suggest_demo_cnn",
+    "HWGPT_CHOICES",
+    "HWGPT_BENCH_COLUMNS",
+    "hwgpt_param_count",
+    "config_from_hwgpt_row",
+    "suggest_hwgpt",
 ]

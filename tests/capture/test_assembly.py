@@ -79,6 +79,8 @@ TINY: dict[str, dict[str, Any]] = {
     "bert": {"vocab_size": 50, "seq_len": 8, "max_position": 16, "type_vocab_size": 2, "hidden": 16, "depth": 2,
              "num_heads": 2, "intermediate": 32, "attention": "explicit", "num_classes": 3},
     "mlp": {"in_features": 12, "hidden": [16, 8], "activation": "gelu", "norm": "batchnorm", "out_features": 3},
+    "hwgpt": {"embed_dim": 32, "depth": 3, "num_heads": [1, 2, 1], "mlp_ratio": [2, 3, 2], "bias": True, "seq_len": 8,
+              "vocab_size": 50, "head_size": 16, "rotary_dims": 4},
     "demo_cnn": {"resolution": 8, "widths": [8, 16], "blocks": [2, 1], "kernel_size": 3, "batchnorm": False,
                  "activation": "silu", "in_channels": 1, "num_classes": 10},
 }
