@@ -223,6 +223,135 @@ def _retain(graph: OperatorGraph, sizes: list[list[int]], alloc_at: list[int], l
     last_use[:] = new_last
 
 
+#: Activations eager PyTorch models run in place after a convolution or a normalization
+#: (``nn.ReLU(inplace=True)``, ``nn.ReLU6(inplace=True)`` as ``clip``, ``nn.SiLU(inplace=True)``).
+_INPLACE_ACTS = frozenset({"nn.relu", "clip", "nn.silu", "nn.leakyrelu"})
+_PRE_NORMS = frozenset({"nn.layer_norm", "nn.rms_norm", "nn.group_norm"})
+_FRAME_MEMO: dict[int, tuple[object, "_FrameRules"]] = {}
+
+
+@dataclass(frozen=True)
+class _FrameRules:
+    """What eager PyTorch's frames and in-place modules do to one graph's liveness (node indices).
+
+    ``inplace``: activations that reuse their producer's storage; ``extend``: ``(producer, until)`` pairs,
+    the producer's output lives at least until node ``until``."""
+
+    inplace: tuple[int, ...]
+    extend: tuple[tuple[int, int], ...]
+
+
+def _frame_rules(graph: OperatorGraph) -> _FrameRules:
+    """The rules of the module docstring's "Python frames" list, memoised by the graph's identity."""
+    hit = _FRAME_MEMO.get(id(graph))
+    if hit is not None and hit[0] is graph:
+        return hit[1]
+    nodes = graph.nodes
+    preds = graph.predecessors()
+    succ: list[list[int]] = [[] for _ in nodes]
+    for i, ps in enumerate(preds):
+        for q in ps:
+            succ[q].append(i)
+    outs = set(graph.outputs)
+    inplace = tuple(i for i, nd in enumerate(nodes)
+                    if nd.op in _INPLACE_ACTS and len(preds[i]) == 1 and not nd.is_constant
+                    and nodes[preds[i][0]].op_class in ("conv", "normalization")
+                    and succ[preds[i][0]] == [i] and preds[i][0] not in outs)
+    extend = _pre_norm_rule(nodes, preds) + _inverted_residual_rule(nodes, preds, succ) \
+        + _concat_norm_rule(nodes, succ)
+    rules = _FrameRules(inplace, tuple(extend))
+    if len(_FRAME_MEMO) >= _MEMO_MAX:
+        _FRAME_MEMO.clear()
+    _FRAME_MEMO[id(graph)] = (graph, rules)
+    return rules
+
+
+def _producer(nodes: "Sequence[OpNode]", preds: list[list[int]], i: int) -> int:
+    """The node whose storage node ``i`` aliases (through views), or ``i``."""
+    while nodes[i].op_class == "view" and preds[i]:
+        i = preds[i][0]
+    return i
+
+
+def _pre_norm_rule(nodes: "Sequence[OpNode]", preds: list[list[int]]) -> list[tuple[int, int]]:
+    """A pre-norm residual branch (``x + f(norm(x))``) holds the norm's output until the join: the caller's
+    frame keeps the argument of ``f`` while ``f`` runs."""
+    readers: dict[int, list[int]] = {}
+    for j, ps in enumerate(preds):
+        src = {_producer(nodes, preds, q) for q in ps if not nodes[q].is_constant}
+        if len(src) >= 2 and nodes[j].op == "add":
+            for q in src:
+                readers.setdefault(q, []).append(j)
+    out = []
+    for i, nd in enumerate(nodes):
+        if nd.op in _PRE_NORMS and preds[i]:
+            r = readers.get(_producer(nodes, preds, preds[i][0]), [])
+            k = bisect.bisect_right(r, i)
+            if k < len(r):
+                out.append((i, r[k]))
+    return out
+
+
+def _is_conv(nd: OpNode, *, depthwise: bool | None = None) -> bool:
+    if nd.op_class != "conv" and not nd.op.startswith("nn.conv"):
+        return False
+    return depthwise is None or bool(nd.attrs.get("depthwise", False)) == depthwise
+
+
+def _inverted_residual_rule(nodes: "Sequence[OpNode]", preds: list[list[int]],
+                            succ: list[list[int]]) -> list[tuple[int, int]]:
+    """An inverted-residual block (1x1 expand, depthwise, 1x1 project: MobileNet, MBConv) holds its input
+    until its projection's normalization, and the depthwise convolution's input until the normalization
+    after it: the caller's frame (an ``nn.Sequential`` such as ``Conv2dNormActivation``) keeps a module's
+    input until the module returns."""
+    out = []
+    for d, nd in enumerate(nodes):
+        if not _is_conv(nd, depthwise=True) or not preds[d]:
+            continue
+        i, block_in = preds[d][0], preds[d][0]
+        for _ in range(8):
+            if _is_conv(nodes[i]) or len(preds[i]) != 1:
+                break
+            i = preds[i][0]
+        if _is_conv(nodes[i], depthwise=False) and list(nodes[i].attrs.get("kernel", ())) == [1, 1]:
+            if not preds[i]:
+                continue
+            block_in = preds[i][0]
+        j = d
+        for _ in range(16):
+            if not succ[j]:
+                break
+            j = max(succ[j])
+            if _is_conv(nodes[j], depthwise=False):
+                break
+        if not _is_conv(nodes[j], depthwise=False):
+            continue
+        if len(succ[j]) == 1 and nodes[succ[j][0]].op_class == "normalization":
+            j = succ[j][0]
+        out.append((block_in, j))
+        if len(succ[d]) == 1 and nodes[succ[d][0]].op_class == "normalization":
+            out.append((preds[d][0], succ[d][0]))  # the depthwise group's input, until its norm returns
+    return out
+
+
+def _concat_norm_rule(nodes: "Sequence[OpNode]", succ: list[list[int]]) -> list[tuple[int, int]]:
+    """A concatenation normalised before a convolution (DenseNet's ``conv(relu(norm(cat(features))))``) lives
+    until that convolution has run: it is a local variable of the function that makes it."""
+    out = []
+    for c, nd in enumerate(nodes):
+        if nd.op != "concat" or len(succ[c]) != 1 or nodes[succ[c][0]].op_class != "normalization":
+            continue
+        j = succ[c][0]
+        for _ in range(4):
+            if len(succ[j]) != 1:
+                break
+            j = succ[j][0]
+            if _is_conv(nodes[j]) or nodes[j].op_class == "matmul":
+                out.append((c, j))
+                break
+    return out
+
+
 def activation_liveness(graph: OperatorGraph, *, retention: bool = False,
                         include_inputs: bool = True) -> MemoryBreakdown:
     """Peak activation memory of ``graph`` by a liveness pass in execution order.
@@ -239,14 +368,19 @@ def activation_liveness(graph: OperatorGraph, *, retention: bool = False,
     """
     n = graph.num_nodes
     preds = graph.predecessors()
+    rules = _frame_rules(graph) if retention and n else _FrameRules((), ())
     lv = _Lives([None] * n, [], [], [], {})
     _input_storages(graph, lv, include_inputs)
-    _node_storages(graph, preds, lv)
+    _node_storages(graph, preds, lv, frozenset(rules.inplace))
     _extend_lives(graph, preds, lv)
     if n == 0:
         return MemoryBreakdown(0, 0, -1, np.zeros(0), np.zeros((3, 0)))
     if retention:
         _retain(graph, lv.sizes, lv.alloc_at, lv.last_use, lv.storage_of, preds, lv.consumers_of_input)
+        for p, until in rules.extend:
+            s = lv.storage_of[p]
+            if s is not None:
+                lv.last_use[s] = max(lv.last_use[s], until)
     return _peak(lv, n)
 
 
@@ -275,13 +409,15 @@ def _input_storages(graph: OperatorGraph, lv: _Lives, include_inputs: bool) -> N
             lv.consumers_of_input.setdefault(c, []).append(sid)
 
 
-def _node_storages(graph: OperatorGraph, preds: list[list[int]], lv: _Lives) -> None:
-    """One storage per computing node; a view aliases its first live producer's (or its input's) storage."""
+def _node_storages(graph: OperatorGraph, preds: list[list[int]], lv: _Lives,
+                   inplace: frozenset[int] = frozenset()) -> None:
+    """One storage per computing node; a view (or an in-place activation of ``inplace``) aliases its first
+    live producer's (or its input's) storage."""
     for node in graph.nodes:
         i = node.index
         if node.is_constant:
             continue
-        if node.op_class == "view":
+        if node.op_class == "view" or i in inplace:
             live_preds = [p for p in preds[i] if lv.storage_of[p] is not None]
             if live_preds:
                 lv.storage_of[i] = lv.storage_of[live_preds[0]]
@@ -405,7 +541,7 @@ def _first_per_sorted(keys: np.ndarray) -> np.ndarray:
     return np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
 
 
-def _storages(st: GraphStack, include_inputs: bool) -> _Storages:
+def _storages(st: GraphStack, include_inputs: bool, inplace: np.ndarray | None = None) -> _Storages:
     """Storages, their blocks, the view aliases and the last uses of a stack (the first half of
     :func:`activation_liveness`, over all graphs at once)."""
     offsets = st.offsets
@@ -425,7 +561,7 @@ def _storages(st: GraphStack, include_inputs: bool) -> _Storages:
             pair_node.extend([off + c for c in cons])
             pair_sid.extend([sid] * len(cons))
     n_in = len(in_graph)
-    view = st.is_class("view")
+    view = st.is_class("view") if inplace is None else st.is_class("view") | inplace
     owner = ~st.is_constant & ~view
     owners = np.flatnonzero(owner)
     storage_of = np.full(st.num_nodes, -1, dtype=np.int64)
@@ -616,9 +752,18 @@ def activation_liveness_many(graphs: Sequence[OperatorGraph], *, retention: bool
     st = stack if stack is not None else stack_graphs(graphs)
     if not st.num_graphs:
         return []
-    lv = _storages(st, include_inputs)
-    if retention:
-        _retain_many(st, lv)
+    if not retention:
+        return _breakdowns(st, _storages(st, include_inputs))
+    rules = [_frame_rules(g) if g.num_nodes else _FrameRules((), ()) for g in st.graphs]
+    inplace = np.zeros(st.num_nodes, dtype=bool)
+    inplace[np.fromiter((int(st.offsets[gi]) + i for gi, r in enumerate(rules) for i in r.inplace),
+                        dtype=np.int64)] = True
+    lv = _storages(st, include_inputs, inplace)
+    _retain_many(st, lv)
+    ext = np.array([(int(st.offsets[gi]) + p, u) for gi, r in enumerate(rules) for p, u in r.extend],
+                   dtype=np.int64).reshape(-1, 2)
+    sid = lv.storage_of[ext[:, 0]]
+    np.maximum.at(lv.last, sid[sid >= 0], ext[sid >= 0, 1])
     return _breakdowns(st, lv)
 
 
