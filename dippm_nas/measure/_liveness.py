@@ -227,43 +227,45 @@ def _module_of(model: Any) -> Any:
     return model
 
 
-def _fused_attention_mode() -> Any:
-    """A ``TorchFunctionMode`` that runs ``F.scaled_dot_product_attention`` on fake CUDA tensors as a GPU does.
+@contextlib.contextmanager
+def _fused_attention() -> Iterator[None]:
+    """``F.scaled_dot_product_attention`` on fake CUDA tensors as a GPU runs it, for the duration.
 
     Without a GPU, PyTorch's backend choice for CUDA tensors falls back to the math attention, which
-    materialises the ``[B, H, S, S]`` scores; a GPU runs the fused kernels, which do not. This mode calls the
-    fused operator directly: flash attention for float16 / bfloat16 without a mask and a head size of at most
-    256, else the memory-efficient one (float32, an additive mask); a boolean mask, dropout or an enabled
-    ``need_weights`` path goes to PyTorch unchanged. Under autocast the query, key and value are cast first,
-    as autocast casts them for ``scaled_dot_product_attention``.
+    materialises the ``[B, H, S, S]`` scores; a GPU runs the fused kernels, which do not. While this context
+    is open, ``torch.nn.functional.scaled_dot_product_attention`` (the name ``nn.MultiheadAttention``,
+    ``transformers`` and ``timm`` call) calls the fused operator directly: flash attention for float16 /
+    bfloat16 without a mask and a head size of at most 256, else the memory-efficient one (float32, an
+    additive mask); a boolean mask, dropout or grouped-query attention goes to PyTorch unchanged. Under
+    autocast the query, key and value are cast first, as autocast casts them for this operator.
     """
     import torch
-    from torch.overrides import TorchFunctionMode
+    import torch.nn.functional as F  # noqa: N812
 
-    sdpa = torch.nn.functional.scaled_dot_product_attention
+    sdpa = F.scaled_dot_product_attention
     aten = torch.ops.aten
+    names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 
-    class _Fused(TorchFunctionMode):
-        def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-            kwargs = kwargs or {}
-            if func is not sdpa:
-                return func(*args, **kwargs)
-            names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
-            a = {**dict(zip(names, args)), **kwargs}
-            q, k, v, mask = a["query"], a["key"], a["value"], a.get("attn_mask")
-            if (q.device.type != "cuda" or a.get("dropout_p", 0.0) or a.get("enable_gqa", False)
-                    or (mask is not None and not mask.is_floating_point())):
-                return func(*args, **kwargs)
-            if torch.is_autocast_enabled("cuda"):
-                low = torch.get_autocast_dtype("cuda")
-                q, k, v = (t.to(low) if t.is_floating_point() and t.dtype != low else t for t in (q, k, v))
-                mask = mask.to(low) if mask is not None and mask.dtype != low else mask
-            causal, scale = bool(a.get("is_causal", False)), a.get("scale")
-            if q.dtype in (torch.float16, torch.bfloat16) and mask is None and q.shape[-1] <= 256:
-                return aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=scale)[0]
-            return aten._scaled_dot_product_efficient_attention(q, k, v, mask, False, 0.0, causal, scale=scale)[0]
+    def fused(*args: Any, **kwargs: Any) -> Any:
+        a = {**dict(zip(names, args)), **kwargs}
+        q, k, v, mask = a["query"], a["key"], a["value"], a.get("attn_mask")
+        if (q.device.type != "cuda" or a.get("dropout_p", 0.0) or a.get("enable_gqa", False)
+                or (mask is not None and not mask.is_floating_point())):
+            return sdpa(*args, **kwargs)
+        if torch.is_autocast_enabled("cuda"):
+            low = torch.get_autocast_dtype("cuda")
+            q, k, v = (t.to(low) if t.is_floating_point() and t.dtype != low else t for t in (q, k, v))
+            mask = mask.to(low) if mask is not None and mask.dtype != low else mask
+        causal, scale = bool(a.get("is_causal", False)), a.get("scale")
+        if q.dtype in (torch.float16, torch.bfloat16) and mask is None and q.shape[-1] <= 256:
+            return aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=scale)[0]
+        return aten._scaled_dot_product_efficient_attention(q, k, v, mask, False, 0.0, causal, scale=scale)[0]
 
-    return _Fused()
+    F.scaled_dot_product_attention = fused
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention = sdpa
 
 
 @contextlib.contextmanager
@@ -367,7 +369,7 @@ def reference_activation_peak(model: Any, spec: InputSpec, *, device: str = "cpu
     kwargs: dict[str, Any] = {} if spec.inputs is None else made
     pre = {StorageWeakRef(t.untyped_storage()).cdata for t in [*fake_state.values(), *made.values()]}
     tracker = _tracker_class()(pre, check_cpu=device == "cpu")
-    fused = _fused_attention_mode() if device == "cuda" else contextlib.nullcontext()
+    fused = _fused_attention() if device == "cuda" else contextlib.nullcontext()
     was_training = module.training
     module.eval()
     try:

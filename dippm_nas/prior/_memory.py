@@ -353,7 +353,7 @@ def _concat_norm_rule(nodes: "Sequence[OpNode]", succ: list[list[int]]) -> list[
 
 
 def activation_liveness(graph: OperatorGraph, *, retention: bool = False,
-                        include_inputs: bool = True) -> MemoryBreakdown:
+                        include_inputs: bool = True, autocast: str | None = None) -> MemoryBreakdown:
     """Peak activation memory of ``graph`` by a liveness pass in execution order.
 
     Args:
@@ -362,6 +362,10 @@ def activation_liveness(graph: OperatorGraph, *, retention: bool = False,
             docstring); ``False`` frees every tensor at its last use.
         include_inputs: count the model inputs as activations (until their last consumer); ``False``
             leaves them to the caller's part.
+        autocast: ``None`` or ``"float16"`` / ``"bfloat16"``: the pass runs under ``torch.autocast`` (CUDA
+            operator lists, :func:`~dippm_nas.prior.autocast_plan`): each output at its run-time dtype, each
+            activation autocast casts for an operator alive while it runs, each weight's cached cast from
+            its first use to the end of the pass.
 
     Returns:
         the :class:`MemoryBreakdown`.
@@ -381,7 +385,54 @@ def activation_liveness(graph: OperatorGraph, *, retention: bool = False,
             s = lv.storage_of[p]
             if s is not None:
                 lv.last_use[s] = max(lv.last_use[s], until)
+    if autocast is not None:
+        _autocast_storages(graph, preds, lv, autocast)
     return _peak(lv, n)
+
+
+_WIDTH = {0: 4, 1: 2, 2: 2, 3: 8}
+
+
+def _autocast_storages(graph: OperatorGraph, preds: list[list[int]], lv: _Lives, low: str) -> None:
+    """Re-size the storages to their run-time dtype under autocast to ``low`` and add autocast's casts: an
+    activation cast alive while its operator runs, a weight's cast (cached by autocast) from its first use
+    to the end of the pass."""
+    from dippm_nas.prior._autocast import AUTOCAST_LOW_CLASSES, autocast_plan
+    from dippm_nas.prior._nodes import check_autocast, graph_facts
+
+    check_autocast(low)
+    facts = graph_facts(graph)
+    plan = autocast_plan(graph, low, facts.classes, facts.dtype, facts.fused)
+    nodes, n = graph.nodes, graph.num_nodes
+    low_code = {"float16": 1, "bfloat16": 2}[low]
+    for i, nd in enumerate(nodes):
+        s = lv.storage_of[i]
+        cap, run = int(facts.dtype[i]), int(plan.dtype[i])
+        if s is not None and lv.alloc_at[s] == i and cap in _WIDTH and run in _WIDTH and cap != run:
+            lv.sizes[s] = [round_block(b * _WIDTH[run] // _WIDTH[cap]) for b in _output_blocks(graph, i)]
+    for i, nd in enumerate(nodes):
+        run = int(plan.dtype[i])
+        if nd.is_constant or plan.casts[i] <= 0 or run not in _WIDTH:
+            continue
+        for p in preds[i]:
+            rp = int(plan.dtype[p])
+            if not nodes[p].is_constant and rp in _WIDTH and rp != run:
+                _add_storage(lv, [round_block(nodes[p].output_elements * _WIDTH[run])], i, i)
+        for t in graph.spec.tensors:
+            code = {"float32": 0, "float16": 1, "bfloat16": 2}.get(graph.spec.tensor_dtype(t))
+            if code is not None and code != run and i in graph.input_consumers.get(t.name, ()):
+                _add_storage(lv, [round_block(math.prod((graph.spec.batch_size, *t.shape)) * _WIDTH[run])], i, i)
+        if facts.classes[i] in AUTOCAST_LOW_CLASSES and int(facts.dtype[i]) != low_code:
+            blocks = [round_block(math.prod(sh) * _WIDTH[low_code])
+                      for sh, par in zip(nd.input_shapes, nd.input_is_param) if par and len(sh) > 0]
+            if blocks:
+                _add_storage(lv, blocks, i, n)
+
+
+def _add_storage(lv: _Lives, blocks: list[int], alloc_at: int, last_use: int) -> None:
+    lv.sizes.append(blocks)
+    lv.alloc_at.append(alloc_at)
+    lv.last_use.append(last_use)
 
 
 @dataclass

@@ -282,3 +282,21 @@ def test_reference_needs_no_real_weights_and_casts_like_half() -> None:
     r = reference_activation_peak(model, InputSpec(shape=(256,), batch_size=8, dtype="float16"))
     # at the ReLU: its input (held by nn.Sequential until the ReLU returns) and its output, 8x512 fp16 each
     assert r.peak_bytes == 2 * 8 * 512 * 2 and r.input_bytes == 8 * 256 * 2 and r.output_bytes == 8 * 10 * 2
+
+
+def test_autocast_liveness_counts_run_time_dtypes_and_casts() -> None:
+    import dippm_nas
+
+    model = nn.Sequential(nn.Linear(256, 512, bias=False), nn.ReLU(), nn.Linear(512, 10, bias=False))
+    spec = InputSpec(shape=(256,), batch_size=8)
+    g = dippm_nas.capture(model, spec, cache=False)
+    m = activation_liveness(g, retention=True, include_inputs=False, autocast="float16")
+    # at the second GEMM: the first weight's cached cast (512x256x2 B), the ReLU's float16 output (8x512x2),
+    # the second weight's cast (10x512x2) and the float16 output (8x10x2 -> one 512 B block); the input's
+    # cast (8x256x2) lived only while the first GEMM ran
+    assert m.peak_allocated_bytes == 512 * 256 * 2 + 8 * 512 * 2 + 10 * 512 * 2 + 512
+    if torch.backends.cuda.is_built():  # the CUDA-autocast reference needs a CUDA-enabled build, no GPU
+        ref = reference_activation_peak(model, spec, device="cuda", autocast="float16")
+        assert ref.peak_block_bytes == m.peak_allocated_bytes
+    fp32 = activation_liveness(g, retention=True, include_inputs=False)
+    assert fp32.peak_allocated_bytes == 2 * 8 * 512 * 4
