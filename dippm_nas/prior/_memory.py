@@ -147,19 +147,28 @@ def _output_blocks(graph: OperatorGraph, i: int) -> list[int]:
     return [round_block(s) for s in sizes]
 
 
-def _cuts(n: int, alloc_at: list[int], last_use: list[int], storage_of: list[int | None]) -> list[tuple[int, int]]:
+#: A storage smaller than this share of a graph's largest one does not break a cut (an attention mask alive
+#: through a whole encoder leaves its blocks' boundaries cuts).
+_CUT_SMALL_SHARE = 1 / 16
+
+
+def _cuts(n: int, alloc_at: list[int], last_use: list[int], storage_of: list[int | None],
+          sizes: list[list[int]]) -> list[tuple[int, int]]:
     """``(node index, storage)`` of each cut: after the node, its output's storage is the only one alive
-    that a later node reads (consecutive positions of one storage, e.g. a node and its views, keep the last)."""
+    that a later node reads, small storages apart (:data:`_CUT_SMALL_SHARE`; the caller's inputs count)
+    (consecutive positions of one storage, e.g. a node and its views, keep the last)."""
+    tot = [sum(b) for b in sizes]
+    thr = max(tot, default=0) * _CUT_SMALL_SHARE
     delta = np.zeros(n + 1, dtype=np.int64)
-    for a, e in zip(alloc_at, last_use):
-        if e > a:
+    for a, e, t in zip(alloc_at, last_use, tot):
+        if e > a and (t >= thr or t == 0):
             delta[a] += 1
             delta[min(e, n)] -= 1
     across = np.cumsum(delta)[:n]
     out: list[tuple[int, int]] = []
     for i in range(n - 1):
         s = storage_of[i]
-        if s is None or across[i] != 1 or not alloc_at[s] <= i < last_use[s]:
+        if s is None or across[i] != 1 or not alloc_at[s] <= i < last_use[s] or 0 < tot[s] < thr:
             continue
         if out and out[-1][1] == s:
             out[-1] = (i, s)
@@ -172,7 +181,7 @@ def _retain(graph: OperatorGraph, sizes: list[list[int]], alloc_at: list[int], l
             storage_of: list[int | None], preds: list[list[int]], input_sids: dict[int, list[int]]) -> None:
     """Extend ``last_use`` in place by the two eager-retention rules of the module docstring."""
     n = graph.num_nodes
-    cuts = _cuts(n, alloc_at, last_use, storage_of)
+    cuts = _cuts(n, alloc_at, last_use, storage_of, sizes)
     if not cuts:
         return
     joins = [len({storage_of[p] for p in preds[i] if storage_of[p] is not None}) + len(input_sids.get(i, ())) >= 2
@@ -257,8 +266,8 @@ def _frame_rules(graph: OperatorGraph) -> _FrameRules:
                     if nd.op in _INPLACE_ACTS and len(preds[i]) == 1 and not nd.is_constant
                     and nodes[preds[i][0]].op_class in ("conv", "normalization")
                     and succ[preds[i][0]] == [i] and preds[i][0] not in outs)
-    extend = _pre_norm_rule(nodes, preds) + _inverted_residual_rule(nodes, preds, succ) \
-        + _concat_norm_rule(nodes, succ)
+    extend = _pre_norm_rule(nodes, preds) + _post_norm_rule(nodes, preds, succ) + _attention_block_rule(nodes, preds) \
+        + _inverted_residual_rule(nodes, preds, succ) + _concat_norm_rule(nodes, succ)
     rules = _FrameRules(inplace, tuple(extend))
     if len(_FRAME_MEMO) >= _MEMO_MAX:
         _FRAME_MEMO.clear()
@@ -289,6 +298,38 @@ def _pre_norm_rule(nodes: "Sequence[OpNode]", preds: list[list[int]]) -> list[tu
             k = bisect.bisect_right(r, i)
             if k < len(r):
                 out.append((i, r[k]))
+    return out
+
+
+def _attention_block_rule(nodes: "Sequence[OpNode]", preds: list[list[int]]) -> list[tuple[int, int]]:
+    """A transformer block (``x + attn(..)`` then ``+ mlp(..)``): the block's input lives until the block's
+    output is made, the second join: the caller's frame holds a module's argument until it returns."""
+    joins = []
+    for j, ps in enumerate(preds):
+        src = sorted({_producer(nodes, preds, q) for q in ps if not nodes[q].is_constant})
+        if nodes[j].op == "add" and len(src) >= 2:
+            joins.append((j, src))
+    out = []
+    for k, (j, src) in enumerate(joins[:-1]):
+        if not any(nodes[i].op_class in ("attention", "softmax") for i in range(src[0] + 1, j)):
+            continue
+        nxt, nsrc = joins[k + 1]
+        if j in nsrc:
+            out.append((src[0], nxt))
+    return out
+
+
+def _post_norm_rule(nodes: "Sequence[OpNode]", preds: list[list[int]],
+                    succ: list[list[int]]) -> list[tuple[int, int]]:
+    """Post-norm sublayers (``norm(x + f(x))``, BERT): the skip input of each lives until the next post-norm
+    join, so a layer's input lives through the whole layer (the caller's frame holds it until it returns)."""
+    joins = [j for j, ps in enumerate(preds)
+             if nodes[j].op == "add" and len(succ[j]) == 1 and nodes[succ[j][0]].op in _PRE_NORMS
+             and len({_producer(nodes, preds, q) for q in ps if not nodes[q].is_constant}) >= 2]
+    out = []
+    for j, nxt in zip(joins, joins[1:]):
+        src = min(_producer(nodes, preds, q) for q in preds[j] if not nodes[q].is_constant)
+        out.append((src, nxt))
     return out
 
 
@@ -728,15 +769,19 @@ def _cuts_many(st: GraphStack, lv: _Storages) -> tuple[np.ndarray, np.ndarray]:
     n_g = st.sizes
     seg = st.offsets + np.arange(st.offsets.size)  # n + 1 slots per graph
     a, e = lv.alloc, np.minimum(lv.last, n_g[lv.graph])
-    live = e > a
+    size = np.bincount(lv.blk_sid, weights=lv.blk, minlength=lv.graph.size)
+    gmax = np.zeros(st.num_graphs)
+    np.maximum.at(gmax, lv.graph, size)
+    live = (e > a) & ((size >= gmax[lv.graph] * _CUT_SMALL_SHARE) | (size == 0))
     delta = np.bincount(np.r_[seg[lv.graph[live]] + a[live], seg[lv.graph[live]] + e[live]],
                         weights=np.r_[np.ones(int(live.sum())), -np.ones(int(live.sum()))],
                         minlength=int(seg[-1]))
     across = np.cumsum(delta)[seg[st.graph_of] + st.local]
     s = lv.storage_of
     sv = np.maximum(s, 0)
+    small = (size > 0) & (size < gmax[lv.graph] * _CUT_SMALL_SHARE)
     cand = (s >= 0) & (st.local < n_g[st.graph_of] - 1) & (across == 1) & (lv.alloc[sv] <= st.local) \
-        & (st.local < lv.last[sv])
+        & (st.local < lv.last[sv]) & ~small[sv]
     pos = np.flatnonzero(cand)
     cs = s[pos]
     g = st.graph_of[pos]
