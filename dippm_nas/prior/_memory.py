@@ -248,6 +248,7 @@ class _FrameRules:
 
     inplace: tuple[int, ...]
     extend: tuple[tuple[int, int], ...]
+    scratch: tuple[tuple[int, int], ...] = ()
 
 
 def _frame_rules(graph: OperatorGraph) -> _FrameRules:
@@ -262,17 +263,43 @@ def _frame_rules(graph: OperatorGraph) -> _FrameRules:
         for q in ps:
             succ[q].append(i)
     outs = set(graph.outputs)
-    inplace = tuple(i for i, nd in enumerate(nodes)
-                    if nd.op in _INPLACE_ACTS and len(preds[i]) == 1 and not nd.is_constant
-                    and nodes[preds[i][0]].op_class in ("conv", "normalization")
-                    and succ[preds[i][0]] == [i] and preds[i][0] not in outs)
+    from dippm_nas.prior._nodes import graph_facts  # noqa: PLC0415 - _nodes imports this module's users
+
+    fused = graph_facts(graph).fused
+    inplace = tuple(sorted({i for i, nd in enumerate(nodes)
+                            if nd.op in _INPLACE_ACTS and len(preds[i]) == 1 and not nd.is_constant
+                            and (nodes[preds[i][0]].op_class in ("conv", "normalization")
+                                 or fused[preds[i][0]] and any(_is_conv(nodes[q]) for q in preds[preds[i][0]]))
+                            and succ[preds[i][0]] == [i] and preds[i][0] not in outs}
+                           | {i for i in range(len(nodes)) if fused[i] and preds[i]}
+                           | set(_hardswish_chains(nodes, preds, succ))))
     extend = _pre_norm_rule(nodes, preds) + _post_norm_rule(nodes, preds, succ) + _attention_block_rule(nodes, preds) \
         + _inverted_residual_rule(nodes, preds, succ) + _concat_norm_rule(nodes, succ)
-    rules = _FrameRules(inplace, tuple(extend))
+    # max pooling computes its int64 indices (``max_pool2d_with_indices``) and drops them when it returns
+    scratch = tuple((i, round_block(nd.output_elements * 8)) for i, nd in enumerate(nodes)
+                    if nd.op.startswith("nn.max_pool") and not nd.is_constant)
+    rules = _FrameRules(inplace, tuple(extend), scratch)
     if len(_FRAME_MEMO) >= _MEMO_MAX:
         _FRAME_MEMO.clear()
     _FRAME_MEMO[id(graph)] = (graph, rules)
     return rules
+
+
+def _hardswish_chains(nodes: "Sequence[OpNode]", preds: list[list[int]], succ: list[list[int]]) -> list[int]:
+    """The nodes of ``x * clip(x + 3, 0, 6) / 6`` (hard-swish as the graph decomposes it), which eager PyTorch
+    runs as one in-place ``nn.Hardswish(inplace=True)``: ``add``, ``clip``, ``divide`` and ``multiply``."""
+    out = []
+    for m, nd in enumerate(nodes):
+        if nd.op != "multiply" or len(preds[m]) != 2:
+            continue
+        for x, d in (preds[m], preds[m][::-1]):
+            c = preds[d][0] if nodes[d].op == "divide" and len(preds[d]) == 1 else -1
+            a = preds[c][0] if c >= 0 and nodes[c].op == "clip" and len(preds[c]) == 1 else -1
+            if a >= 0 and nodes[a].op == "add" and preds[a] == [x] and succ[a] == [c] and succ[c] == [d] \
+                    and succ[d] == [m] and nodes[x].op_class in ("conv", "normalization") and set(succ[x]) == {a, m}:
+                out += [a, c, d, m]
+                break
+    return out
 
 
 def _producer(nodes: "Sequence[OpNode]", preds: list[list[int]], i: int) -> int:
@@ -363,8 +390,9 @@ def _inverted_residual_rule(nodes: "Sequence[OpNode]", preds: list[list[int]],
             if not succ[j]:
                 break
             j = max(succ[j])
-            if _is_conv(nodes[j], depthwise=False):
-                break
+            if _is_conv(nodes[j], depthwise=False) or nodes[j].op_class in ("matmul", "attention") \
+                    or nodes[j].op == "add" and len(preds[j]) >= 2:
+                break  # the projection, or not an inverted residual (ConvNeXt's pointwise GEMMs, a residual join)
         if not _is_conv(nodes[j], depthwise=False):
             continue
         if len(succ[j]) == 1 and nodes[succ[j][0]].op_class == "normalization":
@@ -426,6 +454,8 @@ def activation_liveness(graph: OperatorGraph, *, retention: bool = False,
             s = lv.storage_of[p]
             if s is not None:
                 lv.last_use[s] = max(lv.last_use[s], until)
+        for i, nbytes in rules.scratch:
+            _add_storage(lv, [nbytes], i, i)
     if autocast is not None:
         _autocast_storages(graph, preds, lv, autocast)
     return _peak(lv, n)
@@ -860,6 +890,14 @@ def activation_liveness_many(graphs: Sequence[OperatorGraph], *, retention: bool
                    dtype=np.int64).reshape(-1, 2)
     sid = lv.storage_of[ext[:, 0]]
     np.maximum.at(lv.last, sid[sid >= 0], ext[sid >= 0, 1])
+    scr = np.array([(gi, i, b) for gi, r in enumerate(rules) for i, b in r.scratch], dtype=np.int64).reshape(-1, 3)
+    if scr.size:
+        new_sid = lv.graph.size + np.arange(scr.shape[0], dtype=np.int64)
+        lv.graph = np.r_[lv.graph, scr[:, 0]]
+        lv.alloc = np.r_[lv.alloc, scr[:, 1]]
+        lv.last = np.r_[lv.last, scr[:, 1]]
+        lv.blk_sid = np.r_[lv.blk_sid, new_sid]
+        lv.blk = np.r_[lv.blk, scr[:, 2]]
     return _breakdowns(st, lv)
 
 
