@@ -15,7 +15,9 @@ advice of each float32 model: no profile recommended whose usable memory is belo
 weights, the input and the CUDA context (:func:`dippm_nas.mig.mig_fit_violations`).
 
 Models: 30 torchvision and 20 timm image models (3x224x224) and 5 ``transformers`` encoders and decoders
-built from configs in code (nothing downloaded; ``input_ids`` of ``--seq`` tokens)::
+built from configs in code (nothing downloaded; ``input_ids`` of ``--seq`` tokens); with ``--dataset``, also
+``--per-family`` graphs of each search-space family of a dataset export with graphs (float32, their own batch
+sizes)::
 
     git show BASE:dippm_nas/prior/_memory.py > /tmp/memory_before.py
     PYTHONPATH=$PWD nice -n 10 /work/venv-vision/bin/python benchmarks/accuracy/accuracy_memory_liveness.py \\
@@ -183,6 +185,48 @@ def _mig_check(graph: Any, device_id: str, ref: Any, ac: str | None) -> dict[str
             "mig_violations": mig_fit_violations(adv, need)}
 
 
+def search_space_rows(dataset: Path, per_family: int, seed: int, before: Any) -> list[dict[str, Any]]:
+    """float32 rows of ``per_family`` distinct graphs of each search-space family of a dataset export with
+    graphs, rebuilt from their configs (their own batch sizes)."""
+    import random
+
+    import search_spaces as ss
+
+    from dippm_nas.dataset import iter_jsonl
+    from dippm_nas.graph import OperatorGraph
+
+    graphs: dict[str, Any] = {}
+    rows = []
+    for r in iter_jsonl(dataset):
+        if r["type"] == "graph":
+            graphs[r["structural_hash"]] = r["graph"]
+        elif r["type"] == "measurement" and r.get("graph_hash"):
+            rows.append(r)
+    random.Random(seed).shuffle(rows)
+    out: list[dict[str, Any]] = []
+    count: dict[str, int] = {}
+    seen: set[str] = set()
+    for r in rows:
+        sp, h = r["space"], r["graph_hash"]
+        if count.get(sp, 0) >= per_family or h in seen or h not in graphs:
+            continue
+        g = OperatorGraph.from_dict(graphs[h])
+        try:
+            ref = reference_activation_peak(ss.build_model(sp, r["config"]), g.spec)
+        except Exception as e:  # noqa: BLE001 - a benchmark reports what it skipped and goes on
+            print(f"  skipped {sp} {r['config']}: {type(e).__name__}: {e}")
+            continue
+        seen.add(h)
+        count[sp] = count.get(sp, 0) + 1
+        after = activation_liveness(g, retention=True, include_inputs=False).peak_allocated_bytes
+        prev = before(g, retention=True, include_inputs=False).peak_allocated_bytes if before else math.nan
+        out.append({"source": "space", "name": f"{sp}#{count[sp]}", "family": f"space:{sp}",
+                    "batch": g.spec.batch_size, "mode": "fp32", "device": "cpu",
+                    "reference_mib": ref.peak_block_bytes / MIB, "after_mib": after / MIB, "before_mib": prev / MIB,
+                    "weights_mib": g.param_bytes / MIB, "input_mib": ref.input_bytes / MIB, "peak_op": ref.peak_op})
+    return out
+
+
 # ------------------------------------------------------------------ the table
 def _stats(rs: list[dict[str, Any]], key: str) -> tuple[float, float, float]:
     errs = [(r[key] - r["reference_mib"]) / r["reference_mib"] for r in rs]
@@ -239,6 +283,9 @@ def _read_rows(path: Path | None) -> list[dict[str, Any]]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dataset", type=Path, default=None, help="an export with graphs of search-space models")
+    ap.add_argument("--per-family", type=int, default=8, help="distinct graphs per search-space family")
+    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--torchvision", default="", help="comma-separated names, or 'default' (30 models)")
     ap.add_argument("--timm", default="", help="comma-separated names, or 'default' (20 models)")
     ap.add_argument("--transformers", default="", help="comma-separated builders, or 'default' (5 models)")
@@ -276,8 +323,10 @@ def main(argv: list[str] | None = None) -> int:
                     if args.rows is not None:
                         with args.rows.open("a") as f:
                             f.write(json.dumps(row) + "\n")
+    if args.dataset is not None:
+        rows += search_space_rows(args.dataset, args.per_family, args.seed, before)
     if not rows:
-        ap.error("nothing to compare: give --torchvision / --timm / --transformers")
+        ap.error("nothing to compare: give --dataset / --torchvision / --timm / --transformers")
     summary = report(rows)
     if args.json is not None:
         args.json.write_text(json.dumps(summary, indent=1))

@@ -15,8 +15,16 @@ memory (cuDNN / cuBLAS workspaces) is not seen: it is not a tensor PyTorch dispa
 
 Device. The fake tensors live on ``device``: ``"cpu"`` (default) dispatches as a CPU would, e.g. fused
 scaled-dot-product attention without the ``[B, H, S, S]`` score matrix (as the CUDA flash / memory-efficient
-kernels); ``"cuda"`` works on a CUDA-enabled torch build without a GPU, but PyTorch then cannot query the
-GPU and falls back to the math attention, which materialises the scores. ``"meta"`` runs the meta kernels.
+kernels); ``"cuda"`` works on a CUDA-enabled torch build without a GPU: PyTorch's CUDA operators are
+dispatched (cuDNN batch norm, max pooling with indices), and ``F.scaled_dot_product_attention`` is routed to
+the flash / memory-efficient operator a GPU would pick (without a GPU PyTorch would fall back to the math
+attention, which materialises the scores). ``"meta"`` runs the meta kernels. On ``"cpu"``, an operator that
+has a CUDA kernel only is refused with :class:`GpuOnlyOperatorError`, which names it.
+
+Autocast. ``autocast="float16"`` / ``"bfloat16"`` runs the pass under ``torch.autocast`` on the fake
+device (CUDA's operator lists on ``"cuda"``, enabled directly since ``torch.autocast`` refuses CUDA without a
+GPU). The fake parameters require grad as a model's do, so autocast caches their casts for the whole pass
+as it does in eager inference: those casts count, from creation to the end of the pass.
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ Liveness (execution order = node order of the graph):
 - at each node the live set includes its inputs and its freshly allocated outputs (both exist while
   the kernel runs);
 - the graph is functional, so an op PyTorch runs in place (``ReLU(inplace=True)``, ``x += y``) is counted
-  as allocating its output: an upper bound by at most one activation per such op.
+  as allocating its output (an upper bound by at most one activation per such op), except under eager
+  retention (below).
 
 Eager retention (``retention=True``, what the GPU prior uses). In eager PyTorch a tensor also lives while a
 Python frame holds it: a module's input until the module returns (``x = self.layer1(x)`` keeps the stage
@@ -22,9 +23,31 @@ boundary):
 
 - stage input: in a run of equal-sized cut tensors, the cut before the first residual block (the input of a
   ResNet stage, of a ViT's blocks) stays alive until the run's last cut;
-- block input: a cut tensor read by a residual join stays alive until the next cut tensor a residual join
-  reads in the same run of equal-sized cuts, the next block's input (else until the cut after the join) (a pre-norm transformer block holds its input through both of its
-  residual branches; a ConvMixer block through its pointwise half).
+- block input: a cut tensor read by a residual join stays alive until the first cut tensor from the join on
+  that a residual join reads in the same run of equal-sized cuts, the next block's input: the join's own
+  output (ResNet, ConvNeXt), else a later cut (a ConvMixer block holds its input through its pointwise half),
+  else until the cut after the join.
+
+Storages under 1/16 of the graph's largest (an attention mask, rotary tables alive through a whole encoder)
+neither make nor break a cut. Further rules of eager PyTorch's frames and in-place modules, by structure
+(``_frame_rules``):
+
+- in place: ``relu`` / ``clip`` (ReLU6) / ``silu`` / ``leakyrelu`` right after a convolution (or its fused bias
+  add) or a normalization that nothing else reads, a convolution's or GEMM's fused bias add, and the
+  decomposed hard-swish ``x * clip(x + 3, 0, 6) / 6`` share their input's storage (torchvision's and timm's
+  ``inplace=True`` activations; a GEMM's bias inside ``addmm``);
+- pre-norm branch: ``x + f(norm(x))`` holds the norm's output until the join (the argument of ``f``);
+- attention block: the input of a block whose first branch holds attention or softmax lives until the
+  block's second join (the caller holds a block's argument until it returns);
+- post-norm layer: ``norm(x + f(x))`` (BERT): the skip input of each such join lives until the next one;
+- inverted residual: 1x1 expand, depthwise, 1x1 project (MobileNet, MBConv): the block's input lives until
+  the projection's norm, the depthwise convolution's input until its norm (``Conv2dNormActivation``);
+- a concatenation normalised before a convolution (DenseNet's ``bn_function``) lives until that convolution;
+- max pooling allocates its int64 indices for the duration of the operator.
+
+Under ``autocast`` each output is sized at its run-time dtype (:func:`~dippm_nas.prior.autocast_plan`), each
+activation cast lives while its operator runs and each weight cast (autocast caches them) from its first
+use to the end of the pass. :func:`activation_liveness_many` has the retention rules, not ``autocast``.
 
 :func:`dippm_nas.measure.reference_activation_peak` gives the exact eager figure without a GPU;
 ``benchmarks/accuracy/accuracy_memory_liveness.py`` prints how well these rules agree with it per family.
@@ -210,7 +233,7 @@ def _retain(graph: OperatorGraph, sizes: list[list[int]], alloc_at: list[int], l
     for k, (j, sj) in enumerate(cuts[:-1]):
         if not joins[j]:
             continue
-        i = bisect.bisect_right(skip_sources, k)  # the first skip source after cut k (sorted)
+        i = bisect.bisect_left(skip_sources, k)  # the first skip source from cut k on (the join's own output)
         nxt = skip_sources[i] if i < len(skip_sources) else len(cuts)
         end = pos[nxt] if nxt < len(cuts) and run[nxt] == run[k] else pos[k + 1]
         for p in preds[j]:
@@ -329,8 +352,13 @@ def _pre_norm_rule(nodes: "Sequence[OpNode]", preds: list[list[int]]) -> list[tu
 
 
 def _attention_block_rule(nodes: "Sequence[OpNode]", preds: list[list[int]]) -> list[tuple[int, int]]:
-    """A transformer block (``x + attn(..)`` then ``+ mlp(..)``): the block's input lives until the block's
-    output is made, the second join: the caller's frame holds a module's argument until it returns."""
+    """A transformer block (``x + attn(..)`` then ``+ mlp(..)``, the first branch holding attention or starting
+    with a norm): the block's input lives until the block's output is made, the second join: the caller's
+    frame holds a module's argument until it returns."""
+    readers: dict[int, list[int]] = {}
+    for i, ps in enumerate(preds):
+        for q in ps:
+            readers.setdefault(_producer(nodes, preds, q), []).append(i)
     joins = []
     for j, ps in enumerate(preds):
         src = sorted({_producer(nodes, preds, q) for q in ps if not nodes[q].is_constant})
@@ -338,7 +366,8 @@ def _attention_block_rule(nodes: "Sequence[OpNode]", preds: list[list[int]]) -> 
             joins.append((j, src))
     out = []
     for k, (j, src) in enumerate(joins[:-1]):
-        if not any(nodes[i].op_class in ("attention", "softmax") for i in range(src[0] + 1, j)):
+        if not (any(nodes[i].op_class in ("attention", "softmax") for i in range(src[0] + 1, j))
+                or any(nodes[c].op in _PRE_NORMS for c in readers.get(src[0], ()))):
             continue
         nxt, nsrc = joins[k + 1]
         if j in nsrc:
@@ -767,7 +796,7 @@ def _retain_many(st: GraphStack, lv: _Storages) -> None:
     # block input: a cut read by a join lives until the next skip source of its run, else the cut after the join
     idx = np.arange(kc)
     nxt_incl = np.minimum.accumulate(np.where(skip, idx, kc)[::-1])[::-1]
-    nxt = np.r_[nxt_incl[1:], kc]
+    nxt = nxt_incl
     same = (nxt < kc) & (run[np.minimum(nxt, kc - 1)] == run)
     last_in_graph = np.r_[first_of_graph[1:], True]
     end = np.where(same, lpos[np.minimum(nxt, kc - 1)], lpos[np.minimum(idx + 1, kc - 1)])

@@ -90,8 +90,7 @@ class _Block(nn.Module):
         self.lin = nn.Linear(d, d)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        a = torch.relu(h)
-        return h + self.lin(a)
+        return h + self.lin(torch.relu(h))  # no local variable holds the branch (torchvision rebinds ``out``)
 
 
 class _PreNorm(nn.Module):
