@@ -126,6 +126,22 @@ _CPU_KEYS = ("CPU", "CompositeExplicitAutograd", "CompositeExplicitAutogradNonFu
              "CompositeImplicitAutograd")
 
 
+def _dataflow_peak(size: list[int], born: list[int], last: list[int], ops: int, keep: set[int]) -> int:
+    """Peak bytes if each storage lived from its birth to its last use (those of ``keep`` to the end)."""
+    if ops == 0:
+        return 0
+    delta = [0] * (ops + 1)
+    for u, s in enumerate(size):
+        end = ops - 1 if u in keep else last[u]
+        delta[born[u]] += s
+        delta[end + 1] -= s
+    best = run = 0
+    for d in delta[:-1]:
+        run += d
+        best = max(best, run)
+    return best
+
+
 def _tracker_class() -> type:
     import torch
     from torch.multiprocessing.reductions import StorageWeakRef
@@ -203,18 +219,7 @@ def _tracker_class() -> type:
             return None if entry is None else entry[2]
 
         def dataflow_peak(self, keep: set[int]) -> int:
-            if self.ops == 0:
-                return 0
-            delta = [0] * (self.ops + 1)
-            for u, s in enumerate(self.size):
-                end = self.ops - 1 if u in keep else self.last[u]
-                delta[self.born[u]] += s
-                delta[end + 1] -= s
-            best = run = 0
-            for d in delta[:-1]:
-                run += d
-                best = max(best, run)
-            return best
+            return _dataflow_peak(self.size, self.born, self.last, self.ops, keep)
 
     return _LiveStorages
 
