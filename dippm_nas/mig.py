@@ -35,6 +35,14 @@ worse resource ratio (an upper bound, ``latency_basis="scaled"``). Throughput is
 (NVML reports the whole GPU), so the advice has no energy per slice.
 """
 
-from dippm_nas.prior import DIPPM_LADDER, MIG_RULES as RULES, MigAdvice, ProfileAdvice, advise, advise_many
+from dippm_nas.prior import (
+    DIPPM_LADDER,
+    MigAdvice,
+    ProfileAdvice,
+    advise,
+    advise_many,
+    mig_fit_violations,
+)
+from dippm_nas.prior import MIG_RULES as RULES
 
-__all__ = ["advise", "advise_many", "MigAdvice", "ProfileAdvice", "RULES", "DIPPM_LADDER"]
+__all__ = ["advise", "advise_many", "mig_fit_violations", "MigAdvice", "ProfileAdvice", "RULES", "DIPPM_LADDER"]

@@ -183,3 +183,21 @@ def test_advice_serialises_to_json() -> None:
     d = advise(pred(6000.0, std=100.0), "h100-sxm5-80gb").to_dict()
     s = json.loads(json.dumps(d))
     assert s["smallest_fit"] == "1g.10gb" and len(s["profiles"]) == 7 and s["rule"] == "dippm-nas"
+
+
+def test_fit_violations_name_recommended_slices_below_the_memory_a_model_needs() -> None:
+    from dippm_nas.errors import InvalidValueError
+    from dippm_nas.mig import mig_fit_violations
+
+    # 4600 MiB + 1 sigma of 100 MiB = 4700 MiB needed: fits 1g.5gb (4864 MiB usable) and everything larger
+    adv = advise(pred(memory_mib=4600.0, std=100.0), "a100-sxm4-40gb")
+    assert adv.smallest_fit == "1g.5gb"
+    assert mig_fit_violations(adv, 4800.0) == []                  # the reference's need fits every recommendation
+    assert mig_fit_violations(adv, 4900.0) == ["1g.5gb", "1g.5gb+me"]  # 36 MiB over their 4864 MiB usable
+    big = mig_fit_violations(adv, 10_000.0)
+    assert "1g.5gb" in big and all(p.memory_limit_mib < 10_000.0 for p in adv.profiles if p.profile in big)
+    for bad in (-1.0, float("nan"), "5000", True):
+        with pytest.raises(InvalidValueError):
+            mig_fit_violations(adv, bad)  # type: ignore[arg-type]
+    with pytest.raises(InvalidValueError):
+        mig_fit_violations("advice", 1.0)  # type: ignore[arg-type]

@@ -1,28 +1,39 @@
-"""How well the prior's activation liveness agrees with eager PyTorch, per family (no GPU needed).
+"""How well the prior's activation liveness agrees with eager PyTorch, per family, before -> after (no GPU needed).
 
-For each model, the label is :func:`dippm_nas.measure.reference_activation_peak`: the model runs eagerly on
-fake tensors under a dispatch mode that tracks live storages (exact eager liveness, Python frames'
-references included). The prediction is the GPU prior's ``activations_peak_mib``
-(:func:`dippm_nas.prior.activation_liveness` with eager retention, inputs apart); the dataflow liveness
-(free at last use) is printed beside it. Per family: MAPE, bias (mean signed error), max error, and the
-root-mean-square relative error over everything, the figure ``ACTIVATION_REL_SIGMA`` in
-``dippm_nas/prior/_memory.py`` is taken from.
+For each model, batch size and precision, the label is :func:`dippm_nas.measure.reference_activation_peak`:
+the model runs eagerly on fake tensors under a dispatch mode that tracks live storages (exact eager
+liveness, Python frames' references included), under ``torch.no_grad()``; in float32 on the fake ``cpu``
+device, and under ``torch.autocast(dtype=float16)`` on the fake ``cuda`` device (CUDA's autocast operator
+lists, fused attention; a CUDA-enabled torch build, no GPU) where the build has CUDA, else CPU autocast.
+The prediction ("after") is :func:`dippm_nas.prior.activation_liveness` with eager retention, inputs apart,
+and ``autocast`` for the autocast rows; "before" is the same function of another version of
+``dippm_nas/prior/_memory.py`` (``--before-module``, e.g. ``git show BASE:dippm_nas/prior/_memory.py``), which
+may not take ``autocast`` (its float32 figure is used). Per family and precision: MAPE, bias, the worst error,
+the models more than 3 % low; over everything, the root-mean-square relative error of "after" (the
+``ACTIVATION_REL_SIGMA`` of ``dippm_nas/prior/_memory.py``). With ``--mig DEVICE`` it also checks the MIG
+advice of each float32 model: no profile recommended whose usable memory is below the reference peak plus the
+weights, the input and the CUDA context (:func:`dippm_nas.mig.mig_fit_violations`).
 
-Models: the search-space families of a dataset export with graphs (``--dataset``, ``--per-family`` rows of
-each, rebuilt from their configs), and torchvision / timm models captured here (``--torchvision``,
-``--timm``: comma-separated names; needs torchvision / timm, e.g. ``/work/main/.venv-vision``)::
+Models: 30 torchvision and 20 timm image models (3x224x224) and 5 ``transformers`` encoders and decoders
+built from configs in code (nothing downloaded; ``input_ids`` of ``--seq`` tokens); with ``--dataset``, also
+``--per-family`` graphs of each search-space family of a dataset export with graphs (float32, their own batch
+sizes)::
 
-    PYTHONPATH=$PWD /work/main/.venv-vision/bin/python benchmarks/accuracy/accuracy_memory_liveness.py \\
-        --dataset data/host_cpu/host_cpu_amd_epyc_f25m17_14fam.jsonl.xz --per-family 8 \\
-        --torchvision resnet50,vit_b_16,densenet121 --batch 32 [--json out.json]
+    git show BASE:dippm_nas/prior/_memory.py > /tmp/memory_before.py
+    PYTHONPATH=$PWD nice -n 10 /work/venv-vision/bin/python benchmarks/accuracy/accuracy_memory_liveness.py \\
+        --torchvision default --timm default --transformers default --batches 8,32 --token-batches 2,8 \\
+        --before-module /tmp/memory_before.py --mig a100-sxm4-40gb --rows /tmp/liveness_rows.jsonl
+
+``--rows`` keeps one JSON line per (model, batch, precision) and is read back on a rerun (resumable).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
-import random
+import re
 import sys
 import time
 from pathlib import Path
@@ -31,7 +42,6 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks._common import machine  # noqa: E402
-from dippm_nas.graph import OperatorGraph  # noqa: E402
 from dippm_nas.measure import reference_activation_peak  # noqa: E402
 from dippm_nas.prior import activation_liveness  # noqa: E402
 from dippm_nas.spec import InputSpec  # noqa: E402
@@ -39,29 +49,153 @@ from dippm_nas.errors import InvalidValueError  # noqa: E402
 from dippm_nas.files import write_output  # noqa: E402
 
 MIB = 2**20
+LOW_LIMIT = -0.03
 
-#: Torchvision and timm models of the report (``--torchvision default`` / ``--timm default``).
-DEFAULT_TORCHVISION = ("resnet18,resnet50,resnet101,wide_resnet50_2,resnext50_32x4d,vgg16,vgg11_bn,densenet121,"
-                       "densenet169,mobilenet_v2,mobilenet_v3_large,mobilenet_v3_small,efficientnet_b0,"
-                       "efficientnet_v2_s,convnext_tiny,regnet_y_800mf,regnet_x_1_6gf,mnasnet1_0,"
-                       "shufflenet_v2_x1_0,squeezenet1_0,alexnet,googlenet,vit_b_16,swin_t,maxvit_t")
+DEFAULT_TORCHVISION = ("resnet18,resnet34,resnet50,resnet101,wide_resnet50_2,resnext50_32x4d,vgg11_bn,vgg13,vgg16,"
+                       "densenet121,densenet169,mobilenet_v2,mobilenet_v3_large,mobilenet_v3_small,efficientnet_b0,"
+                       "efficientnet_b2,efficientnet_v2_s,convnext_tiny,regnet_y_400mf,regnet_y_800mf,"
+                       "regnet_x_1_6gf,mnasnet1_0,shufflenet_v2_x1_0,squeezenet1_0,alexnet,googlenet,vit_b_16,"
+                       "vit_b_32,swin_t,maxvit_t")
 DEFAULT_TIMM = ("vit_small_patch16_224,deit_tiny_patch16_224,swin_tiny_patch4_window7_224,convnext_nano,"
                 "efficientnet_b1,mobilenetv3_large_100,resnet26d,regnety_008,mixer_b16_224,convmixer_768_32,"
                 "levit_128,poolformer_s12,coat_lite_tiny,ghostnet_100,rexnet_100,cspresnet50,dla34,"
                 "hrnet_w18_small,inception_v3,xception41")
+_HERE = "benchmarks.accuracy.accuracy_memory_liveness"
+DEFAULT_TRANSFORMERS = "bert_base,distilbert,qwen2_small,llama_small,opt_small"
+_FAMILIES = (("vit|deit", "vit"), ("swin", "swin"), ("convnext", "convnext"), ("densenet", "densenet"),
+             ("mobilenet|mnasnet|efficientnet|ghostnet|rexnet", "mobile"), ("resnet|resnext|cspresnet", "resnet"),
+             ("vgg|alexnet", "vgg"), ("regnet", "regnet"), ("bert", "encoder"), ("gpt|llama|opt|qwen", "decoder"))
 
 
-def predicted(graph: OperatorGraph) -> tuple[float, float]:
-    """(eager-retention peak, dataflow peak) of the graph's activations, bytes (inputs apart)."""
-    eager = activation_liveness(graph, retention=True, include_inputs=False).peak_allocated_bytes
-    flow = activation_liveness(graph, include_inputs=False).peak_allocated_bytes
-    return float(eager), float(flow)
+# ------------------------------------------------------------------ transformers built from configs
+def _last_hidden(model: Any, keys: tuple[str, ...]) -> Any:
+    from dippm_nas.measure.campaign_models import _LastHidden  # noqa: PLC2701 - the campaign's wrapper
+
+    return _LastHidden(model, keys).eval()
 
 
-def search_space_rows(dataset: Path, per_family: int, seed: int) -> list[dict[str, Any]]:
+def distilbert() -> Any:
+    """DistilBERT encoder (``transformers.DistilBertConfig()`` defaults: 6 layers, hidden 768)."""
+    import transformers
+
+    return _last_hidden(transformers.DistilBertModel(transformers.DistilBertConfig(attn_implementation="sdpa")),
+                        ("input_ids",))
+
+
+def llama_small() -> Any:
+    """A Llama decoder: 4 layers, hidden 768, 12 heads, MLP 2048, vocabulary 32000, no KV cache."""
+    import transformers
+
+    cfg = transformers.LlamaConfig(hidden_size=768, intermediate_size=2048, num_hidden_layers=4,
+                                   num_attention_heads=12, num_key_value_heads=12, use_cache=False,
+                                   attn_implementation="sdpa")
+    return _last_hidden(transformers.LlamaModel(cfg), ("input_ids",))
+
+
+def qwen2_small() -> Any:
+    """A Qwen2 decoder: 4 layers, hidden 768, 12 heads (4 key-value heads), MLP 2048, no KV cache."""
+    import transformers
+
+    cfg = transformers.Qwen2Config(hidden_size=768, intermediate_size=2048, num_hidden_layers=4,
+                                   num_attention_heads=12, num_key_value_heads=4, vocab_size=32000,
+                                   use_cache=False, attn_implementation="sdpa")
+    return _last_hidden(transformers.Qwen2Model(cfg), ("input_ids",))
+
+
+def opt_small() -> Any:
+    """An OPT decoder: 4 layers, hidden 768, 12 heads, FFN 3072, no KV cache."""
+    import transformers
+
+    cfg = transformers.OPTConfig(hidden_size=768, ffn_dim=3072, num_hidden_layers=4, num_attention_heads=12,
+                                 use_cache=False, attn_implementation="sdpa")
+    return _last_hidden(transformers.OPTModel(cfg), ("input_ids",))
+
+
+def _model_spec(source: str, name: str) -> str:
+    if source != "transformers":
+        return f"{source}:{name}"
+    return f"dippm_nas.measure.campaign_models:{name}" if name in ("bert_base", "gpt2_small") else f"{_HERE}:{name}"
+
+
+def _input_spec(source: str, name: str, batch: int, seq: int) -> InputSpec:
+    if source != "transformers":
+        return InputSpec(shape=(3, 224, 224), batch_size=batch)
+    inputs = [{"name": "input_ids", "shape": [seq], "dtype": "int64", "high": 30000}]
+    if name == "bert_base":
+        inputs.append({"name": "attention_mask", "shape": [seq], "dtype": "int64", "high": 2})
+    return InputSpec.from_dict({"inputs": inputs, "batch_size": batch, "dtype": "float32"})
+
+
+def family(source: str, name: str) -> str:
+    """``source:family`` of a model, by its name."""
+    for pattern, fam in _FAMILIES:
+        if re.search(pattern, name):
+            return f"{source}:{fam}"
+    return f"{source}:other"
+
+
+# ------------------------------------------------------------------ one row
+def _before_fn(path: Path | None) -> Any:
+    if path is None:
+        return None
+    spec = importlib.util.spec_from_file_location("_memory_before", path)
+    mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    sys.modules["_memory_before"] = mod  # dataclasses look their module up
+    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    return mod.activation_liveness
+
+
+def one_row(source: str, name: str, batch: int, seq: int, mode: str, before: Any, mig: str | None) -> dict[str, Any]:
+    """The reference, before and after figures of one model, batch and precision (``fp32`` / ``fp16``)."""
+    import dippm_nas
+    import torch
+
+    model_spec = _model_spec(source, name)
+    spec = _input_spec(source, name, batch, seq)
+    ac = None if mode == "fp32" else "float16"
+    device = "cpu" if ac is None or not torch.backends.cuda.is_built() else "cuda"
+    t0 = time.perf_counter()
+    ref = reference_activation_peak(model_spec, spec, device=device, autocast=ac)
+    g = dippm_nas.capture(model_spec, spec)
+    after = activation_liveness(g, retention=True, include_inputs=False, autocast=ac).peak_allocated_bytes
+    if before is not None:
+        try:
+            prev = before(g, retention=True, include_inputs=False, autocast=ac).peak_allocated_bytes
+        except TypeError:  # a version without autocast: its float32 figure
+            prev = before(g, retention=True, include_inputs=False).peak_allocated_bytes
+    else:
+        prev = math.nan
+    row = {"source": source, "name": name, "family": family(source, name), "batch": batch, "mode": mode,
+           "device": device, "reference_mib": ref.peak_block_bytes / MIB, "after_mib": after / MIB,
+           "before_mib": prev / MIB, "weights_mib": g.param_bytes / MIB, "input_mib": ref.input_bytes / MIB,
+           "peak_op": ref.peak_op, "seconds": time.perf_counter() - t0}
+    if mig:
+        row.update(_mig_check(g, mig, ref, ac))
+    return row
+
+
+def _mig_check(graph: Any, device_id: str, ref: Any, ac: str | None) -> dict[str, Any]:
+    from dippm_nas.devices import get_device
+    from dippm_nas.mig import advise, mig_fit_violations
+    from dippm_nas.prior import predict
+
+    dev = get_device(device_id)
+    p = predict(graph, device_id, mig=False, autocast=ac)
+    need = ref.peak_block_bytes / MIB + graph.param_bytes / MIB + ref.input_bytes / MIB + dev.runtime_baseline_mib
+    adv = advise(p, device_id)
+    return {"mig_needed_mib": need, "mig_predicted_mib": p.memory_mib, "mig_smallest_fit": adv.smallest_fit,
+            "mig_violations": mig_fit_violations(adv, need)}
+
+
+def search_space_rows(dataset: Path, per_family: int, seed: int, before: Any) -> list[dict[str, Any]]:
+    """float32 rows of ``per_family`` distinct graphs of each search-space family of a dataset export with
+    graphs, rebuilt from their configs (their own batch sizes)."""
+    import random
+
     import search_spaces as ss
 
     from dippm_nas.dataset import iter_jsonl
+    from dippm_nas.graph import OperatorGraph
 
     graphs: dict[str, Any] = {}
     rows = []
@@ -71,7 +205,9 @@ def search_space_rows(dataset: Path, per_family: int, seed: int) -> list[dict[st
         elif r["type"] == "measurement" and r.get("graph_hash"):
             rows.append(r)
     random.Random(seed).shuffle(rows)
-    out, count, seen = [], {}, set()
+    out: list[dict[str, Any]] = []
+    count: dict[str, int] = {}
+    seen: set[str] = set()
     for r in rows:
         sp, h = r["space"], r["graph_hash"]
         if count.get(sp, 0) >= per_family or h in seen or h not in graphs:
@@ -84,78 +220,115 @@ def search_space_rows(dataset: Path, per_family: int, seed: int) -> list[dict[st
             continue
         seen.add(h)
         count[sp] = count.get(sp, 0) + 1
-        out.append({"family": sp, "name": f"{sp}#{count[sp]} bs{g.spec.batch_size}", "ref": ref, "graph": g})
+        after = activation_liveness(g, retention=True, include_inputs=False).peak_allocated_bytes
+        prev = before(g, retention=True, include_inputs=False).peak_allocated_bytes if before else math.nan
+        out.append({"source": "space", "name": f"{sp}#{count[sp]}", "family": f"space:{sp}",
+                    "batch": g.spec.batch_size, "mode": "fp32", "device": "cpu",
+                    "reference_mib": ref.peak_block_bytes / MIB, "after_mib": after / MIB, "before_mib": prev / MIB,
+                    "weights_mib": g.param_bytes / MIB, "input_mib": ref.input_bytes / MIB, "peak_op": ref.peak_op})
     return out
 
 
-def zoo_rows(prefix: str, names: list[str], batch: int) -> list[dict[str, Any]]:
-    import dippm_nas
-
-    out = []
-    for name in names:
-        spec = InputSpec(shape=(3, 224, 224), batch_size=batch)
-        t0 = time.perf_counter()
-        try:
-            ref = reference_activation_peak(f"{prefix}:{name}", spec)
-            g = dippm_nas.capture(f"{prefix}:{name}", spec)
-        except Exception as e:  # noqa: BLE001
-            print(f"  skipped {prefix}:{name}: {type(e).__name__}: {e}")
-            continue
-        out.append({"family": prefix, "name": f"{prefix}:{name} bs{batch}", "ref": ref, "graph": g})
-        print(f"  {prefix}:{name}: {time.perf_counter() - t0:.1f} s", flush=True)
-    return out
+# ------------------------------------------------------------------ the table
+def _stats(rs: list[dict[str, Any]], key: str) -> tuple[float, float, float]:
+    errs = [(r[key] - r["reference_mib"]) / r["reference_mib"] for r in rs]
+    if not errs or any(math.isnan(e) for e in errs):
+        return math.nan, math.nan, math.nan
+    return 100 * sum(map(abs, errs)) / len(errs), 100 * sum(errs) / len(errs), 100 * min(errs)
 
 
 def report(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    by_family: dict[str, list[dict[str, Any]]] = {}
+    """Print the per-family table (before -> after) and the totals; return them."""
+    out: dict[str, Any] = {"machine": machine(), "groups": {}}
+    print(f"\n{'family':<24}{'prec':>5}{'n':>4}{'MAPE % before -> after':>25}{'bias % b -> a':>16}"
+          f"{'min % b -> a':>16}{'>3% low':>9}   worst (after)")
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in rows:
-        eager, flow = predicted(r["graph"])
-        ref = float(r["ref"].peak_block_bytes)
-        r.update(pred=eager, flow=flow, err=(eager - ref) / ref, flow_err=(flow - ref) / ref, ref_bytes=ref)
-        by_family.setdefault(r["family"], []).append(r)
-    print(f"\n{'family':<14}{'n':>4}{'MAPE %':>9}{'bias %':>9}{'max %':>9}{'dataflow MAPE %':>17}   worst model")
-    summary: dict[str, Any] = {"machine": machine(), "families": {}, "models": []}
-    for fam, rs in sorted(by_family.items()):
-        errs = [r["err"] for r in rs]
-        worst = max(rs, key=lambda r: abs(r["err"]))
-        mape = 100 * sum(abs(e) for e in errs) / len(errs)
-        fmape = 100 * sum(abs(r["flow_err"]) for r in rs) / len(rs)
-        print(f"{fam:<14}{len(rs):>4}{mape:>9.1f}{100 * sum(errs) / len(errs):>+9.1f}{100 * worst['err']:>+9.1f}"
-              f"{fmape:>17.1f}   {worst['name']} ({worst['pred'] / MIB:.2f} vs {worst['ref_bytes'] / MIB:.2f} MiB)")
-        summary["families"][fam] = {"n": len(rs), "mape_pct": mape, "bias_pct": 100 * sum(errs) / len(errs),
-                                    "max_err_pct": 100 * worst["err"], "dataflow_mape_pct": fmape}
-    errs = [r["err"] for r in rows]
-    rms = math.sqrt(sum(e * e for e in errs) / len(errs)) if errs else math.nan
-    mape = 100 * sum(abs(e) for e in errs) / len(errs) if errs else math.nan
-    fmape = 100 * sum(abs(r["flow_err"]) for r in rows) / len(rows) if rows else math.nan
-    print(f"\nall {len(rows)} models: MAPE {mape:.1f} % (dataflow liveness {fmape:.1f} %), RMS relative error "
-          f"{rms:.3f} (ACTIVATION_REL_SIGMA)")
-    summary.update(n=len(rows), mape_pct=mape, dataflow_mape_pct=fmape, rms_rel_err=rms)
-    summary["models"] = [{"family": r["family"], "name": r["name"], "reference_mib": r["ref_bytes"] / MIB,
-                          "predicted_mib": r["pred"] / MIB, "dataflow_mib": r["flow"] / MIB} for r in rows]
-    return summary
+        groups.setdefault((r["family"], r["mode"]), []).append(r)
+    for (fam, mode), rs in sorted(groups.items()):
+        mb, bb, lb = _stats(rs, "before_mib")
+        ma, ba, la = _stats(rs, "after_mib")
+        worst = max(rs, key=lambda r: abs(r["after_mib"] / r["reference_mib"] - 1))
+        low = sum(r["after_mib"] < (1 + LOW_LIMIT) * r["reference_mib"] for r in rs)
+        print(f"{fam:<24}{mode:>5}{len(rs):>4}{mb:>12.1f} -> {ma:>7.1f}{bb:>+8.1f} -> {ba:>+5.1f}{lb:>+8.1f} -> "
+              f"{la:>+5.1f}{low:>9}   {worst['name']} bs{worst['batch']} ({worst['after_mib']:.1f} vs "
+              f"{worst['reference_mib']:.1f} MiB)")
+        out["groups"][f"{fam}|{mode}"] = {"n": len(rs), "mape_before_pct": mb, "mape_after_pct": ma,
+                                          "bias_before_pct": bb, "bias_after_pct": ba, "min_before_pct": lb,
+                                          "min_after_pct": la, "more_than_3pct_low": low}
+    for mode in sorted({r["mode"] for r in rows}) + ["all"]:
+        rs = [r for r in rows if mode in ("all", r["mode"])]
+        errs = [r["after_mib"] / r["reference_mib"] - 1 for r in rs]
+        within = sum(abs(e) <= 0.03 for e in errs)
+        low = sum(e < LOW_LIMIT for e in errs)
+        rms = math.sqrt(sum(e * e for e in errs) / len(errs))
+        mb, _, _ = _stats(rs, "before_mib")
+        ma, _, _ = _stats(rs, "after_mib")
+        print(f"{mode:>5}: {len(rs)} rows, MAPE {mb:.1f} % -> {ma:.1f} %, within 3 %: {within}/{len(rs)}, more than "
+              f"3 % low: {low}, RMS relative error (sigma of the activation part) {rms:.3f}")
+        out[mode] = {"n": len(rs), "mape_before_pct": mb, "mape_after_pct": ma, "within_3pct": within,
+                     "more_than_3pct_low": low, "rms_rel_err": rms}
+    mig = [r for r in rows if "mig_violations" in r]
+    if mig:
+        bad = [f"{r['name']} bs{r['batch']} {r['mode']}: {r['mig_violations']}" for r in mig if r["mig_violations"]]
+        print(f"MIG advice: {len(mig)} rows checked, {len(bad)} recommend a slice below reference + weights + input + "
+              f"context" + "".join(f"\n  {b}" for b in bad))
+        out["mig"] = {"n": len(mig), "violations": bad}
+    return out
+
+
+def _read_rows(path: Path | None) -> list[dict[str, Any]]:
+    if path is None or not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dataset", type=Path, default=None, help="export with graphs of search-space models")
+    ap.add_argument("--dataset", type=Path, default=None, help="an export with graphs of search-space models")
     ap.add_argument("--per-family", type=int, default=8, help="distinct graphs per search-space family")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--torchvision", default="", help="comma-separated names, or 'default'")
-    ap.add_argument("--timm", default="", help="comma-separated names, or 'default'")
-    ap.add_argument("--batch", type=int, default=32, help="batch of the torchvision / timm models (3x224x224)")
-    ap.add_argument("--json", type=Path, default=None, help="write the figures here")
+    ap.add_argument("--torchvision", default="", help="comma-separated names, or 'default' (30 models)")
+    ap.add_argument("--timm", default="", help="comma-separated names, or 'default' (20 models)")
+    ap.add_argument("--transformers", default="", help="comma-separated builders, or 'default' (5 models)")
+    ap.add_argument("--batches", default="8,32", help="batch sizes of the image models")
+    ap.add_argument("--token-batches", default="2,8", help="batch sizes of the transformers")
+    ap.add_argument("--seq", type=int, default=128, help="tokens per sequence of the transformers")
+    ap.add_argument("--modes", default="fp32,fp16", help="fp32 and/or fp16 (autocast)")
+    ap.add_argument("--before-module", type=Path, default=None, help="another version's prior/_memory.py")
+    ap.add_argument("--mig", default=None, help="check the MIG advice on this device id, e.g. a100-sxm4-40gb")
+    ap.add_argument("--rows", type=Path, default=None, help="JSON lines of the rows (read back on a rerun)")
+    ap.add_argument("--json", type=Path, default=None, help="write the table's figures here")
     args = ap.parse_args(argv)
     print(f"machine: {machine()}")
-    rows: list[dict[str, Any]] = []
+    before = _before_fn(args.before_module)
+    rows = _read_rows(args.rows)
+    done = {(r["source"], r["name"], r["batch"], r["mode"]) for r in rows}
+    lists = {"torchvision": DEFAULT_TORCHVISION if args.torchvision == "default" else args.torchvision,
+             "timm": DEFAULT_TIMM if args.timm == "default" else args.timm,
+             "transformers": DEFAULT_TRANSFORMERS if args.transformers == "default" else args.transformers}
+    for source, names in lists.items():
+        batches = args.token_batches if source == "transformers" else args.batches
+        for name in [n for n in names.split(",") if n]:
+            for batch in (int(b) for b in batches.split(",")):
+                for mode in args.modes.split(","):
+                    if (source, name, batch, mode) in done:
+                        continue
+                    try:
+                        row = one_row(source, name, batch, args.seq, mode, before, args.mig)
+                    except Exception as e:  # noqa: BLE001 - a benchmark reports what it skipped and goes on
+                        print(f"  skipped {source}:{name} bs{batch} {mode}: {type(e).__name__}: {str(e)[:200]}")
+                        continue
+                    rows.append(row)
+                    print(f"  {source}:{name} bs{batch} {mode}: reference {row['reference_mib']:.1f} MiB, before "
+                          f"{row['before_mib']:.1f}, after {row['after_mib']:.1f} ({row['seconds']:.0f} s)", flush=True)
+                    if args.rows is not None:
+                        with args.rows.open("a") as f:
+                            f.write(json.dumps(row) + "\n")
     if args.dataset is not None:
-        rows += search_space_rows(args.dataset, args.per_family, args.seed)
-    tv = DEFAULT_TORCHVISION if args.torchvision == "default" else args.torchvision
-    tm = DEFAULT_TIMM if args.timm == "default" else args.timm
-    rows += zoo_rows("torchvision", [n for n in tv.split(",") if n], args.batch)
-    rows += zoo_rows("timm", [n for n in tm.split(",") if n], args.batch)
+        rows += search_space_rows(args.dataset, args.per_family, args.seed, before)
     if not rows:
-        ap.error("nothing to compare: give --dataset and/or --torchvision / --timm")
+        ap.error("nothing to compare: give --dataset / --torchvision / --timm / --transformers")
     summary = report(rows)
     if args.json is not None:
         write_output(args.json, json.dumps(summary, indent=1), "--json", error=InvalidValueError)

@@ -27,7 +27,7 @@ from dippm_nas.measure._cuda import MIG_ENERGY_REASON, CudaMeasurer, CudaOps
 from dippm_nas.measure._interleave import RoundTiming, time_interleaved
 from dippm_nas.measure._isolate import measure_isolated
 from dippm_nas.measure._malloc import release_free_memory, steady_allocator
-from dippm_nas.measure._liveness import ActivationReference, reference_activation_peak
+from dippm_nas.measure._liveness import ActivationReference, GpuOnlyOperatorError, reference_activation_peak
 from dippm_nas.measure._measurement import (
     AUTOCAST_DTYPES,
     ENERGY_SOURCES,
@@ -61,6 +61,7 @@ __all__ = [
     "CAMPAIGN_SOURCE",
     "reference_activation_peak",
     "ActivationReference",
+    "GpuOnlyOperatorError",
     "time_interleaved",
     "profile_ops",
     "OpProfileWriter",

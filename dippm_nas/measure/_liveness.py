@@ -15,14 +15,24 @@ memory (cuDNN / cuBLAS workspaces) is not seen: it is not a tensor PyTorch dispa
 
 Device. The fake tensors live on ``device``: ``"cpu"`` (default) dispatches as a CPU would, e.g. fused
 scaled-dot-product attention without the ``[B, H, S, S]`` score matrix (as the CUDA flash / memory-efficient
-kernels); ``"cuda"`` works on a CUDA-enabled torch build without a GPU, but PyTorch then cannot query the
-GPU and falls back to the math attention, which materialises the scores. ``"meta"`` runs the meta kernels.
+kernels); ``"cuda"`` works on a CUDA-enabled torch build without a GPU: PyTorch's CUDA operators are
+dispatched (cuDNN batch norm, max pooling with indices), and ``F.scaled_dot_product_attention`` is routed to
+the flash / memory-efficient operator a GPU would pick (without a GPU PyTorch would fall back to the math
+attention, which materialises the scores). ``"meta"`` runs the meta kernels. On ``"cpu"``, an operator that
+has a CUDA kernel only is refused with :class:`GpuOnlyOperatorError`, which names it.
+
+Autocast. ``autocast="float16"`` / ``"bfloat16"`` runs the pass under ``torch.autocast`` on the fake
+device (CUDA's operator lists on ``"cuda"``, enabled directly since ``torch.autocast`` refuses CUDA without a
+GPU). The fake parameters require grad as a model's do, so autocast caches their casts for the whole pass
+as it does in eager inference: those casts count, from creation to the end of the pass.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,12 +40,21 @@ from dippm_nas.errors import MeasurementError
 from dippm_nas.capture import load_model
 from dippm_nas.spec import InputSpec
 
-__all__ = ["ActivationReference", "reference_activation_peak", "CUDA_BLOCK_BYTES"]
+__all__ = ["ActivationReference", "GpuOnlyOperatorError", "reference_activation_peak", "CUDA_BLOCK_BYTES",
+           "REFERENCE_AUTOCAST_DTYPES"]
 
 logger = logging.getLogger(__name__)
 
 #: Bytes the CUDA caching allocator rounds every block up to (``kMinBlockSize``).
 CUDA_BLOCK_BYTES = 512
+
+
+#: ``autocast`` values :func:`reference_activation_peak` accepts (besides ``None``).
+REFERENCE_AUTOCAST_DTYPES: tuple[str, ...] = ("float16", "bfloat16")
+
+
+class GpuOnlyOperatorError(MeasurementError):
+    """The CPU-side tracker met an operator PyTorch implements for CUDA only (the message names it)."""
 
 
 def _block(nbytes: int) -> int:
@@ -56,8 +75,11 @@ class ActivationReference:
         input_bytes: bytes of the caller's input tensors (held for the whole pass, not in the peaks).
         output_bytes: bytes of the storages the model returns.
         num_ops: ATen operators dispatched.
-        peak_op: index and name of the operator after which the eager peak was reached.
+        peak_op: ``"index:name"`` of the operator after which the eager peak was reached.
         device: the fake device the pass ran on.
+        peak_op_index: index (in dispatch order, from 0) of that operator; -1 when no storage was made.
+        peak_op_name: its ATen name, e.g. ``"aten.convolution.default"``.
+        autocast: ``None`` or the ``torch.autocast`` dtype the pass ran under (``"float16"``/``"bfloat16"``).
     """
 
     peak_bytes: int
@@ -68,15 +90,56 @@ class ActivationReference:
     num_ops: int
     peak_op: str
     device: str
+    peak_op_index: int = -1
+    peak_op_name: str = ""
+    autocast: str | None = None
 
     @property
     def peak_mib(self) -> float:
         """:attr:`peak_block_bytes` in MiB (2**20 bytes)."""
         return self.peak_block_bytes / 2**20
 
+    @property
+    def peak_block_mib(self) -> float:
+        """:attr:`peak_block_bytes` in MiB (the figure the prior's ``activations_peak_mib`` is held to)."""
+        return self.peak_block_bytes / 2**20
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict of the fields."""
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+def _gpu_only(func: Any) -> bool:
+    """Whether ATen operator ``func`` has a CUDA kernel and no CPU nor composite one (cannot run on a CPU)."""
+    import torch
+
+    name = func.name()
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    try:
+        cuda = has(name, "CUDA")
+    except RuntimeError:  # an operator without a dispatcher entry (``prim::device``): not a kernel
+        return False
+    return cuda and not any(has(name, k) for k in _CPU_KEYS)
+
+
+_CPU_KEYS = ("CPU", "CompositeExplicitAutograd", "CompositeExplicitAutogradNonFunctional",
+             "CompositeImplicitAutograd")
+
+
+def _dataflow_peak(size: list[int], born: list[int], last: list[int], ops: int, keep: set[int]) -> int:
+    """Peak bytes if each storage lived from its birth to its last use (those of ``keep`` to the end)."""
+    if ops == 0:
+        return 0
+    delta = [0] * (ops + 1)
+    for u, s in enumerate(size):
+        end = ops - 1 if u in keep else last[u]
+        delta[born[u]] += s
+        delta[end + 1] -= s
+    best = run = 0
+    for d in delta[:-1]:
+        run += d
+        best = max(best, run)
+    return best
 
 
 def _tracker_class() -> type:
@@ -88,22 +151,37 @@ def _tracker_class() -> type:
     class _LiveStorages(TorchDispatchMode):
         """Registers each new output storage; drops dead ones after every operator; keeps the peaks."""
 
-        def __init__(self, preexisting: set[int]) -> None:
+        def __init__(self, preexisting: set[int], check_cpu: bool) -> None:
             super().__init__()
             self.pre = preexisting
+            self.check_cpu = check_cpu
+            self.checked: dict[Any, bool] = {}
             self.live: dict[int, tuple[Any, int, int]] = {}   # storage cdata -> (weak ref, bytes, uid)
             self.size: list[int] = []
             self.born: list[int] = []
             self.last: list[int] = []
             self.ops = 0
             self.peak = self.peak_block = 0
-            self.peak_op = ""
+            self.peak_index = -1
+            self.peak_name = ""
 
         def _sweep(self) -> None:
             for k in [k for k, v in self.live.items() if v[0].expired()]:
                 del self.live[k]
 
+        def _refuse_gpu_only(self, func: Any) -> None:
+            bad = self.checked.get(func)
+            if bad is None:
+                bad = self.checked[func] = _gpu_only(func)
+            if bad:
+                raise GpuOnlyOperatorError(
+                    f"the model needs {func.name()}, an operator PyTorch implements for CUDA only (no CPU or "
+                    f"composite kernel): the CPU-side tracker cannot run it on device 'cpu'; use device='cuda' "
+                    f"(a CUDA-enabled torch build, no GPU needed) or replace the operator")
+
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            if self.check_cpu:
+                self._refuse_gpu_only(func)
             out = func(*args, **(kwargs or {}))
             i = self.ops
             self.ops += 1
@@ -132,7 +210,7 @@ def _tracker_class() -> type:
             cur = sum(v[1] for v in self.live.values())
             if cur > self.peak:
                 self.peak = cur
-                self.peak_op = f"{i}:{func}"
+                self.peak_index, self.peak_name = i, str(func)
             self.peak_block = max(self.peak_block, sum(_block(v[1]) for v in self.live.values()))
             return out
 
@@ -141,18 +219,7 @@ def _tracker_class() -> type:
             return None if entry is None else entry[2]
 
         def dataflow_peak(self, keep: set[int]) -> int:
-            if self.ops == 0:
-                return 0
-            delta = [0] * (self.ops + 1)
-            for u, s in enumerate(self.size):
-                end = self.ops - 1 if u in keep else self.last[u]
-                delta[self.born[u]] += s
-                delta[end + 1] -= s
-            best = run = 0
-            for d in delta[:-1]:
-                run += d
-                best = max(best, run)
-            return best
+            return _dataflow_peak(self.size, self.born, self.last, self.ops, keep)
 
     return _LiveStorages
 
@@ -173,69 +240,168 @@ def _module_of(model: Any) -> Any:
     return model
 
 
-def reference_activation_peak(model: Any, spec: InputSpec, *, device: str = "cpu") -> ActivationReference:
+@contextlib.contextmanager
+def _fused_attention() -> Iterator[None]:
+    """``F.scaled_dot_product_attention`` on fake CUDA tensors as a GPU runs it, for the duration.
+
+    Without a GPU, PyTorch's backend choice for CUDA tensors falls back to the math attention, which
+    materialises the ``[B, H, S, S]`` scores; a GPU runs the fused kernels, which do not. While this context
+    is open, ``torch.nn.functional.scaled_dot_product_attention`` (the name ``nn.MultiheadAttention``,
+    ``transformers`` and ``timm`` call) calls the fused operator directly: flash attention for float16 /
+    bfloat16 without a mask and a head size of at most 256, else the memory-efficient one (float32, an
+    additive mask); a boolean mask, dropout or grouped-query attention goes to PyTorch unchanged. Under
+    autocast the query, key and value are cast first, as autocast casts them for this operator.
+    """
+    import torch
+    import torch.nn.functional as F  # noqa: N812
+
+    sdpa = F.scaled_dot_product_attention
+    aten = torch.ops.aten
+    names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+
+    def fused(*args: Any, **kwargs: Any) -> Any:
+        a = {**dict(zip(names, args)), **kwargs}
+        q, k, v, mask = a["query"], a["key"], a["value"], a.get("attn_mask")
+        if (q.device.type != "cuda" or a.get("dropout_p", 0.0) or a.get("enable_gqa", False)
+                or (mask is not None and not mask.is_floating_point())):
+            return sdpa(*args, **kwargs)
+        if torch.is_autocast_enabled("cuda"):
+            low = torch.get_autocast_dtype("cuda")
+            q, k, v = (t.to(low) if t.is_floating_point() and t.dtype != low else t for t in (q, k, v))
+            mask = mask.to(low) if mask is not None and mask.dtype != low else mask
+        causal, scale = bool(a.get("is_causal", False)), a.get("scale")
+        if q.dtype in (torch.float16, torch.bfloat16) and mask is None and q.shape[-1] <= 256:
+            return aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=scale)[0]
+        return aten._scaled_dot_product_efficient_attention(q, k, v, mask, False, 0.0, causal, scale=scale)[0]
+
+    F.scaled_dot_product_attention = fused
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention = sdpa
+
+
+@contextlib.contextmanager
+def _autocast(device: str, dtype: str | None) -> Iterator[None]:
+    """``torch.autocast(device, dtype)`` around the pass; on ``"cuda"`` enabled directly, as
+    ``torch.autocast.__enter__`` does, since its constructor refuses CUDA when no GPU is present."""
+    import torch
+
+    if dtype is None:
+        yield
+        return
+    low = getattr(torch, dtype)
+    if device == "cpu":
+        with torch.autocast("cpu", dtype=low):
+            yield
+        return
+    prev = (torch.is_autocast_enabled(device), torch.get_autocast_dtype(device), torch.is_autocast_cache_enabled())
+    torch.set_autocast_enabled(device, True)
+    torch.set_autocast_dtype(device, low)
+    torch.set_autocast_cache_enabled(True)
+    torch.autocast_increment_nesting()
+    try:
+        yield
+    finally:
+        if torch.autocast_decrement_nesting() == 0:
+            torch.clear_autocast_cache()
+        torch.set_autocast_enabled(device, prev[0])
+        torch.set_autocast_dtype(device, prev[1])
+        torch.set_autocast_cache_enabled(prev[2])
+
+
+def _fakes(module: Any, spec: InputSpec, mode: Any, device: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Fake weights and buffers of ``module`` (floating ones in the spec's dtype; parameters requiring grad,
+    as a model's do, so that autocast caches their casts as it does in eager) and the fake inputs."""
+    import torch
+
+    cast = getattr(torch, spec.dtype)
+    params = dict(module.named_parameters())
+    state = {**params, **dict(module.named_buffers())}
+    with mode:
+        fake_state = {}
+        for k, v in state.items():
+            t = torch.empty_strided(v.shape, v.stride(), dtype=cast if v.is_floating_point() else v.dtype,
+                                    device=device)
+            fake_state[k] = t.requires_grad_(k in params and v.requires_grad and t.is_floating_point())
+        made = {t.name: torch.empty((spec.batch_size, *t.shape), dtype=getattr(torch, spec.tensor_dtype(t)),
+                                    device=device) for t in spec.tensors}
+    return fake_state, made
+
+
+def _check_args(spec: Any, device: str, autocast: str | None) -> None:
+    if not isinstance(spec, InputSpec):
+        raise MeasurementError(f"spec must be a dippm_nas.InputSpec, got {spec!r}")
+    if device not in ("cpu", "cuda", "meta"):
+        raise MeasurementError(f"device must be 'cpu', 'cuda' or 'meta', got {device!r}")
+    if autocast is not None and autocast not in REFERENCE_AUTOCAST_DTYPES:
+        raise MeasurementError(f"autocast must be None or one of {REFERENCE_AUTOCAST_DTYPES}, got {autocast!r}")
+    if autocast is not None and device == "meta":
+        raise MeasurementError("autocast needs device 'cpu' or 'cuda' (PyTorch has no autocast for 'meta')")
+
+
+def reference_activation_peak(model: Any, spec: InputSpec, *, device: str = "cpu",
+                              autocast: str | None = None) -> ActivationReference:
     """The activation peak of one eager forward pass of ``model`` on ``spec``, exactly, without a GPU.
 
-    The model is run under fake tensors (see the module docstring): its weights and inputs are made as
-    fake tensors of the spec's dtype on ``device`` (floating weights cast like ``model.half()``), nothing is
-    computed, and the caller's model is not modified.
+    The model is run under ``torch.no_grad()`` and fake tensors (see the module docstring): its weights and
+    inputs are made as fake tensors of the spec's dtype on ``device`` (floating weights cast like
+    ``model.half()``), nothing is computed, and the caller's model is not modified. With ``autocast`` the
+    pass runs under ``torch.autocast(device, dtype=autocast)`` (keep the spec's dtype ``float32``): its casted
+    copies of activations are counted from creation to release, and those of the weights, which autocast
+    caches, until the pass ends. On ``"cuda"``, PyTorch's CUDA operator lists apply (layer norm and softmax
+    in float32, ...), and scaled-dot-product attention runs the fused kernels a GPU runs.
 
     Args:
         model: an ``nn.Module`` (its weights may live anywhere, ``meta`` included) or a model SPEC string
             (built on ``meta``: no weights are initialised).
         spec: the input spec (batch size, shapes, dtype).
-        device: the fake device, ``"cpu"`` (default), ``"cuda"`` or ``"meta"``.
+        device: the fake device, ``"cpu"`` (default), ``"cuda"`` (a CUDA-enabled torch build, no GPU needed)
+            or ``"meta"``.
+        autocast: ``None`` (default), ``"float16"`` or ``"bfloat16"``.
 
     Returns:
         An :class:`ActivationReference`.
 
     Raises:
-        MeasurementError: not a module, or the model cannot run on fake tensors (the operator's error is
-            chained).
+        GpuOnlyOperatorError: on ``"cpu"``, the model dispatches an operator that has a CUDA kernel only
+            (the message names it).
+        MeasurementError: not a module, a bad argument, or the model cannot run on fake tensors (the
+            operator's error is chained).
     """
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.multiprocessing.reductions import StorageWeakRef
     from torch.utils._pytree import tree_flatten
 
-    if not isinstance(spec, InputSpec):
-        raise MeasurementError(f"spec must be a dippm_nas.InputSpec, got {spec!r}")
-    if device not in ("cpu", "cuda", "meta"):
-        raise MeasurementError(f"device must be 'cpu', 'cuda' or 'meta', got {device!r}")
+    _check_args(spec, device, autocast)
     module = _module_of(model)
-    cast = getattr(torch, spec.dtype)
     mode = FakeTensorMode()
-    state = {**dict(module.named_parameters()), **dict(module.named_buffers())}
-    with mode:
-        fake_state = {
-            k: torch.empty_strided(v.shape, v.stride(), dtype=cast if v.is_floating_point() else v.dtype,
-                                   device=device)
-            for k, v in state.items()
-        }
-        made: dict[str, Any] = {}
-        for t in spec.tensors:
-            made[t.name] = torch.empty((spec.batch_size, *t.shape), dtype=getattr(torch, spec.tensor_dtype(t)),
-                                       device=device)
+    fake_state, made = _fakes(module, spec, mode, device)
     args: tuple[Any, ...] = (made["x"],) if spec.inputs is None else ()
     kwargs: dict[str, Any] = {} if spec.inputs is None else made
     pre = {StorageWeakRef(t.untyped_storage()).cdata for t in [*fake_state.values(), *made.values()]}
-    tracker = _tracker_class()(pre)
+    tracker = _tracker_class()(pre, check_cpu=device == "cpu")
+    fused = _fused_attention() if device == "cuda" else contextlib.nullcontext()
     was_training = module.training
     module.eval()
     try:
-        with torch.no_grad(), mode, tracker:
+        with torch.no_grad(), mode, tracker, fused, _autocast(device, autocast):
             out = torch.func.functional_call(module, fake_state, args, kwargs)
+            outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+    except GpuOnlyOperatorError:
+        raise
     except Exception as e:  # noqa: BLE001 - any operator may lack a fake/meta kernel; say which model
         raise MeasurementError(f"the eager pass of {type(module).__name__} on fake {device} tensors failed: "
                                f"{type(e).__name__}: {e}") from e
     finally:
         module.train(was_training)
-    outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
     keep = {u for u in (tracker.uid_of(t) for t in outs) if u is not None}
     return ActivationReference(
         peak_bytes=int(tracker.peak), peak_block_bytes=int(tracker.peak_block),
         dataflow_peak_bytes=int(tracker.dataflow_peak(keep)),
         input_bytes=sum(int(t.untyped_storage().nbytes()) for t in made.values()),
-        output_bytes=sum(tracker.size[u] for u in keep), num_ops=tracker.ops, peak_op=tracker.peak_op,
-        device=device,
+        output_bytes=sum(tracker.size[u] for u in keep), num_ops=tracker.ops,
+        peak_op=f"{tracker.peak_index}:{tracker.peak_name}", device=device, peak_op_index=tracker.peak_index,
+        peak_op_name=tracker.peak_name, autocast=autocast,
     )

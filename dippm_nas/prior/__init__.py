@@ -38,7 +38,7 @@ from dippm_nas.prior._memory import (MemoryBreakdown, MemoryParts, activation_li
 from dippm_nas.prior._op_table import OpTable, aten_op_record, fit_op_table, graph_op_records, working_set_bytes
 from dippm_nas.prior._nodes import (KernelTerms, NodeCosts, check_autocast, clear_graph_facts, facts_costs, graph_facts,
                                     graph_facts_many, kernel_terms, kernel_time_us, node_costs, retimed, wave_efficiency)
-from dippm_nas.prior._mig import DIPPM_LADDER, MigAdvice, ProfileAdvice, advise, advise_many
+from dippm_nas.prior._mig import DIPPM_LADDER, MigAdvice, ProfileAdvice, advise, advise_many, mig_fit_violations
 from dippm_nas.prior._mig import RULES as MIG_RULES
 from dippm_nas.prior._params import PARAM_CLASSES, DeviceScale, OpClassParams, PriorParams, default_params
 from dippm_nas.prior._power import (
@@ -57,7 +57,7 @@ from dippm_nas.prior._predict import predict, prediction_of
 
 __all__ = [
     "estimate", "estimate_many", "estimate_latency_ms", "predict", "prediction_of", "ResolvedSettings", "resolved_settings",
-    "CostStack", "StackedFacts", "estimates_of", "stacked_timelines", "deployment_spread_many", "advise_many", "PriorEstimate", "latency_us", "latency_sigma_log", "timeline_fields",
+    "CostStack", "StackedFacts", "estimates_of", "stacked_timelines", "deployment_spread_many", "advise_many", "mig_fit_violations", "PriorEstimate", "latency_us", "latency_sigma_log", "timeline_fields",
     "RUNTIMES", "HOST_KINDS", "Execution", "HostModel", "check_runtime", "input_copy_us", "PINNED_COPY_EFFICIENCY", "PAGEABLE_STAGING_GBPS", "PAGE_BYTES",
     "DeploymentSettings", "deployment_settings", "input_copy_kind", "UNKNOWN_TF32", "UNKNOWN_INPUT_COPY",
     "UNKNOWN_HOST", "UNKNOWN_HOST_CLOCK_GHZ", "UNKNOWN_HOST_SIGMA_LOG", "UNKNOWN_FRAMEWORK_WEIGHTS",

@@ -11,7 +11,8 @@ Liveness (execution order = node order of the graph):
 - at each node the live set includes its inputs and its freshly allocated outputs (both exist while
   the kernel runs);
 - the graph is functional, so an op PyTorch runs in place (``ReLU(inplace=True)``, ``x += y``) is counted
-  as allocating its output: an upper bound by at most one activation per such op.
+  as allocating its output (an upper bound by at most one activation per such op), except under eager
+  retention (below).
 
 Eager retention (``retention=True``, what the GPU prior uses). In eager PyTorch a tensor also lives while a
 Python frame holds it: a module's input until the module returns (``x = self.layer1(x)`` keeps the stage
@@ -22,9 +23,31 @@ boundary):
 
 - stage input: in a run of equal-sized cut tensors, the cut before the first residual block (the input of a
   ResNet stage, of a ViT's blocks) stays alive until the run's last cut;
-- block input: a cut tensor read by a residual join stays alive until the next cut tensor a residual join
-  reads in the same run of equal-sized cuts, the next block's input (else until the cut after the join) (a pre-norm transformer block holds its input through both of its
-  residual branches; a ConvMixer block through its pointwise half).
+- block input: a cut tensor read by a residual join stays alive until the first cut tensor from the join on
+  that a residual join reads in the same run of equal-sized cuts, the next block's input: the join's own
+  output (ResNet, ConvNeXt), else a later cut (a ConvMixer block holds its input through its pointwise half),
+  else until the cut after the join.
+
+Storages under 1/16 of the graph's largest (an attention mask, rotary tables alive through a whole encoder)
+neither make nor break a cut. Further rules of eager PyTorch's frames and in-place modules, by structure
+(``_frame_rules``):
+
+- in place: ``relu`` / ``clip`` (ReLU6) / ``silu`` / ``leakyrelu`` right after a convolution (or its fused bias
+  add) or a normalization that nothing else reads, a convolution's or GEMM's fused bias add, and the
+  decomposed hard-swish ``x * clip(x + 3, 0, 6) / 6`` share their input's storage (torchvision's and timm's
+  ``inplace=True`` activations; a GEMM's bias inside ``addmm``);
+- pre-norm branch: ``x + f(norm(x))`` holds the norm's output until the join (the argument of ``f``);
+- attention block: the input of a block whose first branch holds attention or softmax lives until the
+  block's second join (the caller holds a block's argument until it returns);
+- post-norm layer: ``norm(x + f(x))`` (BERT): the skip input of each such join lives until the next one;
+- inverted residual: 1x1 expand, depthwise, 1x1 project (MobileNet, MBConv): the block's input lives until
+  the projection's norm, the depthwise convolution's input until its norm (``Conv2dNormActivation``);
+- a concatenation normalised before a convolution (DenseNet's ``bn_function``) lives until that convolution;
+- max pooling allocates its int64 indices for the duration of the operator.
+
+Under ``autocast`` each output is sized at its run-time dtype (:func:`~dippm_nas.prior.autocast_plan`), each
+activation cast lives while its operator runs and each weight cast (autocast caches them) from its first
+use to the end of the pass. :func:`activation_liveness_many` has the retention rules, not ``autocast``.
 
 :func:`dippm_nas.measure.reference_activation_peak` gives the exact eager figure without a GPU;
 ``benchmarks/accuracy/accuracy_memory_liveness.py`` prints how well these rules agree with it per family.
@@ -70,11 +93,12 @@ K_LARGE_BUFFER = 20 * BYTES_PER_MIB
 K_MIN_LARGE_ALLOC = 10 * BYTES_PER_MIB
 K_ROUND_LARGE = 2 * BYTES_PER_MIB
 
-#: Relative standard deviation of the activation peak: the root-mean-square relative error (0.190) of the
+#: Relative standard deviation of the activation peak: the root-mean-square relative error (0.12) of the
 #: eager-retention liveness against the exact eager reference (:func:`dippm_nas.measure.reference_activation_peak`)
-#: over 157 models: 8 of each of the 14 search-space families and 45 torchvision / timm models at batch 32
-#: (``benchmarks/accuracy/accuracy_memory_liveness.py``; ``docs/gpu_memory.md`` has the command and the table).
-ACTIVATION_REL_SIGMA = 0.19
+#: over its float32 rows: 110 of 30 torchvision, 20 timm and 5 transformers models at two batch sizes (0.090) and
+#: 56 of the 14 search-space families (0.162) (``benchmarks/accuracy/accuracy_memory_liveness.py``;
+#: ``docs/gpu_memory.md`` has the commands and the table).
+ACTIVATION_REL_SIGMA = 0.12
 #: Relative standard deviation of the CUDA context (``runtime_baseline_mib``): PyTorch processes are reported
 #: at 500-900 MiB of context (driver, CUDA and cuDNN versions; eager or lazy module loading), +-25 % of the
 #: 700 MiB the catalogue takes; nothing here can check it without a GPU.
@@ -147,19 +171,28 @@ def _output_blocks(graph: OperatorGraph, i: int) -> list[int]:
     return [round_block(s) for s in sizes]
 
 
-def _cuts(n: int, alloc_at: list[int], last_use: list[int], storage_of: list[int | None]) -> list[tuple[int, int]]:
+#: A storage smaller than this share of a graph's largest one does not break a cut (an attention mask alive
+#: through a whole encoder leaves its blocks' boundaries cuts).
+_CUT_SMALL_SHARE = 1 / 16
+
+
+def _cuts(n: int, alloc_at: list[int], last_use: list[int], storage_of: list[int | None],
+          sizes: list[list[int]]) -> list[tuple[int, int]]:
     """``(node index, storage)`` of each cut: after the node, its output's storage is the only one alive
-    that a later node reads (consecutive positions of one storage, e.g. a node and its views, keep the last)."""
+    that a later node reads, small storages apart (:data:`_CUT_SMALL_SHARE`; the caller's inputs count)
+    (consecutive positions of one storage, e.g. a node and its views, keep the last)."""
+    tot = [sum(b) for b in sizes]
+    thr = max(tot, default=0) * _CUT_SMALL_SHARE
     delta = np.zeros(n + 1, dtype=np.int64)
-    for a, e in zip(alloc_at, last_use):
-        if e > a:
+    for a, e, t in zip(alloc_at, last_use, tot):
+        if e > a and (t >= thr or t == 0):
             delta[a] += 1
             delta[min(e, n)] -= 1
     across = np.cumsum(delta)[:n]
     out: list[tuple[int, int]] = []
     for i in range(n - 1):
         s = storage_of[i]
-        if s is None or across[i] != 1 or not alloc_at[s] <= i < last_use[s]:
+        if s is None or across[i] != 1 or not alloc_at[s] <= i < last_use[s] or 0 < tot[s] < thr:
             continue
         if out and out[-1][1] == s:
             out[-1] = (i, s)
@@ -172,7 +205,7 @@ def _retain(graph: OperatorGraph, sizes: list[list[int]], alloc_at: list[int], l
             storage_of: list[int | None], preds: list[list[int]], input_sids: dict[int, list[int]]) -> None:
     """Extend ``last_use`` in place by the two eager-retention rules of the module docstring."""
     n = graph.num_nodes
-    cuts = _cuts(n, alloc_at, last_use, storage_of)
+    cuts = _cuts(n, alloc_at, last_use, storage_of, sizes)
     if not cuts:
         return
     joins = [len({storage_of[p] for p in preds[i] if storage_of[p] is not None}) + len(input_sids.get(i, ())) >= 2
@@ -201,7 +234,7 @@ def _retain(graph: OperatorGraph, sizes: list[list[int]], alloc_at: list[int], l
     for k, (j, sj) in enumerate(cuts[:-1]):
         if not joins[j]:
             continue
-        i = bisect.bisect_right(skip_sources, k)  # the first skip source after cut k (sorted)
+        i = bisect.bisect_left(skip_sources, k)  # the first skip source from cut k on (the join's own output)
         nxt = skip_sources[i] if i < len(skip_sources) else len(cuts)
         end = pos[nxt] if nxt < len(cuts) and run[nxt] == run[k] else pos[k + 1]
         for p in preds[j]:
@@ -223,8 +256,203 @@ def _retain(graph: OperatorGraph, sizes: list[list[int]], alloc_at: list[int], l
     last_use[:] = new_last
 
 
+#: Activations eager PyTorch models run in place after a convolution or a normalization
+#: (``nn.ReLU(inplace=True)``, ``nn.ReLU6(inplace=True)`` as ``clip``, ``nn.SiLU(inplace=True)``).
+_INPLACE_ACTS = frozenset({"nn.relu", "clip", "nn.silu", "nn.leakyrelu"})
+_PRE_NORMS = frozenset({"nn.layer_norm", "nn.rms_norm", "nn.group_norm"})
+_FRAME_MEMO: dict[int, tuple[object, "_FrameRules"]] = {}
+
+
+@dataclass(frozen=True)
+class _FrameRules:
+    """What eager PyTorch's frames and in-place modules do to one graph's liveness (node indices).
+
+    ``inplace``: activations that reuse their producer's storage; ``extend``: ``(producer, until)`` pairs,
+    the producer's output lives at least until node ``until``."""
+
+    inplace: tuple[int, ...]
+    extend: tuple[tuple[int, int], ...]
+    scratch: tuple[tuple[int, int], ...] = ()
+
+
+def _frame_rules(graph: OperatorGraph) -> _FrameRules:
+    """The rules of the module docstring's "Python frames" list, memoised by the graph's identity."""
+    hit = _FRAME_MEMO.get(id(graph))
+    if hit is not None and hit[0] is graph:
+        return hit[1]
+    nodes = graph.nodes
+    preds = graph.predecessors()
+    succ: list[list[int]] = [[] for _ in nodes]
+    for i, ps in enumerate(preds):
+        for q in ps:
+            succ[q].append(i)
+    outs = set(graph.outputs)
+    from dippm_nas.prior._nodes import graph_facts  # noqa: PLC0415 - _nodes imports this module's users
+
+    fused = graph_facts(graph).fused
+    inplace = tuple(sorted({i for i, nd in enumerate(nodes)
+                            if nd.op in _INPLACE_ACTS and len(preds[i]) == 1 and not nd.is_constant
+                            and (nodes[preds[i][0]].op_class in ("conv", "normalization")
+                                 or fused[preds[i][0]] and any(_is_conv(nodes[q]) for q in preds[preds[i][0]]))
+                            and succ[preds[i][0]] == [i] and preds[i][0] not in outs}
+                           | {i for i in range(len(nodes)) if fused[i] and preds[i]}
+                           | set(_hardswish_chains(nodes, preds, succ))))
+    extend = _pre_norm_rule(nodes, preds) + _post_norm_rule(nodes, preds, succ) + _attention_block_rule(nodes, preds) \
+        + _inverted_residual_rule(nodes, preds, succ) + _concat_norm_rule(nodes, succ)
+    # max pooling computes its int64 indices (``max_pool2d_with_indices``) and drops them when it returns
+    scratch = tuple((i, round_block(nd.output_elements * 8)) for i, nd in enumerate(nodes)
+                    if nd.op.startswith("nn.max_pool") and not nd.is_constant)
+    rules = _FrameRules(inplace, tuple(extend), scratch)
+    if len(_FRAME_MEMO) >= _MEMO_MAX:
+        _FRAME_MEMO.clear()
+    _FRAME_MEMO[id(graph)] = (graph, rules)
+    return rules
+
+
+def _hardswish_chains(nodes: "Sequence[OpNode]", preds: list[list[int]], succ: list[list[int]]) -> list[int]:
+    """The nodes of ``x * clip(x + 3, 0, 6) / 6`` (hard-swish as the graph decomposes it), which eager PyTorch
+    runs as one in-place ``nn.Hardswish(inplace=True)``: ``add``, ``clip``, ``divide`` and ``multiply``."""
+    out = []
+    for m, nd in enumerate(nodes):
+        if nd.op != "multiply" or len(preds[m]) != 2:
+            continue
+        for x, d in (preds[m], preds[m][::-1]):
+            c = preds[d][0] if nodes[d].op == "divide" and len(preds[d]) == 1 else -1
+            a = preds[c][0] if c >= 0 and nodes[c].op == "clip" and len(preds[c]) == 1 else -1
+            if a >= 0 and nodes[a].op == "add" and preds[a] == [x] and succ[a] == [c] and succ[c] == [d] \
+                    and succ[d] == [m] and nodes[x].op_class in ("conv", "normalization") and set(succ[x]) == {a, m}:
+                out += [a, c, d, m]
+                break
+    return out
+
+
+def _producer(nodes: "Sequence[OpNode]", preds: list[list[int]], i: int) -> int:
+    """The node whose storage node ``i`` aliases (through views), or ``i``."""
+    while nodes[i].op_class == "view" and preds[i]:
+        i = preds[i][0]
+    return i
+
+
+def _pre_norm_rule(nodes: "Sequence[OpNode]", preds: list[list[int]]) -> list[tuple[int, int]]:
+    """A pre-norm residual branch (``x + f(norm(x))``) holds the norm's output until the join: the caller's
+    frame keeps the argument of ``f`` while ``f`` runs."""
+    readers: dict[int, list[int]] = {}
+    for j, ps in enumerate(preds):
+        src = {_producer(nodes, preds, q) for q in ps if not nodes[q].is_constant}
+        if len(src) >= 2 and nodes[j].op == "add":
+            for q in src:
+                readers.setdefault(q, []).append(j)
+    out = []
+    for i, nd in enumerate(nodes):
+        if nd.op in _PRE_NORMS and preds[i]:
+            r = readers.get(_producer(nodes, preds, preds[i][0]), [])
+            k = bisect.bisect_right(r, i)
+            if k < len(r):
+                out.append((i, r[k]))
+    return out
+
+
+def _attention_block_rule(nodes: "Sequence[OpNode]", preds: list[list[int]]) -> list[tuple[int, int]]:
+    """A transformer block (``x + attn(..)`` then ``+ mlp(..)``, the first branch holding attention or starting
+    with a norm): the block's input lives until the block's output is made, the second join: the caller's
+    frame holds a module's argument until it returns."""
+    readers: dict[int, list[int]] = {}
+    for i, ps in enumerate(preds):
+        for q in ps:
+            readers.setdefault(_producer(nodes, preds, q), []).append(i)
+    joins = []
+    for j, ps in enumerate(preds):
+        src = sorted({_producer(nodes, preds, q) for q in ps if not nodes[q].is_constant})
+        if nodes[j].op == "add" and len(src) >= 2:
+            joins.append((j, src))
+    out = []
+    for k, (j, src) in enumerate(joins[:-1]):
+        if not (any(nodes[i].op_class in ("attention", "softmax") for i in range(src[0] + 1, j))
+                or any(nodes[c].op in _PRE_NORMS for c in readers.get(src[0], ()))):
+            continue
+        nxt, nsrc = joins[k + 1]
+        if j in nsrc:
+            out.append((src[0], nxt))
+    return out
+
+
+def _post_norm_rule(nodes: "Sequence[OpNode]", preds: list[list[int]],
+                    succ: list[list[int]]) -> list[tuple[int, int]]:
+    """Post-norm sublayers (``norm(x + f(x))``, BERT): the skip input of each lives until the next post-norm
+    join, so a layer's input lives through the whole layer (the caller's frame holds it until it returns)."""
+    joins = [j for j, ps in enumerate(preds)
+             if nodes[j].op == "add" and len(succ[j]) == 1 and nodes[succ[j][0]].op in _PRE_NORMS
+             and len({_producer(nodes, preds, q) for q in ps if not nodes[q].is_constant}) >= 2]
+    out = []
+    for j, nxt in zip(joins, joins[1:]):
+        src = min(_producer(nodes, preds, q) for q in preds[j] if not nodes[q].is_constant)
+        out.append((src, nxt))
+    return out
+
+
+def _is_conv(nd: OpNode, *, depthwise: bool | None = None) -> bool:
+    if nd.op_class != "conv" and not nd.op.startswith("nn.conv"):
+        return False
+    return depthwise is None or bool(nd.attrs.get("depthwise", False)) == depthwise
+
+
+def _inverted_residual_rule(nodes: "Sequence[OpNode]", preds: list[list[int]],
+                            succ: list[list[int]]) -> list[tuple[int, int]]:
+    """An inverted-residual block (1x1 expand, depthwise, 1x1 project: MobileNet, MBConv) holds its input
+    until its projection's normalization, and the depthwise convolution's input until the normalization
+    after it: the caller's frame (an ``nn.Sequential`` such as ``Conv2dNormActivation``) keeps a module's
+    input until the module returns."""
+    out = []
+    for d, nd in enumerate(nodes):
+        if not _is_conv(nd, depthwise=True) or not preds[d]:
+            continue
+        i, block_in = preds[d][0], preds[d][0]
+        for _ in range(8):
+            if _is_conv(nodes[i]) or len(preds[i]) != 1:
+                break
+            i = preds[i][0]
+        if _is_conv(nodes[i], depthwise=False) and list(nodes[i].attrs.get("kernel", ())) == [1, 1]:
+            if not preds[i]:
+                continue
+            block_in = preds[i][0]
+        j = d
+        for _ in range(16):
+            if not succ[j]:
+                break
+            j = max(succ[j])
+            if _is_conv(nodes[j], depthwise=False) or nodes[j].op_class in ("matmul", "attention") \
+                    or nodes[j].op == "add" and len(preds[j]) >= 2:
+                break  # the projection, or not an inverted residual (ConvNeXt's pointwise GEMMs, a residual join)
+        if not _is_conv(nodes[j], depthwise=False):
+            continue
+        if len(succ[j]) == 1 and nodes[succ[j][0]].op_class == "normalization":
+            j = succ[j][0]
+        out.append((block_in, j))
+        if len(succ[d]) == 1 and nodes[succ[d][0]].op_class == "normalization":
+            out.append((preds[d][0], succ[d][0]))  # the depthwise group's input, until its norm returns
+    return out
+
+
+def _concat_norm_rule(nodes: "Sequence[OpNode]", succ: list[list[int]]) -> list[tuple[int, int]]:
+    """A concatenation normalised before a convolution (DenseNet's ``conv(relu(norm(cat(features))))``) lives
+    until that convolution has run: it is a local variable of the function that makes it."""
+    out = []
+    for c, nd in enumerate(nodes):
+        if nd.op != "concat" or len(succ[c]) != 1 or nodes[succ[c][0]].op_class != "normalization":
+            continue
+        j = succ[c][0]
+        for _ in range(4):
+            if len(succ[j]) != 1:
+                break
+            j = succ[j][0]
+            if _is_conv(nodes[j]) or nodes[j].op_class == "matmul":
+                out.append((c, j))
+                break
+    return out
+
+
 def activation_liveness(graph: OperatorGraph, *, retention: bool = False,
-                        include_inputs: bool = True) -> MemoryBreakdown:
+                        include_inputs: bool = True, autocast: str | None = None) -> MemoryBreakdown:
     """Peak activation memory of ``graph`` by a liveness pass in execution order.
 
     Args:
@@ -233,21 +461,79 @@ def activation_liveness(graph: OperatorGraph, *, retention: bool = False,
             docstring); ``False`` frees every tensor at its last use.
         include_inputs: count the model inputs as activations (until their last consumer); ``False``
             leaves them to the caller's part.
+        autocast: ``None`` or ``"float16"`` / ``"bfloat16"``: the pass runs under ``torch.autocast`` (CUDA
+            operator lists, :func:`~dippm_nas.prior.autocast_plan`): each output at its run-time dtype, each
+            activation autocast casts for an operator alive while it runs, each weight's cached cast from
+            its first use to the end of the pass.
 
     Returns:
         the :class:`MemoryBreakdown`.
     """
     n = graph.num_nodes
     preds = graph.predecessors()
+    rules = _frame_rules(graph) if retention and n else _FrameRules((), ())
     lv = _Lives([None] * n, [], [], [], {})
     _input_storages(graph, lv, include_inputs)
-    _node_storages(graph, preds, lv)
+    _node_storages(graph, preds, lv, frozenset(rules.inplace))
     _extend_lives(graph, preds, lv)
     if n == 0:
         return MemoryBreakdown(0, 0, -1, np.zeros(0), np.zeros((3, 0)))
     if retention:
         _retain(graph, lv.sizes, lv.alloc_at, lv.last_use, lv.storage_of, preds, lv.consumers_of_input)
+        for p, until in rules.extend:
+            s = lv.storage_of[p]
+            if s is not None:
+                lv.last_use[s] = max(lv.last_use[s], until)
+        for i, nbytes in rules.scratch:
+            _add_storage(lv, [nbytes], i, i)
+    if autocast is not None:
+        _autocast_storages(graph, preds, lv, autocast)
     return _peak(lv, n)
+
+
+_WIDTH = {0: 4, 1: 2, 2: 2, 3: 8}
+
+
+def _autocast_storages(graph: OperatorGraph, preds: list[list[int]], lv: _Lives, low: str) -> None:
+    """Re-size the storages to their run-time dtype under autocast to ``low`` and add autocast's casts: an
+    activation cast alive while its operator runs, a weight's cast (cached by autocast) from its first use
+    to the end of the pass."""
+    from dippm_nas.prior._autocast import AUTOCAST_LOW_CLASSES, autocast_plan
+    from dippm_nas.prior._nodes import check_autocast, graph_facts
+
+    check_autocast(low)
+    facts = graph_facts(graph)
+    plan = autocast_plan(graph, low, facts.classes, facts.dtype, facts.fused)
+    nodes, n = graph.nodes, graph.num_nodes
+    low_code = {"float16": 1, "bfloat16": 2}[low]
+    for i, nd in enumerate(nodes):
+        s = lv.storage_of[i]
+        cap, run = int(facts.dtype[i]), int(plan.dtype[i])
+        if s is not None and lv.alloc_at[s] == i and cap in _WIDTH and run in _WIDTH and cap != run:
+            lv.sizes[s] = [round_block(b * _WIDTH[run] // _WIDTH[cap]) for b in _output_blocks(graph, i)]
+    for i, nd in enumerate(nodes):
+        run = int(plan.dtype[i])
+        if nd.is_constant or plan.casts[i] <= 0 or run not in _WIDTH:
+            continue
+        for p in preds[i]:
+            rp = int(plan.dtype[p])
+            if not nodes[p].is_constant and rp in _WIDTH and rp != run:
+                _add_storage(lv, [round_block(nodes[p].output_elements * _WIDTH[run])], i, i)
+        for t in graph.spec.tensors:
+            code = {"float32": 0, "float16": 1, "bfloat16": 2}.get(graph.spec.tensor_dtype(t))
+            if code is not None and code != run and i in graph.input_consumers.get(t.name, ()):
+                _add_storage(lv, [round_block(math.prod((graph.spec.batch_size, *t.shape)) * _WIDTH[run])], i, i)
+        if facts.classes[i] in AUTOCAST_LOW_CLASSES and int(facts.dtype[i]) != low_code:
+            blocks = [round_block(math.prod(sh) * _WIDTH[low_code])
+                      for sh, par in zip(nd.input_shapes, nd.input_is_param) if par and len(sh) > 0]
+            if blocks:
+                _add_storage(lv, blocks, i, n)
+
+
+def _add_storage(lv: _Lives, blocks: list[int], alloc_at: int, last_use: int) -> None:
+    lv.sizes.append(blocks)
+    lv.alloc_at.append(alloc_at)
+    lv.last_use.append(last_use)
 
 
 @dataclass
@@ -275,13 +561,15 @@ def _input_storages(graph: OperatorGraph, lv: _Lives, include_inputs: bool) -> N
             lv.consumers_of_input.setdefault(c, []).append(sid)
 
 
-def _node_storages(graph: OperatorGraph, preds: list[list[int]], lv: _Lives) -> None:
-    """One storage per computing node; a view aliases its first live producer's (or its input's) storage."""
+def _node_storages(graph: OperatorGraph, preds: list[list[int]], lv: _Lives,
+                   inplace: frozenset[int] = frozenset()) -> None:
+    """One storage per computing node; a view (or an in-place activation of ``inplace``) aliases its first
+    live producer's (or its input's) storage."""
     for node in graph.nodes:
         i = node.index
         if node.is_constant:
             continue
-        if node.op_class == "view":
+        if node.op_class == "view" or i in inplace:
             live_preds = [p for p in preds[i] if lv.storage_of[p] is not None]
             if live_preds:
                 lv.storage_of[i] = lv.storage_of[live_preds[0]]
@@ -405,7 +693,7 @@ def _first_per_sorted(keys: np.ndarray) -> np.ndarray:
     return np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
 
 
-def _storages(st: GraphStack, include_inputs: bool) -> _Storages:
+def _storages(st: GraphStack, include_inputs: bool, inplace: np.ndarray | None = None) -> _Storages:
     """Storages, their blocks, the view aliases and the last uses of a stack (the first half of
     :func:`activation_liveness`, over all graphs at once)."""
     offsets = st.offsets
@@ -425,7 +713,7 @@ def _storages(st: GraphStack, include_inputs: bool) -> _Storages:
             pair_node.extend([off + c for c in cons])
             pair_sid.extend([sid] * len(cons))
     n_in = len(in_graph)
-    view = st.is_class("view")
+    view = st.is_class("view") if inplace is None else st.is_class("view") | inplace
     owner = ~st.is_constant & ~view
     owners = np.flatnonzero(owner)
     storage_of = np.full(st.num_nodes, -1, dtype=np.int64)
@@ -509,7 +797,7 @@ def _retain_many(st: GraphStack, lv: _Storages) -> None:
     # block input: a cut read by a join lives until the next skip source of its run, else the cut after the join
     idx = np.arange(kc)
     nxt_incl = np.minimum.accumulate(np.where(skip, idx, kc)[::-1])[::-1]
-    nxt = np.r_[nxt_incl[1:], kc]
+    nxt = nxt_incl
     same = (nxt < kc) & (run[np.minimum(nxt, kc - 1)] == run)
     last_in_graph = np.r_[first_of_graph[1:], True]
     end = np.where(same, lpos[np.minimum(nxt, kc - 1)], lpos[np.minimum(idx + 1, kc - 1)])
@@ -541,15 +829,19 @@ def _cuts_many(st: GraphStack, lv: _Storages) -> tuple[np.ndarray, np.ndarray]:
     n_g = st.sizes
     seg = st.offsets + np.arange(st.offsets.size)  # n + 1 slots per graph
     a, e = lv.alloc, np.minimum(lv.last, n_g[lv.graph])
-    live = e > a
+    size = np.bincount(lv.blk_sid, weights=lv.blk, minlength=lv.graph.size)
+    gmax = np.zeros(st.num_graphs)
+    np.maximum.at(gmax, lv.graph, size)
+    live = (e > a) & ((size >= gmax[lv.graph] * _CUT_SMALL_SHARE) | (size == 0))
     delta = np.bincount(np.r_[seg[lv.graph[live]] + a[live], seg[lv.graph[live]] + e[live]],
                         weights=np.r_[np.ones(int(live.sum())), -np.ones(int(live.sum()))],
                         minlength=int(seg[-1]))
     across = np.cumsum(delta)[seg[st.graph_of] + st.local]
     s = lv.storage_of
     sv = np.maximum(s, 0)
+    small = (size > 0) & (size < gmax[lv.graph] * _CUT_SMALL_SHARE)
     cand = (s >= 0) & (st.local < n_g[st.graph_of] - 1) & (across == 1) & (lv.alloc[sv] <= st.local) \
-        & (st.local < lv.last[sv])
+        & (st.local < lv.last[sv]) & ~small[sv]
     pos = np.flatnonzero(cand)
     cs = s[pos]
     g = st.graph_of[pos]
@@ -616,9 +908,26 @@ def activation_liveness_many(graphs: Sequence[OperatorGraph], *, retention: bool
     st = stack if stack is not None else stack_graphs(graphs)
     if not st.num_graphs:
         return []
-    lv = _storages(st, include_inputs)
-    if retention:
-        _retain_many(st, lv)
+    if not retention:
+        return _breakdowns(st, _storages(st, include_inputs))
+    rules = [_frame_rules(g) if g.num_nodes else _FrameRules((), ()) for g in st.graphs]
+    inplace = np.zeros(st.num_nodes, dtype=bool)
+    inplace[np.fromiter((int(st.offsets[gi]) + i for gi, r in enumerate(rules) for i in r.inplace),
+                        dtype=np.int64)] = True
+    lv = _storages(st, include_inputs, inplace)
+    _retain_many(st, lv)
+    ext = np.array([(int(st.offsets[gi]) + p, u) for gi, r in enumerate(rules) for p, u in r.extend],
+                   dtype=np.int64).reshape(-1, 2)
+    sid = lv.storage_of[ext[:, 0]]
+    np.maximum.at(lv.last, sid[sid >= 0], ext[sid >= 0, 1])
+    scr = np.array([(gi, i, b) for gi, r in enumerate(rules) for i, b in r.scratch], dtype=np.int64).reshape(-1, 3)
+    if scr.size:
+        new_sid = lv.graph.size + np.arange(scr.shape[0], dtype=np.int64)
+        lv.graph = np.r_[lv.graph, scr[:, 0]]
+        lv.alloc = np.r_[lv.alloc, scr[:, 1]]
+        lv.last = np.r_[lv.last, scr[:, 1]]
+        lv.blk_sid = np.r_[lv.blk_sid, new_sid]
+        lv.blk = np.r_[lv.blk, scr[:, 2]]
     return _breakdowns(st, lv)
 
 

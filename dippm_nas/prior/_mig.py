@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -19,7 +20,7 @@ from dippm_nas.prior._estimate import _latency_parts, latency_us, resolved_setti
 from dippm_nas.prior._params import PriorParams
 from dippm_nas.prior._stack import CostStack, Timelines
 
-__all__ = ["advise", "advise_many", "MigAdvice", "ProfileAdvice", "RULES", "DIPPM_LADDER"]
+__all__ = ["advise", "advise_many", "MigAdvice", "ProfileAdvice", "RULES", "DIPPM_LADDER", "mig_fit_violations"]
 
 logger = logging.getLogger(__name__)
 _warn_once = WarnOnce(logger)
@@ -314,3 +315,19 @@ def _advice(prediction: Prediction, dev: Device, k_sigma: float, rule: str,
     return MigAdvice(device=dev.id, supported=True, rule=rule, k_sigma=float(k_sigma), memory_needed_mib=need,
                      memory_std_mib=std, profiles=tuple(out), smallest_fit=None, reason=reason,
                      memory_std_missing=std_missing)
+
+
+def mig_fit_violations(advice: MigAdvice, required_mib: float) -> list[str]:
+    """The profiles ``advice`` says fit whose memory limit is below ``required_mib``: recommendations that
+    would run out of memory if the model needs ``required_mib`` (e.g. the eager reference's activation peak
+    plus the weights, the input and the CUDA context). Empty when every fit holds it.
+
+    Raises:
+        InvalidValueError: ``required_mib`` negative or not finite, or ``advice`` not a :class:`MigAdvice`.
+    """
+    if not isinstance(advice, MigAdvice):
+        raise InvalidValueError(f"advice must be a MigAdvice, got {type(advice).__name__}")
+    if isinstance(required_mib, bool) or not isinstance(required_mib, (int, float)) or not math.isfinite(required_mib) \
+            or required_mib < 0:
+        raise InvalidValueError(f"required_mib must be a finite number >= 0 (MiB), got {required_mib!r}")
+    return [p.profile for p in advice.profiles if p.fits and p.memory_limit_mib < required_mib]
