@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     from dippm_nas.training import TrainConfig, train_predictor
     from dippm_nas.prior import PriorParams
 
-    inputs = [p for p in (args.data, args.prior_params) if p]
+    inputs = [p for p in (*args.data, args.prior_params) if p]  # --data is given once per file
     writable_output(args.out, "--out", inputs=inputs)  # before the training, not after it
     if args.report:
         writable_output(args.report, "--report", inputs=inputs)

@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from dippm_nas._files import check_output
 from dippm_nas._numbers import as_int
 from dippm_nas.errors import MeasurementError
 from dippm_nas.spec import InputSpec
@@ -115,9 +116,16 @@ class OpProfileWriter:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise MeasurementError(f"op profile file {str(path)!r}: its folder cannot be created ({e})") from e
+        check_output(self.path, "op profile file", error=MeasurementError)  # a FIFO, a device, a directory
         self._xz = self.path.suffix == ".xz"
-        self._fh: IO[bytes] = open(self.path, "ab")
+        try:
+            self._fh: IO[bytes] = open(self.path, "ab")
+        except OSError as e:
+            raise MeasurementError(f"op profile file {str(path)!r} cannot be opened for appending ({e})") from e
         self._lock = threading.Lock()
         self.lines = 0
 

@@ -5,15 +5,18 @@ Each parameter is classified by its annotation (the text, so ``from __future__ i
 object dippm-nas builds (``OperatorGraph``, ``InputSpec``, ``Device``...), or anything. An example draws which
 parameter is hostile and a value for its class (``fuzz_hostile``): numbers and texts of the wrong type, non-finite
 and huge numbers, special files for paths, deep and wrong containers. A parameter typed as an object dippm-nas
-builds is given that object (a small valid one, :data:`FIXTURES`), never a value of another type: passing a
-non-graph where a graph is required is a programming error Python's own ``TypeError`` reports, while every value a
-user writes (numbers, names, paths, configs) must meet a clear error.
+builds, a container of such objects or a numpy array is given values of its type only (a small valid object
+of :data:`FIXTURES`, an empty container, a non-finite or empty float array): passing a non-graph where a graph
+is required is a programming error Python's own ``TypeError`` reports, while every value a user writes (numbers,
+names, paths, plain lists and mappings, configs) must meet a clear error, whatever its type.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import re
+from pathlib import Path
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
@@ -29,7 +32,9 @@ _SEQ = re.compile(r"^\s*(Sequence|list|tuple|Iterable|Collection|set|frozenset)\
 _MAP = re.compile(r"^\s*(Mapping|dict|MutableMapping)\b")
 _PLAIN = {"int", "float", "bool", "str", "bytes", "None", "Any", "object", "Path", "PathLike", "Literal",
           "Sequence", "Mapping", "list", "tuple", "dict", "Iterable", "Callable", "Collection", "set", "frozenset",
-          "Optional", "Union", "os", "PathLike[str]", "type", "Iterator", "TextIO", "IO", "MutableMapping"}
+          "Optional", "Union", "os", "PathLike[str]", "type", "Iterator", "TextIO", "IO", "MutableMapping",
+          "Any", "str", "float", "int", "bool", "np", "numpy", "ndarray", "Literal", "Callable", "Sequence",
+          "Shape", "SourceKind"}
 
 
 @cache
@@ -61,6 +66,15 @@ def _module() -> Any:
     return torch.nn.Linear(4, 2)
 
 
+def _workload() -> Any:
+    from dippm_nas.llm import LLMWorkload
+    return LLMWorkload(prompt_len=8, output_len=2, batch_size=1)
+
+
+def _item() -> Any:
+    return (_module(), _spec())
+
+
 def _deployment() -> Any:
     from dippm_nas.deployment import Deployment
     return Deployment()
@@ -69,7 +83,8 @@ def _deployment() -> Any:
 #: Small valid objects for parameters typed as objects dippm-nas builds (by the class name in the annotation).
 FIXTURES: dict[str, Callable[[], Any]] = {
     "InputSpec": _spec, "OperatorGraph": _graph, "Device": _device, "DecoderConfig": _decoder,
-    "Module": _module, "nn.Module": _module, "Deployment": _deployment,
+    "Module": _module, "nn.Module": _module, "ModelLike": _module, "Deployment": _deployment,
+    "LLMWorkload": _workload, "Item": _item,
 }
 
 
@@ -97,11 +112,16 @@ def classify(annotation: Any) -> tuple[str, str]:
     if any(_PATH.search(a) for a in alternatives):
         return "path", ""
     for a in alternatives:
-        if _SEQ.match(a):
-            return "seq", ""
-        if _MAP.match(a):
-            return "map", ""
+        if _SEQ.match(a) or _MAP.match(a):
+            inner = re.findall(r"[A-Za-z_][\w.]*", a[a.find("[") + 1:] if "[" in a else "")
+            objects = [n for n in inner if n.split(".")[-1] not in _PLAIN]
+            if objects:  # a container of objects dippm-nas builds: only empty and one-element ones
+                name = objects[0].split(".")[-1]
+                direct = inner and inner[0].split(".")[-1] == name  # Sequence[X], not Sequence[tuple[X, Y]]
+                return "objseq", (name if name in FIXTURES and direct else "")
+            return ("seq" if _SEQ.match(a) else "map"), ""
     bare = {re.sub(r"\[.*", "", a) for a in alternatives} - {"None"}
+    bare = {"str" if b == "SourceKind" else b for b in bare}
     for k in ("float", "int", "bool", "str"):
         if k in bare:
             return k, ""
@@ -119,6 +139,13 @@ def params_of(obj: Any) -> list[Param]:
         sig = inspect.signature(obj)
     except (TypeError, ValueError):
         return []
+    if dataclasses.is_dataclass(obj) and all(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+                                             for p in sig.parameters.values()):
+        sig = inspect.Signature([  # a dataclass whose __init__ takes **kwargs and checks them: its fields
+            inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, annotation=f.type,
+                              default=inspect.Parameter.empty if f.default is dataclasses.MISSING
+                              and f.default_factory is dataclasses.MISSING else None)
+            for f in dataclasses.fields(obj) if f.init])
     out = []
     for p in sig.parameters.values():
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) or p.name in ("self", "cls"):
@@ -148,6 +175,8 @@ def hostile(kind: str) -> st.SearchStrategy[Any]:
         return H.nested_values()
     if kind == "array":
         return H.arrays()
+    if kind == "objseq":
+        return st.sampled_from(([], ()))
     return H.any_values()
 
 
@@ -155,6 +184,8 @@ def baseline(p: Param, sc: H.Scene) -> Any:
     """A plain value of a parameter that is not the hostile one."""
     if p.kind == "object":
         return FIXTURES[p.fixture]() if p.fixture else None
+    if p.kind == "objseq":
+        return [FIXTURES[p.fixture]()] if p.fixture else []
     if p.kind == "path":
         return str(sc.input_file(b"{}\n"))
     if p.kind == "array":
@@ -164,15 +195,27 @@ def baseline(p: Param, sc: H.Scene) -> Any:
 
 
 def fuzzable(params: list[Param]) -> list[Param]:
-    """The parameters an example may make hostile: every one a user writes (not an object dippm-nas builds)."""
-    return [p for p in params if p.kind != "object"]
+    """The parameters an example may make hostile: every one a user writes (not an object dippm-nas builds, nor
+    a flag, whose truthiness is Python's)."""
+    return [p for p in params if p.kind not in ("object", "bool") and not (p.kind == "objseq" and not p.fixture)]
 
 
-def materialize(value: Any, sc: H.Scene, others: list[Any]) -> Any:
+def materialize(value: Any, sc: H.Scene, others: list[Any], *, output: bool = False) -> Any:
     if isinstance(value, tuple) and len(value) == 2 and value[0] == "path":
         target = next((o for o in others if isinstance(o, str) and H.is_regular(o)), None)
-        return sc.special(value[1], target=None if target is None else __import__("pathlib").Path(target))
+        return sc.special(value[1], target=None if target is None else Path(target), output=output)
     return value
+
+
+def writes(obj: Any, name: str) -> bool:
+    """Whether parameter ``name`` of ``obj`` names a file it writes (by the parameter's or the function's name)."""
+    return name in ("out", "output", "dest", "out_dir") or getattr(obj, "__name__", "").startswith(
+        ("save", "write", "export"))
+
+
+def needs_objects(obj: Any) -> list[str]:
+    """The required parameters of ``obj`` typed as objects dippm-nas builds that have no fixture."""
+    return [p.name for p in params_of(obj) if p.required and p.kind in ("object", "objseq") and not p.fixture]
 
 
 def signature_strategy(obj: Any) -> st.SearchStrategy[tuple[str, Any]] | None:
@@ -190,7 +233,7 @@ def call_with(obj: Any, drawn: tuple[str, Any], sc: H.Scene) -> Callable[[], Any
     args: list[Any] = []
     kwargs: dict[str, Any] = {}
     base = {p.name: baseline(p, sc) for p in params if p.required and p.name != name}
-    value = materialize(value, sc, list(base.values()))
+    value = materialize(value, sc, list(base.values()), output=writes(obj, name))
     for p in params:
         if p.name == name:
             v = value

@@ -207,56 +207,44 @@ RECORDS = _names("""
 """)
 #: Public names fuzzed from their signature (fuzz_generic): one parameter a user writes hostile at a time.
 GENERIC = _names("""
-    Deployment Device InputSpec LLMWorkload ModelSource OpNode OperatorGraph Stage TensorSpec budgets.Budgets
+    Deployment Device InputSpec LLMWorkload ModelSource OpNode Stage TensorSpec budgets.Budgets
     dataset.importers.AccelNasBenchSource dataset.importers.CampaignSource dataset.importers.NeuSightFxSource
     dataset.importers.NeuSightMicroSource dataset.importers.RyujaehunSource dataset.importers.TimmSource
-    dataset.importers.VidurSource devices.HostProfile devices.MigProfile features.OpEncoder llm.DecoderConfig
-    llm.ServingEngine measure.CampaignModel measure.CpuMeasurer measure.CudaMeasurer measure.MeasureSettings
-    measure.Measurement measure.OpProfileWriter measure.PowerSampler measure.RaplCounter measure.StoppingRule
-    nni.Constraints nni.DippmProfiler nni.HardwareAwareTuner optuna.HardwareCostModel optuna.TrialRecord
-    predictor.AdaptationKey predictor.AnalyticPredictor predictor.Calibration predictor.CheckpointMeta
-    predictor.GnnPredictor predictor.NumpyEnsemble predictor.ResidualHead predictor.SageEnsemble
-    predictor.TimelineFactors prior.DeploymentSettings prior.DeviceScale prior.Execution prior.HostModel
-    prior.HostRow prior.OpClassParams prior.OpTable prior.PowerParams prior.PowerTable prior.PriorParams
-    training.Example training.TrainConfig validation.Calibration validation.ParetoValidator budgets.check_k_sigma
-    budgets.trial_attrs capture capture.assemble capture.assemble_chunks capture.assemble_many capture.block_key
-    capture.file_key capture.load_callable capture.load_model capture.named_model_key capture.space_config_of
-    capture.supports_assembly capture_many cli.parse_devices dataset.build_dataset dataset.device_id
-    dataset.import_accel_nasbench dataset.import_campaign dataset.import_neusight dataset.import_ryujaehun
-    dataset.import_vidur dataset.macs_per_sample dataset.measurement_row dataset.plan_candidates dataset.run_import
-    deployment.tf32_defaults devices.device_from_dict devices.framework_of_version devices.resolve_device
-    devices.resolve_host_profile devices.unregister_device features.coarsen features.featurize
-    features.featurize_many features.get_op_encoder features.node_dim features.register_op_encoder
-    features.static_dim features.static_dtype_columns features.unregister_op_encoder get_device get_predictor
-    graph.adopt_node_columns graph.cost_of graph.graph_from_relax graph.op_class_of graph.stack_graphs
-    graph.synthetic_resnet_graph llm.architecture llm.causal_keys_per_query llm.config_from_transformers
-    llm.contiguous_capacity llm.decode_graph llm.expected_active_experts llm.kv_cache_bytes llm.kv_dtype_bytes
-    llm.paged_capacity llm.paged_kv_bytes llm.prefill_graph llm.resolve_execution llm.serving_engine measure.measure
-    measure.measure_isolated measure.plan_campaign measure.profile_ops measure.reference_activation_peak
-    measure.run_campaign measure.run_until_stopped measure.summarize measure.t_quantile_975 measure.time_interleaved
-    measure.trapezoid_energy_j mig.advise mig.advise_many nni.final_metrics nni.model_from_parameters
-    nni.parse_search_space nni.quantize nni.report nni.scalarize nni.spec_from_parameters nni.tuner_settings
-    nni.write_loopback_preload optuna.rdb_storage predict predict_generation predict_many predict_stages
-    predictor.calibration_path predictor.checkpoint_digest predictor.checkpoint_name predictor.collate
-    predictor.collate_globals predictor.correction_weight predictor.delete_calibration predictor.deployment_key
-    predictor.derived_weights_path predictor.find_checkpoint predictor.fit_calibration predictor.fit_residual_head
-    predictor.fit_timeline_factors predictor.global_arrays predictor.novelty_floor_log predictor.novelty_scores
-    predictor.set_predictor prior.activation_liveness prior.activation_liveness_many prior.aten_op_record
-    prior.check_autocast prior.check_runtime prior.deployment_spread prior.deployment_spread_many prior.estimate
-    prior.estimate_latency_ms prior.estimate_many prior.estimates_of prior.facts_costs prior.fit_host_model
-    prior.fit_op_table prior.gpu_memory_parts prior.gpu_memory_parts_many prior.graph_facts_many
-    prior.graph_op_records prior.host_model_latency_ms prior.input_copy_kind prior.input_copy_us prior.kernel_terms
-    prior.kernel_time_us prior.latency_us prior.node_activity prior.node_costs prior.pass_energy_j prior.predict
-    prior.resolved_settings prior.retimed prior.round_block prior.stacked_timelines prior.utilisation_energy_j
-    prior.wave_efficiency prior.working_set_bytes register_device spec.dtype_bytes spec.parse_shape sum_stages
-    training.attach_novelty_reference training.evaluate_checkpoint training.evaluate_examples
-    training.evaluate_predictions training.featurize_examples training.few_shot_curve training.fit_graded_floor
-    training.fit_novel_floor training.fit_shrink_width training.fit_std_floor training.heldout_timm_families
-    training.labels_log training.metrics_table training.reference_set training.regression_metrics
-    training.scatter_png training.split_d0 training.split_examples training.split_fraction training.timm_family
-    training.train_ensemble training.train_predictor training.write_report validation.calibrate_predictor
-    validation.check_calibration validation.device_is_here validation.fit_calibration validation.summarize
-    validation.torch_device_for validation.uncertainty_of
+    dataset.importers.VidurSource devices.HostProfile devices.MigProfile llm.DecoderConfig llm.ServingEngine
+    measure.CampaignModel measure.CpuMeasurer measure.CudaMeasurer measure.MeasureSettings measure.Measurement
+    measure.OpProfileWriter measure.RaplCounter measure.StoppingRule nni.Constraints nni.DippmProfiler
+    nni.HardwareAwareTuner optuna.HardwareCostModel optuna.TrialRecord predictor.AdaptationKey
+    predictor.AnalyticPredictor predictor.Calibration predictor.CheckpointMeta predictor.ResidualHead
+    predictor.SageEnsemble predictor.TimelineFactors prior.DeploymentSettings prior.DeviceScale prior.Execution
+    prior.HostModel prior.OpClassParams prior.OpTable prior.PowerParams prior.PowerTable training.Example
+    training.TrainConfig validation.Calibration validation.ParetoValidator budgets.check_k_sigma
+    capture.assemble capture.block_key capture.file_key capture.load_callable capture.load_model
+    capture.named_model_key capture.space_config_of capture.supports_assembly capture_many cli.parse_devices
+    dataset.build_dataset dataset.device_id dataset.import_accel_nasbench dataset.import_campaign
+    dataset.import_neusight dataset.import_ryujaehun dataset.import_vidur dataset.macs_per_sample
+    dataset.plan_candidates deployment.tf32_defaults devices.device_from_dict devices.framework_of_version
+    devices.resolve_device devices.resolve_host_profile devices.unregister_device
+    features.featurize features.featurize_many features.get_op_encoder features.node_dim features.static_dim
+    features.static_dtype_columns features.unregister_op_encoder get_device get_predictor graph.adopt_node_columns
+    graph.cost_of graph.graph_from_relax graph.op_class_of graph.stack_graphs graph.synthetic_resnet_graph
+    llm.architecture llm.causal_keys_per_query llm.config_from_transformers llm.contiguous_capacity llm.decode_graph
+    llm.expected_active_experts llm.kv_cache_bytes llm.kv_dtype_bytes llm.paged_kv_bytes llm.prefill_graph
+    llm.resolve_execution llm.serving_engine measure.measure measure.measure_isolated measure.profile_ops
+    measure.reference_activation_peak measure.run_campaign measure.summarize measure.t_quantile_975
+    measure.trapezoid_energy_j nni.final_metrics nni.model_from_parameters nni.parse_search_space nni.quantize
+    nni.report nni.spec_from_parameters nni.tuner_settings nni.write_loopback_preload optuna.rdb_storage predict
+    predict_generation predict_many predictor.calibration_path predictor.checkpoint_digest predictor.checkpoint_name
+    predictor.correction_weight predictor.delete_calibration predictor.deployment_key predictor.derived_weights_path
+    predictor.find_checkpoint predictor.fit_residual_head predictor.fit_timeline_factors predictor.novelty_floor_log
+    predictor.novelty_scores prior.activation_liveness_many prior.aten_op_record
+    prior.check_autocast prior.check_runtime prior.deployment_spread prior.estimate prior.estimate_latency_ms
+    prior.estimate_many prior.fit_op_table prior.graph_facts_many prior.graph_op_records prior.input_copy_kind
+    prior.input_copy_us prior.kernel_time_us prior.latency_us prior.node_activity prior.predict
+    prior.resolved_settings prior.round_block prior.utilisation_energy_j prior.wave_efficiency register_device
+    spec.dtype_bytes spec.parse_shape training.evaluate_checkpoint training.fit_graded_floor
+    training.fit_novel_floor training.fit_shrink_width training.fit_std_floor training.regression_metrics
+    training.scatter_png training.split_d0 training.split_fraction training.timm_family training.train_predictor
+    training.write_report validation.device_is_here validation.torch_device_for validation.uncertainty_of
 """)
 #: Public callables that take no argument: each reads the environment (fuzzed as a ``reader:`` entry) or nothing.
 NO_ARGUMENT = {
@@ -286,7 +274,7 @@ OBJECT_ONLY = {
                            prior.deployment_settings prior.graph_facts prior.latency_sigma_log prior.node_power_w
                            prior.power_params_for prior.prediction_of prior.timeline_fields prior.wait_power_w
                            training.is_timm validation.CalibratedPredictor validation.apply_calibration
-                           features.device_features"""),
+                           features.device_features features.coarsen prior.activation_liveness"""),
                     "takes only objects dippm-nas builds (a graph, an estimate, a calibration, a device...)"),
     **dict.fromkeys(_names("predictor.BasePredictor dataset.Source"), "an abstract base class"),
     **dict.fromkeys(_names("measure.CudaOps measure.NvmlAdapter"),
@@ -295,6 +283,25 @@ OBJECT_ONLY = {
                            measure.campaign_models.tiny_cnn measure.campaign_models.tiny_mlp nni.TinyConvSpace"""),
                     "a model builder of the validation set or an example space; takes no argument"),
 }
+#: Public names whose required parameters include objects dippm-nas builds that the registry has no small
+#: valid instance of (fuzz_generic.FIXTURES): a prediction, a predictor, features, examples, a stack of facts,
+#: a queue, a source. The values a user writes reach them through the functions and readers building those.
+NEEDS_OBJECTS = dict.fromkeys(_names("""
+    OperatorGraph features.OpEncoder measure.PowerSampler predictor.GnnPredictor predictor.NumpyEnsemble
+    prior.HostRow prior.PriorParams budgets.trial_attrs capture.assemble_chunks capture.assemble_many
+    dataset.measurement_row dataset.run_import features.register_op_encoder llm.paged_capacity
+    measure.plan_campaign measure.run_until_stopped measure.time_interleaved mig.advise mig.advise_many
+    nni.scalarize predict_stages predictor.collate predictor.collate_globals predictor.fit_calibration
+    predictor.global_arrays predictor.set_predictor prior.deployment_spread_many prior.estimates_of
+    prior.facts_costs prior.fit_host_model prior.gpu_memory_parts prior.gpu_memory_parts_many
+    prior.host_model_latency_ms prior.kernel_terms prior.node_costs prior.pass_energy_j prior.retimed
+    prior.stacked_timelines prior.working_set_bytes sum_stages training.attach_novelty_reference
+    training.evaluate_examples training.evaluate_predictions training.featurize_examples training.few_shot_curve
+    training.heldout_timm_families training.labels_log training.metrics_table training.reference_set
+    training.split_examples training.train_ensemble validation.calibrate_predictor validation.check_calibration
+    validation.fit_calibration validation.summarize
+"""), "its required parameters include objects dippm-nas builds with no fixture; fuzzed through their builders")
+#: Public names with a strategy of their own below (``CUSTOM``).
 #: Public names fuzzed through a reader or credential entry below rather than from their signature.
 THROUGH = {
     **dict.fromkeys(_names("cli.main"), "the CLI: every verb and option is a cli: entry"),
@@ -315,7 +322,10 @@ THROUGH = {
 
 
 def _generic(path: str) -> Entry:
-    obj = _resolve(path)
+    try:
+        obj = _resolve(path)
+    except (ImportError, AttributeError):
+        return Entry(path, reason="not public in this tree (registered for another version)")
     strategy = G.signature_strategy(obj)
     if strategy is None:
         return Entry(path)  # neither a strategy nor a reason: the coverage test names it
@@ -598,7 +608,6 @@ def _forget_adaptation(pred: Any) -> None:
 def _honest_adaptation(url: str) -> None:
     """An adaptation stored the honest way (``adapt`` of a few measured graphs)."""
     from dippm_nas.graph import synthetic_resnet_graph
-    from dippm_nas.measure import Measurement
     from dippm_nas.predictor import GnnPredictor, get_predictor, set_predictor
     pred = get_predictor("a100-sxm4-40gb")
     if not isinstance(pred, GnnPredictor):
@@ -606,7 +615,7 @@ def _honest_adaptation(url: str) -> None:
     rows = []
     for i in range(1, 9):
         g = synthetic_resnet_graph(i)
-        rows.append((g, Measurement(device="a100-sxm4-40gb", latency_ms=1.0 + i, status="ok")))
+        rows.append((g, {"latency_ms": 1.0 + i}))
     with contextlib.suppress(Exception):
         pred.adapt(rows, storage=url)
     set_predictor("a100-sxm4-40gb", None)
@@ -665,7 +674,8 @@ def _queue_rows(drawn: Any, sc: H.Scene) -> Callable[[], Any]:
     def make(p: Path) -> None:
         q = JobQueue(f"sqlite:///{p}")
         q.enqueue(study="s", trial_number=0, space="mlp", config={"in_features": 4},
-                  spec={"shape": [4], "batch_size": 2}, device="a100-sxm4-40gb", predicted={"latency_ms": 1.0})
+                  spec={"shape": [4], "batch_size": 2, "dtype": "float32"}, device="a100-sxm4-40gb",
+                  predicted={"latency_ms": 1.0})
         q.close()
     db = _sqlite_of(drawn, sc, make)
 
@@ -677,6 +687,26 @@ def _queue_rows(drawn: Any, sc: H.Scene) -> Callable[[], Any]:
             q.close()
     return run
 
+
+def _capture(drawn: tuple[str, Any], sc: H.Scene) -> Callable[[], Any]:
+    """``capture(model, spec)``: a model given as a text (``module:callable``, a file) or a spec of another type."""
+    from dippm_nas import capture
+    which, value = drawn
+    if which == "model":
+        if isinstance(value, tuple):
+            value = sc.special(value[1], ".py")
+        return lambda: capture(value, G.FIXTURES["InputSpec"]())
+    return lambda: capture(G.FIXTURES["Module"](), value)
+
+
+_MODEL_TEXTS = ("os:system", "builtins:exit", "no_such_module_fz:build", "torchvision.models:resnet18x", ":",
+                "a:b:c", "", "\x00", "x" * 5000, "torch.nn:Linear")
+CUSTOM: dict[str, Entry] = {e.name: e for e in (
+    Entry("dippm_nas.capture", st.one_of(
+        st.tuples(st.just("model"), st.one_of(st.sampled_from(_MODEL_TEXTS), H.read_kinds().map(lambda k: ("p", k)),
+                                              H.scalars())),
+        st.tuples(st.just("spec"), st.one_of(H.scalars(), H.nested_values()))), _capture),
+)}
 
 READERS: dict[str, Entry] = {e.name: e for e in (
     _reader("reader:deployment file", _docs(*_TOML_BAD, *_JSON_BAD), _deployment_file),
@@ -740,10 +770,13 @@ def _cli_value(action: argparse.Action, flag: str) -> st.SearchStrategy[Any]:
         "csv", "path", "spec", "op-profiles", "storage"))
     texts = st.sampled_from(_CLI_TEXT)
     if pathy:
-        kinds = H.write_kinds() if "out" in flag.lower() or flag.lower() in ("--report", "--png") \
-            else H.read_kinds()
+        kinds = H.write_kinds() if _writes(flag) else H.read_kinds()
         return st.one_of(texts, kinds.map(lambda k: ("path", k)))
     return st.one_of(texts, st.text(max_size=12))
+
+
+def _writes(flag: str) -> bool:
+    return "out" in flag.lower() or flag.lower() in ("--report", "--png")
 
 
 def _dataset_file(sc: H.Scene) -> Path:
@@ -766,7 +799,7 @@ def _cli_call(surface: str, action: argparse.Action) -> Call:
     def call(value: Any, sc: H.Scene) -> Callable[[], Any]:
         ds = _dataset_file(sc) if verb.startswith("dataset") else None
         if isinstance(value, tuple):
-            value = sc.special(value[1], Path(flag).suffix or ".json", target=ds)
+            value = sc.special(value[1], ".json", target=ds, output=_writes(flag))
         base = [w.format(tmp=sc.root, ds=ds) for w in CLI_BASE[verb]]
         if not flag:
             argv = base
@@ -894,13 +927,11 @@ def _cred_use_adaptation(url: str) -> list[Any]:
 
 def _cred_adapt_call(url: str) -> list[Any]:
     from dippm_nas.graph import synthetic_resnet_graph
-    from dippm_nas.measure import Measurement
     from dippm_nas.predictor import get_predictor, set_predictor
     pred = get_predictor("a100-sxm4-40gb")
     if not hasattr(pred, "adapt"):
         return []
-    rows = [(synthetic_resnet_graph(i), Measurement(device="a100-sxm4-40gb", latency_ms=1.0 + i, status="ok"))
-            for i in range(1, 4)]
+    rows = [(synthetic_resnet_graph(i), {"latency_ms": 1.0 + i}) for i in range(1, 4)]
     try:
         return [lambda: pred.adapt(rows, storage=url)]
     finally:
@@ -961,10 +992,11 @@ def build_registry(surfaces: dict[str, argparse.Action] | None = None) -> dict[s
                           (RECORDS, "a record dippm-nas returns; the functions building it are fuzzed")):
         for n in names:
             reg[n] = Entry(n, reason=reason)
-    for n, reason in {**NO_ARGUMENT, **OBJECT_ONLY, **THROUGH}.items():
+    for n, reason in {**NO_ARGUMENT, **OBJECT_ONLY, **NEEDS_OBJECTS, **THROUGH}.items():
         reg[n] = Entry(n, reason=f"fuzzed as {reason}" if reason.startswith("reader:") else reason)
     for n in GENERIC:
         reg[n] = _generic(n)
+    reg.update(CUSTOM)
     reg.update(READERS)
     reg.update(cli_entries(surfaces if surfaces is not None else cli_surfaces()))
     return reg

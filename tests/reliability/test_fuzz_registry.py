@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import fuzz_hostile as H  # noqa: E402
 import fuzz_registry as R  # noqa: E402
 
-settings.register_profile("default", max_examples=4, derandomize=True, database=None, deadline=None,
+settings.register_profile("default", max_examples=3, derandomize=True, database=None, deadline=None,
                           phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
 settings.register_profile("deep", max_examples=100, derandomize=False, database=None, deadline=None,
                           suppress_health_check=list(HealthCheck))
@@ -50,7 +50,7 @@ def test_every_public_name_verb_and_option_is_registered() -> None:
 
 def test_each_name_is_in_one_list_of_the_registry() -> None:
     lists = (R.CONSTANTS, R.TYPE_ALIASES, R.EXCEPTIONS, R.MODULES, R.RECORDS, R.GENERIC, list(R.NO_ARGUMENT),
-             list(R.OBJECT_ONLY), list(R.THROUGH))
+             list(R.OBJECT_ONLY), list(R.NEEDS_OBJECTS), list(R.THROUGH), list(R.CUSTOM))
     seen: dict[str, int] = {}
     for names in lists:
         for n in names:
