@@ -144,9 +144,11 @@ def open_regular(path: str | os.PathLike[str], what: str, *, error: type[DippmNa
     descriptor, then switched back to blocking reads.
 
     Raises:
-        error: a missing or unreadable path, or one that is not a regular file (a FIFO, a device, a
-            directory...); the message names the path and what it is.
+        error: a missing or unreadable path, one that is not a regular file (a FIFO, a device, a
+            directory...), or a ``path`` that is not a path; the message names the path and what it is.
     """
+    if not isinstance(path, (str, os.PathLike)):
+        raise error(f"{what}: expected a path (a str or os.PathLike), got {type(path).__name__} {path!r:.80}")
     p = Path(path)
     try:
         fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)

@@ -71,13 +71,17 @@ def profile_ops(model: Any, spec: InputSpec, *, passes: int = OP_PROFILE_PASSES,
         order.
 
     Raises:
-        MeasurementError: ``passes`` < 1 or ``warmup`` < 0.
+        MeasurementError: ``model`` is not a ``torch.nn.Module``, ``passes`` < 1, ``warmup`` < 0 or ``threads``
+            < 1.
     """
     import torch
     from torch.profiler import ProfilerActivity, profile
 
+    if not isinstance(model, torch.nn.Module):
+        raise MeasurementError(f"profile_ops() profiles a torch.nn.Module, got {type(model).__name__}")
     passes = as_int(passes, "passes", low=1, error=MeasurementError)
     warmup = as_int(warmup, "warmup", low=0, error=MeasurementError)
+    threads = None if threads is None else as_int(threads, "threads", low=1, error=MeasurementError, or_none=True)
     args, kwargs = spec.example_inputs()
     old = torch.get_num_threads()
     if threads is not None:
@@ -115,6 +119,8 @@ class OpProfileWriter:
     Thread-safe. Use as a context manager or call :meth:`close`."""
 
     def __init__(self, path: str | Path) -> None:
+        if not isinstance(path, (str, os.PathLike)):
+            raise MeasurementError(f"op profile file: expected a path, got {type(path).__name__} {path!r:.80}")
         self.path = Path(path)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -109,6 +109,8 @@ def classify(annotation: Any) -> tuple[str, str]:
     alternatives = [a.strip() for a in re.split(r"\|(?![^\[]*\])", text)]
     if any(re.search(r"\b(ndarray|NDArray|ArrayLike)\b", a) for a in alternatives):
         return "array", ""
+    if any(re.match(r"(?:\w+\.)*Callable\b", a) for a in alternatives):
+        return "object", ""  # a function the caller passes: code, not a value
     if any(_PATH.search(a) for a in alternatives):
         return "path", ""
     for a in alternatives:

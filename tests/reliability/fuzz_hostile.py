@@ -98,11 +98,11 @@ def nested_values() -> st.SearchStrategy[Any]:
 
 
 def arrays() -> st.SearchStrategy[Any]:
-    """Float arrays: non-finite, empty, extreme (an array parameter is internal plumbing:
+    """Float arrays: non-finite, zero, extreme, of the baseline's length (3) (an array parameter is internal plumbing:
     values of another type are a programming error, not a user's input)."""
     import numpy as np
-    return st.sampled_from((np.array([math.nan, 1.0, 2.0]), np.full(3, math.inf), np.empty(0),
-                            np.array([-1.0, 0.0, 1e308])))
+    return st.sampled_from((np.array([math.nan, 1.0, 2.0]), np.full(3, math.inf), np.array([-1.0, 0.0, 1e308]),
+                            np.zeros(3)))
 
 
 def any_values() -> st.SearchStrategy[Any]:

@@ -215,7 +215,7 @@ GENERIC = _names("""
     measure.OpProfileWriter measure.RaplCounter measure.StoppingRule nni.Constraints nni.DippmProfiler
     nni.HardwareAwareTuner optuna.HardwareCostModel optuna.TrialRecord predictor.AdaptationKey
     predictor.AnalyticPredictor predictor.Calibration predictor.CheckpointMeta predictor.ResidualHead
-    predictor.SageEnsemble predictor.TimelineFactors prior.DeploymentSettings prior.DeviceScale prior.Execution
+    predictor.TimelineFactors prior.DeploymentSettings prior.DeviceScale prior.Execution
     prior.HostModel prior.OpClassParams prior.OpTable prior.PowerParams prior.PowerTable training.Example
     training.TrainConfig validation.Calibration validation.ParetoValidator budgets.check_k_sigma
     capture.assemble capture.block_key capture.file_key capture.load_callable capture.load_model
@@ -226,7 +226,7 @@ GENERIC = _names("""
     devices.resolve_device devices.resolve_host_profile devices.unregister_device
     features.featurize features.featurize_many features.get_op_encoder features.node_dim features.static_dim
     features.static_dtype_columns features.unregister_op_encoder get_device get_predictor graph.adopt_node_columns
-    graph.cost_of graph.graph_from_relax graph.op_class_of graph.stack_graphs graph.synthetic_resnet_graph
+    graph.graph_from_relax graph.op_class_of graph.stack_graphs graph.synthetic_resnet_graph
     llm.architecture llm.causal_keys_per_query llm.config_from_transformers llm.contiguous_capacity llm.decode_graph
     llm.expected_active_experts llm.kv_cache_bytes llm.kv_dtype_bytes llm.paged_kv_bytes llm.prefill_graph
     llm.resolve_execution llm.serving_engine measure.measure measure.measure_isolated measure.profile_ops
@@ -236,11 +236,11 @@ GENERIC = _names("""
     predict_generation predict_many predictor.calibration_path predictor.checkpoint_digest predictor.checkpoint_name
     predictor.correction_weight predictor.delete_calibration predictor.deployment_key predictor.derived_weights_path
     predictor.find_checkpoint predictor.fit_residual_head predictor.fit_timeline_factors predictor.novelty_floor_log
-    predictor.novelty_scores prior.activation_liveness_many prior.aten_op_record
+    prior.activation_liveness_many prior.aten_op_record
     prior.check_autocast prior.check_runtime prior.deployment_spread prior.estimate prior.estimate_latency_ms
-    prior.estimate_many prior.fit_op_table prior.graph_facts_many prior.graph_op_records prior.input_copy_kind
-    prior.input_copy_us prior.kernel_time_us prior.latency_us prior.node_activity prior.predict
-    prior.resolved_settings prior.round_block prior.utilisation_energy_j prior.wave_efficiency register_device
+    prior.estimate_many prior.fit_op_table prior.graph_facts_many prior.input_copy_kind
+    prior.input_copy_us prior.latency_us prior.node_activity prior.predict
+    prior.resolved_settings prior.round_block prior.utilisation_energy_j register_device
     spec.dtype_bytes spec.parse_shape training.evaluate_checkpoint training.fit_graded_floor
     training.fit_novel_floor training.fit_shrink_width training.fit_std_floor training.regression_metrics
     training.scatter_png training.split_d0 training.split_fraction training.timm_family training.train_predictor
@@ -301,6 +301,15 @@ NEEDS_OBJECTS = dict.fromkeys(_names("""
     training.split_examples training.train_ensemble validation.calibrate_predictor validation.check_calibration
     validation.fit_calibration validation.summarize
 """), "its required parameters include objects dippm-nas builds with no fixture; fuzzed through their builders")
+#: Numeric kernels and formulas the stages call with values they have checked: vectorised over nodes (a check
+#: per call would cost on every prediction), or the torch module a checkpoint holds. A user's values reach them
+#: through capture, estimate, predict and train (fuzzed); calling one directly with a value of another type
+#: is a programming error Python or numpy reports.
+KERNELS = dict.fromkeys(_names("""
+    graph.cost_of prior.kernel_time_us prior.wave_efficiency prior.graph_op_records predictor.novelty_scores
+    predictor.SageEnsemble
+"""), "a numeric kernel or formula the stages call with checked values; fuzzed through capture, estimate, "
+      "predict and train")
 #: Public names with a strategy of their own below (``CUSTOM``).
 #: Public names fuzzed through a reader or credential entry below rather than from their signature.
 THROUGH = {
@@ -992,7 +1001,7 @@ def build_registry(surfaces: dict[str, argparse.Action] | None = None) -> dict[s
                           (RECORDS, "a record dippm-nas returns; the functions building it are fuzzed")):
         for n in names:
             reg[n] = Entry(n, reason=reason)
-    for n, reason in {**NO_ARGUMENT, **OBJECT_ONLY, **NEEDS_OBJECTS, **THROUGH}.items():
+    for n, reason in {**NO_ARGUMENT, **OBJECT_ONLY, **NEEDS_OBJECTS, **KERNELS, **THROUGH}.items():
         reg[n] = Entry(n, reason=f"fuzzed as {reason}" if reason.startswith("reader:") else reason)
     for n in GENERIC:
         reg[n] = _generic(n)

@@ -50,7 +50,8 @@ def test_every_public_name_verb_and_option_is_registered() -> None:
 
 def test_each_name_is_in_one_list_of_the_registry() -> None:
     lists = (R.CONSTANTS, R.TYPE_ALIASES, R.EXCEPTIONS, R.MODULES, R.RECORDS, R.GENERIC, list(R.NO_ARGUMENT),
-             list(R.OBJECT_ONLY), list(R.NEEDS_OBJECTS), list(R.THROUGH), list(R.CUSTOM))
+             list(R.OBJECT_ONLY), list(R.NEEDS_OBJECTS), list(R.KERNELS), list(R.THROUGH),
+             list(R.CUSTOM))
     seen: dict[str, int] = {}
     for names in lists:
         for n in names:
