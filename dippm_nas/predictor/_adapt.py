@@ -52,7 +52,7 @@ from dippm_nas.devices import HostProfile, default_host_profile, resolve_device
 from dippm_nas.errors import InvalidValueError
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.predictor._adapt_rows import StoredAdaptation, read_arrays, version_checksum
-from dippm_nas.predictor._calibrate import Calibration, TimelineFactors
+from dippm_nas.predictor._calibrate import Calibration, calibration_from_data, calibration_problems
 from dippm_nas.predictor._meta import TARGETS
 
 __all__ = ["Adaptation", "AdaptationKey", "ResidualHead", "fit_residual_head", "deployment_key", "merge_rows",
@@ -374,9 +374,10 @@ class Adaptation:
             heads[t] = ResidualHead(t, None if s["ridge"] is None else float(s["ridge"]),
                                     float(s["loo_rmse_log"]), float(s["loo_rmse_none_log"]), int(s["n"]),
                                     *_head_arrays(arrays, t), float(s["bound"]))
-        cal = None if d["calibration"] is None else Calibration(**d["calibration"])
-        if cal is not None and cal.timeline is not None:
-            TimelineFactors.from_dict(cal.timeline)
+        cal = None if d["calibration"] is None else calibration_from_data(d["calibration"], "its calibration")
+        problems = [] if cal is None else calibration_problems(cal)
+        if problems:
+            raise ValueError(f"its calibration is implausible: {'; '.join(problems)}")
         key = d["key"]
         return cls(key=AdaptationKey(**key),
                    checkpoint_sha256=str(d["checkpoint_sha256"]), rows=_int(d["rows"]), calibration=cal, heads=heads,

@@ -230,6 +230,9 @@ class AdaptationStore(SqlStore):
             with self._tx("reading the last version number", write=False) as conn:
                 cur = conn.execute(sa.select(sa.func.max(_versions.c.version)).where(
                     _versions.c.key_digest == key_digest)).scalar_one_or_none()
+            if cur is not None and (isinstance(cur, bool) or not isinstance(cur, int)):
+                raise AdaptationError(f"{self._label()}: the newest version number of adaptation {key_digest[:12]}... "
+                                      f"is {cur!r:.40}, not an integer: the versions table is damaged")
             version = int(cur or 0) + 1
             meta_json = json.dumps({**meta, "version": version}, sort_keys=True)
             try:

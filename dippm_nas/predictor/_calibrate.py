@@ -585,6 +585,23 @@ def delete_calibration(device: str) -> None:
         p.unlink()
 
 
+def calibration_from_data(data: Any, origin: str) -> Calibration:
+    """A :class:`Calibration` of JSON data read from outside the process (a file, a stored adaptation), its fields
+    and its timeline factors checked against the dataclasses' (wrong types never reach a prediction); the rules
+    between values are :func:`calibration_problems`'.
+
+    Raises:
+        InvalidValueError: naming ``origin``, the field and the value.
+    """
+    cal = from_file_data(Calibration, data, origin)
+    tf = None if cal.timeline is None else from_file_data(TimelineFactors, cal.timeline, f"{origin}: timeline")
+    unknown = sorted(set(tf.class_log) - set(CALIBRATION_CLASSES)) if tf is not None else []
+    if unknown:
+        raise InvalidValueError(f"{origin}: timeline classes must be among {list(CALIBRATION_CLASSES)}, got "
+                                f"{unknown}")
+    return cal
+
+
 def read_calibration(device: str, meta: "CheckpointMeta | str") -> tuple[Calibration | None, str]:
     """The persisted calibration of ``device`` if it was fitted for this checkpoint and is plausible, and ``""``;
     else ``None`` and why the file was ignored (``""``: there is no file). Every ignored file is logged with a
@@ -602,13 +619,8 @@ def read_calibration(device: str, meta: "CheckpointMeta | str") -> tuple[Calibra
     try:
         # the file's fields and the timeline factors' against the dataclasses' (wrong types never reach a
         # prediction); the rules between values are calibration_problems'
-        cal = from_file_data(Calibration, read_json_file(p, f"cannot read {origin}", InvalidValueError,
-                                                         max_bytes=MAX_CALIBRATION_FILE_BYTES), origin)
-        tf = None if cal.timeline is None else from_file_data(TimelineFactors, cal.timeline, f"{origin}: timeline")
-        unknown = sorted(set(tf.class_log) - set(CALIBRATION_CLASSES)) if tf is not None else []
-        if unknown:
-            raise InvalidValueError(f"{origin}: timeline classes must be among {list(CALIBRATION_CLASSES)}, got "
-                                    f"{unknown}")
+        cal = calibration_from_data(read_json_file(p, f"cannot read {origin}", InvalidValueError,
+                                                   max_bytes=MAX_CALIBRATION_FILE_BYTES), origin)
         problems = calibration_problems(cal)
     except DippmNasError as e:
         logger.warning("ignoring unreadable calibration file %s (predictions of %s are uncalibrated until it is "

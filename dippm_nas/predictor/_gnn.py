@@ -941,6 +941,7 @@ class GnnPredictor(BasePredictor):
         if isinstance(measurements, (str, bytes, Mapping)) or not isinstance(measurements, Iterable):
             raise InvalidTypeError(f"adapt() takes a list of (graph, Measurement) or (graph, {{'latency_ms': ...}}) "
                                    f"pairs, got {type(measurements).__name__}")
+        _check_storage_and_space(storage, space)
         measurements = list(measurements)
         pairs = measurement_pairs(measurements) if measurements else []
         dep, _ = deployment_of(self.device, deployment, runtime, host)
@@ -992,7 +993,13 @@ class GnnPredictor(BasePredictor):
 
     def use_adaptation(self, *, storage: str | None = None, space: str = ANY_SPACE) -> None:
         """Answer with the newest stored adaptation of ``space`` in ``storage`` (looked up at the next
-        prediction, and again by :meth:`refresh_adaptation`)."""
+        prediction, and again by :meth:`refresh_adaptation`). A store that cannot be read then is flagged, never
+        raised (:meth:`_load_stored_adaptation`).
+
+        Raises:
+            InvalidTypeError: ``storage`` is not a URL string or ``None``, or ``space`` not a non-empty string.
+        """
+        _check_storage_and_space(storage, space, space_required=True)
         if (storage, space) != (self.adaptation_storage, self.adaptation_space):
             self.adaptation_storage, self.adaptation_space = storage, space
             self._adaptation_looked.clear()
@@ -1158,6 +1165,20 @@ class GnnPredictor(BasePredictor):
     def __repr__(self) -> str:
         return (f"GnnPredictor(device={self.device!r}, targets={list(self.meta.targets)}, "
                 f"members={self.meta.members}, calibrated={self.calibration is not None})")
+
+
+def _check_storage_and_space(storage: Any, space: Any, *, space_required: bool = False) -> None:
+    """``storage`` a SQLAlchemy URL (string or ``URL``) or ``None``, ``space`` a non-empty string (or ``None``
+    unless ``space_required``).
+
+    Raises:
+        InvalidTypeError: naming the argument and what it got (a URL never shown: it may hold a password).
+    """
+    if storage is not None and not (isinstance(storage, str) and storage) and not hasattr(storage, "render_as_string"):
+        raise InvalidTypeError(f"storage must be a SQLAlchemy URL string (e.g. 'sqlite:////path/adaptations.sqlite') "
+                               f"or None, got {type(storage).__name__}")
+    if (space is not None or space_required) and not (isinstance(space, str) and space):
+        raise InvalidTypeError(f"space must be a search-space name or {ANY_SPACE!r}, got {space!r:.100}")
 
 
 def _torch_ensemble() -> Any:

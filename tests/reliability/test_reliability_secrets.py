@@ -198,6 +198,7 @@ def test_secret_postgresql_store_masks_its_password(pg_url: str, said: Said, rec
     q.predict_graphs(gs[:1], mig=False)  # set aside (a warning naming the store), refitted (a row left out)
     with engine.begin() as conn:
         conn.execute(sa.text("DROP TABLE dippm_adaptation_versions"))
+        conn.execute(sa.text("CREATE TABLE dippm_adaptation_versions (x INTEGER)"))
     engine.dispose()
     assert isinstance(said.raised(p.adapt, _rows(gs[12:14], y[12:14]), storage=pg_url), AdaptationError)
     text = said.all(recwarn)
@@ -327,6 +328,8 @@ DAMAGE = {
     "deeply nested meta": ("UPDATE dippm_adaptation_versions SET meta_json = ?", True),
     "meta null": ("UPDATE dippm_adaptation_versions SET meta_json = 'null'", True),
     "npz declaring 1e13 elements": ("UPDATE dippm_adaptation_versions SET arrays = ?", True),
+    "calibration of another type": ("UPDATE dippm_adaptation_versions SET meta_json = json_set(meta_json, "
+                                    "'$.calibration.coef', 'abc')", True),
 }
 
 
@@ -359,6 +362,43 @@ def test_a_damaged_adaptation_is_flagged_and_ignored_never_raised(tmp_path: Path
     flags = {k: pred.details.get(k) for k in ("adaptation_ignored", "adaptation_flagged")}
     assert 1.0 in flags.values(), flags
     assert q.adaptation_flag and any("set aside" in str(w.message) or "not read" in str(w.message) for w in said)
+
+
+def test_a_store_of_another_layout_or_schema_version_is_refused_and_predictions_flagged(tmp_path: Path) -> None:
+    old = tmp_path / "old.db"
+    with sqlite3.connect(old) as conn:  # rows without checksums
+        conn.execute("CREATE TABLE dippm_adaptation_rows (id INTEGER PRIMARY KEY, key_digest TEXT, key_json TEXT, "
+                     "graph_digest TEXT, graph_json_z BLOB, labels_json TEXT, writer TEXT, created_at REAL)")
+    with pytest.raises(AdaptationError, match="older layout"):
+        AdaptationStore(f"sqlite:///{old}")
+    url = f"sqlite:///{tmp_path / 'a.db'}"
+    AdaptationStore(url).close()
+    with sqlite3.connect(_sqlite(url)) as conn:
+        conn.execute("UPDATE dippm_adaptation_meta SET value = '99' WHERE key = 'schema_version'")
+    with pytest.raises(AdaptationError, match="schema_version 99"):
+        AdaptationStore(url)
+    with sqlite3.connect(old) as conn:  # a version of the older layout, with its plain SHA-256
+        conn.execute("CREATE TABLE dippm_adaptation_versions (id INTEGER PRIMARY KEY, key_digest TEXT, version INTEGER, "
+                     "key_json TEXT, checkpoint_sha256 TEXT, rows INTEGER, meta_json TEXT, arrays BLOB, checksum TEXT, "
+                     "created_at REAL)")
+        conn.execute("INSERT INTO dippm_adaptation_versions VALUES (1, ?, 1, ?, 'c', 2, '{}', x'00', ?, 0)",
+                     (_key().digest, _key().to_json(), _old_checksum("{}", b"\0")))
+    q = _predictor(load=True)
+    q.use_adaptation(storage=f"sqlite:///{old}")
+    with pytest.warns(RuntimeWarning, match="older layout"):  # set aside; its refit opens the store: refused
+        assert q.predict_graphs(_graphs()[:1], mig=False)[0].details["adaptation_ignored"] == 1.0
+
+
+def test_a_damaged_version_number_makes_adapt_a_clear_error(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'a.db'}"
+    p = _predictor()
+    gs = _graphs()
+    y = _truth(p, gs)
+    p.adapt(_rows(gs[:12], y[:12]), storage=url)
+    with sqlite3.connect(_sqlite(url)) as conn:
+        conn.execute("UPDATE dippm_adaptation_versions SET version = 'two'")
+    with pytest.raises(AdaptationError, match="not an integer"):
+        p.adapt(_rows(gs[12:14], y[12:14]), storage=url)
 
 
 # ======================================================================== storage URLs and arguments
@@ -400,3 +440,14 @@ def test_rdb_storage_wraps_a_missing_driver_with_the_install_hint() -> None:
 def test_adapt_of_something_that_is_not_a_list_of_pairs_is_a_clear_error(bad: Any) -> None:
     with pytest.raises(InvalidTypeError, match="list of"):
         _predictor().adapt(bad, persist=False)
+
+
+@pytest.mark.parametrize("kwargs", [{"storage": 3}, {"storage": ""}, {"space": 3}, {"space": ""}])
+def test_adapt_and_use_adaptation_refuse_a_storage_or_space_of_another_type(kwargs: dict[str, Any]) -> None:
+    p = _predictor()
+    gs = _graphs()
+    with pytest.raises(InvalidTypeError, match=next(iter(kwargs))):
+        p.adapt([(gs[0], {"latency_ms": 1.0}), (gs[1], {"latency_ms": 2.0})], persist=False, **kwargs)
+    with pytest.raises(InvalidTypeError, match=next(iter(kwargs))):
+        p.use_adaptation(**kwargs)
+
