@@ -35,7 +35,7 @@ from types import TracebackType
 from typing import Any, TextIO
 
 from dippm_nas._files import check_output
-from dippm_nas.errors import DippmNasError, InvalidValueError
+from dippm_nas.errors import DippmNasError
 
 __all__ = [
     "UsageError",

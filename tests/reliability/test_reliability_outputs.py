@@ -15,7 +15,6 @@ import errno
 import hashlib
 import os
 import stat
-import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -24,7 +23,7 @@ from typing import Any
 import pytest
 
 from dippm_nas import Deployment
-from dippm_nas._files import check_output, output_path, write_output
+from dippm_nas._files import output_path, write_output
 from dippm_nas._toml import loads_toml, read_toml_file, toml_depth
 from dippm_nas.cli import main
 from dippm_nas.dataset import DatasetStore, export_jsonl
@@ -339,5 +338,15 @@ def test_property_any_versions_mapping_is_accepted_or_a_deployment_error(version
         assert isinstance(e, DeploymentError) and "versions" in str(e)
 
 
-if sys.platform == "win32":  # pragma: no cover
-    pytestmark = pytest.mark.skip(reason="POSIX file semantics")
+
+def test_a_deeply_nested_user_device_file_is_skipped_not_a_recursion_error(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    from dippm_nas.devices import DEVICE_DIR_ENV, get_device, list_devices
+    from dippm_nas.devices import _registry
+
+    (tmp_path / "deep.toml").write_text("id = 'deep'\nsms = " + "[" * 50_000 + "]" * 50_000 + "\n")
+    monkeypatch.setenv(DEVICE_DIR_ENV, str(tmp_path))
+    monkeypatch.setattr(_registry, "_user_env", None)  # read the directory again
+    assert "deep" not in list_devices() and "rtx-3090" in list_devices()
+    with pytest.raises(DeviceError, match="deep.toml .*nests arrays/inline tables 50000 levels deep"):
+        get_device("deep")
