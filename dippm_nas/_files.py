@@ -197,6 +197,8 @@ def check_output(path: str | os.PathLike[str], what: str, *, error: type[DippmNa
         error: ``path`` is empty, a directory, a FIFO, a device, a socket, a dangling symbolic link, in a
             folder that does not exist, or one of ``inputs``; the message names the path and what it is.
     """
+    if not isinstance(path, (str, os.PathLike)):
+        raise error(f"{what}: expected a path (a str or os.PathLike), got {type(path).__name__} {path!r:.80}")
     if not str(path).strip():
         raise error(f"{what}: an empty path; name the file to write")
     p = Path(path).expanduser()

@@ -708,9 +708,36 @@ def _capture(drawn: tuple[str, Any], sc: H.Scene) -> Callable[[], Any]:
     return lambda: capture(G.FIXTURES["Module"](), value)
 
 
+def _writer(which: str) -> Call:
+    """``dippm_nas.files``: a hostile output path (a write kind, or a value of another type), with one input
+    that ``symlink_to_input`` names (it must never change)."""
+    def call(value: Any, sc: H.Scene) -> Callable[[], Any]:
+        from dippm_nas import files
+        from dippm_nas.errors import InvalidValueError
+        src = sc.input_file(b"the writer's input\n", ".txt")
+        path = sc.special(value, ".txt", target=src) if isinstance(value, str) and value in H.WRITE_KINDS else value
+        kw = {"error": InvalidValueError, "inputs": [src]}
+        if which == "check_output":
+            return lambda: files.check_output(path, "--out", **kw)
+        if which == "write_output":
+            return lambda: files.write_output(path, "text", "--out", **kw)
+
+        def through() -> Any:
+            with files.output_path(path, "--out", **kw) as tmp:
+                tmp.write_text("text")
+        return through
+    return call
+
+
+def _write_targets() -> st.SearchStrategy[Any]:
+    return st.one_of(H.write_kinds(), st.sampled_from((None, 5, H.Opaque(), "", b"bytes")))
+
+
 _MODEL_TEXTS = ("os:system", "builtins:exit", "no_such_module_fz:build", "torchvision.models:resnet18x", ":",
                 "a:b:c", "", "\x00", "x" * 5000, "torch.nn:Linear")
 CUSTOM: dict[str, Entry] = {e.name: e for e in (
+    *(Entry(f"dippm_nas.files.{w}", _write_targets(), _writer(w))
+      for w in ("check_output", "output_path", "write_output")),
     Entry("dippm_nas.capture", st.one_of(
         st.tuples(st.just("model"), st.one_of(st.sampled_from(_MODEL_TEXTS), H.read_kinds().map(lambda k: ("p", k)),
                                               H.scalars())),
