@@ -31,7 +31,7 @@ from typing import Any
 from dippm_nas._redact import redact_url
 from dippm_nas.cli._deployment_flags import add_deployment_args, deployment_from_args
 from dippm_nas._files import write_output
-from dippm_nas.cli._grammar import UsageError, float_flag, int_flag, writable_output
+from dippm_nas.cli._grammar import MAX_THREADS, UsageError, float_flag, int_flag, writable_output
 from dippm_nas.errors import DippmNasError
 from dippm_nas.spec import COMPUTE_DTYPES
 
@@ -98,7 +98,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-plot", action="store_true", help="skip the plots")
     p.add_argument("--background", type=int_flag("--background", low=0), default=1, metavar="N",
                    help="conversion processes working while candidates train (default 1; 0: convert before training)")
-    p.add_argument("--threads", type=int_flag("--threads", low=1), default=1,
+    p.add_argument("--threads", type=int_flag("--threads", low=1, high=MAX_THREADS), default=1,
                    help="torch CPU threads for training (default 1); validation measures at the thread count of "
                         "the host-cpu prediction")
     p.set_defaults(func=run)

@@ -47,6 +47,7 @@ __all__ = [
     "check_name",
     "positive_int",
     "int_flag",
+    "MAX_THREADS",
     "float_flag",
     "writable_output",
     "device_ids",
@@ -124,6 +125,10 @@ def positive_int(flag: str) -> Callable[[str], int]:
             raise UsageError(f"{flag} takes integers >= 1, got {v}")
         return v
     return conv
+
+
+#: The most threads a ``--threads`` flag takes (torch's thread count is a C int; no host has more cores).
+MAX_THREADS = 4096
 
 
 def int_flag(flag: str, *, low: int | None = None, high: int | None = None, note: str = ""

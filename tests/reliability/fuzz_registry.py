@@ -794,25 +794,83 @@ CLI_BASE: dict[str, list[str]] = {
     "gpu-campaign": ["gpu-campaign", "--out", "{tmp}/campaign", "--minutes", "0.01", "--torch-device", "cuda:7"],
 }
 
+#: Every CLI verb and every option or positional argument that takes a value, with the kind of value it takes
+#: (how a hostile value is drawn: ``number``, ``text``, ``choice``, ``spec`` a model, ``path`` a file read,
+#: ``out`` a file written, ``url`` a storage URL). A verb or option the parser has and this table lacks fails
+#: the coverage test.
+CLI_OPTIONS: dict[str, str] = {
+    "inspect": "SPEC:spec --batch:text --dtype:text --shape:text --input:text",
+    "devices": "",
+    "dataset build": ("--space:text --n:number --candidates:path --torch-device:number --device:text --batch:text "
+        "--dtype:text --out:out --seed:number --mac-budget:number --workers:number --chunk:number "
+        "--pin-cpu:number --threads:number --cpu-allocator:choice --warmup:number --min-repeats:number "
+        "--max-repeats:number --rel-ci:number --time-cap:number --rounds:number --op-profiles:path "
+        "--retry-failed:text"),
+    "dataset import": "KIND:choice CSV:path --out:out --workers:number --limit:number",
+    "dataset info": "PATH:path",
+    "dataset stats": "PATH:path",
+    "dataset export": "PATH:path --out:out --source:text",
+    "train": ("--data:path --device:number --train-devices:text --split:choice --holdout:text "
+        "--holdout-frac:number --seed:number --out:out --hidden:number --layers:number --members:number "
+        "--epochs:number --patience:number --batch-size:number --lr:number --correction-penalty:text "
+        "--style:choice --time-budget:number --targets:text --threads:number --source-note:text "
+        "--report:out --dtypes:text --prior-params:path"),
+    "evaluate": ("--data:path --device:number --train-devices:text --split:choice --holdout:text "
+        "--holdout-frac:number --seed:number --checkpoint:path --out:out --png:out --eval-device:number "
+        "--json-out:out --json:text --calibrate:text --deployment:path --runtime:number --host:path "
+        "--framework:choice --tf32:choice --autocast:choice --input-copy:choice"),
+    "checkpoints": "--device:text --metrics:number",
+    "predict": ("SPEC:spec --device:text --batch:text --dtype:text --shape:text --input:text --deployment:path "
+        "--runtime:number --host:path --framework:choice --tf32:choice --autocast:choice "
+        "--input-copy:choice"),
+    "predict-llm": ("SPEC:spec --prompt:number --output:number --batch:text --device:text --runtime:text "
+        "--engine:text --dtype:text --kv-dtype:text --kv-block-size:number"),
+    "deployment": ("--out:out --name:text --runtime:number --framework:choice --tf32:choice --autocast:choice "
+        "--input-copy:choice"),
+    "host-profile": "--out:out --name:text",
+    "demo": ("--trials:number --seconds:number --out:out --storage:url --study-name:text --seed:number "
+        "--sampler:choice --train-seconds:number --epochs:number --device:text --dtype:choice "
+        "--batch:number --deployment:path --runtime:number --host:path --framework:choice --tf32:choice "
+        "--autocast:choice --input-copy:choice --mig-profile:text --latency-budget-ms:number "
+        "--validate-every:number --validate-max:number --validate-batch:number --background:number "
+        "--threads:number"),
+    "validate-worker": ("--storage:url --device:text --torch-device:number --cuda-device:text --study:text "
+        "--max-jobs:number --idle-exit:number --poll:number --lease:number --max-attempts:number "
+        "--warmup:number --min-repeats:number --max-repeats:number --time-cap:number --threads:number "
+        "--rounds:number --rounds-batch:number"),
+    "gpu-campaign": ("--out:out --minutes:number --torch-device:number --device:text --set:choice --runtimes:text "
+        "--dtypes:text --batch:text --batches:text --time-cap:number --threads:number "
+        "--max-file-mib:number"),
+}
+
 #: The value kinds of CLI options: how a hostile value is drawn for each.
 _CLI_TEXT = ("", "\x00", "x" * 5000, "-", "--", "nan", "inf", "-1", "0", "1e400", "9" * 400, "0x10", "1,,2",
              " ", "\u202e", "a b", "=", "../../x")
 
 
-def _cli_value(action: argparse.Action, flag: str) -> st.SearchStrategy[Any]:
-    """Hostile texts for an option, plus special files for one that names a path."""
-    pathy = action.type is Path or any(w in flag.lower() for w in (
-        "out", "data", "host", "deployment", "checkpoint", "candidates", "prior-params", "report", "png",
-        "csv", "path", "spec", "op-profiles", "storage"))
+_CLI_NUMBERS = ("nan", "inf", "-inf", "-1", "0", "1e400", "9" * 400, "0x10", "1.5", "", "two", "1,2", "-0")
+_CLI_URLS = ("sqlite:///", "nosuchdb://x", "postgresql://u:p@127.0.0.1:notaport/db", "sqlite:////nonexistent/dir/x.db",
+             "", "::", "x" * 5000)
+
+
+def _cli_value(kind: str) -> st.SearchStrategy[Any]:
+    """Hostile texts for an option of ``kind`` (CLI_OPTIONS), plus special files for a path."""
     texts = st.sampled_from(_CLI_TEXT)
-    if pathy:
-        kinds = H.write_kinds() if _writes(flag) else H.read_kinds()
-        return st.one_of(texts, kinds.map(lambda k: ("path", k)))
+    if kind == "number":
+        return st.one_of(st.sampled_from(_CLI_NUMBERS), texts)
+    if kind == "url":
+        return st.one_of(st.sampled_from(_CLI_URLS), texts)
+    if kind == "spec":
+        return st.one_of(st.sampled_from(_MODEL_TEXTS), texts, H.read_kinds().map(lambda k: ("path", k)))
+    if kind == "path":
+        return st.one_of(texts, H.read_kinds().map(lambda k: ("path", k)))
+    if kind == "out":
+        return st.one_of(texts, H.write_kinds().map(lambda k: ("path", k)))
     return st.one_of(texts, st.text(max_size=12))
 
 
 def _writes(flag: str) -> bool:
-    return "out" in flag.lower() or flag.lower() in ("--report", "--png")
+    return flag.lower() in ("--out", "--report", "--png", "--json-out")
 
 
 def _dataset_file(sc: H.Scene) -> Path:
@@ -888,18 +946,30 @@ class _CliError(Exception):
         self.rc = rc
 
 
-def cli_entries(surfaces: dict[str, argparse.Action]) -> dict[str, Entry]:
+def _cli_table() -> dict[str, str]:
+    """``{"cli:VERB": "verb", "cli:VERB FLAG": kind}`` of :data:`CLI_OPTIONS`."""
     out = {}
-    for surface, action in surfaces.items():
-        words = surface[len("cli:"):].split()
-        verb_words = words if not (action.option_strings or action.dest.upper() == words[-1]) else words[:-1]
-        if " ".join(verb_words) not in CLI_BASE:
+    for verb, options in CLI_OPTIONS.items():
+        out[f"cli:{verb}"] = "verb"
+        for item in options.split():
+            flag, _, kind = item.partition(":")
+            out[f"cli:{verb} {flag}"] = kind
+    return out
+
+
+def cli_entries(surfaces: dict[str, argparse.Action]) -> dict[str, Entry]:
+    """The entries of the surfaces :data:`CLI_OPTIONS` registers (a surface it lacks gets none)."""
+    out = {}
+    for surface, kind in _cli_table().items():
+        action = surfaces.get(surface)
+        if action is None:
+            out[surface] = Entry(surface, reason="not in this parser (registered for another version)")
+            continue
+        verb = surface[len("cli:"):] if kind == "verb" else surface[len("cli:"):].rsplit(" ", 1)[0]
+        if verb not in CLI_BASE:
             out[surface] = Entry(surface)  # no base command: the coverage test names it
             continue
-        if action.dest == "verb":
-            strategy: st.SearchStrategy[Any] = st.just(None)
-        else:
-            strategy = _cli_value(action, words[-1])
+        strategy = st.just(None) if kind == "verb" else _cli_value(kind)
         out[surface] = Entry(surface, strategy, _cli_call(surface, action))
     return out
 

@@ -147,3 +147,12 @@ def test_train_checks_out_and_report_against_every_data_file(tmp_path: Path,
     link.symlink_to(data)
     assert main(["train", "--data", str(data), "--data", str(tmp_path / "e.jsonl"), "--out", str(link)]) == 2
     assert "--out" in capsys.readouterr().err and data.read_text() == "{}\n"
+
+
+@pytest.mark.parametrize("verb", [["demo"], ["train", "--data", "d.jsonl", "--out", "m.pt"], ["validate-worker"],
+                                  ["gpu-campaign"], ["dataset", "build", "--space", "x", "--out", "d.sqlite"]])
+def test_a_thread_count_beyond_any_host_is_a_usage_error(verb: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    from dippm_nas.cli import main
+
+    assert main([*verb, "--threads", "9" * 40]) == 2
+    assert "--threads" in capsys.readouterr().err
