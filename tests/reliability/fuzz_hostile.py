@@ -242,6 +242,14 @@ def _message(record: logging.LogRecord) -> str:
         return f"{record.msg} {record.args}"
 
 
+@dataclass
+class Checked:
+    """What an entry's call returns when it checks its own result: ``wrong`` names a silent wrong value."""
+
+    value: Any
+    wrong: str | None = None
+
+
 class Flagged(Warning):
     """What an entry's call returns (as ``Flagged(...)``) or warns when it took an explicitly flagged fallback."""
 
@@ -296,6 +304,10 @@ def run_case(call: Callable[[], Any], sc: Scene, *, deadline_s: float = DEADLINE
             return Result("clear error", f"{type(e).__name__}: {str(e)[:200]}", messages)
         return Result("crash", f"{type(e).__name__}: {str(e)[:300]}", messages)
     value = box.get("value")
+    if isinstance(value, Checked):
+        if value.wrong:
+            return Result("silent wrong", value.wrong, messages)
+        value = value.value
     if oracle is not None:
         wrong = oracle(value)
         if wrong:
