@@ -1177,7 +1177,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="write every case's outcome here")
     args = ap.parse_args(argv)
     import tempfile
+
+    from hypothesis.configuration import set_hypothesis_home_dir
     os.environ["DIPPM_NAS_CACHE_DIR"] = tempfile.mkdtemp(prefix="dippm-fuzz-cache-")  # never the user's cache
+    set_hypothesis_home_dir(tempfile.mkdtemp(prefix="dippm-fuzz-hypothesis-"))  # nothing in the repository
     os.environ.pop("DIPPM_NAS_CACHE_URL", None)
     surfaces = cli_surfaces()
     reg = build_registry(surfaces)
