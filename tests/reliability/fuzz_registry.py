@@ -53,6 +53,8 @@ class Entry:
     call: Call | None = None
     reason: str = ""
     oracle: Callable[[Any], str | None] | None = None
+    #: inputs tried on every run before the drawn ones (Hypothesis's explicit examples): the special files
+    examples: tuple[Any, ...] = ()
 
     @property
     def exempt(self) -> bool:
@@ -338,7 +340,9 @@ def _generic(path: str) -> Entry:
     strategy = G.signature_strategy(obj)
     if strategy is None:
         return Entry(path)  # neither a strategy nor a reason: the coverage test names it
-    return Entry(path, strategy, lambda drawn, sc, obj=obj: G.call_with(obj, drawn, sc))
+    paths = [p.name for p in G.fuzzable(G.params_of(obj)) if p.kind == "path"]
+    examples = ((paths[0], ("path", "fifo")), (paths[0], ("path", "symlink_to_input"))) if paths else ()
+    return Entry(path, strategy, lambda drawn, sc, obj=obj: G.call_with(obj, drawn, sc), examples=examples)
 
 
 # =============================================================================================== readers
@@ -381,8 +385,11 @@ _TOML_BAD = ("a = [" * 60 + "]" * 60, "runtime = 5", 'runtime = "eager"\nrunime 
              "runtime = \"eager\"\n" * 2)
 
 
-def _reader(name: str, strategy: st.SearchStrategy[Any], call: Call) -> Entry:
-    return Entry(name, strategy, call)
+def _reader(name: str, strategy: st.SearchStrategy[Any], call: Call, examples: tuple[Any, ...] = ()) -> Entry:
+    return Entry(name, strategy, call, examples=examples)
+
+
+_FILE_EXAMPLES = (("fifo", None), ("deep_json", None), ("symlink_to_input", None))
 
 
 def _deployment_file(drawn: tuple[str, str | None], sc: H.Scene) -> Callable[[], Any]:
@@ -763,19 +770,21 @@ CUSTOM: dict[str, Entry] = {e.name: e for e in (
 )}
 
 READERS: dict[str, Entry] = {e.name: e for e in (
-    _reader("reader:deployment file", _docs(*_TOML_BAD, *_JSON_BAD), _deployment_file),
-    _reader("reader:device toml", _docs(*_TOML_BAD), _device_toml),
-    _reader("reader:host profile", _docs(*_JSON_BAD), _host_profile),
+    _reader("reader:deployment file", _docs(*_TOML_BAD, *_JSON_BAD), _deployment_file, _FILE_EXAMPLES),
+    _reader("reader:device toml", _docs(*_TOML_BAD), _device_toml, _FILE_EXAMPLES),
+    _reader("reader:host profile", _docs(*_JSON_BAD), _host_profile, _FILE_EXAMPLES),
     _reader("reader:calibration file", st.tuples(H.read_kinds(), st.none(), st.sampled_from(("prior", "power")))
             | st.tuples(st.just("text"), st.sampled_from(_JSON_BAD), st.sampled_from(("prior", "power"))),
             _calibration_file),
-    _reader("reader:checkpoint metadata", _docs(*_JSON_BAD), _checkpoint_meta),
-    _reader("reader:onnx file", _docs("garbage", "\x08\x07" * 100), _onnx),
+    _reader("reader:checkpoint metadata", _docs(*_JSON_BAD), _checkpoint_meta, _FILE_EXAMPLES),
+    _reader("reader:onnx file", _docs("garbage", "\x08\x07" * 100), _onnx, _FILE_EXAMPLES),
     _reader("reader:jsonl", st.tuples(H.read_kinds(), st.none(), st.just(""))
-            | st.tuples(st.just("text"), st.sampled_from(_JSON_BAD), st.just("")), _jsonl),
-    _reader("reader:campaign rows", _docs(*_JSON_BAD), _campaign_rows),
-    _reader("reader:training examples", _docs(*_JSON_BAD), _examples),
-    _reader("reader:importer csv", _docs("a,b\n1,2\n", "\x00,\x00\n", "model,latency_ms\nx,nan\n"), _importer_csv),
+            | st.tuples(st.just("text"), st.sampled_from(_JSON_BAD), st.just("")), _jsonl,
+            (("fifo", None, ""), ("deep_json", None, ""))),
+    _reader("reader:campaign rows", _docs(*_JSON_BAD), _campaign_rows, _FILE_EXAMPLES),
+    _reader("reader:training examples", _docs(*_JSON_BAD), _examples, _FILE_EXAMPLES),
+    _reader("reader:importer csv", _docs("a,b\n1,2\n", "\x00,\x00\n", "model,latency_ms\nx,nan\n"), _importer_csv,
+            _FILE_EXAMPLES),
     _reader("reader:llm config.json", _llm_configs(), _llm_config),
     _reader("reader:trial attrs", _trial_attrs(), _trial_record),
     _reader("reader:cache env", st.tuples(st.sampled_from(("dir", "url")),
@@ -887,6 +896,10 @@ def _cli_value(kind: str) -> st.SearchStrategy[Any]:
     return st.one_of(texts, st.text(max_size=12))
 
 
+#: The file ending a verb's path option expects (a special file is named so, to get past the ending's check).
+_SUFFIX = {"dataset export": ".jsonl", "deployment": ".toml", "train": ".pt", "dataset import": ".csv"}
+
+
 def _writes(flag: str) -> bool:
     return flag.lower() in ("--out", "--report", "--png", "--json-out")
 
@@ -911,7 +924,7 @@ def _cli_call(surface: str, action: argparse.Action) -> Call:
     def call(value: Any, sc: H.Scene) -> Callable[[], Any]:
         ds = _dataset_file(sc) if verb.startswith("dataset") else None
         if isinstance(value, tuple):
-            value = sc.special(value[1], ".json", target=ds, output=_writes(flag))
+            value = sc.special(value[1], _SUFFIX.get(verb, ".json"), target=ds, output=_writes(flag))
         base = [w.format(tmp=sc.root, ds=ds) for w in CLI_BASE[verb]]
         if not flag:
             argv = base
@@ -988,7 +1001,9 @@ def cli_entries(surfaces: dict[str, argparse.Action]) -> dict[str, Entry]:
             out[surface] = Entry(surface)  # no base command: the coverage test names it
             continue
         strategy = st.just(None) if kind == "verb" else _cli_value(kind)
-        out[surface] = Entry(surface, strategy, _cli_call(surface, action))
+        examples = {"out": (("path", "symlink_to_input"), ("path", "fifo")),
+                    "path": (("path", "fifo"), ("path", "deep_json"))}.get(kind, ())
+        out[surface] = Entry(surface, strategy, _cli_call(surface, action), examples=examples)
     return out
 
 
@@ -1139,20 +1154,20 @@ def missing(registry: dict[str, Entry], names: dict[str, list[str]], surfaces: d
 def run_entry(entry: Entry, profile: Any, *, record: Callable[[H.Result], None]) -> None:
     """Draw hostile inputs for ``entry`` under ``profile`` (Hypothesis settings, or a number of examples drawn
     derandomized) and hand each result to ``record``."""
-    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import HealthCheck, Phase, example, given, settings
 
     if isinstance(profile, int):
         profile = settings(max_examples=profile, deadline=None, database=None, derandomize=True,
                            phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
 
-    @profile
-    @given(value=entry.strategy)
     def one(value: Any) -> None:
         with H.scene() as sc:
             res = H.run_case(entry.call(value, sc), sc, oracle=entry.oracle)
         record(classify_cli(res) if entry.name.startswith("cli:") else res)
 
-    one()
+    for value in reversed(entry.examples):
+        one = example(value=value)(one)
+    profile(given(value=entry.strategy)(one))()
 
 
 def classify_cli(res: H.Result) -> H.Result:
