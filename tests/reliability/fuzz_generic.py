@@ -182,14 +182,14 @@ def hostile(kind: str) -> st.SearchStrategy[Any]:
     return H.any_values()
 
 
-def baseline(p: Param, sc: H.Scene) -> Any:
-    """A plain value of a parameter that is not the hostile one."""
+def baseline(p: Param, sc: H.Scene, obj: Any = None) -> Any:
+    """A plain value of a parameter that is not the hostile one (a path a writer writes: a new file)."""
     if p.kind == "object":
         return FIXTURES[p.fixture]() if p.fixture else None
     if p.kind == "objseq":
         return [FIXTURES[p.fixture]()] if p.fixture else []
     if p.kind == "path":
-        return str(sc.input_file(b"{}\n"))
+        return str(sc.name(".out")) if obj is not None and writes(obj, p.name) else str(sc.input_file(b"{}\n"))
     if p.kind == "array":
         import numpy as np
         return np.ones(3)
@@ -234,7 +234,7 @@ def call_with(obj: Any, drawn: tuple[str, Any], sc: H.Scene) -> Callable[[], Any
     params = params_of(obj)
     args: list[Any] = []
     kwargs: dict[str, Any] = {}
-    base = {p.name: baseline(p, sc) for p in params if p.required and p.name != name}
+    base = {p.name: baseline(p, sc, obj) for p in params if p.required and p.name != name}
     value = materialize(value, sc, list(base.values()), output=writes(obj, name))
     for p in params:
         if p.name == name:

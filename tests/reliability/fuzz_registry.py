@@ -789,7 +789,7 @@ READERS: dict[str, Entry] = {e.name: e for e in (
     _reader("reader:trial attrs", _trial_attrs(), _trial_record),
     _reader("reader:cache env", st.tuples(st.sampled_from(("dir", "url")),
                                           st.sampled_from(("fifo", "dev_null", "dangling_symlink", "empty",
-                                                           "garbage", "nul_name", "url_garbage"))), _cache_env),
+                                                           "garbage", "url_garbage"))), _cache_env),
     _reader("reader:adaptation store rows", _row_damage(), _adapt_rows),
     _reader("reader:cache rows", _row_damage(), _cache_rows),
     _reader("reader:dataset rows", _row_damage(), _dataset_rows),
