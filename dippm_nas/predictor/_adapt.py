@@ -397,8 +397,8 @@ def _head_arrays(arrays: Mapping[str, np.ndarray], t: str) -> tuple[np.ndarray, 
     ``std > 0``."""
     mean, std, weight, bias, lo, hi = (arrays[f"{t}.{n}"] for n in ("mean", "std", "weight", "bias", "lo", "hi"))
     if mean.ndim != 2 or any(a.shape != mean.shape for a in (std, weight, lo, hi)) or bias.shape != mean.shape[:1]:
-        raise ValueError(f"the arrays of the {t} head have shapes {[a.shape for a in (mean, std, weight, bias, lo, hi)]}"
-                         ", expected [K, h] five times and [K]")
+        shapes = [a.shape for a in (mean, std, weight, bias, lo, hi)]
+        raise ValueError(f"the arrays of the {t} head have shapes {shapes}, expected [K, h] five times and [K]")
     if not all(np.all(np.isfinite(a)) for a in (mean, std, weight, bias, lo, hi)) or not np.all(std > 0):
         raise ValueError(f"the arrays of the {t} head are not finite (or a std is not > 0)")
     return mean, std, weight, bias, lo, hi

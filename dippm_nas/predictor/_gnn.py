@@ -562,7 +562,8 @@ class GnnPredictor(BasePredictor):
             out[i] = preds[j]
         if adaptation is not None:
             self._adapted([graphs[i] for i in todo], feats, todo, out, adaptation, mig, k_sigma, st)
-        elif self._adaptation_ignored and deployment_key(self.resolved_device, deployment=dep) in self._adaptation_ignored:
+        elif (self._adaptation_ignored
+              and deployment_key(self.resolved_device, deployment=dep) in self._adaptation_ignored):
             for i in todo:
                 out[i] = dataclasses.replace(out[i], details={**out[i].details, "adaptation_ignored": 1.0})
         with self._lock:

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from dippm_nas.errors import AdaptationError, DippmNasError, InvalidTypeError, InvalidValueError, MissingDependencyError
+from dippm_nas.errors import AdaptationError, DippmNasError, InvalidTypeError, MissingDependencyError
 from dippm_nas.predictor import AdaptationKey, AdaptationStore, deployment_key
 from dippm_nas.predictor import _adapt_sql, _gnn
 from test_adapt import DEV, _graphs, _predictor, _rows, _truth
@@ -378,9 +378,9 @@ def test_a_store_of_another_layout_or_schema_version_is_refused_and_predictions_
     with pytest.raises(AdaptationError, match="schema_version 99"):
         AdaptationStore(url)
     with sqlite3.connect(old) as conn:  # a version of the older layout, with its plain SHA-256
-        conn.execute("CREATE TABLE dippm_adaptation_versions (id INTEGER PRIMARY KEY, key_digest TEXT, version INTEGER, "
-                     "key_json TEXT, checkpoint_sha256 TEXT, rows INTEGER, meta_json TEXT, arrays BLOB, checksum TEXT, "
-                     "created_at REAL)")
+        conn.execute("CREATE TABLE dippm_adaptation_versions (id INTEGER PRIMARY KEY, key_digest TEXT, "
+                     "version INTEGER, key_json TEXT, checkpoint_sha256 TEXT, rows INTEGER, meta_json TEXT, "
+                     "arrays BLOB, checksum TEXT, created_at REAL)")
         conn.execute("INSERT INTO dippm_adaptation_versions VALUES (1, ?, 1, ?, 'c', 2, '{}', x'00', ?, 0)",
                      (_key().digest, _key().to_json(), _old_checksum("{}", b"\0")))
     q = _predictor(load=True)
@@ -451,3 +451,23 @@ def test_adapt_and_use_adaptation_refuse_a_storage_or_space_of_another_type(kwar
     with pytest.raises(InvalidTypeError, match=next(iter(kwargs))):
         p.use_adaptation(**kwargs)
 
+
+
+@pytest.mark.parametrize("url, shown", [
+    (f"postgresql+psycopg2://u:{PW}@h:5432/db", "postgresql+psycopg2://u:***@h:5432/db"),
+    (f"postgresql://u:{PW}%40x@h/db", "postgresql://u:***@h/db"),
+    (f"postgresql://u:{PW}@x/y@h/db", "postgresql://u:***@h/db"),  # an unescaped '@' and '/': all masked
+    (f"postgresql://u@h/db?sslmode=require&password={PW}", "postgresql://u@h/db?sslmode=require&password=***"),
+    ("sqlite:////tmp/a@b/c.db", "sqlite:////tmp/a@b/c.db"),
+    ("postgresql://h:5432/db", "postgresql://h:5432/db"),
+])
+def test_redact_url_masks_every_form_of_a_password(url: str, shown: str) -> None:
+    import sqlalchemy as sa
+
+    from urllib.parse import unquote
+
+    from dippm_nas._redact import redact_url, scrub
+
+    assert redact_url(url) == shown
+    assert PW not in redact_url(sa.engine.make_url(url))
+    assert PW not in scrub(f"driver said: {url} (decoded: {unquote(url)})", url)
