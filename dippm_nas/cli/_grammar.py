@@ -190,12 +190,14 @@ def writable_output(path: str | os.PathLike[str], flag: str, *, directory: bool 
     p = Path(path).expanduser()
     if directory:
         if p.exists() and not p.is_dir():
-            raise UsageError(f"{flag} {str(p)!r} is a file, not a directory; name a directory (created if missing)")
+            raise UsageError(f"argument {flag} {str(p)!r} is a file, not a directory; name a directory (created if "
+                             "missing)")
         probe = p
         while not probe.exists() and probe != probe.parent:
             probe = probe.parent
         if not probe.is_dir():
-            raise UsageError(f"{flag} {str(p)!r} cannot be created: {str(probe)!r} is a file, not a directory")
+            raise UsageError(f"argument {flag} {str(p)!r} cannot be created: {str(probe)!r} is a file, not a "
+                             "directory")
     else:
         try:
             probe = check_output(p, flag, error=UsageError, inputs=inputs).parent
