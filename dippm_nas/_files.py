@@ -24,10 +24,12 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 
 from dippm_nas.errors import DippmNasError
 
-__all__ = ["file_size", "read_file", "read_limited", "RefusedFile", "check_output", "output_path", "write_output"]
+__all__ = ["file_size", "read_file", "read_limited", "RefusedFile", "check_output", "output_path", "write_output",
+           "open_regular"]
 
 _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
           (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
@@ -134,6 +136,38 @@ def read_file(path: str | os.PathLike[str], what: str, *, max_bytes: int,
         raise error(f"{what} {str(path)!r} {e.reason}{hint if size_rule else ''}") from e.__cause__
 
 
+def open_regular(path: str | os.PathLike[str], what: str, *, error: type[DippmNasError]) -> BinaryIO:
+    """``path`` opened for reading as a binary stream, when it is a regular file (symlinks followed), for a
+    reader that streams a file of any size (a CSV, JSON Lines).
+
+    The file is opened with ``O_NONBLOCK`` (opening a FIFO does not wait for a writer) and checked on the open
+    descriptor, then switched back to blocking reads.
+
+    Raises:
+        error: a missing or unreadable path, one that is not a regular file (a FIFO, a device, a
+            directory...), or a ``path`` that is not a path; the message names the path and what it is.
+    """
+    if not isinstance(path, (str, os.PathLike)):
+        raise error(f"{what}: expected a path (a str or os.PathLike), got {type(path).__name__} {path!r:.80}")
+    p = Path(path)
+    try:
+        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+                     | getattr(os, "O_BINARY", 0))
+    except (OSError, ValueError) as e:  # ValueError: a NUL byte in the path
+        raise error(f"{what} {str(p)!r} {_os_reason(e) if isinstance(e, OSError) else 'is not a valid path'}"
+                    ) from e
+    try:
+        reason = _refusal(os.fstat(fd), p, max_bytes=2**63)
+        if reason:
+            raise error(f"{what} {str(p)!r} {reason}")
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 # ---------------------------------------------------------------------------------------------- writing
 def _kind(st: os.stat_result) -> str:
     return next((name for test, name in _KINDS if test(st.st_mode)), "not a regular file")
@@ -163,6 +197,8 @@ def check_output(path: str | os.PathLike[str], what: str, *, error: type[DippmNa
         error: ``path`` is empty, a directory, a FIFO, a device, a socket, a dangling symbolic link, in a
             folder that does not exist, or one of ``inputs``; the message names the path and what it is.
     """
+    if not isinstance(path, (str, os.PathLike)):
+        raise error(f"{what}: expected a path (a str or os.PathLike), got {type(path).__name__} {path!r:.80}")
     if not str(path).strip():
         raise error(f"{what}: an empty path; name the file to write")
     p = Path(path).expanduser()

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Mapping
 from typing import Any
 
 from dippm_nas.errors import DippmNasError, InvalidTypeError, InvalidValueError
 
-__all__ = ["is_real", "as_int", "as_real", "as_bool"]
+__all__ = ["is_real", "as_int", "as_real", "as_bool", "as_reals"]
 
 
 def is_real(value: Any) -> bool:
@@ -101,3 +102,22 @@ def as_bool(value: Any, what: str, *, error: type[DippmNasError] = InvalidTypeEr
     if isinstance(value, bool) or type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_"):
         return bool(value)
     raise error(f"{what} must be True or False, got {type(value).__name__} {value!r}")
+
+
+def as_reals(values: Any, what: str, *, finite: bool = True, error: type[DippmNasError] = InvalidValueError
+             ) -> list[float]:
+    """``values`` as a list of floats: a sequence or an array of real numbers (finite unless ``finite=False``;
+    NaN and infinities are then kept).
+
+    Raises:
+        error: ``values`` is not a sequence (``None``, a number, a string, a mapping), or one item is not a real
+            number (a bool, a string, ``None``) or, with ``finite``, not finite; the message names the item.
+    """
+    if isinstance(values, (str, bytes, Mapping)) or not hasattr(values, "__len__") or not hasattr(values, "__iter__"):
+        raise error(f"{what} must be a sequence of numbers, got {type(values).__name__} {values!r:.80}")
+    out = []
+    for i, v in enumerate(values):
+        if not is_real(v) or (finite and not math.isfinite(float(v))):
+            raise error(f"{what}[{i}] must be a {'finite ' if finite else ''}number, got {v!r:.40}")
+        out.append(float(v))
+    return out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +19,17 @@ sys.path[1:1] = sorted(str(d) for d in Path(__file__).parent.iterdir()
 
 PG_ENV = "DIPPM_NAS_TEST_PG_URL"
 SHARED_DATA = Path(os.environ.get("DIPPM_NAS_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Hypothesis keeps its files (an example database, constants and Unicode caches) in a folder of the
+    temporary directory, never in the repository: the property tests run with ``database=None`` and a
+    derandomized profile, so nothing there changes a run (tests/reliability/test_fuzz_registry.py)."""
+    try:
+        from hypothesis.configuration import set_hypothesis_home_dir
+    except ImportError:  # hypothesis is in the dev extra; the tests that need it skip without it
+        return
+    set_hypothesis_home_dir(str(Path(tempfile.gettempdir()) / "dippm-nas-hypothesis"))
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -34,6 +34,7 @@ import hashlib
 import types
 from typing import TYPE_CHECKING, Any
 
+from dippm_nas.errors import InvalidTypeError
 from dippm_nas.graph import GRAPH_FORMAT_VERSION
 from dippm_nas.spec import InputSpec
 
@@ -277,7 +278,13 @@ def model_key(model: "torch.nn.Module", spec: InputSpec) -> str:
 
 
 def file_key(data: bytes, spec: InputSpec) -> str:
-    """Key of an ONNX file: its bytes, the input spec and the converter versions."""
+    """Key of an ONNX file: its bytes, the input spec and the converter versions.
+
+    Raises:
+        InvalidTypeError: ``data`` is not bytes.
+    """
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise InvalidTypeError(f"file_key(): data must be the file's bytes, got {type(data).__name__}")
     h = hashlib.sha256()
     h.update(b"onnx|")
     h.update(converter_version().encode())

@@ -12,6 +12,7 @@ from typing import Any
 
 from dippm_nas._numbers import as_int
 from dippm_nas.cli._grammar import (
+    MAX_THREADS,
     json_text,
     ListAction,
     UsageError,
@@ -80,7 +81,7 @@ def _register_build(verbs: argparse._SubParsersAction) -> None:
     b.add_argument("--no-overlap", action="store_true", help="do not convert the next round while measuring")
     b.add_argument("--pin-cpu", type=int_flag("--pin-cpu", low=0), default=None,
                    help="pin measurement to this CPU and conversion to the others (default: no pinning)")
-    b.add_argument("--threads", type=int_flag("--threads", low=1), default=1,
+    b.add_argument("--threads", type=int_flag("--threads", low=1, high=MAX_THREADS), default=1,
                    help="torch threads while measuring (default 1)")
     b.add_argument("--cpu-allocator", choices=("steady", "as-is"), default="steady",
                    help="CPU timing: 'steady' (default) fixes glibc malloc's thresholds so freed activations are "

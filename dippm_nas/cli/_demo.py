@@ -31,7 +31,7 @@ from typing import Any
 from dippm_nas._redact import redact_url
 from dippm_nas.cli._deployment_flags import add_deployment_args, deployment_from_args
 from dippm_nas._files import write_output
-from dippm_nas.cli._grammar import UsageError, float_flag, int_flag
+from dippm_nas.cli._grammar import MAX_THREADS, UsageError, float_flag, int_flag, writable_output
 from dippm_nas.errors import DippmNasError
 from dippm_nas.spec import COMPUTE_DTYPES
 
@@ -65,7 +65,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="Optuna storage (any SQLAlchemy RDB URL); default sqlite:///OUT/demo.sqlite3")
     p.add_argument("--study-name", default=None, help="study name (default: dippm-demo-<date-time>); "
                    "an existing study of that name is continued")
-    p.add_argument("--seed", type=int_flag("--seed"), default=0, help="sampler and training seed (default 0)")
+    p.add_argument("--seed", type=int_flag("--seed", low=0, high=2**32 - 1, note="a numpy seed"), default=0,
+                   help="sampler and training seed (default 0)")
     p.add_argument("--sampler", choices=("tpe", "nsga2"), default="tpe", help="Optuna sampler (default tpe)")
     p.add_argument("--train-seconds", type=float_flag("--train-seconds", low=0, low_inclusive=False), default=None,
                    help="training budget per candidate, seconds (default 3)")
@@ -97,7 +98,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-plot", action="store_true", help="skip the plots")
     p.add_argument("--background", type=int_flag("--background", low=0), default=1, metavar="N",
                    help="conversion processes working while candidates train (default 1; 0: convert before training)")
-    p.add_argument("--threads", type=int_flag("--threads", low=1), default=1,
+    p.add_argument("--threads", type=int_flag("--threads", low=1, high=MAX_THREADS), default=1,
                    help="torch CPU threads for training (default 1); validation measures at the thread count of "
                         "the host-cpu prediction")
     p.set_defaults(func=run)
@@ -380,6 +381,7 @@ def _check_args(args: argparse.Namespace) -> None:
     if args.latency_budget_ms is not None and args.latency_budget_ms < 0:
         raise UsageError(f"--latency-budget-ms must be >= 0 (0: no latency budget), got {args.latency_budget_ms}")
     args.latency_budget_ms = args.latency_budget_ms or None
+    writable_output(args.out, "--out", directory=True)  # an --out that is a file fails here, not after a study
 
 
 def run(args: argparse.Namespace) -> int:

@@ -11,6 +11,7 @@ import argparse
 from typing import Any
 
 from dippm_nas.cli._grammar import (
+    MAX_THREADS,
     json_text,
     DeprecatedFlag,
     ListAction,
@@ -66,7 +67,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    convert=lambda t: [positive_int("--batches")(v) for v in t.split(",") if v.strip()])
     p.add_argument("--time-cap", type=float_flag("--time-cap", low=0, low_inclusive=False), default=20.0,
                    help="seconds per row, warm-up included (default 20)")
-    p.add_argument("--threads", type=int_flag("--threads", low=1), default=None,
+    p.add_argument("--threads", type=int_flag("--threads", low=1, high=MAX_THREADS), default=None,
                    help="torch threads while measuring (default: as is on a GPU, 1 with --torch-device cpu)")
     p.add_argument("--max-file-mib", type=float_flag("--max-file-mib", low=0, low_inclusive=False), default=16.0,
                    help="size limit of each output file (default 16)")

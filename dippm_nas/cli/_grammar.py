@@ -47,6 +47,7 @@ __all__ = [
     "check_name",
     "positive_int",
     "int_flag",
+    "MAX_THREADS",
     "float_flag",
     "writable_output",
     "device_ids",
@@ -126,18 +127,25 @@ def positive_int(flag: str) -> Callable[[str], int]:
     return conv
 
 
-def int_flag(flag: str, *, low: int | None = None, note: str = "") -> Callable[[str], int]:
-    """An argparse ``type=`` of an integer flag: ``int(text)`` when it is ``>= low``, else a usage error (exit 2)
-    that states the rule and the value (``argument --workers: expects an integer >= 1, got 0``); ``note`` says
-    what a bound means (``"0: off"``)."""
-    rule = "an integer" + (f" >= {low}" if low is not None else "") + (f" ({note})" if note else "")
+#: The most threads a ``--threads`` flag takes (torch's thread count is a C int; no host has more cores).
+MAX_THREADS = 4096
+
+
+def int_flag(flag: str, *, low: int | None = None, high: int | None = None, note: str = ""
+             ) -> Callable[[str], int]:
+    """An argparse ``type=`` of an integer flag: ``int(text)`` when it is ``>= low`` (and ``<= high``), else a
+    usage error (exit 2) that states the rule and the value (``argument --workers: expects an integer >= 1, got
+    0``); ``note`` says what a bound means (``"0: off"``)."""
+    bounds = [f">= {low}"] if low is not None else []
+    bounds += [f"<= {high}"] if high is not None else []
+    rule = "an integer" + (f" {' and '.join(bounds)}" if bounds else "") + (f" ({note})" if note else "")
 
     def conv(text: str) -> int:
         try:
             v = int(text)
         except ValueError:
             raise UsageError(f"expects {rule}, got {text!r}") from None
-        if low is not None and v < low:
+        if (low is not None and v < low) or (high is not None and v > high):
             raise UsageError(f"expects {rule}, got {v}")
         return v
     conv.__name__ = flag

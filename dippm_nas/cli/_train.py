@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from dippm_nas.cli._grammar import (
+    MAX_THREADS,
     ListAction,
     UsageError,
     add_json_flag,
@@ -78,7 +79,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="training wall-clock budget, seconds (default 840)")
     p.add_argument("--targets", default=None,
                    help="comma-separated targets to learn (latency_ms,energy_j,memory_mib; default: all with labels)")
-    p.add_argument("--threads", type=int_flag("--threads", low=1), default=2,
+    p.add_argument("--threads", type=int_flag("--threads", low=1, high=MAX_THREADS), default=2,
                    help="torch intra-op threads while training (default 2)")
     p.add_argument("--source-note", action="append", default=[], help="data-source description for the metadata")
     p.add_argument("--report", default=None, help="write the held-out metrics and test rows as JSON here")
@@ -105,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     from dippm_nas.training import TrainConfig, train_predictor
     from dippm_nas.prior import PriorParams
 
-    inputs = [p for p in (args.data, args.prior_params) if p]
+    inputs = [p for p in (*args.data, args.prior_params) if p]  # --data is given once per file
     writable_output(args.out, "--out", inputs=inputs)  # before the training, not after it
     if args.report:
         writable_output(args.report, "--report", inputs=inputs)

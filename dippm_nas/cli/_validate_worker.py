@@ -8,6 +8,7 @@ import threading
 from typing import Any
 
 from dippm_nas.cli._grammar import (
+    MAX_THREADS,
     DeprecatedFlag,
     UsageError,
     add_json_flag,
@@ -66,7 +67,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="timed forwards at most (default 1000)")
     p.add_argument("--time-cap", type=float_flag("--time-cap", low=0, low_inclusive=False), default=30.0, metavar="S",
                    help="time budget of one measurement, seconds (default 30)")
-    p.add_argument("--threads", type=int_flag("--threads", low=1), default=None,
+    p.add_argument("--threads", type=int_flag("--threads", low=1, high=MAX_THREADS), default=None,
                    help="CPU threads during measurement (default: torch's)")
     p.add_argument("--rounds", type=int_flag("--rounds", low=0, note="0: off"), default=0, metavar="N",
                    help="CPU devices: time each batch of claimed jobs again in N interleaved rounds of --min-repeats "

@@ -16,6 +16,7 @@ Build-job bookkeeping (``jobs``, ``plans``) is not exported: an export is data, 
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import logging
 import lzma
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from dippm_nas._compress import InflateRefused, inflate
-from dippm_nas._files import check_output, output_path
+from dippm_nas._files import check_output, open_regular, output_path
 from dippm_nas._json import loads_json
 from dippm_nas.errors import DatasetError
 from dippm_nas.dataset import _store
@@ -39,9 +40,21 @@ JSONL_FORMAT = "dippm-nas-dataset-jsonl"
 
 def open_text(path: str | Path, mode: str = "rt", *, name: str | None = None) -> IO[str]:
     """Open a ``.jsonl``, ``.jsonl.gz`` or ``.jsonl.xz`` file as text; ``name`` (default the path's) decides
-    the compression."""
+    the compression. For reading, ``path`` must be a regular file (a FIFO, a device or a directory is a
+    :class:`DatasetError`, never waited on: :func:`dippm_nas._files.open_regular`).
+
+    Raises:
+        DatasetError: another ending, or (reading) a path that is missing or not a regular file.
+    """
     p = Path(path)
     name = (name or p.name).lower()
+    if "r" in mode and name.endswith((".xz", ".gz", ".jsonl")):
+        raw = open_regular(p, "dataset file", error=DatasetError)
+        if name.endswith(".xz"):
+            return lzma.open(raw, "rt", encoding="utf-8")  # type: ignore[return-value]
+        if name.endswith(".gz"):
+            return gzip.open(raw, "rt", encoding="utf-8")  # type: ignore[return-value]
+        return io.TextIOWrapper(raw, encoding="utf-8")
     if name.endswith(".xz"):
         return lzma.open(p, mode, encoding="utf-8", preset=9 if "w" in mode else None)  # type: ignore[call-overload]
     if name.endswith(".gz"):
@@ -109,12 +122,20 @@ def iter_jsonl(path: str | Path) -> Iterator[dict[str, Any]]:
     """The records of an exported file, header checked.
 
     Raises:
-        DatasetError: not an export of this schema version, or a malformed line.
+        DatasetError: not an export of this schema version, a malformed line, a file that is not UTF-8 text
+            or not a valid ``.gz`` / ``.xz`` stream, or a path that is not a regular file.
     """
+    try:
+        yield from _records(path)
+    except (UnicodeDecodeError, EOFError, OSError, lzma.LZMAError) as e:  # gzip.BadGzipFile is an OSError
+        raise DatasetError(f"{path}: cannot be read as a JSON Lines dataset file ({type(e).__name__}: {e})") from e
+
+
+def _records(path: str | Path) -> Iterator[dict[str, Any]]:
     with open_text(path, "rt") as f:
         first = f.readline()
         header = loads_json(first, f"{path}: the first line", DatasetError)
-        if header.get("type") != "header" or header.get("format") != JSONL_FORMAT:
+        if not isinstance(header, dict) or header.get("type") != "header" or header.get("format") != JSONL_FORMAT:
             raise DatasetError(f"{path}: not a {JSONL_FORMAT} file (first line {first[:80]!r})")
         if header.get("schema_version") != SCHEMA_VERSION:
             raise DatasetError(
@@ -123,7 +144,10 @@ def iter_jsonl(path: str | Path) -> Iterator[dict[str, Any]]:
         for lineno, line in enumerate(f, start=2):
             if not line.strip():
                 continue
-            yield loads_json(line, f"{path}:{lineno}", DatasetError)
+            rec = loads_json(line, f"{path}:{lineno}", DatasetError)
+            if not isinstance(rec, dict):
+                raise DatasetError(f"{path}:{lineno}: a record must be a JSON object, got {type(rec).__name__}")
+            yield rec
 
 
 def _stored_graph_text(payload: bytes, structural_hash: str) -> bytes:

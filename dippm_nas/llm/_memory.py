@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from dippm_nas._numbers import as_real
 from dippm_nas.llm._config import DecoderConfig, ceil_div
 from dippm_nas.llm._engines import ServingEngine
 from dippm_nas.units import BYTES_PER_MIB
@@ -60,7 +61,14 @@ class KVCapacity:
 
 def contiguous_capacity(memory_mib: float, fixed_mib: float, per_sequence_mib: float) -> KVCapacity:
     """Largest batch of a contiguous cache: ``floor((memory - fixed) / per sequence)``, where a sequence takes
-    its KV cache and its activations at the phase where they peak."""
+    its KV cache and its activations at the phase where they peak.
+
+    Raises:
+        InvalidValueError: a figure that is not a finite number, or a negative one.
+    """
+    memory_mib = as_real(memory_mib, "memory_mib", low=0)
+    fixed_mib = as_real(fixed_mib, "fixed_mib", low=0)
+    per_sequence_mib = as_real(per_sequence_mib, "per_sequence_mib", low=0)
     budget = memory_mib - fixed_mib
     per = per_sequence_mib
     n = max(0, math.floor(budget / per)) if per > 0 else 0

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import io
 import json
 import logging
 import os
@@ -61,7 +62,7 @@ from pathlib import Path
 from typing import Any
 
 from dippm_nas._deprecation import MISSING, renamed_keyword
-from dippm_nas._files import check_output, write_output
+from dippm_nas._files import check_output, open_regular, write_output
 from dippm_nas._json import loads_json, read_json_file
 from dippm_nas._numbers import as_int, as_real
 from dippm_nas._platform import cpu_model_name
@@ -308,23 +309,31 @@ def read_campaign_rows(path: str | Path) -> Iterator[dict[str, Any]]:
     p = Path(path)
     files = _parts(p) if p.is_dir() else [p]
     for f in files:
-        with open(f, encoding="utf-8") as fh:
-            for lineno, line in enumerate(fh, start=1):
-                if not line.strip():
+        try:
+            yield from _file_rows(f)
+        except UnicodeDecodeError as e:
+            raise MeasurementError(f"{f}: not UTF-8 text ({e}); a campaign file is JSON Lines") from e
+
+
+def _file_rows(f: Path) -> Iterator[dict[str, Any]]:
+    """The measurement records of one campaign file (a regular file: a FIFO or a device is refused)."""
+    with io.TextIOWrapper(open_regular(f, "campaign file", error=MeasurementError), encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                rec = loads_json(line, f"{f}:{lineno}", MeasurementError)
+            except MeasurementError as e:
+                if lineno > 1 and not line.endswith("\n"):  # a run killed mid-write: the last line is cut
+                    logger.warning("%s:%d: an unfinished last line is ignored (%s)", f, lineno, e)
                     continue
-                try:
-                    rec = loads_json(line, f"{f}:{lineno}", MeasurementError)
-                except MeasurementError as e:
-                    if lineno > 1 and not line.endswith("\n"):  # a run killed mid-write: the last line is cut
-                        logger.warning("%s:%d: an unfinished last line is ignored (%s)", f, lineno, e)
-                        continue
-                    raise
-                if lineno == 1:
-                    if rec.get("type") != "header" or rec.get("format") != JSONL_FORMAT:
-                        raise MeasurementError(f"{f}: not a {JSONL_FORMAT} file (first line {line[:80]!r})")
-                    continue
-                if rec.get("type") == "measurement":
-                    yield rec
+                raise
+            if lineno == 1:
+                if not isinstance(rec, dict) or rec.get("type") != "header" or rec.get("format") != JSONL_FORMAT:
+                    raise MeasurementError(f"{f}: not a {JSONL_FORMAT} file (first line {line[:80]!r})")
+                continue
+            if isinstance(rec, dict) and rec.get("type") == "measurement":
+                yield rec
 
 
 class _Writer:

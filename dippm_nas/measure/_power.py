@@ -19,6 +19,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from dippm_nas._numbers import as_reals
 from dippm_nas.errors import MeasurementError
 from dippm_nas.measure._nvml import NvmlAdapter
 from dippm_nas.measure._stopping import Clock
@@ -35,8 +36,10 @@ def trapezoid_energy_j(times_s: Sequence[float], power_w: Sequence[float]) -> fl
 
     Raises:
         MeasurementError: fewer than two samples, mismatched lengths, times going backwards,
-            or non-finite/negative power.
+            or non-finite/negative power; either not a sequence of numbers.
     """
+    times_s = as_reals(times_s, "sample times (s)", error=MeasurementError)
+    power_w = as_reals(power_w, "power samples (W)", finite=False, error=MeasurementError)
     if len(times_s) != len(power_w):
         raise MeasurementError(f"times and power need equal lengths, got {len(times_s)} and {len(power_w)}")
     if len(times_s) < 2:

@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from dippm_nas._files import check_output
 from dippm_nas._numbers import as_int
 from dippm_nas.errors import MeasurementError
 from dippm_nas.spec import InputSpec
@@ -70,13 +71,17 @@ def profile_ops(model: Any, spec: InputSpec, *, passes: int = OP_PROFILE_PASSES,
         order.
 
     Raises:
-        MeasurementError: ``passes`` < 1 or ``warmup`` < 0.
+        MeasurementError: ``model`` is not a ``torch.nn.Module``, ``passes`` < 1, ``warmup`` < 0 or ``threads``
+            < 1.
     """
     import torch
     from torch.profiler import ProfilerActivity, profile
 
+    if not isinstance(model, torch.nn.Module):
+        raise MeasurementError(f"profile_ops() profiles a torch.nn.Module, got {type(model).__name__}")
     passes = as_int(passes, "passes", low=1, error=MeasurementError)
     warmup = as_int(warmup, "warmup", low=0, error=MeasurementError)
+    threads = None if threads is None else as_int(threads, "threads", low=1, error=MeasurementError, or_none=True)
     args, kwargs = spec.example_inputs()
     old = torch.get_num_threads()
     if threads is not None:
@@ -114,10 +119,19 @@ class OpProfileWriter:
     Thread-safe. Use as a context manager or call :meth:`close`."""
 
     def __init__(self, path: str | Path) -> None:
+        if not isinstance(path, (str, os.PathLike)):
+            raise MeasurementError(f"op profile file: expected a path, got {type(path).__name__} {path!r:.80}")
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise MeasurementError(f"op profile file {str(path)!r}: its folder cannot be created ({e})") from e
+        check_output(self.path, "op profile file", error=MeasurementError)  # a FIFO, a device, a directory
         self._xz = self.path.suffix == ".xz"
-        self._fh: IO[bytes] = open(self.path, "ab")
+        try:
+            self._fh: IO[bytes] = open(self.path, "ab")
+        except OSError as e:
+            raise MeasurementError(f"op profile file {str(path)!r} cannot be opened for appending ({e})") from e
         self._lock = threading.Lock()
         self.lines = 0
 

@@ -15,6 +15,7 @@ wrap-around of its counter.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -59,7 +60,13 @@ class RaplCounter:
     """
 
     def __init__(self, directories: Path | Sequence[Path]) -> None:
-        dirs = [Path(directories)] if isinstance(directories, (str, Path)) else [Path(d) for d in directories]
+        if isinstance(directories, (str, os.PathLike)):
+            directories = [directories]
+        if not isinstance(directories, (list, tuple)) or not all(isinstance(d, (str, os.PathLike))
+                                                                 for d in directories):
+            raise MeasurementError(f"RaplCounter takes a RAPL domain directory or a list of them, got "
+                                   f"{directories!r:.80}")
+        dirs = [Path(d) for d in directories]
         if not dirs:
             raise MeasurementError("RaplCounter needs at least one RAPL domain directory")
         self.directories = dirs

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from dippm_nas._numbers import as_int, as_real
+from dippm_nas._numbers import as_int, as_real, as_reals
 from dippm_nas.errors import MeasurementError
 
 __all__ = [
@@ -91,8 +91,9 @@ def summarize(samples_ms: Sequence[float]) -> LatencyStats:
     """Mean, median, standard deviation and 95% CI of ``samples_ms``.
 
     Raises:
-        MeasurementError: for an empty sequence.
+        MeasurementError: an empty sequence, or one that is not a sequence of finite numbers.
     """
+    samples_ms = as_reals(samples_ms, "latency samples (ms)", error=MeasurementError)
     n = len(samples_ms)
     if n == 0:
         raise MeasurementError("cannot summarise zero latency samples")

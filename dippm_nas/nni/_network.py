@@ -62,11 +62,21 @@ def write_loopback_preload(directory: str | os.PathLike[str]) -> Path:
     For ``nnictl``: ``NODE_OPTIONS="--require $(python -c 'from dippm_nas.nni import write_loopback_preload as w;
     print(w(".nni"))')" nnictl create --config config.yml``. Choose a directory only you can write to:
     Node runs whatever the file holds.
+
+    Raises:
+        DippmNasError: ``directory`` is not a path, is a file (or another non-directory), or cannot be created
+            or written.
     """
+    if not isinstance(directory, (str, os.PathLike)) or not str(directory).strip():
+        raise DippmNasError(f"write_loopback_preload(): directory must be a path, got {directory!r}")
     d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
-    p = d / _PRELOAD_NAME
-    p.write_text(LOOPBACK_PRELOAD_JS)
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        p = d / _PRELOAD_NAME
+        p.write_text(LOOPBACK_PRELOAD_JS)
+    except (OSError, ValueError) as e:  # FileExistsError: a file of that name; ValueError: a NUL in the path
+        raise DippmNasError(f"cannot write the loopback preload into {str(directory)!r}: "
+                            f"{type(e).__name__}: {e}") from e
     return p.resolve()
 
 

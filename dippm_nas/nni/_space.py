@@ -35,7 +35,7 @@ from statistics import NormalDist
 from typing import Any
 
 from dippm_nas._json import canonical_json
-from dippm_nas._numbers import as_int, is_real
+from dippm_nas._numbers import as_int, as_real, is_real
 from dippm_nas.errors import InputSpecError, ModelSpecError, SearchSpaceError
 from dippm_nas.capture import load_callable
 from dippm_nas.spec import InputSpec
@@ -58,7 +58,15 @@ _STD_NORMAL = NormalDist()
 
 def quantize(x: float, q: float, low: float | None = None, high: float | None = None) -> float:
     """NNI's ``q`` rounding: ``round(x / q) * q``, then clipped to ``[low, high]`` when they are given
-    (``quniform``, ``qloguniform``; the normal types are not clipped)."""
+    (``quniform``, ``qloguniform``; the normal types are not clipped).
+
+    Raises:
+        SearchSpaceError: ``x``, ``low`` or ``high`` not a finite number, or ``q`` not a finite number > 0.
+    """
+    x = as_real(x, "quantize(): x", error=SearchSpaceError)
+    q = as_real(q, "quantize(): q", low=0, low_inclusive=False, error=SearchSpaceError)
+    low = None if low is None else as_real(low, "quantize(): low", error=SearchSpaceError)
+    high = None if high is None else as_real(high, "quantize(): high", error=SearchSpaceError)
     v = float(round(x / q) * q)
     if low is not None:
         v = max(v, float(low))

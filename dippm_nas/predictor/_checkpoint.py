@@ -121,7 +121,13 @@ _TAG = re.compile(r"[a-z0-9][a-z0-9_-]*")
 
 def checkpoint_name(path: str | Path) -> tuple[str, str | None]:
     """``(device, tag)`` of a checkpoint file's name: ``<device>.<tag>.pt``, ``<device>.pt`` (tag ``None``) or
-    ``host-cpu--<tag>.pt``."""
+    ``host-cpu--<tag>.pt``.
+
+    Raises:
+        CheckpointError: ``path`` is not a path.
+    """
+    if not isinstance(path, (str, os.PathLike)):
+        raise CheckpointError(f"checkpoint_name(): expected a path, got {type(path).__name__} {path!r:.80}")
     stem = Path(path).name.removesuffix(".pt")
     device, dot, tag = stem.partition(".")
     if dot and _TAG.fullmatch(tag):

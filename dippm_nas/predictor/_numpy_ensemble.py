@@ -39,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dippm_nas._files import open_regular
 from dippm_nas._paths import cache_dir
 from dippm_nas.errors import CheckpointError
 from dippm_nas.features import GraphFeatures
@@ -259,9 +260,14 @@ def neighbours(feats: Sequence[GraphFeatures], n: np.ndarray) -> tuple[np.ndarra
 
 # ---------------------------------------------------------------------------------------- the derived file
 def checkpoint_digest(path: Path) -> str:
-    """SHA-256 of a checkpoint file's bytes (hex)."""
+    """SHA-256 of a checkpoint file's bytes (hex).
+
+    Raises:
+        CheckpointError: ``path`` is missing, unreadable or not a regular file (a FIFO is refused, never waited
+            on).
+    """
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open_regular(path, "predictor checkpoint", error=CheckpointError) as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()

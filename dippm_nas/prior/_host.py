@@ -108,6 +108,9 @@ class HostModel:
     metrics: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.op_us, Mapping):
+            raise InvalidValueError(f"HostModel.op_us must be a mapping of {list(HOST_KINDS)} to µs, "
+                                    f"got {self.op_us!r:.80}")
         missing = [k for k in HOST_KINDS if k not in self.op_us]
         extra = [k for k in self.op_us if k not in HOST_KINDS]
         if missing or extra:

@@ -555,8 +555,12 @@ def fit_op_table(profiles: Iterable[Mapping[str, Any]], *, exclude_families: Seq
     Raises:
         DippmNasError: scikit-learn is missing, or fewer than two families / 50 calls remain.
     """
+    if isinstance(profiles, (str, bytes, Mapping)) or not hasattr(profiles, "__iter__") \
+            or isinstance(exclude_families, (str, bytes)) or not hasattr(exclude_families, "__iter__"):
+        raise InvalidValueError(f"fit_op_table() takes an iterable of profile mappings and a list of families, got "
+                                f"{type(profiles).__name__} and {type(exclude_families).__name__}")
     ex = set(exclude_families)
-    prof = [p for p in profiles if p.get("family") not in ex and p.get("latency_ms")]
+    prof = [p for p in profiles if isinstance(p, Mapping) and p.get("family") not in ex and p.get("latency_ms")]
     fams = sorted({p["family"] for p in prof})
     if len(fams) < 2:
         raise InvalidValueError(f"fitting an op table needs profiles of at least two families, got {fams}")

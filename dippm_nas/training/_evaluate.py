@@ -8,6 +8,7 @@ over-confident.
 from __future__ import annotations
 
 import math
+import os
 import random
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -19,7 +20,7 @@ from scipy.stats import kendalltau
 from dippm_nas._files import write_output
 from dippm_nas._optional import require
 from dippm_nas.deployment import Deployment
-from dippm_nas.errors import DatasetError, InvalidValueError
+from dippm_nas.errors import DatasetError, InvalidTypeError, InvalidValueError
 from dippm_nas.devices import resolve_device
 from dippm_nas.features import GraphFeatures
 from dippm_nas.prediction import Prediction
@@ -135,9 +136,15 @@ def metrics_table(pred: GnnPredictor, feats: Sequence[GraphFeatures], examples: 
     return evaluate_examples(pred, feats, examples)
 
 
+def _check_sequence(items: Any, what: str, item_type: type) -> None:
+    """``items`` is a list or a tuple of ``item_type``; else an :class:`InvalidTypeError` naming it."""
+    if not isinstance(items, (list, tuple)) or not all(isinstance(i, item_type) for i in items):
+        raise InvalidTypeError(f"{what} must be a list of {item_type.__name__}, got {items!r:.80}")
+
+
 def scatter_png(rows: Sequence[Mapping[str, Any]], target: str, path: str | Path, title: str = "") -> Path:
     """Predicted-vs-measured log-log scatter (with the analytic prior in grey) written to ``path``."""
-
+    _check_sequence(rows, "scatter_png(): rows", Mapping)
     require("matplotlib", "plot", "the predicted-vs-measured PNG")
     import matplotlib
 
@@ -145,6 +152,8 @@ def scatter_png(rows: Sequence[Mapping[str, Any]], target: str, path: str | Path
     import matplotlib.pyplot as plt
 
     rs = [r for r in rows if target in r]
+    if not rs:
+        raise InvalidValueError(f"scatter_png(): no row has the target {target!r}; nothing to plot")
     y = np.array([r[target] for r in rs])
     yh = np.array([r[f"{target}_pred"] for r in rs])
     fig, ax = plt.subplots(figsize=(4.5, 4.5), dpi=110)
@@ -179,6 +188,9 @@ def _fmt(v: Any) -> str:
 
 def write_report(sections: Sequence[tuple[str, Mapping[str, Any]]], path: str | Path, *, intro: str = "") -> Path:
     """A markdown report: one table per ``(title, metrics table)`` section."""
+    _check_sequence(sections, "write_report(): sections", tuple)
+    if not isinstance(path, (str, os.PathLike)):
+        raise InvalidTypeError(f"write_report(): path must be a path, got {type(path).__name__}")
     lines = [intro.rstrip(), ""] if intro else []
     cols = ("n", "mape_pct", "median_ape_pct", "kendall_tau", "coverage_2sigma")
     for title, tab in sections:

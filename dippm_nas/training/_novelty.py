@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
+from dippm_nas._numbers import as_reals
 from dippm_nas.errors import InvalidValueError
 
 __all__ = ["MAX_REFERENCE", "NOVELTY_QUANTILE", "COVERAGE", "SHRINK_GRID", "reference_set", "fit_novel_floor",
@@ -67,14 +68,14 @@ def split_d0(val_novelty: Sequence[float], *, quantile: float = NOVELTY_QUANTILE
     With ``groups`` (one label per graph, e.g. its data source), the largest of the groups' own quantiles:
     a graph is then novel only when it lies beyond that share of the validation graphs of every source, so a
     large source of look-alike graphs does not make every graph of a smaller, more varied source novel."""
-    v = np.asarray(val_novelty, dtype=np.float64)
+    v = np.asarray(as_reals(val_novelty, "split_d0(): val_novelty", finite=False), dtype=np.float64)
     g = np.asarray(groups if groups is not None else [""] * v.size, dtype=object)
     if g.size != v.size:
         raise InvalidValueError(f"split_d0 needs one group per validation novelty, got {g.size} for {v.size}")
     ok = np.isfinite(v)
     v, g = v[ok], g[ok]
     if v.size == 0:
-        raise ValueError("split_d0 needs at least one finite validation novelty")
+        raise InvalidValueError("split_d0 needs at least one finite validation novelty")
     return max(float(np.quantile(v[g == k], quantile)) for k in sorted(set(g.tolist())))
 
 
@@ -91,6 +92,7 @@ def fit_shrink_width(err_of: Callable[[float], float], grid: Sequence[float] = S
             rebuilds the predictions with :func:`correction_weight`); ties go to the wider width (less
             shrink).
     """
+    grid = as_reals(grid, "fit_shrink_width(): grid", finite=False)
     errs = [(float(err_of(c)), -c if math.isfinite(c) else -math.inf, c) for c in grid]
     return min(errs)[2]
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import csv
+import io
 import math
 import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from dippm_nas._files import open_regular
 from dippm_nas._numbers import as_int
 from dippm_nas.errors import DatasetError
 
@@ -28,35 +30,44 @@ def csv_header(path: str | Path, what: str) -> list[str]:
         DatasetError: the file does not exist.
     """
     p = Path(path)
-    if not p.is_file():
-        raise DatasetError(f"{what} CSV {str(p)!r} does not exist")
-    with open(p, newline="", encoding="utf-8") as f:
-        return next(csv.reader(f), [])
+    raw = open_regular(p, f"{what} CSV", error=DatasetError)  # a FIFO, a device or a directory is refused
+    try:
+        with io.TextIOWrapper(raw, encoding="utf-8", newline="") as f:
+            return next(csv.reader(f), [])
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise DatasetError(f"{what} CSV {p.name!r} cannot be read as UTF-8 CSV: {e}") from e
 
 
 def read_csv(path: str | Path, required: Sequence[str], what: str, limit: int | None) -> list[dict[str, str]]:
     """The first ``limit`` rows (all for ``None``) of the CSV file ``path``, as dicts.
 
     Raises:
-        DatasetError: the file does not exist, lacks a ``required`` column (the columns it has are listed), or
+        DatasetError: the file does not exist or is not a regular file, is not UTF-8 CSV (a field over the
+            csv module's limit included), lacks a ``required`` column (the columns it has are listed), or
             ``limit`` is not an int >= 1.
     """
     p = Path(path)
-    if not p.is_file():
-        raise DatasetError(f"{what} CSV {str(p)!r} does not exist")
     if limit is not None:
         limit = as_int(limit, "limit", low=1, error=DatasetError, or_none=True)
-    with open(p, newline="", encoding="utf-8") as f:
-        reader = csv.DictReader(f)
-        header = reader.fieldnames or []
-        missing = [c for c in required if c not in header]
-        if missing:
-            raise DatasetError(f"{what} CSV {p.name!r} lacks the columns {missing}; it has {header}")
-        rows = []
-        for i, r in enumerate(reader):
-            if limit is not None and i >= limit:
-                break
-            rows.append(r)
+    raw = open_regular(p, f"{what} CSV", error=DatasetError)  # a FIFO, a device or a directory is refused
+    try:
+        with io.TextIOWrapper(raw, encoding="utf-8", newline="") as f:
+            return _rows(csv.DictReader(f), p, required, what, limit)
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise DatasetError(f"{what} CSV {p.name!r} cannot be read as UTF-8 CSV: {e}") from e
+
+
+def _rows(reader: csv.DictReader[str], p: Path, required: Sequence[str], what: str,
+          limit: int | None) -> list[dict[str, str]]:
+    header = reader.fieldnames or []
+    missing = [c for c in required if c not in header]
+    if missing:
+        raise DatasetError(f"{what} CSV {p.name!r} lacks the columns {missing}; it has {header}")
+    rows = []
+    for i, r in enumerate(reader):
+        if limit is not None and i >= limit:
+            break
+        rows.append(r)
     return rows
 
 
