@@ -11,19 +11,19 @@ two corrections on the measured rows:
    rows (:func:`head_inputs`): warm-started from the checkpoint in the sense that the network's own features
    are kept and only a new last layer is learnt on top of its answer.
 
-The ridge penalty, and whether there is a head at all, is chosen by leave-one-out cross-validation on the
-rows themselves (closed form for ridge: ``e_i = (r_i - f_i) / (1 - H_ii)``, the ensemble's LOO residual the
-mean of its members'): candidate penalties :data:`RIDGE_GRID` and "no head"; the penalty of the smallest LOO
-error is kept when its gain over no head, paired row by row, exceeds :data:`~dippm_nas.predictor._guard.SE_FACTOR` standard errors of that
-gain. Its inputs are clipped to the range of its rows and its shift to :data:`SHIFT_MARGIN` times their largest
-residual (no extrapolation beyond the measured part of the space). With few rows the CV keeps no
-head, or a heavily penalised one, and the adaptation is the factor calibration; with many rows a small
-penalty wins and the head is the network's own fit of the space. A target gets a head only with at least
+Every choice is scored out of group (:mod:`~dippm_nas.predictor._guard`): the rows are grouped by the family their
+graphs name, else by clusters of their embeddings. The factor calibration of a target is kept only where the
+factors fitted without each group beat the unadapted prediction on it (by ``SE_FACTOR`` standard errors of the paired
+gain). The head's ridge penalty (:data:`RIDGE_GRID`) and its shrink towards no head (``w`` in [0, 1], the evidence
+of the out-of-group shifts) are chosen by the error of heads fitted without each group on that group, and the head is
+kept only when its paired out-of-group gain over no head exceeds ``SE_FACTOR`` standard errors. Its inputs are
+clipped to the range of its rows and its shift to :data:`SHIFT_MARGIN` times their largest residual (no
+extrapolation beyond the measured part of the space). A target gets a head only with at least
 :data:`HEAD_MIN_ROWS` labelled rows.
 
 σ of an adapted figure: the spread of the adapted members (each member's answer plus its own head) and the
-root mean square of the chosen head's leave-one-out residuals, in quadrature:
-``sigma_log = sqrt(std_k(m_k + head_k)^2 + rmse_loo^2)``. Without a head the calibration's σ stays.
+root mean square of the chosen head's out-of-group residuals (after its shrink), in quadrature:
+``sigma_log = sqrt(std_k(m_k + head_k)^2 + rmse_oog^2)``. Without a head the calibration's σ stays.
 
 Adaptations are stored per :class:`AdaptationKey` (device, :attr:`dippm_nas.Deployment.key`, space) with their
 rows (:mod:`~dippm_nas.predictor._adapt_store`); :meth:`Adaptation.apply` is numpy only, so the numpy engine
