@@ -147,13 +147,31 @@ class ConformalCalibration:
     def __post_init__(self) -> None:
         if not isinstance(self.checkpoint_sha256, str) or len(self.checkpoint_sha256) != 64:
             raise CheckpointError(f"checkpoint_sha256 must be a SHA-256 hex digest, got {self.checkpoint_sha256!r}")
+        if not isinstance(self.scores, Mapping) or not isinstance(self.coverage, Mapping):
+            raise CheckpointError("the conformal calibration's scores and coverage must be mappings")
+        if not isinstance(self.min_rows, int) or isinstance(self.min_rows, bool) or self.min_rows < 1:
+            raise CheckpointError(f"the conformal calibration's min_rows must be an integer >= 1, got {self.min_rows!r}")
         for fig, per in self.scores.items():
-            if not self.coverage.get(fig):
+            cov = self.coverage.get(fig)
+            if not isinstance(cov, Mapping) or not cov:
                 raise CheckpointError(f"the conformal calibration of {fig} has no coverage: a calibration must "
-                                       "record what its bounds covered on held-out rows")
-            self._sorted[fig] = {r: sorted(float(v) for v in s) for r, s in per.items()}
-            if any(not math.isfinite(v) for s in self._sorted[fig].values() for v in s):
-                raise CheckpointError(f"the conformal scores of {fig} must be finite numbers")
+                                      "record what its bounds covered on held-out rows")
+            if not isinstance(per, Mapping):
+                raise CheckpointError(f"the conformal scores of {fig} must map regimes to lists of numbers")
+            out: dict[str, list[float]] = {}
+            for r, sc in per.items():
+                try:
+                    wider_regimes(str(r))
+                    vals = sorted(float(v) for v in sc)
+                except (TypeError, ValueError) as e:
+                    raise CheckpointError(f"the conformal scores of {fig}, regime {r!r}, must be a list of numbers: "
+                                          f"{type(e).__name__}: {e}") from e
+                if any(not math.isfinite(v) for v in vals) or any(isinstance(v, bool) for v in sc):
+                    raise CheckpointError(f"the conformal scores of {fig}, regime {r!r}, must be finite numbers")
+                out[str(r)] = vals
+            if WIDEST_REGIME not in out:
+                raise CheckpointError(f"the conformal scores of {fig} lack the widest regime {WIDEST_REGIME!r}")
+            self._sorted[fig] = out
 
     @property
     def figures(self) -> tuple[str, ...]:
@@ -208,10 +226,8 @@ class ConformalCalibration:
             raise CheckpointError(f"the conformal calibration is of checkpoint {str(d['checkpoint_sha256'])[:12]}..., "
                                    f"not of this one ({checkpoint_sha256[:12]}...): refit it for this checkpoint "
                                    "(scripts/fit/fit_conformal.py)")
-        if not isinstance(d["scores"], Mapping) or not isinstance(d["coverage"], Mapping):
-            raise CheckpointError("the conformal calibration's scores and coverage must be mappings")
         return cls(checkpoint_sha256=str(d["checkpoint_sha256"]), scores=d["scores"], coverage=d["coverage"],
-                   source=str(d.get("source", "")), min_rows=int(d.get("min_rows", MIN_REGIME_ROWS)))
+                   source=str(d.get("source", "")), min_rows=d.get("min_rows", MIN_REGIME_ROWS))
 
     @classmethod
     def load(cls, path: str | Path, *, checkpoint_sha256: str | None = None) -> "ConformalCalibration":

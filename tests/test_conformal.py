@@ -112,3 +112,21 @@ def test_a_calibration_of_another_checkpoint_or_without_coverage_is_refused(tmp_
     with pytest.raises(CheckpointError, match="another checkpoint|refit"):
         Budgets(latency_ms=1.0, confidence=0.9, conformal=cal).for_predictor(Other())
     assert conformal_path("ck/a100.accel.pt") == Path("ck/a100.accel.conformal.json")
+
+
+@pytest.mark.parametrize("mutate", [
+    lambda d: d.update(scores={"latency_ms": 5}),
+    lambda d: d.update(scores={"latency_ms": {"*|*|*": ["x"]}}),
+    lambda d: d.update(scores={"latency_ms": {"*|*|*": [float("inf")]}}),
+    lambda d: d.update(scores={"latency_ms": {"bad-regime": [0.1]}}),
+    lambda d: d.update(scores={"latency_ms": {"gpu-bound|*|*": [0.1]}}),
+    lambda d: d.update(min_rows="many"),
+    lambda d: d.update(coverage=[1, 2]),
+    lambda d: d.update(checkpoint_sha256="short"),
+    lambda d: d.update(format=2),
+])
+def test_a_malformed_calibration_is_a_checkpoint_error(mutate: object) -> None:
+    d = fit_conformal(_rows(60, 0), _rows(60, 1), checkpoint_sha256=SHA).to_dict()
+    mutate(d)  # type: ignore[operator]
+    with pytest.raises(CheckpointError):
+        ConformalCalibration.from_dict(d)
