@@ -99,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--write", action="store_true", help="save the calibration next to the checkpoint")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--dump", type=Path, default=None,
+                    help="write every predicted row (cell, kind, half, mean, std, measured, regime) as JSON Lines")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     base = GnnPredictor.load(args.checkpoint, load_calibration=False)
@@ -117,6 +119,16 @@ def main(argv: list[str] | None = None) -> int:
             cells[name] = cell_rows(p, mgs, args.adapt_rows, args.seed)
             print(f"{name}: {len(mgs)} rows ({time.perf_counter() - t0:.0f} s)", flush=True)
     every = [r for c in cells.values() for rows in c.values() for r in rows]
+    if args.dump is not None:
+        from dippm_nas.conformal import regime_of
+
+        with open(args.dump, "w") as f:
+            for name, c in cells.items():
+                for kind, rows in c.items():
+                    for q, y, h in rows:
+                        f.write(json.dumps({"cell": name, "kind": kind, "held_out": bool(h), "mean": q.latency_ms,
+                                            "std": q.latency_ms_std, "measured": float(y),
+                                            "regime": regime_of(q)}) + "\n")
     sha = checkpoint_digest(args.checkpoint)
     cal = fit_conformal([(q, y) for q, y, h in every if not h], [(q, y) for q, y, h in every if h],
                         checkpoint_sha256=sha, source=(

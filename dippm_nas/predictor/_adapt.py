@@ -260,7 +260,9 @@ class Adaptation:
         version: its number in the store (0: not stored).
         created_at: Unix seconds.
         guard: what the leave-group-out guard saw: ``groups_by`` (``"family"``, ``"clusters"`` or ``"rows"``),
-            ``groups`` (how many) and ``factors_kept`` (per target: did the factor calibration win out of group).
+            ``groups`` (how many), ``factor_groups_by`` (the grouping the factors were scored with: ``"rows"`` where
+            the groups left fewer than half the rows with a fit of the others) and ``factors_kept`` (per target: did
+            the factor calibration win out of group).
     """
 
     key: AdaptationKey
@@ -472,6 +474,12 @@ def fit_adaptation(predictor: Any, rows: Sequence[tuple[OperatorGraph, Mapping[s
             raw = _predict_with(predictor, graphs, None, deployment)
             cal: Calibration | None = predictor.fit_factor_calibration(rows, deployment=deployment)
             oog = _out_of_group_factors(predictor, rows, groups.index, deployment)
+            factor_groups = groups.by
+            if 2 * sum(p is not None for p in oog) < len(rows):
+                # the groups leave most rows without a fit of the others (e.g. clusters of 4 + 1 rows): each row
+                # its own group for the factors, which are a fit of one to three numbers
+                oog = _out_of_group_factors(predictor, rows, np.arange(len(rows)), deployment)
+                factor_groups = "rows"
             kept = keep_targets(_log_resid(rows, raw, targets), _log_resid(rows, oog, targets))
             cal = _without(cal, [t for t in targets if not kept.get(t, False)])
             preds = raw if cal is None else _predict_with(predictor, graphs, cal, deployment)
@@ -485,7 +493,7 @@ def fit_adaptation(predictor: Any, rows: Sequence[tuple[OperatorGraph, Mapping[s
             continue
         r = np.array([math.log(rows[i][1][t]) - math.log(getattr(preds[i], t)) for i in idx])
         heads[t] = fit_residual_head(t, hidden[:, idx], r, groups=groups.index[idx])
-    guard = {"groups_by": groups.by, "groups": groups.count,
+    guard = {"groups_by": groups.by, "groups": groups.count, "factor_groups_by": factor_groups,
              "factors_kept": {t: bool(v) for t, v in sorted(kept.items())}}
     logger.debug("adaptation of %s on %d rows: %s", key, len(rows), guard)
     return Adaptation(key=key, checkpoint_sha256=predictor.checkpoint_hash(), rows=len(rows), calibration=cal,
