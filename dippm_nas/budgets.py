@@ -303,9 +303,7 @@ class Budgets:
         if self.k_sigmas or all_keys:
             d["k_sigmas"] = dict(self.k_sigmas)
         if self.confidence is not None or all_keys:
-            d["confidence"] = self.confidence
-        if self.conformal is not None:
-            d["conformal_checkpoint_sha256"] = self.conformal.checkpoint_sha256
+            d["confidence"] = self.confidence  # the calibration itself is the checkpoint's (for_predictor)
         return d
 
     def memory_limit(self, device: Any) -> tuple[float, str] | None:

@@ -89,10 +89,32 @@ def cell_rows(p: GnnPredictor, mgs: list, adapt_rows: int, seed: int) -> dict[st
     return out
 
 
+def from_dump(paths: list[Path]) -> dict[str, dict[str, list[tuple[Any, float, bool]]]]:
+    """The cells of ``--dump`` files, each row a latency-only prediction of its recorded regime (nothing predicted)."""
+    from dippm_nas.prediction import Prediction
+
+    cells: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
+    for path in paths:
+        for line in open(path):
+            r = json.loads(line)
+            bound, described, adapted = r["regime"].split("|")
+            details = {"host_bound": float(bound == "host-bound")}
+            if adapted == "adapted":
+                details["adaptation_version"] = 0.0
+            q = Prediction(latency_ms=r["mean"], energy_j=None, memory_mib=0.0, latency_source="predicted",
+                           energy_source="unavailable", memory_source="analytic", device=r["cell"].split("/")[1],
+                           batch_size=1, dtype="float32", latency_ms_std=r["std"], details=details,
+                           labels={"deployment_assumed": "" if described == "described" else "assumed"})
+            cells[r["cell"]][r["kind"]].append((q, float(r["measured"]), bool(r["held_out"])))
+    return cells
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoint", required=True, type=Path)
-    ap.add_argument("--data", required=True, type=Path, action="append")
+    ap.add_argument("--data", type=Path, action="append", default=[])
+    ap.add_argument("--from-dump", type=Path, action="append", default=[],
+                    help="rows of earlier --dump files instead of predicting (repeatable)")
     ap.add_argument("--max-rows", type=int, default=300, help="rows per cell (seeded sample; default 300)")
     ap.add_argument("--adapt-rows", type=int, default=20, help="rows each adapted prediction is adapted on")
     ap.add_argument("--confidence", type=float, default=0.9)
@@ -103,8 +125,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="write every predicted row (cell, kind, half, mean, std, measured, regime) as JSON Lines")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
-    base = GnnPredictor.load(args.checkpoint, load_calibration=False)
-    cells: dict[str, dict[str, list]] = {}
+    if not args.data and not args.from_dump:
+        ap.error("give --data or --from-dump")
+    cells: dict[str, dict[str, list]] = dict(from_dump(args.from_dump))
+    base = GnnPredictor.load(args.checkpoint, load_calibration=False) if args.data else None
     for path in args.data:
         per: dict[str, list] = defaultdict(list)
         for mg in load_measurements(path, status="ok"):
@@ -132,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     sha = checkpoint_digest(args.checkpoint)
     cal = fit_conformal([(q, y) for q, y, h in every if not h], [(q, y) for q, y, h in every if h],
                         checkpoint_sha256=sha, source=(
-                            f"benchmarks/accuracy/conformal_budgets.py on {', '.join(p.name for p in args.data)}: "
+                            f"benchmarks/accuracy/conformal_budgets.py on {', '.join(p.name for p in args.data + args.from_dump)}: "
                             f"calibration half of {len(cells)} cells (<= {args.max_rows} rows each), described / "
                             f"undescribed / adapted on {args.adapt_rows} rows"))
     if args.write:
