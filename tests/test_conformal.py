@@ -130,3 +130,19 @@ def test_a_malformed_calibration_is_a_checkpoint_error(mutate: object) -> None:
     mutate(d)  # type: ignore[operator]
     with pytest.raises(CheckpointError):
         ConformalCalibration.from_dict(d)
+
+
+def test_the_shipped_a100_checkpoint_has_its_calibration_and_the_cost_model_attaches_it() -> None:
+    from dippm_nas.optuna import HardwareCostModel
+    from dippm_nas.predictor import find_checkpoint
+
+    ck = find_checkpoint("a100-sxm4-40gb")
+    if ck is None or not conformal_path(ck).exists():
+        pytest.skip("no conformal calibration beside the A100 checkpoint")
+    cost = HardwareCostModel("a100-sxm4-40gb", Budgets(latency_ms=20.0, confidence=0.9), objectives=("latency_ms",))
+    cal = cost.budgets.conformal
+    assert isinstance(cal, ConformalCalibration) and cal.figures == ("latency_ms",)
+    cov = cal.coverage["latency_ms"][WIDEST_REGIME]
+    assert cov["rows"] > 100 and 0.85 <= cov["0.9"] <= 1.0  # measured on rows the scores did not see
+    chk = cost.budgets.check(_pred(10.0, 2.0))["latency_ms"]
+    assert chk.confidence == 0.9 and chk.labels["conformal_regime_latency_ms"]
