@@ -49,7 +49,7 @@ import numpy as np
 from dippm_nas._json import canonical_json
 from dippm_nas.deployment import Deployment
 from dippm_nas.devices import HostProfile, default_host_profile, resolve_device
-from dippm_nas.errors import InvalidValueError
+from dippm_nas.errors import DippmNasError, InvalidValueError
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.predictor._calibrate import Calibration, TimelineFactors
 from dippm_nas.predictor._guard import group_cv_head, keep_targets, row_groups
@@ -421,8 +421,6 @@ def _log_resid(rows: Sequence[tuple[OperatorGraph, Mapping[str, float]]], preds:
 def _out_of_group_factors(predictor: Any, rows: Sequence[tuple[OperatorGraph, Mapping[str, float]]],
                           groups: np.ndarray, deployment: Deployment) -> list[Any | None]:
     """Each row predicted with the factor calibration fitted without its group (``None``: no fit possible)."""
-    from dippm_nas.errors import DippmNasError
-
     out: list[Any | None] = [None] * len(rows)
     for gi in np.unique(groups):
         te = np.flatnonzero(groups == gi)
