@@ -261,7 +261,7 @@ class Adaptation:
         created_at: Unix seconds.
         guard: what the leave-group-out guard saw: ``groups_by`` (``"family"``, ``"clusters"`` or ``"rows"``),
             ``groups`` (how many), ``factor_groups_by`` (the grouping the factors were scored with: ``"rows"`` where
-            the groups left fewer than half the rows with a fit of the others) and ``factors_kept`` (per target: did
+            embedding clusters left fewer than half the rows with a fit of the others) and ``factors_kept`` (per target: did
             the factor calibration win out of group).
     """
 
@@ -473,9 +473,10 @@ def fit_adaptation(predictor: Any, rows: Sequence[tuple[OperatorGraph, Mapping[s
             cal: Calibration | None = predictor.fit_factor_calibration(rows, deployment=deployment)
             oog = _out_of_group_factors(predictor, rows, groups.index, deployment)
             factor_groups = groups.by
-            if 2 * sum(p is not None for p in oog) < len(rows):
-                # the groups leave most rows without a fit of the others (e.g. clusters of 4 + 1 rows): each row
-                # its own group for the factors, which are a fit of one to three numbers
+            if groups.by == "clusters" and 2 * sum(p is not None for p in oog) < len(rows):
+                # clusters of one space that leave most rows without a fit of the others (4 + 1 rows): each row its
+                # own group for the factors, a fit of one to three numbers (families stay the groups: a family's
+                # factors are what does not carry to the next family)
                 oog = _out_of_group_factors(predictor, rows, np.arange(len(rows)), deployment)
                 factor_groups = "rows"
             kept = keep_targets(_log_resid(rows, raw, targets), _log_resid(rows, oog, targets))
