@@ -146,6 +146,8 @@ class HardwareCostModel:
         budgets = Budgets.coerce(budgets)
         if k_sigma is not None:
             budgets = dataclasses.replace(budgets, k_sigma=check_k_sigma(k_sigma))
+        if budgets.confidence is not None:  # the checkpoint's conformal calibration (dippm_nas.conformal)
+            budgets = budgets.for_predictor(get_predictor(self.device))
         self.budgets: Budgets = budgets
         #: what is recorded on each trial and returned to Optuna (:mod:`dippm_nas.optuna._bookkeeping`); it checks
         #: the objectives, ``on_error`` and ``constraint_api``
