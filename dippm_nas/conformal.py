@@ -33,8 +33,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dippm_nas._files import write_output
+from dippm_nas._json import read_json_file
 from dippm_nas._numbers import as_real
-from dippm_nas.errors import BudgetError, CheckpointError
+from dippm_nas.errors import BudgetError, CheckpointError, InvalidValueError
 
 __all__ = ["ConformalCalibration", "ConformalMargin", "CONFORMAL_FORMAT", "MIN_REGIME_ROWS", "WIDEST_REGIME",
            "check_confidence", "conformal_path", "regime_of", "wider_regimes", "conformal_score",
@@ -64,8 +66,16 @@ def check_confidence(value: Any, what: str = "confidence") -> float:
 
 
 def conformal_path(checkpoint: str | Path) -> Path:
-    """Where a checkpoint's conformal calibration lies: ``<checkpoint without .pt>.conformal.json``."""
+    """Where a checkpoint's conformal calibration lies: ``<checkpoint without .pt>.conformal.json``.
+
+    Raises:
+        CheckpointError: ``checkpoint`` is not a path, or has no file name.
+    """
+    if not isinstance(checkpoint, (str, Path)):
+        raise CheckpointError(f"a checkpoint path must be a str or Path, got {type(checkpoint).__name__}")
     p = Path(checkpoint)
+    if not p.name or p.name in (".", ".."):
+        raise CheckpointError(f"a checkpoint path must name a file, got {str(checkpoint)!r}")
     name = p.name[:-3] if p.name.endswith(".pt") else p.name
     return p.with_name(name + ".conformal.json")
 
@@ -206,7 +216,13 @@ class ConformalCalibration:
                 "coverage": self.coverage}
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=1, sort_keys=True) + "\n")
+        """Write the calibration as JSON (a temporary file renamed into place; a special file is refused).
+
+        Raises:
+            CheckpointError: the path cannot be written (a directory, a FIFO, a device, a missing folder).
+        """
+        write_output(path, json.dumps(self.to_dict(), indent=1, sort_keys=True) + "\n", "the conformal calibration",
+                     error=CheckpointError)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], *, checkpoint_sha256: str | None = None) -> "ConformalCalibration":
@@ -236,10 +252,7 @@ class ConformalCalibration:
         Raises:
             CheckpointError: a file that cannot be read or parsed, or see :meth:`from_dict`.
         """
-        try:
-            d = json.loads(Path(path).read_text())
-        except (OSError, ValueError) as e:
-            raise CheckpointError(f"cannot read the conformal calibration {path}: {type(e).__name__}: {e}") from e
+        d = read_json_file(path, f"cannot read the conformal calibration {path}", CheckpointError)
         return cls.from_dict(d, checkpoint_sha256=checkpoint_sha256)
 
 
@@ -276,7 +289,14 @@ def fit_conformal(calibrate: Sequence[tuple[Any, float]], held_out: Sequence[tup
 
     Raises:
         CheckpointError: no row of ``calibrate`` or of ``held_out`` has a score (no σ, or values <= 0).
+        InvalidValueError: ``calibrate`` or ``held_out`` is not a sequence of ``(prediction, measured)`` pairs.
     """
+    for name, rows in (("calibrate", calibrate), ("held_out", held_out)):
+        if isinstance(rows, (str, bytes)) or not isinstance(rows, Sequence) \
+                or not all(isinstance(r, tuple) and len(r) == 2 and hasattr(r[0], "figure") for r in rows):
+            raise InvalidValueError(f"fit_conformal's {name} must be a sequence of (prediction, measured) pairs, "
+                                    f"got {type(rows).__name__}")
+
     def scored(rows: Sequence[tuple[Any, float]]) -> list[tuple[str, float]]:
         out = []
         for p, y in rows:

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dippm_nas._files import write_output
+from dippm_nas._json import read_json_file
 from dippm_nas._paths import cache_dir
 from dippm_nas.errors import AdaptationError, InvalidValueError
 from dippm_nas.llm._engines import ENGINES, ServingEngine, serving_engine
@@ -82,12 +84,9 @@ def save_adaptation(ad: EngineAdaptation, runs: Sequence[Any], storage: str | Pa
            "measured_runs": [r.to_dict() for r in runs]}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-        tmp.replace(path)
     except OSError as e:
         raise AdaptationError(f"cannot write the engine adaptation {path}: {e}") from e
-    return path
+    return write_output(path, json.dumps(doc, indent=1) + "\n", "the engine adaptation", error=AdaptationError)
 
 
 def adapted_engine(device: str, engine: str, version: str, *,
@@ -101,8 +100,8 @@ def adapted_engine(device: str, engine: str, version: str, *,
     path = _file(device, engine, version, storage)
     if not path.is_file():
         return None
+    d = read_json_file(path, f"{path}: not an engine adaptation", AdaptationError)
     try:
-        d = json.loads(path.read_text(encoding="utf-8"))
         if d.get("format") != _FORMAT:
             raise ValueError(f"format {d.get('format')!r}, expected {_FORMAT}")
         consts = {n: float(d["constants"][n]) for n, _, _, _ in ADAPTED_CONSTANTS}

@@ -181,6 +181,9 @@ CONSTANTS = _names("""
     units.US_PER_MS units.US_PER_S validation.CALIBRATION_METHODS validation.DEFAULT_LEASE_S
     validation.DEFAULT_MAX_ATTEMPTS validation.JOBS_TABLE validation.JOB_STATUSES validation.MODES
     validation.RESULTS_TABLE validation.SUMMARY_ATTR validation.UNKNOWN_UNCERTAINTY
+    conformal.CONFIDENCES conformal.CONFORMAL_FORMAT conformal.MIN_REGIME_ROWS conformal.WIDEST_REGIME
+    llm.ADAPTED_CONSTANTS llm.INTERCONNECTS llm.SERVING_FIGURES optuna.SERVING_OBJECTIVES prior.PAGEABLE_FRESH_WEIGHT
+    prior.PAGEABLE_STAGING_GBPS prior.PAGE_BYTES trial.GENERATION_ALIASES
 """)
 #: Type aliases: names for annotations, not callables a user calls.
 TYPE_ALIASES = _names("capture.CacheArg capture.SourceKind capture.SpaceItem prediction.Source")
@@ -190,6 +193,7 @@ EXCEPTIONS = _names("""
     InputShapeError InputSpecError InvalidValueError MeasurementError MissingDependencyError ModelSpecError
     OutOfMemoryError SearchSpaceError UnsupportedDtypeError UnsupportedOpError ValidationError cli.UsageError
     dataset.DatasetError errors.AdaptationError errors.BudgetError errors.ExecutionRuntimeError errors.InvalidTypeError
+    measure.GpuOnlyOperatorError
 """)
 #: Modules re-exported as names: their own names are registered under their own faces.
 MODULES = _names("llm mig prior")
@@ -205,7 +209,8 @@ RECORDS = _names("""
     prior.CostStack prior.DeploymentSpread prior.KernelTerms prior.MemoryBreakdown prior.MemoryParts
     prior.NodeActivity prior.NodeCosts prior.PriorEstimate prior.ResolvedSettings prior.StackedFacts
     validation.CalibrationCheck validation.Job validation.RoundReport validation.ValidationRecord
-    validation.ValidationSummary
+    validation.ValidationSummary conformal.ConformalMargin deployment.RunningTorch llm.EngineAdaptation
+    llm.ServingEstimate optuna.ServingSearchResult trial.GenerationRecord
 """)
 #: Public names fuzzed from their signature (fuzz_generic): one parameter a user writes hostile at a time.
 GENERIC = _names("""
@@ -247,6 +252,9 @@ GENERIC = _names("""
     training.fit_novel_floor training.fit_shrink_width training.fit_std_floor training.regression_metrics
     training.scatter_png training.split_d0 training.split_fraction training.timm_family training.train_predictor
     training.write_report validation.device_is_here validation.torch_device_for validation.uncertainty_of
+    conformal.check_confidence conformal.conformal_path conformal.wider_regimes conformal.conformal_score
+    conformal.fit_conformal llm.MeasuredServingRun llm.ServingConfig llm.ServingSLO llm.ServingTraffic
+    llm.TensorParallel llm.adapt_engine llm.shard_config mig.mig_fit_violations
 """)
 #: Public callables that take no argument: each reads the environment (fuzzed as a ``reader:`` entry) or nothing.
 NO_ARGUMENT = {
@@ -256,6 +264,7 @@ NO_ARGUMENT = {
     **dict.fromkeys(_names("predictor.checkpoint_dirs"),
                     "takes no argument; reads DIPPM_NAS_CHECKPOINT_DIR: reader:checkpoint metadata"),
     **dict.fromkeys(_names("llm.engine_table"), "takes no argument; reads the shipped engines file only"),
+    **dict.fromkeys(_names("deployment.running_torch"), "takes no argument; reads the running process's torch"),
     **dict.fromkeys(_names("""capture.clear_block_memo features.registered_ops features.reset_unknown_op_counts
                            features.unknown_op_counts graph.known_ops prior.clear_graph_facts prior.default_params
                            measure.release_free_memory optuna.optuna_has_set_constraint validation.worker_id
@@ -301,7 +310,8 @@ NEEDS_OBJECTS = dict.fromkeys(_names("""
     training.evaluate_examples training.evaluate_predictions training.featurize_examples training.few_shot_curve
     training.heldout_timm_families training.labels_log training.metrics_table training.reference_set
     training.split_examples training.train_ensemble validation.calibrate_predictor validation.check_calibration
-    validation.fit_calibration validation.summarize
+    validation.fit_calibration validation.summarize conformal.regime_of conformal.conformal_for
+    llm.evaluate_serving llm.resolve_tensor_parallel optuna.serving_config_search
 """), "its required parameters include objects dippm-nas builds with no fixture; fuzzed through their builders")
 #: Numeric kernels and formulas the stages call with values they have checked: vectorised over nodes (a check
 #: per call would cost on every prediction), or the torch module a checkpoint holds. A user's values reach them
@@ -329,6 +339,8 @@ THROUGH = {
     **dict.fromkeys(_names("cache.ConversionCache cache.set_default_cache"), "reader:cache rows"),
     **dict.fromkeys(_names("validation.JobQueue validation.ValidationWorker"), "reader:job-queue rows"),
     **dict.fromkeys(_names("training.load_examples"), "reader:training examples"),
+    **dict.fromkeys(_names("conformal.ConformalCalibration"), "reader:conformal calibration"),
+    **dict.fromkeys(_names("llm.adapted_engine"), "reader:engine adaptation"),
 }
 
 
@@ -458,6 +470,23 @@ def _checkpoint_meta(drawn: tuple[str, str | None], sc: H.Scene) -> Callable[[],
         with _env(DIPPM_NAS_CHECKPOINT_DIR=str(d)):
             return list_checkpoints("a100-sxm4-40gb")
     return run
+
+
+def _conformal_file(drawn: tuple[str, str | None], sc: H.Scene) -> Callable[[], Any]:
+    from dippm_nas.conformal import ConformalCalibration
+    kind, body = drawn
+    path = _file_of(kind, sc, ".json", body)
+    return lambda: ConformalCalibration.load(path)
+
+
+def _engine_adaptation(drawn: tuple[str, str | None], sc: H.Scene) -> Callable[[], Any]:
+    """A stored engine adaptation (``adapted_engine``'s folder) whose file is of the drawn kind."""
+    from dippm_nas.llm import adapted_engine
+    kind, body = drawn
+    folder = sc.root / "engines"
+    folder.mkdir(exist_ok=True)
+    _place(kind, body, sc, folder / "h100-sxm5-80gb__vllm__0.6.0.json")
+    return lambda: adapted_engine("h100-sxm5-80gb", "vllm", "0.6.0", storage=folder)
 
 
 def _onnx(drawn: tuple[str, str | None], sc: H.Scene) -> Callable[[], Any]:
@@ -777,6 +806,12 @@ READERS: dict[str, Entry] = {e.name: e for e in (
             | st.tuples(st.just("text"), st.sampled_from(_JSON_BAD), st.sampled_from(("prior", "power"))),
             _calibration_file),
     _reader("reader:checkpoint metadata", _docs(*_JSON_BAD), _checkpoint_meta, _FILE_EXAMPLES),
+    _reader("reader:conformal calibration", _docs(*_JSON_BAD, '{"format": 1, "checkpoint_sha256": "x"}',
+                                                   '{"format": 1, "checkpoint_sha256": "x", "scores": {"latency_ms": '
+                                                   '{"all": ["a"]}}, "coverage": {}}'),
+            _conformal_file, _FILE_EXAMPLES),
+    _reader("reader:engine adaptation", _docs(*_JSON_BAD, '{"format": 1, "constants": []}'), _engine_adaptation,
+            _FILE_EXAMPLES),
     _reader("reader:onnx file", _docs("garbage", "\x08\x07" * 100), _onnx, _FILE_EXAMPLES),
     _reader("reader:jsonl", st.tuples(H.read_kinds(), st.none(), st.just(""))
             | st.tuples(st.just("text"), st.sampled_from(_JSON_BAD), st.just("")), _jsonl,
@@ -851,7 +886,7 @@ CLI_OPTIONS: dict[str, str] = {
         "--runtime:number --host:path --framework:choice --tf32:choice --autocast:choice "
         "--input-copy:choice"),
     "predict-llm": ("SPEC:spec --prompt:number --output:number --batch:text --device:text --runtime:text "
-        "--engine:text --dtype:text --kv-dtype:text --kv-block-size:number"),
+        "--engine:text --dtype:text --kv-dtype:text --kv-block-size:number --tp:number --interconnect:text"),
     "deployment": ("--out:out --name:text --runtime:number --framework:choice --tf32:choice --autocast:choice "
         "--input-copy:choice"),
     "host-profile": "--out:out --name:text",
