@@ -393,6 +393,9 @@ def summarise(results: Sequence[StudyResult]) -> dict[str, dict[str, float]]:
                   "measured_rows_mean": float(np.mean([r.measured_rows for r in rs])),
                   "returned_mean": float(np.mean([r.returned for r in rs])),
                   "wall_s_mean": float(np.mean([r.wall_s for r in rs]))}
+    if "oracle" in out:  # the issue's yardstick: each method's mean hypervolume as a share of the oracle's
+        for v in out.values():
+            v["hv_vs_oracle"] = v["hv_share_mean"] / out["oracle"]["hv_share_mean"]
     return out
 
 
@@ -473,20 +476,56 @@ def make_sources(table: Table, graphs: list[Any], row_graph: np.ndarray, checkpo
 
 def print_table(name: str, summary: dict[str, dict[str, float]], budget: float | None) -> None:
     print(f"\n== {name}, {'no budget' if budget is None else f'latency budget {budget:.2f} ms'}")
-    print(f"{'method':>10} {'HV share mean':>14} {'min':>6} {'std':>6} {'feasible ok':>12} {'measured':>9} "
-          f"{'returned':>9} {'wall s':>7}")
+    print(f"{'method':>10} {'HV share mean':>14} {'min':>6} {'std':>6} {'vs oracle':>10} {'feasible ok':>12} "
+          f"{'measured':>9} {'returned':>9} {'wall s':>7}")
     for m, v in summary.items():
         print(f"{m:>10} {v['hv_share_mean']:14.3f} {v['hv_share_min']:6.3f} {v['hv_share_std']:6.3f} "
-              f"{v['feasible_precision_mean']:12.3f} {v['measured_rows_mean']:9.1f} {v['returned_mean']:9.1f} "
-              f"{v['wall_s_mean']:7.2f}")
+              f"{v.get('hv_vs_oracle', math.nan):10.3f} {v['feasible_precision_mean']:12.3f} "
+              f"{v['measured_rows_mean']:9.1f} {v['returned_mean']:9.1f} {v['wall_s_mean']:7.2f}")
     sys.stdout.flush()
+
+
+def from_report(path: Path) -> int:
+    """Print the tables of a report this script wrote (``--out``), from its per-study scores."""
+    report = json.loads(path.read_text())
+    print(f"checkpoint {report['checkpoint']}; {report['seeds']} seeds x {report['trials']} trials, a round every "
+          f"{report['every']} (at most {report['validate_max']} rows), k_sigma {report.get('k_sigma')}")
+    for dev, d in report["devices"].items():
+        print(f"{dev}: {d['rows']} rows; reference point: accuracy {d['reference'][0]:.2f} %, latency "
+              f"{d['reference'][1]:.2f} ms")
+        results = [StudyResult(**r) for r in d["studies"]]
+        for v in d["variants"].values():
+            print_table(dev, summarise([r for r in results if r.budget_ms == v["budget_ms"]]), v["budget_ms"])
+    return 0
+
+
+def run_device(args: argparse.Namespace, dev: str, by_csv: dict[int, Any], methods: list[str]) -> dict[str, Any]:
+    """Every study of one device; its report entry."""
+    t0 = time.perf_counter()
+    table = load_table(args.data, dev)
+    graphs, row_graph = table_graphs(by_csv, table)
+    sources, network_once = make_sources(table, graphs, row_graph, args.checkpoint, DEVICES[dev][2], methods)
+    budget = float(np.quantile(table.latency_ms, args.budget_quantile))
+    budgets = [None if v == "free" else budget for v in args.variants.split(",")]
+    print(f"{dev}: {len(table.latency_ms)} rows, {len(graphs)} graphs (sources ready in {time.perf_counter() - t0:.0f}"
+          f" s); reference point: accuracy {reference(table)[0]:.2f} %, latency {reference(table)[1]:.2f} ms")
+    with network_once:
+        results = run_all(table, sources, range(args.seeds), args.trials, budgets, every=args.every,
+                          validate_max=args.validate_max, k_sigma=args.k_sigma)
+    entry: dict[str, Any] = {"rows": len(table.latency_ms), "reference": reference(table), "variants": {}}
+    for b in budgets:
+        summ = summarise([r for r in results if r.budget_ms == b])
+        print_table(dev, summ, b)
+        entry["variants"]["free" if b is None else "budget"] = {"budget_ms": b, "summary": summ}
+    entry["studies"] = [r.__dict__ for r in results]
+    return entry
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", required=True, type=Path, help=f"directory holding {CSV_NAME}")
-    ap.add_argument("--graphs", required=True, type=Path, help="scripts/build_accel_graphs.py's JSONL")
-    ap.add_argument("--checkpoint", required=True, type=Path, help="a checkpoint that never saw the space's rows")
+    ap.add_argument("--data", type=Path, help=f"directory holding {CSV_NAME}")
+    ap.add_argument("--graphs", type=Path, help="scripts/build_accel_graphs.py's JSONL")
+    ap.add_argument("--checkpoint", type=Path, help="a checkpoint that never saw the space's rows")
     ap.add_argument("--devices", default="a100,rtx-3090", help=f"comma-separated, of {list(DEVICES)}")
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--seeds", type=int, default=10)
@@ -499,7 +538,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="σ added to a predicted latency before it is compared with the budget (default 1.0)")
     ap.add_argument("--variants", default="free,budget", help="free (no budget), budget, or both")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--from-report", type=Path, default=None, help="print the tables of a saved --out report")
     args = ap.parse_args(argv)
+    if args.from_report is not None:
+        return from_report(args.from_report)
+    if args.data is None or args.graphs is None or args.checkpoint is None:
+        ap.error("--data, --graphs and --checkpoint are needed (or --from-report)")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     import optuna
 
@@ -508,25 +552,9 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {"checkpoint": str(args.checkpoint), "trials": args.trials, "seeds": args.seeds,
                               "every": args.every, "validate_max": args.validate_max, "k_sigma": args.k_sigma,
                               "budget_quantile": args.budget_quantile, "devices": {}}
-    t0 = time.perf_counter()
     by_csv = load_graphs(args.graphs)
     for dev in args.devices.split(","):
-        table = load_table(args.data, dev)
-        graphs, row_graph = table_graphs(by_csv, table)
-        sources, network_once = make_sources(table, graphs, row_graph, args.checkpoint, DEVICES[dev][2], methods)
-        budget = float(np.quantile(table.latency_ms, args.budget_quantile))
-        budgets = [None if v == "free" else budget for v in args.variants.split(",")]
-        print(f"{dev}: {len(table.latency_ms)} rows, {len(graphs)} graphs (loaded in {time.perf_counter() - t0:.0f} s); "
-              f"reference point: accuracy {reference(table)[0]:.2f} %, latency {reference(table)[1]:.2f} ms")
-        with network_once:
-            results = run_all(table, sources, range(args.seeds), args.trials, budgets, every=args.every,
-                              validate_max=args.validate_max, k_sigma=args.k_sigma)
-        report["devices"][dev] = {"rows": len(table.latency_ms), "reference": reference(table), "variants": {}}
-        for b in budgets:
-            summ = summarise([r for r in results if r.budget_ms == b])
-            print_table(dev, summ, b)
-            report["devices"][dev]["variants"]["free" if b is None else "budget"] = {"budget_ms": b, "summary": summ}
-        report["devices"][dev]["studies"] = [r.__dict__ for r in results]
+        report["devices"][dev] = run_device(args, dev, by_csv, methods)
         if args.out is not None:  # after each device: a long run's first figures are kept
             args.out.write_text(json.dumps(report, indent=1) + "\n")
             print(f"wrote {args.out}")

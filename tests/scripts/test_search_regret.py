@@ -115,3 +115,17 @@ def test_an_unknown_method_is_refused() -> None:
     t = _table(b, n=20)
     with pytest.raises(ValueError, match="method must be one of"):
         b.run_study(t, "gradient", b.Measured(t), 0, 5)
+
+
+def test_a_saved_report_is_reprinted_with_the_share_of_the_oracle(tmp_path: Path, capsys) -> None:
+    b = _load()
+    studies = [b.StudyResult("oracle", 0, None, 0.9, math.nan, 10, 100, 1.0).__dict__,
+               b.StudyResult("adapted", 0, None, 0.81, math.nan, 8, 20, 2.0).__dict__]
+    report = {"checkpoint": "x.pt", "seeds": 1, "trials": 200, "every": 20, "validate_max": 10, "k_sigma": 1.0,
+              "devices": {"a100": {"rows": 2, "reference": [40.0, 60.0], "studies": studies,
+                                   "variants": {"free": {"budget_ms": None}}}}}
+    path = tmp_path / "r.json"
+    path.write_text(__import__("json").dumps(report))
+    assert b.main(["--from-report", str(path)]) == 0
+    line = [ln for ln in capsys.readouterr().out.splitlines() if ln.strip().startswith("adapted")][0]
+    assert line.split()[1:5] == ["0.810", "0.810", "0.000", "0.900"]  # mean, min, std, share of the oracle's
