@@ -32,8 +32,8 @@ Methods, by where a trial's latency comes from:
 - ``random``: Optuna's ``RandomSampler``, every candidate measured (what the sampler's guidance is worth).
 
 A validation round (``flops``, ``adapted``, ``prior``) runs every ``--every`` trials and after the last: the
-candidates on the method's current believed front (in the budget variant: among the believed-feasible) that are
-not yet validated, at most ``--validate-max`` of them (evenly along the front), have their measured latency
+candidates on the method's current believed front (in the budget variant: among the believed-feasible; where it
+believes none feasible, the front of all its candidates) that are not yet validated, at most ``--validate-max`` of them (evenly along the front), have their measured latency
 revealed from the table; a validated candidate's latency is its measured one from then on. What a method
 returns: the Pareto front of its beliefs over every trial (measured where validated or measured, else its
 final estimate); in the budget variant, of the candidates it believes feasible.
@@ -313,8 +313,13 @@ def _returned(table: Table, source: LatencySource, st: _State, budget: float | N
 
 def _validation_round(table: Table, source: LatencySource, st: _State, budget: float | None, k_sigma: float,
                       validate_max: int) -> None:
-    """Reveal the measured latency of the unvalidated rows on the believed front; refit the source on all."""
-    front = [int(r) for r in _returned(table, source, st, budget, k_sigma, False) if int(r) not in st.validated]
+    """Reveal the measured latency of the unvalidated rows on the believed front; refit the source on all. With a
+    budget, the front of the believed-feasible rows; where none is believed feasible, the front of all rows (its
+    fast end the nearest to the budget): a search that believes nothing fits measures what comes closest."""
+    ret = _returned(table, source, st, budget, k_sigma, False)
+    if budget is not None and ret.size == 0:
+        ret = _returned(table, source, st, None, k_sigma, False)
+    front = [int(r) for r in ret if int(r) not in st.validated]
     if len(front) > validate_max:
         mean, _ = source.estimate(np.array(front))
         by_lat = [front[i] for i in np.argsort(mean)]

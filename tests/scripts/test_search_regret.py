@@ -129,3 +129,12 @@ def test_a_saved_report_is_reprinted_with_the_share_of_the_oracle(tmp_path: Path
     assert b.main(["--from-report", str(path)]) == 0
     line = [ln for ln in capsys.readouterr().out.splitlines() if ln.strip().startswith("adapted")][0]
     assert line.split()[1:5] == ["0.810", "0.810", "0.000", "0.900"]  # mean, min, std, share of the oracle's
+
+
+def test_a_round_measures_the_front_when_nothing_is_believed_feasible() -> None:
+    b = _load()
+    t = _table(b, n=80)
+    src = _Biased(t)
+    st = b._State(rows=list(range(40)))
+    b._validation_round(t, src, st, float(t.latency_ms.min()) / 10, 1.0, validate_max=3)
+    assert 0 < len(st.validated) <= 3 and src.fixed
