@@ -35,8 +35,9 @@ A validation round (``flops``, ``adapted``, ``prior``) runs every ``--every`` tr
 candidates on the method's current believed front (in the budget variant: among the believed-feasible; where it
 believes none feasible, the front of all its candidates) that are not yet validated, at most ``--validate-max``
 of them (evenly along the front), have their measured latency revealed from the table; a validated candidate's
-latency is its measured one from then on. What a method returns: the Pareto front of its beliefs over every trial (measured where validated or measured, else its
-final estimate); in the budget variant, of the candidates it believes feasible.
+latency is its measured one from then on. What a method returns: the Pareto front of its beliefs over every
+trial (measured where validated or measured, else its final estimate); in the budget variant, of the candidates
+it believes feasible.
 
 Scores per study: the hypervolume of the returned models scored with their **measured** latency and accuracy
 (in the budget variant, only those that really meet the budget) as a share of the hypervolume of the table's
