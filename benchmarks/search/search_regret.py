@@ -1,0 +1,572 @@
+"""Search regret on a table of real measurements: how close does a search that uses the cost model come to the
+true Pareto front of accuracy and latency, against FLOPs, an unadapted model, the prior alone and the real device?
+
+Usage (from the repository root; data paths are arguments, nothing is downloaded)::
+
+    python scripts/build_accel_graphs.py --data ../shared/data --out /tmp/regret47/accel_stitched.jsonl
+    python benchmarks/search/search_regret.py --data ../shared/data --graphs /tmp/regret47/accel_stitched.jsonl \\
+        --checkpoint /tmp/regret47/no_accel.pt --devices a100,rtx-3090 --seeds 10 --trials 200 \\
+        [--every 20] [--validate-max 10] [--budget-quantile 0.5] [--out report.json]
+
+Ground truth: Accel-NASBench (``accel_nasbench_mnasnet_space_throughput.csv``: 5,138 MnasNet-space architectures
+with ImageNet top-1 accuracy and measured A100 / RTX 3090 throughput); a row's latency is ``256 / throughput *
+1000`` ms (batch 256, as ``scripts/build_accel_graphs.py`` labels it). Each trial suggests the 7 blocks'
+(expansion, kernel, layers, squeeze-excite) as categoricals and snaps to the table row nearest in Hamming
+distance over those 28 choices (ties: the lowest row), so every candidate has its measured truth; its accuracy
+is the table's (every method sees the true accuracy: only latency differs). Optuna's ``TPESampler`` (seeded)
+minimises (-accuracy, latency); in the budget variant the latency budget (``--budget-quantile`` of the table's
+measured latencies) is a constraint (``Trial.set_constraint``), checked by ``Budgets(latency_ms=...)`` on the
+prediction as ``Budgets(latency_ms=...)`` checks one (mean + k_sigma σ, ``--k-sigma``, default 1.0, Budgets'
+default; σ missing: the mean) where a method predicts.
+
+Methods, by where a trial's latency comes from:
+
+- ``oracle``: the measured table (every candidate measured);
+- ``flops``: the architecture's MACs (a latency of ``c * MACs``, ``c`` the geometric-mean ms per MAC of the
+  validated rows, for the budget; σ none);
+- ``zero_shot``: the cost model as loaded, never told a measurement;
+- ``adapted``: the cost model, ``adapt(rows, persist=False)`` on every row validated so far, after each
+  validation round;
+- ``prior``: the analytic prior alone (:class:`~dippm_nas.predictor.AnalyticPredictor`), ``calibrate(rows,
+  persist=False)`` on the same rounds: what the GraphSAGE network must beat;
+- ``random``: Optuna's ``RandomSampler``, every candidate measured (what the sampler's guidance is worth).
+
+A validation round (``flops``, ``adapted``, ``prior``) runs every ``--every`` trials and after the last: the
+candidates on the method's current believed front (in the budget variant: among the believed-feasible; where it
+believes none feasible, the front of all its candidates) that are not yet validated, at most ``--validate-max``
+of them (evenly along the front), have their measured latency revealed from the table; a validated candidate's
+latency is its measured one from then on. What a method returns: the Pareto front of its beliefs over every
+trial (measured where validated or measured, else its final estimate); in the budget variant, of the candidates
+it believes feasible.
+
+Scores per study: the hypervolume of the returned models scored with their **measured** latency and accuracy
+(in the budget variant, only those that really meet the budget) as a share of the hypervolume of the table's
+true front (of the rows within budget), reference point (the table's lowest accuracy, its highest measured
+latency) of the device; the share of returned feasible models that really meet the budget; the rows measured;
+wall time. Predictions of every row are cached per process (``--cache`` keeps the zero-shot ones between runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import logging
+import math
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+logger = logging.getLogger("search_regret")
+
+CSV_NAME = "accel_nasbench_mnasnet_space_throughput.csv"
+BLOCKS = 7
+CHOICES = ("e", "k", "l", "se")
+#: batch the throughput was measured at (images per pass), as scripts/build_accel_graphs.py labels it
+BATCH = 256
+#: --devices name -> (the CSV's throughput column, the dataset's device id, the catalogue id predicted for)
+DEVICES = {"a100": ("throughput_a100__throughput_mean", "a100-40gb", "a100-sxm4-40gb"),
+           "rtx-3090": ("throughput_3090__throughput_mean", "rtx-3090", "rtx-3090")}
+METHODS = ("oracle", "flops", "zero_shot", "adapted", "prior", "random")
+#: methods that run validation rounds
+ROUND_METHODS = ("flops", "adapted", "prior")
+
+
+# ------------------------------------------------------------------ the table
+@dataclass
+class Table:
+    """A table of architectures with measured truth. ``configs``: ``[N, 28]`` choice codes (block-major: e, k, l,
+    se); ``choices``: the values of each of the 28 columns; ``accuracy_pct``, ``latency_ms``, ``macs``: ``[N]``."""
+
+    configs: np.ndarray
+    choices: list[list[Any]]
+    accuracy_pct: np.ndarray
+    latency_ms: np.ndarray
+    macs: np.ndarray
+    csv_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+
+    def __post_init__(self) -> None:
+        n = len(self.accuracy_pct)
+        if n < 2 or self.configs.shape != (n, len(self.choices)) or len(self.latency_ms) != n or len(self.macs) != n:
+            raise ValueError(f"a table needs >= 2 rows and [N, {len(self.choices)}] configs with N labels, got "
+                             f"configs {self.configs.shape}, {n} accuracies, {len(self.latency_ms)} latencies")
+        if not (np.all(np.isfinite(self.latency_ms)) and np.all(self.latency_ms > 0)):
+            raise ValueError("every measured latency must be a finite number > 0")
+        if self.csv_rows.size == 0:
+            self.csv_rows = np.arange(n)
+
+    def snap(self, codes: Sequence[int]) -> int:
+        """The row nearest ``codes`` in Hamming distance (ties: the lowest row)."""
+        return int(np.argmin(np.sum(self.configs != np.asarray(codes)[None, :], axis=1)))
+
+
+def column_names() -> list[str]:
+    return [f"b{b}_{c}" for b in range(BLOCKS) for c in CHOICES]
+
+
+def load_table(data: Path, device: str) -> Table:
+    """The Accel-NASBench rows with a measured throughput on ``device`` (a key of :data:`DEVICES`)."""
+    col = DEVICES[device][0]
+    raw: list[list[Any]] = []
+    acc, lat, macs, idx = [], [], [], []
+    with (data / CSV_NAME).open(newline="") as f:
+        for i, r in enumerate(csv.DictReader(f)):
+            thr = float(r[col]) if r.get(col) else math.nan
+            if not (math.isfinite(thr) and thr > 0 and r.get("val_top1")):
+                continue
+            raw.append([r[f"arch_block{b}_{c}"] for b in range(BLOCKS) for c in CHOICES])
+            acc.append(float(r["val_top1"]))
+            lat.append(BATCH / thr * 1000.0)
+            macs.append(float(r["mmacs"]) * 1e6)
+            idx.append(i)
+    choices = [sorted({row[j] for row in raw}, key=_choice_key) for j in range(len(CHOICES) * BLOCKS)]
+    codes = np.array([[choices[j].index(v) for j, v in enumerate(row)] for row in raw], dtype=np.int64)
+    return Table(codes, choices, np.array(acc), np.array(lat), np.array(macs), np.array(idx))
+
+
+def _choice_key(v: str) -> tuple[int, float | str]:
+    try:
+        return (0, float(v))
+    except ValueError:
+        return (1, v)
+
+
+# ------------------------------------------------------------------ fronts and hypervolume
+def pareto_mask(acc: np.ndarray, lat: np.ndarray) -> np.ndarray:
+    """Non-dominated points of (accuracy max, latency min); duplicates of a front point are all kept."""
+    order = np.lexsort((-acc, lat))  # by latency, then accuracy descending
+    keep = np.zeros(len(acc), dtype=bool)
+    best = -math.inf
+    for i in order:
+        if acc[i] > best:
+            keep[i] = True
+            best = acc[i]
+    # equal points of a kept one are on the front too
+    pts = {(acc[i], lat[i]) for i in np.flatnonzero(keep)}
+    return np.array([(a, t) in pts for a, t in zip(acc, lat)], dtype=bool)
+
+
+def hypervolume(acc: np.ndarray, lat: np.ndarray, ref_acc: float, ref_lat: float) -> float:
+    """Area (accuracy points x ms) dominated by the points and bounded by the reference (``ref_acc`` the worst
+    accuracy, ``ref_lat`` the worst latency); points beyond the reference add nothing."""
+    ok = (acc > ref_acc) & (lat < ref_lat)
+    if not ok.any():
+        return 0.0
+    a, t = acc[ok], lat[ok]
+    order = np.argsort(t)
+    area, best = 0.0, ref_acc
+    ts = t[order]
+    for j, i in enumerate(order):
+        best = max(best, a[i])
+        nxt = ts[j + 1] if j + 1 < len(order) else ref_lat
+        area += (best - ref_acc) * (nxt - ts[j])
+    return float(area)
+
+
+# ------------------------------------------------------------------ latency sources
+class LatencySource(Protocol):
+    """Where a method's latency comes from: ``estimate(rows)`` -> (mean ms, std ms or NaN) per table row;
+    ``reveal(rows, measured_ms)``: every row validated so far and its measured latency (refit on them)."""
+
+    def estimate(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def reveal(self, rows: np.ndarray, measured_ms: np.ndarray) -> None: ...
+
+    def reset(self) -> None: ...
+
+
+class Measured:
+    """The table itself (the oracle and random search)."""
+
+    def __init__(self, table: Table) -> None:
+        self.table = table
+
+    def estimate(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return self.table.latency_ms[rows], np.zeros(len(rows))
+
+    def reveal(self, rows: np.ndarray, measured_ms: np.ndarray) -> None:
+        return None
+
+    def reset(self) -> None:
+        return None
+
+
+class Flops:
+    """``c * MACs``, ``c`` the geometric mean of measured / MACs over the validated rows (1 ms per GMAC before)."""
+
+    def __init__(self, table: Table) -> None:
+        self.table = table
+        self.scale = 1e-9
+
+    def estimate(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return self.table.macs[rows] * self.scale, np.full(len(rows), math.nan)
+
+    def reveal(self, rows: np.ndarray, measured_ms: np.ndarray) -> None:
+        if len(rows):
+            self.scale = float(np.exp(np.mean(np.log(measured_ms / self.table.macs[rows]))))
+
+    def reset(self) -> None:
+        self.scale = 1e-9
+
+
+class PredictorSource:
+    """A dippm-nas predictor over the table's graphs: ``mode`` ``"fixed"`` (never told), ``"adapt"``
+    (``adapt(rows, persist=False)``) or ``"calibrate"`` (``calibrate(rows, persist=False)``); predictions are cached
+    per fitted state, the fixed ones for the process (``fixed_cache``)."""
+
+    def __init__(self, predictor: Any, graphs: Sequence[Any], row_graph: np.ndarray, mode: str,
+                 fixed_cache: dict[int, tuple[float, float]] | None = None) -> None:
+        if mode not in ("fixed", "adapt", "calibrate"):
+            raise ValueError(f"mode must be fixed, adapt or calibrate, got {mode!r}")
+        self.p, self.graphs, self.row_graph, self.mode = predictor, graphs, row_graph, mode
+        self.fixed = fixed_cache if fixed_cache is not None else {}
+        self.cache: dict[int, tuple[float, float]] = {}
+        self.fitted = False
+
+    def _predict(self, gids: list[int]) -> list[tuple[float, float]]:
+        preds = self.p.predict_graphs([self.graphs[g] for g in gids], mig=False)
+        return [(float(x.latency_ms), float(x.latency_ms_std) if x.latency_ms_std is not None else math.nan)
+                for x in preds]
+
+    def estimate(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        cache = self.cache if self.fitted else self.fixed
+        gids = [int(self.row_graph[r]) for r in rows]
+        todo = sorted({g for g in gids if g not in cache})
+        if todo:
+            cache.update(zip(todo, self._predict(todo)))
+        return np.array([cache[g][0] for g in gids]), np.array([cache[g][1] for g in gids])
+
+    def reveal(self, rows: np.ndarray, measured_ms: np.ndarray) -> None:
+        if self.mode == "fixed" or len(rows) < 2:
+            return
+        pairs = [(self.graphs[int(self.row_graph[r])], {"latency_ms": float(v)}) for r, v in zip(rows, measured_ms)]
+        if self.mode == "adapt":
+            self.p.adapt(pairs, persist=False)
+        else:
+            self.p.calibrate(pairs, persist=False)
+        self.cache = {}
+        self.fitted = True
+
+    def reset(self) -> None:
+        if self.mode == "adapt":
+            self.p.reset_adaptation()
+        self.p.calibration = None
+        if hasattr(self.p, "clear_prediction_cache"):  # the analytic predictor keeps no prediction cache
+            self.p.clear_prediction_cache()
+        self.cache, self.fitted = {}, False
+
+
+# ------------------------------------------------------------------ one study
+@dataclass
+class StudyResult:
+    """One study's scores (shares in [0, 1]; ``feasible_precision`` NaN without a budget or a returned model)."""
+
+    method: str
+    seed: int
+    budget_ms: float | None
+    hv_share: float
+    feasible_precision: float
+    returned: int
+    measured_rows: int
+    wall_s: float
+
+
+@dataclass
+class _State:
+    rows: list[int] = field(default_factory=list)
+    validated: dict[int, float] = field(default_factory=dict)
+
+
+def _beliefs(table: Table, source: LatencySource, rows: np.ndarray, validated: dict[int, float],
+             measured_all: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(mean, std) a method believes for ``rows``: measured where validated (or every row: ``measured_all``)."""
+    if measured_all:
+        return table.latency_ms[rows], np.zeros(len(rows))
+    mean, std = source.estimate(rows)
+    mean, std = mean.copy(), std.copy()
+    for j, r in enumerate(rows):
+        if int(r) in validated:
+            mean[j], std[j] = validated[int(r)], 0.0
+    return mean, std
+
+
+def _bound(mean: np.ndarray, std: np.ndarray, k_sigma: float) -> np.ndarray:
+    """What a budget is checked against: ``Budgets``' mean + k_sigma σ (σ missing: the mean)."""
+    return mean + k_sigma * np.where(np.isfinite(std), std, 0.0)
+
+
+def _returned(table: Table, source: LatencySource, st: _State, budget: float | None, k_sigma: float,
+              measured_all: bool) -> np.ndarray:
+    """The distinct rows a method returns: its believed front (over its believed-feasible rows with a budget)."""
+    rows = np.array(sorted(set(st.rows)), dtype=np.int64)
+    mean, std = _beliefs(table, source, rows, st.validated, measured_all)
+    if budget is not None:
+        ok = _bound(mean, std, k_sigma) <= budget
+        rows, mean = rows[ok], mean[ok]
+    if rows.size == 0:
+        return rows
+    return rows[pareto_mask(table.accuracy_pct[rows], mean)]
+
+
+def _validation_round(table: Table, source: LatencySource, st: _State, budget: float | None, k_sigma: float,
+                      validate_max: int) -> None:
+    """Reveal the measured latency of the unvalidated rows on the believed front; refit the source on all. With a
+    budget, the front of the believed-feasible rows; where none is believed feasible, the front of all rows (its
+    fast end the nearest to the budget): a search that believes nothing fits measures what comes closest."""
+    ret = _returned(table, source, st, budget, k_sigma, False)
+    if budget is not None and ret.size == 0:
+        ret = _returned(table, source, st, None, k_sigma, False)
+    front = [int(r) for r in ret if int(r) not in st.validated]
+    if len(front) > validate_max:
+        mean, _ = source.estimate(np.array(front))
+        by_lat = [front[i] for i in np.argsort(mean)]
+        front = [by_lat[i] for i in np.unique(np.linspace(0, len(by_lat) - 1, validate_max).round().astype(int))]
+    for r in front:
+        st.validated[r] = float(table.latency_ms[r])
+    if st.validated:
+        rows = np.array(sorted(st.validated), dtype=np.int64)
+        source.reveal(rows, table.latency_ms[rows])
+
+
+def run_study(table: Table, method: str, source: LatencySource, seed: int, trials: int, *, budget: float | None = None,
+              every: int = 20, validate_max: int = 10, k_sigma: float = 1.0) -> StudyResult:
+    """One seeded study of ``method`` (:data:`METHODS`) with its latency ``source``; scored on the truth."""
+    import optuna
+
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    t0 = time.perf_counter()
+    source.reset()
+    measured_all = method in ("oracle", "random")
+    sampler = (optuna.samplers.RandomSampler(seed=seed) if method == "random"
+               else optuna.samplers.TPESampler(seed=seed))
+    study = optuna.create_study(directions=["maximize", "minimize"], sampler=sampler)
+    names, st = column_names(), _State()
+    for t in range(trials):
+        trial = study.ask()
+        codes = [table.choices[j].index(trial.suggest_categorical(n, table.choices[j])) for j, n in enumerate(names)]
+        row = table.snap(codes)
+        st.rows.append(row)
+        mean, std = _beliefs(table, source, np.array([row]), st.validated, measured_all)
+        trial.set_user_attr("row", int(table.csv_rows[row]))
+        if budget is not None:
+            trial.set_constraint("latency_ms", float(_bound(mean, std, k_sigma)[0] - budget))
+        study.tell(trial, [float(table.accuracy_pct[row]), float(mean[0])])
+        if method in ROUND_METHODS and ((t + 1) % every == 0 or t + 1 == trials):
+            _validation_round(table, source, st, budget, k_sigma, validate_max)
+    ret = _returned(table, source, st, budget, k_sigma, measured_all)
+    return _score(table, method, seed, budget, ret, st, measured_all, time.perf_counter() - t0)
+
+
+def reference(table: Table) -> tuple[float, float]:
+    """The fixed reference point: (the table's lowest accuracy, its highest measured latency)."""
+    return float(table.accuracy_pct.min()), float(table.latency_ms.max())
+
+
+def true_hypervolume(table: Table, budget: float | None) -> float:
+    """Hypervolume of the table's true front (of the rows within ``budget``)."""
+    ok = np.ones(len(table.latency_ms), dtype=bool) if budget is None else table.latency_ms <= budget
+    return hypervolume(table.accuracy_pct[ok], table.latency_ms[ok], *reference(table))
+
+
+def _score(table: Table, method: str, seed: int, budget: float | None, ret: np.ndarray, st: _State,
+           measured_all: bool, wall_s: float) -> StudyResult:
+    acc, lat = table.accuracy_pct[ret], table.latency_ms[ret]
+    meets = np.ones(len(ret), dtype=bool) if budget is None else lat <= budget
+    hv = hypervolume(acc[meets], lat[meets], *reference(table)) / true_hypervolume(table, budget)
+    precision = float(np.mean(meets)) if budget is not None and len(ret) else math.nan
+    measured = len(set(st.rows)) if measured_all else len(st.validated)
+    return StudyResult(method, seed, budget, float(hv), precision, len(ret), measured, wall_s)
+
+
+# ------------------------------------------------------------------ the benchmark
+def summarise(results: Sequence[StudyResult]) -> dict[str, dict[str, float]]:
+    """Per method: mean and min of the hypervolume share, mean feasible precision, mean rows measured and wall s."""
+    out: dict[str, dict[str, float]] = {}
+    for m in METHODS:
+        rs = [r for r in results if r.method == m]
+        if not rs:
+            continue
+        prec = [r.feasible_precision for r in rs if math.isfinite(r.feasible_precision)]
+        out[m] = {"studies": len(rs), "hv_share_mean": float(np.mean([r.hv_share for r in rs])),
+                  "hv_share_min": float(np.min([r.hv_share for r in rs])),
+                  "hv_share_std": float(np.std([r.hv_share for r in rs])),
+                  "feasible_precision_mean": float(np.mean(prec)) if prec else math.nan,
+                  "measured_rows_mean": float(np.mean([r.measured_rows for r in rs])),
+                  "returned_mean": float(np.mean([r.returned for r in rs])),
+                  "wall_s_mean": float(np.mean([r.wall_s for r in rs]))}
+    if "oracle" in out:  # the issue's yardstick: each method's mean hypervolume as a share of the oracle's
+        for v in out.values():
+            v["hv_vs_oracle"] = v["hv_share_mean"] / out["oracle"]["hv_share_mean"]
+    return out
+
+
+def run_all(table: Table, sources: dict[str, LatencySource], seeds: Sequence[int], trials: int,
+            budgets: Sequence[float | None], **kw: Any) -> list[StudyResult]:
+    """Every (budget, method, seed) study; ``sources``: a latency source per method to run."""
+    out = []
+    for budget in budgets:
+        for m, src in sources.items():
+            for s in seeds:
+                r = run_study(table, m, src, s, trials, budget=budget, **kw)
+                logger.info("%s seed %d budget %s: hv %.3f precision %.2f (%d returned, %d measured) %.1f s",
+                            m, s, budget, r.hv_share, r.feasible_precision, r.returned, r.measured_rows, r.wall_s)
+                out.append(r)
+    return out
+
+
+def load_graphs(graphs_path: Path) -> dict[int, Any]:
+    """Each CSV row's graph (from ``build_accel_graphs``' JSONL; one graph per architecture, any GPU's rows)."""
+    from dippm_nas.dataset import load_measurements
+
+    by_csv: dict[int, Any] = {}
+    for mg in load_measurements(graphs_path):
+        m = mg.measurement
+        if isinstance(m.get("extra"), dict) and "csv_row" in m["extra"]:
+            by_csv.setdefault(int(m["extra"]["csv_row"]), mg.graph)
+    return by_csv
+
+
+def table_graphs(by_csv: dict[int, Any], table: Table) -> tuple[list[Any], np.ndarray]:
+    """The distinct graphs of the table's rows and each row's index into them."""
+    missing = [int(i) for i in table.csv_rows if int(i) not in by_csv]
+    if missing:
+        raise SystemExit(f"{len(missing)} table rows have no graph (e.g. CSV row {missing[0]}): rebuild the file "
+                         "with scripts/build_accel_graphs.py")
+    graphs: list[Any] = []
+    index: dict[str, int] = {}
+    row_graph = np.zeros(len(table.csv_rows), dtype=np.int64)
+    for j, i in enumerate(table.csv_rows):
+        g = by_csv[int(i)]
+        key = g.structural_hash()
+        if key not in index:
+            index[key] = len(graphs)
+            graphs.append(g)
+        row_graph[j] = index[key]
+    return graphs, row_graph
+
+
+def make_sources(table: Table, graphs: list[Any], row_graph: np.ndarray, checkpoint: Path, device: str,
+                 methods: Sequence[str]) -> tuple[dict[str, LatencySource], Any]:
+    """The latency source of each method (the table, MACs, the checkpoint fixed / adapted, the prior) and a context
+    within which the network runs no more: the zero-shot predictions of every graph are made here, in one batched
+    call, and the members' outputs of every graph kept (``one_network_pass``) for every adaptation and prediction."""
+    import contextlib
+
+    from dippm_nas.predictor import AnalyticPredictor, GnnPredictor
+
+    base = GnnPredictor.load(checkpoint, load_calibration=False)
+    gnn = GnnPredictor(base.model, base.meta, device, load_calibration=False, feature_cache_size=2 * len(graphs) + 16)
+    fixed: dict[int, tuple[float, float]] = {}
+    ctx: Any = contextlib.nullcontext()
+    if {"zero_shot", "adapted"} & set(methods):
+        t0 = time.perf_counter()
+        gids = list(range(len(graphs)))
+        fixed.update(zip(gids, PredictorSource(gnn, graphs, row_graph, "fixed")._predict(gids)))
+        ctx = gnn.one_network_pass(graphs)
+        logger.info("zero-shot predictions of %d graphs in %.0f s", len(graphs), time.perf_counter() - t0)
+    made: dict[str, Callable[[], LatencySource]] = {
+        "oracle": lambda: Measured(table), "random": lambda: Measured(table), "flops": lambda: Flops(table),
+        # one network for both (each study resets it): its feature cache and kept outputs serve both
+        "zero_shot": lambda: PredictorSource(gnn, graphs, row_graph, "fixed", fixed),
+        "adapted": lambda: PredictorSource(gnn, graphs, row_graph, "adapt", fixed),
+        "prior": lambda: PredictorSource(AnalyticPredictor(device, load_calibration=False), graphs, row_graph,
+                                         "calibrate"),
+    }
+    return {m: made[m]() for m in methods}, ctx
+
+
+def print_table(name: str, summary: dict[str, dict[str, float]], budget: float | None) -> None:
+    print(f"\n== {name}, {'no budget' if budget is None else f'latency budget {budget:.2f} ms'}")
+    print(f"{'method':>10} {'HV share mean':>14} {'min':>6} {'std':>6} {'vs oracle':>10} {'feasible ok':>12} "
+          f"{'measured':>9} {'returned':>9} {'wall s':>7}")
+    for m, v in summary.items():
+        print(f"{m:>10} {v['hv_share_mean']:14.3f} {v['hv_share_min']:6.3f} {v['hv_share_std']:6.3f} "
+              f"{v.get('hv_vs_oracle', math.nan):10.3f} {v['feasible_precision_mean']:12.3f} "
+              f"{v['measured_rows_mean']:9.1f} {v['returned_mean']:9.1f} {v['wall_s_mean']:7.2f}")
+    sys.stdout.flush()
+
+
+def from_report(path: Path) -> int:
+    """Print the tables of a report this script wrote (``--out``), from its per-study scores."""
+    report = json.loads(path.read_text())
+    print(f"checkpoint {report['checkpoint']}; {report['seeds']} seeds x {report['trials']} trials, a round every "
+          f"{report['every']} (at most {report['validate_max']} rows), k_sigma {report.get('k_sigma')}")
+    for dev, d in report["devices"].items():
+        print(f"{dev}: {d['rows']} rows; reference point: accuracy {d['reference'][0]:.2f} %, latency "
+              f"{d['reference'][1]:.2f} ms")
+        results = [StudyResult(**r) for r in d["studies"]]
+        for v in d["variants"].values():
+            print_table(dev, summarise([r for r in results if r.budget_ms == v["budget_ms"]]), v["budget_ms"])
+    return 0
+
+
+def run_device(args: argparse.Namespace, dev: str, by_csv: dict[int, Any], methods: list[str]) -> dict[str, Any]:
+    """Every study of one device; its report entry."""
+    t0 = time.perf_counter()
+    table = load_table(args.data, dev)
+    graphs, row_graph = table_graphs(by_csv, table)
+    sources, network_once = make_sources(table, graphs, row_graph, args.checkpoint, DEVICES[dev][2], methods)
+    budget = float(np.quantile(table.latency_ms, args.budget_quantile))
+    budgets = [None if v == "free" else budget for v in args.variants.split(",")]
+    print(f"{dev}: {len(table.latency_ms)} rows, {len(graphs)} graphs (sources ready in {time.perf_counter() - t0:.0f}"
+          f" s); reference point: accuracy {reference(table)[0]:.2f} %, latency {reference(table)[1]:.2f} ms")
+    with network_once:
+        results = run_all(table, sources, range(args.seeds), args.trials, budgets, every=args.every,
+                          validate_max=args.validate_max, k_sigma=args.k_sigma)
+    entry: dict[str, Any] = {"rows": len(table.latency_ms), "reference": reference(table), "variants": {}}
+    for b in budgets:
+        summ = summarise([r for r in results if r.budget_ms == b])
+        print_table(dev, summ, b)
+        entry["variants"]["free" if b is None else "budget"] = {"budget_ms": b, "summary": summ}
+    entry["studies"] = [r.__dict__ for r in results]
+    return entry
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", type=Path, help=f"directory holding {CSV_NAME}")
+    ap.add_argument("--graphs", type=Path, help="scripts/build_accel_graphs.py's JSONL")
+    ap.add_argument("--checkpoint", type=Path, help="a checkpoint that never saw the space's rows")
+    ap.add_argument("--devices", default="a100,rtx-3090", help=f"comma-separated, of {list(DEVICES)}")
+    ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--seeds", type=int, default=10)
+    ap.add_argument("--trials", type=int, default=200)
+    ap.add_argument("--every", type=int, default=20, help="trials between validation rounds (default 20)")
+    ap.add_argument("--validate-max", type=int, default=10, help="most rows validated per round (default 10)")
+    ap.add_argument("--budget-quantile", type=float, default=0.5,
+                    help="the latency budget: this quantile of the table's measured latencies (default 0.5)")
+    ap.add_argument("--k-sigma", type=float, default=1.0,
+                    help="σ added to a predicted latency before it is compared with the budget (default 1.0)")
+    ap.add_argument("--variants", default="free,budget", help="free (no budget), budget, or both")
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--from-report", type=Path, default=None, help="print the tables of a saved --out report")
+    args = ap.parse_args(argv)
+    if args.from_report is not None:
+        return from_report(args.from_report)
+    if args.data is None or args.graphs is None or args.checkpoint is None:
+        ap.error("--data, --graphs and --checkpoint are needed (or --from-report)")
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    methods = [m.strip() for m in args.methods.split(",")]
+    report: dict[str, Any] = {"checkpoint": str(args.checkpoint), "trials": args.trials, "seeds": args.seeds,
+                              "every": args.every, "validate_max": args.validate_max, "k_sigma": args.k_sigma,
+                              "budget_quantile": args.budget_quantile, "devices": {}}
+    by_csv = load_graphs(args.graphs)
+    for dev in args.devices.split(","):
+        report["devices"][dev] = run_device(args, dev, by_csv, methods)
+        if args.out is not None:  # after each device: a long run's first figures are kept
+            args.out.write_text(json.dumps(report, indent=1) + "\n")
+            print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

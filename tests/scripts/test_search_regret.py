@@ -1,0 +1,140 @@
+"""benchmarks/search/search_regret.py's core on a tiny synthetic table (the benchmark itself needs
+../shared/data and a checkpoint, and runs as a script)."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("optuna")
+
+_SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "search" / "search_regret.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("search_regret", _SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["search_regret"] = mod  # its dataclasses look their module up
+    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    return mod
+
+
+def _table(b, n: int = 300, seed: int = 0):
+    """A synthetic space: 28 choices of 2-3 values; latency grows with the codes, accuracy too (a real trade-off)."""
+    rng = np.random.default_rng(seed)
+    choices = [["1", "4", "6"] if j % 4 == 0 else ["3", "5"] if j % 4 == 1 else ["1", "2", "3"] if j % 4 == 2
+               else ["False", "True"] for j in range(28)]
+    codes = np.stack([rng.integers(0, len(c), size=n) for c in choices], axis=1)
+    size = codes.sum(axis=1).astype(float)
+    lat = 5.0 + size * (1.0 + 0.3 * rng.random(n))
+    acc = 60.0 + 10.0 * np.sqrt(size / size.max()) + rng.normal(0, 0.3, n)
+    macs = size * 1e8 * (1.0 + 0.5 * rng.random(n))  # FLOPs: correlated with latency, not the same order
+    return b.Table(codes, choices, acc, lat, macs)
+
+
+class _Biased:
+    """A cost model that is 40 % slow on half the rows, fixed by reveal (as adapting to them would)."""
+
+    def __init__(self, table) -> None:
+        self.table, self.fixed = table, False
+
+    def estimate(self, rows):
+        f = np.where(rows % 2 == 0, 1.4, 1.0)
+        return self.table.latency_ms[rows] * (1.0 if self.fixed else f), np.full(len(rows), 0.05)
+
+    def reveal(self, rows, measured_ms) -> None:
+        self.fixed = True
+
+    def reset(self) -> None:
+        self.fixed = False
+
+
+def test_hypervolume_and_front_of_known_points() -> None:
+    b = _load()
+    acc, lat = np.array([3.0, 2.0, 1.0, 2.0]), np.array([1.0, 0.5, 2.0, 0.5])
+    assert b.pareto_mask(acc, lat).tolist() == [True, True, False, True]
+    # reference (0, 3): the staircase (0.5..1 at 2) + (1..3 at 3) = 1 + 6
+    assert b.hypervolume(acc, lat, 0.0, 3.0) == pytest.approx(7.0)
+    assert b.hypervolume(acc, lat, 5.0, 3.0) == 0.0
+
+
+def test_snap_finds_the_nearest_row() -> None:
+    b = _load()
+    t = _table(b, n=50)
+    assert t.snap(t.configs[17]) == 17
+    codes = t.configs[17].copy()
+    codes[0] = (codes[0] + 1) % 3
+    assert np.sum(t.configs[t.snap(codes)] != codes) <= 1
+
+
+def test_table_refuses_bad_latencies() -> None:
+    b = _load()
+    t = _table(b, n=10)
+    with pytest.raises(ValueError, match="latency"):
+        b.Table(t.configs, t.choices, t.accuracy_pct, np.where(np.arange(10) == 3, 0.0, t.latency_ms), t.macs)
+
+
+def test_the_oracle_reaches_most_of_the_front_and_a_budget_is_kept() -> None:
+    b = _load()
+    t = _table(b)
+    budget = float(np.quantile(t.latency_ms, 0.5))
+    res = b.run_all(t, {"oracle": b.Measured(t), "random": b.Measured(t), "flops": b.Flops(t), "adapted": _Biased(t)},
+                    [0], 40, [None, budget], every=20, validate_max=5)
+    s = b.summarise([r for r in res if r.budget_ms is None])
+    assert 0.5 < s["oracle"]["hv_share_mean"] <= 1.0 + 1e-9
+    assert s["random"]["hv_share_mean"] <= 1.0 + 1e-9
+    sb = b.summarise([r for r in res if r.budget_ms == budget])
+    # the oracle and random search measure everything: every feasible answer meets the budget
+    assert sb["oracle"]["feasible_precision_mean"] == 1.0 and sb["random"]["feasible_precision_mean"] == 1.0
+    assert 0.0 <= sb["flops"]["feasible_precision_mean"] <= 1.0
+    assert all(r.measured_rows <= 40 for r in res)
+    adapted = [r for r in res if r.method == "adapted"]
+    assert all(0 < r.measured_rows <= 5 * 2 for r in adapted)  # 2 rounds (20, 40) of at most 5
+    assert all(math.isnan(r.feasible_precision) for r in res if r.budget_ms is None)
+
+
+def test_a_validation_round_reveals_the_believed_front() -> None:
+    b = _load()
+    t = _table(b, n=80)
+    src = _Biased(t)
+    st = b._State(rows=list(range(40)))
+    b._validation_round(t, src, st, None, 1.0, validate_max=100)
+    assert st.validated and src.fixed
+    front = b._returned(t, src, st, None, 1.0, False)
+    assert set(int(r) for r in front) <= set(range(40))
+    assert all(st.validated[r] == t.latency_ms[r] for r in st.validated)
+
+
+def test_an_unknown_method_is_refused() -> None:
+    b = _load()
+    t = _table(b, n=20)
+    with pytest.raises(ValueError, match="method must be one of"):
+        b.run_study(t, "gradient", b.Measured(t), 0, 5)
+
+
+def test_a_saved_report_is_reprinted_with_the_share_of_the_oracle(tmp_path: Path, capsys) -> None:
+    b = _load()
+    studies = [b.StudyResult("oracle", 0, None, 0.9, math.nan, 10, 100, 1.0).__dict__,
+               b.StudyResult("adapted", 0, None, 0.81, math.nan, 8, 20, 2.0).__dict__]
+    report = {"checkpoint": "x.pt", "seeds": 1, "trials": 200, "every": 20, "validate_max": 10, "k_sigma": 1.0,
+              "devices": {"a100": {"rows": 2, "reference": [40.0, 60.0], "studies": studies,
+                                   "variants": {"free": {"budget_ms": None}}}}}
+    path = tmp_path / "r.json"
+    path.write_text(__import__("json").dumps(report))
+    assert b.main(["--from-report", str(path)]) == 0
+    line = [ln for ln in capsys.readouterr().out.splitlines() if ln.strip().startswith("adapted")][0]
+    assert line.split()[1:5] == ["0.810", "0.810", "0.000", "0.900"]  # mean, min, std, share of the oracle's
+
+
+def test_a_round_measures_the_front_when_nothing_is_believed_feasible() -> None:
+    b = _load()
+    t = _table(b, n=80)
+    src = _Biased(t)
+    st = b._State(rows=list(range(40)))
+    b._validation_round(t, src, st, float(t.latency_ms.min()) / 10, 1.0, validate_max=3)
+    assert 0 < len(st.validated) <= 3 and src.fixed
