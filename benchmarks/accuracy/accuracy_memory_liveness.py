@@ -69,9 +69,9 @@ _FAMILIES = (("vit|deit", "vit"), ("swin", "swin"), ("convnext", "convnext"), ("
 
 # ------------------------------------------------------------------ transformers built from configs
 def _last_hidden(model: Any, keys: tuple[str, ...]) -> Any:
-    from dippm_nas.measure.campaign_models import _LastHidden  # noqa: PLC2701 - the campaign's wrapper
+    from dippm_nas.measure.campaign_models import LastHidden
 
-    return _LastHidden(model, keys).eval()
+    return LastHidden(model, keys).eval()
 
 
 def distilbert() -> Any:

@@ -25,10 +25,10 @@ from torch import nn
 
 from dippm_nas._optional import require
 
-__all__ = ["bert_base", "gpt2_small", "tiny_cnn", "tiny_mlp"]
+__all__ = ["LastHidden", "bert_base", "gpt2_small", "tiny_cnn", "tiny_mlp"]
 
 
-class _LastHidden(nn.Module):
+class LastHidden(nn.Module):
     """Calls a ``transformers`` model with keyword inputs and returns ``last_hidden_state`` (a tensor)."""
 
     def __init__(self, model: nn.Module, keys: tuple[str, ...]) -> None:
@@ -50,7 +50,7 @@ def bert_base() -> nn.Module:
     transformers = require("transformers", "campaign", "building the campaign's BERT-base encoder")
     cfg = transformers.BertConfig(attn_implementation="sdpa")
     model = transformers.BertModel(cfg, add_pooling_layer=False)
-    return _LastHidden(model, ("input_ids", "attention_mask")).eval()
+    return LastHidden(model, ("input_ids", "attention_mask")).eval()
 
 
 def gpt2_small() -> nn.Module:
@@ -61,7 +61,7 @@ def gpt2_small() -> nn.Module:
     """
     transformers = require("transformers", "campaign", "building the campaign's GPT-2 decoder")
     cfg = transformers.GPT2Config(use_cache=False, attn_implementation="sdpa")
-    return _LastHidden(transformers.GPT2Model(cfg), ("input_ids",)).eval()
+    return LastHidden(transformers.GPT2Model(cfg), ("input_ids",)).eval()
 
 
 def tiny_cnn() -> nn.Module:

@@ -24,7 +24,8 @@ from dippm_nas.predictor._calibrate import (ANALYTIC_IDENTITY, Calibration, cali
                                             delete_calibration, fit_timeline_factors, read_calibration,
                                             require_plausible, save_calibration)
 from dippm_nas.prior import (CostStack, DeploymentSettings, advise, advise_many, deployment_settings,
-                             deployment_spread, deployment_spread_many, estimate, estimates_of, latency_us,
+                             deployment_spread, deployment_spread_many, described_offset_log, estimate, estimates_of,
+                             latency_us,
                              prediction_of, resolved_settings, timeline_fields)
 
 __all__ = ["BasePredictor", "AnalyticPredictor", "measurement_pairs", "deployment_of", "BATCH_MIN_GRAPHS"]
@@ -274,9 +275,13 @@ class AnalyticPredictor(BasePredictor):
             return pred
         g, h, pre = tf.apply(est.node_time_ms * 1e3, est.node_host_ms * 1e3, est.pass_host_ms * 1e3,
                              calibration_classes(graph) if tf.class_log else None)
-        # measurements made under the deployment describe it: its spread's offset and σ give way to the factors
+        # measurements made under the deployment describe it: its spread's offset and σ give way to the factors, but
+        # a described deployment's offset (a pageable copy's fresh-page mixture) is physics of the row and stays
         offset, s_dep = pred.details.get("deployment_offset_log", 0.0), pred.details.get("deployment_sigma_log", 0.0)
-        centre = pred.latency_ms * math.exp(-offset)
+        if settings.assumed:
+            centre = pred.latency_ms * math.exp(-offset)
+        else:
+            centre = pred.latency_ms
         lat = latency_us(g, h, pre) / 1e3 * (centre / est.latency_ms if est.latency_ms > 0 else 1.0)
         std = None
         if pred.latency_ms_std is not None:
@@ -319,8 +324,10 @@ class AnalyticPredictor(BasePredictor):
             return None
         _, st = deployment_of(self.device, deployment, runtime, host)
         ests = [estimate(g, self.device, deployment=st) for g, _ in pairs]
+        offsets = [described_offset_log(st, deployment_spread(g, self.device, st)) if st.spread_open else 0.0
+                   for g, _ in pairs]
         tf = fit_timeline_factors([(e.node_time_ms * 1e3, e.node_host_ms * 1e3, e.pass_host_ms * 1e3) for e in ests],
-                                  [y["latency_ms"] for _, y in pairs],
+                                  [y["latency_ms"] * math.exp(-o) for (_, y), o in zip(pairs, offsets)],
                                   node_classes=[calibration_classes(g) for g, _ in pairs])
         cal = Calibration(device=self.device, checkpoint=self._identity(), coef={}, n={"latency_ms": len(pairs)},
                           timeline=dataclasses.asdict(tf))

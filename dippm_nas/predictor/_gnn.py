@@ -66,7 +66,8 @@ from dippm_nas.predictor._numpy_ensemble import (INFER_CHUNK_NODES, NUMPY_MAX_GR
                                                   write_derived_weights)
 from dippm_nas.predictor._meta import TARGETS, CheckpointMeta
 from dippm_nas.prior import (CostStack, DeploymentSettings, DeploymentSpread, PriorParams, default_params,
-                             deployment_spread, deployment_spread_many, estimate as prior_estimate, estimates_of,
+                             deployment_spread, deployment_spread_many, described_offset_log,
+                             estimate as prior_estimate, estimates_of,
                              latency_us, resolved_settings)
 from dippm_nas.predictor._novelty import correction_weight, novelty_floor_log, novelty_scores
 
@@ -689,7 +690,9 @@ class GnnPredictor(BasePredictor):
         else:  # measurements (a calibration) describe the deployment they ran under: its factors replace the spread
             d["uncalibrated_latency_ms"] = lat_ms * math.exp(sp.offset_log)
             g, h, pre = tf.apply(g, h, pre, calibration_classes(graph) if tf.class_log else None)
-            lat_ms *= latency_us(g, h, pre) / base_us
+            # a described pageable copy's fresh-page mixture is physics of each row's input, not an unknown the
+            # factors resolve: its centre stays (the factors were fitted on rows with it divided out)
+            lat_ms *= latency_us(g, h, pre) / base_us * math.exp(described_offset_log(settings, sp))
             base_us = latency_us(g, h, pre)
             extra_s = tf.residual_std_log
             d.update(calibration_details(tf))
@@ -889,12 +892,15 @@ class GnnPredictor(BasePredictor):
             if resolve_device(self.device).kind == "gpu" and "latency_ms" in targets:
                 idx = [i for i, (_, y) in enumerate(pairs) if "latency_ms" in y and feats[i].estimate is not None]
                 if len(idx) >= 2:
-                    parts = []
+                    parts, ys = [], []
                     for i in idx:
-                        _, g, h, pre, _, _ = self._timeline_parts(pairs[i][0], feats[i].estimate, float(mean[i, 0]),
+                        _, g, h, pre, d, _ = self._timeline_parts(pairs[i][0], feats[i].estimate, float(mean[i, 0]),
                                                                   st)
                         parts.append((g, h, pre))
-                    tf = fit_timeline_factors(parts, [pairs[i][1]["latency_ms"] for i in idx],
+                        sp = (deployment_spread(pairs[i][0], self.resolved_device, st, params=self._execution_params(),
+                                                gpu_factor=d["gpu_correction"]) if st.spread_open else DeploymentSpread())
+                        ys.append(pairs[i][1]["latency_ms"] * math.exp(-described_offset_log(st, sp)))
+                    tf = fit_timeline_factors(parts, ys,
                                               node_classes=[calibration_classes(pairs[i][0]) for i in idx])
                     timeline = dataclasses.asdict(tf)
                     targets.remove("latency_ms")

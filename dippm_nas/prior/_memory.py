@@ -77,6 +77,8 @@ import numpy as np
 from dippm_nas._unique import sorted_unique
 from dippm_nas.errors import InvalidValueError
 from dippm_nas.graph import GraphStack, OperatorGraph, OpNode, stack_graphs
+from dippm_nas.prior._autocast import AUTOCAST_LOW_CLASSES, autocast_plan
+from dippm_nas.prior._nodes import check_autocast, graph_facts
 from dippm_nas.spec import dtype_bytes
 from dippm_nas.units import BYTES_PER_MIB
 
@@ -287,7 +289,6 @@ def _frame_rules(graph: OperatorGraph) -> _FrameRules:
         for q in ps:
             succ[q].append(i)
     outs = set(graph.outputs)
-    from dippm_nas.prior._nodes import graph_facts  # noqa: PLC0415 - _nodes imports this module's users
 
     fused = graph_facts(graph).fused
     inplace = tuple(sorted({i for i, nd in enumerate(nodes)
@@ -498,8 +499,6 @@ def _autocast_storages(graph: OperatorGraph, preds: list[list[int]], lv: _Lives,
     """Re-size the storages to their run-time dtype under autocast to ``low`` and add autocast's casts: an
     activation cast alive while its operator runs, a weight's cast (cached by autocast) from its first use
     to the end of the pass."""
-    from dippm_nas.prior._autocast import AUTOCAST_LOW_CLASSES, autocast_plan
-    from dippm_nas.prior._nodes import check_autocast, graph_facts
 
     check_autocast(low)
     facts = graph_facts(graph)

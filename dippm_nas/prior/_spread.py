@@ -43,7 +43,7 @@ from dippm_nas.prior._estimate import _latency_parts, _pass_host_us, _timelines,
 from dippm_nas.prior._params import PriorParams, default_params
 from dippm_nas.prior._stack import CostStack, Timelines
 
-__all__ = ["DeploymentSpread", "deployment_spread", "deployment_spread_many"]
+__all__ = ["DeploymentSpread", "deployment_spread", "deployment_spread_many", "described_offset_log"]
 
 #: Gauss-Hermite nodes (in σ) and weights of a normal distribution, three points.
 _GH_NODES = ((-math.sqrt(3.0), 1.0 / 6.0), (0.0, 2.0 / 3.0), (math.sqrt(3.0), 1.0 / 6.0))
@@ -65,6 +65,13 @@ class DeploymentSpread:
     offset_log: float = 0.0
     sigma_log: float = 0.0
     scenarios: int = 1
+
+
+def described_offset_log(settings: Any, spread: DeploymentSpread) -> float:
+    """The part of ``spread``'s centre offset that a calibration keeps: all of it when the deployment is described
+    (its spread is then only the pageable copy's fresh-page mixture, physics of each row's input bytes that one
+    host and one GPU factor cannot absorb), none when something is undescribed (measured rows resolve it)."""
+    return spread.offset_log if not getattr(settings, "assumed", ()) else 0.0
 
 
 def deployment_spread(graph: OperatorGraph, device: Device | str, deployment: Any, *,

@@ -285,7 +285,8 @@ OBJECT_ONLY = {
                            prior.deployment_settings prior.graph_facts prior.latency_sigma_log prior.node_power_w
                            prior.power_params_for prior.prediction_of prior.timeline_fields prior.wait_power_w
                            training.is_timm validation.CalibratedPredictor validation.apply_calibration
-                           features.device_features features.coarsen prior.activation_liveness"""),
+                           features.device_features features.coarsen prior.activation_liveness
+                           prior.described_offset_log measure.campaign_models.LastHidden"""),
                     "takes only objects dippm-nas builds (a graph, an estimate, a calibration, a device...)"),
     **dict.fromkeys(_names("predictor.BasePredictor dataset.Source"), "an abstract base class"),
     **dict.fromkeys(_names("measure.CudaOps measure.NvmlAdapter"),
