@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import statistics
 import tempfile
 import time
@@ -112,6 +113,24 @@ class GenerationMeasurement:
                            memory_reason="a generation is timed, not metered")
 
 
+def _check_decoder(decoder: Any) -> DecoderConfig:
+    if not isinstance(decoder, DecoderConfig):
+        raise ValidationError(f"decoder must be a dippm_nas.llm.DecoderConfig, got {type(decoder).__name__}")
+    return decoder
+
+
+def _check_count(value: Any, name: str, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValidationError(f"{name} must be an int >= {low}, got {value!r:.80}")
+    return value
+
+
+def _check_device_name(device: Any) -> str:
+    if not isinstance(device, str) or not device:
+        raise ValidationError(f"device must be a catalogue id (a non-empty str), got {device!r:.80}")
+    return device
+
+
 def predicted_for_engine(predicted: Mapping[str, Any], engine: str) -> dict[str, Any]:
     """A generation job's prediction for the engine that measured it: ``predicted["by_engine"][engine]`` over the
     job's default figures (the prediction itself when it has no ``by_engine``)."""
@@ -146,14 +165,14 @@ def transformers_config_of(config: DecoderConfig) -> Any:
 def generation_job_config(decoder: DecoderConfig, workload: Mapping[str, Any], *, tensor_parallel: int = 1,
                           engine: str | None = None) -> dict[str, Any]:
     """The JSON config of a generation job (checked: the workload must make an :class:`~dippm_nas.llm.LLMWorkload`)."""
-    if not isinstance(decoder, DecoderConfig):
-        raise ValidationError(f"decoder must be a DecoderConfig, got {type(decoder).__name__}")
+    _check_decoder(decoder)
     if not isinstance(workload, Mapping):
         raise ValidationError(f"workload must be a mapping (prompt_len, output_len, batch_size), got "
                               f"{type(workload).__name__}")
     wl = _workload_of(workload)
-    if isinstance(tensor_parallel, bool) or not isinstance(tensor_parallel, int) or tensor_parallel < 1:
-        raise ValidationError(f"tensor_parallel must be an int >= 1, got {tensor_parallel!r}")
+    _check_count(tensor_parallel, "tensor_parallel", 1)
+    if engine is not None and engine not in GENERATION_ENGINES:
+        raise ValidationError(f"engine must be one of {list(GENERATION_ENGINES)} or None, got {engine!r:.80}")
     return {"generation_job_version": GENERATION_JOB_VERSION, "decoder_config": decoder.to_dict(),
             "workload": {"prompt_len": wl.prompt_len, "output_len": wl.output_len, "batch_size": wl.batch_size},
             "tensor_parallel": tensor_parallel, "engine": engine}
@@ -208,7 +227,11 @@ def generation_skip_reason(decoder: DecoderConfig, tensor_parallel: int, device:
     ``device`` (``None`` when it can): weights per GPU over the device's memory, a CPU asked for tensor
     parallelism, more GPUs than ``gpus_here`` (the GPUs this machine has; ``None``: not known here), or a family
     that is not rebuilt."""
-    dev = resolve_device(device)
+    _check_decoder(decoder)
+    _check_count(tensor_parallel, "tensor_parallel", 1)
+    if gpus_here is not None:
+        _check_count(gpus_here, "gpus_here", 0)
+    dev = resolve_device(_check_device_name(device))
     if decoder.model_type not in _LLAMA_LIKE:
         return (f"its decoder {decoder.name!r} is of model_type {decoder.model_type!r}; a generation is rebuilt "
                 f"for {list(_LLAMA_LIKE)}")
@@ -233,7 +256,11 @@ def predicted_generation(decoder: DecoderConfig, workload: LLMWorkload, tensor_p
     (``predict_generation`` models GPUs): the figures are ``None`` and ``prediction_reason`` says why."""
     from dippm_nas.llm import predict_generation
 
-    dev = resolve_device(device)
+    _check_decoder(decoder)
+    if not isinstance(workload, LLMWorkload):
+        raise ValidationError(f"workload must be a dippm_nas.llm.LLMWorkload, got {type(workload).__name__}")
+    _check_count(tensor_parallel, "tensor_parallel", 1)
+    dev = resolve_device(_check_device_name(device))
     out: dict[str, Any] = {"device": dev.id, "batch_size": workload.batch_size, "generation": True,
                            "latency_ms": None, "latency_ms_std": None, "latency_source": None,
                            "ttft_ms": None, "decode_ms_per_token": None}
@@ -282,14 +309,21 @@ def measure_generation(decoder: DecoderConfig, workload: LLMWorkload | Mapping[s
     Raises:
         ValidationError: a bad argument, an engine that is not installed, tensor parallelism without vLLM.
     """
+    _check_decoder(decoder)
     wl = workload if isinstance(workload, LLMWorkload) else _workload_of(workload)
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-        raise ValidationError(f"warmup must be an int >= 0, got {warmup!r}")
+    if not isinstance(torch_device, str) or not (torch_device == "cpu" or torch_device == "cuda"
+                                                 or torch_device.startswith("cuda:")):
+        raise ValidationError(f"torch_device must be 'cpu', 'cuda' or 'cuda:N', got {torch_device!r:.80}")
+    _check_count(warmup, "warmup", 0)
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 2:
-        raise ValidationError(f"repeats must be an int >= 2 (a standard deviation needs two), got {repeats!r}")
+        raise ValidationError(f"repeats must be an int >= 2 (a standard deviation needs two), got {repeats!r:.80}")
+    _check_count(tensor_parallel, "tensor_parallel", 1)
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
+        raise ValidationError(f"seed must be an int in [0, 2**32), got {seed!r:.80}")
+    if engine is not None and engine not in GENERATION_ENGINES:
+        raise ValidationError(f"engine must be one of {list(GENERATION_ENGINES)} or None, got {engine!r:.80}")
     engine = engine or _default_engine(torch_device)
-    if engine not in GENERATION_ENGINES:
-        raise ValidationError(f"engine must be one of {list(GENERATION_ENGINES)} or None, got {engine!r}")
+    _check_room(decoder, torch_device, tensor_parallel)
     if engine == "transformers" and tensor_parallel != 1:
         raise ValidationError(f"tensor_parallel={tensor_parallel} needs engine 'vllm'; transformers' generate "
                               "measures one device")
@@ -308,6 +342,31 @@ def measure_generation(decoder: DecoderConfig, workload: LLMWorkload | Mapping[s
         batch_size=wl.batch_size, ttft_ms=statistics.median(first), ttft_ms_std=statistics.stdev(first),
         decode_ms_per_token=statistics.median(per_token), decode_ms_per_token_std=statistics.stdev(per_token),
         total_ms=statistics.median(whole), n_repeats=repeats, warmup=warmup)
+
+
+def _free_bytes(torch_device: str) -> int | None:
+    """Memory free for the weights on ``torch_device`` now (``None`` when it cannot be read)."""
+    if torch_device == "cpu":
+        try:
+            return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            return None
+    try:
+        import torch
+
+        return int(torch.cuda.mem_get_info(torch.device(torch_device))[0])
+    except Exception:  # noqa: BLE001 - no CUDA here: the engine reports it when it builds the model
+        return None
+
+
+def _check_room(decoder: DecoderConfig, torch_device: str, tensor_parallel: int) -> None:
+    """Refuse, before building anything, weights (float32 on a CPU) that exceed the free memory of the device."""
+    per_element = 4 if torch_device == "cpu" else decoder.weight_bytes_per_element
+    need = decoder.param_count * per_element / tensor_parallel
+    free = _free_bytes(torch_device)
+    if free is not None and need > free:
+        raise ValidationError(f"the weights of {decoder.name!r} ({need / 2**20:.0f} MiB on {torch_device}) exceed "
+                              f"its free memory ({free / 2**20:.0f} MiB)")
 
 
 class _TransformersTimer:
