@@ -117,6 +117,25 @@ def _record_of(user_attrs: dict[str, Any]) -> tuple[TrialRecord | None, str]:
         return None, str(e)
 
 
+def _generation_job(user_attrs: dict[str, Any], record: TrialRecord, device: str,
+                    local: bool) -> tuple[dict[str, Any] | None, str | None]:
+    """The job config of a generation trial, or ``None`` and why it cannot be measured on ``device`` (``local``:
+    measured on this machine, whose GPU count bounds the tensor parallelism)."""
+    g = record.generation
+    assert g is not None
+    decoder, why = decoder_of_trial(g.model, user_attrs)
+    if decoder is None:
+        return None, f"it is an LLM generation and {why}"
+    gpus = local_gpu_count() if local and resolve_device(device).kind != "cpu" else None
+    reason = generation_skip_reason(decoder, g.tensor_parallel, device, gpus)
+    if reason is not None:
+        return None, f"it is an LLM generation that cannot be measured on {device}: {reason}"
+    try:
+        return generation_job_config(decoder, g.workload, tensor_parallel=g.tensor_parallel), None
+    except DippmNasError as e:
+        return None, f"it is an LLM generation whose workload cannot be measured ({e})"
+
+
 @dataclass
 class RoundReport:
     """What one validation round did.
@@ -330,7 +349,7 @@ class ParetoValidator:
             if record is None:
                 reason = _no_record_reason(t.user_attrs, why)
             elif record.generation is not None:
-                reason = self._generation_job(t.user_attrs, record)[1]
+                reason = _generation_job(t.user_attrs, record, self.device, self.local)[1]
             else:
                 reason = record.not_rebuildable_reason
             if reason is not None:
@@ -381,27 +400,11 @@ class ParetoValidator:
         out["deployment"] = self.deployment.to_dict()
         return out
 
-    def _generation_job(self, user_attrs: dict[str, Any], record: TrialRecord) -> tuple[dict[str, Any] | None, str | None]:
-        """The job config of a generation trial, or ``None`` and why it cannot be measured on the device."""
-        g = record.generation
-        assert g is not None
-        decoder, why = decoder_of_trial(g.model, user_attrs)
-        if decoder is None:
-            return None, f"it is an LLM generation and {why}"
-        gpus = local_gpu_count() if self.local and resolve_device(self.device).kind != "cpu" else None
-        reason = generation_skip_reason(decoder, g.tensor_parallel, self.device, gpus)
-        if reason is not None:
-            return None, f"it is an LLM generation that cannot be measured on {self.device}: {reason}"
-        try:
-            return generation_job_config(decoder, g.workload, tensor_parallel=g.tensor_parallel), None
-        except DippmNasError as e:
-            return None, f"it is an LLM generation whose workload cannot be measured ({e})"
-
     def _enqueue_generation(self, queue: JobQueue, study: str, t: Any, record: TrialRecord,
                             report: RoundReport) -> bool:
         """Enqueue a generation trial with its prediction for the validation device; ``False`` when it is skipped
         (the reason recorded) or another process was first."""
-        config, why = self._generation_job(t.user_attrs, record)
+        config, why = _generation_job(t.user_attrs, record, self.device, self.local)
         try:
             if config is None:
                 raise ValidationError(why or "no job config")
