@@ -196,9 +196,8 @@ class TrialRecord:
         if self.generation is not None:
             g = self.generation
             return (f"it is an LLM generation (model {g.model!r}, workload {g.workload}, engine {g.engine!r}, "
-                    f"tensor parallel {g.tensor_parallel}): the validator measures forward passes of models of "
-                    "search_spaces and has no measurer of a generation, so its generation figures are read but "
-                    "not measured")
+                    f"tensor parallel {g.tensor_parallel}), not a forward pass of a model of search_spaces: "
+                    "ParetoValidator measures it as a generation job (dippm_nas.validation.measure_generation)")
         if not self.rebuildable:
             missing = [k for k in REBUILD_ATTRS if getattr(self, k) is None]
             return (f"it lacks the user attributes {missing} (evaluate models built with search_spaces.build_model, "

@@ -26,7 +26,7 @@ from dippm_nas.deployment import DEPLOYMENT_RUNTIMES, GRAPH_RUNTIMES, Deployment
 from dippm_nas.devices import resolve_device
 from dippm_nas.errors import DippmNasError, InvalidValueError, SearchSpaceError
 from dippm_nas.graph import OperatorGraph
-from dippm_nas.llm import GenerationPrediction, LLMWorkload, predict_generation
+from dippm_nas.llm import GenerationPrediction, LLMWorkload, decoder_config, predict_generation
 from dippm_nas.optuna._background import BackgroundWork, PendingEvaluation, PendingValue
 from dippm_nas.optuna._bookkeeping import TrialBookkeeping
 from dippm_nas.optuna._storage import is_sqlite_file, rdb_storage, storage_url_of, threads_share_storage
@@ -284,6 +284,10 @@ class HardwareCostModel:
             pred = predict_generation(model, workload, self.device, deployment=self.deployment, engine=self.engine,
                                       mig=True)
             values = self._book.record_generation(trial, pred, time.perf_counter() - t0, self.constraints_func)
+            try:  # the decoder's numbers, so a validator can rebuild it (random weights) and time its generation
+                trial.set_user_attr("decoder_config", decoder_config(model).to_dict())
+            except DippmNasError as e:  # the prediction stands; only the validator's rebuild is lost
+                logger.warning("trial %s: no decoder_config user attribute (%s)", getattr(trial, "number", "?"), e)
         except Exception as e:  # noqa: BLE001 - any error fails this trial per on_error, never the study
             values = self._book.unevaluated(trial, e, self.constraints_func)
         finally:

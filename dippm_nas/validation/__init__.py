@@ -5,7 +5,8 @@
 machine that has the device (:class:`ValidationWorker`). Results land in a SQL results table
 (:class:`ValidationRecord`) and a :class:`ValidationSummary` in the study's user attributes;
 :class:`Calibration` corrects the measured device's latency predictions, and :func:`check_calibration` measures
-how much it helped on jobs it was not fitted on.
+how much it helped on jobs it was not fitted on. An LLM-generation trial is measured too: time to first token and
+decode ms per token (:func:`measure_generation`; vLLM where importable on CUDA, else transformers' ``generate``).
 """
 
 from dippm_nas.errors import ValidationError
@@ -18,6 +19,16 @@ from dippm_nas.validation._calibrate import (
     calibrate_predictor,
     check_calibration,
     fit_calibration,
+)
+from dippm_nas.validation._generation import (
+    GENERATION_ENGINES,
+    GENERATION_JOB_VERSION,
+    GENERATION_SPACE,
+    GenerationMeasurement,
+    generation_job_config,
+    generation_skip_reason,
+    measure_generation,
+    predicted_generation,
 )
 from dippm_nas.validation._queue import (
     DEFAULT_LEASE_S,
@@ -47,5 +58,7 @@ __all__ = [
     "ValidationSummary", "summarize",
     "Calibration", "CalibratedPredictor", "fit_calibration", "apply_calibration", "CalibrationCheck",
     "check_calibration", "calibrate_predictor", "CALIBRATION_METHODS",
+    "GENERATION_SPACE", "GENERATION_JOB_VERSION", "GENERATION_ENGINES", "GenerationMeasurement", "measure_generation",
+    "generation_job_config", "generation_skip_reason", "predicted_generation",
     "ValidationError",
 ]

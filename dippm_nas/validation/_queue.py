@@ -53,6 +53,7 @@ from dippm_nas.devices import resolve_device
 from dippm_nas.errors import ValidationError
 from dippm_nas.measure import Measurement
 from dippm_nas.spec import InputSpec
+from dippm_nas.validation._generation import GENERATION_SPACE, read_generation_job
 from dippm_nas.validation._tables import JOB_STATUSES, jobs, metadata, results
 import search_spaces
 
@@ -307,7 +308,8 @@ class JobQueue(SqlStore):
 
         The row is checked first: ``space`` must be registered and ``config`` valid in it (the stored
         config is the space's complete, normalised one), ``spec`` must rebuild an
-        :class:`~dippm_nas.InputSpec`, ``device`` must be a catalogue id, and everything must be plain
+        :class:`~dippm_nas.InputSpec` (for ``space`` :data:`~dippm_nas.validation.GENERATION_SPACE`, an LLM
+        generation: ``config`` must be a generation job config, ``spec`` any JSON mapping), ``device`` must be a catalogue id, and everything must be plain
         JSON data.
 
         Returns:
@@ -328,11 +330,16 @@ class JobQueue(SqlStore):
         if isinstance(priority, bool) or not isinstance(priority, (int, float)) or math.isnan(priority):
             raise ValidationError(f"priority must be a number, got {priority!r}")
         config_json = _dumps(dict(config) if isinstance(config, Mapping) else config, "config")
-        cfg = search_spaces.get_space(space).validate(json.loads(config_json))
         if not isinstance(spec, Mapping):
             raise ValidationError(f"spec must be a mapping (InputSpec.to_dict()), got {type(spec).__name__}")
-        # the spec as InputSpec reads it: NumPy scalars become the numbers they hold, a bad spec is refused here
-        spec_json = _dumps(InputSpec.from_dict(dict(spec)).to_dict(), "spec")
+        if space == GENERATION_SPACE:  # an LLM generation: its config is a generation job config, no input spec
+            cfg = json.loads(config_json)
+            read_generation_job(cfg)
+            spec_json = _dumps(dict(spec), "spec")
+        else:
+            cfg = search_spaces.get_space(space).validate(json.loads(config_json))
+            # the spec as InputSpec reads it: NumPy scalars become the numbers they hold, a bad spec is refused here
+            spec_json = _dumps(InputSpec.from_dict(dict(spec)).to_dict(), "spec")
         dev = resolve_device(device).id
         predicted_json = _dumps(dict(predicted), "predicted")
         values = {

@@ -10,9 +10,10 @@ enqueue the same Pareto trial at once make one job):
 id                   integer primary key
 study                Optuna study name
 trial_number         the trial's number in the study
-space                registered search-space name (``search_spaces.list_spaces()``)
-config_json          the model's JSON config in that space
-spec_json            :meth:`InputSpec.to_dict` of the input to measure with
+space                registered search-space name (``search_spaces.list_spaces()``), or ``"llm-generation"``
+                     (an LLM generation: :data:`~dippm_nas.validation.GENERATION_SPACE`)
+config_json          the model's JSON config in that space (a generation: its versioned job config)
+spec_json            :meth:`InputSpec.to_dict` of the input to measure with (a generation: ``{}``)
 device               catalogue id of the device to measure on, e.g. ``"host-cpu"``, ``"a100-sxm4-40gb"``
 priority             claim order, highest first (the prediction's relative uncertainty)
 predicted_json       the prediction for ``device`` the measurement is compared with (JSON)

@@ -26,6 +26,11 @@ Every ``every_n_trials`` finished trials or ``every_seconds`` seconds (whichever
    elsewhere), stored in the queue's database per (device, deployment, search space); each round's predictions
    are made with the newest version stored (:mod:`dippm_nas.validation._adapt`).
 
+An LLM-generation trial (its record has a ``generation`` section) is enqueued as a job of
+:data:`~dippm_nas.validation.GENERATION_SPACE` when the validation device can hold it, with the prediction for that
+device (:func:`~dippm_nas.validation.predicted_generation`); the worker times its first token and decode per token
+(:mod:`dippm_nas.validation._generation`). Its jobs are left out of the latency calibration and adaptation.
+
 Several processes optimising one study may each run a validator: the queue's unique
 ``(study, trial, device)`` row and its leases make every trial measured once.
 """
@@ -51,9 +56,12 @@ from dippm_nas.spec import COMPUTE_DTYPES, InputSpec
 from dippm_nas.trial import REBUILD_ATTRS, TrialRecord
 from dippm_nas.validation._adapt import adapt_storage_of, adaptable_predictor
 from dippm_nas.validation._calibrate import Calibration, apply_calibration, calibrate_predictor, fit_calibration
+from dippm_nas.validation._generation import (GENERATION_SPACE, decoder_of_trial, generation_job_config,
+                                              generation_skip_reason, predicted_generation, read_generation_job)
 from dippm_nas.validation._queue import DEFAULT_LEASE_S, DEFAULT_MAX_ATTEMPTS, JobQueue, ValidationRecord
 from dippm_nas.validation._summary import ValidationSummary, summarize
-from dippm_nas.validation._worker import MeasureFn, ValidationWorker, check_rounds, device_is_here
+from dippm_nas.validation._worker import (MeasureFn, ValidationWorker, check_rounds, device_is_here,
+                                          local_gpu_count)
 import search_spaces
 
 __all__ = ["ParetoValidator", "RoundReport", "MODES", "SUMMARY_ATTR", "UNKNOWN_UNCERTAINTY", "uncertainty_of"]
@@ -109,6 +117,25 @@ def _record_of(user_attrs: dict[str, Any]) -> tuple[TrialRecord | None, str]:
         return None, str(e)
 
 
+def _generation_job(user_attrs: dict[str, Any], record: TrialRecord, device: str,
+                    local: bool) -> tuple[dict[str, Any] | None, str | None]:
+    """The job config of a generation trial, or ``None`` and why it cannot be measured on ``device`` (``local``:
+    measured on this machine, whose GPU count bounds the tensor parallelism)."""
+    g = record.generation
+    assert g is not None
+    decoder, why = decoder_of_trial(g.model, user_attrs)
+    if decoder is None:
+        return None, f"it is an LLM generation and {why}"
+    gpus = local_gpu_count() if local and resolve_device(device).kind != "cpu" else None
+    reason = generation_skip_reason(decoder, g.tensor_parallel, device, gpus)
+    if reason is not None:
+        return None, f"it is an LLM generation that cannot be measured on {device}: {reason}"
+    try:
+        return generation_job_config(decoder, g.workload, tensor_parallel=g.tensor_parallel), None
+    except DippmNasError as e:
+        return None, f"it is an LLM generation whose workload cannot be measured ({e})"
+
+
 @dataclass
 class RoundReport:
     """What one validation round did.
@@ -118,8 +145,9 @@ class RoundReport:
         skipped: trial numbers of the front that cannot be validated (see ``skip_reasons``).
         skip_reasons: ``{trial number: why it cannot be validated}``: no prediction in its attributes (or attributes
             that cannot be read), no
-            search-space attributes, an LLM generation (read, but the validator measures forward passes only), or
-            a prediction for the validation device that failed.
+            search-space attributes, an LLM generation that cannot be measured on the device (its decoder cannot be
+            rebuilt, its weights exceed the device's memory, tensor parallelism beyond the GPUs here), or a
+            prediction for the validation device that failed.
         measured: jobs measured here this round (local mode).
         seconds: wall time of the round, seconds.
         adaptation_version, adaptation_rows: the validation device's newest stored adaptation after the round
@@ -318,7 +346,12 @@ class ParetoValidator:
             if t.number in known:
                 continue
             record, why = _record_of(t.user_attrs)
-            reason = (_no_record_reason(t.user_attrs, why) if record is None else record.not_rebuildable_reason)
+            if record is None:
+                reason = _no_record_reason(t.user_attrs, why)
+            elif record.generation is not None:
+                reason = _generation_job(t.user_attrs, record, self.device, self.local)[1]
+            else:
+                reason = record.not_rebuildable_reason
             if reason is not None:
                 skipped.append(t.number)
                 self.skip_reasons[t.number] = reason
@@ -367,6 +400,24 @@ class ParetoValidator:
         out["deployment"] = self.deployment.to_dict()
         return out
 
+    def _enqueue_generation(self, queue: JobQueue, study: str, t: Any, record: TrialRecord,
+                            report: RoundReport) -> bool:
+        """Enqueue a generation trial with its prediction for the validation device; ``False`` when it is skipped
+        (the reason recorded) or another process was first."""
+        config, why = _generation_job(t.user_attrs, record, self.device, self.local)
+        try:
+            if config is None:
+                raise ValidationError(why or "no job config")
+            decoder, wl, tp = read_generation_job(config)
+            predicted = predicted_generation(decoder, wl, tp, self.device)
+            job_id = queue.enqueue(study=study, trial_number=t.number, space=GENERATION_SPACE, config=config,
+                                   spec={}, device=self.device, predicted=predicted, priority=uncertainty_of(record))
+        except DippmNasError as e:
+            report.skipped.append(t.number)
+            self.skip_reasons[t.number] = str(e) if config is None else f"its generation job failed ({e})"
+            return False
+        return job_id is not None
+
     def run_round(self, study: Any) -> RoundReport:
         """One validation round now, whatever the schedule (see the module docstring)."""
         t0 = time.perf_counter()
@@ -378,6 +429,10 @@ class ParetoValidator:
             chosen, report.skipped = self.select(study)
             for t in chosen:
                 record = TrialRecord.from_attrs(t.user_attrs)
+                if record.generation is not None:
+                    if self._enqueue_generation(queue, study.study_name, t, record, report):
+                        report.enqueued.append(t.number)
+                    continue
                 assert record.input_spec is not None and record.search_space is not None
                 spec = record.input_spec.to_dict()
                 if self.batch_size is not None:
@@ -403,9 +458,10 @@ class ParetoValidator:
                     report.enqueued.append(t.number)
             if self.local:
                 report.measured = self._local_worker(queue).run(study=study.study_name, idle_timeout_s=0, poll_s=0)
-            if chosen:
-                first = TrialRecord.from_attrs(chosen[0].user_attrs).search_space
-                ad = getattr(self._use_adaptation(queue, first or ""), "adaptation", None)
+            spaces = [TrialRecord.from_attrs(t.user_attrs).search_space for t in chosen]
+            spaces = [sp for sp in spaces if sp is not None]  # generation trials have none
+            if spaces:
+                ad = getattr(self._use_adaptation(queue, spaces[0]), "adaptation", None)
                 if ad is not None:
                     report.adaptation_version, report.adaptation_rows = ad.version, ad.rows
             self._update_summary(study, queue)
@@ -473,7 +529,7 @@ class ParetoValidator:
             ValidationError: fewer than ``min_calibration_rows`` ``"ok"`` measurements.
         """
         queue = self.queue_for(study)
-        jobs = queue.jobs(device=self.device, status="done")
+        jobs = [j for j in queue.jobs(device=self.device, status="done") if j.space != GENERATION_SPACE]
         cal = fit_calibration(jobs, self.device, min_rows=self.min_calibration_rows)
         own = None if self.adapt else calibrate_predictor(jobs, self.device, apply=apply, deployment=self.deployment)
         tf = None if own is None else own.timeline_factors

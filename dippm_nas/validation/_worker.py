@@ -20,6 +20,11 @@ Outcomes:
   error) -> every job it claimed and has not recorded is released (:meth:`JobQueue.release`: back to
   ``queued``, the attempt not counted); the outcome is ``"released"``.
 
+**LLM generations** (jobs of space :data:`~dippm_nas.validation.GENERATION_SPACE`): the worker rebuilds the decoder
+with random weights and times its time to first token and decode ms per token
+(:func:`~dippm_nas.validation.measure_generation`; vLLM where importable on CUDA, else transformers' ``generate``);
+the results row's latency is the time to first token, ``details`` holds the decode figures and their error.
+
 **Interleaved rounds** (``rounds > 0``, CPU devices): the worker claims up to ``rounds_batch`` jobs, measures
 each one by one as above (memory, energy, its own block of timed forwards), then times the ``ok`` ones again
 in ``rounds`` interleaved rounds (:func:`dippm_nas.measure.time_interleaved`) and records the rounds'
@@ -45,10 +50,12 @@ from dippm_nas.errors import DeviceError, DippmNasError, InputSpecError, Validat
 from dippm_nas.measure import MeasureSettings, measure, time_interleaved
 from dippm_nas.spec import InputSpec
 from dippm_nas.validation._adapt import adapt_storage_of, feed_adaptation
+from dippm_nas.validation._generation import (GENERATION_SPACE, measure_generation_job, predicted_for_engine,
+                                              read_generation_job)
 from dippm_nas.validation._queue import Job, JobQueue, worker_id
 import search_spaces
 
-__all__ = ["ValidationWorker", "device_is_here", "torch_device_for", "MeasureFn"]
+__all__ = ["ValidationWorker", "device_is_here", "torch_device_for", "MeasureFn", "local_gpu_count"]
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +72,11 @@ def _local_gpu_names() -> list[str]:
     if not torch.cuda.is_available():
         return []
     return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+
+
+def local_gpu_count() -> int:
+    """CUDA devices on this machine (0 without CUDA)."""
+    return len(_local_gpu_names())
 
 
 def _norm(name: str) -> str:
@@ -245,6 +257,8 @@ class ValidationWorker:
 
     def _measure(self, job: Job) -> Any:
         """The measurement of a job, or raise DippmNasError when the job cannot be run."""
+        if job.space == GENERATION_SPACE:
+            return self._measure_generation(job)
         try:
             spec = InputSpec.from_dict(job.spec)
         except InputSpecError as e:
@@ -257,6 +271,21 @@ class ValidationWorker:
         if self._measure_fn is not None:
             return self._measure_fn(model, spec, self.torch_device, settings)
         return measure(model, spec, self.torch_device, settings)
+
+    def _measure_generation(self, job: Job) -> Any:
+        """An LLM-generation job, timed in this process (never isolated, never by ``measure_fn``) with
+        :func:`~dippm_nas.validation.measure_generation`: at most 1 warm-up call and ``min_repeats`` timed repeats
+        clamped to 2..5 (a generation is many forwards)."""
+        _decoder, _wl, tp = read_generation_job(job.config)
+        if self.torch_device.startswith("cuda") and tp > 1:
+            import torch
+
+            if tp > torch.cuda.device_count():
+                raise ValidationError(f"job {job.id} is split over {tp} GPUs and this machine has "
+                                      f"{torch.cuda.device_count()}")
+        warmup = min(self.settings.warmup, 1)
+        repeats = max(2, min(self.settings.min_repeats, 5))
+        return measure_generation_job(job.config, self.torch_device, job.predicted, warmup=warmup, repeats=repeats)
 
     def _measure_or_fail(self, job: Job) -> Any:
         """The measurement of a claimed job; when it cannot be run, the job is failed here and its outcome
@@ -274,9 +303,12 @@ class ValidationWorker:
 
     def _complete(self, job: Job, measurement: Any) -> str:
         self.processed += 1
+        if job.space == GENERATION_SPACE:  # compare with the prediction for the engine that measured it
+            engine = measurement.environment.get("generation", {}).get("engine")
+            job = dataclasses.replace(job, predicted=predicted_for_engine(job.predicted, str(engine)))
         if not self.queue.complete(job, self.owner, measurement):
             return "lost"
-        if self.adapt:
+        if self.adapt and job.space != GENERATION_SPACE:
             try:
                 ad = feed_adaptation(job, measurement, adapt_storage_of(self.queue.url_with_credentials()))
             except DippmNasError as e:  # the measurement is recorded; adapting it is a bonus, never a failure
@@ -349,7 +381,7 @@ class ValidationWorker:
                     if stop is not None and stop.is_set():
                         break
                     m = self._measure_or_fail(job)
-                    if isinstance(m, str) or not self.rounds or not m.ok:
+                    if isinstance(m, str) or not self.rounds or not m.ok or job.space == GENERATION_SPACE:
                         outcomes[job.id] = m if isinstance(m, str) else self._complete(job, m)
                         beat.drop(job)
                     else:

@@ -180,7 +180,8 @@ CONSTANTS = _names("""
     trial.FIGURES trial.REBUILD_ATTRS units.BYTES_PER_KIB units.BYTES_PER_MIB units.MIB_PER_GIB units.MS_PER_S
     units.US_PER_MS units.US_PER_S validation.CALIBRATION_METHODS validation.DEFAULT_LEASE_S
     validation.DEFAULT_MAX_ATTEMPTS validation.JOBS_TABLE validation.JOB_STATUSES validation.MODES
-    validation.RESULTS_TABLE validation.SUMMARY_ATTR validation.UNKNOWN_UNCERTAINTY
+    validation.RESULTS_TABLE validation.SUMMARY_ATTR validation.UNKNOWN_UNCERTAINTY validation.GENERATION_SPACE
+    validation.GENERATION_JOB_VERSION validation.GENERATION_ENGINES
     conformal.CONFIDENCES conformal.CONFORMAL_FORMAT conformal.MIN_REGIME_ROWS conformal.WIDEST_REGIME
     llm.ADAPTED_CONSTANTS llm.INTERCONNECTS llm.SERVING_FIGURES optuna.SERVING_OBJECTIVES prior.PAGEABLE_FRESH_WEIGHT
     prior.PAGEABLE_STAGING_GBPS prior.PAGE_BYTES trial.GENERATION_ALIASES
@@ -210,7 +211,7 @@ RECORDS = _names("""
     prior.NodeActivity prior.NodeCosts prior.PriorEstimate prior.ResolvedSettings prior.StackedFacts
     validation.CalibrationCheck validation.Job validation.RoundReport validation.ValidationRecord
     validation.ValidationSummary conformal.ConformalMargin deployment.RunningTorch llm.EngineAdaptation
-    llm.ServingEstimate optuna.ServingSearchResult trial.GenerationRecord
+    llm.ServingEstimate optuna.ServingSearchResult trial.GenerationRecord validation.GenerationMeasurement
 """)
 #: Public names fuzzed from their signature (fuzz_generic): one parameter a user writes hostile at a time.
 GENERIC = _names("""
@@ -254,7 +255,8 @@ GENERIC = _names("""
     training.write_report validation.device_is_here validation.torch_device_for validation.uncertainty_of
     conformal.check_confidence conformal.conformal_path conformal.wider_regimes conformal.conformal_score
     conformal.fit_conformal llm.MeasuredServingRun llm.ServingConfig llm.ServingSLO llm.ServingTraffic
-    llm.TensorParallel llm.adapt_engine llm.shard_config mig.mig_fit_violations
+    llm.TensorParallel llm.adapt_engine llm.shard_config mig.mig_fit_violations validation.measure_generation
+    validation.generation_job_config validation.generation_skip_reason validation.predicted_generation
 """)
 #: Public callables that take no argument: each reads the environment (fuzzed as a ``reader:`` entry) or nothing.
 NO_ARGUMENT = {
