@@ -64,3 +64,13 @@ def space_items(space_name: str, seed: int, count: int) -> list[tuple[str, dict[
     space = ss.get_space(space_name)
     return [(space_name, c, space.input_spec(c, batch_size=CANDIDATE_BATCH_SIZE, dtype=CANDIDATE_DTYPE))
             for c in sampled_configs(space, seed, count)]
+
+
+def write_text(path: str | os.PathLike[str], text: str, flag: str = "--json") -> None:
+    """Write a benchmark's output file through :func:`dippm_nas.files.write_output` (never a FIFO, a device or
+    a half-written file); dippm-nas is imported here, when the file is written, so the timed imports of a
+    benchmark stay its own."""
+    from dippm_nas.errors import InvalidValueError
+    from dippm_nas.files import write_output
+
+    write_output(path, text, flag, error=InvalidValueError)

@@ -32,14 +32,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import tomllib
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dippm_nas._files import write_output
 from dippm_nas._json import canonical_json, check_keys, read_json_file
+from dippm_nas._toml import read_toml_file
 from dippm_nas.devices import FRAMEWORKS, HostProfile, load_host_profile, measure_host_profile, resolve_host_profile
 from dippm_nas.errors import DeploymentError, DippmNasError, ExecutionRuntimeError
 
@@ -61,6 +62,12 @@ AUTOCAST_DTYPES: tuple[str, ...] = ("float16", "bfloat16")
 INPUT_COPIES: tuple[str, ...] = ("none", "pageable", "pinned")
 _FORMAT = 1
 _BOOL_FIELDS = ("tf32_matmul", "tf32_conv", "cudnn_benchmark")
+#: The longest ``versions`` name or value, characters ("2.3.1+cu121" has 11).
+MAX_VERSION_CHARS = 128
+#: Digits of a version's major or minor number that are read as a number.
+_MAX_MAJOR_DIGITS = 6
+#: The largest deployment file read, bytes (one :meth:`Deployment.save` writes is under 1 KB).
+MAX_DEPLOYMENT_FILE_BYTES = 1 << 20
 
 
 def tf32_defaults(framework: str | None, torch_version: str | None = None) -> tuple[bool | None, bool | None]:
@@ -75,10 +82,9 @@ def tf32_defaults(framework: str | None, torch_version: str | None = None) -> tu
     """
     if torch_version:
         parts = str(torch_version).split("+")[0].split(".")
-        try:
+        major = minor = -1
+        if all(p.isascii() and p.isdigit() and len(p) <= _MAX_MAJOR_DIGITS for p in parts[:2]):
             major, minor = int(parts[0]), int(parts[1]) if len(parts) > 1 else 0
-        except ValueError:
-            major = minor = -1
         if major >= 0:
             if (major, minor) < (1, 7):
                 return False, False
@@ -94,7 +100,9 @@ def tf32_defaults(framework: str | None, torch_version: str | None = None) -> tu
 
 def _framework_of(version: str) -> str | None:
     head = str(version).strip().split(".")[0]
-    return ("torch-1" if int(head) < 2 else "torch-2") if head.isdigit() else None
+    if not (head.isascii() and head.isdigit()) or len(head) > _MAX_MAJOR_DIGITS:  # "²".isdigit() is true
+        return None
+    return "torch-1" if int(head) < 2 else "torch-2"
 
 
 @dataclass(frozen=True)
@@ -165,6 +173,16 @@ class Deployment:
     cudnn_benchmark: bool | None = None
     versions: Mapping[str, str] | None = None
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> "Deployment":
+        fields = list(cls.__dataclass_fields__)
+        unknown = {k: v for k, v in kwargs.items() if k not in cls.__dataclass_fields__}
+        if unknown:
+            got = ", ".join(f"{k}={v!r}"[:80] for k, v in sorted(unknown.items(), key=lambda kv: str(kv[0])))
+            raise DeploymentError(f"Deployment has no field {got}; fields: {fields}")
+        if len(args) > len(fields):
+            raise DeploymentError(f"Deployment takes at most {len(fields)} positional fields {fields}, got {len(args)}")
+        return super().__new__(cls)
+
     def __post_init__(self) -> None:
         if not isinstance(self.runtime, str) or self.runtime not in DEPLOYMENT_RUNTIMES:
             raise DeploymentError(f"Deployment.runtime must be one of {DEPLOYMENT_RUNTIMES}, got {self.runtime!r}")
@@ -195,16 +213,9 @@ class Deployment:
             raise DeploymentError(f"Deployment.input_copy must be None or one of {INPUT_COPIES}, "
                                   f"got {self.input_copy!r}")
         if self.versions is not None:
-            if not isinstance(self.versions, Mapping):
-                raise DeploymentError(f"Deployment.versions must be a mapping of names to version strings or None, "
-                                      f"got {type(self.versions).__name__}")
-            bad = {k: v for k, v in self.versions.items() if not isinstance(k, str) or not isinstance(v, str)}
-            if bad:
-                raise DeploymentError(f"Deployment.versions must map names to version strings, got {bad!r}")
-            torch_v = self.versions.get("torch")
-            if torch_v is not None and _framework_of(torch_v) is None:
-                raise DeploymentError(f"Deployment.versions['torch'] must look like '2.3.1', got {torch_v!r}")
-            object.__setattr__(self, "versions", types.MappingProxyType(dict(sorted(self.versions.items()))))
+            object.__setattr__(self, "versions", types.MappingProxyType(_checked_versions(self.versions)))
+        if isinstance(self.host, HostProfile):
+            _check_text(self.host.to_dict(), "Deployment.host")
 
     def __hash__(self) -> int:
         return hash(self.key)
@@ -362,31 +373,42 @@ class Deployment:
             raise DeploymentError(f"{origin}: {e}") from e
 
     def save(self, path: str | Path) -> Path:
-        """Write the deployment to ``path``: TOML when it ends in ``.toml``, JSON otherwise.
+        """Write the deployment to ``path``: TOML when it ends in ``.toml``, JSON otherwise; :meth:`load` reads
+        back an equal deployment. The file is written to a temporary file renamed into place
+        (:func:`dippm_nas._files.write_output`).
 
         Returns:
             The path written.
+
+        Raises:
+            DeploymentError: ``path`` is a directory, a FIFO, a device (``/dev/full``), a dangling symbolic link
+                or in a missing directory, or the write fails (a full disk); the old file is left as it was.
         """
+        if not isinstance(path, (str, Path)) or not str(path).strip():
+            raise DeploymentError(f"Deployment.save: path must be a non-empty str or Path, got {path!r}")
         p = Path(path)
         text = _to_toml(self.to_dict()) if p.suffix.lower() == ".toml" else json.dumps(self.to_dict(), indent=1) + "\n"
-        p.write_text(text, encoding="utf-8")
+        write_output(p, text, "deployment file", error=DeploymentError)
         return p
 
     @classmethod
     def load(cls, path: str | Path) -> "Deployment":
         """Read a deployment file written by :meth:`save` or ``dippm-nas deployment --out`` (JSON or TOML).
 
+        Both formats are read as :func:`dippm_nas._json.read_json_file` reads JSON: a regular file (a FIFO or
+        a device is refused, never waited on) of at most :data:`MAX_DEPLOYMENT_FILE_BYTES`, nested at most
+        :data:`~dippm_nas._json.MAX_JSON_DEPTH` levels.
+
         Raises:
-            DeploymentError: an unreadable file, bad syntax, unknown keys or a field breaking its rule.
+            DeploymentError: an unreadable file, not a regular file, too large or too deeply nested, bad syntax,
+                unknown keys or a field breaking its rule.
         """
         p = Path(path)
+        what = f"cannot read deployment {str(p)!r}"
         if p.suffix.lower() == ".toml":
-            try:
-                data: Any = tomllib.loads(p.read_text(encoding="utf-8"))
-            except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
-                raise DeploymentError(f"cannot read deployment {str(p)!r}: {e}") from e
+            data: Any = read_toml_file(p, what, DeploymentError, max_bytes=MAX_DEPLOYMENT_FILE_BYTES)
         else:
-            data = read_json_file(p, f"cannot read deployment {str(p)!r}", DeploymentError)
+            data = read_json_file(p, what, DeploymentError, max_bytes=MAX_DEPLOYMENT_FILE_BYTES)
         return cls.from_dict(data, origin=str(p))
 
     # -- this machine -----------------------------------------------------------------------------------------
@@ -418,20 +440,81 @@ class Deployment:
         )
 
 
+def _unwritable_char(text: str) -> str | None:
+    """The first character of ``text`` that a UTF-8 file cannot hold (a lone surrogate), else ``None``."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return text[e.start]
+    return None
+
+
+def _check_text(d: Mapping[str, Any], where: str) -> None:
+    """Every string of a (one-level) dict is text a UTF-8 file can hold."""
+    for k, v in d.items():
+        if isinstance(v, str) and _unwritable_char(v) is not None:
+            raise DeploymentError(f"{where}.{k} must be text a UTF-8 file can hold, got {v!r} (a lone surrogate "
+                                  f"{_unwritable_char(v)!r})")
+
+
+def _checked_versions(versions: Any) -> dict[str, str]:
+    """``versions`` sorted by name, each name and value a string of 1..MAX_VERSION_CHARS characters that a
+    UTF-8 file can hold; ``versions["torch"]`` starting with a major number."""
+    if not isinstance(versions, Mapping):
+        raise DeploymentError(f"Deployment.versions must be a mapping of names to version strings or None, "
+                              f"got {type(versions).__name__}")
+    bad = {k: v for k, v in versions.items() if not isinstance(k, str) or not isinstance(v, str)}
+    if bad:
+        raise DeploymentError(f"Deployment.versions must map names to version strings, got {bad!r}")
+    for k, v in versions.items():
+        for what, text in (("name", k), ("value", v)):
+            if not 1 <= len(text) <= MAX_VERSION_CHARS or _unwritable_char(text) is not None:
+                shown = text if len(text) <= 40 else f"{text[:40]}... ({len(text):,} characters)"
+                raise DeploymentError(f"Deployment.versions: each {what} must be 1 to {MAX_VERSION_CHARS} characters "
+                                      f"of text a UTF-8 file can hold (no lone surrogates), got {shown!r}")
+    torch_v = versions.get("torch")
+    if torch_v is not None and _framework_of(torch_v) is None:
+        shown = torch_v if len(torch_v) <= 40 else f"{torch_v[:40]}..."
+        raise DeploymentError(f"Deployment.versions['torch'] must look like '2.3.1' (an ASCII major number of at "
+                              f"most {_MAX_MAJOR_DIGITS} digits first), got {shown!r}")
+    return dict(sorted(versions.items()))
+
+
+#: TOML basic-string escapes of the characters that must be escaped (TOML 1.0, "String").
+_TOML_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
+
+
+def _toml_string(text: str) -> str:
+    """A TOML basic string holding ``text``: quote, backslash and control characters (U+0000-U+001F, U+007F)
+    escaped, everything else as it is."""
+    out = []
+    for ch in text:
+        if ch in _TOML_ESCAPES:
+            out.append(_TOML_ESCAPES[ch])
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\u{ord(ch):04X}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
 def _toml_value(v: Any) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    return json.dumps(str(v))  # a TOML basic string is a JSON string for the characters written here
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        return repr(v)  # finite (checked): "1e+16", "0.1"... are TOML floats
+    return _toml_string(str(v))
 
 
 def _to_toml(d: Mapping[str, Any]) -> str:
-    """TOML of a deployment's dict: scalars first, then the ``host`` and ``versions`` tables; ``None`` left out
-    (TOML has no null; a missing key is ``None`` on reading)."""
+    """TOML of a deployment's dict: scalars first, then the ``host`` and ``versions`` tables, every key a quoted
+    string (a version name may hold any character); ``None`` left out (TOML has no null; a missing key is
+    ``None`` on reading)."""
     lines = [f"{k} = {_toml_value(v)}" for k, v in d.items() if v is not None and not isinstance(v, Mapping)]
     for name, table in d.items():
         if isinstance(table, Mapping):
             lines += ["", f"[{name}]"]
-            lines += [f"{k} = {_toml_value(v)}" for k, v in table.items() if v is not None]
+            lines += [f"{_toml_string(k)} = {_toml_value(v)}" for k, v in table.items() if v is not None]
     return "\n".join(lines) + "\n"

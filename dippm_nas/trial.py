@@ -26,7 +26,7 @@ from typing import Any
 
 from dippm_nas._deprecation import warn_renamed
 from dippm_nas.budgets import ChanceCheck
-from dippm_nas.errors import InvalidValueError
+from dippm_nas.errors import DippmNasError, InvalidValueError
 from dippm_nas.prediction import Prediction
 from dippm_nas.spec import InputSpec
 
@@ -209,59 +209,142 @@ class TrialRecord:
         ``HardwareCostModel`` or of ``HardwareAwareTuner``; the names of :data:`ATTR_ALIASES` with a
         ``DeprecationWarning``).
 
+        Every attribute is checked for its type (:class:`_Attrs`): a figure that is a string or a list, a
+        source that is a number, ``unknown_ops`` that is not a mapping of counts, or ``attrs`` that is not a
+        mapping is an error naming the attribute, the value and what is expected.
+
         Raises:
-            InvalidValueError: the attributes hold no predicted latency and memory (the trial was never
-                predicted, or its prediction failed: its ``cost_model_error`` / ``dippm_error`` says why).
+            InvalidValueError: ``attrs`` is not a mapping, an attribute has the wrong type, or the attributes
+                hold no predicted latency and memory (the trial was never predicted, or its prediction failed:
+                its ``cost_model_error`` / ``dippm_error`` says why).
         """
+        if not isinstance(attrs, Mapping):
+            raise InvalidValueError(f"trial attributes must be a mapping (a trial's user_attrs), got "
+                                    f"{type(attrs).__name__} {_shown(attrs)}")
+        a = _Attrs(attrs)
         legacy = attrs.get("dippm_predicted") if "predicted_latency_ms" not in attrs else None
         if isinstance(legacy, Mapping):
             _warn_alias("dippm_predicted")
         else:
             legacy = {}
 
-        def figure(name: str, suffix: str = "") -> Any:
+        def figure(name: str, suffix: str = "") -> float | None:
             key = f"predicted_{name}{suffix}"
-            return attrs[key] if key in attrs else legacy.get(name + suffix)
+            return a.number(key) if key in attrs else a.number(f"dippm_predicted.{name}{suffix}",
+                                                                legacy.get(name + suffix))
 
-        if figure("latency_ms") is None or figure("memory_mib") is None:
+        latency, memory = figure("latency_ms"), figure("memory_mib")
+        if latency is None or memory is None:
             raise InvalidValueError(
                 f"these trial attributes hold no prediction (no predicted_latency_ms and predicted_memory_mib); "
-                f"attributes: {sorted(attrs)}; the trial's cost_model_error or dippm_error says why")
+                f"attributes: {sorted(map(str, attrs))[:40]}; the trial's cost_model_error or dippm_error says why")
         config = attrs.get("search_space_config")
         if config is None and "config" in attrs and attrs.get("search_space") is not None:
             _warn_alias("config")
             config = attrs["config"]
-        spec = attrs.get("input_spec")
-        deployment = attrs.get("deployment")
-        checks = {k[len("constraint_"):] for k in attrs if k.startswith("constraint_")}
-        checks |= {k[len("margin_"):] for k in attrs if k.startswith("margin_")}
-        constraints = {n: float(attrs[f"constraint_{n}"]) if f"constraint_{n}" in attrs
-                       else -float(attrs[f"margin_{n}"]) for n in sorted(checks)}
+        if config is not None and not isinstance(config, Mapping):
+            raise InvalidValueError(f"trial attribute search_space_config must be a JSON object, got "
+                                    f"{type(config).__name__} {_shown(config)}")
+        checks = {str(k)[len("constraint_"):] for k in attrs if str(k).startswith("constraint_")}
+        checks |= {str(k)[len("margin_"):] for k in attrs if str(k).startswith("margin_")}
+        constraints = {n: a.number(f"constraint_{n}") if f"constraint_{n}" in attrs
+                       else -a.number(f"margin_{n}", required=True) for n in sorted(checks)}  # type: ignore[operator]
         mig = attrs["mig_smallest_fit"] if "mig_smallest_fit" in attrs else legacy.get("mig")
+        mig = a.text("mig_smallest_fit", mig)
+        deployment = attrs.get("deployment")
         return cls(
-            device=attrs.get("predicted_device"),
-            latency_ms=float(figure("latency_ms")), energy_j=figure("energy_j"), memory_mib=float(figure("memory_mib")),
+            device=a.text("predicted_device"), latency_ms=latency, energy_j=figure("energy_j"), memory_mib=memory,
             latency_ms_std=figure("latency_ms", "_std"), energy_j_std=figure("energy_j", "_std"),
             memory_mib_std=figure("memory_mib", "_std"),
-            latency_source=attrs.get("latency_source", legacy.get("source")), energy_source=attrs.get("energy_source"),
-            memory_source=attrs.get("memory_source"), host_ms=attrs.get("predicted_host_ms"),
-            gpu_ms=attrs.get("predicted_gpu_ms"),
+            latency_source=a.text("latency_source", attrs.get("latency_source", legacy.get("source"))),
+            energy_source=a.text("energy_source"), memory_source=a.text("memory_source"),
+            host_ms=a.number("predicted_host_ms"), gpu_ms=a.number("predicted_gpu_ms"),
             mig_smallest_fit=mig if mig not in ("none", "unsupported", "not-asked") else None,
             deployment=dict(deployment) if isinstance(deployment, Mapping) else {},
-            constraints=constraints,
-            limits={n: float(attrs[f"budget_{n}"]) for n in constraints if attrs.get(f"budget_{n}") is not None},
-            k_sigmas={n: float(attrs[f"k_sigma_{n}"]) for n in constraints if attrs.get(f"k_sigma_{n}") is not None},
+            constraints=constraints,  # type: ignore[arg-type]
+            limits={n: v for n in constraints if (v := a.number(f"budget_{n}")) is not None},
+            k_sigmas={n: v for n in constraints if (v := a.number(f"k_sigma_{n}")) is not None},
             std_missing={n: bool(attrs.get(f"std_missing_{n}", False)) for n in constraints},
-            input_spec=InputSpec.from_dict(spec) if isinstance(spec, Mapping) else None,
-            search_space=attrs.get("search_space"),
+            input_spec=a.input_spec(), search_space=a.text("search_space"),
             search_space_config=dict(config) if isinstance(config, Mapping) else None,
-            cost_model_s=attrs.get("cost_model_s"), unknown_ops=dict(attrs.get("unknown_ops") or {}),
-            adaptation_version=attrs.get("adaptation_version"), adaptation_rows=attrs.get("adaptation_rows"),
+            cost_model_s=a.number("cost_model_s"), unknown_ops=a.counts("unknown_ops"),
+            adaptation_version=a.count("adaptation_version"), adaptation_rows=a.count("adaptation_rows"),
         )
 
     def relative_std(self) -> float | None:
         """The largest ``std / value`` of the figures that have both (``None`` when none has): how uncertain the
         prediction is."""
         rels = [float(s) / float(v) for v, s, _ in map(self.figure, FIGURES)
-                if v is not None and s is not None and v > 0 and math.isfinite(s)]
+                if _real(v) and _real(s) and v > 0 and math.isfinite(s) and math.isfinite(v)]
         return max(rels) if rels else None
+
+
+def _real(v: Any) -> bool:
+    """``v`` is an int or a float (not a bool, a string or a list)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _shown(v: Any) -> str:
+    """``repr(v)``, cut to 80 characters."""
+    text = repr(v)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+class _Attrs:
+    """Typed reads of a trial's user attributes: each names the attribute, the value and the type expected
+    when the value has another type (attributes come from a storage anyone can write to)."""
+
+    _MISSING = object()
+
+    def __init__(self, attrs: Mapping[str, Any]) -> None:
+        self.attrs = attrs
+
+    def _get(self, key: str, value: Any) -> Any:
+        return self.attrs.get(key) if value is self._MISSING else value
+
+    def number(self, key: str, value: Any = _MISSING, *, required: bool = False) -> float | None:
+        v = self._get(key, value)
+        if v is None and not required:
+            return None
+        if not _real(v):
+            raise InvalidValueError(f"trial attribute {key} must be a number, got {type(v).__name__} {_shown(v)}")
+        try:
+            return float(v)
+        except OverflowError:
+            raise InvalidValueError(f"trial attribute {key} must be a number of float range, got an int of "
+                                    f"{v.bit_length()} bits") from None
+
+    def text(self, key: str, value: Any = _MISSING) -> str | None:
+        v = self._get(key, value)
+        if v is not None and not isinstance(v, str):
+            raise InvalidValueError(f"trial attribute {key} must be a string or null, got {type(v).__name__} "
+                                    f"{_shown(v)}")
+        return v
+
+    def count(self, key: str) -> int | None:
+        v = self.attrs.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+            raise InvalidValueError(f"trial attribute {key} must be an int or null, got {type(v).__name__} {_shown(v)}")
+        return v
+
+    def counts(self, key: str) -> dict[str, int]:
+        v = self.attrs.get(key) or {}
+        if not isinstance(v, Mapping) or not all(isinstance(k, str) and isinstance(n, int) and not isinstance(n, bool)
+                                                 for k, n in v.items()):
+            raise InvalidValueError(f"trial attribute {key} must map operator names to counts, got "
+                                    f"{type(v).__name__} {_shown(v)}")
+        return dict(v)
+
+    def input_spec(self) -> InputSpec | None:
+        spec = self.attrs.get("input_spec")
+        if spec is None:
+            return None
+        if not isinstance(spec, Mapping):
+            raise InvalidValueError(f"trial attribute input_spec must be an InputSpec dict, got {type(spec).__name__} "
+                                    f"{_shown(spec)}")
+        try:
+            return InputSpec.from_dict(spec)
+        except DippmNasError as e:
+            raise InvalidValueError(f"trial attribute input_spec: {e}") from e
+        except (TypeError, ValueError, KeyError, OverflowError) as e:
+            raise InvalidValueError(f"trial attribute input_spec is malformed ({type(e).__name__}: {e})") from e

@@ -44,7 +44,8 @@ LAYERS: dict[str, int] = {
     # foundation: no stage of the flow
     "errors": 0, "_version": 0, "_logging": 0, "_optional": 0, "_paths": 0, "_platform": 0, "_sql": 0, "_redact": 0,
     "_compress": 0, "_lazy": 0, "_gc": 0, "_unique": 0,
-    "_json": 0, "_numbers": 0, "_files": 0, "_schema": 0, "_lock": 0, "_deprecation": 0, "units": 0, "spec": 0,
+    "_json": 0, "_numbers": 0, "_files": 0, "_toml": 0, "files": 0, "_schema": 0, "_lock": 0, "_deprecation": 0,
+    "units": 0, "spec": 0,
     # what a graph is, where it runs, what a prediction is and the budgets it is checked against
     "graph": 1, "devices": 1, "prediction": 1, "budgets": 2,
     # how inference runs (devices: the host profile)

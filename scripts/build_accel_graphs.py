@@ -68,6 +68,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     import dippm_nas as dn
     import search_spaces as ss
     from dippm_nas.capture import assemble_many, capture_many
+    from dippm_nas.errors import InvalidValueError
+    from dippm_nas.files import output_path
 
     csv_path = args.data / CSV_NAME
     if not csv_path.is_file():
@@ -86,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     assembled: dict[str, Any] = {}
     n_rows = 0
-    with args.out.open("w") as f:
+    with output_path(args.out, "--out", error=InvalidValueError, inputs=[csv_path]) as tmp, tmp.open("w") as f:
         f.write(json.dumps({"type": "header", "format": "dippm-nas-dataset-jsonl", "schema_version": 1,
                             "meta": {"created_by": "scripts/build_accel_graphs.py", "source_csv": CSV_NAME}}) + "\n")
         for i, (r, c, res) in enumerate(zip(rows, cfgs, results)):

@@ -315,9 +315,10 @@ def test_an_unwritable_out_fails_before_the_benchmark(tmp_path: Path, capsys: py
         raise AssertionError("the benchmark ran before --out was checked")
 
     monkeypatch.setattr(Deployment, "detect", classmethod(never))
-    assert main([verb, "--out", str(tmp_path / "no" / "dir" / "d.json")]) == 1
-    assert "does not exist" in capsys.readouterr().err
-    assert main([verb, "--out", str(tmp_path)]) == 1
+    assert main([verb, "--out", str(tmp_path / "no" / "dir" / "d.json")]) == 2  # a usage error, naming --out
+    err = capsys.readouterr().err
+    assert "--out" in err and "does not exist" in err
+    assert main([verb, "--out", str(tmp_path)]) == 2
     assert "is a directory" in capsys.readouterr().err
 
 

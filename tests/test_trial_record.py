@@ -154,3 +154,41 @@ def test_the_validator_and_its_worker_validate_an_nni_tuner_study_as_an_optuna_o
     nni_attrs = next(t.user_attrs for t in tuner.study.trials if t.number in nni_report.enqueued)
     optuna_attrs = next(t.user_attrs for t in study.trials if t.number in optuna_report.enqueued)
     assert set(TrialRecord.from_attrs(nni_attrs).to_attrs()) == set(TrialRecord.from_attrs(optuna_attrs).to_attrs())
+
+
+# ------------------------------------------------------------------------------------------- hostile attributes
+_GOOD = {"predicted_latency_ms": 2.0, "predicted_latency_ms_std": 0.5, "predicted_memory_mib": 100.0}
+
+
+@pytest.mark.parametrize("attrs, match", [
+    (None, "must be a mapping"),
+    ("predicted_latency_ms", "must be a mapping"),
+    ([("predicted_latency_ms", 1.0)], "must be a mapping"),
+    ({**_GOOD, "predicted_latency_ms": "fast"}, "predicted_latency_ms must be a number, got str 'fast'"),
+    ({**_GOOD, "predicted_latency_ms": [1.0]}, "predicted_latency_ms must be a number, got list"),
+    ({**_GOOD, "predicted_latency_ms_std": "0.5"}, "predicted_latency_ms_std must be a number"),
+    ({**_GOOD, "predicted_memory_mib": True}, "predicted_memory_mib must be a number, got bool"),
+    ({**_GOOD, "predicted_memory_mib": 10**400}, "float range"),
+    ({**_GOOD, "latency_source": 3}, "latency_source must be a string"),
+    ({**_GOOD, "unknown_ops": "conv"}, "unknown_ops must map operator names to counts"),
+    ({**_GOOD, "unknown_ops": ["conv"]}, "unknown_ops must map operator names to counts"),
+    ({**_GOOD, "constraint_latency_ms": "x"}, "constraint_latency_ms must be a number"),
+    ({**_GOOD, "margin_latency_ms": None}, "margin_latency_ms must be a number"),
+    ({**_GOOD, "budget_latency_ms": [1], "constraint_latency_ms": 1.0}, "budget_latency_ms must be a number"),
+    ({**_GOOD, "input_spec": "1x3x224x224"}, "input_spec must be an InputSpec dict"),
+    ({**_GOOD, "input_spec": {"shape": "abc", "batch_size": 1, "dtype": "float32"}}, "input_spec"),
+    ({**_GOOD, "search_space": "mlp", "search_space_config": [1, 2]}, "search_space_config must be a JSON object"),
+    ({**_GOOD, "adaptation_version": "3"}, "adaptation_version must be an int"),
+    ({"dippm_predicted": {"latency_ms": "1", "memory_mib": 2.0}}, "dippm_predicted.latency_ms must be a number"),
+])
+def test_from_attrs_names_the_odd_attribute_instead_of_crashing(attrs: Any, match: str) -> None:
+    with pytest.raises(InvalidValueError, match=match):
+        TrialRecord.from_attrs(attrs)
+
+
+def test_relative_std_skips_figures_that_are_not_numbers() -> None:
+    rec = TrialRecord.from_attrs(_GOOD)
+    assert rec.relative_std() == pytest.approx(0.25)
+    odd = dataclasses.replace(rec, latency_ms_std="0.5", memory_mib_std=[1.0], energy_j="x")  # type: ignore[arg-type]
+    assert odd.relative_std() is None
+    assert dataclasses.replace(rec, latency_ms=float("nan")).relative_std() is None

@@ -76,6 +76,8 @@ from dippm_nas.devices import HostProfile  # noqa: E402
 from dippm_nas.prior import (UNKNOWN_HOST_CLOCK_GHZ, UNKNOWN_HOST_SIGMA_LOG, Execution, HostRow,  # noqa: E402
                              default_params, fit_host_model, predict)
 from dippm_nas.training import DEVICE_ALIASES  # noqa: E402
+from dippm_nas.errors import InvalidValueError  # noqa: E402
+from dippm_nas.files import write_output  # noqa: E402
 
 MODES = ("described", "unknown")
 #: Fewest host-bound rows of a cell whose host is checked against the undescribed host mixture.
@@ -277,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     report["summary"] = _summary(report["cells"])
     print(json.dumps(report["summary"], indent=1))
     if args.json is not None:
-        args.json.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+        write_output(args.json, json.dumps(report, indent=1) + "\n", "--json", error=InvalidValueError)
         print(f"wrote {args.json}")
     return 0
 

@@ -45,6 +45,8 @@ from dippm_nas.features import featurize
 from dippm_nas.predictor import GnnPredictor, fit_timeline_factors
 from dippm_nas.prior import (Execution, HostRow, default_params, estimate, fit_host_model,
                              host_model_latency_ms, latency_sigma_log, latency_us)
+from dippm_nas.errors import InvalidValueError
+from dippm_nas.files import output_path, write_output
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "fit"))
@@ -141,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
                 res = few_shot(ests, classes, prior, y, idx, k, args.draws)
                 report[f"{dev} {dtype} few-shot k={k}"] = {"prior": res}
                 print_few_shot(f"{dtype:8s}", res)
-    (out_dir / "accuracy_eager.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    write_output((out_dir / "accuracy_eager.json"), json.dumps(report, indent=1) + "\n", "output file",
+                 error=InvalidValueError)
     print(f"\nwrote {out_dir / 'accuracy_eager.json'}")
     return 0
 
@@ -151,7 +154,8 @@ def _write_rows(out: Path, dev: str, test: list, prior: np.ndarray, sig: np.ndar
     """One JSON Lines file per dtype of the held-out GPU: the prior's mean and σ (ms) and the measurement."""
     out.mkdir(parents=True, exist_ok=True)
     for dtype in sorted(set(dt.tolist())):
-        with open(out / f"{dev}__{dtype}.jsonl", "w", encoding="utf-8") as f:
+        with output_path(out / f"{dev}__{dtype}.jsonl", "output file", error=InvalidValueError) as tmp, \
+                open(tmp, "w", encoding="utf-8") as f:
             for (r, name), p, s, m in zip(test, prior, sig, y):
                 if r.graph.spec.dtype == dtype:
                     f.write(json.dumps({"model": name, "latency_ms_pred": float(p), "latency_ms_std": float(p * s),

@@ -490,7 +490,10 @@ def write_hopper_entries(path: Path, compute: float, memory: float, matmul_abs: 
         blob["devices"][dev] = {"compute": compute, "memory": memory, "source": f"{src}: {command}",
                                 "classes": classes, "dispatch_us": None}
     PriorParams.from_dict(blob, origin=str(path))  # still a valid constants file
-    Path(path).write_text(json.dumps(blob, indent=1) + "\n")
+    from dippm_nas.errors import InvalidValueError
+    from dippm_nas.files import write_output
+
+    write_output(path, json.dumps(blob, indent=1) + "\n", "output file", error=InvalidValueError)
 
 
 if __name__ == "__main__":

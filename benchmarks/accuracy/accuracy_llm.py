@@ -69,6 +69,8 @@ from dippm_nas.llm import (
 from dippm_nas.devices import get_device
 from dippm_nas.prior import estimate
 from dippm_nas.training import regression_metrics
+from dippm_nas.errors import InvalidValueError
+from dippm_nas.files import write_output
 
 BENCH_FILE = "llm_inference_bench_h100_gh200_1gpu.csv"
 VIDUR_FILE = "vidur_a100_h100_llm_layer_op_profiling.csv"
@@ -456,7 +458,7 @@ def main(argv: list[str] | None = None) -> int:
     report["log"] = log
     text = json.dumps(report, indent=1)
     if args.json:
-        args.json.write_text(text + "\n", encoding="utf-8")
+        write_output(args.json, text + "\n", "--json", error=InvalidValueError)
     print(text)
     return 0
 

@@ -35,6 +35,8 @@ from dippm_nas.graph import OperatorGraph  # noqa: E402
 from dippm_nas.measure import reference_activation_peak  # noqa: E402
 from dippm_nas.prior import activation_liveness  # noqa: E402
 from dippm_nas.spec import InputSpec  # noqa: E402
+from dippm_nas.errors import InvalidValueError  # noqa: E402
+from dippm_nas.files import write_output  # noqa: E402
 
 MIB = 2**20
 
@@ -156,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("nothing to compare: give --dataset and/or --torchvision / --timm")
     summary = report(rows)
     if args.json is not None:
-        args.json.write_text(json.dumps(summary, indent=1))
+        write_output(args.json, json.dumps(summary, indent=1), "--json", error=InvalidValueError)
     return 0
 
 

@@ -29,6 +29,8 @@ import numpy as np
 from dippm_nas.dataset import load_measurements
 from dippm_nas.predictor import calibration_classes
 from dippm_nas.prior import DeviceScale, Execution, default_params, estimate
+from dippm_nas.errors import InvalidValueError
+from dippm_nas.files import write_output
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from accuracy_eager import few_shot, print_few_shot  # noqa: E402
@@ -95,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
             report[f"{dev} few-shot k={k}"] = {"prior": res}
             print_few_shot("float16 ", res)
     if args.out is not None:
-        args.out.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+        write_output(args.out, json.dumps(report, indent=1) + "\n", "--out", error=InvalidValueError)
         print(f"\nwrote {args.out}")
     return 0
 

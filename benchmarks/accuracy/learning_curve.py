@@ -64,6 +64,8 @@ from dippm_nas.predictor import GnnPredictor, find_checkpoint, fit_residual_head
 from dippm_nas.prior import default_params
 from dippm_nas.prior import predict as prior_predict
 from dippm_nas.training import DEVICE_ALIASES, timm_family
+from dippm_nas.errors import InvalidValueError
+from dippm_nas.files import write_output
 
 METHODS = ("factor", "adapt", "scratch")
 
@@ -330,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()
     print(f"\n{time.perf_counter() - t0:.0f} s")
     if args.out is not None:
-        args.out.write_text(json.dumps(report, indent=1) + "\n")
+        write_output(args.out, json.dumps(report, indent=1) + "\n", "--out", error=InvalidValueError)
         print(f"wrote {args.out}")
     return 0
 

@@ -146,7 +146,11 @@ def write_class_multiplier(path: Path, fit: dict, devices: list[str], command: s
                 f"-> {fit['half']['check_after_pct']:.1f} % MAPE): {command}")
         entry["source"] = entry.get("source", "").split("; " + fit["op_class"] + " compute x")[0] + note
     PriorParams.from_dict(blob, origin=str(path))  # still a valid constants file
-    Path(path).write_text(json.dumps(blob, indent=1) + "\n")  # key order kept, as PriorParams.save writes
+    from dippm_nas.errors import InvalidValueError
+    from dippm_nas.files import write_output
+
+    write_output(path, json.dumps(blob, indent=1) + "\n", "output file",
+                 error=InvalidValueError)  # key order kept, as PriorParams.save writes
 
 
 def _score(rows: list[dict], lab: np.ndarray, pred: np.ndarray) -> dict:

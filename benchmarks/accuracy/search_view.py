@@ -41,6 +41,8 @@ import numpy as np  # noqa: E402
 from benchmarks._common import machine  # noqa: E402
 from dippm_nas.budgets import Budgets  # noqa: E402
 from dippm_nas.prediction import Prediction  # noqa: E402
+from dippm_nas.errors import InvalidValueError  # noqa: E402
+from dippm_nas.files import write_output  # noqa: E402
 
 PERCENTILES: tuple[int, ...] = (25, 50, 75)
 KS: tuple[float, ...] = (0.0, 1.0, 2.0)
@@ -165,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     view = search_view(rows)
     print_table(view)
     if args.json is not None:
-        args.json.write_text(json.dumps({**info, **view}, indent=1))
+        write_output(args.json, json.dumps({**info, **view}, indent=1), "--json", error=InvalidValueError)
     return 0
 
 

@@ -47,6 +47,8 @@ from fewshot_timm import held_out_params  # noqa: E402  (sibling script)
 from dippm_nas.dataset import load_measurements  # noqa: E402
 from dippm_nas.prior import PriorParams, default_params, estimate  # noqa: E402
 from dippm_nas.training import DEVICE_ALIASES  # noqa: E402
+from dippm_nas.errors import InvalidValueError  # noqa: E402
+from dippm_nas.files import write_output  # noqa: E402
 
 #: The GPUs whose fitted efficiency multipliers the default entry ``"*"`` of the shipped calibration is the
 #: geometric mean of (``scripts/fit/calibrate_prior.py``; the entry's ``source`` names them). The Hopper entries,
@@ -167,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
           + ", ".join(f"{g} {v:.3f}" for g, v in nested.items()))
     report = {"sigma_log_gpu_unseen": sigma, "cells": per_cell, "nested": nested}
     if args.json is not None:
-        args.json.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+        write_output(args.json, json.dumps(report, indent=1) + "\n", "--json", error=InvalidValueError)
         print(f"wrote {args.json}")
     if args.write is not None:
         cmd = "python " + shlex.join([Path(sys.argv[0]).as_posix(), *(argv if argv is not None else sys.argv[1:])])
@@ -183,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
                                "geometric mean; RMS log error (predicted / measured) of GPU-bound rows, cells "
                                f"weighing equally: {rows}"),
         })
-        args.write.write_text(json.dumps(d, indent=1) + "\n", encoding="utf-8")
+        write_output(args.write, json.dumps(d, indent=1) + "\n", "--write", error=InvalidValueError)
         print(f"wrote sigma_log_gpu_unseen into {args.write}")
     return 0
 

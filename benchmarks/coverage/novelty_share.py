@@ -24,6 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from benchmarks._common import write_text  # noqa: E402
+
 #: torchvision classification models, one or two per family
 MODELS = ("alexnet", "vgg16", "resnet18", "resnet50", "resnet101", "wide_resnet50_2", "resnext50_32x4d",
           "densenet121", "googlenet", "inception_v3", "squeezenet1_1", "shufflenet_v2_x1_0", "mobilenet_v2",
@@ -78,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"all: {n} predictions, novel {100 * sum(r['novel'] for r in rows) / n:.0f} %, outside range "
           f"{100 * sum(r['outside_training_range'] for r in rows) / n:.0f} %")
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=1))
+        write_text(args.json, json.dumps(rows, indent=1), "--json")
     return 0
 
 

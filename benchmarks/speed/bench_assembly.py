@@ -68,7 +68,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 
-from benchmarks._common import CANDIDATE_BATCH_SIZE, CANDIDATE_DTYPE, load_average, machine, sampled_configs  # noqa: E402
+from benchmarks._common import (CANDIDATE_BATCH_SIZE, CANDIDATE_DTYPE, load_average, machine,  # noqa: E402
+                                sampled_configs, write_text)
 
 
 def _distinct_configs(space: Any, n: int, seed: int, max_tries: int = 50) -> list[dict[str, Any]]:
@@ -347,8 +348,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"machine: {machine()}; {load_average()}")
         cached = bench_cached_predict(args)
         if args.json:
-            Path(args.json).write_text(json.dumps({"machine": machine(), "args": vars(args), "cached": cached},
-                                                  indent=1))
+            write_text(args.json, json.dumps({"machine": machine(), "args": vars(args), "cached": cached},
+                                             indent=1))
         return 0
     tmp = Path(tempfile.mkdtemp(prefix="dippm-bench-assembly-"))
     store = ConversionCache(f"sqlite:///{tmp / 'cache.sqlite'}")  # a cold conversion cache
@@ -367,8 +368,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"total {total:.0f} s; worst space {worst['space']} ({worst['assembled_ms_median']:.2f} ms); smallest "
           f"ratio {min(rows, key=lambda r: r['ratio'])['space']}; {load_average()}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"machine": machine(), "args": vars(args), "spaces": rows,
-                                               "predict_many": pm, "cached": cached, "total_s": total}, indent=1))
+        write_text(args.json, json.dumps({"machine": machine(), "args": vars(args), "spaces": rows,
+                                          "predict_many": pm, "cached": cached, "total_s": total}, indent=1))
     store.close()
     print(f"assembly: {worst['assembled_ms_median']:.2f} ms per new candidate (worst space), {ratio:.0f}x under "
           f"whole capture, {k}/{n} hash-identical")

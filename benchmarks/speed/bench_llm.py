@@ -30,6 +30,8 @@ from benchmarks._common import machine, median_seconds
 
 from dippm_nas.llm import LLMWorkload, architecture, decode_graph, predict_generation, prefill_graph
 from dippm_nas.prior import estimate
+from dippm_nas.errors import InvalidValueError
+from dippm_nas.files import write_output
 
 
 def graphs_70b() -> dict:
@@ -79,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {"machine": machine(), "graphs_70b": graphs_70b(), "predict_7b": predict_7b(args.repeats)}
     text = json.dumps(report, indent=1)
     if args.json:
-        args.json.write_text(text + "\n", encoding="utf-8")
+        write_output(args.json, text + "\n", "--json", error=InvalidValueError)
     print(text)
     return 0
 

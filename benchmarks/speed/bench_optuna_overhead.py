@@ -56,7 +56,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 
-from benchmarks._common import machine  # noqa: E402
+from benchmarks._common import machine, write_text  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"validation (apart): {val_s:.1f} s = {fig['validation_share_pct']:.2f} % ({fig['validated_trials']} trials "
           "measured on this CPU)")
     if args.json:
-        Path(args.json).write_text(json.dumps(fig, indent=1))
+        write_text(args.json, json.dumps(fig, indent=1), "--json")
     return 0
 
 

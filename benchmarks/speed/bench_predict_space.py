@@ -40,7 +40,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 
-from benchmarks._common import load_average, machine, space_items  # noqa: E402
+from benchmarks._common import load_average, machine, space_items, write_text  # noqa: E402
 
 
 def _paths_by_size(graphs: list[Any], args: Any, sizes: list[int], set_predictor: Any, get_predictor: Any,
@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"peak RSS {peak_mib:.0f} MiB")
     print(load_average())
     if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=1))
+        write_text(args.json, json.dumps(out, indent=1), "--json")
     return 0
 
 

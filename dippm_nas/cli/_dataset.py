@@ -341,7 +341,7 @@ def _markdown(st: dict[str, Any]) -> str:
 def run_export(args: argparse.Namespace) -> int:
     from dippm_nas.dataset import export_jsonl
 
-    writable_output(args.out, "--out")
+    writable_output(args.out, "--out", inputs=[args.path])
     counts = export_jsonl(args.path, args.out, source=args.source)
     size = args.out.stat().st_size
     if args.json:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 import math
 import time
@@ -29,6 +30,7 @@ from typing import Any
 
 from dippm_nas._redact import redact_url
 from dippm_nas.cli._deployment_flags import add_deployment_args, deployment_from_args
+from dippm_nas._files import write_output
 from dippm_nas.cli._grammar import UsageError, float_flag, int_flag
 from dippm_nas.errors import DippmNasError
 from dippm_nas.spec import COMPUTE_DTYPES
@@ -637,10 +639,11 @@ def _write_outputs(args: argparse.Namespace, out: Path, rows: list[dict[str, Any
     check = check_calibration(jobs)
     csv_path = out / "trials.csv"
     if rows:
-        with csv_path.open("w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
+        text = io.StringIO(newline="")
+        w = csv.DictWriter(text, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+        write_output(csv_path, text.getvalue(), "demo output", error=UsageError)
     written: list[Path] = []
     plot_note = ""
     if args.no_plot:
@@ -653,7 +656,7 @@ def _write_outputs(args: argparse.Namespace, out: Path, rows: list[dict[str, Any
         else:
             written = _plots(out, rows, jobs, args, cost.device, cost.mig_limit_mib)
     summary_path = out / "summary.json"
-    summary_path.write_text(json.dumps({
+    write_output(summary_path, json.dumps({
         **head, "seconds": time.perf_counter() - t_start, "cost_model_s": cost.seconds, "validation_s": validator.seconds if validator is not None else 0.0,
         "device": cost.device, "dtype": args.dtype, "batch": args.batch, "mig_profile": args.mig_profile,
         "latency_budget_ms": args.latency_budget_ms,
@@ -661,7 +664,7 @@ def _write_outputs(args: argparse.Namespace, out: Path, rows: list[dict[str, Any
         "calibration_check": check.to_dict() if validator is not None else None,
         "adaptation": _adaptation_rounds(jobs),
         "pareto": [r for r in rows if r["pareto"]],
-    }, indent=1))
+    }, indent=1), "demo output", error=UsageError)
     if plot_note:
         print(f"\n{plot_note}")
     print(f"\nwrote {', '.join(str(p) for p in [*written, csv_path, summary_path])}")

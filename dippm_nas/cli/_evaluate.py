@@ -12,6 +12,7 @@ from typing import Any
 from dippm_nas.cli._deployment_flags import add_deployment_args, deployment_flags_given, deployment_from_args
 from dippm_nas.cli._grammar import UsageError, argtype, device_ids, json_text, writable_output
 from dippm_nas.cli._train import add_split_args, checked_devices
+from dippm_nas._files import write_output
 
 __all__ = ["register"]
 
@@ -69,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
                          "--calibrate or another --eval-device")
     for flag, path in (("--out", args.out), ("--png", args.png), ("--json-out", args.json_out)):
         if path:
-            writable_output(path, flag)  # before the evaluation
+            writable_output(path, flag, inputs=[args.checkpoint, args.data])  # before the evaluation
     res = evaluate_checkpoint(args.checkpoint, args.data, device=args.device, split=args.split,
                               heldout_families=holdout, devices=checked_devices(args.train_devices), seed=args.seed,
                               calibrate_ks=ks, eval_device=args.eval_device, holdout_frac=args.holdout_frac,
@@ -90,7 +91,8 @@ def run(args: argparse.Namespace) -> int:
     intro = f"# Predictor evaluation\n\ncheckpoint `{args.checkpoint}`, data {args.data}"
     write_report(sections, args.out, intro=intro + (f"\n\n![scatter]({png.name})" if png else ""))
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps(res, indent=1, default=str))
+        write_output(args.json_out, json.dumps(res, indent=1, default=str), "--json-out", error=UsageError,
+                     inputs=[args.checkpoint, args.data])
     summary = {"metrics": res["metrics"], "calibration": res.get("calibration", {})}
     if args.json:
         files = {"report": str(args.out), "png": str(png) if png else None, "json_out": args.json_out}

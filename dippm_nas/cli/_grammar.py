@@ -12,7 +12,9 @@ Rules (``docs/cli.md``):
 - A numeric flag is checked when it is parsed (:func:`int_flag`, :func:`float_flag`): a negative, zero, NaN or
   infinite value where the flag's rule excludes it is a usage error, before any work starts.
 - An output path (``--out``, ``--report``...) is checked writable before the work that produces it
-  (:func:`writable_output`): an unwritable path fails in a second, not after a benchmark or a campaign (exit 1).
+  (:func:`writable_output`): an unwritable path, a directory, a FIFO, a device, a dangling symbolic link or one
+  of the verb's inputs is a usage error (exit 2) in a second, not after a benchmark or a campaign, and never
+  a wait on a FIFO.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TextIO
 
-from dippm_nas.errors import DippmNasError, InvalidValueError
+from dippm_nas._files import check_output
+from dippm_nas.errors import DippmNasError
 
 __all__ = [
     "UsageError",
@@ -162,40 +165,42 @@ def float_flag(flag: str, *, low: float | None = None, low_inclusive: bool = Tru
     return argtype(conv)
 
 
-def writable_output(path: str | os.PathLike[str], flag: str, *, directory: bool = False) -> Path:
+def writable_output(path: str | os.PathLike[str], flag: str, *, directory: bool = False,
+                    inputs: Sequence[str | os.PathLike[str]] = ()) -> Path:
     """``path`` after checking that the verb can write there, before it starts its work (a benchmark or a
     campaign that runs for minutes must not end on an unwritable ``--out``).
 
-    A file: its directory exists and a file can be created in it, and the path itself is not a directory. A
-    directory (``directory=True``, created by the verb): it is a directory a file can be created in, or its
-    nearest existing parent is. The check creates and removes a temporary file there.
+    A file (:func:`dippm_nas._files.check_output`, ``stat`` only: nothing is opened, so a FIFO never blocks):
+    a new path in an existing directory, or a regular file (a symbolic link to one); not a directory, a FIFO, a
+    device, a socket, a dangling symbolic link or one of ``inputs`` (the files the verb reads). A directory
+    (``directory=True``, created by the verb): it is a directory a file can be created in, or its nearest
+    existing parent is. The check creates and removes a temporary file there.
 
     Raises:
-        InvalidValueError: the path cannot be written (exit 1), naming the path and why.
+        UsageError: the path cannot be written (exit 2), naming the flag, the path and why.
     """
     p = Path(path).expanduser()
     if directory:
         if p.exists() and not p.is_dir():
-            raise InvalidValueError(f"{flag} {str(p)!r} is a file, not a directory; name a directory (created if "
-                                    "missing)")
+            raise UsageError(f"argument {flag} {str(p)!r} is a file, not a directory; name a directory (created if "
+                             "missing)")
         probe = p
         while not probe.exists() and probe != probe.parent:
             probe = probe.parent
-    else:
-        if p.is_dir():
-            raise InvalidValueError(f"{flag} {str(p)!r} is a directory; name the file to write")
-        probe = p.parent if str(p.parent) else Path(".")
         if not probe.is_dir():
-            raise InvalidValueError(f"{flag} {str(p)!r}: the directory {str(probe)!r} does not exist; create it or "
-                                    "name a file in an existing directory")
-    if not probe.is_dir():
-        raise InvalidValueError(f"{flag} {str(p)!r} cannot be created: {str(probe)!r} is a file, not a directory")
+            raise UsageError(f"argument {flag} {str(p)!r} cannot be created: {str(probe)!r} is a file, not a "
+                             "directory")
+    else:
+        try:
+            probe = check_output(p, flag, error=UsageError, inputs=inputs).parent
+        except UsageError as e:
+            raise UsageError(f"argument {e}") from None
     try:
         with tempfile.NamedTemporaryFile(dir=probe, prefix=".dippm-nas-write-check-"):
             pass
     except OSError as e:
-        raise InvalidValueError(f"{flag} {str(p)!r} cannot be written: creating a file in {str(probe)!r} failed "
-                                f"({e.strerror or e}); name a path in a writable directory") from None
+        raise UsageError(f"argument {flag} {str(p)!r} cannot be written: creating a file in {str(probe)!r} failed "
+                         f"({e.strerror or e}); name a path in a writable directory") from None
     return p
 
 

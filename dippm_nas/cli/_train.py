@@ -19,6 +19,7 @@ from dippm_nas.cli._grammar import (
     json_text,
     writable_output,
 )
+from dippm_nas._files import write_output
 
 __all__ = ["register", "add_split_args", "parse_devices", "checked_devices"]
 
@@ -104,9 +105,10 @@ def run(args: argparse.Namespace) -> int:
     from dippm_nas.training import TrainConfig, train_predictor
     from dippm_nas.prior import PriorParams
 
-    writable_output(args.out, "--out")  # before the training, not after it
+    inputs = [p for p in (args.data, args.prior_params) if p]
+    writable_output(args.out, "--out", inputs=inputs)  # before the training, not after it
     if args.report:
-        writable_output(args.report, "--report")
+        writable_output(args.report, "--report", inputs=inputs)
 
     cfg = TrainConfig(hidden=args.hidden, layers=args.layers, members=args.members, epochs=args.epochs,
                       patience=args.patience, batch_size=args.batch_size, lr=args.lr, style=args.style,
@@ -123,7 +125,8 @@ def run(args: argparse.Namespace) -> int:
     pred.save(args.out)
     if args.report:
         report["history"] = cfg.history
-        Path(args.report).write_text(json.dumps(report, indent=1, default=str))
+        write_output(args.report, json.dumps(report, indent=1, default=str), "--report", error=UsageError,
+                     inputs=inputs)
     if args.json:
         keep = ("sizes", "featurize_s", "train_s", "metrics", "timm_heldout_metrics")
         print(json_text({"checkpoint": str(args.out), **{k: report[k] for k in keep if k in report}}))

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from dippm_nas._compress import InflateRefused, inflate
+from dippm_nas._files import check_output, output_path
 from dippm_nas._json import loads_json
 from dippm_nas.errors import DatasetError
 from dippm_nas.dataset import _store
@@ -36,17 +37,18 @@ logger = logging.getLogger(__name__)
 JSONL_FORMAT = "dippm-nas-dataset-jsonl"
 
 
-def open_text(path: str | Path, mode: str = "rt") -> IO[str]:
-    """Open a ``.jsonl``, ``.jsonl.gz`` or ``.jsonl.xz`` file as text."""
+def open_text(path: str | Path, mode: str = "rt", *, name: str | None = None) -> IO[str]:
+    """Open a ``.jsonl``, ``.jsonl.gz`` or ``.jsonl.xz`` file as text; ``name`` (default the path's) decides
+    the compression."""
     p = Path(path)
-    name = p.name.lower()
+    name = (name or p.name).lower()
     if name.endswith(".xz"):
         return lzma.open(p, mode, encoding="utf-8", preset=9 if "w" in mode else None)  # type: ignore[call-overload]
     if name.endswith(".gz"):
         return gzip.open(p, mode, encoding="utf-8", compresslevel=9)  # type: ignore[call-overload]
     if name.endswith(".jsonl"):
         return open(p, mode, encoding="utf-8")  # noqa: SIM115
-    raise DatasetError(f"a JSON Lines dataset file must end in .jsonl, .jsonl.gz or .jsonl.xz, got {p.name!r}")
+    raise DatasetError(f"a JSON Lines dataset file must end in .jsonl, .jsonl.gz or .jsonl.xz, got {name!r}")
 
 
 def export_jsonl(db: str | Path, out: str | Path, *, source: str | None = None,
@@ -59,15 +61,28 @@ def export_jsonl(db: str | Path, out: str | Path, *, source: str | None = None,
         source: only rows of this source (and the graphs they name); ``None``: all.
         include_ops: also write the ``op_measurements`` rows.
 
+    ``out`` is written to a temporary file renamed into place when complete (:func:`dippm_nas._files.output_path`):
+    an ``out`` that is ``db`` itself (a symbolic or hard link to it), a directory, a FIFO or a device is refused
+    before anything is opened, and a failed export leaves no partial file.
+
     Returns:
         Counts written: ``{"graphs": ..., "measurements": ..., "op_measurements": ...}``.
+
+    Raises:
+        DatasetError: ``db`` is not a dataset file, ``out`` is refused (above) or has another ending, or the
+            write fails.
     """
     counts = {"graphs": 0, "measurements": 0, "op_measurements": 0}
-    with DatasetStore(db, create=False) as store:
+    name = Path(out).name
+    if not name.lower().endswith((".jsonl", ".jsonl.gz", ".jsonl.xz")):
+        raise DatasetError(f"a JSON Lines dataset file must end in .jsonl, .jsonl.gz or .jsonl.xz, got {name!r}")
+    check_output(out, "dataset export", error=DatasetError, inputs=[db])  # before the dataset is opened
+    with DatasetStore(db, create=False) as store, \
+            output_path(out, "dataset export", error=DatasetError, inputs=[db]) as tmp:
         rows = list(store.iter_measurements(source=source))
         hashes = [r["graph_hash"] for r in rows if r["graph_hash"]]
         meta = {k: store.get_meta(k) for k in ("schema_version", "created_by", "created_at")}
-        with open_text(out, "wt") as f:
+        with open_text(tmp, "wt", name=name) as f:
             f.write(json.dumps({"type": "header", "format": JSONL_FORMAT, "schema_version": SCHEMA_VERSION,
                                 "meta": meta}) + "\n")
             for g in store.iter_graph_rows(hashes):

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dippm_nas._files import write_output
 from dippm_nas._json import read_json_file
 from dippm_nas._platform import cpu_model_name
 from dippm_nas._schema import from_file_data
@@ -135,8 +136,14 @@ class HostProfile:
         return from_file_data(cls, {k: v for k, v in d.items() if k != "format"}, origin, DeviceError)
 
     def save(self, path: str | Path) -> None:
-        """Write the profile as JSON (what :func:`load_host_profile` reads)."""
-        Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n", encoding="utf-8")
+        """Write the profile as JSON (what :func:`load_host_profile` reads), through a temporary file renamed
+        into place (:func:`dippm_nas._files.write_output`).
+
+        Raises:
+            DeviceError: ``path`` is a directory, a FIFO, a device (``/dev/full``), a dangling symbolic link or
+                in a missing directory, or the write fails.
+        """
+        write_output(path, json.dumps(self.to_dict(), indent=1) + "\n", "host profile file", error=DeviceError)
 
 
 #: A typical datacenter GPU server's host: a server core boosting to ~3.3 GHz (the EPYC 7742 of a DGX

@@ -24,12 +24,12 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import tomllib
 from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from dippm_nas._toml import loads_toml
 from dippm_nas._json import read_regular_file
 from dippm_nas._logging import WarnOnce
 from dippm_nas.devices._device import Device, device_from_dict
@@ -59,10 +59,7 @@ _warn_once = WarnOnce(logger)
 
 
 def _read_toml(text: str, origin: str) -> dict[str, Any]:
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise DeviceError(f"{origin}: not valid TOML: {e}") from e
+    return loads_toml(text, origin, DeviceError)  # bounded nesting: a deep file is an error, not a RecursionError
 
 
 def _check_id(d: Mapping[str, Any], origin: str) -> str:

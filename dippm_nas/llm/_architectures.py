@@ -10,15 +10,18 @@ load them in (``dtype="auto"`` of vLLM turns a float32 checkpoint into float16).
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from dippm_nas._json import read_json_file
 from dippm_nas.errors import InvalidTypeError, InvalidValueError
-from dippm_nas.llm._config import DecoderConfig, config_from_transformers
+from dippm_nas.llm._config import WEIGHT_DTYPES, DecoderConfig, config_from_transformers
 
-__all__ = ["ARCHITECTURES", "architecture", "decoder_config"]
+__all__ = ["ARCHITECTURES", "architecture", "decoder_config", "MAX_CONFIG_FILE_BYTES"]
+
+#: The largest ``config.json`` read, bytes (a published one is a few KB).
+MAX_CONFIG_FILE_BYTES = 16 * 2**20
 
 
 def _llama(hidden: int, inter: int, layers: int, heads: int, kv: int, vocab: int, max_pos: int, **extra: Any) -> dict:
@@ -147,7 +150,7 @@ def _module_config(cfg: Any, module: Any) -> dict[str, Any] | None:
     return None
 
 
-def decoder_config(model_or_config: Any, *, name: str | None = None) -> DecoderConfig:
+def decoder_config(model_or_config: Any, *, name: str | None = None, dtype: str | None = None) -> DecoderConfig:
     """The :class:`DecoderConfig` of a decoder, read once at the entry.
 
     Args:
@@ -158,13 +161,25 @@ def decoder_config(model_or_config: Any, *, name: str | None = None) -> DecoderC
             decoder with a static KV cache, ``forward(idx, input_pos)``) or nanoGPT's ``GPTConfig``, an object or a
             dict; the dtype is its parameters' (``meta`` tensors are enough).
         name: the name to give the architecture (default: the config's ``_name_or_path`` or model type).
+        dtype: the weights' dtype (one of :data:`~dippm_nas.llm.WEIGHT_DTYPES`) instead of the config's.
+
+    A ``config.json`` is read as every JSON file is (:func:`dippm_nas._json.read_json_file`: a regular file of
+    at most :data:`MAX_CONFIG_FILE_BYTES`, nested at most 64 levels); every size in it is bounded
+    (:data:`~dippm_nas.llm._config.SIZE_LIMITS`).
 
     Raises:
         InvalidValueError: not a decoder-only causal LM (an encoder, an encoder-decoder, an unknown family: the
             families read here are listed), a config missing a field, an unreadable file, or an unknown name.
         InvalidTypeError: an object that is none of the above.
     """
-    obj = model_or_config
+    if dtype is not None and (not isinstance(dtype, str) or dtype not in WEIGHT_DTYPES):
+        raise InvalidValueError(f"dtype must be one of {list(WEIGHT_DTYPES)} or None (the config's), got {dtype!r}")
+    cfg = _decoder_config(model_or_config, name, dtype)
+    return cfg if dtype is None or cfg.dtype == dtype else cfg.with_dtype(dtype)
+
+
+def _decoder_config(obj: Any, name: str | None, dtype: str | None) -> DecoderConfig:
+    """:func:`decoder_config` of each form of ``obj``."""
     if isinstance(obj, DecoderConfig):
         return obj if name is None else dataclasses.replace(obj, name=name)
     if isinstance(obj, str) and obj in _ENTRIES:
@@ -177,22 +192,21 @@ def decoder_config(model_or_config: Any, *, name: str | None = None) -> DecoderC
         if not p.is_file():
             raise InvalidValueError(f"{str(obj)!r} is neither a known architecture name nor a config.json file; "
                                     f"architectures: {sorted(_ENTRIES)}")
-        try:
-            data = json.loads(p.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise InvalidValueError(f"cannot read the config {str(p)!r}: {e}") from e
-        return config_from_transformers(data, name or p.parent.name or None)
+        data = read_json_file(p, f"cannot read the config {str(p)!r}", InvalidValueError,
+                              max_bytes=MAX_CONFIG_FILE_BYTES)
+        return config_from_transformers(data, name or p.parent.name or None, dtype=dtype)
     if isinstance(obj, Mapping) or (hasattr(obj, "model_type") and hasattr(obj, "to_dict")):
-        return config_from_transformers(obj, name)
+        return config_from_transformers(obj, name, dtype=dtype)
     inner = getattr(obj, "config", None)
     if isinstance(inner, DecoderConfig):
         return inner if name is None else dataclasses.replace(inner, name=name)
     if inner is not None and hasattr(inner, "model_type"):
-        return config_from_transformers(inner, name or str(getattr(inner, "_name_or_path", "") or "") or None)
+        return config_from_transformers(inner, name or str(getattr(inner, "_name_or_path", "") or "") or None,
+                                        dtype=dtype)
     if inner is not None:
         fields = _module_config(inner, obj)
         if fields is not None:
-            return config_from_transformers(fields, name or type(obj).__name__)
+            return config_from_transformers(fields, name or type(obj).__name__, dtype=dtype)
     raise InvalidTypeError(
         "model_or_config must be a DecoderConfig, an architecture name (dippm_nas.llm.ARCHITECTURES), a transformers "
         f"config or model, a config dict, or the path of a config.json; got {type(obj).__name__}"

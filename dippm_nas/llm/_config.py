@@ -12,6 +12,7 @@ holds (which layers carry a bias, which norms exist, whether the LM head is tied
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -19,13 +20,38 @@ from typing import Any
 from dippm_nas.errors import InvalidValueError
 
 __all__ = ["DecoderConfig", "config_from_transformers", "MODEL_TYPES", "WEIGHT_DTYPES", "KV_DTYPES", "kv_dtype_bytes",
-           "expected_active_experts", "ceil_div"]
+           "expected_active_experts", "ceil_div", "SIZE_LIMITS", "DTYPE_ALIASES"]
 
 #: Bytes per element of the dtypes a KV cache may be stored in (``float8_*``: the FP8 KV caches of vLLM and
 #: TensorRT-LLM, scaled per tensor).
 KV_DTYPES: dict[str, int] = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1}
 #: Dtypes the weights of a decoder may have here (the compute dtype of its matmuls).
 WEIGHT_DTYPES: tuple[str, ...] = ("float16", "bfloat16", "float32")
+
+#: Spellings of a weights dtype in configs that name one of :data:`WEIGHT_DTYPES` (``torch.float16`` is read as
+#: ``float16``); any other ``torch_dtype`` (``"float8"``, ``"int8"``...) is an error, never read as float16.
+DTYPE_ALIASES: dict[str, str] = {"half": "float16", "fp16": "float16", "bf16": "bfloat16", "float": "float32",
+                                 "fp32": "float32"}
+
+#: The largest value of each size a config may give, and why: beyond it the decoder cannot exist on any GPU
+#: (or is far beyond every published one), and the arithmetic and the graphs built from it would not end in
+#: memory. ``{kind: (most, reason)}``; the fields of each kind are in :data:`_SIZE_KINDS`.
+SIZE_LIMITS: dict[str, tuple[int, str]] = {
+    "layers": (1024, "the deepest published decoder has 126 blocks (Llama-3.1-405B), and a pass's graph holds "
+                     "about 30 operators per block"),
+    "width": (2**20, "one 2**20 x 2**20 float16 weight matrix is 2 TiB, more than any GPU's memory; the widest "
+                     "published decoder has hidden_size 16,384 and intermediate_size 53,248 (Llama-3.1-405B)"),
+    "vocab": (2**24, "the largest published vocabulary has 256,000 tokens (Gemma)"),
+    "positions": (2**31, "the longest published context window is 10 million tokens (Llama 4 Scout)"),
+    "experts": (4096, "the published mixtures route among at most 256 experts (DeepSeek-V3)"),
+}
+_SIZE_KINDS: dict[str, str] = {
+    "num_layers": "layers", "hidden_size": "width", "num_heads": "width", "num_kv_heads": "width",
+    "head_dim": "width", "intermediate_size": "width", "embed_dim": "width", "rotary_dim": "width",
+    "vocab_size": "vocab", "max_positions": "positions", "position_rows": "positions",
+    "sliding_window": "positions", "sliding_window_every": "layers", "num_experts": "experts",
+    "experts_per_token": "experts", "norms_per_layer": "layers",
+}
 
 _NORMS = ("rms", "layer")
 _MLPS = ("gated", "plain")
@@ -155,9 +181,7 @@ class DecoderConfig:
                 _positive_int(self, name)
         _positive_int(self, "sliding_window_every")
         for name in ("num_experts", "experts_per_token", "norms_per_layer"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise InvalidValueError(f"DecoderConfig.{name} must be an int >= 0, got {v!r}")
+            _positive_int(self, name, low=0)
         if self.num_experts and not 1 <= self.experts_per_token <= self.num_experts:
             raise InvalidValueError(f"DecoderConfig.experts_per_token must be in 1..num_experts ({self.num_experts}) "
                                     f"for a mixture of experts, got {self.experts_per_token!r}")
@@ -282,13 +306,27 @@ class DecoderConfig:
         return cls(**dict(d))
 
 
-def _positive_int(cfg: DecoderConfig, name: str) -> None:
+def _limit_text(name: str) -> tuple[int, str]:
+    most, why = SIZE_LIMITS[_SIZE_KINDS[name]]
+    return most, f"at most {most:,}: {why}"
+
+
+def _positive_int(cfg: DecoderConfig, name: str, *, low: int = 1) -> None:
     v = getattr(cfg, name)
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise InvalidValueError(f"DecoderConfig.{name} must be an int >= 1, got {v!r}")
+    most, why = _limit_text(name)
+    if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= most:
+        raise InvalidValueError(f"DecoderConfig.{name} must be an int >= {low} and {why}; got {_shown(v)}")
+
+
+def _shown(v: Any) -> str:
+    text = repr(v) if not isinstance(v, int) or v.bit_length() < 64 else f"an int of {v.bit_length()} bits"
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 # ---------------------------------------------------------------------------------------------- readers
+_REQUIRED = object()
+
+
 class _Reader:
     """Attribute access over a ``transformers`` config object or its ``to_dict()``."""
 
@@ -316,11 +354,67 @@ class _Reader:
                 return v
         raise InvalidValueError(f"a {model_type!r} config needs one of {list(keys)}; none is set")
 
+    def size(self, keys: str | tuple[str, ...], model_type: str, field: str, *, default: Any = _REQUIRED,
+             low: int = 1) -> Any:
+        """The int at the first of ``keys`` that is set, checked as ``DecoderConfig.<field>`` is (an int, or a
+        float with an integral value, from ``low`` to the field's limit of :data:`SIZE_LIMITS`); ``default``
+        when none is set (required without one)."""
+        keys = (keys,) if isinstance(keys, str) else keys
+        key = next((k for k in keys if self.get(k) is not None), None)
+        if key is None:
+            if default is _REQUIRED:
+                raise InvalidValueError(f"a {model_type!r} config needs one of {list(keys)}; none is set" if len(keys) > 1
+                                        else f"a {model_type!r} config needs {keys[0]!r}; it is missing")
+            return default
+        v = self.get(key)
+        most, why = _limit_text(field)
+        if isinstance(v, float) and math.isfinite(v) and v.is_integer():
+            v = int(v)
+        if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= most:
+            raise InvalidValueError(f"{key} of a {model_type!r} config must be an int >= {low} and {why}; got "
+                                    f"{_shown(v)}")
+        return v
+
+    def fraction(self, key: str, model_type: str, default: float) -> float:
+        """The number at ``key`` in (0, 1] (``default`` when not set)."""
+        v = self.get(key, default)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (0 < v <= 1):
+            raise InvalidValueError(f"{key} of a {model_type!r} config must be a number in (0, 1], got {_shown(v)}")
+        return float(v)
+
+
+def _head_dim(r: _Reader, mt: str, hidden: int, heads: int) -> int:
+    """The width of one head: the config's ``head_dim``, else ``hidden // heads``, which needs ``hidden`` to be
+    a multiple of ``heads`` (``transformers`` splits the width evenly; so does nanoGPT). One check for every
+    family and every way a config arrives (a dict, a config object, a module's ``config``)."""
+    explicit = r.size("head_dim", mt, "head_dim", default=None)
+    if explicit is not None:
+        return explicit
+    if hidden % heads:
+        raise InvalidValueError(f"a {mt!r} config's hidden size ({hidden}) must be a multiple of its attention heads "
+                                f"({heads}) when it gives no head_dim: each head takes hidden_size / heads channels "
+                                f"(here {hidden / heads:.4g})")
+    return hidden // heads
+
 
 def _dtype_of(r: _Reader) -> str:
+    """The weights' dtype the config names (``torch_dtype``, or ``dtype`` of transformers 5), float16 when it
+    names none; a spelling of :data:`DTYPE_ALIASES` is read as the dtype it names.
+
+    Raises:
+        InvalidValueError: a dtype not in :data:`WEIGHT_DTYPES` (``"float8"``, ``"int8"``...): weights in it
+            are not modelled, and reading them as float16 would be silently wrong.
+    """
     raw = r.get("torch_dtype") or r.get("dtype")
-    text = str(raw).replace("torch.", "") if raw is not None else "float16"
-    return text if text in WEIGHT_DTYPES else "float16"
+    if raw is None:
+        return "float16"
+    text = str(raw).removeprefix("torch.") if isinstance(raw, str) or type(raw).__name__ == "dtype" else None
+    text = DTYPE_ALIASES.get(text, text) if text is not None else None
+    if text not in WEIGHT_DTYPES:
+        raise InvalidValueError(f"the config's torch_dtype {_shown(raw)} is not a weights dtype modelled here; "
+                                f"choices: {list(WEIGHT_DTYPES)} (and {sorted(DTYPE_ALIASES)}); give dtype= to choose "
+                                "the weights' dtype instead (an FP8 KV cache is LLMWorkload(kv_dtype='float8_e4m3fn'))")
+    return text
 
 
 def _act(name: Any) -> str:
@@ -353,30 +447,33 @@ def _rope_scaled(r: _Reader) -> bool:
 
 def _llama_like(r: _Reader, mt: str, name: str) -> DecoderConfig:
     """Llama, Mistral, Mixtral, Qwen2, Gemma, Gemma-2, Phi-3, StarCoder2: RoPE, pre-norm, GQA."""
-    h = int(r.need("hidden_size", mt))
-    heads = int(r.need("num_attention_heads", mt))
-    kv = int(r.get("num_key_value_heads", heads))
-    head_dim = int(r.get("head_dim") or h // heads)
+    h = r.size("hidden_size", mt, "hidden_size")
+    heads = r.size("num_attention_heads", mt, "num_heads")
+    kv = r.size("num_key_value_heads", mt, "num_kv_heads", default=heads)
+    head_dim = _head_dim(r, mt, h, heads)
     rotary = head_dim
-    prf = r.get("partial_rotary_factor")
-    if prf:
-        rotary = int(head_dim * float(prf))
-    window = r.get("sliding_window")
+    if r.get("partial_rotary_factor"):
+        rotary = int(head_dim * r.fraction("partial_rotary_factor", mt, 1.0))
+    window = r.size("sliding_window", mt, "sliding_window", default=None) \
+        if r.get("sliding_window") not in (False, 0) else None
     if mt == "qwen2" and not r.get("use_sliding_window", False):
         window = None
-    experts = int(r.get("num_local_experts", 0) or 0)
+    experts = r.size("num_local_experts", mt, "num_experts", default=0, low=0)
     gemma = mt in ("gemma", "gemma2")
     starcoder = mt == "starcoder2"
     bias = bool(r.get("use_bias", True)) if starcoder else bool(r.get("attention_bias", False))
     return DecoderConfig(
-        name=name, model_type=mt, num_layers=int(r.need("num_hidden_layers", mt)), hidden_size=h, num_heads=heads,
-        num_kv_heads=kv, head_dim=head_dim, intermediate_size=int(r.need("intermediate_size", mt)),
-        vocab_size=int(r.need("vocab_size", mt)), max_positions=int(r.need("max_position_embeddings", mt)),
+        name=name, model_type=mt, num_layers=r.size("num_hidden_layers", mt, "num_layers"), hidden_size=h,
+        num_heads=heads, num_kv_heads=kv, head_dim=head_dim,
+        intermediate_size=r.size("intermediate_size", mt, "intermediate_size"),
+        vocab_size=r.size("vocab_size", mt, "vocab_size"),
+        max_positions=r.size("max_position_embeddings", mt, "max_positions"),
         mlp="plain" if starcoder else "gated",
         activation=_act(r.get("hidden_activation") or r.get("hidden_act") or ("gelu_pytorch_tanh" if gemma else "silu")),
         norm="layer" if starcoder else "rms", position="rope", rotary_dim=rotary, rope_scaling=_rope_scaled(r),
-        sliding_window=int(window) if window else None, sliding_window_every=2 if mt == "gemma2" else 1,
-        num_experts=experts, experts_per_token=int(r.get("num_experts_per_tok", 0) or 0) if experts else 0,
+        sliding_window=window, sliding_window_every=2 if mt == "gemma2" else 1,
+        num_experts=experts,
+        experts_per_token=r.size("num_experts_per_tok", mt, "experts_per_token", default=0, low=0) if experts else 0,
         qkv_bias=True if mt == "qwen2" else bias, out_bias=False if mt == "qwen2" else bias,
         mlp_bias=bool(r.get("mlp_bias", False)) or (starcoder and bias),
         norms_per_layer=4 if mt == "gemma2" else 2,
@@ -385,43 +482,48 @@ def _llama_like(r: _Reader, mt: str, name: str) -> DecoderConfig:
 
 
 def _gpt2(r: _Reader, mt: str, name: str) -> DecoderConfig:
-    h = int(r.first(("n_embd", "hidden_size"), mt))
-    heads = int(r.first(("n_head", "num_attention_heads"), mt))
-    pos = int(r.first(("n_positions", "max_position_embeddings"), mt))
+    h = r.size(("n_embd", "hidden_size"), mt, "hidden_size")
+    heads = r.size(("n_head", "num_attention_heads"), mt, "num_heads")
+    pos = r.size(("n_positions", "max_position_embeddings"), mt, "max_positions")
     return DecoderConfig(
-        name=name, model_type=mt, num_layers=int(r.first(("n_layer", "num_hidden_layers"), mt)), hidden_size=h,
-        num_heads=heads, num_kv_heads=heads, head_dim=h // heads, intermediate_size=int(r.get("n_inner") or 4 * h),
-        vocab_size=int(r.need("vocab_size", mt)), max_positions=pos, mlp="plain",
+        name=name, model_type=mt, num_layers=r.size(("n_layer", "num_hidden_layers"), mt, "num_layers"),
+        hidden_size=h, num_heads=heads, num_kv_heads=heads, head_dim=_head_dim(r, mt, h, heads),
+        intermediate_size=r.size("n_inner", mt, "intermediate_size", default=None) or 4 * h,
+        vocab_size=r.size("vocab_size", mt, "vocab_size"), max_positions=pos, mlp="plain",
         activation=_act(r.get("activation_function", "gelu_new")), norm="layer", position="learned",
         position_rows=pos, qkv_bias=True, out_bias=True, mlp_bias=True, tie_embeddings=True, dtype=_dtype_of(r),
     )
 
 
 def _gptj(r: _Reader, mt: str, name: str) -> DecoderConfig:
-    h = int(r.first(("n_embd", "hidden_size"), mt))
-    heads = int(r.first(("n_head", "num_attention_heads"), mt))
+    h = r.size(("n_embd", "hidden_size"), mt, "hidden_size")
+    heads = r.size(("n_head", "num_attention_heads"), mt, "num_heads")
+    hd = _head_dim(r, mt, h, heads)
     return DecoderConfig(
-        name=name, model_type=mt, num_layers=int(r.first(("n_layer", "num_hidden_layers"), mt)), hidden_size=h,
-        num_heads=heads, num_kv_heads=heads, head_dim=h // heads, intermediate_size=int(r.get("n_inner") or 4 * h),
-        vocab_size=int(r.need("vocab_size", mt)), max_positions=int(r.first(("n_positions", "max_position_embeddings"), mt)),
+        name=name, model_type=mt, num_layers=r.size(("n_layer", "num_hidden_layers"), mt, "num_layers"),
+        hidden_size=h, num_heads=heads, num_kv_heads=heads, head_dim=hd,
+        intermediate_size=r.size("n_inner", mt, "intermediate_size", default=None) or 4 * h,
+        vocab_size=r.size("vocab_size", mt, "vocab_size"),
+        max_positions=r.size(("n_positions", "max_position_embeddings"), mt, "max_positions"),
         mlp="plain", activation=_act(r.get("activation_function", "gelu_new")), norm="layer", position="rope",
-        rotary_dim=int(r.get("rotary_dim") or h // heads), mlp_bias=True, parallel_block=True, norms_per_layer=1,
-        tie_embeddings=bool(r.get("tie_word_embeddings", False)), lm_head_bias=True, dtype=_dtype_of(r),
-        attention_impl="manual",
+        rotary_dim=r.size("rotary_dim", mt, "rotary_dim", default=None) or hd, mlp_bias=True, parallel_block=True,
+        norms_per_layer=1, tie_embeddings=bool(r.get("tie_word_embeddings", False)), lm_head_bias=True,
+        dtype=_dtype_of(r), attention_impl="manual",
     )
 
 
 def _opt(r: _Reader, mt: str, name: str) -> DecoderConfig:
-    h = int(r.need("hidden_size", mt))
-    heads = int(r.need("num_attention_heads", mt))
-    pos = int(r.need("max_position_embeddings", mt))
-    e = int(r.get("word_embed_proj_dim") or h)
+    h = r.size("hidden_size", mt, "hidden_size")
+    heads = r.size("num_attention_heads", mt, "num_heads")
+    pos = r.size("max_position_embeddings", mt, "max_positions")
+    e = r.size("word_embed_proj_dim", mt, "embed_dim", default=None) or h
     bias = bool(r.get("enable_bias", True))
     before = bool(r.get("do_layer_norm_before", True))
     return DecoderConfig(
-        name=name, model_type=mt, num_layers=int(r.need("num_hidden_layers", mt)), hidden_size=h, num_heads=heads,
-        num_kv_heads=heads, head_dim=h // heads, intermediate_size=int(r.need("ffn_dim", mt)),
-        vocab_size=int(r.need("vocab_size", mt)), max_positions=pos, mlp="plain",
+        name=name, model_type=mt, num_layers=r.size("num_hidden_layers", mt, "num_layers"), hidden_size=h,
+        num_heads=heads, num_kv_heads=heads, head_dim=_head_dim(r, mt, h, heads),
+        intermediate_size=r.size("ffn_dim", mt, "intermediate_size"),
+        vocab_size=r.size("vocab_size", mt, "vocab_size"), max_positions=pos, mlp="plain",
         activation=_act(r.get("activation_function", "relu")), norm="layer", position="learned",
         position_rows=pos + 2,  # OPTLearnedPositionalEmbedding keeps an offset of 2 rows
         qkv_bias=bias, out_bias=bias, mlp_bias=bias,
@@ -431,27 +533,30 @@ def _opt(r: _Reader, mt: str, name: str) -> DecoderConfig:
 
 
 def _bloom(r: _Reader, mt: str, name: str) -> DecoderConfig:
-    h = int(r.first(("hidden_size", "n_embed"), mt))
-    heads = int(r.first(("n_head", "num_attention_heads"), mt))
+    h = r.size(("hidden_size", "n_embed"), mt, "hidden_size")
+    heads = r.size(("n_head", "num_attention_heads"), mt, "num_heads")
     return DecoderConfig(
-        name=name, model_type=mt, num_layers=int(r.first(("n_layer", "num_hidden_layers"), mt)), hidden_size=h,
-        num_heads=heads, num_kv_heads=heads, head_dim=h // heads, intermediate_size=4 * h,
-        vocab_size=int(r.need("vocab_size", mt)), max_positions=None, mlp="plain", activation="gelu_tanh",
-        norm="layer", position="alibi", qkv_bias=True, out_bias=True, mlp_bias=True, embedding_norm=True,
-        tie_embeddings=bool(r.get("tie_word_embeddings", True)), dtype=_dtype_of(r), attention_impl="manual",
+        name=name, model_type=mt, num_layers=r.size(("n_layer", "num_hidden_layers"), mt, "num_layers"),
+        hidden_size=h, num_heads=heads, num_kv_heads=heads, head_dim=_head_dim(r, mt, h, heads),
+        intermediate_size=4 * h, vocab_size=r.size("vocab_size", mt, "vocab_size"), max_positions=None,
+        mlp="plain", activation="gelu_tanh", norm="layer", position="alibi", qkv_bias=True, out_bias=True,
+        mlp_bias=True, embedding_norm=True, tie_embeddings=bool(r.get("tie_word_embeddings", True)),
+        dtype=_dtype_of(r), attention_impl="manual",
     )
 
 
 def _gpt_neox(r: _Reader, mt: str, name: str) -> DecoderConfig:
-    h = int(r.need("hidden_size", mt))
-    heads = int(r.need("num_attention_heads", mt))
-    hd = h // heads
+    h = r.size("hidden_size", mt, "hidden_size")
+    heads = r.size("num_attention_heads", mt, "num_heads")
+    hd = _head_dim(r, mt, h, heads)
     return DecoderConfig(
-        name=name, model_type=mt, num_layers=int(r.need("num_hidden_layers", mt)), hidden_size=h, num_heads=heads,
-        num_kv_heads=heads, head_dim=hd, intermediate_size=int(r.need("intermediate_size", mt)),
-        vocab_size=int(r.need("vocab_size", mt)), max_positions=int(r.need("max_position_embeddings", mt)),
+        name=name, model_type=mt, num_layers=r.size("num_hidden_layers", mt, "num_layers"), hidden_size=h,
+        num_heads=heads, num_kv_heads=heads, head_dim=hd,
+        intermediate_size=r.size("intermediate_size", mt, "intermediate_size"),
+        vocab_size=r.size("vocab_size", mt, "vocab_size"),
+        max_positions=r.size("max_position_embeddings", mt, "max_positions"),
         mlp="plain", activation=_act(r.get("hidden_act", "gelu")), norm="layer", position="rope",
-        rotary_dim=max(2, int(hd * float(r.get("rotary_pct", 0.25))) // 2 * 2), rope_scaling=_rope_scaled(r),
+        rotary_dim=max(2, int(hd * r.fraction("rotary_pct", mt, 0.25)) // 2 * 2), rope_scaling=_rope_scaled(r),
         qkv_bias=bool(r.get("attention_bias", True)), out_bias=bool(r.get("attention_bias", True)), mlp_bias=True,
         parallel_block=bool(r.get("use_parallel_residual", True)),
         tie_embeddings=bool(r.get("tie_word_embeddings", False)), dtype=_dtype_of(r),
@@ -467,12 +572,26 @@ _READERS: dict[str, Callable[[_Reader, str, str], DecoderConfig]] = {
 MODEL_TYPES: tuple[str, ...] = tuple(_READERS)
 
 
-def config_from_transformers(cfg: Any, name: str | None = None) -> DecoderConfig:
+def config_from_transformers(cfg: Any, name: str | None = None, *, dtype: str | None = None) -> DecoderConfig:
     """The :class:`DecoderConfig` of a ``transformers`` config object or its ``to_dict()``.
 
+    Args:
+        cfg: the config.
+        name: the architecture's name (default: the config's ``_name_or_path`` or model type).
+        dtype: the weights' dtype (one of :data:`WEIGHT_DTYPES`), instead of the config's ``torch_dtype``.
+
+    Every size is read as an int within :data:`SIZE_LIMITS`, and a hidden size that the attention heads do not
+    divide (without a ``head_dim``) is refused, whichever family and form the config has.
+
     Raises:
-        InvalidValueError: no ``model_type``, an encoder-decoder, a family not in :data:`MODEL_TYPES`, a missing field.
+        InvalidValueError: no ``model_type``, an encoder-decoder, a family not in :data:`MODEL_TYPES`, a missing
+            field, a size that is not an int or is beyond its limit, a ``torch_dtype`` that is not modelled.
     """
+    if dtype is not None:
+        if not isinstance(dtype, str) or dtype not in WEIGHT_DTYPES:
+            raise InvalidValueError(f"dtype must be one of {list(WEIGHT_DTYPES)} or None (the config's), got "
+                                    f"{_shown(dtype)}")
+        cfg = {**_as_dict(cfg), "torch_dtype": dtype, "dtype": None}
     r = _Reader(cfg)
     mt = r.get("model_type")
     if not mt:
@@ -488,6 +607,14 @@ def config_from_transformers(cfg: Any, name: str | None = None) -> DecoderConfig
                                 f"choices: {list(MODEL_TYPES)} (or build a DecoderConfig)")
     label = name or str(r.get("_name_or_path") or r.get("name_or_path") or mt) or mt
     return reader(r, mt, label)
+
+
+def _as_dict(cfg: Any) -> dict[str, Any]:
+    """A config as a dict (a mapping as it is, a config object through ``to_dict()`` or its attributes)."""
+    if isinstance(cfg, Mapping):
+        return dict(cfg)
+    to_dict = getattr(cfg, "to_dict", None)
+    return dict(to_dict()) if callable(to_dict) else dict(vars(cfg))
 
 
 def expected_active_experts(config: DecoderConfig, tokens: int) -> float:

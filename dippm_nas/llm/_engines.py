@@ -44,6 +44,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from dippm_nas._files import write_output
 from dippm_nas._json import check_keys
 from dippm_nas.errors import InvalidValueError
 
@@ -197,8 +198,13 @@ class EngineTable:
                    metrics=dict(d.get("metrics") or {}))
 
     def save(self, path: str | Path) -> None:
-        """Write as JSON."""
-        Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n", encoding="utf-8")
+        """Write as JSON (a temporary file renamed into place: :func:`dippm_nas._files.write_output`).
+
+        Raises:
+            InvalidValueError: ``path`` is a directory, a FIFO, a device or in a missing directory, or the write
+                fails.
+        """
+        write_output(path, json.dumps(self.to_dict(), indent=1) + "\n", "engine table", error=InvalidValueError)
 
 
 @lru_cache(maxsize=1)

@@ -114,6 +114,20 @@ def _check_positions(cfg: DecoderConfig, wl: LLMWorkload) -> bool:
                             "config does not scale RoPE")
 
 
+def _check_sequence_fits(cfg: DecoderConfig, wl: LLMWorkload, kv_dtype: str, dev: Device) -> None:
+    """One sequence's KV cache (``total_len`` tokens x the bytes one token leaves) fits the device's memory:
+    beyond it not one sequence can be generated there, whatever the batch, and no latency exists to predict.
+    This bounds the length of a model without a position limit (ALiBi) or with scaled RoPE."""
+    per_token = cfg.kv_bytes_per_token(kv_dtype)
+    memory = float(dev.memory_mib) * BYTES_PER_MIB
+    if wl.total_len * per_token > memory:
+        raise InvalidValueError(
+            f"LLMWorkload.prompt_len + output_len = {wl.total_len:,} tokens: one sequence's KV cache alone takes "
+            f"{wl.total_len * per_token / 2**30:,.4g} GiB ({per_token:,} bytes per token of {cfg.name!r} in "
+            f"{kv_dtype}), more than the {memory / 2**30:,.4g} GiB of {dev.id!r}; at most "
+            f"{int(memory // per_token):,} tokens per sequence fit there")
+
+
 def _power_share(dev: Device, slice_dev: Device, compute_slices: int) -> Device:
     """A MIG slice with its share of the GPU's compute slices (``compute_slices / 7``; on an A30, of 4) of the
     board's idle and maximum power (an attribution: NVML measures only the whole GPU)."""
@@ -198,19 +212,18 @@ def predict_generation(model_or_config: Any, workload: LLMWorkload, device: str 
 
     Raises:
         InvalidValueError: a config that is not a decoder-only causal LM, a sequence longer than the model's
-            positions without RoPE scaling, a quantised KV cache outside a serving engine, an unknown runtime,
+            positions without RoPE scaling, a sequence whose KV cache alone exceeds the device's memory, a batch
+            that would run in more than :data:`~dippm_nas.llm._timing.MAX_WAVES` waves, a quantised KV cache outside a serving engine, an unknown runtime,
             engine or dtype (the choices are listed).
         UnsupportedDtypeError: a weights or KV-cache dtype the device lacks.
         DeviceError: an unknown device.
     """
-    cfg = decoder_config(model_or_config)
+    if dtype is not None and (not isinstance(dtype, str) or dtype not in WEIGHT_DTYPES):
+        raise InvalidValueError(f"dtype must be one of {WEIGHT_DTYPES} or None (the config's), got {dtype!r}")
+    cfg = decoder_config(model_or_config, dtype=dtype)
     if not isinstance(workload, LLMWorkload):
         raise InvalidValueError(f"workload must be an LLMWorkload(prompt_len, output_len, batch_size), got "
                                 f"{type(workload).__name__}")
-    if dtype is not None:
-        if dtype not in WEIGHT_DTYPES:
-            raise InvalidValueError(f"dtype must be one of {WEIGHT_DTYPES} or None (the config's), got {dtype!r}")
-        cfg = cfg.with_dtype(dtype)
     dev = resolve_device(device)
     if dev.kind != "gpu":
         raise InvalidValueError(f"predict_generation models GPUs; {dev.id!r} is a {dev.kind}")
@@ -222,6 +235,7 @@ def predict_generation(model_or_config: Any, workload: LLMWorkload, device: str 
                                          kv_block_size=kv_block_size, kv_dtype=kv_dtype)
     _check_kv_dtype(kv_dtype, cfg, dev, ex.runtime)
     beyond = _check_positions(cfg, workload)
+    _check_sequence_fits(cfg, workload, kv_dtype, dev)
     wl = workload
     run = run_on_device(cfg, dev, ex, wl.prompt_len, wl.output_len, wl.batch_size)
     figs = _figures(run, wl)

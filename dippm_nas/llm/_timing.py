@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from dippm_nas.devices import Device, HostProfile
-from dippm_nas.errors import DeviceError
+from dippm_nas.errors import DeviceError, InvalidValueError
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.llm._config import DecoderConfig
 from dippm_nas.llm._engines import ServingEngine
@@ -38,7 +38,7 @@ from dippm_nas.prior import PriorEstimate, estimate, latency_sigma_log, latency_
 from dippm_nas.units import BYTES_PER_MIB, MS_PER_S, US_PER_MS
 
 __all__ = ["GenerationExecution", "DeviceRun", "run_on_device", "RUNTIME_STYLES", "LLM_RUNTIMES",
-           "SAMPLES"]
+           "SAMPLES", "MAX_WAVES"]
 
 #: runtime -> (graph style, prior runtime of prefill, prior runtime of a decode step)
 RUNTIME_STYLES: dict[str, tuple[str, str, str]] = {
@@ -49,6 +49,10 @@ RUNTIME_STYLES: dict[str, tuple[str, str, str]] = {
 }
 #: Runtimes :func:`~dippm_nas.llm.predict_generation` models.
 LLM_RUNTIMES: tuple[str, ...] = tuple(RUNTIME_STYLES)
+#: The most waves a batch larger than the KV cache holds may run in: ``details["waves"]`` lists each wave, so a
+#: batch of 10**12 sequences in waves of 256 would be a list of 3.9e9 entries. A serving benchmark runs a
+#: batch in a few waves; 100,000 is far beyond any of them.
+MAX_WAVES = 100_000
 #: Cache lengths at which the decode curve is sampled for its mean.
 SAMPLES = 9
 
@@ -301,6 +305,12 @@ class _Runner:
         conc = batch
         if eng is not None and cap.max_batch > 0:
             conc = min(batch, cap.max_batch, eng.max_num_seqs)
+        if batch // conc > MAX_WAVES:
+            raise InvalidValueError(
+                f"LLMWorkload.batch_size = {batch:,} sequences would run in {-(-batch // conc):,} waves of the {conc:,} "
+                f"{'the KV cache holds' if eng is not None else 'that run together'} on {self.dev.id!r}; at most "
+                f"{MAX_WAVES:,} waves are modelled (details['waves'] lists each), i.e. a batch of at most "
+                f"{MAX_WAVES * conc:,} here")
         waves = (conc,) * (batch // conc) + ((batch % conc,) if batch % conc else ())
         e2e = e2e_std = energy = 0.0
         have_std, have_energy = True, self.dev.has_power

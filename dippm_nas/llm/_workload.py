@@ -42,7 +42,7 @@ class LLMWorkload:
         _count("prompt_len", self.prompt_len, 1)
         _count("output_len", self.output_len, 1)
         _count("batch_size", self.batch_size, 1)
-        if self.kv_dtype is not None and self.kv_dtype not in KV_DTYPES:
+        if self.kv_dtype is not None and (not isinstance(self.kv_dtype, str) or self.kv_dtype not in KV_DTYPES):
             raise InvalidValueError(f"LLMWorkload.kv_dtype must be None (the weights' dtype) or one of "
                                     f"{sorted(KV_DTYPES)}, got {self.kv_dtype!r}")
 

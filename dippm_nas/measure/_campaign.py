@@ -61,6 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from dippm_nas._deprecation import MISSING, renamed_keyword
+from dippm_nas._files import check_output, write_output
 from dippm_nas._json import loads_json, read_json_file
 from dippm_nas._numbers import as_int, as_real
 from dippm_nas._platform import cpu_model_name
@@ -340,11 +341,11 @@ class _Writer:
     def _header(self) -> None:
         line = json.dumps({"type": "header", "format": JSONL_FORMAT, "schema_version": JSONL_SCHEMA_VERSION,
                            "meta": self.meta}) + "\n"
-        with open(self.path, "w", encoding="utf-8") as f:
-            f.write(line)
+        write_output(self.path, line, "campaign part", error=MeasurementError)
 
     def write(self, record: dict[str, Any]) -> None:
         line = json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n"
+        check_output(self.path, "campaign part", error=MeasurementError)  # appended to: a regular file, never a FIFO
         if self.path.stat().st_size + len(line.encode()) > self.max_bytes:
             self.index += 1
             self.path = self.out / _PART.format(self.index)
@@ -356,9 +357,7 @@ class _Writer:
 
 
 def _write_json(path: Path, obj: Any) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(obj, indent=1, default=str))
-    tmp.replace(path)
+    write_output(path, json.dumps(obj, indent=1, default=str), "campaign file", error=MeasurementError)
 
 
 # ------------------------------------------------------------------------------- the machine

@@ -69,6 +69,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dippm_nas._files import write_output
 from dippm_nas._json import loads_json
 from dippm_nas._numbers import as_int, is_real
 from dippm_nas._redact import redact_url
@@ -785,11 +786,9 @@ class HardwareAwareTuner(Tuner):
             return
         d: dict[str, Any] = dict(self._counts())
         d["infeasible_configs"] = [json.loads(c) for c in self.stats.infeasible_configs]
-        tmp = self.stats_file.with_suffix(".tmp")
         try:
-            tmp.write_text(json.dumps(d, indent=1))
-            tmp.replace(self.stats_file)
-        except OSError as e:
+            write_output(self.stats_file, json.dumps(d, indent=1), "tuner stats file", error=InvalidValueError)
+        except InvalidValueError as e:
             if "stats" not in self._warned:
                 self._warned.add("stats")
                 logger.warning("could not write tuner stats to %s: %s", self.stats_file, e)

@@ -84,6 +84,7 @@ from typing import Any
 
 import numpy as np
 
+from dippm_nas._files import write_output
 from dippm_nas._json import read_json_file
 from dippm_nas._paths import cache_dir
 from dippm_nas._schema import from_file_data
@@ -572,7 +573,8 @@ def save_calibration(cal: Calibration) -> Path:
     require_plausible(cal)
     p = calibration_path(cal.device)
     p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(json.dumps(asdict(cal), indent=1, sort_keys=True) + "\n")
+    write_output(p, json.dumps(asdict(cal), indent=1, sort_keys=True) + "\n", "calibration file",
+                 error=InvalidValueError)
     logger.info("calibration of %s written to %s", cal.device, p)
     return p
 

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from dippm_nas._files import check_output, output_path, write_output
 from dippm_nas._gc import gc_paused
 from dippm_nas._logging import WarnOnce
 from dippm_nas._platform import cpu_model_name
@@ -298,7 +299,13 @@ class GnnPredictor(BasePredictor):
         return cls(model, meta, device, novelty_ref=ref, **kwargs)
 
     def save(self, path: str | Path) -> None:
-        """Write ``path`` (``.pt``) and its ``.json`` metadata sidecar."""
+        """Write ``path`` (``.pt``) and its ``.json`` metadata sidecar, each through a temporary file renamed
+        into place (:func:`dippm_nas._files.output_path`).
+
+        Raises:
+            CheckpointError: ``path`` or its sidecar is a directory, a FIFO, a device or a dangling symbolic
+                link, or the write fails.
+        """
         import torch
 
         path = Path(path)
@@ -307,8 +314,11 @@ class GnnPredictor(BasePredictor):
         blob: dict[str, Any] = {"meta": self.meta.to_json(), "state": state}
         if self.novelty_ref is not None:
             blob["novelty_ref"] = torch.as_tensor(self.novelty_ref).detach().to(torch.float32).clone()
-        torch.save(blob, path)
-        path.with_suffix(".json").write_text(self.meta.to_json() + "\n")
+        check_output(path.with_suffix(".json"), "checkpoint sidecar", error=CheckpointError)
+        with output_path(path, "checkpoint", error=CheckpointError) as tmp:
+            torch.save(blob, tmp)
+        write_output(path.with_suffix(".json"), self.meta.to_json() + "\n", "checkpoint sidecar",
+                     error=CheckpointError)
 
     # ------------------------------------------------------------- features
     def features(self, graph: OperatorGraph, device: str | None = None) -> GraphFeatures:

@@ -25,6 +25,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from dippm_nas._files import write_output
 from dippm_nas._json import check_keys, loads_json, read_json_file
 from dippm_nas._schema import check_file_fields, file_layout, from_file_data
 from dippm_nas.errors import DippmNasError, InvalidValueError
@@ -338,8 +339,15 @@ class PriorParams:
                    host_model=host_model, **glob)
 
     def save(self, path: str | Path) -> None:
-        """Write as JSON (the format :func:`load` reads)."""
-        Path(path).write_text(json.dumps(self.to_dict(), indent=1, sort_keys=False) + "\n", encoding="utf-8")
+        """Write as JSON (the format :func:`load` reads), through a temporary file renamed into place
+        (:func:`dippm_nas._files.write_output`).
+
+        Raises:
+            InvalidValueError: ``path`` is a directory, a FIFO, a device or in a missing directory, or the write
+                fails.
+        """
+        write_output(path, json.dumps(self.to_dict(), indent=1, sort_keys=False) + "\n", "prior parameters file",
+                     error=InvalidValueError)
 
     @classmethod
     def load(cls, path: str | Path) -> "PriorParams":

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from dippm_nas._files import write_output
 from dippm_nas._json import check_keys, read_json_file
 from dippm_nas._schema import from_file_data
 from dippm_nas.devices import Device
@@ -155,8 +156,15 @@ class PowerTable:
                    command=str(d.get("command", "")), metrics=dict(d.get("metrics") or {}))
 
     def save(self, path: str | Path) -> None:
-        """Write as JSON (the format :meth:`load` reads)."""
-        Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n", encoding="utf-8")
+        """Write as JSON (the format :meth:`load` reads), through a temporary file renamed into place
+        (:func:`dippm_nas._files.write_output`).
+
+        Raises:
+            InvalidValueError: ``path`` is a directory, a FIFO, a device or in a missing directory, or the write
+                fails.
+        """
+        write_output(path, json.dumps(self.to_dict(), indent=1) + "\n", "power parameters file",
+                     error=InvalidValueError)
 
     @classmethod
     def load(cls, path: str | Path) -> "PowerTable":

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 from scipy.stats import kendalltau
 
+from dippm_nas._files import write_output
 from dippm_nas._optional import require
 from dippm_nas.deployment import Deployment
 from dippm_nas.errors import DatasetError, InvalidValueError
@@ -187,7 +188,7 @@ def write_report(sections: Sequence[tuple[str, Mapping[str, Any]]], path: str | 
         lines.append("")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines) + "\n")
+    write_output(path, "\n".join(lines) + "\n", "evaluation report", error=InvalidValueError)
     return path
 
 

@@ -86,12 +86,12 @@ def uncertainty_of(user_attrs: dict[str, Any] | TrialRecord) -> float:
     return UNKNOWN_UNCERTAINTY if rel is None else rel
 
 
-def _record_of(user_attrs: dict[str, Any]) -> TrialRecord | None:
-    """The trial's record, ``None`` when its attributes hold no prediction."""
+def _record_of(user_attrs: dict[str, Any]) -> tuple[TrialRecord | None, str]:
+    """The trial's record, or ``None`` and why when its attributes hold no prediction or are malformed."""
     try:
-        return TrialRecord.from_attrs(user_attrs)
-    except DippmNasError:
-        return None
+        return TrialRecord.from_attrs(user_attrs), ""
+    except DippmNasError as e:
+        return None, str(e)
 
 
 @dataclass
@@ -100,7 +100,9 @@ class RoundReport:
 
     Attributes:
         enqueued: trial numbers enqueued this round (in priority order).
-        skipped: trial numbers of the front that cannot be rebuilt (no search-space attributes).
+        skipped: trial numbers of the front that cannot be rebuilt (no search-space attributes), whose
+            attributes are malformed, or whose prediction for the validation device failed.
+        skip_reasons: ``{trial number: why it was skipped}`` for each of :attr:`skipped`.
         measured: jobs measured here this round (local mode).
         seconds: wall time of the round, seconds.
         adaptation_version, adaptation_rows: the validation device's newest stored adaptation after the round
@@ -109,6 +111,7 @@ class RoundReport:
 
     enqueued: list[int] = field(default_factory=list)
     skipped: list[int] = field(default_factory=list)
+    skip_reasons: dict[int, str] = field(default_factory=dict)
     measured: int = 0
     seconds: float = 0.0
     adaptation_version: int | None = None
@@ -288,16 +291,29 @@ class ParetoValidator:
     def select(self, study: Any) -> tuple[list[Any], list[int]]:
         """The trials the next round would enqueue (priority order, at most ``max_per_round``) and the
         Pareto trials skipped because they cannot be rebuilt."""
+        chosen, skipped, _ = self._select(study)
+        return chosen, skipped
+
+    def _select(self, study: Any) -> tuple[list[Any], list[int], dict[int, str]]:
+        """:meth:`select`, with why each trial was skipped."""
         queue = self.queue_for(study)
         known = queue.trial_numbers(study.study_name, self.device)
         front = list(study.best_trials)  # feasible trials only when the study has constraints
-        cands, skipped = [], []
+        cands, skipped, reasons = [], [], {}
         for t in front:
             if t.number in known:
                 continue
-            record = _record_of(t.user_attrs)
-            if record is None or not record.rebuildable:
+            record, why = _record_of(t.user_attrs)
+            if record is None:
                 skipped.append(t.number)
+                reasons[t.number] = why
+                _warn_once(f"malformed:{study.study_name}:{t.number}",
+                           "Pareto trial %d of study %s cannot be validated: %s; skipped", t.number,
+                           study.study_name, why)
+                continue
+            if not record.rebuildable:
+                skipped.append(t.number)
+                reasons[t.number] = f"it lacks the user attributes {list(REBUILD_ATTRS)}"
                 _warn_once(
                     f"norebuild:{study.study_name}:{t.number}",
                     "Pareto trial %d of study %s cannot be validated: it lacks the user attributes %s (evaluate "
@@ -308,7 +324,7 @@ class ParetoValidator:
                 continue
             cands.append((t, record))
         cands.sort(key=lambda tr: (-uncertainty_of(tr[1]), tr[0].number))
-        return [t for t, _ in cands[: self.max_per_round]], skipped
+        return [t for t, _ in cands[: self.max_per_round]], skipped, reasons
 
     def _use_adaptation(self, queue: JobQueue, space: str) -> Any:
         """The validation device's adaptable predictor, set to the newest stored adaptation of ``space`` (``None``
@@ -356,7 +372,7 @@ class ParetoValidator:
             self._last_round = _monotonic()
             report = RoundReport()
             queue = self.queue_for(study)
-            chosen, report.skipped = self.select(study)
+            chosen, report.skipped, report.skip_reasons = self._select(study)
             for t in chosen:
                 record = TrialRecord.from_attrs(t.user_attrs)
                 assert record.input_spec is not None and record.search_space is not None
@@ -369,11 +385,13 @@ class ParetoValidator:
                 try:
                     self._use_adaptation(queue, space)
                     predicted = self._predicted_for(space, config, spec)
-                except DippmNasError as e:
+                except Exception as e:  # noqa: BLE001 - one odd trial is skipped with its reason, the round goes on
+                    why = str(e) if isinstance(e, DippmNasError) else f"{type(e).__name__}: {e}"
                     _warn_once(f"predict:{study.study_name}:{t.number}",
                                "cannot predict trial %d of study %s on %s for validation (%s); not enqueued",
-                               t.number, study.study_name, self.device, e)
+                               t.number, study.study_name, self.device, why)
                     report.skipped.append(t.number)
+                    report.skip_reasons[t.number] = f"cannot predict it on {self.device}: {why}"
                     continue
                 job_id = queue.enqueue(study=study.study_name, trial_number=t.number, space=space, config=config,
                                        spec=spec, device=self.device, predicted=predicted,

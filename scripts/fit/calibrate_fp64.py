@@ -32,6 +32,8 @@ from scipy.optimize import minimize_scalar
 
 from dippm_nas.dataset import load_measurements
 from dippm_nas.prior import Execution, HostRow, PriorParams, default_params, estimate
+from dippm_nas.errors import InvalidValueError
+from dippm_nas.files import write_output
 
 #: op classes whose FP64 kernels get the fitted efficiency
 CLASSES = ("conv", "matmul")
@@ -103,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
             d["host_model"]["metrics"]["fit_float64"] = (
                 f"{cmd}: eta_compute_fp64 of {', '.join(CLASSES)} fitted on {len(rows)} float64 rows "
                 f"({', '.join(devices)}); sigma_log_gpu_bound_float64 is the RMS log error leave-one-GPU-out")
-        args.out.write_text(json.dumps(d, indent=1) + "\n", encoding="utf-8")
+        write_output(args.out, json.dumps(d, indent=1) + "\n", "--out", error=InvalidValueError)
         print(f"wrote eta_compute_fp64 and the float64 σ into {args.out}")
     return 0
 

@@ -30,6 +30,8 @@ import numpy as np
 from dippm_nas.dataset import load_measurements
 from dippm_nas.prior import (HOST_KINDS, Execution, HostModel, HostRow, PriorParams, default_params, estimate,
                              fit_host_model, host_model_latency_ms)
+from dippm_nas.errors import InvalidValueError
+from dippm_nas.files import write_output
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
                 if k.endswith("_float64") or k in ("sigma_log_gpu_unseen", "fit_gpu_unseen")}
         d["host_model"] = model.to_dict()
         d["host_model"]["metrics"].update(kept)
-        args.out.write_text(json.dumps(d, indent=1) + "\n", encoding="utf-8")
+        write_output(args.out, json.dumps(d, indent=1) + "\n", "--out", error=InvalidValueError)
         print(f"wrote host_model into {args.out}")
     return 0
 

@@ -53,6 +53,8 @@ from scipy.stats import kendalltau
 from dippm_nas.devices import get_device
 from dippm_nas.prior import PriorParams, estimate, kernel_time_us
 from dippm_nas.prior import OpClassParams
+from dippm_nas.errors import InvalidValueError
+from dippm_nas.files import write_output
 
 # ----------------------------------------------------------------------------------------- metrics
 
@@ -307,7 +309,7 @@ def cached_capture(key: str, build: Callable[[], Any], spec: Any) -> Any:
         warnings.simplefilter("ignore")
         g = capture(build(), spec, cache=False)
     d.mkdir(parents=True, exist_ok=True)
-    path.write_text(g.to_json())
+    write_output(path, g.to_json(), "output file", error=InvalidValueError)
     return g
 
 

@@ -53,6 +53,8 @@ from dippm_nas.training import (  # noqa: E402
     GRADED_MIN_ROWS, Example, attach_novelty_reference, evaluate_examples, featurize_examples, fit_graded_floor,
     fit_novel_floor, is_timm, load_examples, split_d0, split_examples, split_fraction, timm_family,
 )
+from dippm_nas.errors import InvalidValueError
+from dippm_nas.files import output_path, write_output
 
 DEFAULT_TARGET = "latency_ms"
 
@@ -64,7 +66,7 @@ def _slug(group: str) -> str:
 
 def _write_rows(path: Path, group: str, rows: Sequence[dict]) -> None:
     """One JSON line per evaluated row of ``group``."""
-    with path.open("w") as f:
+    with output_path(path, "output file", error=InvalidValueError) as tmp, tmp.open("w") as f:
         for r in rows:
             f.write(json.dumps({"group": group, **{k: v for k, v in r.items() if isinstance(v, (int, float, str))}})
                     + "\n")
@@ -251,7 +253,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     pred.save(args.out)
     print(f"wrote {args.out}")
     if args.json:
-        Path(args.json).write_text(json.dumps(res, indent=1))
+        write_output(args.json, json.dumps(res, indent=1), "--json", error=InvalidValueError)
     return 0
 
 

@@ -38,6 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from dippm_nas.training import SHRINK_GRID, fit_novel_floor, fit_shrink_width  # noqa: E402
 from dippm_nas.predictor import NoveltyFloor, correction_weight  # noqa: E402
+from dippm_nas.errors import InvalidValueError  # noqa: E402
+from dippm_nas.files import write_output  # noqa: E402
 
 #: novel rows needed to fit a floor on them only (else all rows)
 MIN_NOVEL_ROWS = 20
@@ -215,7 +217,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ship.save(args.out)
     print(f"wrote {args.out}: novelty {json.dumps(ship.meta.novelty)[:300]}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"fit": fit, "novelty": ship.meta.novelty}, indent=1, default=float))
+        write_output(args.json, json.dumps({"fit": fit, "novelty": ship.meta.novelty}, indent=1, default=float), "--json",
+                     error=InvalidValueError)
     return 0
 
 

@@ -4,7 +4,7 @@
 The rule each test checks: a bad value is a :class:`DippmNasError` that names the rule, the value and the
 choices (never a bare ``KeyError`` / ``TypeError`` / ``ValueError``, never a silently truncated or accepted
 value); a NumPy scalar is the number it holds; a command line with a bad number is a usage error (exit 2)
-before any work; an output path that cannot be written fails before the work that fills it (exit 1); a file
+before any work; an output path that cannot be written fails before the work that fills it (exit 2); a file
 given as a model is read only when it is a regular file within a stated size.
 """
 
@@ -272,14 +272,14 @@ def test_c2_host_profile_to_an_unwritable_path_fails_before_the_benchmark(tmp_pa
         raise AssertionError("the benchmark ran before the output path was checked")
 
     monkeypatch.setattr(devices, "measure_host_profile", benchmark)
-    assert main(["host-profile", "--out", str(tmp_path / "missing" / "host.json")]) == 1
+    assert main(["host-profile", "--out", str(tmp_path / "missing" / "host.json")]) == 2
     err = capsys.readouterr().err
     assert "the directory" in err and "does not exist" in err
-    assert main(["host-profile", "--out", str(tmp_path)]) == 1
+    assert main(["host-profile", "--out", str(tmp_path)]) == 2
     assert "is a directory" in capsys.readouterr().err
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
-    assert main(["host-profile", "--out", str(blocker / "host.json"), "--json"]) == 1
+    assert main(["host-profile", "--out", str(blocker / "host.json"), "--json"]) == 2
     assert "--out" in capsys.readouterr().out
 
 
@@ -293,7 +293,7 @@ def test_c3_host_profile_to_a_read_only_directory_fails_before_the_benchmark(
     ro.mkdir()
     ro.chmod(0o555)
     try:
-        assert main(["host-profile", "--out", str(ro / "host.json")]) == 1
+        assert main(["host-profile", "--out", str(ro / "host.json")]) == 2
         assert "cannot be written" in capsys.readouterr().err
     finally:
         ro.chmod(0o755)
@@ -312,11 +312,11 @@ def test_c4_gpu_campaign_and_train_check_their_output_paths_before_the_work(tmp_
     monkeypatch.setattr(training, "train_predictor", work)
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
-    assert main(["gpu-campaign", "--out", str(blocker / "campaign"), "--torch-device", "cpu"]) == 1
+    assert main(["gpu-campaign", "--out", str(blocker / "campaign"), "--torch-device", "cpu"]) == 2
     assert "cannot be created" in capsys.readouterr().err
-    assert main(["gpu-campaign", "--out", str(blocker), "--torch-device", "cpu"]) == 1
+    assert main(["gpu-campaign", "--out", str(blocker), "--torch-device", "cpu"]) == 2
     assert "is a file, not a directory" in capsys.readouterr().err
-    assert main(["train", "--data", str(tmp_path / "d.sqlite"), "--out", str(tmp_path / "no" / "x.pt")]) == 1
+    assert main(["train", "--data", str(tmp_path / "d.sqlite"), "--out", str(tmp_path / "no" / "x.pt")]) == 2
     assert "does not exist" in capsys.readouterr().err
 
 

@@ -688,3 +688,18 @@ def test_real_round_and_validate_worker_cli(tmp_path: Path, capsys: pytest.Captu
     (job5,) = [j for j in q.jobs() if j.trial_number == 5]
     assert job5.result["stop_reason"] == "rounds" and job5.result["n_repeats"] == 4
     assert {r.trial_number for r in q.results(study=study.study_name)} == {0, 5}
+
+
+def test_an_odd_trial_is_skipped_with_its_reason_and_the_round_goes_on(fake_predicted: None) -> None:
+    study = optuna.create_study(directions=["maximize", "minimize"])
+    _add(study, [0, 0], {**_attrs(8), "predicted_latency_ms": "fast"})  # a string figure
+    _add(study, [1, 1], {**_attrs(9), "unknown_ops": ["conv"]})  # a list where counts belong
+    _add(study, [2, 2], {**_attrs(10), "search_space_config": {"width": 3}})  # _predicted_for: KeyError
+    _add(study, [3, 3], _attrs(11))
+    v = ParetoValidator("host-cpu", max_per_round=10, measure_fn=FakeMeasure())
+    report = v.run_round(study)
+    assert report.enqueued == [3] and sorted(report.skipped) == [0, 1, 2]
+    assert "predicted_latency_ms must be a number, got str 'fast'" in report.skip_reasons[0]
+    assert "unknown_ops must map operator names to counts" in report.skip_reasons[1]
+    assert "KeyError" in report.skip_reasons[2] and "cannot predict it on host-cpu" in report.skip_reasons[2]
+    assert report.measured == 1
