@@ -28,13 +28,24 @@ A figure whose prediction has no σ (``None``: the source gives none) is checked
 never silent: the :class:`ChanceCheck` says ``std_missing=True``, the integrations record it on the trial
 (``std_missing_<figure>``) and a warning is logged once per figure and source.
 
+**Calibrated probabilities.** ``Budgets(..., confidence=0.9)`` replaces the Gaussian reading of ``k_sigma``: a
+figure is bounded by ``mean * exp(q * std / mean)`` with ``q`` the conformal quantile of its checkpoint's
+calibration (:mod:`dippm_nas.conformal`; the file ``<checkpoint>.conformal.json`` next to the checkpoint, loaded by
+:meth:`Budgets.for_predictor`) for the prediction's regime, so that ``P(true <= budget) >= confidence`` on the rows
+the calibration measured. Without a calibration (or one without the figure) the Gaussian quantile of
+``confidence`` is used, and the check's ``labels`` say so (``conformal_fallback_<figure>``), as they do when a
+regime had too few calibration rows and a wider one answered. ``k_sigma`` still applies where ``confidence`` is
+``None`` (the default).
+
 The constraint value handed to a sampler keeps Optuna's convention: ``mean + k * std - budget`` in the
 figure's own unit (ms, J, MiB), ``<= 0`` feasible; for a minimum, ``budget - (mean - k * std)``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -64,7 +75,7 @@ MINIMUM_FIGURES: frozenset[str] = frozenset({"tokens_per_s", "max_batch"})
 BUDGET_FIGURES: dict[str, str] = {"latency_ms": "ms per batch", "energy_j": "J per batch", "memory_mib": "MiB",
                                   **LLM_BUDGET_FIGURES}
 #: Keys :meth:`Budgets.from_mapping` accepts.
-BUDGET_KEYS: tuple[str, ...] = (*BUDGET_FIGURES, "mig_profile", "k_sigma", "k_sigmas")
+BUDGET_KEYS: tuple[str, ...] = (*BUDGET_FIGURES, "mig_profile", "k_sigma", "k_sigmas", "confidence", "conformal")
 
 
 def check_k_sigma(value: Any, what: str = "k_sigma") -> float:
@@ -102,6 +113,9 @@ class ChanceCheck:
         margin: ``-value`` (``>= 0`` feasible): room left within the budget.
         feasible: ``value <= 0``.
         minimum: the budget is a minimum (:data:`MINIMUM_FIGURES`).
+        confidence: the probability the bound holds with (``Budgets.confidence``), or ``None`` (``k_sigma`` rule).
+        labels: how a ``confidence`` bound was made: ``conformal_regime_<figure>`` (the calibration regime used),
+            ``conformal_fallback_<figure>`` (why a wider regime or the Gaussian quantile answered).
     """
 
     name: str
@@ -116,6 +130,8 @@ class ChanceCheck:
     margin: float
     feasible: bool
     minimum: bool = False
+    confidence: float | None = None
+    labels: dict[str, str] = field(default_factory=dict)
 
     @property
     def ratio(self) -> float:
@@ -147,6 +163,11 @@ class Budgets:
         prefill_ms, decode_ms_per_token, energy_j_per_token: most time to the first token, time per decode step
             and energy per generated token of an LLM generation (ms, ms, J).
         tokens_per_s, max_batch: least tokens per second and sequences held at once of an LLM generation.
+        confidence: when set (strictly between 0 and 1), every figure is bounded so that the true value meets
+            its budget with this probability by the conformal calibration (module docstring); ``k_sigma`` is then
+            unused. ``None`` (default): the ``k_sigma`` rule.
+        conformal: the :class:`~dippm_nas.conformal.ConformalCalibration` (or the path of its JSON file) the
+            ``confidence`` bounds read; ``None``: the checkpoint's own, attached by :meth:`for_predictor`.
 
     Raises:
         BudgetError: a budget that is not a finite number > 0, a ``k_sigma`` that is negative or not
@@ -169,6 +190,8 @@ class Budgets:
     energy_j_per_token: float | None = None
     tokens_per_s: float | None = None
     max_batch: float | None = None
+    confidence: float | None = None
+    conformal: Any = None
 
     def __post_init__(self) -> None:
         for name in BUDGET_FIGURES:
@@ -184,10 +207,21 @@ class Budgets:
             raise BudgetError(f"unknown budget keys {unknown} in k_sigmas; valid keys are {list(BUDGET_FIGURES)}")
         ks = {k: check_k_sigma(v, f"k_sigmas[{k!r}]") for k, v in self.k_sigmas.items()}
         object.__setattr__(self, "k_sigmas", ks)
+        if self.confidence is not None or self.conformal is not None:
+            from dippm_nas.conformal import ConformalCalibration, check_confidence
+
+            if self.confidence is not None:
+                object.__setattr__(self, "confidence", check_confidence(self.confidence))
+            if self.conformal is not None and not isinstance(self.conformal, ConformalCalibration):
+                if not isinstance(self.conformal, (str, bytes)) and not hasattr(self.conformal, "__fspath__"):
+                    raise BudgetError(f"conformal must be a ConformalCalibration, the path of its JSON file or None, "
+                                      f"got {type(self.conformal).__name__}")
+                object.__setattr__(self, "conformal", ConformalCalibration.load(self.conformal))
 
     def __hash__(self) -> int:
         return hash((*(getattr(self, n) for n in BUDGET_FIGURES), self.mig_profile, self.k_sigma,
-                     tuple(sorted(self.k_sigmas.items()))))
+                     tuple(sorted(self.k_sigmas.items())), self.confidence,
+                     None if self.conformal is None else self.conformal.checkpoint_sha256))
 
     @classmethod
     def from_mapping(cls, d: Mapping[str, Any]) -> "Budgets":
@@ -213,6 +247,30 @@ class Budgets:
         if isinstance(budgets, Mapping):
             return cls.from_mapping(budgets)
         raise BudgetError(f"budgets must be a Budgets, a mapping or None, got {type(budgets).__name__}")
+
+    def for_predictor(self, predictor: Any) -> "Budgets":
+        """These budgets with the conformal calibration of ``predictor``'s checkpoint attached where
+        ``confidence`` is set and none is (``<checkpoint>.conformal.json``, when it exists; else unchanged and
+        each check flags the Gaussian fallback).
+
+        Raises:
+            CheckpointError: the calibration given, or the file next to the checkpoint, is of another checkpoint,
+                has no coverage or does not parse.
+        """
+        if self.confidence is None:
+            return self
+        from dippm_nas.conformal import conformal_for
+        from dippm_nas.errors import CheckpointError
+
+        sha = predictor.checkpoint_hash() if callable(getattr(predictor, "checkpoint_hash", None)) else None
+        if self.conformal is not None:
+            if sha is not None and self.conformal.checkpoint_sha256 != sha:
+                raise CheckpointError(f"the conformal calibration is of checkpoint "
+                                      f"{self.conformal.checkpoint_sha256[:12]}..., the predictor's is {sha[:12]}...: "
+                                      "refit it for this checkpoint (scripts/fit/fit_conformal.py)")
+            return self
+        cal = conformal_for(predictor)
+        return self if cal is None else dataclasses.replace(self, conformal=cal)
 
     # ------------------------------------------------------------------ reading
     def k_for(self, name: str) -> float:
@@ -244,6 +302,8 @@ class Budgets:
         d["k_sigma"] = self.k_sigma
         if self.k_sigmas or all_keys:
             d["k_sigmas"] = dict(self.k_sigmas)
+        if self.confidence is not None or all_keys:
+            d["confidence"] = self.confidence  # the calibration itself is the checkpoint's (for_predictor)
         return d
 
     def memory_limit(self, device: Any) -> tuple[float, str] | None:
@@ -304,21 +364,51 @@ class Budgets:
                     f"{prediction.device!r} has no {name} (source {source!r}); drop that budget or choose a "
                     "device with power figures"
                 )
+            out[name] = self._check_one(name, mean, std, source, budget, limit_source, prediction)
+        return out
+
+    def _check_one(self, name: str, mean: float, std: float | None, source: str, budget: float, limit_source: str,
+                   prediction: Any) -> ChanceCheck:
+        """One figure's :class:`ChanceCheck` (the ``k_sigma`` rule, or the ``confidence`` bound)."""
+        minimum = name in MINIMUM_FIGURES
+        missing = std is None
+        labels: dict[str, str] = {}
+        if self.confidence is None:
             k = self.k_for(name)
-            missing = std is None
-            if missing and k > 0:
-                _warn_once(f"std-missing:{name}:{source}",
-                           "the %s prediction (source %r) has no standard deviation; its budget is checked as "
-                           "mean + k_sigma * 0 (std_missing_%s is recorded)", name, source, name)
-            minimum = name in MINIMUM_FIGURES
+        else:
+            k, labels = self._conformal_k(name, prediction, minimum)
+        if missing and k > 0:
+            _warn_once(f"std-missing:{name}:{source}",
+                       "the %s prediction (source %r) has no standard deviation; its budget is checked as "
+                       "mean + k_sigma * 0 (std_missing_%s is recorded)", name, source, name)
+        if self.confidence is None or missing or float(mean) <= 0:
             spread = k * float(std) if std is not None else 0.0
             bound = float(mean) - spread if minimum else float(mean) + spread
-            value = budget - bound if minimum else bound - budget
-            out[name] = ChanceCheck(name=name, mean=float(mean), std=None if std is None else float(std),
-                                    std_missing=missing, k_sigma=k, bound=bound, budget=budget,
-                                    limit_source=limit_source, value=value, margin=-value, feasible=value <= 0,
-                                    minimum=minimum)
-        return out
+        else:
+            s_log = float(std) / float(mean)
+            bound = float(mean) * math.exp((-k if minimum else k) * s_log) if math.isfinite(k) else (
+                0.0 if minimum else math.inf)
+        value = budget - bound if minimum else bound - budget
+        return ChanceCheck(name=name, mean=float(mean), std=None if std is None else float(std),
+                           std_missing=missing, k_sigma=k, bound=bound, budget=budget, limit_source=limit_source,
+                           value=value, margin=-value, feasible=value <= 0, minimum=minimum,
+                           confidence=self.confidence, labels=labels)
+
+    def _conformal_k(self, name: str, prediction: Any, minimum: bool) -> tuple[float, dict[str, str]]:
+        """The conformal ``k`` of figure ``name`` at :attr:`confidence` for ``prediction``'s regime, with its
+        labels; the Gaussian quantile, flagged, without a calibration of the figure."""
+        from statistics import NormalDist
+
+        from dippm_nas.conformal import regime_of
+
+        assert self.confidence is not None
+        cal = self.conformal
+        if cal is None or name not in cal.figures:
+            why = "no conformal calibration" if cal is None else f"the conformal calibration has no {name}"
+            return NormalDist().inv_cdf(self.confidence), {
+                f"conformal_fallback_{name}": f"{why}: the Gaussian quantile of confidence {self.confidence:g}"}
+        m = cal.margin(name, self.confidence, regime_of(prediction), minimum=minimum)
+        return m.k, m.labels(name)
 
     def constraint_values(self, prediction: Any) -> dict[str, float]:
         """``{figure: mean + k * std - budget}`` (Optuna's convention: ``<= 0`` feasible; ms, J, MiB)."""
@@ -342,4 +432,7 @@ def trial_attrs(checks: Mapping[str, ChanceCheck]) -> dict[str, Any]:
         out[f"k_sigma_{n}"] = c.k_sigma
         out[f"margin_{n}"] = c.margin
         out[f"std_missing_{n}"] = c.std_missing
+        if c.confidence is not None:
+            out[f"confidence_{n}"] = c.confidence
+        out.update(c.labels)
     return out

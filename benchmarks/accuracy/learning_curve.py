@@ -22,11 +22,12 @@ the pool is scored. Methods at each ``n``:
   a Pareto order leaves is not a random part of the group);
 - ``factor``: the factor calibration alone (``GnnPredictor.fit_factor_calibration``: what ``calibrate()``
   fits below its hand-over);
-- ``adapt``: ``predictor.adapt(rows, persist=False)`` (factors + residual heads, amount chosen by CV);
+- ``adapt``: ``predictor.adapt(rows, persist=False)`` (factors + residual heads, each kept only where it wins out of
+  group: ``dippm_nas/predictor/_guard.py``);
 - ``scratch``: a model fitted on the n rows alone, without the pretrained network: a ridge regression of
   ``log(measured / prior)`` on the graph-level features (the checkpoint's standardised static features), the
-  penalty chosen by leave-one-out as the adaptation's (``fit_residual_head`` with one member), σ its LOO
-  residuals.
+  penalty and shrink chosen by leave-one-row-out (``fit_residual_head`` with one member and no groups), σ its
+  leave-one-out residuals.
 
 Metrics on the scored rows: latency MAPE (%), Kendall τ, share within ±2σ; medians over draws; and the MAPE of
 the scored rows the uncalibrated prediction calls host-bound (``details["host_bound"]``: its host timeline longer

@@ -8,6 +8,10 @@ when its measured latency is. The script prints, per budget and ``k``:
 - ``rejected %``: the share of really-within models that are not admitted (what a search never sees);
 - the counts behind them, and the share of measurements inside ``mean +- 2 std`` (coverage).
 
+With ``--confidence 0.9 --conformal FILE`` (a checkpoint's :mod:`dippm_nas.conformal` calibration), also the rule
+``Budgets(confidence=0.9)``; ``benchmarks/accuracy/conformal_budgets.py`` fits that file and scores it per cell on
+rows the calibration did not see.
+
 Input, either:
 
 - ``--rows FILE``: a CSV or JSON Lines file with one row per model: the predicted mean, its std and the
@@ -92,8 +96,11 @@ def rows_from_dataset(path: Path, device: str, *, limit: int | None = None,
 
 
 def search_view(rows: Sequence[tuple[float, float | None, float]], *, percentiles: Sequence[int] = PERCENTILES,
-                ks: Sequence[float] = KS) -> dict[str, Any]:
-    """The table of the module docstring as a dict: ``{"p25": {"budget_ms": ..., "k=1": {...}}, ...}``."""
+                ks: Sequence[float] = KS, confidences: Sequence[float] = (), conformal: Any = None,
+                predictions: Sequence[Prediction] | None = None) -> dict[str, Any]:
+    """The table of the module docstring as a dict: ``{"p25": {"budget_ms": ..., "k=1": {...}}, ...}``; with
+    ``confidences``, also ``"c=0.9"`` entries: admitted by ``Budgets(confidence=c, conformal=conformal)`` (the
+    predictions' own regimes read from ``predictions``, one per row, where given)."""
     mean = np.array([r[0] for r in rows], dtype=float)
     std = np.array([r[1] if r[1] is not None else 0.0 for r in rows], dtype=float)
     missing = sum(r[1] is None for r in rows)
@@ -105,13 +112,15 @@ def search_view(rows: Sequence[tuple[float, float | None, float]], *, percentile
         budget = float(np.percentile(measured, pct))
         within = measured <= budget
         entry: dict[str, Any] = {"budget_ms": budget, "within": int(within.sum())}
-        for k in ks:
-            b = Budgets(latency_ms=budget, k_sigma=k)
-            admitted = np.array([b.feasible(_pred(m, s)) for m, s in zip(mean, std)], dtype=bool)
+        rules = [(f"k={k:g}", Budgets(latency_ms=budget, k_sigma=k)) for k in ks]
+        rules += [(f"c={c:g}", Budgets(latency_ms=budget, confidence=c, conformal=conformal)) for c in confidences]
+        for key, b in rules:
+            preds = predictions if predictions is not None else [_pred(m, s) for m, s in zip(mean, std)]
+            admitted = np.array([b.feasible(p) for p in preds], dtype=bool)
             n_adm = int(admitted.sum())
             over = int((admitted & ~within).sum())
             rejected = int((~admitted & within).sum())
-            entry[f"k={k:g}"] = {
+            entry[key] = {
                 "admitted": n_adm, "admitted_over": over, "within_rejected": rejected,
                 "over_pct": 100.0 * over / n_adm if n_adm else math.nan,
                 "rejected_pct": 100.0 * rejected / int(within.sum()) if within.any() else math.nan,
@@ -127,17 +136,19 @@ def _pred(mean: float, std: float) -> Prediction:
                       dtype="float32", latency_ms_std=float(std))
 
 
-def print_table(view: dict[str, Any], percentiles: Sequence[int] = PERCENTILES, ks: Sequence[float] = KS) -> None:
+def print_table(view: dict[str, Any], percentiles: Sequence[int] = PERCENTILES, ks: Sequence[float] = KS,
+                confidences: Sequence[float] = ()) -> None:
     print(f"{view['n']} models; latency MAPE {view['mape_pct']:.1f} %; measured within mean +- 2 std: "
           f"{100 * view['coverage_2sigma']:.1f} %" + (f"; {view['std_missing']} rows without a std (taken as 0)"
                                                        if view["std_missing"] else ""))
-    print(f"{'budget':>16}{'k':>4}{'admitted':>10}{'over %':>9}{'within':>8}{'rejected %':>12}")
+    print(f"{'budget':>16}{'rule':>7}{'admitted':>10}{'over %':>9}{'within':>8}{'rejected %':>12}")
+    keys = [f"k={k:g}" for k in ks] + [f"c={c:g}" for c in confidences]
     for pct in percentiles:
         e = view[f"p{pct}"]
-        for k in ks:
-            c = e[f"k={k:g}"]
-            label = f"p{pct} {e['budget_ms']:.3g} ms" if k == ks[0] else ""
-            print(f"{label:>16}{k:>4g}{c['admitted']:>10}{c['over_pct']:>9.1f}{e['within']:>8}{c['rejected_pct']:>12.1f}")
+        for i, key in enumerate(keys):
+            c = e[key]
+            label = f"p{pct} {e['budget_ms']:.3g} ms" if i == 0 else ""
+            print(f"{label:>16}{key:>7}{c['admitted']:>10}{c['over_pct']:>9.1f}{e['within']:>8}{c['rejected_pct']:>12.1f}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -151,6 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mean-col", default="latency_ms")
     ap.add_argument("--std-col", default="latency_ms_std")
     ap.add_argument("--measured-col", default="measured_latency_ms")
+    ap.add_argument("--confidence", type=float, action="append", default=[],
+                    help="also the rule Budgets(confidence=C) (repeatable)")
+    ap.add_argument("--conformal", type=Path, default=None, help="the conformal calibration file those bounds read")
     ap.add_argument("--json", type=Path, default=None, help="write the figures here")
     args = ap.parse_args(argv)
     print(f"machine: {machine()}")
@@ -164,8 +178,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{info['predictor']}: {info['rows']} rows; flagged {info['flagged']}")
     if not rows:
         raise SystemExit("no rows to compare")
-    view = search_view(rows)
-    print_table(view)
+    view = search_view(rows, confidences=args.confidence, conformal=args.conformal)
+    print_table(view, confidences=args.confidence)
     if args.json is not None:
         write_output(args.json, json.dumps({**info, **view}, indent=1), "--json", error=InvalidValueError)
     return 0

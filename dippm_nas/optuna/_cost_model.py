@@ -133,6 +133,8 @@ class HardwareCostModel:
         budgets = Budgets.coerce(budgets)
         if k_sigma is not None:
             budgets = dataclasses.replace(budgets, k_sigma=check_k_sigma(k_sigma))
+        if budgets.confidence is not None:  # the checkpoint's conformal calibration (dippm_nas.conformal)
+            budgets = budgets.for_predictor(get_predictor(self.device))
         self.budgets: Budgets = budgets
         if isinstance(objectives, str):
             raise InvalidValueError(f"objectives must be a sequence of names, got the string {objectives!r}")

@@ -11,19 +11,19 @@ two corrections on the measured rows:
    rows (:func:`head_inputs`): warm-started from the checkpoint in the sense that the network's own features
    are kept and only a new last layer is learnt on top of its answer.
 
-The ridge penalty, and whether there is a head at all, is chosen by leave-one-out cross-validation on the
-rows themselves (closed form for ridge: ``e_i = (r_i - f_i) / (1 - H_ii)``, the ensemble's LOO residual the
-mean of its members'): candidate penalties :data:`RIDGE_GRID` and "no head"; the penalty of the smallest LOO
-error is kept when its gain over no head, paired row by row, exceeds :data:`SE_FACTOR` standard errors of that
-gain. Its inputs are clipped to the range of its rows and its shift to :data:`SHIFT_MARGIN` times their largest
-residual (no extrapolation beyond the measured part of the space). With few rows the CV keeps no
-head, or a heavily penalised one, and the adaptation is the factor calibration; with many rows a small
-penalty wins and the head is the network's own fit of the space. A target gets a head only with at least
+Every choice is scored out of group (:mod:`~dippm_nas.predictor._guard`): the rows are grouped by the family their
+graphs name, else by clusters of their embeddings. The factor calibration of a target is kept only where the
+factors fitted without each group beat the unadapted prediction on it (by ``SE_FACTOR`` standard errors of the paired
+gain). The head's ridge penalty (:data:`RIDGE_GRID`) and its shrink towards no head (``w`` in [0, 1], the evidence
+of the out-of-group shifts) are chosen by the error of heads fitted without each group on that group, and the head is
+kept only when its paired out-of-group gain over no head exceeds ``SE_FACTOR`` standard errors. Its inputs are
+clipped to the range of its rows and its shift to :data:`SHIFT_MARGIN` times their largest residual (no
+extrapolation beyond the measured part of the space). A target gets a head only with at least
 :data:`HEAD_MIN_ROWS` labelled rows.
 
 σ of an adapted figure: the spread of the adapted members (each member's answer plus its own head) and the
-root mean square of the chosen head's leave-one-out residuals, in quadrature:
-``sigma_log = sqrt(std_k(m_k + head_k)^2 + rmse_loo^2)``. Without a head the calibration's σ stays.
+root mean square of the chosen head's out-of-group residuals (after its shrink), in quadrature:
+``sigma_log = sqrt(std_k(m_k + head_k)^2 + rmse_oog^2)``. Without a head the calibration's σ stays.
 
 Adaptations are stored per :class:`AdaptationKey` (device, :attr:`dippm_nas.Deployment.key`, space) with their
 rows (:mod:`~dippm_nas.predictor._adapt_store`); :meth:`Adaptation.apply` is numpy only, so the numpy engine
@@ -53,6 +53,7 @@ from dippm_nas.errors import InvalidValueError
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.predictor._adapt_rows import StoredAdaptation, read_arrays, version_checksum
 from dippm_nas.predictor._calibrate import Calibration, calibration_from_data, calibration_problems
+from dippm_nas.predictor._guard import group_cv_head, keep_targets, row_groups
 from dippm_nas.predictor._meta import TARGETS
 
 __all__ = ["Adaptation", "AdaptationKey", "ResidualHead", "fit_residual_head", "deployment_key", "merge_rows",
@@ -73,9 +74,6 @@ SHIFT_MARGIN = 1.5
 #: Ridge penalties tried by leave-one-out cross-validation, on standardised features (the sum of squared
 #: log residuals plus ``lambda * |w|^2``): from a head that moves little to one that follows the rows.
 RIDGE_GRID: tuple[float, ...] = tuple(float(10.0 ** e) for e in np.arange(-1.0, 4.01, 0.5))
-#: How many standard errors of its paired leave-one-out gain a head must win by over no head: one, the usual
-#: one-standard-error rule of model selection (not tuned on the benchmark's rows).
-SE_FACTOR = 1.0
 #: Rows from which ``calibrate()`` hands over to ``adapt()`` (benchmarks/accuracy/learning_curve.py; docs/adaptation.md).
 HANDOVER_ROWS = 10
 #: Version of the stored form (JSON meta + npz arrays).
@@ -162,12 +160,15 @@ class ResidualHead:
     Attributes:
         target: the target it corrects (a name of :data:`~dippm_nas.predictor.TARGETS`).
         ridge: the penalty chosen by cross-validation, or ``None``: no head won (the factor calibration alone).
-        loo_rmse_log: root mean square of the ensemble's leave-one-out residuals with the chosen head (log).
+        loo_rmse_log: root mean square of the ensemble's out-of-group residuals with the chosen head, shrunk (log):
+            its σ.
         loo_rmse_none_log: the same without a head (the calibrated prediction's residuals).
         n: labelled rows it was fitted on.
         mean, std: ``[K, hidden]`` standardisation of each member's hidden layer on the rows.
         weight: ``[K, hidden]``; ``bias``: ``[K]``.
         lo, hi: ``[K, hidden]``, the standardised inputs' range on the rows; ``bound``: the largest |shift|.
+        shrink: the share ``w`` of the fitted head kept (``weight`` and ``bias`` are already scaled by it): the
+            out-of-group evidence for it (0 without a head).
     """
 
     target: str
@@ -182,6 +183,7 @@ class ResidualHead:
     lo: np.ndarray
     hi: np.ndarray
     bound: float
+    shrink: float = 1.0
 
     def members(self, hidden: np.ndarray) -> np.ndarray:
         """Each member's head on its hidden layer ``[K, G, hidden]``: ``[K, G]`` log shifts (zeros without a head)."""
@@ -193,18 +195,22 @@ class ResidualHead:
 
     def scalars(self) -> dict[str, Any]:
         return {"target": self.target, "ridge": self.ridge, "loo_rmse_log": self.loo_rmse_log,
-                "loo_rmse_none_log": self.loo_rmse_none_log, "n": self.n, "bound": self.bound}
+                "loo_rmse_none_log": self.loo_rmse_none_log, "n": self.n, "bound": self.bound,
+                "shrink": self.shrink}
 
 
 def fit_residual_head(target: str, hidden: np.ndarray, resid: np.ndarray, *,
-                      grid: Sequence[float] = RIDGE_GRID) -> ResidualHead:
-    """Fit one target's head by leave-one-out choice of the ridge penalty (module docstring).
+                      grid: Sequence[float] = RIDGE_GRID, groups: np.ndarray | None = None) -> ResidualHead:
+    """Fit one target's head: its ridge penalty and shrink chosen by leave-group-out error
+    (:func:`~dippm_nas.predictor._guard.group_cv_head`; module docstring).
 
     Args:
         target: the target's name.
         hidden: each member's hidden layer on the rows, ``[K, n, hidden]``.
         resid: ``log measured - log calibrated prediction`` per row, ``[n]``.
         grid: ridge penalties to try.
+        groups: ``[n]`` group index per row (:func:`~dippm_nas.predictor._guard.row_groups`); ``None``: each row
+            its own group (leave-one-out).
 
     Raises:
         InvalidValueError: shapes that do not pair up, or residuals that are not finite.
@@ -219,9 +225,12 @@ def fit_residual_head(target: str, hidden: np.ndarray, resid: np.ndarray, *,
     k, n, h = hidden.shape
     none_rmse = float(np.sqrt(np.mean(r ** 2))) if n else 0.0
     empty = ResidualHead(target, None, none_rmse, none_rmse, n, np.zeros((k, h)), np.ones((k, h)),
-                         np.zeros((k, h)), np.zeros(k), np.zeros((k, h)), np.zeros((k, h)), 0.0)
+                         np.zeros((k, h)), np.zeros(k), np.zeros((k, h)), np.zeros((k, h)), 0.0, 0.0)
     if n < HEAD_MIN_ROWS:
         return empty
+    g = np.arange(n) if groups is None else np.asarray(groups)
+    if g.shape != (n,):
+        raise InvalidValueError(f"groups must hold one group per row ({n}), got shape {g.shape}")
     mean = hidden.mean(1)
     std = hidden.std(1)
     live = std > _CONSTANT_STD
@@ -231,31 +240,18 @@ def fit_residual_head(target: str, hidden: np.ndarray, resid: np.ndarray, *,
     # calibrated prediction as it is), not a shift by the rows' mean residual
     x = np.concatenate([z, np.ones((k, n, 1))], 2)
     with _one_blas_thread():
-        svds = [np.linalg.svd(x[m], full_matrices=False) for m in range(k)]
-    errs = []  # per penalty, the ensemble's squared leave-one-out residual of each row
-    for lam in grid:
-        loo = np.zeros((k, n))
-        for m, (u, s, _vt) in enumerate(svds):
-            shrink = s ** 2 / (s ** 2 + lam)
-            fitted = u @ (shrink * (u.T @ r))
-            hat = (u ** 2) @ shrink
-            loo[m] = (r - fitted) / np.maximum(1.0 - hat, 1e-9)
-        errs.append(loo.mean(0) ** 2)
-    # the penalty of the smallest LOO error, kept when its gain over no head, paired on the rows, exceeds
-    # SE_FACTOR standard errors of that gain (a head that only fits the rows' noise is not kept)
-    chosen = int(np.argmin([e.mean() for e in errs]))
-    gain = r ** 2 - errs[chosen]
-    if not gain.mean() > SE_FACTOR * gain.std(ddof=1) / math.sqrt(n):
-        return empty
-    lam = float(grid[chosen])
-    best = (float(errs[chosen].mean()), lam)
-    coef = np.zeros((k, h + 1))
-    for m, (u, s, vt) in enumerate(svds):
-        coef[m] = vt.T @ ((s / (s ** 2 + lam)) * (u.T @ r))
+        choice = group_cv_head(x, r, g, grid, SHIFT_MARGIN)
+        if choice.ridge is None:
+            return empty
+        lam = choice.ridge
+        coef = np.zeros((k, h + 1))
+        for m in range(k):
+            u, s, vt = np.linalg.svd(x[m], full_matrices=False)
+            coef[m] = choice.shrink * (vt.T @ ((s / (s ** 2 + lam)) * (u.T @ r)))
     weight, bias = coef[:, :h], coef[:, h]
     bound = SHIFT_MARGIN * float(np.max(np.abs(r)))
-    return ResidualHead(target, lam, float(math.sqrt(best[0])), none_rmse, n, mean, std, weight, bias,
-                        z.min(1), z.max(1), bound)
+    return ResidualHead(target, lam, choice.rmse_log, none_rmse, n, mean, std, weight, bias,
+                        z.min(1), z.max(1), bound, choice.shrink)
 
 
 @dataclass(frozen=True)
@@ -273,6 +269,10 @@ class Adaptation:
         created_at: Unix seconds.
         rows_ignored: stored rows of its key left out of the fit (a checksum that did not match, a row that did
             not decode); its predictions say so (``details["adaptation_rows_ignored"]``).
+        guard: what the leave-group-out guard saw: ``groups_by`` (``"family"``, ``"clusters"`` or ``"rows"``),
+            ``groups`` (how many), ``factor_groups_by`` (the grouping the factors were scored with: ``"rows"`` where
+            the groups left fewer than half the rows with a fit of the others) and ``factors_kept`` (per target: did
+            the factor calibration win out of group).
     """
 
     key: AdaptationKey
@@ -283,6 +283,7 @@ class Adaptation:
     version: int = 0
     created_at: float = field(default_factory=time.time)
     rows_ignored: int = 0
+    guard: dict[str, Any] = field(default_factory=dict)
 
     @property
     def has_heads(self) -> bool:
@@ -312,7 +313,8 @@ class Adaptation:
                 "checkpoint_sha256": self.checkpoint_sha256, "rows": self.rows, "version": self.version,
                 "created_at": self.created_at,
                 "calibration": None if self.calibration is None else dataclasses.asdict(self.calibration),
-                "heads": [h.scalars() for h in self.heads.values()], "rows_ignored": self.rows_ignored}
+                "heads": [h.scalars() for h in self.heads.values()], "rows_ignored": self.rows_ignored,
+                "guard": self.guard}
 
     def arrays_npz(self) -> bytes:
         """The heads' arrays as an ``.npz`` (plain float64 arrays; read with ``allow_pickle=False``)."""
@@ -373,7 +375,7 @@ class Adaptation:
                 raise ValueError(f"head target {t!r} is not one of {TARGETS}")
             heads[t] = ResidualHead(t, None if s["ridge"] is None else float(s["ridge"]),
                                     float(s["loo_rmse_log"]), float(s["loo_rmse_none_log"]), int(s["n"]),
-                                    *_head_arrays(arrays, t), float(s["bound"]))
+                                    *_head_arrays(arrays, t), float(s["bound"]), _shrink(s.get("shrink", 1.0)))
         cal = None if d["calibration"] is None else calibration_from_data(d["calibration"], "its calibration")
         problems = [] if cal is None else calibration_problems(cal)
         if problems:
@@ -382,7 +384,23 @@ class Adaptation:
         return cls(key=AdaptationKey(**key),
                    checkpoint_sha256=str(d["checkpoint_sha256"]), rows=_int(d["rows"]), calibration=cal, heads=heads,
                    version=_int(d["version"]), created_at=float(d["created_at"]),
-                   rows_ignored=_int(d.get("rows_ignored", 0)))
+                   rows_ignored=_int(d.get("rows_ignored", 0)), guard=_guard(d.get("guard")))
+
+
+def _shrink(v: Any) -> float:
+    """A head's shrink of the meta JSON: a number in [0, 1]."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= float(v) <= 1.0:
+        raise ValueError(f"shrink {v!r} is not a number in [0, 1]")
+    return float(v)
+
+
+def _guard(v: Any) -> dict[str, Any]:
+    """The guard summary of the meta JSON: an object (absent: empty)."""
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise ValueError(f"guard {v!r} is not an object")
+    return dict(v)
 
 
 def _int(v: Any) -> int:
@@ -447,11 +465,68 @@ def apply_adaptation(adaptation: Adaptation, preds: Sequence[Any], member_out: n
 
 
 # ---------------------------------------------------------------------------------------------- fitting
+def _predict_with(predictor: Any, graphs: Sequence[OperatorGraph], cal: Calibration | None,
+                  deployment: Deployment) -> list[Any]:
+    """``graphs`` predicted with the factor calibration ``cal`` alone (no adaptation); the caller restores."""
+    predictor.calibration, predictor.adaptation = cal, None
+    predictor.clear_prediction_cache()
+    return predictor.predict_graphs(graphs, mig=False, deployment=deployment)
+
+
+def _log_resid(rows: Sequence[tuple[OperatorGraph, Mapping[str, float]]], preds: Sequence[Any | None],
+               targets: Sequence[str]) -> dict[str, np.ndarray]:
+    """``{target: [n] log measured - log predicted}``, NaN where a row has no label or no prediction."""
+    out = {}
+    for t in targets:
+        v = np.full(len(rows), np.nan)
+        for i, (_, y) in enumerate(rows):
+            p = preds[i]
+            pv = None if p is None else getattr(p, t)
+            if t in y and pv is not None and pv > 0:
+                v[i] = math.log(y[t]) - math.log(pv)
+        out[t] = v
+    return out
+
+
+def _out_of_group_factors(predictor: Any, rows: Sequence[tuple[OperatorGraph, Mapping[str, float]]],
+                          groups: np.ndarray, deployment: Deployment) -> list[Any | None]:
+    """Each row predicted with the factor calibration fitted without its group (``None``: no fit possible)."""
+    from dippm_nas.errors import DippmNasError
+
+    out: list[Any | None] = [None] * len(rows)
+    for gi in np.unique(groups):
+        te = np.flatnonzero(groups == gi)
+        tr = [rows[i] for i in np.flatnonzero(groups != gi)]
+        if len(tr) < 2:
+            continue
+        try:
+            cal = predictor.fit_factor_calibration(tr, deployment=deployment)
+        except DippmNasError as e:
+            logger.debug("no factor calibration without group %d: %s", gi, e)
+            continue
+        preds = _predict_with(predictor, [rows[i][0] for i in te], cal, deployment)
+        for i, p in zip(te, preds):
+            out[i] = p
+    return out
+
+
+def _without(cal: Calibration, drop: Sequence[str]) -> Calibration | None:
+    """``cal`` without the targets ``drop`` (``None`` when none is left)."""
+    if not drop:
+        return cal
+    keep = lambda d: {k: v for k, v in d.items() if k not in drop}  # noqa: E731
+    out = dataclasses.replace(cal, coef=keep(cal.coef), n=keep(cal.n), kept=keep(cal.kept), span=keep(cal.span),
+                              timeline=None if "latency_ms" in drop else cal.timeline)
+    return out if out.coef or out.timeline is not None else None
+
+
 def fit_adaptation(predictor: Any, rows: Sequence[tuple[OperatorGraph, Mapping[str, float]]], key: AdaptationKey,
                    deployment: Deployment) -> Adaptation | None:
     """Fit an :class:`Adaptation` of a :class:`~dippm_nas.predictor.GnnPredictor` on rows measured under
     ``deployment`` (module docstring); ``None`` when fewer than two distinct graphs are measured. The predictor
-    is left as it was.
+    is left as it was. The factor calibration of a target is kept only where the factors fitted without each
+    group of rows beat the unadapted prediction on that group, and each head is chosen out of group
+    (:mod:`~dippm_nas.predictor._guard`).
 
     Raises:
         DippmNasError: no row holds a label of the checkpoint's targets.
@@ -460,26 +535,39 @@ def fit_adaptation(predictor: Any, rows: Sequence[tuple[OperatorGraph, Mapping[s
     if len(rows) < 2:
         return None
     graphs = [g for g, _ in rows]
+    targets = list(predictor.meta.targets)
     saved = (predictor.calibration, predictor.adaptation)
     with predictor.one_network_pass(graphs):
+        _, hidden = predictor.member_outputs(graphs)
+        groups = row_groups([g.source for g in graphs], np.asarray(hidden, dtype=np.float64).mean(0))
         try:
-            cal = predictor.fit_factor_calibration(rows, deployment=deployment)
-            predictor.calibration, predictor.adaptation = cal, None
-            predictor.clear_prediction_cache()
-            preds = predictor.predict_graphs(graphs, mig=False, deployment=deployment)
+            raw = _predict_with(predictor, graphs, None, deployment)
+            cal: Calibration | None = predictor.fit_factor_calibration(rows, deployment=deployment)
+            oog = _out_of_group_factors(predictor, rows, groups.index, deployment)
+            factor_groups = groups.by
+            if 2 * sum(p is not None for p in oog) < len(rows):
+                # the groups leave most rows without a fit of the others (e.g. clusters of 4 + 1 rows): each row
+                # its own group for the factors, which are a fit of one to three numbers
+                oog = _out_of_group_factors(predictor, rows, np.arange(len(rows)), deployment)
+                factor_groups = "rows"
+            kept = keep_targets(_log_resid(rows, raw, targets), _log_resid(rows, oog, targets))
+            cal = _without(cal, [t for t in targets if not kept.get(t, False)])
+            preds = raw if cal is None else _predict_with(predictor, graphs, cal, deployment)
         finally:
             predictor.calibration, predictor.adaptation = saved
             predictor.clear_prediction_cache()
-        _, hidden = predictor.member_outputs(graphs)
     heads = {}
-    for t in predictor.meta.targets:
+    for t in targets:
         idx = [i for i, (_, y) in enumerate(rows) if t in y and getattr(preds[i], t) is not None]
         if len(idx) < 2:
             continue
         r = np.array([math.log(rows[i][1][t]) - math.log(getattr(preds[i], t)) for i in idx])
-        heads[t] = fit_residual_head(t, hidden[:, idx], r)
+        heads[t] = fit_residual_head(t, hidden[:, idx], r, groups=groups.index[idx])
+    guard = {"groups_by": groups.by, "groups": groups.count, "factor_groups_by": factor_groups,
+             "factors_kept": {t: bool(v) for t, v in sorted(kept.items())}}
+    logger.debug("adaptation of %s on %d rows: %s", key, len(rows), guard)
     return Adaptation(key=key, checkpoint_sha256=predictor.checkpoint_hash(), rows=len(rows), calibration=cal,
-                      heads=heads)
+                      heads=heads, guard=guard)
 
 
 def check_rows_key(measurements: Sequence[Any], key: AdaptationKey) -> None:

@@ -148,6 +148,8 @@ class GnnPredictor(BasePredictor):
         self._adaptation_ignored: set[str] = set()
         #: SHA-256 of the checkpoint file this predictor was loaded from (``None``: built in memory)
         self.checkpoint_sha256: str | None = None
+        #: the checkpoint file it was loaded from (``None``: built in memory); its conformal calibration lies beside it
+        self.checkpoint_path: Path | None = None
         self._adaptation_looked: set[str] = set()  # deployment keys whose stored adaptation was looked up
         # within one_network_pass: each graph's member outputs and head inputs, by the identity of its features
         self._member_memo: dict[int, tuple[np.ndarray, np.ndarray]] | None = None
@@ -244,7 +246,7 @@ class GnnPredictor(BasePredictor):
                 derived = read_derived_weights(digest)
             if derived is not None:
                 try:
-                    return cls._from_arrays(path, derived, device, **kwargs)._hashed(digest)
+                    return cls._from_arrays(path, derived, device, **kwargs)._hashed(digest, path)
                 except CheckpointError as e:  # the torch path reads the checkpoint itself (and rewrites the file)
                     if engine == "numpy":
                         raise
@@ -252,10 +254,11 @@ class GnnPredictor(BasePredictor):
             elif engine == "numpy":
                 raise CheckpointError(f"the derived weights of {path} could not be written to "
                                       f"{derived_weights_path(digest)} (is the cache directory writable?)")
-        return cls._load_torch(path, digest, device, **kwargs)._hashed(digest)
+        return cls._load_torch(path, digest, device, **kwargs)._hashed(digest, path)
 
-    def _hashed(self, digest: str) -> "GnnPredictor":
+    def _hashed(self, digest: str, path: Path | None = None) -> "GnnPredictor":
         self.checkpoint_sha256 = digest
+        self.checkpoint_path = path
         return self
 
     @classmethod

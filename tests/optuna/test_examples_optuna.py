@@ -6,6 +6,7 @@ import runpy
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import optuna
 import pytest
 
@@ -94,3 +95,16 @@ def test_llm_architecture_search_meets_a_time_per_token_slo_on_a_mig_slice(capsy
         assert a["mig_profile"] == "1g.10gb" and a["budget_decode_ms_per_token"] == 40.0
         assert t.values[1] == pytest.approx(a["predicted_energy_j_per_token"])
         assert a["params"] == t.values[0] > 0
+
+
+def test_noise_aware_sampler_weighs_each_trial_by_its_own_sigma() -> None:
+    study = _main("noise_aware_sampler")(["--trials", "6", "--startup", "4"])
+    sampler = study.sampler
+    assert len(study.trials) == 6 and len(sampler.noise_log_var) == 2  # the GP chose trials 4 and 5
+    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    for fit in sampler.noise_log_var:
+        # the noise variance of trial i is its own predicted σ in log space, squared: not one value for all
+        expected = [(t.user_attrs["predicted_latency_ms_std"] / t.user_attrs["predicted_latency_ms"]) ** 2
+                    for t in done[:fit.size]]
+        assert fit == pytest.approx(expected, rel=1e-9)
+        assert np.ptp(fit) > 0

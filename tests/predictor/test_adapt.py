@@ -142,10 +142,11 @@ def test_adaptation_recovers_a_residual_the_factors_cannot(tmp_path: Path) -> No
         small.heads["latency_ms"].loo_rmse_log > ad.heads["latency_ms"].loo_rmse_log
 
 
-def test_with_few_rows_it_is_the_factor_calibration() -> None:
+def test_with_few_rows_it_is_the_guarded_factor_calibration() -> None:
     p = _predictor()
     gs = _graphs()
     y = _truth(p, gs)
+    raw = [x.latency_ms for x in p.predict_graphs(gs[10:20], mig=False)]
     for n in (2, 3, HEAD_MIN_ROWS - 1):
         rows = _rows(gs[:n], y[:n])
         _factor_only(p, rows)
@@ -153,7 +154,25 @@ def test_with_few_rows_it_is_the_factor_calibration() -> None:
         ad = p.adapt(rows, persist=False)
         assert all(h.ridge is None for h in ad.heads.values())
         adapted = [x.latency_ms for x in p.predict_graphs(gs[10:20], mig=False)]
-        np.testing.assert_allclose(adapted, factor, rtol=1e-9)
+        # the factors where they beat the unadapted network out of group, else the network as it is
+        kept = ad.guard["factors_kept"]["latency_ms"]
+        np.testing.assert_allclose(adapted, factor if kept else raw, rtol=1e-9)
+        if n == 2:  # two rows: no fit without one of them, no out-of-group evidence, no factors
+            assert not kept and ad.calibration is None
+        if n == HEAD_MIN_ROWS - 1:  # 1.5x off everywhere: the factors win out of group
+            assert kept
+
+
+def test_factors_that_do_not_carry_out_of_group_are_not_kept() -> None:
+    p = _predictor()
+    gs = _graphs()
+    raw = np.array([x.latency_ms for x in p.predict_graphs(gs, mig=False)])
+    # each row's own random factor: whatever factors the other rows give, they do not carry to the next row
+    y = raw * np.exp(np.random.default_rng(3).normal(0.0, 0.4, len(gs)))
+    ad = p.adapt(_rows(gs[:12], y[:12]), persist=False)
+    assert ad.guard["factors_kept"]["latency_ms"] is False and ad.calibration is None
+    assert all(h.ridge is None for h in ad.heads.values())
+    np.testing.assert_allclose([x.latency_ms for x in p.predict_graphs(gs[20:30], mig=False)], raw[20:30], rtol=1e-9)
 
 
 def test_numpy_engine_serves_the_same_adapted_figures() -> None:

@@ -1,0 +1,148 @@
+"""Budgets as calibrated probabilities (dippm_nas/conformal.py, Budgets(confidence=...)): the conformal bound holds
+at its confidence on rows it did not see, regimes fall back to wider ones (flagged), and bad input is refused."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dippm_nas.budgets import Budgets, trial_attrs
+from dippm_nas.conformal import (MIN_REGIME_ROWS, WIDEST_REGIME, ConformalCalibration, conformal_path, fit_conformal,
+                                 regime_of, wider_regimes)
+from dippm_nas.errors import BudgetError, CheckpointError, DippmNasError
+from dippm_nas.prediction import Prediction
+
+SHA = "a" * 64
+
+
+def _pred(mean: float, std: float, *, host_bound: bool = False, assumed: str = "") -> Prediction:
+    return Prediction(latency_ms=mean, energy_j=None, memory_mib=1.0, latency_source="predicted",
+                      energy_source="unavailable", memory_source="analytic", device="rtx-3090", batch_size=1,
+                      dtype="float32", latency_ms_std=std, details={"host_bound": float(host_bound)},
+                      labels={"deployment_assumed": assumed})
+
+
+def _rows(n: int, seed: int, *, host_bound: bool = False, scale: float = 0.3) -> list[tuple[Prediction, float]]:
+    """Predictions with σ_log 0.3 whose truth scatters by ``scale`` in log space (σ twice too wide at 0.15)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        mean = float(rng.uniform(1, 100))
+        out.append((_pred(mean, 0.3 * mean, host_bound=host_bound), mean * math.exp(rng.normal(0, scale))))
+    return out
+
+
+def test_the_bound_holds_at_its_confidence_on_unseen_rows_and_is_tighter_than_k_sigma_when_sigma_is_wide() -> None:
+    cal = fit_conformal(_rows(400, 0, scale=0.15), _rows(400, 1, scale=0.15), checkpoint_sha256=SHA)
+    test = _rows(2000, 2, scale=0.15)
+    for c in (0.8, 0.9, 0.95):
+        b = Budgets(latency_ms=1e9, confidence=c, conformal=cal)
+        bounds = np.array([b.check(p)["latency_ms"].bound for p, _ in test])
+        truth = np.array([y for _, y in test])
+        assert np.mean(truth <= bounds) >= c - 0.03
+        assert cal.coverage["latency_ms"][WIDEST_REGIME][f"{c:g}"] >= c - 0.05
+    # σ twice too wide: the 0.9 bound is about mean * exp(1.28 * 0.15), well inside mean + 1σ
+    p = _pred(10.0, 3.0)
+    assert Budgets(latency_ms=1e9, confidence=0.9, conformal=cal).check(p)["latency_ms"].bound < 10.0 + 3.0
+
+
+def test_a_thin_regime_falls_back_to_the_wider_one_and_says_so() -> None:
+    rows = _rows(200, 0) + _rows(MIN_REGIME_ROWS - 5, 3, host_bound=True)
+    cal = fit_conformal(rows, _rows(100, 4), checkpoint_sha256=SHA)
+    chk = Budgets(latency_ms=5.0, confidence=0.9, conformal=cal).check(_pred(4.0, 1.0, host_bound=True))["latency_ms"]
+    assert chk.labels["conformal_regime_latency_ms"] == WIDEST_REGIME  # every host-bound regime: too few rows
+    assert "too few calibration rows" in chk.labels["conformal_fallback_latency_ms"]
+    wide = Budgets(latency_ms=5.0, confidence=0.9, conformal=cal).check(_pred(4.0, 1.0))["latency_ms"]
+    assert wide.labels["conformal_regime_latency_ms"] == "gpu-bound|described|not-adapted"
+    assert "conformal_fallback_latency_ms" not in wide.labels
+    attrs = trial_attrs({"latency_ms": chk})
+    assert attrs["confidence_latency_ms"] == 0.9 and "conformal_fallback_latency_ms" in attrs
+    assert wider_regimes("host-bound|undescribed|adapted")[-1] == WIDEST_REGIME
+    assert regime_of(_pred(1.0, 0.1, host_bound=True, assumed="host")) == "host-bound|undescribed|not-adapted"
+
+
+def test_without_a_calibration_the_gaussian_quantile_is_used_and_flagged() -> None:
+    chk = Budgets(latency_ms=12.0, confidence=0.9).check(_pred(10.0, 1.0))["latency_ms"]
+    assert chk.k_sigma == pytest.approx(1.2816, abs=1e-3)
+    assert "Gaussian" in chk.labels["conformal_fallback_latency_ms"]
+    # the constraint value is the calibrated margin: bound - budget
+    assert Budgets(latency_ms=12.0, confidence=0.9).constraint_values(_pred(10.0, 1.0))["latency_ms"] == \
+        pytest.approx(chk.bound - 12.0)
+    # k_sigma stays where confidence is not set
+    assert Budgets(latency_ms=12.0, k_sigma=1.0).check(_pred(10.0, 1.0))["latency_ms"].bound == pytest.approx(11.0)
+
+
+@pytest.mark.parametrize("bad", [0, 1, 1.5, -0.1, float("nan"), "0.9x", True])
+def test_a_confidence_outside_zero_one_is_refused(bad: object) -> None:
+    with pytest.raises(BudgetError, match="confidence"):
+        Budgets(latency_ms=1.0, confidence=bad)  # type: ignore[arg-type]
+
+
+def test_a_calibration_of_another_checkpoint_or_without_coverage_is_refused(tmp_path: Path) -> None:
+    cal = fit_conformal(_rows(100, 0), _rows(100, 1), checkpoint_sha256=SHA)
+    path = tmp_path / "x.conformal.json"
+    cal.save(path)
+    assert ConformalCalibration.load(path, checkpoint_sha256=SHA).checkpoint_sha256 == SHA
+    with pytest.raises(CheckpointError, match="not of this one"):
+        ConformalCalibration.load(path, checkpoint_sha256="b" * 64)
+    d = json.loads(path.read_text())
+    del d["coverage"]
+    path.write_text(json.dumps(d))
+    with pytest.raises(DippmNasError, match="coverage"):
+        Budgets(latency_ms=1.0, confidence=0.9, conformal=path)
+    d["coverage"] = {"latency_ms": {}}
+    path.write_text(json.dumps(d))
+    with pytest.raises(CheckpointError, match="no coverage"):
+        ConformalCalibration.load(path)
+    path.write_text("{not json")
+    with pytest.raises(CheckpointError, match="cannot read"):
+        ConformalCalibration.load(path)
+
+    class Other:
+        checkpoint_path = None
+
+        @staticmethod
+        def checkpoint_hash() -> str:
+            return "c" * 64
+
+    with pytest.raises(CheckpointError, match="another checkpoint|refit"):
+        Budgets(latency_ms=1.0, confidence=0.9, conformal=cal).for_predictor(Other())
+    assert conformal_path("ck/a100.accel.pt") == Path("ck/a100.accel.conformal.json")
+
+
+@pytest.mark.parametrize("mutate", [
+    lambda d: d.update(scores={"latency_ms": 5}),
+    lambda d: d.update(scores={"latency_ms": {"*|*|*": ["x"]}}),
+    lambda d: d.update(scores={"latency_ms": {"*|*|*": [float("inf")]}}),
+    lambda d: d.update(scores={"latency_ms": {"bad-regime": [0.1]}}),
+    lambda d: d.update(scores={"latency_ms": {"gpu-bound|*|*": [0.1]}}),
+    lambda d: d.update(min_rows="many"),
+    lambda d: d.update(coverage=[1, 2]),
+    lambda d: d.update(checkpoint_sha256="short"),
+    lambda d: d.update(format=2),
+])
+def test_a_malformed_calibration_is_a_checkpoint_error(mutate: object) -> None:
+    d = fit_conformal(_rows(60, 0), _rows(60, 1), checkpoint_sha256=SHA).to_dict()
+    mutate(d)  # type: ignore[operator]
+    with pytest.raises(CheckpointError):
+        ConformalCalibration.from_dict(d)
+
+
+def test_the_shipped_a100_checkpoint_has_its_calibration_and_the_cost_model_attaches_it() -> None:
+    from dippm_nas.optuna import HardwareCostModel
+    from dippm_nas.predictor import find_checkpoint
+
+    ck = find_checkpoint("a100-sxm4-40gb")
+    if ck is None or not conformal_path(ck).exists():
+        pytest.skip("no conformal calibration beside the A100 checkpoint")
+    cost = HardwareCostModel("a100-sxm4-40gb", Budgets(latency_ms=20.0, confidence=0.9), objectives=("latency_ms",))
+    cal = cost.budgets.conformal
+    assert isinstance(cal, ConformalCalibration) and cal.figures == ("latency_ms",)
+    cov = cal.coverage["latency_ms"][WIDEST_REGIME]
+    assert cov["rows"] > 100 and 0.85 <= cov["0.9"] <= 1.0  # measured on rows the scores did not see
+    chk = cost.budgets.check(_pred(10.0, 2.0))["latency_ms"]
+    assert chk.confidence == 0.9 and chk.labels["conformal_regime_latency_ms"]
