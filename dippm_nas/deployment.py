@@ -21,6 +21,15 @@ torch version           ``tf32_matmul``     ``tf32_conv``
 ======================  ==================  =================
 
 ``"torch-1"`` without a version means 1.7-1.11 (the PyTorch 1.x releases of the Ampere years).
+
+A framework that is not described (neither ``framework`` nor ``versions["torch"]``) is the **running
+process's**: the torch this Python runs (read as :meth:`Deployment.detect` reads it, :func:`running_torch`), the
+best evidence of what a search's models run on; the TF32 flags that are not described are that process's
+(``torch.backends.cuda.matmul.allow_tf32`` / ``torch.backends.cudnn.allow_tf32`` where torch is imported, the
+version's defaults otherwise). :attr:`ResolvedDeployment.from_process` names the fields taken so and
+:attr:`ResolvedDeployment.process_torch` the version; a prediction records them in
+``labels["deployment_from_process"]``. Without torch installed both stay unknown (assumed, σ over both
+generations).
 ``cudnn_benchmark`` defaults to off (``torch.backends.cudnn.benchmark = False``) and ``autocast`` to none.
 
 Deployments are JSON or TOML files (:meth:`Deployment.save`, :meth:`Deployment.load`), never pickle; unknown
@@ -30,8 +39,11 @@ keys are refused. :meth:`Deployment.detect` reads them off the server that drive
 from __future__ import annotations
 
 import dataclasses
+import functools
+import importlib.metadata
 import json
 import math
+import sys
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -46,7 +58,7 @@ from dippm_nas.errors import DeploymentError, DippmNasError, ExecutionRuntimeErr
 
 __all__ = [
     "Deployment", "ResolvedDeployment", "DEPLOYMENT_RUNTIMES", "GRAPH_RUNTIMES", "AUTOCAST_DTYPES",
-    "INPUT_COPIES", "tf32_defaults",
+    "INPUT_COPIES", "tf32_defaults", "running_torch", "RunningTorch",
 ]
 
 #: Runtimes of a forward pass the graph predictors model.
@@ -98,6 +110,54 @@ def tf32_defaults(framework: str | None, torch_version: str | None = None) -> tu
     return None, None
 
 
+@dataclass(frozen=True)
+class RunningTorch:
+    """The torch of the running process: its version and, where torch is imported, its TF32 flags.
+
+    Attributes:
+        version: the version without its local tag (``"2.13.0"``).
+        framework: ``"torch-1"`` or ``"torch-2"``.
+        tf32_matmul, tf32_conv: ``torch.backends.cuda.matmul.allow_tf32`` / ``torch.backends.cudnn.allow_tf32``
+            of the process (where torch is imported), else the version's defaults.
+    """
+
+    version: str
+    framework: str
+    tf32_matmul: bool
+    tf32_conv: bool
+
+
+def running_torch() -> RunningTorch | None:
+    """The torch of the running process (``None`` when torch is not installed or its version unreadable).
+
+    The version is that of the imported module where torch is imported, else the installed distribution's
+    (nothing is imported); the TF32 flags are the imported module's, else the version's defaults
+    (:func:`tf32_defaults`).
+    """
+    torch = sys.modules.get("torch")
+    version = getattr(torch, "__version__", None) if torch is not None else _installed_torch_version()
+    if not isinstance(version, str) or _framework_of(version) is None:
+        return None
+    version = str(version).split("+")[0]
+    matmul, conv = tf32_defaults(None, version)
+    try:
+        if torch is not None:
+            matmul = bool(torch.backends.cuda.matmul.allow_tf32)
+            conv = bool(torch.backends.cudnn.allow_tf32)
+    except (AttributeError, RuntimeError):  # a partly imported or stripped torch: the version's defaults
+        pass
+    return RunningTorch(version=version, framework=_framework_of(version),  # type: ignore[arg-type]
+                        tf32_matmul=bool(matmul), tf32_conv=bool(conv))
+
+
+@functools.lru_cache(maxsize=1)
+def _installed_torch_version() -> str | None:
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def _framework_of(version: str) -> str | None:
     head = str(version).strip().split(".")[0]
     if not (head.isascii() and head.isdigit()) or len(head) > _MAX_MAJOR_DIGITS:  # "²".isdigit() is true
@@ -119,7 +179,11 @@ class ResolvedDeployment:
         channels_last: the model and input are in channels-last layout.
         cudnn_benchmark: cuDNN's autotuner is on.
         assumed: the settings that were not described and that a prediction has to assume (``"host"``,
-            ``"framework"``, ``"tf32"``, ``"input_copy"``), in this order.
+            ``"framework"``, ``"tf32"``, ``"input_copy"``), in this order; a setting taken from the running
+            process is not among them.
+        from_process: the settings that were not described and were taken from the running process's torch
+            (``"framework"``, ``"tf32"``; :func:`running_torch`), in this order.
+        process_torch: that torch's version where anything was taken from it, else ``None``.
     """
 
     runtime: str
@@ -132,6 +196,8 @@ class ResolvedDeployment:
     channels_last: bool
     cudnn_benchmark: bool
     assumed: tuple[str, ...]
+    from_process: tuple[str, ...] = ()
+    process_torch: str | None = None
 
 
 @dataclass(frozen=True)
@@ -228,11 +294,18 @@ class Deployment:
         torch_v = (self.versions or {}).get("torch")
         framework = self.framework or (_framework_of(torch_v) if torch_v else None)
         host = self.host
+        from_process: list[str] = []
+        proc = running_torch() if framework is None and not isinstance(host, HostProfile) else None
+        d_matmul, d_conv = tf32_defaults(framework, torch_v)
+        if proc is not None:  # the undescribed framework is the running process's, and so are its TF32 flags
+            framework, d_matmul, d_conv = proc.framework, proc.tf32_matmul, proc.tf32_conv
+            from_process.append("framework")
         if isinstance(host, HostProfile) and framework is not None and host.framework != framework:
             host = dataclasses.replace(host, framework=framework)
-        d_matmul, d_conv = tf32_defaults(framework, torch_v)
         tf32_matmul = self.tf32_matmul if self.tf32_matmul is not None else d_matmul
         tf32_conv = self.tf32_conv if self.tf32_conv is not None else d_conv
+        if proc is not None and (self.tf32_matmul is None or self.tf32_conv is None):
+            from_process.append("tf32")
         assumed = []
         if host is None:
             assumed.append("host")
@@ -246,6 +319,7 @@ class Deployment:
             runtime=self.runtime, host=host, framework=framework,  # type: ignore[arg-type]
             tf32_matmul=tf32_matmul, tf32_conv=tf32_conv, autocast=self.autocast, input_copy=self.input_copy,
             channels_last=self.channels_last, cudnn_benchmark=bool(self.cudnn_benchmark), assumed=tuple(assumed),
+            from_process=tuple(from_process), process_torch=proc.version if proc is not None else None,
         )
 
     @property
@@ -254,8 +328,11 @@ class Deployment:
         unknown, framework torch-2, tf32 matmul off conv on, input copy unknown"``; :attr:`key` names the
         deployment exactly."""
         r = self.resolve()
+        framework = r.framework or "unknown"
+        if "framework" in r.from_process:
+            framework += f" (running process, torch {r.process_torch})"
         parts = [r.runtime, f"host {r.host.name} (x{r.host.speed:.3g})" if r.host is not None else "host unknown",
-                 f"framework {r.framework or 'unknown'}"]
+                 f"framework {framework}"]
         if r.tf32_matmul is None or r.tf32_conv is None:
             parts.append("tf32 unknown")
         elif r.tf32_matmul == r.tf32_conv:

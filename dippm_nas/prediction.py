@@ -107,7 +107,8 @@ class Prediction:
             both (``details["host_bound"] = 1`` when the host sets the pace); ``None`` for a CPU device.
         labels: named texts: ``runtime`` (the execution runtime), ``deployment`` (:attr:`Deployment.label
             <dippm_nas.Deployment.label>`), ``deployment_assumed`` (the settings the deployment left undescribed,
-            comma-joined; ``""`` when none). A text passed in ``details`` is moved here with a
+            comma-joined; ``""`` when none), ``deployment_from_process`` (the undescribed settings taken from the
+            running process's torch and its version, e.g. ``"framework,tf32 (torch 2.13.0)"``; ``""`` when none). A text passed in ``details`` is moved here with a
             :class:`DeprecationWarning` (until dippm-nas 0.2).
     """
 

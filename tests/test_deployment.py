@@ -7,16 +7,49 @@ import json
 import pytest
 
 from dippm_nas import Deployment, DeploymentError
+from dippm_nas import deployment as deployment_module
 from dippm_nas.deployment import tf32_defaults
 from dippm_nas.devices import HostProfile
 
 
-def test_defaults_describe_nothing_but_the_runtime():
+def test_defaults_describe_nothing_but_the_runtime(monkeypatch):
+    monkeypatch.setattr(deployment_module, "running_torch", lambda: None)  # a process without torch
     r = Deployment().resolve()
     assert r.runtime == "eager" and r.host is None and r.framework is None
     assert r.tf32_matmul is None and r.tf32_conv is None and r.input_copy is None
     assert r.assumed == ("host", "framework", "tf32", "input_copy")
+    assert r.from_process == () and r.process_torch is None
     assert r.cudnn_benchmark is False and r.autocast is None
+
+
+def test_an_undescribed_framework_is_the_running_processes():
+    import torch
+
+    r = Deployment().resolve()
+    version = torch.__version__.split("+")[0]
+    assert r.framework == ("torch-1" if int(version.split(".")[0]) < 2 else "torch-2")
+    assert r.from_process == ("framework", "tf32") and r.process_torch == version
+    assert (r.tf32_matmul, r.tf32_conv) == (bool(torch.backends.cuda.matmul.allow_tf32),
+                                            bool(torch.backends.cudnn.allow_tf32))
+    assert r.assumed == ("host", "input_copy")
+    assert f"running process, torch {version}" in Deployment().label
+
+
+@pytest.mark.parametrize("version, framework, flags", [("1.10.2", "torch-1", (True, True)),
+                                                       ("2.4.0", "torch-2", (False, True))])
+def test_the_running_processes_version_sets_framework_and_tf32(monkeypatch, version, framework, flags):
+    monkeypatch.setattr(deployment_module, "running_torch",
+                        lambda: deployment_module.RunningTorch(version, framework, *flags))
+    r = Deployment().resolve()
+    assert (r.framework, r.tf32_matmul, r.tf32_conv, r.process_torch) == (framework, *flags, version)
+    # a described field wins: the framework, a torch version or a flag
+    assert Deployment(framework="torch-2" if framework == "torch-1" else "torch-1").resolve().from_process == ()
+    assert Deployment(versions={"torch": "2.1.0"}).resolve().framework == "torch-2"
+    r = Deployment(tf32_matmul=not flags[0], tf32_conv=not flags[1]).resolve()
+    assert r.from_process == ("framework",) and (r.tf32_matmul, r.tf32_conv) == (not flags[0], not flags[1])
+    # a described host profile names its own framework: nothing is taken from the process
+    r = Deployment(host=HostProfile.from_clock(2.5, framework="torch-2")).resolve()
+    assert r.from_process == () and "framework" in r.assumed
 
 
 @pytest.mark.parametrize("framework, version, expected", [
@@ -29,7 +62,8 @@ def test_defaults_describe_nothing_but_the_runtime():
     (None, "2.3.1", (False, True)),
     (None, None, (None, None)),
 ])
-def test_tf32_defaults_per_generation(framework, version, expected):
+def test_tf32_defaults_per_generation(monkeypatch, framework, version, expected):
+    monkeypatch.setattr(deployment_module, "running_torch", lambda: None)  # a process without torch
     assert tf32_defaults(framework, version) == expected
     r = Deployment(framework=framework, versions={"torch": version} if version else None).resolve()
     assert (r.tf32_matmul, r.tf32_conv) == expected

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from dippm_nas import Deployment
@@ -20,11 +22,12 @@ def test_predict_graphs_takes_a_deployment_and_records_what_it_assumed(predictor
     p = AnalyticPredictor(A100, load_calibration=False) if predictor == "analytic" else get_predictor(A100)
     g = HOST_BOUND[0]
     (unknown,) = p.predict_graphs([g], mig=False)
-    assert unknown.labels["deployment_assumed"] == "host,framework,tf32,input_copy"
+    assert unknown.labels["deployment_assumed"] == "host,input_copy"  # framework and TF32: the running process's
+    assert unknown.labels["deployment_from_process"].startswith("framework,tf32 (torch ")
     host = HostProfile.from_clock(2.25, framework="torch-1")
     dep = Deployment(host=host, framework="torch-1", input_copy="none", tf32_matmul=False, tf32_conv=True)
     (described,) = p.predict_graphs([g], mig=False, deployment=dep)
-    assert described.labels["deployment_assumed"] == ""
+    assert described.labels["deployment_assumed"] == "" and described.labels["deployment_from_process"] == ""
     assert described.details["host_profile_mismatch"] == 1.0
     # the legacy keywords build the same deployment: the host profile names its framework
     (legacy,) = p.predict_graphs([g], mig=False, host=host)
@@ -141,6 +144,61 @@ def test_input_copy_adds_its_bytes_over_the_boards_link_pinned_faster_than_pagea
     # a PCIe 5.0 board copies the same bytes faster than a PCIe 3.0 one
     assert (estimate(big, "h100-sxm5-80gb", input_copy="pinned").input_copy_ms
             < estimate(big, "rtx-2080-ti", input_copy="pinned").input_copy_ms)
+
+
+def test_a_pageable_copy_is_physics_staging_bound_plus_the_first_touch_of_a_fresh_batch() -> None:
+    from dippm_nas.prior import PAGE_BYTES, PAGEABLE_STAGING_GBPS, PINNED_COPY_EFFICIENCY, input_copy_us
+
+    nbytes = 7_225_344  # a float32 batch of 12 x 3 x 224 x 224
+    kw = {"pageable_fixed_us": 0.0, "pageable_gbps": PAGEABLE_STAGING_GBPS, "pinned_fixed_us": 40.0}
+    pinned = input_copy_us("pinned", nbytes, 15.75, **kw)
+    assert pinned == pytest.approx(40.0 + nbytes / (15.75 * PINNED_COPY_EFFICIENCY * 1e3))
+    warm = input_copy_us("pageable", nbytes, 15.75, **kw)
+    assert warm == pytest.approx(40.0 + nbytes / (PAGEABLE_STAGING_GBPS * 1e3))  # the staging copy is slower
+    # staging-bound: a faster link does not speed a pageable copy up, it does a pinned one
+    assert input_copy_us("pageable", nbytes, 63.0, **kw) == pytest.approx(warm)
+    assert input_copy_us("pinned", nbytes, 63.0, **kw) < pinned
+    fresh = input_copy_us("pageable", nbytes, 15.75, **kw, fresh_page_us=1.5)
+    assert fresh - warm == pytest.approx(math.ceil(nbytes / PAGE_BYTES) * 1.5)
+    assert input_copy_us("none", nbytes, 15.75, **kw, fresh_page_us=1.5) == 0.0
+
+
+def test_a_described_pageable_copy_carries_the_spread_of_its_batchs_first_touch() -> None:
+    from dippm_nas.prior import default_params, deployment_spread
+
+    g = HOST_BOUND[1]
+    host = HostProfile.from_clock(2.25, framework="torch-2")
+    hm = default_params().host_model
+    assert hm.h2d_fresh_page_us > 0 and hm.h2d_fresh_page_sigma_log > 0  # measured: scripts/fit/fit_input_copy.py
+    for copy in ("none", "pinned"):
+        sp = deployment_spread(g, A100, Deployment(host=host, framework="torch-2", input_copy=copy))
+        assert sp.sigma_log == 0.0 and sp.offset_log == 0.0
+    sp = deployment_spread(g, A100, Deployment(host=host, framework="torch-2", input_copy="pageable"))
+    assert sp.sigma_log > 0 and sp.offset_log > 0   # half the batches are mapped fresh: slower, and spread
+    # the batched predictor path gives the same spread
+    p = AnalyticPredictor(A100)
+    (one,) = p.predict_graphs([g], mig=False, deployment=Deployment(host=host, framework="torch-2",
+                                                                    input_copy="pageable"))
+    assert one.details["deployment_sigma_log"] == pytest.approx(sp.sigma_log, rel=1e-6)
+
+
+def test_the_host_fit_prices_a_fresh_batchs_first_touch() -> None:
+    import dataclasses
+
+    from dippm_nas.prior import PAGE_BYTES, Execution, HostRow, default_params, host_model_latency_ms
+
+    g = HOST_BOUND[1]
+    hm = dataclasses.replace(default_params().host_model, h2d_fresh_page_us=2.0)
+    ex = Execution(runtime="eager", host=HostProfile.from_clock(3.0), input_copy=True)
+    warm, fresh = (HostRow(g, A100, ex, 1.0, fresh_pages=f) for f in (False, True))
+    a, b = host_model_latency_ms(hm, [warm, fresh])
+    pages = math.ceil(g.spec.input_bytes / PAGE_BYTES)
+    assert b - a == pytest.approx(pages * 2.0 * hm.scale(ex.host) / 1e3, rel=1e-9)
+    with pytest.raises(DippmNasError, match="fresh_pages must be true or false"):
+        HostRow(g, A100, ex, 1.0, fresh_pages="yes")  # type: ignore[arg-type]
+    for bad in (-1.0, float("nan"), True):
+        with pytest.raises(DippmNasError, match="h2d_fresh_page_us must be in"):
+            dataclasses.replace(hm, h2d_fresh_page_us=bad)
 
 
 def test_channels_last_drops_the_nchw_transposes_and_copies_reshaped_activations() -> None:

@@ -51,6 +51,7 @@ from dippm_nas.files import output_path, write_output
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "fit"))
 from calibrate_fp64 import fit_eta, with_fp64_efficiency  # noqa: E402  (scripts/fit/calibrate_fp64.py)
+import fit_input_copy  # noqa: E402  (scripts/fit/fit_input_copy.py: the first touch of a fresh batch, per host)
 
 
 def _metrics(pred: np.ndarray, y: np.ndarray, sigma_log: np.ndarray) -> dict[str, float]:
@@ -90,7 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     for mg in load_measurements(args.data, source="ryujaehun"):
         m = mg.measurement
         ex = Execution.from_conditions(m.get("conditions"), m.get("environment"))
-        rows.append((HostRow(mg.graph, m["device"], ex, float(m["latency_ms"])), m["config"]["model"]))
+        # the loop's float32 batch is the DataLoader workers' tensor, mapped fresh (scripts/fit/fit_input_copy.py)
+        rows.append((HostRow(mg.graph, m["device"], ex, float(m["latency_ms"]), fresh_pages=mg.spec.dtype == "float32"),
+                     m["config"]["model"]))
     devices = sorted({r.device for r, _ in rows})
     base = default_params()
     out_dir = args.out or Path(tempfile.mkdtemp(prefix="accuracy_eager_"))
@@ -101,15 +104,21 @@ def main(argv: list[str] | None = None) -> int:
         train = [r for r, _ in rows if r.device != dev and r.graph.spec.dtype in ("float16", "float32")]
         test = [(r, name) for r, name in rows if r.device == dev]
         fold = _without_fp64_rows_of(base, rows, [dev])
-        hm = fit_host_model(train, params=fold, base=base.host_model)
-        hm = dataclasses.replace(hm, metrics={**hm.metrics, **_nested_sigma(rows, dev, base)})
+        # the first touch of a fresh batch measured on the other hosts (scripts/fit/fit_input_copy.py)
+        medians = {(r.device, name, r.graph.spec.dtype): r.latency_ms for r, name in rows}
+        page = fit_input_copy.summarise(fit_input_copy.per_host(medians, base.host_model), without=dev)
+        hm = fit_host_model(train, params=fold, base=dataclasses.replace(
+            base.host_model, h2d_fresh_page_us=page["h2d_fresh_page_us"],
+            h2d_fresh_page_sigma_log=page["h2d_fresh_page_sigma_log"]))
+        hm = dataclasses.replace(hm, metrics={**hm.metrics, **_nested_sigma(
+            rows, dev, dataclasses.replace(base, host_model=hm))})
         params = dataclasses.replace(fold, host_model=hm)
         ests = [estimate(r.graph, r.device, params=params, execution=r.execution) for r, _ in test]
         sig = np.array([latency_sigma_log(e, params) or 0.0 for e in ests])
         legacy_params = dataclasses.replace(base, host_model=None)
         legacy = np.array([estimate(r.graph, r.device, params=legacy_params, execution=r.execution).latency_ms
                            for r, _ in test])
-        prior = np.array([e.latency_ms for e in ests])
+        prior = host_model_latency_ms(hm, [r for r, _ in test], params)  # a fresh float32 batch's first touch
         classes = [calibration_classes(r.graph) for r, _ in test]
         bound = np.array([e.launch_bound for e in ests])
         y = np.array([r.latency_ms for r, _ in test])

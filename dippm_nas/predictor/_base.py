@@ -135,10 +135,12 @@ def execution_details(settings: DeploymentSettings, device: "str | Device | None
 
 def execution_labels(settings: DeploymentSettings, device: "str | Device | None" = None) -> dict[str, str]:
     """``labels`` every prediction carries about its execution: the runtime and the deployment's settings that
-    were assumed (``deployment_assumed``: comma-joined, ``""`` when every setting is described; always ``""``
-    on a CPU device, where none of them applies)."""
+    were assumed (``deployment_assumed``: comma-joined, ``""`` when every setting is described) and those taken
+    from the running process's torch (``deployment_from_process``: e.g. ``"framework,tf32 (torch 2.13.0)"``,
+    ``""`` when none); both always ``""`` on a CPU device, where none of them applies."""
     cpu = device is not None and resolve_device(device).kind != "gpu"
-    return {"runtime": settings.runtime, "deployment_assumed": "" if cpu else settings.assumed_label}
+    return {"runtime": settings.runtime, "deployment_assumed": "" if cpu else settings.assumed_label,
+            "deployment_from_process": "" if cpu else settings.from_process_label}
 
 
 def _tf32_unsupported(settings: DeploymentSettings, device: Any) -> bool:

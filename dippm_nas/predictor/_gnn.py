@@ -588,7 +588,7 @@ class GnnPredictor(BasePredictor):
         spreads: list[Any] = [None] * len(graphs)
         if latency and not direct:
             rts = estimates_of(stack, resolved_settings(dev, params=params, deployment=settings))
-        if latency and settings.assumed:
+        if latency and settings.spread_open:
             factors = np.array([self._gpu_correction(f.estimate, float(m[0])) if f.estimate is not None else 1.0
                                 for f, m in zip(feats, mean)])
             spreads = deployment_spread_many(stack, dev, settings, params=params, gpu_factors=factors)
@@ -679,7 +679,7 @@ class GnnPredictor(BasePredictor):
         # what the deployment leaves undescribed: the mixture's centre and spread (none when all is described)
         sp = spread if spread is not None else (
             deployment_spread(graph, self.resolved_device, settings, params=params, gpu_factor=d["gpu_correction"])
-            if settings.assumed else DeploymentSpread())
+            if settings.spread_open else DeploymentSpread())
         tf = self.calibration.timeline_factors if self.calibration is not None else None
         extra_s = s_dep = 0.0
         if tf is None:

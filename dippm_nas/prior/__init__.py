@@ -25,13 +25,13 @@ from dippm_nas.prior._estimate import (
     latency_us,
     timeline_fields,
 )
-from dippm_nas.prior._deploy import (UNKNOWN_FRAMEWORK_WEIGHTS, UNKNOWN_HOST, UNKNOWN_HOST_CLOCK_GHZ,
+from dippm_nas.prior._deploy import (PAGEABLE_FRESH_WEIGHT, UNKNOWN_FRAMEWORK_WEIGHTS, UNKNOWN_HOST, UNKNOWN_HOST_CLOCK_GHZ,
                                      UNKNOWN_HOST_SIGMA_LOG, UNKNOWN_INPUT_COPY, UNKNOWN_INPUT_COPY_WEIGHTS, UNKNOWN_TF32,
                                      DeploymentSettings, deployment_settings, input_copy_kind)
 from dippm_nas.prior._spread import DeploymentSpread, deployment_spread, deployment_spread_many
 from dippm_nas.prior._stack import CostStack, StackedFacts, estimate_many, estimates_of, stacked_timelines
-from dippm_nas.prior._host import (HOST_KINDS, PINNED_COPY_EFFICIENCY, RUNTIMES, Execution, HostModel, check_runtime,
-                                   input_copy_us)
+from dippm_nas.prior._host import (HOST_KINDS, PAGE_BYTES, PAGEABLE_STAGING_GBPS, PINNED_COPY_EFFICIENCY, RUNTIMES,
+                                   Execution, HostModel, check_runtime, input_copy_us)
 from dippm_nas.prior._host_fit import FIT_PARAMETERS, HostRow, fit_host_model, host_model_latency_ms
 from dippm_nas.prior._memory import (MemoryBreakdown, MemoryParts, activation_liveness, activation_liveness_many,
                                      gpu_memory_parts, gpu_memory_parts_many, round_block)
@@ -58,10 +58,10 @@ from dippm_nas.prior._predict import predict, prediction_of
 __all__ = [
     "estimate", "estimate_many", "estimate_latency_ms", "predict", "prediction_of", "ResolvedSettings", "resolved_settings",
     "CostStack", "StackedFacts", "estimates_of", "stacked_timelines", "deployment_spread_many", "advise_many", "PriorEstimate", "latency_us", "latency_sigma_log", "timeline_fields",
-    "RUNTIMES", "HOST_KINDS", "Execution", "HostModel", "check_runtime", "input_copy_us", "PINNED_COPY_EFFICIENCY",
+    "RUNTIMES", "HOST_KINDS", "Execution", "HostModel", "check_runtime", "input_copy_us", "PINNED_COPY_EFFICIENCY", "PAGEABLE_STAGING_GBPS", "PAGE_BYTES",
     "DeploymentSettings", "deployment_settings", "input_copy_kind", "UNKNOWN_TF32", "UNKNOWN_INPUT_COPY",
     "UNKNOWN_HOST", "UNKNOWN_HOST_CLOCK_GHZ", "UNKNOWN_HOST_SIGMA_LOG", "UNKNOWN_FRAMEWORK_WEIGHTS",
-    "UNKNOWN_INPUT_COPY_WEIGHTS", "DeploymentSpread", "deployment_spread",
+    "UNKNOWN_INPUT_COPY_WEIGHTS", "PAGEABLE_FRESH_WEIGHT", "DeploymentSpread", "deployment_spread",
     "HostRow", "fit_host_model", "host_model_latency_ms", "FIT_PARAMETERS",
     "PriorParams", "OpClassParams", "DeviceScale", "PARAM_CLASSES", "default_params",
     "node_costs", "NodeCosts", "facts_costs", "KernelTerms", "kernel_terms", "retimed", "check_autocast",

@@ -21,7 +21,7 @@ from dippm_nas.prior._host import check_runtime
 
 __all__ = ["DeploymentSettings", "deployment_settings", "input_copy_kind", "UNKNOWN_TF32", "UNKNOWN_INPUT_COPY",
            "UNKNOWN_HOST", "UNKNOWN_HOST_CLOCK_GHZ", "UNKNOWN_HOST_SIGMA_LOG", "UNKNOWN_FRAMEWORK_WEIGHTS",
-           "UNKNOWN_INPUT_COPY_WEIGHTS"]
+           "UNKNOWN_INPUT_COPY_WEIGHTS", "PAGEABLE_FRESH_WEIGHT"]
 
 #: ``(tf32_matmul, tf32_conv)`` the point estimate assumes when neither the flags nor the framework are known:
 #: PyTorch's defaults since 1.12 (``torch.backends.cuda.matmul.allow_tf32 = False``,
@@ -51,6 +51,12 @@ UNKNOWN_FRAMEWORK_WEIGHTS: dict[str, float] = {"torch-1": 0.5, "torch-2": 0.5}
 #: Weights of the input copy of an undescribed deployment: no public survey of how latencies are timed; half the
 #: weight to a timed region without the copy, the other half split between the two kinds of copy.
 UNKNOWN_INPUT_COPY_WEIGHTS: dict[str, float] = {"none": 0.5, "pageable": 0.25, "pinned": 0.25}
+#: Share of pageable copies whose batch the process maps fresh (a DataLoader worker's batch in shared memory,
+#: each page touched first by the copy) rather than memory it already touched (its own tensor, a ``.half()`` of a
+#: batch): a pageable copy, described or not, is a mixture of the two, the fresh one's first-touch time per page
+#: log-normal around the measured :attr:`~dippm_nas.prior.HostModel.h2d_fresh_page_us` with its leave-one-host-out
+#: σ. No survey weighs how batches reach a timed loop, so equally.
+PAGEABLE_FRESH_WEIGHT = 0.5
 
 
 @dataclass(frozen=True)
@@ -68,6 +74,9 @@ class DeploymentSettings:
             ``"input_copy"``) and took the centre values above.
         tf32_requested: the deployment set a TF32 flag on itself (not a framework default), which a GPU
             without TF32 tensor cores ignores (flagged ``details["tf32_unsupported"]``).
+        from_process: the undescribed settings taken from the running process's torch (``"framework"``,
+            ``"tf32"``; :attr:`~dippm_nas.deployment.ResolvedDeployment.from_process`); no σ spans them.
+        process_torch: that torch's version, ``None`` when nothing was taken from it.
     """
 
     runtime: str = "eager"
@@ -79,11 +88,25 @@ class DeploymentSettings:
     input_copy: str = UNKNOWN_INPUT_COPY
     assumed: tuple[str, ...] = ()
     tf32_requested: bool = False
+    from_process: tuple[str, ...] = ()
+    process_torch: str | None = None
 
     @property
     def assumed_label(self) -> str:
         """The assumed settings joined by commas (``""`` when everything is described)."""
         return ",".join(self.assumed)
+
+    @property
+    def spread_open(self) -> bool:
+        """Something a σ spans is open: an undescribed setting, or a pageable copy (whose batch may be mapped
+        fresh or not: :data:`PAGEABLE_FRESH_WEIGHT`)."""
+        return bool(self.assumed) or self.input_copy == "pageable"
+
+    @property
+    def from_process_label(self) -> str:
+        """The settings taken from the running process and the torch version they were read from, e.g.
+        ``"framework,tf32 (torch 2.13.0)"``; ``""`` when none."""
+        return f"{','.join(self.from_process)} (torch {self.process_torch})" if self.from_process else ""
 
 
 def input_copy_kind(input_copy: Any) -> str:
@@ -127,4 +150,5 @@ def deployment_settings(deployment: Deployment | ResolvedDeployment | Deployment
     return DeploymentSettings(runtime=runtime, host=host, tf32_matmul=matmul, tf32_conv=conv,
                               channels_last=r.channels_last, autocast=r.autocast,
                               input_copy=UNKNOWN_INPUT_COPY if r.input_copy is None else r.input_copy,
-                              assumed=r.assumed, tf32_requested=requested)
+                              assumed=r.assumed, tf32_requested=requested, from_process=r.from_process,
+                              process_torch=r.process_torch)

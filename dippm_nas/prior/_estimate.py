@@ -188,16 +188,18 @@ def latency_us(gpu_us: np.ndarray, host_us: np.ndarray, prefix_us: float = 0.0) 
 
 
 def _pass_host_us(graph: OperatorGraph, dev: Device, p: PriorParams, runtime: str, prof: HostProfile,
-                  input_copy: str, input_bytes: int | None = None) -> tuple[float, float]:
+                  input_copy: str, input_bytes: int | None = None, fresh_page_us: float = 0.0) -> tuple[float, float]:
     """(host time once per pass before the first operator, the input copy within it), µs (``input_bytes``: the
-    graph's input bytes when the caller has them)."""
+    graph's input bytes when the caller has them; ``fresh_page_us``: the first touch of a page of a freshly
+    mapped batch on the reference host, 0 for a batch in memory the process already touched)."""
     if dev.kind != "gpu":
         return 0.0, 0.0
     hm = p.host_model if p.host_model is not None else _LEGACY_HOST
     k = hm.scale(prof)
     size = graph.spec.input_bytes if input_bytes is None else input_bytes
     copy = input_copy_us(input_copy, size, dev.pcie_gbps, pageable_fixed_us=hm.h2d_fixed_us * k,
-                         pageable_gbps=hm.h2d_gbps, pinned_fixed_us=hm.op_us["memory"] * k)
+                         pageable_gbps=hm.h2d_gbps, pinned_fixed_us=hm.op_us["memory"] * k,
+                         fresh_page_us=fresh_page_us * k)
     fixed = hm.graph_launch_us * k if runtime == "cuda-graphs" else hm.iteration_us * k
     return fixed + copy, copy
 

@@ -6,9 +6,10 @@ the **execution runtime** (:data:`RUNTIMES`):
 - ``"eager"``: PyTorch eager mode. Every operator costs host time before its kernels can start (Python,
   module call, dispatcher, cuDNN/cuBLAS set-up, ``cudaLaunchKernel``): ``op_us[kind]`` per operator, plus
   ``launch_us`` per extra kernel of an operator, plus ``iteration_us`` once per pass; when the timed region
-  includes it, the input's host-to-device copy (:func:`input_copy_us`: from pageable memory ``h2d_fixed_us`` +
-  bytes / ``h2d_gbps``, from pinned memory one operator's call + bytes at the board's PCIe rate; the host
-  waits for it).
+  includes it, the input's host-to-device copy (:func:`input_copy_us`, from physics: one operator's call, the
+  bytes at the board's PCIe rate from pinned memory, or at the slower of that rate and a host core's staging
+  copy (``h2d_gbps``) from pageable memory, plus the first touch of each page of a freshly mapped batch
+  (``h2d_fresh_page_us``); the host waits for it).
 - ``"cuda-graphs"``: the same kernels replayed from one captured CUDA graph: one ``graph_launch_us`` per
   pass, no per-operator host time.
 - ``"compiled"``: ``torch.compile`` (default mode): chains of element-wise, activation, normalisation and
@@ -36,7 +37,7 @@ from dippm_nas.devices import FRAMEWORKS, HostProfile, default_host_profile
 from dippm_nas.errors import ExecutionRuntimeError, InvalidValueError
 
 __all__ = ["RUNTIMES", "HOST_KINDS", "HostModel", "Execution", "host_kind", "check_runtime", "compiled_groups",
-           "input_copy_us", "PINNED_COPY_EFFICIENCY"]
+           "input_copy_us", "PINNED_COPY_EFFICIENCY", "PAGEABLE_STAGING_GBPS", "PAGE_BYTES"]
 
 #: Execution runtimes a prediction can be made for.
 RUNTIMES: tuple[str, ...] = ("eager", "cuda-graphs", "compiled")
@@ -77,8 +78,13 @@ class HostModel:
             and the first kernel's launch).
         launch_us: host time of each further kernel an operator launches.
         iteration_us: fixed host time per forward pass (the Python call and the synchronisation).
-        h2d_gbps: pageable host-to-device copy bandwidth for an input copied inside the timed region, GB/s.
-        h2d_fixed_us: fixed time of that copy.
+        h2d_gbps: the rate a host core copies pageable memory into the driver's pinned staging buffer, GB/s
+            (:data:`PAGEABLE_STAGING_GBPS`); a pageable copy runs at the slower of it and the pinned link rate.
+        h2d_fixed_us: fixed host time of a pageable copy beyond the ``x.to("cuda")`` call, µs (0: none known).
+        h2d_fresh_page_us: host time of the first touch of one page (:data:`PAGE_BYTES`) of a batch the process
+            maps fresh for the copy (a DataLoader worker's batch in shared memory), µs on the reference host;
+            measured on the released eager timings (``scripts/fit/fit_input_copy.py``), 0 when not measured.
+        h2d_fresh_page_sigma_log: log-space σ of that time between hosts, measured leave one host out.
         graph_launch_us: host time to replay a captured CUDA graph (``"cuda-graphs"``).
         compiled_kernel_us: host time per kernel of a ``torch.compile`` graph (``"compiled"``).
         generations: multiplier of every host time per framework generation (``"torch-2"`` is 1).
@@ -90,8 +96,10 @@ class HostModel:
     op_us: Mapping[str, float]
     launch_us: float = 3.0
     iteration_us: float = 10.0
-    h2d_gbps: float = 10.0
-    h2d_fixed_us: float = 10.0
+    h2d_gbps: float = 8.0
+    h2d_fixed_us: float = 0.0
+    h2d_fresh_page_us: float = 0.0
+    h2d_fresh_page_sigma_log: float = 0.0
     graph_launch_us: float = 10.0
     compiled_kernel_us: float = 5.0
     generations: Mapping[str, float] = field(default_factory=lambda: {"torch-2": 1.0, "torch-1": 1.0})
@@ -114,6 +122,10 @@ class HostModel:
                 raise InvalidValueError(f"HostModel.{name} must be in [0, 100000] µs, got {v!r}")
         if not _finite(self.h2d_gbps) or self.h2d_gbps <= 0:
             raise InvalidValueError(f"HostModel.h2d_gbps must be a positive number, got {self.h2d_gbps!r}")
+        for name in ("h2d_fresh_page_us", "h2d_fresh_page_sigma_log"):
+            v = getattr(self, name)
+            if not _finite(v) or not 0 <= v <= 1000:
+                raise InvalidValueError(f"HostModel.{name} must be in [0, 1000], got {v!r}")
         bad = sorted(set(self.generations) - set(FRAMEWORKS))
         if bad or "torch-2" not in self.generations:
             raise InvalidValueError(f"HostModel.generations must map {list(FRAMEWORKS)} (torch-2 required) to factors, "
@@ -177,32 +189,45 @@ class HostModel:
 #: ``bandwidthTest`` (CUDA samples, pinned) reads about 12-13 GB/s on PCIe 3.0 x16 (15.75 GB/s) and 24-26 GB/s
 #: on PCIe 4.0 x16 (31.5 GB/s) in public transcripts.
 PINNED_COPY_EFFICIENCY = 0.80
+#: The rate one host core copies pageable memory into the CUDA driver's pinned staging buffer, GB/s: a core keeps
+#: about 10 cache-line misses in flight (the L1D fill buffers of the Intel 64 and IA-32 Architectures
+#: Optimization Reference Manual), so Little's law with 64-byte lines and ~80 ns DRAM latency gives
+#: 10 x 64 B / 80 ns = 8 GB/s. The driver overlaps staging with the DMA of earlier chunks, so a pageable copy runs
+#: at the slower of this and the pinned link rate (which is why pageable copies gain little from PCIe 4.0).
+PAGEABLE_STAGING_GBPS = 8.0
+#: Bytes of a page whose first touch the host pays for in a freshly mapped batch (an x86-64 base page).
+PAGE_BYTES = 4096
 
 
 def input_copy_us(kind: str, nbytes: float, link_gbps: float | None, *, pageable_fixed_us: float,
-                  pageable_gbps: float, pinned_fixed_us: float) -> float:
+                  pageable_gbps: float, pinned_fixed_us: float, fresh_page_us: float = 0.0) -> float:
     """Host time of the input's host-to-device copy inside the timed region, µs (the host waits for it).
 
     - ``"pinned"``: ``pinned_fixed_us`` (the ``x.to("cuda")`` call) plus the bytes at
       :data:`PINNED_COPY_EFFICIENCY` of the link's rate;
-    - ``"pageable"``: the fitted fixed time of a copy from pageable memory (the driver stages it through a
-      pinned buffer) plus the bytes at the fitted pageable rate, never above the pinned rate of the link;
+    - ``"pageable"``: the same call plus ``pageable_fixed_us``, the bytes at the slower of the host's staging
+      copy (``pageable_gbps``) and the pinned link rate, and ``fresh_page_us`` for each :data:`PAGE_BYTES` page
+      when the batch is mapped fresh (0 for memory the process already touched);
     - ``"none"``: 0.
 
     Args:
         kind: ``"none"``, ``"pageable"`` or ``"pinned"``.
         nbytes: bytes of one batch of inputs.
-        link_gbps: the board's host-link rate in one direction, GB/s; ``None`` (unknown): the pageable rate
+        link_gbps: the board's host-link rate in one direction, GB/s; ``None`` (unknown): the staging rate
             bounds both.
-        pageable_fixed_us, pageable_gbps: the fitted pageable constants (scaled to the host by the caller).
+        pageable_fixed_us, pageable_gbps: the pageable path's extra fixed time and staging rate (the fixed time
+            scaled to the host by the caller).
         pinned_fixed_us: the call's host time (scaled to the host by the caller).
+        fresh_page_us: host time per page of a freshly mapped batch (scaled to the host by the caller).
     """
     if kind == "none":
         return 0.0
     pinned_gbps = link_gbps * PINNED_COPY_EFFICIENCY if link_gbps else pageable_gbps
     if kind == "pinned":
         return pinned_fixed_us + nbytes / (pinned_gbps * 1e3)
-    return pageable_fixed_us + nbytes / (min(pageable_gbps, pinned_gbps) * 1e3)
+    pages = math.ceil(nbytes / PAGE_BYTES)
+    return (pinned_fixed_us + pageable_fixed_us + nbytes / (min(pageable_gbps, pinned_gbps) * 1e3)
+            + pages * fresh_page_us)
 
 
 def _finite(v: Any) -> bool:

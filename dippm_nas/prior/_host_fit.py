@@ -7,8 +7,11 @@ five free constants on the reference host:
 - ``base``: host time of an operator (every kind but views), µs;
 - ``library``: extra host time of a library call (cuDNN convolution and batch norm, cuBLAS GEMM, attention), µs;
 - ``view``: host time of a view, µs;
-- ``h2d_fixed_us`` and ``h2d_gbps``: fixed time and pageable bandwidth of the host-to-device copy of an
-  input copied inside the timed region (bandwidth bounded by PCIe 3.0 x16, 16 GB/s).
+
+The input copy inside a timed region is not fitted: it comes from physics (:func:`~dippm_nas.prior.input_copy_us`:
+the call, the bytes at the slower of the host's staging copy and the pinned link rate) and, for a batch the
+process maps fresh (:attr:`HostRow.fresh_pages`), the measured first-touch time per page of the base model
+(``h2d_fresh_page_us``, ``scripts/fit/fit_input_copy.py``).
 
 A pass's fixed host time outside such a copy (``iteration_us``) is not identifiable from timings whose
 timed region always holds a copy; it keeps the base model's value.
@@ -31,14 +34,14 @@ from dippm_nas.devices import resolve_device
 from dippm_nas.errors import InvalidValueError
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.prior._estimate import _timelines, estimate
-from dippm_nas.prior._host import HOST_KINDS, Execution, HostModel, input_copy_us
+from dippm_nas.prior._host import HOST_KINDS, PAGE_BYTES, Execution, HostModel, input_copy_us
 from dippm_nas.prior._nodes import graph_facts, node_costs
 from dippm_nas.prior._params import PriorParams, default_params
 
 __all__ = ["HostRow", "fit_host_model", "host_model_latency_ms", "FIT_PARAMETERS"]
 
 #: The constants :func:`fit_host_model` fits, in order.
-FIT_PARAMETERS: tuple[str, ...] = ("base_us", "library_us", "view_us", "h2d_fixed_us", "h2d_gbps")
+FIT_PARAMETERS: tuple[str, ...] = ("base_us", "library_us", "view_us")
 _LIBRARY_KINDS = ("conv", "normalization", "matmul", "attention")
 
 
@@ -51,18 +54,23 @@ class HostRow:
         device: catalogue id of the GPU.
         execution: runtime (must be ``"eager"``), host profile, input copy.
         latency_ms: the measured latency of one pass, ms (> 0).
+        fresh_pages: the copied batch is mapped fresh by the process (a DataLoader worker's batch in shared
+            memory), so the copy touches each page first; ``False``: memory the process already touched.
     """
 
     graph: OperatorGraph
     device: str
     execution: Execution
     latency_ms: float
+    fresh_pages: bool = False
 
     def __post_init__(self) -> None:
         if self.execution.runtime != "eager":
             raise InvalidValueError(f"host rows must be eager timings, got runtime {self.execution.runtime!r}")
         if not (isinstance(self.latency_ms, (int, float)) and math.isfinite(self.latency_ms) and self.latency_ms > 0):
             raise InvalidValueError(f"HostRow.latency_ms must be a finite number > 0, got {self.latency_ms!r}")
+        if not isinstance(self.fresh_pages, bool):
+            raise InvalidValueError(f"HostRow.fresh_pages must be true or false, got {self.fresh_pages!r}")
 
 
 @dataclass
@@ -72,6 +80,7 @@ class _Prepared:
     extra_kernels: np.ndarray  # kernels beyond an operator's first (each costs a launch)
     input_bytes: float
     copy: bool
+    fresh: bool            # the copied batch is mapped fresh
     link_gbps: float | None  # the GPU's host-link rate
     scale_no_gen: float    # 1 / speed of the row's host
     framework: str
@@ -90,6 +99,7 @@ def _prepare(rows: Sequence[HostRow], params: PriorParams) -> list[_Prepared]:
         out.append(_Prepared(gpu_us=c.gpu_us, kind=np.where(issued, f.host_kind, -1),
                              extra_kernels=np.where(f.active, np.maximum(c.kernels - 1.0, 0.0), 0.0),
                              input_bytes=float(r.graph.spec.input_bytes), copy=r.execution.input_copy,
+                             fresh=bool(r.fresh_pages),
                              link_gbps=dev.pcie_gbps,
                              scale_no_gen=1.0 / r.execution.host.speed, framework=r.execution.host.framework,
                              y_ms=float(r.latency_ms)))
@@ -104,20 +114,21 @@ def _op_us(base: float, library: float, view: float) -> np.ndarray:
     return v
 
 
-def _latency_ms(x: np.ndarray, p: _Prepared, generations: Mapping[str, float], launch_us: float,
-                iteration_us: float) -> float:
-    base, library, view, h2d_fixed, h2d = x
+def _latency_ms(x: np.ndarray, p: _Prepared, generations: Mapping[str, float], b: HostModel) -> float:
+    base, library, view = x
     k = p.scale_no_gen * generations[p.framework]
     v = _op_us(base, library, view)
-    host = (np.where(p.kind >= 0, v[np.maximum(p.kind, 0)], 0.0) + p.extra_kernels * launch_us) * k
-    prefix = iteration_us * k + input_copy_us("pageable" if p.copy else "none", p.input_bytes, p.link_gbps,
-                                              pageable_fixed_us=h2d_fixed * k, pageable_gbps=h2d,
-                                              pinned_fixed_us=0.0)
-    return _timelines(p.gpu_us, host, "gpu", prefix)[0] / 1e3
+    host = (np.where(p.kind >= 0, v[np.maximum(p.kind, 0)], 0.0) + p.extra_kernels * b.launch_us) * k
+    copy = input_copy_us("pageable" if p.copy else "none", p.input_bytes, p.link_gbps,
+                         pageable_fixed_us=b.h2d_fixed_us * k, pageable_gbps=b.h2d_gbps,
+                         pinned_fixed_us=v[HOST_KINDS.index("memory")] * k,
+                         fresh_page_us=b.h2d_fresh_page_us * k if p.fresh else 0.0)
+    return _timelines(p.gpu_us, host, "gpu", b.iteration_us * k + copy)[0] / 1e3
 
 
 def host_model_latency_ms(model: HostModel, rows: Sequence[HostRow], params: PriorParams | None = None) -> np.ndarray:
-    """Predicted eager latency of each row with ``model`` (and the prior's GPU constants), ms.
+    """Predicted eager latency of each row with ``model`` (and the prior's GPU constants), ms; a row whose batch
+    is mapped fresh (:attr:`HostRow.fresh_pages`) pays the first touch of its pages.
 
     Shapes:
         returns ``[len(rows)]`` float64.
@@ -126,7 +137,11 @@ def host_model_latency_ms(model: HostModel, rows: Sequence[HostRow], params: Pri
     p = dataclasses.replace(p, host_model=model)
     out = []
     for r in rows:
-        out.append(estimate(r.graph, r.device, params=p, execution=r.execution).latency_ms)
+        ms = estimate(r.graph, r.device, params=p, execution=r.execution).latency_ms
+        if r.fresh_pages and r.execution.input_copy:  # the first touch of a freshly mapped batch: before any op
+            pages = math.ceil(float(r.graph.spec.input_bytes) / PAGE_BYTES)
+            ms += pages * model.h2d_fresh_page_us * model.scale(r.execution.host) / 1e3
+        out.append(ms)
     return np.asarray(out, dtype=np.float64)
 
 
@@ -140,7 +155,8 @@ def fit_host_model(rows: Sequence[HostRow], *, params: PriorParams | None = None
         params: the prior whose GPU constants give the kernel times (default: the shipped ones).
         generations: factor per framework generation (``{"torch-2": 1.0, "torch-1": f}``); the fitted
             constants are for ``"torch-2"``. Default: ``base``'s, else 1 for both.
-        base: the model whose other constants (launch, CUDA-graph and compiled host times) are kept.
+        base: the model whose other constants (launch, CUDA-graph and compiled host times, the input copy's) are
+            kept.
         source, command: recorded in the result.
 
     Returns:
@@ -164,22 +180,21 @@ def fit_host_model(rows: Sequence[HostRow], *, params: PriorParams | None = None
 
     def resid(theta: np.ndarray) -> np.ndarray:
         x = np.exp(theta)
-        return np.array([math.log(_latency_ms(x, q, gens, b.launch_us, b.iteration_us)) - math.log(q.y_ms)
-                         for q in prepared])
+        return np.array([math.log(_latency_ms(x, q, gens, b)) - math.log(q.y_ms) for q in prepared])
 
-    theta0 = np.log([15.0, 5.0, 3.0, 200.0, 5.0])
-    lo = np.log([0.1, 0.01, 0.01, 0.1, 0.5])
-    hi = np.log([1000.0, 1000.0, 200.0, 20_000.0, 16.0])
+    theta0 = np.log([15.0, 5.0, 3.0])
+    lo = np.log([0.1, 0.01, 0.01])
+    hi = np.log([1000.0, 1000.0, 200.0])
     fit = least_squares(resid, theta0, bounds=(lo, hi), loss="soft_l1", f_scale=0.1)
     x = np.exp(fit.x)
     r = resid(fit.x)
     ape = np.abs(np.exp(r) - 1.0) * 100
-    base_us, library_us, view_us, h2d_fixed_us, h2d = (float(v) for v in x)
+    base_us, library_us, view_us = (float(v) for v in x)
     op_us = dict(zip(HOST_KINDS, (float(v) for v in _op_us(base_us, library_us, view_us))))
     metrics: dict[str, Any] = {
         "rows": len(rows), "mape_pct_in_sample": float(ape.mean()), "median_ape_pct_in_sample": float(np.median(ape)),
         "sigma_log_in_sample": float(np.std(r)), "fitted": dict(zip(FIT_PARAMETERS, (float(v) for v in x))),
     }
-    return dataclasses.replace(b, op_us=op_us, h2d_fixed_us=h2d_fixed_us, h2d_gbps=h2d, generations=gens,
+    return dataclasses.replace(b, op_us=op_us, generations=gens,
                                source=source or b.source, command=command or b.command,
                                metrics={**dict(b.metrics), **metrics})

@@ -14,12 +14,16 @@ mixture's log-mean and log-spread become the prediction's centre and its deploym
   either, its TF32 defaults (1.7-1.11: matmuls and convolutions on TF32; >= 1.12: convolutions only), which move
   float32 graphs;
 - **input copy** (undescribed): none, pageable, pinned with weights
-  :data:`~dippm_nas.prior.UNKNOWN_INPUT_COPY_WEIGHTS`.
+  :data:`~dippm_nas.prior.UNKNOWN_INPUT_COPY_WEIGHTS`;
+- **a pageable copy's batch** (described or not): memory the process already touched, or a batch mapped fresh
+  whose pages the copy touches first (a DataLoader worker's), with weight
+  :data:`~dippm_nas.prior.PAGEABLE_FRESH_WEIGHT`, the first-touch time per page log-normal around the measured
+  ``HostModel.h2d_fresh_page_us`` with its leave-one-host-out σ (three Gauss-Hermite nodes).
 
 Host times are linear in the host's speed factor for every runtime (per-operator dispatch, graph replay,
 compiled launches, the fixed parts of the copy), so a scenario re-scales the host timeline; only a TF32
-variant re-prices kernels. A described setting contributes nothing: with everything described the spread is 0
-and the prediction's σ is the model's own.
+variant re-prices kernels. A described setting contributes nothing but a pageable copy's batch: with everything
+described and no pageable copy the spread is 0 and the prediction's σ is the model's own.
 """
 
 from __future__ import annotations
@@ -33,8 +37,8 @@ import numpy as np
 
 from dippm_nas.devices import Device, HostProfile, resolve_device
 from dippm_nas.graph import OperatorGraph
-from dippm_nas.prior._deploy import (UNKNOWN_FRAMEWORK_WEIGHTS, UNKNOWN_HOST_SIGMA_LOG, UNKNOWN_INPUT_COPY_WEIGHTS,
-                                     deployment_settings)
+from dippm_nas.prior._deploy import (PAGEABLE_FRESH_WEIGHT, UNKNOWN_FRAMEWORK_WEIGHTS, UNKNOWN_HOST_SIGMA_LOG,
+                                     UNKNOWN_INPUT_COPY_WEIGHTS, deployment_settings)
 from dippm_nas.prior._estimate import _latency_parts, _pass_host_us, _timelines, resolved_settings
 from dippm_nas.prior._params import PriorParams, default_params
 from dippm_nas.prior._stack import CostStack, Timelines
@@ -79,7 +83,7 @@ def deployment_spread(graph: OperatorGraph, device: Device | str, deployment: An
     """
     s = deployment_settings(deployment)
     dev = resolve_device(device)
-    if dev.kind != "gpu" or not s.assumed:
+    if dev.kind != "gpu" or not s.spread_open:
         return DeploymentSpread()
     p = params if params is not None else default_params()
     hm = p.host_model
@@ -96,14 +100,14 @@ def deployment_spread(graph: OperatorGraph, device: Device | str, deployment: An
             kernels[tf32] = (costs.gpu_us * gpu_factor, costs.host_us)
         return kernels[tf32]
 
-    def latency(tf32: tuple[bool, bool], host: HostProfile, copy: str) -> float:
+    def latency(tf32: tuple[bool, bool], host: HostProfile, copy: tuple[str, float]) -> float:
         g, h_ref = parts(tf32)
         k = hm.scale(host) if hm is not None else 1.0 / host.speed
-        prefix, _ = _pass_host_us(graph, dev, p, s.runtime, host, copy)
+        prefix, _ = _pass_host_us(graph, dev, p, s.runtime, host, copy[0], None, copy[1])
         return _timelines(g, h_ref * k, "gpu", prefix)[0]
 
-    centre = latency((s.tf32_matmul, s.tf32_conv), s.host, s.input_copy)
-    scenarios = _scenarios(s, fp32)
+    centre = latency((s.tf32_matmul, s.tf32_conv), s.host, (s.input_copy, 0.0))
+    scenarios = _scenarios(s, fp32, hm)
     logs = [math.log(latency(tf32, host, copy)) for tf32, host, copy, _ in scenarios]
     weights = [w for *_, w in scenarios]
     lg, w = np.array(logs), np.array(weights)
@@ -114,14 +118,34 @@ def deployment_spread(graph: OperatorGraph, device: Device | str, deployment: An
                             scenarios=len(logs))
 
 
-def _scenarios(s: Any, fp32: bool) -> list[tuple[tuple[bool, bool], HostProfile, str, float]]:
-    """``(TF32 flags, host, input copy, weight)`` of every scenario of the mixture over what ``s`` leaves
-    undescribed, in the order :func:`deployment_spread` evaluates them."""
+def _copies(s: Any, hm: Any) -> list[tuple[tuple[str, float], float]]:
+    """``((input copy, first-touch µs per page on the reference host), weight)`` of the copies the mixture
+    spans: the undescribed copy's kinds (or the described one), a pageable one split into a batch in touched
+    memory and a freshly mapped batch (:data:`~dippm_nas.prior.PAGEABLE_FRESH_WEIGHT`, the per-page time at the
+    Gauss-Hermite nodes of its measured log-normal)."""
+    kinds = dict(UNKNOWN_INPUT_COPY_WEIGHTS) if "input_copy" in set(s.assumed) else {s.input_copy: 1.0}
+    page = float(getattr(hm, "h2d_fresh_page_us", 0.0) or 0.0)
+    sigma = float(getattr(hm, "h2d_fresh_page_sigma_log", 0.0) or 0.0)
+    out: list[tuple[tuple[str, float], float]] = []
+    for kind, w in kinds.items():
+        if kind != "pageable" or page <= 0:
+            out.append(((kind, 0.0), w))
+            continue
+        out.append(((kind, 0.0), w * (1.0 - PAGEABLE_FRESH_WEIGHT)))
+        out += [((kind, page * math.exp(z * sigma)), w * PAGEABLE_FRESH_WEIGHT * w_z) for z, w_z in _GH_NODES]
+    return out
+
+
+def _scenarios(s: Any, fp32: bool, hm: Any = None) -> list[tuple[tuple[bool, bool], HostProfile, tuple[str, float],
+                                                                  float]]:
+    """``(TF32 flags, host, (input copy, first-touch µs per page), weight)`` of every scenario of the mixture
+    over what ``s`` leaves open (``hm``: the host model, whose measured first-touch time spreads a pageable
+    copy), in the order :func:`deployment_spread` evaluates them."""
     unknown = set(s.assumed)
     frameworks = (dict(UNKNOWN_FRAMEWORK_WEIGHTS) if "framework" in unknown else {s.host.framework: 1.0})
     speeds = ([(s.host.speed * math.exp(z * UNKNOWN_HOST_SIGMA_LOG), w) for z, w in _GH_NODES]
               if "host" in unknown else [(s.host.speed, 1.0)])
-    copies = dict(UNKNOWN_INPUT_COPY_WEIGHTS) if "input_copy" in unknown else {s.input_copy: 1.0}
+    copies = dict(_copies(s, hm))
     out = []
     for fw, w_fw in frameworks.items():
         tf32 = _TF32_OF[fw] if ("tf32" in unknown and fp32) else (s.tf32_matmul, s.tf32_conv)
@@ -144,7 +168,7 @@ def deployment_spread_many(stack: CostStack, device: Device, deployment: Any, *,
     """
     s = deployment_settings(deployment)
     st = stack.facts
-    if device.kind != "gpu" or not s.assumed:
+    if device.kind != "gpu" or not s.spread_open:
         return [DeploymentSpread() for _ in range(len(st))]
     p = params if params is not None else default_params()
     hm = p.host_model
@@ -154,22 +178,22 @@ def deployment_spread_many(stack: CostStack, device: Device, deployment: Any, *,
     kernels: dict[tuple[bool, bool], Timelines] = {}
     base = resolved_settings(device, params=p, deployment=s)
 
-    def latency(tf32: tuple[bool, bool], host: HostProfile, copy: str) -> np.ndarray:
+    def latency(tf32: tuple[bool, bool], host: HostProfile, copy: tuple[str, float]) -> np.ndarray:
         if tf32 not in kernels:
             v = dataclasses.replace(s, tf32_matmul=tf32[0], tf32_conv=tf32[1], host=ref)
             g, h, _ = stack.runtime_costs(resolved_settings(device, params=p, deployment=v))
             kernels[tf32] = Timelines(st, g * per_node, h)
         k = hm.scale(host) if hm is not None else 1.0 / host.speed
-        prefix, _ = stack.prefixes(base, host=host, input_copy=copy)
+        prefix, _ = stack.prefixes(base, host=host, input_copy=copy[0], fresh_page_us=copy[1])
         return kernels[tf32].latency(k, prefix)[0]
 
-    centre = latency((s.tf32_matmul, s.tf32_conv), s.host, s.input_copy)
+    centre = latency((s.tf32_matmul, s.tf32_conv), s.host, (s.input_copy, 0.0))
     out = []
     fp32 = np.array([g.spec.dtype == "float32" for g in st.graphs]) if s.autocast is None else np.zeros(len(st), bool)
     for kind in (False, True):
         if not (fp32 == kind).any():
             continue
-        sc = _scenarios(s, kind)
+        sc = _scenarios(s, kind, hm)
         lg = np.log(np.array([latency(tf32, host, copy) for tf32, host, copy, _ in sc]))  # [scenarios, graphs]
         w = np.array([w for *_, w in sc])
         w = w / w.sum()

@@ -250,16 +250,17 @@ class CostStack:
         return np.concatenate([g for g, _ in parts]), np.concatenate([h for _, h in parts]), c
 
     def prefixes(self, r: ResolvedSettings, host: HostProfile | None = None,
-                 input_copy: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+                 input_copy: str | None = None, fresh_page_us: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
         """Per graph, (host µs before the first operator, the input copy within it) for ``r`` (with another
-        host or input copy when given)."""
+        host or input copy when given; ``fresh_page_us``: a pageable batch's first touch per page, reference
+        host)."""
         prof = r.host if host is None else host
         copy = r.input_copy if input_copy is None else input_copy
         sizes = self.facts.input_bytes()
         by_size: dict[int, tuple[float, float]] = {}
         for g, b in zip(self.facts.graphs, sizes):  # a batch of one space shares a few input sizes
             if b not in by_size:
-                by_size[b] = _pass_host_us(g, r.device, r.params, r.runtime, prof, copy, b)
+                by_size[b] = _pass_host_us(g, r.device, r.params, r.runtime, prof, copy, b, fresh_page_us)
         return np.array([by_size[b][0] for b in sizes]), np.array([by_size[b][1] for b in sizes])
 
 

@@ -7,7 +7,9 @@ Usage (from the repository root; the data path is an argument, nothing is downlo
     python scripts/fit/calibrate_host_model.py --data ryujaehun.sqlite \\
         --torch1-factor 1.0 --torch1-source "..." --out dippm_nas/prior/calibration/fitted.json
 
-It fits :data:`dippm_nas.prior.FIT_PARAMETERS` on the fp16 and fp32 rows (fp64 rows are GPU-bound and
+It fits :data:`dippm_nas.prior.FIT_PARAMETERS` (the input copy's constants are physics and
+``scripts/fit/fit_input_copy.py``'s, kept from the ``--out`` file; the float32 rows' batches are mapped fresh,
+the float16 ones not) on the fp16 and fp32 rows (fp64 rows are GPU-bound and
 left out), scores the fit leave-one-GPU-out (the constants refitted without that GPU's rows) and records
 the held-out log-space σ (RMS log error) of host-bound rows as ``metrics["sigma_log_host"]`` (the σ of
 the host part of a prediction) and of GPU-bound rows as ``metrics["sigma_log_gpu_bound"]`` (the σ of the
@@ -43,12 +45,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="calibration JSON whose host_model key is replaced")
     args = ap.parse_args(argv)
 
+    # a float32 batch is the DataLoader workers' tensor, mapped fresh; a float16 one a .half() the process wrote
     rows = [HostRow(mg.graph, mg.measurement["device"],
                     Execution.from_conditions(mg.measurement.get("conditions"), mg.measurement.get("environment")),
-                    float(mg.measurement["latency_ms"]))
+                    float(mg.measurement["latency_ms"]), fresh_pages=mg.spec.dtype == "float32")
             for mg in load_measurements(args.data, source="ryujaehun") if mg.spec.dtype in ("float16", "float32")]
     devices = sorted({r.device for r in rows})
-    base = HostModel(op_us={k: 10.0 for k in HOST_KINDS}, generations={"torch-2": 1.0, "torch-1": args.torch1_factor})
+    # the input copy's constants come from physics and scripts/fit/fit_input_copy.py (kept from --out's host model)
+    copy_keys = ("h2d_gbps", "h2d_fixed_us", "h2d_fresh_page_us", "h2d_fresh_page_sigma_log")
+    old = (json.loads(args.out.read_text(encoding="utf-8")).get("host_model") or {}) if args.out is not None else {}
+    base = HostModel(op_us={k: 10.0 for k in HOST_KINDS}, generations={"torch-2": 1.0, "torch-1": args.torch1_factor},
+                     **{k: old[k] for k in copy_keys if k in old})
     params = default_params()
     # leave-one-GPU-out: the held-out σ of host-bound rows
     held_r, held_bound = [], []
@@ -89,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.out is not None:
         d = json.loads(args.out.read_text(encoding="utf-8"))
         kept = {k: v for k, v in (d.get("host_model") or {}).get("metrics", {}).items()
-                if k.endswith("_float64") or k in ("sigma_log_gpu_unseen", "fit_gpu_unseen")}
+                if k.endswith("_float64") or k in ("sigma_log_gpu_unseen", "fit_gpu_unseen", "fit_input_copy")}
         d["host_model"] = model.to_dict()
         d["host_model"]["metrics"].update(kept)
         write_output(args.out, json.dumps(d, indent=1) + "\n", "--out", error=InvalidValueError)

@@ -177,7 +177,8 @@ def test_mlenergy_cell_scores_both_modes_as_an_unseen_gpu(tmp_path: Path, monkey
     cell = dep.mlenergy_cell(_mlenergy_csv(tmp_path), shipped=False, base=base)
     assert seen == [("openjourney-v4", 1), ("stable-diffusion-2-1", 4)]
     assert cell["kernel_sigma_log"] == unseen.host_model.sigma_log_gpu("float16", device_fitted=False)
-    assert cell["kernel_sigma_log"] > base.host_model.sigma_log_gpu("float16", device_fitted=True)
+    # an unseen GPU's kernel σ is at least a fitted one's (both measured: the unseen-GPU σ and the host fit's)
+    assert cell["kernel_sigma_log"] >= base.host_model.sigma_log_gpu("float16", device_fitted=True)
     one = energy.predict_row(energy.Row("x", 1, 0.0, 0.0, [g, g], [1, 25]), unseen)
     assert one.latency_ms == pytest.approx(26 * energy.predict_row(energy.Row("x", 1, 0.0, 0.0, [g], [1]),
                                                                    unseen).latency_ms, rel=1e-9)
