@@ -11,10 +11,18 @@ search space) the space's name and config, which is what a validator rebuilds th
     record = TrialRecord.from_attrs(study.best_trials[0].user_attrs)
     record.latency_ms, record.latency_ms_std, record.margins, record.search_space_config
 
+A trial of an LLM generation (``HardwareCostModel.evaluate`` with an ``LLMWorkload``) has the same record with a
+:class:`GenerationRecord` in :attr:`TrialRecord.generation` (the decoder, the workload, the engine, the tensor
+parallelism, every generation figure with its σ and source) and no forward-pass figures: its user attributes are
+``predicted_<figure>``, ``predicted_<figure>_std`` for each figure of ``dippm_nas.llm.GENERATION_FIGURES`` and one
+``generation`` dict with the rest.
+
 Names read for one release (:data:`ATTR_ALIASES`; reading one warns ``DeprecationWarning``): ``config`` for
-``search_space_config`` (the key of the NNI tuner's parameter block ``params["dippm"]``) and the NNI tuner's
+``search_space_config`` (the key of the NNI tuner's parameter block ``params["dippm"]``), the NNI tuner's
 ``dippm_predicted`` dict (``latency_ms``, ``energy_j``, ``memory_mib``, their ``*_std``, ``mig`` and
-``source``) for trials that lack the ``predicted_*`` attributes.
+``source``) for trials that lack the ``predicted_*`` attributes, and the attributes generation trials had before
+their ``generation`` dict (:data:`GENERATION_ALIASES`: ``source_<figure>``, ``llm_model``, ``workload``,
+``engine``, ``mig_profile``, ``fits``, ``fit_reason``).
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ from dippm_nas.errors import DippmNasError, InvalidValueError
 from dippm_nas.prediction import Prediction
 from dippm_nas.spec import InputSpec
 
-__all__ = ["TrialRecord", "FIGURES", "REBUILD_ATTRS", "ATTR_ALIASES"]
+__all__ = ["TrialRecord", "GenerationRecord", "FIGURES", "REBUILD_ATTRS", "ATTR_ALIASES", "GENERATION_ALIASES"]
 
 #: The predicted figures of a forward pass a record holds, with their units.
 FIGURES: dict[str, str] = {"latency_ms": "ms per batch", "energy_j": "J per batch", "memory_mib": "MiB"}
@@ -41,6 +49,13 @@ ATTR_ALIASES: dict[str, str] = {
     "config": "search_space_config",
     "dippm_predicted": "predicted_<figure>, predicted_<figure>_std, latency_source, mig_smallest_fit",
 }
+#: The attributes of a generation trial read for one release (removed in 0.2), and the key of the ``generation``
+#: user attribute that replaces each (``source_<figure>``: its ``sources``).
+GENERATION_ALIASES: dict[str, str] = {
+    "source_<figure>": "sources", "llm_model": "model", "workload": "workload", "engine": "engine",
+    "mig_profile": "mig_profile", "fits": "fits", "fit_reason": "fit_reason",
+}
+ATTR_ALIASES.update({old: f"generation[{new!r}]" for old, new in GENERATION_ALIASES.items()})
 _REMOVED_IN = "0.2"
 
 
@@ -51,6 +66,47 @@ def _source_key(figure: str) -> str:
 
 def _warn_alias(old: str) -> None:
     warn_renamed("trial attribute", old, ATTR_ALIASES[old], removed_in=_REMOVED_IN, stacklevel=4)
+
+
+@dataclass(frozen=True)
+class GenerationRecord:
+    """The generation section of a :class:`TrialRecord`: what an LLM-generation trial was predicted for and its
+    figures (those of one instance of ``mig_profile`` when set; units in the figure names).
+
+    Attributes:
+        model: the decoder's name.
+        workload: the :class:`~dippm_nas.llm.LLMWorkload` as a dict (``prompt_len``, ``output_len``,
+            ``batch_size``, ``kv_dtype``).
+        engine: the serving engine (``None`` outside ``runtime="serving"``).
+        tensor_parallel: GPUs the decoder is split over (1: the prediction is of one GPU).
+        mig_profile: the MIG profile the figures are for (``None``: the whole GPU).
+        figures, stds, sources: ``{figure: value}``, ``{figure: σ}`` (``None``: the source gives none) and
+            ``{figure: source}`` for the figures of ``dippm_nas.llm.GENERATION_FIGURES``.
+        fits: the batch fits at once; fit_reason: why not (``""`` when it fits).
+    """
+
+    model: str | None
+    workload: dict[str, Any]
+    engine: str | None = None
+    tensor_parallel: int = 1
+    mig_profile: str | None = None
+    figures: dict[str, float | None] = field(default_factory=dict)
+    stds: dict[str, float | None] = field(default_factory=dict)
+    sources: dict[str, str | None] = field(default_factory=dict)
+    fits: bool | None = None
+    fit_reason: str | None = None
+
+    def figure(self, name: str) -> tuple[float | None, float | None, str | None]:
+        """``(value, std, source)`` of one generation figure."""
+        if name not in self.figures:
+            raise InvalidValueError(f"figure must be one of {sorted(self.figures)}, got {name!r}")
+        return self.figures[name], self.stds.get(name), self.sources.get(name)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``generation`` user attribute (the figures themselves are ``predicted_<figure>`` attributes)."""
+        return {"model": self.model, "workload": dict(self.workload), "engine": self.engine,
+                "tensor_parallel": self.tensor_parallel, "mig_profile": self.mig_profile, "fits": self.fits,
+                "fit_reason": self.fit_reason, "sources": dict(self.sources)}
 
 
 @dataclass(frozen=True)
@@ -81,12 +137,14 @@ class TrialRecord:
         unknown_ops: ``{op: count}`` of operators without a formula.
         adaptation_version, adaptation_rows: the stored adaptation that made the prediction, and the measured
             rows it was fitted on (``None`` without one).
+        generation: the generation section of an LLM-generation trial (``None`` for a forward pass); such a
+            record has ``None`` forward-pass figures (``latency_ms``, ``energy_j``, ``memory_mib``).
     """
 
     device: str | None
-    latency_ms: float
+    latency_ms: float | None
     energy_j: float | None
-    memory_mib: float
+    memory_mib: float | None
     latency_ms_std: float | None = None
     energy_j_std: float | None = None
     memory_mib_std: float | None = None
@@ -108,6 +166,7 @@ class TrialRecord:
     unknown_ops: dict[str, int] = field(default_factory=dict)
     adaptation_version: int | None = None
     adaptation_rows: int | None = None
+    generation: GenerationRecord | None = None
 
     # ------------------------------------------------------------------ derived
     @property
@@ -128,7 +187,24 @@ class TrialRecord:
     @property
     def rebuildable(self) -> bool:
         """A validator can rebuild the model: it is of a registered search space and has its input spec."""
-        return self.search_space is not None and self.search_space_config is not None and self.input_spec is not None
+        return (self.generation is None and self.search_space is not None and self.search_space_config is not None
+                and self.input_spec is not None)
+
+    @property
+    def not_rebuildable_reason(self) -> str | None:
+        """Why a validator cannot rebuild and measure the candidate (``None`` when it can)."""
+        if self.generation is not None:
+            g = self.generation
+            return (f"it is an LLM generation (model {g.model!r}, workload {g.workload}, engine {g.engine!r}, "
+                    f"tensor parallel {g.tensor_parallel}): the validator measures forward passes of models of "
+                    "search_spaces and has no measurer of a generation, so its generation figures are read but "
+                    "not measured")
+        if not self.rebuildable:
+            missing = [k for k in REBUILD_ATTRS if getattr(self, k) is None]
+            return (f"it lacks the user attributes {missing} (evaluate models built with search_spaces.build_model, "
+                    "or pass space= and config= to HardwareCostModel.evaluate; HardwareAwareTuner records them "
+                    "with builder=)")
+        return None
 
     def figure(self, name: str) -> tuple[float | None, float | None, str | None]:
         """``(value, std, source)`` of one of :data:`FIGURES`."""
@@ -168,19 +244,56 @@ class TrialRecord:
             adaptation_rows=int(d["adaptation_rows"]) if "adaptation_rows" in d else None,
         )
 
+    @classmethod
+    def of_generation(cls, prediction: Any, checks: Mapping[str, ChanceCheck], *, deployment: Mapping[str, Any],
+                      mig_profile: str | None = None, cost_model_s: float | None = None) -> "TrialRecord":
+        """The record of an LLM generation (a ``dippm_nas.llm.GenerationPrediction``) and its chance checks, with
+        the figures of one instance of ``mig_profile`` when given (the weights and KV cache are the same on a
+        slice).
+
+        Raises:
+            InvalidValueError: ``mig_profile`` is not one the prediction has (the profiles are listed).
+        """
+        from_slice = ("weights_mib", "kv_cache_mib", "kv_cache_mib_per_sequence")
+        figures, stds, sources = {}, {}, {}
+        for name in prediction.sources:
+            f = prediction.figure(name) if mig_profile is None or name in from_slice else \
+                prediction.figure(name, mig_profile)
+            figures[name], stds[name], sources[name] = f.value, f.std, f.source
+        on = prediction.mig[mig_profile] if mig_profile is not None and prediction.mig else None
+        d = prediction.details
+        generation = GenerationRecord(
+            model=prediction.model, workload=prediction.workload.to_dict(), engine=d.get("engine"),
+            tensor_parallel=int(d.get("tensor_parallel", 1)), mig_profile=mig_profile, figures=figures, stds=stds,
+            sources=sources, fits=on.fits if on is not None else prediction.fits,
+            fit_reason=on.reason if on is not None else prediction.reason)
+        return cls(
+            device=prediction.device, latency_ms=None, energy_j=None, memory_mib=None, deployment=dict(deployment),
+            constraints={n: c.value for n, c in checks.items()}, limits={n: c.budget for n, c in checks.items()},
+            k_sigmas={n: c.k_sigma for n, c in checks.items()},
+            std_missing={n: c.std_missing for n, c in checks.items()}, cost_model_s=cost_model_s,
+            generation=generation)
+
     # ------------------------------------------------------------------ user attributes
     def to_attrs(self) -> dict[str, Any]:
         """The trial's user attributes (JSON values, units in the keys; docs/optuna.md lists them)."""
         a: dict[str, Any] = {}
-        for name in FIGURES:
-            value, std, source = self.figure(name)
-            a[f"predicted_{name}"] = value
-            a[f"predicted_{name}_std"] = std
-            a[_source_key(name)] = source
+        if self.generation is None:
+            for name in FIGURES:
+                value, std, source = self.figure(name)
+                a[f"predicted_{name}"] = value
+                a[f"predicted_{name}_std"] = std
+                a[_source_key(name)] = source
+            a.update({"predicted_host_ms": self.host_ms, "predicted_gpu_ms": self.gpu_ms,
+                      "mig_smallest_fit": self.mig_smallest_fit})
+        else:
+            for name, value in self.generation.figures.items():
+                a[f"predicted_{name}"] = value
+                a[f"predicted_{name}_std"] = self.generation.stds.get(name)
+            a["generation"] = self.generation.to_dict()
         a.update({
             "predicted_device": self.device, "runtime": self.runtime, "deployment": dict(self.deployment),
-            "predicted_host_ms": self.host_ms, "predicted_gpu_ms": self.gpu_ms,
-            "mig_smallest_fit": self.mig_smallest_fit, "feasible": self.feasible,
+            "feasible": self.feasible,
         })
         if self.cost_model_s is not None:
             a["cost_model_s"] = self.cost_model_s
@@ -221,6 +334,9 @@ class TrialRecord:
         if not isinstance(attrs, Mapping):
             raise InvalidValueError(f"trial attributes must be a mapping (a trial's user_attrs), got "
                                     f"{type(attrs).__name__} {_shown(attrs)}")
+        generation = _generation_of(attrs)
+        if generation is not None:
+            return cls._from_generation_attrs(attrs, generation)
         a = _Attrs(attrs)
         legacy = attrs.get("dippm_predicted") if "predicted_latency_ms" not in attrs else None
         if isinstance(legacy, Mapping):
@@ -271,10 +387,22 @@ class TrialRecord:
             adaptation_version=a.count("adaptation_version"), adaptation_rows=a.count("adaptation_rows"),
         )
 
+    @classmethod
+    def _from_generation_attrs(cls, attrs: Mapping[str, Any], generation: GenerationRecord) -> "TrialRecord":
+        deployment = attrs.get("deployment")
+        if not isinstance(deployment, Mapping):
+            deployment = {"runtime": attrs["runtime"]} if isinstance(attrs.get("runtime"), str) else {}
+        constraints = _constraints_of(attrs)
+        return cls(device=attrs.get("predicted_device"), latency_ms=None, energy_j=None, memory_mib=None,
+                   deployment=dict(deployment), constraints=constraints, **_checks_of(attrs, constraints),
+                   cost_model_s=attrs.get("cost_model_s"), generation=generation)
+
     def relative_std(self) -> float | None:
         """The largest ``std / value`` of the figures that have both (``None`` when none has): how uncertain the
-        prediction is."""
-        rels = [float(s) / float(v) for v, s, _ in map(self.figure, FIGURES)
+        prediction is (of the generation figures for a generation record)."""
+        figures = (map(self.generation.figure, self.generation.figures) if self.generation is not None
+                   else map(self.figure, FIGURES))
+        rels = [float(s) / float(v) for v, s, _ in figures
                 if _real(v) and _real(s) and v > 0 and math.isfinite(s) and math.isfinite(v)]
         return max(rels) if rels else None
 
@@ -348,3 +476,52 @@ class _Attrs:
             raise InvalidValueError(f"trial attribute input_spec: {e}") from e
         except (TypeError, ValueError, KeyError, OverflowError) as e:
             raise InvalidValueError(f"trial attribute input_spec is malformed ({type(e).__name__}: {e})") from e
+
+
+def _constraints_of(attrs: Mapping[str, Any]) -> dict[str, float]:
+    """``{figure: constraint}`` from ``constraint_<figure>`` (or ``-margin_<figure>``) attributes."""
+    checks = {k[len("constraint_"):] for k in attrs if k.startswith("constraint_")}
+    checks |= {k[len("margin_"):] for k in attrs if k.startswith("margin_")}
+    return {n: float(attrs[f"constraint_{n}"]) if f"constraint_{n}" in attrs
+            else -float(attrs[f"margin_{n}"]) for n in sorted(checks)}
+
+
+def _checks_of(attrs: Mapping[str, Any], constraints: Mapping[str, float]) -> dict[str, Any]:
+    """The ``limits``, ``k_sigmas`` and ``std_missing`` fields of the budgets in ``constraints``."""
+    return {
+        "limits": {n: float(attrs[f"budget_{n}"]) for n in constraints if attrs.get(f"budget_{n}") is not None},
+        "k_sigmas": {n: float(attrs[f"k_sigma_{n}"]) for n in constraints if attrs.get(f"k_sigma_{n}") is not None},
+        "std_missing": {n: bool(attrs.get(f"std_missing_{n}", False)) for n in constraints},
+    }
+
+
+def _generation_of(attrs: Mapping[str, Any]) -> GenerationRecord | None:
+    """The generation section of a trial's attributes: the ``generation`` dict, or the attributes of
+    :data:`GENERATION_ALIASES` (with a ``DeprecationWarning``); ``None`` for a forward-pass trial."""
+    section = attrs.get("generation")
+    if isinstance(section, Mapping):
+        g = dict(section)
+    elif "llm_model" in attrs and "predicted_latency_ms" not in attrs:
+        sources = {k[len("source_"):]: v for k, v in attrs.items() if k.startswith("source_")}
+        _warn_alias("llm_model" if not sources else "source_<figure>")
+        g = {new: attrs.get(old) for old, new in GENERATION_ALIASES.items() if old != "source_<figure>"}
+        g["sources"] = sources
+    else:
+        return None
+    sources = g.get("sources") if isinstance(g.get("sources"), Mapping) else {}
+    names = list(sources) or [k[len("predicted_"):-len("_std")] for k in attrs
+                              if k.startswith("predicted_") and k.endswith("_std")]
+    workload = g.get("workload")
+    tp = g.get("tensor_parallel", 1)
+    return GenerationRecord(
+        model=g.get("model") if isinstance(g.get("model"), str) else None,
+        workload=dict(workload) if isinstance(workload, Mapping) else {},
+        engine=g.get("engine") if isinstance(g.get("engine"), str) else None,
+        tensor_parallel=tp if isinstance(tp, int) and not isinstance(tp, bool) and tp >= 1 else 1,
+        mig_profile=g.get("mig_profile") if isinstance(g.get("mig_profile"), str) else None,
+        figures={n: attrs.get(f"predicted_{n}") for n in names},
+        stds={n: attrs.get(f"predicted_{n}_std") for n in names},
+        sources={n: sources.get(n) for n in names},
+        fits=g.get("fits") if isinstance(g.get("fits"), bool) else None,
+        fit_reason=g.get("fit_reason") if isinstance(g.get("fit_reason"), str) else None,
+    )

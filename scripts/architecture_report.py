@@ -413,6 +413,7 @@ class Sizes:
     lines_per_package: dict[str, int]
     largest_modules: list[tuple[str, int]]
     largest_functions: list[tuple[str, int]]
+    largest_classes: list[tuple[str, int]]
 
 
 def sizes(root: Path, top: int) -> Sizes:
@@ -420,6 +421,7 @@ def sizes(root: Path, top: int) -> Sizes:
     per: dict[str, int] = defaultdict(int)
     modules: list[tuple[str, int]] = []
     funcs: list[tuple[str, int]] = []
+    classes: list[tuple[str, int]] = []
     for path in python_files(root):
         text = path.read_text(encoding="utf-8")
         n = text.count("\n")
@@ -438,11 +440,61 @@ def sizes(root: Path, top: int) -> Sizes:
                     funcs.append((f"{path.relative_to(root)}:{q}", (child.end_lineno or 0) - child.lineno + 1))
                     walk(child, q + ".")
                 elif isinstance(child, ast.ClassDef):
+                    classes.append((f"{path.relative_to(root)}:{prefix}{child.name}",
+                                    (child.end_lineno or 0) - child.lineno + 1))
                     walk(child, f"{prefix}{child.name}.")
 
         walk(tree, "")
     return Sizes(dict(sorted(per.items(), key=lambda kv: -kv[1])),
-                 sorted(modules, key=lambda kv: -kv[1])[:top], sorted(funcs, key=lambda kv: -kv[1])[:top])
+                 sorted(modules, key=lambda kv: -kv[1])[:top], sorted(funcs, key=lambda kv: -kv[1])[:top],
+                 sorted(classes, key=lambda kv: -kv[1])[:top])
+
+
+def _defined_names(tree: ast.AST) -> set[str]:
+    """Every name a module defines: functions, classes, methods, assigned names and attributes (``x._a = ...``),
+    and the names it imports."""
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            for t in (node.targets if isinstance(node, ast.Assign) else [node.target]):
+                for sub in ast.walk(t):
+                    if isinstance(sub, ast.Attribute):
+                        out.add(sub.attr)
+                    elif isinstance(sub, ast.Name):
+                        out.add(sub.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            out.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, ast.arg):
+            out.add(node.arg)
+    return out
+
+
+def private_uses(root: Path) -> list[str]:
+    """Uses, in the library, of a private attribute (``obj._name``, not ``self`` / ``cls`` / ``super()``) that the
+    module does not define itself: a private of another module's object (or of a third-party object), one
+    ``path:line obj._name`` row each."""
+    rows = []
+    for path in python_files(root):
+        name = module_name(root, path)
+        if "/" in name:
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        defined = _defined_names(tree)
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Attribute):
+                continue
+            a = node.attr
+            if not a.startswith("_") or (a.startswith("__") and a.endswith("__")) or a in defined:
+                continue
+            v = node.value
+            if isinstance(v, ast.Name) and v.id in ("self", "cls"):
+                continue
+            if isinstance(v, ast.Call) and isinstance(v.func, ast.Name) and v.func.id == "super":
+                continue
+            rows.append(f"{path.relative_to(root)}:{node.lineno} {ast.unparse(v)}.{a}")
+    return rows
 
 
 def duplicate_pairs(root: Path) -> int | None:
@@ -473,6 +525,8 @@ def report(root: Path, top: int = 10, with_duplicates: bool = True) -> dict[str,
         "lines_per_package": s.lines_per_package,
         "largest_modules": s.largest_modules,
         "largest_functions": s.largest_functions,
+        "largest_classes": s.largest_classes,
+        "private_uses": private_uses(root),
         "module_cycles": module_cycles(imports),
         "package_cycles": package_cycles(imports),
         "private_imports": {"statements": len(lib_or_tools), "names": sum(len(n) for _, n in lib_or_tools),
@@ -498,6 +552,8 @@ def _summary(r: dict[str, object]) -> str:
         lines.append(f"| module `{k}` | {v} |")
     for k, v in r["largest_functions"]:  # type: ignore[union-attr]
         lines.append(f"| function `{k}` | {v} |")
+    for k, v in r["largest_classes"]:  # type: ignore[union-attr]
+        lines.append(f"| class `{k}` | {v} |")
     mc, pc = r["module_cycles"], r["package_cycles"]
     lines.append(f"| import cycles between modules | {len(mc)}: {'; '.join(' ⇄ '.join(c) for c in mc)} |")  # type: ignore
     lines.append(f"| import cycles between packages | {len(pc)}: {'; '.join(' ⇄ '.join(c) for c in pc)} |")  # type: ignore
@@ -510,6 +566,7 @@ def _summary(r: dict[str, object]) -> str:
     lines.append(f"| function-body imports, not optional deps: library / scripts+benchmarks+examples | "
                  f"{b['library']} / {b['scripts_benchmarks_examples']} |")  # type: ignore[index]
     lines.append(f"| stage-arrow violations (import of a later stage) | {len(r['arrow_violations'])} |")  # type: ignore
+    lines.append(f"| private attributes of another module's objects used (library) | {len(r['private_uses'])} |")  # type: ignore
     lf = r["lazy_faces"]
     lines.append(f"| lazy package faces: through `lazy_face` / written by hand | {len(lf['helper'])} / "  # type: ignore
                  f"{len(lf['hand_written'])} |")  # type: ignore[index]
@@ -532,6 +589,8 @@ def main(argv: list[str] | None = None) -> int:
         for key in ("private_imports", "function_body_imports"):
             for row in r[key]["rows"]:  # type: ignore[index]
                 print(f"{key}: {row}")
+        for row in r["private_uses"]:  # type: ignore[union-attr]
+            print(f"private_use: {row}")
         for row in r["arrow_violations"]:  # type: ignore[union-attr]
             print(f"arrow: {row}")
     if args.json:

@@ -187,3 +187,27 @@ def test_lazy_face_loads_a_name_once_and_refuses_what_it_does_not_list(monkeypat
         getattr_("loads")
     with pytest.raises(ValueError, match="'x' is listed under both 'a' and 'b'"):
         lazy_face("fake_face", {"a": ("x",), "b": ("x",)})
+
+
+def test_the_integrations_use_no_private_attribute_of_another_modules_objects() -> None:
+    """``dippm_nas.optuna`` (the cost model, its bookkeeping and its background work) reaches no private attribute
+    of another module's objects: each module calls the others through names they publish."""
+    rows = [r for r in arch.private_uses(ROOT) if r.startswith("dippm_nas/optuna/")]
+    assert rows == [], "private attributes of other modules' objects:\n" + "\n".join(rows)
+
+
+def test_private_uses_are_found_in_a_scratch_tree(tmp_path: Path) -> None:
+    """The check can fail: a module reading another object's private attribute is listed; its own, and
+    ``self``'s, are not."""
+    pkg = tmp_path / "dippm_nas"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text(textwrap.dedent("""
+        class A:
+            def __init__(self):
+                self._mine = 1
+            def f(self, other):
+                return self._mine + other._theirs + other._mine
+    """))
+    rows = arch.private_uses(tmp_path)
+    assert [r.split(" ", 1)[1] for r in rows] == ["other._theirs"]

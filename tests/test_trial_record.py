@@ -192,3 +192,42 @@ def test_relative_std_skips_figures_that_are_not_numbers() -> None:
     odd = dataclasses.replace(rec, latency_ms_std="0.5", memory_mib_std=[1.0], energy_j="x")  # type: ignore[arg-type]
     assert odd.relative_std() is None
     assert dataclasses.replace(rec, latency_ms=float("nan")).relative_std() is None
+
+
+def _generation_record() -> TrialRecord:
+    from dippm_nas.llm import DecoderConfig, LLMWorkload, predict_generation
+
+    cfg = DecoderConfig(name="tiny", model_type="llama", num_layers=2, hidden_size=256, num_heads=4, num_kv_heads=4,
+                        head_dim=64, intermediate_size=512, vocab_size=1000, max_positions=1024, rotary_dim=64)
+    p = predict_generation(cfg, LLMWorkload(64, 16, 2), "a100-sxm4-80gb")
+    checks = Budgets(decode_ms_per_token=1e6, mig_profile="1g.10gb").check(p)
+    return TrialRecord.of_generation(p, checks, deployment={"runtime": "eager"}, mig_profile="1g.10gb",
+                                     cost_model_s=0.02)
+
+
+def test_a_generation_record_round_trips_and_is_the_same_record_type() -> None:
+    rec = _generation_record()
+    attrs = rec.to_attrs()
+    assert TrialRecord.from_attrs(attrs) == rec
+    g = rec.generation
+    assert g is not None and g.model == "tiny" and g.workload["prompt_len"] == 64 and g.tensor_parallel == 1
+    assert g.mig_profile == "1g.10gb" and attrs["generation"]["sources"] == g.sources
+    assert attrs["predicted_decode_ms_per_token"] == g.figures["decode_ms_per_token"]
+    assert "predicted_latency_ms" not in attrs and rec.latency_ms is None and attrs["deployment"]["runtime"] == "eager"
+    assert rec.constraints and rec.feasible == attrs["feasible"]
+    rel = rec.relative_std()
+    assert rel is not None and rel > 0
+    assert not rec.rebuildable and "LLM generation" in (rec.not_rebuildable_reason or "")
+
+
+def test_the_earlier_generation_attributes_are_read_with_a_deprecation_warning() -> None:
+    rec = _generation_record()
+    g = rec.generation
+    assert g is not None
+    old: dict[str, Any] = {k: v for k, v in rec.to_attrs().items() if k not in ("generation", "deployment")}
+    old.update({f"source_{n}": s for n, s in g.sources.items()})
+    old.update({"llm_model": g.model, "workload": g.workload, "engine": g.engine, "mig_profile": g.mig_profile,
+                "fits": g.fits, "fit_reason": g.fit_reason})
+    with pytest.warns(DeprecationWarning, match="'source_<figure>' is deprecated.*generation\\['sources'\\]"):
+        back = TrialRecord.from_attrs(old)
+    assert back.generation == g and back.constraints == rec.constraints and back.runtime == "eager"

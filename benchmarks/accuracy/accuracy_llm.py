@@ -25,8 +25,9 @@ latency falls from batch 1 to 16 while tokens/s barely grows: not a batch of con
 
 ``vidur`` -- Vidur's H100 operator profiles (``vidur_a100_h100_llm_layer_op_profiling.csv``, MIT), one
 tensor-parallel worker: median time of each operator of a transformer layer at 1-32k tokens against the node of the
-``"fused"`` prefill graph of one layer (the kernels a serving engine runs). Nothing is fitted on them. The A100 rows
-of the file are not read (kept aside to judge the predictor).
+``"fused"`` prefill graph of one layer (the kernels a serving engine runs). Nothing is fitted on them here. The A100
+rows of the file are not read here; they are not held out from the package (the A100-40GB's matmul multiplier in
+``fitted.json`` was fitted on them by ``prior_vidur_gemms.py --fit-class matmul``).
 
 ``energy`` -- ML.ENERGY leaderboard v2 (``mlenergy_v2_h100_energy_latency.csv``, Apache-2.0), LLM chat/code rows on
 one H100 80GB HBM3 (TP = PP = 1, vLLM's OpenAI-compatible server, every request sent at once, steady-state energy):

@@ -57,9 +57,10 @@ LLM generation
     ``max_batch`` are maximised, the others minimised) and its budgets the generation figures of
     :class:`~dippm_nas.budgets.Budgets` (``prefill_ms``, ``decode_ms_per_token``, ``energy_j_per_token``, and the
     minimums ``tokens_per_s`` and ``max_batch``). With ``budgets.mig_profile`` every figure is that of one
-    instance of the profile. The trial records ``predicted_<figure>``, ``predicted_<figure>_std`` and
-    ``source_<figure>`` of every figure of :data:`dippm_nas.llm.GENERATION_FIGURES`, ``llm_model``,
-    ``workload``, ``fits`` and ``fit_reason``.
+    instance of the profile. The trial's :class:`~dippm_nas.trial.TrialRecord` has a generation section: the
+    user attributes ``predicted_<figure>`` and ``predicted_<figure>_std`` of every figure of
+    :data:`dippm_nas.llm.GENERATION_FIGURES`, ``deployment`` and ``generation`` (the decoder, workload, engine,
+    tensor parallelism, MIG profile, ``fits``, ``fit_reason`` and each figure's source).
 
 A candidate the cost model cannot evaluate (``on_error``; default ``"fail"``)
     A model that cannot be captured or predicted (data-dependent control flow, an input that does not fit,
@@ -69,7 +70,8 @@ A candidate the cost model cannot evaluate (``on_error``; default ``"fail"``)
     ``+inf`` (``feasible=False``), so the trial completes as a violation the sampler steers away from;
     ``on_error="raise"`` raises the :class:`~dippm_nas.errors.DippmNasError` (the study stops unless
     ``study.optimize(catch=...)`` names it). In every case the reason is the ``cost_model_error`` user
-    attribute. With no cost objectives (``objectives=()``) a trial cannot be failed through its values, so
+    attribute. Any error of a prediction counts (not only a ``DippmNasError``): the trial never stays running.
+    With no cost objectives (``objectives=()``) a trial cannot be failed through its values, so
     ``"fail"`` records it as ``"infeasible"`` does.
 
 User attributes set on every evaluated trial (units in the keys; :class:`~dippm_nas.trial.TrialRecord` writes

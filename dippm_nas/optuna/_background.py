@@ -8,6 +8,11 @@ Two executors serve :class:`~dippm_nas.optuna.HardwareCostModel`:
   trials, and a figure read (``float()``, a comparison, Optuna's ``tell``) waits for its trial;
 - :class:`ConversionPool`, ``background_workers`` processes for :meth:`HardwareCostModel.submit`: the conversion
   (``torch.export`` + Relax) of a model in a worker process, the prediction in a finisher thread.
+
+:class:`BackgroundWork` holds both for one cost model, started on first use. None of them holds a reference to the
+cost model (the thread calls it through a weak reference), so a cost model dropped without ``close()`` is collected
+and its finalizer stops them. The figures and records of a trial go through the cost model's
+:class:`~dippm_nas.optuna._bookkeeping.TrialBookkeeping` (``count_wait``, ``unevaluated``, ``shape``).
 """
 
 from __future__ import annotations
@@ -16,19 +21,18 @@ import logging
 import math
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dippm_nas.cache import ConversionCache, set_default_cache
 from dippm_nas.capture import assemble, capture
 from dippm_nas.errors import DippmNasError
+from dippm_nas.optuna._bookkeeping import TrialBookkeeping
 from dippm_nas.spec import InputSpec
 
-if TYPE_CHECKING:  # pragma: no cover
-    from dippm_nas.optuna._cost_model import HardwareCostModel
-
-__all__ = ["PendingEvaluation", "PendingValue", "BatchPredictor", "ConversionPool"]
+__all__ = ["PendingEvaluation", "PendingValue", "BatchPredictor", "ConversionPool", "BackgroundWork"]
 
 logger = logging.getLogger(__name__)
 
@@ -37,10 +41,10 @@ class PendingEvaluation:
     """A candidate evaluated in the background (:meth:`HardwareCostModel.submit`, or :meth:`~HardwareCostModel.evaluate`
     with ``overlap``); :meth:`result` waits for its figures, recorded on the trial."""
 
-    def __init__(self, cost: "HardwareCostModel", future: Any, values: tuple[float, ...] | None,
-                 error: DippmNasError | None, trial: Any = None) -> None:
-        self._cost, self._future, self._values, self._error = cost, future, values, error
-        self._trial = trial
+    def __init__(self, book: TrialBookkeeping, future: Any, values: tuple[float, ...] | None,
+                 error: DippmNasError | None, trial: Any = None, constraints_func: Any = None) -> None:
+        self._book, self._future, self._values, self._error = book, future, values, error
+        self._trial, self._constraints_func = trial, constraints_func
         self._lock = threading.Lock()
 
     def done(self) -> bool:
@@ -50,6 +54,11 @@ class PendingEvaluation:
     def values(self, timeout: float | None = None) -> tuple[float, ...]:
         """The objective values as a tuple (one per objective), once recorded on the trial.
 
+        A prediction that failed with any error (not only a :class:`DippmNasError`: a damaged adaptation, a
+        storage error) gives the values of ``on_error`` (NaN or +inf, the error recorded on the trial) when the
+        evaluation has a trial and ``on_error`` is not ``"raise"``: reading a figure never raises into Optuna,
+        which would leave the trial running.
+
         Raises:
             DippmNasError, TimeoutError: as :meth:`result`.
         """
@@ -58,13 +67,20 @@ class PendingEvaluation:
                 t0 = time.perf_counter()
                 try:
                     self._values = self._future.result(timeout=timeout)
-                except DippmNasError as e:
-                    self._error = e
+                except TimeoutError:
+                    raise
+                except Exception as e:  # noqa: BLE001 - see above
+                    if isinstance(e, DippmNasError):
+                        self._error = e
+                    else:
+                        self._error = DippmNasError(f"{type(e).__name__}: {e}")
+                        self._error.__cause__ = e
                 finally:
-                    self._cost._count_wait(time.perf_counter() - t0)
+                    self._book.count_wait(time.perf_counter() - t0)
                 self._future = None
-                if self._error is not None and self._cost.on_error != "raise" and self._trial is not None:
-                    self._values, self._error = self._cost._unevaluated(self._trial, self._error), None
+                if self._error is not None and self._book.on_error != "raise" and self._trial is not None:
+                    self._values = self._book.unevaluated(self._trial, self._error, self._constraints_func)
+                    self._error = None
         if self._error is not None:
             raise self._error
         assert self._values is not None
@@ -82,7 +98,7 @@ class PendingEvaluation:
                 and ``on_error="raise"``; otherwise the values say so, as there).
             TimeoutError: not finished within ``timeout``.
         """
-        return self._cost._shape(self.values(timeout))
+        return self._book.shape(self.values(timeout))
 
 
 class PendingValue:
@@ -183,12 +199,14 @@ class BatchPredictor:
 
     Args:
         predict_batch: called in the thread with the list of queued requests; returns one result per request
-            (the objective values, or the :class:`DippmNasError` of that candidate).
+            (the objective values, or the :class:`DippmNasError` of that candidate). A bound method is held through
+            a weak reference: when its object is collected, queued requests fail and the thread ends.
         name: the thread's name.
     """
 
     def __init__(self, predict_batch: Callable[[list[Any]], list[Any]], name: str = "dippm-cost-model") -> None:
-        self._predict_batch = predict_batch
+        self._predict_batch: Callable[[], Any] = (weakref.WeakMethod(predict_batch)  # type: ignore[arg-type]
+                                                  if hasattr(predict_batch, "__self__") else lambda: predict_batch)
         self._name = name
         self._cond = threading.Condition()
         self._queue: list[tuple[Any, Future]] = []
@@ -219,23 +237,28 @@ class BatchPredictor:
                     return
                 batch, self._queue = self._queue, []
             self.batch_sizes.append(len(batch))
+            predict_batch = self._predict_batch()
             try:
-                results = self._predict_batch([r for r, _ in batch])
+                if predict_batch is None:
+                    raise DippmNasError("the cost model of this prediction was collected before it ran")
+                results = predict_batch([r for r, _ in batch])
             except BaseException as e:  # noqa: BLE001 - every waiting trial gets the error, none hangs
                 results = [e] * len(batch)
+            finally:
+                del predict_batch  # no reference to the cost model while idle
             for (_, fut), res in zip(batch, results):
                 if isinstance(res, BaseException):
                     fut.set_exception(res)
                 else:
                     fut.set_result(res)
 
-    def close(self) -> None:
-        """Finish the queued requests, then stop the thread; idempotent."""
+    def close(self, wait: bool = True) -> None:
+        """Finish the queued requests, then stop the thread (``wait``: and wait for it); idempotent."""
         with self._cond:
             self._closed = True
             thread, self._thread = self._thread, None
             self._cond.notify_all()
-        if thread is not None:
+        if wait and thread is not None and thread is not threading.current_thread():
             thread.join()
 
 
@@ -278,15 +301,76 @@ class ConversionPool:
         with self._lock:
             self._pool = None
 
-    def close(self) -> None:
-        """Stop the processes and the thread; idempotent."""
+    def close(self, wait: bool = True) -> None:
+        """Stop the processes and the thread (``wait``: and wait for them); idempotent."""
         with self._lock:
             pool, finisher = self._pool, self._finisher
             self._pool = self._finisher = None
         if finisher is not None:
-            finisher.shutdown(wait=True)
+            finisher.shutdown(wait=wait)
         if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+            pool.shutdown(wait=wait, cancel_futures=True)
+
+
+class BackgroundWork:
+    """The background thread and conversion processes of one cost model, each started on first use.
+
+    Args:
+        workers: conversion processes of :meth:`conversions`.
+    """
+
+    def __init__(self, workers: int) -> None:
+        self.workers = workers
+        self._lock = threading.Lock()
+        self._predictor: BatchPredictor | None = None
+        self._conversions: ConversionPool | None = None
+        self._stopped = False
+
+    def predictor(self, predict_batch: Callable[[list[Any]], list[Any]]) -> BatchPredictor:
+        """The background thread, started with ``predict_batch`` (a bound method, held weakly) on first use."""
+        with self._lock:
+            if self._stopped:
+                raise DippmNasError("the cost model is closed (HardwareCostModel.close()); make a new one")
+            if self._predictor is None:
+                self._predictor = BatchPredictor(predict_batch)
+            return self._predictor
+
+    def conversions(self, cache_url: str | None) -> ConversionPool:
+        """The conversion processes (their conversion cache: ``cache_url``), made on first use."""
+        with self._lock:
+            if self._stopped:
+                raise DippmNasError("the cost model is closed (HardwareCostModel.close()); make a new one")
+            if self._conversions is None:
+                self._conversions = ConversionPool(self.workers, cache_url)
+            return self._conversions
+
+    def forget_conversion_processes(self) -> None:
+        """The conversion processes died: the next conversion starts new ones."""
+        with self._lock:
+            if self._conversions is not None:
+                self._conversions.forget_pool()
+
+    @property
+    def batch_sizes(self) -> list[int]:
+        """Sizes of the batches the background thread predicted so far."""
+        return list(self._predictor.batch_sizes) if self._predictor is not None else []
+
+    def close(self, wait: bool = True) -> None:
+        """Finish what is queued and stop the thread and the processes; idempotent. A cost model closed once may
+        start them again on its next use (``close()`` is not final); :meth:`stop_soon` is."""
+        with self._lock:
+            predictor, self._predictor = self._predictor, None
+            pool, self._conversions = self._conversions, None
+        if predictor is not None:
+            predictor.close(wait)
+        if pool is not None:
+            pool.close(wait)
+
+    def stop_soon(self) -> None:
+        """The cost model was collected: stop everything without waiting (a finalizer may run in the thread)."""
+        with self._lock:
+            self._stopped = True
+        self.close(wait=False)
 
 
 def _init_conversion_worker(cache_url: str | None) -> None:

@@ -6,10 +6,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -19,25 +19,22 @@ from dippm_nas import errors
 from dippm_nas._logging import WarnOnce
 from dippm_nas._numbers import as_int
 from dippm_nas._redact import redact_url
-from dippm_nas.budgets import Budgets, check_k_sigma, trial_attrs
+from dippm_nas.budgets import Budgets, check_k_sigma
 from dippm_nas.cache import default_cache
 from dippm_nas.capture import ModelSource
 from dippm_nas.deployment import DEPLOYMENT_RUNTIMES, GRAPH_RUNTIMES, Deployment
 from dippm_nas.devices import resolve_device
 from dippm_nas.errors import DippmNasError, InvalidValueError, SearchSpaceError
 from dippm_nas.graph import OperatorGraph
-from dippm_nas.llm import GENERATION_FIGURES, GenerationPrediction, LLMWorkload, predict_generation
-from dippm_nas.optuna._background import BatchPredictor, ConversionPool, PendingEvaluation, PendingValue
-from dippm_nas.optuna._compat import (
-    CONSTRAINT_API, constraints_from_attrs, optuna_has_set_constraint, uses_set_constraint,
-    warn_without_constraints_func,
-)
-from dippm_nas.optuna._objectives import LLM_OBJECTIVES, MAXIMIZED, OBJECTIVES, ON_ERROR
-from dippm_nas.optuna._storage import storage_url_of, threads_share_storage
+from dippm_nas.llm import GenerationPrediction, LLMWorkload, predict_generation
+from dippm_nas.optuna._background import BackgroundWork, PendingEvaluation, PendingValue
+from dippm_nas.optuna._bookkeeping import TrialBookkeeping
+from dippm_nas.optuna._compat import CONSTRAINT_API, optuna_has_set_constraint
+from dippm_nas.optuna._objectives import OBJECTIVES, ON_ERROR
+from dippm_nas.optuna._storage import is_sqlite_file, rdb_storage, storage_url_of, threads_share_storage
 from dippm_nas.prediction import Prediction
 from dippm_nas.predictor import ANY_SPACE, DEFAULT_DEVICE, get_predictor, predict, predict_many
 from dippm_nas.spec import InputSpec
-from dippm_nas.trial import TrialRecord
 import search_spaces
 
 __all__ = ["HardwareCostModel"]
@@ -160,8 +157,6 @@ class HardwareCostModel:
             raise InvalidValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
         self.on_error = on_error
         self.overlap = bool(overlap)
-        self._conversions: ConversionPool | None = None
-        self._predictor_thread: BatchPredictor | None = None
 
         wants_energy = bool({"energy_j", "energy_j_per_token"} & set(objectives)) or budgets.energy_j is not None \
             or budgets.energy_j_per_token is not None
@@ -174,24 +169,22 @@ class HardwareCostModel:
         if budgets.mig_profile is not None:
             budgets.memory_limit(dev)  # a profile the device lacks fails here, with the choices
             self._mig_limit_mib = next(p for p in dev.mig_profiles if p.name == budgets.mig_profile).usable_memory_mib
-        names = list(budgets.names)
+        #: what is recorded on each trial and returned to Optuna (:mod:`dippm_nas.optuna._bookkeeping`)
+        self._book = TrialBookkeeping(dev.id, self.deployment.to_dict(), budgets, objectives, on_error,
+                                      constraint_api)
         #: Names of the constraints, in the order :meth:`constraints_func` returns them.
-        self.constraint_names: tuple[str, ...] = tuple(names)
+        self.constraint_names: tuple[str, ...] = self._book.constraint_names
         self._lock = threading.Lock()
-        self._seconds = 0.0
-        self._evaluations = 0
-
-    def _count_wait(self, seconds: float, evaluations: int = 0) -> None:
-        """Add the caller's wait (and finished evaluations) to :attr:`seconds` (and :attr:`evaluations`)."""
-        with self._lock:
-            self._seconds += seconds
-            self._evaluations += evaluations
+        #: the background thread and conversion processes, stopped by :meth:`close` or when this object is
+        #: collected (they hold no reference to it)
+        self._work = BackgroundWork(self.background_workers)
+        self._finalizer = weakref.finalize(self, self._work.stop_soon)
 
     # ------------------------------------------------------------------ study set-up
     @property
     def directions(self) -> list[str]:
         """Optuna directions of :attr:`objectives` (``"maximize"`` for :data:`MAXIMIZED`, else ``"minimize"``)."""
-        return ["maximize" if o in MAXIMIZED else "minimize" for o in self.objectives]
+        return self._book.directions
 
     @property
     def mig_limit_mib(self) -> float | None:
@@ -229,7 +222,9 @@ class HardwareCostModel:
                 then the cost model's (:attr:`directions`, which must end the list); your objectives are named
                 ``objective_0``, ``objective_1``... (or by ``leading``'s keys when both are given and agree).
             **kwargs: passed to ``optuna.create_study`` (``storage``, ``sampler``, ``study_name``,
-                ``load_if_exists``...).
+                ``load_if_exists``...). A ``storage`` given as the URL of a SQLite file is opened with
+                :func:`~dippm_nas.optuna.rdb_storage` (whose transactions keep ``study.optimize(n_jobs=...)`` from
+                running a trial queued by ``study.enqueue_trial`` twice).
 
         Raises:
             InvalidValueError: a direction that is not ``"maximize"``/``"minimize"``, ``directions`` that do not end
@@ -257,6 +252,9 @@ class HardwareCostModel:
         all_directions = [*leading.values(), *self.directions]
         if not all_directions:
             raise InvalidValueError("a study needs at least one objective: give leading objectives or cost objectives")
+        storage = kwargs.get("storage")
+        if isinstance(storage, str) and is_sqlite_file(storage):
+            kwargs["storage"] = rdb_storage(storage)
         study = optuna.create_study(directions=all_directions, **kwargs)
         self.set_metric_names(study, list(leading))
         return study
@@ -269,15 +267,7 @@ class HardwareCostModel:
         Raises:
             DippmNasError: the prediction is for another device, or a budgeted figure is missing.
         """
-        return {n: c.value for n, c in self._checks(prediction).items()}
-
-    def _checks(self, prediction: Prediction | GenerationPrediction) -> dict[str, Any]:
-        if prediction.device != self.device:
-            raise InvalidValueError(f"the prediction is for {prediction.device!r}, this cost model for {self.device!r}")
-        if isinstance(prediction, Prediction) and self.budgets.energy_j is not None and prediction.energy_j is None:
-            raise InvalidValueError(f"an energy budget needs an energy prediction; {self.device!r} gave none "
-                                    f"(energy_source={prediction.energy_source!r})")
-        return self.budgets.check(prediction)
+        return {n: c.value for n, c in self._book.checks(prediction).items()}
 
     def constraints_func(self, trial: optuna.trial.FrozenTrial) -> list[float]:
         """For Optuna 4.x samplers (``TPESampler(constraints_func=cost.constraints_func)``).
@@ -286,108 +276,19 @@ class HardwareCostModel:
         without them (its objective never called :meth:`evaluate`) is reported infeasible
         (``+inf`` for every constraint), with a warning once: its hardware cost is unknown.
         """
-        return constraints_from_attrs(trial, self.constraint_names)
-
-    def _register_constraints(self, trial: Any, constraints: Mapping[str, float]) -> None:
-        """Register the constraint values with the sampler (``set_constraint`` or the ``constraints_func`` path)."""
-        if not constraints:
-            return
-        if uses_set_constraint(trial, self.constraint_api, self.constraints_func):
-            for name, v in constraints.items():
-                trial.set_constraint(name, v)
-        else:
-            warn_without_constraints_func(trial, self.constraint_names)
-
-    def _unevaluated(self, trial: Any, error: DippmNasError) -> tuple[float, ...]:
-        """Record that a candidate could not be evaluated; raise (``on_error="raise"``) or return the
-        objective values that fail the trial (NaN) or make it infeasible (+inf)."""
-        trial.set_user_attr("cost_model_error", f"{type(error).__name__}: {error}")
-        if self.on_error == "raise":
-            raise error
-        if self.on_error == "fail" and self.objectives:
-            logger.info("trial %s: the cost model could not evaluate the candidate (%s); the trial fails",
-                        getattr(trial, "number", "?"), error)
-            return tuple(math.nan for _ in self.objectives)
-        worst = tuple(-math.inf if d == "maximize" else math.inf for d in self.directions)
-        logger.info("trial %s: the cost model could not evaluate the candidate (%s); recorded as infeasible",
-                    getattr(trial, "number", "?"), error)
-        trial.set_user_attr("feasible", False)
-        for name in self.constraint_names:
-            trial.set_user_attr(f"constraint_{name}", math.inf)
-        self._register_constraints(trial, dict.fromkeys(self.constraint_names, math.inf))
-        return worst
+        return self._book.constraints_func(trial)
 
     # ------------------------------------------------------------------ evaluation
-    def _record(self, trial: Any, pred: Prediction, spec: InputSpec, space: str | None, config: Any,
-                seconds: float) -> tuple[float, ...]:
-        """Write the :class:`~dippm_nas.trial.TrialRecord` of a forward-pass prediction on the trial, register its
-        constraints; return the objective values."""
-        checks = self._checks(pred)
-        llm = [o for o in self.objectives if o in LLM_OBJECTIVES]
-        if llm:
-            raise InvalidValueError(f"objectives {llm} are figures of an LLM generation: evaluate the candidate with "
-                                    "an LLMWorkload (dippm_nas.llm) instead of an InputSpec")
-        values = []
-        for o in self.objectives:
-            v = getattr(pred, o)
-            if v is None:
-                raise DippmNasError(f"objective {o!r} has no prediction on {self.device!r} "
-                                    f"(source {getattr(pred, o.split('_')[0] + '_source')!r})")
-            values.append(float(v))
-        record = TrialRecord.of(pred, checks, deployment=self.deployment.to_dict(), input_spec=spec,
-                                search_space=space, search_space_config=config, cost_model_s=seconds)
-        for k, v in record.to_attrs().items():
-            trial.set_user_attr(k, v)
-        self._register_constraints(trial, record.constraints)
-        return tuple(values)
-
-    def _record_generation(self, trial: Any, pred: GenerationPrediction, seconds: float) -> tuple[float, ...]:
-        """Record an LLM generation's figures (those of one instance of the budgets' MIG profile when set)."""
-        checks = self._checks(pred)
-        profile = self.budgets.mig_profile
-        values = []
-        for o in self.objectives:
-            if o not in LLM_OBJECTIVES:
-                raise InvalidValueError(f"objective {o!r} is a figure of a forward pass; an LLM generation has "
-                                        f"{list(LLM_OBJECTIVES)}")
-            v = pred.figure(o, profile).value
-            if v is None:
-                raise DippmNasError(f"objective {o!r} has no prediction on {self.device!r} "
-                                    f"(source {pred.sources.get(o)!r})")
-            values.append(float(v))
-        attrs: dict[str, Any] = {}
-        for name in GENERATION_FIGURES:
-            if profile is not None and name in ("weights_mib", "kv_cache_mib", "kv_cache_mib_per_sequence"):
-                f = pred.figure(name)  # the same on a slice
-            else:
-                f = pred.figure(name, profile)
-            attrs[f"predicted_{name}"] = f.value
-            attrs[f"predicted_{name}_std"] = f.std
-            attrs[f"source_{name}"] = f.source
-        on = pred.mig[profile] if profile is not None and pred.mig else None
-        attrs.update({
-            "predicted_device": pred.device, "mig_profile": profile, "runtime": pred.details.get("runtime"),
-            "engine": pred.details.get("engine"), "llm_model": pred.model, "workload": pred.workload.to_dict(),
-            "fits": on.fits if on is not None else pred.fits, "fit_reason": on.reason if on is not None else pred.reason,
-            "feasible": all(c.value <= 0 for c in checks.values()), "cost_model_s": seconds,
-        })
-        cons = {n: c.value for n, c in checks.items()}
-        attrs.update({f"constraint_{n}": v for n, v in cons.items()})
-        attrs.update(trial_attrs(checks))
-        for k, v in attrs.items():
-            trial.set_user_attr(k, v)
-        self._register_constraints(trial, cons)
-        return tuple(values)
-
     def _evaluate_generation(self, trial: Any, model: Any, workload: LLMWorkload) -> tuple[float, ...]:
         t0 = time.perf_counter()
         try:
             pred = predict_generation(model, workload, self.device, deployment=self.deployment, engine=self.engine,
                                       mig=True)
-            values = self._record_generation(trial, pred, time.perf_counter() - t0)
-        except DippmNasError as e:
-            values = self._unevaluated(trial, e)
-        self._count_wait(time.perf_counter() - t0, 1)
+            values = self._book.record_generation(trial, pred, time.perf_counter() - t0, self.constraints_func)
+        except Exception as e:  # noqa: BLE001 - any error fails this trial per on_error, never the study
+            values = self._book.unevaluated(trial, e, self.constraints_func)
+        finally:
+            self._book.count_wait(time.perf_counter() - t0, 1)
         return values
 
     @staticmethod
@@ -447,7 +348,7 @@ class HardwareCostModel:
                 its space is a ``SearchSpaceError`` naming the key and its allowed values.
         """
         if isinstance(spec, LLMWorkload):
-            return self._shape(self._evaluate_generation(trial, model, spec))
+            return self._book.shape(self._evaluate_generation(trial, model, spec))
         if self.deployment.runtime not in GRAPH_RUNTIMES:
             raise InvalidValueError(f"runtime={self.deployment.runtime!r} runs LLM generations only: evaluate with an "
                                     f"LLMWorkload, or make the cost model with one of {GRAPH_RUNTIMES} for a forward pass")
@@ -461,75 +362,79 @@ class HardwareCostModel:
             raise
         request = _Request(trial, source, space_name, cfg, time.perf_counter() - t0)
         if self._overlaps(trial):
-            pending = PendingEvaluation(self, self._background().submit(request), None, None, trial)
-            self._count_wait(time.perf_counter() - t0)
-            return self._shape(tuple(PendingValue(pending, i) for i in range(len(self.objectives))))
+            future = self._work.predictor(self._predict_in_background).submit(request)
+            pending = PendingEvaluation(self._book, future, None, None, trial, self.constraints_func)
+            self._book.count_wait(time.perf_counter() - t0)
+            return self._book.shape(tuple(PendingValue(pending, i) for i in range(len(self.objectives))))
         try:
             values = self._predict_and_record([request])[0]
         finally:
-            self._count_wait(time.perf_counter() - t0, 1)
-        return self._shape(values)
+            self._book.count_wait(time.perf_counter() - t0, 1)
+        return self._book.shape(values)
 
     def _overlaps(self, trial: Any) -> bool:
         """Whether :meth:`evaluate` predicts this trial's candidate in the background (see ``overlap``)."""
         return (self.overlap and bool(self.objectives) and self.on_error != "raise"
-                and isinstance(trial, optuna.trial.Trial) and threads_share_storage(trial.study))
-
-    def _background(self) -> BatchPredictor:
-        with self._lock:
-            if self._predictor_thread is None:
-                self._predictor_thread = BatchPredictor(self._predict_in_background)
-            return self._predictor_thread
+                and isinstance(trial, optuna.trial.Trial) and threads_share_storage(trial.study)
+                and self._book.first_time(trial))
 
     def _predict_in_background(self, requests: list["_Request"]) -> list[Any]:
         """The background thread's batch: every request's objective values (NaN / +inf for one that failed)."""
         out = self._predict_and_record(requests, isolate=True)
-        self._count_wait(0.0, len(requests))
+        self._book.count_wait(0.0, len(requests))
         return out
 
     def _predict_and_record(self, requests: list["_Request"], *, workers: int = 1, progress: bool = False,
                             errors: str = "values", isolate: bool = False) -> list[Any]:
         """Predict the requests (one :func:`predict`, or one :func:`predict_many` for several) and record each on
-        its trial. A candidate that cannot be predicted gives :meth:`_unevaluated`'s values (``errors="values"``),
+        its trial. A candidate that cannot be predicted -- whatever the error: a capture that fails, a damaged
+        stored adaptation, a storage error -- gives the bookkeeping's ``unevaluated`` values (``errors="values"``),
         or its error, recorded as ``cost_model_error`` (``errors="return"``; ``on_error="infeasible"`` still gives
-        the +inf values). With ``isolate`` any other error of one request (its trial finished before its record
-        was written, a storage error) is that request's result, and the others go on."""
+        the +inf values). With ``isolate`` an error of one request's record (its trial finished before its record
+        was written) is that request's result, and the others go on."""
         out: list[Any] = [None] * len(requests)
         by_space: dict[str | None, list[int]] = {}
         for i, r in enumerate(requests):
             by_space.setdefault(r.space, []).append(i)
         for space_name, idx in by_space.items():
             t0 = time.perf_counter()
-            self._refresh_adaptation(requests[idx[0]].trial, space_name)
-            sources = [requests[i].source for i in idx]  # a search-space candidate's graph is assembled from blocks
-            if len(sources) == 1:
-                try:
-                    preds: list[Any] = [predict(sources[0], None, self.device, deployment=self.deployment,
-                                                cache=self.cache, mig=True, k_sigma=self.k_sigma)]
-                except DippmNasError as e:
-                    preds = [e]
-            else:
-                preds = predict_many(sources, self.device, workers=workers, cache=self.cache, mig=True,
-                                     deployment=self.deployment, k_sigma=self.k_sigma, progress=progress)
+            preds = self._predict_group([requests[i] for i in idx], space_name, workers, progress)
             share = (time.perf_counter() - t0) / len(idx)
             for i, pred in zip(idx, preds):
-                r = requests[i]
-                try:
-                    if not isinstance(pred, Prediction):
-                        raise pred
-                    out[i] = self._record(r.trial, pred, r.source.spec, r.space, r.config, r.seconds + share)
-                except DippmNasError as e:
-                    try:
-                        if errors == "values" or self.on_error == "infeasible":
-                            out[i] = self._unevaluated(r.trial, e)  # raises with on_error="raise"
-                        else:
-                            r.trial.set_user_attr("cost_model_error", f"{type(e).__name__}: {e}")
-                            out[i] = e
-                    except Exception as e2:  # noqa: BLE001 - see isolate
-                        out[i] = self._isolated(r, e2, isolate)
-                except Exception as e:  # noqa: BLE001 - see isolate
-                    out[i] = self._isolated(r, e, isolate)
+                out[i] = self._record_one(requests[i], pred, share, errors, isolate)
         return out
+
+    def _predict_group(self, requests: list["_Request"], space: str | None, workers: int,
+                       progress: bool) -> list[Any]:
+        """The predictions of requests of one search space: a :class:`Prediction` or the exception of each."""
+        try:
+            self._refresh_adaptation(requests[0].trial, space)
+            sources = [r.source for r in requests]  # a search-space candidate's graph is assembled from blocks
+            if len(sources) == 1:
+                return [predict(sources[0], None, self.device, deployment=self.deployment, cache=self.cache,
+                                mig=True, k_sigma=self.k_sigma)]
+            return list(predict_many(sources, self.device, workers=workers, cache=self.cache, mig=True,
+                                     deployment=self.deployment, k_sigma=self.k_sigma, progress=progress))
+        except Exception as e:  # noqa: BLE001 - each trial of the group fails per on_error; the study goes on
+            return [e] * len(requests)
+
+    def _record_one(self, r: "_Request", pred: Any, share: float, errors: str, isolate: bool) -> Any:
+        """Record one request's prediction (or its error) on its trial: the objective values, or the error."""
+        try:
+            if not isinstance(pred, Prediction):
+                raise pred
+            return self._book.record(r.trial, pred, r.source.spec, r.space, r.config, r.seconds + share,
+                                     self.constraints_func)
+        except Exception as e:  # noqa: BLE001 - any error of a prediction is that trial's (on_error)
+            if self.on_error == "raise" and not isolate:
+                self._book.unevaluated(r.trial, e, self.constraints_func)  # records it, raises it
+            if errors == "values" or self.on_error == "infeasible":
+                return self._book.unevaluated(r.trial, e, self.constraints_func)
+            try:
+                r.trial.set_user_attr("cost_model_error", f"{type(e).__name__}: {e}")
+            except Exception as e2:  # noqa: BLE001 - see isolate
+                return self._isolated(r, e2, isolate)
+            return e if isinstance(e, DippmNasError) else DippmNasError(f"{type(e).__name__}: {e}")
 
     @staticmethod
     def _isolated(request: "_Request", error: Exception, isolate: bool) -> Exception:
@@ -590,8 +495,8 @@ class HardwareCostModel:
             source, space_name, cfg = self._model_source(model, spec, None, None)
             requests.append(_Request(trial, source, space_name, cfg, 0.0))
         out = self._predict_and_record(requests, workers=workers, progress=progress, errors="return")
-        self._count_wait(time.perf_counter() - t0, len(trials))
-        return [o if isinstance(o, DippmNasError) else self._shape(o) for o in out]
+        self._book.count_wait(time.perf_counter() - t0, len(trials))
+        return [o if isinstance(o, DippmNasError) else self._book.shape(o) for o in out]
 
     def _refresh_adaptation(self, trial: Any, space: str | None) -> None:
         """Make the device's predictor answer with the newest stored adaptation of (device, deployment, space) in
@@ -609,13 +514,7 @@ class HardwareCostModel:
                 where = redact_url(url) if url is not None else "the cache directory's store"
                 _warn_once(f"adapt-refresh:{where}", "the adaptations of %s in %s were not read (%s); predicting "
                            "without them", self.device, where, e)
-
-    def _shape(self, values: float | tuple[float, ...]) -> float | tuple[float, ...]:
-        """What an Optuna objective returns: the float of a single objective, else the tuple (values already
-        shaped pass through)."""
-        if not isinstance(values, tuple):
-            return values
-        return values[0] if len(self.objectives) == 1 else values
+            # any other error (a damaged store) reaches _predict_group: the trials fail per on_error
 
     # ------------------------------------------------------------------ background conversion
     def _worker_cache_url(self) -> str | None:
@@ -650,22 +549,19 @@ class HardwareCostModel:
             try:
                 values = self.evaluate(trial, model, spec, space=space, config=config)
             except DippmNasError as e:
-                return PendingEvaluation(self, None, None, e)
+                return PendingEvaluation(self._book, None, None, e, None, self.constraints_func)
             values = values if isinstance(values, tuple) else (values,)
             if values and isinstance(values[0], PendingValue):
                 return values[0].pending  # evaluate overlaps already
-            return PendingEvaluation(self, None, values, None)
+            return PendingEvaluation(self._book, None, values, None, None, self.constraints_func)
         source, space_name, cfg = self._model_source(model, spec, space, config)
         the_spec = source.spec
         payload = ("space", space_name, cfg) if space_name is not None else ("module", source.model, None)
-        with self._lock:
-            if self._conversions is None:
-                self._conversions = ConversionPool(self.background_workers, self._worker_cache_url())
-            pool = self._conversions
+        pool = self._work.conversions(self._worker_cache_url())
         done = pool.convert_then(payload, the_spec, self.cache not in (False, None), self._finish_background,
                                  trial, model, the_spec, space_name, cfg)
-        self._count_wait(time.perf_counter() - t0)
-        return PendingEvaluation(self, done, None, None, trial)
+        self._book.count_wait(time.perf_counter() - t0)
+        return PendingEvaluation(self._book, done, None, None, trial, self.constraints_func)
 
     def _finish_background(self, trial: Any, model: Any, spec: InputSpec, space: str | None, config: Any,
                            conversion: Any) -> tuple[float, ...]:
@@ -676,8 +572,7 @@ class HardwareCostModel:
         try:
             text, etype, message, convert_s = conversion.result()
         except BrokenProcessPool as e:
-            if self._conversions is not None:
-                self._conversions.forget_pool()  # the next submit starts new processes
+            self._work.forget_conversion_processes()  # the next submit starts new processes
             err = DippmNasError(f"the background conversion process died while converting this model ({e})")
             trial.set_user_attr("cost_model_error", f"{type(err).__name__}: {err}")
             raise err from e
@@ -694,27 +589,23 @@ class HardwareCostModel:
         self._refresh_adaptation(trial, space)
         pred = predict(OperatorGraph.from_json(text), None, self.device, cache=False, mig=True, k_sigma=self.k_sigma,
                        deployment=self.deployment)
-        values = self._record(trial, pred, spec, space, config, convert_s + (time.perf_counter() - t0))
-        self._count_wait(0.0, 1)
+        values = self._book.record(trial, pred, spec, space, config, convert_s + (time.perf_counter() - t0),
+                                   self.constraints_func)
+        self._book.count_wait(0.0, 1)
         return values
 
     def _evaluate_now(self, trial: Any, model: Any, spec: InputSpec, space: str | None, config: Any) -> tuple[float, ...]:
         """:meth:`evaluate` in this thread (the finisher's fallback): the objective values as a tuple."""
         request = _Request(trial, ModelSource.parse(model, spec), space, config, 0.0)
         values = self._predict_and_record([request])[0]
-        self._count_wait(0.0, 1)
+        self._book.count_wait(0.0, 1)
         return values
 
     def close(self) -> None:
         """Finish the candidates being predicted in the background, stop the background thread and the conversion
-        processes (if any); idempotent."""
-        with self._lock:
-            pool, self._conversions = self._conversions, None
-            thread, self._predictor_thread = self._predictor_thread, None
-        if thread is not None:
-            thread.close()
-        if pool is not None:
-            pool.close()
+        processes (if any); idempotent. ``with HardwareCostModel(...) as cost:`` closes it at the end of the block;
+        a cost model that is collected without :meth:`close` stops them too (without waiting)."""
+        self._work.close()
 
     def __enter__(self) -> "HardwareCostModel":
         return self
@@ -727,12 +618,17 @@ class HardwareCostModel:
     def seconds(self) -> float:
         """Seconds the caller spent waiting on this object: in :meth:`evaluate`, :meth:`evaluate_many`,
         :meth:`submit` and :meth:`PendingEvaluation.result` (background work that overlaps the caller is not counted)."""
-        return self._seconds
+        return self._book.seconds
 
     @property
     def evaluations(self) -> int:
         """Candidates evaluated by this object."""
-        return self._evaluations
+        return self._book.evaluations
+
+    @property
+    def batch_sizes(self) -> list[int]:
+        """Sizes of the batches the background thread predicted so far (``[]`` before its first)."""
+        return self._work.batch_sizes
 
     def __repr__(self) -> str:
         return (f"HardwareCostModel(device={self.device!r}, objectives={self.objectives}, budgets={self.budgets}, "

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import hashlib
+import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -14,9 +16,10 @@ from dippm_nas._gc import gc_paused
 from dippm_nas._logging import WarnOnce
 from dippm_nas.deployment import DEPLOYMENT_RUNTIMES, Deployment
 from dippm_nas.devices import Device, HostProfile, resolve_device
-from dippm_nas.errors import DeviceError, ExecutionRuntimeError, InvalidTypeError, InvalidValueError
+from dippm_nas.errors import DeviceError, DippmNasError, ExecutionRuntimeError, InvalidTypeError, InvalidValueError
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.prediction import Prediction
+from dippm_nas.predictor._adapt import ANY_SPACE, Adaptation, AdaptationKey, check_rows_key, deployment_key, merge_rows
 from dippm_nas.predictor._calibrate import (ANALYTIC_IDENTITY, Calibration, calibration_classes, calibration_details,
                                             delete_calibration, fit_timeline_factors, read_calibration,
                                             require_plausible, save_calibration)
@@ -76,6 +79,33 @@ class BasePredictor(abc.ABC):
             deployment: how inference runs (:class:`~dippm_nas.Deployment`); ``runtime`` and ``host`` build one
                 when it is ``None``. What it leaves undescribed is listed in ``labels["deployment_assumed"]``.
         """
+
+    def calibrate(self, measurements: Sequence[Any], *, persist: bool = True, runtime: str | None = None,
+                  host: HostProfile | str | None = None, deployment: Deployment | None = None) -> Any:
+        """Correct this predictor with a few measurements of its device (every shipped predictor implements it;
+        see :meth:`AnalyticPredictor.calibrate` and :meth:`GnnPredictor.calibrate`). Called by the user, or by the
+        validation loop with the measurements of its rounds.
+
+        Raises:
+            DippmNasError: this predictor cannot be calibrated (the default).
+        """
+        raise DippmNasError(f"{type(self).__name__} for {self.device!r} cannot be calibrated: it implements no "
+                            "calibrate(); use get_predictor(device), whose predictors all do")
+
+    def adapt(self, measurements: Sequence[Any], *, persist: bool = True, storage: str | None = None,
+              space: str | None = None, runtime: str | None = None, host: HostProfile | str | None = None,
+              deployment: Deployment | None = None) -> Any:
+        """Adapt this predictor to measured rows of its device, for one deployment and search space; the result is
+        active at once (:meth:`AnalyticPredictor.adapt`: the factor calibration; :meth:`GnnPredictor.adapt`: the
+        factor calibration and residual heads on the network). Returns the active
+        :class:`~dippm_nas.predictor.Adaptation`, or ``None`` with a warning when fewer than two distinct graphs
+        hold a figure.
+
+        Raises:
+            DippmNasError: this predictor cannot be adapted (the default).
+        """
+        raise DippmNasError(f"{type(self).__name__} for {self.device!r} cannot be adapted: it implements no "
+                            "adapt(); use get_predictor(device), whose predictors all do")
 
 
 def deployment_of(device: "str | Device", deployment: Deployment | None = None, runtime: str | None = None,
@@ -171,6 +201,8 @@ class AnalyticPredictor(BasePredictor):
         self.device = dev.id
         self._resolved_device = dev  # resolved once: a prediction passes it inward
         self.calibration: Calibration | None = None
+        #: the active adaptation (:meth:`adapt`; ``None`` without one)
+        self.adaptation: Adaptation | None = None
         #: why the device's persisted calibration file was not applied ("" when none was ignored); while set,
         #: every prediction carries ``details["calibration_ignored"] = 1``
         self.calibration_ignored = ""
@@ -302,15 +334,70 @@ class AnalyticPredictor(BasePredictor):
     def reset_calibration(self, *, persist: bool = True) -> None:
         """Drop the active calibration (and its file when ``persist``)."""
         self.calibration = None
+        self.adaptation = None
         if persist:
             delete_calibration(self.device)
             self.calibration_ignored = ""
+
+    def adapt(self, measurements: Sequence[Any], *, persist: bool = True, storage: str | None = None,
+              space: str | None = None, runtime: str | None = None, host: HostProfile | str | None = None,
+              deployment: Deployment | None = None) -> Adaptation | None:
+        """Adapt the analytic prior to measured rows of this GPU: it has no network, so its adaptation is the factor
+        calibration of :meth:`calibrate` fitted on the rows (rows of one graph averaged), with no residual heads.
+        The result is active at once, for every deployment and space: the analytic predictor holds one correction
+        per device.
+
+        Args:
+            measurements: ``(graph, Measurement)`` or ``(graph, {"latency_ms": ...})`` pairs (only the latency is
+                corrected; energy and memory stay analytic). A ``Measurement`` of another device is an error.
+            persist: write the correction as the device's calibration file (as :meth:`calibrate`), re-applied by
+                every analytic predictor of the device made later.
+            storage: must be ``None``: the analytic predictor keeps no adaptation store (that is a network's).
+            space: recorded in the adaptation's key (default ``"any"``).
+            runtime, host, deployment: how the measured passes ran (as for :meth:`predict_graphs`).
+
+        Returns:
+            The active :class:`~dippm_nas.predictor.Adaptation` (``heads`` empty; its ``calibration`` the fitted
+            factors), or ``None`` with a warning when fewer than two distinct graphs hold a latency.
+
+        Raises:
+            DeviceError: a CPU device (as :meth:`calibrate`).
+            InvalidValueError: ``storage`` given, a figure that is not a finite number > 0, a measurement of
+                another device or deployment, or a fit beyond the plausibility bounds.
+        """
+        if self.resolved_device.kind != "gpu":
+            raise DeviceError(f"the analytic prior of {self.device!r} (a CPU) has no host and GPU timelines to adapt; "
+                              "adapt a trained host-cpu checkpoint (GnnPredictor.adapt) instead")
+        if storage is not None:
+            raise InvalidValueError(f"storage={storage!r}: the analytic predictor of {self.device!r} keeps no "
+                                    "adaptation store; its adaptation is the device's calibration (persist=True "
+                                    "writes it to the cache directory)")
+        measurements = list(measurements)
+        dep, _ = deployment_of(self.device, deployment, runtime, host)
+        key = AdaptationKey(self.device, deployment_key(self.device, deployment=dep), space or ANY_SPACE)
+        check_rows_key(measurements, key)
+        pairs = measurement_pairs(measurements) if measurements else []
+        rows = merge_rows([(g, y) for g, y in pairs if "latency_ms" in y], key_of=_graph_key)
+        if len(rows) < 2:
+            _warn_once(f"adapt-few:{self.device}", "adapt() needs at least 2 measured graphs with a latency > 0, got "
+                       "%d: the %s predictions are left unchanged", len(rows), self.device)
+            return None
+        cal = self.calibrate(rows, persist=persist, deployment=dep)
+        assert cal is not None  # two rows or more
+        identity = hashlib.sha256(self._identity().encode()).hexdigest()
+        self.adaptation = Adaptation(key=key, checkpoint_sha256=identity, rows=len(rows), calibration=cal)
+        return self.adaptation
 
     def __repr__(self) -> str:
         return f"AnalyticPredictor(device={self.device!r}, calibrated={self.calibration is not None})"
 
 
 _TARGET_NAMES = ("latency_ms", "energy_j", "memory_mib")
+
+
+def _graph_key(graph: OperatorGraph) -> str:
+    """What makes two measured rows the same graph: its structure and input spec."""
+    return graph.structural_hash() + json.dumps(graph.spec.to_dict(), sort_keys=True)
 
 
 def measurement_pairs(measurements: Sequence[Any]) -> list[tuple[OperatorGraph, dict[str, float]]]:

@@ -279,6 +279,16 @@ class CalibratedPredictor(BasePredictor):
             ))
         return out
 
+    def calibrate(self, measurements: Sequence[Any], **kwargs: Any) -> Any:
+        """The base predictor's :meth:`~dippm_nas.predictor.BasePredictor.calibrate` (this latency scale stays on
+        top of it)."""
+        return self.base.calibrate(measurements, **kwargs)
+
+    def adapt(self, measurements: Sequence[Any], **kwargs: Any) -> Any:
+        """The base predictor's :meth:`~dippm_nas.predictor.BasePredictor.adapt` (this latency scale stays on top
+        of it)."""
+        return self.base.adapt(measurements, **kwargs)
+
     def __repr__(self) -> str:
         return f"CalibratedPredictor({self.base!r}, latency_scale={self.calibration.latency_scale:.4g})"
 

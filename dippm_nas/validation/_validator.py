@@ -86,6 +86,18 @@ def uncertainty_of(user_attrs: dict[str, Any] | TrialRecord) -> float:
     return UNKNOWN_UNCERTAINTY if rel is None else rel
 
 
+_PREDICTION_ATTRS = ("predicted_latency_ms", "predicted_memory_mib", "generation", "dippm_predicted", "llm_model")
+
+
+def _no_record_reason(user_attrs: Any) -> str:
+    """Why a trial's attributes hold no record (the trial was not predicted, or its prediction failed)."""
+    error = user_attrs.get("cost_model_error") or user_attrs.get("dippm_error") if isinstance(user_attrs, dict) \
+        else None
+    return (f"its user attributes hold no prediction ({error})" if error else
+            f"its user attributes hold no prediction (none of predicted_latency_ms, predicted_memory_mib or a "
+            f"generation section; did its objective call HardwareCostModel.evaluate?); the rebuild needs {list(REBUILD_ATTRS)}")
+
+
 def _record_of(user_attrs: dict[str, Any]) -> tuple[TrialRecord | None, str]:
     """The trial's record, or ``None`` and why when its attributes hold no prediction or are malformed."""
     try:
@@ -100,9 +112,10 @@ class RoundReport:
 
     Attributes:
         enqueued: trial numbers enqueued this round (in priority order).
-        skipped: trial numbers of the front that cannot be rebuilt (no search-space attributes), whose
-            attributes are malformed, or whose prediction for the validation device failed.
-        skip_reasons: ``{trial number: why it was skipped}`` for each of :attr:`skipped`.
+        skipped: trial numbers of the front that cannot be validated (see ``skip_reasons``).
+        skip_reasons: ``{trial number: why it cannot be validated}``: no prediction in its attributes, malformed
+            attributes, no search-space attributes, an LLM generation (read, but the validator measures forward
+            passes only), or a prediction for the validation device that failed.
         measured: jobs measured here this round (local mode).
         seconds: wall time of the round, seconds.
         adaptation_version, adaptation_rows: the validation device's newest stored adaptation after the round
@@ -239,6 +252,8 @@ class ParetoValidator:
         self._lock = threading.Lock()
         self.calibration: Calibration | None = None
         self.rounds: list[RoundReport] = []
+        #: ``{trial number: why it cannot be validated}`` for every Pareto trial skipped so far
+        self.skip_reasons: dict[int, str] = {}
         self.seconds = 0.0
 
     def __repr__(self) -> str:
@@ -305,22 +320,16 @@ class ParetoValidator:
                 continue
             record, why = _record_of(t.user_attrs)
             if record is None:
+                attrs = t.user_attrs
+                predicted = isinstance(attrs, dict) and any(k in attrs for k in _PREDICTION_ATTRS)
+                reason: str | None = why if predicted else _no_record_reason(attrs)
+            else:
+                reason = record.not_rebuildable_reason
+            if reason is not None:
                 skipped.append(t.number)
-                reasons[t.number] = why
-                _warn_once(f"malformed:{study.study_name}:{t.number}",
-                           "Pareto trial %d of study %s cannot be validated: %s; skipped", t.number,
-                           study.study_name, why)
-                continue
-            if not record.rebuildable:
-                skipped.append(t.number)
-                reasons[t.number] = f"it lacks the user attributes {list(REBUILD_ATTRS)}"
-                _warn_once(
-                    f"norebuild:{study.study_name}:{t.number}",
-                    "Pareto trial %d of study %s cannot be validated: it lacks the user attributes %s (evaluate "
-                    "models built with search_spaces.build_model, or pass space= and config= to "
-                    "HardwareCostModel.evaluate; HardwareAwareTuner records them with builder=)", t.number,
-                    study.study_name, list(REBUILD_ATTRS),
-                )
+                reasons[t.number] = self.skip_reasons[t.number] = reason
+                _warn_once(f"norebuild:{study.study_name}:{t.number}",
+                           "Pareto trial %d of study %s cannot be validated: %s", t.number, study.study_name, reason)
                 continue
             cands.append((t, record))
         cands.sort(key=lambda tr: (-uncertainty_of(tr[1]), tr[0].number))
@@ -391,7 +400,8 @@ class ParetoValidator:
                                "cannot predict trial %d of study %s on %s for validation (%s); not enqueued",
                                t.number, study.study_name, self.device, why)
                     report.skipped.append(t.number)
-                    report.skip_reasons[t.number] = f"cannot predict it on {self.device}: {why}"
+                    report.skip_reasons[t.number] = self.skip_reasons[t.number] = \
+                        f"cannot predict it on {self.device}: {why}"
                     continue
                 job_id = queue.enqueue(study=study.study_name, trial_number=t.number, space=space, config=config,
                                        spec=spec, device=self.device, predicted=predicted,
@@ -406,6 +416,7 @@ class ParetoValidator:
                 if ad is not None:
                     report.adaptation_version, report.adaptation_rows = ad.version, ad.rows
             self._update_summary(study, queue)
+            report.skip_reasons = {n: self.skip_reasons[n] for n in report.skipped if n in self.skip_reasons}
             report.seconds = time.perf_counter() - t0
             self.rounds.append(report)
             self.seconds += report.seconds

@@ -43,17 +43,18 @@ def test_demo_quick(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     # validated to), in the deployed dtype, with a σ
     srcs = {r["latency_source"] for r in rows}
     assert srcs <= {"predicted", "analytic"} and all(float(r["latency_ms_std"]) > 0 for r in rows)
-    if "analytic" in srcs:
-        assert "beyond the novelty" in text
+    assert ("beyond the novelty" in text) == ("analytic" in srcs)  # a candidate answered by the prior says why
     summary = json.loads((out / "summary.json").read_text())
     assert summary["trials"] == 3 and summary["device"] == "a100-sxm4-40gb" and summary["dtype"] == "float16"
     assert summary["validation"]["device"] == "host-cpu" and summary["validation"]["measured"] >= 1
     assert "predicted before any adaptation" in text  # the first round
+    # two candidates measured, so the host-cpu predictor was adapted, and a later round predicted with it
+    assert summary["validation"]["ok"] >= 2, summary["validation"]
+    assert "host-cpu predictor adapted on" in text
+    assert summary["adaptation"], f"no candidate was predicted with an adaptation: {summary['validation']}"
     for a in summary["adaptation"]:  # later rounds: predicted with the adaptation of the rounds before, and without
         assert a["rows"] >= 2 and a["candidates"] >= 1 and a["latency_mape_unadapted_pct"] >= 0
         assert "unadapted ->" in text and f"adaptation on {a['rows']} measured candidates" in text
-    if summary["validation"]["ok"] >= 2:
-        assert "host-cpu predictor adapted on" in text
     assert summary["cost_model_s"] > 0
     study = optuna.load_study(study_name="tiny", storage=f"sqlite:///{out / 'demo.sqlite3'}")
     assert study.metric_names == ["accuracy", "latency_ms", "energy_j"]

@@ -6,6 +6,8 @@ same models on the ``meta`` device to count their parameters and on the CPU, tin
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import dataclasses
 import json
 import math
@@ -379,7 +381,6 @@ def test_the_shipped_engines_are_fitted_and_label_serving_latency_predicted() ->
     for name in ("vllm", "tensorrt-llm"):
         eng = serving_engine(name)
         assert eng.fitted and eng.sigma_log is not None and 0 < eng.sigma_log < 0.5
-        assert table.metrics[name]["heldout_latency_mape_pct"] < 15
     p = predict_generation("llama-2-7b", LLMWorkload(128, 128, 1), "h100-sxm5-80gb", runtime="serving", mig=False)
     assert p.sources["e2e_ms"] == "predicted" and p.e2e_ms_std == pytest.approx(
         p.prefill_ms * serving_engine("vllm").sigma_log + 127 * p.decode_ms_per_token * serving_engine("vllm").sigma_log)
@@ -455,3 +456,30 @@ def test_a_plain_torch_decoder_module_is_read_from_its_config_attribute() -> Non
     m.config = {"hidden": 64}
     with pytest.raises(DippmNasError, match="model_or_config must be"):
         decoder_config(m)
+
+
+def test_the_engines_held_out_error_recomputed_on_a_small_part_of_the_bench(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The held-out latency MAPE that ``engines.json`` records, recomputed small: vLLM's rows of batch 1 and 16 with
+    128-token prompts of LLM-Inference-Bench (H100, GH200), each model predicted with constants fitted on the other
+    models' rows (``accuracy_llm.py``'s fit), under the 15 % the shipped figure is held to."""
+    import numpy as np
+
+    from conftest import shared_data_or_skip
+
+    data = shared_data_or_skip("llm_inference_bench_h100_gh200_1gpu.csv").parent
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "benchmarks" / "accuracy"))
+    import accuracy_llm as al
+
+    rows, _ = al.load_bench(data, "h100-sxm5-80gb")
+    sub = [r for r in rows if r["engine"] == "vllm" and r["batch_size"] in (1, 16) and r["input_len"] == 128]
+    models = sorted({r["model"] for r in sub})
+    assert len(models) >= 5 and len(sub) >= 15, (len(models), len(sub))
+    sens = al.sensitivities(sub, "vllm")
+    y = np.array([r["latency_ms"] for r in sub])
+    held = np.zeros(len(sub))
+    for m in models:
+        test = np.array([r["model"] == m for r in sub])
+        held[test] = al.linear_prediction(sens[test], al.fit_constants(sens[~test], y[~test]))
+    assert np.all(held > 0)
+    mape = float(np.mean(np.abs(held / y - 1)) * 100)
+    assert 0 < mape < 15, mape

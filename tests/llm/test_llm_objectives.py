@@ -8,6 +8,8 @@ import math
 import optuna
 import pytest
 
+from dippm_nas.trial import TrialRecord
+
 from dippm_nas.budgets import Budgets
 from dippm_nas.cli import main
 from dippm_nas.devices import get_device
@@ -61,12 +63,19 @@ def test_hardware_cost_model_optimises_generation_objectives_with_directions() -
     for t in study.trials:
         assert t.state == optuna.trial.TrialState.COMPLETE
         a = t.user_attrs
-        assert a["mig_profile"] == "1g.10gb" and a["engine"] == "vllm" and a["runtime"] == "serving"
+        g = a["generation"]
+        assert g["mig_profile"] == "1g.10gb" and g["engine"] == "vllm" and a["runtime"] == "serving"
+        assert a["deployment"]["runtime"] == "serving" and g["tensor_parallel"] == 1
         assert t.values[0] == pytest.approx(a["predicted_tokens_per_s"])
-        assert a["source_energy_j_per_token"] == "analytic"  # an attribution of the whole GPU's energy
+        assert g["sources"]["energy_j_per_token"] == "analytic"  # an attribution of the whole GPU's energy
         assert math.isclose(a["constraint_decode_ms_per_token"],
                             a["predicted_decode_ms_per_token"] + a["predicted_decode_ms_per_token_std"] - 8.0)
-        assert set(a) >= {"predicted_max_batch", "source_max_batch", "fits", "fit_reason", "workload", "llm_model"}
+        assert "predicted_max_batch" in a and set(g) >= {"fits", "fit_reason", "workload", "model", "sources"}
+        assert g["workload"] == LLMWorkload(128, 32, 4).to_dict()
+        record = TrialRecord.from_attrs(a)  # the one trial record, generation section included
+        assert record.generation is not None and record.generation.figure("tokens_per_s")[0] == t.values[0]
+        assert record.feasible == a["feasible"] and not record.rebuildable
+        assert "LLM generation" in (record.not_rebuildable_reason or "")
 
 
 def test_a_generation_that_cannot_be_predicted_fails_its_trial_and_infeasible_is_the_worst_value() -> None:

@@ -92,7 +92,7 @@ def test_llm_architecture_search_meets_a_time_per_token_slo_on_a_mig_slice(capsy
     assert [d.name for d in study.directions] == ["MAXIMIZE", "MINIMIZE"]
     for t in study.get_trials(states=(optuna.trial.TrialState.COMPLETE,)):
         a = t.user_attrs
-        assert a["mig_profile"] == "1g.10gb" and a["budget_decode_ms_per_token"] == 40.0
+        assert a["generation"]["mig_profile"] == "1g.10gb" and a["budget_decode_ms_per_token"] == 40.0
         assert t.values[1] == pytest.approx(a["predicted_energy_j_per_token"])
         assert a["params"] == t.values[0] > 0
 

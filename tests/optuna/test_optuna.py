@@ -17,6 +17,7 @@ import optuna
 import pytest
 
 import dippm_nas.optuna as dop
+import dippm_nas.optuna._bookkeeping as bk
 import dippm_nas.optuna._compat as compat
 import dippm_nas.optuna._cost_model as cm
 from dippm_nas.capture import ModelSource
@@ -503,7 +504,7 @@ def test_evaluate_overlaps_and_batches_the_candidates_it_sees(fake_predict: list
         study.tell(t, (0.5, *values))  # Optuna reads the figures: waits for them
         assert study.trials[t.number].user_attrs["predicted_memory_mib"] == pytest.approx(MIB_PER_WIDTH * w)
         assert study.trials[t.number].values[1] == pytest.approx(0.01 * w)
-    assert cost._predictor_thread is not None and cost._predictor_thread.batch_sizes == [1, 3]
+    assert cost.batch_sizes == [1, 3]
     assert cost.evaluations == 4
     cost.close()
 
@@ -529,13 +530,103 @@ def test_a_trial_finished_before_its_record_does_not_stop_the_others(fake_predic
     late, ok = cost.evaluate(t1, _mlp(11), SPEC), cost.evaluate(t2, _mlp(12), SPEC)
     study.tell(t1, (0.5, 1.0, 1.0))  # the objective returned other values: t1 finished before its record
     compat._warn_once.reset()
-    cm._warn_once.reset()
-    with pytest.warns(RuntimeWarning, match="could not record trial 1"):
+    bk._warn_once.reset()
+    with pytest.warns(RuntimeWarning, match="could not record the error of trial 1"):
         release.set()
         study.tell(t0, (0.5, *first))
         study.tell(t2, (0.5, *ok))
+        assert math.isnan(float(late[0]))  # reading it never raises: the trial's values say it failed
     assert study.trials[2].user_attrs["predicted_memory_mib"] == pytest.approx(MIB_PER_WIDTH * 12)
     assert "predicted_memory_mib" not in study.trials[1].user_attrs
-    with pytest.raises(RuntimeError):
-        float(late[0])
     cost.close()
+
+
+def test_any_error_of_an_overlapped_prediction_fails_its_trial_and_the_study_goes_on(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An error that is not a DippmNasError (a damaged adaptation: sqlite3.DatabaseError, an AssertionError...)
+    fails the trial (on_error="fail") or makes it infeasible, never leaves it RUNNING or stops the study."""
+    import sqlite3
+
+    def broken(model: Any, spec: InputSpec | None, device: str, **kw: Any) -> Prediction:
+        src = ModelSource.parse(model, spec)
+        if src.model.search_space_config["hidden"] == [11]:
+            raise AssertionError("a damaged adaptation")
+        if src.model.search_space_config["hidden"] == [12]:
+            raise sqlite3.DatabaseError("file is not a database")
+        return _fake_prediction(src.model, src.spec, device)
+
+    monkeypatch.setattr(cm, "predict", broken)
+    for on_error, state in (("fail", "FAIL"), ("infeasible", "COMPLETE")):
+        with HardwareCostModel(budgets=Budgets(mig_profile="1g.5gb"), on_error=on_error) as cost:
+            study = cost.create_study()
+            study.optimize(lambda t: (0.5, *cost.evaluate(t, _mlp(10 + t.number), SPEC)), n_trials=3)
+        states = [t.state.name for t in study.trials]
+        assert states == ["COMPLETE", state, state], (on_error, states)
+        assert "AssertionError: a damaged adaptation" in study.trials[1].user_attrs["cost_model_error"]
+        assert "DatabaseError" in study.trials[2].user_attrs["cost_model_error"]
+        if on_error == "infeasible":
+            assert study.trials[1].values[1] == math.inf and study.trials[1].user_attrs["feasible"] is False
+
+
+def test_enqueued_trials_run_once_each_with_overlap_and_n_jobs_on_sqlite(fake_predict: list[Any],
+                                                                         tmp_path: Any) -> None:
+    """With overlap the objectives return at once, so the threads of n_jobs=4 take queued trials together; the
+    study's SQLite storage must give each queued trial to one thread (it ran twice and stopped the study with
+    UpdateFinishedTrialError, leaving trials WAITING, before rdb_storage began its transactions IMMEDIATE)."""
+    import collections
+    import threading
+
+    runs: list[int] = []
+    lock = threading.Lock()
+    for attempt in range(2):
+        runs.clear()
+        with HardwareCostModel(budgets=Budgets(mig_profile="1g.5gb")) as cost:
+            study = cost.create_study(storage=f"sqlite:///{tmp_path}/study{attempt}.db")
+            for w in range(14, 30):
+                study.enqueue_trial({"w": w})
+
+            def objective(trial: optuna.Trial) -> Any:
+                with lock:
+                    runs.append(trial.number)
+                return (0.5, *cost.evaluate(trial, _mlp(trial.suggest_int("w", 14, 40)), SPEC))
+
+            study.optimize(objective, n_trials=16, n_jobs=4)
+        states = collections.Counter(t.state.name for t in study.trials)
+        assert states == {"COMPLETE": 16}, states
+        assert sorted(runs) == list(range(16))  # no trial run twice
+
+
+def test_cost_models_dropped_without_close_leave_no_thread(fake_predict: list[Any]) -> None:
+    import gc
+    import threading
+    import time
+
+    def live() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name.startswith("dippm-cost-model")]
+
+    before = len(live())
+    for i in range(15):
+        cost = HardwareCostModel(budgets=Budgets(mig_profile="1g.5gb"))
+        study = cost.create_study()
+        trial = study.ask()
+        study.tell(trial, (0.5, *cost.evaluate(trial, _mlp(10 + i), SPEC)))
+        assert cost.batch_sizes == [1]  # the background thread ran
+        del cost, study, trial
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while len(live()) > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(live()) == before
+
+
+def test_the_cost_model_is_a_context_manager(fake_predict: list[Any]) -> None:
+    import threading
+
+    before = set(threading.enumerate())
+    with HardwareCostModel(budgets=Budgets(mig_profile="1g.5gb")) as cost:
+        study = cost.create_study()
+        trial = study.ask()
+        study.tell(trial, (0.5, *cost.evaluate(trial, _mlp(10), SPEC)))
+        started = [t for t in set(threading.enumerate()) - before if t.name == "dippm-cost-model"]
+        assert len(started) == 1
+    assert not started[0].is_alive()  # the block's end closed it and waited for its thread

@@ -86,6 +86,13 @@ def _adapted(device: str) -> BasePredictor:
     return p
 
 
+def _analytic_adapted() -> BasePredictor:
+    p = AnalyticPredictor(GPU, load_calibration=False)
+    ad = p.adapt(_measured(p, _fit_graphs()), persist=False)
+    assert ad is not None and ad.heads == {} and ad.calibration is p.calibration and ad.rows == 12
+    return p
+
+
 #: name -> (factory, whether the predictor answers with a fitted correction: some latency is "calibrated")
 CASES: dict[str, tuple[Callable[[], BasePredictor], bool]] = {
     "analytic-gpu": (lambda: AnalyticPredictor(GPU, load_calibration=False), False),
@@ -98,6 +105,7 @@ CASES: dict[str, tuple[Callable[[], BasePredictor], bool]] = {
     "calibrated-scale-cpu": (_scale_calibrated, True),
     "adapted-gnn-cpu": (lambda: _adapted(CPU), True),
     "adapted-gnn-gpu": (lambda: _adapted(GPU), True),
+    "adapted-analytic-gpu": (_analytic_adapted, True),
 }
 
 
@@ -263,3 +271,39 @@ def test_details_refuse_what_is_neither_number_nor_text() -> None:
         _prediction(details={"host_ms": None})
     with pytest.raises(dippm_nas.errors.InvalidValueError, match="texts"):
         _prediction(labels={"runtime": 1})
+
+
+def test_adapt_and_calibrate_are_part_of_every_predictor(case) -> None:
+    """Every predictor takes ``adapt()`` and ``calibrate()`` (the contract of BasePredictor): few rows leave it
+    unchanged (``None``, with a warning once per device), and a CPU's analytic prior says why it has nothing to correct."""
+    name, p, _ = case
+    for method in (p.adapt, p.calibrate):
+        if name == "analytic-cpu":
+            with pytest.raises(dippm_nas.errors.DeviceError, match="no host and GPU timelines"):
+                method(_measured(p, _fit_graphs()[:1]), persist=False)
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "needs at least 2 measurements", warned once per device
+            assert method(_measured(p, _fit_graphs()[:1]), persist=False) is None, name
+
+
+def test_a_gpu_without_a_checkpoint_adapts_its_analytic_prior(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """README's ``get_predictor(device).adapt(...)`` on a GPU that ships no checkpoint (H100): the analytic prior's
+    adaptation is the factor calibration, active at once and persisted as the device's calibration."""
+    monkeypatch.setenv("DIPPM_NAS_CACHE_DIR", str(tmp_path))
+    from dippm_nas.predictor import get_predictor
+
+    dippm_nas.predictor.set_predictor("h100-sxm5-80gb", None)
+    p = get_predictor("h100-sxm5-80gb")
+    assert isinstance(p, AnalyticPredictor) and find_checkpoint("h100-sxm5-80gb") is None
+    before = p.predict_graphs(_graphs(), mig=False)
+    ad = p.adapt(_measured(p, _fit_graphs()))
+    assert ad is not None and ad.key.device == "h100-sxm5-80gb" and ad.key.space == "any"
+    after = p.predict_graphs(_graphs(), mig=False)
+    assert all(a.latency_source == "calibrated" and a.latency_ms > b.latency_ms for a, b in zip(after, before))
+    again = AnalyticPredictor("h100-sxm5-80gb")  # persisted: a new predictor of the device re-applies it
+    assert again.calibration is not None and again.predict_graphs(_graphs()[:1], mig=False)[0].latency_ms == \
+        pytest.approx(after[0].latency_ms)
+    with pytest.raises(dippm_nas.errors.InvalidValueError, match="keeps no adaptation store"):
+        p.adapt(_measured(p, _fit_graphs()), storage="sqlite:///x.db")
+    dippm_nas.predictor.set_predictor("h100-sxm5-80gb", None)

@@ -362,3 +362,35 @@ def test_another_machine_of_the_same_cpu_model_gets_the_measured_floor_not_half_
     p.model.global_lo.copy_(lo)
     p.model.global_hi.copy_(hi)
     assert p.predict_log_full(feats)[2].all()
+
+
+def test_the_xeon_checkpoints_memory_error_recomputed_on_a_slice_of_its_data(tmp_path: Path) -> None:
+    """The held-out memory MAPE the Intel Xeon checkpoint records (its ``random`` split), recomputed small: the first
+    40 measured rows of ``data/host_cpu/host_cpu.jsonl.xz`` that split puts in its test set (it hashes each graph's
+    structure, so a row is a test row in a slice as in the whole file), predicted by the shipped checkpoint.
+    Memory only: the latency figures also depend on the host the prior times (this machine's microbenchmark)."""
+    import json
+    import lzma
+
+    from dippm_nas.training import evaluate_examples, featurize_examples, load_examples, split_examples, split_fraction
+
+    data = Path(__file__).resolve().parents[2] / "data" / "host_cpu" / "host_cpu.jsonl.xz"
+    info = next(i for i in _checkpoint.list_checkpoints("host-cpu") if i.name == "host-cpu.intel-xeon")
+    stored = {(split, t): (mape, n) for split, t, mape, n, _ in info.metric_lines()}[("random", "memory_mib")]
+    with lzma.open(data, "rt") as f:
+        lines = f.read().splitlines()
+    rows = [ln for ln in lines if '"type":"measurement"' in ln[:40]]
+    test_rows = [ln for ln in rows if split_fraction(json.loads(ln)["graph_hash"], 0) >= 0.85][:40]
+    hashes = {json.loads(ln)["graph_hash"] for ln in test_rows}
+    graphs = [ln for ln in lines if '"type":"graph"' in ln[:20] and json.loads(ln)["structural_hash"] in hashes]
+    part = tmp_path / "slice.jsonl"
+    part.write_text("\n".join([lines[0], *graphs, *test_rows]) + "\n")
+    _, _, test = split_examples(load_examples([part]), mode="random", seed=0)
+    test = [e for e in test if e.device == HOST and e.y.get("memory_mib")]
+    assert len(test) >= 20, len(test)
+    pred = GnnPredictor.load(info.path, device=HOST, load_calibration=False)
+    feats = featurize_examples(test, style=pred.meta.feature_style, prior_params=pred.prior_params,
+                               host_threads=pred.host_threads, progress=False)
+    table, _ = evaluate_examples(pred, feats, test)
+    mape = table["memory_mib"]["mape_pct"]
+    assert table["memory_mib"]["n"] >= 20 and 0 < mape < 2 * stored[0], (mape, stored)

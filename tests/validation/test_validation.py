@@ -502,6 +502,34 @@ def test_validator_takes_feasible_front_by_uncertainty(fake_predicted: None) -> 
     assert summary["jobs"]["done"] == 5
 
 
+def test_the_validator_reads_generation_trials_and_says_why_it_cannot_measure_them(fake_predicted: None) -> None:
+    """A generation trial's record is read (its uncertainty ranks it) and skipped with the true reason, not as a trial
+    lacking search-space attributes; a forward trial without them, and one without a prediction, say so."""
+    from dippm_nas.llm import DecoderConfig, LLMWorkload
+    from dippm_nas.optuna import HardwareCostModel
+
+    cost = HardwareCostModel("a100-sxm4-80gb", objectives=("tokens_per_s",), overlap=False)
+    llm_study = cost.create_study(leading={})
+    trial = llm_study.ask()
+    cfg = DecoderConfig(name="tiny", model_type="llama", num_layers=2, hidden_size=256, num_heads=4, num_kv_heads=4,
+                        head_dim=64, intermediate_size=512, vocab_size=1000, max_positions=1024, rotary_dim=64)
+    llm_study.tell(trial, cost.evaluate(trial, cfg, LLMWorkload(64, 16, 2)))
+    gen_attrs = llm_study.trials[0].user_attrs
+    assert uncertainty_of(gen_attrs) < 1e9  # the generation figures' σ
+
+    study = optuna.create_study(directions=["maximize", "minimize"])
+    _add(study, [0, -2], gen_attrs)
+    _add(study, [1, -1], {"predicted_latency_ms": 1.0, "predicted_memory_mib": 1.0})
+    _add(study, [2, 0], {"cost_model_error": "GraphCaptureError: no export"})
+    v = ParetoValidator("host-cpu", measure_fn=FakeMeasure())
+    report = v.run_round(study)
+    assert report.skipped == [0, 1, 2] and report.enqueued == []
+    assert "LLM generation" in report.skip_reasons[0] and "'tiny'" in report.skip_reasons[0]
+    assert "prompt_len" in report.skip_reasons[0] and "no measurer of a generation" in report.skip_reasons[0]
+    assert "lacks the user attributes ['search_space', 'search_space_config', 'input_spec']" in report.skip_reasons[1]
+    assert "GraphCaptureError: no export" in report.skip_reasons[2]
+
+
 def test_validator_records_oom_and_batch_override(fake_predicted: None) -> None:
     study = optuna.create_study(directions=["maximize", "minimize"])
     _add(study, [1, 1], _attrs(99))
