@@ -48,12 +48,14 @@ import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from statistics import NormalDist
 from typing import Any
 
 from dippm_nas._logging import WarnOnce
 from dippm_nas._numbers import as_real
+from dippm_nas.conformal import ConformalCalibration, check_confidence, conformal_for, regime_of
 from dippm_nas.devices import resolve_device
-from dippm_nas.errors import BudgetError, DippmNasError
+from dippm_nas.errors import BudgetError, CheckpointError, DippmNasError
 
 __all__ = ["Budgets", "ChanceCheck", "DEFAULT_K_SIGMA", "BUDGET_FIGURES", "BUDGET_KEYS", "LLM_BUDGET_FIGURES",
            "MINIMUM_FIGURES", "check_k_sigma", "trial_attrs"]
@@ -208,8 +210,6 @@ class Budgets:
         ks = {k: check_k_sigma(v, f"k_sigmas[{k!r}]") for k, v in self.k_sigmas.items()}
         object.__setattr__(self, "k_sigmas", ks)
         if self.confidence is not None or self.conformal is not None:
-            from dippm_nas.conformal import ConformalCalibration, check_confidence
-
             if self.confidence is not None:
                 object.__setattr__(self, "confidence", check_confidence(self.confidence))
             if self.conformal is not None and not isinstance(self.conformal, ConformalCalibration):
@@ -259,9 +259,6 @@ class Budgets:
         """
         if self.confidence is None:
             return self
-        from dippm_nas.conformal import conformal_for
-        from dippm_nas.errors import CheckpointError
-
         sha = predictor.checkpoint_hash() if callable(getattr(predictor, "checkpoint_hash", None)) else None
         if self.conformal is not None:
             if sha is not None and self.conformal.checkpoint_sha256 != sha:
@@ -397,10 +394,6 @@ class Budgets:
     def _conformal_k(self, name: str, prediction: Any, minimum: bool) -> tuple[float, dict[str, str]]:
         """The conformal ``k`` of figure ``name`` at :attr:`confidence` for ``prediction``'s regime, with its
         labels; the Gaussian quantile, flagged, without a calibration of the figure."""
-        from statistics import NormalDist
-
-        from dippm_nas.conformal import regime_of
-
         assert self.confidence is not None
         cal = self.conformal
         if cal is None or name not in cal.figures:

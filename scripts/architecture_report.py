@@ -47,7 +47,7 @@ LAYERS: dict[str, int] = {
     "_json": 0, "_numbers": 0, "_files": 0, "_toml": 0, "files": 0, "_schema": 0, "_lock": 0, "_deprecation": 0,
     "units": 0, "spec": 0,
     # what a graph is, where it runs, what a prediction is and the budgets it is checked against
-    "graph": 1, "devices": 1, "prediction": 1, "budgets": 2,
+    "graph": 1, "devices": 1, "prediction": 1, "conformal": 1, "budgets": 2,
     # how inference runs (devices: the host profile)
     "deployment": 2,
     # stores and model families (graph, devices)

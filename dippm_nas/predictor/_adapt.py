@@ -49,7 +49,7 @@ import numpy as np
 from dippm_nas._json import canonical_json, loads_json
 from dippm_nas.deployment import Deployment
 from dippm_nas.devices import HostProfile, default_host_profile, resolve_device
-from dippm_nas.errors import InvalidValueError
+from dippm_nas.errors import DippmNasError, InvalidValueError
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.predictor._adapt_rows import StoredAdaptation, read_arrays, version_checksum
 from dippm_nas.predictor._calibrate import Calibration, calibration_from_data, calibration_problems
@@ -271,7 +271,7 @@ class Adaptation:
             not decode); its predictions say so (``details["adaptation_rows_ignored"]``).
         guard: what the leave-group-out guard saw: ``groups_by`` (``"family"``, ``"clusters"`` or ``"rows"``),
             ``groups`` (how many), ``factor_groups_by`` (the grouping the factors were scored with: ``"rows"`` where
-            the groups left fewer than half the rows with a fit of the others) and ``factors_kept`` (per target: did
+            embedding clusters left fewer than half the rows with a fit of the others) and ``factors_kept`` (per target: did
             the factor calibration win out of group).
     """
 
@@ -491,8 +491,6 @@ def _log_resid(rows: Sequence[tuple[OperatorGraph, Mapping[str, float]]], preds:
 def _out_of_group_factors(predictor: Any, rows: Sequence[tuple[OperatorGraph, Mapping[str, float]]],
                           groups: np.ndarray, deployment: Deployment) -> list[Any | None]:
     """Each row predicted with the factor calibration fitted without its group (``None``: no fit possible)."""
-    from dippm_nas.errors import DippmNasError
-
     out: list[Any | None] = [None] * len(rows)
     for gi in np.unique(groups):
         te = np.flatnonzero(groups == gi)
@@ -545,9 +543,10 @@ def fit_adaptation(predictor: Any, rows: Sequence[tuple[OperatorGraph, Mapping[s
             cal: Calibration | None = predictor.fit_factor_calibration(rows, deployment=deployment)
             oog = _out_of_group_factors(predictor, rows, groups.index, deployment)
             factor_groups = groups.by
-            if 2 * sum(p is not None for p in oog) < len(rows):
-                # the groups leave most rows without a fit of the others (e.g. clusters of 4 + 1 rows): each row
-                # its own group for the factors, which are a fit of one to three numbers
+            if groups.by == "clusters" and 2 * sum(p is not None for p in oog) < len(rows):
+                # clusters of one space that leave most rows without a fit of the others (4 + 1 rows): each row its
+                # own group for the factors, a fit of one to three numbers (families stay the groups: a family's
+                # factors are what does not carry to the next family)
                 oog = _out_of_group_factors(predictor, rows, np.arange(len(rows)), deployment)
                 factor_groups = "rows"
             kept = keep_targets(_log_resid(rows, raw, targets), _log_resid(rows, oog, targets))

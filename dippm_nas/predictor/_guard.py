@@ -4,8 +4,9 @@ A search's measured rows come in groups: models of one family (``ResNet``, ``VGG
 space, neighbourhoods of the space. A correction chosen by leave-one-*row*-out learns a group's own bias from its
 other rows and applies it to the next group, where it does not hold. Here every choice is scored out of group:
 
-- :func:`row_groups`: the group of each measured row: the family its graph names (the leading word of
-  ``graph.source``, the model's class name, e.g. ``ResNet``) where the rows name at least two; otherwise (one
+- :func:`row_groups`: the group of each measured row: the family its graph names (the leading letters of the
+  model's name in ``graph.source``, after any ``library:`` prefix: ``torchvision:densenet121`` -> ``densenet``, a
+  class name ``ResNet`` -> ``resnet``) where the rows name at least two; otherwise (one
   search space) clusters of the rows' embeddings (the ensemble's mean last hidden layer, k-means with a
   deterministic farthest-point start, ``k = clip(n // 4, 2, MAX_CLUSTERS)``).
 - :func:`group_cv_head`: the residual head's ridge penalty and its **shrink** towards no head, chosen by the error
@@ -54,8 +55,12 @@ class RowGroups:
 
 
 def _family(source: str) -> str:
-    m = _FAMILY.match(str(source or ""))
-    return m.group(0) if m else str(source or "")
+    """The family a graph's ``source`` names: the leading letters of the model's name, after any ``library:``
+    prefix (``torchvision:densenet121`` -> ``densenet``, ``timm:convnextv2_femto`` -> ``convnextv``, ``RegNet`` ->
+    ``regnet``)."""
+    name = str(source or "").rsplit(":", 1)[-1].rsplit("/", 1)[-1].strip().lower()
+    m = _FAMILY.match(name)
+    return m.group(0) if m else name
 
 
 def _kmeans(x: np.ndarray, k: int, iters: int = 30) -> np.ndarray:

@@ -19,6 +19,9 @@ def test_rows_are_grouped_by_family_else_by_embedding_clusters() -> None:
     # no cluster mixes the two blobs
     assert not set(c.index[:10]) & set(c.index[10:])
     assert row_groups(["X", "X"], emb[:2]).by == "rows"
+    # a library prefix is not the family: the model's name is
+    tv = row_groups(["torchvision:densenet121", "torchvision:densenet169", "torchvision:vgg16", "timm:vgg11"], None)
+    assert tv.by == "family" and tv.count == 2 and tv.index[0] == tv.index[1] and tv.index[2] == tv.index[3]
 
 
 def _grouped(rng: np.random.Generator, n_groups: int = 6, per: int = 5) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
