@@ -68,11 +68,9 @@ from scipy.stats import kendalltau
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "fit"))
 
-from accuracy_eager import _nested_sigma, _without_fp64_rows_of  # noqa: E402  (sibling scripts)
+from accuracy_eager import _nested_sigma, _without_fp64_rows_of, fold_host_model  # noqa: E402  (sibling scripts)
 import accuracy_energy  # noqa: E402
-import fit_input_copy  # noqa: E402  (scripts/fit: the first touch of a fresh batch, per host)
 from search_view import search_view  # noqa: E402
 from unseen_gpu_sigma import fitted_cells, nested_sigma, source_rows, unseen_params  # noqa: E402
 
@@ -80,7 +78,7 @@ from benchmarks._common import machine  # noqa: E402
 from dippm_nas import Deployment  # noqa: E402
 from dippm_nas.devices import HostProfile  # noqa: E402
 from dippm_nas.prior import (UNKNOWN_HOST_CLOCK_GHZ, UNKNOWN_HOST_SIGMA_LOG, Execution, HostRow,  # noqa: E402
-                             default_params, fit_host_model, predict)
+                             default_params, predict)
 from dippm_nas.training import DEVICE_ALIASES  # noqa: E402
 from dippm_nas.errors import InvalidValueError  # noqa: E402
 from dippm_nas.files import write_output  # noqa: E402
@@ -171,15 +169,8 @@ def _cell_params(source: str, device: str, rows: list, base: Any, cells: dict) -
                               float(mg.measurement["latency_ms"]), fresh_pages=mg.graph.spec.dtype == "float32"),
                       mg.measurement["config"]["model"])
                      for mg in rows]
-        train = [r for r, _ in host_rows if r.device != device and r.graph.spec.dtype in ("float16", "float32")]
         fold = _without_fp64_rows_of(base, host_rows, [device])
-        # the first touch of a fresh batch measured on the other hosts, its σ between them
-        medians = {(mg.measurement["device"], mg.measurement["config"]["model"], mg.graph.spec.dtype):
-                   float(mg.measurement["latency_ms"]) for mg in rows}
-        page = fit_input_copy.summarise(fit_input_copy.per_host(medians, base.host_model), without=device)
-        hm = fit_host_model(train, params=fold, base=dataclasses.replace(
-            base.host_model, h2d_fresh_page_us=page["h2d_fresh_page_us"],
-            h2d_fresh_page_sigma_log=page["h2d_fresh_page_sigma_log"]))
+        hm = fold_host_model(host_rows, device, fold, base)  # the first touch measured on the other hosts
         kept = {k: base.host_model.metrics[k] for k in _UNSEEN_KEYS if k in base.host_model.metrics}
         hm = dataclasses.replace(hm, metrics={**hm.metrics, **_nested_sigma(
             host_rows, device, dataclasses.replace(base, host_model=hm)), **kept})

@@ -104,12 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         train = [r for r, _ in rows if r.device != dev and r.graph.spec.dtype in ("float16", "float32")]
         test = [(r, name) for r, name in rows if r.device == dev]
         fold = _without_fp64_rows_of(base, rows, [dev])
-        # the first touch of a fresh batch measured on the other hosts (scripts/fit/fit_input_copy.py)
-        medians = {(r.device, name, r.graph.spec.dtype): r.latency_ms for r, name in rows}
-        page = fit_input_copy.summarise(fit_input_copy.per_host(medians, base.host_model), without=dev)
-        hm = fit_host_model(train, params=fold, base=dataclasses.replace(
-            base.host_model, h2d_fresh_page_us=page["h2d_fresh_page_us"],
-            h2d_fresh_page_sigma_log=page["h2d_fresh_page_sigma_log"]))
+        hm = fold_host_model(rows, dev, fold, base)
         hm = dataclasses.replace(hm, metrics={**hm.metrics, **_nested_sigma(
             rows, dev, dataclasses.replace(base, host_model=hm))})
         params = dataclasses.replace(fold, host_model=hm)
@@ -175,6 +170,18 @@ def _without_fp64_rows_of(base, rows: list, devices: list[str]):
     """``base`` with its FP64 efficiency refitted on the fp64 rows of the GPUs not in ``devices``."""
     fp64 = [r for r, _ in rows if r.device not in devices and r.graph.spec.dtype == "float64"]
     return with_fp64_efficiency(base, fit_eta(fp64, with_fp64_efficiency(base, None))) if fp64 else base
+
+
+def fold_host_model(rows: list, held_out: str, fold, base):
+    """The host model fitted without ``held_out``'s rows (``rows``: ``(HostRow, model name)``; its fp16 and fp32
+    rows), with the first touch of a fresh batch measured on the other hosts
+    (``scripts/fit/fit_input_copy.py``); ``fold``: the prior's constants of the fold, ``base``: the shipped ones."""
+    train = [r for r, _ in rows if r.device != held_out and r.graph.spec.dtype in ("float16", "float32")]
+    medians = {(r.device, name, r.graph.spec.dtype): r.latency_ms for r, name in rows}
+    page = fit_input_copy.summarise(fit_input_copy.per_host(medians, base.host_model), without=held_out)
+    return fit_host_model(train, params=fold, base=dataclasses.replace(
+        base.host_model, h2d_fresh_page_us=page["h2d_fresh_page_us"],
+        h2d_fresh_page_sigma_log=page["h2d_fresh_page_sigma_log"]))
 
 
 def _nested_sigma(rows: list, held_out: str, base) -> dict[str, float]:
