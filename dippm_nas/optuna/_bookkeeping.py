@@ -24,8 +24,9 @@ from dippm_nas._logging import WarnOnce
 from dippm_nas.budgets import Budgets
 from dippm_nas.errors import DippmNasError, InvalidValueError
 from dippm_nas.llm import GenerationPrediction
-from dippm_nas.optuna._compat import constraints_from_attrs, uses_set_constraint, warn_without_constraints_func
-from dippm_nas.optuna._objectives import LLM_OBJECTIVES, MAXIMIZED
+from dippm_nas.optuna._compat import (CONSTRAINT_API, constraints_from_attrs, optuna_has_set_constraint,
+                                      uses_set_constraint, warn_without_constraints_func)
+from dippm_nas.optuna._objectives import LLM_OBJECTIVES, MAXIMIZED, OBJECTIVES, ON_ERROR
 from dippm_nas.prediction import Prediction
 from dippm_nas.spec import InputSpec
 from dippm_nas.trial import TrialRecord
@@ -44,17 +45,36 @@ class TrialBookkeeping:
         device: catalogue id every prediction must be for.
         deployment: the deployment recorded on every trial (:meth:`dippm_nas.Deployment.to_dict`).
         budgets: the chance constraints.
-        objectives: the figures returned, in order.
+        objectives: the figures returned, in order (distinct names of :data:`~dippm_nas.optuna.OBJECTIVES`).
         on_error: ``"fail"``, ``"raise"`` or ``"infeasible"`` (:data:`~dippm_nas.optuna.ON_ERROR`).
-        constraint_api: one of :data:`~dippm_nas.optuna.CONSTRAINT_API`.
+        constraint_api: one of :data:`~dippm_nas.optuna.CONSTRAINT_API` (``"set_constraint"`` needs Optuna >= 5).
+
+    Raises:
+        InvalidValueError: an objective that is not one of those names (or twice), an unknown ``on_error`` or
+            ``constraint_api``, or ``"set_constraint"`` on Optuna 4.
     """
 
     def __init__(self, device: str, deployment: Mapping[str, Any], budgets: Budgets, objectives: Sequence[str],
                  on_error: str, constraint_api: str) -> None:
+        if isinstance(objectives, str):
+            raise InvalidValueError(f"objectives must be a sequence of names, got the string {objectives!r}")
+        objectives = tuple(objectives)
+        bad = [o for o in objectives if o not in OBJECTIVES]
+        if bad or len(set(objectives)) != len(objectives):
+            raise InvalidValueError(f"objectives must be distinct names from {list(OBJECTIVES)}, got "
+                                    f"{list(objectives)}")
+        if constraint_api not in CONSTRAINT_API:
+            raise InvalidValueError(f"constraint_api must be one of {CONSTRAINT_API}, got {constraint_api!r}")
+        if constraint_api == "set_constraint" and not optuna_has_set_constraint():
+            raise InvalidValueError(
+                f"constraint_api='set_constraint' needs Optuna >= 5 (installed: {optuna.__version__}); use "
+                "'constraints_func' and pass constraints_func=cost.constraints_func to the sampler")
+        if on_error not in ON_ERROR:
+            raise InvalidValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
         self.device = device
         self.deployment = dict(deployment)
         self.budgets = budgets
-        self.objectives = tuple(objectives)
+        self.objectives: tuple[str, ...] = objectives
         self.on_error = on_error
         self.constraint_api = constraint_api
         #: Names of the constraints, in the order :meth:`constraints_func` returns them.

@@ -29,8 +29,6 @@ from dippm_nas.graph import OperatorGraph
 from dippm_nas.llm import GenerationPrediction, LLMWorkload, predict_generation
 from dippm_nas.optuna._background import BackgroundWork, PendingEvaluation, PendingValue
 from dippm_nas.optuna._bookkeeping import TrialBookkeeping
-from dippm_nas.optuna._compat import CONSTRAINT_API, optuna_has_set_constraint
-from dippm_nas.optuna._objectives import OBJECTIVES, ON_ERROR
 from dippm_nas.optuna._storage import is_sqlite_file, rdb_storage, storage_url_of, threads_share_storage
 from dippm_nas.prediction import Prediction
 from dippm_nas.predictor import ANY_SPACE, DEFAULT_DEVICE, get_predictor, predict, predict_many
@@ -51,6 +49,24 @@ def _jsonable(value: Any, what: str) -> Any:
     except (TypeError, ValueError) as e:
         raise InvalidValueError(f"{what} must be plain JSON data (dicts, lists, str, numbers, bools), got {value!r}: "
                                 f"{e}") from e
+
+
+def _model_source(model: Any, spec: InputSpec | None, space: str | None,
+                  config: Mapping[str, Any] | None) -> tuple[ModelSource, str | None, Any]:
+    """The candidate parsed once (:meth:`ModelSource.parse`, or :meth:`ModelSource.from_space` without a model),
+    with the search space and JSON config recorded for it (given, else the model's own)."""
+    if (space is None) != (config is None):
+        raise InvalidValueError(f"give both space= and config= (a registered search space and its config), "
+                                f"got space={space!r}, config={config!r}")
+    if model is None:
+        if space is None:
+            raise InvalidValueError("evaluate() needs a model, or space= and config= of a registered search space")
+        cfg = _jsonable(config, "config")
+        return ModelSource.from_space(space, cfg, spec), space, cfg  # type: ignore[arg-type]
+    source = ModelSource.parse(model, spec)
+    if space is None:
+        space, config = source.search_space, source.search_space_config
+    return source, space, None if config is None else _jsonable(config, "config")
 
 
 class HardwareCostModel:
@@ -133,32 +149,18 @@ class HardwareCostModel:
         if budgets.confidence is not None:  # the checkpoint's conformal calibration (dippm_nas.conformal)
             budgets = budgets.for_predictor(get_predictor(self.device))
         self.budgets: Budgets = budgets
-        if isinstance(objectives, str):
-            raise InvalidValueError(f"objectives must be a sequence of names, got the string {objectives!r}")
-        objectives = tuple(objectives)
-        bad = [o for o in objectives if o not in OBJECTIVES]
-        if bad or len(set(objectives)) != len(objectives):
-            raise InvalidValueError(f"objectives must be distinct names from {list(OBJECTIVES)}, got "
-                                    f"{list(objectives)}")
-        self.objectives: tuple[str, ...] = objectives
+        #: what is recorded on each trial and returned to Optuna (:mod:`dippm_nas.optuna._bookkeeping`); it checks
+        #: the objectives, ``on_error`` and ``constraint_api``
+        self._book = TrialBookkeeping(dev.id, self.deployment.to_dict(), budgets, objectives, on_error,
+                                      constraint_api)
+        self.objectives: tuple[str, ...] = self._book.objectives
+        self.constraint_api, self.on_error = constraint_api, on_error
         #: standard deviations of memory the MIG advice of each prediction adds (the memory budget's ``k``)
         self.k_sigma = budgets.k_for("memory_mib")
-        if constraint_api not in CONSTRAINT_API:
-            raise InvalidValueError(f"constraint_api must be one of {CONSTRAINT_API}, got {constraint_api!r}")
-        if constraint_api == "set_constraint" and not optuna_has_set_constraint():
-            raise InvalidValueError(
-                f"constraint_api='set_constraint' needs Optuna >= 5 (installed: {optuna.__version__}); use "
-                "'constraints_func' and pass constraints_func=cost.constraints_func to the sampler"
-            )
-        self.constraint_api = constraint_api
         self.cache = cache
         self.background_workers = as_int(background_workers, "background_workers", low=0)
-        if on_error not in ON_ERROR:
-            raise InvalidValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
-        self.on_error = on_error
         self.overlap = bool(overlap)
-
-        wants_energy = bool({"energy_j", "energy_j_per_token"} & set(objectives)) or budgets.energy_j is not None \
+        wants_energy = bool({"energy_j", "energy_j_per_token"} & set(self.objectives)) or budgets.energy_j is not None \
             or budgets.energy_j_per_token is not None
         if wants_energy and dev.board_power_w is None:
             raise InvalidValueError(
@@ -169,9 +171,6 @@ class HardwareCostModel:
         if budgets.mig_profile is not None:
             budgets.memory_limit(dev)  # a profile the device lacks fails here, with the choices
             self._mig_limit_mib = next(p for p in dev.mig_profiles if p.name == budgets.mig_profile).usable_memory_mib
-        #: what is recorded on each trial and returned to Optuna (:mod:`dippm_nas.optuna._bookkeeping`)
-        self._book = TrialBookkeeping(dev.id, self.deployment.to_dict(), budgets, objectives, on_error,
-                                      constraint_api)
         #: Names of the constraints, in the order :meth:`constraints_func` returns them.
         self.constraint_names: tuple[str, ...] = self._book.constraint_names
         self._lock = threading.Lock()
@@ -291,24 +290,6 @@ class HardwareCostModel:
             self._book.count_wait(time.perf_counter() - t0, 1)
         return values
 
-    @staticmethod
-    def _model_source(model: Any, spec: InputSpec | None, space: str | None,
-                      config: Mapping[str, Any] | None) -> tuple[ModelSource, str | None, Any]:
-        """The candidate parsed once (:meth:`ModelSource.parse`, or :meth:`ModelSource.from_space` without a model),
-        with the search space and JSON config recorded for it (given, else the model's own)."""
-        if (space is None) != (config is None):
-            raise InvalidValueError(f"give both space= and config= (a registered search space and its config), "
-                                    f"got space={space!r}, config={config!r}")
-        if model is None:
-            if space is None:
-                raise InvalidValueError("evaluate() needs a model, or space= and config= of a registered search space")
-            cfg = _jsonable(config, "config")
-            return ModelSource.from_space(space, cfg, spec), space, cfg  # type: ignore[arg-type]
-        source = ModelSource.parse(model, spec)
-        if space is None:
-            space, config = source.search_space, source.search_space_config
-        return source, space, None if config is None else _jsonable(config, "config")
-
     def evaluate(self, trial: Any, model: Any = None, spec: InputSpec | None = None, *, space: str | None = None,
                  config: Mapping[str, Any] | None = None) -> Any:
         """Predict one candidate, record it on the trial, register its constraints; return the objectives.
@@ -354,7 +335,7 @@ class HardwareCostModel:
                                     f"LLMWorkload, or make the cost model with one of {GRAPH_RUNTIMES} for a forward pass")
         t0 = time.perf_counter()
         try:
-            source, space_name, cfg = self._model_source(model, spec, space, config)
+            source, space_name, cfg = _model_source(model, spec, space, config)
             if space_name is not None:
                 search_spaces.get_space(space_name).validate(cfg)
         except SearchSpaceError as e:  # a config outside its space is a bad argument, whatever on_error says
@@ -492,7 +473,7 @@ class HardwareCostModel:
         t0 = time.perf_counter()
         requests = []
         for trial, (model, spec) in zip(trials, candidates):
-            source, space_name, cfg = self._model_source(model, spec, None, None)
+            source, space_name, cfg = _model_source(model, spec, None, None)
             requests.append(_Request(trial, source, space_name, cfg, 0.0))
         out = self._predict_and_record(requests, workers=workers, progress=progress, errors="return")
         self._book.count_wait(time.perf_counter() - t0, len(trials))
@@ -554,7 +535,7 @@ class HardwareCostModel:
             if values and isinstance(values[0], PendingValue):
                 return values[0].pending  # evaluate overlaps already
             return PendingEvaluation(self._book, None, values, None, None, self.constraints_func)
-        source, space_name, cfg = self._model_source(model, spec, space, config)
+        source, space_name, cfg = _model_source(model, spec, space, config)
         the_spec = source.spec
         payload = ("space", space_name, cfg) if space_name is not None else ("module", source.model, None)
         pool = self._work.conversions(self._worker_cache_url())
