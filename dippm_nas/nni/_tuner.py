@@ -312,8 +312,8 @@ class HardwareAwareTuner(Tuner):
             k_sigma=self.k_sigma, deployment=self.deployment, objectives=objectives, stats=self.stats,
             warned=self._warned)
         c = self.candidates
-        self.builder, self.model_factory, self.space, self.input_spec = c.builder, c.model_factory, c.space, c.input_spec
-        self.model_source, self.model_keys_arg = c.model_source, c.model_keys_arg
+        self.builder, self.model_factory, self.space = c.builder, c.model_factory, c.space
+        self.input_spec, self.model_source, self.model_keys_arg = c.input_spec, c.model_source, c.model_keys_arg
         self.budgets.memory_limit(self.device)  # a MIG profile the device lacks fails now
         self.sampler_name = sampler
         self._set_constraint = optuna_has_set_constraint()
@@ -423,7 +423,8 @@ class HardwareAwareTuner(Tuner):
             if not ev.feasible:
                 trial.set_user_attr("dippm_status", "skipped_infeasible")
                 trial.set_user_attr("dippm_config", ckey)
-                self.study.tell(trial, objective_values(self.objectives, self.directions, ev.predicted(), None, self._warned))
+                self.study.tell(trial, objective_values(self.objectives, self.directions, ev.predicted(), None,
+                                                        self._warned))
                 self._infeasible_told.add(ckey)
                 self.stats.infeasible_configs.append(ckey)
                 self.stats.skipped_infeasible += 1
@@ -442,8 +443,8 @@ class HardwareAwareTuner(Tuner):
             self.stats.proposed += 1
             self.stats.write(self.stats_file, self._warned)
             params = dict(flat)
-            params[PARAMETERS_KEY] = {**self.candidates.describe(ev), "batch_size": self.batch_size, "dtype": self.dtype,
-                                      "device": self.device, "runtime": self.deployment.runtime,
+            params[PARAMETERS_KEY] = {**self.candidates.describe(ev), "batch_size": self.batch_size,
+                                      "dtype": self.dtype, "device": self.device, "runtime": self.deployment.runtime,
                                       "deployment": self.deployment.to_dict(), "budgets": self.budgets.to_dict(),
                                       "predicted": predicted}
             logger.info("parameter set %d: %s (predicted %.4g ms, %.4g MiB); stats %s", parameter_id, key,

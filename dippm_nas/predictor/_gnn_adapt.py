@@ -142,8 +142,8 @@ class GnnAdaptation:
                 if len(idx) >= 2:
                     parts = []
                     for i in idx:
-                        _, g, h, pre, _, _ = self.p.composer.timeline_parts(pairs[i][0], feats[i].estimate, float(mean[i, 0]),
-                                                                  st)
+                        _, g, h, pre, _, _ = self.p.composer.timeline_parts(pairs[i][0], feats[i].estimate,
+                                                                            float(mean[i, 0]), st)
                         parts.append((g, h, pre))
                     tf = fit_timeline_factors(parts, [pairs[i][1]["latency_ms"] for i in idx],
                                               node_classes=[calibration_classes(pairs[i][0]) for i in idx])

@@ -70,7 +70,8 @@ class GnnInference:
             if f is not None:
                 self.cache.move_to_end(key)
                 return f
-        f = featurize(graph, self.feature_target(dev), style=self.p.meta.feature_style, prior_params=self.p.prior_params)
+        f = featurize(graph, self.feature_target(dev), style=self.p.meta.feature_style,
+                      prior_params=self.p.prior_params)
         self.keep_features(key, f)
         return f
 
