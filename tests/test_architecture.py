@@ -55,7 +55,7 @@ LAZY_PROJECT_IMPORTS = {
                                       "prediction load neither",
     "dippm_nas/capture/_source.py": "search_spaces imports torch: loaded for a candidate named by its space and "
                                     "config (ModelSource.from_space) only",
-    "dippm_nas/predictor/_gnn.py": "the torch ensemble: a prediction through the numpy engine never loads torch",
+    "dippm_nas/predictor/_gnn_load.py": "the torch ensemble: a prediction through the numpy engine never loads torch",
     "dippm_nas/predictor/_adapt_store.py": "SQLAlchemy loads with the first adaptation written: a prediction that "
                                            "reads one from a SQLite file does not load it",
     "dippm_nas/measure/_campaign.py": "RuntimeModule is an nn.Module: torch loads with the first non-eager "

@@ -57,13 +57,10 @@ tuner).
 
 from __future__ import annotations
 
-import inspect
 import json
 import logging
 import math
 import os
-import time
-import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -71,25 +68,23 @@ from typing import Any
 
 from dippm_nas._files import write_output
 from dippm_nas._json import loads_json
-from dippm_nas._numbers import as_int, is_real
-from dippm_nas._redact import redact_url
+from dippm_nas._numbers import as_int
 from dippm_nas._optional import require
-from dippm_nas.budgets import Budgets, ChanceCheck
-from dippm_nas.capture import assemble
+from dippm_nas.budgets import Budgets
 from dippm_nas.deployment import Deployment
 from dippm_nas.devices import resolve_device
 from dippm_nas.errors import DippmNasError, InvalidTypeError, InvalidValueError, SearchSpaceError
-from dippm_nas.nni._report import mig_label
+from dippm_nas.nni._candidates import DEFAULT_GPU_DTYPE, CandidateEvaluator
 from dippm_nas.nni._scalarize import budgets_from_limits
 from dippm_nas.nni._space import (
-    PARAMETERS_KEY, Dimension, build_from_factory, canonical_json, load_factory, parse_search_space,
+    PARAMETERS_KEY, Dimension, canonical_json, parse_search_space,
 )
-from dippm_nas.optuna import optuna_has_set_constraint, rdb_storage
-from dippm_nas.prediction import Prediction
-from dippm_nas.predictor import DEFAULT_DEVICE, predict
-from dippm_nas.spec import InputSpec
+from dippm_nas.nni._tuner_study import (PREDICTED_OBJECTIVES, STUDY_FILE_NAME, completed_trial, encode_parameters,
+                                        load_trials, objective_values, open_study, record_cost, tell_result,
+                                        under_dispatcher)
+from dippm_nas.optuna import optuna_has_set_constraint
+from dippm_nas.predictor import DEFAULT_DEVICE
 from dippm_nas.trial import TrialRecord
-import search_spaces
 
 _nni = require("nni", "nni", "dippm_nas.nni.HardwareAwareTuner")
 import optuna  # noqa: E402
@@ -100,20 +95,11 @@ __all__ = ["HardwareAwareTuner", "TunerStats", "PREDICTED_OBJECTIVES", "SAMPLERS
 
 logger = logging.getLogger(__name__)
 
-#: Objectives the tuner predicts itself; any other objective name is read from the trial's final result.
-PREDICTED_OBJECTIVES: tuple[str, ...] = ("latency_ms", "energy_j", "memory_mib")
 #: Optuna samplers the tuner wraps, by name.
 SAMPLERS: tuple[str, ...] = ("nsga2", "nsga3", "tpe", "random")
 #: Name of the counts file written to the experiment's log directory.
 STATS_FILE_NAME = "dippm_tuner_stats.json"
-#: Name of the SQLite study the tuner keeps in the experiment's checkpoint directory when NNI runs it and
-#: no ``storage`` is given.
-STUDY_FILE_NAME = "dippm_tuner_study.db"
-#: The default compute dtype on a GPU device: half precision, the dtype the A100 checkpoint was trained on
-#: (on a CPU device the default is ``float32``).
-DEFAULT_GPU_DTYPE = "float16"
 _DIRECTIONS = ("maximize", "minimize")
-_SENT = ("sent", "trained", "failed")  # statuses of the trials whose parameters went to NNI
 
 
 @dataclass
@@ -154,45 +140,37 @@ class TunerStats:
         """All skips together."""
         return self.skipped_infeasible + self.skipped_duplicate + self.skipped_invalid
 
+    def counts(self) -> dict[str, int]:
+        """The counters (``skipped`` included, the infeasible configs left out)."""
+        d = asdict(self)
+        d.pop("infeasible_configs")
+        d["skipped"] = self.skipped
+        return d
 
-#: The :class:`TunerStats` counter each ``dippm_status`` of a stored trial adds to.
-_STATUS_COUNTERS = {
-    "trained": "results", "failed": "failed", "imported": "imported", "skipped_infeasible": "skipped_infeasible",
-    "skipped_infeasible_repeat": "skipped_infeasible", "skipped_duplicate": "skipped_duplicate",
-    "skipped_invalid": "skipped_invalid",
-}
-
-
-@dataclass
-class _Evaluation:
-    """The cost model's verdict on one config (cached per config)."""
-
-    config: dict[str, Any]
-    spec: InputSpec | None = None
-    prediction: Prediction | None = None
-    checks: dict[str, ChanceCheck] = field(default_factory=dict)
-    error: str | None = None
-    seconds: float = 0.0
-
-    @property
-    def violations(self) -> dict[str, float]:
-        """``{figure: mean + k_sigma * std - budget}`` (``<= 0`` feasible)."""
-        return {n: c.value for n, c in self.checks.items()}
-
-    @property
-    def feasible(self) -> bool:
-        return self.error is None and all(v <= 0 for v in self.violations.values())
-
-    def predicted(self) -> dict[str, Any]:
-        """The predicted figures sent to the trial and stored on the Optuna trial."""
-        p = self.prediction
-        assert p is not None
-        return {"latency_ms": p.latency_ms, "energy_j": p.energy_j, "memory_mib": p.memory_mib,
-                "latency_ms_std": p.latency_ms_std, "energy_j_std": p.energy_j_std,
-                "memory_mib_std": p.memory_mib_std, "mig": mig_label(p), "source": p.latency_source}
+    def write(self, path: Path | None, warned: set[str]) -> None:
+        """Write the stats to ``path`` as JSON (nothing when ``None``); a failed write is logged once (``warned``
+        holds ``"stats"`` from then on)."""
+        if path is None:
+            return
+        d: dict[str, Any] = dict(self.counts())
+        d["infeasible_configs"] = [json.loads(c) for c in self.infeasible_configs]
+        try:
+            write_output(path, json.dumps(d, indent=1), "tuner stats file", error=InvalidValueError)
+        except InvalidValueError as e:
+            if "stats" not in warned:
+                warned.add("stats")
+                logger.warning("could not write tuner stats to %s: %s", path, e)
 
 
-def _make_sampler(name: str, seed: int | None, population_size: int | None, constraints_func: Any) -> Any:
+def _make_sampler(name: str, seed: int | None, population_size: int | None, names: Sequence[str],
+                  set_constraint: bool) -> Any:
+    """The Optuna sampler ``name``; with budgets (``names``) and an Optuna without ``trial.set_constraint``
+    (Optuna 4), it reads each trial's constraints through ``constraints_func``."""
+    def constraints_from_attrs(ft: optuna.trial.FrozenTrial) -> list[float]:
+        v = ft.user_attrs.get("dippm_constraints")
+        return [float(x) for x in v] if v is not None else [math.inf] * len(names)
+
+    constraints_func = constraints_from_attrs if names and not set_constraint else None
     if name not in SAMPLERS:
         raise InvalidValueError(f"sampler must be one of {SAMPLERS}, got {name!r}")
     if population_size is not None and name not in ("nsga2", "nsga3"):
@@ -205,10 +183,6 @@ def _make_sampler(name: str, seed: int | None, population_size: int | None, cons
     if name == "tpe":
         return optuna.samplers.TPESampler(seed=seed, **kw)
     return optuna.samplers.RandomSampler(seed=seed)
-
-
-def _under_dispatcher() -> bool:
-    return os.environ.get("SDK_PROCESS") == "dispatcher"
 
 
 class HardwareAwareTuner(Tuner):
@@ -329,18 +303,21 @@ class HardwareAwareTuner(Tuner):
         #: how the models run (every prediction is for it)
         self.deployment: Deployment = Deployment.coerce(deployment, runtime=runtime)
         self.base_config = dict(base_config or {})
-        self._init_model_source(builder, model_factory, model_keys, input_shape, inputs)
+        self.stats = TunerStats()
+        self._warned: set[str] = set()
+        #: builds and predicts the candidates (each distinct config once)
+        self.candidates = CandidateEvaluator(
+            builder, model_factory, model_keys, input_shape, inputs, base_config=self.base_config,
+            batch_size=batch_size, dtype=dtype, device=self.device, cache=cache, budgets=self.budgets,
+            k_sigma=self.k_sigma, deployment=self.deployment, objectives=objectives, stats=self.stats,
+            warned=self._warned)
+        c = self.candidates
+        self.builder, self.model_factory, self.space = c.builder, c.model_factory, c.space
+        self.input_spec, self.model_source, self.model_keys_arg = c.input_spec, c.model_source, c.model_keys_arg
         self.budgets.memory_limit(self.device)  # a MIG profile the device lacks fails now
         self.sampler_name = sampler
         self._set_constraint = optuna_has_set_constraint()
-        names = self.budgets.names
-        def constraints_from_attrs(ft: optuna.trial.FrozenTrial) -> list[float]:
-            v = ft.user_attrs.get("dippm_constraints")
-            return [float(x) for x in v] if v is not None else [math.inf] * len(names)
-
-        # Optuna 4: the sampler reads the constraints through constraints_func
-        constraints_func = constraints_from_attrs if names and not self._set_constraint else None
-        self._sampler = _make_sampler(sampler, seed, population_size, constraints_func)
+        self._sampler = _make_sampler(sampler, seed, population_size, self.budgets.names, self._set_constraint)
         if storage is not None and not (isinstance(storage, str) and storage) and not hasattr(storage,
                                                                                               "get_all_studies"):
             raise InvalidTypeError(f"storage must be an Optuna storage URL like 'sqlite:///study.db', a storage object "
@@ -348,9 +325,8 @@ class HardwareAwareTuner(Tuner):
         self._storage_arg, self._study_name_arg = storage, study_name
         self._study: Any = None  # opened on first use: NNI gives the dispatcher 10 s to connect after it starts
         self.storage_url: str | None = None
-        self.stats = TunerStats()
         if stats_file is None:
-            log_dir = os.environ.get("NNI_LOG_DIRECTORY") if _under_dispatcher() else None
+            log_dir = os.environ.get("NNI_LOG_DIRECTORY") if under_dispatcher() else None
             stats_file = str(Path(log_dir) / STATS_FILE_NAME) if log_dir else None
         self.stats_file = Path(stats_file) if stats_file else None
         self._dims: dict[str, Dimension] | None = None
@@ -358,10 +334,8 @@ class HardwareAwareTuner(Tuner):
         self._proposed: dict[str, int] = {}              # canonical parameters -> Optuna trial number
         self._resumed: dict[str, int] = {}               # ... of trials sent by an earlier run, still running
         self._infeasible_told: set[str] = set()          # canonical configs told to Optuna as infeasible
-        self._evaluations: dict[str, _Evaluation] = {}   # canonical config -> verdict
         self._running: dict[int, tuple[Any, dict[str, Any]]] = {}  # parameter id -> (optuna trial, predicted)
         self._failed_ids: set[int] = set()
-        self._warned: set[str] = set()
         logger.info("HardwareAwareTuner: model=%s objectives=%s directions=%s device=%s batch_size=%d dtype=%s "
                     "(%s) budgets=%s sampler=%s deployment=%s", self.model_source, objectives, directions, self.device,
                     batch_size, dtype, how, self.budgets.to_dict(), sampler, self.deployment.label)
@@ -374,134 +348,19 @@ class HardwareAwareTuner(Tuner):
             DippmNasError: a stored study with other objectives or directions.
         """
         if self._study is None:
-            self._study = self._open_study(self._storage_arg, self._study_name_arg, self._sampler)
-            self._load_trials()
+            setup = {"model": self.model_source, "base_config": self.base_config, "batch_size": self.batch_size,
+                     "dtype": self.dtype, "device": self.device, "runtime": self.deployment.runtime,
+                     "deployment": self.deployment.to_dict(),
+                     "input": self.input_spec.to_dict() if self.input_spec is not None else None,
+                     "budgets": self.budgets.to_dict()}
+            self._study, self.storage_url = open_study(self._storage_arg, self._study_name_arg, self._sampler,
+                                                       self.objectives, self.directions, setup)
+            load_trials(self._study, self.stats, self._proposed, self._resumed, self._infeasible_told)
             logger.info("study %r in %s: %d trials loaded", self._study.study_name, self.storage_url or "memory",
                         self.stats.loaded)
         return self._study
 
-    # ------------------------------------------------------------------ set-up
-    def _init_model_source(self, builder: str | None, model_factory: str | None, model_keys: Sequence[str] | None,
-                           input_shape: Sequence[int] | None, inputs: Mapping[str, Any] | None) -> None:
-        if (builder is None) == (model_factory is None):
-            raise InvalidValueError(
-                "give exactly one of builder= (a registered search space, one of "
-                f"{sorted(search_spaces.list_spaces())}) and model_factory= ('package.module:callable', a "
-                f"function returning an nn.Module from the NNI parameter dict); got builder={builder!r}, "
-                f"model_factory={model_factory!r}")
-        self.builder, self.model_factory = builder, model_factory
-        self.space: Any = None
-        self._factory: Any = None
-        self.input_spec: InputSpec | None = None
-        if builder is not None:
-            for name, v in (("model_keys", model_keys), ("input_shape", input_shape), ("inputs", inputs)):
-                if v is not None:
-                    raise InvalidValueError(f"{name} applies to model_factory only; with builder={builder!r} the "
-                                            "search space's config keys build the model and its builder gives "
-                                            "the input")
-            self.space = search_spaces.get_space(builder)
-            self.model_source = f"builder:{builder}"
-            config = self.space.validate(self.base_config)  # a bad fixed key fails now, not at the first trial
-            self.space.input_spec(config, batch_size=self.batch_size, dtype=self.dtype)  # a bad dtype too
-            self.model_keys_arg: list[str] | None = None
-            return
-        self._factory = load_factory(model_factory)  # type: ignore[arg-type]
-        self.model_source = f"model_factory:{model_factory}"
-        try:
-            json.dumps(self.base_config, allow_nan=False)
-        except (TypeError, ValueError) as e:
-            raise InvalidValueError(f"base_config must be plain JSON data (it goes to the trial), got "
-                                    f"{self.base_config!r}: {e}") from e
-        if (input_shape is None) == (inputs is None):
-            raise InvalidValueError("model_factory needs exactly one of input_shape= (per-sample shape, e.g. "
-                                    "[3, 32, 32]) and inputs= ({name: [shape, dtype]}); got "
-                                    f"input_shape={input_shape!r}, inputs={inputs!r}")
-        if inputs is not None:
-            if not isinstance(inputs, Mapping):
-                raise InvalidTypeError(f"inputs must be a mapping {{name: [shape, dtype]}}, got {inputs!r}")
-            named = {k: (tuple(v[0]), v[1]) if isinstance(v, (list, tuple)) and len(v) == 2 else v
-                     for k, v in inputs.items()}
-            self.input_spec = InputSpec(inputs=named, batch_size=self.batch_size, dtype=self.dtype)
-        else:
-            shape: Any = tuple(input_shape) if isinstance(input_shape, (list, tuple)) else input_shape
-            self.input_spec = InputSpec(shape=shape, batch_size=self.batch_size, dtype=self.dtype)
-        if model_keys is not None and (isinstance(model_keys, str) or not all(
-                isinstance(k, str) and k for k in model_keys)):
-            raise InvalidTypeError(f"model_keys must be a list of search-space keys, got {model_keys!r}")
-        self.model_keys_arg = None if model_keys is None else list(model_keys)
 
-    def _open_study(self, storage: Any, study_name: str | None, sampler: Any) -> Any:
-        exp_dir = None
-        if _under_dispatcher() and os.environ.get("NNI_LOG_DIRECTORY"):
-            exp_dir = Path(os.environ["NNI_LOG_DIRECTORY"]).parent
-        if storage is None and _under_dispatcher() and os.environ.get("NNI_CHECKPOINT_DIRECTORY"):
-            ckpt = Path(os.environ["NNI_CHECKPOINT_DIRECTORY"])
-            ckpt.mkdir(parents=True, exist_ok=True)
-            storage = f"sqlite:///{ckpt / STUDY_FILE_NAME}"
-        if study_name is None:
-            study_name = f"dippm-nni-{exp_dir.name}" if exp_dir is not None else "dippm-nni"
-        if isinstance(storage, str):
-            storage = rdb_storage(storage) if "://" in storage else storage
-        # the URL with its password masked: it is logged and named in errors
-        self.storage_url = redact_url(getattr(getattr(storage, "engine", None), "url", storage)) if storage else None
-        study = optuna.create_study(storage=storage, study_name=study_name, directions=self.directions,
-                                    sampler=sampler, load_if_exists=True)
-        wanted = [optuna.study.StudyDirection.MAXIMIZE if d == "maximize" else optuna.study.StudyDirection.MINIMIZE
-                  for d in self.directions]
-        have = list(study.directions)
-        if have != wanted:
-            raise InvalidValueError(f"study {study_name!r} in {self.storage_url} has directions "
-                                    f"{[d.name.lower() for d in have]}, the tuner's are {self.directions}; use "
-                                    "another study_name or the study's directions")
-        if study.metric_names is None:
-            with warnings.catch_warnings():  # experimental since Optuna 3.2, stable in use
-                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                study.set_metric_names(self.objectives)
-        elif list(study.metric_names) != self.objectives:
-            raise InvalidValueError(f"study {study_name!r} in {self.storage_url} has objectives "
-                                    f"{list(study.metric_names)}, the tuner's are {self.objectives}; use another "
-                                    "study_name or the study's objectives")
-        setup = {"model": self.model_source, "base_config": self.base_config, "batch_size": self.batch_size,
-                 "dtype": self.dtype, "device": self.device, "runtime": self.deployment.runtime,
-                 "deployment": self.deployment.to_dict(),
-                 "input": self.input_spec.to_dict() if self.input_spec is not None else None,
-                 "budgets": self.budgets.to_dict()}
-        old = study.user_attrs.get("dippm_tuner")
-        if old is not None and old != json.loads(json.dumps(setup)):
-            changed = sorted(k for k in setup if json.dumps(old.get(k), sort_keys=True) !=
-                             json.dumps(setup[k], sort_keys=True))
-            logger.warning("study %r was run with other settings %s (%s then, %s now); its trials' predicted "
-                           "objectives and constraints stay as recorded", study_name, changed,
-                           {k: old.get(k) for k in changed}, {k: setup[k] for k in changed})
-        study.set_user_attr("dippm_tuner", setup)
-        return study
-
-    def _load_trials(self) -> None:
-        """Rebuild the tuner's memory from a stored study's trials (a resumed experiment)."""
-        trials = self.study.get_trials(deepcopy=False)
-        s = self.stats
-        s.loaded = len(trials)
-        for ft in trials:
-            st = ft.user_attrs.get("dippm_status")
-            key = ft.user_attrs.get("dippm_parameters")
-            if key is not None:
-                self._proposed[key] = ft.number
-                if ft.state == optuna.trial.TrialState.RUNNING:
-                    self._resumed[key] = ft.number
-            if st in _SENT:
-                s.proposed += 1
-            counter = _STATUS_COUNTERS.get(st) if isinstance(st, str) else None
-            if counter is not None:
-                setattr(s, counter, getattr(s, counter) + 1)
-            if st == "skipped_infeasible":
-                cfg = ft.user_attrs.get("dippm_config")
-                if cfg is not None and cfg not in self._infeasible_told:
-                    self._infeasible_told.add(cfg)
-                    s.infeasible_configs.append(cfg)
-        if trials:
-            logger.info("loaded %d trials of study %r: %d parameter sets sent, %d still running (their results "
-                        "arrive through import_data on nnictl resume)", len(trials), self.study.study_name,
-                        len(self._proposed), len(self._resumed))
 
     # ------------------------------------------------------------------ NNI Tuner interface
     def update_search_space(self, search_space: dict[str, Any]) -> None:
@@ -544,7 +403,7 @@ class HardwareAwareTuner(Tuner):
                 self.stats.skipped_duplicate += 1
                 logger.debug("skipped a repeat of the parameter set of trial %d: %s", self._proposed[key], key)
                 continue
-            ev = self._evaluate(self._model_part(flat))
+            ev = self.candidates.evaluate(self._model_part(flat))
             ckey = canonical_json(ev.config)
             if ev.error is None and not ev.feasible and ckey in self._infeasible_told:
                 # told once as infeasible already: a second copy would only crowd the sampler's population
@@ -560,18 +419,19 @@ class HardwareAwareTuner(Tuner):
                 self.stats.skipped_invalid += 1
                 logger.info("skipped %s: %s", key, ev.error)
                 continue
-            self._record_cost(trial, ev)
+            record_cost(trial, self.candidates.cost_attrs(ev), ev.violations, self._set_constraint)
             if not ev.feasible:
                 trial.set_user_attr("dippm_status", "skipped_infeasible")
                 trial.set_user_attr("dippm_config", ckey)
-                self.study.tell(trial, self._objective_values(ev.predicted(), None))
+                self.study.tell(trial, objective_values(self.objectives, self.directions, ev.predicted(), None,
+                                                        self._warned))
                 self._infeasible_told.add(ckey)
                 self.stats.infeasible_configs.append(ckey)
                 self.stats.skipped_infeasible += 1
                 over = {k: round(v, 4) for k, v in ev.violations.items() if v > 0}
                 logger.info("skipped infeasible config %s (mean + k_sigma * std over budget by %s); skipped so "
                             "far: %d", ckey, over, self.stats.skipped_infeasible)
-                self._write_stats()
+                self.stats.write(self.stats_file, self._warned)
                 continue
             predicted = ev.predicted()
             trial.set_user_attr("dippm_status", "sent")
@@ -581,21 +441,21 @@ class HardwareAwareTuner(Tuner):
             self._proposed[key] = trial.number
             self._running[parameter_id] = (trial, predicted)
             self.stats.proposed += 1
-            self._write_stats()
+            self.stats.write(self.stats_file, self._warned)
             params = dict(flat)
-            params[PARAMETERS_KEY] = {**self._describe(ev), "batch_size": self.batch_size, "dtype": self.dtype,
-                                      "device": self.device, "runtime": self.deployment.runtime,
+            params[PARAMETERS_KEY] = {**self.candidates.describe(ev), "batch_size": self.batch_size,
+                                      "dtype": self.dtype, "device": self.device, "runtime": self.deployment.runtime,
                                       "deployment": self.deployment.to_dict(), "budgets": self.budgets.to_dict(),
                                       "predicted": predicted}
             logger.info("parameter set %d: %s (predicted %.4g ms, %.4g MiB); stats %s", parameter_id, key,
-                        predicted["latency_ms"], predicted["memory_mib"], self._counts())
+                        predicted["latency_ms"], predicted["memory_mib"], self.stats.counts())
             return params
-        self._write_stats()
+        self.stats.write(self.stats_file, self._warned)
         logger.warning("giving up after %d skips in a row (the feasible, unexplored part of the space looks "
-                       "exhausted); stats %s", self.max_skips + 1, self._counts())
+                       "exhausted); stats %s", self.max_skips + 1, self.stats.counts())
         raise _nni.NoMoreTrialError(
             f"dippm_nas HardwareAwareTuner: {self.max_skips + 1} sampled configurations in a row were infeasible, "
-            f"repeats or invalid ({self._counts()})"
+            f"repeats or invalid ({self.stats.counts()})"
         )
 
     def receive_trial_result(self, parameter_id: int, parameters: Any, value: Any, **kwargs: Any) -> None:
@@ -609,7 +469,7 @@ class HardwareAwareTuner(Tuner):
         trial, predicted = entry
         if self._tell_result(trial, predicted, value, f"parameter set {parameter_id}") is False:
             self._failed_ids.add(parameter_id)
-        self._write_stats()
+        self.stats.write(self.stats_file, self._warned)
 
     def trial_end(self, parameter_id: int, success: bool, **kwargs: Any) -> None:
         """Called by NNI when a trial ends; a failed trial without a result is told to Optuna as failed."""
@@ -622,7 +482,7 @@ class HardwareAwareTuner(Tuner):
         self.stats.failed += 1
         self._failed_ids.add(parameter_id)
         logger.info("trial of parameter set %d failed without a result", parameter_id)
-        self._write_stats()
+        self.stats.write(self.stats_file, self._warned)
 
     def import_data(self, data: list[Any]) -> None:
         """Called by NNI with finished trials' results: ``[{"parameter": {...}, "value": ...}, ...]``.
@@ -658,7 +518,7 @@ class HardwareAwareTuner(Tuner):
         logger.info("import_data: %d records: %d results of running trials told, %d already in the study, %d "
                     "added, %d rejected", len(data), outcome["told"], outcome["known"], outcome["added"],
                     outcome["rejected"])
-        self._write_stats()
+        self.stats.write(self.stats_file, self._warned)
 
     # ------------------------------------------------------------------ internals
     def _require_space(self, what: str) -> dict[str, Dimension]:
@@ -695,30 +555,15 @@ class HardwareAwareTuner(Tuner):
             return "told"
         if key in self._proposed:
             return "known"
-        encoded: dict[str, tuple[Any, Any]] = {}
-        try:
-            for k, d in dims.items():
-                encoded.update(d.encode(flat[k]))
-        except SearchSpaceError as e:
-            raise SearchSpaceError(f"parameter {key} is outside the search space: {e}") from e
-        ev = self._evaluate(self._model_part(flat))
+        encoded = encode_parameters(dims, flat, key)  # outside the space: an error before any prediction
+        ev = self.candidates.evaluate(self._model_part(flat))
         if ev.error is not None:
             raise DippmNasError(f"the cost of parameter {key} cannot be predicted: {ev.error}")
         predicted = ev.predicted()
-        values = self._objective_values(predicted, value)
+        values = objective_values(self.objectives, self.directions, predicted, value, self._warned)
         attrs = {"dippm_status": "imported", "dippm_parameters": key, "dippm_predicted": predicted,
-                 **self._cost_attrs(ev)}
-        kw: dict[str, Any] = {}
-        violations = [float(v) for v in ev.violations.values()]
-        if violations:
-            if "constraints" in inspect.signature(optuna.trial.create_trial).parameters:
-                kw["constraints"] = dict(ev.violations)
-            else:  # Optuna 4: where its samplers keep constraints_func's answer
-                kw["system_attrs"] = {"constraints": violations}
-            attrs["dippm_constraints"] = violations
-        ft = optuna.trial.create_trial(params={n: v for n, (_, v) in encoded.items()},
-                                       distributions={n: d for n, (d, _) in encoded.items()},
-                                       values=values, user_attrs=attrs, **kw)
+                 **self.candidates.cost_attrs(ev)}
+        ft = completed_trial(encoded, values, attrs, ev.violations)
         self.study.add_trial(ft)
         self._proposed[key] = -1
         self.stats.imported += 1
@@ -726,148 +571,8 @@ class HardwareAwareTuner(Tuner):
 
     def _tell_result(self, trial: Any, predicted: Mapping[str, Any], value: Any, what: str) -> bool:
         """Tell Optuna a trial's result; ``False`` when it was unusable (the trial is then told failed)."""
-        try:
-            values = self._objective_values(predicted, value)
-        except DippmNasError as e:
-            logger.error("%s: %s; told Optuna it failed", what, e)
-            trial.set_user_attr("dippm_status", "failed")
-            trial.set_user_attr("dippm_error", str(e))
-            self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
-            self.stats.failed += 1
-            return False
-        trial.set_user_attr("dippm_status", "trained")
-        self.study.tell(trial, values)
-        self.stats.results += 1
-        return True
+        return tell_result(self.study, self.stats, trial, lambda: objective_values(
+            self.objectives, self.directions, predicted, value, self._warned), what)
 
     def _model_part(self, flat: Mapping[str, Any]) -> dict[str, Any]:
         return {k: flat[k] for k in self._model_keys}
-
-    def _describe(self, ev: _Evaluation) -> dict[str, Any]:
-        """How the trial builds the model (see :func:`dippm_nas.nni.model_from_parameters`)."""
-        if self.space is not None:
-            return {"search_space": self.builder, "config": ev.config}
-        assert self.input_spec is not None
-        return {"model_factory": self.model_factory, "model_params": ev.config, "input": self.input_spec.to_dict()}
-
-    def _record_of(self, ev: _Evaluation) -> TrialRecord:
-        """The trial record of a predicted config: the one ``HardwareCostModel`` writes (with the search space and
-        config of a ``builder`` model, so ``ParetoValidator`` rebuilds it)."""
-        assert ev.prediction is not None
-        space = self.builder if self.space is not None else None
-        return TrialRecord.of(ev.prediction, ev.checks, deployment=self.deployment.to_dict(), input_spec=ev.spec,
-                              search_space=space, search_space_config=ev.config if space is not None else None,
-                              cost_model_s=ev.seconds)
-
-    def _cost_attrs(self, ev: _Evaluation) -> dict[str, Any]:
-        """User attributes of the prediction: :meth:`TrialRecord.to_attrs` (units in the keys)."""
-        return self._record_of(ev).to_attrs()
-
-    def _record_cost(self, trial: Any, ev: _Evaluation) -> None:
-        """Set the constraints and the cost attributes on a sampled trial."""
-        for k, v in self._cost_attrs(ev).items():
-            trial.set_user_attr(k, v)
-        if not ev.checks:
-            return
-        if self._set_constraint:
-            for name, v in ev.violations.items():
-                trial.set_constraint(name, v)
-        else:
-            trial.set_user_attr("dippm_constraints", [float(v) for v in ev.violations.values()])
-
-    def _counts(self) -> dict[str, int]:
-        d = asdict(self.stats)
-        d.pop("infeasible_configs")
-        d["skipped"] = self.stats.skipped
-        return d
-
-    def _write_stats(self) -> None:
-        if self.stats_file is None:
-            return
-        d: dict[str, Any] = dict(self._counts())
-        d["infeasible_configs"] = [json.loads(c) for c in self.stats.infeasible_configs]
-        try:
-            write_output(self.stats_file, json.dumps(d, indent=1), "tuner stats file", error=InvalidValueError)
-        except InvalidValueError as e:
-            if "stats" not in self._warned:
-                self._warned.add("stats")
-                logger.warning("could not write tuner stats to %s: %s", self.stats_file, e)
-
-    def _evaluate(self, model_part: dict[str, Any]) -> _Evaluation:
-        """Build and predict a config once; later calls return the cached verdict."""
-        try:
-            if self.space is not None:
-                config = self.space.validate({**self.base_config, **model_part})
-            else:
-                config = json.loads(json.dumps({**self.base_config, **model_part}))
-        except SearchSpaceError as e:
-            return _Evaluation(config={**self.base_config, **model_part}, error=str(e))
-        ckey = canonical_json(config)
-        ev = self._evaluations.get(ckey)
-        if ev is not None:
-            return ev
-        ev = _Evaluation(config=config)
-        t0 = time.perf_counter()
-        try:
-            if self.space is not None:
-                ev.spec = self.space.input_spec(config, batch_size=self.batch_size, dtype=self.dtype)
-                target: Any = assemble(self.space, config, ev.spec, cache=self.cache)  # from cached blocks
-                spec = None
-            else:
-                target = build_from_factory(self._factory, self.model_factory, config)  # type: ignore[arg-type]
-                ev.spec = spec = self.input_spec
-            ev.prediction = predict(target, spec, self.device, cache=self.cache, k_sigma=self.k_sigma,
-                                    mig=self.budgets.mig_profile is not None, deployment=self.deployment)
-            self.stats.predictions += 1
-        except DippmNasError as e:  # a builder, factory or capture failure is this config's problem
-            ev.error = f"{type(e).__name__}: {e}"
-            if self.model_factory is not None and "factory" not in self._warned:
-                self._warned.add("factory")
-                logger.warning("config %s could not be built or predicted (%s); such configs are skipped", ckey,
-                               ev.error)
-        if ev.prediction is not None:
-            if ev.prediction.details.get("dtype_unseen") and "dtype" not in self._warned:
-                self._warned.add("dtype")
-                logger.warning("the %s checkpoint has not seen dtype %s: its figures come from the analytic "
-                               "prior (source %r); dtype=%s is the one it was trained on", self.device,
-                               self.dtype, ev.prediction.latency_source, DEFAULT_GPU_DTYPE)
-            needs_energy = "energy_j" in self.objectives or self.budgets.energy_j is not None
-            if needs_energy and ev.prediction.energy_j is None:
-                raise InvalidValueError(f"device {self.device!r} gives no energy figure (energy_source "
-                                        f"'unavailable'); remove 'energy_j' from objectives and budgets")
-            ev.checks = self.budgets.check(ev.prediction)
-        ev.seconds = time.perf_counter() - t0
-        self._evaluations[ckey] = ev
-        return ev
-
-    def _objective_values(self, predicted: Mapping[str, Any], result: Any) -> list[float]:
-        """Objective values in order; ``result=None`` (a skipped config) gives trial-side ones their worst."""
-        trial_side = [o for o in self.objectives if o not in PREDICTED_OBJECTIVES]
-        out: list[float] = []
-        for name, direction in zip(self.objectives, self.directions):
-            if name in PREDICTED_OBJECTIVES:
-                v = predicted.get(name)
-                if v is None:
-                    raise DippmNasError(f"no predicted {name} for this trial (predicted {dict(predicted)})")
-                out.append(float(v))
-                continue
-            if result is None:
-                out.append(-math.inf if direction == "maximize" else math.inf)
-                continue
-            if isinstance(result, Mapping):
-                if name not in result:
-                    raise InvalidValueError(f"the final result has no {name!r} (keys {sorted(result)}); report it "
-                                            "with dippm_nas.nni.report(...) or a dict holding it")
-                v = result[name]
-            elif len(trial_side) == 1:
-                if "scalar" not in self._warned:
-                    self._warned.add("scalar")
-                    logger.warning("trials report a plain number; it is taken as objective %r", name)
-                v = result
-            else:
-                raise InvalidValueError(f"the final result is a plain number {result!r} but objectives {trial_side} "
-                                        "all come from the trial; report a dict")
-            if not is_real(v) or math.isnan(v):
-                raise InvalidValueError(f"objective {name!r} must be a number, the trial reported {v!r}")
-            out.append(float(v))
-        return out

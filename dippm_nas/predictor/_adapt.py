@@ -375,7 +375,7 @@ class Adaptation:
                 raise ValueError(f"head target {t!r} is not one of {TARGETS}")
             heads[t] = ResidualHead(t, None if s["ridge"] is None else float(s["ridge"]),
                                     float(s["loo_rmse_log"]), float(s["loo_rmse_none_log"]), int(s["n"]),
-                                    *_head_arrays(arrays, t), float(s["bound"]), float(s.get("shrink", 1.0)))
+                                    *_head_arrays(arrays, t), float(s["bound"]), _shrink(s.get("shrink", 1.0)))
         cal = None if d["calibration"] is None else calibration_from_data(d["calibration"], "its calibration")
         problems = [] if cal is None else calibration_problems(cal)
         if problems:
@@ -385,6 +385,13 @@ class Adaptation:
                    checkpoint_sha256=str(d["checkpoint_sha256"]), rows=_int(d["rows"]), calibration=cal, heads=heads,
                    version=_int(d["version"]), created_at=float(d["created_at"]),
                    rows_ignored=_int(d.get("rows_ignored", 0)), guard=_guard(d.get("guard")))
+
+
+def _shrink(v: Any) -> float:
+    """A head's shrink of the meta JSON: a number in [0, 1]."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= float(v) <= 1.0:
+        raise ValueError(f"shrink {v!r} is not a number in [0, 1]")
+    return float(v)
 
 
 def _guard(v: Any) -> dict[str, Any]:

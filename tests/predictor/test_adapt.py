@@ -19,7 +19,7 @@ from dippm_nas.devices import default_host_profile
 from dippm_nas.errors import InvalidValueError
 from dippm_nas.features import FEATURE_SCHEMA_VERSION, device_dim, node_dim, static_dim
 from dippm_nas.graph import synthetic_resnet_graph
-from dippm_nas.predictor import _gnn
+from dippm_nas.predictor import _gnn_adapt
 from dippm_nas.predictor import (HANDOVER_ROWS, HEAD_MIN_ROWS, AdaptationKey, AdaptationStore, CheckpointMeta,
                                  GnnPredictor, NumpyEnsemble, SageEnsemble, deployment_key, fit_residual_head)
 
@@ -214,7 +214,7 @@ def test_bad_rows_are_errors_or_flagged_fallbacks() -> None:
     with pytest.raises(InvalidValueError, match="deployment"):
         p.adapt([(gs[0], {"latency_ms": 1.0, "deployment": "{}"}), (gs[1], {"latency_ms": 1.0})], persist=False)
     before = [x.latency_ms for x in p.predict_graphs(gs[:3], mig=False)]
-    _gnn._warn_once.reset()  # said once per process: an earlier test may have said it already
+    _gnn_adapt._warn_once.reset()  # said once per process: an earlier test may have said it already
     with pytest.warns(RuntimeWarning, match="at least 2 measured graphs"):
         # one graph measured twice is one row (averaged): too few
         assert p.adapt([(gs[0], {"latency_ms": 1.0}), (gs[0], {"latency_ms": 4.0})], persist=False) is None

@@ -163,7 +163,7 @@ def test_a_calibration_file_without_class_factors_still_loads() -> None:
         from dippm_nas.predictor import checkpoint_identity
         gcal = Calibration(**{**old, "device": gp.device, "checkpoint": checkpoint_identity(gp.meta)})
         gp.calibration = gcal
-        gp._pred_cache.clear()
+        gp.clear_prediction_cache()
         try:
             (gpred,) = gp.predict_graphs([HOST_BOUND[0]], mig=False)
             assert gpred.latency_source == "calibrated" and gpred.details["calibration_gpu_factor"] == pytest.approx(0.9)

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from dippm_nas.devices import _registry
+from dippm_nas.features import featurize
 from dippm_nas.errors import CheckpointError, DippmNasError
 from dippm_nas.predictor import _checkpoint, _gnn
 from dippm_nas.predictor import CheckpointMeta, GnnPredictor, SageEnsemble, collate_globals
@@ -176,7 +177,7 @@ def test_another_cpu_is_not_outside_the_training_range_by_its_device_features(
     same = _host_predictor("CPU A")
     with pytest.warns(RuntimeWarning):
         other = _host_predictor("CPU B")
-    feats = [_gnn.featurize(g, HOST) for g in _graphs(4)]
+    feats = [featurize(g, HOST) for g in _graphs(4)]
     b = collate_globals(feats)
     n_static = b["static"].shape[1]
     glob = torch.cat([b["static"], b["dev"]], 1)
@@ -327,7 +328,7 @@ def test_another_machine_of_the_same_cpu_model_gets_the_measured_floor_not_half_
     p = _host_predictor("CPU A")
     assert p.other_host is None and p.other_machine_floor_log == _checkpoint.OTHER_MACHINE_FLOOR_LOG
     gs = _graphs(6)
-    feats = [_gnn.featurize(g, HOST) for g in gs]
+    feats = [featurize(g, HOST) for g in gs]
     b = collate_globals(feats)
     n_static = b["static"].shape[1]
     glob = torch.cat([b["static"], b["dev"]], 1)
@@ -340,7 +341,7 @@ def test_another_machine_of_the_same_cpu_model_gets_the_measured_floor_not_half_
     hi[n_static:] += 100.0
     p.model.global_lo.copy_(lo)
     p.model.global_hi.copy_(hi)
-    p._pred_cache.clear()
+    p.clear_prediction_cache()
     mean, std, ood, _, other = p.predict_log_full(feats)
     assert not ood.any() and other.all()
     moved = p.predict_graphs(gs, mig=False)

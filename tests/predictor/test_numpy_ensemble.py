@@ -65,7 +65,7 @@ def test_numpy_engine_predicts_as_the_torch_engine_a100(graphs: list, kw: dict[s
     # and the raw network outputs, member by member
     feats = [fast.features(g) for g in graphs]
     b = global_arrays(feats)
-    np.testing.assert_allclose(fast._engine.infer(feats, b), ref.model.infer(feats).numpy(), rtol=REL, atol=1e-5)
+    np.testing.assert_allclose(fast.inference.engine.infer(feats, b), ref.model.infer(feats).numpy(), rtol=REL, atol=1e-5)
 
 
 @pytest.mark.parametrize("ckpt", [p for p, _ in host_checkpoints()], ids=lambda p: p.stem)
@@ -104,7 +104,7 @@ def test_derived_weights_follow_the_checkpoint_bytes(tmp_path: Path, graphs: lis
     changed.save(ckpt)
     assert checkpoint_digest(ckpt) != digest
     fast = GnnPredictor.load(ckpt, engine="numpy", load_calibration=False)
-    np.testing.assert_allclose(fast._engine.state["fc3.bias"], changed.model.fc3.bias.detach().numpy())
+    np.testing.assert_allclose(fast.inference.engine.state["fc3.bias"], changed.model.fc3.bias.detach().numpy())
     a = fast.predict_graphs(graphs[:2], mig=False)
     b = ref.predict_graphs(graphs[:2], mig=False)
     assert a[0].latency_ms != pytest.approx(b[0].latency_ms, rel=1e-3)
@@ -129,7 +129,7 @@ def test_numpy_engine_moves_to_torch_for_a_large_batch_or_the_model(graphs: list
     assert fast.engine == "torch"
     np.testing.assert_array_equal(got, want)  # the same torch pass
     other = GnnPredictor.load(path, engine="numpy", load_calibration=False)
-    assert isinstance(other._engine, NumpyEnsemble)
+    assert isinstance(other.inference.engine, NumpyEnsemble)
     assert isinstance(other.model, SageEnsemble) and other.engine == "torch"
 
 

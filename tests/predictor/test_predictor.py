@@ -342,7 +342,7 @@ def test_novel_graph_correction_shrinks_towards_the_prior(tmp_path: Path) -> Non
     assert not np.allclose([x.latency_ms for x in full], prior, rtol=1e-3)  # the network does correct
     for width in (0.0, 0.5):
         p.meta = dataclasses.replace(p.meta, novelty={**p.meta.novelty, "shrink": {"latency_ms": width}})
-        p._pred_cache.clear()
+        p.clear_prediction_cache()
         got = p.predict_graphs(graphs, mig=False, deployment=FEATURES)
         w = correction_weight(nov, d0, width)
         want = np.exp(np.log(prior) + w * (np.log([x.latency_ms for x in full]) - np.log(prior)))
@@ -448,7 +448,7 @@ def test_a_dtype_never_trained_on_gets_the_prior_flagged() -> None:
         lo[dtype_col] = hi[dtype_col] = 1.0  # ... but one training dtype
         p.model.global_lo.copy_(lo)
         p.model.global_hi.copy_(hi)
-        p._pred_cache.clear()
+        p.clear_prediction_cache()
 
     trained_on(f16)  # these graphs are float32: never seen
     out = p.predict_graphs(gs, mig=False, deployment=FEATURES)
@@ -483,7 +483,7 @@ def test_a_graph_beyond_the_validated_novelty_gets_the_prior() -> None:
     assert nov[order[-1]] > vmax > nov[order[-2]]
     p.meta = dataclasses.replace(p.meta, novelty=NoveltyFloor(
         p.meta.novelty["d0"], {"latency_ms": 0.1}, "synthetic", validated_max=vmax).to_dict())
-    p._pred_cache.clear()
+    p.clear_prediction_cache()
     got = p.predict_graphs(graphs, mig=False, deployment=FEATURES)
     far = int(order[-1])
     assert got[far].latency_ms == pytest.approx(feats[far].prior_latency_ms, rel=1e-5)
@@ -507,7 +507,7 @@ def test_sigma_grows_with_novelty_under_a_graded_floor() -> None:
     knots = ((lo, 0.05), (hi, 0.5))
     p.meta = dataclasses.replace(p.meta, novelty=NoveltyFloor(
         hi + 1.0, {"latency_ms": 0.05}, "synthetic", graded_floor_log={"latency_ms": knots}).to_dict())
-    p._pred_cache.clear()
+    p.clear_prediction_cache()
     got = p.predict_graphs(graphs, mig=False, deployment=FEATURES)
     _, std, ood, nov_full, _ = p.predict_log_full(feats)
     assert nov_full == pytest.approx(nov)
@@ -526,7 +526,7 @@ def test_sigma_grows_with_novelty_under_a_graded_floor() -> None:
         order[0]].latency_ms
     # the same metadata without its graded floor: below d0 only the in-family floor
     p.meta = dataclasses.replace(p.meta, novelty=NoveltyFloor(hi + 1.0, {"latency_ms": 0.05}, "synthetic").to_dict())
-    p._pred_cache.clear()
+    p.clear_prediction_cache()
     for i, x in enumerate(p.predict_graphs(graphs, mig=False, deployment=FEATURES)):
         assert x.latency_ms_std / x.latency_ms == pytest.approx(
             p.sigma_log("latency_ms", float(std[i, 0]), ood=bool(ood[i])), rel=1e-5)  # no novelty part

@@ -21,7 +21,7 @@ import pytest
 
 from dippm_nas.errors import AdaptationError, DippmNasError, InvalidTypeError, MissingDependencyError
 from dippm_nas.predictor import AdaptationKey, AdaptationStore, deployment_key
-from dippm_nas.predictor import _adapt_sql, _gnn
+from dippm_nas.predictor import _adapt_sql, _gnn_adapt
 from test_adapt import DEV, _graphs, _predictor, _rows, _truth
 
 #: The password of every URL below; it must appear in no message.
@@ -36,10 +36,10 @@ PG_BAD_PORT = f"postgresql+psycopg2://u:{PW}@127.0.0.1:abc/db"
 def _own_cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setenv("DIPPM_NAS_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("DIPPM_NAS_CACHE_URL", raising=False)
-    _gnn._warn_once.reset()
+    _gnn_adapt._warn_once.reset()
     _adapt_sql._warn_once.reset()
     yield
-    _gnn._warn_once.reset()
+    _gnn_adapt._warn_once.reset()
 
 
 class Said:
