@@ -36,7 +36,8 @@ from typing import Any
 
 from dippm_nas.devices import resolve_device
 from dippm_nas.errors import DippmNasError, MissingDependencyError, ValidationError
-from dippm_nas.llm import ARCHITECTURES, DecoderConfig, LLMWorkload, architecture
+from dippm_nas.llm import ARCHITECTURES, DecoderConfig, LLMWorkload, architecture, predict_generation
+from dippm_nas.measure import Measurement
 
 __all__ = ["GENERATION_SPACE", "GENERATION_JOB_VERSION", "GENERATION_ENGINES", "GenerationMeasurement",
            "measure_generation", "generation_job_config", "generation_skip_reason", "predicted_generation"]
@@ -89,8 +90,6 @@ class GenerationMeasurement:
         """A :class:`~dippm_nas.measure.Measurement` row for the validation results: ``latency_ms`` is the time to
         first token; ``details`` holds the decode figures and, with ``predicted`` (a job's prediction), the
         predicted decode ms per token and its error in percent."""
-        from dippm_nas.measure import Measurement
-
         details: dict[str, float] = {"ttft_ms": self.ttft_ms, "decode_ms_per_token": self.decode_ms_per_token,
                                      "total_ms": self.total_ms}
         if self.decode_ms_per_token_std is not None:
@@ -254,8 +253,6 @@ def predicted_generation(decoder: DecoderConfig, workload: LLMWorkload, tensor_p
     may measure with (``by_engine``: ``"transformers"`` is :func:`~dippm_nas.llm.predict_generation` with
     ``runtime="eager"``, ``"vllm"`` with ``runtime="serving", engine="vllm"``). A CPU has no generation prediction
     (``predict_generation`` models GPUs): the figures are ``None`` and ``prediction_reason`` says why."""
-    from dippm_nas.llm import predict_generation
-
     _check_decoder(decoder)
     if not isinstance(workload, LLMWorkload):
         raise ValidationError(f"workload must be a dippm_nas.llm.LLMWorkload, got {type(workload).__name__}")
@@ -435,8 +432,6 @@ def measure_generation_job(config: Mapping[str, Any], torch_device: str, predict
     except RuntimeError as e:
         if "out of memory" not in str(e).lower():
             raise
-        from dippm_nas.measure import Measurement
-
         return Measurement(latency_ms=None, latency_ms_std=None, energy_j=None, memory_mib=None, memory_source=None,
                            n_repeats=0, device=torch_device, environment={}, status="oom", reason=str(e)[:500])
     return m.to_measurement(predicted)
