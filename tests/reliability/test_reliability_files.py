@@ -190,8 +190,14 @@ def test_every_shipped_file_passes_its_schema_and_builds_the_same_object_trusted
 
     power = json.loads((resources.files("dippm_nas.prior") / "calibration" / "power.json").read_text())
     assert PowerTable.from_dict(power) == PowerTable.from_dict(power, trusted=True)
+    from dippm_nas.conformal import ConformalCalibration
+
     for side in sorted(SHIPPED_CHECKPOINT_DIR.glob("*.json")):
         text = side.read_text()
+        if side.name.endswith(".conformal.json"):  # a checkpoint's conformal calibration, not its metadata
+            cal = ConformalCalibration.load(side)
+            assert ConformalCalibration.from_dict(json.loads(text)) == cal and cal.coverage
+            continue
         meta = CheckpointMeta.from_json(text, trusted=True)
         assert CheckpointMeta.from_json(text, origin=side.name) == meta == both(CheckpointMeta, json.loads(text))
         assert json_depth(text) <= 6  # the figure MAX_JSON_DEPTH's comment gives

@@ -260,7 +260,10 @@ def test_meta_edited_with_a_recomputed_plain_sha256_is_set_aside(tmp_path: Path)
     want = [x.latency_ms for x in p.predict_graphs(gs[30:33], mig=False)]
     row = _version_row(db, _key())
     d = json.loads(row["meta_json"])
-    d["calibration"]["coef"]["latency_ms"][0] += 1.1  # the calibrated latency x3
+    if d["calibration"] is not None:  # the calibrated latency x3
+        d["calibration"]["coef"]["latency_ms"][0] += 1.1
+    else:  # the guard kept no factor calibration: the heads' outputs shifted instead
+        d["heads"][0]["bound"] *= 3.0
     meta = json.dumps(d, sort_keys=True)
     assert meta != row["meta_json"]
     with sqlite3.connect(db) as conn:
@@ -329,7 +332,7 @@ DAMAGE = {
     "meta null": ("UPDATE dippm_adaptation_versions SET meta_json = 'null'", True),
     "npz declaring 1e13 elements": ("UPDATE dippm_adaptation_versions SET arrays = ?", True),
     "calibration of another type": ("UPDATE dippm_adaptation_versions SET meta_json = json_set(meta_json, "
-                                    "'$.calibration.coef', 'abc')", True),
+                                    "'$.calibration', 'abc')", True),
 }
 
 
