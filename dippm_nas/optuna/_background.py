@@ -367,10 +367,17 @@ class BackgroundWork:
             pool.close(wait)
 
     def stop_soon(self) -> None:
-        """The cost model was collected: stop everything without waiting (a finalizer may run in the thread)."""
+        """The cost model was collected, or the interpreter exits: stop everything. The prediction thread finishes
+        the batch it runs and is joined (unless this finalizer runs in it): a daemon thread left inside torch or TVM
+        while the interpreter tears down aborts the process; the conversion processes are not waited for."""
         with self._lock:
             self._stopped = True
-        self.close(wait=False)
+            predictor, self._predictor = self._predictor, None
+            pool, self._conversions = self._conversions, None
+        if predictor is not None:
+            predictor.close(wait=True)
+        if pool is not None:
+            pool.close(wait=False)
 
 
 def _init_conversion_worker(cache_url: str | None) -> None:
