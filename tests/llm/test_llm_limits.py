@@ -5,12 +5,12 @@ limit and why; never a RecursionError, ZeroDivisionError, OverflowError, MemoryE
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from _hang import within as _within
 from dippm_nas.errors import DippmNasError, InvalidValueError
 from dippm_nas.llm import LLMWorkload, config_from_transformers, decoder_config, predict_generation
 from dippm_nas.llm._config import DTYPE_ALIASES, SIZE_LIMITS
@@ -23,22 +23,7 @@ BLOOM = {"model_type": "bloom", "hidden_size": 64, "n_layer": 2, "n_head": 4, "v
 
 def within(fn: Any, seconds: float = 60.0) -> Any:
     """``fn()``; the test fails if it runs longer than ``seconds`` (a size that is not bounded)."""
-    box: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException as e:  # noqa: BLE001 - handed to the test thread
-            box["error"] = e
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(seconds)
-    if t.is_alive():
-        pytest.fail(f"the call ran longer than {seconds:g} s")
-    if "error" in box:
-        raise box["error"]
-    return box.get("value")
+    return _within(fn, seconds=seconds)
 
 
 @pytest.mark.parametrize("dtype", ["float8", "int8", "float64", "auto", ["float16"], 16])

@@ -15,7 +15,6 @@ import errno
 import hashlib
 import os
 import stat
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from dippm_nas._files import output_path, write_output
 from dippm_nas._toml import loads_toml, read_toml_file, toml_depth
 from dippm_nas.cli import main
 from dippm_nas.dataset import DatasetStore, export_jsonl
+from _hang import within as _within
 from dippm_nas.devices import HostProfile
 from dippm_nas.errors import DatasetError, DeploymentError, DeviceError, DippmNasError, InvalidValueError
 
@@ -36,36 +36,9 @@ HANG_S = 20.0
 posix_only = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs need a POSIX system")
 
 
-def _release(fifos: list[Path]) -> None:
-    """Open each FIFO read-write without blocking, which lets a call stuck opening it go on (Linux)."""
-    for f in fifos:
-        try:
-            os.close(os.open(f, os.O_RDWR | os.O_NONBLOCK))
-        except OSError:
-            pass
-
-
 def within(fn: Callable[[], Any], *, fifos: list[Path] = (), seconds: float = HANG_S) -> Any:  # type: ignore[assignment]
-    """``fn()`` run in a thread; the test fails if it has not returned after ``seconds`` (it hung). Its
-    exception, if any, is raised here."""
-    box: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException as e:  # noqa: BLE001 - handed to the test thread
-            box["error"] = e
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(seconds)
-    if t.is_alive():
-        _release(list(fifos))
-        t.join(5)
-        pytest.fail(f"the call did not return within {seconds:g} s (it blocked)")
-    if "error" in box:
-        raise box["error"]
-    return box.get("value")
+    """``fn()`` in a thread that fails the test as a hang after ``seconds`` (:func:`_hang.within`)."""
+    return _within(fn, seconds=seconds, fifos=fifos)
 
 
 def _digest(p: Path) -> str:
