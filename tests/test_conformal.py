@@ -146,3 +146,36 @@ def test_the_shipped_a100_checkpoint_has_its_calibration_and_the_cost_model_atta
     assert cov["rows"] > 100 and 0.85 <= cov["0.9"] <= 1.0  # measured on rows the scores did not see
     chk = cost.budgets.check(_pred(10.0, 2.0))["latency_ms"]
     assert chk.confidence == 0.9 and chk.labels["conformal_regime_latency_ms"]
+
+
+def test_the_constraint_values_optuna_and_nni_receive_are_the_calibrated_margins() -> None:
+    """HardwareCostModel and dippm_nas.nni.final_metrics both bound a confidence budget by the checkpoint's conformal
+    calibration (not the Gaussian quantile): the value is ``mean * exp(q * sigma_log) - budget`` with the regime's
+    conformal ``q``."""
+    import search_spaces as ss
+    from dippm_nas.nni import final_metrics
+    from dippm_nas.optuna import HardwareCostModel
+    from dippm_nas.predictor import find_checkpoint
+
+    ck = find_checkpoint("a100-sxm4-40gb")
+    if ck is None or not conformal_path(ck).exists():
+        pytest.skip("no conformal calibration beside the A100 checkpoint")
+    cal = ConformalCalibration.load(conformal_path(ck))
+    budgets = Budgets(latency_ms=5.0, confidence=0.9)
+    cost = HardwareCostModel("a100-sxm4-40gb", budgets, objectives=("latency_ms",))
+    p = _pred(4.0, 1.0)
+    p = Prediction(**{**p.__dict__, "device": "a100-sxm4-40gb"})
+    k = cal.margin("latency_ms", 0.9, regime_of(p)).k
+    chk = cost._book.checks(p)["latency_ms"]
+    assert chk.value == pytest.approx(4.0 * math.exp(k * 0.25) - 5.0)
+    assert chk.k_sigma == pytest.approx(k) and "conformal_fallback_latency_ms" not in chk.labels
+
+    cfg = ss.get_space("mlp").validate({"in_features": 32, "out_features": 4, "hidden": [64]})
+    model, spec = ss.build_model("mlp", cfg), ss.get_space("mlp").input_spec(cfg, batch_size=8)
+    m = final_metrics(0.5, model, spec, device="a100-sxm4-40gb", budgets=budgets)
+    c = m["constraints"]["latency_ms"]
+    assert "conformal_fallback_latency_ms" not in c.get("labels", {}), c
+    mean, std = m["latency_ms"], m["latency_ms_std"]
+    regime_k = c["k_sigma"]
+    assert c["bound"] == pytest.approx(mean * math.exp(regime_k * std / mean))
+    assert regime_k in {cal.margin("latency_ms", 0.9, r).k for r in cal.scores["latency_ms"]}

@@ -23,7 +23,7 @@ from dippm_nas.errors import DippmNasError
 from dippm_nas.nni._scalarize import budgets_from_limits, scalarize
 from dippm_nas.nni._space import PARAMETERS_KEY, spec_from_parameters
 from dippm_nas.prediction import Prediction
-from dippm_nas.predictor import DEFAULT_DEVICE, predict
+from dippm_nas.predictor import DEFAULT_DEVICE, get_predictor, predict
 from dippm_nas.spec import InputSpec
 
 __all__ = ["report", "final_metrics", "METRIC_KEYS", "mig_label", "tuner_settings"]
@@ -109,6 +109,8 @@ def final_metrics(accuracy: float, model: Any, spec: InputSpec | None = None, *,
     else:
         b = budgets_from_limits(settings["budgets"], k_sigma=k_sigma)
     device = device or settings.get("device") or DEFAULT_DEVICE
+    if b.confidence is not None:  # the checkpoint's conformal calibration, as HardwareCostModel attaches it
+        b = b.for_predictor(get_predictor(device))
     if deployment is not None or "deployment" not in settings:
         dep = Deployment.coerce(deployment, runtime=runtime)
     else:  # the tuner's, with a runtime given here replacing its runtime
