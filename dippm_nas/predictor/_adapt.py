@@ -21,6 +21,11 @@ clipped to the range of its rows and its shift to :data:`SHIFT_MARGIN` times the
 extrapolation beyond the measured part of the space). A target gets a head only with at least
 :data:`HEAD_MIN_ROWS` labelled rows.
 
+An adaptation is of one precision: rows of several graph dtypes are fitted on those of the dtype most rows ran in
+(:func:`_one_precision`), and a candidate of another dtype keeps its unadapted prediction, flagged
+``details["adaptation_other_dtype"]`` (:meth:`Adaptation.applies_to`): another dtype runs other kernels and another
+host path, which no out-of-group score over one precision's rows can see.
+
 σ of an adapted figure: the spread of the adapted members (each member's answer plus its own head) and the
 root mean square of the chosen head's out-of-group residuals (after its shrink), in quadrature:
 ``sigma_log = sqrt(std_k(m_k + head_k)^2 + rmse_oog^2)``. Without a head the calibration's σ stays.
@@ -271,8 +276,9 @@ class Adaptation:
             not decode); its predictions say so (``details["adaptation_rows_ignored"]``).
         guard: what the leave-group-out guard saw: ``groups_by`` (``"family"``, ``"clusters"`` or ``"rows"``),
             ``groups`` (how many), ``factor_groups_by`` (the grouping the factors were scored with: ``"rows"`` where
-            embedding clusters left fewer than half the rows with a fit of the others) and ``factors_kept`` (per target: did
-            the factor calibration win out of group).
+            embedding clusters left fewer than half the rows with a fit of the others), ``factors_kept`` (per target: did
+            the factor calibration win out of group), ``dtypes`` (the precision it was fitted on and applies to,
+            :meth:`applies_to`) and ``rows_other_dtypes`` (measured rows of other precisions left out of the fit).
     """
 
     key: AdaptationKey
@@ -288,6 +294,20 @@ class Adaptation:
     @property
     def has_heads(self) -> bool:
         return any(h.ridge is not None for h in self.heads.values())
+
+    @property
+    def dtypes(self) -> frozenset[str] | None:
+        """The precisions (graph dtypes) its rows ran in (``guard["dtypes"]``); ``None``: not recorded (a version
+        fitted before it was), applied to every dtype."""
+        d = self.guard.get("dtypes")
+        return frozenset(str(x) for x in d) if isinstance(d, list) and d else None
+
+    def applies_to(self, graph: OperatorGraph) -> bool:
+        """Whether its factors and heads apply to ``graph``: its dtype is one the rows ran in. An adaptation is not
+        extrapolated to a precision none of its rows measured (another dtype runs other kernels and another host
+        path: fitted on float16 rows, the TITAN RTX's host factor made the float32 models 20 % off)."""
+        d = self.dtypes
+        return d is None or graph.spec.dtype in d
 
     def shifts(self, member_out: np.ndarray, hidden: np.ndarray) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """Per target with a head: ``(mean log shift [G], adapted members' log spread [G])``.
@@ -518,6 +538,21 @@ def _without(cal: Calibration, drop: Sequence[str]) -> Calibration | None:
     return out if out.coef or out.timeline is not None else None
 
 
+def _one_precision(rows: list[tuple[OperatorGraph, Mapping[str, float]]]
+                   ) -> tuple[list[tuple[OperatorGraph, Mapping[str, float]]], int]:
+    """The rows of the precision (graph dtype) most rows ran in (ties: the first in name order), and how many rows
+    of other precisions were left out. A factor fitted on one precision's rows does not carry to another's (other
+    kernels, another host path), and the guard cannot tell from rows of one precision; the adaptation is of one."""
+    counts: dict[str, int] = {}
+    for g, _ in rows:
+        counts[g.spec.dtype] = counts.get(g.spec.dtype, 0) + 1
+    if len(counts) <= 1:
+        return rows, 0
+    keep = min(counts, key=lambda d: (-counts[d], d))
+    kept = [r for r in rows if r[0].spec.dtype == keep]
+    return kept, len(rows) - len(kept)
+
+
 def fit_adaptation(predictor: Any, rows: Sequence[tuple[OperatorGraph, Mapping[str, float]]], key: AdaptationKey,
                    deployment: Deployment) -> Adaptation | None:
     """Fit an :class:`Adaptation` of a :class:`~dippm_nas.predictor.GnnPredictor` on rows measured under
@@ -530,6 +565,7 @@ def fit_adaptation(predictor: Any, rows: Sequence[tuple[OperatorGraph, Mapping[s
         DippmNasError: no row holds a label of the checkpoint's targets.
     """
     rows = merge_rows(rows, key_of=predictor.graph_key)
+    rows, other_dtypes = _one_precision(rows)
     if len(rows) < 2:
         return None
     graphs = [g for g, _ in rows]
@@ -563,7 +599,8 @@ def fit_adaptation(predictor: Any, rows: Sequence[tuple[OperatorGraph, Mapping[s
         r = np.array([math.log(rows[i][1][t]) - math.log(getattr(preds[i], t)) for i in idx])
         heads[t] = fit_residual_head(t, hidden[:, idx], r, groups=groups.index[idx])
     guard = {"groups_by": groups.by, "groups": groups.count, "factor_groups_by": factor_groups,
-             "factors_kept": {t: bool(v) for t, v in sorted(kept.items())}}
+             "factors_kept": {t: bool(v) for t, v in sorted(kept.items())},
+             "dtypes": [graphs[0].spec.dtype], "rows_other_dtypes": other_dtypes}
     logger.debug("adaptation of %s on %d rows: %s", key, len(rows), guard)
     return Adaptation(key=key, checkpoint_sha256=predictor.checkpoint_hash(), rows=len(rows), calibration=cal,
                       heads=heads, guard=guard)

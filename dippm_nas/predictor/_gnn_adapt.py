@@ -348,7 +348,16 @@ class GnnAdaptation:
 
     def adapted(self, graphs: Sequence[OperatorGraph], feats: Sequence[GraphFeatures], todo: Sequence[int],
                  out: list[Any], ad: Adaptation, mig: bool, k_sigma: float, settings: DeploymentSettings) -> None:
-        """``out[todo]`` with the adaptation's heads applied (in place)."""
+        """``out[todo]`` with the adaptation's heads applied (in place); a graph of a precision its rows did not run
+        in keeps its unadapted prediction, flagged ``details["adaptation_other_dtype"] = 1``."""
+        fit = [j for j, g in enumerate(graphs) if ad.applies_to(g)]
+        for j in set(range(len(graphs))) - set(fit):
+            out[todo[j]] = dataclasses.replace(out[todo[j]], details={**out[todo[j]].details,
+                                                                      "adaptation_other_dtype": 1.0})
+        if len(fit) < len(graphs):
+            graphs, feats, todo = [graphs[j] for j in fit], [feats[j] for j in fit], [todo[j] for j in fit]
+        if not todo:
+            return
         member_out = hidden = None
         if ad.has_heads:
             member_out, hidden = self.p.inference.member_outputs_of(feats)

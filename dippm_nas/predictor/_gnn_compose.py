@@ -197,6 +197,15 @@ class PredictionComposer:
         g, h, pre = c * rt.node_time_ms * 1e3, rt.node_host_ms * 1e3, rt.pass_host_ms * 1e3
         return latency_us(g, h, pre) / 1e3, g, h, pre, d, rt
 
+    def calibration_for(self, graph: OperatorGraph) -> Any:
+        """The calibration that applies to ``graph``: the active one, except an adaptation's for a graph of a
+        precision its rows did not run in (:meth:`~dippm_nas.predictor._adapt.Adaptation.applies_to`)."""
+        cal = self.p.calibration
+        ad = self.p.adaptations.adaptation
+        if cal is not None and ad is not None and ad.calibration is cal and not ad.applies_to(graph):
+            return None
+        return cal
+
     def compose_latency(self, graph: OperatorGraph, est: Any, m: float, s: float, settings: DeploymentSettings,
                          rt: Any = None, spread: DeploymentSpread | None = None
                          ) -> tuple[float, float, dict[str, float], tuple[float, float], bool, Any]:
@@ -217,7 +226,8 @@ class PredictionComposer:
         sp = spread if spread is not None else (
             deployment_spread(graph, self.p.resolved_device, settings, params=params, gpu_factor=d["gpu_correction"])
             if settings.spread_open else DeploymentSpread())
-        tf = self.p.calibration.timeline_factors if self.p.calibration is not None else None
+        cal = self.calibration_for(graph)
+        tf = cal.timeline_factors if cal is not None else None
         extra_s = s_dep = 0.0
         if tf is None:
             lat_ms *= math.exp(sp.offset_log)
@@ -290,11 +300,11 @@ class PredictionComposer:
                 timeline = {"host_ms": h_ms, "gpu_ms": g_ms}
             if calibrated:
                 src = "calibrated"
-            elif self.p.calibration is not None and t in self.p.calibration.coef:
-                m, s = self.p.calibration.apply(t, m, s)
+            elif (cal := self.calibration_for(graph)) is not None and t in cal.coef:
+                m, s = cal.apply(t, m, s)
                 src = "calibrated"
-                if t in self.p.calibration.kept:  # 1: the fitted correction whole; 0: the measurements' scatter hid it
-                    kept[f"calibration_kept_{t}"] = float(self.p.calibration.kept[t])
+                if t in cal.kept:  # 1: the fitted correction whole; 0: the measurements' scatter hid it
+                    kept[f"calibration_kept_{t}"] = float(cal.kept[t])
             m = min(max(m, -30.0), 30.0)  # exp stays finite and > 0 whatever the network says
             v = math.exp(m)
             values[t], stds[t], sources[t] = v, v * s, src

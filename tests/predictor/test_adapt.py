@@ -376,3 +376,31 @@ def test_the_worker_feeds_adapt_and_the_cost_model_picks_up_each_version(tmp_pat
     finally:
         queue.close()
         set_predictor(DEV, None)
+
+
+def test_an_adaptation_is_of_one_precision_and_leaves_the_others_unadapted() -> None:
+    """Rows of two precisions: the adaptation is fitted on the precision most rows ran in; a candidate of another
+    precision keeps its unadapted prediction, flagged, never the factors of rows that ran other kernels."""
+    import dataclasses
+
+    from dippm_nas.predictor._adapt import _one_precision
+
+    p = _predictor()
+    gs = _graphs()
+    y = _truth(p, gs)
+    half = [dataclasses.replace(g, spec=dataclasses.replace(g.spec, dtype="float16")) for g in gs[:3]]
+    kept, other = _one_precision(_rows(gs[3:12], y[3:12]) + _rows(half, y[:3]))
+    assert other == 3 and [g.spec.dtype for g, _ in kept] == ["float32"] * 9
+    kept, other = _one_precision(_rows(half, y[:3]) + _rows(gs[3:5], y[3:5]))
+    assert other == 2 and [g.spec.dtype for g, _ in kept] == ["float16"] * 3
+    raw = [x.latency_ms for x in p.predict_graphs(gs[20:30], mig=False)]
+    ad = p.adapt(_rows(gs[:12], y[:12]), persist=False)
+    assert ad.guard["dtypes"] == ["float32"] and ad.guard["rows_other_dtypes"] == 0
+    assert ad.guard["factors_kept"]["latency_ms"]  # 1.5x off everywhere: the factors carry
+    assert all("adaptation_other_dtype" not in x.details and x.latency_source == "calibrated"
+               for x in p.predict_graphs(gs[20:30], mig=False))
+    # the same fit, as if its rows had run in float16: float32 candidates keep the unadapted prediction, flagged
+    p.activate_adaptation(dataclasses.replace(ad, guard={**ad.guard, "dtypes": ["float16"]}))
+    preds = p.predict_graphs(gs[20:30], mig=False)
+    np.testing.assert_allclose([x.latency_ms for x in preds], raw, rtol=1e-9)
+    assert all(x.details["adaptation_other_dtype"] == 1.0 for x in preds)
