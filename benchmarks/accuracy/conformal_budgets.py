@@ -19,7 +19,9 @@ the search view. Each row is predicted three ways, so that every regime of :mod:
 ``--write`` saves the calibration next to the checkpoint (``<checkpoint>.conformal.json``). Then, per cell and
 held-out half, :func:`search_view.search_view` at budgets at the 25th / 50th / 75th percentile of the measured
 latencies, with ``k_sigma`` 0 / 1 and ``confidence`` 0.9: the share of admitted models really over budget and of
-fitting models rejected, for the described predictions and for the adapted ones.
+fitting models rejected, for the described predictions and for the adapted ones; where a cell misses the target
+(> 10 % of admitted over budget or > 30 % of fitting rejected), :func:`separation`: the largest ``k`` that rejects
+<= 30 % of its fitting models and the confidence that ``k`` has on its regime's calibration scores.
 """
 
 from __future__ import annotations
@@ -109,6 +111,25 @@ def from_dump(paths: list[Path]) -> dict[str, dict[str, list[tuple[Any, float, b
     return cells
 
 
+def separation(rows: list[tuple[Any, float]], cal: ConformalCalibration, pct: int, confidence: float,
+               max_rejected: float = 0.3) -> dict[str, Any]:
+    """What a cell's budget at percentile ``pct`` asks of the bound: the largest ``k`` (in σ_log of each prediction)
+    that rejects at most ``max_rejected`` of the fitting models, and the share of calibration scores of the regime
+    most of them are read from that lie at or below it (the confidence such a bound would state)."""
+    from dippm_nas.conformal import regime_of
+
+    y = np.array([v for _, v in rows])
+    budget = float(np.percentile(y, pct))
+    fit = [(q, v) for q, v in rows if v <= budget]
+    need = sorted(float(np.log(budget / q.latency_ms) / (q.latency_ms_std / q.latency_ms)) for q, _ in fit)
+    k_max = need[int(np.floor(max_rejected * len(fit)))]
+    regimes = [cal.margin("latency_ms", confidence, regime_of(q)).regime for q, _ in fit]
+    regime = max(set(regimes), key=regimes.count)
+    scores = np.asarray(cal.scores["latency_ms"][regime], dtype=float)
+    return {"fitting": len(fit), "k_max": k_max, "regime": regime, "confidence_at_k_max": float(np.mean(scores <= k_max)),
+            "sigma_log_median": float(np.median([q.latency_ms_std / q.latency_ms for q, _ in fit]))}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoint", required=True, type=Path)
@@ -179,6 +200,14 @@ def main(argv: list[str] | None = None) -> int:
             report["cells"][f"{name}/{kind}"] = view
             print(f"\n== {name} ({kind}, held-out half)")
             sv.print_table(view, ks=(0.0, 1.0), confidences=(args.confidence,))
+            for pct in sv.PERCENTILES:
+                e = view[f"p{pct}"][f"c={args.confidence:g}"]
+                if e["admitted_over"] > 0.1 * max(e["admitted"], 1) or e["within_rejected"] > 0.3 * view[f"p{pct}"]["within"]:
+                    sep = separation(rows, cal, pct, args.confidence)
+                    view[f"p{pct}"]["separation"] = sep
+                    print(f"   p{pct} misses the target: <= 30 % of its {sep['fitting']} fitting models rejected needs "
+                          f"k <= {sep['k_max']:+.2f}, a confidence of {sep['confidence_at_k_max']:.2f} on regime "
+                          f"{sep['regime']} (σ_log median {sep['sigma_log_median']:.3f})")
     print(f"\n{time.perf_counter() - t0:.0f} s")
     if args.json is not None:
         args.json.write_text(json.dumps(report, indent=1) + "\n")
