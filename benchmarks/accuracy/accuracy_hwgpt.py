@@ -41,8 +41,8 @@ HWGPT_FILE = "hwgpt_bench_gpu_latency_energy.csv"
 #: released ``device`` -> catalogue ids it may be (the first present ones are scored).
 RELEASED_GPUS: dict[str, tuple[str, ...]] = {
     "h100": ("h100-sxm5-80gb", "h100-pcie-80gb"), "a40": ("a40",), "a6000": ("rtx-a6000", "a6000"),
-    "v100": ("v100-sxm2-16gb", "v100-sxm2-32gb", "v100-pcie-16gb", "v100-pcie-32gb"),
-    "P100": ("p100-pcie-16gb", "p100-sxm2-16gb"), "rtx2080": ("rtx-2080",), "rtx3080": ("rtx-3080",),
+    "v100": ("v100-sxm2-32gb",),
+    "P100": ("p100-pcie-16gb",), "rtx2080": ("rtx-2080",), "rtx3080": ("rtx-3080",),
 }
 AUTOCAST = {"bfloat16_autocast": "bfloat16", "float16_autocast": "float16"}
 OP_CLASSES = ("matmul", "attention", "norm", "other")
