@@ -118,6 +118,53 @@ def unit_records(data: Path, per_space: int, seed: int, cache: str) -> list[dict
     return out
 
 
+def diagnose(data: Path, per_space: int, seed: int, cache: str) -> dict[str, dict[str, float]]:
+    """Per catalogue GPU, the multipliers of the shipped prior's compute-bound, memory-bound and fixed per-kernel
+    time (each node's time split by its larger roofline term) that best fit the released kernel times (non-negative
+    least squares on relative errors): a diagnostic of which part misses on which GPU, fitted on the scored rows
+    themselves and with collinear parts, so not a constant to ship."""
+    import search_spaces as ss
+    from dippm_nas.cache import ConversionCache
+    from dippm_nas.capture import assemble
+    from dippm_nas.devices import get_device, list_devices
+    from dippm_nas.prior import default_params, node_costs
+    from scipy.optimize import nnls
+
+    params = default_params()
+    catalogue = set(list_devices())
+    gpus = {rel: [d for d in ids if d in catalogue] for rel, ids in hw.RELEASED_GPUS.items()}
+    rows = [r for r in hw.read_hwgpt_rows(data / hw.HWGPT_FILE) if gpus.get(r.device)]
+    chosen = {a for ids in hw.sample_archs(rows, per_space, seed).values() for a in ids}
+    conv = ConversionCache(f"sqlite:///{cache}")
+    graphs: dict[tuple[str, int], Any] = {}
+    parts: dict[str, list[tuple[float, float, float, float]]] = defaultdict(list)
+    try:
+        for r in (x for x in rows if x.arch_id in chosen):
+            key = (r.arch_id, r.batch_size)
+            if key not in graphs:
+                spec = ss.get_space("hwgpt").input_spec(r.config, batch_size=r.batch_size)
+                graphs[key] = assemble("hwgpt", r.config, spec, cache=conv)
+            for dev in gpus[r.device]:
+                nc = node_costs(graphs[key], get_device(dev), params, autocast=r.autocast)
+                comp = nc.compute_us >= nc.memory_us
+                fixed = nc.gpu_us - np.maximum(nc.compute_us, nc.memory_us)
+                parts[dev].append((float(np.sum(np.where(comp, nc.compute_us, 0.0))) / 1e3,
+                                   float(np.sum(np.where(comp, 0.0, nc.memory_us))) / 1e3,
+                                   float(np.sum(fixed)) / 1e3, r.median_ms))
+    finally:
+        conv.close()
+    out = {}
+    for dev, ps in sorted(parts.items()):
+        x, y = np.array([p[:3] for p in ps]), np.array([p[3] for p in ps])
+        coef, _ = nnls(x / y[:, None], np.ones(len(y)))
+        share = x.sum(0) / x.sum()
+        out[dev] = {"compute_x": float(coef[0]), "memory_x": float(coef[1]), "fixed_x": float(coef[2]),
+                    "compute_share": float(share[0]), "memory_share": float(share[1]), "fixed_share": float(share[2]),
+                    "mape_pct_as_is": float(np.mean(np.abs(x.sum(1) / y - 1)) * 100),
+                    "mape_pct_refitted": float(np.mean(np.abs(x @ coef / y - 1)) * 100)}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     ap.add_argument("--data", type=Path, required=True, help="folder holding " + hw.HWGPT_FILE)
@@ -126,7 +173,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cache", default="/tmp/dippm_hwgpt_blocks.sqlite", help="block conversion cache (SQLite)")
     ap.add_argument("--write", type=Path, help="calibration file whose sdpa_eta_* keys to set")
     ap.add_argument("--separate", action="store_true", help="fit each kernel's efficiency on its own rows")
+    ap.add_argument("--diagnose", action="store_true",
+                    help="print per GPU the compute / memory / fixed multipliers the rows ask for (fits nothing)")
     a = ap.parse_args(argv)
+    if a.diagnose:
+        for dev, d in diagnose(a.data, a.per_space, a.seed, a.cache).items():
+            print(f"{dev:16} compute x{d['compute_x']:.2f} memory x{d['memory_x']:.2f} fixed x{d['fixed_x']:.2f} | "
+                  f"shares {d['compute_share']:.2f}/{d['memory_share']:.2f}/{d['fixed_share']:.2f} | MAPE as is "
+                  f"{d['mape_pct_as_is']:.1f} %, refitted {d['mape_pct_refitted']:.1f} %")
+        return 0
     recs = unit_records(a.data, a.per_space, a.seed, a.cache)
     etas = fit_etas(recs, pooled=not a.separate)
     counts: dict[str, int] = defaultdict(int)
