@@ -124,3 +124,13 @@ def test_half_gemm_without_tensor_cores_runs_at_the_fp32_rate() -> None:
 def test_bad_sdpa_efficiencies_are_refused(flash, eff) -> None:
     with pytest.raises(InvalidValueError, match="sdpa_eta"):
         dataclasses.replace(default_params(), sdpa_eta_flash=flash, sdpa_eta_efficient=eff)
+
+
+def test_stacked_estimates_price_attention_as_single_ones() -> None:
+    from dippm_nas.prior import estimate, estimate_many
+
+    graphs = [_graph(causal=True, seq=1024), _graph(causal=False, seq=512)]
+    for dev in ("a40", "v100-sxm2-32gb", "p100-pcie-16gb"):
+        one = [estimate(g, dev, autocast="float16").latency_ms for g in graphs]
+        many = [e.latency_ms for e in estimate_many(graphs, dev, autocast="float16")]
+        assert many == pytest.approx(one, rel=1e-12)
