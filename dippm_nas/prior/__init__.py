@@ -54,6 +54,7 @@ from dippm_nas.prior._power import (
     wait_power_w,
 )
 from dippm_nas.prior._predict import predict, prediction_of
+from dippm_nas.prior._sdpa import MMA_SYNC_SHARE, SDPA_BACKENDS, AttentionShape, attention_shape, sdpa_backend_codes
 
 __all__ = [
     "estimate", "estimate_many", "estimate_latency_ms", "predict", "prediction_of", "ResolvedSettings", "resolved_settings",
@@ -72,4 +73,5 @@ __all__ = [
     "PowerParams", "PowerTable", "NodeActivity", "power_table", "power_params_for", "node_activity", "node_power_w",
     "wait_power_w", "pass_energy_j", "utilisation_energy_j",
     "advise", "MigAdvice", "ProfileAdvice", "MIG_RULES", "DIPPM_LADDER",
+    "SDPA_BACKENDS", "MMA_SYNC_SHARE", "AttentionShape", "attention_shape", "sdpa_backend_codes",
 ]

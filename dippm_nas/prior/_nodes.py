@@ -34,6 +34,7 @@ from dippm_nas.graph import OP_CLASSES, OperatorGraph, OpNode, node_columns
 from dippm_nas.prior._autocast import AutocastPlan, autocast_plan
 from dippm_nas.prior._host import HOST_KINDS, host_kind
 from dippm_nas.prior._params import CONTRACTION_CLASSES, PARAM_CLASSES, PriorParams
+from dippm_nas.prior._sdpa import AttentionShape, attention_shape, math_path_score_bytes, mma_share, sdpa_backend_codes
 
 __all__ = ["NodeCosts", "node_costs", "facts_costs", "KernelTerms", "kernel_terms", "retimed", "host_times", "costs_of_terms", "check_autocast", "kernel_time_us", "wave_efficiency", "contraction_tiles", "param_class",
            "GraphFacts", "graph_facts", "graph_facts_many", "clear_graph_facts"]
@@ -274,6 +275,12 @@ class GraphFacts:
                     out[i] = copied(int(i), nd)
             self._plans[key] = out
         return self._plans[key]
+
+    def attention_shape(self) -> AttentionShape:
+        """The :class:`~dippm_nas.prior._sdpa.AttentionShape` of the graph's nodes (SDPA calls), computed once."""
+        if "attention_shape" not in self._plans:
+            self._plans["attention_shape"] = attention_shape(self._nodes)
+        return self._plans["attention_shape"]
 
     def unknown_ops(self) -> dict[str, int]:
         """``{op: count}`` of the graph's nodes without a formula (:attr:`OperatorGraph.unknown_ops`, counted
@@ -763,7 +770,9 @@ def _peaks(f: Any, device: Device, dt: np.ndarray, tf32_conv: bool, tf32_matmul:
     n = len(dt)
     half = (dt == 1) | (dt == 2)
     half_peak = max(device.fp16_tflops or 0.0, device.fp32_tflops)
-    cuda = np.where(half & (device.fp16_tflops is not None), half_peak, device.fp32_tflops)
+    # half-precision GEMMs/convolutions without tensor cores accumulate in FP32 (cuBLAS CUBLAS_COMPUTE_32F,
+    # cuDNN FP32 math): FP32 FMAs even where packed FP16 runs faster (Pascal GP100: 2x)
+    cuda = np.where(half & (device.fp16_tflops is not None) & ~f.contraction, half_peak, device.fp32_tflops)
     if device.fp64_tflops is not None:
         cuda = np.where(dt == 3, device.fp64_tflops, cuda)
     tensor = np.zeros(n, dtype=bool)
@@ -815,6 +824,7 @@ class _KernelInputs:
 
     dt: np.ndarray
     tensor: np.ndarray
+    flops: np.ndarray
     bytes: np.ndarray
     kernels: np.ndarray
     active: np.ndarray
@@ -882,12 +892,41 @@ def kernel_terms(f: Any, graph: Any, device: Device, params: PriorParams, *, tf3
     eta_m = _class_array(pc, f, "eta_memory") * scale.memory
     eta_m = np.minimum(eta_m, 1.0) if gpu else eta_m
     # on a CPU the per-op cost is the measured dispatch; the fitted per-kernel GPU cost does not apply
+    flops = f.flops
+    if gpu and params.sdpa_eta_flash is not None:
+        flops, bytes_, kernels, eta_c = _sdpa_terms(f, device, params, dt, plan is not None, flops, bytes_,
+                                                    kernels, eta_c, class_mult, tensor)
     inputs = _KernelInputs(
-        dt=dt, tensor=tensor, bytes=bytes_, kernels=kernels, active=act, eta_compute=eta_c, eta_memory=eta_m,
+        dt=dt, tensor=tensor, flops=flops, bytes=bytes_, kernels=kernels, active=act, eta_compute=eta_c, eta_memory=eta_m,
         kernel_us=_class_array(pc, f, "kernel_us") if gpu else np.zeros(n), tile=tile, wave_exp=wave_exp,
         tile_exp=tile_exp, k_half=k_half, plan=plan, channels_last=channels_last, tf32=(tf32_conv, tf32_matmul),
         pc=pc, scale=scale)
     return _timed(inputs, f, graph, device, params)
+
+
+def _sdpa_terms(f: Any, device: Device, params: PriorParams, dt: np.ndarray, autocast: bool, flops: np.ndarray,
+                bytes_: np.ndarray, kernels: np.ndarray, eta_c: np.ndarray, keep: np.ndarray, tensor: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(flops, bytes, kernels, eta_compute)`` with the SDPA nodes priced by the kernel PyTorch 2.x runs
+    (:mod:`~dippm_nas.prior._sdpa`): flash and memory-efficient nodes do the unmasked share of a causal score
+    matrix; on tensor cores at their fitted efficiency times ``keep`` (the device's attention class multiplier;
+    its overall compute multiplier, fitted on other kernels, is not applied), on CUDA cores (a GPU without
+    tensor cores, float32) at the attention class's constants, which no SDPA timing fitted; math-path nodes move the score matrix (in
+    float32 under autocast) and launch its kernels, at the attention class's constants."""
+    shape = f.attention_shape()
+    if not shape.attention.any():
+        return flops, bytes_, kernels, eta_c
+    code = sdpa_backend_codes(shape, device.architecture, dt)
+    fused = (code == 1) | (code == 2)
+    flops = np.where(fused, f.flops * shape.work_fraction, f.flops)
+    eta_fused = np.where(code == 1, params.sdpa_eta_flash * mma_share(device.architecture), params.sdpa_eta_efficient)
+    eta_c = np.where(fused & tensor, eta_fused * keep, eta_c)
+    math = code == 3
+    if math.any():
+        extra_b, extra_k = math_path_score_bytes(shape.scores, _DT_SIZE[np.clip(dt, 0, 3)], autocast)
+        bytes_ = np.where(math, bytes_ + extra_b, bytes_)
+        kernels = np.where(math, kernels + extra_k, kernels)
+    return flops, bytes_, kernels, eta_c
 
 
 def retimed(k: KernelTerms, f: Any, graph: Any, device: Device, params: PriorParams) -> KernelTerms:
@@ -905,7 +944,7 @@ def _timed(x: _KernelInputs, f: Any, graph: Any, device: Device, params: PriorPa
     with np.errstate(divide="ignore", invalid="ignore"):
         l2_frac = np.where(f.bytes > 0, np.minimum(1.0, device.l2_mib * 2**20 / f.bytes), 0.0)
     t, comp, mem = kernel_time_us(
-        f.flops, x.bytes, peak_tflops=peak, bandwidth_gbps=device.bandwidth_gbps, eta_compute=x.eta_compute,
+        x.flops, x.bytes, peak_tflops=peak, bandwidth_gbps=device.bandwidth_gbps, eta_compute=x.eta_compute,
         eta_memory=x.eta_memory, kernel_us=x.kernel_us, kernels=x.kernels, wave_eff=wave, wave_exponent=x.wave_exp,
         tile_eff=x.tile, tile_exponent=x.tile_exp, reduction_k=f.reduction_k, k_half=x.k_half, l2_fraction=l2_frac,
         l2_speedup=params.l2_speedup,

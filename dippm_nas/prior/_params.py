@@ -188,6 +188,13 @@ class PriorParams:
         op_tables: per CPU device id, an :class:`~dippm_nas.prior._op_table.OpTable` learnt from operators
             timed in place on that machine; where present it gives the device's per-node times instead of
             the roofline (the constants still give memory).
+        sdpa_eta_flash: achieved fraction of the dense half-precision tensor peak of PyTorch's flash attention
+            kernel on Ampere (times :data:`~dippm_nas.prior._sdpa.MMA_SYNC_SHARE` on Hopper), at full
+            waves, on the work it does (a causal node skips the masked half). ``None`` (a calibration file without
+            the key, the checkpoints that pin one) prices attention nodes as every contraction: the class
+            constants, the device scale and the whole score matrix (:mod:`~dippm_nas.prior._sdpa`).
+        sdpa_eta_efficient: the same for the memory-efficient kernel (sm50+, any mask; Pascal, Volta and Turing
+            always get it), of the peak the node's dtype has on the GPU; ``None`` as above.
         host_model: per-operator host times of a GPU's driving host by kind and execution runtime, fitted
             on measured eager timings (:class:`~dippm_nas.prior._host.HostModel`); ``None`` (a calibration file
             without one, and the checkpoints that pin such a file) prices every GPU operator at
@@ -201,6 +208,8 @@ class PriorParams:
     l2_speedup: float = 1.0
     nchw_transpose_passes: float = 2.0
     fuse_hard_activations: bool = True
+    sdpa_eta_flash: float | None = None
+    sdpa_eta_efficient: float | None = None
     device_scales: Mapping[str, DeviceScale] = field(default_factory=dict)
     source: str = "uncalibrated"
     command: str = ""
@@ -223,6 +232,13 @@ class PriorParams:
         if not isinstance(self.fuse_hard_activations, bool):
             raise InvalidValueError(f"PriorParams.fuse_hard_activations must be true or false, got "
                                     f"{self.fuse_hard_activations!r}")
+        for name in ("sdpa_eta_flash", "sdpa_eta_efficient"):
+            v = getattr(self, name)
+            if v is not None and (not _finite(v) or not 0 < v <= 4):
+                raise InvalidValueError(f"PriorParams.{name} must be None or in (0, 4], got {v!r}")
+        if (self.sdpa_eta_flash is None) != (self.sdpa_eta_efficient is None):
+            raise InvalidValueError("PriorParams.sdpa_eta_flash and sdpa_eta_efficient must both be set or both "
+                                    f"None, got {self.sdpa_eta_flash!r} and {self.sdpa_eta_efficient!r}")
         if not _finite(self.l2_speedup) or self.l2_speedup < 1:
             raise InvalidValueError(f"PriorParams.l2_speedup must be >= 1, got {self.l2_speedup!r}")
         object.__setattr__(self, "op_classes", dict(self.op_classes))
@@ -358,7 +374,7 @@ class PriorParams:
 
 #: The scalar settings :meth:`PriorParams.to_dict` writes under ``"global"``.
 _GLOBAL_KEYS = ("host_dispatch_us", "host_launch_us", "host_view_us", "l2_speedup", "nchw_transpose_passes",
-                "fuse_hard_activations")
+                "fuse_hard_activations", "sdpa_eta_flash", "sdpa_eta_efficient")
 
 
 @lru_cache(maxsize=1)

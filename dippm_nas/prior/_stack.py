@@ -29,6 +29,7 @@ from dippm_nas.prior._autocast import AutocastPlan
 from dippm_nas.prior._estimate import (PriorEstimate, ResolvedSettings, _finished, _pass_host_us, _runtime_costs,
                                        checked_facts_many, estimate, gpu_parts_key, resolved_settings, uses_cudnn)
 from dippm_nas.prior._nodes import KernelTerms, NodeCosts, costs_of_terms, host_times, kernel_terms, retimed
+from dippm_nas.prior._sdpa import AttentionShape
 from dippm_nas.prior._memory import activation_liveness_many, gpu_memory_parts_many
 from dippm_nas.prior._power import node_activity, node_power_w, power_params_for, wait_power_w
 
@@ -97,6 +98,15 @@ class StackedFacts:
             self._plans[key] = AutocastPlan(*(np.concatenate([getattr(p, n) for p in plans])
                                               for n in ("dtype", "bytes_scale", "casts", "cast_bytes")))
         return self._plans[key]
+
+    def attention_shape(self) -> AttentionShape:
+        """Every graph's :class:`~dippm_nas.prior._sdpa.AttentionShape`, concatenated."""
+        if "attention_shape" not in self._plans:
+            parts = [f.attention_shape() for f in self.parts]
+            self._plans["attention_shape"] = AttentionShape(*(np.concatenate([getattr(p, n) for p in parts])
+                                                              for n in ("attention", "masked", "head_dim",
+                                                                        "work_fraction", "scores")))
+        return self._plans["attention_shape"]
 
     def input_bytes(self) -> list[int]:
         """Bytes of one batch of each graph's inputs."""

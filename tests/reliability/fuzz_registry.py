@@ -184,7 +184,7 @@ CONSTANTS = _names("""
     validation.GENERATION_JOB_VERSION validation.GENERATION_ENGINES
     conformal.CONFIDENCES conformal.CONFORMAL_FORMAT conformal.MIN_REGIME_ROWS conformal.WIDEST_REGIME
     llm.ADAPTED_CONSTANTS llm.INTERCONNECTS llm.SERVING_FIGURES optuna.SERVING_OBJECTIVES prior.PAGEABLE_FRESH_WEIGHT
-    prior.PAGEABLE_STAGING_GBPS prior.PAGE_BYTES trial.GENERATION_ALIASES
+    prior.PAGEABLE_STAGING_GBPS prior.PAGE_BYTES trial.GENERATION_ALIASES prior.SDPA_BACKENDS prior.MMA_SYNC_SHARE
 """)
 #: Type aliases: names for annotations, not callables a user calls.
 TYPE_ALIASES = _names("capture.CacheArg capture.SourceKind capture.SpaceItem prediction.Source")
@@ -212,6 +212,7 @@ RECORDS = _names("""
     validation.CalibrationCheck validation.Job validation.RoundReport validation.ValidationRecord
     validation.ValidationSummary conformal.ConformalMargin deployment.RunningTorch llm.EngineAdaptation
     llm.ServingEstimate optuna.ServingSearchResult trial.GenerationRecord validation.GenerationMeasurement
+    prior.AttentionShape
 """)
 #: Public names fuzzed from their signature (fuzz_generic): one parameter a user writes hostile at a time.
 GENERIC = _names("""
@@ -322,7 +323,7 @@ NEEDS_OBJECTS = dict.fromkeys(_names("""
 #: is a programming error Python or numpy reports.
 KERNELS = dict.fromkeys(_names("""
     graph.cost_of prior.kernel_time_us prior.wave_efficiency prior.graph_op_records predictor.novelty_scores
-    predictor.SageEnsemble
+    predictor.SageEnsemble prior.attention_shape prior.sdpa_backend_codes
 """), "a numeric kernel or formula the stages call with checked values; fuzzed through capture, estimate, "
       "predict and train")
 #: Public names with a strategy of their own below (``CUSTOM``).

@@ -74,3 +74,36 @@ def test_metrics_of_known_ratios() -> None:
     assert out["mape_pct"] == pytest.approx(100 * (0.2 + 0.2 + 0.1) / 3)
     assert out["tau"] == pytest.approx(1.0) and out["ratio_min"] == pytest.approx(0.8)
     assert out["ratio_max"] == pytest.approx(0.9)
+
+
+def _unit(released: str, backend: str, label: float, c: float, m: float, base: float = 1.0) -> dict:
+    return {"released": released, "device": released, "arch_id": f"{released}-{label}", "attn_backend": backend,
+            "label_ms": label, "unit_ms": base + max(c, m) / 1e3, "attn_compute_us": [c],
+            "attn_memory_us": [m]}
+
+
+def test_repricing_changes_only_the_attention_nodes_compute_bound_part() -> None:
+    _load()
+    import fit_transformer_kernels as ftk
+
+    r = _unit("a40", "flash", 2.0, c=1000.0, m=200.0)
+    assert ftk.repriced_ms(r, 1.0, 1.0) == pytest.approx(r["unit_ms"])
+    assert ftk.repriced_ms(r, 0.5, 9.0) == pytest.approx(1.0 + 2.0)  # compute doubled, eta_efficient unused
+    assert ftk.repriced_ms(r, 10.0, 1.0) == pytest.approx(1.0 + 0.2)  # memory-bound floor
+
+
+def test_leave_one_gpu_out_fit_excludes_the_gpu() -> None:
+    _load()
+    import fit_transformer_kernels as ftk
+
+    # a40 says eta 0.5 (label = 1 + 1000/0.5 µs), a6000 says 0.25; v100 the memory-efficient kernel at 0.4
+    recs = [_unit("a40", "flash", 3.0, 1000.0, 0.0), _unit("a6000", "flash", 5.0, 1000.0, 0.0),
+            _unit("v100", "efficient", 3.5, 1000.0, 0.0)]
+    without_a6000 = ftk.fit_etas(recs, exclude="a6000", pooled=False)
+    assert without_a6000["flash"] == pytest.approx(0.5, rel=0.04)
+    assert ftk.fit_etas(recs, exclude="a40", pooled=False)["flash"] == pytest.approx(0.25, rel=0.04)
+    assert without_a6000["efficient"] == pytest.approx(0.4, rel=0.04)
+    assert ftk.fit_etas(recs, exclude="v100", pooled=False)["efficient"] is None
+    # pooled: one value for both, between what each GPU says, the excluded GPU not among them
+    pooled = ftk.fit_etas(recs, exclude="a6000")
+    assert pooled["flash"] == pooled["efficient"] and 0.38 <= pooled["flash"] <= 0.52
