@@ -11,6 +11,7 @@ from dippm_nas.errors import InvalidValueError
 from dippm_nas.prior import (AllocatorConfig, AllocEvent, activation_liveness, allocation_events,
                              cublas_workspace_bytes, cublaslt_workspace_bytes, cuda_module_loading, round_request,
                              segment_bytes, simulate_caching_allocator, storage_lives)
+from prior.test_memory_parts import residual_graph
 
 MIB = 2**20
 
@@ -185,8 +186,6 @@ def test_module_loading() -> None:
 
 # ----------------------------------------------------------------------------- on graphs
 def test_events_of_a_graph_reproduce_the_liveness_peak() -> None:
-    from prior.test_memory_parts import residual_graph
-
     g = residual_graph(n=(1 << 18) + 100, blocks=4)
     sizes, alloc_at, last_use = storage_lives(g)
     events = allocation_events(sizes, alloc_at, last_use, g.num_nodes)
