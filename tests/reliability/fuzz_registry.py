@@ -259,7 +259,7 @@ GENERIC = _names("""
     llm.TensorParallel llm.adapt_engine llm.shard_config mig.mig_fit_violations validation.measure_generation
     validation.generation_job_config validation.generation_skip_reason validation.predicted_generation
     prior.AllocatorConfig prior.AllocEvent prior.cublas_workspace_bytes prior.cublaslt_workspace_bytes
-    prior.cuda_module_loading prior.parse_torch_version
+    prior.cuda_module_loading prior.parse_torch_version llm.vllm_gpu_blocks
 """)
 #: Public callables that take no argument: each reads the environment (fuzzed as a ``reader:`` entry) or nothing.
 NO_ARGUMENT = {
