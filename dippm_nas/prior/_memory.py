@@ -55,13 +55,16 @@ use to the end of the pass. :func:`activation_liveness_many` has the retention r
 Allocator (PyTorch's CUDA caching allocator, ``c10/cuda/CUDACachingAllocator.cpp``): every block is
 rounded up to 512 B (``kMinBlockSize``); requests of at most 1 MiB (``kSmallSize``) come from 2 MiB
 segments (``kSmallBuffer``); requests between 1 and 10 MiB (``kMinLargeAlloc``) from 20 MiB segments
-(``kLargeBuffer``); larger ones are rounded up to 2 MiB (``kRoundLarge``). Segments are cached, so the
-reserved memory of a pool is its peak use rounded up to whole segments, and the pools' peaks add up.
+(``kLargeBuffer``); larger ones are rounded up to 2 MiB (``kRoundLarge``). :class:`MemoryBreakdown`'s
+``peak_reserved_bytes`` rounds each pool's peak up to whole segments (a quick bound of the liveness alone);
+:func:`gpu_memory_parts` replays the pass's allocations and frees (:func:`storage_lives`) through the
+simulated allocator of :mod:`dippm_nas.prior._allocator` (best fit, splits, merges, cached segments) for
+``allocated_mib`` and ``reserved_mib``.
 
 Memory parts on a GPU (:func:`gpu_memory_parts`), summing to the total: the CUDA context
 (``runtime_baseline_mib`` of the device), the weights, the input the caller holds, the activation peak, the
-cuBLAS workspace (when a matmul or attention runs), the cuDNN workspace, and the allocator's rounding
-(reserved minus allocated). Each has a standard deviation; see :func:`gpu_memory_parts`.
+cuBLAS workspace (when a matmul or attention runs), the cuDNN workspace, and the allocator's overhead
+(reserved minus those parts: fragmentation, segment rounding, whole blocks taken unsplit). Each has a standard deviation; see :func:`gpu_memory_parts`.
 """
 
 from __future__ import annotations
