@@ -8,6 +8,7 @@ import random
 import pytest
 
 from dippm_nas.errors import InvalidValueError
+from dippm_nas.spec import InputSpec
 from dippm_nas.prior import (AllocatorConfig, AllocEvent, activation_liveness, allocation_events,
                              cublas_workspace_bytes, cublaslt_workspace_bytes, cuda_module_loading, round_request,
                              segment_bytes, simulate_caching_allocator, storage_lives)
@@ -201,3 +202,38 @@ def test_events_of_a_graph_reproduce_the_liveness_peak() -> None:
     assert peak == activation_liveness(g, retention=True, include_inputs=False).peak_allocated_bytes
     sim = simulate_caching_allocator(events)
     assert sim.allocated_bytes >= peak and sim.reserved_bytes >= sim.allocated_bytes
+
+
+def _events_peak(events: list[AllocEvent]) -> int:
+    live = peak = 0
+    size_of: dict[int, int] = {}
+    for ev in events:
+        if ev.nbytes:
+            size_of[ev.key] = ev.nbytes
+            live += ev.nbytes
+        else:
+            live -= size_of.pop(ev.key)
+        peak = max(peak, live)
+    return peak
+
+
+@pytest.mark.parametrize("which", ["inverted_residual", "dense", "pre_norm", "post_norm", "autocast"])
+def test_storage_lives_are_the_retention_liveness_of_captured_models(which: str) -> None:
+    import dippm_nas
+    from torch import nn
+
+    from prior.test_memory_parts import _ConvStage, _DenseLayer, _InvertedResidual, _PostNorm, _PreNorm, _Stage
+
+    autocast = None
+    if which in ("inverted_residual", "dense"):
+        model, spec = _ConvStage(_InvertedResidual if which == "inverted_residual" else _DenseLayer), \
+            InputSpec(shape=(3, 32, 32), batch_size=16)
+    elif which == "autocast":
+        model = nn.Sequential(nn.Linear(256, 512, bias=False), nn.ReLU(), nn.Linear(512, 10, bias=False))
+        spec, autocast = InputSpec(shape=(256,), batch_size=8), "float16"
+    else:
+        model, spec = _Stage(_PreNorm if which == "pre_norm" else _PostNorm), InputSpec(shape=(64,), batch_size=512)
+    g = dippm_nas.capture(model, spec, cache=False)
+    sizes, alloc_at, last_use = storage_lives(g, autocast=autocast)
+    want = activation_liveness(g, retention=True, include_inputs=False, autocast=autocast).peak_allocated_bytes
+    assert _events_peak(allocation_events(sizes, alloc_at, last_use, g.num_nodes)) == want
