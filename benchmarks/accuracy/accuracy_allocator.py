@@ -35,7 +35,6 @@ from dippm_nas.llm import LLMWorkload, architecture, predict_generation, vllm_gp
 from dippm_nas.measure import read_campaign_rows
 from dippm_nas.prior import AllocatorConfig, activation_liveness, estimate, gpu_memory_parts, graph_facts
 from dippm_nas.spec import InputSpec
-from dippm_nas.units import BYTES_PER_MIB as MIB
 
 DEFAULT_ZOO = "resnet50,densenet121,mobilenet_v2,efficientnet_b0,vgg16,vit_b_16,swin_t,convnext_tiny"
 LLM_CASES = (("llama-2-7b", 1), ("llama-2-70b", 4), ("mixtral-8x7b", 2))
