@@ -90,7 +90,8 @@ class Prediction:
         latency_ms: time of one forward pass of a batch, milliseconds.
         energy_j: energy of one forward pass of a batch, joules; ``None`` (source ``"unavailable"``) only
             for devices without power figures, such as a host CPU without a RAPL counter.
-        memory_mib: peak device memory while running it, MiB (2**20 bytes).
+        memory_mib: peak device memory while running it, MiB (2**20 bytes): on a GPU the whole process as
+            ``nvidia-smi`` sees it, ``CUDA context + reserved_mib``.
         latency_ms_std, energy_j_std, memory_mib_std: one standard deviation of each figure
             (``None`` when the source gives no uncertainty).
         latency_source, energy_source, memory_source: one of :data:`SOURCES`.
@@ -105,6 +106,12 @@ class Prediction:
             prediction's execution runtime, ``labels["runtime"]``), ms; ``None`` for a CPU device.
         gpu_ms: the GPU timeline: the kernels' busy time, ms; ``latency_ms`` is the critical path through
             both (``details["host_bound"] = 1`` when the host sets the pace); ``None`` for a CPU device.
+        allocated_mib: what ``torch.cuda.max_memory_allocated()`` would read after the pass, MiB (weights, input,
+            workspaces and activations in the caching allocator's blocks); ``None`` when the source does not
+            model PyTorch's allocator (a CPU device). Taken from ``details["allocated_mib"]`` when not given.
+        reserved_mib: what ``torch.cuda.max_memory_reserved()`` would read, MiB (the allocator's segments:
+            ``allocated_mib`` plus fragmentation and rounding); ``None`` as for ``allocated_mib``. Taken from
+            ``details["reserved_mib"]`` when not given.
         labels: named texts: ``runtime`` (the execution runtime), ``deployment`` (:attr:`Deployment.label
             <dippm_nas.Deployment.label>`), ``deployment_assumed`` (the settings the deployment left undescribed,
             comma-joined; ``""`` when none), ``deployment_from_process`` (the undescribed settings taken from the
@@ -130,9 +137,19 @@ class Prediction:
     host_ms: float | None = None
     gpu_ms: float | None = None
     labels: dict[str, str] = field(default_factory=dict)
+    allocated_mib: float | None = None
+    reserved_mib: float | None = None
 
     def __post_init__(self) -> None:
         self._split_details()
+        for name in ("allocated_mib", "reserved_mib"):
+            v = getattr(self, name)
+            if v is None and isinstance(self.details.get(name), Real):
+                v = float(self.details[name])
+                object.__setattr__(self, name, v)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+                                  or v < 0):
+                raise InvalidValueError(f"Prediction.{name} must be a finite number >= 0 or None, got {v!r}")
         for name in ("latency_ms", "energy_j", "memory_mib"):
             v = getattr(self, name)
             if v is None and name == "energy_j" and self.energy_source == "unavailable":

@@ -24,7 +24,8 @@ from dippm_nas.llm._engine_adapt import MeasuredServingRun, adapt_engine
 from dippm_nas.llm._engine_store import ADAPTED_CONSTANTS, EngineAdaptation, adapted_engine
 from dippm_nas.llm._graphs import STYLES, causal_keys_per_query, decode_graph, prefill_graph
 from dippm_nas.llm._parallel import INTERCONNECTS, TensorParallel, resolve_tensor_parallel, shard_config
-from dippm_nas.llm._memory import KVCapacity, contiguous_capacity, kv_cache_bytes, paged_capacity, paged_kv_bytes
+from dippm_nas.llm._memory import (KVCapacity, contiguous_capacity, kv_cache_bytes, paged_capacity, paged_kv_bytes,
+                                   vllm_gpu_blocks)
 from dippm_nas.llm._predict import DEFAULT_DEVICE, predict_generation, resolve_execution
 from dippm_nas.llm._serving import (SERVING_FIGURES, ServingConfig, ServingEstimate, ServingSLO, ServingTraffic,
                                     evaluate_serving)
@@ -38,7 +39,7 @@ __all__ = [
     "DecoderConfig", "decoder_config", "config_from_transformers", "ARCHITECTURES", "architecture", "MODEL_TYPES",
     "KV_DTYPES", "WEIGHT_DTYPES", "kv_dtype_bytes", "expected_active_experts",
     "prefill_graph", "decode_graph", "STYLES", "causal_keys_per_query",
-    "kv_cache_bytes", "paged_kv_bytes", "KVCapacity", "contiguous_capacity", "paged_capacity",
+    "kv_cache_bytes", "paged_kv_bytes", "KVCapacity", "contiguous_capacity", "paged_capacity", "vllm_gpu_blocks",
     "ServingTraffic", "ServingConfig", "ServingSLO", "ServingEstimate", "evaluate_serving", "SERVING_FIGURES",
     "MeasuredServingRun", "EngineAdaptation", "adapt_engine", "adapted_engine", "ADAPTED_CONSTANTS",
     "INTERCONNECTS", "TensorParallel", "resolve_tensor_parallel", "shard_config",

@@ -296,12 +296,7 @@ class _Runner:
         parts = {"context_mib": pre.baseline_mib, "weights_mib": cfg.weight_bytes / BYTES_PER_MIB,
                  "workspace_mib": pre.workspace_mib}
         if ex.engine is not None:
-            tokens = ex.engine.batched_tokens(cfg.max_positions or 2048)
-            profile = self.est(_prefill(cfg, ex.style, 1, tokens, ex.kv_dtype), ex.prefill_runtime)
-            act = profile.activations_peak_mib + profile.allocator_overhead_mib
-            cap = paged_capacity(ex.engine, dev.memory_mib, fixed, act, cfg, self._total, ex.kv_dtype, ex.block_size)
-            parts.update(activations_mib=act, kv_budget_mib=cap.kv_budget_mib, profile_tokens=float(tokens))
-            return cap, parts
+            return self._paged(ex.engine, pre, fixed, parts)
         assert dec is not None
         kv_prefill = self._total if ex.style == "static" else self._prompt
         per_seq = max(pre.activations_peak_mib / pre.batch_size + kv_prefill * kv_tok,
@@ -309,6 +304,34 @@ class _Runner:
         fixed += pre.allocator_overhead_mib
         cap = contiguous_capacity(dev.memory_mib, fixed, per_seq)
         parts.update(allocator_overhead_mib=pre.allocator_overhead_mib, kv_budget_mib=cap.kv_budget_mib)
+        return cap, parts
+
+    def _paged(self, eng: ServingEngine, pre: PriorEstimate, fixed: float,
+               parts: dict[str, float]) -> tuple[KVCapacity, dict[str, float]]:
+        """A serving engine's KV capacity from its profile run (:mod:`dippm_nas.llm._memory`): vLLM spreads the
+        ``max_num_batched_tokens`` over ``min(max_num_seqs, tokens)`` sequences and leaves the CUDA context out of
+        its subtraction; TensorRT-LLM sizes its activations for ``max_num_tokens`` and reads the free memory after
+        everything. ``engine_reserved_mib``: what the engine holds once its KV blocks are allocated (context,
+        weights, workspaces, the profiled activations, every block) plus, for vLLM, the CUDA graphs' pool: the
+        decode step's activations at the largest captured batch (``min(max_num_seqs, 256)``), captured after the
+        KV cache (0.4-0.6), so out of the ``1 - gpu_memory_utilization`` left over, not out of the blocks."""
+        cfg, ex, dev = self.cfg, self.ex, self.dev
+        tokens = eng.batched_tokens(cfg.max_positions or 2048)
+        seqs = max(1, min(eng.max_num_seqs, tokens)) if eng.memory_rule == "total" else 1
+        profile = self.est(_prefill(cfg, ex.style, seqs, tokens // seqs, ex.kv_dtype), ex.prefill_runtime)
+        act = profile.activations_peak_mib + profile.allocator_overhead_mib
+        context = pre.baseline_mib if eng.memory_rule == "total" else 0.0
+        cap = paged_capacity(eng, dev.memory_mib, fixed, act, cfg, self._total, ex.kv_dtype, ex.block_size,
+                             context_mib=context)
+        block_mib = (ex.block_size or eng.block_size) * cfg.kv_bytes_per_token(ex.kv_dtype) / BYTES_PER_MIB
+        graphs = 0.0
+        if eng.memory_rule == "total":
+            g = self.est(_decode(cfg, ex.style, min(eng.max_num_seqs, 256), self._total, ex.kv_dtype),
+                         ex.decode_runtime)
+            graphs = g.activations_peak_mib + g.allocator_overhead_mib
+        parts.update(activations_mib=act, kv_budget_mib=cap.kv_budget_mib, profile_tokens=float(tokens),
+                     profile_sequences=float(seqs), cuda_graph_pool_mib=graphs,
+                     engine_reserved_mib=fixed + act + (cap.blocks or 0) * block_mib + graphs)
         return cap, parts
 
     # ------------------------------------------------------------------ the whole generation

@@ -34,7 +34,10 @@ from dippm_nas.prior._host import (HOST_KINDS, PAGE_BYTES, PAGEABLE_STAGING_GBPS
                                    Execution, HostModel, check_runtime, input_copy_us)
 from dippm_nas.prior._host_fit import FIT_PARAMETERS, HostRow, fit_host_model, host_model_latency_ms
 from dippm_nas.prior._memory import (MemoryBreakdown, MemoryParts, activation_liveness, activation_liveness_many,
-                                     gpu_memory_parts, gpu_memory_parts_many, round_block)
+                                     gpu_memory_parts, gpu_memory_parts_many, round_block, storage_lives)
+from dippm_nas.prior._allocator import (AllocatorConfig, AllocatorPeak, AllocEvent, allocation_events,
+                                        cublas_workspace_bytes, cublaslt_workspace_bytes, cuda_module_loading,
+                                        parse_torch_version, round_request, segment_bytes, simulate_caching_allocator)
 from dippm_nas.prior._op_table import OpTable, aten_op_record, fit_op_table, graph_op_records, working_set_bytes
 from dippm_nas.prior._nodes import (KernelTerms, NodeCosts, check_autocast, clear_graph_facts, facts_costs, graph_facts,
                                     graph_facts_many, kernel_terms, kernel_time_us, node_costs, retimed, wave_efficiency)
@@ -68,7 +71,9 @@ __all__ = [
     "node_costs", "NodeCosts", "facts_costs", "KernelTerms", "kernel_terms", "retimed", "check_autocast",
     "graph_facts", "graph_facts_many", "clear_graph_facts", "kernel_time_us", "wave_efficiency",
     "activation_liveness", "activation_liveness_many", "MemoryBreakdown", "round_block", "gpu_memory_parts",
-    "gpu_memory_parts_many", "MemoryParts",
+    "gpu_memory_parts_many", "MemoryParts", "storage_lives",
+    "AllocatorConfig", "AllocatorPeak", "AllocEvent", "allocation_events", "simulate_caching_allocator", "round_request",
+    "segment_bytes", "cublas_workspace_bytes", "cublaslt_workspace_bytes", "cuda_module_loading", "parse_torch_version",
     "OpTable", "fit_op_table", "aten_op_record", "graph_op_records", "working_set_bytes",
     "PowerParams", "PowerTable", "NodeActivity", "power_table", "power_params_for", "node_activity", "node_power_w",
     "wait_power_w", "pass_energy_j", "utilisation_energy_j",

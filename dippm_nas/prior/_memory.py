@@ -55,13 +55,16 @@ use to the end of the pass. :func:`activation_liveness_many` has the retention r
 Allocator (PyTorch's CUDA caching allocator, ``c10/cuda/CUDACachingAllocator.cpp``): every block is
 rounded up to 512 B (``kMinBlockSize``); requests of at most 1 MiB (``kSmallSize``) come from 2 MiB
 segments (``kSmallBuffer``); requests between 1 and 10 MiB (``kMinLargeAlloc``) from 20 MiB segments
-(``kLargeBuffer``); larger ones are rounded up to 2 MiB (``kRoundLarge``). Segments are cached, so the
-reserved memory of a pool is its peak use rounded up to whole segments, and the pools' peaks add up.
+(``kLargeBuffer``); larger ones are rounded up to 2 MiB (``kRoundLarge``). :class:`MemoryBreakdown`'s
+``peak_reserved_bytes`` rounds each pool's peak up to whole segments (a quick bound of the liveness alone);
+:func:`gpu_memory_parts` replays the pass's allocations and frees (:func:`storage_lives`) through the
+simulated allocator of :mod:`dippm_nas.prior._allocator` (best fit, splits, merges, cached segments) for
+``allocated_mib`` and ``reserved_mib``.
 
 Memory parts on a GPU (:func:`gpu_memory_parts`), summing to the total: the CUDA context
 (``runtime_baseline_mib`` of the device), the weights, the input the caller holds, the activation peak, the
-cuBLAS workspace (when a matmul or attention runs), the cuDNN workspace, and the allocator's rounding
-(reserved minus allocated). Each has a standard deviation; see :func:`gpu_memory_parts`.
+cuBLAS workspace (when a matmul or attention runs), the cuDNN workspace, and the allocator's overhead
+(reserved minus those parts: fragmentation, segment rounding, whole blocks taken unsplit). Each has a standard deviation; see :func:`gpu_memory_parts`.
 """
 
 from __future__ import annotations
@@ -77,6 +80,7 @@ import numpy as np
 from dippm_nas._unique import sorted_unique
 from dippm_nas.errors import InvalidValueError
 from dippm_nas.graph import GraphStack, OperatorGraph, OpNode, stack_graphs
+from dippm_nas.prior._allocator import AllocatorConfig, AllocatorPeak, allocation_events, simulate_caching_allocator
 from dippm_nas.prior._autocast import AUTOCAST_LOW_CLASSES, autocast_plan
 from dippm_nas.prior._nodes import check_autocast, graph_facts
 from dippm_nas.spec import dtype_bytes
@@ -84,7 +88,7 @@ from dippm_nas.units import BYTES_PER_MIB
 
 __all__ = [
     "MemoryBreakdown", "MemoryParts", "activation_liveness", "activation_liveness_many", "gpu_memory_parts",
-    "gpu_memory_parts_many", "round_block",
+    "gpu_memory_parts_many", "round_block", "storage_lives",
     "ACTIVATION_REL_SIGMA", "CONTEXT_REL_SIGMA", "CUDNN_WORKSPACE_SIGMA_MIB",
 ]
 
@@ -490,6 +494,32 @@ def activation_liveness(graph: OperatorGraph, *, retention: bool = False,
     if autocast is not None:
         _autocast_storages(graph, preds, lv, autocast)
     return _peak(lv, n)
+
+
+def storage_lives(graph: OperatorGraph, *, autocast: str | None = None,
+                  include_inputs: bool = False) -> tuple[list[list[int]], list[int], list[int]]:
+    """The storages of :func:`activation_liveness` with ``retention=True``: each one's blocks (bytes, 512 B
+    rounded), the node that makes it and the last node that reads it (``num_nodes``: read to the end), the
+    sequence :func:`~dippm_nas.prior.allocation_events` turns into the caching allocator's requests. The peak
+    of their sum over the nodes is ``activation_liveness(graph, retention=True, ...).peak_allocated_bytes``."""
+    n = graph.num_nodes
+    preds = graph.predecessors()
+    rules = _frame_rules(graph) if n else _FrameRules((), ())
+    lv = _Lives([None] * n, [], [], [], {})
+    _input_storages(graph, lv, include_inputs)
+    _node_storages(graph, preds, lv, frozenset(rules.inplace))
+    _extend_lives(graph, preds, lv)
+    if n:
+        _retain(graph, lv.sizes, lv.alloc_at, lv.last_use, lv.storage_of, preds, lv.consumers_of_input)
+        for p, until in rules.extend:
+            s = lv.storage_of[p]
+            if s is not None:
+                lv.last_use[s] = max(lv.last_use[s], until)
+        for i, nbytes in rules.scratch:
+            _add_storage(lv, [nbytes], i, i)
+        if autocast is not None:
+            _autocast_storages(graph, preds, lv, autocast)
+    return lv.sizes, lv.alloc_at, lv.last_use
 
 
 _WIDTH = {0: 4, 1: 2, 2: 2, 3: 8}
@@ -957,10 +987,12 @@ class MemoryParts:
         cublas_workspace_mib: cuBLAS workspace (``Device.cublas_workspace_mib``) when a matmul or attention
             runs (allocated through the caching allocator).
         cudnn_workspace_mib: cuDNN convolution workspace (0: see :data:`CUDNN_WORKSPACE_SIGMA_MIB`).
-        allocator_overhead_mib: reserved minus allocated: the segments' rounding.
+        allocator_overhead_mib: reserved minus the parts above: the segments' rounding and the whole blocks
+            unsplit requests take.
         total_mib: the sum: what ``nvidia-smi`` would show for the process (context + reserved).
-        allocated_mib: ``torch.cuda.max_memory_allocated`` (weights + input + activations + workspaces).
-        reserved_mib: ``torch.cuda.max_memory_reserved`` (allocated + rounding).
+        allocated_mib: ``torch.cuda.max_memory_allocated`` (weights + input + activations + workspaces, in the
+            caching allocator's whole blocks; :func:`~dippm_nas.prior.simulate_caching_allocator`).
+        reserved_mib: ``torch.cuda.max_memory_reserved`` (the segments the simulated allocator holds at the end).
         std_mib: standard deviation of ``total_mib`` (the parts' deviations added in quadrature).
         std_parts_mib: each part's standard deviation, MiB.
         peak_node: node index of the activation peak.
@@ -993,13 +1025,16 @@ class MemoryParts:
 
 
 def gpu_memory_parts(graph: OperatorGraph, liveness: MemoryBreakdown, *, context_mib: float,
-                     cublas_workspace_mib: float, uses_cublas: bool, uses_cudnn: bool) -> MemoryParts:
+                     cublas_workspace_mib: float, uses_cublas: bool, uses_cudnn: bool,
+                     allocator: AllocatorConfig | None = None) -> MemoryParts:
     """Memory parts of one forward pass on a GPU, with the caching allocator's pools shared by all of them.
 
-    ``liveness`` must come from :func:`activation_liveness` with ``include_inputs=False`` (the input is a
-    part of its own). Weights, input and the cuBLAS workspace stay allocated for the whole pass; each pool's
-    reserved memory is the peak of those plus the pool's live activations, rounded as the module docstring
-    says.
+    ``liveness`` must come from :func:`activation_liveness` with ``retention=True, include_inputs=False`` (the
+    input is a part of its own). ``allocated_mib`` and ``reserved_mib`` are what the caching allocator's
+    statistics would read (:func:`~dippm_nas.prior.simulate_caching_allocator` over the pass's allocations and
+    frees, :func:`~dippm_nas.prior.allocation_events`): the weights (one block per tensor) and the input first,
+    the cuBLAS workspace at the first GEMM, then the activations' storages in eager order, with the allocator's
+    settings ``allocator`` (default: PyTorch's).
 
     The standard deviation adds in quadrature: the activation peak times :data:`ACTIVATION_REL_SIGMA`
     (measured against the eager reference), the context times :data:`CONTEXT_REL_SIGMA`, the cuDNN
@@ -1011,23 +1046,32 @@ def gpu_memory_parts(graph: OperatorGraph, liveness: MemoryBreakdown, *, context
     inputs = [round_block(math.prod((spec.batch_size, *t.shape)) * dtype_bytes(spec.tensor_dtype(t)))
               for t in spec.tensors]
     ws = [round_block(int(cublas_workspace_mib * BYTES_PER_MIB))] if uses_cublas and cublas_workspace_mib > 0 else []
-    const = [0.0, 0.0, 0.0]
-    for blk in (*weights, *inputs, *ws):
-        k = _pool(blk)
-        const[k] += _ceil_to(blk, K_ROUND_LARGE) if k == 2 else blk
-    return _parts(sum(weights), sum(inputs), sum(ws), const, liveness, context_mib, uses_cudnn)
+    peak = _simulate(graph, [*weights, *inputs], sum(ws), allocator)
+    return _parts(sum(weights), sum(inputs), sum(ws), peak, liveness, context_mib, uses_cudnn)
 
 
-def _parts(weights: int, inputs: int, ws: int, const: "Sequence[float]", liveness: MemoryBreakdown,
+def _simulate(graph: OperatorGraph, held: "Sequence[int]", ws: int, allocator: AllocatorConfig | None,
+              ) -> AllocatorPeak:
+    """The caching allocator's peaks over one eager pass of ``graph``: ``held`` (weights, input) first, the cuBLAS
+    workspace ``ws`` at the first GEMM, the activations' storages of :func:`storage_lives` in order."""
+    first_gemm = next((nd.index for nd in graph.nodes if nd.op_class in ("matmul", "attention")
+                       and not nd.is_constant), None)
+    sizes, alloc_at, last_use = storage_lives(graph)
+    events = allocation_events(sizes, alloc_at, last_use, graph.num_nodes, held=held,
+                               workspace_at=first_gemm if first_gemm is not None else 0, workspace_bytes=ws)
+    return simulate_caching_allocator(events, allocator)
+
+
+def _parts(weights: int, inputs: int, ws: int, peak: AllocatorPeak, liveness: MemoryBreakdown,
            context_mib: float, uses_cudnn: bool) -> MemoryParts:
-    """:class:`MemoryParts` from the bytes of the weights, input and cuBLAS workspace, their use of each
-    allocator pool (``const``) and the liveness pass."""
-    pool_live = liveness.pool_live_bytes
-    pool_peaks = [const[k] + (float(pool_live[k].max()) if pool_live.shape[1] else 0.0) for k in range(3)]
-    allocated = float(weights + inputs + ws + liveness.peak_allocated_bytes)
-    reserved = max(_reserved(pool_peaks), allocated)
+    """:class:`MemoryParts` from the bytes of the weights, input and cuBLAS workspace, the caching allocator's
+    peaks (:func:`~dippm_nas.prior.simulate_caching_allocator`) and the liveness pass."""
+    parts_sum = float(weights + inputs + ws + liveness.peak_allocated_bytes)
+    allocated = max(float(peak.allocated_bytes), parts_sum)
+    reserved = max(float(peak.reserved_bytes), allocated)
+    allocated_over = allocated - parts_sum  # whole blocks an unsplit request takes beyond its 512 B rounding
     act_mib = liveness.peak_allocated_bytes / BYTES_PER_MIB
-    overhead_mib = (reserved - allocated) / BYTES_PER_MIB
+    overhead_mib = (reserved - allocated + allocated_over) / BYTES_PER_MIB
     std_parts = {
         "activations_mib": ACTIVATION_REL_SIGMA * act_mib,
         "context_mib": CONTEXT_REL_SIGMA * context_mib,
@@ -1086,7 +1130,8 @@ def _weight_blocks_many(st: GraphStack) -> tuple[np.ndarray, np.ndarray]:
 
 def gpu_memory_parts_many(graphs: Sequence[OperatorGraph], livenesses: Sequence[MemoryBreakdown], *,
                           context_mib: float, cublas_workspace_mib: float, uses_cublas: Sequence[bool],
-                          uses_cudnn: Sequence[bool], stack: GraphStack | None = None) -> list[MemoryParts]:
+                          uses_cudnn: Sequence[bool], stack: GraphStack | None = None,
+                          allocator: AllocatorConfig | None = None) -> list[MemoryParts]:
     """:func:`gpu_memory_parts` of every graph (one device), the weights' blocks computed over all graphs at
     once; equal to the per-graph result.
 
@@ -1097,6 +1142,7 @@ def gpu_memory_parts_many(graphs: Sequence[OperatorGraph], livenesses: Sequence[
         context_mib, cublas_workspace_mib: the device's, as for :func:`gpu_memory_parts`.
         uses_cublas, uses_cudnn: per graph, as for :func:`gpu_memory_parts`.
         stack: :func:`~dippm_nas.graph.stack_graphs` of ``graphs`` when the caller has it.
+        allocator: the caching allocator's settings, as for :func:`gpu_memory_parts`.
     """
     st = stack if stack is not None else stack_graphs(graphs)
     g_n = st.num_graphs
@@ -1113,9 +1159,12 @@ def gpu_memory_parts_many(graphs: Sequence[OperatorGraph], livenesses: Sequence[
     bg = np.concatenate([wg, ig, np.flatnonzero(ws)]).astype(np.int64)
     blk = np.concatenate([wb, np.fromiter(chain.from_iterable(ins), dtype=np.int64, count=ig.size),
                           ws[ws > 0]]).astype(np.int64)
-    pool = np.where(blk <= K_SMALL_SIZE, 0, np.where(blk < K_MIN_LARGE_ALLOC, 1, 2))
-    val = np.where(pool == 2, (blk + (K_ROUND_LARGE - 1)) // K_ROUND_LARGE * K_ROUND_LARGE, blk)
-    const = np.bincount(bg * 3 + pool, weights=val, minlength=3 * g_n).reshape(g_n, 3).tolist()
+    order = np.argsort(bg[: wg.size + ig.size], kind="stable")  # weights then inputs, per graph
+    held_g = bg[order]
+    held_b = blk[order]
+    cut = np.searchsorted(held_g, np.arange(g_n + 1))
     w_sum = np.bincount(wg, weights=wb, minlength=g_n).astype(np.int64).tolist()
-    return [_parts(w_sum[g], sum(ins[g]), int(ws[g]), const[g], livenesses[g], context_mib, bool(uses_cudnn[g]))
+    return [_parts(w_sum[g], sum(ins[g]), int(ws[g]),
+                   _simulate(st.graphs[g], held_b[cut[g]:cut[g + 1]].tolist(), int(ws[g]), allocator),
+                   livenesses[g], context_mib, bool(uses_cudnn[g]))
             for g in range(g_n)]

@@ -31,6 +31,7 @@ from dippm_nas.llm import (
     predict_generation,
     prefill_graph,
     serving_engine,
+    vllm_gpu_blocks,
 )
 from dippm_nas.prior import estimate
 
@@ -197,10 +198,18 @@ def test_max_batch_is_within_one_kv_block_of_a_vllm_budget() -> None:
     cfg, wl = architecture("llama-2-7b"), LLMWorkload(700, 333, 4)
     p = predict_generation(cfg, wl, "a100-sxm4-80gb", runtime="serving", engine="vllm", mig=False)
     d = p.details
-    # vLLM: num_gpu_blocks = (0.9 * total - weights - activations - context) // (16 * kv bytes per token)
+    # vLLM's worker: num_gpu_blocks = (0.9 * total - peak) // (16 * kv bytes per token), where peak is what its
+    # profile run added to the used memory (weights, workspaces, activations): the CUDA context came before
     total = get_device("a100-sxm4-80gb").memory_mib
-    taken = d["context_mib"] + d["weights_mib"] + d["workspace_mib"] + d["activations_mib"]
-    blocks = math.floor((0.9 * total - taken) * MIB / (16 * cfg.kv_bytes_per_token()))
+    peak = d["weights_mib"] + d["workspace_mib"] + d["activations_mib"]
+    blocks = math.floor((0.9 * total - peak) * MIB / (16 * cfg.kv_bytes_per_token()))
+    assert blocks == vllm_gpu_blocks(total, 0.9, peak, 16 * cfg.kv_bytes_per_token())
+    # the profile run: max(max_model_len, 2048) = 4096 tokens over min(max_num_seqs 256, tokens) sequences
+    assert (d["profile_tokens"], d["profile_sequences"]) == (4096.0, 256.0)
+    block_mib = 16 * cfg.kv_bytes_per_token() / MIB
+    assert d["engine_reserved_mib"] == pytest.approx(d["context_mib"] + peak + blocks * block_mib
+                                                     + d["cuda_graph_pool_mib"])
+    assert d["engine_reserved_mib"] <= total * 0.9 + d["context_mib"] + d["cuda_graph_pool_mib"] + 1e-6
     per_seq = math.ceil(1033 / 16)
     assert d["kv_blocks"] == blocks
     assert p.max_batch * per_seq <= blocks < (p.max_batch + 1) * per_seq

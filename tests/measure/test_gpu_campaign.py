@@ -18,6 +18,7 @@ from dippm_nas.errors import MeasurementError
 from dippm_nas.measure import (
     VALIDATION_SETS,
     CampaignModel,
+    CudaMeasurer,
     Measurement,
     campaign_settings,
     plan_campaign,
@@ -25,6 +26,7 @@ from dippm_nas.measure import (
     run_campaign,
 )
 from dippm_nas.measure._campaign import JSONL_FORMAT, JSONL_SCHEMA_VERSION
+from measure.test_measure import MIB, CpuTwinOps, fake_nvml
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = campaign_settings(warmup=1, min_repeats=2, max_repeats=2, time_cap_s=10.0, energy_window_s=0.01, threads=1)
@@ -189,3 +191,17 @@ def test_validation_set_models_name_real_builders() -> None:
         spec = m.input_spec(8, "float16")
         assert spec.batch_size == 8 and spec.dtype == "float16"
     assert isinstance(models[0], CampaignModel)
+
+
+def test_a_gpu_row_records_max_memory_allocated_and_reserved(tmp_path: Path) -> None:
+    """On a GPU every row keeps ``torch.cuda.max_memory_allocated`` and ``max_memory_reserved`` (the figures the
+    prior's ``allocated_mib`` / ``reserved_mib`` predict), here through the CPU twin of the CUDA measurer."""
+    nv = fake_nvml(energy_mj=[1_000_000 + 1000 * i for i in range(400)], used=[700 * MIB, 3_272 * MIB] * 200)
+    with CudaMeasurer(FAST, torch_device="cuda:0", nvml=nv, ops=CpuTwinOps()) as m:
+        run_campaign(tmp_path / "g", batches=(1,), minutes=5, measurer=m,
+                     **{**SMOKE, "torch_device": "cuda:0"})
+    rows = list(read_campaign_rows(tmp_path / "g"))
+    assert rows and all(r["status"] == "ok" for r in rows)
+    for r in rows:
+        parts = r["extra"]["memory_parts_mib"]
+        assert parts["torch_max_allocated_mib"] == 200.0 and parts["torch_max_reserved_mib"] == 300.0

@@ -213,6 +213,7 @@ RECORDS = _names("""
     validation.ValidationSummary conformal.ConformalMargin deployment.RunningTorch llm.EngineAdaptation
     llm.ServingEstimate optuna.ServingSearchResult trial.GenerationRecord validation.GenerationMeasurement
     prior.AttentionShape
+    prior.AllocatorPeak
 """)
 #: Public names fuzzed from their signature (fuzz_generic): one parameter a user writes hostile at a time.
 GENERIC = _names("""
@@ -258,6 +259,8 @@ GENERIC = _names("""
     conformal.fit_conformal llm.MeasuredServingRun llm.ServingConfig llm.ServingSLO llm.ServingTraffic
     llm.TensorParallel llm.adapt_engine llm.shard_config mig.mig_fit_violations validation.measure_generation
     validation.generation_job_config validation.generation_skip_reason validation.predicted_generation
+    prior.AllocatorConfig prior.AllocEvent prior.cublas_workspace_bytes prior.cublaslt_workspace_bytes
+    prior.cuda_module_loading prior.parse_torch_version llm.vllm_gpu_blocks
 """)
 #: Public callables that take no argument: each reads the environment (fuzzed as a ``reader:`` entry) or nothing.
 NO_ARGUMENT = {
@@ -289,7 +292,7 @@ OBJECT_ONLY = {
                            prior.power_params_for prior.prediction_of prior.timeline_fields prior.wait_power_w
                            training.is_timm validation.CalibratedPredictor validation.apply_calibration
                            features.device_features features.coarsen prior.activation_liveness
-                           prior.described_offset_log measure.campaign_models.LastHidden"""),
+                           prior.described_offset_log measure.campaign_models.LastHidden prior.storage_lives"""),
                     "takes only objects dippm-nas builds (a graph, an estimate, a calibration, a device...)"),
     **dict.fromkeys(_names("predictor.BasePredictor dataset.Source"), "an abstract base class"),
     **dict.fromkeys(_names("measure.CudaOps measure.NvmlAdapter"),
@@ -315,7 +318,7 @@ NEEDS_OBJECTS = dict.fromkeys(_names("""
     training.heldout_timm_families training.labels_log training.metrics_table training.reference_set
     training.split_examples training.train_ensemble validation.calibrate_predictor validation.check_calibration
     validation.fit_calibration validation.summarize conformal.regime_of conformal.conformal_for
-    llm.evaluate_serving llm.resolve_tensor_parallel optuna.serving_config_search
+    llm.evaluate_serving llm.resolve_tensor_parallel optuna.serving_config_search prior.simulate_caching_allocator
 """), "its required parameters include objects dippm-nas builds with no fixture; fuzzed through their builders")
 #: Numeric kernels and formulas the stages call with values they have checked: vectorised over nodes (a check
 #: per call would cost on every prediction), or the torch module a checkpoint holds. A user's values reach them
@@ -324,6 +327,7 @@ NEEDS_OBJECTS = dict.fromkeys(_names("""
 KERNELS = dict.fromkeys(_names("""
     graph.cost_of prior.kernel_time_us prior.wave_efficiency prior.graph_op_records predictor.novelty_scores
     predictor.SageEnsemble prior.attention_shape prior.sdpa_backend_codes
+    predictor.SageEnsemble prior.allocation_events prior.round_request prior.segment_bytes
 """), "a numeric kernel or formula the stages call with checked values; fuzzed through capture, estimate, "
       "predict and train")
 #: Public names with a strategy of their own below (``CUSTOM``).
