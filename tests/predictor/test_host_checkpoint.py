@@ -218,6 +218,16 @@ def test_a_host_checkpoint_answers_for_its_labels_thread_count_whatever_the_call
     # the labels were measured with 1 torch thread: the host is featurised at 1 thread in a 2-thread
     # process too (before, a 2-thread caller got other device features: a flagged answer, σ ×9 relative)
     monkeypatch.setattr(_gnn, "cpu_model_name", lambda: "CPU A")
+    # the peaks of n threads pinned (a live measurement on a busy machine is measured again at the next use and
+    # reads other figures): the features of 1 and 2 threads still differ, so a 2-thread featurisation shows
+    real_facts = _registry.host_facts
+
+    def pinned_facts(threads: int | None = None) -> dict:
+        n = threads if threads is not None else torch.get_num_threads()
+        return {**real_facts(threads=threads), "fp32_tflops": 0.05 * n, "bandwidth_gbps": 30.0 + n,
+                "host_dispatch_us": 1.5, "contended": False}
+
+    monkeypatch.setattr(_registry, "host_facts", pinned_facts)
     gs = _graphs(3)
     before = torch.get_num_threads()
     answers = []
