@@ -196,6 +196,17 @@ def test_the_integrations_use_no_private_attribute_of_another_modules_objects() 
     assert rows == [], "private attributes of other modules' objects:\n" + "\n".join(rows)
 
 
+def test_the_library_uses_no_private_attribute_of_another_modules_objects() -> None:
+    """No module of the library reaches a private attribute of another module's objects; the third-party private
+    names it uses are each listed with their reason (``INTENDED_PRIVATE_USES``), and each listed one is still used."""
+    rows = arch.private_uses(ROOT)
+    unexplained = [r for r in rows if arch.intended_private_use(r) is None]
+    assert unexplained == [], "private attributes of other modules' objects:\n" + "\n".join(unexplained)
+    used = {(r.split(" ", 1)[0].rsplit(":", 1)[0], r.split(" ", 1)[1]) for r in rows}
+    stale = sorted(set(arch.INTENDED_PRIVATE_USES) - used)
+    assert stale == [], f"INTENDED_PRIVATE_USES lists uses the code no longer has: {stale}"
+
+
 def test_private_uses_are_found_in_a_scratch_tree(tmp_path: Path) -> None:
     """The check can fail: a module reading another object's private attribute is listed; its own, and
     ``self``'s, are not."""

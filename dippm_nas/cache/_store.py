@@ -48,14 +48,11 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import sqlite3
 import threading
 import time
 import weakref
-from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
@@ -66,6 +63,8 @@ from sqlalchemy.engine import URL, Connection
 from dippm_nas._logging import WarnOnce
 from dippm_nas._paths import CACHE_DIR_ENV, CACHE_URL_ENV, SQLITE_FILE_NAME, cache_dir, default_cache_url
 from dippm_nas._sql import SqlStore, parse_url
+from dippm_nas.cache._damaged import move_aside_if_not_a_database
+from dippm_nas.cache._lru import GraphLru
 from dippm_nas.cache._rows import (_MAX_KEY_CHARS, CACHE_SECRET_ENV, COLUMNS, MAX_GRAPH_JSON_BYTES, TABLE_NAME,
                                    _CorruptRow, _decode, _pack, _secret_bytes)
 from dippm_nas.errors import CacheError
@@ -78,9 +77,6 @@ logger = logging.getLogger(__name__)
 
 #: Eviction deletes least-recently-used rows until the total is at most this fraction of ``max_bytes``.
 _EVICT_TO_FRACTION = 0.9
-#: In-process memory of a decoded graph per byte of its JSON text. Measured with tracemalloc on a
-#: 300-node conv/batch_norm/relu chain: ~400 KB of Python objects for 81 KB of JSON.
-_MEMORY_PER_JSON_BYTE = 5
 #: Rows deleted per DELETE ... WHERE key IN (...) statement (keeps under bound-parameter limits).
 _DELETE_CHUNK = 500
 
@@ -105,8 +101,6 @@ CACHE_TABLE = _table
 _UPDATABLE = tuple(c.name for c in _table.columns if c.name != "key")
 
 _warn_once = WarnOnce(logger)
-#: for what a notebook user must see too (a cache file moved aside)
-_warn_user_once = WarnOnce(logger, python_warning=True)
 
 #: Seconds :func:`default_cache` waits before trying again to open a default cache that failed to open.
 _REOPEN_AFTER_S = 60.0
@@ -130,31 +124,6 @@ def _dippm_nas_version() -> str:
         except PackageNotFoundError:
             _version = "unknown"
     return _version
-
-
-def _not_a_database(e: BaseException) -> bool:
-    """Whether an error raised while opening a SQLite file says the file is not a (sound) database."""
-    cause: BaseException | None = e
-    while cause is not None:
-        if type(cause) is sqlite3.DatabaseError:  # the subclasses are locks, constraints, misuse
-            return True
-        text = str(cause)
-        if "file is not a database" in text or "database disk image is malformed" in text:
-            return True
-        cause = cause.__cause__ or cause.__context__
-    return False
-
-
-def _is_sound_sqlite(path: str) -> bool:
-    """Whether ``path`` opens as a SQLite database and passes a quick check (read only)."""
-    try:
-        conn = sqlite3.connect(f"{Path(path).absolute().as_uri()}?mode=ro", uri=True, timeout=1.0)
-        try:
-            return conn.execute("PRAGMA quick_check(1)").fetchone()[0] == "ok"
-        finally:
-            conn.close()
-    except sqlite3.Error:
-        return False
 
 
 def fresh_copy(template: OperatorGraph) -> OperatorGraph:
@@ -241,7 +210,6 @@ class ConversionCache(SqlStore):
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not t >= 0:
             raise CacheError(f"touch_interval_s must be a number >= 0, got {t!r}")
         self.max_bytes = max_bytes
-        self.memory_bytes = memory_bytes
         self.touch_interval_s = float(touch_interval_s)
         self._secret = _secret_bytes(secret)
 
@@ -259,8 +227,8 @@ class ConversionCache(SqlStore):
         self._pid = os.getpid()
         self._lock = threading.Lock()
         self._closed = False
-        self._memory: OrderedDict[str, tuple[OperatorGraph, int]] = OrderedDict()
-        self._memory_used = 0
+        #: the graphs decoded or stored in this process (:mod:`dippm_nas.cache._lru`)
+        self._memory = GraphLru(memory_bytes)
         self._pending_touch: dict[str, float] = {}
         self._last_flush = _now()
         self._counts = {"hits": 0, "memory_hits": 0, "misses": 0, "puts": 0, "corrupt": 0, "evicted": 0}
@@ -268,7 +236,7 @@ class ConversionCache(SqlStore):
             try:
                 self._create_tables(_metadata, [TABLE_NAME])
             except CacheError as e:
-                if not self._move_aside_if_not_a_database(e):
+                if not move_aside_if_not_a_database(self._url, e):
                     raise
                 self._engine.dispose()
                 self._engine = self._make_engine()
@@ -279,41 +247,6 @@ class ConversionCache(SqlStore):
         _live_caches.add(self)
 
     # ------------------------------------------------------------------ plumbing
-    def _sqlite_file(self) -> str | None:
-        """The path of this cache's SQLite file, or ``None`` (another database, in memory, a URI)."""
-        if self._url.get_backend_name() != "sqlite":
-            return None
-        database = self._url.database or ""
-        if database in ("", ":memory:") or database.startswith("file:") or "mode=memory" in database:
-            return None
-        return str(Path(database).expanduser().absolute())
-
-    def _move_aside_if_not_a_database(self, e: CacheError) -> bool:
-        """When opening failed because the SQLite file is not a database: rename it (and its WAL and
-        shared-memory files) to ``<file>.corrupt-<unix time>-<pid>``, warn once, and return ``True``."""
-        path = self._sqlite_file()
-        if path is None or not _not_a_database(e) or not os.path.isfile(path) or _is_sound_sqlite(path):
-            return False
-        aside = f"{path}.corrupt-{int(_now())}-{os.getpid()}"
-        try:
-            os.replace(path, aside)
-        except FileNotFoundError:  # another process moved it first
-            return True
-        except OSError as err:
-            logger.debug("conversion cache: cannot move %s aside: %s", path, err)
-            return False
-        for suffix in ("-wal", "-shm"):
-            try:
-                os.replace(path + suffix, aside + suffix)
-            except OSError:
-                pass
-        _warn_user_once(
-            f"moved:{path}",
-            "conversion cache: %s is not a SQLite database (%s); moved aside to %s and started a new cache",
-            path, e.__cause__ or e, aside,
-        )
-        return True
-
     def __repr__(self) -> str:
         return f"ConversionCache(url={self.url!r}, max_bytes={self.max_bytes})"
 
@@ -340,25 +273,6 @@ class ConversionCache(SqlStore):
     def _check_key(key: str) -> None:
         if not isinstance(key, str) or not key or len(key) > _MAX_KEY_CHARS:
             raise CacheError(f"key must be a non-empty str of at most {_MAX_KEY_CHARS} characters, got {key!r}")
-
-    def _remember(self, key: str, graph: OperatorGraph, json_chars: int) -> None:
-        """Put a decoded graph in the in-process LRU (caller holds the lock)."""
-        cost = json_chars * _MEMORY_PER_JSON_BYTE
-        if cost > self.memory_bytes:
-            return
-        old = self._memory.pop(key, None)
-        if old is not None:
-            self._memory_used -= old[1]
-        self._memory[key] = (graph, cost)
-        self._memory_used += cost
-        while self._memory_used > self.memory_bytes:
-            _, (_, c) = self._memory.popitem(last=False)
-            self._memory_used -= c
-
-    def _forget(self, key: str) -> None:
-        old = self._memory.pop(key, None)
-        if old is not None:
-            self._memory_used -= old[1]
 
     def _flush_touches(self) -> None:
         """Write the pending ``last_used_at`` stamps in one transaction."""
@@ -412,14 +326,13 @@ class ConversionCache(SqlStore):
         self._ensure_process()
         now = _now()
         with self._lock:
-            entry = self._memory.get(key)
-            if entry is not None:
-                self._memory.move_to_end(key)
+            kept = self._memory.get(key)
+            if kept is not None:
                 self._counts["hits"] += 1
                 self._counts["memory_hits"] += 1
-        if entry is not None:
+        if kept is not None:
             self._touch(key, now)
-            return fresh_copy(entry[0])
+            return fresh_copy(kept)
 
         stmt = (sa.select(_table.c.payload, _table.c.structural_hash, _table.c.format_version, _table.c.created_at)
                 .where(_table.c.key == key))
@@ -445,7 +358,7 @@ class ConversionCache(SqlStore):
                 self._counts["corrupt"] += 1
             return None
         with self._lock:
-            self._remember(key, graph, json_chars)
+            self._memory.remember(key, graph, json_chars)
             self._counts["hits"] += 1
         self._touch(key, now)
         return fresh_copy(graph)
@@ -478,7 +391,7 @@ class ConversionCache(SqlStore):
         # From the private copy: caching the hash on the caller's graph would go stale if they mutate it.
         shash = template.structural_hash()
         with self._lock:
-            self._remember(key, template, len(text))
+            self._memory.remember(key, template, len(text))
         if len(text) > MAX_GRAPH_JSON_BYTES:
             _warn_once(
                 f"too-big-json:{key}",
@@ -577,7 +490,7 @@ class ConversionCache(SqlStore):
                 conn.execute(sa.delete(_table).where(_table.c.key.in_(victims[i : i + _DELETE_CHUNK])))
         with self._lock:
             for k in victims:
-                self._forget(k)
+                self._memory.forget(k)
                 self._pending_touch.pop(k, None)
             self._counts["evicted"] += len(victims)
         logger.debug("conversion cache %s: evicted %d least-recently-used rows", self.url, len(victims))
@@ -603,7 +516,6 @@ class ConversionCache(SqlStore):
             conn.execute(sa.delete(_table))
         with self._lock:
             self._memory.clear()
-            self._memory_used = 0
             self._pending_touch.clear()
 
     def close(self) -> None:
@@ -622,7 +534,11 @@ class ConversionCache(SqlStore):
             else:
                 self._engine.dispose(close=False)
             self._memory.clear()
-            self._memory_used = 0
+
+    @property
+    def memory_bytes(self) -> int:
+        """The bound on the in-process LRU of decoded graphs, estimated bytes (``0``: none kept)."""
+        return self._memory.memory_bytes
 
     @property
     def closed(self) -> bool:

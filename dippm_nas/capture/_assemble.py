@@ -357,11 +357,10 @@ def _stitch(space_name: str, plan: Any, preps: Sequence[_Prepared], spec: InputS
                     _hash_fast = False
                     logger.warning("assembled graphs: the structural-hash shortcut disagrees with "
                                    "OperatorGraph.structural_hash; hashing each graph in full instead")
-        if _hash_fast:
-            g._hash = fast
     # valid by construction: every block graph was validated, offsets keep indices in order and edges forward,
-    # and the edges are deduplicated (OperatorGraph.validate would pass; it is not run again)
-    g._mark_valid()
+    # and the edges are deduplicated (OperatorGraph.validate would pass; it is not run again); the hash of the
+    # shortcut is OperatorGraph's own (checked once per process above)
+    g.mark_valid(structural_hash=fast if _hash_fast else None)
     # the node columns the predictor's batched passes read: the blocks' own, concatenated (not read node by node)
     adopt_node_columns(g, [p.graph for p in preps])
     g.convert_seconds = time.perf_counter() - t0

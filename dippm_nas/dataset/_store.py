@@ -562,8 +562,8 @@ class DatasetStore(SqlStore):
             if v is not None:
                 q = q.where(_measurements.c[col] == v)
         with self._tx("reading measurements", write=False) as conn:
-            for r in conn.execute(q):
-                d = dict(r._mapping)
+            for r in conn.execute(q).mappings():
+                d = dict(r)
                 for c in _JSON_MEASUREMENT_COLUMNS:
                     d[c] = _loads(d[c], f"a measurement's {c}") if d[c] is not None else None
                 yield d
@@ -600,8 +600,8 @@ class DatasetStore(SqlStore):
         if op is not None:
             q = q.where(_op_measurements.c.op == op)
         with self._tx("reading operator rows", write=False) as conn:
-            for r in conn.execute(q):
-                d = dict(r._mapping)
+            for r in conn.execute(q).mappings():
+                d = dict(r)
                 d["dims"] = _loads(d["dims"], "an op measurement's dims")
                 d["extra"] = _loads(d["extra"], "an op measurement's extra")
                 yield d
@@ -616,7 +616,7 @@ class DatasetStore(SqlStore):
                 q = sa.select(*cols, sa.func.count().label("count")).group_by(*cols).order_by(*cols)
                 if where is not None:
                     q = q.where(where)
-                return [dict(r._mapping) for r in conn.execute(q)]
+                return [dict(r) for r in conn.execute(q).mappings()]
 
             return {
                 "path": str(self.path),

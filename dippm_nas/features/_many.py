@@ -27,12 +27,11 @@ import numpy as np
 
 from dippm_nas.devices import Device, resolve_device
 from dippm_nas.errors import InvalidValueError
-from dippm_nas.features import _registry
 from dippm_nas.features._coarsen import StackKernels, coarsen_stack, needs_graph_pass
 from dippm_nas.features._features import (
     _COST_W, _DTYPES, _PRIOR_W, _SHAPE_W, STYLES, GraphFeatures, _shape_feats, device_features, featurize, node_dim,
 )
-from dippm_nas.features._registry import ATTR_WIDTH, TOKENS, encode_op
+from dippm_nas.features._registry import ATTR_WIDTH, TOKENS, encode_op, encoders_version
 from dippm_nas.graph import OP_CLASSES, GraphStack, OperatorGraph, stack_graphs
 from dippm_nas.prior import estimate as prior_estimate, utilisation_energy_j
 
@@ -137,8 +136,9 @@ def _head_rows(st: GraphStack, heads: np.ndarray, unknown_head: np.ndarray) -> t
     extra: list[tuple[int, tuple[int, tuple[float, ...]]]] = []
     with _HEADS_LOCK:  # one caller at a time extends the memo's table
         memo = _HEADS
-        if memo.version != _registry._VERSION[0] or len(memo.index) > _MEMO_MAX:
-            memo.clear(_registry._VERSION[0])
+        version = encoders_version()
+        if memo.version != version or len(memo.index) > _MEMO_MAX:
+            memo.clear(version)
         index, get = memo.index, memo.index.get
         for k, i in enumerate(heads.tolist()):
             nd = nodes[i]

@@ -26,6 +26,7 @@ from dippm_nas.graph import OP_CLASSES, OpNode, known_ops, op_class_of
 __all__ = [
     "TOKENS", "ATTR_WIDTH", "OpEncoder", "EncoderFn", "register_op_encoder", "unregister_op_encoder",
     "get_op_encoder", "registered_ops", "encode_op", "unknown_op_counts", "reset_unknown_op_counts",
+    "encoders_version",
 ]
 
 logger = logging.getLogger(__name__)
@@ -94,6 +95,11 @@ def unregister_op_encoder(op: str) -> None:
     with _LOCK:
         _ENCODERS.pop(op, None)
         _VERSION[0] += 1
+
+
+def encoders_version() -> int:
+    """A number that changes on every registration or removal of an encoder (memos of encoded nodes compare it)."""
+    return _VERSION[0]
 
 
 def get_op_encoder(op: str) -> OpEncoder:

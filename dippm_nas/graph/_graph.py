@@ -271,17 +271,27 @@ class OperatorGraph:
         bad_out = [o for o in self.outputs if not 0 <= o < n]
         if bad_out or not self.outputs:
             raise GraphValidationError(f"outputs must be a non-empty list of node indices < {n}, got {self.outputs}")
-        self._mark_valid()
+        self.mark_valid()
         return self
 
-    def _mark_valid(self) -> None:
-        """Record that the graph, as its lists are now, keeps the rules of :meth:`validate` (called by
-        :meth:`validate`, and by a builder whose graphs keep them by construction: the block assembler)."""
+    def mark_valid(self, *, structural_hash: str | None = None) -> None:
+        """Record that the graph, as its lists are now, keeps the rules of :meth:`validate`, so the next
+        :meth:`validate` returns at once (called by :meth:`validate`, and by a builder whose graphs keep the rules
+        by construction: the block assembler). A graph whose lists are replaced or change length afterwards is
+        checked again.
+
+        Args:
+            structural_hash: the graph's :meth:`structural_hash`, when the builder computed it another way (the
+                block assembler, from its blocks' fragments, checked against :meth:`structural_hash` once per
+                process); ``None`` leaves it to be computed on first use.
+        """
+        if structural_hash is not None:
+            self._hash = structural_hash
         parts = (self.nodes, self.edges, self.outputs, self.input_consumers)
         self.__dict__["_valid_as"] = (parts, tuple(map(len, parts)))
 
     def _passed(self) -> bool:
-        """Whether :meth:`_mark_valid` saw these very lists, of these lengths."""
+        """Whether :meth:`mark_valid` saw these very lists, of these lengths."""
         seen = self.__dict__.get("_valid_as")
         if seen is None:
             return False

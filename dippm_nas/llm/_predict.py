@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from dippm_nas._logging import WarnOnce
@@ -265,13 +266,7 @@ def predict_generation(model_or_config: Any, workload: LLMWorkload, device: str 
     eng_name = ex.engine.name if ex.engine is not None else None
     sources = _sources(ex, dev, figs)
     kv_seq = cfg.kv_bytes_per_token(kv_dtype) * wl.total_len / BYTES_PER_MIB
-    details: dict[str, Any] = {
-        "runtime": ex.runtime, "engine": eng_name, "waves": list(run.waves), "assumed": list(assumed),
-        "deployment": dep.label, "kv_dtype": kv_dtype, "dtype": cfg.dtype, "host_profile": ex.host.name,
-        "params": cfg.param_count, "kv_bytes_per_token": cfg.kv_bytes_per_token(kv_dtype),
-        "beyond_positions": beyond, **run.memory, **_engine_details(ex, run, wl),
-        **_tp_details(shard, ex, wl, kv_dtype), "engine_adaptation": adapted,
-    }
+    details = _details(cfg, shard, ex, dep.label, assumed, run, wl, kv_dtype, beyond, adapted)
     slices = _mig_slices(cfg, dev, ex, wl, (run.prefill_sigma_log, run.decode_sigma_log)) \
         if mig and dev.has_mig and tp.size == 1 else None
     return GenerationPrediction(
@@ -282,6 +277,21 @@ def predict_generation(model_or_config: Any, workload: LLMWorkload, device: str 
         reason=_reason(run, wl, dev.id if tp.size == 1 else f"each of {tp.size} {dev.id} GPUs", eng_name),
         sources=sources, mig=slices, details=details, **figs,
     )
+
+
+def _details(cfg: DecoderConfig, shard: DecoderConfig, ex: GenerationExecution, deployment_label: str,
+             assumed: Sequence[str], run: DeviceRun, wl: LLMWorkload, kv_dtype: str, beyond: bool,
+             adapted: str | None) -> dict[str, Any]:
+    """The ``details`` of a generation prediction: what ran (runtime, engine, deployment, host, dtypes), what was
+    assumed, the waves, the memory parts, the engine's and the tensor-parallel figures, the engine adaptation."""
+    return {
+        "runtime": ex.runtime, "engine": ex.engine.name if ex.engine is not None else None,
+        "waves": list(run.waves), "assumed": list(assumed),
+        "deployment": deployment_label, "kv_dtype": kv_dtype, "dtype": cfg.dtype, "host_profile": ex.host.name,
+        "params": cfg.param_count, "kv_bytes_per_token": cfg.kv_bytes_per_token(kv_dtype),
+        "beyond_positions": beyond, **run.memory, **_engine_details(ex, run, wl),
+        **_tp_details(shard, ex, wl, kv_dtype), "engine_adaptation": adapted,
+    }
 
 
 def _sources(ex: GenerationExecution, dev: Device, figs: dict[str, Any]) -> dict[str, str]:

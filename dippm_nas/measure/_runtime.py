@@ -45,7 +45,7 @@ class RuntimeModule(torch.nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if self._fn is None:
             if self.runtime == "compiled":
-                torch._dynamo.reset()  # a fresh compile: no recompile limit carried over from other models
+                torch.compiler.reset()  # a fresh compile: no recompile limit carried over from other models
                 self._fn = torch.compile(self.inner)
             else:
                 self._fn = _cuda_graph(self.inner, args, kwargs)

@@ -126,6 +126,33 @@ class TrialBookkeeping:
         """Optuna directions of :attr:`objectives`."""
         return ["maximize" if o in MAXIMIZED else "minimize" for o in self.objectives]
 
+    def leading_objectives(self, leading: Mapping[str, str] | None,
+                           directions: Sequence[str] | None) -> dict[str, str]:
+        """The objectives a study puts before these (:meth:`HardwareCostModel.create_study`'s ``leading`` and
+        ``directions``), ``{name: direction}``; default ``{"accuracy": "maximize"}``.
+
+        Raises:
+            InvalidValueError: a direction that is not ``"maximize"``/``"minimize"``, ``directions`` that do not end
+                with these objectives' directions, or ``leading`` and ``directions`` that disagree.
+        """
+        if directions is not None:
+            directions = [str(d) for d in directions]
+            bad_d = [d for d in directions if d not in ("maximize", "minimize")]
+            n_lead = len(directions) - len(self.directions)
+            if bad_d or n_lead < 0 or directions[n_lead:] != self.directions:
+                raise InvalidValueError(
+                    f"directions must be yours followed by the cost model's {self.directions} (objectives "
+                    f"{list(self.objectives)}), each 'maximize' or 'minimize'; got {directions}")
+            if leading is not None and list(dict(leading).values()) != directions[:n_lead]:
+                raise InvalidValueError(f"leading={dict(leading)} disagrees with directions={directions}")
+            leading = dict(leading) if leading is not None else {f"objective_{i}": d
+                                                                  for i, d in enumerate(directions[:n_lead])}
+        leading = {"accuracy": "maximize"} if leading is None else dict(leading)
+        bad = {k: v for k, v in leading.items() if v not in ("maximize", "minimize")}
+        if bad:
+            raise InvalidValueError(f"leading directions must be 'maximize' or 'minimize', got {bad}")
+        return leading
+
     def shape(self, values: Any) -> Any:
         """What an Optuna objective returns: the float of a single objective, else the tuple (values already
         shaped pass through)."""

@@ -4,9 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
-import threading
 import time
 import warnings
 import weakref
@@ -15,58 +13,25 @@ from typing import Any, Literal
 
 import optuna
 
-from dippm_nas import errors
-from dippm_nas._logging import WarnOnce
 from dippm_nas._numbers import as_int
-from dippm_nas._redact import redact_url
 from dippm_nas.budgets import Budgets, check_k_sigma
-from dippm_nas.cache import default_cache
-from dippm_nas.capture import ModelSource
 from dippm_nas.deployment import DEPLOYMENT_RUNTIMES, GRAPH_RUNTIMES, Deployment
 from dippm_nas.devices import resolve_device
 from dippm_nas.errors import DippmNasError, InvalidValueError, SearchSpaceError
 from dippm_nas.graph import OperatorGraph
-from dippm_nas.llm import GenerationPrediction, LLMWorkload, decoder_config, predict_generation
+from dippm_nas.llm import LLMWorkload
 from dippm_nas.optuna._background import BackgroundWork, PendingEvaluation, PendingValue
 from dippm_nas.optuna._bookkeeping import TrialBookkeeping
-from dippm_nas.optuna._storage import is_sqlite_file, rdb_storage, storage_url_of, threads_share_storage
+from dippm_nas.optuna._scheduling import PredictionScheduler, Request, model_source
+from dippm_nas.optuna._storage import is_sqlite_file, rdb_storage
 from dippm_nas.prediction import Prediction
-from dippm_nas.predictor import ANY_SPACE, DEFAULT_DEVICE, get_predictor, predict, predict_many
+from dippm_nas.predictor import DEFAULT_DEVICE, get_predictor
 from dippm_nas.spec import InputSpec
 import search_spaces
 
 __all__ = ["HardwareCostModel"]
 
 logger = logging.getLogger(__name__)
-
-_warn_once = WarnOnce(logger, python_warning=True)
-
-
-def _jsonable(value: Any, what: str) -> Any:
-    """``json.loads(json.dumps(value))``; a value that is not plain JSON data is an error."""
-    try:
-        return json.loads(json.dumps(value, allow_nan=False))
-    except (TypeError, ValueError) as e:
-        raise InvalidValueError(f"{what} must be plain JSON data (dicts, lists, str, numbers, bools), got {value!r}: "
-                                f"{e}") from e
-
-
-def _model_source(model: Any, spec: InputSpec | None, space: str | None,
-                  config: Mapping[str, Any] | None) -> tuple[ModelSource, str | None, Any]:
-    """The candidate parsed once (:meth:`ModelSource.parse`, or :meth:`ModelSource.from_space` without a model),
-    with the search space and JSON config recorded for it (given, else the model's own)."""
-    if (space is None) != (config is None):
-        raise InvalidValueError(f"give both space= and config= (a registered search space and its config), "
-                                f"got space={space!r}, config={config!r}")
-    if model is None:
-        if space is None:
-            raise InvalidValueError("evaluate() needs a model, or space= and config= of a registered search space")
-        cfg = _jsonable(config, "config")
-        return ModelSource.from_space(space, cfg, spec), space, cfg  # type: ignore[arg-type]
-    source = ModelSource.parse(model, spec)
-    if space is None:
-        space, config = source.search_space, source.search_space_config
-    return source, space, None if config is None else _jsonable(config, "config")
 
 
 class HardwareCostModel:
@@ -173,11 +138,13 @@ class HardwareCostModel:
             self._mig_limit_mib = next(p for p in dev.mig_profiles if p.name == budgets.mig_profile).usable_memory_mib
         #: Names of the constraints, in the order :meth:`constraints_func` returns them.
         self.constraint_names: tuple[str, ...] = self._book.constraint_names
-        self._lock = threading.Lock()
         #: the background thread and conversion processes, stopped by :meth:`close` or when this object is
         #: collected (they hold no reference to it)
         self._work = BackgroundWork(self.background_workers)
         self._finalizer = weakref.finalize(self, self._work.stop_soon)
+        #: when and how each candidate is predicted (:mod:`dippm_nas.optuna._scheduling`)
+        self._scheduler = PredictionScheduler(self.device, self.deployment, self.engine, self.cache, self.k_sigma,
+                                              self.overlap, self._book, self._work)
 
     # ------------------------------------------------------------------ study set-up
     @property
@@ -232,22 +199,7 @@ class HardwareCostModel:
         if "direction" in kwargs:
             raise InvalidValueError("create_study() takes directions=[...] (every objective) or "
                                     "leading={name: direction}, not direction=")
-        if directions is not None:
-            directions = [str(d) for d in directions]
-            bad_d = [d for d in directions if d not in ("maximize", "minimize")]
-            n_lead = len(directions) - len(self.directions)
-            if bad_d or n_lead < 0 or directions[n_lead:] != self.directions:
-                raise InvalidValueError(
-                    f"directions must be yours followed by the cost model's {self.directions} (objectives "
-                    f"{list(self.objectives)}), each 'maximize' or 'minimize'; got {directions}")
-            if leading is not None and list(dict(leading).values()) != directions[:n_lead]:
-                raise InvalidValueError(f"leading={dict(leading)} disagrees with directions={directions}")
-            leading = dict(leading) if leading is not None else {f"objective_{i}": d
-                                                                  for i, d in enumerate(directions[:n_lead])}
-        leading = {"accuracy": "maximize"} if leading is None else dict(leading)
-        bad = {k: v for k, v in leading.items() if v not in ("maximize", "minimize")}
-        if bad:
-            raise InvalidValueError(f"leading directions must be 'maximize' or 'minimize', got {bad}")
+        leading = self._book.leading_objectives(leading, directions)
         all_directions = [*leading.values(), *self.directions]
         if not all_directions:
             raise InvalidValueError("a study needs at least one objective: give leading objectives or cost objectives")
@@ -278,22 +230,6 @@ class HardwareCostModel:
         return self._book.constraints_func(trial)
 
     # ------------------------------------------------------------------ evaluation
-    def _evaluate_generation(self, trial: Any, model: Any, workload: LLMWorkload) -> tuple[float, ...]:
-        t0 = time.perf_counter()
-        try:
-            pred = predict_generation(model, workload, self.device, deployment=self.deployment, engine=self.engine,
-                                      mig=True)
-            values = self._book.record_generation(trial, pred, time.perf_counter() - t0, self.constraints_func)
-            try:  # the decoder's numbers, so a validator can rebuild it (random weights) and time its generation
-                trial.set_user_attr("decoder_config", decoder_config(model).to_dict())
-            except DippmNasError as e:  # the prediction stands; only the validator's rebuild is lost
-                logger.warning("trial %s: no decoder_config user attribute (%s)", getattr(trial, "number", "?"), e)
-        except Exception as e:  # noqa: BLE001 - any error fails this trial per on_error, never the study
-            values = self._book.unevaluated(trial, e, self.constraints_func)
-        finally:
-            self._book.count_wait(time.perf_counter() - t0, 1)
-        return values
-
     def evaluate(self, trial: Any, model: Any = None, spec: InputSpec | None = None, *, space: str | None = None,
                  config: Mapping[str, Any] | None = None) -> Any:
         """Predict one candidate, record it on the trial, register its constraints; return the objectives.
@@ -333,103 +269,35 @@ class HardwareCostModel:
                 its space is a ``SearchSpaceError`` naming the key and its allowed values.
         """
         if isinstance(spec, LLMWorkload):
-            return self._book.shape(self._evaluate_generation(trial, model, spec))
+            return self._book.shape(self._scheduler.evaluate_generation(trial, model, spec, self.constraints_func))
         if self.deployment.runtime not in GRAPH_RUNTIMES:
             raise InvalidValueError(f"runtime={self.deployment.runtime!r} runs LLM generations only: evaluate with an "
                                     f"LLMWorkload, or make the cost model with one of {GRAPH_RUNTIMES} for a forward pass")
         t0 = time.perf_counter()
         try:
-            source, space_name, cfg = _model_source(model, spec, space, config)
+            source, space_name, cfg = model_source(model, spec, space, config)
             if space_name is not None:
                 search_spaces.get_space(space_name).validate(cfg)
         except SearchSpaceError as e:  # a config outside its space is a bad argument, whatever on_error says
             trial.set_user_attr("cost_model_error", f"{type(e).__name__}: {e}")
             raise
-        request = _Request(trial, source, space_name, cfg, time.perf_counter() - t0)
-        if self._overlaps(trial):
+        request = Request(trial, source, space_name, cfg, time.perf_counter() - t0)
+        if self._scheduler.overlaps(trial):
             future = self._work.predictor(self._predict_in_background).submit(request)
             pending = PendingEvaluation(self._book, future, None, None, trial, self.constraints_func)
             self._book.count_wait(time.perf_counter() - t0)
             return self._book.shape(tuple(PendingValue(pending, i) for i in range(len(self.objectives))))
         try:
-            values = self._predict_and_record([request])[0]
+            values = self._scheduler.predict_and_record([request], self.constraints_func)[0]
         finally:
             self._book.count_wait(time.perf_counter() - t0, 1)
         return self._book.shape(values)
 
-    def _overlaps(self, trial: Any) -> bool:
-        """Whether :meth:`evaluate` predicts this trial's candidate in the background (see ``overlap``)."""
-        return (self.overlap and bool(self.objectives) and self.on_error != "raise"
-                and isinstance(trial, optuna.trial.Trial) and threads_share_storage(trial.study)
-                and self._book.first_time(trial))
-
-    def _predict_in_background(self, requests: list["_Request"]) -> list[Any]:
+    def _predict_in_background(self, requests: list[Request]) -> list[Any]:
         """The background thread's batch: every request's objective values (NaN / +inf for one that failed)."""
-        out = self._predict_and_record(requests, isolate=True)
+        out = self._scheduler.predict_and_record(requests, self.constraints_func, isolate=True)
         self._book.count_wait(0.0, len(requests))
         return out
-
-    def _predict_and_record(self, requests: list["_Request"], *, workers: int = 1, progress: bool = False,
-                            errors: str = "values", isolate: bool = False) -> list[Any]:
-        """Predict the requests (one :func:`predict`, or one :func:`predict_many` for several) and record each on
-        its trial. A candidate that cannot be predicted -- whatever the error: a capture that fails, a damaged
-        stored adaptation, a storage error -- gives the bookkeeping's ``unevaluated`` values (``errors="values"``),
-        or its error, recorded as ``cost_model_error`` (``errors="return"``; ``on_error="infeasible"`` still gives
-        the +inf values). With ``isolate`` an error of one request's record (its trial finished before its record
-        was written) is that request's result, and the others go on."""
-        out: list[Any] = [None] * len(requests)
-        by_space: dict[str | None, list[int]] = {}
-        for i, r in enumerate(requests):
-            by_space.setdefault(r.space, []).append(i)
-        for space_name, idx in by_space.items():
-            t0 = time.perf_counter()
-            preds = self._predict_group([requests[i] for i in idx], space_name, workers, progress)
-            share = (time.perf_counter() - t0) / len(idx)
-            for i, pred in zip(idx, preds):
-                out[i] = self._record_one(requests[i], pred, share, errors, isolate)
-        return out
-
-    def _predict_group(self, requests: list["_Request"], space: str | None, workers: int,
-                       progress: bool) -> list[Any]:
-        """The predictions of requests of one search space: a :class:`Prediction` or the exception of each."""
-        try:
-            self._refresh_adaptation(requests[0].trial, space)
-            sources = [r.source for r in requests]  # a search-space candidate's graph is assembled from blocks
-            if len(sources) == 1:
-                return [predict(sources[0], None, self.device, deployment=self.deployment, cache=self.cache,
-                                mig=True, k_sigma=self.k_sigma)]
-            return list(predict_many(sources, self.device, workers=workers, cache=self.cache, mig=True,
-                                     deployment=self.deployment, k_sigma=self.k_sigma, progress=progress))
-        except Exception as e:  # noqa: BLE001 - each trial of the group fails per on_error; the study goes on
-            return [e] * len(requests)
-
-    def _record_one(self, r: "_Request", pred: Any, share: float, errors: str, isolate: bool) -> Any:
-        """Record one request's prediction (or its error) on its trial: the objective values, or the error."""
-        try:
-            if not isinstance(pred, Prediction):
-                raise pred
-            return self._book.record(r.trial, pred, r.source.spec, r.space, r.config, r.seconds + share,
-                                     self.constraints_func)
-        except Exception as e:  # noqa: BLE001 - any error of a prediction is that trial's (on_error)
-            if self.on_error == "raise" and not isolate:
-                self._book.unevaluated(r.trial, e, self.constraints_func)  # records it, raises it
-            if errors == "values" or self.on_error == "infeasible":
-                return self._book.unevaluated(r.trial, e, self.constraints_func)
-            try:
-                r.trial.set_user_attr("cost_model_error", f"{type(e).__name__}: {e}")
-            except Exception as e2:  # noqa: BLE001 - see isolate
-                return self._isolated(r, e2, isolate)
-            return e if isinstance(e, DippmNasError) else DippmNasError(f"{type(e).__name__}: {e}")
-
-    @staticmethod
-    def _isolated(request: "_Request", error: Exception, isolate: bool) -> Exception:
-        """A request's own error in the background thread (logged once), re-raised elsewhere."""
-        if not isolate:
-            raise error
-        _warn_once("background-record", "the cost model could not record trial %s (%s: %s): return or read the "
-                   "figures evaluate() returned before the objective returns (Optuna refuses writes to a finished "
-                   "trial)", getattr(request.trial, "number", "?"), type(error).__name__, error)
-        return error
 
     def evaluate_many(
         self,
@@ -477,37 +345,12 @@ class HardwareCostModel:
         t0 = time.perf_counter()
         requests = []
         for trial, (model, spec) in zip(trials, candidates):
-            source, space_name, cfg = _model_source(model, spec, None, None)
-            requests.append(_Request(trial, source, space_name, cfg, 0.0))
-        out = self._predict_and_record(requests, workers=workers, progress=progress, errors="return")
+            source, space_name, cfg = model_source(model, spec, None, None)
+            requests.append(Request(trial, source, space_name, cfg, 0.0))
+        out = self._scheduler.predict_and_record(requests, self.constraints_func, workers=workers, progress=progress,
+                                                 errors="return")
         self._book.count_wait(time.perf_counter() - t0, len(trials))
         return [o if isinstance(o, DippmNasError) else self._book.shape(o) for o in out]
-
-    def _refresh_adaptation(self, trial: Any, space: str | None) -> None:
-        """Make the device's predictor answer with the newest stored adaptation of (device, deployment, space) in
-        the study's storage (the cache directory's store for other storages); predictors without a network have
-        none."""
-        predictor = get_predictor(self.device)
-        if not callable(getattr(predictor, "refresh_adaptation", None)):
-            return
-        url = storage_url_of(getattr(trial, "study", None))
-        with self._lock:
-            predictor.use_adaptation(storage=url, space=space or ANY_SPACE)
-            try:
-                predictor.refresh_adaptation(deployment=self.deployment)
-            except DippmNasError as e:
-                where = redact_url(url) if url is not None else "the cache directory's store"
-                _warn_once(f"adapt-refresh:{where}", "the adaptations of %s in %s were not read (%s); predicting "
-                           "without them", self.device, where, e)
-            # any other error (a damaged store) reaches _predict_group: the trials fail per on_error
-
-    # ------------------------------------------------------------------ background conversion
-    def _worker_cache_url(self) -> str | None:
-        if self.cache is True:
-            return default_cache().url_with_credentials()
-        if self.cache is False or self.cache is None:
-            return None
-        return self.cache.url_with_credentials()
 
     def submit(self, trial: Any, model: Any, spec: InputSpec | None = None, *, space: str | None = None,
                config: Mapping[str, Any] | None = None) -> "PendingEvaluation":
@@ -529,7 +372,6 @@ class HardwareCostModel:
         Args:
             trial, model, spec, space, config: as for :meth:`evaluate`.
         """
-        t0 = time.perf_counter()
         if self.background_workers == 0 or isinstance(model, OperatorGraph):
             try:
                 values = self.evaluate(trial, model, spec, space=space, config=config)
@@ -539,52 +381,7 @@ class HardwareCostModel:
             if values and isinstance(values[0], PendingValue):
                 return values[0].pending  # evaluate overlaps already
             return PendingEvaluation(self._book, None, values, None, None, self.constraints_func)
-        source, space_name, cfg = _model_source(model, spec, space, config)
-        the_spec = source.spec
-        payload = ("space", space_name, cfg) if space_name is not None else ("module", source.model, None)
-        pool = self._work.conversions(self._worker_cache_url())
-        done = pool.convert_then(payload, the_spec, self.cache not in (False, None), self._finish_background,
-                                 trial, model, the_spec, space_name, cfg)
-        self._book.count_wait(time.perf_counter() - t0)
-        return PendingEvaluation(self._book, done, None, None, trial, self.constraints_func)
-
-    def _finish_background(self, trial: Any, model: Any, spec: InputSpec, space: str | None, config: Any,
-                           conversion: Any) -> tuple[float, ...]:
-        """Finisher thread: wait for the conversion, predict, record on the trial."""
-        from concurrent.futures.process import BrokenProcessPool
-
-        t0 = time.perf_counter()
-        try:
-            text, etype, message, convert_s = conversion.result()
-        except BrokenProcessPool as e:
-            self._work.forget_conversion_processes()  # the next submit starts new processes
-            err = DippmNasError(f"the background conversion process died while converting this model ({e})")
-            trial.set_user_attr("cost_model_error", f"{type(err).__name__}: {err}")
-            raise err from e
-        except Exception as e:  # noqa: BLE001 - e.g. an unpicklable model: convert here instead, same result
-            _warn_once("background-fallback", "background conversion failed (%s: %s); converting in this process "
-                       "instead", type(e).__name__, e)
-            return self._evaluate_now(trial, model, spec, space, config)
-        if text is None:
-            cls = getattr(errors, etype or "", None)
-            cls = cls if isinstance(cls, type) and issubclass(cls, DippmNasError) else DippmNasError
-            err = cls(f"(in the background conversion process) {message}")
-            trial.set_user_attr("cost_model_error", f"{type(err).__name__}: {err}")
-            raise err
-        self._refresh_adaptation(trial, space)
-        pred = predict(OperatorGraph.from_json(text), None, self.device, cache=False, mig=True, k_sigma=self.k_sigma,
-                       deployment=self.deployment)
-        values = self._book.record(trial, pred, spec, space, config, convert_s + (time.perf_counter() - t0),
-                                   self.constraints_func)
-        self._book.count_wait(0.0, 1)
-        return values
-
-    def _evaluate_now(self, trial: Any, model: Any, spec: InputSpec, space: str | None, config: Any) -> tuple[float, ...]:
-        """:meth:`evaluate` in this thread (the finisher's fallback): the objective values as a tuple."""
-        request = _Request(trial, ModelSource.parse(model, spec), space, config, 0.0)
-        values = self._predict_and_record([request])[0]
-        self._book.count_wait(0.0, 1)
-        return values
+        return self._scheduler.convert_in_background(trial, model, spec, space, config, self.constraints_func)
 
     def close(self) -> None:
         """Finish the candidates being predicted in the background, stop the background thread and the conversion
@@ -618,15 +415,3 @@ class HardwareCostModel:
     def __repr__(self) -> str:
         return (f"HardwareCostModel(device={self.device!r}, objectives={self.objectives}, budgets={self.budgets}, "
                 f"k_sigma={self.budgets.k_sigma:g})")
-
-
-@dataclasses.dataclass
-class _Request:
-    """One candidate to predict and record: the trial, the parsed candidate, the search space and config recorded
-    for it, and the seconds spent on it before the prediction."""
-
-    trial: Any
-    source: ModelSource
-    space: str | None
-    config: Any
-    seconds: float

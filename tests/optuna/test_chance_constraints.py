@@ -97,7 +97,7 @@ def test_unknown_budget_key_in_a_mapping_names_it() -> None:
 def test_optuna_records_mean_sigma_and_margin_with_optunas_sign(monkeypatch: pytest.MonkeyPatch) -> None:
     optuna = pytest.importorskip("optuna")
     import dippm_nas.optuna as dop
-    import dippm_nas.optuna._cost_model as cm
+    import dippm_nas.optuna._scheduling as cm
     from dippm_nas.spec import InputSpec
 
     p = pred()

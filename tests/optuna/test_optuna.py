@@ -19,7 +19,7 @@ import pytest
 import dippm_nas.optuna as dop
 import dippm_nas.optuna._bookkeeping as bk
 import dippm_nas.optuna._compat as compat
-import dippm_nas.optuna._cost_model as cm
+import dippm_nas.optuna._scheduling as cm
 from dippm_nas.capture import ModelSource
 import search_spaces as ss
 from dippm_nas.errors import DeviceError, DippmNasError, GraphCaptureError

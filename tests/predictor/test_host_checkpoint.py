@@ -218,6 +218,16 @@ def test_a_host_checkpoint_answers_for_its_labels_thread_count_whatever_the_call
     # the labels were measured with 1 torch thread: the host is featurised at 1 thread in a 2-thread
     # process too (before, a 2-thread caller got other device features: a flagged answer, σ ×9 relative)
     monkeypatch.setattr(_gnn, "cpu_model_name", lambda: "CPU A")
+    # the peaks of n threads pinned (a live measurement on a busy machine is measured again at the next use and
+    # reads other figures): the features of 1 and 2 threads still differ, so a 2-thread featurisation shows
+    real_facts = _registry.host_facts
+
+    def pinned_facts(threads: int | None = None) -> dict:
+        n = threads if threads is not None else torch.get_num_threads()
+        return {**real_facts(threads=threads), "fp32_tflops": 0.05 * n, "bandwidth_gbps": 30.0 + n,
+                "host_dispatch_us": 1.5, "contended": False}
+
+    monkeypatch.setattr(_registry, "host_facts", pinned_facts)
     gs = _graphs(3)
     before = torch.get_num_threads()
     answers = []
@@ -365,19 +375,36 @@ def test_another_machine_of_the_same_cpu_model_gets_the_measured_floor_not_half_
     assert p.predict_log_full(feats)[2].all()
 
 
-def test_the_xeon_checkpoints_memory_error_recomputed_on_a_slice_of_its_data(tmp_path: Path) -> None:
-    """The held-out memory MAPE the Intel Xeon checkpoint records (its ``random`` split), recomputed small: the first
-    40 measured rows of ``data/host_cpu/host_cpu.jsonl.xz`` that split puts in its test set (it hashes each graph's
-    structure, so a row is a test row in a slice as in the whole file), predicted by the shipped checkpoint.
-    Memory only: the latency figures also depend on the host the prior times (this machine's microbenchmark)."""
+#: The host-cpu figures the features of the recompute below are made with: a 1-thread run of the microbenchmark
+#: (AMD EPYC, torch 2.13) at 75 % CPU share. Fixed, so the figures the test recomputes do not move with the load of
+#: the machine running it: measured live at load 9, the same slice read 73 % latency and 16 % memory MAPE (the
+#: network reads the host's peaks among its device features), and 797 % / 46 % with peaks a third as high.
+PINNED_HOST = {"fp32_tflops": 0.0567, "bandwidth_gbps": 35.56, "host_dispatch_us": 1.462}
+
+
+def test_the_xeon_checkpoints_error_recomputed_on_a_slice_of_its_data(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The held-out latency and memory MAPE the Intel Xeon checkpoint records (its ``random`` split), recomputed
+    small: the first 40 measured rows of ``data/host_cpu/host_cpu.jsonl.xz`` that split puts in its test set (it
+    hashes each graph's structure, so a row is a test row in a slice as in the whole file), predicted by the shipped
+    checkpoint with the host's peaks pinned (:data:`PINNED_HOST`; the Xeon's own were not kept), so nothing here is
+    timed: each within 1.5x the recorded figure (this slice reads 8.0 % latency and 10.6 % memory against the
+    recorded 6.8 % and 8.6 % of 491 / 478 rows), and the network better than its prior on both."""
     import json
     import lzma
 
     from dippm_nas.training import evaluate_examples, featurize_examples, load_examples, split_examples, split_fraction
 
+    real_facts = _registry.host_facts
+
+    def pinned_facts(threads: int | None = None) -> dict:
+        return {**real_facts(threads=threads), **PINNED_HOST, "contended": False}
+
+    monkeypatch.setattr(_registry, "host_facts", pinned_facts)
+    monkeypatch.setattr(_registry, "_built", {})  # no host-cpu device built before with live figures
     data = Path(__file__).resolve().parents[2] / "data" / "host_cpu" / "host_cpu.jsonl.xz"
     info = next(i for i in _checkpoint.list_checkpoints("host-cpu") if i.name == "host-cpu.intel-xeon")
-    stored = {(split, t): (mape, n) for split, t, mape, n, _ in info.metric_lines()}[("random", "memory_mib")]
+    stored = {(split, t): (mape, n) for split, t, mape, n, _ in info.metric_lines()}
     with lzma.open(data, "rt") as f:
         lines = f.read().splitlines()
     rows = [ln for ln in lines if '"type":"measurement"' in ln[:40]]
@@ -387,11 +414,16 @@ def test_the_xeon_checkpoints_memory_error_recomputed_on_a_slice_of_its_data(tmp
     part = tmp_path / "slice.jsonl"
     part.write_text("\n".join([lines[0], *graphs, *test_rows]) + "\n")
     _, _, test = split_examples(load_examples([part]), mode="random", seed=0)
-    test = [e for e in test if e.device == HOST and e.y.get("memory_mib")]
+    test = [e for e in test if e.device == HOST]
     assert len(test) >= 20, len(test)
     pred = GnnPredictor.load(info.path, device=HOST, load_calibration=False)
     feats = featurize_examples(test, style=pred.meta.feature_style, prior_params=pred.prior_params,
                                host_threads=pred.host_threads, progress=False)
+    assert _registry.get_device(HOST, threads=pred.host_threads).fp32_tflops == PINNED_HOST["fp32_tflops"]
     table, _ = evaluate_examples(pred, feats, test)
-    mape = table["memory_mib"]["mape_pct"]
-    assert table["memory_mib"]["n"] >= 20 and 0 < mape < 2 * stored[0], (mape, stored)
+    for target in ("latency_ms", "memory_mib"):
+        mape, n = table[target]["mape_pct"], table[target]["n"]
+        recorded = stored[("random", target)][0]
+        assert n >= 20 and 0 < mape < 1.5 * recorded, (target, mape, recorded)
+        assert mape < table[f"{target}_prior"]["mape_pct"], (target, table)
+
