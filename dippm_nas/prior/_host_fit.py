@@ -16,8 +16,9 @@ process maps fresh (:attr:`HostRow.fresh_pages`), the measured first-touch time 
 A half-precision row on a GPU whose native FP16 rate is below its FP32 rate (Pascal's GP102: 1/64) is left out
 (:attr:`HostRow.kernels_priced`, the count in ``metrics["rows_left_out_unpriced_half"]``): eager PyTorch runs its
 depthwise convolutions in its own kernels there (cuDNN takes half-precision depthwise convolutions only from compute
-capability 7.0, ``supportsDepthwiseConvolutionWithCuDNN``), whose native half arithmetic the prior does not price,
-so their kernel time (a TITAN Xp's float16 MnasNets and MobileNetV2 at 1.1-1.8x their float32 time) would be read as host time.
+capability 7.0, ``supportsDepthwiseConvolutionWithCuDNN``) in native half arithmetic, which the prior prices at the
+native FP16 rate with an efficiency no measurement of such a kernel sets; so large a kernel time (a TITAN Xp's
+float16 MnasNets and MobileNetV2 at 1.1-1.8x their float32 time), priced that loosely, would be read as host time.
 
 A pass's fixed host time outside such a copy (``iteration_us``) is not identifiable from timings whose
 timed region always holds a copy; it keeps the base model's value.
@@ -80,9 +81,10 @@ class HostRow:
 
     @property
     def kernels_priced(self) -> bool:
-        """The prior prices this pass's kernels: ``False`` for a half-precision pass on a GPU whose native FP16
-        rate is below its FP32 rate (Pascal), whose native half kernels (depthwise convolutions outside cuDNN)
-        the prior does not price; :func:`fit_host_model` leaves such rows out."""
+        """The prior prices this pass's kernels from measured efficiencies: ``False`` for a half-precision pass on
+        a GPU whose native FP16 rate is below its FP32 rate (Pascal), whose native half kernels (depthwise
+        convolutions outside cuDNN) are priced at that rate with an efficiency measured on other kernels;
+        :func:`fit_host_model` leaves such rows out."""
         if self.graph.spec.dtype not in ("float16", "bfloat16"):
             return True
         dev = resolve_device(self.device)

@@ -759,11 +759,17 @@ def _peaks(f: Any, device: Device, dt: np.ndarray, tf32_conv: bool, tf32_matmul:
     CUDA cores by default; tensor cores for contractions in half precision, FP32 with TF32 allowed, and FP64
     GEMMs where the GPU has FP64 tensor cores. PyTorch computes half-precision element-wise ops in FP32 (opmath)
     and cuDNN/cuBLAS half convolutions and GEMMs without tensor cores with FP32 math, so a GPU whose native FP16
-    rate is below its FP32 rate (Pascal GP102: 1/64) runs them at the FP32 rate."""
+    rate is below its FP32 rate (Pascal GP102: 1/64) runs them at the FP32 rate; but not its half depthwise
+    convolutions, which eager PyTorch gives cuDNN only from compute capability 7.0 and otherwise runs in its own
+    depthwise kernel: those run at the native FP16 rate (a TITAN Xp's float16 MnasNets take 1.1-1.8x their float32
+    time, the depthwise FLOPs at about 0.07 TFLOP/s: its 0.19 native FP16 TFLOP/s at the depthwise class's fitted
+    efficiency)."""
     n = len(dt)
     half = (dt == 1) | (dt == 2)
     half_peak = max(device.fp16_tflops or 0.0, device.fp32_tflops)
     cuda = np.where(half & (device.fp16_tflops is not None), half_peak, device.fp32_tflops)
+    if device.fp16_tflops is not None and device.fp16_tflops < device.fp32_tflops:
+        cuda = np.where(half & (f.cls_idx == _CLASS_INDEX["conv_depthwise"]), device.fp16_tflops, cuda)
     if device.fp64_tflops is not None:
         cuda = np.where(dt == 3, device.fp64_tflops, cuda)
     tensor = np.zeros(n, dtype=bool)

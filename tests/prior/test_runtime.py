@@ -172,6 +172,30 @@ def test_execution_from_dataset_conditions() -> None:
     assert Execution.from_conditions({"torch_version_tag": "pt113"}).host.framework == "torch-1"
 
 
+def _depthwise_chain(batch: int, channels: int, size: int, dtype: str, layers: int = 8) -> OperatorGraph:
+    """``layers`` depthwise 3x3 convolutions at (batch, channels, size, size)."""
+    s = (batch, channels, size, size)
+    macs = batch * channels * size * size * 9
+    nodes = [_node(i, "nn.conv2d", "conv", s, [s, (channels, 1, 3, 3)], [False, True], dtype=dtype, flops=2 * macs,
+                   macs=macs, attrs={"groups": channels, "out_channels": channels, "in_channels_per_group": 1,
+                                     "depthwise": True, "data_layout": "NCHW", "kernel": [3, 3]})
+             for i in range(layers)]
+    pbytes = sum(n.param_bytes for n in nodes)
+    return OperatorGraph(nodes=nodes, edges=[(i, i + 1) for i in range(layers - 1)], input_consumers={"x": [0]},
+                         outputs=[layers - 1], spec=InputSpec(shape=(channels, size, size), batch_size=batch,
+                                                               dtype=dtype),
+                         param_count=pbytes // dtype_bytes(dtype), param_bytes=pbytes, mode="export").validate()
+
+
+def test_half_depthwise_convolutions_run_at_the_native_fp16_rate_on_pascal() -> None:
+    # PyTorch gives cuDNN half depthwise convolutions only from compute capability 7.0; on Pascal its own kernel
+    # runs them in native half arithmetic (GP102: 1/64 of FP32); on Turing half runs at twice the FP32 rate
+    busy = {(dev, dt): estimate(_depthwise_chain(64, 256, 56, dt), dev, runtime="cuda-graphs").gpu_busy_ms
+            for dev in ("titan-xp", "titan-rtx") for dt in ("float16", "float32")}
+    assert busy[("titan-xp", "float16")] > 20 * busy[("titan-xp", "float32")]
+    assert busy[("titan-rtx", "float16")] <= busy[("titan-rtx", "float32")]
+
+
 def test_turing_and_pascal_catalogue_entries() -> None:
     for dev_id, arch in (("rtx-2080-ti", "turing"), ("titan-rtx", "turing"), ("titan-xp", "pascal")):
         d = get_device(dev_id)
