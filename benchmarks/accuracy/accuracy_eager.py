@@ -186,8 +186,7 @@ def fold_host_model(rows: list, held_out: str, fold, base):
 
 def _nested_sigma(rows: list, held_out: str, base) -> dict[str, float]:
     """The host model's σ metrics (host-bound, GPU-bound, float64) measured leave-one-GPU-out between the GPUs
-    other than ``held_out``: each fitted on its fp16/fp32 rows, the other's rows whose kernels the prior prices
-    (:attr:`~dippm_nas.prior.HostRow.kernels_priced`) predicted."""
+    other than ``held_out``: each fitted on its fp16/fp32 rows, the other's rows predicted."""
     others = sorted({r.device for r, _ in rows} - {held_out})
     res: dict[str, list[float]] = {"host": [], "gpu": [], "fp64": []}
     for a in others:
@@ -195,7 +194,7 @@ def _nested_sigma(rows: list, held_out: str, base) -> dict[str, float]:
                if r.device not in (held_out, a) and r.graph.spec.dtype in ("float16", "float32")]
         inner = _without_fp64_rows_of(base, rows, [held_out, a])
         m = fit_host_model(fit, params=inner, base=base.host_model)
-        test = [r for r, _ in rows if r.device == a and r.kernels_priced]  # as the fit: priced kernels only
+        test = [r for r, _ in rows if r.device == a]
         err = np.log(host_model_latency_ms(m, test, inner) / np.array([r.latency_ms for r in test]))
         p = dataclasses.replace(inner, host_model=m)
         for r, e in zip(test, err):

@@ -11,8 +11,7 @@ It fits :data:`dippm_nas.prior.FIT_PARAMETERS` (the input copy's constants are p
 ``scripts/fit/fit_input_copy.py``'s, kept from the ``--out`` file; the float32 rows' batches are mapped fresh,
 the float16 ones not) on the fp16 and fp32 rows (fp64 rows are GPU-bound and
 left out), scores the fit leave-one-GPU-out (the constants refitted without that GPU's rows) and records
-the held-out log-space σ (RMS log error over the rows whose kernels the prior prices, as the fit:
-:attr:`~dippm_nas.prior.HostRow.kernels_priced`) of host-bound rows as ``metrics["sigma_log_host"]`` (the σ of
+the held-out log-space σ (RMS log error) of host-bound rows as ``metrics["sigma_log_host"]`` (the σ of
 the host part of a prediction) and of GPU-bound rows as ``metrics["sigma_log_gpu_bound"]`` (the σ of the
 kernel part where no checkpoint corrects it: the prior on GPUs it was not fitted on). Only the ``host_model`` key of
 the output file is replaced; the float64 σ that ``scripts/fit/calibrate_fp64.py`` and the unseen-GPU σ that
@@ -62,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     held_r, held_bound = [], []
     for dev in devices:
         train = [r for r in rows if r.device != dev]
-        test = [r for r in rows if r.device == dev and r.kernels_priced]
+        test = [r for r in rows if r.device == dev]
         m = fit_host_model(train, params=params, base=base)
         pr = host_model_latency_ms(m, test, params)
         y = np.array([r.latency_ms for r in test])
