@@ -233,6 +233,19 @@ class GraphFacts:
     memory: Any = None           # MemoryBreakdown of the liveness pass, filled by the estimator
     _plans: dict[Any, Any] = field(default_factory=dict)  # autocast plans and channels-last copies, by setting
 
+    def native_depthwise(self) -> np.ndarray:
+        """Per node: a depthwise convolution (one input channel per group, the frontend's ``depthwise`` flag),
+        which eager PyTorch runs in its own kernel where cuDNN does not take it; grouped convolutions with more
+        channels per group (ResNeXt) stay cuDNN's. ``[num_nodes]`` bool."""
+        if "native_depthwise" not in self._plans:
+            dw = self.cls_idx == _CLASS_INDEX["conv_depthwise"]
+            if dw.any():
+                dw = dw & np.array([bool(n.attrs.get("depthwise"))
+                                    or int(n.attrs.get("in_channels_per_group") or 0) == 1 for n in self._nodes],
+                                   dtype=bool)
+            self._plans["native_depthwise"] = dw
+        return self._plans["native_depthwise"]
+
     def autocast(self, graph: OperatorGraph, low: str) -> AutocastPlan:
         """The :class:`~dippm_nas.prior._autocast.AutocastPlan` of ``graph`` (whose facts these are) under
         autocast to ``low``, computed once."""
@@ -768,8 +781,8 @@ def _peaks(f: Any, device: Device, dt: np.ndarray, tf32_conv: bool, tf32_matmul:
     half = (dt == 1) | (dt == 2)
     half_peak = max(device.fp16_tflops or 0.0, device.fp32_tflops)
     cuda = np.where(half & (device.fp16_tflops is not None), half_peak, device.fp32_tflops)
-    if device.fp16_tflops is not None and device.fp16_tflops < device.fp32_tflops:
-        cuda = np.where(half & (f.cls_idx == _CLASS_INDEX["conv_depthwise"]), device.fp16_tflops, cuda)
+    if device.fp16_tflops is not None and device.fp16_tflops < device.fp32_tflops and half.any():
+        cuda = np.where(half & f.native_depthwise(), device.fp16_tflops, cuda)
     if device.fp64_tflops is not None:
         cuda = np.where(dt == 3, device.fp64_tflops, cuda)
     tensor = np.zeros(n, dtype=bool)
