@@ -182,6 +182,27 @@ def test_a_described_pageable_copy_carries_the_spread_of_its_batchs_first_touch(
     assert one.details["deployment_sigma_log"] == pytest.approx(sp.sigma_log, rel=1e-6)
 
 
+def test_the_host_fit_leaves_out_half_rows_whose_kernels_the_prior_does_not_price() -> None:
+    from dippm_nas.prior import Execution, HostRow, fit_host_model
+
+    from test_runtime import conv_chain
+
+    ex = Execution(runtime="eager", host=HostProfile.from_clock(3.0), input_copy=True)
+    g16, g32 = conv_chain(1, 16, 8, dtype="float16"), conv_chain(1, 16, 8, dtype="float32")
+    # Pascal (TITAN Xp): native FP16 at 1/64 of FP32; Turing (TITAN RTX) runs half at twice the FP32 rate
+    assert not HostRow(g16, "titan-xp", ex, 1.0).kernels_priced
+    assert HostRow(g32, "titan-xp", ex, 1.0).kernels_priced
+    assert HostRow(g16, "titan-rtx", ex, 1.0).kernels_priced
+    priced = [HostRow(conv_chain(1, c, 8, dtype="float32"), "titan-xp", ex, 0.5 + 0.01 * c) for c in (8, 16, 32, 64)]
+    unpriced = [HostRow(conv_chain(1, c, 8, dtype="float16"), "titan-xp", ex, 50.0) for c in (8, 16, 32, 64)]
+    with_both = fit_host_model(priced + unpriced)
+    alone = fit_host_model(priced)
+    assert with_both.metrics["rows"] == 4 and with_both.metrics["rows_left_out_unpriced_half"] == 4
+    assert with_both.op_us == alone.op_us  # the 50 ms half rows teach the host model nothing
+    with pytest.raises(DippmNasError, match="rows whose kernels the prior prices, got 0 of 4"):
+        fit_host_model(unpriced)
+
+
 def test_the_host_fit_prices_a_fresh_batchs_first_touch() -> None:
     import dataclasses
 

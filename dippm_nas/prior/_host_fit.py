@@ -13,6 +13,13 @@ the call, the bytes at the slower of the host's staging copy and the pinned link
 process maps fresh (:attr:`HostRow.fresh_pages`), the measured first-touch time per page of the base model
 (``h2d_fresh_page_us``, ``scripts/fit/fit_input_copy.py``).
 
+A half-precision row on a GPU whose native FP16 rate is below its FP32 rate (Pascal's GP102: 1/64) is left out
+(:attr:`HostRow.kernels_priced`, the count in ``metrics["rows_left_out_unpriced_half"]``): eager PyTorch runs its
+depthwise convolutions in its own kernels there (cuDNN takes half-precision depthwise convolutions only from compute
+capability 7.0, ``supportsDepthwiseConvolutionWithCuDNN``) in native half arithmetic, which the prior prices at the
+native FP16 rate with an efficiency no measurement of such a kernel sets; so large a kernel time (a TITAN Xp's
+float16 MnasNets and MobileNetV2 at 1.1-1.8x their float32 time), priced that loosely, would be read as host time.
+
 A pass's fixed host time outside such a copy (``iteration_us``) is not identifiable from timings whose
 timed region always holds a copy; it keeps the base model's value.
 
@@ -71,6 +78,17 @@ class HostRow:
             raise InvalidValueError(f"HostRow.latency_ms must be a finite number > 0, got {self.latency_ms!r}")
         if not isinstance(self.fresh_pages, bool):
             raise InvalidValueError(f"HostRow.fresh_pages must be true or false, got {self.fresh_pages!r}")
+
+    @property
+    def kernels_priced(self) -> bool:
+        """The prior prices this pass's kernels from measured efficiencies: ``False`` for a half-precision pass on
+        a GPU whose native FP16 rate is below its FP32 rate (Pascal), whose native half kernels (depthwise
+        convolutions outside cuDNN) are priced at that rate with an efficiency measured on other kernels;
+        :func:`fit_host_model` leaves such rows out."""
+        if self.graph.spec.dtype not in ("float16", "bfloat16"):
+            return True
+        dev = resolve_device(self.device)
+        return dev.fp16_tflops is None or dev.fp16_tflops >= dev.fp32_tflops
 
 
 @dataclass
@@ -159,6 +177,8 @@ def fit_host_model(rows: Sequence[HostRow], *, params: PriorParams | None = None
             kept.
         source, command: recorded in the result.
 
+    Rows whose kernels the prior does not price (:attr:`HostRow.kernels_priced`) are left out and counted.
+
     Returns:
         A :class:`HostModel` whose ``metrics`` hold the in-sample MAPE, the log-space residual σ and the
         fitted constants.
@@ -173,7 +193,12 @@ def fit_host_model(rows: Sequence[HostRow], *, params: PriorParams | None = None
     p = params if params is not None else default_params()
     b = base if base is not None else (p.host_model or HostModel(op_us={k: 10.0 for k in HOST_KINDS}))
     gens = dict(generations if generations is not None else b.generations)
-    prepared = _prepare(rows, p)
+    priced = [r for r in rows if r.kernels_priced]
+    if len(priced) < len(FIT_PARAMETERS):
+        raise InvalidValueError(f"fit_host_model needs at least {len(FIT_PARAMETERS)} rows whose kernels the prior "
+                                f"prices, got {len(priced)} of {len(rows)} (half-precision rows on a GPU with FP16 "
+                                "below its FP32 rate are left out)")
+    prepared = _prepare(priced, p)
     missing = sorted({q.framework for q in prepared} - set(gens))
     if missing:
         raise InvalidValueError(f"no generation factor for frameworks {missing}; given {sorted(gens)}")
@@ -192,7 +217,8 @@ def fit_host_model(rows: Sequence[HostRow], *, params: PriorParams | None = None
     base_us, library_us, view_us = (float(v) for v in x)
     op_us = dict(zip(HOST_KINDS, (float(v) for v in _op_us(base_us, library_us, view_us))))
     metrics: dict[str, Any] = {
-        "rows": len(rows), "mape_pct_in_sample": float(ape.mean()), "median_ape_pct_in_sample": float(np.median(ape)),
+        "rows": len(priced), "rows_left_out_unpriced_half": len(rows) - len(priced),
+        "mape_pct_in_sample": float(ape.mean()), "median_ape_pct_in_sample": float(np.median(ape)),
         "sigma_log_in_sample": float(np.std(r)), "fitted": dict(zip(FIT_PARAMETERS, (float(v) for v in x))),
     }
     return dataclasses.replace(b, op_us=op_us, generations=gens,

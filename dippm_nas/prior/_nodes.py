@@ -234,6 +234,19 @@ class GraphFacts:
     memory: Any = None           # MemoryBreakdown of the liveness pass, filled by the estimator
     _plans: dict[Any, Any] = field(default_factory=dict)  # autocast plans and channels-last copies, by setting
 
+    def native_depthwise(self) -> np.ndarray:
+        """Per node: a depthwise convolution (one input channel per group, the frontend's ``depthwise`` flag),
+        which eager PyTorch runs in its own kernel where cuDNN does not take it; grouped convolutions with more
+        channels per group (ResNeXt) stay cuDNN's. ``[num_nodes]`` bool."""
+        if "native_depthwise" not in self._plans:
+            dw = self.cls_idx == _CLASS_INDEX["conv_depthwise"]
+            if dw.any():
+                dw = dw & np.array([bool(n.attrs.get("depthwise"))
+                                    or int(n.attrs.get("in_channels_per_group") or 0) == 1 for n in self._nodes],
+                                   dtype=bool)
+            self._plans["native_depthwise"] = dw
+        return self._plans["native_depthwise"]
+
     def autocast(self, graph: OperatorGraph, low: str) -> AutocastPlan:
         """The :class:`~dippm_nas.prior._autocast.AutocastPlan` of ``graph`` (whose facts these are) under
         autocast to ``low``, computed once."""
@@ -766,13 +779,19 @@ def _peaks(f: Any, device: Device, dt: np.ndarray, tf32_conv: bool, tf32_matmul:
     CUDA cores by default; tensor cores for contractions in half precision, FP32 with TF32 allowed, and FP64
     GEMMs where the GPU has FP64 tensor cores. PyTorch computes half-precision element-wise ops in FP32 (opmath)
     and cuDNN/cuBLAS half convolutions and GEMMs without tensor cores with FP32 math, so a GPU whose native FP16
-    rate is below its FP32 rate (Pascal GP102: 1/64) runs them at the FP32 rate."""
+    rate is below its FP32 rate (Pascal GP102: 1/64) runs them at the FP32 rate; but not its half depthwise
+    convolutions, which eager PyTorch gives cuDNN only from compute capability 7.0 and otherwise runs in its own
+    depthwise kernel: those run at the native FP16 rate (a TITAN Xp's float16 MnasNets take 1.1-1.8x their float32
+    time, the depthwise FLOPs at about 0.07 TFLOP/s: its 0.19 native FP16 TFLOP/s at the depthwise class's fitted
+    efficiency)."""
     n = len(dt)
     half = (dt == 1) | (dt == 2)
     half_peak = max(device.fp16_tflops or 0.0, device.fp32_tflops)
     # half-precision GEMMs/convolutions without tensor cores accumulate in FP32 (cuBLAS CUBLAS_COMPUTE_32F,
     # cuDNN FP32 math): FP32 FMAs even where packed FP16 runs faster (Pascal GP100: 2x)
     cuda = np.where(half & (device.fp16_tflops is not None) & ~f.contraction, half_peak, device.fp32_tflops)
+    if device.fp16_tflops is not None and device.fp16_tflops < device.fp32_tflops and half.any():
+        cuda = np.where(half & f.native_depthwise(), device.fp16_tflops, cuda)
     if device.fp64_tflops is not None:
         cuda = np.where(dt == 3, device.fp64_tflops, cuda)
     tensor = np.zeros(n, dtype=bool)

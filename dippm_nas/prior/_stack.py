@@ -87,6 +87,9 @@ class StackedFacts:
     def reshape_copies(self) -> np.ndarray:
         return self._concat("reshape_copies", lambda f, g: f.reshape_copies())
 
+    def native_depthwise(self) -> np.ndarray:
+        return self._concat("native_depthwise", lambda f, g: f.native_depthwise())
+
     def channels_last_copies(self, graph: Any = None) -> np.ndarray:
         return self._concat("channels_last", lambda f, g: f.channels_last_copies(g))
 

@@ -172,6 +172,43 @@ def test_execution_from_dataset_conditions() -> None:
     assert Execution.from_conditions({"torch_version_tag": "pt113"}).host.framework == "torch-1"
 
 
+def _depthwise_chain(batch: int, channels: int, size: int, dtype: str, layers: int = 8,
+                     per_group: int = 1) -> OperatorGraph:
+    """``layers`` grouped 3x3 convolutions at (batch, channels, size, size), ``per_group`` channels per group
+    (1: depthwise)."""
+    s = (batch, channels, size, size)
+    macs = batch * channels * size * size * 9 * per_group
+    nodes = [_node(i, "nn.conv2d", "conv", s, [s, (channels, per_group, 3, 3)], [False, True], dtype=dtype,
+                   flops=2 * macs, macs=macs, attrs={"groups": channels // per_group, "out_channels": channels,
+                                                     "in_channels_per_group": per_group, "depthwise": per_group == 1,
+                                                     "data_layout": "NCHW", "kernel": [3, 3]})
+             for i in range(layers)]
+    pbytes = sum(n.param_bytes for n in nodes)
+    return OperatorGraph(nodes=nodes, edges=[(i, i + 1) for i in range(layers - 1)], input_consumers={"x": [0]},
+                         outputs=[layers - 1], spec=InputSpec(shape=(channels, size, size), batch_size=batch,
+                                                               dtype=dtype),
+                         param_count=pbytes // dtype_bytes(dtype), param_bytes=pbytes, mode="export").validate()
+
+
+def test_half_depthwise_convolutions_run_at_the_native_fp16_rate_on_pascal() -> None:
+    # PyTorch gives cuDNN half depthwise convolutions only from compute capability 7.0; on Pascal its own kernel
+    # runs them in native half arithmetic (GP102: 1/64 of FP32); on Turing half runs at twice the FP32 rate
+    busy = {(dev, dt): estimate(_depthwise_chain(64, 256, 56, dt), dev, runtime="cuda-graphs").gpu_busy_ms
+            for dev in ("titan-xp", "titan-rtx") for dt in ("float16", "float32")}
+    assert busy[("titan-xp", "float16")] > 20 * busy[("titan-xp", "float32")]
+    assert busy[("titan-rtx", "float16")] <= busy[("titan-rtx", "float32")]
+    # the stacked path (many graphs at once) prices them the same; a grouped convolution with 4 channels per group
+    # (ResNeXt) stays cuDNN's
+    from dippm_nas.prior import estimate_many
+
+    graphs = [_depthwise_chain(64, 256, 56, "float16"), conv_chain(8, 64, 32, dtype="float16")]
+    many = estimate_many(graphs, "titan-xp", runtime="cuda-graphs")
+    for g, e in zip(graphs, many):
+        assert e.gpu_busy_ms == pytest.approx(estimate(g, "titan-xp", runtime="cuda-graphs").gpu_busy_ms, rel=1e-9)
+    grouped = _depthwise_chain(64, 256, 56, "float16", per_group=4)
+    assert estimate(grouped, "titan-xp", runtime="cuda-graphs").gpu_busy_ms < busy[("titan-xp", "float16")] / 5
+
+
 def test_turing_and_pascal_catalogue_entries() -> None:
     for dev_id, arch in (("rtx-2080-ti", "turing"), ("titan-rtx", "turing"), ("titan-xp", "pascal")):
         d = get_device(dev_id)
