@@ -13,7 +13,7 @@ from dippm_nas.graph import OperatorGraph, OpNode
 from dippm_nas.measure import reference_activation_peak
 from dippm_nas.mig import advise
 from dippm_nas.prediction import Prediction
-from dippm_nas.prior import activation_liveness, activation_liveness_many, estimate, predict
+from dippm_nas.prior import activation_liveness, activation_liveness_many, estimate, estimate_many, predict
 from dippm_nas.prior._memory import ACTIVATION_REL_SIGMA, CONTEXT_REL_SIGMA, CUDNN_WORKSPACE_SIGMA_MIB
 from dippm_nas.spec import InputSpec, dtype_bytes
 
@@ -313,3 +313,21 @@ def test_autocast_liveness_counts_run_time_dtypes_and_casts() -> None:
         assert ref.peak_block_bytes == m.peak_allocated_bytes
     fp32 = activation_liveness(g, retention=True, include_inputs=False)
     assert fp32.peak_allocated_bytes == 2 * 8 * 512 * 4
+
+
+def test_estimate_and_predict_price_the_autocast_pass() -> None:
+    import dippm_nas
+
+    model = nn.Sequential(nn.Linear(256, 512, bias=False), nn.ReLU(), nn.Linear(512, 10, bias=False))
+    g = dippm_nas.capture(model, InputSpec(shape=(256,), batch_size=8), cache=False)
+    for ac in (None, "float16"):
+        want = activation_liveness(g, retention=True, include_inputs=False, autocast=ac).peak_allocated_bytes / 2**20
+        e = estimate(g, "a100-sxm4-40gb", autocast=ac)
+        assert e.activations_peak_mib == pytest.approx(want)
+        assert [m.activations_peak_mib for m in estimate_many([g, g], "a100-sxm4-40gb", autocast=ac)] == \
+            pytest.approx([want, want])
+        assert predict(g, "a100-sxm4-40gb", mig=False, autocast=ac).details["activations_peak_mib"] == \
+            pytest.approx(want)
+    # the float16 pass holds the first weight's cached cast: more than the float32 activations here
+    assert estimate(g, "a100-sxm4-40gb", autocast="float16").activations_peak_mib > \
+        estimate(g, "a100-sxm4-40gb").activations_peak_mib
