@@ -299,7 +299,9 @@ def _frame_rules(graph: OperatorGraph) -> _FrameRules:
                            | {i for i in range(len(nodes)) if fused[i] and preds[i]}
                            | set(_hardswish_chains(nodes, preds, succ))))
     extend = _pre_norm_rule(nodes, preds) + _post_norm_rule(nodes, preds, succ) + _attention_block_rule(nodes, preds) \
-        + _inverted_residual_rule(nodes, preds, succ) + _concat_norm_rule(nodes, succ)
+        + _inverted_residual_rule(nodes, preds, succ) + _concat_norm_rule(nodes, succ) \
+        + _conv_norm_rule(nodes, preds, succ) \
+        + _split_concat_rule(nodes, preds, succ)
     # max pooling computes its int64 indices (``max_pool2d_with_indices``) and drops them when it returns
     scratch = tuple((i, round_block(nd.output_elements * 8)) for i, nd in enumerate(nodes)
                     if nd.op.startswith("nn.max_pool") and not nd.is_constant)
@@ -431,6 +433,55 @@ def _inverted_residual_rule(nodes: "Sequence[OpNode]", preds: list[list[int]],
         out.append((block_in, j))
         if len(succ[d]) == 1 and nodes[succ[d][0]].op_class == "normalization":
             out.append((preds[d][0], succ[d][0]))  # the depthwise group's input, until its norm returns
+    return out
+
+
+def _conv_norm_rule(nodes: "Sequence[OpNode]", preds: list[list[int]],
+                    succ: list[list[int]]) -> list[tuple[int, int]]:
+    """A convolution and its normalization outside residual blocks (a ``ConvNormAct`` / ``BasicConv2d``
+    module of its own: DLA, Inception, a stem) hold the convolution's input until the normalization returns:
+    the caller's frame keeps the module's argument. Inside a residual block (between the producer of a
+    join's skip input and the join) blocks are written flat (``out = self.conv2(out)``), which rebinds it."""
+    inside = np.zeros(len(nodes) + 1, dtype=np.int64)
+    for j, ps in enumerate(preds):
+        src = sorted({_producer(nodes, preds, q) for q in ps if not nodes[q].is_constant})
+        if nodes[j].op == "add" and len(src) >= 2:
+            inside[src[0] + 1] += 1
+            inside[j] -= 1
+    inside = np.cumsum(inside)
+    out = []
+    for c, nd in enumerate(nodes):
+        if not _is_conv(nd) or not preds[c] or len(succ[c]) != 1 or nodes[succ[c][0]].op_class != "normalization" \
+                or inside[c] > 0:
+            continue
+        out.append((preds[c][0], succ[c][0]))
+    return out
+
+
+def _split_concat_rule(nodes: "Sequence[OpNode]", preds: list[list[int]],
+                        succ: list[list[int]]) -> list[tuple[int, int]]:
+    """A cross-stage partial block (CSPNet: ``x = conv_exp(x)``, ``xs, xb = x.split(..)``, ``xb = blocks(xb)``,
+    ``conv_transition(cat([xs, xb]))``) holds its locals and its argument until it returns: the split tensor,
+    the concatenation and its inputs, and the input of the convolution that made the split tensor live until
+    the normalization after the concatenation's convolution."""
+    out = []
+    for c, nd in enumerate(nodes):
+        if nd.op != "concat" or len(succ[c]) != 1 or not _is_conv(nodes[succ[c][0]]):
+            continue
+        v = succ[c][0]
+        splits = [q for q in preds[c] if nodes[q].op == "split"]
+        if not splits or len(succ[v]) != 1 or nodes[succ[v][0]].op_class != "normalization":
+            continue
+        end = succ[v][0]
+        src = [_producer(nodes, preds, q) for q in preds[c] if not nodes[q].is_constant]
+        out += [(c, end)] + [(q, end) for q in src]
+        k = _producer(nodes, preds, splits[0])
+        for _ in range(4):  # back through the normalization and activation to the convolution
+            if _is_conv(nodes[k]) or len(preds[k]) != 1:
+                break
+            k = preds[k][0]
+        if _is_conv(nodes[k]) and preds[k]:
+            out.append((preds[k][0], end))
     return out
 
 
