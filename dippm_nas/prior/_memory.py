@@ -277,11 +277,13 @@ class _FrameRules:
     """What eager PyTorch's frames and in-place modules do to one graph's liveness (node indices).
 
     ``inplace``: activations that reuse their producer's storage; ``extend``: ``(producer, until)`` pairs,
-    the producer's output lives at least until node ``until``."""
+    the producer's output lives at least until node ``until``; ``scratch``: ``(node, bytes)`` alive while the
+    node runs; ``copies``: ``(matmul, operand)``, a contiguous copy of the operand alive while the matmul runs."""
 
     inplace: tuple[int, ...]
     extend: tuple[tuple[int, int], ...]
     scratch: tuple[tuple[int, int], ...] = ()
+    copies: tuple[tuple[int, int], ...] = ()
 
 
 def _frame_rules(graph: OperatorGraph) -> _FrameRules:
@@ -304,19 +306,79 @@ def _frame_rules(graph: OperatorGraph) -> _FrameRules:
                                  or fused[preds[i][0]] and any(_is_conv(nodes[q]) for q in preds[preds[i][0]]))
                             and succ[preds[i][0]] == [i] and preds[i][0] not in outs}
                            | {i for i in range(len(nodes)) if fused[i] and preds[i]}
+                           | set(_selects(nodes, preds))
                            | set(_hardswish_chains(nodes, preds, succ))))
+    att_extend, copies = _explicit_attention_rule(nodes, preds, succ)
     extend = _pre_norm_rule(nodes, preds) + _post_norm_rule(nodes, preds, succ) + _attention_block_rule(nodes, preds) \
+        + att_extend \
         + _inverted_residual_rule(nodes, preds, succ) + _concat_norm_rule(nodes, succ) \
         + _conv_norm_rule(nodes, preds, succ) \
         + _split_concat_rule(nodes, preds, succ)
     # max pooling computes its int64 indices (``max_pool2d_with_indices``) and drops them when it returns
     scratch = tuple((i, round_block(nd.output_elements * 8)) for i, nd in enumerate(nodes)
                     if nd.op.startswith("nn.max_pool") and not nd.is_constant)
-    rules = _FrameRules(inplace, tuple(extend), scratch)
+    rules = _FrameRules(inplace, tuple(extend), scratch, tuple(copies))
     if len(_FRAME_MEMO) >= _MEMO_MAX:
         _FRAME_MEMO.clear()
     _FRAME_MEMO[id(graph)] = (graph, rules)
     return rules
+
+
+def _explicit_attention_rule(nodes: "Sequence[OpNode]", preds: list[list[int]], succ: list[list[int]]
+                             ) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """Attention written out (``q = q * scale; attn = q @ k.transpose(-2, -1); ..; softmax(attn) @ v``: Swin's,
+    MaxViT's): the scaled query is a local of the attention's frame, alive until its output matmul; an operand
+    that is a view of a permuted tensor (``qkv.permute(..)[i]``) is copied to contiguous memory by ``matmul``
+    while it runs. Returns the ``extend`` pairs and the ``(matmul, operand)`` copies."""
+    extend: list[tuple[int, int]] = []
+    copies: list[tuple[int, int]] = []
+    for sm, nd in enumerate(nodes):
+        if nd.op_class != "softmax" or nd.is_constant or not preds[sm]:
+            continue
+        m1 = preds[sm][0]
+        for _ in range(8):
+            if nodes[m1].op_class == "matmul" or not preds[m1]:
+                break
+            m1 = next((q for q in preds[m1] if not nodes[q].is_constant), preds[m1][0])
+        m2 = sm
+        for _ in range(4):
+            nxt = [c for c in succ[m2] if nodes[c].op_class in ("matmul", "view", "cast")]
+            if len(succ[m2]) != 1 or not nxt:
+                break
+            m2 = nxt[0]
+            if nodes[m2].op_class == "matmul":
+                break
+        if nodes[m1].op_class != "matmul" or nodes[m2].op_class != "matmul":
+            continue
+        for q in preds[m1]:
+            if nodes[_producer(nodes, preds, q)].op == "multiply":
+                extend.append((_producer(nodes, preds, q), m2))
+        copies += [(m, q) for m in (m1, m2) for q in preds[m] if _permuted_view(nodes, preds, q)]
+    return extend, copies
+
+
+def _permuted_view(nodes: "Sequence[OpNode]", preds: list[list[int]], i: int) -> bool:
+    """Node ``i`` is a select of a permuted tensor (through views): memory ``matmul`` cannot batch in place."""
+    seen_select = False
+    for _ in range(6):
+        nd = nodes[i]
+        if nd.is_constant or nd.op_class not in ("view", "gather") or not preds[i]:
+            return False
+        if nd.op == "take":
+            if not (len(nd.input_shapes) == 2 and nd.input_shapes[1] == ()):
+                return False
+            seen_select = True
+        elif nd.op == "permute_dims" and seen_select:
+            return True
+        i = preds[i][0]
+    return False
+
+
+def _selects(nodes: "Sequence[OpNode]", preds: list[list[int]]) -> list[int]:
+    """``take`` with one scalar index (``qkv[0]``, ``x[:, 0]``): eager PyTorch's ``select``, a view of its input."""
+    return [i for i, nd in enumerate(nodes)
+            if nd.op == "take" and not nd.is_constant and preds[i] and len(nd.input_shapes) == 2
+            and nd.input_shapes[1] == () and len(nd.output_shape) == len(nd.input_shapes[0]) - 1]
 
 
 def _hardswish_chains(nodes: "Sequence[OpNode]", preds: list[list[int]], succ: list[list[int]]) -> list[int]:
@@ -545,15 +607,20 @@ def activation_liveness(graph: OperatorGraph, *, retention: bool = False,
                 lv.last_use[s] = max(lv.last_use[s], until)
         for i, nbytes in rules.scratch:
             _add_storage(lv, [nbytes], i, i)
+    copy_sids = []
+    for m, q in rules.copies:
+        copy_sids.append((len(lv.sizes), q))
+        _add_storage(lv, [round_block(graph.nodes[q].output_elements * dtype_bytes(graph.nodes[q].output_dtype))], m, m)
     if autocast is not None:
-        _autocast_storages(graph, preds, lv, autocast)
+        _autocast_storages(graph, preds, lv, autocast, copy_sids)
     return _peak(lv, n)
 
 
 _WIDTH = {0: 4, 1: 2, 2: 2, 3: 8}
 
 
-def _autocast_storages(graph: OperatorGraph, preds: list[list[int]], lv: _Lives, low: str) -> None:
+def _autocast_storages(graph: OperatorGraph, preds: list[list[int]], lv: _Lives, low: str,
+                       copies: "Sequence[tuple[int, int]]" = ()) -> None:
     """Re-size the storages to their run-time dtype under autocast to ``low`` and add autocast's casts: an
     activation cast alive while its operator runs, a weight's cast (cached by autocast) from its first use
     to the end of the pass."""
@@ -568,6 +635,10 @@ def _autocast_storages(graph: OperatorGraph, preds: list[list[int]], lv: _Lives,
         cap, run = int(facts.dtype[i]), int(plan.dtype[i])
         if s is not None and lv.alloc_at[s] == i and cap in _WIDTH and run in _WIDTH and cap != run:
             lv.sizes[s] = [round_block(b * _WIDTH[run] // _WIDTH[cap]) for b in _output_blocks(graph, i)]
+    for s, q in copies:  # a matmul's contiguous copy of an operand, at the operand's run-time dtype
+        cap, run = int(facts.dtype[q]), int(plan.dtype[q])
+        if cap in _WIDTH and run in _WIDTH and cap != run:
+            lv.sizes[s] = [round_block(nodes[q].output_elements * _WIDTH[run])]
     for i, nd in enumerate(nodes):
         run = int(plan.dtype[i])
         if nd.is_constant or plan.casts[i] <= 0 or run not in _WIDTH:
@@ -977,7 +1048,10 @@ def activation_liveness_many(graphs: Sequence[OperatorGraph], *, retention: bool
                    dtype=np.int64).reshape(-1, 2)
     sid = lv.storage_of[ext[:, 0]]
     np.maximum.at(lv.last, sid[sid >= 0], ext[sid >= 0, 1])
-    scr = np.array([(gi, i, b) for gi, r in enumerate(rules) for i, b in r.scratch], dtype=np.int64).reshape(-1, 3)
+    scr = np.array([(gi, i, b) for gi, r in enumerate(rules) for i, b in r.scratch]
+                   + [(gi, m, round_block(nd.output_elements * dtype_bytes(nd.output_dtype)))
+                      for gi, r in enumerate(rules) for m, q in r.copies for nd in (st.graphs[gi].nodes[q],)],
+                   dtype=np.int64).reshape(-1, 3)
     if scr.size:
         new_sid = lv.graph.size + np.arange(scr.shape[0], dtype=np.int64)
         lv.graph = np.r_[lv.graph, scr[:, 0]]

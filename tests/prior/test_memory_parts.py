@@ -227,6 +227,47 @@ def test_a_conv_norm_module_holds_its_argument_until_the_norm_returns() -> None:
     assert activation_liveness_many([g], retention=True, include_inputs=False)[0].peak_allocated_bytes == eager
 
 
+class _WindowAttention(nn.Module):
+    """Swin's attention written out: ``qkv.permute(..)[i]`` selects are views of the projection, the scaled
+    query a local until the output matmul, and ``matmul`` copies the permuted key and value to contiguous
+    memory while it runs."""
+
+    def __init__(self, d: int = 64, heads: int = 4) -> None:
+        super().__init__()
+        self.heads, self.qkv, self.proj = heads, nn.Linear(d, 3 * d), nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, d = x.shape
+        qkv = self.qkv(x).reshape(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        q = q * (d // self.heads) ** -0.5
+        attn = (q @ k.transpose(-2, -1)).softmax(dim=-1)
+        return self.proj((attn @ v).transpose(1, 2).reshape(b, n, d))
+
+
+class _Select(nn.Module):
+    """``h[:, 0]`` is a view: the whole of ``h`` lives while the selected part is read."""
+
+    def __init__(self, d: int = 256) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(d, 8 * d), nn.Linear(d, 4 * d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(self.a(x).reshape(x.shape[0], 8, -1)[:, 0]) * 2
+
+
+@pytest.mark.parametrize(("model", "shape"), [(_WindowAttention, (49, 64)), (_Select, (256,))])
+def test_selects_are_views_and_explicit_attention_copies_permuted_operands(model: type, shape: tuple) -> None:
+    import dippm_nas
+
+    spec = InputSpec(shape=shape, batch_size=64)
+    g = dippm_nas.capture(model(), spec, cache=False)
+    ref = reference_activation_peak(model(), spec)
+    eager = activation_liveness(g, retention=True, include_inputs=False).peak_allocated_bytes
+    assert eager == pytest.approx(ref.peak_block_bytes, rel=1e-3)
+    assert activation_liveness_many([g], retention=True, include_inputs=False)[0].peak_allocated_bytes == eager
+
+
 @pytest.mark.parametrize("block", [_Block, _PreNorm, _PostNorm])
 def test_eager_retention_agrees_with_the_eager_reference(block: type) -> None:
     import dippm_nas
