@@ -25,6 +25,8 @@ sizes)::
         --before-module /tmp/memory_before.py --mig a100-sxm4-40gb --rows /tmp/liveness_rows.jsonl
 
 ``--rows`` keeps one JSON line per (model, batch, precision) and is read back on a rerun (resumable).
+``--reference-rows`` takes the reference figures of an earlier run's rows and recomputes before and after
+(minutes instead of the tracker's passes; the tracker does not depend on the prior's code).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import math
 import re
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -145,8 +148,20 @@ def _before_fn(path: Path | None) -> Any:
     return mod.activation_liveness
 
 
-def one_row(source: str, name: str, batch: int, seq: int, mode: str, before: Any, mig: str | None) -> dict[str, Any]:
-    """The reference, before and after figures of one model, batch and precision (``fp32`` / ``fp16``)."""
+@dataclass(frozen=True)
+class _Reference:
+    """The tracker's figures a row needs (from :func:`reference_activation_peak` or a rows file)."""
+
+    peak_block_bytes: int
+    input_bytes: int
+    peak_op: str
+
+
+def one_row(source: str, name: str, batch: int, seq: int, mode: str, before: Any, mig: str | None,
+            known: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The reference, before and after figures of one model, batch and precision (``fp32`` / ``fp16``);
+    ``known``: a row of an earlier run whose reference figures are taken instead of tracking the pass again
+    (the tracker does not depend on the prior's code)."""
     import dippm_nas
     import torch
 
@@ -155,7 +170,10 @@ def one_row(source: str, name: str, batch: int, seq: int, mode: str, before: Any
     ac = None if mode == "fp32" else "float16"
     device = "cpu" if ac is None or not torch.backends.cuda.is_built() else "cuda"
     t0 = time.perf_counter()
-    ref = reference_activation_peak(model_spec, spec, device=device, autocast=ac)
+    if known is not None:
+        ref: Any = _Reference(round(known["reference_mib"] * MIB), round(known["input_mib"] * MIB), known["peak_op"])
+    else:
+        ref = reference_activation_peak(model_spec, spec, device=device, autocast=ac)
     g = dippm_nas.capture(model_spec, spec)
     after = activation_liveness(g, retention=True, include_inputs=False, autocast=ac).peak_allocated_bytes
     if before is not None:
@@ -299,11 +317,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mig", default=None, help="check the MIG advice on this device id, e.g. a100-sxm4-40gb")
     ap.add_argument("--rows", type=Path, default=None, help="JSON lines of the rows (read back on a rerun)")
     ap.add_argument("--json", type=Path, default=None, help="write the table's figures here")
+    ap.add_argument("--reference-rows", type=Path, default=None,
+                    help="JSON lines of an earlier run (--rows): take their reference figures instead of tracking "
+                         "those passes again; before and after are recomputed")
     args = ap.parse_args(argv)
     print(f"machine: {machine()}")
     before = _before_fn(args.before_module)
     rows = _read_rows(args.rows)
     done = {(r["source"], r["name"], r["batch"], r["mode"]) for r in rows}
+    known = {(r["source"], r["name"], r["batch"], r["mode"]): r for r in _read_rows(args.reference_rows)}
     lists = {"torchvision": DEFAULT_TORCHVISION if args.torchvision == "default" else args.torchvision,
              "timm": DEFAULT_TIMM if args.timm == "default" else args.timm,
              "transformers": DEFAULT_TRANSFORMERS if args.transformers == "default" else args.transformers}
@@ -315,7 +337,8 @@ def main(argv: list[str] | None = None) -> int:
                     if (source, name, batch, mode) in done:
                         continue
                     try:
-                        row = one_row(source, name, batch, args.seq, mode, before, args.mig)
+                        row = one_row(source, name, batch, args.seq, mode, before, args.mig,
+                                      known.get((source, name, batch, mode)))
                     except Exception as e:  # noqa: BLE001 - a benchmark reports what it skipped and goes on
                         print(f"  skipped {source}:{name} bs{batch} {mode}: {type(e).__name__}: {str(e)[:200]}")
                         continue

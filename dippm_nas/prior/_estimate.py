@@ -266,7 +266,7 @@ def estimate(
         UnsupportedDtypeError: the device has no peak for the graph's dtype.
         GraphValidationError: a malformed graph.
     """
-    dev, p, prof, facts, costs, runtime, prefix_us, copy_us, latency_us, host_total_us = _latency_parts(
+    dev, p, prof, facts, costs, runtime, prefix_us, copy_us, latency_us, host_total_us, ac = _latency_parts(
         graph, device, tf32_conv=tf32_conv, tf32_matmul=tf32_matmul, channels_last=channels_last, params=params,
         runtime=runtime, host=host, input_copy=input_copy, execution=execution, autocast=autocast,
         deployment=deployment)
@@ -277,14 +277,15 @@ def estimate(
                                  (facts.dtype == 1) | (facts.dtype == 2), dev)
         energy = (pass_energy_j(pw, dev, costs.gpu_us, activity, latency_us), pw)
     return _finished(graph, dev, p, prof, facts, costs, runtime, prefix_us, copy_us, latency_us, host_total_us,
-                     float(costs.gpu_us.sum()), energy)
+                     float(costs.gpu_us.sum()), energy, ac)
 
 
 def _finished(graph: OperatorGraph, dev: Device, p: PriorParams, prof: HostProfile, facts: Any, costs: Any,
               runtime: str, prefix_us: float, copy_us: float, latency_us: float, host_total_us: float,
-              busy_us: float, energy: tuple[float, Any] | None) -> PriorEstimate:
+              busy_us: float, energy: tuple[float, Any] | None, autocast: str | None = None) -> PriorEstimate:
     """The :class:`PriorEstimate` of one graph from its latency parts, its GPU busy time (µs) and its energy
-    (``(J, the power constants)``, ``None`` without power figures): the memory parts are added here."""
+    (``(J, the power constants)``, ``None`` without power figures): the memory parts are added here (on a GPU
+    under ``autocast``, the activation peak of the autocast pass: run-time dtypes and autocast's casts)."""
     if dev.kind != "gpu":
         busy_us = latency_us
     energy_j = energy_std = None
@@ -298,7 +299,7 @@ def _finished(graph: OperatorGraph, dev: Device, p: PriorParams, prof: HostProfi
     memory_std: float | None = None
     memory_details: dict[str, float] = {}
     if dev.kind == "gpu":
-        parts = _gpu_parts(graph, facts, dev)
+        parts = _gpu_parts(graph, facts, dev, autocast)
         baseline, weights_mib, input_mib = parts.context_mib, parts.weights_mib, parts.input_mib
         act_mib, workspace_mib = parts.activations_peak_mib, parts.cublas_workspace_mib + parts.cudnn_workspace_mib
         overhead_mib, total_mib = parts.allocator_overhead_mib, parts.total_mib
@@ -404,7 +405,7 @@ def _latency_parts(graph: OperatorGraph, device: Device | str, *, tf32_conv: boo
                    deployment: Any = None) -> tuple[Any, ...]:
     """The latency half of :func:`estimate` (validation, per-node costs, timelines), shared with
     :func:`estimate_latency_ms`: ``(device, params, host profile, facts, costs, runtime, prefix µs, input copy
-    µs, latency µs, host µs)``."""
+    µs, latency µs, host µs, the resolved autocast dtype or None)``."""
     r = resolved_settings(device, tf32_conv=tf32_conv, tf32_matmul=tf32_matmul, channels_last=channels_last,
                           params=params, runtime=runtime, host=host, input_copy=input_copy, execution=execution,
                           autocast=autocast, deployment=deployment)
@@ -422,7 +423,7 @@ def _latency_parts(graph: OperatorGraph, device: Device | str, *, tf32_conv: boo
         costs = dataclasses.replace(costs, gpu_us=gpu_rt, host_us=host_rt)
     prefix_us, copy_us = _pass_host_us(graph, dev, p, runtime, prof, r.input_copy)
     latency_us, host_total_us = _timelines(costs.gpu_us, costs.host_us, dev.kind, prefix_us)
-    return dev, p, prof, facts, costs, runtime, prefix_us, copy_us, latency_us, host_total_us
+    return dev, p, prof, facts, costs, runtime, prefix_us, copy_us, latency_us, host_total_us, r.autocast
 
 
 def estimate_latency_ms(
@@ -439,14 +440,15 @@ def estimate_latency_ms(
                           execution=execution, autocast=autocast, deployment=deployment)[8] / 1e3
 
 
-def _gpu_parts(graph: OperatorGraph, facts: Any, dev: Device) -> Any:
+def _gpu_parts(graph: OperatorGraph, facts: Any, dev: Device, autocast: str | None = None) -> Any:
     """:func:`~dippm_nas.prior._memory.gpu_memory_parts` of ``graph`` on ``dev``, once per graph (cached with
     the graph's facts, keyed by everything it reads besides the graph's structure: the device's context and
-    cuBLAS workspace, the input spec). It depends on neither the prior's constants nor the runtime."""
-    key = gpu_parts_key(graph, dev)
+    cuBLAS workspace, the input spec, the autocast dtype). It depends on neither the prior's constants nor the
+    runtime."""
+    key = gpu_parts_key(graph, dev, autocast)
     parts = facts.memory.get(key)
     if parts is None:
-        mem = _liveness(graph, facts.memory, "eager")
+        mem = _liveness(graph, facts.memory, eager_kind(autocast))
         parts = gpu_memory_parts(graph, mem, context_mib=dev.runtime_baseline_mib,
                                  cublas_workspace_mib=dev.cublas_workspace_mib, uses_cublas=facts.uses_cublas,
                                  uses_cudnn=uses_cudnn(graph, facts))
@@ -454,10 +456,15 @@ def _gpu_parts(graph: OperatorGraph, facts: Any, dev: Device) -> Any:
     return parts
 
 
-def gpu_parts_key(graph: OperatorGraph, dev: Device) -> tuple[Any, ...]:
-    """Where a graph's facts keep its GPU memory parts on ``dev`` (see :func:`_gpu_parts`)."""
+def gpu_parts_key(graph: OperatorGraph, dev: Device, autocast: str | None = None) -> tuple[Any, ...]:
+    """Where a graph's facts keep its GPU memory parts on ``dev`` under ``autocast`` (see :func:`_gpu_parts`)."""
     return ("gpu_parts", float(dev.runtime_baseline_mib), float(dev.cublas_workspace_mib), graph.spec,
-            graph.param_bytes)
+            graph.param_bytes, autocast)
+
+
+def eager_kind(autocast: str | None) -> str:
+    """The liveness kind of a GPU pass: ``"eager"``, or ``"eager:float16"`` / ``"eager:bfloat16"`` under autocast."""
+    return "eager" if autocast is None else f"eager:{autocast}"
 
 
 def uses_cudnn(graph: OperatorGraph, facts: Any) -> bool:
@@ -505,8 +512,12 @@ def _device_of(est: PriorEstimate, device: Device | None) -> Device:
 
 def _liveness(graph: OperatorGraph, cache: dict[str, MemoryBreakdown], kind: str) -> MemoryBreakdown:
     """The graph's liveness pass, once per graph and kind: ``"eager"`` (GPU: eager retention, the input
-    apart) or ``"dataflow"`` (CPU: freed at last use, the input included)."""
+    apart), ``"eager:<dtype>"`` (the same under autocast to ``dtype``, :func:`eager_kind`) or ``"dataflow"``
+    (CPU: freed at last use, the input included)."""
     if kind not in cache:
-        cache[kind] = (activation_liveness(graph, retention=True, include_inputs=False) if kind == "eager"
-                       else activation_liveness(graph))
+        if kind == "dataflow":
+            cache[kind] = activation_liveness(graph)
+        else:
+            ac = kind.partition(":")[2] or None
+            cache[kind] = activation_liveness(graph, retention=True, include_inputs=False, autocast=ac)
     return cache[kind]

@@ -43,11 +43,21 @@ neither make nor break a cut. Further rules of eager PyTorch's frames and in-pla
 - inverted residual: 1x1 expand, depthwise, 1x1 project (MobileNet, MBConv): the block's input lives until
   the projection's norm, the depthwise convolution's input until its norm (``Conv2dNormActivation``);
 - a concatenation normalised before a convolution (DenseNet's ``bn_function``) lives until that convolution;
+- conv + norm outside residual blocks (a ``ConvNormAct`` / ``BasicConv2d`` module of its own: Inception, DLA,
+  stems): the convolution's input lives until the norm (the caller holds the module's argument); inside a
+  residual block, between a join's skip source and the join, blocks are written flat and rebind it;
+- cross-stage partial block (CSPNet: ``split``, blocks, ``conv(cat([xs, xb]))``, norm): the split tensor, the
+  concatenation, its inputs and the block's argument live until that norm (locals of the block's frame);
+- a ``take`` with one scalar index (``qkv[0]``, ``x[:, 0]``) is eager's ``select``, a view of its input;
+- explicit attention (``q * scale``, ``q @ k^T``, softmax, ``@ v``: Swin): the scaled query lives until the output
+  matmul, and a matmul operand that is a select of a permuted tensor is copied to contiguous memory while the
+  matmul runs (at the operand's run-time dtype under autocast);
 - max pooling allocates its int64 indices for the duration of the operator.
 
 Under ``autocast`` each output is sized at its run-time dtype (:func:`~dippm_nas.prior.autocast_plan`), each
 activation cast lives while its operator runs and each weight cast (autocast caches them) from its first
 use to the end of the pass. :func:`activation_liveness_many` has the retention rules, not ``autocast``.
+``prior.estimate`` / ``predict`` on a GPU price the pass under their ``autocast`` (or the deployment's) this way.
 
 :func:`dippm_nas.measure.reference_activation_peak` gives the exact eager figure without a GPU;
 ``benchmarks/accuracy/accuracy_memory_liveness.py`` prints how well these rules agree with it per family.
@@ -99,12 +109,13 @@ K_LARGE_BUFFER = 20 * BYTES_PER_MIB
 K_MIN_LARGE_ALLOC = 10 * BYTES_PER_MIB
 K_ROUND_LARGE = 2 * BYTES_PER_MIB
 
-#: Relative standard deviation of the activation peak: the root-mean-square relative error (0.12) of the
+#: Relative standard deviation of the activation peak: the root-mean-square relative error (0.098) of the
 #: eager-retention liveness against the exact eager reference (:func:`dippm_nas.measure.reference_activation_peak`)
-#: over its float32 rows: 110 of 30 torchvision, 20 timm and 5 transformers models at two batch sizes (0.090) and
-#: 56 of the 14 search-space families (0.162) (``benchmarks/accuracy/accuracy_memory_liveness.py``;
-#: ``docs/gpu_memory.md`` has the commands and the table).
-ACTIVATION_REL_SIGMA = 0.12
+#: over its float32 rows: 110 of 30 torchvision, 20 timm and 5 transformers models at two batch sizes (0.058) and
+#: 56 of the 14 search-space families (0.148); the 110 float16-autocast rows (0.076, the pass ``estimate`` prices
+#: under autocast) are within it (``benchmarks/accuracy/accuracy_memory_liveness.py``; ``docs/gpu_memory.md`` has
+#: the commands and the table).
+ACTIVATION_REL_SIGMA = 0.098
 #: Relative standard deviation of the CUDA context (``runtime_baseline_mib``): PyTorch processes are reported
 #: at 500-900 MiB of context (driver, CUDA and cuDNN versions; eager or lazy module loading), +-25 % of the
 #: 700 MiB the catalogue takes; nothing here can check it without a GPU.
@@ -274,11 +285,13 @@ class _FrameRules:
     """What eager PyTorch's frames and in-place modules do to one graph's liveness (node indices).
 
     ``inplace``: activations that reuse their producer's storage; ``extend``: ``(producer, until)`` pairs,
-    the producer's output lives at least until node ``until``."""
+    the producer's output lives at least until node ``until``; ``scratch``: ``(node, bytes)`` alive while the
+    node runs; ``copies``: ``(matmul, operand)``, a contiguous copy of the operand alive while the matmul runs."""
 
     inplace: tuple[int, ...]
     extend: tuple[tuple[int, int], ...]
     scratch: tuple[tuple[int, int], ...] = ()
+    copies: tuple[tuple[int, int], ...] = ()
 
 
 def _frame_rules(graph: OperatorGraph) -> _FrameRules:
@@ -301,17 +314,79 @@ def _frame_rules(graph: OperatorGraph) -> _FrameRules:
                                  or fused[preds[i][0]] and any(_is_conv(nodes[q]) for q in preds[preds[i][0]]))
                             and succ[preds[i][0]] == [i] and preds[i][0] not in outs}
                            | {i for i in range(len(nodes)) if fused[i] and preds[i]}
+                           | set(_selects(nodes, preds))
                            | set(_hardswish_chains(nodes, preds, succ))))
+    att_extend, copies = _explicit_attention_rule(nodes, preds, succ)
     extend = _pre_norm_rule(nodes, preds) + _post_norm_rule(nodes, preds, succ) + _attention_block_rule(nodes, preds) \
-        + _inverted_residual_rule(nodes, preds, succ) + _concat_norm_rule(nodes, succ)
+        + att_extend \
+        + _inverted_residual_rule(nodes, preds, succ) + _concat_norm_rule(nodes, succ) \
+        + _conv_norm_rule(nodes, preds, succ) \
+        + _split_concat_rule(nodes, preds, succ)
     # max pooling computes its int64 indices (``max_pool2d_with_indices``) and drops them when it returns
     scratch = tuple((i, round_block(nd.output_elements * 8)) for i, nd in enumerate(nodes)
                     if nd.op.startswith("nn.max_pool") and not nd.is_constant)
-    rules = _FrameRules(inplace, tuple(extend), scratch)
+    rules = _FrameRules(inplace, tuple(extend), scratch, tuple(copies))
     if len(_FRAME_MEMO) >= _MEMO_MAX:
         _FRAME_MEMO.clear()
     _FRAME_MEMO[id(graph)] = (graph, rules)
     return rules
+
+
+def _explicit_attention_rule(nodes: "Sequence[OpNode]", preds: list[list[int]], succ: list[list[int]]
+                             ) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """Attention written out (``q = q * scale; attn = q @ k.transpose(-2, -1); ..; softmax(attn) @ v``: Swin's,
+    MaxViT's): the scaled query is a local of the attention's frame, alive until its output matmul; an operand
+    that is a view of a permuted tensor (``qkv.permute(..)[i]``) is copied to contiguous memory by ``matmul``
+    while it runs. Returns the ``extend`` pairs and the ``(matmul, operand)`` copies."""
+    extend: list[tuple[int, int]] = []
+    copies: list[tuple[int, int]] = []
+    for sm, nd in enumerate(nodes):
+        if nd.op_class != "softmax" or nd.is_constant or not preds[sm]:
+            continue
+        m1 = preds[sm][0]
+        for _ in range(8):
+            if nodes[m1].op_class == "matmul" or not preds[m1]:
+                break
+            m1 = next((q for q in preds[m1] if not nodes[q].is_constant), preds[m1][0])
+        m2 = sm
+        for _ in range(4):
+            nxt = [c for c in succ[m2] if nodes[c].op_class in ("matmul", "view", "cast")]
+            if len(succ[m2]) != 1 or not nxt:
+                break
+            m2 = nxt[0]
+            if nodes[m2].op_class == "matmul":
+                break
+        if nodes[m1].op_class != "matmul" or nodes[m2].op_class != "matmul":
+            continue
+        for q in preds[m1]:
+            if nodes[_producer(nodes, preds, q)].op == "multiply":
+                extend.append((_producer(nodes, preds, q), m2))
+        copies += [(m, q) for m in (m1, m2) for q in preds[m] if _permuted_view(nodes, preds, q)]
+    return extend, copies
+
+
+def _permuted_view(nodes: "Sequence[OpNode]", preds: list[list[int]], i: int) -> bool:
+    """Node ``i`` is a select of a permuted tensor (through views): memory ``matmul`` cannot batch in place."""
+    seen_select = False
+    for _ in range(6):
+        nd = nodes[i]
+        if nd.is_constant or nd.op_class not in ("view", "gather") or not preds[i]:
+            return False
+        if nd.op == "take":
+            if not (len(nd.input_shapes) == 2 and nd.input_shapes[1] == ()):
+                return False
+            seen_select = True
+        elif nd.op == "permute_dims" and seen_select:
+            return True
+        i = preds[i][0]
+    return False
+
+
+def _selects(nodes: "Sequence[OpNode]", preds: list[list[int]]) -> list[int]:
+    """``take`` with one scalar index (``qkv[0]``, ``x[:, 0]``): eager PyTorch's ``select``, a view of its input."""
+    return [i for i, nd in enumerate(nodes)
+            if nd.op == "take" and not nd.is_constant and preds[i] and len(nd.input_shapes) == 2
+            and nd.input_shapes[1] == () and len(nd.output_shape) == len(nd.input_shapes[0]) - 1]
 
 
 def _hardswish_chains(nodes: "Sequence[OpNode]", preds: list[list[int]], succ: list[list[int]]) -> list[int]:
@@ -438,6 +513,55 @@ def _inverted_residual_rule(nodes: "Sequence[OpNode]", preds: list[list[int]],
     return out
 
 
+def _conv_norm_rule(nodes: "Sequence[OpNode]", preds: list[list[int]],
+                    succ: list[list[int]]) -> list[tuple[int, int]]:
+    """A convolution and its normalization outside residual blocks (a ``ConvNormAct`` / ``BasicConv2d``
+    module of its own: DLA, Inception, a stem) hold the convolution's input until the normalization returns:
+    the caller's frame keeps the module's argument. Inside a residual block (between the producer of a
+    join's skip input and the join) blocks are written flat (``out = self.conv2(out)``), which rebinds it."""
+    inside = np.zeros(len(nodes) + 1, dtype=np.int64)
+    for j, ps in enumerate(preds):
+        src = sorted({_producer(nodes, preds, q) for q in ps if not nodes[q].is_constant})
+        if nodes[j].op == "add" and len(src) >= 2:
+            inside[src[0] + 1] += 1
+            inside[j] -= 1
+    inside = np.cumsum(inside)
+    out = []
+    for c, nd in enumerate(nodes):
+        if not _is_conv(nd) or not preds[c] or len(succ[c]) != 1 or nodes[succ[c][0]].op_class != "normalization" \
+                or inside[c] > 0:
+            continue
+        out.append((preds[c][0], succ[c][0]))
+    return out
+
+
+def _split_concat_rule(nodes: "Sequence[OpNode]", preds: list[list[int]],
+                        succ: list[list[int]]) -> list[tuple[int, int]]:
+    """A cross-stage partial block (CSPNet: ``x = conv_exp(x)``, ``xs, xb = x.split(..)``, ``xb = blocks(xb)``,
+    ``conv_transition(cat([xs, xb]))``) holds its locals and its argument until it returns: the split tensor,
+    the concatenation and its inputs, and the input of the convolution that made the split tensor live until
+    the normalization after the concatenation's convolution."""
+    out = []
+    for c, nd in enumerate(nodes):
+        if nd.op != "concat" or len(succ[c]) != 1 or not _is_conv(nodes[succ[c][0]]):
+            continue
+        v = succ[c][0]
+        splits = [q for q in preds[c] if nodes[q].op == "split"]
+        if not splits or len(succ[v]) != 1 or nodes[succ[v][0]].op_class != "normalization":
+            continue
+        end = succ[v][0]
+        src = [_producer(nodes, preds, q) for q in preds[c] if not nodes[q].is_constant]
+        out += [(c, end)] + [(q, end) for q in src]
+        k = _producer(nodes, preds, splits[0])
+        for _ in range(4):  # back through the normalization and activation to the convolution
+            if _is_conv(nodes[k]) or len(preds[k]) != 1:
+                break
+            k = preds[k][0]
+        if _is_conv(nodes[k]) and preds[k]:
+            out.append((preds[k][0], end))
+    return out
+
+
 def _concat_norm_rule(nodes: "Sequence[OpNode]", succ: list[list[int]]) -> list[tuple[int, int]]:
     """A concatenation normalised before a convolution (DenseNet's ``conv(relu(norm(cat(features))))``) lives
     until that convolution has run: it is a local variable of the function that makes it."""
@@ -491,8 +615,12 @@ def activation_liveness(graph: OperatorGraph, *, retention: bool = False,
                 lv.last_use[s] = max(lv.last_use[s], until)
         for i, nbytes in rules.scratch:
             _add_storage(lv, [nbytes], i, i)
+    copy_sids = []
+    for m, q in rules.copies:
+        copy_sids.append((len(lv.sizes), q))
+        _add_storage(lv, [round_block(graph.nodes[q].output_elements * dtype_bytes(graph.nodes[q].output_dtype))], m, m)
     if autocast is not None:
-        _autocast_storages(graph, preds, lv, autocast)
+        _autocast_storages(graph, preds, lv, autocast, copy_sids)
     return _peak(lv, n)
 
 
@@ -525,7 +653,8 @@ def storage_lives(graph: OperatorGraph, *, autocast: str | None = None,
 _WIDTH = {0: 4, 1: 2, 2: 2, 3: 8}
 
 
-def _autocast_storages(graph: OperatorGraph, preds: list[list[int]], lv: _Lives, low: str) -> None:
+def _autocast_storages(graph: OperatorGraph, preds: list[list[int]], lv: _Lives, low: str,
+                       copies: "Sequence[tuple[int, int]]" = ()) -> None:
     """Re-size the storages to their run-time dtype under autocast to ``low`` and add autocast's casts: an
     activation cast alive while its operator runs, a weight's cast (cached by autocast) from its first use
     to the end of the pass."""
@@ -540,6 +669,10 @@ def _autocast_storages(graph: OperatorGraph, preds: list[list[int]], lv: _Lives,
         cap, run = int(facts.dtype[i]), int(plan.dtype[i])
         if s is not None and lv.alloc_at[s] == i and cap in _WIDTH and run in _WIDTH and cap != run:
             lv.sizes[s] = [round_block(b * _WIDTH[run] // _WIDTH[cap]) for b in _output_blocks(graph, i)]
+    for s, q in copies:  # a matmul's contiguous copy of an operand, at the operand's run-time dtype
+        cap, run = int(facts.dtype[q]), int(plan.dtype[q])
+        if cap in _WIDTH and run in _WIDTH and cap != run:
+            lv.sizes[s] = [round_block(nodes[q].output_elements * _WIDTH[run])]
     for i, nd in enumerate(nodes):
         run = int(plan.dtype[i])
         if nd.is_constant or plan.casts[i] <= 0 or run not in _WIDTH:
@@ -949,7 +1082,10 @@ def activation_liveness_many(graphs: Sequence[OperatorGraph], *, retention: bool
                    dtype=np.int64).reshape(-1, 2)
     sid = lv.storage_of[ext[:, 0]]
     np.maximum.at(lv.last, sid[sid >= 0], ext[sid >= 0, 1])
-    scr = np.array([(gi, i, b) for gi, r in enumerate(rules) for i, b in r.scratch], dtype=np.int64).reshape(-1, 3)
+    scr = np.array([(gi, i, b) for gi, r in enumerate(rules) for i, b in r.scratch]
+                   + [(gi, m, round_block(nd.output_elements * dtype_bytes(nd.output_dtype)))
+                      for gi, r in enumerate(rules) for m, q in r.copies for nd in (st.graphs[gi].nodes[q],)],
+                   dtype=np.int64).reshape(-1, 3)
     if scr.size:
         new_sid = lv.graph.size + np.arange(scr.shape[0], dtype=np.int64)
         lv.graph = np.r_[lv.graph, scr[:, 0]]

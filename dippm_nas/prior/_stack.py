@@ -26,8 +26,9 @@ import numpy as np
 from dippm_nas.devices import Device, HostProfile
 from dippm_nas.graph import GraphStack, OperatorGraph, stack_graphs
 from dippm_nas.prior._autocast import AutocastPlan
-from dippm_nas.prior._estimate import (PriorEstimate, ResolvedSettings, _finished, _pass_host_us, _runtime_costs,
-                                       checked_facts_many, estimate, gpu_parts_key, resolved_settings, uses_cudnn)
+from dippm_nas.prior._estimate import (PriorEstimate, ResolvedSettings, _finished, _liveness, _pass_host_us,
+                                       _runtime_costs, checked_facts_many, eager_kind, estimate, gpu_parts_key,
+                                       resolved_settings, uses_cudnn)
 from dippm_nas.prior._nodes import KernelTerms, NodeCosts, costs_of_terms, host_times, kernel_terms, retimed
 from dippm_nas.prior._sdpa import AttentionShape
 from dippm_nas.prior._memory import activation_liveness_many, gpu_memory_parts_many
@@ -308,7 +309,7 @@ def estimates_of(stack: CostStack, r: ResolvedSettings, power: Any = None) -> li
     if table is not None:  # operators timed in place on this machine: the single-graph path reads the table
         return [estimate(g, dev, params=p, runtime=r.runtime, host=r.host, input_copy=r.input_copy,
                          power=power) for g in st.graphs]
-    _memory_of(stack, dev)
+    _memory_of(stack, dev, r.autocast)
     gpu_us, host_us, eager = stack.runtime_costs(r)
     prefix, copy = stack.prefixes(r)
     latency, host_total = stacked_timelines(st, gpu_us, host_us, dev.kind, prefix)
@@ -329,28 +330,32 @@ def estimates_of(stack: CostStack, r: ResolvedSettings, power: Any = None) -> li
                           memory_us=eager.memory_us[a:b], kernels=eager.kernels[a:b],
                           utilisation=eager.utilisation[a:b], tensor_core=eager.tensor_core[a:b], classes=f.classes)
         out.append(_finished(g, dev, p, r.host, f, costs, r.runtime, float(prefix[i]), float(copy[i]),
-                             float(latency[i]), float(host_total[i]), float(busy[i]), energies[i]))
+                             float(latency[i]), float(host_total[i]), float(busy[i]), energies[i], r.autocast))
     return out
 
 
-def _memory_of(stack: CostStack, dev: Device) -> None:
+def _memory_of(stack: CostStack, dev: Device, autocast: str | None = None) -> None:
     """Each graph's liveness pass (and on a GPU its memory parts), kept with its facts as the single-graph
-    estimate keeps them, the missing ones computed over all graphs at once."""
+    estimate keeps them, the missing ones computed over all graphs at once (under ``autocast`` on a GPU, graph
+    by graph: :func:`~dippm_nas.prior.activation_liveness_many` has no autocast)."""
     st = stack.facts
-    kind = "eager" if dev.kind == "gpu" else "dataflow"
+    gpu = dev.kind == "gpu"
+    kind = eager_kind(autocast) if gpu else "dataflow"
     for f in st.parts:
         if f.memory is None:
             f.memory = {}
     todo = _firsts([i for i, f in enumerate(st.parts) if kind not in f.memory], st)
-    gpu = kind == "eager"
-    if todo:
+    if todo and gpu and autocast is not None:
+        for i in todo:
+            _liveness(st.graphs[i], st.parts[i].memory, kind)
+    elif todo:
         whole = stack.graph_stack if len(todo) == len(st) else None
         for i, m in zip(todo, activation_liveness_many([st.graphs[i] for i in todo], retention=gpu,
                                                        include_inputs=not gpu, stack=whole)):
             st.parts[i].memory[kind] = m
     if not gpu:
         return
-    keys = [gpu_parts_key(g, dev) for g in st.graphs]
+    keys = [gpu_parts_key(g, dev, autocast) for g in st.graphs]
     todo = _firsts([i for i, (f, k) in enumerate(zip(st.parts, keys)) if k not in f.memory], st)
     if todo:
         graphs = [st.graphs[i] for i in todo]
