@@ -199,6 +199,28 @@ class ResolvedDeployment:
     from_process: tuple[str, ...] = ()
     process_torch: str | None = None
 
+    @property
+    def label(self) -> str:
+        """A short text of these settings (what ``labels["deployment"]`` of a prediction holds), e.g. ``"eager, host
+        unknown, framework torch-2, tf32 matmul off conv on, input copy unknown"``."""
+        r = self
+        framework = r.framework or "unknown"
+        if "framework" in r.from_process:
+            framework += f" (running process, torch {r.process_torch})"
+        parts = [r.runtime, f"host {r.host.name} (x{r.host.speed:.3g})" if r.host is not None else "host unknown",
+                 f"framework {framework}"]
+        if r.tf32_matmul is None or r.tf32_conv is None:
+            parts.append("tf32 unknown")
+        elif r.tf32_matmul == r.tf32_conv:
+            parts.append(f"tf32 {'on' if r.tf32_matmul else 'off'}")
+        else:
+            parts.append(f"tf32 matmul {'on' if r.tf32_matmul else 'off'} conv {'on' if r.tf32_conv else 'off'}")
+        if r.autocast is not None:
+            parts.append(f"autocast {r.autocast}")
+        parts.append("input copy unknown" if r.input_copy is None else f"input copy {r.input_copy}")
+        parts += [name for name in ("channels_last", "cudnn_benchmark") if getattr(r, name)]
+        return ", ".join(parts)
+
 
 @dataclass(frozen=True)
 class Deployment:
@@ -325,25 +347,9 @@ class Deployment:
     @property
     def label(self) -> str:
         """A short text of the effective settings (what ``labels["deployment"]`` of a prediction holds), e.g. ``"eager, host
-        unknown, framework torch-2, tf32 matmul off conv on, input copy unknown"``; :attr:`key` names the
-        deployment exactly."""
-        r = self.resolve()
-        framework = r.framework or "unknown"
-        if "framework" in r.from_process:
-            framework += f" (running process, torch {r.process_torch})"
-        parts = [r.runtime, f"host {r.host.name} (x{r.host.speed:.3g})" if r.host is not None else "host unknown",
-                 f"framework {framework}"]
-        if r.tf32_matmul is None or r.tf32_conv is None:
-            parts.append("tf32 unknown")
-        elif r.tf32_matmul == r.tf32_conv:
-            parts.append(f"tf32 {'on' if r.tf32_matmul else 'off'}")
-        else:
-            parts.append(f"tf32 matmul {'on' if r.tf32_matmul else 'off'} conv {'on' if r.tf32_conv else 'off'}")
-        if r.autocast is not None:
-            parts.append(f"autocast {r.autocast}")
-        parts.append("input copy unknown" if r.input_copy is None else f"input copy {r.input_copy}")
-        parts += [name for name in ("channels_last", "cudnn_benchmark") if getattr(r, name)]
-        return ", ".join(parts)
+        unknown, framework torch-2, tf32 matmul off conv on, input copy unknown"``: :attr:`ResolvedDeployment.label`
+        of :meth:`resolve`; :attr:`key` names the deployment exactly."""
+        return self.resolve().label
 
     @property
     def key(self) -> str:

@@ -28,7 +28,8 @@ from dippm_nas.prior import (CostStack, DeploymentSettings, advise, advise_many,
                              latency_us,
                              prediction_of, resolved_settings, timeline_fields)
 
-__all__ = ["BasePredictor", "AnalyticPredictor", "measurement_pairs", "deployment_of", "BATCH_MIN_GRAPHS"]
+__all__ = ["BasePredictor", "AnalyticPredictor", "measurement_pairs", "deployment_of", "resolve_deployment",
+           "BATCH_MIN_GRAPHS"]
 
 #: From this many graphs per request on, a predictor runs the prior over the stack of graphs at once
 #: (:func:`~dippm_nas.prior.estimate_many`, ``deployment_spread_many``, ``advise_many``) instead of graph by graph;
@@ -52,6 +53,10 @@ class BasePredictor(abc.ABC):
 
     #: The catalogue id of the device this predictor answers for.
     device: str
+    #: :meth:`predict_graphs` takes the settings :func:`resolve_deployment` returns as ``deployment=`` (the shipped
+    #: predictors: a request's deployment is resolved once, at its entry); a plug-in that leaves it ``False`` gets
+    #: the :class:`~dippm_nas.Deployment` they resolve.
+    takes_resolved_deployment: bool = False
 
     @property
     def resolved_device(self) -> Device:
@@ -66,7 +71,7 @@ class BasePredictor(abc.ABC):
     @abc.abstractmethod
     def predict_graphs(self, graphs: Sequence[OperatorGraph], *, mig: bool = True, k_sigma: float = 2.0,
                        runtime: str | None = None, host: HostProfile | str | None = None,
-                       deployment: Deployment | None = None) -> list[Prediction]:
+                       deployment: "Deployment | DeploymentSettings | None" = None) -> list[Prediction]:
         """One :class:`Prediction` per graph, in order.
 
         Args:
@@ -109,28 +114,67 @@ class BasePredictor(abc.ABC):
                             "adapt(); use get_predictor(device), whose predictors all do")
 
 
-def deployment_of(device: "str | Device", deployment: Deployment | None = None, runtime: str | None = None,
-                  host: Any = None) -> tuple[Deployment, DeploymentSettings]:
+def deployment_of(device: "str | Device", deployment: "Deployment | DeploymentSettings | None" = None,
+                  runtime: str | None = None, host: Any = None) -> tuple[Deployment, DeploymentSettings]:
     """The deployment a prediction on ``device`` (a catalogue id, or the resolved :class:`~dippm_nas.devices.Device`)
-    is for, and the prior's settings of it.
+    is for, and the prior's settings of it: the one place a deployment is coerced and resolved
+    (:func:`resolve_deployment` is its public face).
 
     ``deployment``, or one built from the ``runtime`` / ``host`` keywords: ``Deployment(runtime, host)``
     with the host profile's framework (a profile names its PyTorch generation); ``host=None`` leaves the host
-    and the framework undescribed.
+    and the framework undescribed. Settings already resolved (:func:`resolve_deployment`) pass as they are (only
+    the device's checks run), so an entry resolves once and hands the settings inward.
 
     Raises:
         ExecutionRuntimeError: an unknown runtime, one the graph predictors do not model (``"serving"``), or
             one other than ``"eager"`` on a CPU device.
         DeviceError: an unreadable host profile.
-        InvalidTypeError: ``deployment`` is not a :class:`~dippm_nas.Deployment`.
+        InvalidTypeError: ``deployment`` is neither a :class:`~dippm_nas.Deployment` nor the settings of one.
         DeploymentError: ``runtime`` or ``host`` given beside a deployment that says otherwise
             (:meth:`Deployment.coerce`).
     """
+    if isinstance(deployment, DeploymentSettings):
+        if deployment.deployment is None:
+            raise InvalidTypeError("deployment settings must be those resolve_deployment() returns (they name the "
+                                   "Deployment they resolve), not settings built by hand; pass a dippm_nas.Deployment")
+        if runtime is None and host is None:
+            return deployment.deployment, _checked_for(deployment, resolve_device(device))
+        deployment = deployment.deployment
     if deployment is not None and not isinstance(deployment, Deployment):
         raise InvalidTypeError(f"deployment must be a dippm_nas.Deployment, got {type(deployment).__name__}")
-    dep = Deployment.coerce(deployment, runtime=runtime, host=host, runtimes=DEPLOYMENT_RUNTIMES)
+    dep = (deployment if deployment is not None and runtime is None and host is None
+           else Deployment.coerce(deployment, runtime=runtime, host=host, runtimes=DEPLOYMENT_RUNTIMES))
     settings = deployment_settings(dep)  # refuses "serving" (ExecutionRuntimeError listing the runtimes)
-    dev = resolve_device(device)
+    return dep, _checked_for(settings, resolve_device(device))
+
+
+def resolve_deployment(device: "str | Device", deployment: Any = None, *, runtime: str | None = None,
+                       host: Any = None) -> DeploymentSettings:
+    """The deployment of a prediction on ``device``, resolved once: what an entry point (``predict``,
+    ``predict_many``, ``HardwareCostModel``, the NNI tuner, the CLI) builds and passes inward.
+
+    Args:
+        device: a catalogue id or a resolved :class:`~dippm_nas.devices.Device`.
+        deployment: a :class:`~dippm_nas.Deployment`, a mapping of its fields, the path of a JSON/TOML deployment
+            file, settings this function returned (passed as they are), or ``None``.
+        runtime, host: the ``runtime=`` / ``host=`` keywords of :func:`dippm_nas.predict`.
+
+    Returns:
+        The prior's :class:`~dippm_nas.prior.DeploymentSettings`, holding the :class:`~dippm_nas.Deployment`
+        (``.deployment``) and its label (``.label``); :func:`dippm_nas.predict` takes them as ``deployment=``.
+
+    Raises:
+        DeploymentError, ExecutionRuntimeError, DeviceError, InvalidValueError: as for :func:`dippm_nas.predict`.
+    """
+    if not isinstance(deployment, DeploymentSettings):
+        deployment = Deployment.coerce(deployment, runtime=runtime, host=host)
+        runtime = host = None
+    return deployment_of(device, deployment, runtime, host)[1]
+
+
+def _checked_for(settings: DeploymentSettings, dev: Device) -> DeploymentSettings:
+    """``settings``, once checked against the device they predict for (a CPU runs eager, without autocast), with
+    the warnings of TF32 on a GPU without it and of a framework the host model is not for (once each)."""
     if settings.runtime != "eager" and dev.kind != "gpu":
         raise ExecutionRuntimeError(f"runtime {settings.runtime!r} is modelled for GPUs; device {dev.id!r} is a CPU, "
                                     "whose predictions are for eager PyTorch (runtime='eager')")
@@ -146,7 +190,7 @@ def deployment_of(device: "str | Device", deployment: Deployment | None = None, 
                    "the deployment runs %s, not the %s generation the host model's constants are for: its host "
                    "times are scaled by the fitted generation factor and flagged details['host_profile_mismatch'] = 1",
                    settings.host.framework, CURRENT_FRAMEWORK)
-    return dep, settings
+    return settings
 
 
 #: The framework generation the host model's constants and the default host profile describe.
@@ -196,6 +240,7 @@ class AnalyticPredictor(BasePredictor):
     #: from this many graphs per request on, the prior runs over the stack of graphs at once
     #: (:data:`BATCH_MIN_GRAPHS`; the same figures as graph by graph)
     batch_min_graphs: int = BATCH_MIN_GRAPHS
+    takes_resolved_deployment = True
 
     def __init__(self, device: str, *, load_calibration: bool = True) -> None:
         dev = resolve_device(device)
@@ -215,7 +260,7 @@ class AnalyticPredictor(BasePredictor):
 
     def predict_graphs(self, graphs: Sequence[OperatorGraph], *, mig: bool = True, k_sigma: float = 2.0,
                        runtime: str | None = None, host: HostProfile | str | None = None,
-                       deployment: Deployment | None = None) -> list[Prediction]:
+                       deployment: "Deployment | DeploymentSettings | None" = None) -> list[Prediction]:
         """See :meth:`BasePredictor.predict_graphs`. From :data:`BATCH_MIN_GRAPHS` graphs on, the prior runs over
         the stack of graphs at once (:func:`~dippm_nas.prior.estimate_many`; the same figures)."""
         dev = self.resolved_device

@@ -77,6 +77,11 @@ class DeploymentSettings:
         from_process: the undescribed settings taken from the running process's torch (``"framework"``,
             ``"tf32"``; :attr:`~dippm_nas.deployment.ResolvedDeployment.from_process`); no σ spans them.
         process_torch: that torch's version, ``None`` when nothing was taken from it.
+        label: :attr:`~dippm_nas.deployment.ResolvedDeployment.label` of the deployment these settings resolve
+            (``labels["deployment"]`` of a prediction), made once here; ``""`` for settings built by hand.
+        deployment: the :class:`~dippm_nas.Deployment` these settings resolve (``None`` for settings built by hand
+            or from a resolved deployment); its :attr:`~dippm_nas.Deployment.key` names the adaptation a
+            prediction for it reads. Neither ``label`` nor ``deployment`` takes part in equality.
     """
 
     runtime: str = "eager"
@@ -90,6 +95,8 @@ class DeploymentSettings:
     tf32_requested: bool = False
     from_process: tuple[str, ...] = ()
     process_torch: str | None = None
+    label: str = dataclasses.field(default="", compare=False)
+    deployment: Deployment | None = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
     def assumed_label(self) -> str:
@@ -124,7 +131,9 @@ def input_copy_kind(input_copy: Any) -> str:
 
 
 def deployment_settings(deployment: Deployment | ResolvedDeployment | DeploymentSettings) -> DeploymentSettings:
-    """The prior's settings of a deployment: its described settings, the centre values for the others.
+    """The prior's settings of a deployment: its described settings, the centre values for the others. A
+    :class:`DeploymentSettings` is returned as it is; a :class:`~dippm_nas.Deployment` is resolved here once
+    (:meth:`~dippm_nas.Deployment.resolve`), and the settings keep it and its label.
 
     Raises:
         ExecutionRuntimeError: a runtime the graph prior does not model (``"serving"``).
@@ -133,9 +142,10 @@ def deployment_settings(deployment: Deployment | ResolvedDeployment | Deployment
     if isinstance(deployment, DeploymentSettings):
         return deployment
     requested = False
+    described: Deployment | None = None
     if isinstance(deployment, Deployment):
         requested = bool(deployment.tf32_matmul) or bool(deployment.tf32_conv)
-        deployment = deployment.resolve()
+        described, deployment = deployment, deployment.resolve()
     if not isinstance(deployment, ResolvedDeployment):
         raise InvalidTypeError(f"deployment must be a dippm_nas.Deployment, got {type(deployment).__name__}")
     r = deployment
@@ -151,4 +161,4 @@ def deployment_settings(deployment: Deployment | ResolvedDeployment | Deployment
                               channels_last=r.channels_last, autocast=r.autocast,
                               input_copy=UNKNOWN_INPUT_COPY if r.input_copy is None else r.input_copy,
                               assumed=r.assumed, tf32_requested=requested, from_process=r.from_process,
-                              process_torch=r.process_torch)
+                              process_torch=r.process_torch, label=r.label, deployment=described)
