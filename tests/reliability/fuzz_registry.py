@@ -244,6 +244,7 @@ GENERIC = _names("""
     predict_generation predict_many predictor.calibration_path predictor.checkpoint_digest predictor.checkpoint_name
     predictor.correction_weight predictor.delete_calibration predictor.deployment_key predictor.derived_weights_path
     predictor.find_checkpoint predictor.fit_residual_head predictor.fit_timeline_factors predictor.novelty_floor_log
+    predictor.resolve_deployment
     prior.activation_liveness_many prior.aten_op_record
     prior.check_autocast prior.check_runtime prior.deployment_spread prior.estimate prior.estimate_latency_ms
     prior.estimate_many prior.fit_op_table prior.graph_facts_many prior.input_copy_kind
