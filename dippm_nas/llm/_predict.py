@@ -60,6 +60,16 @@ def resolve_execution(deployment: Deployment | Any = None, *, runtime: str | Non
         ExecutionRuntimeError / InvalidValueError: an unknown runtime or engine, a block size that is not an int
             >= 1 or given without a serving engine.
     """
+    ex, dep, assumed, _ = _execution_of(deployment, runtime=runtime, engine=engine, host=host,
+                                        kv_block_size=kv_block_size, kv_dtype=kv_dtype)
+    return ex, dep, assumed
+
+
+def _execution_of(deployment: Any, *, runtime: str | None, engine: str | ServingEngine | None,
+                  host: HostProfile | str | None, kv_block_size: int | None,
+                  kv_dtype: str) -> tuple[GenerationExecution, Deployment, tuple[str, ...], str]:
+    """:func:`resolve_execution` and the label of the resolved deployment: the deployment is coerced and resolved
+    once here (:attr:`~dippm_nas.deployment.ResolvedDeployment.label` read off the same resolution)."""
     dep = Deployment.coerce(deployment, runtime=runtime, host=host, runtimes=DEPLOYMENT_RUNTIMES)
     res = dep.resolve()
     assumed = [a for a in res.assumed if a in ("host", "framework")]
@@ -86,7 +96,7 @@ def resolve_execution(deployment: Deployment | Any = None, *, runtime: str | Non
                                     f"got runtime={res.runtime!r}")
     ex = GenerationExecution(runtime=res.runtime, engine=eng, host=prof, block_size=kv_block_size,
                              kv_dtype=kv_dtype)
-    return ex, dep, tuple(assumed)
+    return ex, dep, tuple(assumed), res.label
 
 
 def _check_kv_dtype(kv_dtype: str, cfg: DecoderConfig, dev: Device, runtime: str) -> None:
@@ -250,8 +260,8 @@ def predict_generation(model_or_config: Any, workload: LLMWorkload, device: str 
     """
     cfg, dev = _model_and_device(model_or_config, workload, device, dtype)
     kv_dtype = workload.kv_dtype or cfg.dtype
-    ex, dep, assumed = resolve_execution(deployment, runtime=runtime, engine=engine, host=host,
-                                         kv_block_size=kv_block_size, kv_dtype=kv_dtype)
+    ex, dep, assumed, label = _execution_of(deployment, runtime=runtime, engine=engine, host=host,
+                                            kv_block_size=kv_block_size, kv_dtype=kv_dtype)
     ex, adapted = _adapted(ex, dep, dev, engine)
     tp = resolve_tensor_parallel(cfg, dev, tensor_parallel, interconnect, ex.runtime)
     ex = dataclasses.replace(ex, tp=tp, identical_sequences=workload.identical_sequences)
@@ -267,7 +277,7 @@ def predict_generation(model_or_config: Any, workload: LLMWorkload, device: str 
     kv_seq = cfg.kv_bytes_per_token(kv_dtype) * wl.total_len / BYTES_PER_MIB
     details: dict[str, Any] = {
         "runtime": ex.runtime, "engine": eng_name, "waves": list(run.waves), "assumed": list(assumed),
-        "deployment": dep.label, "kv_dtype": kv_dtype, "dtype": cfg.dtype, "host_profile": ex.host.name,
+        "deployment": label, "kv_dtype": kv_dtype, "dtype": cfg.dtype, "host_profile": ex.host.name,
         "params": cfg.param_count, "kv_bytes_per_token": cfg.kv_bytes_per_token(kv_dtype),
         "beyond_positions": beyond, **run.memory, **_engine_details(ex, run, wl),
         **_tp_details(shard, ex, wl, kv_dtype), "engine_adaptation": adapted,

@@ -23,7 +23,7 @@ from dippm_nas.budgets import Budgets, check_k_sigma
 from dippm_nas.cache import default_cache
 from dippm_nas.capture import ModelSource
 from dippm_nas.deployment import DEPLOYMENT_RUNTIMES, GRAPH_RUNTIMES, Deployment
-from dippm_nas.devices import resolve_device
+from dippm_nas.devices import Device, resolve_device
 from dippm_nas.errors import DippmNasError, InvalidValueError, SearchSpaceError
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.llm import GenerationPrediction, LLMWorkload, decoder_config, predict_generation
@@ -31,7 +31,7 @@ from dippm_nas.optuna._background import BackgroundWork, PendingEvaluation, Pend
 from dippm_nas.optuna._bookkeeping import TrialBookkeeping
 from dippm_nas.optuna._storage import is_sqlite_file, rdb_storage, storage_url_of, threads_share_storage
 from dippm_nas.prediction import Prediction
-from dippm_nas.predictor import ANY_SPACE, DEFAULT_DEVICE, get_predictor, predict, predict_many
+from dippm_nas.predictor import ANY_SPACE, DEFAULT_DEVICE, get_predictor, predict, predict_many, resolve_deployment
 from dippm_nas.spec import InputSpec
 import search_spaces
 
@@ -140,6 +140,10 @@ class HardwareCostModel:
         #: how the candidates run (every prediction is for it)
         self.deployment: Deployment = Deployment.coerce(deployment, runtime=runtime, host=host,
                                                         runtimes=DEPLOYMENT_RUNTIMES)
+        #: the device and the deployment resolved once (:func:`~dippm_nas.predictor.resolve_deployment`; a serving
+        #: deployment is predict_generation's, and one the device refuses stays as given, each trial failing per
+        #: ``on_error``): every prediction passes them inward as they are
+        self.resolved_device, self.resolved_deployment = dev, _resolved(dev, self.deployment)
         self.engine = engine
         if engine is not None and self.deployment.runtime != "serving":
             raise InvalidValueError(f"engine={engine!r} needs runtime='serving', got {self.deployment.runtime!r}")
@@ -281,8 +285,8 @@ class HardwareCostModel:
     def _evaluate_generation(self, trial: Any, model: Any, workload: LLMWorkload) -> tuple[float, ...]:
         t0 = time.perf_counter()
         try:
-            pred = predict_generation(model, workload, self.device, deployment=self.deployment, engine=self.engine,
-                                      mig=True)
+            pred = predict_generation(model, workload, self.resolved_device, deployment=self.deployment,
+                                      engine=self.engine, mig=True)
             values = self._book.record_generation(trial, pred, time.perf_counter() - t0, self.constraints_func)
             try:  # the decoder's numbers, so a validator can rebuild it (random weights) and time its generation
                 trial.set_user_attr("decoder_config", decoder_config(model).to_dict())
@@ -396,10 +400,11 @@ class HardwareCostModel:
             self._refresh_adaptation(requests[0].trial, space)
             sources = [r.source for r in requests]  # a search-space candidate's graph is assembled from blocks
             if len(sources) == 1:
-                return [predict(sources[0], None, self.device, deployment=self.deployment, cache=self.cache,
+                return [predict(sources[0], None, self.device, deployment=self.resolved_deployment,
+                                cache=self.cache,
                                 mig=True, k_sigma=self.k_sigma)]
             return list(predict_many(sources, self.device, workers=workers, cache=self.cache, mig=True,
-                                     deployment=self.deployment, k_sigma=self.k_sigma, progress=progress))
+                                     deployment=self.resolved_deployment, k_sigma=self.k_sigma, progress=progress))
         except Exception as e:  # noqa: BLE001 - each trial of the group fails per on_error; the study goes on
             return [e] * len(requests)
 
@@ -487,14 +492,14 @@ class HardwareCostModel:
         """Make the device's predictor answer with the newest stored adaptation of (device, deployment, space) in
         the study's storage (the cache directory's store for other storages); predictors without a network have
         none."""
-        predictor = get_predictor(self.device)
+        predictor = get_predictor(self.resolved_device)
         if not callable(getattr(predictor, "refresh_adaptation", None)):
             return
         url = storage_url_of(getattr(trial, "study", None))
         with self._lock:
             predictor.use_adaptation(storage=url, space=space or ANY_SPACE)
             try:
-                predictor.refresh_adaptation(deployment=self.deployment)
+                predictor.refresh_adaptation(deployment=self.resolved_deployment)
             except DippmNasError as e:
                 where = redact_url(url) if url is not None else "the cache directory's store"
                 _warn_once(f"adapt-refresh:{where}", "the adaptations of %s in %s were not read (%s); predicting "
@@ -572,8 +577,8 @@ class HardwareCostModel:
             trial.set_user_attr("cost_model_error", f"{type(err).__name__}: {err}")
             raise err
         self._refresh_adaptation(trial, space)
-        pred = predict(OperatorGraph.from_json(text), None, self.device, cache=False, mig=True, k_sigma=self.k_sigma,
-                       deployment=self.deployment)
+        pred = predict(OperatorGraph.from_json(text), None, self.device, cache=False, mig=True,
+                       k_sigma=self.k_sigma, deployment=self.resolved_deployment)
         values = self._book.record(trial, pred, spec, space, config, convert_s + (time.perf_counter() - t0),
                                    self.constraints_func)
         self._book.count_wait(0.0, 1)
@@ -630,3 +635,14 @@ class _Request:
     space: str | None
     config: Any
     seconds: float
+
+
+def _resolved(dev: Device, deployment: Deployment) -> Any:
+    """``deployment`` resolved for ``dev`` once (:func:`~dippm_nas.predictor.resolve_deployment`), or as it is where
+    it is a serving deployment or one the device refuses (each prediction then raises, failing its trial)."""
+    if deployment.runtime not in GRAPH_RUNTIMES:
+        return deployment
+    try:
+        return resolve_deployment(dev, deployment)
+    except DippmNasError:
+        return deployment

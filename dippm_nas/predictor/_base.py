@@ -14,7 +14,7 @@ import math
 
 from dippm_nas._gc import gc_paused
 from dippm_nas._logging import WarnOnce
-from dippm_nas.deployment import DEPLOYMENT_RUNTIMES, Deployment
+from dippm_nas.deployment import DEPLOYMENT_RUNTIMES, GRAPH_RUNTIMES, Deployment
 from dippm_nas.devices import Device, HostProfile, resolve_device
 from dippm_nas.errors import DeviceError, DippmNasError, ExecutionRuntimeError, InvalidTypeError, InvalidValueError
 from dippm_nas.graph import OperatorGraph
@@ -166,7 +166,8 @@ def resolve_deployment(device: "str | Device", deployment: Any = None, *, runtim
     Raises:
         DeploymentError, ExecutionRuntimeError, DeviceError, InvalidValueError: as for :func:`dippm_nas.predict`.
     """
-    if not isinstance(deployment, DeploymentSettings):
+    plain = isinstance(deployment, Deployment) and deployment.runtime in GRAPH_RUNTIMES
+    if not isinstance(deployment, DeploymentSettings) and not (plain and runtime is None and host is None):
         deployment = Deployment.coerce(deployment, runtime=runtime, host=host)
         runtime = host = None
     return deployment_of(device, deployment, runtime, host)[1]
@@ -358,7 +359,8 @@ class AnalyticPredictor(BasePredictor):
             InvalidValueError: a figure that is not a finite number > 0 (named in the message), or a fit beyond
                 the plausibility bounds (:func:`~dippm_nas.predictor.calibration_problems`); nothing is applied.
         """
-        if resolve_device(self.device).kind != "gpu":
+        dev = self.resolved_device
+        if dev.kind != "gpu":
             raise DeviceError(f"the analytic prior of {self.device!r} (a CPU) has no host and GPU timelines to "
                               "calibrate; calibrate a trained host-cpu checkpoint (GnnPredictor.calibrate) instead")
         pairs = measurement_pairs(measurements)
@@ -367,9 +369,9 @@ class AnalyticPredictor(BasePredictor):
             _warn_once(f"calibrate-few:{self.device}", "calibrate() needs at least 2 measurements with a latency "
                        "> 0, got %d: the %s predictions are left unchanged", len(pairs), self.device)
             return None
-        _, st = deployment_of(self.device, deployment, runtime, host)
-        ests = [estimate(g, self.device, deployment=st) for g, _ in pairs]
-        offsets = [described_offset_log(st, deployment_spread(g, self.device, st)) if st.spread_open else 0.0
+        _, st = deployment_of(dev, deployment, runtime, host)
+        ests = [estimate(g, dev, deployment=st) for g, _ in pairs]
+        offsets = [described_offset_log(st, deployment_spread(g, dev, st)) if st.spread_open else 0.0
                    for g, _ in pairs]
         tf = fit_timeline_factors([(e.node_time_ms * 1e3, e.node_host_ms * 1e3, e.pass_host_ms * 1e3) for e in ests],
                                   [y["latency_ms"] * math.exp(-o) for (_, y), o in zip(pairs, offsets)],
@@ -425,8 +427,8 @@ class AnalyticPredictor(BasePredictor):
                                     "adaptation store; its adaptation is the device's calibration (persist=True "
                                     "writes it to the cache directory)")
         measurements = list(measurements)
-        dep, _ = deployment_of(self.device, deployment, runtime, host)
-        key = AdaptationKey(self.device, deployment_key(self.device, deployment=dep), space or ANY_SPACE)
+        dep, _ = deployment_of(self.resolved_device, deployment, runtime, host)
+        key = AdaptationKey(self.device, deployment_key(self.resolved_device, deployment=dep), space or ANY_SPACE)
         check_rows_key(measurements, key)
         pairs = measurement_pairs(measurements) if measurements else []
         rows = merge_rows([(g, y) for g, y in pairs if "latency_ms" in y], key_of=_graph_key)
