@@ -17,9 +17,9 @@ from typing import Any
 from dippm_nas.deployment import INPUT_COPIES, Deployment, ResolvedDeployment
 from dippm_nas.devices import HostProfile, default_host_profile
 from dippm_nas.errors import InvalidTypeError, InvalidValueError
-from dippm_nas.prior._host import check_runtime
+from dippm_nas.prior._host import Execution, check_runtime
 
-__all__ = ["DeploymentSettings", "deployment_settings", "input_copy_kind", "UNKNOWN_TF32", "UNKNOWN_INPUT_COPY",
+__all__ = ["DeploymentSettings", "deployment_settings", "execution_settings", "input_copy_kind", "UNKNOWN_TF32", "UNKNOWN_INPUT_COPY",
            "UNKNOWN_HOST", "UNKNOWN_HOST_CLOCK_GHZ", "UNKNOWN_HOST_SIGMA_LOG", "UNKNOWN_FRAMEWORK_WEIGHTS",
            "UNKNOWN_INPUT_COPY_WEIGHTS", "PAGEABLE_FRESH_WEIGHT"]
 
@@ -162,3 +162,19 @@ def deployment_settings(deployment: Deployment | ResolvedDeployment | Deployment
                               input_copy=UNKNOWN_INPUT_COPY if r.input_copy is None else r.input_copy,
                               assumed=r.assumed, tf32_requested=requested, from_process=r.from_process,
                               process_torch=r.process_torch, label=r.label, deployment=described)
+
+
+def execution_settings(execution: Execution | None) -> DeploymentSettings | None:
+    """The prior's settings of an :class:`~dippm_nas.prior.Execution` (a measured row's runtime, host and input copy;
+    PyTorch's defaults for the rest: TF32 on convolutions only, NCHW, no autocast), what ``estimate(...,
+    deployment=)`` takes in place of the deprecated ``execution=``; ``None`` for ``None``.
+
+    Raises:
+        InvalidTypeError: neither an :class:`~dippm_nas.prior.Execution` nor ``None``.
+    """
+    if execution is None:
+        return None
+    if not isinstance(execution, Execution):
+        raise InvalidTypeError(f"execution must be a dippm_nas.prior.Execution or None, got {type(execution).__name__}")
+    return DeploymentSettings(runtime=execution.runtime, host=execution.host,
+                              input_copy=input_copy_kind(execution.input_copy))
