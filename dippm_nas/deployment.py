@@ -627,8 +627,13 @@ def row_deployment(conditions: Mapping[str, Any] | None, environment: Mapping[st
     undescribed (``None``).
 
     Raises:
-        DeploymentError: a recorded value outside its field's choices (the field and the choices are named).
+        DeploymentError: conditions or environment that are not mappings, or a recorded value outside its field's
+            choices (the field and the choices are named).
     """
+    for name, value in (("conditions", conditions), ("environment", environment)):
+        if value is not None and not isinstance(value, Mapping):
+            raise DeploymentError(f"a row's {name} must be a mapping (the JSON object the dataset stores) or None, "
+                                  f"got {type(value).__name__}")
     c = dict(conditions or {})
     env = dict(environment or {})
     runtime = c.get("runtime")

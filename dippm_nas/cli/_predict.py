@@ -56,8 +56,7 @@ def run(args: argparse.Namespace) -> int:
     specs = input_specs(args)
 
     from dippm_nas.capture import capture
-    from dippm_nas.devices import get_device
-    from dippm_nas.predictor import predict, resolve_deployment
+    from dippm_nas.predictor import get_predictor, predict, resolve_deployment
 
     rows: list[dict[str, Any]] = []
     preds: list[Any] = []  # the Prediction of each row; None where that grid point failed
@@ -74,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     def resolved(dev: str) -> Any:
         if dev not in settings:
             try:
-                d = get_device(dev)
+                d = get_predictor(dev).resolved_device  # the device's one look-up
                 settings[dev] = (d, resolve_deployment(d, deployment))
             except DippmNasError as e:
                 settings[dev] = e

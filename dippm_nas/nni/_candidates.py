@@ -92,6 +92,11 @@ class CandidateEvaluator:
         self.evaluations: dict[str, Evaluation] = {}
         self._init_source(builder, model_factory, model_keys, input_shape, inputs)
 
+    @property
+    def deployment_label(self) -> str:
+        """The label of the deployment every prediction is for (read off its resolution where the device took it)."""
+        return self.resolved_deployment.label
+
     def _init_source(self, builder: str | None, model_factory: str | None, model_keys: Sequence[str] | None,
                      input_shape: Sequence[int] | None, inputs: Mapping[str, Any] | None) -> None:
         """The model source: a registered search space, or a factory with its input."""

@@ -287,8 +287,7 @@ class HardwareAwareTuner(Tuner):
         self.objectives, self.directions = objectives, directions
         batch_size = as_int(batch_size, "batch_size", low=1)
         max_skips = as_int(max_skips, "max_skips", low=0)
-        dev = resolve_device(device)  # looked up once: the candidates' predictions take it as it is
-        self.device = dev.id
+        self.device = (dev := resolve_device(device)).id  # looked up once: the candidates' predictions take it as is
         if dtype is None:
             dtype = DEFAULT_GPU_DTYPE if dev.kind == "gpu" else "float32"
             how = "default for a GPU device: the dtype the A100 checkpoint was trained on" \
@@ -339,8 +338,7 @@ class HardwareAwareTuner(Tuner):
         self._failed_ids: set[int] = set()
         logger.info("HardwareAwareTuner: model=%s objectives=%s directions=%s device=%s batch_size=%d dtype=%s "
                     "(%s) budgets=%s sampler=%s deployment=%s", self.model_source, objectives, directions, self.device,
-                    batch_size, dtype, how, self.budgets.to_dict(), sampler,
-                    self.candidates.resolved_deployment.label)
+                    batch_size, dtype, how, self.budgets.to_dict(), sampler, self.candidates.deployment_label)
 
     @property
     def study(self) -> Any:
