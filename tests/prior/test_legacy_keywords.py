@@ -40,8 +40,8 @@ def graph() -> Any:
 
 
 def test_each_legacy_keyword_warns_and_gives_the_settings_figures(graph: Any) -> None:
-    with pytest.warns(DeprecationWarning, match=r"prior\.estimate\(tf32_conv=, tf32_matmul=, channels_last=, "
-                                                r"runtime=, host=, input_copy=, autocast=\).*removed in dippm-nas 0\.2"):
+    named = r"tf32_conv=, tf32_matmul=, channels_last=, runtime=, host=, input_copy=, autocast="
+    with pytest.warns(DeprecationWarning, match=rf"prior\.estimate\({named}\).*removed in dippm-nas 0\.2"):
         old = estimate(graph, DEV, **LEGACY)
     assert _same(old, estimate(graph, DEV, deployment=SETTINGS))
     with pytest.warns(DeprecationWarning, match=r"estimate_latency_ms\(tf32_conv=\)"):
