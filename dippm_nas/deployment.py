@@ -43,6 +43,7 @@ import functools
 import importlib.metadata
 import json
 import math
+import re
 import sys
 import types
 from collections.abc import Mapping
@@ -53,12 +54,13 @@ from typing import Any
 from dippm_nas._files import write_output
 from dippm_nas._json import canonical_json, check_keys, read_json_file
 from dippm_nas._toml import read_toml_file
-from dippm_nas.devices import FRAMEWORKS, HostProfile, load_host_profile, measure_host_profile, resolve_host_profile
+from dippm_nas.devices import (FRAMEWORKS, HostProfile, default_host_profile, load_host_profile, measure_host_profile,
+                               resolve_host_profile)
 from dippm_nas.errors import DeploymentError, DippmNasError, ExecutionRuntimeError
 
 __all__ = [
     "Deployment", "ResolvedDeployment", "DEPLOYMENT_RUNTIMES", "GRAPH_RUNTIMES", "AUTOCAST_DTYPES",
-    "INPUT_COPIES", "tf32_defaults", "running_torch", "RunningTorch",
+    "INPUT_COPIES", "tf32_defaults", "running_torch", "RunningTorch", "row_deployment",
 ]
 
 #: Runtimes of a forward pass the graph predictors model.
@@ -199,6 +201,28 @@ class ResolvedDeployment:
     from_process: tuple[str, ...] = ()
     process_torch: str | None = None
 
+    @property
+    def label(self) -> str:
+        """A short text of these settings (what ``labels["deployment"]`` of a prediction holds), e.g. ``"eager, host
+        unknown, framework torch-2, tf32 matmul off conv on, input copy unknown"``."""
+        r = self
+        framework = r.framework or "unknown"
+        if "framework" in r.from_process:
+            framework += f" (running process, torch {r.process_torch})"
+        parts = [r.runtime, f"host {r.host.name} (x{r.host.speed:.3g})" if r.host is not None else "host unknown",
+                 f"framework {framework}"]
+        if r.tf32_matmul is None or r.tf32_conv is None:
+            parts.append("tf32 unknown")
+        elif r.tf32_matmul == r.tf32_conv:
+            parts.append(f"tf32 {'on' if r.tf32_matmul else 'off'}")
+        else:
+            parts.append(f"tf32 matmul {'on' if r.tf32_matmul else 'off'} conv {'on' if r.tf32_conv else 'off'}")
+        if r.autocast is not None:
+            parts.append(f"autocast {r.autocast}")
+        parts.append("input copy unknown" if r.input_copy is None else f"input copy {r.input_copy}")
+        parts += [name for name in ("channels_last", "cudnn_benchmark") if getattr(r, name)]
+        return ", ".join(parts)
+
 
 @dataclass(frozen=True)
 class Deployment:
@@ -325,25 +349,9 @@ class Deployment:
     @property
     def label(self) -> str:
         """A short text of the effective settings (what ``labels["deployment"]`` of a prediction holds), e.g. ``"eager, host
-        unknown, framework torch-2, tf32 matmul off conv on, input copy unknown"``; :attr:`key` names the
-        deployment exactly."""
-        r = self.resolve()
-        framework = r.framework or "unknown"
-        if "framework" in r.from_process:
-            framework += f" (running process, torch {r.process_torch})"
-        parts = [r.runtime, f"host {r.host.name} (x{r.host.speed:.3g})" if r.host is not None else "host unknown",
-                 f"framework {framework}"]
-        if r.tf32_matmul is None or r.tf32_conv is None:
-            parts.append("tf32 unknown")
-        elif r.tf32_matmul == r.tf32_conv:
-            parts.append(f"tf32 {'on' if r.tf32_matmul else 'off'}")
-        else:
-            parts.append(f"tf32 matmul {'on' if r.tf32_matmul else 'off'} conv {'on' if r.tf32_conv else 'off'}")
-        if r.autocast is not None:
-            parts.append(f"autocast {r.autocast}")
-        parts.append("input copy unknown" if r.input_copy is None else f"input copy {r.input_copy}")
-        parts += [name for name in ("channels_last", "cudnn_benchmark") if getattr(r, name)]
-        return ", ".join(parts)
+        unknown, framework torch-2, tf32 matmul off conv on, input copy unknown"``: :attr:`ResolvedDeployment.label`
+        of :meth:`resolve`; :attr:`key` names the deployment exactly."""
+        return self.resolve().label
 
     @property
     def key(self) -> str:
@@ -595,3 +603,81 @@ def _to_toml(d: Mapping[str, Any]) -> str:
             lines += ["", f"[{name}]"]
             lines += [f"{_toml_string(k)} = {_toml_value(v)}" for k, v in table.items() if v is not None]
     return "\n".join(lines) + "\n"
+
+
+#: ``torch.compile`` backends a row's ``torch_compile`` condition (timm's benchmark files) names for a compiled run.
+_COMPILED_TAGS = ("dynamo", "inductor", "true")
+#: A torch version written in a row's ``framework`` text (Accel-NASBench: ``"PyTorch 1.12.0, torchvision 0.13.0"``).
+_PYTORCH_TEXT = re.compile(r"pytorch\s+(\d+\.\d+(?:\.\d+)?)", re.IGNORECASE)
+
+
+def row_deployment(conditions: Mapping[str, Any] | None, environment: Mapping[str, Any] | None = None, *,
+                   dtype: str | None = None) -> Deployment:
+    """The :class:`Deployment` a measured dataset row records: the one mapping of a row's conditions that training,
+    the fits (:meth:`dippm_nas.prior.Execution.from_conditions` reads it) and the accuracy benchmarks use.
+
+    Read from ``conditions`` (what the importers of :mod:`dippm_nas.dataset` write): ``runtime`` (or timm's
+    ``torch_compile``: ``dynamo`` / ``inductor`` / ``true`` -> ``"compiled"``, else ``"eager"``), ``framework``
+    (``"torch-1"`` / ``"torch-2"``, or a text naming ``PyTorch X.Y.Z``, which gives ``versions["torch"]``), timm's
+    ``torch_version_tag`` (``pt240`` -> torch 2.4.0; a torch version also names the framework), ``input_copy`` (true: a copy from pageable memory; one of
+    :data:`INPUT_COPIES`; not recorded: ``"none"``, a forward pass on an input already on the GPU, how the imported
+    sources time it), ``autocast`` (a dtype name, or true: the row's ``dtype``), ``memory_layout == "nhwc"`` or
+    ``channels_last``, ``cudnn_benchmark``; from ``environment``: ``host_clock_ghz`` (the host, its framework the
+    row's, else the default profile's), ``cuda`` and ``cudnn`` versions. What a row does not record stays
+    undescribed (``None``).
+
+    Raises:
+        DeploymentError: conditions or environment that are not mappings, or a recorded value outside its field's
+            choices (the field and the choices are named).
+    """
+    for name, value in (("conditions", conditions), ("environment", environment)):
+        if value is not None and not isinstance(value, Mapping):
+            raise DeploymentError(f"a row's {name} must be a mapping (the JSON object the dataset stores) or None, "
+                                  f"got {type(value).__name__}")
+    c = dict(conditions or {})
+    env = dict(environment or {})
+    runtime = c.get("runtime")
+    if runtime is None:
+        runtime = "compiled" if str(c.get("torch_compile", "")).lower() in _COMPILED_TAGS else "eager"
+    recorded = c.get("framework")
+    framework = recorded if recorded in FRAMEWORKS else None
+    versions: dict[str, str] = {}
+    text = _PYTORCH_TEXT.search(recorded) if isinstance(recorded, str) and framework is None else None
+    tag = str(c.get("torch_version_tag") or "")
+    if text is not None:
+        versions["torch"] = text.group(1)
+    elif tag.startswith("pt") and tag[2:3].isdigit():
+        version = _torch_version_of_tag(tag)
+        if version is not None:
+            versions["torch"] = version
+        elif framework is None:
+            framework = "torch-1" if tag[2] == "1" else "torch-2"
+    if framework is None and "torch" in versions:
+        framework = _framework_of(versions["torch"])
+    for name in ("cuda", "cudnn"):
+        if env.get(name):
+            versions[name] = str(env[name])
+    clock = env.get("host_clock_ghz")
+    host = None
+    if isinstance(clock, (int, float)) and not isinstance(clock, bool) and math.isfinite(clock) and clock > 0:
+        host = HostProfile.from_clock(float(clock), framework=framework or default_host_profile().framework)
+    copy = c.get("input_copy")
+    autocast = c.get("autocast")
+    return Deployment(
+        runtime=str(runtime), host=host, framework=framework, input_copy=(
+            "none" if copy is None or copy is False else "pageable" if copy is True else copy),
+        autocast=dtype if autocast is True else (autocast or None),
+        channels_last=c.get("memory_layout") == "nhwc" or bool(c.get("channels_last")),
+        cudnn_benchmark=None if c.get("cudnn_benchmark") is None else bool(c.get("cudnn_benchmark")),
+        versions=versions or None)
+
+
+def _torch_version_of_tag(tag: str) -> str | None:
+    """timm's result-file tag of the torch version: ``pt113`` -> ``1.13``, ``pt240`` -> ``2.4.0`` (torch 1.x: the
+    minor's digits; 2.x: one digit each for minor and patch); ``None`` otherwise."""
+    if not (tag.startswith("pt") and tag[2:].isdigit() and len(tag) >= 4):
+        return None
+    major, rest = tag[2], tag[3:]
+    if major == "1":
+        return f"1.{rest}"
+    return f"{major}.{rest[0]}.{rest[1:] or 0}" if len(rest) >= 2 else f"{major}.{rest}.0"

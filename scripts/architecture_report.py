@@ -17,7 +17,11 @@ Reads the repository's Python files with :mod:`ast` (nothing is imported or run)
 - stage arrows: an import of a package of a later stage (:data:`LAYERS`);
 - private attributes of another module's objects (``obj._name``) used in the library, the project's own apart from
   the third-party private names used on purpose (:data:`INTENDED_PRIVATE_USES`, each with its reason);
-- ``duplicates`` pairs when the ``duplicates`` tool is on ``PATH``.
+- ``duplicates`` pairs when the ``duplicates`` tool is on ``PATH``;
+- the library's call sites of the functions that coerce a deployment (``Deployment.coerce``,
+  ``deployment_settings``, ``deployment_of``, ``resolve_deployment``; ``Deployment.resolve()`` cannot be told from
+  ``Path.resolve()`` without types) and look a device up (``resolve_device``, ``get_device``), per function and in how
+  many files (what one prediction runs is counted by ``tests/test_deployment_resolved_once.py``).
 
 usage: python scripts/architecture_report.py [--root DIR] [--json OUT] [--top N]
 """
@@ -554,6 +558,33 @@ def duplicate_pairs(root: Path) -> int | None:
     return int(m.group(1)) if m else None
 
 
+#: The functions a deployment is coerced or resolved through, and those a device id is looked up through.
+COERCIONS = ("coerce", "deployment_settings", "deployment_of", "resolve_deployment")
+LOOKUPS = ("resolve_device", "get_device")
+
+
+def call_sites(root: Path) -> dict[str, dict[str, int]]:
+    """Library call sites of :data:`COERCIONS` and :data:`LOOKUPS`: ``{name: {"calls": n, "files": m}}``
+    (``coerce`` as ``Deployment.coerce(...)`` or ``cls.coerce(...)``)."""
+    calls: dict[str, int] = defaultdict(int)
+    files: dict[str, set[str]] = defaultdict(set)
+    for path in python_files(root):
+        if "/" in module_name(root, path):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.Call):
+                continue
+            f = node.func
+            name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+            if name == "coerce" and not (isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name)
+                                         and f.value.id in ("Deployment", "cls")):
+                continue
+            if name in COERCIONS or name in LOOKUPS:
+                calls[name] += 1
+                files[name].add(str(path.relative_to(root)))
+    return {n: {"calls": calls[n], "files": len(files[n])} for n in (*COERCIONS, *LOOKUPS)}
+
+
 def report(root: Path, top: int = 10, with_duplicates: bool = True) -> dict[str, object]:
     """Everything the script measures, as a JSON-ready dict."""
     imports = collect_imports(root)
@@ -586,6 +617,7 @@ def report(root: Path, top: int = 10, with_duplicates: bool = True) -> dict[str,
                              for i in arrow_violations(imports)],
         "lazy_faces": lazy_faces(root),
         "duplicate_pairs": duplicate_pairs(root) if with_duplicates else None,
+        "call_sites": call_sites(root),
     }
 
 
@@ -621,6 +653,10 @@ def _summary(r: dict[str, object]) -> str:
                  f"{len(lf['hand_written'])} |")  # type: ignore[index]
     d = r["duplicate_pairs"]
     lines.append(f"| `duplicates` pairs | {'n/a' if d is None else d} |")
+    cs = r["call_sites"]
+    for group, names in (("deployment coercion", COERCIONS), ("device look-up", LOOKUPS)):
+        lines.append(f"| {group} call sites (library): calls / files | " + "; ".join(
+            f"`{n}` {cs[n]['calls']} / {cs[n]['files']}" for n in names) + " |")  # type: ignore[index]
     return "\n".join(lines)
 
 

@@ -76,7 +76,7 @@ from unseen_gpu_sigma import fitted_cells, nested_sigma, source_rows, unseen_par
 
 from benchmarks._common import machine  # noqa: E402
 from dippm_nas import Deployment  # noqa: E402
-from dippm_nas.devices import HostProfile  # noqa: E402
+from dippm_nas.deployment import row_deployment  # noqa: E402
 from dippm_nas.prior import (UNKNOWN_HOST_CLOCK_GHZ, UNKNOWN_HOST_SIGMA_LOG, Execution, HostRow,  # noqa: E402
                              default_params, predict)
 from dippm_nas.training import DEVICE_ALIASES  # noqa: E402
@@ -89,42 +89,13 @@ HOST_CHECK_MIN_ROWS = 5
 
 
 def described(source: str, m: dict[str, Any]) -> Deployment:
-    """The deployment a dataset row records."""
-    c = dict(m.get("conditions") or {})
-    env = dict(m.get("environment") or {})
-    if source == "ryujaehun":
-        clock = env.get("host_clock_ghz")
-        fw = c.get("framework", "torch-1")
-        host = HostProfile.from_clock(float(clock), framework=fw) if clock else None
-        return Deployment(runtime="eager", host=host, framework=fw,
-                          input_copy="pageable" if c.get("input_copy") else "none",
-                          cudnn_benchmark=bool(c.get("cudnn_benchmark", False)),
-                          versions={"cuda": str(env["cuda"])} if env.get("cuda") else None)
-    if source == "timm":
-        version = torch_version_of_tag(str(c.get("torch_version_tag") or ""))
-        # timm records autocast as a flag (amp: float16, amp_bf16: bfloat16); the graph is captured in that dtype
-        autocast = m.get("dtype") if c.get("autocast") is True else (c.get("autocast") or None)
-        return Deployment(runtime="eager", autocast=autocast, input_copy="none",
-                          channels_last=c.get("memory_layout") == "nhwc",
-                          versions={"torch": version} if version else None)
-    if source == "accel-nasbench":
-        return Deployment(runtime="eager", autocast=c.get("autocast"), input_copy="none",
-                          channels_last=bool(c.get("channels_last")), cudnn_benchmark=bool(c.get("cudnn_benchmark")),
-                          versions={"torch": "1.12.0"})
+    """The deployment a dataset row records (:func:`dippm_nas.deployment.row_deployment`, the mapping training and the
+    fits use; an ML.ENERGY row is a CSV row, :func:`_mlenergy_described`)."""
     if source == "mlenergy":
         return _mlenergy_described(m)
-    raise SystemExit(f"unknown source {source!r}")
-
-
-def torch_version_of_tag(tag: str) -> str | None:
-    """timm's result-file tag of the torch version: ``pt113`` -> ``1.13``, ``pt240`` -> ``2.4.0``, ``pt291`` ->
-    ``2.9.1`` (torch 1.x: the minor's digits; 2.x: one digit each for minor and patch); ``None`` otherwise."""
-    if not (tag.startswith("pt") and tag[2:].isdigit() and len(tag) >= 4):
-        return None
-    major, rest = tag[2], tag[3:]
-    if major == "1":
-        return f"1.{rest}"
-    return f"{major}.{rest[0]}.{rest[1:] or 0}" if len(rest) >= 2 else f"{major}.{rest}.0"
+    if source not in ("ryujaehun", "timm", "accel-nasbench"):
+        raise SystemExit(f"unknown source {source!r}")
+    return row_deployment(m.get("conditions"), m.get("environment"), dtype=m.get("dtype"))
 
 
 #: The ML.ENERGY benchmark commit whose text-to-image rows the shared file holds (PROVENANCE.md) and what its

@@ -43,7 +43,7 @@ from dippm_nas.predictor import calibration_classes
 from dippm_nas.dataset import load_measurements
 from dippm_nas.features import featurize
 from dippm_nas.predictor import GnnPredictor, fit_timeline_factors
-from dippm_nas.prior import (Execution, HostRow, default_params, estimate, fit_host_model,
+from dippm_nas.prior import (Execution, HostRow, default_params, estimate, execution_settings, fit_host_model,
                              host_model_latency_ms, latency_sigma_log, latency_us)
 from dippm_nas.errors import InvalidValueError
 from dippm_nas.files import output_path, write_output
@@ -108,10 +108,11 @@ def main(argv: list[str] | None = None) -> int:
         hm = dataclasses.replace(hm, metrics={**hm.metrics, **_nested_sigma(
             rows, dev, dataclasses.replace(base, host_model=hm))})
         params = dataclasses.replace(fold, host_model=hm)
-        ests = [estimate(r.graph, r.device, params=params, execution=r.execution) for r, _ in test]
+        ests = [estimate(r.graph, r.device, params=params, deployment=execution_settings(r.execution)) for r, _ in test]
         sig = np.array([latency_sigma_log(e, params) or 0.0 for e in ests])
         legacy_params = dataclasses.replace(base, host_model=None)
-        legacy = np.array([estimate(r.graph, r.device, params=legacy_params, execution=r.execution).latency_ms
+        legacy = np.array([estimate(r.graph, r.device, params=legacy_params,
+                                     deployment=execution_settings(r.execution)).latency_ms
                            for r, _ in test])
         prior = host_model_latency_ms(hm, [r for r, _ in test], params)  # a fresh float32 batch's first touch
         classes = [calibration_classes(r.graph) for r, _ in test]
@@ -199,7 +200,7 @@ def _nested_sigma(rows: list, held_out: str, base) -> dict[str, float]:
         p = dataclasses.replace(inner, host_model=m)
         for r, e in zip(test, err):
             key = ("fp64" if r.graph.spec.dtype == "float64"
-                   else "host" if estimate(r.graph, r.device, params=p, execution=r.execution).launch_bound else "gpu")
+                   else "host" if estimate(r.graph, r.device, params=p, deployment=execution_settings(r.execution)).launch_bound else "gpu")
             res[key].append(float(e))
     rms = {k: float(np.sqrt(np.mean(np.square(v)))) for k, v in res.items() if v}
     out = {"sigma_log_host": rms.get("host", rms.get("gpu", 0.0)),
@@ -272,7 +273,7 @@ def _gnn_predictions(args: argparse.Namespace, dev: str, devices: list[str], par
     lat, sig = [], []
     for r in test:
         if r.graph.spec.dtype not in ("float16", "float32"):
-            e = estimate(r.graph, r.device, params=params, execution=r.execution)
+            e = estimate(r.graph, r.device, params=params, deployment=execution_settings(r.execution))
             lat.append(e.latency_ms)
             sig.append(latency_sigma_log(e, params) or 0.0)
             continue

@@ -68,7 +68,7 @@ from dippm_nas.llm import (
     serving_engine,
 )
 from dippm_nas.devices import get_device
-from dippm_nas.prior import estimate
+from dippm_nas.prior import DeploymentSettings, estimate
 from dippm_nas.training import regression_metrics
 from dippm_nas.errors import InvalidValueError
 from dippm_nas.files import write_output
@@ -250,7 +250,7 @@ _VIDUR_OPS = ("input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj",
 def _layer_nodes(cfg: DecoderConfig, tokens: int) -> dict[str, float]:
     """Device time of each Vidur operator in the fused prefill graph of one layer over ``tokens`` tokens, ms."""
     g = prefill_graph(cfg, 1, tokens, style="fused")
-    est = estimate(g, "h100-sxm5-80gb", runtime="cuda-graphs")
+    est = estimate(g, "h100-sxm5-80gb", deployment=DeploymentSettings(runtime="cuda-graphs"))
     nodes = g.nodes
     norms = [n.index for n in nodes if n.op == "nn.rms_norm" or n.op == "nn.layer_norm"]
     mm = [n.index for n in nodes if n.op == "matmul"]

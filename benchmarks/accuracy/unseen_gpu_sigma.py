@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fewshot_timm import held_out_params  # noqa: E402  (sibling script)
 
 from dippm_nas.dataset import load_measurements  # noqa: E402
-from dippm_nas.prior import PriorParams, default_params, estimate  # noqa: E402
+from dippm_nas.prior import DeploymentSettings, PriorParams, default_params, estimate  # noqa: E402
 from dippm_nas.training import DEVICE_ALIASES  # noqa: E402
 from dippm_nas.errors import InvalidValueError  # noqa: E402
 from dippm_nas.files import write_output  # noqa: E402
@@ -120,7 +120,7 @@ def unseen_errors(cells: Mapping[tuple[str, str], Sequence[Row]], base: PriorPar
         params = unseen_params(base, device, among)
         errs = []
         for r in rows:
-            est = estimate(r.graph, device, params=params, channels_last=r.channels_last)
+            est = estimate(r.graph, device, params=params, deployment=DeploymentSettings(channels_last=r.channels_last))
             if not est.launch_bound:
                 errs.append(math.log(est.latency_ms / r.latency_ms))
         out[(device, source)] = np.array(errs)

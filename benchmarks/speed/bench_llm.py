@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository r
 from benchmarks._common import machine, median_seconds
 
 from dippm_nas.llm import LLMWorkload, architecture, decode_graph, predict_generation, prefill_graph
-from dippm_nas.prior import estimate
+from dippm_nas.prior import DeploymentSettings, estimate
 from dippm_nas.errors import InvalidValueError
 from dippm_nas.files import write_output
 
@@ -44,7 +44,7 @@ def graphs_70b() -> dict:
         dec = decode_graph(cfg, 1, 2048, style=style)
         t1 = time.perf_counter()
         estimate(pre, "h100-sxm5-80gb")
-        estimate(dec, "h100-sxm5-80gb", runtime="cuda-graphs")
+        estimate(dec, "h100-sxm5-80gb", deployment=DeploymentSettings(runtime="cuda-graphs"))
         t2 = time.perf_counter()
         peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()

@@ -56,18 +56,30 @@ def run(args: argparse.Namespace) -> int:
     specs = input_specs(args)
 
     from dippm_nas.capture import capture
-    from dippm_nas.predictor import predict
+    from dippm_nas.predictor import get_predictor, predict, resolve_deployment
 
     rows: list[dict[str, Any]] = []
     preds: list[Any] = []  # the Prediction of each row; None where that grid point failed
     errors: list[DippmNasError] = []
     show = progress_enabled(args) and not args.json
+    settings: dict[str, Any] = {}  # per device: (the device, the deployment) resolved once, or the error refusing it
 
     def failed(model: str, spec: InputSpec, dev: str, e: DippmNasError) -> None:
         errors.append(e)
         preds.append(None)
         rows.append({"model": model, "input": describe(spec), "device": dev, "batch_size": spec.batch_size,
                      "dtype": spec.dtype, "error": str(e), "type": type(e).__name__})
+
+    def resolved(dev: str) -> Any:
+        if dev not in settings:
+            try:
+                d = get_predictor(dev).resolved_device  # the device's one look-up
+                settings[dev] = (d, resolve_deployment(d, deployment))
+            except DippmNasError as e:
+                settings[dev] = e
+        if isinstance(settings[dev], DippmNasError):
+            raise settings[dev]
+        return settings[dev]
 
     for model in args.spec:
         for spec in specs:
@@ -80,7 +92,8 @@ def run(args: argparse.Namespace) -> int:
                 continue
             for dev in devices:
                 try:
-                    pred = predict(graph, device=dev, deployment=deployment)
+                    d, st = resolved(dev)
+                    pred = predict(graph, device=d, deployment=st)
                 except DippmNasError as e:
                     failed(model, spec, dev, e)
                     continue
@@ -91,7 +104,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json_text(rows))
     else:
-        _print_table(rows, preds, deployment.label)
+        label = next((s[1].label for s in settings.values() if not isinstance(s, DippmNasError)), None)
+        _print_table(rows, preds, label if label is not None else deployment.label)
     return 1 if errors else 0
 
 

@@ -28,7 +28,7 @@ from dippm_nas.features._coarsen import coarsen
 from dippm_nas.features._registry import ATTR_WIDTH, TOKENS, encode_op
 from dippm_nas.errors import InvalidValueError
 from dippm_nas.graph import OP_CLASSES, OperatorGraph, OpNode
-from dippm_nas.prior import estimate as prior_estimate, utilisation_energy_j
+from dippm_nas.prior import estimate as prior_estimate, execution_settings, utilisation_energy_j
 
 if TYPE_CHECKING:  # pragma: no cover
     from dippm_nas.prior import Execution, PriorEstimate, PriorParams
@@ -154,7 +154,8 @@ def featurize(graph: OperatorGraph, device: Device | str, *, style: str = "ours"
     if style not in STYLES:
         raise InvalidValueError(f"style must be one of {STYLES}, got {style!r}")
     dev = resolve_device(device)
-    est = estimate if estimate is not None else prior_estimate(graph, dev, params=prior_params, execution=execution)
+    est = estimate if estimate is not None else prior_estimate(graph, dev, params=prior_params,
+                                                                deployment=execution_settings(execution))
     unknown: dict[str, int] = {}
     if style == "dippm":
         x, ei, st = _dippm(graph, unknown)

@@ -33,7 +33,7 @@ from dippm_nas.features._features import (
 )
 from dippm_nas.features._registry import ATTR_WIDTH, TOKENS, encode_op, encoders_version
 from dippm_nas.graph import OP_CLASSES, GraphStack, OperatorGraph, stack_graphs
-from dippm_nas.prior import estimate as prior_estimate, utilisation_energy_j
+from dippm_nas.prior import estimate as prior_estimate, execution_settings, utilisation_energy_j
 
 if TYPE_CHECKING:  # pragma: no cover
     from dippm_nas.prior import Execution, PriorEstimate, PriorParams
@@ -81,7 +81,7 @@ def featurize_many(graphs: Sequence[OperatorGraph], device: Device | str, *, sty
                                 f"{len(estimates)} estimates")
     dev = resolve_device(device)
     ests = list(estimates) if estimates is not None else [
-        prior_estimate(g, dev, params=prior_params, execution=execution) for g in gs]
+        prior_estimate(g, dev, params=prior_params, deployment=execution_settings(execution)) for g in gs]
     if style == "dippm" or len(gs) < MANY_MIN_GRAPHS:
         return [featurize(g, dev, style=style, fuse=fuse, estimate=e) for g, e in zip(gs, ests)]
     st = stack if stack is not None else stack_graphs(gs)

@@ -61,6 +61,16 @@ def resolve_execution(deployment: Deployment | Any = None, *, runtime: str | Non
         ExecutionRuntimeError / InvalidValueError: an unknown runtime or engine, a block size that is not an int
             >= 1 or given without a serving engine.
     """
+    ex, dep, assumed, _ = _execution_of(deployment, runtime=runtime, engine=engine, host=host,
+                                        kv_block_size=kv_block_size, kv_dtype=kv_dtype)
+    return ex, dep, assumed
+
+
+def _execution_of(deployment: Any, *, runtime: str | None, engine: str | ServingEngine | None,
+                  host: HostProfile | str | None, kv_block_size: int | None,
+                  kv_dtype: str) -> tuple[GenerationExecution, Deployment, tuple[str, ...], str]:
+    """:func:`resolve_execution` and the label of the resolved deployment: the deployment is coerced and resolved
+    once here (:attr:`~dippm_nas.deployment.ResolvedDeployment.label` read off the same resolution)."""
     dep = Deployment.coerce(deployment, runtime=runtime, host=host, runtimes=DEPLOYMENT_RUNTIMES)
     res = dep.resolve()
     assumed = [a for a in res.assumed if a in ("host", "framework")]
@@ -87,7 +97,7 @@ def resolve_execution(deployment: Deployment | Any = None, *, runtime: str | Non
                                     f"got runtime={res.runtime!r}")
     ex = GenerationExecution(runtime=res.runtime, engine=eng, host=prof, block_size=kv_block_size,
                              kv_dtype=kv_dtype)
-    return ex, dep, tuple(assumed)
+    return ex, dep, tuple(assumed), res.label
 
 
 def _check_kv_dtype(kv_dtype: str, cfg: DecoderConfig, dev: Device, runtime: str) -> None:
@@ -251,8 +261,8 @@ def predict_generation(model_or_config: Any, workload: LLMWorkload, device: str 
     """
     cfg, dev = _model_and_device(model_or_config, workload, device, dtype)
     kv_dtype = workload.kv_dtype or cfg.dtype
-    ex, dep, assumed = resolve_execution(deployment, runtime=runtime, engine=engine, host=host,
-                                         kv_block_size=kv_block_size, kv_dtype=kv_dtype)
+    ex, dep, assumed, label = _execution_of(deployment, runtime=runtime, engine=engine, host=host,
+                                            kv_block_size=kv_block_size, kv_dtype=kv_dtype)
     ex, adapted = _adapted(ex, dep, dev, engine)
     tp = resolve_tensor_parallel(cfg, dev, tensor_parallel, interconnect, ex.runtime)
     ex = dataclasses.replace(ex, tp=tp, identical_sequences=workload.identical_sequences)
@@ -266,7 +276,7 @@ def predict_generation(model_or_config: Any, workload: LLMWorkload, device: str 
     eng_name = ex.engine.name if ex.engine is not None else None
     sources = _sources(ex, dev, figs)
     kv_seq = cfg.kv_bytes_per_token(kv_dtype) * wl.total_len / BYTES_PER_MIB
-    details = _details(cfg, shard, ex, dep.label, assumed, run, wl, kv_dtype, beyond, adapted)
+    details = _details(cfg, shard, ex, label, assumed, run, wl, kv_dtype, beyond, adapted)
     slices = _mig_slices(cfg, dev, ex, wl, (run.prefill_sigma_log, run.decode_sigma_log)) \
         if mig and dev.has_mig and tp.size == 1 else None
     return GenerationPrediction(

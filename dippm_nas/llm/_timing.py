@@ -35,7 +35,8 @@ from dippm_nas.llm._engines import ServingEngine
 from dippm_nas.llm._graphs import decode_graph, prefill_graph
 from dippm_nas.llm._memory import KVCapacity, contiguous_capacity, paged_capacity
 from dippm_nas.llm._parallel import TensorParallel, allreduce_ms
-from dippm_nas.prior import PriorEstimate, estimate, latency_sigma_log, latency_us, power_params_for, wait_power_w
+from dippm_nas.prior import (DeploymentSettings, PriorEstimate, estimate, latency_sigma_log, latency_us, power_params_for,
+                             wait_power_w)
 from dippm_nas.units import BYTES_PER_MIB, MS_PER_S, US_PER_MS
 
 __all__ = ["GenerationExecution", "DeviceRun", "run_on_device", "RUNTIME_STYLES", "LLM_RUNTIMES",
@@ -166,7 +167,7 @@ def _estimate(graph: OperatorGraph, dev: Device, runtime: str, host: HostProfile
         if hit is not None:
             _ESTIMATES.move_to_end(key)
             return hit
-    est = estimate(graph, dev, runtime=runtime, host=host)
+    est = estimate(graph, dev, deployment=DeploymentSettings(runtime=runtime, host=host))
     with _ESTIMATES_LOCK:
         _ESTIMATES[key] = est
         while len(_ESTIMATES) > _ESTIMATES_MAX:

@@ -16,11 +16,12 @@ from dippm_nas._json import canonical_json
 from dippm_nas.budgets import Budgets, ChanceCheck
 from dippm_nas.capture import assemble
 from dippm_nas.deployment import Deployment
+from dippm_nas.devices import Device, resolve_device
 from dippm_nas.errors import DippmNasError, InvalidTypeError, InvalidValueError, SearchSpaceError
 from dippm_nas.nni._report import mig_label
 from dippm_nas.nni._space import build_from_factory, load_factory
 from dippm_nas.prediction import Prediction
-from dippm_nas.predictor import predict
+from dippm_nas.predictor import predict, resolve_deployment
 from dippm_nas.spec import InputSpec
 from dippm_nas.trial import TrialRecord
 import search_spaces
@@ -73,15 +74,28 @@ class CandidateEvaluator:
 
     def __init__(self, builder: str | None, model_factory: str | None, model_keys: Sequence[str] | None,
                  input_shape: Sequence[int] | None, inputs: Mapping[str, Any] | None, *,
-                 base_config: dict[str, Any], batch_size: int, dtype: str, device: str, cache: bool,
+                 base_config: dict[str, Any], batch_size: int, dtype: str, device: "str | Device", cache: bool,
                  budgets: Budgets, k_sigma: float, deployment: Deployment, objectives: Sequence[str], stats: Any,
                  warned: set[str]) -> None:
+        dev = resolve_device(device)
         self.base_config, self.batch_size, self.dtype, self.device, self.cache = (base_config, batch_size, dtype,
-                                                                                 device, cache)
+                                                                                 dev.id, cache)
         self.budgets, self.k_sigma, self.deployment, self.objectives = budgets, k_sigma, deployment, objectives
+        #: the device and the deployment resolved once (a deployment the device refuses stays as given: each
+        #: prediction then raises, skipping its candidate); every prediction passes them inward as they are
+        self.resolved_device = dev
+        try:
+            self.resolved_deployment: Any = resolve_deployment(dev, deployment)
+        except DippmNasError:
+            self.resolved_deployment = deployment
         self.stats, self.warned = stats, warned
         self.evaluations: dict[str, Evaluation] = {}
         self._init_source(builder, model_factory, model_keys, input_shape, inputs)
+
+    @property
+    def deployment_label(self) -> str:
+        """The label of the deployment every prediction is for (read off its resolution where the device took it)."""
+        return self.resolved_deployment.label
 
     def _init_source(self, builder: str | None, model_factory: str | None, model_keys: Sequence[str] | None,
                      input_shape: Sequence[int] | None, inputs: Mapping[str, Any] | None) -> None:
@@ -176,8 +190,8 @@ class CandidateEvaluator:
             else:
                 target = build_from_factory(self.factory, self.model_factory, config)  # type: ignore[arg-type]
                 ev.spec = spec = self.input_spec
-            ev.prediction = predict(target, spec, self.device, cache=self.cache, k_sigma=self.k_sigma,
-                                    mig=self.budgets.mig_profile is not None, deployment=self.deployment)
+            ev.prediction = predict(target, spec, self.resolved_device, cache=self.cache, k_sigma=self.k_sigma,
+                                    mig=self.budgets.mig_profile is not None, deployment=self.resolved_deployment)
             self.stats.predictions += 1
         except DippmNasError as e:  # a builder, factory or capture failure is this config's problem
             ev.error = f"{type(e).__name__}: {e}"

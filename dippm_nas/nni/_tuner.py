@@ -287,9 +287,9 @@ class HardwareAwareTuner(Tuner):
         self.objectives, self.directions = objectives, directions
         batch_size = as_int(batch_size, "batch_size", low=1)
         max_skips = as_int(max_skips, "max_skips", low=0)
-        self.device = resolve_device(device).id
+        self.device = (dev := resolve_device(device)).id  # looked up once: the candidates' predictions take it as is
         if dtype is None:
-            dtype = DEFAULT_GPU_DTYPE if resolve_device(device).kind == "gpu" else "float32"
+            dtype = DEFAULT_GPU_DTYPE if dev.kind == "gpu" else "float32"
             how = "default for a GPU device: the dtype the A100 checkpoint was trained on" \
                 if dtype == DEFAULT_GPU_DTYPE else "default for a CPU device"
         else:
@@ -308,13 +308,13 @@ class HardwareAwareTuner(Tuner):
         #: builds and predicts the candidates (each distinct config once)
         self.candidates = CandidateEvaluator(
             builder, model_factory, model_keys, input_shape, inputs, base_config=self.base_config,
-            batch_size=batch_size, dtype=dtype, device=self.device, cache=cache, budgets=self.budgets,
+            batch_size=batch_size, dtype=dtype, device=dev, cache=cache, budgets=self.budgets,
             k_sigma=self.k_sigma, deployment=self.deployment, objectives=objectives, stats=self.stats,
             warned=self._warned)
         c = self.candidates
         self.builder, self.model_factory, self.space = c.builder, c.model_factory, c.space
         self.input_spec, self.model_source, self.model_keys_arg = c.input_spec, c.model_source, c.model_keys_arg
-        self.budgets.memory_limit(self.device)  # a MIG profile the device lacks fails now
+        self.budgets.memory_limit(dev)  # a MIG profile the device lacks fails now
         self.sampler_name = sampler
         self._set_constraint = optuna_has_set_constraint()
         self._sampler = _make_sampler(sampler, seed, population_size, self.budgets.names, self._set_constraint)
@@ -338,7 +338,7 @@ class HardwareAwareTuner(Tuner):
         self._failed_ids: set[int] = set()
         logger.info("HardwareAwareTuner: model=%s objectives=%s directions=%s device=%s batch_size=%d dtype=%s "
                     "(%s) budgets=%s sampler=%s deployment=%s", self.model_source, objectives, directions, self.device,
-                    batch_size, dtype, how, self.budgets.to_dict(), sampler, self.deployment.label)
+                    batch_size, dtype, how, self.budgets.to_dict(), sampler, self.candidates.deployment_label)
 
     @property
     def study(self) -> Any:

@@ -16,7 +16,7 @@ import optuna
 from dippm_nas._numbers import as_int
 from dippm_nas.budgets import Budgets, check_k_sigma
 from dippm_nas.deployment import DEPLOYMENT_RUNTIMES, GRAPH_RUNTIMES, Deployment
-from dippm_nas.devices import resolve_device
+from dippm_nas.devices import Device, resolve_device
 from dippm_nas.errors import DippmNasError, InvalidValueError, SearchSpaceError
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.llm import LLMWorkload
@@ -25,7 +25,7 @@ from dippm_nas.optuna._bookkeeping import TrialBookkeeping
 from dippm_nas.optuna._scheduling import PredictionScheduler, Request, model_source
 from dippm_nas.optuna._storage import is_sqlite_file, rdb_storage
 from dippm_nas.prediction import Prediction
-from dippm_nas.predictor import DEFAULT_DEVICE, get_predictor
+from dippm_nas.predictor import DEFAULT_DEVICE, get_predictor, resolve_deployment
 from dippm_nas.spec import InputSpec
 import search_spaces
 
@@ -105,6 +105,10 @@ class HardwareCostModel:
         #: how the candidates run (every prediction is for it)
         self.deployment: Deployment = Deployment.coerce(deployment, runtime=runtime, host=host,
                                                         runtimes=DEPLOYMENT_RUNTIMES)
+        #: the device and the deployment resolved once (:func:`~dippm_nas.predictor.resolve_deployment`; a serving
+        #: deployment is predict_generation's, and one the device refuses stays as given, each trial failing per
+        #: ``on_error``): every prediction passes them inward as they are
+        self.resolved_device, self.resolved_deployment = dev, _resolved(dev, self.deployment)
         self.engine = engine
         if engine is not None and self.deployment.runtime != "serving":
             raise InvalidValueError(f"engine={engine!r} needs runtime='serving', got {self.deployment.runtime!r}")
@@ -144,7 +148,8 @@ class HardwareCostModel:
         self._finalizer = weakref.finalize(self, self._work.stop_soon)
         #: when and how each candidate is predicted (:mod:`dippm_nas.optuna._scheduling`)
         self._scheduler = PredictionScheduler(self.device, self.deployment, self.engine, self.cache, self.k_sigma,
-                                              self.overlap, self._book, self._work)
+                                              self.overlap, self._book, self._work, resolved_device=dev,
+                                              resolved_deployment=self.resolved_deployment)
 
     # ------------------------------------------------------------------ study set-up
     @property
@@ -415,3 +420,14 @@ class HardwareCostModel:
     def __repr__(self) -> str:
         return (f"HardwareCostModel(device={self.device!r}, objectives={self.objectives}, budgets={self.budgets}, "
                 f"k_sigma={self.budgets.k_sigma:g})")
+
+
+def _resolved(dev: Device, deployment: Deployment) -> Any:
+    """``deployment`` resolved for ``dev`` once (:func:`~dippm_nas.predictor.resolve_deployment`), or as it is where
+    it is a serving deployment or one the device refuses (each prediction then raises, failing its trial)."""
+    if deployment.runtime not in GRAPH_RUNTIMES:
+        return deployment
+    try:
+        return resolve_deployment(dev, deployment)
+    except DippmNasError:
+        return deployment

@@ -96,11 +96,17 @@ class PredictionScheduler:
         overlap: predict a trial's candidate in the background thread when :meth:`overlaps` allows it.
         book: the cost model's trial bookkeeping (records, ``on_error``, the caller's waiting time).
         work: the cost model's background thread and conversion processes.
+        resolved_device: the device resolved once by the cost model (``None``: ``device`` is looked up).
+        resolved_deployment: the deployment resolved once by the cost model
+            (:func:`~dippm_nas.predictor.resolve_deployment`; ``None``: ``deployment`` as given).
     """
 
     def __init__(self, device: str, deployment: Deployment, engine: str | None, cache: Any, k_sigma: float,
-                 overlap: bool, book: TrialBookkeeping, work: BackgroundWork) -> None:
+                 overlap: bool, book: TrialBookkeeping, work: BackgroundWork, *, resolved_device: Any = None,
+                 resolved_deployment: Any = None) -> None:
         self.device, self.deployment, self.engine = device, deployment, engine
+        self.resolved_device = resolved_device if resolved_device is not None else device
+        self.resolved_deployment = resolved_deployment if resolved_deployment is not None else deployment
         self.cache, self.k_sigma, self.overlap = cache, k_sigma, overlap
         self.on_error, self.objectives = book.on_error, book.objectives
         self._book, self._work = book, work
@@ -112,8 +118,8 @@ class PredictionScheduler:
         """Predict one LLM generation at once and record it on the trial; the objective values."""
         t0 = time.perf_counter()
         try:
-            pred = predict_generation(model, workload, self.device, deployment=self.deployment, engine=self.engine,
-                                      mig=True)
+            pred = predict_generation(model, workload, self.resolved_device, deployment=self.deployment,
+                                      engine=self.engine, mig=True)
             values = self._book.record_generation(trial, pred, time.perf_counter() - t0, constraints_func)
             try:  # the decoder's numbers, so a validator can rebuild it (random weights) and time its generation
                 trial.set_user_attr("decoder_config", decoder_config(model).to_dict())
@@ -160,10 +166,10 @@ class PredictionScheduler:
             self.refresh_adaptation(requests[0].trial, space)
             sources = [r.source for r in requests]  # a search-space candidate's graph is assembled from blocks
             if len(sources) == 1:
-                return [predict(sources[0], None, self.device, deployment=self.deployment, cache=self.cache,
+                return [predict(sources[0], None, self.device, deployment=self.resolved_deployment, cache=self.cache,
                                 mig=True, k_sigma=self.k_sigma)]
             return list(predict_many(sources, self.device, workers=workers, cache=self.cache, mig=True,
-                                     deployment=self.deployment, k_sigma=self.k_sigma, progress=progress))
+                                     deployment=self.resolved_deployment, k_sigma=self.k_sigma, progress=progress))
         except Exception as e:  # noqa: BLE001 - each trial of the group fails per on_error; the study goes on
             return [e] * len(requests)
 
@@ -200,14 +206,14 @@ class PredictionScheduler:
         """Make the device's predictor answer with the newest stored adaptation of (device, deployment, space) in
         the study's storage (the cache directory's store for other storages); predictors without a network have
         none."""
-        predictor = get_predictor(self.device)
+        predictor = get_predictor(self.resolved_device)
         if not callable(getattr(predictor, "refresh_adaptation", None)):
             return
         url = storage_url_of(getattr(trial, "study", None))
         with self._lock:
             predictor.use_adaptation(storage=url, space=space or ANY_SPACE)
             try:
-                predictor.refresh_adaptation(deployment=self.deployment)
+                predictor.refresh_adaptation(deployment=self.resolved_deployment)
             except DippmNasError as e:
                 where = redact_url(url) if url is not None else "the cache directory's store"
                 _warn_once(f"adapt-refresh:{where}", "the adaptations of %s in %s were not read (%s); predicting "
@@ -262,7 +268,7 @@ class PredictionScheduler:
             raise err
         self.refresh_adaptation(trial, space)
         pred = predict(OperatorGraph.from_json(text), None, self.device, cache=False, mig=True, k_sigma=self.k_sigma,
-                       deployment=self.deployment)
+                       deployment=self.resolved_deployment)
         values = self._book.record(trial, pred, spec, space, config, convert_s + (time.perf_counter() - t0),
                                    constraints_func)
         self._book.count_wait(0.0, 1)

@@ -18,7 +18,7 @@ from dippm_nas.predictor._adapt import (ANY_SPACE, HANDOVER_ROWS, HEAD_MIN_ROWS,
                                         ResidualHead, deployment_key, fit_residual_head)
 from dippm_nas.predictor._adapt_store import default_adapt_url
 from dippm_nas.predictor._api import DEFAULT_DEVICE, PREDICT_CHUNK, get_predictor, predict, predict_many, set_predictor
-from dippm_nas.predictor._base import BATCH_MIN_GRAPHS, AnalyticPredictor, BasePredictor
+from dippm_nas.predictor._base import BATCH_MIN_GRAPHS, AnalyticPredictor, BasePredictor, resolve_deployment
 from dippm_nas.predictor._calibrate import (ANALYTIC_IDENTITY, CALIBRATION_CLASSES, CLASS_SPREAD_LOG,
                                             MAX_CORRECTION_LOG, SCATTER_FLOOR_LOG, SLOPE_BOUNDS, Calibration,
                                             TimelineFactors, calibration_classes, calibration_path,
@@ -39,7 +39,7 @@ if TYPE_CHECKING:  # pragma: no cover - what __getattr__ returns, for type check
     from dippm_nas.predictor._ensemble import DELTA_MARGIN, SageEnsemble, TorchEngine, collate, collate_globals
 
 __all__ = ["predict", "predict_many", "get_predictor", "set_predictor", "DEFAULT_DEVICE", "PREDICT_CHUNK",
-           "BasePredictor",
+           "BasePredictor", "resolve_deployment",
            "BATCH_MIN_GRAPHS",
            "AnalyticPredictor", "GnnPredictor", "Calibration", "TimelineFactors", "fit_timeline_factors",
            "fit_calibration", "checkpoint_identity", "calibration_path", "load_calibration", "save_calibration",

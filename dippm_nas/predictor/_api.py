@@ -20,6 +20,7 @@ from dippm_nas.graph import OperatorGraph
 from dippm_nas.prediction import Prediction
 from dippm_nas.devices import HostProfile, resolve_device
 from dippm_nas.predictor._base import AnalyticPredictor, BasePredictor, deployment_of
+from dippm_nas.prior import DeploymentSettings
 from dippm_nas.predictor._checkpoint import checkpoint_candidates
 from dippm_nas.predictor._gnn import GnnPredictor
 from dippm_nas.spec import InputSpec
@@ -123,13 +124,18 @@ def _takes_deployment(predictor: BasePredictor) -> bool:
 
 
 def _predict_graphs(predictor: BasePredictor, graphs: list[OperatorGraph], *, mig: bool, k_sigma: float,
-                    deployment: Deployment) -> list[Prediction]:
-    """The predictor's answers for ``deployment``, each recording it in ``labels["deployment"]``."""
-    if _takes_deployment(predictor):
+                    deployment: DeploymentSettings) -> list[Prediction]:
+    """The predictor's answers for the resolved ``deployment``, each recording it in ``labels["deployment"]``: a
+    shipped predictor takes the settings as they are (:attr:`BasePredictor.takes_resolved_deployment`), a plug-in
+    the :class:`~dippm_nas.Deployment` they resolve."""
+    dep = deployment.deployment
+    assert dep is not None  # settings of _checked
+    if predictor.takes_resolved_deployment:
         preds = predictor.predict_graphs(graphs, mig=mig, k_sigma=k_sigma, deployment=deployment)
+    elif _takes_deployment(predictor):
+        preds = predictor.predict_graphs(graphs, mig=mig, k_sigma=k_sigma, deployment=dep)
     else:
-        preds = predictor.predict_graphs(graphs, mig=mig, k_sigma=k_sigma, runtime=deployment.runtime,
-                                         host=deployment.host)
+        preds = predictor.predict_graphs(graphs, mig=mig, k_sigma=k_sigma, runtime=dep.runtime, host=dep.host)
     return [p if "deployment" in p.labels
             else dataclasses.replace(p, labels={**p.labels, "deployment": deployment.label})
             for p in preds]
@@ -137,8 +143,8 @@ def _predict_graphs(predictor: BasePredictor, graphs: list[OperatorGraph], *, mi
 
 def predict(model_or_graph: Any, spec: InputSpec | None = None, device: str = DEFAULT_DEVICE, *,
             cache: CacheArg = True, mig: bool = True, k_sigma: float = 2.0,
-            deployment: Deployment | Mapping[str, Any] | str | Path | None = None, runtime: str | None = None,
-            host: HostProfile | str | Path | None = None) -> Prediction:
+            deployment: Deployment | DeploymentSettings | Mapping[str, Any] | str | Path | None = None,
+            runtime: str | None = None, host: HostProfile | str | Path | None = None) -> Prediction:
     """Predicted latency, energy and memory of one model on ``device``.
 
     Args:
@@ -155,7 +161,9 @@ def predict(model_or_graph: Any, spec: InputSpec | None = None, device: str = DE
         deployment: how inference runs on a GPU (:class:`~dippm_nas.Deployment`: runtime, host, framework,
             TF32, autocast, input copy...), a mapping of its fields, or a JSON/TOML file
             (``dippm-nas deployment --out FILE``); ``None``: nothing described but ``runtime`` and ``host``
-            (what is not described is assumed: ``labels["deployment_assumed"]`` lists it).
+            (what is not described is assumed: ``labels["deployment_assumed"]`` lists it); or the settings
+            :func:`~dippm_nas.predictor.resolve_deployment` returned, which an entry that predicts many times
+            resolves once and passes here as they are.
         runtime: shorthand for ``Deployment(runtime=...)``: ``"eager"`` (the default: PyTorch eager,
             per-operator host dispatch on the critical path), ``"cuda-graphs"`` (the same kernels replayed from
             one CUDA graph) or ``"compiled"`` (``torch.compile`` default mode: element-wise chains fused).
@@ -180,20 +188,25 @@ def predict(model_or_graph: Any, spec: InputSpec | None = None, device: str = DE
 
 
 def _checked(device: str, mig: Any, k_sigma: Any, deployment: Any, runtime: Any,
-             host: Any) -> tuple[BasePredictor, bool, float, Deployment]:
-    """The predictor of ``device``, ``mig``, ``k_sigma`` and the deployment, once every option of
+             host: Any) -> tuple[BasePredictor, bool, float, DeploymentSettings]:
+    """The predictor of ``device``, ``mig``, ``k_sigma`` and the deployment resolved for the device (the one
+    coercion of a request: :func:`~dippm_nas.predictor.resolve_deployment`), once every option of
     :func:`predict` / :func:`predict_many` is checked (a bad one fails before any conversion)."""
     mig = as_bool(mig, "mig")
     k_sigma = check_k_sigma(k_sigma)
-    dep = Deployment.coerce(deployment, runtime=runtime, host=host)
+    if isinstance(deployment, DeploymentSettings):  # resolved by the caller (resolve_deployment): passed as it is
+        dep: Any = deployment
+    else:
+        dep, runtime, host = Deployment.coerce(deployment, runtime=runtime, host=host), None, None
     predictor = get_predictor(device)
-    deployment_of(predictor.resolved_device, dep)
-    return predictor, mig, k_sigma, dep
+    _, settings = deployment_of(predictor.resolved_device, dep, runtime, host)
+    return predictor, mig, k_sigma, settings
 
 
 def predict_many(items: Iterable[Any], device: str = DEFAULT_DEVICE, *, workers: int = 1,
                  cache: CacheArg = True, mig: bool = True, k_sigma: float = 2.0,
-                 progress: bool = False, deployment: Deployment | Mapping[str, Any] | str | Path | None = None,
+                 progress: bool = False,
+                 deployment: Deployment | DeploymentSettings | Mapping[str, Any] | str | Path | None = None,
                  runtime: str | None = None,
                  host: HostProfile | str | Path | None = None) -> list[Prediction | DippmNasError]:
     """Predictions for many candidates: batched conversion, then one batched predictor pass.

@@ -14,7 +14,7 @@ import math
 
 from dippm_nas._gc import gc_paused
 from dippm_nas._logging import WarnOnce
-from dippm_nas.deployment import DEPLOYMENT_RUNTIMES, Deployment
+from dippm_nas.deployment import DEPLOYMENT_RUNTIMES, GRAPH_RUNTIMES, Deployment
 from dippm_nas.devices import Device, HostProfile, resolve_device
 from dippm_nas.errors import DeviceError, DippmNasError, ExecutionRuntimeError, InvalidTypeError, InvalidValueError
 from dippm_nas.graph import OperatorGraph
@@ -28,7 +28,8 @@ from dippm_nas.prior import (CostStack, DeploymentSettings, advise, advise_many,
                              latency_us,
                              prediction_of, resolved_settings, timeline_fields)
 
-__all__ = ["BasePredictor", "AnalyticPredictor", "measurement_pairs", "deployment_of", "BATCH_MIN_GRAPHS"]
+__all__ = ["BasePredictor", "AnalyticPredictor", "measurement_pairs", "deployment_of", "resolve_deployment",
+           "BATCH_MIN_GRAPHS"]
 
 #: From this many graphs per request on, a predictor runs the prior over the stack of graphs at once
 #: (:func:`~dippm_nas.prior.estimate_many`, ``deployment_spread_many``, ``advise_many``) instead of graph by graph;
@@ -52,6 +53,10 @@ class BasePredictor(abc.ABC):
 
     #: The catalogue id of the device this predictor answers for.
     device: str
+    #: :meth:`predict_graphs` takes the settings :func:`resolve_deployment` returns as ``deployment=`` (the shipped
+    #: predictors: a request's deployment is resolved once, at its entry); a plug-in that leaves it ``False`` gets
+    #: the :class:`~dippm_nas.Deployment` they resolve.
+    takes_resolved_deployment: bool = False
 
     @property
     def resolved_device(self) -> Device:
@@ -66,7 +71,7 @@ class BasePredictor(abc.ABC):
     @abc.abstractmethod
     def predict_graphs(self, graphs: Sequence[OperatorGraph], *, mig: bool = True, k_sigma: float = 2.0,
                        runtime: str | None = None, host: HostProfile | str | None = None,
-                       deployment: Deployment | None = None) -> list[Prediction]:
+                       deployment: "Deployment | DeploymentSettings | None" = None) -> list[Prediction]:
         """One :class:`Prediction` per graph, in order.
 
         Args:
@@ -109,28 +114,68 @@ class BasePredictor(abc.ABC):
                             "adapt(); use get_predictor(device), whose predictors all do")
 
 
-def deployment_of(device: "str | Device", deployment: Deployment | None = None, runtime: str | None = None,
-                  host: Any = None) -> tuple[Deployment, DeploymentSettings]:
+def deployment_of(device: "str | Device", deployment: "Deployment | DeploymentSettings | None" = None,
+                  runtime: str | None = None, host: Any = None) -> tuple[Deployment, DeploymentSettings]:
     """The deployment a prediction on ``device`` (a catalogue id, or the resolved :class:`~dippm_nas.devices.Device`)
-    is for, and the prior's settings of it.
+    is for, and the prior's settings of it: the one place a deployment is coerced and resolved
+    (:func:`resolve_deployment` is its public face).
 
     ``deployment``, or one built from the ``runtime`` / ``host`` keywords: ``Deployment(runtime, host)``
     with the host profile's framework (a profile names its PyTorch generation); ``host=None`` leaves the host
-    and the framework undescribed.
+    and the framework undescribed. Settings already resolved (:func:`resolve_deployment`) pass as they are (only
+    the device's checks run), so an entry resolves once and hands the settings inward.
 
     Raises:
         ExecutionRuntimeError: an unknown runtime, one the graph predictors do not model (``"serving"``), or
             one other than ``"eager"`` on a CPU device.
         DeviceError: an unreadable host profile.
-        InvalidTypeError: ``deployment`` is not a :class:`~dippm_nas.Deployment`.
+        InvalidTypeError: ``deployment`` is neither a :class:`~dippm_nas.Deployment` nor the settings of one.
         DeploymentError: ``runtime`` or ``host`` given beside a deployment that says otherwise
             (:meth:`Deployment.coerce`).
     """
+    if isinstance(deployment, DeploymentSettings):
+        if deployment.deployment is None:
+            raise InvalidTypeError("deployment settings must be those resolve_deployment() returns (they name the "
+                                   "Deployment they resolve), not settings built by hand; pass a dippm_nas.Deployment")
+        if runtime is None and host is None:
+            return deployment.deployment, _checked_for(deployment, resolve_device(device))
+        deployment = deployment.deployment
     if deployment is not None and not isinstance(deployment, Deployment):
         raise InvalidTypeError(f"deployment must be a dippm_nas.Deployment, got {type(deployment).__name__}")
-    dep = Deployment.coerce(deployment, runtime=runtime, host=host, runtimes=DEPLOYMENT_RUNTIMES)
+    dep = (deployment if deployment is not None and runtime is None and host is None
+           else Deployment.coerce(deployment, runtime=runtime, host=host, runtimes=DEPLOYMENT_RUNTIMES))
     settings = deployment_settings(dep)  # refuses "serving" (ExecutionRuntimeError listing the runtimes)
-    dev = resolve_device(device)
+    return dep, _checked_for(settings, resolve_device(device))
+
+
+def resolve_deployment(device: "str | Device", deployment: Any = None, *, runtime: str | None = None,
+                       host: Any = None) -> DeploymentSettings:
+    """The deployment of a prediction on ``device``, resolved once: what an entry point (``predict``,
+    ``predict_many``, ``HardwareCostModel``, the NNI tuner, the CLI) builds and passes inward.
+
+    Args:
+        device: a catalogue id or a resolved :class:`~dippm_nas.devices.Device`.
+        deployment: a :class:`~dippm_nas.Deployment`, a mapping of its fields, the path of a JSON/TOML deployment
+            file, settings this function returned (passed as they are), or ``None``.
+        runtime, host: the ``runtime=`` / ``host=`` keywords of :func:`dippm_nas.predict`.
+
+    Returns:
+        The prior's :class:`~dippm_nas.prior.DeploymentSettings`, holding the :class:`~dippm_nas.Deployment`
+        (``.deployment``) and its label (``.label``); :func:`dippm_nas.predict` takes them as ``deployment=``.
+
+    Raises:
+        DeploymentError, ExecutionRuntimeError, DeviceError, InvalidValueError: as for :func:`dippm_nas.predict`.
+    """
+    plain = isinstance(deployment, Deployment) and deployment.runtime in GRAPH_RUNTIMES
+    if not isinstance(deployment, DeploymentSettings) and not (plain and runtime is None and host is None):
+        deployment = Deployment.coerce(deployment, runtime=runtime, host=host)
+        runtime = host = None
+    return deployment_of(device, deployment, runtime, host)[1]
+
+
+def _checked_for(settings: DeploymentSettings, dev: Device) -> DeploymentSettings:
+    """``settings``, once checked against the device they predict for (a CPU runs eager, without autocast), with
+    the warnings of TF32 on a GPU without it and of a framework the host model is not for (once each)."""
     if settings.runtime != "eager" and dev.kind != "gpu":
         raise ExecutionRuntimeError(f"runtime {settings.runtime!r} is modelled for GPUs; device {dev.id!r} is a CPU, "
                                     "whose predictions are for eager PyTorch (runtime='eager')")
@@ -146,7 +191,7 @@ def deployment_of(device: "str | Device", deployment: Deployment | None = None, 
                    "the deployment runs %s, not the %s generation the host model's constants are for: its host "
                    "times are scaled by the fitted generation factor and flagged details['host_profile_mismatch'] = 1",
                    settings.host.framework, CURRENT_FRAMEWORK)
-    return dep, settings
+    return settings
 
 
 #: The framework generation the host model's constants and the default host profile describe.
@@ -196,6 +241,7 @@ class AnalyticPredictor(BasePredictor):
     #: from this many graphs per request on, the prior runs over the stack of graphs at once
     #: (:data:`BATCH_MIN_GRAPHS`; the same figures as graph by graph)
     batch_min_graphs: int = BATCH_MIN_GRAPHS
+    takes_resolved_deployment = True
 
     def __init__(self, device: str, *, load_calibration: bool = True) -> None:
         dev = resolve_device(device)
@@ -215,7 +261,7 @@ class AnalyticPredictor(BasePredictor):
 
     def predict_graphs(self, graphs: Sequence[OperatorGraph], *, mig: bool = True, k_sigma: float = 2.0,
                        runtime: str | None = None, host: HostProfile | str | None = None,
-                       deployment: Deployment | None = None) -> list[Prediction]:
+                       deployment: "Deployment | DeploymentSettings | None" = None) -> list[Prediction]:
         """See :meth:`BasePredictor.predict_graphs`. From :data:`BATCH_MIN_GRAPHS` graphs on, the prior runs over
         the stack of graphs at once (:func:`~dippm_nas.prior.estimate_many`; the same figures)."""
         dev = self.resolved_device
@@ -313,7 +359,8 @@ class AnalyticPredictor(BasePredictor):
             InvalidValueError: a figure that is not a finite number > 0 (named in the message), or a fit beyond
                 the plausibility bounds (:func:`~dippm_nas.predictor.calibration_problems`); nothing is applied.
         """
-        if resolve_device(self.device).kind != "gpu":
+        dev = self.resolved_device
+        if dev.kind != "gpu":
             raise DeviceError(f"the analytic prior of {self.device!r} (a CPU) has no host and GPU timelines to "
                               "calibrate; calibrate a trained host-cpu checkpoint (GnnPredictor.calibrate) instead")
         pairs = measurement_pairs(measurements)
@@ -322,9 +369,9 @@ class AnalyticPredictor(BasePredictor):
             _warn_once(f"calibrate-few:{self.device}", "calibrate() needs at least 2 measurements with a latency "
                        "> 0, got %d: the %s predictions are left unchanged", len(pairs), self.device)
             return None
-        _, st = deployment_of(self.device, deployment, runtime, host)
-        ests = [estimate(g, self.device, deployment=st) for g, _ in pairs]
-        offsets = [described_offset_log(st, deployment_spread(g, self.device, st)) if st.spread_open else 0.0
+        _, st = deployment_of(dev, deployment, runtime, host)
+        ests = [estimate(g, dev, deployment=st) for g, _ in pairs]
+        offsets = [described_offset_log(st, deployment_spread(g, dev, st)) if st.spread_open else 0.0
                    for g, _ in pairs]
         tf = fit_timeline_factors([(e.node_time_ms * 1e3, e.node_host_ms * 1e3, e.pass_host_ms * 1e3) for e in ests],
                                   [y["latency_ms"] * math.exp(-o) for (_, y), o in zip(pairs, offsets)],
@@ -380,8 +427,8 @@ class AnalyticPredictor(BasePredictor):
                                     "adaptation store; its adaptation is the device's calibration (persist=True "
                                     "writes it to the cache directory)")
         measurements = list(measurements)
-        dep, _ = deployment_of(self.device, deployment, runtime, host)
-        key = AdaptationKey(self.device, deployment_key(self.device, deployment=dep), space or ANY_SPACE)
+        dep, _ = deployment_of(self.resolved_device, deployment, runtime, host)
+        key = AdaptationKey(self.device, deployment_key(self.resolved_device, deployment=dep), space or ANY_SPACE)
         check_rows_key(measurements, key)
         pairs = measurement_pairs(measurements) if measurements else []
         rows = merge_rows([(g, y) for g, y in pairs if "latency_ms" in y], key_of=_graph_key)

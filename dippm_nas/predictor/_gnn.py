@@ -90,6 +90,7 @@ class GnnPredictor(BasePredictor):
     #: from this many new graphs per request on, the prior's stages run over the stack of graphs at once
     #: (:data:`~dippm_nas.predictor.BATCH_MIN_GRAPHS`; the same figures as graph by graph)
     batch_min_graphs: int = BATCH_MIN_GRAPHS
+    takes_resolved_deployment = True  # predict_graphs takes resolve_deployment()'s settings as they are
 
     def __init__(self, model: "SageEnsemble | NumpyEnsemble", meta: CheckpointMeta, device: str | None = None, *,
                  feature_cache_size: int = 4096, load_calibration: bool = True,

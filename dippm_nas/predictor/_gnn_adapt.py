@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from dippm_nas._logging import WarnOnce
 from dippm_nas._redact import redact_url
 from dippm_nas.deployment import Deployment
-from dippm_nas.devices import HostProfile, resolve_device
+from dippm_nas.devices import HostProfile
 from dippm_nas.errors import DippmNasError, InvalidTypeError, InvalidValueError
 from dippm_nas.features import GraphFeatures
 from dippm_nas.graph import OperatorGraph
@@ -131,14 +131,14 @@ class GnnAdaptation:
             InvalidValueError: the fit lies beyond the plausibility bounds
                 (:func:`~dippm_nas.predictor.calibration_problems`).
         """
-        _, st = deployment_of(self.p.device, deployment, runtime, host)
+        _, st = deployment_of(self.p.resolved_device, deployment, runtime, host)
         saved, self.p.calibration = self.p.calibration, None
         try:
             feats = [self.p.features(g) for g, _ in pairs]
             mean, _ = self.p.predict_log(feats)
             targets = list(self.p.meta.targets)
             timeline = None
-            if resolve_device(self.p.device).kind == "gpu" and "latency_ms" in targets:
+            if self.p.resolved_device.kind == "gpu" and "latency_ms" in targets:
                 idx = [i for i, (_, y) in enumerate(pairs) if "latency_ms" in y and feats[i].estimate is not None]
                 if len(idx) >= 2:
                     parts, ys = [], []
@@ -206,12 +206,13 @@ class GnnAdaptation:
         check_storage_and_space(storage, space)
         measurements = list(measurements)
         pairs = measurement_pairs(measurements) if measurements else []
-        dep, _ = deployment_of(self.p.device, deployment, runtime, host)
+        dep, _ = deployment_of(self.p.resolved_device, deployment, runtime, host)
         if storage is not None:
             self.adaptation_storage = storage
         if space is not None:
             self.adaptation_space = space
-        key = AdaptationKey(self.p.device, deployment_key(self.p.device, deployment=dep), self.adaptation_space)
+        key = AdaptationKey(self.p.device, deployment_key(self.p.resolved_device, deployment=dep),
+                            self.adaptation_space)
         check_rows_key(measurements, key)
         if persist:
             ad = self.adapt_stored(key, pairs, dep)
@@ -274,8 +275,8 @@ class GnnAdaptation:
                            deployment: Deployment | None = None) -> Adaptation | None:
         """Load the newest stored version for this device, deployment and :attr:`adaptation_space` when it is
         newer than the active one (a search picks up what its validation workers fitted); returns the active one."""
-        dep, _ = deployment_of(self.p.device, deployment, runtime, host)
-        self.looked.discard(deployment_key(self.p.device, deployment=dep))
+        dep, _ = deployment_of(self.p.resolved_device, deployment, runtime, host)
+        self.looked.discard(deployment_key(self.p.resolved_device, deployment=dep))
         return self.adaptation_for(dep)
 
     def reset_adaptation(self) -> None:

@@ -63,7 +63,7 @@ class PredictionComposer:
 
     def predict_graphs(self, graphs: Sequence[OperatorGraph], *, mig: bool = True, k_sigma: float = 2.0,
                        runtime: str | None = None, host: HostProfile | str | None = None,
-                       deployment: Deployment | None = None) -> list[Prediction]:
+                       deployment: "Deployment | DeploymentSettings | None" = None) -> list[Prediction]:
         if not graphs:
             return []
         dep, st = deployment_of(self.p.resolved_device, deployment, runtime, host)

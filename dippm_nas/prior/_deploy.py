@@ -17,9 +17,9 @@ from typing import Any
 from dippm_nas.deployment import INPUT_COPIES, Deployment, ResolvedDeployment
 from dippm_nas.devices import HostProfile, default_host_profile
 from dippm_nas.errors import InvalidTypeError, InvalidValueError
-from dippm_nas.prior._host import check_runtime
+from dippm_nas.prior._host import Execution, check_runtime
 
-__all__ = ["DeploymentSettings", "deployment_settings", "input_copy_kind", "UNKNOWN_TF32", "UNKNOWN_INPUT_COPY",
+__all__ = ["DeploymentSettings", "deployment_settings", "execution_settings", "input_copy_kind", "UNKNOWN_TF32", "UNKNOWN_INPUT_COPY",
            "UNKNOWN_HOST", "UNKNOWN_HOST_CLOCK_GHZ", "UNKNOWN_HOST_SIGMA_LOG", "UNKNOWN_FRAMEWORK_WEIGHTS",
            "UNKNOWN_INPUT_COPY_WEIGHTS", "PAGEABLE_FRESH_WEIGHT"]
 
@@ -77,6 +77,11 @@ class DeploymentSettings:
         from_process: the undescribed settings taken from the running process's torch (``"framework"``,
             ``"tf32"``; :attr:`~dippm_nas.deployment.ResolvedDeployment.from_process`); no σ spans them.
         process_torch: that torch's version, ``None`` when nothing was taken from it.
+        label: :attr:`~dippm_nas.deployment.ResolvedDeployment.label` of the deployment these settings resolve
+            (``labels["deployment"]`` of a prediction), made once here; ``""`` for settings built by hand.
+        deployment: the :class:`~dippm_nas.Deployment` these settings resolve (``None`` for settings built by hand
+            or from a resolved deployment); its :attr:`~dippm_nas.Deployment.key` names the adaptation a
+            prediction for it reads. Neither ``label`` nor ``deployment`` takes part in equality.
     """
 
     runtime: str = "eager"
@@ -90,6 +95,8 @@ class DeploymentSettings:
     tf32_requested: bool = False
     from_process: tuple[str, ...] = ()
     process_torch: str | None = None
+    label: str = dataclasses.field(default="", compare=False)
+    deployment: Deployment | None = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
     def assumed_label(self) -> str:
@@ -124,7 +131,9 @@ def input_copy_kind(input_copy: Any) -> str:
 
 
 def deployment_settings(deployment: Deployment | ResolvedDeployment | DeploymentSettings) -> DeploymentSettings:
-    """The prior's settings of a deployment: its described settings, the centre values for the others.
+    """The prior's settings of a deployment: its described settings, the centre values for the others. A
+    :class:`DeploymentSettings` is returned as it is; a :class:`~dippm_nas.Deployment` is resolved here once
+    (:meth:`~dippm_nas.Deployment.resolve`), and the settings keep it and its label.
 
     Raises:
         ExecutionRuntimeError: a runtime the graph prior does not model (``"serving"``).
@@ -133,9 +142,10 @@ def deployment_settings(deployment: Deployment | ResolvedDeployment | Deployment
     if isinstance(deployment, DeploymentSettings):
         return deployment
     requested = False
+    described: Deployment | None = None
     if isinstance(deployment, Deployment):
         requested = bool(deployment.tf32_matmul) or bool(deployment.tf32_conv)
-        deployment = deployment.resolve()
+        described, deployment = deployment, deployment.resolve()
     if not isinstance(deployment, ResolvedDeployment):
         raise InvalidTypeError(f"deployment must be a dippm_nas.Deployment, got {type(deployment).__name__}")
     r = deployment
@@ -151,4 +161,20 @@ def deployment_settings(deployment: Deployment | ResolvedDeployment | Deployment
                               channels_last=r.channels_last, autocast=r.autocast,
                               input_copy=UNKNOWN_INPUT_COPY if r.input_copy is None else r.input_copy,
                               assumed=r.assumed, tf32_requested=requested, from_process=r.from_process,
-                              process_torch=r.process_torch)
+                              process_torch=r.process_torch, label=r.label, deployment=described)
+
+
+def execution_settings(execution: Execution | None) -> DeploymentSettings | None:
+    """The prior's settings of an :class:`~dippm_nas.prior.Execution` (a measured row's runtime, host and input copy;
+    PyTorch's defaults for the rest: TF32 on convolutions only, NCHW, no autocast), what ``estimate(...,
+    deployment=)`` takes in place of the deprecated ``execution=``; ``None`` for ``None``.
+
+    Raises:
+        InvalidTypeError: neither an :class:`~dippm_nas.prior.Execution` nor ``None``.
+    """
+    if execution is None:
+        return None
+    if not isinstance(execution, Execution):
+        raise InvalidTypeError(f"execution must be a dippm_nas.prior.Execution or None, got {type(execution).__name__}")
+    return DeploymentSettings(runtime=execution.runtime, host=execution.host,
+                              input_copy=input_copy_kind(execution.input_copy))

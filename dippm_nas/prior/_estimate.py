@@ -29,12 +29,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections.abc import Sequence
+import warnings
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from dippm_nas._deprecation import MISSING
 from dippm_nas.deployment import Deployment, ResolvedDeployment
 from dippm_nas.devices import Device, HostProfile, resolve_device, resolve_host_profile
 from dippm_nas.errors import GraphValidationError
@@ -231,34 +233,49 @@ def _runtime_costs(graph: OperatorGraph, dev: Device, p: PriorParams, facts: Any
 _LEGACY_HOST = HostModel(op_us={k: 10.0 for k in HOST_KINDS}, iteration_us=0.0, source="uncalibrated defaults")
 
 
+#: The keywords of :func:`estimate`, :func:`estimate_latency_ms`, :func:`~dippm_nas.prior.predict` and
+#: :func:`~dippm_nas.prior.estimate_many` that ``deployment=`` replaces, with the values they default to: deprecated
+#: (a :class:`DeprecationWarning` where one is passed), removed in dippm-nas 0.2.
+LEGACY_KEYWORDS: dict[str, Any] = {"tf32_conv": True, "tf32_matmul": False, "channels_last": False, "runtime": "eager",
+                                   "host": None, "input_copy": False, "execution": None, "autocast": None}
+#: The release that drops :data:`LEGACY_KEYWORDS`.
+LEGACY_REMOVED_IN = "0.2"
+
+
+def legacy_keywords(func: str, given: Mapping[str, Any], *, stacklevel: int = 3) -> dict[str, Any]:
+    """The values of :data:`LEGACY_KEYWORDS` for a call of ``func`` (``given``: what the caller passed, :data:`MISSING`
+    where it passed nothing), with one :class:`DeprecationWarning` naming those it passed."""
+    passed = [k for k in LEGACY_KEYWORDS if given.get(k, MISSING) is not MISSING]
+    if passed:
+        warnings.warn(f"dippm_nas.prior.{func}({'=, '.join(passed)}=) is deprecated and will be removed in dippm-nas "
+                      f"{LEGACY_REMOVED_IN}: describe how inference runs with deployment= (a dippm_nas.Deployment, or "
+                      "dippm_nas.prior.DeploymentSettings(runtime=..., host=..., tf32_conv=..., tf32_matmul=..., "
+                      "channels_last=..., autocast=..., input_copy=...))", DeprecationWarning, stacklevel=stacklevel)
+    return {k: (given[k] if k in passed else default) for k, default in LEGACY_KEYWORDS.items()}
+
+
 def estimate(
-    graph: OperatorGraph, device: Device | str, *, tf32_conv: bool = True, tf32_matmul: bool = False,
-    channels_last: bool = False, params: PriorParams | None = None, runtime: str = "eager",
-    host: HostProfile | str | None = None, input_copy: bool | str = False, execution: Execution | None = None,
-    power: PowerTable | None = None, autocast: str | None = None,
+    graph: OperatorGraph, device: Device | str, *, params: PriorParams | None = None, power: PowerTable | None = None,
     deployment: "Deployment | ResolvedDeployment | DeploymentSettings | None" = None,
+    tf32_conv: Any = MISSING, tf32_matmul: Any = MISSING, channels_last: Any = MISSING, runtime: Any = MISSING,
+    host: Any = MISSING, input_copy: Any = MISSING, execution: Any = MISSING, autocast: Any = MISSING,
 ) -> PriorEstimate:
     """Analytic latency, energy and memory of one forward pass of ``graph`` on ``device``.
 
     Args:
         graph: a captured model (validated here).
         device: a :class:`~dippm_nas.devices.Device` or a catalogue id.
-        tf32_conv: FP32 convolutions may use TF32 tensor cores (PyTorch's default, True).
-        tf32_matmul: FP32 matmuls may use TF32 (PyTorch's default, False).
-        channels_last: activations are NHWC in memory (``model.to(memory_format=torch.channels_last)``);
-            PyTorch's default is NCHW (False).
         params: the prior's constants; default: the shipped fitted ones.
-        runtime: ``"eager"`` (default), ``"cuda-graphs"`` or ``"compiled"`` (see :mod:`dippm_nas.prior._host`).
-        host: the host that drives a GPU: a :class:`~dippm_nas.devices.HostProfile`, a profile JSON file,
-            or ``None`` for :data:`~dippm_nas.devices.DEFAULT_HOST_PROFILE`.
-        input_copy: whether the timed region holds the input's host-to-device copy: ``"none"``, ``"pageable"``,
-            ``"pinned"``, or a bool (``True``: pageable).
-        execution: runtime, host and input copy in one :class:`~dippm_nas.prior._host.Execution` (overrides
-            them).
         power: the power model's constants per architecture; default: the shipped ones (``power.json``).
-        autocast: ``None``, ``"float16"`` or ``"bfloat16"``: ``torch.autocast`` around the forward.
-        deployment: a :class:`~dippm_nas.Deployment` (or its resolved form); overrides every setting above it
-            describes, and its undescribed ones take the centre values of :func:`deployment_settings`.
+        deployment: how inference runs: a :class:`~dippm_nas.Deployment` (or its resolved form; its undescribed
+            settings take the centre values of :func:`deployment_settings`), or the prior's
+            :class:`~dippm_nas.prior.DeploymentSettings` as they are; ``None``: PyTorch eager on the default host
+            profile, PyTorch's default TF32 flags (convolutions on, matmuls off), NCHW, no autocast, no input copy.
+        tf32_conv, tf32_matmul, channels_last, runtime, host, input_copy, execution, autocast: deprecated
+            (:data:`LEGACY_KEYWORDS`, removed in dippm-nas 0.2; a :class:`DeprecationWarning`): the settings
+            ``deployment=`` describes (``host``: a :class:`~dippm_nas.devices.HostProfile`, a profile file or
+            ``None``; ``input_copy``: ``"none"``, ``"pageable"``, ``"pinned"`` or a bool; ``execution``: a
+            :class:`~dippm_nas.prior.Execution`). A ``deployment`` given beside them overrides what it describes.
 
     Raises:
         DeviceError: unknown device id (the choices are listed), or an unreadable host profile.
@@ -266,10 +283,18 @@ def estimate(
         UnsupportedDtypeError: the device has no peak for the graph's dtype.
         GraphValidationError: a malformed graph.
     """
+    legacy = legacy_keywords("estimate", dict(tf32_conv=tf32_conv, tf32_matmul=tf32_matmul,
+                                              channels_last=channels_last, runtime=runtime, host=host,
+                                              input_copy=input_copy, execution=execution, autocast=autocast))
+    return estimate_with(graph, device, params=params, power=power, deployment=deployment, **legacy)
+
+
+def estimate_with(graph: OperatorGraph, device: Device | str, *, params: PriorParams | None, power: PowerTable | None,
+                  deployment: Any, **legacy: Any) -> PriorEstimate:
+    """:func:`estimate` with :data:`LEGACY_KEYWORDS` given whole (no warning: the callers that still take them,
+    such as :func:`~dippm_nas.prior.predict`, warned their own caller)."""
     dev, p, prof, facts, costs, runtime, prefix_us, copy_us, latency_us, host_total_us, ac = _latency_parts(
-        graph, device, tf32_conv=tf32_conv, tf32_matmul=tf32_matmul, channels_last=channels_last, params=params,
-        runtime=runtime, host=host, input_copy=input_copy, execution=execution, autocast=autocast,
-        deployment=deployment)
+        graph, device, params=params, deployment=deployment, **legacy)
     energy = None
     if dev.has_power:
         pw = power_params_for(dev, power)
@@ -427,17 +452,19 @@ def _latency_parts(graph: OperatorGraph, device: Device | str, *, tf32_conv: boo
 
 
 def estimate_latency_ms(
-    graph: OperatorGraph, device: Device | str, *, tf32_conv: bool = True, tf32_matmul: bool = False,
-    channels_last: bool = False, params: PriorParams | None = None, runtime: str = "eager",
-    host: HostProfile | str | None = None, input_copy: bool | str = False, execution: Execution | None = None,
-    autocast: str | None = None, deployment: "Deployment | ResolvedDeployment | DeploymentSettings | None" = None,
+    graph: OperatorGraph, device: Device | str, *, params: PriorParams | None = None,
+    deployment: "Deployment | ResolvedDeployment | DeploymentSettings | None" = None,
+    tf32_conv: Any = MISSING, tf32_matmul: Any = MISSING, channels_last: Any = MISSING, runtime: Any = MISSING,
+    host: Any = MISSING, input_copy: Any = MISSING, execution: Any = MISSING, autocast: Any = MISSING,
 ) -> float:
     """``estimate(...).latency_ms`` without the energy and memory parts (the same computation of the latency,
-    for callers that need only it, such as the MIG advisor's per-slice latencies). Arguments and errors as
-    for :func:`estimate`."""
-    return _latency_parts(graph, device, tf32_conv=tf32_conv, tf32_matmul=tf32_matmul, channels_last=channels_last,
-                          params=params, runtime=runtime, host=host, input_copy=input_copy,
-                          execution=execution, autocast=autocast, deployment=deployment)[8] / 1e3
+    for callers that need only it, such as the MIG advisor's per-slice latencies). Arguments (the deprecated
+    :data:`LEGACY_KEYWORDS` among them) and errors as for :func:`estimate`."""
+    legacy = legacy_keywords("estimate_latency_ms", dict(tf32_conv=tf32_conv, tf32_matmul=tf32_matmul,
+                                                         channels_last=channels_last, runtime=runtime, host=host,
+                                                         input_copy=input_copy, execution=execution,
+                                                         autocast=autocast))
+    return _latency_parts(graph, device, params=params, deployment=deployment, **legacy)[8] / 1e3
 
 
 def _gpu_parts(graph: OperatorGraph, facts: Any, dev: Device, autocast: str | None = None) -> Any:

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from dippm_nas._json import check_keys
+from dippm_nas.deployment import row_deployment
 from dippm_nas.devices import FRAMEWORKS, HostProfile, default_host_profile
 from dippm_nas.errors import ExecutionRuntimeError, InvalidValueError
 
@@ -298,26 +299,13 @@ class Execution:
     @classmethod
     def from_conditions(cls, conditions: Mapping[str, Any] | None,
                         environment: Mapping[str, Any] | None = None) -> "Execution":
-        """The execution a dataset row's measurement was made under.
-
-        Reads ``conditions["runtime"]`` (or timm's ``torch_compile``: ``"dynamo"`` -> ``"compiled"``),
-        ``conditions["input_copy"]``, the framework (``conditions["framework"]``, or timm's
-        ``torch_version_tag`` ``ptXYZ``) and the host clock (``environment["host_clock_ghz"]``); what a row
-        does not record takes the default (eager, the default host profile's speed, no input copy).
+        """The execution a dataset row's measurement was made under: the runtime, host and input copy of the row's
+        :func:`~dippm_nas.deployment.row_deployment` (the one mapping of a row's recorded conditions; a copy from
+        pinned or pageable memory is a copy), a host the row does not record taking the default host profile with
+        the row's framework (else the profile's own).
         """
-        c = dict(conditions or {})
-        env = dict(environment or {})
-        runtime = c.get("runtime")
-        if runtime is None:
-            runtime = "compiled" if str(c.get("torch_compile", "")).lower() in ("dynamo", "inductor", "true") else "eager"
-        framework = c.get("framework")
-        tag = str(c.get("torch_version_tag") or "")
-        if framework is None and tag.startswith("pt") and tag[2:3].isdigit():
-            framework = "torch-1" if tag[2] == "1" else "torch-2"
+        dep = row_deployment(conditions, environment)
         base = default_host_profile()
-        clock = env.get("host_clock_ghz")
-        if _finite(clock) and clock > 0:
-            host = HostProfile.from_clock(float(clock), framework=framework or base.framework)
-        else:
-            host = dataclasses.replace(base, framework=framework or base.framework)
-        return cls(runtime=str(runtime), host=host, input_copy=bool(c.get("input_copy", False)))
+        host = dep.host if isinstance(dep.host, HostProfile) else dataclasses.replace(
+            base, framework=dep.framework or base.framework)
+        return cls(runtime=dep.runtime, host=host, input_copy=dep.input_copy not in (None, "none"))

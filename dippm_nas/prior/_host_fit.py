@@ -40,6 +40,7 @@ import numpy as np
 from dippm_nas.devices import resolve_device
 from dippm_nas.errors import InvalidValueError
 from dippm_nas.graph import OperatorGraph
+from dippm_nas.prior._deploy import execution_settings
 from dippm_nas.prior._estimate import _timelines, estimate
 from dippm_nas.prior._host import HOST_KINDS, PAGE_BYTES, Execution, HostModel, input_copy_us
 from dippm_nas.prior._nodes import graph_facts, node_costs
@@ -155,7 +156,7 @@ def host_model_latency_ms(model: HostModel, rows: Sequence[HostRow], params: Pri
     p = dataclasses.replace(p, host_model=model)
     out = []
     for r in rows:
-        ms = estimate(r.graph, r.device, params=p, execution=r.execution).latency_ms
+        ms = estimate(r.graph, r.device, params=p, deployment=execution_settings(r.execution)).latency_ms
         if r.fresh_pages and r.execution.input_copy:  # the first touch of a freshly mapped batch: before any op
             pages = math.ceil(float(r.graph.spec.input_bytes) / PAGE_BYTES)
             ms += pages * model.h2d_fresh_page_us * model.scale(r.execution.host) / 1e3

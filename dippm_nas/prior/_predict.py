@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
+from dippm_nas._deprecation import MISSING
 from dippm_nas.deployment import Deployment, ResolvedDeployment
-from dippm_nas.devices import Device, HostProfile, resolve_device
+from dippm_nas.devices import Device, resolve_device
 from dippm_nas.errors import DeviceError
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.prediction import Prediction
-from dippm_nas.prior._deploy import DeploymentSettings
-from dippm_nas.prior._estimate import PriorEstimate, estimate, latency_sigma_log, timeline_fields
+from dippm_nas.prior._deploy import DeploymentSettings, deployment_settings
+from dippm_nas.prior._estimate import PriorEstimate, estimate_with, latency_sigma_log, legacy_keywords, timeline_fields
 from dippm_nas.prior._mig import advise
 from dippm_nas.prior._params import PriorParams
 from dippm_nas.prior._power import PowerTable
@@ -22,36 +24,38 @@ __all__ = ["predict", "prediction_of"]
 
 def predict(
     graph: OperatorGraph, device: Device | str, *, mig: bool = True, k_sigma: float = 2.0,
-    tf32_conv: bool = True, tf32_matmul: bool = False, channels_last: bool = False,
-    params: PriorParams | None = None, runtime: str = "eager", host: HostProfile | str | None = None,
-    input_copy: bool | str = False, power: PowerTable | None = None, autocast: str | None = None,
+    params: PriorParams | None = None, power: PowerTable | None = None,
     deployment: "Deployment | ResolvedDeployment | DeploymentSettings | None" = None,
+    tf32_conv: Any = MISSING, tf32_matmul: Any = MISSING, channels_last: Any = MISSING, runtime: Any = MISSING,
+    host: Any = MISSING, input_copy: Any = MISSING, autocast: Any = MISSING,
 ) -> Prediction:
     """The analytic prior as a :class:`~dippm_nas.prediction.Prediction` (sources ``"analytic"``; energy
     ``"predicted"`` where the power model is fitted for the device's architecture).
 
     Args:
-        graph, device, tf32_conv, tf32_matmul, channels_last, params, runtime, host, input_copy, power, autocast,
-            deployment: as for :func:`estimate`.
+        graph, device, params, power, deployment: as for :func:`estimate`.
         mig: attach the MIG advisor's answer (devices with MIG only; see :func:`dippm_nas.mig.advise`).
         k_sigma: passed to the advisor.
+        tf32_conv, tf32_matmul, channels_last, runtime, host, input_copy, autocast: deprecated, as for
+            :func:`estimate` (removed in dippm-nas 0.2).
 
     Raises:
         DeviceError: the device has no power figures, so no energy can be given (e.g. ``host-cpu``;
             use :func:`estimate`, whose ``energy_j`` is then ``None``), or an unknown device id.
         UnsupportedDtypeError, GraphValidationError: as for :func:`estimate`.
     """
+    legacy = legacy_keywords("predict", dict(tf32_conv=tf32_conv, tf32_matmul=tf32_matmul, channels_last=channels_last,
+                                             runtime=runtime, host=host, input_copy=input_copy, autocast=autocast))
     dev = resolve_device(device)
-    est = estimate(graph, dev, tf32_conv=tf32_conv, tf32_matmul=tf32_matmul, channels_last=channels_last, params=params,
-                   runtime=runtime, host=host, input_copy=input_copy, power=power, autocast=autocast,
-                   deployment=deployment)
+    if deployment is not None:
+        deployment = deployment_settings(deployment)  # resolved once: the estimate, the spread and the advice read it
+    est = estimate_with(graph, dev, params=params, power=power, deployment=deployment, **legacy)
     sp = (deployment_spread(graph, dev, deployment, params=params)
           if deployment is not None and dev.kind == "gpu" and est.energy_j is not None else None)
     pred = prediction_of(est, dev, params=params, spread=sp)
     if mig and dev.has_mig:
-        advice = advise(pred, dev, graph=graph, k_sigma=k_sigma, tf32_conv=tf32_conv, tf32_matmul=tf32_matmul,
-                        channels_last=channels_last, params=params, runtime=runtime, host=host,
-                        input_copy=input_copy, autocast=autocast, deployment=deployment)
+        legacy.pop("execution")
+        advice = advise(pred, dev, graph=graph, k_sigma=k_sigma, params=params, deployment=deployment, **legacy)
         pred = dataclasses.replace(pred, mig=advice)
     return pred
 

@@ -26,8 +26,10 @@ import numpy as np
 from dippm_nas.devices import Device, HostProfile
 from dippm_nas.graph import GraphStack, OperatorGraph, stack_graphs
 from dippm_nas.prior._autocast import AutocastPlan
-from dippm_nas.prior._estimate import (PriorEstimate, ResolvedSettings, _finished, _liveness, _pass_host_us,
-                                       _runtime_costs, checked_facts_many, eager_kind, estimate, gpu_parts_key,
+from dippm_nas.prior._deploy import DeploymentSettings
+from dippm_nas.prior._estimate import (LEGACY_KEYWORDS, PriorEstimate, ResolvedSettings, _finished, _liveness,
+                                       _pass_host_us, _runtime_costs, checked_facts_many, eager_kind, estimate,
+                                       gpu_parts_key, legacy_keywords,
                                        resolved_settings, uses_cudnn)
 from dippm_nas.prior._nodes import KernelTerms, NodeCosts, costs_of_terms, host_times, kernel_terms, retimed
 from dippm_nas.prior._sdpa import AttentionShape
@@ -287,8 +289,8 @@ def estimate_many(graphs: Sequence[OperatorGraph], device: Device | str, *, stac
         device: a :class:`~dippm_nas.devices.Device` or a catalogue id.
         stack: the :class:`CostStack` of ``graphs`` to reuse (its kernel times per setting); default: a new one.
         power: the power model's constants per architecture (default: the shipped ones).
-        settings: the keyword arguments of :func:`~dippm_nas.prior.estimate` (``tf32_conv``, ``params``,
-            ``runtime``, ``host``, ``deployment``...).
+        settings: the keyword arguments of :func:`~dippm_nas.prior.estimate` (``params``, ``deployment``; its
+            deprecated ``tf32_conv``, ``runtime``, ``host``... warn as there).
 
     Returns:
         One :class:`~dippm_nas.prior.PriorEstimate` per graph, in order.
@@ -296,7 +298,8 @@ def estimate_many(graphs: Sequence[OperatorGraph], device: Device | str, *, stac
     Raises:
         As :func:`~dippm_nas.prior.estimate`.
     """
-    r = resolved_settings(device, **settings)
+    legacy = legacy_keywords("estimate_many", {k: settings.pop(k) for k in list(settings) if k in LEGACY_KEYWORDS})
+    r = resolved_settings(device, **settings, **legacy)
     if stack is None:
         stack = CostStack(graphs, r.device)
     return estimates_of(stack, r, power)
@@ -307,8 +310,8 @@ def estimates_of(stack: CostStack, r: ResolvedSettings, power: Any = None) -> li
     dev, p, st = r.device, r.params, stack.facts
     table = p.op_tables.get(dev.id) if dev.kind != "gpu" else None
     if table is not None:  # operators timed in place on this machine: the single-graph path reads the table
-        return [estimate(g, dev, params=p, runtime=r.runtime, host=r.host, input_copy=r.input_copy,
-                         power=power) for g in st.graphs]
+        table_settings = DeploymentSettings(runtime=r.runtime, host=r.host, input_copy=r.input_copy)
+        return [estimate(g, dev, params=p, power=power, deployment=table_settings) for g in st.graphs]
     _memory_of(stack, dev, r.autocast)
     gpu_us, host_us, eager = stack.runtime_costs(r)
     prefix, copy = stack.prefixes(r)

@@ -31,7 +31,7 @@ import numpy as np
 
 from dippm_nas.dataset import load_measurements
 from dippm_nas.prior import (HOST_KINDS, Execution, HostModel, HostRow, PriorParams, default_params, estimate,
-                             fit_host_model, host_model_latency_ms)
+                             execution_settings, fit_host_model, host_model_latency_ms)
 from dippm_nas.errors import InvalidValueError
 from dippm_nas.files import write_output
 
@@ -65,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
         m = fit_host_model(train, params=params, base=base)
         pr = host_model_latency_ms(m, test, params)
         y = np.array([r.latency_ms for r in test])
-        bound = [estimate(r.graph, r.device, params=_with(params, m), execution=r.execution).launch_bound for r in test]
+        bound = [estimate(r.graph, r.device, params=_with(params, m),
+                          deployment=execution_settings(r.execution)).launch_bound for r in test]
         held_r += list(np.log(pr / y))
         held_bound += bound
         ape = np.abs(pr / y - 1) * 100

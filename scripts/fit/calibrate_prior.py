@@ -51,7 +51,7 @@ import numpy as np
 from scipy.stats import kendalltau
 
 from dippm_nas.devices import get_device
-from dippm_nas.prior import PriorParams, estimate, kernel_time_us
+from dippm_nas.prior import DeploymentSettings, PriorParams, estimate, kernel_time_us
 from dippm_nas.prior import OpClassParams
 from dippm_nas.errors import InvalidValueError
 from dippm_nas.files import write_output
@@ -420,7 +420,8 @@ def knobs_start(base: PriorParams, devices: Sequence[str]) -> np.ndarray:
 
 
 def predict_all(items: Sequence[WholeModel], params: PriorParams) -> np.ndarray:
-    return np.array([estimate(w.graph, w.device, channels_last=w.channels_last, params=params).latency_ms
+    return np.array([estimate(w.graph, w.device, deployment=DeploymentSettings(channels_last=w.channels_last),
+                              params=params).latency_ms
                      for w in items])
 
 

@@ -33,7 +33,7 @@ from dippm_nas.llm import (
     serving_engine,
     vllm_gpu_blocks,
 )
-from dippm_nas.prior import estimate
+from dippm_nas.prior import DeploymentSettings, estimate
 
 MIB = 2**20
 
@@ -162,7 +162,8 @@ def test_mixture_of_experts_reads_the_routed_experts_only() -> None:
 def test_decode_step_cost_rises_with_the_cache_length() -> None:
     cfg = tiny(num_layers=8, hidden_size=1024, num_heads=16, num_kv_heads=16, head_dim=64, intermediate_size=2048)
     for style in ("eager", "fused"):
-        t = [estimate(decode_graph(cfg, 32, n, style=style), "a100-sxm4-80gb", runtime="cuda-graphs").gpu_busy_ms
+        t = [estimate(decode_graph(cfg, 32, n, style=style), "a100-sxm4-80gb",
+                      deployment=DeploymentSettings(runtime="cuda-graphs")).gpu_busy_ms
              for n in (128, 1024, 8192)]
         assert t[0] < t[1] < t[2]
     p = predict_generation(cfg, LLMWorkload(2048, 512, 32), "a100-sxm4-80gb", runtime="serving", mig=False)

@@ -43,6 +43,7 @@ from dippm_nas.features import ATTR_WIDTH, TOKENS, coarsen, encode_op, featurize
 from dippm_nas.graph import OP_CLASSES, OperatorGraph
 from dippm_nas.predictor import set_predictor
 from dippm_nas.prior import (
+    DeploymentSettings,
     activation_liveness,
     default_params,
     estimate,
@@ -127,7 +128,8 @@ def test_slice_latency_and_memory_parts_equal_the_full_estimate() -> None:
         for p in dev.mig_profiles:
             sl = dev.mig_slice(p)
             for runtime in ("eager", "compiled"):
-                assert estimate_latency_ms(g, sl, runtime=runtime) == estimate(g, sl, runtime=runtime).latency_ms
+                rt = DeploymentSettings(runtime=runtime)
+                assert estimate_latency_ms(g, sl, deployment=rt) == estimate(g, sl, deployment=rt).latency_ms
         fresh = OperatorGraph.from_dict(g.to_dict())
         parts = gpu_memory_parts(fresh, activation_liveness(fresh, retention=True, include_inputs=False),
                                  context_mib=dev.runtime_baseline_mib, cublas_workspace_mib=dev.cublas_workspace_mib,

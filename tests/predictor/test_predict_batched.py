@@ -32,7 +32,7 @@ from dippm_nas import Deployment
 from dippm_nas.devices import default_host_profile, get_device
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.predictor import AnalyticPredictor, set_predictor
-from dippm_nas.prior import (CostStack, advise, advise_many, deployment_settings, deployment_spread,
+from dippm_nas.prior import (CostStack, DeploymentSettings, advise, advise_many, deployment_settings, deployment_spread,
                              deployment_spread_many, estimate, estimate_many, prediction_of)
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -74,12 +74,13 @@ def test_the_sample_covers_every_registered_space() -> None:
     assert names == {n for n in ss.list_spaces() if type(ss.get_space(n)).__module__.startswith("search_spaces.")}
 
 
-@pytest.mark.parametrize("kw", [{}, {"runtime": "compiled"}, {"runtime": "cuda-graphs", "input_copy": "pinned"},
-                                {"deployment": Deployment()}, {"autocast": "bfloat16"}])
+@pytest.mark.parametrize("kw", [{}, {"deployment": DeploymentSettings(runtime="compiled")},
+                                {"deployment": DeploymentSettings(runtime="cuda-graphs", input_copy="pinned")},
+                                {"deployment": Deployment()}, {"deployment": DeploymentSettings(autocast="bfloat16")}])
 def test_estimate_many_equals_estimate(kw: dict[str, Any]) -> None:
     dev = get_device("a100-sxm4-40gb")
     graphs = _sample()[0]
-    if "autocast" in kw:
+    if getattr(kw.get("deployment"), "autocast", None):
         graphs = [g for g in graphs if g.spec.dtype == "float32"]
     got = estimate_many(graphs, dev, **kw)
     for i, (g, e) in enumerate(zip(graphs, got)):

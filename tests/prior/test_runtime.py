@@ -14,7 +14,7 @@ from dippm_nas.devices import (DEFAULT_HOST_PROFILE, HostProfile, get_device, lo
 from dippm_nas.errors import DeviceError, DippmNasError, ExecutionRuntimeError
 from dippm_nas.graph import OperatorGraph, OpNode
 from dippm_nas.predictor import AnalyticPredictor, get_predictor
-from dippm_nas.prior import RUNTIMES, Execution, HostModel, default_params, estimate
+from dippm_nas.prior import RUNTIMES, DeploymentSettings, Execution, HostModel, default_params, estimate
 from dippm_nas.spec import InputSpec, dtype_bytes
 
 from _models import features_deployment
@@ -77,27 +77,27 @@ def test_cuda_graphs_faster_when_host_bound_and_equal_when_gpu_bound(predictor: 
 def test_timelines_and_critical_path() -> None:
     g = HOST_BOUND[0]
     for rt in RUNTIMES:
-        e = estimate(g, "a100-sxm4-40gb", runtime=rt)
+        e = estimate(g, "a100-sxm4-40gb", deployment=DeploymentSettings(runtime=rt))
         assert e.runtime == rt
         assert e.latency_ms >= max(e.host_ms, e.gpu_busy_ms) - 1e-9
         assert e.latency_ms <= e.host_ms + e.gpu_busy_ms + 1e-9
-    p = dippm_nas.prior.predict(g, "a100-sxm4-40gb", mig=False, runtime="compiled")
+    p = dippm_nas.prior.predict(g, "a100-sxm4-40gb", mig=False, deployment=DeploymentSettings(runtime="compiled"))
     assert p.host_ms is not None and p.gpu_ms is not None and p.details["host_bound"] in (0.0, 1.0)
     # compiled: conv, then one generated kernel for batch norm + relu -> fewer kernels, less host time
     eager = estimate(g, "a100-sxm4-40gb")
-    compiled = estimate(g, "a100-sxm4-40gb", runtime="compiled")
+    compiled = estimate(g, "a100-sxm4-40gb", deployment=DeploymentSettings(runtime="compiled"))
     assert compiled.host_ms < eager.host_ms and compiled.gpu_busy_ms < eager.gpu_busy_ms
 
 
 def test_input_copy_and_slower_host_cost_more() -> None:
     g = HOST_BOUND[1]
     base = estimate(g, "a100-sxm4-40gb")
-    copy = estimate(g, "a100-sxm4-40gb", input_copy=True)
+    copy = estimate(g, "a100-sxm4-40gb", deployment=DeploymentSettings(input_copy="pageable"))
     assert copy.input_copy_ms > 0 and copy.latency_ms > base.latency_ms
-    slow = estimate(g, "a100-sxm4-40gb", host=HostProfile.from_clock(1.5))
+    slow = estimate(g, "a100-sxm4-40gb", deployment=DeploymentSettings(host=HostProfile.from_clock(1.5)))
     assert slow.host_ms == pytest.approx(base.host_ms * DEFAULT_HOST_PROFILE.speed / (1.5 / 3.0), rel=1e-6)
-    old = estimate(g, "a100-sxm4-40gb", host=HostProfile(name="old", framework="torch-1",
-                                                          speed=DEFAULT_HOST_PROFILE.speed))
+    old = estimate(g, "a100-sxm4-40gb", deployment=DeploymentSettings(host=HostProfile(
+        name="old", framework="torch-1", speed=DEFAULT_HOST_PROFILE.speed)))
     gens = default_params().host_model.generations
     assert old.host_ms == pytest.approx(base.host_ms * gens["torch-1"] / gens["torch-2"], rel=1e-6)
 
@@ -217,9 +217,10 @@ def test_turing_and_pascal_catalogue_entries() -> None:
     assert get_device("titan-xp").fp16_tensor_tflops is None
     # Pascal: PyTorch's half-precision kernels compute in FP32 math, not at GP102's 1/64 FP16 rate
     g16, g32 = conv_chain(64, 64, 32, dtype="float16"), conv_chain(64, 64, 32, dtype="float32")
-    e16, e32 = estimate(g16, "titan-xp", runtime="cuda-graphs"), estimate(g32, "titan-xp", runtime="cuda-graphs")
+    graphs_rt = DeploymentSettings(runtime="cuda-graphs")
+    e16, e32 = estimate(g16, "titan-xp", deployment=graphs_rt), estimate(g32, "titan-xp", deployment=graphs_rt)
     assert e16.gpu_busy_ms < 2 * e32.gpu_busy_ms
-    e64 = estimate(conv_chain(64, 64, 32, dtype="float64"), "titan-xp", runtime="cuda-graphs")
+    e64 = estimate(conv_chain(64, 64, 32, dtype="float64"), "titan-xp", deployment=graphs_rt)
     assert e64.gpu_busy_ms > 10 * e32.gpu_busy_ms
 
 

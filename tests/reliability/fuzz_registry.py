@@ -246,8 +246,10 @@ GENERIC = _names("""
     predict_generation predict_many predictor.calibration_path predictor.checkpoint_digest predictor.checkpoint_name
     predictor.correction_weight predictor.delete_calibration predictor.deployment_key predictor.derived_weights_path
     predictor.find_checkpoint predictor.fit_residual_head predictor.fit_timeline_factors predictor.novelty_floor_log
+    predictor.resolve_deployment
     prior.activation_liveness_many prior.aten_op_record
     prior.check_autocast prior.check_runtime prior.deployment_spread prior.estimate prior.estimate_latency_ms
+    deployment.row_deployment
     prior.estimate_many prior.fit_op_table prior.graph_facts_many prior.input_copy_kind
     prior.input_copy_us prior.latency_us prior.node_activity prior.predict
     prior.resolved_settings prior.round_block prior.utilisation_energy_j register_device
@@ -319,6 +321,7 @@ NEEDS_OBJECTS = dict.fromkeys(_names("""
     training.split_examples training.train_ensemble validation.calibrate_predictor validation.check_calibration
     validation.fit_calibration validation.summarize conformal.regime_of conformal.conformal_for
     llm.evaluate_serving llm.resolve_tensor_parallel optuna.serving_config_search prior.simulate_caching_allocator
+    prior.execution_settings
 """), "its required parameters include objects dippm-nas builds with no fixture; fuzzed through their builders")
 #: Numeric kernels and formulas the stages call with values they have checked: vectorised over nodes (a check
 #: per call would cost on every prediction), or the torch module a checkpoint holds. A user's values reach them

@@ -105,12 +105,15 @@ def test_accuracy_llm_reads_the_bench_rows_and_leaves_out_impossible_ones() -> N
     assert not any(r["device"].startswith("a100") for r in rows)
 
 
-def test_timm_torch_version_tags_read_as_torch_versions(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.syspath_prepend(str(_BENCH))
-    b = _load("accuracy_deployment")
-    assert [b.torch_version_of_tag(t) for t in ("pt113", "pt210", "pt240", "pt291")] == [
-        "1.13", "2.1.0", "2.4.0", "2.9.1"]
-    assert b.torch_version_of_tag("") is None and b.torch_version_of_tag("ptx") is None
+def test_timm_torch_version_tags_read_as_torch_versions() -> None:
+    from dippm_nas.deployment import row_deployment
+
+    def torch_of(tag: str) -> object:
+        return (row_deployment({"torch_version_tag": tag}).versions or {}).get("torch")
+
+    assert [torch_of(t) for t in ("pt113", "pt210", "pt240", "pt291")] == ["1.13", "2.1.0", "2.4.0", "2.9.1"]
+    assert torch_of("") is None and torch_of("ptx") is None
+    assert row_deployment({"torch_version_tag": "pt113"}).framework == "torch-1"
 
 
 _MLE_HEAD = "source_repo,commit,task,Model,GPU,Batch size,Denoising steps,Energy/image (J),Batch latency (s)\n"
