@@ -14,10 +14,11 @@ Per model, one eager forward at batch 1 on the CPU is counted three ways:
 - **aten views**: the aten view operators (``view``, ``permute``, ``t``, ``expand``, ...), no kernel.
 
 The prior's count is that of :func:`dippm_nas.prior.graph_facts` on the captured graph: **issued** nodes (each
-charged the host model's per-operator time: active, not a bias add fused into its GEMM, not a kernel launched
-inside another node's dispatch) and **views** (charged the per-view time; views taken inside another operator's
-dispatch, a roll's slices and an unbind's squeezes, excluded), with the analytic ``host_ms`` of
-:func:`dippm_nas.prior.predict` on an RTX 3090, eager, PyTorch 2.x, on the reference host.
+charged the host model's per-operator time: active, not a bias add fused into its GEMM, not run inside another
+node's kernel (a decomposed hardswish or vector norm), not a kernel launched inside another node's dispatch) and
+**views** (charged the per-view time; views taken inside another operator's dispatch, a roll's slices and an
+unbind's squeezes, excluded), with the analytic ``host_ms`` of :func:`dippm_nas.prior.predict` on an RTX 3090,
+eager, PyTorch 2.x, on the reference host.
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ def eager_counts(model: Any, x: Any) -> dict[str, Any]:
 def prior_counts(graph: Any) -> dict[str, Any]:
     """``{"issued", "views", "host_ms", "issued_ops"}`` the prior charges for ``graph`` (see the module docstring)."""
     f = graph_facts(graph)
-    issued = f.active & ~f.fused & ~f.internal
+    issued = f.active & ~f.fused & ~f.internal & ~f.hard_inner
     views = f.view & ~f.inner_view
     ops = collections.Counter(n.op for n, a in zip(graph.nodes, issued.tolist()) if a)
     p = predict(graph, "rtx-3090", deployment=Deployment(runtime="eager", framework="torch-2"), mig=False)
