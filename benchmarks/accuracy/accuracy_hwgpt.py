@@ -16,7 +16,10 @@ predicted on every released GPU that the device catalogue holds (an H100 board's
 ``h100-sxm5-80gb`` and ``h100-pcie-80gb`` are scored; the V100 and P100 are scored as ``v100-sxm2-32gb`` and
 ``p100-pcie-16gb``, the variants assumed in their device files) twice: **described** as the benchmark ran
 (``Deployment(runtime="eager", framework="torch-2", autocast=<the row's dtype>, input_copy="none")``) and
-**undescribed** (``Deployment()``). ``gpu_ms`` is compared with the row's ``median``: MAPE, Kendall τ within the
+**undescribed** (``Deployment()``), the latter two ways: the float32 graph the rows' weights are (nothing of the
+run said: no autocast assumed) and **half undescribed**, the graph captured at the row's half dtype (``InputSpec``
+``dtype`` = the row's autocast dtype: the user says the precision and nothing else, so the prior runs a pure-half
+model, not autocast over float32 weights). ``gpu_ms`` is compared with the row's ``median``: MAPE, Kendall τ within the
 space, and the pred/label ratio (median, min, max). The shipped SDPA efficiencies (``sdpa_eta_flash``,
 ``sdpa_eta_efficient``) are fitted on these rows (``scripts/fit/fit_transformer_kernels.py``), so the described
 column is in-sample for them; ``--leave-one-gpu-out`` adds the described figure with both efficiencies refitted
@@ -158,16 +161,19 @@ def _predict_all(rows: list[HwGptRow], chosen: dict[str, list[str]], gpus: dict[
             graphs: dict[int, Any] = {}
             t0 = time.time()
             for r in by_arch[arch]:
-                if r.batch_size not in graphs:  # one capture per architecture and batch, reused for every GPU
-                    spec = ss.get_space("hwgpt").input_spec(r.config, batch_size=r.batch_size)
-                    graphs[r.batch_size] = assemble("hwgpt", r.config, spec, cache=conv)
-                g = graphs[r.batch_size]
+                for dt in ("float32", r.autocast):  # one capture per architecture, batch and dtype, for every GPU
+                    if (r.batch_size, dt) not in graphs:
+                        spec = ss.get_space("hwgpt").input_spec(r.config, batch_size=r.batch_size, dtype=dt)
+                        graphs[(r.batch_size, dt)] = assemble("hwgpt", r.config, spec, cache=conv)
+                g, g_half = graphs[(r.batch_size, "float32")], graphs[(r.batch_size, r.autocast)]
                 described = Deployment(runtime="eager", framework="torch-2", autocast=r.autocast, input_copy="none")
                 for dev in gpus[r.device]:
                     pd = predict(g, device=dev, deployment=described, mig=False)
                     pu = predict(g, device=dev, deployment=undescribed, mig=False)
+                    ph = predict(g_half, device=dev, deployment=undescribed, mig=False)
                     out.append({"space": r.space, "arch_id": arch, "released": r.device, "device": dev,
                                 "label_ms": r.median_ms, "described_ms": pd.gpu_ms, "undescribed_ms": pu.gpu_ms,
+                                "undescribed_half_ms": ph.gpu_ms,
                                 "shares": _shares(g, dev, described)})
             print(f"[{n}/{len(by_arch)}] {arch} {time.time() - t0:.1f}s", file=sys.stderr, flush=True)
     finally:
@@ -218,6 +224,7 @@ def summarise(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 if all("described_logo_ms" in r for r in rs) else {})
         out.append({"device": dev, "space": space, **logo, "described": _metrics(rs, "described_ms"),
                     "undescribed": _metrics(rs, "undescribed_ms"),
+                    "undescribed_half": _metrics(rs, "undescribed_half_ms"),
                     "shares": {c: float(np.mean([r["shares"][c] for r in rs])) for c in OP_CLASSES},
                     "share_tau_with_ratio": _share_tau(rs) if len(rs) > 2 else {}})
     return out
@@ -225,14 +232,16 @@ def summarise(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _print(summary: list[dict[str, Any]], missing: list[str]) -> None:
     head = (f"{'device':16} {'sp':2} {'n':>3} | {'desc MAPE':>9} {'τ':>5} {'ratio med [min,max]':>20} | "
-            f"{'undesc MAPE':>11} {'τ':>5} {'ratio med':>9} | shares mm/attn/norm/other")
+            f"{'undesc MAPE':>11} {'τ':>5} {'ratio med':>9} | {'half undesc':>11} {'τ':>5} {'ratio med':>9} | "
+            "shares mm/attn/norm/other")
     print(head)
     print("-" * len(head))
     for c in summary:
-        d, u, s = c["described"], c["undescribed"], c["shares"]
+        d, u, h, s = c["described"], c["undescribed"], c["undescribed_half"], c["shares"]
         rng = f"{d['ratio_median']:.2f} [{d['ratio_min']:.2f},{d['ratio_max']:.2f}]"
         print(f"{c['device']:16} {c['space']:2} {d['n']:3d} | {d['mape_pct']:8.1f}% {d['tau']:5.2f} {rng:>20} | "
               f"{u['mape_pct']:10.1f}% {u['tau']:5.2f} {u['ratio_median']:9.2f} | "
+              f"{h['mape_pct']:10.1f}% {h['tau']:5.2f} {h['ratio_median']:9.2f} | "
               + "/".join(f"{s[k]:.2f}" for k in OP_CLASSES))
     if summary and "described_logo" in summary[0]:
         print("\ndescribed, SDPA efficiencies fitted without the scored GPU (leave-one-GPU-out):")

@@ -213,9 +213,11 @@ class GraphFacts:
     active: np.ndarray           # bool: launches kernels (not constant, not a view)
     view: np.ndarray             # bool: a view (host dispatch only)
     fused: np.ndarray            # bool: bias add run inside the preceding conv/matmul call
-    inner_view: np.ndarray       # bool: a view taken inside another operator's dispatch (no host time of its own)
+    inner_view: np.ndarray       # bool: a view taken inside another operator's dispatch (no host time of its own):
+    #                              a roll's slices, an unbind's squeezes
     internal: np.ndarray         # bool: a kernel launched inside the preceding operator's dispatch (a roll's later dim)
-    hard_inner: np.ndarray       # bool: add/clip/divide of a decomposed hardswish/hardsigmoid (one kernel)
+    hard_inner: np.ndarray       # bool: add/clip/divide of a decomposed hardswish/hardsigmoid (one kernel), abs and
+    #                              powers of a decomposed vector norm (run inside its sum's kernel)
     hard_extra_bytes: np.ndarray  # bytes the last node of such a kernel reads beyond the one input it needs
     host_kind: np.ndarray        # index into HOST_KINDS of each node's op class
     conv: np.ndarray             # bool: op_class conv (not depthwise)
@@ -357,6 +359,43 @@ def _rolls(nodes: Sequence[OpNode], preds: "_Adjacency", succ: "_Adjacency",
         if roll[s0] and sorted(succ[s0]) == sorted(ps):  # the roll's previous dimension: one dispatch
             internal[i] = True
     return inner, internal
+
+
+def _unbinds(nodes: Sequence[OpNode], preds: "_Adjacency") -> np.ndarray:
+    """Find the frontend's decomposition of ``torch.unbind`` (``q, k, v = qkv.unbind(0)``): a ``split`` and one
+    ``squeeze`` per piece, each reading only that split. Eager PyTorch dispatches one ``unbind`` (the split's
+    view); the squeezes are taken inside it. Returns the squeezes (views without host time of their own).
+
+    ``nodes``, ``preds`` as for :func:`_rolls`."""
+    inner = np.zeros(len(nodes), dtype=bool)
+    for i, nd in enumerate(nodes):
+        if nd.op == "squeeze":
+            ps = preds[i]
+            if len(ps) == 1 and nodes[ps[0]].op == "split":
+                inner[i] = True
+    return inner
+
+
+def _vector_norms(nodes: Sequence[OpNode], succ: "_Adjacency") -> np.ndarray:
+    """Find the frontend's decomposition of ``torch.linalg.vector_norm`` (``F.normalize``, SwinV2's cosine
+    attention): ``abs``, ``power`` by a scalar, ``sum``, ``power`` by a scalar, each the only consumer of the one
+    before. Eager PyTorch dispatches one ``linalg_vector_norm`` (one reduction kernel). Returns the abs and the
+    two powers (run inside the sum's kernel: no kernel and no host time of their own).
+
+    ``nodes``, ``succ`` as for :func:`_rolls`."""
+    inner = np.zeros(len(nodes), dtype=bool)
+    for i, nd in enumerate(nodes):
+        if nd.op != "abs" or nd.is_constant:
+            continue
+        chain = [i]
+        for want in ("power", "sum", "power"):
+            after = succ[chain[-1]]
+            if len(after) != 1 or nodes[after[0]].op != want:
+                break
+            chain.append(after[0])
+        if len(chain) == 4 and all(_scalar_param_input(nodes[q]) for q in (chain[1], chain[3])):
+            inner[[chain[0], chain[1], chain[3]]] = True
+    return inner
 
 
 def _scalar_param_input(nd: OpNode) -> bool:
@@ -611,6 +650,7 @@ def _facts_of(graphs: list[OperatorGraph]) -> list[GraphFacts]:
     view = (rows[:, _R_VIEW] > 0) & ~const
     active = ~const & ~view
     inner, internal = _rolls(nodes, preds, succ, np.flatnonzero(rows[:, _R_CONCAT] > 0))
+    inner |= _unbinds(nodes, preds) & view
     # a bias add run inside the conv/matmul call before it: an add of a weight whose one non-constant producer
     # is a contraction op read by nothing else
     fused = np.zeros(n, dtype=bool)
@@ -621,6 +661,7 @@ def _facts_of(graphs: list[OperatorGraph]) -> list[GraphFacts]:
     op_class = np.concatenate([c["op_class"] for c in cols])
     fused[dst[e][_OP_CLASS_CONTRACTION[op_class[p]] & (out_deg[p] == 1)]] = True
     hard_inner, hard_extra = _hard_activations(nodes, preds, succ, np.flatnonzero(rows[:, _R_ADD_SCALAR] > 0))
+    hard_inner |= _vector_norms(nodes, succ) & active
     dtype = rows[:, _R_DTYPE].astype(np.int64)
     host = np.where(view, _HOST_KIND_INDEX["view"], rows[:, _R_HOST_KIND].astype(np.int64))
     conv = cls_idx == _CLASS_INDEX["conv"]

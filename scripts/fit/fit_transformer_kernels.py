@@ -118,17 +118,23 @@ def unit_records(data: Path, per_space: int, seed: int, cache: str) -> list[dict
     return out
 
 
+#: A memory-bound node whose predicted memory term is below this is "small" in :func:`diagnose`, µs.
+SMALL_MEMORY_US = 5.0
+
+
 def diagnose(data: Path, per_space: int, seed: int, cache: str) -> dict[str, dict[str, float]]:
     """Per catalogue GPU, the multipliers of the shipped prior's compute-bound, memory-bound and fixed per-kernel
     time (each node's time split by its larger roofline term) that best fit the released kernel times (non-negative
     least squares on relative errors): a diagnostic of which part misses on which GPU, fitted on the scored rows
-    themselves and with collinear parts, so not a constant to ship."""
+    themselves and with collinear parts, so not a constant to ship. Two more fits test a bandwidth ramp (small
+    kernels short of the full bandwidth): the memory-bound time split at :data:`SMALL_MEMORY_US` per node
+    (``memory_small_x`` / ``memory_large_x``), and compute, memory, fixed plus a latency per memory-bound kernel
+    (``latency_us``, Little's law: ``bytes / bandwidth + latency``)."""
     import search_spaces as ss
     from dippm_nas.cache import ConversionCache
     from dippm_nas.capture import assemble
     from dippm_nas.devices import get_device, list_devices
     from dippm_nas.prior import default_params, node_costs
-    from scipy.optimize import nnls
 
     params = default_params()
     catalogue = set(list_devices())
@@ -137,7 +143,7 @@ def diagnose(data: Path, per_space: int, seed: int, cache: str) -> dict[str, dic
     chosen = {a for ids in hw.sample_archs(rows, per_space, seed).values() for a in ids}
     conv = ConversionCache(f"sqlite:///{cache}")
     graphs: dict[tuple[str, int], Any] = {}
-    parts: dict[str, list[tuple[float, float, float, float]]] = defaultdict(list)
+    parts: dict[str, list[tuple[float, ...]]] = defaultdict(list)
     try:
         for r in (x for x in rows if x.arch_id in chosen):
             key = (r.arch_id, r.batch_size)
@@ -147,22 +153,39 @@ def diagnose(data: Path, per_space: int, seed: int, cache: str) -> dict[str, dic
             for dev in gpus[r.device]:
                 nc = node_costs(graphs[key], get_device(dev), params, autocast=r.autocast)
                 comp = nc.compute_us >= nc.memory_us
+                mem = ~comp & (nc.gpu_us > 0)
+                small = mem & (nc.memory_us < SMALL_MEMORY_US)
                 fixed = nc.gpu_us - np.maximum(nc.compute_us, nc.memory_us)
                 parts[dev].append((float(np.sum(np.where(comp, nc.compute_us, 0.0))) / 1e3,
-                                   float(np.sum(np.where(comp, 0.0, nc.memory_us))) / 1e3,
-                                   float(np.sum(fixed)) / 1e3, r.median_ms))
+                                   float(np.sum(np.where(mem & ~small, nc.memory_us, 0.0))) / 1e3,
+                                   float(np.sum(np.where(small, nc.memory_us, 0.0))) / 1e3,
+                                   float(np.sum(fixed)) / 1e3, float(np.sum(nc.kernels[mem])) / 1e3, r.median_ms))
     finally:
         conv.close()
-    out = {}
-    for dev, ps in sorted(parts.items()):
-        x, y = np.array([p[:3] for p in ps]), np.array([p[3] for p in ps])
+    return {dev: diagnosis(np.array(ps)) for dev, ps in sorted(parts.items())}
+
+
+def diagnosis(p: np.ndarray) -> dict[str, float]:
+    """The fits of :func:`diagnose` on one GPU's rows ``p``: columns compute, large memory, small memory, fixed (ms),
+    memory-bound kernels (thousands), label (ms)."""
+    from scipy.optimize import nnls
+
+    y = p[:, 5]
+
+    def fit(x: np.ndarray) -> tuple[np.ndarray, float]:
         coef, _ = nnls(x / y[:, None], np.ones(len(y)))
-        share = x.sum(0) / x.sum()
-        out[dev] = {"compute_x": float(coef[0]), "memory_x": float(coef[1]), "fixed_x": float(coef[2]),
-                    "compute_share": float(share[0]), "memory_share": float(share[1]), "fixed_share": float(share[2]),
-                    "mape_pct_as_is": float(np.mean(np.abs(x.sum(1) / y - 1)) * 100),
-                    "mape_pct_refitted": float(np.mean(np.abs(x @ coef / y - 1)) * 100)}
-    return out
+        return coef, float(np.mean(np.abs(x @ coef / y - 1)) * 100)
+
+    x3 = np.column_stack([p[:, 0], p[:, 1] + p[:, 2], p[:, 3]])
+    c3, m3 = fit(x3)
+    c4, _ = fit(p[:, :4])
+    cl, ml = fit(np.column_stack([x3, p[:, 4]]))
+    share = x3.sum(0) / x3.sum()
+    return {"compute_x": float(c3[0]), "memory_x": float(c3[1]), "fixed_x": float(c3[2]),
+            "compute_share": float(share[0]), "memory_share": float(share[1]), "fixed_share": float(share[2]),
+            "mape_pct_as_is": float(np.mean(np.abs(x3.sum(1) / y - 1)) * 100), "mape_pct_refitted": m3,
+            "memory_large_x": float(c4[1]), "memory_small_x": float(c4[2]), "latency_us": float(cl[3]),
+            "latency_memory_x": float(cl[1]), "mape_pct_latency": ml}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -180,7 +203,10 @@ def main(argv: list[str] | None = None) -> int:
         for dev, d in diagnose(a.data, a.per_space, a.seed, a.cache).items():
             print(f"{dev:16} compute x{d['compute_x']:.2f} memory x{d['memory_x']:.2f} fixed x{d['fixed_x']:.2f} | "
                   f"shares {d['compute_share']:.2f}/{d['memory_share']:.2f}/{d['fixed_share']:.2f} | MAPE as is "
-                  f"{d['mape_pct_as_is']:.1f} %, refitted {d['mape_pct_refitted']:.1f} %")
+                  f"{d['mape_pct_as_is']:.1f} %, refitted {d['mape_pct_refitted']:.1f} % | memory small "
+                  f"x{d['memory_small_x']:.2f} large x{d['memory_large_x']:.2f} | with a latency per memory-bound "
+                  f"kernel: {d['latency_us']:.2f} µs, memory x{d['latency_memory_x']:.2f}, MAPE "
+                  f"{d['mape_pct_latency']:.1f} %")
         return 0
     recs = unit_records(a.data, a.per_space, a.seed, a.cache)
     etas = fit_etas(recs, pooled=not a.separate)

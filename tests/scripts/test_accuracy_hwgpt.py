@@ -107,3 +107,22 @@ def test_leave_one_gpu_out_fit_excludes_the_gpu() -> None:
     # pooled: one value for both, between what each GPU says, the excluded GPU not among them
     pooled = ftk.fit_etas(recs, exclude="a6000")
     assert pooled["flash"] == pooled["efficient"] and 0.38 <= pooled["flash"] <= 0.52
+
+
+def test_diagnosis_recovers_a_latency_per_memory_bound_kernel() -> None:
+    """Rows made as compute + memory + 3 µs per memory-bound kernel: the latency fit finds 3 µs and multiplier 1,
+    and the small/large split gives the small kernels the larger multiplier."""
+    _load()
+    import numpy as np
+
+    import fit_transformer_kernels as ftk
+
+    rng = np.random.default_rng(0)
+    comp, large, small = rng.uniform(1, 5, 40), rng.uniform(1, 3, 40), rng.uniform(0.1, 0.5, 40)
+    kernels = small / 2e-3 / 1e3 + rng.uniform(0.05, 0.3, 40)  # thousands of memory-bound kernels
+    fixed = rng.uniform(0.2, 0.6, 40)
+    label = comp + large + small + fixed + 3.0 * kernels
+    d = ftk.diagnosis(np.column_stack([comp, large, small, fixed, kernels, label]))
+    assert d["latency_us"] == pytest.approx(3.0, rel=0.02) and d["latency_memory_x"] == pytest.approx(1.0, rel=0.02)
+    assert d["mape_pct_latency"] < 0.5 < d["mape_pct_as_is"]
+    assert d["memory_small_x"] > d["memory_large_x"]
