@@ -328,12 +328,22 @@ class StudyResult:
     wall_s: float
     #: ``selected`` only: the share of its validation rounds after which the network (not the prior) answered
     network_rounds_share: float = math.nan
+    #: methods with rounds: mean |ln(predicted / measured)| of each round's newly validated rows, predicted before
+    #: their reveal (what the source knew of the rows it was about to be told)
+    prequential_log_err: float = math.nan
+    #: with a budget, methods that predict: of the candidates never measured that really meet the budget, the share
+    #: the check rejects (mean + k_sigma σ; and on the mean alone), and of those the mean alone admits, the share
+    #: really over the budget
+    fit_rejected_share: float = math.nan
+    fit_rejected_share_mean_only: float = math.nan
+    over_admitted_share_mean_only: float = math.nan
 
 
 @dataclass
 class _State:
     rows: list[int] = field(default_factory=list)
     validated: dict[int, float] = field(default_factory=dict)
+    log_err: list[float] = field(default_factory=list)
 
 
 def _beliefs(table: Table, source: LatencySource, rows: np.ndarray, validated: dict[int, float],
@@ -380,6 +390,9 @@ def _validation_round(table: Table, source: LatencySource, st: _State, budget: f
         mean, _ = source.estimate(np.array(front))
         by_lat = [front[i] for i in np.argsort(mean)]
         front = [by_lat[i] for i in np.unique(np.linspace(0, len(by_lat) - 1, validate_max).round().astype(int))]
+    if front:
+        mean, _ = source.estimate(np.array(front))
+        st.log_err.extend(np.abs(np.log(mean / table.latency_ms[front])).tolist())
     for r in front:
         st.validated[r] = float(table.latency_ms[r])
     if st.validated:
@@ -430,7 +443,26 @@ def run_study(table: Table, method: str, source: LatencySource, seed: int, trial
     ret = _returned(table, source, st, budget, k_sigma, measured_all)
     res = _score(table, method, seed, budget, ret, st, measured_all, time.perf_counter() - t0)
     res.network_rounds_share = _network_share(source)
+    res.prequential_log_err = float(np.mean(st.log_err)) if st.log_err else math.nan
+    if budget is not None and not measured_all:
+        _budget_diagnostics(table, source, st, budget, k_sigma, res)
     return res
+
+
+def _budget_diagnostics(table: Table, source: LatencySource, st: _State, budget: float, k_sigma: float,
+                        res: StudyResult) -> None:
+    """Where a budget check loses candidates: over the method's never-measured candidates, its final estimates."""
+    rows = np.array(sorted(set(st.rows) - set(st.validated)), dtype=np.int64)
+    if rows.size == 0:
+        return
+    mean, std = source.estimate(rows)
+    fits = table.latency_ms[rows] <= budget
+    if fits.any():
+        res.fit_rejected_share = float(np.mean(_bound(mean, std, k_sigma)[fits] > budget))
+        res.fit_rejected_share_mean_only = float(np.mean(mean[fits] > budget))
+    admitted = mean <= budget
+    if admitted.any():
+        res.over_admitted_share_mean_only = float(np.mean(~fits[admitted]))
 
 
 def _run_trials(table: Table, method: str, source: LatencySource, study: Any, trials: int, budget: float | None,
@@ -496,9 +528,11 @@ def summarise(results: Sequence[StudyResult]) -> dict[str, dict[str, float]]:
                   "measured_rows_mean": float(np.mean([r.measured_rows for r in rs])),
                   "returned_mean": float(np.mean([r.returned for r in rs])),
                   "wall_s_mean": float(np.mean([r.wall_s for r in rs]))}
-        share = [r.network_rounds_share for r in rs if math.isfinite(r.network_rounds_share)]
-        if share:
-            out[m]["network_rounds_share_mean"] = float(np.mean(share))
+        for name in ("network_rounds_share", "prequential_log_err", "fit_rejected_share",
+                     "fit_rejected_share_mean_only", "over_admitted_share_mean_only"):
+            vals = [getattr(r, name) for r in rs if math.isfinite(getattr(r, name))]
+            if vals:
+                out[m][f"{name}_mean"] = float(np.mean(vals))
     if "oracle" in out:  # the issue's yardstick: each method's mean hypervolume as a share of the oracle's
         for v in out.values():
             v["hv_vs_oracle"] = v["hv_share_mean"] / out["oracle"]["hv_share_mean"]

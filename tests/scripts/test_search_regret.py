@@ -96,6 +96,11 @@ def test_the_oracle_reaches_most_of_the_front_and_a_budget_is_kept() -> None:
     adapted = [r for r in res if r.method == "adapted"]
     assert all(0 < r.measured_rows <= 5 * 2 for r in adapted)  # 2 rounds (20, 40) of at most 5
     assert all(math.isnan(r.feasible_precision) for r in res if r.budget_ms is None)
+    # every round's rows were predicted before their reveal (0 or ln 1.4 each): an error was recorded
+    assert all(0.0 <= r.prequential_log_err <= math.log(1.4) + 1e-9 for r in adapted)
+    assert all(math.isnan(r.prequential_log_err) for r in res if r.method in ("oracle", "random"))
+    diag = [r for r in res if r.method == "adapted" and r.budget_ms is not None][0]
+    assert 0.0 <= diag.fit_rejected_share_mean_only <= diag.fit_rejected_share <= 1.0
 
 
 def test_a_validation_round_reveals_the_believed_front() -> None:
