@@ -43,19 +43,29 @@ Scores per study: the hypervolume of the returned models scored with their **mea
 (in the budget variant, only those that really meet the budget) as a share of the hypervolume of the table's
 true front (of the rows within budget), reference point (the table's lowest accuracy, its highest measured
 latency) of the device; the share of returned feasible models that really meet the budget; the rows measured;
-wall time. Predictions of every row are cached per process (``--cache`` keeps the zero-shot ones between runs).
+wall time. Predictions are cached per fitted state, made on demand (a trial's row, a round's front) rather than
+of the whole table per state: a state sees 20-200 of the 5,125 graphs.
+
+- ``selected``: the network adapted or the prior calibrated, whichever predicted each round's validated rows
+  better before they were revealed (:class:`Selected`): the predictor skipping the network where the network does
+  not beat the prior alone on this path; the share of rounds the network answered is reported.
+
+Seeds run in chunks (``--first-seed``, ``--seeds``), each (device, seed) written to ``--seed-dir`` as it completes;
+``--merge DIR [DIR ...] --out report.json`` makes one report of the chunks (settings must agree, no study twice).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
+import importlib
 import json
 import logging
 import math
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -72,9 +82,9 @@ BATCH = 256
 #: --devices name -> (the CSV's throughput column, the dataset's device id, the catalogue id predicted for)
 DEVICES = {"a100": ("throughput_a100__throughput_mean", "a100-40gb", "a100-sxm4-40gb"),
            "rtx-3090": ("throughput_3090__throughput_mean", "rtx-3090", "rtx-3090")}
-METHODS = ("oracle", "flops", "zero_shot", "adapted", "prior", "random")
+METHODS = ("oracle", "flops", "zero_shot", "adapted", "prior", "selected", "random")
 #: methods that run validation rounds
-ROUND_METHODS = ("flops", "adapted", "prior")
+ROUND_METHODS = ("flops", "adapted", "prior", "selected")
 
 
 # ------------------------------------------------------------------ the table
@@ -261,6 +271,48 @@ class PredictorSource:
         self.cache, self.fitted = {}, False
 
 
+class Selected:
+    """The network or the prior alone, whichever predicted the validated rows better **before** they were revealed
+    (prequential: each round's new rows scored against the states fitted on the earlier rounds, as mean |log(predicted
+    / measured)|; ties: the prior). Both are refitted on every round (``adapt`` / ``calibrate``); before any round,
+    the network answers (the predictor's default path). ``path``: the source answering now; ``rounds_network``:
+    the rounds after which the network answered."""
+
+    def __init__(self, network: PredictorSource, prior: PredictorSource) -> None:
+        if network.mode != "adapt" or prior.mode != "calibrate":
+            raise ValueError(f"selected needs an adapting network and a calibrating prior, got {network.mode!r} and "
+                             f"{prior.mode!r}")
+        self.network, self.prior = network, prior
+        self.reset()
+
+    def reset(self) -> None:
+        self.network.reset()
+        self.prior.reset()
+        self.seen: set[int] = set()
+        self.err = {"network": [], "prior": []}
+        self.path, self.rounds_network, self.rounds = "network", 0, 0
+
+    def _source(self) -> PredictorSource:
+        return self.network if self.path == "network" else self.prior
+
+    def estimate(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return self._source().estimate(rows)
+
+    def reveal(self, rows: np.ndarray, measured_ms: np.ndarray) -> None:
+        new = np.array([int(r) not in self.seen for r in rows], dtype=bool)
+        if new.any():
+            for name, src in (("network", self.network), ("prior", self.prior)):
+                mean, _ = src.estimate(rows[new])
+                self.err[name].extend(np.abs(np.log(mean / measured_ms[new])).tolist())
+            self.seen.update(int(r) for r in rows[new])
+        self.network.reveal(rows, measured_ms)
+        self.prior.reveal(rows, measured_ms)
+        if self.err["network"]:
+            self.path = "network" if np.mean(self.err["network"]) < np.mean(self.err["prior"]) else "prior"
+        self.rounds += 1
+        self.rounds_network += self.path == "network"
+
+
 # ------------------------------------------------------------------ one study
 @dataclass
 class StudyResult:
@@ -274,12 +326,24 @@ class StudyResult:
     returned: int
     measured_rows: int
     wall_s: float
+    #: ``selected`` only: the share of its validation rounds after which the network (not the prior) answered
+    network_rounds_share: float = math.nan
+    #: methods with rounds: mean |ln(predicted / measured)| of each round's newly validated rows, predicted before
+    #: their reveal (what the source knew of the rows it was about to be told)
+    prequential_log_err: float = math.nan
+    #: with a budget, methods that predict: of the candidates never measured that really meet the budget, the share
+    #: the check rejects (mean + k_sigma σ; and on the mean alone), and of those the mean alone admits, the share
+    #: really over the budget
+    fit_rejected_share: float = math.nan
+    fit_rejected_share_mean_only: float = math.nan
+    over_admitted_share_mean_only: float = math.nan
 
 
 @dataclass
 class _State:
     rows: list[int] = field(default_factory=list)
     validated: dict[int, float] = field(default_factory=dict)
+    log_err: list[float] = field(default_factory=list)
 
 
 def _beliefs(table: Table, source: LatencySource, rows: np.ndarray, validated: dict[int, float],
@@ -326,11 +390,39 @@ def _validation_round(table: Table, source: LatencySource, st: _State, budget: f
         mean, _ = source.estimate(np.array(front))
         by_lat = [front[i] for i in np.argsort(mean)]
         front = [by_lat[i] for i in np.unique(np.linspace(0, len(by_lat) - 1, validate_max).round().astype(int))]
+    if front:
+        mean, _ = source.estimate(np.array(front))
+        st.log_err.extend(np.abs(np.log(mean / table.latency_ms[front])).tolist())
     for r in front:
         st.validated[r] = float(table.latency_ms[r])
     if st.validated:
         rows = np.array(sorted(st.validated), dtype=np.int64)
         source.reveal(rows, table.latency_ms[rows])
+
+
+@contextlib.contextmanager
+def tpe_split_memo() -> Iterator[None]:
+    """Within the block, Optuna's TPE splits the finished trials into good and bad once per trial rather than once
+    per parameter (28 times a trial here, half a study's time). Equivalent in a sequential study: between one
+    trial's ask and tell no trial changes, and the split reads only the trials and the number below; the memo keys
+    on both (each trial's number and state) and lives for the block. Reaches Optuna's module-level
+    ``_split_trials`` (the sampler calls it by that name); ``test_tpe_split_memo_changes_no_study`` checks a
+    study's every trial is the same with it and without."""
+    tpe = importlib.import_module("optuna.samplers._tpe.sampler")
+    original = tpe._split_trials
+    last: list[Any] = [None, None]
+
+    def split(study: Any, trials: list[Any], n_below: int) -> tuple[list[Any], list[Any]]:
+        key = (id(study), n_below, tuple((t.number, t.state) for t in trials))
+        if last[0] != key:
+            last[0], last[1] = key, original(study, trials, n_below)
+        return list(last[1][0]), list(last[1][1])
+
+    tpe._split_trials = split
+    try:
+        yield
+    finally:
+        tpe._split_trials = original
 
 
 def run_study(table: Table, method: str, source: LatencySource, seed: int, trials: int, *, budget: float | None = None,
@@ -346,6 +438,37 @@ def run_study(table: Table, method: str, source: LatencySource, seed: int, trial
     sampler = (optuna.samplers.RandomSampler(seed=seed) if method == "random"
                else optuna.samplers.TPESampler(seed=seed))
     study = optuna.create_study(directions=["maximize", "minimize"], sampler=sampler)
+    with tpe_split_memo():
+        st = _run_trials(table, method, source, study, trials, budget, every, validate_max, k_sigma)
+    ret = _returned(table, source, st, budget, k_sigma, measured_all)
+    res = _score(table, method, seed, budget, ret, st, measured_all, time.perf_counter() - t0)
+    res.network_rounds_share = _network_share(source)
+    res.prequential_log_err = float(np.mean(st.log_err)) if st.log_err else math.nan
+    if budget is not None and not measured_all:
+        _budget_diagnostics(table, source, st, budget, k_sigma, res)
+    return res
+
+
+def _budget_diagnostics(table: Table, source: LatencySource, st: _State, budget: float, k_sigma: float,
+                        res: StudyResult) -> None:
+    """Where a budget check loses candidates: over the method's never-measured candidates, its final estimates."""
+    rows = np.array(sorted(set(st.rows) - set(st.validated)), dtype=np.int64)
+    if rows.size == 0:
+        return
+    mean, std = source.estimate(rows)
+    fits = table.latency_ms[rows] <= budget
+    if fits.any():
+        res.fit_rejected_share = float(np.mean(_bound(mean, std, k_sigma)[fits] > budget))
+        res.fit_rejected_share_mean_only = float(np.mean(mean[fits] > budget))
+    admitted = mean <= budget
+    if admitted.any():
+        res.over_admitted_share_mean_only = float(np.mean(~fits[admitted]))
+
+
+def _run_trials(table: Table, method: str, source: LatencySource, study: Any, trials: int, budget: float | None,
+                every: int, validate_max: int, k_sigma: float) -> _State:
+    """Ask, snap, believe, tell ``trials`` times, with a validation round every ``every`` trials and after the last."""
+    measured_all = method in ("oracle", "random")
     names, st = column_names(), _State()
     for t in range(trials):
         trial = study.ask()
@@ -359,8 +482,7 @@ def run_study(table: Table, method: str, source: LatencySource, seed: int, trial
         study.tell(trial, [float(table.accuracy_pct[row]), float(mean[0])])
         if method in ROUND_METHODS and ((t + 1) % every == 0 or t + 1 == trials):
             _validation_round(table, source, st, budget, k_sigma, validate_max)
-    ret = _returned(table, source, st, budget, k_sigma, measured_all)
-    return _score(table, method, seed, budget, ret, st, measured_all, time.perf_counter() - t0)
+    return st
 
 
 def reference(table: Table) -> tuple[float, float]:
@@ -384,6 +506,12 @@ def _score(table: Table, method: str, seed: int, budget: float | None, ret: np.n
     return StudyResult(method, seed, budget, float(hv), precision, len(ret), measured, wall_s)
 
 
+def _network_share(source: LatencySource) -> float:
+    if isinstance(source, Selected) and source.rounds:
+        return source.rounds_network / source.rounds
+    return math.nan
+
+
 # ------------------------------------------------------------------ the benchmark
 def summarise(results: Sequence[StudyResult]) -> dict[str, dict[str, float]]:
     """Per method: mean and min of the hypervolume share, mean feasible precision, mean rows measured and wall s."""
@@ -395,11 +523,16 @@ def summarise(results: Sequence[StudyResult]) -> dict[str, dict[str, float]]:
         prec = [r.feasible_precision for r in rs if math.isfinite(r.feasible_precision)]
         out[m] = {"studies": len(rs), "hv_share_mean": float(np.mean([r.hv_share for r in rs])),
                   "hv_share_min": float(np.min([r.hv_share for r in rs])),
-                  "hv_share_std": float(np.std([r.hv_share for r in rs])),
+                  "hv_share_std": float(np.std([r.hv_share for r in rs], ddof=1)) if len(rs) > 1 else math.nan,
                   "feasible_precision_mean": float(np.mean(prec)) if prec else math.nan,
                   "measured_rows_mean": float(np.mean([r.measured_rows for r in rs])),
                   "returned_mean": float(np.mean([r.returned for r in rs])),
                   "wall_s_mean": float(np.mean([r.wall_s for r in rs]))}
+        for name in ("network_rounds_share", "prequential_log_err", "fit_rejected_share",
+                     "fit_rejected_share_mean_only", "over_admitted_share_mean_only"):
+            vals = [getattr(r, name) for r in rs if math.isfinite(getattr(r, name))]
+            if vals:
+                out[m][f"{name}_mean"] = float(np.mean(vals))
     if "oracle" in out:  # the issue's yardstick: each method's mean hypervolume as a share of the oracle's
         for v in out.values():
             v["hv_vs_oracle"] = v["hv_share_mean"] / out["oracle"]["hv_share_mean"]
@@ -456,15 +589,13 @@ def make_sources(table: Table, graphs: list[Any], row_graph: np.ndarray, checkpo
     """The latency source of each method (the table, MACs, the checkpoint fixed / adapted, the prior) and a context
     within which the network runs no more: the zero-shot predictions of every graph are made here, in one batched
     call, and the members' outputs of every graph kept (``one_network_pass``) for every adaptation and prediction."""
-    import contextlib
-
     from dippm_nas.predictor import AnalyticPredictor, GnnPredictor
 
     base = GnnPredictor.load(checkpoint, load_calibration=False)
     gnn = GnnPredictor(base.model, base.meta, device, load_calibration=False, feature_cache_size=2 * len(graphs) + 16)
     fixed: dict[int, tuple[float, float]] = {}
     ctx: Any = contextlib.nullcontext()
-    if {"zero_shot", "adapted"} & set(methods):
+    if {"zero_shot", "adapted", "selected"} & set(methods):
         t0 = time.perf_counter()
         gids = list(range(len(graphs)))
         fixed.update(zip(gids, PredictorSource(gnn, graphs, row_graph, "fixed")._predict(gids)))
@@ -477,6 +608,9 @@ def make_sources(table: Table, graphs: list[Any], row_graph: np.ndarray, checkpo
         "adapted": lambda: PredictorSource(gnn, graphs, row_graph, "adapt", fixed),
         "prior": lambda: PredictorSource(AnalyticPredictor(device, load_calibration=False), graphs, row_graph,
                                          "calibrate"),
+        "selected": lambda: Selected(PredictorSource(gnn, graphs, row_graph, "adapt", fixed),
+                                     PredictorSource(AnalyticPredictor(device, load_calibration=False), graphs,
+                                                     row_graph, "calibrate")),
     }
     return {m: made[m]() for m in methods}, ctx
 
@@ -484,19 +618,26 @@ def make_sources(table: Table, graphs: list[Any], row_graph: np.ndarray, checkpo
 def print_table(name: str, summary: dict[str, dict[str, float]], budget: float | None) -> None:
     print(f"\n== {name}, {'no budget' if budget is None else f'latency budget {budget:.2f} ms'}")
     print(f"{'method':>10} {'HV share mean':>14} {'min':>6} {'std':>6} {'vs oracle':>10} {'feasible ok':>12} "
-          f"{'measured':>9} {'returned':>9} {'wall s':>7}")
+          f"{'measured':>9} {'returned':>9} {'wall s':>7} {'net rounds':>10}")
     for m, v in summary.items():
         print(f"{m:>10} {v['hv_share_mean']:14.3f} {v['hv_share_min']:6.3f} {v['hv_share_std']:6.3f} "
               f"{v.get('hv_vs_oracle', math.nan):10.3f} {v['feasible_precision_mean']:12.3f} "
-              f"{v['measured_rows_mean']:9.1f} {v['returned_mean']:9.1f} {v['wall_s_mean']:7.2f}")
+              f"{v['measured_rows_mean']:9.1f} {v['returned_mean']:9.1f} {v['wall_s_mean']:7.2f} "
+              f"{v.get('network_rounds_share_mean', math.nan):10.2f}")
     sys.stdout.flush()
+
+
+#: the settings a per-seed file records; files merge only where these are equal
+CONFIG_KEYS = ("checkpoint", "trials", "every", "validate_max", "k_sigma", "budget_quantile")
 
 
 def from_report(path: Path) -> int:
     """Print the tables of a report this script wrote (``--out``), from its per-study scores."""
     report = json.loads(path.read_text())
-    print(f"checkpoint {report['checkpoint']}; {report['seeds']} seeds x {report['trials']} trials, a round every "
-          f"{report['every']} (at most {report['validate_max']} rows), k_sigma {report.get('k_sigma')}")
+    seeds = report["seeds"]
+    print(f"checkpoint {report['checkpoint']}; {len(seeds) if isinstance(seeds, list) else seeds} seeds x "
+          f"{report['trials']} trials, a round every {report['every']} (at most {report['validate_max']} rows), "
+          f"k_sigma {report.get('k_sigma')}")
     for dev, d in report["devices"].items():
         print(f"{dev}: {d['rows']} rows; reference point: accuracy {d['reference'][0]:.2f} %, latency "
               f"{d['reference'][1]:.2f} ms")
@@ -506,8 +647,18 @@ def from_report(path: Path) -> int:
     return 0
 
 
-def run_device(args: argparse.Namespace, dev: str, by_csv: dict[int, Any], methods: list[str]) -> dict[str, Any]:
-    """Every study of one device; its report entry."""
+@dataclass
+class DeviceRun:
+    """One device's table, latency sources, budgets and the context within which its network runs no more."""
+
+    name: str
+    table: Table
+    sources: dict[str, LatencySource]
+    network_once: Any
+    budgets: list[float | None]
+
+
+def prepare_device(args: argparse.Namespace, dev: str, by_csv: dict[int, Any], methods: list[str]) -> DeviceRun:
     t0 = time.perf_counter()
     table = load_table(args.data, dev)
     graphs, row_graph = table_graphs(by_csv, table)
@@ -516,26 +667,86 @@ def run_device(args: argparse.Namespace, dev: str, by_csv: dict[int, Any], metho
     budgets = [None if v == "free" else budget for v in args.variants.split(",")]
     print(f"{dev}: {len(table.latency_ms)} rows, {len(graphs)} graphs (sources ready in {time.perf_counter() - t0:.0f}"
           f" s); reference point: accuracy {reference(table)[0]:.2f} %, latency {reference(table)[1]:.2f} ms")
-    with network_once:
-        results = run_all(table, sources, range(args.seeds), args.trials, budgets, every=args.every,
-                          validate_max=args.validate_max, k_sigma=args.k_sigma)
-    entry: dict[str, Any] = {"rows": len(table.latency_ms), "reference": reference(table), "variants": {}}
-    for b in budgets:
-        summ = summarise([r for r in results if r.budget_ms == b])
-        print_table(dev, summ, b)
-        entry["variants"]["free" if b is None else "budget"] = {"budget_ms": b, "summary": summ}
-    entry["studies"] = [r.__dict__ for r in results]
-    return entry
+    return DeviceRun(dev, table, sources, network_once, budgets)
 
 
-def main(argv: list[str] | None = None) -> int:
+def seed_record(args: argparse.Namespace, run: DeviceRun, seed: int, results: list[StudyResult]) -> dict[str, Any]:
+    """One device's studies of one seed, with the settings they ran under (a ``--seed-dir`` file)."""
+    return {"config": {k: str(args.checkpoint) if k == "checkpoint" else getattr(args, k) for k in CONFIG_KEYS},
+            "device": run.name, "seed": seed, "rows": len(run.table.latency_ms), "reference": reference(run.table),
+            "budgets_ms": run.budgets, "studies": [r.__dict__ for r in results]}
+
+
+def merge_records(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One report (``--out``'s layout) of per-seed records: every record's settings must be equal, and no
+    (device, method, seed, budget) study may appear twice."""
+    if not records:
+        raise SystemExit("--merge: no per-seed file found")
+    config = records[0]["config"]
+    report: dict[str, Any] = {**config, "seeds": sorted({r["seed"] for r in records}), "devices": {}}
+    seen: set[tuple[str, str, int, float | None]] = set()
+    for rec in records:
+        if rec["config"] != config:
+            raise SystemExit(f"--merge: files of different settings: {rec['config']} vs {config}")
+        d = report["devices"].setdefault(rec["device"], {"rows": rec["rows"], "reference": rec["reference"],
+                                                         "budgets_ms": rec["budgets_ms"], "studies": []})
+        for st in rec["studies"]:
+            key = (rec["device"], st["method"], st["seed"], st["budget_ms"])
+            if key in seen:
+                raise SystemExit(f"--merge: {key} appears in two files")
+            seen.add(key)
+            d["studies"].append(st)
+    for d in report["devices"].values():
+        results = [StudyResult(**r) for r in d["studies"]]
+        d["variants"] = {"free" if b is None else "budget": {
+            "budget_ms": b, "seeds": sorted({r.seed for r in results if r.budget_ms == b}),
+            "summary": summarise([r for r in results if r.budget_ms == b])} for b in d.pop("budgets_ms")}
+    return report
+
+
+def read_records(paths: Sequence[Path]) -> list[dict[str, Any]]:
+    """The per-seed files under ``paths`` (files, or directories of ``*_seed*.json``)."""
+    files: list[Path] = []
+    for p in paths:
+        files.extend(sorted(p.glob("*_seed*.json")) if p.is_dir() else [p])
+    return [json.loads(f.read_text()) for f in files]
+
+
+def run_seeds(args: argparse.Namespace, runs: list[DeviceRun]) -> list[dict[str, Any]]:
+    """Seed by seed, every device's studies; each (device, seed) written to ``--seed-dir`` as it completes."""
+    records = []
+    with contextlib.ExitStack() as stack:
+        for run in runs:
+            stack.enter_context(run.network_once)
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
+            for run in runs:
+                res = run_all(run.table, run.sources, [seed], args.trials, run.budgets, every=args.every,
+                              validate_max=args.validate_max, k_sigma=args.k_sigma)
+                records.append(seed_record(args, run, seed, res))
+                if args.seed_dir is not None:
+                    args.seed_dir.mkdir(parents=True, exist_ok=True)
+                    (args.seed_dir / f"{run.name}_seed{seed}.json").write_text(json.dumps(records[-1]) + "\n")
+    return records
+
+
+def write_and_print(report: dict[str, Any], out: Path | None) -> None:
+    for dev, d in report["devices"].items():
+        for v in d["variants"].values():
+            print_table(f"{dev} ({len(v['seeds'])} seeds)", v["summary"], v["budget_ms"])
+    if out is not None:
+        out.write_text(json.dumps(report, indent=1) + "\n")
+        print(f"wrote {out}")
+
+
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, help=f"directory holding {CSV_NAME}")
     ap.add_argument("--graphs", type=Path, help="scripts/build_accel_graphs.py's JSONL")
     ap.add_argument("--checkpoint", type=Path, help="a checkpoint that never saw the space's rows")
     ap.add_argument("--devices", default="a100,rtx-3090", help=f"comma-separated, of {list(DEVICES)}")
     ap.add_argument("--methods", default=",".join(METHODS))
-    ap.add_argument("--seeds", type=int, default=10)
+    ap.add_argument("--seeds", type=int, default=10, help="how many seeds (default 10)")
+    ap.add_argument("--first-seed", type=int, default=0, help="the first seed (default 0): a run in chunks")
     ap.add_argument("--trials", type=int, default=200)
     ap.add_argument("--every", type=int, default=20, help="trials between validation rounds (default 20)")
     ap.add_argument("--validate-max", type=int, default=10, help="most rows validated per round (default 10)")
@@ -544,27 +755,38 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--k-sigma", type=float, default=1.0,
                     help="σ added to a predicted latency before it is compared with the budget (default 1.0)")
     ap.add_argument("--variants", default="free,budget", help="free (no budget), budget, or both")
+    ap.add_argument("--seed-dir", type=Path, default=None,
+                    help="write each (device, seed)'s studies to DIR/<device>_seed<N>.json as it completes")
+    ap.add_argument("--merge", type=Path, nargs="+", default=None,
+                    help="merge per-seed files (or directories of them) into one report; with --out, save it")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--from-report", type=Path, default=None, help="print the tables of a saved --out report")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = _parser()
     args = ap.parse_args(argv)
     if args.from_report is not None:
         return from_report(args.from_report)
+    if args.merge is not None:
+        write_and_print(merge_records(read_records(args.merge)), args.out)
+        return 0
     if args.data is None or args.graphs is None or args.checkpoint is None:
-        ap.error("--data, --graphs and --checkpoint are needed (or --from-report)")
+        ap.error("--data, --graphs and --checkpoint are needed (or --merge / --from-report)")
+    if args.seeds < 1 or args.first_seed < 0:
+        ap.error(f"--seeds must be >= 1 and --first-seed >= 0, got {args.seeds} and {args.first_seed}")
+    methods = [m.strip() for m in args.methods.split(",")]
+    bad = [m for m in methods if m not in METHODS]
+    if bad:
+        ap.error(f"--methods: {bad} are none of {list(METHODS)}")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    methods = [m.strip() for m in args.methods.split(",")]
-    report: dict[str, Any] = {"checkpoint": str(args.checkpoint), "trials": args.trials, "seeds": args.seeds,
-                              "every": args.every, "validate_max": args.validate_max, "k_sigma": args.k_sigma,
-                              "budget_quantile": args.budget_quantile, "devices": {}}
     by_csv = load_graphs(args.graphs)
-    for dev in args.devices.split(","):
-        report["devices"][dev] = run_device(args, dev, by_csv, methods)
-        if args.out is not None:  # after each device: a long run's first figures are kept
-            args.out.write_text(json.dumps(report, indent=1) + "\n")
-            print(f"wrote {args.out}")
+    runs = [prepare_device(args, dev, by_csv, methods) for dev in args.devices.split(",")]
+    write_and_print(merge_records(run_seeds(args, runs)), args.out)
     return 0
 
 
