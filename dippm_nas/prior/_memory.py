@@ -81,6 +81,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import chain
@@ -596,8 +597,31 @@ def activation_liveness(graph: OperatorGraph, *, retention: bool = False,
             its first use to the end of the pass.
 
     Returns:
-        the :class:`MemoryBreakdown`.
+        the :class:`MemoryBreakdown`: the live bytes of the storages :func:`storage_lives` lists (the same
+        computation), which :func:`gpu_memory_parts` replays through the caching allocator.
     """
+    lv = _lives(graph, retention=retention, include_inputs=include_inputs, autocast=autocast)
+    if graph.num_nodes == 0:
+        return MemoryBreakdown(0, 0, -1, np.zeros(0), np.zeros((3, 0)))
+    out = _peak(lv, graph.num_nodes)
+    _remember_storages(out, lv.sizes, lv.alloc_at, lv.last_use)
+    return out
+
+
+def storage_lives(graph: OperatorGraph, *, autocast: str | None = None,
+                  include_inputs: bool = False) -> tuple[list[list[int]], list[int], list[int]]:
+    """The storages of :func:`activation_liveness` with ``retention=True``: each one's blocks (bytes, 512 B
+    rounded), the node that makes it and the last node that reads it (``num_nodes``: read to the end), the
+    sequence :func:`~dippm_nas.prior.allocation_events` turns into the caching allocator's requests. Both come
+    from one liveness pass, so the peak of their sum over the nodes is
+    ``activation_liveness(graph, retention=True, ...).peak_allocated_bytes``."""
+    lv = _lives(graph, retention=True, include_inputs=include_inputs, autocast=autocast)
+    return lv.sizes, lv.alloc_at, lv.last_use
+
+
+def _lives(graph: OperatorGraph, *, retention: bool, include_inputs: bool, autocast: str | None) -> _Lives:
+    """The storages of one graph's liveness pass (the rules of the module docstring), the one computation
+    behind :func:`activation_liveness` and :func:`storage_lives`."""
     n = graph.num_nodes
     preds = graph.predecessors()
     rules = _frame_rules(graph) if retention and n else _FrameRules((), ())
@@ -606,7 +630,7 @@ def activation_liveness(graph: OperatorGraph, *, retention: bool = False,
     _node_storages(graph, preds, lv, frozenset(rules.inplace))
     _extend_lives(graph, preds, lv)
     if n == 0:
-        return MemoryBreakdown(0, 0, -1, np.zeros(0), np.zeros((3, 0)))
+        return lv
     if retention:
         _retain(graph, lv.sizes, lv.alloc_at, lv.last_use, lv.storage_of, preds, lv.consumers_of_input)
         for p, until in rules.extend:
@@ -621,33 +645,29 @@ def activation_liveness(graph: OperatorGraph, *, retention: bool = False,
         _add_storage(lv, [round_block(graph.nodes[q].output_elements * dtype_bytes(graph.nodes[q].output_dtype))], m, m)
     if autocast is not None:
         _autocast_storages(graph, preds, lv, autocast, copy_sids)
-    return _peak(lv, n)
+    return lv
 
 
-def storage_lives(graph: OperatorGraph, *, autocast: str | None = None,
-                  include_inputs: bool = False) -> tuple[list[list[int]], list[int], list[int]]:
-    """The storages of :func:`activation_liveness` with ``retention=True``: each one's blocks (bytes, 512 B
-    rounded), the node that makes it and the last node that reads it (``num_nodes``: read to the end), the
-    sequence :func:`~dippm_nas.prior.allocation_events` turns into the caching allocator's requests. The peak
-    of their sum over the nodes is ``activation_liveness(graph, retention=True, ...).peak_allocated_bytes``."""
-    n = graph.num_nodes
-    preds = graph.predecessors()
-    rules = _frame_rules(graph) if n else _FrameRules((), ())
-    lv = _Lives([None] * n, [], [], [], {})
-    _input_storages(graph, lv, include_inputs)
-    _node_storages(graph, preds, lv, frozenset(rules.inplace))
-    _extend_lives(graph, preds, lv)
-    if n:
-        _retain(graph, lv.sizes, lv.alloc_at, lv.last_use, lv.storage_of, preds, lv.consumers_of_input)
-        for p, until in rules.extend:
-            s = lv.storage_of[p]
-            if s is not None:
-                lv.last_use[s] = max(lv.last_use[s], until)
-        for i, nbytes in rules.scratch:
-            _add_storage(lv, [nbytes], i, i)
-        if autocast is not None:
-            _autocast_storages(graph, preds, lv, autocast)
-    return lv.sizes, lv.alloc_at, lv.last_use
+#: The storages each :class:`MemoryBreakdown` of :func:`activation_liveness` / :func:`activation_liveness_many`
+#: was computed from, by the breakdown's identity while it is alive (a weak reference; the entry goes with it):
+#: :func:`gpu_memory_parts` replays these through the caching allocator instead of a second liveness pass.
+_STORAGES_OF: dict[int, tuple["weakref.ref[MemoryBreakdown]", "Sequence[Sequence[int]]", "Sequence[int]",
+                              "Sequence[int]"]] = {}
+
+
+def _remember_storages(mem: MemoryBreakdown, sizes: "Sequence[Sequence[int]]", alloc_at: "Sequence[int]",
+                       last_use: "Sequence[int]") -> None:
+    key = id(mem)
+    _STORAGES_OF[key] = (weakref.ref(mem, lambda _r: _STORAGES_OF.pop(key, None)), sizes, alloc_at, last_use)
+
+
+def _storages_of(graph: OperatorGraph, mem: MemoryBreakdown,
+                 ) -> tuple["Sequence[Sequence[int]]", "Sequence[int]", "Sequence[int]"]:
+    """The storages ``mem`` was computed from, or (a breakdown made elsewhere) :func:`storage_lives` of ``graph``."""
+    hit = _STORAGES_OF.get(id(mem))
+    if hit is not None and hit[0]() is mem:
+        return hit[1], hit[2], hit[3]
+    return storage_lives(graph)
 
 
 _WIDTH = {0: 4, 1: 2, 2: 2, 3: 8}
@@ -1182,17 +1202,18 @@ def gpu_memory_parts(graph: OperatorGraph, liveness: MemoryBreakdown, *, context
     inputs = [round_block(math.prod((spec.batch_size, *t.shape)) * dtype_bytes(spec.tensor_dtype(t)))
               for t in spec.tensors]
     ws = [round_block(int(cublas_workspace_mib * BYTES_PER_MIB))] if uses_cublas and cublas_workspace_mib > 0 else []
-    peak = _simulate(graph, [*weights, *inputs], sum(ws), allocator)
+    peak = _simulate(graph, liveness, [*weights, *inputs], sum(ws), allocator)
     return _parts(sum(weights), sum(inputs), sum(ws), peak, liveness, context_mib, uses_cudnn)
 
 
-def _simulate(graph: OperatorGraph, held: "Sequence[int]", ws: int, allocator: AllocatorConfig | None,
-              ) -> AllocatorPeak:
+def _simulate(graph: OperatorGraph, liveness: MemoryBreakdown, held: "Sequence[int]", ws: int,
+              allocator: AllocatorConfig | None) -> AllocatorPeak:
     """The caching allocator's peaks over one eager pass of ``graph``: ``held`` (weights, input) first, the cuBLAS
-    workspace ``ws`` at the first GEMM, the activations' storages of :func:`storage_lives` in order."""
+    workspace ``ws`` at the first GEMM, then the activations' storages ``liveness`` was computed from, in order
+    (:func:`storage_lives` of ``graph`` for a breakdown made elsewhere)."""
     first_gemm = next((nd.index for nd in graph.nodes if nd.op_class in ("matmul", "attention")
                        and not nd.is_constant), None)
-    sizes, alloc_at, last_use = storage_lives(graph)
+    sizes, alloc_at, last_use = _storages_of(graph, liveness)
     events = allocation_events(sizes, alloc_at, last_use, graph.num_nodes, held=held,
                                workspace_at=first_gemm if first_gemm is not None else 0, workspace_bytes=ws)
     return simulate_caching_allocator(events, allocator)
@@ -1301,6 +1322,6 @@ def gpu_memory_parts_many(graphs: Sequence[OperatorGraph], livenesses: Sequence[
     cut = np.searchsorted(held_g, np.arange(g_n + 1))
     w_sum = np.bincount(wg, weights=wb, minlength=g_n).astype(np.int64).tolist()
     return [_parts(w_sum[g], sum(ins[g]), int(ws[g]),
-                   _simulate(st.graphs[g], held_b[cut[g]:cut[g + 1]].tolist(), int(ws[g]), allocator),
+                   _simulate(st.graphs[g], livenesses[g], held_b[cut[g]:cut[g + 1]].tolist(), int(ws[g]), allocator),
                    livenesses[g], context_mib, bool(uses_cudnn[g]))
             for g in range(g_n)]
