@@ -91,7 +91,7 @@ import numpy as np
 from dippm_nas._unique import sorted_unique
 from dippm_nas.errors import InvalidValueError
 from dippm_nas.graph import GraphStack, OperatorGraph, OpNode, stack_graphs
-from dippm_nas.prior._allocator import AllocatorConfig, AllocatorPeak, allocation_events, simulate_caching_allocator
+from dippm_nas.prior._allocator import AllocatorConfig, AllocatorPeak, _replay_pairs
 from dippm_nas.prior._autocast import AUTOCAST_LOW_CLASSES, autocast_plan
 from dippm_nas.prior._nodes import check_autocast, graph_facts
 from dippm_nas.spec import dtype_bytes
@@ -604,7 +604,7 @@ def activation_liveness(graph: OperatorGraph, *, retention: bool = False,
     if graph.num_nodes == 0:
         return MemoryBreakdown(0, 0, -1, np.zeros(0), np.zeros((3, 0)))
     out = _peak(lv, graph.num_nodes)
-    _remember_storages(out, lv.sizes, lv.alloc_at, lv.last_use)
+    _remember_storages(out, _block_lives(lv.sizes, lv.alloc_at, lv.last_use))
     return out
 
 
@@ -648,26 +648,46 @@ def _lives(graph: OperatorGraph, *, retention: bool, include_inputs: bool, autoc
     return lv
 
 
-#: The storages each :class:`MemoryBreakdown` of :func:`activation_liveness` / :func:`activation_liveness_many`
+@dataclass(frozen=True)
+class _BlockLives:
+    """The allocated blocks of one graph's storages, in storage order (a storage's blocks in order): each
+    block's bytes (> 0), its storage's index, the node that makes it and the last node that reads it; storages
+    no node reads are left out (what :func:`~dippm_nas.prior.allocation_events` replays)."""
+
+    blk: np.ndarray
+    sid: np.ndarray
+    alloc: np.ndarray
+    last: np.ndarray
+
+
+def _block_lives(sizes: "Sequence[Sequence[int]]", alloc_at: "Sequence[int]", last_use: "Sequence[int]",
+                 ) -> _BlockLives:
+    counts = np.fromiter(map(len, sizes), dtype=np.int64, count=len(sizes))
+    blk = np.fromiter(chain.from_iterable(sizes), dtype=np.int64, count=int(counts.sum()))
+    sid = np.repeat(np.arange(len(sizes), dtype=np.int64), counts)
+    alloc = np.asarray(alloc_at, dtype=np.int64)[sid]
+    last = np.asarray(last_use, dtype=np.int64)[sid]
+    keep = (blk > 0) & (last >= alloc)
+    return _BlockLives(blk[keep], sid[keep], alloc[keep], last[keep])
+
+
+#: The blocks each :class:`MemoryBreakdown` of :func:`activation_liveness` / :func:`activation_liveness_many`
 #: was computed from, by the breakdown's identity while it is alive (a weak reference; the entry goes with it):
 #: :func:`gpu_memory_parts` replays these through the caching allocator instead of a second liveness pass.
-_STORAGES_OF: dict[int, tuple["weakref.ref[MemoryBreakdown]", "Sequence[Sequence[int]]", "Sequence[int]",
-                              "Sequence[int]"]] = {}
+_STORAGES_OF: dict[int, tuple["weakref.ref[MemoryBreakdown]", _BlockLives]] = {}
 
 
-def _remember_storages(mem: MemoryBreakdown, sizes: "Sequence[Sequence[int]]", alloc_at: "Sequence[int]",
-                       last_use: "Sequence[int]") -> None:
+def _remember_storages(mem: MemoryBreakdown, lives: _BlockLives) -> None:
     key = id(mem)
-    _STORAGES_OF[key] = (weakref.ref(mem, lambda _r: _STORAGES_OF.pop(key, None)), sizes, alloc_at, last_use)
+    _STORAGES_OF[key] = (weakref.ref(mem, lambda _r: _STORAGES_OF.pop(key, None)), lives)
 
 
-def _storages_of(graph: OperatorGraph, mem: MemoryBreakdown,
-                 ) -> tuple["Sequence[Sequence[int]]", "Sequence[int]", "Sequence[int]"]:
-    """The storages ``mem`` was computed from, or (a breakdown made elsewhere) :func:`storage_lives` of ``graph``."""
+def _storages_of(graph: OperatorGraph, mem: MemoryBreakdown) -> _BlockLives:
+    """The blocks ``mem`` was computed from, or (a breakdown made elsewhere) those of :func:`storage_lives`."""
     hit = _STORAGES_OF.get(id(mem))
     if hit is not None and hit[0]() is mem:
-        return hit[1], hit[2], hit[3]
-    return storage_lives(graph)
+        return hit[1]
+    return _block_lives(*storage_lives(graph))
 
 
 _WIDTH = {0: 4, 1: 2, 2: 2, 3: 8}
@@ -1113,7 +1133,24 @@ def activation_liveness_many(graphs: Sequence[OperatorGraph], *, retention: bool
         lv.last = np.r_[lv.last, scr[:, 1]]
         lv.blk_sid = np.r_[lv.blk_sid, new_sid]
         lv.blk = np.r_[lv.blk, scr[:, 2]]
-    return _breakdowns(st, lv)
+    out = _breakdowns(st, lv)
+    for mem, lives in zip(out, _split_block_lives(st, lv)):
+        _remember_storages(mem, lives)
+    return out
+
+
+def _split_block_lives(st: GraphStack, lv: _Storages) -> list[_BlockLives]:
+    """Each graph's :class:`_BlockLives` from a stack's storages (global storage ids keep each graph's order:
+    inputs, nodes, scratch, copies)."""
+    sid = lv.blk_sid
+    keep = (lv.blk > 0) & (lv.last[sid] >= lv.alloc[sid])
+    order = np.flatnonzero(keep)
+    order = order[np.lexsort((sid[order], lv.graph[sid[order]]))]  # stable: a storage's blocks stay in order
+    sid = sid[order]
+    g = lv.graph[sid]
+    cut = np.searchsorted(g, np.arange(st.num_graphs + 1)).tolist()
+    blk, alloc, last = lv.blk[order], lv.alloc[sid], lv.last[sid]
+    return [_BlockLives(blk[a:b], sid[a:b], alloc[a:b], last[a:b]) for a, b in zip(cut[:-1], cut[1:])]
 
 
 def _weight_blocks(graph: OperatorGraph) -> list[int]:
@@ -1211,12 +1248,49 @@ def _simulate(graph: OperatorGraph, liveness: MemoryBreakdown, held: "Sequence[i
     """The caching allocator's peaks over one eager pass of ``graph``: ``held`` (weights, input) first, the cuBLAS
     workspace ``ws`` at the first GEMM, then the activations' storages ``liveness`` was computed from, in order
     (:func:`storage_lives` of ``graph`` for a breakdown made elsewhere)."""
-    first_gemm = next((nd.index for nd in graph.nodes if nd.op_class in ("matmul", "attention")
-                       and not nd.is_constant), None)
-    sizes, alloc_at, last_use = _storages_of(graph, liveness)
-    events = allocation_events(sizes, alloc_at, last_use, graph.num_nodes, held=held,
-                               workspace_at=first_gemm if first_gemm is not None else 0, workspace_bytes=ws)
-    return simulate_caching_allocator(events, allocator)
+    return _simulate_many([graph], [liveness], [np.asarray(held, dtype=np.int64)], [ws], allocator)[0]
+
+
+def _first_gemm(graph: OperatorGraph) -> int:
+    """Node index of the first matmul or attention (0 when none): where the cuBLAS workspace is allocated."""
+    return next((nd.index for nd in graph.nodes if nd.op_class in ("matmul", "attention") and not nd.is_constant), 0)
+
+
+def _simulate_many(graphs: "Sequence[OperatorGraph]", livenesses: "Sequence[MemoryBreakdown]",
+                   held: "Sequence[np.ndarray]", ws: "Sequence[int]", allocator: AllocatorConfig | None,
+                   ) -> list[AllocatorPeak]:
+    """:func:`_simulate` of each graph: the events of :func:`~dippm_nas.prior.allocation_events` (same order;
+    other keys) built for all graphs by one sort, then replayed graph by graph."""
+    lives = [_storages_of(g, m) for g, m in zip(graphs, livenesses)]
+    n = np.fromiter((g.num_nodes for g in graphs), dtype=np.int64, count=len(graphs))
+    nb = np.fromiter((lv.blk.size for lv in lives), dtype=np.int64, count=len(lives))
+    nh = np.fromiter((h.size for h in held), dtype=np.int64, count=len(held))
+    bg = np.repeat(np.arange(len(graphs), dtype=np.int64), nb)
+    blk = np.concatenate([lv.blk for lv in lives] + [np.zeros(0, np.int64)])
+    sid = np.concatenate([lv.sid for lv in lives] + [np.zeros(0, np.int64)])
+    alloc = np.concatenate([lv.alloc for lv in lives] + [np.zeros(0, np.int64)])
+    last = np.concatenate([lv.last for lv in lives] + [np.zeros(0, np.int64)])
+    hg = np.repeat(np.arange(len(graphs), dtype=np.int64), nh)
+    hb = np.concatenate(list(held) + [np.zeros(0, np.int64)])
+    wsb = np.asarray(ws, dtype=np.int64)
+    wg = np.flatnonzero((wsb > 0) & (n > 0))
+    fr = last < n[bg]  # storages read to the end are not freed
+    hk = np.arange(hb.size, dtype=np.int64)
+    bk = hb.size + np.arange(blk.size, dtype=np.int64)
+    # one row per event: (graph, node, 0 workspace / 1 allocation / 2 free, storage, key); held first (node -1)
+    graph = np.concatenate([hg, wg, bg, bg[fr]])
+    node = np.concatenate([np.full(hb.size, -1), [_first_gemm(graphs[g]) for g in wg.tolist()], alloc, last[fr]])
+    sub = np.concatenate([np.zeros(hb.size + wg.size, np.int64), np.ones(blk.size, np.int64),
+                          np.full(int(fr.sum()), 2)])
+    st_ = np.concatenate([hk, np.zeros(wg.size, np.int64), sid, sid[fr]])
+    key = np.concatenate([hk, hb.size + blk.size + wg, bk, bk[fr]])
+    nbytes = np.concatenate([hb, wsb[wg], blk, np.zeros(int(fr.sum()), np.int64)])
+    ok = (nbytes > 0) | (sub == 2)
+    order = np.flatnonzero(ok)
+    order = order[np.lexsort((key[order], st_[order], sub[order], node[order], graph[order]))]
+    cut = np.searchsorted(graph[order], np.arange(len(graphs) + 1)).tolist()
+    keys, sizes = key[order].tolist(), nbytes[order].tolist()
+    return [_replay_pairs(zip(keys[a:b], sizes[a:b]), allocator) for a, b in zip(cut[:-1], cut[1:])]
 
 
 def _parts(weights: int, inputs: int, ws: int, peak: AllocatorPeak, liveness: MemoryBreakdown,
@@ -1321,7 +1395,7 @@ def gpu_memory_parts_many(graphs: Sequence[OperatorGraph], livenesses: Sequence[
     held_b = blk[order]
     cut = np.searchsorted(held_g, np.arange(g_n + 1))
     w_sum = np.bincount(wg, weights=wb, minlength=g_n).astype(np.int64).tolist()
-    return [_parts(w_sum[g], sum(ins[g]), int(ws[g]),
-                   _simulate(st.graphs[g], livenesses[g], held_b[cut[g]:cut[g + 1]].tolist(), int(ws[g]), allocator),
-                   livenesses[g], context_mib, bool(uses_cudnn[g]))
+    peaks = _simulate_many(st.graphs, livenesses, [held_b[cut[g]:cut[g + 1]] for g in range(g_n)], ws.tolist(),
+                           allocator)
+    return [_parts(w_sum[g], sum(ins[g]), int(ws[g]), peaks[g], livenesses[g], context_mib, bool(uses_cudnn[g]))
             for g in range(g_n)]
