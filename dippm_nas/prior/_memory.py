@@ -67,9 +67,10 @@ rounded up to 512 B (``kMinBlockSize``); requests of at most 1 MiB (``kSmallSize
 segments (``kSmallBuffer``); requests between 1 and 10 MiB (``kMinLargeAlloc``) from 20 MiB segments
 (``kLargeBuffer``); larger ones are rounded up to 2 MiB (``kRoundLarge``). :class:`MemoryBreakdown`'s
 ``peak_reserved_bytes`` rounds each pool's peak up to whole segments (a quick bound of the liveness alone);
-:func:`gpu_memory_parts` replays the pass's allocations and frees (:func:`storage_lives`) through the
-simulated allocator of :mod:`dippm_nas.prior._allocator` (best fit, splits, merges, cached segments) for
-``allocated_mib`` and ``reserved_mib``.
+:func:`gpu_memory_parts` replays the allocations and frees of the storages its liveness pass was computed from
+(:func:`storage_lives` lists the same ones: one computation, ``_lives``, gives both) through the simulated allocator
+of :mod:`dippm_nas.prior._allocator` (best fit, splits, merges, cached segments) for ``allocated_mib`` and
+``reserved_mib``.
 
 Memory parts on a GPU (:func:`gpu_memory_parts`), summing to the total: the CUDA context
 (``runtime_baseline_mib`` of the device), the weights, the input the caller holds, the activation peak, the
@@ -1111,7 +1112,7 @@ def activation_liveness_many(graphs: Sequence[OperatorGraph], *, retention: bool
     if not st.num_graphs:
         return []
     if not retention:
-        return _breakdowns(st, _storages(st, include_inputs))
+        return _remembered(st, _storages(st, include_inputs))
     rules = [_frame_rules(g) if g.num_nodes else _FrameRules((), ()) for g in st.graphs]
     inplace = np.zeros(st.num_nodes, dtype=bool)
     inplace[np.fromiter((int(st.offsets[gi]) + i for gi, r in enumerate(rules) for i in r.inplace),
@@ -1133,9 +1134,15 @@ def activation_liveness_many(graphs: Sequence[OperatorGraph], *, retention: bool
         lv.last = np.r_[lv.last, scr[:, 1]]
         lv.blk_sid = np.r_[lv.blk_sid, new_sid]
         lv.blk = np.r_[lv.blk, scr[:, 2]]
+    return _remembered(st, lv)
+
+
+def _remembered(st: GraphStack, lv: _Storages) -> list[MemoryBreakdown]:
+    """Each graph's breakdown, its blocks kept with it for :func:`gpu_memory_parts_many`'s replay."""
     out = _breakdowns(st, lv)
     for mem, lives in zip(out, _split_block_lives(st, lv)):
-        _remember_storages(mem, lives)
+        if mem.peak_node >= 0:  # an empty graph's breakdown is not its own (nothing to replay)
+            _remember_storages(mem, lives)
     return out
 
 
@@ -1227,7 +1234,9 @@ def gpu_memory_parts(graph: OperatorGraph, liveness: MemoryBreakdown, *, context
     statistics would read (:func:`~dippm_nas.prior.simulate_caching_allocator` over the pass's allocations and
     frees, :func:`~dippm_nas.prior.allocation_events`): the weights (one block per tensor) and the input first,
     the cuBLAS workspace at the first GEMM, then the activations' storages in eager order, with the allocator's
-    settings ``allocator`` (default: PyTorch's).
+    settings ``allocator`` (default: PyTorch's). The activations' storages are those ``liveness`` was computed
+    from (kept with each breakdown :func:`activation_liveness` or :func:`activation_liveness_many` returns, so
+    under ``autocast`` at their run-time dtypes); for a breakdown made otherwise, :func:`storage_lives` of ``graph``.
 
     The standard deviation adds in quadrature: the activation peak times :data:`ACTIVATION_REL_SIGMA`
     (measured against the eager reference), the context times :data:`CONTEXT_REL_SIGMA`, the cuDNN

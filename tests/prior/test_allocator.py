@@ -245,7 +245,8 @@ def test_storage_lives_are_the_retention_liveness_of_captured_models(which: str)
     assert _events_peak(allocation_events(sizes, alloc_at, last_use, g.num_nodes)) == want
 
 
-_SEARCH_SPACE_DATA = Path(__file__).resolve().parents[2] / "data" / "host_cpu" / "host_cpu_amd_epyc_f25m17_14fam.jsonl.xz"
+_SEARCH_SPACE_DATA = (Path(__file__).resolve().parents[2] / "data" / "host_cpu"
+                      / "host_cpu_amd_epyc_f25m17_14fam.jsonl.xz")
 
 
 @pytest.fixture(scope="module")
