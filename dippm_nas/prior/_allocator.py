@@ -375,26 +375,32 @@ def simulate_caching_allocator(events: Iterable[AllocEvent], config: AllocatorCo
     Raises:
         InvalidValueError: a key allocated twice, a free of a key not alive, or a negative size.
     """
+    return _replay_pairs(((ev.key, ev.nbytes) for ev in events), config)
+
+
+def _replay_pairs(pairs: Iterable[tuple[int, int]], config: AllocatorConfig | None = None) -> AllocatorPeak:
+    """:func:`simulate_caching_allocator` of ``(key, nbytes)`` pairs (the fields of :class:`AllocEvent`, without
+    building one object per event: the batched memory parts replay thousands)."""
     cfg = config or AllocatorConfig()
     sim = _Allocator(cfg)
     alive: dict[int, tuple[_Block, int]] = {}
     peak_alloc = peak_res = peak_req = 0
     peak_event = -1
-    for i, ev in enumerate(events):
-        if ev.nbytes < 0:
-            raise InvalidValueError(f"event {i}: nbytes must be >= 0 (0 frees the key), got {ev.nbytes}")
-        if ev.nbytes:
-            if ev.key in alive:
-                raise InvalidValueError(f"event {i}: key {ev.key} is allocated while alive; free it first")
-            alive[ev.key] = (sim.malloc(ev.nbytes), ev.nbytes)
+    for i, (key, nbytes) in enumerate(pairs):
+        if nbytes < 0:
+            raise InvalidValueError(f"event {i}: nbytes must be >= 0 (0 frees the key), got {nbytes}")
+        if nbytes:
+            if key in alive:
+                raise InvalidValueError(f"event {i}: key {key} is allocated while alive; free it first")
+            alive[key] = (sim.malloc(nbytes), nbytes)
             if sim.allocated > peak_alloc:
                 peak_alloc, peak_event = sim.allocated, i
             peak_res = max(peak_res, sim.reserved)
             peak_req = max(peak_req, sim.requested)
         else:
-            hit = alive.pop(ev.key, None)
+            hit = alive.pop(key, None)
             if hit is None:
-                raise InvalidValueError(f"event {i}: free of key {ev.key}, which is not alive")
+                raise InvalidValueError(f"event {i}: free of key {key}, which is not alive")
             sim.free(*hit)
     return AllocatorPeak(allocated_bytes=peak_alloc, reserved_bytes=peak_res, requested_bytes=peak_req,
                          peak_event=peak_event, segments=sim.segments,

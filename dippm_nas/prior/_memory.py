@@ -67,9 +67,10 @@ rounded up to 512 B (``kMinBlockSize``); requests of at most 1 MiB (``kSmallSize
 segments (``kSmallBuffer``); requests between 1 and 10 MiB (``kMinLargeAlloc``) from 20 MiB segments
 (``kLargeBuffer``); larger ones are rounded up to 2 MiB (``kRoundLarge``). :class:`MemoryBreakdown`'s
 ``peak_reserved_bytes`` rounds each pool's peak up to whole segments (a quick bound of the liveness alone);
-:func:`gpu_memory_parts` replays the pass's allocations and frees (:func:`storage_lives`) through the
-simulated allocator of :mod:`dippm_nas.prior._allocator` (best fit, splits, merges, cached segments) for
-``allocated_mib`` and ``reserved_mib``.
+:func:`gpu_memory_parts` replays the allocations and frees of the storages its liveness pass was computed from
+(:func:`storage_lives` lists the same ones: one computation, ``_lives``, gives both) through the simulated allocator
+of :mod:`dippm_nas.prior._allocator` (best fit, splits, merges, cached segments) for ``allocated_mib`` and
+``reserved_mib``.
 
 Memory parts on a GPU (:func:`gpu_memory_parts`), summing to the total: the CUDA context
 (``runtime_baseline_mib`` of the device), the weights, the input the caller holds, the activation peak, the
@@ -81,6 +82,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import chain
@@ -90,7 +92,7 @@ import numpy as np
 from dippm_nas._unique import sorted_unique
 from dippm_nas.errors import InvalidValueError
 from dippm_nas.graph import GraphStack, OperatorGraph, OpNode, stack_graphs
-from dippm_nas.prior._allocator import AllocatorConfig, AllocatorPeak, allocation_events, simulate_caching_allocator
+from dippm_nas.prior._allocator import AllocatorConfig, AllocatorPeak, _replay_pairs
 from dippm_nas.prior._autocast import AUTOCAST_LOW_CLASSES, autocast_plan
 from dippm_nas.prior._nodes import check_autocast, graph_facts
 from dippm_nas.spec import dtype_bytes
@@ -596,8 +598,31 @@ def activation_liveness(graph: OperatorGraph, *, retention: bool = False,
             its first use to the end of the pass.
 
     Returns:
-        the :class:`MemoryBreakdown`.
+        the :class:`MemoryBreakdown`: the live bytes of the storages :func:`storage_lives` lists (the same
+        computation), which :func:`gpu_memory_parts` replays through the caching allocator.
     """
+    lv = _lives(graph, retention=retention, include_inputs=include_inputs, autocast=autocast)
+    if graph.num_nodes == 0:
+        return MemoryBreakdown(0, 0, -1, np.zeros(0), np.zeros((3, 0)))
+    out = _peak(lv, graph.num_nodes)
+    _remember_storages(out, _block_lives(lv.sizes, lv.alloc_at, lv.last_use))
+    return out
+
+
+def storage_lives(graph: OperatorGraph, *, autocast: str | None = None,
+                  include_inputs: bool = False) -> tuple[list[list[int]], list[int], list[int]]:
+    """The storages of :func:`activation_liveness` with ``retention=True``: each one's blocks (bytes, 512 B
+    rounded), the node that makes it and the last node that reads it (``num_nodes``: read to the end), the
+    sequence :func:`~dippm_nas.prior.allocation_events` turns into the caching allocator's requests. Both come
+    from one liveness pass, so the peak of their sum over the nodes is
+    ``activation_liveness(graph, retention=True, ...).peak_allocated_bytes``."""
+    lv = _lives(graph, retention=True, include_inputs=include_inputs, autocast=autocast)
+    return lv.sizes, lv.alloc_at, lv.last_use
+
+
+def _lives(graph: OperatorGraph, *, retention: bool, include_inputs: bool, autocast: str | None) -> _Lives:
+    """The storages of one graph's liveness pass (the rules of the module docstring), the one computation
+    behind :func:`activation_liveness` and :func:`storage_lives`."""
     n = graph.num_nodes
     preds = graph.predecessors()
     rules = _frame_rules(graph) if retention and n else _FrameRules((), ())
@@ -606,7 +631,7 @@ def activation_liveness(graph: OperatorGraph, *, retention: bool = False,
     _node_storages(graph, preds, lv, frozenset(rules.inplace))
     _extend_lives(graph, preds, lv)
     if n == 0:
-        return MemoryBreakdown(0, 0, -1, np.zeros(0), np.zeros((3, 0)))
+        return lv
     if retention:
         _retain(graph, lv.sizes, lv.alloc_at, lv.last_use, lv.storage_of, preds, lv.consumers_of_input)
         for p, until in rules.extend:
@@ -621,33 +646,49 @@ def activation_liveness(graph: OperatorGraph, *, retention: bool = False,
         _add_storage(lv, [round_block(graph.nodes[q].output_elements * dtype_bytes(graph.nodes[q].output_dtype))], m, m)
     if autocast is not None:
         _autocast_storages(graph, preds, lv, autocast, copy_sids)
-    return _peak(lv, n)
+    return lv
 
 
-def storage_lives(graph: OperatorGraph, *, autocast: str | None = None,
-                  include_inputs: bool = False) -> tuple[list[list[int]], list[int], list[int]]:
-    """The storages of :func:`activation_liveness` with ``retention=True``: each one's blocks (bytes, 512 B
-    rounded), the node that makes it and the last node that reads it (``num_nodes``: read to the end), the
-    sequence :func:`~dippm_nas.prior.allocation_events` turns into the caching allocator's requests. The peak
-    of their sum over the nodes is ``activation_liveness(graph, retention=True, ...).peak_allocated_bytes``."""
-    n = graph.num_nodes
-    preds = graph.predecessors()
-    rules = _frame_rules(graph) if n else _FrameRules((), ())
-    lv = _Lives([None] * n, [], [], [], {})
-    _input_storages(graph, lv, include_inputs)
-    _node_storages(graph, preds, lv, frozenset(rules.inplace))
-    _extend_lives(graph, preds, lv)
-    if n:
-        _retain(graph, lv.sizes, lv.alloc_at, lv.last_use, lv.storage_of, preds, lv.consumers_of_input)
-        for p, until in rules.extend:
-            s = lv.storage_of[p]
-            if s is not None:
-                lv.last_use[s] = max(lv.last_use[s], until)
-        for i, nbytes in rules.scratch:
-            _add_storage(lv, [nbytes], i, i)
-        if autocast is not None:
-            _autocast_storages(graph, preds, lv, autocast)
-    return lv.sizes, lv.alloc_at, lv.last_use
+@dataclass(frozen=True)
+class _BlockLives:
+    """The allocated blocks of one graph's storages, in storage order (a storage's blocks in order): each
+    block's bytes (> 0), its storage's index, the node that makes it and the last node that reads it; storages
+    no node reads are left out (what :func:`~dippm_nas.prior.allocation_events` replays)."""
+
+    blk: np.ndarray
+    sid: np.ndarray
+    alloc: np.ndarray
+    last: np.ndarray
+
+
+def _block_lives(sizes: "Sequence[Sequence[int]]", alloc_at: "Sequence[int]", last_use: "Sequence[int]",
+                 ) -> _BlockLives:
+    counts = np.fromiter(map(len, sizes), dtype=np.int64, count=len(sizes))
+    blk = np.fromiter(chain.from_iterable(sizes), dtype=np.int64, count=int(counts.sum()))
+    sid = np.repeat(np.arange(len(sizes), dtype=np.int64), counts)
+    alloc = np.asarray(alloc_at, dtype=np.int64)[sid]
+    last = np.asarray(last_use, dtype=np.int64)[sid]
+    keep = (blk > 0) & (last >= alloc)
+    return _BlockLives(blk[keep], sid[keep], alloc[keep], last[keep])
+
+
+#: The blocks each :class:`MemoryBreakdown` of :func:`activation_liveness` / :func:`activation_liveness_many`
+#: was computed from, by the breakdown's identity while it is alive (a weak reference; the entry goes with it):
+#: :func:`gpu_memory_parts` replays these through the caching allocator instead of a second liveness pass.
+_STORAGES_OF: dict[int, tuple["weakref.ref[MemoryBreakdown]", _BlockLives]] = {}
+
+
+def _remember_storages(mem: MemoryBreakdown, lives: _BlockLives) -> None:
+    key = id(mem)
+    _STORAGES_OF[key] = (weakref.ref(mem, lambda _r: _STORAGES_OF.pop(key, None)), lives)
+
+
+def _storages_of(graph: OperatorGraph, mem: MemoryBreakdown) -> _BlockLives:
+    """The blocks ``mem`` was computed from, or (a breakdown made elsewhere) those of :func:`storage_lives`."""
+    hit = _STORAGES_OF.get(id(mem))
+    if hit is not None and hit[0]() is mem:
+        return hit[1]
+    return _block_lives(*storage_lives(graph))
 
 
 _WIDTH = {0: 4, 1: 2, 2: 2, 3: 8}
@@ -1071,7 +1112,7 @@ def activation_liveness_many(graphs: Sequence[OperatorGraph], *, retention: bool
     if not st.num_graphs:
         return []
     if not retention:
-        return _breakdowns(st, _storages(st, include_inputs))
+        return _remembered(st, _storages(st, include_inputs))
     rules = [_frame_rules(g) if g.num_nodes else _FrameRules((), ()) for g in st.graphs]
     inplace = np.zeros(st.num_nodes, dtype=bool)
     inplace[np.fromiter((int(st.offsets[gi]) + i for gi, r in enumerate(rules) for i in r.inplace),
@@ -1093,7 +1134,30 @@ def activation_liveness_many(graphs: Sequence[OperatorGraph], *, retention: bool
         lv.last = np.r_[lv.last, scr[:, 1]]
         lv.blk_sid = np.r_[lv.blk_sid, new_sid]
         lv.blk = np.r_[lv.blk, scr[:, 2]]
-    return _breakdowns(st, lv)
+    return _remembered(st, lv)
+
+
+def _remembered(st: GraphStack, lv: _Storages) -> list[MemoryBreakdown]:
+    """Each graph's breakdown, its blocks kept with it for :func:`gpu_memory_parts_many`'s replay."""
+    out = _breakdowns(st, lv)
+    for mem, lives in zip(out, _split_block_lives(st, lv)):
+        if mem.peak_node >= 0:  # an empty graph's breakdown is not its own (nothing to replay)
+            _remember_storages(mem, lives)
+    return out
+
+
+def _split_block_lives(st: GraphStack, lv: _Storages) -> list[_BlockLives]:
+    """Each graph's :class:`_BlockLives` from a stack's storages (global storage ids keep each graph's order:
+    inputs, nodes, scratch, copies)."""
+    sid = lv.blk_sid
+    keep = (lv.blk > 0) & (lv.last[sid] >= lv.alloc[sid])
+    order = np.flatnonzero(keep)
+    order = order[np.lexsort((sid[order], lv.graph[sid[order]]))]  # stable: a storage's blocks stay in order
+    sid = sid[order]
+    g = lv.graph[sid]
+    cut = np.searchsorted(g, np.arange(st.num_graphs + 1)).tolist()
+    blk, alloc, last = lv.blk[order], lv.alloc[sid], lv.last[sid]
+    return [_BlockLives(blk[a:b], sid[a:b], alloc[a:b], last[a:b]) for a, b in zip(cut[:-1], cut[1:])]
 
 
 def _weight_blocks(graph: OperatorGraph) -> list[int]:
@@ -1170,7 +1234,9 @@ def gpu_memory_parts(graph: OperatorGraph, liveness: MemoryBreakdown, *, context
     statistics would read (:func:`~dippm_nas.prior.simulate_caching_allocator` over the pass's allocations and
     frees, :func:`~dippm_nas.prior.allocation_events`): the weights (one block per tensor) and the input first,
     the cuBLAS workspace at the first GEMM, then the activations' storages in eager order, with the allocator's
-    settings ``allocator`` (default: PyTorch's).
+    settings ``allocator`` (default: PyTorch's). The activations' storages are those ``liveness`` was computed
+    from (kept with each breakdown :func:`activation_liveness` or :func:`activation_liveness_many` returns, so
+    under ``autocast`` at their run-time dtypes); for a breakdown made otherwise, :func:`storage_lives` of ``graph``.
 
     The standard deviation adds in quadrature: the activation peak times :data:`ACTIVATION_REL_SIGMA`
     (measured against the eager reference), the context times :data:`CONTEXT_REL_SIGMA`, the cuDNN
@@ -1182,20 +1248,58 @@ def gpu_memory_parts(graph: OperatorGraph, liveness: MemoryBreakdown, *, context
     inputs = [round_block(math.prod((spec.batch_size, *t.shape)) * dtype_bytes(spec.tensor_dtype(t)))
               for t in spec.tensors]
     ws = [round_block(int(cublas_workspace_mib * BYTES_PER_MIB))] if uses_cublas and cublas_workspace_mib > 0 else []
-    peak = _simulate(graph, [*weights, *inputs], sum(ws), allocator)
+    peak = _simulate(graph, liveness, [*weights, *inputs], sum(ws), allocator)
     return _parts(sum(weights), sum(inputs), sum(ws), peak, liveness, context_mib, uses_cudnn)
 
 
-def _simulate(graph: OperatorGraph, held: "Sequence[int]", ws: int, allocator: AllocatorConfig | None,
-              ) -> AllocatorPeak:
+def _simulate(graph: OperatorGraph, liveness: MemoryBreakdown, held: "Sequence[int]", ws: int,
+              allocator: AllocatorConfig | None) -> AllocatorPeak:
     """The caching allocator's peaks over one eager pass of ``graph``: ``held`` (weights, input) first, the cuBLAS
-    workspace ``ws`` at the first GEMM, the activations' storages of :func:`storage_lives` in order."""
-    first_gemm = next((nd.index for nd in graph.nodes if nd.op_class in ("matmul", "attention")
-                       and not nd.is_constant), None)
-    sizes, alloc_at, last_use = storage_lives(graph)
-    events = allocation_events(sizes, alloc_at, last_use, graph.num_nodes, held=held,
-                               workspace_at=first_gemm if first_gemm is not None else 0, workspace_bytes=ws)
-    return simulate_caching_allocator(events, allocator)
+    workspace ``ws`` at the first GEMM, then the activations' storages ``liveness`` was computed from, in order
+    (:func:`storage_lives` of ``graph`` for a breakdown made elsewhere)."""
+    return _simulate_many([graph], [liveness], [np.asarray(held, dtype=np.int64)], [ws], allocator)[0]
+
+
+def _first_gemm(graph: OperatorGraph) -> int:
+    """Node index of the first matmul or attention (0 when none): where the cuBLAS workspace is allocated."""
+    return next((nd.index for nd in graph.nodes if nd.op_class in ("matmul", "attention") and not nd.is_constant), 0)
+
+
+def _simulate_many(graphs: "Sequence[OperatorGraph]", livenesses: "Sequence[MemoryBreakdown]",
+                   held: "Sequence[np.ndarray]", ws: "Sequence[int]", allocator: AllocatorConfig | None,
+                   ) -> list[AllocatorPeak]:
+    """:func:`_simulate` of each graph: the events of :func:`~dippm_nas.prior.allocation_events` (same order;
+    other keys) built for all graphs by one sort, then replayed graph by graph."""
+    lives = [_storages_of(g, m) for g, m in zip(graphs, livenesses)]
+    n = np.fromiter((g.num_nodes for g in graphs), dtype=np.int64, count=len(graphs))
+    nb = np.fromiter((lv.blk.size for lv in lives), dtype=np.int64, count=len(lives))
+    nh = np.fromiter((h.size for h in held), dtype=np.int64, count=len(held))
+    bg = np.repeat(np.arange(len(graphs), dtype=np.int64), nb)
+    blk = np.concatenate([lv.blk for lv in lives] + [np.zeros(0, np.int64)])
+    sid = np.concatenate([lv.sid for lv in lives] + [np.zeros(0, np.int64)])
+    alloc = np.concatenate([lv.alloc for lv in lives] + [np.zeros(0, np.int64)])
+    last = np.concatenate([lv.last for lv in lives] + [np.zeros(0, np.int64)])
+    hg = np.repeat(np.arange(len(graphs), dtype=np.int64), nh)
+    hb = np.concatenate(list(held) + [np.zeros(0, np.int64)])
+    wsb = np.asarray(ws, dtype=np.int64)
+    wg = np.flatnonzero((wsb > 0) & (n > 0))
+    fr = last < n[bg]  # storages read to the end are not freed
+    hk = np.arange(hb.size, dtype=np.int64)
+    bk = hb.size + np.arange(blk.size, dtype=np.int64)
+    # one row per event: (graph, node, 0 workspace / 1 allocation / 2 free, storage, key); held first (node -1)
+    graph = np.concatenate([hg, wg, bg, bg[fr]])
+    node = np.concatenate([np.full(hb.size, -1), [_first_gemm(graphs[g]) for g in wg.tolist()], alloc, last[fr]])
+    sub = np.concatenate([np.zeros(hb.size + wg.size, np.int64), np.ones(blk.size, np.int64),
+                          np.full(int(fr.sum()), 2)])
+    st_ = np.concatenate([hk, np.zeros(wg.size, np.int64), sid, sid[fr]])
+    key = np.concatenate([hk, hb.size + blk.size + wg, bk, bk[fr]])
+    nbytes = np.concatenate([hb, wsb[wg], blk, np.zeros(int(fr.sum()), np.int64)])
+    ok = (nbytes > 0) | (sub == 2)
+    order = np.flatnonzero(ok)
+    order = order[np.lexsort((key[order], st_[order], sub[order], node[order], graph[order]))]
+    cut = np.searchsorted(graph[order], np.arange(len(graphs) + 1)).tolist()
+    keys, sizes = key[order].tolist(), nbytes[order].tolist()
+    return [_replay_pairs(zip(keys[a:b], sizes[a:b]), allocator) for a, b in zip(cut[:-1], cut[1:])]
 
 
 def _parts(weights: int, inputs: int, ws: int, peak: AllocatorPeak, liveness: MemoryBreakdown,
@@ -1300,7 +1404,7 @@ def gpu_memory_parts_many(graphs: Sequence[OperatorGraph], livenesses: Sequence[
     held_b = blk[order]
     cut = np.searchsorted(held_g, np.arange(g_n + 1))
     w_sum = np.bincount(wg, weights=wb, minlength=g_n).astype(np.int64).tolist()
-    return [_parts(w_sum[g], sum(ins[g]), int(ws[g]),
-                   _simulate(st.graphs[g], held_b[cut[g]:cut[g + 1]].tolist(), int(ws[g]), allocator),
-                   livenesses[g], context_mib, bool(uses_cudnn[g]))
+    peaks = _simulate_many(st.graphs, livenesses, [held_b[cut[g]:cut[g + 1]] for g in range(g_n)], ws.tolist(),
+                           allocator)
+    return [_parts(w_sum[g], sum(ins[g]), int(ws[g]), peaks[g], livenesses[g], context_mib, bool(uses_cudnn[g]))
             for g in range(g_n)]

@@ -3,15 +3,21 @@ sequences, the workspace and module-loading rules, and its use in the GPU memory
 
 from __future__ import annotations
 
+import itertools
+import math
 import random
+from pathlib import Path
 
 import pytest
 
+from dippm_nas.dataset import iter_jsonl
 from dippm_nas.errors import InvalidValueError
-from dippm_nas.spec import InputSpec
-from dippm_nas.prior import (AllocatorConfig, AllocEvent, activation_liveness, allocation_events,
-                             cublas_workspace_bytes, cublaslt_workspace_bytes, cuda_module_loading, round_request,
-                             segment_bytes, simulate_caching_allocator, storage_lives)
+from dippm_nas.graph import OperatorGraph
+from dippm_nas.spec import InputSpec, dtype_bytes
+from dippm_nas.prior import (AllocatorConfig, AllocEvent, activation_liveness, activation_liveness_many,
+                             allocation_events, cublas_workspace_bytes, cublaslt_workspace_bytes, cuda_module_loading,
+                             gpu_memory_parts, gpu_memory_parts_many, round_block, round_request, segment_bytes,
+                             simulate_caching_allocator, storage_lives)
 from prior.test_memory_parts import residual_graph
 
 MIB = 2**20
@@ -237,3 +243,60 @@ def test_storage_lives_are_the_retention_liveness_of_captured_models(which: str)
     sizes, alloc_at, last_use = storage_lives(g, autocast=autocast)
     want = activation_liveness(g, retention=True, include_inputs=False, autocast=autocast).peak_allocated_bytes
     assert _events_peak(allocation_events(sizes, alloc_at, last_use, g.num_nodes)) == want
+
+
+_SEARCH_SPACE_DATA = (Path(__file__).resolve().parents[2] / "data" / "host_cpu"
+                      / "host_cpu_amd_epyc_f25m17_14fam.jsonl.xz")
+
+
+@pytest.fixture(scope="module")
+def search_space_graphs() -> list[OperatorGraph]:
+    if not _SEARCH_SPACE_DATA.exists():
+        pytest.skip(f"{_SEARCH_SPACE_DATA} is absent (the repository's host-CPU measurements of the 14 families)")
+    rows = (r for r in iter_jsonl(_SEARCH_SPACE_DATA) if r["type"] == "graph")
+    return [OperatorGraph.from_dict(r["graph"]) for r in itertools.islice(rows, 0, 600, 4)]  # 150 graphs
+
+
+@pytest.mark.parametrize("autocast", [None, "float16"])
+def test_storage_lives_and_allocator_replay_on_search_space_graphs(search_space_graphs: list[OperatorGraph],
+                                                                    autocast: str | None) -> None:
+    """On 150 graphs of the 14 search-space families: the storages' peak is the liveness peak, and the memory
+    parts' allocator figures are the public replay of those storages (weights and input held, the cuBLAS
+    workspace at the first GEMM), per graph and (float32) over all graphs at once."""
+    kw = {"context_mib": 700.0, "cublas_workspace_mib": 8.0}
+    ws = round_block(8 * MIB)
+    for g in search_space_graphs:
+        lv = activation_liveness(g, retention=True, include_inputs=False, autocast=autocast)
+        lives = storage_lives(g, autocast=autocast)
+        assert _events_peak(allocation_events(*lives, g.num_nodes)) == lv.peak_allocated_bytes
+        spec = g.spec
+        parts = gpu_memory_parts(g, lv, uses_cublas=True, uses_cudnn=True, **kw)
+        inputs = [round_block(math.prod((spec.batch_size, *t.shape)) * dtype_bytes(spec.tensor_dtype(t)))
+                  for t in spec.tensors]
+        weights = _weight_blocks_of(g)
+        first_gemm = next((nd.index for nd in g.nodes if nd.op_class in ("matmul", "attention")
+                           and not nd.is_constant), 0)
+        ref = simulate_caching_allocator(allocation_events(*lives, g.num_nodes, held=[*weights, *inputs],
+                                                           workspace_at=first_gemm, workspace_bytes=ws))
+        allocated = max(ref.allocated_bytes, sum(weights) + sum(inputs) + ws + lv.peak_allocated_bytes)
+        assert parts.allocated_mib == allocated / MIB
+        assert parts.reserved_mib == max(ref.reserved_bytes, allocated) / MIB
+    if autocast is None:
+        gs = search_space_graphs
+        many = gpu_memory_parts_many(gs, activation_liveness_many(gs, retention=True, include_inputs=False),
+                                     uses_cublas=[True] * len(gs), uses_cudnn=[True] * len(gs), **kw)
+        for g, p in zip(gs, many):
+            assert p == gpu_memory_parts(g, activation_liveness(g, retention=True, include_inputs=False),
+                                         uses_cublas=True, uses_cudnn=True, **kw)
+
+
+def _weight_blocks_of(g: OperatorGraph) -> list[int]:
+    """One block per weight tensor, scaled to ``param_bytes`` (the rule of :func:`gpu_memory_parts`)."""
+    raw = [math.prod(sh) * dtype_bytes(g.spec.dtype) for nd in g.nodes if not nd.is_constant
+           for sh, par in zip(nd.input_shapes, nd.input_is_param) if par and len(sh) > 0]
+    if g.param_bytes <= 0:
+        return []
+    if sum(raw) <= 0:
+        return [round_block(g.param_bytes)]
+    scale = g.param_bytes / sum(raw)
+    return [round_block(int(b * scale)) for b in raw if b * scale >= 1]
