@@ -75,7 +75,7 @@ def run(data: Path, h100: str, k: int, log: list[str]) -> dict:
                     "runs": len(runs), "others_rows": int(test.sum()),
                     "adapted_mape_pct": round(float(np.mean(np.abs(p_ad / y[test] - 1)) * 100), 2),
                     "start_mape_pct": round(float(np.mean(np.abs(p_start / y[test] - 1)) * 100), 2),
-                    "loo_sigma_log": round(ad.sigma_log, 4),
+                    "loo_sigma_log": round(ad.sigma_log, 4), "shrink": ad.shrink,
                     "constants": {k_: round(v, 3) for k_, v in ad.constants.items()}}
             if not res["anchors"]:
                 out[f"{engine} {gpu}"] = res

@@ -97,3 +97,29 @@ def test_a_deployment_naming_the_version_uses_the_stored_adaptation(monkeypatch,
     h100 = predict_generation(tiny(4), wl, "h100-sxm5-80gb",
                               deployment={"runtime": "serving", "versions": {"vllm": "0.9.1"}}, mig=False)
     assert h100.details["engine_adaptation"] is None
+
+
+def test_runs_that_confirm_no_correction_keep_the_starting_engine(tmp_path) -> None:
+    """Runs the starting engine predicts up to a ±8 % scatter with no trend: the guard keeps the starting constants
+    (shrink 0) and σ is the runs' own held-out error, not a fit that chased the scatter."""
+    base = serving_engine("vllm")
+    shapes = [(128, 32, 1), (256, 64, 4), (512, 32, 16), (128, 128, 8), (1024, 16, 2)]
+    runs = [dataclasses.replace(r, e2e_ms=r.e2e_ms * f, tpot_ms=None)
+            for r, f in zip(_measured(tiny(), shapes, base), (1.08, 0.92, 1.08, 0.92, 1.08))]
+    ad = adapt_engine(runs, device="l4", engine="vllm", version="noise", storage=tmp_path)
+    assert ad.shrink == 0.0
+    assert ad.constants == {n: getattr(base, n) for n in ad.constants}
+    assert ad.sigma_log == pytest.approx(math.log(1.08), rel=0.05)
+    assert json.loads(next(tmp_path.glob("*.json")).read_text())["shrink"] == 0.0
+
+
+def test_the_guard_is_never_worse_held_out_than_no_correction(tmp_path) -> None:
+    """An anchor the step model misreads (its times off by a factor growing with the prompt): whatever the guard
+    keeps, its held-out error is at most the starting engine's on those runs."""
+    base = serving_engine("vllm")
+    shapes = [(128, 32, 1), (256, 64, 4), (512, 32, 16), (1024, 128, 8), (2048, 16, 2)]
+    runs = [dataclasses.replace(r, e2e_ms=r.e2e_ms * (1 + r.prompt_len / 1024), tpot_ms=None)
+            for r in _measured(tiny(), shapes, base)]
+    ad = adapt_engine(runs, device="l4", engine="vllm", version="odd", storage=tmp_path)
+    start = math.sqrt(sum(math.log(1 + r.prompt_len / 1024) ** 2 for r in runs) / len(runs))
+    assert 0.0 <= ad.shrink <= 1.0 and ad.sigma_log <= start + 1e-9
