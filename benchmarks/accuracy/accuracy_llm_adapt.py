@@ -8,7 +8,7 @@ LLM-Inference-Bench's single-GPU rows (``llm_inference_bench_h100_gh200_1gpu.csv
 reads; H100 taken as ``h100-sxm5-80gb``). For each engine (vLLM, TensorRT-LLM) and GPU (H100, GH200):
 
 1. the starting engine is fitted on the *other* GPU's rows only (``accuracy_llm.fit_constants``), so no row of the
-   GPU being corrected is in it;
+   GPU being corrected is in it; its ``sigma_log`` is the RMS log residual of those rows;
 2. for each model with at least ``--runs`` rows on the GPU in turn (the anchor), ``--runs`` of its rows on the GPU (spread over its latencies: the 0, 25,
    50, 75 and 100 % quantiles) are given to :func:`dippm_nas.llm.adapt_engine`;
 3. the other models' rows on that GPU are predicted with the adapted engine (and with the starting engine, for
@@ -55,10 +55,13 @@ def run(data: Path, h100: str, k: int, log: list[str]) -> dict:
             here = [r for r in er if r["device"] == gpu]
             other = [d for d in sens if d != gpu]
             y_other = np.concatenate([[r["latency_ms"] for r in er if r["device"] == d] for d in other])
-            start = fit_constants(np.concatenate([sens[d] for d in other]), y_other)
-            base = _engine(engine, **start)
+            s_other = np.concatenate([sens[d] for d in other])
+            start = fit_constants(s_other, y_other)
+            start_sigma = float(np.sqrt(np.mean(np.log(linear_prediction(s_other, start) / y_other) ** 2)))
+            base = _engine(engine, **start, sigma_log=start_sigma)
             y = np.array([r["latency_ms"] for r in here])
-            res: dict = {"start_constants": {k_: round(v, 3) for k_, v in start.items()}, "anchors": {}}
+            res: dict = {"start_constants": {k_: round(v, 3) for k_, v in start.items()},
+                         "start_sigma_log": round(start_sigma, 4), "anchors": {}}
             for anchor in sorted({r["model"] for r in here}):
                 mine = [r for r in here if r["model"] == anchor]
                 if len(mine) < k:  # fewer measured runs of this model on this GPU than asked for

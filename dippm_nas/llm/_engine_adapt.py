@@ -14,7 +14,10 @@ A guard keeps only the part of the change the runs confirm: the fitted change is
 constants by a factor of ``_SHRINK_GRID`` (0 is no correction), the one whose held-out error is least, a factor
 above 0 only when it beats no correction. The held-out error is the worse of leave-one-run-out and, with two prompt
 lengths or more, leave-one-prompt-length-out (each held-out part's prediction from the fit on the rest). σ is that
-RMS held-out log error at the chosen factor (the starting engine's σ when there is one run, whose fit is kept).
+RMS held-out log error at the chosen factor (the starting engine's σ when there is one run, whose fit is kept). Runs
+held out at a σ over ``_MISREAD_SIGMAS`` times the starting engine's are ones the step model misreads (a workload or
+model quirk no step constant describes, e.g. vLLM's Mistral-7B rows on an H100 at 1024-2048 tokens): they correct
+nothing, with a warning.
 
 Adaptations are JSON files, one per ``(device, engine, version)``, under ``<cache dir>/engine_adaptations``
 (``storage=`` another directory; :mod:`dippm_nas.llm._engine_store`): the constants, σ and the runs they were fitted
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -43,6 +47,8 @@ from dippm_nas.llm._predict import predict_generation
 from dippm_nas.llm._workload import LLMWorkload
 
 __all__ = ["MeasuredServingRun", "adapt_engine"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -179,6 +185,10 @@ def _guarded(y: np.ndarray, p0: np.ndarray, sens: np.ndarray, owner: np.ndarray,
     return best
 
 
+#: A correction whose held-out σ is over this many times the starting engine's σ is not applied.
+_MISREAD_SIGMAS = 3.0
+
+
 def adapt_engine(runs: Sequence[MeasuredServingRun], *, device: str, engine: str, version: str,
                  persist: bool = True, storage: str | Path | None = None,
                  base: ServingEngine | None = None) -> EngineAdaptation:
@@ -187,7 +197,8 @@ def adapt_engine(runs: Sequence[MeasuredServingRun], *, device: str, engine: str
 
     ``base`` is the engine the fit starts from (default the shipped one); its memory rules are kept. The fitted
     change is shrunk towards ``base`` by the held-out evidence (``_SHRINK_GRID``, module docstring): a
-    correction the held-out runs do not confirm is not applied.
+    correction the held-out runs do not confirm is not applied, nor one whose held-out σ is over
+    ``_MISREAD_SIGMAS`` times ``base.sigma_log`` (runs the step model misreads; a warning says so).
 
     Raises:
         InvalidValueError: no runs, an unknown engine, an empty device or version, a run breaking its rules.
@@ -207,6 +218,11 @@ def adapt_engine(runs: Sequence[MeasuredServingRun], *, device: str, engine: str
     else:
         free, shrink = tuple(range(len(ADAPTED_CONSTANTS))), 1.0
         sigma, mape = (base.sigma_log if base.sigma_log is not None else 0.0), math.nan
+    if shrink > 0 and base.sigma_log is not None and sigma > _MISREAD_SIGMAS * base.sigma_log:
+        logger.warning("adapt_engine: %d runs of %s, %s %s held out at σ %.3f (log), over %g× the starting engine's "
+                       "σ %.3f: the step model misreads these runs, so they correct no constant", len(runs), device,
+                       engine, version, sigma, _MISREAD_SIGMAS, base.sigma_log)
+        shrink, (sigma, mape) = 0.0, _heldout(y, p0, [p0])
     d = shrink * _fit(y, p0, sens, base, free)
     x = {n: getattr(base, n) + float(d[k]) for k, (n, _, _, _) in enumerate(ADAPTED_CONSTANTS)}
     ad = EngineAdaptation(device=device, engine=engine, version=version, constants=x, sigma_log=sigma,

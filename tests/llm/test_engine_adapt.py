@@ -123,3 +123,16 @@ def test_the_guard_is_never_worse_held_out_than_no_correction(tmp_path) -> None:
     ad = adapt_engine(runs, device="l4", engine="vllm", version="odd", storage=tmp_path)
     start = math.sqrt(sum(math.log(1 + r.prompt_len / 1024) ** 2 for r in runs) / len(runs))
     assert 0.0 <= ad.shrink <= 1.0 and ad.sigma_log <= start + 1e-9
+
+
+def test_runs_the_step_model_misreads_correct_nothing(tmp_path, caplog) -> None:
+    """Held out far beyond the starting engine's σ (a quirk no step constant describes): the starting constants are
+    kept, with a warning that says why."""
+    base = dataclasses.replace(serving_engine("vllm"), sigma_log=0.01)
+    shapes = [(128, 32, 1), (256, 64, 4), (512, 32, 16), (1024, 128, 8), (2048, 16, 2)]
+    runs = [dataclasses.replace(r, e2e_ms=r.e2e_ms * f, tpot_ms=None)
+            for r, f in zip(_measured(tiny(), shapes, base), (2.0, 2.3, 1.8, 2.2, 1.9))]
+    with caplog.at_level("WARNING", logger="dippm_nas.llm._engine_adapt"):
+        ad = adapt_engine(runs, device="l4", engine="vllm", version="quirk", base=base, storage=tmp_path)
+    assert ad.shrink == 0.0 and ad.constants == {n: getattr(base, n) for n in ad.constants}
+    assert "misreads" in caplog.text and ad.sigma_log > 0.03
