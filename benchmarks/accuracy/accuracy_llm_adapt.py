@@ -16,7 +16,8 @@ reads; H100 taken as ``h100-sxm5-80gb``). For each engine (vLLM, TensorRT-LLM) a
    prediction at unit constants and its change per unit of each), which gives it at any constants.
 
 Reported per (engine, GPU): the MAPE of the other models' rows, median and worst over the anchors, against the
-starting engine's. LLM-Inference-Bench's A100 rows are not in this file and are not read.
+starting engine's, and the starting engine's median predicted / measured latency per model and prompt length
+(``start_ratio_by_model_prompt``: the per-model error that no engine constant removes). LLM-Inference-Bench's A100 rows are not in this file and are not read.
 """
 
 from __future__ import annotations
@@ -44,6 +45,16 @@ def _anchor_runs(rows: list[dict], k: int) -> list[dict]:
     return [by_lat[i] for i in idx]
 
 
+def _ratios(rows: list[dict], pred: np.ndarray) -> dict[str, dict[int, float]]:
+    """Median predicted / measured latency of the starting engine per model and prompt length."""
+    out: dict[str, dict[int, float]] = {}
+    for m in sorted({r["model"] for r in rows}):
+        for n in sorted({r["input_len"] for r in rows if r["model"] == m}):
+            v = [p / r["latency_ms"] for r, p in zip(rows, pred) if r["model"] == m and r["input_len"] == n]
+            out.setdefault(m, {})[n] = round(float(np.median(v)), 3)
+    return out
+
+
 def run(data: Path, h100: str, k: int, log: list[str]) -> dict:
     rows, _ = load_bench(data, h100)
     out: dict = {}
@@ -61,7 +72,9 @@ def run(data: Path, h100: str, k: int, log: list[str]) -> dict:
             base = _engine(engine, **start, sigma_log=start_sigma)
             y = np.array([r["latency_ms"] for r in here])
             res: dict = {"start_constants": {k_: round(v, 3) for k_, v in start.items()},
-                         "start_sigma_log": round(start_sigma, 4), "anchors": {}}
+                         "start_sigma_log": round(start_sigma, 4),
+                         "start_ratio_by_model_prompt": _ratios(here, linear_prediction(sens[gpu], start)),
+                         "anchors": {}}
             for anchor in sorted({r["model"] for r in here}):
                 mine = [r for r in here if r["model"] == anchor]
                 if len(mine) < k:  # fewer measured runs of this model on this GPU than asked for
