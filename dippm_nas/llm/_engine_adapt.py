@@ -14,7 +14,11 @@ A guard keeps only the part of the change the runs confirm: the fitted change is
 constants by a factor of ``_SHRINK_GRID`` (0 is no correction), the one whose held-out error is least, a factor
 above 0 only when it beats no correction. The held-out error is the worse of leave-one-run-out and, with two prompt
 lengths or more, leave-one-prompt-length-out (each held-out part's prediction from the fit on the rest). σ is that
-RMS held-out log error at the chosen factor (the starting engine's σ when there is one run, whose fit is kept). Runs
+RMS held-out log error at the chosen factor (the starting engine's σ when there is one run, whose fit is kept). The
+factor is then shrunk by the evidence against the starting engine (James-Stein): by ``1 - σ0² / MS``, ``σ0`` the
+starting engine's ``sigma_log`` (the error it expects of any one model) and ``MS`` the runs' mean squared log error
+at the starting constants, 0 when the runs are off by no more than σ0 (one model's own error, which moving the
+engine would spread to every other model). Runs
 held out at a σ over ``_MISREAD_SIGMAS`` times the starting engine's are ones the step model misreads (a workload or
 model quirk no step constant describes, e.g. vLLM's Mistral-7B rows on an H100 at 1024-2048 tokens): they correct
 nothing, with a warning.
@@ -223,6 +227,10 @@ def adapt_engine(runs: Sequence[MeasuredServingRun], *, device: str, engine: str
                        "σ %.3f: the step model misreads these runs, so they correct no constant", len(runs), device,
                        engine, version, sigma, _MISREAD_SIGMAS, base.sigma_log)
         shrink, (sigma, mape) = 0.0, _heldout(y, p0, [p0])
+    if shrink > 0 and base.sigma_log is not None:
+        # the evidence against the starting engine beyond the error its σ expects of any one model (James-Stein)
+        ms = float(np.mean(np.log(p0 / y) ** 2))
+        shrink *= max(0.0, 1.0 - base.sigma_log ** 2 / ms) if ms > 0 else 0.0
     d = shrink * _fit(y, p0, sens, base, free)
     x = {n: getattr(base, n) + float(d[k]) for k, (n, _, _, _) in enumerate(ADAPTED_CONSTANTS)}
     ad = EngineAdaptation(device=device, engine=engine, version=version, constants=x, sigma_log=sigma,

@@ -136,3 +136,15 @@ def test_runs_the_step_model_misreads_correct_nothing(tmp_path, caplog) -> None:
         ad = adapt_engine(runs, device="l4", engine="vllm", version="quirk", base=base, storage=tmp_path)
     assert ad.shrink == 0.0 and ad.constants == {n: getattr(base, n) for n in ad.constants}
     assert "misreads" in caplog.text and ad.sigma_log > 0.03
+
+
+def test_an_anchor_off_by_no_more_than_the_engine_sigma_moves_nothing(tmp_path) -> None:
+    """Runs consistently 10 % slower than the starting engine, whose σ (0.2) says any one model is off by more:
+    the runs are no evidence against the engine's constants; with σ 0.02 they are, and the correction is kept."""
+    shapes = [(128, 32, 1), (256, 64, 4), (512, 32, 16), (1024, 128, 8), (2048, 16, 2)]
+    for sigma, moved in ((0.2, False), (0.02, True)):
+        base = dataclasses.replace(serving_engine("vllm"), sigma_log=sigma)
+        runs = [dataclasses.replace(r, e2e_ms=r.e2e_ms * 1.1, tpot_ms=None) for r in _measured(tiny(), shapes, base)]
+        ad = adapt_engine(runs, device="l4", engine="vllm", version=f"s{sigma}", base=base, storage=tmp_path)
+        assert (ad.shrink > 0.5) is moved, (sigma, ad.shrink)
+        assert (ad.constants != {n: getattr(base, n) for n in ad.constants}) is moved
