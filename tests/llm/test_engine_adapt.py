@@ -11,7 +11,8 @@ import pytest
 
 from dippm_nas.errors import AdaptationError, InvalidValueError
 from dippm_nas.llm import (DecoderConfig, LLMWorkload, MeasuredServingRun, adapt_engine, adapted_engine,
-                           predict_generation, serving_engine)
+                           decode_graph, decoder_config, predict_generation, serving_engine)
+from dippm_nas.prior._nodes import contraction_tiles
 
 pytest.importorskip("scipy")
 
@@ -148,3 +149,26 @@ def test_an_anchor_off_by_no_more_than_the_engine_sigma_moves_nothing(tmp_path) 
         ad = adapt_engine(runs, device="l4", engine="vllm", version=f"s{sigma}", base=base, storage=tmp_path)
         assert (ad.shrink > 0.5) is moved, (sigma, ad.shrink)
         assert (ad.constants != {n: getattr(base, n) for n in ad.constants}) is moved
+
+
+def test_vllm_decode_attention_is_a_block_per_sequence_head_and_partition() -> None:
+    """vLLM's paged attention: a batch-1 step barely grows with the cache (a bandwidth-bound read), while the output
+    tiling (no partition) grows it; bad partitions are clear errors."""
+    cfg = decoder_config("llama-3-8b", dtype="float16")
+    g = decode_graph(cfg, 2, 1500, style="fused", kv_partition=512)
+    att = [n for n in g.nodes if n.op_class == "attention"]
+    assert att and contraction_tiles(att[0], 128, 128) == (2 * 32 * 3, 1.0)
+    tiled = [n for n in decode_graph(cfg, 2, 1500, style="fused").nodes if n.op_class == "attention"]
+    assert contraction_tiles(tiled[0], 128, 128)[0] == 1
+    vllm = serving_engine("vllm")
+    assert vllm.decode_kv_partition == 512 and serving_engine("tensorrt-llm").decode_kv_partition is None
+
+    def per_token(eng, n):
+        return predict_generation(cfg, LLMWorkload(n, n, 1), "h100-sxm5-80gb", runtime="serving", engine=eng,
+                                  mig=False).decode_ms_per_token
+    tiling = dataclasses.replace(vllm, decode_kv_partition=None)
+    assert per_token(vllm, 2048) / per_token(vllm, 128) < 1.05 < per_token(tiling, 2048) / per_token(tiling, 128)
+    with pytest.raises(InvalidValueError, match="kv_partition"):
+        decode_graph(cfg, 1, 8, style="fused", kv_partition=0)
+    with pytest.raises(InvalidValueError, match="decode_kv_partition"):
+        dataclasses.replace(vllm, decode_kv_partition=-1)
