@@ -8,7 +8,7 @@ LLM-Inference-Bench's single-GPU rows (``llm_inference_bench_h100_gh200_1gpu.csv
 reads; H100 taken as ``h100-sxm5-80gb``). For each engine (vLLM, TensorRT-LLM) and GPU (H100, GH200):
 
 1. the starting engine is fitted on the *other* GPU's rows only (``accuracy_llm.fit_constants``), so no row of the
-   GPU being corrected is in it;
+   GPU being corrected is in it; its ``sigma_log`` is the RMS log residual of those rows;
 2. for each model with at least ``--runs`` rows on the GPU in turn (the anchor), ``--runs`` of its rows on the GPU (spread over its latencies: the 0, 25,
    50, 75 and 100 % quantiles) are given to :func:`dippm_nas.llm.adapt_engine`;
 3. the other models' rows on that GPU are predicted with the adapted engine (and with the starting engine, for
@@ -16,7 +16,8 @@ reads; H100 taken as ``h100-sxm5-80gb``). For each engine (vLLM, TensorRT-LLM) a
    prediction at unit constants and its change per unit of each), which gives it at any constants.
 
 Reported per (engine, GPU): the MAPE of the other models' rows, median and worst over the anchors, against the
-starting engine's. LLM-Inference-Bench's A100 rows are not in this file and are not read.
+starting engine's, and the starting engine's median predicted / measured latency per model and prompt length
+(``start_ratio_by_model_prompt``: the per-model error that no engine constant removes). LLM-Inference-Bench's A100 rows are not in this file and are not read.
 """
 
 from __future__ import annotations
@@ -44,6 +45,16 @@ def _anchor_runs(rows: list[dict], k: int) -> list[dict]:
     return [by_lat[i] for i in idx]
 
 
+def _ratios(rows: list[dict], pred: np.ndarray) -> dict[str, dict[int, float]]:
+    """Median predicted / measured latency of the starting engine per model and prompt length."""
+    out: dict[str, dict[int, float]] = {}
+    for m in sorted({r["model"] for r in rows}):
+        for n in sorted({r["input_len"] for r in rows if r["model"] == m}):
+            v = [p / r["latency_ms"] for r, p in zip(rows, pred) if r["model"] == m and r["input_len"] == n]
+            out.setdefault(m, {})[n] = round(float(np.median(v)), 3)
+    return out
+
+
 def run(data: Path, h100: str, k: int, log: list[str]) -> dict:
     rows, _ = load_bench(data, h100)
     out: dict = {}
@@ -55,10 +66,15 @@ def run(data: Path, h100: str, k: int, log: list[str]) -> dict:
             here = [r for r in er if r["device"] == gpu]
             other = [d for d in sens if d != gpu]
             y_other = np.concatenate([[r["latency_ms"] for r in er if r["device"] == d] for d in other])
-            start = fit_constants(np.concatenate([sens[d] for d in other]), y_other)
-            base = _engine(engine, **start)
+            s_other = np.concatenate([sens[d] for d in other])
+            start = fit_constants(s_other, y_other)
+            start_sigma = float(np.sqrt(np.mean(np.log(linear_prediction(s_other, start) / y_other) ** 2)))
+            base = _engine(engine, **start, sigma_log=start_sigma)
             y = np.array([r["latency_ms"] for r in here])
-            res: dict = {"start_constants": {k_: round(v, 3) for k_, v in start.items()}, "anchors": {}}
+            res: dict = {"start_constants": {k_: round(v, 3) for k_, v in start.items()},
+                         "start_sigma_log": round(start_sigma, 4),
+                         "start_ratio_by_model_prompt": _ratios(here, linear_prediction(sens[gpu], start)),
+                         "anchors": {}}
             for anchor in sorted({r["model"] for r in here}):
                 mine = [r for r in here if r["model"] == anchor]
                 if len(mine) < k:  # fewer measured runs of this model on this GPU than asked for
@@ -75,7 +91,7 @@ def run(data: Path, h100: str, k: int, log: list[str]) -> dict:
                     "runs": len(runs), "others_rows": int(test.sum()),
                     "adapted_mape_pct": round(float(np.mean(np.abs(p_ad / y[test] - 1)) * 100), 2),
                     "start_mape_pct": round(float(np.mean(np.abs(p_start / y[test] - 1)) * 100), 2),
-                    "loo_sigma_log": round(ad.sigma_log, 4),
+                    "loo_sigma_log": round(ad.sigma_log, 4), "shrink": ad.shrink,
                     "constants": {k_: round(v, 3) for k_, v in ad.constants.items()}}
             if not res["anchors"]:
                 out[f"{engine} {gpu}"] = res

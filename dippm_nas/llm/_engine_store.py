@@ -41,8 +41,11 @@ class EngineAdaptation:
     Attributes:
         device, engine, version: what the runs measured.
         constants: the refitted constants (:data:`ADAPTED_CONSTANTS`).
-        sigma_log: RMS leave-one-run-out log error of the measured figures.
-        runs: how many runs; ``heldout_mape_pct``: their leave-one-run-out MAPE.
+        sigma_log: RMS held-out log error of the measured figures at ``shrink`` (the worse of leave-one-run-out
+            and leave-one-prompt-length-out).
+        runs: how many runs; ``heldout_mape_pct``: their held-out MAPE at ``shrink``.
+        shrink: the fraction of the fitted change of the constants kept (0: the starting engine's constants; the
+            held-out runs did not confirm a correction).
         path: the JSON file it is stored in (``None``: not persisted).
     """
 
@@ -53,6 +56,7 @@ class EngineAdaptation:
     sigma_log: float
     runs: int
     heldout_mape_pct: float
+    shrink: float = 1.0
     path: str | None = None
 
     def serving_engine(self, base: ServingEngine | None = None) -> ServingEngine:
@@ -108,7 +112,8 @@ def adapted_engine(device: str, engine: str, version: str, *,
         ad = EngineAdaptation(device=d["device"], engine=d["engine"], version=d["version"], constants=consts,
                               sigma_log=float(d["sigma_log"]), runs=int(d["runs"]),
                               heldout_mape_pct=math.nan if d.get("heldout_mape_pct") is None
-                              else float(d["heldout_mape_pct"]), path=str(path))
+                              else float(d["heldout_mape_pct"]), shrink=float(d.get("shrink", 1.0)),
+                              path=str(path))
         return ad.serving_engine()
     except (ValueError, KeyError, TypeError, AttributeError, InvalidValueError) as e:
         raise AdaptationError(f"{path}: not an engine adaptation: {e}") from e

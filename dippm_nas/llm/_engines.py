@@ -110,6 +110,10 @@ class ServingEngine:
         tp_sigma_log: σ of a tensor-parallel prediction in log space (the multi-GPU fit's held-out error);
             ``None``: ``sigma_log``.
         sigma_log: σ of a predicted latency in log space (the fit's held-out error); ``None`` without a fit.
+        decode_kv_partition: cache tokens one thread block of the engine's decode attention reads: its kernel
+            runs a block per sequence, query head and partition (vLLM's paged attention: 512, ``csrc/attention``),
+            which keeps a long cache's attention bandwidth-bound at batch 1; ``None``: the prior's tiling of the
+            attention output (TensorRT-LLM: the per-block split of its masked-attention kernel is not modelled).
         fitted: the step costs were fitted on measurements (latencies labelled ``"predicted"``).
         source: where the constants come from.
     """
@@ -133,6 +137,7 @@ class ServingEngine:
     custom_allreduce_max_mib: float = 8.0
     tp_sigma_log: float | None = None
     sigma_log: float | None = None
+    decode_kv_partition: int | None = None
     fitted: bool = False
     source: str = "documented defaults; step costs not fitted"
 
@@ -149,6 +154,9 @@ class ServingEngine:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise InvalidValueError(f"ServingEngine.{name} must be an int >= 1, got {v!r}")
+        v = self.decode_kv_partition
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise InvalidValueError(f"ServingEngine.decode_kv_partition must be an int >= 1 or None, got {v!r}")
         if not _finite(self.memory_fraction) or not 0 < self.memory_fraction <= 1:
             raise InvalidValueError(f"ServingEngine.memory_fraction must be in (0, 1], got {self.memory_fraction!r}")
         for name in ("step_us", "seq_us", "server_seq_us", "tp_step_us", "allreduce_us", "nccl_us"):
@@ -185,7 +193,7 @@ class ServingEngine:
 #: The documented defaults of each engine (see the module docstring); the fitted file overrides the step costs.
 _DEFAULTS: dict[str, ServingEngine] = {
     "vllm": ServingEngine("vllm", block_size=16, memory_fraction=0.9, memory_rule="total", max_num_seqs=256,
-                          max_batched_tokens=None),
+                          max_batched_tokens=None, decode_kv_partition=512),
     "tensorrt-llm": ServingEngine("tensorrt-llm", block_size=64, memory_fraction=0.9, memory_rule="free",
                                   max_num_seqs=256, max_batched_tokens=8192),
 }

@@ -138,8 +138,9 @@ class _Decoder:
     """Emits the operators of one forward pass of ``cfg`` over ``n`` sequences of ``q`` new tokens each."""
 
     def __init__(self, cfg: DecoderConfig, style: str, n: int, q: int, kv_len: int, kv_dtype: str,
-                 prefill: bool, identical: bool = False) -> None:
+                 prefill: bool, identical: bool = False, kv_partition: int | None = None) -> None:
         self.c, self.style, self.n, self.q, self.kv_len, self.prefill = cfg, style, n, q, kv_len, prefill
+        self.kv_partition = kv_partition
         self.routed = q if identical else n * q  # distinct tokens the router sees (identical sequences route alike)
         self.kv_dtype = kv_dtype if style == "fused" else cfg.dtype  # transformers keeps its cache in the model dtype
         self.dt = cfg.dtype
@@ -223,7 +224,9 @@ class _Decoder:
             heads_read = kvh if self.style == "fused" else h  # eager reads repeat_kv's copies
             kv_dt = self.kv_dtype if self.style == "fused" else self.dt
             kv_bytes = 2 * n * min(sk, window or sk) * heads_read * d * _BYTES[kv_dt]
-            attrs = {"causal_mask": "TopLeft"} if self.prefill else {}
+            attrs: dict[str, object] = {"causal_mask": "TopLeft"} if self.prefill else {}
+            if not self.prefill and self.style == "fused" and self.kv_partition:
+                attrs["kv_partition"] = int(self.kv_partition)  # the engine's kernel: blocks per head and partition
             return b.op("nn.attention", [q, k, v], out_shape, self.dt, attrs, flops=flops, macs=macs,
                         bytes_read=q.nbytes + kv_bytes)
         # manual attention (GPT-J, BLOOM): scores, mask, softmax in float32, weighted sum
@@ -426,7 +429,8 @@ def prefill_graph(config: DecoderConfig, seqs: int, prompt_len: int, *, style: s
 
 
 def decode_graph(config: DecoderConfig, batch: int, kv_len: int, *, style: str = "eager",
-                 kv_dtype: str | None = None, identical_sequences: bool = False) -> OperatorGraph:
+                 kv_dtype: str | None = None, identical_sequences: bool = False,
+                 kv_partition: int | None = None) -> OperatorGraph:
     """One decode step of ``batch`` sequences whose cache holds ``kv_len`` tokens after the step (the new
     token included; for ``"static"`` the buffer length, which attention reads whole).
 
@@ -438,8 +442,14 @@ def decode_graph(config: DecoderConfig, batch: int, kv_len: int, *, style: str =
         kv_dtype: the cache's dtype (``"fused"`` only; default the weights').
         identical_sequences: every sequence is the same and generates alike (a mixture of experts reads the
             experts of one token per step).
+        kv_partition: ``"fused"`` only: cache tokens one thread block of the attention kernel reads (a serving
+            engine's paged attention runs a block per sequence, query head and partition); ``None``: the prior
+            tiles the attention's output.
     """
     _check_style(style)
+    if kv_partition is not None and (isinstance(kv_partition, bool) or not isinstance(kv_partition, int)
+                                     or kv_partition < 1):
+        raise InvalidValueError(f"kv_partition must be an int >= 1 or None, got {kv_partition!r}")
     d = _Decoder(config, style, batch, 1, kv_len, kv_dtype or config.dtype, prefill=False,
-                 identical=identical_sequences)
+                 identical=identical_sequences, kv_partition=kv_partition)
     return d.build(f"{config.name} decode {batch}@{kv_len} {style}")

@@ -103,9 +103,9 @@ def _prefill(cfg: DecoderConfig, style: str, seqs: int, prompt: int, kv_dtype: s
 
 @lru_cache(maxsize=96)
 def _decode(cfg: DecoderConfig, style: str, batch: int, kv_len: int, kv_dtype: str,
-            identical: bool = False) -> OperatorGraph:
+            identical: bool = False, kv_partition: int | None = None) -> OperatorGraph:
     return decode_graph(cfg, batch, kv_len, style=style, kv_dtype=kv_dtype,
-                        identical_sequences=identical and cfg.is_moe)
+                        identical_sequences=identical and cfg.is_moe, kv_partition=kv_partition)
 
 
 @dataclass
@@ -264,8 +264,9 @@ class _Runner:
             lens = [self._total]
         else:
             lens = sorted({self._prompt + 1, self._prompt + max(wl_steps, 1)})
-        ests = [self.est(_decode(cfg, ex.style, batch, n, ex.kv_dtype, ex.identical_sequences), ex.decode_runtime)
-                for n in lens]
+        part = eng.decode_kv_partition if eng is not None else None
+        ests = [self.est(_decode(cfg, ex.style, batch, n, ex.kv_dtype, ex.identical_sequences, part),
+                         ex.decode_runtime) for n in lens]
         ea, eb = ests[0], ests[-1]
         if len(lens) == 1:
             step = self._scaled(ea, ea.node_time_ms, scale) + host

@@ -111,30 +111,43 @@ def contraction_tiles(node: OpNode, tile_m: int, tile_n: int) -> tuple[int, floa
     one GEMM per group. Matmul: ``m x n`` per batch, except that a batched left operand times a 2-D
     right operand (``(..., M, K) @ (K, N)``, e.g. a linear layer on a (tokens, batch, features)
     activation) is one ``(... x M) x N`` GEMM, as ``torch.matmul`` and cuBLAS run it, not ``batch``
-    small ones. Attention: output elements over a tile.
+    small ones. Attention: output elements over a tile, except a decode step's attention whose node says how many
+    cache tokens one thread block reads (``kv_partition``, a serving engine's paged-attention kernel): one full
+    block per sequence, query head and partition of the cache.
     """
-    gemm, m, n, batch, out_elems = _tile_shape(node)
-    if gemm:
+    kind, m, n, batch, out_elems = _tile_shape(node)
+    if kind == _BLOCKS:
+        return m, 1.0
+    if kind:
         return _gemm_tiles(m, n, batch, tile_m, tile_n)
     tiles = math.ceil(out_elems / (tile_m * tile_n))
     return tiles, out_elems / (tiles * tile_m * tile_n)
 
 
-def _tile_shape(node: OpNode) -> tuple[bool, int, int, int, int]:
-    """``(gemm, m, n, batch, output elements)`` of a contraction node for :func:`contraction_tiles`: the GEMM's
-    sizes where it is one (``gemm``), else the output elements tiled."""
+#: ``_tile_shape``'s first field: 0 output elements tiled, 1 a GEMM, ``_BLOCKS`` thread blocks counted (``m``).
+_BLOCKS = 2
+
+
+def _tile_shape(node: OpNode) -> tuple[int, int, int, int, int]:
+    """``(kind, m, n, batch, output elements)`` of a contraction node for :func:`contraction_tiles`: the GEMM's
+    sizes where it is one (kind 1), the thread blocks of a partitioned decode attention (kind ``_BLOCKS``, ``m``
+    blocks), else the output elements tiled (kind 0)."""
     out_elems = max(1, node.output_elements if len(node.output_shapes) == 1 else math.prod(node.output_shape))
     a = node.attrs
+    if node.op_class == "attention" and a.get("kv_partition") and int(a.get("seq_q", 0) or 0) == 1:
+        blocks = (int(a.get("batch", 1) or 1) * int(a.get("heads", 1) or 1)
+                  * math.ceil(int(a.get("seq_k", 1) or 1) / int(a["kv_partition"])))
+        return _BLOCKS, max(blocks, 1), 1, 1, out_elems
     if node.op_class == "conv":
         groups = int(a.get("groups", 1) or 1)
         cout = int(a.get("out_channels") or _channels(node.output_shape, str(a.get("out_layout") or a.get("data_layout") or "NCHW")))
-        return True, max(out_elems // max(cout, 1), 1), max(cout // max(groups, 1), 1), groups, out_elems
+        return 1, max(out_elems // max(cout, 1), 1), max(cout // max(groups, 1), 1), groups, out_elems
     if node.op_class == "matmul" and "m" in a and "n" in a:
         batch, m = int(a.get("batch", 1) or 1), max(int(a["m"]), 1)
         if len(node.input_shapes) >= 2 and len(node.input_shapes[1]) == 2:  # folded into one GEMM
             batch, m = 1, m * batch
-        return True, m, max(int(a["n"]), 1), batch, out_elems
-    return False, 0, 0, 0, out_elems
+        return 1, m, max(int(a["n"]), 1), batch, out_elems
+    return 0, 0, 0, 0, out_elems
 
 
 def _gemm_tiles(m: int, n: int, batch: int, tile_m: int, tile_n: int) -> tuple[int, float]:
@@ -316,11 +329,13 @@ class GraphFacts:
             n = len(self._nodes)
             t, e = np.ones(n), np.ones(n)
             sel = self.contraction & self.active
-            gemm = sel & (self._tile_shape[:, 0] > 0)
+            gemm = sel & (self._tile_shape[:, 0] == 1)
             m, nn, b = (self._tile_shape[gemm, j] for j in (1, 2, 3))
             tm, tn = np.ceil(m / tile_m), np.ceil(nn / tile_n)
             t[gemm], e[gemm] = tm * tn * b, (m / (tm * tile_m)) * (nn / (tn * tile_n))
-            flat = sel & ~gemm
+            blocks = sel & (self._tile_shape[:, 0] == _BLOCKS)
+            t[blocks] = self._tile_shape[blocks, 1]
+            flat = sel & ~gemm & ~blocks
             out = self._tile_shape[flat, 4]
             tiles = np.ceil(out / (tile_m * tile_n))
             t[flat], e[flat] = tiles, out / (tiles * tile_m * tile_n)

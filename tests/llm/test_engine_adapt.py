@@ -11,7 +11,8 @@ import pytest
 
 from dippm_nas.errors import AdaptationError, InvalidValueError
 from dippm_nas.llm import (DecoderConfig, LLMWorkload, MeasuredServingRun, adapt_engine, adapted_engine,
-                           predict_generation, serving_engine)
+                           decode_graph, decoder_config, predict_generation, serving_engine)
+from dippm_nas.prior._nodes import contraction_tiles
 
 pytest.importorskip("scipy")
 
@@ -97,3 +98,77 @@ def test_a_deployment_naming_the_version_uses_the_stored_adaptation(monkeypatch,
     h100 = predict_generation(tiny(4), wl, "h100-sxm5-80gb",
                               deployment={"runtime": "serving", "versions": {"vllm": "0.9.1"}}, mig=False)
     assert h100.details["engine_adaptation"] is None
+
+
+def test_runs_that_confirm_no_correction_keep_the_starting_engine(tmp_path) -> None:
+    """Runs the starting engine predicts up to a ±8 % scatter with no trend: the guard keeps the starting constants
+    (shrink 0) and σ is the runs' own held-out error, not a fit that chased the scatter."""
+    base = serving_engine("vllm")
+    shapes = [(128, 32, 1), (256, 64, 4), (512, 32, 16), (128, 128, 8), (1024, 16, 2)]
+    runs = [dataclasses.replace(r, e2e_ms=r.e2e_ms * f, tpot_ms=None)
+            for r, f in zip(_measured(tiny(), shapes, base), (1.08, 0.92, 1.08, 0.92, 1.08))]
+    ad = adapt_engine(runs, device="l4", engine="vllm", version="noise", storage=tmp_path)
+    assert ad.shrink == 0.0
+    assert ad.constants == {n: getattr(base, n) for n in ad.constants}
+    assert ad.sigma_log == pytest.approx(math.log(1.08), rel=0.05)
+    assert json.loads(next(tmp_path.glob("*.json")).read_text())["shrink"] == 0.0
+
+
+def test_the_guard_is_never_worse_held_out_than_no_correction(tmp_path) -> None:
+    """An anchor the step model misreads (its times off by a factor growing with the prompt): whatever the guard
+    keeps, its held-out error is at most the starting engine's on those runs."""
+    base = serving_engine("vllm")
+    shapes = [(128, 32, 1), (256, 64, 4), (512, 32, 16), (1024, 128, 8), (2048, 16, 2)]
+    runs = [dataclasses.replace(r, e2e_ms=r.e2e_ms * (1 + r.prompt_len / 1024), tpot_ms=None)
+            for r in _measured(tiny(), shapes, base)]
+    ad = adapt_engine(runs, device="l4", engine="vllm", version="odd", storage=tmp_path)
+    start = math.sqrt(sum(math.log(1 + r.prompt_len / 1024) ** 2 for r in runs) / len(runs))
+    assert 0.0 <= ad.shrink <= 1.0 and ad.sigma_log <= start + 1e-9
+
+
+def test_runs_the_step_model_misreads_correct_nothing(tmp_path, caplog) -> None:
+    """Held out far beyond the starting engine's σ (a quirk no step constant describes): the starting constants are
+    kept, with a warning that says why."""
+    base = dataclasses.replace(serving_engine("vllm"), sigma_log=0.01)
+    shapes = [(128, 32, 1), (256, 64, 4), (512, 32, 16), (1024, 128, 8), (2048, 16, 2)]
+    runs = [dataclasses.replace(r, e2e_ms=r.e2e_ms * f, tpot_ms=None)
+            for r, f in zip(_measured(tiny(), shapes, base), (2.0, 2.3, 1.8, 2.2, 1.9))]
+    with caplog.at_level("WARNING", logger="dippm_nas.llm._engine_adapt"):
+        ad = adapt_engine(runs, device="l4", engine="vllm", version="quirk", base=base, storage=tmp_path)
+    assert ad.shrink == 0.0 and ad.constants == {n: getattr(base, n) for n in ad.constants}
+    assert "misreads" in caplog.text and ad.sigma_log > 0.03
+
+
+def test_an_anchor_off_by_no_more_than_the_engine_sigma_moves_nothing(tmp_path) -> None:
+    """Runs consistently 10 % slower than the starting engine, whose σ (0.2) says any one model is off by more:
+    the runs are no evidence against the engine's constants; with σ 0.02 they are, and the correction is kept."""
+    shapes = [(128, 32, 1), (256, 64, 4), (512, 32, 16), (1024, 128, 8), (2048, 16, 2)]
+    for sigma, moved in ((0.2, False), (0.02, True)):
+        base = dataclasses.replace(serving_engine("vllm"), sigma_log=sigma)
+        runs = [dataclasses.replace(r, e2e_ms=r.e2e_ms * 1.1, tpot_ms=None) for r in _measured(tiny(), shapes, base)]
+        ad = adapt_engine(runs, device="l4", engine="vllm", version=f"s{sigma}", base=base, storage=tmp_path)
+        assert (ad.shrink > 0.5) is moved, (sigma, ad.shrink)
+        assert (ad.constants != {n: getattr(base, n) for n in ad.constants}) is moved
+
+
+def test_vllm_decode_attention_is_a_block_per_sequence_head_and_partition() -> None:
+    """vLLM's paged attention: a batch-1 step barely grows with the cache (a bandwidth-bound read), while the output
+    tiling (no partition) grows it; bad partitions are clear errors."""
+    cfg = decoder_config("llama-3-8b", dtype="float16")
+    g = decode_graph(cfg, 2, 1500, style="fused", kv_partition=512)
+    att = [n for n in g.nodes if n.op_class == "attention"]
+    assert att and contraction_tiles(att[0], 128, 128) == (2 * 32 * 3, 1.0)
+    tiled = [n for n in decode_graph(cfg, 2, 1500, style="fused").nodes if n.op_class == "attention"]
+    assert contraction_tiles(tiled[0], 128, 128)[0] == 1
+    vllm = serving_engine("vllm")
+    assert vllm.decode_kv_partition == 512 and serving_engine("tensorrt-llm").decode_kv_partition is None
+
+    def per_token(eng, n):
+        return predict_generation(cfg, LLMWorkload(n, n, 1), "h100-sxm5-80gb", runtime="serving", engine=eng,
+                                  mig=False).decode_ms_per_token
+    tiling = dataclasses.replace(vllm, decode_kv_partition=None)
+    assert per_token(vllm, 2048) / per_token(vllm, 128) < 1.05 < per_token(tiling, 2048) / per_token(tiling, 128)
+    with pytest.raises(InvalidValueError, match="kv_partition"):
+        decode_graph(cfg, 1, 8, style="fused", kv_partition=0)
+    with pytest.raises(InvalidValueError, match="decode_kv_partition"):
+        dataclasses.replace(vllm, decode_kv_partition=-1)
