@@ -155,12 +155,7 @@ def test_the_nni_tuner_resolves_once_when_made_and_never_per_candidate(counting:
     assert Deployment.from_dict(params[PARAMETERS_KEY]["deployment"]) == DESCRIBED
 
 
-@pytest.mark.parametrize("runtime", [
-    pytest.param("eager", marks=pytest.mark.xfail(strict=True, reason=(
-        "the prior's σ of each phase (llm/_timing.py RunTimer.sigma -> latency_sigma_log) looks the estimate's device "
-        "id up again to tell a catalogue device from a MIG slice or a Device outside the catalogue (σ None): 3 "
-        "look-ups"))),
-    "serving"])
+@pytest.mark.parametrize("runtime", ["eager", "serving"])
 def test_predict_generation_coerces_and_looks_up_once(counting: Any, runtime: str) -> None:
     from dippm_nas.llm import LLMWorkload, predict_generation
 

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from dippm_nas.devices import Device, HostProfile
-from dippm_nas.errors import DeviceError, InvalidValueError
+from dippm_nas.errors import InvalidValueError
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.llm._config import DecoderConfig
 from dippm_nas.llm._engines import ServingEngine
@@ -203,10 +203,9 @@ class _Runner:
             return eng.tp_sigma_log
         if eng is not None and eng.sigma_log is not None:
             return eng.sigma_log
-        try:
-            return latency_sigma_log(est)
-        except DeviceError:  # a Device object outside the catalogue: the prior's σ is known for catalogue ids only
-            return None
+        # the device resolved at the entry, passed in (no second look-up): a Device outside the catalogue gets an
+        # unseen GPU's measured σ, as a graph's prediction on it does
+        return latency_sigma_log(est, device=self.dev)
 
     @staticmethod
     def energy_rel(est: PriorEstimate) -> float | None:
