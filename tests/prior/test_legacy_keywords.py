@@ -88,8 +88,12 @@ def test_the_library_passes_no_legacy_keyword(graph: Any) -> None:
 
 def test_execution_and_from_conditions_warn_and_row_settings_equal_them() -> None:
     conditions = {"runtime": "cuda-graphs", "input_copy": "pinned", "framework": "torch-1"}
-    with pytest.warns(DeprecationWarning, match=r"dippm_nas\.prior\.Execution\.from_conditions is deprecated"):
+    with pytest.warns(DeprecationWarning, match=r"dippm_nas\.prior\.Execution\.from_conditions is deprecated") as rec:
         ex = Execution.from_conditions(conditions)
+    assert len(rec) == 1 and rec[0].filename == __file__  # one warning, at the caller (what filterwarnings matches)
+    with pytest.warns(DeprecationWarning, match=r"dippm_nas\.prior\.Execution is deprecated") as rec:
+        Execution(runtime="compiled")
+    assert len(rec) == 1 and rec[0].filename == __file__
     assert (ex.runtime, ex.input_copy, ex.host.framework) == ("cuda-graphs", True, "torch-1")
     assert row_settings(conditions) == execution_settings(ex)
     assert row_settings(None) == DeploymentSettings(input_copy="none")
