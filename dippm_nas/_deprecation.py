@@ -7,7 +7,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["MISSING", "renamed_keyword", "moved_names", "warn_renamed"]
+__all__ = ["MISSING", "renamed_keyword", "moved_names", "warn_renamed", "warn_deprecated"]
 
 #: The default of a deprecated keyword: "not passed".
 MISSING: Any = object()
@@ -74,4 +74,18 @@ def warn_renamed(kind: str, old: str, new: str, *, removed_in: str, stacklevel: 
         stacklevel: for :func:`warnings.warn`, pointing at the caller's caller.
     """
     warnings.warn(f"{kind} {old!r} is deprecated and will be removed in dippm-nas {removed_in}: use {new}",
+                  DeprecationWarning, stacklevel=stacklevel)
+
+
+def warn_deprecated(old: str, instead: str, *, removed_in: str, stacklevel: int = 3) -> None:
+    """Warn (``DeprecationWarning``) that ``old`` (a dotted name, which starts the message) was used; ``instead``
+    says what replaces it.
+
+    Args:
+        old: the deprecated name, dotted (``"dippm_nas.prior.Execution"``).
+        instead: what to use in its place, for the message.
+        removed_in: the release that drops ``old``.
+        stacklevel: for :func:`warnings.warn`, pointing at the caller's caller.
+    """
+    warnings.warn(f"{old} is deprecated and will be removed in dippm-nas {removed_in}: {instead}",
                   DeprecationWarning, stacklevel=stacklevel)

@@ -614,7 +614,7 @@ _PYTORCH_TEXT = re.compile(r"pytorch\s+(\d+\.\d+(?:\.\d+)?)", re.IGNORECASE)
 def row_deployment(conditions: Mapping[str, Any] | None, environment: Mapping[str, Any] | None = None, *,
                    dtype: str | None = None) -> Deployment:
     """The :class:`Deployment` a measured dataset row records: the one mapping of a row's conditions that training,
-    the fits (:meth:`dippm_nas.prior.Execution.from_conditions` reads it) and the accuracy benchmarks use.
+    the fits (:func:`dippm_nas.prior.row_settings` reads it) and the accuracy benchmarks use.
 
     Read from ``conditions`` (what the importers of :mod:`dippm_nas.dataset` write): ``runtime`` (or timm's
     ``torch_compile``: ``dynamo`` / ``inductor`` / ``true`` -> ``"compiled"``, else ``"eager"``), ``framework``

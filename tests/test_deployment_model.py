@@ -183,11 +183,11 @@ def test_a_described_pageable_copy_carries_the_spread_of_its_batchs_first_touch(
 
 
 def test_the_host_fit_leaves_out_half_rows_whose_kernels_the_prior_does_not_price() -> None:
-    from dippm_nas.prior import Execution, HostRow, fit_host_model
+    from dippm_nas.prior import DeploymentSettings, HostRow, fit_host_model
 
     from test_runtime import conv_chain
 
-    ex = Execution(runtime="eager", host=HostProfile.from_clock(3.0), input_copy=True)
+    ex = DeploymentSettings(runtime="eager", host=HostProfile.from_clock(3.0), input_copy="pageable")
     g16, g32 = conv_chain(1, 16, 8, dtype="float16"), conv_chain(1, 16, 8, dtype="float32")
     # Pascal (TITAN Xp): native FP16 at 1/64 of FP32; Turing (TITAN RTX) runs half at twice the FP32 rate
     assert not HostRow(g16, "titan-xp", ex, 1.0).kernels_priced
@@ -206,11 +206,11 @@ def test_the_host_fit_leaves_out_half_rows_whose_kernels_the_prior_does_not_pric
 def test_the_host_fit_prices_a_fresh_batchs_first_touch() -> None:
     import dataclasses
 
-    from dippm_nas.prior import PAGE_BYTES, Execution, HostRow, default_params, host_model_latency_ms
+    from dippm_nas.prior import PAGE_BYTES, DeploymentSettings, HostRow, default_params, host_model_latency_ms
 
     g = HOST_BOUND[1]
     hm = dataclasses.replace(default_params().host_model, h2d_fresh_page_us=2.0)
-    ex = Execution(runtime="eager", host=HostProfile.from_clock(3.0), input_copy=True)
+    ex = DeploymentSettings(runtime="eager", host=HostProfile.from_clock(3.0), input_copy="pageable")
     warm, fresh = (HostRow(g, A100, ex, 1.0, fresh_pages=f) for f in (False, True))
     a, b = host_model_latency_ms(hm, [warm, fresh])
     pages = math.ceil(g.spec.input_bytes / PAGE_BYTES)

@@ -77,8 +77,8 @@ from unseen_gpu_sigma import fitted_cells, nested_sigma, source_rows, unseen_par
 from benchmarks._common import machine  # noqa: E402
 from dippm_nas import Deployment  # noqa: E402
 from dippm_nas.deployment import row_deployment  # noqa: E402
-from dippm_nas.prior import (UNKNOWN_HOST_CLOCK_GHZ, UNKNOWN_HOST_SIGMA_LOG, Execution, HostRow,  # noqa: E402
-                             default_params, predict)
+from dippm_nas.prior import (UNKNOWN_HOST_CLOCK_GHZ, UNKNOWN_HOST_SIGMA_LOG, HostRow,  # noqa: E402
+                             default_params, predict, row_settings)
 from dippm_nas.training import DEVICE_ALIASES  # noqa: E402
 from dippm_nas.errors import InvalidValueError  # noqa: E402
 from dippm_nas.files import write_output  # noqa: E402
@@ -135,8 +135,7 @@ def _cell_params(source: str, device: str, rows: list, base: Any, cells: dict) -
     fitted GPUs' rows (:func:`unseen_gpu_sigma.fitted_cells`)."""
     if source == "ryujaehun":
         host_rows = [(HostRow(mg.graph, mg.measurement["device"],
-                              Execution.from_conditions(mg.measurement.get("conditions"),
-                                                        mg.measurement.get("environment")),
+                              row_settings(mg.measurement.get("conditions"), mg.measurement.get("environment")),
                               float(mg.measurement["latency_ms"]), fresh_pages=mg.graph.spec.dtype == "float32"),
                       mg.measurement["config"]["model"])
                      for mg in rows]

@@ -43,8 +43,8 @@ from dippm_nas.predictor import calibration_classes
 from dippm_nas.dataset import load_measurements
 from dippm_nas.features import featurize
 from dippm_nas.predictor import GnnPredictor, fit_timeline_factors
-from dippm_nas.prior import (Execution, HostRow, default_params, estimate, execution_settings, fit_host_model,
-                             host_model_latency_ms, latency_sigma_log, latency_us)
+from dippm_nas.prior import (HostRow, default_params, estimate, fit_host_model, host_model_latency_ms,
+                             latency_sigma_log, latency_us, row_settings)
 from dippm_nas.errors import InvalidValueError
 from dippm_nas.files import output_path, write_output
 
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for mg in load_measurements(args.data, source="ryujaehun"):
         m = mg.measurement
-        ex = Execution.from_conditions(m.get("conditions"), m.get("environment"))
+        ex = row_settings(m.get("conditions"), m.get("environment"))
         # the loop's float32 batch is the DataLoader workers' tensor, mapped fresh (scripts/fit/fit_input_copy.py)
         rows.append((HostRow(mg.graph, m["device"], ex, float(m["latency_ms"]), fresh_pages=mg.spec.dtype == "float32"),
                      m["config"]["model"]))
@@ -108,11 +108,11 @@ def main(argv: list[str] | None = None) -> int:
         hm = dataclasses.replace(hm, metrics={**hm.metrics, **_nested_sigma(
             rows, dev, dataclasses.replace(base, host_model=hm))})
         params = dataclasses.replace(fold, host_model=hm)
-        ests = [estimate(r.graph, r.device, params=params, deployment=execution_settings(r.execution)) for r, _ in test]
+        ests = [estimate(r.graph, r.device, params=params, deployment=r.execution) for r, _ in test]
         sig = np.array([latency_sigma_log(e, params) or 0.0 for e in ests])
         legacy_params = dataclasses.replace(base, host_model=None)
         legacy = np.array([estimate(r.graph, r.device, params=legacy_params,
-                                     deployment=execution_settings(r.execution)).latency_ms
+                                     deployment=r.execution).latency_ms
                            for r, _ in test])
         prior = host_model_latency_ms(hm, [r for r, _ in test], params)  # a fresh float32 batch's first touch
         classes = [calibration_classes(r.graph) for r, _ in test]
@@ -200,7 +200,7 @@ def _nested_sigma(rows: list, held_out: str, base) -> dict[str, float]:
         p = dataclasses.replace(inner, host_model=m)
         for r, e in zip(test, err):
             key = ("fp64" if r.graph.spec.dtype == "float64"
-                   else "host" if estimate(r.graph, r.device, params=p, deployment=execution_settings(r.execution)).launch_bound else "gpu")
+                   else "host" if estimate(r.graph, r.device, params=p, deployment=r.execution).launch_bound else "gpu")
             res[key].append(float(e))
     rms = {k: float(np.sqrt(np.mean(np.square(v)))) for k, v in res.items() if v}
     out = {"sigma_log_host": rms.get("host", rms.get("gpu", 0.0)),
@@ -273,7 +273,7 @@ def _gnn_predictions(args: argparse.Namespace, dev: str, devices: list[str], par
     lat, sig = [], []
     for r in test:
         if r.graph.spec.dtype not in ("float16", "float32"):
-            e = estimate(r.graph, r.device, params=params, deployment=execution_settings(r.execution))
+            e = estimate(r.graph, r.device, params=params, deployment=r.execution)
             lat.append(e.latency_ms)
             sig.append(latency_sigma_log(e, params) or 0.0)
             continue

@@ -28,7 +28,7 @@ import numpy as np
 
 from dippm_nas.dataset import load_measurements
 from dippm_nas.predictor import calibration_classes
-from dippm_nas.prior import DeviceScale, Execution, default_params, estimate, execution_settings
+from dippm_nas.prior import DeviceScale, default_params, estimate, row_settings
 from dippm_nas.errors import InvalidValueError
 from dippm_nas.files import write_output
 
@@ -76,15 +76,15 @@ def main(argv: list[str] | None = None) -> int:
         ests, y, classes, names = [], [], [], []
         for mg in test:
             m = mg.measurement
-            ex = Execution.from_conditions(m.get("conditions"), m.get("environment"))
-            ests.append(estimate(mg.graph, dev, params=params, deployment=execution_settings(ex)))
+            ests.append(estimate(mg.graph, dev, params=params,
+                                 deployment=row_settings(m.get("conditions"), m.get("environment"))))
             y.append(float(m["latency_ms"]))
             classes.append(calibration_classes(mg.graph))
             names.append(m["config"].get("model"))
         y_ = np.array(y)
         prior = np.array([e.latency_ms for e in ests])
-        shipped = np.array([estimate(mg.graph, dev, params=base, deployment=execution_settings(Execution.from_conditions(
-            mg.measurement.get("conditions"), mg.measurement.get("environment")))).latency_ms for mg in test])
+        shipped = np.array([estimate(mg.graph, dev, params=base, deployment=row_settings(
+            mg.measurement.get("conditions"), mg.measurement.get("environment"))).latency_ms for mg in test])
         bound = np.array([e.launch_bound for e in ests])
         zero = float(np.mean(np.abs(prior / y_ - 1)) * 100)
         own = float(np.mean(np.abs(shipped / y_ - 1)) * 100)

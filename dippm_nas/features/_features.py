@@ -31,7 +31,7 @@ from dippm_nas.graph import OP_CLASSES, OperatorGraph, OpNode
 from dippm_nas.prior import estimate as prior_estimate, execution_settings, utilisation_energy_j
 
 if TYPE_CHECKING:  # pragma: no cover
-    from dippm_nas.prior import Execution, PriorEstimate, PriorParams
+    from dippm_nas.prior import DeploymentSettings, PriorEstimate, PriorParams
 
 __all__ = [
     "FEATURE_SCHEMA_VERSION", "STYLES", "GraphFeatures", "featurize", "node_dim", "static_dim", "device_dim",
@@ -135,7 +135,7 @@ class GraphFeatures:
 
 def featurize(graph: OperatorGraph, device: Device | str, *, style: str = "ours", fuse: bool = True,
               prior_params: "PriorParams | None" = None,
-              estimate: "PriorEstimate | None" = None, execution: "Execution | None" = None) -> GraphFeatures:
+              estimate: "PriorEstimate | None" = None, execution: "DeploymentSettings | None" = None) -> GraphFeatures:
     """Feature tensors of ``graph`` on ``device``.
 
     Args:
@@ -145,8 +145,9 @@ def featurize(graph: OperatorGraph, device: Device | str, *, style: str = "ours"
         fuse: coarsen element-wise chains into kernels (``"ours"`` only).
         prior_params: constants of the analytic prior (a checkpoint pins the ones it was trained with).
         estimate: a prior estimate already computed for this graph and device (skips recomputing it).
-        execution: how the pass is executed and timed (runtime, host profile, input copy); default: eager on
-            the default host profile, no input copy.
+        execution: how the pass is executed and timed (:class:`~dippm_nas.prior.DeploymentSettings`, a measured
+            row's :func:`~dippm_nas.prior.row_settings`; a deprecated :class:`~dippm_nas.prior.Execution` is
+            converted); default: eager on the default host profile, no input copy.
 
     Raises:
         InvalidValueError: unknown style; errors of the prior (unknown device, bad dtype, malformed graph).

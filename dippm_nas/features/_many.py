@@ -36,7 +36,7 @@ from dippm_nas.graph import OP_CLASSES, GraphStack, OperatorGraph, stack_graphs
 from dippm_nas.prior import estimate as prior_estimate, execution_settings, utilisation_energy_j
 
 if TYPE_CHECKING:  # pragma: no cover
-    from dippm_nas.prior import Execution, PriorEstimate, PriorParams
+    from dippm_nas.prior import DeploymentSettings, PriorEstimate, PriorParams
 
 __all__ = ["featurize_many", "MANY_MIN_GRAPHS"]
 
@@ -54,7 +54,7 @@ _TOKEN_INDEX = {t: j for j, t in enumerate(TOKENS)}
 
 def featurize_many(graphs: Sequence[OperatorGraph], device: Device | str, *, style: str = "ours", fuse: bool = True,
                    prior_params: "PriorParams | None" = None, estimates: "Sequence[PriorEstimate] | None" = None,
-                   execution: "Execution | None" = None, stack: GraphStack | None = None) -> list[GraphFeatures]:
+                   execution: "DeploymentSettings | None" = None, stack: GraphStack | None = None) -> list[GraphFeatures]:
     """:func:`~dippm_nas.features.featurize` of every graph, computed over all of them at once.
 
     Args:

@@ -27,7 +27,7 @@ from dippm_nas.prior._estimate import (
 )
 from dippm_nas.prior._deploy import (PAGEABLE_FRESH_WEIGHT, UNKNOWN_FRAMEWORK_WEIGHTS, UNKNOWN_HOST, UNKNOWN_HOST_CLOCK_GHZ,
                                      UNKNOWN_HOST_SIGMA_LOG, UNKNOWN_INPUT_COPY, UNKNOWN_INPUT_COPY_WEIGHTS, UNKNOWN_TF32,
-                                     DeploymentSettings, deployment_settings, execution_settings,
+                                     DeploymentSettings, deployment_settings, execution_settings, row_settings,
                                      input_copy_kind)
 from dippm_nas.prior._spread import DeploymentSpread, deployment_spread, deployment_spread_many, described_offset_log
 from dippm_nas.prior._stack import CostStack, StackedFacts, estimate_many, estimates_of, stacked_timelines
@@ -64,7 +64,7 @@ __all__ = [
     "estimate", "estimate_many", "estimate_latency_ms", "predict", "prediction_of", "ResolvedSettings", "resolved_settings",
     "CostStack", "StackedFacts", "estimates_of", "stacked_timelines", "deployment_spread_many", "advise_many", "mig_fit_violations", "PriorEstimate", "latency_us", "latency_sigma_log", "timeline_fields",
     "RUNTIMES", "HOST_KINDS", "Execution", "HostModel", "check_runtime", "input_copy_us", "PINNED_COPY_EFFICIENCY", "PAGEABLE_STAGING_GBPS", "PAGE_BYTES",
-    "DeploymentSettings", "deployment_settings", "execution_settings", "input_copy_kind", "UNKNOWN_TF32", "UNKNOWN_INPUT_COPY",
+    "DeploymentSettings", "deployment_settings", "execution_settings", "row_settings", "input_copy_kind", "UNKNOWN_TF32", "UNKNOWN_INPUT_COPY",
     "UNKNOWN_HOST", "UNKNOWN_HOST_CLOCK_GHZ", "UNKNOWN_HOST_SIGMA_LOG", "UNKNOWN_FRAMEWORK_WEIGHTS",
     "UNKNOWN_INPUT_COPY_WEIGHTS", "PAGEABLE_FRESH_WEIGHT", "DeploymentSpread", "deployment_spread", "described_offset_log",
     "HostRow", "fit_host_model", "host_model_latency_ms", "FIT_PARAMETERS",

@@ -12,14 +12,15 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
-from dippm_nas.deployment import INPUT_COPIES, Deployment, ResolvedDeployment
+from dippm_nas.deployment import INPUT_COPIES, Deployment, ResolvedDeployment, row_deployment
 from dippm_nas.devices import HostProfile, default_host_profile
 from dippm_nas.errors import InvalidTypeError, InvalidValueError
 from dippm_nas.prior._host import Execution, check_runtime
 
-__all__ = ["DeploymentSettings", "deployment_settings", "execution_settings", "input_copy_kind", "UNKNOWN_TF32", "UNKNOWN_INPUT_COPY",
+__all__ = ["DeploymentSettings", "deployment_settings", "execution_settings", "row_settings", "input_copy_kind", "UNKNOWN_TF32", "UNKNOWN_INPUT_COPY",
            "UNKNOWN_HOST", "UNKNOWN_HOST_CLOCK_GHZ", "UNKNOWN_HOST_SIGMA_LOG", "UNKNOWN_FRAMEWORK_WEIGHTS",
            "UNKNOWN_INPUT_COPY_WEIGHTS", "PAGEABLE_FRESH_WEIGHT"]
 
@@ -164,17 +165,39 @@ def deployment_settings(deployment: Deployment | ResolvedDeployment | Deployment
                               process_torch=r.process_torch, label=r.label, deployment=described)
 
 
-def execution_settings(execution: Execution | None) -> DeploymentSettings | None:
-    """The prior's settings of an :class:`~dippm_nas.prior.Execution` (a measured row's runtime, host and input copy;
-    PyTorch's defaults for the rest: TF32 on convolutions only, NCHW, no autocast), what ``estimate(...,
-    deployment=)`` takes in place of the deprecated ``execution=``; ``None`` for ``None``.
+def execution_settings(execution: "Execution | DeploymentSettings | None") -> DeploymentSettings | None:
+    """The prior's settings of an :class:`~dippm_nas.prior.Execution` (deprecated; a measured row's runtime, host and
+    input copy; PyTorch's defaults for the rest: TF32 on convolutions only, NCHW, no autocast), what ``estimate(...,
+    deployment=)`` takes in place of the deprecated ``execution=``; :class:`DeploymentSettings` as they are;
+    ``None`` for ``None``.
 
     Raises:
-        InvalidTypeError: neither an :class:`~dippm_nas.prior.Execution` nor ``None``.
+        InvalidTypeError: neither an :class:`~dippm_nas.prior.Execution`, :class:`DeploymentSettings` nor ``None``.
     """
-    if execution is None:
-        return None
+    if execution is None or isinstance(execution, DeploymentSettings):
+        return execution
     if not isinstance(execution, Execution):
-        raise InvalidTypeError(f"execution must be a dippm_nas.prior.Execution or None, got {type(execution).__name__}")
+        raise InvalidTypeError(f"execution must be a dippm_nas.prior.Execution, dippm_nas.prior.DeploymentSettings "
+                               f"or None, got {type(execution).__name__}")
     return DeploymentSettings(runtime=execution.runtime, host=execution.host,
                               input_copy=input_copy_kind(execution.input_copy))
+
+
+def row_settings(conditions: Mapping[str, Any] | None,
+                 environment: Mapping[str, Any] | None = None) -> DeploymentSettings:
+    """The prior's settings of a measured dataset row, what training, the fits and the accuracy benchmarks
+    estimate it under: the runtime, host and input copy of the row's :func:`~dippm_nas.deployment.row_deployment`
+    (the one mapping of a row's recorded conditions; a host the row does not record takes the default host
+    profile with the row's framework, else the profile's own; a copy from pinned or pageable memory is
+    ``"pageable"``), PyTorch's defaults for the rest (TF32 on convolutions only, NCHW, no autocast).
+
+    Raises:
+        ExecutionRuntimeError: the row records a runtime outside :data:`~dippm_nas.prior.RUNTIMES`.
+        InvalidValueError: malformed conditions (as :func:`~dippm_nas.deployment.row_deployment`).
+    """
+    dep = row_deployment(conditions, environment)
+    base = default_host_profile()
+    host = dep.host if isinstance(dep.host, HostProfile) else dataclasses.replace(
+        base, framework=dep.framework or base.framework)
+    return DeploymentSettings(runtime=check_runtime(dep.runtime), host=host,
+                              input_copy=input_copy_kind(dep.input_copy not in (None, "none")))

@@ -26,12 +26,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from dippm_nas._deprecation import warn_deprecated
 from dippm_nas._json import check_keys
 from dippm_nas.deployment import row_deployment
 from dippm_nas.devices import FRAMEWORKS, HostProfile, default_host_profile
@@ -39,6 +41,11 @@ from dippm_nas.errors import ExecutionRuntimeError, InvalidValueError
 
 __all__ = ["RUNTIMES", "HOST_KINDS", "HostModel", "Execution", "host_kind", "check_runtime", "compiled_groups",
            "input_copy_us", "PINNED_COPY_EFFICIENCY", "PAGEABLE_STAGING_GBPS", "PAGE_BYTES"]
+
+#: The release that drops :class:`Execution`.
+EXECUTION_REMOVED_IN = "0.2"
+_EXECUTION_INSTEAD = ("describe how a pass runs with dippm_nas.prior.DeploymentSettings(runtime=..., host=..., "
+                      "input_copy=...), a measured row's with dippm_nas.prior.row_settings(conditions, environment)")
 
 #: Execution runtimes a prediction can be made for.
 RUNTIMES: tuple[str, ...] = ("eager", "cuda-graphs", "compiled")
@@ -273,6 +280,10 @@ class Execution:
     """How a forward pass is executed and timed: the runtime, the host that drives the GPU, and whether
     the timed region includes the input's host-to-device copy.
 
+    Deprecated (a :class:`DeprecationWarning`; removed in dippm-nas 0.2): describe how a pass runs with
+    :class:`~dippm_nas.prior.DeploymentSettings` (``DeploymentSettings(runtime=..., host=..., input_copy=...)``), a
+    measured row's with :func:`~dippm_nas.prior.row_settings`.
+
     Attributes:
         runtime: one of :data:`RUNTIMES`.
         host: the host profile.
@@ -284,6 +295,7 @@ class Execution:
     input_copy: bool = False
 
     def __post_init__(self) -> None:
+        warn_deprecated("dippm_nas.prior.Execution", _EXECUTION_INSTEAD, removed_in=EXECUTION_REMOVED_IN, stacklevel=4)
         check_runtime(self.runtime)
         if not isinstance(self.host, HostProfile):
             raise InvalidValueError(f"Execution.host must be a HostProfile, got {type(self.host).__name__}")
@@ -304,8 +316,12 @@ class Execution:
         pinned or pageable memory is a copy), a host the row does not record taking the default host profile with
         the row's framework (else the profile's own).
         """
+        warn_deprecated("dippm_nas.prior.Execution.from_conditions", "use dippm_nas.prior.row_settings(conditions, "
+                        "environment)", removed_in=EXECUTION_REMOVED_IN, stacklevel=3)
         dep = row_deployment(conditions, environment)
         base = default_host_profile()
         host = dep.host if isinstance(dep.host, HostProfile) else dataclasses.replace(
             base, framework=dep.framework or base.framework)
-        return cls(runtime=dep.runtime, host=host, input_copy=dep.input_copy not in (None, "none"))
+        with warnings.catch_warnings():  # warned above, at the caller
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return cls(runtime=dep.runtime, host=host, input_copy=dep.input_copy not in (None, "none"))

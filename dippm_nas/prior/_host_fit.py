@@ -40,9 +40,9 @@ import numpy as np
 from dippm_nas.devices import resolve_device
 from dippm_nas.errors import InvalidValueError
 from dippm_nas.graph import OperatorGraph
-from dippm_nas.prior._deploy import execution_settings
+from dippm_nas.prior._deploy import DeploymentSettings, execution_settings
 from dippm_nas.prior._estimate import _timelines, estimate
-from dippm_nas.prior._host import HOST_KINDS, PAGE_BYTES, Execution, HostModel, input_copy_us
+from dippm_nas.prior._host import HOST_KINDS, PAGE_BYTES, HostModel, input_copy_us
 from dippm_nas.prior._nodes import graph_facts, node_costs
 from dippm_nas.prior._params import PriorParams, default_params
 
@@ -60,7 +60,9 @@ class HostRow:
     Attributes:
         graph: the captured graph.
         device: catalogue id of the GPU.
-        execution: runtime (must be ``"eager"``), host profile, input copy.
+        execution: runtime (must be ``"eager"``), host profile, input copy (:func:`~dippm_nas.prior.row_settings`
+            of a measured row; a deprecated :class:`~dippm_nas.prior.Execution` is converted by
+            :func:`~dippm_nas.prior.execution_settings`).
         latency_ms: the measured latency of one pass, ms (> 0).
         fresh_pages: the copied batch is mapped fresh by the process (a DataLoader worker's batch in shared
             memory), so the copy touches each page first; ``False``: memory the process already touched.
@@ -68,11 +70,13 @@ class HostRow:
 
     graph: OperatorGraph
     device: str
-    execution: Execution
+    execution: DeploymentSettings
     latency_ms: float
     fresh_pages: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.execution, DeploymentSettings):
+            object.__setattr__(self, "execution", execution_settings(self.execution))
         if self.execution.runtime != "eager":
             raise InvalidValueError(f"host rows must be eager timings, got runtime {self.execution.runtime!r}")
         if not (isinstance(self.latency_ms, (int, float)) and math.isfinite(self.latency_ms) and self.latency_ms > 0):
@@ -117,7 +121,7 @@ def _prepare(rows: Sequence[HostRow], params: PriorParams) -> list[_Prepared]:
         issued = (f.active & ~f.fused & ~f.internal) | (f.view & ~f.inner_view)
         out.append(_Prepared(gpu_us=c.gpu_us, kind=np.where(issued, f.host_kind, -1),
                              extra_kernels=np.where(f.active, np.maximum(c.kernels - 1.0, 0.0), 0.0),
-                             input_bytes=float(r.graph.spec.input_bytes), copy=r.execution.input_copy,
+                             input_bytes=float(r.graph.spec.input_bytes), copy=r.execution.input_copy != "none",
                              fresh=bool(r.fresh_pages),
                              link_gbps=dev.pcie_gbps,
                              scale_no_gen=1.0 / r.execution.host.speed, framework=r.execution.host.framework,
@@ -156,8 +160,8 @@ def host_model_latency_ms(model: HostModel, rows: Sequence[HostRow], params: Pri
     p = dataclasses.replace(p, host_model=model)
     out = []
     for r in rows:
-        ms = estimate(r.graph, r.device, params=p, deployment=execution_settings(r.execution)).latency_ms
-        if r.fresh_pages and r.execution.input_copy:  # the first touch of a freshly mapped batch: before any op
+        ms = estimate(r.graph, r.device, params=p, deployment=r.execution).latency_ms
+        if r.fresh_pages and r.execution.input_copy != "none":  # the first touch of a freshly mapped batch: before any op
             pages = math.ceil(float(r.graph.spec.input_bytes) / PAGE_BYTES)
             ms += pages * model.h2d_fresh_page_us * model.scale(r.execution.host) / 1e3
         out.append(ms)

@@ -41,7 +41,7 @@ from dippm_nas.errors import DatasetError, InvalidValueError
 from dippm_nas.features import GraphFeatures, featurize
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.predictor import HOST_DEVICE, TARGETS
-from dippm_nas.prior import Execution
+from dippm_nas.prior import DeploymentSettings, execution_settings, row_settings
 
 __all__ = ["Example", "DEVICE_ALIASES", "SPLIT_MODES", "load_examples", "split_fraction", "timm_family", "is_timm",
            "heldout_timm_families", "split_examples", "featurize_examples", "labels_log"]
@@ -80,7 +80,7 @@ class Example:
             family, model, stepping, ...; :func:`dippm_nas._platform.cpu_signature`), ``None`` when the row
             does not record one (rows measured before it was recorded).
         execution: how the row's pass was executed and timed (runtime, host, input copy), from its
-            conditions (:meth:`dippm_nas.prior.Execution.from_conditions`); the prior features use it.
+            conditions (:func:`dippm_nas.prior.row_settings`); the prior features use it.
     """
 
     graph: OperatorGraph
@@ -93,7 +93,11 @@ class Example:
     cpu_model: str = ""
     threads: int | None = None
     cpu_signature: dict[str, str] | None = None
-    execution: Execution = field(default_factory=Execution)
+    execution: DeploymentSettings = field(default_factory=lambda: DeploymentSettings(input_copy="none"))
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.execution, DeploymentSettings):  # a deprecated prior.Execution
+            self.execution = execution_settings(self.execution)  # type: ignore[assignment]
 
 
 def load_examples(paths: Sequence[str | Path], *, devices: Sequence[str] | None = None,
@@ -139,7 +143,7 @@ def load_examples(paths: Sequence[str | Path], *, devices: Sequence[str] | None 
                                str(m.get("source") or ""), name, cpu,
                                thr if isinstance(thr, int) and not isinstance(thr, bool) else None,
                                {str(k): str(v) for k, v in sig.items()} if isinstance(sig, dict) and sig else None,
-                               Execution.from_conditions(m.get("conditions"), env if isinstance(env, dict) else None)))
+                               row_settings(m.get("conditions"), env if isinstance(env, dict) else None)))
     logger.info("loaded %d examples from %s", len(out), [str(p) for p in paths])
     return out
 
@@ -234,10 +238,10 @@ def featurize_examples(examples: Sequence[Example], *, style: str = "ours", fuse
     ``host_threads``: the torch thread count host-cpu features are measured at (a checkpoint's
     ``GnnPredictor.host_threads``); default: this process's.
     """
-    cache: dict[tuple[str, str, str], GraphFeatures] = {}
+    cache: dict[tuple[str, str, DeploymentSettings], GraphFeatures] = {}
     out = []
     for e in tqdm(examples, desc="features", unit="graph", disable=not progress, leave=False):
-        k = (e.key, e.device, e.execution.key)
+        k = (e.key, e.device, e.execution)
         if k not in cache:
             dev = get_device(e.device, threads=host_threads) if host_threads and e.device == HOST_DEVICE else e.device
             cache[k] = featurize(e.graph, dev, style=style, fuse=fuse, prior_params=prior_params,

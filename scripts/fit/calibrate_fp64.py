@@ -31,7 +31,7 @@ import numpy as np
 from scipy.optimize import minimize_scalar
 
 from dippm_nas.dataset import load_measurements
-from dippm_nas.prior import Execution, HostRow, PriorParams, default_params, estimate, execution_settings
+from dippm_nas.prior import HostRow, PriorParams, default_params, estimate, row_settings
 from dippm_nas.errors import InvalidValueError
 from dippm_nas.files import write_output
 
@@ -48,7 +48,7 @@ def with_fp64_efficiency(params: PriorParams, eta: float | None) -> PriorParams:
 
 
 def predict_ms(rows: list[HostRow], params: PriorParams) -> np.ndarray:
-    return np.array([estimate(r.graph, r.device, params=params, deployment=execution_settings(r.execution)).latency_ms for r in rows])
+    return np.array([estimate(r.graph, r.device, params=params, deployment=r.execution).latency_ms for r in rows])
 
 
 def fit_eta(rows: list[HostRow], params: PriorParams) -> float:
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     rows = [HostRow(mg.graph, mg.measurement["device"],
-                    Execution.from_conditions(mg.measurement.get("conditions"), mg.measurement.get("environment")),
+                    row_settings(mg.measurement.get("conditions"), mg.measurement.get("environment")),
                     float(mg.measurement["latency_ms"]))
             for mg in load_measurements(args.data, source="ryujaehun") if mg.spec.dtype == "float64"]
     if not rows:

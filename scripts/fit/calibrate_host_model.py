@@ -30,8 +30,8 @@ from pathlib import Path
 import numpy as np
 
 from dippm_nas.dataset import load_measurements
-from dippm_nas.prior import (HOST_KINDS, Execution, HostModel, HostRow, PriorParams, default_params, estimate,
-                             execution_settings, fit_host_model, host_model_latency_ms)
+from dippm_nas.prior import (HOST_KINDS, HostModel, HostRow, PriorParams, default_params, estimate,
+                             fit_host_model, host_model_latency_ms, row_settings)
 from dippm_nas.errors import InvalidValueError
 from dippm_nas.files import write_output
 
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # a float32 batch is the DataLoader workers' tensor, mapped fresh; a float16 one a .half() the process wrote
     rows = [HostRow(mg.graph, mg.measurement["device"],
-                    Execution.from_conditions(mg.measurement.get("conditions"), mg.measurement.get("environment")),
+                    row_settings(mg.measurement.get("conditions"), mg.measurement.get("environment")),
                     float(mg.measurement["latency_ms"]), fresh_pages=mg.spec.dtype == "float32")
             for mg in load_measurements(args.data, source="ryujaehun") if mg.spec.dtype in ("float16", "float32")]
     devices = sorted({r.device for r in rows})
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         pr = host_model_latency_ms(m, test, params)
         y = np.array([r.latency_ms for r in test])
         bound = [estimate(r.graph, r.device, params=_with(params, m),
-                          deployment=execution_settings(r.execution)).launch_bound for r in test]
+                          deployment=r.execution).launch_bound for r in test]
         held_r += list(np.log(pr / y))
         held_bound += bound
         ape = np.abs(pr / y - 1) * 100

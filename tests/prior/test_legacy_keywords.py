@@ -15,7 +15,7 @@ import dippm_nas
 import search_spaces as ss
 from dippm_nas.devices import HostProfile
 from dippm_nas.prior import (DeploymentSettings, Execution, estimate, estimate_latency_ms, estimate_many,
-                             execution_settings, predict)
+                             execution_settings, predict, row_settings)
 
 DEV = "a100-sxm4-40gb"
 HOST = HostProfile.from_clock(3.0, framework="torch-2", name="h3")
@@ -60,11 +60,13 @@ def test_each_legacy_keyword_warns_and_gives_the_settings_figures(graph: Any) ->
 
 
 def test_execution_keyword_warns_and_execution_settings_replace_it(graph: Any) -> None:
-    ex = Execution(runtime="compiled", host=HOST, input_copy=True)
+    with pytest.warns(DeprecationWarning, match=r"dippm_nas\.prior\.Execution is deprecated"):
+        ex = Execution(runtime="compiled", host=HOST, input_copy=True)
     with pytest.warns(DeprecationWarning, match=r"estimate\(execution=\)"):
         old = estimate(graph, DEV, execution=ex)
     assert _same(old, estimate(graph, DEV, deployment=execution_settings(ex)))
     assert execution_settings(None) is None
+    assert execution_settings(SETTINGS) is SETTINGS
     with pytest.raises(dippm_nas.errors.InvalidTypeError, match="Execution"):
         execution_settings("compiled")  # type: ignore[arg-type]
 
@@ -77,8 +79,21 @@ def test_the_library_passes_no_legacy_keyword(graph: Any) -> None:
         warnings.simplefilter("error", DeprecationWarning)
         estimate(graph, DEV, deployment=SETTINGS)
         predict(graph, DEV, deployment=SETTINGS)
-        featurize(graph, DEV, execution=Execution(runtime="compiled"))
-        featurize_many([graph, graph], DEV, execution=Execution(runtime="compiled"))
+        featurize(graph, DEV, execution=DeploymentSettings(runtime="compiled"))
+        featurize_many([graph, graph], DEV, execution=DeploymentSettings(runtime="compiled"))
         predict_generation("llama-7b", LLMWorkload(prompt_len=64, output_len=8, batch_size=1), "h100-sxm5-80gb",
                            runtime="cuda-graphs", mig=False)
         dippm_nas.predict(graph, device="h100-sxm5-80gb", deployment=dippm_nas.Deployment(runtime="compiled"))
+
+
+def test_execution_and_from_conditions_warn_and_row_settings_equal_them() -> None:
+    conditions = {"runtime": "cuda-graphs", "input_copy": "pinned", "framework": "torch-1"}
+    with pytest.warns(DeprecationWarning, match=r"dippm_nas\.prior\.Execution\.from_conditions is deprecated") as rec:
+        ex = Execution.from_conditions(conditions)
+    assert len(rec) == 1 and rec[0].filename == __file__  # one warning, at the caller (what filterwarnings matches)
+    with pytest.warns(DeprecationWarning, match=r"dippm_nas\.prior\.Execution is deprecated") as rec:
+        Execution(runtime="compiled")
+    assert len(rec) == 1 and rec[0].filename == __file__
+    assert (ex.runtime, ex.input_copy, ex.host.framework) == ("cuda-graphs", True, "torch-1")
+    assert row_settings(conditions) == execution_settings(ex)
+    assert row_settings(None) == DeploymentSettings(input_copy="none")

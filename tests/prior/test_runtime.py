@@ -14,7 +14,8 @@ from dippm_nas.devices import (DEFAULT_HOST_PROFILE, HostProfile, get_device, lo
 from dippm_nas.errors import DeviceError, DippmNasError, ExecutionRuntimeError
 from dippm_nas.graph import OperatorGraph, OpNode
 from dippm_nas.predictor import AnalyticPredictor, get_predictor
-from dippm_nas.prior import RUNTIMES, DeploymentSettings, Execution, HostModel, default_params, estimate
+from dippm_nas.prior import (RUNTIMES, DeploymentSettings, Execution, HostModel, default_params, estimate,
+                             execution_settings, row_settings)
 from dippm_nas.spec import InputSpec, dtype_bytes
 
 from _models import features_deployment
@@ -163,13 +164,15 @@ def test_fitted_host_model_loads() -> None:
     assert HostModel.from_dict(hm.to_dict()) == hm
 
 
-def test_execution_from_dataset_conditions() -> None:
-    ex = Execution.from_conditions({"runtime": "eager", "input_copy": True, "framework": "torch-1"},
-                                   {"host_clock_ghz": 2.2})
-    assert ex.input_copy and ex.host.framework == "torch-1" and ex.host.speed == pytest.approx(2.2 / 3.0)
-    timm = Execution.from_conditions({"torch_compile": "dynamo", "torch_version_tag": "pt240"})
-    assert timm.runtime == "compiled" and timm.host.framework == "torch-2" and not timm.input_copy
-    assert Execution.from_conditions({"torch_version_tag": "pt113"}).host.framework == "torch-1"
+def test_row_settings_from_dataset_conditions() -> None:
+    ex = row_settings({"runtime": "eager", "input_copy": True, "framework": "torch-1"}, {"host_clock_ghz": 2.2})
+    assert ex.input_copy == "pageable" and ex.host.framework == "torch-1" and ex.host.speed == pytest.approx(2.2 / 3.0)
+    timm = row_settings({"torch_compile": "dynamo", "torch_version_tag": "pt240"})
+    assert timm.runtime == "compiled" and timm.host.framework == "torch-2" and timm.input_copy == "none"
+    assert row_settings({"torch_version_tag": "pt113"}).host.framework == "torch-1"
+    with pytest.warns(DeprecationWarning, match=r"Execution\.from_conditions is deprecated"):
+        old = Execution.from_conditions({"torch_compile": "dynamo", "torch_version_tag": "pt240"})
+    assert execution_settings(old) == timm
 
 
 def _depthwise_chain(batch: int, channels: int, size: int, dtype: str, layers: int = 8,

@@ -249,7 +249,7 @@ GENERIC = _names("""
     predictor.resolve_deployment
     prior.activation_liveness_many prior.aten_op_record
     prior.check_autocast prior.check_runtime prior.deployment_spread prior.estimate prior.estimate_latency_ms
-    deployment.row_deployment
+    deployment.row_deployment prior.row_settings
     prior.estimate_many prior.fit_op_table prior.graph_facts_many prior.input_copy_kind
     prior.input_copy_us prior.latency_us prior.node_activity prior.predict
     prior.resolved_settings prior.round_block prior.utilisation_energy_j register_device
