@@ -26,6 +26,7 @@ import dataclasses
 import json
 import sys
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -71,50 +72,66 @@ def repriced_ms(rec: dict[str, Any], eta_flash: float, eta_efficient: float) -> 
     return rec["unit_ms"] + float(np.sum(np.maximum(c / eta, m) - np.maximum(c, m))) / 1e3
 
 
-def unit_records(data: Path, per_space: int, seed: int, cache: str) -> list[dict[str, Any]]:
-    """One record per (sampled row, catalogue GPU): label, described ``gpu_ms`` with both SDPA efficiencies at 1,
-    the backend its attention runs and its attention nodes' compute and memory terms at efficiency 1 (µs)."""
-    import search_spaces as ss
-    from dippm_nas import Deployment
-    from dippm_nas.cache import ConversionCache
-    from dippm_nas.capture import assemble
-    from dippm_nas.devices import get_device, list_devices
-    from dippm_nas.prior import (SDPA_BACKENDS, default_params, graph_facts, node_costs, predict,
-                                 sdpa_backend_codes)
+def sampled_rows(data: Path, per_space: int, seed: int) -> tuple[dict[str, list[str]], list[Any], set[Any]]:
+    """The released GPUs' catalogue ids, their rows (the A100's are never read: ``hw.read_hwgpt_rows``) and the
+    architectures sampled per space."""
+    from dippm_nas.devices import list_devices
 
-    unit = dataclasses.replace(default_params(), sdpa_eta_flash=1.0, sdpa_eta_efficient=1.0)
     catalogue = set(list_devices())
     gpus = {rel: [d for d in ids if d in catalogue] for rel, ids in hw.RELEASED_GPUS.items()}
     rows = [r for r in hw.read_hwgpt_rows(data / hw.HWGPT_FILE) if gpus.get(r.device)]
     chosen = {a for ids in hw.sample_archs(rows, per_space, seed).values() for a in ids}
+    return gpus, rows, chosen
+
+
+def row_graphs(rows: list[Any], chosen: set[Any], cache: str) -> Iterator[tuple[Any, Any]]:
+    """Each sampled row with its model's graph (assembled once per architecture and batch size, through the
+    conversion cache at ``cache``)."""
+    import search_spaces as ss
+    from dippm_nas.cache import ConversionCache
+    from dippm_nas.capture import assemble
+
     conv = ConversionCache(f"sqlite:///{cache}")
     graphs: dict[tuple[str, int], Any] = {}
-    out: list[dict[str, Any]] = []
     try:
         for r in (x for x in rows if x.arch_id in chosen):
             key = (r.arch_id, r.batch_size)
             if key not in graphs:
                 spec = ss.get_space("hwgpt").input_spec(r.config, batch_size=r.batch_size)
                 graphs[key] = assemble("hwgpt", r.config, spec, cache=conv)
-            g = graphs[key]
-            dep = Deployment(runtime="eager", framework="torch-2", autocast=r.autocast, input_copy="none")
-            shape = graph_facts(g).attention_shape()
-            att = np.flatnonzero(shape.attention)
-            for dev in gpus[r.device]:
-                d = get_device(dev)
-                code = sdpa_backend_codes(shape, d.architecture, np.full(len(g.nodes), 1 if r.autocast == "float16"
-                                                                          else 2))
-                nc = node_costs(g, d, unit, autocast=r.autocast)
-                backend = SDPA_BACKENDS[int(code[att[0]])] if len(att) else "none"
-                if d.fp16_tensor_tflops is None:  # CUDA cores: the class constants price it, no efficiency to fit
-                    backend += "-cuda-cores"
-                out.append({"space": r.space, "arch_id": r.arch_id, "released": r.device, "device": dev,
-                            "label_ms": r.median_ms, "attn_backend": backend,
-                            "unit_ms": predict(g, device=dev, deployment=dep, mig=False, params=unit).gpu_ms,
-                            "attn_compute_us": nc.compute_us[att].tolist(),
-                            "attn_memory_us": nc.memory_us[att].tolist()})
+            yield r, graphs[key]
     finally:
         conv.close()
+
+
+def unit_records(data: Path, per_space: int, seed: int, cache: str) -> list[dict[str, Any]]:
+    """One record per (sampled row, catalogue GPU): label, described ``gpu_ms`` with both SDPA efficiencies at 1,
+    the backend its attention runs and its attention nodes' compute and memory terms at efficiency 1 (µs)."""
+    from dippm_nas import Deployment
+    from dippm_nas.devices import get_device
+    from dippm_nas.prior import (SDPA_BACKENDS, default_params, graph_facts, node_costs, predict,
+                                 sdpa_backend_codes)
+
+    unit = dataclasses.replace(default_params(), sdpa_eta_flash=1.0, sdpa_eta_efficient=1.0)
+    gpus, rows, chosen = sampled_rows(data, per_space, seed)
+    out: list[dict[str, Any]] = []
+    for r, g in row_graphs(rows, chosen, cache):
+        dep = Deployment(runtime="eager", framework="torch-2", autocast=r.autocast, input_copy="none")
+        shape = graph_facts(g).attention_shape()
+        att = np.flatnonzero(shape.attention)
+        for dev in gpus[r.device]:
+            d = get_device(dev)
+            code = sdpa_backend_codes(shape, d.architecture, np.full(len(g.nodes), 1 if r.autocast == "float16"
+                                                                      else 2))
+            nc = node_costs(g, d, unit, autocast=r.autocast)
+            backend = SDPA_BACKENDS[int(code[att[0]])] if len(att) else "none"
+            if d.fp16_tensor_tflops is None:  # CUDA cores: the class constants price it, no efficiency to fit
+                backend += "-cuda-cores"
+            out.append({"space": r.space, "arch_id": r.arch_id, "released": r.device, "device": dev,
+                        "label_ms": r.median_ms, "attn_backend": backend,
+                        "unit_ms": predict(g, device=dev, deployment=dep, mig=False, params=unit).gpu_ms,
+                        "attn_compute_us": nc.compute_us[att].tolist(),
+                        "attn_memory_us": nc.memory_us[att].tolist()})
     return out
 
 
@@ -130,38 +147,23 @@ def diagnose(data: Path, per_space: int, seed: int, cache: str) -> dict[str, dic
     kernels short of the full bandwidth): the memory-bound time split at :data:`SMALL_MEMORY_US` per node
     (``memory_small_x`` / ``memory_large_x``), and compute, memory, fixed plus a latency per memory-bound kernel
     (``latency_us``, Little's law: ``bytes / bandwidth + latency``)."""
-    import search_spaces as ss
-    from dippm_nas.cache import ConversionCache
-    from dippm_nas.capture import assemble
-    from dippm_nas.devices import get_device, list_devices
+    from dippm_nas.devices import get_device
     from dippm_nas.prior import default_params, node_costs
 
     params = default_params()
-    catalogue = set(list_devices())
-    gpus = {rel: [d for d in ids if d in catalogue] for rel, ids in hw.RELEASED_GPUS.items()}
-    rows = [r for r in hw.read_hwgpt_rows(data / hw.HWGPT_FILE) if gpus.get(r.device)]
-    chosen = {a for ids in hw.sample_archs(rows, per_space, seed).values() for a in ids}
-    conv = ConversionCache(f"sqlite:///{cache}")
-    graphs: dict[tuple[str, int], Any] = {}
+    gpus, rows, chosen = sampled_rows(data, per_space, seed)
     parts: dict[str, list[tuple[float, ...]]] = defaultdict(list)
-    try:
-        for r in (x for x in rows if x.arch_id in chosen):
-            key = (r.arch_id, r.batch_size)
-            if key not in graphs:
-                spec = ss.get_space("hwgpt").input_spec(r.config, batch_size=r.batch_size)
-                graphs[key] = assemble("hwgpt", r.config, spec, cache=conv)
-            for dev in gpus[r.device]:
-                nc = node_costs(graphs[key], get_device(dev), params, autocast=r.autocast)
-                comp = nc.compute_us >= nc.memory_us
-                mem = ~comp & (nc.gpu_us > 0)
-                small = mem & (nc.memory_us < SMALL_MEMORY_US)
-                fixed = nc.gpu_us - np.maximum(nc.compute_us, nc.memory_us)
-                parts[dev].append((float(np.sum(np.where(comp, nc.compute_us, 0.0))) / 1e3,
-                                   float(np.sum(np.where(mem & ~small, nc.memory_us, 0.0))) / 1e3,
-                                   float(np.sum(np.where(small, nc.memory_us, 0.0))) / 1e3,
-                                   float(np.sum(fixed)) / 1e3, float(np.sum(nc.kernels[mem])) / 1e3, r.median_ms))
-    finally:
-        conv.close()
+    for r, g in row_graphs(rows, chosen, cache):
+        for dev in gpus[r.device]:
+            nc = node_costs(g, get_device(dev), params, autocast=r.autocast)
+            comp = nc.compute_us >= nc.memory_us
+            mem = ~comp & (nc.gpu_us > 0)
+            small = mem & (nc.memory_us < SMALL_MEMORY_US)
+            fixed = nc.gpu_us - np.maximum(nc.compute_us, nc.memory_us)
+            parts[dev].append((float(np.sum(np.where(comp, nc.compute_us, 0.0))) / 1e3,
+                               float(np.sum(np.where(mem & ~small, nc.memory_us, 0.0))) / 1e3,
+                               float(np.sum(np.where(small, nc.memory_us, 0.0))) / 1e3,
+                               float(np.sum(fixed)) / 1e3, float(np.sum(nc.kernels[mem])) / 1e3, r.median_ms))
     return {dev: diagnosis(np.array(ps)) for dev, ps in sorted(parts.items())}
 
 

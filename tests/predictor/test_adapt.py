@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from dippm_nas.devices import _registry, default_host_profile
+from dippm_nas.devices import default_host_profile
 from dippm_nas.errors import InvalidValueError
 from dippm_nas.features import FEATURE_SCHEMA_VERSION, device_dim, node_dim, static_dim
 from dippm_nas.graph import synthetic_resnet_graph
@@ -23,23 +23,17 @@ from dippm_nas.predictor import _gnn_adapt
 from dippm_nas.predictor import (HANDOVER_ROWS, HEAD_MIN_ROWS, AdaptationKey, AdaptationStore, CheckpointMeta,
                                  GnnPredictor, NumpyEnsemble, SageEnsemble, deployment_key, fit_residual_head)
 
+from _host import pin_host_facts
+
 DEV = "host-cpu"
 TESTS = Path(__file__).resolve().parent
 
 
 @pytest.fixture(autouse=True)
 def _pinned_host(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The host's measured peaks pinned: a live measurement on a busy machine is taken again at the next use and
-    reads other figures, so the same graph's prediction (and with it the truths these tests derive from it) would
-    differ between runs."""
-    real_facts = _registry.host_facts
-
-    def pinned_facts(threads: int | None = None) -> dict:
-        n = threads if threads is not None else torch.get_num_threads()
-        return {**real_facts(threads=threads), "fp32_tflops": 0.05 * n, "bandwidth_gbps": 30.0 + n,
-                "host_dispatch_us": 1.5, "contended": False}
-
-    monkeypatch.setattr(_registry, "host_facts", pinned_facts)
+    """The host's measured peaks pinned (``_host``): the same graph's prediction, and with it the truths these tests
+    derive from it, must not change between runs."""
+    pin_host_facts(monkeypatch)
 
 
 def _meta(device: str = DEV) -> CheckpointMeta:

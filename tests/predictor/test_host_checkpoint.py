@@ -22,6 +22,7 @@ from dippm_nas.training import Example
 from dippm_nas.training._train import _host_of
 from test_features import tiny_graph
 from test_predictor import _graphs, _meta
+from _host import pin_host_facts
 
 HOST = "host-cpu"
 
@@ -220,14 +221,7 @@ def test_a_host_checkpoint_answers_for_its_labels_thread_count_whatever_the_call
     monkeypatch.setattr(_gnn, "cpu_model_name", lambda: "CPU A")
     # the peaks of n threads pinned (a live measurement on a busy machine is measured again at the next use and
     # reads other figures): the features of 1 and 2 threads still differ, so a 2-thread featurisation shows
-    real_facts = _registry.host_facts
-
-    def pinned_facts(threads: int | None = None) -> dict:
-        n = threads if threads is not None else torch.get_num_threads()
-        return {**real_facts(threads=threads), "fp32_tflops": 0.05 * n, "bandwidth_gbps": 30.0 + n,
-                "host_dispatch_us": 1.5, "contended": False}
-
-    monkeypatch.setattr(_registry, "host_facts", pinned_facts)
+    pin_host_facts(monkeypatch)
     gs = _graphs(3)
     before = torch.get_num_threads()
     answers = []
