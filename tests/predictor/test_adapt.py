@@ -297,7 +297,7 @@ def _child(url: str, start: int) -> None:
 
 def test_two_processes_adapting_one_key_keep_every_row(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'a.db'}"
-    code = (f"import sys; sys.path.insert(0, {str(TESTS)!r}); from test_adapt import _child; "
+    code = (f"import sys; sys.path[:0] = [{str(TESTS)!r}, {str(TESTS.parent)!r}]; from test_adapt import _child; "
             f"_child({url!r}, int(sys.argv[1]))")
     procs = [subprocess.Popen([sys.executable, "-c", code, str(s)], stderr=subprocess.PIPE) for s in (0, 8)]
     for pr in procs:
