@@ -286,8 +286,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"HW-GPT-Bench gpu_ms vs profiler kernel time: {a.per_space} architectures per space, seed {a.seed}")
     _print(summary, missing)
     if a.json:
-        a.json.write_text(json.dumps({"per_space": a.per_space, "seed": a.seed, "not_in_catalogue": missing,
-                                      "summary": summary, "records": recs}, indent=1))
+        from dippm_nas.errors import InvalidValueError
+        from dippm_nas.files import write_output
+
+        write_output(a.json, json.dumps({"per_space": a.per_space, "seed": a.seed, "not_in_catalogue": missing,
+                                         "summary": summary, "records": recs}, indent=1) + "\n", "--json",
+                     error=InvalidValueError)
     return 0
 
 

@@ -37,6 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from accuracy_llm import _engine, fit_constants, linear_prediction, load_bench, sensitivities  # noqa: E402
 
 from dippm_nas.llm import MeasuredServingRun, adapt_engine  # noqa: E402
+from dippm_nas.errors import InvalidValueError  # noqa: E402
+from dippm_nas.files import write_output  # noqa: E402
 
 
 def _anchor_runs(rows: list[dict], k: int) -> list[dict]:
@@ -119,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
               "log": log}
     text = json.dumps(report, indent=1)
     if args.json:
-        args.json.write_text(text + "\n", encoding="utf-8")
+        write_output(args.json, text + "\n", "--json", error=InvalidValueError)
     print(text)
     return 0
 

@@ -49,6 +49,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from accuracy_llm import BENCH_ENGINES, BENCH_MODELS, _csv, _engine, _metrics, bench  # noqa: E402
 
 from dippm_nas.devices import get_device  # noqa: E402
+from dippm_nas.errors import InvalidValueError  # noqa: E402
+from dippm_nas.files import write_output  # noqa: E402
 from dippm_nas.llm import ENGINES_FILE, EngineTable, LLMWorkload, architecture, engine_table, predict_generation  # noqa: E402
 
 MULTI_FILE = "llm_inference_bench_h100_multi_gpu.csv"
@@ -249,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     report["log"] = log
     text = json.dumps(report, indent=1)
     if args.json:
-        args.json.write_text(text + "\n", encoding="utf-8")
+        write_output(args.json, text + "\n", "--json", error=InvalidValueError)
     print(text)
     return 0
 

@@ -38,6 +38,8 @@ from accuracy_deployment import described  # noqa: E402  (sibling scripts)
 from unseen_gpu_sigma import source_rows, unseen_params  # noqa: E402
 
 from dippm_nas import Deployment  # noqa: E402
+from dippm_nas.errors import InvalidValueError  # noqa: E402
+from dippm_nas.files import write_output  # noqa: E402
 from dippm_nas.prior import default_params, predict  # noqa: E402
 
 #: Transformer families by timm model-name prefix.
@@ -125,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
                                "unseen GPU (its own multipliers removed)"))
     _print(summary)
     if a.json:
-        a.json.write_text(json.dumps({"summary": summary, "records": recs}, indent=1))
+        write_output(a.json, json.dumps({"summary": summary, "records": recs}, indent=1) + "\n", "--json",
+                     error=InvalidValueError)
     return 0
 
 

@@ -42,6 +42,8 @@ import numpy as np  # noqa: E402
 
 from dippm_nas.conformal import ConformalCalibration, conformal_path, fit_conformal  # noqa: E402
 from dippm_nas.dataset import load_measurements  # noqa: E402
+from dippm_nas.errors import InvalidValueError  # noqa: E402
+from dippm_nas.files import write_output  # noqa: E402
 from dippm_nas.predictor import GnnPredictor, checkpoint_digest  # noqa: E402
 from dippm_nas.training import DEVICE_ALIASES  # noqa: E402
 
@@ -210,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
                           f"{sep['regime']} (σ_log median {sep['sigma_log_median']:.3f})")
     print(f"\n{time.perf_counter() - t0:.0f} s")
     if args.json is not None:
-        args.json.write_text(json.dumps(report, indent=1) + "\n")
+        write_output(args.json, json.dumps(report, indent=1) + "\n", "--json", error=InvalidValueError)
     return 0
 
 

@@ -35,6 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from dippm_nas import Deployment, InputSpec  # noqa: E402
 from dippm_nas.capture import capture  # noqa: E402
+from dippm_nas.errors import InvalidValueError  # noqa: E402
+from dippm_nas.files import write_output  # noqa: E402
 from dippm_nas.prior import graph_facts, predict  # noqa: E402
 
 DEFAULT_MODELS = ("swin_tiny_patch4_window7_224", "swinv2_tiny_window8_256", "vit_small_patch16_224")
@@ -128,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{p['views']:11d} {p['host_ms']:8.2f}", flush=True)
         print(f"    eager aten: {e['aten_ops']}\n    prior issued: {p['issued_ops']}", flush=True)
     if args.json:
-        args.json.write_text(json.dumps(recs, indent=1) + "\n")
+        write_output(args.json, json.dumps(recs, indent=1) + "\n", "--json", error=InvalidValueError)
     return 0
 
 

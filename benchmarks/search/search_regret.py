@@ -725,7 +725,7 @@ def run_seeds(args: argparse.Namespace, runs: list[DeviceRun]) -> list[dict[str,
                 records.append(seed_record(args, run, seed, res))
                 if args.seed_dir is not None:
                     args.seed_dir.mkdir(parents=True, exist_ok=True)
-                    (args.seed_dir / f"{run.name}_seed{seed}.json").write_text(json.dumps(records[-1]) + "\n")
+                    _write(args.seed_dir / f"{run.name}_seed{seed}.json", json.dumps(records[-1]) + "\n", "--seed-dir")
     return records
 
 
@@ -734,8 +734,17 @@ def write_and_print(report: dict[str, Any], out: Path | None) -> None:
         for v in d["variants"].values():
             print_table(f"{dev} ({len(v['seeds'])} seeds)", v["summary"], v["budget_ms"])
     if out is not None:
-        out.write_text(json.dumps(report, indent=1) + "\n")
+        _write(out, json.dumps(report, indent=1) + "\n", "--out")
         print(f"wrote {out}")
+
+
+def _write(path: Path, text: str, flag: str) -> None:
+    """Write a report file through :func:`dippm_nas.files.write_output` (never a FIFO, a directory or a
+    half-written file)."""
+    from dippm_nas.errors import InvalidValueError
+    from dippm_nas.files import write_output
+
+    write_output(path, text, flag, error=InvalidValueError)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -17,7 +17,8 @@ import json
 import sys
 from pathlib import Path
 
-from dippm_nas.errors import DippmNasError
+from dippm_nas.errors import DippmNasError, InvalidValueError
+from dippm_nas.files import write_output
 from dippm_nas.llm import ServingSLO, ServingTraffic
 from dippm_nas.optuna import serving_config_search
 
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     for reason, n in sorted(res.infeasible.items(), key=lambda kv: -kv[1])[:8]:
         print(f"infeasible x{n}: {reason}")
     if args.json:
-        args.json.write_text(json.dumps(res.to_dict(), indent=1) + "\n", encoding="utf-8")
+        write_output(args.json, json.dumps(res.to_dict(), indent=1) + "\n", "--json", error=InvalidValueError)
     return 0
 
 

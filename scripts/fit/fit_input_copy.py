@@ -42,6 +42,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from dippm_nas.dataset.importers import RYUJAEHUN_HOSTS  # noqa: E402
 from dippm_nas.devices import HostProfile, resolve_device  # noqa: E402
+from dippm_nas.errors import InvalidValueError  # noqa: E402
+from dippm_nas.files import write_output  # noqa: E402
 from dippm_nas.prior import PAGE_BYTES, PAGEABLE_STAGING_GBPS, PINNED_COPY_EFFICIENCY, default_params  # noqa: E402
 
 #: GPU name in the CSV -> catalogue id.
@@ -120,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{summary['h2d_fresh_page_sigma_log']:.2f} in log")
     report = {"hosts": hosts, **summary, "staging_gbps": PAGEABLE_STAGING_GBPS}
     if args.json is not None:
-        args.json.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+        write_output(args.json, json.dumps(report, indent=1) + "\n", "--json", error=InvalidValueError)
     if args.write is not None:
         cal = json.loads(args.write.read_text(encoding="utf-8"))
         hm = cal["host_model"]
@@ -135,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
                         f"-> {h['page_us_reference']:.2f} µs/page (reference host)" for d, h in hosts.items())
             + f"; geometric mean {summary['h2d_fresh_page_us']:.3f} µs, leave-one-host-out σ "
               f"{summary['h2d_fresh_page_sigma_log']:.2f}")
-        args.write.write_text(json.dumps(cal, indent=1) + "\n", encoding="utf-8")
+        write_output(args.write, json.dumps(cal, indent=1) + "\n", "--write", error=InvalidValueError)
         print(f"wrote {args.write}")
     return 0
 

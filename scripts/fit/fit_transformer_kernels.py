@@ -229,7 +229,10 @@ def main(argv: list[str] | None = None) -> int:
                         f"--per-space {a.per_space} --seed {a.seed} --write {a.write}"
                         + (" --separate" if a.separate else "")),
             "rows": dict(counts)}
-        a.write.write_text(json.dumps(d, indent=1) + "\n")
+        from dippm_nas.errors import InvalidValueError
+        from dippm_nas.files import write_output
+
+        write_output(a.write, json.dumps(d, indent=1) + "\n", "--write", error=InvalidValueError)
         print(f"wrote {a.write}")
     return 0
 
