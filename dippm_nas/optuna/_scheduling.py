@@ -28,6 +28,7 @@ from dippm_nas._redact import redact_url
 from dippm_nas.cache import default_cache
 from dippm_nas.capture import ModelSource
 from dippm_nas.deployment import Deployment
+from dippm_nas.devices import Device
 from dippm_nas.errors import DippmNasError, InvalidValueError
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.llm import LLMWorkload, decoder_config, predict_generation
@@ -96,17 +97,16 @@ class PredictionScheduler:
         overlap: predict a trial's candidate in the background thread when :meth:`overlaps` allows it.
         book: the cost model's trial bookkeeping (records, ``on_error``, the caller's waiting time).
         work: the cost model's background thread and conversion processes.
-        resolved_device: the device resolved once by the cost model (``None``: ``device`` is looked up).
-        resolved_deployment: the deployment resolved once by the cost model
-            (:func:`~dippm_nas.predictor.resolve_deployment`; ``None``: ``deployment`` as given).
+        resolved_device: the device the cost model resolved once (every prediction passes it inward).
+        resolved_deployment: the deployment the cost model resolved once
+            (:func:`~dippm_nas.predictor.resolve_deployment`; a serving deployment as given).
     """
 
     def __init__(self, device: str, deployment: Deployment, engine: str | None, cache: Any, k_sigma: float,
-                 overlap: bool, book: TrialBookkeeping, work: BackgroundWork, *, resolved_device: Any = None,
-                 resolved_deployment: Any = None) -> None:
+                 overlap: bool, book: TrialBookkeeping, work: BackgroundWork, *, resolved_device: Device,
+                 resolved_deployment: Any) -> None:
         self.device, self.deployment, self.engine = device, deployment, engine
-        self.resolved_device = resolved_device if resolved_device is not None else device
-        self.resolved_deployment = resolved_deployment if resolved_deployment is not None else deployment
+        self.resolved_device, self.resolved_deployment = resolved_device, resolved_deployment
         self.cache, self.k_sigma, self.overlap = cache, k_sigma, overlap
         self.on_error, self.objectives = book.on_error, book.objectives
         self._book, self._work = book, work
