@@ -46,8 +46,9 @@ Per cell (source x GPU x dtype; ML.ENERGY: one cell of all its pipelines and bat
 the share of measurements within ±1σ and ±2σ (log space), the median σ as a share of the value; and what a search
 sees (``benchmarks/accuracy/search_view.py``): for latency budgets at the 25th, 50th and 75th percentile of the
 cell's measured latencies, the share of admitted models (``mean + 1σ <= budget``) really over budget and the share
-of really-within models rejected. Per cell also the kernel σ the cell's GPU gets (``kernel_sigma_log``) and the RMS
-log error of the rows the prior calls GPU-bound (``gpu_bound_rms_log``), and for the eager CNN hosts a check of the
+of really-within models rejected. Per cell also the kernel σ the cell's GPU gets (``kernel_sigma_log``) and, apart for the rows the prior calls
+GPU-bound and the others (host-bound), their count and the mean and RMS of their log error (``gpu_bound_rows``,
+``gpu_bound_mean_log``, ``gpu_bound_rms_log``, ``host_bound_*``: where a cell's error sits), and for the eager CNN hosts a check of the
 undescribed host mixture (not a fit): the recorded clock and the clock the host-bound rows of a cell (at least
 :data:`HOST_CHECK_MIN_ROWS`) say the host runs at, each as a z-score in the mixture's log-normal host speed
 (:data:`~dippm_nas.prior.UNKNOWN_HOST_CLOCK_GHZ`, :data:`~dippm_nas.prior.UNKNOWN_HOST_SIGMA_LOG`).
@@ -190,14 +191,25 @@ def metrics(pred: np.ndarray, sig: np.ndarray, y: np.ndarray, gpu_bound: np.ndar
            "within_1sigma": float(np.mean(r <= sig)), "within_2sigma": float(np.mean(r <= 2 * sig)),
            "median_sigma_pct": float(np.median(sig) * 100)}
     if gpu_bound is not None:
-        out["gpu_bound_rows"] = int(gpu_bound.sum())
-        out["gpu_bound_rms_log"] = float(np.sqrt(np.mean(r[gpu_bound] ** 2))) if gpu_bound.any() else math.nan
+        out.update(_bound_errors(np.log(pred / y), np.asarray(gpu_bound, dtype=bool)))
     view = search_view([(float(p), float(p * s), float(m)) for p, s, m in zip(pred, sig, y)], ks=(1.0,))
     for pct in ("p25", "p50", "p75"):
         k1 = view[pct]["k=1"]
         out[f"{pct}_over_pct"] = k1["over_pct"]
         out[f"{pct}_rejected_pct"] = k1["rejected_pct"]
         out[f"{pct}_counts"] = [k1["admitted_over"], k1["admitted"], k1["within_rejected"], view[pct]["within"]]
+    return out
+
+
+def _bound_errors(err: np.ndarray, gpu_bound: np.ndarray) -> dict[str, float]:
+    """Where a cell's error sits: the count, mean and RMS of ``err`` (log predicted / measured) over the rows the
+    prior calls GPU-bound and over the others (host-bound); NaN for an empty side. A mean near the RMS is a
+    bias of that timeline (the kernels' or the host's), not scatter."""
+    out: dict[str, float] = {}
+    for side, rows in (("gpu_bound", gpu_bound), ("host_bound", ~gpu_bound)):
+        out[f"{side}_rows"] = int(rows.sum())
+        out[f"{side}_mean_log"] = float(np.mean(err[rows])) if rows.any() else math.nan
+        out[f"{side}_rms_log"] = float(np.sqrt(np.mean(err[rows] ** 2))) if rows.any() else math.nan
     return out
 
 
@@ -308,7 +320,9 @@ def _line(key: str, entry: dict[str, Any]) -> str:
                      f"over/rej p25 {_pct(m['p25_over_pct'])}/{_pct(m['p25_rejected_pct'])} "
                      f"p50 {_pct(m['p50_over_pct'])}/{_pct(m['p50_rejected_pct'])} "
                      f"p75 {_pct(m['p75_over_pct'])}/{_pct(m['p75_rejected_pct'])} "
-                     f"GPU-bound {m['gpu_bound_rows']} RMS {m['gpu_bound_rms_log']:.3f}")
+                     f"GPU-bound {m['gpu_bound_rows']} mean {m['gpu_bound_mean_log']:+.3f} RMS "
+                     f"{m['gpu_bound_rms_log']:.3f} host-bound {m['host_bound_rows']} mean "
+                     f"{m['host_bound_mean_log']:+.3f} RMS {m['host_bound_rms_log']:.3f}")
     return "\n  ".join(parts)
 
 

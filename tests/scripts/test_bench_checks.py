@@ -203,3 +203,21 @@ def test_mlenergy_rows_get_one_graph_per_pipeline_component(monkeypatch) -> None
     comps = energy.t2i.components(energy.t2i.load_config("stable-diffusion-2-1"))
     assert rows[1].graphs == [("stabilityai/stable-diffusion-2-1", c.name, 4) for c in comps]
     assert rows[1].calls == [c.calls for c in comps]
+
+
+def test_deployment_metrics_split_the_error_by_timeline() -> None:
+    """accuracy_deployment.metrics: the GPU-bound and host-bound rows' count, mean and RMS log error apart (a
+    bias of one timeline reads as a mean near its RMS; scatter as a mean near 0)."""
+    import numpy as np
+
+    dep = _load("accuracy_deployment")
+    y = np.array([10.0, 10.0, 4.0, 4.0, 8.0])
+    pred = np.array([20.0, 5.0, 2.0, 2.0, 8.0])  # GPU-bound: x2 and x0.5 (scatter); host-bound: x0.5, x0.5, x1
+    m = dep.metrics(pred, np.full(5, 0.5), y, np.array([True, True, False, False, False]))
+    assert (m["gpu_bound_rows"], m["host_bound_rows"]) == (2, 3)
+    assert m["gpu_bound_mean_log"] == pytest.approx(0.0, abs=1e-12)
+    assert m["gpu_bound_rms_log"] == pytest.approx(math.log(2))
+    assert m["host_bound_mean_log"] == pytest.approx(-2 * math.log(2) / 3)
+    assert m["host_bound_rms_log"] == pytest.approx(math.sqrt(2 / 3) * math.log(2))
+    none = dep.metrics(pred, np.full(5, 0.5), y, np.zeros(5, dtype=bool))
+    assert none["gpu_bound_rows"] == 0 and math.isnan(none["gpu_bound_mean_log"]) and none["host_bound_rows"] == 5
