@@ -51,6 +51,7 @@ from dippm_nas.files import output_path, write_output
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "fit"))
 from calibrate_fp64 import fit_eta, with_fp64_efficiency  # noqa: E402  (scripts/fit/calibrate_fp64.py)
+from calibrate_host_model import gpu_bound_sigma_by_dtype  # noqa: E402  (scripts/fit/calibrate_host_model.py)
 import fit_input_copy  # noqa: E402  (scripts/fit/fit_input_copy.py: the first touch of a fresh batch, per host)
 
 
@@ -186,10 +187,13 @@ def fold_host_model(rows: list, held_out: str, fold, base):
 
 
 def _nested_sigma(rows: list, held_out: str, base) -> dict[str, float]:
-    """The host model's σ metrics (host-bound, GPU-bound, float64) measured leave-one-GPU-out between the GPUs
-    other than ``held_out``: each fitted on its fp16/fp32 rows, the other's rows predicted."""
+    """The host model's σ metrics (host-bound, GPU-bound, float64, and the GPU-bound rows of float16 and float32
+    apart as ``sigma_log_gpu_unseen_<dtype>``, as ``scripts/fit/calibrate_host_model.py`` records them) measured
+    leave-one-GPU-out between the GPUs other than ``held_out``: each fitted on its fp16/fp32 rows, the other's
+    rows predicted."""
     others = sorted({r.device for r, _ in rows} - {held_out})
     res: dict[str, list[float]] = {"host": [], "gpu": [], "fp64": []}
+    half_full: list[tuple[float, bool, str]] = []  # (log error, host-bound, dtype) of the fp16 / fp32 rows
     for a in others:
         fit = [r for r, _ in rows
                if r.device not in (held_out, a) and r.graph.spec.dtype in ("float16", "float32")]
@@ -202,11 +206,16 @@ def _nested_sigma(rows: list, held_out: str, base) -> dict[str, float]:
             key = ("fp64" if r.graph.spec.dtype == "float64"
                    else "host" if estimate(r.graph, r.device, params=p, deployment=r.execution).launch_bound else "gpu")
             res[key].append(float(e))
+            if key != "fp64":
+                half_full.append((float(e), key == "host", r.graph.spec.dtype))
     rms = {k: float(np.sqrt(np.mean(np.square(v)))) for k, v in res.items() if v}
     out = {"sigma_log_host": rms.get("host", rms.get("gpu", 0.0)),
            "sigma_log_gpu_bound": rms.get("gpu", rms.get("host", 0.0))}
     if "fp64" in rms:
         out["sigma_log_gpu_bound_float64"] = rms["fp64"]
+    if half_full:
+        err, host, dtypes = (np.array(v) for v in zip(*half_full))
+        out.update(gpu_bound_sigma_by_dtype(err, host.astype(bool), dtypes))
     return out
 
 

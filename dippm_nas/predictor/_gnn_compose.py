@@ -292,7 +292,7 @@ class PredictionComposer:
             # dtype_unseen, a prior-only dtype, or a graph beyond the validated novelty: ``m`` is the prior's
             src = "analytic" if dtype_unseen or prior_only or withheld else "predicted"
             if src == "analytic" and t == "latency_ms" and dev.kind == "gpu":
-                s = max(s, self.prior_kernel_sigma_log(graph.spec.dtype))
+                s = max(s, self.prior_kernel_sigma_log(est.compute_dtype if est is not None else graph.spec.dtype))
             calibrated = False
             if t == "latency_ms" and dev.kind == "gpu" and est is not None and settings is not None:
                 m, s, composed, (h_ms, g_ms), calibrated, rt_est = self.compose_latency(graph, est, m, s, settings,
@@ -363,9 +363,10 @@ class PredictionComposer:
         return details
 
     def prior_kernel_sigma_log(self, dtype: str) -> float:
-        """The prior's measured σ of the kernel part for ``dtype`` on a GPU it was not fitted on (the pinned
-        host model's ``sigma_log_gpu_bound[_<dtype>]``; on a device without efficiency multipliers of its own,
-        at least an unseen GPU's ``sigma_log_gpu_unseen``; 0 without a host model): where the prior answers,
+        """The prior's measured σ of the kernel part for ``dtype`` (the dtype the kernels run in) on a GPU it was
+        not fitted on (the pinned host model's ``sigma_log_gpu_bound[_<dtype>]``; on a device without efficiency
+        multipliers of its own, ``sigma_log_gpu_unseen_<dtype>`` where recorded and at least an unseen GPU's
+        ``sigma_log_gpu_unseen``; 0 without a host model): where the prior answers,
         the σ is at least its own measured error."""
         params = self.execution_params()
         hm = params.host_model

@@ -90,6 +90,8 @@ class PriorEstimate:
         pass_host_ms: host time once per pass before the first operator (call, graph replay, input copy), ms.
         input_copy_ms: the input's host-to-device copy inside it, ms (0 when not in the timed region).
         host_model_fitted: the host times come from a fitted host model (False: the legacy constants).
+        autocast: the dtype autocast ran the graph's kernels in (``None``: no autocast; the kernels run in
+            ``dtype``).
     """
 
     device: str
@@ -122,6 +124,12 @@ class PriorEstimate:
     memory_details: dict[str, float] = field(default_factory=dict)
     energy_j_std: float | None = None
     energy_source: str = "unavailable"
+    autocast: str | None = None
+
+    @property
+    def compute_dtype(self) -> str:
+        """The dtype the kernels run in: :attr:`autocast` where set, else :attr:`dtype`."""
+        return self.autocast or self.dtype
 
     @property
     def gpu_idle_ms(self) -> float:
@@ -350,7 +358,7 @@ def _finished(graph: OperatorGraph, dev: Device, p: PriorParams, prof: HostProfi
         pass_host_ms=prefix_us / 1e3, input_copy_ms=copy_us / 1e3,
         host_model_fitted=dev.kind == "gpu" and p.host_model is not None,
         input_mib=input_mib, memory_mib_std=memory_std, memory_details=memory_details,
-        energy_j_std=energy_std, energy_source=energy_source,
+        energy_j_std=energy_std, energy_source=energy_source, autocast=autocast,
     )
 
 
@@ -505,8 +513,9 @@ def uses_cudnn(graph: OperatorGraph, facts: Any) -> bool:
 def latency_sigma_log(est: PriorEstimate, params: PriorParams | None = None, *,
                       device: Device | None = None) -> float | None:
     """Log-space σ of the prior's GPU latency: the host model's held-out σ on the host part and its
-    GPU-bound σ on the kernel part (the estimate's dtype's own, where measured: float64; on a GPU without
-    efficiency multipliers of its own, at least an unseen GPU's measured σ, :meth:`HostModel.sigma_log_gpu`),
+    GPU-bound σ on the kernel part (of the dtype the kernels run in, :attr:`PriorEstimate.compute_dtype`: its own
+    where measured, float64; on a GPU without efficiency multipliers of its own, the held-out rows of that
+    precision and at least an unseen GPU's measured σ, :meth:`HostModel.sigma_log_gpu`),
     each weighted by how much the critical path moves with it; ``None`` on a CPU device or without a fitted
     host model (no measured error to give). ``device``: the estimate's device, when the caller holds it
     resolved."""
@@ -519,7 +528,7 @@ def latency_sigma_log(est: PriorEstimate, params: PriorParams | None = None, *,
     base = _timelines(g, h, "gpu", pre)[0]
     if base <= 0:
         return None
-    sh, sg = hm.sigma_log(), hm.sigma_log_gpu(est.dtype, device_fitted=p.device_fitted(dev.id))
+    sh, sg = hm.sigma_log(), hm.sigma_log_gpu(est.compute_dtype, device_fitted=p.device_fitted(dev.id))
     d_h = math.log(_timelines(g, h * math.exp(sh), "gpu", pre * math.exp(sh))[0] / base)
     d_g = math.log(_timelines(g * math.exp(sg), h, "gpu", pre)[0] / base)
     return math.hypot(d_h, d_g)

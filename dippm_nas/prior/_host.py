@@ -167,13 +167,19 @@ class HostModel:
         e.g. float64, which no constant is fitted on), that one.
 
         ``device_fitted=False`` (a GPU whose efficiency multipliers were not fitted on its own measurements,
-        which gets the default entry of :attr:`~dippm_nas.prior.PriorParams.device_scales`): at least the
-        measured error of an unseen GPU's efficiency, ``metrics["sigma_log_gpu_unseen"]`` (leave-one-GPU-out
-        over the GPUs with fitted multipliers; ``metrics["fit_gpu_unseen"]`` says on which rows and by which
-        command), where recorded."""
+        which gets the default entry of :attr:`~dippm_nas.prior.PriorParams.device_scales`): the held-out
+        GPU-bound rows of ``dtype`` alone where the fit recorded them (``metrics["sigma_log_gpu_unseen_<dtype>"]``,
+        float16 and float32: the fit's held-out GPUs have no multipliers of their own, and half-precision kernels
+        of an unseen GPU, on tensor cores of one rate or another or in FP32 math, miss further than its float32
+        ones), and at least the measured error of an unseen GPU's efficiency, ``metrics["sigma_log_gpu_unseen"]``
+        (leave-one-GPU-out over the GPUs with fitted multipliers; ``metrics["fit_gpu_unseen"]`` says on which
+        rows and by which command), where recorded."""
         own = self.metrics.get(f"sigma_log_gpu_bound_{dtype}") if dtype else None
         v = own if _finite(own) and own > 0 else self.metrics.get("sigma_log_gpu_bound")
         sigma = float(v) if _finite(v) and v > 0 else 0.0
+        per_dtype = self.metrics.get(f"sigma_log_gpu_unseen_{dtype}") if dtype else None
+        if not device_fitted and _finite(per_dtype) and per_dtype > 0:
+            sigma = float(per_dtype)  # the same held-out rows as sigma_log_gpu_bound, this precision's only
         unseen = self.metrics.get("sigma_log_gpu_unseen")
         if not device_fitted and _finite(unseen) and unseen > sigma:
             sigma = float(unseen)

@@ -13,7 +13,10 @@ the float16 ones not) on the fp16 and fp32 rows (fp64 rows are GPU-bound and
 left out), scores the fit leave-one-GPU-out (the constants refitted without that GPU's rows) and records
 the held-out log-space σ (RMS log error) of host-bound rows as ``metrics["sigma_log_host"]`` (the σ of
 the host part of a prediction) and of GPU-bound rows as ``metrics["sigma_log_gpu_bound"]`` (the σ of the
-kernel part where no checkpoint corrects it: the prior on GPUs it was not fitted on). Only the ``host_model`` key of
+kernel part where no checkpoint corrects it: the prior on GPUs it was not fitted on), and the GPU-bound rows of
+each precision apart as ``metrics["sigma_log_gpu_unseen_float16"]`` and ``["sigma_log_gpu_unseen_float32"]``
+(none of the three GPUs has efficiency multipliers of its own: the kernel σ a GPU without them gets in that
+precision, :meth:`dippm_nas.prior.HostModel.sigma_log_gpu`). Only the ``host_model`` key of
 the output file is replaced; the float64 σ that ``scripts/fit/calibrate_fp64.py`` and the unseen-GPU σ that
 ``benchmarks/accuracy/unseen_gpu_sigma.py`` record there are kept.
 """
@@ -58,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
                      **{k: old[k] for k in copy_keys if k in old})
     params = default_params()
     # leave-one-GPU-out: the held-out σ of host-bound rows
-    held_r, held_bound = [], []
+    held_r, held_bound, held_dtype = [], [], []
     for dev in devices:
         train = [r for r in rows if r.device != dev]
         test = [r for r in rows if r.device == dev]
@@ -69,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
                           deployment=r.execution).launch_bound for r in test]
         held_r += list(np.log(pr / y))
         held_bound += bound
+        held_dtype += [r.graph.spec.dtype for r in test]
         ape = np.abs(pr / y - 1) * 100
         print(f"leave out {dev}: MAPE {ape.mean():.1f} % (median {np.median(ape):.1f} %), host-bound rows {sum(bound)}/{len(bound)}")
     r = np.array(held_r)
@@ -76,8 +80,10 @@ def main(argv: list[str] | None = None) -> int:
     sigma_host = float(np.sqrt(np.mean(r[b] ** 2))) if b.any() else float(np.sqrt(np.mean(r ** 2)))
     sigma_gpu = float(np.sqrt(np.mean(r[~b] ** 2))) if (~b).any() else float(np.sqrt(np.mean(r ** 2)))
     sigma_all = float(np.sqrt(np.mean(r ** 2)))
+    sigma_unseen = gpu_bound_sigma_by_dtype(r, b, np.array(held_dtype))
     print(f"held-out log σ (RMS log error): host-bound rows {sigma_host:.3f}, GPU-bound rows {sigma_gpu:.3f}, "
-          f"all rows {sigma_all:.3f}")
+          f"all rows {sigma_all:.3f}; GPU-bound rows by precision "
+          + ", ".join(f"{k[len('sigma_log_gpu_unseen_'):]} {v:.3f}" for k, v in sigma_unseen.items()))
 
     cmd = "python " + shlex.join([Path(sys.argv[0]).as_posix(), *(argv if argv is not None else sys.argv[1:])])
     model = fit_host_model(
@@ -91,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     model = dataclasses.replace(model, metrics={**model.metrics, "sigma_log_host": sigma_host,
                                                 "sigma_log_gpu_bound": sigma_gpu,
-                                                "sigma_log_heldout_all": sigma_all,
+                                                "sigma_log_heldout_all": sigma_all, **sigma_unseen,
                                                 "heldout": "leave-one-GPU-out over " + ", ".join(devices)})
     print(json.dumps(model.to_dict(), indent=1))
     if args.out is not None:
@@ -103,6 +109,19 @@ def main(argv: list[str] | None = None) -> int:
         write_output(args.out, json.dumps(d, indent=1) + "\n", "--out", error=InvalidValueError)
         print(f"wrote host_model into {args.out}")
     return 0
+
+
+def gpu_bound_sigma_by_dtype(err: np.ndarray, host_bound: np.ndarray, dtypes: np.ndarray) -> dict[str, float]:
+    """``{"sigma_log_gpu_unseen_<dtype>": RMS}`` of the held-out GPU-bound rows' log errors ``err`` of each dtype
+    (``host_bound``: the rows the prior calls host-bound, left out): the kernel σ of a GPU without efficiency
+    multipliers of its own in that precision (:meth:`dippm_nas.prior.HostModel.sigma_log_gpu`); a dtype without
+    GPU-bound rows gets no key."""
+    out: dict[str, float] = {}
+    for dtype in sorted(set(dtypes.tolist())):
+        rows = (dtypes == dtype) & ~host_bound
+        if rows.any():
+            out[f"sigma_log_gpu_unseen_{dtype}"] = float(np.sqrt(np.mean(err[rows] ** 2)))
+    return out
 
 
 def _with(params: PriorParams, model: HostModel) -> PriorParams:

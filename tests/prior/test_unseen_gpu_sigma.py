@@ -30,7 +30,37 @@ def test_the_shipped_unseen_gpu_sigma_has_a_source_and_exceeds_the_fitted_gpus_o
     assert record.startswith("python ") and (ROOT / script).is_file()  # the command that measured it
     for gpu in ("a100-sxm4-40gb", "rtx-3090", "rtx-4090", "rtx-5090"):
         assert gpu in record  # the rows it was derived from
-    assert hm.sigma_log_gpu("float16", device_fitted=False) == pytest.approx(max(unseen, hm.sigma_log_gpu("float16")))
+    for dtype in ("float16", "float32"):  # the host fit's held-out GPU-bound rows of that precision, at least unseen
+        held_out = hm.metrics[f"sigma_log_gpu_unseen_{dtype}"]
+        assert hm.sigma_log_gpu(dtype, device_fitted=False) == pytest.approx(max(unseen, held_out))
+    # float64 has no such key: its own held-out σ, at least the unseen one
+    assert hm.sigma_log_gpu("float64", device_fitted=False) == pytest.approx(max(unseen, hm.sigma_log_gpu("float64")))
+    # half-precision kernels of an unseen GPU miss further than the fitted GPUs' pooled σ says
+    assert hm.sigma_log_gpu("float16", device_fitted=False) >= hm.sigma_log_gpu("float16")
+
+
+def test_the_shipped_per_precision_sigma_is_the_host_fits_held_out_gpu_bound_rows() -> None:
+    """``sigma_log_gpu_unseen_float16`` / ``_float32`` come from scripts/fit/calibrate_host_model.py's
+    leave-one-GPU-out (recorded in the host model's command and ``heldout``), the half-precision one the wider;
+    the pooled GPU-bound σ of the same rows lies between them."""
+    hm = default_params().host_model
+    assert "calibrate_host_model.py" in hm.command and hm.metrics["heldout"].startswith("leave-one-GPU-out")
+    f16, f32 = hm.metrics["sigma_log_gpu_unseen_float16"], hm.metrics["sigma_log_gpu_unseen_float32"]
+    assert 0 < f32 < hm.metrics["sigma_log_gpu_bound"] < f16 < 1
+
+
+def test_gpu_bound_sigma_by_dtype_takes_each_precisions_gpu_bound_rows() -> None:
+    sys.path.insert(0, str(ROOT / "scripts" / "fit"))
+    try:
+        from calibrate_host_model import gpu_bound_sigma_by_dtype
+    finally:
+        sys.path.remove(str(ROOT / "scripts" / "fit"))
+    err = np.array([0.3, -0.4, 2.0, 0.1, -0.1, 5.0])
+    host = np.array([False, False, True, False, False, True])
+    dtypes = np.array(["float16", "float16", "float16", "float32", "float32", "bfloat16"])
+    got = gpu_bound_sigma_by_dtype(err, host, dtypes)
+    assert got == pytest.approx({"sigma_log_gpu_unseen_float16": math.sqrt(0.125),
+                                 "sigma_log_gpu_unseen_float32": 0.1})  # host-bound rows and bfloat16 left out
 
 
 def _recorded_cells(record: str) -> dict[tuple[str, str], tuple[int, float, float]]:
@@ -97,6 +127,38 @@ def test_sigma_log_gpu_takes_the_unseen_figure_only_for_an_unfitted_device() -> 
     # not recorded: the GPU-bound σ as before
     bare = HostModel(op_us={k: 10.0 for k in HOST_KINDS}, metrics={"sigma_log_gpu_bound": 0.19})
     assert bare.sigma_log_gpu("float16", device_fitted=False) == 0.19
+
+
+def test_an_unfitted_gpu_gets_its_precisions_held_out_sigma_at_least_the_unseen_one() -> None:
+    hm = HostModel(op_us={k: 10.0 for k in HOST_KINDS},
+                   metrics={"sigma_log_gpu_bound": 0.25, "sigma_log_gpu_bound_float64": 0.30,
+                            "sigma_log_gpu_unseen": 0.22, "sigma_log_gpu_unseen_float16": 0.33,
+                            "sigma_log_gpu_unseen_float32": 0.16})
+    assert hm.sigma_log_gpu("float16", device_fitted=False) == 0.33
+    assert hm.sigma_log_gpu("float32", device_fitted=False) == 0.22  # below the unseen σ: that one
+    assert hm.sigma_log_gpu("float64", device_fitted=False) == 0.30  # no per-precision key: its own
+    assert hm.sigma_log_gpu("bfloat16", device_fitted=False) == 0.25  # none: the pooled one, at least unseen
+    # a GPU with its own multipliers keeps the pooled σ
+    assert hm.sigma_log_gpu("float16") == 0.25 and hm.sigma_log_gpu("float32") == 0.25
+
+
+def test_an_autocast_pass_gets_the_kernel_sigma_of_the_dtype_it_runs_in() -> None:
+    """A float32 graph under autocast float16 runs half-precision kernels: on an unseen GPU its kernel σ is the
+    float16 one (PriorEstimate.compute_dtype), not the float32 one."""
+    from dippm_nas import Deployment
+    from dippm_nas.devices import DEFAULT_HOST_PROFILE
+    from dippm_nas.prior import estimate
+    from test_runtime import conv_chain
+
+    g = conv_chain(256, 256, 56, layers=6, dtype="float32")
+    hm = default_params().host_model
+    plain = Deployment(host=DEFAULT_HOST_PROFILE, framework="torch-2", input_copy="none")
+    amp = Deployment(host=DEFAULT_HOST_PROFILE, framework="torch-2", input_copy="none", autocast="float16")
+    e32, e16 = estimate(g, "titan-rtx", deployment=plain), estimate(g, "titan-rtx", deployment=amp)
+    assert (e32.autocast, e32.compute_dtype) == (None, "float32") and e16.compute_dtype == "float16"
+    assert not e16.launch_bound and not e32.launch_bound
+    assert latency_sigma_log(e16) == pytest.approx(hm.sigma_log_gpu("float16", device_fitted=False), rel=0.05)
+    assert latency_sigma_log(e32) == pytest.approx(hm.sigma_log_gpu("float32", device_fitted=False), rel=0.05)
 
 
 def _with_own_entry(device: str, base=None):
