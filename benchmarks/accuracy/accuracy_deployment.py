@@ -25,7 +25,8 @@ Every row is predicted by the analytic prior (:func:`dippm_nas.prior.predict`) t
 The prior of each cell is what an unseen GPU gets: for the eager CNN timings (RTX 2080 Ti, TITAN RTX, TITAN Xp)
 the host model, the FP64 efficiency and the first touch of a freshly mapped batch (``scripts/fit/fit_input_copy.py``,
 the loop's float32 batches mapped fresh, its float16 ones not) refitted without the held-out GPU, with the σ of the
-host model measured between the other two (``benchmarks/accuracy/accuracy_eager.py``'s folds) and the shipped unseen-GPU kernel σ
+host model measured between the other two (``benchmarks/accuracy/accuracy_eager.py``'s folds; its kernel σ by precision,
+``sigma_log_gpu_unseen_float16`` / ``_float32``, too) and at least the shipped unseen-GPU kernel σ
 (``metrics["sigma_log_gpu_unseen"]``, derived from the fitted GPUs' Accel-NASBench and timm rows, none of these);
 for the timm GPUs the held-out GPU's fitted efficiency multipliers replaced by the geometric mean of the other GPUs
 the default entry averages and the unseen-GPU σ measured without it (``benchmarks/accuracy/unseen_gpu_sigma.py``'s
