@@ -3,7 +3,7 @@
 Usage::
 
     nice -n 10 python scripts/fit/fit_transformer_kernels.py --data ../shared/data [--per-space 10] [--seed 0]
-        [--write dippm_nas/prior/calibration/fitted.json | --diagnose | --device-rules]
+        [--write dippm_nas/prior/calibration/fitted.json | --diagnose | --device-rules | --vidur-bandwidth]
 
 ``PriorParams.sdpa_eta_flash`` and ``sdpa_eta_efficient`` (:mod:`dippm_nas.prior._sdpa`) are fitted on the
 profiler kernel time of HW-GPT-Bench's GPT spaces (``hwgpt_bench_gpu_latency_energy.csv``: H100, A40, RTX A6000,
@@ -17,14 +17,16 @@ kernels (``--separate``: each on its own kernel's rows; :func:`fit_etas` says wh
 rows are scored on both catalogued H100 boards (the board is not recorded). ``--write`` sets the two global keys of the calibration
 file and records the fit under ``metrics["sdpa_fit"]``; nothing else in the file changes.
 :func:`fit_etas` with ``exclude`` is the leave-one-GPU-out fit ``benchmarks/accuracy/accuracy_hwgpt.py`` uses.
-``--diagnose`` and ``--device-rules`` fit nothing: per GPU the compute / memory / fixed multipliers the rows ask for
-(:func:`diagnose`), and a leave-one-GPU-out test of device-level rules keyed on device-file facts
-(:func:`device_rules`).
+``--diagnose``, ``--device-rules`` and ``--vidur-bandwidth`` fit nothing: per GPU the compute / memory / fixed
+multipliers the rows ask for (:func:`diagnose`), a leave-one-GPU-out test of device-level rules keyed on device-file
+facts (:func:`device_rules`), and the bandwidth Vidur's streaming operators reach on an A100 and an H100
+(:func:`vidur_bandwidth`, ``vidur_a100_h100_llm_layer_op_profiling.csv``).
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import dataclasses
 import json
 import sys
@@ -273,6 +275,30 @@ def device_rules(recs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return out
 
 
+#: Vidur's operator file (microsoft/vidur profiling, MIT; A100 and H100 rows, fp16).
+VIDUR_FILE = "vidur_a100_h100_llm_layer_op_profiling.csv"
+#: Bytes a Vidur operator moves per token and hidden unit, fp16: the residual ``add`` reads two tensors and writes
+#: one; ``input_layernorm`` (RMSNorm) reads one and writes one.
+VIDUR_PASSES = {"add": 3, "input_layernorm": 2}
+
+
+def vidur_bandwidth(data: Path, min_mib: float = 128.0) -> dict[str, dict[str, float]]:
+    """Median achieved bandwidth (GB/s) of Vidur's memory-bound operators per GPU, over the single-GPU rows that
+    move at least ``min_mib`` MiB (beyond any catalogued L2): what the DRAM of an HBM board gives a plain streaming
+    kernel, measured on other rows than HW-GPT-Bench's."""
+    rates: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    with open(data / VIDUR_FILE, newline="") as f:
+        for row in csv.DictReader(f):
+            if row.get("num_tensor_parallel_workers") not in ("1", "1.0"):
+                continue
+            tokens, hidden = float(row["num_tokens"]), float(row["n_embd"])
+            for op, passes in VIDUR_PASSES.items():
+                nbytes, ms = passes * tokens * hidden * 2, float(row[f"time_stats.{op}.median"] or "nan")
+                if nbytes >= min_mib * 2**20 and ms > 0:
+                    rates[row["gpu"]][op].append(nbytes / (ms * 1e-3) / 1e9)
+    return {g: {op: float(np.median(v)) for op, v in ops.items()} for g, ops in sorted(rates.items())}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     ap.add_argument("--data", type=Path, required=True, help="folder holding " + hw.HWGPT_FILE)
@@ -281,6 +307,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cache", default="/tmp/dippm_hwgpt_blocks.sqlite", help="block conversion cache (SQLite)")
     ap.add_argument("--write", type=Path, help="calibration file whose sdpa_eta_* keys to set")
     ap.add_argument("--separate", action="store_true", help="fit each kernel's efficiency on its own rows")
+    ap.add_argument("--vidur-bandwidth", action="store_true",
+                    help="print the bandwidth Vidur's add / RMSNorm operators reach on the A100 and H100 (fits nothing)")
     ap.add_argument("--device-rules", action="store_true",
                     help="test device-level (fixed, memory) rules keyed on device facts, leave one GPU out (fits nothing)")
     ap.add_argument("--diagnose", action="store_true",
@@ -294,6 +322,10 @@ def main(argv: list[str] | None = None) -> int:
                   f"x{d['memory_small_x']:.2f} large x{d['memory_large_x']:.2f} | with a latency per memory-bound "
                   f"kernel: {d['latency_us']:.2f} µs, memory x{d['latency_memory_x']:.2f}, MAPE "
                   f"{d['mape_pct_latency']:.1f} %")
+        return 0
+    if a.vidur_bandwidth:
+        for gpu, ops in vidur_bandwidth(a.data).items():
+            print(f"{gpu}: " + ", ".join(f"{op} {gbps:.0f} GB/s" for op, gbps in ops.items()))
         return 0
     if a.device_rules:
         for key, d in device_rules(part_records(a.data, a.per_space, a.seed, a.cache)).items():
