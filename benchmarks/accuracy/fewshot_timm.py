@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -28,7 +27,7 @@ import numpy as np
 
 from dippm_nas.dataset import load_measurements
 from dippm_nas.predictor import calibration_classes
-from dippm_nas.prior import DeviceScale, default_params, estimate, row_settings
+from dippm_nas.prior import default_params, default_scale_entries, estimate, row_settings
 from dippm_nas.errors import InvalidValueError
 from dippm_nas.files import write_output
 
@@ -37,22 +36,20 @@ from accuracy_eager import few_shot, print_few_shot  # noqa: E402
 
 
 def held_out_params(base, device: str, among: list[str] | None = None):
-    """``base`` with ``device``'s own scale removed and the default entry refitted without it: the
-    geometric mean of the other fitted GPUs' multipliers (``among``: of these GPUs only)."""
+    """``base`` with ``device``'s own scale removed and the default entries refitted without it: the
+    geometric mean of the other fitted GPUs' multipliers, and of the other fitted GeForce GPUs' for GeForce GPUs
+    (:func:`dippm_nas.prior.default_scale_entries`; ``among``: of these GPUs only)."""
     if among is None:
-        fitted = {k: v for k, v in base.device_scales.items() if k not in ("*", "host-cpu", device)
-                  and not k.startswith("host") and not k.startswith("a100-pcie")}
+        among = [k for k in base.device_scales if not k.startswith("*") and k != device
+                 and not k.startswith("host") and not k.startswith("a100-pcie")]
     else:
         bad = [k for k in among if k == device or k not in base.device_scales]
         if bad or not among:
             raise SystemExit(f"held_out_params({device!r}): the GPUs to average must have a fitted scale and not be "
                              f"the held-out one; bad: {bad or among}; fitted: {sorted(base.device_scales)}")
-        fitted = {k: base.device_scales[k] for k in among}
-    comp = math.exp(np.mean([math.log(v.compute) for v in fitted.values()]))
-    mem = math.exp(np.mean([math.log(v.memory) for v in fitted.values()]))
-    scales = {k: v for k, v in base.device_scales.items() if k != device}
-    scales["*"] = DeviceScale(compute=comp, memory=mem,
-                              source=f"geometric mean of {sorted(fitted)} (leave-one-GPU-out of {device})")
+    entries = default_scale_entries(base.device_scales, list(among), note=f"leave-one-GPU-out of {device}")
+    scales = {k: v for k, v in base.device_scales.items() if k != device and not k.startswith("*")}
+    scales.update(entries)
     return dataclasses.replace(base, device_scales=scales)
 
 

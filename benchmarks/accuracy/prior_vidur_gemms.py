@@ -102,7 +102,7 @@ def fit_class_multiplier(cases: list[dict], graphs: dict, op_class: str, device:
     if not rows:
         raise SystemExit(f"no Vidur rows for {device} (known boards: {sorted(_GPU_OF)})")
     base = default_params()
-    scale = base.scale_for(dev.id, dev.kind)
+    scale = base.scale_for(dev.id, dev.kind, geforce=dev.geforce)
 
     def params(x: float):
         classes = {**scale.classes, op_class: x}

@@ -8,8 +8,9 @@ in ``benchmarks/accuracy/accuracy_deployment.py``'s docstring)::
 
 A GPU without efficiency multipliers of its own gets the calibration's default entry (``device_scales["*"]``):
 the geometric mean of the GPUs ``scripts/fit/calibrate_prior.py`` fitted on Accel-NASBench (A100, RTX 3090) and
-timm ``benchmark-infer`` rows (RTX 3090/4090/5090) (:data:`DEFAULT_ENTRY_GPUS`). Each of those GPUs in turn is
-predicted as an unseen one: its own multipliers removed and the others' geometric mean in their place
+timm ``benchmark-infer`` rows (RTX 3090/4090/5090) (:data:`DEFAULT_ENTRY_GPUS`); a GeForce GPU the GeForce entry
+(``device_scales["*geforce"]``, the geometric mean of the fitted GeForce GPUs). Each of those GPUs in turn is
+predicted as an unseen one: its own multipliers removed and the others' geometric means in their place
 (:func:`unseen_params`). Its rows are priced as the fit priced them (the graph as captured, in
 float16; the recorded layout; eager; no input copy; the default host), and the log error of the rows the prior
 calls GPU-bound is that GPU's unseen-GPU error, bias included. σ is the root mean square over the (GPU, source)
@@ -70,7 +71,7 @@ class Row:
 
 def unseen_params(base: PriorParams, device: str, among: Sequence[str] = DEFAULT_ENTRY_GPUS) -> PriorParams:
     """``base`` with ``device`` predicted as a GPU without multipliers of its own: its entry removed, the default
-    entry the geometric mean of the GPUs of ``among`` other than it. With the default ``among``, checks first
+    entries the geometric means of the GPUs of ``among`` other than it (:func:`fewshot_timm.held_out_params`). With the default ``among``, checks first
     that the shipped default entry is the geometric mean of :data:`DEFAULT_ENTRY_GPUS`."""
     if tuple(among) == DEFAULT_ENTRY_GPUS:
         star = base.device_scales.get("*")

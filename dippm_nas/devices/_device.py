@@ -150,6 +150,11 @@ class Device:
         nvswitch: the NVLinks reach every GPU of the node through NVSwitch (HGX / DGX boards); ``False`` with
             NVLink: a bridge joining two boards.
         gpus_per_node: GPUs one node of this board holds (HGX: 8); ``None`` when not catalogued (one GPU).
+        geforce: a GeForce board (NVIDIA's consumer line), whose datasheet FP16/BF16 tensor peak with FP32
+            accumulation is half its FP16-accumulate rate; a GeForce GPU without efficiency multipliers of its own
+            gets the prior's GeForce default entry (:data:`dippm_nas.prior.GEFORCE_SCALE_KEY`), the geometric mean
+            of the fitted GeForce GPUs', not the default of every fitted GPU. ``False`` for TITAN, professional
+            (RTX A-series, A40) and data-centre boards.
         sources: where each figure comes from, ``{field: citation}``.
         checks: fields whose figure should be re-checked against the vendor before it drives a result.
         notes: free text.
@@ -185,6 +190,7 @@ class Device:
     nvlink_gbps: float | None = None
     nvswitch: bool = False
     gpus_per_node: int | None = None
+    geforce: bool = False
     sources: Mapping[str, str] = field(default_factory=dict)
     checks: tuple[str, ...] = ()
     notes: str = ""
@@ -274,6 +280,9 @@ class Device:
         if not isinstance(self.nvswitch, bool) or (self.nvswitch and self.nvlink_gbps is None):
             raise DeviceError(f"device {self.id!r}: nvswitch must be a bool, and true only with NVLink "
                               f"(nvlink_gbps), got {self.nvswitch!r}")
+        if not isinstance(self.geforce, bool) or (self.geforce and self.kind != "gpu"):
+            raise DeviceError(f"device {self.id!r}: geforce must be a bool, and true only for a GPU, got "
+                              f"{self.geforce!r} (kind {self.kind!r})")
         g = self.gpus_per_node
         if g is not None and (isinstance(g, bool) or not isinstance(g, int) or not 1 <= g <= 72):
             raise DeviceError(f"device {self.id!r}: gpus_per_node must be an int in 1..72 or absent, got {g!r}")

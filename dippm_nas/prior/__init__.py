@@ -44,7 +44,8 @@ from dippm_nas.prior._nodes import (KernelTerms, NodeCosts, check_autocast, clea
                                     graph_facts_many, kernel_terms, kernel_time_us, node_costs, retimed, wave_efficiency)
 from dippm_nas.prior._mig import DIPPM_LADDER, MigAdvice, ProfileAdvice, advise, advise_many, mig_fit_violations
 from dippm_nas.prior._mig import RULES as MIG_RULES
-from dippm_nas.prior._params import PARAM_CLASSES, DeviceScale, OpClassParams, PriorParams, default_params
+from dippm_nas.prior._params import (DEFAULT_SCALE_KEY, GEFORCE_SCALE_KEY, PARAM_CLASSES, DeviceScale, OpClassParams,
+                                     PriorParams, default_params, default_scale_entries)
 from dippm_nas.prior._power import (
     NodeActivity,
     PowerParams,
@@ -68,7 +69,8 @@ __all__ = [
     "UNKNOWN_HOST", "UNKNOWN_HOST_CLOCK_GHZ", "UNKNOWN_HOST_SIGMA_LOG", "UNKNOWN_FRAMEWORK_WEIGHTS",
     "UNKNOWN_INPUT_COPY_WEIGHTS", "PAGEABLE_FRESH_WEIGHT", "DeploymentSpread", "deployment_spread", "described_offset_log",
     "HostRow", "fit_host_model", "host_model_latency_ms", "FIT_PARAMETERS",
-    "PriorParams", "OpClassParams", "DeviceScale", "PARAM_CLASSES", "default_params",
+    "PriorParams", "OpClassParams", "DeviceScale", "PARAM_CLASSES", "default_params", "DEFAULT_SCALE_KEY", "GEFORCE_SCALE_KEY",
+    "default_scale_entries",
     "node_costs", "NodeCosts", "facts_costs", "KernelTerms", "kernel_terms", "retimed", "check_autocast",
     "graph_facts", "graph_facts_many", "clear_graph_facts", "kernel_time_us", "wave_efficiency",
     "activation_liveness", "activation_liveness_many", "MemoryBreakdown", "round_block", "gpu_memory_parts",

@@ -950,7 +950,7 @@ def kernel_terms(f: Any, graph: Any, device: Device, params: PriorParams, *, tf3
     if own64.any():  # only float64 graphs pay for the lookup
         eta64 = np.array([np.nan if p.eta_compute_fp64 is None else p.eta_compute_fp64 for p in pc])[f.cls_idx]
         own64 &= ~np.isnan(eta64)
-    scale = params.scale_for(device.id, device.kind)
+    scale = params.scale_for(device.id, device.kind, geforce=device.geforce)
     class_mult = np.array([scale.class_multiplier(c) for c in PARAM_CLASSES], dtype=np.float64)[f.cls_idx]
     # A GPU's compute scales (device and per class) are fitted on half-precision data (Accel-NASBench
     # autocast, timm amp, Vidur fp16 GEMMs): they hold for tensor-core and half-precision kernels. FP32
@@ -1065,7 +1065,7 @@ def host_times(f: Any, k: KernelTerms, device: Device, params: PriorParams, host
         host_t = (np.where(act, issue + np.maximum(kernels - 1.0, 0.0) * hm.launch_us * s, 0.0)
                   + np.where(f.view & ~f.inner_view, op_us, 0.0))
     else:
-        scale = params.scale_for(device.id, device.kind)
+        scale = params.scale_for(device.id, device.kind, geforce=device.geforce)
         if scale.dispatch_us is not None:
             dispatch = scale.dispatch_us
         else:

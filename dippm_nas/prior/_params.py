@@ -18,7 +18,7 @@ import json
 import logging
 import math
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
@@ -28,11 +28,13 @@ from typing import Any
 from dippm_nas._files import write_output
 from dippm_nas._json import check_keys, loads_json, read_json_file
 from dippm_nas._schema import check_file_fields, file_layout, from_file_data
+from dippm_nas.devices import get_device
 from dippm_nas.errors import DippmNasError, InvalidValueError
 from dippm_nas.prior._host import HostModel
 from dippm_nas.prior._op_table import OpTable
 
-__all__ = ["OpClassParams", "DeviceScale", "PriorParams", "default_params", "PARAM_CLASSES", "CALIBRATION_FORMAT"]
+__all__ = ["OpClassParams", "DeviceScale", "PriorParams", "default_params", "PARAM_CLASSES", "CALIBRATION_FORMAT",
+           "DEFAULT_SCALE_KEY", "GEFORCE_SCALE_KEY", "default_scale_entries"]
 
 logger = logging.getLogger(__name__)
 
@@ -159,6 +161,48 @@ class DeviceScale:
 #: Key of :attr:`PriorParams.device_scales` used for devices without their own entry.
 DEFAULT_SCALE_KEY = "*"
 
+#: Key of :attr:`PriorParams.device_scales` used, where present, for GeForce GPUs (``Device.geforce``) without
+#: their own entry: the default entry with the fitted GeForce GPUs' GEMM rate (:func:`default_scale_entries`). A
+#: GeForce board's datasheet tensor peak (FP32 accumulation at half rate) is reached by cuBLAS GEMMs to a larger
+#: share than a data-centre board's, so the default of every fitted GPU (which averages in the A100) prices an
+#: unfitted GeForce GPU's GEMMs too slow (HW-GPT-Bench's RTX 2080 / 3080, docs/transformer_kernels.md).
+GEFORCE_SCALE_KEY = "*geforce"
+
+
+def default_scale_entries(scales: Mapping[str, DeviceScale], among: Sequence[str], *, note: str = ""
+                          ) -> dict[str, DeviceScale]:
+    """The default entries of :attr:`PriorParams.device_scales` from the fitted entries of the catalogue GPUs
+    ``among``: ``"*"`` the geometric mean of their compute and memory multipliers; ``"*geforce"`` (absent when no
+    GeForce GPU, ``Device.geforce``, is among them) the same with a ``matmul`` class multiplier: the GeForce GPUs'
+    geometric-mean compute multiplier over the one of ``"*"``, so GEMMs on an unfitted GeForce GPU reach the share
+    of its datasheet half-rate tensor peak the fitted GeForce GPUs reach; every other class keeps ``"*"``'s (an
+    unfitted GeForce GPU's float16 convolutions are not faster: the RTX 2080 Ti's eager CNNs, ``GEFORCE_SCALE_KEY``).
+    ``note`` is added to each entry's source (e.g. which GPU a leave-one-GPU-out left out).
+
+    Raises:
+        InvalidValueError: ``among`` is empty, names a default entry or a GPU without an entry in ``scales``.
+        DeviceError: a GPU of ``among`` is not in the device catalogue.
+    """
+    bad = [d for d in among if d.startswith("*") or d not in scales]
+    if bad or not among:
+        raise InvalidValueError(f"default_scale_entries: every GPU averaged needs a fitted entry of its own; bad: "
+                                f"{bad or list(among)}; fitted: {sorted(k for k in scales if not k.startswith('*'))}")
+    suffix = f" ({note})" if note else ""
+
+    def gmean(devs: Sequence[str], name: str) -> float:
+        return math.exp(sum(math.log(getattr(scales[d], name)) for d in devs) / len(devs))
+
+    star = DeviceScale(compute=gmean(among, "compute"), memory=gmean(among, "memory"),
+                       source=f"geometric mean of the fitted devices ({', '.join(among)}){suffix}")
+    out = {DEFAULT_SCALE_KEY: star}
+    geforce = [d for d in among if get_device(d).geforce]
+    if geforce:
+        out[GEFORCE_SCALE_KEY] = DeviceScale(
+            compute=star.compute, memory=star.memory, classes={"matmul": gmean(geforce, "compute") / star.compute},
+            source=f"the default entry with the matmul multiplier of the fitted GeForce devices ({', '.join(geforce)}): "
+                   f"their geometric-mean compute multiplier over the default's{suffix}")
+    return out
+
 
 @dataclass(frozen=True)
 class PriorParams:
@@ -181,7 +225,8 @@ class PriorParams:
             ``F.hardswish`` from the same formula written by hand (``x * F.relu6(x + 3) / 6``, three
             eager kernels); both are priced as one.
         device_scales: per-device efficiency multipliers ``{device id: DeviceScale}``; the entry
-            ``"*"`` applies to devices without one (MIG slice views use their parent's entry).
+            ``"*"`` applies to devices without one (MIG slice views use their parent's entry), the entry
+            ``"*geforce"``, where present, to GeForce GPUs without one (:data:`GEFORCE_SCALE_KEY`).
         source: what the constants were fitted on (or ``"uncalibrated"``).
         command: the command that produced them.
         metrics: the fit's reported figures (MAPE, Kendall tau...), for the record.
@@ -254,26 +299,29 @@ class PriorParams:
             raise InvalidValueError("PriorParams.host_model must be a HostModel or None, got "
                                     f"{type(self.host_model).__name__}")
 
-    def scale_for(self, device_id: str, kind: str = "gpu") -> DeviceScale:
+    def scale_for(self, device_id: str, kind: str = "gpu", *, geforce: bool = False) -> DeviceScale:
         """The efficiency multipliers of a device (a MIG slice view ``<id>.mig-<profile>`` uses ``<id>``).
 
-        The default entry ``"*"`` is fitted on GPUs and applies to GPUs only; other kinds without an
-        entry of their own get no scaling.
+        The default entries are fitted on GPUs and apply to GPUs only: ``"*geforce"`` to a GeForce GPU
+        (``geforce``, the device file's ``Device.geforce``) where the file has it, ``"*"`` to every other; other
+        kinds without an entry of their own get no scaling.
         """
         base = device_id.split(".mig-")[0]
-        if base in self.device_scales:
+        if base in self.device_scales and not base.startswith("*"):
             return self.device_scales[base]
+        if kind == "gpu" and geforce and GEFORCE_SCALE_KEY in self.device_scales:
+            return self.device_scales[GEFORCE_SCALE_KEY]
         if kind == "gpu" and DEFAULT_SCALE_KEY in self.device_scales:
             return self.device_scales[DEFAULT_SCALE_KEY]
         return DeviceScale()
 
     def device_fitted(self, device_id: str) -> bool:
         """Whether ``device_id`` (a MIG slice view: its parent) has efficiency multipliers of its own in
-        :attr:`device_scales`, fitted on its own measurements; ``False`` for a device that gets the default
-        entry ``"*"`` (the prior's kernel σ of such a device is an unseen GPU's,
+        :attr:`device_scales`, fitted on its own measurements; ``False`` for a device that gets a default
+        entry, ``"*"`` or ``"*geforce"`` (the prior's kernel σ of such a device is an unseen GPU's,
         :meth:`~dippm_nas.prior.HostModel.sigma_log_gpu`)."""
         base = device_id.split(".mig-")[0]
-        return base != DEFAULT_SCALE_KEY and base in self.device_scales
+        return not base.startswith("*") and base in self.device_scales
 
     @classmethod
     def uncalibrated(cls) -> "PriorParams":

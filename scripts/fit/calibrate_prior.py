@@ -52,7 +52,7 @@ from scipy.stats import kendalltau
 
 from dippm_nas.devices import get_device
 from dippm_nas.prior import DeploymentSettings, PriorParams, estimate, kernel_time_us
-from dippm_nas.prior import OpClassParams
+from dippm_nas.prior import OpClassParams, default_scale_entries
 from dippm_nas.errors import InvalidValueError
 from dippm_nas.files import write_output
 
@@ -378,7 +378,8 @@ SCALE_SIBLINGS = {"a100-sxm4-40gb": ("a100-pcie-40gb",)}
 def apply_knobs(base: PriorParams, x: np.ndarray, devices: Sequence[str],
                 sources: dict[str, str] | None = None) -> PriorParams:
     """Constants from a knob vector: shared knobs first, then (compute, memory) log-multipliers per device.
-    Devices without measurements get the geometric mean of the fitted ones (entry ``"*"``)."""
+    Devices without measurements get the geometric mean of the fitted ones (entry ``"*"``), GeForce GPUs that of
+    the fitted GeForce ones (``"*geforce"``, :func:`dippm_nas.prior.default_scale_entries`)."""
     from dippm_nas.prior import DeviceScale
 
     p = base
@@ -401,9 +402,7 @@ def apply_knobs(base: PriorParams, x: np.ndarray, devices: Sequence[str],
         for sib in SCALE_SIBLINGS.get(dev, ()):
             scales[sib] = DeviceScale(compute=vals[0], memory=vals[1], source=f"{src} (as {dev}: variant unrecorded)")
     if devices:
-        gm = np.exp(logs.mean(axis=0))
-        scales["*"] = DeviceScale(compute=float(gm[0]), memory=float(gm[1]),
-                                  source=f"geometric mean of the fitted devices ({', '.join(devices)})")
+        scales.update(default_scale_entries(scales, devices))
     return dataclasses.replace(p, device_scales=scales)
 
 

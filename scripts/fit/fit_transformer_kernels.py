@@ -3,7 +3,7 @@
 Usage::
 
     nice -n 10 python scripts/fit/fit_transformer_kernels.py --data ../shared/data [--per-space 10] [--seed 0]
-        [--write dippm_nas/prior/calibration/fitted.json]
+        [--write dippm_nas/prior/calibration/fitted.json | --diagnose | --device-rules | --vidur-bandwidth]
 
 ``PriorParams.sdpa_eta_flash`` and ``sdpa_eta_efficient`` (:mod:`dippm_nas.prior._sdpa`) are fitted on the
 profiler kernel time of HW-GPT-Bench's GPT spaces (``hwgpt_bench_gpu_latency_energy.csv``: H100, A40, RTX A6000,
@@ -17,11 +17,16 @@ kernels (``--separate``: each on its own kernel's rows; :func:`fit_etas` says wh
 rows are scored on both catalogued H100 boards (the board is not recorded). ``--write`` sets the two global keys of the calibration
 file and records the fit under ``metrics["sdpa_fit"]``; nothing else in the file changes.
 :func:`fit_etas` with ``exclude`` is the leave-one-GPU-out fit ``benchmarks/accuracy/accuracy_hwgpt.py`` uses.
+``--diagnose``, ``--device-rules`` and ``--vidur-bandwidth`` fit nothing: per GPU the compute / memory / fixed
+multipliers the rows ask for (:func:`diagnose`), a leave-one-GPU-out test of device-level rules keyed on device-file
+facts (:func:`device_rules`), and the bandwidth Vidur's streaming operators reach on an A100 and an H100
+(:func:`vidur_bandwidth`, ``vidur_a100_h100_llm_layer_op_profiling.csv``).
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import dataclasses
 import json
 import sys
@@ -190,6 +195,110 @@ def diagnosis(p: np.ndarray) -> dict[str, float]:
             "latency_memory_x": float(cl[1]), "mape_pct_latency": ml}
 
 
+#: Device-level groupings a rule may key on (device-file facts and the row's autocast dtype): each maps a catalogue
+#: GPU and the row's autocast dtype to its group.
+RULE_KEYS: dict[str, Any] = {
+    "architecture": lambda d, ac: "pre-ampere" if d.architecture in ("pascal", "volta", "turing") else "ampere+",
+    "memory": lambda d, ac: "hbm" if "HBM" in d.sources.get("memory_gib", "") else "gddr",
+    "autocast": lambda d, ac: ac,
+    "geforce": lambda d, ac: "geforce" if d.geforce else "other",
+}
+#: Multipliers a device-level rule may set per group (time of memory-bound nodes, fixed per-kernel time).
+RULE_GRID = np.exp(np.linspace(np.log(0.3), np.log(4.0), 41))
+
+
+def part_records(data: Path, per_space: int, seed: int, cache: str) -> list[dict[str, Any]]:
+    """Per (sampled row, catalogue GPU) of the shipped prior's described ``gpu_ms``: the label, the groups of
+    :data:`RULE_KEYS` and each node's compute term, memory term and time (µs), so a rule re-prices the nodes:
+    ``fixed x kf + max(compute, memory x km)``."""
+    from dippm_nas.devices import get_device
+    from dippm_nas.prior import default_params, node_costs
+
+    params = default_params()
+    gpus, rows, chosen = sampled_rows(data, per_space, seed)
+    out: list[dict[str, Any]] = []
+    for r, g in row_graphs(rows, chosen, cache):
+        for dev in gpus[r.device]:
+            d = get_device(dev)
+            nc = node_costs(g, d, params, autocast=r.autocast)
+            keep = nc.gpu_us > 0
+            out.append({"space": r.space, "released": r.device, "device": dev, "label_ms": r.median_ms,
+                        "groups": {k: f(d, r.autocast) for k, f in RULE_KEYS.items()},
+                        "c": nc.compute_us[keep], "m": nc.memory_us[keep], "t": nc.gpu_us[keep]})
+    return out
+
+
+def _ruled_ms(rec: dict[str, Any], kf: float, km: float) -> float:
+    top = np.maximum(rec["c"], rec["m"])
+    return float(np.sum(kf * (rec["t"] - top) + np.maximum(rec["c"], rec["m"] * km))) / 1e3
+
+
+def _fit_rule(recs: list[dict[str, Any]]) -> tuple[float, float]:
+    """(fixed x, memory x) minimising the mean |log(pred / label)| of ``recs`` over :data:`RULE_GRID`."""
+    best, arg = np.inf, (1.0, 1.0)
+    for kf in RULE_GRID:
+        for km in RULE_GRID:
+            e = float(np.mean([abs(np.log(_ruled_ms(r, kf, km) / r["label_ms"])) for r in recs]))
+            if e < best:
+                best, arg = e, (float(kf), float(km))
+    return arg
+
+
+def device_rules(recs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Leave-one-GPU-out test of a device-level rule per key of :data:`RULE_KEYS`: for each released GPU, the
+    (fixed x, memory x) of its group fitted on the other released GPUs' records of that group (1, 1 where no other
+    GPU shares it), then MAPE and Kendall τ per (catalogue GPU, space) cell. The SDPA efficiencies stay the shipped
+    (in-sample) ones. Returns per key: the cells meeting ≤ 10 % and τ ≥ 0.9, the mean cell MAPE, per-GPU MAPE and the
+    multipliers used; key ``"none"``: the shipped prior."""
+    from scipy.stats import kendalltau
+
+    out: dict[str, dict[str, Any]] = {}
+    for key in ("none", *RULE_KEYS):
+        used: dict[str, tuple[float, float]] = {}
+        for held in sorted({r["released"] for r in recs}):
+            mine = next(r for r in recs if r["released"] == held)
+            same = [r for r in recs if r["released"] != held and key != "none"
+                    and r["groups"][key] == mine["groups"][key]]
+            used[held] = _fit_rule(same) if same else (1.0, 1.0)
+        cells: dict[tuple[str, str], list[tuple[float, float]]] = defaultdict(list)
+        for r in recs:
+            cells[(r["device"], r["space"])].append((_ruled_ms(r, *used[r["released"]]), r["label_ms"]))
+        mape = {c: float(np.mean([abs(p / y - 1) for p, y in v]) * 100) for c, v in cells.items()}
+        tau = {c: float(kendalltau(*zip(*v)).statistic) for c, v in cells.items()}
+        per_gpu: dict[str, list[float]] = defaultdict(list)
+        for (dev, _), v in mape.items():
+            per_gpu[dev].append(v)
+        out[key] = {"met": sum(mape[c] <= 10 and tau[c] >= 0.9 for c in cells), "cells": len(cells),
+                    "mean_mape_pct": float(np.mean(list(mape.values()))),
+                    "gpu_mape_pct": {d: float(np.mean(v)) for d, v in sorted(per_gpu.items())},
+                    "fixed_memory_x": used}
+    return out
+
+
+#: Vidur's operator file (microsoft/vidur profiling, MIT; A100 and H100 rows, fp16).
+VIDUR_FILE = "vidur_a100_h100_llm_layer_op_profiling.csv"
+#: Bytes a Vidur operator moves per token and hidden unit, fp16: the residual ``add`` reads two tensors and writes
+#: one; ``input_layernorm`` (RMSNorm) reads one and writes one.
+VIDUR_PASSES = {"add": 3, "input_layernorm": 2}
+
+
+def vidur_bandwidth(data: Path, min_mib: float = 128.0) -> dict[str, dict[str, float]]:
+    """Median achieved bandwidth (GB/s) of Vidur's memory-bound operators per GPU, over the single-GPU rows that
+    move at least ``min_mib`` MiB (beyond any catalogued L2): what the DRAM of an HBM board gives a plain streaming
+    kernel, measured on other rows than HW-GPT-Bench's."""
+    rates: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    with open(data / VIDUR_FILE, newline="") as f:
+        for row in csv.DictReader(f):
+            if row.get("num_tensor_parallel_workers") not in ("1", "1.0"):
+                continue
+            tokens, hidden = float(row["num_tokens"]), float(row["n_embd"])
+            for op, passes in VIDUR_PASSES.items():
+                nbytes, ms = passes * tokens * hidden * 2, float(row[f"time_stats.{op}.median"] or "nan")
+                if nbytes >= min_mib * 2**20 and ms > 0:
+                    rates[row["gpu"]][op].append(nbytes / (ms * 1e-3) / 1e9)
+    return {g: {op: float(np.median(v)) for op, v in ops.items()} for g, ops in sorted(rates.items())}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     ap.add_argument("--data", type=Path, required=True, help="folder holding " + hw.HWGPT_FILE)
@@ -198,6 +307,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cache", default="/tmp/dippm_hwgpt_blocks.sqlite", help="block conversion cache (SQLite)")
     ap.add_argument("--write", type=Path, help="calibration file whose sdpa_eta_* keys to set")
     ap.add_argument("--separate", action="store_true", help="fit each kernel's efficiency on its own rows")
+    ap.add_argument("--vidur-bandwidth", action="store_true",
+                    help="print the bandwidth Vidur's add / RMSNorm operators reach on the A100 and H100 (fits nothing)")
+    ap.add_argument("--device-rules", action="store_true",
+                    help="test device-level (fixed, memory) rules keyed on device facts, leave one GPU out (fits nothing)")
     ap.add_argument("--diagnose", action="store_true",
                     help="print per GPU the compute / memory / fixed multipliers the rows ask for (fits nothing)")
     a = ap.parse_args(argv)
@@ -209,6 +322,17 @@ def main(argv: list[str] | None = None) -> int:
                   f"x{d['memory_small_x']:.2f} large x{d['memory_large_x']:.2f} | with a latency per memory-bound "
                   f"kernel: {d['latency_us']:.2f} µs, memory x{d['latency_memory_x']:.2f}, MAPE "
                   f"{d['mape_pct_latency']:.1f} %")
+        return 0
+    if a.vidur_bandwidth:
+        for gpu, ops in vidur_bandwidth(a.data).items():
+            print(f"{gpu}: " + ", ".join(f"{op} {gbps:.0f} GB/s" for op, gbps in ops.items()))
+        return 0
+    if a.device_rules:
+        for key, d in device_rules(part_records(a.data, a.per_space, a.seed, a.cache)).items():
+            gpus = ", ".join(f"{g} {v:.1f}" for g, v in d["gpu_mape_pct"].items())
+            mult = ", ".join(f"{g} {f:.2f}/{m:.2f}" for g, (f, m) in d["fixed_memory_x"].items())
+            print(f"{key:12} met {d['met']:2d} of {d['cells']}, mean {d['mean_mape_pct']:.1f} % | {gpus} | "
+                  f"fixed/memory x {mult}")
         return 0
     recs = unit_records(a.data, a.per_space, a.seed, a.cache)
     etas = fit_etas(recs, pooled=not a.separate)

@@ -87,6 +87,16 @@ def test_catalogue_facts_match_the_device_table(dev_id, sms, fp32, tf32, fp16, b
     assert (d.bandwidth_gbps, d.board_power_w, d.memory_gib) == (bw, power, mem_gib)
 
 
+def test_geforce_boards_are_marked_in_the_catalogue() -> None:
+    """``Device.geforce`` is true exactly for the GeForce boards (the name says it), and each cites its source."""
+    for dev_id in list_devices():
+        d = get_device(dev_id)
+        assert d.geforce == ("GeForce" in d.name), dev_id
+        if d.geforce:
+            assert d.sources.get("geforce"), dev_id
+    assert not get_device("titan-rtx").geforce and not get_device("rtx-a6000").geforce
+
+
 def test_mig_profiles_of_a100_40gb() -> None:
     d = get_device("a100-sxm4-40gb")
     by = {p.name: p for p in d.mig_profiles}
@@ -131,6 +141,10 @@ def test_invalid_device_records_are_rejected() -> None:
             device_from_dict(d)
     with pytest.raises(DeviceError, match="unknown keys"):
         device_from_dict(dict(base, bandwith_gbps=1.0))
+    with pytest.raises(DeviceError, match="geforce"):
+        device_from_dict(dict(base, geforce="yes"))
+    with pytest.raises(DeviceError, match="geforce"):
+        device_from_dict(dict(get_device("host-cpu").to_dict(), geforce=True))
     with pytest.raises(DeviceError, match="missing required"):
         device_from_dict({k: v for k, v in base.items() if k != "fp32_tflops"})
     with pytest.raises(DeviceError, match="compute_slices"):

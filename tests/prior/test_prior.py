@@ -250,6 +250,60 @@ def test_device_scales_apply_per_device_and_default_to_gpus_only() -> None:
     assert estimate(g, cpu, params=scaled).latency_ms == pytest.approx(estimate(g, cpu, params=base).latency_ms)
 
 
+def test_an_unfitted_geforce_gpu_gets_the_geforce_default_entry() -> None:
+    """``Device.geforce`` picks ``"*geforce"`` where the constants have it; a GeForce GPU with its own entry, a
+    non-GeForce GPU and constants without the entry are priced as before."""
+    from dippm_nas.prior import DEFAULT_SCALE_KEY, GEFORCE_SCALE_KEY, DeviceScale
+
+    g = matmul_graph(4096, 4096, 4096)
+    base = ideal_params()
+    star = DeviceScale(compute=0.5)
+    geforce = DeviceScale(compute=0.5, classes={"matmul": 2.0})
+    scaled = dataclasses.replace(base, device_scales={DEFAULT_SCALE_KEY: star, GEFORCE_SCALE_KEY: geforce})
+    t = lambda d, p: estimate(g, d, params=p).gpu_busy_ms  # noqa: E731
+    gf, pro = toy_gpu(id="toy-geforce", geforce=True), toy_gpu(id="toy-pro")
+    assert t(gf, scaled) == pytest.approx(t(gf, base))  # 0.5 x 2.0
+    assert t(pro, scaled) == pytest.approx(2 * t(pro, base))  # the default entry
+    only_star = dataclasses.replace(base, device_scales={DEFAULT_SCALE_KEY: star})
+    assert t(gf, only_star) == pytest.approx(2 * t(gf, base))  # no GeForce entry: the default one
+    own = dataclasses.replace(scaled, device_scales={**scaled.device_scales, "toy-geforce": DeviceScale(compute=0.25)})
+    assert t(gf, own) == pytest.approx(4 * t(gf, base))  # its own entry first
+    assert not scaled.device_fitted(GEFORCE_SCALE_KEY) and own.device_fitted("toy-geforce")
+    assert scaled.scale_for("rtx-3080", geforce=True) is geforce and scaled.scale_for("rtx-3080") is star
+    assert scaled.scale_for("toy-cpu", "cpu", geforce=True) == DeviceScale()
+
+
+def test_default_scale_entries_are_the_geometric_means_of_the_fitted_gpus() -> None:
+    from dippm_nas.errors import InvalidValueError
+    from dippm_nas.prior import GEFORCE_SCALE_KEY, DeviceScale, default_scale_entries
+
+    scales = {"a100-sxm4-40gb": DeviceScale(compute=0.25, memory=1.0), "rtx-3090": DeviceScale(compute=1.0, memory=0.5),
+              "rtx-4090": DeviceScale(compute=4.0, memory=2.0)}
+    e = default_scale_entries(scales, ["a100-sxm4-40gb", "rtx-3090", "rtx-4090"], note="x")
+    assert e["*"].compute == pytest.approx(1.0) and e["*"].memory == pytest.approx(1.0) and "(x)" in e["*"].source
+    gf = e[GEFORCE_SCALE_KEY]  # the default's compute and memory, GEMMs at the GeForce GPUs' rate (gmean 2.0)
+    assert (gf.compute, gf.memory) == (e["*"].compute, e["*"].memory)
+    assert gf.classes == pytest.approx({"matmul": 2.0})
+    assert GEFORCE_SCALE_KEY not in default_scale_entries(scales, ["a100-sxm4-40gb"])
+    for among in ([], ["rtx-5090"], ["*"]):
+        with pytest.raises(InvalidValueError, match="fitted entry"):
+            default_scale_entries(scales, among)
+
+
+def test_the_shipped_geforce_entry_is_the_one_of_the_shipped_fitted_gpus() -> None:
+    from dippm_nas.prior import DEFAULT_SCALE_KEY, GEFORCE_SCALE_KEY, default_scale_entries
+
+    p = default_params()
+    among = [d for d in ("a100-sxm4-40gb", "rtx-3090", "rtx-4090", "rtx-5090")]
+    e = default_scale_entries(p.device_scales, among)
+    for key in (DEFAULT_SCALE_KEY, GEFORCE_SCALE_KEY):
+        s = p.device_scales[key]
+        assert (s.compute, s.memory) == pytest.approx((e[key].compute, e[key].memory), rel=1e-9)
+        assert s.classes == pytest.approx(e[key].classes, rel=1e-9)
+    assert p.scale_for("rtx-3080", geforce=get_device("rtx-3080").geforce) is p.device_scales[GEFORCE_SCALE_KEY]
+    assert p.scale_for("a40", geforce=get_device("a40").geforce) is p.device_scales[DEFAULT_SCALE_KEY]
+
+
 def test_a_gpu_compute_scale_fitted_on_half_precision_leaves_fp32_cuda_core_kernels_alone() -> None:
     # GPU scales are fitted on fp16 whole models; FP32 CUDA-core kernels keep the op-level constants
     # (fitted on FP32 A100 operators): before, the A100's 0.42 made a large FP32 SGEMM 2.4x too slow

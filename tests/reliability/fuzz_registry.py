@@ -185,6 +185,7 @@ CONSTANTS = _names("""
     conformal.CONFIDENCES conformal.CONFORMAL_FORMAT conformal.MIN_REGIME_ROWS conformal.WIDEST_REGIME
     llm.ADAPTED_CONSTANTS llm.INTERCONNECTS llm.SERVING_FIGURES optuna.SERVING_OBJECTIVES prior.PAGEABLE_FRESH_WEIGHT
     prior.PAGEABLE_STAGING_GBPS prior.PAGE_BYTES trial.GENERATION_ALIASES prior.SDPA_BACKENDS prior.MMA_SYNC_SHARE
+    prior.DEFAULT_SCALE_KEY prior.GEFORCE_SCALE_KEY
 """)
 #: Type aliases: names for annotations, not callables a user calls.
 TYPE_ALIASES = _names("capture.CacheArg capture.SourceKind capture.SpaceItem prediction.Source")
@@ -321,7 +322,7 @@ NEEDS_OBJECTS = dict.fromkeys(_names("""
     training.split_examples training.train_ensemble validation.calibrate_predictor validation.check_calibration
     validation.fit_calibration validation.summarize conformal.regime_of conformal.conformal_for
     llm.evaluate_serving llm.resolve_tensor_parallel optuna.serving_config_search prior.simulate_caching_allocator
-    prior.execution_settings
+    prior.execution_settings prior.default_scale_entries
 """), "its required parameters include objects dippm-nas builds with no fixture; fuzzed through their builders")
 #: Numeric kernels and formulas the stages call with values they have checked: vectorised over nodes (a check
 #: per call would cost on every prediction), or the torch module a checkpoint holds. A user's values reach them

@@ -126,3 +126,44 @@ def test_diagnosis_recovers_a_latency_per_memory_bound_kernel() -> None:
     assert d["latency_us"] == pytest.approx(3.0, rel=0.02) and d["latency_memory_x"] == pytest.approx(1.0, rel=0.02)
     assert d["mape_pct_latency"] < 0.5 < d["mape_pct_as_is"]
     assert d["memory_small_x"] > d["memory_large_x"]
+
+
+def _part(released: str, space: str, group: str, c: float, m: float, fixed: float, label: float) -> dict:
+    import numpy as np
+
+    return {"space": space, "released": released, "device": released, "label_ms": label,
+            "groups": {"architecture": group, "memory": group, "autocast": group, "geforce": group},
+            "c": np.array([c * 1e3]), "m": np.array([m * 1e3]), "t": np.array([(max(c, m) + fixed) * 1e3])}
+
+
+def test_device_rules_fit_a_group_on_the_other_gpus_only() -> None:
+    """Two GPUs of one group whose memory-bound time is 2x the prediction: leave-one-GPU-out, each gets memory x2
+    from the other; a GPU alone in its group keeps (1, 1); the shipped prior ("none") is scored unchanged."""
+    _load()
+    import fit_transformer_kernels as ftk
+
+    recs = []
+    for gpu, group, mem_x in (("g1", "a", 2.0), ("g2", "a", 2.0), ("g3", "b", 3.0)):
+        for i, space in enumerate(("s", "s", "s", "m", "m", "m")):
+            c, m = 1.0 + 0.1 * i, 2.0 + 0.3 * i  # memory-bound nodes
+            recs.append(_part(gpu, space, group, c, m, 0.5, max(c, m * mem_x) + 0.5))
+    out = ftk.device_rules(recs)
+    assert out["none"]["fixed_memory_x"]["g1"] == (1.0, 1.0) and out["none"]["met"] == 0
+    for key in ftk.RULE_KEYS:
+        used = out[key]["fixed_memory_x"]
+        assert used["g1"][1] == pytest.approx(2.0, rel=0.05) and used["g2"][1] == pytest.approx(2.0, rel=0.05)
+        assert used["g3"] == (1.0, 1.0)
+        assert out[key]["gpu_mape_pct"]["g1"] < 2.0 and out[key]["gpu_mape_pct"]["g3"] > 20.0
+
+
+def test_vidur_bandwidth_reads_single_gpu_rows_above_the_size_floor(tmp_path: Path) -> None:
+    _load()
+    import fit_transformer_kernels as ftk
+
+    head = "gpu,num_tokens,n_embd,num_tensor_parallel_workers,time_stats.add.median,time_stats.input_layernorm.median\n"
+    # 8192 tokens x 4096 x 2 B = 64 MiB per tensor: add moves 192 MiB in 0.1 ms, RMSNorm 128 MiB in 0.2 ms
+    rows = ["h100,8192,4096,1,0.1,0.2", "h100,8192,4096,2,9.9,9.9", "h100,128,4096,1,9.9,9.9"]
+    (tmp_path / ftk.VIDUR_FILE).write_text(head + "\n".join(rows) + "\n")
+    got = ftk.vidur_bandwidth(tmp_path)
+    mib64 = 8192 * 4096 * 2
+    assert got == {"h100": pytest.approx({"add": 3 * mib64 / 1e-4 / 1e9, "input_layernorm": 2 * mib64 / 2e-4 / 1e9})}
