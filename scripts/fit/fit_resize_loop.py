@@ -10,9 +10,10 @@ Eager PyTorch's bilinear / bicubic resize of a contiguous NCHW tensor loops over
 output-pixel thread (:mod:`dippm_nas.prior._resize`), one memory round trip an iteration. For every eager timm row
 whose graph has such a resize, the iteration time that makes the prior's described prediction (the shipped
 constants) equal the measured step time is found by bisection; the fitted value is the geometric mean over the
-rows, and the script prints it per GPU and the leave-one-GPU-out value (the geometric mean of the other GPUs' rows).
-In the released timm data only EfficientFormerV2 (4 models, its strided attention's ``nn.Upsample``) runs the
-kernel at a size that shows; no other family can test the value. ``--write`` sets the global key
+rows, and the script prints it per GPU and the leave-one-GPU-out value (the geometric mean of the other GPUs' rows),
+each with the MAPE of that GPU's rows at the fitted and at the leave-one-GPU-out value. In the released timm data
+only EfficientFormerV2 (4 models, its strided attention's ``nn.Upsample``) runs the kernel at a size that shows; no
+other family can test the value. ``--write`` sets the global key
 ``resize_loop_ns`` of the calibration file and records the fit under ``metrics["resize_loop_fit"]``; nothing else
 in the file changes.
 """
@@ -68,8 +69,16 @@ def fit_rows(path: Path) -> list[dict[str, Any]]:
                 mig=False).latency_ms:
             continue
         out.append({"model": m["config"]["model"], "device": m["device"], "label_ms": float(m["latency_ms"]),
-                    "implied_ns": implied_ns(mg.graph, m["device"], float(m["latency_ms"]), dep, base)})
+                    "implied_ns": implied_ns(mg.graph, m["device"], float(m["latency_ms"]), dep, base),
+                    "graph": mg.graph, "deployment": dep})
     return out
+
+
+def mape_pct(recs: list[dict[str, Any]], loop_ns: float) -> float:
+    """MAPE (%) of the described predictions of ``recs`` (shipped constants) with ``resize_loop_ns=loop_ns``."""
+    p = dataclasses.replace(default_params(), resize_loop_ns=loop_ns)
+    return 100.0 * sum(abs(predict(r["graph"], r["device"], params=p, deployment=r["deployment"], mig=False).latency_ms
+                           / r["label_ms"] - 1.0) for r in recs) / len(recs)
 
 
 def geomean(values: list[float]) -> float:
@@ -93,8 +102,11 @@ def main(argv: list[str] | None = None) -> int:
     per_gpu = {g: geomean(v) for g, v in sorted(by_gpu.items())}
     held_out = {g: geomean([r["implied_ns"] for r in recs if r["device"] != g]) for g in per_gpu if len(per_gpu) > 1}
     for g in per_gpu:
-        print(f"{g:10s} own rows {per_gpu[g]:6.1f} ns" + (f", fitted without it {held_out[g]:6.1f} ns" if g in held_out
-                                                           else ""))
+        rows = [r for r in recs if r["device"] == g]
+        line = f"{g:10s} own rows {per_gpu[g]:6.1f} ns; described MAPE at the fitted value {mape_pct(rows, fitted):5.1f} %"
+        if g in held_out:
+            line += f", fitted without it {held_out[g]:6.1f} ns: {mape_pct(rows, held_out[g]):5.1f} %"
+        print(line)
     print(f"resize_loop_ns = {fitted:.1f} (geometric mean of {len(recs)} rows)")
     if a.write:
         d = json.loads(a.write.read_text())
