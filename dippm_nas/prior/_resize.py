@@ -9,7 +9,9 @@ of SMs for ``N x C`` round trips, however fast the GPU's bandwidth. ``nn.Upsampl
 of a ``[1024, 1024, 7, 7]`` tensor (EfficientFormerV2's strided attention at batch 1,024) launches 196 threads and
 takes about 0.3 s on an RTX 3090/4090/5090, where the same bytes move in 0.5 ms. Nearest-neighbour resizes loop over
 batch and channels across a grid dimension of their own (parallel), and a channels-last input takes the NHWC
-kernel (one thread per output element): neither is priced here.
+kernel (one thread per output element): neither is priced here. The bicubic kernel is priced as the bilinear one
+(its 16 loads an iteration issue together; its 512-thread blocks are counted as 1,024, which matters only for outputs
+of more than ``SMs x 512`` pixels); no released timing tests it.
 
 The graph carries the resize's method and layout (the Relax ``image.resize2d`` attributes ``method`` and
 ``layout``); whether the input tensor is contiguous NCHW at run time is judged from its producer: a kernel's output

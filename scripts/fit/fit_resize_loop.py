@@ -4,7 +4,8 @@ Usage (the timm rows of the models that run the kernel; graphs captured)::
 
     python scripts/make_timm_subset.py --data ../shared/data --out eff2.csv --per-family 1000 --family efficientformerv
     dippm-nas dataset import timm eff2.csv --out eff2.sqlite
-    nice -n 10 python scripts/fit/fit_resize_loop.py --timm eff2.sqlite [--write dippm_nas/prior/calibration/fitted.json]
+    nice -n 10 python scripts/fit/fit_resize_loop.py --timm eff2.sqlite \
+        [--write dippm_nas/prior/calibration/fitted.json]
 
 Eager PyTorch's bilinear / bicubic resize of a contiguous NCHW tensor loops over batch and channels inside each
 output-pixel thread (:mod:`dippm_nas.prior._resize`), one memory round trip an iteration. For every eager timm row
@@ -103,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     held_out = {g: geomean([r["implied_ns"] for r in recs if r["device"] != g]) for g in per_gpu if len(per_gpu) > 1}
     for g in per_gpu:
         rows = [r for r in recs if r["device"] == g]
-        line = f"{g:10s} own rows {per_gpu[g]:6.1f} ns; described MAPE at the fitted value {mape_pct(rows, fitted):5.1f} %"
+        line = (f"{g:10s} own rows {per_gpu[g]:6.1f} ns; described MAPE at the fitted value "
+                f"{mape_pct(rows, fitted):5.1f} %")
         if g in held_out:
             line += f", fitted without it {held_out[g]:6.1f} ns: {mape_pct(rows, held_out[g]):5.1f} %"
         print(line)

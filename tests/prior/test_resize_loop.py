@@ -9,10 +9,12 @@ import pytest
 import torch
 from torch import nn
 
+from _scripts import load_script
+from dippm_nas import Deployment
 from dippm_nas.capture import capture
 from dippm_nas.devices import get_device
 from dippm_nas.errors import InvalidValueError
-from dippm_nas.prior import PriorParams, default_params, estimate, estimate_many, graph_facts, node_costs
+from dippm_nas.prior import PriorParams, default_params, estimate, estimate_many, graph_facts, node_costs, predict
 from dippm_nas.spec import InputSpec
 
 BATCH, CHANNELS = 16, 256
@@ -88,3 +90,13 @@ def test_resize_loop_ns_is_checked_and_a_file_without_it_reads_as_none() -> None
     assert PriorParams.from_dict(d).resize_loop_ns == default_params().resize_loop_ns
     del d["global"]["resize_loop_ns"]
     assert PriorParams.from_dict(d).resize_loop_ns is None
+
+
+def test_the_fit_recovers_the_iteration_time_a_label_implies() -> None:
+    fit = load_script("fit_resize_loop")
+    g = _graph()
+    dep = Deployment(runtime="eager", autocast=None, input_copy="none")
+    p = dataclasses.replace(default_params(), resize_loop_ns=250.0)
+    label = predict(g, "rtx-3090", params=p, deployment=dep, mig=False).latency_ms
+    assert fit.implied_ns(g, "rtx-3090", label, dep, default_params()) == pytest.approx(250.0, rel=1e-3)
+    assert fit.geomean([100.0, 400.0]) == pytest.approx(200.0)
