@@ -12,11 +12,13 @@ Each converter reproduces what PyTorch computes, expressed with existing Relax o
   5-D: hiera's mask units, Twins-SVT's windows): PyTorch's fused kernels (flash, memory-efficient, cuDNN)
   take only 4-D query, key and value, so eager PyTorch runs its math path, and so does the graph: ``q *
   sqrt(scale)``, ``k^T * sqrt(scale)``, ``matmul``, the additive mask, ``softmax``, ``matmul`` with ``v``
-  (``_scaled_dot_product_attention_math``), which the prior prices as those kernels. A causal one (or one
-  with ``enable_gqa``) keeps the stock node, its leading dimensions merged into one batch dimension and split
-  again on the output (a mask first broadcast to the full score shape, so its leading axes merge as q's do;
-  a 3-D one runs as one batch of that many heads). A 4-D attention with a mask of lower rank, which the
-  frontend rejects, gets the mask with leading axes of 1.
+  (``_scaled_dot_product_attention_math``), which the prior prices as those kernels, at the inputs' dtype as
+  PyTorch up to 2.4 runs them (2.5 and later cast q, k, v to float32 inside, which the graph does not show:
+  docs/transformer_kernels.md, "Twins-SVT"). A causal one (or one with ``enable_gqa``) keeps the stock node,
+  its leading dimensions merged into one batch dimension and split again on the output (a mask first
+  broadcast to the full score shape, so its leading axes merge as q's do; a 3-D one runs as one batch of that
+  many heads). A 4-D attention with a mask of lower rank, which the frontend rejects, gets the mask with
+  leading axes of 1.
 - ``layer_norm.default`` / ``group_norm.default`` with a weight but ``bias=None`` (poolformerv2): the
   frontend looks the ``None`` up as a tensor. Layer norm gets no bias, as a norm without either does;
   group norm, whose Relax op needs both, gets a zero bias (a constant of C elements, so the graph's
