@@ -46,6 +46,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--per-family", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--family", action="append", default=None,
+                    help="keep only this family (as family() names it, e.g. efficientformerv); repeatable")
     args = ap.parse_args(argv)
     with open(args.data / "timm_benchmark_infer_gpu.csv", newline="") as f:
         rows = [r for r in csv.DictReader(f) if r["source_file"] in FILES]
@@ -66,7 +68,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     cand = {m: d for m, d in on_all.items() if small(d)}
     fams: dict[str, list[str]] = collections.defaultdict(list)
     for m in sorted(cand):
-        fams[family(m)].append(m)
+        if args.family is None or family(m) in args.family:
+            fams[family(m)].append(m)
     rng = random.Random(args.seed)
     pick: list[str] = []
     for _, ms in sorted(fams.items()):

@@ -48,6 +48,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "swin": ("swin",), "twins": ("twins",), "maxvit": ("maxvit", "maxxvit"), "metaformer": ("caformer", "convformer"),
     "efficientformer": ("efficientformer",), "nextvit": ("nextvit",), "xcit": ("xcit",), "cait": ("cait",),
     "coat": ("coat",), "crossvit": ("crossvit",), "levit": ("levit",), "pvt": ("pvt",), "volo": ("volo",),
+    "hiera": ("hiera",),
 }
 VARIANTS = ("before", "after")
 MODES = ("described", "undescribed")

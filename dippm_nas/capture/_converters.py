@@ -8,11 +8,17 @@ Each converter reproduces what PyTorch computes, expressed with existing Relax o
   SDPA; we emit the same ``where(mask, 0, -large)`` and hand over to the stock converter.
 - ``fill_.Tensor`` (in-place fill with a 0-d tensor, used by swin's shifted-window masks): the frontend
   has only ``fill_.Scalar``; we emit ``full(shape, value)`` and rebind the filled tensor.
-- ``scaled_dot_product_attention`` on 5-D tensors (hiera's mask units): the frontend takes 2-D or 4-D;
-  the leading dimensions are merged into one batch dimension and split again on the output (a mask is
-  first broadcast to the full score shape, so its leading axes merge as q's do). A 4-D attention with a
-  mask of lower rank, which the frontend rejects, gets the mask with leading axes of 1; a 3-D one (samvit:
-  heads folded into the batch) runs as one batch of that many heads.
+- ``scaled_dot_product_attention`` on tensors that are not 4-D (3-D: samvit's heads folded into the batch;
+  5-D: hiera's mask units, Twins-SVT's windows): PyTorch's fused kernels (flash, memory-efficient, cuDNN)
+  take only 4-D query, key and value, so eager PyTorch runs its math path, and so does the graph: ``q *
+  sqrt(scale)``, ``k^T * sqrt(scale)``, ``matmul``, the additive mask, ``softmax``, ``matmul`` with ``v``
+  (``_scaled_dot_product_attention_math``), which the prior prices as those kernels, at the inputs' dtype as
+  PyTorch up to 2.4 runs them (2.5 and later cast q, k, v to float32 inside, which the graph does not show:
+  docs/transformer_kernels.md, "Twins-SVT"). A causal one (or one with ``enable_gqa``) keeps the stock node,
+  its leading dimensions merged into one batch dimension and split again on the output (a mask first
+  broadcast to the full score shape, so its leading axes merge as q's do; a 3-D one runs as one batch of that
+  many heads). A 4-D attention with a mask of lower rank, which the frontend rejects, gets the mask with
+  leading axes of 1.
 - ``layer_norm.default`` / ``group_norm.default`` with a weight but ``bias=None`` (poolformerv2): the
   frontend looks the ``None`` up as a tensor. Layer norm gets no bias, as a norm without either does;
   group norm, whose Relax op needs both, gets a zero bias (a constant of C elements, so the graph's
@@ -299,6 +305,9 @@ def _sdpa(node: Any, importer: Any) -> Any:
         mask_node = None
     if len(q_shape) < 3:
         return _sdpa_bool_mask(node, importer)
+    fused_only = _sdpa_arg(node, 5, "is_causal", False) or _sdpa_arg(node, 7, "enable_gqa", False)
+    if len(q_shape) != 4 and not fused_only:
+        return _sdpa_math(node, importer, mask_node)
     bb = importer.block_builder
     saved = {}
     try:
@@ -338,6 +347,36 @@ def _sdpa(node: Any, importer: Any) -> Any:
     finally:
         importer.env.update(saved)
     return bb.emit(relax.op.reshape(out, [*q_shape[:-1], v_dim]))
+
+
+def _sdpa_arg(node: Any, index: int, name: str, default: Any) -> Any:
+    """Argument ``name`` (position ``index``) of an exported ``scaled_dot_product_attention`` call."""
+    return node.args[index] if len(node.args) > index else node.kwargs.get(name, default)
+
+
+def _sdpa_math(node: Any, importer: Any, mask_node: Any) -> Any:
+    """PyTorch's math path of ``scaled_dot_product_attention`` (``_scaled_dot_product_attention_math``), the
+    kernels eager runs for query, key and value that are not 4-D: ``q * sqrt(scale)`` and ``k^T * sqrt(scale)``,
+    their ``matmul``, the additive mask (a boolean one as ``0`` / ``-large``), ``softmax`` over the keys and the
+    ``matmul`` with ``v``."""
+    from tvm import relax
+
+    bb = importer.block_builder
+    q, k, v = (importer.env[a] for a in node.args[:3])
+    dt = str(q.ty.dtype)
+    scale = _sdpa_arg(node, 6, "scale", None)
+    root = math.sqrt(float(scale) if scale is not None else 1.0 / math.sqrt(_dims(q)[-1]))
+    rank = len(_dims(k))
+    kt = bb.emit(relax.op.permute_dims(k, [*range(rank - 2), rank - 1, rank - 2]))
+    attn = bb.emit(relax.op.matmul(bb.emit(relax.op.multiply(q, relax.const(root, dt))),
+                                   bb.emit(relax.op.multiply(kt, relax.const(root, dt)))))
+    if mask_node is not None:
+        mask = importer.env[mask_node]
+        if str(mask.ty.dtype) == "bool":
+            neg = -3.0e38 if dt == "float32" else -6.0e4
+            mask = bb.emit(relax.op.where(mask, relax.const(0.0, dt), relax.const(neg, dt)))
+        attn = bb.emit(relax.op.add(attn, mask))
+    return bb.emit(relax.op.matmul(bb.emit(relax.op.nn.softmax(attn, axis=-1)), v))
 
 
 def custom_convert_map() -> dict[str, Any]:

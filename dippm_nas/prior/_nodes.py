@@ -34,6 +34,7 @@ from dippm_nas.graph import OP_CLASSES, OperatorGraph, OpNode, node_columns
 from dippm_nas.prior._autocast import AutocastPlan, autocast_plan
 from dippm_nas.prior._host import HOST_KINDS, host_kind
 from dippm_nas.prior._params import CONTRACTION_CLASSES, PARAM_CLASSES, PriorParams
+from dippm_nas.prior._resize import serial_loop_us, serial_resize_loops
 from dippm_nas.prior._sdpa import AttentionShape, attention_shape, math_path_score_bytes, mma_share, sdpa_backend_codes
 
 __all__ = ["NodeCosts", "node_costs", "facts_costs", "KernelTerms", "kernel_terms", "retimed", "host_times", "costs_of_terms", "check_autocast", "kernel_time_us", "wave_efficiency", "contraction_tiles", "param_class",
@@ -303,6 +304,14 @@ class GraphFacts:
                     out[i] = copied(int(i), nd)
             self._plans[key] = out
         return self._plans[key]
+
+    def serial_resizes(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per node, ``(iterations per thread, threads)`` of the bilinear / bicubic NCHW resizes eager PyTorch runs
+        as a loop over batch and channels in each thread (:func:`~dippm_nas.prior._resize.serial_resize_loops`),
+        computed once. ``[num_nodes]`` float64 each, 0 elsewhere."""
+        if "serial_resizes" not in self._plans:
+            self._plans["serial_resizes"] = serial_resize_loops(self._nodes, self._preds)
+        return self._plans["serial_resizes"]
 
     def attention_shape(self) -> AttentionShape:
         """The :class:`~dippm_nas.prior._sdpa.AttentionShape` of the graph's nodes (SDPA calls), computed once."""
@@ -1024,6 +1033,12 @@ def _timed(x: _KernelInputs, f: Any, graph: Any, device: Device, params: PriorPa
         tile_eff=x.tile, tile_exponent=x.tile_exp, reduction_k=f.reduction_k, k_half=x.k_half, l2_fraction=l2_frac,
         l2_speedup=params.l2_speedup,
     )
+    if device.kind == "gpu" and params.resize_loop_ns is not None and not x.channels_last:
+        iters, threads = f.serial_resizes()
+        if iters.any():  # a serial resize waits on memory round trips, not on the bandwidth
+            t = np.where(iters > 0, np.maximum(t, x.kernel_us * x.kernels
+                                                + serial_loop_us(iters, threads, device.sms, params.resize_loop_ns)),
+                         t)
     act = x.active
     terms = KernelTerms(gpu_us=np.where(act, t, 0.0), compute_us=np.where(act, comp, 0.0),
                         memory_us=np.where(act, mem, 0.0), kernels=np.where(act, x.kernels, 0.0), extra=None,

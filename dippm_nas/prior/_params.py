@@ -240,6 +240,10 @@ class PriorParams:
             constants, the device scale and the whole score matrix (:mod:`~dippm_nas.prior._sdpa`).
         sdpa_eta_efficient: the same for the memory-efficient kernel (sm50+, any mask; Pascal, Volta and Turing
             always get it), of the peak the node's dtype has on the GPU; ``None`` as above.
+        resize_loop_ns: time of one iteration of eager PyTorch's serial bilinear / bicubic NCHW resize kernel on a
+            GPU (one memory round trip per image and channel in each of its output-pixel threads,
+            :mod:`~dippm_nas.prior._resize`), ns. ``None`` (a calibration file without the key, the checkpoints that
+            pin one) prices such a resize by its bytes like any element-wise node.
         host_model: per-operator host times of a GPU's driving host by kind and execution runtime, fitted
             on measured eager timings (:class:`~dippm_nas.prior._host.HostModel`); ``None`` (a calibration file
             without one, and the checkpoints that pin such a file) prices every GPU operator at
@@ -255,6 +259,7 @@ class PriorParams:
     fuse_hard_activations: bool = True
     sdpa_eta_flash: float | None = None
     sdpa_eta_efficient: float | None = None
+    resize_loop_ns: float | None = None
     device_scales: Mapping[str, DeviceScale] = field(default_factory=dict)
     source: str = "uncalibrated"
     command: str = ""
@@ -284,6 +289,10 @@ class PriorParams:
         if (self.sdpa_eta_flash is None) != (self.sdpa_eta_efficient is None):
             raise InvalidValueError("PriorParams.sdpa_eta_flash and sdpa_eta_efficient must both be set or both "
                                     f"None, got {self.sdpa_eta_flash!r} and {self.sdpa_eta_efficient!r}")
+        if self.resize_loop_ns is not None and (not _finite(self.resize_loop_ns)
+                                                or not 0 < self.resize_loop_ns <= 100_000):
+            raise InvalidValueError(f"PriorParams.resize_loop_ns must be None or in (0, 100000] ns, got "
+                                    f"{self.resize_loop_ns!r}")
         if not _finite(self.l2_speedup) or self.l2_speedup < 1:
             raise InvalidValueError(f"PriorParams.l2_speedup must be >= 1, got {self.l2_speedup!r}")
         object.__setattr__(self, "op_classes", dict(self.op_classes))
@@ -422,7 +431,7 @@ class PriorParams:
 
 #: The scalar settings :meth:`PriorParams.to_dict` writes under ``"global"``.
 _GLOBAL_KEYS = ("host_dispatch_us", "host_launch_us", "host_view_us", "l2_speedup", "nchw_transpose_passes",
-                "fuse_hard_activations", "sdpa_eta_flash", "sdpa_eta_efficient")
+                "fuse_hard_activations", "sdpa_eta_flash", "sdpa_eta_efficient", "resize_loop_ns")
 
 
 @lru_cache(maxsize=1)

@@ -105,6 +105,14 @@ class StackedFacts:
                                               for n in ("dtype", "bytes_scale", "casts", "cast_bytes")))
         return self._plans[key]
 
+    def serial_resizes(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every graph's :meth:`GraphFacts.serial_resizes`, concatenated."""
+        if "serial_resizes" not in self._plans:
+            parts = [f.serial_resizes() for f in self.parts]
+            self._plans["serial_resizes"] = (np.concatenate([p[0] for p in parts]),
+                                             np.concatenate([p[1] for p in parts]))
+        return self._plans["serial_resizes"]
+
     def attention_shape(self) -> AttentionShape:
         """Every graph's :class:`~dippm_nas.prior._sdpa.AttentionShape`, concatenated."""
         if "attention_shape" not in self._plans:

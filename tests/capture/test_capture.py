@@ -327,10 +327,13 @@ def test_converters_for_frontend_gaps_keep_the_fast_mode_and_the_shapes() -> Non
     assert g.mode == "export" and not g.unknown_ops
     ops = [n.op for n in g.nodes]
     assert "floor_divide" in ops and "nn.layer_norm" in ops and "nn.group_norm" in ops and "max" in ops
-    (att,) = [n for n in g.nodes if n.op == "nn.attention"]
-    # the five-dimensional attention runs as (B*4, 2 heads, 10, 8): B*H*Sq*Sk*(D+Dv) MACs
-    assert att.macs == 8 * 2 * 10 * 10 * (8 + 8)
-    assert any(n.output_shapes == ((2, 4, 2, 10, 8),) for n in g.nodes if n.index > att.index)  # split again
+    # a five-dimensional attention runs PyTorch's math path (the fused kernels take only 4-D q, k, v): q @ k^T,
+    # softmax, @ v, the same B*U*H*Sq*Sk*(D+Dv) MACs, the score matrix in the graph
+    assert not [n for n in g.nodes if n.op.startswith("nn.attention")]
+    qk, av = [n for n in g.nodes if n.op == "matmul" and not any(n.input_is_param)]
+    assert qk.output_shapes == ((2, 4, 2, 10, 10),) and av.output_shapes == ((2, 4, 2, 10, 8),)
+    assert qk.macs + av.macs == 8 * 2 * 10 * 10 * (8 + 8)
+    assert [n.op for n in g.nodes if qk.index < n.index < av.index] == ["nn.softmax"]
     # float tensor // int and int tensor // float are both float (PyTorch's promotion)
     assert [n.output_dtype for n in g.nodes if n.op == "floor_divide"] == ["float32", "float32"]
     out = _FrontendGaps().eval()(torch.randn(2, 4, 10, 16))
