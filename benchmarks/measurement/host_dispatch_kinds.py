@@ -1,0 +1,266 @@
+"""Framework-side host time of one eager operator, by kind and by module call, and of whole-model forwards.
+
+Usage (the vision venv: torch, torchvision, timm; random weights, nothing downloaded; CPU only)::
+
+    PYTHONPATH=$PWD nice -n 10 /work/venv-vision/bin/python benchmarks/measurement/host_dispatch_kinds.py \\
+        [--devices cpu] [--rounds 31] [--prior] [--json data/host_dispatch/dispatch_kinds.json]
+
+On tiny CPU tensors (one thread, a few elements, so the kernel is a small part of a call), ``torch.no_grad()``,
+eval mode:
+
+- **single operators**: the median time of one call of each operator kind (conv2d, linear, matmul/bmm, add/mul,
+  softmax, layer_norm, batch_norm, gelu/relu, pooling, the views reshape/permute/transpose/view, clone/contiguous,
+  cat), called functionally (``F.conv2d``) and, where PyTorch has a module for it, through the module
+  (``nn.Conv2d``): their difference is the module call's extra (``nn.Module.__call__``, its hooks check, the
+  module's ``forward``);
+- **whole models**: the median time of one forward at batch 1 at the default image size with every width made
+  tiny (:data:`_TINY`: the same operators, depths, windows and heads' views, tensors of a few channels and a few tokens: the CNNs at 32 x 32, ViT and DeiT at 32 x 32 (four patches), Swin
+  and SwinV2 at 64 x 64 in windows of 2, whose stages have the same shifts as at their own size): timm
+  resnet50, vit_small, deit_small, swin_tiny, swinv2_tiny, convnext_tiny, torchvision mobilenet_v2. This is the
+  CPU-side proxy of each model's eager host time on a GPU (the framework work per operator is the same; a GPU adds
+  the launches and the library set-up). ``--prior`` adds the prior's ``host_ms`` of the full-width model (RTX 3090,
+  eager, PyTorch 2.x, reference host) and its ratio to ViT-S's, to compare with the measured ratio.
+
+The ``meta`` device (``--devices meta``) is no proxy: many meta kernels are Python shape functions
+(``torch._meta_registrations``, the ``_refs`` decompositions), so an add or a layer norm costs hundreds of µs
+there against a few on the CPU.
+
+Each figure is the median over ``--rounds`` interleaved rounds of the per-call mean of a batch of calls, timed as the
+calling thread's CPU time (``time.thread_time``; one intra-op thread), so time the process spends descheduled on a
+shared machine is not counted. Times in µs (operators) and ms (models).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from dippm_nas import Deployment, InputSpec  # noqa: E402
+from dippm_nas.capture import capture  # noqa: E402
+from dippm_nas.errors import InvalidValueError  # noqa: E402
+from dippm_nas.files import write_output  # noqa: E402
+from dippm_nas.prior import predict  # noqa: E402
+
+DEFAULT_MODELS = ("resnet50", "mobilenet_v2", "vit_small_patch16_224", "deit_small_patch16_224",
+                  "swin_tiny_patch4_window7_224", "swinv2_tiny_window8_256", "convnext_tiny")
+_TORCHVISION = ("mobilenet_v2",)
+
+
+def _ops(device: str) -> list[tuple[str, str, str, Callable[[], Any]]]:
+    """``(name, kind, call, fn)``: each operator as one zero-argument call; ``call`` is ``"functional"``,
+    ``"module"`` or ``"method"`` (a tensor method: views, clone)."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    d = torch.device(device)
+    x4 = torch.randn(1, 4, 4, 4, device=d)
+    x3 = torch.randn(1, 8, 16, device=d)
+    xp = x3.permute(0, 2, 1)
+    w4 = torch.randn(4, 4, 3, 3, device=d)
+    lin = nn.Linear(16, 16).to(d).eval()
+    conv = nn.Conv2d(4, 4, 3, padding=1).to(d).eval()
+    ln = nn.LayerNorm(16).to(d).eval()
+    bn = nn.BatchNorm2d(4).to(d).eval()
+    gelu, relu, sm = nn.GELU(), nn.ReLU(inplace=False), nn.Softmax(dim=-1)
+    pool = nn.MaxPool2d(2)
+    a, b = torch.randn(2, 8, 16, device=d), torch.randn(2, 16, 8, device=d)
+    q = torch.randn(1, 2, 8, 4, device=d)
+    return [
+        ("conv2d", "conv", "functional", lambda: F.conv2d(x4, w4, conv.bias, padding=1)),
+        ("conv2d", "conv", "module", lambda: conv(x4)),
+        ("linear", "matmul", "functional", lambda: F.linear(x3, lin.weight, lin.bias)),
+        ("linear", "matmul", "module", lambda: lin(x3)),
+        ("matmul", "matmul", "functional", lambda: a @ b),
+        ("bmm", "matmul", "functional", lambda: torch.bmm(a, b)),
+        ("sdpa", "attention", "functional", lambda: F.scaled_dot_product_attention(q, q, q)),
+        ("add", "elementwise", "functional", lambda: x3 + x3),
+        ("mul", "elementwise", "functional", lambda: x3 * 0.5),
+        ("gelu", "elementwise", "functional", lambda: F.gelu(x3)),
+        ("gelu", "elementwise", "module", lambda: gelu(x3)),
+        ("relu", "elementwise", "functional", lambda: F.relu(x4)),
+        ("relu", "elementwise", "module", lambda: relu(x4)),
+        ("softmax", "reduction", "functional", lambda: x3.softmax(-1)),
+        ("softmax", "reduction", "module", lambda: sm(x3)),
+        ("layer_norm", "normalization", "functional", lambda: F.layer_norm(x3, (16,), ln.weight, ln.bias)),
+        ("layer_norm", "normalization", "module", lambda: ln(x3)),
+        ("batch_norm", "normalization", "functional",
+         lambda: F.batch_norm(x4, bn.running_mean, bn.running_var, bn.weight, bn.bias, False)),
+        ("batch_norm", "normalization", "module", lambda: bn(x4)),
+        ("max_pool2d", "pool", "functional", lambda: F.max_pool2d(x4, 2)),
+        ("max_pool2d", "pool", "module", lambda: pool(x4)),
+        ("mean", "reduction", "functional", lambda: x3.mean(-1)),
+        ("reshape", "view", "method", lambda: x3.reshape(1, 2, 4, 16)),
+        ("view", "view", "method", lambda: x3.view(8, 16)),
+        ("permute", "view", "method", lambda: x3.permute(0, 2, 1)),
+        ("transpose", "view", "method", lambda: x3.transpose(1, 2)),
+        ("clone", "memory", "method", lambda: x3.clone()),
+        ("contiguous", "memory", "method", lambda: xp.contiguous()),
+        ("cat", "memory", "functional", lambda: torch.cat([x3, x3], -1)),
+    ]
+
+
+def _time_calls(fn: Callable[[], Any], calls: int) -> float:
+    """Mean time of one call over ``calls`` calls, µs."""
+    t0 = time.thread_time()
+    for _ in range(calls):
+        fn()
+    return (time.thread_time() - t0) / calls * 1e6
+
+
+def measure_ops(device: str, rounds: int, calls: int) -> list[dict[str, Any]]:
+    """Median per-call time of every operator of :func:`_ops` on ``device``, µs (interleaved rounds)."""
+    import torch
+
+    ops = _ops(device)
+    samples: list[list[float]] = [[] for _ in ops]
+    with torch.no_grad():
+        for _, _, _, fn in ops:
+            _time_calls(fn, 20)  # warm-up
+        for _ in range(rounds):
+            for i, (_, _, _, fn) in enumerate(ops):
+                samples[i].append(_time_calls(fn, calls))
+    return [{"op": n, "kind": k, "call": c, "us": round(statistics.median(s), 3),
+             "us_min": round(min(s), 3)} for (n, k, c, _), s in zip(ops, samples)]
+
+
+#: Width arguments that keep each model's operators (depths, heads' count of views, windows, image size) but make its
+#: tensors tiny, so a CPU forward is mostly framework time.
+_TINY: dict[str, dict[str, Any]] = {
+    "resnet50": {"channels": (8, 16, 32, 64), "stem_width": 8},
+    "vit_small_patch16_224": {"embed_dim": 12, "img_size": 32},
+    "deit_small_patch16_224": {"embed_dim": 12, "img_size": 32},
+    # stage resolutions 16, 8, 4, 2 in windows of 2: the last stage one window without a shift, as at 224 / 7
+    "swin_tiny_patch4_window7_224": {"embed_dim": 8, "num_heads": (1, 2, 4, 8), "img_size": 64, "window_size": 2},
+    "swinv2_tiny_window8_256": {"embed_dim": 8, "num_heads": (1, 2, 4, 8), "img_size": 64, "window_size": 2},
+    "convnext_tiny": {"dims": (8, 16, 32, 64)},
+}
+
+#: Convolutional models whose operators do not depend on the image size: their tiny forward runs at 32 x 32.
+_ANY_SIZE = ("resnet50", "mobilenet_v2", "convnext_tiny")
+
+
+def _build(name: str, device: str, tiny: bool) -> tuple[Any, Any]:
+    """The model (random weights, eval) and a batch-1 input at its default image size; ``tiny``: the widths of
+    :data:`_TINY` (``mobilenet_v2``: ``width_mult=0.1``), else the real widths."""
+    import torch
+
+    with torch.device(device):
+        if name in _TORCHVISION:
+            import torchvision
+            kw: dict[str, Any] = {"width_mult": 0.1} if tiny and name == "mobilenet_v2" else {}
+            model = getattr(torchvision.models, name)(weights=None, num_classes=10, **kw).eval()
+            size: tuple[int, ...] = (3, 224, 224)
+        else:
+            import timm
+            model = timm.create_model(name, pretrained=False, num_classes=10,
+                                      **(_TINY.get(name, {}) if tiny else {})).eval()
+            size = tuple(model.pretrained_cfg.get("input_size", (3, 224, 224)))
+        if tiny and name in _ANY_SIZE:
+            size = (3, 32, 32)
+        elif tiny and "img_size" in _TINY.get(name, {}):
+            size = (3, _TINY[name]["img_size"], _TINY[name]["img_size"])
+        x = torch.randn(1, *size)
+    return model, x
+
+
+def measure_models(names: list[str], device: str, rounds: int, tiny: bool = True) -> list[dict[str, Any]]:
+    """Median time of one ``torch.no_grad()`` forward at batch 1 of each model on ``device``, ms (interleaved)."""
+    import torch
+
+    built = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for n in names:
+            built.append(_build(n, device, tiny))
+    samples: list[list[float]] = [[] for _ in names]
+    with torch.no_grad():
+        for m, x in built:
+            m(x)
+        for _ in range(rounds):
+            for i, (m, x) in enumerate(built):
+                t0 = time.thread_time()
+                m(x)
+                samples[i].append((time.thread_time() - t0) * 1e3)
+    return [{"model": n, "ms": round(statistics.median(s), 4), "ms_min": round(min(s), 4)}
+            for n, s in zip(names, samples)]
+
+
+def prior_host_ms(names: list[str]) -> list[dict[str, Any]]:
+    """The prior's ``host_ms`` of each full-width model at batch 1 (RTX 3090, eager, PyTorch 2.x, reference host),
+    with its ratio to ``vit_small_patch16_224``'s where that model is among ``names``."""
+    recs = []
+    for n in names:
+        model, x = _build(n, "cpu", tiny=False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            g = capture(model, InputSpec(shape=tuple(x.shape[1:]), batch_size=1), cache=False)
+        p = predict(g, "rtx-3090", deployment=Deployment(runtime="eager", framework="torch-2"), mig=False)
+        recs.append({"model": n, "host_ms": round(float(p.host_ms), 3)})
+    ref = {r["model"]: r["host_ms"] for r in recs}.get("vit_small_patch16_224")
+    print("prior host_ms (full width, rtx-3090, eager, torch-2, reference host); ratio to vit_small_patch16_224")
+    for r in recs:
+        r["ratio_to_vit_small"] = round(r["host_ms"] / ref, 3) if ref else None
+        print(f"  {r['model']:32s} {r['host_ms']:8.2f}  x{r['ratio_to_vit_small'] or float('nan'):.2f}")
+    return recs
+
+
+def module_extra(ops: list[dict[str, Any]]) -> dict[str, float]:
+    """Per operator with a module form: module-call time minus functional time, µs."""
+    f = {r["op"]: r["us"] for r in ops if r["call"] == "functional"}
+    return {r["op"]: round(r["us"] - f[r["op"]], 3) for r in ops if r["call"] == "module" and r["op"] in f}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--devices", nargs="+", default=["cpu"], choices=["meta", "cpu"])
+    ap.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS))
+    ap.add_argument("--rounds", type=int, default=31, help="interleaved rounds (the median is reported)")
+    ap.add_argument("--calls", type=int, default=200, help="calls per operator per round")
+    ap.add_argument("--model-rounds", type=int, default=101, help="forwards per model")
+    ap.add_argument("--prior", action="store_true", help="also the prior's host_ms of each full-width model")
+    ap.add_argument("--json", type=Path, help="write the figures here")
+    args = ap.parse_args(argv)
+    if args.rounds < 1 or args.calls < 1 or args.model_rounds < 1:
+        raise InvalidValueError(f"--rounds, --calls and --model-rounds must be >= 1, got {args.rounds}, "
+                                f"{args.calls}, {args.model_rounds}")
+    import torch
+
+    torch.set_num_threads(1)
+    out: dict[str, Any] = {"command": "python " + " ".join([Path(sys.argv[0]).as_posix(), *(argv or sys.argv[1:])]),
+                           "torch": torch.__version__, "python": platform.python_version(),
+                           "cpu": platform.processor() or platform.machine(), "threads": 1, "devices": {}}
+    for dev in args.devices:
+        ops = measure_ops(dev, args.rounds, args.calls)
+        print(f"\n[{dev}] operator host time, µs (median of {args.rounds} rounds x {args.calls} calls)")
+        for r in ops:
+            print(f"  {r['op']:12s} {r['kind']:13s} {r['call']:10s} {r['us']:8.2f}  (min {r['us_min']:.2f})")
+        extra = module_extra(ops)
+        print(f"[{dev}] module call minus functional, µs: {extra}")
+        models = measure_models(args.models, dev, args.model_rounds)
+        ref = {m["model"]: m["ms"] for m in models}
+        print(f"[{dev}] forward at batch 1, ms (median of {args.model_rounds}); ratio to vit_small_patch16_224")
+        for m in models:
+            ratio = m["ms"] / ref["vit_small_patch16_224"] if "vit_small_patch16_224" in ref else float("nan")
+            print(f"  {m['model']:32s} {m['ms']:9.3f}  x{ratio:.2f}")
+        out["devices"][dev] = {"ops": ops, "module_extra_us": extra, "models": models}
+        sys.stdout.flush()
+    if args.prior:
+        out["prior"] = prior_host_ms(args.models)
+    if args.json:
+        write_output(args.json, json.dumps(out, indent=1) + "\n", "--json", error=InvalidValueError)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
