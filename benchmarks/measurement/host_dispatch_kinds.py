@@ -43,13 +43,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from dippm_nas import Deployment, InputSpec  # noqa: E402
 from dippm_nas.capture import capture  # noqa: E402
 from dippm_nas.errors import InvalidValueError  # noqa: E402
 from dippm_nas.files import write_output  # noqa: E402
-from dippm_nas.prior import predict  # noqa: E402
+from dippm_nas.prior import HOST_KINDS, graph_facts, predict  # noqa: E402
 
 DEFAULT_MODELS = ("resnet50", "mobilenet_v2", "vit_small_patch16_224", "deit_small_patch16_224",
                   "swin_tiny_patch4_window7_224", "swinv2_tiny_window8_256", "convnext_tiny")
@@ -196,9 +198,13 @@ def measure_models(names: list[str], device: str, rounds: int, tiny: bool = True
             for n, s in zip(names, samples)]
 
 
-def prior_host_ms(names: list[str]) -> list[dict[str, Any]]:
+def prior_host_ms(names: list[str], kinds: dict[str, dict[str, float]] | None = None,
+                  forward_ms: dict[str, float] | None = None) -> list[dict[str, Any]]:
     """The prior's ``host_ms`` of each full-width model at batch 1 (RTX 3090, eager, PyTorch 2.x, reference host),
-    with its ratio to ``vit_small_patch16_224``'s where that model is among ``names``."""
+    with its ratio to ``vit_small_patch16_224``'s where that model is among ``names``; with ``kinds``
+    (:func:`kind_figures`), also the sum of the measured single-operator times over the captured graph's issued
+    nodes (a module call's extra where it is one) and views (``single_op_ms``, CPU ms), and with ``forward_ms`` (the
+    measured tiny forwards) its share of the measured forward."""
     recs = []
     for n in names:
         model, x = _build(n, "cpu", tiny=False)
@@ -206,13 +212,51 @@ def prior_host_ms(names: list[str]) -> list[dict[str, Any]]:
             warnings.simplefilter("ignore")
             g = capture(model, InputSpec(shape=tuple(x.shape[1:]), batch_size=1), cache=False)
         p = predict(g, "rtx-3090", deployment=Deployment(runtime="eager", framework="torch-2"), mig=False)
-        recs.append({"model": n, "host_ms": round(float(p.host_ms), 3)})
+        rec: dict[str, Any] = {"model": n, "host_ms": round(float(p.host_ms), 3)}
+        if kinds is not None:
+            rec["single_op_ms"] = round(single_op_ms(g, kinds), 3)
+            if forward_ms and n in forward_ms:
+                rec["single_op_share_of_forward"] = round(rec["single_op_ms"] / forward_ms[n], 3)
+        recs.append(rec)
     ref = {r["model"]: r["host_ms"] for r in recs}.get("vit_small_patch16_224")
-    print("prior host_ms (full width, rtx-3090, eager, torch-2, reference host); ratio to vit_small_patch16_224")
+    print("prior host_ms (full width, rtx-3090, eager, torch-2, reference host); ratio to vit_small_patch16_224"
+          + ("; sum of the single-operator CPU times over the graph, ms, and its share of the measured forward"
+             if kinds is not None else ""))
     for r in recs:
         r["ratio_to_vit_small"] = round(r["host_ms"] / ref, 3) if ref else None
-        print(f"  {r['model']:32s} {r['host_ms']:8.2f}  x{r['ratio_to_vit_small'] or float('nan'):.2f}")
+        more = (f"  single-op sum {r['single_op_ms']:6.3f} ms ({r.get('single_op_share_of_forward', float('nan')):.2f}"
+                " of the forward)" if "single_op_ms" in r else "")
+        print(f"  {r['model']:32s} {r['host_ms']:8.2f}  x{r['ratio_to_vit_small'] or float('nan'):.2f}{more}")
     return recs
+
+
+def single_op_ms(graph: Any, kinds: dict[str, dict[str, float]]) -> float:
+    """Sum of the measured per-kind times (:func:`kind_figures`) over ``graph``'s issued nodes, plus a module call's
+    extra at each node eager issues through a module, plus the view time at each view, ms."""
+    f = graph_facts(graph)
+    issued = f.active & ~f.fused & ~f.internal & ~f.hard_inner
+    views = f.view & ~f.inner_view
+    op = np.array([kinds["measured_op_us"][k] for k in HOST_KINDS])
+    mod = np.array([kinds["measured_module_us"].get(k, 0.0) for k in HOST_KINDS])
+    us = (op[f.host_kind] + np.where(f.module_call, mod[f.host_kind], 0.0)) * issued + op[f.host_kind] * views
+    return float(us.sum()) / 1e3
+
+
+def kind_figures(ops: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """``{"measured_op_us", "measured_module_us"}`` per host kind (:data:`dippm_nas.prior.HOST_KINDS`): a kind's
+    functional time is the median of its operators' (``other``: of every operator but views), its module-call
+    extra the median of its operators' module-minus-functional times (negative ones read 0)."""
+    extra = module_extra(ops)
+    kind_of = {r["op"]: r["kind"] for r in ops}
+    op_us: dict[str, float] = {}
+    for k in HOST_KINDS:
+        us = [r["us"] for r in ops if r["call"] != "module" and (r["kind"] == k or (k == "other" and r["kind"] != "view"))]
+        if not us:
+            raise InvalidValueError(f"no operator of host kind {k!r} was measured")
+        op_us[k] = round(float(statistics.median(us)), 3)
+    module_us = {k: round(max(float(statistics.median([v for o, v in extra.items() if kind_of[o] == k])), 0.0), 3)
+                 for k in HOST_KINDS if any(kind_of[o] == k for o in extra)}
+    return {"measured_op_us": op_us, "measured_module_us": module_us}
 
 
 def module_extra(ops: list[dict[str, Any]]) -> dict[str, float]:
@@ -253,10 +297,14 @@ def main(argv: list[str] | None = None) -> int:
         for m in models:
             ratio = m["ms"] / ref["vit_small_patch16_224"] if "vit_small_patch16_224" in ref else float("nan")
             print(f"  {m['model']:32s} {m['ms']:9.3f}  x{ratio:.2f}")
-        out["devices"][dev] = {"ops": ops, "module_extra_us": extra, "models": models}
+        kinds = kind_figures(ops)
+        print(f"[{dev}] per host kind, µs: {kinds}")
+        out["devices"][dev] = {"ops": ops, "module_extra_us": extra, "kinds": kinds, "models": models}
         sys.stdout.flush()
     if args.prior:
-        out["prior"] = prior_host_ms(args.models)
+        cpu = out["devices"].get("cpu")
+        out["prior"] = prior_host_ms(args.models, cpu["kinds"] if cpu else None,
+                                     {m["model"]: m["ms"] for m in cpu["models"]} if cpu else None)
     if args.json:
         write_output(args.json, json.dumps(out, indent=1) + "\n", "--json", error=InvalidValueError)
     return 0
