@@ -265,6 +265,18 @@ def module_extra(ops: list[dict[str, Any]]) -> dict[str, float]:
     return {r["op"]: round(r["us"] - f[r["op"]], 3) for r in ops if r["call"] == "module" and r["op"] in f}
 
 
+def cpu_model_name() -> str:
+    """The CPU's model name from ``/proc/cpuinfo`` (else what :mod:`platform` says)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--devices", nargs="+", default=["cpu"], choices=["meta", "cpu"])
@@ -283,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     out: dict[str, Any] = {"command": "python " + " ".join([Path(sys.argv[0]).as_posix(), *(argv or sys.argv[1:])]),
                            "torch": torch.__version__, "python": platform.python_version(),
-                           "cpu": platform.processor() or platform.machine(), "threads": 1, "devices": {}}
+                           "cpu": cpu_model_name(), "threads": 1, "devices": {}}
     for dev in args.devices:
         ops = measure_ops(dev, args.rounds, args.calls)
         print(f"\n[{dev}] operator host time, µs (median of {args.rounds} rounds x {args.calls} calls)")
