@@ -13,13 +13,15 @@ eval mode:
   cat), called functionally (``F.conv2d``) and, where PyTorch has a module for it, through the module
   (``nn.Conv2d``): their difference is the module call's extra (``nn.Module.__call__``, its hooks check, the
   module's ``forward``);
-- **whole models**: the median time of one forward at batch 1 at the default image size with every width made
-  tiny (:data:`_TINY`: the same operators, depths, windows and heads' views, tensors of a few channels and a few tokens: the CNNs at 32 x 32, ViT and DeiT at 32 x 32 (four patches), Swin
-  and SwinV2 at 64 x 64 in windows of 2, whose stages have the same shifts as at their own size): timm
-  resnet50, vit_small, deit_small, swin_tiny, swinv2_tiny, convnext_tiny, torchvision mobilenet_v2. This is the
-  CPU-side proxy of each model's eager host time on a GPU (the framework work per operator is the same; a GPU adds
-  the launches and the library set-up). ``--prior`` adds the prior's ``host_ms`` of the full-width model (RTX 3090,
-  eager, PyTorch 2.x, reference host) and its ratio to ViT-S's, to compare with the measured ratio.
+- **whole models**: the median time of one forward at batch 1 with every width made tiny (:data:`_TINY`: the same
+  operators, depths, windows and heads' views, tensors of a few channels and a few tokens: the CNNs at 32 x 32, ViT
+  and DeiT at 32 x 32 (four patches), Swin and SwinV2 at 64 x 64 in windows of 2, whose stages have the same shifts
+  as at their own size), and at twice those widths; ``2 t(x1) - t(x2)`` extrapolates to zero width, taking out the
+  CPU kernels' share (timm resnet50, vit_small, deit_small, swin_tiny, swinv2_tiny, convnext_tiny, torchvision
+  mobilenet_v2). That is the CPU-side proxy of each model's eager host time on a GPU (the framework work per
+  operator is the same; a GPU adds the launches and the library set-up). ``--prior`` adds the prior's ``host_ms``
+  of the full-width model (RTX 3090, eager, PyTorch 2.x, reference host) and its ratio to ViT-S's, to compare with
+  the measured ratio, and the sum of the single-operator times over each captured graph.
 
 The ``meta`` device (``--devices meta``) is no proxy: many meta kernels are Python shape functions
 (``torch._meta_registrations``, the ``_refs`` decompositions), so an add or a layer norm costs hundreds of µs
@@ -136,56 +138,60 @@ def measure_ops(device: str, rounds: int, calls: int) -> list[dict[str, Any]]:
              "us_min": round(min(s), 3)} for (n, k, c, _), s in zip(ops, samples)]
 
 
-#: Width arguments that keep each model's operators (depths, heads' count of views, windows, image size) but make its
-#: tensors tiny, so a CPU forward is mostly framework time.
-_TINY: dict[str, dict[str, Any]] = {
-    "resnet50": {"channels": (8, 16, 32, 64), "stem_width": 8},
-    "vit_small_patch16_224": {"embed_dim": 12, "img_size": 32},
-    "deit_small_patch16_224": {"embed_dim": 12, "img_size": 32},
+#: Width arguments (at width multiple ``m``) that keep each model's operators (depths, heads' count of views, windows,
+#: image size) but make its tensors tiny, so a CPU forward is mostly framework time.
+_TINY: dict[str, Callable[[int], dict[str, Any]]] = {
+    "resnet50": lambda m: {"channels": (8 * m, 16 * m, 32 * m, 64 * m), "stem_width": 8 * m},
+    "vit_small_patch16_224": lambda m: {"embed_dim": 12 * m, "img_size": 32},
+    "deit_small_patch16_224": lambda m: {"embed_dim": 12 * m, "img_size": 32},
     # stage resolutions 16, 8, 4, 2 in windows of 2: the last stage one window without a shift, as at 224 / 7
-    "swin_tiny_patch4_window7_224": {"embed_dim": 8, "num_heads": (1, 2, 4, 8), "img_size": 64, "window_size": 2},
-    "swinv2_tiny_window8_256": {"embed_dim": 8, "num_heads": (1, 2, 4, 8), "img_size": 64, "window_size": 2},
-    "convnext_tiny": {"dims": (8, 16, 32, 64)},
+    "swin_tiny_patch4_window7_224": lambda m: {"embed_dim": 8 * m, "num_heads": (1, 2, 4, 8), "img_size": 64,
+                                               "window_size": 2},
+    "swinv2_tiny_window8_256": lambda m: {"embed_dim": 8 * m, "num_heads": (1, 2, 4, 8), "img_size": 64,
+                                          "window_size": 2},
+    "convnext_tiny": lambda m: {"dims": (8 * m, 16 * m, 32 * m, 64 * m)},
+    "mobilenet_v2": lambda m: {"width_mult": 0.1 * m},
 }
 
 #: Convolutional models whose operators do not depend on the image size: their tiny forward runs at 32 x 32.
 _ANY_SIZE = ("resnet50", "mobilenet_v2", "convnext_tiny")
 
 
-def _build(name: str, device: str, tiny: bool) -> tuple[Any, Any]:
-    """The model (random weights, eval) and a batch-1 input at its default image size; ``tiny``: the widths of
-    :data:`_TINY` (``mobilenet_v2``: ``width_mult=0.1``), else the real widths."""
+def _build(name: str, device: str, width: int | None) -> tuple[Any, Any]:
+    """The model (random weights, eval) and a batch-1 input; ``width``: the tiny widths of :data:`_TINY` times
+    ``width`` (and their image size), ``None``: the real model at its default image size."""
     import torch
 
+    kw = _TINY[name](width) if width is not None and name in _TINY else {}
     with torch.device(device):
         if name in _TORCHVISION:
             import torchvision
-            kw: dict[str, Any] = {"width_mult": 0.1} if tiny and name == "mobilenet_v2" else {}
             model = getattr(torchvision.models, name)(weights=None, num_classes=10, **kw).eval()
             size: tuple[int, ...] = (3, 224, 224)
         else:
             import timm
-            model = timm.create_model(name, pretrained=False, num_classes=10,
-                                      **(_TINY.get(name, {}) if tiny else {})).eval()
+            model = timm.create_model(name, pretrained=False, num_classes=10, **kw).eval()
             size = tuple(model.pretrained_cfg.get("input_size", (3, 224, 224)))
-        if tiny and name in _ANY_SIZE:
+        if width is not None and name in _ANY_SIZE:
             size = (3, 32, 32)
-        elif tiny and "img_size" in _TINY.get(name, {}):
-            size = (3, _TINY[name]["img_size"], _TINY[name]["img_size"])
+        elif "img_size" in kw:
+            size = (3, kw["img_size"], kw["img_size"])
         x = torch.randn(1, *size)
     return model, x
 
 
-def measure_models(names: list[str], device: str, rounds: int, tiny: bool = True) -> list[dict[str, Any]]:
-    """Median time of one ``torch.no_grad()`` forward at batch 1 of each model on ``device``, ms (interleaved)."""
+def measure_models(names: list[str], device: str, rounds: int) -> list[dict[str, Any]]:
+    """Median time of one ``torch.no_grad()`` forward at batch 1 of each model on ``device`` at the tiny widths
+    (``ms_x1``) and twice them (``ms_x2``), interleaved, ms; ``ms``: their extrapolation to zero width,
+    ``2 ms_x1 - ms_x2`` (the CPU kernels' share, which grows with the width, taken out)."""
     import torch
 
     built = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for n in names:
-            built.append(_build(n, device, tiny))
-    samples: list[list[float]] = [[] for _ in names]
+            built += [_build(n, device, 1), _build(n, device, 2)]
+    samples: list[list[float]] = [[] for _ in built]
     with torch.no_grad():
         for m, x in built:
             m(x)
@@ -194,8 +200,9 @@ def measure_models(names: list[str], device: str, rounds: int, tiny: bool = True
                 t0 = time.thread_time()
                 m(x)
                 samples[i].append((time.thread_time() - t0) * 1e3)
-    return [{"model": n, "ms": round(statistics.median(s), 4), "ms_min": round(min(s), 4)}
-            for n, s in zip(names, samples)]
+    med = [statistics.median(s) for s in samples]
+    return [{"model": n, "ms": round(2 * med[2 * i] - med[2 * i + 1], 4), "ms_x1": round(med[2 * i], 4),
+             "ms_x2": round(med[2 * i + 1], 4)} for i, n in enumerate(names)]
 
 
 def prior_host_ms(names: list[str], kinds: dict[str, dict[str, float]] | None = None,
@@ -207,7 +214,7 @@ def prior_host_ms(names: list[str], kinds: dict[str, dict[str, float]] | None = 
     measured tiny forwards) its share of the measured forward."""
     recs = []
     for n in names:
-        model, x = _build(n, "cpu", tiny=False)
+        model, x = _build(n, "cpu", None)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             g = capture(model, InputSpec(shape=tuple(x.shape[1:]), batch_size=1), cache=False)
@@ -305,10 +312,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{dev}] module call minus functional, µs: {extra}")
         models = measure_models(args.models, dev, args.model_rounds)
         ref = {m["model"]: m["ms"] for m in models}
-        print(f"[{dev}] forward at batch 1, ms (median of {args.model_rounds}); ratio to vit_small_patch16_224")
+        print(f"[{dev}] forward at batch 1, ms (median of {args.model_rounds}) at the tiny widths, twice them, and "
+              "extrapolated to zero width; its ratio to vit_small_patch16_224")
         for m in models:
             ratio = m["ms"] / ref["vit_small_patch16_224"] if "vit_small_patch16_224" in ref else float("nan")
-            print(f"  {m['model']:32s} {m['ms']:9.3f}  x{ratio:.2f}")
+            print(f"  {m['model']:32s} {m['ms_x1']:9.3f} {m['ms_x2']:9.3f} {m['ms']:9.3f}  x{ratio:.2f}")
         kinds = kind_figures(ops)
         print(f"[{dev}] per host kind, µs: {kinds}")
         out["devices"][dev] = {"ops": ops, "module_extra_us": extra, "kinds": kinds, "models": models}
