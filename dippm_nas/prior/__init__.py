@@ -33,7 +33,8 @@ from dippm_nas.prior._spread import DeploymentSpread, deployment_spread, deploym
 from dippm_nas.prior._stack import CostStack, StackedFacts, estimate_many, estimates_of, stacked_timelines
 from dippm_nas.prior._host import (HOST_KINDS, PAGE_BYTES, PAGEABLE_STAGING_GBPS, PINNED_COPY_EFFICIENCY, RUNTIMES,
                                    Execution, HostModel, check_runtime, input_copy_us)
-from dippm_nas.prior._host_fit import FIT_PARAMETERS, HostRow, fit_host_model, host_model_latency_ms
+from dippm_nas.prior._host_fit import (FIT_PARAMETERS, MEASURED_FIT_PARAMETERS, HostRow, fit_host_model,
+                                      host_model_latency_ms)
 from dippm_nas.prior._memory import (MemoryBreakdown, MemoryParts, activation_liveness, activation_liveness_many,
                                      gpu_memory_parts, gpu_memory_parts_many, round_block, storage_lives)
 from dippm_nas.prior._allocator import (AllocatorConfig, AllocatorPeak, AllocEvent, allocation_events,
@@ -68,7 +69,7 @@ __all__ = [
     "DeploymentSettings", "deployment_settings", "execution_settings", "row_settings", "input_copy_kind", "UNKNOWN_TF32", "UNKNOWN_INPUT_COPY",
     "UNKNOWN_HOST", "UNKNOWN_HOST_CLOCK_GHZ", "UNKNOWN_HOST_SIGMA_LOG", "UNKNOWN_FRAMEWORK_WEIGHTS",
     "UNKNOWN_INPUT_COPY_WEIGHTS", "PAGEABLE_FRESH_WEIGHT", "DeploymentSpread", "deployment_spread", "described_offset_log",
-    "HostRow", "fit_host_model", "host_model_latency_ms", "FIT_PARAMETERS",
+    "HostRow", "fit_host_model", "host_model_latency_ms", "FIT_PARAMETERS", "MEASURED_FIT_PARAMETERS",
     "PriorParams", "OpClassParams", "DeviceScale", "PARAM_CLASSES", "default_params", "DEFAULT_SCALE_KEY", "GEFORCE_SCALE_KEY",
     "default_scale_entries",
     "node_costs", "NodeCosts", "facts_costs", "KernelTerms", "kernel_terms", "retimed", "check_autocast",

@@ -4,7 +4,8 @@ A GPU runs a model's kernels only as fast as the host issues them. How the host 
 the **execution runtime** (:data:`RUNTIMES`):
 
 - ``"eager"``: PyTorch eager mode. Every operator costs host time before its kernels can start (Python,
-  module call, dispatcher, cuDNN/cuBLAS set-up, ``cudaLaunchKernel``): ``op_us[kind]`` per operator, plus
+  module call, dispatcher, cuDNN/cuBLAS set-up, ``cudaLaunchKernel``): ``op_us[kind]`` per operator,
+  ``module_us[kind]`` more where the operator is a module's call (:func:`module_call`), plus
   ``launch_us`` per extra kernel of an operator, plus ``iteration_us`` once per pass; when the timed region
   includes it, the input's host-to-device copy (:func:`input_copy_us`, from physics: one operator's call, the
   bytes at the board's PCIe rate from pinned memory, or at the slower of that rate and a host core's staging
@@ -39,7 +40,8 @@ from dippm_nas.deployment import row_deployment
 from dippm_nas.devices import FRAMEWORKS, HostProfile, default_host_profile
 from dippm_nas.errors import ExecutionRuntimeError, InvalidValueError
 
-__all__ = ["RUNTIMES", "HOST_KINDS", "HostModel", "Execution", "host_kind", "check_runtime", "compiled_groups",
+__all__ = ["RUNTIMES", "HOST_KINDS", "HostModel", "Execution", "host_kind", "module_call", "check_runtime",
+           "compiled_groups",
            "input_copy_us", "PINNED_COPY_EFFICIENCY", "PAGEABLE_STAGING_GBPS", "PAGE_BYTES"]
 
 #: The release that drops :class:`Execution`.
@@ -63,6 +65,17 @@ _KIND_OF_CLASS: dict[str, str] = {
     "unknown": "other",
 }
 
+#: Graph op classes whose operator eager PyTorch issues through an ``nn.Module`` call (``nn.Conv2d``, the norms,
+#: ``nn.ReLU`` / ``nn.GELU``, the pools); a matmul is one where it multiplies by a weight (``nn.Linear``). Element-wise
+#: arithmetic, reductions, softmax, views and copies are the forward's functional calls.
+_MODULE_CLASSES = frozenset({"conv", "normalization", "activation", "pool"})
+
+
+def module_call(op_class: str, weight_input: bool) -> bool:
+    """Whether eager PyTorch issues an operator of ``op_class`` through an ``nn.Module`` call: a convolution,
+    normalisation, activation or pool, or a matmul with a weight input (``weight_input``: ``nn.Linear``)."""
+    return op_class in _MODULE_CLASSES or (op_class == "matmul" and bool(weight_input))
+
 
 def check_runtime(runtime: Any) -> str:
     """``runtime`` if it is one of :data:`RUNTIMES`, else :class:`~dippm_nas.errors.ExecutionRuntimeError`
@@ -82,8 +95,14 @@ class HostModel:
     """Fitted host costs of PyTorch on the reference host (3.0 GHz server core, PyTorch 2.x), µs.
 
     Attributes:
-        op_us: eager host time per operator, by :data:`HOST_KINDS` (module call, dispatch, library set-up
-            and the first kernel's launch).
+        op_us: eager host time per operator, by :data:`HOST_KINDS` (dispatch, library set-up and the first
+            kernel's launch).
+        module_us: extra eager host time of an operator issued through an ``nn.Module`` call
+            (:func:`module_call`), by :data:`HOST_KINDS` (a kind left out: 0).
+        measured_op_us: framework time of one functional call per kind measured on a CPU
+            (``benchmarks/measurement/host_dispatch_kinds.py``, µs on that CPU), the relative cost the fit scales
+            (empty: not measured; the fit then fits one time for every kind but views).
+        measured_module_us: the measured extra of a module call per kind on that CPU, µs.
         launch_us: host time of each further kernel an operator launches.
         iteration_us: fixed host time per forward pass (the Python call and the synchronisation).
         h2d_gbps: the rate a host core copies pageable memory into the driver's pinned staging buffer, GB/s
@@ -102,6 +121,9 @@ class HostModel:
     """
 
     op_us: Mapping[str, float]
+    module_us: Mapping[str, float] = field(default_factory=dict)
+    measured_op_us: Mapping[str, float] = field(default_factory=dict)
+    measured_module_us: Mapping[str, float] = field(default_factory=dict)
     launch_us: float = 3.0
     iteration_us: float = 10.0
     h2d_gbps: float = 8.0
@@ -127,6 +149,8 @@ class HostModel:
         for k, v in self.op_us.items():
             if not _finite(v) or not 0 <= v <= 10_000:
                 raise InvalidValueError(f"HostModel.op_us[{k!r}] must be in [0, 10000] µs, got {v!r}")
+        for name in ("module_us", "measured_op_us", "measured_module_us"):
+            object.__setattr__(self, name, _kind_map(getattr(self, name), f"HostModel.{name}"))
         for name in ("launch_us", "iteration_us", "h2d_fixed_us", "graph_launch_us", "compiled_kernel_us"):
             v = getattr(self, name)
             if not _finite(v) or not 0 <= v <= 100_000:
@@ -245,6 +269,19 @@ def input_copy_us(kind: str, nbytes: float, link_gbps: float | None, *, pageable
     pages = math.ceil(nbytes / PAGE_BYTES)
     return (pinned_fixed_us + pageable_fixed_us + nbytes / (min(pageable_gbps, pinned_gbps) * 1e3)
             + pages * fresh_page_us)
+
+
+def _kind_map(m: Any, what: str) -> dict[str, float]:
+    """``m`` as a dict of :data:`HOST_KINDS` to µs in [0, 10000], else :class:`InvalidValueError`."""
+    if not isinstance(m, Mapping):
+        raise InvalidValueError(f"{what} must be a mapping of {list(HOST_KINDS)} to µs, got {m!r:.80}")
+    extra = [k for k in m if k not in HOST_KINDS]
+    if extra:
+        raise InvalidValueError(f"{what} has unknown kinds {extra}; the kinds are {list(HOST_KINDS)}")
+    for k, v in m.items():
+        if not _finite(v) or not 0 <= v <= 10_000:
+            raise InvalidValueError(f"{what}[{k!r}] must be in [0, 10000] µs, got {v!r}")
+    return {k: float(m[k]) for k in HOST_KINDS if k in m}
 
 
 def _finite(v: Any) -> bool:

@@ -8,6 +8,16 @@ five free constants on the reference host:
 - ``library``: extra host time of a library call (cuDNN convolution and batch norm, cuBLAS GEMM, attention), µs;
 - ``view``: host time of a view, µs;
 
+or, where the base model carries the framework time per operator kind measured on a CPU
+(:attr:`HostModel.measured_op_us`, :attr:`HostModel.measured_module_us`:
+``benchmarks/measurement/host_dispatch_kinds.py``), two (:data:`MEASURED_FIT_PARAMETERS`):
+
+- ``host_scale``: reference-host µs per measured CPU µs: an operator of kind ``k`` costs
+  ``host_scale · measured_op_us[k]`` plus its first kernel's launch (``launch_us``), plus
+  ``host_scale · measured_module_us[k]`` where it is a module's call (:func:`~dippm_nas.prior.graph_facts`'
+  ``module_call``); a view ``host_scale · measured_op_us["view"]``;
+- ``library``: as above.
+
 The input copy inside a timed region is not fitted: it comes from physics (:func:`~dippm_nas.prior.input_copy_us`:
 the call, the bytes at the slower of the host's staging copy and the pinned link rate) and, for a batch the
 process maps fresh (:attr:`HostRow.fresh_pages`), the measured first-touch time per page of the base model
@@ -46,10 +56,12 @@ from dippm_nas.prior._host import HOST_KINDS, PAGE_BYTES, HostModel, input_copy_
 from dippm_nas.prior._nodes import graph_facts, node_costs
 from dippm_nas.prior._params import PriorParams, default_params
 
-__all__ = ["HostRow", "fit_host_model", "host_model_latency_ms", "FIT_PARAMETERS"]
+__all__ = ["HostRow", "fit_host_model", "host_model_latency_ms", "FIT_PARAMETERS", "MEASURED_FIT_PARAMETERS"]
 
 #: The constants :func:`fit_host_model` fits, in order.
 FIT_PARAMETERS: tuple[str, ...] = ("base_us", "library_us", "view_us")
+#: The constants it fits where the base model carries measured per-kind framework times, in order.
+MEASURED_FIT_PARAMETERS: tuple[str, ...] = ("host_scale", "library_us")
 _LIBRARY_KINDS = ("conv", "normalization", "matmul", "attention")
 
 
@@ -100,6 +112,7 @@ class HostRow:
 class _Prepared:
     gpu_us: np.ndarray
     kind: np.ndarray       # host kind index per node, -1 for nodes without host time
+    module: np.ndarray     # bool per node: issued through an nn.Module call
     extra_kernels: np.ndarray  # kernels beyond an operator's first (each costs a launch)
     input_bytes: float
     copy: bool
@@ -120,6 +133,7 @@ def _prepare(rows: Sequence[HostRow], params: PriorParams) -> list[_Prepared]:
         c = node_costs(r.graph, dev, params)
         issued = (f.active & ~f.fused & ~f.internal) | (f.view & ~f.inner_view)
         out.append(_Prepared(gpu_us=c.gpu_us, kind=np.where(issued, f.host_kind, -1),
+                             module=issued & f.module_call & ~f.view,
                              extra_kernels=np.where(f.active, np.maximum(c.kernels - 1.0, 0.0), 0.0),
                              input_bytes=float(r.graph.spec.input_bytes), copy=r.execution.input_copy != "none",
                              fresh=bool(r.fresh_pages),
@@ -137,11 +151,29 @@ def _op_us(base: float, library: float, view: float) -> np.ndarray:
     return v
 
 
+def _measured(b: HostModel) -> bool:
+    return bool(b.measured_op_us)
+
+
+def _kind_us(x: np.ndarray, b: HostModel) -> tuple[np.ndarray, np.ndarray]:
+    """(``op_us``, ``module_us``) per :data:`HOST_KINDS` of the fitted constants ``x`` (:data:`FIT_PARAMETERS`, or
+    :data:`MEASURED_FIT_PARAMETERS` where ``b`` carries measured per-kind times)."""
+    if not _measured(b):
+        return _op_us(*x), np.zeros(len(HOST_KINDS))
+    scale, library = x
+    m = np.array([b.measured_op_us[k] for k in HOST_KINDS])
+    v = scale * m + np.where(np.array(HOST_KINDS) == "view", 0.0, b.launch_us)
+    for k in _LIBRARY_KINDS:
+        v[HOST_KINDS.index(k)] += library
+    return v, scale * np.array([b.measured_module_us.get(k, 0.0) for k in HOST_KINDS])
+
+
 def _latency_ms(x: np.ndarray, p: _Prepared, generations: Mapping[str, float], b: HostModel) -> float:
-    base, library, view = x
     k = p.scale_no_gen * generations[p.framework]
-    v = _op_us(base, library, view)
-    host = (np.where(p.kind >= 0, v[np.maximum(p.kind, 0)], 0.0) + p.extra_kernels * b.launch_us) * k
+    v, mod = _kind_us(x, b)
+    kind = np.maximum(p.kind, 0)
+    host = (np.where(p.kind >= 0, v[kind] + np.where(p.module, mod[kind], 0.0), 0.0)
+            + p.extra_kernels * b.launch_us) * k
     copy = input_copy_us("pageable" if p.copy else "none", p.input_bytes, p.link_gbps,
                          pageable_fixed_us=b.h2d_fixed_us * k, pageable_gbps=b.h2d_gbps,
                          pinned_fixed_us=v[HOST_KINDS.index("memory")] * k,
@@ -171,7 +203,8 @@ def host_model_latency_ms(model: HostModel, rows: Sequence[HostRow], params: Pri
 def fit_host_model(rows: Sequence[HostRow], *, params: PriorParams | None = None,
                    generations: Mapping[str, float] | None = None, base: HostModel | None = None,
                    source: str = "", command: str = "") -> HostModel:
-    """Fit the eager host constants (:data:`FIT_PARAMETERS`) on measured rows.
+    """Fit the eager host constants (:data:`FIT_PARAMETERS`, or :data:`MEASURED_FIT_PARAMETERS` where ``base``
+    carries measured per-kind framework times) on measured rows.
 
     Args:
         rows: measured eager passes (at least as many as there are constants).
@@ -193,14 +226,18 @@ def fit_host_model(rows: Sequence[HostRow], *, params: PriorParams | None = None
     """
     from scipy.optimize import least_squares
 
-    if len(rows) < len(FIT_PARAMETERS):
-        raise InvalidValueError(f"fit_host_model needs at least {len(FIT_PARAMETERS)} rows, got {len(rows)}")
     p = params if params is not None else default_params()
     b = base if base is not None else (p.host_model or HostModel(op_us={k: 10.0 for k in HOST_KINDS}))
+    names = MEASURED_FIT_PARAMETERS if _measured(b) else FIT_PARAMETERS
+    if _measured(b) and set(b.measured_op_us) != set(HOST_KINDS):
+        raise InvalidValueError(f"the base model's measured_op_us must have every kind {list(HOST_KINDS)}, got "
+                                f"{sorted(b.measured_op_us)}")
+    if len(rows) < len(names):
+        raise InvalidValueError(f"fit_host_model needs at least {len(names)} rows, got {len(rows)}")
     gens = dict(generations if generations is not None else b.generations)
     priced = [r for r in rows if r.kernels_priced]
-    if len(priced) < len(FIT_PARAMETERS):
-        raise InvalidValueError(f"fit_host_model needs at least {len(FIT_PARAMETERS)} rows whose kernels the prior "
+    if len(priced) < len(names):
+        raise InvalidValueError(f"fit_host_model needs at least {len(names)} rows whose kernels the prior "
                                 f"prices, got {len(priced)} of {len(rows)} (half-precision rows on a GPU with FP16 "
                                 "below its FP32 rate are left out)")
     prepared = _prepare(priced, p)
@@ -212,20 +249,22 @@ def fit_host_model(rows: Sequence[HostRow], *, params: PriorParams | None = None
         x = np.exp(theta)
         return np.array([math.log(_latency_ms(x, q, gens, b)) - math.log(q.y_ms) for q in prepared])
 
-    theta0 = np.log([15.0, 5.0, 3.0])
-    lo = np.log([0.1, 0.01, 0.01])
-    hi = np.log([1000.0, 1000.0, 200.0])
+    if _measured(b):
+        theta0, lo, hi = np.log([3.0, 5.0]), np.log([0.01, 0.01]), np.log([100.0, 1000.0])
+    else:
+        theta0, lo, hi = np.log([15.0, 5.0, 3.0]), np.log([0.1, 0.01, 0.01]), np.log([1000.0, 1000.0, 200.0])
     fit = least_squares(resid, theta0, bounds=(lo, hi), loss="soft_l1", f_scale=0.1)
     x = np.exp(fit.x)
     r = resid(fit.x)
     ape = np.abs(np.exp(r) - 1.0) * 100
-    base_us, library_us, view_us = (float(v) for v in x)
-    op_us = dict(zip(HOST_KINDS, (float(v) for v in _op_us(base_us, library_us, view_us))))
+    v, mod = _kind_us(x, b)
+    op_us = dict(zip(HOST_KINDS, (float(u) for u in v)))
+    module_us = {k: float(u) for k, u in zip(HOST_KINDS, mod) if u > 0}
     metrics: dict[str, Any] = {
         "rows": len(priced), "rows_left_out_unpriced_half": len(rows) - len(priced),
         "mape_pct_in_sample": float(ape.mean()), "median_ape_pct_in_sample": float(np.median(ape)),
-        "sigma_log_in_sample": float(np.std(r)), "fitted": dict(zip(FIT_PARAMETERS, (float(v) for v in x))),
+        "sigma_log_in_sample": float(np.std(r)), "fitted": dict(zip(names, (float(u) for u in x))),
     }
-    return dataclasses.replace(b, op_us=op_us, generations=gens,
+    return dataclasses.replace(b, op_us=op_us, module_us=module_us, generations=gens,
                                source=source or b.source, command=command or b.command,
                                metrics={**dict(b.metrics), **metrics})

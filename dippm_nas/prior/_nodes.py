@@ -32,7 +32,7 @@ from dippm_nas.devices import Device, HostProfile, default_host_profile
 from dippm_nas.errors import InvalidValueError
 from dippm_nas.graph import OP_CLASSES, OperatorGraph, OpNode, node_columns
 from dippm_nas.prior._autocast import AutocastPlan, autocast_plan
-from dippm_nas.prior._host import HOST_KINDS, host_kind
+from dippm_nas.prior._host import HOST_KINDS, host_kind, module_call
 from dippm_nas.prior._params import CONTRACTION_CLASSES, PARAM_CLASSES, PriorParams
 from dippm_nas.prior._resize import serial_loop_us, serial_resize_loops
 from dippm_nas.prior._sdpa import AttentionShape, attention_shape, math_path_score_bytes, mma_share, sdpa_backend_codes
@@ -234,6 +234,7 @@ class GraphFacts:
     #                              powers of a decomposed vector norm (run inside its sum's kernel)
     hard_extra_bytes: np.ndarray  # bytes the last node of such a kernel reads beyond the one input it needs
     host_kind: np.ndarray        # index into HOST_KINDS of each node's op class
+    module_call: np.ndarray      # bool: eager issues the node through an nn.Module call (_host.module_call)
     conv: np.ndarray             # bool: op_class conv (not depthwise)
     contraction: np.ndarray      # bool: conv/matmul/attention constants class
     dtype: np.ndarray            # 0 fp32, 1 fp16, 2 bf16, 3 fp64, -1 other
@@ -486,7 +487,8 @@ class _Adjacency:
 # Columns of a node's row in the per-node memo (:func:`_node_rows`), float64.
 _R_CLASS, _R_HOST_KIND, _R_CONST, _R_VIEW, _R_DTYPE, _R_FLOPS, _R_BYTES, _R_ACT_BYTES, _R_REDUCTION_K = range(9)
 _R_ADD_PARAM, _R_ADD_SCALAR, _R_CONCAT, _R_TILE = 9, 10, 11, 12  # _R_TILE: the 5 columns of _tile_shape()
-_R_WIDTH = _R_TILE + 5
+_R_MODULE = _R_TILE + 5  # issued through an nn.Module call (_host.module_call)
+_R_WIDTH = _R_MODULE + 1
 _CUBLAS_IDX = np.array([c in ("matmul", "attention") for c in PARAM_CLASSES])
 
 
@@ -514,10 +516,11 @@ def _fill_rows(rows: np.ndarray, nodes: Sequence[OpNode]) -> None:
     rows[:, _R_ADD_PARAM] = [nd.op == "add" and not nd.is_constant and any(nd.input_is_param) for nd in nodes]
     rows[:, _R_ADD_SCALAR] = [nd.op == "add" and not nd.is_constant and _scalar_param_input(nd) for nd in nodes]
     rows[:, _R_CONCAT] = [nd.op == "concat" and not nd.is_constant for nd in nodes]
-    rows[:, _R_TILE:] = 0.0
+    rows[:, _R_MODULE] = [module_call(nd.op_class, any(nd.input_is_param)) for nd in nodes]
+    rows[:, _R_TILE:_R_MODULE] = 0.0
     for j, (nd, c, k, v) in enumerate(zip(nodes, classes, const, view)):
         if c in CONTRACTION_CLASSES and not k and not v:
-            rows[j, _R_TILE:] = _tile_shape(nd)
+            rows[j, _R_TILE:_R_MODULE] = _tile_shape(nd)
 
 
 class _RowMemo:
@@ -691,7 +694,8 @@ def _facts_of(graphs: list[OperatorGraph]) -> list[GraphFacts]:
     conv = cls_idx == _CLASS_INDEX["conv"]
     contraction = _CONTRACTION_IDX[cls_idx]
     flops, nbytes, act, red = (rows[:, j].copy() for j in (_R_FLOPS, _R_BYTES, _R_ACT_BYTES, _R_REDUCTION_K))
-    tile = rows[:, _R_TILE:]
+    tile = rows[:, _R_TILE:_R_MODULE]
+    module = rows[:, _R_MODULE] > 0
     names = [PARAM_CLASSES[c] for c in cls_idx.tolist()]
     has = ~const & (dtype >= 0)
     dts = np.bincount(graph_of[has] * len(_DT_NAMES) + dtype[has],
@@ -704,7 +708,7 @@ def _facts_of(graphs: list[OperatorGraph]) -> list[GraphFacts]:
         out.append(GraphFacts(
             classes=tuple(names[a:b]), cls_idx=cls_idx[a:b], host_kind=host[a:b], active=active[a:b],
             view=view[a:b], fused=fused[a:b], inner_view=inner[a:b], internal=internal[a:b],
-            hard_inner=hard_inner[a:b], hard_extra_bytes=hard_extra[a:b], conv=conv[a:b],
+            hard_inner=hard_inner[a:b], hard_extra_bytes=hard_extra[a:b], module_call=module[a:b], conv=conv[a:b],
             contraction=contraction[a:b], dtype=dtype[a:b], flops=flops[a:b], bytes=nbytes[a:b],
             act_bytes=act[a:b], reduction_k=red[a:b],
             dtypes=frozenset(_DT_NAMES[c] for c in np.flatnonzero(dts[j]).tolist()), uses_cublas=bool(cublas[j]),
@@ -1076,7 +1080,9 @@ def host_times(f: Any, k: KernelTerms, device: Device, params: PriorParams, host
         hm = params.host_model
         s = hm.scale(host if host is not None else default_host_profile())
         op_us = np.array([hm.op_us[kind] for kind in HOST_KINDS], dtype=np.float64)[f.host_kind] * s
-        issue = np.where(f.fused, 0.0, np.where(f.internal, _internal_dispatch_us(params, host), op_us))
+        module_us = np.array([hm.module_us.get(kind, 0.0) for kind in HOST_KINDS], dtype=np.float64)[f.host_kind] * s
+        issue = np.where(f.fused, 0.0, np.where(f.internal, _internal_dispatch_us(params, host),
+                                                op_us + np.where(f.module_call, module_us, 0.0)))
         host_t = (np.where(act, issue + np.maximum(kernels - 1.0, 0.0) * hm.launch_us * s, 0.0)
                   + np.where(f.view & ~f.inner_view, op_us, 0.0))
     else:

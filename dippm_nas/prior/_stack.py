@@ -40,7 +40,7 @@ __all__ = ["StackedFacts", "CostStack", "Timelines", "estimate_many", "estimates
 
 #: The per-node arrays of :class:`~dippm_nas.prior.GraphFacts` the node costs read.
 _ARRAYS = ("cls_idx", "active", "view", "fused", "inner_view", "internal", "hard_inner", "hard_extra_bytes",
-           "host_kind", "conv", "contraction", "dtype", "flops", "bytes", "act_bytes", "reduction_k")
+           "host_kind", "module_call", "conv", "contraction", "dtype", "flops", "bytes", "act_bytes", "reduction_k")
 
 
 class StackedFacts:

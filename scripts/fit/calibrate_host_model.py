@@ -7,7 +7,10 @@ Usage (from the repository root; the data path is an argument, nothing is downlo
     python scripts/fit/calibrate_host_model.py --data ryujaehun.sqlite \\
         --torch1-factor 1.0 --torch1-source "..." --out dippm_nas/prior/calibration/fitted.json
 
-It fits :data:`dippm_nas.prior.FIT_PARAMETERS` (the input copy's constants are physics and
+It fits :data:`dippm_nas.prior.FIT_PARAMETERS` (with ``--dispatch-kinds data/host_dispatch/dispatch_kinds.json``,
+:data:`dippm_nas.prior.MEASURED_FIT_PARAMETERS`: a host scale of the per-kind framework times measured on a CPU by
+``benchmarks/measurement/host_dispatch_kinds.py``, plus a module call's measured extra; not the shipped fit, see
+docs/runtime_and_host.md) (the input copy's constants are physics and
 ``scripts/fit/fit_input_copy.py``'s, kept from the ``--out`` file; the float32 rows' batches are mapped fresh,
 the float16 ones not) on the fp16 and fp32 rows (fp64 rows are GPU-bound and
 left out), scores the fit leave-one-GPU-out (the constants refitted without that GPU's rows) and records
@@ -45,6 +48,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--torch1-factor", type=float, required=True,
                     help="host-time factor of PyTorch 1.x over 2.x (measured by benchmarks/measurement/dispatch_generations.py)")
     ap.add_argument("--torch1-source", default="", help="where the factor comes from (recorded)")
+    ap.add_argument("--dispatch-kinds", type=Path, default=None,
+                    help="framework time per operator kind measured on a CPU "
+                         "(benchmarks/measurement/host_dispatch_kinds.py --json): fit a host scale of those times "
+                         "instead of one time for every kind")
     ap.add_argument("--out", type=Path, default=None, help="calibration JSON whose host_model key is replaced")
     args = ap.parse_args(argv)
 
@@ -57,8 +64,9 @@ def main(argv: list[str] | None = None) -> int:
     # the input copy's constants come from physics and scripts/fit/fit_input_copy.py (kept from --out's host model)
     copy_keys = ("h2d_gbps", "h2d_fixed_us", "h2d_fresh_page_us", "h2d_fresh_page_sigma_log")
     old = (json.loads(args.out.read_text(encoding="utf-8")).get("host_model") or {}) if args.out is not None else {}
+    measured = measured_kinds(args.dispatch_kinds) if args.dispatch_kinds is not None else {}
     base = HostModel(op_us={k: 10.0 for k in HOST_KINDS}, generations={"torch-2": 1.0, "torch-1": args.torch1_factor},
-                     **{k: old[k] for k in copy_keys if k in old})
+                     **measured, **{k: old[k] for k in copy_keys if k in old})
     params = default_params()
     # leave-one-GPU-out: the held-out σ of host-bound rows
     held_r, held_bound, held_dtype = [], [], []
@@ -122,6 +130,16 @@ def gpu_bound_sigma_by_dtype(err: np.ndarray, host_bound: np.ndarray, dtypes: np
         if rows.any():
             out[f"sigma_log_gpu_unseen_{dtype}"] = float(np.sqrt(np.mean(err[rows] ** 2)))
     return out
+
+
+def measured_kinds(path: Path) -> dict[str, dict[str, float]]:
+    """``{"measured_op_us", "measured_module_us"}`` per host kind: the ``kinds`` of the CPU run in
+    ``benchmarks/measurement/host_dispatch_kinds.py``'s JSON."""
+    try:
+        kinds = json.loads(path.read_text(encoding="utf-8"))["devices"]["cpu"]["kinds"]
+        return {"measured_op_us": dict(kinds["measured_op_us"]), "measured_module_us": dict(kinds["measured_module_us"])}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise InvalidValueError(f"--dispatch-kinds {path}: not a host_dispatch_kinds.py JSON with a cpu run ({e!r})") from e
 
 
 def _with(params: PriorParams, model: HostModel) -> PriorParams:
