@@ -44,7 +44,7 @@ from dippm_nas.capture._many import CaptureResult, capture_many
 from dippm_nas.errors import (
     CacheError, DippmNasError, GraphCaptureError, InputSpecError, InvalidValueError, SearchSpaceError,
 )
-from dippm_nas.graph import GRAPH_FORMAT_VERSION, OperatorGraph, OpNode, adopt_node_columns
+from dippm_nas.graph import STRUCTURAL_HASH_VERSION, OperatorGraph, OpNode, adopt_node_columns
 from dippm_nas.spec import InputSpec, TensorSpec
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -309,7 +309,7 @@ def _payload_hash(edges: list[tuple[int, int]], inputs: dict[str, list[int]], ou
     edges_json = str(edges).replace("(", "[").replace(")", "]").replace(" ", "")
     text = ('{"edges":' + edges_json + ',"inputs":'
             + json.dumps(inputs, sort_keys=True, separators=(",", ":")) + ',"nodes":[' + frags + '],"outputs":'
-            + json.dumps(outputs, separators=(",", ":")) + ',"v":' + json.dumps(GRAPH_FORMAT_VERSION) + "}")
+            + json.dumps(outputs, separators=(",", ":")) + ',"v":' + json.dumps(STRUCTURAL_HASH_VERSION) + "}")
     return hashlib.sha256(text.encode()).hexdigest()
 
 

@@ -9,7 +9,7 @@ nodes that read them.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from dippm_nas.errors import GraphCaptureError
@@ -113,7 +113,8 @@ def _bindings(func: Any) -> Iterator[Any]:
 
 
 def graph_from_relax(mod: Any, spec: InputSpec, *, mode: str, input_names: list[str] | None = None,
-                     source: str = "", model_key: str = "", float_dtype: str | None = None) -> OperatorGraph:
+                     source: str = "", model_key: str = "", float_dtype: str | None = None,
+                     provenance: Mapping[Any, tuple[tuple[str, ...], bool]] | None = None) -> OperatorGraph:
     """Turn the ``main`` function of a Relax module into an :class:`OperatorGraph`.
 
     Args:
@@ -125,6 +126,11 @@ def graph_from_relax(mod: Any, spec: InputSpec, *, mode: str, input_names: list[
         model_key: the pre-export key, if any.
         float_dtype: when given, every floating-point tensor (activations and weights) is re-typed to
             this dtype: how a float32 export represents the model cast to half precision.
+        provenance: ``{relax.Var: (module stack, in place)}`` of the variables the converters of an exported
+            program's FX nodes returned (:func:`dippm_nas.capture`'s conversion records them): each node gets
+            the provenance of its variable, or of the next one that has it (the bindings a converter emits
+            before the one it returns), as :attr:`OpNode.module_stack` and :attr:`OpNode.inplace`, the in-place
+            flag on the returned variable's node only; ``None``: no provenance.
 
     Raises:
         GraphCaptureError: no ``main`` function, symbolic shapes, or an empty graph.
@@ -139,9 +145,11 @@ def graph_from_relax(mod: Any, spec: InputSpec, *, mode: str, input_names: list[
 
     walk = _Walk(float_dtype)
     walk.add_params(list(func.params), input_names)
+    call_vars = []
     for b in _bindings(func):
         if isinstance(b.value, relax.Call) and isinstance(b.value.op, Op):
             walk.add_call(b.var, b.value)
+            call_vars.append(b.var)
         else:
             # aliases: TupleGetItem, Tuple, Var, Constant bound to a var
             walk.values[b.var] = walk.resolve(b.value)
@@ -152,6 +160,8 @@ def graph_from_relax(mod: Any, spec: InputSpec, *, mode: str, input_names: list[
             outputs.append(v.producer)
     if not walk.nodes:
         raise GraphCaptureError("the model has no operator calls (it returns its input unchanged?)")
+    if provenance is not None:
+        _tag_nodes(walk.nodes, call_vars, provenance)
     return OperatorGraph(
         nodes=walk.nodes, edges=sorted(walk.edges), input_consumers=walk.input_consumers, outputs=outputs, spec=spec,
         param_count=int(walk.param_count), param_bytes=int(walk.param_bytes), mode=mode, source=source,
@@ -160,6 +170,21 @@ def graph_from_relax(mod: Any, spec: InputSpec, *, mode: str, input_names: list[
 
 
 _FLOATS = ("float64", "float32", "float16", "bfloat16")
+
+
+def _tag_nodes(nodes: list[OpNode], call_vars: list[Any],
+               provenance: Mapping[Any, tuple[tuple[str, ...], bool]]) -> None:
+    """Set each node's provenance (see :func:`graph_from_relax`), in place on the freshly built nodes."""
+    tags = [provenance.get(v) for v in call_vars]
+    following: tuple[tuple[str, ...], bool] | None = None
+    for i in range(len(nodes) - 1, -1, -1):
+        own = tags[i]
+        if own is not None:
+            following = own
+        tag = own or following or next((t for t in reversed(tags[:i]) if t is not None), None)
+        if tag is None:
+            return  # nothing tagged at all
+        nodes[i].__dict__.update(module_stack=tag[0], inplace=bool(own[1]) if own is not None else False)
 
 
 class _Walk:
