@@ -145,14 +145,21 @@ def graph_from_relax(mod: Any, spec: InputSpec, *, mode: str, input_names: list[
 
     walk = _Walk(float_dtype)
     walk.add_params(list(func.params), input_names)
-    call_vars = []
+    own: dict[int, tuple[tuple[str, ...], bool]] = {}  # node -> the provenance of the variable it makes
     for b in _bindings(func):
         if isinstance(b.value, relax.Call) and isinstance(b.value.op, Op):
             walk.add_call(b.var, b.value)
-            call_vars.append(b.var)
+            tag = provenance.get(b.var) if provenance is not None else None
+            if tag is not None:
+                own[len(walk.nodes) - 1] = tag
         else:
             # aliases: TupleGetItem, Tuple, Var, Constant bound to a var
             walk.values[b.var] = walk.resolve(b.value)
+            tag = provenance.get(b.var) if provenance is not None else None
+            if tag is not None:  # a converter returned an alias (batch norm's first output): its producer's
+                for v in walk.values[b.var]:
+                    if v.producer >= 0 and v.producer not in own:
+                        own[v.producer] = tag
 
     outputs: list[int] = []
     for v in walk.resolve(func.body.body):
@@ -160,8 +167,8 @@ def graph_from_relax(mod: Any, spec: InputSpec, *, mode: str, input_names: list[
             outputs.append(v.producer)
     if not walk.nodes:
         raise GraphCaptureError("the model has no operator calls (it returns its input unchanged?)")
-    if provenance is not None:
-        _tag_nodes(walk.nodes, call_vars, provenance)
+    if own:
+        _tag_nodes(walk.nodes, own)
     return OperatorGraph(
         nodes=walk.nodes, edges=sorted(walk.edges), input_consumers=walk.input_consumers, outputs=outputs, spec=spec,
         param_count=int(walk.param_count), param_bytes=int(walk.param_bytes), mode=mode, source=source,
@@ -172,19 +179,15 @@ def graph_from_relax(mod: Any, spec: InputSpec, *, mode: str, input_names: list[
 _FLOATS = ("float64", "float32", "float16", "bfloat16")
 
 
-def _tag_nodes(nodes: list[OpNode], call_vars: list[Any],
-               provenance: Mapping[Any, tuple[tuple[str, ...], bool]]) -> None:
-    """Set each node's provenance (see :func:`graph_from_relax`), in place on the freshly built nodes."""
-    tags = [provenance.get(v) for v in call_vars]
-    following: tuple[tuple[str, ...], bool] | None = None
+def _tag_nodes(nodes: list[OpNode], own: Mapping[int, tuple[tuple[str, ...], bool]]) -> None:
+    """Set each node's provenance (see :func:`graph_from_relax`), in place on the freshly built nodes: its own,
+    else the next node's that has one (else the last one's)."""
+    following = own[max(own)]
     for i in range(len(nodes) - 1, -1, -1):
-        own = tags[i]
-        if own is not None:
-            following = own
-        tag = own or following or next((t for t in reversed(tags[:i]) if t is not None), None)
-        if tag is None:
-            return  # nothing tagged at all
-        nodes[i].__dict__.update(module_stack=tag[0], inplace=bool(own[1]) if own is not None else False)
+        tag = own.get(i)
+        if tag is not None:
+            following = tag
+        nodes[i].__dict__.update(module_stack=following[0], inplace=bool(tag[1]) if tag is not None else False)
 
 
 class _Walk:

@@ -95,6 +95,7 @@ from dippm_nas.graph import GraphStack, OperatorGraph, OpNode, stack_graphs
 from dippm_nas.prior._allocator import AllocatorConfig, AllocatorPeak, _replay_pairs
 from dippm_nas.prior._autocast import AUTOCAST_LOW_CLASSES, autocast_plan
 from dippm_nas.prior._nodes import check_autocast, graph_facts
+from dippm_nas.prior._provenance_rules import module_argument_rule, provenance_inplace
 from dippm_nas.spec import dtype_bytes
 from dippm_nas.units import BYTES_PER_MIB
 
@@ -310,11 +311,10 @@ def _frame_rules(graph: OperatorGraph) -> _FrameRules:
     outs = set(graph.outputs)
 
     fused = graph_facts(graph).fused
-    inplace = tuple(sorted({i for i, nd in enumerate(nodes)
-                            if nd.op in _INPLACE_ACTS and len(preds[i]) == 1 and not nd.is_constant
-                            and (nodes[preds[i][0]].op_class in ("conv", "normalization")
-                                 or fused[preds[i][0]] and any(_is_conv(nodes[q]) for q in preds[preds[i][0]]))
-                            and succ[preds[i][0]] == [i] and preds[i][0] not in outs}
+    provenance = graph.has_provenance
+    acts = set(provenance_inplace(nodes, preds, outs)) if provenance else _structural_inplace(nodes, preds, succ, outs,
+                                                                                               fused)
+    inplace = tuple(sorted(acts
                            | {i for i in range(len(nodes)) if fused[i] and preds[i]}
                            | set(_selects(nodes, preds))
                            | set(_hardswish_chains(nodes, preds, succ))))
@@ -323,7 +323,8 @@ def _frame_rules(graph: OperatorGraph) -> _FrameRules:
         + att_extend \
         + _inverted_residual_rule(nodes, preds, succ) + _concat_norm_rule(nodes, succ) \
         + _conv_norm_rule(nodes, preds, succ) \
-        + _split_concat_rule(nodes, preds, succ)
+        + _split_concat_rule(nodes, preds, succ) \
+        + (module_argument_rule(nodes, preds) if provenance else [])
     # max pooling computes its int64 indices (``max_pool2d_with_indices``) and drops them when it returns
     scratch = tuple((i, round_block(nd.output_elements * 8)) for i, nd in enumerate(nodes)
                     if nd.op.startswith("nn.max_pool") and not nd.is_constant)
@@ -332,6 +333,17 @@ def _frame_rules(graph: OperatorGraph) -> _FrameRules:
         _FRAME_MEMO.clear()
     _FRAME_MEMO[id(graph)] = (graph, rules)
     return rules
+
+
+def _structural_inplace(nodes: "Sequence[OpNode]", preds: list[list[int]], succ: list[list[int]], outs: set[int],
+                        fused: "Sequence[bool]") -> set[int]:
+    """Without provenance: the activations of :data:`_INPLACE_ACTS` right after a convolution (or its fused bias)
+    or a normalization that nothing else reads are taken to run in place."""
+    return {i for i, nd in enumerate(nodes)
+            if nd.op in _INPLACE_ACTS and len(preds[i]) == 1 and not nd.is_constant
+            and (nodes[preds[i][0]].op_class in ("conv", "normalization")
+                 or fused[preds[i][0]] and any(_is_conv(nodes[q]) for q in preds[preds[i][0]]))
+            and succ[preds[i][0]] == [i] and preds[i][0] not in outs}
 
 
 def _explicit_attention_rule(nodes: "Sequence[OpNode]", preds: list[list[int]], succ: list[list[int]]
