@@ -186,7 +186,10 @@ class _Prepared:
         #: the block's graph: its node columns (dippm_nas.graph.node_columns, computed once) are those of every
         #: placement, whose nodes differ from its own only in their index
         self.graph = g
-        self.nodes = [n.__dict__ for n in g.nodes]
+        # provenance left out: a block's module stacks are its own module's, not the candidate's (an assembled
+        # graph is priced by the structural liveness rules, as a graph without provenance is)
+        self.nodes = [n.__dict__ if n.module_stack is None and n.inplace is None
+                      else {**n.__dict__, "module_stack": None, "inplace": None} for n in g.nodes]
         self.edges = list(g.edges)
         self.consumers = [list(g.input_consumers.get(name, ())) for name in input_names]
         self.outputs = list(g.outputs)
