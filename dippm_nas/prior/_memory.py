@@ -54,6 +54,11 @@ neither make nor break a cut. Further rules of eager PyTorch's frames and in-pla
   matmul runs (at the operand's run-time dtype under autocast);
 - max pooling allocates its int64 indices for the duration of the operator.
 
+Where the graph carries provenance (:attr:`~dippm_nas.graph.OpNode.module_stack`, :attr:`~dippm_nas.graph.OpNode.inplace`:
+graphs captured from a PyTorch module), the rules of :mod:`dippm_nas.prior._provenance_rules` join these: a module's
+argument lives until the module returns, and an activation is in place only where the exported operator was (the
+in-place rule above applies to graphs without provenance only).
+
 Under ``autocast`` each output is sized at its run-time dtype (:func:`~dippm_nas.prior.autocast_plan`), each
 activation cast lives while its operator runs and each weight cast (autocast caches them) from its first
 use to the end of the pass. :func:`activation_liveness_many` has the retention rules, not ``autocast``.
@@ -114,9 +119,10 @@ K_ROUND_LARGE = 2 * BYTES_PER_MIB
 
 #: Relative standard deviation of the activation peak: the root-mean-square relative error (0.098) of the
 #: eager-retention liveness against the exact eager reference (:func:`dippm_nas.measure.reference_activation_peak`)
-#: over its float32 rows: 110 of 30 torchvision, 20 timm and 5 transformers models at two batch sizes (0.058) and
-#: 56 of the 14 search-space families (0.148); the 110 float16-autocast rows (0.076, the pass ``estimate`` prices
-#: under autocast) are within it (``benchmarks/accuracy/accuracy_memory_liveness.py``; ``docs/gpu_memory.md`` has
+#: over its float32 rows: 110 of 30 torchvision, 20 timm and 5 transformers models at two batch sizes (0.058 by
+#: the structural rules alone, which graphs without provenance get; 0.063 with provenance, about 0.100 overall) and
+#: 56 of the 14 search-space families (0.148); the 110 float16-autocast rows (0.085 with provenance, the pass
+#: ``estimate`` prices under autocast) are within it (``benchmarks/accuracy/accuracy_memory_liveness.py``; ``docs/gpu_memory.md`` has
 #: the commands and the table).
 ACTIVATION_REL_SIGMA = 0.098
 #: Relative standard deviation of the CUDA context (``runtime_baseline_mib``): PyTorch processes are reported
