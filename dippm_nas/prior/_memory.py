@@ -270,16 +270,37 @@ def _retain(graph: OperatorGraph, sizes: list[list[int]], alloc_at: list[int], l
     # stage input: in a run of equal-sized cuts, the cut before the first residual block lives to the run's end
     residual = [False] + [any(joins[i] for i in range(pos[k - 1] + 1, pos[k] + 1)) for k in range(1, len(cuts))]
     k = 0
+    provenance = graph.has_provenance
     while k < len(cuts):
         e = k
         while e + 1 < len(cuts) and size[e + 1] == size[k]:
             e += 1
         first = next((r for r in range(max(k, 1), e + 1) if residual[r]), None)
-        if first is not None:
+        if first is not None and (not provenance or _local_of_frame(graph, preds, pos[first - 1], pos[e])):
             s = cuts[first - 1][1]
             new_last[s] = max(new_last[s], pos[e])
         k = e + 1
     last_use[:] = new_last
+
+
+def _local_of_frame(graph: OperatorGraph, preds: list[list[int]], cut: int, end: int) -> bool:
+    """With provenance: whether the cut tensor made at node ``cut`` is a local of the frame of the module call
+    that runs the stage after it, up to node ``end``, alive until that call returns: computed in that frame
+    (``h = embeds + positions``) or returned by a named child module (``embeds = self.embed_tokens(ids)``), not
+    by an element of a container the frame loops over (``for blk in self.blocks: x = blk(x)``, an
+    ``nn.Sequential``: the loop rebinds it, and the module-argument rule holds it as the next call's argument)."""
+    nodes = graph.nodes
+    frame = nodes[cut + 1].module_stack or ()
+    for nd in nodes[cut + 2:end + 1]:
+        st = nd.module_stack or ()
+        k = 0
+        while k < len(frame) and k < len(st) and frame[k] == st[k]:
+            k += 1
+        frame = frame[:k]
+    made = nodes[_producer(nodes, preds, cut)].module_stack or ()
+    if made[:len(frame)] != frame:
+        return False
+    return len(made) == len(frame) or not made[len(frame)].rpartition(".")[2].partition("@")[0].isdigit()
 
 
 #: Activations eager PyTorch models run in place after a convolution or a normalization
@@ -325,11 +346,12 @@ def _frame_rules(graph: OperatorGraph) -> _FrameRules:
                            | set(_selects(nodes, preds))
                            | set(_hardswish_chains(nodes, preds, succ))))
     att_extend, copies = _explicit_attention_rule(nodes, preds, succ)
-    extend = _pre_norm_rule(nodes, preds) + _post_norm_rule(nodes, preds, succ) + _attention_block_rule(nodes, preds) \
-        + att_extend \
-        + _inverted_residual_rule(nodes, preds, succ) + _concat_norm_rule(nodes, succ) \
-        + _conv_norm_rule(nodes, preds, succ) \
-        + _split_concat_rule(nodes, preds, succ) \
+    # the inverted-residual and conv + norm rules stand in for module arguments (``Conv2dNormActivation``,
+    # ``ConvNormAct``) that the module-argument rule sees where the graph has provenance
+    structural = _pre_norm_rule(nodes, preds) + _post_norm_rule(nodes, preds, succ) + _attention_block_rule(nodes, preds)
+    if not provenance:
+        structural += _inverted_residual_rule(nodes, preds, succ) + _conv_norm_rule(nodes, preds, succ)
+    extend = structural + att_extend + _concat_norm_rule(nodes, succ) + _split_concat_rule(nodes, preds, succ) \
         + (module_argument_rule(nodes, preds) if provenance else [])
     # max pooling computes its int64 indices (``max_pool2d_with_indices``) and drops them when it returns
     scratch = tuple((i, round_block(nd.output_elements * 8)) for i, nd in enumerate(nodes)
@@ -1126,6 +1148,8 @@ def activation_liveness_many(graphs: Sequence[OperatorGraph], *, retention: bool
     Returns:
         one :class:`MemoryBreakdown` per graph, in order.
     """
+    if retention and any(g.has_provenance for g in graphs):  # the provenance rules: one graph at a time
+        return [activation_liveness(g, retention=True, include_inputs=include_inputs) for g in graphs]
     st = stack if stack is not None else stack_graphs(graphs)
     if not st.num_graphs:
         return []
