@@ -124,3 +124,14 @@ def test_an_unknown_format_version_is_refused() -> None:
     d["format_version"] = 3
     with pytest.raises(GraphValidationError, match="format_version"):
         OperatorGraph.from_dict(d)
+
+
+def test_liveness_many_equals_one_at_a_time_with_and_without_provenance() -> None:
+    from dippm_nas.prior import activation_liveness_many
+
+    g = capture(_StemBody(), SPEC)
+    old = OperatorGraph.from_dict(_format_1(g))
+    many = activation_liveness_many([g, old, g], retention=True, include_inputs=False)
+    one = [activation_liveness(x, retention=True, include_inputs=False) for x in (g, old, g)]
+    assert [m.peak_allocated_bytes for m in many] == [m.peak_allocated_bytes for m in one]
+    assert many[0].peak_allocated_bytes != many[1].peak_allocated_bytes
