@@ -767,10 +767,29 @@ def _autocast_storages(graph: OperatorGraph, preds: list[list[int]], lv: _Lives,
             if code is not None and code != run and i in graph.input_consumers.get(t.name, ()):
                 _add_storage(lv, [round_block(math.prod((graph.spec.batch_size, *t.shape)) * _WIDTH[run])], i, i)
         if facts.classes[i] in AUTOCAST_LOW_CLASSES and int(facts.dtype[i]) != low_code:
-            blocks = [round_block(math.prod(sh) * _WIDTH[low_code])
-                      for sh, par in zip(nd.input_shapes, nd.input_is_param) if par and len(sh) > 0]
+            blocks = [round_block(e * _WIDTH[low_code]) for e in _cast_weight_elems(nodes, preds, i)]
             if blocks:
                 _add_storage(lv, blocks, i, n)
+
+
+def _cast_weight_elems(nodes: "Sequence[OpNode]", preds: list[list[int]], i: int) -> list[int]:
+    """Elements of each weight node ``i`` reads, as autocast casts it: the weight itself, not a constant view the
+    graph reads it through (Relax's ``broadcast_to`` of a ``Linear`` weight to a batched matmul, ``(8, 768, 768)``
+    for a ``768 x 768`` weight, is one cast of the weight in eager PyTorch)."""
+    via = {}
+    for p in preds[i]:
+        if not nodes[p].is_constant:
+            continue
+        q, least = p, math.prod(nodes[p].output_shape)
+        while nodes[q].op_class == "view":
+            least = min([least] + [math.prod(sh) for sh, par in zip(nodes[q].input_shapes, nodes[q].input_is_param)
+                                   if par and len(sh) > 0])
+            if not preds[q]:
+                break
+            q = preds[q][0]
+        via.setdefault(nodes[p].output_shape, least)
+    return [min(math.prod(sh), via.get(sh, math.prod(sh)))
+            for sh, par in zip(nodes[i].input_shapes, nodes[i].input_is_param) if par and len(sh) > 0]
 
 
 def _add_storage(lv: _Lives, blocks: list[int], alloc_at: int, last_use: int) -> None:
