@@ -120,9 +120,9 @@ K_ROUND_LARGE = 2 * BYTES_PER_MIB
 #: Relative standard deviation of the activation peak: the root-mean-square relative error (0.098) of the
 #: eager-retention liveness against the exact eager reference (:func:`dippm_nas.measure.reference_activation_peak`)
 #: over its float32 rows: 110 of 30 torchvision, 20 timm and 5 transformers models at two batch sizes (0.058 by
-#: the structural rules alone, which graphs without provenance get; 0.063 with provenance, about 0.100 overall) and
-#: 56 of the 14 search-space families (0.148); the 110 float16-autocast rows (0.085 with provenance, the pass
-#: ``estimate`` prices under autocast) are within it (``benchmarks/accuracy/accuracy_memory_liveness.py``; ``docs/gpu_memory.md`` has
+#: the structural rules alone, which graphs without provenance get; 0.022 with provenance) and 56 of the 14
+#: search-space families (0.148, graphs without provenance); the 110 float16-autocast rows (0.042 with
+#: provenance, the pass ``estimate`` prices under autocast) are within it (``benchmarks/accuracy/accuracy_memory_liveness.py``; ``docs/gpu_memory.md`` has
 #: the commands and the table).
 ACTIVATION_REL_SIGMA = 0.098
 #: Relative standard deviation of the CUDA context (``runtime_baseline_mib``): PyTorch processes are reported
