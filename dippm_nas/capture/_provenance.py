@@ -32,7 +32,8 @@ def _inplace(target: Any) -> bool:
 def node_provenance(node: Any, strip: int = 0) -> Provenance:
     """The provenance of one FX node of an exported program: the qualified names of the modules of its
     ``nn_module_stack`` (a repeated call of one module suffixed ``@k``, as its key is), the root module and the
-    ``strip`` outermost ones after it left out; and whether its operator is in place."""
+    ``strip`` outermost ones after it left out (their path too, from the names of the others); and whether its
+    operator is in place."""
     stack = []
     for key, value in (node.meta.get("nn_module_stack") or {}).items():
         path = value[0] if isinstance(value, tuple) and value else str(value)
@@ -40,7 +41,10 @@ def node_provenance(node: Any, strip: int = 0) -> Provenance:
             continue  # the root module
         at = str(key).rpartition("@")
         stack.append(f"{path}@{at[2]}" if at[1] and at[2].isdigit() else path)
-    return tuple(stack[strip:]), _inplace(node.target)
+    if strip and len(stack) >= strip:  # the wrapper's own path leaves the names too ("inner.layers.0")
+        prefix = stack[strip - 1].partition("@")[0] + "."
+        stack = [m[len(prefix):] if m.startswith(prefix) else m for m in stack[strip:]]
+    return tuple(stack), _inplace(node.target)
 
 
 def _importer_class() -> Any:

@@ -135,3 +135,16 @@ def test_liveness_many_equals_one_at_a_time_with_and_without_provenance() -> Non
     one = [activation_liveness(x, retention=True, include_inputs=False) for x in (g, old, g)]
     assert [m.peak_allocated_bytes for m in many] == [m.peak_allocated_bytes for m in one]
     assert many[0].peak_allocated_bytes != many[1].peak_allocated_bytes
+
+
+def test_module_names_leave_out_the_wrapper_capture_puts_around_a_transformers_model() -> None:
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.BertConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=2, intermediate_size=128,
+                                  vocab_size=100)
+    spec = InputSpec.from_dict({"inputs": [{"name": "input_ids", "shape": [8], "dtype": "int64", "high": 100}],
+                                "batch_size": 1, "dtype": "float32"})
+    g = capture(transformers.BertModel(cfg).eval(), spec, cache=False)
+    stacks = {nd.module_stack for nd in g.nodes}
+    assert ("embeddings", "embeddings.word_embeddings") in stacks
+    assert ("encoder", "encoder.layer.0", "encoder.layer.0.intermediate") in stacks
+    assert not any(m.startswith("inner") for st in stacks for m in st)
