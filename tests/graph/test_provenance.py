@@ -146,5 +146,5 @@ def test_module_names_leave_out_the_wrapper_capture_puts_around_a_transformers_m
     g = capture(transformers.BertModel(cfg).eval(), spec, cache=False)
     stacks = {nd.module_stack for nd in g.nodes}
     assert ("embeddings", "embeddings.word_embeddings") in stacks
-    assert ("encoder", "encoder.layer.0", "encoder.layer.0.intermediate") in stacks
+    assert ("encoder", "encoder.layer.0", "encoder.layer.0.intermediate") in {st[:3] for st in stacks}
     assert not any(m.startswith("inner") for st in stacks for m in st)
