@@ -54,14 +54,17 @@ neither make nor break a cut. Further rules of eager PyTorch's frames and in-pla
   matmul runs (at the operand's run-time dtype under autocast);
 - max pooling allocates its int64 indices for the duration of the operator.
 
-Where the graph carries provenance (:attr:`~dippm_nas.graph.OpNode.module_stack`, :attr:`~dippm_nas.graph.OpNode.inplace`:
-graphs captured from a PyTorch module), the rules of :mod:`dippm_nas.prior._provenance_rules` join these: a module's
-argument lives until the module returns, and an activation is in place only where the exported operator was (the
-in-place rule above applies to graphs without provenance only).
+Where the graph carries provenance (:attr:`~dippm_nas.graph.OpNode.module_stack` and
+:attr:`~dippm_nas.graph.OpNode.inplace`: graphs captured from a PyTorch module), the rules of
+:mod:`dippm_nas.prior._provenance_rules` join these: a module's argument lives until the module returns, and an
+activation is in place only where the exported operator was. The in-place rule above, the inverted-residual rule
+and the conv + norm rule (module arguments in disguise) then do not apply, and the stage-input rule holds a cut
+only where it is a local of the frame that runs the stage (:func:`_local_of_frame`).
 
 Under ``autocast`` each output is sized at its run-time dtype (:func:`~dippm_nas.prior.autocast_plan`), each
 activation cast lives while its operator runs and each weight cast (autocast caches them) from its first
-use to the end of the pass. :func:`activation_liveness_many` has the retention rules, not ``autocast``.
+use to the end of the pass (a weight's cast at the weight's size, :func:`_cast_weight_elems`).
+:func:`activation_liveness_many` has the retention rules, not ``autocast``.
 ``prior.estimate`` / ``predict`` on a GPU price the pass under their ``autocast`` (or the deployment's) this way.
 
 :func:`dippm_nas.measure.reference_activation_peak` gives the exact eager figure without a GPU;
@@ -122,8 +125,8 @@ K_ROUND_LARGE = 2 * BYTES_PER_MIB
 #: over its float32 rows: 110 of 30 torchvision, 20 timm and 5 transformers models at two batch sizes (0.058 by
 #: the structural rules alone, which graphs without provenance get; 0.022 with provenance) and 56 of the 14
 #: search-space families (0.148, graphs without provenance); the 110 float16-autocast rows (0.042 with
-#: provenance, the pass ``estimate`` prices under autocast) are within it (``benchmarks/accuracy/accuracy_memory_liveness.py``; ``docs/gpu_memory.md`` has
-#: the commands and the table).
+#: provenance, the pass ``estimate`` prices under autocast) are within it
+#: (``benchmarks/accuracy/accuracy_memory_liveness.py``; ``docs/gpu_memory.md`` has the commands and the table).
 ACTIVATION_REL_SIGMA = 0.098
 #: Relative standard deviation of the CUDA context (``runtime_baseline_mib``): PyTorch processes are reported
 #: at 500-900 MiB of context (driver, CUDA and cuDNN versions; eager or lazy module loading), +-25 % of the
@@ -339,8 +342,8 @@ def _frame_rules(graph: OperatorGraph) -> _FrameRules:
 
     fused = graph_facts(graph).fused
     provenance = graph.has_provenance
-    acts = set(provenance_inplace(nodes, preds, outs)) if provenance else _structural_inplace(nodes, preds, succ, outs,
-                                                                                               fused)
+    acts = (set(provenance_inplace(nodes, preds, outs)) if provenance
+            else _structural_inplace(nodes, preds, succ, outs, fused))
     inplace = tuple(sorted(acts
                            | {i for i in range(len(nodes)) if fused[i] and preds[i]}
                            | set(_selects(nodes, preds))
@@ -348,7 +351,8 @@ def _frame_rules(graph: OperatorGraph) -> _FrameRules:
     att_extend, copies = _explicit_attention_rule(nodes, preds, succ)
     # the inverted-residual and conv + norm rules stand in for module arguments (``Conv2dNormActivation``,
     # ``ConvNormAct``) that the module-argument rule sees where the graph has provenance
-    structural = _pre_norm_rule(nodes, preds) + _post_norm_rule(nodes, preds, succ) + _attention_block_rule(nodes, preds)
+    structural = (_pre_norm_rule(nodes, preds) + _post_norm_rule(nodes, preds, succ)
+                  + _attention_block_rule(nodes, preds))
     if not provenance:
         structural += _inverted_residual_rule(nodes, preds, succ) + _conv_norm_rule(nodes, preds, succ)
     extend = structural + att_extend + _concat_norm_rule(nodes, succ) + _split_concat_rule(nodes, preds, succ) \
