@@ -17,7 +17,7 @@ weights, the input and the CUDA context (:func:`dippm_nas.mig.mig_fit_violations
 Models: 30 torchvision and 20 timm image models (3x224x224) and 5 ``transformers`` encoders and decoders
 built from configs in code (nothing downloaded; ``input_ids`` of ``--seq`` tokens); with ``--dataset``, also
 ``--per-family`` graphs of each search-space family of a dataset export with graphs (float32, their own batch
-sizes)::
+sizes; ``--whole-capture`` prices each model captured whole, with provenance, instead of its stored graph)::
 
     git show BASE:dippm_nas/prior/_memory.py > /tmp/memory_before.py
     PYTHONPATH=$PWD nice -n 10 /work/venv-vision/bin/python benchmarks/accuracy/accuracy_memory_liveness.py \\
@@ -205,13 +205,16 @@ def _mig_check(graph: Any, device_id: str, ref: Any, ac: str | None) -> dict[str
             "mig_violations": mig_fit_violations(adv, need)}
 
 
-def search_space_rows(dataset: Path, per_family: int, seed: int, before: Any) -> list[dict[str, Any]]:
+def search_space_rows(dataset: Path, per_family: int, seed: int, before: Any,
+                      whole: bool = False) -> list[dict[str, Any]]:
     """float32 rows of ``per_family`` distinct graphs of each search-space family of a dataset export with
-    graphs, rebuilt from their configs (their own batch sizes)."""
+    graphs, rebuilt from their configs (their own batch sizes); ``whole``: "after" prices the model captured
+    whole (its graph carries provenance) instead of the stored graph (none, as an assembled candidate's)."""
     import random
 
     import search_spaces as ss
 
+    import dippm_nas
     from dippm_nas.dataset import iter_jsonl
     from dippm_nas.graph import OperatorGraph
 
@@ -232,13 +235,15 @@ def search_space_rows(dataset: Path, per_family: int, seed: int, before: Any) ->
             continue
         g = OperatorGraph.from_dict(graphs[h])
         try:
-            ref = reference_activation_peak(ss.build_model(sp, r["config"]), g.spec)
+            model = ss.build_model(sp, r["config"])
+            ref = reference_activation_peak(model, g.spec)
+            priced = dippm_nas.capture(model, g.spec) if whole else g
         except Exception as e:  # noqa: BLE001 - a benchmark reports what it skipped and goes on
             print(f"  skipped {sp} {r['config']}: {type(e).__name__}: {e}")
             continue
         seen.add(h)
         count[sp] = count.get(sp, 0) + 1
-        after = activation_liveness(g, retention=True, include_inputs=False).peak_allocated_bytes
+        after = activation_liveness(priced, retention=True, include_inputs=False).peak_allocated_bytes
         prev = before(g, retention=True, include_inputs=False).peak_allocated_bytes if before else math.nan
         out.append({"source": "space", "name": f"{sp}#{count[sp]}", "family": f"space:{sp}",
                     "batch": g.spec.batch_size, "mode": "fp32", "device": "cpu",
@@ -305,6 +310,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dataset", type=Path, default=None, help="an export with graphs of search-space models")
     ap.add_argument("--per-family", type=int, default=8, help="distinct graphs per search-space family")
+    ap.add_argument("--whole-capture", action="store_true",
+                    help="price each search-space model captured whole (with provenance), not its stored graph")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--torchvision", default="", help="comma-separated names, or 'default' (30 models)")
     ap.add_argument("--timm", default="", help="comma-separated names, or 'default' (20 models)")
@@ -349,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
                         with args.rows.open("a") as f:
                             f.write(json.dumps(row) + "\n")
     if args.dataset is not None:
-        rows += search_space_rows(args.dataset, args.per_family, args.seed, before)
+        rows += search_space_rows(args.dataset, args.per_family, args.seed, before, args.whole_capture)
     if not rows:
         ap.error("nothing to compare: give --dataset / --torchvision / --timm / --transformers")
     summary = report(rows)

@@ -44,7 +44,7 @@ from dippm_nas.capture._many import CaptureResult, capture_many
 from dippm_nas.errors import (
     CacheError, DippmNasError, GraphCaptureError, InputSpecError, InvalidValueError, SearchSpaceError,
 )
-from dippm_nas.graph import GRAPH_FORMAT_VERSION, OperatorGraph, OpNode, adopt_node_columns
+from dippm_nas.graph import STRUCTURAL_HASH_VERSION, OperatorGraph, OpNode, adopt_node_columns
 from dippm_nas.spec import InputSpec, TensorSpec
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -186,7 +186,10 @@ class _Prepared:
         #: the block's graph: its node columns (dippm_nas.graph.node_columns, computed once) are those of every
         #: placement, whose nodes differ from its own only in their index
         self.graph = g
-        self.nodes = [n.__dict__ for n in g.nodes]
+        # provenance left out: a block's module stacks are its own module's, not the candidate's (an assembled
+        # graph is priced by the structural liveness rules, as a graph without provenance is)
+        self.nodes = [n.__dict__ if n.module_stack is None and n.inplace is None
+                      else {**n.__dict__, "module_stack": None, "inplace": None} for n in g.nodes]
         self.edges = list(g.edges)
         self.consumers = [list(g.input_consumers.get(name, ())) for name in input_names]
         self.outputs = list(g.outputs)
@@ -309,7 +312,7 @@ def _payload_hash(edges: list[tuple[int, int]], inputs: dict[str, list[int]], ou
     edges_json = str(edges).replace("(", "[").replace(")", "]").replace(" ", "")
     text = ('{"edges":' + edges_json + ',"inputs":'
             + json.dumps(inputs, sort_keys=True, separators=(",", ":")) + ',"nodes":[' + frags + '],"outputs":'
-            + json.dumps(outputs, separators=(",", ":")) + ',"v":' + json.dumps(GRAPH_FORMAT_VERSION) + "}")
+            + json.dumps(outputs, separators=(",", ":")) + ',"v":' + json.dumps(STRUCTURAL_HASH_VERSION) + "}")
     return hashlib.sha256(text.encode()).hexdigest()
 
 

@@ -335,16 +335,16 @@ def _materialise_empty(t: "torch.Tensor") -> "torch.Tensor":
     return torch.empty(tuple(t.shape), dtype=t.dtype, device="cpu")
 
 
-def _convert(ep: Any, decompose: bool | str) -> tuple[Any, str]:
-    """Relax module of ``ep`` and the mode that made it.
+def _convert(ep: Any, decompose: bool | str, strip: int = 0) -> tuple[Any, str, dict[Any, Any]]:
+    """Relax module of ``ep``, the mode that made it and the provenance of its variables
+    (:func:`~dippm_nas.capture._provenance.convert_tagged`; ``strip``: the capture's wrapper modules).
 
     ``"auto"`` tries the fast mode, then the decomposing one; if both fail and the fast mode named ops it
     has no converter for, it converts once more with those ops as opaque calls (mode ``"export+opaque"``:
     the ops are kept by name, shapes and inputs, and counted as unknown ops of the graph).
     """
-    from tvm.relax.frontend.torch import from_exported_program
-
     from dippm_nas.capture._converters import custom_convert_map, opaque_convert_map, unsupported_ops
+    from dippm_nas.capture._provenance import convert_tagged
 
     _install_placeholder_binding()
     errors = []
@@ -353,9 +353,8 @@ def _convert(ep: Any, decompose: bool | str) -> tuple[Any, str]:
     for dec in tries:
         try:
             with _quiet_torch():
-                mod = from_exported_program(ep, run_ep_decomposition=dec,
-                                            custom_convert_map=None if dec else custom_convert_map())
-            return mod, ("export+decompose" if dec else "export")
+                mod, tags = convert_tagged(ep, dec, None if dec else custom_convert_map(), strip)
+            return mod, ("export+decompose" if dec else "export"), tags
         except Exception as e:  # noqa: BLE001 - the Relax frontend raises assorted errors for unsupported ops
             errors.append(f"run_ep_decomposition={dec}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
             if dec is False:
@@ -366,11 +365,10 @@ def _convert(ep: Any, decompose: bool | str) -> tuple[Any, str]:
     if missing and decompose == "auto":
         try:
             with _quiet_torch():
-                mod = from_exported_program(ep, run_ep_decomposition=False,
-                                            custom_convert_map=opaque_convert_map(missing))
+                mod, tags = convert_tagged(ep, False, opaque_convert_map(missing), strip)
             logger.warning("Relax has no converter for %s: converted as opaque ops (counted as unknown ops; "
                            "their cost is a generic estimate)", ", ".join(missing))
-            return mod, "export+opaque"
+            return mod, "export+opaque", tags
         except Exception as e:  # noqa: BLE001 - as above
             errors.append(f"opaque {missing}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
     raise GraphCaptureError("TVM Relax could not convert the exported program: " + " | ".join(errors))
@@ -403,20 +401,22 @@ def capture_module(model: "torch.nn.Module", spec: InputSpec, *, decompose: bool
     try:
         fake_mode = _fake_mode()
         with _eval_mode(model):
-            target = _with_tensor_outputs(_prepare(model, fake_mode))
+            prepared = _prepare(model, fake_mode)
+            target = _with_tensor_outputs(prepared)
             with _eval_mode(target):
                 ep = _export(target, spec, fake_mode)
         _check_tensor_output(ep, type(model).__name__)
         t1 = time.perf_counter()
         _binding.memo = {}
         try:
-            mod, mode = _convert(ep, decompose)
+            mod, mode, tags = _convert(ep, decompose, strip=int(target is not prepared))
         finally:
             _binding.memo = None
         t2 = time.perf_counter()
         names = [t.name for t in spec.tensors]
         graph = graph_from_relax(mod, spec, mode=mode, input_names=names, source=type(model).__name__,
-                                 model_key=model_key, float_dtype=None if spec.dtype == "float32" else spec.dtype)
+                                 model_key=model_key, float_dtype=None if spec.dtype == "float32" else spec.dtype,
+                                 provenance=tags)
         graph.validate()
     except DippmNasError:
         raise

@@ -17,10 +17,18 @@ from dippm_nas.spec import InputSpec
 if TYPE_CHECKING:  # pragma: no cover
     from torch_geometric.data import Data
 
-__all__ = ["OpNode", "StaticFeatures", "OperatorGraph", "GRAPH_FORMAT_VERSION"]
+__all__ = ["OpNode", "StaticFeatures", "OperatorGraph", "GRAPH_FORMAT_VERSION", "READABLE_GRAPH_FORMATS",
+           "STRUCTURAL_HASH_VERSION"]
 
-#: Bumped whenever the JSON layout or the meaning of a node field changes; part of every cache key.
-GRAPH_FORMAT_VERSION = 1
+#: Bumped whenever the JSON layout or the meaning of a node field changes; part of every cache key. Version 2
+#: added each node's optional provenance (``"ms"``: its module stack, ``"ip"``: whether the exported operator
+#: ran in place); a version-1 graph reads as one without provenance.
+GRAPH_FORMAT_VERSION = 2
+#: The ``format_version`` values :meth:`OperatorGraph.from_dict` reads.
+READABLE_GRAPH_FORMATS = (1, 2)
+#: The layout of :meth:`OperatorGraph.structural_hash`'s payload; provenance does not enter it, so a graph's
+#: hash is the same in format 1 and 2.
+STRUCTURAL_HASH_VERSION = 1
 
 Shape = tuple[int, ...]
 
@@ -49,6 +57,12 @@ class OpNode:
             weight transpose); it is kept in the graph but costs nothing at run time.
         known: whether dippm-nas has a formula for this op; unknown ops carry generic estimates
             (one flop per output element) and are counted in :attr:`OperatorGraph.unknown_ops`.
+        module_stack: provenance: the modules whose call the exported operator ran in, outermost first, each
+            its qualified name in the model (``"blocks.0.conv"``; a second call of one module ``"act@1"``), the
+            model itself left out (``()``: called by the model's own ``forward``); ``None`` where the graph does
+            not carry provenance (format 1, ONNX, assembled or analytic graphs).
+        inplace: provenance: whether the exported operator this node comes from ran in place (``aten.relu_``,
+            ``aten.add_``); ``None`` where unknown.
     """
 
     index: int
@@ -66,6 +80,8 @@ class OpNode:
     param_bytes: int
     is_constant: bool = False
     known: bool = True
+    module_stack: tuple[str, ...] | None = None
+    inplace: bool | None = None
 
     @property
     def output_shape(self) -> Shape:
@@ -78,7 +94,7 @@ class OpNode:
         return sum(math.prod(s) for s in self.output_shapes)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        d = {
             "i": self.index, "op": self.op, "cls": self.op_class,
             "out": [list(s) for s in self.output_shapes], "dt": self.output_dtype,
             "in": [list(s) for s in self.input_shapes], "par": [int(b) for b in self.input_is_param],
@@ -86,6 +102,11 @@ class OpNode:
             "br": self.bytes_read, "bw": self.bytes_written, "pb": self.param_bytes,
             "const": int(self.is_constant), "known": int(self.known),
         }
+        if self.module_stack is not None:
+            d["ms"] = list(self.module_stack)
+        if self.inplace is not None:
+            d["ip"] = int(self.inplace)
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "OpNode":
@@ -98,8 +119,18 @@ class OpNode:
             input_shapes=tuple(map(tuple, d["in"])), input_is_param=tuple(map(bool, d["par"])),
             attrs=d["attrs"], flops=d["flops"], macs=d["macs"], bytes_read=d["br"], bytes_written=d["bw"],
             param_bytes=d["pb"], is_constant=bool(d["const"]), known=bool(d["known"]),
+            module_stack=_module_stack(d.get("ms")), inplace=None if d.get("ip") is None else bool(d["ip"]),
         )
         return node
+
+
+def _module_stack(value: Any) -> tuple[str, ...] | None:
+    """A node's ``"ms"`` field as a tuple of module names (``None`` when absent)."""
+    if value is None:
+        return None
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise GraphValidationError(f"a node's module stack (\"ms\") must be a list of module names, got {value!r}")
+    return tuple(value)
 
 
 @dataclass(frozen=True)
@@ -354,12 +385,12 @@ class OperatorGraph:
     def structural_hash(self) -> str:
         """SHA-256 of the structure: ops, attributes, shapes, dtypes and edges; weights excluded.
 
-        Two instances of one architecture captured with one InputSpec share it; timing, source and
-        conversion mode do not enter it.
+        Two instances of one architecture captured with one InputSpec share it; timing, source, conversion
+        mode and the nodes' provenance (:attr:`OpNode.module_stack`, :attr:`OpNode.inplace`) do not enter it.
         """
         if self._hash is None:
             payload = {
-                "v": GRAPH_FORMAT_VERSION,
+                "v": STRUCTURAL_HASH_VERSION,
                 "nodes": [
                     [n.op, [list(s) for s in n.output_shapes], n.output_dtype, [list(s) for s in n.input_shapes],
                      [int(b) for b in n.input_is_param], dict(n.attrs)]
@@ -396,9 +427,9 @@ class OperatorGraph:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "OperatorGraph":
-        if d.get("format_version") != GRAPH_FORMAT_VERSION:
+        if d.get("format_version") not in READABLE_GRAPH_FORMATS:
             raise GraphValidationError(
-                f"graph format_version must be {GRAPH_FORMAT_VERSION}, got {d.get('format_version')!r}"
+                f"graph format_version must be one of {READABLE_GRAPH_FORMATS}, got {d.get('format_version')!r}"
             )
         return cls(
             nodes=[OpNode.from_dict(n) for n in d["nodes"]],
@@ -455,6 +486,12 @@ class OperatorGraph:
             is_constant=col("is_constant", torch.bool), known=col("known", torch.bool),
             op=[n.op for n in self.nodes],
         )
+
+    @property
+    def has_provenance(self) -> bool:
+        """Whether the nodes carry provenance (:attr:`OpNode.module_stack`): graphs captured from a PyTorch
+        module in graph format 2; the memory prior's eager-liveness rules use it where present."""
+        return any(nd.module_stack is not None for nd in self.nodes)
 
     def summary(self) -> dict[str, Any]:
         """The figures ``dippm-nas inspect`` prints."""

@@ -9,7 +9,7 @@ nodes that read them.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from dippm_nas.errors import GraphCaptureError
@@ -113,7 +113,8 @@ def _bindings(func: Any) -> Iterator[Any]:
 
 
 def graph_from_relax(mod: Any, spec: InputSpec, *, mode: str, input_names: list[str] | None = None,
-                     source: str = "", model_key: str = "", float_dtype: str | None = None) -> OperatorGraph:
+                     source: str = "", model_key: str = "", float_dtype: str | None = None,
+                     provenance: Mapping[Any, tuple[tuple[str, ...], bool]] | None = None) -> OperatorGraph:
     """Turn the ``main`` function of a Relax module into an :class:`OperatorGraph`.
 
     Args:
@@ -125,6 +126,11 @@ def graph_from_relax(mod: Any, spec: InputSpec, *, mode: str, input_names: list[
         model_key: the pre-export key, if any.
         float_dtype: when given, every floating-point tensor (activations and weights) is re-typed to
             this dtype: how a float32 export represents the model cast to half precision.
+        provenance: ``{relax.Var: (module stack, in place)}`` of the variables the converters of an exported
+            program's FX nodes returned (:func:`dippm_nas.capture`'s conversion records them): each node gets
+            the provenance of its variable, or of the next one that has it (the bindings a converter emits
+            before the one it returns), as :attr:`OpNode.module_stack` and :attr:`OpNode.inplace`, the in-place
+            flag on the returned variable's node only; ``None``: no provenance.
 
     Raises:
         GraphCaptureError: no ``main`` function, symbolic shapes, or an empty graph.
@@ -139,12 +145,21 @@ def graph_from_relax(mod: Any, spec: InputSpec, *, mode: str, input_names: list[
 
     walk = _Walk(float_dtype)
     walk.add_params(list(func.params), input_names)
+    own: dict[int, tuple[tuple[str, ...], bool]] = {}  # node -> the provenance of the variable it makes
     for b in _bindings(func):
         if isinstance(b.value, relax.Call) and isinstance(b.value.op, Op):
             walk.add_call(b.var, b.value)
+            tag = provenance.get(b.var) if provenance is not None else None
+            if tag is not None:
+                own[len(walk.nodes) - 1] = tag
         else:
             # aliases: TupleGetItem, Tuple, Var, Constant bound to a var
             walk.values[b.var] = walk.resolve(b.value)
+            tag = provenance.get(b.var) if provenance is not None else None
+            if tag is not None:  # a converter returned an alias (batch norm's first output): its producer's
+                for v in walk.values[b.var]:
+                    if v.producer >= 0 and v.producer not in own:
+                        own[v.producer] = tag
 
     outputs: list[int] = []
     for v in walk.resolve(func.body.body):
@@ -152,6 +167,8 @@ def graph_from_relax(mod: Any, spec: InputSpec, *, mode: str, input_names: list[
             outputs.append(v.producer)
     if not walk.nodes:
         raise GraphCaptureError("the model has no operator calls (it returns its input unchanged?)")
+    if own:
+        _tag_nodes(walk.nodes, own)
     return OperatorGraph(
         nodes=walk.nodes, edges=sorted(walk.edges), input_consumers=walk.input_consumers, outputs=outputs, spec=spec,
         param_count=int(walk.param_count), param_bytes=int(walk.param_bytes), mode=mode, source=source,
@@ -160,6 +177,17 @@ def graph_from_relax(mod: Any, spec: InputSpec, *, mode: str, input_names: list[
 
 
 _FLOATS = ("float64", "float32", "float16", "bfloat16")
+
+
+def _tag_nodes(nodes: list[OpNode], own: Mapping[int, tuple[tuple[str, ...], bool]]) -> None:
+    """Set each node's provenance (see :func:`graph_from_relax`), in place on the freshly built nodes: its own,
+    else the next node's that has one (else the last one's)."""
+    following = own[max(own)]
+    for i in range(len(nodes) - 1, -1, -1):
+        tag = own.get(i)
+        if tag is not None:
+            following = tag
+        nodes[i].__dict__.update(module_stack=following[0], inplace=bool(tag[1]) if tag is not None else False)
 
 
 class _Walk:

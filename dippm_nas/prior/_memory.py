@@ -54,9 +54,17 @@ neither make nor break a cut. Further rules of eager PyTorch's frames and in-pla
   matmul runs (at the operand's run-time dtype under autocast);
 - max pooling allocates its int64 indices for the duration of the operator.
 
+Where the graph carries provenance (:attr:`~dippm_nas.graph.OpNode.module_stack` and
+:attr:`~dippm_nas.graph.OpNode.inplace`: graphs captured from a PyTorch module), the rules of
+:mod:`dippm_nas.prior._provenance_rules` join these: a module's argument lives until the module returns, and an
+activation is in place only where the exported operator was. The in-place rule above, the inverted-residual rule
+and the conv + norm rule (module arguments in disguise) then do not apply, and the stage-input rule holds a cut
+only where it is a local of the frame that runs the stage (:func:`_local_of_frame`).
+
 Under ``autocast`` each output is sized at its run-time dtype (:func:`~dippm_nas.prior.autocast_plan`), each
 activation cast lives while its operator runs and each weight cast (autocast caches them) from its first
-use to the end of the pass. :func:`activation_liveness_many` has the retention rules, not ``autocast``.
+use to the end of the pass (a weight's cast at the weight's size, :func:`_cast_weight_elems`).
+:func:`activation_liveness_many` has the retention rules, not ``autocast``.
 ``prior.estimate`` / ``predict`` on a GPU price the pass under their ``autocast`` (or the deployment's) this way.
 
 :func:`dippm_nas.measure.reference_activation_peak` gives the exact eager figure without a GPU;
@@ -95,6 +103,7 @@ from dippm_nas.graph import GraphStack, OperatorGraph, OpNode, stack_graphs
 from dippm_nas.prior._allocator import AllocatorConfig, AllocatorPeak, _replay_pairs
 from dippm_nas.prior._autocast import AUTOCAST_LOW_CLASSES, autocast_plan
 from dippm_nas.prior._nodes import check_autocast, graph_facts
+from dippm_nas.prior._provenance_rules import module_argument_rule, provenance_inplace
 from dippm_nas.spec import dtype_bytes
 from dippm_nas.units import BYTES_PER_MIB
 
@@ -113,10 +122,11 @@ K_ROUND_LARGE = 2 * BYTES_PER_MIB
 
 #: Relative standard deviation of the activation peak: the root-mean-square relative error (0.098) of the
 #: eager-retention liveness against the exact eager reference (:func:`dippm_nas.measure.reference_activation_peak`)
-#: over its float32 rows: 110 of 30 torchvision, 20 timm and 5 transformers models at two batch sizes (0.058) and
-#: 56 of the 14 search-space families (0.148); the 110 float16-autocast rows (0.076, the pass ``estimate`` prices
-#: under autocast) are within it (``benchmarks/accuracy/accuracy_memory_liveness.py``; ``docs/gpu_memory.md`` has
-#: the commands and the table).
+#: over its float32 rows: 110 of 30 torchvision, 20 timm and 5 transformers models at two batch sizes (0.058 by
+#: the structural rules alone, which graphs without provenance get; 0.022 with provenance) and 56 of the 14
+#: search-space families (0.148, graphs without provenance); the 110 float16-autocast rows (0.042 with
+#: provenance, the pass ``estimate`` prices under autocast) are within it
+#: (``benchmarks/accuracy/accuracy_memory_liveness.py``; ``docs/gpu_memory.md`` has the commands and the table).
 ACTIVATION_REL_SIGMA = 0.098
 #: Relative standard deviation of the CUDA context (``runtime_baseline_mib``): PyTorch processes are reported
 #: at 500-900 MiB of context (driver, CUDA and cuDNN versions; eager or lazy module loading), +-25 % of the
@@ -263,16 +273,37 @@ def _retain(graph: OperatorGraph, sizes: list[list[int]], alloc_at: list[int], l
     # stage input: in a run of equal-sized cuts, the cut before the first residual block lives to the run's end
     residual = [False] + [any(joins[i] for i in range(pos[k - 1] + 1, pos[k] + 1)) for k in range(1, len(cuts))]
     k = 0
+    provenance = graph.has_provenance
     while k < len(cuts):
         e = k
         while e + 1 < len(cuts) and size[e + 1] == size[k]:
             e += 1
         first = next((r for r in range(max(k, 1), e + 1) if residual[r]), None)
-        if first is not None:
+        if first is not None and (not provenance or _local_of_frame(graph, preds, pos[first - 1], pos[e])):
             s = cuts[first - 1][1]
             new_last[s] = max(new_last[s], pos[e])
         k = e + 1
     last_use[:] = new_last
+
+
+def _local_of_frame(graph: OperatorGraph, preds: list[list[int]], cut: int, end: int) -> bool:
+    """With provenance: whether the cut tensor made at node ``cut`` is a local of the frame of the module call
+    that runs the stage after it, up to node ``end``, alive until that call returns: computed in that frame
+    (``h = embeds + positions``) or returned by a named child module (``embeds = self.embed_tokens(ids)``), not
+    by an element of a container the frame loops over (``for blk in self.blocks: x = blk(x)``, an
+    ``nn.Sequential``: the loop rebinds it, and the module-argument rule holds it as the next call's argument)."""
+    nodes = graph.nodes
+    frame = nodes[cut + 1].module_stack or ()
+    for nd in nodes[cut + 2:end + 1]:
+        st = nd.module_stack or ()
+        k = 0
+        while k < len(frame) and k < len(st) and frame[k] == st[k]:
+            k += 1
+        frame = frame[:k]
+    made = nodes[_producer(nodes, preds, cut)].module_stack or ()
+    if made[:len(frame)] != frame:
+        return False
+    return len(made) == len(frame) or not made[len(frame)].rpartition(".")[2].partition("@")[0].isdigit()
 
 
 #: Activations eager PyTorch models run in place after a convolution or a normalization
@@ -310,20 +341,22 @@ def _frame_rules(graph: OperatorGraph) -> _FrameRules:
     outs = set(graph.outputs)
 
     fused = graph_facts(graph).fused
-    inplace = tuple(sorted({i for i, nd in enumerate(nodes)
-                            if nd.op in _INPLACE_ACTS and len(preds[i]) == 1 and not nd.is_constant
-                            and (nodes[preds[i][0]].op_class in ("conv", "normalization")
-                                 or fused[preds[i][0]] and any(_is_conv(nodes[q]) for q in preds[preds[i][0]]))
-                            and succ[preds[i][0]] == [i] and preds[i][0] not in outs}
+    provenance = graph.has_provenance
+    acts = (set(provenance_inplace(nodes, preds, outs)) if provenance
+            else _structural_inplace(nodes, preds, succ, outs, fused))
+    inplace = tuple(sorted(acts
                            | {i for i in range(len(nodes)) if fused[i] and preds[i]}
                            | set(_selects(nodes, preds))
                            | set(_hardswish_chains(nodes, preds, succ))))
     att_extend, copies = _explicit_attention_rule(nodes, preds, succ)
-    extend = _pre_norm_rule(nodes, preds) + _post_norm_rule(nodes, preds, succ) + _attention_block_rule(nodes, preds) \
-        + att_extend \
-        + _inverted_residual_rule(nodes, preds, succ) + _concat_norm_rule(nodes, succ) \
-        + _conv_norm_rule(nodes, preds, succ) \
-        + _split_concat_rule(nodes, preds, succ)
+    # the inverted-residual and conv + norm rules stand in for module arguments (``Conv2dNormActivation``,
+    # ``ConvNormAct``) that the module-argument rule sees where the graph has provenance
+    structural = (_pre_norm_rule(nodes, preds) + _post_norm_rule(nodes, preds, succ)
+                  + _attention_block_rule(nodes, preds))
+    if not provenance:
+        structural += _inverted_residual_rule(nodes, preds, succ) + _conv_norm_rule(nodes, preds, succ)
+    extend = structural + att_extend + _concat_norm_rule(nodes, succ) + _split_concat_rule(nodes, preds, succ) \
+        + (module_argument_rule(nodes, preds) if provenance else [])
     # max pooling computes its int64 indices (``max_pool2d_with_indices``) and drops them when it returns
     scratch = tuple((i, round_block(nd.output_elements * 8)) for i, nd in enumerate(nodes)
                     if nd.op.startswith("nn.max_pool") and not nd.is_constant)
@@ -332,6 +365,17 @@ def _frame_rules(graph: OperatorGraph) -> _FrameRules:
         _FRAME_MEMO.clear()
     _FRAME_MEMO[id(graph)] = (graph, rules)
     return rules
+
+
+def _structural_inplace(nodes: "Sequence[OpNode]", preds: list[list[int]], succ: list[list[int]], outs: set[int],
+                        fused: "Sequence[bool]") -> set[int]:
+    """Without provenance: the activations of :data:`_INPLACE_ACTS` right after a convolution (or its fused bias)
+    or a normalization that nothing else reads are taken to run in place."""
+    return {i for i, nd in enumerate(nodes)
+            if nd.op in _INPLACE_ACTS and len(preds[i]) == 1 and not nd.is_constant
+            and (nodes[preds[i][0]].op_class in ("conv", "normalization")
+                 or fused[preds[i][0]] and any(_is_conv(nodes[q]) for q in preds[preds[i][0]]))
+            and succ[preds[i][0]] == [i] and preds[i][0] not in outs}
 
 
 def _explicit_attention_rule(nodes: "Sequence[OpNode]", preds: list[list[int]], succ: list[list[int]]
@@ -727,10 +771,29 @@ def _autocast_storages(graph: OperatorGraph, preds: list[list[int]], lv: _Lives,
             if code is not None and code != run and i in graph.input_consumers.get(t.name, ()):
                 _add_storage(lv, [round_block(math.prod((graph.spec.batch_size, *t.shape)) * _WIDTH[run])], i, i)
         if facts.classes[i] in AUTOCAST_LOW_CLASSES and int(facts.dtype[i]) != low_code:
-            blocks = [round_block(math.prod(sh) * _WIDTH[low_code])
-                      for sh, par in zip(nd.input_shapes, nd.input_is_param) if par and len(sh) > 0]
+            blocks = [round_block(e * _WIDTH[low_code]) for e in _cast_weight_elems(nodes, preds, i)]
             if blocks:
                 _add_storage(lv, blocks, i, n)
+
+
+def _cast_weight_elems(nodes: "Sequence[OpNode]", preds: list[list[int]], i: int) -> list[int]:
+    """Elements of each weight node ``i`` reads, as autocast casts it: the weight itself, not a constant view the
+    graph reads it through (Relax's ``broadcast_to`` of a ``Linear`` weight to a batched matmul, ``(8, 768, 768)``
+    for a ``768 x 768`` weight, is one cast of the weight in eager PyTorch)."""
+    via = {}
+    for p in preds[i]:
+        if not nodes[p].is_constant:
+            continue
+        q, least = p, math.prod(nodes[p].output_shape)
+        while nodes[q].op_class == "view":
+            least = min([least] + [math.prod(sh) for sh, par in zip(nodes[q].input_shapes, nodes[q].input_is_param)
+                                   if par and len(sh) > 0])
+            if not preds[q]:
+                break
+            q = preds[q][0]
+        via.setdefault(nodes[p].output_shape, least)
+    return [min(math.prod(sh), via.get(sh, math.prod(sh)))
+            for sh, par in zip(nodes[i].input_shapes, nodes[i].input_is_param) if par and len(sh) > 0]
 
 
 def _add_storage(lv: _Lives, blocks: list[int], alloc_at: int, last_use: int) -> None:
@@ -1108,6 +1171,8 @@ def activation_liveness_many(graphs: Sequence[OperatorGraph], *, retention: bool
     Returns:
         one :class:`MemoryBreakdown` per graph, in order.
     """
+    if retention and any(g.has_provenance for g in graphs):  # the provenance rules: one graph at a time
+        return [activation_liveness(g, retention=True, include_inputs=include_inputs) for g in graphs]
     st = stack if stack is not None else stack_graphs(graphs)
     if not st.num_graphs:
         return []

@@ -37,18 +37,20 @@ def test_capture_restores_training_mode_and_records_mode() -> None:
 
 
 def test_decomposing_fallback_is_used_and_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
-    import tvm.relax.frontend.torch as tfront
+    import importlib
 
-    real = tfront.from_exported_program
+    prov = importlib.import_module("dippm_nas.capture._provenance")  # dippm_nas.capture is also a function
+
+    real = prov.convert_tagged
     calls = []
 
-    def flaky(ep, *, run_ep_decomposition=True, **kw):
-        calls.append(run_ep_decomposition)
-        if not run_ep_decomposition:
+    def flaky(ep, decompose, custom_convert_map, strip=0):
+        calls.append(decompose)
+        if not decompose:
             raise NotImplementedError("pretend this op needs decomposition")
-        return real(ep, run_ep_decomposition=True, **kw)
+        return real(ep, True, custom_convert_map, strip)
 
-    monkeypatch.setattr(tfront, "from_exported_program", flaky)
+    monkeypatch.setattr(prov, "convert_tagged", flaky)
     g = capture(TinyVGG().eval(), SPEC, cache=False)
     assert calls == [False, True]
     assert g.mode == "export+decompose"
@@ -375,7 +377,7 @@ def test_attention_masks_of_any_broadcastable_shape_convert_exactly(shape, mask_
         mask[..., 0] = True  # no fully masked row (PyTorch gives NaN there)
     model = _MaskedAttention(mask).eval()
     spec = InputSpec(shape=shape, batch_size=2)
-    mod, mode = _convert(_export(model, spec), "auto")
+    mod, mode, _ = _convert(_export(model, spec), "auto")
     assert mode == "export"  # no fallback to the slow decomposing mode
     x = torch.randn(2, *shape, generator=gen)
     vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
@@ -428,7 +430,7 @@ def test_ops_without_a_stock_fast_converter_convert_exactly(which: str) -> None:
     torch.manual_seed(0)
     model = _OpsWithoutFastConverter(which).eval()
     spec = InputSpec(shape=(3, 6, 8), batch_size=2)
-    mod, mode = _convert(_export(model, spec), "auto")
+    mod, mode, _ = _convert(_export(model, spec), "auto")
     assert mode == "export"  # no fallback to the slow decomposing mode
     x = torch.randn(2, 3, 6, 8)
     vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
