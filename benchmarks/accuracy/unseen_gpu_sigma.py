@@ -183,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
             "sigma_log_gpu_unseen": sigma,
             "fit_gpu_unseen": (f"{cmd}: leave-one-GPU-out over {', '.join(DEFAULT_ENTRY_GPUS)} (the GPUs the "
                                "default device scale is the geometric mean of), each predicted with the others' "
-                               "geometric mean; RMS log error (predicted / measured) of GPU-bound rows, cells "
+                               "geometric mean (a GeForce GPU: the \"*geforce\" entry, with the other fitted GeForce "
+                               "GPUs' GEMM rate); RMS log error (predicted / measured) of GPU-bound rows, cells "
                                f"weighing equally: {rows}"),
         })
         write_output(args.write, json.dumps(d, indent=1) + "\n", "--write", error=InvalidValueError)
