@@ -46,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fewshot_timm import held_out_params  # noqa: E402  (sibling script)
 
 from dippm_nas.dataset import load_measurements  # noqa: E402
+from dippm_nas.devices import get_device  # noqa: E402
 from dippm_nas.prior import DeploymentSettings, PriorParams, default_params, estimate  # noqa: E402
 from dippm_nas.training import DEVICE_ALIASES  # noqa: E402
 from dippm_nas.errors import InvalidValueError  # noqa: E402
@@ -143,6 +144,17 @@ def nested_sigma(cells: Mapping[tuple[str, str], Sequence[Row]], base: PriorPara
     return sigma_of(unseen_errors(cells, base, among))
 
 
+def sigma_by_geforce(errors: Mapping[tuple[str, str], np.ndarray]) -> dict[str, float]:
+    """:func:`sigma_of` over the cells of GeForce GPUs (``Device.geforce``, the GPUs ``"*geforce"`` prices) and over
+    the others apart: ``{"geforce": σ, "other": σ}``, a key only where its cells have GPU-bound rows."""
+    out: dict[str, float] = {}
+    for key, want in (("geforce", True), ("other", False)):
+        part = {c: e for c, e in errors.items() if get_device(c[0]).geforce == want and len(e)}
+        if part:
+            out[key] = sigma_of(part)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--timm", type=Path, help="dataset with the timm benchmark-infer rows (graphs captured)")
@@ -168,7 +180,10 @@ def main(argv: list[str] | None = None) -> int:
     nested = {g: nested_sigma(cells, base, g) for g in DEFAULT_ENTRY_GPUS if any(d == g for d, _ in cells)}
     print(f"unseen-GPU σ (log, RMS over {len(errors)} cells): {sigma:.3f}; without each GPU: "
           + ", ".join(f"{g} {v:.3f}" for g, v in nested.items()))
-    report = {"sigma_log_gpu_unseen": sigma, "cells": per_cell, "nested": nested}
+    by_line = sigma_by_geforce(errors)
+    print("by board line (cells of GeForce GPUs / of the others): "
+          + ", ".join(f"{k} {v:.3f}" for k, v in by_line.items()))
+    report = {"sigma_log_gpu_unseen": sigma, "cells": per_cell, "nested": nested, "by_geforce": by_line}
     if args.json is not None:
         write_output(args.json, json.dumps(report, indent=1) + "\n", "--json", error=InvalidValueError)
         print(f"wrote {args.json}")
@@ -183,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
             "sigma_log_gpu_unseen": sigma,
             "fit_gpu_unseen": (f"{cmd}: leave-one-GPU-out over {', '.join(DEFAULT_ENTRY_GPUS)} (the GPUs the "
                                "default device scale is the geometric mean of), each predicted with the others' "
-                               "geometric mean; RMS log error (predicted / measured) of GPU-bound rows, cells "
+                               "geometric mean (a GeForce GPU: the \"*geforce\" entry, with the other fitted GeForce "
+                               "GPUs' GEMM rate); RMS log error (predicted / measured) of GPU-bound rows, cells "
                                f"weighing equally: {rows}"),
         })
         write_output(args.write, json.dumps(d, indent=1) + "\n", "--write", error=InvalidValueError)

@@ -235,3 +235,17 @@ def test_the_leave_one_gpu_out_helpers(monkeypatch: pytest.MonkeyPatch) -> None:
     s = sigma_of({("a", "x"): np.full(100, 0.1), ("b", "y"): np.array([-0.5])})
     assert s == pytest.approx(math.sqrt((0.01 + 0.25) / 2))
     assert "unseen_gpu_sigma" in sys.modules
+
+
+def test_sigma_by_geforce_splits_the_cells_by_board_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``unseen_gpu_sigma.sigma_by_geforce``: the RMS over the cells of GeForce GPUs and of the others apart, each
+    cell weighing equally; a line without GPU-bound rows gets no key."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks" / "accuracy"))
+    from unseen_gpu_sigma import sigma_by_geforce
+
+    errors = {("rtx-3090", "timm"): np.array([0.3, -0.3]), ("rtx-4090", "timm"): np.array([0.4]),
+              ("a100-sxm4-40gb", "accel-nasbench"): np.array([-0.25, -0.25]),
+              ("rtx-5090", "timm"): np.array([])}
+    got = sigma_by_geforce(errors)
+    assert got == pytest.approx({"geforce": math.sqrt((0.09 + 0.16) / 2), "other": 0.25})
+    assert sigma_by_geforce({("a100-sxm4-40gb", "accel-nasbench"): np.array([0.1])}) == pytest.approx({"other": 0.1})
