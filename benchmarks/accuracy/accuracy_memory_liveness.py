@@ -9,8 +9,11 @@ The prediction ("after") is :func:`dippm_nas.prior.activation_liveness` with eag
 and ``autocast`` for the autocast rows; "before" is the same function of another version of
 ``dippm_nas/prior/_memory.py`` (``--before-module``, e.g. ``git show BASE:dippm_nas/prior/_memory.py``), which
 may not take ``autocast`` (its float32 figure is used). Per family and precision: MAPE, bias, the worst error,
-the models more than 3 % low; over everything, the root-mean-square relative error of "after" (the
-``ACTIVATION_REL_SIGMA`` of ``dippm_nas/prior/_memory.py``). With ``--mig DEVICE`` it also checks the MIG
+the models more than 3 % low; over everything, the root-mean-square relative error of "after". Each row also
+keeps ``provenance`` (whether the priced graph carries it) and ``structural_mib`` (the same graph priced without
+its provenance, by the structural rules alone); ``--sigma`` prints the σ of the activation part from them
+(:func:`sigma_figures`: ``ACTIVATION_REL_SIGMA_PROVENANCE`` and ``ACTIVATION_REL_SIGMA`` of
+``dippm_nas/prior/_memory.py``; give it the zoo and the search-space rows together). With ``--mig DEVICE`` it also checks the MIG
 advice of each float32 model: no profile recommended whose usable memory is below the reference peak plus the
 weights, the input and the CUDA context (:func:`dippm_nas.mig.mig_fit_violations`).
 
@@ -24,7 +27,9 @@ sizes; ``--whole-capture`` prices each model captured whole, with provenance, in
         --torchvision default --timm default --transformers default --batches 8,32 --token-batches 2,8 \\
         --before-module /tmp/memory_before.py --mig a100-sxm4-40gb --rows /tmp/liveness_rows.jsonl
 
-``--rows`` keeps one JSON line per (model, batch, precision) and is read back on a rerun (resumable).
+``--rows`` keeps one JSON line per (model, batch, precision), and the search-space rows, and is read back on a
+rerun (resumable; with search-space rows in it the dataset is not sampled again); ``--rows ROWS --sigma`` alone
+prints the table and the σ of a rows file.
 ``--reference-rows`` takes the reference figures of an earlier run's rows and recomputes before and after
 (minutes instead of the tracker's passes; the tracker does not depend on the prior's code).
 """
@@ -345,7 +350,8 @@ def sigma_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
           f"{wp['fp16']['rms_rel_err']:.3f} ({wp['fp16']['n']} rows); the larger, ACTIVATION_REL_SIGMA_PROVENANCE: "
           f"{out['with_provenance_sigma']:.3f}")
     print("  without provenance (structural rules): " + ", ".join(
-        f"{k} {v['rms_rel_err']:.3f} ({v['n']} rows)" for k, v in np_.items() if v["n"])
+        f"{k} {v['rms_rel_err']:.3f} ({v['n']} rows)" for k, v in np_.items()
+        if v["n"] and not (k.endswith("_all") and v["n"] == np_[k.replace("_all", "_zoo")]["n"]))
         + f"; fp32 all, ACTIVATION_REL_SIGMA: {out['without_provenance_sigma']:.3f}")
     return out
 

@@ -124,17 +124,17 @@ K_ROUND_LARGE = 2 * BYTES_PER_MIB
 #: search-space candidate assembled from its blocks' graphs), priced by the structural rules alone: the
 #: root-mean-square relative error (0.098) of those rules against the exact eager reference
 #: (:func:`dippm_nas.measure.reference_activation_peak`) over 166 float32 rows: 110 of 30 torchvision, 20 timm
-#: and 5 transformers models at two batch sizes, stripped of their provenance (0.058), and 56 of the 14
-#: search-space families' stored graphs (0.148); the 110 float16-autocast zoo rows (0.076) are within it.
-#: ``benchmarks/accuracy/accuracy_memory_liveness.py --sigma`` prints it from the rows (``docs/gpu_memory.md``,
-#: "σ of the memory", has the commands).
+#: and 5 transformers models at two batch sizes, their graphs stripped of provenance (0.058), and 56 stored graphs
+#: of the 14 search-space families (0.148); the 110 float16-autocast zoo rows (0.065) are within it.
+#: ``benchmarks/accuracy/accuracy_memory_liveness.py --rows ROWS --sigma`` prints it from the benchmark's rows
+#: (``docs/gpu_memory.md``, "σ of the memory", has the commands).
 ACTIVATION_REL_SIGMA = 0.098
 #: Relative standard deviation of the activation peak of a graph with provenance
 #: (:attr:`~dippm_nas.graph.OperatorGraph.has_provenance`: a graph captured from a PyTorch module), priced by the
-#: provenance rules: the RMS relative error against the same reference over the 110 zoo rows, 0.022 in float32
+#: provenance rules: the RMS relative error against the same reference over the 110 zoo rows is 0.022 in float32
 #: and 0.042 under float16 autocast; the larger of the two, for every precision (the largest misses, LeViT's
-#: cached attention biases and the decoders' attention under autocast, are not a matter of the pass's dtype
-#: alone, and bfloat16 was not measured). ``accuracy_memory_liveness.py --sigma`` prints it.
+#: cached attention biases in both precisions and the decoders' attention under autocast, are not a matter of the
+#: pass's dtype alone, and bfloat16 was not measured). ``accuracy_memory_liveness.py --rows ROWS --sigma`` prints it.
 ACTIVATION_REL_SIGMA_PROVENANCE = 0.042
 #: Relative standard deviation of the CUDA context (``runtime_baseline_mib``): PyTorch processes are reported
 #: at 500-900 MiB of context (driver, CUDA and cuDNN versions; eager or lazy module loading), +-25 % of the
