@@ -9,8 +9,11 @@ The prediction ("after") is :func:`dippm_nas.prior.activation_liveness` with eag
 and ``autocast`` for the autocast rows; "before" is the same function of another version of
 ``dippm_nas/prior/_memory.py`` (``--before-module``, e.g. ``git show BASE:dippm_nas/prior/_memory.py``), which
 may not take ``autocast`` (its float32 figure is used). Per family and precision: MAPE, bias, the worst error,
-the models more than 3 % low; over everything, the root-mean-square relative error of "after" (the
-``ACTIVATION_REL_SIGMA`` of ``dippm_nas/prior/_memory.py``). With ``--mig DEVICE`` it also checks the MIG
+the models more than 3 % low; over everything, the root-mean-square relative error of "after". Each row also
+keeps ``provenance`` (whether the priced graph carries it) and ``structural_mib`` (the same graph priced without
+its provenance, by the structural rules alone); ``--sigma`` prints the σ of the activation part from them
+(:func:`sigma_figures`: ``ACTIVATION_REL_SIGMA_PROVENANCE`` and ``ACTIVATION_REL_SIGMA`` of
+``dippm_nas/prior/_memory.py``; give it the zoo and the search-space rows together). With ``--mig DEVICE`` it also checks the MIG
 advice of each float32 model: no profile recommended whose usable memory is below the reference peak plus the
 weights, the input and the CUDA context (:func:`dippm_nas.mig.mig_fit_violations`).
 
@@ -24,7 +27,9 @@ sizes; ``--whole-capture`` prices each model captured whole, with provenance, in
         --torchvision default --timm default --transformers default --batches 8,32 --token-batches 2,8 \\
         --before-module /tmp/memory_before.py --mig a100-sxm4-40gb --rows /tmp/liveness_rows.jsonl
 
-``--rows`` keeps one JSON line per (model, batch, precision) and is read back on a rerun (resumable).
+``--rows`` keeps one JSON line per (model, batch, precision), and the search-space rows, and is read back on a
+rerun (resumable; with search-space rows in it the dataset is not sampled again); ``--rows ROWS --sigma`` alone
+prints the table and the σ of a rows file.
 ``--reference-rows`` takes the reference figures of an earlier run's rows and recomputes before and after
 (minutes instead of the tracker's passes; the tracker does not depend on the prior's code).
 """
@@ -176,6 +181,8 @@ def one_row(source: str, name: str, batch: int, seq: int, mode: str, before: Any
         ref = reference_activation_peak(model_spec, spec, device=device, autocast=ac)
     g = dippm_nas.capture(model_spec, spec)
     after = activation_liveness(g, retention=True, include_inputs=False, autocast=ac).peak_allocated_bytes
+    structural = activation_liveness(without_provenance(g), retention=True, include_inputs=False,
+                                     autocast=ac).peak_allocated_bytes
     if before is not None:
         try:
             prev = before(g, retention=True, include_inputs=False, autocast=ac).peak_allocated_bytes
@@ -185,11 +192,24 @@ def one_row(source: str, name: str, batch: int, seq: int, mode: str, before: Any
         prev = math.nan
     row = {"source": source, "name": name, "family": family(source, name), "batch": batch, "mode": mode,
            "device": device, "reference_mib": ref.peak_block_bytes / MIB, "after_mib": after / MIB,
-           "before_mib": prev / MIB, "weights_mib": g.param_bytes / MIB, "input_mib": ref.input_bytes / MIB,
-           "peak_op": ref.peak_op, "seconds": time.perf_counter() - t0}
+           "before_mib": prev / MIB, "provenance": g.has_provenance, "structural_mib": structural / MIB,
+           "weights_mib": g.param_bytes / MIB, "input_mib": ref.input_bytes / MIB, "peak_op": ref.peak_op,
+           "seconds": time.perf_counter() - t0}
     if mig:
         row.update(_mig_check(g, mig, ref, ac))
     return row
+
+
+def without_provenance(graph: Any) -> Any:
+    """``graph`` without its nodes' provenance (``module_stack``, ``inplace``): what the structural rules alone
+    price, as for a format-1 graph or an assembled candidate."""
+    from dippm_nas.graph import OperatorGraph
+
+    d = graph.to_dict()
+    for nd in d["nodes"]:
+        nd.pop("ms", None)
+        nd.pop("ip", None)
+    return OperatorGraph.from_dict(d)
 
 
 def _mig_check(graph: Any, device_id: str, ref: Any, ac: str | None) -> dict[str, Any]:
@@ -245,9 +265,12 @@ def search_space_rows(dataset: Path, per_family: int, seed: int, before: Any,
         count[sp] = count.get(sp, 0) + 1
         after = activation_liveness(priced, retention=True, include_inputs=False).peak_allocated_bytes
         prev = before(g, retention=True, include_inputs=False).peak_allocated_bytes if before else math.nan
+        structural = activation_liveness(without_provenance(priced), retention=True,
+                                         include_inputs=False).peak_allocated_bytes
         out.append({"source": "space", "name": f"{sp}#{count[sp]}", "family": f"space:{sp}",
                     "batch": g.spec.batch_size, "mode": "fp32", "device": "cpu",
                     "reference_mib": ref.peak_block_bytes / MIB, "after_mib": after / MIB, "before_mib": prev / MIB,
+                    "provenance": priced.has_provenance, "structural_mib": structural / MIB,
                     "weights_mib": g.param_bytes / MIB, "input_mib": ref.input_bytes / MIB, "peak_op": ref.peak_op})
     return out
 
@@ -300,6 +323,39 @@ def report(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _rms(errs: list[float]) -> float:
+    return math.sqrt(sum(e * e for e in errs) / len(errs)) if errs else math.nan
+
+
+def sigma_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Print and return the relative σ of the activation part, the RMS relative error of the liveness against the
+    reference: with provenance ("after" of the rows whose priced graph carries it), per precision, and the larger
+    of the two (``ACTIVATION_REL_SIGMA_PROVENANCE``); without provenance (``structural_mib``: the same graphs
+    stripped of it, and the search-space rows' stored graphs, which carry none), float32 zoo and search-space rows
+    together (``ACTIVATION_REL_SIGMA``), and the autocast rows apart."""
+    out: dict[str, Any] = {"with_provenance": {}, "without_provenance": {}}
+    for mode in ("fp32", "fp16"):
+        errs = [r["after_mib"] / r["reference_mib"] - 1 for r in rows if r["mode"] == mode and r.get("provenance")]
+        out["with_provenance"][mode] = {"n": len(errs), "rms_rel_err": _rms(errs)}
+        for part, keep in (("zoo", lambda r: r["source"] != "space"), ("space", lambda r: r["source"] == "space"),
+                           ("all", lambda r: True)):
+            errs = [r["structural_mib"] / r["reference_mib"] - 1 for r in rows
+                    if r["mode"] == mode and "structural_mib" in r and keep(r)]
+            out["without_provenance"][f"{mode}_{part}"] = {"n": len(errs), "rms_rel_err": _rms(errs)}
+    wp, np_ = out["with_provenance"], out["without_provenance"]
+    out["with_provenance_sigma"] = max(wp["fp32"]["rms_rel_err"], wp["fp16"]["rms_rel_err"])
+    out["without_provenance_sigma"] = np_["fp32_all"]["rms_rel_err"]
+    print("sigma of the activation part (RMS relative error against the reference):")
+    print(f"  with provenance: fp32 {wp['fp32']['rms_rel_err']:.3f} ({wp['fp32']['n']} rows), fp16 autocast "
+          f"{wp['fp16']['rms_rel_err']:.3f} ({wp['fp16']['n']} rows); the larger, ACTIVATION_REL_SIGMA_PROVENANCE: "
+          f"{out['with_provenance_sigma']:.3f}")
+    print("  without provenance (structural rules): " + ", ".join(
+        f"{k} {v['rms_rel_err']:.3f} ({v['n']} rows)" for k, v in np_.items()
+        if v["n"] and not (k.endswith("_all") and v["n"] == np_[k.replace("_all", "_zoo")]["n"]))
+        + f"; fp32 all, ACTIVATION_REL_SIGMA: {out['without_provenance_sigma']:.3f}")
+    return out
+
+
 def _read_rows(path: Path | None) -> list[dict[str, Any]]:
     if path is None or not path.exists():
         return []
@@ -323,6 +379,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--before-module", type=Path, default=None, help="another version's prior/_memory.py")
     ap.add_argument("--mig", default=None, help="check the MIG advice on this device id, e.g. a100-sxm4-40gb")
     ap.add_argument("--rows", type=Path, default=None, help="JSON lines of the rows (read back on a rerun)")
+    ap.add_argument("--sigma", action="store_true",
+                    help="print the activation part's sigma with and without provenance (rows need structural_mib)")
     ap.add_argument("--json", type=Path, default=None, help="write the table's figures here")
     ap.add_argument("--reference-rows", type=Path, default=None,
                     help="JSON lines of an earlier run (--rows): take their reference figures instead of tracking "
@@ -355,11 +413,17 @@ def main(argv: list[str] | None = None) -> int:
                     if args.rows is not None:
                         with args.rows.open("a") as f:
                             f.write(json.dumps(row) + "\n")
-    if args.dataset is not None:
-        rows += search_space_rows(args.dataset, args.per_family, args.seed, before, args.whole_capture)
+    if args.dataset is not None and not any(r["source"] == "space" for r in rows):
+        space = search_space_rows(args.dataset, args.per_family, args.seed, before, args.whole_capture)
+        rows += space
+        if args.rows is not None:
+            with args.rows.open("a") as f:
+                f.writelines(json.dumps(r) + "\n" for r in space)
     if not rows:
         ap.error("nothing to compare: give --dataset / --torchvision / --timm / --transformers")
     summary = report(rows)
+    if args.sigma:
+        summary["sigma"] = sigma_figures(rows)
     if args.json is not None:
         write_output(args.json, json.dumps(summary, indent=1), "--json", error=InvalidValueError)
     return 0

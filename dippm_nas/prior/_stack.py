@@ -351,27 +351,27 @@ def _memory_of(stack: CostStack, dev: Device, autocast: str | None = None) -> No
     by graph: :func:`~dippm_nas.prior.activation_liveness_many` has no autocast)."""
     st = stack.facts
     gpu = dev.kind == "gpu"
-    kind = eager_kind(autocast) if gpu else "dataflow"
+    kinds = [eager_kind(autocast, g.has_provenance) if gpu else "dataflow" for g in st.graphs]
     for f in st.parts:
         if f.memory is None:
             f.memory = {}
-    todo = _firsts([i for i, f in enumerate(st.parts) if kind not in f.memory], st)
+    todo = _firsts([i for i, f in enumerate(st.parts) if kinds[i] not in f.memory], st, kinds)
     if todo and gpu and autocast is not None:
         for i in todo:
-            _liveness(st.graphs[i], st.parts[i].memory, kind)
+            _liveness(st.graphs[i], st.parts[i].memory, kinds[i])
     elif todo:
         whole = stack.graph_stack if len(todo) == len(st) else None
         for i, m in zip(todo, activation_liveness_many([st.graphs[i] for i in todo], retention=gpu,
                                                        include_inputs=not gpu, stack=whole)):
-            st.parts[i].memory[kind] = m
+            st.parts[i].memory[kinds[i]] = m
     if not gpu:
         return
     keys = [gpu_parts_key(g, dev, autocast) for g in st.graphs]
-    todo = _firsts([i for i, (f, k) in enumerate(zip(st.parts, keys)) if k not in f.memory], st)
+    todo = _firsts([i for i, (f, k) in enumerate(zip(st.parts, keys)) if k not in f.memory], st, keys)
     if todo:
         graphs = [st.graphs[i] for i in todo]
         parts = gpu_memory_parts_many(
-            graphs, [st.parts[i].memory[kind] for i in todo], context_mib=dev.runtime_baseline_mib,
+            graphs, [st.parts[i].memory[kinds[i]] for i in todo], context_mib=dev.runtime_baseline_mib,
             cublas_workspace_mib=dev.cublas_workspace_mib, uses_cublas=[st.parts[i].uses_cublas for i in todo],
             uses_cudnn=[uses_cudnn(st.graphs[i], st.parts[i]) for i in todo],
             stack=stack.graph_stack if len(todo) == len(st) else None)
@@ -379,12 +379,14 @@ def _memory_of(stack: CostStack, dev: Device, autocast: str | None = None) -> No
             st.parts[i].memory[keys[i]] = p
 
 
-def _firsts(idx: list[int], st: StackedFacts) -> list[int]:
-    """``idx`` without the graphs whose facts an earlier one of them shares (a graph twice in a request)."""
-    seen: set[int] = set()
+def _firsts(idx: list[int], st: StackedFacts, keys: "Sequence[Any]") -> list[int]:
+    """``idx`` without the graphs whose facts and key (of what is computed into the facts) an earlier one of them
+    shares (a graph twice in a request; a graph with provenance and one of the same structure without share
+    their facts, not their keys)."""
+    seen: set[tuple[int, Any]] = set()
     out = []
     for i in idx:
-        if id(st.parts[i]) not in seen:
-            seen.add(id(st.parts[i]))
+        if (id(st.parts[i]), keys[i]) not in seen:
+            seen.add((id(st.parts[i]), keys[i]))
             out.append(i)
     return out

@@ -14,7 +14,8 @@ from dippm_nas.measure import reference_activation_peak
 from dippm_nas.mig import advise
 from dippm_nas.prediction import Prediction
 from dippm_nas.prior import activation_liveness, activation_liveness_many, estimate, estimate_many, predict
-from dippm_nas.prior._memory import ACTIVATION_REL_SIGMA, CONTEXT_REL_SIGMA, CUDNN_WORKSPACE_SIGMA_MIB
+from dippm_nas.prior._memory import (ACTIVATION_REL_SIGMA, ACTIVATION_REL_SIGMA_PROVENANCE, CONTEXT_REL_SIGMA,
+                                    CUDNN_WORKSPACE_SIGMA_MIB)
 from dippm_nas.spec import InputSpec, dtype_bytes
 
 MIB = 2**20
@@ -300,6 +301,32 @@ def test_analytic_gpu_memory_has_a_sigma_from_its_parts() -> None:
                          + (CONTEXT_REL_SIGMA * d["baseline_mib"]) ** 2 + (0.5 * d["allocator_overhead_mib"]) ** 2)
     assert p.memory_mib_std == pytest.approx(expected) and d["memory_std_mib"] == p.memory_mib_std
     assert d["memory_std_cudnn_workspace_mib"] == 0.0  # no convolution here
+
+
+def with_provenance(g: OperatorGraph) -> OperatorGraph:
+    """``g`` with each node's provenance: one module (``blocks``) the whole pass runs in, nothing in place."""
+    d = g.to_dict()
+    for nd in d["nodes"]:
+        nd["ms"], nd["ip"] = ["blocks"], 0
+    return OperatorGraph.from_dict(d)
+
+
+def test_activation_sigma_is_the_provenance_rules_own_where_the_graph_carries_provenance() -> None:
+    plain = residual_graph()
+    prov = with_provenance(plain)
+    assert not plain.has_provenance and prov.has_provenance
+    assert ACTIVATION_REL_SIGMA_PROVENANCE < ACTIVATION_REL_SIGMA
+    dev = "a100-sxm4-40gb"
+    for ac in (None, "float16"):
+        many = estimate_many([plain, prov, plain], dev, autocast=ac)  # the stacked path, mixed
+        for g, rel, m in ((plain, ACTIVATION_REL_SIGMA, many[0]), (prov, ACTIVATION_REL_SIGMA_PROVENANCE, many[1]),
+                          (plain, ACTIVATION_REL_SIGMA, many[2])):
+            d = predict(g, dev, mig=False, autocast=ac).details
+            assert d["activations_peak_mib"] > 0
+            assert d["memory_std_activations_mib"] == pytest.approx(rel * d["activations_peak_mib"])
+            assert m.memory_mib_std == pytest.approx(d["memory_std_mib"])
+    p_plain, p_prov = (predict(g, dev, mig=False) for g in (plain, prov))
+    assert p_prov.memory_mib_std < p_plain.memory_mib_std
 
 
 def test_gnn_predictor_passes_the_analytic_memory_sigma_through() -> None:
