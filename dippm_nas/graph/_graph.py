@@ -190,6 +190,7 @@ class OperatorGraph:
     cache_hit: bool = field(default=False, compare=False)
     timings: dict[str, float] = field(default_factory=dict, repr=False, compare=False)
     _hash: str | None = field(default=None, repr=False, compare=False)
+    _provenance_hash: str | None = field(default=None, repr=False, compare=False)
     _columns: dict[str, Any] | None = field(default=None, init=False, repr=False, compare=False)
     _column_parts: tuple[Any, ...] | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -491,7 +492,21 @@ class OperatorGraph:
     def has_provenance(self) -> bool:
         """Whether the nodes carry provenance (:attr:`OpNode.module_stack`): graphs captured from a PyTorch
         module in graph format 2; the memory prior's eager-liveness rules use it where present."""
-        return any(nd.module_stack is not None for nd in self.nodes)
+        return self.provenance_digest() is not None
+
+    def provenance_digest(self) -> str | None:
+        """SHA-256 of the nodes' provenance (:attr:`OpNode.module_stack`, :attr:`OpNode.inplace`), ``None`` for a
+        graph without any: what, besides :meth:`structural_hash`, a result computed from provenance depends on
+        (two captures of one structure from differently nested modules differ here). Computed once per graph,
+        as :meth:`structural_hash` is."""
+        if self._provenance_hash is None:
+            if all(nd.module_stack is None for nd in self.nodes):
+                self._provenance_hash = ""
+            else:
+                blob = json.dumps([[nd.module_stack, nd.inplace] for nd in self.nodes],
+                                  separators=(",", ":")).encode()
+                self._provenance_hash = hashlib.sha256(blob).hexdigest()
+        return self._provenance_hash or None
 
     def summary(self) -> dict[str, Any]:
         """The figures ``dippm-nas inspect`` prints."""

@@ -478,12 +478,12 @@ def estimate_latency_ms(
 def _gpu_parts(graph: OperatorGraph, facts: Any, dev: Device, autocast: str | None = None) -> Any:
     """:func:`~dippm_nas.prior._memory.gpu_memory_parts` of ``graph`` on ``dev``, once per graph (cached with
     the graph's facts, keyed by everything it reads besides the graph's structure: the device's context and
-    cuBLAS workspace, the input spec, the autocast dtype, whether the graph carries provenance, which the
-    structural hash leaves out). It depends on neither the prior's constants nor the runtime."""
+    cuBLAS workspace, the input spec, the autocast dtype, the graph's provenance, which the structural hash leaves
+    out). It depends on neither the prior's constants nor the runtime."""
     key = gpu_parts_key(graph, dev, autocast)
     parts = facts.memory.get(key)
     if parts is None:
-        mem = _liveness(graph, facts.memory, eager_kind(autocast, graph.has_provenance))
+        mem = _liveness(graph, facts.memory, eager_kind(autocast, graph.provenance_digest()))
         parts = gpu_memory_parts(graph, mem, context_mib=dev.runtime_baseline_mib,
                                  cublas_workspace_mib=dev.cublas_workspace_mib, uses_cublas=facts.uses_cublas,
                                  uses_cudnn=uses_cudnn(graph, facts))
@@ -494,15 +494,17 @@ def _gpu_parts(graph: OperatorGraph, facts: Any, dev: Device, autocast: str | No
 def gpu_parts_key(graph: OperatorGraph, dev: Device, autocast: str | None = None) -> tuple[Any, ...]:
     """Where a graph's facts keep its GPU memory parts on ``dev`` under ``autocast`` (see :func:`_gpu_parts`)."""
     return ("gpu_parts", float(dev.runtime_baseline_mib), float(dev.cublas_workspace_mib), graph.spec,
-            graph.param_bytes, autocast, graph.has_provenance)
+            graph.param_bytes, autocast, graph.provenance_digest())
 
 
-def eager_kind(autocast: str | None, provenance: bool = False) -> str:
+def eager_kind(autocast: str | None, provenance: str | None = None) -> str:
     """The liveness kind of a GPU pass: ``"eager"``, or ``"eager:float16"`` / ``"eager:bfloat16"`` under autocast;
-    ``"+provenance"`` appended for a graph with provenance (the provenance rules price it; a graph of the same
-    structure without provenance shares its facts, keyed by the structural hash, but not this pass)."""
+    ``"+provenance:<digest>"`` appended for a graph with provenance (its
+    :meth:`~dippm_nas.graph.OperatorGraph.provenance_digest`: the provenance rules price it; graphs of the same
+    structure share their facts, keyed by the structural hash, but not this pass unless their provenance is
+    the same too)."""
     kind = "eager" if autocast is None else f"eager:{autocast}"
-    return f"{kind}+provenance" if provenance else kind
+    return f"{kind}+provenance:{provenance}" if provenance else kind
 
 
 def uses_cudnn(graph: OperatorGraph, facts: Any) -> bool:
@@ -557,6 +559,6 @@ def _liveness(graph: OperatorGraph, cache: dict[str, MemoryBreakdown], kind: str
         if kind == "dataflow":
             cache[kind] = activation_liveness(graph)
         else:
-            ac = kind.removesuffix("+provenance").partition(":")[2] or None
+            ac = kind.partition("+")[0].partition(":")[2] or None
             cache[kind] = activation_liveness(graph, retention=True, include_inputs=False, autocast=ac)
     return cache[kind]

@@ -351,7 +351,7 @@ def _memory_of(stack: CostStack, dev: Device, autocast: str | None = None) -> No
     by graph: :func:`~dippm_nas.prior.activation_liveness_many` has no autocast)."""
     st = stack.facts
     gpu = dev.kind == "gpu"
-    kinds = [eager_kind(autocast, g.has_provenance) if gpu else "dataflow" for g in st.graphs]
+    kinds = [eager_kind(autocast, g.provenance_digest()) if gpu else "dataflow" for g in st.graphs]
     for f in st.parts:
         if f.memory is None:
             f.memory = {}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -13,7 +14,8 @@ from dippm_nas.graph import OperatorGraph, OpNode
 from dippm_nas.measure import reference_activation_peak
 from dippm_nas.mig import advise
 from dippm_nas.prediction import Prediction
-from dippm_nas.prior import activation_liveness, activation_liveness_many, estimate, estimate_many, predict
+from dippm_nas.prior import (activation_liveness, activation_liveness_many, clear_graph_facts, estimate, estimate_many,
+                             predict)
 from dippm_nas.prior._memory import (ACTIVATION_REL_SIGMA, ACTIVATION_REL_SIGMA_PROVENANCE, CONTEXT_REL_SIGMA,
                                     CUDNN_WORKSPACE_SIGMA_MIB)
 from dippm_nas.spec import InputSpec, dtype_bytes
@@ -430,3 +432,32 @@ def test_estimate_and_predict_price_the_autocast_pass() -> None:
     # the float16 pass holds the first weight's cached cast: more than the float32 activations here
     assert estimate(g, "a100-sxm4-40gb", autocast="float16").activations_peak_mib > \
         estimate(g, "a100-sxm4-40gb").activations_peak_mib
+
+
+def _with_stacks(g: OperatorGraph, stacks: Callable[[int], list[str]]) -> OperatorGraph:
+    d = g.to_dict()
+    for i, nd in enumerate(d["nodes"]):
+        nd["ms"], nd["ip"] = stacks(i), 0
+    return OperatorGraph.from_dict(d)
+
+
+def test_graphs_of_one_structure_with_different_module_stacks_do_not_share_their_memory() -> None:
+    """The facts are cached by the structural hash, which leaves provenance out: the liveness priced from one
+    graph's module stacks must not answer for another's (a stem whose output the caller's frame holds while the
+    stages run, against one module around the whole pass)."""
+    plain = residual_graph()
+    one = with_provenance(plain)
+    stem = _with_stacks(plain, lambda i: ["stem"] if i <= 1 else ["stages", f"stages.{(i - 2) // 3}"])
+    assert one.structural_hash() == stem.structural_hash()
+    assert one.provenance_digest() != stem.provenance_digest() and plain.provenance_digest() is None
+    own = {id(g): activation_liveness(g, retention=True, include_inputs=False).peak_allocated_bytes
+           for g in (one, stem)}
+    assert own[id(one)] != own[id(stem)]
+    dev = "a100-sxm4-40gb"
+    for order in ((one, stem), (stem, one)):
+        clear_graph_facts()
+        many = estimate_many(list(order), dev)
+        for g, m in zip(order, many):
+            d = predict(g, dev, mig=False).details
+            assert d["activations_peak_mib"] == pytest.approx(own[id(g)] / 2**20)
+            assert m.memory_mib == pytest.approx(predict(g, dev, mig=False).memory_mib)
