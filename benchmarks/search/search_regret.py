@@ -362,6 +362,9 @@ class StudyResult:
     fit_rejected_share: float = math.nan
     fit_rejected_share_mean_only: float = math.nan
     over_admitted_share_mean_only: float = math.nan
+    #: with a budget, methods that predict: of the never-measured candidates the check admits, the share really
+    #: over the budget (what a confidence c promises to keep at or below 1 - c)
+    over_admitted_share: float = math.nan
     #: with a budget checked at a confidence, methods that predict: over the never-measured candidates' final
     #: checks, the mean margin k (in σ_log for a conformal bound; the Gaussian quantile without a calibration) and
     #: the share whose prediction is in an adapted regime
@@ -530,8 +533,11 @@ def _budget_diagnostics(table: Table, source: LatencySource, st: _State, budget:
         res.margin_k_mean = float(np.mean([c.k_sigma for c in checks]))
         res.adapted_regime_share = float(np.mean([regime_of(x).endswith("|adapted")
                                                   for x in source.predictions(rows)]))
+    admitted_rule = _bounds(source, rows, mean, std, {}, budget, rule) <= budget
+    if admitted_rule.any():
+        res.over_admitted_share = float(np.mean(~fits[admitted_rule]))
     if fits.any():
-        res.fit_rejected_share = float(np.mean(_bounds(source, rows, mean, std, {}, budget, rule)[fits] > budget))
+        res.fit_rejected_share = float(np.mean(~admitted_rule[fits]))
         res.fit_rejected_share_mean_only = float(np.mean(mean[fits] > budget))
     admitted = mean <= budget
     if admitted.any():
@@ -604,7 +610,8 @@ def summarise(results: Sequence[StudyResult]) -> dict[str, dict[str, float]]:
                   "returned_mean": float(np.mean([r.returned for r in rs])),
                   "wall_s_mean": float(np.mean([r.wall_s for r in rs]))}
         for name in ("network_rounds_share", "prequential_log_err", "fit_rejected_share",
-                     "fit_rejected_share_mean_only", "over_admitted_share_mean_only", "margin_k_mean",
+                     "fit_rejected_share_mean_only", "over_admitted_share_mean_only", "over_admitted_share",
+                     "margin_k_mean",
                      "adapted_regime_share"):
             vals = [getattr(r, name) for r in rs if math.isfinite(getattr(r, name))]
             if vals:
@@ -706,14 +713,20 @@ def make_sources(table: Table, graphs: list[Any], row_graph: np.ndarray, checkpo
 
 
 def print_table(name: str, summary: dict[str, dict[str, float]], budget: float | None) -> None:
+    """One variant's table; with a budget also the never-measured candidates' check: the share of those that fit
+    it rejects (``fit rej``), of those it admits really over (``over adm``), and its mean margin ``k``."""
     print(f"\n== {name}, {'no budget' if budget is None else f'latency budget {budget:.2f} ms'}")
+    extra = "" if budget is None else f" {'fit rej':>8} {'over adm':>8} {'k':>6}"
     print(f"{'method':>10} {'HV share mean':>14} {'min':>6} {'std':>6} {'vs oracle':>10} {'feasible ok':>12} "
-          f"{'measured':>9} {'returned':>9} {'wall s':>7} {'net rounds':>10}")
+          f"{'measured':>9} {'returned':>9} {'wall s':>7} {'net rounds':>10}{extra}")
     for m, v in summary.items():
+        tail = "" if budget is None else (f" {v.get('fit_rejected_share_mean', math.nan):8.2f} "
+                                          f"{v.get('over_admitted_share_mean', math.nan):8.2f} "
+                                          f"{v.get('margin_k_mean_mean', math.nan):6.2f}")
         print(f"{m:>10} {v['hv_share_mean']:14.3f} {v['hv_share_min']:6.3f} {v['hv_share_std']:6.3f} "
               f"{v.get('hv_vs_oracle', math.nan):10.3f} {v['feasible_precision_mean']:12.3f} "
               f"{v['measured_rows_mean']:9.1f} {v['returned_mean']:9.1f} {v['wall_s_mean']:7.2f} "
-              f"{v.get('network_rounds_share_mean', math.nan):10.2f}")
+              f"{v.get('network_rounds_share_mean', math.nan):10.2f}{tail}")
     sys.stdout.flush()
 
 

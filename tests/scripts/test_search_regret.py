@@ -285,7 +285,7 @@ def test_a_confidence_checks_the_budget_as_budgets_does_with_the_conformal_margi
     conf = b.run_study(t, "adapted", src, 0, 40, budget=budget, every=20, validate_max=5, confidence=0.9)
     ksig = b.run_study(t, "adapted", src, 0, 40, budget=budget, every=20, validate_max=5, k_sigma=1.0)
     assert conf.fit_rejected_share == 0.0 < ksig.fit_rejected_share  # mean + 0.3 mean rejects the near-budget ones
-    assert conf.margin_k_mean == 0.0 and conf.adapted_regime_share == 1.0
+    assert conf.margin_k_mean == 0.0 and conf.adapted_regime_share == 1.0 and conf.over_admitted_share == 0.0
     assert math.isnan(ksig.margin_k_mean)
     assert conf.feasible_precision == 1.0  # the stand-in predicts the truth: nothing over budget is admitted
     # a source without a calibration (the prior) falls back to the Gaussian quantile, as Budgets does
