@@ -750,6 +750,7 @@ def from_report(path: Path) -> int:
         results = [StudyResult(**r) for r in d["studies"]]
         for v in d["variants"].values():
             print_table(dev, summarise([r for r in results if r.budget_ms == v["budget_ms"]]), v["budget_ms"])
+            print_paired([r for r in results if r.budget_ms == v["budget_ms"]])
     return 0
 
 
@@ -853,10 +854,42 @@ def run_seeds(args: argparse.Namespace, runs: list[DeviceRun]) -> list[dict[str,
     return records
 
 
+#: the paired comparisons printed per variant: (method, against)
+PAIRS = (("adapted", "flops"), ("adapted", "zero_shot"), ("adapted", "prior"), ("selected", "flops"),
+         ("selected", "prior"), ("selected", "adapted"))
+
+
+def paired(results: Sequence[StudyResult], a: str, b: str) -> dict[str, float] | None:
+    """Hypervolume share of ``a`` minus ``b`` over the seeds both ran (same seed, same sampler start): mean, sd
+    (ddof 1), the seeds ``a`` is strictly ahead in, and how many; ``None`` where no seed has both."""
+    hv: dict[str, dict[int, float]] = {a: {}, b: {}}
+    for r in results:
+        if r.method in hv:
+            hv[r.method][r.seed] = r.hv_share
+    seeds = sorted(set(hv[a]) & set(hv[b]))
+    if not seeds:
+        return None
+    d = np.array([hv[a][s] - hv[b][s] for s in seeds])
+    return {"mean": float(d.mean()), "sd": float(d.std(ddof=1)) if len(d) > 1 else math.nan,
+            "wins": int(np.sum(d > 0)), "n": len(d)}
+
+
+def print_paired(results: Sequence[StudyResult]) -> None:
+    cells = []
+    for a, b in PAIRS:
+        p = paired(results, a, b)
+        if p is not None:
+            cells.append(f"{a} - {b}: {p['mean']:+.3f} ± {p['sd']:.3f} ({p['wins']}/{p['n']})")
+    if cells:
+        print("   paired HV share difference, mean ± sd (seeds ahead / seeds):\n   " + "\n   ".join(cells))
+
+
 def write_and_print(report: dict[str, Any], out: Path | None) -> None:
     for dev, d in report["devices"].items():
+        results = [StudyResult(**r) for r in d["studies"]]
         for v in d["variants"].values():
             print_table(f"{dev} ({len(v['seeds'])} seeds)", v["summary"], v["budget_ms"])
+            print_paired([r for r in results if r.budget_ms == v["budget_ms"]])
     if out is not None:
         _write(out, json.dumps(report, indent=1) + "\n", "--out")
         print(f"wrote {out}")

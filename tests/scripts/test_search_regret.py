@@ -327,3 +327,13 @@ def test_a_free_chunk_merges_with_budget_chunks_of_any_margin_and_budget_chunks_
         b.merge_records([conf, rec(1, [30.0], k_sigma=1.0, confidence=0.5, conformal="x.conformal.json")])
     with pytest.raises(SystemExit, match="different settings"):
         b.merge_records([conf, rec(1, [30.0], k_sigma=1.0)])
+
+
+def test_paired_differences_are_per_seed_over_the_seeds_both_ran() -> None:
+    b = _load()
+    rs = [b.StudyResult("adapted", s, None, hv, math.nan, 5, 9, 1.0) for s, hv in ((0, 0.9), (1, 0.8), (2, 0.7))]
+    rs += [b.StudyResult("flops", s, None, hv, math.nan, 5, 9, 1.0) for s, hv in ((0, 0.85), (1, 0.85))]
+    p = b.paired(rs, "adapted", "flops")
+    assert p["n"] == 2 and p["wins"] == 1 and p["mean"] == pytest.approx(0.0)
+    assert p["sd"] == pytest.approx(np.std([0.05, -0.05], ddof=1))
+    assert b.paired(rs, "adapted", "prior") is None
