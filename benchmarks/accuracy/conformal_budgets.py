@@ -16,6 +16,12 @@ the search view. Each row is predicted three ways, so that every regime of :mod:
 - adapted (``adapted``): ``predictor.adapt`` on ``--adapt-rows`` rows of the same half (seeded), the rest of that half
   predicted for the described deployment (the adapting rows are not scored).
 
+``--outside-training SEED`` keeps only the architectures a checkpoint trained on these same files never trained on:
+those that ``dippm-nas train``'s default ``"random"`` split with seed ``SEED`` (70 / 15 / 15 by a hash of the graph,
+:func:`dippm_nas.training.split_fraction`) put in its validation or test set. The validation rows chose each
+member's epoch and the σ floor; the test rows were never used. Without it every row is used, which is honest only
+for a checkpoint that never saw the files.
+
 ``--write`` saves the calibration next to the checkpoint (``<checkpoint>.conformal.json``). Then, per cell and
 held-out half, :func:`search_view.search_view` at budgets at the 25th / 50th / 75th percentile of the measured
 latencies, with ``k_sigma`` 0 / 1 and ``confidence`` 0.9: the share of admitted models really over budget and of
@@ -45,7 +51,7 @@ from dippm_nas.dataset import load_measurements  # noqa: E402
 from dippm_nas.errors import InvalidValueError  # noqa: E402
 from dippm_nas.files import write_output  # noqa: E402
 from dippm_nas.predictor import GnnPredictor, checkpoint_digest  # noqa: E402
-from dippm_nas.training import DEVICE_ALIASES  # noqa: E402
+from dippm_nas.training import DEVICE_ALIASES, split_fraction  # noqa: E402
 
 import search_view as sv  # noqa: E402
 
@@ -53,6 +59,15 @@ import search_view as sv  # noqa: E402
 def held_out(graph_key: str) -> bool:
     """The half a graph falls in (the same every run): ``True`` for the held-out half."""
     return hashlib.sha256(graph_key.encode()).digest()[0] % 2 == 1
+
+
+#: the training share of ``dippm-nas train``'s default ``"random"`` split (70 / 15 / 15)
+TRAIN_FRACTION = 0.7
+
+
+def outside_training(graph: Any, seed: int) -> bool:
+    """Whether the default ``"random"`` split with ``seed`` puts ``graph``'s architecture outside training."""
+    return split_fraction(graph.structural_hash(), seed) >= TRAIN_FRACTION
 
 
 def _described(mgs: list) -> Any:
@@ -64,8 +79,27 @@ def _described(mgs: list) -> Any:
     return next(iter(deps.values()))
 
 
-def cell_rows(p: GnnPredictor, mgs: list, adapt_rows: int, seed: int) -> dict[str, list[tuple[Any, float, bool]]]:
-    """``{"described" | "undescribed" | "adapted": [(prediction, measured, held_out), ...]}`` of one cell."""
+def adapt_plan(idx: np.ndarray, adapt_rows: int, chunk: int | None,
+               rng: np.random.Generator) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``(rows adapted on, rows predicted)`` of one half (``idx``, shuffled). Without ``chunk``: one pair, the first
+    ``adapt_rows`` rows and the rest (none where the half has ``<= adapt_rows + 5`` rows). With ``chunk``: every row
+    predicted once, ``chunk`` rows at a time, each chunk after adapting on ``adapt_rows`` rows of the half outside it
+    (drawn with ``rng``; fewer where the half has fewer; none where it has fewer than 2)."""
+    if chunk is None:
+        return [] if len(idx) <= adapt_rows + 5 else [(idx[:adapt_rows], idx[adapt_rows:])]
+    out = []
+    for start in range(0, len(idx), chunk):
+        pred = idx[start:start + chunk]
+        others = np.setdiff1d(idx, pred)
+        if len(others) >= 2:
+            out.append((rng.choice(others, size=min(adapt_rows, len(others)), replace=False), pred))
+    return out
+
+
+def cell_rows(p: GnnPredictor, mgs: list, adapt_rows: int, seed: int,
+              adapt_chunk: int | None = None) -> dict[str, list[tuple[Any, float, bool]]]:
+    """``{"described" | "undescribed" | "adapted": [(prediction, measured, held_out), ...]}`` of one cell
+    (``adapt_chunk``: see :func:`adapt_plan`)."""
     dep = _described(mgs)
     graphs = [mg.graph for mg in mgs]
     y = np.array([float(mg.measurement["latency_ms"]) for mg in mgs])
@@ -80,16 +114,13 @@ def cell_rows(p: GnnPredictor, mgs: list, adapt_rows: int, seed: int) -> dict[st
         out["adapted"] = []
         rng = np.random.default_rng(seed)
         for h in (False, True):
-            idx = rng.permutation(np.flatnonzero(half == h))
-            if len(idx) <= adapt_rows + 5:
-                continue
-            fit, rest = idx[:adapt_rows], idx[adapt_rows:]
-            p.adapt([(graphs[i], {"latency_ms": float(y[i])}) for i in fit], persist=False, deployment=dep)
-            preds = p.predict_graphs([graphs[i] for i in rest], mig=False, deployment=dep)
-            out["adapted"] += [(q, float(y[i]), h) for q, i in zip(preds, rest)]
-            p.reset_adaptation()
-            p.calibration = None
-            p.clear_prediction_cache()
+            for fit, rest in adapt_plan(rng.permutation(np.flatnonzero(half == h)), adapt_rows, adapt_chunk, rng):
+                p.adapt([(graphs[i], {"latency_ms": float(y[i])}) for i in fit], persist=False, deployment=dep)
+                preds = p.predict_graphs([graphs[i] for i in rest], mig=False, deployment=dep)
+                out["adapted"] += [(q, float(y[i]), h) for q, i in zip(preds, rest)]
+                p.reset_adaptation()
+                p.calibration = None
+                p.clear_prediction_cache()
     return out
 
 
@@ -140,8 +171,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="rows of earlier --dump files instead of predicting (repeatable)")
     ap.add_argument("--max-rows", type=int, default=300, help="rows per cell (seeded sample; default 300)")
     ap.add_argument("--adapt-rows", type=int, default=20, help="rows each adapted prediction is adapted on")
+    ap.add_argument("--adapt-chunk", type=int, default=None, metavar="N",
+                    help="every row of a half gets an adapted prediction, N rows at a time, each chunk adapted on "
+                         "--adapt-rows other rows of its half (default: one split of each half)")
     ap.add_argument("--confidence", type=float, default=0.9)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--outside-training", type=int, default=None, metavar="SEED",
+                    help="only the architectures outside the training set of the default random split with SEED "
+                         "(a checkpoint trained on these files: its validation and test rows)")
     ap.add_argument("--write", action="store_true", help="save the calibration next to the checkpoint")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--dump", type=Path, default=None,
@@ -150,21 +187,24 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     if not args.data and not args.from_dump:
         ap.error("give --data or --from-dump")
+    if args.adapt_chunk is not None and args.adapt_chunk < 1:
+        ap.error(f"--adapt-chunk must be >= 1, got {args.adapt_chunk}")
     cells: dict[str, dict[str, list]] = dict(from_dump(args.from_dump))
     base = GnnPredictor.load(args.checkpoint, load_calibration=False) if args.data else None
+    per: dict[str, list] = defaultdict(list)  # a cell's rows from every file (two timm subsets: one cell each GPU)
     for path in args.data:
-        per: dict[str, list] = defaultdict(list)
         for mg in load_measurements(path, status="ok"):
-            if mg.measurement.get("latency_ms"):
+            if mg.measurement.get("latency_ms") and (args.outside_training is None
+                                                     or outside_training(mg.graph, args.outside_training)):
                 dev = DEVICE_ALIASES.get(mg.measurement["device"], mg.measurement["device"])
                 per[f"{mg.measurement['source']}/{dev}"].append(mg)
-        for name, mgs in sorted(per.items()):
-            if len(mgs) > args.max_rows:
-                keep = np.random.default_rng(args.seed).choice(len(mgs), size=args.max_rows, replace=False)
-                mgs = [mgs[i] for i in sorted(keep)]
-            p = GnnPredictor(base.model, base.meta, name.split("/")[1], load_calibration=False)
-            cells[name] = cell_rows(p, mgs, args.adapt_rows, args.seed)
-            print(f"{name}: {len(mgs)} rows ({time.perf_counter() - t0:.0f} s)", flush=True)
+    for name, mgs in sorted(per.items()):
+        if len(mgs) > args.max_rows:
+            keep = np.random.default_rng(args.seed).choice(len(mgs), size=args.max_rows, replace=False)
+            mgs = [mgs[i] for i in sorted(keep)]
+        p = GnnPredictor(base.model, base.meta, name.split("/")[1], load_calibration=False)
+        cells[name] = cell_rows(p, mgs, args.adapt_rows, args.seed, args.adapt_chunk)
+        print(f"{name}: {len(mgs)} rows ({time.perf_counter() - t0:.0f} s)", flush=True)
     every = [r for c in cells.values() for rows in c.values() for r in rows]
     if args.dump is not None:
         from dippm_nas.conformal import regime_of
@@ -180,8 +220,12 @@ def main(argv: list[str] | None = None) -> int:
     cal = fit_conformal([(q, y) for q, y, h in every if not h], [(q, y) for q, y, h in every if h],
                         checkpoint_sha256=sha, source=(
                             f"benchmarks/accuracy/conformal_budgets.py on {', '.join(p.name for p in args.data + args.from_dump)}: "
-                            f"calibration half of {len(cells)} cells (<= {args.max_rows} rows each), described / "
-                            f"undescribed / adapted on {args.adapt_rows} rows"))
+                            f"calibration half of {len(cells)} cells (<= {args.max_rows} rows each"
+                            + ("" if args.outside_training is None else
+                               f"; only architectures outside the training set of the random split with seed "
+                               f"{args.outside_training}") + "), described / "
+                            f"undescribed / adapted on {args.adapt_rows} rows"
+                            + ("" if args.adapt_chunk is None else f" (every row, {args.adapt_chunk} at a time)")))
     if args.write:
         out = conformal_path(args.checkpoint)
         cal.save(out)

@@ -227,29 +227,48 @@ class Flops:
 class PredictorSource:
     """A dippm-nas predictor over the table's graphs: ``mode`` ``"fixed"`` (never told), ``"adapt"``
     (``adapt(rows, persist=False)``) or ``"calibrate"`` (``calibrate(rows, persist=False)``); predictions are cached
-    per fitted state, the fixed ones for the process (``fixed_cache``)."""
+    per fitted state, the fixed ones for the process (``fixed_cache``). ``conformal``: the conformal calibration
+    its ``Budgets(..., confidence=c)`` checks read (:meth:`bounds`; ``None``: the Gaussian quantile, as ``Budgets``
+    falls back to without one)."""
 
     def __init__(self, predictor: Any, graphs: Sequence[Any], row_graph: np.ndarray, mode: str,
-                 fixed_cache: dict[int, tuple[float, float]] | None = None) -> None:
+                 fixed_cache: dict[int, Any] | None = None, conformal: Any = None) -> None:
         if mode not in ("fixed", "adapt", "calibrate"):
             raise ValueError(f"mode must be fixed, adapt or calibrate, got {mode!r}")
         self.p, self.graphs, self.row_graph, self.mode = predictor, graphs, row_graph, mode
         self.fixed = fixed_cache if fixed_cache is not None else {}
-        self.cache: dict[int, tuple[float, float]] = {}
+        self.cache: dict[int, Any] = {}
         self.fitted = False
+        self.conformal = conformal
+        self._budgets: dict[tuple[float, float], Any] = {}
 
-    def _predict(self, gids: list[int]) -> list[tuple[float, float]]:
-        preds = self.p.predict_graphs([self.graphs[g] for g in gids], mig=False)
-        return [(float(x.latency_ms), float(x.latency_ms_std) if x.latency_ms_std is not None else math.nan)
-                for x in preds]
+    def _predict(self, gids: list[int]) -> list[Any]:
+        return list(self.p.predict_graphs([self.graphs[g] for g in gids], mig=False))
 
-    def estimate(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def predictions(self, rows: np.ndarray) -> list[Any]:
+        """The current state's prediction of each row (cached per state)."""
         cache = self.cache if self.fitted else self.fixed
         gids = [int(self.row_graph[r]) for r in rows]
         todo = sorted({g for g in gids if g not in cache})
         if todo:
             cache.update(zip(todo, self._predict(todo)))
-        return np.array([cache[g][0] for g in gids]), np.array([cache[g][1] for g in gids])
+        return [cache[g] for g in gids]
+
+    def estimate(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        preds = self.predictions(rows)
+        return (np.array([float(x.latency_ms) for x in preds]),
+                np.array([math.nan if x.latency_ms_std is None else float(x.latency_ms_std) for x in preds]))
+
+    def checks(self, rows: np.ndarray, budget: float, confidence: float) -> list[Any]:
+        """``Budgets(latency_ms=budget, confidence=confidence, conformal=self.conformal)``'s latency check
+        (:class:`~dippm_nas.budgets.ChanceCheck`) of each row's current prediction."""
+        b = self._budgets.get((budget, confidence))
+        if b is None:
+            from dippm_nas.budgets import Budgets
+
+            b = self._budgets[(budget, confidence)] = Budgets(latency_ms=budget, confidence=confidence,
+                                                              conformal=self.conformal)
+        return [b.check(x)["latency_ms"] for x in self.predictions(rows)]
 
     def reveal(self, rows: np.ndarray, measured_ms: np.ndarray) -> None:
         if self.mode == "fixed" or len(rows) < 2:
@@ -298,6 +317,12 @@ class Selected:
     def estimate(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return self._source().estimate(rows)
 
+    def checks(self, rows: np.ndarray, budget: float, confidence: float) -> list[Any]:
+        return self._source().checks(rows, budget, confidence)
+
+    def predictions(self, rows: np.ndarray) -> list[Any]:
+        return self._source().predictions(rows)
+
     def reveal(self, rows: np.ndarray, measured_ms: np.ndarray) -> None:
         new = np.array([int(r) not in self.seen for r in rows], dtype=bool)
         if new.any():
@@ -337,6 +362,14 @@ class StudyResult:
     fit_rejected_share: float = math.nan
     fit_rejected_share_mean_only: float = math.nan
     over_admitted_share_mean_only: float = math.nan
+    #: with a budget, methods that predict: of the never-measured candidates the check admits, the share really
+    #: over the budget (what a confidence c promises to keep at or below 1 - c)
+    over_admitted_share: float = math.nan
+    #: with a budget checked at a confidence, methods that predict: over the never-measured candidates' final
+    #: checks, the mean margin k (in σ_log for a conformal bound; the Gaussian quantile without a calibration) and
+    #: the share whose prediction is in an adapted regime
+    margin_k_mean: float = math.nan
+    adapted_regime_share: float = math.nan
 
 
 @dataclass
@@ -359,32 +392,65 @@ def _beliefs(table: Table, source: LatencySource, rows: np.ndarray, validated: d
     return mean, std
 
 
+@dataclass(frozen=True)
+class BudgetRule:
+    """How a predicted latency is checked against the budget, as ``Budgets`` checks one: ``confidence`` ``None``,
+    ``Budgets(latency_ms=budget, k_sigma=k_sigma)`` (mean + k_sigma σ); else ``Budgets(latency_ms=budget,
+    confidence=confidence)`` with the source's conformal calibration (:meth:`PredictorSource.checks`). σ missing
+    (FLOPs) or the latency measured: the mean."""
+
+    k_sigma: float = 1.0
+    confidence: float | None = None
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.k_sigma) and self.k_sigma >= 0):
+            raise ValueError(f"k_sigma must be a finite number >= 0, got {self.k_sigma!r}")
+        if self.confidence is not None and not 0 < self.confidence < 1:
+            raise ValueError(f"confidence must lie strictly between 0 and 1, got {self.confidence!r}")
+
+
 def _bound(mean: np.ndarray, std: np.ndarray, k_sigma: float) -> np.ndarray:
     """What a budget is checked against: ``Budgets``' mean + k_sigma σ (σ missing: the mean)."""
     return mean + k_sigma * np.where(np.isfinite(std), std, 0.0)
 
 
-def _returned(table: Table, source: LatencySource, st: _State, budget: float | None, k_sigma: float,
+def _bounds(source: LatencySource, rows: np.ndarray, mean: np.ndarray, std: np.ndarray, validated: dict[int, float],
+            budget: float, rule: BudgetRule) -> np.ndarray:
+    """What the budget is checked against for each row (``mean``, ``std``: :func:`_beliefs`): the measured latency
+    where validated; else by ``rule`` (with a confidence, the bound of the source's ``Budgets`` check where the
+    source has one: :meth:`PredictorSource.checks`)."""
+    checks = getattr(source, "checks", None)
+    if rule.confidence is None or checks is None:
+        return _bound(mean, std, rule.k_sigma)
+    out = mean.copy()
+    todo = np.array([j for j, r in enumerate(rows) if int(r) not in validated], dtype=np.int64)
+    if todo.size:
+        out[todo] = [c.bound for c in checks(rows[todo], budget, rule.confidence)]
+    return out
+
+
+def _returned(table: Table, source: LatencySource, st: _State, budget: float | None, rule: BudgetRule,
               measured_all: bool) -> np.ndarray:
     """The distinct rows a method returns: its believed front (over its believed-feasible rows with a budget)."""
     rows = np.array(sorted(set(st.rows)), dtype=np.int64)
     mean, std = _beliefs(table, source, rows, st.validated, measured_all)
     if budget is not None:
-        ok = _bound(mean, std, k_sigma) <= budget
+        validated = {int(r): 0.0 for r in rows} if measured_all else st.validated
+        ok = _bounds(source, rows, mean, std, validated, budget, rule) <= budget
         rows, mean = rows[ok], mean[ok]
     if rows.size == 0:
         return rows
     return rows[pareto_mask(table.accuracy_pct[rows], mean)]
 
 
-def _validation_round(table: Table, source: LatencySource, st: _State, budget: float | None, k_sigma: float,
+def _validation_round(table: Table, source: LatencySource, st: _State, budget: float | None, rule: BudgetRule,
                       validate_max: int) -> None:
     """Reveal the measured latency of the unvalidated rows on the believed front; refit the source on all. With a
     budget, the front of the believed-feasible rows; where none is believed feasible, the front of all rows (its
     fast end the nearest to the budget): a search that believes nothing fits measures what comes closest."""
-    ret = _returned(table, source, st, budget, k_sigma, False)
+    ret = _returned(table, source, st, budget, rule, False)
     if budget is not None and ret.size == 0:
-        ret = _returned(table, source, st, None, k_sigma, False)
+        ret = _returned(table, source, st, None, rule, False)
     front = [int(r) for r in ret if int(r) not in st.validated]
     if len(front) > validate_max:
         mean, _ = source.estimate(np.array(front))
@@ -426,12 +492,15 @@ def tpe_split_memo() -> Iterator[None]:
 
 
 def run_study(table: Table, method: str, source: LatencySource, seed: int, trials: int, *, budget: float | None = None,
-              every: int = 20, validate_max: int = 10, k_sigma: float = 1.0) -> StudyResult:
-    """One seeded study of ``method`` (:data:`METHODS`) with its latency ``source``; scored on the truth."""
+              every: int = 20, validate_max: int = 10, k_sigma: float = 1.0,
+              confidence: float | None = None) -> StudyResult:
+    """One seeded study of ``method`` (:data:`METHODS`) with its latency ``source``; scored on the truth. The budget
+    is checked by :class:`BudgetRule` ``(k_sigma, confidence)``."""
     import optuna
 
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    rule = BudgetRule(k_sigma, confidence)
     t0 = time.perf_counter()
     source.reset()
     measured_all = method in ("oracle", "random")
@@ -439,17 +508,17 @@ def run_study(table: Table, method: str, source: LatencySource, seed: int, trial
                else optuna.samplers.TPESampler(seed=seed))
     study = optuna.create_study(directions=["maximize", "minimize"], sampler=sampler)
     with tpe_split_memo():
-        st = _run_trials(table, method, source, study, trials, budget, every, validate_max, k_sigma)
-    ret = _returned(table, source, st, budget, k_sigma, measured_all)
+        st = _run_trials(table, method, source, study, trials, budget, every, validate_max, rule)
+    ret = _returned(table, source, st, budget, rule, measured_all)
     res = _score(table, method, seed, budget, ret, st, measured_all, time.perf_counter() - t0)
     res.network_rounds_share = _network_share(source)
     res.prequential_log_err = float(np.mean(st.log_err)) if st.log_err else math.nan
     if budget is not None and not measured_all:
-        _budget_diagnostics(table, source, st, budget, k_sigma, res)
+        _budget_diagnostics(table, source, st, budget, rule, res)
     return res
 
 
-def _budget_diagnostics(table: Table, source: LatencySource, st: _State, budget: float, k_sigma: float,
+def _budget_diagnostics(table: Table, source: LatencySource, st: _State, budget: float, rule: BudgetRule,
                         res: StudyResult) -> None:
     """Where a budget check loses candidates: over the method's never-measured candidates, its final estimates."""
     rows = np.array(sorted(set(st.rows) - set(st.validated)), dtype=np.int64)
@@ -457,8 +526,18 @@ def _budget_diagnostics(table: Table, source: LatencySource, st: _State, budget:
         return
     mean, std = source.estimate(rows)
     fits = table.latency_ms[rows] <= budget
+    if rule.confidence is not None and hasattr(source, "checks"):
+        from dippm_nas.conformal import regime_of
+
+        checks = source.checks(rows, budget, rule.confidence)
+        res.margin_k_mean = float(np.mean([c.k_sigma for c in checks]))
+        res.adapted_regime_share = float(np.mean([regime_of(x).endswith("|adapted")
+                                                  for x in source.predictions(rows)]))
+    admitted_rule = _bounds(source, rows, mean, std, {}, budget, rule) <= budget
+    if admitted_rule.any():
+        res.over_admitted_share = float(np.mean(~fits[admitted_rule]))
     if fits.any():
-        res.fit_rejected_share = float(np.mean(_bound(mean, std, k_sigma)[fits] > budget))
+        res.fit_rejected_share = float(np.mean(~admitted_rule[fits]))
         res.fit_rejected_share_mean_only = float(np.mean(mean[fits] > budget))
     admitted = mean <= budget
     if admitted.any():
@@ -466,7 +545,7 @@ def _budget_diagnostics(table: Table, source: LatencySource, st: _State, budget:
 
 
 def _run_trials(table: Table, method: str, source: LatencySource, study: Any, trials: int, budget: float | None,
-                every: int, validate_max: int, k_sigma: float) -> _State:
+                every: int, validate_max: int, rule: BudgetRule) -> _State:
     """Ask, snap, believe, tell ``trials`` times, with a validation round every ``every`` trials and after the last."""
     measured_all = method in ("oracle", "random")
     names, st = column_names(), _State()
@@ -478,10 +557,12 @@ def _run_trials(table: Table, method: str, source: LatencySource, study: Any, tr
         mean, std = _beliefs(table, source, np.array([row]), st.validated, measured_all)
         trial.set_user_attr("row", int(table.csv_rows[row]))
         if budget is not None:
-            trial.set_constraint("latency_ms", float(_bound(mean, std, k_sigma)[0] - budget))
+            validated = {row: 0.0} if measured_all else st.validated
+            bound = _bounds(source, np.array([row]), mean, std, validated, budget, rule)[0]
+            trial.set_constraint("latency_ms", float(bound - budget))
         study.tell(trial, [float(table.accuracy_pct[row]), float(mean[0])])
         if method in ROUND_METHODS and ((t + 1) % every == 0 or t + 1 == trials):
-            _validation_round(table, source, st, budget, k_sigma, validate_max)
+            _validation_round(table, source, st, budget, rule, validate_max)
     return st
 
 
@@ -529,7 +610,9 @@ def summarise(results: Sequence[StudyResult]) -> dict[str, dict[str, float]]:
                   "returned_mean": float(np.mean([r.returned for r in rs])),
                   "wall_s_mean": float(np.mean([r.wall_s for r in rs]))}
         for name in ("network_rounds_share", "prequential_log_err", "fit_rejected_share",
-                     "fit_rejected_share_mean_only", "over_admitted_share_mean_only"):
+                     "fit_rejected_share_mean_only", "over_admitted_share_mean_only", "over_admitted_share",
+                     "margin_k_mean",
+                     "adapted_regime_share"):
             vals = [getattr(r, name) for r in rs if math.isfinite(getattr(r, name))]
             if vals:
                 out[m][f"{name}_mean"] = float(np.mean(vals))
@@ -584,16 +667,30 @@ def table_graphs(by_csv: dict[int, Any], table: Table) -> tuple[list[Any], np.nd
     return graphs, row_graph
 
 
+def load_conformal(checkpoint: Path) -> Any:
+    """The conformal calibration beside ``checkpoint`` (``<checkpoint>.conformal.json``), checked against its
+    SHA-256 (:func:`dippm_nas.conformal.conformal_for`); ``SystemExit`` naming the file where there is none."""
+    from dippm_nas.conformal import conformal_for, conformal_path
+    from dippm_nas.predictor import GnnPredictor
+
+    if not conformal_path(checkpoint).is_file():
+        raise SystemExit(f"--confidence needs the checkpoint's conformal calibration {conformal_path(checkpoint)}: "
+                         "fit it with benchmarks/accuracy/conformal_budgets.py --write (docs/search_regret.md)")
+    return conformal_for(GnnPredictor.load(checkpoint, load_calibration=False))
+
+
 def make_sources(table: Table, graphs: list[Any], row_graph: np.ndarray, checkpoint: Path, device: str,
-                 methods: Sequence[str]) -> tuple[dict[str, LatencySource], Any]:
+                 methods: Sequence[str], conformal: Any = None) -> tuple[dict[str, LatencySource], Any]:
     """The latency source of each method (the table, MACs, the checkpoint fixed / adapted, the prior) and a context
     within which the network runs no more: the zero-shot predictions of every graph are made here, in one batched
-    call, and the members' outputs of every graph kept (``one_network_pass``) for every adaptation and prediction."""
+    call, and the members' outputs of every graph kept (``one_network_pass``) for every adaptation and prediction.
+    ``conformal``: the checkpoint's conformal calibration, read by the network's ``Budgets(..., confidence=c)``
+    checks (the prior has none: its checks take the Gaussian quantile, flagged, as ``Budgets`` does)."""
     from dippm_nas.predictor import AnalyticPredictor, GnnPredictor
 
     base = GnnPredictor.load(checkpoint, load_calibration=False)
     gnn = GnnPredictor(base.model, base.meta, device, load_calibration=False, feature_cache_size=2 * len(graphs) + 16)
-    fixed: dict[int, tuple[float, float]] = {}
+    fixed: dict[int, Any] = {}
     ctx: Any = contextlib.nullcontext()
     if {"zero_shot", "adapted", "selected"} & set(methods):
         t0 = time.perf_counter()
@@ -604,11 +701,11 @@ def make_sources(table: Table, graphs: list[Any], row_graph: np.ndarray, checkpo
     made: dict[str, Callable[[], LatencySource]] = {
         "oracle": lambda: Measured(table), "random": lambda: Measured(table), "flops": lambda: Flops(table),
         # one network for both (each study resets it): its feature cache and kept outputs serve both
-        "zero_shot": lambda: PredictorSource(gnn, graphs, row_graph, "fixed", fixed),
-        "adapted": lambda: PredictorSource(gnn, graphs, row_graph, "adapt", fixed),
+        "zero_shot": lambda: PredictorSource(gnn, graphs, row_graph, "fixed", fixed, conformal),
+        "adapted": lambda: PredictorSource(gnn, graphs, row_graph, "adapt", fixed, conformal),
         "prior": lambda: PredictorSource(AnalyticPredictor(device, load_calibration=False), graphs, row_graph,
                                          "calibrate"),
-        "selected": lambda: Selected(PredictorSource(gnn, graphs, row_graph, "adapt", fixed),
+        "selected": lambda: Selected(PredictorSource(gnn, graphs, row_graph, "adapt", fixed, conformal),
                                      PredictorSource(AnalyticPredictor(device, load_calibration=False), graphs,
                                                      row_graph, "calibrate")),
     }
@@ -616,19 +713,28 @@ def make_sources(table: Table, graphs: list[Any], row_graph: np.ndarray, checkpo
 
 
 def print_table(name: str, summary: dict[str, dict[str, float]], budget: float | None) -> None:
+    """One variant's table; with a budget also the never-measured candidates' check: the share of those that fit
+    it rejects (``fit rej``), of those it admits really over (``over adm``), and its mean margin ``k``."""
     print(f"\n== {name}, {'no budget' if budget is None else f'latency budget {budget:.2f} ms'}")
+    extra = "" if budget is None else f" {'fit rej':>8} {'over adm':>8} {'k':>6}"
     print(f"{'method':>10} {'HV share mean':>14} {'min':>6} {'std':>6} {'vs oracle':>10} {'feasible ok':>12} "
-          f"{'measured':>9} {'returned':>9} {'wall s':>7} {'net rounds':>10}")
+          f"{'measured':>9} {'returned':>9} {'wall s':>7} {'net rounds':>10}{extra}")
     for m, v in summary.items():
+        tail = "" if budget is None else (f" {v.get('fit_rejected_share_mean', math.nan):8.2f} "
+                                          f"{v.get('over_admitted_share_mean', math.nan):8.2f} "
+                                          f"{v.get('margin_k_mean_mean', math.nan):6.2f}")
         print(f"{m:>10} {v['hv_share_mean']:14.3f} {v['hv_share_min']:6.3f} {v['hv_share_std']:6.3f} "
               f"{v.get('hv_vs_oracle', math.nan):10.3f} {v['feasible_precision_mean']:12.3f} "
               f"{v['measured_rows_mean']:9.1f} {v['returned_mean']:9.1f} {v['wall_s_mean']:7.2f} "
-              f"{v.get('network_rounds_share_mean', math.nan):10.2f}")
+              f"{v.get('network_rounds_share_mean', math.nan):10.2f}{tail}")
     sys.stdout.flush()
 
 
 #: the settings a per-seed file records; files merge only where these are equal
-CONFIG_KEYS = ("checkpoint", "trials", "every", "validate_max", "k_sigma", "budget_quantile")
+CONFIG_KEYS = ("checkpoint", "trials", "every", "validate_max", "k_sigma", "confidence", "conformal",
+               "budget_quantile")
+#: the settings of the budget check only: a file of studies without a budget merges whatever they are
+MARGIN_KEYS = ("k_sigma", "confidence", "conformal")
 
 
 def from_report(path: Path) -> int:
@@ -637,13 +743,14 @@ def from_report(path: Path) -> int:
     seeds = report["seeds"]
     print(f"checkpoint {report['checkpoint']}; {len(seeds) if isinstance(seeds, list) else seeds} seeds x "
           f"{report['trials']} trials, a round every {report['every']} (at most {report['validate_max']} rows), "
-          f"k_sigma {report.get('k_sigma')}")
+          f"{_rule_text(report)}")
     for dev, d in report["devices"].items():
         print(f"{dev}: {d['rows']} rows; reference point: accuracy {d['reference'][0]:.2f} %, latency "
               f"{d['reference'][1]:.2f} ms")
         results = [StudyResult(**r) for r in d["studies"]]
         for v in d["variants"].values():
             print_table(dev, summarise([r for r in results if r.budget_ms == v["budget_ms"]]), v["budget_ms"])
+            print_paired([r for r in results if r.budget_ms == v["budget_ms"]])
     return 0
 
 
@@ -658,16 +765,24 @@ class DeviceRun:
     budgets: list[float | None]
 
 
-def prepare_device(args: argparse.Namespace, dev: str, by_csv: dict[int, Any], methods: list[str]) -> DeviceRun:
+def prepare_device(args: argparse.Namespace, dev: str, by_csv: dict[int, Any], methods: list[str],
+                   conformal: Any = None) -> DeviceRun:
     t0 = time.perf_counter()
     table = load_table(args.data, dev)
     graphs, row_graph = table_graphs(by_csv, table)
-    sources, network_once = make_sources(table, graphs, row_graph, args.checkpoint, DEVICES[dev][2], methods)
+    sources, network_once = make_sources(table, graphs, row_graph, args.checkpoint, DEVICES[dev][2], methods,
+                                         conformal)
     budget = float(np.quantile(table.latency_ms, args.budget_quantile))
     budgets = [None if v == "free" else budget for v in args.variants.split(",")]
     print(f"{dev}: {len(table.latency_ms)} rows, {len(graphs)} graphs (sources ready in {time.perf_counter() - t0:.0f}"
           f" s); reference point: accuracy {reference(table)[0]:.2f} %, latency {reference(table)[1]:.2f} ms")
     return DeviceRun(dev, table, sources, network_once, budgets)
+
+
+def _rule_text(config: dict[str, Any]) -> str:
+    if config.get("confidence") is None:
+        return f"budget checked as mean + {config.get('k_sigma')} σ"
+    return f"budget checked at confidence {config['confidence']} (conformal: {config.get('conformal')})"
 
 
 def seed_record(args: argparse.Namespace, run: DeviceRun, seed: int, results: list[StudyResult]) -> dict[str, Any]:
@@ -677,19 +792,29 @@ def seed_record(args: argparse.Namespace, run: DeviceRun, seed: int, results: li
             "budgets_ms": run.budgets, "studies": [r.__dict__ for r in results]}
 
 
+def _settings(rec: dict[str, Any]) -> dict[str, Any]:
+    """A record's settings as merging compares them: every :data:`CONFIG_KEYS` (absent: ``None``); a record of
+    studies without a budget leaves the budget check's (:data:`MARGIN_KEYS`) out."""
+    free = all(b is None for b in rec["budgets_ms"])
+    return {k: rec["config"].get(k) for k in CONFIG_KEYS if not (free and k in MARGIN_KEYS)}
+
+
 def merge_records(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """One report (``--out``'s layout) of per-seed records: every record's settings must be equal, and no
-    (device, method, seed, budget) study may appear twice."""
+    """One report (``--out``'s layout) of per-seed records: every record's settings must be equal (those of the
+    budget check only among records with a budget), and no (device, method, seed, budget) study may appear twice."""
     if not records:
         raise SystemExit("--merge: no per-seed file found")
-    config = records[0]["config"]
+    first = next((r for r in records if any(b is not None for b in r["budgets_ms"])), records[0])
+    config = {k: first["config"].get(k) for k in CONFIG_KEYS}
     report: dict[str, Any] = {**config, "seeds": sorted({r["seed"] for r in records}), "devices": {}}
     seen: set[tuple[str, str, int, float | None]] = set()
     for rec in records:
-        if rec["config"] != config:
-            raise SystemExit(f"--merge: files of different settings: {rec['config']} vs {config}")
+        want = {k: v for k, v in config.items() if k in _settings(rec)}
+        if _settings(rec) != want:
+            raise SystemExit(f"--merge: files of different settings: {_settings(rec)} vs {want}")
         d = report["devices"].setdefault(rec["device"], {"rows": rec["rows"], "reference": rec["reference"],
-                                                         "budgets_ms": rec["budgets_ms"], "studies": []})
+                                                         "budgets_ms": [], "studies": []})
+        d["budgets_ms"] += [b for b in rec["budgets_ms"] if b not in d["budgets_ms"]]
         for st in rec["studies"]:
             key = (rec["device"], st["method"], st["seed"], st["budget_ms"])
             if key in seen:
@@ -721,7 +846,7 @@ def run_seeds(args: argparse.Namespace, runs: list[DeviceRun]) -> list[dict[str,
         for seed in range(args.first_seed, args.first_seed + args.seeds):
             for run in runs:
                 res = run_all(run.table, run.sources, [seed], args.trials, run.budgets, every=args.every,
-                              validate_max=args.validate_max, k_sigma=args.k_sigma)
+                              validate_max=args.validate_max, k_sigma=args.k_sigma, confidence=args.confidence)
                 records.append(seed_record(args, run, seed, res))
                 if args.seed_dir is not None:
                     args.seed_dir.mkdir(parents=True, exist_ok=True)
@@ -729,10 +854,42 @@ def run_seeds(args: argparse.Namespace, runs: list[DeviceRun]) -> list[dict[str,
     return records
 
 
+#: the paired comparisons printed per variant: (method, against)
+PAIRS = (("adapted", "flops"), ("adapted", "zero_shot"), ("adapted", "prior"), ("selected", "flops"),
+         ("selected", "prior"), ("selected", "adapted"))
+
+
+def paired(results: Sequence[StudyResult], a: str, b: str) -> dict[str, float] | None:
+    """Hypervolume share of ``a`` minus ``b`` over the seeds both ran (same seed, same sampler start): mean, sd
+    (ddof 1), the seeds ``a`` is strictly ahead in, and how many; ``None`` where no seed has both."""
+    hv: dict[str, dict[int, float]] = {a: {}, b: {}}
+    for r in results:
+        if r.method in hv:
+            hv[r.method][r.seed] = r.hv_share
+    seeds = sorted(set(hv[a]) & set(hv[b]))
+    if not seeds:
+        return None
+    d = np.array([hv[a][s] - hv[b][s] for s in seeds])
+    return {"mean": float(d.mean()), "sd": float(d.std(ddof=1)) if len(d) > 1 else math.nan,
+            "wins": int(np.sum(d > 0)), "n": len(d)}
+
+
+def print_paired(results: Sequence[StudyResult]) -> None:
+    cells = []
+    for a, b in PAIRS:
+        p = paired(results, a, b)
+        if p is not None:
+            cells.append(f"{a} - {b}: {p['mean']:+.3f} ± {p['sd']:.3f} ({p['wins']}/{p['n']})")
+    if cells:
+        print("   paired HV share difference, mean ± sd (seeds ahead / seeds):\n   " + "\n   ".join(cells))
+
+
 def write_and_print(report: dict[str, Any], out: Path | None) -> None:
     for dev, d in report["devices"].items():
+        results = [StudyResult(**r) for r in d["studies"]]
         for v in d["variants"].values():
             print_table(f"{dev} ({len(v['seeds'])} seeds)", v["summary"], v["budget_ms"])
+            print_paired([r for r in results if r.budget_ms == v["budget_ms"]])
     if out is not None:
         _write(out, json.dumps(report, indent=1) + "\n", "--out")
         print(f"wrote {out}")
@@ -762,7 +919,12 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--budget-quantile", type=float, default=0.5,
                     help="the latency budget: this quantile of the table's measured latencies (default 0.5)")
     ap.add_argument("--k-sigma", type=float, default=1.0,
-                    help="σ added to a predicted latency before it is compared with the budget (default 1.0)")
+                    help="σ added to a predicted latency before it is compared with the budget (default 1.0; "
+                         "unused with --confidence)")
+    ap.add_argument("--confidence", type=float, default=None,
+                    help="check the budget as Budgets(latency_ms=..., confidence=C) does: the network's predictions "
+                         "bounded by the checkpoint's conformal calibration (<checkpoint>.conformal.json, needed), "
+                         "the prior's by the Gaussian quantile (it has none); default: --k-sigma")
     ap.add_argument("--variants", default="free,budget", help="free (no budget), budget, or both")
     ap.add_argument("--seed-dir", type=Path, default=None,
                     help="write each (device, seed)'s studies to DIR/<device>_seed<N>.json as it completes")
@@ -789,12 +951,23 @@ def main(argv: list[str] | None = None) -> int:
     bad = [m for m in methods if m not in METHODS]
     if bad:
         ap.error(f"--methods: {bad} are none of {list(METHODS)}")
+    if not (math.isfinite(args.k_sigma) and args.k_sigma >= 0):
+        ap.error(f"--k-sigma must be a finite number >= 0, got {args.k_sigma}")
+    if args.confidence is not None and not 0 < args.confidence < 1:
+        ap.error(f"--confidence must be a probability strictly between 0 and 1 (e.g. 0.9), got {args.confidence}")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    conformal = None
+    args.conformal = None
+    if args.confidence is not None:
+        from dippm_nas.conformal import conformal_path
+
+        conformal = load_conformal(args.checkpoint)
+        args.conformal = str(conformal_path(args.checkpoint))
     by_csv = load_graphs(args.graphs)
-    runs = [prepare_device(args, dev, by_csv, methods) for dev in args.devices.split(",")]
+    runs = [prepare_device(args, dev, by_csv, methods, conformal) for dev in args.devices.split(",")]
     write_and_print(merge_records(run_seeds(args, runs)), args.out)
     return 0
 

@@ -108,9 +108,9 @@ def test_a_validation_round_reveals_the_believed_front() -> None:
     t = _table(b, n=80)
     src = _Biased(t)
     st = b._State(rows=list(range(40)))
-    b._validation_round(t, src, st, None, 1.0, validate_max=100)
+    b._validation_round(t, src, st, None, b.BudgetRule(), validate_max=100)
     assert st.validated and src.fixed
-    front = b._returned(t, src, st, None, 1.0, False)
+    front = b._returned(t, src, st, None, b.BudgetRule(), False)
     assert set(int(r) for r in front) <= set(range(40))
     assert all(st.validated[r] == t.latency_ms[r] for r in st.validated)
 
@@ -141,7 +141,7 @@ def test_a_round_measures_the_front_when_nothing_is_believed_feasible() -> None:
     t = _table(b, n=80)
     src = _Biased(t)
     st = b._State(rows=list(range(40)))
-    b._validation_round(t, src, st, float(t.latency_ms.min()) / 10, 1.0, validate_max=3)
+    b._validation_round(t, src, st, float(t.latency_ms.min()) / 10, b.BudgetRule(), validate_max=3)
     assert 0 < len(st.validated) <= 3 and src.fixed
 
 
@@ -156,7 +156,7 @@ def test_tpe_split_memo_changes_no_study() -> None:
     def rows(memo: bool) -> list[tuple]:
         study = optuna.create_study(directions=["maximize", "minimize"], sampler=optuna.samplers.TPESampler(seed=3))
         with b.tpe_split_memo() if memo else __import__("contextlib").nullcontext():
-            st = b._run_trials(t, "oracle", b.Measured(t), study, 40, budget, 20, 5, 1.0)
+            st = b._run_trials(t, "oracle", b.Measured(t), study, 40, budget, 20, 5, b.BudgetRule())
         return [(tr.params, tr.values) for tr in study.trials] + [tuple(st.rows)]
 
     assert rows(True) == rows(False)
@@ -223,3 +223,117 @@ def test_seed_chunks_merge_into_one_report_and_refuse_twice(tmp_path: Path, caps
     other["config"] = {**cfg, "trials": 200}
     with pytest.raises(SystemExit, match="different settings"):
         b.merge_records([rec(0, 0.8), other])
+
+
+class _Predictor:
+    """A stand-in for the cost model over a table: predicts the truth with σ 30 % of the mean; its predictions carry
+    ``adaptation_version`` after ``adapt`` (as the cost model's do), so a conformal check reads the adapted regime."""
+
+    def __init__(self, table) -> None:
+        self.table, self.adapted, self.calibration = table, False, None
+
+    def predict_graphs(self, graphs, mig=False):
+        from dippm_nas.prediction import Prediction
+
+        details = {"host_bound": 0.0, **({"adaptation_version": 1.0} if self.adapted else {})}
+        return [Prediction(latency_ms=float(self.table.latency_ms[g]), energy_j=None, memory_mib=0.0,
+                           latency_source="predicted", energy_source="unavailable", memory_source="analytic",
+                           device="rtx-3090", batch_size=1, dtype="float32",
+                           latency_ms_std=0.3 * float(self.table.latency_ms[g]), details=details,
+                           labels={"deployment_assumed": "host"}) for g in graphs]
+
+    def adapt(self, pairs, persist=False) -> None:
+        self.adapted = True
+
+    def reset_adaptation(self) -> None:
+        self.adapted = False
+
+    def clear_prediction_cache(self) -> None:
+        return None
+
+
+def _conformal(adapted_k: float, other_k: float):
+    """A calibration whose adapted GPU-bound regime bounds at ``adapted_k`` σ_log, every other at ``other_k``."""
+    from dippm_nas.conformal import ConformalCalibration
+
+    scores = {"*|*|*": [other_k] * 40, "gpu-bound|undescribed|adapted": [adapted_k] * 40}
+    return ConformalCalibration("0" * 64, {"latency_ms": scores}, {"latency_ms": {"held_out_rows": 1}})
+
+
+def test_a_confidence_checks_the_budget_as_budgets_does_with_the_conformal_margin_of_the_regime() -> None:
+    """``--confidence``: the bound is ``Budgets(latency_ms=..., confidence=c)``'s; adapted predictions (after a round)
+    read the adapted regime's margin. Here that margin is 0 (the mean): no fitting candidate is rejected once
+    adapted, where mean + 1σ rejects those within 30 % under the budget."""
+    from dippm_nas.budgets import Budgets
+
+    b = _load()
+    t = _table(b, n=120)
+    cal = _conformal(adapted_k=0.0, other_k=3.0)
+    src = b.PredictorSource(_Predictor(t), list(range(len(t.latency_ms))), np.arange(len(t.latency_ms)), "adapt",
+                            conformal=cal)
+    budget = float(np.quantile(t.latency_ms, 0.5))
+    rows = np.arange(20)
+    before = src.checks(rows, budget, 0.9)
+    want = Budgets(latency_ms=budget, confidence=0.9, conformal=cal).check(src.predictions(rows)[0])["latency_ms"]
+    assert before[0].bound == pytest.approx(want.bound) and before[0].k_sigma == pytest.approx(3.0)
+    assert before[0].bound == pytest.approx(t.latency_ms[0] * math.exp(3.0 * 0.3))
+    src.reveal(rows, t.latency_ms[rows])
+    after = src.checks(rows, budget, 0.9)
+    assert all(c.k_sigma == 0.0 and c.bound == pytest.approx(t.latency_ms[r]) for c, r in zip(after, rows))
+    assert after[0].labels["conformal_regime_latency_ms"] == "gpu-bound|undescribed|adapted"
+
+    conf = b.run_study(t, "adapted", src, 0, 40, budget=budget, every=20, validate_max=5, confidence=0.9)
+    ksig = b.run_study(t, "adapted", src, 0, 40, budget=budget, every=20, validate_max=5, k_sigma=1.0)
+    assert conf.fit_rejected_share == 0.0 < ksig.fit_rejected_share  # mean + 0.3 mean rejects the near-budget ones
+    assert conf.margin_k_mean == 0.0 and conf.adapted_regime_share == 1.0 and conf.over_admitted_share == 0.0
+    assert math.isnan(ksig.margin_k_mean)
+    assert conf.feasible_precision == 1.0  # the stand-in predicts the truth: nothing over budget is admitted
+    # a source without a calibration (the prior) falls back to the Gaussian quantile, as Budgets does
+    bare = b.PredictorSource(_Predictor(t), list(range(len(t.latency_ms))), np.arange(len(t.latency_ms)), "fixed")
+    g = bare.checks(rows[:1], budget, 0.9)[0]
+    assert g.k_sigma == pytest.approx(1.2815515655) and "conformal_fallback_latency_ms" in g.labels
+    with pytest.raises(ValueError, match="confidence"):
+        b.run_study(t, "adapted", src, 0, 5, budget=budget, confidence=1.0)
+
+
+def test_the_confidence_option_is_refused_outside_zero_one_and_recorded_in_the_report(tmp_path: Path) -> None:
+    b = _load()
+    for bad in ("0", "1", "1.5", "nan"):
+        with pytest.raises(SystemExit):
+            b.main(["--data", str(tmp_path), "--graphs", str(tmp_path / "g.jsonl"), "--checkpoint",
+                    str(tmp_path / "c.pt"), "--confidence", bad])
+    with pytest.raises(SystemExit, match="conformal calibration"):
+        b.load_conformal(tmp_path / "missing.pt")
+
+
+def test_a_free_chunk_merges_with_budget_chunks_of_any_margin_and_budget_chunks_must_agree() -> None:
+    """The budget check's settings (k_sigma, confidence, the calibration) do not touch studies without a budget: a
+    chunk of those merges whatever they were; chunks with a budget must agree on them."""
+    b = _load()
+    base = {"checkpoint": "x.pt", "trials": 40, "every": 20, "validate_max": 5, "budget_quantile": 0.5}
+
+    def rec(seed: int, budgets: list, **margin) -> dict:
+        st = [b.StudyResult(m, seed, bud, 0.8, math.nan if bud is None else 1.0, 5, 9, 1.0).__dict__
+              for m in ("oracle", "adapted") for bud in budgets]
+        return {"config": {**base, **margin}, "device": "a100", "seed": seed, "rows": 50,
+                "reference": [40.0, 60.0], "budgets_ms": budgets, "studies": st}
+
+    free = rec(0, [None], k_sigma=1.0)  # a chunk written before the confidence setting existed
+    conf = rec(0, [30.0], k_sigma=1.0, confidence=0.9, conformal="x.conformal.json")
+    report = b.merge_records([free, conf])
+    assert report["confidence"] == 0.9 and report["conformal"] == "x.conformal.json"
+    assert set(report["devices"]["a100"]["variants"]) == {"free", "budget"}
+    with pytest.raises(SystemExit, match="different settings"):
+        b.merge_records([conf, rec(1, [30.0], k_sigma=1.0, confidence=0.5, conformal="x.conformal.json")])
+    with pytest.raises(SystemExit, match="different settings"):
+        b.merge_records([conf, rec(1, [30.0], k_sigma=1.0)])
+
+
+def test_paired_differences_are_per_seed_over_the_seeds_both_ran() -> None:
+    b = _load()
+    rs = [b.StudyResult("adapted", s, None, hv, math.nan, 5, 9, 1.0) for s, hv in ((0, 0.9), (1, 0.8), (2, 0.7))]
+    rs += [b.StudyResult("flops", s, None, hv, math.nan, 5, 9, 1.0) for s, hv in ((0, 0.85), (1, 0.85))]
+    p = b.paired(rs, "adapted", "flops")
+    assert p["n"] == 2 and p["wins"] == 1 and p["mean"] == pytest.approx(0.0)
+    assert p["sd"] == pytest.approx(np.std([0.05, -0.05], ddof=1))
+    assert b.paired(rs, "adapted", "prior") is None
