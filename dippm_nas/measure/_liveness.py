@@ -17,8 +17,8 @@ Device. The fake tensors live on ``device``: ``"cpu"`` (default) dispatches as a
 scaled-dot-product attention without the ``[B, H, S, S]`` score matrix (as the CUDA flash / memory-efficient
 kernels); ``"cuda"`` works on a CUDA-enabled torch build without a GPU: PyTorch's CUDA operators are
 dispatched (cuDNN batch norm, max pooling with indices), and ``F.scaled_dot_product_attention`` is routed to
-the flash / memory-efficient operator a GPU would pick (without a GPU PyTorch would fall back to the math
-attention, which materialises the scores). ``"meta"`` runs the meta kernels. On ``"cpu"``, an operator that
+the flash / memory-efficient operator a GPU would pick, a boolean mask included (without a GPU PyTorch would
+fall back to the math attention, which materialises the scores). ``"meta"`` runs the meta kernels. On ``"cpu"``, an operator that
 has a CUDA kernel only is refused with :class:`GpuOnlyOperatorError`, which names it.
 
 Autocast. ``autocast="float16"`` / ``"bfloat16"`` runs the pass under ``torch.autocast`` on the fake
@@ -248,9 +248,12 @@ def _fused_attention() -> Iterator[None]:
     materialises the ``[B, H, S, S]`` scores; a GPU runs the fused kernels, which do not. While this context
     is open, ``torch.nn.functional.scaled_dot_product_attention`` (the name ``nn.MultiheadAttention``,
     ``transformers`` and ``timm`` call) calls the fused operator directly: flash attention for float16 /
-    bfloat16 without a mask and a head size of at most 256, else the memory-efficient one (float32, an
-    additive mask); a boolean mask, dropout or grouped-query attention goes to PyTorch unchanged. Under
-    autocast the query, key and value are cast first, as autocast casts them for this operator.
+    bfloat16 without a mask and a head size of at most 256, else the memory-efficient one (float32, a mask).
+    A boolean mask is first turned into an additive one of the query's dtype (``where(mask, 0, -inf)``, as
+    PyTorch's ``scaled_dot_product_attention`` does before it picks a kernel, on any device), which the
+    memory-efficient kernel then takes, as on a GPU (flash attention takes no mask). Dropout or grouped-query
+    attention goes to PyTorch unchanged. Under autocast the query, key and value are cast first, as autocast
+    casts them for this operator.
     """
     import torch
     import torch.nn.functional as F  # noqa: N812
@@ -262,13 +265,15 @@ def _fused_attention() -> Iterator[None]:
     def fused(*args: Any, **kwargs: Any) -> Any:
         a = {**dict(zip(names, args)), **kwargs}
         q, k, v, mask = a["query"], a["key"], a["value"], a.get("attn_mask")
-        if (q.device.type != "cuda" or a.get("dropout_p", 0.0) or a.get("enable_gqa", False)
-                or (mask is not None and not mask.is_floating_point())):
+        if q.device.type != "cuda" or a.get("dropout_p", 0.0) or a.get("enable_gqa", False):
             return sdpa(*args, **kwargs)
         if torch.is_autocast_enabled("cuda"):
             low = torch.get_autocast_dtype("cuda")
             q, k, v = (t.to(low) if t.is_floating_point() and t.dtype != low else t for t in (q, k, v))
-            mask = mask.to(low) if mask is not None and mask.dtype != low else mask
+            mask = mask.to(low) if mask is not None and mask.is_floating_point() and mask.dtype != low else mask
+        if mask is not None and mask.dtype == torch.bool:
+            zero = torch.scalar_tensor(0.0, dtype=q.dtype, device=q.device)
+            mask = torch.where(mask, zero, torch.scalar_tensor(-math.inf, dtype=q.dtype, device=q.device))
         causal, scale = bool(a.get("is_causal", False)), a.get("scale")
         if q.dtype in (torch.float16, torch.bfloat16) and mask is None and q.shape[-1] <= 256:
             return aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=scale)[0]

@@ -59,7 +59,10 @@ Where the graph carries provenance (:attr:`~dippm_nas.graph.OpNode.module_stack`
 :mod:`dippm_nas.prior._provenance_rules` join these: a module's argument lives until the module returns, and an
 activation is in place only where the exported operator was. The in-place rule above, the inverted-residual rule
 and the conv + norm rule (module arguments in disguise) then do not apply, and the stage-input rule holds a cut
-only where it is a local of the frame that runs the stage (:func:`_local_of_frame`).
+only where it is a local of the frame that runs the stage (:func:`_local_of_frame`). The layout rules of
+:mod:`dippm_nas.prior._layout_rules` add eager's copies: a ``reshape`` whose input's strides allow no view is a
+copy with a storage of its own (its input alive as long as the copy, as it was when the copy was taken for a
+view of it), and a batched ``matmul`` operand it cannot fold is copied while the matmul runs.
 
 Under ``autocast`` each output is sized at its run-time dtype (:func:`~dippm_nas.prior.autocast_plan`), each
 activation cast lives while its operator runs and each weight cast (autocast caches them) from its first
@@ -102,6 +105,7 @@ from dippm_nas.errors import InvalidValueError
 from dippm_nas.graph import GraphStack, OperatorGraph, OpNode, stack_graphs
 from dippm_nas.prior._allocator import AllocatorConfig, AllocatorPeak, _replay_pairs
 from dippm_nas.prior._autocast import AUTOCAST_LOW_CLASSES, autocast_plan
+from dippm_nas.prior._layout_rules import layout_copies
 from dippm_nas.prior._nodes import check_autocast, graph_facts
 from dippm_nas.prior._provenance_rules import module_argument_rule, provenance_inplace
 from dippm_nas.spec import dtype_bytes
@@ -327,12 +331,14 @@ class _FrameRules:
 
     ``inplace``: activations that reuse their producer's storage; ``extend``: ``(producer, until)`` pairs,
     the producer's output lives at least until node ``until``; ``scratch``: ``(node, bytes)`` alive while the
-    node runs; ``copies``: ``(matmul, operand)``, a contiguous copy of the operand alive while the matmul runs."""
+    node runs; ``copies``: ``(matmul, operand)``, a contiguous copy of the operand alive while the matmul runs;
+    ``copy_views``: view nodes (``reshape``) eager runs as a copy, each with a storage of its own."""
 
     inplace: tuple[int, ...]
     extend: tuple[tuple[int, int], ...]
     scratch: tuple[tuple[int, int], ...] = ()
     copies: tuple[tuple[int, int], ...] = ()
+    copy_views: tuple[int, ...] = ()
 
 
 def _frame_rules(graph: OperatorGraph) -> _FrameRules:
@@ -357,6 +363,11 @@ def _frame_rules(graph: OperatorGraph) -> _FrameRules:
                            | set(_selects(nodes, preds))
                            | set(_hardswish_chains(nodes, preds, succ))))
     att_extend, copies = _explicit_attention_rule(nodes, preds, succ)
+    copy_views: list[int] = []
+    if provenance:  # the layout rules of ``_layout_rules``: reshapes and matmul operands eager copies
+        copy_views, operand_copies = layout_copies(nodes, preds)
+        seen = set(copies)
+        copies = copies + [c for c in operand_copies if c not in seen]
     # the inverted-residual and conv + norm rules stand in for module arguments (``Conv2dNormActivation``,
     # ``ConvNormAct``) that the module-argument rule sees where the graph has provenance
     structural = (_pre_norm_rule(nodes, preds) + _post_norm_rule(nodes, preds, succ)
@@ -368,7 +379,7 @@ def _frame_rules(graph: OperatorGraph) -> _FrameRules:
     # max pooling computes its int64 indices (``max_pool2d_with_indices``) and drops them when it returns
     scratch = tuple((i, round_block(nd.output_elements * 8)) for i, nd in enumerate(nodes)
                     if nd.op.startswith("nn.max_pool") and not nd.is_constant)
-    rules = _FrameRules(inplace, tuple(extend), scratch, tuple(copies))
+    rules = _FrameRules(inplace, tuple(extend), scratch, tuple(copies), tuple(copy_views))
     if len(_FRAME_MEMO) >= _MEMO_MAX:
         _FRAME_MEMO.clear()
     _FRAME_MEMO[id(graph)] = (graph, rules)
@@ -680,7 +691,7 @@ def _lives(graph: OperatorGraph, *, retention: bool, include_inputs: bool, autoc
     rules = _frame_rules(graph) if retention and n else _FrameRules((), ())
     lv = _Lives([None] * n, [], [], [], {})
     _input_storages(graph, lv, include_inputs)
-    _node_storages(graph, preds, lv, frozenset(rules.inplace))
+    _node_storages(graph, preds, lv, frozenset(rules.inplace), frozenset(rules.copy_views))
     _extend_lives(graph, preds, lv)
     if n == 0:
         return lv
@@ -692,6 +703,10 @@ def _lives(graph: OperatorGraph, *, retention: bool, include_inputs: bool, autoc
                 lv.last_use[s] = max(lv.last_use[s], until)
         for i, nbytes in rules.scratch:
             _add_storage(lv, [nbytes], i, i)
+        for i in rules.copy_views:  # the copied tensor lives as long as its copy, as it did as the copy's base
+            src = next((lv.storage_of[p] for p in preds[i] if lv.storage_of[p] is not None), None)
+            if src is not None and lv.storage_of[i] is not None:
+                lv.last_use[src] = max(lv.last_use[src], lv.last_use[lv.storage_of[i]])
     copy_sids = []
     for m, q in rules.copies:
         copy_sids.append((len(lv.sizes), q))
@@ -836,14 +851,14 @@ def _input_storages(graph: OperatorGraph, lv: _Lives, include_inputs: bool) -> N
 
 
 def _node_storages(graph: OperatorGraph, preds: list[list[int]], lv: _Lives,
-                   inplace: frozenset[int] = frozenset()) -> None:
-    """One storage per computing node; a view (or an in-place activation of ``inplace``) aliases its first
-    live producer's (or its input's) storage."""
+                   inplace: frozenset[int] = frozenset(), copy_views: frozenset[int] = frozenset()) -> None:
+    """One storage per computing node (and per view of ``copy_views``, which eager runs as a copy); a view
+    (or an in-place activation of ``inplace``) aliases its first live producer's (or its input's) storage."""
     for node in graph.nodes:
         i = node.index
         if node.is_constant:
             continue
-        if node.op_class == "view" or i in inplace:
+        if (node.op_class == "view" and i not in copy_views) or i in inplace:
             live_preds = [p for p in preds[i] if lv.storage_of[p] is not None]
             if live_preds:
                 lv.storage_of[i] = lv.storage_of[live_preds[0]]
@@ -851,7 +866,8 @@ def _node_storages(graph: OperatorGraph, preds: list[list[int]], lv: _Lives,
                 lv.storage_of[i] = lv.consumers_of_input[i][0]
             continue
         sid = len(lv.sizes)
-        lv.sizes.append(_output_blocks(graph, i))
+        lv.sizes.append(_output_blocks(graph, i) if node.op_class != "view"
+                        else [round_block(node.output_elements * dtype_bytes(node.output_dtype))])
         lv.alloc_at.append(i)
         lv.last_use.append(i)
         lv.storage_of[i] = sid

@@ -88,6 +88,24 @@ def test_cuda_autocast_runs_layer_norm_in_float32_and_attention_fused() -> None:
     assert a.peak_bytes < scores  # the fused kernel: no [B, H, S, S] scores
 
 
+@pytest.mark.skipif(not torch.backends.cuda.is_built(), reason="needs a CUDA-enabled torch build (no GPU needed)")
+def test_cuda_attention_with_a_boolean_mask_runs_the_memory_efficient_kernel() -> None:
+    class _Masked(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            keep = torch.ones(x.shape[-2], x.shape[-2], dtype=torch.bool, device=x.device).tril()
+            return nn.functional.scaled_dot_product_attention(x, x, x, attn_mask=keep)
+
+    spec = InputSpec(shape=(4, 512, 64), batch_size=2)
+    a = reference_activation_peak(_Masked(), spec, device="cuda", autocast="float16")
+    half_scores = 2 * 4 * 512 * 512 * 2
+    # the query, key and value casts (3 x 2x4x512x64x2), the boolean mask (512x512) and its additive float16
+    # copy (512x512x2) while the kernel writes its float16 output (2x4x512x64x2), and a few scalars (the
+    # where's 0 and -inf, the kernel's seed and offset); no [B, H, S, S] scores
+    expected = 4 * 2 * 4 * 512 * 64 * 2 + 512 * 512 + 512 * 512 * 2
+    assert expected <= a.peak_bytes <= expected + 64
+    assert a.peak_bytes < half_scores
+
+
 def test_gpu_only_operator_is_refused_by_name() -> None:
     lib = torch.library.Library("dippm_reftest", "DEF")  # noqa: F841 - kept alive for the test
     lib.define("gpu_only(Tensor x) -> Tensor")
