@@ -12,7 +12,10 @@ and runs the composite below the autocast dispatch key, so the float32 list does
   are cast to float32 (``query_.to(at::kFloat)``, one kernel each), the scalings, both matmuls (on CUDA cores
   unless TF32 is allowed) and the softmax run in float32, and the output and the attention weights are cast back
   (``at::matmul(attn, value_acc).to(origin_dtype), attn.to(origin_dtype)``: two kernels, the second over the whole
-  score matrix).
+  score matrix). Its softmax is ``at::_safe_softmax`` (pytorch/pytorch#133882, also in 2.5: fully masked rows
+  give zeros), the softmax and three more kernels over the score matrix: ``-inf`` tested (``eq`` / ``isneginf``:
+  the scores read, a boolean matrix written), ``all`` along the keys (that matrix read), ``where`` (the
+  probabilities read and written); float32 inputs pay these too.
 
 A deployment whose torch version is unknown keeps the graph's dtypes and autocast's plan (:func:`math_path_float32`
 is ``None``).
@@ -62,6 +65,9 @@ def math_path_plan(graph: OperatorGraph, captured: np.ndarray, active: np.ndarra
         base: autocast's plan (``None``: no autocast); its other nodes are kept.
         low: the autocast dtype, ``None`` without autocast.
         float32: the version's math path runs in float32 (:func:`math_path_float32`).
+
+    The math path's casts and its safe softmax's extra kernels are in the plan's ``casts`` / ``cast_bytes`` (kernels
+    launched inside the operator's dispatch, memory-bound, as autocast's casts are).
     """
     nodes = graph.nodes
     marked = np.array([bool(nd.attrs.get(SDPA_MATH_ATTR)) for nd in nodes], dtype=bool)
@@ -112,6 +118,9 @@ def math_path_plan(graph: OperatorGraph, captured: np.ndarray, active: np.ndarra
                 if up:
                     k, b = k + 1, b + elems * (_SIZE[o] + 4.0)
         out_elems = float(nd.output_elements)
+        if float32 and nd.op == "nn.softmax" and run in _SIZE:  # _safe_softmax: eq, all, where over the scores
+            w = _SIZE[run]
+            k, b = k + 3, b + out_elems * ((w + 1.0) + 1.0 + 2.0 * w)
         if up and nd.op == "nn.softmax":  # attn.to(origin_dtype): the score matrix cast back
             k, b = k + 1, b + out_elems * (4.0 + _SIZE[o])
         if up and (i in outputs or any(not marked[s] for s in succs[i])):  # the output cast back
