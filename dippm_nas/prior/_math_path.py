@@ -24,6 +24,7 @@ is ``None``).
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -101,22 +102,7 @@ def math_path_plan(graph: OperatorGraph, captured: np.ndarray, active: np.ndarra
         o = int(origin[i])
         up = float32 and o in (1, 2)
         run = 0 if up else o
-        k = b = 0.0
-        if nd.op not in _MASK_OPS:
-            # the node's activation inputs from outside the math path (q, k or v): autocast's cast to the low
-            # dtype where they are wider, then the math path's cast up to float32
-            inner_elems = [math.prod(nodes[p].output_shapes[0]) if nodes[p].output_shapes else 0 for p in inner]
-            shapes = [s for s, par in zip(nd.input_shapes, nd.input_is_param) if not par and len(s) > 0]
-            ext_elems = [math.prod(s) for s in shapes]
-            for e in inner_elems:
-                if e in ext_elems:
-                    ext_elems.remove(e)
-            for j, elems in enumerate(ext_elems):
-                c = ext_codes[j] if j < len(ext_codes) else o
-                if c in _SIZE and c != o:
-                    k, b = k + 1, b + elems * (_SIZE[c] + _SIZE[o])
-                if up:
-                    k, b = k + 1, b + elems * (_SIZE[o] + 4.0)
+        k, b = _input_casts(nd, [nodes[p] for p in inner], ext_codes, o, up)
         out_elems = float(nd.output_elements)
         if float32 and nd.op == "nn.softmax" and run in _SIZE:  # _safe_softmax: eq, all, where over the scores
             w = _SIZE[run]
@@ -138,3 +124,25 @@ def math_path_plan(graph: OperatorGraph, captured: np.ndarray, active: np.ndarra
             add_b[j] += add_b[i]
             add_k[i] = add_b[i] = 0.0
     return AutocastPlan(dtype=dtype, bytes_scale=scale, casts=casts + add_k, cast_bytes=cast_bytes + add_b)
+
+
+def _input_casts(nd: Any, inner: list[Any], ext_codes: list[int], origin: int, up: bool) -> tuple[float, float]:
+    """``(kernels, bytes)`` of the casts of one math-path node's activation inputs from outside the math path (q,
+    k or v; not a mask's): autocast's cast to the ``origin`` dtype where they are of another, then the math path's
+    cast up to float32 (``up``). ``inner``: the node's producers on the math path; ``ext_codes``: the dtype codes
+    of the others, in order."""
+    if nd.op in _MASK_OPS:
+        return 0.0, 0.0
+    ext_elems = [math.prod(s) for s, par in zip(nd.input_shapes, nd.input_is_param) if not par and len(s) > 0]
+    for p in inner:
+        e = math.prod(p.output_shapes[0]) if p.output_shapes else 0
+        if e in ext_elems:
+            ext_elems.remove(e)
+    k = b = 0.0
+    for j, elems in enumerate(ext_elems):
+        c = ext_codes[j] if j < len(ext_codes) else origin
+        if c in _SIZE and c != origin:
+            k, b = k + 1, b + elems * (_SIZE[c] + _SIZE[origin])
+        if up:
+            k, b = k + 1, b + elems * (_SIZE[origin] + 4.0)
+    return k, b
