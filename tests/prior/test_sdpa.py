@@ -13,6 +13,7 @@ from torch import nn
 from dippm_nas.capture import capture
 from dippm_nas.devices import get_device
 from dippm_nas.errors import InvalidValueError
+from dippm_nas.graph import OperatorGraph
 from dippm_nas.prior import (MMA_SYNC_SHARE, SDPA_BACKENDS, PriorParams, default_params, graph_facts, node_costs,
                              sdpa_backend_codes)
 from dippm_nas.spec import InputSpec
@@ -190,6 +191,12 @@ def test_math_path_math_float32_follows_the_torch_version() -> None:
         assert ms("2.9.1", None) > ms("2.4.0", None) == pytest.approx(ms(None, None))
         f32 = {v: node_costs(g, get_device(dev), default_params(), math_float32=v) for v in (False, True)}
         assert f32[True].kernels.sum() - f32[False].kernels.sum() == pytest.approx(3.0)
+        # a graph captured before the marking (no attrs["sdpa_math"]) is priced as before in every version
+        d = g.to_dict()
+        for nd in d["nodes"]:
+            nd["attrs"].pop("sdpa_math", None)
+        unmarked = OperatorGraph.from_dict(d)
+        assert ms("2.9.1", graph=unmarked) == pytest.approx(ms("2.4.0", graph=unmarked)) == pytest.approx(unknown)
         # stacked estimates price it as single ones
         dep = Deployment(framework="torch-2", autocast="float16", versions={"torch": "2.9.1"})
         many = [e.latency_ms for e in estimate_many([g, _graph(causal=False)], dev, deployment=dep)]
