@@ -186,6 +186,10 @@ class ResolvedDeployment:
         from_process: the settings that were not described and were taken from the running process's torch
             (``"framework"``, ``"tf32"``; :func:`running_torch`), in this order.
         process_torch: that torch's version where anything was taken from it, else ``None``.
+        torch_version: the torch version the deployment runs: ``versions["torch"]`` where described, else the
+            running process's where the framework was taken from it, else ``None`` (a framework or host profile
+            named without a version). What depends on the minor version reads it (the SDPA math path's dtype,
+            :func:`dippm_nas.prior.math_path_float32`).
     """
 
     runtime: str
@@ -200,6 +204,7 @@ class ResolvedDeployment:
     assumed: tuple[str, ...]
     from_process: tuple[str, ...] = ()
     process_torch: str | None = None
+    torch_version: str | None = None
 
     @property
     def label(self) -> str:
@@ -344,6 +349,7 @@ class Deployment:
             tf32_matmul=tf32_matmul, tf32_conv=tf32_conv, autocast=self.autocast, input_copy=self.input_copy,
             channels_last=self.channels_last, cudnn_benchmark=bool(self.cudnn_benchmark), assumed=tuple(assumed),
             from_process=tuple(from_process), process_torch=proc.version if proc is not None else None,
+            torch_version=torch_v if torch_v else proc.version if proc is not None else None,
         )
 
     @property

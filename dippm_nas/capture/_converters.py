@@ -50,7 +50,7 @@ import math
 import re
 from typing import Any
 
-from dippm_nas.graph import OPAQUE_PREFIX
+from dippm_nas.graph import OPAQUE_PREFIX, SDPA_MATH_NAME
 
 __all__ = ["custom_convert_map", "opaque_convert_map", "unsupported_ops"]
 
@@ -362,21 +362,25 @@ def _sdpa_math(node: Any, importer: Any, mask_node: Any) -> Any:
     from tvm import relax
 
     bb = importer.block_builder
+
+    def emit(expr: Any) -> Any:  # each binding named so that the graph marks its node (``SDPA_MATH_ATTR``)
+        return bb.emit(expr, name_hint=SDPA_MATH_NAME)
+
     q, k, v = (importer.env[a] for a in node.args[:3])
     dt = str(q.ty.dtype)
     scale = _sdpa_arg(node, 6, "scale", None)
     root = math.sqrt(float(scale) if scale is not None else 1.0 / math.sqrt(_dims(q)[-1]))
     rank = len(_dims(k))
-    kt = bb.emit(relax.op.permute_dims(k, [*range(rank - 2), rank - 1, rank - 2]))
-    attn = bb.emit(relax.op.matmul(bb.emit(relax.op.multiply(q, relax.const(root, dt))),
-                                   bb.emit(relax.op.multiply(kt, relax.const(root, dt)))))
+    kt = emit(relax.op.permute_dims(k, [*range(rank - 2), rank - 1, rank - 2]))
+    attn = emit(relax.op.matmul(emit(relax.op.multiply(q, relax.const(root, dt))),
+                                emit(relax.op.multiply(kt, relax.const(root, dt)))))
     if mask_node is not None:
         mask = importer.env[mask_node]
         if str(mask.ty.dtype) == "bool":
             neg = -3.0e38 if dt == "float32" else -6.0e4
-            mask = bb.emit(relax.op.where(mask, relax.const(0.0, dt), relax.const(neg, dt)))
-        attn = bb.emit(relax.op.add(attn, mask))
-    return bb.emit(relax.op.matmul(bb.emit(relax.op.nn.softmax(attn, axis=-1)), v))
+            mask = emit(relax.op.where(mask, relax.const(0.0, dt), relax.const(neg, dt)))
+        attn = emit(relax.op.add(attn, mask))
+    return emit(relax.op.matmul(emit(relax.op.nn.softmax(attn, axis=-1)), v))
 
 
 def custom_convert_map() -> dict[str, Any]:

@@ -20,6 +20,13 @@ from dippm_nas.spec import InputSpec, dtype_bytes
 #: ``global_symbol`` prefix of the extern function an opaque op calls (``dippm_nas.opaque.unfold``, made by
 #: :func:`dippm_nas.capture._converters.opaque_convert_map`); the graph node is named after what follows it.
 OPAQUE_PREFIX = "dippm_nas.opaque."
+#: Name hint of the Relax bindings the capture emits for PyTorch's SDPA math path (q, k, v that are not 4-D:
+#: ``dippm_nas.capture``'s converter); their graph nodes carry ``attrs[SDPA_MATH_ATTR] = True``.
+SDPA_MATH_NAME = "dippm_sdpa_math"
+#: The :attr:`OpNode.attrs` key marking a node of PyTorch's SDPA math path (``True``; absent elsewhere): the
+#: kernels eager PyTorch runs inside ``scaled_dot_product_attention`` for query, key and value that are not 4-D,
+#: whose dtype depends on the PyTorch version (float32 from 2.5), not on autocast.
+SDPA_MATH_ATTR = "sdpa_math"
 
 __all__ = ["graph_from_relax"]
 
@@ -283,6 +290,8 @@ class _Walk:
         out_shapes = tuple(s for s, _ in out_types)
         cost = cost_of(op, in_shapes, out_shapes, attrs)
         attrs.update(cost.derived_attrs)
+        if str(getattr(var, "name", None) or getattr(var, "name_hint", "")).startswith(SDPA_MATH_NAME):
+            attrs[SDPA_MATH_ATTR] = True
         if cost.view:
             br = bw = 0
         else:

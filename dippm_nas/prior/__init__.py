@@ -60,6 +60,7 @@ from dippm_nas.prior._power import (
     wait_power_w,
 )
 from dippm_nas.prior._predict import predict, prediction_of
+from dippm_nas.prior._math_path import MATH_PATH_FLOAT32_SINCE, math_path_float32
 from dippm_nas.prior._sdpa import MMA_SYNC_SHARE, SDPA_BACKENDS, AttentionShape, attention_shape, sdpa_backend_codes
 
 __all__ = [
@@ -83,4 +84,5 @@ __all__ = [
     "wait_power_w", "pass_energy_j", "utilisation_energy_j",
     "advise", "MigAdvice", "ProfileAdvice", "MIG_RULES", "DIPPM_LADDER",
     "SDPA_BACKENDS", "MMA_SYNC_SHARE", "AttentionShape", "attention_shape", "sdpa_backend_codes",
+    "MATH_PATH_FLOAT32_SINCE", "math_path_float32",
 ]

@@ -78,6 +78,9 @@ class DeploymentSettings:
         from_process: the undescribed settings taken from the running process's torch (``"framework"``,
             ``"tf32"``; :attr:`~dippm_nas.deployment.ResolvedDeployment.from_process`); no σ spans them.
         process_torch: that torch's version, ``None`` when nothing was taken from it.
+        torch_version: the torch version the deployment runs
+            (:attr:`~dippm_nas.deployment.ResolvedDeployment.torch_version`), ``None`` when unknown; it decides
+            the dtype of the SDPA math path (:func:`~dippm_nas.prior.math_path_float32`).
         label: :attr:`~dippm_nas.deployment.ResolvedDeployment.label` of the deployment these settings resolve
             (``labels["deployment"]`` of a prediction), made once here; ``""`` for settings built by hand.
         deployment: the :class:`~dippm_nas.Deployment` these settings resolve (``None`` for settings built by hand
@@ -96,6 +99,7 @@ class DeploymentSettings:
     tf32_requested: bool = False
     from_process: tuple[str, ...] = ()
     process_torch: str | None = None
+    torch_version: str | None = None
     label: str = dataclasses.field(default="", compare=False)
     deployment: Deployment | None = dataclasses.field(default=None, compare=False, repr=False)
 
@@ -162,7 +166,8 @@ def deployment_settings(deployment: Deployment | ResolvedDeployment | Deployment
                               channels_last=r.channels_last, autocast=r.autocast,
                               input_copy=UNKNOWN_INPUT_COPY if r.input_copy is None else r.input_copy,
                               assumed=r.assumed, tf32_requested=requested, from_process=r.from_process,
-                              process_torch=r.process_torch, label=r.label, deployment=described)
+                              process_torch=r.process_torch, torch_version=r.torch_version, label=r.label,
+                              deployment=described)
 
 
 def execution_settings(execution: "Execution | DeploymentSettings | None") -> DeploymentSettings | None:
@@ -189,7 +194,8 @@ def row_settings(conditions: Mapping[str, Any] | None,
     estimate it under: the runtime, host and input copy of the row's :func:`~dippm_nas.deployment.row_deployment`
     (the one mapping of a row's recorded conditions; a host the row does not record takes the default host
     profile with the row's framework, else the profile's own; a copy from pinned or pageable memory is
-    ``"pageable"``), PyTorch's defaults for the rest (TF32 on convolutions only, NCHW, no autocast).
+    ``"pageable"``) and its torch version (``versions["torch"]``, ``None`` where not recorded), PyTorch's defaults
+    for the rest (TF32 on convolutions only, NCHW, no autocast).
 
     Raises:
         ExecutionRuntimeError: the row records a runtime outside :data:`~dippm_nas.prior.RUNTIMES`.
@@ -200,4 +206,5 @@ def row_settings(conditions: Mapping[str, Any] | None,
     host = dep.host if isinstance(dep.host, HostProfile) else dataclasses.replace(
         base, framework=dep.framework or base.framework)
     return DeploymentSettings(runtime=check_runtime(dep.runtime), host=host,
-                              input_copy=input_copy_kind(dep.input_copy not in (None, "none")))
+                              input_copy=input_copy_kind(dep.input_copy not in (None, "none")),
+                              torch_version=(dep.versions or {}).get("torch"))

@@ -42,6 +42,7 @@ from dippm_nas.devices import Device, HostProfile, resolve_device, resolve_host_
 from dippm_nas.errors import GraphValidationError
 from dippm_nas.graph import OperatorGraph
 from dippm_nas.prior._deploy import DeploymentSettings, deployment_settings, input_copy_kind
+from dippm_nas.prior._math_path import math_path_float32
 from dippm_nas.prior._host import HOST_KINDS, Execution, HostModel, check_runtime, compiled_groups, input_copy_us
 from dippm_nas.prior._memory import MemoryBreakdown, activation_liveness, gpu_memory_parts
 from dippm_nas.prior._nodes import check_autocast, graph_facts_many, node_costs
@@ -375,11 +376,13 @@ class ResolvedSettings:
     tf32_conv: bool
     tf32_matmul: bool
     channels_last: bool
+    math_float32: bool | None = None
 
     @property
     def kernel_key(self) -> tuple[Any, ...]:
         """What the kernel times depend on besides the graph (the host does not move them)."""
-        return (self.device.id, id(self.params), self.tf32_conv, self.tf32_matmul, self.channels_last, self.autocast)
+        return (self.device.id, id(self.params), self.tf32_conv, self.tf32_matmul, self.channels_last, self.autocast,
+                self.math_float32)
 
 
 def resolved_settings(device: Device | str, *, tf32_conv: bool = True, tf32_matmul: bool = False,
@@ -395,6 +398,9 @@ def resolved_settings(device: Device | str, *, tf32_conv: bool = True, tf32_matm
         s = deployment_settings(deployment)
         runtime, host, input_copy, autocast = s.runtime, s.host, s.input_copy, s.autocast
         tf32_conv, tf32_matmul, channels_last = s.tf32_conv, s.tf32_matmul, s.channels_last
+        math_float32 = math_path_float32(s.torch_version)
+    else:
+        math_float32 = None
     input_copy = input_copy_kind(input_copy)
     check_autocast(autocast)
     runtime = check_runtime(runtime)
@@ -403,7 +409,7 @@ def resolved_settings(device: Device | str, *, tf32_conv: bool = True, tf32_matm
     p = params if params is not None else default_params()
     return ResolvedSettings(device=dev, params=p, host=prof, runtime=runtime, input_copy=input_copy,
                             autocast=autocast, tf32_conv=tf32_conv, tf32_matmul=tf32_matmul,
-                            channels_last=channels_last)
+                            channels_last=channels_last, math_float32=math_float32)
 
 
 def checked_facts(graph: OperatorGraph, dev: Device) -> Any:
@@ -445,7 +451,7 @@ def _latency_parts(graph: OperatorGraph, device: Device | str, *, tf32_conv: boo
     dev, p, prof, runtime = r.device, r.params, r.host, r.runtime
     facts = checked_facts(graph, dev)
     costs = node_costs(graph, dev, p, tf32_conv=r.tf32_conv, tf32_matmul=r.tf32_matmul,
-                       channels_last=r.channels_last, host=prof, autocast=r.autocast)
+                       channels_last=r.channels_last, host=prof, autocast=r.autocast, math_float32=r.math_float32)
     table = p.op_tables.get(dev.id) if dev.kind != "gpu" else None
     if table is not None:  # operators timed in place on this machine, instead of the roofline
         comp_us, over_us, uncovered = table.node_us(graph)

@@ -32,6 +32,7 @@ from dippm_nas.devices import Device, HostProfile, default_host_profile
 from dippm_nas.errors import InvalidValueError
 from dippm_nas.graph import OP_CLASSES, OperatorGraph, OpNode, node_columns
 from dippm_nas.prior._autocast import AutocastPlan, autocast_plan
+from dippm_nas.prior._math_path import math_path_plan
 from dippm_nas.prior._host import HOST_KINDS, host_kind, module_call
 from dippm_nas.prior._params import CONTRACTION_CLASSES, PARAM_CLASSES, PriorParams
 from dippm_nas.prior._resize import serial_loop_us, serial_resize_loops
@@ -270,6 +271,15 @@ class GraphFacts:
         key = ("autocast", low)
         if key not in self._plans:
             self._plans[key] = autocast_plan(graph, low, self.classes, self.dtype, self.fused)
+        return self._plans[key]
+
+    def math_path(self, graph: OperatorGraph, low: str | None, float32: bool) -> AutocastPlan | None:
+        """The plan of ``graph`` with its SDPA math path priced as a PyTorch version runs it
+        (:func:`~dippm_nas.prior._math_path.math_path_plan`; ``None``: no math-path node), computed once."""
+        key = ("math_path", low, float32)
+        if key not in self._plans:
+            base = self.autocast(graph, low) if low is not None else None
+            self._plans[key] = math_path_plan(graph, self.dtype, self.active, base, low, float32)
         return self._plans[key]
 
     def reshape_copies(self) -> np.ndarray:
@@ -797,7 +807,7 @@ class KernelTerms:
 def node_costs(
     graph: OperatorGraph, device: Device, params: PriorParams, *, tf32_conv: bool = True,
     tf32_matmul: bool = False, channels_last: bool = False, host: HostProfile | None = None,
-    autocast: str | None = None,
+    autocast: str | None = None, math_float32: bool | None = None,
 ) -> NodeCosts:
     """Time every node of ``graph`` on ``device`` with the constants ``params``.
 
@@ -815,19 +825,22 @@ def node_costs(
             the eager host times of a fitted host model.
         autocast: ``None``, ``"float16"`` or ``"bfloat16"``: ``torch.autocast`` around the forward of a
             float32 graph.
+        math_float32: the nodes of an SDPA math path (``attrs["sdpa_math"]``) run in float32 with their casts
+            (PyTorch >= 2.5), ``False``: in their inputs' dtype (PyTorch <= 2.4), both without autocast's casts;
+            ``None`` (the torch version unknown): as any other node (:mod:`~dippm_nas.prior._math_path`).
     """
     return facts_costs(graph_facts(graph), graph, device, params, tf32_conv=tf32_conv, tf32_matmul=tf32_matmul,
-                       channels_last=channels_last, host=host, autocast=autocast)
+                       channels_last=channels_last, host=host, autocast=autocast, math_float32=math_float32)
 
 
 def facts_costs(f: Any, graph: Any, device: Device, params: PriorParams, *, tf32_conv: bool = True,
                 tf32_matmul: bool = False, channels_last: bool = False, host: HostProfile | None = None,
-                autocast: str | None = None) -> NodeCosts:
+                autocast: str | None = None, math_float32: bool | None = None) -> NodeCosts:
     """:func:`node_costs` of the facts ``f``: a :class:`GraphFacts` of ``graph``, or the facts of a stack of
     graphs (:class:`~dippm_nas.prior.StackedFacts`, ``graph`` unused), whose nodes are timed in one pass of
     array operations (every term is per node)."""
     k = kernel_terms(f, graph, device, params, tf32_conv=tf32_conv, tf32_matmul=tf32_matmul,
-                     channels_last=channels_last, autocast=autocast)
+                     channels_last=channels_last, autocast=autocast, math_float32=math_float32)
     return costs_of_terms(f, k, device, params, host_times(f, k, device, params, host))
 
 
@@ -931,13 +944,16 @@ class _KernelInputs:
 
 
 def kernel_terms(f: Any, graph: Any, device: Device, params: PriorParams, *, tf32_conv: bool = True,
-                 tf32_matmul: bool = False, channels_last: bool = False, autocast: str | None = None) -> KernelTerms:
+                 tf32_matmul: bool = False, channels_last: bool = False, autocast: str | None = None,
+                 math_float32: bool | None = None) -> KernelTerms:
     """The device side of :func:`facts_costs` (arguments as for :func:`node_costs`): kernel times per node."""
     check_autocast(autocast)
     n = len(f.classes)
     gpu = device.kind == "gpu"
     pc = [params.op_classes[c] for c in PARAM_CLASSES]
     plan = f.autocast(graph, autocast) if gpu and autocast is not None else None
+    if gpu and math_float32 is not None:  # the SDPA math path in the dtype of the deployment's PyTorch version
+        plan = f.math_path(graph, autocast, bool(math_float32)) or plan
     dt = plan.dtype if plan is not None else f.dtype  # each node's run-time dtype code
     _, tensor, half = _peaks(f, device, dt, tf32_conv, tf32_matmul)
     bytes_, act_bytes, act = f.bytes.copy(), f.act_bytes, f.active
@@ -982,7 +998,7 @@ def kernel_terms(f: Any, graph: Any, device: Device, params: PriorParams, *, tf3
     # on a CPU the per-op cost is the measured dispatch; the fitted per-kernel GPU cost does not apply
     flops = f.flops
     if gpu and params.sdpa_eta_flash is not None:
-        flops, bytes_, kernels, eta_c = _sdpa_terms(f, device, params, dt, plan is not None, flops, bytes_,
+        flops, bytes_, kernels, eta_c = _sdpa_terms(f, device, params, dt, autocast is not None, flops, bytes_,
                                                     kernels, eta_c, class_mult, tensor)
     inputs = _KernelInputs(
         dt=dt, tensor=tensor, flops=flops, bytes=bytes_, kernels=kernels, active=act, eta_compute=eta_c, eta_memory=eta_m,

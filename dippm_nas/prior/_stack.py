@@ -105,6 +105,22 @@ class StackedFacts:
                                               for n in ("dtype", "bytes_scale", "casts", "cast_bytes")))
         return self._plans[key]
 
+    def math_path(self, graph: Any, low: str | None, float32: bool) -> AutocastPlan | None:
+        """Every graph's :meth:`GraphFacts.math_path` concatenated (a graph without a math path: its autocast
+        plan, or its captured dtypes); ``None`` when no graph has a math path."""
+        key = ("math_path", low, float32)
+        if key not in self._plans:
+            plans = [f.math_path(g, low, float32) for f, g in zip(self.parts, self.graphs)]
+            if all(p is None for p in plans):
+                self._plans[key] = None
+            else:
+                full = [p if p is not None else f.autocast(g, low) if low is not None else
+                        AutocastPlan(f.dtype, np.ones(len(f.dtype)), np.zeros(len(f.dtype)), np.zeros(len(f.dtype)))
+                        for p, f, g in zip(plans, self.parts, self.graphs)]
+                self._plans[key] = AutocastPlan(*(np.concatenate([getattr(p, n) for p in full])
+                                                  for n in ("dtype", "bytes_scale", "casts", "cast_bytes")))
+        return self._plans[key]
+
     def serial_resizes(self) -> tuple[np.ndarray, np.ndarray]:
         """Every graph's :meth:`GraphFacts.serial_resizes`, concatenated."""
         if "serial_resizes" not in self._plans:
@@ -227,7 +243,7 @@ class CostStack:
         if key not in self._kernels:
             self._kernels[key] = kernel_terms(self.facts, None, dev, r.params, tf32_conv=r.tf32_conv,
                                               tf32_matmul=r.tf32_matmul, channels_last=r.channels_last,
-                                              autocast=r.autocast)
+                                              autocast=r.autocast, math_float32=r.math_float32)
         return self._kernels[key]
 
     @property

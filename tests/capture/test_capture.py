@@ -20,7 +20,7 @@ from dippm_nas import (
     capture,
 )
 from dippm_nas.capture import MODES, model_key
-from dippm_nas.graph import _formulas
+from dippm_nas.graph import SDPA_MATH_ATTR, OperatorGraph, _formulas
 
 SPEC = InputSpec(shape=(3, 16, 16), batch_size=2)
 
@@ -336,6 +336,14 @@ def test_converters_for_frontend_gaps_keep_the_fast_mode_and_the_shapes() -> Non
     assert qk.output_shapes == ((2, 4, 2, 10, 10),) and av.output_shapes == ((2, 4, 2, 10, 8),)
     assert qk.macs + av.macs == 8 * 2 * 10 * 10 * (8 + 8)
     assert [n.op for n in g.nodes if qk.index < n.index < av.index] == ["nn.softmax"]
+    # the math path's nodes are marked (their dtype follows the PyTorch version), and only they: the scalings of
+    # q and k, k's transpose, both matmuls and the softmax; the mark survives a JSON round trip
+    marked = [n.op for n in g.nodes if n.attrs.get(SDPA_MATH_ATTR)]
+    assert marked == ["permute_dims", "multiply", "multiply", "matmul", "nn.softmax", "matmul"]
+    back = OperatorGraph.from_json(g.to_json())
+    assert [n.index for n in back.nodes if n.attrs.get(SDPA_MATH_ATTR)] == [
+        n.index for n in g.nodes if n.attrs.get(SDPA_MATH_ATTR)]
+    assert back.structural_hash() == g.structural_hash()
     # float tensor // int and int tensor // float are both float (PyTorch's promotion)
     assert [n.output_dtype for n in g.nodes if n.op == "floor_divide"] == ["float32", "float32"]
     out = _FrontendGaps().eval()(torch.randn(2, 4, 10, 16))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -169,10 +170,13 @@ def test_row_settings_from_dataset_conditions() -> None:
     assert ex.input_copy == "pageable" and ex.host.framework == "torch-1" and ex.host.speed == pytest.approx(2.2 / 3.0)
     timm = row_settings({"torch_compile": "dynamo", "torch_version_tag": "pt240"})
     assert timm.runtime == "compiled" and timm.host.framework == "torch-2" and timm.input_copy == "none"
+    assert timm.torch_version == "2.4.0"  # the row's torch version (the SDPA math path's dtype follows it)
     assert row_settings({"torch_version_tag": "pt113"}).host.framework == "torch-1"
+    assert row_settings({"framework": "torch-2"}).torch_version is None
     with pytest.warns(DeprecationWarning, match=r"Execution\.from_conditions is deprecated"):
         old = Execution.from_conditions({"torch_compile": "dynamo", "torch_version_tag": "pt240"})
-    assert execution_settings(old) == timm
+    # the deprecated Execution carries no torch version
+    assert execution_settings(old) == dataclasses.replace(timm, torch_version=None)
 
 
 def _depthwise_chain(batch: int, channels: int, size: int, dtype: str, layers: int = 8,

@@ -13,6 +13,7 @@ from torch import nn
 from dippm_nas.capture import capture
 from dippm_nas.devices import get_device
 from dippm_nas.errors import InvalidValueError
+from dippm_nas.graph import OperatorGraph
 from dippm_nas.prior import (MMA_SYNC_SHARE, SDPA_BACKENDS, PriorParams, default_params, graph_facts, node_costs,
                              sdpa_backend_codes)
 from dippm_nas.spec import InputSpec
@@ -134,3 +135,85 @@ def test_stacked_estimates_price_attention_as_single_ones() -> None:
         one = [estimate(g, dev, autocast="float16").latency_ms for g in graphs]
         many = [e.latency_ms for e in estimate_many(graphs, dev, autocast="float16")]
         assert many == pytest.approx(one, rel=1e-12)
+
+
+class _WindowAttn(nn.Module):
+    """Twins-SVT-like window attention: SDPA on 5-D (B, windows, heads, L, D) tensors, PyTorch's math path."""
+
+    def __init__(self, heads: int = 4, head_dim: int = 32) -> None:
+        super().__init__()
+        self.heads, self.head_dim = heads, head_dim
+        self.qkv = nn.Linear(heads * head_dim, 3 * heads * head_dim)
+        self.proj = nn.Linear(heads * head_dim, heads * head_dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, windows, L, C)
+        b, w, s, c = x.shape
+        q, k, v = self.qkv(x).reshape(b, w, s, 3, self.heads, self.head_dim).permute(3, 0, 1, 4, 2, 5).unbind(0)
+        return self.proj(F.scaled_dot_product_attention(q, k, v).transpose(2, 3).reshape(b, w, s, c))
+
+
+def _window_graph(dtype: str = "float32"):
+    return capture(_WindowAttn().eval(), InputSpec(shape=(64, 49, 128), batch_size=8, dtype=dtype), cache=False)
+
+
+def test_math_path_math_float32_follows_the_torch_version() -> None:
+    from dippm_nas import Deployment
+    from dippm_nas.prior import estimate, estimate_many, math_path_float32
+
+    assert math_path_float32("2.4.1") is False and math_path_float32("2.5.0") is True
+    assert math_path_float32("2.13.0+cu126") is True and math_path_float32(None) is None
+    assert math_path_float32("2") is None and math_path_float32("1.13.1") is False
+    g = _window_graph()
+    marked = [i for i, nd in enumerate(g.nodes) if nd.attrs.get("sdpa_math")]
+    assert len(marked) == 6
+    for dev in ("rtx-4090", "rtx-3090"):
+        def ms(version: str | None, autocast: str | None = "float16", graph=g) -> float:
+            dep = Deployment(framework="torch-2", autocast=autocast, input_copy="none",
+                             versions={"torch": version} if version else None)
+            return estimate(graph, dev, deployment=dep).latency_ms
+
+        old, new, unknown = ms("2.4.0"), ms("2.9.1"), ms(None)
+        # 2.9: the score matrix and both matmuls in float32 (CUDA cores), casts of q, k, v up and of the output
+        # and the weights down; 2.4: all in float16 (no float32 softmax, unlike autocast's plan for other nodes)
+        assert new > unknown > old
+        # the 2.9 kernels: float32 on the math path's matmuls and softmax, five casts more than 2.4's
+        nc = {v: node_costs(g, get_device(dev), default_params(), autocast="float16", math_float32=v)
+              for v in (None, False, True)}
+        # (q, k, v up; output and weights down) and three of the safe softmax (eq, all, where)
+        assert nc[True].kernels.sum() - nc[False].kernels.sum() == pytest.approx(8.0)
+        assert not nc[True].tensor_core[[i for i in marked if g.nodes[i].op == "matmul"]].any()
+        assert nc[False].tensor_core[[i for i in marked if g.nodes[i].op == "matmul"]].all()
+        # a model cast to float16 (no autocast): the same version rule
+        h = _window_graph("float16")
+        assert ms("2.9.1", None, h) > ms("2.4.0", None, h) == pytest.approx(ms(None, None, h))
+        # a float32 model without autocast runs its math path in float32 in every version; from 2.5 with the safe
+        # softmax's three kernels more
+        assert ms("2.9.1", None) > ms("2.4.0", None) == pytest.approx(ms(None, None))
+        f32 = {v: node_costs(g, get_device(dev), default_params(), math_float32=v) for v in (False, True)}
+        assert f32[True].kernels.sum() - f32[False].kernels.sum() == pytest.approx(3.0)
+        # a graph captured before the marking (no attrs["sdpa_math"]) is priced as before in every version
+        d = g.to_dict()
+        for nd in d["nodes"]:
+            nd["attrs"].pop("sdpa_math", None)
+        unmarked = OperatorGraph.from_dict(d)
+        assert ms("2.9.1", graph=unmarked) == pytest.approx(ms("2.4.0", graph=unmarked)) == pytest.approx(unknown)
+        # stacked estimates price it as single ones
+        dep = Deployment(framework="torch-2", autocast="float16", versions={"torch": "2.9.1"})
+        many = [e.latency_ms for e in estimate_many([g, _graph(causal=False)], dev, deployment=dep)]
+        assert many[0] == pytest.approx(estimate(g, dev, deployment=dep).latency_ms, rel=1e-12)
+
+
+def test_undescribed_deployment_prices_the_math_path_in_the_running_torch_version() -> None:
+    from dippm_nas import Deployment
+    from dippm_nas.deployment import running_torch
+    from dippm_nas.prior import estimate
+
+    g = _window_graph("float16")
+    proc = running_torch()
+    assert proc is not None and Deployment().resolve().torch_version == proc.version
+    described = Deployment(framework="torch-2", versions={"torch": proc.version}, tf32_matmul=proc.tf32_matmul,
+                           tf32_conv=proc.tf32_conv)
+    assert estimate(g, "rtx-4090", deployment=Deployment()).gpu_busy_ms == pytest.approx(
+        estimate(g, "rtx-4090", deployment=described).gpu_busy_ms)
+    # a framework named without a version leaves the math path as the graph holds it
+    assert Deployment(framework="torch-2").resolve().torch_version is None
