@@ -380,9 +380,10 @@ class ResolvedSettings:
 
     @property
     def kernel_key(self) -> tuple[Any, ...]:
-        """What the kernel times depend on besides the graph (the host does not move them)."""
+        """What the kernel times depend on besides the graph (of the host only its framework, which decides whether a
+        linear layer's bias add is a kernel: :func:`~dippm_nas.prior._nodes.gemm_epilogue`)."""
         return (self.device.id, id(self.params), self.tf32_conv, self.tf32_matmul, self.channels_last, self.autocast,
-                self.math_float32)
+                self.math_float32, self.host.framework)
 
 
 def resolved_settings(device: Device | str, *, tf32_conv: bool = True, tf32_matmul: bool = False,

@@ -130,7 +130,7 @@ def _prepare(rows: Sequence[HostRow], params: PriorParams) -> list[_Prepared]:
         if dev.kind != "gpu":
             raise InvalidValueError(f"host rows must be measured on a GPU, got device {dev.id!r} ({dev.kind})")
         f = graph_facts(r.graph)
-        c = node_costs(r.graph, dev, params)
+        c = node_costs(r.graph, dev, params, host=r.execution.host)  # its framework: a GEMM bias a kernel or not
         issued = (f.active & ~f.fused & ~f.internal) | (f.view & ~f.inner_view)
         out.append(_Prepared(gpu_us=c.gpu_us, kind=np.where(issued, f.host_kind, -1),
                              module=issued & f.module_call & ~f.view,

@@ -38,7 +38,7 @@ from dippm_nas.prior._params import CONTRACTION_CLASSES, PARAM_CLASSES, PriorPar
 from dippm_nas.prior._resize import serial_loop_us, serial_resize_loops
 from dippm_nas.prior._sdpa import AttentionShape, attention_shape, math_path_score_bytes, mma_share, sdpa_backend_codes
 
-__all__ = ["NodeCosts", "node_costs", "facts_costs", "KernelTerms", "kernel_terms", "retimed", "host_times", "costs_of_terms", "check_autocast", "kernel_time_us", "wave_efficiency", "contraction_tiles", "param_class",
+__all__ = ["NodeCosts", "node_costs", "facts_costs", "KernelTerms", "kernel_terms", "gemm_epilogue", "retimed", "host_times", "costs_of_terms", "check_autocast", "kernel_time_us", "wave_efficiency", "contraction_tiles", "param_class",
            "GraphFacts", "graph_facts", "graph_facts_many", "clear_graph_facts"]
 
 
@@ -228,6 +228,7 @@ class GraphFacts:
     active: np.ndarray           # bool: launches kernels (not constant, not a view)
     view: np.ndarray             # bool: a view (host dispatch only)
     fused: np.ndarray            # bool: bias add run inside the preceding conv/matmul call
+    gemm_bias: np.ndarray        # bool: such a bias add after a GEMM (matmul class): cuBLASLt's bias epilogue, no kernel
     inner_view: np.ndarray       # bool: a view taken inside another operator's dispatch (no host time of its own):
     #                              a roll's slices, an unbind's squeezes
     internal: np.ndarray         # bool: a kernel launched inside the preceding operator's dispatch (a roll's later dim)
@@ -653,6 +654,7 @@ def graph_facts_many(graphs: Sequence[OperatorGraph]) -> list[GraphFacts]:
 
 
 _OP_CLASS_CONTRACTION = np.array([c in CONTRACTION_CLASSES for c in OP_CLASSES] + [False])  # by node_columns code
+_OP_CLASS_MATMUL = np.array([c == "matmul" for c in OP_CLASSES] + [False])
 _DT_NAMES = list(_DT_CODE)
 
 
@@ -697,6 +699,7 @@ def _facts_of(graphs: list[OperatorGraph]) -> list[GraphFacts]:
     p = src[e]
     op_class = np.concatenate([c["op_class"] for c in cols])
     fused[dst[e][_OP_CLASS_CONTRACTION[op_class[p]] & (out_deg[p] == 1)]] = True
+    gemm_bias = _gemm_biases(nodes, preds, dst[e], p, _OP_CLASS_MATMUL[op_class[p]] & (out_deg[p] == 1), n)
     hard_inner, hard_extra = _hard_activations(nodes, preds, succ, np.flatnonzero(rows[:, _R_ADD_SCALAR] > 0))
     hard_inner |= _vector_norms(nodes, succ) & active
     dtype = rows[:, _R_DTYPE].astype(np.int64)
@@ -717,7 +720,7 @@ def _facts_of(graphs: list[OperatorGraph]) -> list[GraphFacts]:
         ea, eb = int(eoffs[j]), int(eoffs[j + 1])
         out.append(GraphFacts(
             classes=tuple(names[a:b]), cls_idx=cls_idx[a:b], host_kind=host[a:b], active=active[a:b],
-            view=view[a:b], fused=fused[a:b], inner_view=inner[a:b], internal=internal[a:b],
+            view=view[a:b], fused=fused[a:b], gemm_bias=gemm_bias[a:b], inner_view=inner[a:b], internal=internal[a:b],
             hard_inner=hard_inner[a:b], hard_extra_bytes=hard_extra[a:b], module_call=module[a:b], conv=conv[a:b],
             contraction=contraction[a:b], dtype=dtype[a:b], flops=flops[a:b], bytes=nbytes[a:b],
             act_bytes=act[a:b], reduction_k=red[a:b],
@@ -728,6 +731,20 @@ def _facts_of(graphs: list[OperatorGraph]) -> list[GraphFacts]:
 
 
 _RESHAPES = frozenset({"reshape", "flatten", "nn.batch_flatten"})
+
+
+def _gemm_biases(nodes: Sequence[OpNode], preds: "_Adjacency", adds: np.ndarray, producers: np.ndarray,
+                 gemm: np.ndarray, n: int) -> np.ndarray:
+    """Per node, whether it is a fused bias add (``adds``, each with its contraction producer in ``producers``)
+    that eager runs inside its GEMM: ``F.linear`` of a contiguous input calls ``addmm`` on the flattened input,
+    whose cuBLASLt call adds the bias in the GEMM's epilogue (PyTorch >= 1.12 with CUDA >= 11.4; no kernel of its
+    own). A GEMM whose activation is a permuted view (non-contiguous: Twins' window partition) goes through
+    ``matmul`` and a separate ``add_``, as does a convolution's bias after cuDNN's call."""
+    out = np.zeros(n, dtype=bool)
+    for d, q in zip(adds[gemm].tolist(), producers[gemm].tolist()):
+        src = [nodes[j] for j in preds[q] if not nodes[j].is_constant]
+        out[d] = not any(s.op == "permute_dims" and _moves_data(s) for s in src)
+    return out
 
 
 def _moves_data(permute: OpNode) -> bool:
@@ -828,6 +845,10 @@ def node_costs(
         math_float32: the nodes of an SDPA math path (``attrs["sdpa_math"]``) run in float32 with their casts
             (PyTorch >= 2.5), ``False``: in their inputs' dtype (PyTorch <= 2.4), both without autocast's casts;
             ``None`` (the torch version unknown): as any other node (:mod:`~dippm_nas.prior._math_path`).
+
+    A linear layer's bias add costs no kernel on a GPU (cuBLASLt's bias epilogue in ``addmm``) unless ``host``'s
+    framework is ``"torch-1"`` (PyTorch 1.x, whose CUDA 10 builds copy the bias into the output in a kernel of
+    its own).
     """
     return facts_costs(graph_facts(graph), graph, device, params, tf32_conv=tf32_conv, tf32_matmul=tf32_matmul,
                        channels_last=channels_last, host=host, autocast=autocast, math_float32=math_float32)
@@ -840,7 +861,8 @@ def facts_costs(f: Any, graph: Any, device: Device, params: PriorParams, *, tf32
     graphs (:class:`~dippm_nas.prior.StackedFacts`, ``graph`` unused), whose nodes are timed in one pass of
     array operations (every term is per node)."""
     k = kernel_terms(f, graph, device, params, tf32_conv=tf32_conv, tf32_matmul=tf32_matmul,
-                     channels_last=channels_last, autocast=autocast, math_float32=math_float32)
+                     channels_last=channels_last, autocast=autocast, math_float32=math_float32,
+                     gemm_epilogue=gemm_epilogue(host))
     return costs_of_terms(f, k, device, params, host_times(f, k, device, params, host))
 
 
@@ -943,10 +965,18 @@ class _KernelInputs:
     scale: Any
 
 
+def gemm_epilogue(host: HostProfile | None) -> bool:
+    """Whether eager ``F.linear`` adds its bias in the GEMM's epilogue (cuBLASLt through ``addmm``: PyTorch >=
+    1.12 built with CUDA >= 11.4) for a GPU driven by ``host``: not under ``"torch-1"`` (PyTorch 1.x, the CUDA 10
+    builds of the released 1.x rows), yes otherwise (``None``: the default host, PyTorch 2.x)."""
+    return host is None or host.framework != "torch-1"
+
+
 def kernel_terms(f: Any, graph: Any, device: Device, params: PriorParams, *, tf32_conv: bool = True,
                  tf32_matmul: bool = False, channels_last: bool = False, autocast: str | None = None,
-                 math_float32: bool | None = None) -> KernelTerms:
-    """The device side of :func:`facts_costs` (arguments as for :func:`node_costs`): kernel times per node."""
+                 math_float32: bool | None = None, gemm_epilogue: bool = True) -> KernelTerms:
+    """The device side of :func:`facts_costs` (arguments as for :func:`node_costs`): kernel times per node.
+    ``gemm_epilogue``: a linear layer's bias add runs inside its GEMM (:func:`gemm_epilogue`), no kernel."""
     check_autocast(autocast)
     n = len(f.classes)
     gpu = device.kind == "gpu"
@@ -960,6 +990,8 @@ def kernel_terms(f: Any, graph: Any, device: Device, params: PriorParams, *, tf3
     if params.fuse_hard_activations:
         act = act & ~f.hard_inner
         bytes_ = bytes_ - f.hard_extra_bytes
+    if gpu and gemm_epilogue:  # a GEMM's bias add runs in the GEMM's epilogue (cuBLASLt's, in addmm)
+        act = act & ~f.gemm_bias
     if plan is not None:
         bytes_ = bytes_ * plan.bytes_scale
         act_bytes = act_bytes * plan.bytes_scale

@@ -31,7 +31,8 @@ from dippm_nas.prior._estimate import (LEGACY_KEYWORDS, PriorEstimate, ResolvedS
                                        _pass_host_us, _runtime_costs, checked_facts_many, eager_kind, estimate,
                                        gpu_parts_key, legacy_keywords,
                                        resolved_settings, uses_cudnn)
-from dippm_nas.prior._nodes import KernelTerms, NodeCosts, costs_of_terms, host_times, kernel_terms, retimed
+from dippm_nas.prior._nodes import (KernelTerms, NodeCosts, costs_of_terms, gemm_epilogue, host_times, kernel_terms,
+                                    retimed)
 from dippm_nas.prior._sdpa import AttentionShape
 from dippm_nas.prior._memory import activation_liveness_many, gpu_memory_parts_many
 from dippm_nas.prior._power import node_activity, node_power_w, power_params_for, wait_power_w
@@ -39,7 +40,7 @@ from dippm_nas.prior._power import node_activity, node_power_w, power_params_for
 __all__ = ["StackedFacts", "CostStack", "Timelines", "estimate_many", "estimates_of", "stacked_timelines"]
 
 #: The per-node arrays of :class:`~dippm_nas.prior.GraphFacts` the node costs read.
-_ARRAYS = ("cls_idx", "active", "view", "fused", "inner_view", "internal", "hard_inner", "hard_extra_bytes",
+_ARRAYS = ("cls_idx", "active", "view", "fused", "gemm_bias", "inner_view", "internal", "hard_inner", "hard_extra_bytes",
            "host_kind", "module_call", "conv", "contraction", "dtype", "flops", "bytes", "act_bytes", "reduction_k")
 
 
@@ -243,7 +244,8 @@ class CostStack:
         if key not in self._kernels:
             self._kernels[key] = kernel_terms(self.facts, None, dev, r.params, tf32_conv=r.tf32_conv,
                                               tf32_matmul=r.tf32_matmul, channels_last=r.channels_last,
-                                              autocast=r.autocast, math_float32=r.math_float32)
+                                              autocast=r.autocast, math_float32=r.math_float32,
+                                              gemm_epilogue=gemm_epilogue(r.host))
         return self._kernels[key]
 
     @property
