@@ -260,14 +260,17 @@ class PredictorSource:
                 np.array([math.nan if x.latency_ms_std is None else float(x.latency_ms_std) for x in preds]))
 
     def checks(self, rows: np.ndarray, budget: float, confidence: float) -> list[Any]:
-        """``Budgets(latency_ms=budget, confidence=confidence, conformal=self.conformal)``'s latency check
-        (:class:`~dippm_nas.budgets.ChanceCheck`) of each row's current prediction."""
+        """``Budgets(latency_ms=budget, confidence=confidence, conformal=self.conformal, in_space=self.p)``'s latency
+        check (:class:`~dippm_nas.budgets.ChanceCheck`) of each row's current prediction: an adapted one is bounded
+        with its adaptation's in-space scores when there are enough for the confidence, else with ``conformal``."""
         b = self._budgets.get((budget, confidence))
         if b is None:
             from dippm_nas.budgets import Budgets
 
-            b = self._budgets[(budget, confidence)] = Budgets(latency_ms=budget, confidence=confidence,
-                                                              conformal=self.conformal)
+            # an adapted prediction reads its adaptation's in-space scores (Budgets.in_space) where they suffice
+            b = self._budgets[(budget, confidence)] = Budgets(
+                latency_ms=budget, confidence=confidence, conformal=self.conformal,
+                in_space=self.p if hasattr(self.p, "adaptation") else None)
         return [b.check(x)["latency_ms"] for x in self.predictions(rows)]
 
     def reveal(self, rows: np.ndarray, measured_ms: np.ndarray) -> None:
