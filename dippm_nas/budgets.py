@@ -34,7 +34,14 @@ calibration (:mod:`dippm_nas.conformal`; the file ``<checkpoint>.conformal.json`
 :meth:`Budgets.for_predictor`) for the prediction's regime, so that ``P(true <= budget) >= confidence`` on the rows
 the calibration measured. Without a calibration (or one without the figure) the Gaussian quantile of
 ``confidence`` is used, and the check's ``labels`` say so (``conformal_fallback_<figure>``), as they do when a
-regime had too few calibration rows and a wider one answered. ``k_sigma`` still applies where ``confidence`` is
+regime had too few calibration rows and a wider one answered. An **adapted** prediction (``details`` carry
+``adaptation_version``) is bounded instead with the in-space scores of its adaptation
+(:attr:`~dippm_nas.predictor.Adaptation.conformal_scores`: its own measured rows, each predicted out of sample),
+read from :attr:`Budgets.in_space` (the predictor, attached by :meth:`Budgets.for_predictor`), when there are enough
+of them for the confidence (``ceil((n + 1) c) <= n``: 9 at 0.9); the check's ``labels`` then say
+``conformal_regime_<figure> = "in-space"`` (and ``conformal_in_space_rows_<figure>``). Fewer scores, or an
+adaptation other than the prediction's, fall back to the checkpoint's calibration, labelled
+``conformal_in_space_fallback_<figure>``. ``k_sigma`` still applies where ``confidence`` is
 ``None`` (the default).
 
 The constraint value handed to a sampler keeps Optuna's convention: ``mean + k * std - budget`` in the
@@ -53,7 +60,8 @@ from typing import Any
 
 from dippm_nas._logging import WarnOnce
 from dippm_nas._numbers import as_real
-from dippm_nas.conformal import ConformalCalibration, check_confidence, conformal_for, regime_of
+from dippm_nas.conformal import (IN_SPACE_REGIME, ConformalCalibration, ConformalMargin, check_confidence,
+                                 conformal_for, in_space_margin, regime_of)
 from dippm_nas.devices import resolve_device
 from dippm_nas.errors import BudgetError, CheckpointError, DippmNasError
 
@@ -170,6 +178,9 @@ class Budgets:
             unused. ``None`` (default): the ``k_sigma`` rule.
         conformal: the :class:`~dippm_nas.conformal.ConformalCalibration` (or the path of its JSON file) the
             ``confidence`` bounds read; ``None``: the checkpoint's own, attached by :meth:`for_predictor`.
+        in_space: where the in-space scores of an adapted prediction are read at each check (module docstring): an
+            :class:`~dippm_nas.predictor.Adaptation`, or a predictor whose ``adaptation`` attribute is the active
+            one (attached by :meth:`for_predictor`); ``None``: the checkpoint's calibration for every prediction.
 
     Raises:
         BudgetError: a budget that is not a finite number > 0, a ``k_sigma`` that is negative or not
@@ -194,6 +205,7 @@ class Budgets:
     max_batch: float | None = None
     confidence: float | None = None
     conformal: Any = None
+    in_space: Any = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         for name in BUDGET_FIGURES:
@@ -217,6 +229,10 @@ class Budgets:
                     raise BudgetError(f"conformal must be a ConformalCalibration, the path of its JSON file or None, "
                                       f"got {type(self.conformal).__name__}")
                 object.__setattr__(self, "conformal", ConformalCalibration.load(self.conformal))
+        if self.in_space is not None and not hasattr(self.in_space, "conformal_scores") \
+                and not hasattr(self.in_space, "adaptation"):
+            raise BudgetError(f"in_space must be an Adaptation (with conformal_scores), a predictor with an "
+                              f"'adaptation' attribute, or None, got {type(self.in_space).__name__}")
 
     def __hash__(self) -> int:
         return hash((*(getattr(self, n) for n in BUDGET_FIGURES), self.mig_profile, self.k_sigma,
@@ -251,7 +267,9 @@ class Budgets:
     def for_predictor(self, predictor: Any) -> "Budgets":
         """These budgets with the conformal calibration of ``predictor``'s checkpoint attached where
         ``confidence`` is set and none is (``<checkpoint>.conformal.json``, when it exists; else unchanged and
-        each check flags the Gaussian fallback).
+        each check flags the Gaussian fallback), and ``predictor`` as :attr:`in_space` (where none is set and it
+        has an ``adaptation`` attribute): its adapted predictions are bounded with its active adaptation's
+        in-space scores.
 
         Raises:
             CheckpointError: the calibration given, or the file next to the checkpoint, is of another checkpoint,
@@ -259,6 +277,8 @@ class Budgets:
         """
         if self.confidence is None:
             return self
+        if self.in_space is None and hasattr(predictor, "adaptation"):
+            return dataclasses.replace(self, in_space=predictor).for_predictor(predictor)
         sha = predictor.checkpoint_hash() if callable(getattr(predictor, "checkpoint_hash", None)) else None
         if self.conformal is not None:
             if sha is not None and self.conformal.checkpoint_sha256 != sha:
@@ -395,13 +415,39 @@ class Budgets:
         """The conformal ``k`` of figure ``name`` at :attr:`confidence` for ``prediction``'s regime, with its
         labels; the Gaussian quantile, flagged, without a calibration of the figure."""
         assert self.confidence is not None
+        m, labels = self._in_space_margin(name, prediction, minimum)
+        if m is not None:
+            return m.k, {**m.labels(name), f"conformal_in_space_rows_{name}": str(m.rows)}
         cal = self.conformal
         if cal is None or name not in cal.figures:
             why = "no conformal calibration" if cal is None else f"the conformal calibration has no {name}"
             return NormalDist().inv_cdf(self.confidence), {
-                f"conformal_fallback_{name}": f"{why}: the Gaussian quantile of confidence {self.confidence:g}"}
+                **labels, f"conformal_fallback_{name}": f"{why}: the Gaussian quantile of confidence "
+                                                         f"{self.confidence:g}"}
         m = cal.margin(name, self.confidence, regime_of(prediction), minimum=minimum)
-        return m.k, m.labels(name)
+        return m.k, {**labels, **m.labels(name)}
+
+    def _in_space_margin(self, name: str, prediction: Any, minimum: bool
+                         ) -> tuple[ConformalMargin | None, dict[str, str]]:
+        """The in-space margin of an adapted ``prediction`` (module docstring), or ``None`` with the label saying
+        why not (no label for an unadapted prediction or without :attr:`in_space`)."""
+        details = getattr(prediction, "details", {}) or {}
+        if self.in_space is None or "adaptation_version" not in details:
+            return None, {}
+        src = self.in_space
+        ad = src if hasattr(src, "conformal_scores") else getattr(src, "adaptation", None)
+        key = f"conformal_in_space_fallback_{name}"
+        if ad is None or (float(details["adaptation_version"]), float(details.get("adaptation_rows", -1))) \
+                != (float(ad.version), float(ad.rows)):
+            return None, {key: "the prediction's adaptation is not the one in_space holds: the checkpoint's "
+                               "calibration answers"}
+        scores = ad.conformal_scores.get(name, [])
+        m = in_space_margin(scores, self.confidence, minimum=minimum)
+        if m is None:
+            return None, {key: f"{len(scores)} in-space scores are too few for confidence {self.confidence:g} "
+                               f"(ceil((n + 1) c) <= n needs more): the checkpoint's calibration answers"}
+        assert m.regime == IN_SPACE_REGIME
+        return m, {}
 
     def constraint_values(self, prediction: Any) -> dict[str, float]:
         """``{figure: mean + k * std - budget}`` (Optuna's convention: ``<= 0`` feasible; ms, J, MiB)."""

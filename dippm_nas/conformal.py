@@ -18,6 +18,13 @@ no setting assumed: ``labels["deployment_assumed"] == ""``), ``adapted`` / ``not
 confidence asked (``ceil((n + 1) c) > n``), falls back to the wider one: its adaptation state dropped first, then
 the deployment, then everything (``*|*|*``); the check says so in its ``labels``.
 
+**In-space scores.** An adapted prediction (``predictor.adapt(rows)``) is checked, where its adaptation keeps enough
+out-of-sample scores of its own rows (:attr:`~dippm_nas.predictor.Adaptation.conformal_scores`: each row predicted
+by factors and head fitted without its group), with the conformal quantile of those scores
+(:func:`in_space_margin`; regime :data:`IN_SPACE_REGIME`): the search's own validated rows, not the checkpoint's
+calibration rows of other spaces. ``n`` scores answer a confidence ``c`` when ``ceil((n + 1) c) <= n`` (9 at 0.9,
+19 at 0.95); fewer fall back to the checkpoint's calibration, labelled.
+
 The file lies next to the checkpoint (:func:`conformal_path`: ``<checkpoint>.conformal.json``) with the SHA-256 of
 the checkpoint it was fitted for, the scores per regime and, per regime and confidence, the coverage measured on
 rows kept out of the scores (``coverage``): what ``P(true <= bound)`` was on them. A file without coverage, of
@@ -30,6 +37,7 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from numbers import Real
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +48,8 @@ from dippm_nas.errors import BudgetError, CheckpointError, InvalidValueError
 
 __all__ = ["ConformalCalibration", "ConformalMargin", "CONFORMAL_FORMAT", "MIN_REGIME_ROWS", "WIDEST_REGIME",
            "check_confidence", "conformal_path", "regime_of", "wider_regimes", "conformal_score",
-           "fit_conformal", "conformal_for", "CONFIDENCES"]
+           "fit_conformal", "conformal_for", "CONFIDENCES", "IN_SPACE_REGIME", "in_space_margin",
+           "check_in_space_scores"]
 
 #: Version of the JSON form.
 CONFORMAL_FORMAT = 1
@@ -48,6 +57,8 @@ CONFORMAL_FORMAT = 1
 MIN_REGIME_ROWS = 30
 #: The regime every row belongs to.
 WIDEST_REGIME = "*|*|*"
+#: The regime label of a margin read from an adaptation's own out-of-sample scores (:func:`in_space_margin`).
+IN_SPACE_REGIME = "in-space"
 #: Confidences whose held-out coverage a fit records.
 CONFIDENCES: tuple[float, ...] = (0.5, 0.8, 0.9, 0.95)
 
@@ -113,6 +124,43 @@ def _quantile(scores: Sequence[float], confidence: float) -> float:
     if n == 0 or k > n:
         return math.inf
     return sorted(scores)[k - 1]
+
+
+def check_in_space_scores(scores: Any, what: str = "conformal_scores") -> dict[str, list[float]]:
+    """``{figure: [score, ...]}`` of an adaptation's in-space scores, checked: a mapping of figure names to lists
+    of finite numbers.
+
+    Raises:
+        InvalidValueError: anything else, naming the entry.
+    """
+    if not isinstance(scores, Mapping):
+        raise InvalidValueError(f"{what} must map figure names to lists of scores, got {type(scores).__name__}")
+    out: dict[str, list[float]] = {}
+    for fig, vals in scores.items():
+        if not isinstance(fig, str) or isinstance(vals, (str, bytes, Mapping)) or not hasattr(vals, "__iter__"):
+            raise InvalidValueError(f"{what}[{fig!r}] must be a list of finite numbers, got {type(vals).__name__}")
+        vals = list(vals)
+        if any(isinstance(v, bool) or not isinstance(v, Real) or not math.isfinite(v) for v in vals):
+            raise InvalidValueError(f"{what}[{fig!r}] must hold finite numbers only, got {vals[:5]!r:.200}")
+        out[fig] = [float(v) for v in vals]
+    return out
+
+
+def in_space_margin(scores: Sequence[float], confidence: float, *, minimum: bool = False) -> "ConformalMargin | None":
+    """The margin at ``confidence`` read from in-space scores (module docstring): the ``ceil((n + 1) c)``-th
+    smallest score (of their negatives for a minimum), regime :data:`IN_SPACE_REGIME`; ``None`` when ``n`` scores
+    are too few for ``c`` (``ceil((n + 1) c) > n``).
+
+    Raises:
+        BudgetError: a confidence outside (0, 1).
+        InvalidValueError: scores that are not finite numbers.
+    """
+    c = check_confidence(confidence)
+    s = check_in_space_scores({"scores": scores})["scores"]
+    q = _quantile(sorted(-v for v in s) if minimum else s, c)
+    if not math.isfinite(q):
+        return None
+    return ConformalMargin(q, IN_SPACE_REGIME, IN_SPACE_REGIME, False, len(s))
 
 
 @dataclass(frozen=True)

@@ -260,14 +260,17 @@ class PredictorSource:
                 np.array([math.nan if x.latency_ms_std is None else float(x.latency_ms_std) for x in preds]))
 
     def checks(self, rows: np.ndarray, budget: float, confidence: float) -> list[Any]:
-        """``Budgets(latency_ms=budget, confidence=confidence, conformal=self.conformal)``'s latency check
-        (:class:`~dippm_nas.budgets.ChanceCheck`) of each row's current prediction."""
+        """``Budgets(latency_ms=budget, confidence=confidence, conformal=self.conformal, in_space=self.p)``'s latency
+        check (:class:`~dippm_nas.budgets.ChanceCheck`) of each row's current prediction: an adapted one is bounded
+        with its adaptation's in-space scores when there are enough for the confidence, else with ``conformal``."""
         b = self._budgets.get((budget, confidence))
         if b is None:
             from dippm_nas.budgets import Budgets
 
-            b = self._budgets[(budget, confidence)] = Budgets(latency_ms=budget, confidence=confidence,
-                                                              conformal=self.conformal)
+            # an adapted prediction reads its adaptation's in-space scores (Budgets.in_space) where they suffice
+            b = self._budgets[(budget, confidence)] = Budgets(
+                latency_ms=budget, confidence=confidence, conformal=self.conformal,
+                in_space=self.p if hasattr(self.p, "adaptation") else None)
         return [b.check(x)["latency_ms"] for x in self.predictions(rows)]
 
     def reveal(self, rows: np.ndarray, measured_ms: np.ndarray) -> None:
@@ -370,6 +373,9 @@ class StudyResult:
     #: the share whose prediction is in an adapted regime
     margin_k_mean: float = math.nan
     adapted_regime_share: float = math.nan
+    #: of those final checks, the share bounded with the adaptation's in-space scores (``Budgets.in_space``: enough
+    #: validated rows for the confidence) rather than the checkpoint's calibration
+    in_space_share: float = math.nan
 
 
 @dataclass
@@ -533,6 +539,8 @@ def _budget_diagnostics(table: Table, source: LatencySource, st: _State, budget:
         res.margin_k_mean = float(np.mean([c.k_sigma for c in checks]))
         res.adapted_regime_share = float(np.mean([regime_of(x).endswith("|adapted")
                                                   for x in source.predictions(rows)]))
+        res.in_space_share = float(np.mean([c.labels.get("conformal_regime_latency_ms") == "in-space"
+                                            for c in checks]))
     admitted_rule = _bounds(source, rows, mean, std, {}, budget, rule) <= budget
     if admitted_rule.any():
         res.over_admitted_share = float(np.mean(~fits[admitted_rule]))
@@ -612,7 +620,7 @@ def summarise(results: Sequence[StudyResult]) -> dict[str, dict[str, float]]:
         for name in ("network_rounds_share", "prequential_log_err", "fit_rejected_share",
                      "fit_rejected_share_mean_only", "over_admitted_share_mean_only", "over_admitted_share",
                      "margin_k_mean",
-                     "adapted_regime_share"):
+                     "adapted_regime_share", "in_space_share"):
             vals = [getattr(r, name) for r in rs if math.isfinite(getattr(r, name))]
             if vals:
                 out[m][f"{name}_mean"] = float(np.mean(vals))

@@ -52,6 +52,7 @@ from typing import Any
 import numpy as np
 
 from dippm_nas._json import canonical_json, loads_json
+from dippm_nas.conformal import check_in_space_scores
 from dippm_nas.deployment import Deployment
 from dippm_nas.devices import HostProfile, default_host_profile, resolve_device
 from dippm_nas.errors import DippmNasError, InvalidValueError
@@ -174,6 +175,8 @@ class ResidualHead:
         lo, hi: ``[K, hidden]``, the standardised inputs' range on the rows; ``bound``: the largest |shift|.
         shrink: the share ``w`` of the fitted head kept (``weight`` and ``bias`` are already scaled by it): the
             out-of-group evidence for it (0 without a head).
+        oog_shift: ``[n]`` each row's log shift by the head fitted without its group (``None``: no head); the
+            in-space conformal scores read it (not stored).
     """
 
     target: str
@@ -189,6 +192,7 @@ class ResidualHead:
     hi: np.ndarray
     bound: float
     shrink: float = 1.0
+    oog_shift: np.ndarray | None = field(default=None, repr=False, compare=False)
 
     def members(self, hidden: np.ndarray) -> np.ndarray:
         """Each member's head on its hidden layer ``[K, G, hidden]``: ``[K, G]`` log shifts (zeros without a head)."""
@@ -256,7 +260,7 @@ def fit_residual_head(target: str, hidden: np.ndarray, resid: np.ndarray, *,
     weight, bias = coef[:, :h], coef[:, h]
     bound = SHIFT_MARGIN * float(np.max(np.abs(r)))
     return ResidualHead(target, lam, choice.rmse_log, none_rmse, n, mean, std, weight, bias,
-                        z.min(1), z.max(1), bound, choice.shrink)
+                        z.min(1), z.max(1), bound, choice.shrink, choice.oog_shift)
 
 
 @dataclass(frozen=True)
@@ -279,6 +283,12 @@ class Adaptation:
             embedding clusters left fewer than half the rows with a fit of the others), ``factors_kept`` (per target: did
             the factor calibration win out of group), ``dtypes`` (the precision it was fitted on and applies to,
             :meth:`applies_to`) and ``rows_other_dtypes`` (measured rows of other precisions left out of the fit).
+        conformal_scores: ``{target: [s, ...]}``, the in-space conformal scores of its rows (:mod:`dippm_nas.conformal`):
+            ``s = log(measured / predicted) / sigma_log`` with the prediction of each row made by the factors fitted
+            without its group (where the factors are kept; else the unadapted prediction) plus the head fitted
+            without its group (where a head is kept), and ``sigma_log`` the adapted prediction's own σ of that row.
+            ``Budgets(..., confidence=c)`` reads them for its adapted predictions when there are enough for ``c``.
+            Empty for a version stored without them.
     """
 
     key: AdaptationKey
@@ -290,6 +300,11 @@ class Adaptation:
     created_at: float = field(default_factory=time.time)
     rows_ignored: int = 0
     guard: dict[str, Any] = field(default_factory=dict)
+    conformal_scores: dict[str, list[float]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "conformal_scores", check_in_space_scores(self.conformal_scores,
+                                                                           "Adaptation.conformal_scores"))
 
     @property
     def has_heads(self) -> bool:
@@ -334,7 +349,7 @@ class Adaptation:
                 "created_at": self.created_at,
                 "calibration": None if self.calibration is None else dataclasses.asdict(self.calibration),
                 "heads": [h.scalars() for h in self.heads.values()], "rows_ignored": self.rows_ignored,
-                "guard": self.guard}
+                "guard": self.guard, "conformal_scores": self.conformal_scores}
 
     def arrays_npz(self) -> bytes:
         """The heads' arrays as an ``.npz`` (plain float64 arrays; read with ``allow_pickle=False``)."""
@@ -404,7 +419,8 @@ class Adaptation:
         return cls(key=AdaptationKey(**key),
                    checkpoint_sha256=str(d["checkpoint_sha256"]), rows=_int(d["rows"]), calibration=cal, heads=heads,
                    version=_int(d["version"]), created_at=float(d["created_at"]),
-                   rows_ignored=_int(d.get("rows_ignored", 0)), guard=_guard(d.get("guard")))
+                   rows_ignored=_int(d.get("rows_ignored", 0)), guard=_guard(d.get("guard")),
+                   conformal_scores=check_in_space_scores(d.get("conformal_scores", {})))
 
 
 def _shrink(v: Any) -> float:
@@ -572,7 +588,7 @@ def fit_adaptation(predictor: Any, rows: Sequence[tuple[OperatorGraph, Mapping[s
     targets = list(predictor.meta.targets)
     saved = (predictor.calibration, predictor.adaptation)
     with predictor.one_network_pass(graphs):
-        _, hidden = predictor.member_outputs(graphs)
+        member_out, hidden = predictor.member_outputs(graphs)
         groups = row_groups([g.source for g in graphs], np.asarray(hidden, dtype=np.float64).mean(0))
         try:
             raw = _predict_with(predictor, graphs, None, deployment)
@@ -602,8 +618,41 @@ def fit_adaptation(predictor: Any, rows: Sequence[tuple[OperatorGraph, Mapping[s
              "factors_kept": {t: bool(v) for t, v in sorted(kept.items())},
              "dtypes": [graphs[0].spec.dtype], "rows_other_dtypes": other_dtypes}
     logger.debug("adaptation of %s on %d rows: %s", key, len(rows), guard)
-    return Adaptation(key=key, checkpoint_sha256=predictor.checkpoint_hash(), rows=len(rows), calibration=cal,
-                      heads=heads, guard=guard)
+    ad = Adaptation(key=key, checkpoint_sha256=predictor.checkpoint_hash(), rows=len(rows), calibration=cal,
+                    heads=heads, guard=guard)
+    adapted = apply_adaptation(ad, preds, member_out, hidden)
+    # out of sample: the factors fitted without the row's group where they are kept (else the unadapted network)
+    scores = {t: in_space_scores(rows, t, preds, oog if kept.get(t, False) and cal is not None else raw,
+                                 heads.get(t), adapted) for t in targets}
+    return dataclasses.replace(ad, conformal_scores={t: v for t, v in scores.items() if v})
+
+
+def in_space_scores(rows: Sequence[tuple[OperatorGraph, Mapping[str, float]]], target: str,
+                    preds: Sequence[Any], base: Sequence[Any | None], head: ResidualHead | None,
+                    adapted: Sequence[Any]) -> list[float]:
+    """The in-space conformal scores of ``target`` (:attr:`Adaptation.conformal_scores`): per labelled row,
+    ``log(measured / out-of-sample prediction) / sigma_log`` with the out-of-sample prediction ``base[i]`` (the
+    factors fitted without the row's group, or the unadapted prediction where the factors are not kept) shifted by
+    the head fitted without its group (``head.oog_shift``, in the order of the head's labelled rows), and
+    ``sigma_log`` the adapted prediction's own ``std / mean`` of the row (``preds``: the calibrated predictions the
+    head was fitted on, which tell the head's rows). Rows without a label, an out-of-sample
+    prediction or a σ give no score."""
+    shift = head.oog_shift if head is not None and head.ridge is not None else None
+    out: list[float] = []
+    j = -1  # position among the rows the head was fitted on (labelled, with a calibrated prediction)
+    for i, (_, y) in enumerate(rows):
+        labelled = target in y and getattr(preds[i], target) is not None
+        j += labelled
+        b = base[i]
+        bv = None if b is None else getattr(b, target)
+        a, sd = getattr(adapted[i], target), getattr(adapted[i], f"{target}_std")
+        if not labelled or bv is None or bv <= 0 or a is None or sd is None or a <= 0 or sd <= 0:
+            continue
+        log_pred = math.log(bv) + (float(shift[j]) if shift is not None and j < len(shift) else 0.0)
+        s = (math.log(y[target]) - log_pred) / (float(sd) / float(a))
+        if math.isfinite(s):
+            out.append(s)
+    return out
 
 
 def check_rows_key(measurements: Sequence[Any], key: AdaptationKey) -> None:

@@ -117,12 +117,14 @@ def _wins(gain: np.ndarray) -> bool:
 @dataclass(frozen=True)
 class HeadChoice:
     """What :func:`group_cv_head` chose: ``ridge`` (``None``: no head), the ``shrink`` ``w`` in (0, 1] the fitted
-    head is scaled by, and the out-of-group root mean square residual with it (``rmse_log``) and without a head."""
+    head is scaled by, and the out-of-group root mean square residual with it (``rmse_log``) and without a head;
+    ``oog_shift``: ``[n]`` each row's shift by the chosen head fitted without its group (shrunk; ``None``: no head)."""
 
     ridge: float | None
     shrink: float
     rmse_log: float
     rmse_none_log: float
+    oog_shift: np.ndarray | None = None
 
 
 def group_cv_head(x: np.ndarray, r: np.ndarray, groups: np.ndarray, grid: Sequence[float],
@@ -164,7 +166,7 @@ def group_cv_head(x: np.ndarray, r: np.ndarray, groups: np.ndarray, grid: Sequen
     err, j, w = best
     if not _wins(r ** 2 - (r - w * f[j]) ** 2):
         return HeadChoice(None, 0.0, none_rmse, none_rmse)
-    return HeadChoice(float(grid[j]), w, math.sqrt(err), none_rmse)
+    return HeadChoice(float(grid[j]), w, math.sqrt(err), none_rmse, w * f[j])
 
 
 def keep_targets(raw_resid: dict[str, np.ndarray], oog_resid: dict[str, np.ndarray]) -> dict[str, bool]:

@@ -416,3 +416,29 @@ def test_an_adaptation_is_of_one_precision_and_leaves_the_others_unadapted() -> 
     preds = p.predict_graphs(gs[20:30], mig=False)
     np.testing.assert_allclose([x.latency_ms for x in preds], raw, rtol=1e-9)
     assert all(x.details["adaptation_other_dtype"] == 1.0 for x in preds)
+
+
+def test_adapt_keeps_out_of_sample_scores_that_budgets_read_in_space(tmp_path: Path) -> None:
+    from dippm_nas.budgets import Budgets
+
+    p = _predictor()
+    gs = _graphs()
+    y = _truth(p, gs)
+    rows = _rows(gs[:40], y[:40])
+    ad = p.adapt(rows, persist=False)
+    s = ad.conformal_scores["latency_ms"]
+    assert 30 <= len(s) <= 40 and all(math.isfinite(v) for v in s)
+    # out of sample: the scores are not the in-sample residuals over σ (those of the fitted adaptation itself)
+    fitted = p.predict_graphs(gs[:40], mig=False)
+    insample = [math.log(t / x.latency_ms) / (x.latency_ms_std / x.latency_ms) for x, t in zip(fitted, y[:40])]
+    assert np.mean(np.abs(s)) > np.mean(np.abs(insample)) * 0.999
+    b = Budgets(latency_ms=float(np.median(y)), confidence=0.9).for_predictor(p)
+    chk = b.check(p.predict_graphs(gs[40:41], mig=False)[0])["latency_ms"]
+    assert chk.labels["conformal_regime_latency_ms"] == "in-space"
+    assert chk.k_sigma == pytest.approx(sorted(s)[math.ceil((len(s) + 1) * 0.9) - 1])
+    # stored: the version read back carries them
+    url = f"sqlite:///{tmp_path / 'a.db'}"
+    stored = p.adapt(rows, storage=url, space="mlp")
+    q = _predictor(load=True)
+    q.use_adaptation(storage=url, space="mlp")
+    assert q.refresh_adaptation().conformal_scores == stored.conformal_scores

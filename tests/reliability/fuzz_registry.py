@@ -184,6 +184,7 @@ CONSTANTS = _names("""
     validation.RESULTS_TABLE validation.SUMMARY_ATTR validation.UNKNOWN_UNCERTAINTY validation.GENERATION_SPACE
     validation.GENERATION_JOB_VERSION validation.GENERATION_ENGINES
     conformal.CONFIDENCES conformal.CONFORMAL_FORMAT conformal.MIN_REGIME_ROWS conformal.WIDEST_REGIME
+    conformal.IN_SPACE_REGIME
     llm.ADAPTED_CONSTANTS llm.INTERCONNECTS llm.SERVING_FIGURES optuna.SERVING_OBJECTIVES prior.PAGEABLE_FRESH_WEIGHT
     prior.PAGEABLE_STAGING_GBPS prior.PAGE_BYTES trial.GENERATION_ALIASES prior.SDPA_BACKENDS prior.MMA_SYNC_SHARE prior.MATH_PATH_FLOAT32_SINCE
     prior.DEFAULT_SCALE_KEY prior.GEFORCE_SCALE_KEY
@@ -260,7 +261,7 @@ GENERIC = _names("""
     training.scatter_png training.split_d0 training.split_fraction training.timm_family training.train_predictor
     training.write_report validation.device_is_here validation.torch_device_for validation.uncertainty_of
     conformal.check_confidence conformal.conformal_path conformal.wider_regimes conformal.conformal_score
-    conformal.fit_conformal llm.MeasuredServingRun llm.ServingConfig llm.ServingSLO llm.ServingTraffic
+    conformal.fit_conformal conformal.in_space_margin conformal.check_in_space_scores llm.MeasuredServingRun llm.ServingConfig llm.ServingSLO llm.ServingTraffic
     llm.TensorParallel llm.adapt_engine llm.shard_config mig.mig_fit_violations validation.measure_generation
     validation.generation_job_config validation.generation_skip_reason validation.predicted_generation
     prior.AllocatorConfig prior.AllocEvent prior.cublas_workspace_bytes prior.cublaslt_workspace_bytes
