@@ -205,7 +205,7 @@ class Budgets:
     max_batch: float | None = None
     confidence: float | None = None
     conformal: Any = None
-    in_space: Any = field(default=None, compare=False)
+    in_space: Any = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         for name in BUDGET_FIGURES:

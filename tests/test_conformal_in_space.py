@@ -127,3 +127,17 @@ def test_the_scores_travel_in_the_stored_form_and_an_old_version_reads_as_none()
     assert back.conformal_scores == ad.conformal_scores
     old = {k: v for k, v in meta.items() if k != "conformal_scores"}
     assert Adaptation._decode(old, ad.arrays_npz()).conformal_scores == {}
+
+
+def test_budgets_repr_leaves_the_attached_predictor_out() -> None:
+    """The predictor ``for_predictor`` attaches may hold a storage URL (with its password): the budgets' repr,
+    which errors and logs print, names the budgets only."""
+
+    class _Holder:
+        adaptation = None
+
+        def __repr__(self) -> str:
+            return "Holder(storage='postgresql://u:secret-pw@db/x')"
+
+    b = Budgets(latency_ms=10.0, confidence=0.9, in_space=_Holder())
+    assert "secret-pw" not in repr(b) and "latency_ms=10.0" in repr(b)
