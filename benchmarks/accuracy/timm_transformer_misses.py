@@ -113,7 +113,8 @@ def score_rows(rows: list[Any]) -> list[dict[str, Any]]:
         rec: dict[str, Any] = {"model": m["config"]["model"], "family": fam, "device": dev, "label_ms": lab}
         deps = field_deployments(described("timm", m))
         for name, dep in deps.items():
-            rec[f"field {name}"] = predict(mg.graph, dev, params=cs["unseen"], deployment=dep, mig=False).latency_ms / lab
+            pred = predict(mg.graph, dev, params=cs["unseen"], deployment=dep, mig=False)
+            rec[f"field {name}"] = pred.latency_ms / lab
         for cname, p in cs.items():
             for mode in ("described", "undescribed"):
                 rec[f"{cname} {mode}"] = predict(mg.graph, dev, params=p, deployment=deps[mode],

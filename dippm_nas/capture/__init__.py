@@ -27,6 +27,7 @@ from dippm_nas.capture._load import (
     read_onnx_file,
 )
 from dippm_nas.capture._source import SOURCE_KINDS, ModelSource, SourceKind, space_config_of
+from dippm_nas.capture._timm_results import RESULTS_CHANGES, has_results_form
 from dippm_nas.capture._key import converter_version, file_key, model_key, named_model_key
 from dippm_nas.capture._many import CaptureResult, capture_many
 from dippm_nas.capture._torch import MODES
@@ -36,4 +37,4 @@ __all__ = ["capture", "capture_many", "CaptureResult", "model_key", "file_key", 
            "assemble", "assemble_many", "assemble_chunks", "block_key", "supports_assembly", "space_config_of",
            "clear_block_memo", "SpaceItem", "BLOCK_MEMO_NODES", "PLACED_MEMO_NODES", "CacheArg",
            "ModelSource", "SourceKind", "SOURCE_KINDS", "load_model", "load_callable", "SPEC_FORMS", "check_onnx_file",
-           "read_onnx_file", "MAX_ONNX_BYTES"]
+           "read_onnx_file", "MAX_ONNX_BYTES", "RESULTS_CHANGES", "has_results_form"]

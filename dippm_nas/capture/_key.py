@@ -87,7 +87,7 @@ def _conversion_digest(extra: tuple[str, ...] = ()) -> str:
 #: SPEC prefixes whose model is fixed by the name and the installed library's version: the library's module and
 #: distribution
 _NAMED_LIBRARIES = {"torchvision": ("torchvision", "torchvision"), "timm": ("timm", "timm"),
-                    "timm-reparam": ("timm", "timm")}
+                    "timm-reparam": ("timm", "timm"), "timm-results": ("timm", "timm")}
 
 
 def _dist_version(module: str, *dists: str) -> str | None:
@@ -114,7 +114,8 @@ def _dist_version(module: str, *dists: str) -> str | None:
 
 
 def named_model_key(spec_string: str, spec: InputSpec) -> str | None:
-    """A cache key of a library model SPEC (``torchvision:NAME``, ``timm:NAME``, ``timm-reparam:NAME``) computed
+    """A cache key of a library model SPEC (``torchvision:NAME``, ``timm:NAME``, ``timm-reparam:NAME``,
+    ``timm-results:NAME``) computed
     without building the model or importing torch, TVM or the library: the SPEC, the input spec, the installed
     versions of the library, torch, TVM and dippm-nas (read from their distributions' metadata), the graph
     format and the digest of the conversion and SPEC-resolution code. A graph stored under it is the graph
@@ -131,7 +132,7 @@ def named_model_key(spec_string: str, spec: InputSpec) -> str | None:
     if any(v is None for v in versions):
         return None
     text = "|".join(["named", spec_string, *map(str, versions), __version__, str(GRAPH_FORMAT_VERSION),
-                     _conversion_digest(("spec.py", "capture/_load.py")), repr(sorted(spec.to_dict().items()))])
+                     _conversion_digest(("spec.py", "capture/_load.py", "capture/_timm_results.py")), repr(sorted(spec.to_dict().items()))])
     return "named-" + hashlib.sha256(text.encode()).hexdigest()
 
 

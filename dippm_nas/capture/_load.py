@@ -1,8 +1,8 @@
 """Model SPEC strings and ONNX files: the forms of a model that name it rather than hold it.
 
 ``load_model`` builds the ``nn.Module`` a SPEC string names (``torchvision:NAME``, ``timm:NAME``,
-``timm-reparam:NAME``, ``package.module:callable``) or checks the ONNX file it points to; ``load_callable``
-resolves ``package.module:callable`` without calling it. :class:`~dippm_nas.capture.ModelSource` parses
+``timm-reparam:NAME``, ``timm-results:NAME``, ``package.module:callable``) or checks the ONNX file it points to;
+``load_callable`` resolves ``package.module:callable`` without calling it. :class:`~dippm_nas.capture.ModelSource` parses
 every form a user hands in and calls these for the named ones.
 """
 
@@ -19,6 +19,7 @@ from typing import Any
 
 from dippm_nas._files import file_size, read_file
 from dippm_nas._optional import require
+from dippm_nas.capture._timm_results import results_form
 from dippm_nas.errors import ModelSpecError
 
 __all__ = ["MAX_ONNX_BYTES", "SPEC_FORMS", "check_onnx_file", "read_onnx_file", "load_model", "load_callable"]
@@ -61,6 +62,8 @@ SPEC_FORMS = (
     "torchvision:NAME (e.g. torchvision:resnet50)",
     "timm:NAME (e.g. timm:resnet18)",
     "timm-reparam:NAME (the timm model after timm's reparameterize_model, e.g. timm-reparam:mobileone_s0)",
+    "timm-results:NAME (the timm model as timm's published benchmark results timed it, "
+    "e.g. timm-results:hiera_base_224)",
     "a path to an .onnx file",
     "package.module:callable (a function or class returning an nn.Module)",
 )
@@ -77,7 +80,10 @@ def load_model(spec: str) -> "Any":
             ``package.module:callable``. ``timm-reparam:NAME`` is the inference form timm deploys and
             benchmarks with ``--reparam``: ``timm.utils.model.reparameterize_model`` fuses RepVGG/MobileOne
             branches and conv+BN pairs (RepVGG, MobileOne, FastViT, RepViT, RepGhost, LeViT...); for a
-            model without such modules it is the same model as ``timm:NAME``.
+            model without such modules it is the same model as ``timm:NAME``. ``timm-results:NAME`` is the model
+            timm's published ``benchmark-infer`` results timed: ``timm:NAME`` with the kernel changes timm made
+            since undone (:data:`~dippm_nas.capture._timm_results.RESULTS_CHANGES`; a model without any is the
+            same model as ``timm:NAME``).
 
     Returns:
         An ``nn.Module`` in eval mode, or a :class:`pathlib.Path` for an ONNX file.
@@ -109,7 +115,7 @@ def load_model(spec: str) -> "Any":
                 f"torchvision has no model {name!r}; choices include {', '.join(sorted(available)[:20])}, ..."
             )
         return tv_models.get_model(name, weights=None).eval()
-    if prefix in ("timm", "timm-reparam"):
+    if prefix in ("timm", "timm-reparam", "timm-results"):
         timm = require("timm", "vision", f"building {spec}")
         if not timm.is_model(name):
             raise ModelSpecError(f"timm has no model {name!r}; see timm.list_models() for the choices")
@@ -118,6 +124,8 @@ def load_model(spec: str) -> "Any":
             from timm.utils.model import reparameterize_model
 
             model = reparameterize_model(model, inplace=True).eval()
+        if prefix == "timm-results":
+            model = results_form(model, name)
         return model
     return _call_user_callable(spec, prefix, name)
 

@@ -17,12 +17,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "inspect",
         help="capture a model and print its operator graph (nodes, edges, ops, GFLOPs, params)",
-        description="Capture SPEC (torchvision:NAME, timm:NAME, timm-reparam:NAME, a .onnx file, or "
+        description="Capture SPEC (torchvision:NAME, timm:NAME, timm-reparam:NAME, timm-results:NAME, a .onnx file, or "
                     "package.module:callable) to a Relax operator graph and summarise it, once per --batch and "
                     "--dtype. --json prints a JSON list with one object per graph.",
     )
     p.add_argument("spec", metavar="SPEC",
-                   help="torchvision:NAME | timm:NAME | timm-reparam:NAME | path.onnx | package.module:callable")
+                   help="torchvision:NAME | timm:NAME | timm-reparam:NAME | timm-results:NAME | path.onnx | "
+                        "package.module:callable")
     add_input_args(p)
     p.add_argument("--no-cache", action="store_true", help="do not read or write the conversion cache")
     add_json_flag(p, "a list with one object per graph")

@@ -24,8 +24,8 @@ __all__ = ["register"]
 
 _DEFAULT_DEVICE = "a100-sxm4-40gb"
 
-_SPEC_HELP = ("torchvision:NAME | timm:NAME | timm-reparam:NAME | path.onnx | package.module:callable "
-              "(a SPEC is code: it is imported and run)")
+_SPEC_HELP = ("torchvision:NAME | timm:NAME | timm-reparam:NAME | timm-results:NAME | path.onnx | "
+              "package.module:callable (a SPEC is code: it is imported and run)")
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -554,6 +554,20 @@ def test_timm_importer_captures_the_reparameterised_form_the_pt291_runs_timed(
     assert convs == {"rtx-3090": 2, "rtx-4090": 1}
 
 
+def test_timm_importer_captures_hiera_as_the_published_results_ran_it(tmp_path: Path) -> None:
+    rows = [{**_timm_rows()[0], "model": "hiera_tiny_224", "source_file": source, "torch_version_tag": tag}
+            for source, tag in (("results/benchmark-infer-amp-nchw-pt240-cu124-rtx3090.csv", "pt240"),
+                                ("results/benchmark-infer-amp-nchw-pt291-cu128-4090.csv", "pt291"))]
+    rows[1]["gpu"] = "NVIDIA GeForce RTX 4090"
+    db = tmp_path / "t.sqlite"
+    rep = import_timm(_write_csv(tmp_path / "timm.csv", _TIMM_HEADER, rows), db, capture_graphs=False,
+                      progress=False)
+    assert rep.inserted == 2
+    for r in DatasetStore(db).iter_measurements(source="timm"):  # a pt291 (reparameterised) run too: no such modules
+        assert r["conditions"]["model_spec"] == "timm-results:hiera_tiny_224"
+        assert r["conditions"]["model_form"] == "as the results ran it"
+
+
 def test_neusight_and_vidur_importers_write_operator_tables(tmp_path: Path) -> None:
     micro_header = ["source_repo", "commit", "source_file", "OPName", "Latency", "Device", "Torch Version",
                     "CUDNN Version", "Kernel Name", "Warps per SM", "Blocks per SM", "Grid x", "Grid y", "Grid z",

@@ -151,7 +151,8 @@ CONSTANTS = _names("""
     __version__ budgets.BUDGET_FIGURES budgets.BUDGET_KEYS budgets.DEFAULT_K_SIGMA budgets.LLM_BUDGET_FIGURES
     budgets.MINIMUM_FIGURES cache.CACHE_DIR_ENV cache.CACHE_SECRET_ENV cache.CACHE_TABLE cache.CACHE_URL_ENV
     cache.COLUMNS cache.MAX_GRAPH_JSON_BYTES cache.TABLE_NAME capture.BLOCK_MEMO_NODES capture.MAX_ONNX_BYTES
-    capture.MODES capture.PLACED_MEMO_NODES capture.SOURCE_KINDS capture.SPEC_FORMS dataset.DEFAULT_BUILD_SETTINGS
+    capture.MODES capture.PLACED_MEMO_NODES capture.RESULTS_CHANGES capture.SOURCE_KINDS capture.SPEC_FORMS
+    dataset.DEFAULT_BUILD_SETTINGS
     dataset.JOB_STATUSES dataset.MEASURED_HERE dataset.SCHEMA_VERSION dataset.importers.ACCEL_NASBENCH_BATCH_SIZE
     dataset.importers.ACCEL_NASBENCH_DEVICES dataset.importers.PROVENANCE_COLUMNS dataset.importers.RYUJAEHUN_HOSTS
     dataset.importers.TABLES deployment.AUTOCAST_DTYPES deployment.DEPLOYMENT_RUNTIMES deployment.GRAPH_RUNTIMES
@@ -231,7 +232,8 @@ GENERIC = _names("""
     predictor.TimelineFactors prior.DeploymentSettings prior.DeviceScale prior.Execution
     prior.HostModel prior.OpClassParams prior.OpTable prior.PowerParams prior.PowerTable training.Example
     training.TrainConfig validation.Calibration validation.ParetoValidator budgets.check_k_sigma
-    capture.assemble capture.block_key capture.file_key capture.load_callable capture.load_model
+    capture.assemble capture.block_key capture.file_key capture.has_results_form capture.load_callable
+    capture.load_model
     capture.named_model_key capture.space_config_of capture.supports_assembly capture_many cli.parse_devices
     dataset.build_dataset dataset.device_id dataset.import_accel_nasbench dataset.import_campaign
     dataset.import_neusight dataset.import_ryujaehun dataset.import_vidur dataset.macs_per_sample

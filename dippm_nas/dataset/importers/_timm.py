@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from dippm_nas.capture import has_results_form
 from dippm_nas.dataset.importers._csv import device_id, int_or_none, keyed, num, provenance, read_csv
 from dippm_nas.dataset.importers._source import (
     GraphRequest,
@@ -74,6 +75,7 @@ class TimmSource(Source):
 
 def _row(key: str, r: dict[str, str]) -> dict[str, Any]:
     reparam = r["torch_version_tag"].strip() in _REPARAM_TAGS
+    as_results = has_results_form(r["model"])  # timm changed its kernels since the results (no reparam modules)
     precision = r["precision"].strip()
     dtype, autocast = _PRECISION.get(precision, (None, None))
     img = int_or_none(r["infer_img_size"])
@@ -87,9 +89,13 @@ def _row(key: str, r: dict[str, str]) -> dict[str, Any]:
         "param_count_m": num(r.get("param_count")),
         "latency_formula": "latency_ms = infer_step_time (ms per batch, as published)",
         "batch_size_note": "timm benchmarks each model at the largest batch that fits (mostly 1024)",
-        "model_form": "reparameterized" if reparam else "as built",
-        "model_spec": f"timm-reparam:{r['model']}" if reparam else f"timm:{r['model']}",
-        "model_form_note": ("this run timed the model after timm's reparameterize_model (benchmark.py --reparam; "
+        "model_form": "as the results ran it" if as_results else "reparameterized" if reparam else "as built",
+        "model_spec": (f"timm-results:{r['model']}" if as_results else f"timm-reparam:{r['model']}" if reparam
+                       else f"timm:{r['model']}"),
+        "model_form_note": ("the published results ran kernels the installed timm no longer builds for this model "
+                            "(dippm_nas.capture.RESULTS_CHANGES); the graph is captured from timm-results:NAME"
+                            if as_results else
+                            "this run timed the model after timm's reparameterize_model (benchmark.py --reparam; "
                             "judged from the run's speed-ups on fusable models); the graph is captured the same way"
                             if reparam else "this run timed the model as timm.create_model builds it"),
     }
@@ -129,7 +135,9 @@ def import_timm(
     bfloat16 weights), memory layout, ``torch.compile`` flag, torch/CUDA tags, GMACs and params, and
     the form of the model that was timed (``model_form``, ``model_spec``): runs tagged ``pt291`` timed
     timm's reparameterised model (``benchmark.py --reparam``), so their graphs are captured from
-    ``timm-reparam:NAME``; the other runs timed ``timm:NAME`` as built. A row
+    ``timm-reparam:NAME``; the other runs timed ``timm:NAME`` as built. A model whose kernels timm changed
+    after the published results (``dippm_nas.capture.RESULTS_CHANGES``: Hiera) is captured from
+    ``timm-results:NAME``, the model the results timed (none of them has modules to reparameterise). A row
     without a published result (the model did not run at that setting) is stored with
     ``status="error"`` and the reason.
 
