@@ -19,6 +19,9 @@ Three diagnostics, nothing fitted:
   throughput ratio binned by the row's MACs per activation (timm's ``infer_gmacs`` / ``infer_macts``): at the
   memory-bound end the ratio over the datasheet bandwidth ratio is what one board gets per datasheet byte against
   the other, at the compute-bound end the same for the datasheet half-precision tensor rate. No graph is needed.
+- **autocast on CNN cells** (``--ryujaehun`` / ``--accel``, the datasets ``accuracy_deployment.py`` reads): the
+  undescribed MAPE of every float16 row with and without ``autocast="float16"`` said (shipped constants), to see
+  which released cells an autocast left undescribed would move.
 """
 
 from __future__ import annotations
@@ -44,9 +47,11 @@ from accuracy_timm_transformers import family_of  # noqa: E402
 from unseen_gpu_sigma import source_rows, unseen_params  # noqa: E402
 
 from dippm_nas import Deployment  # noqa: E402
+from dippm_nas.dataset import load_measurements  # noqa: E402
 from dippm_nas.devices import get_device  # noqa: E402
 from dippm_nas.errors import InvalidValueError  # noqa: E402
 from dippm_nas.files import write_output  # noqa: E402
+from dippm_nas.training import DEVICE_ALIASES  # noqa: E402
 from dippm_nas.prior import (GEFORCE_SCALE_KEY, PriorParams, default_params, node_costs, predict,  # noqa: E402
                              resolved_settings)
 
@@ -191,6 +196,22 @@ def board_pairs(csv_path: Path) -> list[dict[str, Any]]:
     return out
 
 
+def autocast_moves(path: Path, source: str) -> dict[str, dict[str, float]]:
+    """Per device, the undescribed MAPE of the float16 rows of ``path`` (a ``source`` dataset with graphs) without
+    and with ``autocast="float16"`` said (shipped constants)."""
+    base = default_params()
+    cells: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for mg in load_measurements(path, source=source, status="ok"):
+        m = mg.measurement
+        if mg.graph is None or not m.get("latency_ms") or str(m.get("dtype")) != "float16":
+            continue
+        dev, lab = DEVICE_ALIASES.get(m["device"], m["device"]), float(m["latency_ms"])
+        cells[dev].append(tuple(predict(mg.graph, dev, params=base, deployment=d, mig=False).latency_ms / lab
+                                for d in (Deployment(), Deployment(autocast="float16"))))  # type: ignore[arg-type]
+    return {dev: {"n": len(v), "undescribed": mape([u for u, _ in v]), "autocast said": mape([a for _, a in v])}
+            for dev, v in sorted(cells.items())}
+
+
 def _print(summary: dict[str, Any], boards: list[dict[str, Any]]) -> None:
     print("MAPE per GPU, unseen-GPU constants, one field of the described deployment at a time:")
     print(f"  {'GPU':9} {'n':>3} " + " ".join(f"{f:>22}" for f in FIELDS))
@@ -225,6 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     ap.add_argument("--timm", type=Path, required=True, help="timm dataset with captured graphs (SQLite)")
     ap.add_argument("--data", type=Path, help="the shared data folder (timm_benchmark_infer_gpu.csv), for boards")
+    ap.add_argument("--ryujaehun", type=Path, help="ryujaehun dataset with graphs, for the autocast-on-CNN check")
+    ap.add_argument("--accel", type=Path, help="Accel-NASBench dataset with graphs, for the same check")
     ap.add_argument("--json", type=Path, help="write the records and the summaries here")
     a = ap.parse_args(argv)
     recs = score_rows(source_rows(a.timm, "timm"))
@@ -233,9 +256,15 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarise_rows(recs)
     boards = board_pairs(a.data / "timm_benchmark_infer_gpu.csv") if a.data else []
     _print(summary, boards)
+    cnn = {src: autocast_moves(path, src) for src, path in (("ryujaehun", a.ryujaehun), ("accel-nasbench", a.accel))
+           if path is not None}
+    for src, cells in cnn.items():
+        for dev, e in cells.items():
+            print(f"{src} {dev} float16 rows: {e['n']}, undescribed MAPE {e['undescribed']:.1f} %, "
+                  f"with autocast said {e['autocast said']:.1f} %")
     if a.json:
-        write_output(a.json, json.dumps({"summary": summary, "boards": boards, "records": recs}, indent=1) + "\n",
-                     "--json", error=InvalidValueError)
+        out = {"summary": summary, "boards": boards, "cnn_autocast": cnn, "records": recs}
+        write_output(a.json, json.dumps(out, indent=1) + "\n", "--json", error=InvalidValueError)
     return 0
 
 
