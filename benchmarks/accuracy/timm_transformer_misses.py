@@ -59,7 +59,9 @@ from dippm_nas.prior import (GEFORCE_SCALE_KEY, PriorParams, default_params, nod
 FIELDS = ("described", "autocast off", "copy undescribed", "torch undescribed", "undescribed",
           "undescribed + autocast")
 #: The constants of the multipliers diagnostic, in print order.
-CONSTANTS = ("unseen", "unseen + own memory", "unseen + own compute", "shipped")
+CONSTANTS = ("unseen", "unseen + own memory", "unseen + own compute", "unseen, GeForce compute every class", "shipped")
+#: The GeForce GPUs with fitted multipliers (the GeForce entry's source).
+GEFORCE_FITTED = ("rtx-3090", "rtx-4090", "rtx-5090")
 #: Board pairs of the cross-GPU diagnostic: (CSV GPU name, catalogue id) twice and the PyTorch build tag of both.
 PAIRS: tuple[tuple[str, str, str, str, str], ...] = (
     ("NVIDIA GeForce RTX 3090", "rtx-3090", "NVIDIA GeForce RTX 4090", "rtx-4090", "pt240"),
@@ -84,15 +86,20 @@ def field_deployments(d: Deployment) -> dict[str, Deployment]:
 
 def constant_params(base: PriorParams, device: str) -> dict[str, PriorParams]:
     """The constants of :data:`CONSTANTS` for ``device`` (a fitted GeForce GPU): unseen, unseen with its own memory
-    or compute multiplier in its unseen entry (the GeForce entry with the other GPUs' geometric means), shipped."""
+    or compute multiplier in its unseen entry (the GeForce entry with the other GPUs' geometric means), unseen with
+    the other fitted GeForce GPUs' geometric-mean compute multiplier for every class (the GeForce entry scales
+    only ``matmul`` so), shipped."""
     un = unseen_params(base, device)
     own, gf = base.device_scales[device], un.device_scales[GEFORCE_SCALE_KEY]
+    others = [g for g in GEFORCE_FITTED if g != device and g in base.device_scales]
+    geforce = math.exp(float(np.mean([math.log(base.device_scales[g].compute) for g in others])))
 
     def with_entry(entry: Any) -> PriorParams:
         return dataclasses.replace(un, device_scales={**un.device_scales, device: entry})
 
     return {"unseen": un, "unseen + own memory": with_entry(dataclasses.replace(gf, memory=own.memory)),
             "unseen + own compute": with_entry(dataclasses.replace(gf, compute=own.compute, classes={})),
+            "unseen, GeForce compute every class": with_entry(dataclasses.replace(gf, compute=geforce, classes={})),
             "shipped": base}
 
 
@@ -218,7 +225,7 @@ def _print(summary: dict[str, Any], boards: list[dict[str, Any]]) -> None:
     for g, e in summary["gpus"].items():
         print(f"  {g:9} {e['n']:3d} " + " ".join(f"{e['field ' + f]:20.1f} %" for f in FIELDS))
     print("\nMAPE per GPU, described / undescribed, by GPU constants:")
-    print(f"  {'GPU':9} " + " ".join(f"{c:>24}" for c in CONSTANTS))
+    print(f"  {'GPU':9} " + " ".join(f"{c[:24]:>24}" for c in CONSTANTS))
     for g, e in summary["gpus"].items():
         print(f"  {g:9} " + " ".join(f"{e[c + ' described']:9.1f} % / {e[c + ' undescribed']:5.1f} %   "
                                       for c in CONSTANTS))
