@@ -19,6 +19,11 @@ Three diagnostics, nothing fitted:
   throughput ratio binned by the row's MACs per activation (timm's ``infer_gmacs`` / ``infer_macts``): at the
   memory-bound end the ratio over the datasheet bandwidth ratio is what one board gets per datasheet byte against
   the other, at the compute-bound end the same for the datasheet half-precision tensor rate. No graph is needed.
+- **versions** (``--data``): the RTX 4090 rows of the dataset timed under PyTorch 2.9.1 whose model the released CSV
+  also has at 2.4 on the same board and batch: the measured step-time change against the predicted one (shipped
+  constants, described, the torch version set to 2.4.0 and 2.9.1), the prediction's change split into the SDPA math
+  path's matmuls and its other nodes (the math path runs in float32 from 2.5), and the factor on those matmuls that
+  would close the gap.
 - **autocast on CNN cells** (``--ryujaehun`` / ``--accel``, the datasets ``accuracy_deployment.py`` reads): the
   undescribed MAPE of every float16 row with and without ``autocast="float16"`` said (shipped constants), to see
   which released cells an autocast left undescribed would move.
@@ -51,6 +56,7 @@ from dippm_nas.dataset import load_measurements  # noqa: E402
 from dippm_nas.devices import get_device  # noqa: E402
 from dippm_nas.errors import InvalidValueError  # noqa: E402
 from dippm_nas.files import write_output  # noqa: E402
+from dippm_nas.graph import SDPA_MATH_ATTR  # noqa: E402
 from dippm_nas.training import DEVICE_ALIASES  # noqa: E402
 from dippm_nas.prior import (GEFORCE_SCALE_KEY, PriorParams, default_params, node_costs, predict,  # noqa: E402
                              resolved_settings)
@@ -203,6 +209,52 @@ def board_pairs(csv_path: Path) -> list[dict[str, Any]]:
     return out
 
 
+def version_deltas(rows: list[Any], csv_path: Path) -> list[dict[str, Any]]:
+    """The versions diagnostic (module docstring): one record per RTX 4090 pt291 transformer row with a pt240 twin."""
+    pt240: dict[tuple[str, str], tuple[float, float]] = {}
+    with open(csv_path, newline="") as fh:
+        for r in csv.DictReader(fh):
+            if ((r["gpu"], r["torch_version_tag"], r["torch_compile"], r["precision"], r["memory_layout"])
+                    == ("NVIDIA GeForce RTX 4090", "pt240", "eager", "amp", "nchw") and r["infer_step_time"]):
+                pt240[(r["model"], r["infer_img_size"])] = (float(r["infer_step_time"]), float(r["infer_batch_size"]))
+    base = default_params()
+    out = []
+    for mg in rows:
+        m = mg.measurement
+        key = (str(m["config"]["model"]), str(m["config"]["img_size"]))
+        if (m["device"] != "rtx-4090" or m["conditions"].get("torch_version_tag") != "pt291"
+                or family_of(key[0]) is None or key not in pt240 or pt240[key][1] != float(m["batch_size"])):
+            continue
+        pred, split = {}, {}
+        for v in ("2.4.0", "2.9.1"):
+            dep = dataclasses.replace(described("timm", m), versions={"torch": v})
+            pred[v] = predict(mg.graph, "rtx-4090", params=base, deployment=dep, mig=False).latency_ms
+            split[v] = _math_path_ms(mg.graph, base, dep)
+        mm, other = (split["2.9.1"][k] - split["2.4.0"][k] for k in (0, 1))
+        measured, predicted = float(m["latency_ms"]) - pt240[key][0], pred["2.9.1"] - pred["2.4.0"]
+        out.append({"model": key[0], "measured_pt240_ms": pt240[key][0], "measured_pt291_ms": float(m["latency_ms"]),
+                    "predicted_pt240_ms": pred["2.4.0"], "predicted_pt291_ms": pred["2.9.1"],
+                    "measured_change_ms": measured, "predicted_change_ms": predicted, "math_matmul_change_ms": mm,
+                    "math_other_change_ms": other,
+                    "matmul_factor": 1 + (measured - predicted) / mm if mm > 0 else None})
+    return out
+
+
+def _math_path_ms(graph: Any, params: PriorParams, deployment: Deployment) -> tuple[float, float]:
+    """Kernel time of the SDPA math path's matmuls and of its other nodes on the RTX 4090, ms."""
+    r = resolved_settings("rtx-4090", params=params, deployment=deployment)
+    c = node_costs(graph, r.device, params, tf32_conv=r.tf32_conv, tf32_matmul=r.tf32_matmul,
+                   channels_last=r.channels_last, host=r.host, autocast=r.autocast, math_float32=r.math_float32)
+    mm = other = 0.0
+    for i, nd in enumerate(graph.nodes):
+        if nd.attrs.get(SDPA_MATH_ATTR):
+            if nd.op == "matmul":
+                mm += float(c.gpu_us[i]) / 1e3
+            else:
+                other += float(c.gpu_us[i]) / 1e3
+    return mm, other
+
+
 def autocast_moves(path: Path, source: str) -> dict[str, dict[str, float]]:
     """Per device, the undescribed MAPE of the float16 rows of ``path`` (a ``source`` dataset with graphs) without
     and with ``autocast="float16"`` said (shipped constants)."""
@@ -257,12 +309,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--accel", type=Path, help="Accel-NASBench dataset with graphs, for the same check")
     ap.add_argument("--json", type=Path, help="write the records and the summaries here")
     a = ap.parse_args(argv)
-    recs = score_rows(source_rows(a.timm, "timm"))
+    rows = source_rows(a.timm, "timm")
+    recs = score_rows(rows)
     if not recs:
         raise SystemExit(f"{a.timm}: no eager timm row of a transformer family on a GPU with fitted multipliers")
     summary = summarise_rows(recs)
     boards = board_pairs(a.data / "timm_benchmark_infer_gpu.csv") if a.data else []
+    versions = version_deltas(rows, a.data / "timm_benchmark_infer_gpu.csv") if a.data else []
     _print(summary, boards)
+    if versions:
+        print("\nRTX 4090, PyTorch 2.4 -> 2.9.1 (same batch), shipped constants, described:")
+    for v in versions:
+        factor = f"{v['matmul_factor']:.2f}" if v["matmul_factor"] is not None else "-"
+        print(f"  {v['model'][:30]:30} measured {v['measured_pt240_ms']:7.1f} -> {v['measured_pt291_ms']:7.1f} "
+              f"({v['measured_change_ms']:+6.1f}) ms, predicted {v['predicted_pt240_ms']:7.1f} -> "
+              f"{v['predicted_pt291_ms']:7.1f} ({v['predicted_change_ms']:+6.1f}: math-path matmuls "
+              f"{v['math_matmul_change_ms']:+5.1f}, its other nodes {v['math_other_change_ms']:+5.1f}); matmul "
+              f"factor closing the gap {factor}")
     cnn = {src: autocast_moves(path, src) for src, path in (("ryujaehun", a.ryujaehun), ("accel-nasbench", a.accel))
            if path is not None}
     for src, cells in cnn.items():
@@ -270,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{src} {dev} float16 rows: {e['n']}, undescribed MAPE {e['undescribed']:.1f} %, "
                   f"with autocast said {e['autocast said']:.1f} %")
     if a.json:
-        out = {"summary": summary, "boards": boards, "cnn_autocast": cnn, "records": recs}
+        out = {"summary": summary, "boards": boards, "versions": versions, "cnn_autocast": cnn, "records": recs}
         write_output(a.json, json.dumps(out, indent=1) + "\n", "--json", error=InvalidValueError)
     return 0
 
