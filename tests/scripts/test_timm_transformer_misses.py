@@ -68,3 +68,15 @@ def test_board_pairs_per_datasheet_byte(tmp_path: Path) -> None:
     assert len(out) == 1 and out[0]["models"] == 20
     assert all(b["median"] == pytest.approx(2.0) for b in out[0]["bins"])
     assert out[0]["per_byte"] == pytest.approx(2.0 / (1008.0 / 936.0))
+
+
+def test_version_deltas_need_a_pt240_twin_on_the_same_batch(tmp_path: Path) -> None:
+    m = _load()
+    path = tmp_path / "timm.csv"
+    with open(path, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["gpu", "torch_version_tag", "torch_compile", "precision", "memory_layout", "model",
+                    "infer_img_size", "infer_step_time", "infer_batch_size"])
+        w.writerow(["NVIDIA GeForce RTX 4090", "pt240", "eager", "amp", "nchw", "hiera_tiny_224", "224", "231.8",
+                    "1024"])
+    assert m.version_deltas([], path) == []
