@@ -18,7 +18,9 @@ scaled-dot-product attention without the ``[B, H, S, S]`` score matrix (as the C
 kernels); ``"cuda"`` works on a CUDA-enabled torch build without a GPU: PyTorch's CUDA operators are
 dispatched (cuDNN batch norm, max pooling with indices), and ``F.scaled_dot_product_attention`` is routed to
 the flash / memory-efficient operator a GPU would pick, a boolean mask included (without a GPU PyTorch would
-fall back to the math attention, which materialises the scores). ``"meta"`` runs the meta kernels. On ``"cpu"``, an operator that
+fall back to the math attention, which materialises the scores); query, key and value that are not 4-D run
+PyTorch's math path as on a GPU (3-D ones as 4-D where this PyTorch unsqueezes them), and its ``_safe_softmax``
+(PyTorch >= 2.5) is tracked operator by operator, its intermediates included. ``"meta"`` runs the meta kernels. On ``"cpu"``, an operator that
 has a CUDA kernel only is refused with :class:`GpuOnlyOperatorError`, which names it.
 
 Autocast. ``autocast="float16"`` / ``"bfloat16"`` runs the pass under ``torch.autocast`` on the fake

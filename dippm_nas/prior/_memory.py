@@ -39,7 +39,9 @@ neither make nor break a cut. Further rules of eager PyTorch's frames and in-pla
 - pre-norm branch: ``x + f(norm(x))`` holds the norm's output until the join (the argument of ``f``);
 - attention block: the input of a block whose first branch holds attention or softmax lives until the
   block's second join (the caller holds a block's argument until it returns);
-- post-norm layer: ``norm(x + f(x))`` (BERT): the skip input of each such join lives until the next one;
+- post-norm layer: ``norm(x + f(x))`` (BERT): the skip input of each such join lives until the next one (with
+  provenance, only where the norm runs inside the module call that made the sum: not a pre-norm block's output
+  read by the next block's norm alone, Hiera's stage transitions);
 - inverted residual: 1x1 expand, depthwise, 1x1 project (MobileNet, MBConv): the block's input lives until
   the projection's norm, the depthwise convolution's input until its norm (``Conv2dNormActivation``);
 - a concatenation normalised before a convolution (DenseNet's ``bn_function``) lives until that convolution;
@@ -63,6 +65,12 @@ only where it is a local of the frame that runs the stage (:func:`_local_of_fram
 :mod:`dippm_nas.prior._layout_rules` add eager's copies: a ``reshape`` whose input's strides allow no view is a
 copy with a storage of its own (its input alive as long as the copy, as it was when the copy was taken for a
 view of it), and a batched ``matmul`` operand it cannot fold is copied while the matmul runs.
+
+With ``torch_version`` (:func:`activation_liveness`; the deployment's on a GPU estimate), the nodes of an SDPA math
+path (marked by the capture) hold what that version's ``_scaled_dot_product_attention_math`` holds
+(:mod:`dippm_nas.prior._math_path_memory`: the call's arguments and its scaled query to its end, the mask added in
+place; from PyTorch 2.5 float32 copies of half-precision q, k, v, float32 scores and softmax, the attention weights
+cast back and the safe softmax's buffers); without it, those nodes are priced as any others.
 
 Under ``autocast`` each output is sized at its run-time dtype (:func:`~dippm_nas.prior.autocast_plan`), each
 activation cast lives while its operator runs and each weight cast (autocast caches them) from its first
