@@ -14,7 +14,7 @@ import torch.nn.functional as F  # noqa: E402, N812
 from dippm_nas import InputSpec, capture  # noqa: E402
 from dippm_nas.deployment import Deployment  # noqa: E402
 from dippm_nas.measure import reference_activation_peak  # noqa: E402
-from dippm_nas.prior import DeploymentSettings, activation_liveness, estimate, storage_lives  # noqa: E402
+from dippm_nas.prior import DeploymentSettings, activation_liveness, estimate, estimate_many, storage_lives  # noqa: E402
 
 B, W, N, C, HEADS, HD = 2, 4, 64, 64, 2, 32
 SPEC = InputSpec(shape=(W, N, C), batch_size=B)
@@ -96,6 +96,16 @@ def test_the_estimate_takes_the_deployment_version_and_labels_it(graph) -> None:
     assert new.activations_peak_mib > undescribed.activations_peak_mib > old.activations_peak_mib
     assert new.activations_peak_mib == pytest.approx(
         _peak(graph, autocast="float16", torch_version="2.6.0") / 2**20)
+
+
+def test_estimate_many_prices_the_math_path_as_estimate_does(graph) -> None:  # noqa: ANN001
+    plain = capture(nn.Sequential(nn.Linear(8, 8), nn.ReLU()), InputSpec(shape=(8,), batch_size=2))
+    for ac, version in ((None, "2.6.0"), ("float16", "2.6.0"), ("bfloat16", "2.4.0")):
+        many = estimate_many([graph, plain], "a100-sxm4-40gb",
+                             deployment=Deployment(autocast=ac, versions={"torch": version}))
+        assert many[0].activations_peak_mib == _peak(graph, autocast=ac, torch_version=version) / 2**20
+        assert many[0].memory_details["sdpa_math_float32"] == float(version == "2.6.0")
+        assert not any(k.startswith("sdpa_math") for k in many[1].memory_details)
 
 
 def test_a_graph_without_a_math_path_has_no_label() -> None:
