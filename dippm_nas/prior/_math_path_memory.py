@@ -7,8 +7,9 @@ its kernels as nodes marked ``attrs["sdpa_math"]`` (:data:`~dippm_nas.graph.SDPA
 rule for the same nodes is :mod:`dippm_nas.prior._math_path`). What that C++ function keeps alive, beyond a graph
 liveness of those nodes:
 
-- every version: q, k and v, the arguments of the call, live until it returns (the caller holds them; a pooled
-  query the graph frees after its scaling), and so does ``query = query_acc * scaling_factor``, a local of the
+- every version: q, k, v and the mask, the arguments of the call, live until it returns (the caller holds them; a
+  pooled query the graph frees after its scaling), so do a boolean mask's additive copy (SDPA's entry makes it, in
+  the inputs' dtype) and ``query = query_acc * scaling_factor``, a local of the
   function (the graph frees it after ``q @ k^T``); ``k^T * sqrt(scale)`` is a temporary, freed after
   ``q @ k^T``; an additive mask is added in place (``attn.add_(mask)``);
 - from PyTorch 2.5 (pytorch/pytorch#128922), half-precision inputs: ``query_acc``, ``key_acc``, ``value_acc``
@@ -23,7 +24,8 @@ liveness of those nodes:
 - up to 2.4: everything in the inputs' dtype (under autocast SDPA's wrapper casts q, k and v to the autocast
   dtype and runs the composite below the autocast key: its softmax is not cast to float32).
 
-Under autocast, SDPA's wrapper casts float32 q, k and v to the autocast dtype first (casts alive for the call).
+Under autocast, SDPA's wrapper casts float32 q, k, v and a float mask to the autocast dtype first (casts alive for
+the call).
 A graph whose nodes are not marked, or a deployment whose PyTorch version is unknown, gets none of this: the
 caller keeps the graph's dtypes and autocast's plan, as before.
 """
@@ -58,6 +60,7 @@ class MathPathCall:
         softmax: the softmax over the keys.
         out: ``softmax @ v``, the call's output.
         q_src, k_src, v_src: the producers of q, k and v outside the call (``-1``: a model input).
+        mask_src: the producer of the mask outside the call (``-1``: none, or a constant).
     """
 
     nodes: tuple[int, ...]
@@ -71,6 +74,7 @@ class MathPathCall:
     q_src: int
     k_src: int
     v_src: int
+    mask_src: int = -1
 
     @property
     def first(self) -> int:
@@ -129,11 +133,12 @@ def _call(graph: OperatorGraph, preds: Sequence[Sequence[int]], marked: list[boo
     q_mul = first(lambda i: nodes[i].op == "multiply" and i != k_mul)
     if q_mul < 0 or k_mul < 0:
         return None
+    mask_add = first(lambda i: nodes[i].op == "add" and scores in preds[i])
+    mask_where = first(lambda i: nodes[i].op == "where")
+    mask_src = outside(mask_where) if mask_where >= 0 else outside(mask_add) if mask_add >= 0 else -1
     return MathPathCall(
-        nodes=tuple(g), q_mul=q_mul, k_mul=k_mul, scores=scores,
-        mask_add=first(lambda i: nodes[i].op == "add" and scores in preds[i]),
-        mask_where=first(lambda i: nodes[i].op == "where"), softmax=softmax, out=out,
-        q_src=outside(q_mul), k_src=outside(kt), v_src=outside(out))
+        nodes=tuple(g), q_mul=q_mul, k_mul=k_mul, scores=scores, mask_add=mask_add, mask_where=mask_where,
+        softmax=softmax, out=out, q_src=outside(q_mul), k_src=outside(kt), v_src=outside(out), mask_src=mask_src)
 
 
 @dataclass(frozen=True)
@@ -141,7 +146,7 @@ class MathPathStorageRules:
     """What the math-path calls of one graph do to its liveness (node indices; blocks in bytes, 512 B rounded).
 
     Attributes:
-        inplace: the mask adds, which reuse the scores' storage.
+        inplace: ``add -> scores``: each mask add reuses the scores' storage.
         extend: ``(producer, until)``: the producer's output lives at least until node ``until``.
         resize: ``node -> blocks``: the storage a node makes, at the dtype the math path runs it in.
         copy_width: ``matmul -> element bytes`` of the operand copies the layout rules give that matmul.
@@ -151,7 +156,7 @@ class MathPathStorageRules:
         mode: ``"float32"`` (half-precision inputs run in float32), ``"inputs"`` (the inputs' dtype).
     """
 
-    inplace: frozenset[int]
+    inplace: dict[int, int]
     extend: tuple[tuple[int, int], ...]
     resize: dict[int, list[int]]
     copy_width: dict[int, int]
@@ -175,7 +180,7 @@ def math_path_storage_rules(graph: OperatorGraph, preds: Sequence[Sequence[int]]
             :func:`~dippm_nas.prior.math_path_float32`).
     """
     nodes = graph.nodes
-    inplace: set[int] = set()
+    inplace: dict[int, int] = {}
     extend: list[tuple[int, int]] = []
     resize: dict[int, list[int]] = {}
     copy_width: dict[int, int] = {}
@@ -189,9 +194,13 @@ def math_path_storage_rules(graph: OperatorGraph, preds: Sequence[Sequence[int]]
         run = 0 if up else origin
         w_run, w_org = _WIDTH[run], _WIDTH[origin]
         extend.append((c.q_mul, c.last))  # ``query``, a local of the C++ function
-        extend += [(src, c.last) for src in (c.q_src, c.k_src, c.v_src) if src >= 0]  # the call's arguments
+        # the call's arguments, and a boolean mask made additive (a local of SDPA's entry)
+        extend += [(src, c.last) for src in (c.q_src, c.k_src, c.v_src, c.mask_src, c.mask_where) if src >= 0]
+        mask_code = int(run_dtype[c.mask_src]) if c.mask_src >= 0 else -1
+        if low is not None and c.mask_where < 0 and mask_code in _WIDTH and mask_code != origin:
+            extra.append(((_block(_elems(nodes[c.mask_src]) * w_org),), c.first, c.last))  # the wrapper's cast
         if c.mask_add >= 0:
-            inplace.add(c.mask_add)
+            inplace[c.mask_add] = c.scores
         for i in c.nodes:
             nd = nodes[i]
             if nd.op_class == "view" or nd.is_constant:
@@ -214,7 +223,7 @@ def math_path_storage_rules(graph: OperatorGraph, preds: Sequence[Sequence[int]]
         if up:
             extra.append(((_block(scores * w_org),), c.out, c.last))  # ``attn.to(origin_dtype)``, after the softmax
             extra.append(((_block(_elems(nodes[c.out]) * 4),), c.out, c.out))  # the product before its cast
-    return MathPathStorageRules(frozenset(inplace), tuple(extend), resize, copy_width, tuple(extra),
+    return MathPathStorageRules(inplace, tuple(extend), resize, copy_width, tuple(extra),
                                 frozenset(i for c in calls for i in c.nodes), frozenset(c.k_mul for c in calls),
                                 "float32" if float32 else "inputs")
 

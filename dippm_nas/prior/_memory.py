@@ -722,7 +722,7 @@ def _lives(graph: OperatorGraph, *, retention: bool, include_inputs: bool, autoc
     mp = _math_rules(graph, preds, autocast, math_float32)
     lv = _Lives([None] * n, [], [], [], {})
     _input_storages(graph, lv, include_inputs)
-    _node_storages(graph, preds, lv, frozenset(rules.inplace) | mp.inplace, frozenset(rules.copy_views))
+    _node_storages(graph, preds, lv, frozenset(rules.inplace), frozenset(rules.copy_views), mp.inplace)
     _extend_lives(graph, preds, lv)
     if n == 0:
         return lv
@@ -749,7 +749,7 @@ def _lives(graph: OperatorGraph, *, retention: bool, include_inputs: bool, autoc
     return lv
 
 
-_NO_MATH = MathPathStorageRules(frozenset(), (), {}, {}, (), frozenset(), frozenset(), "none")
+_NO_MATH = MathPathStorageRules({}, (), {}, {}, (), frozenset(), frozenset(), "none")
 
 
 def _math_rules(graph: OperatorGraph, preds: list[list[int]], autocast: str | None,
@@ -917,15 +917,18 @@ def _input_storages(graph: OperatorGraph, lv: _Lives, include_inputs: bool) -> N
 
 
 def _node_storages(graph: OperatorGraph, preds: list[list[int]], lv: _Lives,
-                   inplace: frozenset[int] = frozenset(), copy_views: frozenset[int] = frozenset()) -> None:
+                   inplace: frozenset[int] = frozenset(), copy_views: frozenset[int] = frozenset(),
+                   inplace_on: "dict[int, int] | None" = None) -> None:
     """One storage per computing node (and per view of ``copy_views``, which eager runs as a copy); a view
-    (or an in-place activation of ``inplace``) aliases its first live producer's (or its input's) storage."""
+    (or an in-place activation of ``inplace``) aliases its first live producer's (or its input's) storage, a node
+    of ``inplace_on`` the storage of the producer it names (``attn.add_(mask)``: the scores')."""
+    inplace_on = inplace_on or {}
     for node in graph.nodes:
         i = node.index
         if node.is_constant:
             continue
-        if (node.op_class == "view" and i not in copy_views) or i in inplace:
-            live_preds = [p for p in preds[i] if lv.storage_of[p] is not None]
+        if (node.op_class == "view" and i not in copy_views) or i in inplace or i in inplace_on:
+            live_preds = [p for p in ([inplace_on[i]] if i in inplace_on else preds[i]) if lv.storage_of[p] is not None]
             if live_preds:
                 lv.storage_of[i] = lv.storage_of[live_preds[0]]
             elif lv.consumers_of_input.get(i):

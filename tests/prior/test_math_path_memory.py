@@ -60,6 +60,32 @@ def test_float32_math_path_matches_the_eager_tracker(graph) -> None:  # noqa: AN
     assert ref.peak_block_bytes == by_hand
 
 
+class _MaskedWindowAttention(_WindowAttention):
+    """The same with a mask computed from the input: additive (float) or boolean (made additive by SDPA's entry)."""
+
+    def __init__(self, boolean: bool) -> None:
+        super().__init__()
+        self.boolean = boolean
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, w, n, c = x.shape
+        q, k, v = self.qkv(x).reshape(b, w, n, 3, HEADS, HD).permute(3, 0, 4, 1, 2, 5).unbind(0)
+        mask = ((x.mean(-1) > 0)[:, None, :, None, :] if self.boolean  # no local holds an intermediate
+                else x.mean(-1)[:, None, :, :, None] * x.amax(-1)[:, None, :, None, :])
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 3).reshape(b, w, n, c)
+
+
+@pytest.mark.parametrize("boolean", [False, True])
+def test_a_masked_math_path_matches_the_eager_tracker(boolean: bool) -> None:
+    """The mask is an argument of the call (held to its end), added to the scores in place; a boolean one is made
+    additive in the inputs' dtype first, a local of SDPA's entry."""
+    model = _MaskedWindowAttention(boolean)
+    g = capture(model, SPEC)
+    ref = reference_activation_peak(model, SPEC)
+    assert _peak(g, torch_version=torch.__version__) == ref.peak_block_bytes
+    assert _peak(g) < ref.peak_block_bytes
+
+
 def test_half_precision_math_path_is_float32_from_torch_2_5(graph) -> None:  # noqa: ANN001
     """Under float16 autocast on PyTorch >= 2.5 the math path holds float32 copies of q, k and v, float32
     scores, softmax and safe-softmax buffers: the bytes of ``_scaled_dot_product_attention_math``, by hand."""
