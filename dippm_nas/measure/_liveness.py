@@ -145,6 +145,25 @@ def _dataflow_peak(size: list[int], born: list[int], last: list[int], ops: int, 
     return best
 
 
+def _safe_softmax_tracked(run: Any, types: Any, x: Any, dim: int, dtype: Any = None) -> Any:
+    """``aten._safe_softmax`` (the SDPA math path's softmax from PyTorch 2.5) as its composite kernel runs it
+    (``_safe_softmax`` in ``aten/src/ATen/native/transformers/attention.cpp``), each operator through ``run`` (the
+    tracker's dispatch, so each is tracked): ``softmax``, ``eq(-inf)`` and ``all`` over the scores, ``where``; the
+    softmax, the boolean matrix and the row flags are alive until the ``where`` returns (dispatched as one
+    operator, its intermediates would not be seen)."""
+    import torch
+
+    aten = torch.ops.aten
+    src = x if dtype is None else run(aten._to_copy.default, types, (x,), {"dtype": dtype})
+    out = run(aten._softmax.default, types, (src, dim, False))
+    opts = {"dtype": out.dtype, "device": out.device}
+    neg_inf = run(aten.scalar_tensor.default, types, (-math.inf,), opts)
+    masked = run(aten.eq.Tensor, types, (x, neg_inf))
+    masked_rows = run(aten.all.dim, types, (masked, dim, True))
+    zero = run(aten.scalar_tensor.default, types, (0.0,), opts)
+    return run(aten.where.self, types, (masked_rows, zero, out))
+
+
 def _tracker_class() -> type:
     import torch
     from torch.multiprocessing.reductions import StorageWeakRef
@@ -183,8 +202,8 @@ def _tracker_class() -> type:
                     f"(a CUDA-enabled torch build, no GPU needed) or replace the operator")
 
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-            if func is torch.ops.aten._safe_softmax.default:
-                return self._safe_softmax(types, *args, **(kwargs or {}))
+            if func.name() == "aten::_safe_softmax":
+                return _safe_softmax_tracked(self.__torch_dispatch__, types, *args, **(kwargs or {}))
             if self.check_cpu:
                 self._refuse_gpu_only(func)
             out = func(*args, **(kwargs or {}))
@@ -219,28 +238,9 @@ def _tracker_class() -> type:
             self.peak_block = max(self.peak_block, sum(_block(v[1]) for v in self.live.values()))
             return out
 
-        def _safe_softmax(self, types: Any, x: Any, dim: int, dtype: Any = None) -> Any:
-            """``aten._safe_softmax`` (the SDPA math path's softmax from PyTorch 2.5) as its composite kernel
-            runs it (``_safe_softmax`` in ``aten/src/ATen/native/transformers/attention.cpp``), each operator
-            tracked: ``softmax``, ``eq(-inf)`` and ``all`` over the scores, ``where``; the softmax, the boolean
-            matrix and the row flags are alive until the ``where`` returns (dispatched as one operator, its
-            intermediates would not be seen)."""
-            aten, run = torch.ops.aten, self.__torch_dispatch__
-            src = x if dtype is None else run(aten._to_copy.default, types, (x,), {"dtype": dtype})
-            out = run(aten._softmax.default, types, (src, dim, False))
-            opts = {"dtype": out.dtype, "device": out.device}
-            neg_inf = run(aten.scalar_tensor.default, types, (-math.inf,), opts)
-            masked = run(aten.eq.Tensor, types, (x, neg_inf))
-            masked_rows = run(aten.all.dim, types, (masked, dim, True))
-            zero = run(aten.scalar_tensor.default, types, (0.0,), opts)
-            return run(aten.where.self, types, (masked_rows, zero, out))
-
         def uid_of(self, t: Any) -> int | None:
             entry = self.live.get(StorageWeakRef(t.untyped_storage()).cdata)
             return None if entry is None else entry[2]
-
-        def dataflow_peak(self, keep: set[int]) -> int:
-            return _dataflow_peak(self.size, self.born, self.last, self.ops, keep)
 
     return _LiveStorages
 
@@ -462,7 +462,7 @@ def reference_activation_peak(model: Any, spec: InputSpec, *, device: str = "cpu
     keep = {u for u in (tracker.uid_of(t) for t in outs) if u is not None}
     return ActivationReference(
         peak_bytes=int(tracker.peak), peak_block_bytes=int(tracker.peak_block),
-        dataflow_peak_bytes=int(tracker.dataflow_peak(keep)),
+        dataflow_peak_bytes=int(_dataflow_peak(tracker.size, tracker.born, tracker.last, tracker.ops, keep)),
         input_bytes=sum(int(t.untyped_storage().nbytes()) for t in made.values()),
         output_bytes=sum(tracker.size[u] for u in keep), num_ops=tracker.ops,
         peak_op=f"{tracker.peak_index}:{tracker.peak_name}", device=device, peak_op_index=tracker.peak_index,
