@@ -530,6 +530,8 @@ INTENDED_PRIVATE_USES: dict[tuple[str, str], str] = {
         "the aten operator's own name (its overload is what the flash kernel runs)",
     ("dippm_nas/measure/_liveness.py", "aten._scaled_dot_product_efficient_attention"):
         "the aten operator's own name (its overload is what the memory-efficient kernel runs)",
+    **{("dippm_nas/measure/_liveness.py", f"aten.{n}"): "the aten operator `_safe_softmax`'s composite kernel "
+       "calls, run one by one so that the tracker sees each one's output" for n in ("_softmax", "_to_copy")},
     ("dippm_nas/nni/_tuner.py", "ft._trial_id"): "Optuna's `Trial(study, trial_id)` needs the storage id, which a "
                                                   "FrozenTrial keeps only as `_trial_id`",
     ("dippm_nas/prior/_op_table.py", "reg._predictors"):

@@ -180,9 +180,11 @@ def one_row(source: str, name: str, batch: int, seq: int, mode: str, before: Any
     else:
         ref = reference_activation_peak(model_spec, spec, device=device, autocast=ac)
     g = dippm_nas.capture(model_spec, spec)
-    after = activation_liveness(g, retention=True, include_inputs=False, autocast=ac).peak_allocated_bytes
+    version = torch.__version__  # the tracker's: the SDPA math path holds what this version's holds
+    after = activation_liveness(g, retention=True, include_inputs=False, autocast=ac,
+                                torch_version=version).peak_allocated_bytes
     structural = activation_liveness(without_provenance(g), retention=True, include_inputs=False,
-                                     autocast=ac).peak_allocated_bytes
+                                     autocast=ac, torch_version=version).peak_allocated_bytes
     if before is not None:
         try:
             prev = before(g, retention=True, include_inputs=False, autocast=ac).peak_allocated_bytes
@@ -194,7 +196,7 @@ def one_row(source: str, name: str, batch: int, seq: int, mode: str, before: Any
            "device": device, "reference_mib": ref.peak_block_bytes / MIB, "after_mib": after / MIB,
            "before_mib": prev / MIB, "provenance": g.has_provenance, "structural_mib": structural / MIB,
            "weights_mib": g.param_bytes / MIB, "input_mib": ref.input_bytes / MIB, "peak_op": ref.peak_op,
-           "seconds": time.perf_counter() - t0}
+           "torch_version": version, "seconds": time.perf_counter() - t0}
     if mig:
         row.update(_mig_check(g, mig, ref, ac))
     return row

@@ -18,7 +18,9 @@ scaled-dot-product attention without the ``[B, H, S, S]`` score matrix (as the C
 kernels); ``"cuda"`` works on a CUDA-enabled torch build without a GPU: PyTorch's CUDA operators are
 dispatched (cuDNN batch norm, max pooling with indices), and ``F.scaled_dot_product_attention`` is routed to
 the flash / memory-efficient operator a GPU would pick, a boolean mask included (without a GPU PyTorch would
-fall back to the math attention, which materialises the scores). ``"meta"`` runs the meta kernels. On ``"cpu"``, an operator that
+fall back to the math attention, which materialises the scores); query, key and value that are not 4-D run
+PyTorch's math path as on a GPU (3-D ones as 4-D where this PyTorch unsqueezes them), and its ``_safe_softmax``
+(PyTorch >= 2.5) is tracked operator by operator, its intermediates included. ``"meta"`` runs the meta kernels. On ``"cpu"``, an operator that
 has a CUDA kernel only is refused with :class:`GpuOnlyOperatorError`, which names it.
 
 Autocast. ``autocast="float16"`` / ``"bfloat16"`` runs the pass under ``torch.autocast`` on the fake
@@ -30,6 +32,7 @@ as it does in eager inference: those casts count, from creation to the end of th
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 from collections.abc import Iterator
@@ -142,6 +145,25 @@ def _dataflow_peak(size: list[int], born: list[int], last: list[int], ops: int, 
     return best
 
 
+def _safe_softmax_tracked(run: Any, types: Any, x: Any, dim: int, dtype: Any = None) -> Any:
+    """``aten._safe_softmax`` (the SDPA math path's softmax from PyTorch 2.5) as its composite kernel runs it
+    (``_safe_softmax`` in ``aten/src/ATen/native/transformers/attention.cpp``), each operator through ``run`` (the
+    tracker's dispatch, so each is tracked): ``softmax``, ``eq(-inf)`` and ``all`` over the scores, ``where``; the
+    softmax, the boolean matrix and the row flags are alive until the ``where`` returns (dispatched as one
+    operator, its intermediates would not be seen)."""
+    import torch
+
+    aten = torch.ops.aten
+    src = x if dtype is None else run(aten._to_copy.default, types, (x,), {"dtype": dtype})
+    out = run(aten._softmax.default, types, (src, dim, False))
+    opts = {"dtype": out.dtype, "device": out.device}
+    neg_inf = run(aten.scalar_tensor.default, types, (-math.inf,), opts)
+    masked = run(aten.eq.Tensor, types, (x, neg_inf))
+    masked_rows = run(aten.all.dim, types, (masked, dim, True))
+    zero = run(aten.scalar_tensor.default, types, (0.0,), opts)
+    return run(aten.where.self, types, (masked_rows, zero, out))
+
+
 def _tracker_class() -> type:
     import torch
     from torch.multiprocessing.reductions import StorageWeakRef
@@ -180,6 +202,8 @@ def _tracker_class() -> type:
                     f"(a CUDA-enabled torch build, no GPU needed) or replace the operator")
 
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            if func.name() == "aten::_safe_softmax":
+                return _safe_softmax_tracked(self.__torch_dispatch__, types, *args, **(kwargs or {}))
             if self.check_cpu:
                 self._refuse_gpu_only(func)
             out = func(*args, **(kwargs or {}))
@@ -218,9 +242,6 @@ def _tracker_class() -> type:
             entry = self.live.get(StorageWeakRef(t.untyped_storage()).cdata)
             return None if entry is None else entry[2]
 
-        def dataflow_peak(self, keep: set[int]) -> int:
-            return _dataflow_peak(self.size, self.born, self.last, self.ops, keep)
-
     return _LiveStorages
 
 
@@ -241,7 +262,7 @@ def _module_of(model: Any) -> Any:
 
 
 @contextlib.contextmanager
-def _fused_attention() -> Iterator[None]:
+def _fused_attention(unsqueeze_3d: bool = False) -> Iterator[None]:
     """``F.scaled_dot_product_attention`` on fake CUDA tensors as a GPU runs it, for the duration.
 
     Without a GPU, PyTorch's backend choice for CUDA tensors falls back to the math attention, which
@@ -253,7 +274,9 @@ def _fused_attention() -> Iterator[None]:
     PyTorch's ``scaled_dot_product_attention`` does before it picks a kernel, on any device), which the
     memory-efficient kernel then takes, as on a GPU (flash attention takes no mask). Dropout or grouped-query
     attention goes to PyTorch unchanged. Under autocast the query, key and value are cast first, as autocast
-    casts them for this operator.
+    casts them for this operator. Query, key and value that are not 4-D go to PyTorch's math path
+    (``_scaled_dot_product_attention_math``), as on a GPU (the fused kernels take 4-D tensors only), except 3-D
+    ones where this PyTorch runs them as 4-D (``unsqueeze_3d``, :func:`_sdpa_unsqueezes_3d`): the fused kernels then.
     """
     import torch
     import torch.nn.functional as F  # noqa: N812
@@ -266,6 +289,12 @@ def _fused_attention() -> Iterator[None]:
         a = {**dict(zip(names, args)), **kwargs}
         q, k, v, mask = a["query"], a["key"], a["value"], a.get("attn_mask")
         if q.device.type != "cuda" or a.get("dropout_p", 0.0) or a.get("enable_gqa", False):
+            return sdpa(*args, **kwargs)
+        if all(t.dim() == 3 for t in (q, k, v)) and unsqueeze_3d:  # run as 4-D, as this PyTorch does
+            m3 = mask.unsqueeze(0) if mask is not None and mask.dim() == 3 else mask
+            return fused(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), attn_mask=m3,
+                         is_causal=a.get("is_causal", False), scale=a.get("scale")).squeeze(0)
+        if any(t.dim() != 4 for t in (q, k, v)):  # the fused kernels take 4-D q, k, v only: PyTorch's math path
             return sdpa(*args, **kwargs)
         if torch.is_autocast_enabled("cuda"):
             low = torch.get_autocast_dtype("cuda")
@@ -284,6 +313,35 @@ def _fused_attention() -> Iterator[None]:
         yield
     finally:
         F.scaled_dot_product_attention = sdpa
+
+
+@functools.lru_cache(maxsize=1)
+def _sdpa_unsqueezes_3d() -> bool:
+    """Whether this PyTorch's ``F.scaled_dot_product_attention`` runs 3-D query, key and value as 4-D (an
+    ``unsqueeze(0)`` of each before the backend choice, so that a GPU runs the fused kernels on them; later
+    versions do): seen on a tiny fake CUDA call, its first operator."""
+    import torch
+    import torch.nn.functional as F  # noqa: N812
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen: list[str] = []
+
+    class _First(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            if func.namespace == "aten":
+                seen.append(func.name())
+            return func(*args, **(kwargs or {}))
+
+    try:
+        with FakeTensorMode():
+            q = torch.empty(2, 4, 8, device="cuda")
+            with _First():
+                F.scaled_dot_product_attention(q, q, q)
+    except Exception as e:  # noqa: BLE001 - a build without CUDA: no fake CUDA tensors, the CPU path is PyTorch's
+        logger.debug("no fake CUDA SDPA call (%s: %s)", type(e).__name__, e)
+        return False
+    return bool(seen) and seen[0].startswith("aten::unsqueeze")
 
 
 @contextlib.contextmanager
@@ -387,7 +445,7 @@ def reference_activation_peak(model: Any, spec: InputSpec, *, device: str = "cpu
     kwargs: dict[str, Any] = {} if spec.inputs is None else made
     pre = {StorageWeakRef(t.untyped_storage()).cdata for t in [*fake_state.values(), *made.values()]}
     tracker = _tracker_class()(pre, check_cpu=device == "cpu")
-    fused = _fused_attention() if device == "cuda" else contextlib.nullcontext()
+    fused = _fused_attention(_sdpa_unsqueezes_3d()) if device == "cuda" else contextlib.nullcontext()
     was_training = module.training
     module.eval()
     try:
@@ -404,7 +462,7 @@ def reference_activation_peak(model: Any, spec: InputSpec, *, device: str = "cpu
     keep = {u for u in (tracker.uid_of(t) for t in outs) if u is not None}
     return ActivationReference(
         peak_bytes=int(tracker.peak), peak_block_bytes=int(tracker.peak_block),
-        dataflow_peak_bytes=int(tracker.dataflow_peak(keep)),
+        dataflow_peak_bytes=int(_dataflow_peak(tracker.size, tracker.born, tracker.last, tracker.ops, keep)),
         input_bytes=sum(int(t.untyped_storage().nbytes()) for t in made.values()),
         output_bytes=sum(tracker.size[u] for u in keep), num_ops=tracker.ops,
         peak_op=f"{tracker.peak_index}:{tracker.peak_name}", device=device, peak_op_index=tracker.peak_index,

@@ -40,9 +40,9 @@ from dippm_nas._deprecation import MISSING
 from dippm_nas.deployment import Deployment, ResolvedDeployment
 from dippm_nas.devices import Device, HostProfile, resolve_device, resolve_host_profile
 from dippm_nas.errors import GraphValidationError
-from dippm_nas.graph import OperatorGraph
+from dippm_nas.graph import SDPA_MATH_ATTR, OperatorGraph
 from dippm_nas.prior._deploy import DeploymentSettings, deployment_settings, input_copy_kind
-from dippm_nas.prior._math_path import math_path_float32
+from dippm_nas.prior._math_path import MATH_PATH_FLOAT32_SINCE, math_path_float32
 from dippm_nas.prior._host import HOST_KINDS, Execution, HostModel, check_runtime, compiled_groups, input_copy_us
 from dippm_nas.prior._memory import MemoryBreakdown, activation_liveness, gpu_memory_parts
 from dippm_nas.prior._nodes import check_autocast, graph_facts_many, node_costs
@@ -53,6 +53,11 @@ from dippm_nas.prior._power import PowerTable, node_activity, pass_energy_j, pow
 __all__ = ["PriorEstimate", "estimate", "estimate_latency_ms", "latency_sigma_log", "latency_us", "timeline_fields"]
 
 logger = logging.getLogger(__name__)
+
+#: A PyTorch version on each side of :data:`~dippm_nas.prior.MATH_PATH_FLOAT32_SINCE`, by :func:`sdpa_math_mode`
+#: (the liveness of an SDPA math path depends on the version through that threshold only).
+_VERSION_OF_MODE = {"float32": "{}.{}".format(*MATH_PATH_FLOAT32_SINCE),
+                    "inputs": "{}.{}".format(MATH_PATH_FLOAT32_SINCE[0], MATH_PATH_FLOAT32_SINCE[1] - 1)}
 
 @dataclass(frozen=True)
 class PriorEstimate:
@@ -302,7 +307,7 @@ def estimate_with(graph: OperatorGraph, device: Device | str, *, params: PriorPa
                   deployment: Any, **legacy: Any) -> PriorEstimate:
     """:func:`estimate` with :data:`LEGACY_KEYWORDS` given whole (no warning: the callers that still take them,
     such as :func:`~dippm_nas.prior.predict`, warned their own caller)."""
-    dev, p, prof, facts, costs, runtime, prefix_us, copy_us, latency_us, host_total_us, ac = _latency_parts(
+    dev, p, prof, facts, costs, runtime, prefix_us, copy_us, latency_us, host_total_us, ac, mf = _latency_parts(
         graph, device, params=params, deployment=deployment, **legacy)
     energy = None
     if dev.has_power:
@@ -311,15 +316,17 @@ def estimate_with(graph: OperatorGraph, device: Device | str, *, params: PriorPa
                                  (facts.dtype == 1) | (facts.dtype == 2), dev)
         energy = (pass_energy_j(pw, dev, costs.gpu_us, activity, latency_us), pw)
     return _finished(graph, dev, p, prof, facts, costs, runtime, prefix_us, copy_us, latency_us, host_total_us,
-                     float(costs.gpu_us.sum()), energy, ac)
+                     float(costs.gpu_us.sum()), energy, ac, mf)
 
 
 def _finished(graph: OperatorGraph, dev: Device, p: PriorParams, prof: HostProfile, facts: Any, costs: Any,
               runtime: str, prefix_us: float, copy_us: float, latency_us: float, host_total_us: float,
-              busy_us: float, energy: tuple[float, Any] | None, autocast: str | None = None) -> PriorEstimate:
+              busy_us: float, energy: tuple[float, Any] | None, autocast: str | None = None,
+              math_float32: bool | None = None) -> PriorEstimate:
     """The :class:`PriorEstimate` of one graph from its latency parts, its GPU busy time (µs) and its energy
     (``(J, the power constants)``, ``None`` without power figures): the memory parts are added here (on a GPU
-    under ``autocast``, the activation peak of the autocast pass: run-time dtypes and autocast's casts)."""
+    under ``autocast``, the activation peak of the autocast pass: run-time dtypes and autocast's casts; an SDPA
+    math path as the deployment's PyTorch version holds it, ``math_float32``)."""
     if dev.kind != "gpu":
         busy_us = latency_us
     energy_j = energy_std = None
@@ -333,11 +340,12 @@ def _finished(graph: OperatorGraph, dev: Device, p: PriorParams, prof: HostProfi
     memory_std: float | None = None
     memory_details: dict[str, float] = {}
     if dev.kind == "gpu":
-        parts = _gpu_parts(graph, facts, dev, autocast)
+        parts = _gpu_parts(graph, facts, dev, autocast, math_float32)
         baseline, weights_mib, input_mib = parts.context_mib, parts.weights_mib, parts.input_mib
         act_mib, workspace_mib = parts.activations_peak_mib, parts.cublas_workspace_mib + parts.cudnn_workspace_mib
         overhead_mib, total_mib = parts.allocator_overhead_mib, parts.total_mib
         memory_std, memory_details, peak_node = parts.std_mib, parts.details(), parts.peak_node
+        memory_details.update(sdpa_math_details(graph, math_float32))
     else:  # a CPU: the input among the activations, no caching allocator, no context
         mem = _liveness(graph, facts.memory, "dataflow")
         baseline, weights_mib, input_mib = dev.runtime_baseline_mib, float(graph.param_bytes) / MIB, 0.0
@@ -445,7 +453,7 @@ def _latency_parts(graph: OperatorGraph, device: Device | str, *, tf32_conv: boo
                    deployment: Any = None) -> tuple[Any, ...]:
     """The latency half of :func:`estimate` (validation, per-node costs, timelines), shared with
     :func:`estimate_latency_ms`: ``(device, params, host profile, facts, costs, runtime, prefix µs, input copy
-    µs, latency µs, host µs, the resolved autocast dtype or None)``."""
+    µs, latency µs, host µs, the resolved autocast dtype or None, the SDPA math path's version rule or None)``."""
     r = resolved_settings(device, tf32_conv=tf32_conv, tf32_matmul=tf32_matmul, channels_last=channels_last,
                           params=params, runtime=runtime, host=host, input_copy=input_copy, execution=execution,
                           autocast=autocast, deployment=deployment)
@@ -463,7 +471,8 @@ def _latency_parts(graph: OperatorGraph, device: Device | str, *, tf32_conv: boo
         costs = dataclasses.replace(costs, gpu_us=gpu_rt, host_us=host_rt)
     prefix_us, copy_us = _pass_host_us(graph, dev, p, runtime, prof, r.input_copy)
     latency_us, host_total_us = _timelines(costs.gpu_us, costs.host_us, dev.kind, prefix_us)
-    return dev, p, prof, facts, costs, runtime, prefix_us, copy_us, latency_us, host_total_us, r.autocast
+    return (dev, p, prof, facts, costs, runtime, prefix_us, copy_us, latency_us, host_total_us, r.autocast,
+            r.math_float32)
 
 
 def estimate_latency_ms(
@@ -482,15 +491,18 @@ def estimate_latency_ms(
     return _latency_parts(graph, device, params=params, deployment=deployment, **legacy)[8] / 1e3
 
 
-def _gpu_parts(graph: OperatorGraph, facts: Any, dev: Device, autocast: str | None = None) -> Any:
+def _gpu_parts(graph: OperatorGraph, facts: Any, dev: Device, autocast: str | None = None,
+               math_float32: bool | None = None) -> Any:
     """:func:`~dippm_nas.prior._memory.gpu_memory_parts` of ``graph`` on ``dev``, once per graph (cached with
     the graph's facts, keyed by everything it reads besides the graph's structure: the device's context and
     cuBLAS workspace, the input spec, the autocast dtype, the graph's provenance, which the structural hash leaves
-    out). It depends on neither the prior's constants nor the runtime."""
-    key = gpu_parts_key(graph, dev, autocast)
+    out, and for a graph with an SDPA math path the version rule ``math_float32``). It depends on neither the
+    prior's constants nor the runtime."""
+    key = gpu_parts_key(graph, dev, autocast, math_float32)
     parts = facts.memory.get(key)
     if parts is None:
-        mem = _liveness(graph, facts.memory, eager_kind(autocast, graph.provenance_digest()))
+        mem = _liveness(graph, facts.memory, eager_kind(autocast, graph.provenance_digest(),
+                                                        sdpa_math_mode(graph, math_float32)))
         parts = gpu_memory_parts(graph, mem, context_mib=dev.runtime_baseline_mib,
                                  cublas_workspace_mib=dev.cublas_workspace_mib, uses_cublas=facts.uses_cublas,
                                  uses_cudnn=uses_cudnn(graph, facts))
@@ -498,20 +510,50 @@ def _gpu_parts(graph: OperatorGraph, facts: Any, dev: Device, autocast: str | No
     return parts
 
 
-def gpu_parts_key(graph: OperatorGraph, dev: Device, autocast: str | None = None) -> tuple[Any, ...]:
+def gpu_parts_key(graph: OperatorGraph, dev: Device, autocast: str | None = None,
+                  math_float32: bool | None = None) -> tuple[Any, ...]:
     """Where a graph's facts keep its GPU memory parts on ``dev`` under ``autocast`` (see :func:`_gpu_parts`)."""
-    return ("gpu_parts", float(dev.runtime_baseline_mib), float(dev.cublas_workspace_mib), graph.spec,
-            graph.param_bytes, autocast, graph.provenance_digest())
+    key = ("gpu_parts", float(dev.runtime_baseline_mib), float(dev.cublas_workspace_mib), graph.spec,
+           graph.param_bytes, autocast, graph.provenance_digest())
+    mode = sdpa_math_mode(graph, math_float32)
+    return key if mode == "none" else (*key, mode)
 
 
-def eager_kind(autocast: str | None, provenance: str | None = None) -> str:
+def sdpa_math_mode(graph: OperatorGraph, math_float32: bool | None) -> str:
+    """How the memory of ``graph``'s SDPA math path is priced: ``"none"`` (no node marked
+    ``attrs["sdpa_math"]``), ``"unknown"`` (the PyTorch version is not known: at the graph's dtypes, autocast's
+    plan under autocast), ``"float32"`` (PyTorch >= 2.5: half-precision inputs held in float32, the safe softmax's
+    buffers) or ``"inputs"`` (up to 2.4: the inputs' dtype); :mod:`~dippm_nas.prior._math_path_memory`."""
+    if not any(nd.attrs.get(SDPA_MATH_ATTR) for nd in graph.nodes):
+        return "none"
+    if math_float32 is None:
+        return "unknown"
+    return "float32" if math_float32 else "inputs"
+
+
+def sdpa_math_details(graph: OperatorGraph, math_float32: bool | None) -> dict[str, float]:
+    """The label of an SDPA math path's memory for :attr:`PriorEstimate.memory_details` (empty without one):
+    ``sdpa_math_version_known`` (0: the PyTorch version is unknown, its memory at the graph's dtypes) and, when
+    known, ``sdpa_math_float32`` (1: held in float32 from PyTorch 2.5, :func:`sdpa_math_mode`)."""
+    mode = sdpa_math_mode(graph, math_float32)
+    if mode == "none":
+        return {}
+    if mode == "unknown":
+        return {"sdpa_math_version_known": 0.0}
+    return {"sdpa_math_version_known": 1.0, "sdpa_math_float32": float(mode == "float32")}
+
+
+def eager_kind(autocast: str | None, provenance: str | None = None, sdpa_math: str = "none") -> str:
     """The liveness kind of a GPU pass: ``"eager"``, or ``"eager:float16"`` / ``"eager:bfloat16"`` under autocast;
     ``"+provenance:<digest>"`` appended for a graph with provenance (its
     :meth:`~dippm_nas.graph.OperatorGraph.provenance_digest`: the provenance rules price it; graphs of the same
     structure share their facts, keyed by the structural hash, but not this pass unless their provenance is
-    the same too)."""
+    the same too); ``"+sdpa_math:float32"`` / ``"+sdpa_math:inputs"`` for an SDPA math path priced by a known
+    PyTorch version (:func:`sdpa_math_mode`)."""
     kind = "eager" if autocast is None else f"eager:{autocast}"
-    return f"{kind}+provenance:{provenance}" if provenance else kind
+    if provenance:
+        kind = f"{kind}+provenance:{provenance}"
+    return f"{kind}+sdpa_math:{sdpa_math}" if sdpa_math in ("float32", "inputs") else kind
 
 
 def uses_cudnn(graph: OperatorGraph, facts: Any) -> bool:
@@ -566,6 +608,9 @@ def _liveness(graph: OperatorGraph, cache: dict[str, MemoryBreakdown], kind: str
         if kind == "dataflow":
             cache[kind] = activation_liveness(graph)
         else:
-            ac = kind.partition("+")[0].partition(":")[2] or None
-            cache[kind] = activation_liveness(graph, retention=True, include_inputs=False, autocast=ac)
+            head, *tags = kind.split("+")
+            ac = head.partition(":")[2] or None
+            math = dict(t.partition(":")[::2] for t in tags).get("sdpa_math")
+            cache[kind] = activation_liveness(graph, retention=True, include_inputs=False, autocast=ac,
+                                              torch_version=_VERSION_OF_MODE.get(math))
     return cache[kind]

@@ -39,7 +39,9 @@ neither make nor break a cut. Further rules of eager PyTorch's frames and in-pla
 - pre-norm branch: ``x + f(norm(x))`` holds the norm's output until the join (the argument of ``f``);
 - attention block: the input of a block whose first branch holds attention or softmax lives until the
   block's second join (the caller holds a block's argument until it returns);
-- post-norm layer: ``norm(x + f(x))`` (BERT): the skip input of each such join lives until the next one;
+- post-norm layer: ``norm(x + f(x))`` (BERT): the skip input of each such join lives until the next one (with
+  provenance, only where the norm runs inside the module call that made the sum: not a pre-norm block's output
+  read by the next block's norm alone, Hiera's stage transitions);
 - inverted residual: 1x1 expand, depthwise, 1x1 project (MobileNet, MBConv): the block's input lives until
   the projection's norm, the depthwise convolution's input until its norm (``Conv2dNormActivation``);
 - a concatenation normalised before a convolution (DenseNet's ``bn_function``) lives until that convolution;
@@ -63,6 +65,12 @@ only where it is a local of the frame that runs the stage (:func:`_local_of_fram
 :mod:`dippm_nas.prior._layout_rules` add eager's copies: a ``reshape`` whose input's strides allow no view is a
 copy with a storage of its own (its input alive as long as the copy, as it was when the copy was taken for a
 view of it), and a batched ``matmul`` operand it cannot fold is copied while the matmul runs.
+
+With ``torch_version`` (:func:`activation_liveness`; the deployment's on a GPU estimate), the nodes of an SDPA math
+path (marked by the capture) hold what that version's ``_scaled_dot_product_attention_math`` holds
+(:mod:`dippm_nas.prior._math_path_memory`: the call's arguments and its scaled query to its end, the mask added in
+place; from PyTorch 2.5 float32 copies of half-precision q, k, v, float32 scores and softmax, the attention weights
+cast back and the safe softmax's buffers); without it, those nodes are priced as any others.
 
 Under ``autocast`` each output is sized at its run-time dtype (:func:`~dippm_nas.prior.autocast_plan`), each
 activation cast lives while its operator runs and each weight cast (autocast caches them) from its first
@@ -106,6 +114,8 @@ from dippm_nas.graph import GraphStack, OperatorGraph, OpNode, stack_graphs
 from dippm_nas.prior._allocator import AllocatorConfig, AllocatorPeak, _replay_pairs
 from dippm_nas.prior._autocast import AUTOCAST_LOW_CLASSES, autocast_plan
 from dippm_nas.prior._layout_rules import layout_copies
+from dippm_nas.prior._math_path import math_path_float32
+from dippm_nas.prior._math_path_memory import MathPathStorageRules, math_path_calls, math_path_storage_rules
 from dippm_nas.prior._nodes import check_autocast, graph_facts
 from dippm_nas.prior._provenance_rules import module_argument_rule, provenance_inplace
 from dippm_nas.spec import dtype_bytes
@@ -370,7 +380,7 @@ def _frame_rules(graph: OperatorGraph) -> _FrameRules:
         copies = copies + [c for c in operand_copies if c not in seen]
     # the inverted-residual and conv + norm rules stand in for module arguments (``Conv2dNormActivation``,
     # ``ConvNormAct``) that the module-argument rule sees where the graph has provenance
-    structural = (_pre_norm_rule(nodes, preds) + _post_norm_rule(nodes, preds, succ)
+    structural = (_pre_norm_rule(nodes, preds) + _post_norm_rule(nodes, preds, succ, provenance)
                   + _attention_block_rule(nodes, preds))
     if not provenance:
         structural += _inverted_residual_rule(nodes, preds, succ) + _conv_norm_rule(nodes, preds, succ)
@@ -522,17 +532,27 @@ def _attention_block_rule(nodes: "Sequence[OpNode]", preds: list[list[int]]) -> 
 
 
 def _post_norm_rule(nodes: "Sequence[OpNode]", preds: list[list[int]],
-                    succ: list[list[int]]) -> list[tuple[int, int]]:
+                    succ: list[list[int]], provenance: bool = False) -> list[tuple[int, int]]:
     """Post-norm sublayers (``norm(x + f(x))``, BERT): the skip input of each lives until the next post-norm
-    join, so a layer's input lives through the whole layer (the caller's frame holds it until it returns)."""
+    join, so a layer's input lives through the whole layer (the caller's frame holds it until it returns).
+    With ``provenance``, the norm must run inside the module call that made the sum (BERT's ``self.LayerNorm(h +
+    x)``), not in the next block's (a pre-norm block whose next block does not read its output as a skip:
+    Hiera's stage transitions)."""
     joins = [j for j, ps in enumerate(preds)
              if nodes[j].op == "add" and len(succ[j]) == 1 and nodes[succ[j][0]].op in _PRE_NORMS
-             and len({_producer(nodes, preds, q) for q in ps if not nodes[q].is_constant}) >= 2]
+             and len({_producer(nodes, preds, q) for q in ps if not nodes[q].is_constant}) >= 2
+             and (not provenance or _norm_in_call_of(nodes[j], nodes[succ[j][0]]))]
     out = []
     for j, nxt in zip(joins, joins[1:]):
         src = min(_producer(nodes, preds, q) for q in preds[j] if not nodes[q].is_constant)
         out.append((src, nxt))
     return out
+
+
+def _norm_in_call_of(add: OpNode, norm: OpNode) -> bool:
+    """The norm runs inside the innermost module call the ``add`` ran in (or the add ran in no module's call)."""
+    stack = add.module_stack or ()
+    return not stack or stack[-1] in (norm.module_stack or ())
 
 
 def _is_conv(nd: OpNode, *, depthwise: bool | None = None) -> bool:
@@ -646,7 +666,8 @@ def _concat_norm_rule(nodes: "Sequence[OpNode]", succ: list[list[int]]) -> list[
 
 
 def activation_liveness(graph: OperatorGraph, *, retention: bool = False,
-                        include_inputs: bool = True, autocast: str | None = None) -> MemoryBreakdown:
+                        include_inputs: bool = True, autocast: str | None = None,
+                        torch_version: str | None = None) -> MemoryBreakdown:
     """Peak activation memory of ``graph`` by a liveness pass in execution order.
 
     Args:
@@ -659,12 +680,18 @@ def activation_liveness(graph: OperatorGraph, *, retention: bool = False,
             operator lists, :func:`~dippm_nas.prior.autocast_plan`): each output at its run-time dtype, each
             activation autocast casts for an operator alive while it runs, each weight's cached cast from
             its first use to the end of the pass.
+        torch_version: the PyTorch version the pass runs on (``"2.4.1"``, ``"2.13.0+cu130"``): the nodes of an
+            SDPA math path (``attrs["sdpa_math"]``) hold what that version's math path holds
+            (:mod:`~dippm_nas.prior._math_path_memory`: float32 copies of half-precision q, k and v and float32
+            scores from 2.5, the safe softmax's buffers, the scaled query to the call's end); ``None`` (not
+            known): those nodes are priced as any others, at the graph's dtypes (autocast's plan under autocast).
 
     Returns:
         the :class:`MemoryBreakdown`: the live bytes of the storages :func:`storage_lives` lists (the same
         computation), which :func:`gpu_memory_parts` replays through the caching allocator.
     """
-    lv = _lives(graph, retention=retention, include_inputs=include_inputs, autocast=autocast)
+    lv = _lives(graph, retention=retention, include_inputs=include_inputs, autocast=autocast,
+                math_float32=math_path_float32(torch_version))
     if graph.num_nodes == 0:
         return MemoryBreakdown(0, 0, -1, np.zeros(0), np.zeros((3, 0)))
     out = _peak(lv, graph.num_nodes)
@@ -672,32 +699,36 @@ def activation_liveness(graph: OperatorGraph, *, retention: bool = False,
     return out
 
 
-def storage_lives(graph: OperatorGraph, *, autocast: str | None = None,
-                  include_inputs: bool = False) -> tuple[list[list[int]], list[int], list[int]]:
+def storage_lives(graph: OperatorGraph, *, autocast: str | None = None, include_inputs: bool = False,
+                  torch_version: str | None = None) -> tuple[list[list[int]], list[int], list[int]]:
     """The storages of :func:`activation_liveness` with ``retention=True``: each one's blocks (bytes, 512 B
     rounded), the node that makes it and the last node that reads it (``num_nodes``: read to the end), the
     sequence :func:`~dippm_nas.prior.allocation_events` turns into the caching allocator's requests. Both come
     from one liveness pass, so the peak of their sum over the nodes is
-    ``activation_liveness(graph, retention=True, ...).peak_allocated_bytes``."""
-    lv = _lives(graph, retention=True, include_inputs=include_inputs, autocast=autocast)
+    ``activation_liveness(graph, retention=True, ...).peak_allocated_bytes`` (``torch_version`` as there)."""
+    lv = _lives(graph, retention=True, include_inputs=include_inputs, autocast=autocast,
+                math_float32=math_path_float32(torch_version))
     return lv.sizes, lv.alloc_at, lv.last_use
 
 
-def _lives(graph: OperatorGraph, *, retention: bool, include_inputs: bool, autocast: str | None) -> _Lives:
+def _lives(graph: OperatorGraph, *, retention: bool, include_inputs: bool, autocast: str | None,
+           math_float32: bool | None = None) -> _Lives:
     """The storages of one graph's liveness pass (the rules of the module docstring), the one computation
-    behind :func:`activation_liveness` and :func:`storage_lives`."""
+    behind :func:`activation_liveness` and :func:`storage_lives`; ``math_float32``: the SDPA math path's
+    version rule (:func:`~dippm_nas.prior.math_path_float32`; ``None``: not applied)."""
     n = graph.num_nodes
     preds = graph.predecessors()
     rules = _frame_rules(graph) if retention and n else _FrameRules((), ())
+    mp = _math_rules(graph, preds, autocast, math_float32)
     lv = _Lives([None] * n, [], [], [], {})
     _input_storages(graph, lv, include_inputs)
-    _node_storages(graph, preds, lv, frozenset(rules.inplace), frozenset(rules.copy_views))
+    _node_storages(graph, preds, lv, frozenset(rules.inplace), frozenset(rules.copy_views), mp.inplace)
     _extend_lives(graph, preds, lv)
     if n == 0:
         return lv
     if retention:
         _retain(graph, lv.sizes, lv.alloc_at, lv.last_use, lv.storage_of, preds, lv.consumers_of_input)
-        for p, until in rules.extend:
+        for p, until in (*(e for e in rules.extend if e[0] not in mp.temporaries), *mp.extend):
             s = lv.storage_of[p]
             if s is not None:
                 lv.last_use[s] = max(lv.last_use[s], until)
@@ -712,8 +743,42 @@ def _lives(graph: OperatorGraph, *, retention: bool, include_inputs: bool, autoc
         copy_sids.append((len(lv.sizes), q))
         _add_storage(lv, [round_block(graph.nodes[q].output_elements * dtype_bytes(graph.nodes[q].output_dtype))], m, m)
     if autocast is not None:
-        _autocast_storages(graph, preds, lv, autocast, copy_sids)
+        _autocast_storages(graph, preds, lv, autocast, copy_sids, mp.marked)
+    if mp.marked:
+        _math_path_storages(lv, mp, copy_sids, graph)
     return lv
+
+
+_NO_MATH = MathPathStorageRules({}, (), {}, {}, (), frozenset(), frozenset(), "none")
+
+
+def _math_rules(graph: OperatorGraph, preds: list[list[int]], autocast: str | None,
+                math_float32: bool | None) -> MathPathStorageRules:
+    """The SDPA math path's storage rules of ``graph`` (none when the version is unknown or no node is marked)."""
+    if math_float32 is None:
+        return _NO_MATH
+    calls = math_path_calls(graph, preds)
+    if not calls:
+        return _NO_MATH
+    facts = graph_facts(graph)
+    run = facts.dtype if autocast is None else autocast_plan(graph, autocast, facts.classes, facts.dtype,
+                                                              facts.fused).dtype
+    return math_path_storage_rules(graph, preds, calls, np.asarray(run), autocast, bool(math_float32))
+
+
+def _math_path_storages(lv: _Lives, mp: MathPathStorageRules, copy_sids: "Sequence[tuple[int, int]]",
+                        graph: OperatorGraph) -> None:
+    """The math path's storages at the dtype its version runs them in, and those it holds that no node makes."""
+    for i, blocks in mp.resize.items():
+        s = lv.storage_of[i]
+        if s is not None and lv.alloc_at[s] == i:
+            lv.sizes[s] = list(blocks)
+    for s, q in copy_sids:
+        width = mp.copy_width.get(lv.alloc_at[s])
+        if width is not None:
+            lv.sizes[s] = [round_block(graph.nodes[q].output_elements * width)]
+    for blocks, first, last in mp.extra:
+        _add_storage(lv, list(blocks), first, last)
 
 
 @dataclass(frozen=True)
@@ -762,10 +827,11 @@ _WIDTH = {0: 4, 1: 2, 2: 2, 3: 8}
 
 
 def _autocast_storages(graph: OperatorGraph, preds: list[list[int]], lv: _Lives, low: str,
-                       copies: "Sequence[tuple[int, int]]" = ()) -> None:
+                       copies: "Sequence[tuple[int, int]]" = (), inside_sdpa: frozenset[int] = frozenset()) -> None:
     """Re-size the storages to their run-time dtype under autocast to ``low`` and add autocast's casts: an
     activation cast alive while its operator runs, a weight's cast (cached by autocast) from its first use
-    to the end of the pass."""
+    to the end of the pass; none for the nodes of ``inside_sdpa`` (an SDPA math path whose version is known: the
+    composite runs below autocast's dispatch key)."""
 
     check_autocast(low)
     facts = graph_facts(graph)
@@ -783,7 +849,7 @@ def _autocast_storages(graph: OperatorGraph, preds: list[list[int]], lv: _Lives,
             lv.sizes[s] = [round_block(nodes[q].output_elements * _WIDTH[run])]
     for i, nd in enumerate(nodes):
         run = int(plan.dtype[i])
-        if nd.is_constant or plan.casts[i] <= 0 or run not in _WIDTH:
+        if nd.is_constant or plan.casts[i] <= 0 or run not in _WIDTH or i in inside_sdpa:
             continue
         for p in preds[i]:
             rp = int(plan.dtype[p])
@@ -851,15 +917,18 @@ def _input_storages(graph: OperatorGraph, lv: _Lives, include_inputs: bool) -> N
 
 
 def _node_storages(graph: OperatorGraph, preds: list[list[int]], lv: _Lives,
-                   inplace: frozenset[int] = frozenset(), copy_views: frozenset[int] = frozenset()) -> None:
+                   inplace: frozenset[int] = frozenset(), copy_views: frozenset[int] = frozenset(),
+                   inplace_on: "dict[int, int] | None" = None) -> None:
     """One storage per computing node (and per view of ``copy_views``, which eager runs as a copy); a view
-    (or an in-place activation of ``inplace``) aliases its first live producer's (or its input's) storage."""
+    (or an in-place activation of ``inplace``) aliases its first live producer's (or its input's) storage, a node
+    of ``inplace_on`` the storage of the producer it names (``attn.add_(mask)``: the scores')."""
+    inplace_on = inplace_on or {}
     for node in graph.nodes:
         i = node.index
         if node.is_constant:
             continue
-        if (node.op_class == "view" and i not in copy_views) or i in inplace:
-            live_preds = [p for p in preds[i] if lv.storage_of[p] is not None]
+        if (node.op_class == "view" and i not in copy_views) or i in inplace or i in inplace_on:
+            live_preds = [p for p in ([inplace_on[i]] if i in inplace_on else preds[i]) if lv.storage_of[p] is not None]
             if live_preds:
                 lv.storage_of[i] = lv.storage_of[live_preds[0]]
             elif lv.consumers_of_input.get(i):

@@ -30,7 +30,7 @@ from dippm_nas.prior._deploy import DeploymentSettings
 from dippm_nas.prior._estimate import (LEGACY_KEYWORDS, PriorEstimate, ResolvedSettings, _finished, _liveness,
                                        _pass_host_us, _runtime_costs, checked_facts_many, eager_kind, estimate,
                                        gpu_parts_key, legacy_keywords,
-                                       resolved_settings, uses_cudnn)
+                                       resolved_settings, sdpa_math_mode, uses_cudnn)
 from dippm_nas.prior._nodes import (KernelTerms, NodeCosts, costs_of_terms, gemm_epilogue, host_times, kernel_terms,
                                     retimed)
 from dippm_nas.prior._sdpa import AttentionShape
@@ -338,7 +338,7 @@ def estimates_of(stack: CostStack, r: ResolvedSettings, power: Any = None) -> li
     if table is not None:  # operators timed in place on this machine: the single-graph path reads the table
         table_settings = DeploymentSettings(runtime=r.runtime, host=r.host, input_copy=r.input_copy)
         return [estimate(g, dev, params=p, power=power, deployment=table_settings) for g in st.graphs]
-    _memory_of(stack, dev, r.autocast)
+    _memory_of(stack, dev, r.autocast, r.math_float32)
     gpu_us, host_us, eager = stack.runtime_costs(r)
     prefix, copy = stack.prefixes(r)
     latency, host_total = stacked_timelines(st, gpu_us, host_us, dev.kind, prefix)
@@ -359,32 +359,37 @@ def estimates_of(stack: CostStack, r: ResolvedSettings, power: Any = None) -> li
                           memory_us=eager.memory_us[a:b], kernels=eager.kernels[a:b],
                           utilisation=eager.utilisation[a:b], tensor_core=eager.tensor_core[a:b], classes=f.classes)
         out.append(_finished(g, dev, p, r.host, f, costs, r.runtime, float(prefix[i]), float(copy[i]),
-                             float(latency[i]), float(host_total[i]), float(busy[i]), energies[i], r.autocast))
+                             float(latency[i]), float(host_total[i]), float(busy[i]), energies[i], r.autocast,
+                             r.math_float32))
     return out
 
 
-def _memory_of(stack: CostStack, dev: Device, autocast: str | None = None) -> None:
+def _memory_of(stack: CostStack, dev: Device, autocast: str | None = None,
+               math_float32: bool | None = None) -> None:
     """Each graph's liveness pass (and on a GPU its memory parts), kept with its facts as the single-graph
-    estimate keeps them, the missing ones computed over all graphs at once (under ``autocast`` on a GPU, graph
-    by graph: :func:`~dippm_nas.prior.activation_liveness_many` has no autocast)."""
+    estimate keeps them, the missing ones computed over all graphs at once (under ``autocast`` on a GPU, and for
+    a graph whose SDPA math path is priced by a known PyTorch version, graph by graph:
+    :func:`~dippm_nas.prior.activation_liveness_many` has neither)."""
     st = stack.facts
     gpu = dev.kind == "gpu"
-    kinds = [eager_kind(autocast, g.provenance_digest()) if gpu else "dataflow" for g in st.graphs]
+    kinds = [eager_kind(autocast, g.provenance_digest(), sdpa_math_mode(g, math_float32)) if gpu else "dataflow"
+             for g in st.graphs]
     for f in st.parts:
         if f.memory is None:
             f.memory = {}
     todo = _firsts([i for i, f in enumerate(st.parts) if kinds[i] not in f.memory], st, kinds)
-    if todo and gpu and autocast is not None:
-        for i in todo:
-            _liveness(st.graphs[i], st.parts[i].memory, kinds[i])
-    elif todo:
+    alone = [i for i in todo if gpu and (autocast is not None or "+sdpa_math:" in kinds[i])]
+    for i in alone:
+        _liveness(st.graphs[i], st.parts[i].memory, kinds[i])
+    todo = [i for i in todo if i not in set(alone)]
+    if todo:
         whole = stack.graph_stack if len(todo) == len(st) else None
         for i, m in zip(todo, activation_liveness_many([st.graphs[i] for i in todo], retention=gpu,
                                                        include_inputs=not gpu, stack=whole)):
             st.parts[i].memory[kinds[i]] = m
     if not gpu:
         return
-    keys = [gpu_parts_key(g, dev, autocast) for g in st.graphs]
+    keys = [gpu_parts_key(g, dev, autocast, math_float32) for g in st.graphs]
     todo = _firsts([i for i, (f, k) in enumerate(zip(st.parts, keys)) if k not in f.memory], st, keys)
     if todo:
         graphs = [st.graphs[i] for i in todo]

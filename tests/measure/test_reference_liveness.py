@@ -106,6 +106,37 @@ def test_cuda_attention_with_a_boolean_mask_runs_the_memory_efficient_kernel() -
     assert a.peak_bytes < half_scores
 
 
+@pytest.mark.skipif(not torch.backends.cuda.is_built(), reason="needs a CUDA-enabled torch build (no GPU needed)")
+def test_cuda_attention_on_5d_tensors_runs_the_math_path_with_its_safe_softmax() -> None:
+    """5-D q, k, v (Hiera's mask units): the fused kernels take 4-D tensors only, so the math path runs, and its
+    ``_safe_softmax`` holds the softmax, the ``eq(-inf)`` matrix and the row flags while its ``where`` runs."""
+
+    class _Windows(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, heads, windows, tokens, head_dim)
+            return nn.functional.scaled_dot_product_attention(x, x * 2, x * 3)
+
+    b, h, w, n, d = 2, 2, 4, 64, 32
+    r = reference_activation_peak(_Windows(), InputSpec(shape=(h, w, n, d), batch_size=b), device="cuda")
+    qkv, scores = b * h * w * n * d * 4, b * h * w * n * n * 4
+    # inside the safe softmax: k and v (x * 2, x * 3), the scaled query, the scores, the softmax, the boolean
+    # matrix, the row flags, two scalars and the result
+    assert r.peak_block_bytes == 3 * qkv + 3 * scores + scores // 4 + 1024 + 2 * 512
+    assert r.peak_op_name == "aten.where.self"
+
+
+@pytest.mark.skipif(not torch.backends.cuda.is_built(), reason="needs a CUDA-enabled torch build (no GPU needed)")
+def test_cuda_attention_on_3d_tensors_follows_this_pytorch() -> None:
+    from dippm_nas.measure._liveness import _sdpa_unsqueezes_3d
+
+    class _Folded(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B * heads, tokens, head_dim)
+            return nn.functional.scaled_dot_product_attention(x, x, x)
+
+    a = reference_activation_peak(_Folded(), InputSpec(shape=(512, 64), batch_size=8), device="cuda")
+    scores = 8 * 512 * 512 * 4
+    assert (a.peak_bytes < scores) == _sdpa_unsqueezes_3d()  # fused kernels where PyTorch unsqueezes to 4-D
+
+
 def test_gpu_only_operator_is_refused_by_name() -> None:
     lib = torch.library.Library("dippm_reftest", "DEF")  # noqa: F841 - kept alive for the test
     lib.define("gpu_only(Tensor x) -> Tensor")
