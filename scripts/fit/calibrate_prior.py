@@ -21,6 +21,12 @@ Whole-model splits are deterministic (a hash of the architecture), fitting is on
 every figure printed "after" is on the held-out split. Nothing of the data is written; ``--out`` writes the
 fitted constants (JSON) naming the data sources and the command line.
 
+``--base FILE`` refits only the per-GPU (compute, memory) multipliers of an existing calibration file on the same
+whole-model rows (:func:`fit_device_scales`), every other constant of the file kept (shared knobs, class
+multipliers, the SDPA / resize / host constants and the entries of GPUs without rows), the default entries ``"*"``
+and ``"*geforce"`` derived again from the refitted GPUs; "before" is then the file as given. It is how the shipped
+multipliers are brought up to a changed kernel rule without refitting what other scripts wrote into the file.
+
 Machine: whatever runs it; capture dominates the time (about 1-10 s per net on 2 CPU cores), so whole-model
 sections use a deterministic subsample (``--anb-nets``, ``--timm-models``) and say so.
 
@@ -29,6 +35,9 @@ Usage::
     python scripts/fit/calibrate_prior.py --data ../shared/data --sections neusight
     PYTHONPATH=. /work/venv-vision/bin/python scripts/fit/calibrate_prior.py --data ../shared/data \
         --anb-nets 120 --timm-models 60 --out dippm_nas/prior/calibration/fitted.json
+    PYTHONPATH=. /work/venv-vision/bin/python scripts/fit/calibrate_prior.py --data ../shared/data \
+        --sections anb,timm --anb-nets 160 --timm-models 60 --base dippm_nas/prior/calibration/fitted.json \
+        --out refit.json
 """
 
 from __future__ import annotations
@@ -743,9 +752,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     metrics["environment"] = {"python": platform.python_version(), "torch": torch.__version__,
                               "machine": f"{platform.machine()}, {__import__('os').cpu_count()} CPUs"}
     if args.out:
+        command = "python " + " ".join([Path(sys.argv[0]).as_posix(), *(argv if argv is not None else sys.argv[1:])])
         params = dataclasses.replace(
             params, source=params.source if args.base is not None else "; ".join(sources) or "uncalibrated",
-            command="python " + " ".join([Path(sys.argv[0]).as_posix(), *(argv if argv is not None else sys.argv[1:])]),
+            command=command if args.base is None else f"{params.command}; per-GPU multipliers then refitted by: {command}",
             metrics=metrics)
         params.save(args.out)
         print(f"wrote {args.out}")
