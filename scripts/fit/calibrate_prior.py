@@ -21,6 +21,12 @@ Whole-model splits are deterministic (a hash of the architecture), fitting is on
 every figure printed "after" is on the held-out split. Nothing of the data is written; ``--out`` writes the
 fitted constants (JSON) naming the data sources and the command line.
 
+``--base FILE`` refits only the per-GPU (compute, memory) multipliers of an existing calibration file on the same
+whole-model rows (:func:`fit_device_scales`), every other constant of the file kept (shared knobs, class
+multipliers, the SDPA / resize / host constants and the entries of GPUs without rows), the default entries ``"*"``
+and ``"*geforce"`` derived again from the refitted GPUs; "before" is then the file as given. It is how the shipped
+multipliers are brought up to a changed kernel rule without refitting what other scripts wrote into the file.
+
 Machine: whatever runs it; capture dominates the time (about 1-10 s per net on 2 CPU cores), so whole-model
 sections use a deterministic subsample (``--anb-nets``, ``--timm-models``) and say so.
 
@@ -29,6 +35,9 @@ Usage::
     python scripts/fit/calibrate_prior.py --data ../shared/data --sections neusight
     PYTHONPATH=. /work/venv-vision/bin/python scripts/fit/calibrate_prior.py --data ../shared/data \
         --anb-nets 120 --timm-models 60 --out dippm_nas/prior/calibration/fitted.json
+    PYTHONPATH=. /work/venv-vision/bin/python scripts/fit/calibrate_prior.py --data ../shared/data \
+        --sections anb,timm --anb-nets 160 --timm-models 60 --base dippm_nas/prior/calibration/fitted.json \
+        --out refit.json
 """
 
 from __future__ import annotations
@@ -475,6 +484,53 @@ def fit_whole_models(items: Sequence[WholeModel], base: PriorParams) -> PriorPar
     return fitted
 
 
+def fit_device_scales(items: Sequence[WholeModel], base: PriorParams) -> PriorParams:
+    """Refit only the per-GPU (compute, memory) multipliers of ``base`` on the training split, every other
+    constant kept (the shared knobs, the class multipliers of a fitted GPU, the entries of devices without rows):
+    the loss of :func:`fit_whole_models` with the shared knobs fixed, which splits by device (a row depends on
+    its own GPU's multipliers only), so each GPU is a 2-D simplex fit from its multipliers in ``base``. The
+    default entries (``"*"``, ``"*geforce"``) are derived again from the refitted GPUs."""
+    from dippm_nas.prior import DeviceScale
+
+    train = [w for w in items if not w.test]
+    devices = sorted({w.device for w in items})
+    scales = dict(base.device_scales)
+    for dev in devices:
+        rows = [w for w in train if w.device == dev]
+        y = np.log(np.array([w.measured_ms for w in rows]))
+        counts = defaultdict(int)
+        for w in rows:
+            counts[w.source] += 1
+        weight = np.array([1.0 / (len(counts) * counts[w.source]) for w in rows])
+        old = base.device_scales.get(dev, DeviceScale())
+
+        def with_dev(x: np.ndarray, old: DeviceScale = old, dev: str = dev) -> PriorParams:
+            vals = [float(np.clip(math.exp(v), lo, hi)) for (_, lo, hi), v in zip(DEVICE_KNOBS, x)]
+            entry = dataclasses.replace(old, compute=vals[0], memory=vals[1])
+            return dataclasses.replace(base, device_scales={**scales, dev: entry})
+
+        def loss(x: np.ndarray, rows: list[WholeModel] = rows, y: np.ndarray = y, weight: np.ndarray = weight,
+                 with_dev: Callable[[np.ndarray], PriorParams] = with_dev) -> float:
+            return float(np.sum(weight * np.abs(np.log(predict_all(rows, with_dev(x))) - y)))
+
+        x = np.log(np.array([old.compute, old.memory]))
+        start = loss(x)
+        for _ in range(2):  # a restart from the best point, as fit_whole_models
+            x = nelder_mead(loss, x, step=0.2, iters=30)
+        scales[dev] = with_dev(x).device_scales[dev]
+        for sib in SCALE_SIBLINGS.get(dev, ()):
+            if sib in scales:
+                scales[sib] = dataclasses.replace(scales[sib], compute=scales[dev].compute, memory=scales[dev].memory)
+        print(f"    device {dev:<16} {len(rows)} training rows, loss {start:.4f} -> {loss(x):.4f}: compute "
+              f"x{old.compute:.3f} -> x{scales[dev].compute:.3f}, memory x{old.memory:.3f} -> x{scales[dev].memory:.3f}")
+    scales.update(default_scale_entries(scales, devices))
+    for key in ("*", "*geforce"):
+        if key in scales:
+            print(f"    default {key:<15} compute x{scales[key].compute:.3f}  memory x{scales[key].memory:.3f}  "
+                  f"classes {dict(scales[key].classes)}")
+    return dataclasses.replace(base, device_scales=scales)
+
+
 # ----------------------------------------------------------------------------------------- Accel-NASBench
 
 ANB_BATCH = 256
@@ -643,6 +699,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="write the fitted constants (JSON) here")
     ap.add_argument("--anb-nets", type=int, default=120, help="Accel-NASBench nets to capture (deterministic subsample)")
     ap.add_argument("--timm-models", type=int, default=60, help="timm models to capture (deterministic subsample)")
+    ap.add_argument("--base", type=Path, default=None,
+                    help="refit only the per-GPU multipliers of this calibration file (and the default entries derived "
+                         "from them), every other constant kept; the neusight section is not run")
     args = ap.parse_args(argv)
     sections = [s.strip() for s in args.sections.split(",") if s.strip()]
     unknown = sorted(set(sections) - {"neusight", "anb", "timm", "memory"})
@@ -650,11 +709,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error(f"unknown sections {unknown}; choices: neusight, anb, timm, memory")
     if not args.data.is_dir():
         ap.error(f"--data {args.data} is not a directory")
+    if args.base is not None and not args.base.is_file():
+        ap.error(f"--base {args.base} is not a file")
     t0 = time.time()
-    params = PriorParams.uncalibrated()
-    metrics: dict[str, Any] = {}
+    params = PriorParams.uncalibrated() if args.base is None else PriorParams.load(args.base)
+    metrics: dict[str, Any] = {} if args.base is None else dict(params.metrics)
     sources = []
-    if "neusight" in sections:
+    if "neusight" in sections and args.base is None:
         params, metrics["neusight"] = run_neusight(args.data, params)
         sources.append("NeuSight A100 operator microbenchmarks (sitar-lab/NeuSight @6945927d, MIT)")
     whole: list[WholeModel] = []
@@ -668,7 +729,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             sources.append("timm benchmark-infer RTX 3090/4090/5090 (huggingface/pytorch-image-models @aa4b5850, Apache-2.0)")
     if "memory" in sections:
         metrics["dippm_memory_check"] = run_dippm_memory()
-    if whole:
+    if whole and args.base is not None:
+        print(f"\n== whole models: refit of the per-GPU multipliers of {args.base}, every other constant kept")
+        after = fit_device_scales(whole, params)
+        metrics["whole_models_device_refit"] = report(whole, params, after, f"{args.base} (before) vs refitted (after)")
+        params = after
+    elif whole:
         print("\n== whole models: fit of the tensor-core, reduction, depthwise, kernel, NCHW and L2 constants and per-device scales")
         before_whole = params
         after = fit_whole_models(whole, params)
@@ -686,9 +752,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     metrics["environment"] = {"python": platform.python_version(), "torch": torch.__version__,
                               "machine": f"{platform.machine()}, {__import__('os').cpu_count()} CPUs"}
     if args.out:
+        command = "python " + " ".join([Path(sys.argv[0]).as_posix(), *(argv if argv is not None else sys.argv[1:])])
         params = dataclasses.replace(
-            params, source="; ".join(sources) or "uncalibrated",
-            command="python " + " ".join([Path(sys.argv[0]).as_posix(), *(argv if argv is not None else sys.argv[1:])]),
+            params, source=params.source if args.base is not None else "; ".join(sources) or "uncalibrated",
+            command=command if args.base is None else f"{params.command}; per-GPU multipliers then refitted by: {command}",
             metrics=metrics)
         params.save(args.out)
         print(f"wrote {args.out}")
