@@ -6,7 +6,7 @@ Usage (from the repository root; data paths are arguments, nothing is downloaded
     python scripts/build_accel_graphs.py --data ../shared/data --out /tmp/regret47/accel_stitched.jsonl
     python benchmarks/search/search_regret.py --data ../shared/data --graphs /tmp/regret47/accel_stitched.jsonl \\
         --checkpoint /tmp/regret47/no_accel.pt --devices a100,rtx-3090 --seeds 10 --trials 200 \\
-        [--every 20] [--validate-max 10] [--budget-quantile 0.5] [--out report.json]
+        [--every 20] [--validate-max 10] [--validate-uncertain 5] [--budget-quantile 0.5] [--out report.json]
 
 Ground truth: Accel-NASBench (``accel_nasbench_mnasnet_space_throughput.csv``: 5,138 MnasNet-space architectures
 with ImageNet top-1 accuracy and measured A100 / RTX 3090 throughput); a row's latency is ``256 / throughput *
@@ -35,7 +35,12 @@ A validation round (``flops``, ``adapted``, ``prior``) runs every ``--every`` tr
 candidates on the method's current believed front (in the budget variant: among the believed-feasible; where it
 believes none feasible, the front of all its candidates) that are not yet validated, at most ``--validate-max``
 of them (evenly along the front), have their measured latency revealed from the table; a validated candidate's
-latency is its measured one from then on. What a method returns: the Pareto front of its beliefs over every
+latency is its measured one from then on. With a budget, up to ``--validate-uncertain`` (default 5) of a round's
+``--validate-max`` rows go to candidates whose feasibility is uncertain (the check rejects them, but the budget lies
+within the margin's band around the mean: ``dippm_nas.budgets.band_distance`` below 1), in the order
+``dippm_nas.validation.uncertain_order`` gives, the round shared by ``dippm_nas.validation.round_split`` (as
+``ParetoValidator(uncertain_per_round=...)`` shares its rounds); a round still validates at most ``--validate-max``
+rows. What a method returns: the Pareto front of its beliefs over every
 trial (measured where validated or measured, else its final estimate); in the budget variant, of the candidates
 it believes feasible.
 
@@ -46,9 +51,11 @@ latency) of the device; the share of returned feasible models that really meet t
 wall time. Predictions are cached per fitted state, made on demand (a trial's row, a round's front) rather than
 of the whole table per state: a state sees 20-200 of the 5,125 graphs.
 
-- ``selected``: the network adapted or the prior calibrated, whichever predicted each round's validated rows
-  better before they were revealed (:class:`Selected`): the predictor skipping the network where the network does
-  not beat the prior alone on this path; the share of rounds the network answered is reported.
+- ``selected``: the network adapted or the prior calibrated, whichever got right, before the rows were revealed,
+  what the search uses of each round's validated rows (:class:`Selected`): their order without a budget (pairwise
+  order accuracy), their feasibility at the budget with one (the check's classification): the predictor skipping
+  the network where the network does not beat the prior alone on this path; the share of rounds the network
+  answered is reported.
 
 Seeds run in chunks (``--first-seed``, ``--seeds``), each (device, seed) written to ``--seed-dir`` as it completes;
 ``--merge DIR [DIR ...] --out report.json`` makes one report of the chunks (settings must agree, no study twice).
