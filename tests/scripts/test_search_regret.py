@@ -361,3 +361,41 @@ def test_paired_differences_are_per_seed_over_the_seeds_both_ran() -> None:
     assert p["n"] == 2 and p["wins"] == 1 and p["mean"] == pytest.approx(0.0)
     assert p["sd"] == pytest.approx(np.std([0.05, -0.05], ddof=1))
     assert b.paired(rs, "adapted", "prior") is None
+
+
+class _Wide:
+    """Right on the mean, with a σ of half the latency: mean + 1σ rejects every row within 1.5x of the budget."""
+
+    def __init__(self, table) -> None:
+        self.table = table
+
+    def estimate(self, rows):
+        return self.table.latency_ms[rows], 0.5 * self.table.latency_ms[rows]
+
+    def reveal(self, rows, measured_ms) -> None:
+        return None
+
+    def reset(self) -> None:
+        return None
+
+
+def test_a_round_with_a_budget_also_validates_uncertain_rows_within_its_row_count() -> None:
+    b = _load()
+    t = _table(b, n=120)
+    budget = float(np.median(t.latency_ms))
+    rule = b.BudgetRule(k_sigma=1.0)
+    lat = t.latency_ms
+    rows = list(range(len(lat)))
+    # believing nothing feasible (every bound over), a round takes the front of all rows
+    assert b._returned(t, _Wide(t), b._State(rows=rows), budget, rule, False).size == 0
+    front = {int(r) for r in b._returned(t, _Wide(t), b._State(rows=rows), None, rule, False)}
+    uncertain = {r for r in rows if 1.5 * lat[r] > budget and abs(lat[r] - budget) < 0.5 * lat[r]}
+    for quota in (0, 5):
+        st = b._State(rows=rows)
+        b._validation_round(t, _Wide(t), st, budget, rule, 10, quota)
+        assert len(st.validated) == 10  # the round's 10 rows, never more
+        extra = set(st.validated) - front
+        if quota == 0:
+            assert not extra  # the front only
+        else:
+            assert len(extra) >= 5 and extra <= uncertain  # at least 5 uncertain rows off the front
