@@ -59,14 +59,14 @@ from statistics import NormalDist
 from typing import Any
 
 from dippm_nas._logging import WarnOnce
-from dippm_nas._numbers import as_real
+from dippm_nas._numbers import as_real, is_real
 from dippm_nas.conformal import (IN_SPACE_REGIME, ConformalCalibration, ConformalMargin, check_confidence,
                                  conformal_for, in_space_margin, regime_of)
 from dippm_nas.devices import resolve_device
 from dippm_nas.errors import BudgetError, CheckpointError, DippmNasError
 
 __all__ = ["Budgets", "ChanceCheck", "DEFAULT_K_SIGMA", "BUDGET_FIGURES", "BUDGET_KEYS", "LLM_BUDGET_FIGURES",
-           "MINIMUM_FIGURES", "check_k_sigma", "trial_attrs"]
+           "MINIMUM_FIGURES", "band_distance", "check_k_sigma", "trial_attrs"]
 
 logger = logging.getLogger(__name__)
 _warn_once = WarnOnce(logger)
@@ -96,6 +96,34 @@ def check_k_sigma(value: Any, what: str = "k_sigma") -> float:
     """
     return as_real(value, what, low=0, error=BudgetError,
                    rule=f"{what} must be a finite number >= 0 (standard deviations added to the mean)")
+
+
+def band_distance(mean: Any, bound: Any, budget: Any) -> float:
+    """How far a budget lies from the predicted mean, in units of the check's margin: ``|mean - budget| / |bound -
+    mean|`` (``bound``: what the check compares with the budget, :attr:`ChanceCheck.bound`).
+
+    Below 1, the budget lies within the margin's band around the mean (``mean - m < budget < mean + m`` for a
+    margin ``m = bound - mean``): a check that rejects such a candidate is unsure of it (its mean may fit), and
+    measuring it settles it (:attr:`ChanceCheck.uncertain`; the validation rounds of
+    :class:`~dippm_nas.validation.ParetoValidator` measure such candidates, ``uncertain_per_round``). 0: the mean
+    is the budget; ``inf``: a check without a margin (no σ, or ``k = 0``) is never unsure; a bound of ``inf`` (a
+    calibration that cannot bound) puts every finite budget at 0.
+
+    Raises:
+        BudgetError: a value that is not a number, or a mean or budget that is not finite.
+    """
+    m = as_real(mean, "mean", error=BudgetError, rule="the predicted mean must be a finite number")
+    b = as_real(budget, "budget", error=BudgetError, rule="the budget must be a finite number")
+    if not is_real(bound) or math.isnan(float(bound)):
+        raise BudgetError(f"the bound must be a number (an infinity allowed), not NaN; got {bound!r:.80}")
+    bound_f = float(bound)
+    if math.isinf(bound_f):
+        return 0.0
+    width = abs(bound_f - m)
+    gap = abs(m - b)
+    if width == 0:
+        return 0.0 if gap == 0 else math.inf
+    return gap / width
 
 
 def _finite_budget(name: str, value: Any) -> float | None:
@@ -150,6 +178,18 @@ class ChanceCheck:
         if self.minimum:
             return self.budget / self.bound if self.bound > 0 else math.inf
         return self.bound / self.budget
+
+    @property
+    def band_distance(self) -> float:
+        """:func:`band_distance` of this check: ``|mean - budget| / |bound - mean|``."""
+        return band_distance(self.mean, self.bound, self.budget)
+
+    @property
+    def uncertain(self) -> bool:
+        """The check rejects the candidate, but the budget lies within the margin's band around the mean
+        (:func:`band_distance` below 1): e.g. a mean within the budget that the bound puts over it. Measuring the
+        candidate settles it."""
+        return not self.feasible and self.band_distance < 1
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict of the fields."""

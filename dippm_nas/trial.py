@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dippm_nas._deprecation import warn_renamed
-from dippm_nas.budgets import ChanceCheck
+from dippm_nas.budgets import MINIMUM_FIGURES, ChanceCheck, band_distance
 from dippm_nas.errors import DippmNasError, InvalidValueError
 from dippm_nas.prediction import Prediction
 from dippm_nas.spec import InputSpec
@@ -183,6 +183,25 @@ class TrialRecord:
     def feasible(self) -> bool:
         """Every budget is met (``True`` without budgets)."""
         return all(v <= 0 for v in self.constraints.values())
+
+    @property
+    def band_distance(self) -> float | None:
+        """How unsure the trial's rejection is: the largest :func:`~dippm_nas.budgets.band_distance` (``|mean -
+        budget| / |bound - mean|``) over the budgets its checks reject; ``None`` when it meets every budget (or has
+        none). Below 1, every rejected budget lies within its margin's band around the mean (the mean may fit):
+        the trials :class:`~dippm_nas.validation.ParetoValidator`'s ``uncertain_per_round`` measures."""
+        out: float | None = None
+        for name, value in self.constraints.items():
+            if value <= 0 or name not in self.limits:
+                continue
+            mean = self.generation.figures.get(name) if self.generation is not None else getattr(self, name, None)
+            if mean is None or not math.isfinite(mean):
+                return math.inf  # a rejected figure without a mean: nothing says how close it came
+            budget = self.limits[name]
+            bound = budget - value if name in MINIMUM_FIGURES else budget + value
+            d = band_distance(mean, bound, budget)
+            out = d if out is None else max(out, d)
+        return out
 
     @property
     def rebuildable(self) -> bool:

@@ -6,7 +6,7 @@ Usage (from the repository root; data paths are arguments, nothing is downloaded
     python scripts/build_accel_graphs.py --data ../shared/data --out /tmp/regret47/accel_stitched.jsonl
     python benchmarks/search/search_regret.py --data ../shared/data --graphs /tmp/regret47/accel_stitched.jsonl \\
         --checkpoint /tmp/regret47/no_accel.pt --devices a100,rtx-3090 --seeds 10 --trials 200 \\
-        [--every 20] [--validate-max 10] [--budget-quantile 0.5] [--out report.json]
+        [--every 20] [--validate-max 10] [--validate-uncertain 5] [--budget-quantile 0.5] [--out report.json]
 
 Ground truth: Accel-NASBench (``accel_nasbench_mnasnet_space_throughput.csv``: 5,138 MnasNet-space architectures
 with ImageNet top-1 accuracy and measured A100 / RTX 3090 throughput); a row's latency is ``256 / throughput *
@@ -35,7 +35,12 @@ A validation round (``flops``, ``adapted``, ``prior``) runs every ``--every`` tr
 candidates on the method's current believed front (in the budget variant: among the believed-feasible; where it
 believes none feasible, the front of all its candidates) that are not yet validated, at most ``--validate-max``
 of them (evenly along the front), have their measured latency revealed from the table; a validated candidate's
-latency is its measured one from then on. What a method returns: the Pareto front of its beliefs over every
+latency is its measured one from then on. With a budget, up to ``--validate-uncertain`` (default 5) of a round's
+``--validate-max`` rows go to candidates whose feasibility is uncertain (the check rejects them, but the budget lies
+within the margin's band around the mean: ``dippm_nas.budgets.band_distance`` below 1), in the order
+``dippm_nas.validation.uncertain_order`` gives, the round shared by ``dippm_nas.validation.round_split`` (as
+``ParetoValidator(uncertain_per_round=...)`` shares its rounds); a round still validates at most ``--validate-max``
+rows. What a method returns: the Pareto front of its beliefs over every
 trial (measured where validated or measured, else its final estimate); in the budget variant, of the candidates
 it believes feasible.
 
@@ -46,9 +51,11 @@ latency) of the device; the share of returned feasible models that really meet t
 wall time. Predictions are cached per fitted state, made on demand (a trial's row, a round's front) rather than
 of the whole table per state: a state sees 20-200 of the 5,125 graphs.
 
-- ``selected``: the network adapted or the prior calibrated, whichever predicted each round's validated rows
-  better before they were revealed (:class:`Selected`): the predictor skipping the network where the network does
-  not beat the prior alone on this path; the share of rounds the network answered is reported.
+- ``selected``: the network adapted or the prior calibrated, whichever got right, before the rows were revealed,
+  what the search uses of each round's validated rows (:class:`Selected`): their order without a budget (pairwise
+  order accuracy), their feasibility at the budget with one (the check's classification): the predictor skipping
+  the network where the network does not beat the prior alone on this path; the share of rounds the network
+  answered is reported.
 
 Seeds run in chunks (``--first-seed``, ``--seeds``), each (device, seed) written to ``--seed-dir`` as it completes;
 ``--merge DIR [DIR ...] --out report.json`` makes one report of the chunks (settings must agree, no study twice).
@@ -293,25 +300,53 @@ class PredictorSource:
         self.cache, self.fitted = {}, False
 
 
+def _order_pairs(predicted: np.ndarray, measured: np.ndarray) -> tuple[float, int]:
+    """Pairwise order agreement of ``predicted`` with ``measured``: (concordant pairs, a tie of the prediction
+    counting half; the pairs whose measurements differ)."""
+    good, pairs = 0.0, 0
+    for i in range(len(measured)):
+        for j in range(i + 1, len(measured)):
+            dm = measured[i] - measured[j]
+            if dm == 0:
+                continue
+            pairs += 1
+            dp = predicted[i] - predicted[j]
+            good += 0.5 if dp == 0 else float((dp > 0) == (dm > 0))
+    return good, pairs
+
+
 class Selected:
-    """The network or the prior alone, whichever predicted the validated rows better **before** they were revealed
-    (prequential: each round's new rows scored against the states fitted on the earlier rounds, as mean |log(predicted
-    / measured)|; ties: the prior). Both are refitted on every round (``adapt`` / ``calibrate``); before any round,
-    the network answers (the predictor's default path). ``path``: the source answering now; ``rounds_network``:
-    the rounds after which the network answered."""
+    """The network or the prior alone, whichever got right, **before** the rows were revealed, what the search uses
+    (prequential: each round's new rows scored against the states fitted on the earlier rounds; ties: the prior):
+
+    - without a budget the search uses only the order of the latencies: the pairwise order accuracy over each
+      round's new rows (concordant pairs / pairs whose measurements differ, summed over the rounds);
+    - with a budget what decides is the check: the share of the new rows whose check (:class:`BudgetRule`, the
+      source's ``Budgets`` bound) classed them as the measurement does (admitted and within the budget, or rejected
+      and over it).
+
+    Both are refitted on every round (``adapt`` / ``calibrate``); before any scored round, the network answers (the
+    predictor's default path). ``path``: the source answering now; ``rounds_network``: the rounds after which the
+    network answered; ``score``: each source's (right, counted) so far. :meth:`use_budget` sets the yardstick."""
 
     def __init__(self, network: PredictorSource, prior: PredictorSource) -> None:
         if network.mode != "adapt" or prior.mode != "calibrate":
             raise ValueError(f"selected needs an adapting network and a calibrating prior, got {network.mode!r} and "
                              f"{prior.mode!r}")
         self.network, self.prior = network, prior
+        self.budget: float | None = None
+        self.rule = BudgetRule()
         self.reset()
+
+    def use_budget(self, budget: float | None, rule: "BudgetRule") -> None:
+        """Score by the feasibility classification at ``budget`` under ``rule`` (``None``: by the order)."""
+        self.budget, self.rule = budget, rule
 
     def reset(self) -> None:
         self.network.reset()
         self.prior.reset()
         self.seen: set[int] = set()
-        self.err = {"network": [], "prior": []}
+        self.score = {"network": [0.0, 0], "prior": [0.0, 0]}
         self.path, self.rounds_network, self.rounds = "network", 0, 0
 
     def _source(self) -> PredictorSource:
@@ -326,17 +361,27 @@ class Selected:
     def predictions(self, rows: np.ndarray) -> list[Any]:
         return self._source().predictions(rows)
 
+    def _right(self, src: PredictorSource, rows: np.ndarray, measured_ms: np.ndarray) -> tuple[float, int]:
+        """What ``src`` got right of the new ``rows`` (its state before their reveal) and out of how many."""
+        mean, std = src.estimate(rows)
+        if self.budget is None:
+            return _order_pairs(mean, measured_ms)
+        admitted = _bounds(src, rows, mean, std, {}, self.budget, self.rule) <= self.budget
+        return float(np.sum(admitted == (measured_ms <= self.budget))), len(rows)
+
     def reveal(self, rows: np.ndarray, measured_ms: np.ndarray) -> None:
         new = np.array([int(r) not in self.seen for r in rows], dtype=bool)
         if new.any():
             for name, src in (("network", self.network), ("prior", self.prior)):
-                mean, _ = src.estimate(rows[new])
-                self.err[name].extend(np.abs(np.log(mean / measured_ms[new])).tolist())
+                right, n = self._right(src, rows[new], measured_ms[new])
+                self.score[name][0] += right
+                self.score[name][1] += n
             self.seen.update(int(r) for r in rows[new])
         self.network.reveal(rows, measured_ms)
         self.prior.reveal(rows, measured_ms)
-        if self.err["network"]:
-            self.path = "network" if np.mean(self.err["network"]) < np.mean(self.err["prior"]) else "prior"
+        (net, n_net), (pri, n_pri) = self.score["network"], self.score["prior"]
+        if n_net and n_pri:
+            self.path = "network" if net / n_net > pri / n_pri else "prior"
         self.rounds += 1
         self.rounds_network += self.path == "network"
 
@@ -449,23 +494,51 @@ def _returned(table: Table, source: LatencySource, st: _State, budget: float | N
     return rows[pareto_mask(table.accuracy_pct[rows], mean)]
 
 
+def _uncertain_rows(table: Table, source: LatencySource, st: _State, budget: float, rule: BudgetRule,
+                    exclude: set[int]) -> list[int]:
+    """The unvalidated rows whose feasibility the check is unsure of (it rejects them, but the budget lies within
+    the margin's band around the mean: :attr:`dippm_nas.budgets.ChanceCheck.uncertain`), in the order
+    :func:`dippm_nas.validation.uncertain_order` gives (those no other dominates by (accuracy, believed latency)
+    first; the nearest the budget first)."""
+    from dippm_nas.budgets import band_distance
+    from dippm_nas.validation import uncertain_order
+
+    rows = np.array(sorted(set(st.rows) - set(st.validated) - exclude), dtype=np.int64)
+    if rows.size == 0:
+        return []
+    mean, std = _beliefs(table, source, rows, st.validated, False)
+    bound = _bounds(source, rows, mean, std, st.validated, budget, rule)
+    dist = [band_distance(m, b, budget) if b > budget else math.inf for m, b in zip(mean, bound)]
+    order = uncertain_order(list(zip(table.accuracy_pct[rows], mean)), ("maximize", "minimize"), dist)
+    return [int(rows[i]) for i in order]
+
+
 def _validation_round(table: Table, source: LatencySource, st: _State, budget: float | None, rule: BudgetRule,
-                      validate_max: int) -> None:
+                      validate_max: int, validate_uncertain: int = 0) -> None:
     """Reveal the measured latency of the unvalidated rows on the believed front; refit the source on all. With a
     budget, the front of the believed-feasible rows; where none is believed feasible, the front of all rows (its
-    fast end the nearest to the budget): a search that believes nothing fits measures what comes closest."""
+    fast end the nearest to the budget): a search that believes nothing fits measures what comes closest. With a
+    budget and ``validate_uncertain``, up to that many of the round's ``validate_max`` rows go to rows whose
+    feasibility is uncertain (:func:`_uncertain_rows`; :func:`dippm_nas.validation.round_split` shares the round)."""
+    from dippm_nas.validation import round_split
+
     ret = _returned(table, source, st, budget, rule, False)
     if budget is not None and ret.size == 0:
         ret = _returned(table, source, st, None, rule, False)
     front = [int(r) for r in ret if int(r) not in st.validated]
-    if len(front) > validate_max:
+    unsure = (_uncertain_rows(table, source, st, budget, rule, set(front))
+              if budget is not None and validate_uncertain > 0 else [])
+    n_front, n_unsure = round_split(len(front), len(unsure), validate_max, min(validate_uncertain, validate_max))
+    if len(front) > n_front:
         mean, _ = source.estimate(np.array(front))
         by_lat = [front[i] for i in np.argsort(mean)]
-        front = [by_lat[i] for i in np.unique(np.linspace(0, len(by_lat) - 1, validate_max).round().astype(int))]
-    if front:
-        mean, _ = source.estimate(np.array(front))
-        st.log_err.extend(np.abs(np.log(mean / table.latency_ms[front])).tolist())
-    for r in front:
+        front = [by_lat[i] for i in np.unique(np.linspace(0, len(by_lat) - 1, n_front).round().astype(int))] \
+            if n_front > 0 else []
+    new = front + unsure[:n_unsure]
+    if new:
+        mean, _ = source.estimate(np.array(new))
+        st.log_err.extend(np.abs(np.log(mean / table.latency_ms[new])).tolist())
+    for r in new:
         st.validated[r] = float(table.latency_ms[r])
     if st.validated:
         rows = np.array(sorted(st.validated), dtype=np.int64)
@@ -499,7 +572,7 @@ def tpe_split_memo() -> Iterator[None]:
 
 def run_study(table: Table, method: str, source: LatencySource, seed: int, trials: int, *, budget: float | None = None,
               every: int = 20, validate_max: int = 10, k_sigma: float = 1.0,
-              confidence: float | None = None) -> StudyResult:
+              confidence: float | None = None, validate_uncertain: int = 0) -> StudyResult:
     """One seeded study of ``method`` (:data:`METHODS`) with its latency ``source``; scored on the truth. The budget
     is checked by :class:`BudgetRule` ``(k_sigma, confidence)``."""
     import optuna
@@ -508,13 +581,16 @@ def run_study(table: Table, method: str, source: LatencySource, seed: int, trial
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     rule = BudgetRule(k_sigma, confidence)
     t0 = time.perf_counter()
+    if isinstance(source, Selected):
+        source.use_budget(budget, rule)
     source.reset()
     measured_all = method in ("oracle", "random")
     sampler = (optuna.samplers.RandomSampler(seed=seed) if method == "random"
                else optuna.samplers.TPESampler(seed=seed))
     study = optuna.create_study(directions=["maximize", "minimize"], sampler=sampler)
     with tpe_split_memo():
-        st = _run_trials(table, method, source, study, trials, budget, every, validate_max, rule)
+        st = _run_trials(table, method, source, study, trials, budget, every, (validate_max, validate_uncertain),
+                         rule)
     ret = _returned(table, source, st, budget, rule, measured_all)
     res = _score(table, method, seed, budget, ret, st, measured_all, time.perf_counter() - t0)
     res.network_rounds_share = _network_share(source)
@@ -553,7 +629,7 @@ def _budget_diagnostics(table: Table, source: LatencySource, st: _State, budget:
 
 
 def _run_trials(table: Table, method: str, source: LatencySource, study: Any, trials: int, budget: float | None,
-                every: int, validate_max: int, rule: BudgetRule) -> _State:
+                every: int, validate: tuple[int, int], rule: BudgetRule) -> _State:
     """Ask, snap, believe, tell ``trials`` times, with a validation round every ``every`` trials and after the last."""
     measured_all = method in ("oracle", "random")
     names, st = column_names(), _State()
@@ -570,7 +646,7 @@ def _run_trials(table: Table, method: str, source: LatencySource, study: Any, tr
             trial.set_constraint("latency_ms", float(bound - budget))
         study.tell(trial, [float(table.accuracy_pct[row]), float(mean[0])])
         if method in ROUND_METHODS and ((t + 1) % every == 0 or t + 1 == trials):
-            _validation_round(table, source, st, budget, rule, validate_max)
+            _validation_round(table, source, st, budget, rule, *validate)
     return st
 
 
@@ -740,9 +816,9 @@ def print_table(name: str, summary: dict[str, dict[str, float]], budget: float |
 
 #: the settings a per-seed file records; files merge only where these are equal
 CONFIG_KEYS = ("checkpoint", "trials", "every", "validate_max", "k_sigma", "confidence", "conformal",
-               "budget_quantile")
+               "budget_quantile", "validate_uncertain")
 #: the settings of the budget check only: a file of studies without a budget merges whatever they are
-MARGIN_KEYS = ("k_sigma", "confidence", "conformal")
+MARGIN_KEYS = ("k_sigma", "confidence", "conformal", "validate_uncertain")
 
 
 def from_report(path: Path) -> int:
@@ -854,7 +930,8 @@ def run_seeds(args: argparse.Namespace, runs: list[DeviceRun]) -> list[dict[str,
         for seed in range(args.first_seed, args.first_seed + args.seeds):
             for run in runs:
                 res = run_all(run.table, run.sources, [seed], args.trials, run.budgets, every=args.every,
-                              validate_max=args.validate_max, k_sigma=args.k_sigma, confidence=args.confidence)
+                              validate_max=args.validate_max, k_sigma=args.k_sigma, confidence=args.confidence,
+                              validate_uncertain=args.validate_uncertain)
                 records.append(seed_record(args, run, seed, res))
                 if args.seed_dir is not None:
                     args.seed_dir.mkdir(parents=True, exist_ok=True)
@@ -924,6 +1001,11 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--trials", type=int, default=200)
     ap.add_argument("--every", type=int, default=20, help="trials between validation rounds (default 20)")
     ap.add_argument("--validate-max", type=int, default=10, help="most rows validated per round (default 10)")
+    ap.add_argument("--validate-uncertain", type=int, default=5,
+                    help="with a budget, of a round's --validate-max rows, up to this many go to candidates whose "
+                         "feasibility is uncertain (the check rejects them, the budget lies within the margin's "
+                         "band around the mean; dippm_nas.validation.uncertain_order), the front the rest; a share "
+                         "one kind cannot fill goes to the other (default 5; 0: the front only)")
     ap.add_argument("--budget-quantile", type=float, default=0.5,
                     help="the latency budget: this quantile of the table's measured latencies (default 0.5)")
     ap.add_argument("--k-sigma", type=float, default=1.0,
@@ -953,6 +1035,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.data is None or args.graphs is None or args.checkpoint is None:
         ap.error("--data, --graphs and --checkpoint are needed (or --merge / --from-report)")
+    if not 0 <= args.validate_uncertain <= args.validate_max:
+        ap.error(f"--validate-uncertain must lie in [0, --validate-max = {args.validate_max}], got "
+                 f"{args.validate_uncertain}")
     if args.seeds < 1 or args.first_seed < 0:
         ap.error(f"--seeds must be >= 1 and --first-seed >= 0, got {args.seeds} and {args.first_seed}")
     methods = [m.strip() for m in args.methods.split(",")]

@@ -5,7 +5,8 @@
 machine that has the device (:class:`ValidationWorker`). Results land in a SQL results table
 (:class:`ValidationRecord`) and a :class:`ValidationSummary` in the study's user attributes;
 :class:`Calibration` corrects the measured device's latency predictions, and :func:`check_calibration` measures
-how much it helped on jobs it was not fitted on. An LLM-generation trial is measured too: time to first token and
+how much it helped on jobs it was not fitted on. Besides the front, a round measures candidates whose feasibility
+is uncertain (:func:`uncertain_order`, :func:`round_split`; ``ParetoValidator(uncertain_per_round=...)``). An LLM-generation trial is measured too: time to first token and
 decode ms per token (:func:`measure_generation`; vLLM where importable on CUDA, else transformers' ``generate``).
 """
 
@@ -40,6 +41,7 @@ from dippm_nas.validation._queue import (
 )
 from dippm_nas.validation._summary import ValidationSummary, summarize
 from dippm_nas.validation._tables import JOB_STATUSES, JOBS_TABLE, RESULTS_TABLE
+from dippm_nas.validation._uncertain import DIRECTIONS, default_uncertain_per_round, round_split, uncertain_order
 from dippm_nas.validation._validator import (
     MODES,
     SUMMARY_ATTR,
@@ -60,5 +62,6 @@ __all__ = [
     "check_calibration", "calibrate_predictor", "CALIBRATION_METHODS",
     "GENERATION_SPACE", "GENERATION_JOB_VERSION", "GENERATION_ENGINES", "GenerationMeasurement", "measure_generation",
     "generation_job_config", "generation_skip_reason", "predicted_generation",
+    "DIRECTIONS", "default_uncertain_per_round", "round_split", "uncertain_order",
     "ValidationError",
 ]

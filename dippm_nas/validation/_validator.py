@@ -11,8 +11,14 @@ Every ``every_n_trials`` finished trials or ``every_seconds`` seconds (whichever
    (``std / value``) of the trial's predicted latency, energy and memory; a trial whose predictions carry
    no standard deviation (the analytic prior) has unknown uncertainty and ranks before every known one,
    oldest trial first among equals;
-3. enqueues at most ``max_per_round`` of them in the SQL job table with the prediction for the
-   validation device they will be compared with;
+3. enqueues at most ``max_per_round`` trials in the SQL job table with the prediction for the validation device
+   they will be compared with: up to ``uncertain_per_round`` of them (default a third of ``max_per_round``,
+   rounded down) trials whose feasibility is uncertain (a budget check rejects them but the budget lies within the
+   margin's band around the predicted mean, :attr:`~dippm_nas.trial.TrialRecord.band_distance` below 1; in
+   :func:`~dippm_nas.validation.uncertain_order`), the front the rest; a share one kind cannot fill goes to the
+   other (:func:`~dippm_nas.validation.round_split`), so a round never measures more than ``max_per_round``. A
+   search that measured only its believed-feasible front would never learn about what a wide margin rejects, nor
+   gather the in-space rows (``Adaptation.conformal_scores``) that narrow the margin;
 4. measures them here when the device is here (``mode="auto"`` or ``"local"``: it drains the queued
    jobs of this study and device in-process, through the same claim and lease as a remote worker), or
    leaves them to ``dippm-nas validate-worker`` on the machine that has the device (``mode="queue"``);
@@ -60,6 +66,7 @@ from dippm_nas.validation._generation import (GENERATION_SPACE, decoder_of_trial
                                               generation_skip_reason, predicted_generation, read_generation_job)
 from dippm_nas.validation._queue import DEFAULT_LEASE_S, DEFAULT_MAX_ATTEMPTS, JobQueue, ValidationRecord
 from dippm_nas.validation._summary import ValidationSummary, summarize
+from dippm_nas.validation._uncertain import default_uncertain_per_round, round_split, uncertain_order
 from dippm_nas.validation._worker import (MeasureFn, ValidationWorker, check_rounds, device_is_here,
                                           local_gpu_count)
 import search_spaces
@@ -141,7 +148,8 @@ class RoundReport:
     """What one validation round did.
 
     Attributes:
-        enqueued: trial numbers enqueued this round (in priority order).
+        enqueued: trial numbers enqueued this round (in priority order: the front's, then the uncertain ones).
+        uncertain: those of ``enqueued`` taken because their feasibility is uncertain (not on the feasible front).
         skipped: trial numbers of the front that cannot be validated (see ``skip_reasons``).
         skip_reasons: ``{trial number: why it cannot be validated}``: no prediction in its attributes (or attributes
             that cannot be read), no
@@ -155,6 +163,7 @@ class RoundReport:
     """
 
     enqueued: list[int] = field(default_factory=list)
+    uncertain: list[int] = field(default_factory=list)
     skipped: list[int] = field(default_factory=list)
     skip_reasons: dict[int, str] = field(default_factory=dict)
     measured: int = 0
@@ -175,7 +184,11 @@ class ParetoValidator:
             can use).
         every_n_trials: run a round after this many trials finished in this process (``None``: never by count).
         every_seconds: run a round when this many seconds passed since the last (``None``: never by time).
-        max_per_round: most trials enqueued per round.
+        max_per_round: most trials enqueued per round (the front's and the uncertain ones together).
+        uncertain_per_round: of those, how many go to trials whose feasibility is uncertain (module docstring, step
+            3), from ``0`` (the front only) to ``max_per_round``; ``None`` (default): a third of ``max_per_round``,
+            rounded down (:func:`~dippm_nas.validation.default_uncertain_per_round`). Only a study whose trials
+            record budget checks (``Budgets`` of ``HardwareCostModel`` or ``HardwareAwareTuner``) has any.
         mode: one of :data:`MODES`.
         batch_size: measure (and predict) with this batch size instead of the trial's (e.g. a serving
             batch too large to time on a CPU); ``None`` keeps the trial's.
@@ -216,6 +229,7 @@ class ParetoValidator:
         every_n_trials: int | None = 10,
         every_seconds: float | None = None,
         max_per_round: int = 3,
+        uncertain_per_round: int | None = None,
         mode: Literal["auto", "local", "queue"] = "auto",
         batch_size: int | None = None,
         dtype: str | None = None,
@@ -242,6 +256,10 @@ class ParetoValidator:
             every_seconds = as_real(every_seconds, "every_seconds", low=0, low_inclusive=False,
                                     error=ValidationError, or_none=True)
         max_per_round = as_int(max_per_round, "max_per_round", low=1, error=ValidationError)
+        if uncertain_per_round is None:
+            uncertain_per_round = default_uncertain_per_round(max_per_round)
+        uncertain_per_round = as_int(uncertain_per_round, "uncertain_per_round", low=0, error=ValidationError)
+        round_split(0, 0, max_per_round, uncertain_per_round)  # refuses more than max_per_round, naming both
         if mode not in MODES:
             raise ValidationError(f"mode must be one of {MODES}, got {mode!r}")
         if batch_size is not None:
@@ -262,6 +280,7 @@ class ParetoValidator:
         self.every_n_trials = every_n_trials
         self.every_seconds = None if every_seconds is None else float(every_seconds)
         self.max_per_round = max_per_round
+        self.uncertain_per_round = uncertain_per_round
         self.batch_size = batch_size
         self.dtype = dtype
         self.settings = settings
@@ -290,7 +309,8 @@ class ParetoValidator:
 
     def __repr__(self) -> str:
         return (f"ParetoValidator(device={self.device!r}, {'local' if self.local else 'queue'}, every_n_trials="
-                f"{self.every_n_trials}, every_seconds={self.every_seconds}, max_per_round={self.max_per_round})")
+                f"{self.every_n_trials}, every_seconds={self.every_seconds}, max_per_round={self.max_per_round}, "
+                f"uncertain_per_round={self.uncertain_per_round})")
 
     # ------------------------------------------------------------------ plumbing
     def queue_for(self, study: Any) -> JobQueue:
@@ -336,7 +356,8 @@ class ParetoValidator:
         return False
 
     def select(self, study: Any) -> tuple[list[Any], list[int]]:
-        """The trials the next round would enqueue (priority order, at most ``max_per_round``) and the
+        """The trials the next round would enqueue (at most ``max_per_round``: the front's in priority order, then
+        the uncertain ones, :meth:`uncertain_trials`, shared by :func:`~dippm_nas.validation.round_split`) and the
         Pareto trials skipped because they cannot be validated (why: :attr:`skip_reasons`)."""
         queue = self.queue_for(study)
         known = queue.trial_numbers(study.study_name, self.device)
@@ -360,7 +381,34 @@ class ParetoValidator:
                 continue
             cands.append((t, record))
         cands.sort(key=lambda tr: (-uncertainty_of(tr[1]), tr[0].number))
-        return [t for t, _ in cands[: self.max_per_round]], skipped
+        unsure = self.uncertain_trials(study, skip={t.number for t in front} | set(known)) \
+            if self.uncertain_per_round else []
+        n_front, n_unsure = round_split(len(cands), len(unsure), self.max_per_round, self.uncertain_per_round)
+        return [t for t, _ in cands[:n_front]] + unsure[:n_unsure], skipped
+
+    def uncertain_trials(self, study: Any, *, skip: set[int] | frozenset[int] = frozenset()) -> list[Any]:
+        """The finished trials (not in ``skip``) whose feasibility is uncertain, in the order a round takes them
+        (:func:`~dippm_nas.validation.uncertain_order` by the study's objectives): a budget check rejects them but
+        every rejected budget lies within its margin's band around the predicted mean
+        (:attr:`~dippm_nas.trial.TrialRecord.band_distance` below 1), and they can be rebuilt (forward passes of a
+        registered search space; LLM generations are left to the front)."""
+        import optuna
+
+        found: list[tuple[Any, float]] = []
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+            if t.number in skip or t.values is None:
+                continue
+            record, _ = _record_of(t.user_attrs)
+            if record is None or record.not_rebuildable_reason is not None:
+                continue
+            d = record.band_distance
+            if d is not None and d < 1:
+                found.append((t, d))
+        if not found:
+            return []
+        directions = [d.name.lower() for d in study.directions]
+        order = uncertain_order([t.values for t, _ in found], directions, [d for _, d in found])
+        return [found[i][0] for i in order]
 
     def _use_adaptation(self, queue: JobQueue, space: str) -> Any:
         """The validation device's adaptable predictor, set to the newest stored adaptation of ``space`` (``None``
@@ -427,6 +475,7 @@ class ParetoValidator:
             report = RoundReport()
             queue = self.queue_for(study)
             chosen, report.skipped = self.select(study)
+            front = {t.number for t in study.best_trials}
             for t in chosen:
                 record = TrialRecord.from_attrs(t.user_attrs)
                 if record.generation is not None:
@@ -456,6 +505,8 @@ class ParetoValidator:
                                        priority=uncertainty_of(record))
                 if job_id is not None:
                     report.enqueued.append(t.number)
+                    if t.number not in front:
+                        report.uncertain.append(t.number)
             if self.local:
                 report.measured = self._local_worker(queue).run(study=study.study_name, idle_timeout_s=0, poll_s=0)
             spaces = [TrialRecord.from_attrs(t.user_attrs).search_space for t in chosen]

@@ -183,7 +183,7 @@ CONSTANTS = _names("""
     units.US_PER_MS units.US_PER_S validation.CALIBRATION_METHODS validation.DEFAULT_LEASE_S
     validation.DEFAULT_MAX_ATTEMPTS validation.JOBS_TABLE validation.JOB_STATUSES validation.MODES
     validation.RESULTS_TABLE validation.SUMMARY_ATTR validation.UNKNOWN_UNCERTAINTY validation.GENERATION_SPACE
-    validation.GENERATION_JOB_VERSION validation.GENERATION_ENGINES
+    validation.GENERATION_JOB_VERSION validation.GENERATION_ENGINES validation.DIRECTIONS
     conformal.CONFIDENCES conformal.CONFORMAL_FORMAT conformal.MIN_REGIME_ROWS conformal.WIDEST_REGIME
     conformal.IN_SPACE_REGIME
     llm.ADAPTED_CONSTANTS llm.INTERCONNECTS llm.SERVING_FIGURES optuna.SERVING_OBJECTIVES prior.PAGEABLE_FRESH_WEIGHT
@@ -268,6 +268,7 @@ GENERIC = _names("""
     validation.generation_job_config validation.generation_skip_reason validation.predicted_generation
     prior.AllocatorConfig prior.AllocEvent prior.cublas_workspace_bytes prior.cublaslt_workspace_bytes
     prior.cuda_module_loading prior.parse_torch_version llm.vllm_gpu_blocks
+    budgets.band_distance validation.uncertain_order validation.round_split validation.default_uncertain_per_round
 """)
 #: Public callables that take no argument: each reads the environment (fuzzed as a ``reader:`` entry) or nothing.
 NO_ARGUMENT = {

@@ -163,14 +163,16 @@ def test_tpe_split_memo_changes_no_study() -> None:
 
 
 class _Guess:
-    """A source off by a fixed factor on every row (refits change nothing)."""
+    """A source off by a factor per row (``factor``: a number, or an array over the table's rows); refits change
+    nothing."""
 
-    def __init__(self, table, factor: float, mode: str) -> None:
+    def __init__(self, table, factor, mode: str) -> None:
         self.table, self.factor, self.mode = table, factor, mode
         self.revealed = 0
 
     def estimate(self, rows):
-        return self.table.latency_ms[rows] * self.factor, np.full(len(rows), 0.01)
+        f = self.factor[rows] if isinstance(self.factor, np.ndarray) else self.factor
+        return self.table.latency_ms[rows] * f, np.full(len(rows), 0.01)
 
     def reveal(self, rows, measured_ms) -> None:
         self.revealed += 1
@@ -179,19 +181,41 @@ class _Guess:
         self.revealed = 0
 
 
-def test_selected_answers_with_whichever_predicted_the_new_rows_better() -> None:
+def test_selected_answers_with_whichever_ordered_the_new_rows_better_without_a_budget() -> None:
     b = _load()
     t = _table(b, n=60)
-    for net_f, prior_f, path in ((1.05, 1.5, "network"), (1.5, 1.05, "prior"), (1.3, 1.3, "prior")):
+    rows = np.argsort(t.latency_ms)[:10]
+    # scrambles the order of the rows (each row's factor flips it past its neighbour) but is nearer in |ln error|
+    scramble = np.ones(len(t.latency_ms))
+    scramble[rows] = np.where(np.arange(10) % 2 == 0, 1.2, 0.8)
+    assert np.mean(np.abs(np.log(scramble[rows]))) < abs(math.log(1.5))
+    good, pairs = b._order_pairs(t.latency_ms[rows] * scramble[rows], t.latency_ms[rows])
+    assert pairs == 45 and good < pairs
+    for net_f, prior_f, path in ((1.5, scramble, "network"), (scramble, 1.5, "prior"), (1.3, 1.05, "prior")):
         sel = b.Selected(_Guess(t, net_f, "adapt"), _Guess(t, prior_f, "calibrate"))
+        sel.use_budget(None, b.BudgetRule())
+        sel.reset()
         assert sel.path == "network"  # before any evidence: the predictor's default path
-        rows = np.arange(10)
         sel.reveal(rows, t.latency_ms[rows])
-        assert sel.path == path  # a tie of errors: the prior
+        assert sel.path == path  # order right beats a smaller |ln error|; a tie of order: the prior
         assert sel.network.revealed == sel.prior.revealed == 1  # both refitted
-        assert np.allclose(sel.estimate(rows)[0], t.latency_ms[rows] * (net_f if path == "network" else prior_f))
     with pytest.raises(ValueError, match="selected needs"):
         b.Selected(_Guess(t, 1.0, "calibrate"), _Guess(t, 1.0, "calibrate"))
+
+
+def test_selected_answers_with_whichever_classed_the_new_rows_better_under_a_budget() -> None:
+    b = _load()
+    t = _table(b, n=60)
+    rows = np.arange(20)
+    budget = float(np.median(t.latency_ms[rows]))
+    # 1.0: every row classed right; 1.6: the rows that fit within 1/1.6 of the budget are rejected
+    for net_f, prior_f, path in ((1.0, 1.6, "network"), (1.6, 1.0, "prior"), (1.0, 1.0, "prior")):
+        sel = b.Selected(_Guess(t, net_f, "adapt"), _Guess(t, prior_f, "calibrate"))
+        sel.use_budget(budget, b.BudgetRule(k_sigma=0.0))
+        sel.reset()
+        sel.reveal(rows, t.latency_ms[rows])
+        assert sel.path == path
+        assert sel.score["network" if path == "network" else "prior"][1] == len(rows)
 
 
 def test_seed_chunks_merge_into_one_report_and_refuse_twice(tmp_path: Path, capsys) -> None:
@@ -337,3 +361,41 @@ def test_paired_differences_are_per_seed_over_the_seeds_both_ran() -> None:
     assert p["n"] == 2 and p["wins"] == 1 and p["mean"] == pytest.approx(0.0)
     assert p["sd"] == pytest.approx(np.std([0.05, -0.05], ddof=1))
     assert b.paired(rs, "adapted", "prior") is None
+
+
+class _Wide:
+    """Right on the mean, with a σ of half the latency: mean + 1σ rejects every row within 1.5x of the budget."""
+
+    def __init__(self, table) -> None:
+        self.table = table
+
+    def estimate(self, rows):
+        return self.table.latency_ms[rows], 0.5 * self.table.latency_ms[rows]
+
+    def reveal(self, rows, measured_ms) -> None:
+        return None
+
+    def reset(self) -> None:
+        return None
+
+
+def test_a_round_with_a_budget_also_validates_uncertain_rows_within_its_row_count() -> None:
+    b = _load()
+    t = _table(b, n=120)
+    budget = float(np.median(t.latency_ms))
+    rule = b.BudgetRule(k_sigma=1.0)
+    lat = t.latency_ms
+    rows = list(range(len(lat)))
+    # believing nothing feasible (every bound over), a round takes the front of all rows
+    assert b._returned(t, _Wide(t), b._State(rows=rows), budget, rule, False).size == 0
+    front = {int(r) for r in b._returned(t, _Wide(t), b._State(rows=rows), None, rule, False)}
+    uncertain = {r for r in rows if 1.5 * lat[r] > budget and abs(lat[r] - budget) < 0.5 * lat[r]}
+    for quota in (0, 5):
+        st = b._State(rows=rows)
+        b._validation_round(t, _Wide(t), st, budget, rule, 10, quota)
+        assert len(st.validated) == 10  # the round's 10 rows, never more
+        extra = set(st.validated) - front
+        if quota == 0:
+            assert not extra  # the front only
+        else:
+            assert len(extra) >= 5 and extra <= uncertain  # at least 5 uncertain rows off the front

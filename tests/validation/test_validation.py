@@ -502,6 +502,44 @@ def test_validator_takes_feasible_front_by_uncertainty(fake_predicted: None) -> 
     assert summary["jobs"]["done"] == 5
 
 
+def _budget_attrs(width: int, mean: float, bound: float, budget: float = 10.0) -> dict[str, Any]:
+    """A trial's attributes with a latency budget checked: predicted ``mean``, the check's ``bound``."""
+    return {**_attrs(width, 0.1 * mean), "predicted_latency_ms": mean, "constraint_latency_ms": bound - budget,
+            "budget_latency_ms": budget, "k_sigma_latency_ms": 1.0, "margin_latency_ms": budget - bound}
+
+
+def test_a_round_also_measures_trials_whose_feasibility_is_uncertain(fake_predicted: None) -> None:
+    study = optuna.create_study(directions=["maximize", "minimize"])
+    rows = [([1, 5], 5.0, 8.0), ([2, 6], 6.0, 9.0),  # 0, 1: feasible, the front
+            ([5, 9], 9.0, 12.0),  # 2: mean within, bound over: band distance 1/3
+            ([4, 9.5], 9.5, 10.5),  # 3: band distance 1/2, dominated by 2
+            ([6, 11], 11.0, 13.0),  # 4: mean over by half its margin: band distance 1/2
+            ([9, 20], 20.0, 22.0)]  # 5: over by 5 margins: firmly rejected
+    for i, (values, mean, bound) in enumerate(rows):
+        _add(study, values, _budget_attrs(20 + i, mean, bound), constraint=bound - 10.0)
+    fake = FakeMeasure()
+    v = ParetoValidator("host-cpu", max_per_round=3, measure_fn=fake)
+    assert v.uncertain_per_round == 1  # a third of max_per_round
+    assert [t.number for t in v.uncertain_trials(study)] == [2, 4, 3]  # undominated first, nearest the budget first
+    r1 = v.run_round(study)
+    assert sorted(r1.enqueued[:2]) == [0, 1] and r1.enqueued[2:] == [2] and r1.uncertain == [2]
+    r2 = v.run_round(study)  # the front is measured: the uncertain ones fill the round (equal distances: oldest)
+    assert r2.enqueued == [3, 4] and r2.uncertain == [3, 4]
+    assert v.run_round(study).enqueued == []  # trial 5 is firmly over its budget: never taken
+    assert fake.widths[2:] == [22, 23, 24]
+
+    front_only = ParetoValidator("host-cpu", max_per_round=3, uncertain_per_round=0, measure_fn=FakeMeasure())
+    s2 = optuna.create_study(directions=["maximize", "minimize"])
+    for i, (values, mean, bound) in enumerate(rows):
+        _add(s2, values, _budget_attrs(20 + i, mean, bound), constraint=bound - 10.0)
+    assert sorted(front_only.run_round(s2).enqueued) == [0, 1] and front_only.run_round(s2).enqueued == []
+    assert ParetoValidator("host-cpu", max_per_round=2, measure_fn=FakeMeasure()).uncertain_per_round == 0
+    with pytest.raises(ValidationError, match="uncertain_per_round must be at most max_per_round"):
+        ParetoValidator("host-cpu", max_per_round=3, uncertain_per_round=4, measure_fn=FakeMeasure())
+    with pytest.raises(ValidationError, match="uncertain_per_round"):
+        ParetoValidator("host-cpu", uncertain_per_round=-1, measure_fn=FakeMeasure())
+
+
 def test_the_validator_reads_generation_trials_and_says_why_it_cannot_rebuild_them(fake_predicted: None) -> None:
     """A generation trial's record is read (its uncertainty ranks it) and skipped with the true reason, not as a trial
     lacking search-space attributes; a forward trial without them, and one without a prediction, say so."""
