@@ -359,7 +359,8 @@ def estimates_of(stack: CostStack, r: ResolvedSettings, power: Any = None) -> li
                           memory_us=eager.memory_us[a:b], kernels=eager.kernels[a:b],
                           utilisation=eager.utilisation[a:b], tensor_core=eager.tensor_core[a:b], classes=f.classes)
         out.append(_finished(g, dev, p, r.host, f, costs, r.runtime, float(prefix[i]), float(copy[i]),
-                             float(latency[i]), float(host_total[i]), float(busy[i]), energies[i], r.autocast))
+                             float(latency[i]), float(host_total[i]), float(busy[i]), energies[i], r.autocast,
+                             autocast_open=r.autocast_open))
     return out
 
 
