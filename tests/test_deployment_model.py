@@ -22,16 +22,18 @@ def test_predict_graphs_takes_a_deployment_and_records_what_it_assumed(predictor
     p = AnalyticPredictor(A100, load_calibration=False) if predictor == "analytic" else get_predictor(A100)
     g = HOST_BOUND[0]
     (unknown,) = p.predict_graphs([g], mig=False)
-    assert unknown.labels["deployment_assumed"] == "host,input_copy"  # framework and TF32: the running process's
+    # framework and TF32: the running process's; autocast: the float32 graph's none, labelled as assumed
+    assert unknown.labels["deployment_assumed"] == "host,input_copy,autocast"
     assert unknown.labels["deployment_from_process"].startswith("framework,tf32 (torch ")
     host = HostProfile.from_clock(2.25, framework="torch-1")
-    dep = Deployment(host=host, framework="torch-1", input_copy="none", tf32_matmul=False, tf32_conv=True)
+    dep = Deployment(host=host, framework="torch-1", input_copy="none", tf32_matmul=False, tf32_conv=True,
+                     autocast="none")
     (described,) = p.predict_graphs([g], mig=False, deployment=dep)
     assert described.labels["deployment_assumed"] == "" and described.labels["deployment_from_process"] == ""
     assert described.details["host_profile_mismatch"] == 1.0
     # the legacy keywords build the same deployment: the host profile names its framework
     (legacy,) = p.predict_graphs([g], mig=False, host=host)
-    assert legacy.labels["deployment_assumed"] == "input_copy"
+    assert legacy.labels["deployment_assumed"] == "input_copy,autocast"
     (same,) = p.predict_graphs([g], mig=False, deployment=Deployment(host=host, framework="torch-1"))
     assert legacy.latency_ms == pytest.approx(same.latency_ms, rel=1e-9)
     assert legacy.latency_ms_std == pytest.approx(same.latency_ms_std, rel=1e-9)
@@ -51,7 +53,7 @@ def test_the_prior_takes_the_deployments_settings() -> None:
     g = GPU_BOUND[0]
     dep = Deployment(runtime="cuda-graphs", framework="torch-2", input_copy="pinned", channels_last=True)
     s = deployment_settings(dep)
-    assert isinstance(s, DeploymentSettings) and s.assumed == ("host",)
+    assert isinstance(s, DeploymentSettings) and s.assumed == ("host", "autocast")
     assert (s.runtime, s.input_copy, s.channels_last, s.tf32_matmul, s.tf32_conv) == ("cuda-graphs", "pinned", True,
                                                                                       False, True)
     via_dep = estimate(g, A100, deployment=dep)
@@ -238,11 +240,16 @@ def test_an_unknown_host_widens_sigma_and_a_described_one_narrows_it(predictor: 
         (unknown,) = p.predict_graphs([g], mig=False)
         (no_host,) = p.predict_graphs([g], mig=False, deployment=Deployment(framework="torch-2", input_copy="none"))
         (full,) = p.predict_graphs([g], mig=False, deployment=Deployment(host=host, framework="torch-2",
-                                                                          input_copy="none"))
+                                                                          input_copy="none", autocast="none"))
         rel = [x.latency_ms_std / x.latency_ms for x in (unknown, no_host, full)]
         assert rel[0] > rel[1] > rel[2]
         assert full.details["deployment_sigma_log"] == 0.0 and full.labels["deployment_assumed"] == ""
-        assert no_host.labels["deployment_assumed"] == "host" and no_host.details["deployment_sigma_log"] > 0.1
+        # a float32 graph's undescribed autocast is none: labelled as assumed, no σ, the same figure
+        (open_ac,) = p.predict_graphs([g], mig=False, deployment=Deployment(host=host, framework="torch-2",
+                                                                             input_copy="none"))
+        assert open_ac.labels["deployment_assumed"] == "autocast" and open_ac.details["deployment_sigma_log"] == 0.0
+        assert open_ac.latency_ms == pytest.approx(full.latency_ms, rel=1e-12)
+        assert no_host.labels["deployment_assumed"] == "host,autocast" and no_host.details["deployment_sigma_log"] > 0.1
     # a GPU-bound graph hardly depends on the host: its spread is small
     (gpu_bound,) = p.predict_graphs([GPU_BOUND[1]], mig=False, deployment=Deployment(framework="torch-2",
                                                                                      input_copy="none"))

@@ -55,9 +55,10 @@ UNKNOWN_INPUT_COPY_WEIGHTS: dict[str, float] = {"none": 0.5, "pageable": 0.25, "
 #: Weights of a half-precision graph's forms when a deployment does not say whether autocast runs: ``"none"``, the
 #: model converted to the graph's dtype (``model.half()``: every kernel in it, no casts), and ``"autocast"``,
 #: ``torch.autocast`` at the graph's dtype over float32 weights (casts, float32 softmax and norms). The released
-#: rows hold both, by kind of model: every half-precision transformer row (timm's AMP benchmark, HW-GPT-Bench)
-#: ran autocast, every half-precision CNN row (ryujaehun, Accel-NASBench) ``.half()``; no survey weighs them, so
-#: equally. A float32 graph left undescribed runs without autocast (its dtype says so), so no weight applies.
+#: half-precision rows hold both: autocast in three sources (timm's AMP benchmark and HW-GPT-Bench, every
+#: transformer row; Accel-NASBench's CNNs), ``.half()`` in one (ryujaehun's CNNs); four sources and no survey do not
+#: weigh them, so equally. A float32 graph left undescribed runs without autocast (its dtype says so): no weight
+#: applies.
 UNKNOWN_AUTOCAST_WEIGHTS: dict[str, float] = {"none": 0.5, "autocast": 0.5}
 #: Share of pageable copies whose batch the process maps fresh (a DataLoader worker's batch in shared memory,
 #: each page touched first by the copy) rather than memory it already touched (its own tensor, a ``.half()`` of a
