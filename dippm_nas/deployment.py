@@ -30,7 +30,13 @@ version's defaults otherwise). :attr:`ResolvedDeployment.from_process` names the
 :attr:`ResolvedDeployment.process_torch` the version; a prediction records them in
 ``labels["deployment_from_process"]``. Without torch installed both stay unknown (assumed, σ over both
 generations).
-``cudnn_benchmark`` defaults to off (``torch.backends.cudnn.benchmark = False``) and ``autocast`` to none.
+``cudnn_benchmark`` defaults to off (``torch.backends.cudnn.benchmark = False``).
+
+``autocast`` left ``None`` is not described (``"none"`` says there is no autocast): a float32 graph is priced
+without autocast (its dtype is the evidence: autocast of a float32 model would be said), a float16 / bfloat16
+graph as a mixture of ``model.half()`` and ``torch.autocast`` at the graph's dtype (weights
+:data:`dippm_nas.prior.UNKNOWN_AUTOCAST_WEIGHTS`), and :attr:`ResolvedDeployment.assumed` names ``"autocast"``.
+A deployment file of format 1 with ``"autocast": null`` is read so too (format 1 meant no autocast by it).
 
 Deployments are JSON or TOML files (:meth:`Deployment.save`, :meth:`Deployment.load`), never pickle; unknown
 keys are refused. :meth:`Deployment.detect` reads them off the server that drives the GPU.
@@ -69,12 +75,18 @@ GRAPH_RUNTIMES: tuple[str, ...] = ("eager", "cuda-graphs", "compiled")
 #: vLLM / TensorRT-LLM class: paged and flash attention, fused kernels, CUDA graphs for decode), which only
 #: :func:`dippm_nas.llm.predict_generation` models.
 DEPLOYMENT_RUNTIMES: tuple[str, ...] = (*GRAPH_RUNTIMES, "serving")
-#: ``autocast`` choices besides ``None`` (no autocast).
+#: The dtypes ``autocast`` may name (besides ``"none"``, no autocast, and ``None``, not described).
 AUTOCAST_DTYPES: tuple[str, ...] = ("float16", "bfloat16")
+#: Every described ``autocast``: no autocast, or one of :data:`AUTOCAST_DTYPES`.
+_AUTOCASTS: tuple[str, ...] = ("none", *AUTOCAST_DTYPES)
 #: ``input_copy`` choices besides ``None`` (not described): no copy in the timed region, a copy from pageable
 #: memory (``x.to("cuda")`` of an ordinary tensor), a copy from pinned memory.
 INPUT_COPIES: tuple[str, ...] = ("none", "pageable", "pinned")
-_FORMAT = 1
+#: The deployment file format written: 2, where ``autocast: null`` is not described and ``"none"`` is no autocast.
+#: Format 1 (``autocast: null`` meant no autocast) is still read, its null as not described. The format is part of
+#: :attr:`Deployment.key`, so nothing stored under a format-1 key (an adaptation) is read for a deployment now.
+_FORMAT = 2
+_FORMATS = (1, 2)
 _BOOL_FIELDS = ("tf32_matmul", "tf32_conv", "cudnn_benchmark")
 #: The longest ``versions`` name or value, characters ("2.3.1+cu121" has 11).
 MAX_VERSION_CHARS = 128
@@ -176,13 +188,13 @@ class ResolvedDeployment:
         host: the host profile, ``None`` when not described (its framework is :attr:`framework` when known).
         framework: ``"torch-1"``, ``"torch-2"`` or ``None``.
         tf32_matmul, tf32_conv: whether FP32 matmuls / convolutions may use TF32; ``None`` when unknown.
-        autocast: ``None``, ``"float16"`` or ``"bfloat16"``.
+        autocast: ``"none"``, ``"float16"`` or ``"bfloat16"``; ``None`` when unknown.
         input_copy: one of :data:`INPUT_COPIES`, ``None`` when unknown.
         channels_last: the model and input are in channels-last layout.
         cudnn_benchmark: cuDNN's autotuner is on.
         assumed: the settings that were not described and that a prediction has to assume (``"host"``,
-            ``"framework"``, ``"tf32"``, ``"input_copy"``), in this order; a setting taken from the running
-            process is not among them.
+            ``"framework"``, ``"tf32"``, ``"input_copy"``, ``"autocast"``), in this order; a setting taken from the
+            running process is not among them.
         from_process: the settings that were not described and were taken from the running process's torch
             (``"framework"``, ``"tf32"``; :func:`running_torch`), in this order.
         process_torch: that torch's version where anything was taken from it, else ``None``.
@@ -222,7 +234,9 @@ class ResolvedDeployment:
             parts.append(f"tf32 {'on' if r.tf32_matmul else 'off'}")
         else:
             parts.append(f"tf32 matmul {'on' if r.tf32_matmul else 'off'} conv {'on' if r.tf32_conv else 'off'}")
-        if r.autocast is not None:
+        if r.autocast is None:
+            parts.append("autocast unknown")
+        elif r.autocast != "none":
             parts.append(f"autocast {r.autocast}")
         parts.append("input copy unknown" if r.input_copy is None else f"input copy {r.input_copy}")
         parts += [name for name in ("channels_last", "cudnn_benchmark") if getattr(r, name)]
@@ -243,9 +257,11 @@ class Deployment:
             When ``None``, taken from ``versions["torch"]`` if given.
         tf32_matmul: ``torch.backends.cuda.matmul.allow_tf32``; ``None``: the framework's default.
         tf32_conv: ``torch.backends.cudnn.allow_tf32``; ``None``: the framework's default.
-        autocast: ``None`` (no autocast), ``"float16"`` or ``"bfloat16"``: ``torch.autocast`` around the
-            forward (matmul, convolution and linear in the low dtype; softmax, layer norm, reductions, exp/log
-            in float32; casts as kernels), unlike ``model.half()``.
+        autocast: ``"float16"`` or ``"bfloat16"``: ``torch.autocast`` around the forward (matmul, convolution
+            and linear in the low dtype; softmax, layer norm, reductions, exp/log in float32; casts as kernels),
+            unlike ``model.half()``; ``"none"``: no autocast (the model runs in its own dtype); ``None``: not
+            described (a half-precision graph is priced as a mixture of ``model.half()`` and autocast, a float32
+            graph without autocast).
         input_copy: ``"none"``, ``"pageable"`` or ``"pinned"``: the timed region holds ``x.to("cuda")`` from
             pageable or pinned memory; ``None``: unknown.
         channels_last: the model and input use ``torch.channels_last``.
@@ -302,8 +318,9 @@ class Deployment:
                 raise DeploymentError(f"Deployment.{name} must be true, false or None (PyTorch's default), got {v!r}")
         if not isinstance(self.channels_last, bool):
             raise DeploymentError(f"Deployment.channels_last must be true or false, got {self.channels_last!r}")
-        if self.autocast is not None and self.autocast not in AUTOCAST_DTYPES:
-            raise DeploymentError(f"Deployment.autocast must be None or one of {AUTOCAST_DTYPES}, got {self.autocast!r}")
+        if self.autocast is not None and self.autocast not in _AUTOCASTS:
+            raise DeploymentError(f"Deployment.autocast must be None (not described) or one of {_AUTOCASTS}, "
+                                  f"got {self.autocast!r}")
         if self.input_copy is not None and self.input_copy not in INPUT_COPIES:
             raise DeploymentError(f"Deployment.input_copy must be None or one of {INPUT_COPIES}, "
                                   f"got {self.input_copy!r}")
@@ -344,6 +361,8 @@ class Deployment:
             assumed.append("tf32")
         if self.input_copy is None:
             assumed.append("input_copy")
+        if self.autocast is None:
+            assumed.append("autocast")
         return ResolvedDeployment(
             runtime=self.runtime, host=host, framework=framework,  # type: ignore[arg-type]
             tf32_matmul=tf32_matmul, tf32_conv=tf32_conv, autocast=self.autocast, input_copy=self.input_copy,
@@ -361,8 +380,9 @@ class Deployment:
 
     @property
     def key(self) -> str:
-        """A stable text naming this deployment (part of the prediction cache key): canonical JSON of
-        :meth:`to_dict`."""
+        """A stable text naming this deployment (part of the prediction cache key and of a stored adaptation's
+        key): canonical JSON of :meth:`to_dict`, whose ``format`` (2) keeps a key written under format 1, where
+        ``autocast: null`` meant no autocast, from naming a deployment whose autocast is not described."""
         return canonical_json(self.to_dict())
 
     @classmethod
@@ -446,8 +466,8 @@ class Deployment:
             raise DeploymentError(f"{origin}: a deployment must be an object, got {type(d).__name__}")
         fields = dict(d)
         fmt = fields.pop("format", _FORMAT)
-        if fmt != _FORMAT:
-            raise DeploymentError(f"{origin}: deployment format must be {_FORMAT}, got {fmt!r}")
+        if isinstance(fmt, bool) or fmt not in _FORMATS:
+            raise DeploymentError(f"{origin}: deployment format must be one of {_FORMATS}, got {fmt!r}")
         check_keys(fields, cls.__dataclass_fields__, origin, what="deployment", error=DeploymentError)
         host = fields.get("host")
         if isinstance(host, Mapping):
@@ -627,7 +647,8 @@ def row_deployment(conditions: Mapping[str, Any] | None, environment: Mapping[st
     (``"torch-1"`` / ``"torch-2"``, or a text naming ``PyTorch X.Y.Z``, which gives ``versions["torch"]``), timm's
     ``torch_version_tag`` (``pt240`` -> torch 2.4.0; a torch version also names the framework), ``input_copy`` (true: a copy from pageable memory; one of
     :data:`INPUT_COPIES`; not recorded: ``"none"``, a forward pass on an input already on the GPU, how the imported
-    sources time it), ``autocast`` (a dtype name, or true: the row's ``dtype``), ``memory_layout == "nhwc"`` or
+    sources time it), ``autocast`` (a dtype name, or true: the row's ``dtype``; not recorded: ``"none"``, the model
+    run in the row's dtype, as the imported sources without an autocast condition ran it), ``memory_layout == "nhwc"`` or
     ``channels_last``, ``cudnn_benchmark``; from ``environment``: ``host_clock_ghz`` (the host, its framework the
     row's, else the default profile's), ``cuda`` and ``cudnn`` versions. What a row does not record stays
     undescribed (``None``).
@@ -672,7 +693,7 @@ def row_deployment(conditions: Mapping[str, Any] | None, environment: Mapping[st
     return Deployment(
         runtime=str(runtime), host=host, framework=framework, input_copy=(
             "none" if copy is None or copy is False else "pageable" if copy is True else copy),
-        autocast=dtype if autocast is True else (autocast or None),
+        autocast=dtype if autocast is True else (autocast or "none"),
         channels_last=c.get("memory_layout") == "nhwc" or bool(c.get("channels_last")),
         cudnn_benchmark=None if c.get("cudnn_benchmark") is None else bool(c.get("cudnn_benchmark")),
         versions=versions or None)

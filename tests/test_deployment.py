@@ -17,7 +17,7 @@ def test_defaults_describe_nothing_but_the_runtime(monkeypatch):
     r = Deployment().resolve()
     assert r.runtime == "eager" and r.host is None and r.framework is None
     assert r.tf32_matmul is None and r.tf32_conv is None and r.input_copy is None
-    assert r.assumed == ("host", "framework", "tf32", "input_copy")
+    assert r.assumed == ("host", "framework", "tf32", "input_copy", "autocast")
     assert r.from_process == () and r.process_torch is None
     assert r.cudnn_benchmark is False and r.autocast is None
 
@@ -31,7 +31,7 @@ def test_an_undescribed_framework_is_the_running_processes():
     assert r.from_process == ("framework", "tf32") and r.process_torch == version
     assert (r.tf32_matmul, r.tf32_conv) == (bool(torch.backends.cuda.matmul.allow_tf32),
                                             bool(torch.backends.cudnn.allow_tf32))
-    assert r.assumed == ("host", "input_copy")
+    assert r.assumed == ("host", "input_copy", "autocast")
     assert f"running process, torch {version}" in Deployment().label
 
 
@@ -77,7 +77,7 @@ def test_explicit_flags_win_over_the_framework_defaults():
 
 def test_the_deployment_framework_is_the_host_profiles():
     host = HostProfile.from_clock(2.25)  # framework torch-2 by default
-    r = Deployment(host=host, framework="torch-1").resolve()
+    r = Deployment(host=host, framework="torch-1", autocast="none").resolve()
     assert r.host.framework == "torch-1" and r.host.speed == host.speed
     assert r.assumed == ("input_copy",)
 
@@ -93,6 +93,27 @@ def test_file_round_trip(tmp_path, suffix):
     assert Deployment.from_dict(json.loads(json.dumps(d.to_dict()))) == d
 
 
+def test_autocast_none_is_described_and_none_is_not(monkeypatch):
+    monkeypatch.setattr(deployment_module, "running_torch", lambda: None)
+    full = dict(host=HostProfile.from_clock(2.25), framework="torch-2", input_copy="none")
+    assert Deployment(**full, autocast="none").resolve().assumed == ()
+    assert Deployment(**full, autocast="float16").resolve().assumed == ()
+    r = Deployment(**full).resolve()
+    assert r.assumed == ("autocast",) and r.autocast is None and "autocast unknown" in r.label
+    assert "autocast" not in Deployment(**full, autocast="none").label
+    assert Deployment(autocast="none").key != Deployment().key
+
+
+def test_format_1_files_with_a_null_autocast_load_as_not_described(tmp_path):
+    p = tmp_path / "old.json"
+    p.write_text(json.dumps({"format": 1, "runtime": "eager", "autocast": None, "input_copy": "none"}),
+                 encoding="utf-8")
+    d = Deployment.load(p)
+    assert d.autocast is None and "autocast" in d.resolve().assumed
+    assert d.to_dict()["format"] == 2  # written as format 2: an old key names no new deployment
+    assert Deployment.from_dict({"format": 1, "autocast": "none"}).autocast == "none"
+
+
 def test_host_path_is_read_at_construction(tmp_path):
     p = tmp_path / "host.json"
     HostProfile.from_clock(2.0, name="slow").save(p)
@@ -104,7 +125,7 @@ def test_host_path_is_read_at_construction(tmp_path):
 def test_keys_differ_by_every_setting():
     base = Deployment()
     others = [Deployment(runtime="compiled"), Deployment(framework="torch-2"), Deployment(tf32_matmul=True),
-              Deployment(autocast="float16"), Deployment(input_copy="none"), Deployment(channels_last=True),
+              Deployment(autocast="float16"), Deployment(autocast="none"), Deployment(input_copy="none"), Deployment(channels_last=True),
               Deployment(cudnn_benchmark=False), Deployment(host=HostProfile.from_clock(3.0))]
     keys = {base.key, *(o.key for o in others)}
     assert len(keys) == len(others) + 1
@@ -127,7 +148,7 @@ def test_files_with_unknown_keys_or_bad_values_are_refused(tmp_path):
     with pytest.raises(DeploymentError, match="unknown deployment keys"):
         Deployment.from_dict({"runtme": "eager"})
     with pytest.raises(DeploymentError, match="format"):
-        Deployment.from_dict({"format": 2})
+        Deployment.from_dict({"format": 3})
     p = tmp_path / "d.toml"
     p.write_text('runtime = "eager"\nautocast = "int8"\n', encoding="utf-8")
     with pytest.raises(DeploymentError, match=r"d\.toml.*autocast"):

@@ -242,7 +242,7 @@ def test_cli_flags_override_the_deployment_file(graph: Any, tmp_path: Path,
         assert main([*argv, "--deployment", str(f)]) == 0
         (row,) = _json_rows(capsys)
         assert row["details"]["deployment"] == DESCRIBED.label
-        changed = dataclasses.replace(DESCRIBED, runtime="eager", tf32_matmul=False, tf32_conv=False, autocast=None,
+        changed = dataclasses.replace(DESCRIBED, runtime="eager", tf32_matmul=False, tf32_conv=False, autocast="none",
                                       input_copy="none", framework="torch-2")
         assert main([*argv, "--deployment", str(f), "--runtime", "eager", "--tf32", "off", "--autocast", "none",
                      "--input-copy", "none", "--framework", "torch-2"]) == 0
@@ -345,7 +345,8 @@ def test_campaign_rows_record_the_deployment_they_ran_under(tmp_path: Path) -> N
     for r in rows:
         d = Deployment.from_dict(r["conditions"]["deployment"])
         assert d == dataclasses.replace(machine, runtime=r["config"]["runtime"], tf32_matmul=False,
-                                        cudnn_benchmark=False, channels_last=True, input_copy="none")
+                                        cudnn_benchmark=False, channels_last=True, input_copy="none",
+                                        autocast="none")  # the settings set no autocast: described as none
     assert Deployment.from_dict(json.loads((tmp_path / "campaign.json").read_text())["deployment"]) == machine
 
 

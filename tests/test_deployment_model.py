@@ -22,16 +22,18 @@ def test_predict_graphs_takes_a_deployment_and_records_what_it_assumed(predictor
     p = AnalyticPredictor(A100, load_calibration=False) if predictor == "analytic" else get_predictor(A100)
     g = HOST_BOUND[0]
     (unknown,) = p.predict_graphs([g], mig=False)
-    assert unknown.labels["deployment_assumed"] == "host,input_copy"  # framework and TF32: the running process's
+    # framework and TF32: the running process's; autocast: the float32 graph's none, labelled as assumed
+    assert unknown.labels["deployment_assumed"] == "host,input_copy,autocast"
     assert unknown.labels["deployment_from_process"].startswith("framework,tf32 (torch ")
     host = HostProfile.from_clock(2.25, framework="torch-1")
-    dep = Deployment(host=host, framework="torch-1", input_copy="none", tf32_matmul=False, tf32_conv=True)
+    dep = Deployment(host=host, framework="torch-1", input_copy="none", tf32_matmul=False, tf32_conv=True,
+                     autocast="none")
     (described,) = p.predict_graphs([g], mig=False, deployment=dep)
     assert described.labels["deployment_assumed"] == "" and described.labels["deployment_from_process"] == ""
     assert described.details["host_profile_mismatch"] == 1.0
     # the legacy keywords build the same deployment: the host profile names its framework
     (legacy,) = p.predict_graphs([g], mig=False, host=host)
-    assert legacy.labels["deployment_assumed"] == "input_copy"
+    assert legacy.labels["deployment_assumed"] == "input_copy,autocast"
     (same,) = p.predict_graphs([g], mig=False, deployment=Deployment(host=host, framework="torch-1"))
     assert legacy.latency_ms == pytest.approx(same.latency_ms, rel=1e-9)
     assert legacy.latency_ms_std == pytest.approx(same.latency_ms_std, rel=1e-9)
@@ -51,7 +53,7 @@ def test_the_prior_takes_the_deployments_settings() -> None:
     g = GPU_BOUND[0]
     dep = Deployment(runtime="cuda-graphs", framework="torch-2", input_copy="pinned", channels_last=True)
     s = deployment_settings(dep)
-    assert isinstance(s, DeploymentSettings) and s.assumed == ("host",)
+    assert isinstance(s, DeploymentSettings) and s.assumed == ("host", "autocast")
     assert (s.runtime, s.input_copy, s.channels_last, s.tf32_matmul, s.tf32_conv) == ("cuda-graphs", "pinned", True,
                                                                                       False, True)
     via_dep = estimate(g, A100, deployment=dep)
@@ -238,11 +240,16 @@ def test_an_unknown_host_widens_sigma_and_a_described_one_narrows_it(predictor: 
         (unknown,) = p.predict_graphs([g], mig=False)
         (no_host,) = p.predict_graphs([g], mig=False, deployment=Deployment(framework="torch-2", input_copy="none"))
         (full,) = p.predict_graphs([g], mig=False, deployment=Deployment(host=host, framework="torch-2",
-                                                                          input_copy="none"))
+                                                                          input_copy="none", autocast="none"))
         rel = [x.latency_ms_std / x.latency_ms for x in (unknown, no_host, full)]
         assert rel[0] > rel[1] > rel[2]
         assert full.details["deployment_sigma_log"] == 0.0 and full.labels["deployment_assumed"] == ""
-        assert no_host.labels["deployment_assumed"] == "host" and no_host.details["deployment_sigma_log"] > 0.1
+        # a float32 graph's undescribed autocast is none: labelled as assumed, no σ, the same figure
+        (open_ac,) = p.predict_graphs([g], mig=False, deployment=Deployment(host=host, framework="torch-2",
+                                                                             input_copy="none"))
+        assert open_ac.labels["deployment_assumed"] == "autocast" and open_ac.details["deployment_sigma_log"] == 0.0
+        assert open_ac.latency_ms == pytest.approx(full.latency_ms, rel=1e-12)
+        assert no_host.labels["deployment_assumed"] == "host,autocast" and no_host.details["deployment_sigma_log"] > 0.1
     # a GPU-bound graph hardly depends on the host: its spread is small
     (gpu_bound,) = p.predict_graphs([GPU_BOUND[1]], mig=False, deployment=Deployment(framework="torch-2",
                                                                                      input_copy="none"))
@@ -337,3 +344,54 @@ def test_graph_facts_of_many_graphs_at_once_are_each_graphs_own() -> None:
             assert all(np.array_equal(x, y) for x, y in zip(got.tiles(*tile), want.tiles(*tile)))
         assert [got._preds[i] for i in range(g.num_nodes)] == g.predecessors()
         assert np.array_equal(got.reshape_copies(), want.reshape_copies())
+
+
+def test_an_undescribed_autocast_of_a_half_graph_is_the_mixture_of_half_and_autocast() -> None:
+    from dippm_nas.devices import resolve_device
+    from dippm_nas.prior import (UNKNOWN_AUTOCAST_WEIGHTS, CostStack, deployment_spread, deployment_spread_many,
+                                 predict as prior_predict)
+
+    half, fp32 = _attention_block(16, 256, 512, "float16"), _attention_block(16, 256, 512)
+    base = dict(host=HostProfile.from_clock(2.25, framework="torch-2"), framework="torch-2", input_copy="none")
+
+    def run(g: "OperatorGraph", autocast: "str | None") -> "Prediction":
+        return prior_predict(g, A100, deployment=Deployment(**base, autocast=autocast), mig=False)
+
+    none_, ac, open_ = run(half, "none"), run(half, "float16"), run(half, None)
+    assert none_.details["deployment_sigma_log"] == 0.0 and ac.details["deployment_sigma_log"] == 0.0
+    assert "autocast" in Deployment(**base).resolve().assumed and not Deployment(**base, autocast="none").resolve().assumed
+    step = math.log(ac.latency_ms / none_.latency_ms)
+    assert abs(step) > 0.01  # the two forms price apart: the mixture is not a formality here
+    w = UNKNOWN_AUTOCAST_WEIGHTS["autocast"]
+    assert open_.latency_ms == pytest.approx(none_.latency_ms * math.exp(w * step), rel=1e-9)
+    assert open_.gpu_ms == pytest.approx(none_.gpu_ms * (ac.gpu_ms / none_.gpu_ms) ** w, rel=1e-9)
+    assert open_.details["deployment_sigma_log"] == pytest.approx(math.sqrt(w * (1 - w)) * abs(step), rel=1e-9)
+    assert open_.memory_mib == pytest.approx(max(none_.memory_mib, ac.memory_mib), rel=1e-12)
+    # memory: the larger of the two passes, so that a budget holds for either (autocast's float32 softmax and
+    # layer norm outputs and its cached weight casts outgrow the .half() pass on a larger block)
+    big = _attention_block(64, 1024, 1024, "float16")
+    big_none, big_ac, big_open = run(big, "none"), run(big, "float16"), run(big, None)
+    assert big_ac.memory_mib > big_none.memory_mib and big_open.memory_mib == big_ac.memory_mib
+    # a float32 graph's undescribed autocast is none: labelled as assumed, priced as none, no σ
+    f_none, f_open = run(fp32, "none"), run(fp32, None)
+    assert f_open.details["deployment_sigma_log"] == 0.0
+    assert f_open.latency_ms == pytest.approx(f_none.latency_ms, rel=1e-12)
+    assert f_open.memory_mib == f_none.memory_mib
+    # the stacked spread is each graph's own
+    dev = resolve_device(A100)
+    many = deployment_spread_many(CostStack([half, fp32], dev), dev, Deployment(**base))
+    for m, g in zip(many, (half, fp32)):
+        one = deployment_spread(g, dev, Deployment(**base))
+        assert (m.autocast_open, m.scenarios) == (one.autocast_open, one.scenarios)
+        for name in ("offset_log", "sigma_log", "gpu_offset_log"):
+            assert getattr(m, name) == pytest.approx(getattr(one, name), rel=1e-9, abs=1e-12)
+    assert [m.autocast_open for m in many] == [True, False]
+
+
+def test_a_row_without_an_autocast_condition_is_described_as_none() -> None:
+    from dippm_nas.deployment import row_deployment
+
+    assert row_deployment({}).autocast == "none" and row_deployment({"autocast": False}).autocast == "none"
+    assert row_deployment({"autocast": True}, dtype="bfloat16").autocast == "bfloat16"
+    assert row_deployment({"autocast": "float16"}).autocast == "float16"
+    assert "autocast" not in row_deployment({}).resolve().assumed

@@ -111,7 +111,7 @@ def build(model: str, seq: int):
 
 #: How NeuSight timed its nodes (PyTorch 2.1, float32 without TF32 by default, each node's GPU time: no input
 #: copy, no host in the sums); the host is not recorded.
-DESCRIBED = {"framework": "torch-2", "versions": {"torch": "2.1.0"}, "input_copy": "none"}
+DESCRIBED = {"framework": "torch-2", "versions": {"torch": "2.1.0"}, "input_copy": "none", "autocast": "none"}
 #: The columns: the recorded deployment, nothing described (the framework and TF32 flags the running process's),
 #: nothing described in a process without torch (both generations in the mixture: a prediction from a saved graph).
 MODES = ("described", "unknown", "unknown_no_torch")

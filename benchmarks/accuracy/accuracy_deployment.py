@@ -118,7 +118,7 @@ def _mlenergy_described(row: dict[str, Any]) -> Deployment:
     if row.get("commit") != MLENERGY_COMMIT:
         raise SystemExit(f"ML.ENERGY row of commit {row.get('commit')!r}: the recorded deployment is that of "
                          f"{MLENERGY_COMMIT} (diffusers 0.29.2)")
-    return Deployment(runtime="eager", framework="torch-2", input_copy="none")
+    return Deployment(runtime="eager", framework="torch-2", input_copy="none", autocast="none")
 
 
 def _predict(graph: Any, device: str, params: Any, deployment: Deployment) -> tuple[float, float, bool]:

@@ -17,9 +17,10 @@ predicted on every released GPU that the device catalogue holds (an H100 board's
 ``p100-pcie-16gb``, the variants assumed in their device files) twice: **described** as the benchmark ran
 (``Deployment(runtime="eager", framework="torch-2", autocast=<the row's dtype>, input_copy="none")``) and
 **undescribed** (``Deployment()``), the latter two ways: the float32 graph the rows' weights are (nothing of the
-run said: no autocast assumed) and **half undescribed**, the graph captured at the row's half dtype (``InputSpec``
-``dtype`` = the row's autocast dtype: the user says the precision and nothing else, so the prior runs a pure-half
-model, not autocast over float32 weights). ``gpu_ms`` is compared with the row's ``median``: MAPE, Kendall τ within the
+run said: a float32 graph's undescribed autocast is none) and **half undescribed**, the graph captured at the row's
+half dtype (``InputSpec`` ``dtype`` = the row's autocast dtype: the user says the precision and nothing else, so
+the prior's ``gpu_ms`` is the mixture of a pure-half model and autocast at that dtype,
+``dippm_nas.prior.UNKNOWN_AUTOCAST_WEIGHTS``). ``gpu_ms`` is compared with the row's ``median``: MAPE, Kendall τ within the
 space, and the pred/label ratio (median, min, max). The shipped SDPA efficiencies (``sdpa_eta_flash``,
 ``sdpa_eta_efficient``) are fitted on these rows (``scripts/fit/fit_transformer_kernels.py``), so the described
 column is in-sample for them; ``--leave-one-gpu-out`` adds the described figure with both efficiencies refitted

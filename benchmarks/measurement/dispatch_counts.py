@@ -94,7 +94,7 @@ def prior_counts(graph: Any) -> dict[str, Any]:
     issued = f.active & ~f.fused & ~f.internal & ~f.hard_inner
     views = f.view & ~f.inner_view
     ops = collections.Counter(n.op for n, a in zip(graph.nodes, issued.tolist()) if a)
-    p = predict(graph, "rtx-3090", deployment=Deployment(runtime="eager", framework="torch-2"), mig=False)
+    p = predict(graph, "rtx-3090", deployment=Deployment(runtime="eager", framework="torch-2", autocast="none"), mig=False)
     return {"issued": int(issued.sum()), "views": int(views.sum()), "host_ms": round(float(p.host_ms), 3),
             "issued_ops": dict(ops.most_common(10))}
 

@@ -218,7 +218,7 @@ def prior_host_ms(names: list[str], kinds: dict[str, dict[str, float]] | None = 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             g = capture(model, InputSpec(shape=tuple(x.shape[1:]), batch_size=1), cache=False)
-        p = predict(g, "rtx-3090", deployment=Deployment(runtime="eager", framework="torch-2"), mig=False)
+        p = predict(g, "rtx-3090", deployment=Deployment(runtime="eager", framework="torch-2", autocast="none"), mig=False)
         rec: dict[str, Any] = {"model": n, "host_ms": round(float(p.host_ms), 3)}
         if kinds is not None:
             rec["single_op_ms"] = round(single_op_ms(g, kinds), 3)

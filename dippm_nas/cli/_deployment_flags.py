@@ -56,7 +56,9 @@ def add_deployment_args(p: argparse.ArgumentParser, *, files: bool = True) -> No
                         "torch.backends.cudnn.allow_tf32); the flag alone is 'on'; default: the framework's")
     g.add_argument("--autocast", default=None, choices=AUTOCAST_CHOICES,
                    help="torch.autocast around the forward (matmul, conv, linear in the low dtype; softmax, norms, "
-                        "reductions in float32; casts as kernels); default none")
+                        "reductions in float32; casts as kernels), or none (the model runs in its --dtype); "
+                        "default: unknown (a float16/bfloat16 model priced as a mixture of .half() and autocast, a "
+                        "float32 model without autocast)")
     g.add_argument("--input-copy", dest="input_copy", default=None, choices=INPUT_COPIES,
                    help="whether the timed region holds x.to('cuda'): none, from pageable or from pinned memory; "
                         "default: unknown")
@@ -74,7 +76,7 @@ def _flag_changes(args: argparse.Namespace) -> dict[str, Any]:
     if getattr(args, "tf32", None) is not None:
         out["tf32_matmul"] = out["tf32_conv"] = args.tf32 == "on"
     if getattr(args, "autocast", None) is not None:
-        out["autocast"] = None if args.autocast == "none" else args.autocast
+        out["autocast"] = args.autocast
     if getattr(args, "input_copy", None) is not None:
         out["input_copy"] = args.input_copy
     return out

@@ -418,8 +418,8 @@ def _device_key(facts: dict[str, Any]) -> str:
 # ------------------------------------------------------------------------------- the run
 def _row_deployment(machine: Deployment, item: CampaignItem, settings: MeasureSettings, m: Measurement) -> Deployment:
     """The deployment a row ran under: the machine's, with the row's runtime, the TF32 and cuDNN flags the
-    measurement recorded in force (else those the settings set), the settings' autocast and layout, and no
-    input copy in the timed region."""
+    measurement recorded in force (else those the settings set), the settings' autocast (``"none"`` where they set
+    none) and layout, and no input copy in the timed region."""
     flags = m.environment.get("flags") or {}
     tf32_matmul, tf32_conv, bench = machine.tf32_matmul, machine.tf32_conv, settings.cudnn_benchmark
     if settings.tf32 is not None:
@@ -428,7 +428,7 @@ def _row_deployment(machine: Deployment, item: CampaignItem, settings: MeasureSe
         tf32_matmul, tf32_conv = bool(flags["matmul_allow_tf32"]), bool(flags["cudnn_allow_tf32"])
         bench = bool(flags["cudnn_benchmark"])
     return dataclasses.replace(machine, runtime=item.runtime, tf32_matmul=tf32_matmul, tf32_conv=tf32_conv,
-                               cudnn_benchmark=bench, autocast=settings.autocast,
+                               cudnn_benchmark=bench, autocast=settings.autocast or "none",
                                channels_last=settings.channels_last, input_copy="none")
 
 

@@ -14,7 +14,7 @@ import math
 
 from dippm_nas._gc import gc_paused
 from dippm_nas._logging import WarnOnce
-from dippm_nas.deployment import DEPLOYMENT_RUNTIMES, GRAPH_RUNTIMES, Deployment
+from dippm_nas.deployment import AUTOCAST_DTYPES, DEPLOYMENT_RUNTIMES, GRAPH_RUNTIMES, Deployment
 from dippm_nas.devices import Device, HostProfile, resolve_device
 from dippm_nas.errors import DeviceError, DippmNasError, ExecutionRuntimeError, InvalidTypeError, InvalidValueError
 from dippm_nas.graph import OperatorGraph
@@ -324,7 +324,8 @@ class AnalyticPredictor(BasePredictor):
         # measurements made under the deployment describe it: its spread's offset and σ give way to the factors, but
         # a described deployment's offset (a pageable copy's fresh-page mixture) is physics of the row and stays
         offset, s_dep = pred.details.get("deployment_offset_log", 0.0), pred.details.get("deployment_sigma_log", 0.0)
-        if settings.assumed:
+        # an undescribed autocast is open only for a half-precision graph (a float32 one's is none)
+        if [a for a in settings.assumed if a != "autocast" or graph.spec.dtype in AUTOCAST_DTYPES]:
             centre = pred.latency_ms * math.exp(-offset)
         else:
             centre = pred.latency_ms

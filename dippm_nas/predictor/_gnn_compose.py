@@ -250,6 +250,8 @@ class PredictionComposer:
             s_g = math.log(latency_us(math.exp(s) * g, h, pre) / base_us)
             s_h = math.log(latency_us(g, h * math.exp(s_host), pre * math.exp(s_host)) / base_us) if s_host > 0 else 0.0
         host_ms, gpu_ms = float(h.sum() + pre) / 1e3, float(g.sum()) / 1e3
+        if tf is None:  # the GPU timeline's centre: the mixture's (an undescribed autocast re-prices kernels)
+            gpu_ms *= math.exp(sp.gpu_offset_log)
         d.update(host_ms=host_ms, gpu_busy_ms=gpu_ms, gpu_idle_ms=max(0.0, lat_ms - gpu_ms),
                  host_bound=float(host_ms > gpu_ms), pass_host_ms=pre / 1e3)
         return math.log(lat_ms), math.hypot(s_g, s_h, extra_s, s_dep), d, (host_ms, gpu_ms), tf is not None, rt

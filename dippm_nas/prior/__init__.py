@@ -27,6 +27,7 @@ from dippm_nas.prior._estimate import (
 )
 from dippm_nas.prior._deploy import (PAGEABLE_FRESH_WEIGHT, UNKNOWN_FRAMEWORK_WEIGHTS, UNKNOWN_HOST, UNKNOWN_HOST_CLOCK_GHZ,
                                      UNKNOWN_HOST_SIGMA_LOG, UNKNOWN_INPUT_COPY, UNKNOWN_INPUT_COPY_WEIGHTS, UNKNOWN_TF32,
+                                     UNKNOWN_AUTOCAST_WEIGHTS,
                                      DeploymentSettings, deployment_settings, execution_settings, row_settings,
                                      input_copy_kind)
 from dippm_nas.prior._spread import DeploymentSpread, deployment_spread, deployment_spread_many, described_offset_log
@@ -69,7 +70,7 @@ __all__ = [
     "RUNTIMES", "HOST_KINDS", "Execution", "HostModel", "check_runtime", "input_copy_us", "PINNED_COPY_EFFICIENCY", "PAGEABLE_STAGING_GBPS", "PAGE_BYTES",
     "DeploymentSettings", "deployment_settings", "execution_settings", "row_settings", "input_copy_kind", "UNKNOWN_TF32", "UNKNOWN_INPUT_COPY",
     "UNKNOWN_HOST", "UNKNOWN_HOST_CLOCK_GHZ", "UNKNOWN_HOST_SIGMA_LOG", "UNKNOWN_FRAMEWORK_WEIGHTS",
-    "UNKNOWN_INPUT_COPY_WEIGHTS", "PAGEABLE_FRESH_WEIGHT", "DeploymentSpread", "deployment_spread", "described_offset_log",
+    "UNKNOWN_INPUT_COPY_WEIGHTS", "PAGEABLE_FRESH_WEIGHT", "UNKNOWN_AUTOCAST_WEIGHTS", "DeploymentSpread", "deployment_spread", "described_offset_log",
     "HostRow", "fit_host_model", "host_model_latency_ms", "FIT_PARAMETERS", "MEASURED_FIT_PARAMETERS",
     "PriorParams", "OpClassParams", "DeviceScale", "PARAM_CLASSES", "default_params", "DEFAULT_SCALE_KEY", "GEFORCE_SCALE_KEY",
     "default_scale_entries",

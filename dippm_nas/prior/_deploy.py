@@ -22,7 +22,7 @@ from dippm_nas.prior._host import Execution, check_runtime
 
 __all__ = ["DeploymentSettings", "deployment_settings", "execution_settings", "row_settings", "input_copy_kind", "UNKNOWN_TF32", "UNKNOWN_INPUT_COPY",
            "UNKNOWN_HOST", "UNKNOWN_HOST_CLOCK_GHZ", "UNKNOWN_HOST_SIGMA_LOG", "UNKNOWN_FRAMEWORK_WEIGHTS",
-           "UNKNOWN_INPUT_COPY_WEIGHTS", "PAGEABLE_FRESH_WEIGHT"]
+           "UNKNOWN_INPUT_COPY_WEIGHTS", "PAGEABLE_FRESH_WEIGHT", "UNKNOWN_AUTOCAST_WEIGHTS"]
 
 #: ``(tf32_matmul, tf32_conv)`` the point estimate assumes when neither the flags nor the framework are known:
 #: PyTorch's defaults since 1.12 (``torch.backends.cuda.matmul.allow_tf32 = False``,
@@ -52,6 +52,14 @@ UNKNOWN_FRAMEWORK_WEIGHTS: dict[str, float] = {"torch-1": 0.5, "torch-2": 0.5}
 #: Weights of the input copy of an undescribed deployment: no public survey of how latencies are timed; half the
 #: weight to a timed region without the copy, the other half split between the two kinds of copy.
 UNKNOWN_INPUT_COPY_WEIGHTS: dict[str, float] = {"none": 0.5, "pageable": 0.25, "pinned": 0.25}
+#: Weights of a half-precision graph's forms when a deployment does not say whether autocast runs: ``"none"``, the
+#: model converted to the graph's dtype (``model.half()``: every kernel in it, no casts), and ``"autocast"``,
+#: ``torch.autocast`` at the graph's dtype over float32 weights (casts, float32 softmax and norms). The released
+#: half-precision rows hold both: autocast in three sources (timm's AMP benchmark and HW-GPT-Bench, every
+#: transformer row; Accel-NASBench's CNNs), ``.half()`` in one (ryujaehun's CNNs); four sources and no survey do not
+#: weigh them, so equally. A float32 graph left undescribed runs without autocast (its dtype says so): no weight
+#: applies.
+UNKNOWN_AUTOCAST_WEIGHTS: dict[str, float] = {"none": 0.5, "autocast": 0.5}
 #: Share of pageable copies whose batch the process maps fresh (a DataLoader worker's batch in shared memory,
 #: each page touched first by the copy) rather than memory it already touched (its own tensor, a ``.half()`` of a
 #: batch): a pageable copy, described or not, is a mixture of the two, the fresh one's first-touch time per page
@@ -69,10 +77,11 @@ class DeploymentSettings:
         host: the host profile (:data:`UNKNOWN_HOST` with the deployment's framework where the host is unknown).
         tf32_matmul, tf32_conv: FP32 matmuls / convolutions may run on TF32 tensor cores.
         channels_last: activations in NHWC.
-        autocast: ``None``, ``"float16"`` or ``"bfloat16"``.
+        autocast: ``None`` (no autocast), ``"float16"`` or ``"bfloat16"``; an undescribed autocast is ``None``
+            here (the centre: the graph in its own dtype) with ``"autocast"`` in :attr:`assumed`.
         input_copy: ``"none"``, ``"pageable"`` or ``"pinned"``.
         assumed: the deployment's settings that were not described (``"host"``, ``"framework"``, ``"tf32"``,
-            ``"input_copy"``) and took the centre values above.
+            ``"input_copy"``, ``"autocast"``) and took the centre values above.
         tf32_requested: the deployment set a TF32 flag on itself (not a framework default), which a GPU
             without TF32 tensor cores ignores (flagged ``details["tf32_unsupported"]``).
         from_process: the undescribed settings taken from the running process's torch (``"framework"``,
@@ -163,7 +172,8 @@ def deployment_settings(deployment: Deployment | ResolvedDeployment | Deployment
     matmul = UNKNOWN_TF32[0] if r.tf32_matmul is None else r.tf32_matmul
     conv = UNKNOWN_TF32[1] if r.tf32_conv is None else r.tf32_conv
     return DeploymentSettings(runtime=runtime, host=host, tf32_matmul=matmul, tf32_conv=conv,
-                              channels_last=r.channels_last, autocast=r.autocast,
+                              channels_last=r.channels_last,
+                              autocast=None if r.autocast in (None, "none") else r.autocast,
                               input_copy=UNKNOWN_INPUT_COPY if r.input_copy is None else r.input_copy,
                               assumed=r.assumed, tf32_requested=requested, from_process=r.from_process,
                               process_torch=r.process_torch, torch_version=r.torch_version, label=r.label,

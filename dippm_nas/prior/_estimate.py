@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from dippm_nas._deprecation import MISSING
-from dippm_nas.deployment import Deployment, ResolvedDeployment
+from dippm_nas.deployment import AUTOCAST_DTYPES, Deployment, ResolvedDeployment
 from dippm_nas.devices import Device, HostProfile, resolve_device, resolve_host_profile
 from dippm_nas.errors import GraphValidationError
 from dippm_nas.graph import SDPA_MATH_ATTR, OperatorGraph
@@ -315,18 +315,33 @@ def estimate_with(graph: OperatorGraph, device: Device | str, *, params: PriorPa
         activity = node_activity(facts.flops, facts.bytes, costs.gpu_us, costs.tensor_core,
                                  (facts.dtype == 1) | (facts.dtype == 2), dev)
         energy = (pass_energy_j(pw, dev, costs.gpu_us, activity, latency_us), pw)
+    open_ = deployment is not None and "autocast" in deployment_settings(deployment).assumed
     return _finished(graph, dev, p, prof, facts, costs, runtime, prefix_us, copy_us, latency_us, host_total_us,
+<<<<<<< HEAD
                      float(costs.gpu_us.sum()), energy, ac, mf)
+=======
+                     float(costs.gpu_us.sum()), energy, ac, autocast_open=open_)
+>>>>>>> ac54
 
 
 def _finished(graph: OperatorGraph, dev: Device, p: PriorParams, prof: HostProfile, facts: Any, costs: Any,
               runtime: str, prefix_us: float, copy_us: float, latency_us: float, host_total_us: float,
+<<<<<<< HEAD
               busy_us: float, energy: tuple[float, Any] | None, autocast: str | None = None,
               math_float32: bool | None = None) -> PriorEstimate:
     """The :class:`PriorEstimate` of one graph from its latency parts, its GPU busy time (µs) and its energy
     (``(J, the power constants)``, ``None`` without power figures): the memory parts are added here (on a GPU
     under ``autocast``, the activation peak of the autocast pass: run-time dtypes and autocast's casts; an SDPA
     math path as the deployment's PyTorch version holds it, ``math_float32``)."""
+=======
+              busy_us: float, energy: tuple[float, Any] | None, autocast: str | None = None, *,
+              autocast_open: bool = False) -> PriorEstimate:
+    """The :class:`PriorEstimate` of one graph from its latency parts, its GPU busy time (µs) and its energy
+    (``(J, the power constants)``, ``None`` without power figures): the memory parts are added here (on a GPU
+    under ``autocast``, the activation peak of the autocast pass: run-time dtypes and autocast's casts; with
+    ``autocast_open``, an undescribed autocast of a half-precision graph, the larger of the pass in the graph's
+    dtype and the pass under autocast at it, so that a memory budget holds for either)."""
+>>>>>>> ac54
     if dev.kind != "gpu":
         busy_us = latency_us
     energy_j = energy_std = None
@@ -340,7 +355,14 @@ def _finished(graph: OperatorGraph, dev: Device, p: PriorParams, prof: HostProfi
     memory_std: float | None = None
     memory_details: dict[str, float] = {}
     if dev.kind == "gpu":
+<<<<<<< HEAD
         parts = _gpu_parts(graph, facts, dev, autocast, math_float32)
+=======
+        parts = _gpu_parts(graph, facts, dev, autocast)
+        if autocast_open and autocast is None and graph.spec.dtype in AUTOCAST_DTYPES:
+            other = _gpu_parts(graph, facts, dev, graph.spec.dtype)
+            parts = other if other.total_mib > parts.total_mib else parts
+>>>>>>> ac54
         baseline, weights_mib, input_mib = parts.context_mib, parts.weights_mib, parts.input_mib
         act_mib, workspace_mib = parts.activations_peak_mib, parts.cublas_workspace_mib + parts.cudnn_workspace_mib
         overhead_mib, total_mib = parts.allocator_overhead_mib, parts.total_mib
@@ -385,6 +407,7 @@ class ResolvedSettings:
     tf32_matmul: bool
     channels_last: bool
     math_float32: bool | None = None
+    autocast_open: bool = False
 
     @property
     def kernel_key(self) -> tuple[Any, ...]:
@@ -408,8 +431,9 @@ def resolved_settings(device: Device | str, *, tf32_conv: bool = True, tf32_matm
         runtime, host, input_copy, autocast = s.runtime, s.host, s.input_copy, s.autocast
         tf32_conv, tf32_matmul, channels_last = s.tf32_conv, s.tf32_matmul, s.channels_last
         math_float32 = math_path_float32(s.torch_version)
+        autocast_open = "autocast" in s.assumed
     else:
-        math_float32 = None
+        math_float32, autocast_open = None, False
     input_copy = input_copy_kind(input_copy)
     check_autocast(autocast)
     runtime = check_runtime(runtime)
@@ -418,7 +442,7 @@ def resolved_settings(device: Device | str, *, tf32_conv: bool = True, tf32_matm
     p = params if params is not None else default_params()
     return ResolvedSettings(device=dev, params=p, host=prof, runtime=runtime, input_copy=input_copy,
                             autocast=autocast, tf32_conv=tf32_conv, tf32_matmul=tf32_matmul,
-                            channels_last=channels_last, math_float32=math_float32)
+                            channels_last=channels_last, math_float32=math_float32, autocast_open=autocast_open)
 
 
 def checked_facts(graph: OperatorGraph, dev: Device) -> Any:

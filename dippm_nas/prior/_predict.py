@@ -78,17 +78,20 @@ def prediction_of(est: PriorEstimate, device: Device, *, params: PriorParams | N
     details["params_fitted"] = float(est.params_source != "uncalibrated")
     s_lat = latency_sigma_log(est, params, device=device)
     latency = est.latency_ms
+    timeline = timeline_fields(est, device)
     if spread is not None:
         # what the deployment leaves undescribed: the mixture's centre and spread (0 when all is described)
         latency *= math.exp(spread.offset_log)
         s_lat = None if s_lat is None else math.hypot(s_lat, spread.sigma_log)
         details["deployment_sigma_log"] = spread.sigma_log
         details["deployment_offset_log"] = spread.offset_log
+        if timeline["gpu_ms"] is not None:  # the GPU timeline's centre: the mixture's (an undescribed autocast)
+            timeline["gpu_ms"] *= math.exp(spread.gpu_offset_log)
     return Prediction(
         latency_ms=latency, energy_j=est.energy_j, memory_mib=est.memory_mib,
         latency_source="analytic", energy_source=est.energy_source, memory_source="analytic",  # type: ignore[arg-type]
         energy_j_std=est.energy_j_std,
         device=device.id, batch_size=est.batch_size, dtype=est.dtype, unknown_ops=dict(est.unknown_ops),
         details=details, latency_ms_std=None if s_lat is None else latency * s_lat,
-        memory_mib_std=est.memory_mib_std, **timeline_fields(est, device),
+        memory_mib_std=est.memory_mib_std, **timeline,
     )

@@ -217,7 +217,7 @@ def test_the_deployment_is_recorded(case, graphs) -> None:
     name, p, _ = case
     gpu = resolve_device(p.device).kind == "gpu"
     described = Deployment(runtime="cuda-graphs" if gpu else "eager", host=default_host_profile(), framework="torch-2",
-                           tf32_matmul=False, tf32_conv=True, input_copy="none")
+                           tf32_matmul=False, tf32_conv=True, input_copy="none", autocast="none")
     undescribed = _answers(case, graphs[:1])[0]
     full = _answers(case, graphs[:1], deployment=described)[0]
     assert full.labels["runtime"] == ("cuda-graphs" if gpu else "eager")

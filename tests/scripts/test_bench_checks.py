@@ -147,8 +147,8 @@ def test_mlenergy_rows_map_to_the_diffusers_deployment(tmp_path: Path) -> None:
     assert energy.load_rows(path) == [("openjourney-v4", 1, 200.0, 1.25), ("stable-diffusion-2-1", 4, 300.0, 6.5)]
     assert energy.load_rows(path, ["openjourney-v4"]) == [("openjourney-v4", 1, 200.0, 1.25)]
     d = dep.described("mlenergy", raw[0])
-    assert d == Deployment(runtime="eager", framework="torch-2", input_copy="none")
-    assert d.host is None and d.tf32_matmul is None and d.autocast is None
+    assert d == Deployment(runtime="eager", framework="torch-2", input_copy="none", autocast="none")
+    assert d.host is None and d.tf32_matmul is None and d.autocast == "none"  # pipelines loaded in float16
     assert d.resolve().assumed == ("host",)  # TF32 takes PyTorch 2's defaults; only the host is not recorded
     for bad in ({"task": "llm_text_generation/chat"}, {"GPU": "NVIDIA A100-SXM4-40GB"}, {"commit": "0" * 40}):
         with pytest.raises(SystemExit, match="ML.ENERGY row"):
