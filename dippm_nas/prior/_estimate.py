@@ -317,31 +317,19 @@ def estimate_with(graph: OperatorGraph, device: Device | str, *, params: PriorPa
         energy = (pass_energy_j(pw, dev, costs.gpu_us, activity, latency_us), pw)
     open_ = deployment is not None and "autocast" in deployment_settings(deployment).assumed
     return _finished(graph, dev, p, prof, facts, costs, runtime, prefix_us, copy_us, latency_us, host_total_us,
-<<<<<<< HEAD
-                     float(costs.gpu_us.sum()), energy, ac, mf)
-=======
-                     float(costs.gpu_us.sum()), energy, ac, autocast_open=open_)
->>>>>>> ac54
+                     float(costs.gpu_us.sum()), energy, ac, mf, autocast_open=open_)
 
 
 def _finished(graph: OperatorGraph, dev: Device, p: PriorParams, prof: HostProfile, facts: Any, costs: Any,
               runtime: str, prefix_us: float, copy_us: float, latency_us: float, host_total_us: float,
-<<<<<<< HEAD
               busy_us: float, energy: tuple[float, Any] | None, autocast: str | None = None,
-              math_float32: bool | None = None) -> PriorEstimate:
+              math_float32: bool | None = None, *, autocast_open: bool = False) -> PriorEstimate:
     """The :class:`PriorEstimate` of one graph from its latency parts, its GPU busy time (µs) and its energy
     (``(J, the power constants)``, ``None`` without power figures): the memory parts are added here (on a GPU
     under ``autocast``, the activation peak of the autocast pass: run-time dtypes and autocast's casts; an SDPA
-    math path as the deployment's PyTorch version holds it, ``math_float32``)."""
-=======
-              busy_us: float, energy: tuple[float, Any] | None, autocast: str | None = None, *,
-              autocast_open: bool = False) -> PriorEstimate:
-    """The :class:`PriorEstimate` of one graph from its latency parts, its GPU busy time (µs) and its energy
-    (``(J, the power constants)``, ``None`` without power figures): the memory parts are added here (on a GPU
-    under ``autocast``, the activation peak of the autocast pass: run-time dtypes and autocast's casts; with
-    ``autocast_open``, an undescribed autocast of a half-precision graph, the larger of the pass in the graph's
-    dtype and the pass under autocast at it, so that a memory budget holds for either)."""
->>>>>>> ac54
+    math path as the deployment's PyTorch version holds it, ``math_float32``; with ``autocast_open``, an
+    undescribed autocast of a half-precision graph, the larger of the pass in the graph's dtype and the pass under
+    autocast at it, so that a memory budget holds for either)."""
     if dev.kind != "gpu":
         busy_us = latency_us
     energy_j = energy_std = None
@@ -355,14 +343,10 @@ def _finished(graph: OperatorGraph, dev: Device, p: PriorParams, prof: HostProfi
     memory_std: float | None = None
     memory_details: dict[str, float] = {}
     if dev.kind == "gpu":
-<<<<<<< HEAD
         parts = _gpu_parts(graph, facts, dev, autocast, math_float32)
-=======
-        parts = _gpu_parts(graph, facts, dev, autocast)
         if autocast_open and autocast is None and graph.spec.dtype in AUTOCAST_DTYPES:
-            other = _gpu_parts(graph, facts, dev, graph.spec.dtype)
+            other = _gpu_parts(graph, facts, dev, graph.spec.dtype, math_float32)
             parts = other if other.total_mib > parts.total_mib else parts
->>>>>>> ac54
         baseline, weights_mib, input_mib = parts.context_mib, parts.weights_mib, parts.input_mib
         act_mib, workspace_mib = parts.activations_peak_mib, parts.cublas_workspace_mib + parts.cudnn_workspace_mib
         overhead_mib, total_mib = parts.allocator_overhead_mib, parts.total_mib

@@ -360,11 +360,7 @@ def estimates_of(stack: CostStack, r: ResolvedSettings, power: Any = None) -> li
                           utilisation=eager.utilisation[a:b], tensor_core=eager.tensor_core[a:b], classes=f.classes)
         out.append(_finished(g, dev, p, r.host, f, costs, r.runtime, float(prefix[i]), float(copy[i]),
                              float(latency[i]), float(host_total[i]), float(busy[i]), energies[i], r.autocast,
-<<<<<<< HEAD
-                             r.math_float32))
-=======
-                             autocast_open=r.autocast_open))
->>>>>>> ac54
+                             r.math_float32, autocast_open=r.autocast_open))
     return out
 
 
