@@ -161,3 +161,24 @@ def test_the_tracker_runs_3d_as_4d_from_2_14() -> None:
             three = reference_activation_peak(_FoldedHeads(mask=mask), SPEC, device=dev, autocast=ac)
             four = reference_activation_peak(_FoldedHeads(four=True, mask=mask), SPEC, device=dev, autocast=ac)
             assert three.peak_block_bytes == four.peak_block_bytes
+
+
+class _BoolMask(_FoldedHeads):
+    """3-D SDPA with a boolean mask, made additive by SDPA's entry on every path."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, HEADS, HD).permute(2, 0, 3, 1, 4).reshape(3, b * HEADS, n, HD).unbind(0)
+        m = (x.mean(-1) > 0)[:, None, :].repeat_interleave(HEADS, 0)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=m).reshape(b, HEADS, n, HD).transpose(1, 2).reshape(
+            b, n, c)
+
+
+def test_a_boolean_mask_keeps_its_additive_copy_as_a_kernel() -> None:
+    g = capture(_BoolMask(), SPEC)
+    fused = fused_rank3_graph(g)
+    where = [nd for nd in fused.nodes if nd.op == "where" and nd.attrs.get(SDPA_RANK_ATTR) == 3]
+    att = next(nd for nd in fused.nodes if nd.op_class == "attention")
+    assert len(where) == 1 and not where[0].is_constant and not where[0].attrs.get(SDPA_MATH_ATTR)
+    assert att.op == "nn.attention_bias" and (where[0].index, att.index) in set(fused.edges)
+    assert _peak(g, torch_version="2.14.0") < _peak(g, torch_version="2.13.0")
