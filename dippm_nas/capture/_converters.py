@@ -358,15 +358,17 @@ def _sdpa_math(node: Any, importer: Any, mask_node: Any) -> Any:
     """PyTorch's math path of ``scaled_dot_product_attention`` (``_scaled_dot_product_attention_math``), the
     kernels eager runs for query, key and value that are not 4-D: ``q * sqrt(scale)`` and ``k^T * sqrt(scale)``,
     their ``matmul``, the additive mask (a boolean one as ``0`` / ``-large``), ``softmax`` over the keys and the
-    ``matmul`` with ``v``."""
+    ``matmul`` with ``v``; the nodes record the inputs' rank (``SDPA_RANK_ATTR``: PyTorch 2.14 on runs 3-D ones on
+    the fused kernels, a prior rule keyed on the deployment's version)."""
     from tvm import relax
 
     bb = importer.block_builder
-
-    def emit(expr: Any) -> Any:  # each binding named so that the graph marks its node (``SDPA_MATH_ATTR``)
-        return bb.emit(expr, name_hint=SDPA_MATH_NAME)
-
     q, k, v = (importer.env[a] for a in node.args[:3])
+    hint = f"{SDPA_MATH_NAME}_rank{max(len(_dims(t)) for t in (q, k, v))}_"
+
+    def emit(expr: Any) -> Any:  # each binding named so that the graph marks its node and the inputs' rank
+        return bb.emit(expr, name_hint=hint)
+
     dt = str(q.ty.dtype)
     scale = _sdpa_arg(node, 6, "scale", None)
     root = math.sqrt(float(scale) if scale is not None else 1.0 / math.sqrt(_dims(q)[-1]))

@@ -9,6 +9,7 @@ nodes that read them.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -21,12 +22,20 @@ from dippm_nas.spec import InputSpec, dtype_bytes
 #: :func:`dippm_nas.capture._converters.opaque_convert_map`); the graph node is named after what follows it.
 OPAQUE_PREFIX = "dippm_nas.opaque."
 #: Name hint of the Relax bindings the capture emits for PyTorch's SDPA math path (q, k, v that are not 4-D:
-#: ``dippm_nas.capture``'s converter); their graph nodes carry ``attrs[SDPA_MATH_ATTR] = True``.
+#: ``dippm_nas.capture``'s converter); their graph nodes carry ``attrs[SDPA_MATH_ATTR] = True``. A name hint
+#: ``f"{SDPA_MATH_NAME}_rank{rank}_"`` records the rank of the call's inputs too (``attrs[SDPA_RANK_ATTR] = rank``;
+#: Relax appends digits to repeated name hints, after the closing ``_``).
 SDPA_MATH_NAME = "dippm_sdpa_math"
 #: The :attr:`OpNode.attrs` key marking a node of PyTorch's SDPA math path (``True``; absent elsewhere): the
 #: kernels eager PyTorch runs inside ``scaled_dot_product_attention`` for query, key and value that are not 4-D,
 #: whose dtype depends on the PyTorch version (float32 from 2.5), not on autocast.
 SDPA_MATH_ATTR = "sdpa_math"
+#: The :attr:`OpNode.attrs` key giving, on a node of the SDPA math path, the rank of the call's query, key and
+#: value (the largest of the three; ``3`` for 3-D inputs, which PyTorch 2.14 on runs on the fused kernels, ``5``
+#: and more on the math path in every version); absent on graphs captured before it was recorded (priced as the
+#: math path in every version).
+SDPA_RANK_ATTR = "sdpa_rank"
+_RANK_HINT = re.compile(r"_rank(\d+)_")
 
 __all__ = ["graph_from_relax"]
 
@@ -290,8 +299,12 @@ class _Walk:
         out_shapes = tuple(s for s, _ in out_types)
         cost = cost_of(op, in_shapes, out_shapes, attrs)
         attrs.update(cost.derived_attrs)
-        if str(getattr(var, "name", None) or getattr(var, "name_hint", "")).startswith(SDPA_MATH_NAME):
+        hint = str(getattr(var, "name", None) or getattr(var, "name_hint", ""))
+        if hint.startswith(SDPA_MATH_NAME):
             attrs[SDPA_MATH_ATTR] = True
+            rank = _RANK_HINT.match(hint[len(SDPA_MATH_NAME):])
+            if rank:
+                attrs[SDPA_RANK_ATTR] = int(rank.group(1))
         if cost.view:
             br = bw = 0
         else:

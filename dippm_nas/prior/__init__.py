@@ -62,6 +62,7 @@ from dippm_nas.prior._power import (
 )
 from dippm_nas.prior._predict import predict, prediction_of
 from dippm_nas.prior._math_path import MATH_PATH_FLOAT32_SINCE, math_path_float32
+from dippm_nas.prior._sdpa_rank3 import SDPA_RANK3_FUSED_SINCE, fused_rank3_graph, has_rank3_math_path, sdpa_rank3_fused
 from dippm_nas.prior._sdpa import MMA_SYNC_SHARE, SDPA_BACKENDS, AttentionShape, attention_shape, sdpa_backend_codes
 
 __all__ = [
@@ -86,4 +87,5 @@ __all__ = [
     "advise", "MigAdvice", "ProfileAdvice", "MIG_RULES", "DIPPM_LADDER",
     "SDPA_BACKENDS", "MMA_SYNC_SHARE", "AttentionShape", "attention_shape", "sdpa_backend_codes",
     "MATH_PATH_FLOAT32_SINCE", "math_path_float32",
+    "SDPA_RANK3_FUSED_SINCE", "sdpa_rank3_fused", "has_rank3_math_path", "fused_rank3_graph",
 ]

@@ -40,10 +40,11 @@ from dippm_nas._deprecation import MISSING
 from dippm_nas.deployment import AUTOCAST_DTYPES, Deployment, ResolvedDeployment
 from dippm_nas.devices import Device, HostProfile, resolve_device, resolve_host_profile
 from dippm_nas.errors import GraphValidationError
-from dippm_nas.graph import SDPA_MATH_ATTR, OperatorGraph
+from dippm_nas.graph import SDPA_MATH_ATTR, SDPA_RANK_ATTR, OperatorGraph
 from dippm_nas.prior._deploy import DeploymentSettings, deployment_settings, input_copy_kind
 from dippm_nas.prior._math_path import MATH_PATH_FLOAT32_SINCE, math_path_float32
 from dippm_nas.prior._host import HOST_KINDS, Execution, HostModel, check_runtime, compiled_groups, input_copy_us
+from dippm_nas.prior._sdpa_rank3 import fused_rank3_graph, has_rank3_math_path, sdpa_rank3_fused
 from dippm_nas.prior._memory import MemoryBreakdown, activation_liveness, gpu_memory_parts
 from dippm_nas.prior._nodes import check_autocast, graph_facts_many, node_costs
 from dippm_nas.prior._params import PriorParams, default_params
@@ -307,8 +308,8 @@ def estimate_with(graph: OperatorGraph, device: Device | str, *, params: PriorPa
                   deployment: Any, **legacy: Any) -> PriorEstimate:
     """:func:`estimate` with :data:`LEGACY_KEYWORDS` given whole (no warning: the callers that still take them,
     such as :func:`~dippm_nas.prior.predict`, warned their own caller)."""
-    dev, p, prof, facts, costs, runtime, prefix_us, copy_us, latency_us, host_total_us, ac, mf = _latency_parts(
-        graph, device, params=params, deployment=deployment, **legacy)
+    dev, p, prof, facts, costs, runtime, prefix_us, copy_us, latency_us, host_total_us, ac, mf, graph = (
+        _latency_parts(graph, device, params=params, deployment=deployment, **legacy))
     energy = None
     if dev.has_power:
         pw = power_params_for(dev, power)
@@ -392,13 +393,14 @@ class ResolvedSettings:
     channels_last: bool
     math_float32: bool | None = None
     autocast_open: bool = False
+    rank3_fused: bool | None = None
 
     @property
     def kernel_key(self) -> tuple[Any, ...]:
         """What the kernel times depend on besides the graph (of the host only its framework, which decides whether a
         linear layer's bias add is a kernel: :func:`~dippm_nas.prior._nodes.gemm_epilogue`)."""
         return (self.device.id, id(self.params), self.tf32_conv, self.tf32_matmul, self.channels_last, self.autocast,
-                self.math_float32, self.host.framework)
+                self.math_float32, self.rank3_fused, self.host.framework)
 
 
 def resolved_settings(device: Device | str, *, tf32_conv: bool = True, tf32_matmul: bool = False,
@@ -414,10 +416,11 @@ def resolved_settings(device: Device | str, *, tf32_conv: bool = True, tf32_matm
         s = deployment_settings(deployment)
         runtime, host, input_copy, autocast = s.runtime, s.host, s.input_copy, s.autocast
         tf32_conv, tf32_matmul, channels_last = s.tf32_conv, s.tf32_matmul, s.channels_last
-        math_float32 = math_path_float32(s.torch_version)
+        math_float32, rank3_fused = math_path_float32(s.torch_version), sdpa_rank3_fused(s.torch_version)
         autocast_open = "autocast" in s.assumed
     else:
-        math_float32, autocast_open = None, False
+        math_float32 = rank3_fused = None
+        autocast_open = False
     input_copy = input_copy_kind(input_copy)
     check_autocast(autocast)
     runtime = check_runtime(runtime)
@@ -426,7 +429,8 @@ def resolved_settings(device: Device | str, *, tf32_conv: bool = True, tf32_matm
     p = params if params is not None else default_params()
     return ResolvedSettings(device=dev, params=p, host=prof, runtime=runtime, input_copy=input_copy,
                             autocast=autocast, tf32_conv=tf32_conv, tf32_matmul=tf32_matmul,
-                            channels_last=channels_last, math_float32=math_float32, autocast_open=autocast_open)
+                            channels_last=channels_last, math_float32=math_float32, rank3_fused=rank3_fused,
+                            autocast_open=autocast_open)
 
 
 def checked_facts(graph: OperatorGraph, dev: Device) -> Any:
@@ -461,11 +465,15 @@ def _latency_parts(graph: OperatorGraph, device: Device | str, *, tf32_conv: boo
                    deployment: Any = None) -> tuple[Any, ...]:
     """The latency half of :func:`estimate` (validation, per-node costs, timelines), shared with
     :func:`estimate_latency_ms`: ``(device, params, host profile, facts, costs, runtime, prefix µs, input copy
-    µs, latency µs, host µs, the resolved autocast dtype or None, the SDPA math path's version rule or None)``."""
+    µs, latency µs, host µs, the resolved autocast dtype or None, the SDPA math path's version rule or None, the
+    graph as the deployment's PyTorch runs its SDPA calls: :func:`~dippm_nas.prior._sdpa_rank3.fused_rank3_graph`
+    from 2.14)``."""
     r = resolved_settings(device, tf32_conv=tf32_conv, tf32_matmul=tf32_matmul, channels_last=channels_last,
                           params=params, runtime=runtime, host=host, input_copy=input_copy, execution=execution,
                           autocast=autocast, deployment=deployment)
     dev, p, prof, runtime = r.device, r.params, r.host, r.runtime
+    if r.rank3_fused and isinstance(graph, OperatorGraph):
+        graph = fused_rank3_graph(graph)
     facts = checked_facts(graph, dev)
     costs = node_costs(graph, dev, p, tf32_conv=r.tf32_conv, tf32_matmul=r.tf32_matmul,
                        channels_last=r.channels_last, host=prof, autocast=r.autocast, math_float32=r.math_float32)
@@ -480,7 +488,7 @@ def _latency_parts(graph: OperatorGraph, device: Device | str, *, tf32_conv: boo
     prefix_us, copy_us = _pass_host_us(graph, dev, p, runtime, prof, r.input_copy)
     latency_us, host_total_us = _timelines(costs.gpu_us, costs.host_us, dev.kind, prefix_us)
     return (dev, p, prof, facts, costs, runtime, prefix_us, copy_us, latency_us, host_total_us, r.autocast,
-            r.math_float32)
+            r.math_float32, graph)
 
 
 def estimate_latency_ms(
@@ -542,13 +550,19 @@ def sdpa_math_mode(graph: OperatorGraph, math_float32: bool | None) -> str:
 def sdpa_math_details(graph: OperatorGraph, math_float32: bool | None) -> dict[str, float]:
     """The label of an SDPA math path's memory for :attr:`PriorEstimate.memory_details` (empty without one):
     ``sdpa_math_version_known`` (0: the PyTorch version is unknown, its memory at the graph's dtypes) and, when
-    known, ``sdpa_math_float32`` (1: held in float32 from PyTorch 2.5, :func:`sdpa_math_mode`)."""
+    known, ``sdpa_math_float32`` (1: held in float32 from PyTorch 2.5, :func:`sdpa_math_mode`); ``sdpa_rank3_fused``
+    (1) where calls on 3-D inputs run on the fused kernels (PyTorch >= 2.14,
+    :func:`~dippm_nas.prior._sdpa_rank3.fused_rank3_graph` gave the graph), 0 where the version is known and older."""
     mode = sdpa_math_mode(graph, math_float32)
+    fused = any(nd.attrs.get(SDPA_RANK_ATTR) == 3 and nd.op_class == "attention" for nd in graph.nodes)
+    out = {"sdpa_rank3_fused": 1.0} if fused else {}
     if mode == "none":
-        return {}
+        return out
     if mode == "unknown":
-        return {"sdpa_math_version_known": 0.0}
-    return {"sdpa_math_version_known": 1.0, "sdpa_math_float32": float(mode == "float32")}
+        return {**out, "sdpa_math_version_known": 0.0}
+    if not fused and has_rank3_math_path(graph):
+        out["sdpa_rank3_fused"] = 0.0
+    return {**out, "sdpa_math_version_known": 1.0, "sdpa_math_float32": float(mode == "float32")}
 
 
 def eager_kind(autocast: str | None, provenance: str | None = None, sdpa_math: str = "none") -> str:

@@ -18,7 +18,8 @@ and runs the composite below the autocast dispatch key, so the float32 list does
   probabilities read and written); float32 inputs pay these too.
 
 A deployment whose torch version is unknown keeps the graph's dtypes and autocast's plan (:func:`math_path_float32`
-is ``None``).
+is ``None``). From PyTorch 2.14 a call on 3-D inputs runs the fused kernels instead: the estimate prices the graph
+:func:`~dippm_nas.prior._sdpa_rank3.fused_rank3_graph` gives, whose calls of rank 3 are no longer marked.
 """
 
 from __future__ import annotations

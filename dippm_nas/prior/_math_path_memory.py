@@ -27,7 +27,8 @@ liveness of those nodes:
 Under autocast, SDPA's wrapper casts float32 q, k, v and a float mask to the autocast dtype first (casts alive for
 the call).
 A graph whose nodes are not marked, or a deployment whose PyTorch version is unknown, gets none of this: the
-caller keeps the graph's dtypes and autocast's plan, as before.
+caller keeps the graph's dtypes and autocast's plan, as before. From PyTorch 2.14 a call on 3-D inputs is a fused
+kernel, not this function (:mod:`dippm_nas.prior._sdpa_rank3`: the liveness pass prices the graph it rewrites).
 """
 
 from __future__ import annotations

@@ -115,6 +115,7 @@ from dippm_nas.prior._allocator import AllocatorConfig, AllocatorPeak, _replay_p
 from dippm_nas.prior._autocast import AUTOCAST_LOW_CLASSES, autocast_plan
 from dippm_nas.prior._layout_rules import layout_copies
 from dippm_nas.prior._math_path import math_path_float32
+from dippm_nas.prior._sdpa_rank3 import fused_rank3_graph, sdpa_rank3_fused
 from dippm_nas.prior._math_path_memory import MathPathStorageRules, math_path_calls, math_path_storage_rules
 from dippm_nas.prior._nodes import check_autocast, graph_facts
 from dippm_nas.prior._provenance_rules import module_argument_rule, provenance_inplace
@@ -685,11 +686,15 @@ def activation_liveness(graph: OperatorGraph, *, retention: bool = False,
             (:mod:`~dippm_nas.prior._math_path_memory`: float32 copies of half-precision q, k and v and float32
             scores from 2.5, the safe softmax's buffers, the scaled query to the call's end); ``None`` (not
             known): those nodes are priced as any others, at the graph's dtypes (autocast's plan under autocast).
+            From 2.14 a call on 3-D inputs is one fused attention kernel instead
+            (:func:`~dippm_nas.prior._sdpa_rank3.fused_rank3_graph`: no score matrix).
 
     Returns:
         the :class:`MemoryBreakdown`: the live bytes of the storages :func:`storage_lives` lists (the same
         computation), which :func:`gpu_memory_parts` replays through the caching allocator.
     """
+    if sdpa_rank3_fused(torch_version):
+        graph = fused_rank3_graph(graph)
     lv = _lives(graph, retention=retention, include_inputs=include_inputs, autocast=autocast,
                 math_float32=math_path_float32(torch_version))
     if graph.num_nodes == 0:
@@ -706,6 +711,8 @@ def storage_lives(graph: OperatorGraph, *, autocast: str | None = None, include_
     sequence :func:`~dippm_nas.prior.allocation_events` turns into the caching allocator's requests. Both come
     from one liveness pass, so the peak of their sum over the nodes is
     ``activation_liveness(graph, retention=True, ...).peak_allocated_bytes`` (``torch_version`` as there)."""
+    if sdpa_rank3_fused(torch_version):
+        graph = fused_rank3_graph(graph)
     lv = _lives(graph, retention=True, include_inputs=include_inputs, autocast=autocast,
                 math_float32=math_path_float32(torch_version))
     return lv.sizes, lv.alloc_at, lv.last_use

@@ -34,6 +34,7 @@ from dippm_nas.prior._estimate import (LEGACY_KEYWORDS, PriorEstimate, ResolvedS
 from dippm_nas.prior._nodes import (KernelTerms, NodeCosts, costs_of_terms, gemm_epilogue, host_times, kernel_terms,
                                     retimed)
 from dippm_nas.prior._sdpa import AttentionShape
+from dippm_nas.prior._sdpa_rank3 import fused_rank3_graph
 from dippm_nas.prior._memory import activation_liveness_many, gpu_memory_parts_many
 from dippm_nas.prior._power import node_activity, node_power_w, power_params_for, wait_power_w
 
@@ -236,9 +237,13 @@ class CostStack:
         self._graph_stack: GraphStack | None = None
         self._kernels: dict[tuple[Any, ...], KernelTerms] = {}
         self._costs: dict[tuple[Any, ...], NodeCosts] = {}
+        self._device = device
+        self._fused: CostStack | None = None
 
     def kernels(self, r: ResolvedSettings, device: Device | None = None) -> KernelTerms:
         """Kernel terms of every node under ``r`` (on ``device``, a MIG slice view say, instead of ``r``'s)."""
+        if r.rank3_fused and self.fused_rank3() is not self:  # the graphs as that PyTorch runs them, same nodes
+            return self.fused_rank3().kernels(r, device)
         dev = r.device if device is None else device
         key = (dev.id, *r.kernel_key[1:])
         if key not in self._kernels:
@@ -247,6 +252,16 @@ class CostStack:
                                               autocast=r.autocast, math_float32=r.math_float32,
                                               gemm_epilogue=gemm_epilogue(r.host))
         return self._kernels[key]
+
+    def fused_rank3(self) -> "CostStack":
+        """The stack of the graphs as PyTorch >= 2.14 runs them (calls on 3-D SDPA inputs fused:
+        :func:`~dippm_nas.prior._sdpa_rank3.fused_rank3_graph`, same nodes), built once; ``self`` when no graph has
+        such a call."""
+        if self._fused is None:
+            graphs = [fused_rank3_graph(g) for g in self.facts.graphs]
+            same = all(a is b for a, b in zip(graphs, self.facts.graphs))
+            self._fused = self if same else CostStack(graphs, self._device)
+        return self._fused
 
     @property
     def graph_stack(self) -> GraphStack:
@@ -333,6 +348,8 @@ def estimate_many(graphs: Sequence[OperatorGraph], device: Device | str, *, stac
 
 def estimates_of(stack: CostStack, r: ResolvedSettings, power: Any = None) -> list[PriorEstimate]:
     """The estimates of every graph of ``stack`` under the resolved settings ``r`` (see :func:`estimate_many`)."""
+    if r.rank3_fused:
+        stack = stack.fused_rank3()
     dev, p, st = r.device, r.params, stack.facts
     table = p.op_tables.get(dev.id) if dev.kind != "gpu" else None
     if table is not None:  # operators timed in place on this machine: the single-graph path reads the table

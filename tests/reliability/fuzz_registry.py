@@ -159,7 +159,7 @@ CONSTANTS = _names("""
     deployment.INPUT_COPIES devices.CACHE_DIR_ENV devices.DEFAULT_HOST_PROFILE devices.DEVICE_DIR_ENV
     devices.DEVICE_KINDS devices.FRAMEWORKS devices.PCIE_LANE_GBPS features.ATTR_WIDTH
     features.FEATURE_SCHEMA_VERSION features.FUSABLE_CLASSES features.MANY_MIN_GRAPHS features.STYLES
-    features.TOKENS graph.GRAPH_FORMAT_VERSION graph.OPAQUE_PREFIX graph.SDPA_MATH_ATTR graph.SDPA_MATH_NAME graph.OP_CLASSES graph.READABLE_GRAPH_FORMATS
+    features.TOKENS graph.GRAPH_FORMAT_VERSION graph.OPAQUE_PREFIX graph.SDPA_MATH_ATTR graph.SDPA_MATH_NAME graph.SDPA_RANK_ATTR graph.OP_CLASSES graph.READABLE_GRAPH_FORMATS
     graph.STRUCTURAL_HASH_VERSION llm.ARCHITECTURES
     llm.DEFAULT_DEVICE llm.ENGINES llm.ENGINES_FILE llm.FRONTENDS llm.GENERATION_FIGURES llm.KV_DTYPES
     llm.LLM_RUNTIMES llm.MODEL_TYPES llm.STYLES llm.WEIGHT_DTYPES measure.AUTOCAST_DTYPES measure.CAMPAIGN_SOURCE
@@ -187,7 +187,7 @@ CONSTANTS = _names("""
     conformal.CONFIDENCES conformal.CONFORMAL_FORMAT conformal.MIN_REGIME_ROWS conformal.WIDEST_REGIME
     conformal.IN_SPACE_REGIME
     llm.ADAPTED_CONSTANTS llm.INTERCONNECTS llm.SERVING_FIGURES optuna.SERVING_OBJECTIVES prior.PAGEABLE_FRESH_WEIGHT
-    prior.PAGEABLE_STAGING_GBPS prior.PAGE_BYTES trial.GENERATION_ALIASES prior.SDPA_BACKENDS prior.MMA_SYNC_SHARE prior.MATH_PATH_FLOAT32_SINCE
+    prior.PAGEABLE_STAGING_GBPS prior.PAGE_BYTES trial.GENERATION_ALIASES prior.SDPA_BACKENDS prior.MMA_SYNC_SHARE prior.MATH_PATH_FLOAT32_SINCE prior.SDPA_RANK3_FUSED_SINCE
     prior.DEFAULT_SCALE_KEY prior.GEFORCE_SCALE_KEY
 """)
 #: Type aliases: names for annotations, not callables a user calls.
@@ -237,7 +237,7 @@ GENERIC = _names("""
     capture.named_model_key capture.space_config_of capture.supports_assembly capture_many cli.parse_devices
     dataset.build_dataset dataset.device_id dataset.import_accel_nasbench dataset.import_campaign
     dataset.import_neusight dataset.import_ryujaehun dataset.import_vidur dataset.macs_per_sample
-    dataset.plan_candidates deployment.tf32_defaults prior.math_path_float32 devices.device_from_dict devices.framework_of_version
+    dataset.plan_candidates deployment.tf32_defaults prior.math_path_float32 prior.sdpa_rank3_fused devices.device_from_dict devices.framework_of_version
     devices.resolve_device devices.resolve_host_profile devices.unregister_device
     features.featurize features.featurize_many features.get_op_encoder features.node_dim features.static_dim
     features.static_dtype_columns features.unregister_op_encoder get_device get_predictor graph.adopt_node_columns
@@ -300,7 +300,8 @@ OBJECT_ONLY = {
                            prior.power_params_for prior.prediction_of prior.timeline_fields prior.wait_power_w
                            training.is_timm validation.CalibratedPredictor validation.apply_calibration
                            features.device_features features.coarsen prior.activation_liveness
-                           prior.described_offset_log measure.campaign_models.LastHidden prior.storage_lives"""),
+                           prior.described_offset_log measure.campaign_models.LastHidden prior.storage_lives
+                           prior.fused_rank3_graph prior.has_rank3_math_path"""),
                     "takes only objects dippm-nas builds (a graph, an estimate, a calibration, a device...)"),
     **dict.fromkeys(_names("predictor.BasePredictor dataset.Source"), "an abstract base class"),
     **dict.fromkeys(_names("measure.CudaOps measure.NvmlAdapter"),
