@@ -39,7 +39,11 @@ output tokens/s) and ``wait_activity`` (then on the energy per token) fitted lea
 prediction linearly through the host time per step, so three predictions per row give any pair, and every held-out
 figure is recomputed with the fold's engine. The rows do not record prompt lengths: ``--energy-prompts`` (default
 256, 512, 1024) shows how much the answer moves with that assumption; ``--write`` stores the constants fitted on
-every row at ``--server-prompt`` (default 256) next to the offline ones."""
+every row at ``--server-prompt`` (default 256) next to the offline ones.
+
+``--decode-kv-partition ENGINE=TOKENS|none`` (repeatable) is a what-if of the decode attention's tiling: the engine's
+``ServingEngine.decode_kv_partition`` replaced in every fit and prediction (``none``: the attention's output tiled,
+a few thread blocks for the whole batch); it cannot be combined with ``--write``."""
 
 from __future__ import annotations
 
@@ -105,9 +109,38 @@ def _csv(data: Path, name: str) -> list[dict[str, str]]:
 
 
 # ------------------------------------------------------------------------------------------------ bench
+#: ``--decode-kv-partition`` what-ifs: engine -> cache tokens per decode-attention thread block (``None``: the
+#: attention's output tiled instead), replacing the engine's ``decode_kv_partition``
+_DECODE_KV_PARTITION: dict[str, int | None] = {}
+
+
 def _engine(name: str, **constants: float) -> ServingEngine:
     base = serving_engine(name, EngineTable())  # the documented defaults, no fitted step costs
-    return ServingEngine(**{**base.to_dict(), **constants, "fitted": bool(constants), "source": "benchmark fit"})
+    what_if = {"decode_kv_partition": _DECODE_KV_PARTITION[name]} if name in _DECODE_KV_PARTITION else {}
+    return ServingEngine(**{**base.to_dict(), **constants, **what_if, "fitted": bool(constants),
+                            "source": "benchmark fit"})
+
+
+def parse_kv_partitions(items: list[str]) -> dict[str, int | None]:
+    """``ENGINE=TOKENS`` or ``ENGINE=none`` items of ``--decode-kv-partition`` as a mapping.
+
+    Raises:
+        InvalidValueError: an item without ``=``, an engine other than ``vllm`` / ``tensorrt-llm``, or tokens that
+            are not an int >= 1 or ``none``.
+    """
+    out: dict[str, int | None] = {}
+    for item in items:
+        engine, sep, value = item.partition("=")
+        if not sep or engine not in BENCH_ENGINES.values():
+            raise InvalidValueError(f"--decode-kv-partition must be ENGINE=TOKENS or ENGINE=none with ENGINE one of "
+                                    f"{sorted(set(BENCH_ENGINES.values()))}, got {item!r}")
+        if value.lower() == "none":
+            out[engine] = None
+        elif value.isdigit() and int(value) >= 1:
+            out[engine] = int(value)
+        else:
+            raise InvalidValueError(f"--decode-kv-partition tokens must be an int >= 1 or 'none', got {item!r}")
+    return out
 
 
 def _predict(row: dict, eng: ServingEngine) -> object:
@@ -439,7 +472,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--write", action="store_true",
                     help=f"write the fitted engines to dippm_nas/llm/calibration/{ENGINES_FILE}")
     ap.add_argument("--json", type=Path, default=None, help="write the report as JSON here")
+    ap.add_argument("--decode-kv-partition", action="append", default=[], metavar="ENGINE=TOKENS|none",
+                    help="what-if: the engine's decode attention with this KV partition (none: output tiling); "
+                         "repeatable, not with --write")
     args = ap.parse_args(argv)
+    _DECODE_KV_PARTITION.clear()
+    _DECODE_KV_PARTITION.update(parse_kv_partitions(args.decode_kv_partition))
+    if args.write and _DECODE_KV_PARTITION:
+        raise InvalidValueError("--decode-kv-partition is a what-if: it cannot be combined with --write")
     warnings.simplefilter("ignore", RuntimeWarning)
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     log: list[str] = []

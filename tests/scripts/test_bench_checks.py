@@ -93,6 +93,26 @@ def test_accuracy_llm_fit_recovers_the_engine_constants_of_a_linear_model() -> N
     assert bench.fit_constants(sens, y * 10)["decode_gpu_scale"] == pytest.approx(3.0)  # at its bound
 
 
+def test_accuracy_llm_decode_kv_partition_what_if_reaches_the_engines() -> None:
+    from dippm_nas.errors import InvalidValueError
+
+    bench = _load("accuracy_llm")
+    got = bench.parse_kv_partitions(["vllm=none", "tensorrt-llm=512"])
+    assert got == {"vllm": None, "tensorrt-llm": 512}
+    for bad in (["vllm"], ["llama.cpp=512"], ["vllm=0"], ["vllm=-3"], ["tensorrt-llm=many"]):
+        with pytest.raises(InvalidValueError, match="decode-kv-partition"):
+            bench.parse_kv_partitions(bad)
+    assert bench._engine("vllm").decode_kv_partition == 512  # vLLM's own (its paged attention's partitions)
+    bench._DECODE_KV_PARTITION.update(got)
+    try:
+        assert bench._engine("vllm", step_us=1.0).decode_kv_partition is None
+        assert bench._engine("tensorrt-llm").decode_kv_partition == 512
+    finally:
+        bench._DECODE_KV_PARTITION.clear()
+    with pytest.raises(InvalidValueError, match="--write"):
+        bench.main(["--data", "/nonexistent", "--write", "--decode-kv-partition", "vllm=none"])
+
+
 def test_accuracy_llm_reads_the_bench_rows_and_leaves_out_impossible_ones() -> None:
     from conftest import shared_data_or_skip
 
