@@ -13,7 +13,8 @@ and, at a confidence ``c``, the conformal quantile ``q_c`` of the scores of the 
 
 (for a minimum, ``mean * exp(-q_c * sigma_log)`` with the scores of ``-s``). Regimes (:func:`regime_of`):
 ``host-bound`` / ``gpu-bound`` (``details["host_bound"]``), ``described`` / ``undescribed`` (the deployment leaves
-no setting assumed: ``labels["deployment_assumed"] == ""``), ``adapted`` / ``not-adapted`` (``details`` carries an
+no setting assumed: ``labels["deployment_assumed"] == ""``, or only the autocast of a float32 graph, which is none
+and moves neither centre nor σ), ``adapted`` / ``not-adapted`` (``details`` carries an
 ``adaptation_version``). A regime with fewer than :data:`MIN_REGIME_ROWS` calibration rows, or too few for the
 confidence asked (``ceil((n + 1) c) > n``), falls back to the wider one: its adaptation state dropped first, then
 the deployment, then everything (``*|*|*``); the check says so in its ``labels``.
@@ -44,6 +45,7 @@ from typing import Any
 from dippm_nas._files import write_output
 from dippm_nas._json import read_json_file
 from dippm_nas._numbers import as_real
+from dippm_nas.deployment import AUTOCAST_DTYPES
 from dippm_nas.errors import BudgetError, CheckpointError, InvalidValueError
 
 __all__ = ["ConformalCalibration", "ConformalMargin", "CONFORMAL_FORMAT", "MIN_REGIME_ROWS", "WIDEST_REGIME",
@@ -91,12 +93,23 @@ def conformal_path(checkpoint: str | Path) -> Path:
     return p.with_name(name + ".conformal.json")
 
 
+def _open_settings(labels: Mapping[str, Any], dtype: Any) -> list[str]:
+    """The settings of ``labels["deployment_assumed"]`` that leave a prediction open: all of them, but an undescribed
+    autocast only for a half-precision graph (:data:`~dippm_nas.deployment.AUTOCAST_DTYPES`; a float32 graph's
+    undescribed autocast is none, priced and spread as described). A prediction without a ``dtype`` keeps it open."""
+    assumed = str(labels.get("deployment_assumed", "") or "")
+    return [a for a in assumed.split(",") if a and (a != "autocast" or dtype is None or dtype in AUTOCAST_DTYPES)]
+
+
 def regime_of(prediction: Any) -> str:
-    """A prediction's regime key ``"<host-bound|gpu-bound>|<described|undescribed>|<adapted|not-adapted>"``."""
+    """A prediction's regime key ``"<host-bound|gpu-bound>|<described|undescribed>|<adapted|not-adapted>"``.
+
+    ``described``: ``labels["deployment_assumed"]`` names no open setting; an undescribed autocast of a float32
+    graph (``prediction.dtype`` not a half precision) is not one (:func:`_open_settings`)."""
     details = getattr(prediction, "details", {}) or {}
     labels = getattr(prediction, "labels", {}) or {}
     bound = "host-bound" if float(details.get("host_bound", 0.0) or 0.0) >= 1.0 else "gpu-bound"
-    described = "described" if labels.get("deployment_assumed", "") == "" else "undescribed"
+    described = "undescribed" if _open_settings(labels, getattr(prediction, "dtype", None)) else "described"
     adapted = "adapted" if "adaptation_version" in details else "not-adapted"
     return f"{bound}|{described}|{adapted}"
 
