@@ -14,7 +14,9 @@ the search view. Each row is predicted three ways, so that every regime of :mod:
 - for the deployment the rows record (``accuracy_deployment.described``: ``described`` where it leaves nothing assumed);
 - for the default deployment (eager on the default host: ``undescribed``);
 - adapted (``adapted``): ``predictor.adapt`` on ``--adapt-rows`` rows of the same half (seeded), the rest of that half
-  predicted for the described deployment (the adapting rows are not scored).
+  predicted for the described deployment (the adapting rows are not scored). An adaptation is of one precision (the
+  dtype most of its rows ran in): a row of another dtype keeps its described prediction
+  (``details["adaptation_other_dtype"]``) and is not an adapted row.
 
 ``--outside-training SEED`` keeps only the architectures a checkpoint trained on these same files never trained on:
 those that ``dippm-nas train``'s default ``"random"`` split with seed ``SEED`` (70 / 15 / 15 by a hash of the graph,
@@ -117,7 +119,10 @@ def cell_rows(p: GnnPredictor, mgs: list, adapt_rows: int, seed: int,
             for fit, rest in adapt_plan(rng.permutation(np.flatnonzero(half == h)), adapt_rows, adapt_chunk, rng):
                 p.adapt([(graphs[i], {"latency_ms": float(y[i])}) for i in fit], persist=False, deployment=dep)
                 preds = p.predict_graphs([graphs[i] for i in rest], mig=False, deployment=dep)
-                out["adapted"] += [(q, float(y[i]), h) for q, i in zip(preds, rest)]
+                # a graph of a precision the adapting rows did not run in keeps its described prediction: not an
+                # adapted one (and already a "described" row)
+                out["adapted"] += [(q, float(y[i]), h) for q, i in zip(preds, rest)
+                                   if not q.details.get("adaptation_other_dtype")]
                 p.reset_adaptation()
                 p.calibration = None
                 p.clear_prediction_cache()

@@ -55,3 +55,70 @@ def test_an_adapt_plan_predicts_every_row_once_never_after_adapting_on_it() -> N
     assert len(one) == 1 and one[0][0].tolist() == idx[:6].tolist() and one[0][1].tolist() == idx[6:].tolist()
     assert c.adapt_plan(idx[:10], 6, None, np.random.default_rng(1)) == []  # too few rows for one split
     assert c.adapt_plan(idx[:1], 6, 3, np.random.default_rng(1)) == []  # nothing to adapt on
+
+
+class _Spec:
+    def __init__(self, dtype: str) -> None:
+        self.dtype = dtype
+
+
+class _DtypeGraph:
+    def __init__(self, key: str, dtype: str) -> None:
+        self.key, self.spec = key, _Spec(dtype)
+
+
+class _Row:
+    def __init__(self, i: int, dtype: str) -> None:
+        self.graph = _DtypeGraph(f"g{i}", dtype)
+        self.measurement = {"source": "ryujaehun", "latency_ms": 1.0 + i, "dtype": dtype}
+
+
+class _OnePrecisionPredictor:
+    """A stand-in for the GNN predictor: an adaptation applies to the float16 graphs only (as ``adapt()`` holds an
+    adaptation to the dtype most of its rows ran in); a float32 graph keeps its unadapted prediction, flagged."""
+
+    def __init__(self) -> None:
+        self.adapted = False
+        self.calibration = None
+
+    def graph_key(self, g: _DtypeGraph) -> str:
+        return g.key
+
+    def one_network_pass(self, graphs):
+        import contextlib
+
+        return contextlib.nullcontext()
+
+    def reset_adaptation(self) -> None:
+        self.adapted = False
+
+    def clear_prediction_cache(self) -> None:
+        pass
+
+    def adapt(self, rows, persist: bool, deployment) -> None:
+        self.adapted = True
+
+    def predict_graphs(self, graphs, mig: bool, deployment=None):
+        from dippm_nas.prediction import Prediction
+
+        out = []
+        for g in graphs:
+            details = {}
+            if self.adapted:
+                details = {"adaptation_version": 1.0} if g.spec.dtype == "float16" else {"adaptation_other_dtype": 1.0}
+            out.append(Prediction(latency_ms=1.0, energy_j=None, memory_mib=1.0, latency_source="predicted",
+                                  energy_source="unavailable", memory_source="analytic", device="titan-rtx",
+                                  batch_size=1, dtype=g.spec.dtype, latency_ms_std=0.1, details=details))
+        return out
+
+
+def test_an_adapted_row_is_one_the_adaptation_applied_to() -> None:
+    """Rows of a precision the adaptation does not apply to keep their described prediction: they are not counted
+    as adapted rows (they are already described rows), so the adapted kind holds adapted predictions only."""
+    c = _load()
+    rows = [_Row(i, "float16" if i % 2 else "float32") for i in range(120)]
+    out = c.cell_rows(_OnePrecisionPredictor(), rows, 20, 0)
+    assert len(out["described"]) == len(out["undescribed"]) == 120
+    assert out["adapted"] and all("adaptation_version" in q.details and q.dtype == "float16"
+                                  for q, _, _ in out["adapted"])
+    assert len(out["adapted"]) < 120 - 2 * 20
