@@ -45,7 +45,6 @@ from typing import Any
 from dippm_nas._files import write_output
 from dippm_nas._json import read_json_file
 from dippm_nas._numbers import as_real
-from dippm_nas.deployment import AUTOCAST_DTYPES
 from dippm_nas.errors import BudgetError, CheckpointError, InvalidValueError
 
 __all__ = ["ConformalCalibration", "ConformalMargin", "CONFORMAL_FORMAT", "MIN_REGIME_ROWS", "WIDEST_REGIME",
@@ -61,6 +60,9 @@ MIN_REGIME_ROWS = 30
 WIDEST_REGIME = "*|*|*"
 #: The regime label of a margin read from an adaptation's own out-of-sample scores (:func:`in_space_margin`).
 IN_SPACE_REGIME = "in-space"
+#: The dtypes whose undescribed autocast a prediction leaves open (:data:`dippm_nas.deployment.AUTOCAST_DTYPES`, a
+#: later layer; ``tests/test_conformal.py`` checks they are equal).
+_HALF_DTYPES: tuple[str, ...] = ("float16", "bfloat16")
 #: Confidences whose held-out coverage a fit records.
 CONFIDENCES: tuple[float, ...] = (0.5, 0.8, 0.9, 0.95)
 
@@ -95,10 +97,10 @@ def conformal_path(checkpoint: str | Path) -> Path:
 
 def _open_settings(labels: Mapping[str, Any], dtype: Any) -> list[str]:
     """The settings of ``labels["deployment_assumed"]`` that leave a prediction open: all of them, but an undescribed
-    autocast only for a half-precision graph (:data:`~dippm_nas.deployment.AUTOCAST_DTYPES`; a float32 graph's
+    autocast only for a half-precision graph (:data:`_HALF_DTYPES`; a float32 graph's
     undescribed autocast is none, priced and spread as described). A prediction without a ``dtype`` keeps it open."""
     assumed = str(labels.get("deployment_assumed", "") or "")
-    return [a for a in assumed.split(",") if a and (a != "autocast" or dtype is None or dtype in AUTOCAST_DTYPES)]
+    return [a for a in assumed.split(",") if a and (a != "autocast" or dtype is None or dtype in _HALF_DTYPES)]
 
 
 def regime_of(prediction: Any) -> str:

@@ -75,6 +75,10 @@ def test_an_undescribed_autocast_opens_the_regime_of_a_half_precision_graph_only
     from dippm_nas.devices import DEFAULT_HOST_PROFILE
     from test_runtime import conv_chain
 
+    from dippm_nas import conformal
+    from dippm_nas.deployment import AUTOCAST_DTYPES
+
+    assert conformal._HALF_DTYPES == AUTOCAST_DTYPES  # the regime's copy of the later layer's constant
     p32 = _pred(1.0, 0.1, assumed="autocast")
     assert regime_of(p32) == "gpu-bound|described|not-adapted"
     assert regime_of(dataclasses.replace(p32, dtype="float16")) == "gpu-bound|undescribed|not-adapted"
