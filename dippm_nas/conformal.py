@@ -13,7 +13,8 @@ and, at a confidence ``c``, the conformal quantile ``q_c`` of the scores of the 
 
 (for a minimum, ``mean * exp(-q_c * sigma_log)`` with the scores of ``-s``). Regimes (:func:`regime_of`):
 ``host-bound`` / ``gpu-bound`` (``details["host_bound"]``), ``described`` / ``undescribed`` (the deployment leaves
-no setting assumed: ``labels["deployment_assumed"] == ""``), ``adapted`` / ``not-adapted`` (``details`` carries an
+no setting assumed: ``labels["deployment_assumed"] == ""``, or only the autocast of a float32 graph, which is none
+and moves neither centre nor σ), ``adapted`` / ``not-adapted`` (``details`` carries an
 ``adaptation_version``). A regime with fewer than :data:`MIN_REGIME_ROWS` calibration rows, or too few for the
 confidence asked (``ceil((n + 1) c) > n``), falls back to the wider one: its adaptation state dropped first, then
 the deployment, then everything (``*|*|*``); the check says so in its ``labels``.
@@ -59,6 +60,9 @@ MIN_REGIME_ROWS = 30
 WIDEST_REGIME = "*|*|*"
 #: The regime label of a margin read from an adaptation's own out-of-sample scores (:func:`in_space_margin`).
 IN_SPACE_REGIME = "in-space"
+#: The dtypes whose undescribed autocast a prediction leaves open (:data:`dippm_nas.deployment.AUTOCAST_DTYPES`, a
+#: later layer; ``tests/test_conformal.py`` checks they are equal).
+_HALF_DTYPES: tuple[str, ...] = ("float16", "bfloat16")
 #: Confidences whose held-out coverage a fit records.
 CONFIDENCES: tuple[float, ...] = (0.5, 0.8, 0.9, 0.95)
 
@@ -91,12 +95,23 @@ def conformal_path(checkpoint: str | Path) -> Path:
     return p.with_name(name + ".conformal.json")
 
 
+def _open_settings(labels: Mapping[str, Any], dtype: Any) -> list[str]:
+    """The settings of ``labels["deployment_assumed"]`` that leave a prediction open: all of them, but an undescribed
+    autocast only for a half-precision graph (:data:`_HALF_DTYPES`; a float32 graph's
+    undescribed autocast is none, priced and spread as described). A prediction without a ``dtype`` keeps it open."""
+    assumed = str(labels.get("deployment_assumed", "") or "")
+    return [a for a in assumed.split(",") if a and (a != "autocast" or dtype is None or dtype in _HALF_DTYPES)]
+
+
 def regime_of(prediction: Any) -> str:
-    """A prediction's regime key ``"<host-bound|gpu-bound>|<described|undescribed>|<adapted|not-adapted>"``."""
+    """A prediction's regime key ``"<host-bound|gpu-bound>|<described|undescribed>|<adapted|not-adapted>"``.
+
+    ``described``: ``labels["deployment_assumed"]`` names no open setting; an undescribed autocast of a float32
+    graph (``prediction.dtype`` not a half precision) is not one (:func:`_open_settings`)."""
     details = getattr(prediction, "details", {}) or {}
     labels = getattr(prediction, "labels", {}) or {}
     bound = "host-bound" if float(details.get("host_bound", 0.0) or 0.0) >= 1.0 else "gpu-bound"
-    described = "described" if labels.get("deployment_assumed", "") == "" else "undescribed"
+    described = "undescribed" if _open_settings(labels, getattr(prediction, "dtype", None)) else "described"
     adapted = "adapted" if "adaptation_version" in details else "not-adapted"
     return f"{bound}|{described}|{adapted}"
 

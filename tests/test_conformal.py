@@ -65,6 +65,37 @@ def test_a_thin_regime_falls_back_to_the_wider_one_and_says_so() -> None:
     assert regime_of(_pred(1.0, 0.1, host_bound=True, assumed="host")) == "host-bound|undescribed|not-adapted"
 
 
+def test_an_undescribed_autocast_opens_the_regime_of_a_half_precision_graph_only() -> None:
+    """``deployment_assumed`` names ``autocast`` whenever ``Deployment.autocast`` is None; for a float32 graph that
+    autocast is none (centre and σ as described), so its prediction stays in the described regime, while a float16
+    graph's is a mixture (undescribed). Checked on the labels and on the analytic prior's own predictions."""
+    import dataclasses
+
+    from dippm_nas import Deployment, predict
+    from dippm_nas.devices import DEFAULT_HOST_PROFILE
+    from test_runtime import conv_chain
+
+    from dippm_nas import conformal
+    from dippm_nas.deployment import AUTOCAST_DTYPES
+
+    assert conformal._HALF_DTYPES == AUTOCAST_DTYPES  # the regime's copy of the later layer's constant
+    p32 = _pred(1.0, 0.1, assumed="autocast")
+    assert regime_of(p32) == "gpu-bound|described|not-adapted"
+    assert regime_of(dataclasses.replace(p32, dtype="float16")) == "gpu-bound|undescribed|not-adapted"
+    assert regime_of(dataclasses.replace(p32, dtype="bfloat16")) == "gpu-bound|undescribed|not-adapted"
+    assert regime_of(_pred(1.0, 0.1, assumed="host,autocast")) == "gpu-bound|undescribed|not-adapted"
+    open_ = Deployment(host=DEFAULT_HOST_PROFILE, framework="torch-2", input_copy="none")
+    said = dataclasses.replace(open_, autocast="none")
+    for dtype, regime in (("float32", "described"), ("float16", "undescribed")):
+        g = conv_chain(64, 64, 28, layers=4, dtype=dtype)
+        q_open, q_said = (predict(g, device="rtx-4090", mig=False, deployment=d) for d in (open_, said))
+        assert q_open.labels["deployment_assumed"] == "autocast" and q_said.labels["deployment_assumed"] == ""
+        assert regime_of(q_open).split("|")[1] == regime, dtype
+        assert regime_of(q_said).split("|")[1] == "described"
+        if dtype == "float32":  # nothing open: the same centre and σ as the described autocast
+            assert (q_open.latency_ms, q_open.latency_ms_std) == pytest.approx((q_said.latency_ms, q_said.latency_ms_std))
+
+
 def test_without_a_calibration_the_gaussian_quantile_is_used_and_flagged() -> None:
     chk = Budgets(latency_ms=12.0, confidence=0.9).check(_pred(10.0, 1.0))["latency_ms"]
     assert chk.k_sigma == pytest.approx(1.2816, abs=1e-3)

@@ -13,8 +13,10 @@ the search view. Each row is predicted three ways, so that every regime of :mod:
 
 - for the deployment the rows record (``accuracy_deployment.described``: ``described`` where it leaves nothing assumed);
 - for the default deployment (eager on the default host: ``undescribed``);
-- adapted (``adapted``): ``predictor.adapt`` on ``--adapt-rows`` rows of the same half (seeded), the rest of that half
-  predicted for the described deployment (the adapting rows are not scored).
+- adapted (``adapted``): ``predictor.adapt`` on ``--adapt-rows`` rows of the same half and precision (seeded; an
+  adaptation is of one dtype, as a search's is), the rest of those rows predicted for the described deployment (the
+  adapting rows are not scored). A prediction the adaptation does not apply to
+  (``details["adaptation_other_dtype"]``) keeps its described prediction and is not an adapted row.
 
 ``--outside-training SEED`` keeps only the architectures a checkpoint trained on these same files never trained on:
 those that ``dippm-nas train``'s default ``"random"`` split with seed ``SEED`` (70 / 15 / 15 by a hash of the graph,
@@ -113,11 +115,17 @@ def cell_rows(p: GnnPredictor, mgs: list, adapt_rows: int, seed: int,
         out["undescribed"] = list(zip(p.predict_graphs(graphs, mig=False), y, half))
         out["adapted"] = []
         rng = np.random.default_rng(seed)
-        for h in (False, True):
-            for fit, rest in adapt_plan(rng.permutation(np.flatnonzero(half == h)), adapt_rows, adapt_chunk, rng):
+        dtypes = np.array([str(getattr(getattr(g, "spec", None), "dtype", "")) for g in graphs])
+        groups = [(h, d) for h in (False, True) for d in sorted(set(dtypes))]  # an adaptation is of one precision
+        for h, d in groups:
+            for fit, rest in adapt_plan(rng.permutation(np.flatnonzero((half == h) & (dtypes == d))), adapt_rows,
+                                        adapt_chunk, rng):
                 p.adapt([(graphs[i], {"latency_ms": float(y[i])}) for i in fit], persist=False, deployment=dep)
                 preds = p.predict_graphs([graphs[i] for i in rest], mig=False, deployment=dep)
-                out["adapted"] += [(q, float(y[i]), h) for q, i in zip(preds, rest)]
+                # a graph of a precision the adapting rows did not run in keeps its described prediction: not an
+                # adapted one (and already a "described" row)
+                out["adapted"] += [(q, float(y[i]), h) for q, i in zip(preds, rest)
+                                   if not q.details.get("adaptation_other_dtype")]
                 p.reset_adaptation()
                 p.calibration = None
                 p.clear_prediction_cache()
@@ -173,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--adapt-rows", type=int, default=20, help="rows each adapted prediction is adapted on")
     ap.add_argument("--adapt-chunk", type=int, default=None, metavar="N",
                     help="every row of a half gets an adapted prediction, N rows at a time, each chunk adapted on "
-                         "--adapt-rows other rows of its half (default: one split of each half)")
+                         "--adapt-rows other rows of its half and precision (default: one split of each)")
     ap.add_argument("--confidence", type=float, default=0.9)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--outside-training", type=int, default=None, metavar="SEED",
