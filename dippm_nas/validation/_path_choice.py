@@ -19,6 +19,7 @@ simpler path), and before any round scored both paths, the network answers (the 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,26 +39,61 @@ PATH_YARDSTICKS: tuple[str, ...] = ("order", "feasibility")
 PATH_LABEL = "prediction_path"
 
 
+def _numbers(values: Any, what: str) -> list[float]:
+    """``values`` as a list of finite numbers, or a :class:`ValidationError` naming ``what``."""
+    if isinstance(values, (str, bytes, Mapping)) or not hasattr(values, "__len__") or not hasattr(values, "__iter__"):
+        raise ValidationError(f"{what} must be a sequence of finite numbers, got {type(values).__name__}")
+    out = []
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) and not hasattr(v, "__float__"):
+            raise ValidationError(f"{what} must hold finite numbers, got {v!r}")
+        f = float(v)
+        if not math.isfinite(f):
+            raise ValidationError(f"{what} must hold finite numbers, got {v!r}")
+        out.append(f)
+    return out
+
+
+def _flags(values: Any, what: str) -> list[bool]:
+    """``values`` as a list of booleans, or a :class:`ValidationError` naming ``what``."""
+    if isinstance(values, (str, bytes, Mapping)) or not hasattr(values, "__len__") or not hasattr(values, "__iter__"):
+        raise ValidationError(f"{what} must be a sequence of booleans, got {type(values).__name__}")
+    out = list(values)
+    if not all(isinstance(v, bool) or type(v).__name__ == "bool_" for v in out):
+        raise ValidationError(f"{what} must hold booleans (True / False), got {out!r}")
+    return [bool(v) for v in out]
+
+
 def order_agreement(predicted: Sequence[float], measured: Sequence[float]) -> tuple[float, int]:
     """Pairwise order agreement of ``predicted`` with ``measured``: (concordant pairs, a tie of the prediction
-    counting half; the pairs whose measurements differ)."""
+    counting half; the pairs whose measurements differ).
+
+    Raises:
+        ValidationError: not sequences of finite numbers of one length.
+    """
+    predicted, measured = _numbers(predicted, "predicted"), _numbers(measured, "measured")
     if len(predicted) != len(measured):
         raise ValidationError(f"order_agreement needs one prediction per measurement, got {len(predicted)} "
                               f"predictions and {len(measured)} measurements")
     good, pairs = 0.0, 0
     for i in range(len(measured)):
         for j in range(i + 1, len(measured)):
-            dm = float(measured[i]) - float(measured[j])
+            dm = measured[i] - measured[j]
             if dm == 0:
                 continue
             pairs += 1
-            dp = float(predicted[i]) - float(predicted[j])
+            dp = predicted[i] - predicted[j]
             good += 0.5 if dp == 0 else float((dp > 0) == (dm > 0))
     return good, pairs
 
 
 def feasibility_agreement(admitted: Sequence[bool], fits: Sequence[bool]) -> tuple[float, int]:
-    """(rows whose check ``admitted`` them exactly when they really ``fits``, rows)."""
+    """(rows whose check ``admitted`` them exactly when they really ``fits``, rows).
+
+    Raises:
+        ValidationError: not sequences of booleans of one length.
+    """
+    admitted, fits = _flags(admitted, "admitted"), _flags(fits, "fits")
     if len(admitted) != len(fits):
         raise ValidationError(f"feasibility_agreement needs one check per measurement, got {len(admitted)} checks "
                               f"and {len(fits)} measurements")
@@ -69,8 +105,8 @@ def _counts(value: Any, what: str) -> dict[str, list[float]]:
         raise ValidationError(f"{what} must map each of {PREDICTION_PATHS} to [right, counted], got {value!r}")
     out = {}
     for k, v in value.items():
-        if not (isinstance(v, (list, tuple)) and len(v) == 2 and all(isinstance(x, (int, float)) and x >= 0
-                                                                     for x in v)):
+        if not (isinstance(v, (list, tuple)) and len(v) == 2 and all(
+                isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0 for x in v)):
             raise ValidationError(f"{what}[{k!r}] must be [right, counted] with both >= 0, got {v!r}")
         out[k] = [float(v[0]), int(v[1])]
     return out
@@ -102,10 +138,12 @@ class PathChoice:
         if self.path not in PREDICTION_PATHS:
             raise ValidationError(f"path must be one of {PREDICTION_PATHS}, got {self.path!r}")
         self.score = _counts(self.score, "score")
-        if not (isinstance(self.rounds, int) and isinstance(self.rounds_network, int)
+        if not (type(self.rounds) is int and type(self.rounds_network) is int  # noqa: E721 - not a bool
                 and 0 <= self.rounds_network <= self.rounds):
             raise ValidationError(f"rounds and rounds_network must be integers with 0 <= rounds_network <= rounds, "
                                   f"got {self.rounds!r} and {self.rounds_network!r}")
+        if isinstance(self.seen, (str, bytes, Mapping)) or not hasattr(self.seen, "__iter__"):
+            raise ValidationError(f"seen must be a set of keys, got {type(self.seen).__name__}")
         self.seen = {str(k) for k in self.seen}
 
     def share(self, path: str) -> float | None:
@@ -129,8 +167,13 @@ class PathChoice:
             predicted: ``{path: each row's prediction}`` for both paths, made **before** the rows were measured:
                 the predicted latency (``"order"``) or whether the path's budget check admitted it.
         """
-        if set(predicted) != set(PREDICTION_PATHS) or any(len(v) != len(keys) for v in predicted.values()) \
-                or len(truth) != len(keys):
+        if not isinstance(predicted, Mapping) or isinstance(keys, (str, bytes)) or not hasattr(keys, "__len__") \
+                or not hasattr(truth, "__len__"):
+            raise ValidationError(f"score_round needs keys and truths as sequences and predicted as {{path: "
+                                  f"sequence}}, got {type(keys).__name__}, {type(truth).__name__} and "
+                                  f"{type(predicted).__name__}")
+        if set(predicted) != set(PREDICTION_PATHS) or any(not hasattr(v, "__len__") or len(v) != len(keys)
+                                                          for v in predicted.values()) or len(truth) != len(keys):
             raise ValidationError(f"score_round needs, for each of {PREDICTION_PATHS}, one prediction per key "
                                   f"({len(keys)} keys, {len(truth)} truths, predictions "
                                   f"{ {k: len(v) for k, v in predicted.items()} })")
