@@ -31,6 +31,10 @@ Every ``every_n_trials`` finished trials or ``every_seconds`` seconds (whichever
    to that predictor's ``adapt()`` as it is recorded (by the local worker here, by ``dippm-nas validate-worker``
    elsewhere), stored in the queue's database per (device, deployment, search space); each round's predictions
    are made with the newest version stored (:mod:`dippm_nas.validation._adapt`).
+7. with ``choose_path`` (the default with ``adapt``), both paths, the adapted network and the analytic prior with its
+   calibrated factors, predict each job before it is measured; after the round the newly measured jobs score them by
+   the study's yardstick and the winner answers the device's predictions from then on
+   (:class:`~dippm_nas.validation.PathChoice`, :mod:`dippm_nas.validation._path_rounds`).
 
 An LLM-generation trial (its record has a ``generation`` section) is enqueued as a job of
 :data:`~dippm_nas.validation.GENERATION_SPACE` when the validation device can hold it, with the prediction for that
