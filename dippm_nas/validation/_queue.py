@@ -641,7 +641,8 @@ class JobQueue(SqlStore):
 
     def save_path_choice(self, study: str, device: str, state: Mapping[str, Any]) -> None:
         """Store the path choice of ``study`` on ``device`` (JSON; replaces the previous one)."""
-        text, where = _dumps(dict(state), "path choice"), (path_choices.c.study == study, path_choices.c.device == device)
+        text = _dumps(dict(state), "path choice")
+        where = (path_choices.c.study == study, path_choices.c.device == device)
         with self._tx("writing the path choice") as conn:
             conn.execute(sa.delete(path_choices).where(*where))
             conn.execute(sa.insert(path_choices).values(study=study, device=device, state_json=text,
