@@ -66,6 +66,7 @@ from dippm_nas.spec import COMPUTE_DTYPES, InputSpec
 from dippm_nas.trial import REBUILD_ATTRS, TrialRecord
 from dippm_nas.validation._adapt import adapt_storage_of, adaptable_predictor
 from dippm_nas.validation._calibrate import Calibration, apply_calibration, calibrate_predictor, fit_calibration
+from dippm_nas.validation._path_choice import PATH_LABEL
 from dippm_nas.validation._path_rounds import PathRounds
 from dippm_nas.validation._generation import (GENERATION_SPACE, decoder_of_trial, generation_job_config,
                                               generation_skip_reason, predicted_generation, read_generation_job)
@@ -465,6 +466,10 @@ class ParetoValidator:
         out["latency_ms_uncalibrated"] = float(raw) if raw is not None else p.latency_ms
         predictor = adaptable_predictor(self.device) if self.adapt else None
         ad = getattr(predictor, "adaptation", None)
+        path = p.labels.get(PATH_LABEL)
+        if path is not None:  # the path that answered (choose_path); the prior's figures owe nothing to adaptation
+            out[PATH_LABEL] = path
+            ad = None if path == "prior" else ad
         if ad is not None:  # the same candidate predicted without the adaptation: what it changed
             out["adaptation_version"], out["adaptation_rows"] = ad.version, ad.rows
             predictor.reset_adaptation()

@@ -175,6 +175,7 @@ def test_where_the_prior_orders_better_the_prior_answers_from_then_on(network: C
         w = j.config["hidden"][0]
         assert j.predicted["paths"]["network"]["latency_ms"] == pytest.approx(1000.0 / w)
         assert j.predicted["paths"]["prior"]["latency_ms"] > 0
+    assert all(j.predicted["prediction_path"] == "network" for j in jobs)  # what answered when they were enqueued
     assert r1.prediction_path == "prior" and r1.path_scores["yardstick"] == "order"
     assert r1.path_scores["score"] == {"network": [0.0, 3], "prior": [3.0, 3]}
     assert isinstance(get_predictor(DEV), PathPredictor)
@@ -184,6 +185,9 @@ def test_where_the_prior_orders_better_the_prior_answers_from_then_on(network: C
     assert summary["prediction_path"]["path"] == "prior" and summary["prediction_path"]["rounds"] == 1
     r2 = v.run_round(study)
     assert r2.prediction_path == "prior" and r2.path_scores["score"]["prior"][1] == 6
+    later = [j for j in JobQueue(storage).jobs(study=study.study_name) if j.trial_number in r2.enqueued]
+    assert later and all(j.predicted["prediction_path"] == "prior" and "latency_ms_unadapted" not in j.predicted
+                         for j in later)
     # the state persists with the adaptation, in the queue's database: another validator goes on with it
     set_predictor(DEV, net)
     v2 = _validator(measured, storage=storage)
