@@ -37,6 +37,10 @@ logger = logging.getLogger(__name__)
 BUDGET_FIGURES: tuple[str, ...] = ("latency_ms", "energy_j", "memory_mib")
 
 
+#: what a :class:`PathPredictor` holds itself; any other attribute is the network's
+_OWN = frozenset({"network", "prior", "path", "device", "_resolved_device"})
+
+
 class PathPredictor(BasePredictor):
     """A device's predictions through the chosen path (see the module docstring).
 
@@ -55,6 +59,12 @@ class PathPredictor(BasePredictor):
         if name.startswith("__"):
             raise AttributeError(name)
         return getattr(self.__dict__["network"], name)
+
+    def __setattr__(self, name: str, value: Any) -> None:  # ``p.calibration = ...`` sets the network's
+        if name in _OWN:
+            self.__dict__[name] = value
+        else:
+            setattr(self.network, name, value)
 
     def predict_graphs(self, graphs: Sequence[OperatorGraph], *, mig: bool = True, k_sigma: float = 2.0,
                        runtime: str | None = None, host: Any = None, deployment: Any = None) -> list[Prediction]:
@@ -123,7 +133,8 @@ class PathRounds:
         self._loaded: set[str] = set()
 
     def load(self, queue: JobQueue, study: str) -> None:
-        """Read the study's stored state once (a resumed study goes on with its choice) and install the path."""
+        """Read the study's stored state once (a resumed study goes on with its choice, installed at once; without
+        one the device's predictor stays as it is until a round scores the paths)."""
         if study in self._loaded:
             return
         self._loaded.add(study)
@@ -132,7 +143,7 @@ class PathRounds:
             self.choice = PathChoice.from_dict(state)
             self.prior = self._fit_prior(queue.jobs(study=study, device=self.device, status="done"))
             logger.info("prediction path on %s read from the queue: %s", self.device, self.choice.describe())
-        self.install()
+            self.install()
 
     @property
     def path(self) -> str:

@@ -175,10 +175,13 @@ def test_where_the_prior_orders_better_the_prior_answers_from_then_on(network: C
         w = j.config["hidden"][0]
         assert j.predicted["paths"]["network"]["latency_ms"] == pytest.approx(1000.0 / w)
         assert j.predicted["paths"]["prior"]["latency_ms"] > 0
-    assert all(j.predicted["prediction_path"] == "network" for j in jobs)  # what answered when they were enqueued
+    assert all("prediction_path" not in j.predicted for j in jobs)  # before a scored round: the network, unwrapped
     assert r1.prediction_path == "prior" and r1.path_scores["yardstick"] == "order"
     assert r1.path_scores["score"] == {"network": [0.0, 3], "prior": [3.0, 3]}
-    assert isinstance(get_predictor(DEV), PathPredictor)
+    pp = get_predictor(DEV)
+    assert isinstance(pp, PathPredictor) and pp.network is net and pp.adapt_calls == 3  # the rest is the network's
+    pp.calibration = "set through the path"  # an attribute set on it is set on the network, never shadowed
+    assert net.calibration == "set through the path" and "calibration" not in vars(pp)
     path, lat = _predicted_path(WIDTHS[-1])  # a new trial's figures: the calibrated prior's
     assert path == "prior" and lat != pytest.approx(1000.0 / WIDTHS[-1])
     summary = study.user_attrs["dippm_validation"]
