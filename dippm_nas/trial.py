@@ -137,6 +137,9 @@ class TrialRecord:
         unknown_ops: ``{op: count}`` of operators without a formula.
         adaptation_version, adaptation_rows: the stored adaptation that made the prediction, and the measured
             rows it was fitted on (``None`` without one).
+        prediction_path: which path answered the figures where a validator chooses it
+            (``ParetoValidator(choose_path=...)``: ``"network"`` or ``"prior"``, the prediction's
+            ``labels["prediction_path"]``); ``None`` where no choice is made.
         generation: the generation section of an LLM-generation trial (``None`` for a forward pass); such a
             record has ``None`` forward-pass figures (``latency_ms``, ``energy_j``, ``memory_mib``).
     """
@@ -167,6 +170,7 @@ class TrialRecord:
     adaptation_version: int | None = None
     adaptation_rows: int | None = None
     generation: GenerationRecord | None = None
+    prediction_path: str | None = None
 
     # ------------------------------------------------------------------ derived
     @property
@@ -260,6 +264,7 @@ class TrialRecord:
             cost_model_s=cost_model_s, unknown_ops=dict(prediction.unknown_ops),
             adaptation_version=int(d["adaptation_version"]) if "adaptation_version" in d else None,
             adaptation_rows=int(d["adaptation_rows"]) if "adaptation_rows" in d else None,
+            prediction_path=prediction.labels.get("prediction_path"),
         )
 
     @classmethod
@@ -322,6 +327,8 @@ class TrialRecord:
         if self.adaptation_version is not None:
             a["adaptation_version"] = self.adaptation_version
             a["adaptation_rows"] = self.adaptation_rows
+        if self.prediction_path is not None:
+            a["prediction_path"] = self.prediction_path
         if self.search_space is not None:
             a["search_space"] = self.search_space
             a["search_space_config"] = self.search_space_config
@@ -397,6 +404,7 @@ class TrialRecord:
             search_space_config=dict(config) if isinstance(config, Mapping) else None,
             cost_model_s=a.number("cost_model_s"), unknown_ops=a.counts("unknown_ops"),
             adaptation_version=a.count("adaptation_version"), adaptation_rows=a.count("adaptation_rows"),
+            prediction_path=a.text("prediction_path"),
         )
 
     @classmethod

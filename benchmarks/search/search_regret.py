@@ -79,6 +79,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from dippm_nas.validation import PathChoice
+
 logger = logging.getLogger("search_regret")
 
 CSV_NAME = "accel_nasbench_mnasnet_space_throughput.csv"
@@ -300,34 +302,20 @@ class PredictorSource:
         self.cache, self.fitted = {}, False
 
 
-def _order_pairs(predicted: np.ndarray, measured: np.ndarray) -> tuple[float, int]:
-    """Pairwise order agreement of ``predicted`` with ``measured``: (concordant pairs, a tie of the prediction
-    counting half; the pairs whose measurements differ)."""
-    good, pairs = 0.0, 0
-    for i in range(len(measured)):
-        for j in range(i + 1, len(measured)):
-            dm = measured[i] - measured[j]
-            if dm == 0:
-                continue
-            pairs += 1
-            dp = predicted[i] - predicted[j]
-            good += 0.5 if dp == 0 else float((dp > 0) == (dm > 0))
-    return good, pairs
-
-
 class Selected:
-    """The network or the prior alone, whichever got right, **before** the rows were revealed, what the search uses
-    (prequential: each round's new rows scored against the states fitted on the earlier rounds; ties: the prior):
+    """The network or the prior alone, whichever got right, **before** the rows were revealed, what the search uses:
+    the library's rule, :class:`dippm_nas.validation.PathChoice` (prequential: each round's new rows scored against
+    the states fitted on the earlier rounds; ties: the prior), as ``ParetoValidator(choose_path=True)`` applies it:
 
-    - without a budget the search uses only the order of the latencies: the pairwise order accuracy over each
-      round's new rows (concordant pairs / pairs whose measurements differ, summed over the rounds);
-    - with a budget what decides is the check: the share of the new rows whose check (:class:`BudgetRule`, the
-      source's ``Budgets`` bound) classed them as the measurement does (admitted and within the budget, or rejected
-      and over it).
+    - without a budget the search uses only the order of the latencies (yardstick ``"order"``: the pairwise order
+      accuracy over each round's new rows, summed over the rounds);
+    - with a budget what decides is the check (yardstick ``"feasibility"``: the share of the new rows whose check,
+      :class:`BudgetRule`, the source's ``Budgets`` bound, classed them as the measurement does).
 
     Both are refitted on every round (``adapt`` / ``calibrate``); before any scored round, the network answers (the
-    predictor's default path). ``path``: the source answering now; ``rounds_network``: the rounds after which the
-    network answered; ``score``: each source's (right, counted) so far. :meth:`use_budget` sets the yardstick."""
+    predictor's default path). ``choice``: the library's state (``choice.path`` the source answering now,
+    ``choice.rounds_network`` the rounds after which the network answered, ``choice.score`` each source's
+    (right, counted)). :meth:`use_budget` sets the yardstick."""
 
     def __init__(self, network: PredictorSource, prior: PredictorSource) -> None:
         if network.mode != "adapt" or prior.mode != "calibrate":
@@ -341,16 +329,23 @@ class Selected:
     def use_budget(self, budget: float | None, rule: "BudgetRule") -> None:
         """Score by the feasibility classification at ``budget`` under ``rule`` (``None``: by the order)."""
         self.budget, self.rule = budget, rule
+        self.choice = PathChoice(yardstick="order" if budget is None else "feasibility")
 
     def reset(self) -> None:
         self.network.reset()
         self.prior.reset()
-        self.seen: set[int] = set()
-        self.score = {"network": [0.0, 0], "prior": [0.0, 0]}
-        self.path, self.rounds_network, self.rounds = "network", 0, 0
+        self.choice = PathChoice(yardstick="order" if self.budget is None else "feasibility")
+
+    @property
+    def rounds(self) -> int:
+        return self.choice.rounds
+
+    @property
+    def rounds_network(self) -> int:
+        return self.choice.rounds_network
 
     def _source(self) -> PredictorSource:
-        return self.network if self.path == "network" else self.prior
+        return self.network if self.choice.path == "network" else self.prior
 
     def estimate(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return self._source().estimate(rows)
@@ -361,29 +356,22 @@ class Selected:
     def predictions(self, rows: np.ndarray) -> list[Any]:
         return self._source().predictions(rows)
 
-    def _right(self, src: PredictorSource, rows: np.ndarray, measured_ms: np.ndarray) -> tuple[float, int]:
-        """What ``src`` got right of the new ``rows`` (its state before their reveal) and out of how many."""
+    def _said(self, src: PredictorSource, rows: np.ndarray) -> list[Any]:
+        """What ``src`` (its state before the rows' reveal) said of ``rows`` by the yardstick: the predicted latency,
+        or with a budget whether its check admitted the row."""
         mean, std = src.estimate(rows)
         if self.budget is None:
-            return _order_pairs(mean, measured_ms)
-        admitted = _bounds(src, rows, mean, std, {}, self.budget, self.rule) <= self.budget
-        return float(np.sum(admitted == (measured_ms <= self.budget))), len(rows)
+            return mean.tolist()
+        return (_bounds(src, rows, mean, std, {}, self.budget, self.rule) <= self.budget).tolist()
 
     def reveal(self, rows: np.ndarray, measured_ms: np.ndarray) -> None:
-        new = np.array([int(r) not in self.seen for r in rows], dtype=bool)
-        if new.any():
-            for name, src in (("network", self.network), ("prior", self.prior)):
-                right, n = self._right(src, rows[new], measured_ms[new])
-                self.score[name][0] += right
-                self.score[name][1] += n
-            self.seen.update(int(r) for r in rows[new])
+        new = np.array([str(int(r)) not in self.choice.seen for r in rows], dtype=bool)
+        truth = measured_ms[new] if self.budget is None else measured_ms[new] <= self.budget
+        said = {name: self._said(src, rows[new]) if new.any() else []
+                for name, src in (("network", self.network), ("prior", self.prior))}
+        self.choice.score_round([int(r) for r in rows[new]], truth.tolist(), said)
         self.network.reveal(rows, measured_ms)
         self.prior.reveal(rows, measured_ms)
-        (net, n_net), (pri, n_pri) = self.score["network"], self.score["prior"]
-        if n_net and n_pri:
-            self.path = "network" if net / n_net > pri / n_pri else "prior"
-        self.rounds += 1
-        self.rounds_network += self.path == "network"
 
 
 # ------------------------------------------------------------------ one study

@@ -19,6 +19,7 @@ from dippm_nas.errors import DippmNasError
 from dippm_nas.predictor import get_predictor
 from dippm_nas.spec import InputSpec
 from dippm_nas.validation._calibrate import CalibratedPredictor
+from dippm_nas.validation._path_rounds import PathPredictor
 from dippm_nas.validation._queue import Job
 
 __all__ = ["feed_adaptation", "adaptable_predictor", "adapt_storage_of"]
@@ -31,6 +32,7 @@ _FIGURES = ("latency_ms", "energy_j", "memory_mib")
 def adaptable_predictor(device: str) -> Any | None:
     """The device's predictor when it has a network to adapt (``adapt`` and ``refresh_adaptation``), else ``None``."""
     p = get_predictor(device)
+    p = p.network if isinstance(p, PathPredictor) else p  # a chosen path's: the network behind it
     base = p.base if isinstance(p, CalibratedPredictor) else p
     return base if callable(getattr(base, "adapt", None)) and callable(getattr(base, "refresh_adaptation", None)) \
         else None

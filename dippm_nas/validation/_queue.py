@@ -54,7 +54,7 @@ from dippm_nas.errors import ValidationError
 from dippm_nas.measure import Measurement
 from dippm_nas.spec import InputSpec
 from dippm_nas.validation._generation import GENERATION_SPACE, read_generation_job
-from dippm_nas.validation._tables import JOB_STATUSES, jobs, metadata, results
+from dippm_nas.validation._tables import JOB_STATUSES, jobs, metadata, path_choices, results
 import search_spaces
 
 __all__ = ["Job", "JobQueue", "ValidationRecord", "worker_id", "DEFAULT_LEASE_S", "DEFAULT_MAX_ATTEMPTS"]
@@ -286,7 +286,7 @@ class JobQueue(SqlStore):
                    dir_hint="pass a URL whose directory is writable",
                    local_hint="Keep the queue's SQLite file on a local disk.")
         self.dialect = self._engine.dialect.name
-        self._create_tables(metadata, [jobs.name, results.name])
+        self._create_tables(metadata, [jobs.name, results.name, path_choices.name])
 
     def __repr__(self) -> str:
         return f"JobQueue(url={self.url!r}, lease_s={self.lease_s:g}, max_attempts={self.max_attempts})"
@@ -626,3 +626,24 @@ class JobQueue(SqlStore):
         with self._tx("reading results") as conn:
             rows = conn.execute(q).all()
         return self._decoded(rows, ValidationRecord, "result")
+
+    # ------------------------------------------------------------------ path choices
+    def path_choice(self, study: str, device: str) -> dict[str, Any] | None:
+        """The stored path choice of ``study`` on ``device`` (:meth:`PathChoice.to_dict`'s JSON), or ``None``."""
+        q = sa.select(path_choices.c.state_json).where(path_choices.c.study == study, path_choices.c.device == device)
+        with self._tx("reading the path choice") as conn:
+            row = conn.execute(q).first()
+        state = None if row is None else loads_json(row.state_json, f"path choice of {study!r} on {device!r}",
+                                                    ValidationError)
+        if state is not None and not isinstance(state, dict):
+            raise ValidationError(f"the stored path choice of {study!r} on {device!r} is not a JSON object")
+        return state
+
+    def save_path_choice(self, study: str, device: str, state: Mapping[str, Any]) -> None:
+        """Store the path choice of ``study`` on ``device`` (JSON; replaces the previous one)."""
+        text = _dumps(dict(state), "path choice")
+        where = (path_choices.c.study == study, path_choices.c.device == device)
+        with self._tx("writing the path choice") as conn:
+            conn.execute(sa.delete(path_choices).where(*where))
+            conn.execute(sa.insert(path_choices).values(study=study, device=device, state_json=text,
+                                                        updated_at=_now(conn)))

@@ -35,6 +35,9 @@ class ValidationSummary:
         latency_measured_over_predicted: geometric mean of measured / predicted latency (1 is unbiased).
         calibration: the last :class:`~dippm_nas.validation.Calibration` applied, as a dict, or ``None``.
         updated_at: Unix seconds.
+        prediction_path: with ``ParetoValidator(choose_path=...)``, the path choice (``path``: ``"network"`` or
+            ``"prior"``, the ``yardstick``, each path's ``score`` ``[right, counted]``, ``rounds``,
+            ``rounds_network``, ``network_share``), else ``None``.
     """
 
     study: str
@@ -52,13 +55,15 @@ class ValidationSummary:
     memory_mape_pct: float | None
     calibration: dict[str, Any] | None
     updated_at: float
+    prediction_path: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
 def summarize(queue: JobQueue, study: str, device: str, *, calibration: dict[str, Any] | None = None,
-              records: Sequence[ValidationRecord] | None = None) -> ValidationSummary:
+              records: Sequence[ValidationRecord] | None = None,
+              prediction_path: dict[str, Any] | None = None) -> ValidationSummary:
     """The :class:`ValidationSummary` of ``study`` on ``device`` from the queue's tables."""
     recs = list(records) if records is not None else queue.results(study=study, device=device)
     ok = [r for r in recs if r.status == "ok"]
@@ -74,5 +79,5 @@ def summarize(queue: JobQueue, study: str, device: str, *, calibration: dict[str
         latency_measured_over_predicted=math.exp(statistics.fmean(math.log(x) for x in ratios)) if ratios else None,
         energy_mape_pct=_mape([r.energy_error_pct for r in ok]),
         memory_mape_pct=_mape([r.memory_error_pct for r in ok]),
-        calibration=calibration, updated_at=time.time(),
+        calibration=calibration, updated_at=time.time(), prediction_path=prediction_path,
     )

@@ -34,18 +34,25 @@ trial_number, device, worker, status (the measurement's ``ok``/``oom``/``timeout
 predicted/measured/error of latency (ms), energy (J) and memory (MiB) — error in percent,
 ``100 * (predicted - measured) / measured``, ``NULL`` when either side is missing — the prediction's
 sources, ``measured_at`` (Unix seconds) and ``measurement_json``.
+
+``dippm_validation_path_choices`` (one row per study and device): ``state_json``, the
+:class:`~dippm_nas.validation.PathChoice` of ``ParetoValidator(choose_path=...)`` (which path answers the device's
+predictions, and the scores that chose it) as JSON, and ``updated_at`` (Unix seconds).
 """
 
 from __future__ import annotations
 
 import sqlalchemy as sa
 
-__all__ = ["JOBS_TABLE", "RESULTS_TABLE", "JOB_STATUSES", "metadata", "jobs", "results"]
+__all__ = ["JOBS_TABLE", "RESULTS_TABLE", "PATH_CHOICES_TABLE", "JOB_STATUSES", "metadata", "jobs", "results",
+           "path_choices"]
 
 #: Name of the job table.
 JOBS_TABLE = "dippm_validation_jobs"
 #: Name of the results table.
 RESULTS_TABLE = "dippm_validation_results"
+#: Name of the table of each study and device's path choice.
+PATH_CHOICES_TABLE = "dippm_validation_path_choices"
 #: Life cycle of a job.
 JOB_STATUSES: tuple[str, ...] = ("queued", "leased", "done", "failed")
 
@@ -100,4 +107,15 @@ results = sa.Table(
     sa.Column("measured_at", sa.Double, nullable=False),
     sa.Column("measurement_json", sa.Text, nullable=False),
     sa.Index(f"ix_{RESULTS_TABLE}_study", "study", "device"),
+)
+
+path_choices = sa.Table(
+    PATH_CHOICES_TABLE,
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("study", sa.String(512), nullable=False),
+    sa.Column("device", sa.String(128), nullable=False),
+    sa.Column("state_json", sa.Text, nullable=False),
+    sa.Column("updated_at", sa.Double, nullable=False),
+    sa.UniqueConstraint("study", "device", name=f"uq_{PATH_CHOICES_TABLE}_study_device"),
 )

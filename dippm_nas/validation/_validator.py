@@ -31,6 +31,10 @@ Every ``every_n_trials`` finished trials or ``every_seconds`` seconds (whichever
    to that predictor's ``adapt()`` as it is recorded (by the local worker here, by ``dippm-nas validate-worker``
    elsewhere), stored in the queue's database per (device, deployment, search space); each round's predictions
    are made with the newest version stored (:mod:`dippm_nas.validation._adapt`).
+7. with ``choose_path`` (the default with ``adapt``), both paths, the adapted network and the analytic prior with its
+   calibrated factors, predict each job before it is measured; after the round the newly measured jobs score them by
+   the study's yardstick and the winner answers the device's predictions from then on
+   (:class:`~dippm_nas.validation.PathChoice`, :mod:`dippm_nas.validation._path_rounds`).
 
 An LLM-generation trial (its record has a ``generation`` section) is enqueued as a job of
 :data:`~dippm_nas.validation.GENERATION_SPACE` when the validation device can hold it, with the prediction for that
@@ -62,6 +66,8 @@ from dippm_nas.spec import COMPUTE_DTYPES, InputSpec
 from dippm_nas.trial import REBUILD_ATTRS, TrialRecord
 from dippm_nas.validation._adapt import adapt_storage_of, adaptable_predictor
 from dippm_nas.validation._calibrate import Calibration, apply_calibration, calibrate_predictor, fit_calibration
+from dippm_nas.validation._path_choice import PATH_LABEL
+from dippm_nas.validation._path_rounds import PathRounds
 from dippm_nas.validation._generation import (GENERATION_SPACE, decoder_of_trial, generation_job_config,
                                               generation_skip_reason, predicted_generation, read_generation_job)
 from dippm_nas.validation._queue import DEFAULT_LEASE_S, DEFAULT_MAX_ATTEMPTS, JobQueue, ValidationRecord
@@ -160,6 +166,10 @@ class RoundReport:
         seconds: wall time of the round, seconds.
         adaptation_version, adaptation_rows: the validation device's newest stored adaptation after the round
             (``None`` without one).
+        prediction_path: with ``choose_path``, the path answering the device's predictions after the round
+            (``"network"`` or ``"prior"``; ``None`` without the choice).
+        path_scores: with ``choose_path``, the choice's state after the round (:meth:`PathChoice.to_dict` without
+            ``seen``: the yardstick, each path's ``[right, counted]``, the rounds; ``None`` before any measured job).
     """
 
     enqueued: list[int] = field(default_factory=list)
@@ -170,6 +180,8 @@ class RoundReport:
     seconds: float = 0.0
     adaptation_version: int | None = None
     adaptation_rows: int | None = None
+    prediction_path: str | None = None
+    path_scores: dict[str, Any] | None = None
 
 
 class ParetoValidator:
@@ -215,6 +227,14 @@ class ParetoValidator:
             ``None`` (default): on when that predictor has a network (a trained checkpoint), off for the
             analytic prior and for a fake harness (``measure_fn``). With it, ``auto_calibrate`` leaves the predictor alone (the adaptation holds the
             factor calibration) and only records the latency factor in the summary.
+        choose_path: after each round, score the adapted network and the analytic prior with its calibrated
+            factors on the round's newly measured trials (each by its prediction made before the measurement; the
+            order of the latencies without budgets, the budget check's feasibility classification where the trials
+            record budgets and no ``batch_size`` / ``dtype`` override changes what is measured) and let the winner
+            answer the device's predictions from then on (ties: the prior; before a scored round: the network),
+            named in ``labels["prediction_path"]`` and the trial attribute ``prediction_path``
+            (:class:`~dippm_nas.validation.PathChoice`, stored as JSON in the queue's database). ``None``
+            (default): on with ``adapt``; ``True`` needs ``adapt``.
 
     Raises:
         ValidationError: invalid schedule, mode or counts; ``mode="local"`` for a device not on this machine.
@@ -244,6 +264,7 @@ class ParetoValidator:
         interleave_rounds: int = 0,
         interleave_batch: int = 8,
         adapt: bool | None = None,
+        choose_path: bool | None = None,
     ) -> None:
         self.device = resolve_device(device).id
         self.deployment: Deployment = Deployment.coerce(deployment)
@@ -295,6 +316,17 @@ class ParetoValidator:
         if adapt is None:  # real measurements of a device whose predictor has a network teach it
             adapt = measure_fn is None and adaptable_predictor(self.device) is not None
         self.adapt = bool(adapt)
+        if choose_path is not None and not isinstance(choose_path, bool):
+            raise ValidationError(f"choose_path must be True, False or None, got {choose_path!r}")
+        if choose_path and not self.adapt:
+            raise ValidationError("choose_path=True needs adapt=True: the choice is between the adapted network and "
+                                  "the prior, and without adaptation (the device's predictor has no network, or "
+                                  "adapt=False) there is no network path to choose; pass choose_path=None or False")
+        self.choose_path = self.adapt if choose_path is None else choose_path
+        #: the path choice's state and the prior path (``None`` without ``choose_path``)
+        self.paths: PathRounds | None = (PathRounds(self.device, self.deployment,
+                                                    budgets_apply=batch_size is None and dtype is None)
+                                         if self.choose_path else None)
         self._queue: JobQueue | None = None
         self._queue_url: str | None = None
         self._worker: ValidationWorker | None = None
@@ -310,7 +342,7 @@ class ParetoValidator:
     def __repr__(self) -> str:
         return (f"ParetoValidator(device={self.device!r}, {'local' if self.local else 'queue'}, every_n_trials="
                 f"{self.every_n_trials}, every_seconds={self.every_seconds}, max_per_round={self.max_per_round}, "
-                f"uncertain_per_round={self.uncertain_per_round})")
+                f"uncertain_per_round={self.uncertain_per_round}, choose_path={self.choose_path})")
 
     # ------------------------------------------------------------------ plumbing
     def queue_for(self, study: Any) -> JobQueue:
@@ -434,6 +466,10 @@ class ParetoValidator:
         out["latency_ms_uncalibrated"] = float(raw) if raw is not None else p.latency_ms
         predictor = adaptable_predictor(self.device) if self.adapt else None
         ad = getattr(predictor, "adaptation", None)
+        path = p.labels.get(PATH_LABEL)
+        if path is not None:  # the path that answered (choose_path); the prior's figures owe nothing to adaptation
+            out[PATH_LABEL] = path
+            ad = None if path == "prior" else ad
         if ad is not None:  # the same candidate predicted without the adaptation: what it changed
             out["adaptation_version"], out["adaptation_rows"] = ad.version, ad.rows
             predictor.reset_adaptation()
@@ -474,6 +510,8 @@ class ParetoValidator:
             self._last_round = _monotonic()
             report = RoundReport()
             queue = self.queue_for(study)
+            if self.paths is not None:
+                self.paths.load(queue, study.study_name)
             chosen, report.skipped = self.select(study)
             front = {t.number for t in study.best_trials}
             for t in chosen:
@@ -490,8 +528,11 @@ class ParetoValidator:
                     spec["dtype"] = self.dtype
                 space, config = record.search_space, record.search_space_config
                 try:
-                    self._use_adaptation(queue, space)
+                    network = self._use_adaptation(queue, space)
                     predicted = self._predicted_for(space, config, spec)
+                    if self.paths is not None and network is not None:  # both paths, before the measurement
+                        predicted["paths"] = self.paths.paths_of(network, space, config, InputSpec.from_dict(spec),
+                                                                 record)
                 except Exception as e:  # noqa: BLE001 - one odd trial is skipped with its reason, the round goes on
                     why = str(e) if isinstance(e, DippmNasError) else f"{type(e).__name__}: {e}"
                     _warn_once(f"predict:{study.study_name}:{t.number}",
@@ -515,13 +556,19 @@ class ParetoValidator:
                 ad = getattr(self._use_adaptation(queue, spaces[0]), "adaptation", None)
                 if ad is not None:
                     report.adaptation_version, report.adaptation_rows = ad.version, ad.rows
+            if self.paths is not None:
+                choice = self.paths.after_round(queue, study.study_name)
+                report.prediction_path = self.paths.path
+                report.path_scores = None if choice is None else \
+                    {k: v for k, v in choice.to_dict().items() if k != "seen"}
             self._update_summary(study, queue)
             report.skip_reasons = {n: self.skip_reasons[n] for n in report.skipped if n in self.skip_reasons}
             report.seconds = time.perf_counter() - t0
             self.rounds.append(report)
             self.seconds += report.seconds
-        logger.info("validation round on %s: enqueued trials %s, measured %d here, %.2f s", self.device,
-                    report.enqueued, report.measured, report.seconds)
+        logger.info("validation round on %s: enqueued trials %s, measured %d here, %.2f s%s", self.device,
+                    report.enqueued, report.measured, report.seconds,
+                    "" if report.prediction_path is None else f"; prediction path {report.prediction_path}")
         return report
 
     def _update_summary(self, study: Any, queue: JobQueue) -> ValidationSummary:
@@ -531,7 +578,8 @@ class ParetoValidator:
             except DippmNasError as e:
                 logger.debug("no calibration yet: %s", e)
         s = summarize(queue, study.study_name, self.device,
-                      calibration=None if self.calibration is None else self.calibration.to_dict())
+                      calibration=None if self.calibration is None else self.calibration.to_dict(),
+                      prediction_path=self._path_state())
         study.set_user_attr(SUMMARY_ATTR, s.to_dict())
         return s
 
@@ -563,7 +611,13 @@ class ParetoValidator:
     def summary(self, study: Any) -> ValidationSummary:
         """The current :class:`ValidationSummary` of ``study`` (not written to the study)."""
         return summarize(self.queue_for(study), study.study_name, self.device,
-                         calibration=None if self.calibration is None else self.calibration.to_dict())
+                         calibration=None if self.calibration is None else self.calibration.to_dict(),
+                         prediction_path=self._path_state())
+
+    def _path_state(self) -> dict[str, Any] | None:
+        """The path choice for the summary (``None`` without ``choose_path`` or before a scored job)."""
+        choice = None if self.paths is None else self.paths.choice
+        return None if choice is None else {k: v for k, v in choice.to_dict().items() if k != "seen"}
 
     def calibrate(self, study: Any, *, apply: bool = True) -> Calibration:
         """Fit the validation device's latency correction from every finished job of the device in the queue.

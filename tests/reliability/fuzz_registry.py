@@ -184,6 +184,7 @@ CONSTANTS = _names("""
     validation.DEFAULT_MAX_ATTEMPTS validation.JOBS_TABLE validation.JOB_STATUSES validation.MODES
     validation.RESULTS_TABLE validation.SUMMARY_ATTR validation.UNKNOWN_UNCERTAINTY validation.GENERATION_SPACE
     validation.GENERATION_JOB_VERSION validation.GENERATION_ENGINES validation.DIRECTIONS
+    validation.PREDICTION_PATHS validation.PATH_YARDSTICKS validation.PATH_LABEL validation.PATH_CHOICES_TABLE
     conformal.CONFIDENCES conformal.CONFORMAL_FORMAT conformal.MIN_REGIME_ROWS conformal.WIDEST_REGIME
     conformal.IN_SPACE_REGIME
     llm.ADAPTED_CONSTANTS llm.INTERCONNECTS llm.SERVING_FIGURES optuna.SERVING_OBJECTIVES prior.PAGEABLE_FRESH_WEIGHT
@@ -269,6 +270,7 @@ GENERIC = _names("""
     prior.AllocatorConfig prior.AllocEvent prior.cublas_workspace_bytes prior.cublaslt_workspace_bytes
     prior.cuda_module_loading prior.parse_torch_version llm.vllm_gpu_blocks
     budgets.band_distance validation.uncertain_order validation.round_split validation.default_uncertain_per_round
+    validation.PathChoice validation.order_agreement validation.feasibility_agreement
 """)
 #: Public callables that take no argument: each reads the environment (fuzzed as a ``reader:`` entry) or nothing.
 NO_ARGUMENT = {
@@ -298,7 +300,7 @@ OBJECT_ONLY = {
                            predictor.calibration_problems predictor.checkpoint_identity predictor.save_calibration
                            prior.deployment_settings prior.graph_facts prior.latency_sigma_log prior.node_power_w
                            prior.power_params_for prior.prediction_of prior.timeline_fields prior.wait_power_w
-                           training.is_timm validation.CalibratedPredictor validation.apply_calibration
+                           training.is_timm validation.CalibratedPredictor validation.apply_calibration validation.PathPredictor
                            features.device_features features.coarsen prior.activation_liveness
                            prior.described_offset_log measure.campaign_models.LastHidden prior.storage_lives
                            prior.fused_rank3_graph prior.has_rank3_math_path"""),

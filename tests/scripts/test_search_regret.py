@@ -11,6 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from dippm_nas.validation import order_agreement
+
 pytest.importorskip("optuna")
 
 _SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "search" / "search_regret.py"
@@ -189,15 +191,15 @@ def test_selected_answers_with_whichever_ordered_the_new_rows_better_without_a_b
     scramble = np.ones(len(t.latency_ms))
     scramble[rows] = np.where(np.arange(10) % 2 == 0, 1.2, 0.8)
     assert np.mean(np.abs(np.log(scramble[rows]))) < abs(math.log(1.5))
-    good, pairs = b._order_pairs(t.latency_ms[rows] * scramble[rows], t.latency_ms[rows])
+    good, pairs = order_agreement(t.latency_ms[rows] * scramble[rows], t.latency_ms[rows])
     assert pairs == 45 and good < pairs
     for net_f, prior_f, path in ((1.5, scramble, "network"), (scramble, 1.5, "prior"), (1.3, 1.05, "prior")):
         sel = b.Selected(_Guess(t, net_f, "adapt"), _Guess(t, prior_f, "calibrate"))
         sel.use_budget(None, b.BudgetRule())
         sel.reset()
-        assert sel.path == "network"  # before any evidence: the predictor's default path
+        assert sel.choice.path == "network"  # before any evidence: the predictor's default path
         sel.reveal(rows, t.latency_ms[rows])
-        assert sel.path == path  # order right beats a smaller |ln error|; a tie of order: the prior
+        assert sel.choice.path == path  # order right beats a smaller |ln error|; a tie of order: the prior
         assert sel.network.revealed == sel.prior.revealed == 1  # both refitted
     with pytest.raises(ValueError, match="selected needs"):
         b.Selected(_Guess(t, 1.0, "calibrate"), _Guess(t, 1.0, "calibrate"))
@@ -214,8 +216,8 @@ def test_selected_answers_with_whichever_classed_the_new_rows_better_under_a_bud
         sel.use_budget(budget, b.BudgetRule(k_sigma=0.0))
         sel.reset()
         sel.reveal(rows, t.latency_ms[rows])
-        assert sel.path == path
-        assert sel.score["network" if path == "network" else "prior"][1] == len(rows)
+        assert sel.choice.path == path and sel.choice.yardstick == "feasibility"
+        assert sel.choice.score["network" if path == "network" else "prior"][1] == len(rows)
 
 
 def test_seed_chunks_merge_into_one_report_and_refuse_twice(tmp_path: Path, capsys) -> None:

@@ -738,12 +738,19 @@ def test_real_round_and_validate_worker_cli(tmp_path: Path, capsys: pytest.Captu
     _add(study, [1, 1], _attrs(8))
     settings = MeasureSettings(warmup=1, min_repeats=2, max_repeats=3, time_cap_s=2.0)
     v = ParetoValidator("host-cpu", settings=settings)
-    v.run_round(study)
+    try:
+        v.run_round(study)
+    finally:  # the round may install the chosen path's predictor for host-cpu: later tests get the loaded one
+        set_predictor("host-cpu", None)
     (rec,) = v.records(study)
     assert rec.status == "ok" and rec.measured_latency_ms > 0 and rec.predicted_latency_ms > 0
     from dippm_nas.predictor import find_checkpoint
 
     assert rec.latency_source == ("predicted" if find_checkpoint("host-cpu") else "analytic")
+    if find_checkpoint("host-cpu"):  # a network to adapt: both paths predicted the job before its measurement
+        (job,) = v.queue_for(study).jobs(study=study.study_name)
+        assert set(job.predicted["paths"]) == {"network", "prior"}
+        assert v.rounds[-1].prediction_path == "network"  # one row: no pair scored yet, the network answers
 
     q = JobQueue(url)
     q.enqueue(study=study.study_name, trial_number=5, space="mlp", config=_cfg(16), spec=SPEC.to_dict(),
