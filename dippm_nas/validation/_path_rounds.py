@@ -149,6 +149,11 @@ class PathRounds:
     def path(self) -> str:
         return "network" if self.choice is None else self.choice.path
 
+    def state(self) -> dict[str, Any] | None:
+        """The choice as a round report and the summary show it (:meth:`PathChoice.to_dict` without ``seen``);
+        ``None`` before a round scored the paths."""
+        return None if self.choice is None else {k: v for k, v in self.choice.to_dict().items() if k != "seen"}
+
     def install(self) -> None:
         """Make :func:`dippm_nas.predict` answer the device through the chosen path."""
         current = get_predictor(self.device)

@@ -41,6 +41,11 @@ An LLM-generation trial (its record has a ``generation`` section) is enqueued as
 device (:func:`~dippm_nas.validation.predicted_generation`); the worker times its first token and decode per token
 (:mod:`dippm_nas.validation._generation`). Its jobs are left out of the latency calibration and adaptation.
 
+Which trials a round takes is :mod:`dippm_nas.validation._selection`; the job and the prediction it enqueues for each,
+:mod:`dippm_nas.validation._round_jobs`; the checks of the validator's arguments,
+:mod:`dippm_nas.validation._validator_options`; the path choice's bookkeeping, :class:`PathRounds
+<dippm_nas.validation._path_rounds.PathRounds>`.
+
 Several processes optimising one study may each run a validator: the queue's unique
 ``(study, trial, device)`` row and its leases make every trial measured once.
 """
@@ -56,37 +61,28 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from dippm_nas._logging import WarnOnce
-from dippm_nas._numbers import as_int, as_real
 from dippm_nas._sql import storage_url_of
 from dippm_nas.deployment import Deployment
-from dippm_nas.devices import resolve_device
 from dippm_nas.errors import DippmNasError, ValidationError
-from dippm_nas.predictor import predict
-from dippm_nas.spec import COMPUTE_DTYPES, InputSpec
-from dippm_nas.trial import REBUILD_ATTRS, TrialRecord
-from dippm_nas.validation._adapt import adapt_storage_of, adaptable_predictor
+from dippm_nas.spec import InputSpec
+from dippm_nas.trial import TrialRecord
 from dippm_nas.validation._calibrate import Calibration, apply_calibration, calibrate_predictor, fit_calibration
-from dippm_nas.validation._path_choice import PATH_LABEL
 from dippm_nas.validation._path_rounds import PathRounds
-from dippm_nas.validation._generation import (GENERATION_SPACE, decoder_of_trial, generation_job_config,
-                                              generation_skip_reason, predicted_generation, read_generation_job)
+from dippm_nas.validation._generation import GENERATION_SPACE
 from dippm_nas.validation._queue import DEFAULT_LEASE_S, DEFAULT_MAX_ATTEMPTS, JobQueue, ValidationRecord
+from dippm_nas.validation._round_jobs import enqueue_generation, job_spec, predicted_for, use_adaptation
+from dippm_nas.validation._selection import UNKNOWN_UNCERTAINTY, front_candidates, uncertain_trials, uncertainty_of
 from dippm_nas.validation._summary import ValidationSummary, summarize
-from dippm_nas.validation._uncertain import default_uncertain_per_round, round_split, uncertain_order
-from dippm_nas.validation._worker import (MeasureFn, ValidationWorker, check_rounds, device_is_here,
-                                          local_gpu_count)
-import search_spaces
+from dippm_nas.validation._uncertain import round_split
+from dippm_nas.validation._validator_options import MODES, validator_options
+from dippm_nas.validation._worker import MeasureFn, ValidationWorker
 
 __all__ = ["ParetoValidator", "RoundReport", "MODES", "SUMMARY_ATTR", "UNKNOWN_UNCERTAINTY", "uncertainty_of"]
 
 logger = logging.getLogger(__name__)
 
-#: Where validation runs: ``"auto"`` (here when the device is here, else the queue), ``"local"``, ``"queue"``.
-MODES: tuple[str, ...] = ("auto", "local", "queue")
 #: The study user attribute holding the summary.
 SUMMARY_ATTR = "dippm_validation"
-#: Priority of a trial whose predictions have no standard deviation (ranks before any known one).
-UNKNOWN_UNCERTAINTY = 1e9
 
 _warn_once = WarnOnce(logger)
 
@@ -94,59 +90,6 @@ _warn_once = WarnOnce(logger)
 def _monotonic() -> float:
     """Seconds of a monotonic clock (a function so tests can step it)."""
     return time.monotonic()
-
-
-def uncertainty_of(user_attrs: dict[str, Any] | TrialRecord) -> float:
-    """Largest relative std of a trial's predicted figures (its user attributes or its
-    :class:`~dippm_nas.trial.TrialRecord`); :data:`UNKNOWN_UNCERTAINTY` when none is known."""
-    try:
-        record = user_attrs if isinstance(user_attrs, TrialRecord) else TrialRecord.from_attrs(user_attrs)
-    except DippmNasError:
-        return UNKNOWN_UNCERTAINTY
-    rel = record.relative_std()
-    return UNKNOWN_UNCERTAINTY if rel is None else rel
-
-
-def _no_record_reason(user_attrs: Any, why: str) -> str:
-    """Why a trial's attributes hold no record: the trial was not predicted, its prediction failed, or its
-    attributes cannot be read (``why``: the reading's error)."""
-    attrs = user_attrs if isinstance(user_attrs, dict) else {}
-    error = attrs.get("cost_model_error") or attrs.get("dippm_error")
-    if error:
-        return f"its user attributes hold no prediction ({error})"
-    if any(k in attrs for k in ("predicted_latency_ms", "predicted_memory_mib", "generation", "dippm_predicted")) \
-            or not isinstance(user_attrs, dict):
-        return f"its user attributes cannot be read ({why})"
-    return (f"its user attributes hold no prediction (none of predicted_latency_ms, predicted_memory_mib or a "
-            f"generation section; did its objective call HardwareCostModel.evaluate?); the rebuild needs "
-            f"{list(REBUILD_ATTRS)}")
-
-
-def _record_of(user_attrs: dict[str, Any]) -> tuple[TrialRecord | None, str]:
-    """The trial's record, or ``None`` and why when its attributes hold no prediction or are malformed."""
-    try:
-        return TrialRecord.from_attrs(user_attrs), ""
-    except DippmNasError as e:
-        return None, str(e)
-
-
-def _generation_job(user_attrs: dict[str, Any], record: TrialRecord, device: str,
-                    local: bool) -> tuple[dict[str, Any] | None, str | None]:
-    """The job config of a generation trial, or ``None`` and why it cannot be measured on ``device`` (``local``:
-    measured on this machine, whose GPU count bounds the tensor parallelism)."""
-    g = record.generation
-    assert g is not None
-    decoder, why = decoder_of_trial(g.model, user_attrs)
-    if decoder is None:
-        return None, f"it is an LLM generation and {why}"
-    gpus = local_gpu_count() if local and resolve_device(device).kind != "cpu" else None
-    reason = generation_skip_reason(decoder, g.tensor_parallel, device, gpus)
-    if reason is not None:
-        return None, f"it is an LLM generation that cannot be measured on {device}: {reason}"
-    try:
-        return generation_job_config(decoder, g.workload, tensor_parallel=g.tensor_parallel), None
-    except DippmNasError as e:
-        return None, f"it is an LLM generation whose workload cannot be measured ({e})"
 
 
 @dataclass
@@ -266,66 +209,27 @@ class ParetoValidator:
         adapt: bool | None = None,
         choose_path: bool | None = None,
     ) -> None:
-        self.device = resolve_device(device).id
-        self.deployment: Deployment = Deployment.coerce(deployment)
-        if every_n_trials is None and every_seconds is None:
-            raise ValidationError("give every_n_trials or every_seconds (or both): otherwise no round would ever run")
-        if every_n_trials is not None:
-            every_n_trials = as_int(every_n_trials, "every_n_trials", low=1, error=ValidationError,
-                                    or_none=True)
-        if every_seconds is not None:
-            every_seconds = as_real(every_seconds, "every_seconds", low=0, low_inclusive=False,
-                                    error=ValidationError, or_none=True)
-        max_per_round = as_int(max_per_round, "max_per_round", low=1, error=ValidationError)
-        if uncertain_per_round is None:
-            uncertain_per_round = default_uncertain_per_round(max_per_round)
-        uncertain_per_round = as_int(uncertain_per_round, "uncertain_per_round", low=0, error=ValidationError)
-        round_split(0, 0, max_per_round, uncertain_per_round)  # refuses more than max_per_round, naming both
-        if mode not in MODES:
-            raise ValidationError(f"mode must be one of {MODES}, got {mode!r}")
-        if batch_size is not None:
-            batch_size = as_int(batch_size, "batch_size", low=1, error=ValidationError, or_none=True)
-        if dtype is not None and dtype not in COMPUTE_DTYPES:
-            raise ValidationError(f"dtype must be one of {COMPUTE_DTYPES} or None, got {dtype!r}")
-        min_calibration_rows = as_int(min_calibration_rows, "min_calibration_rows", low=1, error=ValidationError)
-        interleave_rounds, interleave_batch = check_rounds(resolve_device(self.device), interleave_rounds,
-                                                           interleave_batch,
-                                                           names=("interleave_rounds", "interleave_batch"))
-        here = measure_fn is not None or device_is_here(self.device)
-        if mode == "local" and not here:
-            raise ValidationError(f"mode='local' needs device {self.device!r} on this machine; use mode='queue' "
-                                  f"and run `dippm-nas validate-worker --device {self.device}` where it is")
-        self.local = mode == "local" or (mode == "auto" and here)
-        self.mode = mode
-        self.storage = storage
-        self.every_n_trials = every_n_trials
-        self.every_seconds = None if every_seconds is None else float(every_seconds)
-        self.max_per_round = max_per_round
-        self.uncertain_per_round = uncertain_per_round
-        self.batch_size = batch_size
-        self.dtype = dtype
-        self.settings = settings
-        self.lease_s = lease_s
-        self.max_attempts = max_attempts
-        self.auto_calibrate = bool(auto_calibrate)
-        self.min_calibration_rows = min_calibration_rows
+        o = validator_options(
+            device, deployment=deployment, every_n_trials=every_n_trials, every_seconds=every_seconds,
+            max_per_round=max_per_round, uncertain_per_round=uncertain_per_round, mode=mode, batch_size=batch_size,
+            dtype=dtype, min_calibration_rows=min_calibration_rows, interleave_rounds=interleave_rounds,
+            interleave_batch=interleave_batch, fake_harness=measure_fn is not None, adapt=adapt,
+            choose_path=choose_path)
+        self.device: str = o.device
+        self.deployment: Deployment = o.deployment
+        self.local, self.mode, self.storage = o.local, mode, storage
+        self.every_n_trials, self.every_seconds = o.every_n_trials, o.every_seconds
+        self.max_per_round, self.uncertain_per_round = o.max_per_round, o.uncertain_per_round
+        self.batch_size, self.dtype, self.settings = o.batch_size, o.dtype, settings
+        self.lease_s, self.max_attempts = lease_s, max_attempts
+        self.auto_calibrate, self.min_calibration_rows = bool(auto_calibrate), o.min_calibration_rows
         self.isolate = bool(isolate)
-        self.interleave_rounds = interleave_rounds
-        self.interleave_batch = interleave_batch
+        self.interleave_rounds, self.interleave_batch = o.interleave_rounds, o.interleave_batch
         self._measure_fn = measure_fn
-        if adapt is None:  # real measurements of a device whose predictor has a network teach it
-            adapt = measure_fn is None and adaptable_predictor(self.device) is not None
-        self.adapt = bool(adapt)
-        if choose_path is not None and not isinstance(choose_path, bool):
-            raise ValidationError(f"choose_path must be True, False or None, got {choose_path!r}")
-        if choose_path and not self.adapt:
-            raise ValidationError("choose_path=True needs adapt=True: the choice is between the adapted network and "
-                                  "the prior, and without adaptation (the device's predictor has no network, or "
-                                  "adapt=False) there is no network path to choose; pass choose_path=None or False")
-        self.choose_path = self.adapt if choose_path is None else choose_path
+        self.adapt, self.choose_path = o.adapt, o.choose_path
         #: the path choice's state and the prior path (``None`` without ``choose_path``)
         self.paths: PathRounds | None = (PathRounds(self.device, self.deployment,
-                                                    budgets_apply=batch_size is None and dtype is None)
+                                                    budgets_apply=o.batch_size is None and o.dtype is None)
                                          if self.choose_path else None)
         self._queue: JobQueue | None = None
         self._queue_url: str | None = None
@@ -394,29 +298,15 @@ class ParetoValidator:
         queue = self.queue_for(study)
         known = queue.trial_numbers(study.study_name, self.device)
         front = list(study.best_trials)  # feasible trials only when the study has constraints
-        cands, skipped = [], []
-        for t in front:
-            if t.number in known:
-                continue
-            record, why = _record_of(t.user_attrs)
-            if record is None:
-                reason = _no_record_reason(t.user_attrs, why)
-            elif record.generation is not None:
-                reason = _generation_job(t.user_attrs, record, self.device, self.local)[1]
-            else:
-                reason = record.not_rebuildable_reason
-            if reason is not None:
-                skipped.append(t.number)
-                self.skip_reasons[t.number] = reason
-                _warn_once(f"norebuild:{study.study_name}:{t.number}",
-                           "Pareto trial %d of study %s cannot be validated: %s", t.number, study.study_name, reason)
-                continue
-            cands.append((t, record))
-        cands.sort(key=lambda tr: (-uncertainty_of(tr[1]), tr[0].number))
+        cands, skipped = front_candidates(front, known, self.device, self.local)
+        for number, reason in skipped.items():
+            self.skip_reasons[number] = reason
+            _warn_once(f"norebuild:{study.study_name}:{number}",
+                       "Pareto trial %d of study %s cannot be validated: %s", number, study.study_name, reason)
         unsure = self.uncertain_trials(study, skip={t.number for t in front} | set(known)) \
             if self.uncertain_per_round else []
         n_front, n_unsure = round_split(len(cands), len(unsure), self.max_per_round, self.uncertain_per_round)
-        return [t for t, _ in cands[:n_front]] + unsure[:n_unsure], skipped
+        return cands[:n_front] + unsure[:n_unsure], list(skipped)
 
     def uncertain_trials(self, study: Any, *, skip: set[int] | frozenset[int] = frozenset()) -> list[Any]:
         """The finished trials (not in ``skip``) whose feasibility is uncertain, in the order a round takes them
@@ -424,83 +314,40 @@ class ParetoValidator:
         every rejected budget lies within its margin's band around the predicted mean
         (:attr:`~dippm_nas.trial.TrialRecord.band_distance` below 1), and they can be rebuilt (forward passes of a
         registered search space; LLM generations are left to the front)."""
-        import optuna
-
-        found: list[tuple[Any, float]] = []
-        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
-            if t.number in skip or t.values is None:
-                continue
-            record, _ = _record_of(t.user_attrs)
-            if record is None or record.not_rebuildable_reason is not None:
-                continue
-            d = record.band_distance
-            if d is not None and d < 1:
-                found.append((t, d))
-        if not found:
-            return []
-        directions = [d.name.lower() for d in study.directions]
-        order = uncertain_order([t.values for t, _ in found], directions, [d for _, d in found])
-        return [found[i][0] for i in order]
+        return uncertain_trials(study, skip)
 
     def _use_adaptation(self, queue: JobQueue, space: str) -> Any:
         """The validation device's adaptable predictor, set to the newest stored adaptation of ``space`` (``None``
         without adaptation)."""
-        predictor = adaptable_predictor(self.device) if self.adapt else None
-        if predictor is not None:
-            predictor.use_adaptation(storage=adapt_storage_of(queue.url_with_credentials()), space=space)
-            predictor.refresh_adaptation(deployment=self.deployment)
-        return predictor
+        return use_adaptation(self.device, self.adapt, queue, space, self.deployment)
 
     def _predicted_for(self, space: str, config: dict[str, Any], spec_dict: dict[str, Any]) -> dict[str, Any]:
         """The prediction for the validation device the measurement is compared with."""
-        spec = InputSpec.from_dict(spec_dict)
-        p = predict(search_spaces.build_model(space, config), spec, self.device, mig=False,
-                    deployment=self.deployment)
-        out = {
-            "device": p.device, "batch_size": p.batch_size,
-            "latency_ms": p.latency_ms, "latency_ms_std": p.latency_ms_std, "latency_source": p.latency_source,
-            "energy_j": p.energy_j, "energy_j_std": p.energy_j_std, "energy_source": p.energy_source,
-            "memory_mib": p.memory_mib, "memory_mib_std": p.memory_mib_std, "memory_source": p.memory_source,
-        }
-        raw = p.details.get("uncalibrated_latency_ms")
-        out["latency_ms_uncalibrated"] = float(raw) if raw is not None else p.latency_ms
-        predictor = adaptable_predictor(self.device) if self.adapt else None
-        ad = getattr(predictor, "adaptation", None)
-        path = p.labels.get(PATH_LABEL)
-        if path is not None:  # the path that answered (choose_path); the prior's figures owe nothing to adaptation
-            out[PATH_LABEL] = path
-            ad = None if path == "prior" else ad
-        if ad is not None:  # the same candidate predicted without the adaptation: what it changed
-            out["adaptation_version"], out["adaptation_rows"] = ad.version, ad.rows
-            predictor.reset_adaptation()
-            try:
-                p0 = predict(search_spaces.build_model(space, config), spec, self.device, mig=False)
-            finally:
-                predictor.activate_adaptation(ad)
-            out["latency_ms_unadapted"] = p0.latency_ms
-            out["memory_mib_unadapted"] = p0.memory_mib
-        if p.details.get("host_threads"):  # a host-cpu figure is for this many torch threads: measure at it
-            out["host_threads"] = int(p.details["host_threads"])
-        out["deployment"] = self.deployment.to_dict()
-        return out
+        return predicted_for(self.device, self.deployment, self.adapt, space, config, spec_dict)
 
-    def _enqueue_generation(self, queue: JobQueue, study: str, t: Any, record: TrialRecord,
-                            report: RoundReport) -> bool:
-        """Enqueue a generation trial with its prediction for the validation device; ``False`` when it is skipped
-        (the reason recorded) or another process was first."""
-        config, why = _generation_job(t.user_attrs, record, self.device, self.local)
+    def _enqueue(self, queue: JobQueue, study: str, t: Any) -> tuple[bool, str | None]:
+        """Enqueue a chosen trial with the prediction for the validation device it will be compared with (and, with
+        ``choose_path``, both paths' predictions): ``(enqueued, why it is skipped)``; not enqueued and no reason when
+        another process was first."""
+        record = TrialRecord.from_attrs(t.user_attrs)
+        if record.generation is not None:
+            return enqueue_generation(queue, study, t, record, self.device, self.local)
+        assert record.search_space is not None
+        spec = job_spec(record, self.batch_size, self.dtype)
+        space, config = record.search_space, record.search_space_config
         try:
-            if config is None:
-                raise ValidationError(why or "no job config")
-            decoder, wl, tp = read_generation_job(config)
-            predicted = predicted_generation(decoder, wl, tp, self.device)
-            job_id = queue.enqueue(study=study, trial_number=t.number, space=GENERATION_SPACE, config=config,
-                                   spec={}, device=self.device, predicted=predicted, priority=uncertainty_of(record))
-        except DippmNasError as e:
-            report.skipped.append(t.number)
-            self.skip_reasons[t.number] = str(e) if config is None else f"its generation job failed ({e})"
-            return False
-        return job_id is not None
+            network = self._use_adaptation(queue, space)
+            predicted = self._predicted_for(space, config, spec)
+            if self.paths is not None and network is not None:  # both paths, before the measurement
+                predicted["paths"] = self.paths.paths_of(network, space, config, InputSpec.from_dict(spec), record)
+        except Exception as e:  # noqa: BLE001 - one odd trial is skipped with its reason, the round goes on
+            why = str(e) if isinstance(e, DippmNasError) else f"{type(e).__name__}: {e}"
+            _warn_once(f"predict:{study}:{t.number}", "cannot predict trial %d of study %s on %s for validation "
+                       "(%s); not enqueued", t.number, study, self.device, why)
+            return False, f"its prediction on {self.device} failed ({why})"
+        job_id = queue.enqueue(study=study, trial_number=t.number, space=space, config=config, spec=spec,
+                               device=self.device, predicted=predicted, priority=uncertainty_of(record))
+        return job_id is not None, None
 
     def run_round(self, study: Any) -> RoundReport:
         """One validation round now, whatever the schedule (see the module docstring)."""
@@ -515,38 +362,13 @@ class ParetoValidator:
             chosen, report.skipped = self.select(study)
             front = {t.number for t in study.best_trials}
             for t in chosen:
-                record = TrialRecord.from_attrs(t.user_attrs)
-                if record.generation is not None:
-                    if self._enqueue_generation(queue, study.study_name, t, record, report):
-                        report.enqueued.append(t.number)
-                    continue
-                assert record.input_spec is not None and record.search_space is not None
-                spec = record.input_spec.to_dict()
-                if self.batch_size is not None:
-                    spec["batch_size"] = self.batch_size
-                if self.dtype is not None:
-                    spec["dtype"] = self.dtype
-                space, config = record.search_space, record.search_space_config
-                try:
-                    network = self._use_adaptation(queue, space)
-                    predicted = self._predicted_for(space, config, spec)
-                    if self.paths is not None and network is not None:  # both paths, before the measurement
-                        predicted["paths"] = self.paths.paths_of(network, space, config, InputSpec.from_dict(spec),
-                                                                 record)
-                except Exception as e:  # noqa: BLE001 - one odd trial is skipped with its reason, the round goes on
-                    why = str(e) if isinstance(e, DippmNasError) else f"{type(e).__name__}: {e}"
-                    _warn_once(f"predict:{study.study_name}:{t.number}",
-                               "cannot predict trial %d of study %s on %s for validation (%s); not enqueued",
-                               t.number, study.study_name, self.device, why)
+                enqueued, why = self._enqueue(queue, study.study_name, t)
+                if why is not None:
                     report.skipped.append(t.number)
-                    self.skip_reasons[t.number] = f"its prediction on {self.device} failed ({why})"
-                    continue
-                job_id = queue.enqueue(study=study.study_name, trial_number=t.number, space=space, config=config,
-                                       spec=spec, device=self.device, predicted=predicted,
-                                       priority=uncertainty_of(record))
-                if job_id is not None:
+                    self.skip_reasons[t.number] = why
+                elif enqueued:
                     report.enqueued.append(t.number)
-                    if t.number not in front:
+                    if t.number not in front:  # an uncertain trial (generation trials are the front's)
                         report.uncertain.append(t.number)
             if self.local:
                 report.measured = self._local_worker(queue).run(study=study.study_name, idle_timeout_s=0, poll_s=0)
@@ -557,10 +379,8 @@ class ParetoValidator:
                 if ad is not None:
                     report.adaptation_version, report.adaptation_rows = ad.version, ad.rows
             if self.paths is not None:
-                choice = self.paths.after_round(queue, study.study_name)
-                report.prediction_path = self.paths.path
-                report.path_scores = None if choice is None else \
-                    {k: v for k, v in choice.to_dict().items() if k != "seen"}
+                self.paths.after_round(queue, study.study_name)
+                report.prediction_path, report.path_scores = self.paths.path, self.paths.state()
             self._update_summary(study, queue)
             report.skip_reasons = {n: self.skip_reasons[n] for n in report.skipped if n in self.skip_reasons}
             report.seconds = time.perf_counter() - t0
@@ -616,8 +436,7 @@ class ParetoValidator:
 
     def _path_state(self) -> dict[str, Any] | None:
         """The path choice for the summary (``None`` without ``choose_path`` or before a scored job)."""
-        choice = None if self.paths is None else self.paths.choice
-        return None if choice is None else {k: v for k, v in choice.to_dict().items() if k != "seen"}
+        return None if self.paths is None else self.paths.state()
 
     def calibrate(self, study: Any, *, apply: bool = True) -> Calibration:
         """Fit the validation device's latency correction from every finished job of the device in the queue.
