@@ -249,6 +249,39 @@ def _matching(q: Any, table: sa.Table, **equal: Any) -> Any:
     return q
 
 
+def _job_values(*, study: Any, trial_number: Any, space: Any, config: Any, spec: Any, device: Any, predicted: Any,
+                priority: Any) -> dict[str, Any]:
+    """The checked, normalised columns of a new ``queued`` job row (see :meth:`JobQueue.enqueue`, whose errors these
+    are); ``created_at`` and ``updated_at`` are the database's to add."""
+    if not isinstance(study, str) or not study or len(study) > _MAX_NAME_CHARS:
+        raise ValidationError(
+            f"study must be a non-empty str of at most {_MAX_NAME_CHARS} characters, got {study!r}"
+        )
+    if isinstance(trial_number, bool) or not isinstance(trial_number, int) or trial_number < 0:
+        raise ValidationError(f"trial_number must be an int >= 0, got {trial_number!r}")
+    if isinstance(priority, bool) or not isinstance(priority, (int, float)) or math.isnan(priority):
+        raise ValidationError(f"priority must be a number, got {priority!r}")
+    config_json = _dumps(dict(config) if isinstance(config, Mapping) else config, "config")
+    if not isinstance(spec, Mapping):
+        raise ValidationError(f"spec must be a mapping (InputSpec.to_dict()), got {type(spec).__name__}")
+    if space == GENERATION_SPACE:  # an LLM generation: its config is a generation job config, no input spec
+        cfg = json.loads(config_json)
+        read_generation_job(cfg)
+        spec_json = _dumps(dict(spec), "spec")
+    else:
+        cfg = search_spaces.get_space(space).validate(json.loads(config_json))
+        # the spec as InputSpec reads it: NumPy scalars become the numbers they hold, a bad spec is refused here
+        spec_json = _dumps(InputSpec.from_dict(dict(spec)).to_dict(), "spec")
+    dev = resolve_device(device).id
+    predicted_json = _dumps(dict(predicted), "predicted")
+    return {
+        "study": study, "trial_number": trial_number, "space": space, "config_json": _dumps(cfg, "config"),
+        "spec_json": spec_json, "device": dev, "priority": float(min(max(priority, -1e300), 1e300)),
+        "predicted_json": predicted_json, "status": "queued", "lease_owner": None, "lease_expires_at": None,
+        "attempts": 0, "result_json": None, "error": None,
+    }
+
+
 class JobQueue(SqlStore):
     """The validation job queue and results tables in one SQL database (a :class:`~dippm_nas._sql.SqlStore`).
 
@@ -321,33 +354,8 @@ class JobQueue(SqlStore):
             DeviceError: unknown device.
             ValidationError: a value that is not plain JSON data, or a database error.
         """
-        if not isinstance(study, str) or not study or len(study) > _MAX_NAME_CHARS:
-            raise ValidationError(
-                f"study must be a non-empty str of at most {_MAX_NAME_CHARS} characters, got {study!r}"
-            )
-        if isinstance(trial_number, bool) or not isinstance(trial_number, int) or trial_number < 0:
-            raise ValidationError(f"trial_number must be an int >= 0, got {trial_number!r}")
-        if isinstance(priority, bool) or not isinstance(priority, (int, float)) or math.isnan(priority):
-            raise ValidationError(f"priority must be a number, got {priority!r}")
-        config_json = _dumps(dict(config) if isinstance(config, Mapping) else config, "config")
-        if not isinstance(spec, Mapping):
-            raise ValidationError(f"spec must be a mapping (InputSpec.to_dict()), got {type(spec).__name__}")
-        if space == GENERATION_SPACE:  # an LLM generation: its config is a generation job config, no input spec
-            cfg = json.loads(config_json)
-            read_generation_job(cfg)
-            spec_json = _dumps(dict(spec), "spec")
-        else:
-            cfg = search_spaces.get_space(space).validate(json.loads(config_json))
-            # the spec as InputSpec reads it: NumPy scalars become the numbers they hold, a bad spec is refused here
-            spec_json = _dumps(InputSpec.from_dict(dict(spec)).to_dict(), "spec")
-        dev = resolve_device(device).id
-        predicted_json = _dumps(dict(predicted), "predicted")
-        values = {
-            "study": study, "trial_number": trial_number, "space": space, "config_json": _dumps(cfg, "config"),
-            "spec_json": spec_json, "device": dev, "priority": float(min(max(priority, -1e300), 1e300)),
-            "predicted_json": predicted_json, "status": "queued", "lease_owner": None, "lease_expires_at": None,
-            "attempts": 0, "result_json": None, "error": None,
-        }
+        values = _job_values(study=study, trial_number=trial_number, space=space, config=config, spec=spec,
+                             device=device, predicted=predicted, priority=priority)
         insert = self._insert_on_conflict(jobs, self.dialect)
         if insert is not None:
             with self._tx("enqueueing a job") as conn:
