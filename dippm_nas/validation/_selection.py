@@ -104,10 +104,23 @@ def front_candidates(front: Iterable[Any], known: set[int], device: str,
     return [t for t, _ in cands], skipped
 
 
-def uncertain_trials(study: Any, skip: set[int] | frozenset[int]) -> list[Any]:
+def _same_device(a: str | None, b: str) -> bool:
+    """Whether device names ``a`` and ``b`` are one catalogue device (aliases resolved; an unknown name is compared
+    as written; a record that names no device, ``None``, cannot be told apart and counts as the same)."""
+    if a is None:
+        return True
+    try:
+        return resolve_device(a).id == resolve_device(b).id
+    except DippmNasError:
+        return a == b
+
+
+def uncertain_trials(study: Any, skip: set[int] | frozenset[int], device: str | None = None) -> list[Any]:
     """The finished trials of ``study`` (not in ``skip``) whose feasibility is uncertain and that can be rebuilt, in
     the order a round takes them (see :meth:`ParetoValidator.uncertain_trials
-    <dippm_nas.validation.ParetoValidator.uncertain_trials>`)."""
+    <dippm_nas.validation.ParetoValidator.uncertain_trials>`). With ``device``, only trials whose budget check was
+    made for that device (``predicted_device``; a trial that records none is kept): a measurement on another
+    device (a stand-in) does not settle their budgets."""
     import optuna
 
     found: list[tuple[Any, float]] = []
@@ -116,6 +129,8 @@ def uncertain_trials(study: Any, skip: set[int] | frozenset[int]) -> list[Any]:
             continue
         record, _ = record_of(t.user_attrs)
         if record is None or record.not_rebuildable_reason is not None:
+            continue
+        if device is not None and not _same_device(record.device, device):
             continue
         d = record.band_distance
         if d is not None and d < 1:

@@ -304,7 +304,7 @@ class ParetoValidator:
             _warn_once(f"norebuild:{study.study_name}:{number}",
                        "Pareto trial %d of study %s cannot be validated: %s", number, study.study_name, reason)
         unsure = self.uncertain_trials(study, skip={t.number for t in front} | set(known)) \
-            if self.uncertain_per_round else []
+            if self.uncertain_per_round and self.batch_size is None and self.dtype is None else []
         n_front, n_unsure = round_split(len(cands), len(unsure), self.max_per_round, self.uncertain_per_round)
         return cands[:n_front] + unsure[:n_unsure], list(skipped)
 
@@ -312,9 +312,11 @@ class ParetoValidator:
         """The finished trials (not in ``skip``) whose feasibility is uncertain, in the order a round takes them
         (:func:`~dippm_nas.validation.uncertain_order` by the study's objectives): a budget check rejects them but
         every rejected budget lies within its margin's band around the predicted mean
-        (:attr:`~dippm_nas.trial.TrialRecord.band_distance` below 1), and they can be rebuilt (forward passes of a
-        registered search space; LLM generations are left to the front)."""
-        return uncertain_trials(study, skip)
+        (:attr:`~dippm_nas.trial.TrialRecord.band_distance` below 1), they can be rebuilt (forward passes of a
+        registered search space; LLM generations are left to the front) and their check was made for this
+        validator's device (on a stand-in device, or with a ``batch_size`` / ``dtype`` override, which :meth:`select`
+        leaves to the front alone, a measurement does not settle the budget)."""
+        return uncertain_trials(study, skip, self.device)
 
     def _use_adaptation(self, queue: JobQueue, space: str) -> Any:
         """The validation device's adaptable predictor, set to the newest stored adaptation of ``space`` (``None``

@@ -528,6 +528,20 @@ def test_a_round_also_measures_trials_whose_feasibility_is_uncertain(fake_predic
     assert v.run_round(study).enqueued == []  # trial 5 is firmly over its budget: never taken
     assert fake.widths[2:] == [22, 23, 24]
 
+    # a measurement settles a budget only on the budget's own device and setting: a stand-in device, or a
+    # batch / dtype override, measures the front alone
+    s3 = optuna.create_study(directions=["maximize", "minimize"])
+    for i, (values, mean, bound) in enumerate(rows):
+        _add(s3, values, {**_budget_attrs(20 + i, mean, bound), "predicted_device": "a100-sxm4-40gb"}, constraint=bound - 10.0)
+    assert [t.number for t in ParetoValidator("a100-sxm4-40gb", mode="queue").uncertain_trials(s3)] == [2, 4, 3]
+    stand_in = ParetoValidator("host-cpu", max_per_round=3, measure_fn=FakeMeasure())
+    assert stand_in.uncertain_trials(s3) == [] and sorted(stand_in.run_round(s3).enqueued) == [0, 1]
+    s4 = optuna.create_study(directions=["maximize", "minimize"])
+    for i, (values, mean, bound) in enumerate(rows):
+        _add(s4, values, _budget_attrs(20 + i, mean, bound), constraint=bound - 10.0)
+    other_batch = ParetoValidator("host-cpu", max_per_round=3, batch_size=4, measure_fn=FakeMeasure())
+    assert sorted(other_batch.run_round(s4).enqueued) == [0, 1]
+
     front_only = ParetoValidator("host-cpu", max_per_round=3, uncertain_per_round=0, measure_fn=FakeMeasure())
     s2 = optuna.create_study(directions=["maximize", "minimize"])
     for i, (values, mean, bound) in enumerate(rows):
