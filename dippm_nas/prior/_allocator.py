@@ -462,6 +462,17 @@ def parse_torch_version(version: str) -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2))
 
 
+def torch_at_least(version: str | None, since: tuple[int, int]) -> bool | None:
+    """Whether torch ``version`` is at least ``since`` (``(major, minor)``); ``None`` when the version is ``None`` or
+    has no ``MAJOR.MINOR`` (unknown: the caller keeps its version-free rule)."""
+    if version is None:
+        return None
+    try:
+        return parse_torch_version(version) >= since
+    except InvalidValueError:
+        return None
+
+
 _WS_CONFIG = re.compile(r":([0-9]+):([0-9]+)")
 
 

@@ -30,9 +30,8 @@ from typing import Any
 import numpy as np
 
 from dippm_nas.graph import SDPA_MATH_ATTR, OperatorGraph
-from dippm_nas.prior._allocator import parse_torch_version
+from dippm_nas.prior._allocator import torch_at_least
 from dippm_nas.prior._autocast import AutocastPlan
-from dippm_nas.errors import InvalidValueError
 
 __all__ = ["MATH_PATH_FLOAT32_SINCE", "math_path_float32", "math_path_plan"]
 
@@ -47,12 +46,7 @@ _MASK_OPS = frozenset({"add", "where"})
 def math_path_float32(torch_version: str | None) -> bool | None:
     """Whether the SDPA math path of ``torch_version`` runs half-precision inputs in float32 (PyTorch >=
     :data:`MATH_PATH_FLOAT32_SINCE`); ``None`` when the version is ``None`` or has no ``MAJOR.MINOR``."""
-    if torch_version is None:
-        return None
-    try:
-        return parse_torch_version(torch_version) >= MATH_PATH_FLOAT32_SINCE
-    except InvalidValueError:
-        return None
+    return torch_at_least(torch_version, MATH_PATH_FLOAT32_SINCE)
 
 
 def math_path_plan(graph: OperatorGraph, captured: np.ndarray, active: np.ndarray, base: AutocastPlan | None,

@@ -28,9 +28,8 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
-from dippm_nas.errors import InvalidValueError
 from dippm_nas.graph import SDPA_MATH_ATTR, SDPA_RANK_ATTR, OperatorGraph, OpNode, cost_of
-from dippm_nas.prior._allocator import parse_torch_version
+from dippm_nas.prior._allocator import torch_at_least
 from dippm_nas.prior._math_path_memory import MathPathCall, math_path_calls
 from dippm_nas.spec import dtype_bytes
 
@@ -43,12 +42,7 @@ SDPA_RANK3_FUSED_SINCE: tuple[int, int] = (2, 14)
 def sdpa_rank3_fused(torch_version: str | None) -> bool | None:
     """Whether ``torch_version`` runs 3-D SDPA inputs on the fused kernels (PyTorch >=
     :data:`SDPA_RANK3_FUSED_SINCE`); ``None`` when the version is ``None`` or has no ``MAJOR.MINOR``."""
-    if torch_version is None:
-        return None
-    try:
-        return parse_torch_version(torch_version) >= SDPA_RANK3_FUSED_SINCE
-    except InvalidValueError:
-        return None
+    return torch_at_least(torch_version, SDPA_RANK3_FUSED_SINCE)
 
 
 def has_rank3_math_path(graph: OperatorGraph) -> bool:
