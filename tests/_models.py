@@ -154,6 +154,22 @@ class DataDependent(nn.Module):
         return x
 
 
+class WindowAttention(nn.Module):
+    """Attention over 5-D ``(B, heads, windows, tokens, head_dim)`` tensors (Hiera's mask units, Twins' windows) of
+    an input ``(B, windows, tokens, channels)``: the fused kernels take 4-D tensors only, so eager runs the SDPA math
+    path in every PyTorch version."""
+
+    def __init__(self, channels: int = 64, heads: int = 2) -> None:
+        super().__init__()
+        self.heads, self.head_dim = heads, channels // heads
+        self.qkv = nn.Linear(channels, 3 * channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, w, n, c = x.shape
+        q, k, v = self.qkv(x).reshape(b, w, n, 3, self.heads, self.head_dim).permute(3, 0, 4, 1, 2, 5).unbind(0)
+        return F.scaled_dot_product_attention(q, k, v).transpose(1, 3).reshape(b, w, n, c)
+
+
 def features_deployment():
     """The deployment a checkpoint's features are computed for (eager, the default host, PyTorch 2.x, no input
     copy): every setting described, so a prediction carries the model's own σ and no deployment spread."""

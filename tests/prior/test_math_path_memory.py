@@ -11,6 +11,7 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402, N812
 
+from _models import WindowAttention  # noqa: E402
 from dippm_nas import InputSpec, capture  # noqa: E402
 from dippm_nas.deployment import Deployment  # noqa: E402
 from dippm_nas.measure import reference_activation_peak  # noqa: E402
@@ -20,23 +21,9 @@ B, W, N, C, HEADS, HD = 2, 4, 64, 64, 2, 32
 SPEC = InputSpec(shape=(W, N, C), batch_size=B)
 
 
-class _WindowAttention(nn.Module):
-    """Attention over 5-D ``(B, heads, windows, tokens, head_dim)`` tensors (Hiera's mask units, Twins' windows):
-    the fused kernels take 4-D tensors only, so eager runs the math path."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.qkv = nn.Linear(C, 3 * C)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, w, n, c = x.shape
-        q, k, v = self.qkv(x).reshape(b, w, n, 3, HEADS, HD).permute(3, 0, 4, 1, 2, 5).unbind(0)
-        return F.scaled_dot_product_attention(q, k, v).transpose(1, 3).reshape(b, w, n, c)
-
-
 @pytest.fixture(scope="module")
 def graph():  # noqa: ANN201
-    return capture(_WindowAttention(), SPEC)
+    return capture(WindowAttention(C, HEADS), SPEC)
 
 
 def _peak(g, **kw) -> int:  # noqa: ANN001
@@ -51,7 +38,7 @@ def test_the_capture_marks_the_math_path(graph) -> None:  # noqa: ANN001
 def test_float32_math_path_matches_the_eager_tracker(graph) -> None:  # noqa: ANN001
     """Float32 on the CPU (the math path for 5-D tensors): from PyTorch 2.5 the safe softmax holds its softmax,
     the ``eq(-inf)`` matrix and the row flags while its ``where`` runs, and the tracker sees them."""
-    ref = reference_activation_peak(_WindowAttention(), SPEC)
+    ref = reference_activation_peak(WindowAttention(C, HEADS), SPEC)
     assert _peak(graph, torch_version=torch.__version__) == ref.peak_block_bytes
     # eager's peak is inside the safe softmax: qkv, the scaled query, the scores, the softmax, the boolean matrix,
     # the row flags, two scalars and the result
@@ -60,11 +47,11 @@ def test_float32_math_path_matches_the_eager_tracker(graph) -> None:  # noqa: AN
     assert ref.peak_block_bytes == by_hand
 
 
-class _MaskedWindowAttention(_WindowAttention):
+class _MaskedWindowAttention(WindowAttention):
     """The same with a mask computed from the input: additive (float) or boolean (made additive by SDPA's entry)."""
 
     def __init__(self, boolean: bool) -> None:
-        super().__init__()
+        super().__init__(C, HEADS)
         self.boolean = boolean
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

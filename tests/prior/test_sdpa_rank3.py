@@ -10,6 +10,7 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402, N812
 
+from _models import WindowAttention  # noqa: E402
 from dippm_nas import InputSpec, capture  # noqa: E402
 from dippm_nas.deployment import Deployment  # noqa: E402
 from dippm_nas.graph import SDPA_MATH_ATTR, SDPA_RANK_ATTR, OperatorGraph  # noqa: E402
@@ -42,24 +43,11 @@ class _FoldedHeads(nn.Module):
             b, n, c)
 
 
-class _Windows(nn.Module):
-    """5-D attention (Hiera's mask units): the math path in every version."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.qkv = nn.Linear(C, 3 * C)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, w, n, c = x.shape
-        q, k, v = self.qkv(x).reshape(b, w, n, 3, HEADS, HD).permute(3, 0, 4, 1, 2, 5).unbind(0)
-        return F.scaled_dot_product_attention(q, k, v).transpose(1, 3).reshape(b, w, n, c)
-
-
 @pytest.fixture(scope="module")
 def graphs() -> dict[str, OperatorGraph]:
     return {"3d": capture(_FoldedHeads(), SPEC), "3d_mask": capture(_FoldedHeads(mask=True), SPEC),
             "4d": capture(_FoldedHeads(four=True), SPEC), "4d_mask": capture(_FoldedHeads(four=True, mask=True), SPEC),
-            "5d": capture(_Windows(), InputSpec(shape=(4, N, C), batch_size=B))}
+            "5d": capture(WindowAttention(C, HEADS), InputSpec(shape=(4, N, C), batch_size=B))}
 
 
 def _peak(g: OperatorGraph, **kw: object) -> int:
