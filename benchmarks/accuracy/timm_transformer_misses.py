@@ -9,7 +9,7 @@ Three diagnostics, nothing fitted:
 
 - **fields**: every eager AMP transformer row (:func:`accuracy_timm_transformers.family_of`) predicted with the GPU
   as an unseen one (``unseen_gpu_sigma.unseen_params``), described (``accuracy_deployment.described``), then with
-  one described field set to what ``Deployment()`` leaves it (autocast off, the input copy undescribed, the torch
+  one described field changed (autocast ``"none"``: a ``.half()`` model; the input copy undescribed; the torch
   version the running process's), undescribed, and undescribed with only ``autocast="float16"`` said: which field
   of the undescribed deployment moves each GPU's MAPE.
 - **multipliers**: the unseen GPU with its own fitted ``memory`` or ``compute`` multiplier put back (one at a
@@ -25,8 +25,8 @@ Three diagnostics, nothing fitted:
   path's matmuls and its other nodes (the math path runs in float32 from 2.5), and the factor on those matmuls that
   would close the gap.
 - **autocast on CNN cells** (``--ryujaehun`` / ``--accel``, the datasets ``accuracy_deployment.py`` reads): the
-  undescribed MAPE of every float16 row with and without ``autocast="float16"`` said (shipped constants), to see
-  which released cells an autocast left undescribed would move.
+  MAPE of every float16 row, the other fields undescribed, as a ``.half()`` model, with ``autocast="float16"`` said
+  and with autocast undescribed too (shipped constants): which released cells an autocast left undescribed moves.
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def field_deployments(d: Deployment) -> dict[str, Deployment]:
     """The deployments of :data:`FIELDS` for a row described as ``d``."""
     return {
         "described": d,
-        "autocast off": dataclasses.replace(d, autocast=None),
+        "autocast off": dataclasses.replace(d, autocast="none"),
         "copy undescribed": dataclasses.replace(d, input_copy=None),
         "torch undescribed": dataclasses.replace(d, versions=None, framework=None),
         "undescribed": Deployment(),
@@ -256,8 +256,9 @@ def _math_path_ms(graph: Any, params: PriorParams, deployment: Deployment) -> tu
 
 
 def autocast_moves(path: Path, source: str) -> dict[str, dict[str, float]]:
-    """Per device, the undescribed MAPE of the float16 rows of ``path`` (a ``source`` dataset with graphs) without
-    and with ``autocast="float16"`` said (shipped constants)."""
+    """Per device, the MAPE of the float16 rows of ``path`` (a ``source`` dataset with graphs) with every field but
+    autocast undescribed and autocast said as ``"none"`` (a ``.half()`` model), said as ``"float16"``, and left
+    undescribed too (the mixture of the two; shipped constants)."""
     base = default_params()
     cells: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for mg in load_measurements(path, source=source, status="ok"):
@@ -266,9 +267,9 @@ def autocast_moves(path: Path, source: str) -> dict[str, dict[str, float]]:
             continue
         dev, lab = DEVICE_ALIASES.get(m["device"], m["device"]), float(m["latency_ms"])
         cells[dev].append(tuple(predict(mg.graph, dev, params=base, deployment=d, mig=False).latency_ms / lab
-                                for d in (Deployment(), Deployment(autocast="float16"))))  # type: ignore[arg-type]
-    return {dev: {"n": len(v), "undescribed": mape([u for u, _ in v]), "autocast said": mape([a for _, a in v])}
-            for dev, v in sorted(cells.items())}
+                                for d in (Deployment(autocast="none"), Deployment(autocast="float16"), Deployment())))
+    return {dev: {"n": len(v), "half": mape([r[0] for r in v]), "autocast said": mape([r[1] for r in v]),
+                  "undescribed": mape([r[2] for r in v])} for dev, v in sorted(cells.items())}
 
 
 def _print(summary: dict[str, Any], boards: list[dict[str, Any]]) -> None:
@@ -330,8 +331,8 @@ def main(argv: list[str] | None = None) -> int:
            if path is not None}
     for src, cells in cnn.items():
         for dev, e in cells.items():
-            print(f"{src} {dev} float16 rows: {e['n']}, undescribed MAPE {e['undescribed']:.1f} %, "
-                  f"with autocast said {e['autocast said']:.1f} %")
+            print(f"{src} {dev} float16 rows: {e['n']}, MAPE as .half() {e['half']:.1f} %, with autocast said "
+                  f"{e['autocast said']:.1f} %, autocast undescribed {e['undescribed']:.1f} %")
     if a.json:
         out = {"summary": summary, "boards": boards, "versions": versions, "cnn_autocast": cnn, "records": recs}
         write_output(a.json, json.dumps(out, indent=1) + "\n", "--json", error=InvalidValueError)

@@ -4,24 +4,16 @@
 from __future__ import annotations
 
 import csv
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
+from _scripts import load_script
 from dippm_nas import Deployment
-
-_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "accuracy"
 
 
 def _load():
-    sys.path.insert(0, str(_DIR))
-    spec = importlib.util.spec_from_file_location("timm_transformer_misses", _DIR / "timm_transformer_misses.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["timm_transformer_misses"] = mod
-    spec.loader.exec_module(mod)  # type: ignore[union-attr]
-    return mod
+    return load_script("timm_transformer_misses")
 
 
 def test_field_deployments_change_one_field() -> None:
@@ -29,7 +21,7 @@ def test_field_deployments_change_one_field() -> None:
     d = Deployment(runtime="eager", autocast="float16", input_copy="none", versions={"torch": "2.9.1"})
     deps = m.field_deployments(d)
     assert tuple(deps) == m.FIELDS
-    assert deps["autocast off"].autocast is None and deps["autocast off"].input_copy == "none"
+    assert deps["autocast off"].autocast == "none" and deps["autocast off"].input_copy == "none"
     assert deps["copy undescribed"].input_copy is None and deps["copy undescribed"].autocast == "float16"
     assert deps["torch undescribed"].versions is None and deps["torch undescribed"].autocast == "float16"
     assert deps["undescribed"] == Deployment() and deps["undescribed + autocast"].autocast == "float16"
