@@ -3,26 +3,20 @@ tiny synthetic CSV (the scoring itself needs ../shared/data and runs as a script
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
+from _scripts import load_script
 from dippm_nas.errors import InvalidValueError
 
-_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "accuracy" / "accuracy_hwgpt.py"
 HEAD = ("search_space,arch_id,device,gpu_model,metric,median,batch_size,seq_len,precision,n_embd,n_layer,"
         "n_head_per_layer,mlp_ratio_per_layer,bias,head_size,padded_vocab_size\n")
 ARCH = "192,2,4;8,2;3,False,64,50254"
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("accuracy_hwgpt", _PATH)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["accuracy_hwgpt"] = mod  # dataclasses look their module up there
-    spec.loader.exec_module(mod)  # type: ignore[union-attr]
-    return mod
+    return load_script("accuracy_hwgpt")
 
 
 def _csv(tmp_path: Path, lines: list[str]) -> Path:

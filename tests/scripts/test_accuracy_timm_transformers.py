@@ -3,21 +3,13 @@ scoring needs a captured timm dataset and runs as a script)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 
-_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "accuracy" / "accuracy_timm_transformers.py"
 
-
+from _scripts import load_script
 def _load():
-    spec = importlib.util.spec_from_file_location("accuracy_timm_transformers", _PATH)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["accuracy_timm_transformers"] = mod
-    spec.loader.exec_module(mod)  # type: ignore[union-attr]
-    return mod
+    return load_script("accuracy_timm_transformers")
 
 
 def test_family_of_timm_names() -> None:

@@ -3,21 +3,17 @@ themselves need ../shared/data and run as scripts)."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from pathlib import Path
 
 import pytest
 import torch
 
-_BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "accuracy"
+from _scripts import load_script
 
 
 def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, _BENCH / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)  # type: ignore[union-attr]
-    return mod
+    return load_script(name)
 
 
 def test_traces_are_summed_per_a100_inference_trace(tmp_path: Path) -> None:
@@ -74,7 +70,6 @@ def test_cases_average_the_medians_of_a_key_at_the_chosen_token_counts(tmp_path:
     assert len(cases) == 8 and {c["tokens"] for c in cases} == {16}
     a100 = [c for c in cases if c["gpu"] == "a100"]
     assert all(c["label_ms"] == pytest.approx(2.0) and c["tp"] == 4 for c in a100)
-
 
 
 def test_accuracy_llm_fit_recovers_the_engine_constants_of_a_linear_model() -> None:

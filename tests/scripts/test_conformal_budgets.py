@@ -2,23 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 
 import numpy as np
 
+from _scripts import load_script
 from dippm_nas.training import split_examples
-
-_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "accuracy"
 
 
 def _load():
-    sys.path.insert(0, str(_DIR))  # the script imports its sibling search_view
-    spec = importlib.util.spec_from_file_location("conformal_budgets", _DIR / "conformal_budgets.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)  # type: ignore[union-attr]
-    return mod
+    return load_script("conformal_budgets")
 
 
 class _Graph:

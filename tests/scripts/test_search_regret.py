@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import sys
 from pathlib import Path
@@ -11,19 +10,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from _scripts import load_script
 from dippm_nas.validation import order_agreement
 
 pytest.importorskip("optuna")
 
-_SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "search" / "search_regret.py"
-
 
 def _load():
-    spec = importlib.util.spec_from_file_location("search_regret", _SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["search_regret"] = mod  # its dataclasses look their module up
-    spec.loader.exec_module(mod)  # type: ignore[union-attr]
-    return mod
+    return load_script("search_regret")
 
 
 def _table(b, n: int = 300, seed: int = 0):
